@@ -1,0 +1,1 @@
+"""Pallas expert kernels, imported as `moejax.kernels`."""

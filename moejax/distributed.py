@@ -1,0 +1,40 @@
+"""Starting JAX's multi-controller runtime, the same way on localhost and on a GPU cluster.
+
+Every process of a multi-process job calls `initialize()` once, before any JAX computation:
+- under `python -m moejax.launch` (local CPU processes) it reads the coordinator address, process
+  count and id, and device count that the launcher put in the environment, selects the gloo CPU
+  collectives and simulates the requested CPU devices;
+- on a cluster (SLURM, Open MPI, Kubernetes, ...) it calls `jax.distributed.initialize()` with no
+  arguments, which detects the job from the scheduler's environment (one process per host);
+- otherwise (a single process) it does nothing.
+"""
+
+import os
+
+import jax
+
+from moejax import mesh as mesh_lib
+
+ENV_COORDINATOR = "MOEJAX_COORDINATOR"
+ENV_NUM_PROCESSES = "MOEJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "MOEJAX_PROCESS_ID"
+ENV_LOCAL_DEVICES = "MOEJAX_LOCAL_DEVICES"
+
+_CLUSTER_MARKERS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
+
+
+def initialize() -> str:
+  """Joins the job this process belongs to; returns 'local', 'cluster' or 'single'."""
+  if ENV_COORDINATOR in os.environ:
+    mesh_lib.simulate_cpu_devices(int(os.environ[ENV_LOCAL_DEVICES]))
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(
+        coordinator_address=os.environ[ENV_COORDINATOR],
+        num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+        process_id=int(os.environ[ENV_PROCESS_ID]),
+    )
+    return "local"
+  if any(marker in os.environ for marker in _CLUSTER_MARKERS):
+    jax.distributed.initialize()
+    return "cluster"
+  return "single"

@@ -1,0 +1,118 @@
+"""Runs one command as N local JAX processes that form a single multi-process job.
+
+    python -m moejax.launch --processes 2 --devices-per-process 4 -- python my_program.py
+
+Each process gets the coordinator address, its process id and its CPU device count in the
+environment; the program calls `moejax.distributed.initialize()` first. Output is forwarded line by
+line with a `[pN]` prefix. If any process exits non-zero (or is killed), the others are killed and the
+launcher exits non-zero at once, so a failed job never hangs in a collective.
+"""
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+from moejax import distributed
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _forward(stream, prefix: str) -> None:
+  for line in iter(stream.readline, b""):
+    sys.stdout.write(f"{prefix}{line.decode(errors='replace')}")
+    sys.stdout.flush()
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+  for proc in procs:
+    if proc.poll() is None:
+      try:
+        os.killpg(proc.pid, signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+  for proc in procs:
+    proc.wait()
+
+
+def launch(command: list[str], processes: int, devices_per_process: int, timeout: float | None = None) -> int:
+  """Runs `command` as `processes` cooperating processes; returns the job's exit code."""
+  if processes < 1 or devices_per_process < 1:
+    raise ValueError(f"processes and devices_per_process must be >= 1, got {processes}, {devices_per_process}")
+  if not command:
+    raise ValueError("no command given: put it after `--`")
+  port = _free_port()
+  procs, threads = [], []
+  for rank in range(processes):
+    env = dict(os.environ)
+    env.update({
+        distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
+        distributed.ENV_NUM_PROCESSES: str(processes),
+        distributed.ENV_PROCESS_ID: str(rank),
+        distributed.ENV_LOCAL_DEVICES: str(devices_per_process),
+        "PYTHONUNBUFFERED": "1",
+    })
+    # Each child leads its own process group, so killing it also kills anything it started.
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    print(f"[launch] process {rank} pid {proc.pid}", flush=True)
+    procs.append(proc)
+    thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{rank}] "), daemon=True)
+    thread.start()
+    threads.append(thread)
+
+  deadline = None if timeout is None else time.monotonic() + timeout
+  exit_code = 0
+  try:
+    while any(proc.poll() is None for proc in procs):
+      failed = [(rank, proc.returncode) for rank, proc in enumerate(procs) if proc.returncode not in (None, 0)]
+      if failed:
+        rank, code = failed[0]
+        print(f"[launch] process {rank} exited with {code}; killing the others", flush=True)
+        exit_code = code if code > 0 else 128 - code
+        break
+      if deadline is not None and time.monotonic() > deadline:
+        print(f"[launch] timeout after {timeout} s; killing all processes", flush=True)
+        exit_code = 124
+        break
+      time.sleep(0.1)
+    else:
+      codes = [proc.returncode for proc in procs]
+      bad = [code for code in codes if code != 0]
+      exit_code = 0 if not bad else (bad[0] if bad[0] > 0 else 128 - bad[0])
+  finally:
+    _kill_all(procs)
+    for thread in threads:
+      thread.join(timeout=5)
+  return exit_code
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  if "--" not in argv:
+    print("usage: python -m moejax.launch --processes N --devices-per-process D -- COMMAND...", file=sys.stderr)
+    return 2
+  split = argv.index("--")
+  parser = argparse.ArgumentParser(prog="python -m moejax.launch", description=__doc__.splitlines()[0])
+  parser.add_argument("--processes", type=int, default=2)
+  parser.add_argument("--devices-per-process", type=int, default=4)
+  parser.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
+  args = parser.parse_args(argv[:split])
+  try:
+    return launch(argv[split + 1:], args.processes, args.devices_per_process, args.timeout)
+  except ValueError as e:
+    print(f"moejax.launch: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+  sys.exit(main())

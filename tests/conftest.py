@@ -1,0 +1,25 @@
+"""Shared fixtures: every test process sees 8 simulated CPU devices (2 nodes x 4 GPUs at most)."""
+
+import jax
+import pytest
+
+from moejax import mesh as mesh_lib
+
+NUM_DEVICES = 8
+mesh_lib.simulate_cpu_devices(NUM_DEVICES)
+
+
+@pytest.fixture(scope="session")
+def devices():
+  assert jax.device_count() == NUM_DEVICES, jax.devices()
+  return jax.devices()
+
+
+@pytest.fixture(scope="session")
+def mesh_2x4(devices):
+  return mesh_lib.make_mesh(2, 4)
+
+
+def make_test_mesh(nodes: int, gpus_per_node: int):
+  """A mesh of any shape that fits in the simulated devices (for parametrised tests)."""
+  return mesh_lib.make_mesh(nodes, gpus_per_node)
