@@ -1,0 +1,124 @@
+"""The M-tiled grouped-matmul Pallas kernel behind gmm, the fused FFN and their backward passes.
+
+One program per (visit, N-tile), flattened to a 1-D grid and swizzled so that `_SWIZZLE`
+consecutive visits share each N-tile of the rhs while it is in L2. A visit (see `schedule`)
+loads the row tile of each lhs, loops over K, and multiplies by the tiles of its group's rhs.
+Several accumulators share the lhs tiles, and an accumulator may sum several products, so one
+kernel computes e.g. [x @ w_gate, x @ w_in] or dz_gate @ w_gate^T + dz_in @ w_in^T. The
+epilogue maps the fp32 accumulators to the output tiles, which are stored masked to the visit's
+rows; zero-fill visits store zeros, so every output row is written exactly once.
+"""
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from . import backend
+from . import schedule as schedule_lib
+from . import tuning
+
+_SWIZZLE = 8  # visits per swizzle band
+
+
+def dot_precision(dtype):
+  """fp32 inputs use IEEE fp32 products (Triton's default would be TF32)."""
+  return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def _swizzle(pid, num_visits: int, n_tiles: int):
+  """Program id -> (visit, N-tile), walking bands of `_SWIZZLE` visits column by column."""
+  band = _SWIZZLE * n_tiles
+  first = (pid // band) * _SWIZZLE
+  height = jnp.minimum(num_visits - first, _SWIZZLE)
+  return first + (pid % band) % height, (pid % band) // height
+
+
+def grouped_matmul(
+    lhs: Sequence[jax.Array],
+    rhs: Sequence[jax.Array],
+    rhs_transposed: Sequence[bool],
+    accumulators: Sequence[Sequence[tuple[int, int]]],
+    epilogue: Callable[..., Sequence[jax.Array]],
+    out_dtypes: Sequence[jnp.dtype],
+    sched: schedule_lib.Schedule,
+    config: tuning.TileConfig,
+    interpret: bool,
+    name: str,
+) -> list[jax.Array]:
+  """Grouped products with a fused epilogue.
+
+  Args:
+    lhs: arrays [M, K] of one dtype, rows grouped as in `sched`.
+    rhs: arrays [G, K, N], or [G, N, K] where rhs_transposed, of the lhs dtype.
+    accumulators: per accumulator, the (lhs index, rhs index) pairs whose products it sums.
+    epilogue: fp32 accumulator tiles [block_m, block_n] -> output tiles, one per out_dtypes.
+    sched: the visit schedule of the groups for config.block_m.
+  Returns:
+    outputs [M, N]; rows of the zero-fill pseudo-group are 0.
+  """
+  m, k = lhs[0].shape
+  num_groups = rhs[0].shape[0]
+  n = rhs[0].shape[1] if rhs_transposed[0] else rhs[0].shape[2]
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  num_visits = sched.group_ids.shape[0]
+  n_tiles, k_tiles = pl.cdiv(n, bn), pl.cdiv(k, bk)
+  precision = dot_precision(lhs[0].dtype)
+
+  def load_rhs(ref, transposed, g, k0, k_ok, col0, col_ok):
+    if transposed:
+      return plgpu.load(ref.at[g, pl.ds(col0, bn), pl.ds(k0, bk)],
+                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+    return plgpu.load(ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)],
+                      mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+
+  def kernel(gid_ref, tile_ref, lo_ref, hi_ref, *refs):
+    lhs_refs, rhs_refs, out_refs = refs[:len(lhs)], refs[len(lhs):-len(out_dtypes)], refs[-len(out_dtypes):]
+    visit, j = _swizzle(pl.program_id(0), num_visits, n_tiles)
+    g, lo, hi = gid_ref[visit], lo_ref[visit], hi_ref[visit]
+    row0 = pl.multiple_of(tile_ref[visit] * bm, bm)
+    col0 = pl.multiple_of(j * bn, bn)
+    rows = row0 + jnp.arange(bm, dtype=jnp.int32)
+    row_ok = (rows >= lo) & (rows < hi)
+    col_ok = col0 + jnp.arange(bn, dtype=jnp.int32) < n
+    out_ok = row_ok[:, None] & col_ok[None, :]
+
+    def body(kk, accs):
+      k0 = pl.multiple_of(kk * bk, bk)
+      k_ok = k0 + jnp.arange(bk, dtype=jnp.int32) < k
+      a = [plgpu.load(r.at[pl.ds(row0, bm), pl.ds(k0, bk)],
+                      mask=row_ok[:, None] & k_ok[None, :], other=0.0) for r in lhs_refs]
+      b = [load_rhs(r, t, g, k0, k_ok, col0, col_ok) for r, t in zip(rhs_refs, rhs_transposed)]
+      new_accs = []
+      for acc, pairs in zip(accs, accumulators):
+        for li, ri in pairs:
+          contract = ((1,), (1,)) if rhs_transposed[ri] else ((1,), (0,))
+          acc += lax.dot_general(a[li], b[ri], (contract, ((), ())), precision=precision,
+                                 preferred_element_type=jnp.float32)
+        new_accs.append(acc)
+      return tuple(new_accs)
+
+    @pl.when((lo < hi) & (g < num_groups))
+    def _compute():
+      zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in accumulators)
+      accs = lax.fori_loop(0, k_tiles, body, zeros)
+      for ref, tile in zip(out_refs, epilogue(*accs)):
+        plgpu.store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile.astype(ref.dtype), mask=out_ok)
+
+    @pl.when((lo < hi) & (g == num_groups))
+    def _zero_fill():
+      for ref in out_refs:
+        plgpu.store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], jnp.zeros((bm, bn), ref.dtype),
+                    mask=out_ok)
+
+  return pl.pallas_call(
+      kernel,
+      grid=(num_visits * n_tiles,),
+      out_shape=[jax.ShapeDtypeStruct((m, n), d) for d in out_dtypes],
+      compiler_params=backend.compiler_params(config),
+      interpret=interpret,
+      name=name,
+  )(*sched, *lhs, *rhs)

@@ -1,0 +1,71 @@
+"""The transposed grouped-matmul Pallas kernel: per-group lhs^T @ rhs (weight gradients).
+
+One program per (group, K-tile, N-tile), flattened to a 1-D grid with the group slowest so
+that a group's rows stay in L2 while its tiles run. Each program walks its group's rows in
+steps of block_m from the group's first row (no alignment needed: loads are masked).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from . import backend
+from . import tuning
+from .gmm_kernel import dot_precision
+
+
+def transposed_grouped_matmul(
+    lhs: jax.Array,
+    rhs: jax.Array,
+    starts: jax.Array,
+    ends: jax.Array,
+    out_dtype,
+    config: tuning.TileConfig,
+    interpret: bool,
+) -> jax.Array:
+  """lhs: [M, K], rhs: [M, N] of one dtype; starts, ends: [G] int32 row ranges.
+
+  Returns out: [G, K, N] with out[g] = lhs[starts[g]:ends[g]].T @ rhs[starts[g]:ends[g]] (fp32
+  accumulation), zeros for empty groups.
+  """
+  m, k = lhs.shape
+  n = rhs.shape[1]
+  num_groups = starts.shape[0]
+  bm, bn, bk = config.block_m, config.block_n, config.block_k
+  n_tiles, k_tiles = pl.cdiv(n, bn), pl.cdiv(k, bk)
+  precision = dot_precision(lhs.dtype)
+
+  def kernel(start_ref, end_ref, lhs_ref, rhs_ref, out_ref):
+    pid = pl.program_id(0)
+    g = pid // (k_tiles * n_tiles)
+    k0 = pl.multiple_of((pid // n_tiles) % k_tiles * bk, bk)
+    col0 = pl.multiple_of(pid % n_tiles * bn, bn)
+    k_ok = k0 + jnp.arange(bk, dtype=jnp.int32) < k
+    col_ok = col0 + jnp.arange(bn, dtype=jnp.int32) < n
+    start, end = start_ref[g], end_ref[g]
+
+    def body(i, acc):
+      row0 = start + i * bm
+      row_ok = row0 + jnp.arange(bm, dtype=jnp.int32) < end
+      a = plgpu.load(lhs_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)],
+                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+      b = plgpu.load(rhs_ref.at[pl.ds(row0, bm), pl.ds(col0, bn)],
+                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+      return acc + lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=precision,
+                                   preferred_element_type=jnp.float32)
+
+    steps = (end - start + bm - 1) // bm
+    acc = lax.fori_loop(0, steps, body, jnp.zeros((bk, bn), jnp.float32))
+    plgpu.store(out_ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], acc.astype(out_ref.dtype),
+                mask=k_ok[:, None] & col_ok[None, :])
+
+  return pl.pallas_call(
+      kernel,
+      grid=(num_groups * k_tiles * n_tiles,),
+      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      compiler_params=backend.compiler_params(config),
+      interpret=interpret,
+      name='tgmm',
+  )(starts, ends, lhs, rhs)

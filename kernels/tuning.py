@@ -1,0 +1,81 @@
+"""Tile sizes and Triton launch options, keyed by device, kernel, dtype and shape class.
+
+Kernels: 'gmm' (one accumulator), 'ffn_in' (gated first FFN matmul: two accumulators),
+'ffn_bwd' (FFN backward hidden kernel: up to three accumulators), 'tgmm' (per-group lhs^T @ rhs).
+The GPU entries are starting points chosen from Triton matmul practice, not measurements;
+`experiments/tune_kernels.py` re-tunes them on a GPU and prints a replacement for `TABLE`.
+"""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+  """block_m: rows per tile (rows per step of the tgmm M loop); block_n, block_k: output cols, depth."""
+  block_m: int
+  block_n: int
+  block_k: int
+  num_warps: int = 4
+  num_stages: int = 3
+
+  def validate(self, interpret: bool):
+    """Triton needs power-of-two block shapes, and tensor-core dots need every side >= 16."""
+    for name in ('block_m', 'block_n', 'block_k'):
+      b = getattr(self, name)
+      if b < 1 or b & (b - 1):
+        raise ValueError(f'{name}={b} must be a power of two')
+      if not interpret and b < 16:
+        raise ValueError(f'{name}={b} must be >= 16 on GPU')
+
+
+KERNELS = ('gmm', 'ffn_in', 'ffn_bwd', 'tgmm')
+FEW_ROWS = 512  # mean rows per group below which a shape is 'few_rows'
+
+_H100 = {
+    ('gmm', 'bf16', 'many_rows'): TileConfig(128, 128, 64, num_warps=8, num_stages=3),
+    ('gmm', 'bf16', 'few_rows'): TileConfig(64, 128, 64, num_warps=4, num_stages=4),
+    ('ffn_in', 'bf16', 'many_rows'): TileConfig(128, 64, 64, num_warps=8, num_stages=3),
+    ('ffn_in', 'bf16', 'few_rows'): TileConfig(64, 64, 64, num_warps=4, num_stages=3),
+    ('ffn_bwd', 'bf16', 'many_rows'): TileConfig(64, 64, 64, num_warps=8, num_stages=3),
+    ('ffn_bwd', 'bf16', 'few_rows'): TileConfig(64, 64, 64, num_warps=4, num_stages=3),
+    ('tgmm', 'bf16', 'many_rows'): TileConfig(64, 128, 128, num_warps=8, num_stages=3),
+    ('tgmm', 'bf16', 'few_rows'): TileConfig(32, 128, 128, num_warps=8, num_stages=3),
+    ('gmm', 'f32', 'many_rows'): TileConfig(64, 64, 32, num_warps=4, num_stages=3),
+    ('gmm', 'f32', 'few_rows'): TileConfig(64, 64, 32, num_warps=4, num_stages=3),
+    ('ffn_in', 'f32', 'many_rows'): TileConfig(64, 64, 32, num_warps=4, num_stages=3),
+    ('ffn_in', 'f32', 'few_rows'): TileConfig(64, 64, 32, num_warps=4, num_stages=3),
+    ('ffn_bwd', 'f32', 'many_rows'): TileConfig(32, 64, 32, num_warps=4, num_stages=2),
+    ('ffn_bwd', 'f32', 'few_rows'): TileConfig(32, 64, 32, num_warps=4, num_stages=2),
+    ('tgmm', 'f32', 'many_rows'): TileConfig(32, 64, 64, num_warps=4, num_stages=3),
+    ('tgmm', 'f32', 'few_rows'): TileConfig(32, 64, 64, num_warps=4, num_stages=3),
+}
+
+# The interpreter runs one grid step at a time: big tiles mean few steps.
+_CPU = {(kernel, dtype, rows): TileConfig(32, 128, 128, num_warps=4, num_stages=1)
+        for kernel in KERNELS for dtype in ('bf16', 'f32') for rows in ('many_rows', 'few_rows')}
+
+TABLE = {'h100': _H100, 'h200': _H100, 'gpu': _H100, 'cpu': _CPU}
+
+
+def device_key(device_kind: str) -> str:
+  """'NVIDIA H100 80GB HBM3' -> 'h100'; unknown GPUs share the 'gpu' entries."""
+  kind = device_kind.lower()
+  for key in ('h100', 'h200'):
+    if key in kind:
+      return key
+  return 'gpu'
+
+
+def shape_class(m: int, num_groups: int) -> str:
+  return 'few_rows' if m < FEW_ROWS * num_groups else 'many_rows'
+
+
+def dtype_class(dtype) -> str:
+  return 'f32' if np.dtype(dtype).itemsize >= 4 else 'bf16'
+
+
+def get_config(kernel: str, device: str, dtype, m: int, num_groups: int) -> TileConfig:
+  """Tiles for `kernel` on `device` (a `device_key`) for m rows in num_groups groups of `dtype`."""
+  return TABLE[device][kernel, dtype_class(dtype), shape_class(m, num_groups)]
