@@ -1,0 +1,155 @@
+"""Fused grouped expert FFN: y = (act(x @ w_gate) * (x @ w_in)) @ w_out, or act(x @ w_in) @ w_out.
+
+Forward: two kernels. The first computes the [M, f] hidden activations with the activation (and
+gating product) in its epilogue, writing them once in the compute dtype; the second is gmm.
+
+Backward recomputes the pre-activations instead of saving them: no [M, f] residual is kept
+between the passes (the residuals are the inputs), at the price of re-running the first matmul(s)
+(2 * M * d * f FLOPs each). One kernel computes dh = dy @ w_out^T together with the recomputed
+z_gate = x @ w_gate and z_in = x @ w_in (all contract over d, sharing the K loop), and its
+epilogue emits h, dz_gate, dz_in. Then dw_out = tgmm(h, dy), dw_gate = tgmm(x, dz_gate),
+dw_in = tgmm(x, dz_in) and dx = dz_gate @ w_gate^T + dz_in @ w_in^T in one kernel.
+
+Row semantics are gmm's: rows past sum(group_sizes) give zero output and zero dx rows.
+Activations are `activations.ACTIVATIONS` (gelu is the tanh approximation).
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from . import activations
+from . import backend
+from . import checks
+from . import schedule as schedule_lib
+from . import tuning
+from .gmm import tgmm_forward
+from .gmm_kernel import grouped_matmul
+
+
+class _Options(NamedTuple):
+  activation: str
+  tiling: tuning.TileConfig | None
+  interpret: bool
+
+
+def _run(kernel, opts, lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes,
+         group_sizes):
+  """grouped_matmul with tiles for `kernel` and a schedule for them."""
+  m, num_groups = lhs[0].shape[0], rhs[0].shape[0]
+  config = opts.tiling or tuning.get_config(
+      kernel, backend.device_kind(opts.interpret, lhs[0]), lhs[0].dtype, m, num_groups)
+  config.validate(opts.interpret)
+  sched = schedule_lib.make_schedule(group_sizes, m, config.block_m)
+  return grouped_matmul(lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes, sched,
+                        config, opts.interpret, kernel)
+
+
+def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
+  """Inputs already promoted to one dtype -> y: [M, d]."""
+  act = activations.get_activation(opts.activation)
+  if w_gate is None:
+    [h] = _run('ffn_in', opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z),),
+               [x.dtype], group_sizes)
+  else:
+    [h] = _run('ffn_in', opts, [x], [w_gate, w_in], [False, False], [[(0, 0)], [(0, 1)]],
+               lambda z_gate, z_in: (act(z_gate) * z_in,), [x.dtype], group_sizes)
+  [y] = _run('gmm', opts, [h], [w_out], [False], [[(0, 0)]], lambda acc: (acc,), [x.dtype],
+             group_sizes)
+  return y
+
+
+def _backward(x, w_in, w_out, w_gate, group_sizes, dy, opts):
+  """Inputs and dy promoted to one dtype -> (dx, dw_in, dw_out, dw_gate or None)."""
+  act = activations.get_activation(opts.activation)
+
+  def act_and_grad(z):
+    return jax.jvp(act, (z,), (jnp.ones_like(z),))
+
+  def tgmm(lhs, rhs):
+    return tgmm_forward(lhs, rhs, group_sizes, x.dtype, opts.tiling, opts.interpret)
+
+  dtypes = [x.dtype] * (2 if w_gate is None else 3)
+  if w_gate is None:
+    def epilogue(dh, z_in):
+      a, da = act_and_grad(z_in)
+      return a, dh * da
+    h, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_in], [True, False], [[(0, 0)], [(1, 1)]],
+                    epilogue, dtypes, group_sizes)
+    [dx] = _run('gmm', opts, [dz_in], [w_in], [True], [[(0, 0)]], lambda acc: (acc,),
+                [x.dtype], group_sizes)
+    return dx, tgmm(x, dz_in), tgmm(h, dy), None
+
+  def gated_epilogue(dh, z_gate, z_in):
+    a, da = act_and_grad(z_gate)
+    return a * z_in, dh * z_in * da, dh * a
+  h, dz_gate, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_gate, w_in], [True, False, False],
+                           [[(0, 0)], [(1, 1)], [(1, 2)]], gated_epilogue, dtypes, group_sizes)
+  [dx] = _run('ffn_in', opts, [dz_gate, dz_in], [w_gate, w_in], [True, True],
+              [[(0, 0), (1, 1)]], lambda acc: (acc,), [x.dtype], group_sizes)
+  return dx, tgmm(x, dz_in), tgmm(h, dy), tgmm(x, dz_gate)
+
+
+def _promote(*arrays):
+  dtype = jnp.result_type(*[a for a in arrays if a is not None])
+  return [None if a is None else a.astype(dtype) for a in arrays]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _ffn(x, w_in, w_out, w_gate, group_sizes, opts):
+  return _forward(*_promote(x, w_in, w_out, w_gate), group_sizes, opts)
+
+
+def _ffn_fwd(x, w_in, w_out, w_gate, group_sizes, opts):
+  return _ffn(x, w_in, w_out, w_gate, group_sizes, opts), (x, w_in, w_out, w_gate, group_sizes)
+
+
+def _ffn_bwd(opts, residuals, dy):
+  x, w_in, w_out, w_gate, group_sizes = residuals
+  px, pw_in, pw_out, pw_gate, pdy = _promote(x, w_in, w_out, w_gate, dy)
+  dx, dw_in, dw_out, dw_gate = _backward(px, pw_in, pw_out, pw_gate, group_sizes,
+                                         pdy.astype(px.dtype), opts)
+  return (dx.astype(x.dtype), dw_in.astype(w_in.dtype), dw_out.astype(w_out.dtype),
+          None if w_gate is None else dw_gate.astype(w_gate.dtype), None)
+
+
+_ffn.defvjp(_ffn_fwd, _ffn_bwd)
+
+
+def expert_ffn(x: jax.Array, w_in: jax.Array, w_out: jax.Array, group_sizes: jax.Array,
+               activation: str = 'gelu', w_gate: jax.Array | None = None, *,
+               tiling: tuning.TileConfig | None = None,
+               interpret: bool | None = None) -> jax.Array:
+  """Grouped expert FFN over rows grouped by expert (rows of group g use expert g's weights).
+
+  Args:
+    x: [M, d] floating, rows grouped as in `gmm.gmm`.
+    w_in: [G, d, f]; w_out: [G, f, d]; w_gate: None (plain FFN) or [G, d, f] (gated, GLU).
+    group_sizes: [G] integer, >= 0; rows past their sum give zero output rows.
+    activation: 'gelu' (tanh approximation), 'relu' or 'silu'.
+    tiling: tile sizes for every kernel, overriding `tuning`.
+    interpret: run in the Pallas interpreter (default: unless on a GPU).
+  Returns:
+    y: [M, d] in the promoted input dtype. Differentiable in x and the weights.
+  """
+  checks.check_rank('x', x, 2, '[M, d]')
+  checks.check_rank('w_in', w_in, 3, '[G, d, f]')
+  checks.check_rank('w_out', w_out, 3, '[G, f, d]')
+  num_groups, d, f = w_in.shape
+  checks.check_dim('w_in', w_in, 1, x.shape[1], 'x.shape[1] (d)')
+  checks.check_dim('w_out', w_out, 0, num_groups, 'w_in.shape[0] (G)')
+  checks.check_dim('w_out', w_out, 1, f, 'w_in.shape[2] (f)')
+  checks.check_dim('w_out', w_out, 2, d, 'x.shape[1] (d)')
+  if w_gate is not None:
+    checks.check_rank('w_gate', w_gate, 3, '[G, d, f]')
+    for axis, size in enumerate(w_in.shape):
+      checks.check_dim('w_gate', w_gate, axis, size, f'w_in.shape[{axis}]')
+  for name, a in (('x', x), ('w_in', w_in), ('w_out', w_out), ('w_gate', w_gate)):
+    if a is not None:
+      checks.check_floating(name, a)
+  checks.check_group_sizes(group_sizes, num_groups, 'w_in.shape[0]')
+  activations.get_activation(activation)
+  opts = _Options(activation, tiling, backend.use_interpret(interpret, x, w_in))
+  return _ffn(x, w_in, w_out, w_gate, group_sizes, opts)
