@@ -1,6 +1,7 @@
 """Where a kernel runs: compiled by Triton on a GPU, the Pallas interpreter anywhere else."""
 
 import jax
+import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
 from . import tuning
@@ -33,3 +34,13 @@ def device_kind(interpret: bool, *arrays) -> str:
 
 def compiler_params(config: tuning.TileConfig) -> plgpu.CompilerParams:
   return plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages)
+
+
+def out_shapes(shapes_and_dtypes, *inputs) -> list[jax.ShapeDtypeStruct]:
+  """Output structs of a pallas_call on `inputs`, varying over every mesh axis that any input
+  varies over: inside `jax.shard_map` (check_vma=True) Pallas requires that type on out_shape.
+  `jax.eval_shape` derives it for whichever jax version is running."""
+  def probe(*xs):
+    zero = sum(jnp.sum(x).astype(jnp.float32) * 0 for x in xs)
+    return [jnp.broadcast_to(zero, shape).astype(dtype) for shape, dtype in shapes_and_dtypes]
+  return jax.eval_shape(probe, *inputs)

@@ -67,6 +67,8 @@ def grouped_matmul(
   num_visits = sched.group_ids.shape[0]
   n_tiles, k_tiles = pl.cdiv(n, bn), pl.cdiv(k, bk)
   precision = dot_precision(lhs[0].dtype)
+  if m == 0 or n == 0:
+    return [jnp.zeros((m, n), d) for d in out_dtypes]
 
   def load_rhs(ref, transposed, g, k0, k_ok, col0, col_ok):
     if transposed:
@@ -117,7 +119,7 @@ def grouped_matmul(
   return pl.pallas_call(
       kernel,
       grid=(num_visits * n_tiles,),
-      out_shape=[jax.ShapeDtypeStruct((m, n), d) for d in out_dtypes],
+      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *sched, *lhs, *rhs),
       compiler_params=backend.compiler_params(config),
       interpret=interpret,
       name=name,

@@ -36,6 +36,8 @@ def transposed_grouped_matmul(
   bm, bn, bk = config.block_m, config.block_n, config.block_k
   n_tiles, k_tiles = pl.cdiv(n, bn), pl.cdiv(k, bk)
   precision = dot_precision(lhs.dtype)
+  if k == 0 or n == 0:
+    return jnp.zeros((num_groups, k, n), out_dtype)
 
   def kernel(start_ref, end_ref, lhs_ref, rhs_ref, out_ref):
     pid = pl.program_id(0)
@@ -64,7 +66,7 @@ def transposed_grouped_matmul(
   return pl.pallas_call(
       kernel,
       grid=(num_groups * k_tiles * n_tiles,),
-      out_shape=jax.ShapeDtypeStruct((num_groups, k, n), out_dtype),
+      out_shape=backend.out_shapes([((num_groups, k, n), out_dtype)], starts, ends, lhs, rhs)[0],
       compiler_params=backend.compiler_params(config),
       interpret=interpret,
       name='tgmm',
