@@ -1,0 +1,224 @@
+"""The expert-parallel MoE layer: `moe_apply` (functional core) and `MoELayer` (Flax nnx module).
+
+Inside `jax.shard_map` over the ('node', 'gpu') mesh each device routes its own tokens, sends each
+token-choice to the device holding its expert, runs its local experts on what it received, sends
+the results back and combines them with the router weights (DESIGN.md, "The one picture").
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import experts
+from moejax import mesh as mesh_lib
+from moejax import routing
+from moejax import transport as transport_lib
+from moejax.config import ConfigError, MoEConfig
+
+ALL = mesh_lib.AXES  # Both mesh axes as one: the flat device index.
+HOPS = {"ragged": transport_lib.FLAT_HOPS, "padded": transport_lib.FLAT_HOPS,
+        "hierarchical": transport_lib.HIERARCHICAL_HOPS}
+
+
+def param_shapes(cfg: MoEConfig) -> dict:
+  """The public parameter layout (DESIGN.md): name -> shape."""
+  e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
+  shapes = {"router": {"kernel": (d, e)}, "w_in": (e, d, f), "w_out": (e, f, d)}
+  if cfg.gated:
+    shapes["w_gate"] = (e, d, f)
+  return shapes
+
+
+def param_specs(cfg: MoEConfig) -> dict:
+  """Router replicated; experts sharded over both mesh axes on the expert dimension."""
+  specs = {"router": {"kernel": P()}, "w_in": P(ALL), "w_out": P(ALL)}
+  if cfg.gated:
+    specs["w_gate"] = P(ALL)
+  return specs
+
+
+def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
+  """Fresh parameters with fan-in scaled normal initialisation."""
+  shapes = param_shapes(cfg)
+  keys = dict(zip(["router", "w_in", "w_out", "w_gate"], jax.random.split(rng, 4)))
+  normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, dtype) / jnp.sqrt(fan_in)).astype(dtype)
+  params = {"router": {"kernel": normal(keys["router"], shapes["router"]["kernel"], cfg.d_model)}}
+  for name in ("w_in", "w_out", "w_gate"):
+    if name in shapes:
+      params[name] = normal(keys[name], shapes[name], shapes[name][1])
+  return params
+
+
+def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh) -> int:
+  """Validates shapes and choices before tracing; returns experts_per_gpu."""
+  n, m = mesh_lib.axis_sizes(mesh)
+  experts_per_gpu = cfg.check_mesh(n * m)
+  want = param_shapes(cfg)
+  got = jax.tree.map(lambda a: tuple(a.shape), params)
+  if got != want:
+    raise ConfigError(f"parameter shapes {got} do not match the layout for this config: {want}")
+  if x.ndim not in (2, 3) or x.shape[-1] != cfg.d_model:
+    raise ConfigError(f"x has shape {x.shape}; expected [tokens, {cfg.d_model}] or [batch, seq, {cfg.d_model}]")
+  tokens = x.size // cfg.d_model
+  if tokens % (n * m):
+    raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
+  platform = mesh.devices.flat[0].platform
+  if cfg.transport == "ragged" and platform == "cpu":
+    raise ConfigError("transport='ragged' uses jax.lax.ragged_all_to_all, which XLA:CPU does not implement; "
+                      "use transport='padded' (the same semantics from fixed-size all_to_all)")
+  return experts_per_gpu
+
+
+def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
+              rng: jax.Array | None = None, train: bool = False) -> tuple[jax.Array, dict]:
+  """The MoE layer: x [tokens, d] or [batch, seq, d], sharded over both mesh axes -> (y like x, aux).
+
+  aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training loss), expert_counts
+  [E] (token-choices each expert processed), tokens_dropped (token-choices dropped by capacity),
+  traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop).
+  rng: needed only for router jitter when train=True and cfg.jitter > 0.
+  """
+  experts_per_gpu = check_inputs(params, x, cfg, mesh)
+  n, m = mesh_lib.axis_sizes(mesh)
+  x_TxD = x.reshape(-1, cfg.d_model)
+  args, in_specs = [x_TxD, params], [P(ALL), param_specs(cfg)]
+  use_jitter = train and cfg.jitter > 0
+  if use_jitter:
+    if rng is None:
+      raise ConfigError(f"jitter={cfg.jitter} in training needs an rng")
+    args.append(jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter))
+    in_specs.append(P(ALL))
+  # Two-hop transports use the backend's native ragged exchange where it exists.
+  kind = cfg.transport if cfg.transport in ("ragged", "padded") else (
+      "padded" if mesh.devices.flat[0].platform == "cpu" else "ragged")
+  body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu, kind=kind)
+  y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(P(ALL), P()))(*args)
+  return y_TxD.reshape(x.shape), aux
+
+
+def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int,
+               kind: str):
+  """One device's part of the layer: x [T, d] local tokens -> (y [T, d], aux)."""
+  tokens, d = x_TxD.shape
+  k, num_experts = cfg.top_k, cfg.num_experts
+  router_in = x_TxD if noise_TxD is None else x_TxD * noise_TxD
+  decision = routing.route_topk(router_in, params["router"]["kernel"], cfg)
+  ids_TxK = decision.expert_ids
+  if cfg.capacity_factor is None:
+    keep_TxK = jnp.ones_like(ids_TxK, bool)
+  else:
+    capacity = routing.expert_capacity(cfg, tokens)
+    positions_TxK = routing.queue_positions(ids_TxK, num_experts)
+    keep_TxK = positions_TxK < capacity
+  kept_ids_N = jnp.where(keep_TxK, ids_TxK, -1).reshape(-1)  # token-major (token, choice) pairs
+  x_NxD = jnp.repeat(x_TxD, k, axis=0)
+  local_weights = (params["w_in"], params["w_out"], params.get("w_gate"))
+  compute = functools.partial(experts.expert_ffn, activation=cfg.activation, backend=cfg.expert_backend,
+                              dtype=jnp.dtype(cfg.dtype))
+
+  if cfg.transport == "capacity":
+    slots_N = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
+    blocks = transport_lib.capacity_dispatch(x_NxD, slots_N, num_experts * capacity, ALL, n * m)
+    y_blocks = _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute)
+    y_NxD = transport_lib.capacity_combine(y_blocks, slots_N, ALL)
+    traffic = [_global_traffic(_sends_per_device(kept_ids_N, experts_per_gpu, n * m), ALL, n, m)]
+  else:
+    hops = HOPS[cfg.transport]
+    rows_RxD, ids_R, route = transport_lib.dispatch(
+        x_NxD, kept_ids_N, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
+        max_rows=n * m * tokens * k, kind=kind)
+    y_RxD = _grouped_experts(rows_RxD, ids_R, experts_per_gpu, m, local_weights, compute)
+    y_NxD = transport_lib.combine(y_RxD, route, hops, kind)
+    traffic = [_global_traffic(p.sizes_AxA[jax.lax.axis_index(a)], a, n, m) for a, p in zip(hops, route.plans)]
+
+  weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
+  y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_NxD.reshape(tokens, k, d).astype(jnp.float32))
+  stats = jax.lax.psum(routing.loss_stats(decision, num_experts), ALL)
+  aux = routing.aux_losses(stats, cfg)
+  aux["expert_counts"] = jax.lax.psum(_counts(kept_ids_N, num_experts), ALL)
+  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), ALL)
+  aux["traffic_rows"] = jnp.stack(traffic)
+  return y_TxD.astype(x_TxD.dtype), aux
+
+
+def _counts(ids_N, size):
+  """[size] int32 occurrences of each id in [0, size); ids outside (e.g. -1) are not counted."""
+  return jnp.zeros(size + 1, jnp.int32).at[jnp.where((ids_N >= 0) & (ids_N < size), ids_N, size)].add(1)[:size]
+
+
+def _grouped_experts(rows_RxD, ids_R, experts_per_gpu, m, local_weights, compute):
+  """Runs the local experts on received rows (any order; id -1 = empty row) -> [R, d], 0 on empty rows."""
+  local_R = ids_R - mesh_lib.my_flat_index(m) * experts_per_gpu
+  valid_R = ids_R >= 0
+  key_R = jnp.where(valid_R, local_R, experts_per_gpu)
+  order = jnp.argsort(key_R, stable=True)
+  group_sizes = _counts(key_R, experts_per_gpu)
+  y_sorted = compute(rows_RxD[order], group_sizes, *local_weights)
+  y_RxD = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
+  return jnp.where(valid_R[:, None], y_RxD, 0.0).astype(rows_RxD.dtype)
+
+
+def _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute):
+  """blocks [A(src), epg * C, d] -> expert outputs in the same layout (every slot computed)."""
+  num_src, _, d = blocks.shape
+  rows = blocks.reshape(num_src, experts_per_gpu, capacity, d).transpose(1, 0, 2, 3).reshape(-1, d)
+  group_sizes = jnp.full((experts_per_gpu,), num_src * capacity, jnp.int32)
+  y = compute(rows, group_sizes, *local_weights).astype(blocks.dtype)
+  return y.reshape(experts_per_gpu, num_src, capacity, d).transpose(1, 0, 2, 3).reshape(blocks.shape)
+
+
+def _sends_per_device(ids_N, experts_per_gpu, num_devices):
+  return _counts(jnp.where(ids_N >= 0, ids_N // experts_per_gpu, -1), num_devices)
+
+
+def _global_traffic(send_A, axis_name, n, m):
+  """[D, D] rows sent between flat devices, from each device's sends to its A peers along the axis."""
+  if axis_name == mesh_lib.NODE:
+    peers = jnp.arange(n) * m + jax.lax.axis_index(mesh_lib.GPU)
+  elif axis_name == mesh_lib.GPU:
+    peers = jax.lax.axis_index(mesh_lib.NODE) * m + jnp.arange(m)
+  else:
+    peers = jnp.arange(n * m)
+  me = mesh_lib.my_flat_index(m)
+  return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), ALL)
+
+
+class Router(nnx.Module):
+  """Holds `router.kernel [d, E]`, so the module's state paths follow the parameter layout."""
+
+  def __init__(self, kernel: jax.Array):
+    self.kernel = nnx.Param(kernel)
+
+
+class MoELayer(nnx.Module):
+  """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`.
+
+  Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
+  """
+
+  def __init__(self, cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    self.cfg, self.mesh = cfg, mesh
+    cfg.check_mesh(mesh.size)
+    params = init_params(rngs.params(), cfg, dtype)
+    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    params = jax.tree.map(place, params, param_specs(cfg))
+    self.router = Router(params["router"]["kernel"])
+    self.w_in = nnx.Param(params["w_in"])
+    self.w_out = nnx.Param(params["w_out"])
+    self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
+    self.rngs = rngs
+
+  def params(self) -> dict:
+    """The parameters as a plain dict in the public layout."""
+    params = {"router": {"kernel": self.router.kernel[...]}, "w_in": self.w_in[...], "w_out": self.w_out[...]}
+    if self.w_gate is not None:
+      params["w_gate"] = self.w_gate[...]
+    return params
+
+  def __call__(self, x: jax.Array, *, train: bool = False) -> tuple[jax.Array, dict]:
+    rng = self.rngs.jitter() if train and self.cfg.jitter > 0 else None
+    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train)
