@@ -1,0 +1,285 @@
+"""Benchmark the Pallas expert kernels against other ways to compute the same expert FFN.
+
+Implementations, each timed forward and forward+backward:
+  pallas          moejax.kernels (gmm, or the fused expert_ffn)
+  ragged_dot      jax.lax.ragged_dot
+  tokamax         tokamax.ragged_dot, when tokamax is importable
+  dense_capacity  rows scattered into [G, capacity, d] (capacity = largest group rounded up to
+                  128, so nothing is dropped), per-expert einsum, gathered back
+  dense_gemm      one dense GEMM chain with the same useful FLOPs (the device's practical peak)
+Ops: 'gmm' (x [R, d] @ w_in [G, d, f]) and 'ffn' (the whole expert FFN). TFLOP/s count useful
+FLOPs only (2 * R * d * f per matmul, x3 for forward+backward): recomputation in our backward
+and capacity padding show up as lower TFLOP/s. Each pallas result also records its relative
+error (outputs and gradients) against ragged_dot on the same inputs.
+
+  python experiments/bench_kernels.py --out results/kernels_h100.json
+  python experiments/bench_kernels.py --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
+A full run (4 models x 3 row counts x 2 skews x 2 ops x 2 passes x 5 implementations) takes
+tens of minutes on an H100; --models/--rows/--ops narrow it.
+"""
+
+import json
+import statistics
+import time
+import traceback
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+
+from moejax.kernels import activations
+from moejax.kernels import ffn
+from moejax.kernels import gmm as gmm_lib
+
+# experts: experts on the benchmarked GPU (all of them: expert parallelism 1, except SMILE).
+MODELS = {
+    'mixtral_8x7b': dict(d=4096, f=14336, experts=8, top_k=2, gated=True, activation='silu'),
+    'qwen2_moe': dict(d=2048, f=1408, experts=64, top_k=4, gated=True, activation='silu'),
+    'phi3.5_moe': dict(d=4096, f=6400, experts=16, top_k=2, gated=True, activation='silu'),
+    'smile_3.7b': dict(d=768, f=3072, experts=1, top_k=1, gated=False, activation='gelu'),
+}
+SMOKE_MODELS = {
+    'smoke_gated': dict(d=32, f=64, experts=4, top_k=2, gated=True, activation='silu'),
+    'smoke_plain': dict(d=32, f=64, experts=4, top_k=2, gated=False, activation='gelu'),
+}
+IMPLS = ('pallas', 'ragged_dot', 'tokamax', 'dense_capacity', 'dense_gemm')
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
+flags.DEFINE_bool('smoke', False, 'Tiny shapes and few runs (runs on CPU, interpreted).')
+flags.DEFINE_list('models', list(MODELS), f'Subset of {list(MODELS)}.')
+flags.DEFINE_list('rows', ['4096', '16384', '65536'], 'Routed rows R on the GPU.')
+flags.DEFINE_list('skews', ['balanced', 'skewed'], 'Group-size distributions.')
+flags.DEFINE_list('ops', ['gmm', 'ffn'], 'Operations.')
+flags.DEFINE_list('impls', list(IMPLS), 'Implementations.')
+flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
+flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
+flags.DEFINE_integer('iters', 50, 'Timed runs; the median is reported.')
+
+
+def time_call(fn, args, warmup: int, iters: int) -> list[float]:
+  """Seconds per call of a jitted fn, after compilation and warm-up."""
+  jax.block_until_ready(fn(*args))
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(iters):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def group_sizes(rows: int, experts: int, skew: str) -> np.ndarray:
+  """balanced: equal shares; skewed: Zipf(1.2) shares, so the first expert gets the most."""
+  if skew == 'balanced':
+    share = np.ones(experts)
+  else:
+    share = 1.0 / np.arange(1, experts + 1) ** 1.2
+  sizes = np.floor(rows * share / share.sum()).astype(np.int32)
+  sizes[0] += rows - sizes.sum()
+  return sizes
+
+
+def _hidden(act, z_in, z_gate):
+  return act(z_in) if z_gate is None else act(z_gate) * z_in
+
+
+def _ragged(ragged_dot, op, act):
+  def fn(params, gs):
+    x, w_in = params[:2]
+    z_in = ragged_dot(x, w_in, gs)
+    if op == 'gmm':
+      return z_in
+    z_gate = ragged_dot(x, params[3], gs) if len(params) == 4 else None
+    return ragged_dot(_hidden(act, z_in, z_gate).astype(x.dtype), params[2], gs)
+  return fn
+
+
+def _capacity_dispatch(x, gs, experts, capacity):
+  """x: [R, d] grouped rows -> [G, capacity, d] and the flat slot index of every row."""
+  rows = x.shape[0]
+  starts = jnp.cumsum(gs) - gs
+  group = jnp.repeat(jnp.arange(experts), gs, total_repeat_length=rows)
+  slot = group * capacity + jnp.arange(rows) - starts[group]
+  buf = jnp.zeros((experts * capacity, x.shape[1]), x.dtype).at[slot].set(x)
+  return buf.reshape(experts, capacity, -1), slot
+
+
+def _capacity(op, act, capacity):
+  def fn(params, gs):
+    x, w_in = params[:2]
+    experts = w_in.shape[0]
+    xg, slot = _capacity_dispatch(x, gs, experts, capacity)
+    y = jnp.einsum('gcd,gdf->gcf', xg, w_in)
+    if op == 'ffn':
+      z_gate = jnp.einsum('gcd,gdf->gcf', xg, params[3]) if len(params) == 4 else None
+      y = jnp.einsum('gcf,gfd->gcd', _hidden(act, y, z_gate).astype(x.dtype), params[2])
+    return y.reshape(experts * capacity, -1)[slot]
+  return fn
+
+
+def _dense(op, act):
+  def fn(params, gs):
+    del gs
+    x, w_in = params[:2]
+    y = x @ w_in[0]
+    if op == 'ffn':
+      z_gate = x @ params[3][0] if len(params) == 4 else None
+      y = _hidden(act, y, z_gate).astype(x.dtype) @ params[2][0]
+    return y
+  return fn
+
+
+def _pallas(op, act):
+  def fn(params, gs):
+    if op == 'gmm':
+      return gmm_lib.gmm(*params, gs)
+    return ffn.expert_ffn(*params[:3], gs, act, params[3] if len(params) == 4 else None)
+  return fn
+
+
+def make_fn(impl, op, model, capacity):
+  """fn(params, group_sizes) -> y; params: (x, w_in) for 'gmm', (x, w_in, w_out[, w_gate])."""
+  act = activations.get_activation(model['activation'])
+  if impl == 'pallas':
+    return _pallas(op, model['activation'])
+  if impl == 'ragged_dot':
+    return _ragged(jax.lax.ragged_dot, op, act)
+  if impl == 'tokamax':
+    import tokamax  # pylint: disable=import-outside-toplevel
+    return _ragged(tokamax.ragged_dot, op, act)
+  if impl == 'dense_capacity':
+    return _capacity(op, act, capacity)
+  if impl == 'dense_gemm':
+    return _dense(op, act)
+  raise ValueError(f'unknown implementation {impl!r}')
+
+
+def make_inputs(model, rows, dtype, op, impl, seed=0):
+  """params (see make_fn) and the output cotangent; dense_gemm gets one expert."""
+  d, f = model['d'], model['f']
+  experts = 1 if impl == 'dense_gemm' else model['experts']
+  keys = jax.random.split(jax.random.key(seed), 5)
+
+  def normal(key, shape, scale=1.0):
+    return (scale * jax.random.normal(key, shape)).astype(dtype)
+
+  params = (normal(keys[0], (rows, d)), normal(keys[1], (experts, d, f), d ** -0.5))
+  if op == 'ffn':
+    params += (normal(keys[2], (experts, f, d), f ** -0.5),)
+    if model['gated']:
+      params += (normal(keys[3], (experts, d, f), d ** -0.5),)
+  return params, normal(keys[4], (rows, f if op == 'gmm' else d))
+
+
+def useful_flops(model, rows, op, bwd):
+  matmuls = 1 if op == 'gmm' else (3 if model['gated'] else 2)
+  return 2 * rows * model['d'] * model['f'] * matmuls * (3 if bwd else 1)
+
+
+def _rel_err(ours, ref) -> float:
+  """Largest relative norm error over matching leaves (outputs and gradients)."""
+  errs = [float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
+          for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))]
+  return max(errs)
+
+
+def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
+  """Timings of one implementation; for 'pallas' also its error against ragged_dot."""
+  capacity = int(-(-sizes.max() // 128) * 128)
+  params, dy = make_inputs(model, rows, dtype, op, impl)
+  gs = jnp.asarray([rows] if impl == 'dense_gemm' else sizes, jnp.int32)
+
+  def compiled(fn):
+    if not bwd:
+      return jax.jit(fn)
+
+    def fwd_bwd(params, gs):
+      y, vjp = jax.vjp(lambda p: fn(p, gs), params)
+      return y, vjp(dy.astype(y.dtype))
+    return jax.jit(fwd_bwd)
+
+  jitted = compiled(make_fn(impl, op, model, capacity))
+  times = time_call(jitted, (params, gs), warmup, iters)
+  median = statistics.median(times)
+  entry = dict(times_s=times, median_s=median,
+               tflops=useful_flops(model, rows, op, bwd) / median / 1e12)
+  if impl == 'dense_capacity':
+    entry['capacity'] = capacity
+  if impl == 'pallas':
+    ref = compiled(make_fn('ragged_dot', op, model, capacity))(params, gs)
+    entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), ref)
+  return entry
+
+
+def run(models, rows_list, skews, ops, impls, dtype, warmup, iters):
+  results = []
+  for name, model in models.items():
+    for rows in rows_list:
+      for skew in skews:
+        sizes = group_sizes(rows, model['experts'], skew)
+        for op in ops:
+          for bwd in (False, True):
+            for impl in impls:
+              entry = dict(model=name, **model, rows=rows, skew=skew, group_sizes=sizes.tolist(),
+                           op=op, passes='fwd_bwd' if bwd else 'fwd', impl=impl,
+                           useful_flops=useful_flops(model, rows, op, bwd))
+              try:
+                entry.update(bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters))
+              except Exception as e:  # pylint: disable=broad-except
+                entry['error'] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
+                if impl != 'tokamax':
+                  traceback.print_exc()
+              results.append(entry)
+              print(_row(entry), flush=True)
+  return results
+
+
+def _row(e):
+  timing = (f"{e['median_s'] * 1e3:10.3f} ms {e['tflops']:8.3g} TFLOP/s" +
+            (f"  rel err {e['rel_err_vs_ragged_dot']:.1e}" if 'rel_err_vs_ragged_dot' in e else '')
+            if 'median_s' in e
+            else f"  {e['error'][:60]}")
+  return (f"{e['model']:14s} R={e['rows']:6d} {e['skew']:8s} {e['op']:4s} {e['passes']:7s} "
+          f"{e['impl']:15s}{timing}")
+
+
+def summary(results, impls) -> str:
+  """One line per case: median ms (TFLOP/s) of every implementation side by side."""
+  cases = {}
+  for e in results:
+    key = (e['model'], e['rows'], e['skew'], e['op'], e['passes'])
+    cases.setdefault(key, {})[e['impl']] = (
+        f"{e['median_s'] * 1e3:9.3f} ({e['tflops']:6.3g})" if 'median_s' in e else f"{'-':>18s}")
+  lines = [f"{'case':44s}" + ''.join(f'{impl:>19s}' for impl in impls)]
+  for (model, rows, skew, op, passes), by_impl in cases.items():
+    lines.append(f'{model:14s} {rows:6d} {skew:8s} {op:4s} {passes:7s}' +
+                 ''.join(f' {by_impl.get(impl, "-"):>18s}' for impl in impls))
+  return '\n'.join(lines)
+
+
+def main(argv):
+  del argv
+  models = SMOKE_MODELS if FLAGS.smoke else {m: MODELS[m] for m in FLAGS.models}
+  rows_list = [64] if FLAGS.smoke else [int(r) for r in FLAGS.rows]
+  warmup, iters = (1, 3) if FLAGS.smoke else (FLAGS.warmup, FLAGS.iters)
+  dtype = jnp.dtype(FLAGS.dtype)
+  device = jax.devices()[0]
+  print(f'device: {device.device_kind} ({device.platform}), jax {jax.__version__}')
+  results = run(models, rows_list, FLAGS.skews, FLAGS.ops, FLAGS.impls, dtype, warmup, iters)
+  print('\nmedian ms (useful TFLOP/s)')
+  print(summary(results, FLAGS.impls))
+  record = dict(device_kind=device.device_kind, platform=device.platform,
+                jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
+                dtype=str(dtype), warmup=warmup, iters=iters, smoke=FLAGS.smoke, results=results)
+  with open(FLAGS.out, 'w') as f:
+    json.dump(record, f, indent=1)
+  print(f'wrote {len(results)} results to {FLAGS.out}')
+
+
+if __name__ == '__main__':
+  app.run(main)
