@@ -29,9 +29,10 @@ from .gmm import tgmm_forward
 from .gmm_kernel import grouped_matmul
 
 
-class _Options(NamedTuple):
+class Options(NamedTuple):
+  """Static settings of an expert_ffn call."""
   activation: str
-  tiling: tuning.TileConfig | None
+  tiling: tuning.TileConfig | None  # tiles of every kernel; None: from `tuning`
   interpret: bool
 
 
@@ -47,8 +48,12 @@ def _run(kernel, opts, lhs, rhs, rhs_transposed, accumulators, epilogue, out_dty
                         config, opts.interpret, kernel)
 
 
-def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
-  """Inputs already promoted to one dtype -> y: [M, d]."""
+def _act_and_grad(activation, z):
+  return jax.jvp(activations.get_activation(activation), (z,), (jnp.ones_like(z),))
+
+
+def hidden(x, w_in, w_gate, group_sizes, opts: Options):
+  """Kernel 'ffn_in': h = act(x @ w_gate) * (x @ w_in), or act(x @ w_in): [M, f], x's dtype."""
   act = activations.get_activation(opts.activation)
   if w_gate is None:
     [h] = _run('ffn_in', opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z),),
@@ -56,6 +61,42 @@ def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
   else:
     [h] = _run('ffn_in', opts, [x], [w_gate, w_in], [False, False], [[(0, 0)], [(0, 1)]],
                lambda z_gate, z_in: (act(z_gate) * z_in,), [x.dtype], group_sizes)
+  return h
+
+
+def hidden_backward(dy, x, w_in, w_out, w_gate, group_sizes, opts: Options):
+  """Kernel 'ffn_bwd': dh = dy @ w_out^T with the recomputed pre-activations -> (h, dz_in,
+  dz_gate or None), each [M, f] in x's dtype."""
+  dtypes = [x.dtype] * (2 if w_gate is None else 3)
+  if w_gate is None:
+    def epilogue(dh, z_in):
+      a, da = _act_and_grad(opts.activation, z_in)
+      return a, dh * da
+    h, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_in], [True, False], [[(0, 0)], [(1, 1)]],
+                    epilogue, dtypes, group_sizes)
+    return h, dz_in, None
+
+  def gated_epilogue(dh, z_gate, z_in):
+    a, da = _act_and_grad(opts.activation, z_gate)
+    return a * z_in, dh * a, dh * z_in * da
+  return tuple(_run('ffn_bwd', opts, [dy, x], [w_out, w_gate, w_in], [True, False, False],
+                    [[(0, 0)], [(1, 1)], [(1, 2)]], gated_epilogue, dtypes, group_sizes))
+
+
+def input_grad(dz_in, dz_gate, w_in, w_gate, group_sizes, opts: Options):
+  """dx = dz_in @ w_in^T (+ dz_gate @ w_gate^T, kernel 'ffn_in', else 'gmm'): [M, d]."""
+  if w_gate is None:
+    [dx] = _run('gmm', opts, [dz_in], [w_in], [True], [[(0, 0)]], lambda acc: (acc,),
+                [dz_in.dtype], group_sizes)
+  else:
+    [dx] = _run('ffn_in', opts, [dz_gate, dz_in], [w_gate, w_in], [True, True],
+                [[(0, 0), (1, 1)]], lambda acc: (acc,), [dz_in.dtype], group_sizes)
+  return dx
+
+
+def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
+  """Inputs already promoted to one dtype -> y: [M, d]."""
+  h = hidden(x, w_in, w_gate, group_sizes, opts)
   [y] = _run('gmm', opts, [h], [w_out], [False], [[(0, 0)]], lambda acc: (acc,), [x.dtype],
              group_sizes)
   return y
@@ -63,33 +104,12 @@ def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
 
 def _backward(x, w_in, w_out, w_gate, group_sizes, dy, opts):
   """Inputs and dy promoted to one dtype -> (dx, dw_in, dw_out, dw_gate or None)."""
-  act = activations.get_activation(opts.activation)
-
-  def act_and_grad(z):
-    return jax.jvp(act, (z,), (jnp.ones_like(z),))
-
   def tgmm(lhs, rhs):
     return tgmm_forward(lhs, rhs, group_sizes, x.dtype, opts.tiling, opts.interpret)
 
-  dtypes = [x.dtype] * (2 if w_gate is None else 3)
-  if w_gate is None:
-    def epilogue(dh, z_in):
-      a, da = act_and_grad(z_in)
-      return a, dh * da
-    h, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_in], [True, False], [[(0, 0)], [(1, 1)]],
-                    epilogue, dtypes, group_sizes)
-    [dx] = _run('gmm', opts, [dz_in], [w_in], [True], [[(0, 0)]], lambda acc: (acc,),
-                [x.dtype], group_sizes)
-    return dx, tgmm(x, dz_in), tgmm(h, dy), None
-
-  def gated_epilogue(dh, z_gate, z_in):
-    a, da = act_and_grad(z_gate)
-    return a * z_in, dh * z_in * da, dh * a
-  h, dz_gate, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_gate, w_in], [True, False, False],
-                           [[(0, 0)], [(1, 1)], [(1, 2)]], gated_epilogue, dtypes, group_sizes)
-  [dx] = _run('ffn_in', opts, [dz_gate, dz_in], [w_gate, w_in], [True, True],
-              [[(0, 0), (1, 1)]], lambda acc: (acc,), [x.dtype], group_sizes)
-  return dx, tgmm(x, dz_in), tgmm(h, dy), tgmm(x, dz_gate)
+  h, dz_in, dz_gate = hidden_backward(dy, x, w_in, w_out, w_gate, group_sizes, opts)
+  dx = input_grad(dz_in, dz_gate, w_in, w_gate, group_sizes, opts)
+  return dx, tgmm(x, dz_in), tgmm(h, dy), None if w_gate is None else tgmm(x, dz_gate)
 
 
 def _promote(*arrays):
@@ -151,5 +171,5 @@ def expert_ffn(x: jax.Array, w_in: jax.Array, w_out: jax.Array, group_sizes: jax
       checks.check_floating(name, a)
   checks.check_group_sizes(group_sizes, num_groups, 'w_in.shape[0]')
   activations.get_activation(activation)
-  opts = _Options(activation, tiling, backend.use_interpret(interpret, x, w_in))
+  opts = Options(activation, tiling, backend.use_interpret(interpret, x, w_in))
   return _ffn(x, w_in, w_out, w_gate, group_sizes, opts)
