@@ -20,7 +20,6 @@ tens of minutes on an H100; --models/--rows/--ops narrow it.
 
 import json
 import statistics
-import time
 import traceback
 
 from absl import app
@@ -33,6 +32,7 @@ import numpy as np
 from moejax.kernels import activations
 from moejax.kernels import ffn
 from moejax.kernels import gmm as gmm_lib
+from moejax.kernels import tuning
 
 # experts: experts on the benchmarked GPU (all of them: expert parallelism 1, except SMILE).
 MODELS = {
@@ -58,19 +58,6 @@ flags.DEFINE_list('impls', list(IMPLS), 'Implementations.')
 flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
 flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
 flags.DEFINE_integer('iters', 50, 'Timed runs; the median is reported.')
-
-
-def time_call(fn, args, warmup: int, iters: int) -> list[float]:
-  """Seconds per call of a jitted fn, after compilation and warm-up."""
-  jax.block_until_ready(fn(*args))
-  for _ in range(warmup):
-    jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(iters):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return times
 
 
 def group_sizes(rows: int, experts: int, skew: str) -> np.ndarray:
@@ -204,7 +191,7 @@ def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
     return jax.jit(fwd_bwd)
 
   jitted = compiled(make_fn(impl, op, model, capacity))
-  times = time_call(jitted, (params, gs), warmup, iters)
+  times = tuning.time_call(jitted, (params, gs), warmup, iters)
   median = statistics.median(times)
   entry = dict(times_s=times, median_s=median,
                tflops=useful_flops(model, rows, op, bwd) / median / 1e12)

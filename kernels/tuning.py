@@ -3,11 +3,14 @@
 Kernels: 'gmm' (one accumulator), 'ffn_in' (gated first FFN matmul: two accumulators),
 'ffn_bwd' (FFN backward hidden kernel: up to three accumulators), 'tgmm' (per-group lhs^T @ rhs).
 The GPU entries are starting points chosen from Triton matmul practice, not measurements;
-`experiments/tune_kernels.py` re-tunes them on a GPU and prints a replacement for `TABLE`.
+`experiments/tune_kernels.py` re-tunes them on a GPU (timing with `time_call`) and prints a
+replacement for `TABLE`.
 """
 
 import dataclasses
+import time
 
+import jax
 import numpy as np
 
 
@@ -79,3 +82,16 @@ def dtype_class(dtype) -> str:
 def get_config(kernel: str, device: str, dtype, m: int, num_groups: int) -> TileConfig:
   """Tiles for `kernel` on `device` (a `device_key`) for m rows in num_groups groups of `dtype`."""
   return TABLE[device][kernel, dtype_class(dtype), shape_class(m, num_groups)]
+
+
+def time_call(fn, args, warmup: int, iters: int) -> list[float]:
+  """Seconds per call of a jitted fn, after compilation and warm-up."""
+  jax.block_until_ready(fn(*args))
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(iters):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return times
