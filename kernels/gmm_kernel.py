@@ -29,6 +29,35 @@ def dot_precision(dtype):
   return lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
 
 
+def in_bounds(start, size: int, bound: int):
+  """[size] bool: start + i < bound; None (no mask) when tiles divide the bound, so that
+  Triton keeps vectorised loads along a contiguous dimension."""
+  if bound % size == 0:
+    return None
+  return start + jnp.arange(size, dtype=jnp.int32) < bound
+
+
+def tile_mask(row_ok, col_ok, shape):
+  """[a] and [b] masks (None: all true) -> [a, b] mask, or None."""
+  if row_ok is None and col_ok is None:
+    return None
+  mask = jnp.ones(shape, jnp.bool_)
+  if row_ok is not None:
+    mask &= row_ok[:, None]
+  if col_ok is not None:
+    mask &= col_ok[None, :]
+  return mask
+
+
+def load(ref, mask):
+  """ref's tile, zero where mask is False."""
+  return plgpu.load(ref) if mask is None else plgpu.load(ref, mask=mask, other=0.0)
+
+
+def store(ref, value, mask):
+  plgpu.store(ref, value.astype(ref.dtype), mask=mask)
+
+
 def _swizzle(pid, num_visits: int, n_tiles: int):
   """Program id -> (visit, N-tile), walking bands of `_SWIZZLE` visits column by column."""
   band = _SWIZZLE * n_tiles
@@ -72,10 +101,8 @@ def grouped_matmul(
 
   def load_rhs(ref, transposed, g, k0, k_ok, col0, col_ok):
     if transposed:
-      return plgpu.load(ref.at[g, pl.ds(col0, bn), pl.ds(k0, bk)],
-                        mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-    return plgpu.load(ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)],
-                      mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+      return load(ref.at[g, pl.ds(col0, bn), pl.ds(k0, bk)], tile_mask(col_ok, k_ok, (bn, bk)))
+    return load(ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], tile_mask(k_ok, col_ok, (bk, bn)))
 
   def kernel(gid_ref, tile_ref, lo_ref, hi_ref, *refs):
     lhs_refs, rhs_refs, out_refs = refs[:len(lhs)], refs[len(lhs):-len(out_dtypes)], refs[-len(out_dtypes):]
@@ -85,14 +112,14 @@ def grouped_matmul(
     col0 = pl.multiple_of(j * bn, bn)
     rows = row0 + jnp.arange(bm, dtype=jnp.int32)
     row_ok = (rows >= lo) & (rows < hi)
-    col_ok = col0 + jnp.arange(bn, dtype=jnp.int32) < n
-    out_ok = row_ok[:, None] & col_ok[None, :]
+    col_ok = in_bounds(col0, bn, n)
+    out_ok = tile_mask(row_ok, col_ok, (bm, bn))
 
     def body(kk, accs):
       k0 = pl.multiple_of(kk * bk, bk)
-      k_ok = k0 + jnp.arange(bk, dtype=jnp.int32) < k
-      a = [plgpu.load(r.at[pl.ds(row0, bm), pl.ds(k0, bk)],
-                      mask=row_ok[:, None] & k_ok[None, :], other=0.0) for r in lhs_refs]
+      k_ok = in_bounds(k0, bk, k)
+      lhs_ok = tile_mask(row_ok, k_ok, (bm, bk))
+      a = [load(r.at[pl.ds(row0, bm), pl.ds(k0, bk)], lhs_ok) for r in lhs_refs]
       b = [load_rhs(r, t, g, k0, k_ok, col0, col_ok) for r, t in zip(rhs_refs, rhs_transposed)]
       new_accs = []
       for acc, pairs in zip(accs, accumulators):
@@ -108,13 +135,12 @@ def grouped_matmul(
       zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in accumulators)
       accs = lax.fori_loop(0, k_tiles, body, zeros)
       for ref, tile in zip(out_refs, epilogue(*accs)):
-        plgpu.store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile.astype(ref.dtype), mask=out_ok)
+        store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile, out_ok)
 
     @pl.when((lo < hi) & (g == num_groups))
     def _zero_fill():
       for ref in out_refs:
-        plgpu.store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], jnp.zeros((bm, bn), ref.dtype),
-                    mask=out_ok)
+        store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], jnp.zeros((bm, bn)), out_ok)
 
   return pl.pallas_call(
       kernel,

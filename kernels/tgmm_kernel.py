@@ -9,11 +9,14 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 
 from . import backend
 from . import tuning
 from .gmm_kernel import dot_precision
+from .gmm_kernel import in_bounds
+from .gmm_kernel import load
+from .gmm_kernel import store
+from .gmm_kernel import tile_mask
 
 
 def transposed_grouped_matmul(
@@ -44,24 +47,20 @@ def transposed_grouped_matmul(
     g = pid // (k_tiles * n_tiles)
     k0 = pl.multiple_of((pid // n_tiles) % k_tiles * bk, bk)
     col0 = pl.multiple_of(pid % n_tiles * bn, bn)
-    k_ok = k0 + jnp.arange(bk, dtype=jnp.int32) < k
-    col_ok = col0 + jnp.arange(bn, dtype=jnp.int32) < n
+    k_ok, col_ok = in_bounds(k0, bk, k), in_bounds(col0, bn, n)
     start, end = start_ref[g], end_ref[g]
 
     def body(i, acc):
       row0 = start + i * bm
       row_ok = row0 + jnp.arange(bm, dtype=jnp.int32) < end
-      a = plgpu.load(lhs_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)],
-                     mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-      b = plgpu.load(rhs_ref.at[pl.ds(row0, bm), pl.ds(col0, bn)],
-                     mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+      a = load(lhs_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)], tile_mask(row_ok, k_ok, (bm, bk)))
+      b = load(rhs_ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile_mask(row_ok, col_ok, (bm, bn)))
       return acc + lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=precision,
                                    preferred_element_type=jnp.float32)
 
     steps = (end - start + bm - 1) // bm
     acc = lax.fori_loop(0, steps, body, jnp.zeros((bk, bn), jnp.float32))
-    plgpu.store(out_ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], acc.astype(out_ref.dtype),
-                mask=k_ok[:, None] & col_ok[None, :])
+    store(out_ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], acc, tile_mask(k_ok, col_ok, (bk, bn)))
 
   return pl.pallas_call(
       kernel,

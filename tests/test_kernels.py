@@ -117,23 +117,26 @@ def test_gmm_transpose_rhs():
   assert rel_err(out, np_gmm(lhs, np.swapaxes(rhs, 1, 2), sizes)) < 1e-5
 
 
-@pytest.mark.parametrize('case', ['empty_groups', 'padded_m', 'sum_past_m'])
-def test_tgmm_matches_numpy(case):
+@pytest.mark.parametrize('case,k,n', [('empty_groups', K, N), ('padded_m', K, N),
+                                      ('sum_past_m', K, N), ('sum_past_m', 32, 16)])
+def test_tgmm_matches_numpy(case, k, n):
   m, sizes = CASES[case]
-  lhs, rhs, gs = normal(5, (m, K)), normal(6, (m, N)), jnp.array(sizes, jnp.int32)
+  lhs, rhs, gs = normal(5, (m, k)), normal(6, (m, n)), jnp.array(sizes, jnp.int32)
   out = jax.jit(lambda a, b, g: gmm_lib.tgmm(a, b, g, tiling=TILING))(lhs, rhs, gs)
-  assert out.shape == (len(sizes), K, N)
+  assert out.shape == (len(sizes), k, n)
   assert rel_err(out, np_tgmm(lhs, rhs, sizes)) < 1e-5
   for g, size in enumerate(sizes):
     if size == 0:
       np.testing.assert_array_equal(out[g], 0.0)
 
 
-@pytest.mark.parametrize('case', ['empty_groups', 'tiny_groups', 'padded_m'])
-def test_gmm_grad_matches_ragged_dot(case):
+@pytest.mark.parametrize('case,k,n', [('empty_groups', K, N), ('tiny_groups', K, N),
+                                      ('padded_m', K, N), ('padded_m', 32, 32)])
+def test_gmm_grad_matches_ragged_dot(case, k, n):
+  """k, n multiples of the tiles take the unmasked-load path."""
   m, sizes = CASES[case]
-  lhs, rhs, gs = normal(7, (m, K)), normal(8, (len(sizes), K, N)), jnp.array(sizes, jnp.int32)
-  dout = normal(9, (m, N))
+  lhs, rhs, gs = normal(7, (m, k)), normal(8, (len(sizes), k, n)), jnp.array(sizes, jnp.int32)
+  dout = normal(9, (m, n))
 
   def grads(fn):
     return jax.jit(jax.grad(lambda a, b: jnp.sum(fn(a, b) * dout), argnums=(0, 1)))(lhs, rhs)
@@ -157,11 +160,13 @@ def test_gmm_bf16_within_bf16_tolerance():
   assert rel_err(out32, np_gmm(lhs, rhs, sizes)) < 1e-5  # fp32 accumulation of exact products
 
 
-@pytest.mark.parametrize('activation', sorted(activations.ACTIVATIONS))
-@pytest.mark.parametrize('gated', [False, True], ids=['plain', 'gated'])
-def test_expert_ffn_and_grads(activation, gated):
+FFN_CASES = [(act, gated, K, N) for act in sorted(activations.ACTIVATIONS) for gated in (False, True)]
+
+
+@pytest.mark.parametrize('activation,gated,d,f', FFN_CASES + [('gelu', True, 32, 16)])
+def test_expert_ffn_and_grads(activation, gated, d, f):
   m, sizes = FFN_SIZES
-  d, f, g = K, N, len(sizes)
+  g = len(sizes)
   x, w_in, w_out = normal(12, (m, d)), normal(13, (g, d, f), scale=0.3), normal(14, (g, f, d), scale=0.3)
   w_gate = normal(15, (g, d, f), scale=0.3) if gated else None
   gs, dy = jnp.array(sizes, jnp.int32), normal(16, (m, d))
@@ -280,12 +285,13 @@ def _triton_calls(fn, *args):
   return lowered.as_text().count('__gpu$xla.gpu.triton')
 
 
-@pytest.mark.parametrize('activation', sorted(activations.ACTIVATIONS))
-def test_kernels_lower_to_triton(activation):
+@pytest.mark.parametrize('activation,d,f', [(act, K, N) for act in sorted(activations.ACTIVATIONS)]
+                         + [('silu', 32, 64)])
+def test_kernels_lower_to_triton(activation, d, f):
   """Triton lowering (no GPU needed) rejects primitives it cannot lower, e.g. erf."""
   m, sizes = FFN_SIZES
   gs = jnp.array(sizes, jnp.int32)
-  x, w_in, w_out = jnp.ones((m, K), jnp.bfloat16), jnp.ones((4, K, N), jnp.bfloat16), jnp.ones((4, N, K), jnp.bfloat16)
+  x, w_in, w_out = jnp.ones((m, d), jnp.bfloat16), jnp.ones((4, d, f), jnp.bfloat16), jnp.ones((4, f, d), jnp.bfloat16)
 
   def ffn_loss(x, w_in, w_out, w_gate):
     y = ffn.expert_ffn(x, w_in, w_out, gs, activation, w_gate, tiling=GPU_TILING, interpret=False)
