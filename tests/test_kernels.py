@@ -148,6 +148,24 @@ def test_gmm_grad_matches_ragged_dot(case, k, n):
   np.testing.assert_array_equal(ours[0][sum(sizes):], 0.0)
 
 
+def test_rows_past_the_sum_are_never_read():
+  """Receive buffers are padded with garbage: NaN there must not reach outputs or gradients."""
+  m, sizes = CASES['padded_m']
+  total = sum(sizes)
+  gs = jnp.array(sizes, jnp.int32)
+  lhs, rhs, dout = normal(26, (m, K)), normal(27, (len(sizes), K, N)), normal(28, (m, N))
+  nan_lhs, nan_dout = lhs.at[total:].set(jnp.nan), dout.at[total:].set(jnp.nan)
+  out, vjp = jax.vjp(lambda a, b: gmm_lib.gmm(a, b, gs, tiling=TILING), nan_lhs, rhs)
+  dlhs, drhs = vjp(nan_dout)
+  _, ref_vjp = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, gs), lhs, rhs)
+  ref_dlhs, ref_drhs = ref_vjp(dout.at[total:].set(0.0))
+  assert rel_err(out, np_gmm(lhs, rhs, sizes)) < 1e-5
+  assert rel_err(dlhs, ref_dlhs) < 1e-5 and rel_err(drhs, ref_drhs) < 1e-5
+  w_out = normal(29, (len(sizes), N, K), scale=0.3)
+  y = ffn.expert_ffn(nan_lhs, 0.3 * rhs, w_out, gs, 'gelu', tiling=TILING)
+  assert rel_err(y, np_ffn(lhs, 0.3 * rhs, w_out, sizes, 'gelu', None)) < 1e-5
+
+
 def test_gmm_bf16_within_bf16_tolerance():
   m, sizes = CASES['uneven']
   lhs, rhs = normal(10, (m, K), jnp.bfloat16), normal(11, (len(sizes), K, N), jnp.bfloat16)
