@@ -1,7 +1,8 @@
 """Tile sizes and Triton launch options, keyed by device, kernel, dtype and shape class.
 
-Kernels: 'gmm' (one accumulator), 'ffn_in' (gated first FFN matmul: two accumulators),
-'ffn_bwd' (FFN backward hidden kernel: up to three accumulators), 'tgmm' (per-group lhs^T @ rhs).
+Kernels: 'gmm' (one product per step), 'ffn_in' (two rhs tiles per step: the FFN's first matmul
+and the gated FFN's dx), 'ffn_bwd' (the FFN backward hidden kernel: up to three accumulators),
+'tgmm' (per-group lhs^T @ rhs).
 The GPU entries are starting points chosen from Triton matmul practice, not measurements;
 `experiments/tune_kernels.py` re-tunes them on a GPU (timing with `time_call`) and prints a
 replacement for `TABLE`.
