@@ -170,8 +170,9 @@ def useful_flops(model, rows, op, bwd):
 
 def _rel_err(ours, ref) -> float:
   """Largest relative norm error over matching leaves (outputs and gradients)."""
-  errs = [float(jnp.linalg.norm((a - b).astype(jnp.float32)) / jnp.linalg.norm(b.astype(jnp.float32)))
-          for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))]
+  def norm(a):
+    return float(jnp.linalg.norm(a.astype(jnp.float32)))
+  errs = [norm(a - b) / norm(b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))]
   return max(errs)
 
 

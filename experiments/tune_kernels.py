@@ -95,7 +95,8 @@ def tune(kernels, dtypes, shapes, configs, warmup, iters, interpret):
       except Exception as e:  # pylint: disable=broad-except
         record['error'] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
       records.append(record)
-      status = f"{record['median_s'] * 1e3:9.3f} ms" if 'median_s' in record else record['error'][:70]
+      status = (f"{record['median_s'] * 1e3:9.3f} ms" if 'median_s' in record
+                else record['error'][:70])
       print(f'{kernel:8s} {key[1]:5s} {shape_class:10s} {config}  {status}', flush=True)
       if 'median_s' in record and (key not in best or record['median_s'] < best[key][1]):
         best[key] = (config, record['median_s'])
@@ -106,8 +107,9 @@ def table_source(device: str, best) -> str:
   """`best` as Python lines for the device's table in kernels/tuning.py."""
   lines = [f'# Tuned on {device}: kernel, dtype class, shape class -> fastest tiles (median ms).']
   for (kernel, dtype, shape_class), (c, seconds) in sorted(best.items()):
-    lines.append(f"    ('{kernel}', '{dtype}', '{shape_class}'): TileConfig({c.block_m}, {c.block_n}, "
-                 f'{c.block_k}, num_warps={c.num_warps}, num_stages={c.num_stages}),'
+    lines.append(f"    ('{kernel}', '{dtype}', '{shape_class}'): "
+                 f'TileConfig({c.block_m}, {c.block_n}, {c.block_k}, '
+                 f'num_warps={c.num_warps}, num_stages={c.num_stages}),'
                  f'  # {seconds * 1e3:.3f} ms')
   return '\n'.join(lines) + '\n'
 

@@ -3,8 +3,9 @@
 Semantics match `jax.lax.ragged_dot`: group g owns the next group_sizes[g] rows of lhs, in
 order; rows past sum(group_sizes) belong to no group, are never read, and their output rows are
 zero (a sum past M truncates the last groups at row M; negative sizes count as 0).
-Accumulation is fp32; fp32 inputs use IEEE fp32 products. Tiles come from `tuning` unless `tiling` is given. Runs compiled by Triton when the inputs (or the
-default backend) are on a GPU, otherwise in the Pallas interpreter; `interpret` overrides.
+Accumulation is fp32; fp32 inputs use IEEE fp32 products. Tiles come from `tuning` unless
+`tiling` is given. Runs compiled by Triton when the inputs (or the default backend) are on a GPU,
+otherwise in the Pallas interpreter; `interpret` overrides.
 """
 
 import functools

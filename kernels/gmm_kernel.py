@@ -105,7 +105,8 @@ def grouped_matmul(
     return load(ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], tile_mask(k_ok, col_ok, (bk, bn)))
 
   def kernel(gid_ref, tile_ref, lo_ref, hi_ref, *refs):
-    lhs_refs, rhs_refs, out_refs = refs[:len(lhs)], refs[len(lhs):-len(out_dtypes)], refs[-len(out_dtypes):]
+    num_in = len(lhs) + len(rhs)
+    lhs_refs, rhs_refs, out_refs = refs[:len(lhs)], refs[len(lhs):num_in], refs[num_in:]
     visit, j = _swizzle(pl.program_id(0), num_visits, n_tiles)
     g, lo, hi = gid_ref[visit], lo_ref[visit], hi_ref[visit]
     row0 = pl.multiple_of(tile_ref[visit] * bm, bm)

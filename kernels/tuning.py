@@ -17,7 +17,7 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
-  """block_m: rows per tile (rows per step of the tgmm M loop); block_n, block_k: output cols, depth."""
+  """block_m: rows per tile (per step of the tgmm row loop); block_n: columns; block_k: depth."""
   block_m: int
   block_n: int
   block_k: int

@@ -178,14 +178,16 @@ def test_gmm_bf16_within_bf16_tolerance():
   assert rel_err(out32, np_gmm(lhs, rhs, sizes)) < 1e-5  # fp32 accumulation of exact products
 
 
-FFN_CASES = [(act, gated, K, N) for act in sorted(activations.ACTIVATIONS) for gated in (False, True)]
+FFN_CASES = [(act, gated, K, N)
+             for act in sorted(activations.ACTIVATIONS) for gated in (False, True)]
 
 
 @pytest.mark.parametrize('activation,gated,d,f', FFN_CASES + [('gelu', True, 32, 16)])
 def test_expert_ffn_and_grads(activation, gated, d, f):
   m, sizes = FFN_SIZES
   g = len(sizes)
-  x, w_in, w_out = normal(12, (m, d)), normal(13, (g, d, f), scale=0.3), normal(14, (g, f, d), scale=0.3)
+  x = normal(12, (m, d))
+  w_in, w_out = normal(13, (g, d, f), scale=0.3), normal(14, (g, f, d), scale=0.3)
   w_gate = normal(15, (g, d, f), scale=0.3) if gated else None
   gs, dy = jnp.array(sizes, jnp.int32), normal(16, (m, d))
 
@@ -219,8 +221,8 @@ def test_expert_ffn_bf16_within_bf16_tolerance():
 def test_gelu_is_the_tanh_approximation():
   z = normal(21, (64,), scale=3.0)
   assert activations.GELU_APPROXIMATE
-  np.testing.assert_allclose(activations.get_activation('gelu')(z), NP_ACTIVATIONS['gelu'](np.asarray(z, np.float64)),
-                             rtol=1e-5, atol=1e-6)
+  expected = NP_ACTIVATIONS['gelu'](np.asarray(z, np.float64))
+  np.testing.assert_allclose(activations.get_activation('gelu')(z), expected, rtol=1e-5, atol=1e-6)
 
 
 def _bad_calls():
@@ -236,7 +238,8 @@ def _bad_calls():
       'block_not_power_of_two': (lambda: gmm_lib.gmm(x, w, gs, tiling=tuning.TileConfig(8, 12, 8)),
                                  'block_n=12'),
       'tgmm_m_mismatch': (lambda: gmm_lib.tgmm(x, jnp.ones((7, 6)), gs), 'rhs.shape[0]=7'),
-      'ffn_w_out_shape': (lambda: ffn.expert_ffn(x, w, jnp.ones((2, 5, 4)), gs), 'w_out.shape[1]=5'),
+      'ffn_w_out_shape': (lambda: ffn.expert_ffn(x, w, jnp.ones((2, 5, 4)), gs),
+                          'w_out.shape[1]=5'),
       'ffn_w_gate_shape': (lambda: ffn.expert_ffn(x, w, w_out, gs, w_gate=jnp.ones((3, 4, 6))),
                            'w_gate.shape[0]=3'),
       'ffn_group_sizes': (lambda: ffn.expert_ffn(x, w, w_out, jnp.array([1, 2, 5], jnp.int32)),
@@ -309,7 +312,7 @@ def test_kernels_lower_to_triton(activation, d, f):
   """Triton lowering (no GPU needed) rejects primitives it cannot lower, e.g. erf."""
   m, sizes = FFN_SIZES
   gs = jnp.array(sizes, jnp.int32)
-  x, w_in, w_out = jnp.ones((m, d), jnp.bfloat16), jnp.ones((4, d, f), jnp.bfloat16), jnp.ones((4, f, d), jnp.bfloat16)
+  x, w_in, w_out = (jnp.ones(shape, jnp.bfloat16) for shape in ((m, d), (4, d, f), (4, f, d)))
 
   def ffn_loss(x, w_in, w_out, w_gate):
     y = ffn.expert_ffn(x, w_in, w_out, gs, activation, w_gate, tiling=GPU_TILING, interpret=False)
@@ -319,8 +322,9 @@ def test_kernels_lower_to_triton(activation, d, f):
     return jnp.sum(gmm_lib.gmm(x, w, gs, tiling=GPU_TILING, interpret=False).astype(jnp.float32))
 
   # forward: ffn_in + gmm; backward: ffn_bwd + dx + one tgmm per weight
-  assert _triton_calls(jax.value_and_grad(ffn_loss, argnums=(0, 1, 2, 3)), x, w_in, w_out, w_in) == 7
-  assert _triton_calls(jax.value_and_grad(ffn_loss, argnums=(0, 1, 2)), x, w_in, w_out, None) == 6
+  gated, plain = (jax.value_and_grad(ffn_loss, argnums=n) for n in ((0, 1, 2, 3), (0, 1, 2)))
+  assert _triton_calls(gated, x, w_in, w_out, w_in) == 7
+  assert _triton_calls(plain, x, w_in, w_out, None) == 6
   assert _triton_calls(jax.value_and_grad(gmm_loss, argnums=(0, 1)), x, w_in) == 3
 
 
@@ -332,7 +336,8 @@ def test_tuning_table_entries_are_valid_on_gpu():
     assert len(table) == len(tuning.KERNELS) * 2 * 2, device
   assert tuning.device_key('NVIDIA H100 80GB HBM3') == 'h100'
   assert tuning.device_key('NVIDIA H200') == 'h200'
-  assert tuning.get_config('gmm', 'h100', jnp.bfloat16, 64 * 1024, 8) == tuning.TABLE['h100']['gmm', 'bf16', 'many_rows']
+  config = tuning.get_config('gmm', 'h100', jnp.bfloat16, 64 * 1024, 8)
+  assert config == tuning.TABLE['h100']['gmm', 'bf16', 'many_rows']
 
 
 def test_interpret_follows_the_inputs_platform():
