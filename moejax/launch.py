@@ -17,7 +17,11 @@ import sys
 import threading
 import time
 
-from moejax import distributed
+# The names of the environment variables through which each process learns its place in the job.
+ENV_COORDINATOR = "MOEJAX_COORDINATOR"
+ENV_NUM_PROCESSES = "MOEJAX_NUM_PROCESSES"
+ENV_PROCESS_ID = "MOEJAX_PROCESS_ID"
+ENV_LOCAL_DEVICES = "MOEJAX_LOCAL_DEVICES"
 
 
 def _free_port() -> int:
@@ -54,10 +58,10 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
   for rank in range(processes):
     env = dict(os.environ)
     env.update({
-        distributed.ENV_COORDINATOR: f"127.0.0.1:{port}",
-        distributed.ENV_NUM_PROCESSES: str(processes),
-        distributed.ENV_PROCESS_ID: str(rank),
-        distributed.ENV_LOCAL_DEVICES: str(devices_per_process),
+        ENV_COORDINATOR: f"127.0.0.1:{port}",
+        ENV_NUM_PROCESSES: str(processes),
+        ENV_PROCESS_ID: str(rank),
+        ENV_LOCAL_DEVICES: str(devices_per_process),
         "PYTHONUNBUFFERED": "1",
     })
     # Each child leads its own process group, so killing it also kills anything it started.
@@ -72,22 +76,21 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
   deadline = None if timeout is None else time.monotonic() + timeout
   exit_code = 0
   try:
-    while any(proc.poll() is None for proc in procs):
-      failed = [(rank, proc.returncode) for rank, proc in enumerate(procs) if proc.returncode not in (None, 0)]
+    while True:
+      codes = [proc.poll() for proc in procs]  # poll every process: each must be reaped to be seen
+      failed = [(rank, code) for rank, code in enumerate(codes) if code not in (None, 0)]
       if failed:
         rank, code = failed[0]
-        print(f"[launch] process {rank} exited with {code}; killing the others", flush=True)
+        print(f"[launch] process {rank} exited with {code}; stopping the job", flush=True)
         exit_code = code if code > 0 else 128 - code
+        break
+      if all(code == 0 for code in codes):
         break
       if deadline is not None and time.monotonic() > deadline:
         print(f"[launch] timeout after {timeout} s; killing all processes", flush=True)
         exit_code = 124
         break
       time.sleep(0.1)
-    else:
-      codes = [proc.returncode for proc in procs]
-      bad = [code for code in codes if code != 0]
-      exit_code = 0 if not bad else (bad[0] if bad[0] > 0 else 128 - bad[0])
   finally:
     _kill_all(procs)
     for thread in threads:
