@@ -16,13 +16,17 @@ DTYPES = ("float32", "bfloat16")
 
 
 class ConfigError(ValueError):
-  """A config field with a value that is not allowed."""
+  """A bad config field or input; `field` names it where there is one."""
+
+  def __init__(self, message: str, field: str | None = None, value: Any = None, allowed: str | None = None):
+    super().__init__(message)
+    self.field, self.value, self.allowed = field, value, allowed
 
 
 def require(ok: bool, field: str, value: Any, allowed: str) -> None:
   """Raises ConfigError naming `field`, its `value` and what is `allowed` unless `ok`."""
   if not ok:
-    raise ConfigError(f"config field {field}={value!r} is not allowed: {allowed}")
+    raise ConfigError(f"config field {field}={value!r} is not allowed: {allowed}", field, value, allowed)
 
 
 def _is_int(value) -> bool:
@@ -92,14 +96,20 @@ class MoEConfig:
     require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
 
   @classmethod
-  def from_mapping(cls, fields: Mapping[str, Any]) -> "MoEConfig":
-    """Builds from a dict or ConfigDict (e.g. `config.moe`), rejecting unknown fields by name."""
+  def from_mapping(cls, fields: Mapping[str, Any], prefix: str = "") -> "MoEConfig":
+    """Builds from a dict or ConfigDict (e.g. `config.moe` with prefix 'moe.'), rejecting unknown
+    fields by name; errors name the field with `prefix`."""
     known = {f.name for f in dataclasses.fields(cls)}
     fields = dict(fields)
     unknown = sorted(set(fields) - known)
     if unknown:
-      raise ConfigError(f"unknown MoE config field(s) {unknown}; known fields: {sorted(known)}")
-    return cls(**fields)
+      raise ConfigError(f"unknown config field(s) {[prefix + u for u in unknown]}; known: {sorted(known)}")
+    try:
+      return cls(**fields)
+    except ConfigError as e:
+      if e.field is None:
+        raise
+      require(False, prefix + e.field, e.value, e.allowed)
 
   def check_mesh(self, num_devices: int) -> int:
     """Returns experts_per_gpu for a mesh of `num_devices`, or raises naming num_experts."""

@@ -52,12 +52,10 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, num_groups)
 
   act = ACTIVATIONS[cfg.activation]
-  outputs = []  # Every expert applied to every token: [E, T, d].
-  for e in range(num_experts):
-    h = x_TxD @ params["w_in"][e]
-    h = act(h) if not cfg.gated else act(x_TxD @ params["w_gate"][e]) * h
-    outputs.append(h @ params["w_out"][e])
-  outputs = jnp.stack(outputs)
+  # Every expert applied to every token: [E, T, d].
+  h = jnp.einsum("td,edf->etf", x_TxD, params["w_in"])
+  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", x_TxD, params["w_gate"])) * h
+  outputs = jnp.einsum("etf,efd->etd", h, params["w_out"])
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
 

@@ -1,0 +1,119 @@
+"""Runs one MoE layer on a ('node', 'gpu') mesh, reports its statistics and checks it against the reference.
+
+  python -m experiments.demo                                   # embedded default: configs/demo.py
+  python -m experiments.demo --config.moe.transport=hierarchical --config.moe.capacity_factor=1.25
+  python -m moejax.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
+
+Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+from ml_collections import config_flags
+
+from moejax import distributed
+from moejax import mesh as mesh_lib
+from moejax.config import ConfigError, MoEConfig, require
+from moejax.layer import ALL, init_params, moe_apply, param_specs
+from moejax.reference import moe_reference
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+
+
+def validate(config) -> MoEConfig:
+  """All checks that need no devices; returns the layer config."""
+  for field in ("nodes", "gpus_per_node"):
+    value = config.mesh[field]
+    require(isinstance(value, int) and value >= 1, f"mesh.{field}", value, "a positive int")
+  devices = config.mesh.nodes * config.mesh.gpus_per_node
+  require(isinstance(config.tokens, int) and config.tokens >= devices and config.tokens % devices == 0,
+          "tokens", config.tokens, f"a positive multiple of the mesh's {devices} devices")
+  require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
+  moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
+  moe.check_mesh(devices)
+  return moe
+
+
+def global_array(value: np.ndarray, mesh, spec) -> jax.Array:
+  """A global array from the same host value on every process (each keeps only its shards)."""
+  sharding = NamedSharding(mesh, spec)
+  return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+
+
+def run(config) -> dict:
+  cfg = validate(config)
+  n, m = config.mesh.nodes, config.mesh.gpus_per_node
+  if distributed.initialize() == "single":
+    mesh_lib.simulate_cpu_devices(n * m)  # Only affects the CPU backend; GPUs are used when present.
+  mesh = mesh_lib.make_mesh(n, m)
+  logging.info("mesh %s on %d process(es), %s devices; %s", dict(mesh.shape), jax.process_count(),
+               mesh.devices.flat[0].platform, cfg)
+
+  host_params = jax.tree.map(np.asarray, init_params(jax.random.key(config.seed), cfg))
+  host_x = np.asarray(jax.random.normal(jax.random.key(config.seed + 1), (config.tokens, cfg.d_model)))
+  params = jax.tree.map(lambda v, s: global_array(v, mesh, s), host_params, param_specs(cfg))
+  x = global_array(host_x, mesh, P(ALL))
+
+  layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
+  start = time.perf_counter()
+  compiled = layer.lower(params, x).compile()
+  compile_s = time.perf_counter() - start
+  times = []
+  for step in range(config.steps):
+    start = time.perf_counter()
+    y, aux = jax.block_until_ready(compiled(params, x))
+    times.append(time.perf_counter() - start)
+    logging.info("step %d/%d: %.2f ms", step + 1, config.steps, 1e3 * times[-1])
+
+  y = np.asarray(multihost_utils.process_allgather(y, tiled=True))
+  aux = {k: np.asarray(v) for k, v in aux.items()}
+  result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), **aux}
+  if config.check_reference:
+    y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=n * m))(host_params, host_x)
+    result["relative_error"] = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
+    result["aux_loss_error"] = abs(float(aux["aux_loss"]) - float(aux_ref["aux_loss"]))
+  return result
+
+
+def report(result: dict, config) -> None:
+  d = config.mesh.nodes * config.mesh.gpus_per_node
+  print(f"compile {result['compile_s']:.2f} s, step {result['step_ms']:.2f} ms (median of {config.steps})")
+  print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, "
+        f"z {result['z_loss']:.6f}); token-choices dropped: {result['tokens_dropped']}")
+  print(f"expert counts: {result['expert_counts'].tolist()}")
+  for hop, traffic in enumerate(result["traffic_rows"]):
+    print(f"hop {hop}: rows sent between devices (row = source, column = destination, {d} devices)")
+    for source in range(d):
+      print("  " + " ".join(f"{v:5d}" for v in traffic[source]))
+  if "relative_error" in result:
+    print(f"relative error vs reference: {result['relative_error']:.2e} (tolerance {config.tolerance:.0e})")
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  try:
+    result = run(config)
+  except (ConfigError, mesh_lib.MeshError) as e:
+    sys.exit(f"error: {e}")
+  if jax.process_index() == 0:
+    report(result, config)
+    if config.output:
+      np.savez(config.output, **{k: np.asarray(v) for k, v in result.items()})
+  if result.get("relative_error", 0.0) > config.tolerance:
+    sys.exit(f"error: output differs from the reference by {result['relative_error']:.2e}")
+
+
+if __name__ == "__main__":
+  app.run(main)
