@@ -1,0 +1,48 @@
+"""The MoE layer's semantics as a float64 NumPy loop over tokens: an independent check of the reference."""
+
+import math
+
+import numpy as np
+from scipy.special import erf
+
+ACT = {"gelu": lambda h: 0.5 * h * (1 + erf(h / np.sqrt(2))), "relu": lambda h: np.maximum(h, 0),
+       "silu": lambda h: h / (1 + np.exp(-h))}
+
+
+def moe_numpy(params, x, cfg, num_groups=1):
+  """x [T, d] -> (y [T, d], dropped count, expert counts [E]); all float64."""
+  p = {k: np.asarray(v, np.float64) for k, v in params.items() if k != "router"}
+  router = np.asarray(params["router"]["kernel"], np.float64)
+  x = np.asarray(x, np.float64)
+  tokens, k, num_experts = x.shape[0], cfg.top_k, cfg.num_experts
+  logits = x @ router
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+  weights = np.take_along_axis(probs, ids, -1)
+  if cfg.renormalize:
+    weights /= weights.sum(-1, keepdims=True)
+  keep = np.ones((tokens, k), bool)
+  if cfg.capacity_factor is not None:
+    group_tokens = tokens // num_groups
+    capacity = math.ceil(cfg.capacity_factor * group_tokens * k / num_experts)
+    for g in range(num_groups):
+      used = np.zeros(num_experts, int)
+      for c in range(k):  # Every first choice before any second choice.
+        for t in range(g * group_tokens, (g + 1) * group_tokens):
+          e = ids[t, c]
+          keep[t, c] = used[e] < capacity
+          used[e] += 1
+  act = ACT[cfg.activation]
+  y = np.zeros_like(x)
+  counts = np.zeros(num_experts, int)
+  for t in range(tokens):
+    for c in range(k):
+      if not keep[t, c]:
+        continue
+      e = ids[t, c]
+      counts[e] += 1
+      h = x[t] @ p["w_in"][e]
+      h = act(x[t] @ p["w_gate"][e]) * h if cfg.gated else act(h)
+      y[t] += weights[t, c] * (h @ p["w_out"][e])
+  return y, int((~keep).sum()), counts

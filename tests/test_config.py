@@ -1,0 +1,37 @@
+import pytest
+
+from moejax.config import ConfigError, MoEConfig
+
+BASE = dict(num_experts=8, top_k=2, d_model=16, d_ff=32)
+
+
+@pytest.mark.parametrize("field,value,allowed", [
+    ("top_k", 9, "at most num_experts=8"),
+    ("top_k", 0, "a positive int"),
+    ("transport", "nccl", "one of"),
+    ("routing", "random", "one of"),
+    ("expert_backend", "cublas", "one of"),
+    ("activation", "tanh", "one of"),
+    ("capacity_factor", -1.0, "None"),
+    ("dtype", "float16", "one of"),
+    ("jitter", 1.5, "in \\[0, 1\\)"),
+])
+def test_bad_field_is_named_with_value_and_allowed(field, value, allowed):
+  with pytest.raises(ConfigError, match=rf"moe\.{field}={value!r}.*{allowed}"):
+    MoEConfig.from_mapping({**BASE, field: value}, prefix="moe.")
+
+
+def test_capacity_transport_needs_capacity_factor():
+  with pytest.raises(ConfigError, match="capacity_factor=None"):
+    MoEConfig(**BASE, transport="capacity")
+
+
+def test_unknown_field_rejected():
+  with pytest.raises(ConfigError, match=r"moe\.topk"):
+    MoEConfig.from_mapping({**BASE, "topk": 2}, prefix="moe.")
+
+
+def test_experts_must_divide_over_devices():
+  with pytest.raises(ConfigError, match="num_experts=8.*multiple of the mesh's 3 devices"):
+    MoEConfig(**BASE).check_mesh(3)
+  assert MoEConfig(**BASE).check_mesh(4) == 2

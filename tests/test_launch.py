@@ -1,0 +1,81 @@
+"""The local multi-process launcher: real 2-process jobs with jax.distributed (gloo) on localhost."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+
+def launch(*command, processes=2, timeout=240):
+  return subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", str(processes),
+                         "--devices-per-process", "4", "--", *command],
+                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def test_two_processes_run_collectives_over_the_host_boundary():
+  run = launch(sys.executable, "tests/programs/collective_check.py")
+  assert run.returncode == 0, run.stdout + run.stderr
+  results = {}
+  for line in run.stdout.splitlines():
+    prefix, _, payload = line.partition(" ")
+    if payload.startswith("RESULT "):
+      result = json.loads(payload[len("RESULT "):])
+      assert prefix == f"[p{result['process']}]"  # output carries its process prefix
+      results[result["process"]] = result
+  assert sorted(results) == [0, 1]
+  values = np.arange(64, dtype=np.float32).reshape(8, 8) ** 1.5
+  for process, result in results.items():
+    assert len(result["devices"]) == 4
+    for row, block in result["all_to_all"].items():
+      row = int(row)  # device `row` receives column `row` of every device's block
+      np.testing.assert_allclose(np.asarray(block)[0], values[:, row], rtol=1e-6)
+      assert row // 4 == process  # mesh row = host
+    for row, block in result["node_psum"].items():
+      row = int(row)
+      np.testing.assert_allclose(np.asarray(block)[0], values[row % 4] + values[4 + row % 4], rtol=1e-6)
+
+
+def test_failing_process_fails_the_job_with_its_code():
+  code = "import os, sys, time; rank = int(os.environ['MOEJAX_PROCESS_ID']); time.sleep(0.5 * rank); sys.exit(3 * rank)"
+  run = launch(sys.executable, "-c", code, timeout=60)
+  assert run.returncode == 3
+  assert "process 1 exited with 3" in run.stdout
+
+
+def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
+  proc = subprocess.Popen([sys.executable, "-m", "moejax.launch", "--processes", "2", "--devices-per-process", "1",
+                           "--", sys.executable, "-c", "import time; time.sleep(600)"],
+                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+  pids = []
+  while len(pids) < 2:
+    line = proc.stdout.readline()
+    assert line, "launcher ended before starting its processes"
+    if line.startswith("[launch] process"):
+      pids.append(int(line.split()[-1]))
+  os.kill(pids[1], signal.SIGKILL)
+  start = time.monotonic()
+  proc.wait(timeout=60)
+  assert time.monotonic() - start < 60
+  assert proc.returncode == 137  # 128 + SIGKILL, the killed child's fate
+  time.sleep(0.2)
+  for pid in pids:
+    try:
+      os.kill(pid, 0)
+      alive = os.waitpid(pid, os.WNOHANG) == (0, 0)
+    except (ProcessLookupError, ChildProcessError):
+      alive = False
+    assert not alive, f"process {pid} survived"
+
+
+def test_usage_error_without_command():
+  run = subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", "2"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 2 and "usage" in run.stderr

@@ -1,0 +1,191 @@
+"""The distributed MoE layer equals the single-device reference: outputs, losses, counts and gradients."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from moejax import mesh as mesh_lib
+from moejax.config import ConfigError, MoEConfig
+from moejax.layer import MoELayer, init_params, moe_apply
+from moejax.reference import moe_reference
+
+MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
+MODES = [("padded", None), ("padded", 1.0), ("capacity", 1.0), ("hierarchical", None), ("hierarchical", 0.75)]
+ACTIVATIONS = ["gelu", "silu", "relu"]
+
+
+def _cases():
+  """Every mesh with every transport/capacity mode; k, experts per device, backend, activation and
+  gating rotate so that each value meets each mesh and each mode."""
+  cases = []
+  for mi, (n, m) in enumerate(MESHES):
+    for ti, (transport, cf) in enumerate(MODES):
+      k = (1, 2, 4)[(mi + ti) % 3]
+      epg = (1, 2, 4)[(mi + 2 * ti) % 3]
+      if k > n * m * epg:
+        epg = 4
+      backend = "dense" if (mi + ti) % 4 == 0 else "ragged_dot"
+      cases.append(pytest.param(n, m, k, epg, transport, cf, backend, ACTIVATIONS[(mi + ti) % 3], (mi + ti) % 2 == 0,
+                                id=f"{n}x{m}-{transport}-cf{cf}-k{k}-epg{epg}-{backend}"))
+  return cases
+
+
+def _relative_error(got, want):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def assert_matches_reference(cfg, mesh, params, x, tol=1e-5):
+  """Compares y, aux and the gradients w.r.t. x and every parameter, under a random cotangent."""
+  cotangent = jax.random.normal(jax.random.key(99), x.shape)
+  groups = mesh.size
+
+  def objective(apply):
+    def loss(p, x):
+      y, aux = apply(p, x)
+      return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
+
+  (loss, (y, aux)), grads = objective(lambda p, x: moe_apply(p, x, cfg, mesh))(params, x)
+  (loss_ref, (y_ref, aux_ref)), grads_ref = objective(
+      lambda p, x: moe_reference(p, x, cfg, num_groups=groups))(params, x)
+  assert _relative_error(y, y_ref) < tol
+  for name in ("load_balance_loss", "z_loss", "aux_loss"):
+    np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
+  np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
+  assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
+  for path, g, g_ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads),
+                            jax.tree.leaves(grads_ref)):
+    scale = np.linalg.norm(np.asarray(g_ref))
+    assert np.linalg.norm(np.asarray(g) - np.asarray(g_ref)) <= tol * scale + 1e-7, path[0]
+  return y, aux
+
+
+@pytest.mark.parametrize("n,m,k,epg,transport,cf,backend,activation,gated", _cases())
+def test_layer_matches_reference(n, m, k, epg, transport, cf, backend, activation, gated):
+  mesh = mesh_lib.make_mesh(n, m)
+  cfg = MoEConfig(num_experts=n * m * epg, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf,
+                  expert_backend=backend, activation=activation, gated=gated, renormalize=k > 1,
+                  z_loss_coef=1e-3)
+  seed = n * 1000 + m * 100 + k * 10 + epg
+  params = init_params(jax.random.key(seed), cfg)
+  x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
+  _, aux = assert_matches_reference(cfg, mesh, params, x)
+  if cf is not None and cf < 1:
+    assert int(aux["tokens_dropped"]) > 0
+
+
+def _forced(params, x, experts, strength=30.0):
+  """Routes every token's top choices to `experts` (in that order) through a constant input feature."""
+  x = x.at[:, 0].set(1.0)
+  kernel = params["router"]["kernel"]
+  for rank, e in enumerate(experts):
+    kernel = kernel.at[0, e].set(strength - rank)
+  return {**params, "router": {"kernel": kernel}}, x
+
+
+@pytest.mark.parametrize("transport,cf", [("padded", None), ("hierarchical", None), ("capacity", 2.0),
+                                          ("padded", 1.0)])
+@pytest.mark.parametrize("target", ["one_expert", "one_device"])
+def test_adversarial_routing(mesh_2x4, transport, cf, target):
+  k, epg = (1, 2) if target == "one_expert" else (2, 2)
+  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf, gated=True)
+  params = init_params(jax.random.key(5), cfg)
+  x = jax.random.normal(jax.random.key(6), (64, 8))
+  experts = [13] if target == "one_expert" else [6, 7]  # experts 6, 7 both live on device 3
+  params, x = _forced(params, x, experts)
+  _, aux = assert_matches_reference(cfg, mesh_2x4, params, x)
+  counts = np.asarray(aux["expert_counts"])
+  assert set(np.flatnonzero(counts)) <= set(experts)  # every other expert receives nothing
+  if cf is None:
+    assert counts.sum() == 64 * k
+  else:
+    assert int(aux["tokens_dropped"]) == 64 * k - counts.sum() > 0
+
+
+@pytest.mark.parametrize("n,m,tokens", [(1, 1, 1), (2, 4, 8)])
+def test_single_token_per_device(n, m, tokens):
+  cfg = MoEConfig(num_experts=n * m * 2, top_k=2, d_model=8, d_ff=12, transport="hierarchical")
+  params = init_params(jax.random.key(7), cfg)
+  x = jax.random.normal(jax.random.key(8), (tokens, 8))
+  assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
+
+
+@pytest.mark.parametrize("transport", ["padded", "hierarchical"])
+def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport):
+  n, m, epg, k, tokens_per_device = 2, 4, 2, 2, 16
+  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport)
+  params = init_params(jax.random.key(9), cfg)
+  x = jax.random.normal(jax.random.key(10), (8 * tokens_per_device, 8))
+  _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
+  logits = np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64)
+  ids = np.argsort(-logits, -1)[:, :k]
+  source = np.repeat(np.arange(8), tokens_per_device)[:, None].repeat(k, 1)
+  dest = ids // epg
+  traffic = np.asarray(aux["traffic_rows"])
+  if transport == "padded":
+    want = [np.zeros((8, 8), int)]
+    np.add.at(want[0], (source, dest), 1)
+  else:  # hop 0 inside the node to the destination's GPU index, hop 1 across nodes
+    via = (source // m) * m + dest % m
+    want = [np.zeros((8, 8), int), np.zeros((8, 8), int)]
+    np.add.at(want[0], (source, via), 1)
+    np.add.at(want[1], (via, dest), 1)
+  np.testing.assert_array_equal(traffic, np.stack(want))
+
+
+def test_batch_seq_input_and_bf16(mesh_2x4):
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", gated=True)
+  params = init_params(jax.random.key(11), cfg)
+  x = jax.random.normal(jax.random.key(12), (4, 8, 16))
+  y, _ = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
+  y_ref, _ = moe_reference(params, x, cfg, num_groups=8)
+  assert y.shape == x.shape
+  assert _relative_error(y, y_ref) < 2e-2  # bf16 inputs, fp32 accumulation
+
+
+def test_jitter_noise_is_the_documented_draw(mesh_2x4):
+  cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=12, jitter=0.5)
+  params = init_params(jax.random.key(13), cfg)
+  x = jax.random.normal(jax.random.key(14), (64, 8))
+  rng = jax.random.key(15)
+  y, _ = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4, rng=rng, train=True))(params, x)
+  noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
+  y_ref, _ = moe_reference(params, x, cfg, noise=noise)
+  y_plain, _ = moe_reference(params, x, cfg)
+  assert _relative_error(y, y_ref) < 1e-5
+  assert _relative_error(y, y_plain) > 1e-3  # jitter changed some routes
+  with pytest.raises(ConfigError, match="needs an rng"):
+    moe_apply(params, x, cfg, mesh_2x4, train=True)
+
+
+def test_bad_inputs_are_named_before_compiling(mesh_2x4):
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12)
+  params = init_params(jax.random.key(0), cfg)
+  x = jnp.ones((64, 8))
+  with pytest.raises(ConfigError, match="transport='ragged'.*use transport='padded'"):
+    moe_apply(params, x, MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, transport="ragged"), mesh_2x4)
+  with pytest.raises(ConfigError, match="60 tokens, not a multiple of the mesh's 8 devices"):
+    moe_apply(params, x[:60], cfg, mesh_2x4)
+  with pytest.raises(ConfigError, match=r"x has shape \(64, 7\)"):
+    moe_apply(params, jnp.ones((64, 7)), cfg, mesh_2x4)
+  with pytest.raises(ConfigError, match="parameter shapes"):
+    moe_apply({**params, "w_in": params["w_in"][:, :, :5]}, x, cfg, mesh_2x4)
+  with pytest.raises(ConfigError, match="num_experts=12.*multiple of the mesh's 8 devices"):
+    moe_apply(params, x, MoEConfig(num_experts=12, top_k=2, d_model=8, d_ff=12), mesh_2x4)
+
+
+def test_nnx_module_owns_sharded_params_in_the_public_layout(mesh_2x4):
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, gated=True)
+  layer = MoELayer(cfg, mesh_2x4, rngs=nnx.Rngs(0))
+  paths = {tuple(str(p) for p in path) for path, _ in nnx.to_flat_state(nnx.state(layer, nnx.Param))}
+  assert paths == {("router", "kernel"), ("w_in",), ("w_out",), ("w_gate",)}
+  assert layer.w_in[...].sharding.spec == jax.sharding.PartitionSpec(("node", "gpu"))
+  assert len(layer.w_in[...].addressable_shards) == 8 and layer.w_in[...].addressable_shards[0].data.shape[0] == 2
+  x = jax.random.normal(jax.random.key(1), (64, 8))
+  y, aux = nnx.jit(lambda layer, x: layer(x))(layer, x)
+  y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=8))(layer.params(), x)
+  assert _relative_error(y, y_ref) < 1e-5
+  np.testing.assert_allclose(float(aux["aux_loss"]), float(aux_ref["aux_loss"]), rtol=1e-5)
