@@ -10,11 +10,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
-ACTIVATIONS = {
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-    "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-}
+from moejax.kernels import ffn as pallas_ffn
+from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
 
 
 def _hidden(h_in, h_gate, activation):
@@ -46,10 +43,8 @@ def ffn_dense(x_RxD, group_sizes_G, w_in, w_out, w_gate, activation):
 
 
 def ffn_pallas(x_RxD, group_sizes_G, w_in, w_out, w_gate, activation):
-  """Fused Pallas kernels (moejax.kernels)."""
-  from moejax.kernels import ffn  # Imported lazily: Pallas lowering is only needed when chosen.
-
-  return ffn.expert_ffn(x_RxD, w_in, w_out, group_sizes_G, activation, w_gate=w_gate).astype(jnp.float32)
+  """Fused Pallas kernels (moejax.kernels; the Pallas interpreter on CPU)."""
+  return pallas_ffn.expert_ffn(x_RxD, w_in, w_out, group_sizes_G, activation, w_gate=w_gate).astype(jnp.float32)
 
 
 BACKENDS = {"ragged_dot": ffn_ragged_dot, "dense": ffn_dense, "pallas": ffn_pallas}

@@ -3,9 +3,9 @@
 import math
 
 import numpy as np
-from scipy.special import erf
 
-ACT = {"gelu": lambda h: 0.5 * h * (1 + erf(h / np.sqrt(2))), "relu": lambda h: np.maximum(h, 0),
+# gelu is the tanh approximation throughout moejax (moejax.kernels.activations).
+ACT = {"gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))), "relu": lambda h: np.maximum(h, 0),
        "silu": lambda h: h / (1 + np.exp(-h))}
 
 

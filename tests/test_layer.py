@@ -26,7 +26,7 @@ def _cases():
       epg = (1, 2, 4)[(mi + 2 * ti) % 3]
       if k > n * m * epg:
         epg = 4
-      backend = "dense" if (mi + ti) % 4 == 0 else "ragged_dot"
+      backend = ("dense", "ragged_dot", "pallas", "ragged_dot")[(mi + ti) % 4]
       cases.append(pytest.param(n, m, k, epg, transport, cf, backend, ACTIVATIONS[(mi + ti) % 3], (mi + ti) % 2 == 0,
                                 id=f"{n}x{m}-{transport}-cf{cf}-k{k}-epg{epg}-{backend}"))
   return cases

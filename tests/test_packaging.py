@@ -1,0 +1,23 @@
+"""pyproject lists every package, and the kernels install under moejax.kernels (not a bare `kernels`)."""
+
+import pathlib
+import tomllib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def test_every_package_is_listed_under_its_installed_name():
+  project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+  listed = set(project["tool"]["setuptools"]["packages"])
+  mapping = project["tool"]["setuptools"]["package-dir"]
+  assert mapping == {"moejax.kernels": "kernels"}
+  found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "moejax").rglob("__init__.py")}
+  found |= {"moejax." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "kernels").rglob("__init__.py")}
+  assert listed == found
+  assert not any(name == "kernels" or name.startswith("kernels.") for name in listed)
+
+
+def test_kernels_import_as_moejax_kernels():
+  import moejax.kernels.gmm as gmm
+
+  assert pathlib.Path(gmm.__file__).resolve().parent == ROOT / "kernels"
