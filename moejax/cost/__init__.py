@@ -1,0 +1,10 @@
+"""Cluster cost model: prices the traffic the layer really produces on a described topology.
+
+Multi-node communication cannot be measured on the machines this project tests on, so the model
+takes exact per-peer row counts (the layer's `aux['traffic_rows']`, or analytic matrices for
+paper-scale points) and prices them on a topology whose every number cites its source.
+
+Modules: `topology` (presets with sources), `traffic` (peer masks and analytic traffic),
+`collectives` (all-to-all as NCCL runs it, ring collectives), `model` (`price_layer`, the
+per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms).
+"""

@@ -1,0 +1,78 @@
+"""Least-squares fits of latency and bandwidth terms to measured times.
+
+`fit_terms` fits times_P ~ features_PxK @ coefficients_K, one column per cost term (messages,
+bytes, a constant); `fit_latency_bandwidth` is the classic t = latency + bytes / bandwidth. Both
+keep the residual of every point. A fit with as many points as terms has zero residual by
+construction and says nothing about the model; only points left out of the fit test it.
+"""
+
+import dataclasses
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Fit:
+  """coefficients [K] by name; residuals_s [P] = measured - fitted; dof = P - K."""
+
+  names: tuple[str, ...]
+  coefficients: tuple[float, ...]
+  residuals_s: tuple[float, ...]
+  relative_residuals: tuple[float, ...]
+  dof: int
+
+  @property
+  def values(self) -> dict[str, float]:
+    return dict(zip(self.names, self.coefficients))
+
+  @property
+  def rms_relative(self) -> float:
+    return float(np.sqrt(np.mean(np.square(self.relative_residuals))))
+
+  def as_dict(self) -> dict:
+    return dict(dataclasses.asdict(self), values=self.values, rms_relative=self.rms_relative)
+
+
+def fit_terms(features_PxK, times_P, names) -> Fit:
+  """Least squares times_P ~ features_PxK @ c; raises if there are fewer points than terms."""
+  features_PxK = np.asarray(features_PxK, np.float64)
+  times_P = np.asarray(times_P, np.float64)
+  points, terms = features_PxK.shape
+  if len(names) != terms or times_P.shape != (points,):
+    raise ValueError(f"features {features_PxK.shape}, times {times_P.shape} and {len(names)} names disagree")
+  if points < terms:
+    raise ValueError(f"{points} points cannot determine {terms} terms")
+  # Scale columns to unit norm so that seconds-per-byte and seconds-per-message share one conditioning.
+  scale_K = np.linalg.norm(features_PxK, axis=0)
+  scale_K[scale_K == 0] = 1.0
+  solution, *_ = np.linalg.lstsq(features_PxK / scale_K, times_P, rcond=None)
+  coefficients = solution / scale_K
+  residuals = times_P - features_PxK @ coefficients
+  return Fit(names=tuple(names), coefficients=tuple(map(float, coefficients)),
+             residuals_s=tuple(map(float, residuals)), relative_residuals=tuple(map(float, residuals / times_P)),
+             dof=points - terms)
+
+
+@dataclasses.dataclass(frozen=True)
+class LatencyBandwidth:
+  """t = latency_s + bytes / bandwidth (bytes/s; inf when the fitted slope is not positive)."""
+
+  latency_s: float
+  bandwidth: float
+  fit: Fit
+
+  @property
+  def physical(self) -> bool:
+    return self.latency_s >= 0 and np.isfinite(self.bandwidth)
+
+  def as_dict(self) -> dict:
+    return dict(latency_s=self.latency_s, bandwidth=self.bandwidth, physical=self.physical,
+                fit=self.fit.as_dict())
+
+
+def fit_latency_bandwidth(sizes_bytes, times_s) -> LatencyBandwidth:
+  """Fits t = latency + size / bandwidth to (size, time) points."""
+  sizes = np.asarray(sizes_bytes, np.float64)
+  fit = fit_terms(np.stack([np.ones_like(sizes), sizes], axis=1), times_s, ("latency_s", "seconds_per_byte"))
+  latency, slope = fit.coefficients
+  return LatencyBandwidth(latency_s=latency, bandwidth=1.0 / slope if slope > 0 else float("inf"), fit=fit)

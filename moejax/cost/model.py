@@ -1,0 +1,125 @@
+"""`price_layer`: the modelled time of one MoE layer from the traffic its routing really produced.
+
+The breakdown has four parts: inter-node all-to-all (exchanges with messages that cross NICs),
+intra-node all-to-all (exchanges that stay inside nodes), expert compute (FLOPs of the busiest
+device at the device rate) and other (non-expert FLOPs at the same rate; callers add gradient sync
+from `collectives.ring`). A forward runs every hop twice: dispatch (traffic_rows[h]) and combine
+(its transpose, hops in reverse order). backward=True adds the backward's two exchanges per hop
+and triples the FLOPs (the backward of a matmul costs two).
+
+What traffic to pass: `aux['traffic_rows']` is what the ragged exchanges move. The dense capacity
+dispatch (transport='capacity') moves every slot, padding included, so price
+`traffic.capacity_traffic(...)` for it, not the kept-token counts.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from moejax.cost import collectives
+from moejax.cost import traffic as traffic_lib
+from moejax.cost.topology import Topology
+
+
+@dataclasses.dataclass(frozen=True)
+class Breakdown:
+  """Seconds per part of one layer; `hops`: the dispatch exchange of every hop, in order."""
+
+  inter_node_a2a_s: float
+  intra_node_a2a_s: float
+  expert_compute_s: float
+  other_s: float
+  hops: tuple[collectives.ExchangeCost, ...]
+  device_rate: float
+  rate_source: str
+  topology: str
+  label: str = "modelled"
+
+  @property
+  def total_s(self) -> float:
+    return self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s
+
+  def as_dict(self) -> dict:
+    record = dataclasses.asdict(self)
+    record["hops"] = [h.as_dict() for h in self.hops]
+    record["total_s"] = self.total_s
+    return record
+
+
+def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
+  """Forward FLOPs of the expert FFN on `rows` rows: 2 matmuls (3 when gated) of 2 * d * f each."""
+  return (3 if gated else 2) * 2 * np.asarray(rows, np.float64) * d_model * d_ff
+
+
+def default_rate(topology: Topology) -> tuple[float, str]:
+  """(FLOP/s, source): the topology's datasheet peak times its stated efficiency."""
+  peak, eff = topology.peak_flops, topology.compute_efficiency
+  return peak.value * eff.value, f"{peak.kind} peak {peak.value / 1e12:g} TFLOP/s x {eff.kind} efficiency {eff.value:g}"
+
+
+def measured_rate(path: str, field: str = "tflops", impl: str = "dense_gemm") -> tuple[float, str]:
+  """(FLOP/s, source) from a benchmark JSON: its top-level `field` (TFLOP/s) if present, else the
+  largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py)."""
+  with open(path) as f:
+    record = json.load(f)
+  device = record.get("device_kind", "unknown device")
+  if isinstance(record.get(field), (int, float)):
+    return record[field] * 1e12, f"measured: {path} {field} on {device}"
+  values = [e[field] for e in record.get("results", []) if e.get("impl") == impl and field in e]
+  if not values:
+    raise ValueError(f"{path} has no top-level {field!r} and no results with impl={impl!r} and {field!r}")
+  return max(values) * 1e12, f"measured: {path} max {field} of impl={impl} on {device}"
+
+
+def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
+               topology: Topology) -> tuple[collectives.ExchangeCost, ...]:
+  """The dispatch exchange of every hop: traffic_rows [H, D, D] (rows s -> p), hops: H hop axes."""
+  traffic_rows = np.asarray(traffic_rows)
+  n, m = mesh_shape
+  if traffic_rows.ndim != 3 or traffic_rows.shape[1:] != (n * m, n * m) or len(hops) != traffic_rows.shape[0]:
+    raise ValueError(f"traffic_rows {traffic_rows.shape} must be [hops={len(hops)}, {n * m}, {n * m}] "
+                     f"for mesh {mesh_shape}")
+  if m > topology["gpus_per_node"]:
+    raise ValueError(f"mesh has {m} GPUs per node; topology {topology.name} has {topology['gpus_per_node']:g}")
+  return tuple(collectives.all_to_all(rows * bytes_per_row, traffic_lib.group_mask(n, m, hop), m, topology)
+               for rows, hop in zip(traffic_rows, hops))
+
+
+def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, topology: Topology,
+                device_rate: float | tuple[float, str] | None = None, *, other_flops: float = 0.0,
+                backward: bool = False) -> Breakdown:
+  """Prices one MoE layer.
+
+  traffic_rows: [H, D, D] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
+  hops: the H hop axes, e.g. [('node', 'gpu')] (flat), ['gpu', 'node'] (hierarchical),
+    ['node', 'gpu'] (bi-level).
+  mesh_shape: (n, m). bytes_per_row: d_model * bytes per element.
+  flops: forward expert FLOPs per device, a number or [D] (the busiest device sets the time); see
+    `expert_flops` and `traffic.rows_processed`.
+  device_rate: FLOP/s of one device, or (FLOP/s, source) as `measured_rate` returns;
+    None = `default_rate(topology)`.
+  other_flops: forward non-expert FLOPs per device (router, combine), priced at the same rate.
+  """
+  if device_rate is None:
+    device_rate = default_rate(topology)
+  rate, rate_source = device_rate if isinstance(device_rate, tuple) else (device_rate, "given")
+  dispatch = price_hops(traffic_rows, hops, mesh_shape, bytes_per_row, topology)
+  combine = price_hops(np.swapaxes(np.asarray(traffic_rows), 1, 2), hops, mesh_shape, bytes_per_row, topology)
+  passes = 2 if backward else 1
+  inter = passes * sum(c.time_s for c in dispatch + combine if c.crosses_nodes)
+  intra = passes * sum(c.time_s for c in dispatch + combine if not c.crosses_nodes)
+  flops_factor = 3 if backward else 1
+  return Breakdown(inter_node_a2a_s=inter, intra_node_a2a_s=intra,
+                   expert_compute_s=flops_factor * float(np.max(flops)) / rate,
+                   other_s=flops_factor * float(other_flops) / rate, hops=dispatch, device_rate=rate,
+                   rate_source=rate_source, topology=topology.name)
+
+
+def format_breakdown(b: Breakdown) -> str:
+  """The breakdown in ms, one part per line, labelled as modelled."""
+  parts = [("inter-node all-to-all", b.inter_node_a2a_s), ("intra-node all-to-all", b.intra_node_a2a_s),
+           ("expert compute", b.expert_compute_s), ("other", b.other_s), ("total", b.total_s)]
+  lines = [f"{b.label} on {b.topology} (device rate {b.device_rate / 1e12:.4g} TFLOP/s, {b.rate_source})"]
+  lines += [f"  {name:22s} {seconds * 1e3:10.4f} ms" for name, seconds in parts]
+  return "\n".join(lines)
