@@ -2,7 +2,8 @@
 
 `fit_terms` fits times_P ~ features_PxK @ coefficients_K, one column per cost term (messages,
 bytes, a constant); `fit_latency_bandwidth` is the classic t = latency + bytes / bandwidth. Both
-keep the residual of every point. A fit with as many points as terms has zero residual by
+minimise relative residuals, since timings spanning orders of magnitude carry relative noise (an
+absolute fit would let the largest sizes drown the latency), and keep the residual of every point. A fit with as many points as terms has zero residual by
 construction and says nothing about the model; only points left out of the fit test it.
 """
 
@@ -34,7 +35,7 @@ class Fit:
 
 
 def fit_terms(features_PxK, times_P, names) -> Fit:
-  """Least squares times_P ~ features_PxK @ c; raises if there are fewer points than terms."""
+  """Least squares of (features_PxK @ c - times_P) / times_P; raises if there are fewer points than terms."""
   features_PxK = np.asarray(features_PxK, np.float64)
   times_P = np.asarray(times_P, np.float64)
   points, terms = features_PxK.shape
@@ -42,10 +43,13 @@ def fit_terms(features_PxK, times_P, names) -> Fit:
     raise ValueError(f"features {features_PxK.shape}, times {times_P.shape} and {len(names)} names disagree")
   if points < terms:
     raise ValueError(f"{points} points cannot determine {terms} terms")
-  # Scale columns to unit norm so that seconds-per-byte and seconds-per-message share one conditioning.
-  scale_K = np.linalg.norm(features_PxK, axis=0)
+  if np.any(times_P <= 0):
+    raise ValueError("times must be positive")
+  weighted_PxK = features_PxK / times_P[:, None]
+  # Unit-norm columns, so that seconds per byte and seconds per message share one conditioning.
+  scale_K = np.linalg.norm(weighted_PxK, axis=0)
   scale_K[scale_K == 0] = 1.0
-  solution, *_ = np.linalg.lstsq(features_PxK / scale_K, times_P, rcond=None)
+  solution, *_ = np.linalg.lstsq(weighted_PxK / scale_K, np.ones_like(times_P), rcond=None)
   coefficients = solution / scale_K
   residuals = times_P - features_PxK @ coefficients
   return Fit(names=tuple(names), coefficients=tuple(map(float, coefficients)),

@@ -1,0 +1,191 @@
+"""The cluster cost model: hand-computed exchanges, monotonicity, calibration, and real layer traffic."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+
+from moejax.config import MoEConfig
+from moejax.cost import calibrate
+from moejax.cost import collectives
+from moejax.cost import model
+from moejax.cost import topology as topology_lib
+from moejax.cost import traffic
+from moejax.layer import init_params, moe_apply
+
+# Round numbers in arbitrary units, so that every expected time is easy to check by hand.
+TOY = topology_lib.custom("p4d_efa", name="toy", gpus_per_node=8, intra_bw=100.0, nic_bw=10.0, intra_latency=1.0,
+                          inter_latency=5.0, launch=100.0, peak_flops=1000.0, compute_efficiency=0.5)
+FLAT = ("node", "gpu")
+
+
+def _a2a(rows, n, m, hop, bytes_per_row=1.0, topology=TOY):
+  return collectives.all_to_all(np.asarray(rows) * bytes_per_row, traffic.group_mask(n, m, hop), m, topology)
+
+
+def test_single_inter_node_message():
+  cost = _a2a([[0, 3], [0, 0]], n=2, m=1, hop=FLAT, bytes_per_row=10)
+  assert cost.crosses_nodes and cost.messages_inter == 1 and cost.messages_intra == 0
+  assert cost.time_s == pytest.approx(100 + 5 + 30 / 10)
+
+
+def test_single_intra_node_message():
+  cost = _a2a([[0, 3], [0, 0]], n=1, m=2, hop=FLAT, bytes_per_row=10)
+  assert not cost.crosses_nodes
+  assert cost.time_s == pytest.approx(100 + 1 + 30 / 100)
+
+
+def test_gpus_of_a_node_share_its_nic():
+  rows = 6
+  one_gpu = _a2a(traffic.uniform_traffic(2, 1, "node", rows), n=2, m=1, hop="node")
+  four_gpus = _a2a(traffic.uniform_traffic(2, 4, "node", rows), n=2, m=4, hop="node")
+  assert one_gpu.bandwidth_s == pytest.approx(rows / 10)
+  assert four_gpus.bandwidth_s == pytest.approx(4 * rows / 10)
+  assert four_gpus.nic_bytes == 4 * rows and four_gpus.messages_inter == 1
+
+
+def test_two_hops_post_fewer_messages_than_one():
+  n, m = 4, 8
+  flat = _a2a(traffic.uniform_traffic(n, m, FLAT, 1), n, m, FLAT)
+  over_nodes = _a2a(traffic.uniform_traffic(n, m, "node", 1), n, m, "node")
+  over_gpus = _a2a(traffic.uniform_traffic(n, m, "gpu", 1), n, m, "gpu")
+  assert (flat.messages_inter, flat.messages_intra) == ((n - 1) * m, m - 1)
+  assert (over_nodes.messages_inter, over_nodes.messages_intra) == (n - 1, 0)
+  assert (over_gpus.messages_inter, over_gpus.messages_intra) == (0, m - 1)
+  assert flat.latency_s == pytest.approx((n - 1) * m * 5 + (m - 1) * 1)
+  assert over_nodes.latency_s + over_gpus.latency_s == pytest.approx((n - 1) * 5 + (m - 1) * 1)
+
+
+def test_group_of_one_launches_nothing():
+  assert _a2a(np.eye(8, dtype=int), n=8, m=1, hop="gpu") == collectives.NOTHING
+
+
+def test_traffic_outside_the_hop_group_is_rejected():
+  rows = np.zeros((8, 8), int)
+  rows[0, 5] = 1  # node 0 gpu 0 -> node 1 gpu 1: not in one group of a hop over 'node'
+  with pytest.raises(ValueError, match="do not exchange"):
+    _a2a(rows, n=2, m=4, hop="node")
+
+
+def test_more_bytes_take_more_time():
+  rows = np.random.default_rng(0).integers(0, 50, (8, 8))
+  times = [_a2a(rows * scale, n=2, m=4, hop=FLAT).time_s for scale in (1, 2, 3)]
+  assert times[0] < times[1] < times[2]
+
+
+def test_more_nodes_with_fixed_bytes_per_gpu_post_more_inter_node_messages():
+  m, rows_per_gpu = 8, 4096
+  costs = [_a2a(traffic.uniform_traffic(n, m, FLAT, rows_per_gpu // (n * m)), n, m, FLAT) for n in (1, 2, 4, 8)]
+  inter = [c.messages_inter for c in costs]
+  assert inter == sorted(inter) and len(set(inter)) == len(inter)
+  times = [c.time_s for c in costs]
+  assert times == sorted(times)
+
+
+def test_ring_collectives_by_hand():
+  size = 40.0
+  one_node = collectives.ring("all_reduce", size, nodes=1, gpus=4, topology=TOY)
+  assert one_node.time_s == pytest.approx(100 + 2 * 3 * 1 + 2 * 3 / 4 * size / 100)
+  two_nodes = collectives.ring("all_gather", size, nodes=2, gpus=4, topology=TOY)
+  assert two_nodes.time_s == pytest.approx(100 + 6 * 1 + 1 * 5 + 7 / 8 * size / 10)
+  shared = collectives.ring("reduce_scatter", size, nodes=2, gpus=1, topology=TOY, concurrent=4)
+  assert shared.bandwidth_s == pytest.approx(size / 2 / (10 / 4))
+
+
+def test_calibration_recovers_latency_and_bandwidth():
+  sizes = np.geomspace(1e3, 1e8, 12)
+  noise = 1 + 0.01 * np.sin(np.arange(12))
+  lb = calibrate.fit_latency_bandwidth(sizes, (7e-6 + sizes / 12e9) * noise)
+  assert lb.physical
+  assert lb.latency_s == pytest.approx(7e-6, rel=0.05)
+  assert lb.bandwidth == pytest.approx(12e9, rel=0.02)
+  assert lb.fit.dof == 10 and lb.fit.rms_relative < 0.02
+
+
+def test_calibration_fits_several_terms_exactly_and_refuses_too_few_points():
+  features = np.array([[120, 3e8], [15, 3e8], [60, 1e8]])
+  fit = calibrate.fit_terms(features, features @ np.array([2e-4, 1 / 2e10]), ("per_message_s", "s_per_byte"))
+  assert fit.values["per_message_s"] == pytest.approx(2e-4)
+  assert fit.values["s_per_byte"] == pytest.approx(1 / 2e10)
+  assert max(map(abs, fit.residuals_s)) < 1e-12
+  with pytest.raises(ValueError, match="cannot determine"):
+    calibrate.fit_terms(features[:1], [1.0], ("a", "b"))
+
+
+def test_presets_cite_a_source_for_every_number():
+  for preset in topology_lib.PRESETS.values():
+    for field, param in preset.params().items():
+      assert param.kind in topology_lib.KINDS and len(param.source) > 10, (preset.name, field)
+      if param.kind == "assumed":
+        assert "assumed" in param.source or "constant" in param.source, (preset.name, field)
+  assert topology_lib.get("dgx_h100_ib")["nic_bw"] == 400e9
+  custom = topology_lib.custom("p4d_efa", **topology_lib.parse_overrides("nic_bw=25e9, inter_latency=2e-5"))
+  assert custom.nic_bw.kind == "given" and custom["nic_bw"] == 25e9 and custom.intra_bw.kind == "datasheet"
+  with pytest.raises(ValueError, match="unknown topology field"):
+    topology_lib.custom("p4d_efa", nic_speed=1.0)
+
+
+def test_measured_rate_from_a_benchmark_json(tmp_path):
+  path = tmp_path / "kernels.json"
+  path.write_text(json.dumps(dict(device_kind="H100", results=[
+      dict(impl="dense_gemm", tflops=600.0), dict(impl="dense_gemm", tflops=650.0), dict(impl="pallas", tflops=500.0)])))
+  rate, source = model.measured_rate(str(path))
+  assert rate == 650e12 and "measured" in source and "H100" in source
+  assert model.measured_rate(str(path), impl="pallas")[0] == 500e12
+  breakdown = model.price_layer(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY, device_rate=(rate, source))
+  assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source
+
+
+def test_price_layer_splits_hops_by_the_links_they_cross():
+  n, m = 2, 4
+  rows = np.stack([traffic.uniform_traffic(n, m, "gpu", 3), traffic.uniform_traffic(n, m, "node", 5)])
+  b = model.price_layer(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, other_flops=500.0)
+  intra, inter = _a2a(rows[0], n, m, "gpu", 2.0), _a2a(rows[1], n, m, "node", 2.0)
+  assert b.intra_node_a2a_s == pytest.approx(2 * intra.time_s)
+  assert b.inter_node_a2a_s == pytest.approx(2 * inter.time_s)
+  assert (b.expert_compute_s, b.other_s) == (pytest.approx(2.0), pytest.approx(1.0))
+  trained = model.price_layer(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, backward=True)
+  assert trained.inter_node_a2a_s == pytest.approx(2 * b.inter_node_a2a_s)
+  assert trained.expert_compute_s == pytest.approx(3 * b.expert_compute_s)
+  with pytest.raises(ValueError, match="GPUs per node"):
+    model.price_layer(np.zeros((1, 16, 16), int), [FLAT], (1, 16), 2.0, 0.0, TOY)
+
+
+def _hand_hop_time(rows, hop, n, m, bytes_per_row, topo):
+  """The all-to-all formula written out with loops over devices, independent of the vectorised code."""
+  axes = set((hop,) if isinstance(hop, str) else hop)
+  devices = range(n * m)
+
+  def grouped(s, p):
+    return (s // m == p // m or "node" in axes) and (s % m == p % m or "gpu" in axes)
+
+  latency = max(sum(topo["inter_latency"] if s // m != p // m else topo["intra_latency"]
+                    for p in devices if p != s and grouped(s, p)) for s in devices)
+  nic_out = [sum(rows[s][p] for s in devices for p in devices if s // m == i and p // m != i) for i in range(n)]
+  nic_in = [sum(rows[s][p] for s in devices for p in devices if p // m == i and s // m != i) for i in range(n)]
+  gpu_out = [sum(rows[s][p] for p in devices if p != s and p // m == s // m) for s in devices]
+  gpu_in = [sum(rows[s][p] for s in devices if s != p and s // m == p // m) for p in devices]
+  bandwidth = max(max(nic_out + nic_in) * bytes_per_row / topo["nic_bw"],
+                  max(gpu_out + gpu_in) * bytes_per_row / topo["intra_bw"])
+  return topo["launch"] + latency + bandwidth
+
+
+@pytest.mark.parametrize("transport,hops", [("padded", [FLAT]), ("hierarchical", ["gpu", "node"])])
+def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops):
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, transport=transport)
+  params = init_params(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (64, 8))
+  _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
+  rows = np.asarray(aux["traffic_rows"])
+  rows_D = traffic.rows_processed(rows)
+  np.testing.assert_array_equal(rows_D, np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1))
+  topo = topology_lib.P4D_EFA
+  b = model.price_layer(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_D, 8, 16), topo)
+  hand = [_hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)
+          for r, hop in zip(rows, hops)]
+  crosses = [hop != "gpu" for hop in hops]
+  assert b.inter_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if c), rel=1e-12)
+  assert b.intra_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if not c), rel=1e-12)
+  assert b.expert_compute_s == pytest.approx(2 * 2 * rows_D.max() * 8 * 16 / (312e12 * 0.5))
+  assert b.label == "modelled"
