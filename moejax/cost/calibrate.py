@@ -67,7 +67,7 @@ class LatencyBandwidth:
 
   @property
   def physical(self) -> bool:
-    return self.latency_s >= 0 and np.isfinite(self.bandwidth)
+    return bool(self.latency_s >= 0 and np.isfinite(self.bandwidth))
 
   def as_dict(self) -> dict:
     return dict(latency_s=self.latency_s, bandwidth=self.bandwidth, physical=self.physical,

@@ -1,0 +1,149 @@
+"""Times all-to-all exchanges on the devices at hand and fits latency/bandwidth terms to them.
+
+Variants, each sending `rows` rows of width d from every device to every device of the mesh:
+  flat     jax.lax.all_to_all over ('node', 'gpu') at once
+  two_hop  all_to_all over 'gpu', then over 'node' (the hierarchical path)
+  padded   moejax.transport.padded_all_to_all: ragged semantics from worst-case fixed blocks
+  ragged   jax.lax.ragged_all_to_all (skipped, with the backend's message, where it is missing)
+Every variant delivers the same blocks in source order; each output is checked against the first
+variant's. Each size is timed as the median of --iters calls after --warmup, then
+`moejax.cost.calibrate.fit_latency_bandwidth` fits t = latency + bytes / bandwidth per variant,
+where bytes = what one device sends to other devices, summed over hops. On a GPU node the flat fit
+gives the cost model's intra-node terms (intra_bw, and intra_latency = latency / (peers - 1) when
+the launch cost is folded into the messages). CPU devices are in-process copies: compare variants
+within one run, nothing more.
+
+  python experiments/bench_collectives.py --out /tmp/collectives.json              # CPU, 2 x 4 simulated
+  python experiments/bench_collectives.py --nodes 1 --gpus_per_node 8 --d 4096 \
+      --rows 16,64,256,1024,4096 --iters 50 --out collectives_h100.json            # one GPU node
+"""
+
+import json
+import statistics
+
+from absl import app
+from absl import flags
+import jax
+import jax.numpy as jnp
+import jaxlib
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import mesh as mesh_lib
+from moejax import transport
+from moejax.cost import calibrate
+from moejax.kernels import tuning
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)
+flags.DEFINE_integer("nodes", 2, "Mesh axis 'node'.")
+flags.DEFINE_integer("gpus_per_node", 4, "Mesh axis 'gpu'.")
+flags.DEFINE_integer("simulate_cpu_devices", 8, "CPU devices to expose when the backend is CPU.")
+flags.DEFINE_integer("d", 64, "Row width.")
+flags.DEFINE_list("rows", ["1", "4", "16", "64", "256"], "Rows each device sends to each device.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Element type.")
+flags.DEFINE_list("variants", ["flat", "two_hop", "padded", "ragged"], "Exchanges to time.")
+flags.DEFINE_integer("warmup", 2, "Untimed calls after compilation.")
+flags.DEFINE_integer("iters", 10, "Timed calls; the median is reported.")
+
+ALL = mesh_lib.AXES
+
+
+def _ragged_args(num_devices: int, rows: int, m: int):
+  """Offsets and sizes of a uniform ragged exchange: `rows` to every peer, blocks in source order."""
+  sizes = jnp.full((num_devices,), rows, jnp.int32)
+  offsets = jnp.arange(num_devices, dtype=jnp.int32) * rows
+  me = mesh_lib.my_flat_index(m)
+  return offsets, sizes, jnp.full((num_devices,), me * rows, jnp.int32), sizes
+
+
+def local_exchange(variant: str, n: int, m: int, rows: int):
+  """x [D * rows, d] (blocks in destination order) -> what the device receives, inside shard_map."""
+  num_devices = n * m
+
+  def flat(x):
+    return jax.lax.all_to_all(x.reshape(num_devices, rows, -1), ALL, 0, 0).reshape(x.shape)
+
+  def two_hop(x):
+    x_NxMxRxD = x.reshape(n, m, rows, -1)
+    x_NxMxRxD = jax.lax.all_to_all(x_NxMxRxD, mesh_lib.GPU, 1, 1)
+    return jax.lax.all_to_all(x_NxMxRxD, mesh_lib.NODE, 0, 0).reshape(x.shape)
+
+  def ragged(x, exchange):
+    return exchange(x, jnp.zeros_like(x), *_ragged_args(num_devices, rows, m), axis_name=ALL)
+
+  return {"flat": flat, "two_hop": two_hop,
+          "padded": lambda x: ragged(x, transport.padded_all_to_all),
+          "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all)}[variant]
+
+
+def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:
+  """Bytes one device sends to other devices in the exchange, all hops together."""
+  num_devices = n * m
+  if variant == "two_hop":
+    return ((m - 1) * n + (n - 1) * m) * rows * row_bytes
+  if variant == "padded":  # every peer block padded to the operand's D * rows rows
+    return (num_devices - 1) * num_devices * rows * row_bytes
+  return (num_devices - 1) * rows * row_bytes
+
+
+def run_variant(variant: str, mesh, rows: int, d: int, dtype) -> tuple[dict, np.ndarray]:
+  """(timings, output): every variant delivers the same blocks in source order, so outputs must match."""
+  n, m = mesh_lib.axis_sizes(mesh)
+  body = local_exchange(variant, n, m, rows)
+  fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
+  x = jax.device_put(jax.random.normal(jax.random.key(rows), (n * m * n * m * rows, d), dtype),
+                     NamedSharding(mesh, P(ALL)))
+  times = tuning.time_call(fn, (x,), FLAGS.warmup, FLAGS.iters)
+  return dict(times_s=times, median_s=statistics.median(times)), np.asarray(fn(x))
+
+
+def main(argv):
+  del argv
+  mesh_lib.simulate_cpu_devices(FLAGS.simulate_cpu_devices)  # only the CPU backend reads it
+  mesh = mesh_lib.make_mesh(FLAGS.nodes, FLAGS.gpus_per_node)
+  n, m = FLAGS.nodes, FLAGS.gpus_per_node
+  dtype = jnp.dtype(FLAGS.dtype)
+  row_bytes = FLAGS.d * dtype.itemsize
+  device = jax.devices()[0]
+  print(f"device: {device.device_kind} ({device.platform}), mesh {n} x {m}, jax {jax.__version__}")
+  results, fits, first_output = [], {}, {}
+  for variant in FLAGS.variants:
+    points = []
+    for rows in map(int, FLAGS.rows):
+      entry = dict(variant=variant, rows_per_peer=rows, bytes_sent=bytes_sent(variant, n, m, rows, row_bytes))
+      try:
+        timings, output = run_variant(variant, mesh, rows, FLAGS.d, dtype)
+        entry.update(timings, matches_first_variant=bool(np.array_equal(first_output.setdefault(rows, output),
+                                                                        output)))
+        points.append((entry["bytes_sent"], entry["median_s"]))
+        print(f"{variant:8s} rows/peer {rows:6d} sent {entry['bytes_sent']:12d} B  {entry['median_s'] * 1e6:10.1f} us"
+              + ("" if entry["matches_first_variant"] else "  OUTPUT DIFFERS from the first variant"))
+      except Exception as e:  # pylint: disable=broad-except
+        entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+        print(f"{variant:8s} skipped on {device.platform}: {entry['error']}")
+        results.append(entry)
+        break
+      results.append(entry)
+    if len(points) >= 2:
+      fits[variant] = calibrate.fit_latency_bandwidth(*zip(*points))
+
+  print(f"\n{'variant':8s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
+  for variant, lb in fits.items():
+    print(f"{variant:8s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
+          + ("" if lb.physical else "  (not physical: negative latency or slope)"))
+  if "flat" in fits and n == 1 and m > 1:
+    lb = fits["flat"]
+    print(f"intra-node model terms (measured): intra_bw={lb.bandwidth:.4g},intra_latency={lb.latency_s / (m - 1):.4g}")
+  record = dict(device_kind=device.device_kind, platform=device.platform, jax_version=jax.__version__,
+                jaxlib_version=jaxlib.__version__, mesh=[n, m], d=FLAGS.d, dtype=str(dtype),
+                warmup=FLAGS.warmup, iters=FLAGS.iters, results=results,
+                fits={variant: lb.as_dict() for variant, lb in fits.items()})
+  with open(FLAGS.out, "w") as f:
+    json.dump(record, f, indent=1)
+  print(f"wrote {len(results)} results to {FLAGS.out}")
+
+
+if __name__ == "__main__":
+  app.run(main)
