@@ -15,10 +15,10 @@ every other row is held out).
 
 Fig. 8 (weak scaling, 1 to 16 nodes) is an image; its text gives the shape only: Switch is slower on
 8 nodes than on 4 and barely gains from 1 to 16 nodes (read here as a gain below 1.5x); SMILE
-gains 7.7x from 1 to 16 nodes and rises from 4 to 8. Throughput here is 8 n x 128 samples over one modelled training step: the whole
-BERT-like model's FLOPs (12 layers, every other FFN an MoE layer, vocabulary 32128) at the device
-rate, the MoE layers' forward and backward exchanges, and a ring all-reduce of the 110M dense
-parameters (SMILE Table 1: 'BERT (110M)') in fp16.
+gains 7.7x from 1 to 16 nodes and rises from 4 to 8. Throughput here is 8 n x 128 samples over one
+modelled training step: the whole BERT-like model's FLOPs (12 layers, every other FFN an MoE layer,
+vocabulary 32128) at the device rate, the MoE layers' forward and backward exchanges, and a ring
+all-reduce of the 110M dense parameters (SMILE Table 1: 'BERT (110M)') in fp16.
 
   python experiments/validate_cost_model.py --out /tmp/validate_cost_model.json
 """
@@ -130,11 +130,30 @@ def shape_checks(curves: dict) -> dict:
   return {"switch_8_nodes_slower_than_4": sw[8] < sw[4],
           "switch_16_over_1_below_1.5": sw[16] / sw[1] < 1.5,
           "smile_rises_at_every_doubling": all(sm[a] < sm[b] for a, b in zip(NODES, NODES[1:])),
+          "smile_rises_4_to_8": sm[4] < sm[8],
           "smile_16_over_1": sm[16] / sm[1], "switch_16_over_1": sw[16] / sw[1]}
 
 
-def rel(model_value, paper_value):
-  return (model_value - paper_value) / paper_value
+def compare(models: dict) -> tuple[list[dict], dict]:
+  """(rows: paper vs each model with relative errors, Fig. 8 curves per model and scheme)."""
+  modelled = {name: table3(topo) for name, topo in models.items()}
+  curves = {name: {s: [throughput(s, n, topo) for n in NODES] for s in ("switch", "smile")}
+            for name, topo in models.items()}
+
+  def row(quantity, paper, role, value):
+    return dict(quantity=quantity, paper=paper, role=role, **{name: value(name) for name in models},
+                **{f"{name}_rel_err": (value(name) - paper) / paper for name in models})
+
+  rows = [row(f"Table 3 {key} (ms)", TABLE3[key] * 1e3, "fit" if key in ("switch_a2a", "smile_inter") else "held out",
+              lambda name, key=key: modelled[name][key] * 1e3) for key in TABLE3]
+  rows.append(row("Table 3 Switch/SMILE layer time", TABLE3["switch_total"] / TABLE3["smile_total"], "held out",
+                  lambda name: modelled[name]["switch_total"] / modelled[name]["smile_total"]))
+  for scheme in ("switch", "smile"):
+    rows.append(row(f"Table 1 {scheme} 16 nodes (samples/s)", TABLE1[scheme], "held out",
+                    lambda name, scheme=scheme: curves[name][scheme][-1]["samples_per_s"]))
+  rows.append(row("Fig. 8 SMILE 16 over 1 node", FIG8_SMILE_GAIN, "held out",
+                  lambda name: curves[name]["smile"][-1]["samples_per_s"] / curves[name]["smile"][0]["samples_per_s"]))
+  return rows, curves
 
 
 def main(argv):
@@ -144,29 +163,11 @@ def main(argv):
   models = {"datasheet": datasheet, "calibrated": calibrated}
   for topo in models.values():
     print(topology_lib.describe(topo), "\n")
-  print("calibration:", {k: f"{v:.4g}" for k, v in fit.values.items()},
-        f"-> inter_latency {calibrated['inter_latency'] * 1e6:.1f} us, nic_bw {calibrated['nic_bw'] / 1e9:.2f} GB/s",
-        f"(datasheet {datasheet['nic_bw'] / 1e9:g} GB/s); residuals {fit.residuals_s} s\n")
+  print(f"calibration: inter_latency {calibrated['inter_latency'] * 1e6:.1f} us, "
+        f"nic_bw {calibrated['nic_bw'] / 1e9:.2f} GB/s (datasheet {datasheet['nic_bw'] / 1e9:g} GB/s); "
+        f"residuals {fit.residuals_s} s\n")
 
-  modelled = {name: table3(topo) for name, topo in models.items()}
-  curves = {name: {s: [throughput(s, n, topo) for n in NODES] for s in ("switch", "smile")}
-            for name, topo in models.items()}
-  rows = [dict(quantity=f"Table 3 {key} (ms)", paper=TABLE3[key] * 1e3,
-               role="fit" if key in ("switch_a2a", "smile_inter") else "held out",
-               **{name: modelled[name][key] * 1e3 for name in models}) for key in TABLE3]
-  rows.append(dict(quantity="Table 3 Switch/SMILE layer time", paper=TABLE3["switch_total"] / TABLE3["smile_total"],
-                   role="held out", **{name: modelled[name]["switch_total"] / modelled[name]["smile_total"]
-                                       for name in models}))
-  for scheme in ("switch", "smile"):
-    rows.append(dict(quantity=f"Table 1 {scheme} 16 nodes (samples/s)", paper=TABLE1[scheme], role="held out",
-                     **{name: curves[name][scheme][-1]["samples_per_s"] for name in models}))
-  rows.append(dict(quantity="Fig. 8 SMILE 16 over 1 node", paper=FIG8_SMILE_GAIN, role="held out",
-                   **{name: curves[name]["smile"][-1]["samples_per_s"] / curves[name]["smile"][0]["samples_per_s"]
-                      for name in models}))
-  for row in rows:
-    for name in models:
-      row[f"{name}_rel_err"] = rel(row[name], row["paper"])
-
+  rows, curves = compare(models)
   print(f"{'quantity':42s} {'paper':>10s} {'datasheet':>10s} {'rel err':>8s} {'calibrated':>10s} {'rel err':>8s}  role")
   for r in rows:
     print(f"{r['quantity']:42s} {r['paper']:10.4g} {r['datasheet']:10.4g} {r['datasheet_rel_err']:+8.1%} "
@@ -186,7 +187,8 @@ def main(argv):
                              capacity_factor=CAPACITY_FACTOR, bytes_per_row=BYTES_PER_ROW, routing="uniform"),
                 topologies={name: {k: dataclasses.asdict(p) for k, p in topo.params().items()}
                             for name, topo in models.items()},
-                calibration=fit.as_dict(), rows=rows, fig8=curves, fig8_shape=checks, paper_consistency=consistency,
+                calibration=fit.as_dict(), rows=rows, fig8=curves, fig8_shape=checks,
+                paper_consistency=consistency,
                 breakdowns={name: {s: price(s, 16, topo).as_dict() for s in ("switch", "smile")}
                             for name, topo in models.items()})
   with open(FLAGS.out, "w") as f:

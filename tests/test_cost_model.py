@@ -128,12 +128,14 @@ def test_presets_cite_a_source_for_every_number():
 
 def test_measured_rate_from_a_benchmark_json(tmp_path):
   path = tmp_path / "kernels.json"
-  path.write_text(json.dumps(dict(device_kind="H100", results=[
-      dict(impl="dense_gemm", tflops=600.0), dict(impl="dense_gemm", tflops=650.0), dict(impl="pallas", tflops=500.0)])))
+  results = [dict(impl="dense_gemm", tflops=600.0), dict(impl="dense_gemm", tflops=650.0),
+             dict(impl="pallas", tflops=500.0)]
+  path.write_text(json.dumps(dict(device_kind="H100", results=results)))
   rate, source = model.measured_rate(str(path))
   assert rate == 650e12 and "measured" in source and "H100" in source
   assert model.measured_rate(str(path), impl="pallas")[0] == 500e12
-  breakdown = model.price_layer(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY, device_rate=(rate, source))
+  breakdown = model.price_layer(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY,
+                                device_rate=(rate, source))
   assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source
 
 

@@ -3,8 +3,9 @@
 `fit_terms` fits times_P ~ features_PxK @ coefficients_K, one column per cost term (messages,
 bytes, a constant); `fit_latency_bandwidth` is the classic t = latency + bytes / bandwidth. Both
 minimise relative residuals, since timings spanning orders of magnitude carry relative noise (an
-absolute fit would let the largest sizes drown the latency), and keep the residual of every point. A fit with as many points as terms has zero residual by
-construction and says nothing about the model; only points left out of the fit test it.
+absolute fit would let the largest sizes drown the latency), and keep the residual of every point.
+A fit with as many points as terms has zero residual by construction and says nothing about the
+model; only points left out of the fit test it.
 """
 
 import dataclasses

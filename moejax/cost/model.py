@@ -41,10 +41,7 @@ class Breakdown:
     return self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s
 
   def as_dict(self) -> dict:
-    record = dataclasses.asdict(self)
-    record["hops"] = [h.as_dict() for h in self.hops]
-    record["total_s"] = self.total_s
-    return record
+    return dict(dataclasses.asdict(self), total_s=self.total_s)
 
 
 def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
