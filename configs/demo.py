@@ -2,6 +2,7 @@
 checked against the single-device reference.
 
   python -m experiments.demo --config=configs/demo.py --config.moe.top_k=1 --config.mesh.nodes=1
+  python -m experiments.demo --config.moe.routing=bilevel --config.moe.transport=bilevel --config.moe.top_k=1
 """
 
 import ml_collections
@@ -24,11 +25,14 @@ def get_config() -> ml_collections.ConfigDict:
       "routing": "topk",
       "transport": "padded",
       "expert_backend": "ragged_dot",
+      "num_nodes": config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
+      "node_top_k": 1,
       "capacity_factor": ml_collections.config_dict.placeholder(float),
       "activation": "gelu",
       "gated": True,
       "renormalize": False,
-      "load_balance_coef": 0.01,
+      "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's value
+      "local_balance_coef": ml_collections.config_dict.placeholder(float),
       "z_loss_coef": 0.001,
       "jitter": 0.0,
       "dtype": "float32",

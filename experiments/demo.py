@@ -24,7 +24,7 @@ from ml_collections import config_flags
 from moejax import distributed
 from moejax import mesh as mesh_lib
 from moejax.config import ConfigError, MoEConfig, require
-from moejax.layer import ALL, init_params, moe_apply, param_specs
+from moejax.layer import ALL, hop_axes, init_params, moe_apply, param_specs, traffic_summary
 from moejax.reference import moe_reference
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
@@ -41,7 +41,7 @@ def validate(config) -> MoEConfig:
           "tokens", config.tokens, f"a positive multiple of the mesh's {devices} devices")
   require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
   moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
-  moe.check_mesh(devices)
+  moe.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   return moe
 
 
@@ -78,7 +78,9 @@ def run(config) -> dict:
 
   y = np.asarray(multihost_utils.process_allgather(y, tiled=True))
   aux = {k: np.asarray(v) for k, v in aux.items()}
-  result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times), **aux}
+  result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
+            "hop_axes": [str(axes) for axes in hop_axes(cfg)], "row_bytes": cfg.d_model * host_x.dtype.itemsize,
+            **aux}
   if config.check_reference:
     y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=n * m))(host_params, host_x)
     result["relative_error"] = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
@@ -92,8 +94,11 @@ def report(result: dict, config) -> None:
   print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, "
         f"z {result['z_loss']:.6f}); token-choices dropped: {result['tokens_dropped']}")
   print(f"expert counts: {result['expert_counts'].tolist()}")
-  for hop, traffic in enumerate(result["traffic_rows"]):
-    print(f"hop {hop}: rows sent between devices (row = source, column = destination, {d} devices)")
+  summary = traffic_summary(result["traffic_rows"], config.mesh.gpus_per_node, result["row_bytes"])
+  for hop, (traffic, axes, split) in enumerate(zip(result["traffic_rows"], result["hop_axes"], summary)):
+    print(f"hop {hop} over {axes}: {split['inter_node_rows']} rows / {split['inter_node_bytes']} B inter-node, "
+          f"{split['intra_node_rows']} rows / {split['intra_node_bytes']} B intra-node (dispatch; combine mirrors it)")
+    print(f"  rows sent between devices (row = source, column = destination, {d} devices)")
     for source in range(d):
       print("  " + " ".join(f"{v:5d}" for v in traffic[source]))
   if "relative_error" in result:

@@ -8,8 +8,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-ROUTINGS = ("topk",)
-TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical")
+ROUTINGS = ("topk", "bilevel", "node_limited")
+TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
+NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so need num_nodes
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
@@ -38,19 +39,29 @@ class MoEConfig:
   """One MoE layer.
 
   num_experts: E, the global number of experts (a multiple of the mesh's device count).
-  top_k: k, experts per token.
+  top_k: experts per token; for 'bilevel', local experts per chosen node.
   d_model, d_ff: model and expert hidden widths.
-  routing: 'topk' (flat softmax top-k: Switch k=1, GShard k=2, any k <= E).
+  routing: 'topk' (flat softmax top-k: Switch k=1, GShard k=2, any k <= E); 'bilevel' (SMILE: softmax
+    over nodes, top node_top_k nodes; softmax over the E / num_nodes experts of a node, shared by all
+    nodes, top top_k of them; weight p_node * q_local); 'node_limited' (DeepSeek-V3: flat router,
+    nodes scored by the sum of their two best expert probabilities, top node_top_k nodes kept, then
+    the top top_k experts on those nodes).
   transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from fixed-size
     all_to_all; runs anywhere), 'capacity' (GShard/Switch dense dispatch; needs capacity_factor),
-    'hierarchical' (flat routing, exchanged in two hops: over 'gpu', then over 'node').
+    'hierarchical' (two hops: over 'gpu', then over 'node'; Tutel-2DH), 'bilevel' (two hops: over
+    'node', then over 'gpu'; the path SMILE's routing implies). Any routing works with any transport.
   expert_backend: 'ragged_dot' (jax.lax.ragged_dot), 'dense' (per-expert loop; reference speed),
     'pallas' (moejax.kernels).
+  num_nodes: n, nodes of the mesh; required by the node routings (their parameters depend on it).
+  node_top_k: nodes per token for the node routings (1 = SMILE).
   capacity_factor: None = dropless; else each device sends each expert at most
-    ceil(capacity_factor * local_tokens * k / E) token-choices, dropping the rest by priority
-    (all first choices before any second choice; within a choice rank, earlier tokens first).
-  renormalize: combine weights are the top-k probabilities divided by their sum (else raw).
-  load_balance_coef: alpha of the Switch loss alpha * E * sum_e f_e * P_e.
+    ceil(capacity_factor * local_tokens * K / E) token-choices (K = choices_per_token), dropping the
+    rest by priority (all first choices before any second choice; within a rank, earlier tokens first).
+  renormalize: combine weights divided by their sum over the token's choices (else raw).
+  load_balance_coef: alpha: of the Switch loss alpha * E * sum_e f_e * P_e ('topk', 'node_limited'),
+    or of the node term of SMILE's loss alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j.
+    None = the paper's value: 0.01 (Switch), 0.005 (SMILE).
+  local_balance_coef: beta of SMILE's loss; None = 0.005 (the paper's).
   z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2).
   jitter: multiplicative router-input noise x * U(1 - jitter, 1 + jitter) in training; 0 = off.
   dtype: compute dtype of the expert matmuls ('float32' or 'bfloat16'; accumulation is fp32).
@@ -63,11 +74,14 @@ class MoEConfig:
   routing: str = "topk"
   transport: str = "padded"
   expert_backend: str = "ragged_dot"
+  num_nodes: int | None = None
+  node_top_k: int = 1
   capacity_factor: float | None = None
   activation: str = "gelu"
   gated: bool = False
   renormalize: bool = False
-  load_balance_coef: float = 0.01
+  load_balance_coef: float | None = None
+  local_balance_coef: float | None = None
   z_loss_coef: float = 0.0
   jitter: float = 0.0
   dtype: str = "float32"
@@ -76,8 +90,17 @@ class MoEConfig:
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       value = getattr(self, name)
       require(_is_int(value) and value >= 1, name, value, "a positive int")
-    require(self.top_k <= self.num_experts, "top_k", self.top_k, f"at most num_experts={self.num_experts}")
     require(self.routing in ROUTINGS, "routing", self.routing, f"one of {ROUTINGS}")
+    if self.routing in NODE_ROUTINGS:
+      n = self.num_nodes
+      require(_is_int(n) and n >= 1 and self.num_experts % n == 0, "num_nodes", n,
+              f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)")
+      require(_is_int(self.node_top_k) and 1 <= self.node_top_k <= n, "node_top_k", self.node_top_k,
+              f"an int in [1, num_nodes={n}]")
+    limit = self.num_experts
+    if self.routing in NODE_ROUTINGS:
+      limit = self.experts_per_node * (self.node_top_k if self.routing == "node_limited" else 1)
+    require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
     require(self.transport in TRANSPORTS, "transport", self.transport, f"one of {TRANSPORTS}")
     require(self.expert_backend in EXPERT_BACKENDS, "expert_backend", self.expert_backend,
             f"one of {EXPERT_BACKENDS}")
@@ -90,9 +113,12 @@ class MoEConfig:
             "capacity_factor", cf, "None (dropless) or a number > 0")
     require(self.transport != "capacity" or cf is not None, "capacity_factor", cf,
             "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")
-    for name in ("load_balance_coef", "z_loss_coef"):
+    require(isinstance(self.z_loss_coef, (int, float)) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef,
+            "a number >= 0")
+    for name in ("load_balance_coef", "local_balance_coef"):
       value = getattr(self, name)
-      require(isinstance(value, (int, float)) and value >= 0, name, value, "a number >= 0")
+      require(value is None or isinstance(value, (int, float)) and value >= 0, name, value,
+              "a number >= 0, or None for the paper's value")
     require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
 
   @classmethod
@@ -111,8 +137,30 @@ class MoEConfig:
         raise
       require(False, prefix + e.field, e.value, e.allowed)
 
-  def check_mesh(self, num_devices: int) -> int:
-    """Returns experts_per_gpu for a mesh of `num_devices`, or raises naming num_experts."""
-    require(self.num_experts % num_devices == 0, "num_experts", self.num_experts,
-            f"a multiple of the mesh's {num_devices} devices (expert e lives on device e // experts_per_gpu)")
-    return self.num_experts // num_devices
+  @property
+  def experts_per_node(self) -> int:
+    """m' = E / n, the experts one node holds (node routings only)."""
+    return self.num_experts // self.num_nodes
+
+  @property
+  def choices_per_token(self) -> int:
+    """K, the (token, expert) pairs each token is sent as."""
+    return self.top_k * (self.node_top_k if self.routing == "bilevel" else 1)
+
+  @property
+  def alpha(self) -> float:
+    default = 0.005 if self.routing == "bilevel" else 0.01
+    return default if self.load_balance_coef is None else self.load_balance_coef
+
+  @property
+  def beta(self) -> float:
+    return 0.005 if self.local_balance_coef is None else self.local_balance_coef
+
+  def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
+    """Returns experts_per_gpu on a nodes x gpus_per_node mesh, or raises naming the field."""
+    devices = nodes * gpus_per_node
+    require(self.num_experts % devices == 0, "num_experts", self.num_experts,
+            f"a multiple of the mesh's {devices} devices (expert e lives on device e // experts_per_gpu)")
+    if self.routing in NODE_ROUTINGS:
+      require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
+    return self.num_experts // devices

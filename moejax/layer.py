@@ -9,6 +9,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -20,22 +21,24 @@ from moejax import transport as transport_lib
 from moejax.config import ConfigError, MoEConfig
 
 ALL = mesh_lib.AXES  # Both mesh axes as one: the flat device index.
-HOPS = {"ragged": transport_lib.FLAT_HOPS, "padded": transport_lib.FLAT_HOPS,
-        "hierarchical": transport_lib.HIERARCHICAL_HOPS}
+HOPS = {"ragged": transport_lib.FLAT_HOPS, "padded": transport_lib.FLAT_HOPS, "capacity": transport_lib.FLAT_HOPS,
+        "hierarchical": transport_lib.HIERARCHICAL_HOPS, "bilevel": transport_lib.BILEVEL_HOPS}
 
 
 def param_shapes(cfg: MoEConfig) -> dict:
   """The public parameter layout (DESIGN.md): name -> shape."""
   e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
-  shapes = {"router": {"kernel": (d, e)}, "w_in": (e, d, f), "w_out": (e, f, d)}
+  shapes = {name: {"kernel": (d, width)} for name, width in routing.router_widths(cfg).items()}
+  shapes.update({"w_in": (e, d, f), "w_out": (e, f, d)})
   if cfg.gated:
     shapes["w_gate"] = (e, d, f)
   return shapes
 
 
 def param_specs(cfg: MoEConfig) -> dict:
-  """Router replicated; experts sharded over both mesh axes on the expert dimension."""
-  specs = {"router": {"kernel": P()}, "w_in": P(ALL), "w_out": P(ALL)}
+  """Routers replicated; experts sharded over both mesh axes on the expert dimension."""
+  specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
+  specs.update({"w_in": P(ALL), "w_out": P(ALL)})
   if cfg.gated:
     specs["w_gate"] = P(ALL)
   return specs
@@ -44,19 +47,18 @@ def param_specs(cfg: MoEConfig) -> dict:
 def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
   """Fresh parameters with fan-in scaled normal initialisation."""
   shapes = param_shapes(cfg)
-  keys = dict(zip(["router", "w_in", "w_out", "w_gate"], jax.random.split(rng, 4)))
+  keys = dict(zip(["w_in", "w_out", "w_gate", *routing.router_names(cfg)], jax.random.split(rng, 5)))
   normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, dtype) / jnp.sqrt(fan_in)).astype(dtype)
-  params = {"router": {"kernel": normal(keys["router"], shapes["router"]["kernel"], cfg.d_model)}}
-  for name in ("w_in", "w_out", "w_gate"):
-    if name in shapes:
-      params[name] = normal(keys[name], shapes[name], shapes[name][1])
-  return params
+  return {name: {"kernel": normal(keys[name], shape["kernel"], cfg.d_model)} if isinstance(shape, dict)
+          else normal(keys[name], shape, shape[1]) for name, shape in shapes.items()}
 
 
 def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh) -> int:
   """Validates shapes and choices before tracing; returns experts_per_gpu."""
   n, m = mesh_lib.axis_sizes(mesh)
-  experts_per_gpu = cfg.check_mesh(n * m)
+  experts_per_gpu = cfg.check_mesh(n, m)
+  if not isinstance(params, dict):
+    raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
   want = param_shapes(cfg)
   got = jax.tree.map(lambda a: tuple(a.shape), params)
   if got != want:
@@ -73,13 +75,17 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   return experts_per_gpu
 
 
+# Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
+# shard_map op by op; inside an outer jit it is inlined.
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
               rng: jax.Array | None = None, train: bool = False) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d], sharded over both mesh axes -> (y like x, aux).
 
   aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training loss), expert_counts
   [E] (token-choices each expert processed), tokens_dropped (token-choices dropped by capacity),
-  traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop).
+  traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop, hops
+  in the order of `hop_axes(cfg)`; `traffic_summary` splits them into inter- and intra-node traffic).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
   """
   experts_per_gpu = check_inputs(params, x, cfg, mesh)
@@ -107,9 +113,9 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
                kind: str):
   """One device's part of the layer: x [T, d] local tokens -> (y [T, d], aux)."""
   tokens, d = x_TxD.shape
-  k, num_experts = cfg.top_k, cfg.num_experts
+  k, num_experts = cfg.choices_per_token, cfg.num_experts
   router_in = x_TxD if noise_TxD is None else x_TxD * noise_TxD
-  decision = routing.route_topk(router_in, params["router"]["kernel"], cfg)
+  decision, stats = routing.route(router_in, params, cfg)
   ids_TxK = decision.expert_ids
   if cfg.capacity_factor is None:
     keep_TxK = jnp.ones_like(ids_TxK, bool)
@@ -130,7 +136,7 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
     y_NxD = transport_lib.capacity_combine(y_blocks, slots_N, ALL)
     traffic = [_global_traffic(_sends_per_device(kept_ids_N, experts_per_gpu, n * m), ALL, n, m)]
   else:
-    hops = HOPS[cfg.transport]
+    hops = hop_axes(cfg)
     rows_RxD, ids_R, route = transport_lib.dispatch(
         x_NxD, kept_ids_N, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
         max_rows=n * m * tokens * k, kind=kind)
@@ -140,12 +146,31 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
 
   weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
   y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_NxD.reshape(tokens, k, d).astype(jnp.float32))
-  stats = jax.lax.psum(routing.loss_stats(decision, num_experts), ALL)
-  aux = routing.aux_losses(stats, cfg)
+  aux = routing.aux_losses(jax.lax.psum(stats, ALL), cfg)
   aux["expert_counts"] = jax.lax.psum(_counts(kept_ids_N, num_experts), ALL)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), ALL)
   aux["traffic_rows"] = jnp.stack(traffic)
   return y_TxD.astype(x_TxD.dtype), aux
+
+
+def hop_axes(cfg: MoEConfig) -> tuple:
+  """The mesh axes each exchange hop of the transport runs over, in order."""
+  return HOPS[cfg.transport]
+
+
+def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:
+  """Per hop: rows and bytes that cross nodes (inter) or stay inside one (intra); a device's rows
+  to itself move no data and are left out. traffic_rows: [hops, D, D] from `aux`."""
+  traffic = np.asarray(traffic_rows, np.int64)
+  node = np.arange(traffic.shape[-1]) // gpus_per_node
+  crosses = node[:, None] != node[None, :]
+  itself = np.eye(traffic.shape[-1], dtype=bool)
+  summary = []
+  for hop in traffic:
+    inter, intra = int(hop[crosses].sum()), int(hop[~crosses & ~itself].sum())
+    summary.append({"inter_node_rows": inter, "intra_node_rows": intra,
+                    "inter_node_bytes": inter * bytes_per_row, "intra_node_bytes": intra * bytes_per_row})
+  return summary
 
 
 def _counts(ids_N, size):
@@ -191,7 +216,7 @@ def _global_traffic(send_A, axis_name, n, m):
 
 
 class Router(nnx.Module):
-  """Holds `router.kernel [d, E]`, so the module's state paths follow the parameter layout."""
+  """Holds one router's `kernel [d, width]`, so the module's state paths follow the parameter layout."""
 
   def __init__(self, kernel: jax.Array):
     self.kernel = nnx.Param(kernel)
@@ -205,11 +230,12 @@ class MoELayer(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, dtype=jnp.float32):
     self.cfg, self.mesh = cfg, mesh
-    cfg.check_mesh(mesh.size)
+    cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
     params = init_params(rngs.params(), cfg, dtype)
     place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     params = jax.tree.map(place, params, param_specs(cfg))
-    self.router = Router(params["router"]["kernel"])
+    for name in routing.router_names(cfg):
+      setattr(self, name, Router(params[name]["kernel"]))
     self.w_in = nnx.Param(params["w_in"])
     self.w_out = nnx.Param(params["w_out"])
     self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
@@ -217,7 +243,8 @@ class MoELayer(nnx.Module):
 
   def params(self) -> dict:
     """The parameters as a plain dict in the public layout."""
-    params = {"router": {"kernel": self.router.kernel[...]}, "w_in": self.w_in[...], "w_out": self.w_out[...]}
+    params = {name: {"kernel": getattr(self, name).kernel[...]} for name in routing.router_names(self.cfg)}
+    params.update({"w_in": self.w_in[...], "w_out": self.w_out[...]})
     if self.w_gate is not None:
       params["w_gate"] = self.w_gate[...]
     return params

@@ -2,8 +2,11 @@
 
 y[t] = sum_c keep[t, c] * w[t, c] * FFN_{e[t, c]}(x[t])
 
-where e[t, :] are the top-k experts of token t under softmax(x[t] @ router), w their (optionally
-renormalised) probabilities, and keep[t, c] = 0 only in capacity mode for token-choices past their
+where e[t, :] are the K experts the routing chooses for token t (topk: the top-k of
+softmax(x[t] @ router); bilevel: expert j of node i for the top nodes i of softmax(x[t] @ node_router)
+and the top local experts j of softmax(x[t] @ local_router), weight p_i * q_j; node_limited: the
+top-k among the experts of the best nodes), w their (optionally renormalised) weights, and
+keep[t, c] = 0 only in capacity mode for token-choices past their
 expert's capacity. Capacity is per dispatch group (one device's tokens: the global batch split into
 `num_groups` contiguous groups, as the mesh shards it): each group may send each expert
 ceil(capacity_factor * group_tokens * k / E) token-choices; all first choices of the group come
@@ -23,7 +26,7 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, num_groups: int) -> jax.Array:
   """[T, k] bool: by pairwise comparison, a choice is kept if fewer than C choices precede it."""
   tokens, k = ids_TxK.shape
   group_tokens = tokens // num_groups
-  capacity = math.ceil(cfg.capacity_factor * group_tokens * k / cfg.num_experts)
+  capacity = math.ceil(cfg.capacity_factor * group_tokens * cfg.choices_per_token / cfg.num_experts)
   token = jnp.arange(tokens)[:, None].repeat(k, 1).reshape(-1)
   choice = jnp.arange(k)[None, :].repeat(tokens, 0).reshape(-1)
   expert = ids_TxK.reshape(-1)
@@ -34,6 +37,48 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, num_groups: int) -> jax.Array:
   return (ahead < capacity).reshape(tokens, k)
 
 
+def _switch_loss(chosen_TxK, probs_TxE, coef):
+  """coef * E * sum_e f_e * P_e: f = fraction of choices made for e, P = mean probability of e."""
+  num = probs_TxE.shape[1]
+  f = jax.nn.one_hot(chosen_TxK, num).sum((0, 1)) / chosen_TxK.size
+  return coef * num * jnp.sum(f * probs_TxE.mean(0))
+
+
+def _z(logits):
+  return jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+
+
+def _route(x_TxD, params, cfg):
+  """(ids [T, K], weights [T, K], load-balance loss, z-loss) for the configured routing."""
+  if cfg.routing == "bilevel":
+    node_logits = x_TxD @ params["node_router"]["kernel"]
+    local_logits = x_TxD @ params["local_router"]["kernel"]
+    p, q = jax.nn.softmax(node_logits, -1), jax.nn.softmax(local_logits, -1)
+    p_top, nodes = jax.lax.top_k(p, cfg.node_top_k)
+    q_top, local = jax.lax.top_k(q, cfg.top_k)
+    ids, weights = [], []
+    for a in range(cfg.node_top_k):  # Choice rank a * top_k + b: a-th node, b-th local expert.
+      for b in range(cfg.top_k):
+        ids.append(nodes[:, a] * cfg.experts_per_node + local[:, b])
+        weights.append(p_top[:, a] * q_top[:, b])
+    load_balance = _switch_loss(nodes, p, cfg.alpha) + _switch_loss(local, q, cfg.beta)
+    z_loss = cfg.z_loss_coef * (_z(node_logits) + _z(local_logits))
+    return jnp.stack(ids, 1), jnp.stack(weights, 1), load_balance, z_loss
+  logits = x_TxD @ params["router"]["kernel"]
+  probs = jax.nn.softmax(logits, axis=-1)
+  if cfg.routing == "topk":
+    weights, ids = jax.lax.top_k(probs, cfg.top_k)
+  else:  # node_limited: nodes ranked by the sum of their two best expert probabilities
+    per_node = probs.reshape(probs.shape[0], cfg.num_nodes, cfg.experts_per_node)
+    best_two = jnp.sort(per_node, axis=-1)[..., ::-1][..., :2].sum(-1)
+    _, nodes = jax.lax.top_k(best_two, cfg.node_top_k)
+    node_of_expert = jnp.arange(cfg.num_experts) // cfg.experts_per_node
+    allowed = (node_of_expert[None, :, None] == nodes[:, None, :]).any(-1)
+    _, ids = jax.lax.top_k(jnp.where(allowed, probs, -1.0), cfg.top_k)
+    weights = jnp.take_along_axis(probs, ids, axis=1)
+  return ids, weights, _switch_loss(ids, probs, cfg.alpha), cfg.z_loss_coef * _z(logits)
+
+
 def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int = 1,
                   noise: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
@@ -42,11 +87,9 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
   multiplier [tokens, d] (jitter), or None.
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
-  tokens, k, num_experts = x_TxD.shape[0], cfg.top_k, cfg.num_experts
+  tokens, num_experts = x_TxD.shape[0], cfg.num_experts
   router_in = x_TxD if noise is None else x_TxD * noise
-  logits = router_in @ params["router"]["kernel"].astype(jnp.float32)
-  probs = jax.nn.softmax(logits, axis=-1)
-  weights, ids = jax.lax.top_k(probs, k)
+  ids, weights, load_balance, z_loss = _route(router_in, params, cfg)
   if cfg.renormalize:
     weights = weights / weights.sum(-1, keepdims=True)
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, num_groups)
@@ -59,10 +102,7 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
 
-  onehot = jax.nn.one_hot(ids, num_experts)  # [T, k, E]
-  f = onehot.sum((0, 1)) / (tokens * k)
-  load_balance = cfg.load_balance_coef * num_experts * jnp.sum(f * probs.mean(0))
-  z_loss = cfg.z_loss_coef * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+  onehot = jax.nn.one_hot(ids, num_experts)  # [T, K, E]
   aux = {
       "load_balance_loss": load_balance,
       "z_loss": z_loss,

@@ -1,7 +1,9 @@
-"""Routers: from token activations to a RoutingDecision, plus the auxiliary losses.
+"""Routers: from token activations to a RoutingDecision, plus the statistics of the auxiliary losses.
 
-All functions here work on the tokens they are given (one device's share inside `shard_map`); the
-layer sums the loss statistics over the mesh so that the losses are those of the global batch.
+`route` works on the tokens it is given (one device's share inside `shard_map`) and returns, next
+to the decision, per-device sums; the layer sums them over the mesh, so `aux_losses` gives the losses
+of the global batch. Routers are replicated (tied across devices): a token's route does not depend
+on the device that holds it.
 """
 
 import math
@@ -14,67 +16,119 @@ from moejax.config import MoEConfig
 
 
 class RoutingDecision(NamedTuple):
-  """expert_ids: [T, k] int32 chosen experts (descending probability); weights: [T, k] fp32 combine
-  weights; probs: [T, E] fp32 router probabilities; logits: [T, E] fp32."""
+  """expert_ids: [T, K] int32 global expert of each choice (index = priority rank);
+  weights: [T, K] fp32 combine weights."""
 
   expert_ids: jax.Array
   weights: jax.Array
-  probs: jax.Array
-  logits: jax.Array
 
 
-def route_topk(x_TxD: jax.Array, kernel_DxE: jax.Array, cfg: MoEConfig) -> RoutingDecision:
-  """Softmax top-k router (Switch k=1, GShard k=2); ties go to the lower expert id."""
-  logits_TxE = jnp.dot(x_TxD.astype(jnp.float32), kernel_DxE.astype(jnp.float32))
-  probs_TxE = jax.nn.softmax(logits_TxE, axis=-1)
-  weights_TxK, ids_TxK = jax.lax.top_k(probs_TxE, cfg.top_k)
-  if cfg.renormalize:
-    weights_TxK = weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True)
-  return RoutingDecision(ids_TxK.astype(jnp.int32), weights_TxK, probs_TxE, logits_TxE)
+def router_names(cfg: MoEConfig) -> tuple[str, ...]:
+  """The router parameters of a routing, each {'kernel': [d, width]}."""
+  return ("node_router", "local_router") if cfg.routing == "bilevel" else ("router",)
+
+
+def router_widths(cfg: MoEConfig) -> dict[str, int]:
+  if cfg.routing == "bilevel":
+    return {"node_router": cfg.num_nodes, "local_router": cfg.experts_per_node}
+  return {"router": cfg.num_experts}
+
+
+def _softmax_router(x_TxD, params, name):
+  logits = jnp.dot(x_TxD.astype(jnp.float32), params[name]["kernel"].astype(jnp.float32))
+  return logits, jax.nn.softmax(logits, axis=-1)
+
+
+def _counts(ids, size):
+  return jnp.zeros(size, jnp.float32).at[ids.reshape(-1)].add(1.0)
+
+
+def _z_sum(logits):
+  z = jax.nn.logsumexp(logits, axis=-1)
+  return jnp.sum(z * z)
+
+
+def _renormalize(weights_TxK, cfg):
+  return weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True) if cfg.renormalize else weights_TxK
+
+
+def route(x_TxD: jax.Array, params: dict, cfg: MoEConfig) -> tuple[RoutingDecision, dict]:
+  """x [T, d] -> (decision, loss statistics: sums over these T tokens, to be summed over devices)."""
+  tokens = jnp.asarray(x_TxD.shape[0], jnp.float32)
+  if cfg.routing == "bilevel":
+    return _route_bilevel(x_TxD, params, cfg, tokens)
+  logits, probs_TxE = _softmax_router(x_TxD, params, "router")
+  if cfg.routing == "topk":
+    weights, ids = jax.lax.top_k(probs_TxE, cfg.top_k)
+  else:
+    weights, ids = _node_limited_top_k(probs_TxE, cfg)
+  stats = {"choice_counts": _counts(ids, cfg.num_experts), "prob_sums": jnp.sum(probs_TxE, axis=0),
+           "z_sum": _z_sum(logits), "tokens": tokens}
+  return RoutingDecision(ids.astype(jnp.int32), _renormalize(weights, cfg)), stats
+
+
+def _node_limited_top_k(probs_TxE, cfg):
+  """DeepSeek-V3 node-limited routing: top-k experts among the node_top_k best-scoring nodes."""
+  tokens, per_node = probs_TxE.shape[0], cfg.experts_per_node
+  probs_TxNxL = probs_TxE.reshape(tokens, cfg.num_nodes, per_node)
+  node_scores = jnp.sum(jax.lax.top_k(probs_TxNxL, min(2, per_node))[0], axis=-1)
+  _, nodes_TxM = jax.lax.top_k(node_scores, cfg.node_top_k)
+  allowed_TxN = jnp.zeros((tokens, cfg.num_nodes), bool).at[jnp.arange(tokens)[:, None], nodes_TxM].set(True)
+  masked = jnp.where(jnp.repeat(allowed_TxN, per_node, axis=1), probs_TxE, -1.0)
+  _, ids = jax.lax.top_k(masked, cfg.top_k)
+  return jnp.take_along_axis(probs_TxE, ids, axis=1), ids
+
+
+def _route_bilevel(x_TxD, params, cfg, tokens):
+  """SMILE (Eq. 3): token -> top nodes i by p, then top local experts j by q; weight p_i * q_j."""
+  node_logits, p_TxN = _softmax_router(x_TxD, params, "node_router")
+  local_logits, q_TxL = _softmax_router(x_TxD, params, "local_router")
+  p_top, nodes = jax.lax.top_k(p_TxN, cfg.node_top_k)
+  q_top, local = jax.lax.top_k(q_TxL, cfg.top_k)
+  # Choice (a, b) = a-th node, b-th local expert, at rank a * top_k + b.
+  ids = (nodes[:, :, None] * cfg.experts_per_node + local[:, None, :]).reshape(x_TxD.shape[0], -1)
+  weights = (p_top[:, :, None] * q_top[:, None, :]).reshape(x_TxD.shape[0], -1)
+  stats = {"node_counts": _counts(nodes, cfg.num_nodes), "node_prob_sums": jnp.sum(p_TxN, axis=0),
+           "local_counts": _counts(local, cfg.experts_per_node), "local_prob_sums": jnp.sum(q_TxL, axis=0),
+           "z_sum": _z_sum(node_logits) + _z_sum(local_logits), "tokens": tokens}
+  return RoutingDecision(ids.astype(jnp.int32), _renormalize(weights, cfg)), stats
+
+
+def aux_losses(stats: dict, cfg: MoEConfig) -> dict[str, jax.Array]:
+  """Load-balance loss and router z-loss from global statistics.
+
+  topk / node_limited: Switch's alpha * E * sum_e f_e P_e (f: fraction of token-choices sent to e,
+  P: mean router probability). bilevel: SMILE's Eq. 4, alpha * n * sum_i f_i P_i + beta * m' *
+  sum_j f_j Q_j over nodes i and local experts j (minimum alpha + beta under uniform routing).
+  z-loss: z_loss_coef * mean over tokens of logsumexp(logits)^2 (summed over both routers).
+  """
+  tokens = stats["tokens"]
+
+  def switch(counts, prob_sums, coef, choices):
+    return coef * counts.shape[0] * jnp.sum(counts / (tokens * choices) * prob_sums / tokens)
+
+  if cfg.routing == "bilevel":
+    load_balance = (switch(stats["node_counts"], stats["node_prob_sums"], cfg.alpha, cfg.node_top_k)
+                    + switch(stats["local_counts"], stats["local_prob_sums"], cfg.beta, cfg.top_k))
+  else:
+    load_balance = switch(stats["choice_counts"], stats["prob_sums"], cfg.alpha, cfg.top_k)
+  z_loss = cfg.z_loss_coef * stats["z_sum"] / tokens
+  return {"load_balance_loss": load_balance, "z_loss": z_loss, "aux_loss": load_balance + z_loss}
 
 
 def expert_capacity(cfg: MoEConfig, local_tokens: int) -> int:
-  """Token-choices one device may send to one expert: ceil(capacity_factor * tokens * k / E)."""
-  return math.ceil(cfg.capacity_factor * local_tokens * cfg.top_k / cfg.num_experts)
+  """Token-choices one device may send to one expert: ceil(capacity_factor * tokens * K / E)."""
+  return math.ceil(cfg.capacity_factor * local_tokens * cfg.choices_per_token / cfg.num_experts)
 
 
 def queue_positions(ids_TxK: jax.Array, num_experts: int) -> jax.Array:
-  """[T, k] position of each token-choice in its expert's queue.
+  """[T, K] position of each token-choice in its expert's queue.
 
   Priority: every first choice before any second choice, and so on; within a choice rank, earlier
   tokens first (GShard). A choice is kept under capacity C iff its position is < C.
   """
   tokens, k = ids_TxK.shape
-  ids_choice_major = ids_TxK.T.reshape(-1)  # [k*T], rank 0 of every token first
+  ids_choice_major = ids_TxK.T.reshape(-1)  # [K*T], rank 0 of every token first
   onehot = jax.nn.one_hot(ids_choice_major, num_experts, dtype=jnp.int32)
   positions = jnp.take_along_axis(jnp.cumsum(onehot, axis=0) - 1, ids_choice_major[:, None], axis=1)
   return positions.reshape(k, tokens).T
-
-
-class LossStats(NamedTuple):
-  """Per-device sums that become the global auxiliary losses once summed over the mesh.
-
-  choice_counts: [E] token-choices routed to each expert (before any drop); prob_sums: [E] sum over
-  tokens of the router probabilities; z_sum: scalar sum over tokens of logsumexp(logits)^2;
-  tokens: scalar token count."""
-
-  choice_counts: jax.Array
-  prob_sums: jax.Array
-  z_sum: jax.Array
-  tokens: jax.Array
-
-
-def loss_stats(decision: RoutingDecision, num_experts: int) -> LossStats:
-  counts = jnp.zeros(num_experts, jnp.float32).at[decision.expert_ids.reshape(-1)].add(1.0)
-  z = jax.nn.logsumexp(decision.logits, axis=-1)
-  return LossStats(counts, jnp.sum(decision.probs, axis=0), jnp.sum(z * z),
-                   jnp.asarray(decision.probs.shape[0], jnp.float32))
-
-
-def aux_losses(stats: LossStats, cfg: MoEConfig) -> dict[str, jax.Array]:
-  """Switch load-balance loss alpha * E * sum_e f_e * P_e and the router z-loss, from global stats."""
-  f_E = stats.choice_counts / (stats.tokens * cfg.top_k)
-  p_E = stats.prob_sums / stats.tokens
-  load_balance = cfg.load_balance_coef * cfg.num_experts * jnp.sum(f_E * p_E)
-  z_loss = cfg.z_loss_coef * stats.z_sum / stats.tokens
-  return {"load_balance_loss": load_balance, "z_loss": z_loss, "aux_loss": load_balance + z_loss}

@@ -5,7 +5,8 @@
 worst-case blocks, so it runs on every backend and is the oracle `ragged` is checked against.
 
 `dispatch` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
-axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH).
+axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
+bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
 Row buffers are sized for the worst case, so no routing can overflow them.
 """
 
@@ -18,7 +19,8 @@ from moejax import mesh as mesh_lib
 from moejax import plan as plan_lib
 
 FLAT_HOPS = ((mesh_lib.NODE, mesh_lib.GPU),)
-HIERARCHICAL_HOPS = (mesh_lib.GPU, mesh_lib.NODE)
+HIERARCHICAL_HOPS = (mesh_lib.GPU, mesh_lib.NODE)  # Tutel-2DH / DeepSpeed: inside the node first
+BILEVEL_HOPS = (mesh_lib.NODE, mesh_lib.GPU)  # SMILE: to the node first, then to the GPU in it
 
 
 def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):

@@ -11,15 +11,25 @@ ACT = {"gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.0447
 
 def moe_numpy(params, x, cfg, num_groups=1):
   """x [T, d] -> (y [T, d], dropped count, expert counts [E]); all float64."""
-  p = {k: np.asarray(v, np.float64) for k, v in params.items() if k != "router"}
-  router = np.asarray(params["router"]["kernel"], np.float64)
+  p = {k: np.asarray(v, np.float64) for k, v in params.items() if not k.endswith("router")}
   x = np.asarray(x, np.float64)
-  tokens, k, num_experts = x.shape[0], cfg.top_k, cfg.num_experts
-  logits = x @ router
-  probs = np.exp(logits - logits.max(-1, keepdims=True))
-  probs /= probs.sum(-1, keepdims=True)
-  ids = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
-  weights = np.take_along_axis(probs, ids, -1)
+  tokens, num_experts = x.shape[0], cfg.num_experts
+
+  def softmax_top(name, k):
+    logits = x @ np.asarray(params[name]["kernel"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    top = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    return top, np.take_along_axis(probs, top, -1)
+
+  if cfg.routing == "bilevel":  # expert j of node i, weight p_i * q_j, node-major choice order
+    nodes, p_top = softmax_top("node_router", cfg.node_top_k)
+    local, q_top = softmax_top("local_router", cfg.top_k)
+    ids = (nodes[:, :, None] * (num_experts // cfg.num_nodes) + local[:, None, :]).reshape(tokens, -1)
+    weights = (p_top[:, :, None] * q_top[:, None, :]).reshape(tokens, -1)
+  else:
+    ids, weights = softmax_top("router", cfg.top_k)
+  k = ids.shape[1]
   if cfg.renormalize:
     weights /= weights.sum(-1, keepdims=True)
   keep = np.ones((tokens, k), bool)
