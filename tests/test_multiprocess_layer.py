@@ -12,11 +12,12 @@ from moejax.layer import init_params, moe_apply
 from tests.test_launch import ENV, ROOT
 
 
-@pytest.mark.parametrize("transport,cf", [("hierarchical", 1.25), ("padded", None)])
-def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, transport, cf):
+@pytest.mark.parametrize("routing,transport,cf", [("topk", "hierarchical", 1.25), ("topk", "padded", None),
+                                                ("bilevel", "bilevel", 2.0)])
+def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, transport, cf):
   out = tmp_path / "y.npz"
-  overrides = [f"--config.moe.transport={transport}", f"--config.output={out}", "--config.tokens=128",
-               "--config.steps=1"]
+  overrides = [f"--config.moe.routing={routing}", f"--config.moe.transport={transport}", f"--config.output={out}",
+               "--config.tokens=128", "--config.steps=1"]
   if cf is not None:
     overrides.append(f"--config.moe.capacity_factor={cf}")
   run = subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", "2", "--devices-per-process", "4",
@@ -28,7 +29,7 @@ def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, transport, 
   sys.path.insert(0, str(ROOT))
   from configs import demo  # the same config the processes read
   config = demo.get_config()
-  moe = {**config.moe.to_dict(), "transport": transport, "capacity_factor": cf}
+  moe = {**config.moe.to_dict(), "routing": routing, "transport": transport, "capacity_factor": cf}
   cfg = MoEConfig.from_mapping(moe)
   params = init_params(jax.random.key(config.seed), cfg)
   y, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, result["x"])
