@@ -1,0 +1,40 @@
+"""The default scaling sweep: every scheme on 1, 2 and 4 nodes x 4 GPUs of a P4d-like cluster.
+
+Each point runs the layer on simulated CPU devices with 32 tokens per device and a tiny layer
+(d 32, f 64: routing statistics do not depend on the widths), then prices a small BERT-like model
+(d 512, f 2048, 8 layers of which 4 MoE, micro batch 32 x 128 tokens) on the p4d_efa topology.
+Runs in a few minutes on 2 CPU cores.
+
+  python -m experiments.scaling --workdir=/tmp/scaling
+  python -m experiments.scaling --workdir=/tmp/scaling --config.topology=dgx_h100_ib --config.gpus_per_node="(2, 4)"
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.topology = "p4d_efa"  # a preset of moejax.cost.topology
+  config.device_rate_json = ""  # benchmark JSON with a measured FLOP/s; "" = datasheet peak x efficiency
+  config.nodes = (1, 2, 4)
+  config.gpus_per_node = (4,)
+  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+  config.scalings = ("weak", "strong")
+  config.global_batch = 512  # samples per step under strong scaling (fixed); weak: devices x micro_batch
+  config.models = ml_collections.ConfigDict({
+      "small": {"d_model": 512, "d_ff": 2048, "layers": 8, "moe_layers": 4, "seq_len": 128, "micro_batch": 32,
+                "vocab": 32128},
+  })
+  config.moe = ml_collections.ConfigDict({
+      "experts_per_gpu": 1,
+      "top_k": 1,  # experts per token (flat_dropless, hierarchical, node_limited; local experts for smile)
+      "node_top_k": 1,  # nodes per token for node_limited
+      "switch_capacity_factor": 2.0,
+      "smile_capacity_factor": 2.0,  # SMILE Sec. 4.1
+      "activation": "gelu",
+      "gated": False,
+      "dtype": "bfloat16",  # 2 bytes per element moved and the compute dtype of measured points
+  })
+  config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 32, "d_model": 32, "d_ff": 64, "seed": 0})
+  config.measure = ml_collections.ConfigDict({"warmup": 3, "repeats": 10})  # GPU points only
+  return config

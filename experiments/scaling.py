@@ -1,0 +1,46 @@
+"""Scaling sweep: routing/transport schemes over meshes, model sizes, weak and strong scaling.
+
+  python -m experiments.scaling --workdir=/tmp/scaling                  # configs/scaling_default.py
+  python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile
+  python -m experiments.scaling --workdir=/tmp/s --config.schemes="('switch', 'smile')" --config.nodes="(1, 2)"
+
+Each point runs the real MoE layer on a simulated CPU mesh of its shape and prices the traffic it
+produced with the cluster cost model at the model's token counts (rows labelled 'modelled'); on a
+GPU machine, single-node points are also timed (rows labelled 'measured'). See moejax/scaling.py.
+Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again;
+results go to results.csv, results.json, throughput.png and breakdown.png in the workdir.
+"""
+
+import os
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from moejax import mesh as mesh_lib
+from moejax import scaling
+from moejax import scaling_report
+from moejax.config import ConfigError
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "scaling_default.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Sweep config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for finished points and results.", required=True)
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  try:
+    points = scaling.validate(config)
+    mesh_lib.simulate_cpu_devices(scaling.max_devices(points))  # Before JAX starts its backends.
+    rows, counts = scaling.run(config, _WORKDIR.value)
+  except (ConfigError, mesh_lib.MeshError) as e:
+    sys.exit(f"error: {e}")
+  logging.info("%d point(s) computed, %d done before", counts["computed"], counts["skipped"])
+  paths = scaling_report.write_all(rows, config, _WORKDIR.value)
+  print(scaling_report.comparison_table(rows))
+  print("wrote", ", ".join(paths.values()))
+
+
+if __name__ == "__main__":
+  app.run(main)

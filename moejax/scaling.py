@@ -1,0 +1,372 @@
+"""Scaling sweeps: routing/transport schemes over meshes, model sizes, weak and strong scaling.
+
+Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply`) on a simulated
+CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at
+the model's real shapes and token counts. Such rows are labelled 'modelled'. On GPUs, points whose
+mesh is the real machine are also timed; those rows are labelled 'measured'.
+
+How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the
+simulated layer routes `sim.tokens_per_gpu` random tokens per device with a freshly initialised
+router; its traffic matrix (rows each device sent to each device, every hop) and per-device expert
+rows are multiplied by T / sim.tokens_per_gpu and rounded, i.e. the routing fractions of the small
+run are kept and the rows scale linearly. Tokens the scheme dropped by capacity in the small run are
+dropped in the same proportion; capacity binds harder on few tokens, so `sim_dropped_fraction`
+is reported with every row. The dense capacity dispatch ('switch') moves every slot whatever the
+routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
+C = ceil(capacity_factor * T * k / E) and every slot computed.
+
+The step model (per GPU, forward and backward of one micro batch, then the gradient sync):
+  micro = 3 * dense FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
+  dense FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T
+  step = accumulation * micro + ring all-reduce of the dense parameters over all devices
+Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch
+per step, the global batch grows with the devices); strong = fixed global batch `global_batch` and
+fixed micro batch (accumulation = global_batch / (devices * micro_batch) falls as devices grow).
+Throughput is global_batch / step in samples/s.
+"""
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import mesh as mesh_lib
+from moejax.config import DTYPES, ConfigError, MoEConfig, require
+from moejax.cost import collectives
+from moejax.cost import model as cost_model
+from moejax.cost import topology as topology_lib
+from moejax.cost import traffic as traffic_lib
+from moejax.layer import ALL, hop_axes, init_params, moe_apply, param_specs, traffic_summary
+
+SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+SCALINGS = ("weak", "strong")
+MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
+POINTS_FILE = "points.jsonl"
+# MoEConfig fields -> the sweep config fields that set them, so errors name what the user wrote.
+_MOE_FIELDS = {"num_experts": "moe.experts_per_gpu", "top_k": "moe.top_k", "node_top_k": "moe.node_top_k",
+               "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One point of the sweep; `label` is 'modelled' or 'measured'."""
+
+  scheme: str
+  nodes: int
+  gpus_per_node: int
+  model: str
+  scaling: str
+  label: str = "modelled"
+
+  @property
+  def devices(self) -> int:
+    return self.nodes * self.gpus_per_node
+
+  @property
+  def mesh(self) -> str:
+    return f"{self.nodes}x{self.gpus_per_node}"
+
+
+def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
+  """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`)."""
+  common = dict(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff, activation=moe.activation,
+                gated=moe.gated, dtype=moe.dtype)
+  flat = "padded" if platform == "cpu" else "ragged"
+  fields = {
+      "switch": dict(routing="topk", top_k=1, transport="capacity", capacity_factor=moe.switch_capacity_factor),
+      "flat_dropless": dict(routing="topk", top_k=moe.top_k, transport=flat),
+      "hierarchical": dict(routing="topk", top_k=moe.top_k, transport="hierarchical"),
+      "smile": dict(routing="bilevel", top_k=moe.top_k, num_nodes=n, transport="bilevel",
+                    capacity_factor=moe.smile_capacity_factor),
+      "node_limited": dict(routing="node_limited", top_k=moe.top_k, num_nodes=n, node_top_k=moe.node_top_k,
+                           transport="bilevel"),
+  }[scheme]
+  try:
+    return MoEConfig(**common, **fields)
+  except ConfigError as e:
+    field = f"moe.{scheme}_capacity_factor" if e.field == "capacity_factor" else _MOE_FIELDS.get(e.field, e.field)
+    require(False, field, e.value, f"{e.allowed} (scheme {scheme!r} on mesh {n}x{m})")
+
+
+def _positive_ints(value) -> bool:
+  return (isinstance(value, (tuple, list)) and len(value) > 0
+          and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value))
+
+
+def validate(config) -> list[Point]:
+  """Checks every field before JAX starts; returns the modelled points in run order."""
+  require(config.topology in topology_lib.PRESETS, "topology", config.topology,
+          f"one of {sorted(topology_lib.PRESETS)}")
+  require(not config.device_rate_json or os.path.isfile(config.device_rate_json), "device_rate_json",
+          config.device_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
+  for field in ("nodes", "gpus_per_node"):
+    require(_positive_ints(config[field]), field, config[field], "a non-empty tuple of positive ints")
+  max_gpus = topology_lib.get(config.topology)["gpus_per_node"]
+  require(max(config.gpus_per_node) <= max_gpus, "gpus_per_node", config.gpus_per_node,
+          f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}")
+  for field, allowed in (("schemes", SCHEMES), ("scalings", SCALINGS)):
+    value = config[field]
+    require(isinstance(value, (tuple, list)) and len(value) > 0 and set(value) <= set(allowed), field, value,
+            f"a non-empty tuple of {allowed}")
+  require(len(config.models) > 0, "models", config.models, "at least one named model")
+  for name, model in config.models.items():
+    unknown = sorted(set(model) - set(MODEL_FIELDS))
+    require(not unknown, f"models.{name}", unknown, f"only the fields {MODEL_FIELDS}")
+    for field in MODEL_FIELDS:
+      value = model.get(field)
+      require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"models.{name}.{field}",
+              value, "a positive int")
+    require(model.moe_layers <= model.layers, f"models.{name}.moe_layers", model.moe_layers,
+            f"at most layers={model.layers}")
+  require(config.moe.dtype in DTYPES, "moe.dtype", config.moe.dtype, f"one of {DTYPES}")
+  for field in ("tokens_per_gpu", "d_model", "d_ff", "seed"):
+    value = config.sim[field]
+    require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
+            "an int >= 0" if field == "seed" else "a positive int")
+  for field in ("warmup", "repeats"):
+    require(isinstance(config.measure[field], int) and config.measure[field] >= 1, f"measure.{field}",
+            config.measure[field], "a positive int")
+  meshes = [(n, m) for m in config.gpus_per_node for n in config.nodes]
+  if "strong" in config.scalings:
+    for name, model in config.models.items():
+      for n, m in meshes:
+        require(isinstance(config.global_batch, int) and config.global_batch % (n * m * model.micro_batch) == 0,
+                "global_batch", config.global_batch,
+                f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
+                "for strong scaling")
+  for n, m in meshes:
+    for scheme in config.schemes:
+      scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+  return [Point(scheme, n, m, name, scaling) for n, m in meshes for scheme in config.schemes
+          for name in config.models for scaling in config.scalings]
+
+
+def max_devices(points: list[Point]) -> int:
+  return max(p.devices for p in points)
+
+
+def point_key(point: Point, config) -> str:
+  """A digest of everything the point's row depends on, so reruns skip only identical points."""
+  model = config.models[point.model].to_dict()
+  settings = {"topology": config.topology, "device_rate_json": config.device_rate_json,
+              "moe": config.moe.to_dict(), "sim": config.sim.to_dict()}
+  if point.scaling == "strong":
+    settings["global_batch"] = config.global_batch
+  if point.label == "measured":
+    settings["measure"] = config.measure.to_dict()
+  text = json.dumps([dataclasses.asdict(point), model, settings], sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
+  """An n x m mesh of simulated CPU devices (also on a GPU machine)."""
+  cpus = jax.devices("cpu")
+  if len(cpus) < n * m:
+    raise mesh_lib.MeshError(f"mesh {n}x{m} needs {n * m} CPU devices, JAX has {len(cpus)}; call "
+                             f"moejax.mesh.simulate_cpu_devices({n * m}) before any JAX computation")
+  return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
+
+
+def _inputs(cfg: MoEConfig, mesh, tokens: int, seed: int, dtype):
+  """Fresh parameters and x [tokens, d] placed on `mesh` with the layer's shardings."""
+  params = init_params(jax.random.key(seed), cfg, dtype)
+  x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model), dtype)
+  params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), params, param_specs(cfg))
+  return params, jax.device_put(x, NamedSharding(mesh, P(ALL)))
+
+
+def simulate(scheme: str, n: int, m: int, config) -> dict:
+  """The real layer on a simulated n x m CPU mesh with sim.tokens_per_gpu tokens per device.
+
+  Returns traffic_rows [H, D, D], rows_per_device [D] (token-choices each device's experts got),
+  dropped (token-choices), tokens_per_gpu and seconds (compile and run).
+  """
+  cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+  cfg = dataclasses.replace(cfg, dtype="float32")
+  mesh = cpu_mesh(n, m)
+  start = time.perf_counter()
+  params, x = _inputs(cfg, mesh, n * m * config.sim.tokens_per_gpu, config.sim.seed, jnp.float32)
+  _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
+  counts = np.asarray(aux["expert_counts"], np.int64)
+  return {"traffic_rows": np.asarray(aux["traffic_rows"], np.int64),
+          "rows_per_device": counts.reshape(n * m, -1).sum(axis=1), "dropped": int(aux["tokens_dropped"]),
+          "tokens_per_gpu": config.sim.tokens_per_gpu, "seconds": time.perf_counter() - start}
+
+
+def device_rate(config) -> tuple[float, str]:
+  topology = topology_lib.get(config.topology)
+  if config.device_rate_json:
+    return cost_model.measured_rate(config.device_rate_json)
+  return cost_model.default_rate(topology)
+
+
+def _ffn_flops(tokens, d: int, f: int, gated: bool) -> float:
+  return float(cost_model.expert_flops(tokens, d, f, gated))
+
+
+def price_layer(sim: dict, point: Point, config) -> dict:
+  """The MoE layer of `point`'s model, priced at its micro batch from the scaled small run.
+
+  Returns the forward and forward+backward `Breakdown`s and the traffic statistics of the row.
+  """
+  model, moe = config.models[point.model], config.moe
+  n, m = point.nodes, point.gpus_per_node
+  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, "cpu")
+  tokens = model.micro_batch * model.seq_len
+  scale = tokens / sim["tokens_per_gpu"]
+  k = cfg.choices_per_token
+  if cfg.transport == "capacity":
+    capacity = math.ceil(cfg.capacity_factor * tokens * k / cfg.num_experts)
+    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, capacity)
+    processed = traffic_lib.rows_processed(rows)
+  else:
+    rows = np.rint(sim["traffic_rows"] * scale).astype(np.int64)
+    processed = np.rint(sim["rows_per_device"] * scale)
+  bytes_per_row = model.d_model * np.dtype(jnp.dtype(moe.dtype)).itemsize
+  router_width = n + cfg.num_experts // n if cfg.routing == "bilevel" else cfg.num_experts
+  other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
+  flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
+  args = (rows, hop_axes(cfg), (n, m), bytes_per_row, flops, topology_lib.get(config.topology), device_rate(config))
+  summary = traffic_summary(rows, m, bytes_per_row)
+  sent = sim["tokens_per_gpu"] * n * m * k
+  return {"forward": cost_model.price_layer(*args, other_flops=other_flops),
+          "train": cost_model.price_layer(*args, other_flops=other_flops, backward=True),
+          "router_width": router_width,
+          "inter_node_mb_per_gpu": 2 * sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
+          "intra_node_mb_per_gpu": 2 * sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+          "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
+          "sim_dropped_fraction": sim["dropped"] / sent, "token_scale": scale, "choices_per_token": k,
+          "capacity_factor": cfg.capacity_factor, "routing": cfg.routing, "transport": cfg.transport}
+
+
+def batch(point: Point, config) -> tuple[int, int]:
+  """(global batch in samples, micro batches per GPU per step) under the point's scaling."""
+  micro = config.models[point.model].micro_batch
+  if point.scaling == "weak":
+    return point.devices * micro, 1
+  return config.global_batch, config.global_batch // (point.devices * micro)
+
+
+def dense_params(model, router_width: int, gated: bool) -> float:
+  """Parameters replicated on every device (all-reduced each step): attention, dense FFNs, the
+  embedding and the routers. Experts are sharded one copy per expert, so they need no sync."""
+  ffn = (3 if gated else 2) * model.d_model * model.d_ff
+  return (model.layers * 4 * model.d_model ** 2 + (model.layers - model.moe_layers) * ffn
+          + model.vocab * model.d_model + model.moe_layers * model.d_model * router_width)
+
+
+def model_row(point: Point, config, layer: dict) -> dict:
+  """The modelled row of a point: the layer breakdown (forward, ms) and the training step."""
+  model, moe = config.models[point.model], config.moe
+  d, tokens = model.d_model, model.micro_batch * model.seq_len
+  topology = topology_lib.get(config.topology)
+  rate, rate_source = device_rate(config)
+  flops = 3 * tokens * (model.layers * (8 * d * d + 4 * model.seq_len * d) + 2 * d * model.vocab)
+  flops += 3 * (model.layers - model.moe_layers) * _ffn_flops(tokens, d, model.d_ff, moe.gated)
+  micro_s = flops / rate + model.moe_layers * layer["train"].total_s
+  global_batch, accumulation = batch(point, config)
+  param_bytes = dense_params(model, layer["router_width"], moe.gated) * np.dtype(jnp.dtype(moe.dtype)).itemsize
+  sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, topology).time_s
+  step_s = accumulation * micro_s + sync_s
+  fwd = layer["forward"]
+  stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width")}
+  return {**_identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
+          "accumulation": accumulation, "sim_tokens_per_gpu": config.sim.tokens_per_gpu, **stats,
+          "layer_inter_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_ms": 1e3 * fwd.intra_node_a2a_s,
+          "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
+          "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s, "step_s": step_s,
+          "samples_per_s": global_batch / step_s, "topology": topology.name,
+          "device_tflops": rate / 1e12, "rate_source": rate_source}
+
+
+def _identity(point: Point) -> dict:
+  return {"scheme": point.scheme, "nodes": point.nodes, "gpus_per_node": point.gpus_per_node,
+          "devices": point.devices, "model": point.model, "scaling": point.scaling, "label": point.label}
+
+
+def fits_real_devices(n: int, m: int) -> bool:
+  """Whether an n x m mesh is this machine's real GPUs: one process, one node (untested on GPUs;
+  multi-host points are modelled only)."""
+  return jax.default_backend() == "gpu" and jax.process_count() == 1 and n == 1 and m <= jax.device_count()
+
+
+def measure(point: Point, config) -> dict:
+  """Wall-clock of one layer forward on real GPUs at the model's shapes and micro batch: warm-up,
+  then the median of measure.repeats timed calls. Untested: no GPU was available when written."""
+  model, moe = config.models[point.model], config.moe
+  cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff, "gpu")
+  mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node)
+  tokens = model.micro_batch * model.seq_len
+  params, x = _inputs(cfg, mesh, point.devices * tokens, config.sim.seed, jnp.dtype(moe.dtype))
+  layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
+  for _ in range(config.measure.warmup):
+    jax.block_until_ready(layer(params, x))
+  times = []
+  for _ in range(config.measure.repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(layer(params, x))
+    times.append(time.perf_counter() - start)
+  return {**_identity(point), "tokens_per_gpu": tokens, "layer_ms": 1e3 * statistics.median(times),
+          "layer_ms_min": 1e3 * min(times), "repeats": len(times), "device": jax.devices()[0].device_kind,
+          "jax_version": jax.__version__}
+
+
+def load_done(workdir: str) -> dict[str, dict]:
+  """key -> row of the points already in workdir/points.jsonl."""
+  path = os.path.join(workdir, POINTS_FILE)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return {row["key"]: row for row in rows}
+
+
+def run(config, workdir: str) -> tuple[list[dict], dict]:
+  """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes.
+
+  Returns (rows of this config's points in run order, {'computed': c, 'skipped': s}).
+  """
+  points = validate(config)
+  points += [dataclasses.replace(p, label="measured") for p in points
+             if p.scaling == config.scalings[0] and fits_real_devices(p.nodes, p.gpus_per_node)]
+  os.makedirs(workdir, exist_ok=True)
+  done = load_done(workdir)
+  sims, layers, rows, counts = {}, {}, [], {"computed": 0, "skipped": 0}
+  with open(os.path.join(workdir, POINTS_FILE), "a") as out:
+    for i, point in enumerate(points, 1):
+      key = point_key(point, config)
+      where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
+      if key in done:
+        rows.append(done[key])
+        counts["skipped"] += 1
+        logging.info("%s: done before, skipped", where)
+        continue
+      start = time.perf_counter()
+      if point.label == "measured":
+        row = measure(point, config)
+      else:
+        mesh_key = (point.scheme, point.nodes, point.gpus_per_node)
+        if mesh_key not in sims:
+          sims[mesh_key] = simulate(*mesh_key, config)
+        if (mesh_key, point.model) not in layers:
+          layers[mesh_key, point.model] = price_layer(sims[mesh_key], point, config)
+        row = model_row(point, config, layers[mesh_key, point.model])
+      row["key"] = key
+      out.write(json.dumps(row) + "\n")
+      out.flush()
+      rows.append(row)
+      counts["computed"] += 1
+      throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
+      logging.info("%s: layer %.4g ms%s (%.1f s)", where, row["layer_ms"], throughput,
+                   time.perf_counter() - start)
+  return rows, counts

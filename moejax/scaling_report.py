@@ -1,0 +1,136 @@
+"""Results of a scaling sweep (`moejax.scaling`): CSV, JSON, PNG plots and a printed comparison.
+
+Plots need matplotlib (`pip install -e '.[plot]'`); it is imported only when plotting.
+"""
+
+import csv
+import importlib.util
+import json
+import os
+
+from absl import logging
+
+COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
+           "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
+           "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction", "expert_load_imbalance",
+           "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_ms", "layer_intra_ms",
+           "layer_expert_ms", "layer_other_ms", "layer_ms", "grad_sync_ms", "step_s", "samples_per_s",
+           "topology", "device_tflops", "rate_source", "layer_ms_min", "repeats", "device", "key")
+PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-node all-to-all"),
+         ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+  """One line per row; fields a row lacks (measured rows have no breakdown) are left empty."""
+  with open(path, "w", newline="") as f:
+    writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
+def write_json(rows: list[dict], config, path: str) -> None:
+  with open(path, "w") as f:
+    json.dump({"config": config.to_dict(), "rows": rows}, f, indent=1)
+
+
+def _grid(count: int, width: float = 5.5):
+  """A figure with `count` panels of `width` inches, three per line."""
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  cols = min(count, 3)
+  rows = -(-count // cols)
+  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
+  for ax in axes.flat[count:]:
+    ax.set_visible(False)
+  return plt, fig, axes.flat
+
+
+def plot_throughput(rows: list[dict], path: str) -> None:
+  """Modelled samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node."""
+  rows = [r for r in rows if r["label"] == "modelled"]
+  panels = sorted({(r["model"], r["scaling"]) for r in rows})
+  plt, fig, axes = _grid(len(panels))
+  for ax, (model, scaling) in zip(axes, panels):
+    lines = sorted({(r["scheme"], r["gpus_per_node"]) for r in rows if (r["model"], r["scaling"]) == (model, scaling)})
+    for scheme, m in lines:
+      points = sorted((r["nodes"], r["samples_per_s"]) for r in rows
+                      if (r["model"], r["scaling"], r["scheme"], r["gpus_per_node"]) == (model, scaling, scheme, m))
+      ax.plot(*zip(*points), marker="o", label=f"{scheme} ({m} GPUs/node)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("nodes")
+    ax.set_ylabel("samples/s (modelled)")
+    ax.set_title(f"{model}, {scaling} scaling")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def plot_breakdown(rows: list[dict], path: str) -> None:
+  """Stacked per-layer forward time (SMILE Table 3 / Fig. 9): one panel per model, one bar per
+  (mesh, scheme). The layer does not depend on the scaling, so one scaling's rows are drawn."""
+  rows = [r for r in rows if r["label"] == "modelled"]
+  rows = [r for r in rows if r["scaling"] == rows[0]["scaling"]]
+  models = list(dict.fromkeys(r["model"] for r in rows))
+  plt, fig, axes = _grid(len(models), width=max(5.5, 0.3 * len(rows) / len(models)))
+  for ax, model in zip(axes, models):
+    bars = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["gpus_per_node"], r["nodes"]))
+    bottom = [0.0] * len(bars)
+    for field, name in PARTS:
+      heights = [r[field] for r in bars]
+      ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
+      bottom = [b + h for b, h in zip(bottom, heights)]
+    ax.set_xticks(range(len(bars)), [f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}" for r in bars],
+                  rotation=90, fontsize=7)
+    ax.set_ylabel("ms per MoE layer forward (modelled)")
+    ax.set_title(f"{model}: one layer, one micro batch")
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def comparison_table(rows: list[dict]) -> str:
+  """One line per (model, mesh, scheme): the layer breakdown (ms), samples/s per scaling and the
+  ratio to 'switch' on the same mesh; measured layer times where there are any."""
+  modelled = [r for r in rows if r["label"] == "modelled"]
+  measured = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"]): r["layer_ms"]
+              for r in rows if r["label"] == "measured"}
+  scalings = list(dict.fromkeys(r["scaling"] for r in modelled))
+  by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
+  keys = list(dict.fromkeys(k[:4] for k in by_point))
+  head = f"{'model':10s} {'mesh':>6s} {'scheme':14s} {'inter':>8s} {'intra':>8s} {'expert':>8s} {'other':>8s} {'layer':>8s}"
+  head += "".join(f" {s + ' samples/s':>18s} {'vs switch':>9s}" for s in scalings)
+  lines = ["modelled per-layer forward (ms) and training throughput" + (", measured layer ms" if measured else ""),
+           head + (f" {'measured':>9s}" if measured else "")]
+  for model, n, m, scheme in keys:
+    first = by_point[model, n, m, scheme, scalings[0]]
+    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(
+        f" {first[field]:8.3f}" for field in ("layer_inter_ms", "layer_intra_ms", "layer_expert_ms", "layer_other_ms",
+                                             "layer_ms"))
+    for scaling in scalings:
+      row, switch = by_point.get((model, n, m, scheme, scaling)), by_point.get((model, n, m, "switch", scaling))
+      line += f" {row['samples_per_s']:18.5g}" if row else f" {'':18s}"
+      line += f" {row['samples_per_s'] / switch['samples_per_s']:8.2f}x" if row and switch else f" {'':9s}"
+    if measured:
+      value = measured.get((model, n, m, scheme))
+      line += f" {value:9.3f}" if value is not None else f" {'':9s}"
+    lines.append(line)
+  return "\n".join(lines)
+
+
+def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
+  """results.csv, results.json, throughput.png and breakdown.png in workdir (the plots only when
+  matplotlib is installed); returns the paths written."""
+  paths = {name: os.path.join(workdir, name)
+           for name in ("results.csv", "results.json", "throughput.png", "breakdown.png")}
+  write_csv(rows, paths["results.csv"])
+  write_json(rows, config, paths["results.json"])
+  if importlib.util.find_spec("matplotlib") is None:
+    logging.warning("matplotlib is not installed (pip install -e '.[plot]'), so no plots were drawn")
+    return {name: path for name, path in paths.items() if not name.endswith(".png")}
+  plot_throughput(rows, paths["throughput.png"])
+  plot_breakdown(rows, paths["breakdown.png"])
+  return paths
