@@ -1,0 +1,57 @@
+"""What the models learn to predict: BERT masking for the MLM, next tokens for the causal LM.
+
+Both objectives turn a batch of token ids into inputs, the positions to predict, their targets and
+weights; the model computes logits only at those positions (for the MLM, the masked ones: 15% of
+the vocabulary projection's cost), and the loss is the weighted mean cross-entropy. Randomness comes from one key per step, so masks are
+identical however the batch is sharded or split across processes.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def bert_mask(key: jax.Array, tokens_BxL: jax.Array, *, mask_id: int, first_ordinary: int, num_ordinary: int,
+              mask_prob: float = 0.15) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """BERT's masking: P = round(mask_prob * L) positions per sequence, drawn uniformly among its
+  ordinary tokens (ids in [first_ordinary, first_ordinary + num_ordinary); never padding or
+  separators). A chosen token becomes mask_id with probability 0.8, a uniformly random ordinary
+  token with 0.1, and stays itself with 0.1.
+
+  Returns inputs [B, L], positions [B, P] int32 (the chosen positions), targets [B, P] (the original
+  tokens there) and weights [B, P] fp32 (0 where a sequence has fewer than P ordinary tokens).
+  """
+  select_key, action_key, random_key = jax.random.split(key, 3)
+  b, l = tokens_BxL.shape
+  num_predictions = max(1, round(mask_prob * l))
+  ordinary_BxL = (tokens_BxL >= first_ordinary) & (tokens_BxL < first_ordinary + num_ordinary)
+  scores_BxL = jnp.where(ordinary_BxL, jax.random.uniform(select_key, (b, l)), -1.0)
+  scores_BxP, positions_BxP = jax.lax.top_k(scores_BxL, num_predictions)
+  weights_BxP = (scores_BxP >= 0).astype(jnp.float32)
+  targets_BxP = jnp.take_along_axis(tokens_BxL, positions_BxP, axis=1)
+  action_BxP = jax.random.uniform(action_key, (b, num_predictions))
+  random_BxP = jax.random.randint(random_key, (b, num_predictions), first_ordinary,
+                                  first_ordinary + num_ordinary, tokens_BxL.dtype)
+  replaced_BxP = jnp.where(action_BxP < 0.8, mask_id, jnp.where(action_BxP < 0.9, random_BxP, targets_BxP))
+  replaced_BxP = jnp.where(weights_BxP > 0, replaced_BxP, targets_BxP)
+  rows_Bx1 = jnp.arange(b)[:, None]
+  inputs_BxL = tokens_BxL.at[rows_Bx1, positions_BxP].set(replaced_BxP.astype(tokens_BxL.dtype))
+  return inputs_BxL, positions_BxP.astype(jnp.int32), targets_BxP, weights_BxP
+
+
+def next_token(tokens_BxL: jax.Array, *, pad_id: int) -> tuple[jax.Array, None, jax.Array, jax.Array]:
+  """Causal LM: inputs are the tokens and every position predicts the next token (the last has no
+  target). Returns inputs [B, L], positions None (= all), targets [B, L] and weights [B, L]."""
+  targets_BxL = jnp.concatenate([tokens_BxL[:, 1:], jnp.full_like(tokens_BxL[:, :1], pad_id)], axis=1)
+  weights_BxL = jnp.ones(tokens_BxL.shape, jnp.float32).at[:, -1].set(0.0)
+  return tokens_BxL, None, targets_BxL, weights_BxL
+
+
+def cross_entropy_sums(logits_BxPxV: jax.Array, targets_BxP: jax.Array,
+                       weights_BxP: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(sum of weighted cross-entropy, weighted count of correct argmax predictions), both fp32."""
+  logits_BxPxV = logits_BxPxV.astype(jnp.float32)
+  log_z_BxP = jax.nn.logsumexp(logits_BxPxV, axis=-1)
+  target_logit_BxP = jnp.take_along_axis(logits_BxPxV, targets_BxP[..., None], axis=-1)[..., 0]
+  loss = jnp.sum((log_z_BxP - target_logit_BxP) * weights_BxP)
+  correct = jnp.sum((jnp.argmax(logits_BxPxV, axis=-1) == targets_BxP) * weights_BxP)
+  return loss, correct
