@@ -36,7 +36,8 @@ def main(argv):
     rows, counts = scaling.run(config, _WORKDIR.value)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
-  logging.info("%d point(s) computed, %d done before", counts["computed"], counts["skipped"])
+  logging.info("%d point(s) computed (%d small runs), %d done before", counts["computed"], counts["simulated"],
+               counts["skipped"])
   paths = scaling_report.write_all(rows, config, _WORKDIR.value)
   print(scaling_report.comparison_table(rows))
   print("wrote", ", ".join(paths.values()))

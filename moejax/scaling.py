@@ -6,14 +6,17 @@ the model's real shapes and token counts. Such rows are labelled 'modelled'. On 
 mesh is the real machine are also timed; those rows are labelled 'measured'.
 
 How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the
-simulated layer routes `sim.tokens_per_gpu` random tokens per device with a freshly initialised
-router; its traffic matrix (rows each device sent to each device, every hop) and per-device expert
-rows are multiplied by T / sim.tokens_per_gpu and rounded, i.e. the routing fractions of the small
-run are kept and the rows scale linearly. Tokens the scheme dropped by capacity in the small run are
-dropped in the same proportion; capacity binds harder on few tokens, so `sim_dropped_fraction`
-is reported with every row. The dense capacity dispatch ('switch') moves every slot whatever the
-routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
-C = ceil(capacity_factor * T * k / E) and every slot computed.
+simulated layer (widths sim.d_model, sim.d_ff) routes `sim.tokens_per_gpu` random N(0, 1) tokens
+per device with an untrained router (with sim.balanced_router, one whose expert columns have equal
+norms: near-uniform routing, as a load-balancing loss aims for). Its traffic matrix (rows each
+device sent to each device, every hop) and per-device expert rows are multiplied by
+T / sim.tokens_per_gpu and rounded: the routing fractions of the small run are kept and the rows
+scale linearly. Two effects of the small run carry over: its sampling noise (the busiest device's
+excess load shrinks with more tokens, so scaling it up overstates imbalance a little), and its
+capacity drops (capacity binds harder on few tokens; `sim_dropped_fraction` is in every row).
+The dense capacity dispatch ('switch') moves every slot whatever the routing, so it is priced
+exactly at the modelled scale: `capacity_traffic` with C = ceil(capacity_factor * T * k / E), every
+slot computed. The ragged transports move only the rows routed, without capacity padding.
 
 The step model (per GPU, forward and backward of one micro batch, then the gradient sync):
   micro = 3 * dense FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
@@ -41,6 +44,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import mesh as mesh_lib
+from moejax import routing
 from moejax.config import DTYPES, ConfigError, MoEConfig, require
 from moejax.cost import collectives
 from moejax.cost import model as cost_model
@@ -52,6 +56,7 @@ SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
 POINTS_FILE = "points.jsonl"
+SIMULATIONS_FILE = "simulations.jsonl"
 # MoEConfig fields -> the sweep config fields that set them, so errors name what the user wrote.
 _MOE_FIELDS = {"num_experts": "moe.experts_per_gpu", "top_k": "moe.top_k", "node_top_k": "moe.node_top_k",
                "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype"}
@@ -107,11 +112,15 @@ def validate(config) -> list[Point]:
   """Checks every field before JAX starts; returns the modelled points in run order."""
   require(config.topology in topology_lib.PRESETS, "topology", config.topology,
           f"one of {sorted(topology_lib.PRESETS)}")
+  try:
+    topology(config)
+  except ValueError as e:
+    require(False, "topology_overrides", config.topology_overrides, f"field=value,... of topology fields ({e})")
   require(not config.device_rate_json or os.path.isfile(config.device_rate_json), "device_rate_json",
           config.device_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
   for field in ("nodes", "gpus_per_node"):
     require(_positive_ints(config[field]), field, config[field], "a non-empty tuple of positive ints")
-  max_gpus = topology_lib.get(config.topology)["gpus_per_node"]
+  max_gpus = topology(config)["gpus_per_node"]
   require(max(config.gpus_per_node) <= max_gpus, "gpus_per_node", config.gpus_per_node,
           f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}")
   for field, allowed in (("schemes", SCHEMES), ("scalings", SCALINGS)):
@@ -129,6 +138,8 @@ def validate(config) -> list[Point]:
     require(model.moe_layers <= model.layers, f"models.{name}.moe_layers", model.moe_layers,
             f"at most layers={model.layers}")
   require(config.moe.dtype in DTYPES, "moe.dtype", config.moe.dtype, f"one of {DTYPES}")
+  require(isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router,
+          "True or False")
   for field in ("tokens_per_gpu", "d_model", "d_ff", "seed"):
     value = config.sim[field]
     require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
@@ -155,17 +166,26 @@ def max_devices(points: list[Point]) -> int:
   return max(p.devices for p in points)
 
 
+def _digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def point_key(point: Point, config) -> str:
   """A digest of everything the point's row depends on, so reruns skip only identical points."""
   model = config.models[point.model].to_dict()
-  settings = {"topology": config.topology, "device_rate_json": config.device_rate_json,
+  settings = {"topology": config.topology, "topology_overrides": config.topology_overrides,
+              "device_rate_json": config.device_rate_json,
               "moe": config.moe.to_dict(), "sim": config.sim.to_dict()}
   if point.scaling == "strong":
     settings["global_batch"] = config.global_batch
   if point.label == "measured":
     settings["measure"] = config.measure.to_dict()
-  text = json.dumps([dataclasses.asdict(point), model, settings], sort_keys=True)
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+  return _digest([dataclasses.asdict(point), model, settings])
+
+
+def simulation_key(scheme: str, n: int, m: int, config) -> str:
+  """A digest of what a small run depends on; models, topology and scaling only reprice it."""
+  return _digest([scheme, n, m, config.moe.to_dict(), config.sim.to_dict()])
 
 
 def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
@@ -177,9 +197,19 @@ def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
   return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
 
 
-def _inputs(cfg: MoEConfig, mesh, tokens: int, seed: int, dtype):
-  """Fresh parameters and x [tokens, d] placed on `mesh` with the layer's shardings."""
+def _inputs(cfg: MoEConfig, mesh, tokens: int, seed: int, dtype, balanced_router: bool = False):
+  """Fresh parameters and x [tokens, d] placed on `mesh` with the layer's shardings.
+
+  balanced_router: router kernels [d, width] get unit-norm columns. A fresh router favours the
+  experts whose columns happen to be longest (on x ~ N(0, I) with d 32 and 128 experts the busiest
+  expert gets about 4x the mean); equal norms leave about 1.25x, near the 1.15x of uniform random
+  choices, standing in for a router trained with a load-balancing loss.
+  """
   params = init_params(jax.random.key(seed), cfg, dtype)
+  if balanced_router:
+    for name in routing.router_names(cfg):
+      kernel = params[name]["kernel"]
+      params[name]["kernel"] = kernel / jnp.linalg.norm(kernel, axis=0, keepdims=True)
   x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model), dtype)
   params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), params, param_specs(cfg))
   return params, jax.device_put(x, NamedSharding(mesh, P(ALL)))
@@ -188,26 +218,34 @@ def _inputs(cfg: MoEConfig, mesh, tokens: int, seed: int, dtype):
 def simulate(scheme: str, n: int, m: int, config) -> dict:
   """The real layer on a simulated n x m CPU mesh with sim.tokens_per_gpu tokens per device.
 
-  Returns traffic_rows [H, D, D], rows_per_device [D] (token-choices each device's experts got),
-  dropped (token-choices), tokens_per_gpu and seconds (compile and run).
+  Returns (as JSON-ready lists) traffic_rows [H, D, D], rows_per_device [D] (token-choices each
+  device's experts got), dropped (token-choices), tokens_per_gpu and seconds (compile and run).
   """
   cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
   cfg = dataclasses.replace(cfg, dtype="float32")
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()
-  params, x = _inputs(cfg, mesh, n * m * config.sim.tokens_per_gpu, config.sim.seed, jnp.float32)
+  params, x = _inputs(cfg, mesh, n * m * config.sim.tokens_per_gpu, config.sim.seed, jnp.float32,
+                      balanced_router=config.sim.balanced_router)
   _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
   counts = np.asarray(aux["expert_counts"], np.int64)
-  return {"traffic_rows": np.asarray(aux["traffic_rows"], np.int64),
-          "rows_per_device": counts.reshape(n * m, -1).sum(axis=1), "dropped": int(aux["tokens_dropped"]),
+  return {"traffic_rows": np.asarray(aux["traffic_rows"]).tolist(),
+          "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(), "dropped": int(aux["tokens_dropped"]),
           "tokens_per_gpu": config.sim.tokens_per_gpu, "seconds": time.perf_counter() - start}
 
 
+def topology(config) -> topology_lib.Topology:
+  """The preset `config.topology` with `config.topology_overrides` ('nic_bw=25e9,...') applied."""
+  overrides = topology_lib.parse_overrides(config.topology_overrides)
+  if not overrides:
+    return topology_lib.get(config.topology)
+  return topology_lib.custom(config.topology, name=f"{config.topology}+{config.topology_overrides}", **overrides)
+
+
 def device_rate(config) -> tuple[float, str]:
-  topology = topology_lib.get(config.topology)
   if config.device_rate_json:
     return cost_model.measured_rate(config.device_rate_json)
-  return cost_model.default_rate(topology)
+  return cost_model.default_rate(topology(config))
 
 
 def _ffn_flops(tokens, d: int, f: int, gated: bool) -> float:
@@ -230,13 +268,13 @@ def price_layer(sim: dict, point: Point, config) -> dict:
     rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, capacity)
     processed = traffic_lib.rows_processed(rows)
   else:
-    rows = np.rint(sim["traffic_rows"] * scale).astype(np.int64)
-    processed = np.rint(sim["rows_per_device"] * scale)
+    rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
+    processed = np.rint(np.asarray(sim["rows_per_device"]) * scale)
   bytes_per_row = model.d_model * np.dtype(jnp.dtype(moe.dtype)).itemsize
   router_width = n + cfg.num_experts // n if cfg.routing == "bilevel" else cfg.num_experts
   other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
-  args = (rows, hop_axes(cfg), (n, m), bytes_per_row, flops, topology_lib.get(config.topology), device_rate(config))
+  args = (rows, hop_axes(cfg), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
   summary = traffic_summary(rows, m, bytes_per_row)
   sent = sim["tokens_per_gpu"] * n * m * k
   return {"forward": cost_model.price_layer(*args, other_flops=other_flops),
@@ -269,14 +307,14 @@ def model_row(point: Point, config, layer: dict) -> dict:
   """The modelled row of a point: the layer breakdown (forward, ms) and the training step."""
   model, moe = config.models[point.model], config.moe
   d, tokens = model.d_model, model.micro_batch * model.seq_len
-  topology = topology_lib.get(config.topology)
+  cluster = topology(config)
   rate, rate_source = device_rate(config)
   flops = 3 * tokens * (model.layers * (8 * d * d + 4 * model.seq_len * d) + 2 * d * model.vocab)
   flops += 3 * (model.layers - model.moe_layers) * _ffn_flops(tokens, d, model.d_ff, moe.gated)
   micro_s = flops / rate + model.moe_layers * layer["train"].total_s
   global_batch, accumulation = batch(point, config)
   param_bytes = dense_params(model, layer["router_width"], moe.gated) * np.dtype(jnp.dtype(moe.dtype)).itemsize
-  sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, topology).time_s
+  sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, cluster).time_s
   step_s = accumulation * micro_s + sync_s
   fwd = layer["forward"]
   stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width")}
@@ -285,7 +323,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
           "layer_inter_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_ms": 1e3 * fwd.intra_node_a2a_s,
           "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
           "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s, "step_s": step_s,
-          "samples_per_s": global_batch / step_s, "topology": topology.name,
+          "samples_per_s": global_batch / step_s, "topology": cluster.name,
           "device_tflops": rate / 1e12, "rate_source": rate_source}
 
 
@@ -307,7 +345,8 @@ def measure(point: Point, config) -> dict:
   cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff, "gpu")
   mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node)
   tokens = model.micro_batch * model.seq_len
-  params, x = _inputs(cfg, mesh, point.devices * tokens, config.sim.seed, jnp.dtype(moe.dtype))
+  params, x = _inputs(cfg, mesh, point.devices * tokens, config.sim.seed, jnp.dtype(moe.dtype),
+                      balanced_router=config.sim.balanced_router)
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
   for _ in range(config.measure.warmup):
     jax.block_until_ready(layer(params, x))
@@ -321,28 +360,35 @@ def measure(point: Point, config) -> dict:
           "jax_version": jax.__version__}
 
 
-def load_done(workdir: str) -> dict[str, dict]:
-  """key -> row of the points already in workdir/points.jsonl."""
-  path = os.path.join(workdir, POINTS_FILE)
+def load_jsonl(path: str) -> dict[str, dict]:
+  """key -> record of a JSONL file of records with a 'key' field ({} if there is no file)."""
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    rows = [json.loads(line) for line in f if line.strip()]
-  return {row["key"]: row for row in rows}
+    records = [json.loads(line) for line in f if line.strip()]
+  return {record["key"]: record for record in records}
+
+
+def _append(f, record: dict) -> None:
+  f.write(json.dumps(record) + "\n")
+  f.flush()
 
 
 def run(config, workdir: str) -> tuple[list[dict], dict]:
-  """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes.
+  """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes; small
+  runs are kept in workdir/simulations.jsonl, so a point that only reprices one reruns nothing.
 
-  Returns (rows of this config's points in run order, {'computed': c, 'skipped': s}).
+  Returns (rows of this config's points in run order, counts of points 'computed' and 'skipped'
+  and of small runs 'simulated').
   """
   points = validate(config)
   points += [dataclasses.replace(p, label="measured") for p in points
              if p.scaling == config.scalings[0] and fits_real_devices(p.nodes, p.gpus_per_node)]
   os.makedirs(workdir, exist_ok=True)
-  done = load_done(workdir)
-  sims, layers, rows, counts = {}, {}, [], {"computed": 0, "skipped": 0}
-  with open(os.path.join(workdir, POINTS_FILE), "a") as out:
+  points_path, sims_path = os.path.join(workdir, POINTS_FILE), os.path.join(workdir, SIMULATIONS_FILE)
+  done, sims = load_jsonl(points_path), load_jsonl(sims_path)
+  rows, counts = [], {"computed": 0, "skipped": 0, "simulated": 0}
+  with open(points_path, "a") as point_file, open(sims_path, "a") as sim_file:
     for i, point in enumerate(points, 1):
       key = point_key(point, config)
       where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
@@ -355,15 +401,14 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       if point.label == "measured":
         row = measure(point, config)
       else:
-        mesh_key = (point.scheme, point.nodes, point.gpus_per_node)
-        if mesh_key not in sims:
-          sims[mesh_key] = simulate(*mesh_key, config)
-        if (mesh_key, point.model) not in layers:
-          layers[mesh_key, point.model] = price_layer(sims[mesh_key], point, config)
-        row = model_row(point, config, layers[mesh_key, point.model])
+        sim_key = simulation_key(point.scheme, point.nodes, point.gpus_per_node, config)
+        if sim_key not in sims:
+          sims[sim_key] = {**simulate(point.scheme, point.nodes, point.gpus_per_node, config), "key": sim_key}
+          _append(sim_file, sims[sim_key])
+          counts["simulated"] += 1
+        row = model_row(point, config, price_layer(sims[sim_key], point, config))
       row["key"] = key
-      out.write(json.dumps(row) + "\n")
-      out.flush()
+      _append(point_file, row)
       rows.append(row)
       counts["computed"] += 1
       throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""

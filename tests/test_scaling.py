@@ -1,0 +1,121 @@
+"""The scaling sweep: end to end on a tiny config, resuming, scaling definitions, config errors."""
+
+import csv
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from configs import scaling_default
+from moejax import scaling
+from moejax import scaling_report
+from moejax.config import ConfigError
+
+POINTS = 5 * 2 * 2  # schemes x meshes x scalings (one model)
+
+
+def tiny_config() -> ml_collections.ConfigDict:
+  config = scaling_default.get_config()
+  config.nodes = (1, 2)
+  config.gpus_per_node = (2,)
+  config.global_batch = 16
+  config.models = ml_collections.ConfigDict({
+      "tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 4,
+               "vocab": 100}})
+  config.sim.update({"tokens_per_gpu": 8, "d_model": 16, "d_ff": 32})
+  return config
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, devices):
+  workdir = str(tmp_path_factory.mktemp("scaling"))
+  rows, counts = scaling.run(tiny_config(), workdir)
+  return workdir, rows, counts
+
+
+def test_sweep_writes_csv_json_and_both_plots(sweep):
+  workdir, rows, counts = sweep
+  assert counts == {"computed": POINTS, "skipped": 0, "simulated": 10}
+  paths = scaling_report.write_all(rows, tiny_config(), workdir)
+  assert sorted(os.path.basename(p) for p in paths.values()) == [
+      "breakdown.png", "results.csv", "results.json", "throughput.png"]
+  for path in paths.values():
+    assert os.path.getsize(path) > 0
+  with open(paths["results.csv"]) as f:
+    assert len(list(csv.DictReader(f))) == POINTS
+  with open(paths["results.json"]) as f:
+    assert len(json.load(f)["rows"]) == POINTS
+  assert "switch" in scaling_report.comparison_table(rows)
+
+
+def test_rows_are_modelled_with_positive_times(sweep):
+  _, rows, _ = sweep
+  assert {r["label"] for r in rows} == {"modelled"}
+  assert all(r["layer_ms"] > 0 and r["samples_per_s"] > 0 for r in rows)
+  one_node = [r for r in rows if r["nodes"] == 1]
+  assert all(r["layer_inter_ms"] == 0 and r["inter_node_mb_per_gpu"] == 0 for r in one_node)
+  assert all(r["layer_inter_ms"] > 0 for r in rows if r["nodes"] == 2)
+
+
+def test_rerun_skips_finished_points_and_reprices_without_rerunning_the_layer(sweep):
+  workdir, rows, _ = sweep
+  again, counts = scaling.run(tiny_config(), workdir)
+  assert counts == {"computed": 0, "skipped": POINTS, "simulated": 0}
+  assert again == rows
+  config = tiny_config()
+  config.global_batch = 32  # changes the strong-scaling points only
+  _, counts = scaling.run(config, workdir)
+  assert counts == {"computed": POINTS // 2, "skipped": POINTS // 2, "simulated": 0}
+
+
+def test_weak_and_strong_scaling_follow_smile_definitions(sweep):
+  _, rows, _ = sweep
+  config = tiny_config()
+  micro, tokens = config.models.tiny.micro_batch, config.models.tiny.micro_batch * config.models.tiny.seq_len
+  for r in rows:
+    assert r["tokens_per_gpu"] == tokens  # the layer always sees one micro batch per GPU
+    per_gpu = r["global_batch"] / r["devices"]
+    if r["scaling"] == "weak":  # fixed per-GPU batch: the global batch grows with the devices
+      assert (per_gpu, r["accumulation"]) == (micro, 1)
+    else:  # fixed global batch: fewer micro batches per GPU as devices grow
+      assert r["global_batch"] == config.global_batch
+      assert r["accumulation"] == config.global_batch // (r["devices"] * micro)
+
+
+def test_ragged_traffic_scales_linearly_with_modelled_tokens():
+  config = tiny_config()
+  rows = [[3, 1, 2, 2], [0, 4, 1, 3], [2, 0, 3, 3], [1, 1, 2, 4]]  # 8 tokens per device, flat top-1
+  sim = {"traffic_rows": [rows], "rows_per_device": np.sum(rows, axis=0).tolist(), "dropped": 0, "tokens_per_gpu": 8}
+  point = scaling.Point("flat_dropless", 2, 2, "tiny", "weak")
+  small = scaling.price_layer(sim, point, config)
+  config.models.tiny.micro_batch *= 4
+  large = scaling.price_layer(sim, point, config)
+  assert small["token_scale"] * 4 == large["token_scale"]
+  assert np.isclose(large["inter_node_mb_per_gpu"], 4 * small["inter_node_mb_per_gpu"])
+  assert large["forward"].expert_compute_s == pytest.approx(4 * small["forward"].expert_compute_s, rel=1e-3)
+
+
+@pytest.mark.parametrize("field, value, named", [
+    ("schemes", ("switch", "gshard"), "schemes"),
+    ("gpus_per_node", (16,), "gpus_per_node"),
+    ("global_batch", 24, "global_batch"),
+    ("topology", "tpu_pod", "topology"),
+    ("topology_overrides", "nic_bw", "topology_overrides"),
+    ("moe.node_top_k", 3, "moe.node_top_k"),
+    ("moe.smile_capacity_factor", -1.0, "moe.smile_capacity_factor"),
+    ("models.tiny.micro_batch", 0, "models.tiny.micro_batch"),
+    ("sim.tokens_per_gpu", 0, "sim.tokens_per_gpu"),
+])
+def test_config_errors_name_their_field(field, value, named):
+  config = tiny_config()
+  *parents, leaf = field.split(".")
+  target = config
+  for parent in parents:
+    target = target[parent]
+  target[leaf] = value
+  with pytest.raises(ConfigError) as error:
+    scaling.validate(config)
+  assert error.value.field == named
+  assert named in str(error.value)
