@@ -100,7 +100,8 @@ def comparison_table(rows: list[dict]) -> str:
               for r in rows if r["label"] == "measured"}
   scalings = list(dict.fromkeys(r["scaling"] for r in modelled))
   by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
-  keys = list(dict.fromkeys(k[:4] for k in by_point))
+  models = list(dict.fromkeys(r["model"] for r in modelled))
+  keys = sorted(dict.fromkeys(k[:4] for k in by_point), key=lambda k: models.index(k[0]))
   head = f"{'model':10s} {'mesh':>6s} {'scheme':14s} {'inter':>8s} {'intra':>8s} {'expert':>8s} {'other':>8s} {'layer':>8s}"
   head += "".join(f" {s + ' samples/s':>18s} {'vs switch':>9s}" for s in scalings)
   lines = ["modelled per-layer forward (ms) and training throughput" + (", measured layer ms" if measured else ""),
