@@ -1,7 +1,7 @@
 """The default scaling sweep: every scheme on 1, 2 and 4 nodes x 4 GPUs of a P4d-like cluster.
 
-Each point runs the layer on simulated CPU devices with 128 tokens per device and a tiny layer
-(d 32, f 64; the traffic depends on the routing only), then prices a small BERT-like model
+Each point runs the layer on simulated CPU devices (4 batches of 128 tokens per device, a tiny layer
+d 32, f 64: the traffic depends on the routing only), then prices a small BERT-like model
 (d 512, f 2048, 8 layers of which 4 MoE, micro batch 32 x 128 tokens) on the p4d_efa topology.
 Runs in a few minutes on 2 CPU cores.
 
@@ -36,9 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
       "gated": False,
       "dtype": "bfloat16",  # 2 bytes per element moved and the compute dtype of measured points
   })
-  # The small run on simulated devices; balanced_router: unit-norm router columns (near-uniform
-  # routing, see moejax/scaling.py), else the layer's own random initialisation.
-  config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 128, "d_model": 32, "d_ff": 64, "seed": 0,
-                                          "balanced_router": True})
+  # The small run on simulated devices: `batches` calls of `tokens_per_gpu` tokens per device;
+  # balanced_router: routers built to route uniformly (moejax.scaling.balanced_routers), else the
+  # layer's own random initialisation.
+  config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 128, "batches": 4, "d_model": 32, "d_ff": 64,
+                                          "seed": 0, "balanced_router": True})
   config.measure = ml_collections.ConfigDict({"warmup": 3, "repeats": 10})  # GPU points only
   return config

@@ -3,13 +3,18 @@
 128 (3.7B) or 64 (13B, 48B) sequences of 128 tokens, global batch 16384.
 
 The simulated runs use the real mesh shapes, up to 16 x 8 = 128 simulated CPU devices (compiling
-one scheme there takes 10-40 s on 2 cores; the sweep takes several minutes). They route 256 tokens
-per device, not 16384: with 128 experts a device then sends each expert 2 tokens on average, so a
-capacity factor of 2.0 allows 4 and drops a few per cent of the token-choices, which the paper's
-16384 tokens (capacity 256) would not; `sim_dropped_fraction` in every row shows how many.
-SMILE trains in fp16; bfloat16 has the same 2 bytes per element, which is all the cost model sees.
-Routing comes from untrained routers with equal-norm columns on random tokens (near uniform, see
-moejax/scaling.py), not from a trained model.
+one scheme there takes 10-40 s on 2 cores and about 4 GB of memory; the sweep takes several
+minutes). They route 4 batches of 256 tokens per device, not 16384: with 128 experts a device then
+sends each expert 2 tokens per batch on average, so SMILE's capacity factor of 2.0 allows 4 and
+drops a few per cent of the token-choices, which the paper's 16384 tokens (capacity 256) would not;
+`sim_dropped_fraction` in every row shows how many. Routers are built to route uniformly
+(sim.balanced_router), standing in for trained ones. SMILE trains in fp16; bfloat16 has the same
+2 bytes per element, which is all the cost model sees.
+
+The p4d_efa preset uses datasheet numbers, which make all-to-all far faster than SMILE measured
+(Table 3); experiments/validate_cost_model.py fits the inter-node terms to Table 3, and its fitted
+values can be passed as --config.topology_overrides="inter_latency=...,nic_bw=...". Points then
+only reprice: the simulated runs are kept in the workdir.
 
   python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile
 """
@@ -38,4 +43,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.moe.switch_capacity_factor = 2.0
   config.moe.smile_capacity_factor = 2.0
   config.sim.tokens_per_gpu = 256
+  config.sim.batches = 4
   return config

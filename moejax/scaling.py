@@ -6,17 +6,18 @@ the model's real shapes and token counts. Such rows are labelled 'modelled'. On 
 mesh is the real machine are also timed; those rows are labelled 'measured'.
 
 How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the
-simulated layer (widths sim.d_model, sim.d_ff) routes `sim.tokens_per_gpu` random N(0, 1) tokens
-per device with an untrained router (with sim.balanced_router, one whose expert columns have equal
-norms: near-uniform routing, as a load-balancing loss aims for). Its traffic matrix (rows each
-device sent to each device, every hop) and per-device expert rows are multiplied by
-T / sim.tokens_per_gpu and rounded: the routing fractions of the small run are kept and the rows
-scale linearly. Two effects of the small run carry over: its sampling noise (the busiest device's
-excess load shrinks with more tokens, so scaling it up overstates imbalance a little), and its
-capacity drops (capacity binds harder on few tokens; `sim_dropped_fraction` is in every row).
-The dense capacity dispatch ('switch') moves every slot whatever the routing, so it is priced
-exactly at the modelled scale: `capacity_traffic` with C = ceil(capacity_factor * T * k / E), every
-slot computed. The ragged transports move only the rows routed, without capacity padding.
+simulated layer (widths sim.d_model, sim.d_ff) routes sim.batches batches of sim.tokens_per_gpu
+random N(0, I) tokens per device, with an untrained router (with sim.balanced_router, one built to
+route uniformly: see `balanced_routers`). Its traffic matrices (rows each device sent to each
+device, every hop) and per-device expert rows, summed over the batches, are multiplied by
+T / (batches * tokens_per_gpu) and rounded: the routing fractions of the small run are kept and
+the rows scale linearly. Two effects of the small run carry over: its sampling noise (the busiest
+device's excess load shrinks with more tokens, so scaling it up overstates imbalance), and its
+capacity drops (capacity is applied per batch and binds harder on few tokens;
+`sim_dropped_fraction` is in every row). The dense capacity dispatch ('switch') moves every slot
+whatever the routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
+C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
+rows routed, without capacity padding.
 
 The step model (per GPU, forward and backward of one micro batch, then the gradient sync):
   micro = 3 * dense FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
@@ -139,7 +140,7 @@ def validate(config) -> list[Point]:
             f"at most layers={model.layers}")
   require(isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router,
           "True or False")
-  for field in ("tokens_per_gpu", "d_model", "d_ff", "seed"):
+  for field in ("tokens_per_gpu", "batches", "d_model", "d_ff", "seed"):
     value = config.sim[field]
     require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
             "an int >= 0" if field == "seed" else "a positive int")
@@ -196,49 +197,73 @@ def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
   return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
 
 
-def _inputs(cfg: MoEConfig, mesh, tokens: int, seed: int, dtype, balanced_router: bool = False):
-  """Fresh parameters and x [tokens, d] placed on `mesh` with the layer's shardings.
+def _harmonic_frame(d: int, width: int) -> np.ndarray:
+  """[d, width] unit columns w_e = R^e w_0, R a rotation of order `width` (angle 2 pi j / width in
+  coordinate plane j): x ~ N(0, I) is invariant under R, so every column is the argmax of x @ w
+  equally often, however many more columns than dimensions there are."""
+  planes = d // 2
+  angles = 2 * np.pi * np.outer(np.arange(width), np.arange(1, planes + 1)) / width
+  frame = np.stack([np.cos(angles), np.sin(angles)], axis=-1).reshape(width, 2 * planes) / np.sqrt(planes)
+  return np.pad(frame, ((0, 0), (0, d - 2 * planes))).T
 
-  balanced_router: stands in for a router trained with a load-balancing loss. A fresh router
-  favours the experts whose columns happen to be long or central: on x ~ N(0, I) with d 32 and 128
-  experts the busiest expert gets about 4x the mean. When the router kernels [d, width] have at
-  most d columns in all, they get orthonormal columns together, so all logits are i.i.d. and the
-  choices uniform and independent (the node and local choices of 'bilevel' included); otherwise
-  their columns get unit norms, which leaves the busiest of 128 experts in 32 dimensions about 1.3x
-  the mean (uniform random choices of 32768 tokens: about 1.2x).
+
+def balanced_routers(cfg: MoEConfig, seed: int) -> dict:
+  """Router kernels that route x ~ N(0, I) uniformly, standing in for a router trained with a
+  load-balancing loss (a fresh random router favours the experts whose columns happen to be long
+  or central: with d 32 and 128 experts the busiest gets about 4x the mean).
+
+  When all routers have at most d columns together, the columns are orthonormal: all logits are
+  i.i.d., so the choices are uniform and independent (the node and local choices of 'bilevel'
+  too). Otherwise each router is a randomly rotated `_harmonic_frame`: each router's choices are
+  uniform, but with several routers their choices may be correlated.
   """
+  rng = np.random.default_rng(seed)
+  names, d = routing.router_names(cfg), cfg.d_model
+  widths = [routing.router_widths(cfg)[name] for name in names]
+  if sum(widths) <= d:
+    kernels = np.split(np.linalg.qr(rng.standard_normal((d, sum(widths))))[0], np.cumsum(widths)[:-1], axis=1)
+  else:
+    kernels = [np.linalg.qr(rng.standard_normal((d, d)))[0] @ _harmonic_frame(d, w) for w in widths]
+  return {name: {"kernel": kernel} for name, kernel in zip(names, kernels)}
+
+
+def _params(cfg: MoEConfig, mesh, seed: int, dtype, balanced_router: bool) -> dict:
+  """Fresh parameters (routers from `balanced_routers` if balanced_router) placed on `mesh`."""
   params = init_params(jax.random.key(seed), cfg, dtype)
   if balanced_router:
-    names = routing.router_names(cfg)
-    kernel = jnp.concatenate([params[name]["kernel"].astype(jnp.float32) for name in names], axis=1)
-    if kernel.shape[1] <= kernel.shape[0]:
-      kernel = jnp.linalg.qr(kernel)[0]
-    kernel = kernel / jnp.linalg.norm(kernel, axis=0, keepdims=True)
-    splits = np.cumsum([params[name]["kernel"].shape[1] for name in names])[:-1]
-    for name, part in zip(names, jnp.split(kernel, splits, axis=1)):
-      params[name]["kernel"] = part.astype(dtype)
-  x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model), dtype)
-  params = jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), params, param_specs(cfg))
-  return params, jax.device_put(x, NamedSharding(mesh, P(ALL)))
+    params.update(jax.tree.map(lambda k: jnp.asarray(k, dtype), balanced_routers(cfg, seed)))
+  return jax.tree.map(lambda a, s: jax.device_put(a, NamedSharding(mesh, s)), params, param_specs(cfg))
+
+
+def _tokens(mesh, tokens: int, d: int, seed: int, dtype) -> jax.Array:
+  """x [tokens, d] ~ N(0, I), sharded over the mesh's devices."""
+  x = jax.random.normal(jax.random.key(seed), (tokens, d), dtype)
+  return jax.device_put(x, NamedSharding(mesh, P(ALL)))
 
 
 def simulate(scheme: str, n: int, m: int, config) -> dict:
-  """The real layer on a simulated n x m CPU mesh with sim.tokens_per_gpu tokens per device.
+  """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
+  device (one compilation; more batches, less sampling noise in the routing fractions).
 
-  Returns (as JSON-ready lists) traffic_rows [H, D, D], rows_per_device [D] (token-choices each
-  device's experts got), dropped (token-choices), tokens_per_gpu and seconds (compile and run).
+  Returns, summed over the batches and as JSON-ready lists: traffic_rows [H, D, D], rows_per_device
+  [D] (token-choices each device's experts got), dropped (token-choices), tokens_per_gpu; and
+  seconds (compile and run).
   """
   cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
   cfg = dataclasses.replace(cfg, dtype="float32")
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()
-  params, x = _inputs(cfg, mesh, n * m * config.sim.tokens_per_gpu, config.sim.seed, jnp.float32,
-                      balanced_router=config.sim.balanced_router)
-  _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
-  counts = np.asarray(aux["expert_counts"], np.int64)
-  return {"traffic_rows": np.asarray(aux["traffic_rows"]).tolist(),
-          "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(), "dropped": int(aux["tokens_dropped"]),
-          "tokens_per_gpu": config.sim.tokens_per_gpu, "seconds": time.perf_counter() - start}
+  params = _params(cfg, mesh, config.sim.seed, jnp.float32, config.sim.balanced_router)
+  traffic, counts, dropped = 0, 0, 0
+  for b in range(config.sim.batches):
+    x = _tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
+    _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
+    traffic = traffic + np.asarray(aux["traffic_rows"], np.int64)
+    counts = counts + np.asarray(aux["expert_counts"], np.int64)
+    dropped += int(aux["tokens_dropped"])
+  return {"traffic_rows": traffic.tolist(), "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(),
+          "dropped": dropped, "tokens_per_gpu": config.sim.batches * config.sim.tokens_per_gpu,
+          "seconds": time.perf_counter() - start}
 
 
 def topology(config) -> topology_lib.Topology:
@@ -253,10 +278,6 @@ def device_rate(config) -> tuple[float, str]:
   if config.device_rate_json:
     return cost_model.measured_rate(config.device_rate_json)
   return cost_model.default_rate(topology(config))
-
-
-def _ffn_flops(tokens, d: int, f: int, gated: bool) -> float:
-  return float(cost_model.expert_flops(tokens, d, f, gated))
 
 
 def price_layer(sim: dict, point: Point, config) -> dict:
@@ -290,7 +311,8 @@ def price_layer(sim: dict, point: Point, config) -> dict:
           "inter_node_mb_per_gpu": 2 * sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
           "intra_node_mb_per_gpu": 2 * sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
           "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
-          "sim_dropped_fraction": sim["dropped"] / sent, "token_scale": scale, "choices_per_token": k,
+          "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
+          "token_scale": scale, "choices_per_token": k,
           "capacity_factor": cfg.capacity_factor, "routing": cfg.routing, "transport": cfg.transport}
 
 
@@ -317,7 +339,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
   cluster = topology(config)
   rate, rate_source = device_rate(config)
   flops = 3 * tokens * (model.layers * (8 * d * d + 4 * model.seq_len * d) + 2 * d * model.vocab)
-  flops += 3 * (model.layers - model.moe_layers) * _ffn_flops(tokens, d, model.d_ff, moe.gated)
+  flops += 3 * (model.layers - model.moe_layers) * float(cost_model.expert_flops(tokens, d, model.d_ff, moe.gated))
   micro_s = flops / rate + model.moe_layers * layer["train"].total_s
   global_batch, accumulation = batch(point, config)
   param_bytes = dense_params(model, layer["router_width"], moe.gated) * np.dtype(jnp.dtype(moe.dtype)).itemsize
@@ -326,7 +348,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
   fwd = layer["forward"]
   stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width")}
   return {**_identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
-          "accumulation": accumulation, "sim_tokens_per_gpu": config.sim.tokens_per_gpu, **stats,
+          "accumulation": accumulation, **stats,
           "layer_inter_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_ms": 1e3 * fwd.intra_node_a2a_s,
           "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
           "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s, "step_s": step_s,
@@ -352,8 +374,9 @@ def measure(point: Point, config) -> dict:
   cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff, "gpu")
   mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node)
   tokens = model.micro_batch * model.seq_len
-  params, x = _inputs(cfg, mesh, point.devices * tokens, config.sim.seed, jnp.dtype(moe.dtype),
-                      balanced_router=config.sim.balanced_router)
+  dtype = jnp.dtype(moe.dtype)
+  params = _params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
+  x = _tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
   for _ in range(config.measure.warmup):
     jax.block_until_ready(layer(params, x))

@@ -16,6 +16,8 @@ COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "sc
            "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_ms", "layer_intra_ms",
            "layer_expert_ms", "layer_other_ms", "layer_ms", "grad_sync_ms", "step_s", "samples_per_s",
            "topology", "device_tflops", "rate_source", "layer_ms_min", "repeats", "device", "key")
+LAYER_COLUMNS = {"layer_inter_ms": "inter", "layer_intra_ms": "intra", "layer_expert_ms": "expert",
+                 "layer_other_ms": "other", "layer_ms": "layer"}
 PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-node all-to-all"),
          ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
 
@@ -102,15 +104,13 @@ def comparison_table(rows: list[dict]) -> str:
   by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
   models = list(dict.fromkeys(r["model"] for r in modelled))
   keys = sorted(dict.fromkeys(k[:4] for k in by_point), key=lambda k: models.index(k[0]))
-  head = f"{'model':10s} {'mesh':>6s} {'scheme':14s} {'inter':>8s} {'intra':>8s} {'expert':>8s} {'other':>8s} {'layer':>8s}"
+  head = f"{'model':10s} {'mesh':>6s} {'scheme':14s}" + "".join(f" {name:>8s}" for name in LAYER_COLUMNS.values())
   head += "".join(f" {s + ' samples/s':>18s} {'vs switch':>9s}" for s in scalings)
   lines = ["modelled per-layer forward (ms) and training throughput" + (", measured layer ms" if measured else ""),
            head + (f" {'measured':>9s}" if measured else "")]
   for model, n, m, scheme in keys:
     first = by_point[model, n, m, scheme, scalings[0]]
-    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(
-        f" {first[field]:8.3f}" for field in ("layer_inter_ms", "layer_intra_ms", "layer_expert_ms", "layer_other_ms",
-                                             "layer_ms"))
+    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(f" {first[field]:8.3f}" for field in LAYER_COLUMNS)
     for scaling in scalings:
       row, switch = by_point.get((model, n, m, scheme, scaling)), by_point.get((model, n, m, "switch", scaling))
       line += f" {row['samples_per_s']:18.5g}" if row else f" {'':18s}"

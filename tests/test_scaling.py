@@ -24,7 +24,7 @@ def tiny_config() -> ml_collections.ConfigDict:
   config.models = ml_collections.ConfigDict({
       "tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 4,
                "vocab": 100}})
-  config.sim.update({"tokens_per_gpu": 8, "d_model": 16, "d_ff": 32})
+  config.sim.update({"tokens_per_gpu": 8, "batches": 2, "d_model": 16, "d_ff": 32})
   return config
 
 
@@ -97,6 +97,18 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
   assert large["forward"].expert_compute_s == pytest.approx(4 * small["forward"].expert_compute_s, rel=1e-3)
 
 
+def test_balanced_routers_route_uniformly():
+  moe = tiny_config().moe
+  flat = scaling.scheme_config("flat_dropless", 4, 16, moe, 16, 32, "cpu")  # 64 experts, d 16
+  bilevel = scaling.scheme_config("smile", 4, 2, moe, 16, 32, "cpu")  # routers of 4 + 2 columns
+  x = np.random.default_rng(1).standard_normal((1 << 16, 16))
+  counts = np.bincount(np.argmax(x @ scaling.balanced_routers(flat, 0)["router"]["kernel"], axis=1), minlength=64)
+  assert counts.max() / counts.mean() < 1.1  # the layer's own initialisation: about 3.7
+  routers = scaling.balanced_routers(bilevel, 0)
+  both = np.concatenate([routers["node_router"]["kernel"], routers["local_router"]["kernel"]], axis=1)
+  np.testing.assert_allclose(both.T @ both, np.eye(6), atol=1e-12)  # i.i.d. logits, independent choices
+
+
 @pytest.mark.parametrize("field, value, named", [
     ("schemes", ("switch", "gshard"), "schemes"),
     ("gpus_per_node", (16,), "gpus_per_node"),
@@ -119,3 +131,16 @@ def test_config_errors_name_their_field(field, value, named):
     scaling.validate(config)
   assert error.value.field == named
   assert named in str(error.value)
+
+
+def test_measured_rows_are_reported_beside_modelled_ones(sweep, tmp_path):
+  _, rows, _ = sweep
+  modelled = rows[0]
+  measured = {key: modelled[key] for key in ("scheme", "nodes", "gpus_per_node", "devices", "model", "scaling",
+                                             "tokens_per_gpu")}
+  measured.update(label="measured", layer_ms=1.5, layer_ms_min=1.4, repeats=3, device="H100")
+  table = scaling_report.comparison_table(rows + [measured])
+  assert "measured" in table.splitlines()[1] and "1.500" in table
+  scaling_report.write_csv(rows + [measured], str(tmp_path / "results.csv"))
+  with open(tmp_path / "results.csv") as f:
+    assert [r["label"] for r in csv.DictReader(f)].count("measured") == 1
