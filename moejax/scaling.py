@@ -369,7 +369,7 @@ def fits_real_devices(n: int, m: int) -> bool:
 
 def measure(point: Point, config) -> dict:
   """Wall-clock of one layer forward on real GPUs at the model's shapes and micro batch: warm-up,
-  then the median of measure.repeats timed calls. Untested: no GPU was available when written."""
+  then the median of measure.repeats timed calls. Not yet run on a GPU."""
   model, moe = config.models[point.model], config.moe
   cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff, "gpu")
   mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node)
@@ -391,11 +391,21 @@ def measure(point: Point, config) -> dict:
 
 
 def load_jsonl(path: str) -> dict[str, dict]:
-  """key -> record of a JSONL file of records with a 'key' field ({} if there is no file)."""
+  """key -> record of a JSONL file of records with a 'key' field ({} if there is no file).
+
+  A last line without its newline is a record cut off by an interrupted run: it is removed, so
+  the next append starts on a line of its own.
+  """
   if not os.path.exists(path):
     return {}
   with open(path) as f:
-    records = [json.loads(line) for line in f if line.strip()]
+    text = f.read()
+  complete, _, cut = text.rpartition("\n")
+  if cut:
+    logging.warning("%s: dropping an unfinished last record (%d characters)", path, len(cut))
+    with open(path, "w") as f:
+      f.write(complete + "\n" if complete else "")
+  records = [json.loads(line) for line in complete.split("\n") if line.strip()]
   return {record["key"]: record for record in records}
 
 

@@ -68,6 +68,14 @@ def test_rerun_skips_finished_points_and_reprices_without_rerunning_the_layer(sw
   config.global_batch = 32  # changes the strong-scaling points only
   _, counts = scaling.run(config, workdir)
   assert counts == {"computed": POINTS // 2, "skipped": POINTS // 2, "simulated": 0}
+  path = os.path.join(workdir, scaling.POINTS_FILE)
+  with open(path) as f:
+    text = f.read()
+  with open(path, "w") as f:
+    f.write(text[:-20])  # a run interrupted while writing its last point
+  _, counts = scaling.run(config, workdir)
+  assert counts == {"computed": 1, "skipped": POINTS - 1, "simulated": 0}
+  assert len(scaling.load_jsonl(path)) == POINTS + POINTS // 2
 
 
 def test_weak_and_strong_scaling_follow_smile_definitions(sweep):
