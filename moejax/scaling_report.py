@@ -1,14 +1,9 @@
-"""Results of a scaling sweep (`moejax.scaling`): CSV, JSON, PNG plots and a printed comparison.
-
-Plots need matplotlib (`pip install -e '.[plot]'`); it is imported only when plotting.
-"""
+"""Results of a scaling sweep (`moejax.scaling`): CSV, JSON, PNG plots and a printed comparison."""
 
 import csv
-import importlib.util
 import json
 import os
 
-from absl import logging
 
 COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
            "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
@@ -123,15 +118,11 @@ def comparison_table(rows: list[dict]) -> str:
 
 
 def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
-  """results.csv, results.json, throughput.png and breakdown.png in workdir (the plots only when
-  matplotlib is installed); returns the paths written."""
+  """results.csv, results.json, throughput.png and breakdown.png in workdir; returns their paths."""
   paths = {name: os.path.join(workdir, name)
            for name in ("results.csv", "results.json", "throughput.png", "breakdown.png")}
   write_csv(rows, paths["results.csv"])
   write_json(rows, config, paths["results.json"])
-  if importlib.util.find_spec("matplotlib") is None:
-    logging.warning("matplotlib is not installed (pip install -e '.[plot]'), so no plots were drawn")
-    return {name: path for name, path in paths.items() if not name.endswith(".png")}
   plot_throughput(rows, paths["throughput.png"])
   plot_breakdown(rows, paths["breakdown.png"])
   return paths
