@@ -39,8 +39,11 @@ def embedded_corpus(cache_dir: str) -> str:
   path = os.path.join(cache_dir, f"python-{version}-docs.jsonl")
   with cache_lock(cache_dir):
     if not os.path.exists(path):
+      documents = list(_python_documents())
+      order = np.random.default_rng(0).permutation(len(documents))  # mixed, like C4's files
       with open(path + ".tmp", "w") as f:
-        for url, text in _python_documents():
+        for i in order:
+          url, text = documents[i]
           f.write(json.dumps({"text": text, "url": url}) + "\n")
       os.replace(path + ".tmp", path)
   return path

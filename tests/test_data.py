@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from moejax import data, objective, tokenizer
+from tests.test_train import shared  # noqa: F401  (the session's shared cache, corpus included)
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
          "and every morning the baker sells fresh bread to curious neighbours").split()
@@ -137,13 +138,13 @@ def test_trained_tokenizer_is_cached_and_reloads_as_a_named_model(tmp_path, tok)
   assert first.decode(first.encode("the lazy dog")) == "the lazy dog"
 
 
-def test_embedded_corpus_is_real_text(tmp_path):
-  [path] = data.corpus_files("", str(tmp_path))
+def test_embedded_corpus_is_real_text(shared):
+  [path] = data.corpus_files("", str(shared / "cache"))
   texts = list(data.texts([path]))
   assert len(texts) > 1000
   assert sum(map(len, texts)) > 1_000_000
-  assert any("Return" in t for t in texts[:200])
-  assert data.corpus_files("", str(tmp_path)) == [path]  # cached
+  assert sum("Return" in t for t in texts[:200]) > 20
+  assert data.corpus_files("", str(shared / "cache")) == [path]  # cached
 
 
 def test_bert_masking_statistics():

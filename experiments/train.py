@@ -1,0 +1,52 @@
+"""Trains a SMILE language model; resumes from the last complete checkpoint in --workdir.
+
+  python -m experiments.train --config=configs/mlm.py --workdir=/tmp/mlm
+  python -m experiments.train --config=configs/mlm.py:3.7b --workdir=... --config.moe.top_k=2
+  python -m moejax.launch --processes 2 --devices-per-process 4 -- \\
+      python -m experiments.train --config=configs/mlm.py --workdir=/tmp/mlm2
+
+Writes metrics.jsonl, TensorBoard events, checkpoints/ and summary.json to the workdir. Without
+GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
+"""
+
+import logging
+import os
+import sys
+
+from absl import app, flags
+from absl import logging as absl_logging
+from ml_collections import config_flags
+
+from moejax import distributed
+from moejax import mesh as mesh_lib
+from moejax import train
+from moejax.config import ConfigError
+from moejax.tokenizer import TokenizerError
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
+_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and caches.", required=True)
+
+
+class _QuietCheckpointing(logging.Filter):
+  """Keeps orbax's per-save progress lines out of the console; its warnings and errors pass."""
+
+  def filter(self, record):
+    return record.levelno >= logging.WARNING or "orbax" not in record.pathname
+
+
+def main(argv):
+  del argv
+  absl_logging.get_absl_handler().addFilter(_QuietCheckpointing())
+  config = _CONFIG.value
+  try:
+    train.validate(config)
+    if distributed.initialize() == "single":
+      mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
+    train.train(config, _WORKDIR.value)
+  except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
+    sys.exit(f"error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

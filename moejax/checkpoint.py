@@ -1,0 +1,139 @@
+"""Checkpoints: orbax CheckpointManager, periodic, asynchronous, keep-last-N, atomic.
+
+A checkpoint holds the train state (params, optimizer state, step, RNG; sharded arrays) and a JSON
+item with the data-iterator state, a description of the state's shapes, and a fingerprint of every
+array. Restoring walks back from the newest step: a checkpoint that cannot be read, or whose arrays
+do not match their fingerprint, is reported, moved aside (so the step can be saved again) and
+skipped; one written by a different config is an error, never silently replaced.
+"""
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax.config import ConfigError
+
+CORRUPT_PREFIX = "corrupt-"
+
+
+def fingerprint(state) -> jax.Array:
+  """uint32 checksum of every bit of every array of `state` (order-independent integer sums, so it
+  is exact however the arrays are sharded); position-weighted, so moved values change it too."""
+
+  def leaf_sum(x):
+    x = jnp.asarray(x)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):
+      x = jax.random.key_data(x)
+    if x.dtype == jnp.bool_:
+      x = x.astype(jnp.uint8)
+    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[x.dtype.itemsize]
+    bits = jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32).reshape(-1)
+    weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
+    return jnp.sum(bits * weights, dtype=jnp.uint32)
+
+  sums = [leaf_sum(x) * jnp.uint32(2 * i + 1) for i, x in enumerate(jax.tree.leaves(state))]
+  return jnp.sum(jnp.stack(sums), dtype=jnp.uint32)
+
+
+def describe(state) -> str:
+  """The tree structure, shapes and dtypes of `state` (arrays or ShapeDtypeStructs)."""
+  leaves = [f"{jax.tree_util.keystr(path)}:{x.dtype}{list(x.shape)}"
+            for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+  return ";".join(leaves)
+
+
+def _brief(error: Exception) -> str:
+  lines = str(error).splitlines() or [""]
+  return f"{type(error).__name__}: {lines[0][:300]}"
+
+
+class Checkpointer:
+  """Saves and restores (train state, data state) under `directory`.
+
+  keep: the number of newest checkpoints kept. use_async: write in the background while training
+  continues (the arrays are copied to host memory before `save` returns).
+  """
+
+  def __init__(self, directory: str, *, keep: int, use_async: bool = True):
+    self.directory = os.path.abspath(directory)
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
+                                           enable_async_checkpointing=use_async)
+    self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=("state", "meta"))
+    self._fingerprints = {}
+
+  def _fingerprint(self, state) -> int:
+    """The state's fingerprint, computed where its arrays live and replicated to every process."""
+    mesh = jax.tree.leaves(state)[0].sharding.mesh
+    if mesh not in self._fingerprints:
+      self._fingerprints[mesh] = jax.jit(fingerprint, out_shardings=NamedSharding(mesh, P()))
+    return int(self._fingerprints[mesh](state))
+
+  def save(self, step: int, state, data_state) -> None:
+    meta = {"step": step, "data": data_state, "describe": describe(state), "fingerprint": self._fingerprint(state)}
+    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                    meta=ocp.args.JsonSave(meta)), force=True)
+
+  def restore_latest(self, abstract_state) -> tuple[int, object, object] | None:
+    """(step, state, data state) of the newest intact checkpoint, or None if there is none.
+
+    abstract_state: the state's tree of jax.ShapeDtypeStruct with shardings.
+    """
+    for step in sorted(self.manager.all_steps(), reverse=True):
+      restored, problem = self._try_restore(step, abstract_state)
+      ok = multihost_utils.process_allgather(np.int32(problem is None)) if jax.process_count() > 1 else [1]
+      if problem is None and all(np.asarray(ok)):
+        logging.info("restored checkpoint step %d from %s", step, self.directory)
+        return restored
+      problem = problem or "another process could not read it"
+      message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete ({problem}); "
+                 "skipping it")
+      logging.warning(message)
+      if jax.process_index() == 0:
+        print(f"WARNING: {message}", flush=True)
+      self._set_aside(step)
+    return None
+
+  def _try_restore(self, step: int, abstract_state):
+    try:
+      meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+      want = describe(abstract_state)
+    except Exception as e:  # orbax raises many kinds of errors for unreadable files
+      return None, f"metadata: {_brief(e)}"
+    if meta.get("describe") != want:
+      raise ConfigError(f"checkpoint step {step} in {self.directory} holds a state of another shape "
+                        f"than this config's; use another workdir.\n  checkpoint: {meta.get('describe')}"
+                        f"\n  config:     {want}")
+    try:
+      state = self.manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state)))["state"]
+    except Exception as e:
+      return None, f"arrays: {_brief(e)}"
+    got = self._fingerprint(state)
+    if got != meta["fingerprint"]:
+      return None, f"fingerprint {got} differs from the saved {meta['fingerprint']}"
+    return (step, state, meta["data"]), None
+
+  def _set_aside(self, step: int) -> None:
+    """Moves a bad step's directory out of the manager's sight (kept for inspection)."""
+    if jax.process_index() == 0:
+      path = os.path.join(self.directory, str(step))
+      if os.path.exists(path):
+        os.rename(path, os.path.join(self.directory, f"{CORRUPT_PREFIX}{step}-{int(time.time())}"))
+    if jax.process_count() > 1:
+      multihost_utils.sync_global_devices(f"checkpoint set aside {step}")
+    self.manager.reload()
+
+  def wait(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()

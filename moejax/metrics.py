@@ -1,0 +1,118 @@
+"""Training metrics: one JSON line per step, TensorBoard event files, console reports, a summary.
+
+Per step: loss (task + auxiliary), task_loss (MLM or next-token cross-entropy), accuracy,
+aux_loss (summed over MoE layers), grad_norm, learning_rate, step_time_s, tokens_per_s, and per MoE
+layer the expert load (fraction of token-choices each expert processed) and the drop rate.
+"""
+
+import json
+import math
+import os
+
+import numpy as np
+
+SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s",
+           "tokens_per_s")
+
+
+def step_record(step: int, metrics: dict, step_time_s: float, tokens: int) -> dict:
+  """A JSON-ready record from the train step's metrics (host arrays) and the host's timing."""
+  counts_MxE = np.asarray(metrics["expert_counts"], np.float64)
+  total_M = counts_MxE.sum(axis=1) + np.asarray(metrics["tokens_dropped"], np.float64)
+  record = {"step": step, **{k: float(metrics[k]) for k in SCALARS[:6]}, "step_time_s": step_time_s,
+            "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0}
+  record["expert_load"] = (counts_MxE / np.maximum(total_M, 1)[:, None]).round(5).tolist()
+  record["drop_rate"] = (np.asarray(metrics["tokens_dropped"]) / np.maximum(total_M, 1)).round(6).tolist()
+  return record
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """The complete records of a JSONL file (a torn last line, as a kill leaves it, is ignored)."""
+  if not os.path.exists(path):
+    return []
+  records = []
+  with open(path) as f:
+    for line in f:
+      try:
+        records.append(json.loads(line))
+      except ValueError:
+        pass
+  return records
+
+
+class MetricWriter:
+  """Writes records to `workdir/metrics.jsonl` and TensorBoard events under `workdir/tensorboard`.
+
+  start_step: the step training resumes after; records of later steps (logged by a run killed after
+  its last checkpoint, and about to be recomputed) are dropped so each step appears once.
+  Does nothing when not `enabled` (processes other than the first).
+  """
+
+  def __init__(self, workdir: str, start_step: int, *, tensorboard: bool = True, enabled: bool = True):
+    self.enabled = enabled
+    if not enabled:
+      return
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    kept = [r for r in read_jsonl(self.path) if r.get("step", math.inf) <= start_step]
+    with open(self.path + ".tmp", "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(self.path + ".tmp", self.path)
+    self.file = open(self.path, "a")
+    self.tb = None
+    if tensorboard:
+      from tensorboardX import SummaryWriter
+
+      self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, record: dict) -> None:
+    if not self.enabled:
+      return
+    self.file.write(json.dumps(record) + "\n")
+    self.file.flush()
+    if self.tb is not None:
+      step = record["step"]
+      for name in SCALARS:
+        self.tb.add_scalar(f"train/{name}", record[name], step)
+      for i, (load, drop) in enumerate(zip(record["expert_load"], record["drop_rate"])):
+        self.tb.add_scalar(f"moe/layer{i}/max_load_over_mean", max(load) * len(load), step)
+        self.tb.add_scalar(f"moe/layer{i}/drop_rate", drop, step)
+        self.tb.add_histogram(f"moe/layer{i}/expert_load", np.asarray(load), step)
+
+  def close(self) -> None:
+    if self.enabled:
+      self.file.close()
+      if self.tb is not None:
+        self.tb.close()
+
+
+def report_line(record: dict, total_steps: int) -> str:
+  """One console line for a record."""
+  drop = 100 * float(np.mean(record["drop_rate"])) if record["drop_rate"] else 0.0
+  return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
+          f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
+          f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
+          f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step")
+
+
+def summarize(records: list[dict], **extra) -> dict:
+  """Summary of a run's records (first, last and best losses; median throughput) plus `extra`."""
+  window = records[-10:]
+  times = [r["step_time_s"] for r in records[1:]] or [r["step_time_s"] for r in records]
+  return {
+      "steps": len(records),
+      "first_task_loss": records[0]["task_loss"] if records else None,
+      "final_task_loss": float(np.mean([r["task_loss"] for r in window])) if window else None,
+      "final_accuracy": float(np.mean([r["accuracy"] for r in window])) if window else None,
+      "best_task_loss": min((r["task_loss"] for r in records), default=None),
+      "median_step_time_s": float(np.median(times)) if times else None,
+      "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records]))
+                             if records else None,
+      **extra,
+  }
+
+
+def unigram_entropy(counts: np.ndarray) -> float:
+  """Entropy in nats of the token distribution `counts`: the loss of the best predictor that
+  ignores context, the baseline a language model must beat."""
+  p = counts[counts > 0] / counts.sum()
+  return float(-(p * np.log(p)).sum())

@@ -1,0 +1,348 @@
+"""Training SMILE's language models: config validation, sharded state, the train step and the loop.
+
+One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
+dense parameters are replicated (data parallel) and experts are sharded by the MoE layer (expert
+parallel); XLA inserts the gradient all-reduce. The step accumulates gradients over micro-batches
+and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5).
+"""
+
+import dataclasses
+import json
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import checkpoint as checkpoint_lib
+from moejax import data as data_lib
+from moejax import mesh as mesh_lib
+from moejax import metrics as metrics_lib
+from moejax import objective, optim
+from moejax import tokenizer as tokenizer_lib
+from moejax.config import ConfigError, MoEConfig, require
+from moejax.layer import ALL
+from moejax import model as model_lib
+from moejax.model import ModelConfig
+
+SECTIONS = {
+    "mesh": ("nodes", "gpus_per_node"),
+    "data": ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
+             "prefetch"),
+    "optim": ("learning_rate", "warmup_steps", "decay", "decay_steps", "end_fraction", "b1", "b2", "eps",
+              "weight_decay", "clip_norm"),
+    "checkpoint": ("every_steps", "keep", "use_async"),
+    "log": ("every_steps", "tensorboard"),
+}
+TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "mesh", "model", "moe", "data", "optim",
+             "checkpoint", "log")
+
+
+def _int(value, low=1) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _number(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_fields(fields, known, prefix: str, required=None) -> None:
+  """Rejects fields not in `known` and missing `required` ones (default: all known), by name."""
+  unknown = sorted(set(fields) - set(known))
+  missing = sorted(set(known if required is None else required) - set(fields))
+  if unknown or missing:
+    raise ConfigError(f"config fields: unknown {[prefix + u for u in unknown]}, missing "
+                      f"{[prefix + m for m in missing]}; expected {[prefix + k for k in known]}")
+
+
+def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
+  """Every check that needs no devices, before anything is compiled; errors name the field, its
+  value and what is allowed. Returns the model and MoE layer configs."""
+  _check_fields(config, TOP_LEVEL, "")
+  for section, known in SECTIONS.items():
+    _check_fields(config[section], known, section + ".")
+  for name in ("nodes", "gpus_per_node"):
+    require(_int(config.mesh[name]), f"mesh.{name}", config.mesh[name], "a positive int")
+  devices = config.mesh.nodes * config.mesh.gpus_per_node
+  fields = dataclasses.fields(ModelConfig)
+  _check_fields(config.model, [f.name for f in fields], "model.",
+                [f.name for f in fields if f.default is dataclasses.MISSING])
+  try:
+    model_cfg = ModelConfig(**config.model)
+  except ConfigError as e:
+    require(e.field is None, "model." + str(e.field), e.value, e.allowed)
+    raise
+  for name in ("d_model", "d_ff"):
+    require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
+  moe_cfg = MoEConfig.from_mapping({**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff},
+                                   prefix="moe.")
+  if model_cfg.num_moe_layers:
+    moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+
+  require(_int(config.seed, 0), "seed", config.seed, "an int >= 0")
+  require(_int(config.steps), "steps", config.steps, "a positive int")
+  require(_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
+          f"an int in [2, model.max_len={model_cfg.max_len}]")
+  require(_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
+  require(_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
+          config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
+  rows = config.batch_size // config.micro_batches
+  require(rows % devices == 0, "batch_size", config.batch_size,
+          f"micro_batches={config.micro_batches} micro-batches whose rows split evenly over the mesh's "
+          f"{devices} devices")
+
+  d = config.data
+  require(isinstance(d.train_files, str), "data.train_files", d.train_files, "a comma-separated list of globs")
+  if d.train_files:
+    require(bool(data_lib.corpus_files(d.train_files, "")), "data.train_files", d.train_files,
+            "globs matching at least one JSON-lines file ('' = the embedded corpus)")
+  require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
+          "data.tokenizer_model", d.tokenizer_model, "'' (train one) or the path of a SentencePiece model")
+  require(isinstance(d.cache_dir, str), "data.cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
+  require(_int(d.tokenizer_train_chars), "data.tokenizer_train_chars", d.tokenizer_train_chars, "a positive int")
+  require(_int(d.shards) and rows % d.shards == 0, "data.shards", d.shards,
+          f"a positive divisor of the {rows} rows of a micro-batch")
+  require(_number(d.mask_prob) and 0 < d.mask_prob < 1, "data.mask_prob", d.mask_prob, "in (0, 1)")
+  require(_int(d.prefetch, 0), "data.prefetch", d.prefetch, "an int >= 0")
+
+  o = config.optim
+  require(_number(o.learning_rate) and o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
+  require(_int(o.warmup_steps, 0), "optim.warmup_steps", o.warmup_steps, "an int >= 0")
+  require(o.decay in optim.SCHEDULES, "optim.decay", o.decay, f"one of {optim.SCHEDULES}")
+  require(_int(o.decay_steps, 0), "optim.decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
+  require(_number(o.end_fraction) and 0 <= o.end_fraction <= 1, "optim.end_fraction", o.end_fraction, "in [0, 1]")
+  for name in ("b1", "b2"):
+    require(_number(o[name]) and 0 <= o[name] < 1, f"optim.{name}", o[name], "in [0, 1)")
+  for name in ("eps", "clip_norm"):
+    require(_number(o[name]) and o[name] > 0, f"optim.{name}", o[name], "> 0")
+  require(_number(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
+
+  require(_int(config.checkpoint.every_steps), "checkpoint.every_steps", config.checkpoint.every_steps,
+          "a positive int")
+  require(_int(config.checkpoint.keep), "checkpoint.keep", config.checkpoint.keep, "a positive int")
+  require(isinstance(config.checkpoint.use_async, bool), "checkpoint.use_async", config.checkpoint.use_async,
+          "True or False")
+  require(_int(config.log.every_steps), "log.every_steps", config.log.every_steps, "a positive int")
+  require(isinstance(config.log.tensorboard, bool), "log.tensorboard", config.log.tensorboard, "True or False")
+  return model_cfg, moe_cfg
+
+
+def load_tokenizer(config, files: list[str], cache_dir: str) -> tokenizer_lib.Tokenizer:
+  """The configured tokenizer, or one trained on the first `tokenizer_train_chars` of the corpus."""
+
+  def texts():
+    chars = 0
+    for text in data_lib.texts(files):
+      yield from (line for line in text.split("\n") if line.strip())
+      chars += len(text)
+      if chars >= config.data.tokenizer_train_chars:
+        return
+
+  key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files],
+                    config.data.tokenizer_train_chars])
+  tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, texts)
+  require(tok.num_ids <= config.model.vocab_size, "model.vocab_size", config.model.vocab_size,
+          f"at least the tokenizer's {tok.num_ids} ids")
+  return tok
+
+
+class Trainer:
+  """The model's functional pieces on `mesh`: sharded state init, the jitted train step.
+
+  state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}; every array is placed
+  by `state_shardings`, declared once here together with the batch sharding.
+  """
+
+  def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh, tok: tokenizer_lib.Tokenizer):
+    self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
+    self.graphdef, abstract_params, abstract_rest = model_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
+    sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
+    param_shardings = sharding_of(abstract_params)
+    o = config.optim
+    self.schedule = optim.schedule(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps, o.decay,
+                                   o.end_fraction)
+    per_expert = jax.tree.map(lambda s: s.spec != P(), param_shardings)
+    self.tx = optim.lamb(self.schedule, per_expert, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+                         clip_norm=o.clip_norm)
+    self.replicated = NamedSharding(mesh, P())
+    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
+    opt_shardings = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, param_shardings,
+                                          transform_non_params=lambda _: self.replicated)
+    self.state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": self.replicated,
+                            "rng": self.replicated}
+    self.rest_shardings = sharding_of(abstract_rest)
+    self.batch_sharding = NamedSharding(mesh, P(None, ALL))  # tokens [micro_batches, rows, seq_len]
+
+    def complete(params):
+      return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32),
+              "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
+
+    self._complete = jax.jit(complete, out_shardings=self.state_shardings)
+    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                       jax.eval_shape(complete, abstract_params), self.state_shardings)
+    self.step = jax.jit(self._step, in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
+                        out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+
+  def init(self):
+    """(state, rest): fresh sharded state, and the model's non-parameter state (constant)."""
+    params, rest = model_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
+    return self._complete(params), rest
+
+  def targets(self, key, tokens_BxL):
+    if self.model_cfg.kind == "gpt":
+      return objective.next_token(tokens_BxL, pad_id=self.tok.pad_id)
+    return objective.bert_mask(key, tokens_BxL, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
+                               num_ordinary=self.tok.num_ordinary, mask_prob=self.config.data.mask_prob)
+
+  def _step(self, state, rest, tokens_AxBxL):
+    """One optimizer update from micro-batches tokens [A, B, L] -> (state, metrics)."""
+    num_micro = tokens_AxBxL.shape[0]
+    rng, step_key = jax.random.split(jax.random.wrap_key_data(state["rng"]))
+    mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
+    inputs_AxBxL, positions_AxBxP, targets_AxBxP, weights_AxBxP = jax.vmap(self.targets)(mask_keys, tokens_AxBxL)
+    total = jnp.maximum(jnp.sum(weights_AxBxP), 1.0)
+
+    def loss_fn(params, inputs_BxL, positions_BxP, targets_BxP, weights_BxP, key):
+      model = nnx.merge(self.graphdef, params, rest)
+      dropout_key, jitter_key = jax.random.split(key)
+      logits_BxPxV, aux = model(inputs_BxL, positions_BxP=positions_BxP, train=True,
+                                rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
+      loss_sum, correct = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
+      return loss_sum / total + aux["aux_loss"] / num_micro, (loss_sum, correct, aux)
+
+    def micro_step(grads, micro):
+      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], *micro)
+      return jax.tree.map(jnp.add, grads, g), (loss_sum, correct, aux)
+
+    zeros = jax.tree.map(jnp.zeros_like, state["params"])
+    grads, (loss_sums, corrects, auxes) = jax.lax.scan(
+        micro_step, zeros, (inputs_AxBxL, positions_AxBxP, targets_AxBxP, weights_AxBxP, model_keys))
+    updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
+    new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
+                 "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
+    task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
+    metrics = {"loss": task_loss + aux_loss, "task_loss": task_loss, "accuracy": jnp.sum(corrects) / total,
+               "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
+               "learning_rate": self.schedule(state["step"]),
+               "expert_counts": jnp.sum(auxes["expert_counts"], axis=0),
+               "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0)}
+    return new_state, metrics
+
+
+def _gather_data_state(states: list[dict]) -> list[list[int]]:
+  """Every shard's data state, in shard order, on every process."""
+  local = np.asarray([[s[k] for k in data_lib.STATE_FIELDS] for s in states], np.int32)
+  if jax.process_count() > 1:
+    local = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, local.shape[-1])
+  return local.tolist()
+
+
+def _local_data_state(saved: list[list[int]], shards: int) -> list[dict]:
+  require(len(saved) == shards, "data.shards", shards, f"{len(saved)}, as in the checkpoint")
+  per_process = shards // jax.process_count()
+  mine = saved[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
+  return [dict(zip(data_lib.STATE_FIELDS, s)) for s in mine]
+
+
+def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
+  """Trains (or resumes training in `workdir`) and returns the run's summary.
+
+  Expects JAX's distributed runtime to be initialised already when there are several processes.
+  """
+  model_cfg, moe_cfg = validate(config)
+  leader = jax.process_index() == 0
+  say = lambda *a: print(*a, flush=True) if leader else None
+  require(config.data.shards % jax.process_count() == 0, "data.shards", config.data.shards,
+          f"a multiple of the job's {jax.process_count()} processes")
+  os.makedirs(workdir, exist_ok=True)
+  mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
+  files = data_lib.corpus_files(config.data.train_files, cache_dir)
+  tok = load_tokenizer(config, files, cache_dir)
+  say(f"mesh {dict(mesh.shape)} of {mesh.devices.flat[0].platform} devices on {jax.process_count()} process(es); "
+      f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
+  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok)
+  ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
+                                     use_async=config.checkpoint.use_async)
+  state, rest = trainer.init()
+  restored = ckpt.restore_latest(trainer.abstract_state)
+  data_states = None
+  if restored is not None:
+    start, state, saved_data = restored
+    data_states = _local_data_state(saved_data, config.data.shards)
+    say(f"resuming after step {start}")
+  start = int(state["step"])
+  rows = config.batch_size // config.micro_batches
+  batches = data_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
+                             num_shards=config.data.shards, process_index=jax.process_index(),
+                             process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch)
+  global_shape = (config.micro_batches, rows, config.seq_len)
+  to_global = lambda local: jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+
+  compile_start = time.perf_counter()
+  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
+                                                                   sharding=trainer.batch_sharding)).compile()
+  compile_s = time.perf_counter() - compile_start
+  say(f"compiled the train step in {compile_s:.1f} s; parameters: "
+      f"{sum(x.size for x in jax.tree.leaves(state['params'])):,}")
+
+  writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
+  counts = np.zeros(tok.num_ids, np.int64)
+  tokens_per_step = config.batch_size * config.seq_len
+  pending, last_done, run_start = None, time.perf_counter(), time.perf_counter()
+
+  def finish(step, metrics):
+    nonlocal last_done
+    metrics = jax.device_get(metrics)
+    now = time.perf_counter()
+    record = metrics_lib.step_record(step, metrics, now - last_done, tokens_per_step)
+    last_done = now
+    writer.write(record)
+    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
+      say(metrics_lib.report_line(record, config.steps))
+
+  try:
+    for step in range(start + 1, config.steps + 1):
+      local = next(batches)
+      counts += np.bincount(local.reshape(-1), minlength=tok.num_ids)[:tok.num_ids]
+      state, metrics = step_fn(state, rest, to_global(local))
+      if pending is not None:  # fetch the previous step's metrics while this one runs
+        finish(*pending)
+      pending = (step, metrics)
+      if step % config.checkpoint.every_steps == 0 or step == config.steps:
+        finish(*pending)  # so that no step's time includes the checkpoint's
+        pending = None
+        ckpt.save(step, state, _gather_data_state(batches.state()))
+        last_done = time.perf_counter()
+    if pending is not None:
+      finish(*pending)
+  finally:
+    batches.close()
+    ckpt.close()
+    writer.close()
+
+  if jax.process_count() > 1:
+    counts = np.asarray(multihost_utils.process_allgather(counts.astype(np.float32))).sum(axis=0)
+  ordinary = counts[tok.first_ordinary:tok.first_ordinary + tok.num_ordinary]
+  data_state = _gather_data_state(batches.state())
+  summary = metrics_lib.summarize(
+      metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
+      compile_s=compile_s, run_s=time.perf_counter() - run_start, resumed_from=start,
+      unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
+      log_vocab=float(np.log(tok.num_ids)),
+      documents=int(sum(s[data_lib.STATE_FIELDS.index("documents")] for s in data_state)),
+      malformed_lines=int(sum(s[data_lib.STATE_FIELDS.index("malformed")] for s in data_state)))
+  if leader:
+    with open(os.path.join(workdir, "summary.json"), "w") as f:
+      json.dump(summary, f, indent=1)
+    say("summary: " + json.dumps(summary))
+  logging.info("training finished: %s", summary)
+  return summary

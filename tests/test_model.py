@@ -1,0 +1,123 @@
+"""The SMILE language models: shapes, tied head, causal masking, sharding layout and paper sizes."""
+
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from moejax import mesh as mesh_lib
+from moejax.config import ConfigError, MoEConfig
+from moejax.layer import ALL
+from moejax import model as model_lib
+from moejax.model import LanguageModel, ModelConfig, param_specs
+from tests.test_launch import ROOT
+
+V, D, F = 96, 32, 64
+
+
+def _configs(kind, layers=2, experts=8):
+  cfg = ModelConfig(kind=kind, vocab_size=V, num_layers=layers, d_model=D, num_heads=4, d_ff=F, max_len=16)
+  moe = MoEConfig(num_experts=experts, top_k=1, d_model=D, d_ff=F, capacity_factor=2.0)
+  return cfg, moe
+
+
+class Built:
+  """A model initialised by one compiled program, with its forward pass as one jitted function."""
+
+  def __init__(self, kind, mesh):
+    self.cfg, self.moe_cfg = _configs(kind)
+    self.graphdef, _, _ = model_lib.abstract_state(self.cfg, self.moe_cfg, mesh)
+    self.params, self.rest = model_lib.init_state(self.cfg, self.moe_cfg, mesh)
+    self.model = nnx.merge(self.graphdef, self.params, self.rest)
+    self._apply = jax.jit(lambda params, t, p: nnx.merge(self.graphdef, params, self.rest)(t, positions_BxP=p))
+
+  def __call__(self, tokens, positions=None, params=None):
+    return self._apply(self.params if params is None else params, tokens, positions)
+
+
+@pytest.fixture(scope="module", params=["bert", "gpt"])
+def model(request, mesh_2x4):
+  return Built(request.param, mesh_2x4)
+
+
+def test_shapes_aux_and_moe_every_other_layer(model):
+  tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, V)
+  logits, aux = model(tokens)
+  assert logits.shape == (8, 16, V) and logits.dtype == jnp.float32
+  assert aux["expert_counts"].shape == (1, 8) and aux["tokens_dropped"].shape == (1,)
+  assert int(aux["expert_counts"].sum() + aux["tokens_dropped"].sum()) == 8 * 16
+  assert float(aux["aux_loss"]) > 0
+  # Freshly initialised logits are small: the loss starts near log V.
+  assert abs(float(jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0])) - np.log(V)) < 0.5
+  positions = jnp.tile(jnp.array([[3, 0, 7]]), (8, 1))
+  picked, _ = model(tokens, positions)
+  np.testing.assert_allclose(picked, logits[:, [3, 0, 7]], rtol=1e-5, atol=1e-5)
+  kinds = [type(b.ffn).__name__ for b in model.model.blocks]
+  assert kinds == ["DenseFFN", "MoEFFN"]
+
+
+def test_head_is_tied_to_the_embeddings(model):
+  shapes = [x.shape for x in jax.tree.leaves(model.params)]
+  assert shapes.count((V, D)) == 1  # no separate output matrix
+  tokens = jax.random.randint(jax.random.key(2), (8, 16), 0, V - 1)  # token V - 1 is never an input
+  logits, _ = model(tokens)
+  params = jax.tree.map(lambda x: x, model.params)
+  params["embed"]["embedding"] = params["embed"]["embedding"].at[V - 1].add(1.0)
+  moved, _ = model(tokens, params=params)
+  changed = np.abs(np.asarray(moved - logits)).max(axis=(0, 1)) > 1e-6
+  assert changed[V - 1] and not changed[:V - 1].any()
+
+
+def test_decoder_is_causal_and_encoder_is_not(model):
+  tokens = jax.random.randint(jax.random.key(3), (8, 16), 0, V)
+  logits, _ = model(tokens)
+  edited, _ = model(tokens.at[:, 10].set((tokens[:, 10] + 1) % V))
+  before = np.abs(np.asarray(edited - logits))[:, :10].max()
+  if model.cfg.kind == "gpt":
+    assert before == 0
+  else:
+    assert before > 1e-4
+  assert np.abs(np.asarray(edited - logits))[:, 10:].max() > 1e-4
+
+
+def test_experts_sharded_dense_parameters_replicated(model):
+  specs = param_specs(model.params, model.moe_cfg)
+  moe_specs = specs["blocks"][1]["ffn"]["moe"]
+  assert moe_specs["w_in"] == P(ALL) and moe_specs["w_out"] == P(ALL)
+  for path, spec in jax.tree_util.tree_flatten_with_path(specs)[0]:
+    name = jax.tree_util.keystr(path)
+    if "'w_in'" in name and "moe" in name or "'w_out'" in name and "moe" in name:
+      continue
+    assert spec == P(), name
+  w_in = model.params["blocks"][1]["ffn"]["moe"]["w_in"]
+  assert w_in.sharding.spec == P(ALL) and w_in.addressable_shards[0].data.shape == (1, D, F)
+
+
+def test_invalid_model_configs_name_the_field(mesh_2x4):
+  with pytest.raises(ConfigError, match="num_heads"):
+    ModelConfig(kind="bert", vocab_size=V, num_layers=1, d_model=30, num_heads=4, d_ff=F, max_len=8)
+  with pytest.raises(ConfigError, match="kind"):
+    ModelConfig(kind="t5", vocab_size=V, num_layers=1, d_model=D, num_heads=4, d_ff=F, max_len=8)
+  cfg, _ = _configs("bert")
+  with pytest.raises(ConfigError, match="d_ff"):
+    LanguageModel(cfg, MoEConfig(num_experts=8, top_k=1, d_model=D, d_ff=2 * F), mesh_2x4, rngs=nnx.Rngs(0))
+
+
+@pytest.mark.parametrize("size,billions", [("3.7b", 3.7), ("13b", 13), ("48b", 48)])
+def test_paper_sizes(devices, size, billions):
+  sys.path.insert(0, str(ROOT))
+  from configs import mlm
+  from moejax import train
+
+  config = mlm.get_config(size)
+  model_cfg, moe_cfg = train.validate(config)
+  assert (config.batch_size, config.seq_len, moe_cfg.num_experts) == (16384, 128, 128)
+  assert config.batch_size // config.micro_batches // 128 == mlm.SIZES[size][-1]  # micro-batch per GPU
+  mesh = mesh_lib.make_mesh(1, 1)  # the shapes do not depend on the mesh; 128 experts on one device
+  abstract = nnx.eval_shape(lambda: LanguageModel(model_cfg, moe_cfg, mesh, rngs=nnx.Rngs(0)))
+  count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+  assert abs(count / 1e9 - billions) / billions < 0.03, count
