@@ -35,9 +35,8 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "dropout": 0.0, "embed_init_std": 0.1})
   config.moe = ml_collections.ConfigDict({
       "num_experts": 8, "top_k": 1, "routing": "topk", "transport": "padded", "expert_backend": "ragged_dot",
-      "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "activation": "gelu", "gated": False,
-      "renormalize": False,
-      "capacity_factor": 2.0,  # SMILE's; 0 = dropless
+      "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "capacity_factor": 2.0, "activation": "gelu",
+      "gated": False, "renormalize": False,
       "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's alpha
       "local_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's beta
       "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32"})

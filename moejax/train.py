@@ -82,10 +82,8 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
     raise
   for name in ("d_model", "d_ff"):
     require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
-  moe_fields = {**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff}
-  if moe_fields.get("capacity_factor") == 0:  # flags cannot set a float field to None
-    moe_fields["capacity_factor"] = None
-  moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
+  moe_cfg = MoEConfig.from_mapping({**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff},
+                                   prefix="moe.")
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
 
@@ -98,7 +96,8 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
           config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
   rows = config.batch_size // config.micro_batches
   require(rows % devices == 0, "batch_size", config.batch_size,
-          f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}")
+          f"micro_batches={config.micro_batches} micro-batches whose rows split evenly over the mesh's "
+          f"{devices} devices")
 
   d = config.data
   require(isinstance(d.train_files, str), "data.train_files", d.train_files, "a comma-separated list of globs")
@@ -265,13 +264,10 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"a multiple of the job's {jax.process_count()} processes")
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
-  platform = mesh.devices.flat[0].platform
-  require(not (platform == "cpu" and moe_cfg.transport == "ragged"), "moe.transport", moe_cfg.transport,
-          "'padded' on CPU (XLA:CPU has no ragged all-to-all; 'padded' has the same semantics)")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = data_lib.corpus_files(config.data.train_files, cache_dir)
   tok = load_tokenizer(config, files, cache_dir)
-  say(f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
+  say(f"mesh {dict(mesh.shape)} of {mesh.devices.flat[0].platform} devices on {jax.process_count()} process(es); "
       f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
   trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok)
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
