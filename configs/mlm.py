@@ -44,7 +44,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
       "tokenizer_model": "",  # a SentencePiece model file; '' = train one on the corpus and cache it
       "cache_dir": "",  # where trained tokenizers and the embedded corpus are cached; '' = workdir/cache
-      "tokenizer_train_chars": 500_000,
+      "tokenizer_train_chars": 2_000_000,
       "shards": 8,  # the corpus is split into this many shards (a multiple of the process count)
       "mask_prob": 0.15,
       "prefetch": 2,

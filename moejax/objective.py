@@ -2,9 +2,8 @@
 
 Both objectives turn a batch of token ids into inputs, the positions to predict, their targets and
 weights; the model computes logits only at those positions (for the MLM, the masked ones: 15% of
-the vocabulary projection's cost), and the loss is the weighted mean cross-entropy. Randomness
-comes from one key per step, so masks are identical however the batch is sharded or split across
-processes.
+the vocabulary projection's cost), and the loss is the weighted mean cross-entropy. Randomness comes from one key per step, so masks are
+identical however the batch is sharded or split across processes.
 """
 
 import jax

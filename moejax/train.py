@@ -273,21 +273,57 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
                                      use_async=config.checkpoint.use_async)
   state, rest = trainer.init()
-  start, data_states = 0, None
   restored = ckpt.restore_latest(trainer.abstract_state)
+  data_states = None
   if restored is not None:
     start, state, saved_data = restored
     data_states = _local_data_state(saved_data, config.data.shards)
     say(f"resuming after step {start}")
-  say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
+  start = int(state["step"])
   rows = config.batch_size // config.micro_batches
   batches = data_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
                              num_shards=config.data.shards, process_index=jax.process_index(),
                              process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch)
+  global_shape = (config.micro_batches, rows, config.seq_len)
+  to_global = lambda local: jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+
+  compile_start = time.perf_counter()
+  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
+                                                                   sharding=trainer.batch_sharding)).compile()
+  compile_s = time.perf_counter() - compile_start
+  say(f"compiled the train step in {compile_s:.1f} s; parameters: "
+      f"{sum(x.size for x in jax.tree.leaves(state['params'])):,}")
+
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
-  run_start = time.perf_counter()
+  counts = np.zeros(tok.num_ids, np.int64)
+  tokens_per_step = config.batch_size * config.seq_len
+  pending, last_done, run_start = None, time.perf_counter(), time.perf_counter()
+
+  def finish(step, metrics):
+    nonlocal last_done
+    metrics = jax.device_get(metrics)
+    now = time.perf_counter()
+    record = metrics_lib.step_record(step, metrics, now - last_done, tokens_per_step)
+    last_done = now
+    writer.write(record)
+    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
+      say(metrics_lib.report_line(record, config.steps))
+
   try:
-    compile_s, counts = _loop(config, trainer, state, rest, start, batches, ckpt, writer, say)
+    for step in range(start + 1, config.steps + 1):
+      local = next(batches)
+      counts += np.bincount(local.reshape(-1), minlength=tok.num_ids)[:tok.num_ids]
+      state, metrics = step_fn(state, rest, to_global(local))
+      if pending is not None:  # fetch the previous step's metrics while this one runs
+        finish(*pending)
+      pending = (step, metrics)
+      if step % config.checkpoint.every_steps == 0 or step == config.steps:
+        finish(*pending)  # so that no step's time includes the checkpoint's
+        pending = None
+        ckpt.save(step, state, _gather_data_state(batches.state()))
+        last_done = time.perf_counter()
+    if pending is not None:
+      finish(*pending)
   finally:
     batches.close()
     ckpt.close()
@@ -307,48 +343,6 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if leader:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
-    say(metrics_lib.format_summary(summary))
+    say("summary: " + json.dumps(summary))
   logging.info("training finished: %s", summary)
   return summary
-
-
-def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writer, say) -> tuple[float, np.ndarray]:
-  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
-  of every token id this process fed, for the unigram baseline)."""
-  counts = np.zeros(trainer.tok.num_ids, np.int64)
-  if start >= config.steps:
-    return 0.0, counts
-  rows = config.batch_size // config.micro_batches
-  global_shape = (config.micro_batches, rows, config.seq_len)
-  compile_start = time.perf_counter()
-  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
-                                                                   sharding=trainer.batch_sharding)).compile()
-  compile_s = time.perf_counter() - compile_start
-  say(f"compiled the train step in {compile_s:.1f} s")
-  last_done = time.perf_counter()
-
-  def finish(step, metrics):
-    nonlocal last_done
-    metrics = jax.device_get(metrics)
-    now = time.perf_counter()
-    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len)
-    last_done = now
-    writer.write(record)
-    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
-      say(metrics_lib.report_line(record, config.steps))
-
-  pending = None
-  for step in range(start + 1, config.steps + 1):
-    local = next(batches)
-    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
-    tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
-    state, metrics = step_fn(state, rest, tokens)
-    if pending is not None:  # fetch the previous step's metrics while this one runs
-      finish(*pending)
-    pending = (step, metrics)
-    if step % config.checkpoint.every_steps == 0 or step == config.steps:
-      finish(*pending)  # first, so that no step's time includes the checkpoint's
-      pending = None
-      ckpt.save(step, state, _gather_data_state(batches.state()))
-      last_done = time.perf_counter()
-  return compile_s, counts
