@@ -35,8 +35,9 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "dropout": 0.0, "embed_init_std": 0.1})
   config.moe = ml_collections.ConfigDict({
       "num_experts": 8, "top_k": 1, "routing": "topk", "transport": "padded", "expert_backend": "ragged_dot",
-      "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "capacity_factor": 2.0, "activation": "gelu",
-      "gated": False, "renormalize": False,
+      "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "activation": "gelu", "gated": False,
+      "renormalize": False,
+      "capacity_factor": 2.0,  # SMILE's; 0 = dropless
       "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's alpha
       "local_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's beta
       "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32"})
@@ -50,7 +51,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "prefetch": 2,
   })
   config.optim = ml_collections.ConfigDict({
-      "learning_rate": 1e-2, "warmup_steps": 20, "decay": "linear",
+      "learning_rate": 5e-3, "warmup_steps": 20, "decay": "linear",
       "decay_steps": 0,  # the schedule's length; 0 = steps (set it to stop a run early on the same schedule)
       "end_fraction": 0.1, "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0})
   config.checkpoint = ml_collections.ConfigDict({"every_steps": 100, "keep": 3, "use_async": True})

@@ -156,7 +156,8 @@ class ShardReader:
           elif text.strip():
             yield i, text
     except (EOFError, OSError, zlib.error) as e:
-      self._state["malformed"] += 1
+      if self.by_file or f % self.num_shards == self.shard:  # one count per broken file, not per shard
+        self._state["malformed"] += 1
       logging.warning("skipping the rest of %s: %s", self.files[f], e)
 
   def _next_document(self):

@@ -111,6 +111,12 @@ def summarize(records: list[dict], **extra) -> dict:
   }
 
 
+def format_summary(summary: dict) -> str:
+  """The summary as aligned `name: value` lines for the console."""
+  show = lambda v: (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}") if isinstance(v, float) else str(v)
+  return "summary\n" + "\n".join(f"  {k:<20} {show(v)}" for k, v in summary.items())
+
+
 def unigram_entropy(counts: np.ndarray) -> float:
   """Entropy in nats of the token distribution `counts`: the loss of the best predictor that
   ignores context, the baseline a language model must beat."""

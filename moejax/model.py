@@ -129,10 +129,11 @@ class Block(nnx.Module):
 
   def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh, moe: bool, *, rngs: nnx.Rngs):
     self.pre_ln = cfg.kind == "gpt"
+    epsilon = 1e-5 if self.pre_ln else 1e-12  # GPT-2's, BERT's
     self.attn = Attention(cfg, rngs=rngs)
-    self.ln_attn = nnx.LayerNorm(cfg.d_model, epsilon=1e-12 if not self.pre_ln else 1e-5, rngs=rngs)
+    self.ln_attn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs) if moe else DenseFFN(cfg, moe_cfg.activation, rngs=rngs)
-    self.ln_ffn = nnx.LayerNorm(cfg.d_model, epsilon=1e-12 if not self.pre_ln else 1e-5, rngs=rngs)
+    self.ln_ffn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
   def __call__(self, x_BxLxD, *, train: bool, rngs: nnx.Rngs | None):
@@ -163,7 +164,8 @@ class LanguageModel(nnx.Module):
     embed_init = nnx.initializers.normal(cfg.embed_init_std)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
     self.pos_embed = nnx.Param(embed_init(rngs.params(), (cfg.max_len, cfg.d_model)))
-    self.embed_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
+    if cfg.kind == "bert":  # BERT's embedding LayerNorm
+      self.embed_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout)
     self.blocks = nnx.List([Block(cfg, moe_cfg, mesh, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)])
     if cfg.kind == "bert":  # BERT's MLM transform before the tied decoder

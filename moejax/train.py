@@ -82,8 +82,10 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
     raise
   for name in ("d_model", "d_ff"):
     require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
-  moe_cfg = MoEConfig.from_mapping({**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff},
-                                   prefix="moe.")
+  moe_fields = {**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff}
+  if moe_fields.get("capacity_factor") == 0:  # flags cannot set a float field to None
+    moe_fields["capacity_factor"] = None
+  moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
 
@@ -96,8 +98,7 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
           config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
   rows = config.batch_size // config.micro_batches
   require(rows % devices == 0, "batch_size", config.batch_size,
-          f"micro_batches={config.micro_batches} micro-batches whose rows split evenly over the mesh's "
-          f"{devices} devices")
+          f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}")
 
   d = config.data
   require(isinstance(d.train_files, str), "data.train_files", d.train_files, "a comma-separated list of globs")
@@ -157,11 +158,14 @@ def load_tokenizer(config, files: list[str], cache_dir: str) -> tokenizer_lib.To
 class Trainer:
   """The model's functional pieces on `mesh`: sharded state init, the jitted train step.
 
+  Of `config` it reads seed, steps, optim and data.mask_prob; `tok` supplies the special ids.
+
   state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}; every array is placed
   by `state_shardings`, declared once here together with the batch sharding.
   """
 
-  def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh, tok: tokenizer_lib.Tokenizer):
+  def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh,
+               tok: tokenizer_lib.Tokenizer | objective.TokenIds):
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.graphdef, abstract_params, abstract_rest = model_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
     sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
@@ -264,66 +268,33 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"a multiple of the job's {jax.process_count()} processes")
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  platform = mesh.devices.flat[0].platform
+  require(not (platform == "cpu" and moe_cfg.transport == "ragged"), "moe.transport", moe_cfg.transport,
+          "'padded' on CPU (XLA:CPU has no ragged all-to-all; 'padded' has the same semantics)")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = data_lib.corpus_files(config.data.train_files, cache_dir)
   tok = load_tokenizer(config, files, cache_dir)
-  say(f"mesh {dict(mesh.shape)} of {mesh.devices.flat[0].platform} devices on {jax.process_count()} process(es); "
+  say(f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
       f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
   trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok)
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
                                      use_async=config.checkpoint.use_async)
   state, rest = trainer.init()
+  start, data_states = 0, None
   restored = ckpt.restore_latest(trainer.abstract_state)
-  data_states = None
   if restored is not None:
     start, state, saved_data = restored
     data_states = _local_data_state(saved_data, config.data.shards)
     say(f"resuming after step {start}")
-  start = int(state["step"])
+  say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
   batches = data_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
                              num_shards=config.data.shards, process_index=jax.process_index(),
                              process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch)
-  global_shape = (config.micro_batches, rows, config.seq_len)
-  to_global = lambda local: jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
-
-  compile_start = time.perf_counter()
-  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
-                                                                   sharding=trainer.batch_sharding)).compile()
-  compile_s = time.perf_counter() - compile_start
-  say(f"compiled the train step in {compile_s:.1f} s; parameters: "
-      f"{sum(x.size for x in jax.tree.leaves(state['params'])):,}")
-
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
-  counts = np.zeros(tok.num_ids, np.int64)
-  tokens_per_step = config.batch_size * config.seq_len
-  pending, last_done, run_start = None, time.perf_counter(), time.perf_counter()
-
-  def finish(step, metrics):
-    nonlocal last_done
-    metrics = jax.device_get(metrics)
-    now = time.perf_counter()
-    record = metrics_lib.step_record(step, metrics, now - last_done, tokens_per_step)
-    last_done = now
-    writer.write(record)
-    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
-      say(metrics_lib.report_line(record, config.steps))
-
+  run_start = time.perf_counter()
   try:
-    for step in range(start + 1, config.steps + 1):
-      local = next(batches)
-      counts += np.bincount(local.reshape(-1), minlength=tok.num_ids)[:tok.num_ids]
-      state, metrics = step_fn(state, rest, to_global(local))
-      if pending is not None:  # fetch the previous step's metrics while this one runs
-        finish(*pending)
-      pending = (step, metrics)
-      if step % config.checkpoint.every_steps == 0 or step == config.steps:
-        finish(*pending)  # so that no step's time includes the checkpoint's
-        pending = None
-        ckpt.save(step, state, _gather_data_state(batches.state()))
-        last_done = time.perf_counter()
-    if pending is not None:
-      finish(*pending)
+    compile_s, counts = _loop(config, trainer, state, rest, start, batches, ckpt, writer, say)
   finally:
     batches.close()
     ckpt.close()
@@ -343,6 +314,48 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if leader:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
-    say("summary: " + json.dumps(summary))
+    say(metrics_lib.format_summary(summary))
   logging.info("training finished: %s", summary)
   return summary
+
+
+def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writer, say) -> tuple[float, np.ndarray]:
+  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
+  of every token id this process fed, for the unigram baseline)."""
+  counts = np.zeros(trainer.tok.num_ids, np.int64)
+  if start >= config.steps:
+    return 0.0, counts
+  rows = config.batch_size // config.micro_batches
+  global_shape = (config.micro_batches, rows, config.seq_len)
+  compile_start = time.perf_counter()
+  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
+                                                                   sharding=trainer.batch_sharding)).compile()
+  compile_s = time.perf_counter() - compile_start
+  say(f"compiled the train step in {compile_s:.1f} s")
+  last_done = time.perf_counter()
+
+  def finish(step, metrics):
+    nonlocal last_done
+    metrics = jax.device_get(metrics)
+    now = time.perf_counter()
+    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len)
+    last_done = now
+    writer.write(record)
+    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
+      say(metrics_lib.report_line(record, config.steps))
+
+  pending = None
+  for step in range(start + 1, config.steps + 1):
+    local = next(batches)
+    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
+    tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+    state, metrics = step_fn(state, rest, tokens)
+    if pending is not None:  # fetch the previous step's metrics while this one runs
+      finish(*pending)
+    pending = (step, metrics)
+    if step % config.checkpoint.every_steps == 0 or step == config.steps:
+      finish(*pending)  # first, so that no step's time includes the checkpoint's
+      pending = None
+      ckpt.save(step, state, _gather_data_state(batches.state()))
+      last_done = time.perf_counter()
+  return compile_s, counts

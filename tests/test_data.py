@@ -39,11 +39,11 @@ def _sequences(reader, count):
 
 def test_malformed_lines_are_skipped_and_counted(tmp_path, tok):
   good = _documents(6, seed=1)
-  bad = [b"{not json\n", b"[1, 2, 3]\n", b'{"url": "no text"}\n', b'{"text": 42}\n', b'{"text": "\xff\xfe bad utf-8"}\n',
-         b"\n", b'"just a string"\n']
+  bad = [b"{not json\n", b"[1, 2, 3]\n", b'{"url": "no text"}\n', b'{"text": 42}\n',
+         b'{"text": "\xff\xfe bad utf-8"}\n', b"\n", b'"just a string"\n']
   lines = [json.dumps({"text": t}).encode() + b"\n" for t in good]
-  mixed = [lines[0], bad[0], lines[1], bad[1], bad[2], lines[2], bad[3], bad[4], lines[3], bad[5], bad[6], lines[4],
-           lines[5].rstrip(b"\n")]  # last line without newline
+  mixed = [lines[0], bad[0], lines[1], bad[1], bad[2], lines[2], bad[3], bad[4], lines[3], bad[5], bad[6],
+           lines[4], lines[5].rstrip(b"\n")]  # last line without newline
   path = tmp_path / "mixed.json"
   path.write_bytes(b"".join(mixed))
   truncated = tmp_path / "truncated.json.gz"
