@@ -5,8 +5,10 @@
   python -m experiments.scaling --workdir=/tmp/s --config.schemes="('switch', 'smile')" --config.nodes="(1, 2)"
 
 Each point runs the real MoE layer on a simulated CPU mesh of its shape and prices the traffic it
-produced with the cluster cost model at the model's token counts (rows labelled 'modelled'); on a
-GPU machine, single-node points are also timed (rows labelled 'measured'). See moejax/scaling.py.
+produced with the cluster cost model at the model's token counts (rows labelled 'modelled'); points
+whose mesh fits this machine's devices of measure.platform (single-node meshes on 'gpu', default)
+are also timed: one layer forward and a whole training step (rows labelled 'measured'). See
+moejax/scaling.py.
 Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again;
 results go to results.csv, results.json, throughput.png and breakdown.png in the workdir.
 """

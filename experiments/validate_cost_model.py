@@ -104,22 +104,13 @@ def fit_inter_node(topology):
   return calibrated, fit
 
 
-def step_flops(scheme: str, n: int) -> float:
-  """Forward + backward FLOPs of one micro batch on one GPU, for the whole BERT-like model."""
-  rows, _, router_flops = layer_traffic(scheme, n)
-  attention = LAYERS * (8 * D * D + 4 * SEQ * D) * TOKENS
-  dense_ffn = (LAYERS - MOE_LAYERS) * 4 * D * F * TOKENS
-  moe = MOE_LAYERS * (float(model.expert_flops(traffic.rows_processed(rows).max(), D, F)) + router_flops)
-  head = 2 * D * VOCAB * TOKENS
-  return 3 * (attention + dense_ffn + moe + head)
-
-
 def throughput(scheme: str, n: int, topology) -> dict:
   """Samples/s of n nodes under weak scaling (one micro batch of 128 per GPU per step)."""
   rate, _ = model.default_rate(topology)
   moe = price(scheme, n, topology, backward=True)
   sync = collectives.ring("all_reduce", DENSE_PARAMS * 2, n, GPUS, topology)
-  step = step_flops(scheme, n) / rate + MOE_LAYERS * (moe.inter_node_a2a_s + moe.intra_node_a2a_s) + sync.time_s
+  flops = model.non_moe_flops(TOKENS, SEQ, D, F, LAYERS, MOE_LAYERS, VOCAB)
+  step = model.training_step_s(flops, rate, moe, MOE_LAYERS, 1, sync.time_s)
   return {"nodes": n, "step_s": step, "samples_per_s": n * GPUS * 128 / step,
           "moe_a2a_s": MOE_LAYERS * (moe.inter_node_a2a_s + moe.intra_node_a2a_s), "grad_sync_s": sync.time_s}
 

@@ -2,16 +2,39 @@
 
 Both objectives turn a batch of token ids into inputs, the positions to predict, their targets and
 weights; the model computes logits only at those positions (for the MLM, the masked ones: 15% of
-the vocabulary projection's cost), and the loss is the weighted mean cross-entropy. Randomness comes from one key per step, so masks are
-identical however the batch is sharded or split across processes.
+the vocabulary projection's cost), and the loss is the weighted mean cross-entropy. Randomness
+comes from one key per step, so masks are identical however the batch is sharded or split across
+processes.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenIds:
+  """The ids the objectives need, without a tokenizer (a `moejax.tokenizer.Tokenizer` has the same
+  attributes): ordinary ids are [first_ordinary, first_ordinary + num_ordinary), all ids < num_ids."""
+
+  pad_id: int
+  mask_id: int
+  first_ordinary: int
+  num_ordinary: int
+  num_ids: int
+
+
+MASK_PROB = 0.15  # BERT's
+
+
+def num_predictions(seq_len: int, mask_prob: float = MASK_PROB) -> int:
+  """P, the positions `bert_mask` selects per sequence of seq_len tokens (the MLM head runs on these)."""
+  return max(1, round(mask_prob * seq_len))
+
+
 def bert_mask(key: jax.Array, tokens_BxL: jax.Array, *, mask_id: int, first_ordinary: int, num_ordinary: int,
-              mask_prob: float = 0.15) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+              mask_prob: float = MASK_PROB) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """BERT's masking: P = round(mask_prob * L) positions per sequence, drawn uniformly among its
   ordinary tokens (ids in [first_ordinary, first_ordinary + num_ordinary); never padding or
   separators). A chosen token becomes mask_id with probability 0.8, a uniformly random ordinary
@@ -22,14 +45,14 @@ def bert_mask(key: jax.Array, tokens_BxL: jax.Array, *, mask_id: int, first_ordi
   """
   select_key, action_key, random_key = jax.random.split(key, 3)
   b, l = tokens_BxL.shape
-  num_predictions = max(1, round(mask_prob * l))
+  predictions = num_predictions(l, mask_prob)
   ordinary_BxL = (tokens_BxL >= first_ordinary) & (tokens_BxL < first_ordinary + num_ordinary)
   scores_BxL = jnp.where(ordinary_BxL, jax.random.uniform(select_key, (b, l)), -1.0)
-  scores_BxP, positions_BxP = jax.lax.top_k(scores_BxL, num_predictions)
+  scores_BxP, positions_BxP = jax.lax.top_k(scores_BxL, predictions)
   weights_BxP = (scores_BxP >= 0).astype(jnp.float32)
   targets_BxP = jnp.take_along_axis(tokens_BxL, positions_BxP, axis=1)
-  action_BxP = jax.random.uniform(action_key, (b, num_predictions))
-  random_BxP = jax.random.randint(random_key, (b, num_predictions), first_ordinary,
+  action_BxP = jax.random.uniform(action_key, (b, predictions))
+  random_BxP = jax.random.randint(random_key, (b, predictions), first_ordinary,
                                   first_ordinary + num_ordinary, tokens_BxL.dtype)
   replaced_BxP = jnp.where(action_BxP < 0.8, mask_id, jnp.where(action_BxP < 0.9, random_BxP, targets_BxP))
   replaced_BxP = jnp.where(weights_BxP > 0, replaced_BxP, targets_BxP)

@@ -2,8 +2,9 @@
 
 Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply`) on a simulated
 CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at
-the model's real shapes and token counts. Such rows are labelled 'modelled'. On GPUs, points whose
-mesh is the real machine are also timed; those rows are labelled 'measured'.
+the model's real shapes and token counts. Such rows are labelled 'modelled'. Points whose mesh fits
+this machine's devices of measure.platform are also timed end to end (`measure`: a layer forward
+and a real training step of `moejax.model`); those rows are labelled 'measured'.
 
 How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the
 simulated layer (widths sim.d_model, sim.d_ff) routes sim.batches batches of sim.tokens_per_gpu
@@ -19,9 +20,10 @@ whatever the routing, so it is priced exactly at the modelled scale: `capacity_t
 C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
 rows routed, without capacity padding.
 
-The step model (per GPU, forward and backward of one micro batch, then the gradient sync):
-  micro = 3 * dense FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
-  dense FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T
+The step model (`cost.model.training_step_s`, per GPU):
+  micro = 3 * non-MoE FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
+  non-MoE FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask
+  (the BERT-MoE model of `moejax.model`, whose MLM head runs on the T_mask = 15% masked tokens)
   step = accumulation * micro + ring all-reduce of the dense parameters over all devices
 Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch
 per step, the global batch grows with the devices); strong = fixed global batch `global_batch` and
@@ -39,19 +41,22 @@ import time
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import mesh as mesh_lib
-from moejax import routing
+from moejax import objective, routing
+from moejax import train as train_lib
 from moejax.config import ConfigError, MoEConfig, require
 from moejax.cost import collectives
 from moejax.cost import model as cost_model
 from moejax.cost import topology as topology_lib
 from moejax.cost import traffic as traffic_lib
 from moejax.layer import ALL, hop_axes, init_params, moe_apply, param_specs, traffic_summary
+from moejax.model import ModelConfig
 
 SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
 SCALINGS = ("weak", "strong")
@@ -136,14 +141,17 @@ def validate(config) -> list[Point]:
       value = model.get(field)
       require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"models.{name}.{field}",
               value, "a positive int")
-    require(model.moe_layers <= model.layers, f"models.{name}.moe_layers", model.moe_layers,
-            f"at most layers={model.layers}")
+    require(model.layers % model.moe_layers == 0, f"models.{name}.moe_layers", model.moe_layers,
+            f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)")
+    require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
   require(isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router,
           "True or False")
   for field in ("tokens_per_gpu", "batches", "d_model", "d_ff", "seed"):
     value = config.sim[field]
     require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
             "an int >= 0" if field == "seed" else "a positive int")
+  require(config.measure.platform in ("gpu", "cpu"), "measure.platform", config.measure.platform,
+          "'gpu' (time single-node points on this machine's GPUs) or 'cpu' (on its CPU devices)")
   for field in ("warmup", "repeats"):
     require(isinstance(config.measure[field], int) and config.measure[field] >= 1, f"measure.{field}",
             config.measure[field], "a positive int")
@@ -335,16 +343,16 @@ def dense_params(model, router_width: int, gated: bool) -> float:
 def model_row(point: Point, config, layer: dict) -> dict:
   """The modelled row of a point: the layer breakdown (forward, ms) and the training step."""
   model, moe = config.models[point.model], config.moe
-  d, tokens = model.d_model, model.micro_batch * model.seq_len
+  tokens = model.micro_batch * model.seq_len
   cluster = topology(config)
   rate, rate_source = device_rate(config)
-  flops = 3 * tokens * (model.layers * (8 * d * d + 4 * model.seq_len * d) + 2 * d * model.vocab)
-  flops += 3 * (model.layers - model.moe_layers) * float(cost_model.expert_flops(tokens, d, model.d_ff, moe.gated))
-  micro_s = flops / rate + model.moe_layers * layer["train"].total_s
+  predicted = model.micro_batch * objective.num_predictions(model.seq_len)  # the MLM head's tokens
+  flops = cost_model.non_moe_flops(tokens, model.seq_len, model.d_model, model.d_ff, model.layers, model.moe_layers,
+                                   model.vocab, moe.gated, predicted)
   global_batch, accumulation = batch(point, config)
   param_bytes = dense_params(model, layer["router_width"], moe.gated) * np.dtype(jnp.dtype(moe.dtype)).itemsize
   sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, cluster).time_s
-  step_s = accumulation * micro_s + sync_s
+  step_s = cost_model.training_step_s(flops, rate, layer["train"], model.moe_layers, accumulation, sync_s)
   fwd = layer["forward"]
   stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width")}
   return {**_identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
@@ -361,33 +369,89 @@ def _identity(point: Point) -> dict:
           "devices": point.devices, "model": point.model, "scaling": point.scaling, "label": point.label}
 
 
-def fits_real_devices(n: int, m: int) -> bool:
-  """Whether an n x m mesh is this machine's real GPUs: one process, one node (untested on GPUs;
-  multi-host points are modelled only)."""
-  return jax.default_backend() == "gpu" and jax.process_count() == 1 and n == 1 and m <= jax.device_count()
+def fits_real_devices(n: int, m: int, platform: str) -> bool:
+  """Whether an n x m mesh can be built from this single process's devices of `platform`: on
+  'gpu', one node (n = 1; multi-host points are modelled only); on 'cpu', any shape of the local,
+  possibly simulated, devices (to exercise the measured path; CPU times say nothing about GPUs)."""
+  if jax.process_count() != 1:
+    return False
+  try:
+    count = len(jax.devices(platform))
+  except RuntimeError:  # no such backend
+    return False
+  return n * m <= count and (platform == "cpu" or n == 1)
+
+
+# LAMB as in SMILE (Sec. 4.1); the step's cost does not depend on these values.
+_TIMING_OPTIM = {"learning_rate": 1e-3, "warmup_steps": 0, "decay": "linear", "decay_steps": 0, "end_fraction": 0.0,
+                 "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0}
+
+
+def training_model(model, dtype: str) -> ModelConfig:
+  """The BERT-like model (`moejax.model`) of a sweep model: every (layers / moe_layers)-th FFN is an
+  MoE layer, heads of width 64 (one head if d_model is not a multiple of 64), dropout 0.1 as in SMILE."""
+  heads = model.d_model // 64 if model.d_model % 64 == 0 else 1
+  return ModelConfig(kind="bert", vocab_size=model.vocab, num_layers=model.layers, d_model=model.d_model,
+                     num_heads=heads, d_ff=model.d_ff, max_len=model.seq_len,
+                     dropout=0.1, moe_every=model.layers // model.moe_layers, dtype=dtype)
+
+
+def _timed(fn, warmup: int, repeats: int) -> list[float]:
+  """Seconds of `repeats` calls of fn() (each waited for) after `warmup` untimed ones."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return times
 
 
 def measure(point: Point, config) -> dict:
-  """Wall-clock of one layer forward on real GPUs at the model's shapes and micro batch: warm-up,
-  then the median of measure.repeats timed calls. Not yet run on a GPU."""
-  model, moe = config.models[point.model], config.moe
-  cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff, "gpu")
-  mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node)
+  """Wall-clock on this machine's devices of platform measure.platform, at the model's shapes: one
+  MoE layer forward at the micro batch, and the whole training step (`moejax.train.Trainer`: the
+  point's global batch as accumulation micro batches of random tokens, forward, backward, LAMB
+  update). Each: measure.warmup untimed calls, then the median of measure.repeats."""
+  model, moe, platform = config.models[point.model], config.moe, config.measure.platform
+  n, m = point.nodes, point.gpus_per_node
+  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, platform)
+  mesh = mesh_lib.make_mesh(n, m, devices=jax.devices(platform)[:n * m])
   tokens = model.micro_batch * model.seq_len
   dtype = jnp.dtype(moe.dtype)
   params = _params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
   x = _tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
-  layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
-  for _ in range(config.measure.warmup):
-    jax.block_until_ready(layer(params, x))
-  times = []
-  for _ in range(config.measure.repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(layer(params, x))
-    times.append(time.perf_counter() - start)
-  return {**_identity(point), "tokens_per_gpu": tokens, "layer_ms": 1e3 * statistics.median(times),
-          "layer_ms_min": 1e3 * min(times), "repeats": len(times), "device": jax.devices()[0].device_kind,
-          "jax_version": jax.__version__}
+  layer_times = _timed(lambda: moe_apply(params, x, cfg, mesh), config.measure.warmup, config.measure.repeats)
+  del params, x
+
+  global_batch, accumulation = batch(point, config)
+  steps = config.measure.warmup + config.measure.repeats
+  train_config = ml_collections.ConfigDict({"seed": config.sim.seed, "steps": steps, "optim": _TIMING_OPTIM,
+                                            "data": {"mask_prob": objective.MASK_PROB}})
+  ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=model.vocab - 2,
+                           num_ids=model.vocab)
+  trainer = train_lib.Trainer(train_config, training_model(model, moe.dtype), cfg, mesh, ids)
+  state, rest = trainer.init()
+  shape = (accumulation, global_batch // accumulation, model.seq_len)
+  batch_tokens = jax.device_put(jax.random.randint(jax.random.key(config.sim.seed + 2), shape, 2, model.vocab),
+                                trainer.batch_sharding)
+  losses = []
+
+  def step():
+    nonlocal state
+    state, metrics = trainer.step(state, rest, batch_tokens)
+    losses.append(metrics["loss"])
+    return state
+
+  step_times = _timed(step, config.measure.warmup, config.measure.repeats)
+  step_s = statistics.median(step_times)
+  return {**_identity(point), "routing": cfg.routing, "transport": cfg.transport,
+          "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,
+          "tokens_per_gpu": tokens, "global_batch": global_batch, "accumulation": accumulation,
+          "layer_ms": 1e3 * statistics.median(layer_times), "layer_ms_min": 1e3 * min(layer_times),
+          "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,
+          "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "repeats": config.measure.repeats,
+          "device": jax.devices(platform)[0].device_kind, "jax_version": jax.__version__}
 
 
 def load_jsonl(path: str) -> dict[str, dict]:
@@ -423,7 +487,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   """
   points = validate(config)
   points += [dataclasses.replace(p, label="measured") for p in points
-             if p.scaling == config.scalings[0] and fits_real_devices(p.nodes, p.gpus_per_node)]
+             if fits_real_devices(p.nodes, p.gpus_per_node, config.measure.platform)]
   os.makedirs(workdir, exist_ok=True)
   points_path, sims_path = os.path.join(workdir, POINTS_FILE), os.path.join(workdir, SIMULATIONS_FILE)
   done, sims = load_jsonl(points_path), load_jsonl(sims_path)

@@ -10,7 +10,8 @@ COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "sc
            "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction", "expert_load_imbalance",
            "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_ms", "layer_intra_ms",
            "layer_expert_ms", "layer_other_ms", "layer_ms", "grad_sync_ms", "step_s", "samples_per_s",
-           "topology", "device_tflops", "rate_source", "layer_ms_min", "repeats", "device", "key")
+           "topology", "device_tflops", "rate_source", "layer_ms_min", "step_s_min", "loss_first", "loss_last",
+           "repeats", "device", "jax_version", "key")
 LAYER_COLUMNS = {"layer_inter_ms": "inter", "layer_intra_ms": "intra", "layer_expert_ms": "expert",
                  "layer_other_ms": "other", "layer_ms": "layer"}
 PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-node all-to-all"),
@@ -18,7 +19,7 @@ PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-
 
 
 def write_csv(rows: list[dict], path: str) -> None:
-  """One line per row; fields a row lacks (measured rows have no breakdown) are left empty."""
+  """One line per row; fields a row lacks (measured rows have no per-phase breakdown) are left empty."""
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
     writer.writeheader()
@@ -90,10 +91,11 @@ def plot_breakdown(rows: list[dict], path: str) -> None:
 
 
 def comparison_table(rows: list[dict]) -> str:
-  """One line per (model, mesh, scheme): the layer breakdown (ms), samples/s per scaling and the
-  ratio to 'switch' on the same mesh; measured layer times where there are any."""
+  """One line per (model, mesh, scheme): the modelled layer breakdown (ms), modelled samples/s per
+  scaling and the ratio to 'switch' on the same mesh; then, where points were measured, the
+  measured layer forward (ms) and samples/s per scaling."""
   modelled = [r for r in rows if r["label"] == "modelled"]
-  measured = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"]): r["layer_ms"]
+  measured = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r
               for r in rows if r["label"] == "measured"}
   scalings = list(dict.fromkeys(r["scaling"] for r in modelled))
   by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
@@ -101,8 +103,11 @@ def comparison_table(rows: list[dict]) -> str:
   keys = sorted(dict.fromkeys(k[:4] for k in by_point), key=lambda k: models.index(k[0]))
   head = f"{'model':10s} {'mesh':>6s} {'scheme':14s}" + "".join(f" {name:>8s}" for name in LAYER_COLUMNS.values())
   head += "".join(f" {s + ' samples/s':>18s} {'vs switch':>9s}" for s in scalings)
-  lines = ["modelled per-layer forward (ms) and training throughput" + (", measured layer ms" if measured else ""),
-           head + (f" {'measured':>9s}" if measured else "")]
+  if measured:
+    devices = ", ".join(sorted({r["device"] for r in measured.values()}))
+    head += f" {'measured':>9s}" + "".join(f" {'measured ' + s:>14s}" for s in scalings)
+  lines = ["modelled per-layer forward (ms) and training throughput"
+           + (f"; measured layer forward (ms) and samples/s on {devices}" if measured else ""), head]
   for model, n, m, scheme in keys:
     first = by_point[model, n, m, scheme, scalings[0]]
     line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(f" {first[field]:8.3f}" for field in LAYER_COLUMNS)
@@ -111,8 +116,10 @@ def comparison_table(rows: list[dict]) -> str:
       line += f" {row['samples_per_s']:18.5g}" if row else f" {'':18s}"
       line += f" {row['samples_per_s'] / switch['samples_per_s']:8.2f}x" if row and switch else f" {'':9s}"
     if measured:
-      value = measured.get((model, n, m, scheme))
-      line += f" {value:9.3f}" if value is not None else f" {'':9s}"
+      timed = [measured.get((model, n, m, scheme, scaling)) for scaling in scalings]
+      layer = next((r["layer_ms"] for r in timed if r), None)
+      line += f" {layer:9.3f}" if layer is not None else f" {'':9s}"
+      line += "".join(f" {r['samples_per_s']:14.5g}" if r else f" {'':14s}" for r in timed)
     lines.append(line)
   return "\n".join(lines)
 

@@ -191,3 +191,32 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops):
   assert b.intra_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if not c), rel=1e-12)
   assert b.expert_compute_s == pytest.approx(2 * 2 * rows_D.max() * 8 * 16 / (312e12 * 0.5))
   assert b.label == "modelled"
+
+
+def test_non_moe_flops_match_xla_count_of_the_bert_forward():
+  """The step model's FLOPs outside the MoE layers, against XLA's own count of the BERT-MoE model's
+  forward without MoE layers (elementwise work, which the formula leaves out, is a few percent)."""
+  from flax import nnx
+
+  from moejax import mesh as mesh_lib
+  from moejax import model as model_lib
+
+  b, seq, predicted, d, f, layers, vocab = 4, 32, 5, 128, 512, 2, 512
+  cfg = model_lib.ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,
+                              max_len=seq, dropout=0.0, moe_every=0)
+  moe_cfg = MoEConfig(num_experts=1, top_k=1, d_model=d, d_ff=f)
+  graphdef, params, rest = model_lib.abstract_state(cfg, moe_cfg, mesh_lib.make_mesh(1, 1))
+  forward = lambda p, r, tokens, positions: nnx.merge(graphdef, p, r)(tokens, positions_BxP=positions)[0]
+  compiled = jax.jit(forward).lower(params, rest, jax.ShapeDtypeStruct((b, seq), np.int32),
+                                    jax.ShapeDtypeStruct((b, predicted), np.int32)).compile()
+  cost = compiled.cost_analysis()
+  xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
+  want = model.non_moe_flops(b * seq, seq, d, f, layers, 0, vocab, predicted=b * predicted)
+  assert want <= xla_flops < 1.1 * want, (xla_flops, want)
+
+
+def test_training_step_by_hand():
+  layer = model.Breakdown(inter_node_a2a_s=1.0, intra_node_a2a_s=0.5, expert_compute_s=2.0, other_s=0.5, hops=(),
+                          device_rate=1.0, rate_source="given", topology="toy")
+  # 3 micro batches of (3 x 100 FLOPs at 10 FLOP/s + 2 layers x 4 s), then 7 s of gradient sync.
+  assert model.training_step_s(100.0, 10.0, layer, 2, 3, 7.0) == pytest.approx(3 * (30.0 + 8.0) + 7.0)

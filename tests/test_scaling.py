@@ -127,6 +127,8 @@ def test_balanced_routers_route_uniformly():
     ("moe.smile_capacity_factor", -1.0, "moe.smile_capacity_factor"),
     ("models.tiny.micro_batch", 0, "models.tiny.micro_batch"),
     ("sim.tokens_per_gpu", 0, "sim.tokens_per_gpu"),
+    ("models.tiny.moe_layers", 3, "models.tiny.moe_layers"),
+    ("measure.platform", "tpu", "measure.platform"),
 ])
 def test_config_errors_name_their_field(field, value, named):
   config = tiny_config()
@@ -141,14 +143,50 @@ def test_config_errors_name_their_field(field, value, named):
   assert named in str(error.value)
 
 
-def test_measured_rows_are_reported_beside_modelled_ones(sweep, tmp_path):
-  _, rows, _ = sweep
-  modelled = rows[0]
-  measured = {key: modelled[key] for key in ("scheme", "nodes", "gpus_per_node", "devices", "model", "scaling",
-                                             "tokens_per_gpu")}
-  measured.update(label="measured", layer_ms=1.5, layer_ms_min=1.4, repeats=3, device="H100")
-  table = scaling_report.comparison_table(rows + [measured])
-  assert "measured" in table.splitlines()[1] and "1.500" in table
-  scaling_report.write_csv(rows + [measured], str(tmp_path / "results.csv"))
+@pytest.fixture(scope="module")
+def measured_sweep(tmp_path_factory, devices):
+  """SMILE on a 2x2 mesh under strong scaling, also timed on the (simulated) CPU devices."""
+  config = tiny_config()
+  config.nodes, config.schemes, config.scalings = (2,), ("smile",), ("strong",)
+  config.models.tiny.micro_batch = 2  # strong scaling: 16 samples = 2 micro batches of 2 on 4 devices
+  config.measure.update(platform="cpu", warmup=1, repeats=2)
+  workdir = str(tmp_path_factory.mktemp("measured"))
+  rows, counts = scaling.run(config, workdir)
+  return config, workdir, rows, counts
+
+
+def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sweep):
+  config, _, rows, counts = measured_sweep
+  assert counts == {"computed": 2, "skipped": 0, "simulated": 1}
+  modelled = {(r["scheme"], r["scaling"]): r for r in rows if r["label"] == "modelled"}
+  measured = {(r["scheme"], r["scaling"]): r for r in rows if r["label"] == "measured"}
+  assert measured.keys() == modelled.keys() == {("smile", "strong")}
+  model = config.models.tiny
+  for key, r in measured.items():
+    want = modelled[key]
+    assert (r["global_batch"], r["accumulation"], r["tokens_per_gpu"]) == (
+        want["global_batch"], want["accumulation"], want["tokens_per_gpu"])
+    assert r["accumulation"] == 2
+    assert r["device"] == "cpu" and r["repeats"] == 2
+    assert 0 < r["step_s_min"] <= r["step_s"] and r["layer_ms"] >= r["layer_ms_min"] > 0
+    assert r["samples_per_s"] == pytest.approx(r["global_batch"] / r["step_s"])
+    # The timed step is the MLM objective: at initialisation (embeddings of std 0.02, near-uniform
+    # logits) its loss is about ln(vocab) plus the small load-balancing term.
+    assert abs(r["loss_first"] - np.log(model.vocab)) < 0.3, r["loss_first"]
+    assert np.isfinite(r["loss_last"])
+    assert (r["routing"], r["transport"]) == ((want["routing"], want["transport"]))
+
+
+def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path):
+  config, workdir, rows, _ = measured_sweep
+  again, counts = scaling.run(config, workdir)
+  assert counts == {"computed": 0, "skipped": 2, "simulated": 0} and again == rows
+  table = scaling_report.comparison_table(rows)
+  assert "measured strong" in table.splitlines()[1] and "on cpu" in table.splitlines()[0]
+  smile = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("measured", "smile", "strong"))
+  line = next(line for line in table.splitlines() if " smile " in line)
+  assert line.split()[-1] == f"{smile['samples_per_s']:.5g}"
+  scaling_report.write_csv(rows, str(tmp_path / "results.csv"))
   with open(tmp_path / "results.csv") as f:
-    assert [r["label"] for r in csv.DictReader(f)].count("measured") == 1
+    written = [r for r in csv.DictReader(f) if r["label"] == "measured"]
+  assert len(written) == 1 and all(float(r["step_s"]) > 0 and r["device"] == "cpu" for r in written)

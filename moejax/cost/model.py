@@ -49,6 +49,25 @@ def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
   return (3 if gated else 2) * 2 * np.asarray(rows, np.float64) * d_model * d_ff
 
 
+def non_moe_flops(tokens: int, seq_len: int, d_model: int, d_ff: int, layers: int, moe_layers: int, vocab: int,
+                  gated: bool = False, predicted: int | None = None) -> float:
+  """Forward FLOPs per device of a micro batch of `tokens` tokens outside the MoE layers: attention
+  projections (8 d^2 per token) and scores (4 seq d), the dense FFNs of the layers - moe_layers
+  other blocks, and the vocabulary projection (2 d vocab) on `predicted` tokens (None: all; a
+  BERT-style MLM head that runs on the masked positions only: those)."""
+  predicted = tokens if predicted is None else predicted
+  return (tokens * layers * (8 * d_model ** 2 + 4 * seq_len * d_model) + predicted * 2 * d_model * vocab
+          + (layers - moe_layers) * float(expert_flops(tokens, d_model, d_ff, gated)))
+
+
+def training_step_s(non_moe_flops: float, rate: float, moe_layer: Breakdown, moe_layers: int, accumulation: int,
+                    sync_s: float) -> float:
+  """Seconds of one optimizer step on a GPU: `accumulation` micro batches, each the forward and
+  backward of the non-MoE FLOPs at `rate` (x3: a matmul's backward costs two) and of every MoE layer
+  (`moe_layer`: priced with backward=True), then the gradient sync (`collectives.ring`)."""
+  return accumulation * (3 * non_moe_flops / rate + moe_layers * moe_layer.total_s) + sync_s
+
+
 def default_rate(topology: Topology) -> tuple[float, str]:
   """(FLOP/s, source): the topology's datasheet peak times its stated efficiency."""
   peak, eff = topology.peak_flops, topology.compute_efficiency
