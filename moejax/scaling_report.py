@@ -46,19 +46,24 @@ def _grid(count: int, width: float = 5.5):
 
 
 def plot_throughput(rows: list[dict], path: str) -> None:
-  """Modelled samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node."""
-  rows = [r for r in rows if r["label"] == "modelled"]
-  panels = sorted({(r["model"], r["scaling"]) for r in rows})
+  """Samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node
+  (modelled), measured points as crosses in the line's colour."""
+  panels = sorted({(r["model"], r["scaling"]) for r in rows if r["label"] == "modelled"})
   plt, fig, axes = _grid(len(panels))
   for ax, (model, scaling) in zip(axes, panels):
     lines = sorted({(r["scheme"], r["gpus_per_node"]) for r in rows if (r["model"], r["scaling"]) == (model, scaling)})
     for scheme, m in lines:
-      points = sorted((r["nodes"], r["samples_per_s"]) for r in rows
-                      if (r["model"], r["scaling"], r["scheme"], r["gpus_per_node"]) == (model, scaling, scheme, m))
-      ax.plot(*zip(*points), marker="o", label=f"{scheme} ({m} GPUs/node)")
+      ours = [r for r in rows if (r["model"], r["scaling"], r["scheme"], r["gpus_per_node"]) == (model, scaling, scheme, m)]
+      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in ours if r["label"] == "modelled")
+      measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in ours if r["label"] == "measured")
+      color = ax.plot(*zip(*modelled), marker="o", label=f"{scheme} ({m} GPUs/node)")[0].get_color()
+      if measured:
+        nodes, speed, device = zip(*measured)
+        ax.plot(nodes, speed, "x", color=color, markersize=9, label=f"{scheme} ({m} GPUs/node), measured on {device[0]}")
+        ax.set_yscale("log")  # measured devices may be far from the modelled cluster
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes")
-    ax.set_ylabel("samples/s (modelled)")
+    ax.set_ylabel("samples/s (lines modelled, crosses measured)")
     ax.set_title(f"{model}, {scaling} scaling")
     ax.legend(fontsize=7)
   fig.tight_layout()

@@ -186,7 +186,8 @@ def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path
   smile = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("measured", "smile", "strong"))
   line = next(line for line in table.splitlines() if " smile " in line)
   assert line.split()[-1] == f"{smile['samples_per_s']:.5g}"
-  scaling_report.write_csv(rows, str(tmp_path / "results.csv"))
-  with open(tmp_path / "results.csv") as f:
+  paths = scaling_report.write_all(rows, config, str(tmp_path))
+  assert all(os.path.getsize(path) > 0 for path in paths.values())
+  with open(paths["results.csv"]) as f:
     written = [r for r in csv.DictReader(f) if r["label"] == "measured"]
   assert len(written) == 1 and all(float(r["step_s"]) > 0 and r["device"] == "cpu" for r in written)
