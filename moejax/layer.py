@@ -98,15 +98,25 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
       raise ConfigError(f"jitter={cfg.jitter} in training needs an rng")
     args.append(jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter))
     in_specs.append(P(ALL))
-  # Two-hop transports use the backend's native ragged exchange where it exists.
-  kind = cfg.transport if cfg.transport in ("ragged", "padded") else (
-      "padded" if mesh.devices.flat[0].platform == "cpu" else "ragged")
-  body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu, kind=kind)
-  # The Pallas interpreter (CPU) cannot yet type its slices by mesh-axis variance (jax 0.10).
-  check_vma = not (cfg.expert_backend == "pallas" and mesh.devices.flat[0].platform == "cpu")
+  body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu,
+                           kind=exchange_kind(cfg, mesh))
   y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(P(ALL), P()),
-                             check_vma=check_vma)(*args)
+                             check_vma=check_vma(cfg, mesh))(*args)
   return y_TxD.reshape(x.shape), aux
+
+
+def exchange_kind(cfg: MoEConfig, mesh: jax.sharding.Mesh) -> str:
+  """The ragged exchange implementation: the transport's own, or for two-hop transports the
+  backend's native ragged collective where it exists ('padded' on CPU)."""
+  if cfg.transport in ("ragged", "padded"):
+    return cfg.transport
+  return "padded" if mesh.devices.flat[0].platform == "cpu" else "ragged"
+
+
+def check_vma(cfg: MoEConfig, mesh: jax.sharding.Mesh) -> bool:
+  """shard_map's check_vma for a program running the experts: off only for the Pallas interpreter
+  on CPU, which cannot yet type its slices by mesh-axis variance (jax 0.10)."""
+  return not (cfg.expert_backend == "pallas" and mesh.devices.flat[0].platform == "cpu")
 
 
 def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int,

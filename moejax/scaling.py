@@ -48,7 +48,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import mesh as mesh_lib
-from moejax import objective, routing
+from moejax import objective, phase_timing, routing
 from moejax import train as train_lib
 from moejax.config import ConfigError, MoEConfig, require
 from moejax.cost import collectives
@@ -396,33 +396,25 @@ def training_model(model, dtype: str) -> ModelConfig:
                      dropout=0.1, moe_every=model.layers // model.moe_layers, dtype=dtype)
 
 
-def _timed(fn, warmup: int, repeats: int) -> list[float]:
-  """Seconds of `repeats` calls of fn() (each waited for) after `warmup` untimed ones."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
-
-
-def measure(point: Point, config) -> dict:
+def measure(point: Point, config, layers: dict) -> dict:
   """Wall-clock on this machine's devices of platform measure.platform, at the model's shapes: one
-  MoE layer forward at the micro batch, and the whole training step (`moejax.train.Trainer`: the
-  point's global batch as accumulation micro batches of random tokens, forward, backward, LAMB
-  update). Each: measure.warmup untimed calls, then the median of measure.repeats."""
+  MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and
+  intra-node exchanges, expert FFN, the rest), and the whole training step (`moejax.train.Trainer`:
+  the point's global batch as accumulation micro batches of random tokens, forward, backward, LAMB
+  update). Each: measure.warmup untimed calls, then the median of measure.repeats. `layers` keeps
+  the layer's timings by (scheme, mesh, model) for the other scaling's point."""
   model, moe, platform = config.models[point.model], config.moe, config.measure.platform
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, platform)
   mesh = mesh_lib.make_mesh(n, m, devices=jax.devices(platform)[:n * m])
   tokens = model.micro_batch * model.seq_len
   dtype = jnp.dtype(moe.dtype)
-  params = _params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
-  x = _tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
-  layer_times = _timed(lambda: moe_apply(params, x, cfg, mesh), config.measure.warmup, config.measure.repeats)
-  del params, x
+  key = (point.scheme, point.mesh, point.model)
+  if key not in layers:
+    params = _params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
+    x = _tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
+    layers[key] = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, config.measure.repeats)
+    del params, x
 
   global_batch, accumulation = batch(point, config)
   steps = config.measure.warmup + config.measure.repeats
@@ -443,13 +435,12 @@ def measure(point: Point, config) -> dict:
     losses.append(metrics["loss"])
     return state
 
-  step_times = _timed(step, config.measure.warmup, config.measure.repeats)
+  step_times = phase_timing.timed(step, config.measure.warmup, config.measure.repeats)
   step_s = statistics.median(step_times)
   return {**_identity(point), "routing": cfg.routing, "transport": cfg.transport,
           "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,
           "tokens_per_gpu": tokens, "global_batch": global_batch, "accumulation": accumulation,
-          "layer_ms": 1e3 * statistics.median(layer_times), "layer_ms_min": 1e3 * min(layer_times),
-          "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,
+          **layers[key], "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,
           "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "repeats": config.measure.repeats,
           "device": jax.devices(platform)[0].device_kind, "jax_version": jax.__version__}
 
@@ -491,7 +482,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   os.makedirs(workdir, exist_ok=True)
   points_path, sims_path = os.path.join(workdir, POINTS_FILE), os.path.join(workdir, SIMULATIONS_FILE)
   done, sims = load_jsonl(points_path), load_jsonl(sims_path)
-  rows, counts = [], {"computed": 0, "skipped": 0, "simulated": 0}
+  rows, counts, measured_layers = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}
   with open(points_path, "a") as point_file, open(sims_path, "a") as sim_file:
     for i, point in enumerate(points, 1):
       key = point_key(point, config)
@@ -503,7 +494,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
         continue
       start = time.perf_counter()
       if point.label == "measured":
-        row = measure(point, config)
+        row = measure(point, config, measured_layers)
       else:
         sim_key = simulation_key(point.scheme, point.nodes, point.gpus_per_node, config)
         if sim_key not in sims:

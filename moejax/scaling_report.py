@@ -19,7 +19,7 @@ PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-
 
 
 def write_csv(rows: list[dict], path: str) -> None:
-  """One line per row; fields a row lacks (measured rows have no per-phase breakdown) are left empty."""
+  """One line per row; fields a row lacks (e.g. measured rows have no modelled traffic) are left empty."""
   with open(path, "w", newline="") as f:
     writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
     writer.writeheader()
@@ -73,21 +73,26 @@ def plot_throughput(rows: list[dict], path: str) -> None:
 
 def plot_breakdown(rows: list[dict], path: str) -> None:
   """Stacked per-layer forward time (SMILE Table 3 / Fig. 9): one panel per model, one bar per
-  (mesh, scheme). The layer does not depend on the scaling, so one scaling's rows are drawn."""
-  rows = [r for r in rows if r["label"] == "modelled"]
+  (mesh, scheme), modelled, then measured where there are measured points. The layer does not
+  depend on the scaling, so one scaling's rows are drawn."""
   rows = [r for r in rows if r["scaling"] == rows[0]["scaling"]]
   models = list(dict.fromkeys(r["model"] for r in rows))
   plt, fig, axes = _grid(len(models), width=max(5.5, 0.3 * len(rows) / len(models)))
   for ax, model in zip(axes, models):
-    bars = sorted((r for r in rows if r["model"] == model), key=lambda r: (r["gpus_per_node"], r["nodes"]))
+    bars = sorted((r for r in rows if r["model"] == model),
+                  key=lambda r: (r["label"] == "measured", r["gpus_per_node"], r["nodes"]))
     bottom = [0.0] * len(bars)
     for field, name in PARTS:
-      heights = [r[field] for r in bars]
+      heights = [max(r[field], 0.0) for r in bars]  # a measured remainder is negative when phases add up to more
       ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
       bottom = [b + h for b, h in zip(bottom, heights)]
-    ax.set_xticks(range(len(bars)), [f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}" for r in bars],
-                  rotation=90, fontsize=7)
-    ax.set_ylabel("ms per MoE layer forward (modelled)")
+    measured = [(i, r["layer_ms"]) for i, r in enumerate(bars) if r["label"] == "measured"]
+    if measured:  # the phases were timed apart, so the whole layer is drawn as well
+      ax.plot(*zip(*measured), "k_", markersize=14, markeredgewidth=2, label="measured whole layer")
+    ax.set_xticks(range(len(bars)), [f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}"
+                                     + (f" measured on {r['device']}" if r["label"] == "measured" else "")
+                                     for r in bars], rotation=90, fontsize=7)
+    ax.set_ylabel("ms per MoE layer forward")
     ax.set_title(f"{model}: one layer, one micro batch")
     ax.legend(fontsize=7)
   fig.tight_layout()

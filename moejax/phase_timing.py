@@ -1,0 +1,157 @@
+"""Per-phase wall-clock of one MoE layer forward, from separately jitted phases.
+
+The layer runs once to get its real routing (aux traffic_rows per hop and expert_counts); then each
+phase is timed as a program of its own at exactly those sizes, with the layer's buffer shapes:
+every hop's dispatch exchange (rows and their expert ids, as `transport.dispatch` sends them) and
+combine exchange (rows) over its mesh axes, and the expert FFN on each device's received rows. The
+dense capacity transport ('capacity') times its two all-to-alls of [A, E/A * C, d] slot blocks and
+the FFN on every slot.
+
+An exchange over 'gpu' counts as intra-node; over 'node', or over both axes on more than one node,
+as inter-node (the classification of `moejax.cost`). 'other' is the whole layer's time minus the
+timed phases: routing, sorting, permutations, the weighted combine, and whatever the fused program
+saves or adds; it can come out slightly negative.
+"""
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax import experts
+from moejax import mesh as mesh_lib
+from moejax import plan as plan_lib
+from moejax import routing
+from moejax import transport as transport_lib
+from moejax.config import MoEConfig
+from moejax.layer import ALL, check_vma, exchange_kind, hop_axes, moe_apply
+
+
+def timed(fn, warmup: int, repeats: int) -> list[float]:
+  """Seconds of `repeats` calls of fn() (each waited for) after `warmup` untimed ones."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn())
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    times.append(time.perf_counter() - start)
+  return times
+
+
+def _groups(axis, n: int, m: int) -> np.ndarray:
+  """[D, A] flat indices of the A peers of each flat device along `axis` (itself included)."""
+  flat = np.arange(n * m).reshape(n, m)
+  if axis == mesh_lib.NODE:
+    return np.stack([flat[:, s % m] for s in range(n * m)])
+  if axis == mesh_lib.GPU:
+    return np.stack([flat[s // m] for s in range(n * m)])
+  return np.tile(flat.reshape(-1), (n * m, 1))
+
+
+def hop_sizes(traffic_DxD: np.ndarray, axis, n: int, m: int) -> np.ndarray:
+  """[D, A, A]: for each device, the rows between the members of its group along `axis` (the
+  `sizes_AxA` its plan would all_gather), from the layer's [D, D] traffic of that hop."""
+  groups = _groups(axis, n, m)
+  return np.stack([traffic_DxD[np.ix_(g, g)] for g in groups]).astype(np.int32)
+
+
+def crosses_nodes(axis, n: int) -> bool:
+  return n > 1 and axis != mesh_lib.GPU
+
+
+class _Phases:
+  """The phase programs of one layer on `mesh`, each a jitted shard_map over per-device blocks."""
+
+  def __init__(self, cfg: MoEConfig, mesh):
+    self.cfg, self.mesh = cfg, mesh
+    self.n, self.m = mesh_lib.axis_sizes(mesh)
+    self.kind = exchange_kind(cfg, mesh)
+    self.sharded = NamedSharding(mesh, P(ALL))
+
+  def put(self, array) -> jax.Array:
+    """A [D * rows, ...] array, each device holding its block of rows."""
+    return jax.device_put(array, self.sharded)
+
+  def _map(self, body, n_args: int):
+    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * n_args, out_specs=P(ALL)))
+
+  def exchange(self, axis, out_rows: int, direction: str, with_ids: bool):
+    """Rows [N, d] (and ids [N]) sent over `axis` as a plan from sizes [1, A, A] says."""
+
+    def body(rows, ids, sizes):
+      forward, backward = plan_lib.ragged_args(sizes[0], jax.lax.axis_index(axis))
+      args = forward if direction == "dispatch" else backward
+      out = transport_lib.exchange(rows, args, out_rows, axis, self.kind)
+      if with_ids:
+        return out, transport_lib.exchange(ids, args, out_rows, axis, self.kind, fill=-1)
+      return out
+
+    return self._map(body, 3)
+
+  def capacity_exchange(self):
+    return self._map(lambda blocks: jax.lax.all_to_all(blocks, ALL, 0, 0), 1)
+
+  def ffn(self):
+    cfg = self.cfg
+    compute = lambda rows, sizes, *w: experts.expert_ffn(rows, sizes, *w, activation=cfg.activation,
+                                                         backend=cfg.expert_backend, dtype=jnp.dtype(cfg.dtype))
+    gated = cfg.gated
+
+    def body(rows, sizes, w_in, w_out, *w_gate):
+      return compute(rows, sizes, w_in, w_out, w_gate[0] if gated else None)
+
+    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * (5 if gated else 4), out_specs=P(ALL),
+                                 check_vma=check_vma(cfg, self.mesh)))
+
+
+def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
+  """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh) and of its phases:
+  {'layer_ms', 'layer_ms_min', 'layer_inter_ms', 'layer_intra_ms', 'layer_expert_ms', 'layer_other_ms'}."""
+  layer = timed(lambda: moe_apply(params, x, cfg, mesh), warmup, repeats)
+  _, aux = moe_apply(params, x, cfg, mesh)
+  traffic = np.asarray(aux["traffic_rows"])
+  counts = np.asarray(aux["expert_counts"])
+  phases = _Phases(cfg, mesh)
+  n, m, devices = phases.n, phases.m, phases.n * phases.m
+  tokens, d = x.shape[0] // devices, cfg.d_model
+  k, epg = cfg.choices_per_token, cfg.num_experts // devices
+  rng = np.random.default_rng(0)
+  rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
+  median_ms = lambda fn: 1e3 * statistics.median(timed(fn, warmup, repeats))
+  comm = {True: 0.0, False: 0.0}  # crosses nodes -> ms
+
+  if cfg.transport == "capacity":
+    capacity = routing.expert_capacity(cfg, tokens)
+    blocks = phases.put(rng.standard_normal((devices * cfg.num_experts * capacity, d)).astype(jnp.dtype(cfg.dtype))
+                        .reshape(devices * devices, cfg.num_experts * capacity // devices, d))
+    send = phases.capacity_exchange()
+    comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
+    received, sizes = epg * devices * capacity, np.full((devices, epg), devices * capacity)
+  else:
+    before = tokens * k
+    max_rows = devices * before
+    for axis, hop in zip(hop_axes(cfg), traffic):
+      sizes = phases.put(hop_sizes(hop, axis, n, m))
+      peers = sizes.shape[-1]
+      after = min(peers * before, max_rows)
+      dispatch = phases.exchange(axis, after, "dispatch", with_ids=True)
+      combine = phases.exchange(axis, before, "combine", with_ids=False)
+      rows, back = rows_of(before), rows_of(after)
+      ids = phases.put(np.zeros(devices * before, np.int32))
+      no_ids = phases.put(np.zeros(devices * after, np.int32))
+      comm[crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
+      comm[crosses_nodes(axis, n)] += median_ms(lambda: combine(back, no_ids, sizes))
+      before = after
+    received, sizes = before, counts.reshape(devices, epg)
+  weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])
+  ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
+  expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))
+  layer_ms = 1e3 * statistics.median(layer)
+  return {"layer_ms": layer_ms, "layer_ms_min": 1e3 * min(layer), "layer_inter_ms": comm[True],
+          "layer_intra_ms": comm[False], "layer_expert_ms": expert_ms,
+          "layer_other_ms": layer_ms - comm[True] - comm[False] - expert_ms}
