@@ -13,9 +13,8 @@ import sys
 import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import app, logging
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P

@@ -30,8 +30,14 @@ def require(ok: bool, field: str, value: Any, allowed: str) -> None:
     raise ConfigError(f"config field {field}={value!r} is not allowed: {allowed}", field, value, allowed)
 
 
-def _is_int(value) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool)
+def is_int(value, low: int = 1) -> bool:
+  """An int (not a bool) of at least `low`."""
+  return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def is_number(value) -> bool:
+  """An int or float (not a bool)."""
+  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,13 +95,13 @@ class MoEConfig:
   def __post_init__(self):
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       value = getattr(self, name)
-      require(_is_int(value) and value >= 1, name, value, "a positive int")
+      require(is_int(value), name, value, "a positive int")
     require(self.routing in ROUTINGS, "routing", self.routing, f"one of {ROUTINGS}")
     if self.routing in NODE_ROUTINGS:
       n = self.num_nodes
-      require(_is_int(n) and n >= 1 and self.num_experts % n == 0, "num_nodes", n,
+      require(is_int(n) and self.num_experts % n == 0, "num_nodes", n,
               f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)")
-      require(_is_int(self.node_top_k) and 1 <= self.node_top_k <= n, "node_top_k", self.node_top_k,
+      require(is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k,
               f"an int in [1, num_nodes={n}]")
     limit = self.num_experts
     if self.routing in NODE_ROUTINGS:
@@ -109,7 +115,7 @@ class MoEConfig:
     require(isinstance(self.renormalize, bool), "renormalize", self.renormalize, "True or False")
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
     cf = self.capacity_factor
-    require(cf is None or (isinstance(cf, (int, float)) and not isinstance(cf, bool) and cf > 0),
+    require(cf is None or (is_number(cf) and cf > 0),
             "capacity_factor", cf, "None (dropless) or a number > 0")
     require(self.transport != "capacity" or cf is not None, "capacity_factor", cf,
             "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import layer as moe_layer
-from moejax.config import ConfigError, MoEConfig, require
+from moejax.config import ConfigError, MoEConfig, is_int, require
 from moejax.kernels.activations import ACTIVATIONS
 
 KINDS = ("bert", "gpt")
@@ -50,7 +50,7 @@ class ModelConfig:
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff", "max_len"):
       value = getattr(self, name)
-      require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, name, value,
+      require(is_int(value), name, value,
               "a positive int")
     require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
             f"a divisor of d_model={self.d_model}")

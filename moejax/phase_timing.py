@@ -14,7 +14,6 @@ saves or adds; it can come out slightly negative.
 """
 
 import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -28,19 +27,8 @@ from moejax import plan as plan_lib
 from moejax import routing
 from moejax import transport as transport_lib
 from moejax.config import MoEConfig
+from moejax.kernels.tuning import time_call
 from moejax.layer import ALL, check_vma, exchange_kind, hop_axes, moe_apply
-
-
-def timed(fn, warmup: int, repeats: int) -> list[float]:
-  """Seconds of `repeats` calls of fn() (each waited for) after `warmup` untimed ones."""
-  for _ in range(warmup):
-    jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return times
 
 
 def _groups(axis, n: int, m: int) -> np.ndarray:
@@ -77,42 +65,41 @@ class _Phases:
     """A [D * rows, ...] array, each device holding its block of rows."""
     return jax.device_put(array, self.sharded)
 
-  def _map(self, body, n_args: int):
-    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * n_args, out_specs=P(ALL)))
+  def _map(self, body, n_args: int, check_vma: bool = True):
+    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * n_args, out_specs=P(ALL),
+                                 check_vma=check_vma))
 
-  def exchange(self, axis, out_rows: int, direction: str, with_ids: bool):
-    """Rows [N, d] (and ids [N]) sent over `axis` as a plan from sizes [1, A, A] says."""
+  def exchange(self, axis, out_rows: int, direction: str):
+    """One hop's exchange over `axis` as a plan from sizes [1, A, A] says: 'dispatch' sends rows
+    [N, d] and their ids [N] (`transport.dispatch`), 'combine' sends rows back (`transport.combine`)."""
 
-    def body(rows, ids, sizes):
+    def send(operand, sizes, fill=0):
       forward, backward = plan_lib.ragged_args(sizes[0], jax.lax.axis_index(axis))
       args = forward if direction == "dispatch" else backward
-      out = transport_lib.exchange(rows, args, out_rows, axis, self.kind)
-      if with_ids:
-        return out, transport_lib.exchange(ids, args, out_rows, axis, self.kind, fill=-1)
-      return out
+      return transport_lib.exchange(operand, args, out_rows, axis, self.kind, fill=fill)
 
-    return self._map(body, 3)
+    if direction == "dispatch":
+      return self._map(lambda rows, ids, sizes: (send(rows, sizes), send(ids, sizes, fill=-1)), 3)
+    return self._map(send, 2)
 
   def capacity_exchange(self):
     return self._map(lambda blocks: jax.lax.all_to_all(blocks, ALL, 0, 0), 1)
 
   def ffn(self):
+    """The expert FFN on rows [R, d] with group sizes [epg] and the local expert weights."""
     cfg = self.cfg
-    compute = lambda rows, sizes, *w: experts.expert_ffn(rows, sizes, *w, activation=cfg.activation,
-                                                         backend=cfg.expert_backend, dtype=jnp.dtype(cfg.dtype))
-    gated = cfg.gated
 
     def body(rows, sizes, w_in, w_out, *w_gate):
-      return compute(rows, sizes, w_in, w_out, w_gate[0] if gated else None)
+      return experts.expert_ffn(rows, sizes, w_in, w_out, w_gate[0] if w_gate else None, activation=cfg.activation,
+                                backend=cfg.expert_backend, dtype=jnp.dtype(cfg.dtype))
 
-    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * (5 if gated else 4), out_specs=P(ALL),
-                                 check_vma=check_vma(cfg, self.mesh)))
+    return self._map(body, 5 if cfg.gated else 4, check_vma(cfg, self.mesh))
 
 
 def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
   """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh) and of its phases:
   {'layer_ms', 'layer_ms_min', 'layer_inter_ms', 'layer_intra_ms', 'layer_expert_ms', 'layer_other_ms'}."""
-  layer = timed(lambda: moe_apply(params, x, cfg, mesh), warmup, repeats)
+  layer = time_call(lambda: moe_apply(params, x, cfg, mesh), (), warmup, repeats)
   _, aux = moe_apply(params, x, cfg, mesh)
   traffic = np.asarray(aux["traffic_rows"])
   counts = np.asarray(aux["expert_counts"])
@@ -122,7 +109,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   k, epg = cfg.choices_per_token, cfg.num_experts // devices
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
-  median_ms = lambda fn: 1e3 * statistics.median(timed(fn, warmup, repeats))
+  median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
   comm = {True: 0.0, False: 0.0}  # crosses nodes -> ms
 
   if cfg.transport == "capacity":
@@ -139,13 +126,12 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
       sizes = phases.put(hop_sizes(hop, axis, n, m))
       peers = sizes.shape[-1]
       after = min(peers * before, max_rows)
-      dispatch = phases.exchange(axis, after, "dispatch", with_ids=True)
-      combine = phases.exchange(axis, before, "combine", with_ids=False)
+      dispatch = phases.exchange(axis, after, "dispatch")
+      combine = phases.exchange(axis, before, "combine")
       rows, back = rows_of(before), rows_of(after)
       ids = phases.put(np.zeros(devices * before, np.int32))
-      no_ids = phases.put(np.zeros(devices * after, np.int32))
       comm[crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
-      comm[crosses_nodes(axis, n)] += median_ms(lambda: combine(back, no_ids, sizes))
+      comm[crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
       before = after
     received, sizes = before, counts.reshape(devices, epg)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])

@@ -50,11 +50,12 @@ from jax.sharding import PartitionSpec as P
 from moejax import mesh as mesh_lib
 from moejax import objective, phase_timing, routing
 from moejax import train as train_lib
-from moejax.config import ConfigError, MoEConfig, require
+from moejax.config import ConfigError, MoEConfig, is_int, require
 from moejax.cost import collectives
 from moejax.cost import model as cost_model
 from moejax.cost import topology as topology_lib
 from moejax.cost import traffic as traffic_lib
+from moejax.kernels.tuning import time_call
 from moejax.layer import ALL, hop_axes, init_params, moe_apply, param_specs, traffic_summary
 from moejax.model import ModelConfig
 
@@ -111,7 +112,7 @@ def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, pla
 
 def _positive_ints(value) -> bool:
   return (isinstance(value, (tuple, list)) and len(value) > 0
-          and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value))
+          and all(is_int(v) for v in value))
 
 
 def validate(config) -> list[Point]:
@@ -139,8 +140,7 @@ def validate(config) -> list[Point]:
     require(not unknown, f"models.{name}", unknown, f"only the fields {MODEL_FIELDS}")
     for field in MODEL_FIELDS:
       value = model.get(field)
-      require(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"models.{name}.{field}",
-              value, "a positive int")
+      require(is_int(value), f"models.{name}.{field}", value, "a positive int")
     require(model.layers % model.moe_layers == 0, f"models.{name}.moe_layers", model.moe_layers,
             f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)")
     require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
@@ -401,8 +401,9 @@ def measure(point: Point, config, layers: dict) -> dict:
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and
   intra-node exchanges, expert FFN, the rest), and the whole training step (`moejax.train.Trainer`:
   the point's global batch as accumulation micro batches of random tokens, forward, backward, LAMB
-  update). Each: measure.warmup untimed calls, then the median of measure.repeats. `layers` keeps
-  the layer's timings by (scheme, mesh, model) for the other scaling's point."""
+  update). Each: a compiling call and measure.warmup untimed calls, then the median of
+  measure.repeats (`time_call`). `layers` keeps the layer's timings by (scheme, mesh, model) for
+  the other scaling's point."""
   model, moe, platform = config.models[point.model], config.moe, config.measure.platform
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, platform)
@@ -417,7 +418,7 @@ def measure(point: Point, config, layers: dict) -> dict:
     del params, x
 
   global_batch, accumulation = batch(point, config)
-  steps = config.measure.warmup + config.measure.repeats
+  steps = 1 + config.measure.warmup + config.measure.repeats  # time_call's first call compiles
   train_config = ml_collections.ConfigDict({"seed": config.sim.seed, "steps": steps, "optim": _TIMING_OPTIM,
                                             "data": {"mask_prob": objective.MASK_PROB}})
   ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=model.vocab - 2,
@@ -435,7 +436,7 @@ def measure(point: Point, config, layers: dict) -> dict:
     losses.append(metrics["loss"])
     return state
 
-  step_times = phase_timing.timed(step, config.measure.warmup, config.measure.repeats)
+  step_times = time_call(step, (), config.measure.warmup, config.measure.repeats)
   step_s = statistics.median(step_times)
   return {**_identity(point), "routing": cfg.routing, "transport": cfg.transport,
           "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,

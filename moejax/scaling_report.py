@@ -45,6 +45,12 @@ def _grid(count: int, width: float = 5.5):
   return plt, fig, axes.flat
 
 
+def _save(plt, fig, path: str) -> None:
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
 def plot_throughput(rows: list[dict], path: str) -> None:
   """Samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node
   (modelled), measured points as crosses in the line's colour."""
@@ -66,9 +72,7 @@ def plot_throughput(rows: list[dict], path: str) -> None:
     ax.set_ylabel("samples/s (lines modelled, crosses measured)")
     ax.set_title(f"{model}, {scaling} scaling")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
 
 
 def plot_breakdown(rows: list[dict], path: str) -> None:
@@ -95,9 +99,7 @@ def plot_breakdown(rows: list[dict], path: str) -> None:
     ax.set_ylabel("ms per MoE layer forward")
     ax.set_title(f"{model}: one layer, one micro batch")
     ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _save(plt, fig, path)
 
 
 def comparison_table(rows: list[dict]) -> str:

@@ -28,7 +28,7 @@ from moejax import mesh as mesh_lib
 from moejax import metrics as metrics_lib
 from moejax import objective, optim
 from moejax import tokenizer as tokenizer_lib
-from moejax.config import ConfigError, MoEConfig, require
+from moejax.config import ConfigError, MoEConfig, is_int, is_number, require
 from moejax.layer import ALL
 from moejax import model as model_lib
 from moejax.model import ModelConfig
@@ -44,14 +44,6 @@ SECTIONS = {
 }
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "mesh", "model", "moe", "data", "optim",
              "checkpoint", "log")
-
-
-def _int(value, low=1) -> bool:
-  return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _number(value) -> bool:
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _check_fields(fields, known, prefix: str, required=None) -> None:
@@ -70,7 +62,7 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   for section, known in SECTIONS.items():
     _check_fields(config[section], known, section + ".")
   for name in ("nodes", "gpus_per_node"):
-    require(_int(config.mesh[name]), f"mesh.{name}", config.mesh[name], "a positive int")
+    require(is_int(config.mesh[name]), f"mesh.{name}", config.mesh[name], "a positive int")
   devices = config.mesh.nodes * config.mesh.gpus_per_node
   fields = dataclasses.fields(ModelConfig)
   _check_fields(config.model, [f.name for f in fields], "model.",
@@ -89,12 +81,12 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
 
-  require(_int(config.seed, 0), "seed", config.seed, "an int >= 0")
-  require(_int(config.steps), "steps", config.steps, "a positive int")
-  require(_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
+  require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
+  require(is_int(config.steps), "steps", config.steps, "a positive int")
+  require(is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
           f"an int in [2, model.max_len={model_cfg.max_len}]")
-  require(_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
-  require(_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
+  require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
+  require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
           config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
   rows = config.batch_size // config.micro_batches
   require(rows % devices == 0, "batch_size", config.batch_size,
@@ -108,30 +100,30 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
           "data.tokenizer_model", d.tokenizer_model, "'' (train one) or the path of a SentencePiece model")
   require(isinstance(d.cache_dir, str), "data.cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
-  require(_int(d.tokenizer_train_chars), "data.tokenizer_train_chars", d.tokenizer_train_chars, "a positive int")
-  require(_int(d.shards) and rows % d.shards == 0, "data.shards", d.shards,
+  require(is_int(d.tokenizer_train_chars), "data.tokenizer_train_chars", d.tokenizer_train_chars, "a positive int")
+  require(is_int(d.shards) and rows % d.shards == 0, "data.shards", d.shards,
           f"a positive divisor of the {rows} rows of a micro-batch")
-  require(_number(d.mask_prob) and 0 < d.mask_prob < 1, "data.mask_prob", d.mask_prob, "in (0, 1)")
-  require(_int(d.prefetch, 0), "data.prefetch", d.prefetch, "an int >= 0")
+  require(is_number(d.mask_prob) and 0 < d.mask_prob < 1, "data.mask_prob", d.mask_prob, "in (0, 1)")
+  require(is_int(d.prefetch, 0), "data.prefetch", d.prefetch, "an int >= 0")
 
   o = config.optim
-  require(_number(o.learning_rate) and o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
-  require(_int(o.warmup_steps, 0), "optim.warmup_steps", o.warmup_steps, "an int >= 0")
+  require(is_number(o.learning_rate) and o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
+  require(is_int(o.warmup_steps, 0), "optim.warmup_steps", o.warmup_steps, "an int >= 0")
   require(o.decay in optim.SCHEDULES, "optim.decay", o.decay, f"one of {optim.SCHEDULES}")
-  require(_int(o.decay_steps, 0), "optim.decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
-  require(_number(o.end_fraction) and 0 <= o.end_fraction <= 1, "optim.end_fraction", o.end_fraction, "in [0, 1]")
+  require(is_int(o.decay_steps, 0), "optim.decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
+  require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, "optim.end_fraction", o.end_fraction, "in [0, 1]")
   for name in ("b1", "b2"):
-    require(_number(o[name]) and 0 <= o[name] < 1, f"optim.{name}", o[name], "in [0, 1)")
+    require(is_number(o[name]) and 0 <= o[name] < 1, f"optim.{name}", o[name], "in [0, 1)")
   for name in ("eps", "clip_norm"):
-    require(_number(o[name]) and o[name] > 0, f"optim.{name}", o[name], "> 0")
-  require(_number(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
+    require(is_number(o[name]) and o[name] > 0, f"optim.{name}", o[name], "> 0")
+  require(is_number(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
 
-  require(_int(config.checkpoint.every_steps), "checkpoint.every_steps", config.checkpoint.every_steps,
+  require(is_int(config.checkpoint.every_steps), "checkpoint.every_steps", config.checkpoint.every_steps,
           "a positive int")
-  require(_int(config.checkpoint.keep), "checkpoint.keep", config.checkpoint.keep, "a positive int")
+  require(is_int(config.checkpoint.keep), "checkpoint.keep", config.checkpoint.keep, "a positive int")
   require(isinstance(config.checkpoint.use_async, bool), "checkpoint.use_async", config.checkpoint.use_async,
           "True or False")
-  require(_int(config.log.every_steps), "log.every_steps", config.log.every_steps, "a positive int")
+  require(is_int(config.log.every_steps), "log.every_steps", config.log.every_steps, "a positive int")
   require(isinstance(config.log.tensorboard, bool), "log.tensorboard", config.log.tensorboard, "True or False")
   return model_cfg, moe_cfg
 

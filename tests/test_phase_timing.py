@@ -39,7 +39,7 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
 
   values = np.stack([1000 * (s + 1) + np.arange(rows) for s in range(devices)]).astype(np.float32)
   phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4)
-  send = phases.exchange(axis, out_rows, "dispatch", with_ids=True)
+  send = phases.exchange(axis, out_rows, "dispatch")
   got, got_ids = send(phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)),
                       phases.put(sizes))
   got, got_ids = np.asarray(got).reshape(devices, out_rows), np.asarray(got_ids).reshape(devices, out_rows)

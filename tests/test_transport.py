@@ -1,8 +1,6 @@
 """Transports on a simulated 2x4 mesh: `padded` against the NumPy ragged model, and multi-hop
 dispatch/combine delivering every row to the device of its expert and back."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

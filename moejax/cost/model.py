@@ -130,12 +130,3 @@ def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, top
                    expert_compute_s=flops_factor * float(np.max(flops)) / rate,
                    other_s=flops_factor * float(other_flops) / rate, hops=dispatch, device_rate=rate,
                    rate_source=rate_source, topology=topology.name)
-
-
-def format_breakdown(b: Breakdown) -> str:
-  """The breakdown in ms, one part per line, labelled as modelled."""
-  parts = [("inter-node all-to-all", b.inter_node_a2a_s), ("intra-node all-to-all", b.intra_node_a2a_s),
-           ("expert compute", b.expert_compute_s), ("other", b.other_s), ("total", b.total_s)]
-  lines = [f"{b.label} on {b.topology} (device rate {b.device_rate / 1e12:.4g} TFLOP/s, {b.rate_source})"]
-  lines += [f"  {name:22s} {seconds * 1e3:10.4f} ms" for name, seconds in parts]
-  return "\n".join(lines)
