@@ -37,7 +37,7 @@ def get_config() -> ml_collections.ConfigDict:
       "dtype": "bfloat16",  # 2 bytes per element moved and the compute dtype of measured points
   })
   # The small run on simulated devices: `batches` calls of `tokens_per_gpu` tokens per device;
-  # balanced_router: routers built to route uniformly (moejax.scaling.balanced_routers), else the
+  # balanced_router: routers built to route uniformly (moejax.study.inputs.balanced_routers), else the
   # layer's own random initialisation.
   config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 128, "batches": 4, "d_model": 32, "d_ff": 64,
                                           "seed": 0, "balanced_router": True})

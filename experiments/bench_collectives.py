@@ -3,7 +3,7 @@
 Variants, each sending `rows` rows of width d from every device to every device of the mesh:
   flat     jax.lax.all_to_all over ('node', 'gpu') at once
   two_hop  all_to_all over 'gpu', then over 'node' (the hierarchical path)
-  padded   moejax.transport.padded_all_to_all: ragged semantics from worst-case fixed blocks
+  padded   moejax.moe.transport.padded_all_to_all: ragged semantics from worst-case fixed blocks
   ragged   jax.lax.ragged_all_to_all (skipped, with the backend's message, where it is missing)
 Every variant delivers the same blocks in source order; each output is checked against the first
 variant's. Each size is timed as the median of --iters calls after --warmup, then
@@ -21,19 +21,18 @@ within one run, nothing more.
 import json
 import statistics
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+from absl import app, flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import mesh as mesh_lib
-from moejax import transport
 from moejax.cost import calibrate
 from moejax.kernels import tuning
+from moejax.moe import transport
+from moejax.runtime import mesh as mesh_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)

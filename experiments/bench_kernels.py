@@ -22,17 +22,14 @@ import json
 import statistics
 import traceback
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
+from absl import app, flags
 
-from moejax.kernels import activations
-from moejax.kernels import ffn
+from moejax.kernels import activations, ffn, tuning
 from moejax.kernels import gmm as gmm_lib
-from moejax.kernels import tuning
 
 # experts: experts on the benchmarked GPU (all of them: expert parallelism 1, except SMILE).
 MODELS = {

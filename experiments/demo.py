@@ -2,7 +2,7 @@
 
   python -m experiments.demo                                   # embedded default: configs/demo.py
   python -m experiments.demo --config.moe.transport=hierarchical --config.moe.capacity_factor=1.25
-  python -m moejax.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
+  python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
 
 Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
 """
@@ -20,11 +20,13 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from ml_collections import config_flags
 
-from moejax import distributed
-from moejax import mesh as mesh_lib
-from moejax.config import ConfigError, MoEConfig, require
-from moejax.layer import ALL, hop_axes, init_params, moe_apply, param_specs, traffic_summary
-from moejax.reference import moe_reference
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import ALL, init_params, moe_apply, param_specs, traffic_summary
+from moejax.moe.reference import moe_reference
+from moejax.moe.transport import transport_hops
+from moejax.runtime import distributed
+from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
@@ -78,7 +80,7 @@ def run(config) -> dict:
   y = np.asarray(multihost_utils.process_allgather(y, tiled=True))
   aux = {k: np.asarray(v) for k, v in aux.items()}
   result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
-            "hop_axes": [str(axes) for axes in hop_axes(cfg)], "row_bytes": cfg.d_model * host_x.dtype.itemsize,
+            "hop_axes": [str(axes) for axes in transport_hops(cfg.transport)], "row_bytes": cfg.d_model * host_x.dtype.itemsize,
             **aux}
   if config.check_reference:
     y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=n * m))(host_params, host_x)

@@ -8,7 +8,7 @@ Each point runs the real MoE layer on a simulated CPU mesh of its shape and pric
 produced with the cluster cost model at the model's token counts (rows labelled 'modelled'); points
 whose mesh fits this machine's devices of measure.platform (single-node meshes on 'gpu', default)
 are also timed: one layer forward and a whole training step (rows labelled 'measured'). See
-moejax/scaling.py.
+moejax/study/sweep.py.
 Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again;
 results go to results.csv, results.json, throughput.png and breakdown.png in the workdir.
 """
@@ -19,10 +19,11 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from moejax import mesh as mesh_lib
-from moejax import scaling
-from moejax import scaling_report
-from moejax.config import ConfigError
+from moejax.runtime import mesh as mesh_lib
+from moejax.study import report
+from moejax.study.points import max_devices, validate
+from moejax.study.sweep import run
+from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "scaling_default.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Sweep config file.")
@@ -33,15 +34,15 @@ def main(argv):
   del argv
   config = _CONFIG.value
   try:
-    points = scaling.validate(config)
-    mesh_lib.simulate_cpu_devices(scaling.max_devices(points))  # Before JAX starts its backends.
-    rows, counts = scaling.run(config, _WORKDIR.value)
+    points = validate(config)
+    mesh_lib.simulate_cpu_devices(max_devices(points))  # Before JAX starts its backends.
+    rows, counts = run(config, _WORKDIR.value)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
   logging.info("%d point(s) computed (%d small runs), %d done before", counts["computed"], counts["simulated"],
                counts["skipped"])
-  paths = scaling_report.write_all(rows, config, _WORKDIR.value)
-  print(scaling_report.comparison_table(rows))
+  paths = report.write_all(rows, config, _WORKDIR.value)
+  print(report.comparison_table(rows))
   print("wrote", ", ".join(paths.values()))
 
 

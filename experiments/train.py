@@ -2,7 +2,7 @@
 
   python -m experiments.train --config=configs/mlm.py --workdir=/tmp/mlm
   python -m experiments.train --config=configs/mlm.py:3.7b --workdir=... --config.moe.top_k=2
-  python -m moejax.launch --processes 2 --devices-per-process 4 -- \\
+  python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- \\
       python -m experiments.train --config=configs/mlm.py --workdir=/tmp/mlm2
 
 Writes metrics.jsonl, TensorBoard events, checkpoints/ and summary.json to the workdir. Without
@@ -17,11 +17,11 @@ from absl import app, flags
 from absl import logging as absl_logging
 from ml_collections import config_flags
 
-from moejax import distributed
-from moejax import mesh as mesh_lib
-from moejax import train
-from moejax.config import ConfigError
-from moejax.tokenizer import TokenizerError
+from moejax.runtime import distributed
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import trainer as train
+from moejax.train.tokenizer import TokenizerError
+from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
 _CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")

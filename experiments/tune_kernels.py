@@ -15,14 +15,12 @@ import itertools
 import json
 import statistics
 
-from absl import app
-from absl import flags
 import jax
 import jax.numpy as jnp
+from absl import app, flags
 
-from moejax.kernels import ffn
+from moejax.kernels import ffn, tuning
 from moejax.kernels import gmm as gmm_lib
-from moejax.kernels import tuning
 
 # shape class -> (M, G, d, f): many rows per group (Mixtral-like) or few (Qwen2-MoE-like).
 SHAPES = {'many_rows': (8192, 8, 4096, 4096), 'few_rows': (8192, 64, 2048, 1408)}

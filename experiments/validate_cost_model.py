@@ -27,16 +27,12 @@ import dataclasses
 import json
 import math
 
-from absl import app
-from absl import flags
 import numpy as np
+from absl import app, flags
 
-from moejax import mesh as mesh_lib
-from moejax.cost import calibrate
-from moejax.cost import collectives
-from moejax.cost import model
+from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
-from moejax.cost import traffic
+from moejax.runtime import mesh as mesh_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)

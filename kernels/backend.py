@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental.pallas import triton as plgpu
 
+from moejax.runtime import platform as platform_lib
+
 from . import tuning
 
 
@@ -19,7 +21,7 @@ def use_interpret(interpret: bool | None, *arrays) -> bool:
   """`interpret` if given; otherwise True unless the inputs (or default backend) are on a GPU."""
   if interpret is not None:
     return bool(interpret)
-  return _platform(*arrays) != 'gpu'
+  return platform_lib.pallas_interprets(_platform(*arrays))
 
 
 def device_kind(interpret: bool, *arrays) -> str:

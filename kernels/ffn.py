@@ -20,11 +20,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import activations
-from . import backend
-from . import checks
+from . import activations, backend, checks, tuning
 from . import schedule as schedule_lib
-from . import tuning
 from .gmm import tgmm_forward
 from .gmm_kernel import grouped_matmul
 

@@ -14,10 +14,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import backend
-from . import checks
+from . import backend, checks, tuning
 from . import schedule as schedule_lib
-from . import tuning
 from .gmm_kernel import grouped_matmul
 from .tgmm_kernel import transposed_grouped_matmul
 

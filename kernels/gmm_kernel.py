@@ -17,9 +17,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from . import backend
+from . import backend, tuning
 from . import schedule as schedule_lib
-from . import tuning
 
 _SWIZZLE = 8  # visits per swizzle band
 

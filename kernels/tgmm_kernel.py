@@ -10,13 +10,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from . import backend
-from . import tuning
-from .gmm_kernel import dot_precision
-from .gmm_kernel import in_bounds
-from .gmm_kernel import load
-from .gmm_kernel import store
-from .gmm_kernel import tile_mask
+from . import backend, tuning
+from .gmm_kernel import dot_precision, in_bounds, load, store, tile_mask
 
 
 def transposed_grouped_matmul(

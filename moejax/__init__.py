@@ -1,12 +1,61 @@
-"""moejax: communication-efficient Mixture-of-Experts on ('node', 'gpu') device meshes."""
+"""moejax: communication-efficient Mixture-of-Experts on ('node', 'gpu') device meshes.
 
+The public API for notebooks and other frameworks:
+
+  mesh = moejax.make_mesh(2, 4)                       # axes ('node', 'gpu')
+  cfg = moejax.MoEConfig(num_experts=16, top_k=2, d_model=64, d_ff=128)
+  y, aux = moejax.MoELayer(cfg, mesh, rngs=nnx.Rngs(0))(x)
+  y, aux = moejax.moe_apply(params, x, cfg, mesh)     # the same layer as a pure function
+  y_ref, aux_ref = moejax.moe_reference(params, x, cfg)
+
+Subpackages: `moe` (the layer and its parts), `runtime` (mesh, processes), `train` (models, data,
+trainer), `cost` (cluster cost model), `study` (scaling sweeps and timing); `moejax.kernels` holds
+the Pallas kernels.
+"""
+
+import importlib.util as _importlib_util
 import pathlib as _pathlib
+import sys as _sys
 
-# Run from a source tree (PYTHONPATH=. or an editable install), the kernels sit in the top-level
-# `kernels/` folder; adding the repository root to this package's search path makes them importable
-# as `moejax.kernels`, the same name an installed wheel gives them.
-_source_root = _pathlib.Path(__file__).resolve().parent.parent
-if not (_pathlib.Path(__file__).parent / "kernels").is_dir() and (_source_root / "kernels" / "__init__.py").is_file():
-  __path__.append(str(_source_root))
 
+def _source_tree_kernels() -> None:
+  """Run from a source tree (PYTHONPATH=. or an editable install), the kernels sit in the top-level
+  `kernels/` folder; register that folder as `moejax.kernels`, the name an installed wheel gives it."""
+  here = _pathlib.Path(__file__).resolve().parent
+  kernels = here.parent / "kernels"
+  if "moejax.kernels" in _sys.modules or (here / "kernels").is_dir() or not (kernels / "__init__.py").is_file():
+    return
+  spec = _importlib_util.spec_from_file_location("moejax.kernels", kernels / "__init__.py",
+                                                 submodule_search_locations=[str(kernels)])
+  module = _importlib_util.module_from_spec(spec)
+  _sys.modules["moejax.kernels"] = module
+  spec.loader.exec_module(module)
+
+
+_source_tree_kernels()
+
+# Loaded on first use, so that `import moejax` (and `python -m moejax.runtime.launch`) stays light.
+_PUBLIC = {
+    "ConfigError": "moejax.validation",
+    "MoEConfig": "moejax.moe.config",
+    "MoELayer": "moejax.moe.layer",
+    "init_params": "moejax.moe.layer",
+    "moe_apply": "moejax.moe.layer",
+    "moe_reference": "moejax.moe.reference",
+    "make_mesh": "moejax.runtime.mesh",
+    "simulate_cpu_devices": "moejax.runtime.mesh",
+}
+__all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'moejax' has no attribute {name!r}")
+  import importlib
+
+  return getattr(importlib.import_module(_PUBLIC[name]), name)
+
+
+def __dir__():
+  return sorted(list(globals()) + __all__)

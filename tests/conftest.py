@@ -1,9 +1,11 @@
 """Shared fixtures: every test process sees 8 simulated CPU devices (2 nodes x 4 GPUs at most)."""
 
+import os
+
 import jax
 import pytest
 
-from moejax import mesh as mesh_lib
+from moejax.runtime import mesh as mesh_lib
 
 NUM_DEVICES = 8
 mesh_lib.simulate_cpu_devices(NUM_DEVICES)
@@ -18,6 +20,15 @@ def devices():
 @pytest.fixture(scope="session")
 def mesh_2x4(devices):
   return mesh_lib.make_mesh(2, 4)
+
+
+@pytest.fixture(scope="session")
+def shared(tmp_path_factory):
+  """A directory shared by all workers of this test session, with the data cache inside."""
+  base = tmp_path_factory.getbasetemp()
+  path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "train-shared"
+  (path / "cache").mkdir(parents=True, exist_ok=True)
+  return path
 
 
 def make_test_mesh(nodes: int, gpus_per_node: int):

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import mesh as mesh_lib
-from moejax.config import MoEConfig
-from moejax.layer import init_params, moe_apply
-from moejax.reference import moe_reference
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.reference import moe_reference
+from moejax.runtime import mesh as mesh_lib
 from tests.numpy_moe import moe_numpy
 from tests.test_layer import assert_matches_reference
 

@@ -1,6 +1,7 @@
 import pytest
 
-from moejax.config import ConfigError, MoEConfig
+from moejax.moe.config import MoEConfig
+from moejax.validation import ConfigError
 
 BASE = dict(num_experts=8, top_k=2, d_model=16, d_ff=32)
 

@@ -6,13 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from moejax.config import MoEConfig
-from moejax.cost import calibrate
-from moejax.cost import collectives
-from moejax.cost import model
+from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
-from moejax.cost import traffic
-from moejax.layer import init_params, moe_apply
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply
+from moejax.runtime import mesh as mesh_lib
 
 # Round numbers in arbitrary units, so that every expected time is easy to check by hand.
 TOY = topology_lib.custom("p4d_efa", name="toy", gpus_per_node=8, intra_bw=100.0, nic_bw=10.0, intra_latency=1.0,
@@ -21,7 +19,7 @@ FLAT = ("node", "gpu")
 
 
 def _a2a(rows, n, m, hop, bytes_per_row=1.0, topology=TOY):
-  return collectives.all_to_all(np.asarray(rows) * bytes_per_row, traffic.group_mask(n, m, hop), m, topology)
+  return collectives.all_to_all(np.asarray(rows) * bytes_per_row, mesh_lib.same_group(hop, n, m), m, topology)
 
 
 def test_single_inter_node_message():
@@ -198,8 +196,8 @@ def test_non_moe_flops_match_xla_count_of_the_bert_forward():
   forward without MoE layers (elementwise work, which the formula leaves out, is a few percent)."""
   from flax import nnx
 
-  from moejax import mesh as mesh_lib
-  from moejax import model as model_lib
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.train import model as model_lib
 
   b, seq, predicted, d, f, layers, vocab = 4, 32, 5, 128, 512, 2, 512
   cfg = model_lib.ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,

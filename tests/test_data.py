@@ -9,8 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import data, objective, tokenizer
-from tests.test_train import shared  # noqa: F401  (the session's shared cache, corpus included)
+from moejax.train import data, objective, tokenizer
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
          "and every morning the baker sells fresh bread to curious neighbours").split()

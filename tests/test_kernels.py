@@ -7,12 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.kernels import activations
-from moejax.kernels import backend
-from moejax.kernels import ffn
+from moejax.kernels import activations, backend, ffn, schedule, tuning
 from moejax.kernels import gmm as gmm_lib
-from moejax.kernels import schedule
-from moejax.kernels import tuning
 
 TILING = tuning.TileConfig(8, 16, 16)  # K=24, N=20 below: partial K and N tiles
 GPU_TILING = tuning.TileConfig(16, 32, 16)

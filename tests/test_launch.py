@@ -15,7 +15,7 @@ ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPA
 
 
 def launch(*command, processes=2, timeout=240):
-  return subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", str(processes),
+  return subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", str(processes),
                          "--devices-per-process", "4", "--", *command],
                         cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
 
@@ -51,7 +51,7 @@ def test_failing_process_fails_the_job_with_its_code():
 
 
 def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
-  proc = subprocess.Popen([sys.executable, "-m", "moejax.launch", "--processes", "2", "--devices-per-process", "1",
+  proc = subprocess.Popen([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "1",
                            "--", sys.executable, "-c", "import time; time.sleep(600)"],
                           cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
   pids = []
@@ -76,6 +76,6 @@ def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
 
 
 def test_usage_error_without_command():
-  run = subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", "2"], cwd=ROOT, env=ENV,
+  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2"], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=60)
   assert run.returncode == 2 and "usage" in run.stderr

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax import mesh as mesh_lib
-from moejax.config import ConfigError, MoEConfig
-from moejax.layer import MoELayer, init_params, moe_apply
-from moejax.reference import moe_reference
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import MoELayer, init_params, moe_apply
+from moejax.moe.reference import moe_reference
+from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError
 
 MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
 MODES = [("padded", None), ("padded", 1.0), ("capacity", 1.0), ("hierarchical", None), ("hierarchical", 0.75)]
@@ -115,7 +116,7 @@ def test_single_token_per_device(n, m, tokens):
 
 @pytest.mark.parametrize("transport", ["padded", "hierarchical"])
 def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport):
-  n, m, epg, k, tokens_per_device = 2, 4, 2, 2, 16
+  m, epg, k, tokens_per_device = 4, 2, 2, 16
   cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport)
   params = init_params(jax.random.key(9), cfg)
   x = jax.random.normal(jax.random.key(10), (8 * tokens_per_device, 8))

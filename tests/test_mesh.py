@@ -2,7 +2,7 @@ import jax
 import numpy as np
 import pytest
 
-from moejax import mesh as mesh_lib
+from moejax.runtime import mesh as mesh_lib
 
 
 @pytest.mark.parametrize("n,m", [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1), (2, 2)])

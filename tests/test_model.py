@@ -9,11 +9,12 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from moejax import mesh as mesh_lib
-from moejax.config import ConfigError, MoEConfig
-from moejax.layer import ALL
-from moejax import model as model_lib
-from moejax.model import LanguageModel, ModelConfig, param_specs
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import ALL
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import model as model_lib
+from moejax.train.model import LanguageModel, ModelConfig, param_specs
+from moejax.validation import ConfigError
 from tests.test_launch import ROOT
 
 V, D, F = 96, 32, 64
@@ -115,7 +116,7 @@ def test_invalid_model_configs_name_the_field(mesh_2x4):
 def test_paper_sizes(devices, size, billions):
   sys.path.insert(0, str(ROOT))
   from configs import mlm
-  from moejax import train
+  from moejax.train import trainer as train
 
   config = mlm.get_config(size)
   model_cfg, moe_cfg = train.validate(config)

@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from moejax.config import MoEConfig
-from moejax.layer import init_params, moe_apply
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply
 from tests.test_launch import ENV, ROOT
 
 
@@ -20,7 +20,7 @@ def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, tr
                "--config.tokens=128", "--config.steps=1"]
   if cf is not None:
     overrides.append(f"--config.moe.capacity_factor={cf}")
-  run = subprocess.run([sys.executable, "-m", "moejax.launch", "--processes", "2", "--devices-per-process", "4",
+  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4",
                         "--", sys.executable, "-m", "experiments.demo", *overrides],
                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

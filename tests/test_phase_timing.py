@@ -5,10 +5,10 @@ import jax
 import numpy as np
 import pytest
 
-from moejax import mesh as mesh_lib
-from moejax import phase_timing
-from moejax.config import MoEConfig
-from moejax.layer import ALL, init_params
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import ALL, init_params
+from moejax.runtime import mesh as mesh_lib
+from moejax.study import phase_timing
 from tests.conftest import make_test_mesh
 
 

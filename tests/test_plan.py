@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax import plan as plan_lib
+from moejax.moe import plan as plan_lib
 from tests import ragged_sim
 
 

@@ -4,9 +4,9 @@ import jax
 import numpy as np
 import pytest
 
-from moejax.config import MoEConfig
-from moejax.layer import init_params
-from moejax.reference import moe_reference
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params
+from moejax.moe.reference import moe_reference
 from tests.numpy_moe import moe_numpy
 
 

@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
-from moejax import scaling
-from moejax import scaling_report
-from moejax.config import ConfigError
+from moejax.study import report
+from moejax.study.inputs import balanced_routers
+from moejax.study.points import Point, scheme_config, validate
+from moejax.study.price import price_layer
+from moejax.study.store import POINTS_FILE, load_jsonl
+from moejax.study.sweep import run
+from moejax.validation import ConfigError
 
 POINTS = 5 * 2 * 2  # schemes x meshes x scalings (one model)
 
@@ -31,14 +35,14 @@ def tiny_config() -> ml_collections.ConfigDict:
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory, devices):
   workdir = str(tmp_path_factory.mktemp("scaling"))
-  rows, counts = scaling.run(tiny_config(), workdir)
+  rows, counts = run(tiny_config(), workdir)
   return workdir, rows, counts
 
 
 def test_sweep_writes_csv_json_and_both_plots(sweep):
   workdir, rows, counts = sweep
   assert counts == {"computed": POINTS, "skipped": 0, "simulated": 10}
-  paths = scaling_report.write_all(rows, tiny_config(), workdir)
+  paths = report.write_all(rows, tiny_config(), workdir)
   assert sorted(os.path.basename(p) for p in paths.values()) == [
       "breakdown.png", "results.csv", "results.json", "throughput.png"]
   for path in paths.values():
@@ -47,7 +51,7 @@ def test_sweep_writes_csv_json_and_both_plots(sweep):
     assert len(list(csv.DictReader(f))) == POINTS
   with open(paths["results.json"]) as f:
     assert len(json.load(f)["rows"]) == POINTS
-  assert "switch" in scaling_report.comparison_table(rows)
+  assert "switch" in report.comparison_table(rows)
 
 
 def test_rows_are_modelled_with_positive_times(sweep):
@@ -61,21 +65,21 @@ def test_rows_are_modelled_with_positive_times(sweep):
 
 def test_rerun_skips_finished_points_and_reprices_without_rerunning_the_layer(sweep):
   workdir, rows, _ = sweep
-  again, counts = scaling.run(tiny_config(), workdir)
+  again, counts = run(tiny_config(), workdir)
   assert counts == {"computed": 0, "skipped": POINTS, "simulated": 0}
   assert again == rows
   config = tiny_config()
   config.global_batch = 32  # changes the strong-scaling points only
-  _, counts = scaling.run(config, workdir)
+  _, counts = run(config, workdir)
   assert counts == {"computed": POINTS // 2, "skipped": POINTS // 2, "simulated": 0}
-  path = os.path.join(workdir, scaling.POINTS_FILE)
+  path = os.path.join(workdir, POINTS_FILE)
   with open(path) as f:
     text = f.read()
   with open(path, "w") as f:
     f.write(text[:-20])  # a run interrupted while writing its last point
-  _, counts = scaling.run(config, workdir)
+  _, counts = run(config, workdir)
   assert counts == {"computed": 1, "skipped": POINTS - 1, "simulated": 0}
-  assert len(scaling.load_jsonl(path)) == POINTS + POINTS // 2
+  assert len(load_jsonl(path)) == POINTS + POINTS // 2
 
 
 def test_weak_and_strong_scaling_follow_smile_definitions(sweep):
@@ -96,10 +100,10 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
   config = tiny_config()
   rows = [[3, 1, 2, 2], [0, 4, 1, 3], [2, 0, 3, 3], [1, 1, 2, 4]]  # 8 tokens per device, flat top-1
   sim = {"traffic_rows": [rows], "rows_per_device": np.sum(rows, axis=0).tolist(), "dropped": 0, "tokens_per_gpu": 8}
-  point = scaling.Point("flat_dropless", 2, 2, "tiny", "weak")
-  small = scaling.price_layer(sim, point, config)
+  point = Point("flat_dropless", 2, 2, "tiny", "weak")
+  small = price_layer(sim, point, config)
   config.models.tiny.micro_batch *= 4
-  large = scaling.price_layer(sim, point, config)
+  large = price_layer(sim, point, config)
   assert small["token_scale"] * 4 == large["token_scale"]
   assert np.isclose(large["inter_node_mb_per_gpu"], 4 * small["inter_node_mb_per_gpu"])
   assert large["forward"].expert_compute_s == pytest.approx(4 * small["forward"].expert_compute_s, rel=1e-3)
@@ -107,12 +111,12 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
 
 def test_balanced_routers_route_uniformly():
   moe = tiny_config().moe
-  flat = scaling.scheme_config("flat_dropless", 4, 16, moe, 16, 32, "cpu")  # 64 experts, d 16
-  bilevel = scaling.scheme_config("smile", 4, 2, moe, 16, 32, "cpu")  # routers of 4 + 2 columns
+  flat = scheme_config("flat_dropless", 4, 16, moe, 16, 32, "cpu")  # 64 experts, d 16
+  bilevel = scheme_config("smile", 4, 2, moe, 16, 32, "cpu")  # routers of 4 + 2 columns
   x = np.random.default_rng(1).standard_normal((1 << 16, 16))
-  counts = np.bincount(np.argmax(x @ scaling.balanced_routers(flat, 0)["router"]["kernel"], axis=1), minlength=64)
+  counts = np.bincount(np.argmax(x @ balanced_routers(flat, 0)["router"]["kernel"], axis=1), minlength=64)
   assert counts.max() / counts.mean() < 1.1  # the layer's own initialisation: about 3.7
-  routers = scaling.balanced_routers(bilevel, 0)
+  routers = balanced_routers(bilevel, 0)
   both = np.concatenate([routers["node_router"]["kernel"], routers["local_router"]["kernel"]], axis=1)
   np.testing.assert_allclose(both.T @ both, np.eye(6), atol=1e-12)  # i.i.d. logits, independent choices
 
@@ -138,7 +142,7 @@ def test_config_errors_name_their_field(field, value, named):
     target = target[parent]
   target[leaf] = value
   with pytest.raises(ConfigError) as error:
-    scaling.validate(config)
+    validate(config)
   assert error.value.field == named
   assert named in str(error.value)
 
@@ -151,7 +155,7 @@ def measured_sweep(tmp_path_factory, devices):
   config.models.tiny.micro_batch = 2  # strong scaling: 16 samples = 2 micro batches of 2 on 4 devices
   config.measure.update(platform="cpu", warmup=1, repeats=2)
   workdir = str(tmp_path_factory.mktemp("measured"))
-  rows, counts = scaling.run(config, workdir)
+  rows, counts = run(config, workdir)
   return config, workdir, rows, counts
 
 
@@ -181,14 +185,14 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
 
 def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path):
   config, workdir, rows, _ = measured_sweep
-  again, counts = scaling.run(config, workdir)
+  again, counts = run(config, workdir)
   assert counts == {"computed": 0, "skipped": 2, "simulated": 0} and again == rows
-  table = scaling_report.comparison_table(rows)
+  table = report.comparison_table(rows)
   assert "measured strong" in table.splitlines()[1] and "on cpu" in table.splitlines()[0]
   smile = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("measured", "smile", "strong"))
   line = next(line for line in table.splitlines() if " smile " in line)
   assert line.split()[-1] == f"{smile['samples_per_s']:.5g}"
-  paths = scaling_report.write_all(rows, config, str(tmp_path))
+  paths = report.write_all(rows, config, str(tmp_path))
   assert all(os.path.getsize(path) > 0 for path in paths.values())
   with open(paths["results.csv"]) as f:
     written = [r for r in csv.DictReader(f) if r["label"] == "measured"]

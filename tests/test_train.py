@@ -21,9 +21,11 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import checkpoint, metrics, train
-from moejax.config import ROUTINGS, ConfigError
-from moejax.tokenizer import cache_lock
+from moejax.moe.config import ROUTINGS
+from moejax.train import checkpoint, metrics
+from moejax.train import trainer as train
+from moejax.train.tokenizer import cache_lock
+from moejax.validation import ConfigError
 from tests.test_launch import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -33,15 +35,6 @@ CONVERGENCE_STEPS = 200
 # The first 12 steps of the convergence runs' schedule.
 SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
          f"--config.optim.decay_steps={CONVERGENCE_STEPS}"]
-
-
-@pytest.fixture(scope="session")
-def shared(tmp_path_factory):
-  """A directory shared by all workers of this test session, with the data cache inside."""
-  base = tmp_path_factory.getbasetemp()
-  path = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "train-shared"
-  (path / "cache").mkdir(parents=True, exist_ok=True)
-  return path
 
 
 def _once(shared, name, build):
@@ -142,7 +135,7 @@ def test_killed_run_resumes_with_identical_losses(shared, tmp_path):
 
 def test_two_processes_match_one(shared, tmp_path):
   workdir = tmp_path / "run"
-  launcher = [sys.executable, "-m", "moejax.launch", "--processes", "2", "--devices-per-process", "4", "--"]
+  launcher = [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4", "--"]
   one_checkpoint = [o for o in SHORT if "every_steps" not in o]  # saved at the end only: the same losses
   _run(shared, launcher + _command(shared, workdir, *one_checkpoint), tmp_path / "log")
   got, want = _records(workdir), _records(_converge(shared, "topk"), steps=12)

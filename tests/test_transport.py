@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from moejax import mesh as mesh_lib
-from moejax import plan as plan_lib
-from moejax import transport
+from moejax.moe import plan as plan_lib
+from moejax.moe import transport
+from moejax.runtime import mesh as mesh_lib
 from tests import ragged_sim
 
 ALL = mesh_lib.AXES

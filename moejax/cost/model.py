@@ -18,8 +18,8 @@ import json
 import numpy as np
 
 from moejax.cost import collectives
-from moejax.cost import traffic as traffic_lib
 from moejax.cost.topology import Topology
+from moejax.runtime import mesh as mesh_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
                      f"for mesh {mesh_shape}")
   if m > topology["gpus_per_node"]:
     raise ValueError(f"mesh has {m} GPUs per node; topology {topology.name} has {topology['gpus_per_node']:g}")
-  return tuple(collectives.all_to_all(rows * bytes_per_row, traffic_lib.group_mask(n, m, hop), m, topology)
+  return tuple(collectives.all_to_all(rows * bytes_per_row, mesh_lib.same_group(hop, n, m), m, topology)
                for rows, hop in zip(traffic_rows, hops))
 
 

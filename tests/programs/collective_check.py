@@ -1,15 +1,14 @@
-"""Run under `python -m moejax.launch --processes 2 --devices-per-process 4`: every process prints the
+"""Run under `python -m moejax.runtime.launch --processes 2 --devices-per-process 4`: every process prints the
 result of collectives over the 2x4 multi-process mesh as one JSON line."""
 
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from moejax import distributed
-from moejax import mesh as mesh_lib
+from moejax.runtime import distributed
+from moejax.runtime import mesh as mesh_lib
 
 
 def main():

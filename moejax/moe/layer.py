@@ -6,6 +6,7 @@ the results back and combines them with the router weights (DESIGN.md, "The one 
 """
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -14,15 +15,15 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import experts
-from moejax import mesh as mesh_lib
-from moejax import routing
-from moejax import transport as transport_lib
-from moejax.config import ConfigError, MoEConfig
+from moejax.moe import experts, routing
+from moejax.moe import plan as plan_lib
+from moejax.moe import transport as transport_lib
+from moejax.moe.config import MoEConfig
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+from moejax.validation import ConfigError
 
 ALL = mesh_lib.AXES  # Both mesh axes as one: the flat device index.
-HOPS = {"ragged": transport_lib.FLAT_HOPS, "padded": transport_lib.FLAT_HOPS, "capacity": transport_lib.FLAT_HOPS,
-        "hierarchical": transport_lib.HIERARCHICAL_HOPS, "bilevel": transport_lib.BILEVEL_HOPS}
 
 
 def param_shapes(cfg: MoEConfig) -> dict:
@@ -68,10 +69,7 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   tokens = x.size // cfg.d_model
   if tokens % (n * m):
     raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
-  platform = mesh.devices.flat[0].platform
-  if cfg.transport == "ragged" and platform == "cpu":
-    raise ConfigError("transport='ragged' uses jax.lax.ragged_all_to_all, which XLA:CPU does not implement; "
-                      "use transport='padded' (the same semantics from fixed-size all_to_all)")
+  platform_lib.check_transport(cfg.transport, platform_lib.of_mesh(mesh))
   return experts_per_gpu
 
 
@@ -84,8 +82,9 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
 
   aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training loss), expert_counts
   [E] (token-choices each expert processed), tokens_dropped (token-choices dropped by capacity),
+  tokens_overflowed (token-choices dropped because a receive buffer was full; see buffer_factor),
   traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop, hops
-  in the order of `hop_axes(cfg)`; `traffic_summary` splits them into inter- and intra-node traffic).
+  in the order of `transport.transport_hops(cfg.transport)`; `traffic_summary` splits them into inter- and intra-node traffic).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
   """
   experts_per_gpu = check_inputs(params, x, cfg, mesh)
@@ -98,25 +97,12 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
       raise ConfigError(f"jitter={cfg.jitter} in training needs an rng")
     args.append(jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter))
     in_specs.append(P(ALL))
+  platform = platform_lib.of_mesh(mesh)
   body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu,
-                           kind=exchange_kind(cfg, mesh))
+                           kind=platform_lib.exchange_kind(cfg.transport, platform))
   y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(P(ALL), P()),
-                             check_vma=check_vma(cfg, mesh))(*args)
+                             check_vma=platform_lib.check_vma(cfg.expert_backend, platform))(*args)
   return y_TxD.reshape(x.shape), aux
-
-
-def exchange_kind(cfg: MoEConfig, mesh: jax.sharding.Mesh) -> str:
-  """The ragged exchange implementation: the transport's own, or for two-hop transports the
-  backend's native ragged collective where it exists ('padded' on CPU)."""
-  if cfg.transport in ("ragged", "padded"):
-    return cfg.transport
-  return "padded" if mesh.devices.flat[0].platform == "cpu" else "ragged"
-
-
-def check_vma(cfg: MoEConfig, mesh: jax.sharding.Mesh) -> bool:
-  """shard_map's check_vma for a program running the experts: off only for the Pallas interpreter
-  on CPU, which cannot yet type its slices by mesh-axis variance (jax 0.10)."""
-  return not (cfg.expert_backend == "pallas" and mesh.devices.flat[0].platform == "cpu")
 
 
 def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int,
@@ -133,46 +119,46 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
     capacity = routing.expert_capacity(cfg, tokens)
     positions_TxK = routing.queue_positions(ids_TxK, num_experts)
     keep_TxK = positions_TxK < capacity
-  kept_ids_N = jnp.where(keep_TxK, ids_TxK, -1).reshape(-1)  # token-major (token, choice) pairs
-  x_NxD = jnp.repeat(x_TxD, k, axis=0)
+  kept_ids_R = jnp.where(keep_TxK, ids_TxK, -1).reshape(-1)  # token-major (token, choice) pairs
+  x_RxD = jnp.repeat(x_TxD, k, axis=0)
   local_weights = (params["w_in"], params["w_out"], params.get("w_gate"))
   compute = functools.partial(experts.expert_ffn, activation=cfg.activation, backend=cfg.expert_backend,
                               dtype=jnp.dtype(cfg.dtype))
 
   if cfg.transport == "capacity":
-    slots_N = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
-    blocks = transport_lib.capacity_dispatch(x_NxD, slots_N, num_experts * capacity, ALL, n * m)
+    slots_R = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
+    blocks = transport_lib.capacity_dispatch(x_RxD, slots_R, num_experts * capacity, ALL, n * m)
     y_blocks = _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute)
-    y_NxD = transport_lib.capacity_combine(y_blocks, slots_N, ALL)
-    traffic = [_global_traffic(_sends_per_device(kept_ids_N, experts_per_gpu, n * m), ALL, n, m)]
+    y_RxD = transport_lib.capacity_combine(y_blocks, slots_R, ALL)
+    traffic = [_global_traffic(_sends_per_device(kept_ids_R, experts_per_gpu, n * m), ALL, n, m)]
+    processed_ids_R, overflowed = kept_ids_R, jnp.zeros((), jnp.int32)
   else:
-    hops = hop_axes(cfg)
-    rows_RxD, ids_R, route = transport_lib.dispatch(
-        x_NxD, kept_ids_N, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
-        max_rows=n * m * tokens * k, kind=kind)
-    y_RxD = _grouped_experts(rows_RxD, ids_R, experts_per_gpu, m, local_weights, compute)
-    y_NxD = transport_lib.combine(y_RxD, route, hops, kind)
-    traffic = [_global_traffic(p.sizes_AxA[jax.lax.axis_index(a)], a, n, m) for a, p in zip(hops, route.plans)]
+    hops = transport_lib.transport_hops(cfg.transport)
+    buffer_rows = None if cfg.buffer_factor is None else math.ceil(cfg.buffer_factor * tokens * k)
+    recv_RxD, processed_ids_R, route = transport_lib.dispatch(
+        x_RxD, kept_ids_R, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
+        max_rows=n * m * tokens * k, kind=kind, buffer_rows=buffer_rows)
+    y_recv_RxD = _grouped_experts(recv_RxD, processed_ids_R, experts_per_gpu, m, local_weights, compute)
+    y_RxD = transport_lib.combine(y_recv_RxD, route, hops, kind)
+    mine = [jax.lax.axis_index(a) for a in hops]
+    traffic = [_global_traffic(p.kept_AxA[me], a, n, m) for a, p, me in zip(hops, route.plans, mine)]
+    overflowed = sum(jnp.sum(p.sizes_AxA[me] - p.kept_AxA[me]) for p, me in zip(route.plans, mine))
 
   weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
-  y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_NxD.reshape(tokens, k, d).astype(jnp.float32))
+  y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_RxD.reshape(tokens, k, d).astype(jnp.float32))
   aux = routing.aux_losses(jax.lax.psum(stats, ALL), cfg)
-  aux["expert_counts"] = jax.lax.psum(_counts(kept_ids_N, num_experts), ALL)
+  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_ids_R, num_experts), ALL)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), ALL)
+  aux["tokens_overflowed"] = jax.lax.psum(overflowed.astype(jnp.int32), ALL)
   aux["traffic_rows"] = jnp.stack(traffic)
   return y_TxD.astype(x_TxD.dtype), aux
-
-
-def hop_axes(cfg: MoEConfig) -> tuple:
-  """The mesh axes each exchange hop of the transport runs over, in order."""
-  return HOPS[cfg.transport]
 
 
 def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:
   """Per hop: rows and bytes that cross nodes (inter) or stay inside one (intra); a device's rows
   to itself move no data and are left out. traffic_rows: [hops, D, D] from `aux`."""
   traffic = np.asarray(traffic_rows, np.int64)
-  node = np.arange(traffic.shape[-1]) // gpus_per_node
+  node = mesh_lib.node_of(np.arange(traffic.shape[-1]), gpus_per_node)
   crosses = node[:, None] != node[None, :]
   itself = np.eye(traffic.shape[-1], dtype=bool)
   summary = []
@@ -183,18 +169,13 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   return summary
 
 
-def _counts(ids_N, size):
-  """[size] int32 occurrences of each id in [0, size); ids outside (e.g. -1) are not counted."""
-  return jnp.zeros(size + 1, jnp.int32).at[jnp.where((ids_N >= 0) & (ids_N < size), ids_N, size)].add(1)[:size]
-
-
 def _grouped_experts(rows_RxD, ids_R, experts_per_gpu, m, local_weights, compute):
   """Runs the local experts on received rows (any order; id -1 = empty row) -> [R, d], 0 on empty rows."""
   local_R = ids_R - mesh_lib.my_flat_index(m) * experts_per_gpu
   valid_R = ids_R >= 0
   key_R = jnp.where(valid_R, local_R, experts_per_gpu)
   order = jnp.argsort(key_R, stable=True)
-  group_sizes = _counts(key_R, experts_per_gpu)
+  group_sizes = plan_lib.histogram(key_R, experts_per_gpu)
   y_sorted = compute(rows_RxD[order], group_sizes, *local_weights)
   y_RxD = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
   return jnp.where(valid_R[:, None], y_RxD, 0.0).astype(rows_RxD.dtype)
@@ -209,19 +190,14 @@ def _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute)
   return y.reshape(experts_per_gpu, num_src, capacity, d).transpose(1, 0, 2, 3).reshape(blocks.shape)
 
 
-def _sends_per_device(ids_N, experts_per_gpu, num_devices):
-  return _counts(jnp.where(ids_N >= 0, ids_N // experts_per_gpu, -1), num_devices)
+def _sends_per_device(ids_R, experts_per_gpu, num_devices):
+  return plan_lib.histogram(jnp.where(ids_R >= 0, ids_R // experts_per_gpu, -1), num_devices)
 
 
 def _global_traffic(send_A, axis_name, n, m):
   """[D, D] rows sent between flat devices, from each device's sends to its A peers along the axis."""
-  if axis_name == mesh_lib.NODE:
-    peers = jnp.arange(n) * m + jax.lax.axis_index(mesh_lib.GPU)
-  elif axis_name == mesh_lib.GPU:
-    peers = jax.lax.axis_index(mesh_lib.NODE) * m + jnp.arange(m)
-  else:
-    peers = jnp.arange(n * m)
   me = mesh_lib.my_flat_index(m)
+  peers = jnp.asarray(mesh_lib.peer_table(axis_name, n, m))[me]
   return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), ALL)
 
 
@@ -259,6 +235,8 @@ class MoELayer(nnx.Module):
       params["w_gate"] = self.w_gate[...]
     return params
 
-  def __call__(self, x: jax.Array, *, train: bool = False) -> tuple[jax.Array, dict]:
-    rng = self.rngs.jitter() if train and self.cfg.jitter > 0 else None
+  def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`."""
+    if rng is None and train and self.cfg.jitter > 0:
+      rng = self.rngs.jitter()
     return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train)

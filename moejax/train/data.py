@@ -28,9 +28,30 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from moejax.tokenizer import Tokenizer, cache_lock
+from moejax.train.tokenizer import Tokenizer, cache_lock
+from moejax.validation import is_int, is_number, require
 
+CONFIG_FIELDS = ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
+                 "prefetch")
 STATE_FIELDS = ("epoch", "file", "line", "offset", "documents", "malformed")
+
+
+def validate_config(d, prefix: str = "", *, rows: int) -> None:
+  """Checks the data section `d` (fields CONFIG_FIELDS) for micro-batches of `rows` rows; errors
+  name the field with `prefix` (e.g. 'data.')."""
+  require(isinstance(d.train_files, str), prefix + "train_files", d.train_files, "a comma-separated list of globs")
+  if d.train_files:
+    require(bool(corpus_files(d.train_files, "")), prefix + "train_files", d.train_files,
+            "globs matching at least one JSON-lines file ('' = the embedded corpus)")
+  require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
+          prefix + "tokenizer_model", d.tokenizer_model, "'' (train one) or the path of a SentencePiece model")
+  require(isinstance(d.cache_dir, str), prefix + "cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
+  require(is_int(d.tokenizer_train_chars), prefix + "tokenizer_train_chars", d.tokenizer_train_chars,
+          "a positive int")
+  require(is_int(d.shards) and rows % d.shards == 0, prefix + "shards", d.shards,
+          f"a positive divisor of the {rows} rows of a micro-batch")
+  require(is_number(d.mask_prob) and 0 < d.mask_prob < 1, prefix + "mask_prob", d.mask_prob, "in (0, 1)")
+  require(is_int(d.prefetch, 0), prefix + "prefetch", d.prefetch, "an int >= 0")
 
 
 def embedded_corpus(cache_dir: str) -> str:

@@ -1,7 +1,7 @@
 """Starting JAX's multi-controller runtime, the same way on localhost and on a GPU cluster.
 
 Every process of a multi-process job calls `initialize()` once, before any JAX computation:
-- under `python -m moejax.launch` (local CPU processes) it reads the coordinator address, process
+- under `python -m moejax.runtime.launch` (local CPU processes) it reads the coordinator address, process
   count and id, and device count that the launcher put in the environment, selects the gloo CPU
   collectives and simulates the requested CPU devices;
 - on a cluster (SLURM, Open MPI, Kubernetes, ...) it calls `jax.distributed.initialize()` with no
@@ -13,8 +13,8 @@ import os
 
 import jax
 
-from moejax import mesh as mesh_lib
-from moejax.launch import ENV_COORDINATOR, ENV_LOCAL_DEVICES, ENV_NUM_PROCESSES, ENV_PROCESS_ID
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime.launch import ENV_COORDINATOR, ENV_LOCAL_DEVICES, ENV_NUM_PROCESSES, ENV_PROCESS_ID
 
 _CLUSTER_MARKERS = ("SLURM_JOB_ID", "OMPI_COMM_WORLD_SIZE", "JAX_COORDINATOR_ADDRESS")
 

@@ -19,9 +19,18 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.config import ConfigError
+from moejax.validation import ConfigError, is_int, require
 
 CORRUPT_PREFIX = "corrupt-"
+CONFIG_FIELDS = ("every_steps", "keep", "use_async")
+
+
+def validate_config(c, prefix: str = "") -> None:
+  """Checks the checkpoint section `c` (fields CONFIG_FIELDS); errors name the field with `prefix`
+  (e.g. 'checkpoint.')."""
+  require(is_int(c.every_steps), prefix + "every_steps", c.every_steps, "a positive int")
+  require(is_int(c.keep), prefix + "keep", c.keep, "a positive int")
+  require(isinstance(c.use_async, bool), prefix + "use_async", c.use_async, "True or False")
 
 
 def fingerprint(state) -> jax.Array:

@@ -1,7 +1,7 @@
 """The SMILE language models: a BERT-like encoder and a GPT-style causal decoder with MoE blocks.
 
 Both stack `num_layers` Transformer blocks in which every `moe_every`-th FFN is an expert-parallel
-MoE layer (`moejax.layer`; routing, transport and expert backend come from the MoE config). The
+MoE layer (`moejax.moe.layer`; routing, transport and expert backend come from the MoE config). The
 encoder is post-LN as in BERT and SMILE (attention -> residual -> LayerNorm, FFN -> residual ->
 LayerNorm) with a BERT MLM head; the decoder is pre-LN as in GPT-2. Both tie their output layer to
 the token embeddings. Parameters are fp32; `dtype` is the compute dtype of the matmuls.
@@ -15,12 +15,12 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import layer as moe_layer
-from moejax.config import ConfigError, MoEConfig, is_int, require
 from moejax.kernels.activations import ACTIVATIONS
+from moejax.moe import layer as moe_layer
+from moejax.moe.config import DTYPES, MoEConfig
+from moejax.validation import ConfigError, is_int, require
 
 KINDS = ("bert", "gpt")
-DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class ModelConfig:
 
 
 class Attention(nnx.Module):
-  """Multi-head self-attention, softmax in fp32: x [B, L, d] -> [B, L, d]."""
+  """Multi-head self-attention, softmax in fp32: x [B, S, d] -> [B, S, d]."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     dtype = jnp.dtype(cfg.dtype)
@@ -80,23 +80,23 @@ class Attention(nnx.Module):
     self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
-  def __call__(self, x_BxLxD: jax.Array, *, train: bool, rngs: nnx.Rngs | None) -> jax.Array:
-    b, l, d = x_BxLxD.shape
+  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rngs: nnx.Rngs | None) -> jax.Array:
+    b, s, d = x_BxSxD.shape
     h = self.num_heads
-    qkv_BxLx3xHxK = self.qkv(x_BxLxD).reshape(b, l, 3, h, d // h)
-    q_BxLxHxK, k_BxLxHxK, v_BxLxHxK = (qkv_BxLx3xHxK[:, :, i] for i in range(3))
-    logits_BxHxLxL = jnp.einsum("bqhk,bshk->bhqs", q_BxLxHxK, k_BxLxHxK,
+    qkv_BxSx3xHxW = self.qkv(x_BxSxD).reshape(b, s, 3, h, d // h)
+    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (qkv_BxSx3xHxW[:, :, i] for i in range(3))
+    logits_BxHxSxS = jnp.einsum("bqhk,bshk->bhqs", q_BxSxHxW, k_BxSxHxW,
                                 preferred_element_type=jnp.float32) / jnp.sqrt(d // h)
     if self.causal:
-      logits_BxHxLxL = jnp.where(jnp.tril(jnp.ones((l, l), bool)), logits_BxHxLxL, -1e9)
-    probs_BxHxLxL = jax.nn.softmax(logits_BxHxLxL, axis=-1).astype(x_BxLxD.dtype)
-    probs_BxHxLxL = self.dropout(probs_BxHxLxL, deterministic=not train, rngs=rngs)
-    out_BxLxHxK = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxLxL, v_BxLxHxK)
-    return self.out(out_BxLxHxK.reshape(b, l, d))
+      logits_BxHxSxS = jnp.where(jnp.tril(jnp.ones((s, s), bool)), logits_BxHxSxS, -1e9)
+    probs_BxHxSxS = jax.nn.softmax(logits_BxHxSxS, axis=-1).astype(x_BxSxD.dtype)
+    probs_BxHxSxS = self.dropout(probs_BxHxSxS, deterministic=not train, rngs=rngs)
+    out_BxSxHxW = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxSxS, v_BxSxHxW)
+    return self.out(out_BxSxHxW.reshape(b, s, d))
 
 
 class DenseFFN(nnx.Module):
-  """x [B, L, d] -> act(x @ w_in) @ w_out; returns (y, {}) like the MoE FFN."""
+  """x [B, S, d] -> act(x @ w_in) @ w_out; returns (y, {}) like the MoE FFN."""
 
   def __init__(self, cfg: ModelConfig, activation: str, *, rngs: nnx.Rngs):
     dtype = jnp.dtype(cfg.dtype)
@@ -104,28 +104,27 @@ class DenseFFN(nnx.Module):
     self.w_in = nnx.Linear(cfg.d_model, cfg.d_ff, dtype=dtype, rngs=rngs)
     self.w_out = nnx.Linear(cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x_BxLxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
+  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     del train, rng
-    return self.w_out(ACTIVATIONS[self.activation](self.w_in(x_BxLxD))), {}
+    return self.w_out(ACTIVATIONS[self.activation](self.w_in(x_BxSxD))), {}
 
 
 class MoEFFN(nnx.Module):
   """The expert-parallel MoE layer as an FFN: x [B, L, d] (batch sharded over the mesh) -> (y, aux).
 
-  Calls `moe_apply` with the layer's parameters, so router jitter draws from the step's key.
+  Calls the layer with the step's key, so router jitter draws from it.
   """
 
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
     self.moe = moe_layer.MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()))
 
   def __call__(self, x_BxLxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    y_BxLxD, aux = moe_layer.moe_apply(self.moe.params(), x_BxLxD, self.moe.cfg, self.moe.mesh, rng=rng,
-                                       train=train)
+    y_BxLxD, aux = self.moe(x_BxLxD, train=train, rng=rng)
     return y_BxLxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped")}
 
 
 class Block(nnx.Module):
-  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, L, d] -> (x, aux)."""
+  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, S, d] -> (x, aux)."""
 
   def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh, moe: bool, *, rngs: nnx.Rngs):
     self.pre_ln = cfg.kind == "gpt"
@@ -136,20 +135,20 @@ class Block(nnx.Module):
     self.ln_ffn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
-  def __call__(self, x_BxLxD, *, train: bool, rngs: nnx.Rngs | None):
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
     drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)
     ffn_rng = rngs.jitter() if train and rngs is not None else None
     if self.pre_ln:
-      x_BxLxD = x_BxLxD + drop(self.attn(self.ln_attn(x_BxLxD), train=train, rngs=rngs))
-      y_BxLxD, aux = self.ffn(self.ln_ffn(x_BxLxD), train=train, rng=ffn_rng)
-      return x_BxLxD + drop(y_BxLxD), aux
-    x_BxLxD = self.ln_attn(x_BxLxD + drop(self.attn(x_BxLxD, train=train, rngs=rngs)))
-    y_BxLxD, aux = self.ffn(x_BxLxD, train=train, rng=ffn_rng)
-    return self.ln_ffn(x_BxLxD + drop(y_BxLxD)), aux
+      x_BxSxD = x_BxSxD + drop(self.attn(self.ln_attn(x_BxSxD), train=train, rngs=rngs))
+      y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=ffn_rng)
+      return x_BxSxD + drop(y_BxSxD), aux
+    x_BxSxD = self.ln_attn(x_BxSxD + drop(self.attn(x_BxSxD, train=train, rngs=rngs)))
+    y_BxSxD, aux = self.ffn(x_BxSxD, train=train, rng=ffn_rng)
+    return self.ln_ffn(x_BxSxD + drop(y_BxSxD)), aux
 
 
 class LanguageModel(nnx.Module):
-  """tokens [B, L] int32 (B sharded over both mesh axes) -> (logits [B, L, V] fp32, aux); with
+  """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with
   positions [B, P], logits [B, P, V] at those positions only.
 
   aux: aux_loss (sum over the MoE layers of their auxiliary losses, SMILE Eq. 5), expert_counts
@@ -173,28 +172,28 @@ class LanguageModel(nnx.Module):
     self.head_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
     self.head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
-  def __call__(self, tokens_BxL: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
+  def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
                rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
     cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
     batch_sharding = NamedSharding(self.mesh, P(moe_layer.ALL))
     constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-    l = tokens_BxL.shape[1]
-    x_BxLxD = self.embed(tokens_BxL) + self.pos_embed[:l]
+    s = tokens_BxS.shape[1]
+    x_BxSxD = self.embed(tokens_BxS) + self.pos_embed[:s]
     if cfg.kind == "bert":
-      x_BxLxD = self.embed_ln(x_BxLxD)
-    x_BxLxD = constrain(self.embed_dropout(x_BxLxD, deterministic=not train, rngs=rngs).astype(dtype))
+      x_BxSxD = self.embed_ln(x_BxSxD)
+    x_BxSxD = constrain(self.embed_dropout(x_BxSxD, deterministic=not train, rngs=rngs).astype(dtype))
     auxes = []
     for block in self.blocks:
-      x_BxLxD, aux = block(x_BxLxD, train=train, rngs=rngs)
-      x_BxLxD = constrain(x_BxLxD.astype(dtype))
+      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+      x_BxSxD = constrain(x_BxSxD.astype(dtype))
       if aux:
         auxes.append(aux)
     if positions_BxP is not None:
-      x_BxLxD = jnp.take_along_axis(x_BxLxD, positions_BxP[..., None], axis=1)
+      x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
     if cfg.kind == "bert":
-      x_BxLxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxLxD))
-    x_BxLxD = self.head_ln(x_BxLxD).astype(dtype)
-    logits_BxLxV = jnp.einsum("bld,vd->blv", x_BxLxD, self.embed.embedding[...].astype(dtype),
+      x_BxSxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxSxD))
+    x_BxSxD = self.head_ln(x_BxSxD).astype(dtype)
+    logits_BxSxV = jnp.einsum("bld,vd->blv", x_BxSxD, self.embed.embedding[...].astype(dtype),
                               preferred_element_type=jnp.float32) + self.head_bias[...]
     num_experts = self.moe_cfg.num_experts
     aux = {
@@ -204,11 +203,11 @@ class LanguageModel(nnx.Module):
         "tokens_dropped": jnp.stack([a["tokens_dropped"] for a in auxes]) if auxes
                           else jnp.zeros((0,), jnp.int32),
     }
-    return logits_BxLxV, aux
+    return logits_BxSxV, aux
 
 
 def param_specs(params: dict, moe_cfg: MoEConfig) -> dict:
-  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.layer.param_specs`
+  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.layer.param_specs`
   (sharded over the mesh on the expert dimension), every dense parameter replicated."""
 
   def specs(tree):

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class TokenIds:
-  """The ids the objectives need, without a tokenizer (a `moejax.tokenizer.Tokenizer` has the same
+  """The ids the objectives need, without a tokenizer (a `moejax.train.tokenizer.Tokenizer` has the same
   attributes): ordinary ids are [first_ordinary, first_ordinary + num_ordinary), all ids < num_ids."""
 
   pad_id: int
@@ -33,40 +33,40 @@ def num_predictions(seq_len: int, mask_prob: float = MASK_PROB) -> int:
   return max(1, round(mask_prob * seq_len))
 
 
-def bert_mask(key: jax.Array, tokens_BxL: jax.Array, *, mask_id: int, first_ordinary: int, num_ordinary: int,
+def bert_mask(key: jax.Array, tokens_BxS: jax.Array, *, mask_id: int, first_ordinary: int, num_ordinary: int,
               mask_prob: float = MASK_PROB) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-  """BERT's masking: P = round(mask_prob * L) positions per sequence, drawn uniformly among its
+  """BERT's masking: P = round(mask_prob * S) positions per sequence, drawn uniformly among its
   ordinary tokens (ids in [first_ordinary, first_ordinary + num_ordinary); never padding or
   separators). A chosen token becomes mask_id with probability 0.8, a uniformly random ordinary
   token with 0.1, and stays itself with 0.1.
 
-  Returns inputs [B, L], positions [B, P] int32 (the chosen positions), targets [B, P] (the original
+  Returns inputs [B, S], positions [B, P] int32 (the chosen positions), targets [B, P] (the original
   tokens there) and weights [B, P] fp32 (0 where a sequence has fewer than P ordinary tokens).
   """
   select_key, action_key, random_key = jax.random.split(key, 3)
-  b, l = tokens_BxL.shape
-  predictions = num_predictions(l, mask_prob)
-  ordinary_BxL = (tokens_BxL >= first_ordinary) & (tokens_BxL < first_ordinary + num_ordinary)
-  scores_BxL = jnp.where(ordinary_BxL, jax.random.uniform(select_key, (b, l)), -1.0)
-  scores_BxP, positions_BxP = jax.lax.top_k(scores_BxL, predictions)
+  b, s = tokens_BxS.shape
+  predictions = num_predictions(s, mask_prob)
+  ordinary_BxS = (tokens_BxS >= first_ordinary) & (tokens_BxS < first_ordinary + num_ordinary)
+  scores_BxS = jnp.where(ordinary_BxS, jax.random.uniform(select_key, (b, s)), -1.0)
+  scores_BxP, positions_BxP = jax.lax.top_k(scores_BxS, predictions)
   weights_BxP = (scores_BxP >= 0).astype(jnp.float32)
-  targets_BxP = jnp.take_along_axis(tokens_BxL, positions_BxP, axis=1)
+  targets_BxP = jnp.take_along_axis(tokens_BxS, positions_BxP, axis=1)
   action_BxP = jax.random.uniform(action_key, (b, predictions))
   random_BxP = jax.random.randint(random_key, (b, predictions), first_ordinary,
-                                  first_ordinary + num_ordinary, tokens_BxL.dtype)
+                                  first_ordinary + num_ordinary, tokens_BxS.dtype)
   replaced_BxP = jnp.where(action_BxP < 0.8, mask_id, jnp.where(action_BxP < 0.9, random_BxP, targets_BxP))
   replaced_BxP = jnp.where(weights_BxP > 0, replaced_BxP, targets_BxP)
   rows_Bx1 = jnp.arange(b)[:, None]
-  inputs_BxL = tokens_BxL.at[rows_Bx1, positions_BxP].set(replaced_BxP.astype(tokens_BxL.dtype))
-  return inputs_BxL, positions_BxP.astype(jnp.int32), targets_BxP, weights_BxP
+  inputs_BxS = tokens_BxS.at[rows_Bx1, positions_BxP].set(replaced_BxP.astype(tokens_BxS.dtype))
+  return inputs_BxS, positions_BxP.astype(jnp.int32), targets_BxP, weights_BxP
 
 
-def next_token(tokens_BxL: jax.Array, *, pad_id: int) -> tuple[jax.Array, None, jax.Array, jax.Array]:
+def next_token(tokens_BxS: jax.Array, *, pad_id: int) -> tuple[jax.Array, None, jax.Array, jax.Array]:
   """Causal LM: inputs are the tokens and every position predicts the next token (the last has no
-  target). Returns inputs [B, L], positions None (= all), targets [B, L] and weights [B, L]."""
-  targets_BxL = jnp.concatenate([tokens_BxL[:, 1:], jnp.full_like(tokens_BxL[:, :1], pad_id)], axis=1)
-  weights_BxL = jnp.ones(tokens_BxL.shape, jnp.float32).at[:, -1].set(0.0)
-  return tokens_BxL, None, targets_BxL, weights_BxL
+  target). Returns inputs [B, S], positions None (= all), targets [B, S] and weights [B, S]."""
+  targets_BxS = jnp.concatenate([tokens_BxS[:, 1:], jnp.full_like(tokens_BxS[:, :1], pad_id)], axis=1)
+  weights_BxS = jnp.ones(tokens_BxS.shape, jnp.float32).at[:, -1].set(0.0)
+  return tokens_BxS, None, targets_BxS, weights_BxS
 
 
 def cross_entropy_sums(logits_BxPxV: jax.Array, targets_BxP: jax.Array,

@@ -12,7 +12,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.config import MoEConfig
+from moejax.moe import plan as plan_lib
+from moejax.moe.config import MoEConfig
 
 
 class RoutingDecision(NamedTuple):
@@ -40,7 +41,7 @@ def _softmax_router(x_TxD, params, name):
 
 
 def _counts(ids, size):
-  return jnp.zeros(size, jnp.float32).at[ids.reshape(-1)].add(1.0)
+  return plan_lib.histogram(ids, size).astype(jnp.float32)
 
 
 def _z_sum(logits):

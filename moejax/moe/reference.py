@@ -18,8 +18,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.config import MoEConfig
-from moejax.experts import ACTIVATIONS
+from moejax.moe.config import MoEConfig
+from moejax.moe.experts import ACTIVATIONS
 
 
 def _kept(ids_TxK: jax.Array, cfg: MoEConfig, num_groups: int) -> jax.Array:

@@ -21,35 +21,21 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import experts
-from moejax import mesh as mesh_lib
-from moejax import plan as plan_lib
-from moejax import routing
-from moejax import transport as transport_lib
-from moejax.config import MoEConfig
 from moejax.kernels.tuning import time_call
-from moejax.layer import ALL, check_vma, exchange_kind, hop_axes, moe_apply
-
-
-def _groups(axis, n: int, m: int) -> np.ndarray:
-  """[D, A] flat indices of the A peers of each flat device along `axis` (itself included)."""
-  flat = np.arange(n * m).reshape(n, m)
-  if axis == mesh_lib.NODE:
-    return np.stack([flat[:, s % m] for s in range(n * m)])
-  if axis == mesh_lib.GPU:
-    return np.stack([flat[s // m] for s in range(n * m)])
-  return np.tile(flat.reshape(-1), (n * m, 1))
+from moejax.moe import experts, routing
+from moejax.moe import plan as plan_lib
+from moejax.moe import transport as transport_lib
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import ALL, moe_apply
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
 
 
 def hop_sizes(traffic_DxD: np.ndarray, axis, n: int, m: int) -> np.ndarray:
   """[D, A, A]: for each device, the rows between the members of its group along `axis` (the
   `sizes_AxA` its plan would all_gather), from the layer's [D, D] traffic of that hop."""
-  groups = _groups(axis, n, m)
+  groups = mesh_lib.peer_table(axis, n, m)
   return np.stack([traffic_DxD[np.ix_(g, g)] for g in groups]).astype(np.int32)
-
-
-def crosses_nodes(axis, n: int) -> bool:
-  return n > 1 and axis != mesh_lib.GPU
 
 
 class _Phases:
@@ -58,7 +44,7 @@ class _Phases:
   def __init__(self, cfg: MoEConfig, mesh):
     self.cfg, self.mesh = cfg, mesh
     self.n, self.m = mesh_lib.axis_sizes(mesh)
-    self.kind = exchange_kind(cfg, mesh)
+    self.kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
     self.sharded = NamedSharding(mesh, P(ALL))
 
   def put(self, array) -> jax.Array:
@@ -93,7 +79,7 @@ class _Phases:
       return experts.expert_ffn(rows, sizes, w_in, w_out, w_gate[0] if w_gate else None, activation=cfg.activation,
                                 backend=cfg.expert_backend, dtype=jnp.dtype(cfg.dtype))
 
-    return self._map(body, 5 if cfg.gated else 4, check_vma(cfg, self.mesh))
+    return self._map(body, 5 if cfg.gated else 4, platform_lib.check_vma(cfg.expert_backend, platform_lib.of_mesh(self.mesh)))
 
 
 def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
@@ -122,7 +108,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   else:
     before = tokens * k
     max_rows = devices * before
-    for axis, hop in zip(hop_axes(cfg), traffic):
+    for axis, hop in zip(transport_lib.transport_hops(cfg.transport), traffic):
       sizes = phases.put(hop_sizes(hop, axis, n, m))
       peers = sizes.shape[-1]
       after = min(peers * before, max_rows)
@@ -130,8 +116,8 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
       combine = phases.exchange(axis, before, "combine")
       rows, back = rows_of(before), rows_of(after)
       ids = phases.put(np.zeros(devices * before, np.int32))
-      comm[crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
-      comm[crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
+      comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
+      comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
       before = after
     received, sizes = before, counts.reshape(devices, epg)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])

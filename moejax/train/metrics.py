@@ -11,8 +11,18 @@ import os
 
 import numpy as np
 
+from moejax.validation import is_int, require
+
 SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s",
            "tokens_per_s")
+CONFIG_FIELDS = ("every_steps", "tensorboard")
+
+
+def validate_config(log, prefix: str = "") -> None:
+  """Checks the log section `log` (fields CONFIG_FIELDS); errors name the field with `prefix`
+  (e.g. 'log.')."""
+  require(is_int(log.every_steps), prefix + "every_steps", log.every_steps, "a positive int")
+  require(isinstance(log.tensorboard, bool), prefix + "tensorboard", log.tensorboard, "True or False")
 
 
 def step_record(step: int, metrics: dict, step_time_s: float, tokens: int) -> dict:

@@ -66,7 +66,7 @@ def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | No
     if len(available) < need:
       hint = ""
       if jax.default_backend() == "cpu":
-        hint = (f"; on CPU call moejax.mesh.simulate_cpu_devices({need}) before any JAX computation "
+        hint = (f"; on CPU call moejax.runtime.mesh.simulate_cpu_devices({need}) before any JAX computation "
                 f"(or set XLA_FLAGS=--xla_force_host_platform_device_count={need})")
       raise MeshError(f"make_mesh({nodes}, {gpus_per_node}) needs {need} devices but JAX has "
                       f"{len(available)} {jax.default_backend()} device(s){hint}")
@@ -112,3 +112,60 @@ def flat_device_index(node, gpu, gpus_per_node: int):
 def my_flat_index(gpus_per_node: int) -> jax.Array:
   """Flat index of the executing device; only valid inside `shard_map` over both mesh axes."""
   return flat_device_index(jax.lax.axis_index(NODE), jax.lax.axis_index(GPU), gpus_per_node)
+
+
+# Geometry: which flat devices exchange in a hop. A hop runs over 'node', over 'gpu', or over both
+# axes as one (('node', 'gpu'): the flat exchange); the group of device s holds the devices that
+# differ from s only along the hop's axes, and a device's peer index is its position in that group.
+
+
+def hop_axes(hop) -> tuple[str, ...]:
+  """'node' | 'gpu' | ('node', 'gpu') -> the tuple of axis names, checked."""
+  axes = (hop,) if isinstance(hop, str) else tuple(hop)
+  if not axes or len(set(axes)) != len(axes) or not set(axes) <= set(AXES):
+    raise MeshError(f"hop {hop!r} must be one of {AXES} or a tuple of them")
+  return axes
+
+
+def num_peers(hop, nodes: int, gpus_per_node: int) -> int:
+  """A, the size of each group of the hop."""
+  return int(np.prod([{NODE: nodes, GPU: gpus_per_node}[a] for a in hop_axes(hop)]))
+
+
+def peer_index(device, hop, gpus_per_node: int):
+  """Position of flat `device` (ints or arrays, traced too) within its group of the hop."""
+  axes = set(hop_axes(hop))
+  if axes == {NODE}:
+    return device // gpus_per_node
+  if axes == {GPU}:
+    return device % gpus_per_node
+  return device
+
+
+def peer_table(hop, nodes: int, gpus_per_node: int) -> np.ndarray:
+  """[D, A] int: row s holds the flat devices of s's group of the hop in peer order (s included)."""
+  grid = np.arange(nodes * gpus_per_node).reshape(nodes, gpus_per_node)
+  axes = set(hop_axes(hop))
+  if axes == {NODE}:
+    return grid.T[grid.reshape(-1) % gpus_per_node]
+  if axes == {GPU}:
+    return grid[grid.reshape(-1) // gpus_per_node]
+  return np.tile(grid.reshape(-1), (nodes * gpus_per_node, 1))
+
+
+def same_group(hop, nodes: int, gpus_per_node: int) -> np.ndarray:
+  """[D, D] bool: flat devices s and p are in one group of the hop (s == p included)."""
+  table = peer_table(hop, nodes, gpus_per_node)
+  mask = np.zeros((table.shape[0],) * 2, bool)
+  np.put_along_axis(mask, table, True, axis=1)
+  return mask
+
+
+def node_of(device, gpus_per_node: int):
+  """The node of flat `device` (ints or arrays)."""
+  return device // gpus_per_node
+
+
+def crosses_nodes(hop, nodes: int) -> bool:
+  """Whether the hop's exchanges leave the node (any hop over 'node' on more than one node)."""
+  return nodes > 1 and NODE in hop_axes(hop)

@@ -10,7 +10,27 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from moejax.validation import is_int, is_number, require
+
 SCHEDULES = ("linear", "cosine")
+CONFIG_FIELDS = ("learning_rate", "warmup_steps", "decay", "decay_steps", "end_fraction", "b1", "b2", "eps",
+                 "weight_decay", "clip_norm")
+
+
+def validate_config(o, prefix: str = "") -> None:
+  """Checks the optim section `o` (fields CONFIG_FIELDS); errors name the field with `prefix`
+  (e.g. 'optim.')."""
+  require(is_number(o.learning_rate) and o.learning_rate > 0, prefix + "learning_rate", o.learning_rate, "> 0")
+  require(is_int(o.warmup_steps, 0), prefix + "warmup_steps", o.warmup_steps, "an int >= 0")
+  require(o.decay in SCHEDULES, prefix + "decay", o.decay, f"one of {SCHEDULES}")
+  require(is_int(o.decay_steps, 0), prefix + "decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
+  require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, prefix + "end_fraction", o.end_fraction,
+          "in [0, 1]")
+  for name in ("b1", "b2"):
+    require(is_number(o[name]) and 0 <= o[name] < 1, prefix + name, o[name], "in [0, 1)")
+  for name in ("eps", "clip_norm"):
+    require(is_number(o[name]) and o[name] > 0, prefix + name, o[name], "> 0")
+  require(is_number(o.weight_decay) and o.weight_decay >= 0, prefix + "weight_decay", o.weight_decay, ">= 0")
 
 
 def schedule(peak: float, warmup_steps: int, total_steps: int, decay: str = "linear",

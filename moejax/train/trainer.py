@@ -22,25 +22,25 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax import checkpoint as checkpoint_lib
-from moejax import data as data_lib
-from moejax import mesh as mesh_lib
-from moejax import metrics as metrics_lib
-from moejax import objective, optim
-from moejax import tokenizer as tokenizer_lib
-from moejax.config import ConfigError, MoEConfig, is_int, is_number, require
-from moejax.layer import ALL
-from moejax import model as model_lib
-from moejax.model import ModelConfig
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import ALL
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+from moejax.train import checkpoint as checkpoint_lib
+from moejax.train import data as data_lib
+from moejax.train import metrics as metrics_lib
+from moejax.train import model as model_lib
+from moejax.train import objective, optim
+from moejax.train import tokenizer as tokenizer_lib
+from moejax.train.model import ModelConfig
+from moejax.validation import ConfigError, is_int, require
 
 SECTIONS = {
     "mesh": ("nodes", "gpus_per_node"),
-    "data": ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
-             "prefetch"),
-    "optim": ("learning_rate", "warmup_steps", "decay", "decay_steps", "end_fraction", "b1", "b2", "eps",
-              "weight_decay", "clip_norm"),
-    "checkpoint": ("every_steps", "keep", "use_async"),
-    "log": ("every_steps", "tensorboard"),
+    "data": data_lib.CONFIG_FIELDS,
+    "optim": optim.CONFIG_FIELDS,
+    "checkpoint": checkpoint_lib.CONFIG_FIELDS,
+    "log": metrics_lib.CONFIG_FIELDS,
 }
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "mesh", "model", "moe", "data", "optim",
              "checkpoint", "log")
@@ -57,7 +57,8 @@ def _check_fields(fields, known, prefix: str, required=None) -> None:
 
 def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
   """Every check that needs no devices, before anything is compiled; errors name the field, its
-  value and what is allowed. Returns the model and MoE layer configs."""
+  value and what is allowed. The data, optim, checkpoint and log sections are checked by the
+  `validate_config` of the module that uses them. Returns the model and MoE layer configs."""
   _check_fields(config, TOP_LEVEL, "")
   for section, known in SECTIONS.items():
     _check_fields(config[section], known, section + ".")
@@ -92,39 +93,10 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   require(rows % devices == 0, "batch_size", config.batch_size,
           f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}")
 
-  d = config.data
-  require(isinstance(d.train_files, str), "data.train_files", d.train_files, "a comma-separated list of globs")
-  if d.train_files:
-    require(bool(data_lib.corpus_files(d.train_files, "")), "data.train_files", d.train_files,
-            "globs matching at least one JSON-lines file ('' = the embedded corpus)")
-  require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
-          "data.tokenizer_model", d.tokenizer_model, "'' (train one) or the path of a SentencePiece model")
-  require(isinstance(d.cache_dir, str), "data.cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
-  require(is_int(d.tokenizer_train_chars), "data.tokenizer_train_chars", d.tokenizer_train_chars, "a positive int")
-  require(is_int(d.shards) and rows % d.shards == 0, "data.shards", d.shards,
-          f"a positive divisor of the {rows} rows of a micro-batch")
-  require(is_number(d.mask_prob) and 0 < d.mask_prob < 1, "data.mask_prob", d.mask_prob, "in (0, 1)")
-  require(is_int(d.prefetch, 0), "data.prefetch", d.prefetch, "an int >= 0")
-
-  o = config.optim
-  require(is_number(o.learning_rate) and o.learning_rate > 0, "optim.learning_rate", o.learning_rate, "> 0")
-  require(is_int(o.warmup_steps, 0), "optim.warmup_steps", o.warmup_steps, "an int >= 0")
-  require(o.decay in optim.SCHEDULES, "optim.decay", o.decay, f"one of {optim.SCHEDULES}")
-  require(is_int(o.decay_steps, 0), "optim.decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
-  require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, "optim.end_fraction", o.end_fraction, "in [0, 1]")
-  for name in ("b1", "b2"):
-    require(is_number(o[name]) and 0 <= o[name] < 1, f"optim.{name}", o[name], "in [0, 1)")
-  for name in ("eps", "clip_norm"):
-    require(is_number(o[name]) and o[name] > 0, f"optim.{name}", o[name], "> 0")
-  require(is_number(o.weight_decay) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, ">= 0")
-
-  require(is_int(config.checkpoint.every_steps), "checkpoint.every_steps", config.checkpoint.every_steps,
-          "a positive int")
-  require(is_int(config.checkpoint.keep), "checkpoint.keep", config.checkpoint.keep, "a positive int")
-  require(isinstance(config.checkpoint.use_async, bool), "checkpoint.use_async", config.checkpoint.use_async,
-          "True or False")
-  require(is_int(config.log.every_steps), "log.every_steps", config.log.every_steps, "a positive int")
-  require(isinstance(config.log.tensorboard, bool), "log.tensorboard", config.log.tensorboard, "True or False")
+  data_lib.validate_config(config.data, prefix="data.", rows=rows)
+  optim.validate_config(config.optim, prefix="optim.")
+  checkpoint_lib.validate_config(config.checkpoint, prefix="checkpoint.")
+  metrics_lib.validate_config(config.log, prefix="log.")
   return model_cfg, moe_cfg
 
 
@@ -192,24 +164,24 @@ class Trainer:
     params, rest = model_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
     return self._complete(params), rest
 
-  def targets(self, key, tokens_BxL):
+  def targets(self, key, tokens_BxS):
     if self.model_cfg.kind == "gpt":
-      return objective.next_token(tokens_BxL, pad_id=self.tok.pad_id)
-    return objective.bert_mask(key, tokens_BxL, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
+      return objective.next_token(tokens_BxS, pad_id=self.tok.pad_id)
+    return objective.bert_mask(key, tokens_BxS, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
                                num_ordinary=self.tok.num_ordinary, mask_prob=self.config.data.mask_prob)
 
-  def _step(self, state, rest, tokens_AxBxL):
-    """One optimizer update from micro-batches tokens [A, B, L] -> (state, metrics)."""
-    num_micro = tokens_AxBxL.shape[0]
+  def _step(self, state, rest, tokens_AxBxS):
+    """One optimizer update from micro-batches tokens [A, B, S] -> (state, metrics)."""
+    num_micro = tokens_AxBxS.shape[0]
     rng, step_key = jax.random.split(jax.random.wrap_key_data(state["rng"]))
     mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
-    inputs_AxBxL, positions_AxBxP, targets_AxBxP, weights_AxBxP = jax.vmap(self.targets)(mask_keys, tokens_AxBxL)
+    inputs_AxBxS, positions_AxBxP, targets_AxBxP, weights_AxBxP = jax.vmap(self.targets)(mask_keys, tokens_AxBxS)
     total = jnp.maximum(jnp.sum(weights_AxBxP), 1.0)
 
-    def loss_fn(params, inputs_BxL, positions_BxP, targets_BxP, weights_BxP, key):
+    def loss_fn(params, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
       model = nnx.merge(self.graphdef, params, rest)
       dropout_key, jitter_key = jax.random.split(key)
-      logits_BxPxV, aux = model(inputs_BxL, positions_BxP=positions_BxP, train=True,
+      logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
                                 rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
       loss_sum, correct = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
       return loss_sum / total + aux["aux_loss"] / num_micro, (loss_sum, correct, aux)
@@ -220,7 +192,7 @@ class Trainer:
 
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
     grads, (loss_sums, corrects, auxes) = jax.lax.scan(
-        micro_step, zeros, (inputs_AxBxL, positions_AxBxP, targets_AxBxP, weights_AxBxP, model_keys))
+        micro_step, zeros, (inputs_AxBxS, positions_AxBxP, targets_AxBxP, weights_AxBxP, model_keys))
     updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
     new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                  "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
@@ -260,9 +232,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
           f"a multiple of the job's {jax.process_count()} processes")
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
-  platform = mesh.devices.flat[0].platform
-  require(not (platform == "cpu" and moe_cfg.transport == "ragged"), "moe.transport", moe_cfg.transport,
-          "'padded' on CPU (XLA:CPU has no ragged all-to-all; 'padded' has the same semantics)")
+  platform = platform_lib.of_mesh(mesh)
+  platform_lib.check_transport(moe_cfg.transport, platform, field="moe.transport")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = data_lib.corpus_files(config.data.train_files, cache_dir)
   tok = load_tokenizer(config, files, cache_dir)

@@ -1,9 +1,9 @@
 """Runs one command as N local JAX processes that form a single multi-process job.
 
-    python -m moejax.launch --processes 2 --devices-per-process 4 -- python my_program.py
+    python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python my_program.py
 
 Each process gets the coordinator address, its process id and its CPU device count in the
-environment; the program calls `moejax.distributed.initialize()` first. Output is forwarded line by
+environment; the program calls `moejax.runtime.distributed.initialize()` first. Output is forwarded line by
 line with a `[pN]` prefix. If any process exits non-zero (or is killed), the others are killed and the
 launcher exits non-zero at once, so a failed job never hangs in a collective.
 """
@@ -100,21 +100,22 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  if "--" not in argv:
-    print("usage: python -m moejax.launch --processes N --devices-per-process D -- COMMAND...", file=sys.stderr)
-    return 2
-  split = argv.index("--")
-  parser = argparse.ArgumentParser(prog="python -m moejax.launch", description=__doc__.splitlines()[0])
+  split = argv.index("--") if "--" in argv else len(argv)
+  parser = argparse.ArgumentParser(
+      prog="python -m moejax.runtime.launch", description=__doc__.splitlines()[0],
+      usage="%(prog)s [--processes N] [--devices-per-process D] [--timeout S] -- COMMAND...")
   parser.add_argument("--processes", type=int, default=2)
   parser.add_argument("--devices-per-process", type=int, default=4)
   parser.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
   args = parser.parse_args(argv[:split])
+  command = argv[split + 1:]
+  if not command:
+    parser.error("no COMMAND given after '--'")
   try:
-    return launch(argv[split + 1:], args.processes, args.devices_per_process, args.timeout)
+    return launch(command, args.processes, args.devices_per_process, args.timeout)
   except ValueError as e:
-    print(f"moejax.launch: {e}", file=sys.stderr)
+    print(f"moejax.runtime.launch: {e}", file=sys.stderr)
     return 2
-
 
 if __name__ == "__main__":
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -1,9 +1,8 @@
-"""Results of a scaling sweep (`moejax.scaling`): CSV, JSON, PNG plots and a printed comparison."""
+"""Results of a scaling sweep (`moejax.study.sweep`): CSV, JSON, PNG plots and a printed comparison."""
 
 import csv
 import json
 import os
-
 
 COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
            "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",

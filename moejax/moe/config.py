@@ -8,36 +8,14 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from moejax.validation import ConfigError, is_int, is_number, require
+
 ROUTINGS = ("topk", "bilevel", "node_limited")
 TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
 NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so need num_nodes
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
-
-
-class ConfigError(ValueError):
-  """A bad config field or input; `field` names it where there is one."""
-
-  def __init__(self, message: str, field: str | None = None, value: Any = None, allowed: str | None = None):
-    super().__init__(message)
-    self.field, self.value, self.allowed = field, value, allowed
-
-
-def require(ok: bool, field: str, value: Any, allowed: str) -> None:
-  """Raises ConfigError naming `field`, its `value` and what is `allowed` unless `ok`."""
-  if not ok:
-    raise ConfigError(f"config field {field}={value!r} is not allowed: {allowed}", field, value, allowed)
-
-
-def is_int(value, low: int = 1) -> bool:
-  """An int (not a bool) of at least `low`."""
-  return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def is_number(value) -> bool:
-  """An int or float (not a bool)."""
-  return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +41,11 @@ class MoEConfig:
   capacity_factor: None = dropless; else each device sends each expert at most
     ceil(capacity_factor * local_tokens * K / E) token-choices (K = choices_per_token), dropping the
     rest by priority (all first choices before any second choice; within a rank, earlier tokens first).
+  buffer_factor: None = every exchange hop receives into a worst-case buffer (all rows of all its
+    peers; exact, but per-device memory grows with the mesh). A number b: each hop receives at most
+    ceil(b * local_tokens * K) rows (the same bound on every hop, so it does not compound); rows that
+    do not fit are dropped deterministically (per receiver, lower sources first, and within a block
+    the later rows), output zero and are counted in aux['tokens_overflowed']. Ignored by 'capacity'.
   renormalize: combine weights divided by their sum over the token's choices (else raw).
   load_balance_coef: alpha: of the Switch loss alpha * E * sum_e f_e * P_e ('topk', 'node_limited'),
     or of the node term of SMILE's loss alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j.
@@ -83,6 +66,7 @@ class MoEConfig:
   num_nodes: int | None = None
   node_top_k: int = 1
   capacity_factor: float | None = None
+  buffer_factor: float | None = None
   activation: str = "gelu"
   gated: bool = False
   renormalize: bool = False
@@ -117,6 +101,9 @@ class MoEConfig:
     cf = self.capacity_factor
     require(cf is None or (is_number(cf) and cf > 0),
             "capacity_factor", cf, "None (dropless) or a number > 0")
+    bf = self.buffer_factor
+    require(bf is None or (is_number(bf) and bf > 0), "buffer_factor", bf,
+            "None (worst-case receive buffers) or a number > 0")
     require(self.transport != "capacity" or cf is not None, "capacity_factor", cf,
             "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")
     require(isinstance(self.z_loss_coef, (int, float)) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef,

@@ -1,0 +1,97 @@
+"""Dispatch plans: pure index math that turns per-row destinations into ragged exchange arguments.
+
+One exchange ("hop") runs over one mesh axis, or over both axes as one, with A peers. Each device
+sorts its rows by destination peer; `sizes_AxA[s, p]` is the number of rows peer s wants to send to
+peer p. The receiver lays out what it gets source by source (the layout of
+`jax.lax.ragged_all_to_all`) in a buffer of a fixed number of rows; what does not fit is clamped
+deterministically, lower sources first (`clamp_to_buffer`), so `kept_AxA[s, p]` rows really move and
+each block's tail rows are dropped. Only `make_hop_plan` communicates (one all_gather of A int32
+sizes); everything else is local.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+
+class RaggedArgs(NamedTuple):
+  """The offsets/sizes arguments of one ragged all-to-all, as seen by one device (each [A] int32)."""
+
+  input_offsets: jax.Array  # where my block for peer p starts in my operand
+  send_sizes: jax.Array  # rows I send to peer p
+  output_offsets: jax.Array  # where my block starts in peer p's output
+  recv_sizes: jax.Array  # rows I receive from peer p
+
+
+class HopPlan(NamedTuple):
+  """order: [R] permutation sorting my rows by destination (rows to no peer last);
+  sizes_AxA: [A, A] rows each source wants to send to each destination along the hop's axis;
+  kept_AxA: [A, A] the rows that fit the receivers' buffers (what moves);
+  sent_R: [R] bool, in my original row order: the row was sent (has a destination and fitted);
+  forward / backward: the ragged all-to-all arguments of dispatch and of the reverse (combine)."""
+
+  order: jax.Array
+  sizes_AxA: jax.Array
+  kept_AxA: jax.Array
+  sent_R: jax.Array
+  forward: RaggedArgs
+  backward: RaggedArgs
+
+
+def exclusive_cumsum(v: jax.Array, axis: int = 0) -> jax.Array:
+  return jnp.cumsum(v, axis=axis) - v
+
+
+def histogram(ids: jax.Array, size: int) -> jax.Array:
+  """[size] int32 occurrences of each id in [0, size); ids outside (e.g. -1) are not counted."""
+  ids = ids.reshape(-1)
+  return jnp.zeros(size + 1, jnp.int32).at[jnp.where((ids >= 0) & (ids < size), ids, size)].add(1)[:size]
+
+
+def sort_by_destination(dest_R: jax.Array, num_peers: int) -> tuple[jax.Array, jax.Array]:
+  """(order [R], send_sizes [A]); dest == num_peers marks a row that is sent nowhere."""
+  order = jnp.argsort(dest_R, stable=True).astype(jnp.int32)
+  return order, histogram(dest_R, num_peers)
+
+
+def clamp_to_buffer(sizes_AxA: jax.Array, buffer_rows: int) -> jax.Array:
+  """[A, A] rows that fit receivers holding `buffer_rows` rows each: per receiver, the sources'
+  sizes cumulated in source order, clamped to the buffer, then differenced (lower sources first)."""
+  fitted = jnp.minimum(jnp.cumsum(sizes_AxA, axis=0), buffer_rows)
+  return jnp.diff(fitted, axis=0, prepend=jnp.zeros_like(fitted[:1]))
+
+
+def ragged_args(sizes_AxA: jax.Array, me: jax.Array, kept_AxA: jax.Array | None = None
+                ) -> tuple[RaggedArgs, RaggedArgs]:
+  """Forward and backward ragged all-to-all arguments of device `me`: blocks start where the full
+  size matrix puts them in the sender's sorted rows, and the first kept_AxA rows of each move
+  (kept_AxA defaults to everything)."""
+  kept_AxA = sizes_AxA if kept_AxA is None else kept_AxA
+  send = kept_AxA[me]
+  recv = kept_AxA[:, me]
+  input_offsets = exclusive_cumsum(sizes_AxA[me])
+  recv_offsets = exclusive_cumsum(recv)
+  # My block in peer p's output starts after the blocks of all sources before me.
+  output_offsets = exclusive_cumsum(kept_AxA, axis=0)[me]
+  # Reverse: what peer p sent me goes back to where it came from in p's sorted operand.
+  return_offsets = exclusive_cumsum(sizes_AxA, axis=1)[:, me]
+  return (RaggedArgs(input_offsets, send, output_offsets, recv),
+          RaggedArgs(recv_offsets, recv, return_offsets, send))
+
+
+def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int) -> HopPlan:
+  """Plan for one hop inside `shard_map`; dest_R in [0, A], A = not sent; receivers hold
+  `buffer_rows` rows."""
+  order, send_sizes = sort_by_destination(dest_R, num_peers)
+  sizes_AxA = jax.lax.all_gather(send_sizes, axis_name)
+  me = jax.lax.axis_index(axis_name)
+  kept_AxA = clamp_to_buffer(sizes_AxA, buffer_rows)
+  forward, backward = ragged_args(sizes_AxA, me, kept_AxA)
+  # Sorted row i goes to peer dest[order[i]] at position i - block start; it moves if within kept.
+  dest_sorted = dest_R[order]
+  peer = jnp.minimum(dest_sorted, num_peers - 1)
+  position = jnp.arange(dest_R.shape[0]) - forward.input_offsets[peer]
+  sent_sorted = (dest_sorted < num_peers) & (position < forward.send_sizes[peer])
+  sent_R = jnp.zeros_like(sent_sorted).at[order].set(sent_sorted)
+  return HopPlan(order, sizes_AxA, kept_AxA, sent_R, forward, backward)

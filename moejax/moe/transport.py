@@ -1,0 +1,177 @@
+"""Transports: moving token rows to the devices that hold their experts and back.
+
+`ragged_all_to_all` and `padded_all_to_all` have the same signature and semantics (those of
+`jax.lax.ragged_all_to_all`); `padded` builds them from a ring of fixed-size collective permutes,
+so it runs on every backend and is the oracle `ragged` is checked against.
+
+`dispatch` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
+axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
+bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
+Every hop receives into a buffer of fixed rows: the worst case by default, or a bound
+(`MoEConfig.buffer_factor`) under which rows that do not fit are dropped deterministically and
+counted (`plan.clamp_to_buffer`).
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import plan as plan_lib
+from moejax.runtime import mesh as mesh_lib
+
+FLAT_HOPS = ((mesh_lib.NODE, mesh_lib.GPU),)
+HIERARCHICAL_HOPS = (mesh_lib.GPU, mesh_lib.NODE)  # Tutel-2DH / DeepSpeed: inside the node first
+BILEVEL_HOPS = (mesh_lib.NODE, mesh_lib.GPU)  # SMILE: to the node first, then to the GPU in it
+TRANSPORT_HOPS = {"ragged": FLAT_HOPS, "padded": FLAT_HOPS, "capacity": FLAT_HOPS,
+                  "hierarchical": HIERARCHICAL_HOPS, "bilevel": BILEVEL_HOPS}
+
+
+def transport_hops(transport: str) -> tuple:
+  """The hops (each a mesh axis or both axes as one) a transport's exchanges run over, in order."""
+  return TRANSPORT_HOPS[transport]
+
+
+def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
+  """`jax.lax.ragged_all_to_all` semantics from a ring of fixed-size collective permutes.
+
+  operand: [R_in, ...]; output: [R_out, ...] (rows not received keep their value). Step s sends my
+  block for peer me + s, padded to min(R_in, R_out) rows, with its offset and size; the receiver
+  writes the valid rows where the sender said. One block is in flight at a time, so memory stays
+  O(local rows) however many peers there are.
+  """
+  del recv_sizes  # each block carries its own size
+  block = min(operand.shape[0], output.shape[0])
+  num_peers = send_sizes.shape[0]
+  me = jax.lax.axis_index(axis_name)
+  i_B = jnp.arange(block)
+  for shift in range(num_peers):
+    dest = (me + shift) % num_peers
+    valid_B = i_B < send_sizes[dest]
+    rows = jnp.take(operand, jnp.clip(input_offsets[dest] + i_B, 0, operand.shape[0] - 1), axis=0)
+    rows = jnp.where(_expand(valid_B, rows.ndim), rows, jnp.zeros((), operand.dtype))
+    where_B = jnp.where(valid_B, output_offsets[dest] + i_B, output.shape[0])  # out of range: dropped
+    if shift:
+      perm = [(i, (i + shift) % num_peers) for i in range(num_peers)]
+      rows, where_B = jax.lax.ppermute((rows, where_B), axis_name, perm)
+    output = output.at[where_B].set(rows, mode="drop")
+  return output
+
+
+def _expand(mask, ndim):
+  return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
+
+
+def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
+  return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
+                                   axis_name=axis_name)
+
+
+EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
+
+
+def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str, fill=0, like=None):
+  """One ragged exchange of `operand` [R_in, ...] into a fresh [out_rows, ...] buffer filled with `fill`.
+
+  The buffer takes its mesh-axis variance from `like` (default: the operand): ragged_all_to_all's
+  result has the buffer's type, and a custom_vjp backward must return its primal input's exact type.
+  """
+  like = operand if like is None else like
+  output = jnp.full_like(like, fill, operand.dtype, shape=(out_rows,) + operand.shape[1:])
+  # With one peer the exchange is a local move: XLA:GPU's ragged_all_to_all took 20-100 ms for it on
+  # one H100 where the local gather/scatter took 0.5-1.8 ms (benchmarks/results/2026-11-23-h100).
+  move = padded_all_to_all if args.send_sizes.shape[0] == 1 else EXCHANGES[kind]
+  return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
+              axis_name=axis_name)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str):
+  """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
+  the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again)."""
+  return exchange(rows, args, out_rows, axis_name, kind)
+
+
+def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind):
+  like = rows[:, :0]  # no data: the operand's row count, dtype and varying axes
+  return exchange(rows, args, out_rows, axis_name, kind), (back, like)
+
+
+def _move_rows_bwd(out_rows, axis_name, kind, residuals, grad):
+  back, like = residuals
+  del out_rows
+  return exchange(grad.astype(like.dtype), back, like.shape[0], axis_name, kind, like=like), None, None
+
+
+move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
+
+
+class Route(NamedTuple):
+  """What `dispatch` leaves for `combine`: one plan per hop and the row count before each hop."""
+
+  plans: tuple[plan_lib.HopPlan, ...]
+  rows_before: tuple[int, ...]
+
+
+def hop_destination(expert_ids, axis_name, experts_per_gpu: int, gpus_per_node: int, num_peers: int):
+  """Peer index along `axis_name` towards each row's expert; num_peers for rows with id -1."""
+  dest = mesh_lib.peer_index(expert_ids // experts_per_gpu, axis_name, gpus_per_node)
+  return jnp.where(expert_ids >= 0, dest, num_peers)
+
+
+def hop_buffer_rows(rows_in: int, num_peers: int, max_rows: int, buffer_rows: int | None) -> int:
+  """Receive buffer of one hop: what all its peers could send (at most `max_rows`, all rows of all
+  devices), bounded by `buffer_rows` when given."""
+  worst = min(num_peers * rows_in, max_rows)
+  return worst if buffer_rows is None else min(worst, buffer_rows)
+
+
+def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
+             buffer_rows: int | None = None):
+  """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
+
+  Returns (rows [R_out, d], expert_ids [R_out] with -1 on empty rows, route). Every hop receives
+  into `hop_buffer_rows(...)` rows; rows that do not fit are dropped (`HopPlan.kept_AxA`).
+  """
+  plans, rows_before = [], []
+  n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
+  for axis_name in hops:
+    num_peers = mesh_lib.num_peers(axis_name, n, m)
+    out_rows = hop_buffer_rows(rows_RxD.shape[0], num_peers, max_rows, buffer_rows)
+    dest = hop_destination(expert_ids_R, axis_name, experts_per_gpu, m, num_peers)
+    plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows)
+    rows_before.append(rows_RxD.shape[0])
+    rows_RxD = move_rows(rows_RxD[plan.order], plan.forward, plan.backward, out_rows, axis_name, kind)
+    expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)
+    plans.append(plan)
+  return rows_RxD, expert_ids_R, Route(tuple(plans), tuple(rows_before))
+
+
+def combine(rows_RxD, route: Route, hops, kind: str):
+  """The reverse of `dispatch`: rows return, hop by hop, to their original positions; rows dropped
+  on the way come back as zeros."""
+  for axis_name, plan, rows_before in reversed(list(zip(hops, route.plans, route.rows_before))):
+    back = move_rows(rows_RxD, plan.backward, plan.forward, rows_before, axis_name, kind)
+    rows_RxD = jnp.zeros_like(back).at[plan.order].set(back)
+  return rows_RxD
+
+
+def capacity_dispatch(rows_RxD, slots_R, num_slots: int, axis_name, num_peers: int):
+  """GShard/Switch dense dispatch: row i goes to slot slots_R[i] (-1 = dropped) of an [E * C] buffer.
+
+  Slots are expert-major, so the buffer splits evenly across peers; returns the [A, E/A * C, d]
+  blocks received from each peer (block s from peer s).
+  """
+  buffer = jnp.zeros((num_slots,) + rows_RxD.shape[1:], rows_RxD.dtype)
+  buffer = buffer.at[jnp.where(slots_R >= 0, slots_R, num_slots)].set(rows_RxD, mode="drop")
+  blocks = buffer.reshape((num_peers, num_slots // num_peers) + rows_RxD.shape[1:])
+  return jax.lax.all_to_all(blocks, axis_name, 0, 0)
+
+
+def capacity_combine(blocks, slots_R, axis_name):
+  """The reverse of `capacity_dispatch`: returns [R, d], zero for dropped rows."""
+  buffer = jax.lax.all_to_all(blocks, axis_name, 0, 0)
+  buffer = buffer.reshape((-1,) + blocks.shape[2:])
+  gathered = jnp.take(buffer, jnp.maximum(slots_R, 0), axis=0)
+  return jnp.where(_expand(slots_R >= 0, gathered.ndim), gathered, jnp.zeros((), gathered.dtype))

@@ -1,0 +1,50 @@
+"""What runs on which platform: the one place for the rules that differ between CPU and GPU.
+
+XLA:CPU has no `ragged-all-to-all` (jax-ml/jax issue 34755), so on CPU the ragged exchange is built
+from fixed-size all_to_alls ('padded', the same semantics); Pallas kernels compile with Triton on
+GPU and run in the Pallas interpreter anywhere else.
+"""
+
+import jax
+
+from moejax.validation import require
+
+RAGGED_PLATFORMS = ("gpu", "tpu")  # backends with a native ragged all-to-all
+
+
+def of_mesh(mesh: jax.sharding.Mesh) -> str:
+  """'cpu', 'gpu' or 'tpu': the platform of the mesh's devices."""
+  return mesh.devices.flat[0].platform
+
+
+def has_ragged_all_to_all(platform: str) -> bool:
+  return platform in RAGGED_PLATFORMS
+
+
+def flat_transport(platform: str) -> str:
+  """The one-hop ragged transport to use on `platform`."""
+  return "ragged" if has_ragged_all_to_all(platform) else "padded"
+
+
+def exchange_kind(transport: str, platform: str) -> str:
+  """The ragged exchange a transport's hops use: 'ragged' and 'padded' their own; the two-hop
+  transports the platform's native one where it exists."""
+  return transport if transport in ("ragged", "padded") else flat_transport(platform)
+
+
+def check_transport(transport: str, platform: str, field: str = "transport") -> None:
+  """Raises ConfigError naming `field` if the transport cannot run on `platform`."""
+  require(transport != "ragged" or has_ragged_all_to_all(platform), field, transport,
+          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use 'padded' "
+          "(the same semantics from fixed-size all_to_all)")
+
+
+def pallas_interprets(platform: str) -> bool:
+  """Pallas kernels compile (Triton) only on GPU; elsewhere they run in the interpreter."""
+  return platform != "gpu"
+
+
+def check_vma(expert_backend: str, platform: str) -> bool:
+  """shard_map's check_vma for a program running the experts: off only for the Pallas interpreter,
+  which cannot yet type its slices by mesh-axis variance (jax 0.10)."""
+  return not (expert_backend == "pallas" and pallas_interprets(platform))

@@ -1,0 +1,1 @@
+"""Studies: scaling sweeps over meshes and schemes, their reports, and measured phase timing."""

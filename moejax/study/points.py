@@ -1,0 +1,160 @@
+"""The points of a scaling sweep: its config checked, the layer config and cluster it names, and the keys
+that let reruns skip finished points."""
+
+import dataclasses
+import hashlib
+import json
+import os
+
+from moejax.cost import topology as topology_lib
+from moejax.moe.config import MoEConfig
+from moejax.runtime import platform as platform_lib
+from moejax.validation import ConfigError, is_int, require
+
+SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+SCALINGS = ("weak", "strong")
+MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
+# MoEConfig fields -> the sweep config fields that set them, so errors name what the user wrote.
+_MOE_FIELDS = {"num_experts": "moe.experts_per_gpu", "top_k": "moe.top_k", "node_top_k": "moe.node_top_k",
+               "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+  """One point of the sweep; `label` is 'modelled' or 'measured'."""
+
+  scheme: str
+  nodes: int
+  gpus_per_node: int
+  model: str
+  scaling: str
+  label: str = "modelled"
+
+  @property
+  def devices(self) -> int:
+    return self.nodes * self.gpus_per_node
+
+  @property
+  def mesh(self) -> str:
+    return f"{self.nodes}x{self.gpus_per_node}"
+
+
+def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
+  """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`)."""
+  common = dict(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff, activation=moe.activation,
+                gated=moe.gated, dtype=moe.dtype)
+  flat = platform_lib.flat_transport(platform)
+  fields = {
+      "switch": dict(routing="topk", top_k=1, transport="capacity", capacity_factor=moe.switch_capacity_factor),
+      "flat_dropless": dict(routing="topk", top_k=moe.top_k, transport=flat),
+      "hierarchical": dict(routing="topk", top_k=moe.top_k, transport="hierarchical"),
+      "smile": dict(routing="bilevel", top_k=moe.top_k, num_nodes=n, transport="bilevel",
+                    capacity_factor=moe.smile_capacity_factor),
+      "node_limited": dict(routing="node_limited", top_k=moe.top_k, num_nodes=n, node_top_k=moe.node_top_k,
+                           transport="bilevel"),
+  }[scheme]
+  try:
+    return MoEConfig(**common, **fields)
+  except ConfigError as e:
+    field = f"moe.{scheme}_capacity_factor" if e.field == "capacity_factor" else _MOE_FIELDS.get(e.field, e.field)
+    require(False, field, e.value, f"{e.allowed} (scheme {scheme!r} on mesh {n}x{m})")
+
+
+def topology(config) -> topology_lib.Topology:
+  """The preset `config.topology` with `config.topology_overrides` ('nic_bw=25e9,...') applied."""
+  overrides = topology_lib.parse_overrides(config.topology_overrides)
+  if not overrides:
+    return topology_lib.get(config.topology)
+  return topology_lib.custom(config.topology, name=f"{config.topology}+{config.topology_overrides}", **overrides)
+
+
+def _positive_ints(value) -> bool:
+  return (isinstance(value, (tuple, list)) and len(value) > 0
+          and all(is_int(v) for v in value))
+
+
+def validate(config) -> list[Point]:
+  """Checks every field before JAX starts; returns the modelled points in run order."""
+  require(config.topology in topology_lib.PRESETS, "topology", config.topology,
+          f"one of {sorted(topology_lib.PRESETS)}")
+  try:
+    topology(config)
+  except ValueError as e:
+    require(False, "topology_overrides", config.topology_overrides, f"field=value,... of topology fields ({e})")
+  require(not config.device_rate_json or os.path.isfile(config.device_rate_json), "device_rate_json",
+          config.device_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
+  for field in ("nodes", "gpus_per_node"):
+    require(_positive_ints(config[field]), field, config[field], "a non-empty tuple of positive ints")
+  max_gpus = topology(config)["gpus_per_node"]
+  require(max(config.gpus_per_node) <= max_gpus, "gpus_per_node", config.gpus_per_node,
+          f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}")
+  for field, allowed in (("schemes", SCHEMES), ("scalings", SCALINGS)):
+    value = config[field]
+    require(isinstance(value, (tuple, list)) and len(value) > 0 and set(value) <= set(allowed), field, value,
+            f"a non-empty tuple of {allowed}")
+  require(len(config.models) > 0, "models", config.models, "at least one named model")
+  for name, model in config.models.items():
+    unknown = sorted(set(model) - set(MODEL_FIELDS))
+    require(not unknown, f"models.{name}", unknown, f"only the fields {MODEL_FIELDS}")
+    for field in MODEL_FIELDS:
+      value = model.get(field)
+      require(is_int(value), f"models.{name}.{field}", value, "a positive int")
+    require(model.layers % model.moe_layers == 0, f"models.{name}.moe_layers", model.moe_layers,
+            f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)")
+    require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
+  require(isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router,
+          "True or False")
+  for field in ("tokens_per_gpu", "batches", "d_model", "d_ff", "seed"):
+    value = config.sim[field]
+    require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
+            "an int >= 0" if field == "seed" else "a positive int")
+  require(config.measure.platform in ("gpu", "cpu"), "measure.platform", config.measure.platform,
+          "'gpu' (time single-node points on this machine's GPUs) or 'cpu' (on its CPU devices)")
+  for field in ("warmup", "repeats"):
+    require(isinstance(config.measure[field], int) and config.measure[field] >= 1, f"measure.{field}",
+            config.measure[field], "a positive int")
+  meshes = [(n, m) for m in config.gpus_per_node for n in config.nodes]
+  if "strong" in config.scalings:
+    for name, model in config.models.items():
+      for n, m in meshes:
+        require(isinstance(config.global_batch, int) and config.global_batch % (n * m * model.micro_batch) == 0,
+                "global_batch", config.global_batch,
+                f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
+                "for strong scaling")
+  for n, m in meshes:
+    for scheme in config.schemes:
+      scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+  return [Point(scheme, n, m, name, scaling) for n, m in meshes for scheme in config.schemes
+          for name in config.models for scaling in config.scalings]
+
+
+def max_devices(points: list[Point]) -> int:
+  return max(p.devices for p in points)
+
+
+def _digest(value) -> str:
+  return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def point_key(point: Point, config) -> str:
+  """A digest of everything the point's row depends on, so reruns skip only identical points."""
+  model = config.models[point.model].to_dict()
+  settings = {"topology": config.topology, "topology_overrides": config.topology_overrides,
+              "device_rate_json": config.device_rate_json,
+              "moe": config.moe.to_dict(), "sim": config.sim.to_dict()}
+  if point.scaling == "strong":
+    settings["global_batch"] = config.global_batch
+  if point.label == "measured":
+    settings["measure"] = config.measure.to_dict()
+  return _digest([dataclasses.asdict(point), model, settings])
+
+
+def simulation_key(scheme: str, n: int, m: int, config) -> str:
+  """A digest of what a small run depends on; models, topology and scaling only reprice it."""
+  return _digest([scheme, n, m, config.moe.to_dict(), config.sim.to_dict()])
+
+
+def identity(point: Point) -> dict:
+  """The fields of a row that name its point."""
+  return {"scheme": point.scheme, "nodes": point.nodes, "gpus_per_node": point.gpus_per_node,
+          "devices": point.devices, "model": point.model, "scaling": point.scaling, "label": point.label}

@@ -1,0 +1,47 @@
+"""The small run of a sweep point: the real layer on a simulated CPU mesh of the point's shape."""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.moe.layer import moe_apply
+from moejax.runtime import mesh as mesh_lib
+from moejax.study.inputs import layer_params, random_tokens
+from moejax.study.points import scheme_config
+
+
+def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
+  """An n x m mesh of simulated CPU devices (also on a GPU machine)."""
+  cpus = jax.devices("cpu")
+  if len(cpus) < n * m:
+    raise mesh_lib.MeshError(f"mesh {n}x{m} needs {n * m} CPU devices, JAX has {len(cpus)}; call "
+                             f"moejax.runtime.mesh.simulate_cpu_devices({n * m}) before any JAX computation")
+  return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
+
+
+def simulate(scheme: str, n: int, m: int, config) -> dict:
+  """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
+  device (one compilation; more batches, less sampling noise in the routing fractions).
+
+  Returns, summed over the batches and as JSON-ready lists: traffic_rows [H, D, D], rows_per_device
+  [D] (token-choices each device's experts got), dropped (token-choices), tokens_per_gpu; and
+  seconds (compile and run).
+  """
+  cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+  cfg = dataclasses.replace(cfg, dtype="float32")
+  mesh = cpu_mesh(n, m)
+  start = time.perf_counter()
+  params = layer_params(cfg, mesh, config.sim.seed, jnp.float32, config.sim.balanced_router)
+  traffic, counts, dropped = 0, 0, 0
+  for b in range(config.sim.batches):
+    x = random_tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
+    _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
+    traffic = traffic + np.asarray(aux["traffic_rows"], np.int64)
+    counts = counts + np.asarray(aux["expert_counts"], np.int64)
+    dropped += int(aux["tokens_dropped"])
+  return {"traffic_rows": traffic.tolist(), "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(),
+          "dropped": dropped, "tokens_per_gpu": config.sim.batches * config.sim.tokens_per_gpu,
+          "seconds": time.perf_counter() - start}
