@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# GPU benchmark suite: every step of benchmarks/gpu_suite.py (env, ceilings, kernels, layer,
+# train_step) as a process of its own, each writing OUT_DIR/<step>.json (and OUT_DIR/<step>.log).
+# A failing step is logged and the suite goes on; the exit status is non-zero if any step failed.
+#
+#   bash benchmarks/gpu_suite.sh OUT_DIR [--smoke] [gpu_suite.py options, passed to every step]
+#
+# Environment: STEPS (default "env ceilings kernels layer train_step": which steps, in order),
+# STEP_TIMEOUT (seconds per step, 0 = none; a step killed by it keeps what it had written),
+# SUITE_TIMEOUT (seconds for all steps together, 0 = none: each step is limited to what is left, and
+# steps that cannot start in time are recorded as failed), PYTHON (default python3).
+# See benchmarks/README.md.
+#
+# Wheels to carry to a GPU machine without a package index. It has jax 0.11 (CUDA), flax, optax,
+# orbax-checkpoint, tensorstore, absl-py, chex, pytest, matplotlib, sentencepiece, and with them
+# numpy, PyYAML, protobuf, packaging and opt_einsum. Missing (from each wheel's METADATA):
+#   ml_collections 1.1.0      needs absl-py, PyYAML                                (present)
+#   tensorboardX 2.6.5        needs numpy, packaging, protobuf>=3.20               (present)
+#   tokamax 0.0.12            needs absl-py, jax, jaxlib (present), tensorboardX and:
+#     einshape 1.0, jaxtyping 0.3.11 (-> wadler_lindig 0.1.8), qwix 0.1.8 (needs flax>=0.12,
+#     opt_einsum: present), tqdm 4.70.1, typeguard 2.13.3 (pinned ==), immutabledict 4.3.1,
+#     pydantic 2.14.3 (-> pydantic_core 2.50.4, a CPython 3.12 binary wheel; annotated_types 0.8.0;
+#     typing_inspection 0.4.5; typing_extensions>=4.16, carried as 4.16.0 in case the machine's is older)
+# Download them here (from the repository root):
+#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.12 einshape==1.0 jaxtyping==0.3.11 wadler_lindig==0.1.8 qwix==0.1.8 tqdm==4.70.1 typeguard==2.13.3 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0
+# Install them there (before running the suite, in the same shell):
+#   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
+
+set -u -o pipefail
+
+usage() {
+  echo "usage: bash $0 OUT_DIR [--smoke] [gpu_suite.py options]" >&2
+  exit 2
+}
+
+[[ $# -ge 1 && "$1" != -* ]] || usage
+OUT_DIR=$1
+shift
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PYTHON=${PYTHON:-python3}
+STEPS=${STEPS:-"env ceilings kernels layer train_step"}
+STEP_TIMEOUT=${STEP_TIMEOUT:-0}
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-0}
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+
+mkdir -p "$OUT_DIR" || exit 2
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+SUMMARY="$OUT_DIR/suite_summary.txt"
+: >"$SUMMARY"
+
+say() { echo "[gpu_suite $(date -u +%H:%M:%S)] $*"; }
+
+say "steps: $STEPS; out: $OUT_DIR; options: $*; python: $(command -v "$PYTHON")"
+failed=()
+suite_start=$SECONDS
+for step in $STEPS; do
+  limit=$STEP_TIMEOUT
+  if [[ "$SUITE_TIMEOUT" != 0 ]]; then
+    left=$((SUITE_TIMEOUT - (SECONDS - suite_start) - 20))  # 20 s for the kill and the summary
+    if ((left < 10)); then
+      say "step $step: not started, SUITE_TIMEOUT=${SUITE_TIMEOUT}s reached"
+      failed+=("$step")
+      printf '%-12s %6ss  %s\n' "$step" 0 "not started (SUITE_TIMEOUT)" >>"$SUMMARY"
+      continue
+    fi
+    if [[ "$limit" == 0 ]] || ((left < limit)); then limit=$left; fi
+  fi
+  cmd=("$PYTHON" "$ROOT/benchmarks/gpu_suite.py" "--step=$step" "--out=$OUT_DIR" "$@")
+  if [[ "$limit" != 0 ]]; then
+    cmd=(timeout --kill-after=10 "$limit" "${cmd[@]}")
+    say "step $step: start (limit ${limit}s)"
+  else
+    say "step $step: start"
+  fi
+  start=$SECONDS
+  "${cmd[@]}" 2>&1 | tee "$OUT_DIR/$step.log"
+  rc=${PIPESTATUS[0]}
+  elapsed=$((SECONDS - start))
+  if [[ $rc -eq 0 ]]; then
+    say "step $step: ok in ${elapsed}s"
+    status=ok
+  else
+    [[ $rc -eq 124 || $rc -eq 137 ]] && why=" (timed out after ${limit}s)" || why=""
+    say "step $step: FAILED with exit status $rc$why in ${elapsed}s; log: $OUT_DIR/$step.log"
+    failed+=("$step")
+    status="failed rc=$rc$why"
+  fi
+  printf '%-12s %6ss  %s\n' "$step" "$elapsed" "$status" >>"$SUMMARY"
+done
+
+say "done in $((SECONDS - suite_start))s:"
+cat "$SUMMARY"
+if [[ ${#failed[@]} -gt 0 ]]; then
+  say "failed steps: ${failed[*]}"
+  exit 1
+fi
+say "all steps ok; results in $OUT_DIR"

@@ -1,0 +1,184 @@
+"""The GPU benchmark suite (benchmarks/gpu_suite.sh) end to end on CPU with --smoke: every step's JSON
+exists, says 'ok' and holds finite positive timings; a failing step is recorded and the suite goes
+on to the next one but exits non-zero. (~90 s on 2 CPU cores, the suite run once per session; its numbers mean nothing.)"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from moejax.train.tokenizer import cache_lock
+from tests.test_launch import ENV, ROOT
+
+SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
+STEPS = ("env", "ceilings", "kernels", "layer", "train_step")
+
+
+def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
+  env = {**ENV, "PYTHON": sys.executable, "STEP_TIMEOUT": "0", "SUITE_TIMEOUT": "0", **variables}
+  if steps is not None:
+    env["STEPS"] = " ".join(steps)
+  return subprocess.run(["bash", str(SUITE), str(out_dir), *options], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=timeout)
+
+
+def positive(value) -> bool:
+  return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def timings(tree, path="") -> list[tuple[str, object]]:
+  """Every (path, value) under a 'times_s' or 'median_s' key, at any depth."""
+  found = []
+  if isinstance(tree, dict):
+    for key, value in tree.items():
+      if key == "times_s":
+        assert isinstance(value, list) and value, f"{path}.times_s is {value!r}"
+        found += [(f"{path}.times_s[{i}]", v) for i, v in enumerate(value)]
+      elif key == "median_s":
+        found.append((f"{path}.median_s", value))
+      else:
+        found += timings(value, f"{path}.{key}")
+  elif isinstance(tree, list):
+    for i, value in enumerate(tree):
+      found += timings(value, f"{path}[{i}]")
+  return found
+
+
+@pytest.fixture(scope="module")
+def smoke(shared):
+  """(OUT_DIR, the suite's exit status and output) of one --smoke run, shared by the xdist workers."""
+  out = shared / "gpu_suite_smoke"
+  result = shared / "gpu_suite_smoke.json"
+  with cache_lock(str(shared / "locks" / "gpu_suite_smoke")):
+    if not result.exists():
+      shutil.rmtree(out, ignore_errors=True)
+      done = run_suite(out, "--smoke")
+      result.write_text(json.dumps({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
+  return out, subprocess.CompletedProcess([], **json.loads(result.read_text()))
+
+
+@pytest.fixture(scope="module")
+def records(smoke):
+  out, done = smoke
+  assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+  result = {}
+  for step in STEPS:
+    path = out / f"{step}.json"
+    assert path.exists(), f"{path} missing; suite output:\n{done.stdout[-3000:]}"
+    result[step] = json.loads(path.read_text())
+  return result
+
+
+def test_suite_runs_every_step_and_logs_it(smoke, records):
+  out, done = smoke
+  summary = (out / "suite_summary.txt").read_text().split("\n")
+  for step in STEPS:
+    assert (out / f"{step}.log").stat().st_size > 0
+    assert any(line.split()[:1] == [step] and line.endswith("ok") for line in summary), summary
+  assert "all steps ok" in done.stdout
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_every_record_is_complete_with_finite_positive_timings(records, step):
+  record = records[step]
+  assert record["step"] == step
+  assert record["status"] == "ok", record.get("error")
+  assert record["smoke"] is True
+  assert record["platform"] == "cpu" and record["device"]
+  assert record["versions"]["jax"] and record["versions"]["jaxlib"] and record["versions"]["flax"]
+  assert positive(record["wall_s"])
+  found = timings(record)
+  if step != "env":
+    assert found, f"{step}.json has no timings"
+  bad = [(path, value) for path, value in found if not positive(value)]
+  assert not bad, bad
+
+
+def test_env_names_the_machine(records):
+  env = records["env"]
+  assert env["devices"] and env["devices"][0]["platform"] == "cpu"
+  assert env["nvidia_smi"]["available"] in (True, False)
+  assert "jax" in env["environment_info"]
+  assert set(env["optional_imports"]) == {"ml_collections", "tensorboardX", "tokamax"}
+
+
+def test_ceilings_give_rates(records):
+  ceilings = records["ceilings"]
+  assert [g["n"] for g in ceilings["gemm"]] == [256]
+  assert positive(ceilings["gemm_tflops"]) and positive(ceilings["copy_gbps"])
+  assert all(positive(g["tflops"]) and len(g["times_s"]) == 3 for g in ceilings["gemm"])
+  assert {c["kind"] for c in ceilings["copy"]} >= {"copy", "scale"}
+
+
+def test_kernels_cover_skews_passes_and_implementations(records):
+  kernels = records["kernels"]
+  assert kernels["interpret"] is True
+  results = kernels["results"]
+  cases = {(e["skew"], e["passes"], e["impl"]) for e in results}
+  impls = ("pallas", "ragged_dot", "tokamax", "dense_capacity", "dense_gemm")
+  assert cases == {(s, p, i) for s in ("balanced", "skewed") for p in ("fwd", "fwd_bwd") for i in impls}
+  for e in results:
+    if e["impl"] == "tokamax" and e.get("error") == "ModuleNotFoundError: No module named 'tokamax'":
+      continue  # optional; if it is installed, it must work
+    assert "error" not in e, e
+    assert positive(e["median_s"]) and positive(e["tflops"])
+    if e["impl"] == "pallas":
+      assert e["rel_err_vs_ragged_dot"] < 5e-2, e
+  assert kernels["failed_cases"] == 0
+
+
+def test_layer_has_phases_mfu_and_the_transport_comparison(records):
+  layer = records["layer"]
+  assert positive(layer["gemm_tflops"]), layer["mfu_reference"]  # this run's ceilings
+  measured = [c for c in layer["cases"] if "skipped" not in c]
+  skipped = [c for c in layer["cases"] if "skipped" in c]
+  assert {c["expert_backend"] for c in measured} == {"ragged_dot", "pallas"}
+  assert all(c["transport"] == "padded" for c in measured)
+  assert skipped and all(c["transport"] == "ragged" and "ragged all-to-all" in c["skipped"] for c in skipped)
+  for c in measured:
+    assert positive(c["phases_ms"]["layer_ms"]) and positive(c["phases_ms"]["layer_expert_ms"])
+    for name in ("fwd", "fwd_bwd", "expert_phase"):
+      assert positive(c[f"tflops_{name}"]) and positive(c[f"mfu_{name}"])
+    assert c["expert_flops_fwd_bwd"] == 3 * c["expert_flops_fwd"] > 0
+    assert sum(c["expert_counts"]) == c["rows"]
+  assert layer["transport_comparison"] and all("skipped" in c for c in layer["transport_comparison"])
+
+
+def test_train_step_reports_tokens_per_second(records):
+  train = records["train_step"]
+  assert train["transport"] == "padded"
+  (run,) = train["runs"]
+  assert positive(run["tokens_per_s"]) and positive(run["parameters"])
+  assert math.isclose(run["tokens_per_s"], train["tokens_per_step"] / run["median_s"])
+  assert all(math.isfinite(v) for v in run["losses"])
+
+
+def test_a_failing_step_is_recorded_and_the_suite_goes_on(tmp_path):
+  done = run_suite(tmp_path, "--smoke", "--layer_backends=no_such_backend", steps=("layer", "env"))
+  assert done.returncode != 0
+  layer = json.loads((tmp_path / "layer.json").read_text())
+  assert layer["status"] == "error" and "no_such_backend" in layer["error"]
+  assert json.loads((tmp_path / "env.json").read_text())["status"] == "ok"  # ran after the failure
+  summary = (tmp_path / "suite_summary.txt").read_text()
+  assert "layer" in summary and "failed rc=1" in summary
+  assert "failed steps: layer" in done.stdout
+
+
+def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tmp_path):
+  done = run_suite(tmp_path, "--smoke", steps=("kernels", "env"), SUITE_TIMEOUT="32")
+  assert done.returncode != 0
+  summary = (tmp_path / "suite_summary.txt").read_text()
+  assert "failed rc=124 (timed out after 12s)" in summary and "not started (SUITE_TIMEOUT)" in summary, summary
+  if (tmp_path / "kernels.json").exists():  # written before the kill: what it had, and why it stopped
+    assert json.loads((tmp_path / "kernels.json").read_text())["status"] in ("running", "terminated")
+
+
+def test_bad_usage_is_rejected(tmp_path):
+  done = run_suite(tmp_path / "x", steps=("env",))
+  assert done.returncode == 0  # a missing OUT_DIR is created
+  assert os.path.exists(tmp_path / "x" / "env.json")
+  assert run_suite("--smoke").returncode == 2
