@@ -122,30 +122,38 @@ def test_paper_default_coefficients():
   assert MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=8).alpha == 0.01
 
 
-def _all_to_alls(cfg, mesh):
-  """(dtype, replica groups) of every all-to-all in the compiled program."""
+def _permutes(cfg, mesh):
+  """(dtype, source-target pairs) of every collective permute in the compiled program (the padded
+  exchange is a ring of them)."""
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (64, 8))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
   found = []
   for line in hlo.splitlines():
-    if re.search(r"\ball-to-all\(", line):
+    if re.search(r"\bcollective-permute(-start)?\(", line):
       dtype = re.search(r"=\s*\(?(\w+)\[", line).group(1)
-      groups = re.search(r"replica_groups=(\{\{[\d,{}]*\}\})", line).group(1)
-      found.append((dtype, frozenset(frozenset(map(int, g.split(","))) for g in re.findall(r"\{([\d,]+)\}", groups))))
+      pairs = re.search(r"source_target_pairs=(\{[\d,{}]*\})", line).group(1)
+      found.append((dtype, frozenset(tuple(map(int, p.split(","))) for p in re.findall(r"\{(\d+,\d+)\}", pairs))))
   return found
 
 
+def _hop(pairs, gpus=4):
+  """'node' if every pair links the same GPU of two nodes, 'gpu' if two GPUs of one node, else 'any'."""
+  if all(s % gpus == t % gpus and s // gpus != t // gpus for s, t in pairs):
+    return "node"
+  if all(s // gpus == t // gpus for s, t in pairs):
+    return "gpu"
+  return "any"
+
+
 def test_bilevel_exchanges_over_node_and_gpu_axes_separately(mesh_2x4):
-  node_groups = frozenset(frozenset({j, 4 + j}) for j in range(4))
-  gpu_groups = frozenset({frozenset(range(4)), frozenset(range(4, 8))})
-  everyone = frozenset({frozenset(range(8))})
+  bilevel = _permutes(_cfg(2, 4, 2), mesh_2x4)
+  assert {_hop(pairs) for _, pairs in bilevel} == {"node", "gpu"}
+  data = sorted(_hop(pairs) for dtype, pairs in bilevel if dtype == "f32")
+  # Fig. 5's four exchanges of data: dispatch and combine over 'node' (one ring step with 2 nodes)
+  # and over 'gpu' (three ring steps with 4 GPUs).
+  assert data == ["gpu"] * 6 + ["node"] * 2
 
-  bilevel = _all_to_alls(_cfg(2, 4, 2), mesh_2x4)
-  assert {groups for _, groups in bilevel} == {node_groups, gpu_groups}
-  data = [groups for dtype, groups in bilevel if dtype == "f32"]
-  assert sorted(data, key=len) == [gpu_groups, gpu_groups, node_groups, node_groups]  # Fig. 5: four
-
-  flat = _all_to_alls(MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12), mesh_2x4)
-  assert {groups for _, groups in flat} == {everyone}
-  assert sum(dtype == "f32" for dtype, _ in flat) == 2
+  flat = _permutes(MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12), mesh_2x4)
+  assert "any" in {_hop(pairs) for _, pairs in flat}
+  assert sum(dtype == "f32" for dtype, _ in flat) == 2 * 7  # dispatch and combine, 7 ring steps each
