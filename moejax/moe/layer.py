@@ -2,7 +2,7 @@
 
 Inside `jax.shard_map` over the ('node', 'gpu') mesh each device routes its own tokens, sends each
 token-choice to the device holding its expert, runs its local experts on what it received, sends
-the results back and combines them with the router weights (DESIGN.md, "The one picture").
+the results back and combines them with the router weights (README.md, "What moejax is").
 """
 
 import functools
@@ -27,7 +27,7 @@ ALL = mesh_lib.AXES  # Both mesh axes as one: the flat device index.
 
 
 def param_shapes(cfg: MoEConfig) -> dict:
-  """The public parameter layout (DESIGN.md): name -> shape."""
+  """The public parameter layout: name -> shape (checkpoints and other frameworks rely on it)."""
   e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
   shapes = {name: {"kernel": (d, width)} for name, width in routing.router_widths(cfg).items()}
   shapes.update({"w_in": (e, d, f), "w_out": (e, f, d)})

@@ -73,8 +73,8 @@ def _node_limited_top_k(probs_TxE, cfg):
   tokens, per_node = probs_TxE.shape[0], cfg.experts_per_node
   probs_TxNxL = probs_TxE.reshape(tokens, cfg.num_nodes, per_node)
   node_scores = jnp.sum(jax.lax.top_k(probs_TxNxL, min(2, per_node))[0], axis=-1)
-  _, nodes_TxM = jax.lax.top_k(node_scores, cfg.node_top_k)
-  allowed_TxN = jnp.zeros((tokens, cfg.num_nodes), bool).at[jnp.arange(tokens)[:, None], nodes_TxM].set(True)
+  _, nodes_TxC = jax.lax.top_k(node_scores, cfg.node_top_k)
+  allowed_TxN = jnp.zeros((tokens, cfg.num_nodes), bool).at[jnp.arange(tokens)[:, None], nodes_TxC].set(True)
   masked = jnp.where(jnp.repeat(allowed_TxN, per_node, axis=1), probs_TxE, -1.0)
   _, ids = jax.lax.top_k(masked, cfg.top_k)
   return jnp.take_along_axis(probs_TxE, ids, axis=1), ids

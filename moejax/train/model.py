@@ -118,9 +118,9 @@ class MoEFFN(nnx.Module):
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
     self.moe = moe_layer.MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()))
 
-  def __call__(self, x_BxLxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    y_BxLxD, aux = self.moe(x_BxLxD, train=train, rng=rng)
-    return y_BxLxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped")}
+  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
+    y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
+    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped")}
 
 
 class Block(nnx.Module):

@@ -170,13 +170,13 @@ class Trainer:
     return objective.bert_mask(key, tokens_BxS, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
                                num_ordinary=self.tok.num_ordinary, mask_prob=self.config.data.mask_prob)
 
-  def _step(self, state, rest, tokens_AxBxS):
+  def _step(self, state, rest, tokens_UxBxS):
     """One optimizer update from micro-batches tokens [A, B, S] -> (state, metrics)."""
-    num_micro = tokens_AxBxS.shape[0]
+    num_micro = tokens_UxBxS.shape[0]
     rng, step_key = jax.random.split(jax.random.wrap_key_data(state["rng"]))
     mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
-    inputs_AxBxS, positions_AxBxP, targets_AxBxP, weights_AxBxP = jax.vmap(self.targets)(mask_keys, tokens_AxBxS)
-    total = jnp.maximum(jnp.sum(weights_AxBxP), 1.0)
+    inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP = jax.vmap(self.targets)(mask_keys, tokens_UxBxS)
+    total = jnp.maximum(jnp.sum(weights_UxBxP), 1.0)
 
     def loss_fn(params, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
       model = nnx.merge(self.graphdef, params, rest)
@@ -192,7 +192,7 @@ class Trainer:
 
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
     grads, (loss_sums, corrects, auxes) = jax.lax.scan(
-        micro_step, zeros, (inputs_AxBxS, positions_AxBxP, targets_AxBxP, weights_AxBxP, model_keys))
+        micro_step, zeros, (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
     updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
     new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                  "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
