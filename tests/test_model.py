@@ -50,12 +50,27 @@ def decoder(mesh_2x4):
   return Built("gpt", mesh_2x4)
 
 
+def test_overflow_is_counted_per_moe_layer(mesh_2x4):
+  """Receive buffers of a quarter of the local rows: rows overflow, and every token-choice is
+  either processed, dropped by capacity or overflowed."""
+  cfg, moe = _configs("bert")
+  moe = MoEConfig(**{**moe.__dict__, "capacity_factor": None, "buffer_factor": 0.25})
+  graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh_2x4)
+  params, rest = model_lib.init_state(cfg, moe, mesh_2x4)
+  tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, V)
+  _, aux = jax.jit(lambda p, t: nnx.merge(graphdef, p, rest)(t))(params, tokens)
+  assert aux["tokens_overflowed"].shape == (1,) and int(aux["tokens_overflowed"][0]) > 0
+  assert int(aux["tokens_dropped"][0]) == 0
+  assert int(aux["expert_counts"].sum() + aux["tokens_overflowed"].sum()) == 8 * 16
+
+
 def test_shapes_aux_and_moe_every_other_layer(model):
   tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, V)
   logits, aux = model(tokens)
   assert logits.shape == (8, 16, V) and logits.dtype == jnp.float32
   assert aux["expert_counts"].shape == (1, 8) and aux["tokens_dropped"].shape == (1,)
   assert int(aux["expert_counts"].sum() + aux["tokens_dropped"].sum()) == 8 * 16
+  assert int(aux["tokens_overflowed"].sum()) == 0  # worst-case buffers
   assert float(aux["aux_loss"]) > 0
   # Freshly initialised logits are small: the loss starts near log V.
   assert abs(float(jnp.mean(jax.nn.logsumexp(logits, -1) - logits[..., 0])) - np.log(V)) < 0.5

@@ -28,11 +28,14 @@ def validate_config(log, prefix: str = "") -> None:
 def step_record(step: int, metrics: dict, step_time_s: float, tokens: int) -> dict:
   """A JSON-ready record from the train step's metrics (host arrays) and the host's timing."""
   counts_MxE = np.asarray(metrics["expert_counts"], np.float64)
-  total_M = counts_MxE.sum(axis=1) + np.asarray(metrics["tokens_dropped"], np.float64)
+  dropped_M = np.asarray(metrics["tokens_dropped"], np.float64)
+  overflowed_M = np.asarray(metrics["tokens_overflowed"], np.float64)
+  total_M = counts_MxE.sum(axis=1) + dropped_M + overflowed_M  # every token-choice of each MoE layer
   record = {"step": step, **{k: float(metrics[k]) for k in SCALARS[:6]}, "step_time_s": step_time_s,
             "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0}
   record["expert_load"] = (counts_MxE / np.maximum(total_M, 1)[:, None]).round(5).tolist()
-  record["drop_rate"] = (np.asarray(metrics["tokens_dropped"]) / np.maximum(total_M, 1)).round(6).tolist()
+  record["drop_rate"] = (dropped_M / np.maximum(total_M, 1)).round(6).tolist()  # by capacity
+  record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
   return record
 
 
@@ -97,9 +100,11 @@ class MetricWriter:
 
 def report_line(record: dict, total_steps: int) -> str:
   """One console line for a record."""
-  drop = 100 * float(np.mean(record["drop_rate"])) if record["drop_rate"] else 0.0
+  mean_percent = lambda rates: 100 * float(np.mean(rates)) if rates else 0.0
+  drop, overflow = mean_percent(record["drop_rate"]), mean_percent(record.get("overflow_rate", []))
   return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
           f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
+          f"overflow {overflow:.2f}%  "
           f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
           f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step")
 

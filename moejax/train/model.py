@@ -120,7 +120,7 @@ class MoEFFN(nnx.Module):
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
-    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped")}
+    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed")}
 
 
 class Block(nnx.Module):
@@ -152,7 +152,7 @@ class LanguageModel(nnx.Module):
   positions [B, P], logits [B, P, V] at those positions only.
 
   aux: aux_loss (sum over the MoE layers of their auxiliary losses, SMILE Eq. 5), expert_counts
-  [M, E] and tokens_dropped [M] for the M MoE layers in order.
+  [M, E], tokens_dropped [M] and tokens_overflowed [M] for the M MoE layers in order.
   """
 
   def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
@@ -200,8 +200,8 @@ class LanguageModel(nnx.Module):
         "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
         "expert_counts": jnp.stack([a["expert_counts"] for a in auxes]) if auxes
                          else jnp.zeros((0, num_experts), jnp.int32),
-        "tokens_dropped": jnp.stack([a["tokens_dropped"] for a in auxes]) if auxes
-                          else jnp.zeros((0,), jnp.int32),
+        **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
+           for name in ("tokens_dropped", "tokens_overflowed")},
     }
     return logits_BxSxV, aux
 

@@ -201,7 +201,8 @@ class Trainer:
                "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": self.schedule(state["step"]),
                "expert_counts": jnp.sum(auxes["expert_counts"], axis=0),
-               "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0)}
+               "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
+               "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0)}
     return new_state, metrics
 
 
