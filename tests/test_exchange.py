@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from moejax.moe.reference import moe_reference
@@ -142,3 +143,28 @@ def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transpor
   local_rows, buffer_rows = local_tokens * 2, math.ceil(1.5 * local_tokens * 2)
   assert {s for s in shapes} <= {(local_rows, buffer_rows), (buffer_rows, local_rows), (buffer_rows, buffer_rows)}
   assert (local_rows, buffer_rows) in shapes
+
+
+@pytest.mark.parametrize("nodes,gpus", [(2, 4), (16, 8)])
+def test_hop_buffer_sizes_worst_case_and_bounded(nodes, gpus):
+  """Worst case: a hop receives all rows of its peers' previous buffers (never more than all rows
+  of all devices); bounded: every hop holds ceil(b * local rows), whatever the mesh."""
+  axis_sizes, rows = {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, 100
+  everything = nodes * gpus * rows
+  worst = {"ragged": [everything], "hierarchical": [gpus * rows, everything], "bilevel": [nodes * rows, everything]}
+  for transport, expected in worst.items():
+    hops = transport_lib.transport_hops(transport)
+    assert transport_lib.hop_buffer_sizes(hops, axis_sizes, rows, everything) == expected
+    bound = transport_lib.buffer_bound(1.25, rows)
+    assert bound == 125
+    assert transport_lib.hop_buffer_sizes(hops, axis_sizes, rows, everything, bound) == [125] * len(hops)
+
+
+def test_exchange_memory_table_at_smile_sizes():
+  from experiments import exchange_memory
+
+  table = exchange_memory.rows(16, 8, [2.0], ["ragged", "bilevel"])
+  worst = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "ragged" and r["buffer_factor"] is None)
+  assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2 ** 20]  # all rows of 128 GPUs: 3 GiB
+  bounded = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "bilevel" and r["buffer_factor"] == 2)
+  assert bounded["hop_rows"] == [2 * 16384] * 2

@@ -6,7 +6,6 @@ the results back and combines them with the router weights (README.md, "What moe
 """
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -134,7 +133,7 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
     processed_ids_R, overflowed = kept_ids_R, jnp.zeros((), jnp.int32)
   else:
     hops = transport_lib.transport_hops(cfg.transport)
-    buffer_rows = None if cfg.buffer_factor is None else math.ceil(cfg.buffer_factor * tokens * k)
+    buffer_rows = transport_lib.buffer_bound(cfg.buffer_factor, tokens * k)
     recv_RxD, processed_ids_R, route = transport_lib.dispatch(
         x_RxD, kept_ids_R, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
         max_rows=n * m * tokens * k, kind=kind, buffer_rows=buffer_rows)

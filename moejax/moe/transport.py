@@ -13,6 +13,7 @@ counted (`plan.clamp_to_buffer`).
 """
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -127,18 +128,33 @@ def hop_buffer_rows(rows_in: int, num_peers: int, max_rows: int, buffer_rows: in
   return worst if buffer_rows is None else min(worst, buffer_rows)
 
 
+def buffer_bound(buffer_factor: float | None, local_rows: int) -> int | None:
+  """Rows every hop may receive with `MoEConfig.buffer_factor` (None: unbounded, the worst case)."""
+  return None if buffer_factor is None else math.ceil(buffer_factor * local_rows)
+
+
+def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buffer_rows: int | None = None):
+  """Receive-buffer rows of each hop in order: each hop receives what its peers' previous buffers hold."""
+  n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
+  sizes, rows = [], local_rows
+  for axis_name in hops:
+    rows = hop_buffer_rows(rows, mesh_lib.num_peers(axis_name, n, m), max_rows, buffer_rows)
+    sizes.append(rows)
+  return sizes
+
+
 def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
              buffer_rows: int | None = None):
   """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
 
   Returns (rows [R_out, d], expert_ids [R_out] with -1 on empty rows, route). Every hop receives
-  into `hop_buffer_rows(...)` rows; rows that do not fit are dropped (`HopPlan.kept_AxA`).
+  into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped (`HopPlan.kept_AxA`).
   """
   plans, rows_before = [], []
   n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  for axis_name in hops:
+  out_sizes = hop_buffer_sizes(hops, axis_sizes, rows_RxD.shape[0], max_rows, buffer_rows)
+  for axis_name, out_rows in zip(hops, out_sizes):
     num_peers = mesh_lib.num_peers(axis_name, n, m)
-    out_rows = hop_buffer_rows(rows_RxD.shape[0], num_peers, max_rows, buffer_rows)
     dest = hop_destination(expert_ids_R, axis_name, experts_per_gpu, m, num_peers)
     plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows)
     rows_before.append(rows_RxD.shape[0])
