@@ -79,3 +79,9 @@ def test_usage_error_without_command():
   run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2"], cwd=ROOT, env=ENV,
                        capture_output=True, text=True, timeout=60)
   assert run.returncode == 2 and "usage" in run.stderr
+
+
+def test_help_exits_zero():
+  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--help"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=60)
+  assert run.returncode == 0 and "--processes" in run.stdout

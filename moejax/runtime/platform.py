@@ -1,8 +1,8 @@
 """What runs on which platform: the one place for the rules that differ between CPU and GPU.
 
 XLA:CPU has no `ragged-all-to-all` (jax-ml/jax issue 34755), so on CPU the ragged exchange is built
-from fixed-size all_to_alls ('padded', the same semantics); Pallas kernels compile with Triton on
-GPU and run in the Pallas interpreter anywhere else.
+from a ring of fixed-size collective permutes ('padded', the same semantics); Pallas kernels compile
+with Triton on GPU and run in the Pallas interpreter anywhere else.
 """
 
 import jax
@@ -36,7 +36,7 @@ def check_transport(transport: str, platform: str, field: str = "transport") -> 
   """Raises ConfigError naming `field` if the transport cannot run on `platform`."""
   require(transport != "ragged" or has_ragged_all_to_all(platform), field, transport,
           f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use 'padded' "
-          "(the same semantics from fixed-size all_to_all)")
+          "(the same semantics from fixed-size collective permutes)")
 
 
 def pallas_interprets(platform: str) -> bool:

@@ -1,0 +1,39 @@
+"""Platform rules (moejax.runtime.platform): one decision each, one error naming the field."""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply
+from moejax.runtime import platform as platform_lib
+from moejax.validation import ConfigError
+
+
+@pytest.mark.parametrize("platform,ragged", [("cpu", False), ("gpu", True), ("tpu", True)])
+def test_exchange_rules(platform, ragged):
+  assert platform_lib.has_ragged_all_to_all(platform) == ragged
+  assert platform_lib.flat_transport(platform) == ("ragged" if ragged else "padded")
+  for transport in ("hierarchical", "bilevel"):
+    assert platform_lib.exchange_kind(transport, platform) == ("ragged" if ragged else "padded")
+  assert platform_lib.exchange_kind("padded", platform) == "padded"
+  assert platform_lib.pallas_interprets(platform) == (platform != "gpu")
+
+
+def test_ragged_on_cpu_names_the_field():
+  with pytest.raises(ConfigError, match=r"moe\.transport='ragged'.*no ragged all-to-all"):
+    platform_lib.check_transport("ragged", "cpu", field="moe.transport")
+  platform_lib.check_transport("ragged", "gpu")  # allowed
+
+
+def test_layer_asks_the_platform(mesh_2x4):
+  cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=8, transport="ragged")
+  params = init_params(jax.random.key(0), cfg)
+  with pytest.raises(ConfigError, match="transport='ragged'"):
+    moe_apply(params, jnp.ones((16, 8)), cfg, mesh_2x4)
+
+
+def test_check_vma_off_only_for_interpreted_pallas():
+  assert not platform_lib.check_vma("pallas", "cpu")
+  assert platform_lib.check_vma("pallas", "gpu")
+  assert platform_lib.check_vma("ragged_dot", "cpu")

@@ -1,0 +1,37 @@
+"""`import moejax` offers the layer's public API, and nothing of the repository beside the package."""
+
+import importlib
+import subprocess
+import sys
+
+import pytest
+
+import moejax
+from moejax.moe import config, layer, reference
+from moejax.runtime import mesh
+from tests.test_launch import ENV, ROOT
+
+
+def test_public_names_are_the_modules_objects():
+  assert moejax.MoEConfig is config.MoEConfig
+  assert moejax.MoELayer is layer.MoELayer
+  assert moejax.moe_apply is layer.moe_apply
+  assert moejax.init_params is layer.init_params
+  assert moejax.moe_reference is reference.moe_reference
+  assert moejax.make_mesh is mesh.make_mesh
+  assert moejax.simulate_cpu_devices is mesh.simulate_cpu_devices
+  assert issubclass(moejax.ConfigError, ValueError)
+  with pytest.raises(AttributeError, match="no_such_name"):
+    moejax.no_such_name  # noqa: B018
+
+
+def test_kernels_importable_as_moejax_kernels():
+  kernels = importlib.import_module("moejax.kernels")
+  assert hasattr(importlib.import_module("moejax.kernels.gmm"), "gmm") and kernels.__name__ == "moejax.kernels"
+
+
+@pytest.mark.parametrize("name", ["moejax.experiments", "moejax.tests", "moejax.configs"])
+def test_repository_root_is_not_a_subpackage(name):
+  run = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=120)
+  assert run.returncode != 0 and "ModuleNotFoundError" in run.stderr
