@@ -26,6 +26,9 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.steps = 300
   config.batch_size = 16  # sequences per optimizer step, over all devices and micro-batches
   config.micro_batches = 2  # gradient accumulation steps
+  # With moe.buffer_factor set, a step whose receive buffers overflowed is repeated with the factor
+  # doubled ('retry': training stays exact) or kept with the overflowed choices dropped ('drop').
+  config.on_overflow = "retry"
   config.seq_len = 128
   config.mesh = ml_collections.ConfigDict({"nodes": 2, "gpus_per_node": 4})
   config.model = ml_collections.ConfigDict({
@@ -38,6 +41,8 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "activation": "gelu", "gated": False,
       "renormalize": False,
       "capacity_factor": 2.0,  # SMILE's; 0 = dropless
+      # Receive rows per exchange hop as a multiple of the local token-choices; None = worst case.
+      "buffer_factor": ml_collections.config_dict.placeholder(float),
       "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's alpha
       "local_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's beta
       "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32"})

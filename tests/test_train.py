@@ -203,3 +203,30 @@ def test_bad_configs_are_rejected_before_compiling(field, value, match):
   config.model.unknown = 1
   with pytest.raises(ConfigError, match="model.unknown"):
     train.validate(config)
+
+
+def test_overflowing_steps_are_repeated_or_counted(shared, tmp_path, capsys):
+  """Receive buffers of a quarter of the local rows overflow: 'retry' repeats each such step with the
+  factor doubled and trains exactly like worst-case buffers; 'drop' keeps the step and records the
+  overflowed share."""
+  steps = 4
+  reference = _losses(_converge(shared, "topk"), steps)
+  results = {}
+  for policy in ("retry", "drop"):
+    config = mlm.get_config()
+    config.update(steps=steps, on_overflow=policy)
+    config.moe.buffer_factor = 0.25
+    config.optim.decay_steps = CONVERGENCE_STEPS
+    config.data.cache_dir = str(shared / "cache")
+    config.checkpoint.every_steps = steps
+    config.log.tensorboard = False
+    workdir = tmp_path / policy
+    results[policy] = train.train(config, str(workdir)), _records(workdir)
+  summary, records = results["retry"]
+  assert summary["overflow_retries"] >= 1 and summary["buffer_factor"] > 0.25
+  assert "overflowed the receive buffers at buffer_factor 0.25; repeating the step with 0.5" in capsys.readouterr().out
+  assert all(rate == 0 for r in records for rate in r["overflow_rate"])
+  np.testing.assert_allclose([r["loss"] for r in records], reference, rtol=1e-5)
+  summary, records = results["drop"]
+  assert summary["overflow_retries"] == 0 and summary["buffer_factor"] == 0.25
+  assert all(0 < rate < 1 for r in records for rate in r["overflow_rate"])

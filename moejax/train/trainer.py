@@ -42,8 +42,9 @@ SECTIONS = {
     "checkpoint": checkpoint_lib.CONFIG_FIELDS,
     "log": metrics_lib.CONFIG_FIELDS,
 }
-TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "mesh", "model", "moe", "data", "optim",
-             "checkpoint", "log")
+TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
+             "data", "optim", "checkpoint", "log")
+OVERFLOW_POLICIES = ("retry", "drop")
 
 
 def _check_fields(fields, known, prefix: str, required=None) -> None:
@@ -86,6 +87,7 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   require(is_int(config.steps), "steps", config.steps, "a positive int")
   require(is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
           f"an int in [2, model.max_len={model_cfg.max_len}]")
+  require(config.on_overflow in OVERFLOW_POLICIES, "on_overflow", config.on_overflow, f"one of {OVERFLOW_POLICIES}")
   require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
   require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
           config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
@@ -129,8 +131,9 @@ class Trainer:
   """
 
   def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh,
-               tok: tokenizer_lib.Tokenizer | objective.TokenIds):
+               tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True):
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
+    self.donate = donate
     self.graphdef, abstract_params, abstract_rest = model_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
     sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
     param_shardings = sharding_of(abstract_params)
@@ -157,7 +160,11 @@ class Trainer:
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                        jax.eval_shape(complete, abstract_params), self.state_shardings)
     self.step = jax.jit(self._step, in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
-                        out_shardings=(self.state_shardings, self.replicated), donate_argnums=0)
+                        out_shardings=(self.state_shardings, self.replicated), donate_argnums=0 if donate else ())
+
+  def with_moe(self, moe_cfg: MoEConfig) -> "Trainer":
+    """The same trainer with another MoE layer config (same parameters and state layout)."""
+    return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate)
 
   def init(self):
     """(state, rest): fresh sharded state, and the model's non-parameter state (constant)."""
@@ -240,7 +247,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   tok = load_tokenizer(config, files, cache_dir)
   say(f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
       f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
-  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok)
+  retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"
+  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry)  # a retry needs the state before
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
                                      use_async=config.checkpoint.use_async)
   state, rest = trainer.init()
@@ -258,7 +266,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
   run_start = time.perf_counter()
   try:
-    compile_s, counts = _loop(config, trainer, state, rest, start, batches, ckpt, writer, say)
+    compile_s, counts, retries = _loop(config, trainer, state, rest, start, batches, ckpt, writer, say, retry)
   finally:
     batches.close()
     ckpt.close()
@@ -271,6 +279,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   summary = metrics_lib.summarize(
       metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
       compile_s=compile_s, run_s=time.perf_counter() - run_start, resumed_from=start,
+      overflow_retries=len(retries), buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
       unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
       log_vocab=float(np.log(tok.num_ids)),
       documents=int(sum(s[data_lib.STATE_FIELDS.index("documents")] for s in data_state)),
@@ -283,19 +292,29 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   return summary
 
 
-def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writer, say) -> tuple[float, np.ndarray]:
-  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
-  of every token id this process fed, for the unigram baseline)."""
-  counts = np.zeros(trainer.tok.num_ids, np.int64)
-  if start >= config.steps:
-    return 0.0, counts
-  rows = config.batch_size // config.micro_batches
-  global_shape = (config.micro_batches, rows, config.seq_len)
-  compile_start = time.perf_counter()
+def _compile(trainer: Trainer, state, rest, global_shape, say):
+  start = time.perf_counter()
   step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
                                                                    sharding=trainer.batch_sharding)).compile()
-  compile_s = time.perf_counter() - compile_start
-  say(f"compiled the train step in {compile_s:.1f} s")
+  seconds = time.perf_counter() - start
+  say(f"compiled the train step in {seconds:.1f} s")
+  return step_fn, seconds
+
+
+def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writer, say,
+          retry: bool) -> tuple[float, np.ndarray, list]:
+  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
+  of every token id this process fed, for the unigram baseline, and the overflow retries as
+  (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
+  again from the same state with the buffer factor doubled, until nothing overflows (at the
+  worst-case size nothing can)."""
+  counts = np.zeros(trainer.tok.num_ids, np.int64)
+  retries = []
+  if start >= config.steps:
+    return 0.0, counts, retries
+  rows = config.batch_size // config.micro_batches
+  global_shape = (config.micro_batches, rows, config.seq_len)
+  step_fn, compile_s = _compile(trainer, state, rest, global_shape, say)
   last_done = time.perf_counter()
 
   def finish(step, metrics):
@@ -313,7 +332,17 @@ def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writ
     local = next(batches)
     counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
     tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+    before = state
     state, metrics = step_fn(state, rest, tokens)
+    while retry and (overflowed := int(np.sum(jax.device_get(metrics["tokens_overflowed"])))):
+      factor = 2 * trainer.moe_cfg.buffer_factor
+      say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
+          f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {factor:g}")
+      trainer = trainer.with_moe(dataclasses.replace(trainer.moe_cfg, buffer_factor=factor))
+      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
+      compile_s += seconds
+      retries.append((step, factor))
+      state, metrics = step_fn(before, rest, tokens)
     if pending is not None:  # fetch the previous step's metrics while this one runs
       finish(*pending)
     pending = (step, metrics)
@@ -322,4 +351,4 @@ def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writ
       pending = None
       ckpt.save(step, state, _gather_data_state(batches.state()))
       last_done = time.perf_counter()
-  return compile_s, counts
+  return compile_s, counts, retries
