@@ -71,7 +71,9 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.micro_batches = config.batch_size // (per_gpu * 128)
   config.model.update(vocab_size=32128, num_layers=layers, d_model=d, num_heads=heads, d_ff=f, dtype="bfloat16",
                       dropout=0.1, embed_init_std=0.02)
-  config.moe.update(num_experts=128, transport="ragged", dtype="bfloat16")
+  # Worst-case receive buffers would be 2-3 GiB per hop per GPU here (experiments/exchange_memory.py);
+  # 2x the local rows (NVIDIA's DeepSeek recipe) with on_overflow='retry' keeps training exact.
+  config.moe.update(num_experts=128, transport="ragged", dtype="bfloat16", buffer_factor=2.0)
   config.data.update(tokenizer_train_chars=100_000_000, shards=128, prefetch=4)
   config.optim.update(learning_rate=1e-3, warmup_steps=2000, end_fraction=0.0)  # lr from SMILE's grid
   config.checkpoint.update(every_steps=1000)
