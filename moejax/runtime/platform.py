@@ -35,7 +35,7 @@ def exchange_kind(transport: str, platform: str) -> str:
 def check_transport(transport: str, platform: str, field: str = "transport") -> None:
   """Raises ConfigError naming `field` if the transport cannot run on `platform`."""
   require(transport != "ragged" or has_ragged_all_to_all(platform), field, transport,
-          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use 'padded' "
+          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
           "(the same semantics from fixed-size collective permutes)")
 
 
