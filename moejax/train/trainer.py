@@ -1,4 +1,5 @@
-"""Training SMILE's language models: config validation, sharded state, the train step and the loop.
+"""Training SMILE's language models: config validation, sharded state, the train step, and `train`, which
+sets up a run and hands it to `moejax.train.loop`.
 
 One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
 dense parameters are replicated (data parallel) and experts are sharded by the MoE layer (expert
@@ -28,6 +29,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.train import checkpoint as checkpoint_lib
 from moejax.train import data as data_lib
+from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import model as model_lib
 from moejax.train import objective, optim
@@ -213,21 +215,6 @@ class Trainer:
     return new_state, metrics
 
 
-def _gather_data_state(states: list[dict]) -> list[list[int]]:
-  """Every shard's data state, in shard order, on every process."""
-  local = np.asarray([[s[k] for k in data_lib.STATE_FIELDS] for s in states], np.int32)
-  if jax.process_count() > 1:
-    local = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, local.shape[-1])
-  return local.tolist()
-
-
-def _local_data_state(saved: list[list[int]], shards: int) -> list[dict]:
-  require(len(saved) == shards, "data.shards", shards, f"{len(saved)}, as in the checkpoint")
-  per_process = shards // jax.process_count()
-  mine = saved[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
-  return [dict(zip(data_lib.STATE_FIELDS, s)) for s in mine]
-
-
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   """Trains (or resumes training in `workdir`) and returns the run's summary.
 
@@ -256,7 +243,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is not None:
     start, state, saved_data = restored
-    data_states = _local_data_state(saved_data, config.data.shards)
+    data_states = loop_lib.local_data_state(saved_data, config.data.shards)
     say(f"resuming after step {start}")
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
@@ -266,7 +253,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
   run_start = time.perf_counter()
   try:
-    compile_s, counts, retries = _loop(config, trainer, state, rest, start, batches, ckpt, writer, say, retry)
+    compile_s, counts, retries = loop_lib.run(config, trainer, state, rest, start, batches, ckpt, writer, say, retry)
   finally:
     batches.close()
     ckpt.close()
@@ -275,7 +262,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   if jax.process_count() > 1:
     counts = np.asarray(multihost_utils.process_allgather(counts.astype(np.float32))).sum(axis=0)
   ordinary = counts[tok.first_ordinary:tok.first_ordinary + tok.num_ordinary]
-  data_state = _gather_data_state(batches.state())
+  data_state = loop_lib.gather_data_state(batches.state())
   summary = metrics_lib.summarize(
       metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
       compile_s=compile_s, run_s=time.perf_counter() - run_start, resumed_from=start,
@@ -290,65 +277,3 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
     say(metrics_lib.format_summary(summary))
   logging.info("training finished: %s", summary)
   return summary
-
-
-def _compile(trainer: Trainer, state, rest, global_shape, say):
-  start = time.perf_counter()
-  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
-                                                                   sharding=trainer.batch_sharding)).compile()
-  seconds = time.perf_counter() - start
-  say(f"compiled the train step in {seconds:.1f} s")
-  return step_fn, seconds
-
-
-def _loop(config, trainer: Trainer, state, rest, start: int, batches, ckpt, writer, say,
-          retry: bool) -> tuple[float, np.ndarray, list]:
-  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
-  of every token id this process fed, for the unigram baseline, and the overflow retries as
-  (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
-  again from the same state with the buffer factor doubled, until nothing overflows (at the
-  worst-case size nothing can)."""
-  counts = np.zeros(trainer.tok.num_ids, np.int64)
-  retries = []
-  if start >= config.steps:
-    return 0.0, counts, retries
-  rows = config.batch_size // config.micro_batches
-  global_shape = (config.micro_batches, rows, config.seq_len)
-  step_fn, compile_s = _compile(trainer, state, rest, global_shape, say)
-  last_done = time.perf_counter()
-
-  def finish(step, metrics):
-    nonlocal last_done
-    metrics = jax.device_get(metrics)
-    now = time.perf_counter()
-    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len)
-    last_done = now
-    writer.write(record)
-    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
-      say(metrics_lib.report_line(record, config.steps))
-
-  pending = None
-  for step in range(start + 1, config.steps + 1):
-    local = next(batches)
-    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
-    tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
-    before = state
-    state, metrics = step_fn(state, rest, tokens)
-    while retry and (overflowed := int(np.sum(jax.device_get(metrics["tokens_overflowed"])))):
-      factor = 2 * trainer.moe_cfg.buffer_factor
-      say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
-          f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {factor:g}")
-      trainer = trainer.with_moe(dataclasses.replace(trainer.moe_cfg, buffer_factor=factor))
-      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
-      compile_s += seconds
-      retries.append((step, factor))
-      state, metrics = step_fn(before, rest, tokens)
-    if pending is not None:  # fetch the previous step's metrics while this one runs
-      finish(*pending)
-    pending = (step, metrics)
-    if step % config.checkpoint.every_steps == 0 or step == config.steps:
-      finish(*pending)  # first, so that no step's time includes the checkpoint's
-      pending = None
-      ckpt.save(step, state, _gather_data_state(batches.state()))
-      last_done = time.perf_counter()
-  return compile_s, counts, retries

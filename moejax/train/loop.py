@@ -1,0 +1,91 @@
+"""The training loop: steps, metrics, checkpoints, overflow retries, and the data-iterator state
+that checkpoints carry across processes. `moejax.train.trainer.train` sets it up and calls `run`."""
+
+import dataclasses
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from moejax.train import data as data_lib
+from moejax.train import metrics as metrics_lib
+from moejax.validation import require
+
+
+def gather_data_state(states: list[dict]) -> list[list[int]]:
+  """Every shard's data state, in shard order, on every process."""
+  local = np.asarray([[s[k] for k in data_lib.STATE_FIELDS] for s in states], np.int32)
+  if jax.process_count() > 1:
+    local = np.asarray(multihost_utils.process_allgather(local)).reshape(-1, local.shape[-1])
+  return local.tolist()
+
+
+def local_data_state(saved: list[list[int]], shards: int) -> list[dict]:
+  require(len(saved) == shards, "data.shards", shards, f"{len(saved)}, as in the checkpoint")
+  per_process = shards // jax.process_count()
+  mine = saved[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
+  return [dict(zip(data_lib.STATE_FIELDS, s)) for s in mine]
+
+
+def _compile(trainer, state, rest, global_shape, say):
+  start = time.perf_counter()
+  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
+                                                                   sharding=trainer.batch_sharding)).compile()
+  seconds = time.perf_counter() - start
+  say(f"compiled the train step in {seconds:.1f} s")
+  return step_fn, seconds
+
+
+def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
+          retry: bool) -> tuple[float, np.ndarray, list]:
+  """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
+  of every token id this process fed, for the unigram baseline, and the overflow retries as
+  (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
+  again from the same state with the buffer factor doubled, until nothing overflows (at the
+  worst-case size nothing can)."""
+  counts = np.zeros(trainer.tok.num_ids, np.int64)
+  retries = []
+  if start >= config.steps:
+    return 0.0, counts, retries
+  rows = config.batch_size // config.micro_batches
+  global_shape = (config.micro_batches, rows, config.seq_len)
+  step_fn, compile_s = _compile(trainer, state, rest, global_shape, say)
+  last_done = time.perf_counter()
+
+  def finish(step, metrics):
+    nonlocal last_done
+    metrics = jax.device_get(metrics)
+    now = time.perf_counter()
+    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len)
+    last_done = now
+    writer.write(record)
+    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
+      say(metrics_lib.report_line(record, config.steps))
+
+  pending = None
+  for step in range(start + 1, config.steps + 1):
+    local = next(batches)
+    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
+    tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+    before = state
+    state, metrics = step_fn(state, rest, tokens)
+    while retry and (overflowed := int(np.sum(jax.device_get(metrics["tokens_overflowed"])))):
+      factor = 2 * trainer.moe_cfg.buffer_factor
+      say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
+          f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {factor:g}")
+      trainer = trainer.with_moe(dataclasses.replace(trainer.moe_cfg, buffer_factor=factor))
+      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
+      compile_s += seconds
+      retries.append((step, factor))
+      state, metrics = step_fn(before, rest, tokens)
+    if pending is not None:  # fetch the previous step's metrics while this one runs
+      finish(*pending)
+    pending = (step, metrics)
+    if step % config.checkpoint.every_steps == 0 or step == config.steps:
+      finish(*pending)  # first, so that no step's time includes the checkpoint's
+      pending = None
+      ckpt.save(step, state, gather_data_state(batches.state()))
+      last_done = time.perf_counter()
+  return compile_s, counts, retries
