@@ -6,6 +6,7 @@ The public API for notebooks and other frameworks:
   cfg = moejax.MoEConfig(num_experts=16, top_k=2, d_model=64, d_ff=128)
   y, aux = moejax.MoELayer(cfg, mesh, rngs=nnx.Rngs(0))(x)
   y, aux = moejax.moe_apply(params, x, cfg, mesh)     # the same layer as a pure function
+  y, aux, cfg = moejax.apply_without_overflow(params, x, cfg, mesh)  # bounded buffers, nothing dropped
   y_ref, aux_ref = moejax.moe_reference(params, x, cfg)
 
 Subpackages: `moe` (the layer and its parts), `runtime` (mesh, processes), `train` (models, data,
@@ -41,6 +42,7 @@ _PUBLIC = {
     "MoELayer": "moejax.moe.layer",
     "init_params": "moejax.moe.layer",
     "moe_apply": "moejax.moe.layer",
+    "apply_without_overflow": "moejax.moe.overflow",
     "moe_reference": "moejax.moe.reference",
     "make_mesh": "moejax.runtime.mesh",
     "simulate_cpu_devices": "moejax.runtime.mesh",

@@ -1,6 +1,7 @@
 """Bounded receive buffers: exact with ample buffers, deterministic counted drops on overflow, and
 per-device memory that does not grow with the mesh."""
 
+import dataclasses
 import math
 import re
 
@@ -168,3 +169,20 @@ def test_exchange_memory_table_at_smile_sizes():
   assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2 ** 20]  # all rows of 128 GPUs: 3 GiB
   bounded = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "bilevel" and r["buffer_factor"] == 2)
   assert bounded["hop_rows"] == [2 * 16384] * 2
+
+
+def test_apply_without_overflow_grows_the_buffers_until_nothing_is_dropped(mesh_2x4):
+  import moejax
+
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport="bilevel", buffer_factor=0.25)
+  params, x = _skewed(cfg, 128, seed=7)  # every first choice to expert 0: one device receives 1/8 of all rows
+  _, aux_tight = moe_apply(params, x, cfg, mesh_2x4)
+  assert int(aux_tight["tokens_overflowed"]) > 0
+  y, aux, grown = moejax.apply_without_overflow(params, x, cfg, mesh_2x4)
+  assert int(aux["tokens_overflowed"]) == 0 and grown.buffer_factor in (0.5, 1.0, 2.0, 4.0, 8.0)
+  y_ref, _ = moe_reference(params, x, cfg)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
+  # one doubling less still overflows: the first sufficient factor was returned
+  half = dataclasses.replace(cfg, buffer_factor=grown.buffer_factor / 2)
+  _, aux_half = moe_apply(params, x, half, mesh_2x4)
+  assert int(aux_half["tokens_overflowed"]) > 0
