@@ -2,6 +2,8 @@
 
 Implementations, each timed forward and forward+backward:
   pallas          moejax.kernels (gmm, or the fused expert_ffn)
+  pallas_unfused  the FFN as separate moejax.kernels gmm calls with the activation between them
+                  (what the fused expert_ffn must beat; for 'gmm' the same as pallas)
   ragged_dot      jax.lax.ragged_dot
   tokamax         tokamax.ragged_dot, when tokamax is importable
   dense_capacity  rows scattered into [G, capacity, d] (capacity = largest group rounded up to
@@ -42,7 +44,7 @@ SMOKE_MODELS = {
     'smoke_gated': dict(d=32, f=64, experts=4, top_k=2, gated=True, activation='silu'),
     'smoke_plain': dict(d=32, f=64, experts=4, top_k=2, gated=False, activation='gelu'),
 }
-IMPLS = ('pallas', 'ragged_dot', 'tokamax', 'dense_capacity', 'dense_gemm')
+IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'dense_capacity', 'dense_gemm')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
@@ -131,6 +133,8 @@ def make_fn(impl, op, model, capacity):
   act = activations.get_activation(model['activation'])
   if impl == 'pallas':
     return _pallas(op, model['activation'])
+  if impl == 'pallas_unfused':
+    return _ragged(gmm_lib.gmm, op, act)
   if impl == 'ragged_dot':
     return _ragged(jax.lax.ragged_dot, op, act)
   if impl == 'tokamax':
