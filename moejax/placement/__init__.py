@@ -1,0 +1,8 @@
+"""Affinity-aware expert placement (ExFlow): which device holds each expert of each MoE layer.
+
+  affinity  `affinity_counts`: routing traces -> transition counts [L-1, E, E]; `transitions`: the
+            cross-node and cross-GPU transitions a placement leaves
+  solve     `solve`: ExFlow's ILP (Eqs. 8-12, aggregated), nodes first, then GPUs inside each node
+            (HiGHS MILP with a time limit; exact linear assignment at one expert per part) -> `Placement`
+  apply     `apply_placement`: permutes experts and router columns so the layer's layout realises it
+"""

@@ -1,0 +1,6 @@
+"""Expert replication for inference: which logical expert each physical slot of a device holds.
+
+Modules: `rebalance` (`rebalance`, the planner: replica counts, packing with local search and a
+node-locality tie-break; `device_loads`, `max_load_ratio`), `eplb` (DeepSeek's EPLB hierarchical
+placement, re-implemented as the baseline to compare with).
+"""
