@@ -119,7 +119,7 @@ def test_kernels_cover_skews_passes_and_implementations(records):
   assert kernels["interpret"] is True
   results = kernels["results"]
   cases = {(e["skew"], e["passes"], e["impl"]) for e in results}
-  impls = ("pallas", "ragged_dot", "tokamax", "dense_capacity", "dense_gemm")
+  impls = ("pallas", "pallas_unfused", "ragged_dot", "tokamax", "dense_capacity", "dense_gemm")
   assert cases == {(s, p, i) for s in ("balanced", "skewed") for p in ("fwd", "fwd_bwd") for i in impls}
   for e in results:
     if e["impl"] == "tokamax" and e.get("error") == "ModuleNotFoundError: No module named 'tokamax'":
