@@ -16,6 +16,8 @@ NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so ne
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
+SCHEDULES = ("sequential", "chunked", "comet")
+ESP_SCHEDULES = (None, "baseline", "s1", "s2", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +56,16 @@ class MoEConfig:
   z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2).
   jitter: multiplicative router-input noise x * U(1 - jitter, 1 + jitter) in training; 0 = off.
   dtype: compute dtype of the expert matmuls ('float32' or 'bfloat16'; accumulation is fp32).
+  schedule: how the exchanges and the expert compute are ordered (Comet). 'sequential': dispatch, experts,
+    combine. 'chunked': the local tokens split into num_chunks chunks, each dispatched, computed and
+    combined on its own, so one chunk's exchange can overlap another's experts (Tutel/FasterMoE).
+    'comet': dispatch decomposed by source peer (the rows a device keeps run first while the others
+    arrive), the second expert GEMM by column blocks of d (num_chunks blocks), each block combined as
+    soon as it is done. Same result as 'sequential' for every routing and transport.
+  num_chunks: chunks of 'chunked' (dividing the local tokens) or column blocks of 'comet' (dividing d_model).
+  esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
+    'node' (EP) and each expert's d_ff over 'gpu' (ESP = MP), scheduled as 'baseline' (DeepSpeed-MoE),
+    's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2).
   """
 
   num_experts: int
@@ -75,6 +87,9 @@ class MoEConfig:
   z_loss_coef: float = 0.0
   jitter: float = 0.0
   dtype: str = "float32"
+  schedule: str = "sequential"
+  num_chunks: int = 1
+  esp_schedule: str | None = None
 
   def __post_init__(self):
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
@@ -98,6 +113,13 @@ class MoEConfig:
     require(isinstance(self.gated, bool), "gated", self.gated, "True or False")
     require(isinstance(self.renormalize, bool), "renormalize", self.renormalize, "True or False")
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
+    require(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}")
+    require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
+    require(self.schedule != "comet" or self.d_model % self.num_chunks == 0, "num_chunks", self.num_chunks,
+            f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)")
+    require(self.schedule == "sequential" or self.transport != "capacity", "schedule", self.schedule,
+            "'sequential' with transport='capacity' (the schedules decompose ragged exchanges)")
+    require(self.esp_schedule in ESP_SCHEDULES, "esp_schedule", self.esp_schedule, f"one of {ESP_SCHEDULES}")
     cf = self.capacity_factor
     require(cf is None or (is_number(cf) and cf > 0),
             "capacity_factor", cf, "None (dropless) or a number > 0")

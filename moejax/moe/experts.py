@@ -5,54 +5,54 @@ Every backend computes, for the rows of group g (contiguous, in order),
 with fp32 accumulation; rows past sum(group_sizes) give zeros.
 """
 
-import functools
-
 import jax
 import jax.numpy as jnp
 
 from moejax.kernels import ffn as pallas_ffn
+from moejax.kernels import gmm
 from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
 
 
-def _hidden(h_in, h_gate, activation):
-  act = ACTIVATIONS[activation]
-  return act(h_in) if h_gate is None else act(h_gate) * h_in
-
-
-def ffn_ragged_dot(x_RxD, group_sizes_G, w_in, w_out, w_gate, activation):
-  """jax.lax.ragged_dot backend."""
-  mm = functools.partial(jax.lax.ragged_dot, group_sizes=group_sizes_G, preferred_element_type=jnp.float32)
-  h_gate = None if w_gate is None else mm(x_RxD, w_gate)
-  h_RxF = _hidden(mm(x_RxD, w_in), h_gate, activation).astype(x_RxD.dtype)
-  return mm(h_RxF, w_out)
-
-
-def ffn_dense(x_RxD, group_sizes_G, w_in, w_out, w_gate, activation):
-  """Reference backend: every expert on every row, masked to its group (G times the FLOPs)."""
+def grouped_matmul(x_RxK, w_GxKxN, group_sizes_G, backend: str):
+  """Row i of group g times w[g]: x [R, K], w [G, K, N] -> [R, N] fp32; rows past the groups give 0."""
+  if backend == "ragged_dot":
+    return jax.lax.ragged_dot(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+  if backend == "pallas":
+    return gmm.gmm(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+  # dense: every group on every row, masked to its own (G times the FLOPs; the reference speed).
   ends = jnp.cumsum(group_sizes_G)
-  starts = ends - group_sizes_G
-  row = jnp.arange(x_RxD.shape[0])
-  y = jnp.zeros((x_RxD.shape[0], w_out.shape[-1]), jnp.float32)
-  for g in range(w_in.shape[0]):
-    mm = functools.partial(jnp.dot, preferred_element_type=jnp.float32)
-    h_gate = None if w_gate is None else mm(x_RxD, w_gate[g])
-    h = _hidden(mm(x_RxD, w_in[g]), h_gate, activation).astype(x_RxD.dtype)
-    in_group = (row >= starts[g]) & (row < ends[g])
-    y = y + jnp.where(in_group[:, None], mm(h, w_out[g]), 0.0)
+  row = jnp.arange(x_RxK.shape[0])[:, None]
+  y = jnp.zeros((x_RxK.shape[0], w_GxKxN.shape[-1]), jnp.float32)
+  for g in range(w_GxKxN.shape[0]):
+    in_group = (row >= ends[g] - group_sizes_G[g]) & (row < ends[g])
+    y = y + jnp.where(in_group, jnp.dot(x_RxK, w_GxKxN[g], preferred_element_type=jnp.float32), 0.0)
   return y
 
 
-def ffn_pallas(x_RxD, group_sizes_G, w_in, w_out, w_gate, activation):
-  """Fused Pallas kernels (moejax.kernels; the Pallas interpreter on CPU)."""
-  return pallas_ffn.expert_ffn(x_RxD, w_in, w_out, group_sizes_G, activation, w_gate=w_gate).astype(jnp.float32)
+def expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, *, activation: str, backend: str,
+                  dtype=jnp.float32):
+  """The first half of the FFN: x [R, d] -> h [R, f] in `dtype` (act(x w_gate) * x w_in, or act(x w_in))."""
+  x_RxD = x_RxD.astype(dtype)
+  mm = lambda w: grouped_matmul(x_RxD, w.astype(dtype), group_sizes_G, backend)
+  act = ACTIVATIONS[activation]
+  h_RxF = act(mm(w_in_GxDxF)) if w_gate_GxDxF is None else act(mm(w_gate_GxDxF)) * mm(w_in_GxDxF)
+  return h_RxF.astype(dtype)
 
 
-BACKENDS = {"ragged_dot": ffn_ragged_dot, "dense": ffn_dense, "pallas": ffn_pallas}
+def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.float32):
+  """The second half: h [R, f] -> [R, d'] fp32 (d' = w_out's columns; a column block of d is fine)."""
+  return grouped_matmul(h_RxF.astype(dtype), w_out_GxFxD.astype(dtype), group_sizes_G, backend)
 
 
 def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, activation: str, backend: str,
                dtype=jnp.float32):
-  """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`."""
-  cast = lambda a: None if a is None else a.astype(dtype)
-  return BACKENDS[backend](cast(x_RxD), group_sizes_G.astype(jnp.int32), cast(w_in_GxDxF), cast(w_out_GxFxD),
-                           cast(w_gate_GxDxF), activation)
+  """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. The 'pallas' backend
+  runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward)."""
+  group_sizes_G = group_sizes_G.astype(jnp.int32)
+  if backend == "pallas":
+    cast = lambda a: None if a is None else a.astype(dtype)
+    return pallas_ffn.expert_ffn(cast(x_RxD), cast(w_in_GxDxF), cast(w_out_GxFxD), group_sizes_G, activation,
+                                 w_gate=cast(w_gate_GxDxF)).astype(jnp.float32)
+  h_RxF = expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, activation=activation, backend=backend,
+                        dtype=dtype)
+  return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype)

@@ -14,8 +14,9 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import experts, routing
 from moejax.moe import plan as plan_lib
+from moejax.moe import routing
+from moejax.moe import schedule as schedule_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
@@ -68,6 +69,11 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   tokens = x.size // cfg.d_model
   if tokens % (n * m):
     raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
+  local_tokens = tokens // (n * m)
+  if cfg.schedule == "chunked" and local_tokens % cfg.num_chunks:
+    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {local_tokens} tokens per device "
+                      f"(schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
+                      f"a divisor of {local_tokens}")
   platform_lib.check_transport(cfg.transport, platform_lib.of_mesh(mesh))
   return experts_per_gpu
 
@@ -120,28 +126,27 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
     keep_TxK = positions_TxK < capacity
   kept_ids_R = jnp.where(keep_TxK, ids_TxK, -1).reshape(-1)  # token-major (token, choice) pairs
   x_RxD = jnp.repeat(x_TxD, k, axis=0)
-  local_weights = (params["w_in"], params["w_out"], params.get("w_gate"))
-  compute = functools.partial(experts.expert_ffn, activation=cfg.activation, backend=cfg.expert_backend,
-                              dtype=jnp.dtype(cfg.dtype))
+  local = schedule_lib.Experts(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation,
+                               cfg.expert_backend, jnp.dtype(cfg.dtype))
 
   if cfg.transport == "capacity":
     slots_R = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
     blocks = transport_lib.capacity_dispatch(x_RxD, slots_R, num_experts * capacity, ALL, n * m)
-    y_blocks = _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute)
+    y_blocks = _capacity_experts(blocks, experts_per_gpu, capacity, local)
     y_RxD = transport_lib.capacity_combine(y_blocks, slots_R, ALL)
     traffic = [_global_traffic(_sends_per_device(kept_ids_R, experts_per_gpu, n * m), ALL, n, m)]
     processed_ids_R, overflowed = kept_ids_R, jnp.zeros((), jnp.int32)
   else:
     hops = transport_lib.transport_hops(cfg.transport)
-    buffer_rows = transport_lib.buffer_bound(cfg.buffer_factor, tokens * k)
-    recv_RxD, processed_ids_R, route = transport_lib.dispatch(
-        x_RxD, kept_ids_R, hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu,
-        max_rows=n * m * tokens * k, kind=kind, buffer_rows=buffer_rows)
-    y_recv_RxD = _grouped_experts(recv_RxD, processed_ids_R, experts_per_gpu, m, local_weights, compute)
-    y_RxD = transport_lib.combine(y_recv_RxD, route, hops, kind)
+    exchange = schedule_lib.Exchange(hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu, kind,
+                                     transport_lib.buffer_bound(cfg.buffer_factor, tokens * k))
+    result = schedule_lib.run(cfg.schedule, x_RxD, kept_ids_R, exchange, local, cfg.num_chunks)
+    y_RxD, processed_ids_R = result.y_RxD, result.processed_ids
     mine = [jax.lax.axis_index(a) for a in hops]
-    traffic = [_global_traffic(p.kept_AxA[me], a, n, m) for a, p, me in zip(hops, route.plans, mine)]
-    overflowed = sum(jnp.sum(p.sizes_AxA[me] - p.kept_AxA[me]) for p, me in zip(route.plans, mine))
+    traffic = [_global_traffic(sum(r.plans[h].kept_AxA[me] for r in result.routes), a, n, m)
+               for h, (a, me) in enumerate(zip(hops, mine))]
+    overflowed = sum(jnp.sum(r.plans[h].sizes_AxA[me] - r.plans[h].kept_AxA[me])
+                     for r in result.overflow_routes for h, me in enumerate(mine))
 
   weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
   y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_RxD.reshape(tokens, k, d).astype(jnp.float32))
@@ -168,24 +173,12 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   return summary
 
 
-def _grouped_experts(rows_RxD, ids_R, experts_per_gpu, m, local_weights, compute):
-  """Runs the local experts on received rows (any order; id -1 = empty row) -> [R, d], 0 on empty rows."""
-  local_R = ids_R - mesh_lib.my_flat_index(m) * experts_per_gpu
-  valid_R = ids_R >= 0
-  key_R = jnp.where(valid_R, local_R, experts_per_gpu)
-  order = jnp.argsort(key_R, stable=True)
-  group_sizes = plan_lib.histogram(key_R, experts_per_gpu)
-  y_sorted = compute(rows_RxD[order], group_sizes, *local_weights)
-  y_RxD = jnp.zeros_like(y_sorted).at[order].set(y_sorted)
-  return jnp.where(valid_R[:, None], y_RxD, 0.0).astype(rows_RxD.dtype)
-
-
-def _capacity_experts(blocks, experts_per_gpu, capacity, local_weights, compute):
+def _capacity_experts(blocks, experts_per_gpu, capacity, local: schedule_lib.Experts):
   """blocks [A(src), epg * C, d] -> expert outputs in the same layout (every slot computed)."""
   num_src, _, d = blocks.shape
   rows = blocks.reshape(num_src, experts_per_gpu, capacity, d).transpose(1, 0, 2, 3).reshape(-1, d)
   group_sizes = jnp.full((experts_per_gpu,), num_src * capacity, jnp.int32)
-  y = compute(rows, group_sizes, *local_weights).astype(blocks.dtype)
+  y = local.ffn(rows, group_sizes).astype(blocks.dtype)
   return y.reshape(experts_per_gpu, num_src, capacity, d).transpose(1, 0, 2, 3).reshape(blocks.shape)
 
 

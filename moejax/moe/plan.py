@@ -80,6 +80,22 @@ def ragged_args(sizes_AxA: jax.Array, me: jax.Array, kept_AxA: jax.Array | None 
           RaggedArgs(recv_offsets, recv, return_offsets, send))
 
 
+def shift_args(forward: RaggedArgs, backward: RaggedArgs, shift: int, me: jax.Array
+               ) -> tuple[RaggedArgs, RaggedArgs]:
+  """One ring step of an exchange: I send only my block for peer me + shift and receive only the block
+  of peer me - shift, into a buffer of its own (offset 0). Returns that step's forward arguments and
+  their reverse (the block goes back to where it came from in the sender's operand)."""
+  num_peers = forward.send_sizes.shape[0]
+  peer = jnp.arange(num_peers)
+  to_dest = peer == (me + shift) % num_peers
+  from_src = peer == (me - shift) % num_peers
+  sent = jnp.where(to_dest, forward.send_sizes, 0)
+  received = jnp.where(from_src, forward.recv_sizes, 0)
+  zeros = jnp.zeros_like(forward.output_offsets)
+  return (RaggedArgs(forward.input_offsets, sent, zeros, received),
+          RaggedArgs(zeros, received, jnp.where(from_src, backward.output_offsets, 0), sent))
+
+
 def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int) -> HopPlan:
   """Plan for one hop inside `shard_map`; dest_R in [0, A], A = not sent; receivers hold
   `buffer_rows` rows."""

@@ -34,20 +34,22 @@ def transport_hops(transport: str) -> tuple:
   return TRANSPORT_HOPS[transport]
 
 
-def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
+def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                      shifts=None):
   """`jax.lax.ragged_all_to_all` semantics from a ring of fixed-size collective permutes.
 
   operand: [R_in, ...]; output: [R_out, ...] (rows not received keep their value). Step s sends my
   block for peer me + s, padded to min(R_in, R_out) rows, with its offset and size; the receiver
   writes the valid rows where the sender said. One block is in flight at a time, so memory stays
-  O(local rows) however many peers there are.
+  O(local rows) however many peers there are. shifts: the ring steps to run (default all; a schedule
+  that exchanges with one peer at a time runs one step per call).
   """
   del recv_sizes  # each block carries its own size
   block = min(operand.shape[0], output.shape[0])
   num_peers = send_sizes.shape[0]
   me = jax.lax.axis_index(axis_name)
   i_B = jnp.arange(block)
-  for shift in range(num_peers):
+  for shift in range(num_peers) if shifts is None else shifts:
     dest = (me + shift) % num_peers
     valid_B = i_B < send_sizes[dest]
     rows = jnp.take(operand, jnp.clip(input_offsets[dest] + i_B, 0, operand.shape[0] - 1), axis=0)
@@ -64,7 +66,9 @@ def _expand(mask, ndim):
   return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
-def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name):
+def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                       shifts=None):
+  del shifts  # the sizes of the peers outside the shifts are zero (plan.shift_args)
   return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
                                    axis_name=axis_name)
 
@@ -72,47 +76,57 @@ def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offset
 EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
 
 
-def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str, fill=0, like=None):
+def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str, fill=0, like=None,
+             shifts=None):
   """One ragged exchange of `operand` [R_in, ...] into a fresh [out_rows, ...] buffer filled with `fill`.
 
   The buffer takes its mesh-axis variance from `like` (default: the operand): ragged_all_to_all's
   result has the buffer's type, and a custom_vjp backward must return its primal input's exact type.
+  shifts: with args from `plan.shift_args`, the ring steps whose peers have rows (others send none).
   """
   like = operand if like is None else like
   output = jnp.full_like(like, fill, operand.dtype, shape=(out_rows,) + operand.shape[1:])
   # With one peer the exchange is a local move: XLA:GPU's ragged_all_to_all took 20-100 ms for it on
   # one H100 where the local gather/scatter took 0.5-1.8 ms (benchmarks/results/2026-11-23-h100).
-  move = padded_all_to_all if args.send_sizes.shape[0] == 1 else EXCHANGES[kind]
+  # A self-only step (shift 0) is a local move too.
+  local = args.send_sizes.shape[0] == 1 or shifts == (0,)
+  move = padded_all_to_all if local else EXCHANGES[kind]
   return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
-              axis_name=axis_name)
+              axis_name=axis_name, shifts=shifts)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str,
+              shifts=None):
   """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
   the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again)."""
-  return exchange(rows, args, out_rows, axis_name, kind)
+  return exchange(rows, args, out_rows, axis_name, kind, shifts=shifts)
 
 
-def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind):
+def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind, shifts):
   like = rows[:, :0]  # no data: the operand's row count, dtype and varying axes
-  return exchange(rows, args, out_rows, axis_name, kind), (back, like)
+  return exchange(rows, args, out_rows, axis_name, kind, shifts=shifts), (back, like)
 
 
-def _move_rows_bwd(out_rows, axis_name, kind, residuals, grad):
+def _move_rows_bwd(out_rows, axis_name, kind, shifts, residuals, grad):
   back, like = residuals
   del out_rows
-  return exchange(grad.astype(like.dtype), back, like.shape[0], axis_name, kind, like=like), None, None
+  num_peers = back.send_sizes.shape[0]
+  reverse = None if shifts is None else tuple((-s) % num_peers for s in shifts)
+  grad_in = exchange(grad.astype(like.dtype), back, like.shape[0], axis_name, kind, like=like, shifts=reverse)
+  return grad_in, None, None
 
 
 move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 
 
 class Route(NamedTuple):
-  """What `dispatch` leaves for `combine`: one plan per hop and the row count before each hop."""
+  """What `plan_route` leaves for the moves: one plan per hop, the row count before each hop and the
+  receive-buffer rows of each hop."""
 
   plans: tuple[plan_lib.HopPlan, ...]
   rows_before: tuple[int, ...]
+  out_rows: tuple[int, ...]
 
 
 def hop_destination(expert_ids, axis_name, experts_per_gpu: int, gpus_per_node: int, num_peers: int):
@@ -143,34 +157,57 @@ def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buf
   return sizes
 
 
-def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
-             buffer_rows: int | None = None):
-  """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
-
-  Returns (rows [R_out, d], expert_ids [R_out] with -1 on empty rows, route). Every hop receives
-  into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped (`HopPlan.kept_AxA`).
-  """
+def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
+               buffer_rows: int | None = None):
+  """Plans every hop of sending each row (global expert id; -1 = not sent) to its expert's device,
+  moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, route).
+  Every hop receives into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped
+  (`HopPlan.kept_AxA`)."""
   plans, rows_before = [], []
   n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  out_sizes = hop_buffer_sizes(hops, axis_sizes, rows_RxD.shape[0], max_rows, buffer_rows)
+  out_sizes = hop_buffer_sizes(hops, axis_sizes, expert_ids_R.shape[0], max_rows, buffer_rows)
   for axis_name, out_rows in zip(hops, out_sizes):
     num_peers = mesh_lib.num_peers(axis_name, n, m)
     dest = hop_destination(expert_ids_R, axis_name, experts_per_gpu, m, num_peers)
     plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows)
-    rows_before.append(rows_RxD.shape[0])
-    rows_RxD = move_rows(rows_RxD[plan.order], plan.forward, plan.backward, out_rows, axis_name, kind)
+    rows_before.append(expert_ids_R.shape[0])
     expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)
     plans.append(plan)
-  return rows_RxD, expert_ids_R, Route(tuple(plans), tuple(rows_before))
+  return expert_ids_R, Route(tuple(plans), tuple(rows_before), tuple(out_sizes))
+
+
+def move_through(rows_RxD, route: Route, hops, kind: str, num_hops: int | None = None):
+  """Moves rows along the first `num_hops` hops (default all) of a planned route."""
+  for axis_name, plan, out_rows in list(zip(hops, route.plans, route.out_rows))[:num_hops]:
+    rows_RxD = move_rows(rows_RxD[plan.order], plan.forward, plan.backward, out_rows, axis_name, kind)
+  return rows_RxD
+
+
+def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
+             buffer_rows: int | None = None):
+  """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
+
+  Returns (rows [R_out, d], expert_ids [R_out] with -1 on empty rows, route); see `plan_route`.
+  """
+  ids_R, route = plan_route(expert_ids_R, hops, axis_sizes, experts_per_gpu, max_rows, kind, buffer_rows)
+  return move_through(rows_RxD, route, hops, kind), ids_R, route
 
 
 def combine(rows_RxD, route: Route, hops, kind: str):
-  """The reverse of `dispatch`: rows return, hop by hop, to their original positions; rows dropped
-  on the way come back as zeros."""
+  """The reverse of `dispatch`: rows return, hop by hop, to their original positions; rows dropped on
+  the way come back as zeros. Integer rows move without a gradient rule."""
   for axis_name, plan, rows_before in reversed(list(zip(hops, route.plans, route.rows_before))):
-    back = move_rows(rows_RxD, plan.backward, plan.forward, rows_before, axis_name, kind)
+    if jnp.issubdtype(rows_RxD.dtype, jnp.integer):
+      back = exchange(rows_RxD, plan.backward, rows_before, axis_name, kind)
+    else:
+      back = move_rows(rows_RxD, plan.backward, plan.forward, rows_before, axis_name, kind)
     rows_RxD = jnp.zeros_like(back).at[plan.order].set(back)
   return rows_RxD
+
+
+def arrived(expert_ids_out, route: Route, hops, kind: str):
+  """[R] bool, in the original row order: the row reached its expert (was not dropped on any hop)."""
+  return combine((expert_ids_out >= 0).astype(jnp.int32), route, hops, kind) > 0
 
 
 def capacity_dispatch(rows_RxD, slots_R, num_slots: int, axis_name, num_peers: int):

@@ -1,0 +1,156 @@
+"""Schedules: the order in which one device's exchanges and expert compute run (Comet; SMILE A.2).
+
+All three move the same rows along the same planned route (`transport.plan_route`) and give the same
+result, drops included:
+- sequential: dispatch every row, run the experts, combine.
+- chunked: the local tokens in `num_chunks` contiguous chunks, each dispatched, computed and combined
+  on its own (Tutel/FasterMoE's coarse pipeline). No chunk's exchange depends on another chunk's
+  matmuls, so XLA may overlap them; the cost is num_chunks times as many, smaller, exchanges. With
+  bounded buffers the drops are decided once, on the ids, by the sequential route (one more round
+  trip of int32 ids), so every chunk drops exactly what sequential drops and no chunk overflows.
+- comet: decomposed by the consumers' independent dimensions (Comet sec. 3.1). The last dispatch hop
+  runs one source peer per ring step, my own rows first; each step's rows enter the first expert GEMM
+  as soon as they arrive and their hidden rows land in an expert-major buffer (rows ordered by
+  (expert, source)). The second GEMM then runs one column block of d at a time for all local
+  experts, and each block is combined (sent back through every hop) as soon as it is done.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import experts
+from moejax.moe import plan as plan_lib
+from moejax.moe import transport as transport_lib
+from moejax.runtime import mesh as mesh_lib
+
+
+class Exchange(NamedTuple):
+  """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, experts per device, the
+  exchange kind ('ragged' | 'padded') and the per-hop receive bound (None: the worst case)."""
+
+  hops: tuple
+  axis_sizes: dict
+  experts_per_gpu: int
+  kind: str
+  buffer_rows: int | None
+
+
+class Experts(NamedTuple):
+  """This device's experts: weights w_in/w_gate [G, d, f], w_out [G, f, d] and how to run them."""
+
+  w_in: jax.Array
+  w_out: jax.Array
+  w_gate: jax.Array | None
+  activation: str
+  backend: str
+  dtype: jnp.dtype
+
+  def ffn(self, x_RxD, group_sizes_G):
+    return experts.expert_ffn(x_RxD, group_sizes_G, self.w_in, self.w_out, self.w_gate,
+                              activation=self.activation, backend=self.backend, dtype=self.dtype)
+
+  def hidden(self, x_RxD, group_sizes_G):
+    return experts.expert_hidden(x_RxD, group_sizes_G, self.w_in, self.w_gate, activation=self.activation,
+                                 backend=self.backend, dtype=self.dtype)
+
+  def output(self, h_RxF, group_sizes_G, columns: slice):
+    return experts.expert_output(h_RxF, group_sizes_G, self.w_out[:, :, columns], backend=self.backend,
+                                 dtype=self.dtype)
+
+
+class Result(NamedTuple):
+  """y [R, d] fp32 in the input row order (zero where not processed); the expert ids of the rows this
+  device processed (-1 = empty row); the routes whose kept rows moved (traffic) and the routes whose
+  clamping decided the drops (overflow)."""
+
+  y_RxD: jax.Array
+  processed_ids: jax.Array
+  routes: tuple
+  overflow_routes: tuple
+
+
+def local_experts(ids_R, ex: Exchange):
+  """[R] local expert of each received row; experts_per_gpu for empty rows (sorts them last)."""
+  first = mesh_lib.my_flat_index(ex.axis_sizes[mesh_lib.GPU]) * ex.experts_per_gpu
+  return jnp.where(ids_R >= 0, ids_R - first, ex.experts_per_gpu)
+
+
+def _plan(ids_R, ex: Exchange):
+  devices = ex.axis_sizes[mesh_lib.NODE] * ex.axis_sizes[mesh_lib.GPU]
+  return transport_lib.plan_route(ids_R, ex.hops, ex.axis_sizes, ex.experts_per_gpu,
+                                  max_rows=devices * ids_R.shape[0], kind=ex.kind, buffer_rows=ex.buffer_rows)
+
+
+def _expert_major(key_R, groups: int):
+  """(position [R] of each row once sorted by (key, row), group sizes [groups]); key == groups: empty."""
+  order = jnp.argsort(key_R, stable=True)
+  position = jnp.zeros_like(order).at[order].set(jnp.arange(key_R.shape[0], dtype=order.dtype))
+  return position, plan_lib.histogram(key_R, groups)
+
+
+def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
+  """Dispatch, experts, combine. x [R, d]; ids [R] global expert ids (-1 = not sent)."""
+  del num_chunks
+  ids_out, route = _plan(ids_R, ex)
+  rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
+  position, group_sizes = _expert_major(local_experts(ids_out, ex), ex.experts_per_gpu)
+  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
+  y_RxD = jnp.where((ids_out >= 0)[:, None], local.ffn(sorted_RxD, group_sizes)[position], 0.0)
+  return Result(transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_out, (route,), (route,))
+
+
+def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+  """`sequential` on num_chunks contiguous chunks of rows (token-major, so whole tokens)."""
+  overflow_routes = ()
+  if ex.buffer_rows is not None:
+    ids_out, route = _plan(ids_R, ex)
+    ids_R = jnp.where(transport_lib.arrived(ids_out, route, ex.hops, ex.kind), ids_R, -1)
+    overflow_routes = (route,)
+  parts = [sequential(x, ids, ex, local) for x, ids in
+           zip(jnp.split(x_RxD, num_chunks), jnp.split(ids_R, num_chunks))]
+  return Result(jnp.concatenate([p.y_RxD for p in parts]), jnp.concatenate([p.processed_ids for p in parts]),
+                tuple(p.routes[0] for p in parts), overflow_routes or tuple(p.routes[0] for p in parts))
+
+
+def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+  """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the combine."""
+  ids_out, route = _plan(ids_R, ex)
+  axis, plan, out_rows = ex.hops[-1], route.plans[-1], route.out_rows[-1]
+  num_peers = plan.sizes_AxA.shape[0]
+  me = jax.lax.axis_index(axis)
+  # Earlier hops move whole; the last one, which feeds the GEMM, one source peer at a time.
+  rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind)[plan.order]
+  groups = ex.experts_per_gpu
+  key_R = local_experts(ids_out, ex)
+  position_R, group_sizes = _expert_major(key_R, groups)
+  recv_offsets, recv_sizes = plan.backward.input_offsets, plan.forward.recv_sizes
+  block = min(rows_RxD.shape[0], out_rows)  # one source's rows fit both its operand and my buffer
+  i_B = jnp.arange(block)
+  h_RxF = None
+  for shift in range(num_peers):
+    forward, backward = plan_lib.shift_args(plan.forward, plan.backward, shift, me)
+    x_BxD = transport_lib.move_rows(rows_RxD, forward, backward, block, axis, ex.kind, (shift,))
+    src = (me - shift) % num_peers
+    q_B = jnp.minimum(recv_offsets[src] + i_B, out_rows - 1)  # the rows' places in the receive layout
+    key_B = jnp.where(i_B < recv_sizes[src], key_R[q_B], groups)
+    step_position, step_sizes = _expert_major(key_B, groups)
+    h_BxF = local.hidden(jnp.zeros_like(x_BxD).at[step_position].set(x_BxD), step_sizes)[step_position]
+    if h_RxF is None:
+      h_RxF = jnp.zeros((out_rows, h_BxF.shape[1]), h_BxF.dtype)
+    h_RxF = h_RxF.at[jnp.where(key_B < groups, position_R[q_B], out_rows)].set(h_BxF, mode="drop")
+  width = x_RxD.shape[1] // num_chunks
+  blocks = []
+  for j in range(num_chunks):
+    y_RxC = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
+    y_RxC = jnp.where((ids_out >= 0)[:, None], y_RxC, 0.0)
+    blocks.append(transport_lib.combine(y_RxC, route, ex.hops, ex.kind))
+  return Result(jnp.concatenate(blocks, axis=1), ids_out, (route,), (route,))
+
+
+SCHEDULES = {"sequential": sequential, "chunked": chunked, "comet": comet}
+
+
+def run(schedule: str, x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+  return SCHEDULES[schedule](x_RxD, ids_R, ex, local, num_chunks)
