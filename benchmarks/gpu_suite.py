@@ -12,6 +12,10 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
               MFU of the expert FLOPs against this run's ceilings GEMM rate, and the outputs of the
               'ragged' and 'padded' transports compared ('ragged' is skipped where XLA has no ragged
               all-to-all, e.g. on CPU).
+  chunking    Comet's costs of decomposing the expert GEMMs (one GPU, Mixtral 8x7B shape, 16k rows):
+              the first GEMM as C row chunks vs one call (C = 1, 2, 4, 8), the second GEMM as C column
+              blocks of d vs one expert-major call, and the layer's forward+backward under each
+              schedule on a 1x1 mesh (no communication to hide there: the schedules' overhead alone).
   train_step  tokens/s of the BERT-MoE training step (`moejax.train.trainer.Trainer`): forward,
               backward and LAMB update of random tokens.
 
@@ -50,13 +54,14 @@ if ROOT not in sys.path:  # run as a script: make `experiments` and `moejax` imp
 
 from experiments import bench_kernels  # noqa: E402
 from moejax.kernels.tuning import time_call  # noqa: E402
+from moejax.moe import experts as experts_lib  # noqa: E402
 from moejax.moe import layer as layer_lib  # noqa: E402
 from moejax.moe.config import MoEConfig  # noqa: E402
 from moejax.runtime import mesh as mesh_lib  # noqa: E402
 from moejax.runtime import platform as platform_lib  # noqa: E402
 from moejax.study import phase_timing  # noqa: E402
 
-STEPS = ('env', 'ceilings', 'kernels', 'layer', 'train_step')
+STEPS = ('env', 'ceilings', 'kernels', 'layer', 'chunking', 'train_step')
 OPTIONAL_PACKAGES = ('ml_collections', 'tensorboardX', 'tokamax')
 TOKAMAX_ABSENT = "ModuleNotFoundError: No module named 'tokamax'"  # bench_kernels' error when it is not installed
 ROWS = 16384  # routed rows (token-choices) of the kernel and layer benchmarks
@@ -81,6 +86,8 @@ LAYER_MODELS = {
 SMOKE_LAYER_MODELS = {
     'smoke_gated_e8': dict(d_model=32, d_ff=64, num_experts=8, top_k=2, gated=True, activation='silu', tokens=32),
 }
+
+CHUNKS = (1, 2, 4, 8)  # chunking: pieces of the decomposed GEMMs
 
 # A small BERT-MoE (every other FFN an MoE layer, as in SMILE) and its batch.
 TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=768, num_heads=12, d_ff=3072, seq_len=512, batch=32,
@@ -307,6 +314,72 @@ def step_kernels(args, rec: Record) -> bool:
   return not failed
 
 
+# ------------------------------------------------------------------------------------------ chunking
+
+
+def _pieces_program(pieces: int, by: str, backend: str):
+  """One grouped matmul x [R, K] @ w [G, K, N] as `pieces` calls: contiguous row chunks (each with
+  its own balanced groups) or column blocks of N; jitted."""
+  def run(x, w):
+    groups, rows = w.shape[0], x.shape[0]
+    if by == 'rows':
+      chunk = rows // pieces
+      sizes = jnp.full((groups,), chunk // groups, jnp.int32)
+      return jnp.concatenate([experts_lib.grouped_matmul(x[i * chunk:(i + 1) * chunk], w, sizes, backend)
+                              for i in range(pieces)])
+    sizes = jnp.full((groups,), rows // groups, jnp.int32)
+    width = w.shape[2] // pieces
+    return jnp.concatenate([experts_lib.grouped_matmul(x, w[:, :, i * width:(i + 1) * width], sizes, backend)
+                            for i in range(pieces)], axis=1)
+  return jax.jit(run)
+
+
+def step_chunking(args, rec: Record):
+  shape = SMOKE_LAYER_MODELS['smoke_gated_e8'] if args.smoke else LAYER_MODELS['mixtral_8x7b']
+  shape = dict(shape)
+  tokens = shape.pop('tokens')
+  rows, d, f, groups = tokens * shape['top_k'], shape['d_model'], shape['d_ff'], shape['num_experts']
+  dtype = compute_dtype(args)
+  ceiling, source = read_ceiling(args.out)
+  chunks, backends = ((1, 2), ['ragged_dot']) if args.smoke else (CHUNKS, split(args.layer_backends))
+  rec.data.update(shape=shape, rows=rows, dtype=dtype, chunks=chunks, gemm_tflops=ceiling, mfu_reference=source,
+                  xla_flags=os.environ.get('XLA_FLAGS', ''))
+  keys = jax.random.split(jax.random.key(0), 4)
+  x = jax.random.normal(keys[0], (rows, d), dtype)
+  h = jax.random.normal(keys[1], (rows, f), dtype)
+  w_in = jax.random.normal(keys[2], (groups, d, f), dtype) / d ** 0.5
+  w_out = jax.random.normal(keys[3], (groups, f, d), dtype) / f ** 0.5
+  gemms = []
+  rec['gemms'] = gemms
+  for backend in backends:
+    for gemm, by, operands in (('first_gemm', 'rows', (x, w_in)), ('second_gemm', 'columns', (h, w_out))):
+      single = None
+      for pieces in chunks:
+        case = {'gemm': gemm, 'split': by, 'pieces': pieces, 'expert_backend': backend,
+                **timing(time_call(_pieces_program(pieces, by, backend), operands, args.warmup, args.iters))}
+        single = single or case['median_s']
+        case['tflops'] = 2 * rows * d * f / case['median_s'] / 1e12
+        case['time_vs_one_call'] = case['median_s'] / single
+        gemms.append(case)
+        say(f"{gemm} {backend} {pieces} {by} pieces: {case['median_s'] * 1e3:.3f} ms "
+            f"({case['time_vs_one_call']:.3f}x one call, {case['tflops']:.1f} TFLOP/s)")
+        rec.save()
+  mesh = mesh_lib.make_mesh(1, 1)
+  schedules = []
+  rec['schedules'] = schedules
+  for backend in backends:
+    for schedule, pieces in (('sequential', 1), *(('chunked', c) for c in chunks[1:]),
+                             *(('comet', c) for c in chunks)):
+      cfg = MoEConfig(**shape, transport='padded', expert_backend=backend, dtype=dtype, schedule=schedule,
+                      num_chunks=pieces)
+      case = {'schedule': schedule, 'num_chunks': pieces, 'expert_backend': backend}
+      case.update(_layer_case(cfg, tokens, mesh, args, ceiling, phases=False)[0])
+      schedules.append(case)
+      say(f"layer {backend} {schedule} C={pieces}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, "
+          f"fwd+bwd {case['fwd_bwd']['median_s'] * 1e3:.3f} ms")
+      rec.save()
+
+
 # --------------------------------------------------------------------------------------------- layer
 
 
@@ -334,7 +407,8 @@ def compute_dtype(args) -> str:
   return args.dtype or ('bfloat16' if jax.devices()[0].platform == 'gpu' else 'float32')
 
 
-def _layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None) -> tuple[dict, np.ndarray]:
+def _layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
+                phases: bool = True) -> tuple[dict, np.ndarray]:
   dtype = jnp.dtype(cfg.dtype)
   k_params, k_x, k_dy = jax.random.split(jax.random.key(0), 3)
   specs = layer_lib.param_specs(cfg)
@@ -353,16 +427,16 @@ def _layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None) 
   forward_backward = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
   case = {'fwd': timing(time_call(forward, (params, x), args.warmup, args.iters)),
           'fwd_bwd': timing(time_call(forward_backward, (params, x), args.warmup, args.iters))}
-  case['phases_ms'] = phase_timing.measure_phases(params, x, cfg, mesh, args.warmup, args.iters)
   y, aux = forward(params, x)
   case.update(tokens_dropped=int(aux['tokens_dropped']), tokens_overflowed=int(aux['tokens_overflowed']),
               expert_counts=np.asarray(aux['expert_counts']).tolist())
   flops = expert_flops(cfg, tokens)
   case.update(expert_flops_fwd=flops, expert_flops_fwd_bwd=3 * flops)
-  expert_s = case['phases_ms']['layer_expert_ms'] / 1e3
-  for name, useful, seconds in (('fwd', flops, case['fwd']['median_s']),
-                                ('fwd_bwd', 3 * flops, case['fwd_bwd']['median_s']),
-                                ('expert_phase', flops, expert_s)):
+  rates = [('fwd', flops, case['fwd']['median_s']), ('fwd_bwd', 3 * flops, case['fwd_bwd']['median_s'])]
+  if phases:
+    case['phases_ms'] = phase_timing.measure_phases(params, x, cfg, mesh, args.warmup, args.iters)
+    rates.append(('expert_phase', flops, case['phases_ms']['layer_expert_ms'] / 1e3))
+  for name, useful, seconds in rates:
     case[f'tflops_{name}'] = useful / seconds / 1e12
     case[f'mfu_{name}'] = None if ceiling is None else case[f'tflops_{name}'] / ceiling
   return case, np.asarray(y, np.float32)
@@ -513,7 +587,7 @@ def _terminate(signum, frame):
 
 
 STEP_FUNCTIONS = {'env': step_env, 'ceilings': step_ceilings, 'kernels': step_kernels, 'layer': step_layer,
-                  'train_step': step_train}
+                  'chunking': step_chunking, 'train_step': step_train}
 
 
 def main(argv=None) -> int:

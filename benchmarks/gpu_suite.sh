@@ -5,7 +5,7 @@
 #
 #   bash benchmarks/gpu_suite.sh OUT_DIR [--smoke] [gpu_suite.py options, passed to every step]
 #
-# Environment: STEPS (default "env ceilings kernels layer train_step": which steps, in order),
+# Environment: STEPS (default "env ceilings kernels layer chunking train_step": which steps, in order),
 # STEP_TIMEOUT (seconds per step, 0 = none; a step killed by it keeps what it had written),
 # SUITE_TIMEOUT (seconds for all steps together, 0 = none: each step is limited to what is left, and
 # steps that cannot start in time are recorded as failed), PYTHON (default python3).
@@ -38,11 +38,14 @@ OUT_DIR=$1
 shift
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-STEPS=${STEPS:-"env ceilings kernels layer train_step"}
+STEPS=${STEPS:-"env ceilings kernels layer chunking train_step"}
 STEP_TIMEOUT=${STEP_TIMEOUT:-0}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-0}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
+# XLA's latency-hiding scheduler, so that independent exchanges and matmuls (the chunked and comet
+# schedules) may overlap on the GPU; recorded by the env step.
+export XLA_FLAGS="--xla_gpu_enable_latency_hiding_scheduler=true${XLA_FLAGS:+ $XLA_FLAGS}"
 
 mkdir -p "$OUT_DIR" || exit 2
 OUT_DIR=$(cd "$OUT_DIR" && pwd)

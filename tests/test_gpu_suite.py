@@ -15,7 +15,7 @@ from moejax.train.tokenizer import cache_lock
 from tests.test_launch import ENV, ROOT
 
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
-STEPS = ("env", "ceilings", "kernels", "layer", "train_step")
+STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step")
 
 
 def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
@@ -182,3 +182,14 @@ def test_bad_usage_is_rejected(tmp_path):
   assert done.returncode == 0  # a missing OUT_DIR is created
   assert os.path.exists(tmp_path / "x" / "env.json")
   assert run_suite("--smoke").returncode == 2
+
+
+def test_chunking_times_every_piece_count_and_schedule(records):
+  record = records["chunking"]
+  chunks = record["chunks"]
+  for gemm in ("first_gemm", "second_gemm"):
+    cases = [c for c in record["gemms"] if c["gemm"] == gemm]
+    assert [c["pieces"] for c in cases] == chunks
+    assert cases[0]["time_vs_one_call"] == 1.0 and all(positive(c["tflops"]) for c in cases)
+  assert {c["schedule"] for c in record["schedules"]} == {"sequential", "chunked", "comet"}
+  assert "--xla_gpu_enable_latency_hiding_scheduler=true" in record["xla_flags"]

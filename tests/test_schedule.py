@@ -2,6 +2,7 @@
 and leave XLA the independence that lets exchanges overlap expert compute."""
 
 import dataclasses
+import re
 
 import jax
 import jax.numpy as jnp
@@ -80,3 +81,63 @@ def test_bad_schedules_are_named(mesh_2x4):
   params = init_params(jax.random.key(0), cfg)
   with pytest.raises(ConfigError, match="num_chunks=16 does not divide the 8 tokens per device"):
     moe_apply(params, jnp.ones((64, 8)), cfg, mesh_2x4)
+
+
+def _entry_graph(hlo: str):
+  """The optimised program's entry computation as {name: (opcode, result type, operands, is_matmul)}
+  plus every instruction's ancestors; a fusion counts as a matmul when its computation holds a dot."""
+  bodies, current, entry = {}, None, None
+  for line in hlo.splitlines():
+    head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if head:
+      current = head.group(2)
+      bodies[current] = []
+      entry = current if head.group(1) else entry
+    elif current and line.startswith("  ") and " = " in line:
+      bodies[current].append(re.sub(r"/\*.*?\*/", "", line.strip()))
+  has_dot = {name: any(" dot(" in line for line in lines) for name, lines in bodies.items()}
+  nodes = {}
+  for line in bodies[entry]:
+    name, type_, op, rest = re.match(r"(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+) ([a-z\-]+)\((.*)", line).groups()
+    called = re.findall(r"calls=%([\w.\-]+)", line)
+    operands = [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called]
+    nodes[name] = (op, type_, operands, op == "dot" or any(has_dot.get(c) for c in called))
+  ancestors = {}
+  for name in nodes:  # instructions are printed after their operands
+    ancestors[name] = set().union(*([{o} | ancestors.get(o, set()) for o in nodes[name][2] if o in nodes] or [set()]))
+  return nodes, ancestors
+
+
+def _dependent_matmuls(cfg, mesh):
+  """{payload columns: [matmuls depending on it, for each float collective-permute]}, matmul count."""
+  params = init_params(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
+  hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
+  nodes, ancestors = _entry_graph(hlo)
+  matmuls = [n for n, v in nodes.items() if v[3]]
+  dependents = {}
+  for name, (op, type_, _, _) in nodes.items():
+    if op == "collective-permute" and type_.startswith("f32"):
+      columns = int(re.match(r"f32\[\d+,(\d+)\]", type_).group(1))
+      dependents.setdefault(columns, []).append(sum(name in ancestors[mm] for mm in matmuls))
+  return dependents, len(matmuls)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "chunked", "comet"])
+def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4, schedule):
+  """Flat exchange over A = 8 peers (7 ring steps of collective permutes each), C = 2, no gating: one
+  router matmul, one first and one second expert GEMM per computed piece, one weighted sum.
+  sequential: every dispatch step feeds both GEMMs; chunked: a chunk's steps feed only its own two
+  GEMMs; comet: a dispatch step feeds its own first GEMM and the C second-GEMM blocks, and a
+  column block's combine feeds only the weighted sum."""
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
+  dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
+  steps, d, c = 7, 8, 2
+  if schedule == "sequential":
+    assert matmuls == 4 and sorted(dependents[d]) == [1] * steps + [3] * steps
+  elif schedule == "chunked":  # per chunk: dispatch steps feed its 2 GEMMs + the sum, combine steps the sum
+    assert matmuls == 6 and sorted(dependents[d]) == [1] * (c * steps) + [3] * (c * steps)
+  else:
+    assert matmuls == 1 + (steps + 1) + c + 1
+    assert dependents[d] == [1 + c + 1] * steps
+    assert dependents[d // c] == [1] * (c * steps)
