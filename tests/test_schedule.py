@@ -2,6 +2,7 @@
 and leave XLA the independence that lets exchanges overlap expert compute."""
 
 import dataclasses
+import math
 import re
 
 import jax
@@ -11,9 +12,10 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
+from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError
 from tests.conftest import make_test_mesh
-from tests.test_exchange import _skewed
+from tests.test_exchange import RAGGED_OP, _skewed
 from tests.test_layer import assert_matches_reference
 
 # (mesh, routing, transport, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
@@ -141,3 +143,35 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
     assert matmuls == 1 + (steps + 1) + c + 1
     assert dependents[d] == [1 + c + 1] * steps
     assert dependents[d // c] == [1] * (c * steps)
+
+
+@pytest.mark.parametrize("schedule", ["chunked", "comet"])
+def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
+  """The GPU program (lowered for CUDA, without a GPU) with bounded buffers over 8 peers, C = 2.
+  comet: the ids move once, the rows in 7 one-peer steps (own rows locally) and back as C column
+  blocks, each transposed in the backward: 1 + 2 * 7 + 2 * C ragged all-to-alls. chunked: the ids'
+  round trip that decides the drops, then per chunk the sequential five (rows, ids, rows back, and
+  the two transposed)."""
+  monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, transport="ragged", dtype="bfloat16",
+                  buffer_factor=1.5, schedule=schedule, num_chunks=2)
+  mesh = make_test_mesh(2, 4)
+  params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(1), (8 * 64, 16), jnp.bfloat16)
+
+  def loss(p, v):
+    y, aux = moe_apply(p, v, cfg, mesh)
+    return jnp.sum(y.astype(jnp.float32)) + aux["aux_loss"]
+
+  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
+      lowering_platforms=("cuda",)).as_text()
+  shapes = [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
+  local_rows, buffer_rows = 64 * 2, math.ceil(1.5 * 64 * 2)
+  if schedule == "comet":
+    assert len(shapes) == 1 + 2 * 7 + 2 * 2, shapes
+    assert shapes.count((local_rows, local_rows)) == 2 * 7  # one source's block: at most its rows
+  else:
+    assert len(shapes) == 2 + 2 * 5, shapes
+    # every chunk receives into the whole bound: one chunk may hold all the rows that fit
+    assert set(shapes) == {(local_rows, buffer_rows), (buffer_rows, local_rows), (local_rows // 2, buffer_rows),
+                           (buffer_rows, local_rows // 2)}, shapes
