@@ -38,8 +38,9 @@ def _relative_error(got, want):
   return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
 
 
-def assert_matches_reference(cfg, mesh, params, x, tol=1e-5):
-  """Compares y, aux and the gradients w.r.t. x and every parameter, under a random cotangent."""
+def assert_matches_reference(cfg, mesh, params, x, tol=1e-5, **layer_kwargs):
+  """Compares y, aux and the gradients w.r.t. x and every parameter, under a random cotangent;
+  layer_kwargs go to moe_apply (e.g. slot_expert)."""
   cotangent = jax.random.normal(jax.random.key(99), x.shape)
   groups = mesh.size
 
@@ -49,7 +50,7 @@ def assert_matches_reference(cfg, mesh, params, x, tol=1e-5):
       return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
 
-  (loss, (y, aux)), grads = objective(lambda p, x: moe_apply(p, x, cfg, mesh))(params, x)
+  (loss, (y, aux)), grads = objective(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs))(params, x)
   (loss_ref, (y_ref, aux_ref)), grads_ref = objective(
       lambda p, x: moe_reference(p, x, cfg, num_groups=groups))(params, x)
   assert _relative_error(y, y_ref) < tol

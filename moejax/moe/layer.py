@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.moe import plan as plan_lib
+from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing
 from moejax.moe import schedule as schedule_lib
 from moejax.moe import transport as transport_lib
@@ -54,10 +55,16 @@ def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
           else normal(keys[name], shape, shape[1]) for name, shape in shapes.items()}
 
 
-def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh) -> int:
-  """Validates shapes and choices before tracing; returns experts_per_gpu."""
+def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None) -> int:
+  """Validates shapes and choices before tracing; returns the experts (or slots) per device."""
   n, m = mesh_lib.axis_sizes(mesh)
-  experts_per_gpu = cfg.check_mesh(n, m)
+  if slot_expert is None:
+    experts_per_gpu = cfg.check_mesh(n, m)
+  else:
+    experts_per_gpu = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, n * m)
+    if cfg.transport == "capacity":
+      raise ConfigError("a slot table needs a ragged transport, not transport='capacity' (whose dense "
+                        "dispatch has one capacity block per logical expert)", "transport", cfg.transport)
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
   want = param_shapes(cfg)
@@ -78,11 +85,9 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   return experts_per_gpu
 
 
-# Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
-# shard_map op by op; inside an outer jit it is inlined.
-@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
-              rng: jax.Array | None = None, train: bool = False) -> tuple[jax.Array, dict]:
+              rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None
+              ) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d], sharded over both mesh axes -> (y like x, aux).
 
   aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training loss), expert_counts
@@ -91,17 +96,31 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop, hops
   in the order of `transport.transport_hops(cfg.transport)`; `traffic_summary` splits them into inter- and intra-node traffic).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
+  slot_expert: optional [D, S] int, the logical expert of each physical slot (Lina's replication;
+    `moejax.replication.rebalance`): the experts run as copies in those slots (`moe.replicas`), with
+    the same result; expert_counts stay per logical expert.
   """
-  experts_per_gpu = check_inputs(params, x, cfg, mesh)
+  check_inputs(params, x, cfg, mesh, slot_expert)  # here too: a concrete slot table's contents are checked
+  return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert)
+
+
+# Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
+# shard_map op by op; inside an outer jit it is inlined.
+@functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
+def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
+  experts_per_gpu = check_inputs(params, x, cfg, mesh, slot_expert)
   n, m = mesh_lib.axis_sizes(mesh)
   x_TxD = x.reshape(-1, cfg.d_model)
-  args, in_specs = [x_TxD, params], [P(ALL), param_specs(cfg)]
-  use_jitter = train and cfg.jitter > 0
-  if use_jitter:
+  extras, extra_specs = {}, {}
+  if slot_expert is not None:
+    params = replicas_lib.physical_params(params, slot_expert)
+    extras["slots"], extra_specs["slots"] = jnp.asarray(slot_expert, jnp.int32).reshape(-1), P()
+  if train and cfg.jitter > 0:
     if rng is None:
       raise ConfigError(f"jitter={cfg.jitter} in training needs an rng")
-    args.append(jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter))
-    in_specs.append(P(ALL))
+    extras["noise"] = jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter)
+    extra_specs["noise"] = P(ALL)
+  args, in_specs = [x_TxD, params, extras], [P(ALL), param_specs(cfg), extra_specs]
   platform = platform_lib.of_mesh(mesh)
   body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu,
                            kind=platform_lib.exchange_kind(cfg.transport, platform))
@@ -110,12 +129,12 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   return y_TxD.reshape(x.shape), aux
 
 
-def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int,
-               kind: str):
-  """One device's part of the layer: x [T, d] local tokens -> (y [T, d], aux)."""
+def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int, kind: str):
+  """One device's part of the layer: x [T, d] local tokens -> (y [T, d], aux); extras: the router
+  noise [T, d] (jitter) and the flat slot table [D * S] (replication), when used."""
   tokens, d = x_TxD.shape
   k, num_experts = cfg.choices_per_token, cfg.num_experts
-  router_in = x_TxD if noise_TxD is None else x_TxD * noise_TxD
+  router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
   decision, stats = routing.route(router_in, params, cfg)
   ids_TxK = decision.expert_ids
   if cfg.capacity_factor is None:
@@ -140,8 +159,13 @@ def _moe_local(x_TxD, params, noise_TxD=None, *, cfg: MoEConfig, n: int, m: int,
     hops = transport_lib.transport_hops(cfg.transport)
     exchange = schedule_lib.Exchange(hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu, kind,
                                      transport_lib.buffer_bound(cfg.buffer_factor, tokens * k))
-    result = schedule_lib.run(cfg.schedule, x_RxD, kept_ids_R, exchange, local, cfg.num_chunks)
+    send_ids_R = kept_ids_R
+    if "slots" in extras:  # to one replica of each row's expert
+      send_ids_R = replicas_lib.to_slots(kept_ids_R, extras["slots"], num_experts, mesh_lib.my_flat_index(m))
+    result = schedule_lib.run(cfg.schedule, x_RxD, send_ids_R, exchange, local, cfg.num_chunks)
     y_RxD, processed_ids_R = result.y_RxD, result.processed_ids
+    if "slots" in extras:
+      processed_ids_R = replicas_lib.to_experts(processed_ids_R, extras["slots"])
     mine = [jax.lax.axis_index(a) for a in hops]
     traffic = [_global_traffic(sum(r.plans[h].kept_AxA[me] for r in result.routes), a, n, m)
                for h, (a, me) in enumerate(zip(hops, mine))]
@@ -227,8 +251,10 @@ class MoELayer(nnx.Module):
       params["w_gate"] = self.w_gate[...]
     return params
 
-  def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None) -> tuple[jax.Array, dict]:
-    """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`."""
+  def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+               slot_expert: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
+    slot_expert: optional [D, S] replication slot table (see `moe_apply`)."""
     if rng is None and train and self.cfg.jitter > 0:
       rng = self.rngs.jitter()
-    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train)
+    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert)

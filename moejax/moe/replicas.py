@@ -1,0 +1,68 @@
+"""Running the layer on a slot table (Lina, DeepSeek EPLB): physical slots holding copies of experts.
+
+slot_expert [D, S]: the logical expert held by slot s of flat device d (from
+`moejax.replication.rebalance`); physical slot p = d * S + s lives on device d, so the exchange code
+sees S "experts per device". Each logical expert has one or more replicas; a token-choice goes to
+one of them: device `me` sends its j-th row for expert e (rows in order) to replica (j + me) mod c_e
+of the c_e replicas, so every source splits an expert's rows evenly (within one row) and the sources
+start at different replicas. The weights of the physical slots are gathered from the logical ones,
+so gradients of replicas sum back onto their expert.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.moe import plan as plan_lib
+from moejax.validation import ConfigError
+
+EXPERT_WEIGHTS = ("w_in", "w_out", "w_gate")
+
+
+def check_slot_table(slot_expert, num_experts: int, devices: int) -> int:
+  """Returns S (slots per device) of slot_expert [D, S], or raises naming what is wrong; the contents
+  are checked when the table is concrete (not traced)."""
+  shape = tuple(np.shape(slot_expert))
+  if len(shape) != 2 or shape[0] != devices or shape[1] < 1:
+    raise ConfigError(f"slot_expert has shape {shape}; expected [{devices} devices, slots per device]",
+                      "slot_expert", shape, f"[{devices}, S]")
+  if not jnp.issubdtype(jnp.asarray(slot_expert).dtype, jnp.integer):
+    raise ConfigError(f"slot_expert must hold integer expert ids, got {jnp.asarray(slot_expert).dtype}")
+  if not isinstance(slot_expert, jax.core.Tracer):
+    table = np.asarray(slot_expert)
+    if table.min() < 0 or table.max() >= num_experts:
+      raise ConfigError(f"slot_expert holds ids {table.min()}..{table.max()}, outside [0, {num_experts})",
+                        "slot_expert", (int(table.min()), int(table.max())), f"ids in [0, {num_experts})")
+    missing = np.setdiff1d(np.arange(num_experts), table)
+    if missing.size:
+      raise ConfigError(f"experts {missing.tolist()} have no slot in slot_expert (every expert needs one)",
+                        "slot_expert", missing.tolist(), "every expert at least once")
+  return shape[1]
+
+
+def physical_params(params: dict, slot_expert) -> dict:
+  """The expert weights laid out per physical slot ([D * S, ...] copies); routers unchanged."""
+  slots = jnp.asarray(slot_expert).reshape(-1)
+  return {name: jnp.take(value, slots, axis=0) if name in EXPERT_WEIGHTS else value
+          for name, value in params.items()}
+
+
+def to_slots(ids_R, slot_expert_flat, num_experts: int, me):
+  """[R] physical slot of each row's logical expert (-1 stays -1): the (j + me) mod c_e-th replica
+  for the j-th row of expert e."""
+  num_rows = ids_R.shape[0]
+  key_R = jnp.where(ids_R >= 0, ids_R, num_experts)
+  order = jnp.argsort(key_R, stable=True)
+  first = plan_lib.exclusive_cumsum(plan_lib.histogram(key_R, num_experts + 1))  # where each expert's rows start
+  rank_R = jnp.zeros(num_rows, jnp.int32).at[order].set(jnp.arange(num_rows, dtype=jnp.int32) - first[key_R[order]])
+  slots_by_expert = jnp.argsort(slot_expert_flat, stable=True)  # slots grouped by their expert
+  replicas = plan_lib.histogram(slot_expert_flat, num_experts)
+  start = plan_lib.exclusive_cumsum(replicas)
+  e = jnp.minimum(key_R, num_experts - 1)
+  slot_R = slots_by_expert[start[e] + (rank_R + me) % jnp.maximum(replicas[e], 1)]
+  return jnp.where(ids_R >= 0, slot_R, -1)
+
+
+def to_experts(slot_ids_R, slot_expert_flat):
+  """[R] logical expert of each physical slot id (-1 stays -1)."""
+  return jnp.where(slot_ids_R >= 0, slot_expert_flat[jnp.maximum(slot_ids_R, 0)], -1)
