@@ -17,9 +17,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.topology = "p4d_efa"  # a preset of moejax.cost.topology
   config.topology_overrides = ""  # e.g. "nic_bw=25e9,inter_latency=2e-5" (fields of moejax.cost.topology)
   config.device_rate_json = ""  # benchmark JSON with a measured FLOP/s; "" = datasheet peak x efficiency
+  config.gemm_sms = 108  # A100 SXM4 datasheet: 108 SMs; the wave model of the GEMM pieces of 'chunked' and 'comet'
   config.nodes = (1, 2, 4)
   config.gpus_per_node = (4,)
-  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")  # more: configs/scaling_schedules.py
   config.scalings = ("weak", "strong")
   config.global_batch = 512  # samples per step under strong scaling (fixed); weak: devices x micro_batch
   config.models = ml_collections.ConfigDict({
@@ -32,6 +33,8 @@ def get_config() -> ml_collections.ConfigDict:
       "node_top_k": 1,  # nodes per token for node_limited
       "switch_capacity_factor": 2.0,
       "smile_capacity_factor": 2.0,  # SMILE Sec. 4.1
+      "num_chunks": 4,  # chunks of 'chunked', column blocks of d of 'comet'
+      "esp_capacity_factor": 1.2,  # 'esp_baseline', 's1', 's2' (Parm Table III: f in {1.2, 2.4})
       "activation": "gelu",
       "gated": False,
       "dtype": "bfloat16",  # 2 bytes per element moved and the compute dtype of measured points

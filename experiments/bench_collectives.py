@@ -6,7 +6,12 @@ Variants, each sending `rows` rows of width d from every device to every device 
   padded   moejax.moe.transport.padded_all_to_all: ragged semantics from worst-case fixed blocks
   ragged   jax.lax.ragged_all_to_all (skipped, with the backend's message, where it is missing)
 Every variant delivers the same blocks in source order; each output is checked against the first
-variant's. Each size is timed as the median of --iters calls after --warmup, then
+variant's. Collectives of one mesh axis (Parm's groups when experts go over 'node' and each expert's d_ff
+over 'gpu': EP = 'node', ESP = MP = 'gpu'), each checked against a NumPy reference:
+  node_a2a        all_to_all over 'node' (A2A_EP)
+  gpu_all_gather  all_gather over 'gpu' (AG_ESP, AG_MP)
+  gpu_all_reduce  psum over 'gpu' (AR_ESP)
+`moejax.cost.parm.alpha_beta_from_bench` turns the fits into Parm's alpha-beta terms. Each size is timed as the median of --iters calls after --warmup, then
 `moejax.cost.calibrate.fit_latency_bandwidth` fits t = latency + bytes / bandwidth per variant,
 where bytes = what one device sends to other devices, summed over hops. On a GPU node the flat fit
 gives the cost model's intra-node terms (intra_bw, and intra_latency = latency / (peers - 1) when
@@ -42,11 +47,13 @@ flags.DEFINE_integer("simulate_cpu_devices", 8, "CPU devices to expose when the 
 flags.DEFINE_integer("d", 64, "Row width.")
 flags.DEFINE_list("rows", ["1", "4", "16", "64", "256"], "Rows each device sends to each device.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Element type.")
-flags.DEFINE_list("variants", ["flat", "two_hop", "padded", "ragged"], "Exchanges to time.")
+flags.DEFINE_list("variants", ["flat", "two_hop", "padded", "ragged", "node_a2a", "gpu_all_gather", "gpu_all_reduce"],
+                  "Exchanges and one-axis collectives to time.")
 flags.DEFINE_integer("warmup", 2, "Untimed calls after compilation.")
 flags.DEFINE_integer("iters", 10, "Timed calls; the median is reported.")
 
 ALL = mesh_lib.AXES
+ONE_AXIS = ("node_a2a", "gpu_all_gather", "gpu_all_reduce")  # checked against `reference`, not the first variant
 
 
 def _ragged_args(num_devices: int, rows: int, m: int):
@@ -74,12 +81,33 @@ def local_exchange(variant: str, n: int, m: int, rows: int):
 
   return {"flat": flat, "two_hop": two_hop,
           "padded": lambda x: ragged(x, transport.padded_all_to_all),
-          "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all)}[variant]
+          "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all),
+          "node_a2a": lambda x: jax.lax.all_to_all(x.reshape(n, -1, x.shape[-1]), mesh_lib.NODE, 0, 0).reshape(x.shape),
+          "gpu_all_gather": lambda x: jax.lax.all_gather(x, mesh_lib.GPU, tiled=True),
+          "gpu_all_reduce": lambda x: jax.lax.psum(x, mesh_lib.GPU)}[variant]
+
+
+def reference(variant: str, x: np.ndarray, n: int, m: int) -> np.ndarray:
+  """What a one-axis variant returns for the global input x [D * D * rows, d] (device s holds block s)."""
+  x_NxMxRxD = x.reshape(n, m, -1, x.shape[-1])
+  if variant == "node_a2a":  # device (i, j) sends its k-th of n blocks to (k, j), which stores it i-th
+    return x_NxMxRxD.reshape(n, m, n, -1, x.shape[-1]).transpose(2, 1, 0, 3, 4).reshape(x.shape)
+  if variant == "gpu_all_gather":  # every GPU of node i: node i's blocks in GPU order
+    return np.broadcast_to(x_NxMxRxD[:, None], (n, m) + x_NxMxRxD.shape[1:]).reshape(-1, x.shape[-1])
+  return np.broadcast_to(x_NxMxRxD.sum(axis=1, keepdims=True), x_NxMxRxD.shape).reshape(x.shape)
 
 
 def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:
-  """Bytes one device sends to other devices in the exchange, all hops together."""
+  """Bytes one device sends to other devices in the exchange, all hops together (the one-axis
+  collectives: as NCCL's ring runs them, on an operand of D * rows rows)."""
   num_devices = n * m
+  operand = num_devices * rows * row_bytes
+  if variant == "node_a2a":
+    return (n - 1) * operand // n
+  if variant == "gpu_all_gather":
+    return (m - 1) * operand
+  if variant == "gpu_all_reduce":
+    return 2 * (m - 1) * operand // m
   if variant == "two_hop":
     return ((m - 1) * n + (n - 1) * m) * rows * row_bytes
   if variant == "padded":  # every peer block padded to the operand's D * rows rows
@@ -87,15 +115,16 @@ def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:
   return (num_devices - 1) * rows * row_bytes
 
 
-def run_variant(variant: str, mesh, rows: int, d: int, dtype) -> tuple[dict, np.ndarray]:
-  """(timings, output): every variant delivers the same blocks in source order, so outputs must match."""
+def run_variant(variant: str, mesh, rows: int, d: int, dtype) -> tuple[dict, np.ndarray, np.ndarray]:
+  """(timings, output, input): every exchange delivers the same blocks in source order, so their outputs
+  must match; the one-axis collectives must match `reference`."""
   n, m = mesh_lib.axis_sizes(mesh)
   body = local_exchange(variant, n, m, rows)
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
   x = jax.device_put(jax.random.normal(jax.random.key(rows), (n * m * n * m * rows, d), dtype),
                      NamedSharding(mesh, P(ALL)))
   times = tuning.time_call(fn, (x,), FLAGS.warmup, FLAGS.iters)
-  return dict(times_s=times, median_s=statistics.median(times)), np.asarray(fn(x))
+  return dict(times_s=times, median_s=statistics.median(times)), np.asarray(fn(x)), np.asarray(x)
 
 
 def main(argv):
@@ -113,24 +142,30 @@ def main(argv):
     for rows in map(int, FLAGS.rows):
       entry = dict(variant=variant, rows_per_peer=rows, bytes_sent=bytes_sent(variant, n, m, rows, row_bytes))
       try:
-        timings, output = run_variant(variant, mesh, rows, FLAGS.d, dtype)
-        entry.update(timings, matches_first_variant=bool(np.array_equal(first_output.setdefault(rows, output),
-                                                                        output)))
+        timings, output, x = run_variant(variant, mesh, rows, FLAGS.d, dtype)
+        if variant in ONE_AXIS:
+          want = reference(variant, x.astype(np.float32), n, m)
+          tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+          ok = bool(np.allclose(output.astype(np.float32), want, rtol=tolerance, atol=tolerance * m))
+          entry.update(timings, matches_reference=ok)
+        else:
+          ok = bool(np.array_equal(first_output.setdefault(rows, output), output))
+          entry.update(timings, matches_first_variant=ok)
         points.append((entry["bytes_sent"], entry["median_s"]))
-        print(f"{variant:8s} rows/peer {rows:6d} sent {entry['bytes_sent']:12d} B  {entry['median_s'] * 1e6:10.1f} us"
-              + ("" if entry["matches_first_variant"] else "  OUTPUT DIFFERS from the first variant"))
+        print(f"{variant:14s} rows/peer {rows:6d} sent {entry['bytes_sent']:12d} B  {entry['median_s'] * 1e6:10.1f} us"
+              + ("" if ok else "  OUTPUT DIFFERS from the " + ("reference" if variant in ONE_AXIS else "first variant")))
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-        print(f"{variant:8s} skipped on {device.platform}: {entry['error']}")
+        print(f"{variant:14s} skipped on {device.platform}: {entry['error']}")
         results.append(entry)
         break
       results.append(entry)
     if len(points) >= 2:
       fits[variant] = calibrate.fit_latency_bandwidth(*zip(*points))
 
-  print(f"\n{'variant':8s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
+  print(f"\n{'variant':14s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
   for variant, lb in fits.items():
-    print(f"{variant:8s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
+    print(f"{variant:14s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
           + ("" if lb.physical else "  (not physical: negative latency or slope)"))
   if "flat" in fits and n == 1 and m > 1:
     lb = fits["flat"]

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import shutil
 
 import ml_collections
 import numpy as np
@@ -13,7 +14,7 @@ from moejax.study import report
 from moejax.study.inputs import balanced_routers
 from moejax.study.points import Point, scheme_config, validate
 from moejax.study.price import price_layer
-from moejax.study.store import POINTS_FILE, load_jsonl
+from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, load_jsonl
 from moejax.study.sweep import run
 from moejax.validation import ConfigError
 
@@ -133,6 +134,7 @@ def test_balanced_routers_route_uniformly():
     ("sim.tokens_per_gpu", 0, "sim.tokens_per_gpu"),
     ("models.tiny.moe_layers", 3, "models.tiny.moe_layers"),
     ("measure.platform", "tpu", "measure.platform"),
+    ("gemm_sms", 0, "gemm_sms"),
 ])
 def test_config_errors_name_their_field(field, value, named):
   config = tiny_config()
@@ -145,6 +147,57 @@ def test_config_errors_name_their_field(field, value, named):
     validate(config)
   assert error.value.field == named
   assert named in str(error.value)
+
+
+@pytest.mark.parametrize("scheme, field, value", [
+    ("comet", "moe.num_chunks", 3),  # does not divide sim.d_model = 16
+    ("chunked", "moe.num_chunks", 0),
+    ("s1", "moe.esp_capacity_factor", -1.0),
+])
+def test_schedule_scheme_errors_name_their_field(scheme, field, value):
+  config = tiny_config()
+  config.schemes = (scheme,)
+  config.moe[field.split(".")[1]] = value
+  with pytest.raises(ConfigError) as error:
+    validate(config)
+  assert error.value.field == field
+
+
+@pytest.fixture(scope="module")
+def schedule_sweep(tmp_path_factory, sweep):
+  workdir = str(tmp_path_factory.mktemp("schedules"))
+  shutil.copy(os.path.join(sweep[0], SIMULATIONS_FILE), workdir)  # the first sweep's small runs
+  config = tiny_config()
+  config.schemes = ("flat_dropless", "chunked", "comet", "esp_baseline", "s1", "s2")
+  config.scalings = ("weak",)
+  config.moe.num_chunks = 1  # only reprices: the small runs are reused
+  rows, counts = run(config, workdir)
+  return config, {(r["scheme"], r["nodes"]): r for r in rows}, counts
+
+
+def test_overlap_schedules_reuse_the_flat_run_and_one_chunk_is_sequential(schedule_sweep):
+  _, rows, counts = schedule_sweep
+  assert counts["simulated"] == 0  # chunked and comet take flat_dropless's small runs; Parm's schemes need none
+  for n in (1, 2):
+    flat, chunked, comet = rows["flat_dropless", n], rows["chunked", n], rows["comet", n]
+    assert chunked["layer_ms"] == pytest.approx(flat["layer_ms"], rel=1e-12)
+    assert chunked["layer_hidden_ms"] == pytest.approx(0, abs=1e-12) and flat["layer_hidden_ms"] == 0
+    assert 0 < comet["layer_hidden_ms"] and 0 < comet["comm_hidden_fraction"] <= 1
+    assert comet["layer_ms"] == pytest.approx(sum(comet[f] for f in ("layer_inter_ms", "layer_intra_ms",
+                                                                     "layer_expert_ms", "layer_other_ms"))
+                                              - comet["layer_hidden_ms"], rel=1e-12)
+
+
+def test_parm_schemes_compute_each_token_once_and_share_samples_over_the_mp_group(schedule_sweep):
+  config, rows, _ = schedule_sweep
+  micro = config.models.tiny.micro_batch
+  for n in (1, 2):
+    base = rows["esp_baseline", n]
+    for scheme in ("s1", "s2"):  # PauseMP (Parm Sec. IV): the baseline computes every token N_MP = 2 times
+      assert rows[scheme, n]["layer_expert_ms"] == pytest.approx(base["layer_expert_ms"] / 2, rel=1e-12)
+    assert {rows[s, n]["esp_choice"] for s in ("esp_baseline", "s1", "s2")} <= {"s1", "s2"}
+    assert base["global_batch"] == n * micro  # one MP group of 2 GPUs per node shares its samples
+    assert (base["layer_inter_ms"] == 0) == (n == 1)
 
 
 @pytest.fixture(scope="module")

@@ -6,5 +6,8 @@ paper-scale points) and prices them on a topology whose every number cites its s
 
 Modules: `topology` (presets with sources), `traffic` (peer masks and analytic traffic),
 `collectives` (all-to-all as NCCL runs it, ring collectives), `model` (`price_layer`, the
-per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms).
+per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms), `overlap` (the
+layer under the sequential / chunked / comet schedules, Comet), `parm` (Parm's baseline / S1 / S2
+expert-sharding schedules and its Algorithm 1), `contention` (the backward all-to-all against the
+data-parallel all-reduce: default / naive_overlap / prioritized, Lina).
 """

@@ -24,7 +24,11 @@ from moejax.runtime import mesh as mesh_lib
 
 @dataclasses.dataclass(frozen=True)
 class Breakdown:
-  """Seconds per part of one layer; `hops`: the dispatch exchange of every hop, in order."""
+  """Seconds per part of one layer; `hops`: the dispatch exchange of every hop, in order.
+
+  hidden_s: seconds of the parts that run at the same time as others under an overlap schedule
+  (`overlap.price_schedule`), so total_s = the parts' sum - hidden_s; 0 for a sequential layer.
+  """
 
   inter_node_a2a_s: float
   intra_node_a2a_s: float
@@ -35,10 +39,11 @@ class Breakdown:
   rate_source: str
   topology: str
   label: str = "modelled"
+  hidden_s: float = 0.0
 
   @property
   def total_s(self) -> float:
-    return self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s
+    return self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s - self.hidden_s
 
   def as_dict(self) -> dict:
     return dict(dataclasses.asdict(self), total_s=self.total_s)
@@ -79,7 +84,7 @@ def measured_rate(path: str, field: str = "tflops", impl: str = "dense_gemm") ->
   largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py)."""
   with open(path) as f:
     record = json.load(f)
-  device = record.get("device_kind", "unknown device")
+  device = record.get("device_kind") or record.get("device") or "unknown device"
   if isinstance(record.get(field), (int, float)):
     return record[field] * 1e12, f"measured: {path} {field} on {device}"
   values = [e[field] for e in record.get("results", []) if e.get("impl") == impl and field in e]

@@ -117,7 +117,31 @@ L20_PCIE = Topology(
                      "not checked against an NVIDIA datasheet", "assumed"),
     compute_efficiency=EFFICIENCY)
 
-PRESETS = {t.name: t for t in (P4D_EFA, DGX_H100_IB, H800_NVLINK, A100_IB100, L20_PCIE)}
+RTX4090_PCIE = Topology(
+    name="rtx4090_pcie",
+    gpus_per_node=Param(8, "Parm Table II, testbed A: one server with 8 RTX 4090 24 GB", "paper"),
+    intra_bw=Param(31.5e9, "Parm Table II / Sec. VI-A: GPUs linked through PCIe 4.0 x16; PCIe 4.0 specification: "
+                   "16 GT/s x 16 lanes x 128b/130b = 31.5 GB/s per direction (a link rate, not a measured copy rate)",
+                   "datasheet"),
+    nic_bw=Param(12.5e9, "assumed: testbed A is one server (Parm Table II: network '-'); a 100 Gb/s NIC stands in "
+                 "for meshes with more nodes", "assumed"),
+    intra_latency=PCIE_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
+    peak_flops=Param(165.2e12, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: 165.2 TFLOP/s peak "
+                     "FP16 tensor with FP32 accumulate (dense)", "datasheet"),
+    compute_efficiency=EFFICIENCY)
+
+RTX2080TI_IB100 = Topology(
+    name="rtx2080ti_ib100",
+    gpus_per_node=Param(4, "Parm Table II, testbed B: servers of 4 RTX 2080 Ti 11 GB (32 GPUs = 8 servers)", "paper"),
+    intra_bw=Param(15.75e9, "Parm Table II: PCIe 3.0 x16; PCIe 3.0 specification: 8 GT/s x 16 lanes x 128b/130b "
+                   "= 15.75 GB/s per direction (a link rate, not a measured copy rate)", "datasheet"),
+    nic_bw=Param(12.5e9, "Parm Table II: Mellanox MT27800 (ConnectX-5) 100 Gb/s per server = 12.5 GB/s", "paper"),
+    intra_latency=PCIE_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
+    peak_flops=Param(53.8e12, "NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (reference clocks): "
+                     "53.8 TFLOP/s peak FP16 tensor with FP32 accumulate", "datasheet"),
+    compute_efficiency=EFFICIENCY)
+
+PRESETS = {t.name: t for t in (P4D_EFA, DGX_H100_IB, H800_NVLINK, A100_IB100, L20_PCIE, RTX4090_PCIE, RTX2080TI_IB100)}
 
 
 def get(name: str) -> Topology:

@@ -11,12 +11,18 @@ from moejax.moe.config import MoEConfig
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError, is_int, require
 
-SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited", "chunked", "comet", "esp_baseline",
+           "s1", "s2")
+# Overlap schedules of the flat dropless layer (Comet): they move its rows in pieces, so its small run serves them.
+OVERLAP_SCHEMES = ("chunked", "comet")
+# Parm's expert-sharding schedules: experts over 'node', d_ff over 'gpu'; dense capacity dispatch, priced analytically.
+ESP_SCHEMES = {"esp_baseline": "baseline", "s1": "s1", "s2": "s2"}
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
 # MoEConfig fields -> the sweep config fields that set them, so errors name what the user wrote.
 _MOE_FIELDS = {"num_experts": "moe.experts_per_gpu", "top_k": "moe.top_k", "node_top_k": "moe.node_top_k",
-               "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype"}
+               "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype",
+               "num_chunks": "moe.num_chunks"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +58,24 @@ def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, pla
                     capacity_factor=moe.smile_capacity_factor),
       "node_limited": dict(routing="node_limited", top_k=moe.top_k, num_nodes=n, node_top_k=moe.node_top_k,
                            transport="bilevel"),
+      **{s: dict(routing="topk", top_k=moe.top_k, transport=flat, schedule=s, num_chunks=moe.num_chunks)
+         for s in OVERLAP_SCHEMES},
+      **{s: dict(routing="topk", top_k=moe.top_k, transport="capacity", capacity_factor=moe.esp_capacity_factor,
+                 esp_schedule=e) for s, e in ESP_SCHEMES.items()},
   }[scheme]
   try:
     return MoEConfig(**common, **fields)
   except ConfigError as e:
-    field = f"moe.{scheme}_capacity_factor" if e.field == "capacity_factor" else _MOE_FIELDS.get(e.field, e.field)
+    prefix = "esp" if scheme in ESP_SCHEMES else scheme
+    field = f"moe.{prefix}_capacity_factor" if e.field == "capacity_factor" else _MOE_FIELDS.get(e.field, e.field)
     require(False, field, e.value, f"{e.allowed} (scheme {scheme!r} on mesh {n}x{m})")
+
+
+def simulated_scheme(scheme: str) -> str | None:
+  """The scheme whose small run gives `scheme`'s traffic; None: priced from the config alone."""
+  if scheme in ESP_SCHEMES:
+    return None
+  return "flat_dropless" if scheme in OVERLAP_SCHEMES else scheme
 
 
 def topology(config) -> topology_lib.Topology:
@@ -92,6 +110,7 @@ def validate(config) -> list[Point]:
     value = config[field]
     require(isinstance(value, (tuple, list)) and len(value) > 0 and set(value) <= set(allowed), field, value,
             f"a non-empty tuple of {allowed}")
+  require(is_int(config.gemm_sms), "gemm_sms", config.gemm_sms, "a positive int (SMs of the GPU, for the wave model)")
   require(len(config.models) > 0, "models", config.models, "at least one named model")
   for name, model in config.models.items():
     unknown = sorted(set(model) - set(MODEL_FIELDS))
@@ -140,7 +159,7 @@ def point_key(point: Point, config) -> str:
   """A digest of everything the point's row depends on, so reruns skip only identical points."""
   model = config.models[point.model].to_dict()
   settings = {"topology": config.topology, "topology_overrides": config.topology_overrides,
-              "device_rate_json": config.device_rate_json,
+              "device_rate_json": config.device_rate_json, "gemm_sms": config.gemm_sms,
               "moe": config.moe.to_dict(), "sim": config.sim.to_dict()}
   if point.scaling == "strong":
     settings["global_batch"] = config.global_batch
@@ -149,9 +168,15 @@ def point_key(point: Point, config) -> str:
   return _digest([dataclasses.asdict(point), model, settings])
 
 
+# moe fields that only the pricing reads (no small run uses them).
+_PRICING_ONLY = ("num_chunks", "esp_capacity_factor")
+
+
 def simulation_key(scheme: str, n: int, m: int, config) -> str:
-  """A digest of what a small run depends on; models, topology and scaling only reprice it."""
-  return _digest([scheme, n, m, config.moe.to_dict(), config.sim.to_dict()])
+  """A digest of what a small run depends on; models, topology, scaling and the pricing-only moe fields
+  only reprice it."""
+  moe = {k: v for k, v in config.moe.to_dict().items() if k not in _PRICING_ONLY}
+  return _digest([scheme, n, m, moe, config.sim.to_dict()])
 
 
 def identity(point: Point) -> dict:

@@ -7,7 +7,11 @@ random N(0, I) tokens per device, with an untrained router (with sim.balanced_ro
 route uniformly: see `inputs.balanced_routers`). Its traffic matrices (rows each device sent to each
 device, every hop) and per-device expert rows, summed over the batches, are multiplied by
 T / (batches * tokens_per_gpu) and rounded: the routing fractions of the small run are kept and
-the rows scale linearly. Two effects of the small run carry over: its sampling noise (the busiest
+the rows scale linearly. The overlap schedules ('chunked', 'comet') move the flat dropless layer's rows in pieces,
+so they take its small run and are priced by `cost.overlap` (exchanges and matmuls overlapped; the GEMM
+pieces' efficiency from its wave model with `gemm_sms` SMs). Parm's schemes ('esp_baseline', 's1', 's2') run
+no small run: `cost.parm` prices their collectives from the config (uniform capacity dispatch,
+T = k f B L / E) with alpha-beta terms derived from the topology. Two effects of the small run carry over: its sampling noise (the busiest
 device's excess load shrinks with more tokens, so scaling it up overstates imbalance), and its
 capacity drops (capacity is applied per batch and binds harder on few tokens;
 `sim_dropped_fraction` is in every row). The dense capacity dispatch ('switch') moves every slot
@@ -20,6 +24,7 @@ The step model (`cost.model.training_step_s`, per GPU):
   non-MoE FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask
   (the BERT-MoE model of `moejax.train.model`, whose MLM head runs on the T_mask = 15% masked tokens)
   step = accumulation * micro + ring all-reduce of the dense parameters over all devices
+  (Parm's schemes: dense parts tensor parallel over the node's GPUs, see `model_row`)
 Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch
 per step, the global batch grows with the devices); strong = fixed global batch `global_batch` and
 fixed micro batch (accumulation = global_batch / (devices * micro_batch) falls as devices grow).
@@ -31,12 +36,12 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cost import collectives
+from moejax.cost import collectives, overlap, parm
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
 from moejax.moe.layer import traffic_summary
 from moejax.moe.transport import transport_hops
-from moejax.study.points import Point, identity, scheme_config, topology
+from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
 from moejax.train import objective
 
 
@@ -46,8 +51,66 @@ def device_rate(config) -> tuple[float, str]:
   return cost_model.default_rate(topology(config))
 
 
-def price_layer(sim: dict, point: Point, config) -> dict:
-  """The MoE layer of `point`'s model, priced at its micro batch from the scaled small run.
+def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row, other_flops) -> dict:
+  """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
+  n, m = point.nodes, point.gpus_per_node
+  model, cluster = config.models[point.model], topology(config)
+  rate, rate_source = device_rate(config)
+  busiest = int(np.argmax(processed))
+  experts_per_gpu = cfg.num_experts // (n * m)
+  hops = transport_hops(cfg.transport)
+  exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
+  shape = overlap.LayerShape((processed[busiest] / experts_per_gpu,) * experts_per_gpu, model.d_model, model.d_ff,
+                             config.moe.gated, rate, overlap.GemmCurve(sms=config.gemm_sms))
+  out = {}
+  for name, train in (("forward", False), ("train", True)):
+    cost = overlap.price_schedule(cfg.schedule, exchanges, shape, cfg.num_chunks, train=train)
+    out[name] = cost_model.Breakdown(
+        inter_node_a2a_s=cost.inter_node_s, intra_node_a2a_s=cost.intra_node_s, expert_compute_s=cost.compute_s,
+        other_s=(3 if train else 1) * other_flops / rate, hops=cost_model.price_hops(rows, hops, (n, m), bytes_per_row,
+                                                                                   cluster),
+        device_rate=rate, rate_source=rate_source, topology=cluster.name, hidden_s=cost.hidden_s)
+    out[f"{name}_hidden_fraction"] = cost.hidden_fraction
+  return out
+
+
+def esp_layer(point: Point, config, cfg) -> parm.ParmLayer:
+  """The point's layer in Parm's notation: B x L tokens per GPU, N_EP = nodes, N_ESP = N_MP = GPUs per node."""
+  model = config.models[point.model]
+  return parm.ParmLayer(B=model.micro_batch, L=model.seq_len, M=model.d_model, H=model.d_ff, E=cfg.num_experts,
+                        k=cfg.top_k, f=cfg.capacity_factor, n_ep=point.nodes, n_esp=point.gpus_per_node,
+                        n_mp=point.gpus_per_node)
+
+
+def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops) -> dict:
+  """Parm's schedules (`cost.parm`): their collectives' alpha-beta terms on the topology, the expert FLOPs of
+  the rows each GPU computes (every token N_MP times in the baseline). The backward is priced as the forward's
+  collectives once more (reversed) and twice its FLOPs; Parm models the forward only."""
+  n, m = point.nodes, point.gpus_per_node
+  cluster, (rate, rate_source) = topology(config), device_rate(config)
+  layer, schedule = esp_layer(point, config, cfg), ESP_SCHEMES[point.scheme]
+  terms = parm.alpha_beta_from_topology(cluster, n, m, m, bytes_per_element)
+  inter = intra = 0.0
+  for name, elements, calls in parm.collective_calls(layer)[schedule]:
+    seconds = calls * terms[name](elements)
+    if n > 1 and name in ("a2a_ep", "a2a_epesp", "overlap"):
+      inter += seconds
+    else:
+      intra += seconds
+  rows = layer.etm / layer.M * layer.n_esp / (1 if schedule == "baseline" else layer.n_mp)
+  flops = float(cost_model.expert_flops(rows, layer.M, layer.H / layer.n_esp, config.moe.gated))
+  out = {"esp_choice": parm.choose_schedule(layer, terms)}
+  for name, passes in (("forward", 1), ("train", 2)):
+    out[name] = cost_model.Breakdown(
+        inter_node_a2a_s=passes * inter, intra_node_a2a_s=passes * intra,
+        expert_compute_s=(2 * passes - 1) * flops / rate, other_s=(2 * passes - 1) * other_flops / rate, hops=(),
+        device_rate=rate, rate_source=rate_source, topology=cluster.name)
+  return out
+
+
+def price_layer(sim: dict | None, point: Point, config) -> dict:
+  """The MoE layer of `point`'s model, priced at its micro batch from the scaled small run (`sim`; None for
+  the schemes priced from the config alone, `points.simulated_scheme`).
 
   Returns the forward and forward+backward `Breakdown`s and the traffic statistics of the row.
   """
@@ -55,8 +118,16 @@ def price_layer(sim: dict, point: Point, config) -> dict:
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, "cpu")
   tokens = model.micro_batch * model.seq_len
-  scale = tokens / sim["tokens_per_gpu"]
   k = cfg.choices_per_token
+  itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
+  bytes_per_row = model.d_model * itemsize
+  router_width = n + cfg.num_experts // n if cfg.routing == "bilevel" else cfg.num_experts
+  other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
+  common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
+            "routing": cfg.routing, "transport": cfg.transport}
+  if point.scheme in ESP_SCHEMES:
+    return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops)}
+  scale = tokens / sim["tokens_per_gpu"]
   if cfg.transport == "capacity":
     capacity = math.ceil(cfg.capacity_factor * tokens * k / cfg.num_experts)
     rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, capacity)
@@ -64,30 +135,33 @@ def price_layer(sim: dict, point: Point, config) -> dict:
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
     processed = np.rint(np.asarray(sim["rows_per_device"]) * scale)
-  bytes_per_row = model.d_model * np.dtype(jnp.dtype(moe.dtype)).itemsize
-  router_width = n + cfg.num_experts // n if cfg.routing == "bilevel" else cfg.num_experts
-  other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
-  flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
-  args = (rows, transport_hops(cfg.transport), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
   summary = traffic_summary(rows, m, bytes_per_row)
   sent = sim["tokens_per_gpu"] * n * m * k
-  return {"forward": cost_model.price_layer(*args, other_flops=other_flops),
-          "train": cost_model.price_layer(*args, other_flops=other_flops, backward=True),
-          "router_width": router_width,
-          "inter_node_mb_per_gpu": 2 * sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
-          "intra_node_mb_per_gpu": 2 * sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
-          "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
-          "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
-          "token_scale": scale, "choices_per_token": k,
-          "capacity_factor": cfg.capacity_factor, "routing": cfg.routing, "transport": cfg.transport}
+  stats = {"inter_node_mb_per_gpu": 2 * sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
+           "intra_node_mb_per_gpu": 2 * sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+           "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
+           "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
+           "token_scale": scale}
+  if point.scheme in OVERLAP_SCHEMES:
+    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, bytes_per_row, other_flops)}
+  flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
+  args = (rows, transport_hops(cfg.transport), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
+  return {**common, **stats, "forward": cost_model.price_layer(*args, other_flops=other_flops),
+          "train": cost_model.price_layer(*args, other_flops=other_flops, backward=True)}
+
+
+def model_parallel(point: Point) -> int:
+  """GPUs that share one sample: Parm's schemes keep the dense parts tensor parallel over the node's GPUs (the
+  MP group, N_MP = m; Megatron-LM), every other scheme is data parallel on every GPU (1)."""
+  return point.gpus_per_node if point.scheme in ESP_SCHEMES else 1
 
 
 def batch(point: Point, config) -> tuple[int, int]:
   """(global batch in samples, micro batches per GPU per step) under the point's scaling."""
-  micro = config.models[point.model].micro_batch
+  micro, replicas = config.models[point.model].micro_batch, point.devices // model_parallel(point)
   if point.scaling == "weak":
-    return point.devices * micro, 1
-  return config.global_batch, config.global_batch // (point.devices * micro)
+    return replicas * micro, 1
+  return config.global_batch, config.global_batch // (replicas * micro)
 
 
 def dense_params(model, router_width: int, gated: bool) -> float:
@@ -99,24 +173,41 @@ def dense_params(model, router_width: int, gated: bool) -> float:
 
 
 def model_row(point: Point, config, layer: dict) -> dict:
-  """The modelled row of a point: the layer breakdown (forward, ms) and the training step."""
+  """The modelled row of a point: the layer breakdown (forward, ms) and the training step.
+
+  Tensor-parallel dense parts (`model_parallel` > 1): the non-MoE FLOPs split over the MP group, which all-reduces
+  the activations twice in the forward and twice in the backward of every block (Megatron-LM, Shoeybi et al. 2019,
+  Sec. 3), less the MLP's two in MoE blocks (the MoE layer's own collectives replace them), and each GPU's 1 / m of
+  the dense gradients all-reduced over the nodes (m such rings share a node's NICs)."""
   model, moe = config.models[point.model], config.moe
   tokens = model.micro_batch * model.seq_len
   cluster = topology(config)
   rate, rate_source = device_rate(config)
+  mp = model_parallel(point)
+  itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
   predicted = model.micro_batch * objective.num_predictions(model.seq_len)  # the MLM head's tokens
   flops = cost_model.non_moe_flops(tokens, model.seq_len, model.d_model, model.d_ff, model.layers, model.moe_layers,
-                                   model.vocab, moe.gated, predicted)
+                                   model.vocab, moe.gated, predicted) / mp
   global_batch, accumulation = batch(point, config)
-  param_bytes = dense_params(model, layer["router_width"], moe.gated) * np.dtype(jnp.dtype(moe.dtype)).itemsize
-  sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, cluster).time_s
-  step_s = cost_model.training_step_s(flops, rate, layer["train"], model.moe_layers, accumulation, sync_s)
+  param_bytes = dense_params(model, layer["router_width"], moe.gated) * itemsize / mp
+  if mp == 1:
+    sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, cluster).time_s
+    tensor_parallel_s = 0.0
+  else:
+    sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, 1, cluster, concurrent=mp).time_s
+    activation = collectives.ring("all_reduce", tokens * model.d_model * itemsize, 1, mp, cluster).time_s
+    tensor_parallel_s = (4 * model.layers - 2 * model.moe_layers) * activation
+  step_s = cost_model.training_step_s(flops, rate, layer["train"], model.moe_layers, accumulation,
+                                      sync_s + accumulation * tensor_parallel_s)
   fwd = layer["forward"]
-  stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width")}
+  stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width", "train_hidden_fraction")}
+  if "forward_hidden_fraction" in stats:
+    stats["comm_hidden_fraction"] = stats.pop("forward_hidden_fraction")
   return {**identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
           "accumulation": accumulation, **stats,
           "layer_inter_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_ms": 1e3 * fwd.intra_node_a2a_s,
           "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
-          "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s, "step_s": step_s,
+          "layer_hidden_ms": 1e3 * fwd.hidden_s, "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s,
+          "tensor_parallel_ms": 1e3 * tensor_parallel_s, "step_s": step_s,
           "samples_per_s": global_batch / step_s, "topology": cluster.name,
           "device_tflops": rate / 1e12, "rate_source": rate_source}

@@ -8,11 +8,12 @@ COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "sc
            "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
            "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction", "expert_load_imbalance",
            "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_ms", "layer_intra_ms",
-           "layer_expert_ms", "layer_other_ms", "layer_ms", "grad_sync_ms", "step_s", "samples_per_s",
+           "layer_expert_ms", "layer_other_ms", "layer_hidden_ms", "comm_hidden_fraction", "esp_choice", "layer_ms",
+           "grad_sync_ms", "tensor_parallel_ms", "step_s", "samples_per_s",
            "topology", "device_tflops", "rate_source", "layer_ms_min", "step_s_min", "loss_first", "loss_last",
            "repeats", "device", "jax_version", "key")
 LAYER_COLUMNS = {"layer_inter_ms": "inter", "layer_intra_ms": "intra", "layer_expert_ms": "expert",
-                 "layer_other_ms": "other", "layer_ms": "layer"}
+                 "layer_other_ms": "other", "layer_hidden_ms": "hidden", "layer_ms": "layer"}
 PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-node all-to-all"),
          ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
 
@@ -89,6 +90,9 @@ def plot_breakdown(rows: list[dict], path: str) -> None:
       heights = [max(r[field], 0.0) for r in bars]  # a measured remainder is negative when phases add up to more
       ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
       bottom = [b + h for b, h in zip(bottom, heights)]
+    overlapped = [(i, r["layer_ms"]) for i, r in enumerate(bars) if r.get("layer_hidden_ms", 0) > 0]
+    if overlapped:  # overlap schedules: the parts run partly at once, so the layer is shorter than their sum
+      ax.plot(*zip(*overlapped), "r_", markersize=14, markeredgewidth=2, label="modelled layer with overlap")
     measured = [(i, r["layer_ms"]) for i, r in enumerate(bars) if r["label"] == "measured"]
     if measured:  # the phases were timed apart, so the whole layer is drawn as well
       ax.plot(*zip(*measured), "k_", markersize=14, markeredgewidth=2, label="measured whole layer")
@@ -121,7 +125,7 @@ def comparison_table(rows: list[dict]) -> str:
            + (f"; measured layer forward (ms) and samples/s on {devices}" if measured else ""), head]
   for model, n, m, scheme in keys:
     first = by_point[model, n, m, scheme, scalings[0]]
-    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(f" {first[field]:8.3f}" for field in LAYER_COLUMNS)
+    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(f" {first.get(field, 0.0):8.3f}" for field in LAYER_COLUMNS)
     for scaling in scalings:
       row, switch = by_point.get((model, n, m, scheme, scaling)), by_point.get((model, n, m, "switch", scaling))
       line += f" {row['samples_per_s']:18.5g}" if row else f" {'':18s}"

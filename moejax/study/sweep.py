@@ -19,7 +19,7 @@ import time
 from absl import logging
 
 from moejax.study.measure import fits_real_devices, measure
-from moejax.study.points import point_key, simulation_key, validate
+from moejax.study.points import point_key, simulated_scheme, simulation_key, validate
 from moejax.study.price import model_row, price_layer
 from moejax.study.simulate import simulate
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, append, load_jsonl
@@ -28,6 +28,9 @@ from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, append, load_jsonl
 def run(config, workdir: str) -> tuple[list[dict], dict]:
   """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes; small
   runs are kept in workdir/simulations.jsonl, so a point that only reprices one reruns nothing.
+
+  Schemes that move another scheme's rows (the overlap schedules) reuse its small run; Parm's
+  expert-sharding schemes need none (`points.simulated_scheme`).
 
   Returns (rows of this config's points in run order, counts of points 'computed' and 'skipped'
   and of small runs 'simulated').
@@ -52,12 +55,15 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       if point.label == "measured":
         row = measure(point, config, measured_layers)
       else:
-        sim_key = simulation_key(point.scheme, point.nodes, point.gpus_per_node, config)
-        if sim_key not in sims:
-          sims[sim_key] = {**simulate(point.scheme, point.nodes, point.gpus_per_node, config), "key": sim_key}
-          append(sim_file, sims[sim_key])
-          counts["simulated"] += 1
-        row = model_row(point, config, price_layer(sims[sim_key], point, config))
+        sim, scheme = None, simulated_scheme(point.scheme)
+        if scheme is not None:
+          sim_key = simulation_key(scheme, point.nodes, point.gpus_per_node, config)
+          if sim_key not in sims:
+            sims[sim_key] = {**simulate(scheme, point.nodes, point.gpus_per_node, config), "key": sim_key}
+            append(sim_file, sims[sim_key])
+            counts["simulated"] += 1
+          sim = sims[sim_key]
+        row = model_row(point, config, price_layer(sim, point, config))
       row["key"] = key
       append(point_file, row)
       rows.append(row)
