@@ -1,0 +1,213 @@
+"""Lina's popularity-based expert replication (ATC'23, Sec. 5) replayed on routing traces.
+
+Profiles the path tables (`moejax.replication.estimator`) on the first --profile_fraction of the
+tokens of --traces ([L, T] or [L, T, K] int expert ids, tokens in batch order, saved with np.save),
+then plans the slots of every later batch and scheduled layer (the fourth onwards with l=3) by each
+policy: no replication (expert e alone on device e // (E / D)), a moving average of the recent
+batches' loads, Lina phase 1 (the estimate), Lina phase 2 (re-planned on the true load when the top-2k
+sets differ) and the oracle (the true load). Reported: estimation accuracy (Lina Sec. 7.3.2: the
+top-2k sets agree), the L1 distance of the popularity shares, the busiest device's load over the mean,
+and the per-layer time the cluster cost model prices for the batch's real traffic (dispatch, expert
+compute of the busiest device, combine) on --topology; Lina reports 1.45x at the median and 1.63x at
+p95 for inference time against its baseline (Sec. 1; Fig. 16). Lina's scheduling overheads (1.45 ms per
+phase-2 check, about 6.2 ms per re-plan, Sec. 7.3.1) are measured on its own system: the row
+'lina_phase2+overheads' adds them, the others carry none.
+
+Without --traces, synthetic traces are generated (and the output says so): sequences of a random
+topic, tokens of Zipf-popular types whose popularity order depends on the topic, each type routed at
+each layer to a fixed expert list with probability 1 - noise, else to a Zipf-popular expert.
+
+Traces of a trained model: `moejax.placement.traces.routing_traces(model, batches)` returns them as
+[L, T, K] in batch order; np.save the array and pass its path as --traces (Lina profiles on training
+data and schedules on the test set: record the profiled part first, the evaluated part after it).
+
+  python -m experiments.lina_replication --workdir=/tmp/lina
+  python -m experiments.lina_replication --traces=/path/traces.npy --nodes=4 --gpus_per_node=4 --workdir=/tmp/lina
+"""
+
+import json
+import os
+
+import numpy as np
+from absl import app, flags
+
+from moejax.cost import model
+from moejax.cost import topology as topology_lib
+from moejax.replication import estimator
+from moejax.replication import rebalance as rebalance_lib
+from moejax.runtime import mesh as mesh_lib
+
+_TRACES = flags.DEFINE_string("traces", None, "Path of a .npy int array [L, T(, K)] of expert ids; synthetic if unset.")
+_NUM_EXPERTS = flags.DEFINE_integer("num_experts", None, "Experts per layer (default: 16 synthetic, max id + 1).")
+_NODES = flags.DEFINE_integer("nodes", 4, "Nodes (Lina Sec. 7.1: 4).")
+_GPUS = flags.DEFINE_integer("gpus_per_node", 4, "GPUs per node (Lina Sec. 7.1: 4).")
+_SLOTS = flags.DEFINE_integer("slots_per_gpu", 2, "Expert slots per GPU (Lina Sec. 7.1 packs at most 4).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for lina_replication.json and .png.", required=True)
+_PROFILE = flags.DEFINE_float("profile_fraction", 0.5, "Leading fraction of the tokens profiled.")
+_BATCH = flags.DEFINE_integer("batch_tokens", 16384, "Tokens per inference batch (assumed, 1024 per GPU of 16; Lina "
+                              "does not state it).")
+_PATH = flags.DEFINE_integer("path_length", 3, "Path length l (Lina Sec. 7.1: 3).")
+_TOP_K = flags.DEFINE_integer("top_k", None, "Experts kept per path (default K, Lina's rule; E keeps the whole "
+                              "distribution).")
+_WINDOW = flags.DEFINE_integer("window", 4, "Batches averaged by the moving-average baseline.")
+_TOPOLOGY = flags.DEFINE_string("topology", "a100_ib100", "Cost-model topology preset (Lina's testbed).")
+_D_MODEL = flags.DEFINE_integer("d_model", 1024, "Hidden size: BERT-Large's 1024 (Devlin et al. 2019, Sec. 3).")
+_D_FF = flags.DEFINE_integer("d_ff", 4096, "Expert FFN size: BERT-Large's 4 x 1024.")
+_BYTES = flags.DEFINE_integer("bytes_per_element", 2, "Bytes per activation element (assumed fp16).")
+_CHECK_MS = flags.DEFINE_float("check_ms", 1.45, "Phase-2 check without re-plan (Lina Sec. 7.3.1: 1.45 ms).")
+_REPLAN_MS = flags.DEFINE_float("replan_ms", 6.2, "Phase-2 re-plan (Lina Sec. 7.3.1: about 6.2 ms).")
+_LAYERS = flags.DEFINE_integer("layers", 12, "Synthetic: MoE layers (Lina's inference models have 12).")
+_TOKENS = flags.DEFINE_integer("tokens", 524288, "Synthetic: tokens.")
+_CHOICES = flags.DEFINE_integer("choices", 1, "Synthetic: experts per token (Lina Sec. 7.1: top-1 in inference).")
+_NOISE = flags.DEFINE_float("noise", 0.5, "Synthetic: probability a choice ignores the token's type.")
+_SEED = flags.DEFINE_integer("seed", 0, "Synthetic: random seed.")
+
+PAPER = {"median": 1.45, "p95": 1.63}  # Lina Sec. 1 (averages of Fig. 16)
+SEQ_LEN, TYPES, TOPICS = 4096, 64, 8  # synthetic documents (one topic each), token types, topics
+
+
+def synthetic_traces(layers, tokens, experts, choices, noise, seed) -> np.ndarray:
+  """[L, T, K] int64 expert ids with inter-layer structure (module docstring)."""
+  rng = np.random.default_rng(seed)
+  type_pop = 1.0 / np.arange(1, TYPES + 1) ** 1.1
+  topic_order = np.stack([rng.permutation(TYPES) for _ in range(TOPICS)])
+  topic = np.repeat(rng.integers(TOPICS, size=-(-tokens // SEQ_LEN)), SEQ_LEN)[:tokens]
+  kind = topic_order[topic, rng.choice(TYPES, size=tokens, p=type_pop / type_pop.sum())]
+  expert_pop = 1.0 / np.arange(1, experts + 1) ** 1.2
+  out = np.empty((layers, tokens, choices), np.int64)
+  for layer in range(layers):
+    route = np.stack([rng.permutation(experts)[:choices] for _ in range(TYPES)])  # [TYPES, K]
+    stray = rng.permutation(experts)[rng.choice(experts, size=(tokens, choices), p=expert_pop / expert_pop.sum())]
+    out[layer] = np.where(rng.random((tokens, choices)) < noise, stray, route[kind])
+  return out
+
+
+def layer_time_s(true_E, src_rows_DxE, slot_expert, mesh_shape, topology) -> float:
+  """Modelled forward of one MoE layer: its rows split over each expert's replicas in proportion to the
+  replicas a device holds, dispatch + combine all-to-all and the busiest device's expert FFN."""
+  experts = true_E.size
+  placed = np.stack([np.bincount(row, minlength=experts) for row in slot_expert], axis=1)  # [E, D]
+  traffic_DxD = src_rows_DxE @ (placed / placed.sum(1, keepdims=True))
+  flops = model.expert_flops(traffic_DxD.sum(0), _D_MODEL.value, _D_FF.value)
+  return model.price_layer(traffic_DxD[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value, flops,
+                           topology).total_s
+
+
+def source_rows(batch_LxTxK, layer, devices, experts) -> np.ndarray:
+  """[D, E] rows each device sends to each expert: the batch's tokens split evenly over devices in order."""
+  ids = batch_LxTxK[layer]
+  device = np.arange(ids.shape[0]) * devices // ids.shape[0]
+  rows = np.zeros((devices, experts))
+  np.add.at(rows, (np.repeat(device, ids.shape[1]), ids.ravel()), 1.0)
+  return rows
+
+
+def summarize(records, times, overheads):
+  """Rows per policy: busiest/mean load, per-layer and per-batch time percentiles, speedups."""
+  batches = max(r["batch"] for r in records) + 1
+  out = []
+  names = [*estimator.POLICIES, "lina_phase2+overheads"]
+  base = times["no_replication"]
+  for name in names:
+    t = times["lina_phase2"] + overheads if name.endswith("overheads") else times[name]
+    policy = name.split("+")[0]
+    ratio = np.asarray([rebalance_lib.max_load_ratio(r["true"], r["tables"][policy]) for r in records])
+    per_batch = np.bincount([r["batch"] for r in records], weights=t, minlength=batches)
+    base_batch = np.bincount([r["batch"] for r in records], weights=base, minlength=batches)
+    out.append(dict(policy=name, busiest_over_mean=float(ratio.mean()),
+                    busiest_over_mean_p95=float(np.quantile(ratio, .95)),
+                    layer_p50_ms=1e3 * float(np.median(t)), layer_p95_ms=1e3 * float(np.quantile(t, .95)),
+                    speedup_layer_p50=float(np.median(base) / np.median(t)),
+                    speedup_layer_p95=float(np.quantile(base, .95) / np.quantile(t, .95)),
+                    speedup_batch_p50=float(np.median(base_batch) / np.median(per_batch)),
+                    speedup_batch_p95=float(np.quantile(base_batch, .95) / np.quantile(per_batch, .95))))
+  return out
+
+
+def plot(rows, times, path):
+  """Left: busiest/mean load per policy; right: CDF of the modelled layer times per policy."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+  rows = [r for r in rows if r["policy"] in estimator.POLICIES]  # the overheads leave the loads alone
+  left.bar([r["policy"].replace("_", "\n") for r in rows], [r["busiest_over_mean"] for r in rows])
+  left.axhline(1.0, color="gray", lw=0.8)
+  left.set_ylabel("busiest / mean device load (mean)")
+  left.tick_params(axis="x", labelsize=7)
+  for name, t in times.items():
+    right.plot(np.sort(t) * 1e3, np.linspace(0, 1, t.size), label=name)
+  right.set_xscale("log")
+  right.set_xlabel("modelled MoE layer time (ms)")
+  right.set_ylabel("CDF over batches x layers")
+  right.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv):
+  del argv
+  if _TRACES.value:
+    traces = np.load(_TRACES.value)
+    experts = _NUM_EXPERTS.value or int(traces.max()) + 1
+    source = f"traces {_TRACES.value}"
+  else:
+    experts = _NUM_EXPERTS.value or 16
+    traces = synthetic_traces(_LAYERS.value, _TOKENS.value, experts, _CHOICES.value, _NOISE.value, _SEED.value)
+    source = "SYNTHETIC traces (no --traces given): numbers below describe the generator, not a model"
+    print("=" * 100, source, "=" * 100, sep="\n")
+  ids = estimator.check_traces(traces, experts)
+  split = int(_PROFILE.value * ids.shape[1])
+  tables = estimator.profile(ids[:, :split], experts, _PATH.value, _TOP_K.value)
+  print(f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
+        f"{sum(p.size for p in tables.paths)} paths")
+  nodes, gpus, topology = _NODES.value, _GPUS.value, topology_lib.get(_TOPOLOGY.value)
+  held_out = ids[:, split:]
+  records, dropped = estimator.plan_batches(tables, held_out, _BATCH.value, nodes, gpus, _SLOTS.value, _WINDOW.value)
+  print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
+  times = {p: np.empty(len(records)) for p in estimator.POLICIES}
+  for i, r in enumerate(records):
+    batch = held_out[:, r["batch"] * _BATCH.value:(r["batch"] + 1) * _BATCH.value]
+    rows = source_rows(batch, r["layer"], nodes * gpus, experts)
+    for policy in estimator.POLICIES:
+      times[policy][i] = layer_time_s(r["true"], rows, r["tables"][policy], (nodes, gpus), topology)
+    if i % 100 == 0:
+      print(f"  priced {i}/{len(records)}", flush=True)
+  overheads = 1e-3 * np.asarray([_REPLAN_MS.value if r["replanned"] else _CHECK_MS.value for r in records])
+  rows = summarize(records, times, overheads)
+
+  accuracy = float(np.mean([r["accurate"] for r in records]))
+  accuracy_average = float(np.mean([r["accurate_moving_average"] for r in records]))
+  replanned = float(np.mean([r["replanned"] for r in records]))
+  l1 = {k: float(np.mean([r[f"l1_{k}"] for r in records])) for k in ("lina", "moving_average")}
+  print(f"\nestimation accuracy (top-{2 * ids.shape[2]} sets agree; Lina Fig. 19: 58.41% / 54.16%, Table 5 l=3: "
+        f"60.4% / 63.5%): Lina {accuracy:.1%}, moving average {accuracy_average:.1%}; phase-2 re-plans: "
+        f"{replanned:.1%} (Lina Sec. 7.3.1: 23%)")
+  print(f"L1 distance of popularity shares: Lina {l1['lina']:.3f}, moving average {l1['moving_average']:.3f}")
+  print(f"\n{'policy':22s} {'busiest/mean':>12s} {'p95':>6s} {'layer p50':>10s} {'p95':>8s} {'x p50':>6s} "
+        f"{'x p95':>6s} {'batch x p50':>11s} {'x p95':>6s}")
+  for r in rows:
+    print(f"{r['policy']:22s} {r['busiest_over_mean']:12.3f} {r['busiest_over_mean_p95']:6.3f} "
+          f"{r['layer_p50_ms']:8.3f}ms {r['layer_p95_ms']:6.3f}ms {r['speedup_layer_p50']:6.2f} "
+          f"{r['speedup_layer_p95']:6.2f} {r['speedup_batch_p50']:11.2f} {r['speedup_batch_p95']:6.2f}")
+  print(f"(x: speedup over no_replication; Lina reports {PAPER['median']}x median, {PAPER['p95']}x p95 inference "
+        "time, Sec. 1 / Fig. 16)")
+
+  os.makedirs(_WORKDIR.value, exist_ok=True)
+  record = dict(source=source, synthetic=not _TRACES.value, shape=list(ids.shape), num_experts=experts,
+                profiled_tokens=split, batch_tokens=_BATCH.value, dropped_tokens=dropped, nodes=nodes,
+                gpus_per_node=gpus, slots_per_gpu=_SLOTS.value, path_length=_PATH.value, top_k=tables.top_k,
+                window=_WINDOW.value, topology=topology.name, d_model=_D_MODEL.value, d_ff=_D_FF.value,
+                accuracy=accuracy, accuracy_moving_average=accuracy_average, replanned=replanned, l1=l1, rows=rows,
+                paper=PAPER, check_ms=_CHECK_MS.value, replan_ms=_REPLAN_MS.value,
+                per_layer={str(layer): float(np.mean([r["accurate"] for r in records if r["layer"] == layer]))
+                           for layer in sorted({r["layer"] for r in records})})
+  json_path, png_path = (os.path.join(_WORKDIR.value, f"lina_replication.{ext}") for ext in ("json", "png"))
+  with open(json_path, "w") as f:
+    json.dump(record, f, indent=1)
+  plot(rows, {**times, "lina_phase2+overheads": times["lina_phase2"] + overheads}, png_path)
+  print(f"wrote {json_path}, {png_path}")
+
+
+if __name__ == "__main__":
+  app.run(main)
