@@ -4,7 +4,10 @@
   routing    router -> expert ids, combine weights, load-balance statistics
   plan       index math of one exchange hop: sort order, sizes, ragged offsets
   transport  moving rows to their experts' devices and back (ragged, padded, capacity; 1 or 2 hops)
-  experts    grouped expert FFN backends (ragged_dot, dense, pallas)
+  experts    grouped expert FFN backends (ragged_dot, dense, pallas), whole or its two halves
+  schedule   the order of exchanges and expert compute: sequential, chunked, comet (Comet)
+  replicas   running on a replication slot table: rows to replicas, weights per slot (Lina, EPLB)
+  esp        expert sharding: EP over 'node', d_ff over 'gpu'; Parm's baseline / S1 / S2 schedules
   layer      `moe_apply` and `MoELayer`: the pieces composed inside `shard_map`
   reference  the single-device reference every scheme is compared with
 """

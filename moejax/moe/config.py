@@ -66,6 +66,8 @@ class MoEConfig:
   esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
     'node' (EP) and each expert's d_ff over 'gpu' (ESP = MP), scheduled as 'baseline' (DeepSpeed-MoE),
     's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2).
+  esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
+    (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
   """
 
   num_experts: int
@@ -90,6 +92,7 @@ class MoEConfig:
   schedule: str = "sequential"
   num_chunks: int = 1
   esp_schedule: str | None = None
+  esp_cost: str = "dgx_h100_ib"
 
   def __post_init__(self):
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
@@ -120,6 +123,10 @@ class MoEConfig:
     require(self.schedule == "sequential" or self.transport != "capacity", "schedule", self.schedule,
             "'sequential' with transport='capacity' (the schedules decompose ragged exchanges)")
     require(self.esp_schedule in ESP_SCHEDULES, "esp_schedule", self.esp_schedule, f"one of {ESP_SCHEDULES}")
+    require(isinstance(self.esp_cost, str) and self.esp_cost, "esp_cost", self.esp_cost,
+            "a topology preset name or the path of a bench_collectives JSON record")
+    require(self.esp_schedule is None or self.schedule == "sequential", "schedule", self.schedule,
+            "'sequential' when esp_schedule is set (the expert-sharded exchanges are not decomposed)")
     cf = self.capacity_factor
     require(cf is None or (is_number(cf) and cf > 0),
             "capacity_factor", cf, "None (dropless) or a number > 0")

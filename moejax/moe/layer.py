@@ -14,6 +14,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import esp as esp_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing
@@ -38,7 +39,10 @@ def param_shapes(cfg: MoEConfig) -> dict:
 
 
 def param_specs(cfg: MoEConfig) -> dict:
-  """Routers replicated; experts sharded over both mesh axes on the expert dimension."""
+  """Routers replicated; experts sharded over both mesh axes on the expert dimension (with
+  esp_schedule: over 'node' on the expert dimension and over 'gpu' on d_ff, `esp.param_specs`)."""
+  if cfg.esp_schedule is not None:
+    return esp_lib.param_specs(cfg)
   specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
   specs.update({"w_in": P(ALL), "w_out": P(ALL)})
   if cfg.gated:
@@ -99,7 +103,15 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   slot_expert: optional [D, S] int, the logical expert of each physical slot (Lina's replication;
     `moejax.replication.rebalance`): the experts run as copies in those slots (`moe.replicas`), with
     the same result; expert_counts stay per logical expert.
+  With cfg.esp_schedule set, the layer is Parm's expert-sharded one (`moe.esp`): x and y sharded over
+  'node' and replicated over 'gpu'.
   """
+  if cfg.esp_schedule is not None:
+    if slot_expert is not None:
+      raise ConfigError("slot_expert (replicated experts) and esp_schedule (expert sharding) do not combine",
+                        "esp_schedule", cfg.esp_schedule)
+    schedule = esp_lib.resolve_schedule(cfg, x.size // cfg.d_model, mesh)
+    return esp_lib.esp_apply(params, x, cfg, mesh, schedule=schedule, rng=rng, train=train)
   check_inputs(params, x, cfg, mesh, slot_expert)  # here too: a concrete slot table's contents are checked
   return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert)
 
@@ -232,7 +244,8 @@ class MoELayer(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, dtype=jnp.float32):
     self.cfg, self.mesh = cfg, mesh
-    cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
+    if cfg.esp_schedule is None:  # the expert-sharded layer checks its own mesh rules when called
+      cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
     params = init_params(rngs.params(), cfg, dtype)
     place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     params = jax.tree.map(place, params, param_specs(cfg))

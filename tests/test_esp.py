@@ -1,0 +1,295 @@
+"""Parm's expert-sharding schedules equal the single-device reference, and move what the paper says they move."""
+
+import dataclasses
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from moejax.moe import esp
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply, param_shapes
+from moejax.moe.reference import moe_reference
+from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError
+
+SCHEDULES = ("baseline", "s1", "s2")
+
+
+def _normal(seed, shape):
+  """Fresh float32 normal draws from NumPy (no JAX program to compile per shape)."""
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def _params(cfg, seed):
+  """Parameters in the public layout, fan-in scaled normal draws."""
+  shapes = jax.tree.leaves(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple))
+  draws = [_normal(seed + i, shape) / np.sqrt(shape[-2]) for i, shape in enumerate(shapes)]
+  return jax.tree.unflatten(jax.tree.structure(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple)), draws)
+
+
+def _relative_error(got, want):
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
+
+
+def _run(apply, params, x, grads=True):
+  """(y, aux, gradients w.r.t. params and x of sum(y * c) + aux_loss for a fixed random cotangent c,
+  or None without grads)."""
+  if not grads:
+    return *jax.jit(apply)(params, x), None
+  cotangent = _normal(99, x.shape)
+
+  def loss(p, x):
+    y, aux = apply(p, x)
+    return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
+  (_, (y, aux)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
+  return y, aux, grads
+
+
+def _reference(cfg, params, x, num_groups):
+  return _run(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups), params, x)
+
+
+def assert_matches_reference(cfg, mesh, schedule, params, x, reference, tol=1e-5, grads=True):
+  """y, the losses, counts and (if `grads`) the gradients w.r.t. x and every parameter equal `reference`
+  (from `_reference` with the schedule's capacity groups)."""
+  y_ref, aux_ref, grads_ref = reference
+  y, aux, grads = _run(lambda p, x: esp.esp_apply(p, x, cfg, mesh, schedule=schedule), params, x, grads)
+  assert _relative_error(y, y_ref) < tol
+  for name in ("load_balance_loss", "z_loss", "aux_loss"):
+    np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
+  np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
+  assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
+  assert int(aux["tokens_overflowed"]) == 0
+  for path, g, g_ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads),
+                            jax.tree.leaves(grads_ref)):
+    assert np.linalg.norm(np.asarray(g) - np.asarray(g_ref)) <= tol * np.linalg.norm(np.asarray(g_ref)) + 1e-7, path
+  return y, aux
+
+
+def _groups(schedule, n, m):
+  """Capacity groups of a schedule (esp module docstring): S1 gates per GPU, the others per node."""
+  return n * m if schedule == "s1" else n
+
+
+def _forced(params, x, experts, strength=30.0):
+  """Routes every token's top choices to `experts` (in that order) through a constant input feature."""
+  x, kernel = np.array(x), np.array(params["router"]["kernel"])
+  x[:, 0] = 1.0
+  for rank, e in enumerate(experts):
+    kernel[0, e] = strength - rank
+  return {**params, "router": {"kernel": kernel}}, x
+
+
+# Per mesh: routing, activation, gating, expert backend and forced routing (None = random; the 4x2 case
+# sends both choices of every token to the two experts of the last node). The 2x4 mesh is covered, with
+# drops, by test_drops_follow_each_schedules_dispatch_groups.
+CASES = [pytest.param(2, 2, "bilevel", "silu", False, "dense", None, id="2x2-bilevel"),
+         pytest.param(4, 2, "topk", "relu", True, "ragged_dot", [6, 7], id="4x2-topk-one-node")]
+
+
+@pytest.mark.parametrize("n,m,routing,activation,gated,backend,forced", CASES)
+def test_schedules_match_reference_without_drops(n, m, routing, activation, gated, backend, forced):
+  num_experts, k = 2 * n, 2
+  # (Not renormalising bilevel weights: with one node per token that cancels the node probability, and
+  # the node router's gradient would be float noise.)
+  # capacity_factor E / k: every capacity >= its group's tokens, so no schedule drops anything and all
+  # schedules equal one reference.
+  cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=8, d_ff=4 * m, routing=routing, num_nodes=n,
+                  transport="capacity", capacity_factor=num_experts / k, expert_backend=backend,
+                  activation=activation, gated=gated, renormalize=routing == "topk", z_loss_coef=1e-3)
+  params = _params(cfg, 10 * n + m)
+  x = _normal(10 * n + m + 1, (n * m * 8, 8))
+  if forced:
+    params, x = _forced(params, x, forced)
+  reference = _reference(cfg, params, x, num_groups=1)
+  for schedule in SCHEDULES:
+    _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference)
+    assert int(aux["tokens_dropped"]) == 0
+    if forced:
+      counts = np.asarray(aux["expert_counts"])
+      assert set(np.flatnonzero(counts)) == set(forced) and counts.sum() == x.shape[0] * k
+
+
+def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
+  """Every token to expert 2 (node 1), with drops. The baseline and S2 keep the node-group set
+  (reference num_groups=n), S1 the per-GPU set (num_groups=n*m), and these differ. capacity_factor 1.1
+  gives a capacity of 9 per node, which S2 pads to 12 slots for its split over 4 GPUs, and 3 per GPU in S1."""
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=1.1)
+  params, x = _forced(_params(cfg, 7), _normal(8, (64, 8)), [2])
+  references = {groups: _reference(cfg, params, x, groups) for groups in (2, 8)}
+  results = {s: assert_matches_reference(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
+             for s in SCHEDULES}
+  assert int(results["s2"][1]["tokens_dropped"]) == 64 - 2 * 9
+  assert int(results["s1"][1]["tokens_dropped"]) == 64 - 8 * 3
+  assert _relative_error(results["baseline"][0], results["s2"][0]) < 1e-6  # the same tokens kept
+  assert _relative_error(results["s1"][0], results["s2"][0]) > 0.1  # different tokens kept
+
+  gpu = np.arange(8) % 4
+  for schedule, (_, aux) in results.items():
+    traffic = np.asarray(aux["traffic_rows"])[0]  # [source, destination] flat devices
+    assert traffic[:, :4].sum() == 0  # nothing is sent to node 0's GPUs
+    if schedule == "baseline":  # EP all-to-all over 'node' of the m gathered copies, to the sender's GPU index
+      assert traffic[gpu[:, None] != gpu[None, :]].sum() == 0 and traffic.sum() == 4 * 2 * 9 * 4
+    else:  # Dump: every GPU of node 1 receives each kept row
+      assert (traffic[:, 4:] == traffic[:, 4:5]).all() and traffic.sum() == 4 * (64 - aux["tokens_dropped"])
+
+
+def test_dropless_schedules_match_reference():
+  """transport='padded' (the ragged exchange's CPU form), no capacity: every schedule is the reference
+  (gradients compared for S2, whose split and all-gather act on the token-choice rows; the exchange's
+  own gradient is the layer's, tested in test_layer)."""
+  n, m = 2, 2
+  cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="padded", gated=True, activation="silu",
+                  z_loss_coef=1e-3)
+  params = _params(cfg, 21)
+  x = _normal(22, (n * m * 6, 8))
+  reference = _reference(cfg, params, x, num_groups=1)
+  for schedule in SCHEDULES:
+    _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference,
+                                      grads=schedule == "s2")
+    assert int(aux["tokens_dropped"]) == 0 == int(aux["tokens_overflowed"])
+
+
+@pytest.mark.parametrize("schedule", ["baseline", "s2"])  # S1 shares S2's fused exchange
+def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
+  """Every token to expert 3 with receive buffers of ceil(0.5 x rows sent): a token either gets its
+  reference output or, overflowed, exactly zero; each overflowed token is counted once and the counts
+  hold what the experts processed."""
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="padded", buffer_factor=0.5)
+  params, x = _forced(_params(cfg, 23), _normal(24, (64, 8)), [3])
+  y, aux = jax.jit(lambda p, x: esp.esp_apply(p, x, cfg, mesh_2x4, schedule=schedule))(params, x)
+  y_ref = np.asarray(jax.jit(lambda p, x: moe_reference(p, x, cfg)[0])(params, x))
+  y = np.asarray(y)
+  zero = np.all(y == 0, axis=1)
+  np.testing.assert_allclose(y[~zero], y_ref[~zero], rtol=1e-5, atol=1e-6)
+  overflowed = int(aux["tokens_overflowed"])
+  assert overflowed == zero.sum() > 0
+  assert int(aux["expert_counts"][3]) == 64 - overflowed and int(aux["tokens_dropped"]) == 0
+
+
+def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
+  """S1 splits the router's noisy input with the tokens; the draw is the layer's (`moe_apply`)."""
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=4.0,
+                  jitter=0.5)
+  params = _params(cfg, 13)
+  x = _normal(14, (64, 8))
+  rng = jax.random.key(15)
+  y, _ = esp.esp_apply(params, x, cfg, mesh_2x4, schedule="s1", rng=rng, train=True)
+  reference = jax.jit(lambda noise: moe_reference(params, x, cfg, noise=noise)[0])
+  noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
+  assert _relative_error(y, reference(noise)) < 1e-5
+  assert _relative_error(y, reference(jnp.ones_like(x))) > 1e-3  # the jitter changed some routes
+
+
+def _collectives(text):
+  """[(op, replica groups, operand element counts, dtypes)] of the collectives in StableHLO text."""
+  pattern = (r'"stablehlo\.(all_to_all|all_gather|all_reduce|reduce_scatter|collective_permute)"\(.*?'
+             r'replica_groups = dense<(\[\[.*?\]\])>.*?\}[>)]\s*:\s*\(([^)]*)\)')
+  found = []
+  for op, groups, operands in re.findall(pattern, text, re.S):
+    shapes = re.findall(r"tensor<([0-9x]*)(\w+)>", operands)
+    found.append((op, groups.replace(" ", ""), [int(np.prod([int(s) for s in dims.split("x") if s]))
+                                                for dims, _ in shapes], [dtype for _, dtype in shapes]))
+  return found
+
+
+def test_collective_inventory_matches_parm(mesh_2x4):
+  """Parm Eqs. (1), (11), (14) as volumes, read from the lowered forward and backward programs:
+  S1/S2 all-to-all payload = baseline / N_MP; no ESP all-gather or all-reduce of token data; the MP
+  all-gather moves BLM (S1) or ETM (S2); the MP splits cost an all-gather in the backward; and the
+  expert matmuls get N_MP times fewer rows (no redundant compute)."""
+  n, m, d, num_experts, k, tokens = 2, 4, 24, 4, 2, 64  # d = 24 marks token data among the collectives
+  cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=d, d_ff=32, transport="capacity", capacity_factor=2.0)
+  params = _params(cfg, 0)
+  x = _normal(1, (tokens, d))
+  blm = tokens // n * d  # a node's tokens
+  etm = num_experts * 32 * d  # T = ceil(2.0 * 32 * 2 / 4) = 32 per node
+  gpus, nodes, flat = "[[0,1,2,3],[4,5,6,7]]", "[[0,4],[1,5],[2,6],[3,7]]", "[[0,1,2,3,4,5,6,7]]"
+
+  def lowered(schedule, backward=False):
+    apply = lambda p, x: esp.esp_apply(p, x, cfg, mesh_2x4, schedule=schedule)
+    program = jax.grad(lambda p, x: jnp.sum(apply(p, x)[0]), argnums=(0, 1)) if backward else apply
+    return jax.jit(program).lower(params, x).as_text()
+
+  def inventory(schedule, backward=False):
+    return sorted((op, groups, sizes[0]) for op, groups, sizes, dtypes in _collectives(lowered(schedule, backward))
+                  if dtypes[0] == "f32" and sizes[0] % d == 0)
+
+  assert inventory("baseline") == sorted([("all_gather", gpus, blm),  # AG_ESP: BLM in, BLM x N_ESP out
+                                          ("all_to_all", nodes, etm * m), ("all_to_all", nodes, etm * m),
+                                          ("all_reduce", gpus, etm * m)])
+  assert inventory("s1") == sorted([("all_to_all", flat, etm), ("all_to_all", flat, etm),
+                                    ("all_gather", gpus, blm // m)])  # gathers BLM / N_MP per GPU into BLM
+  assert inventory("s2") == sorted([("all_to_all", flat, etm), ("all_to_all", flat, etm),
+                                    ("all_gather", gpus, etm // m)])  # into ETM
+  for schedule, split in (("s1", blm // m), ("s2", etm // m)):
+    backward = inventory(schedule, backward=True)
+    assert ("all_gather", gpus, split) in backward  # the MP split's backward
+    assert not [c for c in backward if c[0] == "all_reduce" and c[1] == gpus]
+
+  # The first expert matmul (ragged_dot as lowered here), [E / n, R, d] x [E / n, d, d_ff / m], R = all
+  # capacity slots this GPU received: baseline n sources x m copies x T; S1 / S2 n m sources x T / m.
+  rows = {s: re.findall(r"\(tensor<2x(\d+)x24xf32>, tensor<2x24x8xf32>\)", lowered(s)) for s in SCHEDULES}
+  slots = num_experts // n * n * m * 32
+  assert rows == {"baseline": [str(slots)], "s1": [str(slots // m)], "s2": [str(slots // m)]}
+
+
+def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
+  """mp_split's custom backward gives the same gradient as the plain slice it replaces."""
+  def run(split):
+    def body(x):
+      return jnp.sum(jnp.sin(split(x)) * (1.0 + jax.lax.axis_index("gpu")))[None, None]
+    f = jax.shard_map(body, mesh=mesh_2x4, in_specs=P("node"), out_specs=P("node", "gpu"))
+    return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(_normal(3, (16, 3)))
+
+  plain = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("gpu") * 2, 2, 0)
+  np.testing.assert_allclose(np.asarray(run(lambda x: esp.mp_split(x, 0))), np.asarray(run(plain)), rtol=1e-6)
+
+
+def test_bad_inputs_are_named_before_compiling(mesh_2x4):
+  base = dict(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="capacity", capacity_factor=2.0)
+  cfg = MoEConfig(**base)
+  params = _params(cfg, 0)
+  x = jnp.ones((64, 8))
+
+  def raises(match, cfg=cfg, params=params, x=x, schedule="s1", train=False):
+    with pytest.raises(ConfigError, match=match):
+      esp.esp_apply(params, x, cfg, mesh_2x4, schedule=schedule, train=train)
+
+  raises(r"esp_schedule='auto'", schedule="auto")
+  raises(r"num_experts=3.*multiple of the mesh's 2 nodes", cfg=MoEConfig(**{**base, "num_experts": 3}))
+  raises(r"d_ff=6.*multiple of the mesh's 4 GPUs", cfg=MoEConfig(**{**base, "d_ff": 6}))
+  raises(r"transport='hierarchical'", cfg=MoEConfig(**{**base, "transport": "hierarchical"}))
+  raises(r"transport='ragged'.*use transport='padded'", cfg=MoEConfig(**{**base, "transport": "ragged"}))
+  raises(r"expert_backend='pallas'", cfg=MoEConfig(**{**base, "expert_backend": "pallas"}))
+  raises(r"60 tokens, not a multiple of 8 \(esp_schedule='s1'", x=x[:60])
+  raises(r"63 tokens, not a multiple of 2 \(esp_schedule='s2'", x=x[:63], schedule="s2")
+  raises(r"x has shape \(64, 7\)", x=jnp.ones((64, 7)))
+  raises("parameter shapes", params={**params, "w_in": params["w_in"][:, :, :4]})
+  raises("needs an rng", cfg=MoEConfig(**{**base, "jitter": 0.5}), schedule="s2", train=True)
+
+
+@pytest.mark.parametrize("top_k,capacity_factor,want", [(1, 1.0, "s2"), (2, 2.0, "s1")])
+def test_moe_apply_runs_the_schedule_algorithm_1_picks(top_k, capacity_factor, want):
+  """Through the public layer: 'auto' resolves with Parm's Algorithm 1. S1 all-gathers the layer output
+  (BLM), S2 the expert outputs (ETM = k f BLM): with k f = 1 S2 saves S1's second all-to-all, with
+  k f = 4 and large messages S1's smaller all-gather wins. The result equals the reference."""
+  mesh = mesh_lib.make_mesh(2, 2)
+  cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, transport="capacity",
+                  capacity_factor=capacity_factor, esp_schedule="auto")
+  assert esp.resolve_schedule(cfg, 2 * 8192, mesh) == want
+  small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
+  chosen = esp.resolve_schedule(small, 32, mesh)
+  params = init_params(jax.random.key(3), small)
+  x = jax.random.normal(jax.random.key(4), (32, 8))
+  y, aux = moe_apply(params, x, small, mesh)
+  y_ref, _ = moe_reference(params, x, small, num_groups=4 if chosen == "s1" else 2)
+  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
+  assert int(aux["tokens_dropped"]) == 0
+  with pytest.raises(ConfigError, match="esp_cost='nowhere'"):
+    esp.resolve_schedule(dataclasses.replace(cfg, esp_cost="nowhere"), 2 * 1024, mesh)
