@@ -90,14 +90,19 @@ def _expert_major(key_R, groups: int):
   return position, plan_lib.histogram(key_R, groups)
 
 
+def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
+  """The local experts on received rows in any order (id -1 = empty row) -> [R, d] fp32, 0 on empty rows."""
+  position, group_sizes = _expert_major(local_experts(ids_R, ex), ex.experts_per_gpu)
+  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
+  return jnp.where((ids_R >= 0)[:, None], local.ffn(sorted_RxD, group_sizes)[position], 0.0)
+
+
 def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
   """Dispatch, experts, combine. x [R, d]; ids [R] global expert ids (-1 = not sent)."""
   del num_chunks
   ids_out, route = _plan(ids_R, ex)
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
-  position, group_sizes = _expert_major(local_experts(ids_out, ex), ex.experts_per_gpu)
-  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
-  y_RxD = jnp.where((ids_out >= 0)[:, None], local.ffn(sorted_RxD, group_sizes)[position], 0.0)
+  y_RxD = run_experts(rows_RxD, ids_out, ex, local)
   return Result(transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_out, (route,), (route,))
 
 

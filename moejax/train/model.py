@@ -17,6 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.activations import ACTIVATIONS
 from moejax.moe import layer as moe_layer
+from moejax.moe import routing
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.validation import ConfigError, is_int, require
 
@@ -71,7 +72,12 @@ class ModelConfig:
 
 
 class Attention(nnx.Module):
-  """Multi-head self-attention, softmax in fp32: x [B, S, d] -> [B, S, d]."""
+  """Multi-head self-attention, softmax in fp32: x [B, S, d] -> [B, S, d].
+
+  With a KV cache (k, v [B, S_cache, H, W], start): x [B, S, d] holds positions start .. start + S - 1
+  of every sequence; their keys and values are written into the cache there, each query attends to
+  the cache positions up to its own, and the call returns (out, (k, v)) with the updated cache.
+  """
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     dtype = jnp.dtype(cfg.dtype)
@@ -80,19 +86,29 @@ class Attention(nnx.Module):
     self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
-  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rngs: nnx.Rngs | None) -> jax.Array:
+  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rngs: nnx.Rngs | None, cache=None):
     b, s, d = x_BxSxD.shape
     h = self.num_heads
     qkv_BxSx3xHxW = self.qkv(x_BxSxD).reshape(b, s, 3, h, d // h)
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (qkv_BxSx3xHxW[:, :, i] for i in range(3))
-    logits_BxHxSxS = jnp.einsum("bqhk,bshk->bhqs", q_BxSxHxW, k_BxSxHxW,
+    if cache is None:
+      keys_BxSxHxW, values_BxSxHxW = k_BxSxHxW, v_BxSxHxW
+      visible_SxS = jnp.tril(jnp.ones((s, s), bool)) if self.causal else None
+    else:
+      k_cache, v_cache, start = cache
+      write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new.astype(c.dtype), start, axis=1)
+      keys_BxSxHxW, values_BxSxHxW = write(k_cache, k_BxSxHxW), write(v_cache, v_BxSxHxW)
+      # Causal over the cache; positions not written yet lie after every query, so stay hidden too.
+      visible_SxS = (start + jnp.arange(s))[:, None] >= jnp.arange(k_cache.shape[1])[None, :]
+    logits_BxHxSxS = jnp.einsum("bqhk,bshk->bhqs", q_BxSxHxW, keys_BxSxHxW.astype(q_BxSxHxW.dtype),
                                 preferred_element_type=jnp.float32) / jnp.sqrt(d // h)
-    if self.causal:
-      logits_BxHxSxS = jnp.where(jnp.tril(jnp.ones((s, s), bool)), logits_BxHxSxS, -1e9)
+    if visible_SxS is not None:
+      logits_BxHxSxS = jnp.where(visible_SxS, logits_BxHxSxS, -1e9)
     probs_BxHxSxS = jax.nn.softmax(logits_BxHxSxS, axis=-1).astype(x_BxSxD.dtype)
     probs_BxHxSxS = self.dropout(probs_BxHxSxS, deterministic=not train, rngs=rngs)
-    out_BxSxHxW = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxSxS, v_BxSxHxW)
-    return self.out(out_BxSxHxW.reshape(b, s, d))
+    out_BxSxHxW = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxSxS, values_BxSxHxW.astype(x_BxSxD.dtype))
+    out_BxSxD = self.out(out_BxSxHxW.reshape(b, s, d))
+    return out_BxSxD if cache is None else (out_BxSxD, (keys_BxSxHxW, values_BxSxHxW))
 
 
 class DenseFFN(nnx.Module):
@@ -112,7 +128,9 @@ class DenseFFN(nnx.Module):
 class MoEFFN(nnx.Module):
   """The expert-parallel MoE layer as an FFN: x [B, L, d] (batch sharded over the mesh) -> (y, aux).
 
-  Calls the layer with the step's key, so router jitter draws from it.
+  Calls the layer with the step's key, so router jitter draws from it. aux also holds the layer's
+  traffic_rows and expert_ids [B * L, K] (each token's experts, recomputed by the layer's own
+  router: identical ids when there is no jitter); under jit they cost nothing unless used.
   """
 
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
@@ -120,7 +138,9 @@ class MoEFFN(nnx.Module):
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
-    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed")}
+    decision, _ = routing.route(x_BxSxD.reshape(-1, x_BxSxD.shape[-1]), self.moe.params(), self.moe.cfg)
+    return y_BxSxD, {**{k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
+                                            "traffic_rows")}, "expert_ids": decision.expert_ids}
 
 
 class Block(nnx.Module):
@@ -135,16 +155,33 @@ class Block(nnx.Module):
     self.ln_ffn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
+  def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+    """The attention half with its residual (and LayerNorm); with a cache (pre-LN only), (x, cache)."""
+    drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)
+    if not self.pre_ln:
+      require(cache is None, "kind", "bert", "'gpt' for a KV cache (a causal decoder)")
+      return self.ln_attn(x_BxSxD + drop(self.attn(x_BxSxD, train=train, rngs=rngs)))
+    out = self.attn(self.ln_attn(x_BxSxD), train=train, rngs=rngs, cache=cache)
+    if cache is None:
+      return x_BxSxD + drop(out)
+    return x_BxSxD + drop(out[0]), out[1]
+
+  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
+    """The FFN half with its residual (and LayerNorm) -> (x, aux)."""
     drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)
     ffn_rng = rngs.jitter() if train and rngs is not None else None
     if self.pre_ln:
-      x_BxSxD = x_BxSxD + drop(self.attn(self.ln_attn(x_BxSxD), train=train, rngs=rngs))
       y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=ffn_rng)
       return x_BxSxD + drop(y_BxSxD), aux
-    x_BxSxD = self.ln_attn(x_BxSxD + drop(self.attn(x_BxSxD, train=train, rngs=rngs)))
     y_BxSxD, aux = self.ffn(x_BxSxD, train=train, rng=ffn_rng)
     return self.ln_ffn(x_BxSxD + drop(y_BxSxD)), aux
+
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+    """x -> (x, aux); with a KV cache (`Attention`), (x, aux, cache)."""
+    if cache is None:
+      return self.feed_forward(self.attend(x_BxSxD, train=train, rngs=rngs), train=train, rngs=rngs)
+    x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
+    return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
 
 
 class LanguageModel(nnx.Module):
@@ -172,29 +209,48 @@ class LanguageModel(nnx.Module):
     self.head_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
     self.head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
+  def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,
+                   rngs: nnx.Rngs | None = None) -> jax.Array:
+    """tokens [B, S] at positions start .. start + S - 1 -> x [B, S, d] in the compute dtype."""
+    x_BxSxD = self.embed(tokens_BxS) + jax.lax.dynamic_slice_in_dim(self.pos_embed[...], start, tokens_BxS.shape[1])
+    if self.cfg.kind == "bert":
+      x_BxSxD = self.embed_ln(x_BxSxD)
+    return self.embed_dropout(x_BxSxD, deterministic=not train, rngs=rngs).astype(jnp.dtype(self.cfg.dtype))
+
+  def head_logits(self, x_BxSxD: jax.Array) -> jax.Array:
+    """x [..., d] after the last block -> logits [..., V] fp32 (tied output layer)."""
+    dtype = jnp.dtype(self.cfg.dtype)
+    if self.cfg.kind == "bert":
+      x_BxSxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxSxD))
+    x_BxSxD = self.head_ln(x_BxSxD).astype(dtype)
+    return jnp.einsum("...d,vd->...v", x_BxSxD, self.embed.embedding[...].astype(dtype),
+                      preferred_element_type=jnp.float32) + self.head_bias[...]
+
   def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
-               rngs: nnx.Rngs | None = None) -> tuple[jax.Array, dict]:
-    cfg, dtype = self.cfg, jnp.dtype(self.cfg.dtype)
+               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
+    """-> (logits, aux), or (logits, aux, cache) with a KV cache.
+
+    cache: one (k, v) [B, S_cache, H, W] pair per block (`moejax.infer.cache`; 'gpt' only): tokens are at
+    positions start .. start + S - 1 and the returned cache holds their keys and values.
+    details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, D, D] per MoE layer.
+    """
+    dtype = jnp.dtype(self.cfg.dtype)
     batch_sharding = NamedSharding(self.mesh, P(moe_layer.ALL))
     constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-    s = tokens_BxS.shape[1]
-    x_BxSxD = self.embed(tokens_BxS) + self.pos_embed[:s]
-    if cfg.kind == "bert":
-      x_BxSxD = self.embed_ln(x_BxSxD)
-    x_BxSxD = constrain(self.embed_dropout(x_BxSxD, deterministic=not train, rngs=rngs).astype(dtype))
-    auxes = []
-    for block in self.blocks:
-      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+    x_BxSxD = constrain(self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs))
+    auxes, new_cache = [], []
+    for i, block in enumerate(self.blocks):
+      if cache is None:
+        x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+      else:
+        x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
+        new_cache.append(layer_cache)
       x_BxSxD = constrain(x_BxSxD.astype(dtype))
       if aux:
         auxes.append(aux)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
-    if cfg.kind == "bert":
-      x_BxSxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxSxD))
-    x_BxSxD = self.head_ln(x_BxSxD).astype(dtype)
-    logits_BxSxV = jnp.einsum("bld,vd->blv", x_BxSxD, self.embed.embedding[...].astype(dtype),
-                              preferred_element_type=jnp.float32) + self.head_bias[...]
+    logits_BxSxV = self.head_logits(x_BxSxD)
     num_experts = self.moe_cfg.num_experts
     aux = {
         "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
@@ -203,7 +259,9 @@ class LanguageModel(nnx.Module):
         **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
            for name in ("tokens_dropped", "tokens_overflowed")},
     }
-    return logits_BxSxV, aux
+    if details and auxes:
+      aux.update({name: jnp.stack([a[name] for a in auxes]) for name in ("expert_ids", "traffic_rows")})
+    return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)
 
 
 def param_specs(params: dict, moe_cfg: MoEConfig) -> dict:

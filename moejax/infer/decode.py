@@ -1,0 +1,184 @@
+"""Generation: prefill the prompts, then decode one token per request per step with the KV cache.
+
+Requests are data parallel like training batches: B sharded over both mesh axes, request r owned
+by flat device r // (B / D). The prefill runs the model on the prompts as in training (MoE layers:
+`moe_apply`). The decode steps run in one of two modes:
+  'vanilla'  the model with its MoE layers as `moe_apply`: two exchanges per MoE layer (dispatch to
+             the experts, then back home for the next attention; DeepSpeed-MoE, ExFlow §III-A).
+  'exflow'   context coherence (`moejax.infer.exflow`): the cache is gathered onto every device once
+             after the prefill, then one exchange per MoE layer and one all-gather of the new
+             tokens' state per step (ExFlow §IV-A).
+Both give the same tokens and logits (up to float rounding), and the same as a 1 x 1 mesh.
+"""
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from moejax.infer import cache as cache_lib
+from moejax.infer import exflow
+from moejax.placement.apply import apply_placement
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import model as model_lib
+from moejax.validation import require
+
+MODES = ("vanilla", "exflow")
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """tokens [B, N]: the generated ids; logits [B, N, V] fp32: what each was drawn from.
+
+  exchange_rows: token rows the MoE exchanges of the decode steps moved per generated token, split
+  into {'cross_gpu_in_node', 'cross_node'} (a device's rows to itself move nothing and are left out).
+  allgather_rows: the same for exflow's end-of-step all-gather: each new token's state (its id and
+  the keys and values of every block, 2 x d per block) reaches every other device; zero for vanilla.
+  decode_seconds: wall time of the decode steps after the first (which includes compilation), for
+  decode_tokens = B x (N - 2) tokens; prefill_seconds: the prefill, compilation included.
+  dropped: token-choices the MoE layers dropped by capacity or lost to full receive buffers (vanilla
+  with capacity_factor or buffer_factor set: outputs then depend on the batch; exflow is dropless).
+  """
+
+  tokens: np.ndarray
+  logits: np.ndarray
+  exchange_rows: dict
+  allgather_rows: dict
+  decode_seconds: float
+  decode_tokens: int
+  prefill_seconds: float
+  dropped: int
+
+  @property
+  def tokens_per_second(self) -> float:
+    return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
+
+
+def split_rows(rows_DxD: np.ndarray, gpus_per_node: int) -> dict:
+  """rows [..., D, D] sent from flat device s to p -> {'cross_gpu_in_node', 'cross_node'} totals."""
+  rows = np.asarray(rows_DxD, np.int64)
+  node = mesh_lib.node_of(np.arange(rows.shape[-1]), gpus_per_node)
+  crosses = node[:, None] != node[None, :]
+  inside = ~crosses & ~np.eye(rows.shape[-1], dtype=bool)
+  return {"cross_gpu_in_node": int(rows[..., inside].sum()), "cross_node": int(rows[..., crosses].sum())}
+
+
+def on_mesh(model: model_lib.LanguageModel, mesh: jax.sharding.Mesh) -> model_lib.LanguageModel:
+  """The same model (same parameters) laid out on another mesh."""
+  graphdef, params, rest = model_lib.abstract_state(model.cfg, model.moe_cfg, mesh)
+  _, have_params, have_rest = nnx.split(model, nnx.Param, ...)
+  have_params, have_rest = nnx.to_pure_dict(have_params), nnx.to_pure_dict(have_rest)
+  put = lambda a, like: jax.device_put(a, like.sharding)
+  return nnx.merge(graphdef, jax.tree.map(put, have_params, params), jax.tree.map(put, have_rest, rest))
+
+
+def with_placement(model: model_lib.LanguageModel, placement) -> model_lib.LanguageModel:
+  """The model with every MoE layer's experts and router columns permuted so that expert e of MoE
+  layer j sits on flat device placement[j, e] (`moejax.placement.apply_placement`; a `Placement` or
+  [M, E] ints). Outputs are unchanged; only where the experts run moves."""
+  graphdef, abstract_params, _ = model_lib.abstract_state(model.cfg, model.moe_cfg, model.mesh)
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  params = nnx.to_pure_dict(params)
+  moe_blocks = [i for i in range(model.cfg.num_layers) if model.cfg.is_moe(i)]
+  placed = apply_placement([params["blocks"][i]["ffn"]["moe"] for i in moe_blocks], placement, model.moe_cfg)
+  for i, layer in zip(moe_blocks, placed):
+    params["blocks"][i]["ffn"]["moe"] = layer
+  params = jax.tree.map(lambda a, like: jax.device_put(a, like.sharding), params, abstract_params)
+  return nnx.merge(graphdef, params, nnx.to_pure_dict(rest))
+
+
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _vanilla_step(params, rest, cache, tokens_B, position, step, seed, temperature, *, graphdef):
+  model = nnx.merge(graphdef, params, rest)
+  logits_Bx1xV, aux, cache = model(tokens_B[:, None], cache=cache, start=position, details=True)
+  logits_BxV = logits_Bx1xV[:, 0]
+  next_B = exflow.sample(logits_BxV, jnp.arange(tokens_B.shape[0]), step, seed, temperature)
+  d = mesh_lib.axis_sizes(model.mesh)
+  dispatch = aux.get("traffic_rows", jnp.zeros((0, 1, d[0] * d[1], d[0] * d[1]), jnp.int32))
+  # The combine sends every dispatched row back the way it came.
+  return next_B, logits_BxV, cache, {"rows": jnp.sum(dispatch + jnp.swapaxes(dispatch, -1, -2), axis=1),
+                                     "dropped": _dropped(aux)}
+
+
+def _dropped(aux):
+  """Token-choices the MoE layers dropped (capacity) or lost (full receive buffers)."""
+  return jnp.sum(aux["tokens_dropped"]) + jnp.sum(aux["tokens_overflowed"])
+
+
+@functools.partial(jax.jit, static_argnames="graphdef")
+def _prefill(params, rest, cache, prompts_BxP, *, graphdef):
+  model = nnx.merge(graphdef, params, rest)
+  last_Bx1 = jnp.full((prompts_BxP.shape[0], 1), prompts_BxP.shape[1] - 1)
+  logits_Bx1xV, aux, cache = model(prompts_BxP, positions_BxP=last_Bx1, cache=cache, start=0)
+  return logits_Bx1xV[:, 0], cache, _dropped(aux)
+
+
+def check_request(model, prompts_BxP, steps: int, mode: str, temperature: float) -> None:
+  """Rejects bad generation requests before compiling, naming the value."""
+  require(mode in MODES, "mode", mode, f"one of {MODES}")
+  require(model.cfg.kind == "gpt", "kind", model.cfg.kind, "'gpt' (generation needs a causal decoder)")
+  require(prompts_BxP.ndim == 2 and prompts_BxP.shape[1] >= 1, "prompts.shape", prompts_BxP.shape,
+          "[B, P] with P >= 1")
+  n, m = mesh_lib.axis_sizes(model.mesh)
+  require(prompts_BxP.shape[0] % (n * m) == 0, "batch", prompts_BxP.shape[0],
+          f"a multiple of the mesh's {n * m} devices (requests are data parallel)")
+  require(isinstance(steps, int) and steps >= 1, "steps", steps, "an int >= 1")
+  require(prompts_BxP.shape[1] + steps - 1 <= model.cfg.max_len, "steps", steps,
+          f"at most max_len - prompt length + 1 = {model.cfg.max_len - prompts_BxP.shape[1] + 1}")
+  require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
+          ">= 0 (0: greedy)")
+  if mode == "exflow":
+    exflow.check_moe(model.moe_cfg)
+
+
+def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: str = "vanilla",
+             temperature: float = 0.0, seed: int = 0) -> Generation:
+  """prompts [B, P] int (equal lengths) -> `Generation` of `steps` tokens per request.
+
+  temperature 0: greedy; else tokens drawn from softmax(logits / temperature), the draw of request
+  r at step t keyed by (seed, t, r), so it does not depend on the mesh or the mode.
+  """
+  prompts_BxP = np.asarray(prompts_BxP)
+  check_request(model, prompts_BxP, steps, mode, temperature)
+  mesh, (batch, length) = model.mesh, prompts_BxP.shape
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  start = time.perf_counter()
+  cache = cache_lib.init_cache(model.cfg, batch, length + steps - 1, mesh)
+  tokens = jax.device_put(prompts_BxP.astype(np.int32), cache_lib.cache_sharding(mesh, coherent=False))
+  logits_BxV, cache, dropped = _prefill(params, rest, cache, tokens, graphdef=graphdef)
+  next_B = jax.jit(exflow.sample)(logits_BxV, jnp.arange(batch), 0, seed, temperature)
+  next_B.block_until_ready()
+  prefill_seconds = time.perf_counter() - start
+  if mode == "exflow":
+    cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
+    step_fn = exflow.exflow_step(model)
+  else:
+    step_fn = functools.partial(_vanilla_step, graphdef=graphdef)
+  out_tokens, out_logits, rows = [next_B], [logits_BxV], []
+  for step in range(1, steps):
+    if step == 2:
+      start = time.perf_counter()
+    next_B, logits_BxV, cache, counts = step_fn(params, rest, cache, next_B, jnp.int32(length + step - 1),
+                                                jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    out_tokens.append(next_B)
+    out_logits.append(logits_BxV)
+    rows.append(counts["rows"])
+    dropped = dropped + counts["dropped"]
+  jax.block_until_ready(out_tokens[-1])
+  decode_seconds = time.perf_counter() - start if steps > 2 else 0.0
+  n, m = mesh_lib.axis_sizes(mesh)
+  generated = batch * (steps - 1)
+  per_token = lambda totals: {k: v / max(generated, 1) for k, v in totals.items()}
+  exchange_rows = per_token(split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows
+                                       else np.zeros((n * m, n * m)), m))
+  allgather_rows = {"cross_gpu_in_node": float(m - 1), "cross_node": float(n * m - m)} if mode == "exflow" \
+      else {"cross_gpu_in_node": 0.0, "cross_node": 0.0}
+  return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
+                    logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
+                    exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
+                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped))

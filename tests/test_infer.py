@@ -1,0 +1,162 @@
+"""Autoregressive decoding with the KV cache: vanilla and context-coherent (ExFlow) modes against a
+no-cache forward of the whole sequence and a 1 x 1 mesh; exchange rows against a NumPy count from
+the routing traces."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from moejax.infer import decode, exflow, load
+from moejax.moe.config import MoEConfig
+from moejax.train import model as model_lib
+from moejax.train.model import ModelConfig
+from moejax.validation import ConfigError
+from tests.conftest import make_test_mesh
+
+V, D, F, E = 64, 16, 32, 8
+BATCH, PROMPT, STEPS = 8, 5, 5
+LOGIT_TOL = 2e-5  # fp32: the same per-token math, summed in other orders on other meshes
+
+
+def _model(mesh, seed=3):
+  cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16,
+                    dropout=0.0, embed_init_std=0.5)  # large embeddings: far from ties, varied routes
+  moe = MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F)
+  graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh, seed)
+  return nnx.merge(graphdef, *model_lib.init_state(cfg, moe, mesh, seed))
+
+
+@pytest.fixture(scope="module")
+def prompts():
+  return np.random.default_rng(7).integers(0, V, (BATCH, PROMPT))
+
+
+@pytest.fixture(scope="module")
+def model(mesh_2x4):
+  return _model(mesh_2x4)
+
+
+@pytest.fixture(scope="module")
+def single(model, prompts):
+  """Greedy decode on a 1 x 1 mesh: the reference of every mesh and mode."""
+  return decode.generate(decode.on_mesh(model, make_test_mesh(1, 1)), prompts, STEPS)
+
+
+@pytest.fixture(scope="module")
+def vanilla(model, prompts):
+  return decode.generate(model, prompts, STEPS)
+
+
+@pytest.fixture(scope="module")
+def coherent(model, prompts):
+  return decode.generate(model, prompts, STEPS, mode="exflow")
+
+
+@pytest.fixture(scope="module")
+def forced(model, prompts, vanilla):
+  """A no-cache forward of prompt + generated tokens (teacher forcing): logits at every position
+  and the routing traces expert_ids [M, B * S, 1]."""
+  sequence = np.concatenate([prompts, vanilla.tokens[:, :-1]], axis=1)
+  logits, aux = jax.jit(lambda t: model(t, details=True))(sequence)
+  return np.asarray(logits), np.asarray(aux["expert_ids"])
+
+
+def test_cached_decode_equals_recomputing_the_sequence(vanilla, forced):
+  logits, _ = forced
+  recomputed = logits[:, PROMPT - 1:]  # position p's logits choose the token at p + 1
+  np.testing.assert_allclose(vanilla.logits, recomputed, atol=LOGIT_TOL, rtol=0)
+  np.testing.assert_array_equal(vanilla.tokens, recomputed.argmax(-1))
+  assert len(np.unique(vanilla.tokens)) > 4  # not a degenerate repetition
+
+
+def test_vanilla_on_2x4_equals_single_device(vanilla, single):
+  np.testing.assert_array_equal(vanilla.tokens, single.tokens)
+  np.testing.assert_allclose(vanilla.logits, single.logits, atol=LOGIT_TOL, rtol=0)
+
+
+def test_exflow_equals_vanilla_and_single_device(model, prompts, single, vanilla, coherent):
+  on_1x4 = decode.generate(decode.on_mesh(model, make_test_mesh(1, 4)), prompts, STEPS, mode="exflow")
+  for got in (coherent, on_1x4):
+    np.testing.assert_array_equal(got.tokens, single.tokens)
+    np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
+  np.testing.assert_allclose(coherent.logits, vanilla.logits, atol=LOGIT_TOL, rtol=0)
+
+
+def test_sampling_is_the_same_in_both_modes_and_follows_the_seed(model, prompts):
+  draws = {mode: decode.generate(model, prompts, STEPS, mode=mode, temperature=1.0, seed=11).tokens
+           for mode in decode.MODES}
+  np.testing.assert_array_equal(draws["vanilla"], draws["exflow"])
+  other = decode.generate(model, prompts, STEPS, temperature=1.0, seed=12).tokens
+  assert np.mean(other != draws["vanilla"]) > 0.3
+
+
+def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None):
+  """Exchange rows per generated token of the decode steps, counted from the traces: vanilla sends a
+  token to its expert's device and back home at every MoE layer; exflow only from where it is.
+  placement [M, E]: device of each expert (default e // (E / D))."""
+  per_token = expert_ids[:, :, 0].reshape(expert_ids.shape[0], BATCH, -1)[:, :, PROMPT:]  # decode-step tokens
+  if placement is None:
+    placement = np.tile(np.arange(E) // (E // devices), (per_token.shape[0], 1))
+  device_of = np.stack([p[t] for p, t in zip(placement, per_token)])  # [M, B, N - 1]
+  home = np.broadcast_to(np.arange(BATCH)[:, None] // (BATCH // devices), device_of.shape[1:])
+  node = lambda d: d // gpus_per_node
+  inside = cross = 0
+  where = home
+  for layer_devices in device_of:
+    src = home if mode == "vanilla" else where
+    moved = src != layer_devices
+    crossed = moved & (node(src) != node(layer_devices))
+    copies = 2 if mode == "vanilla" else 1
+    inside, cross = inside + copies * np.sum(moved & ~crossed), cross + copies * np.sum(crossed)
+    where = layer_devices
+  tokens = per_token[0].size
+  return {"cross_gpu_in_node": inside / tokens, "cross_node": cross / tokens}
+
+
+def test_exchange_rows_match_a_count_from_the_routing_traces(vanilla, coherent, forced):
+  _, expert_ids = forced
+  for mode, got in (("vanilla", vanilla), ("exflow", coherent)):
+    want = _numpy_rows(expert_ids, 4, 8, mode)
+    assert got.exchange_rows == pytest.approx(want), mode
+  assert sum(coherent.exchange_rows.values()) < sum(vanilla.exchange_rows.values())
+  assert vanilla.dropped == coherent.dropped == 0  # dropless layers
+  assert vanilla.allgather_rows == {"cross_gpu_in_node": 0.0, "cross_node": 0.0}
+  assert coherent.allgather_rows == {"cross_gpu_in_node": 3.0, "cross_node": 4.0}
+
+
+def test_a_placement_moves_the_experts_not_the_outputs(model, prompts, single, forced):
+  """A random balanced placement (expert e of MoE layer j on device placement[j, e]): same tokens and
+  logits; the exchange rows are those of the traces under that placement."""
+  rng = np.random.default_rng(0)
+  placement = np.stack([rng.permutation(np.arange(E) // (E // 8)) for _ in range(2)])
+  got = decode.generate(decode.with_placement(model, placement), prompts, STEPS, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, single.tokens)
+  np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
+  assert got.exchange_rows == pytest.approx(_numpy_rows(forced[1], 4, 8, "exflow", placement))
+  assert got.exchange_rows != pytest.approx(_numpy_rows(forced[1], 4, 8, "exflow"))
+
+
+def test_bad_requests_name_the_value(model, prompts):
+  with pytest.raises(ConfigError, match="top_k"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=2, d_model=D, d_ff=F))
+  with pytest.raises(ConfigError, match="capacity_factor"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, capacity_factor=2.0))
+  with pytest.raises(ConfigError, match="esp_schedule"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, esp_schedule="baseline"))
+  with pytest.raises(ConfigError, match="batch"):
+    decode.generate(model, prompts[:6], 2)
+  with pytest.raises(ConfigError, match="steps"):
+    decode.generate(model, prompts, 16 - PROMPT + 2)
+  with pytest.raises(ConfigError, match="mode"):
+    decode.generate(model, prompts, 2, mode="greedy")
+
+
+def test_prompts_are_the_first_tokens_of_long_enough_texts():
+  class Chars:  # a tokenizer with one id per character
+    encode = staticmethod(lambda text: [ord(c) for c in text])
+
+  texts = ["abcdef", "xy", "ghijk", "lmnopq"]
+  np.testing.assert_array_equal(load.prompts_from(texts, Chars, 2, 4), [[97, 98, 99, 100], [103, 104, 105, 106]])
+  with pytest.raises(ConfigError, match="batch"):
+    load.prompts_from(texts, Chars, 4, 4)
