@@ -141,3 +141,39 @@ def test_paper_sizes(devices, size, billions):
   abstract = nnx.eval_shape(lambda: LanguageModel(model_cfg, moe_cfg, mesh, rngs=nnx.Rngs(0)))
   count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
   assert abs(count / 1e9 - billions) / billions < 0.03, count
+
+
+@pytest.mark.parametrize("kind,esp_schedule", [("gpt", None), ("bert", "s2")])
+def test_tensor_parallel_gives_the_data_parallel_losses_and_gradients(mesh_2x4, kind, esp_schedule):
+  """Megatron tensor parallelism over 'gpu' (heads and the dense FFN split, activations replicated
+  over 'gpu'; with an expert-sharded MoE layer, Parm's setting): same loss and gradients as data
+  parallelism, and the dense kernels really are split over 'gpu'."""
+  cfg, moe = _configs(kind)
+  cfg = ModelConfig(**{**cfg.__dict__, "dropout": 0.0})
+  moe = MoEConfig(**{**moe.__dict__, "capacity_factor": 8.0, "esp_schedule": esp_schedule})
+  tokens = jax.random.randint(jax.random.key(3), (8, 16), 0, V)
+  results = []
+  for tensor_parallel in (False, True):
+    model_cfg = ModelConfig(**{**cfg.__dict__, "tensor_parallel": tensor_parallel})
+    graphdef, _, _ = model_lib.abstract_state(model_cfg, moe, mesh_2x4)
+    params, rest = model_lib.init_state(model_cfg, moe, mesh_2x4)
+
+    def loss(params):
+      logits, aux = nnx.merge(graphdef, params, rest)(tokens)
+      logp = jax.nn.log_softmax(logits)
+      return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1)) + aux["aux_loss"]
+
+    results.append(jax.jit(jax.value_and_grad(loss))(params))
+    kernel = params["blocks"][0]["attn"]["qkv"]["kernel"]
+    assert kernel.sharding.spec == (P(None, None, "gpu", None) if tensor_parallel else P())
+  (loss_dp, grads_dp), (loss_tp, grads_tp) = results
+  np.testing.assert_allclose(float(loss_tp), float(loss_dp), rtol=1e-5)
+  for g_tp, g_dp in zip(jax.tree.leaves(grads_tp), jax.tree.leaves(grads_dp)):
+    np.testing.assert_allclose(np.asarray(g_tp), np.asarray(g_dp), rtol=1e-4, atol=1e-6)
+
+
+def test_tensor_parallel_needs_heads_divisible_by_the_gpus(mesh_2x4):
+  cfg, moe = _configs("gpt")
+  cfg = ModelConfig(**{**cfg.__dict__, "num_heads": 2, "tensor_parallel": True})
+  with pytest.raises(ConfigError, match="num_heads=2.*4 GPUs per node"):
+    model_lib.abstract_state(cfg, moe, mesh_2x4)

@@ -179,10 +179,17 @@ class MoEConfig:
     return 0.005 if self.local_balance_coef is None else self.local_balance_coef
 
   def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
-    """Returns experts_per_gpu on a nodes x gpus_per_node mesh, or raises naming the field."""
+    """Returns experts_per_gpu on a nodes x gpus_per_node mesh (with esp_schedule: experts per node,
+    each split over the node's GPUs), or raises naming the field."""
+    if self.routing in NODE_ROUTINGS:
+      require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
+    if self.esp_schedule is not None:
+      require(self.num_experts % nodes == 0, "num_experts", self.num_experts,
+              f"a multiple of the mesh's {nodes} nodes (expert sharding puts E / n whole experts on each node)")
+      require(self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
+              f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")
+      return self.num_experts // nodes
     devices = nodes * gpus_per_node
     require(self.num_experts % devices == 0, "num_experts", self.num_experts,
             f"a multiple of the mesh's {devices} devices (expert e lives on device e // experts_per_gpu)")
-    if self.routing in NODE_ROUTINGS:
-      require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
     return self.num_experts // devices

@@ -38,6 +38,7 @@ group_tokens * K / E) and its drops differ (Parm does not discuss this):
     keeps a different set (queues per GPU instead of per node).
 """
 
+import dataclasses
 import functools
 import json
 import math
@@ -53,7 +54,7 @@ from moejax.cost import topology as topology_lib
 from moejax.moe import experts, layer, routing
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
-from moejax.moe.config import NODE_ROUTINGS, MoEConfig
+from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError, require
@@ -76,12 +77,8 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   """Validates the schedule, config, mesh and shapes before tracing; errors name the field."""
   require(schedule in SCHEDULES, "esp_schedule", schedule, f"one of {SCHEDULES} ('auto' is resolved before)")
   n, m = mesh_lib.axis_sizes(mesh)
-  require(cfg.num_experts % n == 0, "num_experts", cfg.num_experts,
-          f"a multiple of the mesh's {n} nodes (expert sharding puts E / n whole experts on each node)")
-  require(cfg.d_ff % m == 0, "d_ff", cfg.d_ff,
-          f"a multiple of the mesh's {m} GPUs per node (each GPU holds d_ff / m of every expert of its node)")
-  if cfg.routing in NODE_ROUTINGS:
-    require(cfg.num_nodes == n, "num_nodes", cfg.num_nodes, f"the mesh's node count {n}")
+  # The expert-sharding rules of the mesh, also when called with a schedule on a config without one.
+  dataclasses.replace(cfg, esp_schedule=schedule).check_mesh(n, m)
   require(cfg.transport in TRANSPORTS, "transport", cfg.transport,
           f"one of {TRANSPORTS} when esp_schedule is set (each exchange is one hop)")
   platform_lib.check_transport(cfg.transport, platform_lib.of_mesh(mesh))

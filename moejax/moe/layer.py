@@ -244,8 +244,7 @@ class MoELayer(nnx.Module):
 
   def __init__(self, cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, dtype=jnp.float32):
     self.cfg, self.mesh = cfg, mesh
-    if cfg.esp_schedule is None:  # the expert-sharded layer checks its own mesh rules when called
-      cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
+    cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
     params = init_params(rngs.params(), cfg, dtype)
     place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     params = jax.tree.map(place, params, param_specs(cfg))

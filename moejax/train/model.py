@@ -19,6 +19,7 @@ from moejax.kernels.activations import ACTIVATIONS
 from moejax.moe import layer as moe_layer
 from moejax.moe import routing
 from moejax.moe.config import DTYPES, MoEConfig
+from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, require
 
 KINDS = ("bert", "gpt")
@@ -33,6 +34,10 @@ class ModelConfig:
     SMILE); 0: no MoE layers. dtype: compute dtype ('float32' or 'bfloat16'); parameters stay fp32.
   embed_init_std: std of the normal initialisation of token and position embeddings (BERT: 0.02;
     LAMB moves each tensor by a fraction of its norm per step, so short runs start larger).
+  tensor_parallel: Megatron-style tensor parallelism of the dense parts over 'gpu': attention heads and
+    the dense FFN's hidden units split over the node's GPUs (one all-reduce after each), activations
+    sharded over 'node' only, so the MoE layers see their input replicated over 'gpu' (Parm's setting,
+    `MoEConfig.esp_schedule`). False: data parallelism over both axes.
   """
 
   kind: str
@@ -46,6 +51,7 @@ class ModelConfig:
   moe_every: int = 2
   dtype: str = "float32"
   embed_init_std: float = 0.02
+  tensor_parallel: bool = False
 
   def __post_init__(self):
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
@@ -62,6 +68,15 @@ class ModelConfig:
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
     require(isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0, "embed_init_std",
             self.embed_init_std, "> 0")
+    require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
+
+  def check_mesh(self, gpus_per_node: int) -> None:
+    """With tensor parallelism, the heads and the dense FFN split evenly over the node's GPUs."""
+    if self.tensor_parallel:
+      for name in ("num_heads", "d_ff"):
+        value = getattr(self, name)
+        require(value % gpus_per_node == 0, name, value,
+                f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")
 
   def is_moe(self, i: int) -> bool:
     return self.moe_every > 0 and (i + 1) % self.moe_every == 0
@@ -82,14 +97,16 @@ class Attention(nnx.Module):
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     dtype = jnp.dtype(cfg.dtype)
     self.num_heads, self.causal = cfg.num_heads, cfg.kind == "gpt"
-    self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype, rngs=rngs)
-    self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, rngs=rngs)
+    width = cfg.d_model // cfg.num_heads
+    # Heads are an axis of the kernels, so tensor parallelism can split them (`param_specs`).
+    self.qkv = nnx.LinearGeneral(cfg.d_model, (3, cfg.num_heads, width), dtype=dtype, rngs=rngs)
+    self.out = nnx.LinearGeneral((cfg.num_heads, width), cfg.d_model, axis=(-2, -1), dtype=dtype, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rngs: nnx.Rngs | None, cache=None):
-    b, s, d = x_BxSxD.shape
+    s, d = x_BxSxD.shape[1:]
     h = self.num_heads
-    qkv_BxSx3xHxW = self.qkv(x_BxSxD).reshape(b, s, 3, h, d // h)
+    qkv_BxSx3xHxW = self.qkv(x_BxSxD)
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (qkv_BxSx3xHxW[:, :, i] for i in range(3))
     if cache is None:
       keys_BxSxHxW, values_BxSxHxW = k_BxSxHxW, v_BxSxHxW
@@ -107,7 +124,7 @@ class Attention(nnx.Module):
     probs_BxHxSxS = jax.nn.softmax(logits_BxHxSxS, axis=-1).astype(x_BxSxD.dtype)
     probs_BxHxSxS = self.dropout(probs_BxHxSxS, deterministic=not train, rngs=rngs)
     out_BxSxHxW = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxSxS, values_BxSxHxW.astype(x_BxSxD.dtype))
-    out_BxSxD = self.out(out_BxSxHxW.reshape(b, s, d))
+    out_BxSxD = self.out(out_BxSxHxW)
     return out_BxSxD if cache is None else (out_BxSxD, (keys_BxSxHxW, values_BxSxHxW))
 
 
@@ -235,7 +252,7 @@ class LanguageModel(nnx.Module):
     details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, D, D] per MoE layer.
     """
     dtype = jnp.dtype(self.cfg.dtype)
-    batch_sharding = NamedSharding(self.mesh, P(moe_layer.ALL))
+    batch_sharding = NamedSharding(self.mesh, activation_spec(self.cfg))
     constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
     x_BxSxD = constrain(self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs))
     auxes, new_cache = [], []
@@ -264,16 +281,31 @@ class LanguageModel(nnx.Module):
     return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)
 
 
-def param_specs(params: dict, moe_cfg: MoEConfig) -> dict:
-  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.layer.param_specs`
-  (sharded over the mesh on the expert dimension), every dense parameter replicated."""
+def activation_spec(cfg: ModelConfig) -> P:
+  """Activations [B, S, d]: the batch over both mesh axes, or over 'node' only with tensor parallelism."""
+  return P(mesh_lib.NODE) if cfg.tensor_parallel else P(moe_layer.ALL)
 
-  def specs(tree):
+
+# Megatron's split of a block's dense kernels over 'gpu' (by the parameter's path suffix): heads of the
+# attention projections, hidden units of the dense FFN; the other parameters are replicated.
+TENSOR_PARALLEL_SPECS = {
+    ("attn", "qkv", "kernel"): P(None, None, mesh_lib.GPU, None), ("attn", "qkv", "bias"): P(None, mesh_lib.GPU, None),
+    ("attn", "out", "kernel"): P(mesh_lib.GPU, None, None),
+    ("ffn", "w_in", "kernel"): P(None, mesh_lib.GPU), ("ffn", "w_in", "bias"): P(mesh_lib.GPU),
+    ("ffn", "w_out", "kernel"): P(mesh_lib.GPU, None),
+}
+
+
+def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False) -> dict:
+  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.layer.param_specs`, dense
+  parameters replicated, or with tensor_parallel split over 'gpu' as `TENSOR_PARALLEL_SPECS`."""
+
+  def specs(tree, path=()):
     if isinstance(tree, dict):
       if set(tree) == {"moe"} and isinstance(tree["moe"], dict):
         return {"moe": moe_layer.param_specs(moe_cfg)}
-      return {k: specs(v) for k, v in tree.items()}
-    return P()
+      return {k: specs(v, path + (k,)) for k, v in tree.items()}
+    return TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
 
   return specs(params)
 
@@ -285,7 +317,8 @@ def abstract_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh
   make = lambda: LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed))
   graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  specs = param_specs(params, moe_cfg)
+  cfg.check_mesh(mesh_lib.axis_sizes(mesh)[1])
+  specs = param_specs(params, moe_cfg, cfg.tensor_parallel)
   with_sharding = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
   return (graphdef, jax.tree.map(with_sharding, params, specs),
           jax.tree.map(lambda a: with_sharding(a, P()), rest))

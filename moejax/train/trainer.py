@@ -84,6 +84,7 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  model_cfg.check_mesh(config.mesh.gpus_per_node)
 
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   require(is_int(config.steps), "steps", config.steps, "a positive int")
