@@ -35,7 +35,9 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "kind": "bert", "vocab_size": 256, "num_layers": 2, "d_model": 64, "num_heads": 4, "d_ff": 128,
       "max_len": 128, "moe_every": 2, "dtype": "float32",
       # A few hundred steps neither overfit nor let LAMB grow BERT's 0.02 embeddings far enough.
-      "dropout": 0.0, "embed_init_std": 0.1})
+      "dropout": 0.0, "embed_init_std": 0.1,
+      # Megatron tensor parallelism of the dense parts over 'gpu'; Lina's prioritised gradient all-reduce.
+      "tensor_parallel": False, "grad_sync": "default"})
   config.moe = ml_collections.ConfigDict({
       "num_experts": 8, "top_k": 1, "routing": "topk", "transport": "padded", "expert_backend": "ragged_dot",
       "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "activation": "gelu", "gated": False,
@@ -45,7 +47,10 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "buffer_factor": ml_collections.config_dict.placeholder(float),
       "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's alpha
       "local_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's beta
-      "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32"})
+      "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32",
+      # Comet's schedules (num_chunks: token chunks or column blocks); Parm's expert sharding.
+      "schedule": "sequential", "num_chunks": 1,
+      "esp_schedule": ml_collections.config_dict.placeholder(str), "esp_cost": "dgx_h100_ib"})
   config.data = ml_collections.ConfigDict({
       "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
       "tokenizer_model": "",  # a SentencePiece model file; '' = train one on the corpus and cache it

@@ -15,6 +15,7 @@ from moejax.moe.layer import init_params, moe_apply
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError
 from tests.conftest import make_test_mesh
+from tests.hlo_graph import contains, entry_graph
 from tests.test_exchange import RAGGED_OP, _skewed
 from tests.test_layer import assert_matches_reference
 
@@ -85,38 +86,13 @@ def test_bad_schedules_are_named(mesh_2x4):
     moe_apply(params, jnp.ones((64, 8)), cfg, mesh_2x4)
 
 
-def _entry_graph(hlo: str):
-  """The optimised program's entry computation as {name: (opcode, result type, operands, is_matmul)}
-  plus every instruction's ancestors; a fusion counts as a matmul when its computation holds a dot."""
-  bodies, current, entry = {}, None, None
-  for line in hlo.splitlines():
-    head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
-    if head:
-      current = head.group(2)
-      bodies[current] = []
-      entry = current if head.group(1) else entry
-    elif current and line.startswith("  ") and " = " in line:
-      bodies[current].append(re.sub(r"/\*.*?\*/", "", line.strip()))
-  has_dot = {name: any(" dot(" in line for line in lines) for name, lines in bodies.items()}
-  nodes = {}
-  for line in bodies[entry]:
-    name, type_, op, rest = re.match(r"(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+) ([a-z\-]+)\((.*)", line).groups()
-    called = re.findall(r"calls=%([\w.\-]+)", line)
-    operands = [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called]
-    nodes[name] = (op, type_, operands, op == "dot" or any(has_dot.get(c) for c in called))
-  ancestors = {}
-  for name in nodes:  # instructions are printed after their operands
-    ancestors[name] = set().union(*([{o} | ancestors.get(o, set()) for o in nodes[name][2] if o in nodes] or [set()]))
-  return nodes, ancestors
-
-
 def _dependent_matmuls(cfg, mesh):
   """{payload columns: [matmuls depending on it, for each float collective-permute]}, matmul count."""
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
-  nodes, ancestors = _entry_graph(hlo)
-  matmuls = [n for n, v in nodes.items() if v[3]]
+  nodes, ancestors, bodies = entry_graph(hlo)
+  matmuls = [n for n, (op, _, _, called) in nodes.items() if op == "dot" or any(contains(bodies, c, "dot") for c in called)]
   dependents = {}
   for name, (op, type_, _, _) in nodes.items():
     if op == "collective-permute" and type_.startswith("f32"):

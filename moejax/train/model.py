@@ -20,9 +20,11 @@ from moejax.moe import layer as moe_layer
 from moejax.moe import routing
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.runtime import mesh as mesh_lib
+from moejax.train import grad_sync as grad_sync_lib
 from moejax.validation import ConfigError, is_int, require
 
 KINDS = ("bert", "gpt")
+GRAD_SYNCS = ("default", "prioritized")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,10 @@ class ModelConfig:
     the dense FFN's hidden units split over the node's GPUs (one all-reduce after each), activations
     sharded over 'node' only, so the MoE layers see their input replicated over 'gpu' (Parm's setting,
     `MoEConfig.esp_schedule`). False: data parallelism over both axes.
+  grad_sync: 'default' (XLA places the data-parallel gradient all-reduces) or 'prioritized' (Lina):
+    each block's parameter gradients are reduced as one bucket as soon as its backward is done, and the
+    gradient flowing on to the block below waits for that bucket, so no bucket's all-reduce runs
+    during another block's backward all-to-alls. Same gradients (`moejax.train.grad_sync`).
   """
 
   kind: str
@@ -52,6 +58,7 @@ class ModelConfig:
   dtype: str = "float32"
   embed_init_std: float = 0.02
   tensor_parallel: bool = False
+  grad_sync: str = "default"
 
   def __post_init__(self):
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
@@ -69,6 +76,7 @@ class ModelConfig:
     require(isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0, "embed_init_std",
             self.embed_init_std, "> 0")
     require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
+    require(self.grad_sync in GRAD_SYNCS, "grad_sync", self.grad_sync, f"one of {GRAD_SYNCS}")
 
   def check_mesh(self, gpus_per_node: int) -> None:
     """With tensor parallelism, the heads and the dense FFN split evenly over the node's GPUs."""
@@ -257,6 +265,9 @@ class LanguageModel(nnx.Module):
     x_BxSxD = constrain(self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs))
     auxes, new_cache = [], []
     for i, block in enumerate(self.blocks):
+      if self.cfg.grad_sync == "prioritized":
+        specs = param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), self.moe_cfg, self.cfg.tensor_parallel)
+        x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, self.mesh, specs)
       if cache is None:
         x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
       else:

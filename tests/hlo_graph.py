@@ -1,0 +1,34 @@
+"""Data dependencies of an HLO module's entry computation, read from its text (tests only)."""
+
+import re
+
+
+def entry_graph(hlo: str):
+  """({name: (opcode, result type, operands, called computations)}, {name: ancestors}, {computation: lines})."""
+  bodies, current, entry = {}, None, None
+  for line in hlo.splitlines():
+    head = re.match(r"^(ENTRY )?%?([\w.\-]+) .*\{$", line)
+    if head:
+      current = head.group(2)
+      bodies[current] = []
+      entry = current if head.group(1) else entry
+    elif current and line.startswith("  ") and " = " in line:
+      bodies[current].append(re.sub(r"/\*.*?\*/", "", line.strip()))
+  nodes = {}
+  for line in bodies[entry]:
+    name, type_, op, rest = re.match(r"(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+) ([a-z\-]+)\((.*)", line).groups()
+    called = re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", line)
+    operands = [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called]
+    nodes[name] = (op, type_, operands, called)
+  ancestors = {}
+  for name in nodes:  # instructions are printed after their operands
+    ancestors[name] = set().union(*([{o} | ancestors.get(o, set()) for o in nodes[name][2] if o in nodes] or [set()]))
+  return nodes, ancestors, bodies
+
+
+def contains(bodies: dict, computation: str, opcode: str) -> bool:
+  """Whether a computation (or one it calls) holds an instruction with this opcode."""
+  lines = bodies.get(computation, [])
+  if any(f" {opcode}(" in line for line in lines):
+    return True
+  return any(contains(bodies, c, opcode) for line in lines for c in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", line))
