@@ -22,6 +22,8 @@ import numpy as np
 from absl import app, flags
 from ml_collections import config_flags
 
+from moejax.cost import decode as decode_cost
+from moejax.cost import topology as topology_lib
 from moejax.infer import decode, load
 from moejax.placement import affinity, solve
 from moejax.placement.traces import routing_traces
@@ -41,6 +43,8 @@ _BATCH = flags.DEFINE_integer("batch", 32, "Requests decoded per mesh (a multipl
 _PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per request.")
 _STEPS = flags.DEFINE_integer("steps", 24, "Tokens generated per request.")
 _TIME_LIMIT = flags.DEFINE_float("time_limit_s", 20.0, "HiGHS time limit per placement stage.")
+_TOPOLOGY = flags.DEFINE_string("topology", "dgx_h100_ib", "Topology preset the decode steps are priced on.")
+_PRICE_D = flags.DEFINE_integer("price_d_model", 0, "Model width the rows are priced at (0: the model's own).")
 
 DISTRIBUTIONS = {"in": "python-stdlib:", "ood": "python-docs:"}  # url prefixes of the embedded corpus
 # (name, decode mode, with the placement, prompts)
@@ -111,6 +115,7 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
       # expert (uniform: 1 / E).
       "mean_top_affinity": float(affinity_rows.max(-1).mean()), "uniform_affinity": 1 / num_experts,
       "batch": _BATCH.value, "prompt_len": _PROMPT_LEN.value, "steps": _STEPS.value, "meshes": {},
+      "d_model": model.cfg.d_model, "num_layers": model.cfg.num_layers, "dtype": model.cfg.dtype,
   }
   print(f"model from step {step}; affinity: likeliest next expert {result['mean_top_affinity']:.3f} "
         f"(uniform {1 / num_experts:.3f})", flush=True)
@@ -137,6 +142,21 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
     entry["same_tokens"] = bool(all((outputs[a] == outputs[b]).all() for a, b in (
         ("vanilla", "exflow"), ("exflow", "exflow+placement"), ("exflow (ood)", "exflow+placement (ood)"))))
     result["meshes"][f"{nodes}x{gpus}"] = entry
+  return price(result, topology_lib.get(_TOPOLOGY.value), _PRICE_D.value or model.cfg.d_model)
+
+
+def price(result: dict, topology, d_model: int) -> dict:
+  """Adds each decode run's communication per step, priced on `topology` (`moejax.cost.decode`) with
+  rows of d_model values: the exchanged hidden state, and for exflow's all-gather 2 x d_model per block."""
+  item = np.dtype(result["dtype"]).itemsize
+  result["priced"] = {"topology": topology.name, "d_model": d_model}
+  for mesh, entry in result["meshes"].items():
+    shape = parse_mesh(mesh)
+    for name, mode, *_ in RUNS:
+      run_ = entry["decode"][name]
+      run_["priced"] = decode_cost.decode_step(mode, run_, result["batch"], result["moe_layers"], shape,
+                                               d_model * item, 2 * d_model * result["num_layers"] * item + 4,
+                                               topology)
   return result
 
 
@@ -146,6 +166,13 @@ def table(result: dict) -> str:
       f"{'in-node / cross-node':>24s}" for _ in names)]
   for mesh, entry in result["meshes"].items():
     cells = [f"{entry['decode'][n]['cross_gpu_in_node']:.3f} / {entry['decode'][n]['cross_node']:.3f}" for n in names]
+    lines.append(f"{mesh:6s} " + " ".join(f"{c:>24s}" for c in cells))
+  priced = result["priced"]
+  lines += ["", f"communication per decode step on {priced['topology']} at d_model {priced['d_model']}: "
+            "exchanges + all-gather (us)"]
+  for mesh, entry in result["meshes"].items():
+    cells = [f"{entry['decode'][n]['priced']['exchange_s'] * 1e6:.1f} + {entry['decode'][n]['priced']['allgather_s'] * 1e6:.1f}"
+             for n in names]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>24s}" for c in cells))
   lines += ["", "teacher-forced traces: transitions between MoE layers per token, in-node / cross-node",
             f"{'mesh':6s} " + " ".join(f"{k + ' ' + p:>26s}" for k in ("profile", "in", "ood")

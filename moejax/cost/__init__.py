@@ -9,5 +9,6 @@ Modules: `topology` (presets with sources), `traffic` (peer masks and analytic t
 per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms), `overlap` (the
 layer under the sequential / chunked / comet schedules, Comet), `parm` (Parm's baseline / S1 / S2
 expert-sharding schedules and its Algorithm 1), `contention` (the backward all-to-all against the
-data-parallel all-reduce: default / naive_overlap / prioritized, Lina).
+data-parallel all-reduce: default / naive_overlap / prioritized, Lina), `decode` (a decode step's
+exchanges and all-gather, vanilla vs exflow, ExFlow).
 """
