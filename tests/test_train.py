@@ -193,7 +193,7 @@ def test_corrupt_checkpoint_is_skipped(mesh_2x4, tmp_path, capsys):
     ("model.kind", "t5", "model.kind"), ("moe.top_k", 0, "moe.top_k"), ("batch_size", 12, "batch_size"),
     ("data.shards", 3, "data.shards"), ("optim.decay", "step", "optim.decay"), ("seq_len", 256, "seq_len"),
     ("data.train_files", "/nonexistent/c4-*.json.gz", "data.train_files"), ("moe.num_experts", 12, "num_experts"),
-    ("model.tensor_parallel", "yes", "model.tensor_parallel")])
+    ("model.grad_sync", "lina", "model.grad_sync")])
 def test_bad_configs_are_rejected_before_compiling(field, value, match):
   config = mlm.get_config()
   section, _, name = field.rpartition(".")
