@@ -51,7 +51,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.cost import parm
 from moejax.cost import topology as topology_lib
-from moejax.moe import experts, layer, routing
+from moejax.moe import experts, layer, routing, schedule
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
@@ -243,21 +243,14 @@ def _slice_ffn(rows_RxD, group_sizes_G, params, cfg: MoEConfig):
 
 def _slice_on_blocks(blocks_SxRxD, params, cfg: MoEConfig, n: int):
   """Dense: the slice FFN on received blocks [S(source), epn * C, d] (expert-major) -> the same layout."""
-  sources, rows, d = blocks_SxRxD.shape
-  epn = cfg.num_experts // n
-  by_expert = blocks_SxRxD.reshape(sources, epn, -1, d).transpose(1, 0, 2, 3)
-  sizes = jnp.full((epn,), sources * rows // epn, jnp.int32)
-  y = _slice_ffn(by_expert.reshape(-1, d), sizes, params, cfg)
-  return y.reshape(by_expert.shape).transpose(1, 0, 2, 3).reshape(blocks_SxRxD.shape)
+  return layer.capacity_experts(blocks_SxRxD, cfg.num_experts // n, lambda r, g: _slice_ffn(r, g, params, cfg))
 
 
 def _slice_on_rows(rows_RxD, local_R, params, cfg: MoEConfig, n: int):
   """Ragged: the slice FFN on rows in any order, each with its local expert (-1 = empty row -> 0)."""
   epn = cfg.num_experts // n
-  key_R = jnp.where(local_R >= 0, local_R, epn)
-  order = jnp.argsort(key_R, stable=True)
-  y_sorted = _slice_ffn(rows_RxD[order], plan_lib.histogram(key_R, epn), params, cfg)
-  return jnp.where((local_R >= 0)[:, None], jnp.zeros_like(y_sorted).at[order].set(y_sorted), 0.0)
+  return schedule.run_grouped(rows_RxD, jnp.where(local_R >= 0, local_R, epn), epn,
+                              lambda r, g: _slice_ffn(r, g, params, cfg))
 
 
 def _fused_exchange(buffer_SxD, params, cfg: MoEConfig, n: int, m: int):
@@ -298,7 +291,7 @@ def _ragged_exchange(rows_RxD, ids_R, params, cfg: MoEConfig, n: int, m: int, ki
   outputs = transport_lib.combine(partial if fused else jax.lax.psum(partial, GPU), route, hops, kind)
   arrived = transport_lib.arrived(received_ids, route, hops, kind).reshape(-1, copies).all(axis=1)
   outputs = jnp.where(arrived[:, None], outputs.reshape(-1, copies, d).sum(axis=1), 0.0).astype(rows_RxD.dtype)
-  traffic = _traffic_matrix(route.plans[0].kept_AxA[jax.lax.axis_index(hop)], hop, n, m)
+  traffic = layer.global_traffic(route.plans[0].kept_AxA[jax.lax.axis_index(hop)], hop, n, m)
   return outputs, arrived, traffic
 
 
@@ -400,14 +393,7 @@ def _kept_per_node(routed: Gate, cfg: MoEConfig, n: int, sent=None):
 def _dense_traffic(rows_to_node, hop, n: int, m: int):
   """[D, D] rows of a dense dispatch all-to-all that carry a kept choice: over 'node' (baseline) each
   device sends to the GPU with its index; over both axes (Dump) to every GPU of the node."""
-  return _traffic_matrix(rows_to_node if hop == NODE else jnp.repeat(rows_to_node, m), hop, n, m)
-
-
-def _traffic_matrix(send_A, hop, n: int, m: int):
-  """[D, D] rows between flat devices, from each device's rows to its A peers along the hop."""
-  me = mesh_lib.my_flat_index(m)
-  peers = jnp.asarray(mesh_lib.peer_table(hop, n, m))[me]
-  return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), ALL)
+  return layer.global_traffic(rows_to_node if hop == NODE else jnp.repeat(rows_to_node, m), hop, n, m)
 
 
 def _aux(routed: Gate, distinct_over, cfg: MoEConfig, traffic, overflowed_E):

@@ -163,9 +163,9 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, n: int, m: int, experts
   if cfg.transport == "capacity":
     slots_R = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
     blocks = transport_lib.capacity_dispatch(x_RxD, slots_R, num_experts * capacity, ALL, n * m)
-    y_blocks = _capacity_experts(blocks, experts_per_gpu, capacity, local)
+    y_blocks = capacity_experts(blocks, experts_per_gpu, local.ffn)
     y_RxD = transport_lib.capacity_combine(y_blocks, slots_R, ALL)
-    traffic = [_global_traffic(_sends_per_device(kept_ids_R, experts_per_gpu, n * m), ALL, n, m)]
+    traffic = [global_traffic(_sends_per_device(kept_ids_R, experts_per_gpu, n * m), ALL, n, m)]
     processed_ids_R, overflowed = kept_ids_R, jnp.zeros((), jnp.int32)
   else:
     hops = transport_lib.transport_hops(cfg.transport)
@@ -179,7 +179,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, n: int, m: int, experts
     if "slots" in extras:
       processed_ids_R = replicas_lib.to_experts(processed_ids_R, extras["slots"])
     mine = [jax.lax.axis_index(a) for a in hops]
-    traffic = [_global_traffic(sum(r.plans[h].kept_AxA[me] for r in result.routes), a, n, m)
+    traffic = [global_traffic(sum(r.plans[h].kept_AxA[me] for r in result.routes), a, n, m)
                for h, (a, me) in enumerate(zip(hops, mine))]
     overflowed = sum(jnp.sum(r.plans[h].sizes_AxA[me] - r.plans[h].kept_AxA[me])
                      for r in result.overflow_routes for h, me in enumerate(mine))
@@ -209,20 +209,21 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   return summary
 
 
-def _capacity_experts(blocks, experts_per_gpu, capacity, local: schedule_lib.Experts):
-  """blocks [A(src), epg * C, d] -> expert outputs in the same layout (every slot computed)."""
-  num_src, _, d = blocks.shape
-  rows = blocks.reshape(num_src, experts_per_gpu, capacity, d).transpose(1, 0, 2, 3).reshape(-1, d)
-  group_sizes = jnp.full((experts_per_gpu,), num_src * capacity, jnp.int32)
-  y = local.ffn(rows, group_sizes).astype(blocks.dtype)
-  return y.reshape(experts_per_gpu, num_src, capacity, d).transpose(1, 0, 2, 3).reshape(blocks.shape)
+def capacity_experts(blocks, groups: int, ffn):
+  """blocks [A(src), G * C, d] (expert-major slots) -> ffn(rows, group_sizes) in the same layout, every
+  slot computed; ffn: rows [R, d] grouped by local expert, group sizes [G] -> [R, d]."""
+  num_src, slots, d = blocks.shape
+  rows = blocks.reshape(num_src, groups, slots // groups, d).transpose(1, 0, 2, 3)
+  group_sizes = jnp.full((groups,), num_src * slots // groups, jnp.int32)
+  y = ffn(rows.reshape(-1, d), group_sizes).astype(blocks.dtype)
+  return y.reshape(rows.shape).transpose(1, 0, 2, 3).reshape(blocks.shape)
 
 
 def _sends_per_device(ids_R, experts_per_gpu, num_devices):
   return plan_lib.histogram(jnp.where(ids_R >= 0, ids_R // experts_per_gpu, -1), num_devices)
 
 
-def _global_traffic(send_A, axis_name, n, m):
+def global_traffic(send_A, axis_name, n, m):
   """[D, D] rows sent between flat devices, from each device's sends to its A peers along the axis."""
   me = mesh_lib.my_flat_index(m)
   peers = jnp.asarray(mesh_lib.peer_table(axis_name, n, m))[me]

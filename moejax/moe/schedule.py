@@ -90,11 +90,17 @@ def _expert_major(key_R, groups: int):
   return position, plan_lib.histogram(key_R, groups)
 
 
+def run_grouped(rows_RxD, key_R, groups: int, ffn):
+  """ffn on rows in any order, each with its group key in [0, groups] (groups = empty row): rows sorted
+  by group, ffn(rows, group_sizes [groups]) -> [R, d'], back in the input order, 0 on empty rows."""
+  position, group_sizes = _expert_major(key_R, groups)
+  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
+  return jnp.where((key_R < groups)[:, None], ffn(sorted_RxD, group_sizes)[position], 0.0)
+
+
 def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   """The local experts on received rows in any order (id -1 = empty row) -> [R, d] fp32, 0 on empty rows."""
-  position, group_sizes = _expert_major(local_experts(ids_R, ex), ex.experts_per_gpu)
-  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
-  return jnp.where((ids_R >= 0)[:, None], local.ffn(sorted_RxD, group_sizes)[position], 0.0)
+  return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
 
 
 def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
