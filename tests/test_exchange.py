@@ -99,9 +99,9 @@ def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
     assert int(aux["tokens_overflowed"]) == int(outputs[0][1]["tokens_overflowed"]) > 0
 
 
-def _temp_bytes(n, m, transport, buffer_factor):
+def _temp_bytes(n, m, transport, buffer_factor, **fields):
   cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, transport=transport,
-                  buffer_factor=buffer_factor)
+                  buffer_factor=buffer_factor, **fields)
   mesh = mesh_lib.make_mesh(n, m)
   params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
   x = jax.ShapeDtypeStruct((256 * n * m, 128), jnp.float32)
@@ -120,18 +120,17 @@ def test_temporaries_do_not_grow_with_devices(devices, transport):
 RAGGED_OP = re.compile(r"custom_call @ragged_all_to_all\(.*: \(tensor<(\d+)x(?:\d+x)*[a-z]+\d*>, tensor<(\d+)x")
 
 
-@pytest.mark.parametrize("transport,hops", [("ragged", 1), ("hierarchical", 2), ("bilevel", 2)])
-def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transport, hops):
-  """The GPU program (lowered for CUDA here, without a GPU): forward and backward type-check under
-  shard_map, every hop is a ragged_all_to_all (rows and ids out, rows back, and both transposed in
-  the backward: 5 per hop) whose receive buffer holds ceil(buffer_factor * T * K) rows."""
+LOCAL_TOKENS = 64
+
+
+def cuda_ragged_shapes(monkeypatch, **fields):
+  """(operand rows, output rows) of every ragged_all_to_all in the forward and backward of the layer
+  lowered for CUDA (here, without a GPU) on 2 x 4 devices, 64 tokens each, bf16, buffer_factor 1.5."""
   monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, transport=transport, dtype="bfloat16",
-                  buffer_factor=1.5)
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", buffer_factor=1.5, **fields)
   mesh = make_test_mesh(2, 4)
-  local_tokens = 64
   params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
-  x = jax.random.normal(jax.random.key(1), (8 * local_tokens, 16), jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(1), (8 * LOCAL_TOKENS, 16), jnp.bfloat16)
 
   def loss(p, v):
     y, aux = moe_apply(p, v, cfg, mesh)
@@ -139,9 +138,17 @@ def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transpor
 
   text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
       lowering_platforms=("cuda",)).as_text()
-  shapes = [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
+  return [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
+
+
+@pytest.mark.parametrize("transport,hops", [("ragged", 1), ("hierarchical", 2), ("bilevel", 2)])
+def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transport, hops):
+  """The GPU program (lowered for CUDA here, without a GPU): forward and backward type-check under
+  shard_map, every hop is a ragged_all_to_all (rows and ids out, rows back, and both transposed in
+  the backward: 5 per hop) whose receive buffer holds ceil(buffer_factor * T * K) rows."""
+  shapes = cuda_ragged_shapes(monkeypatch, transport=transport)
   assert len(shapes) == 5 * hops, shapes
-  local_rows, buffer_rows = local_tokens * 2, math.ceil(1.5 * local_tokens * 2)
+  local_rows, buffer_rows = LOCAL_TOKENS * 2, math.ceil(1.5 * LOCAL_TOKENS * 2)
   assert {s for s in shapes} <= {(local_rows, buffer_rows), (buffer_rows, local_rows), (buffer_rows, buffer_rows)}
   assert (local_rows, buffer_rows) in shapes
 

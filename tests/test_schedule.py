@@ -12,11 +12,10 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
-from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError
 from tests.conftest import make_test_mesh
 from tests.hlo_graph import contains, entry_graph
-from tests.test_exchange import RAGGED_OP, _skewed
+from tests.test_exchange import LOCAL_TOKENS, _skewed, _temp_bytes, cuda_ragged_shapes
 from tests.test_layer import assert_matches_reference
 
 # (mesh, routing, transport, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
@@ -69,6 +68,14 @@ def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
     np.testing.assert_allclose(g, g_seq, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("schedule", ["chunked", "comet"])
+def test_schedule_temporaries_do_not_grow_with_devices(devices, schedule):
+  """Bounded buffers: 8 devices need at most 1.5x the temporaries of 4 (a block per peer would not;
+  below 4 devices a chunk's worst case is still under the bound)."""
+  small, large = (_temp_bytes(n, m, "padded", 2.0, schedule=schedule, num_chunks=2) for n, m in ((1, 4), (2, 4)))
+  assert large <= 1.5 * small, (small, large)
+
+
 def test_bad_schedules_are_named(mesh_2x4):
   with pytest.raises(ConfigError, match="schedule='pipelined'"):
     MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="pipelined")
@@ -105,8 +112,9 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
   """Flat exchange over A = 8 peers (7 ring steps of collective permutes each), C = 2, no gating: one
   router matmul, one first and one second expert GEMM per computed piece, one weighted sum.
   sequential: every dispatch step feeds both GEMMs; chunked: a chunk's steps feed only its own two
-  GEMMs; comet: a dispatch step feeds its own first GEMM and the C second-GEMM blocks, and a
-  column block's combine feeds only the weighted sum."""
+  GEMMs; comet: a dispatch step feeds the first GEMM of the others' rows and the C second-GEMM
+  blocks (not the GEMM of the device's own rows), and a column block's combine feeds only the
+  weighted sum."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
   steps, d, c = 7, 8, 2
@@ -114,8 +122,8 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
     assert matmuls == 4 and sorted(dependents[d]) == [1] * steps + [3] * steps
   elif schedule == "chunked":  # per chunk: dispatch steps feed its 2 GEMMs + the sum, combine steps the sum
     assert matmuls == 6 and sorted(dependents[d]) == [1] * (c * steps) + [3] * (c * steps)
-  else:
-    assert matmuls == 1 + (steps + 1) + c + 1
+  else:  # own rows and the others' rows: two first GEMMs
+    assert matmuls == 1 + 2 + c + 1
     assert dependents[d] == [1 + c + 1] * steps
     assert dependents[d // c] == [1] * (c * steps)
 
@@ -123,28 +131,15 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])
 def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
   """The GPU program (lowered for CUDA, without a GPU) with bounded buffers over 8 peers, C = 2.
-  comet: the ids move once, the rows in 7 one-peer steps (own rows locally) and back as C column
-  blocks, each transposed in the backward: 1 + 2 * 7 + 2 * C ragged all-to-alls. chunked: the ids'
-  round trip that decides the drops, then per chunk the sequential five (rows, ids, rows back, and
+  comet: the ids move once, the others' rows in one exchange (own rows locally) and back as C column
+  blocks, each transposed in the backward: 1 + 2 + 2 * C ragged all-to-alls into the bounded
+  buffer. chunked: the ids' round trip that decides the drops, then per chunk the sequential five (rows, ids, rows back, and
   the two transposed)."""
-  monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, transport="ragged", dtype="bfloat16",
-                  buffer_factor=1.5, schedule=schedule, num_chunks=2)
-  mesh = make_test_mesh(2, 4)
-  params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
-  x = jax.random.normal(jax.random.key(1), (8 * 64, 16), jnp.bfloat16)
-
-  def loss(p, v):
-    y, aux = moe_apply(p, v, cfg, mesh)
-    return jnp.sum(y.astype(jnp.float32)) + aux["aux_loss"]
-
-  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
-      lowering_platforms=("cuda",)).as_text()
-  shapes = [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
-  local_rows, buffer_rows = 64 * 2, math.ceil(1.5 * 64 * 2)
+  shapes = cuda_ragged_shapes(monkeypatch, transport="ragged", schedule=schedule, num_chunks=2)
+  local_rows, buffer_rows = LOCAL_TOKENS * 2, math.ceil(1.5 * LOCAL_TOKENS * 2)
   if schedule == "comet":
-    assert len(shapes) == 1 + 2 * 7 + 2 * 2, shapes
-    assert shapes.count((local_rows, local_rows)) == 2 * 7  # one source's block: at most its rows
+    assert len(shapes) == 1 + 2 + 2 * 2, shapes
+    assert set(shapes) == {(local_rows, buffer_rows), (buffer_rows, local_rows)}, shapes
   else:
     assert len(shapes) == 2 + 2 * 5, shapes
     # every chunk receives into the whole bound: one chunk may hold all the rows that fit

@@ -11,7 +11,9 @@ its size by `GemmCurve`:
               FasterMoE; Comet Sec. 1). Dispatch and combine share the link, so the pipeline's stage is
               max(d + c, g) and t = d + g + c + (C - 1) max(d + c, g), with d, g, c one chunk's dispatch,
               matmuls (at the efficiency of a C-fold smaller GEMM) and combine. C = 1 is sequential.
-  comet       layer0 decomposed by source peer (Comet Sec. 3.1, Fig. 5): the hops before the last run
+  comet       (Comet's own pipeline; the layer, moejax.moe.schedule, runs the last hop in two steps,
+              own rows then the rest, to keep its buffers bounded, so this is the finer pipeline's
+              price) layer0 decomposed by source peer (Comet Sec. 3.1, Fig. 5): the hops before the last run
               whole; the last hop runs one ring step per peer, and the layer0 GEMM of a peer's rows runs
               as soon as they are there, the device's own rows first (GEMMs of ~1/G of the rows). layer1
               decomposed by column blocks of d (Fig. 6): NB = num_chunks GEMMs of d / NB columns, each

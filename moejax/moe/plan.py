@@ -96,6 +96,14 @@ def shift_args(forward: RaggedArgs, backward: RaggedArgs, shift: int, me: jax.Ar
           RaggedArgs(zeros, received, jnp.where(from_src, backward.output_offsets, 0), sent))
 
 
+def without_self(forward: RaggedArgs, backward: RaggedArgs, me: jax.Array) -> tuple[RaggedArgs, RaggedArgs]:
+  """The exchange with my block to myself left out (every offset unchanged): forward and reverse."""
+  other = jnp.arange(forward.send_sizes.shape[0]) != me
+  mask = lambda args: args._replace(send_sizes=jnp.where(other, args.send_sizes, 0),
+                                    recv_sizes=jnp.where(other, args.recv_sizes, 0))
+  return mask(forward), mask(backward)
+
+
 def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int) -> HopPlan:
   """Plan for one hop inside `shard_map`; dest_R in [0, A], A = not sent; receivers hold
   `buffer_rows` rows."""

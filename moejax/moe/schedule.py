@@ -9,8 +9,8 @@ result, drops included:
   bounded buffers the drops are decided once, on the ids, by the sequential route (one more round
   trip of int32 ids), so every chunk drops exactly what sequential drops and no chunk overflows.
 - comet: decomposed by the consumers' independent dimensions (Comet sec. 3.1). The last dispatch hop
-  runs one source peer per ring step, my own rows first; each step's rows enter the first expert GEMM
-  as soon as they arrive and their hidden rows land in an expert-major buffer (rows ordered by
+  runs in two steps: my own rows (a local move) enter the first expert GEMM at once while the other
+  peers' rows arrive in one exchange; hidden rows land in an expert-major buffer (rows ordered by
   (expert, source)). The second GEMM then runs one column block of d at a time for all local
   experts, and each block is combined (sent back through every hop) as soon as it is done.
 """
@@ -131,21 +131,29 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
   axis, plan, out_rows = ex.hops[-1], route.plans[-1], route.out_rows[-1]
   num_peers = plan.sizes_AxA.shape[0]
   me = jax.lax.axis_index(axis)
-  # Earlier hops move whole; the last one, which feeds the GEMM, one source peer at a time.
+  # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind)[plan.order]
   groups = ex.experts_per_gpu
   key_R = local_experts(ids_out, ex)
   position_R, group_sizes = _expert_major(key_R, groups)
   recv_offsets, recv_sizes = plan.backward.input_offsets, plan.forward.recv_sizes
-  block = min(rows_RxD.shape[0], out_rows)  # one source's rows fit both its operand and my buffer
-  i_B = jnp.arange(block)
+  # My own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
+  # exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow
+  # with the peer count, where a block per peer alive at once would.
+  own_forward, own_backward = plan_lib.shift_args(plan.forward, plan.backward, 0, me)
+  own = min(rows_RxD.shape[0], out_rows)
+  i_B = jnp.arange(own)
+  q_B = jnp.minimum(recv_offsets[me] + i_B, out_rows - 1)  # the rows' places in the receive layout
+  steps = [(transport_lib.move_rows(rows_RxD, own_forward, own_backward, own, axis, ex.kind, (0,)), q_B,
+            jnp.where(i_B < recv_sizes[me], key_R[q_B], groups))]
+  if num_peers > 1:
+    forward, backward = plan_lib.without_self(plan.forward, plan.backward, me)
+    q_R = jnp.arange(out_rows)
+    mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
+    steps.append((transport_lib.move_rows(rows_RxD, forward, backward, out_rows, axis, ex.kind,
+                                          tuple(range(1, num_peers))), q_R, jnp.where(mine, groups, key_R)))
   h_RxF = None
-  for shift in range(num_peers):
-    forward, backward = plan_lib.shift_args(plan.forward, plan.backward, shift, me)
-    x_BxD = transport_lib.move_rows(rows_RxD, forward, backward, block, axis, ex.kind, (shift,))
-    src = (me - shift) % num_peers
-    q_B = jnp.minimum(recv_offsets[src] + i_B, out_rows - 1)  # the rows' places in the receive layout
-    key_B = jnp.where(i_B < recv_sizes[src], key_R[q_B], groups)
+  for x_BxD, q_B, key_B in steps:
     step_position, step_sizes = _expert_major(key_B, groups)
     h_BxF = local.hidden(jnp.zeros_like(x_BxD).at[step_position].set(x_BxD), step_sizes)[step_position]
     if h_RxF is None:
