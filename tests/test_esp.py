@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import esp
+from moejax.moe import expert_sharding as esp
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply, param_shapes
 from moejax.moe.reference import moe_reference
@@ -58,7 +58,7 @@ def assert_matches_reference(cfg, mesh, schedule, params, x, reference, tol=1e-5
   """y, the losses, counts and (if `grads`) the gradients w.r.t. x and every parameter equal `reference`
   (from `_reference` with the schedule's capacity groups)."""
   y_ref, aux_ref, grads_ref = reference
-  y, aux, grads = _run(lambda p, x: esp.esp_apply(p, x, cfg, mesh, schedule=schedule), params, x, grads)
+  y, aux, grads = _run(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh), params, x, grads)
   assert _relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):
     np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
@@ -162,7 +162,7 @@ def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
   hold what the experts processed."""
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="padded", buffer_factor=0.5)
   params, x = _forced(_params(cfg, 23), _normal(24, (64, 8)), [3])
-  y, aux = jax.jit(lambda p, x: esp.esp_apply(p, x, cfg, mesh_2x4, schedule=schedule))(params, x)
+  y, aux = jax.jit(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh_2x4))(params, x)
   y_ref = np.asarray(jax.jit(lambda p, x: moe_reference(p, x, cfg)[0])(params, x))
   y = np.asarray(y)
   zero = np.all(y == 0, axis=1)
@@ -179,7 +179,7 @@ def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
   params = _params(cfg, 13)
   x = _normal(14, (64, 8))
   rng = jax.random.key(15)
-  y, _ = esp.esp_apply(params, x, cfg, mesh_2x4, schedule="s1", rng=rng, train=True)
+  y, _ = moe_apply(params, x, dataclasses.replace(cfg, esp_schedule="s1"), mesh_2x4, rng=rng, train=True)
   reference = jax.jit(lambda noise: moe_reference(params, x, cfg, noise=noise)[0])
   noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
   assert _relative_error(y, reference(noise)) < 1e-5
@@ -212,7 +212,7 @@ def test_collective_inventory_matches_parm(mesh_2x4):
   gpus, nodes, flat = "[[0,1,2,3],[4,5,6,7]]", "[[0,4],[1,5],[2,6],[3,7]]", "[[0,1,2,3,4,5,6,7]]"
 
   def lowered(schedule, backward=False):
-    apply = lambda p, x: esp.esp_apply(p, x, cfg, mesh_2x4, schedule=schedule)
+    apply = lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh_2x4)
     program = jax.grad(lambda p, x: jnp.sum(apply(p, x)[0]), argnums=(0, 1)) if backward else apply
     return jax.jit(program).lower(params, x).as_text()
 
@@ -248,7 +248,7 @@ def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
     return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(_normal(3, (16, 3)))
 
   plain = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("gpu") * 2, 2, 0)
-  np.testing.assert_allclose(np.asarray(run(lambda x: esp.mp_split(x, 0))), np.asarray(run(plain)), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(run(lambda x: esp.mp_split(x))), np.asarray(run(plain)), rtol=1e-6)
 
 
 def test_bad_inputs_are_named_before_compiling(mesh_2x4):
@@ -259,12 +259,13 @@ def test_bad_inputs_are_named_before_compiling(mesh_2x4):
 
   def raises(match, cfg=cfg, params=params, x=x, schedule="s1", train=False):
     with pytest.raises(ConfigError, match=match):
-      esp.esp_apply(params, x, cfg, mesh_2x4, schedule=schedule, train=train)
+      moe_apply(params, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh_2x4, train=train)
 
   raises(r"esp_schedule='auto'", schedule="auto")
   raises(r"num_experts=3.*multiple of the mesh's 2 nodes", cfg=MoEConfig(**{**base, "num_experts": 3}))
   raises(r"d_ff=6.*multiple of the mesh's 4 GPUs", cfg=MoEConfig(**{**base, "d_ff": 6}))
-  raises(r"transport='hierarchical'", cfg=MoEConfig(**{**base, "transport": "hierarchical"}))
+  raises(r"transport='hierarchical'.*no intra-node hop", cfg=MoEConfig(**{**base, "transport": "hierarchical"}),
+         schedule="baseline")
   raises(r"transport='ragged'.*use transport='padded'", cfg=MoEConfig(**{**base, "transport": "ragged"}))
   raises(r"expert_backend='pallas'", cfg=MoEConfig(**{**base, "expert_backend": "pallas"}))
   raises(r"60 tokens, not a multiple of 8 \(esp_schedule='s1'", x=x[:60])
@@ -275,21 +276,21 @@ def test_bad_inputs_are_named_before_compiling(mesh_2x4):
 
 
 @pytest.mark.parametrize("top_k,capacity_factor,want", [(1, 1.0, "s2"), (2, 2.0, "s1")])
-def test_moe_apply_runs_the_schedule_algorithm_1_picks(top_k, capacity_factor, want):
-  """Through the public layer: 'auto' resolves with Parm's Algorithm 1. S1 all-gathers the layer output
+def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacity_factor, want):
+  """'auto' resolves with Parm's Algorithm 1 when the config is made (the layer refuses it). S1 all-gathers the layer output
   (BLM), S2 the expert outputs (ETM = k f BLM): with k f = 1 S2 saves S1's second all-to-all, with
   k f = 4 and large messages S1's smaller all-gather wins. The result equals the reference."""
   mesh = mesh_lib.make_mesh(2, 2)
   cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, transport="capacity",
                   capacity_factor=capacity_factor, esp_schedule="auto")
-  assert esp.resolve_schedule(cfg, 2 * 8192, mesh) == want
+  assert esp.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
   small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
-  chosen = esp.resolve_schedule(small, 32, mesh)
+  chosen = esp.resolve_auto(small, 32, 2, 2)
   params = init_params(jax.random.key(3), small)
   x = jax.random.normal(jax.random.key(4), (32, 8))
-  y, aux = moe_apply(params, x, small, mesh)
-  y_ref, _ = moe_reference(params, x, small, num_groups=4 if chosen == "s1" else 2)
+  y, aux = moe_apply(params, x, chosen, mesh)
+  y_ref, _ = moe_reference(params, x, small, num_groups=4 if chosen.esp_schedule == "s1" else 2)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
   assert int(aux["tokens_dropped"]) == 0
   with pytest.raises(ConfigError, match="esp_cost='nowhere'"):
-    esp.resolve_schedule(dataclasses.replace(cfg, esp_cost="nowhere"), 2 * 1024, mesh)
+    esp.resolve_auto(dataclasses.replace(cfg, esp_cost="nowhere"), 2 * 1024, 2, 2)

@@ -17,6 +17,7 @@ def test_exchange_rules(platform, ragged):
   for transport in ("hierarchical", "bilevel"):
     assert platform_lib.exchange_kind(transport, platform) == ("ragged" if ragged else "padded")
   assert platform_lib.exchange_kind("padded", platform) == "padded"
+  assert platform_lib.exchange_kind("capacity", platform) == "dense"
   assert platform_lib.pallas_interprets(platform) == (platform != "gpu")
 
 

@@ -36,6 +36,8 @@ class MoEConfig:
     all_to_all; runs anywhere), 'capacity' (GShard/Switch dense dispatch; needs capacity_factor),
     'hierarchical' (two hops: over 'gpu', then over 'node'; Tutel-2DH), 'bilevel' (two hops: over
     'node', then over 'gpu'; the path SMILE's routing implies). Any routing works with any transport.
+    'capacity' is the dense exchange kind (a fixed block of experts x capacity rows per peer) behind
+    the same schedules as the ragged kinds.
   expert_backend: 'ragged_dot' (jax.lax.ragged_dot), 'dense' (per-expert loop; reference speed),
     'pallas' (moejax.kernels).
   num_nodes: n, nodes of the mesh; required by the node routings (their parameters depend on it).
@@ -59,15 +61,25 @@ class MoEConfig:
   schedule: how the exchanges and the expert compute are ordered (Comet). 'sequential': dispatch, experts,
     combine. 'chunked': the local tokens split into num_chunks chunks, each dispatched, computed and
     combined on its own, so one chunk's exchange can overlap another's experts (Tutel/FasterMoE).
-    'comet': dispatch decomposed by source peer (the rows a device keeps run first while the others
-    arrive), the second expert GEMM by column blocks of d (num_chunks blocks), each block combined as
-    soon as it is done. Same result as 'sequential' for every routing and transport.
-  num_chunks: chunks of 'chunked' (dividing the local tokens) or column blocks of 'comet' (dividing d_model).
+    'comet': the last dispatch hop in two steps (the rows a device keeps enter the first GEMM while the
+    others arrive in one exchange), the second expert GEMM by column blocks of d (num_chunks blocks),
+    each block combined as soon as it is done. Same result as 'sequential' for every routing,
+    transport, expert sharding and slot table.
+  num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet'
+    (dividing d_model).
   esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
     'node' (EP) and each expert's d_ff over 'gpu' (ESP = MP), scheduled as 'baseline' (DeepSpeed-MoE),
-    's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2).
+    's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2; resolved when
+    the config is made, by `moejax.moe.expert_sharding.resolve_auto`: the layer refuses 'auto').
   esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
     (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
+  slots_per_device: None = no replication. S: each expert holder (a device; a node with esp_schedule) has
+    S expert slots, holding its own E / holders experts and, in the spare slots, replicas of others (Lina,
+    DeepSeek EPLB). `MoELayer` keeps the slot table as state; the trainer re-plans it online.
+  replan_every: with slots_per_device, the trainer re-plans the slot table every this many steps from the
+    expert loads it measured (`moejax.replication.rebalance` on the mean of the last replan_window steps);
+    0 = never (the initial table: replicas of experts 0, 1, ... in the spare slots).
+  replan_window: steps of measured loads the re-plan averages.
   """
 
   num_experts: int
@@ -93,6 +105,9 @@ class MoEConfig:
   num_chunks: int = 1
   esp_schedule: str | None = None
   esp_cost: str = "dgx_h100_ib"
+  slots_per_device: int | None = None
+  replan_every: int = 0
+  replan_window: int = 16
 
   def __post_init__(self):
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
@@ -120,13 +135,15 @@ class MoEConfig:
     require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
     require(self.schedule != "comet" or self.d_model % self.num_chunks == 0, "num_chunks", self.num_chunks,
             f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)")
-    require(self.schedule == "sequential" or self.transport != "capacity", "schedule", self.schedule,
-            "'sequential' with transport='capacity' (the schedules decompose ragged exchanges)")
     require(self.esp_schedule in ESP_SCHEDULES, "esp_schedule", self.esp_schedule, f"one of {ESP_SCHEDULES}")
     require(isinstance(self.esp_cost, str) and self.esp_cost, "esp_cost", self.esp_cost,
             "a topology preset name or the path of a bench_collectives JSON record")
-    require(self.esp_schedule is None or self.schedule == "sequential", "schedule", self.schedule,
-            "'sequential' when esp_schedule is set (the expert-sharded exchanges are not decomposed)")
+    require(self.slots_per_device is None or is_int(self.slots_per_device), "slots_per_device",
+            self.slots_per_device, "None (no replication) or a positive int")
+    require(is_int(self.replan_every, 0), "replan_every", self.replan_every, "an int >= 0")
+    require(is_int(self.replan_window), "replan_window", self.replan_window, "a positive int")
+    require(self.replan_every == 0 or self.slots_per_device is not None, "replan_every", self.replan_every,
+            "0 unless slots_per_device is set (re-planning moves replicas between slots)")
     cf = self.capacity_factor
     require(cf is None or (is_number(cf) and cf > 0),
             "capacity_factor", cf, "None (dropless) or a number > 0")
@@ -178,6 +195,10 @@ class MoEConfig:
   def beta(self) -> float:
     return 0.005 if self.local_balance_coef is None else self.local_balance_coef
 
+  def expert_holders(self, nodes: int, gpus_per_node: int) -> int:
+    """H: what a slot table has a row for: the devices, or the nodes with expert sharding."""
+    return nodes if self.esp_schedule is not None else nodes * gpus_per_node
+
   def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
     """Returns experts_per_gpu on a nodes x gpus_per_node mesh (with esp_schedule: experts per node,
     each split over the node's GPUs), or raises naming the field."""
@@ -188,8 +209,13 @@ class MoEConfig:
               f"a multiple of the mesh's {nodes} nodes (expert sharding puts E / n whole experts on each node)")
       require(self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
               f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")
-      return self.num_experts // nodes
-    devices = nodes * gpus_per_node
-    require(self.num_experts % devices == 0, "num_experts", self.num_experts,
-            f"a multiple of the mesh's {devices} devices (expert e lives on device e // experts_per_gpu)")
-    return self.num_experts // devices
+      per_holder = self.num_experts // nodes
+    else:
+      devices = nodes * gpus_per_node
+      require(self.num_experts % devices == 0, "num_experts", self.num_experts,
+              f"a multiple of the mesh's {devices} devices (expert e lives on device e // experts_per_gpu)")
+      per_holder = self.num_experts // devices
+    if self.slots_per_device is not None:
+      require(self.slots_per_device >= per_holder, "slots_per_device", self.slots_per_device,
+              f">= the {per_holder} experts each holder keeps on this mesh")
+    return per_holder

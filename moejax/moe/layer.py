@@ -6,6 +6,7 @@ the results back and combines them with the router weights (README.md, "What moe
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -14,7 +15,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import esp as esp_lib
+from moejax.moe import expert_sharding as esp_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing
@@ -23,9 +24,13 @@ from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
-from moejax.validation import ConfigError
+from moejax.validation import ConfigError, require
 
 ALL = mesh_lib.AXES  # Both mesh axes as one: the flat device index.
+NODE, GPU = mesh_lib.NODE, mesh_lib.GPU
+# aux entries that are totals over the mesh (replicated); expert_ids is sharded like the tokens.
+AUX_TOTALS = ("load_balance_loss", "z_loss", "aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
+              "traffic_rows")
 
 
 def param_shapes(cfg: MoEConfig) -> dict:
@@ -39,14 +44,14 @@ def param_shapes(cfg: MoEConfig) -> dict:
 
 
 def param_specs(cfg: MoEConfig) -> dict:
-  """Routers replicated; experts sharded over both mesh axes on the expert dimension (with
-  esp_schedule: over 'node' on the expert dimension and over 'gpu' on d_ff, `esp.param_specs`)."""
-  if cfg.esp_schedule is not None:
-    return esp_lib.param_specs(cfg)
+  """Routers replicated; experts sharded over both mesh axes on the expert dimension, or with
+  expert sharding over 'node' on the expert dimension and over 'gpu' on d_ff."""
   specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
-  specs.update({"w_in": P(ALL), "w_out": P(ALL)})
-  if cfg.gated:
-    specs["w_gate"] = P(ALL)
+  if cfg.esp_schedule is None:
+    specs.update({"w_in": P(ALL), "w_out": P(ALL)}, **({"w_gate": P(ALL)} if cfg.gated else {}))
+  else:
+    specs.update({"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None)},
+                 **({"w_gate": P(NODE, None, GPU)} if cfg.gated else {}))
   return specs
 
 
@@ -59,16 +64,88 @@ def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
           else normal(keys[name], shape, shape[1]) for name, shape in shapes.items()}
 
 
-def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None) -> int:
-  """Validates shapes and choices before tracing; returns the experts (or slots) per device."""
+class Layout(NamedTuple):
+  """How one layer call spreads over the mesh, fixed before tracing (`layout`).
+
+  holders: where expert slots live: D devices, or n nodes with expert sharding (each slot's d_ff split
+    over the node's GPUs); slots: S, expert slots per holder (E / holders, or a slot table's width);
+  tokens: the tokens one device routes (one dispatch group: capacity counts within it);
+  rows: the token-choice rows one device sends after expert sharding's split or copies, before the Dump;
+  copies: rows per token-choice after the Dump (m for s1 / s2, else 1); gathered: the baseline's m copies
+    of the node's tokens (else 1); hops: the exchange hops; kind: the exchange kind;
+  x_spec: the sharding of x and y; routed_over / sent_over: the mesh axes along which devices route
+    different tokens / send different rows (what sums of statistics and counts run over).
+  """
+
+  n: int
+  m: int
+  holders: int
+  slots: int
+  tokens: int
+  rows: int
+  copies: int
+  gathered: int
+  hops: tuple
+  kind: transport_lib.Kind
+  x_spec: P
+  routed_over: tuple
+  sent_over: tuple
+
+
+def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | None = None) -> Layout:
+  """The layer's layout for `tokens` global tokens on `mesh`; slots: a slot table's width (None: none).
+  Raises ConfigError naming the field where the pieces cannot meet."""
   n, m = mesh_lib.axis_sizes(mesh)
-  if slot_expert is None:
-    experts_per_gpu = cfg.check_mesh(n, m)
+  esp, k = cfg.esp_schedule, cfg.choices_per_token
+  require(esp != "auto", "esp_schedule", esp, "a concrete schedule: resolve 'auto' when the config is made "
+          "(moejax.moe.expert_sharding.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)")
+  holders = n if esp is not None else n * m
+  per_holder = cfg.check_mesh(n, m)
+  slots = per_holder if slots is None else slots
+  if esp is None:
+    local = tokens // (n * m)
+    routed, sent, x_spec, route_tokens, rows, copies, gathered = ALL, ALL, P(ALL), local, local * k, 1, 1
   else:
-    experts_per_gpu = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, n * m)
-    if cfg.transport == "capacity":
-      raise ConfigError("a slot table needs a ragged transport, not transport='capacity' (whose dense "
-                        "dispatch has one capacity block per logical expert)", "transport", cfg.transport)
+    local = tokens // n
+    x_spec, gathered, copies = P(NODE), (m if esp == "baseline" else 1), (1 if esp == "baseline" else m)
+    route_tokens = local // m if esp == "s1" else local
+    routed = ALL if esp == "s1" else (NODE,)
+    sent = (NODE,) if esp == "baseline" else ALL
+    rows = {"baseline": m * local * k, "s1": route_tokens * k, "s2": -(-local * k // m)}[esp]
+    if esp == "s2" and cfg.capacity_factor is not None:  # the slot buffer [E, C'] split on its capacity axis
+      rows = cfg.num_experts * s2_capacity(cfg, route_tokens, m) // m
+  hops = transport_lib.transport_hops(cfg.transport)
+  if esp == "baseline":
+    require(hops == transport_lib.FLAT_HOPS, "transport", cfg.transport,
+            "a one-hop transport with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to "
+            "the same GPU index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the "
+            "same rows), so there is no intra-node hop for a two-hop transport to take")
+    hops = (NODE,)
+  kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
+  if kind == transport_lib.DENSE:  # a block per peer: every slot of the peer full, for each copy
+    per_slot = routing.expert_capacity(cfg, route_tokens) * gathered
+    if esp == "s2":
+      per_slot = s2_capacity(cfg, route_tokens, m) // m
+    kind = transport_lib.Kind(kind, slots * per_slot)
+  return Layout(n, m, holders, slots, route_tokens, rows, copies, gathered, hops, transport_lib.as_kind(kind),
+                x_spec, routed, sent)
+
+
+def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
+  """S2's capacity C padded to a multiple of m, so that the slot buffer [E, C'] splits evenly over the
+  node's GPUs (padding slots stay empty)."""
+  capacity = routing.expert_capacity(cfg, tokens)
+  return -(-capacity // gpus_per_node) * gpus_per_node
+
+
+def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None) -> Layout:
+  """Validates shapes and choices before tracing; returns the layout."""
+  n, m = mesh_lib.axis_sizes(mesh)
+  cfg.check_mesh(n, m)
+  slots = None
+  if slot_expert is not None:
+    holders = n if cfg.esp_schedule is not None else n * m
+    slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, holders)
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
   want = param_shapes(cfg)
@@ -78,40 +155,44 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   if x.ndim not in (2, 3) or x.shape[-1] != cfg.d_model:
     raise ConfigError(f"x has shape {x.shape}; expected [tokens, {cfg.d_model}] or [batch, seq, {cfg.d_model}]")
   tokens = x.size // cfg.d_model
-  if tokens % (n * m):
+  if cfg.esp_schedule is None and tokens % (n * m):
     raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
-  local_tokens = tokens // (n * m)
-  if cfg.schedule == "chunked" and local_tokens % cfg.num_chunks:
-    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {local_tokens} tokens per device "
-                      f"(schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
-                      f"a divisor of {local_tokens}")
-  platform_lib.check_transport(cfg.transport, platform_lib.of_mesh(mesh))
-  return experts_per_gpu
+  groups = n * m if cfg.esp_schedule == "s1" else n
+  if cfg.esp_schedule is not None and tokens % groups:
+    where = "each node's tokens split over its GPUs" if cfg.esp_schedule == "s1" else "tokens sharded over the nodes"
+    raise ConfigError(f"x has {tokens} tokens, not a multiple of {groups} (esp_schedule={cfg.esp_schedule!r}: "
+                      f"{where})")
+  lay = layout(cfg, tokens, mesh, slots)
+  if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
+    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} token-choice rows each device "
+                      f"sends (schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
+                      f"a divisor of {lay.rows}")
+  platform = platform_lib.of_mesh(mesh)
+  platform_lib.check_transport(cfg.transport, platform)
+  require(cfg.esp_schedule is None or platform_lib.check_vma(cfg.expert_backend, platform),
+          "expert_backend", cfg.expert_backend,
+          f"not 'pallas' with esp_schedule on {platform}: expert sharding's collectives are typed by shard_map's "
+          "mesh-axis variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)")
+  return lay
 
 
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
               rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None
               ) -> tuple[jax.Array, dict]:
-  """The MoE layer: x [tokens, d] or [batch, seq, d], sharded over both mesh axes -> (y like x, aux).
+  """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
-  aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training loss), expert_counts
-  [E] (token-choices each expert processed), tokens_dropped (token-choices dropped by capacity),
-  tokens_overflowed (token-choices dropped because a receive buffer was full; see buffer_factor),
-  traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each exchange hop, hops
-  in the order of `transport.transport_hops(cfg.transport)`; `traffic_summary` splits them into inter- and intra-node traffic).
+  x and y are sharded over both mesh axes, or with expert sharding (cfg.esp_schedule) over 'node' and
+  replicated over 'gpu'. aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training
+  loss), expert_counts [E] (token-choices each expert processed), tokens_dropped (token-choices
+  dropped by capacity), tokens_overflowed (token-choices dropped because a receive buffer was full; see
+  buffer_factor), traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each
+  exchange hop, the Dump's copies included; `traffic_summary` splits them into inter- and intra-node
+  traffic), expert_ids [T, K] (each token's routed experts, -1 where capacity dropped the choice).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
-  slot_expert: optional [D, S] int, the logical expert of each physical slot (Lina's replication;
-    `moejax.replication.rebalance`): the experts run as copies in those slots (`moe.replicas`), with
-    the same result; expert_counts stay per logical expert.
-  With cfg.esp_schedule set, the layer is Parm's expert-sharded one (`moe.esp`): x and y sharded over
-  'node' and replicated over 'gpu'.
+  slot_expert: optional [H, S] int, the logical expert of each physical slot (Lina's replication;
+    `moejax.replication.rebalance`), H = the devices (the nodes with expert sharding): the experts run
+    as copies in those slots (`moe.replicas`), with the same result; expert_counts stay per logical expert.
   """
-  if cfg.esp_schedule is not None:
-    if slot_expert is not None:
-      raise ConfigError("slot_expert (replicated experts) and esp_schedule (expert sharding) do not combine",
-                        "esp_schedule", cfg.esp_schedule)
-    schedule = esp_lib.resolve_schedule(cfg, x.size // cfg.d_model, mesh)
-    return esp_lib.esp_apply(params, x, cfg, mesh, schedule=schedule, rng=rng, train=train)
   check_inputs(params, x, cfg, mesh, slot_expert)  # here too: a concrete slot table's contents are checked
   return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert)
 
@@ -120,8 +201,7 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
 def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
-  experts_per_gpu = check_inputs(params, x, cfg, mesh, slot_expert)
-  n, m = mesh_lib.axis_sizes(mesh)
+  lay = check_inputs(params, x, cfg, mesh, slot_expert)
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
   if slot_expert is not None:
@@ -131,67 +211,89 @@ def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
     if rng is None:
       raise ConfigError(f"jitter={cfg.jitter} in training needs an rng")
     extras["noise"] = jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter)
-    extra_specs["noise"] = P(ALL)
-  args, in_specs = [x_TxD, params, extras], [P(ALL), param_specs(cfg), extra_specs]
+    extra_specs["noise"] = lay.x_spec
   platform = platform_lib.of_mesh(mesh)
-  body = functools.partial(_moe_local, cfg=cfg, n=n, m=m, experts_per_gpu=experts_per_gpu,
-                           kind=platform_lib.exchange_kind(cfg.transport, platform))
-  y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=tuple(in_specs), out_specs=(P(ALL), P()),
-                             check_vma=platform_lib.check_vma(cfg.expert_backend, platform))(*args)
+  body = functools.partial(_moe_local, cfg=cfg, lay=lay)
+  check_vma = cfg.esp_schedule is not None or platform_lib.check_vma(cfg.expert_backend, platform)
+  aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
+  y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=(lay.x_spec, param_specs(cfg), extra_specs),
+                             out_specs=(lay.x_spec, aux_specs), check_vma=check_vma)(x_TxD, params, extras)
   return y_TxD.reshape(x.shape), aux
 
 
-def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, n: int, m: int, experts_per_gpu: int, kind: str):
-  """One device's part of the layer: x [T, d] local tokens -> (y [T, d], aux); extras: the router
-  noise [T, d] (jitter) and the flat slot table [D * S] (replication), when used."""
-  tokens, d = x_TxD.shape
-  k, num_experts = cfg.choices_per_token, cfg.num_experts
+def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout):
+  """One device's part of the layer: route -> plan -> exchange -> experts -> exchange -> combine.
+
+  x [T, d] this device's tokens -> (y [T, d], aux); extras: the router noise [T, d] (jitter) and the
+  flat slot table [H * S] (replication), when used."""
+  k, num_experts, esp = cfg.choices_per_token, cfg.num_experts, cfg.esp_schedule
   router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
+  if esp == "s1":  # PauseMP before the gate: each GPU routes its share of the node's tokens
+    x_TxD, router_in = esp_lib.mp_split(x_TxD), esp_lib.mp_split(router_in)
+  tokens, d = x_TxD.shape
+
+  # route: expert ids and weights [T, K]; capacity keeps each expert's first C choices of this group.
   decision, stats = routing.route(router_in, params, cfg)
-  ids_TxK = decision.expert_ids
-  if cfg.capacity_factor is None:
-    keep_TxK = jnp.ones_like(ids_TxK, bool)
-  else:
-    capacity = routing.expert_capacity(cfg, tokens)
-    positions_TxK = routing.queue_positions(ids_TxK, num_experts)
-    keep_TxK = positions_TxK < capacity
-  kept_ids_R = jnp.where(keep_TxK, ids_TxK, -1).reshape(-1)  # token-major (token, choice) pairs
-  x_RxD = jnp.repeat(x_TxD, k, axis=0)
+  keep_TxK = jnp.ones_like(decision.expert_ids, bool)
+  if cfg.capacity_factor is not None:
+    keep_TxK = routing.queue_positions(decision.expert_ids, num_experts) < routing.expert_capacity(cfg, tokens)
+  ids_TxK = jnp.where(keep_TxK, decision.expert_ids, -1)
+
+  # the rows this device sends: token-choice rows, with expert sharding's copies or split.
+  ids_R, x_RxD = ids_TxK.reshape(-1), jnp.repeat(x_TxD, k, axis=0)
+  if esp == "baseline":  # the ESP all-gather: m identical copies of the node's tokens, all sent
+    x_RxD, ids_R = jnp.repeat(esp_lib.esp_all_gather(x_TxD), k, axis=0), jnp.tile(ids_R, lay.m)
+  elif esp == "s2":  # PauseMP after the gate: this GPU's share of the dispatched tensor
+    x_RxD, ids_R, slot_R = esp_lib.dispatched_tensor(x_RxD, ids_R, decision.expert_ids, keep_TxK, lay.rows * lay.m,
+                                                     cfg)
+    x_RxD, ids_R = esp_lib.mp_split(x_RxD), esp_lib.my_chunk(ids_R)
+  logical_R = ids_R
+  if "slots" in extras:  # to one replica of each row's expert
+    me = jax.lax.axis_index(NODE) if esp is not None else mesh_lib.my_flat_index(lay.m)
+    ids_R = replicas_lib.to_slots(ids_R, extras["slots"], num_experts, me)
+  copies = 1
+  if esp is not None:  # the Dump: each row to the GPUs holding its slot's d_ff slices
+    ids_R, copies = esp_lib.dump(ids_R, lay.slots, lay.m, esp)
+    x_RxD = jnp.repeat(x_RxD, copies, axis=0)
+
+  # plan, exchange, experts, exchange back: in the configured schedule.
+  exchange = schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.kind,
+                                   transport_lib.buffer_bound(cfg.buffer_factor, x_RxD.shape[0]))
   local = schedule_lib.Experts(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation,
-                               cfg.expert_backend, jnp.dtype(cfg.dtype))
+                               cfg.expert_backend, jnp.dtype(cfg.dtype),
+                               partial_sum_over=GPU if esp == "baseline" else None)
+  result = schedule_lib.run(cfg.schedule, x_RxD, ids_R, exchange, local, cfg.num_chunks)
+  # A choice counts as processed only if every copy arrived (a partial sum of slices is no output).
+  arrived_R = result.arrived_R.reshape(-1, copies).all(axis=1)
+  y_RxD = jnp.where(arrived_R[:, None], result.y_RxD.reshape(-1, copies, d).sum(axis=1), 0.0)
+  if esp == "baseline":  # the copy of this GPU's own tokens (all copies are equal)
+    y_RxD, arrived_R, logical_R = y_RxD[:tokens * k], arrived_R[:tokens * k], logical_R[:tokens * k]
+  processed_R = jnp.where(arrived_R, logical_R, -1)
+  overflowed = jnp.sum((logical_R >= 0) & ~arrived_R, dtype=jnp.int32)
+  if esp == "s2":  # every GPU's outputs of the dispatched tensor, back in token-choice order
+    y_RxD = esp_lib.undispatch(esp_lib.mp_all_gather(y_RxD.astype(x_TxD.dtype)), slot_R)
 
-  if cfg.transport == "capacity":
-    slots_R = jnp.where(keep_TxK, ids_TxK * capacity + positions_TxK, -1).reshape(-1)
-    blocks = transport_lib.capacity_dispatch(x_RxD, slots_R, num_experts * capacity, ALL, n * m)
-    y_blocks = capacity_experts(blocks, experts_per_gpu, local.ffn)
-    y_RxD = transport_lib.capacity_combine(y_blocks, slots_R, ALL)
-    traffic = [global_traffic(_sends_per_device(kept_ids_R, experts_per_gpu, n * m), ALL, n, m)]
-    processed_ids_R, overflowed = kept_ids_R, jnp.zeros((), jnp.int32)
-  else:
-    hops = transport_lib.transport_hops(cfg.transport)
-    exchange = schedule_lib.Exchange(hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu, kind,
-                                     transport_lib.buffer_bound(cfg.buffer_factor, tokens * k))
-    send_ids_R = kept_ids_R
-    if "slots" in extras:  # to one replica of each row's expert
-      send_ids_R = replicas_lib.to_slots(kept_ids_R, extras["slots"], num_experts, mesh_lib.my_flat_index(m))
-    result = schedule_lib.run(cfg.schedule, x_RxD, send_ids_R, exchange, local, cfg.num_chunks)
-    y_RxD, processed_ids_R = result.y_RxD, result.processed_ids
-    if "slots" in extras:
-      processed_ids_R = replicas_lib.to_experts(processed_ids_R, extras["slots"])
-    mine = [jax.lax.axis_index(a) for a in hops]
-    traffic = [global_traffic(sum(r.plans[h].kept_AxA[me] for r in result.routes), a, n, m)
-               for h, (a, me) in enumerate(zip(hops, mine))]
-    overflowed = sum(jnp.sum(r.plans[h].sizes_AxA[me] - r.plans[h].kept_AxA[me])
-                     for r in result.overflow_routes for h, me in enumerate(mine))
-
+  # combine: the weighted sum over each token's choices.
   weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
   y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_RxD.reshape(tokens, k, d).astype(jnp.float32))
-  aux = routing.aux_losses(jax.lax.psum(stats, ALL), cfg)
-  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_ids_R, num_experts), ALL)
-  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), ALL)
-  aux["tokens_overflowed"] = jax.lax.psum(overflowed.astype(jnp.int32), ALL)
-  aux["traffic_rows"] = jnp.stack(traffic)
-  return y_TxD.astype(x_TxD.dtype), aux
+  y_TxD = y_TxD.astype(x_TxD.dtype)
+  if esp == "s1":  # every GPU's tokens of the node
+    y_TxD, ids_TxK = esp_lib.mp_all_gather(y_TxD), esp_lib.mp_all_gather(ids_TxK)
+
+  aux = routing.aux_losses(jax.lax.psum(stats, lay.routed_over), cfg)
+  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), lay.sent_over)
+  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), lay.routed_over)
+  aux["tokens_overflowed"] = jax.lax.psum(overflowed, lay.sent_over)
+  aux["traffic_rows"] = jnp.stack(hop_traffic(result.routes, lay))
+  aux["expert_ids"] = ids_TxK
+  return y_TxD, aux
+
+
+def hop_traffic(routes, lay: Layout) -> list:
+  """[D, D] kept rows moved between flat devices in each hop, summed over the routes."""
+  mine = [jax.lax.axis_index(a) for a in lay.hops]
+  return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in routes), a, lay.n, lay.m)
+          for h, (a, me) in enumerate(zip(lay.hops, mine))]
 
 
 def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:
@@ -209,20 +311,6 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   return summary
 
 
-def capacity_experts(blocks, groups: int, ffn):
-  """blocks [A(src), G * C, d] (expert-major slots) -> ffn(rows, group_sizes) in the same layout, every
-  slot computed; ffn: rows [R, d] grouped by local expert, group sizes [G] -> [R, d]."""
-  num_src, slots, d = blocks.shape
-  rows = blocks.reshape(num_src, groups, slots // groups, d).transpose(1, 0, 2, 3)
-  group_sizes = jnp.full((groups,), num_src * slots // groups, jnp.int32)
-  y = ffn(rows.reshape(-1, d), group_sizes).astype(blocks.dtype)
-  return y.reshape(rows.shape).transpose(1, 0, 2, 3).reshape(blocks.shape)
-
-
-def _sends_per_device(ids_R, experts_per_gpu, num_devices):
-  return plan_lib.histogram(jnp.where(ids_R >= 0, ids_R // experts_per_gpu, -1), num_devices)
-
-
 def global_traffic(send_A, axis_name, n, m):
   """[D, D] rows sent between flat devices, from each device's sends to its A peers along the axis."""
   me = mesh_lib.my_flat_index(m)
@@ -237,8 +325,14 @@ class Router(nnx.Module):
     self.kernel = nnx.Param(kernel)
 
 
+class SlotTable(nnx.Variable):
+  """The replication slot table [H, S] of a layer: state, not a parameter (no gradient); the trainer
+  re-plans it in place."""
+
+
 class MoELayer(nnx.Module):
-  """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`.
+  """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
+  cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -254,6 +348,11 @@ class MoELayer(nnx.Module):
     self.w_in = nnx.Param(params["w_in"])
     self.w_out = nnx.Param(params["w_out"])
     self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
+    self.slot_expert = None
+    if cfg.slots_per_device is not None:
+      table = replicas_lib.initial_table(cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)),
+                                         cfg.slots_per_device)
+      self.slot_expert = SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -267,7 +366,9 @@ class MoELayer(nnx.Module):
   def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
                slot_expert: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
-    slot_expert: optional [D, S] replication slot table (see `moe_apply`)."""
+    slot_expert: a replication slot table [H, S] (see `moe_apply`); default the layer's own, if any."""
     if rng is None and train and self.cfg.jitter > 0:
       rng = self.rngs.jitter()
+    if slot_expert is None and self.slot_expert is not None:
+      slot_expert = self.slot_expert[...]
     return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert)

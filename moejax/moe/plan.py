@@ -104,13 +104,14 @@ def without_self(forward: RaggedArgs, backward: RaggedArgs, me: jax.Array) -> tu
   return mask(forward), mask(backward)
 
 
-def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int) -> HopPlan:
+def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int, block_rows: int | None = None
+                  ) -> HopPlan:
   """Plan for one hop inside `shard_map`; dest_R in [0, A], A = not sent; receivers hold
-  `buffer_rows` rows."""
+  `buffer_rows` rows; with `block_rows` (a dense exchange) each source sends each peer at most that."""
   order, send_sizes = sort_by_destination(dest_R, num_peers)
   sizes_AxA = jax.lax.all_gather(send_sizes, axis_name)
   me = jax.lax.axis_index(axis_name)
-  kept_AxA = clamp_to_buffer(sizes_AxA, buffer_rows)
+  kept_AxA = clamp_to_buffer(sizes_AxA if block_rows is None else jnp.minimum(sizes_AxA, block_rows), buffer_rows)
   forward, backward = ragged_args(sizes_AxA, me, kept_AxA)
   # Sorted row i goes to peer dest[order[i]] at position i - block start; it moves if within kept.
   dest_sorted = dest_R[order]

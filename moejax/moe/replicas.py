@@ -40,6 +40,15 @@ def check_slot_table(slot_expert, num_experts: int, devices: int) -> int:
   return shape[1]
 
 
+def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
+  """[H, S] int32: holder h keeps its experts h * E / H .. in its first slots and replicas of experts
+  0, 1, 2, ... (cycling over the holders' spare slots) in the rest; the table a run starts from before
+  any load has been measured."""
+  per, spare = num_experts // holders, slots - num_experts // holders
+  return np.array([[h * per + j for j in range(per)] + [(h * spare + j) % num_experts for j in range(spare)]
+                   for h in range(holders)], np.int32)
+
+
 def physical_params(params: dict, slot_expert) -> dict:
   """The expert weights laid out per physical slot ([D * S, ...] copies); routers unchanged."""
   slots = jnp.asarray(slot_expert).reshape(-1)

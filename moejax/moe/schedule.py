@@ -27,18 +27,21 @@ from moejax.runtime import mesh as mesh_lib
 
 
 class Exchange(NamedTuple):
-  """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, experts per device, the
-  exchange kind ('ragged' | 'padded') and the per-hop receive bound (None: the worst case)."""
+  """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, expert slots per device (an
+  id's device is id // experts_per_gpu), the exchange kind ('ragged' | 'padded' | a `transport.Kind`)
+  and the per-hop receive bound (None: the worst case, or the dense kind's blocks)."""
 
   hops: tuple
   axis_sizes: dict
   experts_per_gpu: int
-  kind: str
+  kind: object
   buffer_rows: int | None
 
 
 class Experts(NamedTuple):
-  """This device's experts: weights w_in/w_gate [G, d, f], w_out [G, f, d] and how to run them."""
+  """This device's experts: weights w_in/w_gate [G, d, f], w_out [G, f, d] and how to run them.
+  partial_sum_over: a mesh axis whose devices hold d_ff slices of the same experts on the same rows
+  (expert sharding's baseline): their partial outputs are summed over it."""
 
   w_in: jax.Array
   w_out: jax.Array
@@ -46,35 +49,38 @@ class Experts(NamedTuple):
   activation: str
   backend: str
   dtype: jnp.dtype
+  partial_sum_over: str | None = None
+
+  def _sum(self, y):
+    return y if self.partial_sum_over is None else jax.lax.psum(y, self.partial_sum_over)
 
   def ffn(self, x_RxD, group_sizes_G):
-    return experts.expert_ffn(x_RxD, group_sizes_G, self.w_in, self.w_out, self.w_gate,
-                              activation=self.activation, backend=self.backend, dtype=self.dtype)
+    return self._sum(experts.expert_ffn(x_RxD, group_sizes_G, self.w_in, self.w_out, self.w_gate,
+                                        activation=self.activation, backend=self.backend, dtype=self.dtype))
 
   def hidden(self, x_RxD, group_sizes_G):
     return experts.expert_hidden(x_RxD, group_sizes_G, self.w_in, self.w_gate, activation=self.activation,
                                  backend=self.backend, dtype=self.dtype)
 
   def output(self, h_RxF, group_sizes_G, columns: slice):
-    return experts.expert_output(h_RxF, group_sizes_G, self.w_out[:, :, columns], backend=self.backend,
-                                 dtype=self.dtype)
+    return self._sum(experts.expert_output(h_RxF, group_sizes_G, self.w_out[:, :, columns], backend=self.backend,
+                                           dtype=self.dtype))
 
 
 class Result(NamedTuple):
-  """y [R, d] fp32 in the input row order (zero where not processed); the expert ids of the rows this
-  device processed (-1 = empty row); the routes whose kept rows moved (traffic) and the routes whose
-  clamping decided the drops (overflow)."""
+  """y [R, d] fp32 in the input row order (zero where not processed); arrived [R] bool: the row
+  reached its expert (sent, and not dropped by a full receive buffer); the routes whose kept rows
+  moved (traffic)."""
 
   y_RxD: jax.Array
-  processed_ids: jax.Array
+  arrived_R: jax.Array
   routes: tuple
-  overflow_routes: tuple
 
 
 def local_experts(ids_R, ex: Exchange):
-  """[R] local expert of each received row; experts_per_gpu for empty rows (sorts them last)."""
-  first = mesh_lib.my_flat_index(ex.axis_sizes[mesh_lib.GPU]) * ex.experts_per_gpu
-  return jnp.where(ids_R >= 0, ids_R - first, ex.experts_per_gpu)
+  """[R] local expert of each received row; experts_per_gpu for empty rows (sorts them last). A row
+  at its device has an id in [device * G, (device + 1) * G), so the id mod G is its local expert."""
+  return jnp.where(ids_R >= 0, ids_R % ex.experts_per_gpu, ex.experts_per_gpu)
 
 
 def _plan(ids_R, ex: Exchange):
@@ -103,26 +109,38 @@ def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
 
 
-def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
-  """Dispatch, experts, combine. x [R, d]; ids [R] global expert ids (-1 = not sent)."""
-  del num_chunks
+def _arrived(ids_R, ids_out, route, ex: Exchange):
+  """[R] the rows that reached their experts (one int32 round trip): a bounded buffer drops rows, and a
+  dense block that is too small would (its size follows from capacity; this keeps any slip counted)."""
+  if ex.buffer_rows is None and transport_lib.as_kind(ex.kind).name != transport_lib.DENSE:
+    return ids_R >= 0
+  return transport_lib.arrived(ids_out, route, ex.hops, ex.kind)
+
+
+def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
+  """Dispatch, experts, combine -> (y [R, d], ids at the experts, route)."""
   ids_out, route = _plan(ids_R, ex)
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
   y_RxD = run_experts(rows_RxD, ids_out, ex, local)
-  return Result(transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_out, (route,), (route,))
+  return transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_out, route
+
+
+def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
+  """Dispatch, experts, combine. x [R, d]; ids [R] device-level expert ids (-1 = not sent)."""
+  del num_chunks
+  y_RxD, ids_out, route = _round_trip(x_RxD, ids_R, ex, local)
+  return Result(y_RxD, _arrived(ids_R, ids_out, route, ex), (route,))
 
 
 def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
-  """`sequential` on num_chunks contiguous chunks of rows (token-major, so whole tokens)."""
-  overflow_routes = ()
-  if ex.buffer_rows is not None:
+  """`sequential` on num_chunks contiguous chunks of rows; with bounded buffers the drops are decided
+  once by the sequential route, so no chunk overflows."""
+  if ex.buffer_rows is not None:  # a chunk's rows fit wherever all of the kept rows fit
     ids_out, route = _plan(ids_R, ex)
     ids_R = jnp.where(transport_lib.arrived(ids_out, route, ex.hops, ex.kind), ids_R, -1)
-    overflow_routes = (route,)
-  parts = [sequential(x, ids, ex, local) for x, ids in
+  parts = [_round_trip(x, ids, ex, local) for x, ids in
            zip(jnp.split(x_RxD, num_chunks), jnp.split(ids_R, num_chunks))]
-  return Result(jnp.concatenate([p.y_RxD for p in parts]), jnp.concatenate([p.processed_ids for p in parts]),
-                tuple(p.routes[0] for p in parts), overflow_routes or tuple(p.routes[0] for p in parts))
+  return Result(jnp.concatenate([y for y, _, _ in parts]), ids_R >= 0, tuple(route for _, _, route in parts))
 
 
 def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
@@ -165,7 +183,7 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
     y_RxC = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
     y_RxC = jnp.where((ids_out >= 0)[:, None], y_RxC, 0.0)
     blocks.append(transport_lib.combine(y_RxC, route, ex.hops, ex.kind))
-  return Result(jnp.concatenate(blocks, axis=1), ids_out, (route,), (route,))
+  return Result(jnp.concatenate(blocks, axis=1), _arrived(ids_R, ids_out, route, ex), (route,))
 
 
 SCHEDULES = {"sequential": sequential, "chunked": chunked, "comet": comet}

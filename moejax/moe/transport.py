@@ -1,15 +1,17 @@
 """Transports: moving token rows to the devices that hold their experts and back.
 
-`ragged_all_to_all` and `padded_all_to_all` have the same signature and semantics (those of
-`jax.lax.ragged_all_to_all`); `padded` builds them from a ring of fixed-size collective permutes,
-so it runs on every backend and is the oracle `ragged` is checked against.
+Three exchange kinds with one signature and one semantics (those of `jax.lax.ragged_all_to_all`):
+`ragged` (the native collective, GPU/TPU), `padded` (a ring of fixed-size collective permutes, one
+block in flight: runs on every backend and is the oracle `ragged` is checked against) and `dense`
+(one fixed-size all_to_all of a block of `block_rows` rows per peer: GShard/Switch's dense dispatch,
+where capacity bounds what a device sends each peer; transport='capacity').
 
 `dispatch` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
 axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
 bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
 Every hop receives into a buffer of fixed rows: the worst case by default, or a bound
 (`MoEConfig.buffer_factor`) under which rows that do not fit are dropped deterministically and
-counted (`plan.clamp_to_buffer`).
+counted (`plan.clamp_to_buffer`); the dense kind receives every peer's block.
 """
 
 import functools
@@ -27,6 +29,8 @@ HIERARCHICAL_HOPS = (mesh_lib.GPU, mesh_lib.NODE)  # Tutel-2DH / DeepSpeed: insi
 BILEVEL_HOPS = (mesh_lib.NODE, mesh_lib.GPU)  # SMILE: to the node first, then to the GPU in it
 TRANSPORT_HOPS = {"ragged": FLAT_HOPS, "padded": FLAT_HOPS, "capacity": FLAT_HOPS,
                   "hierarchical": HIERARCHICAL_HOPS, "bilevel": BILEVEL_HOPS}
+DENSE = "dense"  # the exchange kind of transport='capacity'
+
 
 
 def transport_hops(transport: str) -> tuple:
@@ -66,6 +70,23 @@ def _expand(mask, ndim):
   return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
+def dense_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
+                     block_rows: int, shifts=None):
+  """`jax.lax.ragged_all_to_all` semantics from one fixed-size all_to_all: my block for every peer
+  padded to `block_rows` rows (GShard's dense dispatch buffer [A, block_rows, ...]), each row sent
+  with the place the receiver writes it. A peer's rows past block_rows are not sent: the plan keeps
+  send sizes within the block (`plan_route`)."""
+  del recv_sizes, shifts  # each block carries its own places; peers outside the shifts send nothing
+  i_B = jnp.arange(block_rows)
+  valid_AxB = i_B[None, :] < send_sizes[:, None]
+  index_AxB = jnp.clip(input_offsets[:, None] + i_B[None, :], 0, operand.shape[0] - 1)
+  rows = jnp.take(operand, index_AxB, axis=0)
+  rows = jnp.where(_expand(valid_AxB, rows.ndim), rows, jnp.zeros((), operand.dtype))
+  where_AxB = jnp.where(valid_AxB, output_offsets[:, None] + i_B[None, :], output.shape[0])
+  rows, where_AxB = jax.lax.all_to_all((rows, where_AxB), axis_name, 0, 0)
+  return output.at[where_AxB.reshape(-1)].set(rows.reshape((-1,) + operand.shape[1:]), mode="drop")
+
+
 def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
                        shifts=None):
   del shifts  # the sizes of the peers outside the shifts are zero (plan.shift_args)
@@ -76,27 +97,43 @@ def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offset
 EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
 
 
-def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str, fill=0, like=None,
+class Kind(NamedTuple):
+  """An exchange kind: 'ragged' | 'padded' | 'dense', and the dense kind's rows per peer block."""
+
+  name: str
+  block_rows: int | None = None
+
+
+def as_kind(kind) -> Kind:
+  return kind if isinstance(kind, Kind) else Kind(kind)
+
+
+def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind, fill=0, like=None,
              shifts=None):
   """One ragged exchange of `operand` [R_in, ...] into a fresh [out_rows, ...] buffer filled with `fill`.
 
   The buffer takes its mesh-axis variance from `like` (default: the operand): ragged_all_to_all's
   result has the buffer's type, and a custom_vjp backward must return its primal input's exact type.
   shifts: with args from `plan.shift_args`, the ring steps whose peers have rows (others send none).
+  kind: a kind name or `Kind`.
   """
+  kind = as_kind(kind)
   like = operand if like is None else like
   output = jnp.full_like(like, fill, operand.dtype, shape=(out_rows,) + operand.shape[1:])
   # With one peer the exchange is a local move: XLA:GPU's ragged_all_to_all took 20-100 ms for it on
   # one H100 where the local gather/scatter took 0.5-1.8 ms (benchmarks/results/2026-11-23-h100).
   # A self-only step (shift 0) is a local move too.
   local = args.send_sizes.shape[0] == 1 or shifts == (0,)
-  move = padded_all_to_all if local else EXCHANGES[kind]
+  if kind.name == DENSE and not local:
+    move = functools.partial(dense_all_to_all, block_rows=kind.block_rows)
+  else:
+    move = padded_all_to_all if local else EXCHANGES[kind.name]
   return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
               axis_name=axis_name, shifts=shifts)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
-def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind: str,
+def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind,
               shifts=None):
   """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
   the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again)."""
@@ -147,43 +184,48 @@ def buffer_bound(buffer_factor: float | None, local_rows: int) -> int | None:
   return None if buffer_factor is None else math.ceil(buffer_factor * local_rows)
 
 
-def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buffer_rows: int | None = None):
-  """Receive-buffer rows of each hop in order: each hop receives what its peers' previous buffers hold."""
+def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buffer_rows: int | None = None,
+                     kind=None):
+  """Receive-buffer rows of each hop in order: each hop receives what its peers' previous buffers hold
+  (the dense kind: one block per peer)."""
   n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
   sizes, rows = [], local_rows
+  dense = kind is not None and as_kind(kind).name == DENSE
   for axis_name in hops:
-    rows = hop_buffer_rows(rows, mesh_lib.num_peers(axis_name, n, m), max_rows, buffer_rows)
+    peers = mesh_lib.num_peers(axis_name, n, m)
+    rows = peers * as_kind(kind).block_rows if dense else hop_buffer_rows(rows, peers, max_rows, buffer_rows)
     sizes.append(rows)
   return sizes
 
 
-def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
+def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
                buffer_rows: int | None = None):
   """Plans every hop of sending each row (global expert id; -1 = not sent) to its expert's device,
   moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, route).
   Every hop receives into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped
-  (`HopPlan.kept_AxA`)."""
+  (`HopPlan.kept_AxA`); the dense kind keeps at most a block per peer."""
   plans, rows_before = [], []
   n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  out_sizes = hop_buffer_sizes(hops, axis_sizes, expert_ids_R.shape[0], max_rows, buffer_rows)
+  out_sizes = hop_buffer_sizes(hops, axis_sizes, expert_ids_R.shape[0], max_rows, buffer_rows, kind)
+  block = as_kind(kind).block_rows if as_kind(kind).name == DENSE else None
   for axis_name, out_rows in zip(hops, out_sizes):
     num_peers = mesh_lib.num_peers(axis_name, n, m)
     dest = hop_destination(expert_ids_R, axis_name, experts_per_gpu, m, num_peers)
-    plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows)
+    plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows, block)
     rows_before.append(expert_ids_R.shape[0])
     expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)
     plans.append(plan)
   return expert_ids_R, Route(tuple(plans), tuple(rows_before), tuple(out_sizes))
 
 
-def move_through(rows_RxD, route: Route, hops, kind: str, num_hops: int | None = None):
+def move_through(rows_RxD, route: Route, hops, kind, num_hops: int | None = None):
   """Moves rows along the first `num_hops` hops (default all) of a planned route."""
   for axis_name, plan, out_rows in list(zip(hops, route.plans, route.out_rows))[:num_hops]:
     rows_RxD = move_rows(rows_RxD[plan.order], plan.forward, plan.backward, out_rows, axis_name, kind)
   return rows_RxD
 
 
-def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind: str,
+def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
              buffer_rows: int | None = None):
   """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
 
@@ -193,7 +235,7 @@ def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: in
   return move_through(rows_RxD, route, hops, kind), ids_R, route
 
 
-def combine(rows_RxD, route: Route, hops, kind: str):
+def combine(rows_RxD, route: Route, hops, kind):
   """The reverse of `dispatch`: rows return, hop by hop, to their original positions; rows dropped on
   the way come back as zeros. Integer rows move without a gradient rule."""
   for axis_name, plan, rows_before in reversed(list(zip(hops, route.plans, route.rows_before))):
@@ -205,26 +247,6 @@ def combine(rows_RxD, route: Route, hops, kind: str):
   return rows_RxD
 
 
-def arrived(expert_ids_out, route: Route, hops, kind: str):
+def arrived(expert_ids_out, route: Route, hops, kind):
   """[R] bool, in the original row order: the row reached its expert (was not dropped on any hop)."""
   return combine((expert_ids_out >= 0).astype(jnp.int32), route, hops, kind) > 0
-
-
-def capacity_dispatch(rows_RxD, slots_R, num_slots: int, axis_name, num_peers: int):
-  """GShard/Switch dense dispatch: row i goes to slot slots_R[i] (-1 = dropped) of an [E * C] buffer.
-
-  Slots are expert-major, so the buffer splits evenly across peers; returns the [A, E/A * C, d]
-  blocks received from each peer (block s from peer s).
-  """
-  buffer = jnp.zeros((num_slots,) + rows_RxD.shape[1:], rows_RxD.dtype)
-  buffer = buffer.at[jnp.where(slots_R >= 0, slots_R, num_slots)].set(rows_RxD, mode="drop")
-  blocks = buffer.reshape((num_peers, num_slots // num_peers) + rows_RxD.shape[1:])
-  return jax.lax.all_to_all(blocks, axis_name, 0, 0)
-
-
-def capacity_combine(blocks, slots_R, axis_name):
-  """The reverse of `capacity_dispatch`: returns [R, d], zero for dropped rows."""
-  buffer = jax.lax.all_to_all(blocks, axis_name, 0, 0)
-  buffer = buffer.reshape((-1,) + blocks.shape[2:])
-  gathered = jnp.take(buffer, jnp.maximum(slots_R, 0), axis=0)
-  return jnp.where(_expand(slots_R >= 0, gathered.ndim), gathered, jnp.zeros((), gathered.dtype))

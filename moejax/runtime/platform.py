@@ -27,8 +27,10 @@ def flat_transport(platform: str) -> str:
 
 
 def exchange_kind(transport: str, platform: str) -> str:
-  """The ragged exchange a transport's hops use: 'ragged' and 'padded' their own; the two-hop
-  transports the platform's native one where it exists."""
+  """The exchange a transport's hops use: 'ragged' and 'padded' their own; 'capacity' the dense one
+  (fixed blocks per peer); the two-hop transports the platform's native ragged one where it exists."""
+  if transport == "capacity":
+    return "dense"
   return transport if transport in ("ragged", "padded") else flat_transport(platform)
 
 

@@ -1,0 +1,123 @@
+"""The composition matrix: every combination of the layer's choices runs and equals the single-device
+reference, or is refused before compiling with the design reason.
+
+Axes: routing x transport x schedule x expert sharding x replicated experts x receive buffers x expert
+backend (1,152 combinations). CI runs a covering set: every pair of values of any two axes meets in at
+least one case (greedy all-pairs), and every refused pair is checked for its reason.
+"""
+
+import itertools
+import zlib
+
+import numpy as np
+import pytest
+
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import moe_apply
+from moejax.validation import ConfigError
+from tests import helpers
+
+AXES = {
+    "routing": ("topk", "bilevel", "node_limited"),
+    "transport": ("padded", "hierarchical", "bilevel", "capacity"),
+    "schedule": ("sequential", "chunked", "comet"),
+    "esp_schedule": (None, "baseline", "s1", "s2"),
+    "replicas": (False, True),
+    "buffer_factor": (None, 2.0),
+    "expert_backend": ("dense", "ragged_dot"),
+}
+N, M, E, TOKENS = 2, 4, 8, 64
+
+
+def refusal(case: dict) -> str | None:
+  """The design reason a combination is refused for (a regex of the ConfigError), else None."""
+  if case["esp_schedule"] == "baseline" and case["transport"] in ("hierarchical", "bilevel"):
+    return "esp_schedule='baseline'.*no intra-node hop"
+  return None
+
+
+def covering_cases() -> list[dict]:
+  """Greedy all-pairs over the runnable combinations, plus one case per refused pair."""
+  names = list(AXES)
+  combos = [dict(zip(names, values)) for values in itertools.product(*AXES.values())]
+  pairs = lambda c: {(a, c[a], b, c[b]) for a, b in itertools.combinations(names, 2)}
+  runnable = [c for c in combos if refusal(c) is None]
+  uncovered = set().union(*(pairs(c) for c in runnable))
+  cases = []
+  while uncovered:
+    best = max(runnable, key=lambda c: len(pairs(c) & uncovered))
+    cases.append(best)
+    uncovered -= pairs(best)
+  refused = {(c["esp_schedule"], c["transport"]): c for c in combos if refusal(c) is not None}
+  return cases + list(refused.values())
+
+
+def case_id(case: dict) -> str:
+  return "-".join(str(v) if not isinstance(v, bool) else ("replicas" if v else "one") for v in case.values())
+
+
+def config(case: dict) -> MoEConfig:
+  capacity = 1.0 if case["transport"] == "capacity" else None
+  return MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, routing=case["routing"], num_nodes=N,
+                   transport=case["transport"], capacity_factor=capacity, buffer_factor=case["buffer_factor"],
+                   schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
+                   expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3)
+
+
+def slot_table(case: dict) -> np.ndarray | None:
+  """Each holder (device, or node with expert sharding) keeps its experts plus a replica of expert 0 or 1."""
+  if not case["replicas"]:
+    return None
+  holders = N if case["esp_schedule"] is not None else N * M
+  per = E // holders
+  return np.array([list(range(h * per, (h + 1) * per)) + [h % 2] for h in range(holders)], np.int32)
+
+
+CASES = covering_cases()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
+def test_combination_equals_reference_or_is_refused(case, mesh_2x4):
+  cfg = config(case)
+  seed = zlib.crc32(case_id(case).encode()) % 1000
+  params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS, 8))
+  reason = refusal(case)
+  if reason is not None:
+    with pytest.raises(ConfigError, match=reason):
+      moe_apply(params, x, cfg, mesh_2x4, slot_expert=slot_table(case))
+    return
+  groups = N if case["esp_schedule"] in ("baseline", "s2") else N * M
+  _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, num_groups=groups,
+                                            slot_expert=slot_table(case))
+  if cfg.capacity_factor is not None:
+    assert int(aux["tokens_dropped"]) > 0  # capacity 1.0 on random routing drops some choices
+
+
+def test_every_pair_of_choices_is_covered():
+  """The covering set meets every pair of values of any two axes (the property the matrix relies on)."""
+  names = list(AXES)
+  seen = {(a, c[a], b, c[b]) for c in CASES for a, b in itertools.combinations(names, 2)}
+  for a, b in itertools.combinations(names, 2):
+    for va, vb in itertools.product(AXES[a], AXES[b]):
+      assert (a, va, b, vb) in seen, (a, va, b, vb)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("esp_schedule,transport", [(None, "padded"), (None, "bilevel"), ("s1", "hierarchical"),
+                                                    ("s2", "padded"), ("baseline", "padded")])
+def test_schedules_drop_what_sequential_drops(esp_schedule, transport, mesh_2x4):
+  """Every token's choices forced to experts 5 and 6 with receive buffers of half the rows sent: every
+  schedule overflows the same choices as 'sequential' and gives the same outputs and counts."""
+  results = {}
+  for schedule in AXES["schedule"]:
+    cfg = MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, transport=transport, buffer_factor=0.5,
+                    schedule=schedule, num_chunks=2, esp_schedule=esp_schedule)
+    params, x = helpers.force_routing(helpers.random_params(cfg, 3), helpers.normal(4, (TOKENS, 8)), [5, 6])
+    results[schedule] = moe_apply(params, x, cfg, mesh_2x4)
+  y_seq, aux_seq = results["sequential"]
+  assert int(aux_seq["tokens_overflowed"]) > 0
+  for schedule, (y, aux) in results.items():
+    assert helpers.relative_error(y, y_seq) < 1e-6, schedule
+    for name in ("expert_counts", "tokens_overflowed", "tokens_dropped"):
+      np.testing.assert_array_equal(np.asarray(aux[name]), np.asarray(aux_seq[name]), err_msg=schedule)
