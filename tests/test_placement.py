@@ -1,5 +1,6 @@
 """ExFlow placement: counts against a plain loop, the solver against brute-force enumeration of all
-balanced placements, and applying a placement against the unpermuted reference layer."""
+balanced placements (and of the node-preserving ones the node routings allow), and applying a
+placement against the unpermuted reference layer."""
 
 import dataclasses
 import itertools
@@ -280,3 +281,87 @@ def test_bilevel_needs_one_local_order():
   with pytest.raises(ConfigError, match="bilevel picks a node") as err:
     apply_placement(params, split, cfg)
   assert err.value.field == "placement"
+
+
+def _brute_node_min(counts, nodes):
+  """Fewest cross-node transitions over every layer's permutation of whole nodes (contiguous groups)."""
+  layers, per_node = counts.shape[0] + 1, counts.shape[1] // nodes
+  best = None
+  for perms in itertools.product(itertools.permutations(range(nodes)), repeat=layers):
+    part = np.stack([np.repeat(p, per_node) for p in perms])
+    cost = _loop_crossings(counts, part)
+    best = cost if best is None else min(best, cost)
+  return best
+
+
+def _brute_shared_gpu_min(counts, node_of, gpus):
+  """Fewest cross-GPU transitions over one balanced GPU layout of the local experts per layer, shared by
+  every node, for the node of each expert node_of [L, E] (whole nodes)."""
+  layers, num = node_of.shape
+  nodes = node_of.max() + 1
+  per_node = num // nodes
+  splits = [s for s in itertools.product(range(gpus), repeat=per_node)
+            if all(s.count(g) == per_node // gpus for g in range(gpus))]
+  return min(_loop_crossings(counts, node_of * gpus + np.stack([np.tile(s, nodes) for s in choice]))
+             for choice in itertools.product(splits, repeat=layers))
+
+
+@pytest.mark.parametrize("routing,layers,num,nodes,gpus,seed", [("node_limited", 3, 8, 2, 2, 60),
+                                                                ("node_limited", 2, 12, 3, 2, 61),
+                                                                ("bilevel", 3, 8, 2, 2, 62),
+                                                                ("bilevel", 2, 16, 4, 2, 63)])
+def test_node_constrained_solve(routing, layers, num, nodes, gpus, seed):
+  """solve(routing=...) keeps every node's experts together ('bilevel': one GPU layout for all nodes),
+  is optimal over those placements (brute force) and no worse than the layers' own layout."""
+  rng = np.random.default_rng(seed)
+  counts = _random_counts(rng, layers, num, structure=40)
+  result = solve(counts, nodes, gpus, time_limit_s=20, routing=routing)
+  place, per_node = result.placement, num // nodes
+  assert result.routing == routing and result.optimal
+  for row in place:
+    np.testing.assert_array_equal(np.bincount(row, minlength=nodes * gpus), num // (nodes * gpus))
+    node_of = row.reshape(nodes, per_node) // gpus
+    assert np.all(node_of == node_of[:, :1])  # whole nodes
+    assert sorted(node_of[:, 0]) == list(range(nodes))
+    if routing == "bilevel":
+      gpu_of = row.reshape(nodes, per_node) % gpus
+      assert np.all(gpu_of == gpu_of[:1])
+  assert result.cross_node == _loop_crossings(counts, place // gpus) == _brute_node_min(counts, nodes)
+  assert result.cross_gpu == _loop_crossings(counts, place)
+  assert result.cross_node <= result.identity_cross_node
+  contiguous = (place // gpus) * gpus + np.tile(np.arange(num) % per_node // (per_node // gpus), (layers, 1))
+  assert result.cross_gpu <= _loop_crossings(counts, contiguous)  # stage 2 beats the nodes' own layout
+  if routing == "bilevel":
+    assert result.cross_gpu == _brute_shared_gpu_min(counts, place // gpus, gpus)
+  else:
+    intra = 0
+    for node in range(nodes):
+      members = [np.flatnonzero(place[j] // gpus == node) for j in range(layers)]
+      intra += _brute_min(np.stack([counts[j][np.ix_(members[j], members[j + 1])] for j in range(layers - 1)]), gpus)
+    assert result.cross_gpu - result.cross_node == intra
+  cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing=routing, num_nodes=nodes)
+  params = [init_params(jax.random.key(seed + j), cfg) for j in range(layers)]
+  moved = apply_placement(params, result, cfg)
+  x = jax.random.normal(jax.random.key(seed), (32, 8))
+  for j in range(layers):
+    assert _relative_error(moe_reference(moved[j], x, cfg)[0], moe_reference(params[j], x, cfg)[0]) < 1e-5
+
+
+def test_unconstrained_placement_splits_nodes():
+  """Counts whose best placement mixes two nodes' experts: the free solve does, and a node_limited
+  layer refuses it, while the node-constrained solve keeps its nodes at a higher cross-node count."""
+  num, nodes = 8, 2
+  traces = np.empty((2, 400), np.int64)
+  traces[0] = np.random.default_rng(70).integers(0, num, 400)
+  traces[1] = np.array([4, 5, 2, 3, 0, 1, 6, 7])[traces[0]]  # half of node 0 continues on node 1, and back
+  counts = affinity_counts(traces, num)
+  free, kept = solve(counts, nodes, 1), solve(counts, nodes, 1, routing="node_limited")
+  assert free.cross_node == 0 < kept.cross_node <= kept.identity_cross_node
+  cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing="node_limited", num_nodes=nodes)
+  params = [init_params(jax.random.key(71 + j), cfg) for j in range(2)]
+  with pytest.raises(ConfigError) as err:
+    apply_placement(params, free, cfg)
+  assert err.value.field == "placement"
+  with pytest.raises(ConfigError) as err:
+    solve(counts, nodes, 1, routing="smile")
+  assert err.value.field == "routing"
