@@ -1,6 +1,8 @@
 """ExFlow placement: counts against a plain loop, the solver against brute-force enumeration of all
-balanced placements, and applying a placement against the unpermuted reference layer."""
+balanced placements (and of the node-preserving ones the node routings allow), and applying a
+placement against the unpermuted reference layer."""
 
+import dataclasses
 import itertools
 
 import jax
@@ -9,14 +11,14 @@ import pytest
 
 from moejax.moe import reference
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params
+from moejax.moe.layer import init_params, moe_apply
 from moejax.placement import solve as solve_lib
 from moejax.placement.affinity import affinity_counts, transitions
-from moejax.placement.apply import apply_placement, new_index
+from moejax.placement.apply import apply_placement, expert_order, new_index
 from moejax.placement.solve import solve
 from moejax.validation import ConfigError
 
-moe_reference = jax.jit(reference.moe_reference, static_argnames="cfg")  # one compile per config
+moe_reference = jax.jit(reference.moe_reference, static_argnames=("cfg", "num_groups"))  # one compile per config
 
 
 def _loop_counts(traces, num_experts):
@@ -162,16 +164,204 @@ def test_apply_placement_errors():
   flat = MoEConfig(num_experts=8, top_k=1, d_model=16, d_ff=32)
   bilevel = MoEConfig(num_experts=8, top_k=1, d_model=16, d_ff=32, routing="bilevel", num_nodes=2)
   placement = np.tile(np.arange(8) // 2, (1, 1))
-  with pytest.raises(ConfigError) as err:
-    apply_placement([init_params(jax.random.key(0), bilevel)], placement)
-  assert err.value.field == "routing"
-  limited = MoEConfig(num_experts=8, top_k=1, d_model=16, d_ff=32, routing="node_limited", num_nodes=2)
-  with pytest.raises(ConfigError) as err:
-    apply_placement([init_params(jax.random.key(1), limited)], placement, limited)
-  assert err.value.field == "routing"
   params = [init_params(jax.random.key(2), flat)]
+  with pytest.raises(ConfigError) as err:  # without the config a node_limited layer looks like a top-k one
+    apply_placement(params, placement, None)
+  assert err.value.field == "cfg"
+  with pytest.raises(ConfigError) as err:  # flat params under a bilevel config
+    apply_placement(params, placement, bilevel)
+  assert err.value.field == "params"
   with pytest.raises(ConfigError, match="unbalanced"):
-    apply_placement(params, np.array([[0, 0, 0, 1, 1, 1, 1, 1]]))
+    apply_placement(params, np.array([[0, 0, 0, 1, 1, 1, 1, 1]]), flat)
   with pytest.raises(ConfigError) as err:
-    apply_placement(params * 2, placement)
+    apply_placement(params * 2, placement, flat)
   assert err.value.field == "placement"
+  with pytest.raises(ConfigError) as err:
+    apply_placement(params, np.tile(np.arange(16) // 4, (1, 1)), flat)
+  assert err.value.field == "placement"
+
+
+# Node routings: which experts share a node is part of the model, so a placement may move a node's
+# experts only together; 'bilevel' also needs one local order on every node (its shared local router).
+
+NODES, GPUS = 2, 4
+
+
+def _node_cfg(routing, **fields):
+  base = dict(num_experts=16, top_k=2, d_model=16, d_ff=32, routing=routing, num_nodes=NODES)
+  if routing == "bilevel":
+    base["top_k"] = 1
+  return MoEConfig(**{**base, **fields})
+
+
+def _node_preserving(rng, layers, cfg, move_nodes):
+  """[L, E] flat devices on the 2 x 4 mesh: each node's experts stay together (on a random node if
+  move_nodes), spread over its GPUs in a random order; for 'bilevel' the same order on every node."""
+  per_node, per_gpu = cfg.experts_per_node, cfg.num_experts // (NODES * GPUS)
+  place = np.empty((layers, cfg.num_experts), np.int64)
+  for j in range(layers):
+    to = rng.permutation(NODES) if move_nodes else np.arange(NODES)
+    shared = rng.permutation(per_node)
+    for node in range(NODES):
+      slot = shared if cfg.routing == "bilevel" else rng.permutation(per_node)
+      place[j, node * per_node:(node + 1) * per_node] = to[node] * GPUS + slot // per_gpu
+  return place
+
+
+def _relative_error(a, b):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+@pytest.mark.parametrize("routing,move_nodes,cf,seed", [("node_limited", False, None, 40),
+                                                        ("node_limited", True, 1.0, 41),
+                                                        ("bilevel", True, None, 42)])
+def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes, cf, seed):
+  """The placed layer on the 2 x 4 mesh against the reference layer on the original params: same
+  outputs and drops, and every expert processes what it did, at its new index."""
+  cfg = _node_cfg(routing, gated=True, capacity_factor=cf)
+  rng = np.random.default_rng(seed)
+  layers = 2
+  params = [init_params(jax.random.key(seed + 100 * j), cfg) for j in range(layers)]
+  placement = _node_preserving(rng, layers, cfg, move_nodes)
+  index = new_index(placement)
+  assert move_nodes or np.all(index // cfg.experts_per_node == np.arange(16) // cfg.experts_per_node)
+  moved = apply_placement(params, placement, cfg)
+  layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))
+  for j in range(layers):
+    x = jax.random.normal(jax.random.key(seed + 10 + j), (64, 16))
+    y_ref, aux_ref = moe_reference(params[j], x, cfg, num_groups=8)
+    y, aux = layer(moved[j], x)
+    assert _relative_error(y, y_ref) < 1e-5 and np.abs(np.asarray(y_ref)).max() > 1e-2
+    counts_ref = np.asarray(aux_ref["expert_counts"])
+    np.testing.assert_array_equal(np.asarray(aux["expert_counts"])[index[j]], counts_ref)
+    assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
+    assert (cf is None) == (int(aux_ref["tokens_dropped"]) == 0)
+    np.testing.assert_allclose(float(aux["aux_loss"]), float(aux_ref["aux_loss"]), rtol=1e-5)
+
+
+def _relabelled(params, order_E):
+  """params with expert order_E[i] moved to index i and its flat router column with it, unchecked."""
+  return {"router": {"kernel": params["router"]["kernel"][:, order_E]},
+          **{name: params[name][order_E] for name in ("w_in", "w_out")}}
+
+
+def test_splitting_a_node_is_refused():
+  cfg = _node_cfg("node_limited")
+  params = init_params(jax.random.key(50), cfg)
+  x = jax.random.normal(jax.random.key(51), (256, 16))
+  placement = np.tile(np.arange(16) // 2, (2, 1))
+  placement[1, [3, 12]] = placement[1, [12, 3]]  # layer 1: expert 3 to node 1, expert 12 to node 0
+  with pytest.raises(ConfigError, match="expert 3 of MoE layer 1 from node 0 to node 1") as err:
+    apply_placement([params, params], placement, cfg)
+  assert err.value.field == "placement" and "node_limited ranks a token's nodes" in str(err.value)
+  # Why: the same relabelling done anyway changes which experts the tokens reach.
+  y = np.asarray(moe_reference(params, x, cfg)[0])
+  y_split, aux_split = moe_reference(_relabelled(params, expert_order(placement)[1]), x, cfg)
+  assert _relative_error(y_split, y) > 1e-2
+  flat = MoEConfig(**{**dataclasses.asdict(cfg), "routing": "topk", "num_nodes": None})  # no nodes: fine
+  y_flat = np.asarray(moe_reference(params, x, flat)[0])
+  moved = apply_placement([params, params], placement, flat)[1]
+  assert _relative_error(moe_reference(moved, x, flat)[0], y_flat) < 1e-5
+
+
+def test_bilevel_needs_one_local_order():
+  cfg = _node_cfg("bilevel")
+  params = [init_params(jax.random.key(52), cfg)]
+  placement = np.tile(np.arange(16) // 2, (1, 1))
+  placement[0, [0, 2]] = placement[0, [2, 0]]  # node 0 reorders its experts (0, 1 | 2, 3 -> 1, 2 | 0, 3), node 1 not
+  with pytest.raises(ConfigError, match="same local order") as err:
+    apply_placement(params, placement, cfg)
+  assert err.value.field == "placement" and "MoE layer 0" in str(err.value)
+  assert "node 0 would hold its old local experts [1, 2, 0, 3, 4, 5, 6, 7] and node 1 [0, 1, 2, 3, 4, 5, 6, 7]" in str(err.value)
+  placement[0, [8, 10]] = placement[0, [10, 8]]  # the same reordering on node 1: accepted
+  apply_placement(params, placement, cfg)
+  split = np.tile(np.arange(16) // 2, (1, 1))
+  split[0, [1, 9]] = split[0, [9, 1]]
+  with pytest.raises(ConfigError, match="bilevel picks a node") as err:
+    apply_placement(params, split, cfg)
+  assert err.value.field == "placement"
+
+
+def _brute_node_min(counts, nodes):
+  """Fewest cross-node transitions over every layer's permutation of whole nodes (contiguous groups)."""
+  layers, per_node = counts.shape[0] + 1, counts.shape[1] // nodes
+  best = None
+  for perms in itertools.product(itertools.permutations(range(nodes)), repeat=layers):
+    part = np.stack([np.repeat(p, per_node) for p in perms])
+    cost = _loop_crossings(counts, part)
+    best = cost if best is None else min(best, cost)
+  return best
+
+
+def _brute_shared_gpu_min(counts, node_of, gpus):
+  """Fewest cross-GPU transitions over one balanced GPU layout of the local experts per layer, shared by
+  every node, for the node of each expert node_of [L, E] (whole nodes)."""
+  layers, num = node_of.shape
+  nodes = node_of.max() + 1
+  per_node = num // nodes
+  splits = [s for s in itertools.product(range(gpus), repeat=per_node)
+            if all(s.count(g) == per_node // gpus for g in range(gpus))]
+  return min(_loop_crossings(counts, node_of * gpus + np.stack([np.tile(s, nodes) for s in choice]))
+             for choice in itertools.product(splits, repeat=layers))
+
+
+@pytest.mark.parametrize("routing,layers,num,nodes,gpus,seed", [("node_limited", 3, 8, 2, 2, 60),
+                                                                ("node_limited", 2, 12, 3, 2, 61),
+                                                                ("bilevel", 3, 8, 2, 2, 62),
+                                                                ("bilevel", 2, 16, 4, 2, 63)])
+def test_node_constrained_solve(routing, layers, num, nodes, gpus, seed):
+  """solve(routing=...) keeps every node's experts together ('bilevel': one GPU layout for all nodes),
+  is optimal over those placements (brute force) and no worse than the layers' own layout."""
+  rng = np.random.default_rng(seed)
+  counts = _random_counts(rng, layers, num, structure=40)
+  result = solve(counts, nodes, gpus, time_limit_s=20, routing=routing)
+  place, per_node = result.placement, num // nodes
+  assert result.routing == routing and result.optimal
+  for row in place:
+    np.testing.assert_array_equal(np.bincount(row, minlength=nodes * gpus), num // (nodes * gpus))
+    node_of = row.reshape(nodes, per_node) // gpus
+    assert np.all(node_of == node_of[:, :1])  # whole nodes
+    assert sorted(node_of[:, 0]) == list(range(nodes))
+    if routing == "bilevel":
+      gpu_of = row.reshape(nodes, per_node) % gpus
+      assert np.all(gpu_of == gpu_of[:1])
+  assert result.cross_node == _loop_crossings(counts, place // gpus) == _brute_node_min(counts, nodes)
+  assert result.cross_gpu == _loop_crossings(counts, place)
+  assert result.cross_node <= result.identity_cross_node
+  contiguous = (place // gpus) * gpus + np.tile(np.arange(num) % per_node // (per_node // gpus), (layers, 1))
+  assert result.cross_gpu <= _loop_crossings(counts, contiguous)  # stage 2 beats the nodes' own layout
+  if routing == "bilevel":
+    assert result.cross_gpu == _brute_shared_gpu_min(counts, place // gpus, gpus)
+  else:
+    intra = 0
+    for node in range(nodes):
+      members = [np.flatnonzero(place[j] // gpus == node) for j in range(layers)]
+      intra += _brute_min(np.stack([counts[j][np.ix_(members[j], members[j + 1])] for j in range(layers - 1)]), gpus)
+    assert result.cross_gpu - result.cross_node == intra
+  cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing=routing, num_nodes=nodes)
+  params = [init_params(jax.random.key(seed + j), cfg) for j in range(layers)]
+  moved = apply_placement(params, result, cfg)
+  x = jax.random.normal(jax.random.key(seed), (32, 8))
+  for j in range(layers):
+    assert _relative_error(moe_reference(moved[j], x, cfg)[0], moe_reference(params[j], x, cfg)[0]) < 1e-5
+
+
+def test_unconstrained_placement_splits_nodes():
+  """Counts whose best placement mixes two nodes' experts: the free solve does, and a node_limited
+  layer refuses it, while the node-constrained solve keeps its nodes at a higher cross-node count."""
+  num, nodes = 8, 2
+  traces = np.empty((2, 400), np.int64)
+  traces[0] = np.random.default_rng(70).integers(0, num, 400)
+  traces[1] = np.array([4, 5, 2, 3, 0, 1, 6, 7])[traces[0]]  # half of node 0 continues on node 1, and back
+  counts = affinity_counts(traces, num)
+  free, kept = solve(counts, nodes, 1), solve(counts, nodes, 1, routing="node_limited")
+  assert free.cross_node == 0 < kept.cross_node <= kept.identity_cross_node
+  cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing="node_limited", num_nodes=nodes)
+  params = [init_params(jax.random.key(71 + j), cfg) for j in range(2)]
+  with pytest.raises(ConfigError) as err:
+    apply_placement(params, free, cfg)
+  assert err.value.field == "placement"
+  with pytest.raises(ConfigError) as err:
+    solve(counts, nodes, 1, routing="smile")
+  assert err.value.field == "routing"

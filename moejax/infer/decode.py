@@ -79,7 +79,8 @@ def on_mesh(model: model_lib.LanguageModel, mesh: jax.sharding.Mesh) -> model_li
 def with_placement(model: model_lib.LanguageModel, placement) -> model_lib.LanguageModel:
   """The model with every MoE layer's experts and router columns permuted so that expert e of MoE
   layer j sits on flat device placement[j, e] (`moejax.placement.apply_placement`; a `Placement` or
-  [M, E] ints). Outputs are unchanged; only where the experts run moves."""
+  [M, E] ints). Outputs are unchanged; only where the experts run moves. With node routings the
+  placement must keep every node's experts together (`solve(..., routing=...)`), else ConfigError."""
   graphdef, abstract_params, _ = model_lib.abstract_state(model.cfg, model.moe_cfg, model.mesh)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)

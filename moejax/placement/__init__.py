@@ -4,6 +4,8 @@
   affinity  `affinity_counts`: routing traces -> transition counts [L-1, E, E]; `transitions`: the
             cross-node and cross-GPU transitions a placement leaves
   solve     `solve`: ExFlow's ILP (Eqs. 8-12, aggregated), nodes first, then GPUs inside each node
-            (HiGHS MILP with a time limit; exact linear assignment at one expert per part) -> `Placement`
-  apply     `apply_placement`: permutes experts and router columns so the layer's layout realises it
+            (HiGHS MILP with a time limit; exact linear assignment at one expert per part) -> `Placement`;
+            routing='node_limited' / 'bilevel' keeps every node's experts together (only whole nodes move)
+  apply     `apply_placement`: permutes experts and router columns so the layer's layout realises it;
+            refuses placements that would change a node routing's decisions
 """

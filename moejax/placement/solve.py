@@ -14,6 +14,11 @@ With one expert per part (P = E) a placement is a permutation per layer and the 
 only on consecutive relative permutations, so the stage splits exactly into L-1 linear assignments.
 Otherwise a layer-at-a-time local search (each step an exact assignment) gives the incumbent that
 HiGHS must beat, and per-layer-pair b-matching LPs add a lower bound to HiGHS's for the gap.
+
+The node routings fix which experts share a node (`moejax.placement.apply`), so only whole nodes may
+move: stage 1 becomes the same ILP over the nodes' summed counts with one part per node's experts,
+i.e. the exact assignment, and stage 2 is unchanged ('bilevel': once, on all nodes' summed counts,
+since every node must get the same GPU layout).
 """
 
 import dataclasses
@@ -23,7 +28,9 @@ import time
 import numpy as np
 from scipy import optimize, sparse
 
+from moejax.moe.config import NODE_ROUTINGS, ROUTINGS
 from moejax.placement import affinity
+from moejax.validation import require
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +44,7 @@ class Placement:
   (cross_gpu - cross_node) given the stage-1 node sets. methods: how each stage was solved
   ('assignment': exact; 'milp': local search then HiGHS; 'search': local search alone, when it met
   the pair bound or time_limit_s <= 0; 'trivial': one part; stage 2 joins its nodes' with '+').
+  routing: the bounds and gaps are over the placements that keep this routing's outputs.
   """
 
   placement: np.ndarray
@@ -53,6 +61,7 @@ class Placement:
   gpu_gap: float
   methods: tuple[str, str]
   seconds: float  # wall time of both stages
+  routing: str = "topk"  # the routing whose output-preserving placements were searched (see `solve`)
 
   @property
   def optimal(self) -> bool:
@@ -166,26 +175,44 @@ def _stage(counts, parts, time_limit_s, mip_rel_gap):
   return part, objective, min(max(bound, milp_bound), objective), "milp"
 
 
-def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4) -> Placement:
+def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4,
+          routing: str = "topk") -> Placement:
   """counts [L-1, E, E] (`affinity_counts`) -> Placement for a nodes x gpus_per_node mesh.
 
   Stage 1 minimises cross-node transitions; stage 2, per node, the cross-GPU transitions among the
   node's own experts. time_limit_s: wall-time limit of each MILP (stage 1, and stage 2 per node);
   on reaching it the best placement found is kept and its gap reported; <= 0 skips the MILP.
   mip_rel_gap: HiGHS stops below this relative gap (with integer counts, below 1 / objective is optimal).
+  routing: the layers' routing, which limits the placements that keep their outputs (`apply_placement`).
+  'topk': any balanced placement. 'node_limited' and 'bilevel' (nodes = the routing's num_nodes): every
+  node's E / n experts stay together, so stage 1 only permutes whole nodes per layer (one part per
+  node's experts: the exact assignment on the nodes' summed counts). 'bilevel' also shares one local
+  router among the nodes, so stage 2 gives every node the same GPU layout (one stage on the nodes'
+  summed counts instead of one per node). Bounds and gaps are over the placements the routing allows.
   """
   start = time.perf_counter()
+  require(routing in ROUTINGS, "routing", routing, f"one of {ROUTINGS}")
   counts = affinity.check_counts(counts, nodes, gpus_per_node)
   layers, num = counts.shape[0] + 1, counts.shape[1]
-  node_of, cross_node, node_bound, node_method = _stage(counts, nodes, time_limit_s, mip_rel_gap)
-  placement, intra, intra_bound, gpu_methods = np.empty((layers, num), np.int64), 0, 0, set()
+  if routing in NODE_ROUTINGS:
+    per_node = num // nodes  # routing node g = experts g * per_node .. (g + 1) * per_node - 1
+    between = counts.reshape(layers - 1, nodes, per_node, nodes, per_node).sum((2, 4))  # [L-1, n, n]
+    node_of_group, cross_node, node_bound, node_method = _stage(between, nodes, time_limit_s, mip_rel_gap)
+    node_of = np.repeat(node_of_group, per_node, axis=1)
+  else:
+    node_of, cross_node, node_bound, node_method = _stage(counts, nodes, time_limit_s, mip_rel_gap)
+  members = [[np.flatnonzero(row == node) for row in node_of] for node in range(nodes)]  # [n][L]: E / n experts
+  local = [np.stack([counts[j][np.ix_(m[j], m[j + 1])] for j in range(layers - 1)]) for m in members]
+  # bilevel: a node's experts in index order are its local experts 0 .. E / n - 1 (whole nodes moved), so
+  # one layout for all nodes crosses sum_node crossings(local[node]) = crossings(sum(local)).
+  shared = routing == "bilevel"
+  stages = [_stage(c, gpus_per_node, time_limit_s, mip_rel_gap) for c in ([sum(local)] if shared else local)]
+  placement = np.empty((layers, num), np.int64)
   for node in range(nodes):
-    members = [np.flatnonzero(row == node) for row in node_of]  # node's experts per layer, [L][E / n]
-    local = np.stack([counts[j][np.ix_(members[j], members[j + 1])] for j in range(layers - 1)])
-    gpu_of, objective, bound, method = _stage(local, gpus_per_node, time_limit_s, mip_rel_gap)
+    gpu_of = stages[0 if shared else node][0]
     for j in range(layers):
-      placement[j, members[j]] = node * gpus_per_node + gpu_of[j]
-    intra, intra_bound, gpu_methods = intra + objective, intra_bound + bound, gpu_methods | {method}
+      placement[j, members[node][j]] = node * gpus_per_node + gpu_of[j]
+  intra, intra_bound = sum(s[1] for s in stages), sum(s[2] for s in stages)
 
   identity = affinity.transitions(counts, affinity.identity_placement(layers, num, nodes * gpus_per_node),
                                   gpus_per_node)
@@ -194,4 +221,5 @@ def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mi
                    cross_node=cross_node, cross_gpu=cross_node + intra, identity_cross_node=identity[0],
                    identity_cross_gpu=identity[1], node_bound=node_bound, node_gap=gap(cross_node, node_bound),
                    gpu_bound=intra_bound, gpu_gap=gap(intra, intra_bound),
-                   methods=(node_method, "+".join(sorted(gpu_methods))), seconds=time.perf_counter() - start)
+                   methods=(node_method, "+".join(sorted({s[3] for s in stages}))),
+                   seconds=time.perf_counter() - start, routing=routing)
