@@ -8,7 +8,8 @@
   lina   moejax.cost.contention: the backward all-to-all against the data-parallel all-reduce (default,
          naive overlap, Lina's prioritised schedule) on Lina's setting, against its Fig. 7 timeline and speedups.
 Each section (experiments/validation/<paper>.py: the paper's numbers, its setting and the comparison) prints its
-comparison and returns a JSON record; all records go to --out.
+comparison and returns a JSON record; all records go to --out. Runs from any working directory: the repository's
+files are found from the repository (`experiments.validation.ROOT`).
 
   python -m experiments.validate_cost_model --out /tmp/validate_cost_model.json
   python -m experiments.validate_cost_model --out /tmp/parm.json --sections parm
@@ -23,9 +24,9 @@ from experiments.validation import comet, lina, parm, smile
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)
 flags.DEFINE_list("sections", ["smile", "comet", "parm", "lina"], "Papers to check: smile, comet, parm, lina.")
-flags.DEFINE_string("comet_rate_json", "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json",
+flags.DEFINE_string("comet_rate_json", str(comet.RATE_JSON),
                     "Benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x "
-                    "efficiency).")
+                    "efficiency; default: the repository's H100 results).")
 
 # Each section prints its comparison and returns its JSON record; a new paper's check is one more entry.
 SECTIONS = {"smile": smile.section, "comet": lambda: comet.section(FLAGS.comet_rate_json), "parm": parm.section,

@@ -1,10 +1,39 @@
-"""The paper validation (experiments/validation, run by experiments/validate_cost_model.py): Lina's Fig. 7
-timeline and comparison rows."""
+"""The paper validation (experiments/validation, run by experiments/validate_cost_model.py): the driver from
+another working directory, Lina's Fig. 7 timeline and comparison rows."""
+
+import json
+import shutil
+import subprocess
+import sys
 
 import pytest
 
-from experiments.validation import lina
+from experiments.validation import comet, lina
 from moejax.cost import contention
+from tests.test_launch import ENV
+
+
+def validate(cwd, *options):
+  return subprocess.run([sys.executable, "-m", "experiments.validate_cost_model", "--out=out.json", *options],
+                        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+
+
+def test_the_driver_runs_from_any_directory(tmp_path):
+  """The repository's benchmark JSON is found from the repository and named relative to it; --out and a given
+  --comet_rate_json are taken from the working directory as usual."""
+  done = validate(tmp_path)
+  assert done.returncode == 0, done.stderr[-3000:]
+  record = json.loads((tmp_path / "out.json").read_text())
+  assert list(record) == ["smile", "comet", "parm", "lina"]
+  source = record["comet"]["setting"]["h800_rate"][1]
+  assert source.startswith("measured: benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json "), source
+  assert all(f"===== {name} =====" in done.stdout for name in record)
+
+  shutil.copy(comet.RATE_JSON, tmp_path / "mine.json")
+  done = validate(tmp_path, "--sections=comet", "--comet_rate_json=mine.json")
+  assert done.returncode == 0, done.stderr[-3000:]
+  source = json.loads((tmp_path / "out.json").read_text())["comet"]["setting"]["h800_rate"][1]
+  assert source.startswith("measured: mine.json "), source
 
 
 def test_fig7_timeline():

@@ -7,9 +7,12 @@ Setting, Fig. 10: one MoE layer, EP 8 on one node of
 device), M swept; the text does not list the M values, 4096..16384 are the values it names (Sec. 3.2.2).
 """
 
+from experiments.validation import ROOT, display_path
 from moejax.cost import model, overlap, traffic
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
+
+RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
 COMET_MIXTRAL = dict(d_model=4096, d_ff=14336, experts=8, top_k=2)
 COMET_TOKENS = (4096, 8192, 16384)
@@ -53,7 +56,7 @@ def comet_schedules(topology, tokens: int, top_k: int, rate) -> dict:
 def section(rate_json: str) -> dict:
   """Comet's single-layer setting priced under the three schedules, side by side with its numbers. rate_json: a
   benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x efficiency)."""
-  h800_rate = model.measured_rate(rate_json) if rate_json else \
+  h800_rate = model.measured_rate(rate_json, name=display_path(rate_json)) if rate_json else \
       model.default_rate(topology_lib.H800_NVLINK)
   l20 = topology_lib.L20_PCIE
   l20_rate = model.default_rate(l20)

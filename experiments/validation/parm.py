@@ -37,7 +37,8 @@ def parm_layers(testbed: str):
   """Every configured layer of Table III on a testbed (see PARM_GRID)."""
   _, sizes = PARM_TESTBEDS[testbed]
   g = PARM_GRID
-  for p, n_mp, n_esp, b, length, width, f in itertools.product(sizes, g["n"], g["n"], g["B"], g["L"], g["width"], g["f"]):
+  grid = itertools.product(sizes, g["n"], g["n"], g["B"], g["L"], g["width"], g["f"])
+  for p, n_mp, n_esp, b, length, width, f in grid:
     if n_mp == n_esp == 1:
       continue
     yield parm.ParmLayer(B=b, L=length, M=width, H=width, E=p // n_esp, k=PARM_K, f=f, n_ep=p // n_esp, n_esp=n_esp,
@@ -75,8 +76,8 @@ def section() -> dict:
     record[testbed] = priced
   print("\nParm Table III layers (P = N_EP x N_ESP, E = N_EP, top-1, 2-byte elements): modelled mean speedup over the "
         "baseline, layer forward with expert compute [communication only, the paper's model]; Table IV beside it")
-  print(f"{'bed':3s} {'N_MP':>4s} {'N_ESP':>5s} {'layers':>6s} {'S1':>13s} {'S2':>13s} {'Parm':>13s} {'Alg1 S1/S2':>10s} "
-        f"{'Table IV S1 / S2 / Parm':>26s}")
+  print(f"{'bed':3s} {'N_MP':>4s} {'N_ESP':>5s} {'layers':>6s} {'S1':>13s} {'S2':>13s} {'Parm':>13s} "
+        f"{'Alg1 S1/S2':>10s} {'Table IV S1 / S2 / Parm':>26s}")
   table = []
   for testbed, priced in record.items():
     for n_mp, n_esp in list(itertools.product((1, 2, 4), (1, 2, 4)))[1:]:

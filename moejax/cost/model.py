@@ -79,18 +79,21 @@ def default_rate(topology: Topology) -> tuple[float, str]:
   return peak.value * eff.value, f"{peak.kind} peak {peak.value / 1e12:g} TFLOP/s x {eff.kind} efficiency {eff.value:g}"
 
 
-def measured_rate(path: str, field: str = "tflops", impl: str = "dense_gemm") -> tuple[float, str]:
+def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm",
+                  name: str | None = None) -> tuple[float, str]:
   """(FLOP/s, source) from a benchmark JSON: its top-level `field` (TFLOP/s) if present, else the
-  largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py)."""
+  largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py).
+  `name`: the file as the source names it (default: `path`)."""
   with open(path) as f:
     record = json.load(f)
+  name = path if name is None else name
   device = record.get("device_kind") or record.get("device") or "unknown device"
   if isinstance(record.get(field), (int, float)):
-    return record[field] * 1e12, f"measured: {path} {field} on {device}"
+    return record[field] * 1e12, f"measured: {name} {field} on {device}"
   values = [e[field] for e in record.get("results", []) if e.get("impl") == impl and field in e]
   if not values:
     raise ValueError(f"{path} has no top-level {field!r} and no results with impl={impl!r} and {field!r}")
-  return max(values) * 1e12, f"measured: {path} max {field} of impl={impl} on {device}"
+  return max(values) * 1e12, f"measured: {name} max {field} of impl={impl} on {device}"
 
 
 def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
