@@ -53,6 +53,7 @@ if ROOT not in sys.path:  # run as a script: make `experiments` and `moejax` imp
   sys.path.insert(0, ROOT)
 
 from experiments import bench_kernels  # noqa: E402
+from moejax.cost import model as cost_model  # noqa: E402
 from moejax.kernels.tuning import time_call  # noqa: E402
 from moejax.moe import experts as experts_lib  # noqa: E402
 from moejax.moe import layer as layer_lib  # noqa: E402
@@ -358,7 +359,7 @@ def step_chunking(args, rec: Record):
         case = {'gemm': gemm, 'split': by, 'pieces': pieces, 'expert_backend': backend,
                 **timing(time_call(_pieces_program(pieces, by, backend), operands, args.warmup, args.iters))}
         single = single or case['median_s']
-        case['tflops'] = 2 * rows * d * f / case['median_s'] / 1e12
+        case['tflops'] = float(cost_model.matmul_flops(rows, d, f)) / case['median_s'] / 1e12
         case['time_vs_one_call'] = case['median_s'] / single
         gemms.append(case)
         say(f"{gemm} {backend} {pieces} {by} pieces: {case['median_s'] * 1e3:.3f} ms "
@@ -399,8 +400,8 @@ def read_ceiling(out_dir: str) -> tuple[float | None, str]:
 
 
 def expert_flops(cfg: MoEConfig, tokens: int) -> int:
-  """Forward FLOPs of the expert matmuls: 2 * rows * d * f per matmul (2 plain, 3 gated)."""
-  return 2 * tokens * cfg.choices_per_token * cfg.d_model * cfg.d_ff * (3 if cfg.gated else 2)
+  """Forward FLOPs of the expert matmuls on tokens x K rows (`moejax.cost.model.expert_flops`)."""
+  return int(cost_model.expert_flops(tokens * cfg.choices_per_token, cfg.d_model, cfg.d_ff, cfg.gated))
 
 
 def compute_dtype(args) -> str:

@@ -49,9 +49,19 @@ class Breakdown:
     return dict(dataclasses.asdict(self), total_s=self.total_s)
 
 
+def matmul_flops(rows, d_in: int, d_out: int):
+  """FLOPs of `rows` rows times a [d_in, d_out] matrix: 2 * rows * d_in * d_out (a multiply and an add each)."""
+  return 2 * np.asarray(rows, np.float64) * d_in * d_out
+
+
 def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
-  """Forward FLOPs of the expert FFN on `rows` rows: 2 matmuls (3 when gated) of 2 * d * f each."""
-  return (3 if gated else 2) * 2 * np.asarray(rows, np.float64) * d_model * d_ff
+  """Forward FLOPs of the expert FFN on `rows` rows (token-choices; a number or an array, float64):
+
+    not gated  2 matmuls (d -> f, f -> d):             2 * 2 * rows * d * f
+    gated      3 matmuls (gate and up d -> f, f -> d):  3 * 2 * rows * d * f
+
+  The backward costs twice the forward (forward + backward: 3x)."""
+  return (3 if gated else 2) * matmul_flops(rows, d_model, d_ff)
 
 
 def non_moe_flops(tokens: int, seq_len: int, d_model: int, d_ff: int, layers: int, moe_layers: int, vocab: int,
