@@ -17,7 +17,8 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
               blocks of d vs one expert-major call, and the layer's forward+backward under each
               schedule on a 1x1 mesh (no communication to hide there: the schedules' overhead alone).
   train_step  tokens/s of the BERT-MoE training step (`moejax.train.trainer.Trainer`): forward,
-              backward and LAMB update of random tokens.
+              backward and LAMB update of random tokens, timed as the scaling study times it
+              (`moejax.study.measure.time_training_step`).
 
   python benchmarks/gpu_suite.py --step=ceilings --out=/tmp/suite
   python benchmarks/gpu_suite.py --step=layer --out=/tmp/suite --smoke   # CPU: tiny, interpreted
@@ -53,6 +54,7 @@ if ROOT not in sys.path:  # run as a script: make `experiments` and `moejax` imp
   sys.path.insert(0, ROOT)
 
 from experiments import bench_kernels  # noqa: E402
+from moejax.cost import model as cost_model  # noqa: E402
 from moejax.kernels.tuning import time_call  # noqa: E402
 from moejax.moe import experts as experts_lib  # noqa: E402
 from moejax.moe import layer as layer_lib  # noqa: E402
@@ -94,9 +96,6 @@ TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=768, num_heads=12, d_
                    num_experts=8, top_k=2)
 SMOKE_TRAIN_SHAPE = dict(vocab_size=128, num_layers=2, d_model=32, num_heads=2, d_ff=64, seq_len=16, batch=4,
                          num_experts=4, top_k=2)
-# LAMB as in SMILE (the optim section of the training config); the step's cost does not depend on the values.
-TRAIN_OPTIM = {'learning_rate': 1e-3, 'warmup_steps': 0, 'decay': 'linear', 'decay_steps': 0, 'end_fraction': 0.0,
-               'b1': 0.9, 'b2': 0.999, 'eps': 1e-6, 'weight_decay': 0.01, 'clip_norm': 1.0}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -358,7 +357,7 @@ def step_chunking(args, rec: Record):
         case = {'gemm': gemm, 'split': by, 'pieces': pieces, 'expert_backend': backend,
                 **timing(time_call(_pieces_program(pieces, by, backend), operands, args.warmup, args.iters))}
         single = single or case['median_s']
-        case['tflops'] = 2 * rows * d * f / case['median_s'] / 1e12
+        case['tflops'] = float(cost_model.matmul_flops(rows, d, f)) / case['median_s'] / 1e12
         case['time_vs_one_call'] = case['median_s'] / single
         gemms.append(case)
         say(f"{gemm} {backend} {pieces} {by} pieces: {case['median_s'] * 1e3:.3f} ms "
@@ -399,8 +398,8 @@ def read_ceiling(out_dir: str) -> tuple[float | None, str]:
 
 
 def expert_flops(cfg: MoEConfig, tokens: int) -> int:
-  """Forward FLOPs of the expert matmuls: 2 * rows * d * f per matmul (2 plain, 3 gated)."""
-  return 2 * tokens * cfg.choices_per_token * cfg.d_model * cfg.d_ff * (3 if cfg.gated else 2)
+  """Forward FLOPs of the expert matmuls on tokens x K rows (`moejax.cost.model.expert_flops`)."""
+  return int(cost_model.expert_flops(tokens * cfg.choices_per_token, cfg.d_model, cfg.d_ff, cfg.gated))
 
 
 def compute_dtype(args) -> str:
@@ -520,33 +519,15 @@ def _overflow_comparison(shape: dict, tokens: int, dtype: str, mesh, platform: s
 
 
 def _train_run(args, shape: dict, model_cfg, moe_cfg: MoEConfig, mesh) -> dict:
-  """Timings of the jitted training step (`Trainer.step`, state donated) on one random batch."""
-  import ml_collections  # pylint: disable=import-outside-toplevel
+  """Timings of the jitted training step (`moejax.study.measure.time_training_step`) on one random batch."""
+  # Imported here: it needs ml_collections, which the other steps do not (a GPU machine may lack it).
+  from moejax.study import measure  # pylint: disable=import-outside-toplevel
 
-  from moejax.train import objective  # pylint: disable=import-outside-toplevel
-  from moejax.train import trainer as train_lib  # pylint: disable=import-outside-toplevel
-
-  ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=shape['vocab_size'] - 2,
-                           num_ids=shape['vocab_size'])
-  config = ml_collections.ConfigDict({'seed': 0, 'steps': 1 + args.warmup + args.iters, 'optim': TRAIN_OPTIM,
-                                      'data': {'mask_prob': objective.MASK_PROB}})
-  trainer = train_lib.Trainer(config, model_cfg, moe_cfg, mesh, ids)
-  state, rest = trainer.init()
-  params = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state['params']))
-  batch = jax.device_put(jax.random.randint(jax.random.key(2), (1, shape['batch'], shape['seq_len']), 2,
-                                            shape['vocab_size']), trainer.batch_sharding)
-  losses = []
-
-  def step():
-    nonlocal state
-    state, metrics = trainer.step(state, rest, batch)
-    losses.append(metrics['loss'])
-    return state
-
-  run = {'expert_backend': moe_cfg.expert_backend, 'parameters': params,
-         **timing(time_call(step, (), args.warmup, args.iters))}
+  timed = measure.time_training_step(model_cfg, moe_cfg, mesh, (1, shape['batch'], shape['seq_len']), 0, args.warmup,
+                                     args.iters)
+  run = {'expert_backend': moe_cfg.expert_backend, 'parameters': timed['parameters'], **timing(timed['times_s'])}
   run['tokens_per_s'] = shape['batch'] * shape['seq_len'] / run['median_s']
-  run['losses'] = [float(v) for v in losses]  # the compiling call's, the warm-up calls', then the timed calls'
+  run['losses'] = timed['losses']  # the compiling call's, the warm-up calls', then the timed calls'
   return run
 
 

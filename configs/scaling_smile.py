@@ -12,9 +12,10 @@ drops a few per cent of the token-choices, which the paper's 16384 tokens (capac
 2 bytes per element, which is all the cost model sees.
 
 The p4d_efa preset uses datasheet numbers, which make all-to-all far faster than SMILE measured
-(Table 3); experiments/validate_cost_model.py fits the inter-node terms to Table 3, and its fitted
-values can be passed as --config.topology_overrides="inter_latency=...,nic_bw=...". Points then
-only reprice: the simulated runs are kept in the workdir.
+(Table 3); experiments/validation/smile.py (run by experiments/validate_cost_model.py) fits the
+inter-node terms to Table 3, and its fitted values can be passed as
+--config.topology_overrides="inter_latency=...,nic_bw=...". Points then only reprice: the simulated runs
+are kept in the workdir.
 
   python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile
 """

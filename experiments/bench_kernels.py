@@ -30,6 +30,7 @@ import jaxlib
 import numpy as np
 from absl import app, flags
 
+from moejax.cost import model as cost_model
 from moejax.kernels import activations, ffn, tuning
 from moejax.kernels import gmm as gmm_lib
 
@@ -165,8 +166,13 @@ def make_inputs(model, rows, dtype, op, impl, seed=0):
 
 
 def useful_flops(model, rows, op, bwd):
-  matmuls = 1 if op == 'gmm' else (3 if model['gated'] else 2)
-  return 2 * rows * model['d'] * model['f'] * matmuls * (3 if bwd else 1)
+  """'gmm': one [R, d] x [d, f] matmul; 'ffn': the expert FFN (`moejax.cost.model.expert_flops`); x3 with the
+  backward."""
+  if op == 'gmm':
+    forward = cost_model.matmul_flops(rows, model['d'], model['f'])
+  else:
+    forward = cost_model.expert_flops(rows, model['d'], model['f'], model['gated'])
+  return int(forward) * (3 if bwd else 1)  # exact: integers far below 2^53
 
 
 def _rel_err(ours, ref) -> float:

@@ -132,6 +132,7 @@ def test_measured_rate_from_a_benchmark_json(tmp_path):
   rate, source = model.measured_rate(str(path))
   assert rate == 650e12 and "measured" in source and "H100" in source
   assert model.measured_rate(str(path), impl="pallas")[0] == 500e12
+  assert model.measured_rate(path, name="results/kernels.json")[1].startswith("measured: results/kernels.json max")
   breakdown = model.price_layer(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY,
                                 device_rate=(rate, source))
   assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source

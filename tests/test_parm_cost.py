@@ -5,7 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
-from moejax.cost import calibrate, parm
+from moejax.cost import parm
 from moejax.cost import topology as topology_lib
 from moejax.validation import ConfigError
 
@@ -109,13 +109,6 @@ def test_dedicated_schedules_never_lose_to_the_baseline_on_parms_testbeds():
           assert times["s1"] <= times["baseline"] * (1 + 1e-12)
         if n_mp == n_esp == 1:
           assert times["s1"] == pytest.approx(times["baseline"], rel=1e-12)  # plain EP: all three coincide
-
-
-def test_alpha_beta_from_a_latency_bandwidth_fit():
-  sizes = np.array([1e3, 1e5, 1e7])
-  fit = calibrate.fit_latency_bandwidth(sizes, 2e-5 + sizes / 5e9)
-  ab = parm.AlphaBeta.from_fit(fit, bytes_per_element=2)
-  assert ab.alpha_s == pytest.approx(2e-5, rel=1e-6) and ab.beta_s == pytest.approx(2 / 5e9, rel=1e-6)
 
 
 @pytest.mark.parametrize("kwargs, field", [

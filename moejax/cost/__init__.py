@@ -10,5 +10,6 @@ per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms
 layer under the sequential / chunked / comet schedules, Comet), `parm` (Parm's baseline / S1 / S2
 expert-sharding schedules and its Algorithm 1), `contention` (the backward all-to-all against the
 data-parallel all-reduce: default / naive_overlap / prioritized, Lina), `decode` (a decode step's
-exchanges and all-gather, vanilla vs exflow, ExFlow).
+exchanges and all-gather, vanilla vs exflow, ExFlow). The comparisons with the papers' numbers live
+outside the library, in experiments/validation/ (one module per paper).
 """

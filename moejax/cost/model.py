@@ -49,9 +49,19 @@ class Breakdown:
     return dict(dataclasses.asdict(self), total_s=self.total_s)
 
 
+def matmul_flops(rows, d_in: int, d_out: int):
+  """FLOPs of `rows` rows times a [d_in, d_out] matrix: 2 * rows * d_in * d_out (a multiply and an add each)."""
+  return 2 * np.asarray(rows, np.float64) * d_in * d_out
+
+
 def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
-  """Forward FLOPs of the expert FFN on `rows` rows: 2 matmuls (3 when gated) of 2 * d * f each."""
-  return (3 if gated else 2) * 2 * np.asarray(rows, np.float64) * d_model * d_ff
+  """Forward FLOPs of the expert FFN on `rows` rows (token-choices; a number or an array, float64):
+
+    not gated  2 matmuls (d -> f, f -> d):             2 * 2 * rows * d * f
+    gated      3 matmuls (gate and up d -> f, f -> d):  3 * 2 * rows * d * f
+
+  The backward costs twice the forward (forward + backward: 3x)."""
+  return (3 if gated else 2) * matmul_flops(rows, d_model, d_ff)
 
 
 def non_moe_flops(tokens: int, seq_len: int, d_model: int, d_ff: int, layers: int, moe_layers: int, vocab: int,
@@ -79,18 +89,21 @@ def default_rate(topology: Topology) -> tuple[float, str]:
   return peak.value * eff.value, f"{peak.kind} peak {peak.value / 1e12:g} TFLOP/s x {eff.kind} efficiency {eff.value:g}"
 
 
-def measured_rate(path: str, field: str = "tflops", impl: str = "dense_gemm") -> tuple[float, str]:
+def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm",
+                  name: str | None = None) -> tuple[float, str]:
   """(FLOP/s, source) from a benchmark JSON: its top-level `field` (TFLOP/s) if present, else the
-  largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py)."""
+  largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py).
+  `name`: the file as the source names it (default: `path`)."""
   with open(path) as f:
     record = json.load(f)
+  name = path if name is None else name
   device = record.get("device_kind") or record.get("device") or "unknown device"
   if isinstance(record.get(field), (int, float)):
-    return record[field] * 1e12, f"measured: {path} {field} on {device}"
+    return record[field] * 1e12, f"measured: {name} {field} on {device}"
   values = [e[field] for e in record.get("results", []) if e.get("impl") == impl and field in e]
   if not values:
     raise ValueError(f"{path} has no top-level {field!r} and no results with impl={impl!r} and {field!r}")
-  return max(values) * 1e12, f"measured: {path} max {field} of impl={impl} on {device}"
+  return max(values) * 1e12, f"measured: {name} max {field} of impl={impl} on {device}"
 
 
 def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,

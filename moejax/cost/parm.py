@@ -56,13 +56,6 @@ class AlphaBeta:
   def __call__(self, elements: float) -> float:
     return self.alpha_s + self.beta_s * elements
 
-  @classmethod
-  def from_fit(cls, fit, bytes_per_element: float) -> "AlphaBeta":
-    """From `calibrate.fit_latency_bandwidth(sizes, times)` whose sizes were the collective's x in bytes
-    (e.g. a fit of experiments/bench_collectives.py's timings, or the paper's Sec. VI-B method)."""
-    require(fit.physical, "fit", fit.as_dict(), "a fit with latency >= 0 and a finite bandwidth")
-    return cls(fit.latency_s, bytes_per_element / fit.bandwidth)
-
 
 @dataclasses.dataclass(frozen=True)
 class ParmLayer:

@@ -1,10 +1,12 @@
-"""Measured rows: a sweep point timed on this machine's devices, a layer forward and a real training step."""
+"""Measured rows: a sweep point timed on this machine's devices, a layer forward and a real training step
+(`time_training_step`, also the GPU suite's train_step timer)."""
 
 import statistics
 
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from moejax.kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
@@ -31,7 +33,7 @@ def fits_real_devices(n: int, m: int, platform: str) -> bool:
 
 
 # LAMB as in SMILE (Sec. 4.1); the step's cost does not depend on these values.
-_TIMING_OPTIM = {"learning_rate": 1e-3, "warmup_steps": 0, "decay": "linear", "decay_steps": 0, "end_fraction": 0.0,
+TIMING_OPTIM = {"learning_rate": 1e-3, "warmup_steps": 0, "decay": "linear", "decay_steps": 0, "end_fraction": 0.0,
                  "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0}
 
 
@@ -42,6 +44,37 @@ def training_model(model, dtype: str) -> ModelConfig:
   return ModelConfig(kind="bert", vocab_size=model.vocab, num_layers=model.layers, d_model=model.d_model,
                      num_heads=heads, d_ff=model.d_ff, max_len=model.seq_len,
                      dropout=0.1, moe_every=model.layers // model.moe_layers, dtype=dtype)
+
+
+def time_training_step(model_config: ModelConfig, moe_config, mesh, batch_shape: tuple[int, int, int], seed: int,
+                       warmup: int, repeats: int) -> dict:
+  """Wall-clock of the jitted training step (`moejax.train.trainer.Trainer.step`, state donated, LAMB with
+  `TIMING_OPTIM`) on one batch of random tokens [U, B, S] (U micro batches of B sequences of S tokens): a
+  compiling call, `warmup` untimed calls, then `repeats` timed ones (`time_call`). Seeds: the trainer's `seed`,
+  the tokens' seed + 2.
+
+  Returns {'times_s': [repeats] seconds, 'losses': every call's loss in order (compiling, warm-up, timed),
+  'parameters': the model's parameter count}.
+  """
+  vocab = model_config.vocab_size
+  train_config = ml_collections.ConfigDict({"seed": seed, "steps": 1 + warmup + repeats, "optim": TIMING_OPTIM,
+                                            "data": {"mask_prob": objective.MASK_PROB}})
+  ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=vocab - 2, num_ids=vocab)
+  trainer = train_lib.Trainer(train_config, model_config, moe_config, mesh, ids)
+  state, rest = trainer.init()
+  parameters = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state["params"]))
+  tokens_UxBxS = jax.device_put(jax.random.randint(jax.random.key(seed + 2), batch_shape, 2, vocab),
+                                trainer.batch_sharding)
+  losses = []
+
+  def step():
+    nonlocal state
+    state, metrics = trainer.step(state, rest, tokens_UxBxS)
+    losses.append(metrics["loss"])
+    return state
+
+  times = time_call(step, (), warmup, repeats)
+  return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters}
 
 
 def measure(point: Point, config, layers: dict) -> dict:
@@ -66,29 +99,14 @@ def measure(point: Point, config, layers: dict) -> dict:
     del params, x
 
   global_batch, accumulation = batch(point, config)
-  steps = 1 + config.measure.warmup + config.measure.repeats  # time_call's first call compiles
-  train_config = ml_collections.ConfigDict({"seed": config.sim.seed, "steps": steps, "optim": _TIMING_OPTIM,
-                                            "data": {"mask_prob": objective.MASK_PROB}})
-  ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=model.vocab - 2,
-                           num_ids=model.vocab)
-  trainer = train_lib.Trainer(train_config, training_model(model, moe.dtype), cfg, mesh, ids)
-  state, rest = trainer.init()
-  shape = (accumulation, global_batch // accumulation, model.seq_len)
-  batch_tokens = jax.device_put(jax.random.randint(jax.random.key(config.sim.seed + 2), shape, 2, model.vocab),
-                                trainer.batch_sharding)
-  losses = []
-
-  def step():
-    nonlocal state
-    state, metrics = trainer.step(state, rest, batch_tokens)
-    losses.append(metrics["loss"])
-    return state
-
-  step_times = time_call(step, (), config.measure.warmup, config.measure.repeats)
+  timed = time_training_step(training_model(model, moe.dtype), cfg, mesh,
+                             (accumulation, global_batch // accumulation, model.seq_len), config.sim.seed,
+                             config.measure.warmup, config.measure.repeats)
+  step_times, losses = timed["times_s"], timed["losses"]
   step_s = statistics.median(step_times)
   return {**identity(point), "routing": cfg.routing, "transport": cfg.transport,
           "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,
           "tokens_per_gpu": tokens, "global_batch": global_batch, "accumulation": accumulation,
           **layers[key], "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,
-          "loss_first": float(losses[0]), "loss_last": float(losses[-1]), "repeats": config.measure.repeats,
+          "loss_first": losses[0], "loss_last": losses[-1], "repeats": config.measure.repeats,
           "device": jax.devices(platform)[0].device_kind, "jax_version": jax.__version__}

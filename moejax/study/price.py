@@ -31,14 +31,13 @@ fixed micro batch (accumulation = global_batch / (devices * micro_batch) falls a
 Throughput is global_batch / step in samples/s.
 """
 
-import math
-
 import jax.numpy as jnp
 import numpy as np
 
 from moejax.cost import collectives, overlap, parm
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
+from moejax.moe import routing
 from moejax.moe.layer import traffic_summary
 from moejax.moe.transport import transport_hops
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
@@ -121,7 +120,7 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
   k = cfg.choices_per_token
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
   bytes_per_row = model.d_model * itemsize
-  router_width = n + cfg.num_experts // n if cfg.routing == "bilevel" else cfg.num_experts
+  router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
   other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
   common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
             "routing": cfg.routing, "transport": cfg.transport}
@@ -129,8 +128,7 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
     return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops)}
   scale = tokens / sim["tokens_per_gpu"]
   if cfg.transport == "capacity":
-    capacity = math.ceil(cfg.capacity_factor * tokens * k / cfg.num_experts)
-    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, capacity)
+    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens))
     processed = traffic_lib.rows_processed(rows)
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
