@@ -26,7 +26,7 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
 
   A field that may be None is an untyped reference: a typed one (placeholder(float)) would take flags through
   absl's float parser, which rejects 'None', and a str field turns `=None` into the string 'None'; untyped, the
-  flag is read as a Python literal. A FieldReference override (e.g. `config.mesh.get_ref('nodes')`) is kept, so
+  flag is read as a Python literal, and MoEConfig checks its type. A FieldReference override (e.g. `config.mesh.get_ref('nodes')`) is kept, so
   the field follows what it refers to."""
   fields = dataclasses.fields(MoEConfig)
   known = [f.name for f in fields]

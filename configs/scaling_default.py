@@ -29,9 +29,8 @@ def get_config() -> ml_collections.ConfigDict:
       "small": {"d_model": 512, "d_ff": 2048, "layers": 8, "moe_layers": 4, "seq_len": 128, "micro_batch": 32,
                 "vocab": 32128},
   })
-  # Every MoEConfig field but those each scheme sets (moejax.study.points.SCHEME_FIELDS: num_experts, d_model, d_ff,
-  # routing, transport, num_nodes, capacity_factor, schedule, esp_schedule), at its default unless set here, passed
-  # to every scheme that does not fix it; then the sweep's own fields.
+  # Every MoEConfig field but those each scheme sets (moejax.study.points.SCHEME_FIELDS), at its default unless set
+  # here, passed to every scheme that does not fix it; then the sweep's own fields (points.SWEEP_FIELDS).
   config.moe = moe_section(
       omit=("num_experts", "d_model", "d_ff", "routing", "transport", "num_nodes", "capacity_factor", "schedule",
             "esp_schedule"),
