@@ -3,9 +3,15 @@ checked against the single-device reference.
 
   python -m experiments.demo --config=configs/demo.py --config.moe.top_k=1 --config.mesh.nodes=1
   python -m experiments.demo --config.moe.routing=bilevel --config.moe.transport=bilevel --config.moe.top_k=1
+  python -m experiments.demo --config.moe.schedule=comet --config.moe.capacity_factor=1.25
+
+`moe` holds every MoEConfig field (configs/moe_section.py); a field that may be None also takes
+`=None`, e.g. `--config.moe.capacity_factor=None` (dropless, the default here).
 """
 
 import ml_collections
+
+from configs.moe_section import moe_section
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -17,24 +23,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.check_reference = True
   config.tolerance = 1e-5  # relative error allowed against the reference (fp32)
   config.output = ""  # optional .npz path for y, x and the aux statistics
-  config.moe = ml_collections.ConfigDict({
-      "num_experts": 16,
-      "top_k": 2,
-      "d_model": 64,
-      "d_ff": 128,
-      "routing": "topk",
-      "transport": "padded",
-      "expert_backend": "ragged_dot",
-      "num_nodes": config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
-      "node_top_k": 1,
-      "capacity_factor": ml_collections.config_dict.placeholder(float),
-      "activation": "gelu",
-      "gated": True,
-      "renormalize": False,
-      "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's value
-      "local_balance_coef": ml_collections.config_dict.placeholder(float),
-      "z_loss_coef": 0.001,
-      "jitter": 0.0,
-      "dtype": "float32",
-  })
+  # Every MoEConfig field, at its default unless set here.
+  config.moe = moe_section(
+      num_experts=16, top_k=2, d_model=64, d_ff=128,
+      num_nodes=config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
+      gated=True, z_loss_coef=0.001)
   return config

@@ -20,7 +20,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.steps = 300
   config.seq_len = 64
   config.model.update(num_layers=6, max_len=64)
-  config.moe.update(num_experts=16, top_k=1, capacity_factor=0.0)  # 0: dropless
+  config.moe.update(num_experts=16, top_k=1, capacity_factor=None)  # dropless
   config.checkpoint.update(every_steps=100, use_async=False)
   config.log.update(tensorboard=False)
   config.generate = ml_collections.ConfigDict({

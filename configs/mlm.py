@@ -13,6 +13,8 @@ batch of 16384 sequences: 3.7b (12 layers, d 768, f 3072, micro-batch 128 per GP
 
 import ml_collections
 
+from configs.moe_section import moe_section
+
 # layers, d_model, heads, d_ff, micro-batch rows per GPU
 SIZES = {"3.7b": (12, 768, 12, 3072, 128), "13b": (24, 1024, 16, 4096, 64), "48b": (36, 1600, 25, 6400, 64)}
 C4_STEPS = 61_500  # SMILE's 129B training tokens / (16384 x 128 tokens per step)
@@ -38,19 +40,10 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "dropout": 0.0, "embed_init_std": 0.1,
       # Megatron tensor parallelism of the dense parts over 'gpu'; Lina's prioritised gradient all-reduce.
       "tensor_parallel": False, "grad_sync": "default"})
-  config.moe = ml_collections.ConfigDict({
-      "num_experts": 8, "top_k": 1, "routing": "topk", "transport": "padded", "expert_backend": "ragged_dot",
-      "num_nodes": config.mesh.get_ref("nodes"), "node_top_k": 1, "activation": "gelu", "gated": False,
-      "renormalize": False,
-      "capacity_factor": 2.0,  # SMILE's; 0 = dropless
-      # Receive rows per exchange hop as a multiple of the local token-choices; None = worst case.
-      "buffer_factor": ml_collections.config_dict.placeholder(float),
-      "load_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's alpha
-      "local_balance_coef": ml_collections.config_dict.placeholder(float),  # None: the paper's beta
-      "z_loss_coef": 0.0, "jitter": 0.0, "dtype": "float32",
-      # Comet's schedules (num_chunks: token chunks or column blocks); Parm's expert sharding.
-      "schedule": "sequential", "num_chunks": 1,
-      "esp_schedule": ml_collections.config_dict.placeholder(str), "esp_cost": "dgx_h100_ib"})
+  # Every MoEConfig field but d_model and d_ff (the trainer takes them from model.*), at its default unless set here.
+  config.moe = moe_section(omit=("d_model", "d_ff"), num_experts=8, top_k=1,
+                           num_nodes=config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
+                           capacity_factor=2.0)  # SMILE's; None (--config.moe.capacity_factor=None): dropless
   config.data = ml_collections.ConfigDict({
       "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
       "tokenizer_model": "",  # a SentencePiece model file; '' = train one on the corpus and cache it

@@ -11,6 +11,8 @@ Runs in a few minutes on 2 CPU cores.
 
 import ml_collections
 
+from configs.moe_section import moe_section
+
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
@@ -27,17 +29,20 @@ def get_config() -> ml_collections.ConfigDict:
       "small": {"d_model": 512, "d_ff": 2048, "layers": 8, "moe_layers": 4, "seq_len": 128, "micro_batch": 32,
                 "vocab": 32128},
   })
-  config.moe = ml_collections.ConfigDict({
+  # Every MoEConfig field but those each scheme sets (moejax.study.points.SCHEME_FIELDS), at its default unless set
+  # here, passed to every scheme that does not fix it; then the sweep's own fields (points.SWEEP_FIELDS).
+  config.moe = moe_section(
+      omit=("num_experts", "d_model", "d_ff", "routing", "transport", "num_nodes", "capacity_factor", "schedule",
+            "esp_schedule"),
+      top_k=1,  # experts per token (every scheme but switch, which is top-1; local experts for smile)
+      node_top_k=1,  # nodes per token for node_limited (smile: always 1)
+      num_chunks=4,  # chunks of 'chunked', column blocks of d of 'comet'
+      dtype="bfloat16")  # 2 bytes per element moved and the compute dtype of measured points
+  config.moe.update({
       "experts_per_gpu": 1,
-      "top_k": 1,  # experts per token (flat_dropless, hierarchical, node_limited; local experts for smile)
-      "node_top_k": 1,  # nodes per token for node_limited
       "switch_capacity_factor": 2.0,
       "smile_capacity_factor": 2.0,  # SMILE Sec. 4.1
-      "num_chunks": 4,  # chunks of 'chunked', column blocks of d of 'comet'
       "esp_capacity_factor": 1.2,  # 'esp_baseline', 's1', 's2' (Parm Table III: f in {1.2, 2.4})
-      "activation": "gelu",
-      "gated": False,
-      "dtype": "bfloat16",  # 2 bytes per element moved and the compute dtype of measured points
   })
   # The small run on simulated devices: `batches` calls of `tokens_per_gpu` tokens per device;
   # balanced_router: routers built to route uniformly (moejax.study.inputs.balanced_routers), else the

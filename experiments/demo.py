@@ -18,8 +18,8 @@ from absl import app, logging
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import ALL, init_params, moe_apply, param_specs, traffic_summary
 from moejax.moe.reference import moe_reference
@@ -29,7 +29,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
 
 
 def validate(config) -> MoEConfig:

@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
 from moejax.infer import decode, load
@@ -34,7 +34,7 @@ from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Model and training config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Model and training config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the results (and the training run).", required=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load; default: train into workdir/train.")
 _MESHES = flags.DEFINE_list("meshes", ["1x4", "2x4", "4x2", "2x8"], "Meshes as NODESxGPUS.")

@@ -15,8 +15,8 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.infer import decode, load
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
@@ -25,7 +25,7 @@ from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Generation config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Generation config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the results (and the brief training run).",
                                required=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load; default: train into workdir/train.")

@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 from absl import app, flags
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.runtime import distributed
@@ -29,7 +29,7 @@ from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Model and training config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Model and training config file.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load (trained there first when it holds "
                                   "no checkpoint); default: the directory of --out, subdirectory train.")
 _TOKENS = flags.DEFINE_integer("tokens", 65536, "Tokens to trace (the last batch is cut to this count).")

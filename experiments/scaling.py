@@ -17,8 +17,8 @@ import os
 import sys
 
 from absl import app, flags, logging
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import report
 from moejax.study.points import max_devices, validate
@@ -26,7 +26,7 @@ from moejax.study.sweep import run
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "scaling_default.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Sweep config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Sweep config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for finished points and results.", required=True)
 
 

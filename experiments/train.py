@@ -15,8 +15,8 @@ import sys
 
 from absl import app, flags
 from absl import logging as absl_logging
-from ml_collections import config_flags
 
+from experiments.config_flag import define_config
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import trainer as train
@@ -24,7 +24,7 @@ from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
-_CONFIG = config_flags.DEFINE_config_file("config", _DEFAULT_CONFIG, "Experiment config file.")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and caches.", required=True)
 
 

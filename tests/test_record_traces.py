@@ -30,7 +30,7 @@ def _run(monkeypatch, tmp_path, shared, *extra):
           "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
           f"--config.model.max_len={SEQ}", f"--config.seq_len={SEQ}", f"--config.batch_size={ROWS}",
           "--config.micro_batches=1", f"--config.moe.num_experts={E}", f"--config.moe.top_k={K}",
-          "--config.moe.capacity_factor=0", "--config.steps=2", "--config.checkpoint.every_steps=2",
+          "--config.moe.capacity_factor=None", "--config.steps=2", "--config.checkpoint.every_steps=2",
           "--config.checkpoint.use_async=False", "--config.log.tensorboard=False",
           "--config.data.tokenizer_train_chars=50000", *extra]
   monkeypatch.setattr("sys.argv", argv)  # config_flags reads the --config.* overrides from sys.argv

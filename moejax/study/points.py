@@ -19,10 +19,12 @@ OVERLAP_SCHEMES = ("chunked", "comet")
 ESP_SCHEMES = {"esp_baseline": "baseline", "s1": "s1", "s2": "s2"}
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# MoEConfig fields -> the sweep config fields that set them, so errors name what the user wrote.
-_MOE_FIELDS = {"num_experts": "moe.experts_per_gpu", "top_k": "moe.top_k", "node_top_k": "moe.node_top_k",
-               "activation": "moe.activation", "gated": "moe.gated", "dtype": "moe.dtype",
-               "num_chunks": "moe.num_chunks"}
+# MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor), so the sweep's moe
+# section leaves them out; every other MoEConfig field in it is passed to every scheme that does not fix it.
+SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "transport", "num_nodes", "capacity_factor",
+                 "schedule", "esp_schedule")
+# The sweep's own moe fields: experts per device, and each dropping scheme's capacity factor.
+SWEEP_FIELDS = ("experts_per_gpu", "switch_capacity_factor", "smile_capacity_factor", "esp_capacity_factor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,28 +49,45 @@ class Point:
 
 def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
   """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`)."""
-  common = dict(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff, activation=moe.activation,
-                gated=moe.gated, dtype=moe.dtype)
+  common = {name: value for name, value in moe.items() if name not in SWEEP_FIELDS}
+  common.update(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff)
   flat = platform_lib.flat_transport(platform)
   fields = {
       "switch": dict(routing="topk", top_k=1, transport="capacity", capacity_factor=moe.switch_capacity_factor),
-      "flat_dropless": dict(routing="topk", top_k=moe.top_k, transport=flat),
-      "hierarchical": dict(routing="topk", top_k=moe.top_k, transport="hierarchical"),
-      "smile": dict(routing="bilevel", top_k=moe.top_k, num_nodes=n, transport="bilevel",
+      "flat_dropless": dict(routing="topk", transport=flat),
+      "hierarchical": dict(routing="topk", transport="hierarchical"),
+      # SMILE routes each token to one node (moe.node_top_k is node_limited's).
+      "smile": dict(routing="bilevel", num_nodes=n, node_top_k=1, transport="bilevel",
                     capacity_factor=moe.smile_capacity_factor),
-      "node_limited": dict(routing="node_limited", top_k=moe.top_k, num_nodes=n, node_top_k=moe.node_top_k,
-                           transport="bilevel"),
-      **{s: dict(routing="topk", top_k=moe.top_k, transport=flat, schedule=s, num_chunks=moe.num_chunks)
-         for s in OVERLAP_SCHEMES},
-      **{s: dict(routing="topk", top_k=moe.top_k, transport="capacity", capacity_factor=moe.esp_capacity_factor,
-                 esp_schedule=e) for s, e in ESP_SCHEMES.items()},
+      "node_limited": dict(routing="node_limited", num_nodes=n, transport="bilevel"),
+      **{s: dict(routing="topk", transport=flat, schedule=s) for s in OVERLAP_SCHEMES},
+      **{s: dict(routing="topk", transport="capacity", capacity_factor=moe.esp_capacity_factor, esp_schedule=e)
+         for s, e in ESP_SCHEMES.items()},
   }[scheme]
   try:
-    return MoEConfig(**common, **fields)
+    return MoEConfig(**{**common, **fields})
   except ConfigError as e:
     prefix = "esp" if scheme in ESP_SCHEMES else scheme
-    field = f"moe.{prefix}_capacity_factor" if e.field == "capacity_factor" else _MOE_FIELDS.get(e.field, e.field)
+    if e.field == "capacity_factor":
+      field = f"moe.{prefix}_capacity_factor"
+    elif e.field == "num_experts":
+      field = "moe.experts_per_gpu"
+    else:  # errors name what the user wrote
+      field = f"moe.{e.field}" if e.field in moe else e.field
     require(False, field, e.value, f"{e.allowed} (scheme {scheme!r} on mesh {n}x{m})")
+
+
+def check_moe_fields(moe) -> None:
+  """The sweep's moe section holds SWEEP_FIELDS and any MoEConfig field but SCHEME_FIELDS; errors name the field."""
+  for name in SCHEME_FIELDS:
+    require(name not in moe, f"moe.{name}", moe.get(name), "unset: each scheme sets it")
+  known = SWEEP_FIELDS + tuple(f.name for f in dataclasses.fields(MoEConfig) if f.name not in SCHEME_FIELDS)
+  unknown = sorted(set(moe) - set(known))
+  if unknown:
+    raise ConfigError(f"unknown config field(s) {['moe.' + u for u in unknown]}; known: {sorted(known)}",
+                      f"moe.{unknown[0]}", moe[unknown[0]], f"one of {sorted(known)}")
+  for name in SWEEP_FIELDS:
+    require(name in moe, f"moe.{name}", None, "set: the sweep needs it")
 
 
 def simulated_scheme(scheme: str) -> str | None:
@@ -140,6 +159,7 @@ def validate(config) -> list[Point]:
                 "global_batch", config.global_batch,
                 f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
                 "for strong scaling")
+  check_moe_fields(config.moe)
   for n, m in meshes:
     for scheme in config.schemes:
       scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
@@ -168,8 +188,9 @@ def point_key(point: Point, config) -> str:
   return _digest([dataclasses.asdict(point), model, settings])
 
 
-# moe fields that only the pricing reads (no small run uses them).
-_PRICING_ONLY = ("num_chunks", "esp_capacity_factor")
+# moe fields no small run reads: the pricing's, and esp_cost (read by esp_schedule='auto' only, which no scheme
+# uses).
+_PRICING_ONLY = ("num_chunks", "esp_capacity_factor", "esp_cost")
 
 
 def simulation_key(scheme: str, n: int, m: int, config) -> str:

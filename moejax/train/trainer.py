@@ -47,6 +47,8 @@ SECTIONS = {
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
              "data", "optim", "checkpoint", "log")
 OVERFLOW_POLICIES = ("retry", "drop")
+# MoEConfig fields the trainer takes from the model section, so a config's moe section leaves them out.
+MOE_FROM_MODEL = ("d_model", "d_ff")
 
 
 def _check_fields(fields, known, prefix: str, required=None) -> None:
@@ -76,11 +78,9 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   except ConfigError as e:
     require(e.field is None, "model." + str(e.field), e.value, e.allowed)
     raise
-  for name in ("d_model", "d_ff"):
+  for name in MOE_FROM_MODEL:
     require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
-  moe_fields = {**config.moe, "d_model": model_cfg.d_model, "d_ff": model_cfg.d_ff}
-  if moe_fields.get("capacity_factor") == 0:  # flags cannot set a float field to None
-    moe_fields["capacity_factor"] = None
+  moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)

@@ -1,0 +1,134 @@
+"""The experiment configs: every one exposes every MoEConfig field (less those its experiment derives) and builds;
+the command line sets any field, None included; unknown or misspelt fields end in an error that names them."""
+
+import dataclasses
+import importlib
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from moejax.infer.load import training_config
+from moejax.moe.config import MoEConfig
+from moejax.study import points
+from moejax.train import trainer
+from moejax.validation import ConfigError
+from tests.test_launch import ENV, ROOT
+
+sys.path.insert(0, str(ROOT))
+from configs.moe_section import moe_section  # noqa: E402
+from experiments.config_flag import define_config  # noqa: E402
+
+LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
+# Each config file, by the experiment that reads it.
+KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "scaling_default": "scaling",
+         "scaling_smile": "scaling", "scaling_schedules": "scaling"}
+EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(trainer.MOE_FROM_MODEL),
+            "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}
+
+
+def get_config(spec: str):
+  name, _, arg = spec.partition(":")
+  return importlib.import_module(f"configs.{name}").get_config(*([arg] if arg else []))
+
+
+def build(spec: str, config):
+  """What the experiment makes of the config before it touches a device."""
+  kind = KINDS[spec.partition(":")[0]]
+  if kind == "demo":  # experiments/demo.py's validate
+    moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
+    moe.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+    return moe
+  if kind == "train":
+    return trainer.validate(training_config(config))[1]
+  return points.validate(config)
+
+
+def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
+  """The config an experiment gets from `config_file` (its default, or given as --config) and these overrides."""
+  path = str(ROOT / "configs" / config_file)
+  argv = ["experiment", *([f"--config={path}"] if explicit else []), *overrides]
+  monkeypatch.setattr("sys.argv", argv)  # config_flags reads the overrides from sys.argv
+  flag_values = flags.FlagValues()
+  holder = define_config(path, "Experiment config file.", flag_values=flag_values)
+  flag_values(argv)
+  return holder.value
+
+
+def test_every_config_file_is_checked():
+  files = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "moe_section"}
+  assert files == set(KINDS)
+
+
+@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b"])
+def test_configs_expose_every_moe_field_and_build(spec):
+  config = get_config(spec)
+  assert set(config.moe) == EXPECTED[KINDS[spec.partition(":")[0]]]
+  build(spec, config)
+
+
+def test_dropless_is_none_and_none_comes_from_the_command_line(monkeypatch):
+  assert get_config("generate").moe.capacity_factor is None
+  config = parse(["--config.moe.capacity_factor=None", "--config.moe.buffer_factor=1.5",
+                  "--config.moe.load_balance_coef=0.02"], monkeypatch, "mlm.py")
+  moe = build("mlm", config)
+  assert (moe.capacity_factor, moe.buffer_factor, moe.load_balance_coef) == (None, 1.5, 0.02)
+  config = parse(["--config.moe.esp_schedule=None", "--config.moe.capacity_factor=1.25"], monkeypatch)
+  assert (config.moe.esp_schedule, config.moe.capacity_factor) == (None, 1.25)  # not the string 'None'
+  config = parse(["--config.moe.capacity_factor=0"], monkeypatch, "generate.py")
+  with pytest.raises(ConfigError, match=r"moe\.capacity_factor=0 .*None \(dropless\)"):
+    build("generate", config)
+
+
+def test_demo_takes_schedule_from_the_command_line(monkeypatch):
+  config = parse(["--config.moe.schedule=comet", "--config.moe.num_chunks=2", "--config.steps=1"], monkeypatch)
+  moe = build("demo", config)
+  assert (moe.schedule, moe.num_chunks, config.steps) == ("comet", 2, 1)
+
+
+@pytest.mark.parametrize("explicit", [False, True])
+def test_misspelt_override_names_the_field(monkeypatch, explicit):
+  if explicit:  # --config given: the overrides are checked while app.run parses the flags
+    with pytest.raises(flags.IllegalFlagValueError) as error:
+      parse(["--config.moe.schedul=comet"], monkeypatch, explicit=True)
+    message = str(error.value)
+  else:  # the default file: checked when the flag is defined, at import
+    with pytest.raises(SystemExit) as error:
+      parse(["--config.moe.schedul=comet"], monkeypatch)
+    message = str(error.value.code)
+  assert "unknown config field moe.schedul (did you mean moe.schedule?)" in message
+  with pytest.raises((SystemExit, flags.IllegalFlagValueError), match=r"mo\.top_k \(did you mean moe\?\)"):
+    parse(["--config.mo.top_k=1"], monkeypatch, explicit=explicit)
+
+
+def test_misspelt_override_on_the_command_line_is_one_error_line():
+  run = subprocess.run([sys.executable, "-m", "experiments.demo", "--config.moe.schedul=comet"], cwd=ROOT, env=ENV,
+                       capture_output=True, text=True, timeout=120)
+  assert run.returncode == 1
+  assert "unknown config field moe.schedul (did you mean moe.schedule?)" in run.stderr
+  assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("spec", ["demo", "mlm", "scaling_default"])
+def test_unknown_moe_field_in_a_config_is_named(spec):
+  config = get_config(spec)
+  config.moe.schedul = "comet"
+  with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['moe\.schedul'\]"):
+    build(spec, config)
+
+
+def test_scheme_fields_are_not_sweep_fields():
+  config = get_config("scaling_default")
+  config.moe.routing = "bilevel"
+  with pytest.raises(ConfigError, match="moe.routing='bilevel' .*each scheme sets it"):
+    build("scaling_default", config)
+
+
+def test_moe_section_rejects_unknown_missing_and_derived_fields():
+  with pytest.raises(ConfigError, match=r"unknown config field\(s\) \['moe\.schedul'\]"):
+    moe_section(num_experts=8, top_k=1, d_model=8, d_ff=8, schedul="comet")
+  with pytest.raises(ConfigError, match="moe.num_experts is missing"):
+    moe_section(top_k=1, d_model=8, d_ff=8)
+  with pytest.raises(ConfigError, match="moe.d_model=8 .*derives it"):
+    moe_section(omit=("d_model",), num_experts=8, top_k=1, d_model=8, d_ff=8)
