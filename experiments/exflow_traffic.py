@@ -122,7 +122,8 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
   for nodes, gpus in meshes:
     mesh = mesh_lib.make_mesh(nodes, gpus)
     on = decode.on_mesh(model, mesh)
-    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=_TIME_LIMIT.value)
+    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=_TIME_LIMIT.value,
+                            routing=model.moe_cfg.routing)
     models = {False: on, True: decode.with_placement(on, placement)}
     entry = {"placement": {"methods": list(placement.methods), "node_gap": placement.node_gap,
                            "gpu_gap": placement.gpu_gap, "seconds": placement.seconds}, "decode": {}, "traces": {}}
