@@ -187,7 +187,7 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   dropped by capacity), tokens_overflowed (token-choices dropped because a receive buffer was full; see
   buffer_factor), traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each
   exchange hop, the Dump's copies included; `traffic_summary` splits them into inter- and intra-node
-  traffic), expert_ids [T, K] (each token's routed experts, -1 where capacity dropped the choice).
+  traffic), expert_ids [T, K] (each token's routed experts, dropped or not; sharded like x).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
   slot_expert: optional [H, S] int, the logical expert of each physical slot (Lina's replication;
     `moejax.replication.rebalance`), H = the devices (the nodes with expert sharding): the experts run
@@ -277,15 +277,16 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout):
   weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
   y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_RxD.reshape(tokens, k, d).astype(jnp.float32))
   y_TxD = y_TxD.astype(x_TxD.dtype)
+  routed_TxK = decision.expert_ids
   if esp == "s1":  # every GPU's tokens of the node
-    y_TxD, ids_TxK = esp_lib.mp_all_gather(y_TxD), esp_lib.mp_all_gather(ids_TxK)
+    y_TxD, routed_TxK = esp_lib.mp_all_gather(y_TxD), esp_lib.mp_all_gather(routed_TxK)
 
   aux = routing.aux_losses(jax.lax.psum(stats, lay.routed_over), cfg)
   aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), lay.sent_over)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), lay.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, lay.sent_over)
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.routes, lay))
-  aux["expert_ids"] = ids_TxK
+  aux["expert_ids"] = routed_TxK
   return y_TxD, aux
 
 

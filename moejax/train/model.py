@@ -17,7 +17,6 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.activations import ACTIVATIONS
 from moejax.moe import layer as moe_layer
-from moejax.moe import routing
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import grad_sync as grad_sync_lib
@@ -154,8 +153,8 @@ class MoEFFN(nnx.Module):
   """The expert-parallel MoE layer as an FFN: x [B, L, d] (batch sharded over the mesh) -> (y, aux).
 
   Calls the layer with the step's key, so router jitter draws from it. aux also holds the layer's
-  traffic_rows and expert_ids [B * L, K] (each token's experts, recomputed by the layer's own
-  router: identical ids when there is no jitter); under jit they cost nothing unless used.
+  traffic_rows and expert_ids [B * L, K] (each token's routed experts, from the layer's aux); under jit
+  they cost nothing unless used.
   """
 
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
@@ -163,9 +162,8 @@ class MoEFFN(nnx.Module):
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
-    decision, _ = routing.route(x_BxSxD.reshape(-1, x_BxSxD.shape[-1]), self.moe.params(), self.moe.cfg)
-    return y_BxSxD, {**{k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-                                            "traffic_rows")}, "expert_ids": decision.expert_ids}
+    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
+                                         "traffic_rows", "expert_ids")}
 
 
 class Block(nnx.Module):

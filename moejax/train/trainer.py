@@ -23,6 +23,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import ALL
 from moejax.runtime import mesh as mesh_lib
@@ -85,6 +86,10 @@ def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]
   if model_cfg.num_moe_layers:
     moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   model_cfg.check_mesh(config.mesh.gpus_per_node)
+  if is_int(config.batch_size) and is_int(config.micro_batches) and is_int(config.seq_len):
+    # Parm's Algorithm 1 picks 'auto' here, for the tokens one layer call sees, never while tracing.
+    tokens = config.batch_size // config.micro_batches * config.seq_len
+    moe_cfg = expert_sharding.resolve_auto(moe_cfg, tokens, config.mesh.nodes, config.mesh.gpus_per_node)
 
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   require(is_int(config.steps), "steps", config.steps, "a positive int")
