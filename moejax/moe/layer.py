@@ -349,11 +349,12 @@ class MoELayer(nnx.Module):
     self.w_in = nnx.Param(params["w_in"])
     self.w_out = nnx.Param(params["w_out"])
     self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
-    self.slot_expert = None
+    table = None
     if cfg.slots_per_device is not None:
       table = replicas_lib.initial_table(cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)),
                                          cfg.slots_per_device)
-      self.slot_expert = SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
+    # One assignment: nnx fixes an attribute's kind (data or static) when it is first set.
+    self.slot_expert = None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
     self.rngs = rngs
 
   def params(self) -> dict:

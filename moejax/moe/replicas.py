@@ -41,11 +41,11 @@ def check_slot_table(slot_expert, num_experts: int, devices: int) -> int:
 
 
 def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
-  """[H, S] int32: holder h keeps its experts h * E / H .. in its first slots and replicas of experts
-  0, 1, 2, ... (cycling over the holders' spare slots) in the rest; the table a run starts from before
+  """[H, S] int32: holder h keeps its experts h * E / H .. in its first slots and, in its spare slots,
+  replicas of the experts of the holders after it (never its own); the table a run starts from before
   any load has been measured."""
   per, spare = num_experts // holders, slots - num_experts // holders
-  return np.array([[h * per + j for j in range(per)] + [(h * spare + j) % num_experts for j in range(spare)]
+  return np.array([[h * per + j for j in range(per)] + [(h * per + per + j) % num_experts for j in range(spare)]
                    for h in range(holders)], np.int32)
 
 
