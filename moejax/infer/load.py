@@ -49,6 +49,8 @@ def load_trained(config: ml_collections.ConfigDict, train_workdir: str, mesh=Non
                       train_workdir, "a training workdir holding checkpoints/")
   step, state, _ = restored
   _, rest = model_lib.init_state(model_cfg, moe_cfg, mesh, config.seed)
+  if "slot_tables" in state:  # the replication slot tables the run ended with
+    rest = model_lib.with_slot_tables(model_cfg, rest, state["slot_tables"])
   return nnx.merge(trainer.graphdef, state["params"], rest), tok, step
 
 

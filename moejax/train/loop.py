@@ -11,6 +11,7 @@ from jax.experimental import multihost_utils
 
 from moejax.train import data as data_lib
 from moejax.train import metrics as metrics_lib
+from moejax.train import replan as replan_lib
 from moejax.validation import require
 
 
@@ -44,7 +45,10 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
   of every token id this process fed, for the unigram baseline, and the overflow retries as
   (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
   again from the same state with the buffer factor doubled, until nothing overflows (at the
-  worst-case size nothing can)."""
+  worst-case size nothing can). With replication, every step's record has the busiest device's load
+  with and without the slot tables it ran on, and with moe.replan_every the tables are re-planned
+  after every replan_every-th step from its counts (`moejax.train.replan`); the window of counts
+  starts empty on resume."""
   counts = np.zeros(trainer.tok.num_ids, np.int64)
   retries = []
   if start >= config.steps:
@@ -53,16 +57,31 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
   global_shape = (config.micro_batches, rows, config.seq_len)
   step_fn, compile_s = _compile(trainer, state, rest, global_shape, say)
   last_done = time.perf_counter()
+  tables = np.asarray(jax.device_get(state["slot_tables"])) if "slot_tables" in state else None
+  replanner = None
+  if tables is not None and trainer.moe_cfg.replan_every > 0:
+    replanner = replan_lib.Replanner(trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window,
+                                     *trainer.holders, tables.shape[-1])
 
-  def finish(step, metrics):
+  def finish(step, metrics, tables):
+    """Writes the step's record (`tables`: the slot tables it ran on); returns the re-planned
+    tables when a re-plan is due after it, else None."""
     nonlocal last_done
     metrics = jax.device_get(metrics)
     now = time.perf_counter()
-    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len)
+    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len,
+                                     slot_tables=tables)
     last_done = now
+    new_tables = None
+    if replanner is not None:
+      replanner.observe(metrics["expert_counts"])
+      if replanner.due(step):
+        new_tables = replanner.plan()
+        record["replanned_slot_tables"] = new_tables.tolist()
     writer.write(record)
     if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
       say(metrics_lib.report_line(record, config.steps))
+    return new_tables
 
   pending = None
   for step in range(start + 1, config.steps + 1):
@@ -82,9 +101,14 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
       state, metrics = step_fn(before, rest, tokens)
     if pending is not None:  # fetch the previous step's metrics while this one runs
       finish(*pending)
-    pending = (step, metrics)
+    pending = (step, metrics, tables)
+    if replanner is not None and replanner.due(step):  # needs this step's counts: wait for them
+      tables = finish(*pending)
+      pending = None
+      state = {**state, "slot_tables": trainer.put_slot_tables(tables)}  # same shape: no recompilation
     if step % config.checkpoint.every_steps == 0 or step == config.steps:
-      finish(*pending)  # first, so that no step's time includes the checkpoint's
+      if pending is not None:
+        finish(*pending)  # first, so that no step's time includes the checkpoint's
       pending = None
       ckpt.save(step, state, gather_data_state(batches.state()))
       last_done = time.perf_counter()

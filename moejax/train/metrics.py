@@ -2,7 +2,11 @@
 
 Per step: loss (task + auxiliary), task_loss (MLM or next-token cross-entropy), accuracy,
 aux_loss (summed over MoE layers), grad_norm, learning_rate, step_time_s, tokens_per_s, and per MoE
-layer the expert load (fraction of token-choices each expert processed) and the drop rate.
+layer the expert load (fraction of token-choices each expert processed) and the drop rate; with
+replication (moe.slots_per_device) per MoE layer the busiest device's load over the mean device load
+with the slot tables the step ran on (busiest_load) and with every device running only its own E / D
+experts (busiest_load_unreplicated), from the step's expert counts (devices: the nodes with expert
+sharding).
 """
 
 import json
@@ -11,11 +15,13 @@ import os
 
 import numpy as np
 
+from moejax.train import replan as replan_lib
 from moejax.validation import is_int, require
 
 SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s",
            "tokens_per_s")
 CONFIG_FIELDS = ("every_steps", "tensorboard")
+BUSIEST = ("busiest_load", "busiest_load_unreplicated")  # with replication: per MoE layer
 
 
 def validate_config(log, prefix: str = "") -> None:
@@ -25,8 +31,9 @@ def validate_config(log, prefix: str = "") -> None:
   require(isinstance(log.tensorboard, bool), prefix + "tensorboard", log.tensorboard, "True or False")
 
 
-def step_record(step: int, metrics: dict, step_time_s: float, tokens: int) -> dict:
-  """A JSON-ready record from the train step's metrics (host arrays) and the host's timing."""
+def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_tables=None) -> dict:
+  """A JSON-ready record from the train step's metrics (host arrays) and the host's timing;
+  slot_tables: the [M, H, S] slot tables the step ran on, with replication."""
   counts_MxE = np.asarray(metrics["expert_counts"], np.float64)
   dropped_M = np.asarray(metrics["tokens_dropped"], np.float64)
   overflowed_M = np.asarray(metrics["tokens_overflowed"], np.float64)
@@ -36,6 +43,10 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int) -> di
   record["expert_load"] = (counts_MxE / np.maximum(total_M, 1)[:, None]).round(5).tolist()
   record["drop_rate"] = (dropped_M / np.maximum(total_M, 1)).round(6).tolist()  # by capacity
   record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
+  if slot_tables is not None and counts_MxE.size:
+    with_tables, without = replan_lib.busiest_loads(counts_MxE, slot_tables)
+    record["busiest_load"] = [round(x, 6) for x in with_tables]
+    record["busiest_load_unreplicated"] = [round(x, 6) for x in without]
   return record
 
 
@@ -90,6 +101,9 @@ class MetricWriter:
         self.tb.add_scalar(f"moe/layer{i}/max_load_over_mean", max(load) * len(load), step)
         self.tb.add_scalar(f"moe/layer{i}/drop_rate", drop, step)
         self.tb.add_histogram(f"moe/layer{i}/expert_load", np.asarray(load), step)
+      for name in BUSIEST:
+        for i, value in enumerate(record.get(name, [])):
+          self.tb.add_scalar(f"moe/layer{i}/{name}", value, step)
 
   def close(self) -> None:
     if self.enabled:
@@ -122,6 +136,8 @@ def summarize(records: list[dict], **extra) -> dict:
       "median_step_time_s": float(np.median(times)) if times else None,
       "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records]))
                              if records else None,
+      **{f"mean_{name}": float(np.mean([r[name] for r in records])) for name in BUSIEST
+         if records and all(name in r for r in records)},
       **extra,
   }
 

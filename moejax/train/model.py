@@ -341,3 +341,28 @@ def init_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, se
                         nnx.split(LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1:])
   shardings = jax.tree.map(lambda a: a.sharding, (params, rest))
   return jax.jit(split, out_shardings=shardings)()
+
+
+def moe_block_indices(cfg: ModelConfig) -> list[int]:
+  """The blocks whose FFN is an MoE layer, in order (MoE layer j is block moe_block_indices(cfg)[j])."""
+  return [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
+
+
+def slot_tables(cfg: ModelConfig, rest: dict):
+  """[M, H, S] int32: the MoE layers' slot tables stacked from the pure-dict `rest` (the non-parameter
+  state of `abstract_state`/`init_state`), or None without replication (moe.slots_per_device unset)."""
+  tables = [rest["blocks"][i]["ffn"]["moe"].get("slot_expert") for i in moe_block_indices(cfg)]
+  if not tables or tables[0] is None:
+    return None
+  if isinstance(tables[0], jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(tables), *tables[0].shape), tables[0].dtype, sharding=tables[0].sharding)
+  return jnp.stack(tables)
+
+
+def with_slot_tables(cfg: ModelConfig, rest: dict, tables_MxHxS) -> dict:
+  """`rest` with MoE layer j's slot table replaced by tables_MxHxS[j] (the rest of the tree shared)."""
+  blocks = dict(rest["blocks"])
+  for j, i in enumerate(moe_block_indices(cfg)):
+    moe = {**blocks[i]["ffn"]["moe"], "slot_expert": tables_MxHxS[j]}
+    blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": moe}}
+  return {**rest, "blocks": blocks}

@@ -134,8 +134,11 @@ class Trainer:
 
   Of `config` it reads seed, steps, optim and data.mask_prob; `tok` supplies the special ids.
 
-  state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}; every array is placed
-  by `state_shardings`, declared once here together with the batch sharding.
+  state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}, and with replication
+(moe.slots_per_device) 'slot_tables' [M, H, S] int32, the MoE layers' slot tables: not optimised,
+replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
+and re-planned between steps by the loop (same shape, so the compiled step is reused). Every array
+is placed by `state_shardings`, declared once here together with the batch sharding.
   """
 
   def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh,
@@ -157,6 +160,9 @@ class Trainer:
                                           transform_non_params=lambda _: self.replicated)
     self.state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": self.replicated,
                             "rng": self.replicated}
+    abstract_tables = model_lib.slot_tables(model_cfg, abstract_rest)
+    if abstract_tables is not None:
+      self.state_shardings["slot_tables"] = self.replicated
     self.rest_shardings = sharding_of(abstract_rest)
     self.batch_sharding = NamedSharding(mesh, P(None, ALL))  # tokens [micro_batches, rows, seq_len]
 
@@ -164,9 +170,13 @@ class Trainer:
       return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32),
               "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
 
-    self._complete = jax.jit(complete, out_shardings=self.state_shardings)
+    self._complete = jax.jit(complete, out_shardings={k: v for k, v in self.state_shardings.items()
+                                                      if k != "slot_tables"})
+    abstract_state = jax.eval_shape(complete, abstract_params)
+    if abstract_tables is not None:
+      abstract_state["slot_tables"] = abstract_tables
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                       jax.eval_shape(complete, abstract_params), self.state_shardings)
+                                       abstract_state, self.state_shardings)
     self.step = jax.jit(self._step, in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
                         out_shardings=(self.state_shardings, self.replicated), donate_argnums=0 if donate else ())
 
@@ -175,9 +185,24 @@ class Trainer:
     return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate)
 
   def init(self):
-    """(state, rest): fresh sharded state, and the model's non-parameter state (constant)."""
+    """(state, rest): fresh sharded state, and the model's non-parameter state (constant; the step
+    takes the slot tables from the state)."""
     params, rest = model_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
-    return self._complete(params), rest
+    state = self._complete(params)
+    tables = model_lib.slot_tables(self.model_cfg, rest)
+    if tables is not None:
+      state["slot_tables"] = self.put_slot_tables(tables)
+    return state, rest
+
+  @property
+  def holders(self) -> tuple[int, int]:
+    """(nodes, holders per node) of a slot table's rows: the devices, or the nodes with esp_schedule."""
+    nodes, gpus = mesh_lib.axis_sizes(self.mesh)
+    return (nodes, 1) if self.moe_cfg.esp_schedule is not None else (nodes, gpus)
+
+  def put_slot_tables(self, tables_MxHxS):
+    """Slot tables [M, H, S] as the state holds them (int32, replicated; the same on every process)."""
+    return jax.device_put(np.asarray(tables_MxHxS, np.int32), self.replicated)
 
   def targets(self, key, tokens_BxS):
     if self.model_cfg.kind == "gpt":
@@ -192,6 +217,9 @@ class Trainer:
     mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
     inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP = jax.vmap(self.targets)(mask_keys, tokens_UxBxS)
     total = jnp.maximum(jnp.sum(weights_UxBxP), 1.0)
+
+    if "slot_tables" in state:
+      rest = model_lib.with_slot_tables(self.model_cfg, rest, state["slot_tables"])
 
     def loss_fn(params, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
       model = nnx.merge(self.graphdef, params, rest)
@@ -211,6 +239,8 @@ class Trainer:
     updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
     new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                  "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
+    if "slot_tables" in state:
+      new_state["slot_tables"] = state["slot_tables"]
     task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
     metrics = {"loss": task_loss + aux_loss, "task_loss": task_loss, "accuracy": jnp.sum(corrects) / total,
                "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
