@@ -7,7 +7,8 @@
   experts    grouped expert FFN backends (ragged_dot, dense, pallas), whole or its two halves
   schedule   the order of exchanges and expert compute: sequential, chunked, comet (Comet)
   replicas   running on a replication slot table: rows to replicas, weights per slot (Lina, EPLB)
-  esp        expert sharding: EP over 'node', d_ff over 'gpu'; Parm's baseline / S1 / S2 schedules
-  layer      `moe_apply` and `MoELayer`: the pieces composed inside `shard_map`
+  expert_sharding  Parm: experts over 'node', d_ff over 'gpu'; what baseline / S1 / S2 route, send and sum
+  overflow   `apply_without_overflow`: bounded buffers, re-run with a doubled factor while rows overflow
+  layer      `moe_apply` and `MoELayer`: the one assembly of the stages inside `shard_map`
   reference  the single-device reference every scheme is compared with
 """
