@@ -126,10 +126,6 @@ def test_schedules_drop_what_sequential_drops(esp_schedule, transport, mesh_2x4)
 def _temporaries(n, m, **fields):
   """Temporary bytes of the compiled layer on an n x m mesh, 256 tokens per device (per node with
   expert sharding, where a node's GPUs share its tokens)."""
-  import jax
-  import jax.numpy as jnp
-
-  from moejax.moe.layer import init_params
   cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, num_chunks=2, **fields)
   mesh = mesh_lib.make_mesh(n, m)
   params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
