@@ -9,11 +9,14 @@ least one case (greedy all-pairs), and every refused pair is checked for its rea
 import itertools
 import zlib
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import moe_apply
+from moejax.moe.layer import init_params, moe_apply
+from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers
 
