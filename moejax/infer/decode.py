@@ -24,6 +24,7 @@ from moejax.infer import cache as cache_lib
 from moejax.infer import exflow
 from moejax.placement.apply import apply_placement
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
 from moejax.train import model as model_lib
 from moejax.validation import require
 
@@ -41,7 +42,10 @@ class Generation:
   decode_seconds: wall time of the decode steps after the first (which includes compilation), for
   decode_tokens = B x (N - 2) tokens; prefill_seconds: the prefill, compilation included.
   dropped: token-choices the MoE layers dropped by capacity or lost to full receive buffers (vanilla
-  with capacity_factor or buffer_factor set: outputs then depend on the batch; exflow is dropless).
+  with capacity_factor or buffer_factor set: outputs then depend on the batch; exflow is dropless:
+  a decode step that lost a row to a full buffer is repeated, see overflow_retries).
+  overflow_retries: (step, buffer_factor) of each exflow decode step repeated with a doubled
+  buffer_factor because a bounded receive buffer overflowed; the last factor is what later steps use.
   """
 
   tokens: np.ndarray
@@ -52,6 +56,7 @@ class Generation:
   decode_tokens: int
   prefill_seconds: float
   dropped: int
+  overflow_retries: tuple = ()
 
   @property
   def tokens_per_second(self) -> float:
@@ -133,7 +138,7 @@ def check_request(model, prompts_BxP, steps: int, mode: str, temperature: float)
   require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
           ">= 0 (0: greedy)")
   if mode == "exflow":
-    exflow.check_moe(model.moe_cfg)
+    exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
 def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: str = "vanilla",
@@ -157,15 +162,24 @@ def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: s
   prefill_seconds = time.perf_counter() - start
   if mode == "exflow":
     cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
+    moe_cfg = model.moe_cfg
     step_fn = exflow.exflow_step(model)
   else:
     step_fn = functools.partial(_vanilla_step, graphdef=graphdef)
-  out_tokens, out_logits, rows = [next_B], [logits_BxV], []
+  out_tokens, out_logits, rows, retries = [next_B], [logits_BxV], [], []
   for step in range(1, steps):
     if step == 2:
       start = time.perf_counter()
-    next_B, logits_BxV, cache, counts = step_fn(params, rest, cache, next_B, jnp.int32(length + step - 1),
-                                                jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
+    # A token lost to a full receive buffer would corrupt its request: repeat the step from the same
+    # cache with the buffer doubled (at the worst case, the batch, nothing overflows).
+    while mode == "exflow" and moe_cfg.buffer_factor is not None and int(counts["dropped"]):
+      moe_cfg = dataclasses.replace(moe_cfg, buffer_factor=2 * moe_cfg.buffer_factor)
+      retries.append((step, moe_cfg.buffer_factor))
+      step_fn = exflow.exflow_step(model, moe_cfg)
+      next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
+    cache = new_cache
     out_tokens.append(next_B)
     out_logits.append(logits_BxV)
     rows.append(counts["rows"])
@@ -182,4 +196,5 @@ def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: s
   return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
                     logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
                     exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
-                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped))
+                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped),
+                    overflow_retries=tuple(retries))
