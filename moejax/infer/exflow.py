@@ -143,14 +143,14 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   cache = [(write(k, nk), write(v, nv)) for (k, v), (nk, nv) in zip(cache, new_kv)]
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
   rows = jnp.stack(sent) if sent else jnp.zeros((0, n * m, n * m), jnp.int32)
-  return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost}
+  return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
 
 def exflow_step(model: model_lib.LanguageModel, moe_cfg=None):
   """The jitted step (params, rest, cache, tokens [B], position, step, seed, temperature) -> (next
   [B], logits [B, V], cache, counts). counts: 'rows' [M, D, D] moved from flat device s to p in each
-  MoE layer's exchanges (summed over the hops and choices), 'dropped' the token rows lost to full
-  receive buffers (buffer_factor; the step's outputs are then wrong: `decode.generate` repeats it with
+  MoE layer's exchanges (summed over the hops and choices), 'dropped' = 'overflowed' the token rows
+  lost to full receive buffers (buffer_factor; the step's outputs are then wrong: `decode.generate` repeats it with
   a doubled buffer_factor). moe_cfg: the model's (default) or the same with another buffer_factor.
   params, rest: the model's state as pure dicts; cache replicated (`init_cache(..., coherent=True)`);
   tokens sharded over both mesh axes, request r owned by flat device r // (B / D)."""
@@ -168,5 +168,5 @@ def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh)
   body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = [(P(), P())] * cfg.num_layers
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(ALL), P(), P(), P(), P()),
-                       out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P()}), check_vma=False)
+                       out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
   return jax.jit(step)
