@@ -1,4 +1,4 @@
-"""Context-coherent decoding (ExFlow §IV-A): one exchange per MoE layer.
+"""Context-coherent decoding (ExFlow §IV-A): one exchange per MoE layer (k for top-k).
 
 Every device holds the KV cache of every request (gathered once after the prefill). Each device still
 owns its B / D requests: their new tokens start there and run the first attention. At an MoE layer a
@@ -12,14 +12,31 @@ exact): ExFlow's all-gather of the new tokens, which with a KV cache must carry 
 and values (the paper counts tokens only, Table I's G N G term). The logits travel with it so that
 each owner returns its requests' logits.
 
-Top-k: ExFlow's experiments are top-1 only and its paper does not say where a token's k expert
-outputs are combined for k > 1 (Table I counts 2 rows per token and layer for top-2). Here a token
-has one expert per MoE layer: routings with more than one choice per token are rejected.
+Top-k: ExFlow's experiments are top-1 and the paper does not say where a token's k expert outputs
+are combined (Table I counts 2 rows per token and layer for top-2). Here the token is routed once,
+where it is, then visits its k experts' devices in choice order (one move per choice), carrying its
+residual, the weighted outputs so far and its k expert ids; it stays at the last expert's device
+with residual + the weighted sum. k moves per token and layer (Table I's count), in k exchanges.
+
+Honoured: `transport` (its hops: flat, or hierarchical / bilevel two-hop routes; its exchange kind
+from `platform.exchange_kind`) and `buffer_factor` (each hop receives at most ceil(factor x B / D)
+rows, so the resident-token buffer and a block's cache gather follow the bound, not the batch;
+rows that do not fit are counted in the step's 'dropped' / 'overflowed', and `decode.generate`
+repeats such a step with the factor doubled: a lost token would corrupt its request).
+Refused before compiling (`check_moe`, ConfigError naming the field):
+- transport='capacity' and capacity_factor: the token moves to its expert and stays (no combine
+  brings it home), so a capacity drop would lose the token itself, and which tokens drop would
+  depend on what the previous layers left resident on a device, not on the request.
+- schedule='chunked' | 'comet': the exchange is one-way (no combine); comet overlaps the combine
+  with the second GEMM, and chunking would only split the B / D rows of a step into smaller
+  exchanges, each with its own resident buffer.
+- esp_schedule (experts split over GPUs: no one device where the token can stay) and
+  slots_per_device (replicas: the placement alone decides where a token stays).
 
 Memory: context coherence replicates every request's context, so a device holds the cache of the
 whole batch (B x S per block, as ExFlow does by design); the resident-token buffer is B rows (worst
-case: every token on one device; no token is ever dropped), and a block's attention gathers the
-cache rows of the tokens resident there (at most B x S).
+case: every token on one device) or the buffer_factor bound, and a block's attention gathers the
+cache rows of the tokens resident there.
 """
 
 import functools
