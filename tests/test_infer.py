@@ -2,6 +2,8 @@
 no-cache forward of the whole sequence and a 1 x 1 mesh; exchange rows against a NumPy count from
 the routing traces."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -19,10 +21,10 @@ BATCH, PROMPT, STEPS = 8, 5, 5
 LOGIT_TOL = 2e-5  # fp32: the same per-token math, summed in other orders on other meshes
 
 
-def _model(mesh, seed=3):
+def _model(mesh, seed=3, top_k=1):
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16,
                     dropout=0.0, embed_init_std=0.5)  # large embeddings: far from ties, varied routes
-  moe = MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F)
+  moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F)
   graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh, seed)
   return nnx.merge(graphdef, *model_lib.init_state(cfg, moe, mesh, seed))
 
@@ -93,24 +95,28 @@ def test_sampling_is_the_same_in_both_modes_and_follows_the_seed(model, prompts)
 
 def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None):
   """Exchange rows per generated token of the decode steps, counted from the traces: vanilla sends a
-  token to its expert's device and back home at every MoE layer; exflow only from where it is.
+  token's copy to each of its experts' devices and back home at every MoE layer; exflow moves the
+  token from where it is through its experts' devices in choice order and leaves it at the last.
   placement [M, E]: device of each expert (default e // (E / D))."""
-  per_token = expert_ids[:, :, 0].reshape(expert_ids.shape[0], BATCH, -1)[:, :, PROMPT:]  # decode-step tokens
+  k = expert_ids.shape[-1]
+  per_token = expert_ids.reshape(expert_ids.shape[0], BATCH, -1, k)[:, :, PROMPT:]  # decode-step tokens
   if placement is None:
     placement = np.tile(np.arange(E) // (E // devices), (per_token.shape[0], 1))
-  device_of = np.stack([p[t] for p, t in zip(placement, per_token)])  # [M, B, N - 1]
-  home = np.broadcast_to(np.arange(BATCH)[:, None] // (BATCH // devices), device_of.shape[1:])
+  device_of = np.stack([p[t] for p, t in zip(placement, per_token)])  # [M, B, N - 1, K]
+  home = np.broadcast_to(np.arange(BATCH)[:, None] // (BATCH // devices), device_of.shape[1:3])
   node = lambda d: d // gpus_per_node
   inside = cross = 0
   where = home
   for layer_devices in device_of:
-    src = home if mode == "vanilla" else where
-    moved = src != layer_devices
-    crossed = moved & (node(src) != node(layer_devices))
-    copies = 2 if mode == "vanilla" else 1
-    inside, cross = inside + copies * np.sum(moved & ~crossed), cross + copies * np.sum(crossed)
-    where = layer_devices
-  tokens = per_token[0].size
+    for choice in range(k):
+      src = home if mode == "vanilla" else where
+      dest = layer_devices[..., choice]
+      moved = src != dest
+      crossed = moved & (node(src) != node(dest))
+      copies = 2 if mode == "vanilla" else 1
+      inside, cross = inside + copies * np.sum(moved & ~crossed), cross + copies * np.sum(crossed)
+      where = dest
+  tokens = per_token[0, ..., 0].size
   return {"cross_gpu_in_node": inside / tokens, "cross_node": cross / tokens}
 
 
@@ -137,9 +143,64 @@ def test_a_placement_moves_the_experts_not_the_outputs(model, prompts, single, f
   assert got.exchange_rows != pytest.approx(_numpy_rows(forced[1], 4, 8, "exflow"))
 
 
+def _with_moe(model, **changes):
+  """The same parameters under an MoE config with `changes` (transport, buffers, schedule)."""
+  moe = dataclasses.replace(model.moe_cfg, **changes)
+  graphdef, _, _ = model_lib.abstract_state(model.cfg, moe, model.mesh)
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  return nnx.merge(graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
+
+
+@pytest.mark.parametrize("transport", ["hierarchical", "bilevel"])
+def test_exflow_takes_the_two_hop_transports(model, prompts, single, forced, transport):
+  got = decode.generate(_with_moe(model, transport=transport), prompts, STEPS, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, single.tokens)
+  np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
+  # A row crossing nodes off its GPU index moves twice (inside the node, and across).
+  flat = _numpy_rows(forced[1], 4, 8, "exflow")
+  assert got.exchange_rows["cross_node"] == pytest.approx(flat["cross_node"])
+  assert got.exchange_rows["cross_gpu_in_node"] > flat["cross_gpu_in_node"]
+
+
+def test_exflow_bounded_buffers_repeat_overflowing_steps(model, prompts, single):
+  """One row per device (B / D = 1, factor 0.5): tokens meeting at an expert's device overflow, and
+  those steps (and the prefill's, step 0) run again with the buffer doubled until nothing is lost; a
+  large enough bound never overflows."""
+  got = decode.generate(_with_moe(model, buffer_factor=0.5), prompts, STEPS, mode="exflow")
+  decode_retries = [r for r in got.overflow_retries if r[0] >= 1]
+  assert decode_retries and decode_retries[0][1] == 1.0
+  assert got.dropped == 0
+  np.testing.assert_array_equal(got.tokens, single.tokens)
+  np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
+  assert decode.generate(_with_moe(model, buffer_factor=8.0), prompts, 2, mode="exflow").overflow_retries == ()
+
+
+def test_exflow_top2_chains_through_both_experts(mesh_2x4, prompts):
+  """Top-2: the token visits its first expert's device, then its second's, carrying the weighted
+  output, and stays there: the tokens of vanilla decoding, two moves per token and MoE layer at most
+  (Table I's 2 rows for top-2)."""
+  top2 = _model(mesh_2x4, top_k=2)
+  want = decode.generate(top2, prompts, STEPS)
+  got = decode.generate(top2, prompts, STEPS, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logits, want.logits, atol=LOGIT_TOL, rtol=0)
+  sequence = np.concatenate([prompts, want.tokens[:, :-1]], axis=1)
+  _, aux = jax.jit(lambda t: top2(t, details=True))(sequence)
+  assert got.exchange_rows == pytest.approx(_numpy_rows(np.asarray(aux["expert_ids"]), 4, 8, "exflow"))
+  assert want.exchange_rows == pytest.approx(_numpy_rows(np.asarray(aux["expert_ids"]), 4, 8, "vanilla"))
+
+
 def test_bad_requests_name_the_value(model, prompts):
-  with pytest.raises(ConfigError, match="top_k"):
-    exflow.check_moe(MoEConfig(num_experts=E, top_k=2, d_model=D, d_ff=F))
+  with pytest.raises(ConfigError, match="transport.*no combine brings it home"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, transport="capacity", capacity_factor=2.0))
+  for schedule in ("chunked", "comet"):  # refused before anything compiles
+    with pytest.raises(ConfigError, match="schedule.*no combine"):
+      decode.generate(_with_moe(model, schedule=schedule), prompts, 2, mode="exflow")
+  if jax.default_backend() == "cpu":  # XLA:CPU has no ragged all-to-all
+    with pytest.raises(ConfigError, match="transport='ragged'"):
+      decode.generate(_with_moe(model, transport="ragged"), prompts, 2, mode="exflow")
+  with pytest.raises(ConfigError, match="slots_per_device"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, slots_per_device=2))
   with pytest.raises(ConfigError, match="capacity_factor"):
     exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, capacity_factor=2.0))
   with pytest.raises(ConfigError, match="esp_schedule"):

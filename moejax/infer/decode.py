@@ -24,6 +24,7 @@ from moejax.infer import cache as cache_lib
 from moejax.infer import exflow
 from moejax.placement.apply import apply_placement
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
 from moejax.train import model as model_lib
 from moejax.validation import require
 
@@ -40,8 +41,11 @@ class Generation:
   the keys and values of every block, 2 x d per block) reaches every other device; zero for vanilla.
   decode_seconds: wall time of the decode steps after the first (which includes compilation), for
   decode_tokens = B x (N - 2) tokens; prefill_seconds: the prefill, compilation included.
-  dropped: token-choices the MoE layers dropped by capacity or lost to full receive buffers (vanilla
-  with capacity_factor or buffer_factor set: outputs then depend on the batch; exflow is dropless).
+  dropped: token-choices the MoE layers dropped by capacity (vanilla with capacity_factor: outputs
+  then depend on the batch). With buffer_factor no choice is lost to a full receive buffer: the
+  prefill or decode step is repeated with the factor doubled (overflow_retries).
+  overflow_retries: (step, buffer_factor) of each repeat (step 0: the prefill); the prefill's factor
+  and the decode steps' factor grow separately, and later steps keep the last one.
   """
 
   tokens: np.ndarray
@@ -52,6 +56,7 @@ class Generation:
   decode_tokens: int
   prefill_seconds: float
   dropped: int
+  overflow_retries: tuple = ()
 
   @property
   def tokens_per_second(self) -> float:
@@ -102,7 +107,7 @@ def _vanilla_step(params, rest, cache, tokens_B, position, step, seed, temperatu
   dispatch = aux.get("traffic_rows", jnp.zeros((0, 1, d[0] * d[1], d[0] * d[1]), jnp.int32))
   # The combine sends every dispatched row back the way it came.
   return next_B, logits_BxV, cache, {"rows": jnp.sum(dispatch + jnp.swapaxes(dispatch, -1, -2), axis=1),
-                                     "dropped": _dropped(aux)}
+                                     "dropped": _dropped(aux), "overflowed": jnp.sum(aux["tokens_overflowed"])}
 
 
 def _dropped(aux):
@@ -115,7 +120,12 @@ def _prefill(params, rest, cache, prompts_BxP, *, graphdef):
   model = nnx.merge(graphdef, params, rest)
   last_Bx1 = jnp.full((prompts_BxP.shape[0], 1), prompts_BxP.shape[1] - 1)
   logits_Bx1xV, aux, cache = model(prompts_BxP, positions_BxP=last_Bx1, cache=cache, start=0)
-  return logits_Bx1xV[:, 0], cache, _dropped(aux)
+  return logits_Bx1xV[:, 0], cache, _dropped(aux), jnp.sum(aux["tokens_overflowed"])
+
+
+def _graphdef(model, moe_cfg):
+  """The model's graph under `moe_cfg` (the same parameters; e.g. another buffer_factor)."""
+  return model_lib.abstract_state(model.cfg, moe_cfg, model.mesh)[0]
 
 
 def check_request(model, prompts_BxP, steps: int, mode: str, temperature: float) -> None:
@@ -133,7 +143,7 @@ def check_request(model, prompts_BxP, steps: int, mode: str, temperature: float)
   require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
           ">= 0 (0: greedy)")
   if mode == "exflow":
-    exflow.check_moe(model.moe_cfg)
+    exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
 def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: str = "vanilla",
@@ -146,26 +156,45 @@ def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: s
   prompts_BxP = np.asarray(prompts_BxP)
   check_request(model, prompts_BxP, steps, mode, temperature)
   mesh, (batch, length) = model.mesh, prompts_BxP.shape
-  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  _, params, rest = nnx.split(model, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   start = time.perf_counter()
   cache = cache_lib.init_cache(model.cfg, batch, length + steps - 1, mesh)
   tokens = jax.device_put(prompts_BxP.astype(np.int32), cache_lib.cache_sharding(mesh, coherent=False))
-  logits_BxV, cache, dropped = _prefill(params, rest, cache, tokens, graphdef=graphdef)
+  # A token-choice lost to a full receive buffer would corrupt its request: a prefill or decode step
+  # that lost any is run again from the same cache with buffer_factor doubled (at the worst case, all
+  # rows, nothing overflows), as the trainer's on_overflow='retry' does.
+  retries = []
+  prefill_cfg = model.moe_cfg
+  while True:
+    logits_BxV, new_cache, dropped, overflowed = _prefill(params, rest, cache, tokens,
+                                                          graphdef=_graphdef(model, prefill_cfg))
+    if prefill_cfg.buffer_factor is None or not int(overflowed):
+      break
+    prefill_cfg = dataclasses.replace(prefill_cfg, buffer_factor=2 * prefill_cfg.buffer_factor)
+    retries.append((0, prefill_cfg.buffer_factor))
+  cache = new_cache
   next_B = jax.jit(exflow.sample)(logits_BxV, jnp.arange(batch), 0, seed, temperature)
   next_B.block_until_ready()
   prefill_seconds = time.perf_counter() - start
   if mode == "exflow":
     cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
-    step_fn = exflow.exflow_step(model)
-  else:
-    step_fn = functools.partial(_vanilla_step, graphdef=graphdef)
+  step_for = lambda moe_cfg: exflow.exflow_step(model, moe_cfg) if mode == "exflow" else \
+      functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
+  moe_cfg = model.moe_cfg
+  step_fn = step_for(moe_cfg)
   out_tokens, out_logits, rows = [next_B], [logits_BxV], []
   for step in range(1, steps):
     if step == 2:
       start = time.perf_counter()
-    next_B, logits_BxV, cache, counts = step_fn(params, rest, cache, next_B, jnp.int32(length + step - 1),
-                                                jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
+    while moe_cfg.buffer_factor is not None and int(counts["overflowed"]):
+      moe_cfg = dataclasses.replace(moe_cfg, buffer_factor=2 * moe_cfg.buffer_factor)
+      retries.append((step, moe_cfg.buffer_factor))
+      step_fn = step_for(moe_cfg)
+      next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
+    cache = new_cache
     out_tokens.append(next_B)
     out_logits.append(logits_BxV)
     rows.append(counts["rows"])
@@ -182,4 +211,5 @@ def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: s
   return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
                     logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
                     exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
-                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped))
+                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped),
+                    overflow_retries=tuple(retries))

@@ -1,4 +1,4 @@
-"""Context-coherent decoding (ExFlow §IV-A): one exchange per MoE layer.
+"""Context-coherent decoding (ExFlow §IV-A): one exchange per MoE layer (k for top-k).
 
 Every device holds the KV cache of every request (gathered once after the prefill). Each device still
 owns its B / D requests: their new tokens start there and run the first attention. At an MoE layer a
@@ -12,14 +12,31 @@ exact): ExFlow's all-gather of the new tokens, which with a KV cache must carry 
 and values (the paper counts tokens only, Table I's G N G term). The logits travel with it so that
 each owner returns its requests' logits.
 
-Top-k: ExFlow's experiments are top-1 only and its paper does not say where a token's k expert
-outputs are combined for k > 1 (Table I counts 2 rows per token and layer for top-2). Here a token
-has one expert per MoE layer: routings with more than one choice per token are rejected.
+Top-k: ExFlow's experiments are top-1 and the paper does not say where a token's k expert outputs
+are combined (Table I counts 2 rows per token and layer for top-2). Here the token is routed once,
+where it is, then visits its k experts' devices in choice order (one move per choice), carrying its
+residual, the weighted outputs so far and its k expert ids; it stays at the last expert's device
+with residual + the weighted sum. k moves per token and layer (Table I's count), in k exchanges.
+
+Honoured: `transport` (its hops: flat, or hierarchical / bilevel two-hop routes; its exchange kind
+from `platform.exchange_kind`) and `buffer_factor` (each hop receives at most ceil(factor x B / D)
+rows, so the resident-token buffer and a block's cache gather follow the bound, not the batch;
+rows that do not fit are counted in the step's 'dropped' / 'overflowed', and `decode.generate`
+repeats such a step with the factor doubled: a lost token would corrupt its request).
+Refused before compiling (`check_moe`, ConfigError naming the field):
+- transport='capacity' and capacity_factor: the token moves to its expert and stays (no combine
+  brings it home), so a capacity drop would lose the token itself, and which tokens drop would
+  depend on what the previous layers left resident on a device, not on the request.
+- schedule='chunked' | 'comet': the exchange is one-way (no combine); comet overlaps the combine
+  with the second GEMM, and chunking would only split the B / D rows of a step into smaller
+  exchanges, each with its own resident buffer.
+- esp_schedule (experts split over GPUs: no one device where the token can stay) and
+  slots_per_device (replicas: the placement alone decides where a token stays).
 
 Memory: context coherence replicates every request's context, so a device holds the cache of the
 whole batch (B x S per block, as ExFlow does by design); the resident-token buffer is B rows (worst
-case: every token on one device; no token is ever dropped), and a block's attention gathers the
-cache rows of the tokens resident there (at most B x S).
+case: every token on one device) or the buffer_factor bound, and a block's attention gathers the
+cache rows of the tokens resident there.
 """
 
 import functools
@@ -31,21 +48,33 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
-from moejax.moe.layer import ALL
+from moejax.moe.layer import ALL, global_traffic
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.train import model as model_lib
 from moejax.validation import require
 
 
-def check_moe(moe_cfg) -> None:
-  """Rejects MoE layers that context-coherent decoding cannot run, naming the field."""
-  require(moe_cfg.choices_per_token == 1, "top_k", moe_cfg.top_k,
-          "1 with one choice per token for mode='exflow' (a token stays with its one expert; see moejax.infer.exflow)")
+def check_moe(moe_cfg, platform: str | None = None) -> None:
+  """Rejects MoE layers that context-coherent decoding cannot run, naming the field and the reason
+  (before compiling). platform: the mesh's ('cpu', 'gpu', ...), to check the transport runs there."""
+  require(moe_cfg.transport != "capacity", "transport", moe_cfg.transport,
+          "not 'capacity' for mode='exflow': a token moves to its expert and stays there (no combine brings it "
+          "home), so a capacity drop would lose the token itself, and which tokens drop would depend on the tokens "
+          "resident on a device after the previous layers, not on the request; use a ragged transport, with "
+          "buffer_factor to bound the buffers (overflowing steps are repeated, never dropped)")
   require(moe_cfg.capacity_factor is None, "capacity_factor", moe_cfg.capacity_factor,
           "None (dropless) for mode='exflow': a token must reach its expert")
+  require(moe_cfg.schedule == "sequential", "schedule", moe_cfg.schedule,
+          "'sequential' for mode='exflow': its one exchange per MoE layer is one-way (no combine), so 'comet' has "
+          "no combine to overlap with the second GEMM, and 'chunked' would only split the B / D rows of a decode "
+          "step into smaller exchanges, each with its own resident-token buffer")
   require(moe_cfg.esp_schedule is None, "esp_schedule", moe_cfg.esp_schedule,
           "None for mode='exflow' (whole experts on one device each, where a token can stay)")
+  require(moe_cfg.slots_per_device is None, "slots_per_device", moe_cfg.slots_per_device,
+          "None for mode='exflow' (one copy of each expert: its placement decides where a token stays)")
+  if platform is not None:
+    platform_lib.check_transport(moe_cfg.transport, platform)
 
 
 def sample(logits_RxV, requests_R, step, seed, temperature):
@@ -59,31 +88,44 @@ def sample(logits_RxV, requests_R, step, seed, temperature):
   return jnp.where(temperature > 0, drawn, jnp.argmax(logits_RxV, axis=-1)).astype(jnp.int32)
 
 
-def _expert_hop(block, x_RxD, requests_R, valid_R, buffer_rows: int, n: int, m: int, kind: str):
-  """The one exchange of an MoE layer: rows go to their expert's device, get its output added to
-  their residual there and stay. -> (x, requests, valid) of the rows now here, rows [D, D] sent."""
+def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int, kind, buffer_rows: int | None):
+  """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
+  choice, along the transport's hops) and gets each expert's weighted output there; it stays at its
+  last expert's device with its residual plus the weighted sum. -> (x, requests, valid) of the rows
+  now here, rows [D, D] moved between flat devices, rows lost to full receive buffers (every device's)."""
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
+  d, k = x_RxD.shape[1], cfg.choices_per_token
   decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg)
-  ids_R = jnp.where(valid_R, decision.expert_ids[:, 0], -1)
+  hops, sizes = transport_lib.transport_hops(cfg.transport), {mesh_lib.NODE: n, mesh_lib.GPU: m}
   experts_per_gpu = params["w_in"].shape[0]  # the local shard
-  ids_R, route = transport_lib.plan_route(ids_R, transport_lib.FLAT_HOPS, {mesh_lib.NODE: n, mesh_lib.GPU: m},
-                                          experts_per_gpu, max_rows=buffer_rows, kind=kind)
-  # Residual, combine weight and request id travel as one fp32 row (ids < 2^24 are exact).
-  packed = jnp.concatenate([x_RxD.astype(jnp.float32), decision.weights[:, :1],
-                            requests_R[:, None].astype(jnp.float32)], axis=1)
-  packed = transport_lib.move_through(packed, route, transport_lib.FLAT_HOPS, kind)
-  x_RxD, weights_R, requests_R = packed[:, :-2].astype(x_RxD.dtype), packed[:, -2], packed[:, -1].astype(jnp.int32)
-  exchange = schedule.Exchange(transport_lib.FLAT_HOPS, {mesh_lib.NODE: n, mesh_lib.GPU: m}, experts_per_gpu, kind,
-                               None)
+  exchange = schedule.Exchange(hops, sizes, experts_per_gpu, kind, buffer_rows)
   local = schedule.Experts(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation,
                            cfg.expert_backend, jnp.dtype(cfg.dtype))
-  y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_R, exchange, local)
-  y_RxD = (weights_R[:, None] * y_RxD).astype(x_RxD.dtype)
-  return x_RxD + y_RxD, requests_R, ids_R >= 0, route.plans[0].sizes_AxA
+  # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
+  # request id (ids < 2^24 are exact).
+  f32 = lambda a: a.astype(jnp.float32)
+  packed = jnp.concatenate([f32(x_RxD), jnp.zeros_like(f32(x_RxD)), f32(decision.weights),
+                            f32(decision.expert_ids), f32(requests_R)[:, None]], axis=1)
+  ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
+  traffic, lost = jnp.zeros((n * m, n * m), jnp.int32), jnp.zeros((), jnp.int32)
+  for j in range(k):
+    sent_R = ids_at(packed, j, valid_R)
+    ids_R, route = transport_lib.plan_route(sent_R, hops, sizes, experts_per_gpu, max_rows=batch, kind=kind,
+                                            buffer_rows=buffer_rows)
+    packed, valid_R = transport_lib.move_through(packed, route, hops, kind), ids_R >= 0
+    lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
+    for axis, plan in zip(hops, route.plans):
+      traffic += global_traffic(plan.kept_AxA[jax.lax.axis_index(axis)], axis, n, m)
+    x_RxD = packed[:, :d].astype(x_RxD.dtype)
+    y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_R, exchange, local)
+    packed = packed.at[:, d:2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
+  x_RxD = x_RxD + packed[:, d:2 * d].astype(x_RxD.dtype)
+  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, ALL)
 
 
-def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, n, m, kind):
+def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, n, m, kind,
+                buffer_factor):
   """One device's decode step: its b requests' tokens [b] -> (next [b], logits [b, V], cache, counts)."""
   model = nnx.merge(graphdef, params, rest)
   b = tokens_b.shape[0]
@@ -93,7 +135,8 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   valid_R = jnp.ones((b,), bool)
   scatter = lambda rows, where_R, valid: jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[
       jnp.where(valid, where_R, batch)].set(rows, mode="drop")
-  new_kv, sent = [], []
+  buffer_rows = transport_lib.buffer_bound(buffer_factor, b)  # None: the worst case (the batch)
+  new_kv, sent, lost = [], [], jnp.zeros((), jnp.int32)
   for (k_cache, v_cache), block in zip(cache, model.blocks):
     mine = jnp.where(valid_R, requests_R, 0)
     x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(x_RxD[:, None], train=False, rngs=None,
@@ -102,8 +145,10 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
     at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
     new_kv.append(tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW)))
     if isinstance(block.ffn, model_lib.MoEFFN):
-      x_RxD, requests_R, valid_R, rows = _expert_hop(block, x_RxD, requests_R, valid_R, batch, n, m, kind)
+      x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, batch=batch, n=n,
+                                                                 m=m, kind=kind, buffer_rows=buffer_rows)
       sent.append(rows)
+      lost += overflowed
     else:
       x_RxD, _ = block.feed_forward(x_RxD, train=False, rngs=None)
   logits_RxV = model.head_logits(x_RxD)
@@ -115,17 +160,20 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   cache = [(write(k, nk), write(v, nv)) for (k, v), (nk, nv) in zip(cache, new_kv)]
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
   rows = jnp.stack(sent) if sent else jnp.zeros((0, n * m, n * m), jnp.int32)
-  return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": jnp.zeros((), jnp.int32)}
+  return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
 
-def exflow_step(model: model_lib.LanguageModel):
+def exflow_step(model: model_lib.LanguageModel, moe_cfg=None):
   """The jitted step (params, rest, cache, tokens [B], position, step, seed, temperature) -> (next
-  [B], logits [B, V], cache, counts). counts: 'rows' [M, D, D] sent from flat device s to p in each
-  MoE layer's exchange, 'dropped' 0 (dropless). params, rest: the model's state as pure dicts; cache
-  replicated (`init_cache(..., coherent=True)`); tokens sharded over both mesh axes, request r owned
-  by flat device r // (B / D)."""
-  check_moe(model.moe_cfg)
-  return _compiled_step(model.cfg, model.moe_cfg, model.mesh)
+  [B], logits [B, V], cache, counts). counts: 'rows' [M, D, D] moved from flat device s to p in each
+  MoE layer's exchanges (summed over the hops and choices), 'dropped' = 'overflowed' the token rows
+  lost to full receive buffers (buffer_factor; the step's outputs are then wrong: `decode.generate` repeats it with
+  a doubled buffer_factor). moe_cfg: the model's (default) or the same with another buffer_factor.
+  params, rest: the model's state as pure dicts; cache replicated (`init_cache(..., coherent=True)`);
+  tokens sharded over both mesh axes, request r owned by flat device r // (B / D)."""
+  moe_cfg = model.moe_cfg if moe_cfg is None else moe_cfg
+  check_moe(moe_cfg, platform_lib.of_mesh(model.mesh))
+  return _compiled_step(model.cfg, moe_cfg, model.mesh)
 
 
 @functools.lru_cache(maxsize=16)
@@ -134,8 +182,8 @@ def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh)
   graphdef, params, rest = model_lib.abstract_state(cfg, moe_cfg, mesh)
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
   kind = platform_lib.exchange_kind(moe_cfg.transport, platform_lib.of_mesh(mesh))
-  body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind)
+  body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = [(P(), P())] * cfg.num_layers
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(ALL), P(), P(), P(), P()),
-                       out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P()}), check_vma=False)
+                       out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
   return jax.jit(step)
