@@ -17,6 +17,8 @@ EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("sequential", "chunked", "comet")
+SCORES = ("softmax", "sigmoid")
+BALANCE_LOSSES = ("batch", "sequence")
 ESP_SCHEDULES = (None, "baseline", "s1", "s2", "auto")
 
 
@@ -73,6 +75,25 @@ class MoEConfig:
     the config is made, by `moejax.moe.expert_sharding.resolve_auto`: the layer refuses 'auto').
   esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
     (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
+  score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent
+    per-expert affinities; the chosen experts' weights are normalised over the choices, then multiplied by
+    routed_scaling). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
+  routed_scaling: the factor on the routed experts' weights (DeepSeek-V3 Sec. 2.1.2; 2.5 in V3).
+  num_groups, topk_groups: group-limited routing (DeepSeek-V3: 8 groups, 4 kept): the E experts in
+    num_groups contiguous groups, each scored by the sum of its two best selection scores, and a token's
+    experts chosen among its topk_groups best groups. None = no limit. 'node_limited' is the case
+    groups = nodes (topk_groups = node_top_k).
+  bias_update_rate: u of DeepSeek-V3's auxiliary-loss-free balancing (V3: 0.001): a per-expert bias b,
+    layer state passed as `moe_apply(..., expert_bias=b)`, added to the scores for choosing experts only
+    (never to the weights); the trainer updates it after every step, b += u * sign(mean load - load).
+    0 = off. Flat routings only.
+  balance_loss: the load-balance loss's token group: 'batch' (the statistics of all tokens of the call,
+    Switch's) or 'sequence' (DeepSeek-V3 Eqs. 17-20: per sequence, averaged over sequences; needs x as
+    [batch, seq, d]).
+  num_shared_experts: dense FFNs (of width shared_d_ff, default d_ff) applied to every token, their output
+    added to the routed experts' (DeepSeek-V2/V3, Qwen2-MoE); parameters shared.w_in [d, S f], shared.w_out
+    [S f, d] (+ shared.w_gate with gated experts). shared_gate: Qwen2-MoE's sigmoid gate sigmoid(x w) on
+    the shared output (shared_gate.kernel [d, 1]).
   slots_per_device: None = no replication. S: each expert holder (a device; a node with esp_schedule) has
     S expert slots, holding its own E / holders experts and, in the spare slots, replicas of others (Lina,
     DeepSeek EPLB). `MoELayer` keeps the slot table as state; the trainer re-plans it online.
@@ -105,6 +126,15 @@ class MoEConfig:
   num_chunks: int = 1
   esp_schedule: str | None = None
   esp_cost: str = "dgx_h100_ib"
+  score: str = "softmax"
+  routed_scaling: float = 1.0
+  num_groups: int | None = None
+  topk_groups: int = 1
+  bias_update_rate: float = 0.0
+  balance_loss: str = "batch"
+  num_shared_experts: int = 0
+  shared_d_ff: int | None = None
+  shared_gate: bool = False
   slots_per_device: int | None = None
   replan_every: int = 0
   replan_window: int = 16
@@ -121,6 +151,8 @@ class MoEConfig:
       require(is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k,
               f"an int in [1, num_nodes={n}]")
     limit = self.num_experts
+    if self.num_groups is not None and is_int(self.topk_groups):
+      limit = self.num_experts // self.num_groups * self.topk_groups
     if self.routing in NODE_ROUTINGS:
       limit = self.experts_per_node * (self.node_top_k if self.routing == "node_limited" else 1)
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
@@ -138,6 +170,31 @@ class MoEConfig:
     require(self.esp_schedule in ESP_SCHEDULES, "esp_schedule", self.esp_schedule, f"one of {ESP_SCHEDULES}")
     require(isinstance(self.esp_cost, str) and self.esp_cost, "esp_cost", self.esp_cost,
             "a topology preset name or the path of a bench_collectives JSON record")
+    require(self.score in SCORES, "score", self.score, f"one of {SCORES}")
+    require(self.score == "softmax" or self.routing != "bilevel", "score", self.score,
+            "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)")
+    require(is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling,
+            "a number > 0")
+    require(self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
+            "num_groups", self.num_groups, f"None or a positive int dividing num_experts={self.num_experts}")
+    require(self.num_groups is None or self.routing == "topk", "num_groups", self.num_groups,
+            "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
+            "node's experts)")
+    if self.num_groups is not None:
+      require(is_int(self.topk_groups) and self.topk_groups <= self.num_groups, "topk_groups", self.topk_groups,
+              f"an int in [1, num_groups={self.num_groups}]")
+    require(is_number(self.bias_update_rate) and self.bias_update_rate >= 0, "bias_update_rate",
+            self.bias_update_rate, "a number >= 0")
+    require(self.bias_update_rate == 0 or self.routing != "bilevel", "bias_update_rate", self.bias_update_rate,
+            "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
+            "one flat router's scores)")
+    require(self.balance_loss in BALANCE_LOSSES, "balance_loss", self.balance_loss, f"one of {BALANCE_LOSSES}")
+    require(is_int(self.num_shared_experts, 0), "num_shared_experts", self.num_shared_experts, "an int >= 0")
+    require(self.shared_d_ff is None or is_int(self.shared_d_ff), "shared_d_ff", self.shared_d_ff,
+            "None (d_ff) or a positive int")
+    require(isinstance(self.shared_gate, bool), "shared_gate", self.shared_gate, "True or False")
+    require(not self.shared_gate or self.num_shared_experts > 0, "shared_gate", self.shared_gate,
+            "False without shared experts (num_shared_experts=0)")
     require(self.slots_per_device is None or is_int(self.slots_per_device), "slots_per_device",
             self.slots_per_device, "None (no replication) or a positive int")
     require(is_int(self.replan_every, 0), "replan_every", self.replan_every, "an int >= 0")
@@ -185,6 +242,18 @@ class MoEConfig:
   def choices_per_token(self) -> int:
     """K, the (token, expert) pairs each token is sent as."""
     return self.top_k * (self.node_top_k if self.routing == "bilevel" else 1)
+
+  @property
+  def group_limit(self) -> tuple[int, int] | None:
+    """(groups, groups kept per token) of group-limited routing, node_limited's included; else None."""
+    if self.routing == "node_limited":
+      return self.num_nodes, self.node_top_k
+    return None if self.num_groups is None else (self.num_groups, self.topk_groups)
+
+  @property
+  def shared_width(self) -> int:
+    """The shared experts' total hidden width (num_shared_experts x shared_d_ff)."""
+    return self.num_shared_experts * (self.d_ff if self.shared_d_ff is None else self.shared_d_ff)
 
   @property
   def alpha(self) -> float:

@@ -16,6 +16,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.moe import expert_sharding as esp_lib
+from moejax.moe import experts as experts_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing
@@ -40,6 +41,11 @@ def param_shapes(cfg: MoEConfig) -> dict:
   shapes.update({"w_in": (e, d, f), "w_out": (e, f, d)})
   if cfg.gated:
     shapes["w_gate"] = (e, d, f)
+  if cfg.num_shared_experts:
+    w = cfg.shared_width
+    shapes["shared"] = {"w_in": (d, w), "w_out": (w, d), **({"w_gate": (d, w)} if cfg.gated else {})}
+  if cfg.shared_gate:
+    shapes["shared_gate"] = {"kernel": (d, 1)}
   return shapes
 
 
@@ -47,6 +53,12 @@ def param_specs(cfg: MoEConfig) -> dict:
   """Routers replicated; experts sharded over both mesh axes on the expert dimension, or with
   expert sharding over 'node' on the expert dimension and over 'gpu' on d_ff."""
   specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
+  if cfg.num_shared_experts:  # replicated, or with expert sharding split over 'gpu' like the dense FFN
+    split = cfg.esp_schedule is not None
+    specs["shared"] = {"w_in": P(None, GPU) if split else P(), "w_out": P(GPU, None) if split else P(),
+                       **({"w_gate": P(None, GPU) if split else P()} if cfg.gated else {})}
+  if cfg.shared_gate:
+    specs["shared_gate"] = {"kernel": P()}
   if cfg.esp_schedule is None:
     specs.update({"w_in": P(ALL), "w_out": P(ALL)}, **({"w_gate": P(ALL)} if cfg.gated else {}))
   else:
@@ -60,8 +72,15 @@ def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
   shapes = param_shapes(cfg)
   keys = dict(zip(["w_in", "w_out", "w_gate", *routing.router_names(cfg)], jax.random.split(rng, 5)))
   normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, dtype) / jnp.sqrt(fan_in)).astype(dtype)
-  return {name: {"kernel": normal(keys[name], shape["kernel"], cfg.d_model)} if isinstance(shape, dict)
-          else normal(keys[name], shape, shape[1]) for name, shape in shapes.items()}
+  params = {}
+  for i, (name, shape) in enumerate(shapes.items()):
+    key = keys.get(name, jax.random.fold_in(rng, 100 + i))
+    if not isinstance(shape, dict):  # expert weights [E, fan_in, ...]
+      params[name] = normal(key, shape, shape[1])
+    else:  # a group of matrices [fan_in, ...]
+      subkeys = [key] if len(shape) == 1 else jax.random.split(key, len(shape))
+      params[name] = {k: normal(sk, sub, sub[0]) for sk, (k, sub) in zip(subkeys, shape.items())}
+  return params
 
 
 class Layout(NamedTuple):
@@ -138,7 +157,8 @@ def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
   return -(-capacity // gpus_per_node) * gpus_per_node
 
 
-def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None) -> Layout:
+def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None,
+                 expert_bias=None) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
   cfg.check_mesh(n, m)
@@ -163,6 +183,13 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
     raise ConfigError(f"x has {tokens} tokens, not a multiple of {groups} (esp_schedule={cfg.esp_schedule!r}: "
                       f"{where})")
   lay = layout(cfg, tokens, mesh, slots)
+  if cfg.balance_loss == "sequence":
+    require(x.ndim == 3 and lay.tokens % x.shape[1] == 0, "balance_loss", cfg.balance_loss,
+            f"'batch' unless x is [batch, seq, d] with whole sequences on each routing device (x {x.shape}, "
+            f"{lay.tokens} tokens routed per device)")
+  if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
+    raise ConfigError(f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
+                      "expert_bias", tuple(np.shape(expert_bias)), f"[{cfg.num_experts}]")
   if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
     raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} token-choice rows each device "
                       f"sends (schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
@@ -177,8 +204,8 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
 
 
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
-              rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None
-              ) -> tuple[jax.Array, dict]:
+              rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None,
+              expert_bias: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
   x and y are sharded over both mesh axes, or with expert sharding (cfg.esp_schedule) over 'node' and
@@ -192,18 +219,22 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   slot_expert: optional [H, S] int, the logical expert of each physical slot (Lina's replication;
     `moejax.replication.rebalance`), H = the devices (the nodes with expert sharding): the experts run
     as copies in those slots (`moe.replicas`), with the same result; expert_counts stay per logical expert.
+  expert_bias: optional [E], DeepSeek-V3's balancing bias (cfg.bias_update_rate), added to the scores
+    that choose the experts, never to the weights.
   """
-  check_inputs(params, x, cfg, mesh, slot_expert)  # here too: a concrete slot table's contents are checked
-  return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert)
+  check_inputs(params, x, cfg, mesh, slot_expert, expert_bias)  # a concrete slot table's contents too
+  return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert, expert_bias=expert_bias)
 
 
 # Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
-def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
-  lay = check_inputs(params, x, cfg, mesh, slot_expert)
+def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert, expert_bias):
+  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias)
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
+  if expert_bias is not None:
+    extras["bias"], extra_specs["bias"] = jnp.asarray(expert_bias, jnp.float32), P()
   if slot_expert is not None:
     params = replicas_lib.physical_params(params, slot_expert)
     extras["slots"], extra_specs["slots"] = jnp.asarray(slot_expert, jnp.int32).reshape(-1), P()
@@ -213,7 +244,7 @@ def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
     extras["noise"] = jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter)
     extra_specs["noise"] = lay.x_spec
   platform = platform_lib.of_mesh(mesh)
-  body = functools.partial(_moe_local, cfg=cfg, lay=lay)
+  body = functools.partial(_moe_local, cfg=cfg, lay=lay, sequence_length=x.shape[1] if x.ndim == 3 else None)
   check_vma = cfg.esp_schedule is not None or platform_lib.check_vma(cfg.expert_backend, platform)
   aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
   y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=(lay.x_spec, param_specs(cfg), extra_specs),
@@ -221,19 +252,21 @@ def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert):
   return y_TxD.reshape(x.shape), aux
 
 
-def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout):
+def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
   """One device's part of the layer: route -> plan -> exchange -> experts -> exchange -> combine.
 
   x [T, d] this device's tokens -> (y [T, d], aux); extras: the router noise [T, d] (jitter) and the
   flat slot table [H * S] (replication), when used."""
   k, num_experts, esp = cfg.choices_per_token, cfg.num_experts, cfg.esp_schedule
+  # The shared experts need no exchange: computed first, nothing orders them after the dispatch.
+  shared_TxD = shared_experts(x_TxD, params, cfg) if cfg.num_shared_experts else None
   router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
   if esp == "s1":  # PauseMP before the gate: each GPU routes its share of the node's tokens
     x_TxD, router_in = esp_lib.mp_split(x_TxD), esp_lib.mp_split(router_in)
   tokens, d = x_TxD.shape
 
   # route: expert ids and weights [T, K]; capacity keeps each expert's first C choices of this group.
-  decision, stats = routing.route(router_in, params, cfg)
+  decision, stats = routing.route(router_in, params, cfg, extras.get("bias"), sequence_length)
   keep_TxK = jnp.ones_like(decision.expert_ids, bool)
   if cfg.capacity_factor is not None:
     keep_TxK = routing.queue_positions(decision.expert_ids, num_experts) < routing.expert_capacity(cfg, tokens)
@@ -280,6 +313,8 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout):
   routed_TxK = decision.expert_ids
   if esp == "s1":  # every GPU's tokens of the node
     y_TxD, routed_TxK = esp_lib.mp_all_gather(y_TxD), esp_lib.mp_all_gather(routed_TxK)
+  if shared_TxD is not None:
+    y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
 
   aux = routing.aux_losses(jax.lax.psum(stats, lay.routed_over), cfg)
   aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), lay.sent_over)
@@ -288,6 +323,21 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout):
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.routes, lay))
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux
+
+
+def shared_experts(x_TxD, params, cfg: MoEConfig):
+  """The shared experts on every token: x [T, d] -> [T, d] fp32 (one dense FFN of the shared width,
+  optionally gated by Qwen2-MoE's sigmoid(x w_g)); with expert sharding each GPU holds a d_ff slice and
+  the partial outputs are summed over 'gpu', as the dense FFN's are under tensor parallelism."""
+  shared, dtype, act = params["shared"], jnp.dtype(cfg.dtype), experts_lib.ACTIVATIONS[cfg.activation]
+  mm = lambda a, w: jnp.dot(a.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
+  h = act(mm(x_TxD, shared["w_in"])) if not cfg.gated else act(mm(x_TxD, shared["w_gate"])) * mm(x_TxD, shared["w_in"])
+  y = mm(h, shared["w_out"])
+  if cfg.esp_schedule is not None:
+    y = jax.lax.psum(y, GPU)
+  if cfg.shared_gate:
+    y = jax.nn.sigmoid(x_TxD.astype(jnp.float32) @ params["shared_gate"]["kernel"].astype(jnp.float32)) * y
+  return y
 
 
 def hop_traffic(routes, lay: Layout) -> list:
@@ -331,9 +381,27 @@ class SlotTable(nnx.Variable):
   re-plans it in place."""
 
 
+class Shared(nnx.Module):
+  """Holds the shared experts' w_in / w_out (/ w_gate), so the state paths follow the parameter layout."""
+
+  def __init__(self, weights: dict):
+    self.names = tuple(weights)
+    for name, value in weights.items():
+      setattr(self, name, nnx.Param(value))
+
+  def params(self) -> dict:
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
+class ExpertBias(nnx.Variable):
+  """DeepSeek-V3's balancing bias [E] of a layer: state, not a parameter (no gradient); the trainer
+  updates it after every step from the measured loads."""
+
+
 class MoELayer(nnx.Module):
   """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
-  cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated).
+  cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
+  its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -349,12 +417,16 @@ class MoELayer(nnx.Module):
     self.w_in = nnx.Param(params["w_in"])
     self.w_out = nnx.Param(params["w_out"])
     self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
+    self.shared = Shared(params["shared"]) if cfg.num_shared_experts else None
+    self.shared_gate = Router(params["shared_gate"]["kernel"]) if cfg.shared_gate else None
     table = None
     if cfg.slots_per_device is not None:
       table = replicas_lib.initial_table(cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)),
                                          cfg.slots_per_device)
     # One assignment: nnx fixes an attribute's kind (data or static) when it is first set.
     self.slot_expert = None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
+    self.expert_bias = None if cfg.bias_update_rate == 0 else ExpertBias(
+        jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -363,6 +435,10 @@ class MoELayer(nnx.Module):
     params.update({"w_in": self.w_in[...], "w_out": self.w_out[...]})
     if self.w_gate is not None:
       params["w_gate"] = self.w_gate[...]
+    if self.shared is not None:
+      params["shared"] = self.shared.params()
+    if self.shared_gate is not None:
+      params["shared_gate"] = {"kernel": self.shared_gate.kernel[...]}
     return params
 
   def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
@@ -373,4 +449,6 @@ class MoELayer(nnx.Module):
       rng = self.rngs.jitter()
     if slot_expert is None and self.slot_expert is not None:
       slot_expert = self.slot_expert[...]
-    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert)
+    bias = None if self.expert_bias is None else self.expert_bias[...]
+    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert,
+                     expert_bias=bias)

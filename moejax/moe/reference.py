@@ -48,7 +48,7 @@ def _z(logits):
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
 
 
-def _route(x_TxD, params, cfg):
+def _route(x_TxD, params, cfg, bias=None, sequence_length=None):
   """(ids [T, K], weights [T, K], load-balance loss, z-loss) for the configured routing."""
   if cfg.routing == "bilevel":
     node_logits = x_TxD @ params["node_router"]["kernel"]
@@ -63,35 +63,56 @@ def _route(x_TxD, params, cfg):
         weights.append(p_top[:, a] * q_top[:, b])
     load_balance = _switch_loss(nodes, p, cfg.alpha) + _switch_loss(local, q, cfg.beta)
     z_loss = cfg.z_loss_coef * (_z(node_logits) + _z(local_logits))
-    return jnp.stack(ids, 1), jnp.stack(weights, 1), load_balance, z_loss
+    weights = jnp.stack(weights, 1)
+    if cfg.renormalize:
+      weights = weights / weights.sum(-1, keepdims=True)
+    return jnp.stack(ids, 1), weights, load_balance, z_loss
   logits = x_TxD @ params["router"]["kernel"]
-  probs = jax.nn.softmax(logits, axis=-1)
-  if cfg.routing == "topk":
-    weights, ids = jax.lax.top_k(probs, cfg.top_k)
-  else:  # node_limited: nodes ranked by the sum of their two best expert probabilities
-    per_node = probs.reshape(probs.shape[0], cfg.num_nodes, cfg.experts_per_node)
-    best_two = jnp.sort(per_node, axis=-1)[..., ::-1][..., :2].sum(-1)
-    _, nodes = jax.lax.top_k(best_two, cfg.node_top_k)
-    node_of_expert = jnp.arange(cfg.num_experts) // cfg.experts_per_node
-    allowed = (node_of_expert[None, :, None] == nodes[:, None, :]).any(-1)
-    _, ids = jax.lax.top_k(jnp.where(allowed, probs, -1.0), cfg.top_k)
-    weights = jnp.take_along_axis(probs, ids, axis=1)
-  return ids, weights, _switch_loss(ids, probs, cfg.alpha), cfg.z_loss_coef * _z(logits)
+  if cfg.score == "softmax":
+    scores = probs = jax.nn.softmax(logits, axis=-1)
+  else:
+    scores = jax.nn.sigmoid(logits)
+    probs = scores / scores.sum(-1, keepdims=True)
+  select = scores if bias is None else scores + bias[None, :]
+  limit = (cfg.num_nodes, cfg.node_top_k) if cfg.routing == "node_limited" else (
+      None if cfg.num_groups is None else (cfg.num_groups, cfg.topk_groups))
+  if limit is not None:  # groups ranked by the sum of their two best selection scores
+    groups, kept = limit
+    per_group = select.reshape(select.shape[0], groups, -1)
+    best_two = jnp.sort(per_group, axis=-1)[..., ::-1][..., :2].sum(-1)
+    _, chosen_groups = jax.lax.top_k(best_two, kept)
+    group_of_expert = jnp.arange(cfg.num_experts) // (cfg.num_experts // groups)
+    allowed = (group_of_expert[None, :, None] == chosen_groups[:, None, :]).any(-1)
+    select = jnp.where(allowed, select, -jnp.inf)
+  _, ids = jax.lax.top_k(select, cfg.top_k)
+  weights = jnp.take_along_axis(scores, ids, axis=1)
+  if cfg.score == "sigmoid":
+    weights = weights / weights.sum(-1, keepdims=True)
+  elif cfg.renormalize:
+    weights = weights / weights.sum(-1, keepdims=True)
+  weights = weights * cfg.routed_scaling
+  if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences
+    losses = [_switch_loss(ids_s, probs_s, 1.0) for ids_s, probs_s in
+              zip(jnp.split(ids, ids.shape[0] // sequence_length), jnp.split(probs, probs.shape[0] // sequence_length))]
+    load_balance = cfg.alpha * jnp.mean(jnp.stack(losses))
+  else:
+    load_balance = _switch_loss(ids, probs, cfg.alpha)
+  return ids, weights, load_balance, cfg.z_loss_coef * _z(logits)
 
 
 def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int = 1,
-                  noise: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                  noise: jax.Array | None = None, expert_bias: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
   num_groups: dispatch groups for capacity mode (the mesh's device count). noise: router-input
-  multiplier [tokens, d] (jitter), or None.
+  multiplier [tokens, d] (jitter), or None. expert_bias: the balancing bias [E] added to the scores
+  that choose experts.
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
   tokens, num_experts = x_TxD.shape[0], cfg.num_experts
   router_in = x_TxD if noise is None else x_TxD * noise
-  ids, weights, load_balance, z_loss = _route(router_in, params, cfg)
-  if cfg.renormalize:
-    weights = weights / weights.sum(-1, keepdims=True)
+  ids, weights, load_balance, z_loss = _route(router_in, params, cfg, expert_bias,
+                                              x.shape[1] if x.ndim == 3 else None)
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, num_groups)
 
   act = ACTIVATIONS[cfg.activation]
@@ -101,6 +122,14 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
   outputs = jnp.einsum("etf,efd->etd", h, params["w_out"])
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
+  if cfg.num_shared_experts:  # dense FFNs on every token, added to the routed output
+    shared = params["shared"]
+    h = x_TxD @ shared["w_in"]
+    h = act(h) if not cfg.gated else act(x_TxD @ shared["w_gate"]) * h
+    out = h @ shared["w_out"]
+    if cfg.shared_gate:
+      out = jax.nn.sigmoid(x_TxD @ params["shared_gate"]["kernel"]) * out
+    y = y + out
 
   onehot = jax.nn.one_hot(ids, num_experts)  # [T, K, E]
   aux = {

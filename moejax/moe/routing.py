@@ -53,31 +53,57 @@ def _renormalize(weights_TxK, cfg):
   return weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True) if cfg.renormalize else weights_TxK
 
 
-def route(x_TxD: jax.Array, params: dict, cfg: MoEConfig) -> tuple[RoutingDecision, dict]:
-  """x [T, d] -> (decision, loss statistics: sums over these T tokens, to be summed over devices)."""
+def route(x_TxD: jax.Array, params: dict, cfg: MoEConfig, bias_E: jax.Array | None = None,
+          sequence_length: int | None = None) -> tuple[RoutingDecision, dict]:
+  """x [T, d] -> (decision, loss statistics: sums over these T tokens, to be summed over devices).
+
+  bias_E: the auxiliary-loss-free balancing bias [E], added to the scores that choose the experts only.
+  sequence_length: with balance_loss='sequence', the tokens of one sequence (T holds whole sequences).
+  """
   tokens = jnp.asarray(x_TxD.shape[0], jnp.float32)
   if cfg.routing == "bilevel":
     return _route_bilevel(x_TxD, params, cfg, tokens)
-  logits, probs_TxE = _softmax_router(x_TxD, params, "router")
-  if cfg.routing == "topk":
-    weights, ids = jax.lax.top_k(probs_TxE, cfg.top_k)
+  logits = jnp.dot(x_TxD.astype(jnp.float32), params["router"]["kernel"].astype(jnp.float32))
+  if cfg.score == "softmax":
+    scores_TxE = probs_TxE = jax.nn.softmax(logits, axis=-1)
+  else:  # DeepSeek-V3: sigmoid affinities; the balance loss takes them normalised over the experts (Eq. 19)
+    scores_TxE = jax.nn.sigmoid(logits)
+    probs_TxE = scores_TxE / jnp.sum(scores_TxE, axis=-1, keepdims=True)
+  select_TxE = scores_TxE if bias_E is None else scores_TxE + bias_E
+  if cfg.group_limit is not None:
+    select_TxE = _limit_to_groups(select_TxE, *cfg.group_limit)
+  _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
+  weights = jnp.take_along_axis(scores_TxE, ids, axis=1)
+  if cfg.score == "sigmoid":  # normalised over the chosen experts, then scaled (V3 Eq. 13)
+    weights = weights / jnp.sum(weights, axis=-1, keepdims=True) * cfg.routed_scaling
   else:
-    weights, ids = _node_limited_top_k(probs_TxE, cfg)
+    weights = _renormalize(weights, cfg) * cfg.routed_scaling
   stats = {"choice_counts": _counts(ids, cfg.num_experts), "prob_sums": jnp.sum(probs_TxE, axis=0),
            "z_sum": _z_sum(logits), "tokens": tokens}
-  return RoutingDecision(ids.astype(jnp.int32), _renormalize(weights, cfg)), stats
+  if cfg.balance_loss == "sequence":
+    stats["sequence_loss_sum"], stats["sequences"] = _sequence_loss_sum(ids, probs_TxE, sequence_length, cfg)
+  return RoutingDecision(ids.astype(jnp.int32), weights), stats
 
 
-def _node_limited_top_k(probs_TxE, cfg):
-  """DeepSeek-V3 node-limited routing: top-k experts among the node_top_k best-scoring nodes."""
-  tokens, per_node = probs_TxE.shape[0], cfg.experts_per_node
-  probs_TxNxL = probs_TxE.reshape(tokens, cfg.num_nodes, per_node)
-  node_scores = jnp.sum(jax.lax.top_k(probs_TxNxL, min(2, per_node))[0], axis=-1)
-  _, nodes_TxC = jax.lax.top_k(node_scores, cfg.node_top_k)
-  allowed_TxN = jnp.zeros((tokens, cfg.num_nodes), bool).at[jnp.arange(tokens)[:, None], nodes_TxC].set(True)
-  masked = jnp.where(jnp.repeat(allowed_TxN, per_node, axis=1), probs_TxE, -1.0)
-  _, ids = jax.lax.top_k(masked, cfg.top_k)
-  return jnp.take_along_axis(probs_TxE, ids, axis=1), ids
+def _limit_to_groups(select_TxE, groups: int, kept: int):
+  """Group-limited routing (DeepSeek-V3): groups of E / groups contiguous experts, each scored by the sum
+  of its two best selection scores; experts outside a token's `kept` best groups are masked out."""
+  tokens, num_experts = select_TxE.shape
+  per_group = num_experts // groups
+  group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), min(2, per_group))[0], -1)
+  _, best_TxC = jax.lax.top_k(group_scores, kept)
+  allowed_TxG = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_TxC].set(True)
+  return jnp.where(jnp.repeat(allowed_TxG, per_group, axis=1), select_TxE, -jnp.inf)
+
+
+def _sequence_loss_sum(ids_TxK, probs_TxE, sequence_length: int, cfg: MoEConfig):
+  """(sum over these tokens' sequences of sum_e f_e P_e, the number of sequences): DeepSeek-V3 Eqs. 17-20
+  without alpha, f_e = E / (K L) x the sequence's choices of e, P_e = its mean normalised score."""
+  sequences = ids_TxK.shape[0] // sequence_length
+  counts_SxE = jax.vmap(lambda ids: _counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
+  f_SxE = counts_SxE * cfg.num_experts / (cfg.top_k * sequence_length)
+  p_SxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
+  return jnp.sum(f_SxE * p_SxE), jnp.asarray(sequences, jnp.float32)
 
 
 def _route_bilevel(x_TxD, params, cfg, tokens):
@@ -99,7 +125,8 @@ def aux_losses(stats: dict, cfg: MoEConfig) -> dict[str, jax.Array]:
   """Load-balance loss and router z-loss from global statistics.
 
   topk / node_limited: Switch's alpha * E * sum_e f_e P_e (f: fraction of token-choices sent to e,
-  P: mean router probability). bilevel: SMILE's Eq. 4, alpha * n * sum_i f_i P_i + beta * m' *
+  P: mean router probability; with sigmoid scores, the scores normalised over the experts), over all
+  tokens ('batch') or per sequence and averaged ('sequence', DeepSeek-V3 Eqs. 17-20). bilevel: SMILE's Eq. 4, alpha * n * sum_i f_i P_i + beta * m' *
   sum_j f_j Q_j over nodes i and local experts j (minimum alpha + beta under uniform routing).
   z-loss: z_loss_coef * mean over tokens of logsumexp(logits)^2 (summed over both routers).
   """
@@ -111,6 +138,8 @@ def aux_losses(stats: dict, cfg: MoEConfig) -> dict[str, jax.Array]:
   if cfg.routing == "bilevel":
     load_balance = (switch(stats["node_counts"], stats["node_prob_sums"], cfg.alpha, cfg.node_top_k)
                     + switch(stats["local_counts"], stats["local_prob_sums"], cfg.beta, cfg.top_k))
+  elif cfg.balance_loss == "sequence":
+    load_balance = cfg.alpha * stats["sequence_loss_sum"] / stats["sequences"]
   else:
     load_balance = switch(stats["choice_counts"], stats["prob_sums"], cfg.alpha, cfg.top_k)
   z_loss = cfg.z_loss_coef * stats["z_sum"] / tokens
