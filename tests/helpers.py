@@ -54,8 +54,9 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int, tol=1e-5,
   """The layer (`moe_apply(..., **layer_kwargs)`) equals `moe_reference(num_groups=...)`: y, the losses,
   expert counts, drops, nothing overflowed, and (if `grads`) the gradients w.r.t. x and every parameter."""
   y, aux, g = run_with_grads(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs), params, x, grads)
-  y_ref, aux_ref, g_ref = run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups), params, x,
-                                         grads)
+  bias = layer_kwargs.get("expert_bias")
+  y_ref, aux_ref, g_ref = run_with_grads(
+      lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_bias=bias), params, x, grads)
   assert relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):
     np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)

@@ -2,7 +2,8 @@
 reference, or is refused before compiling with the design reason.
 
 Axes: routing x transport x schedule x expert sharding x replicated experts x receive buffers x expert
-backend (1,152 combinations). CI runs a covering set: every pair of values of any two axes meets in at
+backend x router options (softmax; DeepSeek-V3's sigmoid, group limit and balancing bias; shared experts;
+the sequence-wise loss): 4,608 combinations. CI runs a covering set: every pair of values of any two axes meets in at
 least one case (greedy all-pairs), and every refused pair is checked for its reason.
 """
 
@@ -28,6 +29,7 @@ AXES = {
     "replicas": (False, True),
     "buffer_factor": (None, 2.0),
     "expert_backend": ("dense", "ragged_dot"),
+    "router": ("softmax", "deepseek", "shared", "sequence_loss"),
 }
 N, M, E, TOKENS = 2, 4, 8, 64
 
@@ -36,6 +38,8 @@ def refusal(case: dict) -> str | None:
   """The design reason a combination is refused for (a regex of the ConfigError), else None."""
   if case["esp_schedule"] == "baseline" and case["transport"] in ("hierarchical", "bilevel"):
     return "esp_schedule='baseline'.*no intra-node hop"
+  if case["routing"] == "bilevel" and case["router"] == "deepseek":
+    return "score='sigmoid'.*routing='bilevel'"
   return None
 
 
@@ -51,7 +55,11 @@ def covering_cases() -> list[dict]:
     best = max(runnable, key=lambda c: len(pairs(c) & uncovered))
     cases.append(best)
     uncovered -= pairs(best)
-  refused = {(c["esp_schedule"], c["transport"]): c for c in combos if refusal(c) is not None}
+  refused = {}  # one case per refused pair
+  for c in combos:
+    reason = refusal(c)
+    if reason is not None:
+      refused.setdefault((reason, c["transport"] if "baseline" in reason else None), c)
   return cases + list(refused.values())
 
 
@@ -59,12 +67,27 @@ def case_id(case: dict) -> str:
   return "-".join(str(v) if not isinstance(v, bool) else ("replicas" if v else "one") for v in case.values())
 
 
+def router_fields(case: dict) -> dict:
+  """deepseek: sigmoid scores, routed scaling, group-limited (topk: 4 groups, 2 kept) with a balancing
+  bias; shared: a gated shared expert; sequence_loss: DeepSeek-V3's sequence-wise balance loss."""
+  if case["router"] == "deepseek":
+    groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
+    return dict(score="sigmoid", routed_scaling=2.5, bias_update_rate=1e-3, **groups)
+  return {"softmax": {}, "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
+          "sequence_loss": dict(balance_loss="sequence")}[case["router"]]
+
+
 def config(case: dict) -> MoEConfig:
   capacity = 1.0 if case["transport"] == "capacity" else None
   return MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, routing=case["routing"], num_nodes=N,
                    transport=case["transport"], capacity_factor=capacity, buffer_factor=case["buffer_factor"],
                    schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
-                   expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3)
+                   expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3,
+                   **router_fields(case))
+
+
+def expert_bias(case: dict) -> np.ndarray | None:
+  return helpers.normal(11, (E,)) * 0.05 if case["router"] == "deepseek" else None
 
 
 def slot_table(case: dict) -> np.ndarray | None:
@@ -82,17 +105,19 @@ CASES = covering_cases()
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_combination_equals_reference_or_is_refused(case, mesh_2x4):
-  cfg = config(case)
-  seed = zlib.crc32(case_id(case).encode()) % 1000
-  params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS, 8))
   reason = refusal(case)
   if reason is not None:
     with pytest.raises(ConfigError, match=reason):
-      moe_apply(params, x, cfg, mesh_2x4, slot_expert=slot_table(case))
+      cfg = config(case)
+      moe_apply(helpers.random_params(cfg, 0), helpers.normal(1, (TOKENS // 8, 8, 8)), cfg, mesh_2x4,
+                slot_expert=slot_table(case))
     return
+  cfg = config(case)
+  seed = zlib.crc32(case_id(case).encode()) % 1000
+  params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS // 8, 8, 8))  # sequences of 8
   groups = N if case["esp_schedule"] in ("baseline", "s2") else N * M
   _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, num_groups=groups,
-                                            slot_expert=slot_table(case))
+                                            slot_expert=slot_table(case), expert_bias=expert_bias(case))
   if cfg.capacity_factor is not None:
     assert int(aux["tokens_dropped"]) > 0  # capacity 1.0 on random routing drops some choices
 
