@@ -1,0 +1,128 @@
+"""README and docs: `.ci/run` finds and runs README's marked test command (and fails loudly without one),
+README starts with its two commands, and every relative link and repository path the docs name exists."""
+
+import ast
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+MARKER = "<!-- test command -->"
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TOP_DIRS = (".ci", "benchmarks", "configs", "docs", "experiments", "kernels", "moejax", "tests")
+
+
+def run_ci(tmp_path, readme: str) -> subprocess.CompletedProcess:
+  """.ci/run in a copy of the repository that holds only it and `readme` as README.md."""
+  (tmp_path / ".ci").mkdir()
+  shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+  (tmp_path / "README.md").write_text(readme)
+  return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60)
+
+
+def top_commands(text: str) -> list[str]:
+  """The lines of README's fenced blocks before its first heading after the title."""
+  head = text.split("\n## ", 1)[0]
+  return [line for block in re.findall(r"```bash\n(.*?)```", head, re.S) for line in block.splitlines()]
+
+
+def test_readme_starts_with_the_main_job_then_the_marked_test_command():
+  text = (ROOT / "README.md").read_text()
+  commands = top_commands(text)
+  assert len(commands) == 2 and "experiments.scaling" in commands[0] and "pytest" in commands[1], commands
+  assert [line.strip() for line in text.splitlines()].count(MARKER) == 1
+  assert f"{MARKER}\n```bash\n{commands[1]}\n```" in text
+
+
+def test_ci_runs_what_readme_marks(tmp_path):
+  """README's own layout with its test command swapped for a harmless one: .ci/run runs exactly that line."""
+  text = (ROOT / "README.md").read_text()
+  readme = text.replace(top_commands(text)[1], "echo ran > ran.txt && echo 'quoted arg'")
+  result = run_ci(tmp_path, readme)
+  assert result.returncode == 0, result.stderr
+  assert result.stdout.splitlines() == ["+ echo ran > ran.txt && echo 'quoted arg'", "quoted arg"]
+  assert (tmp_path / "ran.txt").read_text() == "ran\n"
+
+
+def test_ci_fails_with_the_command(tmp_path):
+  result = run_ci(tmp_path, f"# x\n\n```bash\necho main\n```\n{MARKER}\n\n```bash\nexit 3\n```\n")
+  assert result.returncode == 3 and result.stdout == "+ exit 3\n"
+
+
+@pytest.mark.parametrize("readme,reason", [
+    ("# x\n\n```bash\necho main\necho tests\n```\n", "no marker line"),
+    (f"{MARKER}\necho tests\n", "not followed by a ```bash block"),
+    (f"{MARKER}\n```bash\necho a\necho b\n```\n", "more than one line"),
+    (f"{MARKER}\n```bash\n```\n", "empty"),
+    (f"{MARKER}\n```bash\necho a\n", "not closed"),
+    (f"{MARKER}\n```bash\necho a\n```\n{MARKER}\n```bash\necho b\n```\n", "appears 2 times"),
+], ids=["no-marker", "no-block", "two-lines", "empty", "unclosed", "two-markers"])
+def test_ci_fails_without_one_marked_command(tmp_path, readme, reason):
+  result = run_ci(tmp_path, readme)
+  assert result.returncode == 1 and result.stdout == ""
+  assert reason in result.stderr and "no test command found in README.md" in result.stderr
+
+
+def _links(path: pathlib.Path, text: str):
+  for target in re.findall(r"\]\(([^)\s]+)\)", text):
+    if not re.match(r"[a-z]+:", target):
+      yield target
+
+
+def _module_names(path: pathlib.Path) -> set[str]:
+  """Names a module defines at its top level (functions, classes, assignments, imports)."""
+  names = set()
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      names.add(node.name)
+    elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+      for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+        names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    elif isinstance(node, (ast.Import, ast.ImportFrom)):
+      names.update((a.asname or a.name).split(".")[0] for a in node.names)
+  if path.name == "__init__.py" and path.parent.name == "moejax":  # the lazily exported public API
+    names.update(ast.literal_eval(re.search(r"_PUBLIC = (\{.*?\})", path.read_text(), re.S).group(1)))
+  return names
+
+
+def _resolves(dotted: str) -> bool:
+  """`moejax.a.b.name` (or `experiments.x`): a module file, or a module and a name it defines."""
+  parts = dotted.split(".")
+  if parts[0] == "moejax" and len(parts) > 1 and parts[1] == "kernels":
+    parts = ["kernels", *parts[2:]]
+  for cut in range(len(parts), 0, -1):
+    base = ROOT.joinpath(*parts[:cut])
+    module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+    if module.is_file():
+      rest = parts[cut:]
+      return not rest or rest[0] in _module_names(module)
+  return False
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_links_and_paths_exist(doc):
+  text = doc.read_text()
+  missing = []
+  for target in _links(doc, text):
+    file, _, anchor = target.partition("#")
+    where = (doc.parent / file).resolve() if file else doc
+    if not where.exists():
+      missing.append(target)
+    elif anchor and where.suffix == ".md":
+      headings = re.findall(r"^#+ (.+)$", where.read_text(), re.M)
+      slugs = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+      if anchor not in slugs:
+        missing.append(target)
+  for span in re.findall(r"`([^`\n]+)`", text):
+    for token in span.split():
+      token = token.rstrip(".,;:)").split(":")[0]
+      if re.search(r"[<>{}*$]", token):
+        continue
+      if token.split("/")[0] in TOP_DIRS and "/" in token and not (ROOT / token).exists():
+        missing.append(token)
+      elif re.fullmatch(r"(moejax|experiments)(\.\w+)+", token) and not _resolves(token):
+        missing.append(token)
+  assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
