@@ -26,6 +26,7 @@ import math
 
 import numpy as np
 
+from experiments.validation import fidelity_row
 from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
@@ -172,3 +173,14 @@ def section() -> dict:
                 breakdowns={name: {s: price(s, 16, topo).as_dict() for s in ("switch", "smile")}
                             for name, topo in models.items()})
   return record
+
+
+def fidelity_rows() -> list[dict]:
+  """The fidelity table's SMILE lines: every Table 3, Table 1 and Fig. 8 entry against the p4d_efa preset with
+  its two inter-node terms fitted (`fit_inter_node`): two entries 'fit', every other one 'held out'."""
+  calibrated, _ = fit_inter_node(topology_lib.P4D_EFA)
+  rows, _ = compare({"calibrated": calibrated})
+  source = {"Table 3": "SMILE Table 3 (16 P4d nodes, one layer, micro-batch forward)",
+            "Table 1": "SMILE Table 1 (16 P4d nodes)", "Fig. 8": "SMILE Sec. 4.3.1 / Fig. 8 (weak scaling)"}
+  return [fidelity_row("SMILE", r["quantity"], r["paper"], r["calibrated"], r["role"],
+                       source[" ".join(r["quantity"].split()[:2])], variant=calibrated.name) for r in rows]
