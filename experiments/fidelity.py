@@ -19,6 +19,7 @@ from experiments.validation import comet, exflow, lina, parm, smile
 
 PAPERS = {"SMILE": smile.fidelity_rows, "Comet": comet.fidelity_rows, "Parm": parm.fidelity_rows,
           "Lina": lina.fidelity_rows, "ExFlow": exflow.fidelity_rows}
+CONSISTENCY = {"SMILE": smile.consistency_text}  # papers whose figures contradict each other, quantified
 TOLERANCE = 0.25  # the bar for a held-out headline figure
 
 
@@ -95,6 +96,9 @@ def main(argv):
     raise app.UsageError(f"--papers {unknown} unknown; papers: {list(PAPERS)}")
   rows = collect(FLAGS.papers)
   print(format_table(rows))
+  for name in FLAGS.papers:
+    if name in CONSISTENCY:
+      print("\n" + CONSISTENCY[name]())
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   with open(os.path.join(FLAGS.out_dir, "fidelity.json"), "w") as f:
     json.dump(rows, f, indent=1)

@@ -43,3 +43,14 @@ def test_plot_writes_a_png(tmp_path):
           fidelity_row("Q", "c", 0.5, None, "not modelled", "s")]
   fidelity.plot(rows, str(tmp_path / "f.png"))
   assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_smile_self_contradiction_by_hand():
+  """Table 1's step against Table 3's lower bound, computed by hand from the paper's numbers."""
+  c = smile.paper_consistency()
+  assert c["smile"]["table1_step_s"] == pytest.approx(16384 / 20011)
+  assert c["smile"]["bound_s"]["exchanges"] == pytest.approx(6 * (0.146 + 0.077 + 0.009))
+  assert c["smile"]["ratio"]["exchanges"] == pytest.approx(1.392 / 0.81875, rel=1e-3)
+  assert c["switch"]["ratio"]["with_ffn"] == pytest.approx(6 * (0.535 + 0.382 + 0.306) / (16384 / 8112), rel=1e-6)
+  table1 = [r for r in smile.fidelity_rows() if r["quantity"].startswith("Table 1")]
+  assert all("contradicts Table 3" in r["note"] for r in table1)
