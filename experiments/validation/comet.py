@@ -10,11 +10,27 @@ device), M swept; the text does not list the M values, 4096..16384 are the value
 import numpy as np
 
 from experiments.validation import ROOT, display_path, fidelity_row
-from moejax.cost import model, overlap, traffic
+from moejax.cost import model, overlap, phases, traffic
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
 
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
+
+LAYER_JSON = ROOT / "benchmarks/results/2026-11-23-h100/layer.json"  # the layer's phases timed on an H100
+# Memory bandwidths that carry the H100's measured per-byte non-expert cost over (memory-bound work).
+HBM = {"h800_nvlink": (3.35e12, "H100 / H800 SXM5 datasheet: HBM3 3.35 TB/s"),
+       "l20_pcie": (864e9, "assumed: NVIDIA L20 product brief, GDDR6 864 GB/s; not checked against a datasheet")}
+
+
+def non_expert_cost(topology) -> phases.RowCost:
+  """The H100's measured non-expert seconds per routed-row byte (Mixtral widths, padded transport), scaled by
+  the memory bandwidth of `topology`'s GPU against the H100's."""
+  measured = phases.from_layer_json(LAYER_JSON, "mixtral_8x7b", name=display_path(LAYER_JSON))
+  bandwidth, source = HBM[topology.name]
+  scale = HBM["h800_nvlink"][0] / bandwidth
+  return phases.RowCost(measured.seconds_per_byte * scale, f"{measured.source}" +
+                        ("" if scale == 1 else f", x {scale:.2f} for memory bandwidth ({source})"))
+
 
 COMET_MIXTRAL = dict(d_model=4096, d_ff=14336, experts=8, top_k=2)
 COMET_TOKENS = (4096, 8192, 16384)
@@ -36,8 +52,10 @@ def comet_layer(topology, tokens: int, top_k: int, rate: tuple[float, str]):
   gpus, shape = 8, COMET_MIXTRAL
   rows = traffic.uniform_traffic(1, gpus, mesh_lib.AXES, tokens // gpus * top_k // gpus)[None]
   exchanges = overlap.Exchanges(rows, (mesh_lib.AXES,), (1, gpus), shape["d_model"] * 2, topology, device=0)
+  routed_rows = tokens // gpus * top_k  # token choices this device routes (M / W tokens before dispatch)
   layer = overlap.LayerShape((tokens * top_k / shape["experts"],), shape["d_model"], shape["d_ff"], gated=True,
-                             rate=rate[0])
+                             rate=rate[0], non_expert_s=non_expert_cost(topology).seconds(routed_rows,
+                                                                                            shape["d_model"]))
   return exchanges, layer
 
 
