@@ -56,3 +56,21 @@ def test_command_prints_the_table_and_writes_one_png(tmp_path):
   assert "H100 run: tiny switch x8 GPUs/node, weak, modelled on dgx_h100_ib" in done.stdout
   assert "P4d run: small smile x8 GPUs/node, weak, measured on cpu" in done.stdout
   assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_paper_points_only_where_the_sweep_is_the_papers_setting(tmp_path):
+  from configs import scaling_smile
+  config = scaling_smile.get_config()
+  points = report.paper_points(config, "smile_3_7b", "weak", "p4d_efa")
+  assert {(p["scheme"], p["samples_per_s"]) for p in points} == {("switch", 8112.0), ("smile", 20011.0)}
+  assert {p["samples_per_s"] for p in report.paper_points(config, "smile_48b", "strong", "p4d_efa+nic_bw=2e10")} \
+      == {889.0, 2223.0}
+  assert report.paper_points(config, "smile_48b", "weak", "p4d_efa") == []  # micro batch 64: weak is not Table 2
+  assert report.paper_points(config, "smile_3_7b", "weak", "dgx_h100_ib") == []
+  config.global_batch = 4096
+  assert report.paper_points(config, "smile_13b", "strong", "p4d_efa") == []
+  config.global_batch = 16384
+  rows = [dict(_row("smile_3_7b", s, n, 1000.0 * n, topology="p4d_efa"), scaling=sc)
+          for s in ("switch", "smile") for n in (1, 16) for sc in ("weak", "strong")]
+  report.plot_throughput(rows, str(tmp_path / "t.png"), config)
+  assert (tmp_path / "t.png").stat().st_size > 0
