@@ -1,5 +1,6 @@
 """Overlap schedules' prices (moejax.cost.overlap) against hand computations of the module's equations."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -162,3 +163,30 @@ def test_bad_layer_shapes_name_their_field(kwargs, field):
     overlap.LayerShape(**args)
   with pytest.raises(ConfigError, match="sms"):
     overlap.GemmCurve(sms=0)
+
+
+def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
+  """A synthetic phase_timing record: 0.5 ms of 'other' on 1024 rows of d 256 (bf16) is 0.5e-3 / (1024 * 256 * 2)
+  seconds per byte; sequential pays it whole, chunked pays it once over its chunks, comet not at all."""
+  import json
+
+  from moejax.cost import phases
+  record = {"device": "GPU X", "cases": [
+      {"model": "m", "transport": "padded", "expert_backend": b, "rows": 1024, "d_model": 256,
+       "phases_ms": {"layer_other_ms": other}} for b, other in (("a", 0.4), ("b", 0.6))]}
+  (tmp_path / "layer.json").write_text(json.dumps(record))
+  cost = phases.from_layer_json(tmp_path / "layer.json", "m")
+  assert cost.seconds_per_byte == pytest.approx(0.5e-3 / (1024 * 256 * 2))
+  assert cost.seconds(2048, 256) == pytest.approx(1e-3)
+  with pytest.raises(ValueError):
+    phases.from_layer_json(tmp_path / "layer.json", "m", transport="ragged")
+
+  rows = traffic.uniform_traffic(1, 4, mesh_lib.AXES, 64)[None]
+  ex = overlap.Exchanges(rows, (mesh_lib.AXES,), (1, 4), 256 * 2, topology_lib.H800_NVLINK, device=0)
+  base = overlap.LayerShape((256.0,), 256, 1024, gated=False, rate=1e14)
+  extra = dataclasses.replace(base, non_expert_s=1e-3)
+  for schedule, chunks in (("sequential", 1), ("chunked", 4)):
+    delta = (overlap.price_schedule(schedule, ex, extra, chunks).compute_s
+             - overlap.price_schedule(schedule, ex, base, chunks).compute_s)
+    assert delta == pytest.approx(1e-3)
+  assert overlap.price_schedule("comet", ex, extra, 2).time_s == overlap.price_schedule("comet", ex, base, 2).time_s

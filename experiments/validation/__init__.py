@@ -22,3 +22,26 @@ def display_path(path) -> str:
     return str(pathlib.Path(path).resolve().relative_to(ROOT))
   except ValueError:
     return str(path)
+
+
+ROLES = ("fit", "held out", "input", "not modelled")
+
+
+def fidelity_row(paper: str, quantity: str, paper_value, model_value, role: str, source: str, variant: str = "",
+                 note: str = "") -> dict:
+  """One line of the fidelity table (experiments/fidelity.py): a paper's number, the model's counterpart and
+  their relative error model / paper - 1.
+
+  role: 'fit' (a parameter was fitted on this entry: it tests nothing), 'held out' (no parameter saw it),
+    'input' (the entry is one of the model's inputs, e.g. a solo time read off a figure), 'not modelled' (the
+    paper's setting is not reported well enough to price it; model_value None).
+  variant: which model of the testbed (e.g. its fitted topology); note: what the row assumes or lacks.
+  """
+  if role not in ROLES:
+    raise ValueError(f"role {role!r} is not one of {ROLES}")
+  if (model_value is None) != (role == "not modelled"):
+    raise ValueError(f"{paper} {quantity}: a model value is given exactly when the role is not 'not modelled'")
+  error = None if model_value is None else float(model_value) / float(paper_value) - 1.0
+  return dict(paper=paper, quantity=quantity, paper_value=float(paper_value),
+              model_value=None if model_value is None else float(model_value), rel_err=error, role=role,
+              source=source, variant=variant, note=note)

@@ -15,6 +15,7 @@ import dataclasses
 
 import numpy as np
 
+from experiments.validation import fidelity_row
 from moejax.cost import collectives, model, traffic
 from moejax.cost import topology as topology_lib
 from moejax.cost.contention import SCHEDULES, Block, backward
@@ -149,3 +150,12 @@ def section() -> dict:
   rows = validation_rows()
   print(format_table(rows))
   return dict(rows=rows)
+
+
+def fidelity_rows() -> list[dict]:
+  """The fidelity table's Lina lines: `validation_rows()` with a paper number. The 'sizes' model fits one number
+  (tokens per GPU, on Fig. 7's A2A time); the 'fig7' model takes Fig. 7's solo times as inputs."""
+  return [fidelity_row("Lina", r["quantity"], r["paper"], r["modelled"], "fit" if r["role"].startswith("fit") else
+                       "held out", f"Lina {r['source']}", variant=r["model"],
+                       note=r["role"].partition("; ")[2] if r["role"].startswith("held out") else r["role"])
+          for r in validation_rows() if r["paper"] is not None]

@@ -82,6 +82,8 @@ class LayerShape:
 
   rate: FLOP/s of that device's expert GEMMs at the sequential schedule's sizes (pieces are slower
   by the curve's efficiency ratio, so 'sequential' is exactly FLOPs / rate).
+  non_expert_s: the forward's routing, sort, gather and weighted scatter on this device as separate kernels
+    (`moejax.cost.phases`); sequential pays it whole, chunked a C-th per chunk, comet none (fused, see phases).
   """
 
   expert_rows_G: tuple
@@ -90,6 +92,7 @@ class LayerShape:
   gated: bool
   rate: float
   curve: GemmCurve = GemmCurve()
+  non_expert_s: float = 0.0
 
   def __post_init__(self):
     rows = np.asarray(self.expert_rows_G, np.float64)
@@ -187,12 +190,12 @@ def _pass(schedule: str, chunks: int, ex: Exchanges, shape: LayerShape, compute_
   """(time, exchange pieces, matmul seconds) of one pass."""
   if schedule == "sequential" or (schedule == "chunked" and chunks == 1):
     pieces = ex.dispatch() + ex.combine()
-    compute = compute_scale * (shape.layer0_s() + shape.layer1_s())
+    compute = compute_scale * (shape.layer0_s() + shape.layer1_s() + shape.non_expert_s)
     return sum(p.time_s for p in pieces) + compute, pieces, compute
   if schedule == "chunked":
     dispatch, combine = ex.dispatch(1 / chunks), ex.combine(1 / chunks)
     d, c = sum(p.time_s for p in dispatch), sum(p.time_s for p in combine)
-    g = compute_scale * (shape.layer0_s(1 / chunks) + shape.layer1_s(1 / chunks))
+    g = compute_scale * (shape.layer0_s(1 / chunks) + shape.layer1_s(1 / chunks) + shape.non_expert_s / chunks)
     return d + g + c + (chunks - 1) * max(d + c, g), chunks * (dispatch + combine), chunks * g
   # comet
   earlier, (steps, received) = ex.dispatch()[:-1], ex.ring_steps()

@@ -18,6 +18,36 @@ PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-
          ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
 
 
+# Published throughputs drawn beside the modelled curves where a sweep's point is the paper's setting: topology
+# preset (its name, overrides allowed), GPUs per node, nodes, the model's shape, the scalings whose point at that
+# many nodes is the paper's run, and the global batch that run used.
+_SMILE_TABLE2 = "SMILE Table 2 (16 P4d nodes, global batch 16384)"
+PAPER_POINTS = tuple(
+    dict(topology="p4d_efa", gpus_per_node=8, nodes=16, global_batch=16384, scalings=scalings,
+         shape=dict(d_model=d, d_ff=f, layers=layers, micro_batch=micro), scheme=scheme, samples_per_s=value,
+         source=_SMILE_TABLE2)
+    # micro batch 128 x 128 GPUs = 16384: one micro batch a step, so weak and strong meet at 16 nodes; the larger
+    # models' micro batch 64 needs two micro batches a step, the strong setting with global_batch 16384.
+    for d, f, layers, micro, scalings, values in (
+        (768, 3072, 12, 128, ("weak", "strong"), {"switch": 8112.0, "smile": 20011.0}),
+        (1024, 4096, 24, 64, ("strong",), {"switch": 4001.0, "smile": 6829.0}),
+        (1600, 6400, 36, 64, ("strong",), {"switch": 889.0, "smile": 2223.0}))
+    for scheme, value in values.items())
+
+
+def paper_points(config, model: str, scaling: str, topology_name: str) -> list[dict]:
+  """The PAPER_POINTS a sweep with `config` has a modelled point for: same topology preset, model shape and,
+  for strong scaling, global batch."""
+  if config is None or model not in config.models:
+    return []
+  shape = config.models[model]
+  return [p for p in PAPER_POINTS
+          if topology_name.partition("+")[0] == p["topology"] and scaling in p["scalings"]
+          and p["gpus_per_node"] in tuple(config.gpus_per_node) and p["nodes"] in tuple(config.nodes)
+          and all(shape.get(k) == v for k, v in p["shape"].items())
+          and (scaling == "weak" or config.global_batch == p["global_batch"])]
+
+
 def write_csv(rows: list[dict], path: str) -> None:
   """One line per row; fields a row lacks (e.g. measured rows have no modelled traffic) are left empty."""
   with open(path, "w", newline="") as f:
@@ -51,9 +81,10 @@ def _save(plt, fig, path: str) -> None:
   plt.close(fig)
 
 
-def plot_throughput(rows: list[dict], path: str) -> None:
+def plot_throughput(rows: list[dict], path: str, config=None) -> None:
   """Samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node
-  (modelled), measured points as crosses in the line's colour."""
+  (modelled), measured points as crosses in the line's colour, and (given the sweep's config) the papers'
+  published points for the same setting as stars (`paper_points`)."""
   panels = sorted({(r["model"], r["scaling"]) for r in rows if r["label"] == "modelled"})
   plt, fig, axes = _grid(len(panels))
   for ax, (model, scaling) in zip(axes, panels):
@@ -67,6 +98,10 @@ def plot_throughput(rows: list[dict], path: str) -> None:
         nodes, speed, device = zip(*measured)
         ax.plot(nodes, speed, "x", color=color, markersize=9, label=f"{scheme} ({m} GPUs/node), measured on {device[0]}")
         ax.set_yscale("log")  # measured devices may be far from the modelled cluster
+      for point in paper_points(config, model, scaling, ours[0].get("topology") or ""):
+        if (point["scheme"], point["gpus_per_node"]) == (scheme, m):
+          ax.plot(point["nodes"], point["samples_per_s"], "*", color=color, markersize=13, markeredgecolor="k",
+                  label=f"{scheme}, {point['source']}")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("nodes")
     ax.set_ylabel("samples/s (lines modelled, crosses measured)")
@@ -145,6 +180,6 @@ def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
            for name in ("results.csv", "results.json", "throughput.png", "breakdown.png")}
   write_csv(rows, paths["results.csv"])
   write_json(rows, config, paths["results.json"])
-  plot_throughput(rows, paths["throughput.png"])
+  plot_throughput(rows, paths["throughput.png"], config)
   plot_breakdown(rows, paths["breakdown.png"])
   return paths
