@@ -80,6 +80,6 @@ def test_bad_slot_tables_are_named(mesh_2x4):
     moe_apply(params, x, cfg, mesh_2x4, slot_expert=jnp.zeros((4, 2), jnp.int32))
   with pytest.raises(ConfigError, match="outside"):
     moe_apply(params, x, cfg, mesh_2x4, slot_expert=jnp.arange(16).reshape(8, 2))
-  capacity = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=12, transport="capacity", capacity_factor=1.0)
-  with pytest.raises(ConfigError, match="transport='capacity'"):
-    moe_apply(params, x, capacity, mesh_2x4, slot_expert=jnp.arange(16).reshape(8, 2) % 8)
+  sharded = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=12, esp_schedule="s1")
+  with pytest.raises(ConfigError, match=r"slot_expert has shape \(8, 2\); expected \[2 nodes"):
+    moe_apply(params, x, sharded, mesh_2x4, slot_expert=jnp.arange(16).reshape(8, 2) % 8)  # a row per node

@@ -165,7 +165,8 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   slots = None
   if slot_expert is not None:
     holders = n if cfg.esp_schedule is not None else n * m
-    slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, holders)
+    slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, holders,
+                                          "nodes" if cfg.esp_schedule is not None else "devices")
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
   want = param_shapes(cfg)

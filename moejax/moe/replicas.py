@@ -19,12 +19,12 @@ from moejax.validation import ConfigError
 EXPERT_WEIGHTS = ("w_in", "w_out", "w_gate")
 
 
-def check_slot_table(slot_expert, num_experts: int, devices: int) -> int:
+def check_slot_table(slot_expert, num_experts: int, devices: int, holder: str = "devices") -> int:
   """Returns S (slots per device) of slot_expert [D, S], or raises naming what is wrong; the contents
   are checked when the table is concrete (not traced)."""
   shape = tuple(np.shape(slot_expert))
   if len(shape) != 2 or shape[0] != devices or shape[1] < 1:
-    raise ConfigError(f"slot_expert has shape {shape}; expected [{devices} devices, slots per device]",
+    raise ConfigError(f"slot_expert has shape {shape}; expected [{devices} {holder}, slots per holder]",
                       "slot_expert", shape, f"[{devices}, S]")
   if not jnp.issubdtype(jnp.asarray(slot_expert).dtype, jnp.integer):
     raise ConfigError(f"slot_expert must hold integer expert ids, got {jnp.asarray(slot_expert).dtype}")
