@@ -21,10 +21,10 @@ BATCH, PROMPT, STEPS = 8, 5, 5
 LOGIT_TOL = 2e-5  # fp32: the same per-token math, summed in other orders on other meshes
 
 
-def _model(mesh, seed=3, top_k=1):
+def _model(mesh, seed=3, top_k=1, **moe_fields):
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16,
                     dropout=0.0, embed_init_std=0.5)  # large embeddings: far from ties, varied routes
-  moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F)
+  moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F, **moe_fields)
   graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh, seed)
   return nnx.merge(graphdef, *model_lib.init_state(cfg, moe, mesh, seed))
 
@@ -188,6 +188,20 @@ def test_exflow_top2_chains_through_both_experts(mesh_2x4, prompts):
   _, aux = jax.jit(lambda t: top2(t, details=True))(sequence)
   assert got.exchange_rows == pytest.approx(_numpy_rows(np.asarray(aux["expert_ids"]), 4, 8, "exflow"))
   assert want.exchange_rows == pytest.approx(_numpy_rows(np.asarray(aux["expert_ids"]), 4, 8, "vanilla"))
+
+
+def test_exflow_takes_deepseek_routing_and_shared_experts(mesh_2x4, prompts):
+  """Sigmoid scores, group-limited top-2, a nonzero balancing bias and a gated shared expert: exflow
+  decoding gives vanilla's tokens (the shared output is added where the token is, the bias only
+  chooses)."""
+  ds = _model(mesh_2x4, top_k=2, score="sigmoid", routed_scaling=2.5, num_groups=4, topk_groups=2,
+              bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True)
+  for i, block in enumerate(b for b in ds.blocks if isinstance(b.ffn, model_lib.MoEFFN)):
+    block.ffn.moe.expert_bias[...] = np.random.default_rng(i).normal(0, 0.3, E).astype(np.float32)
+  want = decode.generate(ds, prompts, STEPS)
+  got = decode.generate(ds, prompts, STEPS, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logits, want.logits, atol=LOGIT_TOL, rtol=0)
 
 
 def test_bad_requests_name_the_value(model, prompts):

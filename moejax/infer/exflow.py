@@ -46,6 +46,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import layer as layer_lib
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
 from moejax.moe.layer import ALL, global_traffic
@@ -96,7 +97,11 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
-  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg)
+  bias = None if moe.expert_bias is None else moe.expert_bias[...]
+  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias)
+  # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
+  shared_RxD = (layer_lib.shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
+                else jnp.zeros(x_RxD.shape, jnp.float32))
   hops, sizes = transport_lib.transport_hops(cfg.transport), {mesh_lib.NODE: n, mesh_lib.GPU: m}
   experts_per_gpu = params["w_in"].shape[0]  # the local shard
   exchange = schedule.Exchange(hops, sizes, experts_per_gpu, kind, buffer_rows)
@@ -105,7 +110,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
   # request id (ids < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)
-  packed = jnp.concatenate([f32(x_RxD), jnp.zeros_like(f32(x_RxD)), f32(decision.weights),
+  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(decision.weights),
                             f32(decision.expert_ids), f32(requests_R)[:, None]], axis=1)
   ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
   traffic, lost = jnp.zeros((n * m, n * m), jnp.int32), jnp.zeros((), jnp.int32)
