@@ -204,6 +204,20 @@ def test_exflow_takes_deepseek_routing_and_shared_experts(mesh_2x4, prompts):
   np.testing.assert_allclose(got.logits, want.logits, atol=LOGIT_TOL, rtol=0)
 
 
+def test_exflow_runs_experts_as_replicas_of_a_slot_table(mesh_2x4, prompts):
+  """Two slots per device, a table with replicas of the hot experts 0 and 1 (and expert 7 only once):
+  exflow gives vanilla's tokens, and its rows reach the replicas' devices."""
+  rep = _model(mesh_2x4, slots_per_device=2)
+  table = np.array([[d, d % 2] for d in range(8)], np.int32)
+  table[7, 1] = 7
+  for block in (b for b in rep.blocks if isinstance(b.ffn, model_lib.MoEFFN)):
+    block.ffn.moe.slot_expert[...] = table
+  want = decode.generate(rep, prompts, STEPS)
+  got = decode.generate(rep, prompts, STEPS, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  np.testing.assert_allclose(got.logits, want.logits, atol=LOGIT_TOL, rtol=0)
+
+
 def test_bad_requests_name_the_value(model, prompts):
   with pytest.raises(ConfigError, match="transport.*no combine brings it home"):
     exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, transport="capacity", capacity_factor=2.0))
@@ -213,8 +227,6 @@ def test_bad_requests_name_the_value(model, prompts):
   if jax.default_backend() == "cpu":  # XLA:CPU has no ragged all-to-all
     with pytest.raises(ConfigError, match="transport='ragged'"):
       decode.generate(_with_moe(model, transport="ragged"), prompts, 2, mode="exflow")
-  with pytest.raises(ConfigError, match="slots_per_device"):
-    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, slots_per_device=2))
   with pytest.raises(ConfigError, match="capacity_factor"):
     exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, capacity_factor=2.0))
   with pytest.raises(ConfigError, match="esp_schedule"):

@@ -30,8 +30,9 @@ Refused before compiling (`check_moe`, ConfigError naming the field):
 - schedule='chunked' | 'comet': the exchange is one-way (no combine); comet overlaps the combine
   with the second GEMM, and chunking would only split the B / D rows of a step into smaller
   exchanges, each with its own resident buffer.
-- esp_schedule (experts split over GPUs: no one device where the token can stay) and
-  slots_per_device (replicas: the placement alone decides where a token stays).
+- esp_schedule (experts split over GPUs: no one device where the token can stay).
+Slot tables (slots_per_device, Lina's replicas) are honoured: a token goes to one replica of each of its
+experts (the layer's rule, `moe.replicas.to_slots`) and stays at the last one.
 
 Memory: context coherence replicates every request's context, so a device holds the cache of the
 whole batch (B x S per block, as ExFlow does by design); the resident-token buffer is B rows (worst
@@ -47,6 +48,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from moejax.moe import layer as layer_lib
+from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
 from moejax.moe.layer import ALL, global_traffic
@@ -72,8 +74,6 @@ def check_moe(moe_cfg, platform: str | None = None) -> None:
           "step into smaller exchanges, each with its own resident-token buffer")
   require(moe_cfg.esp_schedule is None, "esp_schedule", moe_cfg.esp_schedule,
           "None for mode='exflow' (whole experts on one device each, where a token can stay)")
-  require(moe_cfg.slots_per_device is None, "slots_per_device", moe_cfg.slots_per_device,
-          "None for mode='exflow' (one copy of each expert: its placement decides where a token stays)")
   if platform is not None:
     platform_lib.check_transport(moe_cfg.transport, platform)
 
@@ -99,6 +99,10 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   d, k = x_RxD.shape[1], cfg.choices_per_token
   bias = None if moe.expert_bias is None else moe.expert_bias[...]
   decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias)
+  ids_RxK = decision.expert_ids
+  if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
+    ids_RxK = replicas_lib.to_slots(ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts,
+                                    mesh_lib.my_flat_index(m)).reshape(ids_RxK.shape)
   # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
   shared_RxD = (layer_lib.shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
                 else jnp.zeros(x_RxD.shape, jnp.float32))
@@ -111,7 +115,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   # request id (ids < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)
   packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(decision.weights),
-                            f32(decision.expert_ids), f32(requests_R)[:, None]], axis=1)
+                            f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
   ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
   traffic, lost = jnp.zeros((n * m, n * m), jnp.int32), jnp.zeros((), jnp.int32)
   for j in range(k):
@@ -191,4 +195,17 @@ def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh)
   cache_specs = [(P(), P())] * cfg.num_layers
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(ALL), P(), P(), P(), P()),
                        out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
-  return jax.jit(step)
+  if moe_cfg.slots_per_device is None:
+    return jax.jit(step)
+
+  def on_slots(params, rest, *args):
+    """The experts' weights laid out per physical slot of each layer's table (sharded as the logical
+    ones, one block of slots per device), so a device runs the replicas its slots hold."""
+    blocks = dict(params["blocks"])
+    for i in model_lib.moe_block_indices(cfg):
+      moe = blocks[i]["ffn"]["moe"]
+      table = rest["blocks"][i]["ffn"]["moe"]["slot_expert"]
+      physical = replicas_lib.physical_params({k: moe[k] for k in replicas_lib.EXPERT_WEIGHTS if k in moe}, table)
+      blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": {**moe, **physical}}}
+    return step({**params, "blocks": blocks}, rest, *args)
+  return jax.jit(on_slots)
