@@ -34,8 +34,8 @@ class MoEConfig:
     nodes, top top_k of them; weight p_node * q_local); 'node_limited' (DeepSeek-V3: flat router,
     nodes scored by the sum of their two best expert probabilities, top node_top_k nodes kept, then
     the top top_k experts on those nodes).
-  transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from fixed-size
-    all_to_all; runs anywhere), 'capacity' (GShard/Switch dense dispatch; needs capacity_factor),
+  transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from a ring of
+    fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch; needs capacity_factor),
     'hierarchical' (two hops: over 'gpu', then over 'node'; Tutel-2DH), 'bilevel' (two hops: over
     'node', then over 'gpu'; the path SMILE's routing implies). Any routing works with any transport.
     'capacity' is the dense exchange kind (a fixed block of experts x capacity rows per peer) behind
