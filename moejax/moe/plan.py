@@ -49,6 +49,14 @@ def histogram(ids: jax.Array, size: int) -> jax.Array:
   return jnp.zeros(size + 1, jnp.int32).at[jnp.where((ids >= 0) & (ids < size), ids, size)].add(1)[:size]
 
 
+def rank_in_group(key_R: jax.Array, num_groups: int) -> jax.Array:
+  """[R] int32: how many earlier rows share each row's key (keys in [0, num_groups]), by one stable sort."""
+  order = jnp.argsort(key_R, stable=True)
+  first = exclusive_cumsum(histogram(key_R, num_groups + 1))  # where each key's rows start once sorted
+  rank_sorted = jnp.arange(key_R.shape[0], dtype=jnp.int32) - first[key_R[order]]
+  return jnp.zeros(key_R.shape[0], jnp.int32).at[order].set(rank_sorted)
+
+
 def sort_by_destination(dest_R: jax.Array, num_peers: int) -> tuple[jax.Array, jax.Array]:
   """(order [R], send_sizes [A]); dest == num_peers marks a row that is sent nowhere."""
   order = jnp.argsort(dest_R, stable=True).astype(jnp.int32)

@@ -59,11 +59,8 @@ def physical_params(params: dict, slot_expert) -> dict:
 def to_slots(ids_R, slot_expert_flat, num_experts: int, me):
   """[R] physical slot of each row's logical expert (-1 stays -1): the (j + me) mod c_e-th replica
   for the j-th row of expert e."""
-  num_rows = ids_R.shape[0]
   key_R = jnp.where(ids_R >= 0, ids_R, num_experts)
-  order = jnp.argsort(key_R, stable=True)
-  first = plan_lib.exclusive_cumsum(plan_lib.histogram(key_R, num_experts + 1))  # where each expert's rows start
-  rank_R = jnp.zeros(num_rows, jnp.int32).at[order].set(jnp.arange(num_rows, dtype=jnp.int32) - first[key_R[order]])
+  rank_R = plan_lib.rank_in_group(key_R, num_experts)
   slots_by_expert = jnp.argsort(slot_expert_flat, stable=True)  # slots grouped by their expert
   replicas = plan_lib.histogram(slot_expert_flat, num_experts)
   start = plan_lib.exclusive_cumsum(replicas)

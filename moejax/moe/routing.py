@@ -160,7 +160,4 @@ def queue_positions(ids_TxK: jax.Array, num_experts: int) -> jax.Array:
   """
   tokens, k = ids_TxK.shape
   ids_R = ids_TxK.T.reshape(-1)  # choice-major: rank 0 of every token first
-  order = jnp.argsort(ids_R, stable=True)
-  first = plan_lib.exclusive_cumsum(plan_lib.histogram(ids_R, num_experts))  # where each expert's queue starts
-  rank_sorted = jnp.arange(ids_R.shape[0], dtype=jnp.int32) - first[ids_R[order]]
-  return jnp.zeros_like(ids_R).at[order].set(rank_sorted.astype(ids_R.dtype)).reshape(k, tokens).T
+  return plan_lib.rank_in_group(ids_R, num_experts).reshape(k, tokens).T
