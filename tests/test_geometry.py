@@ -47,6 +47,10 @@ def test_node_of_and_crossing(n, m):
     crosses = any(_coords(p, m)[0] != _coords(s, m)[0]
                   for s, p in itertools.product(range(n * m), repeat=2) if mesh_lib.same_group(hop, n, m)[s, p])
     assert mesh_lib.crosses_nodes(hop, n) == crosses
+  cross, inside = mesh_lib.pair_masks(n * m, m)
+  for s, p in itertools.product(range(n * m), repeat=2):
+    assert cross[s, p] == (_coords(s, m)[0] != _coords(p, m)[0])
+    assert inside[s, p] == (_coords(s, m)[0] == _coords(p, m)[0] and s != p)
 
 
 @pytest.mark.parametrize("bad", ["nodes", (), ("gpu", "gpu"), ("node", "x")])

@@ -23,14 +23,12 @@ def uniform_exchange_bytes(in_node_rows: float, cross_node_rows: float, nodes: i
                            bytes_per_row: float) -> np.ndarray:
   """[D, D] bytes of one exchange whose in-node and cross-node rows spread evenly over their pairs."""
   devices = nodes * gpus
-  node = mesh_lib.node_of(np.arange(devices), gpus)
-  same = node[:, None] == node[None, :]
-  inside = same & ~np.eye(devices, dtype=bool)
+  cross, inside = mesh_lib.pair_masks(devices, gpus)
   out = np.zeros((devices, devices))
   if inside.any():
     out[inside] = in_node_rows * bytes_per_row / inside.sum()
-  if (~same).any():
-    out[~same] = cross_node_rows * bytes_per_row / (~same).sum()
+  if cross.any():
+    out[cross] = cross_node_rows * bytes_per_row / cross.sum()
   return out
 
 

@@ -66,10 +66,8 @@ class Generation:
 def split_rows(rows_DxD: np.ndarray, gpus_per_node: int) -> dict:
   """rows [..., D, D] sent from flat device s to p -> {'cross_gpu_in_node', 'cross_node'} totals."""
   rows = np.asarray(rows_DxD, np.int64)
-  node = mesh_lib.node_of(np.arange(rows.shape[-1]), gpus_per_node)
-  crosses = node[:, None] != node[None, :]
-  inside = ~crosses & ~np.eye(rows.shape[-1], dtype=bool)
-  return {"cross_gpu_in_node": int(rows[..., inside].sum()), "cross_node": int(rows[..., crosses].sum())}
+  cross, inside = mesh_lib.pair_masks(rows.shape[-1], gpus_per_node)
+  return {"cross_gpu_in_node": int(rows[..., inside].sum()), "cross_node": int(rows[..., cross].sum())}
 
 
 def on_mesh(model: model_lib.LanguageModel, mesh: jax.sharding.Mesh) -> model_lib.LanguageModel:

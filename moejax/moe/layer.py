@@ -352,12 +352,10 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   """Per hop: rows and bytes that cross nodes (inter) or stay inside one (intra); a device's rows
   to itself move no data and are left out. traffic_rows: [hops, D, D] from `aux`."""
   traffic = np.asarray(traffic_rows, np.int64)
-  node = mesh_lib.node_of(np.arange(traffic.shape[-1]), gpus_per_node)
-  crosses = node[:, None] != node[None, :]
-  itself = np.eye(traffic.shape[-1], dtype=bool)
+  cross, inside = mesh_lib.pair_masks(traffic.shape[-1], gpus_per_node)
   summary = []
   for hop in traffic:
-    inter, intra = int(hop[crosses].sum()), int(hop[~crosses & ~itself].sum())
+    inter, intra = int(hop[cross].sum()), int(hop[inside].sum())
     summary.append({"inter_node_rows": inter, "intra_node_rows": intra,
                     "inter_node_bytes": inter * bytes_per_row, "intra_node_bytes": intra * bytes_per_row})
   return summary

@@ -166,6 +166,14 @@ def node_of(device, gpus_per_node: int):
   return device // gpus_per_node
 
 
+def pair_masks(devices: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
+  """([D, D] bool cross-node, [D, D] bool in-node) of flat device pairs (s, p); a device's pair with
+  itself is in neither: its rows move no data."""
+  node = node_of(np.arange(devices), gpus_per_node)
+  cross = node[:, None] != node[None, :]
+  return cross, ~cross & ~np.eye(devices, dtype=bool)
+
+
 def crosses_nodes(hop, nodes: int) -> bool:
   """Whether the hop's exchanges leave the node (any hop over 'node' on more than one node)."""
   return nodes > 1 and NODE in hop_axes(hop)
