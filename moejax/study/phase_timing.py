@@ -107,11 +107,11 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
     received, sizes = epg * devices * capacity, np.full((devices, epg), devices * capacity)
   else:
     before = tokens * k
-    max_rows = devices * before
-    for axis, hop in zip(transport_lib.transport_hops(cfg.transport), traffic):
+    hops = transport_lib.transport_hops(cfg.transport)
+    out_rows = transport_lib.hop_buffer_sizes(hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, before, devices * before,
+                                              transport_lib.buffer_bound(cfg.buffer_factor, before))
+    for axis, hop, after in zip(hops, traffic, out_rows):
       sizes = phases.put(hop_sizes(hop, axis, n, m))
-      peers = sizes.shape[-1]
-      after = min(peers * before, max_rows)
       dispatch = phases.exchange(axis, after, "dispatch")
       combine = phases.exchange(axis, before, "combine")
       rows, back = rows_of(before), rows_of(after)
