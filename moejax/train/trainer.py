@@ -33,7 +33,7 @@ from moejax.train import data as data_lib
 from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import model as model_lib
-from moejax.train import objective, optim
+from moejax.train import objective, optim, presets
 from moejax.train import tokenizer as tokenizer_lib
 from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError, is_int, require
@@ -46,7 +46,8 @@ SECTIONS = {
     "log": metrics_lib.CONFIG_FIELDS,
 }
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
-             "data", "optim", "checkpoint", "log")
+             "data", "optim", "checkpoint", "log", *presets.CONFIG_FIELDS)
+REQUIRED = tuple(name for name in TOP_LEVEL if name not in presets.CONFIG_FIELDS)  # a preset is optional
 OVERFLOW_POLICIES = ("retry", "drop")
 # MoEConfig fields the trainer takes from the model section, so a config's moe section leaves them out.
 MOE_FROM_MODEL = ("d_model", "d_ff")
@@ -64,8 +65,10 @@ def _check_fields(fields, known, prefix: str, required=None) -> None:
 def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
   """Every check that needs no devices, before anything is compiled; errors name the field, its
   value and what is allowed. The data, optim, checkpoint and log sections are checked by the
-  `validate_config` of the module that uses them. Returns the model and MoE layer configs."""
-  _check_fields(config, TOP_LEVEL, "")
+  `validate_config` of the module that uses them. A config naming a preset (top-level `preset`) is
+  checked with the preset applied (`moejax.train.presets.apply`). Returns the model and MoE layer configs."""
+  _check_fields(config, TOP_LEVEL, "", REQUIRED)
+  config = presets.apply(config)
   for section, known in SECTIONS.items():
     _check_fields(config[section], known, section + ".")
   for name in ("nodes", "gpus_per_node"):
@@ -286,6 +289,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   Expects JAX's distributed runtime to be initialised already when there are several processes.
   """
+  config = presets.apply(config)
   model_cfg, moe_cfg = validate(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
