@@ -22,7 +22,7 @@ from experiments.config_flag import define_config  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 # Each config file, by the experiment that reads it.
-KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "scaling_default": "scaling",
+KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "scaling_default": "scaling",
          "scaling_smile": "scaling", "scaling_schedules": "scaling"}
 EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(trainer.MOE_FROM_MODEL),
             "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}

@@ -6,7 +6,10 @@ layer the expert load (fraction of token-choices each expert processed) and the 
 replication (moe.slots_per_device) per MoE layer the busiest device's load over the mean device load
 with the slot tables the step ran on (busiest_load) and with every device running only its own E / D
 experts (busiest_load_unreplicated), from the step's expert counts (devices: the nodes with expert
-sharding).
+sharding). Every step with MoE layers also records the busiest expert's load over the mean expert load
+(max / mean of the step's expert counts) per layer, averaged over the layers (busiest_expert_load), and
+with auxiliary-loss-free balancing (moe.bias_update_rate) each layer's bias range max - min after the
+step's update (expert_bias_range), so a run shows the balancing acting.
 """
 
 import json
@@ -43,11 +46,24 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_
   record["expert_load"] = (counts_MxE / np.maximum(total_M, 1)[:, None]).round(5).tolist()
   record["drop_rate"] = (dropped_M / np.maximum(total_M, 1)).round(6).tolist()  # by capacity
   record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
+  if counts_MxE.size:
+    record["busiest_expert_load"] = round(busiest_expert_load(counts_MxE), 6)
+  if "expert_bias_range" in metrics:
+    record["expert_bias_range"] = [float(x) for x in np.asarray(metrics["expert_bias_range"], np.float64)]
   if slot_tables is not None and counts_MxE.size:
     with_tables, without = replan_lib.busiest_loads(counts_MxE, slot_tables)
     record["busiest_load"] = [round(x, 6) for x in with_tables]
     record["busiest_load_unreplicated"] = [round(x, 6) for x in without]
   return record
+
+
+def busiest_expert_load(counts_MxE) -> float:
+  """The busiest expert's load over the mean expert load (max / mean of counts [M, E]) per MoE layer,
+  averaged over the layers with any load (1.0: perfectly balanced; E: one expert takes everything)."""
+  counts = np.asarray(counts_MxE, np.float64)
+  mean_M = counts.mean(axis=1)
+  ratios = counts.max(axis=1)[mean_M > 0] / mean_M[mean_M > 0]
+  return float(ratios.mean()) if ratios.size else 0.0
 
 
 def read_jsonl(path: str) -> list[dict]:
@@ -101,6 +117,10 @@ class MetricWriter:
         self.tb.add_scalar(f"moe/layer{i}/max_load_over_mean", max(load) * len(load), step)
         self.tb.add_scalar(f"moe/layer{i}/drop_rate", drop, step)
         self.tb.add_histogram(f"moe/layer{i}/expert_load", np.asarray(load), step)
+      if "busiest_expert_load" in record:
+        self.tb.add_scalar("moe/busiest_expert_load", record["busiest_expert_load"], step)
+      for i, value in enumerate(record.get("expert_bias_range", [])):
+        self.tb.add_scalar(f"moe/layer{i}/expert_bias_range", value, step)
       for name in BUSIEST:
         for i, value in enumerate(record.get(name, [])):
           self.tb.add_scalar(f"moe/layer{i}/{name}", value, step)
@@ -136,7 +156,7 @@ def summarize(records: list[dict], **extra) -> dict:
       "median_step_time_s": float(np.median(times)) if times else None,
       "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records]))
                              if records else None,
-      **{f"mean_{name}": float(np.mean([r[name] for r in records])) for name in BUSIEST
+      **{f"mean_{name}": float(np.mean([r[name] for r in records])) for name in (*BUSIEST, "busiest_expert_load")
          if records and all(name in r for r in records)},
       **extra,
   }

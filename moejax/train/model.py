@@ -348,21 +348,43 @@ def moe_block_indices(cfg: ModelConfig) -> list[int]:
   return [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
 
 
+def _stacked(cfg: ModelConfig, rest: dict, name: str):
+  """The MoE layers' state `name` stacked over the layers ([M, ...]) from the pure-dict `rest`, or None
+  when the layers have none (ShapeDtypeStructs in, one ShapeDtypeStruct with the sharding out)."""
+  values = [rest["blocks"][i]["ffn"]["moe"].get(name) for i in moe_block_indices(cfg)]
+  if not values or values[0] is None:
+    return None
+  if isinstance(values[0], jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype, sharding=values[0].sharding)
+  return jnp.stack(values)
+
+
+def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
+  """`rest` with MoE layer j's state `name` replaced by stacked[j] (the rest of the tree shared)."""
+  blocks = dict(rest["blocks"])
+  for j, i in enumerate(moe_block_indices(cfg)):
+    moe = {**blocks[i]["ffn"]["moe"], name: stacked[j]}
+    blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": moe}}
+  return {**rest, "blocks": blocks}
+
+
 def slot_tables(cfg: ModelConfig, rest: dict):
   """[M, H, S] int32: the MoE layers' slot tables stacked from the pure-dict `rest` (the non-parameter
   state of `abstract_state`/`init_state`), or None without replication (moe.slots_per_device unset)."""
-  tables = [rest["blocks"][i]["ffn"]["moe"].get("slot_expert") for i in moe_block_indices(cfg)]
-  if not tables or tables[0] is None:
-    return None
-  if isinstance(tables[0], jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct((len(tables), *tables[0].shape), tables[0].dtype, sharding=tables[0].sharding)
-  return jnp.stack(tables)
+  return _stacked(cfg, rest, "slot_expert")
 
 
 def with_slot_tables(cfg: ModelConfig, rest: dict, tables_MxHxS) -> dict:
   """`rest` with MoE layer j's slot table replaced by tables_MxHxS[j] (the rest of the tree shared)."""
-  blocks = dict(rest["blocks"])
-  for j, i in enumerate(moe_block_indices(cfg)):
-    moe = {**blocks[i]["ffn"]["moe"], "slot_expert": tables_MxHxS[j]}
-    blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": moe}}
-  return {**rest, "blocks": blocks}
+  return _with_stacked(cfg, rest, "slot_expert", tables_MxHxS)
+
+
+def expert_biases(cfg: ModelConfig, rest: dict):
+  """[M, E] float32: the MoE layers' auxiliary-loss-free balancing biases (`ExpertBias`) stacked from the
+  pure-dict `rest`, or None without them (moe.bias_update_rate = 0)."""
+  return _stacked(cfg, rest, "expert_bias")
+
+
+def with_expert_biases(cfg: ModelConfig, rest: dict, bias_MxE) -> dict:
+  """`rest` with MoE layer j's balancing bias replaced by bias_MxE[j] (the rest of the tree shared)."""
+  return _with_stacked(cfg, rest, "expert_bias", bias_MxE)

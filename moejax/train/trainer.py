@@ -33,7 +33,7 @@ from moejax.train import data as data_lib
 from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import model as model_lib
-from moejax.train import objective, optim
+from moejax.train import objective, optim, presets
 from moejax.train import tokenizer as tokenizer_lib
 from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError, is_int, require
@@ -46,7 +46,8 @@ SECTIONS = {
     "log": metrics_lib.CONFIG_FIELDS,
 }
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
-             "data", "optim", "checkpoint", "log")
+             "data", "optim", "checkpoint", "log", *presets.CONFIG_FIELDS)
+REQUIRED = tuple(name for name in TOP_LEVEL if name not in presets.CONFIG_FIELDS)  # a preset is optional
 OVERFLOW_POLICIES = ("retry", "drop")
 # MoEConfig fields the trainer takes from the model section, so a config's moe section leaves them out.
 MOE_FROM_MODEL = ("d_model", "d_ff")
@@ -64,8 +65,10 @@ def _check_fields(fields, known, prefix: str, required=None) -> None:
 def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
   """Every check that needs no devices, before anything is compiled; errors name the field, its
   value and what is allowed. The data, optim, checkpoint and log sections are checked by the
-  `validate_config` of the module that uses them. Returns the model and MoE layer configs."""
-  _check_fields(config, TOP_LEVEL, "")
+  `validate_config` of the module that uses them. A config naming a preset (top-level `preset`) is
+  checked with the preset applied (`moejax.train.presets.apply`). Returns the model and MoE layer configs."""
+  _check_fields(config, TOP_LEVEL, "", REQUIRED)
+  config = presets.apply(config)
   for section, known in SECTIONS.items():
     _check_fields(config[section], known, section + ".")
   for name in ("nodes", "gpus_per_node"):
@@ -137,8 +140,12 @@ class Trainer:
   state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}, and with replication
 (moe.slots_per_device) 'slot_tables' [M, H, S] int32, the MoE layers' slot tables: not optimised,
 replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
-and re-planned between steps by the loop (same shape, so the compiled step is reused). Every array
-is placed by `state_shardings`, declared once here together with the batch sharding.
+and re-planned between steps by the loop (same shape, so the compiled step is reused); with
+auxiliary-loss-free balancing (moe.bias_update_rate = u > 0) 'expert_bias' [M, E] float32, the MoE
+layers' balancing biases (DeepSeek-V3 Sec. 2.1.2): not optimised (no gradient reaches them), replicated,
+checkpointed with the rest, written into each layer's `ExpertBias` in `rest` by the step and updated at
+the end of the step from the step's expert loads (`update_expert_bias`). Every array is placed by
+`state_shardings`, declared once here together with the batch sharding.
   """
 
   def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh,
@@ -163,6 +170,9 @@ is placed by `state_shardings`, declared once here together with the batch shard
     abstract_tables = model_lib.slot_tables(model_cfg, abstract_rest)
     if abstract_tables is not None:
       self.state_shardings["slot_tables"] = self.replicated
+    abstract_bias = model_lib.expert_biases(model_cfg, abstract_rest)
+    if abstract_bias is not None:
+      self.state_shardings["expert_bias"] = self.replicated
     self.rest_shardings = sharding_of(abstract_rest)
     self.batch_sharding = NamedSharding(mesh, P(None, ALL))  # tokens [micro_batches, rows, seq_len]
 
@@ -171,10 +181,12 @@ is placed by `state_shardings`, declared once here together with the batch shard
               "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
 
     self._complete = jax.jit(complete, out_shardings={k: v for k, v in self.state_shardings.items()
-                                                      if k != "slot_tables"})
+                                                      if k not in ("slot_tables", "expert_bias")})
     abstract_state = jax.eval_shape(complete, abstract_params)
     if abstract_tables is not None:
       abstract_state["slot_tables"] = abstract_tables
+    if abstract_bias is not None:
+      abstract_state["expert_bias"] = abstract_bias
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                        abstract_state, self.state_shardings)
     self.step = jax.jit(self._step, in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
@@ -192,6 +204,9 @@ is placed by `state_shardings`, declared once here together with the batch shard
     tables = model_lib.slot_tables(self.model_cfg, rest)
     if tables is not None:
       state["slot_tables"] = self.put_slot_tables(tables)
+    bias = model_lib.expert_biases(self.model_cfg, rest)
+    if bias is not None:
+      state["expert_bias"] = jax.device_put(bias.astype(jnp.float32), self.replicated)
     return state, rest
 
   @property
@@ -220,6 +235,8 @@ is placed by `state_shardings`, declared once here together with the batch shard
 
     if "slot_tables" in state:
       rest = model_lib.with_slot_tables(self.model_cfg, rest, state["slot_tables"])
+    if "expert_bias" in state:
+      rest = model_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
 
     def loss_fn(params, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
       model = nnx.merge(self.graphdef, params, rest)
@@ -241,14 +258,30 @@ is placed by `state_shardings`, declared once here together with the batch shard
                  "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
     if "slot_tables" in state:
       new_state["slot_tables"] = state["slot_tables"]
+    counts_MxE = jnp.sum(auxes["expert_counts"], axis=0)  # the whole step's loads (all micro-batches)
+    if "expert_bias" in state:
+      new_state["expert_bias"] = update_expert_bias(state["expert_bias"], counts_MxE,
+                                                    self.moe_cfg.bias_update_rate)
     task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
     metrics = {"loss": task_loss + aux_loss, "task_loss": task_loss, "accuracy": jnp.sum(corrects) / total,
                "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
                "learning_rate": self.schedule(state["step"]),
-               "expert_counts": jnp.sum(auxes["expert_counts"], axis=0),
+               "expert_counts": counts_MxE,
                "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
                "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0)}
+    if "expert_bias" in state:  # after this step's update: the range the next step routes with
+      metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(new_state["expert_bias"],
+                                                                                            axis=-1)
     return new_state, metrics
+
+
+def update_expert_bias(bias_MxE: jax.Array, counts_MxE: jax.Array, rate: float) -> jax.Array:
+  """DeepSeek-V3's auxiliary-loss-free balancing update (Sec. 2.1.2), per MoE layer: b_e += u * sign(mean
+  load - load_e), from one step's token-choices per expert counts [M, E]; an overloaded expert's bias
+  falls, an underloaded one's rises, one equal to the mean keeps its bias. float32 like the bias."""
+  load_MxE = counts_MxE.astype(jnp.float32)
+  mean_Mx1 = jnp.mean(load_MxE, axis=-1, keepdims=True)
+  return bias_MxE + jnp.float32(rate) * jnp.sign(mean_Mx1 - load_MxE)
 
 
 def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
@@ -256,6 +289,7 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
 
   Expects JAX's distributed runtime to be initialised already when there are several processes.
   """
+  config = presets.apply(config)
   model_cfg, moe_cfg = validate(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
