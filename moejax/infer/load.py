@@ -51,6 +51,8 @@ def load_trained(config: ml_collections.ConfigDict, train_workdir: str, mesh=Non
   _, rest = model_lib.init_state(model_cfg, moe_cfg, mesh, config.seed)
   if "slot_tables" in state:  # the replication slot tables the run ended with
     rest = model_lib.with_slot_tables(model_cfg, rest, state["slot_tables"])
+  if "expert_bias" in state:  # the balancing biases the run ended with: they choose the experts
+    rest = model_lib.with_expert_biases(model_cfg, rest, state["expert_bias"])
   return nnx.merge(trainer.graphdef, state["params"], rest), tok, step
 
 
