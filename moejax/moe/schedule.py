@@ -3,8 +3,9 @@
 All three move the same rows along the same planned route (`transport.plan_route`) and give the same
 result, drops included:
 - sequential: dispatch every row, run the experts, combine.
-- chunked: the local tokens in `num_chunks` contiguous chunks, each dispatched, computed and combined
-  on its own (Tutel/FasterMoE's coarse pipeline). No chunk's exchange depends on another chunk's
+- chunked: the rows a device sends in `num_chunks` contiguous chunks, each dispatched, computed and
+  combined on its own (Tutel/FasterMoE's coarse pipeline). With the dense kind (transport='capacity')
+  every chunk sends full blocks, so the padding grows with num_chunks. No chunk's exchange depends on another chunk's
   matmuls, so XLA may overlap them; the cost is num_chunks times as many, smaller, exchanges. With
   bounded buffers the drops are decided once, on the ids, by the sequential route (one more round
   trip of int32 ids), so every chunk drops exactly what sequential drops and no chunk overflows.

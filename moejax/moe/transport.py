@@ -45,8 +45,8 @@ def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   operand: [R_in, ...]; output: [R_out, ...] (rows not received keep their value). Step s sends my
   block for peer me + s, padded to min(R_in, R_out) rows, with its offset and size; the receiver
   writes the valid rows where the sender said. One block is in flight at a time, so memory stays
-  O(local rows) however many peers there are. shifts: the ring steps to run (default all; a schedule
-  that exchanges with one peer at a time runs one step per call).
+  O(local rows) however many peers there are. shifts: the ring steps to run (default all; comet runs
+  its own rows, shift 0, apart from the others').
   """
   del recv_sizes  # each block carries its own size
   block = min(operand.shape[0], output.shape[0])
