@@ -1,0 +1,277 @@
+"""The routers' convergence study: one small GPT-MoE (and the BERT-MoE) trained on the embedded corpus with
+Switch, GShard, SMILE (bi-level), node-limited and DeepSeek-V3 routing, at equal active parameters and
+steps, over several seeds, on a 2 x 4 mesh of simulated CPU devices.
+
+  python -m experiments.convergence --workdir=/tmp/convergence              # configs/convergence.py
+  python -m experiments.convergence --workdir=/tmp/convergence_quick --quick  # tiny, seconds per run
+  python -m experiments.convergence --workdir=/tmp/c --models=gpt --config.seeds="(0,)"
+
+Each router x model x seed trains (dropless) in <workdir>/runs/<model>/<router>/seed<s>; a run with a
+summary.json is finished and re-used, so an interrupted study resumes. From each run:
+  - the per-step train loss (task loss, without the auxiliary losses);
+  - the held-out loss of the final checkpoint on documents of the corpus that no run trains on (the
+    study splits the embedded corpus into data/train.jsonl and data/heldout.jsonl);
+  - per step, the busiest expert's load over the mean load (averaged over the MoE layers);
+  - per step, the share of token-choices a capacity factor of config.capacity (1.25) would drop: the
+    runs are dropless, and each expert's share of the step's token-choices above capacity / E is counted
+    as dropped (over the whole step's tokens: a lower bound of what per-device capacity drops).
+Writes results.json, table.md, loss.png and busiest_load.png to the workdir and prints the table.
+"""
+
+import json
+import os
+import sys
+import time
+
+import ml_collections
+import numpy as np
+from absl import app, flags
+
+from configs import convergence as study_config
+from configs import gpt as gpt_config
+from configs import mlm as mlm_config
+from experiments.config_flag import define_config
+from moejax.runtime import mesh as mesh_lib
+from moejax.train.tokenizer import TokenizerError
+from moejax.validation import ConfigError
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence.py")
+_CONFIG = define_config(_DEFAULT_CONFIG, "Study config file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the runs and the results.", required=True)
+_QUICK = flags.DEFINE_bool("quick", False, "Tiny model, few steps, one seed (configs/convergence.py:quick).")
+_MODELS = flags.DEFINE_string("models", None, "Comma-separated models among gpt,bert (default: the config's).")
+
+MESH = (2, 4)
+
+
+def split_corpus(workdir: str, heldout_fraction: float) -> tuple[str, str]:
+  """(train, held-out) JSON-lines files: the embedded corpus' last `heldout_fraction` of documents held out."""
+  from moejax.train import data as data_lib
+
+  data_dir = os.path.join(workdir, "data")
+  train, heldout = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "heldout.jsonl")
+  if not (os.path.exists(train) and os.path.exists(heldout)):
+    os.makedirs(data_dir, exist_ok=True)
+    with open(data_lib.embedded_corpus(os.path.join(workdir, "cache"))) as f:
+      lines = f.readlines()
+    cut = len(lines) - max(1, int(len(lines) * heldout_fraction))
+    for path, part in ((train, lines[:cut]), (heldout, lines[cut:])):
+      with open(path + ".tmp", "w") as f:
+        f.writelines(part)
+      os.replace(path + ".tmp", path)
+  return train, heldout
+
+
+def train_config(study: ml_collections.ConfigDict, model: str, router: str, seed: int, train_file: str,
+                 cache_dir: str) -> ml_collections.ConfigDict:
+  """The trainer's config of one run: configs/gpt.py or configs/mlm.py (tiny) with the study's sizes and
+  the router's overrides."""
+  config = (gpt_config if model == "gpt" else mlm_config).get_config("tiny")
+  config.seed = seed
+  config.steps = study.steps
+  config.batch_size = study.batch_size
+  config.micro_batches = 1
+  config.seq_len = study.seq_len
+  config.mesh.update(nodes=MESH[0], gpus_per_node=MESH[1])
+  config.model.update(num_layers=study.num_layers, d_model=study.d_model, num_heads=study.num_heads,
+                      max_len=study.seq_len, moe_every=1)
+  config.optim.update(learning_rate=study.learning_rate, warmup_steps=study.warmup_steps)
+  config.data.update(train_files=train_file, cache_dir=cache_dir, tokenizer_train_chars=study.tokenizer_train_chars)
+  config.checkpoint.update(every_steps=study.steps, keep=1, use_async=False)
+  config.log.update(every_steps=max(1, study.steps // 4), tensorboard=False)
+  config.moe.capacity_factor = None  # dropless: the drop share at study.capacity is measured from the loads
+  overrides = study_config.routers(study.d_ff, study.num_experts, MESH[0])[router]
+  config.model.update(overrides["model"])
+  for name, value in overrides["moe"].items():
+    config.moe[name] = value
+  return config
+
+
+def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: str, batches: int) -> float:
+  """Mean per-prediction cross-entropy of the run's final checkpoint on `batches` batches of the held-out
+  documents (BERT: a fixed masking draw)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from moejax.infer.load import load_trained
+  from moejax.moe.layer import ALL
+  from moejax.train import data as data_lib
+  from moejax.train import objective
+  from moejax.train import trainer as trainer_lib
+
+  model, tok, _ = load_trained(config, run_dir)
+  model_cfg, moe_cfg = trainer_lib.validate(config)
+  mesh = model.mesh
+  helper = trainer_lib.Trainer.__new__(trainer_lib.Trainer)  # only its targets(): the training objective
+  helper.config, helper.model_cfg, helper.tok = config, model_cfg, tok
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def sums(state, key, tokens_BxS):
+    inputs_BxS, positions_BxP, targets_BxP, weights_BxP = helper.targets(key, tokens_BxS)
+    logits_BxPxV, _ = nnx.merge(graphdef, state)(inputs_BxS, positions_BxP=positions_BxP, train=False)
+    loss_sum, _ = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
+    return loss_sum, jnp.sum(weights_BxP)
+
+  reader = data_lib.ShardReader([heldout_file], 0, 1, tok, config.seq_len)
+  sharding = NamedSharding(mesh, P(ALL))
+  key = jax.random.key(1234)
+  total, count = 0.0, 0.0
+  for i in range(batches):
+    tokens = np.stack([reader.next_sequence() for _ in range(config.batch_size)])
+    loss_sum, weight = sums(state, jax.random.fold_in(key, i), jax.device_put(tokens, sharding))
+    total, count = total + float(loss_sum), count + float(weight)
+  return total / max(count, 1.0)
+
+
+def load_curves(records: list[dict], capacity: float) -> dict:
+  """Per step: busiest expert's load over the mean, and the share of token-choices above `capacity` x the
+  mean load, both averaged over the MoE layers."""
+  busiest, dropped = [], []
+  for r in records:
+    load_MxE = np.asarray(r["expert_load"], np.float64)
+    share_MxE = load_MxE / np.maximum(load_MxE.sum(axis=1, keepdims=True), 1e-12)
+    num_experts = share_MxE.shape[1]
+    busiest.append(float(np.mean(share_MxE.max(axis=1) * num_experts)))
+    dropped.append(float(np.mean(np.maximum(share_MxE - capacity / num_experts, 0.0).sum(axis=1))))
+  return {"busiest_load": busiest, "drop_share": dropped}
+
+
+def run_one(study, model: str, router: str, seed: int, files: tuple[str, str], workdir: str) -> dict:
+  """Trains (unless finished before) and measures one run; its result is kept in the run's result.json."""
+  from moejax.train import metrics as metrics_lib
+  from moejax.train import trainer as trainer_lib
+
+  run_dir = os.path.join(workdir, "runs", model, router, f"seed{seed}")
+  result_path = os.path.join(run_dir, "result.json")
+  if os.path.exists(result_path):
+    with open(result_path) as f:
+      return {**json.load(f), "reused": True}
+  config = train_config(study, model, router, seed, files[0], os.path.join(workdir, "cache"))
+  start = time.perf_counter()
+  if not os.path.exists(os.path.join(run_dir, "summary.json")):
+    trainer_lib.train(config, run_dir)
+  records = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+  result = {"model": model, "router": router, "seed": seed,
+            "steps": [r["step"] for r in records],
+            "train_loss": [r["task_loss"] for r in records],
+            "aux_loss": [r["aux_loss"] for r in records],
+            **load_curves(records, study.capacity),
+            "heldout_loss": heldout_loss(config, run_dir, files[1], study.heldout_batches),
+            "seconds": time.perf_counter() - start}
+  with open(result_path + ".tmp", "w") as f:
+    json.dump(result, f)
+  os.replace(result_path + ".tmp", result_path)
+  return result
+
+
+def spread(values: list[float]) -> float:
+  return float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+
+
+def table_rows(results: list[dict], tail: int) -> list[dict]:
+  """One row per model x router: final held-out loss (mean, sample std over seeds), final train loss (mean
+  of the last `tail` steps), busiest load and drop share (means over all steps and seeds)."""
+  rows = []
+  for key in dict.fromkeys((r["model"], r["router"]) for r in results):
+    runs = [r for r in results if (r["model"], r["router"]) == key]
+    heldout = [r["heldout_loss"] for r in runs]
+    rows.append({"model": key[0], "router": key[1], "seeds": len(runs),
+                 "heldout_loss": float(np.mean(heldout)), "heldout_spread": spread(heldout),
+                 "train_loss": float(np.mean([np.mean(r["train_loss"][-tail:]) for r in runs])),
+                 "busiest_load": float(np.mean([np.mean(r["busiest_load"]) for r in runs])),
+                 "drop_share": float(np.mean([np.mean(r["drop_share"]) for r in runs]))})
+  return rows
+
+
+def format_table(rows: list[dict], capacity: float) -> str:
+  lines = [f"| model | router | seeds | held-out loss (mean ± std) | final train loss | busiest load / mean | "
+           f"dropped at capacity {capacity:g} |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    lines.append(f"| {r['model']} | {r['router']} | {r['seeds']} | {r['heldout_loss']:.4f} ± "
+                 f"{r['heldout_spread']:.4f} | {r['train_loss']:.4f} | {r['busiest_load']:.3f} | "
+                 f"{100 * r['drop_share']:.2f}% |")
+  return "\n".join(lines)
+
+
+def plot(results: list[dict], workdir: str) -> list[str]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  models = list(dict.fromkeys(r["model"] for r in results))
+  routers = list(dict.fromkeys(r["router"] for r in results))
+  colors = {router: f"C{i}" for i, router in enumerate(routers)}
+  paths = []
+  for name, field, ylabel in (("loss.png", "train_loss", "train loss (task)"),
+                              ("busiest_load.png", "busiest_load", "busiest expert load / mean")):
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models):
+      for router in routers:
+        runs = [r for r in results if (r["model"], r["router"]) == (model, router)]
+        if not runs:
+          continue
+        n = min(len(r[field]) for r in runs)
+        curve = np.mean([r[field][:n] for r in runs], axis=0)
+        window = max(1, n // 20)  # a light moving average over the noisy per-step values
+        smooth = np.convolve(curve, np.ones(window) / window, mode="valid")
+        label = router
+        if field == "train_loss":
+          label += f" (held-out {np.mean([r['heldout_loss'] for r in runs]):.3f})"
+        ax.plot(runs[0]["steps"][window - 1:n], smooth, color=colors[router], label=label)
+      ax.set_title(f"{model}-MoE")
+      ax.set_xlabel("step")
+      ax.set_ylabel(ylabel)
+      ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(workdir, name)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def main(argv):
+  del argv
+  config = study_config.get_config("quick") if _QUICK.value else _CONFIG.value
+  workdir = _WORKDIR.value
+  models = [m for m in (_MODELS.value or config.models).split(",") if m]
+  routers = [r for r in config.routers.split(",") if r]
+  for name, values, known in (("models", models, ("gpt", "bert")), ("routers", routers, study_config.ROUTERS)):
+    unknown = sorted(set(values) - set(known))
+    if unknown or not values:
+      sys.exit(f"error: {name} {unknown or values}: choose among {list(known)}")
+  mesh_lib.simulate_cpu_devices(MESH[0] * MESH[1])  # Before JAX starts its backends.
+  os.makedirs(workdir, exist_ok=True)
+  files = split_corpus(workdir, config.heldout_fraction)
+  runs = [(m, r, s) for m in models for r in routers for s in config.seeds]
+  results, start = [], time.perf_counter()
+  try:
+    for i, (model, router, seed) in enumerate(runs):
+      result = run_one(config, model, router, seed, files, workdir)
+      results.append(result)
+      took = " (re-used)" if result.get("reused") else f", {result['seconds']:.0f} s"
+      print(f"[{i + 1}/{len(runs)}] {model} {router} seed {seed}: held-out loss {result['heldout_loss']:.4f}, "
+            f"final train loss {result['train_loss'][-1]:.4f}, busiest load {np.mean(result['busiest_load']):.3f}"
+            f"{took}; "
+            f"{time.perf_counter() - start:.0f} s so far", flush=True)
+  except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
+    sys.exit(f"error: {e}")
+  rows = table_rows(results, tail=max(1, config.steps // 10))
+  table = format_table(rows, config.capacity)
+  with open(os.path.join(workdir, "results.json"), "w") as f:
+    json.dump({"config": config.to_dict(), "mesh": MESH, "table": rows,
+               "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]}, f, indent=1)
+  with open(os.path.join(workdir, "table.md"), "w") as f:
+    f.write(table + "\n")
+  paths = plot(results, workdir)
+  print(table)
+  print("wrote", ", ".join([os.path.join(workdir, "results.json"), os.path.join(workdir, "table.md"), *paths]))
+
+
+if __name__ == "__main__":
+  app.run(main)
