@@ -13,16 +13,22 @@
 #
 # Wheels to carry to a GPU machine without a package index. It has jax 0.11 (CUDA), flax, optax,
 # orbax-checkpoint, tensorstore, absl-py, chex, pytest, matplotlib, sentencepiece, and with them
-# numpy, PyYAML, protobuf, packaging and opt_einsum. Missing (from each wheel's METADATA):
+# numpy, PyYAML, protobuf, packaging, opt_einsum, etils, six, tqdm, jaxtyping, wadler_lindig and
+# typing_extensions. Missing (from each wheel's METADATA):
 #   ml_collections 1.1.0      needs absl-py, PyYAML                                (present)
 #   tensorboardX 2.6.5        needs numpy, packaging, protobuf>=3.20               (present)
-#   tokamax 0.0.12            needs absl-py, jax, jaxlib (present), tensorboardX and:
-#     einshape 1.0, jaxtyping 0.3.11 (-> wadler_lindig 0.1.8), qwix 0.1.8 (needs flax>=0.12,
-#     opt_einsum: present), tqdm 4.70.1, typeguard 2.13.3 (pinned ==), immutabledict 4.3.1,
+#   tokamax 0.0.17            needs absl-py, jax>=0.11.1, jaxlib, jaxtyping, tqdm (present), tensorboardX and:
+#     einshape 1.0, qwix 0.1.8 (needs flax>=0.12, opt_einsum: present), immutabledict 4.3.1,
 #     pydantic 2.14.3 (-> pydantic_core 2.50.4, a CPython 3.12 binary wheel; annotated_types 0.8.0;
-#     typing_inspection 0.4.5; typing_extensions>=4.16, carried as 4.16.0 in case the machine's is older)
-# Download them here (from the repository root):
-#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.12 einshape==1.0 jaxtyping==0.3.11 wadler_lindig==0.1.8 qwix==0.1.8 tqdm==4.70.1 typeguard==2.13.3 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0
+#     typing_inspection 0.4.5; typing_extensions>=4.16, carried as 4.16.0 in case the machine's is older),
+#     xprof 2.24.2 (`import tokamax` imports it; a 32 MB binary wheel, whose import needs fire 0.7.1 ->
+#     termcolor 3.3.0, and etils, six, protobuf: present; its other requirements, duckdb, gviz-api,
+#     cheroot and google-cloud-storage, are not imported by tokamax).
+#   (tokamax 0.0.12 fails on jax 0.11 with "Mesh.__init__() got an unexpected keyword argument": it
+#   calls Pallas Mosaic GPU's kernel(out_shape=...), which jax 0.11 renamed out_type; 0.0.13 and newer
+#   use out_type.)
+# Download them here (from the repository root; about 38 MB):
+#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 xprof==2.24.2 fire==0.7.1 termcolor==3.3.0 typing_extensions==4.16.0
 # Install them there (before running the suite, in the same shell):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 

@@ -186,12 +186,30 @@ def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
   assert _relative_error(y, reference(jnp.ones_like(x))) > 1e-3  # the jitter changed some routes
 
 
+def _mesh_axes_groups(text, mesh_name, axes):
+  """Replica groups (as dense<[[...]]> prints them) of the mesh axes `axes` of `sdy.mesh @mesh_name`,
+  the form jax 0.12 lowers replica groups to: per value of the other axes, the devices along `axes`."""
+  declared = re.search(rf"sdy\.mesh @{mesh_name} = <\[(.*?)\](?:, device_ids=\[([\d, ]*)\])?>", text)
+  names, sizes = zip(*((n, int(v)) for n, v in re.findall(r'"(\w+)"=(\d+)', declared.group(1))))
+  ids = (np.array([int(i) for i in declared.group(2).split(",")]) if declared.group(2)
+         else np.arange(int(np.prod(sizes)))).reshape(sizes)
+  order = [names.index(a) for a in axes]
+  others = [i for i in range(len(names)) if i not in order]
+  grouped = ids.transpose(others + order).reshape(-1, int(np.prod([sizes[i] for i in order])))
+  return str(grouped.tolist()).replace(" ", "")
+
+
 def _collectives(text):
-  """[(op, replica groups, operand element counts, dtypes)] of the collectives in StableHLO text."""
+  """[(op, replica groups, operand element counts, dtypes)] of the collectives in StableHLO text;
+  replica groups as device lists, whether printed as such (jax 0.10, 0.11) or as mesh axes (0.12)."""
   pattern = (r'"stablehlo\.(all_to_all|all_gather|all_reduce|reduce_scatter|collective_permute)"\(.*?'
-             r'replica_groups = dense<(\[\[.*?\]\])>.*?\}[>)]\s*:\s*\(([^)]*)\)')
+             r'replica_groups = (?:dense<(\[\[.*?\]\])>|#stablehlo\.replica_group_mesh_axes<mesh = @([\w.]+), '
+             r'axes = \[(.*?)\]>).*?\}[>)]\s*:\s*\(([^)]*)\)')
   found = []
-  for op, groups, operands in re.findall(pattern, text, re.S):
+  for op, groups, mesh_name, axes, operands in re.findall(pattern, text, re.S):
+    if not groups:
+      assert "sub_axis_info" not in axes, axes
+      groups = _mesh_axes_groups(text, mesh_name, re.findall(r'axis_ref<name = "(\w+)">', axes))
     shapes = re.findall(r"tensor<([0-9x]*)(\w+)>", operands)
     found.append((op, groups.replace(" ", ""), [int(np.prod([int(s) for s in dims.split("x") if s]))
                                                 for dims, _ in shapes], [dtype for _, dtype in shapes]))

@@ -9,6 +9,7 @@ import pytest
 
 from moejax.kernels import activations, backend, ffn, schedule, tuning
 from moejax.kernels import gmm as gmm_lib
+from moejax.runtime import platform as platform_lib
 
 TILING = tuning.TileConfig(8, 16, 16)  # K=24, N=20 below: partial K and N tiles
 GPU_TILING = tuning.TileConfig(16, 32, 16)
@@ -252,8 +253,10 @@ def test_bad_inputs_raise_before_compiling(name):
 
 
 def _sharded_ffn_grads(devices, check_vma, interpret):
-  """Loss and grads of a gated FFN inside shard_map over 2 devices, each with its own groups."""
-  mesh = jax.sharding.Mesh(np.array(devices[:2]), ('gpu',))
+  """Loss and grads of a gated FFN inside shard_map over 2 devices, each with its own groups (for
+  compiled kernels, 2 abstract GPUs: the lowering reads its target GPU from the shard_map's mesh)."""
+  mesh = (jax.sharding.Mesh(np.array(devices[:2]), ('gpu',)) if interpret
+          else platform_lib.gpu_target_mesh({'gpu': 2}))
   spec = jax.sharding.PartitionSpec('gpu')
   tiling = TILING if interpret else GPU_TILING
 
@@ -271,7 +274,7 @@ SHARD_SIZES = [[3, 0, 9, 4], [0, 16, 0, 0]]  # per device; 16 rows each
 
 
 def test_ffn_grads_in_shard_map_interpreted(devices):
-  """The interpreter needs check_vma=False (jax 0.10: its grid loop slices varying operands
+  """The interpreter needs check_vma=False (jax 0.10 to 0.12: its grid loop slices varying operands
   with unvarying indices); compiled Triton kernels do not, see the next test."""
   x, sizes = normal(22, (32, K)), jnp.array(SHARD_SIZES, jnp.int32)
   w_in, w_out, w_gate = (normal(s, shape, scale=0.3) for s, shape in
@@ -293,12 +296,15 @@ def test_ffn_grads_in_shard_map_lower_to_triton_with_check_vma(devices):
   x, sizes = jnp.ones((32, K), jnp.bfloat16), jnp.array(SHARD_SIZES, jnp.int32)
   w = jnp.ones((2, 4, K, N), jnp.bfloat16)
   fn = _sharded_ffn_grads(devices, True, False)
-  lowered = fn.trace(x, w, jnp.swapaxes(w, 2, 3), w, sizes).lower(lowering_platforms=('cuda',))
-  assert lowered.as_text().count('__gpu$xla.gpu.triton') == 7
+  assert _triton_calls(fn, x, w, jnp.swapaxes(w, 2, 3), w, sizes) == 7
 
 
 def _triton_calls(fn, *args):
-  lowered = jax.jit(fn).trace(*args).lower(lowering_platforms=('cuda',))
+  """Triton kernels in `fn` lowered for CUDA without a GPU: traced on the arguments' shapes inside
+  an abstract mesh that names the target GPU (which Pallas needs since jax 0.12)."""
+  shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+  with jax.sharding.use_abstract_mesh(platform_lib.gpu_target_mesh()):
+    lowered = jax.jit(fn).trace(*shapes).lower(lowering_platforms=('cuda',))
   return lowered.as_text().count('__gpu$xla.gpu.triton')
 
 

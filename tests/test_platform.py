@@ -38,3 +38,11 @@ def test_check_vma_off_only_for_interpreted_pallas():
   assert not platform_lib.check_vma("pallas", "cpu")
   assert platform_lib.check_vma("pallas", "gpu")
   assert platform_lib.check_vma("ragged_dot", "cpu")
+
+
+def test_gpu_target_mesh_names_an_abstract_gpu():
+  mesh = platform_lib.gpu_target_mesh({"gpu": 2})
+  assert dict(mesh.shape) == {"gpu": 2}
+  assert mesh.abstract_device.platform == "gpu"
+  assert mesh.abstract_device.device_kind == platform_lib.TARGET_GPU
+  assert platform_lib.gpu_target_mesh().axis_names == ()
