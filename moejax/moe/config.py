@@ -5,6 +5,7 @@ field, its value and what is allowed.
 """
 
 import dataclasses
+import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from moejax.validation import ConfigError, is_int, is_number, require
 ROUTINGS = ("topk", "bilevel", "node_limited")
 TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
 NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so need num_nodes
-EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas")
+EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "tokamax")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("sequential", "chunked", "comet")
@@ -41,7 +42,7 @@ class MoEConfig:
     'capacity' is the dense exchange kind (a fixed block of experts x capacity rows per peer) behind
     the same schedules as the ragged kinds.
   expert_backend: 'ragged_dot' (jax.lax.ragged_dot), 'dense' (per-expert loop; reference speed),
-    'pallas' (moejax.kernels).
+    'pallas' (moejax.kernels), 'tokamax' (tokamax.ragged_dot; optional package, `moejax[tokamax]`).
   num_nodes: n, nodes of the mesh; required by the node routings (their parameters depend on it).
   node_top_k: nodes per token for the node routings (1 = SMILE).
   capacity_factor: None = dropless; else each device sends each expert at most
@@ -159,6 +160,9 @@ class MoEConfig:
     require(self.transport in TRANSPORTS, "transport", self.transport, f"one of {TRANSPORTS}")
     require(self.expert_backend in EXPERT_BACKENDS, "expert_backend", self.expert_backend,
             f"one of {EXPERT_BACKENDS}")
+    require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
+            self.expert_backend, "tokamax is not installed: pip install 'moejax[tokamax]' (Python >= 3.12, "
+            "jax >= 0.11.1), or use expert_backend='ragged_dot'")
     require(self.activation in ACTIVATIONS, "activation", self.activation, f"one of {ACTIVATIONS}")
     require(isinstance(self.gated, bool), "gated", self.gated, "True or False")
     require(isinstance(self.renormalize, bool), "renormalize", self.renormalize, "True or False")

@@ -13,10 +13,25 @@ from moejax.kernels import gmm
 from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
 
 
+def _tokamax():
+  """The tokamax package, imported on first use of expert_backend='tokamax' (moejax runs without it)."""
+  try:
+    import tokamax
+  except ImportError as e:
+    raise ImportError("expert_backend='tokamax' needs the tokamax package (Python >= 3.12, jax >= 0.11.1): "
+                      "pip install 'moejax[tokamax]', or use expert_backend='ragged_dot'") from e
+  return tokamax
+
+
 def grouped_matmul(x_RxK, w_GxKxN, group_sizes_G, backend: str):
   """Row i of group g times w[g]: x [R, K], w [G, K, N] -> [R, N] fp32; rows past the groups give 0."""
   if backend == "ragged_dot":
     return jax.lax.ragged_dot(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+  if backend == "tokamax":
+    y = _tokamax().ragged_dot(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+    # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
+    in_groups = jnp.arange(x_RxK.shape[0])[:, None] < jnp.sum(group_sizes_G)
+    return jnp.where(in_groups, y, 0.0)
   if backend == "pallas":
     return gmm.gmm(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
   # dense: every group on every row, masked to its own (G times the FLOPs; the reference speed).
