@@ -96,10 +96,15 @@ def plot(found: list[dict], metric: str, path: str) -> None:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("workdirs", None, "Sweep workdirs (each with results.json or results.csv).", required=True)
-flags.DEFINE_list("labels", None, "One label per workdir (default: the directory names).")
-flags.DEFINE_string("metric", "samples_per_s", "Row field to draw: samples_per_s, layer_ms, step_s, ...")
-flags.DEFINE_string("out", "compare_sweeps.png", "Path of the PNG.")
+
+
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program (tests import the functions beside other
+  experiments that define flags of the same names)."""
+  flags.DEFINE_list("workdirs", None, "Sweep workdirs (each with results.json or results.csv).", required=True)
+  flags.DEFINE_list("labels", None, "One label per workdir (default: the directory names).")
+  flags.DEFINE_string("metric", "samples_per_s", "Row field to draw: samples_per_s, layer_ms, step_s, ...")
+  flags.DEFINE_string("out", "compare_sweeps.png", "Path of the PNG.")
 
 
 def main(argv):
@@ -113,4 +118,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

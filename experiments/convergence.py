@@ -36,10 +36,18 @@ from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Study config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the runs and the results.", required=True)
-_QUICK = flags.DEFINE_bool("quick", False, "Tiny model, few steps, one seed (configs/convergence.py:quick).")
-_MODELS = flags.DEFINE_string("models", None, "Comma-separated models among gpt,bert (default: the config's).")
+
+
+def define_flags() -> dict:
+  """The command line's flags, defined when run as a program (so tests can import the study's functions
+  beside other experiments that define --config)."""
+  return {"config": define_config(_DEFAULT_CONFIG, "Study config file."),
+          "workdir": flags.DEFINE_string("workdir", None, "Directory for the runs and the results.", required=True),
+          "quick": flags.DEFINE_bool("quick", False, "Tiny model, few steps, one seed (configs/convergence.py:quick)."),
+          "models": flags.DEFINE_string("models", None, "Comma-separated models among gpt,bert (default: the config's).")}
+
+
+_FLAGS: dict = {}
 
 MESH = (2, 4)
 
@@ -237,9 +245,9 @@ def plot(results: list[dict], workdir: str) -> list[str]:
 
 def main(argv):
   del argv
-  config = study_config.get_config("quick") if _QUICK.value else _CONFIG.value
-  workdir = _WORKDIR.value
-  models = [m for m in (_MODELS.value or config.models).split(",") if m]
+  config = study_config.get_config("quick") if _FLAGS["quick"].value else _FLAGS["config"].value
+  workdir = _FLAGS["workdir"].value
+  models = [m for m in (_FLAGS["models"].value or config.models).split(",") if m]
   routers = [r for r in config.routers.split(",") if r]
   for name, values, known in (("models", models, ("gpt", "bert")), ("routers", routers, study_config.ROUTERS)):
     unknown = sorted(set(values) - set(known))
@@ -274,4 +282,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  _FLAGS.update(define_flags())
   app.run(main)

@@ -154,8 +154,13 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out_dir", None, "Directory for fidelity.json and fidelity.png.", required=True)
-flags.DEFINE_list("papers", list(PAPERS), f"Papers: {', '.join(PAPERS)}.")
+
+
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program (tests import the functions beside other
+  experiments that define flags of the same names)."""
+  flags.DEFINE_string("out_dir", None, "Directory for fidelity.json and fidelity.png.", required=True)
+  flags.DEFINE_list("papers", list(PAPERS), f"Papers: {', '.join(PAPERS)}.")
 
 
 def main(argv):
@@ -176,4 +181,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -23,6 +23,8 @@ from tests.test_launch import ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm, moe_preset  # noqa: E402
 
+pytestmark = pytest.mark.slow  # training runs with the balancing bias
+
 RATE = 0.01
 STEPS = 6
 TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)

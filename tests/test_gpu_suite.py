@@ -14,6 +14,8 @@ import pytest
 from moejax.train.tokenizer import cache_lock
 from tests.test_launch import ENV, ROOT
 
+pytestmark = pytest.mark.slow  # the GPU suite's smoke runs
+
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
 STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step")
 

@@ -16,6 +16,8 @@ from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
 from tests.conftest import make_test_mesh
 
+pytestmark = pytest.mark.slow  # decoding end to end
+
 V, D, F, E = 64, 16, 32, 8
 BATCH, PROMPT, STEPS = 8, 5, 5
 LOGIT_TOL = 2e-5  # fp32: the same per-token math, summed in other orders on other meshes

@@ -11,6 +11,8 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from tests.test_launch import ENV, ROOT
 
+pytestmark = pytest.mark.slow  # two real processes with jax.distributed
+
 
 @pytest.mark.parametrize("routing,transport,cf", [("topk", "hierarchical", 1.25), ("topk", "padded", None),
                                                 ("bilevel", "bilevel", 2.0)])

@@ -18,6 +18,8 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
+pytestmark = pytest.mark.slow  # runs the notebook in a kernel
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "experiments" / "notebooks" / "quickstart.ipynb"
 ROUTINGS = ("topk", "bilevel")

@@ -19,6 +19,8 @@ from tests.test_launch import ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
+pytestmark = pytest.mark.slow  # trains and records traces
+
 LAYERS, MOE_EVERY, E, K, ROWS, SEQ = 2, 1, 8, 2, 16, 16
 TOKENS = 300  # more than one batch of ROWS * SEQ = 256 tokens, and not a multiple of it
 

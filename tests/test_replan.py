@@ -18,6 +18,8 @@ from tests.test_launch import ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
+pytestmark = pytest.mark.slow  # training runs with online re-planning
+
 STEPS = 6
 
 

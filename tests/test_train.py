@@ -31,6 +31,8 @@ from tests.test_launch import ENV, ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
+pytestmark = pytest.mark.slow  # end-to-end training runs
+
 CONVERGENCE_STEPS = 200
 # The first 12 steps of the convergence runs' schedule.
 SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
