@@ -11,55 +11,25 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import expert_sharding as esp
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply, param_shapes
+from moejax.moe.layer import init_params, moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
+from tests import helpers
 
 SCHEDULES = ("baseline", "s1", "s2")
 
 
-def _normal(seed, shape):
-  """Fresh float32 normal draws from NumPy (no JAX program to compile per shape)."""
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
-
-
-def _params(cfg, seed):
-  """Parameters in the public layout, fan-in scaled normal draws."""
-  shapes = jax.tree.leaves(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple))
-  draws = [_normal(seed + i, shape) / np.sqrt(shape[-2]) for i, shape in enumerate(shapes)]
-  return jax.tree.unflatten(jax.tree.structure(param_shapes(cfg), is_leaf=lambda s: isinstance(s, tuple)), draws)
-
-
-def _relative_error(got, want):
-  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-  return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
-def _run(apply, params, x, grads=True):
-  """(y, aux, gradients w.r.t. params and x of sum(y * c) + aux_loss for a fixed random cotangent c,
-  or None without grads)."""
-  if not grads:
-    return *jax.jit(apply)(params, x), None
-  cotangent = _normal(99, x.shape)
-
-  def loss(p, x):
-    y, aux = apply(p, x)
-    return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
-  (_, (y, aux)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
-  return y, aux, grads
-
-
 def _reference(cfg, params, x, num_groups):
-  return _run(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups), params, x)
+  return helpers.run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups), params, x)
 
 
 def assert_matches_reference(cfg, mesh, schedule, params, x, reference, tol=1e-5, grads=True):
   """y, the losses, counts and (if `grads`) the gradients w.r.t. x and every parameter equal `reference`
   (from `_reference` with the schedule's capacity groups)."""
   y_ref, aux_ref, grads_ref = reference
-  y, aux, grads = _run(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh), params, x, grads)
-  assert _relative_error(y, y_ref) < tol
+  y, aux, grads = helpers.run_with_grads(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh), params, x, grads)
+  assert helpers.relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):
     np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
   np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
@@ -74,15 +44,6 @@ def assert_matches_reference(cfg, mesh, schedule, params, x, reference, tol=1e-5
 def _groups(schedule, n, m):
   """Capacity groups of a schedule (esp module docstring): S1 gates per GPU, the others per node."""
   return n * m if schedule == "s1" else n
-
-
-def _forced(params, x, experts, strength=30.0):
-  """Routes every token's top choices to `experts` (in that order) through a constant input feature."""
-  x, kernel = np.array(x), np.array(params["router"]["kernel"])
-  x[:, 0] = 1.0
-  for rank, e in enumerate(experts):
-    kernel[0, e] = strength - rank
-  return {**params, "router": {"kernel": kernel}}, x
 
 
 # Per mesh: routing, activation, gating, expert backend and forced routing (None = random; the 4x2 case
@@ -102,10 +63,10 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
   cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=8, d_ff=4 * m, routing=routing, num_nodes=n,
                   transport="capacity", capacity_factor=num_experts / k, expert_backend=backend,
                   activation=activation, gated=gated, renormalize=routing == "topk", z_loss_coef=1e-3)
-  params = _params(cfg, 10 * n + m)
-  x = _normal(10 * n + m + 1, (n * m * 8, 8))
+  params = helpers.random_params(cfg, 10 * n + m)
+  x = helpers.normal(10 * n + m + 1, (n * m * 8, 8))
   if forced:
-    params, x = _forced(params, x, forced)
+    params, x = helpers.force_routing(params, x, forced)
   reference = _reference(cfg, params, x, num_groups=1)
   for schedule in SCHEDULES:
     _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference)
@@ -120,14 +81,14 @@ def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
   (reference num_groups=n), S1 the per-GPU set (num_groups=n*m), and these differ. capacity_factor 1.1
   gives a capacity of 9 per node, which S2 pads to 12 slots for its split over 4 GPUs, and 3 per GPU in S1."""
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=1.1)
-  params, x = _forced(_params(cfg, 7), _normal(8, (64, 8)), [2])
+  params, x = helpers.force_routing(helpers.random_params(cfg, 7), helpers.normal(8, (64, 8)), [2])
   references = {groups: _reference(cfg, params, x, groups) for groups in (2, 8)}
   results = {s: assert_matches_reference(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
              for s in SCHEDULES}
   assert int(results["s2"][1]["tokens_dropped"]) == 64 - 2 * 9
   assert int(results["s1"][1]["tokens_dropped"]) == 64 - 8 * 3
-  assert _relative_error(results["baseline"][0], results["s2"][0]) < 1e-6  # the same tokens kept
-  assert _relative_error(results["s1"][0], results["s2"][0]) > 0.1  # different tokens kept
+  assert helpers.relative_error(results["baseline"][0], results["s2"][0]) < 1e-6  # the same tokens kept
+  assert helpers.relative_error(results["s1"][0], results["s2"][0]) > 0.1  # different tokens kept
 
   gpu = np.arange(8) % 4
   for schedule, (_, aux) in results.items():
@@ -146,8 +107,8 @@ def test_dropless_schedules_match_reference():
   n, m = 2, 2
   cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="padded", gated=True, activation="silu",
                   z_loss_coef=1e-3)
-  params = _params(cfg, 21)
-  x = _normal(22, (n * m * 6, 8))
+  params = helpers.random_params(cfg, 21)
+  x = helpers.normal(22, (n * m * 6, 8))
   reference = _reference(cfg, params, x, num_groups=1)
   for schedule in SCHEDULES:
     _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference,
@@ -161,7 +122,7 @@ def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
   reference output or, overflowed, exactly zero; each overflowed token is counted once and the counts
   hold what the experts processed."""
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="padded", buffer_factor=0.5)
-  params, x = _forced(_params(cfg, 23), _normal(24, (64, 8)), [3])
+  params, x = helpers.force_routing(helpers.random_params(cfg, 23), helpers.normal(24, (64, 8)), [3])
   y, aux = jax.jit(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh_2x4))(params, x)
   y_ref = np.asarray(jax.jit(lambda p, x: moe_reference(p, x, cfg)[0])(params, x))
   y = np.asarray(y)
@@ -176,14 +137,14 @@ def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
   """S1 splits the router's noisy input with the tokens; the draw is the layer's (`moe_apply`)."""
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=4.0,
                   jitter=0.5)
-  params = _params(cfg, 13)
-  x = _normal(14, (64, 8))
+  params = helpers.random_params(cfg, 13)
+  x = helpers.normal(14, (64, 8))
   rng = jax.random.key(15)
   y, _ = moe_apply(params, x, dataclasses.replace(cfg, esp_schedule="s1"), mesh_2x4, rng=rng, train=True)
   reference = jax.jit(lambda noise: moe_reference(params, x, cfg, noise=noise)[0])
   noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
-  assert _relative_error(y, reference(noise)) < 1e-5
-  assert _relative_error(y, reference(jnp.ones_like(x))) > 1e-3  # the jitter changed some routes
+  assert helpers.relative_error(y, reference(noise)) < 1e-5
+  assert helpers.relative_error(y, reference(jnp.ones_like(x))) > 1e-3  # the jitter changed some routes
 
 
 def _mesh_axes_groups(text, mesh_name, axes):
@@ -223,8 +184,8 @@ def test_collective_inventory_matches_parm(mesh_2x4):
   expert matmuls get N_MP times fewer rows (no redundant compute)."""
   n, m, d, num_experts, k, tokens = 2, 4, 24, 4, 2, 64  # d = 24 marks token data among the collectives
   cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=d, d_ff=32, transport="capacity", capacity_factor=2.0)
-  params = _params(cfg, 0)
-  x = _normal(1, (tokens, d))
+  params = helpers.random_params(cfg, 0)
+  x = helpers.normal(1, (tokens, d))
   blm = tokens // n * d  # a node's tokens
   etm = num_experts * 32 * d  # T = ceil(2.0 * 32 * 2 / 4) = 32 per node
   gpus, nodes, flat = "[[0,1,2,3],[4,5,6,7]]", "[[0,4],[1,5],[2,6],[3,7]]", "[[0,1,2,3,4,5,6,7]]"
@@ -263,7 +224,7 @@ def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
     def body(x):
       return jnp.sum(jnp.sin(split(x)) * (1.0 + jax.lax.axis_index("gpu")))[None, None]
     f = jax.shard_map(body, mesh=mesh_2x4, in_specs=P("node"), out_specs=P("node", "gpu"))
-    return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(_normal(3, (16, 3)))
+    return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(helpers.normal(3, (16, 3)))
 
   plain = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("gpu") * 2, 2, 0)
   np.testing.assert_allclose(np.asarray(run(lambda x: esp.mp_split(x))), np.asarray(run(plain)), rtol=1e-6)
@@ -272,7 +233,7 @@ def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
 def test_bad_inputs_are_named_before_compiling(mesh_2x4):
   base = dict(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="capacity", capacity_factor=2.0)
   cfg = MoEConfig(**base)
-  params = _params(cfg, 0)
+  params = helpers.random_params(cfg, 0)
   x = jnp.ones((64, 8))
 
   def raises(match, cfg=cfg, params=params, x=x, schedule="s1", train=False):
