@@ -37,7 +37,6 @@ import numpy as np
 from absl import app, flags
 
 from experiments import torch_ffn_bench
-
 from moejax.cost import model as cost_model
 from moejax.kernels import activations, ffn, tuning
 from moejax.kernels import gmm as gmm_lib

@@ -102,6 +102,15 @@ def bench_one(op: str, bwd: bool, model: dict, rows: int, sizes, warmup: int, it
   grouped_mm_loop on the same inputs."""
   import torch  # pylint: disable=import-outside-toplevel
 
+  try:
+    return _measure(op, bwd, model, rows, sizes, warmup, iters)
+  finally:
+    torch.cuda.empty_cache()  # the case's tensors are gone: give their memory back for the JAX cases
+
+
+def _measure(op, bwd, model, rows, sizes, warmup, iters) -> dict:
+  import torch  # pylint: disable=import-outside-toplevel
+
   from experiments import bench_kernels  # pylint: disable=import-outside-toplevel  (it imports this module)
 
   device = 'cuda'
@@ -131,6 +140,4 @@ def bench_one(op: str, bwd: bool, model: dict, rows: int, sizes, warmup: int, it
                rel_err_vs_loop=_rel_err(ours, ref), torch_version=torch.__version__,
                weight_layout='[G, out, in], passed transposed (torchtitan)',
                timer='torch.cuda.Event around each call, then torch.cuda.synchronize()')
-  del params, x, w_in, w_out, w_gate, dy, ours, ref
-  torch.cuda.empty_cache()  # give the memory back for the JAX cases that follow
   return entry
