@@ -27,6 +27,8 @@
 #   (tokamax 0.0.12 fails on jax 0.11 with "Mesh.__init__() got an unexpected keyword argument": it
 #   calls Pallas Mosaic GPU's kernel(out_shape=...), which jax 0.11 renamed out_type; 0.0.13 and newer
 #   use out_type.)
+# torch is not carried: the kernels step's torch_grouped_mm case uses the machine's own (2.8 or newer with
+# CUDA) and is recorded as skipped, with the reason, where there is none.
 # Download them here (from the repository root; about 38 MB):
 #   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 xprof==2.24.2 fire==0.7.1 termcolor==3.3.0 typing_extensions==4.16.0
 # Install them there (before running the suite, in the same shell):

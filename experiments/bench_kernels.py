@@ -5,14 +5,20 @@ Implementations, each timed forward and forward+backward:
   pallas_unfused  the FFN as separate moejax.kernels gmm calls with the activation between them
                   (what the fused expert_ffn must beat; for 'gmm' the same as pallas)
   ragged_dot      jax.lax.ragged_dot
-  tokamax         tokamax.ragged_dot, when tokamax is importable
+  tokamax         expert_backend='tokamax' through moejax.moe.experts (tokamax.ragged_dot, fp32
+                  out, rows past the groups masked), when tokamax is importable
+  torch_grouped_mm  the same FFN in PyTorch with torch._grouped_mm (torchtitan's MoE path), on CUDA,
+                  timed with CUDA events; weights laid out as torchtitan's ([G, out, in], used
+                  transposed); its error against a per-group torch matmul loop
   dense_capacity  rows scattered into [G, capacity, d] (capacity = largest group rounded up to
                   128, so nothing is dropped), per-expert einsum, gathered back
   dense_gemm      one dense GEMM chain with the same useful FLOPs (the device's practical peak)
 Ops: 'gmm' (x [R, d] @ w_in [G, d, f]) and 'ffn' (the whole expert FFN). TFLOP/s count useful
 FLOPs only (2 * R * d * f per matmul, x3 for forward+backward): recomputation in our backward
 and capacity padding show up as lower TFLOP/s. Each pallas result also records its relative
-error (outputs and gradients) against ragged_dot on the same inputs.
+error (outputs and gradients) against ragged_dot on the same inputs. An implementation whose
+package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is recorded with
+'skipped': the reason, and no timings.
 
   python experiments/bench_kernels.py --out results/kernels_h100.json
   python experiments/bench_kernels.py --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
@@ -30,9 +36,11 @@ import jaxlib
 import numpy as np
 from absl import app, flags
 
+from experiments import torch_ffn_bench
 from moejax.cost import model as cost_model
 from moejax.kernels import activations, ffn, tuning
 from moejax.kernels import gmm as gmm_lib
+from moejax.moe import experts as experts_lib
 
 # experts: experts on the benchmarked GPU (all of them: expert parallelism 1, except SMILE).
 MODELS = {
@@ -45,7 +53,10 @@ SMOKE_MODELS = {
     'smoke_gated': dict(d=32, f=64, experts=4, top_k=2, gated=True, activation='silu'),
     'smoke_plain': dict(d=32, f=64, experts=4, top_k=2, gated=False, activation='gelu'),
 }
-IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'dense_capacity', 'dense_gemm')
+IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm', 'dense_capacity', 'dense_gemm')
+# What MoEConfig.expert_backend runs (or, for pallas_unfused, could run) for the whole FFN: the candidates
+# of a per-shape backend choice. The other implementations are references.
+MOEJAX_BACKENDS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
@@ -129,6 +140,39 @@ def _pallas(op, act):
   return fn
 
 
+def _tokamax(op, activation):
+  """expert_backend='tokamax' as the layer runs it (moejax.moe.experts: fp32 out, computed in x's dtype)."""
+  def fn(params, gs):
+    x, w_in = params[:2]
+    if op == 'gmm':
+      return experts_lib.grouped_matmul(x, w_in, gs, 'tokamax')
+    w_gate = params[3] if len(params) == 4 else None
+    return experts_lib.expert_ffn(x, gs, w_in, params[2], w_gate, activation=activation, backend='tokamax',
+                                  dtype=x.dtype)
+  return fn
+
+
+def unavailable(impl, dtype) -> str | None:
+  """Why `impl` cannot run here (a missing optional package or device), or None."""
+  if impl == 'tokamax':
+    try:
+      experts_lib._tokamax()  # pylint: disable=protected-access
+    except ImportError as e:
+      return f'{e} ({type(e.__cause__ or e).__name__}: {e.__cause__ or e})'
+  if impl == 'torch_grouped_mm':
+    try:
+      import torch  # pylint: disable=import-outside-toplevel
+    except ImportError as e:
+      return f'torch not importable ({type(e).__name__}: {e})'
+    if not torch.cuda.is_available():
+      return f'torch {torch.__version__}: no CUDA device (torch._grouped_mm runs on CUDA only)'
+    if not hasattr(torch, '_grouped_mm'):
+      return f'torch {torch.__version__} has no torch._grouped_mm (2.8 or newer has it)'
+    if jnp.dtype(dtype) != jnp.bfloat16:
+      return f'torch._grouped_mm runs bfloat16 only, not {jnp.dtype(dtype).name}'
+  return None
+
+
 def make_fn(impl, op, model, capacity):
   """fn(params, group_sizes) -> y; params: (x, w_in) for 'gmm', (x, w_in, w_out[, w_gate])."""
   act = activations.get_activation(model['activation'])
@@ -139,8 +183,7 @@ def make_fn(impl, op, model, capacity):
   if impl == 'ragged_dot':
     return _ragged(jax.lax.ragged_dot, op, act)
   if impl == 'tokamax':
-    import tokamax  # pylint: disable=import-outside-toplevel
-    return _ragged(tokamax.ragged_dot, op, act)
+    return _tokamax(op, model['activation'])
   if impl == 'dense_capacity':
     return _capacity(op, act, capacity)
   if impl == 'dense_gemm':
@@ -205,6 +248,9 @@ def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
                tflops=useful_flops(model, rows, op, bwd) / median / 1e12)
   if impl == 'dense_capacity':
     entry['capacity'] = capacity
+  if impl == 'tokamax':
+    entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), compiled(make_fn('ragged_dot', op, model,
+                                                                                     capacity))(params, gs))
   if impl == 'pallas':
     ref = compiled(make_fn('ragged_dot', op, model, capacity))(params, gs)
     entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), ref)
@@ -223,8 +269,14 @@ def run(models, rows_list, skews, ops, impls, dtype, warmup, iters):
               entry = dict(model=name, **model, rows=rows, skew=skew, group_sizes=sizes.tolist(),
                            op=op, passes='fwd_bwd' if bwd else 'fwd', impl=impl,
                            useful_flops=useful_flops(model, rows, op, bwd))
+              skipped = unavailable(impl, dtype)
               try:
-                entry.update(bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters))
+                if skipped:
+                  entry['skipped'] = skipped
+                elif impl == 'torch_grouped_mm':
+                  entry.update(torch_ffn_bench.bench_one(op, bwd, model, rows, sizes, warmup, iters))
+                else:
+                  entry.update(bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters))
               except Exception as e:  # pylint: disable=broad-except
                 entry['error'] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
                 if impl != 'tokamax':
@@ -235,9 +287,9 @@ def run(models, rows_list, skews, ops, impls, dtype, warmup, iters):
 
 
 def _row(e):
-  timing = (f"{e['median_s'] * 1e3:10.3f} ms {e['tflops']:8.3g} TFLOP/s" +
-            (f"  rel err {e['rel_err_vs_ragged_dot']:.1e}" if 'rel_err_vs_ragged_dot' in e else '')
-            if 'median_s' in e
+  err = next((f'  rel err {e[k]:.1e}' for k in ('rel_err_vs_ragged_dot', 'rel_err_vs_loop') if k in e), '')
+  timing = (f"{e['median_s'] * 1e3:10.3f} ms {e['tflops']:8.3g} TFLOP/s{err}" if 'median_s' in e
+            else f"  skipped: {e['skipped'][:60]}" if 'skipped' in e
             else f"  {e['error'][:60]}")
   return (f"{e['model']:14s} R={e['rows']:6d} {e['skew']:8s} {e['op']:4s} {e['passes']:7s} "
           f"{e['impl']:15s}{timing}")

@@ -2,6 +2,7 @@
 exists, says 'ok' and holds finite positive timings; a failing step is recorded and the suite goes
 on to the next one but exits non-zero. (~90 s on 2 CPU cores, the suite run once per session; its numbers mean nothing.)"""
 
+import importlib.util
 import json
 import math
 import os
@@ -121,16 +122,66 @@ def test_kernels_cover_skews_passes_and_implementations(records):
   assert kernels["interpret"] is True
   results = kernels["results"]
   cases = {(e["skew"], e["passes"], e["impl"]) for e in results}
-  impls = ("pallas", "pallas_unfused", "ragged_dot", "tokamax", "dense_capacity", "dense_gemm")
+  impls = ("pallas", "pallas_unfused", "ragged_dot", "tokamax", "torch_grouped_mm", "dense_capacity", "dense_gemm")
   assert cases == {(s, p, i) for s in ("balanced", "skewed") for p in ("fwd", "fwd_bwd") for i in impls}
   for e in results:
-    if e["impl"] == "tokamax" and e.get("error") == "ModuleNotFoundError: No module named 'tokamax'":
-      continue  # optional; if it is installed, it must work
     assert "error" not in e, e
+    if "skipped" in e:  # an optional package or device that is missing here, and only those
+      assert e["impl"] in ("tokamax", "torch_grouped_mm"), e
+      assert "times_s" not in e and "median_s" not in e, e
+      if e["impl"] == "tokamax":
+        assert "tokamax" in e["skipped"] and importlib.util.find_spec("tokamax") is None, e
+      else:
+        assert "torch" in e["skipped"] and ("CUDA" in e["skipped"] or importlib.util.find_spec("torch") is None), e
+      continue
     assert positive(e["median_s"]) and positive(e["tflops"])
-    if e["impl"] == "pallas":
+    if e["impl"] in ("pallas", "tokamax"):
       assert e["rel_err_vs_ragged_dot"] < 5e-2, e
+  # On this CPU torch._grouped_mm never runs (CUDA only): skipped with the reason, in every case.
+  assert all("skipped" in e for e in results if e["impl"] == "torch_grouped_mm")
   assert kernels["failed_cases"] == 0
+  assert kernels["skipped_cases"] == sum("skipped" in e for e in results)
+
+
+def test_kernels_write_the_backend_table(smoke, records):
+  out, _ = smoke
+  kernels = records["kernels"]
+  assert kernels["backend_table"] == str(out.resolve() / "backend_table.json")
+  table = json.loads((out / "backend_table.json").read_text())
+  assert table["device"] == kernels["device"] and table["dtype"] == "bfloat16" and table["op"] == "ffn"
+  assert table["candidates"] == ["pallas", "pallas_unfused", "ragged_dot", "tokamax"]
+  ffn = [e for e in kernels["results"] if e["op"] == "ffn"]
+  assert len(table["shapes"]) == len({(e["skew"], e["passes"]) for e in ffn}) == 4
+  for row in table["shapes"]:
+    assert row["model"] == "smoke_gated_e8" and row["rows"] == 64 and row["d"] == 32
+    measured = {e["impl"]: e["median_s"] for e in ffn
+                if (e["skew"], e["passes"]) == (row["skew"], row["passes"]) and "median_s" in e}
+    assert row["candidates_median_s"] == {k: v for k, v in measured.items() if k in table["candidates"]}
+    assert set(row["references_median_s"]) == {"dense_capacity", "dense_gemm"}
+    assert row["fastest"] == min(row["candidates_median_s"], key=row["candidates_median_s"].get)
+    assert "torch_grouped_mm" in row["not_measured"]
+
+
+def test_backend_table_picks_the_fastest_candidate_only():
+  from benchmarks import gpu_suite
+
+  class Rec:
+    path = "/x/kernels.json"
+    data = {"device": "dev", "platform": "gpu", "dtype": "bfloat16", "smoke": False, "versions": {}}
+
+    def __getitem__(self, key):
+      return self.data[key]
+
+  shape = dict(model="m", d=8, f=16, experts=2, gated=True, activation="silu", rows=32, skew="balanced")
+  results = [dict(shape, op="ffn", passes="fwd_bwd", impl=i, median_s=t) for i, t in
+             (("pallas", 3.0), ("pallas_unfused", 2.0), ("ragged_dot", 5.0), ("dense_gemm", 1.0),
+              ("torch_grouped_mm", 1.5))]
+  results += [dict(shape, op="ffn", passes="fwd_bwd", impl="tokamax", skipped="no tokamax"),
+              dict(shape, op="gmm", passes="fwd_bwd", impl="ragged_dot", median_s=0.1)]
+  (row,) = gpu_suite.backend_table(results, Rec())["shapes"]
+  assert row["fastest"] == "pallas_unfused"  # dense_gemm and torch are references, never chosen
+  assert row["references_median_s"] == {"dense_gemm": 1.0, "torch_grouped_mm": 1.5}
+  assert row["not_measured"] == {"tokamax": "no tokamax"}
 
 
 def test_layer_has_phases_mfu_and_the_transport_comparison(records):
