@@ -59,16 +59,19 @@ IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm'
 MOEJAX_BACKENDS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax')
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
-flags.DEFINE_bool('smoke', False, 'Tiny shapes and few runs (runs on CPU, interpreted).')
-flags.DEFINE_list('models', list(MODELS), f'Subset of {list(MODELS)}.')
-flags.DEFINE_list('rows', ['4096', '16384', '65536'], 'Routed rows R on the GPU.')
-flags.DEFINE_list('skews', ['balanced', 'skewed'], 'Group-size distributions.')
-flags.DEFINE_list('ops', ['gmm', 'ffn'], 'Operations.')
-flags.DEFINE_list('impls', list(IMPLS), 'Implementations.')
-flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
-flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
-flags.DEFINE_integer('iters', 50, 'Timed runs; the median is reported.')
+def define_flags() -> None:
+  """The command line's flags, defined when run as a program (the GPU suite and tests import this module
+  beside experiments that define flags of the same names)."""
+  flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
+  flags.DEFINE_bool('smoke', False, 'Tiny shapes and few runs (runs on CPU, interpreted).')
+  flags.DEFINE_list('models', list(MODELS), f'Subset of {list(MODELS)}.')
+  flags.DEFINE_list('rows', ['4096', '16384', '65536'], 'Routed rows R on the GPU.')
+  flags.DEFINE_list('skews', ['balanced', 'skewed'], 'Group-size distributions.')
+  flags.DEFINE_list('ops', ['gmm', 'ffn'], 'Operations.')
+  flags.DEFINE_list('impls', list(IMPLS), 'Implementations.')
+  flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
+  flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
+  flags.DEFINE_integer('iters', 50, 'Timed runs; the median is reported.')
 
 
 def group_sizes(rows: int, experts: int, skew: str) -> np.ndarray:
@@ -329,4 +332,5 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  define_flags()
   app.run(main)
