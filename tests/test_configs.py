@@ -57,7 +57,8 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
 
 
 def test_every_config_file_is_checked():
-  files = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "moe_section"}
+  # convergence.py configures a study whose runs are overrides of gpt.py and mlm.py (test_convergence builds each).
+  files = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "moe_section", "convergence"}
   assert files == set(KINDS)
 
 

@@ -110,27 +110,26 @@ def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
 
 
-def _arrived(ids_R, ids_out, route, ex: Exchange):
-  """[R] the rows that reached their experts (one int32 round trip): a bounded buffer drops rows, and a
-  dense block that is too small would (its size follows from capacity; this keeps any slip counted)."""
-  if ex.buffer_rows is None and transport_lib.as_kind(ex.kind).name != transport_lib.DENSE:
-    return ids_R >= 0
-  return transport_lib.arrived(ids_out, route, ex.hops, ex.kind)
+def _with_marker(y_RxC, ids_out):
+  """y with one more column, 1 on the rows an expert processed: the combine brings back which rows
+  arrived (a bounded buffer drops rows) without an exchange of its own."""
+  return jnp.concatenate([y_RxC, (ids_out >= 0).astype(y_RxC.dtype)[:, None]], axis=1)
 
 
 def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
-  """Dispatch, experts, combine -> (y [R, d], ids at the experts, route)."""
+  """Dispatch, experts, combine -> (y [R, d], arrived [R], route)."""
   ids_out, route = _plan(ids_R, ex)
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
   y_RxD = run_experts(rows_RxD, ids_out, ex, local)
-  return transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_out, route
+  back = transport_lib.combine(_with_marker(y_RxD, ids_out), route, ex.hops, ex.kind)
+  return back[:, :-1], back[:, -1] > 0, route
 
 
 def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
   """Dispatch, experts, combine. x [R, d]; ids [R] device-level expert ids (-1 = not sent)."""
   del num_chunks
-  y_RxD, ids_out, route = _round_trip(x_RxD, ids_R, ex, local)
-  return Result(y_RxD, _arrived(ids_R, ids_out, route, ex), (route,))
+  y_RxD, arrived_R, route = _round_trip(x_RxD, ids_R, ex, local)
+  return Result(y_RxD, arrived_R, (route,))
 
 
 def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
@@ -141,7 +140,8 @@ def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Resu
     ids_R = jnp.where(transport_lib.arrived(ids_out, route, ex.hops, ex.kind), ids_R, -1)
   parts = [_round_trip(x, ids, ex, local) for x, ids in
            zip(jnp.split(x_RxD, num_chunks), jnp.split(ids_R, num_chunks))]
-  return Result(jnp.concatenate([y for y, _, _ in parts]), ids_R >= 0, tuple(route for _, _, route in parts))
+  return Result(jnp.concatenate([y for y, _, _ in parts]), jnp.concatenate([a for _, a, _ in parts]),
+                tuple(route for _, _, route in parts))
 
 
 def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
@@ -183,8 +183,10 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
   for j in range(num_chunks):
     y_RxC = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
     y_RxC = jnp.where((ids_out >= 0)[:, None], y_RxC, 0.0)
-    blocks.append(transport_lib.combine(y_RxC, route, ex.hops, ex.kind))
-  return Result(jnp.concatenate(blocks, axis=1), _arrived(ids_R, ids_out, route, ex), (route,))
+    blocks.append(transport_lib.combine(_with_marker(y_RxC, ids_out) if j == 0 else y_RxC, route, ex.hops, ex.kind))
+  arrived_R = blocks[0][:, -1] > 0
+  blocks[0] = blocks[0][:, :-1]
+  return Result(jnp.concatenate(blocks, axis=1), arrived_R, (route,))
 
 
 SCHEDULES = {"sequential": sequential, "chunked": chunked, "comet": comet}
