@@ -111,18 +111,19 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
   sequential: every dispatch step feeds both GEMMs; chunked: a chunk's steps feed only its own two
   GEMMs; comet: a dispatch step feeds the first GEMM of the others' rows and the C second-GEMM
   blocks (not the GEMM of the device's own rows), and a column block's combine feeds only the
-  weighted sum."""
+  weighted sum. Combine steps feed only the weighted sum."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
   steps, d, c = 7, 8, 2
+  # The combine's rows carry one more column (the arrival marker), so they are told apart by width.
   if schedule == "sequential":
-    assert matmuls == 4 and sorted(dependents[d]) == [1] * steps + [3] * steps
+    assert matmuls == 4 and dependents[d] == [3] * steps and dependents[d + 1] == [1] * steps
   elif schedule == "chunked":  # per chunk: dispatch steps feed its 2 GEMMs + the sum, combine steps the sum
-    assert matmuls == 6 and sorted(dependents[d]) == [1] * (c * steps) + [3] * (c * steps)
-  else:  # own rows and the others' rows: two first GEMMs
+    assert matmuls == 6 and dependents[d] == [3] * (c * steps) and dependents[d + 1] == [1] * (c * steps)
+  else:  # own rows and the others' rows: two first GEMMs; block 0 of the combine carries the marker
     assert matmuls == 1 + 2 + c + 1
     assert dependents[d] == [1 + c + 1] * steps
-    assert dependents[d // c] == [1] * (c * steps)
+    assert dependents[d // c] == [1] * ((c - 1) * steps) and dependents[d // c + 1] == [1] * steps
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])
