@@ -78,7 +78,9 @@ def run(config) -> dict:
     logging.info("step %d/%d: %.2f ms", step + 1, config.steps, 1e3 * times[-1])
 
   y = np.asarray(multihost_utils.process_allgather(y, tiled=True))
-  aux = {k: np.asarray(v) for k, v in aux.items()}
+  # expert_ids is sharded like the tokens (gathered across processes); the rest are replicated totals.
+  aux = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True) if k == "expert_ids" else v)
+         for k, v in aux.items()}
   result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
             "hop_axes": [str(axes) for axes in transport_hops(cfg.transport)], "row_bytes": cfg.d_model * host_x.dtype.itemsize,
             **aux}
