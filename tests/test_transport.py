@@ -54,7 +54,8 @@ def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops):
   sizes = {mesh_lib.NODE: n, mesh_lib.GPU: m}
 
   def body(x, e):
-    rows_r, ids_r, route = transport.dispatch(x[0], e[0], hops, sizes, experts_per_gpu, num * rows, "padded")
+    ids_r, route = transport.plan_route(e[0], hops, sizes, experts_per_gpu, num * rows, "padded")
+    rows_r = transport.move_through(x[0], route, hops, "padded")
     back = transport.combine(rows_r * 2.0, route, hops, "padded")
     return rows_r[None], ids_r[None], back[None], mesh_lib.my_flat_index(m)[None]
 

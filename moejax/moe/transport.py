@@ -6,7 +6,7 @@ block in flight: runs on every backend and is the oracle `ragged` is checked aga
 (one fixed-size all_to_all of a block of `block_rows` rows per peer: GShard/Switch's dense dispatch,
 where capacity bounds what a device sends each peer; transport='capacity').
 
-`dispatch` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
+`plan_route` + `move_through` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
 axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
 bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
 Every hop receives into a buffer of fixed rows: the worst case by default, or a bound
@@ -225,18 +225,8 @@ def move_through(rows_RxD, route: Route, hops, kind, num_hops: int | None = None
   return rows_RxD
 
 
-def dispatch(rows_RxD, expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
-             buffer_rows: int | None = None):
-  """Sends each row (with its global expert id; -1 = not sent) to the device holding its expert.
-
-  Returns (rows [R_out, d], expert_ids [R_out] with -1 on empty rows, route); see `plan_route`.
-  """
-  ids_R, route = plan_route(expert_ids_R, hops, axis_sizes, experts_per_gpu, max_rows, kind, buffer_rows)
-  return move_through(rows_RxD, route, hops, kind), ids_R, route
-
-
 def combine(rows_RxD, route: Route, hops, kind):
-  """The reverse of `dispatch`: rows return, hop by hop, to their original positions; rows dropped on
+  """The reverse of `move_through`: rows return, hop by hop, to their original positions; rows dropped on
   the way come back as zeros. Integer rows move without a gradient rule."""
   for axis_name, plan, rows_before in reversed(list(zip(hops, route.plans, route.rows_before))):
     if jnp.issubdtype(rows_RxD.dtype, jnp.integer):
