@@ -57,7 +57,8 @@ class _Phases:
 
   def exchange(self, axis, out_rows: int, direction: str):
     """One hop's exchange over `axis` as a plan from sizes [1, A, A] says: 'dispatch' sends rows
-    [R, D] and their ids [R] (`transport.plan_route`, `move_through`), 'combine' sends rows back (`transport.combine`)."""
+    [R, D] and their ids [R] (`transport.plan_route`, `move_through`), 'combine' sends rows back
+    (`transport.combine`)."""
 
     def send(operand, sizes, fill=0):
       forward, backward = plan_lib.ragged_args(sizes[0], jax.lax.axis_index(axis))
