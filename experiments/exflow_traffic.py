@@ -88,7 +88,7 @@ def token_rows(texts, tok, rows: int, length: int, tokens: int):
 
 def per_token(transitions, tokens: int) -> dict:
   cross_node, cross_gpu = transitions
-  return {"cross_gpu_in_node": (cross_gpu - cross_node) / tokens, "cross_node": cross_node / tokens}
+  return {"intra_node": (cross_gpu - cross_node) / tokens, "inter_node": cross_node / tokens}
 
 
 def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
@@ -166,7 +166,7 @@ def table(result: dict) -> str:
   lines = [f"{'mesh':6s} " + " ".join(f"{n:>24s}" for n in names), " " * 7 + " ".join(
       f"{'in-node / cross-node':>24s}" for _ in names)]
   for mesh, entry in result["meshes"].items():
-    cells = [f"{entry['decode'][n]['cross_gpu_in_node']:.3f} / {entry['decode'][n]['cross_node']:.3f}" for n in names]
+    cells = [f"{entry['decode'][n]['intra_node']:.3f} / {entry['decode'][n]['inter_node']:.3f}" for n in names]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>24s}" for c in cells))
   priced = result["priced"]
   lines += ["", f"communication per decode step on {priced['topology']} at d_model {priced['d_model']}: "
@@ -179,7 +179,7 @@ def table(result: dict) -> str:
             f"{'mesh':6s} " + " ".join(f"{k + ' ' + p:>26s}" for k in ("profile", "in", "ood")
                                        for p in ("exflow", "+placement"))]
   for mesh, entry in result["meshes"].items():
-    cells = [f"{entry['traces'][k][p]['cross_gpu_in_node']:.3f} / {entry['traces'][k][p]['cross_node']:.3f}"
+    cells = [f"{entry['traces'][k][p]['intra_node']:.3f} / {entry['traces'][k][p]['inter_node']:.3f}"
              for k in ("profile", "in", "ood") for p in ("exflow", "exflow+placement")]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>26s}" for c in cells))
   return "\n".join(lines)
@@ -197,8 +197,8 @@ def plot(result: dict, path: str) -> None:
   width = 0.8 / len(names)
   for i, name in enumerate(names):
     x = [j + (i - (len(names) - 1) / 2) * width for j in range(len(meshes))]
-    inside = [result["meshes"][m]["decode"][name]["cross_gpu_in_node"] for m in meshes]
-    cross = [result["meshes"][m]["decode"][name]["cross_node"] for m in meshes]
+    inside = [result["meshes"][m]["decode"][name]["intra_node"] for m in meshes]
+    cross = [result["meshes"][m]["decode"][name]["inter_node"] for m in meshes]
     bars = ax.bar(x, cross, width, label=name, color=f"C{i}", hatch="//" if "ood" in name else None)
     ax.bar(x, inside, width, bottom=cross, color=f"C{i}", alpha=0.45, hatch=bars.patches[0].get_hatch())
   ax.set_xticks(range(len(meshes)), [f"{m} mesh" for m in meshes])

@@ -52,7 +52,7 @@ def main(argv):
     params = init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (8 * _TOKENS.value, _D_MODEL.value))
     phases = measure_phases(params, x, cfg, mesh, warmup=1, repeats=_REPEATS.value)
-    exchange = phases["layer_inter_ms"] + phases["layer_intra_ms"]
+    exchange = phases["layer_inter_node_ms"] + phases["layer_intra_node_ms"]
     point = {"num_experts": num_experts, "top_k": k, "d_ff": f, **phases, "exchange_ms": exchange}
     rows.append(point)
     share = phases["layer_other_ms"] / phases["layer_ms"]

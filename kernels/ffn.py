@@ -20,8 +20,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import activations, backend, checks, tuning
-from . import schedule as schedule_lib
+from . import activations, backend, checks, tile_order, tuning
 from .gmm import tgmm_forward
 from .gmm_kernel import grouped_matmul
 
@@ -35,13 +34,13 @@ class Options(NamedTuple):
 
 def _run(kernel, opts, lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes,
          group_sizes):
-  """grouped_matmul with tiles for `kernel` and a schedule for them."""
+  """grouped_matmul with tiles for `kernel` and the order of its tile visits."""
   m, num_groups = lhs[0].shape[0], rhs[0].shape[0]
   config = opts.tiling or tuning.get_config(
       kernel, backend.device_kind(opts.interpret, lhs[0]), lhs[0].dtype, m, num_groups)
   config.validate(opts.interpret)
-  sched = schedule_lib.make_schedule(group_sizes, m, config.block_m)
-  return grouped_matmul(lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes, sched,
+  visits = tile_order.make_visits(group_sizes, m, config.block_m)
+  return grouped_matmul(lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes, visits,
                         config, opts.interpret, kernel)
 
 

@@ -14,8 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from . import backend, checks, tuning
-from . import schedule as schedule_lib
+from . import backend, checks, tile_order, tuning
 from .gmm_kernel import grouped_matmul
 from .tgmm_kernel import transposed_grouped_matmul
 
@@ -39,10 +38,10 @@ def gmm_forward(lhs, rhs, group_sizes, opts: _Options):
   dtype = jnp.result_type(lhs, rhs)
   m, num_groups = lhs.shape[0], rhs.shape[0]
   config = _config('gmm', opts.tiling, opts.interpret, dtype, m, num_groups, lhs)
-  sched = schedule_lib.make_schedule(group_sizes, m, config.block_m)
+  visits = tile_order.make_visits(group_sizes, m, config.block_m)
   [out] = grouped_matmul(
       [lhs.astype(dtype)], [rhs.astype(dtype)], [opts.transpose_rhs], [[(0, 0)]],
-      lambda acc: (acc,), [opts.out_dtype], sched, config, opts.interpret, 'gmm')
+      lambda acc: (acc,), [opts.out_dtype], visits, config, opts.interpret, 'gmm')
   return out
 
 
@@ -51,7 +50,7 @@ def tgmm_forward(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
   dtype = jnp.result_type(lhs, rhs)
   m, num_groups = lhs.shape[0], group_sizes.shape[0]
   config = _config('tgmm', tiling, interpret, dtype, m, num_groups, lhs)
-  starts, ends = schedule_lib.group_bounds(group_sizes, m)
+  starts, ends = tile_order.group_bounds(group_sizes, m)
   return transposed_grouped_matmul(lhs.astype(dtype), rhs.astype(dtype), starts, ends,
                                    out_dtype, config, interpret)
 

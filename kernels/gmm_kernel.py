@@ -1,7 +1,7 @@
 """The M-tiled grouped-matmul Pallas kernel behind gmm, the fused FFN and their backward passes.
 
 One program per (visit, N-tile), flattened to a 1-D grid and swizzled so that `_SWIZZLE`
-consecutive visits share each N-tile of the rhs while it is in L2. A visit (see `schedule`)
+consecutive visits share each N-tile of the rhs while it is in L2. A visit (see `tile_order`)
 loads the row tile of each lhs, loops over K, and multiplies by the tiles of its group's rhs.
 Several accumulators share the lhs tiles, and an accumulator may sum several products, so one
 kernel computes e.g. [x @ w_gate, x @ w_in] or dz_gate @ w_gate^T + dz_in @ w_in^T. The
@@ -17,8 +17,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from . import backend, tuning
-from . import schedule as schedule_lib
+from . import backend, tile_order, tuning
 
 _SWIZZLE = 8  # visits per swizzle band
 
@@ -72,7 +71,7 @@ def grouped_matmul(
     accumulators: Sequence[Sequence[tuple[int, int]]],
     epilogue: Callable[..., Sequence[jax.Array]],
     out_dtypes: Sequence[jnp.dtype],
-    sched: schedule_lib.Schedule,
+    visits: tile_order.Visits,
     config: tuning.TileConfig,
     interpret: bool,
     name: str,
@@ -80,11 +79,11 @@ def grouped_matmul(
   """Grouped products with a fused epilogue.
 
   Args:
-    lhs: arrays [M, K] of one dtype, rows grouped as in `sched`.
+    lhs: arrays [M, K] of one dtype, rows grouped as in `visits`.
     rhs: arrays [G, K, N], or [G, N, K] where rhs_transposed, of the lhs dtype.
     accumulators: per accumulator, the (lhs index, rhs index) pairs whose products it sums.
     epilogue: fp32 accumulator tiles [block_m, block_n] -> output tiles, one per out_dtypes.
-    sched: the visit schedule of the groups for config.block_m.
+    visits: the visits of the groups for config.block_m.
   Returns:
     outputs [M, N]; rows of the zero-fill pseudo-group are 0.
   """
@@ -92,7 +91,7 @@ def grouped_matmul(
   num_groups = rhs[0].shape[0]
   n = rhs[0].shape[1] if rhs_transposed[0] else rhs[0].shape[2]
   bm, bn, bk = config.block_m, config.block_n, config.block_k
-  num_visits = sched.group_ids.shape[0]
+  num_visits = visits.group_ids.shape[0]
   n_tiles, k_tiles = pl.cdiv(n, bn), pl.cdiv(k, bk)
   precision = dot_precision(lhs[0].dtype)
   if m == 0 or n == 0:
@@ -145,8 +144,8 @@ def grouped_matmul(
   return pl.pallas_call(
       kernel,
       grid=(num_visits * n_tiles,),
-      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *sched, *lhs, *rhs),
+      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *visits, *lhs, *rhs),
       compiler_params=backend.compiler_params(config),
       interpret=interpret,
       name=name,
-  )(*sched, *lhs, *rhs)
+  )(*visits, *lhs, *rhs)

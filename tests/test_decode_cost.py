@@ -16,7 +16,7 @@ def test_one_node_step_by_hand(mode):
   top = topology_lib.custom("dgx_h100_ib", launch=rng.uniform(1e-6, 1e-5), intra_latency=rng.uniform(1e-6, 1e-5),
                             intra_bw=rng.uniform(1e11, 5e11))
   rows, batch, layers, row_bytes, state_bytes = rng.uniform(0.5, 3.0), 32, 3, 4096.0, 12288.0
-  got = decode.decode_step(mode, {"cross_gpu_in_node": rows, "cross_node": 0.0}, batch, layers, (1, 4), row_bytes,
+  got = decode.decode_step(mode, {"intra_node": rows, "inter_node": 0.0}, batch, layers, (1, 4), row_bytes,
                            state_bytes, top)
   exchanges = layers * (2 if mode == "vanilla" else 1)
   per_gpu_out = rows * batch / exchanges * row_bytes / 4  # evenly over the 4 senders
@@ -36,6 +36,6 @@ def test_spread_keeps_the_totals_and_bad_inputs_are_named():
   assert np.all(np.diag(bytes_DxD) == 0)
   top = topology_lib.get("dgx_h100_ib")
   with pytest.raises(ConfigError, match="mode='beam'"):
-    decode.decode_step("beam", {"cross_gpu_in_node": 1, "cross_node": 1}, 8, 2, (2, 4), 1.0, 1.0, top)
+    decode.decode_step("beam", {"intra_node": 1, "inter_node": 1}, 8, 2, (2, 4), 1.0, 1.0, top)
   with pytest.raises(ConfigError, match="batch=0"):
-    decode.decode_step("vanilla", {"cross_gpu_in_node": 1, "cross_node": 1}, 0, 2, (2, 4), 1.0, 1.0, top)
+    decode.decode_step("vanilla", {"intra_node": 1, "inter_node": 1}, 0, 2, (2, 4), 1.0, 1.0, top)

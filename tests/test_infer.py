@@ -119,7 +119,7 @@ def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None):
       inside, cross = inside + copies * np.sum(moved & ~crossed), cross + copies * np.sum(crossed)
       where = dest
   tokens = per_token[0, ..., 0].size
-  return {"cross_gpu_in_node": inside / tokens, "cross_node": cross / tokens}
+  return {"intra_node": inside / tokens, "inter_node": cross / tokens}
 
 
 def test_exchange_rows_match_a_count_from_the_routing_traces(vanilla, coherent, forced):
@@ -129,8 +129,8 @@ def test_exchange_rows_match_a_count_from_the_routing_traces(vanilla, coherent, 
     assert got.exchange_rows == pytest.approx(want), mode
   assert sum(coherent.exchange_rows.values()) < sum(vanilla.exchange_rows.values())
   assert vanilla.dropped == coherent.dropped == 0  # dropless layers
-  assert vanilla.allgather_rows == {"cross_gpu_in_node": 0.0, "cross_node": 0.0}
-  assert coherent.allgather_rows == {"cross_gpu_in_node": 3.0, "cross_node": 4.0}
+  assert vanilla.allgather_rows == {"intra_node": 0.0, "inter_node": 0.0}
+  assert coherent.allgather_rows == {"intra_node": 3.0, "inter_node": 4.0}
 
 
 def test_a_placement_moves_the_experts_not_the_outputs(model, prompts, single, forced):
@@ -160,8 +160,8 @@ def test_exflow_takes_the_two_hop_transports(model, prompts, single, forced, tra
   np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
   # A row crossing nodes off its GPU index moves twice (inside the node, and across).
   flat = _numpy_rows(forced[1], 4, 8, "exflow")
-  assert got.exchange_rows["cross_node"] == pytest.approx(flat["cross_node"])
-  assert got.exchange_rows["cross_gpu_in_node"] > flat["cross_gpu_in_node"]
+  assert got.exchange_rows["inter_node"] == pytest.approx(flat["inter_node"])
+  assert got.exchange_rows["intra_node"] > flat["intra_node"]
 
 
 def test_exflow_bounded_buffers_repeat_overflowing_steps(model, prompts, single):

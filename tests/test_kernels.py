@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.kernels import activations, backend, ffn, schedule, tuning
+from moejax.kernels import activations, backend, ffn, tile_order, tuning
 from moejax.kernels import gmm as gmm_lib
 from moejax.runtime import platform as platform_lib
 
@@ -81,12 +81,12 @@ def rel_err(a, b):
 
 
 @pytest.mark.parametrize('case', sorted(CASES))
-def test_schedule_covers_every_row_once(case):
+def test_tile_visits_cover_every_row_once(case):
   m, sizes = CASES[case]
-  sched = jax.tree.map(np.asarray, schedule.make_schedule(jnp.array(sizes, jnp.int32), m, 8))
-  assert sched.group_ids.shape == (-(-m // 8) + len(sizes),)
+  visits = jax.tree.map(np.asarray, tile_order.make_visits(jnp.array(sizes, jnp.int32), m, 8))
+  assert visits.group_ids.shape == (-(-m // 8) + len(sizes),)
   owner = np.full(m, -1)
-  for g, t, lo, hi in zip(*sched):
+  for g, t, lo, hi in zip(*visits):
     assert t * 8 <= lo <= hi <= (t + 1) * 8
     assert (owner[lo:hi] == -1).all()
     owner[lo:hi] = g

@@ -67,9 +67,9 @@ def test_phases_are_split_by_the_links_they_cross(devices, n, m, transport, cf):
   x = jax.random.normal(jax.random.key(1), (n * m * 16, cfg.d_model))
   got = phase_timing.measure_phases(params, x, cfg, mesh, warmup=1, repeats=2)
   assert got["layer_ms"] >= got["layer_ms_min"] > 0 and got["layer_expert_ms"] > 0
-  total = got["layer_inter_ms"] + got["layer_intra_ms"] + got["layer_expert_ms"] + got["layer_other_ms"]
+  total = got["layer_inter_node_ms"] + got["layer_intra_node_ms"] + got["layer_expert_ms"] + got["layer_other_ms"]
   assert total == pytest.approx(got["layer_ms"])
   # One node: nothing crosses nodes. Flat exchanges on two nodes cross them (one exchange over
   # both axes); hierarchical and bilevel also have a hop over 'gpu' only.
-  assert (got["layer_inter_ms"] > 0) == (n > 1)
-  assert (got["layer_intra_ms"] > 0) == (n == 1 or transport in ("hierarchical", "bilevel"))
+  assert (got["layer_inter_node_ms"] > 0) == (n > 1)
+  assert (got["layer_intra_node_ms"] > 0) == (n == 1 or transport in ("hierarchical", "bilevel"))

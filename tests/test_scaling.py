@@ -62,8 +62,8 @@ def test_rows_are_modelled_with_positive_times(sweep):
   assert {r["label"] for r in rows} == {"modelled"}
   assert all(r["layer_ms"] > 0 and r["samples_per_s"] > 0 for r in rows)
   one_node = [r for r in rows if r["nodes"] == 1]
-  assert all(r["layer_inter_ms"] == 0 and r["inter_node_mb_per_gpu"] == 0 for r in one_node)
-  assert all(r["layer_inter_ms"] > 0 for r in rows if r["nodes"] == 2)
+  assert all(r["layer_inter_node_ms"] == 0 and r["inter_node_mb_per_gpu"] == 0 for r in one_node)
+  assert all(r["layer_inter_node_ms"] > 0 for r in rows if r["nodes"] == 2)
 
 
 def test_rerun_skips_finished_points_and_reprices_without_rerunning_the_layer(sweep):
@@ -185,7 +185,7 @@ def test_overlap_schedules_reuse_the_flat_run_and_one_chunk_is_sequential(schedu
     assert chunked["layer_ms"] == pytest.approx(flat["layer_ms"], rel=1e-12)
     assert chunked["layer_hidden_ms"] == pytest.approx(0, abs=1e-12) and flat["layer_hidden_ms"] == 0
     assert 0 < comet["layer_hidden_ms"] and 0 < comet["comm_hidden_fraction"] <= 1
-    assert comet["layer_ms"] == pytest.approx(sum(comet[f] for f in ("layer_inter_ms", "layer_intra_ms",
+    assert comet["layer_ms"] == pytest.approx(sum(comet[f] for f in ("layer_inter_node_ms", "layer_intra_node_ms",
                                                                      "layer_expert_ms", "layer_other_ms"))
                                               - comet["layer_hidden_ms"], rel=1e-12)
 
@@ -199,7 +199,7 @@ def test_parm_schemes_compute_each_token_once_and_share_samples_over_the_mp_grou
       assert rows[scheme, n]["layer_expert_ms"] == pytest.approx(base["layer_expert_ms"] / 2, rel=1e-12)
     assert {rows[s, n]["esp_choice"] for s in ("esp_baseline", "s1", "s2")} <= {"s1", "s2"}
     assert base["global_batch"] == n * micro  # one MP group of 2 GPUs per node shares its samples
-    assert (base["layer_inter_ms"] == 0) == (n == 1)
+    assert (base["layer_inter_node_ms"] == 0) == (n == 1)
 
 
 @pytest.fixture(scope="module")

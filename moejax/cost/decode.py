@@ -36,7 +36,7 @@ def decode_step(mode: str, exchange_rows: dict, batch: int, moe_layers: int, mes
                 state_bytes: float, topology: Topology) -> dict:
   """Seconds of one decode step's communication: {'exchange_s', 'allgather_s', 'total_s', 'exchanges'}.
 
-  exchange_rows: {'cross_gpu_in_node', 'cross_node'} rows per generated token (all MoE layers);
+  exchange_rows: {'intra_node', 'inter_node'} rows per generated token (all MoE layers);
   bytes_per_row: one exchanged row; state_bytes: one token's state in exflow's all-gather (its keys
   and values of every block, 2 x d per block, and its id)."""
   require(mode in MODES, "mode", mode, f"one of {MODES}")
@@ -48,8 +48,8 @@ def decode_step(mode: str, exchange_rows: dict, batch: int, moe_layers: int, mes
   require(gpus <= topology["gpus_per_node"], "mesh_shape", mesh_shape,
           f"at most {topology['gpus_per_node']:g} GPUs per node on {topology.name}")
   exchanges = moe_layers * (2 if mode == "vanilla" else 1)
-  per_exchange = {k: exchange_rows[k] * batch / exchanges for k in ("cross_gpu_in_node", "cross_node")}
-  bytes_DxD = uniform_exchange_bytes(per_exchange["cross_gpu_in_node"], per_exchange["cross_node"], nodes, gpus,
+  per_exchange = {k: exchange_rows[k] * batch / exchanges for k in ("intra_node", "inter_node")}
+  bytes_DxD = uniform_exchange_bytes(per_exchange["intra_node"], per_exchange["inter_node"], nodes, gpus,
                                      bytes_per_row)
   everyone = np.ones(bytes_DxD.shape, bool)
   one = collectives.all_to_all(bytes_DxD, everyone, gpus, topology)

@@ -36,7 +36,7 @@ class Generation:
   """tokens [B, N]: the generated ids; logits [B, N, V] fp32: what each was drawn from.
 
   exchange_rows: token rows the MoE exchanges of the decode steps moved per generated token, split
-  into {'cross_gpu_in_node', 'cross_node'} (a device's rows to itself move nothing and are left out).
+  into {'intra_node', 'inter_node'} (a device's rows to itself move nothing and are left out).
   allgather_rows: the same for exflow's end-of-step all-gather: each new token's state (its id and
   the keys and values of every block, 2 x d per block) reaches every other device; zero for vanilla.
   decode_seconds: wall time of the decode steps after the first (which includes compilation), for
@@ -64,10 +64,10 @@ class Generation:
 
 
 def split_rows(rows_DxD: np.ndarray, gpus_per_node: int) -> dict:
-  """rows [..., D, D] sent from flat device s to p -> {'cross_gpu_in_node', 'cross_node'} totals."""
+  """rows [..., D, D] sent from flat device s to p -> {'intra_node', 'inter_node'} totals."""
   rows = np.asarray(rows_DxD, np.int64)
   cross, inside = mesh_lib.pair_masks(rows.shape[-1], gpus_per_node)
-  return {"cross_gpu_in_node": int(rows[..., inside].sum()), "cross_node": int(rows[..., cross].sum())}
+  return {"intra_node": int(rows[..., inside].sum()), "inter_node": int(rows[..., cross].sum())}
 
 
 def on_mesh(model: model_lib.LanguageModel, mesh: jax.sharding.Mesh) -> model_lib.LanguageModel:
@@ -204,8 +204,8 @@ def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: s
   per_token = lambda totals: {k: v / max(generated, 1) for k, v in totals.items()}
   exchange_rows = per_token(split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows
                                        else np.zeros((n * m, n * m)), m))
-  allgather_rows = {"cross_gpu_in_node": float(m - 1), "cross_node": float(n * m - m)} if mode == "exflow" \
-      else {"cross_gpu_in_node": 0.0, "cross_node": 0.0}
+  allgather_rows = {"intra_node": float(m - 1), "inter_node": float(n * m - m)} if mode == "exflow" \
+      else {"intra_node": 0.0, "inter_node": 0.0}
   return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
                     logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
                     exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,

@@ -85,7 +85,7 @@ class _Phases:
 
 def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
   """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh) and of its phases:
-  {'layer_ms', 'layer_ms_min', 'layer_inter_ms', 'layer_intra_ms', 'layer_expert_ms', 'layer_other_ms'}."""
+  {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms', 'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}."""
   layer = time_call(lambda: moe_apply(params, x, cfg, mesh), (), warmup, repeats)
   _, aux = moe_apply(params, x, cfg, mesh)
   traffic = np.asarray(aux["traffic_rows"])
@@ -125,6 +125,6 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))
   layer_ms = 1e3 * statistics.median(layer)
-  return {"layer_ms": layer_ms, "layer_ms_min": 1e3 * min(layer), "layer_inter_ms": comm[True],
-          "layer_intra_ms": comm[False], "layer_expert_ms": expert_ms,
+  return {"layer_ms": layer_ms, "layer_ms_min": 1e3 * min(layer), "layer_inter_node_ms": comm[True],
+          "layer_intra_node_ms": comm[False], "layer_expert_ms": expert_ms,
           "layer_other_ms": layer_ms - comm[True] - comm[False] - expert_ms}

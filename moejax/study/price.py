@@ -203,7 +203,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
     stats["comm_hidden_fraction"] = stats.pop("forward_hidden_fraction")
   return {**identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
           "accumulation": accumulation, **stats,
-          "layer_inter_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_ms": 1e3 * fwd.intra_node_a2a_s,
+          "layer_inter_node_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_node_ms": 1e3 * fwd.intra_node_a2a_s,
           "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
           "layer_hidden_ms": 1e3 * fwd.hidden_s, "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s,
           "tensor_parallel_ms": 1e3 * tensor_parallel_s, "step_s": step_s,

@@ -7,14 +7,14 @@ import os
 COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
            "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
            "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction", "expert_load_imbalance",
-           "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_ms", "layer_intra_ms",
+           "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_node_ms", "layer_intra_node_ms",
            "layer_expert_ms", "layer_other_ms", "layer_hidden_ms", "comm_hidden_fraction", "esp_choice", "layer_ms",
            "grad_sync_ms", "tensor_parallel_ms", "step_s", "samples_per_s",
            "topology", "device_tflops", "rate_source", "layer_ms_min", "step_s_min", "loss_first", "loss_last",
            "repeats", "device", "jax_version", "key")
-LAYER_COLUMNS = {"layer_inter_ms": "inter", "layer_intra_ms": "intra", "layer_expert_ms": "expert",
+LAYER_COLUMNS = {"layer_inter_node_ms": "inter", "layer_intra_node_ms": "intra", "layer_expert_ms": "expert",
                  "layer_other_ms": "other", "layer_hidden_ms": "hidden", "layer_ms": "layer"}
-PARTS = (("layer_inter_ms", "inter-node all-to-all"), ("layer_intra_ms", "intra-node all-to-all"),
+PARTS = (("layer_inter_node_ms", "inter-node all-to-all"), ("layer_intra_node_ms", "intra-node all-to-all"),
          ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
 
 

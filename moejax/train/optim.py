@@ -33,8 +33,8 @@ def validate_config(o, prefix: str = "") -> None:
   require(is_number(o.weight_decay) and o.weight_decay >= 0, prefix + "weight_decay", o.weight_decay, ">= 0")
 
 
-def schedule(peak: float, warmup_steps: int, total_steps: int, decay: str = "linear",
-             end_fraction: float = 0.0) -> optax.Schedule:
+def warmup_then_decay(peak: float, warmup_steps: int, total_steps: int, decay: str = "linear",
+                      end_fraction: float = 0.0) -> optax.Schedule:
   """Linear warm-up over `warmup_steps` (the first update already uses peak / warmup_steps), then
   linear or cosine decay to `end_fraction * peak` at `total_steps`."""
 

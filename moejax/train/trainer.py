@@ -156,10 +156,10 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
     param_shardings = sharding_of(abstract_params)
     o = config.optim
-    self.schedule = optim.schedule(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps, o.decay,
-                                   o.end_fraction)
+    self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
+                                                 o.decay, o.end_fraction)
     per_expert = jax.tree.map(lambda s: s.spec != P(), param_shardings)
-    self.tx = optim.lamb(self.schedule, per_expert, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
+    self.tx = optim.lamb(self.learning_rate, per_expert, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                          clip_norm=o.clip_norm)
     self.replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
@@ -265,7 +265,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
     metrics = {"loss": task_loss + aux_loss, "task_loss": task_loss, "accuracy": jnp.sum(corrects) / total,
                "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
-               "learning_rate": self.schedule(state["step"]),
+               "learning_rate": self.learning_rate(state["step"]),
                "expert_counts": counts_MxE,
                "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
                "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0)}

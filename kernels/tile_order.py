@@ -1,4 +1,4 @@
-"""Group metadata for grouped matmuls: row ranges of groups and the M-tile visit schedule.
+"""Group metadata for grouped matmuls: row ranges of groups and the order in which M-tiles are visited.
 
 Group g owns rows [starts[g], ends[g]) with ends = min(cumsum(group_sizes), m): a sum past m
 truncates the last groups at row m, as `jax.lax.ragged_dot` does; negative sizes count as 0.
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 
-class Schedule(NamedTuple):
+class Visits(NamedTuple):
   """All fields: [num_visits] int32."""
   group_ids: jax.Array  # in [0, G]; G is the zero-fill pseudo-group
   tile_ids: jax.Array  # the visit covers rows [tile * block_m, (tile + 1) * block_m) ...
@@ -34,7 +34,7 @@ def group_bounds(group_sizes: jax.Array, m: int) -> tuple[jax.Array, jax.Array]:
   return starts, ends
 
 
-def make_schedule(group_sizes: jax.Array, m: int, block_m: int) -> Schedule:
+def make_visits(group_sizes: jax.Array, m: int, block_m: int) -> Visits:
   """group_sizes: [G] int -> Schedule over cdiv(m, block_m) + G visits."""
   num_groups = group_sizes.shape[0]
   num_visits = pl.cdiv(m, block_m) + num_groups
@@ -52,5 +52,5 @@ def make_schedule(group_sizes: jax.Array, m: int, block_m: int) -> Schedule:
   row_lo = jnp.maximum(starts[group], tile * block_m)
   row_hi = jnp.minimum(ends[group], (tile + 1) * block_m)
   zero = jnp.zeros_like(visit)
-  return Schedule(group_ids=group, tile_ids=jnp.where(used, tile, zero),
+  return Visits(group_ids=group, tile_ids=jnp.where(used, tile, zero),
                   row_lo=jnp.where(used, row_lo, zero), row_hi=jnp.where(used, row_hi, zero))
