@@ -1,11 +1,22 @@
-"""Shared test helpers: fresh random inputs, and the one comparison with the single-device reference."""
+"""Shared test helpers: paths for subprocesses, fresh random and skewed inputs, the one comparison with the
+single-device reference, and compiled-program probes (temporaries, CUDA lowering of the exchanges)."""
+
+import os
+import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.moe.layer import moe_apply, param_shapes
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply, param_shapes
 from moejax.moe.reference import moe_reference
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # for subprocesses
 
 
 def normal(seed: int, shape) -> np.ndarray:
@@ -50,13 +61,24 @@ def run_with_grads(apply, params, x, grads=True):
   return y, aux, g
 
 
-def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int, tol=1e-5, grads=True, **layer_kwargs):
-  """The layer (`moe_apply(..., **layer_kwargs)`) equals `moe_reference(num_groups=...)`: y, the losses,
-  expert counts, drops, nothing overflowed, and (if `grads`) the gradients w.r.t. x and every parameter."""
+def reference_run(cfg, params, x, num_groups: int, grads=True, expert_bias=None):
+  """`run_with_grads` of the single-device reference with `num_groups` capacity groups."""
+  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_bias=expert_bias),
+                        params, x, grads)
+
+
+def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = None, reference=None, tol=1e-5,
+                             grads=True, **layer_kwargs):
+  """The layer (`moe_apply(..., **layer_kwargs)`) equals the single-device reference: y, the losses, expert
+  counts, drops, nothing overflowed, and (if `grads`) the gradients w.r.t. x and every parameter.
+
+  reference: a `reference_run` result to compare with (one reference shared by several layers); else it is
+  run here with `num_groups` capacity groups (default: one per device of `mesh`)."""
   y, aux, g = run_with_grads(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs), params, x, grads)
-  bias = layer_kwargs.get("expert_bias")
-  y_ref, aux_ref, g_ref = run_with_grads(
-      lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_bias=bias), params, x, grads)
+  if reference is None:
+    reference = reference_run(cfg, params, x, mesh.size if num_groups is None else num_groups, grads,
+                              layer_kwargs.get("expert_bias"))
+  y_ref, aux_ref, g_ref = reference
   assert relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):
     np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
@@ -68,3 +90,48 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int, tol=1e-5,
       scale = np.linalg.norm(np.asarray(b))
       assert np.linalg.norm(np.asarray(a) - np.asarray(b)) <= tol * scale + 1e-7, path[0]
   return y, aux
+
+
+def skewed(cfg, tokens, seed, expert=0):
+  """Params and x whose router sends every token's first choice to `expert` (x[:, 0] > 0)."""
+  params = init_params(jax.random.key(seed), cfg)
+  x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model))
+  x = x.at[:, 0].set(1.0 + jnp.abs(x[:, 0]))
+  kernel = params["router"]["kernel"].at[0].set(0.0).at[0, expert].set(50.0)
+  return {**params, "router": {"kernel": kernel}}, x
+
+
+def temp_bytes(n, m, transport, buffer_factor, **fields):
+  """Bytes of temporaries of the compiled layer forward on an n x m mesh, 256 tokens per device."""
+  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, transport=transport,
+                  buffer_factor=buffer_factor, **fields)
+  mesh = mesh_lib.make_mesh(n, m)
+  params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
+  x = jax.ShapeDtypeStruct((256 * n * m, 128), jnp.float32)
+  compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
+  return compiled.memory_analysis().temp_size_in_bytes
+
+
+# operand and output row counts of each ragged_all_to_all (rows [R, d] or expert ids [R])
+RAGGED_OP = re.compile(r"custom_call @ragged_all_to_all\(.*: \(tensor<(\d+)x(?:\d+x)*[a-z]+\d*>, tensor<(\d+)x")
+
+
+LOCAL_TOKENS = 64
+
+
+def cuda_ragged_shapes(monkeypatch, **fields):
+  """(operand rows, output rows) of every ragged_all_to_all in the forward and backward of the layer
+  lowered for CUDA (here, without a GPU) on 2 x 4 devices, 64 tokens each, bf16, buffer_factor 1.5."""
+  monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", buffer_factor=1.5, **fields)
+  mesh = mesh_lib.make_mesh(2, 4)
+  params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
+  x = jax.random.normal(jax.random.key(1), (8 * LOCAL_TOKENS, 16), jnp.bfloat16)
+
+  def loss(p, v):
+    y, aux = moe_apply(p, v, cfg, mesh)
+    return jnp.sum(y.astype(jnp.float32)) + aux["aux_loss"]
+
+  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
+      lowering_platforms=("cuda",)).as_text()
+  return [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]

@@ -12,8 +12,8 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
+from tests.helpers import assert_matches_reference
 from tests.numpy_moe import moe_numpy
-from tests.test_layer import assert_matches_reference
 
 
 def _cfg(n, m, epg, **fields):

@@ -6,7 +6,7 @@ import sys
 
 from experiments import compare_sweeps
 from moejax.study import report
-from tests.test_launch import ENV
+from tests.helpers import ENV
 
 
 def _row(model, scheme, nodes, samples, label="modelled", topology="dgx_h100_ib", device=""):

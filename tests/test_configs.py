@@ -14,7 +14,7 @@ from moejax.moe.config import MoEConfig
 from moejax.study import points
 from moejax.train import trainer
 from moejax.validation import ConfigError
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs.moe_section import moe_section  # noqa: E402

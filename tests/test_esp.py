@@ -20,25 +20,11 @@ from tests import helpers
 SCHEDULES = ("baseline", "s1", "s2")
 
 
-def _reference(cfg, params, x, num_groups):
-  return helpers.run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups), params, x)
-
-
-def assert_matches_reference(cfg, mesh, schedule, params, x, reference, tol=1e-5, grads=True):
-  """y, the losses, counts and (if `grads`) the gradients w.r.t. x and every parameter equal `reference`
-  (from `_reference` with the schedule's capacity groups)."""
-  y_ref, aux_ref, grads_ref = reference
-  y, aux, grads = helpers.run_with_grads(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh), params, x, grads)
-  assert helpers.relative_error(y, y_ref) < tol
-  for name in ("load_balance_loss", "z_loss", "aux_loss"):
-    np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
-  np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
-  assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
-  assert int(aux["tokens_overflowed"]) == 0
-  for path, g, g_ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads),
-                            jax.tree.leaves(grads_ref)):
-    assert np.linalg.norm(np.asarray(g) - np.asarray(g_ref)) <= tol * np.linalg.norm(np.asarray(g_ref)) + 1e-7, path
-  return y, aux
+def _matches(cfg, mesh, schedule, params, x, reference, grads=True):
+  """The layer under `schedule` equals `reference` (a `helpers.reference_run` with the schedule's capacity
+  groups)."""
+  return helpers.assert_matches_reference(dataclasses.replace(cfg, esp_schedule=schedule), mesh, params, x,
+                                          reference=reference, grads=grads)
 
 
 def _groups(schedule, n, m):
@@ -67,9 +53,9 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
   x = helpers.normal(10 * n + m + 1, (n * m * 8, 8))
   if forced:
     params, x = helpers.force_routing(params, x, forced)
-  reference = _reference(cfg, params, x, num_groups=1)
+  reference = helpers.reference_run(cfg, params, x, num_groups=1)
   for schedule in SCHEDULES:
-    _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference)
+    _, aux = _matches(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference)
     assert int(aux["tokens_dropped"]) == 0
     if forced:
       counts = np.asarray(aux["expert_counts"])
@@ -82,8 +68,8 @@ def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
   gives a capacity of 9 per node, which S2 pads to 12 slots for its split over 4 GPUs, and 3 per GPU in S1."""
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=1.1)
   params, x = helpers.force_routing(helpers.random_params(cfg, 7), helpers.normal(8, (64, 8)), [2])
-  references = {groups: _reference(cfg, params, x, groups) for groups in (2, 8)}
-  results = {s: assert_matches_reference(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
+  references = {groups: helpers.reference_run(cfg, params, x, groups) for groups in (2, 8)}
+  results = {s: _matches(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
              for s in SCHEDULES}
   assert int(results["s2"][1]["tokens_dropped"]) == 64 - 2 * 9
   assert int(results["s1"][1]["tokens_dropped"]) == 64 - 8 * 3
@@ -109,10 +95,9 @@ def test_dropless_schedules_match_reference():
                   z_loss_coef=1e-3)
   params = helpers.random_params(cfg, 21)
   x = helpers.normal(22, (n * m * 6, 8))
-  reference = _reference(cfg, params, x, num_groups=1)
+  reference = helpers.reference_run(cfg, params, x, num_groups=1)
   for schedule in SCHEDULES:
-    _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference,
-                                      grads=schedule == "s2")
+    _, aux = _matches(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference, grads=schedule == "s2")
     assert int(aux["tokens_dropped"]) == 0 == int(aux["tokens_overflowed"])
 
 

@@ -3,7 +3,6 @@ per-device memory that does not grow with the mesh."""
 
 import dataclasses
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -15,19 +14,10 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from moejax.runtime import platform as platform_lib
 from tests.conftest import make_test_mesh
+from tests.helpers import LOCAL_TOKENS, cuda_ragged_shapes, skewed, temp_bytes
 
 TWO_HOP = ["hierarchical", "bilevel"]
-
-
-def _skewed(cfg, tokens, seed, expert=0):
-  """Params and x whose router sends every token's first choice to `expert` (x[:, 0] > 0)."""
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model))
-  x = x.at[:, 0].set(1.0 + jnp.abs(x[:, 0]))
-  kernel = params["router"]["kernel"].at[0].set(0.0).at[0, expert].set(50.0)
-  return {**params, "router": {"kernel": kernel}}, x
 
 
 @pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
@@ -70,7 +60,7 @@ def test_overflow_drops_exactly_and_counts(mesh_2x4, transport):
   exactly zero, zero rows == the drops counted, dropped tokens get zero gradient."""
   cfg = MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12, transport=transport, buffer_factor=1.0)
   tokens = 8 * 16
-  params, x = _skewed(cfg, tokens, seed=11)
+  params, x = skewed(cfg, tokens, seed=11)
   y, aux = moe_apply(params, x, cfg, mesh_2x4)
   y_ref, _ = moe_reference(params, x, cfg)
   y, y_ref = np.asarray(y), np.asarray(y_ref)
@@ -92,53 +82,18 @@ def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
   outputs = []
   for transport in ["padded", *TWO_HOP]:
     cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=1.0)
-    params, x = _skewed(cfg, 4 * 24, seed=5, expert=3)
+    params, x = skewed(cfg, 4 * 24, seed=5, expert=3)
     outputs.append(moe_apply(params, x, cfg, make_test_mesh(1, 4)))
   for y, aux in outputs[1:]:
     np.testing.assert_allclose(y, outputs[0][0], rtol=1e-5, atol=1e-6)
     assert int(aux["tokens_overflowed"]) == int(outputs[0][1]["tokens_overflowed"]) > 0
 
 
-def _temp_bytes(n, m, transport, buffer_factor, **fields):
-  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, transport=transport,
-                  buffer_factor=buffer_factor, **fields)
-  mesh = mesh_lib.make_mesh(n, m)
-  params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
-  x = jax.ShapeDtypeStruct((256 * n * m, 128), jnp.float32)
-  compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
-  return compiled.memory_analysis().temp_size_in_bytes
-
-
 @pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
 def test_temporaries_do_not_grow_with_devices(devices, transport):
-  small, large = _temp_bytes(1, 2, transport, 2.0), _temp_bytes(2, 4, transport, 2.0)
+  small, large = temp_bytes(1, 2, transport, 2.0), temp_bytes(2, 4, transport, 2.0)
   assert large <= 1.5 * small, (small, large)
-  assert _temp_bytes(2, 4, transport, None) > 2 * small  # the worst case does grow: the test can fail
-
-
-# operand and output row counts of each ragged_all_to_all (rows [R, d] or expert ids [R])
-RAGGED_OP = re.compile(r"custom_call @ragged_all_to_all\(.*: \(tensor<(\d+)x(?:\d+x)*[a-z]+\d*>, tensor<(\d+)x")
-
-
-LOCAL_TOKENS = 64
-
-
-def cuda_ragged_shapes(monkeypatch, **fields):
-  """(operand rows, output rows) of every ragged_all_to_all in the forward and backward of the layer
-  lowered for CUDA (here, without a GPU) on 2 x 4 devices, 64 tokens each, bf16, buffer_factor 1.5."""
-  monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", buffer_factor=1.5, **fields)
-  mesh = make_test_mesh(2, 4)
-  params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
-  x = jax.random.normal(jax.random.key(1), (8 * LOCAL_TOKENS, 16), jnp.bfloat16)
-
-  def loss(p, v):
-    y, aux = moe_apply(p, v, cfg, mesh)
-    return jnp.sum(y.astype(jnp.float32)) + aux["aux_loss"]
-
-  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
-      lowering_platforms=("cuda",)).as_text()
-  return [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
+  assert temp_bytes(2, 4, transport, None) > 2 * small  # the worst case does grow: the test can fail
 
 
 @pytest.mark.parametrize("transport,hops", [("ragged", 1), ("hierarchical", 2), ("bilevel", 2)])
@@ -182,7 +137,7 @@ def test_apply_without_overflow_grows_the_buffers_until_nothing_is_dropped(mesh_
   import moejax
 
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport="bilevel", buffer_factor=0.25)
-  params, x = _skewed(cfg, 128, seed=7)  # every first choice to expert 0: one device receives 1/8 of all rows
+  params, x = skewed(cfg, 128, seed=7)  # every first choice to expert 0: one device receives 1/8 of all rows
   _, aux_tight = moe_apply(params, x, cfg, mesh_2x4)
   assert int(aux_tight["tokens_overflowed"]) > 0
   y, aux, grown = moejax.apply_without_overflow(params, x, cfg, mesh_2x4)

@@ -18,7 +18,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.train import checkpoint, metrics, objective, presets
 from moejax.train import model as model_lib
 from moejax.train import trainer as train
-from tests.test_launch import ROOT
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs import mlm, moe_preset  # noqa: E402

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from moejax.train.tokenizer import cache_lock
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 pytestmark = pytest.mark.slow  # the GPU suite's smoke runs
 

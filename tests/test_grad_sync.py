@@ -9,7 +9,7 @@ import pytest
 
 from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 
 def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):

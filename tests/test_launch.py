@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import signal
 import subprocess
 import sys
@@ -10,8 +9,7 @@ import time
 
 import numpy as np
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+from tests.helpers import ENV, ROOT
 
 
 def launch(*command, processes=2, timeout=240):

@@ -11,6 +11,7 @@ from moejax.moe.layer import MoELayer, init_params, moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
+from tests.helpers import assert_matches_reference, relative_error
 
 MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
 MODES = [("padded", None), ("padded", 1.0), ("capacity", 1.0), ("hierarchical", None), ("hierarchical", 0.75)]
@@ -31,38 +32,6 @@ def _cases():
       cases.append(pytest.param(n, m, k, epg, transport, cf, backend, ACTIVATIONS[(mi + ti) % 3], (mi + ti) % 2 == 0,
                                 id=f"{n}x{m}-{transport}-cf{cf}-k{k}-epg{epg}-{backend}"))
   return cases
-
-
-def _relative_error(got, want):
-  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-  return np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30)
-
-
-def assert_matches_reference(cfg, mesh, params, x, tol=1e-5, **layer_kwargs):
-  """Compares y, aux and the gradients w.r.t. x and every parameter, under a random cotangent;
-  layer_kwargs go to moe_apply (e.g. slot_expert)."""
-  cotangent = jax.random.normal(jax.random.key(99), x.shape)
-  groups = mesh.size
-
-  def objective(apply):
-    def loss(p, x):
-      y, aux = apply(p, x)
-      return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))
-
-  (loss, (y, aux)), grads = objective(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs))(params, x)
-  (loss_ref, (y_ref, aux_ref)), grads_ref = objective(
-      lambda p, x: moe_reference(p, x, cfg, num_groups=groups))(params, x)
-  assert _relative_error(y, y_ref) < tol
-  for name in ("load_balance_loss", "z_loss", "aux_loss"):
-    np.testing.assert_allclose(float(aux[name]), float(aux_ref[name]), rtol=tol, atol=1e-9)
-  np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
-  assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
-  for path, g, g_ref in zip(jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(grads),
-                            jax.tree.leaves(grads_ref)):
-    scale = np.linalg.norm(np.asarray(g_ref))
-    assert np.linalg.norm(np.asarray(g) - np.asarray(g_ref)) <= tol * scale + 1e-7, path[0]
-  return y, aux
 
 
 @pytest.mark.parametrize("n,m,k,epg,transport,cf,backend,activation,gated", _cases())
@@ -145,7 +114,7 @@ def test_batch_seq_input_and_bf16(mesh_2x4):
   y, _ = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   y_ref, _ = moe_reference(params, x, cfg, num_groups=8)
   assert y.shape == x.shape
-  assert _relative_error(y, y_ref) < 2e-2  # bf16 inputs, fp32 accumulation
+  assert relative_error(y, y_ref) < 2e-2  # bf16 inputs, fp32 accumulation
 
 
 def test_jitter_noise_is_the_documented_draw(mesh_2x4):
@@ -157,8 +126,8 @@ def test_jitter_noise_is_the_documented_draw(mesh_2x4):
   noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
   y_ref, _ = moe_reference(params, x, cfg, noise=noise)
   y_plain, _ = moe_reference(params, x, cfg)
-  assert _relative_error(y, y_ref) < 1e-5
-  assert _relative_error(y, y_plain) > 1e-3  # jitter changed some routes
+  assert relative_error(y, y_ref) < 1e-5
+  assert relative_error(y, y_plain) > 1e-3  # jitter changed some routes
   with pytest.raises(ConfigError, match="needs an rng"):
     moe_apply(params, x, cfg, mesh_2x4, train=True)
 
@@ -189,5 +158,5 @@ def test_nnx_module_owns_sharded_params_in_the_public_layout(mesh_2x4):
   x = jax.random.normal(jax.random.key(1), (64, 8))
   y, aux = nnx.jit(lambda layer, x: layer(x))(layer, x)
   y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=8))(layer.params(), x)
-  assert _relative_error(y, y_ref) < 1e-5
+  assert relative_error(y, y_ref) < 1e-5
   np.testing.assert_allclose(float(aux["aux_loss"]), float(aux_ref["aux_loss"]), rtol=1e-5)

@@ -15,7 +15,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.train import model as model_lib
 from moejax.train.model import LanguageModel, ModelConfig, param_specs
 from moejax.validation import ConfigError
-from tests.test_launch import ROOT
+from tests.helpers import ROOT
 
 V, D, F = 96, 32, 64
 

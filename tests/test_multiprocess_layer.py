@@ -9,7 +9,7 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 pytestmark = pytest.mark.slow  # two real processes with jax.distributed
 

@@ -9,7 +9,7 @@ import pytest
 import moejax
 from moejax.moe import config, layer, overflow, reference
 from moejax.runtime import mesh
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 
 def test_public_names_are_the_modules_objects():

@@ -14,7 +14,7 @@ from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.train import data as data_lib
 from moejax.validation import ConfigError
-from tests.test_launch import ROOT
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402

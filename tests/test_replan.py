@@ -13,7 +13,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.train import checkpoint, metrics, objective
 from moejax.train import replan as replan_lib
 from moejax.train import trainer as train
-from tests.test_launch import ROOT
+from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402

@@ -14,9 +14,8 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from moejax.validation import ConfigError
 from tests.conftest import make_test_mesh
+from tests.helpers import LOCAL_TOKENS, assert_matches_reference, cuda_ragged_shapes, skewed, temp_bytes
 from tests.hlo_graph import contains, entry_graph
-from tests.test_exchange import LOCAL_TOKENS, _skewed, _temp_bytes, cuda_ragged_shapes
-from tests.test_layer import assert_matches_reference
 
 # (mesh, routing, transport, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
 CASES = [
@@ -50,7 +49,7 @@ def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
   """Every first choice to expert 0 with a tight buffer: output, drop count, expert counts and
   gradients equal the sequential schedule's, and something was dropped."""
   base = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=0.75)
-  params, x = _skewed(base, 8 * 16, seed=17)
+  params, x = skewed(base, 8 * 16, seed=17)
   weights = jax.random.normal(jax.random.key(18), x.shape)
 
   def run(cfg):
@@ -72,7 +71,7 @@ def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
 def test_schedule_temporaries_do_not_grow_with_devices(devices, schedule):
   """Bounded buffers: 8 devices need at most 1.5x the temporaries of 4 (a block per peer would not;
   below 4 devices a chunk's worst case is still under the bound)."""
-  small, large = (_temp_bytes(n, m, "padded", 2.0, schedule=schedule, num_chunks=2) for n, m in ((1, 4), (2, 4)))
+  small, large = (temp_bytes(n, m, "padded", 2.0, schedule=schedule, num_chunks=2) for n, m in ((1, 4), (2, 4)))
   assert large <= 1.5 * small, (small, large)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import bench_kernels, torch_ffn_bench
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 
 def test_bench_kernels_imports_without_torch_and_says_why_it_skips():

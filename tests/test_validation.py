@@ -10,7 +10,7 @@ import pytest
 
 from experiments.validation import comet, lina
 from moejax.cost import contention
-from tests.test_launch import ENV
+from tests.helpers import ENV
 
 
 def validate(cwd, *options):
