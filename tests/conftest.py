@@ -41,3 +41,8 @@ def shared(tmp_path_factory):
 def make_test_mesh(nodes: int, gpus_per_node: int):
   """A mesh of any shape that fits in the simulated devices (for parametrised tests)."""
   return mesh_lib.make_mesh(nodes, gpus_per_node)
+
+
+def pytest_collection_modifyitems(items):
+  """Slow (long end-to-end) tests first, so that xdist's workers do not end on one long test each."""
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

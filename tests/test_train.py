@@ -1,9 +1,9 @@
 """Training end to end: convergence for every routing, kill-and-resume, corrupt checkpoints, and a
 2-process job that matches the single-process run step for step.
 
-The convergence runs are built once per test session and shared by the xdist workers (through
-locks in the session's temporary directory); the first steps of the topk run are the uninterrupted
-single-process reference of the kill-and-resume and 2-process tests.
+The in-process runs are built once per test session and shared by the xdist workers (through locks in the
+session's temporary directory); a 12-step topk run on the convergence runs' learning-rate schedule is the
+uninterrupted single-process reference of the kill-and-resume, 2-process and overflow tests.
 """
 
 import json
@@ -26,14 +26,15 @@ from moejax.train import checkpoint, metrics
 from moejax.train import trainer as train
 from moejax.train.tokenizer import cache_lock
 from moejax.validation import ConfigError
-from tests.test_launch import ENV, ROOT
+from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
 pytestmark = pytest.mark.slow  # end-to-end training runs
 
-CONVERGENCE_STEPS = 200
+CONVERGENCE_STEPS = 200  # the topk run; the other routings run the first ROUTING_STEPS of the same schedule
+ROUTING_STEPS = 60
 # The first 12 steps of the convergence runs' schedule.
 SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
          f"--config.optim.decay_steps={CONVERGENCE_STEPS}"]
@@ -51,20 +52,22 @@ def _once(shared, name, build):
   return directory
 
 
-def _converge(shared, routing):
-  """The tiny MLM trained for CONVERGENCE_STEPS in this process, with `routing`."""
+def _trained(shared, routing, steps):
+  """The tiny MLM trained in this process with `routing` for the first `steps` steps of the
+  CONVERGENCE_STEPS learning-rate schedule (once per session)."""
 
   def build(directory):
     config = mlm.get_config()
-    config.steps = CONVERGENCE_STEPS
+    config.steps = steps
+    config.optim.decay_steps = CONVERGENCE_STEPS
     config.moe.routing = routing
     config.data.cache_dir = str(shared / "cache")
-    config.checkpoint.every_steps = CONVERGENCE_STEPS
+    config.checkpoint.every_steps = steps
     config.log.tensorboard = False
     summary = train.train(config, str(directory))
     (directory / "result.json").write_text(json.dumps(summary))
 
-  return _once(shared, f"converge-{routing}", build)
+  return _once(shared, f"trained-{routing}-{steps}", build)
 
 
 def _command(shared, workdir, *overrides):
@@ -94,23 +97,30 @@ def _losses(directory, steps=None, key="loss"):
   return np.array([r[key] for r in _records(directory, steps)])
 
 
-@pytest.mark.parametrize("routing", ROUTINGS)
-def test_tiny_mlm_learns_beyond_unigram_statistics(shared, routing):
-  directory = _converge(shared, routing)
+def test_tiny_mlm_learns_beyond_unigram_statistics(shared):
+  directory = _trained(shared, "topk", CONVERGENCE_STEPS)
   summary = json.loads((directory / "result.json").read_text())
   losses = _losses(directory, key="task_loss")
   assert len(losses) == CONVERGENCE_STEPS
   unigram, first, final = summary["unigram_entropy"], losses[0], np.mean(losses[-30:])
-  print(f"{routing}: step-0 loss {first:.3f}, unigram baseline {unigram:.3f}, final {final:.3f}")
+  print(f"step-0 loss {first:.3f}, unigram baseline {unigram:.3f}, final {final:.3f}")
   assert first > unigram and final < first - 1.0
   # Uses context, not only token frequencies: no context-free predictor beats the unigram entropy of
   # the tokens fed, and the 30-step mean (about 9k predictions) has a standard error near 0.02.
   assert final < unigram - 0.1, (final, unigram)
-  if routing != "topk":  # the same model with another router learns about as fast as with flat top-k
-    curve = losses.reshape(-1, 50).mean(axis=1)
-    flat = _losses(_converge(shared, "topk"), key="task_loss").reshape(-1, 50).mean(axis=1)
-    print(f"{routing} vs topk, means over 50 steps: {np.round(curve, 3)} vs {np.round(flat, 3)}")
-    assert np.abs(curve - flat).max() < 0.15
+
+
+@pytest.mark.parametrize("routing", [r for r in ROUTINGS if r != "topk"])
+def test_other_routings_learn_as_fast_as_topk(shared, routing):
+  """The same model with another router tracks flat top-k over the first ROUTING_STEPS steps (whose loss falls
+  by more than 1 nat): 20-step means within 0.05 (they differ by under 0.02 in practice). How the routers
+  compare over whole runs is the convergence study's (experiments/convergence.py)."""
+  losses = _losses(_trained(shared, routing, ROUTING_STEPS), key="task_loss")
+  flat = _losses(_trained(shared, "topk", CONVERGENCE_STEPS), steps=ROUTING_STEPS, key="task_loss")
+  curve, flat_curve = losses.reshape(-1, 20).mean(axis=1), flat.reshape(-1, 20).mean(axis=1)
+  print(f"{routing} vs topk, means over 20 steps: {np.round(curve, 3)} vs {np.round(flat_curve, 3)}")
+  assert len(losses) == ROUTING_STEPS and curve[-1] < losses[0] - 1.0
+  assert np.abs(curve - flat_curve).max() < 0.05
 
 
 def test_killed_run_resumes_with_identical_losses(shared, tmp_path):
@@ -130,7 +140,7 @@ def test_killed_run_resumes_with_identical_losses(shared, tmp_path):
   _run(shared, command, tmp_path / "resumed.log")
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["resumed_from"] in (3, 6, 9)
-  want = _losses(_converge(shared, "topk"), steps=12)  # uninterrupted
+  want = _losses(_trained(shared, "topk", 12))  # uninterrupted
   np.testing.assert_array_equal(killed, want[:len(killed)])
   np.testing.assert_array_equal(_losses(workdir), want)  # exactly, step for step
 
@@ -140,7 +150,7 @@ def test_two_processes_match_one(shared, tmp_path):
   launcher = [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4", "--"]
   one_checkpoint = [o for o in SHORT if "every_steps" not in o]  # saved at the end only: the same losses
   _run(shared, launcher + _command(shared, workdir, *one_checkpoint), tmp_path / "log")
-  got, want = _records(workdir), _records(_converge(shared, "topk"), steps=12)
+  got, want = _records(workdir), _records(_trained(shared, "topk", 12))
   for key in ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm"):
     np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=0, atol=1e-5, err_msg=key)
   assert [r["expert_load"] for r in got] == [r["expert_load"] for r in want]
@@ -213,7 +223,7 @@ def test_overflowing_steps_are_repeated_or_counted(shared, tmp_path, capsys):
   factor doubled and trains exactly like worst-case buffers; 'drop' keeps the step and records the
   overflowed share."""
   steps = 4
-  reference = _losses(_converge(shared, "topk"), steps)
+  reference = _losses(_trained(shared, "topk", 12), steps)
   results = {}
   for policy in ("retry", "drop"):
     config = mlm.get_config()
