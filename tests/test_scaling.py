@@ -228,7 +228,7 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
     assert r["accumulation"] == 2
     assert r["device"] == "cpu" and r["repeats"] == 2
     assert 0 < r["step_s_min"] <= r["step_s"] and r["layer_ms"] >= r["layer_ms_min"] > 0
-    phases = [r[f"layer_{part}_ms"] for part in ("inter", "intra", "expert", "other")]
+    phases = [r[f"layer_{part}_ms"] for part in ("inter_node", "intra_node", "expert", "other")]
     assert sum(phases) == pytest.approx(r["layer_ms"]) and min(phases[:3]) > 0  # SMILE: both hops
     assert r["samples_per_s"] == pytest.approx(r["global_batch"] / r["step_s"])
     # The timed step is the MLM objective: at initialisation (embeddings of std 0.02, near-uniform
