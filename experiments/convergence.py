@@ -3,7 +3,7 @@ Switch, GShard, SMILE (bi-level), node-limited and DeepSeek-V3 routing, at equal
 steps, over several seeds, on a 2 x 4 mesh of simulated CPU devices.
 
   python -m experiments.convergence --workdir=/tmp/convergence              # configs/convergence.py
-  python -m experiments.convergence --workdir=/tmp/convergence_quick --quick  # tiny, seconds per run
+  python -m experiments.convergence --workdir=/tmp/convergence_quick --config=configs/convergence.py:quick  # tiny
   python -m experiments.convergence --workdir=/tmp/c --models=gpt --config.seeds="(0,)"
 
 Each router x model x seed trains (dropless) in <workdir>/runs/<model>/<router>/seed<s>; a run with a
@@ -43,7 +43,6 @@ def define_flags() -> dict:
   beside other experiments that define --config)."""
   return {"config": define_config(_DEFAULT_CONFIG, "Study config file."),
           "workdir": flags.DEFINE_string("workdir", None, "Directory for the runs and the results.", required=True),
-          "quick": flags.DEFINE_bool("quick", False, "Tiny model, few steps, one seed (configs/convergence.py:quick)."),
           "models": flags.DEFINE_string("models", None, "Comma-separated models among gpt,bert (default: the config's).")}
 
 
@@ -245,7 +244,7 @@ def plot(results: list[dict], workdir: str) -> list[str]:
 
 def main(argv):
   del argv
-  config = study_config.get_config("quick") if _FLAGS["quick"].value else _FLAGS["config"].value
+  config = _FLAGS["config"].value
   workdir = _FLAGS["workdir"].value
   models = [m for m in (_FLAGS["models"].value or config.models).split(",") if m]
   routers = [r for r in config.routers.split(",") if r]

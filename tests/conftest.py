@@ -43,6 +43,19 @@ def make_test_mesh(nodes: int, gpus_per_node: int):
   return mesh_lib.make_mesh(nodes, gpus_per_node)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
-  """Slow (long end-to-end) tests first, so that xdist's workers do not end on one long test each."""
+  """Marks all but `n` evenly spaced cases of each `@pytest.mark.sampled(n)` test slow (so `-m 'not slow'` runs a
+  sample of a matrix and the whole suite all of it), then puts slow tests first, so that xdist's workers do not
+  end on one long test each."""
+  by_function = {}
+  for item in items:
+    if item.get_closest_marker("sampled") is not None:
+      by_function.setdefault(item.function, []).append(item)
+  for cases in by_function.values():
+    keep = cases[0].get_closest_marker("sampled").args[0]
+    fast = {round(i * (len(cases) - 1) / max(keep - 1, 1)) for i in range(keep)}
+    for i, item in enumerate(cases):
+      if i not in fast:
+        item.add_marker(pytest.mark.slow)
   items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -24,6 +24,7 @@ def _cfg(n, m, epg, **fields):
 
 @pytest.mark.parametrize("n,m", [(2, 4), (4, 2), (1, 8), (8, 1), (2, 2)])
 @pytest.mark.parametrize("epg,cf", [(1, None), (2, 2.0)])
+@pytest.mark.sampled(2)
 def test_bilevel_layer_matches_reference(n, m, epg, cf):
   cfg = _cfg(n, m, epg, capacity_factor=cf, gated=epg == 2)
   seed = 10 * n + m + epg
@@ -33,6 +34,7 @@ def test_bilevel_layer_matches_reference(n, m, epg, cf):
 
 
 @pytest.mark.parametrize("transport,cf", [("bilevel", None), ("bilevel", 2.0), ("padded", 1.0), ("hierarchical", None)])
+@pytest.mark.sampled(1)
 def test_one_node_receives_everything(mesh_2x4, transport, cf):
   cfg = _cfg(2, 4, 2, transport=transport, capacity_factor=cf, node_top_k=1, top_k=2)
   params = init_params(jax.random.key(3), cfg)
@@ -48,6 +50,7 @@ def test_one_node_receives_everything(mesh_2x4, transport, cf):
 
 
 @pytest.mark.parametrize("node_top_k,top_k,cf", [(2, 2, None), (2, 1, 2.0), (1, 2, None)])
+@pytest.mark.slow
 def test_generalised_bilevel_and_node_limited(mesh_2x4, node_top_k, top_k, cf):
   for routing in ("bilevel", "node_limited"):
     k = top_k if routing == "bilevel" else top_k * node_top_k

@@ -40,6 +40,7 @@ CASES = [pytest.param(2, 2, "bilevel", "silu", False, "dense", None, id="2x2-bil
 
 
 @pytest.mark.parametrize("n,m,routing,activation,gated,backend,forced", CASES)
+@pytest.mark.slow
 def test_schedules_match_reference_without_drops(n, m, routing, activation, gated, backend, forced):
   num_experts, k = 2 * n, 2
   # (Not renormalising bilevel weights: with one node per token that cancels the node probability, and
@@ -62,6 +63,7 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
       assert set(np.flatnonzero(counts)) == set(forced) and counts.sum() == x.shape[0] * k
 
 
+@pytest.mark.slow
 def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
   """Every token to expert 2 (node 1), with drops. The baseline and S2 keep the node-group set
   (reference num_groups=n), S1 the per-GPU set (num_groups=n*m), and these differ. capacity_factor 1.1

@@ -22,6 +22,7 @@ TWO_HOP = ["hierarchical", "bilevel"]
 
 @pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
 @pytest.mark.parametrize("shape", [(2, 4), (4, 2), (1, 8)])
+@pytest.mark.sampled(1)
 def test_ample_buffers_equal_reference_with_gradients(devices, transport, shape):
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=2.0)
   mesh = make_test_mesh(*shape)
@@ -55,6 +56,7 @@ def _flat_drops(ids_T, devices, experts_per_gpu, buffer_rows):
 
 
 @pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
+@pytest.mark.sampled(1)
 def test_overflow_drops_exactly_and_counts(mesh_2x4, transport):
   """Every token to expert 0 with buffer_factor 1: no NaN, each token's output is the reference's or
   exactly zero, zero rows == the drops counted, dropped tokens get zero gradient."""
@@ -77,6 +79,7 @@ def test_overflow_drops_exactly_and_counts(mesh_2x4, transport):
     np.testing.assert_array_equal(zero, _flat_drops(ids, 8, 2, 16))
 
 
+@pytest.mark.slow
 def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
   """On one node the two-hop transports reduce to one intra-node exchange: same drops as padded."""
   outputs = []
@@ -90,6 +93,7 @@ def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
 
 
 @pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
+@pytest.mark.sampled(1)
 def test_temporaries_do_not_grow_with_devices(devices, transport):
   small, large = temp_bytes(1, 2, transport, 2.0), temp_bytes(2, 4, transport, 2.0)
   assert large <= 1.5 * small, (small, large)
@@ -133,6 +137,7 @@ def test_exchange_memory_table_at_smile_sizes():
   assert bounded["hop_rows"] == [2 * 16384] * 2
 
 
+@pytest.mark.slow
 def test_apply_without_overflow_grows_the_buffers_until_nothing_is_dropped(mesh_2x4):
   import moejax
 

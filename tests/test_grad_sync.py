@@ -12,6 +12,7 @@ from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT
 
 
+@pytest.mark.slow
 def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
   """Exchanges, in program order: the two MoE layers' forward, then their backward (upper layer first).
   default: no exchange depends on any gradient all-reduce (XLA may run them at the same time);

@@ -180,6 +180,7 @@ FFN_CASES = [(act, gated, K, N)
 
 
 @pytest.mark.parametrize('activation,gated,d,f', FFN_CASES + [('gelu', True, 32, 16)])
+@pytest.mark.sampled(2)
 def test_expert_ffn_and_grads(activation, gated, d, f):
   m, sizes = FFN_SIZES
   g = len(sizes)

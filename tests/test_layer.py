@@ -35,6 +35,7 @@ def _cases():
 
 
 @pytest.mark.parametrize("n,m,k,epg,transport,cf,backend,activation,gated", _cases())
+@pytest.mark.sampled(2)
 def test_layer_matches_reference(n, m, k, epg, transport, cf, backend, activation, gated):
   mesh = mesh_lib.make_mesh(n, m)
   cfg = MoEConfig(num_experts=n * m * epg, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf,
@@ -60,6 +61,7 @@ def _forced(params, x, experts, strength=30.0):
 @pytest.mark.parametrize("transport,cf", [("padded", None), ("hierarchical", None), ("capacity", 2.0),
                                           ("padded", 1.0)])
 @pytest.mark.parametrize("target", ["one_expert", "one_device"])
+@pytest.mark.sampled(2)
 def test_adversarial_routing(mesh_2x4, transport, cf, target):
   k, epg = (1, 2) if target == "one_expert" else (2, 2)
   cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf, gated=True)

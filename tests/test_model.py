@@ -128,6 +128,7 @@ def test_invalid_model_configs_name_the_field(mesh_2x4):
 
 
 @pytest.mark.parametrize("size,billions", [("3.7b", 3.7), ("13b", 13), ("48b", 48)])
+@pytest.mark.sampled(1)
 def test_paper_sizes(devices, size, billions):
   sys.path.insert(0, str(ROOT))
   from configs import mlm
@@ -144,6 +145,7 @@ def test_paper_sizes(devices, size, billions):
 
 
 @pytest.mark.parametrize("kind,esp_schedule", [("gpt", None), ("bert", "s2")])
+@pytest.mark.slow
 def test_tensor_parallel_gives_the_data_parallel_losses_and_gradients(mesh_2x4, kind, esp_schedule):
   """Megatron tensor parallelism over 'gpu' (heads and the dense FFN split, activations replicated
   over 'gpu'; with an expert-sharded MoE layer, Parm's setting): same loss and gradients as data

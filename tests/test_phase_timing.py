@@ -59,6 +59,7 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
 @pytest.mark.parametrize("n,m,transport,cf", [
     (2, 4, "padded", None), (2, 4, "hierarchical", None), (2, 4, "bilevel", 2.0), (2, 4, "capacity", 1.0),
     (1, 4, "padded", None)])
+@pytest.mark.sampled(2)
 def test_phases_are_split_by_the_links_they_cross(devices, n, m, transport, cf):
   mesh = make_test_mesh(n, m)
   cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=16, d_ff=32, transport=transport, capacity_factor=cf,

@@ -94,6 +94,7 @@ def test_solve_matches_brute_force(layers, num, nodes, gpus, seed):
 
 
 @pytest.mark.parametrize("layers,num,parts,structure,seed", [(2, 8, 2, 0, 7), (3, 8, 2, 0, 8), (2, 8, 4, 100, 9)])
+@pytest.mark.sampled(1)
 def test_milp_alone_is_exact(layers, num, parts, structure, seed):
   """The ILP without the local search's incumbent: its optimum, and a cutoff below it is infeasible."""
   counts = _random_counts(np.random.default_rng(seed), layers, num, structure)
@@ -216,6 +217,7 @@ def _relative_error(a, b):
 @pytest.mark.parametrize("routing,move_nodes,cf,seed", [("node_limited", False, None, 40),
                                                         ("node_limited", True, 1.0, 41),
                                                         ("bilevel", True, None, 42)])
+@pytest.mark.sampled(1)
 def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes, cf, seed):
   """The placed layer on the 2 x 4 mesh against the reference layer on the original params: same
   outputs and drops, and every expert processes what it did, at its new index."""

@@ -43,6 +43,7 @@ def test_rows_go_to_replicas_in_turn(seed):
 
 
 @pytest.mark.parametrize("transport,schedule", [("padded", "sequential"), ("hierarchical", "comet")])
+@pytest.mark.sampled(1)
 def test_replicated_layer_matches_reference(mesh_2x4, transport, schedule):
   """8 logical experts in 16 slots planned by `rebalance` for Zipf loads: replicas are copies, so the
   layer is the reference's; gradients of the copies sum onto the logical weights."""

@@ -31,6 +31,7 @@ CASES = [
 
 @pytest.mark.parametrize("shape,routing,transport,schedule,chunks,backend,bf,k,epg", CASES,
                          ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES])
+@pytest.mark.sampled(2)
 def test_schedule_matches_reference(devices, shape, routing, transport, schedule, chunks, backend, bf, k, epg):
   n, m = shape
   cfg = MoEConfig(num_experts=n * m * epg, top_k=k, d_model=8, d_ff=12, routing=routing, transport=transport,
@@ -45,6 +46,7 @@ def test_schedule_matches_reference(devices, shape, routing, transport, schedule
 
 
 @pytest.mark.parametrize("schedule,transport", [("comet", "padded"), ("chunked", "hierarchical")])
+@pytest.mark.slow
 def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
   """Every first choice to expert 0 with a tight buffer: output, drop count, expert counts and
   gradients equal the sequential schedule's, and something was dropped."""
@@ -68,6 +70,7 @@ def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])
+@pytest.mark.slow
 def test_schedule_temporaries_do_not_grow_with_devices(devices, schedule):
   """Bounded buffers: 8 devices need at most 1.5x the temporaries of 4 (a block per peer would not;
   below 4 devices a chunk's worst case is still under the bound)."""
