@@ -61,10 +61,10 @@ def run_with_grads(apply, params, x, grads=True):
   return y, aux, g
 
 
-def reference_run(cfg, params, x, num_groups: int, grads=True, expert_bias=None):
-  """`run_with_grads` of the single-device reference with `num_groups` capacity groups."""
-  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_bias=expert_bias),
-                        params, x, grads)
+def reference_run(cfg, params, x, num_groups: int, grads=True, **state):
+  """`run_with_grads` of the single-device reference with `num_groups` capacity groups; state: the layer
+  state the reference takes too (expert_bias, balance_counts)."""
+  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, **state), params, x, grads)
 
 
 def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = None, reference=None, tol=1e-5,
@@ -76,8 +76,8 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = N
   run here with `num_groups` capacity groups (default: one per device of `mesh`)."""
   y, aux, g = run_with_grads(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs), params, x, grads)
   if reference is None:
-    reference = reference_run(cfg, params, x, mesh.size if num_groups is None else num_groups, grads,
-                              layer_kwargs.get("expert_bias"))
+    state = {k: v for k, v in layer_kwargs.items() if k in ("expert_bias", "balance_counts")}
+    reference = reference_run(cfg, params, x, mesh.size if num_groups is None else num_groups, grads, **state)
   y_ref, aux_ref, g_ref = reference
   assert relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):
@@ -85,6 +85,9 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = N
   np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), np.asarray(aux_ref["expert_counts"]))
   assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
   assert int(aux["tokens_overflowed"]) == 0
+  assert ("balance_counts" in aux) == ("balance_counts" in aux_ref)
+  if "balance_counts" in aux:
+    np.testing.assert_array_equal(np.asarray(aux["balance_counts"]), np.asarray(aux_ref["balance_counts"]))
   if grads:
     for path, a, b in zip(jax.tree_util.tree_leaves_with_path(g), jax.tree.leaves(g), jax.tree.leaves(g_ref)):
       scale = np.linalg.norm(np.asarray(b))

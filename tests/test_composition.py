@@ -29,7 +29,7 @@ AXES = {
     "replicas": (False, True),
     "buffer_factor": (None, 2.0),
     "expert_backend": ("dense", "ragged_dot"),
-    "router": ("softmax", "deepseek", "shared", "sequence_loss"),
+    "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
 }
 N, M, E, TOKENS = 2, 4, 8, 64
 
@@ -40,6 +40,8 @@ def refusal(case: dict) -> str | None:
     return "esp_schedule='baseline'.*no intra-node hop"
   if case["routing"] == "bilevel" and case["router"] == "deepseek":
     return "score='sigmoid'.*routing='bilevel'"
+  if case["routing"] == "bilevel" and case["router"] == "sequence_loss":
+    return "balance_loss.*routing='bilevel'"
   return None
 
 
@@ -69,12 +71,14 @@ def case_id(case: dict) -> str:
 
 def router_fields(case: dict) -> dict:
   """deepseek: sigmoid scores, routed scaling, group-limited (topk: 4 groups, 2 kept) with a balancing
-  bias; shared: a gated shared expert; sequence_loss: DeepSeek-V3's sequence-wise balance loss."""
+  bias; shared: a gated shared expert; sequence_loss: DeepSeek-V3's sequence-wise balance loss; global_batch:
+  f over the step's micro-batches (earlier counts from `layer_state`)."""
   if case["router"] == "deepseek":
     groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
     return dict(score="sigmoid", routed_scaling=2.5, bias_update_rate=1e-3, **groups)
   return {"softmax": {}, "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
-          "sequence_loss": dict(balance_loss="sequence")}[case["router"]]
+          "sequence_loss": dict(balance_loss="sequence"), "global_batch": dict(balance_loss="global_batch")
+          }[case["router"]]
 
 
 def config(case: dict) -> MoEConfig:
@@ -86,8 +90,13 @@ def config(case: dict) -> MoEConfig:
                    **router_fields(case))
 
 
-def expert_bias(case: dict) -> np.ndarray | None:
-  return helpers.normal(11, (E,)) * 0.05 if case["router"] == "deepseek" else None
+def layer_state(case: dict, cfg: MoEConfig) -> dict:
+  """moe_apply's state arguments: a balancing bias (deepseek), earlier micro-batches' counts (global_batch)."""
+  if case["router"] == "deepseek":
+    return {"expert_bias": helpers.normal(11, (E,)) * 0.05}
+  if case["router"] == "global_batch":
+    return {"balance_counts": np.round(np.abs(helpers.normal(12, (cfg.balance_counts_size,))) * 30)}
+  return {}
 
 
 def slot_table(case: dict) -> np.ndarray | None:
@@ -117,7 +126,7 @@ def test_combination_equals_reference_or_is_refused(case, mesh_2x4):
   params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS // 8, 8, 8))  # sequences of 8
   groups = N if case["esp_schedule"] in ("baseline", "s2") else N * M
   _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, num_groups=groups,
-                                            slot_expert=slot_table(case), expert_bias=expert_bias(case))
+                                            slot_expert=slot_table(case), **layer_state(case, cfg))
   if cfg.capacity_factor is not None:
     assert int(aux["tokens_dropped"]) > 0  # capacity 1.0 on random routing drops some choices
 

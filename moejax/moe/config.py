@@ -19,7 +19,7 @@ ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
 SCHEDULES = ("sequential", "chunked", "comet")
 SCORES = ("softmax", "sigmoid")
-BALANCE_LOSSES = ("batch", "sequence")
+BALANCE_LOSSES = ("batch", "sequence", "global_batch")
 ESP_SCHEDULES = (None, "baseline", "s1", "s2", "auto")
 
 
@@ -89,8 +89,12 @@ class MoEConfig:
     (never to the weights); the trainer updates it after every step, b += u * sign(mean load - load).
     0 = off. Flat routings only.
   balance_loss: the load-balance loss's token group: 'batch' (the statistics of all tokens of the call,
-    Switch's) or 'sequence' (DeepSeek-V3 Eqs. 17-20: per sequence, averaged over sequences; needs x as
-    [batch, seq, d]).
+    Switch's; the call's tokens are those of every data-parallel device), 'sequence' (DeepSeek-V3 Eqs.
+    17-20: per sequence, averaged over sequences; needs x as [batch, seq, d]; flat routings only) or
+    'global_batch' (the choice fractions f over the whole optimizer step: the counts of the call plus
+    `moe_apply(..., balance_counts=c)`, those of the step's earlier micro-batches, which the trainer
+    accumulates; the probabilities P stay the call's: Megatron-Core's global_aux_loss, Qwen's global-batch
+    balance). With 'bilevel', f of both of SMILE's routers.
   num_shared_experts: dense FFNs (of width shared_d_ff, default d_ff) applied to every token, their output
     added to the routed experts' (DeepSeek-V2/V3, Qwen2-MoE); parameters shared.w_in [d, S f], shared.w_out
     [S f, d] (+ shared.w_gate with gated experts). shared_gate: Qwen2-MoE's sigmoid gate sigmoid(x w) on
@@ -193,6 +197,9 @@ class MoEConfig:
             "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
             "one flat router's scores)")
     require(self.balance_loss in BALANCE_LOSSES, "balance_loss", self.balance_loss, f"one of {BALANCE_LOSSES}")
+    require(self.balance_loss != "sequence" or self.routing != "bilevel", "balance_loss", self.balance_loss,
+            "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
+            "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)")
     require(is_int(self.num_shared_experts, 0), "num_shared_experts", self.num_shared_experts, "an int >= 0")
     require(self.shared_d_ff is None or is_int(self.shared_d_ff), "shared_d_ff", self.shared_d_ff,
             "None (d_ff) or a positive int")
@@ -236,6 +243,12 @@ class MoEConfig:
       if e.field is None:
         raise
       require(False, prefix + e.field, e.value, e.allowed)
+
+  @property
+  def balance_counts_size(self) -> int:
+    """Length of the choice counts the balance loss's f comes from (`balance_counts`): E, or with 'bilevel'
+    the node router's n then the local router's m' = E / n."""
+    return self.num_nodes + self.experts_per_node if self.routing == "bilevel" else self.num_experts
 
   @property
   def experts_per_node(self) -> int:

@@ -158,7 +158,7 @@ def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
 
 
 def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None,
-                 expert_bias=None) -> Layout:
+                 expert_bias=None, balance_counts=None) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
   cfg.check_mesh(n, m)
@@ -191,6 +191,11 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
     raise ConfigError(f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
                       "expert_bias", tuple(np.shape(expert_bias)), f"[{cfg.num_experts}]")
+  if balance_counts is not None:
+    require(cfg.balance_loss == "global_batch", "balance_counts", "given",
+            f"None unless balance_loss='global_batch' (it is {cfg.balance_loss!r})")
+    require(tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,), "balance_counts",
+            tuple(np.shape(balance_counts)), f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)")
   if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
     raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} token-choice rows each device "
                       f"sends (schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
@@ -206,7 +211,8 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
 
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
               rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None,
-              expert_bias: jax.Array | None = None) -> tuple[jax.Array, dict]:
+              expert_bias: jax.Array | None = None, balance_counts: jax.Array | None = None
+              ) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
   x and y are sharded over both mesh axes, or with expert sharding (cfg.esp_schedule) over 'node' and
@@ -222,20 +228,27 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
     as copies in those slots (`moe.replicas`), with the same result; expert_counts stay per logical expert.
   expert_bias: optional [E], DeepSeek-V3's balancing bias (cfg.bias_update_rate), added to the scores
     that choose the experts, never to the weights.
+  balance_counts: with balance_loss='global_batch', the choice counts [cfg.balance_counts_size] of the
+    step's earlier micro-batches (None: none); aux['balance_counts'] returns them plus this call's, the
+    next micro-batch's input.
   """
-  check_inputs(params, x, cfg, mesh, slot_expert, expert_bias)  # a concrete slot table's contents too
-  return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert, expert_bias=expert_bias)
+  check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts)  # a slot table's contents too
+  return _moe_apply(params, x, cfg, mesh, rng=rng, train=train, slot_expert=slot_expert, expert_bias=expert_bias,
+                    balance_counts=balance_counts)
 
 
 # Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "train"))
-def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert, expert_bias):
-  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias)
+def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert, expert_bias, balance_counts):
+  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts)
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
   if expert_bias is not None:
     extras["bias"], extra_specs["bias"] = jnp.asarray(expert_bias, jnp.float32), P()
+  if cfg.balance_loss == "global_batch":
+    prior = jnp.zeros((cfg.balance_counts_size,)) if balance_counts is None else balance_counts
+    extras["balance_counts"], extra_specs["balance_counts"] = jnp.asarray(prior, jnp.float32), P()
   if slot_expert is not None:
     params = replicas_lib.physical_params(params, slot_expert)
     extras["slots"], extra_specs["slots"] = jnp.asarray(slot_expert, jnp.int32).reshape(-1), P()
@@ -248,6 +261,8 @@ def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert, expert_bias):
   body = functools.partial(_moe_local, cfg=cfg, lay=lay, sequence_length=x.shape[1] if x.ndim == 3 else None)
   check_vma = cfg.esp_schedule is not None or platform_lib.check_vma(cfg.expert_backend, platform)
   aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
+  if cfg.balance_loss == "global_batch":
+    aux_specs["balance_counts"] = P()
   y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=(lay.x_spec, param_specs(cfg), extra_specs),
                              out_specs=(lay.x_spec, aux_specs), check_vma=check_vma)(x_TxD, params, extras)
   return y_TxD.reshape(x.shape), aux
@@ -256,8 +271,9 @@ def _moe_apply(params, x, cfg, mesh, *, rng, train, slot_expert, expert_bias):
 def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
   """One device's part of the layer: route -> plan -> exchange -> experts -> exchange -> combine.
 
-  x [T, d] this device's tokens -> (y [T, d], aux); extras: the router noise [T, d] (jitter) and the
-  flat slot table [H * S] (replication), when used."""
+  x [T, d] this device's tokens -> (y [T, d], aux); extras, when used: the router noise [T, d] (jitter), the
+  flat slot table [H * S] (replication), the balancing bias [E] and the earlier micro-batches' choice
+  counts ('global_batch')."""
   k, num_experts, esp = cfg.choices_per_token, cfg.num_experts, cfg.esp_schedule
   # The shared experts need no exchange: computed first, nothing orders them after the dispatch.
   shared_TxD = shared_experts(x_TxD, params, cfg) if cfg.num_shared_experts else None
@@ -317,7 +333,10 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   if shared_TxD is not None:
     y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
 
-  aux = routing.aux_losses(jax.lax.psum(stats, lay.routed_over), cfg)
+  stats = jax.lax.psum(stats, lay.routed_over)
+  aux = routing.aux_losses(stats, cfg, extras.get("balance_counts"))
+  if "balance_counts" in extras:
+    aux["balance_counts"] = extras["balance_counts"] + routing.balance_counts(stats, cfg)
   aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), lay.sent_over)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), lay.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, lay.sent_over)
@@ -397,10 +416,16 @@ class ExpertBias(nnx.Variable):
   updates it after every step from the measured loads."""
 
 
+class BalanceCounts(nnx.Variable):
+  """The choice counts of the optimizer step's earlier micro-batches [cfg.balance_counts_size]
+  (balance_loss='global_batch'): input state the trainer sets per micro-batch; zeros outside training."""
+
+
 class MoELayer(nnx.Module):
   """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
   cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
-  its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated).
+  its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated), with balance_loss='global_batch' the
+earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -426,6 +451,8 @@ class MoELayer(nnx.Module):
     self.slot_expert = None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
     self.expert_bias = None if cfg.bias_update_rate == 0 else ExpertBias(
         jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
+    self.balance_counts = None if cfg.balance_loss != "global_batch" else BalanceCounts(
+        jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -449,5 +476,6 @@ class MoELayer(nnx.Module):
     if slot_expert is None and self.slot_expert is not None:
       slot_expert = self.slot_expert[...]
     bias = None if self.expert_bias is None else self.expert_bias[...]
+    prior = None if self.balance_counts is None else self.balance_counts[...]
     return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert,
-                     expert_bias=bias)
+                     expert_bias=bias, balance_counts=prior)

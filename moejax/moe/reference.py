@@ -37,10 +37,16 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, num_groups: int) -> jax.Array:
   return (ahead < capacity).reshape(tokens, k)
 
 
-def _switch_loss(chosen_TxK, probs_TxE, coef):
-  """coef * E * sum_e f_e * P_e: f = fraction of choices made for e, P = mean probability of e."""
+def _choice_counts(chosen_TxK, num):
+  return jax.nn.one_hot(chosen_TxK, num).sum((0, 1))
+
+
+def _switch_loss(chosen_TxK, probs_TxE, coef, prior_E=None):
+  """coef * E * sum_e f_e * P_e: f = fraction of choices made for e (with prior_E, of these choices and the
+  prior counts together), P = mean probability of e."""
   num = probs_TxE.shape[1]
-  f = jax.nn.one_hot(chosen_TxK, num).sum((0, 1)) / chosen_TxK.size
+  counts = _choice_counts(chosen_TxK, num)
+  f = counts / chosen_TxK.size if prior_E is None else (counts + prior_E) / (chosen_TxK.size + prior_E.sum())
   return coef * num * jnp.sum(f * probs_TxE.mean(0))
 
 
@@ -48,8 +54,9 @@ def _z(logits):
   return jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
 
 
-def _route(x_TxD, params, cfg, bias=None, sequence_length=None):
-  """(ids [T, K], weights [T, K], load-balance loss, z-loss) for the configured routing."""
+def _route(x_TxD, params, cfg, bias=None, sequence_length=None, prior=None):
+  """(ids [T, K], weights [T, K], load-balance loss, z-loss, the balanced routers' choice counts) for the
+  configured routing; prior: the earlier micro-batches' counts ('global_batch')."""
   if cfg.routing == "bilevel":
     node_logits = x_TxD @ params["node_router"]["kernel"]
     local_logits = x_TxD @ params["local_router"]["kernel"]
@@ -61,12 +68,15 @@ def _route(x_TxD, params, cfg, bias=None, sequence_length=None):
       for b in range(cfg.top_k):
         ids.append(nodes[:, a] * cfg.experts_per_node + local[:, b])
         weights.append(p_top[:, a] * q_top[:, b])
-    load_balance = _switch_loss(nodes, p, cfg.alpha) + _switch_loss(local, q, cfg.beta)
+    n = cfg.num_nodes
+    load_balance = (_switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n])
+                    + _switch_loss(local, q, cfg.beta, None if prior is None else prior[n:]))
     z_loss = cfg.z_loss_coef * (_z(node_logits) + _z(local_logits))
     weights = jnp.stack(weights, 1)
     if cfg.renormalize:
       weights = weights / weights.sum(-1, keepdims=True)
-    return jnp.stack(ids, 1), weights, load_balance, z_loss
+    counts = jnp.concatenate([_choice_counts(nodes, n), _choice_counts(local, cfg.experts_per_node)])
+    return jnp.stack(ids, 1), weights, load_balance, z_loss, counts
   logits = x_TxD @ params["router"]["kernel"]
   if cfg.score == "softmax":
     scores = probs = jax.nn.softmax(logits, axis=-1)
@@ -96,23 +106,28 @@ def _route(x_TxD, params, cfg, bias=None, sequence_length=None):
               zip(jnp.split(ids, ids.shape[0] // sequence_length), jnp.split(probs, probs.shape[0] // sequence_length))]
     load_balance = cfg.alpha * jnp.mean(jnp.stack(losses))
   else:
-    load_balance = _switch_loss(ids, probs, cfg.alpha)
-  return ids, weights, load_balance, cfg.z_loss_coef * _z(logits)
+    load_balance = _switch_loss(ids, probs, cfg.alpha, prior)
+  return ids, weights, load_balance, cfg.z_loss_coef * _z(logits), _choice_counts(ids, cfg.num_experts)
 
 
 def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int = 1,
-                  noise: jax.Array | None = None, expert_bias: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                  noise: jax.Array | None = None, expert_bias: jax.Array | None = None,
+                  balance_counts: jax.Array | None = None) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
   num_groups: dispatch groups for capacity mode (the mesh's device count). noise: router-input
   multiplier [tokens, d] (jitter), or None. expert_bias: the balancing bias [E] added to the scores
-  that choose experts.
+  that choose experts. balance_counts: with balance_loss='global_batch', the earlier micro-batches' choice
+  counts; aux['balance_counts'] is them plus this call's.
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
   tokens, num_experts = x_TxD.shape[0], cfg.num_experts
   router_in = x_TxD if noise is None else x_TxD * noise
-  ids, weights, load_balance, z_loss = _route(router_in, params, cfg, expert_bias,
-                                              x.shape[1] if x.ndim == 3 else None)
+  prior = None
+  if cfg.balance_loss == "global_batch":
+    prior = jnp.zeros((cfg.balance_counts_size,)) if balance_counts is None else jnp.asarray(balance_counts)
+  ids, weights, load_balance, z_loss, counts = _route(router_in, params, cfg, expert_bias,
+                                                      x.shape[1] if x.ndim == 3 else None, prior)
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, num_groups)
 
   act = ACTIVATIONS[cfg.activation]
@@ -139,4 +154,6 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
       "expert_counts": jnp.sum(onehot * keep[..., None], axis=(0, 1)).astype(jnp.int32),
       "tokens_dropped": jnp.sum(~keep).astype(jnp.int32),
   }
+  if prior is not None:
+    aux["balance_counts"] = prior + counts
   return y.reshape(x.shape).astype(x.dtype), aux

@@ -121,27 +121,43 @@ def _route_bilevel(x_TxD, params, cfg, tokens):
   return RoutingDecision(ids.astype(jnp.int32), _renormalize(weights, cfg)), stats
 
 
-def aux_losses(stats: dict, cfg: MoEConfig) -> dict[str, jax.Array]:
+def _balance_terms(cfg: MoEConfig):
+  """(choice counts, probability sums, coefficient, choices per token) of each balanced router."""
+  if cfg.routing == "bilevel":
+    return [("node_counts", "node_prob_sums", cfg.alpha, cfg.node_top_k),
+            ("local_counts", "local_prob_sums", cfg.beta, cfg.top_k)]
+  return [("choice_counts", "prob_sums", cfg.alpha, cfg.top_k)]
+
+
+def balance_counts(stats: dict, cfg: MoEConfig) -> jax.Array:
+  """[cfg.balance_counts_size] float32: the routers' choice counts in `stats`, concatenated."""
+  return jnp.concatenate([stats[counts].astype(jnp.float32) for counts, *_ in _balance_terms(cfg)])
+
+
+def aux_losses(stats: dict, cfg: MoEConfig, prior_counts: jax.Array | None = None) -> dict[str, jax.Array]:
   """Load-balance loss and router z-loss from global statistics.
 
   topk / node_limited: Switch's alpha * E * sum_e f_e P_e (f: fraction of token-choices sent to e,
   P: mean router probability; with sigmoid scores, the scores normalised over the experts), over all
-  tokens ('batch') or per sequence and averaged ('sequence', DeepSeek-V3 Eqs. 17-20). bilevel: SMILE's Eq. 4, alpha * n * sum_i f_i P_i + beta * m' *
-  sum_j f_j Q_j over nodes i and local experts j (minimum alpha + beta under uniform routing).
+  tokens ('batch') or per sequence and averaged ('sequence', DeepSeek-V3 Eqs. 17-20). bilevel: SMILE's
+  Eq. 4, alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j over nodes i and local experts j (minimum
+  alpha + beta under uniform routing). prior_counts ('global_batch'): earlier micro-batches' choice counts
+  (`balance_counts`), added to these tokens' in f; P stays these tokens'.
   z-loss: z_loss_coef * mean over tokens of logsumexp(logits)^2 (summed over both routers).
   """
   tokens = stats["tokens"]
-
-  def switch(counts, prob_sums, coef, choices):
-    return coef * counts.shape[0] * jnp.sum(counts / (tokens * choices) * prob_sums / tokens)
-
-  if cfg.routing == "bilevel":
-    load_balance = (switch(stats["node_counts"], stats["node_prob_sums"], cfg.alpha, cfg.node_top_k)
-                    + switch(stats["local_counts"], stats["local_prob_sums"], cfg.beta, cfg.top_k))
-  elif cfg.balance_loss == "sequence":
+  if cfg.balance_loss == "sequence":
     load_balance = cfg.alpha * stats["sequence_loss_sum"] / stats["sequences"]
   else:
-    load_balance = switch(stats["choice_counts"], stats["prob_sums"], cfg.alpha, cfg.top_k)
+    load_balance, start = jnp.zeros((), jnp.float32), 0
+    for counts_key, probs_key, coef, choices in _balance_terms(cfg):
+      counts = stats[counts_key]
+      f = counts / (tokens * choices)
+      if prior_counts is not None:
+        prior = prior_counts[start:start + counts.shape[0]]
+        f = (counts + prior) / (tokens * choices + jnp.sum(prior))
+      start += counts.shape[0]
+      load_balance = load_balance + coef * counts.shape[0] * jnp.sum(f * stats[probs_key] / tokens)
   z_loss = cfg.z_loss_coef * stats["z_sum"] / tokens
   return {"load_balance_loss": load_balance, "z_loss": z_loss, "aux_loss": load_balance + z_loss}
 

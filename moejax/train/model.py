@@ -163,7 +163,7 @@ class MoEFFN(nnx.Module):
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
     return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-                                         "traffic_rows", "expert_ids")}
+                                         "traffic_rows", "expert_ids", "balance_counts") if k in aux}
 
 
 class Block(nnx.Module):
@@ -285,6 +285,8 @@ class LanguageModel(nnx.Module):
         **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
            for name in ("tokens_dropped", "tokens_overflowed")},
     }
+    if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': [M, C], the next micro-batch's input
+      aux["balance_counts"] = jnp.stack([a["balance_counts"] for a in auxes])
     if details and auxes:
       aux.update({name: jnp.stack([a[name] for a in auxes]) for name in ("expert_ids", "traffic_rows")})
     return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)
@@ -388,3 +390,14 @@ def expert_biases(cfg: ModelConfig, rest: dict):
 def with_expert_biases(cfg: ModelConfig, rest: dict, bias_MxE) -> dict:
   """`rest` with MoE layer j's balancing bias replaced by bias_MxE[j] (the rest of the tree shared)."""
   return _with_stacked(cfg, rest, "expert_bias", bias_MxE)
+
+
+def balance_counts(cfg: ModelConfig, rest: dict):
+  """[M, C] float32: the MoE layers' earlier-micro-batch choice counts (`BalanceCounts`, balance_loss=
+  'global_batch') from the pure-dict `rest`, or None without them."""
+  return _stacked(cfg, rest, "balance_counts")
+
+
+def with_balance_counts(cfg: ModelConfig, rest: dict, counts_MxC) -> dict:
+  """`rest` with MoE layer j's earlier-micro-batch choice counts replaced by counts_MxC[j]."""
+  return _with_stacked(cfg, rest, "balance_counts", counts_MxC)

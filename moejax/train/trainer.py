@@ -238,21 +238,29 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     if "expert_bias" in state:
       rest = model_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
 
-    def loss_fn(params, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
-      model = nnx.merge(self.graphdef, params, rest)
+    def loss_fn(params, counts_MxC, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
+      micro_rest = rest if counts_MxC is None else model_lib.with_balance_counts(self.model_cfg, rest, counts_MxC)
+      model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
       logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
                                 rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
       loss_sum, correct = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
       return loss_sum / total + aux["aux_loss"] / num_micro, (loss_sum, correct, aux)
 
-    def micro_step(grads, micro):
-      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], *micro)
-      return jax.tree.map(jnp.add, grads, g), (loss_sum, correct, aux)
+    def micro_step(carry, micro):
+      # balance_loss='global_batch': each micro-batch's loss sees the choice counts of the step's earlier ones
+      # (the layers return them plus their own: the next micro-batch's input).
+      grads, counts_MxC = carry
+      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], counts_MxC,
+                                                                                 *micro)
+      counts_MxC = aux.pop("balance_counts", None)
+      return (jax.tree.map(jnp.add, grads, g), counts_MxC), (loss_sum, correct, aux)
 
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
-    grads, (loss_sums, corrects, auxes) = jax.lax.scan(
-        micro_step, zeros, (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
+    counts = model_lib.balance_counts(self.model_cfg, rest)
+    (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
+        micro_step, (zeros, None if counts is None else jnp.zeros_like(counts)),
+        (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
     updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
     new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
                  "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
