@@ -64,6 +64,7 @@ from moejax.moe.config import MoEConfig  # noqa: E402
 from moejax.runtime import mesh as mesh_lib  # noqa: E402
 from moejax.runtime import platform as platform_lib  # noqa: E402
 from moejax.study import phase_timing  # noqa: E402
+from moejax.train import presets  # noqa: E402
 
 STEPS = ('env', 'ceilings', 'kernels', 'layer', 'chunking', 'train_step')
 OPTIONAL_PACKAGES = ('ml_collections', 'tensorboardX', 'tokamax')
@@ -86,6 +87,12 @@ LAYER_MODELS = {
     'smile_3.7b_e8': dict(d_model=768, d_ff=3072, num_experts=8, top_k=1, gated=False, activation='gelu',
                           tokens=ROWS),
 }
+# The published fine-grained layers (moejax.train.presets) at full width: Qwen3-MoE's 128 experts, and a quarter of
+# DeepSeek-V3's 256 (their weights, 5.6 GB in bf16, fit one GPU with the backward's), with V3's sigmoid, group-limited
+# routing and shared expert; the balance loss per call (the benchmark's x is [tokens, d], not sequences).
+for _name, _experts in (('qwen3_moe', 1), ('deepseek_v3', 4)):
+  _fields = presets.moe_fields(_name, expert_scale=_experts)
+  LAYER_MODELS[_name] = dict(_fields, balance_loss='batch', tokens=ROWS // _fields['top_k'])
 SMOKE_LAYER_MODELS = {
     'smoke_gated_e8': dict(d_model=32, d_ff=64, num_experts=8, top_k=2, gated=True, activation='silu', tokens=32),
 }

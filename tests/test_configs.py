@@ -22,8 +22,9 @@ from experiments.config_flag import define_config  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 # Each config file, by the experiment that reads it.
-KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "scaling_default": "scaling",
-         "scaling_smile": "scaling", "scaling_schedules": "scaling"}
+KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train",
+         "scaling_default": "scaling",
+         "scaling_smile": "scaling", "scaling_schedules": "scaling", "scaling_presets": "scaling"}
 EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(trainer.MOE_FROM_MODEL),
             "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}
 
@@ -62,7 +63,7 @@ def test_every_config_file_is_checked():
   assert files == set(KINDS)
 
 
-@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b"])
+@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b", "scaling_presets:qwen3_moe", "scaling_presets:mixtral_8x7b"])
 def test_configs_expose_every_moe_field_and_build(spec):
   config = get_config(spec)
   assert set(config.moe) == EXPECTED[KINDS[spec.partition(":")[0]]]

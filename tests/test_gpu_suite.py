@@ -246,3 +246,19 @@ def test_chunking_times_every_piece_count_and_schedule(records):
     assert cases[0]["time_vs_one_call"] == 1.0 and all(positive(c["tflops"]) for c in cases)
   assert {c["schedule"] for c in record["schedules"]} == {"sequential", "chunked", "comet"}
   assert "--xla_gpu_enable_latency_hiding_scheduler=true" in record["xla_flags"]
+
+
+def test_layer_models_include_the_published_presets():
+  """The suite's layer step times DeepSeek-V3's and Qwen3-MoE's routed layers from `moejax.train.presets`."""
+  from benchmarks import gpu_suite
+  from moejax.moe.config import MoEConfig
+  from moejax.train import presets
+
+  for name in ("deepseek_v3", "qwen3_moe"):
+    shape = dict(gpu_suite.LAYER_MODELS[name])
+    tokens = shape.pop("tokens")
+    cfg = MoEConfig(**shape)
+    published = presets.PRESETS[name].moe
+    for field in ("d_model", "d_ff", "top_k", "score", "num_groups", "num_shared_experts", "routed_scaling"):
+      assert getattr(cfg, field) == published.get(field, getattr(MoEConfig, field, None)), (name, field)
+    assert tokens * cfg.top_k == gpu_suite.ROWS

@@ -190,3 +190,14 @@ def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
              - overlap.price_schedule(schedule, ex, base, chunks).compute_s)
     assert delta == pytest.approx(1e-3)
   assert overlap.price_schedule("comet", ex, extra, 2).time_s == overlap.price_schedule("comet", ex, base, 2).time_s
+
+
+def test_the_measured_row_cost_is_the_committed_h100_runs_and_scales_with_memory_bandwidth():
+  from moejax.cost import phases
+  from tests.helpers import ROOT
+  got = phases.from_layer_json(ROOT / phases.H100_LAYER_JSON, "mixtral_8x7b")
+  assert phases.H100_MEASURED.seconds_per_byte == pytest.approx(got.seconds_per_byte, rel=1e-12)
+  assert phases.for_topology(topology_lib.DGX_H100_IB) == phases.H100_MEASURED  # the same HBM3
+  l20 = phases.for_topology(topology_lib.L20_PCIE)
+  assert l20.seconds_per_byte == pytest.approx(got.seconds_per_byte * 3.35e12 / 864e9)
+  assert "memory bandwidth" in l20.source

@@ -16,20 +16,10 @@ from moejax.runtime import mesh as mesh_lib
 
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
-LAYER_JSON = ROOT / "benchmarks/results/2026-11-23-h100/layer.json"  # the layer's phases timed on an H100
-# Memory bandwidths that carry the H100's measured per-byte non-expert cost over (memory-bound work).
-HBM = {"h800_nvlink": (3.35e12, "H100 / H800 SXM5 datasheet: HBM3 3.35 TB/s"),
-       "l20_pcie": (864e9, "assumed: NVIDIA L20 product brief, GDDR6 864 GB/s; not checked against a datasheet")}
-
-
 def non_expert_cost(topology) -> phases.RowCost:
-  """The H100's measured non-expert seconds per routed-row byte (Mixtral widths, padded transport), scaled by
-  the memory bandwidth of `topology`'s GPU against the H100's."""
-  measured = phases.from_layer_json(LAYER_JSON, "mixtral_8x7b", name=display_path(LAYER_JSON))
-  bandwidth, source = HBM[topology.name]
-  scale = HBM["h800_nvlink"][0] / bandwidth
-  return phases.RowCost(measured.seconds_per_byte * scale, f"{measured.source}" +
-                        ("" if scale == 1 else f", x {scale:.2f} for memory bandwidth ({source})"))
+  """The H100's measured non-expert seconds per routed-row byte (Mixtral widths, padded transport), carried to
+  `topology`'s GPU by memory bandwidth (`phases.for_topology`)."""
+  return phases.for_topology(topology)
 
 
 COMET_MIXTRAL = dict(d_model=4096, d_ff=14336, experts=8, top_k=2)

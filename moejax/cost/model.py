@@ -122,7 +122,7 @@ def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
 
 def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, topology: Topology,
                 device_rate: float | tuple[float, str] | None = None, *, other_flops: float = 0.0,
-                backward: bool = False) -> Breakdown:
+                non_expert_s: float = 0.0, backward: bool = False) -> Breakdown:
   """Prices one MoE layer.
 
   traffic_rows: [H, D, D] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
@@ -134,6 +134,8 @@ def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, top
   device_rate: FLOP/s of one device, or (FLOP/s, source) as `measured_rate` returns;
     None = `default_rate(topology)`.
   other_flops: forward non-expert FLOPs per device (router, combine), priced at the same rate.
+  non_expert_s: forward seconds of the memory-bound non-expert phases (`cost.phases`); the backward pays
+    them twice more, like the FLOPs.
   """
   if device_rate is None:
     device_rate = default_rate(topology)
@@ -146,5 +148,5 @@ def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, top
   flops_factor = 3 if backward else 1
   return Breakdown(inter_node_a2a_s=inter, intra_node_a2a_s=intra,
                    expert_compute_s=flops_factor * float(np.max(flops)) / rate,
-                   other_s=flops_factor * float(other_flops) / rate, hops=dispatch, device_rate=rate,
+                   other_s=flops_factor * (float(other_flops) / rate + non_expert_s), hops=dispatch, device_rate=rate,
                    rate_source=rate_source, topology=topology.name)

@@ -19,12 +19,20 @@ Who pays it (Comet, arXiv 2502.19811): its baselines run these phases as kernels
 to the destination (Sec. 3.2), so the gather and the scatter are not separate passes. `overlap.LayerShape`'s
 `non_expert_s` is charged to the sequential and chunked schedules and not to comet (an upper bound of what comet
 saves: the routing and sort it still runs are inside the measured remainder and are not split out of it).
+
+`for_topology` carries the H100 measurement (`H100_MEASURED`, Mixtral widths) to another GPU by its memory
+bandwidth; the Comet validation and the scaling sweep both price with it. The per-byte cost is not one constant
+across shapes: the same run gives 1.0e-11 s/byte at Qwen2-MoE's widths (d 2048, E 64, top-4) against 2.7e-12 at
+Mixtral's (d 4096, E 8, top-2), since routing and the sort grow with E and k, not with d; priced at Mixtral's, a
+fine-grained layer's non-expert time is an underestimate.
 """
 
 import dataclasses
 import json
 
 import numpy as np
+
+from moejax.cost.topology import H100_HBM, Topology
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,3 +61,19 @@ def from_layer_json(path, model: str, transport: str = "padded", name: str | Non
   return RowCost(float(np.mean(per_byte)),
                  f"measured: {name or path} {model} {transport} ({backends}) layer_other_ms / routed row bytes on "
                  f"{record.get('device', 'unknown device')}, mean of {len(cases)}")
+
+
+H100_LAYER_JSON = "benchmarks/results/2026-11-23-h100/layer.json"
+# from_layer_json(H100_LAYER_JSON, "mixtral_8x7b"); tests/test_overlap_cost.py checks it against the file.
+H100_MEASURED = RowCost(2.679197117990651e-12, f"measured: {H100_LAYER_JSON} mixtral_8x7b padded (ragged_dot, "
+                        "pallas) layer_other_ms / routed row bytes on NVIDIA H100 80GB HBM3, mean of 2")
+
+
+def for_topology(topology: Topology, measured: RowCost = H100_MEASURED, measured_bw: float = H100_HBM.value) -> RowCost:
+  """`measured` (taken on a GPU of memory bandwidth `measured_bw`) carried to `topology`'s GPU: memory-bound work
+  scales with 1 / memory bandwidth."""
+  scale = measured_bw / topology.memory_bw.value
+  if scale == 1:
+    return measured
+  return RowCost(measured.seconds_per_byte * scale,
+                 f"{measured.source}, x {scale:.2f} for memory bandwidth ({topology.memory_bw.source})")

@@ -12,7 +12,7 @@ import dataclasses
 KINDS = ("datasheet", "paper", "assumed", "fitted", "measured", "given")
 UNITS = {"gpus_per_node": (1, ""), "intra_bw": (1e9, "GB/s"), "nic_bw": (1e9, "GB/s"),
          "intra_latency": (1e-6, "us"), "inter_latency": (1e-6, "us"), "launch": (1e-6, "us"),
-         "peak_flops": (1e12, "TFLOP/s"), "compute_efficiency": (1, "")}
+         "peak_flops": (1e12, "TFLOP/s"), "compute_efficiency": (1, ""), "memory_bw": (1e9, "GB/s")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,8 @@ class Topology:
   launch: seconds per collective call, paid once per exchange.
   peak_flops: dense 16-bit tensor-core FLOP/s of one GPU.
   compute_efficiency: fraction of peak_flops the expert matmuls reach when no measured rate is given.
+  memory_bw: bytes/s of one GPU's memory: the rate of the layer's memory-bound non-expert phases
+    (`cost.phases`).
   """
 
   name: str
@@ -53,6 +55,7 @@ class Topology:
   launch: Param
   peak_flops: Param
   compute_efficiency: Param
+  memory_bw: Param
 
   def params(self) -> dict[str, Param]:
     return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "name"}
@@ -70,6 +73,8 @@ EFFICIENCY = Param(0.5, "assumed: half of peak for expert matmuls; pass a measur
 A100_PEAK = Param(312e12, "A100 SXM4 datasheet: 312 TFLOP/s dense FP16/BF16 tensor", "datasheet")
 H100_PEAK = Param(989e12, "H100 SXM5 datasheet: 989 TFLOP/s dense BF16 tensor (1979 with sparsity)", "datasheet")
 A100_NVLINK = "A100 SXM4 datasheet: NVLink 600 GB/s per GPU bidirectional, 300 GB/s per direction"
+A100_40GB_HBM = Param(1555e9, "A100 datasheet: 40 GB HBM2, 1,555 GB/s", "datasheet")
+H100_HBM = Param(3.35e12, "H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s", "datasheet")
 
 P4D_EFA = Topology(
     name="p4d_efa",
@@ -77,7 +82,8 @@ P4D_EFA = Topology(
     intra_bw=Param(300e9, f"{A100_NVLINK}; SMILE Sec. 1 and 4.4: NVSwitch 600 GB/s inside a P4d", "datasheet"),
     nic_bw=Param(50e9, "SMILE Sec. 1 and 4.1: EFA 400 Gbps between P4d nodes = 50 GB/s per node", "paper"),
     intra_latency=NVLINK_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
-    peak_flops=A100_PEAK, compute_efficiency=EFFICIENCY)
+    peak_flops=A100_PEAK, compute_efficiency=EFFICIENCY,
+    memory_bw=A100_40GB_HBM)
 
 DGX_H100_IB = Topology(
     name="dgx_h100_ib",
@@ -86,7 +92,8 @@ DGX_H100_IB = Topology(
                    "datasheet"),
     nic_bw=Param(400e9, "DGX H100 datasheet: 8x ConnectX-7 400 Gb/s InfiniBand = 400 GB/s per node", "datasheet"),
     intra_latency=NVLINK_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
-    peak_flops=H100_PEAK, compute_efficiency=EFFICIENCY)
+    peak_flops=H100_PEAK, compute_efficiency=EFFICIENCY,
+    memory_bw=H100_HBM)
 
 H800_NVLINK = Topology(
     name="h800_nvlink",
@@ -97,7 +104,8 @@ H800_NVLINK = Topology(
                  "with more nodes", "assumed"),
     intra_latency=NVLINK_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
     peak_flops=Param(989e12, "H800 SXM5 specification: the H100 SXM5's 989 TFLOP/s dense BF16", "datasheet"),
-    compute_efficiency=EFFICIENCY)
+    compute_efficiency=EFFICIENCY,
+    memory_bw=Param(3.35e12, "H800 SXM5 specification: the H100 SXM5's HBM3, 3.35 TB/s", "datasheet"))
 
 A100_IB100 = Topology(
     name="a100_ib100",
@@ -105,7 +113,8 @@ A100_IB100 = Topology(
     intra_bw=Param(300e9, f"assumed: Lina does not name its intra-node link; {A100_NVLINK}", "assumed"),
     nic_bw=Param(12.5e9, "Lina Sec. 7.1: 100 Gbps InfiniBand per node = 12.5 GB/s", "paper"),
     intra_latency=NVLINK_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
-    peak_flops=A100_PEAK, compute_efficiency=EFFICIENCY)
+    peak_flops=A100_PEAK, compute_efficiency=EFFICIENCY,
+    memory_bw=A100_40GB_HBM)
 
 L20_PCIE = Topology(
     name="l20_pcie",
@@ -115,7 +124,8 @@ L20_PCIE = Topology(
     intra_latency=PCIE_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
     peak_flops=Param(119.5e12, "assumed: 119.5 TFLOP/s FP16 tensor, the figure resellers quote for the L20; "
                      "not checked against an NVIDIA datasheet", "assumed"),
-    compute_efficiency=EFFICIENCY)
+    compute_efficiency=EFFICIENCY,
+    memory_bw=Param(864e9, "assumed: NVIDIA L20 product brief, GDDR6 864 GB/s; not checked against a datasheet", "assumed"))
 
 RTX4090_PCIE = Topology(
     name="rtx4090_pcie",
@@ -128,7 +138,8 @@ RTX4090_PCIE = Topology(
     intra_latency=PCIE_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
     peak_flops=Param(165.2e12, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: 165.2 TFLOP/s peak "
                      "FP16 tensor with FP32 accumulate (dense)", "datasheet"),
-    compute_efficiency=EFFICIENCY)
+    compute_efficiency=EFFICIENCY,
+    memory_bw=Param(1008e9, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: GDDR6X 1,008 GB/s", "datasheet"))
 
 RTX2080TI_IB100 = Topology(
     name="rtx2080ti_ib100",
@@ -139,7 +150,8 @@ RTX2080TI_IB100 = Topology(
     intra_latency=PCIE_LATENCY, inter_latency=NET_LATENCY, launch=LAUNCH,
     peak_flops=Param(53.8e12, "NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti (reference clocks): "
                      "53.8 TFLOP/s peak FP16 tensor with FP32 accumulate", "datasheet"),
-    compute_efficiency=EFFICIENCY)
+    compute_efficiency=EFFICIENCY,
+    memory_bw=Param(616e9, "NVIDIA Turing architecture whitepaper, GeForce RTX 2080 Ti: GDDR6 616 GB/s", "datasheet"))
 
 PRESETS = {t.name: t for t in (P4D_EFA, DGX_H100_IB, H800_NVLINK, A100_IB100, L20_PCIE, RTX4090_PCIE, RTX2080TI_IB100)}
 

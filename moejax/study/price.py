@@ -19,6 +19,12 @@ whatever the routing, so it is priced exactly at the modelled scale: `capacity_t
 C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
 rows routed, without capacity padding.
 
+Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared
+experts' at the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at
+the measured H100 cost per routed-row byte carried to the topology's GPU by memory bandwidth
+(`cost.phases.for_topology`, the cost the Comet validation uses); the backward pays both twice more, comet's
+fused kernels none of the second.
+
 The step model (`cost.model.training_step_s`, per GPU):
   micro = 3 * non-MoE FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
   non-MoE FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask
@@ -34,7 +40,7 @@ Throughput is global_batch / step in samples/s.
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cost import collectives, overlap, parm
+from moejax.cost import collectives, overlap, parm, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
 from moejax.moe import routing
@@ -50,7 +56,8 @@ def device_rate(config) -> tuple[float, str]:
   return cost_model.default_rate(topology(config))
 
 
-def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row, other_flops) -> dict:
+def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row, other_flops,
+                        non_expert_s: float) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
   model, cluster = config.models[point.model], topology(config)
@@ -60,7 +67,7 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
   hops = transport_hops(cfg.transport)
   exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
   shape = overlap.LayerShape((processed[busiest] / experts_per_gpu,) * experts_per_gpu, model.d_model, model.d_ff,
-                             config.moe.gated, rate, overlap.GemmCurve(sms=config.gemm_sms))
+                             config.moe.gated, rate, overlap.GemmCurve(sms=config.gemm_sms), non_expert_s)
   out = {}
   for name, train in (("forward", False), ("train", True)):
     cost = overlap.price_schedule(cfg.schedule, exchanges, shape, cfg.num_chunks, train=train)
@@ -81,7 +88,7 @@ def esp_layer(point: Point, config, cfg) -> parm.ParmLayer:
                         n_mp=point.gpus_per_node)
 
 
-def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops) -> dict:
+def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, non_expert_s: float) -> dict:
   """Parm's schedules (`cost.parm`): their collectives' alpha-beta terms on the topology, the expert FLOPs of
   the rows each GPU computes (every token N_MP times in the baseline). The backward is priced as the forward's
   collectives once more (reversed) and twice its FLOPs; Parm models the forward only."""
@@ -102,7 +109,8 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops) -
   for name, passes in (("forward", 1), ("train", 2)):
     out[name] = cost_model.Breakdown(
         inter_node_a2a_s=passes * inter, intra_node_a2a_s=passes * intra,
-        expert_compute_s=(2 * passes - 1) * flops / rate, other_s=(2 * passes - 1) * other_flops / rate, hops=(),
+        expert_compute_s=(2 * passes - 1) * flops / rate,
+        other_s=(2 * passes - 1) * (other_flops / rate + non_expert_s), hops=(),
         device_rate=rate, rate_source=rate_source, topology=cluster.name)
   return out
 
@@ -122,10 +130,15 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
   bytes_per_row = model.d_model * itemsize
   router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
   other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
+  if cfg.num_shared_experts:  # dense FFNs on every token (DeepSeek, Qwen2-MoE)
+    shared_width = cfg.num_shared_experts * (cfg.shared_d_ff or model.d_ff)
+    other_flops += float(cost_model.expert_flops(tokens, model.d_model, shared_width, cfg.gated))
+  # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
+  non_expert_s = phases.for_topology(topology(config)).seconds(tokens * k, model.d_model, itemsize)
   common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
             "routing": cfg.routing, "transport": cfg.transport}
   if point.scheme in ESP_SCHEMES:
-    return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops)}
+    return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
   scale = tokens / sim["tokens_per_gpu"]
   if cfg.transport == "capacity":
     rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens))
@@ -141,11 +154,13 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
            "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
            "token_scale": scale}
   if point.scheme in OVERLAP_SCHEMES:
-    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, bytes_per_row, other_flops)}
+    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, bytes_per_row, other_flops,
+                                                     non_expert_s)}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
   args = (rows, transport_hops(cfg.transport), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
-  return {**common, **stats, "forward": cost_model.price_layer(*args, other_flops=other_flops),
-          "train": cost_model.price_layer(*args, other_flops=other_flops, backward=True)}
+  return {**common, **stats, "forward": cost_model.price_layer(*args, other_flops=other_flops,
+                                                                non_expert_s=non_expert_s),
+          "train": cost_model.price_layer(*args, other_flops=other_flops, non_expert_s=non_expert_s, backward=True)}
 
 
 def model_parallel(point: Point) -> int:

@@ -1,0 +1,42 @@
+"""A published fine-grained MoE model (moejax.train.presets) in the scaling sweep, on a DGX H100-like cluster.
+
+The preset's routed layer at full width (d_model, expert d_ff, top-k, scores, group limit, shared expert, routed
+scaling) with 8 experts per GPU, so 4 nodes x 8 GPUs hold DeepSeek-V3's 256 experts (Qwen3-MoE's 128 at 2 nodes);
+the model's layer count from the preset, every layer MoE (V3's first 3 dense ones counted as MoE), sequences of
+4096 tokens, one per GPU. The schemes are those of flat top-k routing (DeepSeek-V3's group limit is its own node
+limit; SMILE's bi-level router cannot take sigmoid scores or the bias): flat dropless, hierarchical, and the
+overlap schedules of the flat layer.
+
+  python -m experiments.scaling --config=configs/scaling_presets.py --workdir=/tmp/scaling_ds
+  python -m experiments.scaling --config=configs/scaling_presets.py:qwen3_moe --workdir=/tmp/scaling_q3
+"""
+
+import ml_collections
+
+from configs import scaling_default
+from moejax.study.points import SCHEME_FIELDS
+from moejax.train import presets
+
+# vocab_size of each model's config.json on the Hugging Face hub (the sources named in moejax.train.presets)
+VOCAB = {"deepseek_v3": 129280, "qwen3_moe": 151936, "mixtral_8x7b": 32000}
+
+
+def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
+  if preset not in presets.PRESETS:
+    raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(presets.PRESETS)}")
+  published = presets.PRESETS[preset]
+  fields = presets.moe_fields(preset)
+  config = scaling_default.get_config()
+  config.topology = "dgx_h100_ib"
+  config.gemm_sms = 132  # H100 SXM5 datasheet: 132 SMs
+  config.nodes = (1, 2, 4)
+  config.gpus_per_node = (8,)
+  config.schemes = ("flat_dropless", "hierarchical", "chunked", "comet")
+  config.models = ml_collections.ConfigDict({preset: {
+      "d_model": fields["d_model"], "d_ff": fields["d_ff"], "layers": published.layers,
+      "moe_layers": published.layers, "seq_len": 4096, "micro_batch": 1, "vocab": VOCAB[preset]}})
+  # The sweep prices the layer and times no loss: the per-call balance loss (the small run's x is [tokens, d]).
+  routed = {k: v for k, v in fields.items() if k not in SCHEME_FIELDS and k != "balance_loss"}
+  config.moe.update(routed)
+  config.moe.experts_per_gpu = 8
+  return config
