@@ -13,16 +13,20 @@ drops a few per cent of the token-choices, which the paper's 16384 tokens (capac
 
 The p4d_efa preset uses datasheet numbers, which make all-to-all far faster than SMILE measured
 (Table 3); experiments/validation/smile.py (run by experiments/validate_cost_model.py) fits the
-inter-node terms to Table 3, and its fitted values can be passed as
---config.topology_overrides="inter_latency=...,nic_bw=...". Points then only reprice: the simulated runs
-are kept in the workdir.
+inter-node terms to Table 3 (1452 us per inter-node message, 22.6 GB/s per node), and the sweep takes the
+same model with them (`FITTED_OVERRIDES`; the points then only reprice, the simulated runs are kept):
 
   python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile
+  python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile \
+      --config.topology_overrides="inter_latency=1.4521542857e-3,nic_bw=22.591471979e9"
 """
 
 import ml_collections
 
 from configs import scaling_default
+
+# experiments/validation/smile.py's fit_inter_node(p4d_efa) (tests/test_validation.py checks the two agree).
+FITTED_OVERRIDES = "inter_latency=1.4521542857e-3,nic_bw=22.591471979e9"
 
 
 def get_config() -> ml_collections.ConfigDict:

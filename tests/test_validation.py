@@ -58,3 +58,16 @@ def test_validation_rows():
   for r in rows:  # no schedule beats a link to itself: every speedup modelled is at least 1
     if "speedup" in r["quantity"]:
       assert r["modelled"] >= 1 - 1e-12
+
+
+def test_the_smile_sweep_can_take_the_fitted_inter_node_terms():
+  """configs/scaling_smile.py's FITTED_OVERRIDES are the validation's fit, so the sweep prices with the same model."""
+  from configs import scaling_smile
+  from experiments.validation import smile
+  from moejax.cost import topology as topology_lib
+
+  fitted = smile.fit_inter_node(topology_lib.P4D_EFA)[0]
+  overrides = topology_lib.parse_overrides(scaling_smile.FITTED_OVERRIDES)
+  assert overrides.keys() == {"inter_latency", "nic_bw"}
+  for field, value in overrides.items():
+    assert value == pytest.approx(fitted[field], rel=1e-9), field
