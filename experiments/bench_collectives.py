@@ -72,9 +72,9 @@ def local_exchange(variant: str, n: int, m: int, rows: int):
     return jax.lax.all_to_all(x.reshape(num_devices, rows, -1), ALL, 0, 0).reshape(x.shape)
 
   def two_hop(x):
-    x_NxMxRxD = x.reshape(n, m, rows, -1)
-    x_NxMxRxD = jax.lax.all_to_all(x_NxMxRxD, mesh_lib.GPU, 1, 1)
-    return jax.lax.all_to_all(x_NxMxRxD, mesh_lib.NODE, 0, 0).reshape(x.shape)
+    x_nodes_gpus_rows_d = x.reshape(n, m, rows, -1)
+    x_nodes_gpus_rows_d = jax.lax.all_to_all(x_nodes_gpus_rows_d, mesh_lib.GPU, 1, 1)
+    return jax.lax.all_to_all(x_nodes_gpus_rows_d, mesh_lib.NODE, 0, 0).reshape(x.shape)
 
   def ragged(x, exchange):
     return exchange(x, jnp.zeros_like(x), *_ragged_args(num_devices, rows, m), axis_name=ALL)
@@ -89,12 +89,12 @@ def local_exchange(variant: str, n: int, m: int, rows: int):
 
 def reference(variant: str, x: np.ndarray, n: int, m: int) -> np.ndarray:
   """What a one-axis variant returns for the global input x [D * D * rows, d] (device s holds block s)."""
-  x_NxMxRxD = x.reshape(n, m, -1, x.shape[-1])
+  x_nodes_gpus_rows_d = x.reshape(n, m, -1, x.shape[-1])
   if variant == "node_a2a":  # device (i, j) sends its k-th of n blocks to (k, j), which stores it i-th
-    return x_NxMxRxD.reshape(n, m, n, -1, x.shape[-1]).transpose(2, 1, 0, 3, 4).reshape(x.shape)
+    return x_nodes_gpus_rows_d.reshape(n, m, n, -1, x.shape[-1]).transpose(2, 1, 0, 3, 4).reshape(x.shape)
   if variant == "gpu_all_gather":  # every GPU of node i: node i's blocks in GPU order
-    return np.broadcast_to(x_NxMxRxD[:, None], (n, m) + x_NxMxRxD.shape[1:]).reshape(-1, x.shape[-1])
-  return np.broadcast_to(x_NxMxRxD.sum(axis=1, keepdims=True), x_NxMxRxD.shape).reshape(x.shape)
+    return np.broadcast_to(x_nodes_gpus_rows_d[:, None], (n, m) + x_nodes_gpus_rows_d.shape[1:]).reshape(-1, x.shape[-1])
+  return np.broadcast_to(x_nodes_gpus_rows_d.sum(axis=1, keepdims=True), x_nodes_gpus_rows_d.shape).reshape(x.shape)
 
 
 def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:

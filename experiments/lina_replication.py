@@ -82,20 +82,20 @@ def synthetic_traces(layers, tokens, experts, choices, noise, seed) -> np.ndarra
   return out
 
 
-def layer_time_s(true_E, src_rows_DxE, slot_expert, mesh_shape, topology) -> float:
+def layer_time_s(true_E, src_rows_AxE, slot_expert, mesh_shape, topology) -> float:
   """Modelled forward of one MoE layer: its rows split over each expert's replicas in proportion to the
   replicas a device holds, dispatch + combine all-to-all and the busiest device's expert FFN."""
   experts = true_E.size
   placed = np.stack([np.bincount(row, minlength=experts) for row in slot_expert], axis=1)  # [E, D]
-  traffic_DxD = src_rows_DxE @ (placed / placed.sum(1, keepdims=True))
-  flops = model.expert_flops(traffic_DxD.sum(0), _D_MODEL.value, _D_FF.value)
-  return model.price_layer(traffic_DxD[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value, flops,
+  traffic_AxA = src_rows_AxE @ (placed / placed.sum(1, keepdims=True))
+  flops = model.expert_flops(traffic_AxA.sum(0), _D_MODEL.value, _D_FF.value)
+  return model.price_layer(traffic_AxA[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value, flops,
                            topology).total_s
 
 
-def source_rows(batch_LxTxK, layer, devices, experts) -> np.ndarray:
+def source_rows(batch_MxTxK, layer, devices, experts) -> np.ndarray:
   """[D, E] rows each device sends to each expert: the batch's tokens split evenly over devices in order."""
-  ids = batch_LxTxK[layer]
+  ids = batch_MxTxK[layer]
   device = np.arange(ids.shape[0]) * devices // ids.shape[0]
   rows = np.zeros((devices, experts))
   np.add.at(rows, (np.repeat(device, ids.shape[1]), ids.ravel()), 1.0)

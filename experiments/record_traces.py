@@ -55,11 +55,11 @@ def record(config, checkpoint: str, tokens: int) -> tuple[np.ndarray, dict]:
   print(f"loaded step {step} from {checkpoint}; tracing {tokens} tokens", flush=True)
   batches = corpus_batches(config, tok, load.cache_dir(config, checkpoint), tokens)
   traces = routing_traces(model, batches)[:, :tokens]
-  loads_LxE = np.stack([np.bincount(layer.reshape(-1), minlength=config.moe.num_experts) for layer in traces])
+  loads_MxE = np.stack([np.bincount(layer.reshape(-1), minlength=config.moe.num_experts) for layer in traces])
   summary = {"checkpoint": checkpoint, "step": int(step), "kind": config.model.kind, "inputs": "unmasked corpus",
              "shape": list(traces.shape), "num_experts": config.moe.num_experts, "top_k": config.moe.top_k,
-             "busiest_over_mean": (loads_LxE.max(axis=1) / loads_LxE.mean(axis=1)).round(3).tolist(),
-             "expert_loads": loads_LxE.tolist()}
+             "busiest_over_mean": (loads_MxE.max(axis=1) / loads_MxE.mean(axis=1)).round(3).tolist(),
+             "expert_loads": loads_MxE.tolist()}
   return traces, summary
 
 

@@ -38,16 +38,10 @@ def shared(tmp_path_factory):
   return path
 
 
-def make_test_mesh(nodes: int, gpus_per_node: int):
-  """A mesh of any shape that fits in the simulated devices (for parametrised tests)."""
-  return mesh_lib.make_mesh(nodes, gpus_per_node)
-
-
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
   """Marks all but `n` evenly spaced cases of each `@pytest.mark.sampled(n)` test slow (so `-m 'not slow'` runs a
-  sample of a matrix and the whole suite all of it), then puts slow tests first, so that xdist's workers do not
-  end on one long test each."""
+  sample of a matrix and the whole suite all of it)."""
   by_function = {}
   for item in items:
     if item.get_closest_marker("sampled") is not None:
@@ -58,4 +52,3 @@ def pytest_collection_modifyitems(items):
     for i, item in enumerate(cases):
       if i not in fast:
         item.add_marker(pytest.mark.slow)
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -16,18 +16,18 @@ from tests.helpers import assert_matches_reference
 from tests.numpy_moe import moe_numpy
 
 
-def _cfg(n, m, epg, **fields):
-  base = dict(num_experts=n * m * epg, top_k=1, d_model=8, d_ff=12, routing="bilevel", num_nodes=n,
+def _cfg(n, m, experts_per_gpu, **fields):
+  base = dict(num_experts=n * m * experts_per_gpu, top_k=1, d_model=8, d_ff=12, routing="bilevel", num_nodes=n,
               transport="bilevel", z_loss_coef=1e-3)
   return MoEConfig(**{**base, **fields})
 
 
 @pytest.mark.parametrize("n,m", [(2, 4), (4, 2), (1, 8), (8, 1), (2, 2)])
-@pytest.mark.parametrize("epg,cf", [(1, None), (2, 2.0)])
+@pytest.mark.parametrize("experts_per_gpu,cf", [(1, None), (2, 2.0)])
 @pytest.mark.sampled(2)
-def test_bilevel_layer_matches_reference(n, m, epg, cf):
-  cfg = _cfg(n, m, epg, capacity_factor=cf, gated=epg == 2)
-  seed = 10 * n + m + epg
+def test_bilevel_layer_matches_reference(n, m, experts_per_gpu, cf):
+  cfg = _cfg(n, m, experts_per_gpu, capacity_factor=cf, gated=experts_per_gpu == 2)
+  seed = 10 * n + m + experts_per_gpu
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)

@@ -179,16 +179,16 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops):
   x = jax.random.normal(jax.random.key(1), (64, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"])
-  rows_D = traffic.rows_processed(rows)
-  np.testing.assert_array_equal(rows_D, np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1))
+  rows_A = traffic.rows_processed(rows)
+  np.testing.assert_array_equal(rows_A, np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1))
   topo = topology_lib.P4D_EFA
-  b = model.price_layer(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_D, 8, 16), topo)
+  b = model.price_layer(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_A, 8, 16), topo)
   hand = [_hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)
           for r, hop in zip(rows, hops)]
   crosses = [hop != "gpu" for hop in hops]
   assert b.inter_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if c), rel=1e-12)
   assert b.intra_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if not c), rel=1e-12)
-  assert b.expert_compute_s == pytest.approx(2 * 2 * rows_D.max() * 8 * 16 / (312e12 * 0.5))
+  assert b.expert_compute_s == pytest.approx(2 * 2 * rows_A.max() * 8 * 16 / (312e12 * 0.5))
   assert b.label == "modelled"
 
 

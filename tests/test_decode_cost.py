@@ -29,11 +29,11 @@ def test_one_node_step_by_hand(mode):
 
 
 def test_spread_keeps_the_totals_and_bad_inputs_are_named():
-  bytes_DxD = decode.uniform_exchange_bytes(5.0, 7.0, 2, 4, 10.0)
+  bytes_AxA = decode.uniform_exchange_bytes(5.0, 7.0, 2, 4, 10.0)
   node = np.arange(8) // 4
-  assert bytes_DxD[node[:, None] == node[None, :]].sum() == pytest.approx(50.0)
-  assert bytes_DxD[node[:, None] != node[None, :]].sum() == pytest.approx(70.0)
-  assert np.all(np.diag(bytes_DxD) == 0)
+  assert bytes_AxA[node[:, None] == node[None, :]].sum() == pytest.approx(50.0)
+  assert bytes_AxA[node[:, None] != node[None, :]].sum() == pytest.approx(70.0)
+  assert np.all(np.diag(bytes_AxA) == 0)
   top = topology_lib.get("dgx_h100_ib")
   with pytest.raises(ConfigError, match="mode='beam'"):
     decode.decode_step("beam", {"intra_node": 1, "inter_node": 1}, 8, 2, (2, 4), 1.0, 1.0, top)

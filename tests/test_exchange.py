@@ -14,7 +14,6 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from tests.conftest import make_test_mesh
 from tests.helpers import LOCAL_TOKENS, cuda_ragged_shapes, skewed, temp_bytes
 
 TWO_HOP = ["hierarchical", "bilevel"]
@@ -25,7 +24,7 @@ TWO_HOP = ["hierarchical", "bilevel"]
 @pytest.mark.sampled(1)
 def test_ample_buffers_equal_reference_with_gradients(devices, transport, shape):
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=2.0)
-  mesh = make_test_mesh(*shape)
+  mesh = mesh_lib.make_mesh(*shape)
   params = init_params(jax.random.key(3), cfg)
   x = jax.random.normal(jax.random.key(4), (128, 8))
   w = jax.random.normal(jax.random.key(5), (128, 8))
@@ -86,7 +85,7 @@ def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
   for transport in ["padded", *TWO_HOP]:
     cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=1.0)
     params, x = skewed(cfg, 4 * 24, seed=5, expert=3)
-    outputs.append(moe_apply(params, x, cfg, make_test_mesh(1, 4)))
+    outputs.append(moe_apply(params, x, cfg, mesh_lib.make_mesh(1, 4)))
   for y, aux in outputs[1:]:
     np.testing.assert_allclose(y, outputs[0][0], rtol=1e-5, atol=1e-6)
     assert int(aux["tokens_overflowed"]) == int(outputs[0][1]["tokens_overflowed"]) > 0

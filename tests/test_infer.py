@@ -11,10 +11,10 @@ from flax import nnx
 
 from moejax.infer import decode, exflow, load
 from moejax.moe.config import MoEConfig
+from moejax.runtime import mesh as mesh_lib
 from moejax.train import model as model_lib
 from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
-from tests.conftest import make_test_mesh
 
 pytestmark = pytest.mark.slow  # decoding end to end
 
@@ -44,7 +44,7 @@ def model(mesh_2x4):
 @pytest.fixture(scope="module")
 def single(model, prompts):
   """Greedy decode on a 1 x 1 mesh: the reference of every mesh and mode."""
-  return decode.generate(decode.on_mesh(model, make_test_mesh(1, 1)), prompts, STEPS)
+  return decode.generate(decode.on_mesh(model, mesh_lib.make_mesh(1, 1)), prompts, STEPS)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_vanilla_on_2x4_equals_single_device(vanilla, single):
 
 
 def test_exflow_equals_vanilla_and_single_device(model, prompts, single, vanilla, coherent):
-  on_1x4 = decode.generate(decode.on_mesh(model, make_test_mesh(1, 4)), prompts, STEPS, mode="exflow")
+  on_1x4 = decode.generate(decode.on_mesh(model, mesh_lib.make_mesh(1, 4)), prompts, STEPS, mode="exflow")
   for got in (coherent, on_1x4):
     np.testing.assert_array_equal(got.tokens, single.tokens)
     np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)

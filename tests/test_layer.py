@@ -25,23 +25,24 @@ def _cases():
   for mi, (n, m) in enumerate(MESHES):
     for ti, (transport, cf) in enumerate(MODES):
       k = (1, 2, 4)[(mi + ti) % 3]
-      epg = (1, 2, 4)[(mi + 2 * ti) % 3]
-      if k > n * m * epg:
-        epg = 4
+      experts_per_gpu = (1, 2, 4)[(mi + 2 * ti) % 3]
+      if k > n * m * experts_per_gpu:
+        experts_per_gpu = 4
       backend = ("dense", "ragged_dot", "pallas", "ragged_dot")[(mi + ti) % 4]
-      cases.append(pytest.param(n, m, k, epg, transport, cf, backend, ACTIVATIONS[(mi + ti) % 3], (mi + ti) % 2 == 0,
-                                id=f"{n}x{m}-{transport}-cf{cf}-k{k}-epg{epg}-{backend}"))
+      case_id = f"{n}x{m}-{transport}-cf{cf}-k{k}-epg{experts_per_gpu}-{backend}"
+      cases.append(pytest.param(n, m, k, experts_per_gpu, transport, cf, backend, ACTIVATIONS[(mi + ti) % 3],
+                                (mi + ti) % 2 == 0, id=case_id))
   return cases
 
 
-@pytest.mark.parametrize("n,m,k,epg,transport,cf,backend,activation,gated", _cases())
+@pytest.mark.parametrize("n,m,k,experts_per_gpu,transport,cf,backend,activation,gated", _cases())
 @pytest.mark.sampled(2)
-def test_layer_matches_reference(n, m, k, epg, transport, cf, backend, activation, gated):
+def test_layer_matches_reference(n, m, k, experts_per_gpu, transport, cf, backend, activation, gated):
   mesh = mesh_lib.make_mesh(n, m)
-  cfg = MoEConfig(num_experts=n * m * epg, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf,
-                  expert_backend=backend, activation=activation, gated=gated, renormalize=k > 1,
+  cfg = MoEConfig(num_experts=n * m * experts_per_gpu, top_k=k, d_model=8, d_ff=12, transport=transport,
+                  capacity_factor=cf, expert_backend=backend, activation=activation, gated=gated, renormalize=k > 1,
                   z_loss_coef=1e-3)
-  seed = n * 1000 + m * 100 + k * 10 + epg
+  seed = n * 1000 + m * 100 + k * 10 + experts_per_gpu
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
   _, aux = assert_matches_reference(cfg, mesh, params, x)
@@ -63,7 +64,7 @@ def _forced(params, x, experts, strength=30.0):
 @pytest.mark.parametrize("target", ["one_expert", "one_device"])
 @pytest.mark.sampled(2)
 def test_adversarial_routing(mesh_2x4, transport, cf, target):
-  k, epg = (1, 2) if target == "one_expert" else (2, 2)
+  k, experts_per_gpu = (1, 2) if target == "one_expert" else (2, 2)
   cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport, capacity_factor=cf, gated=True)
   params = init_params(jax.random.key(5), cfg)
   x = jax.random.normal(jax.random.key(6), (64, 8))
@@ -88,7 +89,7 @@ def test_single_token_per_device(n, m, tokens):
 
 @pytest.mark.parametrize("transport", ["padded", "hierarchical"])
 def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport):
-  m, epg, k, tokens_per_device = 4, 2, 2, 16
+  m, experts_per_gpu, k, tokens_per_device = 4, 2, 2, 16
   cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport)
   params = init_params(jax.random.key(9), cfg)
   x = jax.random.normal(jax.random.key(10), (8 * tokens_per_device, 8))
@@ -96,7 +97,7 @@ def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport):
   logits = np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64)
   ids = np.argsort(-logits, -1)[:, :k]
   source = np.repeat(np.arange(8), tokens_per_device)[:, None].repeat(k, 1)
-  dest = ids // epg
+  dest = ids // experts_per_gpu
   traffic = np.asarray(aux["traffic_rows"])
   if transport == "padded":
     want = [np.zeros((8, 8), int)]

@@ -9,7 +9,6 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import ALL, init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import phase_timing
-from tests.conftest import make_test_mesh
 
 
 def _peers(axis, s, n, m):
@@ -61,7 +60,7 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
     (1, 4, "padded", None)])
 @pytest.mark.sampled(2)
 def test_phases_are_split_by_the_links_they_cross(devices, n, m, transport, cf):
-  mesh = make_test_mesh(n, m)
+  mesh = mesh_lib.make_mesh(n, m)
   cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=16, d_ff=32, transport=transport, capacity_factor=cf,
                   routing="bilevel" if transport == "bilevel" else "topk", num_nodes=n)
   params = init_params(jax.random.key(0), cfg)

@@ -12,8 +12,8 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply
+from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.conftest import make_test_mesh
 from tests.helpers import LOCAL_TOKENS, assert_matches_reference, cuda_ragged_shapes, skewed, temp_bytes
 from tests.hlo_graph import contains, entry_graph
 
@@ -29,19 +29,21 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("shape,routing,transport,schedule,chunks,backend,bf,k,epg", CASES,
+@pytest.mark.parametrize("shape,routing,transport,schedule,chunks,backend,bf,k,experts_per_gpu", CASES,
                          ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES])
 @pytest.mark.sampled(2)
-def test_schedule_matches_reference(devices, shape, routing, transport, schedule, chunks, backend, bf, k, epg):
+def test_schedule_matches_reference(devices, shape, routing, transport, schedule, chunks, backend, bf, k,
+                                    experts_per_gpu):
   n, m = shape
-  cfg = MoEConfig(num_experts=n * m * epg, top_k=k, d_model=8, d_ff=12, routing=routing, transport=transport,
-                  expert_backend=backend, num_nodes=n if routing != "topk" else None, node_top_k=1 + (n > 2),
+  cfg = MoEConfig(num_experts=n * m * experts_per_gpu, top_k=k, d_model=8, d_ff=12, routing=routing,
+                  transport=transport, expert_backend=backend, num_nodes=n if routing != "topk" else None,
+                  node_top_k=1 + (n > 2),
                   buffer_factor=bf, schedule=schedule, num_chunks=chunks, gated=k == 2, renormalize=routing == "topk",
                   z_loss_coef=1e-3)
   seed = 31 * n + 7 * m + chunks
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
-  _, aux = assert_matches_reference(cfg, make_test_mesh(n, m), params, x)
+  _, aux = assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
   assert int(aux["tokens_overflowed"]) == 0
 
 

@@ -9,10 +9,10 @@ from flax import nnx
 from moejax.moe.config import MoEConfig
 from moejax.placement.affinity import affinity_counts
 from moejax.placement.traces import routing_traces
+from moejax.runtime import mesh as mesh_lib
 from moejax.train import model as model_lib
 from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
-from tests.conftest import make_test_mesh
 
 V, D, F, E = 48, 16, 32, 4
 
@@ -45,7 +45,7 @@ def _numpy_choices(model, tokens, k):
 
 
 def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
-  model = _model(make_test_mesh(1, 2), top_k=2)
+  model = _model(mesh_lib.make_mesh(1, 2), top_k=2)
   batches = [np.random.default_rng(i).integers(0, V, (4, 8)) for i in range(2)]
   traces = routing_traces(model, batches)
   assert traces.shape == (2, 2 * 4 * 8, 2) and traces.dtype == np.int32
@@ -68,6 +68,6 @@ def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
 def test_a_model_without_moe_layers_is_rejected():
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=1, d_model=D, num_heads=2, d_ff=F, max_len=8, moe_every=0)
   moe = MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F)
-  model = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg, moe, make_test_mesh(1, 2), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg, moe, mesh_lib.make_mesh(1, 2), rngs=nnx.Rngs(0)))
   with pytest.raises(ConfigError, match="moe_every"):
     routing_traces(model, [np.zeros((2, 4), np.int32)])

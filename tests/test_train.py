@@ -35,6 +35,9 @@ pytestmark = pytest.mark.slow  # end-to-end training runs
 
 CONVERGENCE_STEPS = 200  # the topk run; the other routings run the first ROUTING_STEPS of the same schedule
 ROUTING_STEPS = 60
+# The learning runs' mesh: 2 nodes (the node routings need them) of one device each, twice as fast per step as
+# 2 x 4; the distributed layer itself is the layer tests' (the resume and 2-process runs keep 2 x 4).
+LEARNING_MESH = (2, 1)
 # The first 12 steps of the convergence runs' schedule.
 SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
          f"--config.optim.decay_steps={CONVERGENCE_STEPS}"]
@@ -52,12 +55,13 @@ def _once(shared, name, build):
   return directory
 
 
-def _trained(shared, routing, steps):
+def _trained(shared, routing, steps, mesh=(2, 4)):
   """The tiny MLM trained in this process with `routing` for the first `steps` steps of the
-  CONVERGENCE_STEPS learning-rate schedule (once per session)."""
+  CONVERGENCE_STEPS learning-rate schedule on a nodes x gpus `mesh` (once per session)."""
 
   def build(directory):
     config = mlm.get_config()
+    config.mesh.update(nodes=mesh[0], gpus_per_node=mesh[1])
     config.steps = steps
     config.optim.decay_steps = CONVERGENCE_STEPS
     config.moe.routing = routing
@@ -67,7 +71,7 @@ def _trained(shared, routing, steps):
     summary = train.train(config, str(directory))
     (directory / "result.json").write_text(json.dumps(summary))
 
-  return _once(shared, f"trained-{routing}-{steps}", build)
+  return _once(shared, f"trained-{routing}-{steps}-{mesh[0]}x{mesh[1]}", build)
 
 
 def _command(shared, workdir, *overrides):
@@ -98,7 +102,7 @@ def _losses(directory, steps=None, key="loss"):
 
 
 def test_tiny_mlm_learns_beyond_unigram_statistics(shared):
-  directory = _trained(shared, "topk", CONVERGENCE_STEPS)
+  directory = _trained(shared, "topk", CONVERGENCE_STEPS, LEARNING_MESH)
   summary = json.loads((directory / "result.json").read_text())
   losses = _losses(directory, key="task_loss")
   assert len(losses) == CONVERGENCE_STEPS
@@ -115,8 +119,8 @@ def test_other_routings_learn_as_fast_as_topk(shared, routing):
   """The same model with another router tracks flat top-k over the first ROUTING_STEPS steps (whose loss falls
   by more than 1 nat): 20-step means within 0.05 (they differ by under 0.02 in practice). How the routers
   compare over whole runs is the convergence study's (experiments/convergence.py)."""
-  losses = _losses(_trained(shared, routing, ROUTING_STEPS), key="task_loss")
-  flat = _losses(_trained(shared, "topk", CONVERGENCE_STEPS), steps=ROUTING_STEPS, key="task_loss")
+  losses = _losses(_trained(shared, routing, ROUTING_STEPS, LEARNING_MESH), key="task_loss")
+  flat = _losses(_trained(shared, "topk", CONVERGENCE_STEPS, LEARNING_MESH), steps=ROUTING_STEPS, key="task_loss")
   curve, flat_curve = losses.reshape(-1, 20).mean(axis=1), flat.reshape(-1, 20).mean(axis=1)
   print(f"{routing} vs topk, means over 20 steps: {np.round(curve, 3)} vs {np.round(flat_curve, 3)}")
   assert len(losses) == ROUTING_STEPS and curve[-1] < losses[0] - 1.0

@@ -47,7 +47,7 @@ FIG8_SMILE_GAIN = 7.7  # SMILE weak scaling, 16 nodes over 1 node
 
 
 def layer_traffic(scheme: str, n: int):
-  """(traffic_rows [H, D, D], hops, router FLOPs per device) of one layer under uniform routing."""
+  """(traffic_rows [hops, A, A], hops, router FLOPs per device) of one layer under uniform routing."""
   experts = n * GPUS
   if scheme == "switch":
     rows = traffic.capacity_traffic(n, GPUS, experts, math.ceil(CAPACITY_FACTOR * TOKENS / experts))

@@ -1,6 +1,6 @@
 """Least-squares fits of latency and bandwidth terms to measured times.
 
-`fit_terms` fits times_P ~ features_PxK @ coefficients_K, one column per cost term (messages,
+`fit_terms` fits times ~ features @ coefficients, one column per cost term (messages,
 bytes, a constant); `fit_latency_bandwidth` is the classic t = latency + bytes / bandwidth. Both
 minimise relative residuals, since timings spanning orders of magnitude carry relative noise (an
 absolute fit would let the largest sizes drown the latency), and keep the residual of every point.
@@ -35,26 +35,27 @@ class Fit:
     return dict(dataclasses.asdict(self), values=self.values, rms_relative=self.rms_relative)
 
 
-def fit_terms(features_PxK, times_P, names) -> Fit:
-  """Least squares of (features_PxK @ c - times_P) / times_P; raises if there are fewer points than terms."""
-  features_PxK = np.asarray(features_PxK, np.float64)
-  times_P = np.asarray(times_P, np.float64)
-  points, terms = features_PxK.shape
-  if len(names) != terms or times_P.shape != (points,):
-    raise ValueError(f"features {features_PxK.shape}, times {times_P.shape} and {len(names)} names disagree")
+def fit_terms(features, times, names) -> Fit:
+  """Least squares of (features @ c - times) / times, features [points, terms], times [points]; raises if there
+  are fewer points than terms."""
+  features = np.asarray(features, np.float64)
+  times = np.asarray(times, np.float64)
+  points, terms = features.shape
+  if len(names) != terms or times.shape != (points,):
+    raise ValueError(f"features {features.shape}, times {times.shape} and {len(names)} names disagree")
   if points < terms:
     raise ValueError(f"{points} points cannot determine {terms} terms")
-  if np.any(times_P <= 0):
+  if np.any(times <= 0):
     raise ValueError("times must be positive")
-  weighted_PxK = features_PxK / times_P[:, None]
+  weighted = features / times[:, None]
   # Unit-norm columns, so that seconds per byte and seconds per message share one conditioning.
-  scale_K = np.linalg.norm(weighted_PxK, axis=0)
-  scale_K[scale_K == 0] = 1.0
-  solution, *_ = np.linalg.lstsq(weighted_PxK / scale_K, np.ones_like(times_P), rcond=None)
-  coefficients = solution / scale_K
-  residuals = times_P - features_PxK @ coefficients
+  scale = np.linalg.norm(weighted, axis=0)
+  scale[scale == 0] = 1.0
+  solution, *_ = np.linalg.lstsq(weighted / scale, np.ones_like(times), rcond=None)
+  coefficients = solution / scale
+  residuals = times - features @ coefficients
   return Fit(names=tuple(names), coefficients=tuple(map(float, coefficients)),
-             residuals_s=tuple(map(float, residuals)), relative_residuals=tuple(map(float, residuals / times_P)),
+             residuals_s=tuple(map(float, residuals)), relative_residuals=tuple(map(float, residuals / times)),
              dof=points - terms)
 
 

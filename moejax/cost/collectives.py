@@ -50,45 +50,45 @@ class ExchangeCost:
 NOTHING = ExchangeCost(0.0, 0.0, 0.0, 0.0, 0, 0, 0.0, 0.0, False)
 
 
-def all_to_all(bytes_DxD: np.ndarray, group_DxD: np.ndarray, m: int, topology: Topology) -> ExchangeCost:
-  """One all-to-all moving bytes_DxD[s, p] from flat device s to p; group_DxD[s, p]: s and p exchange.
+def all_to_all(bytes_AxA: np.ndarray, group_AxA: np.ndarray, m: int, topology: Topology) -> ExchangeCost:
+  """One all-to-all moving bytes_AxA[s, p] from flat device s to p; group_AxA[s, p]: s and p exchange.
 
   m: GPUs per node of the mesh (flat device s sits on node s // m).
   """
-  bytes_DxD = np.asarray(bytes_DxD, np.float64)
-  group_DxD = np.asarray(group_DxD, bool)
-  num_devices = bytes_DxD.shape[0]
-  if bytes_DxD.shape != (num_devices, num_devices) or group_DxD.shape != bytes_DxD.shape or num_devices % m:
-    raise ValueError(f"traffic {bytes_DxD.shape} and group {group_DxD.shape} must be [D, D] with D a "
+  bytes_AxA = np.asarray(bytes_AxA, np.float64)
+  group_AxA = np.asarray(group_AxA, bool)
+  num_devices = bytes_AxA.shape[0]
+  if bytes_AxA.shape != (num_devices, num_devices) or group_AxA.shape != bytes_AxA.shape or num_devices % m:
+    raise ValueError(f"traffic {bytes_AxA.shape} and group {group_AxA.shape} must be [A, A] with A a "
                      f"multiple of m={m}")
-  if np.any(bytes_DxD[~group_DxD] != 0):
-    s, p = np.argwhere((bytes_DxD != 0) & ~group_DxD)[0]
+  if np.any(bytes_AxA[~group_AxA] != 0):
+    s, p = np.argwhere((bytes_AxA != 0) & ~group_AxA)[0]
     raise ValueError(f"traffic from device {s} to device {p}, which do not exchange in this hop")
-  node_D = np.arange(num_devices) // m
-  inter_DxD = node_D[:, None] != node_D[None, :]
-  message_DxD = group_DxD & ~np.eye(num_devices, dtype=bool)
-  if not message_DxD.any():
+  node_A = np.arange(num_devices) // m
+  inter_AxA = node_A[:, None] != node_A[None, :]
+  message_AxA = group_AxA & ~np.eye(num_devices, dtype=bool)
+  if not message_AxA.any():
     return NOTHING
 
-  inter_msgs_D = (message_DxD & inter_DxD).sum(axis=1)
-  intra_msgs_D = (message_DxD & ~inter_DxD).sum(axis=1)
-  latency_D = inter_msgs_D * topology["inter_latency"] + intra_msgs_D * topology["intra_latency"]
-  slowest = int(np.argmax(latency_D))
+  inter_msgs_A = (message_AxA & inter_AxA).sum(axis=1)
+  intra_msgs_A = (message_AxA & ~inter_AxA).sum(axis=1)
+  latency_A = inter_msgs_A * topology["inter_latency"] + intra_msgs_A * topology["intra_latency"]
+  slowest = int(np.argmax(latency_A))
 
-  inter_bytes = np.where(inter_DxD, bytes_DxD, 0.0)
+  inter_bytes = np.where(inter_AxA, bytes_AxA, 0.0)
   nodes = num_devices // m
   node_out = inter_bytes.sum(axis=1).reshape(nodes, m).sum(axis=1)
   node_in = inter_bytes.sum(axis=0).reshape(nodes, m).sum(axis=1)
-  intra_bytes = np.where(~inter_DxD & message_DxD, bytes_DxD, 0.0)
+  intra_bytes = np.where(~inter_AxA & message_AxA, bytes_AxA, 0.0)
   nic_bytes = float(max(node_out.max(), node_in.max()))
   gpu_bytes = float(max(intra_bytes.sum(axis=1).max(), intra_bytes.sum(axis=0).max()))
   bandwidth_s = max(nic_bytes / topology["nic_bw"], gpu_bytes / topology["intra_bw"])
 
   launch_s = topology["launch"]
-  return ExchangeCost(time_s=launch_s + float(latency_D[slowest]) + bandwidth_s, launch_s=launch_s,
-                      latency_s=float(latency_D[slowest]), bandwidth_s=bandwidth_s,
-                      messages_inter=int(inter_msgs_D[slowest]), messages_intra=int(intra_msgs_D[slowest]),
-                      nic_bytes=nic_bytes, intra_bytes=gpu_bytes, crosses_nodes=bool(inter_msgs_D.any()))
+  return ExchangeCost(time_s=launch_s + float(latency_A[slowest]) + bandwidth_s, launch_s=launch_s,
+                      latency_s=float(latency_A[slowest]), bandwidth_s=bandwidth_s,
+                      messages_inter=int(inter_msgs_A[slowest]), messages_intra=int(intra_msgs_A[slowest]),
+                      nic_bytes=nic_bytes, intra_bytes=gpu_bytes, crosses_nodes=bool(inter_msgs_A.any()))
 
 
 RING_KINDS = ("all_gather", "reduce_scatter", "all_reduce")

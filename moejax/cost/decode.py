@@ -21,7 +21,7 @@ MODES = ("vanilla", "exflow")
 
 def uniform_exchange_bytes(in_node_rows: float, cross_node_rows: float, nodes: int, gpus: int,
                            bytes_per_row: float) -> np.ndarray:
-  """[D, D] bytes of one exchange whose in-node and cross-node rows spread evenly over their pairs."""
+  """[A, A] bytes of one exchange whose in-node and cross-node rows spread evenly over their pairs."""
   devices = nodes * gpus
   cross, inside = mesh_lib.pair_masks(devices, gpus)
   out = np.zeros((devices, devices))
@@ -49,10 +49,10 @@ def decode_step(mode: str, exchange_rows: dict, batch: int, moe_layers: int, mes
           f"at most {topology['gpus_per_node']:g} GPUs per node on {topology.name}")
   exchanges = moe_layers * (2 if mode == "vanilla" else 1)
   per_exchange = {k: exchange_rows[k] * batch / exchanges for k in ("intra_node", "inter_node")}
-  bytes_DxD = uniform_exchange_bytes(per_exchange["intra_node"], per_exchange["inter_node"], nodes, gpus,
+  bytes_AxA = uniform_exchange_bytes(per_exchange["intra_node"], per_exchange["inter_node"], nodes, gpus,
                                      bytes_per_row)
-  everyone = np.ones(bytes_DxD.shape, bool)
-  one = collectives.all_to_all(bytes_DxD, everyone, gpus, topology)
+  everyone = np.ones(bytes_AxA.shape, bool)
+  one = collectives.all_to_all(bytes_AxA, everyone, gpus, topology)
   gather = (collectives.ring("all_gather", batch * state_bytes, nodes, gpus, topology) if mode == "exflow"
             else collectives.NOTHING)
   exchange_s = exchanges * one.time_s

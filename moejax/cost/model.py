@@ -108,7 +108,7 @@ def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm",
 
 def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
                topology: Topology) -> tuple[collectives.ExchangeCost, ...]:
-  """The dispatch exchange of every hop: traffic_rows [H, D, D] (rows s -> p), hops: H hop axes."""
+  """The dispatch exchange of every hop: traffic_rows [hops, A, A] (rows s -> p), hops: the hop axes."""
   traffic_rows = np.asarray(traffic_rows)
   n, m = mesh_shape
   if traffic_rows.ndim != 3 or traffic_rows.shape[1:] != (n * m, n * m) or len(hops) != traffic_rows.shape[0]:
@@ -125,11 +125,11 @@ def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, top
                 non_expert_s: float = 0.0, backward: bool = False) -> Breakdown:
   """Prices one MoE layer.
 
-  traffic_rows: [H, D, D] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
+  traffic_rows: [hops, A, A] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
   hops: the H hop axes, e.g. [('node', 'gpu')] (flat), ['gpu', 'node'] (hierarchical),
     ['node', 'gpu'] (bi-level).
   mesh_shape: (n, m). bytes_per_row: d_model * bytes per element.
-  flops: forward expert FLOPs per device, a number or [D] (the busiest device sets the time); see
+  flops: forward expert FLOPs per device, a number or [A] (the busiest device sets the time); see
     `expert_flops` and `traffic.rows_processed`.
   device_rate: FLOP/s of one device, or (FLOP/s, source) as `measured_rate` returns;
     None = `default_rate(topology)`.

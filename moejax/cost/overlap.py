@@ -121,7 +121,7 @@ class LayerShape:
 
 @dataclasses.dataclass(frozen=True)
 class Exchanges:
-  """The layer's traffic: traffic_rows [H, D, D] (rows s -> p per hop), its hops, mesh (n, m),
+  """The layer's traffic: traffic_rows [hops, A, A] (rows s -> p per hop), its hops, mesh (n, m),
   bytes_per_row and the topology, as `model.price_layer` takes them; `device` the busiest one."""
 
   traffic_rows: np.ndarray
@@ -143,18 +143,18 @@ class Exchanges:
     """The last hop as ring steps j = 1..G-1 (every device receives from its j-th previous group member
     at once): their costs, and the rows `device` gets [self, step 1, ..., step G-1]."""
     n, m = self.mesh_shape
-    rows_DxD = np.asarray(self.traffic_rows)[-1]
-    group_DxD = mesh_lib.same_group(self.hops[-1], n, m)
-    members = [np.flatnonzero(row) for row in group_DxD]
+    rows_AxA = np.asarray(self.traffic_rows)[-1]
+    group_AxA = mesh_lib.same_group(self.hops[-1], n, m)
+    members = [np.flatnonzero(row) for row in group_AxA]
     size = len(members[0])
-    steps, received = [], [rows_DxD[self.device, self.device]]
+    steps, received = [], [rows_AxA[self.device, self.device]]
     for j in range(1, size):
-      shift_DxD = np.zeros_like(group_DxD)
+      shift_AxA = np.zeros_like(group_AxA)
       for s, group in enumerate(members):
-        shift_DxD[s, group[(np.searchsorted(group, s) + j) % size]] = True
-      steps.append(collectives.all_to_all(np.where(shift_DxD, rows_DxD, 0) * self.bytes_per_row, shift_DxD, m,
+        shift_AxA[s, group[(np.searchsorted(group, s) + j) % size]] = True
+      steps.append(collectives.all_to_all(np.where(shift_AxA, rows_AxA, 0) * self.bytes_per_row, shift_AxA, m,
                                           self.topology))
-      received.append(rows_DxD[shift_DxD[:, self.device], self.device].sum())
+      received.append(rows_AxA[shift_AxA[:, self.device], self.device].sum())
     return steps, np.asarray(received, np.float64)
 
 

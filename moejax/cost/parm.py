@@ -157,9 +157,9 @@ def alpha_beta_from_topology(topology: Topology, n_ep: int, n_esp: int, n_mp: in
   m_mesh = min(m, size)
   require(size % m_mesh == 0, "n_ep", n_ep, f"n_ep x n_esp a multiple of {m_mesh} GPUs per node")
 
-  def a2a(group_PxP, elements):
-    per_peer = elements * bytes_per_element / group_PxP[0].sum()
-    return collectives.all_to_all(group_PxP * per_peer, group_PxP, m_mesh, topology)
+  def a2a(group_AxA, elements):
+    per_peer = elements * bytes_per_element / group_AxA[0].sum()
+    return collectives.all_to_all(group_AxA * per_peer, group_AxA, m_mesh, topology)
 
   ep, fused = _blocks(size, n_ep, n_esp), np.ones((size, size), bool)
 

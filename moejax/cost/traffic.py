@@ -2,7 +2,7 @@
 
 Flat device index of mesh position (node i, gpu j) is i * m + j. A hop runs over 'node', over
 'gpu', or over both as one (('node', 'gpu'): the flat exchange); the group of device s holds the
-devices that differ from s only along the hop's axes. Traffic matrices are [D, D]: rows (or bytes)
+devices that differ from s only along the hop's axes. Traffic matrices are [A, A]: rows (or bytes)
 sent from flat device s to flat device p, the layout of the layer's `aux['traffic_rows'][h]`.
 """
 
@@ -12,17 +12,17 @@ from moejax.runtime import mesh as mesh_lib
 
 
 def uniform_traffic(n: int, m: int, hop, rows_per_peer: int) -> np.ndarray:
-  """[D, D] int: every device sends `rows_per_peer` rows to every member of its group, itself included
+  """[A, A] int: every device sends `rows_per_peer` rows to every member of its group, itself included
   (uniform routing, or a dense exchange with fixed blocks)."""
   return mesh_lib.same_group(hop, n, m).astype(np.int64) * rows_per_peer
 
 
 def capacity_traffic(n: int, m: int, num_experts: int, capacity: int) -> np.ndarray:
-  """[1, D, D]: the dense capacity dispatch (GShard/Switch), whose all_to_all moves every one of the
+  """[1, A, A]: the dense capacity dispatch (GShard/Switch), whose all_to_all moves every one of the
   E * C slots, padding included: experts_per_gpu * C rows to every device."""
   return uniform_traffic(n, m, mesh_lib.AXES, num_experts // (n * m) * capacity)[None]
 
 
 def rows_processed(traffic_rows: np.ndarray) -> np.ndarray:
-  """[D] rows each device holds after the last hop, i.e. the rows its experts compute."""
+  """[A] rows each device holds after the last hop, i.e. the rows its experts compute."""
   return np.asarray(traffic_rows)[-1].sum(axis=0)

@@ -63,9 +63,9 @@ class Generation:
     return self.decode_tokens / self.decode_seconds if self.decode_seconds > 0 else float("nan")
 
 
-def split_rows(rows_DxD: np.ndarray, gpus_per_node: int) -> dict:
-  """rows [..., D, D] sent from flat device s to p -> {'intra_node', 'inter_node'} totals."""
-  rows = np.asarray(rows_DxD, np.int64)
+def split_rows(rows_AxA: np.ndarray, gpus_per_node: int) -> dict:
+  """rows [..., A, A] sent from flat device s to p -> {'intra_node', 'inter_node'} totals."""
+  rows = np.asarray(rows_AxA, np.int64)
   cross, inside = mesh_lib.pair_masks(rows.shape[-1], gpus_per_node)
   return {"intra_node": int(rows[..., inside].sum()), "inter_node": int(rows[..., cross].sum())}
 
@@ -114,10 +114,10 @@ def _dropped(aux):
 
 
 @functools.partial(jax.jit, static_argnames="graphdef")
-def _prefill(params, rest, cache, prompts_BxP, *, graphdef):
+def _prefill(params, rest, cache, prompts_BxS, *, graphdef):
   model = nnx.merge(graphdef, params, rest)
-  last_Bx1 = jnp.full((prompts_BxP.shape[0], 1), prompts_BxP.shape[1] - 1)
-  logits_Bx1xV, aux, cache = model(prompts_BxP, positions_BxP=last_Bx1, cache=cache, start=0)
+  last_Bx1 = jnp.full((prompts_BxS.shape[0], 1), prompts_BxS.shape[1] - 1)
+  logits_Bx1xV, aux, cache = model(prompts_BxS, positions_BxP=last_Bx1, cache=cache, start=0)
   return logits_Bx1xV[:, 0], cache, _dropped(aux), jnp.sum(aux["tokens_overflowed"])
 
 
@@ -126,39 +126,39 @@ def _graphdef(model, moe_cfg):
   return model_lib.abstract_state(model.cfg, moe_cfg, model.mesh)[0]
 
 
-def check_request(model, prompts_BxP, steps: int, mode: str, temperature: float) -> None:
+def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float) -> None:
   """Rejects bad generation requests before compiling, naming the value."""
   require(mode in MODES, "mode", mode, f"one of {MODES}")
   require(model.cfg.kind == "gpt", "kind", model.cfg.kind, "'gpt' (generation needs a causal decoder)")
-  require(prompts_BxP.ndim == 2 and prompts_BxP.shape[1] >= 1, "prompts.shape", prompts_BxP.shape,
+  require(prompts_BxS.ndim == 2 and prompts_BxS.shape[1] >= 1, "prompts.shape", prompts_BxS.shape,
           "[B, P] with P >= 1")
   n, m = mesh_lib.axis_sizes(model.mesh)
-  require(prompts_BxP.shape[0] % (n * m) == 0, "batch", prompts_BxP.shape[0],
+  require(prompts_BxS.shape[0] % (n * m) == 0, "batch", prompts_BxS.shape[0],
           f"a multiple of the mesh's {n * m} devices (requests are data parallel)")
   require(isinstance(steps, int) and steps >= 1, "steps", steps, "an int >= 1")
-  require(prompts_BxP.shape[1] + steps - 1 <= model.cfg.max_len, "steps", steps,
-          f"at most max_len - prompt length + 1 = {model.cfg.max_len - prompts_BxP.shape[1] + 1}")
+  require(prompts_BxS.shape[1] + steps - 1 <= model.cfg.max_len, "steps", steps,
+          f"at most max_len - prompt length + 1 = {model.cfg.max_len - prompts_BxS.shape[1] + 1}")
   require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
           ">= 0 (0: greedy)")
   if mode == "exflow":
     exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
-def generate(model: model_lib.LanguageModel, prompts_BxP, steps: int, *, mode: str = "vanilla",
+def generate(model: model_lib.LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla",
              temperature: float = 0.0, seed: int = 0) -> Generation:
   """prompts [B, P] int (equal lengths) -> `Generation` of `steps` tokens per request.
 
   temperature 0: greedy; else tokens drawn from softmax(logits / temperature), the draw of request
   r at step t keyed by (seed, t, r), so it does not depend on the mesh or the mode.
   """
-  prompts_BxP = np.asarray(prompts_BxP)
-  check_request(model, prompts_BxP, steps, mode, temperature)
-  mesh, (batch, length) = model.mesh, prompts_BxP.shape
+  prompts_BxS = np.asarray(prompts_BxS)
+  check_request(model, prompts_BxS, steps, mode, temperature)
+  mesh, (batch, length) = model.mesh, prompts_BxS.shape
   _, params, rest = nnx.split(model, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   start = time.perf_counter()
   cache = cache_lib.init_cache(model.cfg, batch, length + steps - 1, mesh)
-  tokens = jax.device_put(prompts_BxP.astype(np.int32), cache_lib.cache_sharding(mesh, coherent=False))
+  tokens = jax.device_put(prompts_BxS.astype(np.int32), cache_lib.cache_sharding(mesh, coherent=False))
   # A token-choice lost to a full receive buffer would corrupt its request: a prefill or decode step
   # that lost any is run again from the same cache with buffer_factor doubled (at the worst case, all
   # rows, nothing overflows), as the trainer's on_overflow='retry' does.

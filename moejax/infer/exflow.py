@@ -93,7 +93,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
   choice, along the transport's hops) and gets each expert's weighted output there; it stays at its
   last expert's device with its residual plus the weighted sum. -> (x, requests, valid) of the rows
-  now here, rows [D, D] moved between flat devices, rows lost to full receive buffers (every device's)."""
+  now here, rows [A, A] moved between flat devices, rows lost to full receive buffers (every device's)."""
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
@@ -174,7 +174,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
 
 def exflow_step(model: model_lib.LanguageModel, moe_cfg=None):
   """The jitted step (params, rest, cache, tokens [B], position, step, seed, temperature) -> (next
-  [B], logits [B, V], cache, counts). counts: 'rows' [M, D, D] moved from flat device s to p in each
+  [B], logits [B, V], cache, counts). counts: 'rows' [M, A, A] moved from flat device s to p in each
   MoE layer's exchanges (summed over the hops and choices), 'dropped' = 'overflowed' the token rows
   lost to full receive buffers (buffer_factor; the step's outputs are then wrong: `decode.generate` repeats it with
   a doubled buffer_factor). moe_cfg: the model's (default) or the same with another buffer_factor.

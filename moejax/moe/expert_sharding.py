@@ -127,9 +127,9 @@ def dispatched_tensor(x_RxD, ids_R, expert_ids_TxK, keep_TxK, rows: int, cfg: Mo
   return buffer, jnp.full((rows,), -1, ids_R.dtype).at[where_R].set(ids_R, mode="drop"), slot_R
 
 
-def undispatch(y_SxD, slot_R):
-  """The rows of the dispatched tensor [S, d] back in token-choice order [R, d] (0 where dropped)."""
-  rows = jnp.take(y_SxD, jnp.maximum(slot_R, 0), axis=0)
+def undispatch(y_ZxD, slot_R):
+  """The rows of the dispatched tensor [Z, d] (Z slots) back in token-choice order [R, d] (0 where dropped)."""
+  rows = jnp.take(y_ZxD, jnp.maximum(slot_R, 0), axis=0)
   return jnp.where((slot_R >= 0)[:, None], rows, jnp.zeros((), rows.dtype))
 
 

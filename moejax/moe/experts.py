@@ -23,24 +23,25 @@ def _tokamax():
   return tokamax
 
 
-def grouped_matmul(x_RxK, w_GxKxN, group_sizes_G, backend: str):
-  """Row i of group g times w[g]: x [R, K], w [G, K, N] -> [R, N] fp32; rows past the groups give 0."""
+def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
+  """Row i of group g times w[g]: x [R, I], w [G, I, O] -> [R, O] fp32 (I in, O out widths); rows past the
+  groups give 0."""
   if backend == "ragged_dot":
-    return jax.lax.ragged_dot(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+    return jax.lax.ragged_dot(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
   if backend == "tokamax":
-    y = _tokamax().ragged_dot(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+    y = _tokamax().ragged_dot(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
     # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
-    in_groups = jnp.arange(x_RxK.shape[0])[:, None] < jnp.sum(group_sizes_G)
+    in_groups = jnp.arange(x_RxI.shape[0])[:, None] < jnp.sum(group_sizes_G)
     return jnp.where(in_groups, y, 0.0)
   if backend == "pallas":
-    return gmm.gmm(x_RxK, w_GxKxN, group_sizes_G, preferred_element_type=jnp.float32)
+    return gmm.gmm(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
   # dense: every group on every row, masked to its own (G times the FLOPs; the reference speed).
   ends = jnp.cumsum(group_sizes_G)
-  row = jnp.arange(x_RxK.shape[0])[:, None]
-  y = jnp.zeros((x_RxK.shape[0], w_GxKxN.shape[-1]), jnp.float32)
-  for g in range(w_GxKxN.shape[0]):
+  row = jnp.arange(x_RxI.shape[0])[:, None]
+  y = jnp.zeros((x_RxI.shape[0], w_GxIxO.shape[-1]), jnp.float32)
+  for g in range(w_GxIxO.shape[0]):
     in_group = (row >= ends[g] - group_sizes_G[g]) & (row < ends[g])
-    y = y + jnp.where(in_group, jnp.dot(x_RxK, w_GxKxN[g], preferred_element_type=jnp.float32), 0.0)
+    y = y + jnp.where(in_group, jnp.dot(x_RxI, w_GxIxO[g], preferred_element_type=jnp.float32), 0.0)
   return y
 
 

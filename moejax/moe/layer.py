@@ -87,7 +87,7 @@ class Layout(NamedTuple):
   """How one layer call spreads over the mesh, fixed before tracing (`layout`).
 
   holders: where expert slots live: D devices, or n nodes with expert sharding (each slot's d_ff split
-    over the node's GPUs); slots: S, expert slots per holder (E / holders, or a slot table's width);
+    over the node's GPUs); slots: Z, expert slots per holder (E / holders, or a slot table's width);
   tokens: the tokens one device routes (one dispatch group: capacity counts within it);
   rows: the token-choice rows one device sends after expert sharding's split or copies, before the Dump;
   copies: rows per token-choice after the Dump (m for s1 / s2, else 1); gathered: the baseline's m copies
@@ -219,12 +219,12 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
   replicated over 'gpu'. aux: load_balance_loss, z_loss, aux_loss (their sum; add it to the training
   loss), expert_counts [E] (token-choices each expert processed), tokens_dropped (token-choices
   dropped by capacity), tokens_overflowed (token-choices dropped because a receive buffer was full; see
-  buffer_factor), traffic_rows [hops, D, D] (rows sent from flat device s to flat device p in each
+  buffer_factor), traffic_rows [hops, A, A] (rows sent from flat device s to flat device p in each
   exchange hop, the Dump's copies included; `traffic_summary` splits them into inter- and intra-node
   traffic), expert_ids [T, K] (each token's routed experts, dropped or not; sharded like x).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
-  slot_expert: optional [H, S] int, the logical expert of each physical slot (Lina's replication;
-    `moejax.replication.rebalance`), H = the devices (the nodes with expert sharding): the experts run
+  slot_expert: optional [A, Z] int, the logical expert of each physical slot (Lina's replication;
+    `moejax.replication.rebalance`), A = the devices (the nodes with expert sharding): the experts run
     as copies in those slots (`moe.replicas`), with the same result; expert_counts stay per logical expert.
   expert_bias: optional [E], DeepSeek-V3's balancing bias (cfg.bias_update_rate), added to the scores
     that choose the experts, never to the weights.
@@ -272,7 +272,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   """One device's part of the layer: route -> plan -> exchange -> experts -> exchange -> combine.
 
   x [T, d] this device's tokens -> (y [T, d], aux); extras, when used: the router noise [T, d] (jitter), the
-  flat slot table [H * S] (replication), the balancing bias [E] and the earlier micro-batches' choice
+  flat slot table [A * Z] (replication), the balancing bias [E] and the earlier micro-batches' choice
   counts ('global_batch')."""
   k, num_experts, esp = cfg.choices_per_token, cfg.num_experts, cfg.esp_schedule
   # The shared experts need no exchange: computed first, nothing orders them after the dispatch.
@@ -361,7 +361,7 @@ def shared_experts(x_TxD, params, cfg: MoEConfig):
 
 
 def hop_traffic(routes, lay: Layout) -> list:
-  """[D, D] kept rows moved between flat devices in each hop, summed over the routes."""
+  """[A, A] kept rows moved between flat devices in each hop, summed over the routes."""
   mine = [jax.lax.axis_index(a) for a in lay.hops]
   return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in routes), a, lay.n, lay.m)
           for h, (a, me) in enumerate(zip(lay.hops, mine))]
@@ -369,7 +369,7 @@ def hop_traffic(routes, lay: Layout) -> list:
 
 def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:
   """Per hop: rows and bytes that cross nodes (inter) or stay inside one (intra); a device's rows
-  to itself move no data and are left out. traffic_rows: [hops, D, D] from `aux`."""
+  to itself move no data and are left out. traffic_rows: [hops, A, A] from `aux`."""
   traffic = np.asarray(traffic_rows, np.int64)
   cross, inside = mesh_lib.pair_masks(traffic.shape[-1], gpus_per_node)
   summary = []
@@ -381,7 +381,7 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
 
 
 def global_traffic(send_A, axis_name, n, m):
-  """[D, D] rows sent between flat devices, from each device's sends to its A peers along the axis."""
+  """[A, A] rows sent between flat devices, from each device's sends to its A peers along the axis."""
   me = mesh_lib.my_flat_index(m)
   peers = jnp.asarray(mesh_lib.peer_table(axis_name, n, m))[me]
   return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), ALL)
@@ -395,7 +395,7 @@ class Router(nnx.Module):
 
 
 class SlotTable(nnx.Variable):
-  """The replication slot table [H, S] of a layer: state, not a parameter (no gradient); the trainer
+  """The replication slot table [A, Z] of a layer: state, not a parameter (no gradient); the trainer
   re-plans it in place."""
 
 
@@ -470,7 +470,7 @@ earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, repli
   def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
                slot_expert: jax.Array | None = None) -> tuple[jax.Array, dict]:
     """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
-    slot_expert: a replication slot table [H, S] (see `moe_apply`); default the layer's own, if any."""
+    slot_expert: a replication slot table [A, Z] (see `moe_apply`); default the layer's own, if any."""
     if rng is None and train and self.cfg.jitter > 0:
       rng = self.rngs.jitter()
     if slot_expert is None and self.slot_expert is not None:

@@ -1,8 +1,8 @@
 """Running the layer on a slot table (Lina, DeepSeek EPLB): physical slots holding copies of experts.
 
-slot_expert [D, S]: the logical expert held by slot s of flat device d (from
-`moejax.replication.rebalance`); physical slot p = d * S + s lives on device d, so the exchange code
-sees S "experts per device". Each logical expert has one or more replicas; a token-choice goes to
+slot_expert [A, Z]: the logical expert held by slot s of flat device d (from
+`moejax.replication.rebalance`); physical slot p = d * Z + s lives on device d, so the exchange code
+sees Z "experts per device". Each logical expert has one or more replicas; a token-choice goes to
 one of them: device `me` sends its j-th row for expert e (rows in order) to replica (j + me) mod c_e
 of the c_e replicas, so every source splits an expert's rows evenly (within one row) and the sources
 start at different replicas. The weights of the physical slots are gathered from the logical ones,
@@ -20,12 +20,12 @@ EXPERT_WEIGHTS = ("w_in", "w_out", "w_gate")
 
 
 def check_slot_table(slot_expert, num_experts: int, devices: int, holder: str = "devices") -> int:
-  """Returns S (slots per device) of slot_expert [D, S], or raises naming what is wrong; the contents
+  """Returns Z (slots per holder) of slot_expert [A, Z], or raises naming what is wrong; the contents
   are checked when the table is concrete (not traced)."""
   shape = tuple(np.shape(slot_expert))
   if len(shape) != 2 or shape[0] != devices or shape[1] < 1:
     raise ConfigError(f"slot_expert has shape {shape}; expected [{devices} {holder}, slots per holder]",
-                      "slot_expert", shape, f"[{devices}, S]")
+                      "slot_expert", shape, f"[{devices}, Z]")
   if not jnp.issubdtype(jnp.asarray(slot_expert).dtype, jnp.integer):
     raise ConfigError(f"slot_expert must hold integer expert ids, got {jnp.asarray(slot_expert).dtype}")
   if not isinstance(slot_expert, jax.core.Tracer):
@@ -41,7 +41,7 @@ def check_slot_table(slot_expert, num_experts: int, devices: int, holder: str = 
 
 
 def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
-  """[H, S] int32: holder h keeps its experts h * E / H .. in its first slots and, in its spare slots,
+  """[A, Z] int32: holder h keeps its experts h * E / A .. in its first slots and, in its spare slots,
   replicas of the experts of the holders after it (never its own); the table a run starts from before
   any load has been measured."""
   per, spare = num_experts // holders, slots - num_experts // holders
@@ -50,7 +50,7 @@ def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
 
 
 def physical_params(params: dict, slot_expert) -> dict:
-  """The expert weights laid out per physical slot ([D * S, ...] copies); routers unchanged."""
+  """The expert weights laid out per physical slot ([A * Z, ...] copies); routers unchanged."""
   slots = jnp.asarray(slot_expert).reshape(-1)
   return {name: jnp.take(value, slots, axis=0) if name in EXPERT_WEIGHTS else value
           for name, value in params.items()}

@@ -91,19 +91,19 @@ def _limit_to_groups(select_TxE, groups: int, kept: int):
   tokens, num_experts = select_TxE.shape
   per_group = num_experts // groups
   group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), min(2, per_group))[0], -1)
-  _, best_TxC = jax.lax.top_k(group_scores, kept)
-  allowed_TxG = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_TxC].set(True)
-  return jnp.where(jnp.repeat(allowed_TxG, per_group, axis=1), select_TxE, -jnp.inf)
+  _, best_groups = jax.lax.top_k(group_scores, kept)
+  allowed_groups = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_groups].set(True)
+  return jnp.where(jnp.repeat(allowed_groups, per_group, axis=1), select_TxE, -jnp.inf)
 
 
 def _sequence_loss_sum(ids_TxK, probs_TxE, sequence_length: int, cfg: MoEConfig):
   """(sum over these tokens' sequences of sum_e f_e P_e, the number of sequences): DeepSeek-V3 Eqs. 17-20
   without alpha, f_e = E / (K L) x the sequence's choices of e, P_e = its mean normalised score."""
   sequences = ids_TxK.shape[0] // sequence_length
-  counts_SxE = jax.vmap(lambda ids: _counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
-  f_SxE = counts_SxE * cfg.num_experts / (cfg.top_k * sequence_length)
-  p_SxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
-  return jnp.sum(f_SxE * p_SxE), jnp.asarray(sequences, jnp.float32)
+  counts_BxE = jax.vmap(lambda ids: _counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
+  f_BxE = counts_BxE * cfg.num_experts / (cfg.top_k * sequence_length)
+  p_BxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
+  return jnp.sum(f_BxE * p_BxE), jnp.asarray(sequences, jnp.float32)
 
 
 def _route_bilevel(x_TxD, params, cfg, tokens):

@@ -110,10 +110,10 @@ def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
 
 
-def _with_marker(y_RxC, ids_out):
+def _with_marker(y_block, ids_out):
   """y with one more column, 1 on the rows an expert processed: the combine brings back which rows
   arrived (a bounded buffer drops rows) without an exchange of its own."""
-  return jnp.concatenate([y_RxC, (ids_out >= 0).astype(y_RxC.dtype)[:, None]], axis=1)
+  return jnp.concatenate([y_block, (ids_out >= 0).astype(y_block.dtype)[:, None]], axis=1)
 
 
 def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
@@ -161,10 +161,10 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
   # with the peer count, where a block per peer alive at once would.
   own_forward, own_backward = plan_lib.shift_args(plan.forward, plan.backward, 0, me)
   own = min(rows_RxD.shape[0], out_rows)
-  i_B = jnp.arange(own)
-  q_B = jnp.minimum(recv_offsets[me] + i_B, out_rows - 1)  # the rows' places in the receive layout
-  steps = [(transport_lib.move_rows(rows_RxD, own_forward, own_backward, own, axis, ex.kind, (0,)), q_B,
-            jnp.where(i_B < recv_sizes[me], key_R[q_B], groups))]
+  i_J = jnp.arange(own)
+  q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
+  steps = [(transport_lib.move_rows(rows_RxD, own_forward, own_backward, own, axis, ex.kind, (0,)), q_J,
+            jnp.where(i_J < recv_sizes[me], key_R[q_J], groups))]
   if num_peers > 1:
     forward, backward = plan_lib.without_self(plan.forward, plan.backward, me)
     q_R = jnp.arange(out_rows)
@@ -172,18 +172,18 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
     steps.append((transport_lib.move_rows(rows_RxD, forward, backward, out_rows, axis, ex.kind,
                                           tuple(range(1, num_peers))), q_R, jnp.where(mine, groups, key_R)))
   h_RxF = None
-  for x_BxD, q_B, key_B in steps:
-    step_position, step_sizes = _expert_major(key_B, groups)
-    h_BxF = local.hidden(jnp.zeros_like(x_BxD).at[step_position].set(x_BxD), step_sizes)[step_position]
+  for x_JxD, q_J, key_J in steps:
+    step_position, step_sizes = _expert_major(key_J, groups)
+    h_JxF = local.hidden(jnp.zeros_like(x_JxD).at[step_position].set(x_JxD), step_sizes)[step_position]
     if h_RxF is None:
-      h_RxF = jnp.zeros((out_rows, h_BxF.shape[1]), h_BxF.dtype)
-    h_RxF = h_RxF.at[jnp.where(key_B < groups, position_R[q_B], out_rows)].set(h_BxF, mode="drop")
+      h_RxF = jnp.zeros((out_rows, h_JxF.shape[1]), h_JxF.dtype)
+    h_RxF = h_RxF.at[jnp.where(key_J < groups, position_R[q_J], out_rows)].set(h_JxF, mode="drop")
   width = x_RxD.shape[1] // num_chunks
   blocks = []
   for j in range(num_chunks):
-    y_RxC = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
-    y_RxC = jnp.where((ids_out >= 0)[:, None], y_RxC, 0.0)
-    blocks.append(transport_lib.combine(_with_marker(y_RxC, ids_out) if j == 0 else y_RxC, route, ex.hops, ex.kind))
+    y_block = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
+    y_block = jnp.where((ids_out >= 0)[:, None], y_block, 0.0)
+    blocks.append(transport_lib.combine(_with_marker(y_block, ids_out) if j == 0 else y_block, route, ex.hops, ex.kind))
   arrived_R = blocks[0][:, -1] > 0
   blocks[0] = blocks[0][:, :-1]
   return Result(jnp.concatenate(blocks, axis=1), arrived_R, (route,))

@@ -52,17 +52,17 @@ def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   block = min(operand.shape[0], output.shape[0])
   num_peers = send_sizes.shape[0]
   me = jax.lax.axis_index(axis_name)
-  i_B = jnp.arange(block)
+  i_J = jnp.arange(block)
   for shift in range(num_peers) if shifts is None else shifts:
     dest = (me + shift) % num_peers
-    valid_B = i_B < send_sizes[dest]
-    rows = jnp.take(operand, jnp.clip(input_offsets[dest] + i_B, 0, operand.shape[0] - 1), axis=0)
-    rows = jnp.where(_expand(valid_B, rows.ndim), rows, jnp.zeros((), operand.dtype))
-    where_B = jnp.where(valid_B, output_offsets[dest] + i_B, output.shape[0])  # out of range: dropped
+    valid_J = i_J < send_sizes[dest]
+    rows = jnp.take(operand, jnp.clip(input_offsets[dest] + i_J, 0, operand.shape[0] - 1), axis=0)
+    rows = jnp.where(_expand(valid_J, rows.ndim), rows, jnp.zeros((), operand.dtype))
+    where_J = jnp.where(valid_J, output_offsets[dest] + i_J, output.shape[0])  # out of range: dropped
     if shift:
       perm = [(i, (i + shift) % num_peers) for i in range(num_peers)]
-      rows, where_B = jax.lax.ppermute((rows, where_B), axis_name, perm)
-    output = output.at[where_B].set(rows, mode="drop")
+      rows, where_J = jax.lax.ppermute((rows, where_J), axis_name, perm)
+    output = output.at[where_J].set(rows, mode="drop")
   return output
 
 
@@ -77,14 +77,14 @@ def dense_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
   with the place the receiver writes it. A peer's rows past block_rows are not sent: the plan keeps
   send sizes within the block (`plan_route`)."""
   del recv_sizes, shifts  # each block carries its own places; peers outside the shifts send nothing
-  i_B = jnp.arange(block_rows)
-  valid_AxB = i_B[None, :] < send_sizes[:, None]
-  index_AxB = jnp.clip(input_offsets[:, None] + i_B[None, :], 0, operand.shape[0] - 1)
-  rows = jnp.take(operand, index_AxB, axis=0)
-  rows = jnp.where(_expand(valid_AxB, rows.ndim), rows, jnp.zeros((), operand.dtype))
-  where_AxB = jnp.where(valid_AxB, output_offsets[:, None] + i_B[None, :], output.shape[0])
-  rows, where_AxB = jax.lax.all_to_all((rows, where_AxB), axis_name, 0, 0)
-  return output.at[where_AxB.reshape(-1)].set(rows.reshape((-1,) + operand.shape[1:]), mode="drop")
+  i_J = jnp.arange(block_rows)
+  valid_AxJ = i_J[None, :] < send_sizes[:, None]
+  index_AxJ = jnp.clip(input_offsets[:, None] + i_J[None, :], 0, operand.shape[0] - 1)
+  rows = jnp.take(operand, index_AxJ, axis=0)
+  rows = jnp.where(_expand(valid_AxJ, rows.ndim), rows, jnp.zeros((), operand.dtype))
+  where_AxJ = jnp.where(valid_AxJ, output_offsets[:, None] + i_J[None, :], output.shape[0])
+  rows, where_AxJ = jax.lax.all_to_all((rows, where_AxJ), axis_name, 0, 0)
+  return output.at[where_AxJ.reshape(-1)].set(rows.reshape((-1,) + operand.shape[1:]), mode="drop")
 
 
 def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,

@@ -60,10 +60,10 @@ def identity_placement(num_layers: int, num_experts: int, devices: int) -> np.nd
   return np.tile(np.arange(num_experts) // (num_experts // devices), (num_layers, 1))
 
 
-def crossings(counts: np.ndarray, part_LxE: np.ndarray) -> int:
+def crossings(counts: np.ndarray, part_MxE: np.ndarray) -> int:
   """Transitions between experts in different parts: sum_j sum_{a,b} counts[j, a, b] * [part[j, a] !=
   part[j+1, b]], for counts [L-1, E, E] and part [L, E] (nodes, GPUs or devices)."""
-  differ = part_LxE[:-1, :, None] != part_LxE[1:, None, :]  # [L-1, E, E]
+  differ = part_MxE[:-1, :, None] != part_MxE[1:, None, :]  # [L-1, E, E]
   return int(np.sum(np.asarray(counts, np.int64) * differ))
 
 

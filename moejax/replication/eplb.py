@@ -17,28 +17,28 @@ from moejax.replication.rebalance import check_inputs, check_size
 from moejax.validation import require
 
 
-def balanced_packing(weight_N: np.ndarray, packs: int) -> np.ndarray:
+def balanced_packing(weight_E: np.ndarray, packs: int) -> np.ndarray:
   """[N] pack of each item: heaviest first onto the lightest pack that is not full; N / packs items each."""
-  capacity = weight_N.size // packs
-  pack_of = np.empty(weight_N.size, np.int64)
+  capacity = weight_E.size // packs
+  pack_of = np.empty(weight_E.size, np.int64)
   total, count = np.zeros(packs), np.zeros(packs, np.int64)
-  for item in np.argsort(-weight_N, kind="stable"):
+  for item in np.argsort(-weight_E, kind="stable"):
     pack = np.argmin(np.where(count < capacity, total, np.inf))
     pack_of[item] = pack
-    total[pack] += weight_N[item]
+    total[pack] += weight_E[item]
     count[pack] += 1
   return pack_of
 
 
-def replicate(load_N: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
-  """(replica_S [slots] logical index of each replica, counts [N]): the N originals, then each spare
+def replicate(load_E: np.ndarray, slots: int) -> tuple[np.ndarray, np.ndarray]:
+  """(replica_expert [slots] logical index of each replica, counts [N]): the N originals, then each spare
   slot to the largest load per replica, in the order they are made (which orders ties when packing)."""
-  counts = np.ones(load_N.size, np.int64)
+  counts = np.ones(load_E.size, np.int64)
   extra = []
-  for _ in range(slots - load_N.size):
-    extra.append(np.argmax(load_N / counts))
+  for _ in range(slots - load_E.size):
+    extra.append(np.argmax(load_E / counts))
     counts[extra[-1]] += 1
-  return np.concatenate([np.arange(load_N.size), np.asarray(extra, np.int64)]), counts
+  return np.concatenate([np.arange(load_E.size), np.asarray(extra, np.int64)]), counts
 
 
 def _hierarchical(load, groups, nodes, gpus, slots):

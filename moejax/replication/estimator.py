@@ -67,10 +67,10 @@ class PathTables:
     return self.path_length
 
 
-def path_ids(ids_LxTxK: np.ndarray, layer: int, path_length: int, num_experts: int) -> np.ndarray:
+def path_ids(ids_MxTxK: np.ndarray, layer: int, path_length: int, num_experts: int) -> np.ndarray:
   """[T] int64: each token's path into `layer`, its first choices at layers layer-l .. layer-1."""
   radix = num_experts ** np.arange(path_length, dtype=np.int64)
-  return ids_LxTxK[layer - path_length:layer, :, 0].T @ radix
+  return ids_MxTxK[layer - path_length:layer, :, 0].T @ radix
 
 
 def keep_top(rows: np.ndarray, top_k: int) -> np.ndarray:
@@ -117,10 +117,11 @@ def estimate_loads(tables: PathTables, traces) -> np.ndarray:
   return np.stack(out)
 
 
-def moving_average(loads_BxE, window: int) -> np.ndarray:
-  """[B, E]: for batch b the mean load of batches max(0, b - window) .. b-1; uniform for b = 0 (no history)."""
+def moving_average(batch_loads, window: int) -> np.ndarray:
+  """batch_loads [batches, E] -> [batches, E]: for batch b the mean load of batches max(0, b - window) .. b-1;
+  uniform for b = 0 (no history)."""
   require(is_int(window), "window", window, "an int >= 1")
-  loads = np.asarray(loads_BxE, np.float64)
+  loads = np.asarray(batch_loads, np.float64)
   sums = np.concatenate([np.zeros((1, loads.shape[1])), np.cumsum(loads, axis=0)])
   b = np.arange(loads.shape[0])
   start = np.maximum(b - window, 0)

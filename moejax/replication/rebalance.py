@@ -1,11 +1,11 @@
 """Replication planner: which logical expert each physical slot holds, so that no device is busy.
 
-D = nodes * gpus_per_node devices hold slots_per_gpu slots each; an expert's load (tokens) is split
+A = nodes * gpus_per_node devices hold slots_per_gpu slots each; an expert's load (tokens) is split
 evenly over its replicas; a device's load sums its slots. `rebalance` lowers the busiest one's load:
   1. Counts: one replica per expert; of the spare slots, `fillers` go to the least loaded experts
      (weighing almost nothing, they let a heavy expert sit nearly alone on a device, the optimum's
      shape on small cases), the rest by D'Hondt (each to the largest load per replica). SPLITS splits
-     are tried, from all D'Hondt to all fillers. Counts are capped at D (a replica per device).
+     are tried, from all D'Hondt to all fillers. Counts are capped at A (a replica per device).
   2. Packing: replicas largest first (LPT), each onto the least loaded device with a free slot that
      lacks the expert, preferring a node that already holds it; dead ends are repaired by swaps.
   3. Steepest descent on (busiest load, sum of squared loads), over the moves that touch a busiest
@@ -47,16 +47,16 @@ def check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu):
   load, nodes, gpus = check_loads(load_E), check_size("nodes", nodes), check_size("gpus_per_node", gpus_per_node)
   slots, devices = check_size("slots_per_gpu", slots_per_gpu), nodes * gpus
   require(slots * devices >= load.size, "slots_per_gpu", slots,
-          f">= ceil(E / D) = {-(-load.size // devices)}: a slot for each of E={load.size} experts on D={devices}")
+          f">= ceil(E / A) = {-(-load.size // devices)}: a slot for each of E={load.size} experts on A={devices}")
   return load, nodes, gpus, slots
 
 
 def device_loads(load_E, slot_expert) -> np.ndarray:
-  """[D] float64: each expert's load split evenly over its replicas in slot_expert [D, slots], summed per device."""
+  """[A] float64: each expert's load split evenly over its replicas in slot_expert [A, slots], summed per device."""
   load = check_loads(load_E)
   slots = np.asarray(slot_expert)
   require(slots.ndim == 2 and slots.size >= 1 and slots.dtype.kind in "iu", "slot_expert",
-          f"shape {slots.shape} dtype {slots.dtype}", "a non-empty 2-D int array [D, slots_per_gpu]")
+          f"shape {slots.shape} dtype {slots.dtype}", "a non-empty 2-D int array [A, slots_per_gpu]")
   require(slots.min() >= 0 and slots.max() < load.size, "slot_expert", f"ids {slots.min()}..{slots.max()}",
           f"expert ids in [0, {load.size})")
   counts = np.bincount(slots.ravel(), minlength=load.size)
@@ -84,7 +84,7 @@ def replica_counts(load_E: np.ndarray, slots: int, cap: int | None = None, fille
 
 
 def _pack(load, counts, gpus, slots, distinct):
-  """placed [E, D] replicas per device by LPT (see step 2), then duplicates swapped away if distinct."""
+  """placed [E, A] replicas per device by LPT (see step 2), then duplicates swapped away if distinct."""
   per_replica = load / counts
   placed = np.zeros((load.size, counts.sum() // slots), np.int64)
   for e in np.argsort(-per_replica, kind="stable"):
@@ -149,7 +149,7 @@ def _descend(load, placed, cap, distinct, tol):
 
 
 def _plan(load, devices, gpus, slots, distinct):
-  """placed [E, D] by steps 1-3, with or without distinct experts per device: the best split after descent."""
+  """placed [E, A] by steps 1-3, with or without distinct experts per device: the best split after descent."""
   cap, tol = devices if distinct else devices * slots, 1e-12 * max(load.sum(), 1e-300)
   best = best_key = None
   for fillers in np.unique(np.linspace(0, devices * slots - load.size, SPLITS).round().astype(int)):
@@ -183,12 +183,12 @@ def _localise(load, placed, gpus):
 
 
 def slot_table(placed: np.ndarray) -> np.ndarray:
-  """[D, slots] expert ids, ascending on each device, from replica counts placed [E, D]."""
+  """[A, slots] expert ids, ascending on each device, from replica counts placed [E, A]."""
   return np.stack([np.repeat(np.arange(placed.shape[0]), placed[:, d]) for d in range(placed.shape[1])])
 
 
 def rebalance(load_E, nodes, gpus_per_node, slots_per_gpu, duplicates: bool = True) -> np.ndarray:
-  """slot_expert [D, slots_per_gpu] int64 for load [E] (steps in the module docstring). A device holds two
+  """slot_expert [A, slots_per_gpu] int64 for load [E] (steps in the module docstring). A device holds two
   replicas of one expert only where E < slots_per_gpu forces it, or with `duplicates` where strictly better."""
   load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu)
   devices, distinct = nodes * gpus, load.size >= slots

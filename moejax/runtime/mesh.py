@@ -154,7 +154,7 @@ def peer_table(hop, nodes: int, gpus_per_node: int) -> np.ndarray:
 
 
 def same_group(hop, nodes: int, gpus_per_node: int) -> np.ndarray:
-  """[D, D] bool: flat devices s and p are in one group of the hop (s == p included)."""
+  """[A, A] bool: flat devices s and p are in one group of the hop (s == p included)."""
   table = peer_table(hop, nodes, gpus_per_node)
   mask = np.zeros((table.shape[0],) * 2, bool)
   np.put_along_axis(mask, table, True, axis=1)
@@ -167,7 +167,7 @@ def node_of(device, gpus_per_node: int):
 
 
 def pair_masks(devices: int, gpus_per_node: int) -> tuple[np.ndarray, np.ndarray]:
-  """([D, D] bool cross-node, [D, D] bool in-node) of flat device pairs (s, p); a device's pair with
+  """([A, A] bool cross-node, [A, A] bool in-node) of flat device pairs (s, p); a device's pair with
   itself is in neither: its rows move no data."""
   node = node_of(np.arange(devices), gpus_per_node)
   cross = node[:, None] != node[None, :]

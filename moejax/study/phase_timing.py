@@ -31,11 +31,11 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 
 
-def hop_sizes(traffic_DxD: np.ndarray, axis, n: int, m: int) -> np.ndarray:
+def hop_sizes(traffic_AxA: np.ndarray, axis, n: int, m: int) -> np.ndarray:
   """[D, A, A]: for each device, the rows between the members of its group along `axis` (the
-  `sizes_AxA` its plan would all_gather), from the layer's [D, D] traffic of that hop."""
+  `sizes_AxA` its plan would all_gather), from the layer's [A, A] traffic of that hop."""
   groups = mesh_lib.peer_table(axis, n, m)
-  return np.stack([traffic_DxD[np.ix_(g, g)] for g in groups]).astype(np.int32)
+  return np.stack([traffic_AxA[np.ix_(g, g)] for g in groups]).astype(np.int32)
 
 
 class _Phases:
@@ -73,7 +73,7 @@ class _Phases:
     return self._map(lambda blocks: jax.lax.all_to_all(blocks, ALL, 0, 0), 1)
 
   def ffn(self):
-    """The expert FFN on rows [R, d] with group sizes [epg] and the local expert weights."""
+    """The expert FFN on rows [R, d] with group sizes [experts_per_gpu] and the local weights."""
     cfg = self.cfg
 
     def body(rows, sizes, w_in, w_out, *w_gate):
@@ -93,7 +93,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   phases = _Phases(cfg, mesh)
   n, m, devices = phases.n, phases.m, phases.n * phases.m
   tokens, d = x.shape[0] // devices, cfg.d_model
-  k, epg = cfg.choices_per_token, cfg.num_experts // devices
+  k, experts_per_gpu = cfg.choices_per_token, cfg.num_experts // devices
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
   median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
@@ -105,7 +105,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
                         .reshape(devices * devices, cfg.num_experts * capacity // devices, d))
     send = phases.capacity_exchange()
     comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
-    received, sizes = epg * devices * capacity, np.full((devices, epg), devices * capacity)
+    received, sizes = experts_per_gpu * devices * capacity, np.full((devices, experts_per_gpu), devices * capacity)
   else:
     before = tokens * k
     hops = transport_lib.transport_hops(cfg.transport)
@@ -120,7 +120,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
       before = after
-    received, sizes = before, counts.reshape(devices, epg)
+    received, sizes = before, counts.reshape(devices, experts_per_gpu)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))

@@ -26,8 +26,8 @@ def simulate(scheme: str, n: int, m: int, config) -> dict:
   """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
   device (one compilation; more batches, less sampling noise in the routing fractions).
 
-  Returns, summed over the batches and as JSON-ready lists: traffic_rows [H, D, D], rows_per_device
-  [D] (token-choices each device's experts got), dropped (token-choices), tokens_per_gpu; and
+  Returns, summed over the batches and as JSON-ready lists: traffic_rows [hops, A, A], rows_per_device
+  [A] (token-choices each device's experts got), dropped (token-choices), tokens_per_gpu; and
   seconds (compile and run).
   """
   cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")

@@ -36,7 +36,7 @@ def validate_config(log, prefix: str = "") -> None:
 
 def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_tables=None) -> dict:
   """A JSON-ready record from the train step's metrics (host arrays) and the host's timing;
-  slot_tables: the [M, H, S] slot tables the step ran on, with replication."""
+  slot_tables: the [M, A, Z] slot tables the step ran on, with replication."""
   counts_MxE = np.asarray(metrics["expert_counts"], np.float64)
   dropped_M = np.asarray(metrics["tokens_dropped"], np.float64)
   overflowed_M = np.asarray(metrics["tokens_overflowed"], np.float64)

@@ -255,7 +255,7 @@ class LanguageModel(nnx.Module):
 
     cache: one (k, v) [B, S_cache, H, W] pair per block (`moejax.infer.cache`; 'gpt' only): tokens are at
     positions start .. start + S - 1 and the returned cache holds their keys and values.
-    details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, D, D] per MoE layer.
+    details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
     """
     dtype = jnp.dtype(self.cfg.dtype)
     batch_sharding = NamedSharding(self.mesh, activation_spec(self.cfg))
@@ -371,14 +371,14 @@ def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
 
 
 def slot_tables(cfg: ModelConfig, rest: dict):
-  """[M, H, S] int32: the MoE layers' slot tables stacked from the pure-dict `rest` (the non-parameter
+  """[M, A, Z] int32: the MoE layers' slot tables stacked from the pure-dict `rest` (the non-parameter
   state of `abstract_state`/`init_state`), or None without replication (moe.slots_per_device unset)."""
   return _stacked(cfg, rest, "slot_expert")
 
 
-def with_slot_tables(cfg: ModelConfig, rest: dict, tables_MxHxS) -> dict:
-  """`rest` with MoE layer j's slot table replaced by tables_MxHxS[j] (the rest of the tree shared)."""
-  return _with_stacked(cfg, rest, "slot_expert", tables_MxHxS)
+def with_slot_tables(cfg: ModelConfig, rest: dict, tables_MxAxZ) -> dict:
+  """`rest` with MoE layer j's slot table replaced by tables_MxAxZ[j] (the rest of the tree shared)."""
+  return _with_stacked(cfg, rest, "slot_expert", tables_MxAxZ)
 
 
 def expert_biases(cfg: ModelConfig, rest: dict):
@@ -398,6 +398,6 @@ def balance_counts(cfg: ModelConfig, rest: dict):
   return _stacked(cfg, rest, "balance_counts")
 
 
-def with_balance_counts(cfg: ModelConfig, rest: dict, counts_MxC) -> dict:
-  """`rest` with MoE layer j's earlier-micro-batch choice counts replaced by counts_MxC[j]."""
-  return _with_stacked(cfg, rest, "balance_counts", counts_MxC)
+def with_balance_counts(cfg: ModelConfig, rest: dict, earlier_counts) -> dict:
+  """`rest` with MoE layer j's earlier-micro-batch choice counts replaced by earlier_counts[j]."""
+  return _with_stacked(cfg, rest, "balance_counts", earlier_counts)

@@ -15,14 +15,14 @@ from moejax.replication import rebalance as rebalance_lib
 
 
 def identity_table(num_experts: int, holders: int) -> np.ndarray:
-  """[H, E / H]: each holder's own experts, the placement without replication."""
+  """[A, E / A]: each holder's own experts, the placement without replication."""
   return np.arange(num_experts).reshape(holders, num_experts // holders)
 
 
-def busiest_loads(counts_MxE, tables_MxHxS) -> tuple[list[float], list[float]]:
+def busiest_loads(counts_MxE, tables_MxAxZ) -> tuple[list[float], list[float]]:
   """Per MoE layer, the busiest holder's load over the mean holder load, (with the slot tables, with
-  each holder running only its own E / H experts); 1.0 is perfect balance (and an idle layer)."""
-  counts_MxE, tables = np.asarray(counts_MxE, np.float64), np.asarray(tables_MxHxS)
+  each holder running only its own E / A experts); 1.0 is perfect balance (and an idle layer)."""
+  counts_MxE, tables = np.asarray(counts_MxE, np.float64), np.asarray(tables_MxAxZ)
   identity = identity_table(counts_MxE.shape[1], tables.shape[1])
   with_tables = [rebalance_lib.max_load_ratio(c, t) for c, t in zip(counts_MxE, tables)]
   without = [rebalance_lib.max_load_ratio(c, identity) for c in counts_MxE]
@@ -32,8 +32,8 @@ def busiest_loads(counts_MxE, tables_MxHxS) -> tuple[list[float], list[float]]:
 class Replanner:
   """Keeps the last `window` steps' expert counts and plans new slot tables from their mean.
 
-  nodes, per_node: the slot table's holders (H = nodes * per_node: the devices, or the nodes with
-  expert sharding, per_node = 1); slots: S, each holder's slots.
+  nodes, per_node: the slot table's holders (A = nodes * per_node: the devices, or the nodes with
+  expert sharding, per_node = 1); slots: Z, each holder's slots.
   """
 
   def __init__(self, every: int, window: int, nodes: int, per_node: int, slots: int):
@@ -48,7 +48,7 @@ class Replanner:
     return self.every > 0 and step % self.every == 0
 
   def plan(self) -> np.ndarray:
-    """[M, H, S] int32: each layer's table for the window's mean load (deterministic)."""
+    """[M, A, Z] int32: each layer's table for the window's mean load (deterministic)."""
     mean_MxE = np.mean(np.stack(self.counts), axis=0)
     return np.stack([rebalance_lib.rebalance(load_E, self.nodes, self.per_node, self.slots)
                      for load_E in mean_MxE]).astype(np.int32)

@@ -138,7 +138,7 @@ class Trainer:
   Of `config` it reads seed, steps, optim and data.mask_prob; `tok` supplies the special ids.
 
   state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}, and with replication
-(moe.slots_per_device) 'slot_tables' [M, H, S] int32, the MoE layers' slot tables: not optimised,
+(moe.slots_per_device) 'slot_tables' [M, A, Z] int32, the MoE layers' slot tables: not optimised,
 replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
 and re-planned between steps by the loop (same shape, so the compiled step is reused); with
 auxiliary-loss-free balancing (moe.bias_update_rate = u > 0) 'expert_bias' [M, E] float32, the MoE
@@ -215,9 +215,9 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     nodes, gpus = mesh_lib.axis_sizes(self.mesh)
     return (nodes, 1) if self.moe_cfg.esp_schedule is not None else (nodes, gpus)
 
-  def put_slot_tables(self, tables_MxHxS):
-    """Slot tables [M, H, S] as the state holds them (int32, replicated; the same on every process)."""
-    return jax.device_put(np.asarray(tables_MxHxS, np.int32), self.replicated)
+  def put_slot_tables(self, tables_MxAxZ):
+    """Slot tables [M, A, Z] as the state holds them (int32, replicated; the same on every process)."""
+    return jax.device_put(np.asarray(tables_MxAxZ, np.int32), self.replicated)
 
   def targets(self, key, tokens_BxS):
     if self.model_cfg.kind == "gpt":
@@ -238,8 +238,8 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     if "expert_bias" in state:
       rest = model_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
 
-    def loss_fn(params, counts_MxC, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
-      micro_rest = rest if counts_MxC is None else model_lib.with_balance_counts(self.model_cfg, rest, counts_MxC)
+    def loss_fn(params, earlier_counts, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
+      micro_rest = rest if earlier_counts is None else model_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
       model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
       logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
@@ -250,11 +250,11 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     def micro_step(carry, micro):
       # balance_loss='global_batch': each micro-batch's loss sees the choice counts of the step's earlier ones
       # (the layers return them plus their own: the next micro-batch's input).
-      grads, counts_MxC = carry
-      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], counts_MxC,
+      grads, earlier_counts = carry
+      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], earlier_counts,
                                                                                  *micro)
-      counts_MxC = aux.pop("balance_counts", None)
-      return (jax.tree.map(jnp.add, grads, g), counts_MxC), (loss_sum, correct, aux)
+      earlier_counts = aux.pop("balance_counts", None)
+      return (jax.tree.map(jnp.add, grads, g), earlier_counts), (loss_sum, correct, aux)
 
     zeros = jax.tree.map(jnp.zeros_like, state["params"])
     counts = model_lib.balance_counts(self.model_cfg, rest)
