@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -228,7 +229,9 @@ def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tm
   done = run_suite(tmp_path, "--smoke", steps=("kernels", "env"), STEP_TIMEOUT="3", SUITE_TIMEOUT="32")
   assert done.returncode != 0
   summary = (tmp_path / "suite_summary.txt").read_text()
-  assert "failed rc=124 (timed out after 3s)" in summary and "not started (SUITE_TIMEOUT)" in summary, summary
+  # rc 124: ended by the TERM signal; 137: killed 10 s later, when the step (busy in a compile) did not end
+  assert re.search(r"failed rc=(124|137) \(timed out after 3s\)", summary), summary
+  assert "not started (SUITE_TIMEOUT)" in summary, summary
   if (tmp_path / "kernels.json").exists():  # written before the kill: what it had, and why it stopped
     assert json.loads((tmp_path / "kernels.json").read_text())["status"] in ("running", "terminated")
 
