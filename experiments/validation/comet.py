@@ -16,12 +16,6 @@ from moejax.runtime import mesh as mesh_lib
 
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
-def non_expert_cost(topology) -> phases.RowCost:
-  """The H100's measured non-expert seconds per routed-row byte (Mixtral widths, padded transport), carried to
-  `topology`'s GPU by memory bandwidth (`phases.for_topology`)."""
-  return phases.for_topology(topology)
-
-
 COMET_MIXTRAL = dict(d_model=4096, d_ff=14336, experts=8, top_k=2)
 COMET_TOKENS = (4096, 8192, 16384)
 COMET_CHUNKS = (2, 4, 8)  # chunks (Tutel's searched pipeline degree) and column blocks of comet
@@ -44,7 +38,7 @@ def comet_layer(topology, tokens: int, top_k: int, rate: tuple[float, str]):
   exchanges = overlap.Exchanges(rows, (mesh_lib.AXES,), (1, gpus), shape["d_model"] * 2, topology, device=0)
   routed_rows = tokens // gpus * top_k  # token choices this device routes (M / W tokens before dispatch)
   layer = overlap.LayerShape((tokens * top_k / shape["experts"],), shape["d_model"], shape["d_ff"], gated=True,
-                             rate=rate[0], non_expert_s=non_expert_cost(topology).seconds(routed_rows,
+                             rate=rate[0], non_expert_s=phases.for_topology(topology).seconds(routed_rows,
                                                                                             shape["d_model"]))
   return exchanges, layer
 

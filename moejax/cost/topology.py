@@ -125,7 +125,8 @@ L20_PCIE = Topology(
     peak_flops=Param(119.5e12, "assumed: 119.5 TFLOP/s FP16 tensor, the figure resellers quote for the L20; "
                      "not checked against an NVIDIA datasheet", "assumed"),
     compute_efficiency=EFFICIENCY,
-    memory_bw=Param(864e9, "assumed: NVIDIA L20 product brief, GDDR6 864 GB/s; not checked against a datasheet", "assumed"))
+    memory_bw=Param(864e9, "assumed: NVIDIA L20 product brief, GDDR6 864 GB/s; not checked against a datasheet",
+                    "assumed"))
 
 RTX4090_PCIE = Topology(
     name="rtx4090_pcie",
@@ -139,7 +140,8 @@ RTX4090_PCIE = Topology(
     peak_flops=Param(165.2e12, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: 165.2 TFLOP/s peak "
                      "FP16 tensor with FP32 accumulate (dense)", "datasheet"),
     compute_efficiency=EFFICIENCY,
-    memory_bw=Param(1008e9, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: GDDR6X 1,008 GB/s", "datasheet"))
+    memory_bw=Param(1008e9, "NVIDIA Ada Lovelace architecture whitepaper, GeForce RTX 4090: GDDR6X 1,008 GB/s",
+                    "datasheet"))
 
 RTX2080TI_IB100 = Topology(
     name="rtx2080ti_ib100",

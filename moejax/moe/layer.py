@@ -425,7 +425,7 @@ class MoELayer(nnx.Module):
   """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
   cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
   its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated), with balance_loss='global_batch' the
-earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, replicated).
+  earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """

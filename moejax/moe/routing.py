@@ -131,7 +131,7 @@ def _balance_terms(cfg: MoEConfig):
 
 def balance_counts(stats: dict, cfg: MoEConfig) -> jax.Array:
   """[cfg.balance_counts_size] float32: the routers' choice counts in `stats`, concatenated."""
-  return jnp.concatenate([stats[counts].astype(jnp.float32) for counts, *_ in _balance_terms(cfg)])
+  return jnp.concatenate([stats[counts] for counts, *_ in _balance_terms(cfg)])
 
 
 def aux_losses(stats: dict, cfg: MoEConfig, prior_counts: jax.Array | None = None) -> dict[str, jax.Array]:

@@ -285,7 +285,7 @@ class LanguageModel(nnx.Module):
         **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
            for name in ("tokens_dropped", "tokens_overflowed")},
     }
-    if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': [M, C], the next micro-batch's input
+    if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
       aux["balance_counts"] = jnp.stack([a["balance_counts"] for a in auxes])
     if details and auxes:
       aux.update({name: jnp.stack([a[name] for a in auxes]) for name in ("expert_ids", "traffic_rows")})
@@ -393,7 +393,7 @@ def with_expert_biases(cfg: ModelConfig, rest: dict, bias_MxE) -> dict:
 
 
 def balance_counts(cfg: ModelConfig, rest: dict):
-  """[M, C] float32: the MoE layers' earlier-micro-batch choice counts (`BalanceCounts`, balance_loss=
+  """[M, cfg.balance_counts_size] float32: the MoE layers' earlier-micro-batch choice counts (`BalanceCounts`, balance_loss=
   'global_batch') from the pure-dict `rest`, or None without them."""
   return _stacked(cfg, rest, "balance_counts")
 

@@ -239,7 +239,9 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
       rest = model_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
 
     def loss_fn(params, earlier_counts, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
-      micro_rest = rest if earlier_counts is None else model_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
+      micro_rest = rest
+      if earlier_counts is not None:
+        micro_rest = model_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
       model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
       logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
