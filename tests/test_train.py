@@ -1,9 +1,10 @@
 """Training end to end: convergence for every routing, kill-and-resume, corrupt checkpoints, and a
 2-process job that matches the single-process run step for step.
 
-The in-process runs are built once per test session and shared by the xdist workers (through locks in the
-session's temporary directory); a 12-step topk run on the convergence runs' learning-rate schedule is the
-uninterrupted single-process reference of the kill-and-resume, 2-process and overflow tests.
+The in-process runs are built once per test session (under locks in the session's temporary directory; one
+xdist worker runs the module); a 12-step topk run on the convergence runs' learning-rate schedule, with
+every piece of state a step updates besides the parameters (STATEFUL), is the uninterrupted single-process
+reference of the kill-and-resume, 2-process and overflow tests.
 """
 
 import json
@@ -21,8 +22,10 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import replicas
 from moejax.moe.config import ROUTINGS
-from moejax.train import checkpoint, metrics
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import checkpoint, metrics, objective
 from moejax.train import trainer as train
 from moejax.train.tokenizer import cache_lock
 from moejax.validation import ConfigError
@@ -31,16 +34,21 @@ from tests.helpers import ENV, ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
-pytestmark = pytest.mark.slow  # end-to-end training runs
+# slow: end-to-end training runs; one xdist worker runs the module, so no worker waits for a run the other is building.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("train")]
 
 CONVERGENCE_STEPS = 200  # the topk run; the other routings run the first ROUTING_STEPS of the same schedule
 ROUTING_STEPS = 60
 # The learning runs' mesh: 2 nodes (the node routings need them) of one device each, twice as fast per step as
 # 2 x 4; the distributed layer itself is the layer tests' (the resume and 2-process runs keep 2 x 4).
 LEARNING_MESH = (2, 1)
-# The first 12 steps of the convergence runs' schedule.
+# State a step updates besides the parameters and optimizer: DeepSeek-V3's loss-free balancing bias, and slot
+# tables re-planned every 2 steps from a 4-step window of loads (so a resume from step 3, 6 or 9 needs the window
+# the checkpoint kept).
+STATEFUL = {"bias_update_rate": 0.01, "slots_per_device": 2, "replan_every": 2, "replan_window": 4}
+# The first 12 steps of the convergence runs' schedule, with that state.
 SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
-         f"--config.optim.decay_steps={CONVERGENCE_STEPS}"]
+         f"--config.optim.decay_steps={CONVERGENCE_STEPS}", *(f"--config.moe.{k}={v}" for k, v in STATEFUL.items())]
 
 
 def _once(shared, name, build):
@@ -55,23 +63,44 @@ def _once(shared, name, build):
   return directory
 
 
-def _trained(shared, routing, steps, mesh=(2, 4)):
-  """The tiny MLM trained in this process with `routing` for the first `steps` steps of the
-  CONVERGENCE_STEPS learning-rate schedule on a nodes x gpus `mesh` (once per session)."""
+def _trained(shared, name, *overrides, optimised=False):
+  """The tiny MLM trained by `experiments.train` with `overrides` in <shared>/<name> (once per session).
+  optimised: with XLA's CPU optimisations, which the suite turns off for its many compile-once programs (a
+  learning run's step is 2.5x faster with them)."""
+  return _once(shared, name, lambda directory: _run(shared, _command(shared, directory, *overrides), directory / "log",
+                                                    xla_flags="" if optimised else None))
 
-  def build(directory):
-    config = mlm.get_config()
-    config.mesh.update(nodes=mesh[0], gpus_per_node=mesh[1])
-    config.steps = steps
-    config.optim.decay_steps = CONVERGENCE_STEPS
-    config.moe.routing = routing
-    config.data.cache_dir = str(shared / "cache")
-    config.checkpoint.every_steps = steps
-    config.log.tensorboard = False
-    summary = train.train(config, str(directory))
-    (directory / "result.json").write_text(json.dumps(summary))
 
-  return _once(shared, f"trained-{routing}-{steps}-{mesh[0]}x{mesh[1]}", build)
+def _learned(shared, routing, steps):
+  """The first `steps` steps of the CONVERGENCE_STEPS schedule with `routing` on LEARNING_MESH."""
+  return _trained(shared, f"learned-{routing}-{steps}", f"--config.steps={steps}", f"--config.moe.routing={routing}",
+                  f"--config.optim.decay_steps={CONVERGENCE_STEPS}", f"--config.checkpoint.every_steps={steps}",
+                  f"--config.mesh.nodes={LEARNING_MESH[0]}", f"--config.mesh.gpus_per_node={LEARNING_MESH[1]}",
+                  "--config.log.tensorboard=False", optimised=True)
+
+
+def _reference(shared):
+  """The uninterrupted 12-step single-process run of SHORT (its compiled step is in the cache the kill-and-resume
+  runs read)."""
+  return _trained(shared, "reference", *SHORT)
+
+
+def _final_states(*directories):
+  """The newest checkpoint of the SHORT config in each directory: (step, state as NumPy arrays, host state)."""
+  config = mlm.get_config()
+  config.moe.update(STATEFUL)
+  model_cfg, moe_cfg = train.validate(config)
+  tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  abstract_state = train.Trainer(config, model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4), tok).abstract_state
+  found = []
+  for directory in directories:
+    ckpt = checkpoint.Checkpointer(os.path.join(directory, "checkpoints"), keep=3, use_async=False)
+    try:
+      step, state, host = ckpt.restore_latest(abstract_state)
+    finally:
+      ckpt.close()
+    found.append((step, jax.tree.map(np.asarray, state), host))
+  return found
 
 
 def _command(shared, workdir, *overrides):
@@ -84,10 +113,10 @@ def _env(shared):
           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
 
 
-def _run(shared, command, log, timeout=300):
+def _run(shared, command, log, timeout=300, xla_flags=None):
+  env = _env(shared) if xla_flags is None else {**_env(shared), "XLA_FLAGS": xla_flags}
   with open(log, "w") as out:
-    done = subprocess.run(command, cwd=ROOT, env=_env(shared), stdout=out, stderr=subprocess.STDOUT,
-                          timeout=timeout)
+    done = subprocess.run(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
   assert done.returncode == 0, open(log).read()[-5000:]
 
 
@@ -102,8 +131,8 @@ def _losses(directory, steps=None, key="loss"):
 
 
 def test_tiny_mlm_learns_beyond_unigram_statistics(shared):
-  directory = _trained(shared, "topk", CONVERGENCE_STEPS, LEARNING_MESH)
-  summary = json.loads((directory / "result.json").read_text())
+  directory = _learned(shared, "topk", CONVERGENCE_STEPS)
+  summary = json.loads((directory / "summary.json").read_text())
   losses = _losses(directory, key="task_loss")
   assert len(losses) == CONVERGENCE_STEPS
   unigram, first, final = summary["unigram_entropy"], losses[0], np.mean(losses[-30:])
@@ -119,15 +148,18 @@ def test_other_routings_learn_as_fast_as_topk(shared, routing):
   """The same model with another router tracks flat top-k over the first ROUTING_STEPS steps (whose loss falls
   by more than 1 nat): 20-step means within 0.05 (they differ by under 0.02 in practice). How the routers
   compare over whole runs is the convergence study's (experiments/convergence.py)."""
-  losses = _losses(_trained(shared, routing, ROUTING_STEPS, LEARNING_MESH), key="task_loss")
-  flat = _losses(_trained(shared, "topk", CONVERGENCE_STEPS, LEARNING_MESH), steps=ROUTING_STEPS, key="task_loss")
+  losses = _losses(_learned(shared, routing, ROUTING_STEPS), key="task_loss")
+  flat = _losses(_learned(shared, "topk", CONVERGENCE_STEPS), steps=ROUTING_STEPS, key="task_loss")
   curve, flat_curve = losses.reshape(-1, 20).mean(axis=1), flat.reshape(-1, 20).mean(axis=1)
   print(f"{routing} vs topk, means over 20 steps: {np.round(curve, 3)} vs {np.round(flat_curve, 3)}")
   assert len(losses) == ROUTING_STEPS and curve[-1] < losses[0] - 1.0
   assert np.abs(curve - flat_curve).max() < 0.05
 
 
-def test_killed_run_resumes_with_identical_losses(shared, tmp_path):
+def test_killed_run_resumes_bit_identically(shared, tmp_path):
+  """SIGKILLed after step 7 and resumed from its newest checkpoint: every step's record (losses, loads, the
+  balancing bias' range, re-planned slot tables) and the final state (parameters, optimizer, bias, slot
+  tables, RNG) are those of the uninterrupted run, bit for bit; the re-plans reuse the compiled step."""
   workdir = tmp_path / "run"
   command = _command(shared, workdir, *SHORT)
   with open(tmp_path / "killed.log", "w") as out:
@@ -144,22 +176,38 @@ def test_killed_run_resumes_with_identical_losses(shared, tmp_path):
   _run(shared, command, tmp_path / "resumed.log")
   summary = json.loads((workdir / "summary.json").read_text())
   assert summary["resumed_from"] in (3, 6, 9)
-  want = _losses(_trained(shared, "topk", 12))  # uninterrupted
+  assert (tmp_path / "resumed.log").read_text().count("compiled the train step") == 1
+  reference = _reference(shared)
+  want = _losses(reference)  # uninterrupted
   np.testing.assert_array_equal(killed, want[:len(killed)])
-  np.testing.assert_array_equal(_losses(workdir), want)  # exactly, step for step
+  got_records, want_records = _records(workdir), _records(reference)
+  for key in ("loss", "task_loss", "expert_load", "expert_bias_range", "busiest_load"):
+    assert [r[key] for r in got_records] == [r[key] for r in want_records], key  # exactly, step for step
+  replanned = lambda records: {r["step"]: r["replanned_slot_tables"] for r in records if "replanned_slot_tables" in r}
+  assert replanned(got_records) == replanned(want_records) and len(replanned(want_records)) == 6
+
+  (step, state, host), (want_step, want_state, want_host) = _final_states(workdir, reference)
+  assert step == want_step == 12 and host == want_host and len(host["replan_window"]) == STATEFUL["replan_window"]
+  assert np.abs(state["expert_bias"]).max() > 0
+  assert (state["slot_tables"] != replicas.initial_table(8, 8, 2)).any()  # re-planned
+  np.testing.assert_array_equal(state["slot_tables"], replanned(want_records)[12])  # the last re-plan's
+  jax.tree.map(np.testing.assert_array_equal, state, want_state)
 
 
 def test_two_processes_match_one(shared, tmp_path):
   workdir = tmp_path / "run"
   launcher = [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4", "--"]
-  one_checkpoint = [o for o in SHORT if "every_steps" not in o]  # saved at the end only: the same losses
-  _run(shared, launcher + _command(shared, workdir, *one_checkpoint), tmp_path / "log")
-  got, want = _records(workdir), _records(_trained(shared, "topk", 12))
-  for key in ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm"):
+  # The first 6 steps (3 re-plans), saved at the end only: the same losses.
+  first_six = [o for o in SHORT if "every_steps" not in o and not o.startswith("--config.steps=")]
+  first_six.append("--config.steps=6")
+  _run(shared, launcher + _command(shared, workdir, *first_six), tmp_path / "log")
+  got, want = _records(workdir), _records(_reference(shared), 6)
+  for key in ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "expert_bias_range"):
     np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=0, atol=1e-5, err_msg=key)
-  assert [r["expert_load"] for r in got] == [r["expert_load"] for r in want]
+  for key in ("expert_load", "busiest_load", "replanned_slot_tables"):
+    assert [r.get(key) for r in got] == [r.get(key) for r in want], key
   summary = json.loads((workdir / "summary.json").read_text())
-  assert summary["steps"] == 12 and summary["malformed_lines"] == 0
+  assert summary["steps"] == 6 and summary["malformed_lines"] == 0
 
 
 def _flip_middle_byte(path):
@@ -223,16 +271,15 @@ def test_bad_configs_are_rejected_before_compiling(field, value, match):
 
 
 def test_overflowing_steps_are_repeated_or_counted(shared, tmp_path, capsys):
-  """Receive buffers of a quarter of the local rows overflow: 'retry' repeats each such step with the
-  factor doubled and trains exactly like worst-case buffers; 'drop' keeps the step and records the
-  overflowed share."""
+  """Receive buffers of half the local rows overflow: 'retry' repeats each such step with the factor doubled
+  and trains exactly like worst-case buffers; 'drop' keeps the step and records the overflowed share."""
   steps = 4
-  reference = _losses(_trained(shared, "topk", 12), steps)
+  reference = _losses(_reference(shared), steps)
   results = {}
   for policy in ("retry", "drop"):
     config = mlm.get_config()
     config.update(steps=steps, on_overflow=policy)
-    config.moe.buffer_factor = 0.25
+    config.moe.update(STATEFUL, buffer_factor=0.5)
     config.optim.decay_steps = CONVERGENCE_STEPS
     config.data.cache_dir = str(shared / "cache")
     config.checkpoint.every_steps = steps
@@ -240,10 +287,10 @@ def test_overflowing_steps_are_repeated_or_counted(shared, tmp_path, capsys):
     workdir = tmp_path / policy
     results[policy] = train.train(config, str(workdir)), _records(workdir)
   summary, records = results["retry"]
-  assert summary["overflow_retries"] >= 1 and summary["buffer_factor"] > 0.25
-  assert "overflowed the receive buffers at buffer_factor 0.25; repeating the step with 0.5" in capsys.readouterr().out
+  assert summary["overflow_retries"] >= 1 and summary["buffer_factor"] > 0.5
+  assert "overflowed the receive buffers at buffer_factor 0.5; repeating the step with 1" in capsys.readouterr().out
   assert all(rate == 0 for r in records for rate in r["overflow_rate"])
   np.testing.assert_allclose([r["loss"] for r in records], reference, rtol=1e-5)
   summary, records = results["drop"]
-  assert summary["overflow_retries"] == 0 and summary["buffer_factor"] == 0.25
+  assert summary["overflow_retries"] == 0 and summary["buffer_factor"] == 0.5
   assert all(0 < rate < 1 for r in records for rate in r["overflow_rate"])

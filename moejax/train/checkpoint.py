@@ -1,8 +1,8 @@
 """Checkpoints: orbax CheckpointManager, periodic, asynchronous, keep-last-N, atomic.
 
 A checkpoint holds the train state (params, optimizer state, step, RNG; sharded arrays) and a JSON
-item with the data-iterator state, a description of the state's shapes, and a fingerprint of every
-array. Restoring walks back from the newest step: a checkpoint that cannot be read, or whose arrays
+item with the host-side state (the training loop's: data iterators, re-plan window), a description of the
+state's shapes, and a fingerprint of every array. Restoring walks back from the newest step: a checkpoint that cannot be read, or whose arrays
 do not match their fingerprint, is reported, moved aside (so the step can be saved again) and
 skipped; one written by a different config is an error, never silently replaced.
 """
@@ -65,7 +65,7 @@ def _brief(error: Exception) -> str:
 
 
 class Checkpointer:
-  """Saves and restores (train state, data state) under `directory`.
+  """Saves and restores (train state, host state) under `directory`; the host state is any JSON value.
 
   keep: the number of newest checkpoints kept. use_async: write in the background while training
   continues (the arrays are copied to host memory before `save` returns).
@@ -85,13 +85,13 @@ class Checkpointer:
       self._fingerprints[mesh] = jax.jit(fingerprint, out_shardings=NamedSharding(mesh, P()))
     return int(self._fingerprints[mesh](state))
 
-  def save(self, step: int, state, data_state) -> None:
-    meta = {"step": step, "data": data_state, "describe": describe(state), "fingerprint": self._fingerprint(state)}
+  def save(self, step: int, state, host_state) -> None:
+    meta = {"step": step, "data": host_state, "describe": describe(state), "fingerprint": self._fingerprint(state)}
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
 
   def restore_latest(self, abstract_state) -> tuple[int, object, object] | None:
-    """(step, state, data state) of the newest intact checkpoint, or None if there is none.
+    """(step, state, host state) of the newest intact checkpoint, or None if there is none.
 
     abstract_state: the state's tree of jax.ShapeDtypeStruct with shardings.
     """

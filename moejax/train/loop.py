@@ -1,5 +1,6 @@
-"""The training loop: steps, metrics, checkpoints, overflow retries, and the data-iterator state
-that checkpoints carry across processes. `moejax.train.trainer.train` sets it up and calls `run`."""
+"""The training loop: steps, metrics, checkpoints, overflow retries, and the host state that checkpoints
+carry across processes (the data iterators', the re-plan window). `moejax.train.trainer.train` sets it up
+and calls `run`."""
 
 import dataclasses
 import time
@@ -39,16 +40,28 @@ def _compile(trainer, state, rest, global_shape, say):
   return step_fn, seconds
 
 
-def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
-          retry: bool) -> tuple[float, np.ndarray, list]:
+def host_state(batches, replanner) -> dict:
+  """What a checkpoint keeps beside the arrays (JSON): every shard's data state and the re-plan window."""
+  return {"data": gather_data_state(batches.state()), "replan_window": replanner.state() if replanner else []}
+
+
+def restored_host_state(saved, shards: int) -> tuple[list[dict], list]:
+  """(this process' data states, re-plan window) from a checkpoint's host state. (A checkpoint written
+  before the window was kept holds the data state alone.)"""
+  saved = saved if isinstance(saved, dict) else {"data": saved, "replan_window": []}
+  return local_data_state(saved["data"], shards), saved["replan_window"]
+
+
+def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool,
+        replan_window: list = ()) -> tuple[float, np.ndarray, list]:
   """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
   of every token id this process fed, for the unigram baseline, and the overflow retries as
   (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
   again from the same state with the buffer factor doubled, until nothing overflows (at the
   worst-case size nothing can). With replication, every step's record has the busiest device's load
   with and without the slot tables it ran on, and with moe.replan_every the tables are re-planned
-  after every replan_every-th step from its counts (`moejax.train.replan`); the window of counts
-  starts empty on resume."""
+  after every replan_every-th step from its counts (`moejax.train.replan`); `replan_window`: the
+  window of counts a checkpoint kept (resuming re-plans as the uninterrupted run does)."""
   counts = np.zeros(trainer.tok.num_ids, np.int64)
   retries = []
   if start >= config.steps:
@@ -62,6 +75,7 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
   if tables is not None and trainer.moe_cfg.replan_every > 0:
     replanner = replan_lib.Replanner(trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window,
                                      *trainer.holders, tables.shape[-1])
+    replanner.restore(replan_window)
 
   def finish(step, metrics, tables):
     """Writes the step's record (`tables`: the slot tables it ran on); returns the re-planned
@@ -110,6 +124,6 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say,
       if pending is not None:
         finish(*pending)  # first, so that no step's time includes the checkpoint's
       pending = None
-      ckpt.save(step, state, gather_data_state(batches.state()))
+      ckpt.save(step, state, host_state(batches, replanner))
       last_done = time.perf_counter()
   return compile_s, counts, retries

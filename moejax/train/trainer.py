@@ -319,11 +319,11 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
                                      use_async=config.checkpoint.use_async)
   state, rest = trainer.init()
-  start, data_states = 0, None
+  start, data_states, replan_window = 0, None, []
   restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is not None:
-    start, state, saved_data = restored
-    data_states = loop_lib.local_data_state(saved_data, config.data.shards)
+    start, state, saved = restored
+    data_states, replan_window = loop_lib.restored_host_state(saved, config.data.shards)
     say(f"resuming after step {start}")
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
@@ -333,7 +333,8 @@ def train(config: ml_collections.ConfigDict, workdir: str) -> dict:
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
   run_start = time.perf_counter()
   try:
-    compile_s, counts, retries = loop_lib.run(config, trainer, state, rest, start, batches, ckpt, writer, say, retry)
+    compile_s, counts, retries = loop_lib.run(config, trainer, state, rest, start, batches, ckpt, writer, say, retry,
+                                               replan_window)
   finally:
     batches.close()
     ckpt.close()
