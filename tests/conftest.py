@@ -41,7 +41,9 @@ def shared(tmp_path_factory):
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
   """Marks all but `n` evenly spaced cases of each `@pytest.mark.sampled(n)` test slow (so `-m 'not slow'` runs a
-  sample of a matrix and the whole suite all of it)."""
+  sample of a matrix and the whole suite all of it), and puts the `xdist_group` modules (long, one worker each)
+  first, so the short tests fill in around them instead of waiting behind them at the end."""
+  items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: keeps the order inside
   by_function = {}
   for item in items:
     if item.get_closest_marker("sampled") is not None:

@@ -16,7 +16,8 @@ import pytest
 from moejax.train.tokenizer import cache_lock
 from tests.helpers import ENV, ROOT
 
-pytestmark = pytest.mark.slow  # the GPU suite's smoke runs
+# slow: the GPU suite's smoke runs; one xdist worker runs the module, so no worker waits for the other's smoke run.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu_suite")]
 
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
 STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step")

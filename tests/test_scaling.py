@@ -18,7 +18,8 @@ from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, load_jsonl
 from moejax.study.sweep import run
 from moejax.validation import ConfigError
 
-pytestmark = pytest.mark.slow  # scaling sweeps end to end
+# slow: scaling sweeps end to end; one xdist worker runs the module, so its module fixtures are built once.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("scaling")]
 
 POINTS = 5 * 2 * 2  # schemes x meshes x scalings (one model)
 

@@ -57,7 +57,10 @@ def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
   weights = jax.random.normal(jax.random.key(18), x.shape)
 
   def run(cfg):
-    loss = lambda p, x: (jnp.sum(moe_apply(p, x, cfg, mesh_2x4)[0] * weights), moe_apply(p, x, cfg, mesh_2x4))
+    def loss(p, x):
+      y, aux = moe_apply(p, x, cfg, mesh_2x4)
+      return jnp.sum(y * weights), (y, aux)
+
     (_, (y, aux)), grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
     return y, aux, grads
 
