@@ -1,8 +1,8 @@
 """Training end to end: convergence for every routing, kill-and-resume, corrupt checkpoints, and a
 2-process job that matches the single-process run step for step.
 
-The in-process runs are built once per test session (under locks in the session's temporary directory; one
-xdist worker runs the module); a 12-step topk run on the convergence runs' learning-rate schedule, with
+The training runs (`experiments.train` subprocesses) are built once per test session (under locks in the
+session's temporary directory; one xdist worker runs the module); a 12-step topk run on the convergence runs' learning-rate schedule, with
 every piece of state a step updates besides the parameters (STATEFUL), is the uninterrupted single-process
 reference of the kill-and-resume, 2-process and overflow tests.
 """

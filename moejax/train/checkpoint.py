@@ -1,10 +1,11 @@
 """Checkpoints: orbax CheckpointManager, periodic, asynchronous, keep-last-N, atomic.
 
 A checkpoint holds the train state (params, optimizer state, step, RNG; sharded arrays) and a JSON
-item with the host-side state (the training loop's: data iterators, re-plan window), a description of the
-state's shapes, and a fingerprint of every array. Restoring walks back from the newest step: a checkpoint that cannot be read, or whose arrays
-do not match their fingerprint, is reported, moved aside (so the step can be saved again) and
-skipped; one written by a different config is an error, never silently replaced.
+item with the host-side state (the training loop's: data iterators, re-plan window), a description of
+the state's shapes, and a fingerprint of every array. Restoring walks back from the newest step: a
+checkpoint that cannot be read, or whose arrays do not match their fingerprint, is reported, moved
+aside (so the step can be saved again) and skipped; one written by a different config is an error,
+never silently replaced.
 """
 
 import os

@@ -53,7 +53,7 @@ def restored_host_state(saved, shards: int) -> tuple[list[dict], list]:
 
 
 def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool,
-        replan_window: list = ()) -> tuple[float, np.ndarray, list]:
+        replan_window: list | tuple = ()) -> tuple[float, np.ndarray, list]:
   """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
   of every token id this process fed, for the unigram baseline, and the overflow retries as
   (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
