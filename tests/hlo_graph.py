@@ -17,7 +17,7 @@ def entry_graph(hlo: str):
   nodes = {}
   for line in bodies[entry]:
     name, type_, op, rest = re.match(r"(?:ROOT )?%?([\w.\-]+) = (\([^=]*?\)|\S+) ([a-z\-]+)\((.*)", line).groups()
-    called = re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", line)
+    called = called_computations(line)
     operands = [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called]
     nodes[name] = (op, type_, operands, called)
   ancestors = {}
@@ -31,4 +31,23 @@ def contains(bodies: dict, computation: str, opcode: str) -> bool:
   lines = bodies.get(computation, [])
   if any(f" {opcode}(" in line for line in lines):
     return True
-  return any(contains(bodies, c, opcode) for line in lines for c in re.findall(r"(?:calls|to_apply)=%([\w.\-]+)", line))
+  return any(contains(bodies, c, opcode) for line in lines for c in called_computations(line))
+
+
+def called_computations(line: str) -> list[str]:
+  """The computations an instruction calls: fusions and calls, reductions' and scatters' combiners, a while
+  loop's condition and body, a conditional's branches."""
+  branches = re.search(r"branch_computations=\{([^}]*)\}", line)
+  return (re.findall(r"(?:calls|to_apply|condition|body)=%([\w.\-]+)", line)
+          + (re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []))
+
+
+def float_exchanges(nodes: dict, bodies: dict) -> dict[str, int]:
+  """{entry instruction: payload columns} of every float exchange: a collective permute, or a loop of them (the
+  padded ring, `transport.padded_all_to_all`), whose payload is its first 2-D f32 buffer (the rows it receives)."""
+  found = {}
+  for name, (op, type_, _, called) in nodes.items():
+    payload = re.search(r"f32\[\d+,(\d+)\]", type_)
+    if payload and (op == "collective-permute" or any(contains(bodies, c, "collective-permute") for c in called)):
+      found[name] = int(payload.group(1))
+  return found

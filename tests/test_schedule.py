@@ -3,7 +3,6 @@ and leave XLA the independence that lets exchanges overlap expert compute."""
 
 import dataclasses
 import math
-import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +14,7 @@ from moejax.moe.layer import init_params, moe_apply
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests.helpers import LOCAL_TOKENS, assert_matches_reference, cuda_ragged_shapes, skewed, temp_bytes
-from tests.hlo_graph import contains, entry_graph
+from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 # (mesh, routing, transport, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
 CASES = [
@@ -97,40 +96,37 @@ def test_bad_schedules_are_named(mesh_2x4):
 
 
 def _dependent_matmuls(cfg, mesh):
-  """{payload columns: [matmuls depending on it, for each float collective-permute]}, matmul count."""
+  """{payload columns: [matmuls depending on it, for each float exchange]}, matmul count."""
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
   nodes, ancestors, bodies = entry_graph(hlo)
   matmuls = [n for n, (op, _, _, called) in nodes.items() if op == "dot" or any(contains(bodies, c, "dot") for c in called)]
   dependents = {}
-  for name, (op, type_, _, _) in nodes.items():
-    if op == "collective-permute" and type_.startswith("f32"):
-      columns = int(re.match(r"f32\[\d+,(\d+)\]", type_).group(1))
-      dependents.setdefault(columns, []).append(sum(name in ancestors[mm] for mm in matmuls))
+  for name, columns in float_exchanges(nodes, bodies).items():
+    dependents.setdefault(columns, []).append(sum(name in ancestors[mm] for mm in matmuls))
   return dependents, len(matmuls)
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "chunked", "comet"])
 def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4, schedule):
-  """Flat exchange over A = 8 peers (7 ring steps of collective permutes each), C = 2, no gating: one
-  router matmul, one first and one second expert GEMM per computed piece, one weighted sum.
-  sequential: every dispatch step feeds both GEMMs; chunked: a chunk's steps feed only its own two
-  GEMMs; comet: a dispatch step feeds the first GEMM of the others' rows and the C second-GEMM
-  blocks (not the GEMM of the device's own rows), and a column block's combine feeds only the
-  weighted sum. Combine steps feed only the weighted sum."""
+  """Flat exchanges over 8 peers, C = 2, no gating: one router matmul, one first and one second expert GEMM
+  per computed piece, one weighted sum. sequential: the dispatch feeds both GEMMs; chunked: a chunk's
+  dispatch feeds only its own two GEMMs; comet: the others' rows (the device's own move locally) feed the
+  first GEMM of those rows and the C second-GEMM blocks, not the GEMM of the device's own rows, and a
+  column block's combine feeds only the weighted sum. Combines feed only the weighted sum."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
-  steps, d, c = 7, 8, 2
+  d, c = 8, 2
   # The combine's rows carry one more column (the arrival marker), so they are told apart by width.
   if schedule == "sequential":
-    assert matmuls == 4 and dependents[d] == [3] * steps and dependents[d + 1] == [1] * steps
-  elif schedule == "chunked":  # per chunk: dispatch steps feed its 2 GEMMs + the sum, combine steps the sum
-    assert matmuls == 6 and dependents[d] == [3] * (c * steps) and dependents[d + 1] == [1] * (c * steps)
+    assert matmuls == 4 and dependents[d] == [3] and dependents[d + 1] == [1]
+  elif schedule == "chunked":  # per chunk: the dispatch feeds its 2 GEMMs + the sum, the combine the sum
+    assert matmuls == 6 and dependents[d] == [3] * c and dependents[d + 1] == [1] * c
   else:  # own rows and the others' rows: two first GEMMs; block 0 of the combine carries the marker
     assert matmuls == 1 + 2 + c + 1
-    assert dependents[d] == [1 + c + 1] * steps
-    assert dependents[d // c] == [1] * ((c - 1) * steps) and dependents[d // c + 1] == [1] * steps
+    assert dependents[d] == [1 + c + 1]
+    assert dependents[d // c] == [1] * (c - 1) and dependents[d // c + 1] == [1]
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])

@@ -8,12 +8,12 @@ import numpy as np
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import init_params, moe_apply, param_specs
 from tests import helpers
-from tests.hlo_graph import contains, entry_graph
+from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 
 def test_shared_ffn_does_not_wait_for_the_dispatch(mesh_2x4):
-  """In the compiled program no float exchange (a collective-permute of the padded ring: the dispatch
-  or the combine) is an ancestor of a shared-expert matmul (width 24 marks them), so the scheduler may
+  """In the compiled program no float exchange (the padded ring's loop of collective permutes: the
+  dispatch or the combine) is an ancestor of a shared-expert matmul (width 24 marks them), so the scheduler may
   run the shared FFN while the dispatch is in flight."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, num_shared_experts=2, shared_d_ff=12)
   params = init_params(jax.random.key(0), cfg)
@@ -22,7 +22,7 @@ def test_shared_ffn_does_not_wait_for_the_dispatch(mesh_2x4):
   nodes, ancestors, bodies = entry_graph(hlo)
   is_dot = lambda name: nodes[name][0] == "dot" or any(contains(bodies, c, "dot") for c in nodes[name][3])
   shared = [n for n in nodes if is_dot(n) and re.search(r"f32\[\d+,24\]", nodes[n][1])]
-  exchanges = [n for n, (op, type_, _, _) in nodes.items() if op == "collective-permute" and type_.startswith("f32")]
+  exchanges = float_exchanges(nodes, bodies)
   assert shared and exchanges
   for name in shared:
     assert not set(exchanges) & ancestors[name], name

@@ -45,25 +45,32 @@ def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
   operand: [R_in, ...]; output: [R_out, ...] (rows not received keep their value). Step s sends my
   block for peer me + s, padded to min(R_in, R_out) rows, with its offset and size; the receiver
   writes the valid rows where the sender said. One block is in flight at a time, so memory stays
-  O(local rows) however many peers there are. shifts: the ring steps to run (default all; comet runs
-  its own rows, shift 0, apart from the others').
+  O(local rows) however many peers there are, and the steps are one loop (a switch picks each step's
+  permute), so the program does not grow with the peer count either. shifts: the ring steps to run
+  (default all; comet runs its own rows, shift 0, apart from the others').
   """
   del recv_sizes  # each block carries its own size
   block = min(operand.shape[0], output.shape[0])
   num_peers = send_sizes.shape[0]
+  shifts = tuple(range(num_peers)) if shifts is None else tuple(shifts)
   me = jax.lax.axis_index(axis_name)
   i_J = jnp.arange(block)
-  for shift in range(num_peers) if shifts is None else shifts:
-    dest = (me + shift) % num_peers
+
+  def permute(shift):
+    perm = [(i, (i + shift) % num_peers) for i in range(num_peers)]
+    return (lambda sent: sent) if shift == 0 else (lambda sent: jax.lax.ppermute(sent, axis_name, perm))
+
+  def step(s, output):
+    dest = (me + jnp.asarray(shifts, jnp.int32)[s]) % num_peers
     valid_J = i_J < send_sizes[dest]
     rows = jnp.take(operand, jnp.clip(input_offsets[dest] + i_J, 0, operand.shape[0] - 1), axis=0)
     rows = jnp.where(_expand(valid_J, rows.ndim), rows, jnp.zeros((), operand.dtype))
     where_J = jnp.where(valid_J, output_offsets[dest] + i_J, output.shape[0])  # out of range: dropped
-    if shift:
-      perm = [(i, (i + shift) % num_peers) for i in range(num_peers)]
-      rows, where_J = jax.lax.ppermute((rows, where_J), axis_name, perm)
-    output = output.at[where_J].set(rows, mode="drop")
-  return output
+    sent = (rows, where_J)
+    rows, where_J = permute(shifts[0])(sent) if len(shifts) == 1 else jax.lax.switch(s, list(map(permute, shifts)), sent)
+    return output.at[where_J].set(rows, mode="drop")
+
+  return step(0, output) if len(shifts) == 1 else jax.lax.fori_loop(0, len(shifts), step, output)
 
 
 def _expand(mask, ndim):
