@@ -1,13 +1,28 @@
 """Shared fixtures: every test process sees 8 simulated CPU devices (2 nodes x 4 GPUs at most)."""
 
 import os
+import subprocess
+import sys
 
 # Tests compile hundreds of small programs and run each once: XLA's CPU backend optimisations and fusion
 # emitters cost more compile time than they save at run time (the suite takes half as long without them).
-# Set before JAX starts its backend; subprocesses the tests start inherit it.
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"]
-).strip()
+FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+
+
+def known_xla_flags(flags) -> list[str]:
+  """The `flags` this jaxlib's XLA accepts. XLA aborts the process on an unknown flag, and the fusion
+  emitters' flag is gone from jaxlib 0.11.1 on, so each is tried in a subprocess that starts the backend."""
+  probe = "import jax; jax.devices()"
+  return [flag for flag in flags
+          if subprocess.run([sys.executable, "-c", probe], env={**os.environ, "XLA_FLAGS": flag},
+                            capture_output=True).returncode == 0]
+
+
+# Set before JAX starts its backend. Probed once per session: xdist workers and the subprocesses tests
+# start inherit the environment.
+if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
+  os.environ["MOEJAX_TEST_XLA_FLAGS"] = " ".join(known_xla_flags(FAST_COMPILE_FLAGS))
+  os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ['MOEJAX_TEST_XLA_FLAGS']}".strip()
 
 import jax  # noqa: E402
 import pytest
