@@ -70,3 +70,25 @@ def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops):
     want = sorted(map(tuple, values[ids // experts_per_gpu == device]))
     assert sorted(map(tuple, rows_r[device][arrived])) == want
   np.testing.assert_array_equal(back, np.where((ids >= 0)[..., None], 2.0 * values, 0.0))
+
+
+@pytest.mark.parametrize("out_rows", [5, 12, 20])
+def test_exchange_along_a_one_device_axis_matches_ragged_semantics(devices, out_rows):
+  """An axis of one device ('node' of a 1x8 mesh): my rows to myself, read from and written at offset 0,
+  the rest of the buffer left at the fill; receive buffers shorter, equal and longer than the operand."""
+  rng = np.random.default_rng(out_rows)
+  num, rows = 8, 12
+  sends = rng.integers(0, min(rows, out_rows) + 1, num)
+  sends[0] = min(rows, out_rows)  # a device whose buffer is full
+  operands = rng.normal(size=(num, rows, 3)).astype(np.float32)
+  fill = np.full((1, out_rows, 3), -7.0, np.float32)
+  args = [plan_lib.ragged_args(jnp.asarray([[s]]), 0)[0] for s in sends]
+  expected = [ragged_sim.ragged_all_to_all([operands[i]], list(fill), [args[i]])[0] for i in range(num)]
+
+  def body(operand, send):
+    one = plan_lib.ragged_args(send.reshape(1, 1), 0)[0]
+    return transport.exchange(operand[0], one, out_rows, mesh_lib.NODE, "padded", fill=-7.0)[None]
+
+  got = jax.jit(jax.shard_map(body, mesh=mesh_lib.make_mesh(1, 8), in_specs=(P(ALL), P(ALL)), out_specs=P(ALL)))(
+      operands, jnp.asarray(sends, jnp.int32))
+  np.testing.assert_array_equal(np.asarray(got), np.stack(expected))

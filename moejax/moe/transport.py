@@ -127,16 +127,27 @@ def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind,
   kind = as_kind(kind)
   like = operand if like is None else like
   output = jnp.full_like(like, fill, operand.dtype, shape=(out_rows,) + operand.shape[1:])
-  # With one peer the exchange is a local move: XLA:GPU's ragged_all_to_all took 20-100 ms for it on
-  # one H100 where the local gather/scatter took 0.5-1.8 ms (benchmarks/results/2026-11-23-h100).
-  # A self-only step (shift 0) is a local move too.
-  local = args.send_sizes.shape[0] == 1 or shifts == (0,)
+  # With one peer the exchange is a local move, never the collective: XLA:GPU's ragged_all_to_all took
+  # 20-100 ms for it on one H100 where a local gather/scatter took 0.5-1.8 ms
+  # (benchmarks/results/2026-11-23-h100). My only peer is me: both offsets are 0, the rows stay in place.
+  if args.send_sizes.shape[0] == 1:
+    return _keep_first(operand, args.send_sizes[0], output)
+  local = shifts == (0,)  # a self-only step (comet's own rows) moves within my buffers too
   if kind.name == DENSE and not local:
     move = functools.partial(dense_all_to_all, block_rows=kind.block_rows)
   else:
     move = padded_all_to_all if local else EXCHANGES[kind.name]
   return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
               axis_name=axis_name, shifts=shifts)
+
+
+def _keep_first(operand, rows, output):
+  """The exchange along an axis of one device: output [R_out, ...] with operand's first `rows` rows in place, in
+  one elementwise pass (the ring's gather and scatter would each be a pass over the rows)."""
+  out_rows = output.shape[0]
+  operand = operand[:out_rows] if operand.shape[0] >= out_rows else jnp.concatenate(
+      [operand, jnp.zeros((out_rows - operand.shape[0],) + operand.shape[1:], operand.dtype)])
+  return jnp.where(_expand(jnp.arange(out_rows) < rows, operand.ndim), operand, output)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
