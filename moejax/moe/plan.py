@@ -25,13 +25,14 @@ class RaggedArgs(NamedTuple):
 
 
 class HopPlan(NamedTuple):
-  """order: [R] permutation sorting my rows by destination (rows to no peer last);
+  """order: [R] permutation sorting my rows by destination (rows to no peer last); inverse: [R] its inverse;
   sizes_AxA: [A, A] rows each source wants to send to each destination along the hop's axis;
   kept_AxA: [A, A] the rows that fit the receivers' buffers (what moves);
   sent_R: [R] bool, in my original row order: the row was sent (has a destination and fitted);
   forward / backward: the ragged all-to-all arguments of dispatch and of the reverse (combine)."""
 
   order: jax.Array
+  inverse: jax.Array
   sizes_AxA: jax.Array
   kept_AxA: jax.Array
   sent_R: jax.Array
@@ -47,6 +48,29 @@ def histogram(ids: jax.Array, size: int) -> jax.Array:
   """[size] int32 occurrences of each id in [0, size); ids outside (e.g. -1) are not counted."""
   ids = ids.reshape(-1)
   return jnp.zeros(size + 1, jnp.int32).at[jnp.where((ids >= 0) & (ids < size), ids, size)].add(1)[:size]
+
+
+def inverse_permutation(order_R: jax.Array) -> jax.Array:
+  """[R]: the place of each row once sorted by the permutation `order` (order[inverse[i]] == i)."""
+  return jnp.zeros_like(order_R).at[order_R].set(jnp.arange(order_R.shape[0], dtype=order_R.dtype))
+
+
+@jax.custom_vjp
+def permute_rows(x_RxD: jax.Array, order_R: jax.Array, inverse_R: jax.Array) -> jax.Array:
+  """x[order] for a permutation `order` of x's rows with its inverse. The backward is the gather
+  g[inverse] (a permutation's transpose is its inverse) where autodiff's would scatter-add into zeros."""
+  return x_RxD[order_R]
+
+
+def _permute_rows_fwd(x_RxD, order_R, inverse_R):
+  return x_RxD[order_R], inverse_R
+
+
+def _permute_rows_bwd(inverse_R, grad_RxD):
+  return grad_RxD[inverse_R], None, None
+
+
+permute_rows.defvjp(_permute_rows_fwd, _permute_rows_bwd)
 
 
 def rank_in_group(key_R: jax.Array, num_groups: int) -> jax.Array:
@@ -126,5 +150,5 @@ def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int
   peer = jnp.minimum(dest_sorted, num_peers - 1)
   position = jnp.arange(dest_R.shape[0]) - forward.input_offsets[peer]
   sent_sorted = (dest_sorted < num_peers) & (position < forward.send_sizes[peer])
-  sent_R = jnp.zeros_like(sent_sorted).at[order].set(sent_sorted)
-  return HopPlan(order, sizes_AxA, kept_AxA, sent_R, forward, backward)
+  inverse = inverse_permutation(order)
+  return HopPlan(order, inverse, sizes_AxA, kept_AxA, sent_sorted[inverse], forward, backward)

@@ -91,18 +91,18 @@ def _plan(ids_R, ex: Exchange):
 
 
 def _expert_major(key_R, groups: int):
-  """(position [R] of each row once sorted by (key, row), group sizes [groups]); key == groups: empty."""
+  """(order [R] sorting the rows by (key, row), position [R] of each row once sorted (order's inverse), group
+  sizes [groups]); key == groups: empty."""
   order = jnp.argsort(key_R, stable=True)
-  position = jnp.zeros_like(order).at[order].set(jnp.arange(key_R.shape[0], dtype=order.dtype))
-  return position, plan_lib.histogram(key_R, groups)
+  return order, plan_lib.inverse_permutation(order), plan_lib.histogram(key_R, groups)
 
 
 def run_grouped(rows_RxD, key_R, groups: int, ffn):
   """ffn on rows in any order, each with its group key in [0, groups] (groups = empty row): rows sorted
   by group, ffn(rows, group_sizes [groups]) -> [R, d'], back in the input order, 0 on empty rows."""
-  position, group_sizes = _expert_major(key_R, groups)
-  sorted_RxD = jnp.zeros_like(rows_RxD).at[position].set(rows_RxD)
-  return jnp.where((key_R < groups)[:, None], ffn(sorted_RxD, group_sizes)[position], 0.0)
+  order, position, group_sizes = _expert_major(key_R, groups)
+  y_RxD = ffn(plan_lib.permute_rows(rows_RxD, order, position), group_sizes)
+  return jnp.where((key_R < groups)[:, None], plan_lib.permute_rows(y_RxD, position, order), 0.0)
 
 
 def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
@@ -151,10 +151,11 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
   num_peers = plan.sizes_AxA.shape[0]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind)[plan.order]
+  rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind), plan.order,
+                                   plan.inverse)
   groups = ex.experts_per_gpu
   key_R = local_experts(ids_out, ex)
-  position_R, group_sizes = _expert_major(key_R, groups)
+  order_R, position_R, group_sizes = _expert_major(key_R, groups)
   recv_offsets, recv_sizes = plan.backward.input_offsets, plan.forward.recv_sizes
   # My own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
   # exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow
@@ -173,15 +174,17 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
                                           tuple(range(1, num_peers))), q_R, jnp.where(mine, groups, key_R)))
   h_RxF = None
   for x_JxD, q_J, key_J in steps:
-    step_position, step_sizes = _expert_major(key_J, groups)
-    h_JxF = local.hidden(jnp.zeros_like(x_JxD).at[step_position].set(x_JxD), step_sizes)[step_position]
+    step_order, step_position, step_sizes = _expert_major(key_J, groups)
+    h_JxF = local.hidden(plan_lib.permute_rows(x_JxD, step_order, step_position), step_sizes)
+    h_JxF = plan_lib.permute_rows(h_JxF, step_position, step_order)
     if h_RxF is None:
       h_RxF = jnp.zeros((out_rows, h_JxF.shape[1]), h_JxF.dtype)
     h_RxF = h_RxF.at[jnp.where(key_J < groups, position_R[q_J], out_rows)].set(h_JxF, mode="drop")
   width = x_RxD.shape[1] // num_chunks
   blocks = []
   for j in range(num_chunks):
-    y_block = local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width))[position_R]
+    y_block = plan_lib.permute_rows(local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width)), position_R,
+                                    order_R)
     y_block = jnp.where((ids_out >= 0)[:, None], y_block, 0.0)
     blocks.append(transport_lib.combine(_with_marker(y_block, ids_out) if j == 0 else y_block, route, ex.hops, ex.kind))
   arrived_R = blocks[0][:, -1] > 0

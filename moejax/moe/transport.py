@@ -239,7 +239,8 @@ def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_r
 def move_through(rows_RxD, route: Route, hops, kind, num_hops: int | None = None):
   """Moves rows along the first `num_hops` hops (default all) of a planned route."""
   for axis_name, plan, out_rows in list(zip(hops, route.plans, route.out_rows))[:num_hops]:
-    rows_RxD = move_rows(rows_RxD[plan.order], plan.forward, plan.backward, out_rows, axis_name, kind)
+    sorted_RxD = plan_lib.permute_rows(rows_RxD, plan.order, plan.inverse)
+    rows_RxD = move_rows(sorted_RxD, plan.forward, plan.backward, out_rows, axis_name, kind)
   return rows_RxD
 
 
@@ -251,7 +252,7 @@ def combine(rows_RxD, route: Route, hops, kind):
       back = exchange(rows_RxD, plan.backward, rows_before, axis_name, kind)
     else:
       back = move_rows(rows_RxD, plan.backward, plan.forward, rows_before, axis_name, kind)
-    rows_RxD = jnp.zeros_like(back).at[plan.order].set(back)
+    rows_RxD = plan_lib.permute_rows(back, plan.inverse, plan.order)
   return rows_RxD
 
 
