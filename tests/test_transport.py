@@ -1,5 +1,7 @@
-"""Transports on a simulated 2x4 mesh: `padded` against the NumPy ragged model, and multi-hop
-dispatch/combine delivering every row to the device of its expert and back."""
+"""Transports on a simulated 2x4 mesh: `padded` against the NumPy ragged model, multi-hop dispatch/combine
+delivering every row to the device of its expert and back, and the one-device exchange."""
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import init_params, moe_apply
 from moejax.runtime import mesh as mesh_lib
 from tests import ragged_sim
 
@@ -92,3 +96,21 @@ def test_exchange_along_a_one_device_axis_matches_ragged_semantics(devices, out_
   got = jax.jit(jax.shard_map(body, mesh=mesh_lib.make_mesh(1, 8), in_specs=(P(ALL), P(ALL)), out_specs=P(ALL)))(
       operands, jnp.asarray(sends, jnp.int32))
   np.testing.assert_array_equal(np.asarray(got), np.stack(expected))
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "comet"])
+def test_one_device_layer_moves_rows_without_scatters(devices, schedule):
+  """On a 1x1 mesh the layer's forward+backward moves token rows by gathers alone: the one-peer exchange
+  keeps rows in place and every row permutation's backward gathers by its inverse (`plan.permute_rows`);
+  a scatter of rows [R, d] or [R, d + 1] (the combine's marker column) would be a pass more, into zeros."""
+  cfg = MoEConfig(num_experts=4, top_k=2, d_model=48, d_ff=16, transport="padded", gated=True, schedule=schedule)
+  params = init_params(jax.random.key(0), cfg)
+  mesh = mesh_lib.make_mesh(1, 1)
+
+  def loss(params, x):
+    y, aux = moe_apply(params, x, cfg, mesh)
+    return jnp.sum(y * y) + aux["aux_loss"]
+
+  hlo = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(params, jnp.ones((32, 48))).as_text(dialect="hlo")
+  row_ops = lambda op: re.findall(rf"= f32\[\d+,4[89]\]\S* {op}\(", hlo)
+  assert len(row_ops("gather")) >= 4 and row_ops("scatter") == []
