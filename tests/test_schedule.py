@@ -96,7 +96,8 @@ def test_bad_schedules_are_named(mesh_2x4):
 
 
 def _dependent_matmuls(cfg, mesh):
-  """{payload columns: [matmuls depending on it, for each float exchange]}, matmul count."""
+  """{(payload columns, matmuls it depends on): [matmuls depending on it, for each float exchange]}, matmul count.
+  A dispatch depends on the router's matmul alone, a combine on the expert GEMMs too."""
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
@@ -104,7 +105,8 @@ def _dependent_matmuls(cfg, mesh):
   matmuls = [n for n, (op, _, _, called) in nodes.items() if op == "dot" or any(contains(bodies, c, "dot") for c in called)]
   dependents = {}
   for name, columns in float_exchanges(nodes, bodies).items():
-    dependents.setdefault(columns, []).append(sum(name in ancestors[mm] for mm in matmuls))
+    upstream = sum(mm in ancestors[name] for mm in matmuls)
+    dependents.setdefault((columns, upstream), []).append(sum(name in ancestors[mm] for mm in matmuls))
   return dependents, len(matmuls)
 
 
@@ -114,19 +116,26 @@ def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4
   per computed piece, one weighted sum. sequential: the dispatch feeds both GEMMs; chunked: a chunk's
   dispatch feeds only its own two GEMMs; comet: the others' rows (the device's own move locally) feed the
   first GEMM of those rows and the C second-GEMM blocks, not the GEMM of the device's own rows, and a
-  column block's combine feeds only the weighted sum. Combines feed only the weighted sum."""
+  column block's combine feeds only the weighted sum. Combines feed only the weighted sum, and carry d
+  columns (lossless buffers: no arrival marker)."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
   d, c = 8, 2
-  # The combine's rows carry one more column (the arrival marker), so they are told apart by width.
-  if schedule == "sequential":
-    assert matmuls == 4 and dependents[d] == [3] and dependents[d + 1] == [1]
+  if schedule == "sequential":  # dispatch: after the router; combine: after the router and both GEMMs
+    assert matmuls == 4 and dependents == {(d, 1): [3], (d, 3): [1]}
   elif schedule == "chunked":  # per chunk: the dispatch feeds its 2 GEMMs + the sum, the combine the sum
-    assert matmuls == 6 and dependents[d] == [3] * c and dependents[d + 1] == [1] * c
-  else:  # own rows and the others' rows: two first GEMMs; block 0 of the combine carries the marker
+    assert matmuls == 6 and dependents == {(d, 1): [3] * c, (d, 3): [1] * c}
+  else:  # a column block's combine: after the router, both first GEMMs and its own second-GEMM block
     assert matmuls == 1 + 2 + c + 1
-    assert dependents[d] == [1 + c + 1]
-    assert dependents[d // c] == [1] * (c - 1) and dependents[d // c + 1] == [1]
+    assert dependents == {(d, 1): [1 + c + 1], (d // c, 4): [1] * c}
+
+
+def test_bounded_buffers_bring_arrival_back_with_the_combine(mesh_2x4):
+  """Where a hop may drop rows, the combine carries one more column (which rows arrived), not an exchange of its
+  own: sequential's combine is d + 1 wide and there is no other float exchange after the GEMMs."""
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, buffer_factor=1.5)
+  dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
+  assert matmuls == 4 and dependents == {(8, 1): [3], (9, 3): [1]}
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])

@@ -110,19 +110,29 @@ def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
 
 
-def _with_marker(y_block, ids_out):
-  """y with one more column, 1 on the rows an expert processed: the combine brings back which rows
-  arrived (a bounded buffer drops rows) without an exchange of its own."""
-  return jnp.concatenate([y_block, (ids_out >= 0).astype(y_block.dtype)[:, None]], axis=1)
+def _may_drop(ex: Exchange) -> bool:
+  """Whether a hop may drop rows: a bounded receive buffer, or the dense kind's blocks (the exchange sends a peer
+  no more than a block, however the layer sized it)."""
+  return ex.buffer_rows is not None or transport_lib.as_kind(ex.kind).block_rows is not None
+
+
+def _combine(y_RxD, ids_out, ids_R, route, ex: Exchange):
+  """The experts' rows back to their senders -> (y [R, d], arrived [R]). Where a hop may drop rows, y goes with
+  one more column, 1 on the rows an expert processed, so the combine also brings back which rows arrived without
+  an exchange of its own; where none may, every row sent arrives and y keeps its width (d, not an unaligned d + 1)."""
+  if not _may_drop(ex):
+    return transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_R >= 0
+  marked_RxD = jnp.concatenate([y_RxD, (ids_out >= 0).astype(y_RxD.dtype)[:, None]], axis=1)
+  back_RxD = transport_lib.combine(marked_RxD, route, ex.hops, ex.kind)
+  return back_RxD[:, :-1], back_RxD[:, -1] > 0
 
 
 def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
   """Dispatch, experts, combine -> (y [R, d], arrived [R], route)."""
   ids_out, route = _plan(ids_R, ex)
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
-  y_RxD = run_experts(rows_RxD, ids_out, ex, local)
-  back = transport_lib.combine(_with_marker(y_RxD, ids_out), route, ex.hops, ex.kind)
-  return back[:, :-1], back[:, -1] > 0, route
+  y_RxD, arrived_R = _combine(run_experts(rows_RxD, ids_out, ex, local), ids_out, ids_R, route, ex)
+  return y_RxD, arrived_R, route
 
 
 def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
@@ -186,9 +196,11 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
     y_block = plan_lib.permute_rows(local.output(h_RxF, group_sizes, slice(j * width, (j + 1) * width)), position_R,
                                     order_R)
     y_block = jnp.where((ids_out >= 0)[:, None], y_block, 0.0)
-    blocks.append(transport_lib.combine(_with_marker(y_block, ids_out) if j == 0 else y_block, route, ex.hops, ex.kind))
-  arrived_R = blocks[0][:, -1] > 0
-  blocks[0] = blocks[0][:, :-1]
+    if j == 0:  # the first block brings back which rows arrived
+      y_block, arrived_R = _combine(y_block, ids_out, ids_R, route, ex)
+    else:
+      y_block = transport_lib.combine(y_block, route, ex.hops, ex.kind)
+    blocks.append(y_block)
   return Result(jnp.concatenate(blocks, axis=1), arrived_R, (route,))
 
 
