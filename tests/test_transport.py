@@ -102,7 +102,8 @@ def test_exchange_along_a_one_device_axis_matches_ragged_semantics(devices, out_
 def test_one_device_layer_moves_rows_without_scatters(devices, schedule):
   """On a 1x1 mesh the layer's forward+backward moves token rows by gathers alone: the one-peer exchange
   keeps rows in place and every row permutation's backward gathers by its inverse (`plan.permute_rows`);
-  a scatter of rows [R, d] or [R, d + 1] (the combine's marker column) would be a pass more, into zeros."""
+  a scatter of rows [R, d] (or [R, d + 1], the width of a combine that carries the arrival column) would be a
+  pass more, into zeros."""
   cfg = MoEConfig(num_experts=4, top_k=2, d_model=48, d_ff=16, transport="padded", gated=True, schedule=schedule)
   params = init_params(jax.random.key(0), cfg)
   mesh = mesh_lib.make_mesh(1, 1)
