@@ -23,7 +23,9 @@ package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is re
   python experiments/bench_kernels.py --out results/kernels_h100.json
   python experiments/bench_kernels.py --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
 A full run (4 models x 3 row counts x 2 skews x 2 ops x 2 passes x 5 implementations) takes
-tens of minutes on an H100; --models/--rows/--ops narrow it.
+tens of minutes on an H100; --models/--rows/--ops narrow it. The shapes and FLOP counts are in
+experiments/kernel_cases.py, the JAX implementations in experiments/kernel_impls.py, torch's in
+experiments/torch_ffn_bench.py; this module times them and writes the record.
 """
 
 import json
@@ -33,32 +35,16 @@ import traceback
 import jax
 import jax.numpy as jnp
 import jaxlib
-import numpy as np
 from absl import app, flags
 
 from experiments import torch_ffn_bench
-from moejax.cost import model as cost_model
-from moejax.kernels import activations, ffn, tuning
-from moejax.kernels import gmm as gmm_lib
-from moejax.moe import experts as experts_lib
-
-# experts: experts on the benchmarked GPU (all of them: expert parallelism 1, except SMILE).
-MODELS = {
-    'mixtral_8x7b': dict(d=4096, f=14336, experts=8, top_k=2, gated=True, activation='silu'),
-    'qwen2_moe': dict(d=2048, f=1408, experts=64, top_k=4, gated=True, activation='silu'),
-    'phi3.5_moe': dict(d=4096, f=6400, experts=16, top_k=2, gated=True, activation='silu'),
-    'smile_3.7b': dict(d=768, f=3072, experts=1, top_k=1, gated=False, activation='gelu'),
-}
-SMOKE_MODELS = {
-    'smoke_gated': dict(d=32, f=64, experts=4, top_k=2, gated=True, activation='silu'),
-    'smoke_plain': dict(d=32, f=64, experts=4, top_k=2, gated=False, activation='gelu'),
-}
-IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm', 'dense_capacity', 'dense_gemm')
-# What MoEConfig.expert_backend runs (or, for pallas_unfused, could run) for the whole FFN: the candidates
-# of a per-shape backend choice. The other implementations are references.
-MOEJAX_BACKENDS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax')
+from experiments.kernel_cases import MODELS, SMOKE_MODELS, group_sizes, useful_flops
+from experiments.kernel_impls import IMPLS, make_fn, make_inputs, unavailable
+from moejax.kernels import tuning
 
 FLAGS = flags.FLAGS
+
+
 def define_flags() -> None:
   """The command line's flags, defined when run as a program (the GPU suite and tests import this module
   beside experiments that define flags of the same names)."""
@@ -72,153 +58,6 @@ def define_flags() -> None:
   flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
   flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
   flags.DEFINE_integer('iters', 50, 'Timed runs; the median is reported.')
-
-
-def group_sizes(rows: int, experts: int, skew: str) -> np.ndarray:
-  """balanced: equal shares; skewed: Zipf(1.2) shares, so the first expert gets the most."""
-  if skew == 'balanced':
-    share = np.ones(experts)
-  else:
-    share = 1.0 / np.arange(1, experts + 1) ** 1.2
-  sizes = np.floor(rows * share / share.sum()).astype(np.int32)
-  sizes[0] += rows - sizes.sum()
-  return sizes
-
-
-def _hidden(act, z_in, z_gate):
-  return act(z_in) if z_gate is None else act(z_gate) * z_in
-
-
-def _ragged(ragged_dot, op, act):
-  def fn(params, gs):
-    x, w_in = params[:2]
-    z_in = ragged_dot(x, w_in, gs)
-    if op == 'gmm':
-      return z_in
-    z_gate = ragged_dot(x, params[3], gs) if len(params) == 4 else None
-    return ragged_dot(_hidden(act, z_in, z_gate).astype(x.dtype), params[2], gs)
-  return fn
-
-
-def _capacity_dispatch(x, gs, experts, capacity):
-  """x: [R, d] grouped rows -> [G, capacity, d] and the flat slot index of every row."""
-  rows = x.shape[0]
-  starts = jnp.cumsum(gs) - gs
-  group = jnp.repeat(jnp.arange(experts), gs, total_repeat_length=rows)
-  slot = group * capacity + jnp.arange(rows) - starts[group]
-  buf = jnp.zeros((experts * capacity, x.shape[1]), x.dtype).at[slot].set(x)
-  return buf.reshape(experts, capacity, -1), slot
-
-
-def _capacity(op, act, capacity):
-  def fn(params, gs):
-    x, w_in = params[:2]
-    experts = w_in.shape[0]
-    xg, slot = _capacity_dispatch(x, gs, experts, capacity)
-    y = jnp.einsum('gcd,gdf->gcf', xg, w_in)
-    if op == 'ffn':
-      z_gate = jnp.einsum('gcd,gdf->gcf', xg, params[3]) if len(params) == 4 else None
-      y = jnp.einsum('gcf,gfd->gcd', _hidden(act, y, z_gate).astype(x.dtype), params[2])
-    return y.reshape(experts * capacity, -1)[slot]
-  return fn
-
-
-def _dense(op, act):
-  def fn(params, gs):
-    del gs
-    x, w_in = params[:2]
-    y = x @ w_in[0]
-    if op == 'ffn':
-      z_gate = x @ params[3][0] if len(params) == 4 else None
-      y = _hidden(act, y, z_gate).astype(x.dtype) @ params[2][0]
-    return y
-  return fn
-
-
-def _pallas(op, act):
-  def fn(params, gs):
-    if op == 'gmm':
-      return gmm_lib.gmm(*params, gs)
-    return ffn.expert_ffn(*params[:3], gs, act, params[3] if len(params) == 4 else None)
-  return fn
-
-
-def _tokamax(op, activation):
-  """expert_backend='tokamax' as the layer runs it (moejax.moe.experts: fp32 out, computed in x's dtype)."""
-  def fn(params, gs):
-    x, w_in = params[:2]
-    if op == 'gmm':
-      return experts_lib.grouped_matmul(x, w_in, gs, 'tokamax')
-    w_gate = params[3] if len(params) == 4 else None
-    return experts_lib.expert_ffn(x, gs, w_in, params[2], w_gate, activation=activation, backend='tokamax',
-                                  dtype=x.dtype)
-  return fn
-
-
-def unavailable(impl, dtype) -> str | None:
-  """Why `impl` cannot run here (a missing optional package or device), or None."""
-  if impl == 'tokamax':
-    try:
-      experts_lib._tokamax()  # pylint: disable=protected-access
-    except ImportError as e:
-      return f'{e} ({type(e.__cause__ or e).__name__}: {e.__cause__ or e})'
-  if impl == 'torch_grouped_mm':
-    try:
-      import torch  # pylint: disable=import-outside-toplevel
-    except ImportError as e:
-      return f'torch not importable ({type(e).__name__}: {e})'
-    if not torch.cuda.is_available():
-      return f'torch {torch.__version__}: no CUDA device (torch._grouped_mm runs on CUDA only)'
-    if not hasattr(torch, '_grouped_mm'):
-      return f'torch {torch.__version__} has no torch._grouped_mm (2.8 or newer has it)'
-    if jnp.dtype(dtype) != jnp.bfloat16:
-      return f'torch._grouped_mm runs bfloat16 only, not {jnp.dtype(dtype).name}'
-  return None
-
-
-def make_fn(impl, op, model, capacity):
-  """fn(params, group_sizes) -> y; params: (x, w_in) for 'gmm', (x, w_in, w_out[, w_gate])."""
-  act = activations.get_activation(model['activation'])
-  if impl == 'pallas':
-    return _pallas(op, model['activation'])
-  if impl == 'pallas_unfused':
-    return _ragged(gmm_lib.gmm, op, act)
-  if impl == 'ragged_dot':
-    return _ragged(jax.lax.ragged_dot, op, act)
-  if impl == 'tokamax':
-    return _tokamax(op, model['activation'])
-  if impl == 'dense_capacity':
-    return _capacity(op, act, capacity)
-  if impl == 'dense_gemm':
-    return _dense(op, act)
-  raise ValueError(f'unknown implementation {impl!r}')
-
-
-def make_inputs(model, rows, dtype, op, impl, seed=0):
-  """params (see make_fn) and the output cotangent; dense_gemm gets one expert."""
-  d, f = model['d'], model['f']
-  experts = 1 if impl == 'dense_gemm' else model['experts']
-  keys = jax.random.split(jax.random.key(seed), 5)
-
-  def normal(key, shape, scale=1.0):
-    return (scale * jax.random.normal(key, shape)).astype(dtype)
-
-  params = (normal(keys[0], (rows, d)), normal(keys[1], (experts, d, f), d ** -0.5))
-  if op == 'ffn':
-    params += (normal(keys[2], (experts, f, d), f ** -0.5),)
-    if model['gated']:
-      params += (normal(keys[3], (experts, d, f), d ** -0.5),)
-  return params, normal(keys[4], (rows, f if op == 'gmm' else d))
-
-
-def useful_flops(model, rows, op, bwd):
-  """'gmm': one [R, d] x [d, f] matmul; 'ffn': the expert FFN (`moejax.cost.model.expert_flops`); x3 with the
-  backward."""
-  if op == 'gmm':
-    forward = cost_model.matmul_flops(rows, model['d'], model['f'])
-  else:
-    forward = cost_model.expert_flops(rows, model['d'], model['f'], model['gated'])
-  return int(forward) * (3 if bwd else 1)  # exact: integers far below 2^53
 
 
 def _rel_err(ours, ref) -> float:

@@ -107,7 +107,7 @@ def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: 
   from jax.sharding import PartitionSpec as P
 
   from moejax.infer.load import load_trained
-  from moejax.moe.layer import ALL
+  from moejax.runtime.mesh import AXES
   from moejax.train import data as data_lib
   from moejax.train import objective
   from moejax.train import trainer as trainer_lib
@@ -127,7 +127,7 @@ def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: 
     return loss_sum, jnp.sum(weights_BxP)
 
   reader = data_lib.ShardReader([heldout_file], 0, 1, tok, config.seq_len)
-  sharding = NamedSharding(mesh, P(ALL))
+  sharding = NamedSharding(mesh, P(AXES))
   key = jax.random.key(1234)
   total, count = 0.0, 0.0
   for i in range(batches):

@@ -21,11 +21,14 @@ from jax.sharding import PartitionSpec as P
 
 from experiments.config_flag import define_config
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL, init_params, moe_apply, param_specs, traffic_summary
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params, param_specs
 from moejax.moe.reference import moe_reference
+from moejax.moe.traffic import traffic_summary
 from moejax.moe.transport import transport_hops
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime.mesh import AXES
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
@@ -64,7 +67,7 @@ def run(config) -> dict:
   host_params = jax.tree.map(np.asarray, init_params(jax.random.key(config.seed), cfg))
   host_x = np.asarray(jax.random.normal(jax.random.key(config.seed + 1), (config.tokens, cfg.d_model)))
   params = jax.tree.map(lambda v, s: global_array(v, mesh, s), host_params, param_specs(cfg))
-  x = global_array(host_x, mesh, P(ALL))
+  x = global_array(host_x, mesh, P(AXES))
 
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
   start = time.perf_counter()

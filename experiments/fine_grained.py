@@ -36,7 +36,7 @@ def main(argv):
   import jax
 
   from moejax.moe.config import MoEConfig
-  from moejax.moe.layer import init_params
+  from moejax.moe.params import init_params
   from moejax.study.phase_timing import measure_phases
 
   mesh = mesh_lib.make_mesh(2, 4)

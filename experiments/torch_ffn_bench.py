@@ -13,6 +13,8 @@ torch is imported inside the functions: importing this module (and the suite) ne
 
 import numpy as np
 
+from experiments.kernel_cases import useful_flops
+
 ACTIVATIONS = ('silu', 'gelu')  # gelu: the tanh form, as moejax.kernels.activations
 
 
@@ -51,7 +53,7 @@ def ffn(x, w_in, w_out, w_gate, offs, activation: str, op: str, grouped_mm):
 
 
 def make_inputs(model: dict, rows: int, op: str, device: str, dtype=None, seed: int = 0):
-  """(x, w_in, w_out, w_gate, dy) with bench_kernels' scales (x, dy ~ N(0, 1); weights ~ N(0, 1/fan_in));
+  """(x, w_in, w_out, w_gate, dy) with kernel_impls.make_inputs' scales (x, dy ~ N(0, 1); weights ~ N(0, 1/fan_in));
   w_out and w_gate None where the op or model has none."""
   import torch  # pylint: disable=import-outside-toplevel
   dtype = dtype or torch.bfloat16
@@ -111,8 +113,6 @@ def bench_one(op: str, bwd: bool, model: dict, rows: int, sizes, warmup: int, it
 def _measure(op, bwd, model, rows, sizes, warmup, iters) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
 
-  from experiments import bench_kernels  # pylint: disable=import-outside-toplevel  (it imports this module)
-
   device = 'cuda'
   x, w_in, w_out, w_gate, dy = make_inputs(model, rows, op, device)
   params = (x, w_in, w_out, w_gate)
@@ -136,7 +136,7 @@ def _measure(op, bwd, model, rows, sizes, warmup, iters) -> dict:
   ours = call()  # run_once leaves these gradients alone: it sets p.grad = None first
   ref = run_once(params, dy, offs, model['activation'], op, bwd, grouped_mm_loop)
   entry = dict(times_s=times, median_s=median,
-               tflops=bench_kernels.useful_flops(model, rows, op, bwd) / median / 1e12,
+               tflops=useful_flops(model, rows, op, bwd) / median / 1e12,
                rel_err_vs_loop=_rel_err(ours, ref), torch_version=torch.__version__,
                weight_layout='[G, out, in], passed transposed (torchtitan)',
                timer='torch.cuda.Event around each call, then torch.cuda.synchronize()')

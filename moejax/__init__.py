@@ -39,8 +39,8 @@ _source_tree_kernels()
 _PUBLIC = {
     "ConfigError": "moejax.validation",
     "MoEConfig": "moejax.moe.config",
-    "MoELayer": "moejax.moe.layer",
-    "init_params": "moejax.moe.layer",
+    "MoELayer": "moejax.moe.module",
+    "init_params": "moejax.moe.params",
     "moe_apply": "moejax.moe.layer",
     "apply_without_overflow": "moejax.moe.overflow",
     "moe_reference": "moejax.moe.reference",

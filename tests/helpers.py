@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply, param_shapes
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params, param_shapes
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib

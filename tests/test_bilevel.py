@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from tests.helpers import assert_matches_reference

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers

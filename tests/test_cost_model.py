@@ -9,7 +9,8 @@ import pytest
 from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 
 # Round numbers in arbitrary units, so that every expected time is easy to check by hand.

@@ -11,7 +11,8 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import expert_sharding as esp
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError

@@ -11,7 +11,8 @@ import pytest
 
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from tests.helpers import LOCAL_TOKENS, cuda_ragged_shapes, skewed, temp_bytes

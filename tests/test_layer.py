@@ -7,7 +7,9 @@ import pytest
 from flax import nnx
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import MoELayer, init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.module import MoELayer
+from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError

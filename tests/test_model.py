@@ -10,8 +10,8 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime.mesh import AXES
 from moejax.train import model as model_lib
 from moejax.train.model import LanguageModel, ModelConfig, param_specs
 from moejax.validation import ConfigError
@@ -107,14 +107,14 @@ def test_decoder_is_causal_and_encoder_is_not(model, decoder):
 def test_experts_sharded_dense_parameters_replicated(model):
   specs = param_specs(model.params, model.moe_cfg)
   moe_specs = specs["blocks"][1]["ffn"]["moe"]
-  assert moe_specs["w_in"] == P(ALL) and moe_specs["w_out"] == P(ALL)
+  assert moe_specs["w_in"] == P(AXES) and moe_specs["w_out"] == P(AXES)
   for path, spec in jax.tree_util.tree_flatten_with_path(specs)[0]:
     name = jax.tree_util.keystr(path)
     if "'w_in'" in name and "moe" in name or "'w_out'" in name and "moe" in name:
       continue
     assert spec == P(), name
   w_in = model.params["blocks"][1]["ffn"]["moe"]["w_in"]
-  assert w_in.sharding.spec == P(ALL) and w_in.addressable_shards[0].data.shape == (1, D, F)
+  assert w_in.sharding.spec == P(AXES) and w_in.addressable_shards[0].data.shape == (1, D, F)
 
 
 def test_invalid_model_configs_name_the_field(mesh_2x4):

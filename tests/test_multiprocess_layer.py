@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from tests.helpers import ENV, ROOT
 
 pytestmark = pytest.mark.slow  # two real processes with jax.distributed

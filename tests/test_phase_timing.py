@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL, init_params
+from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime.mesh import AXES
 from moejax.study import phase_timing
 
 
@@ -21,7 +22,7 @@ def _peers(axis, s, n, m):
   return list(range(n * m))
 
 
-@pytest.mark.parametrize("axis", [mesh_lib.NODE, mesh_lib.GPU, ALL])
+@pytest.mark.parametrize("axis", [mesh_lib.NODE, mesh_lib.GPU, AXES])
 def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
   n, m = 2, 4
   devices = n * m

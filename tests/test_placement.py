@@ -11,7 +11,8 @@ import pytest
 
 from moejax.moe import reference
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.placement import solve as solve_lib
 from moejax.placement.affinity import affinity_counts, transitions
 from moejax.placement.apply import apply_placement, expert_order, new_index

@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError
 

@@ -7,17 +7,17 @@ import sys
 import pytest
 
 import moejax
-from moejax.moe import config, layer, overflow, reference
+from moejax.moe import config, layer, module, overflow, params, reference
 from moejax.runtime import mesh
 from tests.helpers import ENV, ROOT
 
 
 def test_public_names_are_the_modules_objects():
   assert moejax.MoEConfig is config.MoEConfig
-  assert moejax.MoELayer is layer.MoELayer
+  assert moejax.MoELayer is module.MoELayer
   assert moejax.moe_apply is layer.moe_apply
   assert moejax.apply_without_overflow is overflow.apply_without_overflow
-  assert moejax.init_params is layer.init_params
+  assert moejax.init_params is params.init_params
   assert moejax.moe_reference is reference.moe_reference
   assert moejax.make_mesh is mesh.make_mesh
   assert moejax.simulate_cpu_devices is mesh.simulate_cpu_devices

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params
+from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from tests.numpy_moe import moe_numpy
 

@@ -8,7 +8,8 @@ import pytest
 
 from moejax.moe import replicas
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.replication.rebalance import rebalance
 from moejax.validation import ConfigError
 from tests.helpers import assert_matches_reference, skewed

@@ -6,7 +6,8 @@ import jax
 import numpy as np
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply, param_specs
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params, param_specs
 from tests import helpers
 from tests.hlo_graph import contains, entry_graph, float_exchanges
 

@@ -10,15 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import bench_kernels, torch_ffn_bench
+from experiments import kernel_impls, torch_ffn_bench
 from tests.helpers import ENV, ROOT
 
 
 def test_bench_kernels_imports_without_torch_and_says_why_it_skips():
   code = ("import sys; sys.modules['torch'] = None\n"
-          "from experiments import bench_kernels\n"
-          "print(bench_kernels.unavailable('torch_grouped_mm', 'bfloat16'))\n"
-          "print(bench_kernels.unavailable('ragged_dot', 'bfloat16'))")
+          "from experiments import bench_kernels, kernel_impls\n"
+          "print(kernel_impls.unavailable('torch_grouped_mm', 'bfloat16'))\n"
+          "print(kernel_impls.unavailable('ragged_dot', 'bfloat16'))")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
                         timeout=120)
   assert done.returncode == 0, done.stderr
@@ -27,7 +27,7 @@ def test_bench_kernels_imports_without_torch_and_says_why_it_skips():
 
 
 def test_float32_is_not_a_grouped_mm_dtype():
-  reason = bench_kernels.unavailable("torch_grouped_mm", jnp.float32)
+  reason = kernel_impls.unavailable("torch_grouped_mm", jnp.float32)
   assert reason and ("float32" in reason or "torch" in reason)
 
 
@@ -42,14 +42,14 @@ def test_torch_ffn_matches_ragged_dot_with_per_group_matmuls(gated, activation, 
   params = (x, w_in, w_out, w_gate)
   ours = torch_ffn_bench.run_once(params, dy, offs, activation, op, True, torch_ffn_bench.grouped_mm_loop)
 
-  # The same inputs in bench_kernels' layout ([G, in, out] weights, params (x, w_in, w_out[, w_gate])).
+  # The same inputs in kernel_impls' layout ([G, in, out] weights, params (x, w_in, w_out[, w_gate])).
   to_jax = lambda t: jnp.asarray(t.detach().numpy())
   jparams = (to_jax(x), to_jax(w_in).transpose(0, 2, 1))
   if op == "ffn":
     jparams += (to_jax(w_out).transpose(0, 2, 1),)
     if gated:
       jparams += (to_jax(w_gate).transpose(0, 2, 1),)
-  fn = bench_kernels.make_fn("ragged_dot", op, model, capacity=32)
+  fn = kernel_impls.make_fn("ragged_dot", op, model, capacity=32)
   gs = jnp.asarray(sizes, jnp.int32)
   y, vjp = jax.vjp(lambda p: fn(p, gs), jparams)
   grads = vjp(to_jax(dy))[0]

@@ -12,7 +12,8 @@ from jax.sharding import PartitionSpec as P
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import init_params, moe_apply
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from tests import ragged_sim
 

@@ -11,14 +11,14 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe.layer import ALL
+from moejax.runtime.mesh import AXES
 from moejax.train.model import ModelConfig
 from moejax.validation import require
 
 
 def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool) -> NamedSharding:
   """Requests sharded over the mesh (data parallel), or replicated on every device (coherent)."""
-  return NamedSharding(mesh, P() if coherent else P(ALL))
+  return NamedSharding(mesh, P() if coherent else P(AXES))
 
 
 def init_cache(cfg: ModelConfig, batch: int, length: int, mesh: jax.sharding.Mesh, coherent: bool = False):

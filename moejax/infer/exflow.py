@@ -47,13 +47,14 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import layer as layer_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
-from moejax.moe.layer import ALL, global_traffic
+from moejax.moe.experts import shared_experts
+from moejax.moe.traffic import global_traffic
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
+from moejax.runtime.mesh import AXES
 from moejax.train import model as model_lib
 from moejax.validation import require
 
@@ -104,7 +105,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
     ids_RxK = replicas_lib.to_slots(ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts,
                                     mesh_lib.my_flat_index(m)).reshape(ids_RxK.shape)
   # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
-  shared_RxD = (layer_lib.shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
+  shared_RxD = (shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
                 else jnp.zeros(x_RxD.shape, jnp.float32))
   hops, sizes = transport_lib.transport_hops(cfg.transport), {mesh_lib.NODE: n, mesh_lib.GPU: m}
   experts_per_gpu = params["w_in"].shape[0]  # the local shard
@@ -130,7 +131,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
     y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_R, exchange, local)
     packed = packed.at[:, d:2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
   x_RxD = x_RxD + packed[:, d:2 * d].astype(x_RxD.dtype)
-  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, ALL)
+  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
 
 
 def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, n, m, kind,
@@ -164,7 +165,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   next_R = sample(logits_RxV, requests_R, step, seed, temperature)
   # The step's all-gather: every row was written by exactly one device, so the sums are exact.
   next_B, logits_BxV, new_kv = jax.lax.psum(
-      (scatter(next_R, requests_R, valid_R), scatter(logits_RxV, requests_R, valid_R), new_kv), ALL)
+      (scatter(next_R, requests_R, valid_R), scatter(logits_RxV, requests_R, valid_R), new_kv), AXES)
   write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new[:, None], position, axis=1)
   cache = [(write(k, nk), write(v, nv)) for (k, v), (nk, nv) in zip(cache, new_kv)]
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
@@ -193,8 +194,8 @@ def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh)
   kind = platform_lib.exchange_kind(moe_cfg.transport, platform_lib.of_mesh(mesh))
   body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = [(P(), P())] * cfg.num_layers
-  step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(ALL), P(), P(), P(), P()),
-                       out_specs=(P(ALL), P(ALL), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
+  step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),
+                       out_specs=(P(AXES), P(AXES), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
   if moe_cfg.slots_per_device is None:
     return jax.jit(step)
 

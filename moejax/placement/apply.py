@@ -91,7 +91,7 @@ def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
 
 
 def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig) -> list[dict]:
-  """One MoE layer's params per MoE layer (`moejax.moe.layer.param_shapes` layout: the routers,
+  """One MoE layer's params per MoE layer (`moejax.moe.params.param_shapes` layout: the routers,
   w_in [E, d, f], w_out [E, f, d], optional w_gate [E, d, f]) -> the same, with experts and router
   columns permuted so that expert e of layer j lands on device placement[j, e].
 

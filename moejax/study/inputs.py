@@ -9,7 +9,8 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import routing
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL, init_params, param_specs
+from moejax.moe.params import init_params, param_specs
+from moejax.runtime.mesh import AXES
 
 
 def _harmonic_frame(d: int, width: int) -> np.ndarray:
@@ -53,4 +54,4 @@ def layer_params(cfg: MoEConfig, mesh, seed: int, dtype, balanced_router: bool) 
 def random_tokens(mesh, tokens: int, d: int, seed: int, dtype) -> jax.Array:
   """x [tokens, d] ~ N(0, I), sharded over the mesh's devices."""
   x = jax.random.normal(jax.random.key(seed), (tokens, d), dtype)
-  return jax.device_put(x, NamedSharding(mesh, P(ALL)))
+  return jax.device_put(x, NamedSharding(mesh, P(AXES)))

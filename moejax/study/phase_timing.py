@@ -26,9 +26,10 @@ from moejax.moe import experts, routing
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL, moe_apply
+from moejax.moe.layer import moe_apply
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
+from moejax.runtime.mesh import AXES
 
 
 def hop_sizes(traffic_AxA: np.ndarray, axis, n: int, m: int) -> np.ndarray:
@@ -45,14 +46,14 @@ class _Phases:
     self.cfg, self.mesh = cfg, mesh
     self.n, self.m = mesh_lib.axis_sizes(mesh)
     self.kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
-    self.sharded = NamedSharding(mesh, P(ALL))
+    self.sharded = NamedSharding(mesh, P(AXES))
 
   def put(self, array) -> jax.Array:
     """A [D * rows, ...] array, each device holding its block of rows."""
     return jax.device_put(array, self.sharded)
 
   def _map(self, body, n_args: int, check_vma: bool = True):
-    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(ALL),) * n_args, out_specs=P(ALL),
+    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(AXES),) * n_args, out_specs=P(AXES),
                                  check_vma=check_vma))
 
   def exchange(self, axis, out_rows: int, direction: str):
@@ -70,7 +71,7 @@ class _Phases:
     return self._map(send, 2)
 
   def capacity_exchange(self):
-    return self._map(lambda blocks: jax.lax.all_to_all(blocks, ALL, 0, 0), 1)
+    return self._map(lambda blocks: jax.lax.all_to_all(blocks, AXES, 0, 0), 1)
 
   def ffn(self):
     """The expert FFN on rows [R, d] with group sizes [experts_per_gpu] and the local weights."""

@@ -44,7 +44,7 @@ from moejax.cost import collectives, overlap, parm, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
 from moejax.moe import routing
-from moejax.moe.layer import traffic_summary
+from moejax.moe.traffic import traffic_summary
 from moejax.moe.transport import transport_hops
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
 from moejax.train import objective

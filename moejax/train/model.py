@@ -16,8 +16,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.activations import ACTIVATIONS
-from moejax.moe import layer as moe_layer
 from moejax.moe.config import DTYPES, MoEConfig
+from moejax.moe.module import MoELayer
+from moejax.moe.params import param_specs as moe_param_specs
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import grad_sync as grad_sync_lib
 from moejax.validation import ConfigError, is_int, require
@@ -158,7 +159,7 @@ class MoEFFN(nnx.Module):
   """
 
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
-    self.moe = moe_layer.MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()))
+    self.moe = MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()))
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
@@ -294,7 +295,7 @@ class LanguageModel(nnx.Module):
 
 def activation_spec(cfg: ModelConfig) -> P:
   """Activations [B, S, d]: the batch over both mesh axes, or over 'node' only with tensor parallelism."""
-  return P(mesh_lib.NODE) if cfg.tensor_parallel else P(moe_layer.ALL)
+  return P(mesh_lib.NODE) if cfg.tensor_parallel else P(mesh_lib.AXES)
 
 
 # Megatron's split of a block's dense kernels over 'gpu' (by the parameter's path suffix): heads of the
@@ -308,13 +309,13 @@ TENSOR_PARALLEL_SPECS = {
 
 
 def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False) -> dict:
-  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.layer.param_specs`, dense
+  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.params.param_specs`, dense
   parameters replicated, or with tensor_parallel split over 'gpu' as `TENSOR_PARALLEL_SPECS`."""
 
   def specs(tree, path=()):
     if isinstance(tree, dict):
       if set(tree) == {"moe"} and isinstance(tree["moe"], dict):
-        return {"moe": moe_layer.param_specs(moe_cfg)}
+        return {"moe": moe_param_specs(moe_cfg)}
       return {k: specs(v, path + (k,)) for k, v in tree.items()}
     return TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
 

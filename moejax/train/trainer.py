@@ -25,9 +25,9 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import ALL
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
+from moejax.runtime.mesh import AXES
 from moejax.train import checkpoint as checkpoint_lib
 from moejax.train import data as data_lib
 from moejax.train import loop as loop_lib
@@ -174,7 +174,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     if abstract_bias is not None:
       self.state_shardings["expert_bias"] = self.replicated
     self.rest_shardings = sharding_of(abstract_rest)
-    self.batch_sharding = NamedSharding(mesh, P(None, ALL))  # tokens [micro_batches, rows, seq_len]
+    self.batch_sharding = NamedSharding(mesh, P(None, AXES))  # tokens [micro_batches, rows, seq_len]
 
     def complete(params):
       return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32),

@@ -1,0 +1,109 @@
+"""`MoELayer`, the Flax nnx module of the MoE layer: its parameters placed on the mesh in the public layout
+(`moe.params`), and its state (slot table, balancing bias, earlier micro-batches' counts)."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax.moe import replicas as replicas_lib
+from moejax.moe import routing
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params, param_specs
+from moejax.runtime import mesh as mesh_lib
+
+
+class Router(nnx.Module):
+  """Holds one router's `kernel [d, width]`, so the module's state paths follow the parameter layout."""
+
+  def __init__(self, kernel: jax.Array):
+    self.kernel = nnx.Param(kernel)
+
+
+class SlotTable(nnx.Variable):
+  """The replication slot table [A, Z] of a layer: state, not a parameter (no gradient); the trainer
+  re-plans it in place."""
+
+
+class Shared(nnx.Module):
+  """Holds the shared experts' w_in / w_out (/ w_gate), so the state paths follow the parameter layout."""
+
+  def __init__(self, weights: dict):
+    self.names = tuple(weights)
+    for name, value in weights.items():
+      setattr(self, name, nnx.Param(value))
+
+  def params(self) -> dict:
+    return {name: getattr(self, name)[...] for name in self.names}
+
+
+class ExpertBias(nnx.Variable):
+  """DeepSeek-V3's balancing bias [E] of a layer: state, not a parameter (no gradient); the trainer
+  updates it after every step from the measured loads."""
+
+
+class BalanceCounts(nnx.Variable):
+  """The choice counts of the optimizer step's earlier micro-batches [cfg.balance_counts_size]
+  (balance_loss='global_batch'): input state the trainer sets per micro-batch; zeros outside training."""
+
+
+class MoELayer(nnx.Module):
+  """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
+  cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
+  its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated), with balance_loss='global_batch' the
+  earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, replicated).
+
+  Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
+  """
+
+  def __init__(self, cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, dtype=jnp.float32):
+    self.cfg, self.mesh = cfg, mesh
+    cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
+    params = init_params(rngs.params(), cfg, dtype)
+    place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    params = jax.tree.map(place, params, param_specs(cfg))
+    for name in routing.router_names(cfg):
+      setattr(self, name, Router(params[name]["kernel"]))
+    self.w_in = nnx.Param(params["w_in"])
+    self.w_out = nnx.Param(params["w_out"])
+    self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
+    self.shared = Shared(params["shared"]) if cfg.num_shared_experts else None
+    self.shared_gate = Router(params["shared_gate"]["kernel"]) if cfg.shared_gate else None
+    table = None
+    if cfg.slots_per_device is not None:
+      table = replicas_lib.initial_table(cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)),
+                                         cfg.slots_per_device)
+    # One assignment: nnx fixes an attribute's kind (data or static) when it is first set.
+    self.slot_expert = None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
+    self.expert_bias = None if cfg.bias_update_rate == 0 else ExpertBias(
+        jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
+    self.balance_counts = None if cfg.balance_loss != "global_batch" else BalanceCounts(
+        jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
+    self.rngs = rngs
+
+  def params(self) -> dict:
+    """The parameters as a plain dict in the public layout."""
+    params = {name: {"kernel": getattr(self, name).kernel[...]} for name in routing.router_names(self.cfg)}
+    params.update({"w_in": self.w_in[...], "w_out": self.w_out[...]})
+    if self.w_gate is not None:
+      params["w_gate"] = self.w_gate[...]
+    if self.shared is not None:
+      params["shared"] = self.shared.params()
+    if self.shared_gate is not None:
+      params["shared_gate"] = {"kernel": self.shared_gate.kernel[...]}
+    return params
+
+  def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
+               slot_expert: jax.Array | None = None) -> tuple[jax.Array, dict]:
+    """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
+    slot_expert: a replication slot table [A, Z] (see `moe_apply`); default the layer's own, if any."""
+    if rng is None and train and self.cfg.jitter > 0:
+      rng = self.rngs.jitter()
+    if slot_expert is None and self.slot_expert is not None:
+      slot_expert = self.slot_expert[...]
+    bias = None if self.expert_bias is None else self.expert_bias[...]
+    prior = None if self.balance_counts is None else self.balance_counts[...]
+    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert,
+                     expert_bias=bias, balance_counts=prior)

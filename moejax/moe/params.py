@@ -1,0 +1,59 @@
+"""The public parameter layout of an MoE layer (checkpoints and other frameworks rely on it): shapes,
+shardings on the ('node', 'gpu') mesh, and a fresh initialisation."""
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+from moejax.moe import routing
+from moejax.moe.config import MoEConfig
+from moejax.runtime.mesh import AXES, GPU, NODE
+
+
+def param_shapes(cfg: MoEConfig) -> dict:
+  """The public parameter layout: name -> shape (checkpoints and other frameworks rely on it)."""
+  e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
+  shapes = {name: {"kernel": (d, width)} for name, width in routing.router_widths(cfg).items()}
+  shapes.update({"w_in": (e, d, f), "w_out": (e, f, d)})
+  if cfg.gated:
+    shapes["w_gate"] = (e, d, f)
+  if cfg.num_shared_experts:
+    w = cfg.shared_width
+    shapes["shared"] = {"w_in": (d, w), "w_out": (w, d), **({"w_gate": (d, w)} if cfg.gated else {})}
+  if cfg.shared_gate:
+    shapes["shared_gate"] = {"kernel": (d, 1)}
+  return shapes
+
+
+def param_specs(cfg: MoEConfig) -> dict:
+  """Routers replicated; experts sharded over both mesh axes on the expert dimension, or with
+  expert sharding over 'node' on the expert dimension and over 'gpu' on d_ff."""
+  specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
+  if cfg.num_shared_experts:  # replicated, or with expert sharding split over 'gpu' like the dense FFN
+    split = cfg.esp_schedule is not None
+    specs["shared"] = {"w_in": P(None, GPU) if split else P(), "w_out": P(GPU, None) if split else P(),
+                       **({"w_gate": P(None, GPU) if split else P()} if cfg.gated else {})}
+  if cfg.shared_gate:
+    specs["shared_gate"] = {"kernel": P()}
+  if cfg.esp_schedule is None:
+    specs.update({"w_in": P(AXES), "w_out": P(AXES)}, **({"w_gate": P(AXES)} if cfg.gated else {}))
+  else:
+    specs.update({"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None)},
+                 **({"w_gate": P(NODE, None, GPU)} if cfg.gated else {}))
+  return specs
+
+
+def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
+  """Fresh parameters with fan-in scaled normal initialisation."""
+  shapes = param_shapes(cfg)
+  keys = dict(zip(["w_in", "w_out", "w_gate", *routing.router_names(cfg)], jax.random.split(rng, 5)))
+  normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, dtype) / jnp.sqrt(fan_in)).astype(dtype)
+  params = {}
+  for i, (name, shape) in enumerate(shapes.items()):
+    key = keys.get(name, jax.random.fold_in(rng, 100 + i))
+    if not isinstance(shape, dict):  # expert weights [E, fan_in, ...]
+      params[name] = normal(key, shape, shape[1])
+    else:  # a group of matrices [fan_in, ...]
+      subkeys = [key] if len(shape) == 1 else jax.random.split(key, len(shape))
+      params[name] = {k: normal(sk, sub, sub[0]) for sk, (k, sub) in zip(subkeys, shape.items())}
+  return params

@@ -1,0 +1,35 @@
+"""Traffic accounting: the rows each exchange hop moved between flat devices (`aux['traffic_rows']`),
+and their split into inter- and intra-node rows and bytes."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.runtime import mesh as mesh_lib
+
+
+def hop_traffic(routes, lay) -> list:
+  """[A, A] kept rows moved between flat devices in each hop, summed over the routes."""
+  mine = [jax.lax.axis_index(a) for a in lay.hops]
+  return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in routes), a, lay.n, lay.m)
+          for h, (a, me) in enumerate(zip(lay.hops, mine))]
+
+
+def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:
+  """Per hop: rows and bytes that cross nodes (inter) or stay inside one (intra); a device's rows
+  to itself move no data and are left out. traffic_rows: [hops, A, A] from `aux`."""
+  traffic = np.asarray(traffic_rows, np.int64)
+  cross, inside = mesh_lib.pair_masks(traffic.shape[-1], gpus_per_node)
+  summary = []
+  for hop in traffic:
+    inter, intra = int(hop[cross].sum()), int(hop[inside].sum())
+    summary.append({"inter_node_rows": inter, "intra_node_rows": intra,
+                    "inter_node_bytes": inter * bytes_per_row, "intra_node_bytes": intra * bytes_per_row})
+  return summary
+
+
+def global_traffic(send_A, axis_name, n, m):
+  """[A, A] rows sent between flat devices, from each device's sends to its A peers along the axis."""
+  me = mesh_lib.my_flat_index(m)
+  peers = jnp.asarray(mesh_lib.peer_table(axis_name, n, m))[me]
+  return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), mesh_lib.AXES)
