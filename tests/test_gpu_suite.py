@@ -167,7 +167,7 @@ def test_kernels_write_the_backend_table(smoke, records):
 
 
 def test_backend_table_picks_the_fastest_candidate_only():
-  from benchmarks import gpu_suite
+  from benchmarks.suite import kernels
 
   class Rec:
     path = "/x/kernels.json"
@@ -182,7 +182,7 @@ def test_backend_table_picks_the_fastest_candidate_only():
               ("torch_grouped_mm", 1.5))]
   results += [dict(shape, op="ffn", passes="fwd_bwd", impl="tokamax", skipped="no tokamax"),
               dict(shape, op="gmm", passes="fwd_bwd", impl="ragged_dot", median_s=0.1)]
-  (row,) = gpu_suite.backend_table(results, Rec())["shapes"]
+  (row,) = kernels.backend_table(results, Rec())["shapes"]
   assert row["fastest"] == "pallas_unfused"  # dense_gemm and torch are references, never chosen
   assert row["references_median_s"] == {"dense_gemm": 1.0, "torch_grouped_mm": 1.5}
   assert row["not_measured"] == {"tokamax": "no tokamax"}
@@ -286,15 +286,15 @@ def test_chunking_times_every_piece_count_and_schedule(records):
 
 def test_layer_models_include_the_published_presets():
   """The suite's layer step times DeepSeek-V3's and Qwen3-MoE's routed layers from `moejax.train.presets`."""
-  from benchmarks import gpu_suite
+  from benchmarks.suite import shapes
   from moejax.moe.config import MoEConfig
   from moejax.train import presets
 
   for name in ("deepseek_v3", "qwen3_moe"):
-    shape = dict(gpu_suite.LAYER_MODELS[name])
+    shape = dict(shapes.LAYER_MODELS[name])
     tokens = shape.pop("tokens")
     cfg = MoEConfig(**shape)
     published = presets.PRESETS[name].moe
     for field in ("d_model", "d_ff", "top_k", "score", "num_groups", "num_shared_experts", "routed_scaling"):
       assert getattr(cfg, field) == published.get(field, getattr(MoEConfig, field, None)), (name, field)
-    assert tokens * cfg.top_k == gpu_suite.ROWS
+    assert tokens * cfg.top_k == shapes.ROWS

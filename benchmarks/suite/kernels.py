@@ -1,0 +1,88 @@
+"""The kernels step: experiments/bench_kernels.py's implementations at the suite's expert shapes, and
+OUT/backend_table.json (per FFN shape and pass, the fastest moejax backend)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks.suite.record import Record, say, split
+from benchmarks.suite.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
+from experiments import bench_kernels
+from experiments.kernel_impls import MOEJAX_BACKENDS
+from moejax.runtime import platform as platform_lib
+
+
+def step_kernels(args, rec: Record) -> bool:
+  """bench_kernels.run, one implementation of one case at a time so that the record grows as it goes."""
+  if args.smoke:  # the whole FFN only: the interpreter makes every case cost seconds
+    models, rows, ops = SMOKE_KERNEL_MODELS, [64], ['ffn']
+  else:
+    models, rows = {m: KERNEL_MODELS[m] for m in split(args.kernel_models)}, [int(r) for r in split(args.kernel_rows)]
+    ops = split(args.kernel_ops)
+  impls = split(args.kernel_impls)
+  dtype = jnp.bfloat16
+  rec.data.update(models=models, rows=rows, ops=ops, impls=impls, dtype='bfloat16', warmup=args.kernel_warmup,
+                  iters=args.kernel_iters, interpret=platform_lib.pallas_interprets(jax.devices()[0].platform))
+  results = []
+  rec['results'] = results
+  for name, model in models.items():
+    for r in rows:
+      for skew in ('balanced', 'skewed'):
+        for op in ops:
+          for impl in impls:  # both passes of one implementation per call
+            results.extend(bench_kernels.run({name: model}, [r], [skew], [op], [impl], dtype, args.kernel_warmup,
+                                             args.kernel_iters))
+            rec.save()
+  rec['summary'] = bench_kernels.summary(results, impls).splitlines()
+  print('\nmedian ms (useful TFLOP/s)\n' + '\n'.join(rec['summary']), flush=True)
+  rec['skipped_cases'] = sum('skipped' in e for e in results)
+  # A case skipped for a missing optional package or device is fine; any error fails the step.
+  failed = [e for e in results if 'error' in e]
+  rec['failed_cases'] = len(failed)
+  table = backend_table(results, rec)
+  path = os.path.join(args.out, BACKEND_TABLE)
+  with open(path, 'w') as f:
+    json.dump(table, f, indent=1)
+  rec['backend_table'] = path
+  for row in table['shapes']:
+    say(f"fastest moejax backend {row['model']} R={row['rows']} {row['skew']} {row['passes']}: {row['fastest']} "
+        f"({', '.join(f'{k} {v * 1e3:.3f} ms' for k, v in row['candidates_median_s'].items())})")
+  return not failed
+
+
+BACKEND_TABLE = 'backend_table.json'
+
+
+def backend_table(results: list[dict], rec: Record) -> dict:
+  """Per FFN shape (model, d, f, experts, gated, activation, rows, skew) and pass: the median seconds of every
+  moejax backend that ran (`MOEJAX_BACKENDS`) and the fastest of them; the references
+  (dense_capacity, torch_grouped_mm, dense_gemm) alongside, never chosen. What a per-shape
+  expert_backend='auto' would read."""
+  shape_keys = ('model', 'd', 'f', 'experts', 'gated', 'activation', 'rows', 'skew', 'passes')
+  rows = {}
+  for e in results:
+    if e['op'] != 'ffn':
+      continue
+    key = tuple(e[k] for k in shape_keys)
+    row = rows.setdefault(key, {**dict(zip(shape_keys, key)), 'candidates_median_s': {}, 'references_median_s': {},
+                                'not_measured': {}})
+    if 'median_s' not in e:
+      row['not_measured'][e['impl']] = e.get('skipped') or e.get('error')
+    elif e['impl'] in MOEJAX_BACKENDS:
+      row['candidates_median_s'][e['impl']] = e['median_s']
+    else:
+      row['references_median_s'][e['impl']] = e['median_s']
+  shapes = []
+  for row in rows.values():
+    candidates = row['candidates_median_s']
+    row['fastest'] = min(candidates, key=candidates.get) if candidates else None
+    shapes.append(row)
+  return {'device': rec['device'], 'platform': rec['platform'], 'dtype': rec['dtype'], 'smoke': rec['smoke'],
+          'versions': rec['versions'], 'source': os.path.basename(rec.path), 'op': 'ffn',
+          'candidates': list(MOEJAX_BACKENDS),
+          'note': ("pallas = expert_backend='pallas' (the fused FFN); pallas_unfused = the FFN as separate Pallas "
+                   "gmm calls (moejax.moe.experts.expert_hidden/expert_output with backend 'pallas'); medians "
+                   "of the kernels step's timed calls"),
+          'shapes': shapes}

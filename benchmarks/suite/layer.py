@@ -1,0 +1,155 @@
+"""The layer step: the MoE layer (`moejax.moe.layer.moe_apply`) on a 1x1 mesh, forward and forward+backward, its
+phases and MFU against this run's ceilings; the 'ragged' and 'padded' transports compared (also under overflow)."""
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks.suite.record import Record, say, split, timing
+from benchmarks.suite.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
+from moejax.cost import model as cost_model
+from moejax.kernels.tuning import time_call
+from moejax.moe import layer as layer_lib
+from moejax.moe import params as params_lib
+from moejax.moe.config import MoEConfig
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+from moejax.study import phase_timing
+
+
+def read_ceiling(out_dir: str) -> tuple[float | None, str]:
+  """(GEMM TFLOP/s, where from) of this run's ceilings step, or (None, why not)."""
+  path = os.path.join(out_dir, 'ceilings.json')
+  try:
+    with open(path) as f:
+      ceilings = json.load(f)
+  except (OSError, ValueError) as e:
+    return None, f'no ceilings from this run ({type(e).__name__}: {path})'
+  if ceilings.get('status') != 'ok' or not ceilings.get('gemm_tflops'):
+    return None, f"ceilings step status {ceilings.get('status')!r}"
+  if ceilings.get('device') != jax.devices()[0].device_kind:
+    return None, f"ceilings measured on {ceilings.get('device')!r}"
+  return ceilings['gemm_tflops'], f"{path}: best bf16 GEMM (n={ceilings.get('gemm_tflops_size')})"
+
+
+def expert_flops(cfg: MoEConfig, tokens: int) -> int:
+  """Forward FLOPs of the expert matmuls on tokens x K rows (`moejax.cost.model.expert_flops`)."""
+  return int(cost_model.expert_flops(tokens * cfg.choices_per_token, cfg.d_model, cfg.d_ff, cfg.gated))
+
+
+def compute_dtype(args) -> str:
+  return args.dtype or ('bfloat16' if jax.devices()[0].platform == 'gpu' else 'float32')
+
+
+def layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
+               phases: bool = True) -> tuple[dict, np.ndarray]:
+  """Timings, counts, FLOPs and MFU of the layer `cfg` on `tokens` random tokens, and its output y [tokens, d]
+  (float32); `phases`: also the forward's phases (`phase_timing.measure_phases`)."""
+  dtype = jnp.dtype(cfg.dtype)
+  k_params, k_x, k_dy = jax.random.split(jax.random.key(0), 3)
+  specs = params_lib.param_specs(cfg)
+  params = jax.tree.map(lambda a, s: jax.device_put(a, jax.sharding.NamedSharding(mesh, s)),
+                        params_lib.init_params(k_params, cfg, dtype), specs)
+  tokens_sharding = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(mesh_lib.AXES))
+  x = jax.device_put(jax.random.normal(k_x, (tokens, cfg.d_model), dtype), tokens_sharding)
+  dy = jax.device_put(jax.random.normal(k_dy, (tokens, cfg.d_model), jnp.float32), tokens_sharding)
+
+  forward = jax.jit(lambda p, v: layer_lib.moe_apply(p, v, cfg, mesh))
+
+  def loss(p, v):
+    y, aux = layer_lib.moe_apply(p, v, cfg, mesh)
+    return jnp.sum(y.astype(jnp.float32) * dy) + aux['aux_loss']
+
+  forward_backward = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+  case = {'fwd': timing(time_call(forward, (params, x), args.warmup, args.iters)),
+          'fwd_bwd': timing(time_call(forward_backward, (params, x), args.warmup, args.iters))}
+  y, aux = forward(params, x)
+  case.update(tokens_dropped=int(aux['tokens_dropped']), tokens_overflowed=int(aux['tokens_overflowed']),
+              expert_counts=np.asarray(aux['expert_counts']).tolist())
+  flops = expert_flops(cfg, tokens)
+  case.update(expert_flops_fwd=flops, expert_flops_fwd_bwd=3 * flops)
+  rates = [('fwd', flops, case['fwd']['median_s']), ('fwd_bwd', 3 * flops, case['fwd_bwd']['median_s'])]
+  if phases:
+    case['phases_ms'] = phase_timing.measure_phases(params, x, cfg, mesh, args.warmup, args.iters)
+    rates.append(('expert_phase', flops, case['phases_ms']['layer_expert_ms'] / 1e3))
+  for name, useful, seconds in rates:
+    case[f'tflops_{name}'] = useful / seconds / 1e12
+    case[f'mfu_{name}'] = None if ceiling is None else case[f'tflops_{name}'] / ceiling
+  return case, np.asarray(y, np.float32)
+
+
+def step_layer(args, rec: Record):
+  platform = jax.devices()[0].platform
+  models = SMOKE_LAYER_MODELS if args.smoke else {m: LAYER_MODELS[m] for m in split(args.layer_models)}
+  ceiling, source = read_ceiling(args.out)
+  dtype = compute_dtype(args)
+  rec.data.update(mesh='1x1', dtype=dtype, warmup=args.warmup, iters=args.iters, gemm_tflops=ceiling,
+                  mfu_reference=source, models=models)
+  say(f'MFU reference: {ceiling} TFLOP/s ({source})')
+  mesh = mesh_lib.make_mesh(1, 1)
+  cases, comparisons = [], []
+  rec['cases'], rec['transport_comparison'] = cases, comparisons
+  for name, shape in models.items():
+    shape = dict(shape)
+    tokens = shape.pop('tokens')
+    for backend in split(args.layer_backends):
+      outputs = {}
+      for transport in ('ragged', 'padded'):
+        cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype)
+        case = {'model': name, 'tokens': tokens, 'rows': tokens * cfg.choices_per_token, **shape,
+                'transport': transport, 'expert_backend': backend, 'dtype': dtype}
+        if transport == 'ragged' and not platform_lib.has_ragged_all_to_all(platform):
+          case['skipped'] = f'XLA:{platform.upper()} has no ragged all-to-all (moejax.runtime.platform)'
+        else:
+          measured, outputs[transport] = layer_case(cfg, tokens, mesh, args, ceiling)
+          case.update(measured)
+          say(f"{name} {backend} {transport}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
+              f"{case['fwd_bwd']['median_s'] * 1e3:.3f} ms, expert phase {case['phases_ms']['layer_expert_ms']:.3f} "
+              f"ms, MFU fwd {case['mfu_fwd']}, fwd+bwd {case['mfu_fwd_bwd']}")
+        cases.append(case)
+        rec.save()
+      comparison = {'model': name, 'expert_backend': backend}
+      if len(outputs) == 2:
+        a, b = outputs['ragged'], outputs['padded']
+        comparison.update(max_abs_diff=float(np.max(np.abs(a - b))),
+                          rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
+                          bitwise_equal=bool(np.array_equal(a, b)))
+      else:
+        comparison['skipped'] = 'ragged transport not run on ' + platform
+      comparisons.append(comparison)
+      say(f'ragged vs padded {name} {backend}: {comparison}')
+      rec.save()
+    overflow = _overflow_comparison(shape, tokens, dtype, mesh, platform)
+    overflow['model'] = name
+    rec.setdefault('overflow_comparison', []).append(overflow)
+    say(f'ragged vs padded under buffer overflow {name}: {overflow}')
+    rec.save()
+
+
+OVERFLOW_BUFFER_FACTOR = 0.5  # on one device every row stays local: half of them overflow
+
+
+def _overflow_comparison(shape: dict, tokens: int, dtype: str, mesh, platform: str) -> dict:
+  """Forward outputs and overflow counts of 'ragged' and 'padded' with receive buffers too small."""
+  out = {'buffer_factor': OVERFLOW_BUFFER_FACTOR, 'expert_backend': 'ragged_dot'}
+  if not platform_lib.has_ragged_all_to_all(platform):
+    out['skipped'] = 'ragged transport not run on ' + platform
+    return out
+  k_params, k_x = jax.random.split(jax.random.key(0))
+  results = {}
+  for transport in ('ragged', 'padded'):
+    cfg = MoEConfig(**shape, transport=transport, expert_backend='ragged_dot', dtype=dtype,
+                    buffer_factor=OVERFLOW_BUFFER_FACTOR)
+    params = params_lib.init_params(k_params, cfg, jnp.dtype(dtype))
+    x = jax.random.normal(k_x, (tokens, cfg.d_model), jnp.dtype(dtype))
+    y, aux = jax.jit(lambda p, v, cfg=cfg: layer_lib.moe_apply(p, v, cfg, mesh))(params, x)
+    results[transport] = np.asarray(y, np.float32)
+    out[f'tokens_overflowed_{transport}'] = int(aux['tokens_overflowed'])
+    out[f'zero_rows_{transport}'] = int(np.sum(np.all(results[transport] == 0, axis=1)))
+  a, b = results['ragged'], results['padded']
+  out.update(max_abs_diff=float(np.max(np.abs(a - b))), bitwise_equal=bool(np.array_equal(a, b)),
+             rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)))
+  return out

@@ -1,0 +1,44 @@
+"""The shapes the GPU suite times: the kernels' expert shapes, the same models as MoE layers (and the published
+fine-grained presets), the chunking step's piece counts and the train step's BERT-MoE; each with its tiny
+--smoke variant."""
+
+from experiments.kernel_cases import MODELS
+from moejax.train import presets
+
+ROWS = 16384  # routed rows (token-choices) of the kernel and layer benchmarks
+
+
+# Expert shapes for the kernel benchmark. 'experts': experts on the one GPU (expert parallelism 1).
+KERNEL_MODELS = {
+    'mixtral_8x7b': MODELS['mixtral_8x7b'],
+    'qwen2_moe': MODELS['qwen2_moe'],
+    'smile_3.7b_e8': dict(MODELS['smile_3.7b'], experts=8),
+}
+SMOKE_KERNEL_MODELS = {'smoke_gated_e8': dict(d=32, f=64, experts=8, top_k=2, gated=True, activation='silu')}
+
+# The same models as MoE layers: tokens * top_k = ROWS routed rows.
+LAYER_MODELS = {
+    'mixtral_8x7b': dict(d_model=4096, d_ff=14336, num_experts=8, top_k=2, gated=True, activation='silu',
+                         tokens=ROWS // 2),
+    'qwen2_moe': dict(d_model=2048, d_ff=1408, num_experts=64, top_k=4, gated=True, activation='silu',
+                      tokens=ROWS // 4),
+    'smile_3.7b_e8': dict(d_model=768, d_ff=3072, num_experts=8, top_k=1, gated=False, activation='gelu',
+                          tokens=ROWS),
+}
+# The published fine-grained layers (moejax.train.presets) at full width: Qwen3-MoE's 128 experts, and a quarter of
+# DeepSeek-V3's 256 (their weights, 5.6 GB in bf16, fit one GPU with the backward's), with V3's sigmoid, group-limited
+# routing and shared expert; the balance loss per call (the benchmark's x is [tokens, d], not sequences).
+for _name, _experts in (('qwen3_moe', 1), ('deepseek_v3', 4)):
+  _fields = presets.moe_fields(_name, expert_scale=_experts)
+  LAYER_MODELS[_name] = dict(_fields, balance_loss='batch', tokens=ROWS // _fields['top_k'])
+SMOKE_LAYER_MODELS = {
+    'smoke_gated_e8': dict(d_model=32, d_ff=64, num_experts=8, top_k=2, gated=True, activation='silu', tokens=32),
+}
+
+CHUNKS = (1, 2, 4, 8)  # chunking: pieces of the decomposed GEMMs
+
+# A small BERT-MoE (every other FFN an MoE layer, as in SMILE) and its batch.
+TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=768, num_heads=12, d_ff=3072, seq_len=512, batch=32,
+                   num_experts=8, top_k=2)
+SMOKE_TRAIN_SHAPE = dict(vocab_size=128, num_layers=2, d_model=32, num_heads=2, d_ff=64, seq_len=16, batch=4,
+                         num_experts=4, top_k=2)
