@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from configs import convergence as study_config
-from experiments import convergence
+from experiments import convergence, convergence_report
 from moejax.train import trainer as trainer_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,10 +42,10 @@ def test_load_curves_busiest_and_drop_share():
 def test_table_rows_mean_and_spread_over_seeds():
   results = [{"model": "gpt", "router": "switch", "heldout_loss": h, "train_loss": [9.0, t],
               "busiest_load": [1.5], "drop_share": [0.1]} for h, t in ((2.0, 1.0), (4.0, 3.0))]
-  (row,) = convergence.table_rows(results, tail=1)
+  (row,) = convergence_report.table_rows(results, tail=1)
   assert row["heldout_loss"] == 3.0 and row["heldout_spread"] == pytest.approx(np.std([2.0, 4.0], ddof=1))
   assert row["train_loss"] == 2.0 and row["seeds"] == 2
-  assert "| gpt | switch | 2 | 3.0000 ± 1.4142 |" in convergence.format_table([row], 1.25)
+  assert "| gpt | switch | 2 | 3.0000 ± 1.4142 |" in convergence_report.format_table([row], 1.25)
 
 
 # The study's two routing mechanisms beyond flat softmax top-k (SMILE bi-level; DeepSeek-V3's sigmoid, bias and
