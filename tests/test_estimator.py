@@ -159,7 +159,7 @@ def test_plan_batches_policies_and_dropped_tokens():
     (lambda: estimator.moving_average(np.ones((3, 2)), 0), "window"),
     (lambda: estimator.plan_batches(estimator.profile(np.zeros((3, 4), int), 4, 1), np.zeros((3, 4), int), 5, 1, 2,
                                     2), "batch_tokens"),
-    (lambda: estimator.no_replication(6, 4), "num_experts"),
+    (lambda: rebalance_lib.identity_table(6, 4), "num_experts"),
 ])
 def test_bad_inputs_name_the_value(call, field):
   with pytest.raises(ConfigError) as info:

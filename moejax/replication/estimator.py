@@ -146,12 +146,6 @@ def l1_error(estimate_E, true_E) -> float:
   return float(np.abs(est / est.sum() - true / true.sum()).sum())
 
 
-def no_replication(num_experts: int, devices: int) -> np.ndarray:
-  """slot_expert [D, E / D]: expert e on device e // (E / D) only, the layout without replication."""
-  require(num_experts % devices == 0, "num_experts", num_experts, f"a multiple of the D={devices} devices")
-  return np.arange(num_experts).reshape(devices, num_experts // devices)
-
-
 def phase2(estimate_E, true_E, phase1_table, choices: int, plan) -> tuple[np.ndarray, bool]:
   """(slot table, re-planned): phase1_table if the top-2k sets of estimate and truth agree, else plan(true_E)."""
   if same_top(estimate_E, true_E, 2 * choices):
@@ -173,7 +167,7 @@ def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus
           f"an int in [1, T={ids.shape[1]}]")
   batches = ids.shape[1] // batch_tokens
   devices, choices = nodes * gpus_per_node, ids.shape[2]
-  plain = no_replication(tables.num_experts, devices)
+  plain = rebalance_lib.identity_table(tables.num_experts, devices)
 
   def plan(load_E):
     return rebalance_lib.rebalance(load_E, nodes, gpus_per_node, slots_per_gpu)

@@ -51,6 +51,12 @@ def check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu):
   return load, nodes, gpus, slots
 
 
+def identity_table(num_experts: int, holders: int) -> np.ndarray:
+  """slot_expert [A, E / A]: expert e on holder e // (E / A) only, the layout without replication."""
+  require(num_experts % holders == 0, "num_experts", num_experts, f"a multiple of the A={holders} holders")
+  return np.arange(num_experts).reshape(holders, num_experts // holders)
+
+
 def device_loads(load_E, slot_expert) -> np.ndarray:
   """[A] float64: each expert's load split evenly over its replicas in slot_expert [A, slots], summed per device."""
   load = check_loads(load_E)

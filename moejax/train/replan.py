@@ -14,16 +14,11 @@ import numpy as np
 from moejax.replication import rebalance as rebalance_lib
 
 
-def identity_table(num_experts: int, holders: int) -> np.ndarray:
-  """[A, E / A]: each holder's own experts, the placement without replication."""
-  return np.arange(num_experts).reshape(holders, num_experts // holders)
-
-
 def busiest_loads(counts_MxE, tables_MxAxZ) -> tuple[list[float], list[float]]:
   """Per MoE layer, the busiest holder's load over the mean holder load, (with the slot tables, with
   each holder running only its own E / A experts); 1.0 is perfect balance (and an idle layer)."""
   counts_MxE, tables = np.asarray(counts_MxE, np.float64), np.asarray(tables_MxAxZ)
-  identity = identity_table(counts_MxE.shape[1], tables.shape[1])
+  identity = rebalance_lib.identity_table(counts_MxE.shape[1], tables.shape[1])
   with_tables = [rebalance_lib.max_load_ratio(c, t) for c, t in zip(counts_MxE, tables)]
   without = [rebalance_lib.max_load_ratio(c, identity) for c in counts_MxE]
   return with_tables, without
