@@ -89,8 +89,8 @@ def layer_time_s(true_E, src_rows_AxE, slot_expert, mesh_shape, topology) -> flo
   placed = np.stack([np.bincount(row, minlength=experts) for row in slot_expert], axis=1)  # [E, D]
   traffic_AxA = src_rows_AxE @ (placed / placed.sum(1, keepdims=True))
   flops = model.expert_flops(traffic_AxA.sum(0), _D_MODEL.value, _D_FF.value)
-  return model.price_layer(traffic_AxA[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value, flops,
-                           topology).total_s
+  return model.price_from_traffic(traffic_AxA[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value,
+                                  flops, topology).total_s
 
 
 def source_rows(batch_MxTxK, layer, devices, experts) -> np.ndarray:

@@ -134,24 +134,24 @@ def test_measured_rate_from_a_benchmark_json(tmp_path):
   assert rate == 650e12 and "measured" in source and "H100" in source
   assert model.measured_rate(str(path), impl="pallas")[0] == 500e12
   assert model.measured_rate(path, name="results/kernels.json")[1].startswith("measured: results/kernels.json max")
-  breakdown = model.price_layer(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY,
-                                device_rate=(rate, source))
+  breakdown = model.price_from_traffic(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15,
+                                       TOY, device_rate=(rate, source))
   assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source
 
 
 def test_price_layer_splits_hops_by_the_links_they_cross():
   n, m = 2, 4
   rows = np.stack([traffic.uniform_traffic(n, m, "gpu", 3), traffic.uniform_traffic(n, m, "node", 5)])
-  b = model.price_layer(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, other_flops=500.0)
+  b = model.price_from_traffic(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, other_flops=500.0)
   intra, inter = _a2a(rows[0], n, m, "gpu", 2.0), _a2a(rows[1], n, m, "node", 2.0)
   assert b.intra_node_a2a_s == pytest.approx(2 * intra.time_s)
   assert b.inter_node_a2a_s == pytest.approx(2 * inter.time_s)
   assert (b.expert_compute_s, b.other_s) == (pytest.approx(2.0), pytest.approx(1.0))
-  trained = model.price_layer(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, backward=True)
+  trained = model.price_from_traffic(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, backward=True)
   assert trained.inter_node_a2a_s == pytest.approx(2 * b.inter_node_a2a_s)
   assert trained.expert_compute_s == pytest.approx(3 * b.expert_compute_s)
   with pytest.raises(ValueError, match="GPUs per node"):
-    model.price_layer(np.zeros((1, 16, 16), int), [FLAT], (1, 16), 2.0, 0.0, TOY)
+    model.price_from_traffic(np.zeros((1, 16, 16), int), [FLAT], (1, 16), 2.0, 0.0, TOY)
 
 
 def _hand_hop_time(rows, hop, n, m, bytes_per_row, topo):
@@ -183,7 +183,7 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops):
   rows_A = traffic.rows_processed(rows)
   np.testing.assert_array_equal(rows_A, np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1))
   topo = topology_lib.P4D_EFA
-  b = model.price_layer(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_A, 8, 16), topo)
+  b = model.price_from_traffic(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_A, 8, 16), topo)
   hand = [_hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)
           for r, hop in zip(rows, hops)]
   crosses = [hop != "gpu" for hop in hops]

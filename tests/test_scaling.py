@@ -13,7 +13,7 @@ from configs import scaling_default
 from moejax.study import report
 from moejax.study.inputs import balanced_routers
 from moejax.study.points import Point, scheme_config, validate
-from moejax.study.price import price_layer
+from moejax.study.price import price_point_layer
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, load_jsonl
 from moejax.study.sweep import run
 from moejax.validation import ConfigError
@@ -105,9 +105,9 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
   rows = [[3, 1, 2, 2], [0, 4, 1, 3], [2, 0, 3, 3], [1, 1, 2, 4]]  # 8 tokens per device, flat top-1
   sim = {"traffic_rows": [rows], "rows_per_device": np.sum(rows, axis=0).tolist(), "dropped": 0, "tokens_per_gpu": 8}
   point = Point("flat_dropless", 2, 2, "tiny", "weak")
-  small = price_layer(sim, point, config)
+  small = price_point_layer(sim, point, config)
   config.models.tiny.micro_batch *= 4
-  large = price_layer(sim, point, config)
+  large = price_point_layer(sim, point, config)
   assert small["token_scale"] * 4 == large["token_scale"]
   assert np.isclose(large["inter_node_mb_per_gpu"], 4 * small["inter_node_mb_per_gpu"])
   assert large["forward"].expert_compute_s == pytest.approx(4 * small["forward"].expert_compute_s, rel=1e-3)

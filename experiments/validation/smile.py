@@ -60,8 +60,8 @@ def layer_traffic(scheme: str, n: int):
 def price(scheme: str, n: int, topology, backward: bool = False) -> model.Breakdown:
   rows, hops, router_flops = layer_traffic(scheme, n)
   flops = model.expert_flops(traffic.rows_processed(rows), D, F)
-  return model.price_layer(rows, hops, (n, GPUS), BYTES_PER_ROW, flops, topology, other_flops=router_flops,
-                           backward=backward)
+  return model.price_from_traffic(rows, hops, (n, GPUS), BYTES_PER_ROW, flops, topology, other_flops=router_flops,
+                                  backward=backward)
 
 
 def table3(topology) -> dict:

@@ -5,7 +5,7 @@ takes exact per-peer row counts (the layer's `aux['traffic_rows']`, or analytic 
 paper-scale points) and prices them on a topology whose every number cites its source.
 
 Modules: `topology` (presets with sources), `traffic` (peer masks and analytic traffic),
-`collectives` (all-to-all as NCCL runs it, ring collectives), `model` (`price_layer`, the
+`collectives` (all-to-all as NCCL runs it, ring collectives), `model` (`price_from_traffic`, the
 per-layer breakdown), `calibrate` (least-squares fits of latency/bandwidth terms), `overlap` (the
 layer under the sequential / chunked / comet schedules, Comet), `parm` (Parm's baseline / S1 / S2
 expert-sharding schedules and its Algorithm 1), `contention` (the backward all-to-all against the

@@ -1,4 +1,4 @@
-"""`price_layer`: the modelled time of one MoE layer from the traffic its routing really produced.
+"""`price_from_traffic`: the modelled time of one MoE layer from the traffic its routing really produced.
 
 The breakdown has four parts: inter-node all-to-all (exchanges with messages that cross NICs),
 intra-node all-to-all (exchanges that stay inside nodes), expert compute (FLOPs of the busiest
@@ -120,10 +120,10 @@ def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
                for rows, hop in zip(traffic_rows, hops))
 
 
-def price_layer(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, topology: Topology,
-                device_rate: float | tuple[float, str] | None = None, *, other_flops: float = 0.0,
-                non_expert_s: float = 0.0, backward: bool = False) -> Breakdown:
-  """Prices one MoE layer.
+def price_from_traffic(traffic_rows, hops, mesh_shape, bytes_per_row: float, flops, topology: Topology,
+                       device_rate: float | tuple[float, str] | None = None, *, other_flops: float = 0.0,
+                       non_expert_s: float = 0.0, backward: bool = False) -> Breakdown:
+  """Prices one MoE layer from the rows its exchanges move and the FLOPs its devices compute.
 
   traffic_rows: [hops, A, A] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
   hops: the H hop axes, e.g. [('node', 'gpu')] (flat), ['gpu', 'node'] (hierarchical),

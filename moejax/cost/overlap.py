@@ -122,7 +122,7 @@ class LayerShape:
 @dataclasses.dataclass(frozen=True)
 class Exchanges:
   """The layer's traffic: traffic_rows [hops, A, A] (rows s -> p per hop), its hops, mesh (n, m),
-  bytes_per_row and the topology, as `model.price_layer` takes them; `device` the busiest one."""
+  bytes_per_row and the topology, as `model.price_from_traffic` takes them; `device` the busiest one."""
 
   traffic_rows: np.ndarray
   hops: tuple

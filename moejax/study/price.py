@@ -115,7 +115,7 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, n
   return out
 
 
-def price_layer(sim: dict | None, point: Point, config) -> dict:
+def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   """The MoE layer of `point`'s model, priced at its micro batch from the scaled small run (`sim`; None for
   the schemes priced from the config alone, `points.simulated_scheme`).
 
@@ -131,8 +131,7 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
   router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
   other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
   if cfg.num_shared_experts:  # dense FFNs on every token (DeepSeek, Qwen2-MoE)
-    shared_width = cfg.num_shared_experts * (cfg.shared_d_ff or model.d_ff)
-    other_flops += float(cost_model.expert_flops(tokens, model.d_model, shared_width, cfg.gated))
+    other_flops += float(cost_model.expert_flops(tokens, model.d_model, cfg.shared_width, cfg.gated))
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
   non_expert_s = phases.for_topology(topology(config)).seconds(tokens * k, model.d_model, itemsize)
   common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
@@ -158,9 +157,10 @@ def price_layer(sim: dict | None, point: Point, config) -> dict:
                                                      non_expert_s)}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
   args = (rows, transport_hops(cfg.transport), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
-  return {**common, **stats, "forward": cost_model.price_layer(*args, other_flops=other_flops,
-                                                                non_expert_s=non_expert_s),
-          "train": cost_model.price_layer(*args, other_flops=other_flops, non_expert_s=non_expert_s, backward=True)}
+  return {**common, **stats,
+          "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
+          "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s,
+                                                 backward=True)}
 
 
 def model_parallel(point: Point) -> int:

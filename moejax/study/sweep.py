@@ -20,7 +20,7 @@ from absl import logging
 
 from moejax.study.measure import fits_real_devices, measure
 from moejax.study.points import point_key, simulated_scheme, simulation_key, validate
-from moejax.study.price import model_row, price_layer
+from moejax.study.price import model_row, price_point_layer
 from moejax.study.simulate import simulate
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, append, load_jsonl
 
@@ -63,7 +63,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
             append(sim_file, sims[sim_key])
             counts["simulated"] += 1
           sim = sims[sim_key]
-        row = model_row(point, config, price_layer(sim, point, config))
+        row = model_row(point, config, price_point_layer(sim, point, config))
       row["key"] = key
       append(point_file, row)
       rows.append(row)
