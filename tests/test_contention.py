@@ -44,7 +44,7 @@ def test_matches_a_time_stepped_simulation():
   rng = np.random.default_rng(0)
   for _ in range(6):
     blocks = random_blocks(rng, int(rng.integers(1, 4)))
-    for schedule in contention.SCHEDULES:
+    for schedule in contention.SYNC_ORDERS:
       got = contention.backward(blocks, schedule)
       compute_end, end = stepped(blocks, schedule, 1e-4)
       assert got.compute_end_s == pytest.approx(compute_end, abs=2e-3)
@@ -54,7 +54,7 @@ def test_matches_a_time_stepped_simulation():
 def test_one_block_by_hand():
   """Ready all-reduce r = 5 before a block a = 2, f = 1, d = 3 (and a block of compute 1 that readies it)."""
   blocks = [contention.Block(0, 0, 1, 5), contention.Block(2, 1, 3, 0)]
-  default, naive, prio = (contention.backward(blocks, s) for s in contention.SCHEDULES)
+  default, naive, prio = (contention.backward(blocks, s) for s in contention.SYNC_ORDERS)
   assert (default.compute_end_s, default.end_s) == (9, 14)  # 1 + 2 + 1 + 2 + 3, then the all-reduce alone
   # naive: A2A shares 2 units (takes 4; 3 left), FFN drains 1 (2 left), A2A shares 2 (takes 4), compute
   assert naive.a2a_s[2:] == (4, 4) and (naive.compute_end_s, naive.end_s) == (13, 13)
@@ -66,7 +66,7 @@ def test_prioritized_is_never_slower_and_never_stretches_the_all_to_all():
   rng = np.random.default_rng(1)
   for _ in range(200):
     blocks = random_blocks(rng, int(rng.integers(1, 6)))
-    runs = {s: contention.backward(blocks, s) for s in contention.SCHEDULES}
+    runs = {s: contention.backward(blocks, s) for s in contention.SYNC_ORDERS}
     prio = runs["prioritized"]
     assert prio.end_s <= runs["default"].end_s + 1e-12
     assert prio.end_s <= runs["naive_overlap"].end_s + 1e-12

@@ -39,7 +39,7 @@ def test_the_driver_runs_from_any_directory(tmp_path):
 def test_fig7_timeline():
   """Lina Fig. 7 ticks (ms): overlapped (a) the first A2A ends at 17.7 and the gradients at 29.0; deferred or
   prioritized (c, d) the gradients end at 24.6 and the deferred all-reduce at 30.4."""
-  runs = {s: contention.backward(lina.fig7_layer(), s) for s in contention.SCHEDULES}
+  runs = {s: contention.backward(lina.fig7_layer(), s) for s in contention.SYNC_ORDERS}
   assert runs["naive_overlap"].compute_end_s * 1e3 == pytest.approx(29.0, rel=0.02)
   assert (5.7 + runs["naive_overlap"].a2a_s[-2] * 1e3) == pytest.approx(17.7, rel=0.02)
   assert runs["prioritized"].compute_end_s * 1e3 == pytest.approx(24.6, rel=1e-9)

@@ -18,7 +18,7 @@ import numpy as np
 from experiments.validation import fidelity_row
 from moejax.cost import collectives, model, traffic
 from moejax.cost import topology as topology_lib
-from moejax.cost.contention import SCHEDULES, Block, backward
+from moejax.cost.contention import SYNC_ORDERS, Block, backward
 from moejax.runtime import mesh as mesh_lib
 
 D_MODEL, D_FF, LAYERS = 512, 2048, 12
@@ -82,7 +82,7 @@ def fitted_tokens(topology=topology_lib.A100_IB100) -> float:
 def summary(blocks, forward_s: float) -> dict:
   """Step seconds per schedule, the all-to-all speedup of prioritized over naive_overlap and the
   slowdowns of the all-to-alls that overlap an all-reduce under naive_overlap."""
-  runs = {s: backward(blocks, s) for s in SCHEDULES}
+  runs = {s: backward(blocks, s) for s in SYNC_ORDERS}
   solo = np.asarray(runs["prioritized"].a2a_s)
   slowdown = np.asarray(runs["naive_overlap"].a2a_s)[solo > 0] / solo[solo > 0]
   return {"step_s": {s: forward_s + r.end_s for s, r in runs.items()},
@@ -92,7 +92,7 @@ def summary(blocks, forward_s: float) -> dict:
 
 def validation_rows(topology=topology_lib.A100_IB100) -> list[dict]:
   """Modelled against Lina's numbers: dicts with quantity, paper, source, model, modelled, rel_err, role."""
-  layer = {s: backward(fig7_layer(), s) for s in SCHEDULES}
+  layer = {s: backward(fig7_layer(), s) for s in SYNC_ORDERS}
   tokens = fitted_tokens(topology)
   models = {"fig7": {16: summary(*fig7_blocks())},
             "sizes": {e: summary(*sizes_blocks(e, tokens, topology)) for e in FIG13}}

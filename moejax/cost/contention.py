@@ -25,7 +25,7 @@ import math
 
 from moejax.validation import is_number, require
 
-SCHEDULES = ("default", "naive_overlap", "prioritized")
+SYNC_ORDERS = ("default", "naive_overlap", "prioritized")  # when the gradient all-reduce runs against the all-to-alls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +60,8 @@ class Backward:
 
 
 def backward(blocks, schedule: str) -> Backward:
-  """The backward of `blocks` (in backward order) under `schedule` (one of SCHEDULES)."""
-  require(schedule in SCHEDULES, "schedule", schedule, f"one of {SCHEDULES}")
+  """The backward of `blocks` (in backward order) under `schedule` (one of SYNC_ORDERS)."""
+  require(schedule in SYNC_ORDERS, "schedule", schedule, f"one of {SYNC_ORDERS}")
   blocks = list(blocks)
   require(len(blocks) >= 1 and all(isinstance(b, Block) for b in blocks), "blocks", blocks, "a non-empty list of Block")
   t, pending, a2a = 0.0, 0.0, []  # pending: all-reduce work ready and not yet done

@@ -38,10 +38,10 @@ import numpy as np
 
 from moejax.cost import collectives, model
 from moejax.cost.topology import Topology
+from moejax.moe.config import SCHEDULES
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import is_int, require
 
-SCHEDULES = ("sequential", "chunked", "comet")
 TILE = 128  # Comet Sec. 2.2.1: GEMMs work in tiles, 'exemplified by a 128x128 tile'
 HOPPER_SMS = 132  # Comet Sec. 5.1 / Fig. 8: Hopper's 132 SMs, one thread block per SM
 

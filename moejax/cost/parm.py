@@ -36,7 +36,7 @@ from moejax.cost import collectives
 from moejax.cost.topology import Topology
 from moejax.validation import is_int, is_number, require
 
-SCHEDULES = ("baseline", "s1", "s2")
+ESP_SCHEDULES = ("baseline", "s1", "s2")  # the concrete ones of moejax.moe.config.ESP_SCHEDULES
 COLLECTIVES = ("ag_esp", "ar_esp", "a2a_ep", "a2a_epesp", "ag_mp", "overlap")
 
 
@@ -124,7 +124,7 @@ def layer_times(layer: ParmLayer, ab: dict[str, AlphaBeta], rate: float) -> dict
   """Seconds of each schedule's forward: its collectives plus its expert FLOPs at `rate` FLOP/s."""
   require(is_number(rate) and rate > 0, "rate", rate, "FLOP/s > 0")
   comm = communication_times(layer, ab)
-  return {s: comm[s] + layer.baseline_flops / rate / (1 if s == "baseline" else layer.n_mp) for s in SCHEDULES}
+  return {s: comm[s] + layer.baseline_flops / rate / (1 if s == "baseline" else layer.n_mp) for s in ESP_SCHEDULES}
 
 
 def _blocks(size: int, block: int, stride: int = 1) -> np.ndarray:
