@@ -15,7 +15,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.placement import solve as solve_lib
 from moejax.placement.affinity import affinity_counts, transitions
-from moejax.placement.apply import apply_placement, expert_order, new_index
+from moejax.placement.apply import apply_placement, expert_order
 from moejax.placement.solve import solve
 from moejax.validation import ConfigError
 
@@ -32,6 +32,20 @@ def _loop_counts(traces, num_experts):
         for b in np.atleast_1d(traces[j + 1, t]):
           counts[j, a, b] += 1
   return counts
+
+
+def _new_index(placement) -> np.ndarray:
+  """[M, E]: the index expert e of layer j should have after `apply_placement`, counted one expert at a time:
+  the block of its device placement[j, e], after the experts of the same device with lower ids."""
+  place = np.asarray(placement)
+  per_device = place.shape[1] // (int(place.max()) + 1)
+  index = np.empty_like(place)
+  for j, row in enumerate(place):
+    filled = {}
+    for e, device in enumerate(row.tolist()):
+      index[j, e] = device * per_device + filled.get(device, 0)
+      filled[device] = filled.get(device, 0) + 1
+  return index
 
 
 def _loop_crossings(counts, part):
@@ -77,7 +91,7 @@ def test_solve_matches_brute_force(layers, num, nodes, gpus, seed):
   result = solve(counts, nodes, gpus, time_limit_s=20)
   place = result.placement
   assert place.shape == (layers, num)
-  for row in place:  # balanced: every device holds E / D experts of every layer
+  for row in place:  # balanced: every device holds E / A experts of every layer
     np.testing.assert_array_equal(np.bincount(row, minlength=nodes * gpus), num // (nodes * gpus))
   assert result.optimal and result.node_gap == 0 and result.node_bound == result.cross_node
   assert result.cross_node == _brute_min(counts, nodes) == _loop_crossings(counts, place // gpus)
@@ -132,7 +146,7 @@ def test_errors_name_the_field():
     assert err.value.field == field, (field, err.value)
   with pytest.raises(ConfigError, match="outside"):
     affinity_counts(np.array([[0, 8], [1, 2]]), 8)
-  with pytest.raises(ConfigError, match="L >= 2"):
+  with pytest.raises(ConfigError, match="M >= 2"):
     affinity_counts(np.array([[0, 1]]), 8)
 
 
@@ -144,7 +158,7 @@ def test_apply_placement_keeps_outputs(gated):
   params = [init_params(jax.random.key(20 + j + 10 * gated), cfg) for j in range(layers)]
   placement = np.stack([rng.permutation(np.repeat(np.arange(4), 2)) for _ in range(layers)])  # 4 devices, 2 each
   moved = apply_placement(params, placement, cfg)
-  index = new_index(placement)
+  index = _new_index(placement)
   x = jax.random.normal(jax.random.key(30 + gated), (64, 16))
   for j in range(layers):
     assert sorted(moved[j]) == sorted(params[j]) and ("w_gate" in moved[j]) == gated
@@ -197,7 +211,7 @@ def _node_cfg(routing, **fields):
 
 
 def _node_preserving(rng, layers, cfg, move_nodes):
-  """[L, E] flat devices on the 2 x 4 mesh: each node's experts stay together (on a random node if
+  """[M, E] flat devices on the 2 x 4 mesh: each node's experts stay together (on a random node if
   move_nodes), spread over its GPUs in a random order; for 'bilevel' the same order on every node."""
   per_node, per_gpu = cfg.experts_per_node, cfg.num_experts // (NODES * GPUS)
   place = np.empty((layers, cfg.num_experts), np.int64)
@@ -227,7 +241,7 @@ def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes
   layers = 2
   params = [init_params(jax.random.key(seed + 100 * j), cfg) for j in range(layers)]
   placement = _node_preserving(rng, layers, cfg, move_nodes)
-  index = new_index(placement)
+  index = _new_index(placement)
   assert move_nodes or np.all(index // cfg.experts_per_node == np.arange(16) // cfg.experts_per_node)
   moved = apply_placement(params, placement, cfg)
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))

@@ -27,13 +27,13 @@ EXPERT_PARAMS = ("w_in", "w_out", "w_gate")  # [E, ...]: permuted on axis 0
 
 
 def expert_order(placement) -> np.ndarray:
-  """order [L, E]: order[j, i] = the expert of layer j that moves to index i. Each device's block
-  holds its experts in their old order. placement: a Placement or [L, E] flat devices, every device
+  """order [M, E]: order[j, i] = the expert of layer j that moves to index i. Each device's block
+  holds its experts in their old order. placement: a Placement or [M, E] flat devices, every device
   (0 .. max) holding the same number of experts in every layer."""
   place = np.asarray(placement.placement if isinstance(placement, Placement) else placement)
   if place.ndim != 2 or not np.issubdtype(place.dtype, np.integer) or place.size == 0 or place.min() < 0:
-    raise ConfigError(f"placement must be [L, E] non-negative device ids, got shape {place.shape} dtype {place.dtype}",
-                      "placement", place.shape, "[L, E] ints >= 0")
+    raise ConfigError(f"placement must be [M, E] non-negative device ids, got shape {place.shape} dtype {place.dtype}",
+                      "placement", place.shape, "[M, E] ints >= 0")
   devices = int(place.max()) + 1
   per_device = np.stack([np.bincount(row, minlength=devices) for row in place])
   if np.any(per_device != place.shape[1] // devices) or place.shape[1] % devices:
@@ -42,18 +42,12 @@ def expert_order(placement) -> np.ndarray:
   return np.argsort(place, axis=1, kind="stable")
 
 
-def new_index(placement) -> np.ndarray:
-  """[L, E]: the index expert e of layer j has after `apply_placement` (maps old traces to new ids)."""
-  order = expert_order(placement)
-  return np.argsort(order, axis=1)
-
-
 def node_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
-  """[L, n]: the old node whose experts node h holds after the permutation order [L, E], for a node
+  """[M, n]: the old node whose experts node h holds after the permutation order [M, E], for a node
   routing; raises ConfigError naming the layer and expert when a node's experts would be split."""
   per_node, layers = cfg.experts_per_node, order.shape[0]
-  new_node = np.argsort(order, axis=1).reshape(layers, cfg.num_nodes, per_node) // per_node  # [L, n old, E / n]
-  split = np.any(new_node != new_node[:, :, :1], axis=-1)  # [L, n old]
+  new_node = np.argsort(order, axis=1).reshape(layers, cfg.num_nodes, per_node) // per_node  # [M, n old, E / n]
+  split = np.any(new_node != new_node[:, :, :1], axis=-1)  # [M, n old]
   if split.any():
     j, node = np.argwhere(split)[0]
     to = new_node[j, node]
@@ -72,10 +66,10 @@ def node_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
 
 
 def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
-  """[L, E / n]: the old local expert at each local index after the permutation order [L, E] for
+  """[M, E / n]: the old local expert at each local index after the permutation order [M, E] for
   'bilevel' routing, the same on every node; raises ConfigError naming the layer and expert otherwise."""
   per_node = cfg.experts_per_node
-  local = order.reshape(order.shape[0], cfg.num_nodes, per_node) % per_node  # [L, n new, E / n]
+  local = order.reshape(order.shape[0], cfg.num_nodes, per_node) % per_node  # [M, n new, E / n]
   differ = local != local[:, :1]
   if differ.any():
     j, node, slot = np.argwhere(differ)[0]
@@ -104,9 +98,9 @@ def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig)
           "the layers' MoEConfig (its routing decides which placements keep the outputs)")
   order = expert_order(placement)
   require(len(params_per_layer) == order.shape[0], "placement", order.shape,
-          f"[L, E] with L = {len(params_per_layer)} MoE layers given")
+          f"[M, E] with M = {len(params_per_layer)} MoE layers given")
   require(order.shape[1] == cfg.num_experts, "placement", order.shape,
-          f"[L, E] with E = num_experts = {cfg.num_experts}")
+          f"[M, E] with E = num_experts = {cfg.num_experts}")
   # New column c of a router holds old column columns[name][j, c].
   columns = {"router": order}
   if cfg.routing in NODE_ROUTINGS:

@@ -56,11 +56,11 @@ def _hierarchical(load, groups, nodes, gpus, slots):
 
 
 def eplb(load_E, nodes, gpus_per_node, slots_per_gpu, num_groups=None) -> np.ndarray:
-  """slot_expert [D, slots_per_gpu] int64 by EPLB for load [E]; num_groups (a divisor of E) defaults to E,
+  """slot_expert [A, slots_per_gpu] int64 by EPLB for load [E]; num_groups (a divisor of E) defaults to E,
   one expert per group, which gives the node packing the most freedom."""
   load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu)
   groups = load.size if num_groups is None else check_size("num_groups", num_groups)
   require(load.size % groups == 0, "num_groups", groups, f"a divisor of the number of experts E={load.size}")
   if groups % nodes:
     return _hierarchical(load, 1, 1, nodes * gpus, slots)
-  return _hierarchical(load, groups, nodes, gpus, slots)  # a node's E / nodes experts fit its slots, as E <= D * slots
+  return _hierarchical(load, groups, nodes, gpus, slots)  # a node's E / nodes experts fit its slots, as E <= A * slots

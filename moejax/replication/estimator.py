@@ -15,7 +15,7 @@ equal, else re-plans on the true load (Lina Sec. 5.2: "comparing the overall top
 the lists are compared as ordered lists or sets is not stated, sets here). Estimation accuracy is that
 same test (Lina Sec. 7.3.2 uses the phase-2 definition).
 
-Traces: [L, T] or [L, T, K] int expert ids (`moejax.placement.affinity` layout), tokens in batch order.
+Traces: [M, T] or [M, T, K] int expert ids (`moejax.placement.affinity` layout), tokens in batch order.
 """
 
 import dataclasses
@@ -29,10 +29,10 @@ POLICIES = ("no_replication", "moving_average", "lina_phase1", "lina_phase2", "o
 
 
 def check_traces(traces, num_experts: int) -> np.ndarray:
-  """traces as int64 [L, T, K], or ConfigError naming the bad shape, dtype or id."""
+  """traces as int64 [M, T, K], or ConfigError naming the bad shape, dtype or id."""
   require(is_int(num_experts), "num_experts", num_experts, "a positive int")
   ids = np.asarray(traces)
-  require(ids.ndim in (2, 3) and ids.size > 0, "traces.shape", ids.shape, "[L, T] or [L, T, K] with T, K >= 1")
+  require(ids.ndim in (2, 3) and ids.size > 0, "traces.shape", ids.shape, "[M, T] or [M, T, K] with T, K >= 1")
   require(np.issubdtype(ids.dtype, np.integer), "traces.dtype", ids.dtype, "integer expert ids")
   if ids.min() < 0 or ids.max() >= num_experts:
     raise ConfigError(f"traces holds expert ids in [{ids.min()}, {ids.max()}], outside [0, {num_experts})",
@@ -41,14 +41,14 @@ def check_traces(traces, num_experts: int) -> np.ndarray:
 
 
 def true_loads(traces, num_experts: int) -> np.ndarray:
-  """[L, E] float64: rows each expert receives at each layer (every one of a token's K choices is a row)."""
+  """[M, E] float64: rows each expert receives at each layer (every one of a token's K choices is a row)."""
   ids = check_traces(traces, num_experts)
   return np.stack([np.bincount(layer.ravel(), minlength=num_experts) for layer in ids]).astype(np.float64)
 
 
 @dataclasses.dataclass(frozen=True)
 class PathTables:
-  """Profiled distributions of target layers first_layer .. L-1 (index i holds layer first_layer + i).
+  """Profiled distributions of target layers first_layer .. M-1 (index i holds layer first_layer + i).
 
   paths[i]: sorted path ids [P] seen in profiling (mixed radix: sum_s expert(j-l+s) * E^s);
   psi[i]: [P, E] expected rows per token at the layer for each path, cut to its top_k experts;
@@ -82,7 +82,7 @@ def keep_top(rows: np.ndarray, top_k: int) -> np.ndarray:
 
 
 def profile(traces, num_experts: int, path_length: int = 3, top_k: int | None = None) -> PathTables:
-  """Tables from profiling traces [L, T(, K)]; top_k (default K) experts kept per path, l = path_length."""
+  """Tables from profiling traces [M, T(, K)]; top_k (default K) experts kept per path, l = path_length."""
   ids = check_traces(traces, num_experts)
   layers, _, choices = ids.shape
   require(is_int(path_length) and path_length < layers, "path_length", path_length,
@@ -104,7 +104,7 @@ def profile(traces, num_experts: int, path_length: int = 3, top_k: int | None = 
 
 
 def estimate_loads(tables: PathTables, traces) -> np.ndarray:
-  """[L - l, E] float64: estimated rows per expert of layers l .. L-1 for the tokens of traces (one batch)."""
+  """[M - l, E] float64: estimated rows per expert of layers l .. M-1 for the tokens of traces (one batch)."""
   ids = check_traces(traces, tables.num_experts)
   require(ids.shape[0] == tables.first_layer + len(tables.psi), "traces.shape", ids.shape,
           f"L={tables.first_layer + len(tables.psi)} MoE layers, as profiled")
@@ -155,7 +155,7 @@ def phase2(estimate_E, true_E, phase1_table, choices: int, plan) -> tuple[np.nda
 
 def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus_per_node: int,
                  slots_per_gpu: int, window: int = 4):
-  """Slot tables of every policy for every (batch, target layer) of held-out traces [L, T(, K)].
+  """Slot tables of every policy for every (batch, target layer) of held-out traces [M, T(, K)].
 
   Batches are consecutive runs of batch_tokens tokens (a trailing partial batch is left out and counted).
   Returns (records, dropped_tokens): one dict per (batch, layer) with 'batch', 'layer', 'true' [E],
