@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from moejax.cost import parm
 from moejax.moe import expert_sharding as esp
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -254,9 +255,9 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   mesh = mesh_lib.make_mesh(2, 2)
   cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, transport="capacity",
                   capacity_factor=capacity_factor, esp_schedule="auto")
-  assert esp.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
+  assert parm.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
   small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
-  chosen = esp.resolve_auto(small, 32, 2, 2)
+  chosen = parm.resolve_auto(small, 32, 2, 2)
   params = init_params(jax.random.key(3), small)
   x = jax.random.normal(jax.random.key(4), (32, 8))
   y, aux = moe_apply(params, x, chosen, mesh)
@@ -264,4 +265,4 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
   assert int(aux["tokens_dropped"]) == 0
   with pytest.raises(ConfigError, match="esp_cost='nowhere'"):
-    esp.resolve_auto(dataclasses.replace(cfg, esp_cost="nowhere"), 2 * 1024, 2, 2)
+    parm.resolve_auto(dataclasses.replace(cfg, esp_cost="nowhere"), 2 * 1024, 2, 2)

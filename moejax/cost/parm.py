@@ -28,13 +28,18 @@ S1 and S2 a 1 / N_MP of that.
 """
 
 import dataclasses
+import json
 import math
+import os
 
+import jax.numpy as jnp
 import numpy as np
 
 from moejax.cost import collectives
+from moejax.cost import topology as topology_lib
 from moejax.cost.topology import Topology
-from moejax.validation import is_int, is_number, require
+from moejax.moe.config import MoEConfig
+from moejax.validation import ConfigError, is_int, is_number, require
 
 ESP_SCHEDULES = ("baseline", "s1", "s2")  # the concrete ones of moejax.moe.config.ESP_SCHEDULES
 COLLECTIVES = ("ag_esp", "ar_esp", "a2a_ep", "a2a_epesp", "ag_mp", "overlap")
@@ -201,3 +206,27 @@ def alpha_beta_from_bench(record: dict, bytes_per_element: float) -> dict[str, A
   terms["overlap"] = AlphaBeta(terms["a2a_epesp"].alpha_s + terms["ag_mp"].alpha_s,
                                terms["a2a_epesp"].beta_s + terms["ag_mp"].beta_s)
   return terms
+
+
+def resolve_auto(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> MoEConfig:
+  """cfg with esp_schedule='auto' replaced by the schedule Parm's Algorithm 1 picks
+  (`choose_schedule`) for `tokens` global tokens per layer call: EP = n nodes, ESP = MP = m GPUs, B x L = a
+  node's tokens, alpha-beta terms from cfg.esp_cost. Call it when the config is made (the trainer does): the
+  layer refuses 'auto'. Other configs come back unchanged."""
+  if cfg.esp_schedule != "auto":
+    return cfg
+  n, m = nodes, gpus_per_node
+  bytes_per_element = jnp.dtype(cfg.dtype).itemsize
+  if os.path.exists(cfg.esp_cost):
+    with open(cfg.esp_cost) as f:
+      terms = alpha_beta_from_bench(json.load(f), bytes_per_element)
+  else:
+    try:
+      preset = topology_lib.get(cfg.esp_cost)
+    except ValueError as e:  # names the known presets
+      raise ConfigError(f"esp_cost={cfg.esp_cost!r} is neither a file nor a topology preset: {e}", "esp_cost",
+                        cfg.esp_cost) from e
+    terms = alpha_beta_from_topology(preset, n, m, m, bytes_per_element)
+  layer_shape = ParmLayer(B=max(tokens // n, 1), L=1, M=cfg.d_model, H=cfg.d_ff, E=cfg.num_experts,
+                          k=cfg.choices_per_token, f=cfg.capacity_factor or 1.0, n_ep=n, n_esp=m, n_mp=m)
+  return dataclasses.replace(cfg, esp_schedule=choose_schedule(layer_shape, terms))

@@ -73,7 +73,7 @@ class MoEConfig:
   esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
     'node' (EP) and each expert's d_ff over 'gpu' (ESP = MP), scheduled as 'baseline' (DeepSpeed-MoE),
     's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2; resolved when
-    the config is made, by `moejax.moe.expert_sharding.resolve_auto`: the layer refuses 'auto').
+    the config is made, by `moejax.cost.parm.resolve_auto`: the layer refuses 'auto').
   esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
     (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
   score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent

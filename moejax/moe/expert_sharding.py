@@ -27,45 +27,18 @@ not discuss this): baseline and s2 gate the node's tokens (`reference.moe_refere
 s1 each GPU's (`num_groups=n * m`).
 """
 
-import dataclasses
-import json
-import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
-from moejax.cost import parm
-from moejax.cost import topology as topology_lib
+from moejax.moe import routing
+from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.routing import queue_positions
 from moejax.runtime import mesh as mesh_lib
-from moejax.validation import ConfigError
-
-NODE, GPU = mesh_lib.NODE, mesh_lib.GPU
-
-
-def resolve_auto(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> MoEConfig:
-  """cfg with esp_schedule='auto' replaced by the schedule Parm's Algorithm 1 picks
-  (`moejax.cost.parm.choose_schedule`) for `tokens` global tokens per layer call: EP = n nodes,
-  ESP = MP = m GPUs, B x L = a node's tokens, alpha-beta terms from cfg.esp_cost. Call it when the
-  config is made (the trainer does): the layer refuses 'auto'. Other configs come back unchanged."""
-  if cfg.esp_schedule != "auto":
-    return cfg
-  n, m = nodes, gpus_per_node
-  bytes_per_element = jnp.dtype(cfg.dtype).itemsize
-  if os.path.exists(cfg.esp_cost):
-    with open(cfg.esp_cost) as f:
-      terms = parm.alpha_beta_from_bench(json.load(f), bytes_per_element)
-  else:
-    try:
-      preset = topology_lib.get(cfg.esp_cost)
-    except ValueError as e:  # names the known presets
-      raise ConfigError(f"esp_cost={cfg.esp_cost!r} is neither a file nor a topology preset: {e}", "esp_cost",
-                        cfg.esp_cost) from e
-    terms = parm.alpha_beta_from_topology(preset, n, m, m, bytes_per_element)
-  layer_shape = parm.ParmLayer(B=max(tokens // n, 1), L=1, M=cfg.d_model, H=cfg.d_ff, E=cfg.num_experts,
-                               k=cfg.choices_per_token, f=cfg.capacity_factor or 1.0, n_ep=n, n_esp=m, n_mp=m)
-  return dataclasses.replace(cfg, esp_schedule=parm.choose_schedule(layer_shape, terms))
+from moejax.runtime.mesh import AXES, GPU, NODE
+from moejax.validation import ConfigError, require
 
 
 @jax.custom_vjp
@@ -118,7 +91,7 @@ def dispatched_tensor(x_RxD, ids_R, expert_ids_TxK, keep_TxK, rows: int, cfg: Mo
     pad = rows - num_choices
     return jnp.pad(x_RxD, ((0, pad), (0, 0))), jnp.pad(ids_R, (0, pad), constant_values=-1), jnp.arange(num_choices)
   block = rows // (cfg.num_experts * jax.lax.axis_size(GPU))  # C' / m: an expert's slots on one GPU
-  positions_TxK = queue_positions(expert_ids_TxK, cfg.num_experts)
+  positions_TxK = routing.queue_positions(expert_ids_TxK, cfg.num_experts)
   # Laid out [m, E, C' / m]: GPU j's contiguous share holds capacity block j of every expert.
   slot_TxK = (positions_TxK // block * cfg.num_experts + expert_ids_TxK) * block + positions_TxK % block
   slot_R = jnp.where(keep_TxK, slot_TxK, -1).reshape(-1)
@@ -133,16 +106,217 @@ def undispatch(y_ZxD, slot_R):
   return jnp.where((slot_R >= 0)[:, None], rows, jnp.zeros((), rows.dtype))
 
 
-def dump(holder_ids_R, slots_per_node: int, gpus_per_node: int, schedule: str):
-  """Rows to devices: each row (its node-level slot id h, -1 = not sent) becomes `copies` rows whose
-  device-level ids (device * slots_per_node + h % slots_per_node) name the GPUs holding the slot's d_ff
-  slices: all m GPUs of its node (s1, s2: Parm's Dump), or one (baseline, which sums the partials with
-  an all-reduce instead): its exchange runs over 'node' alone, which keeps the sender's GPU index, so
-  the id names GPU 0 of the node (and stays the same on every GPU of the sender's node, as the
-  all-reduce needs). Returns (ids [R * copies], copies)."""
-  node, local = holder_ids_R // slots_per_node, holder_ids_R % slots_per_node
-  if schedule == "baseline":
-    return jnp.where(holder_ids_R >= 0, node * gpus_per_node * slots_per_node + local, -1), 1
-  device = node[:, None] * gpus_per_node + jnp.arange(gpus_per_node)[None, :]
-  ids = jnp.where((holder_ids_R >= 0)[:, None], device * slots_per_node + local[:, None], -1)
-  return ids.reshape(-1), gpus_per_node
+class Sent(NamedTuple):
+  """The rows one device sends, before replicas and the Dump: x [R, d], their logical expert ids [R] (-1 =
+  not sent), and what `finish` needs to bring the returned rows back in token-choice order (S2's slots)."""
+
+  x_RxD: jax.Array
+  ids_R: jax.Array
+  state: jax.Array | None = None
+
+
+class ExpertParallel:
+  """esp_schedule=None: whole experts over both mesh axes (EP only). The interface of expert sharding, each
+  hook the identity; Parm's schedules below override what they change.
+
+  Plain Python (the layout, before tracing): x_axes, the mesh axes x and y are sharded over; routed_over /
+  sent_over, the axes along which devices route different tokens / send different rows (what statistics and
+  counts are summed over); shared_sum_over / partial_sum_over, the axis over which the shared / routed experts'
+  d_ff-slice partial outputs are summed (None: whole experts); needs_vma: the schedule's collectives are typed
+  by shard_map's mesh-axis variance; expert_specs / shared_specs: the weights' PartitionSpecs.
+  """
+
+  name = None
+  x_axes = AXES
+  routed_over = AXES
+  sent_over = AXES
+  shared_sum_over = None
+  partial_sum_over = None
+  needs_vma = False
+  expert_specs = {"w_in": P(AXES), "w_out": P(AXES), "w_gate": P(AXES)}
+  shared_specs = {"w_in": P(), "w_out": P(), "w_gate": P()}
+
+  def token_groups(self, n: int, m: int) -> int:
+    """The equal groups a call's tokens split into, one per routing device (group)."""
+    return n * m
+
+  def check_tokens(self, tokens: int, n: int, m: int) -> None:
+    if tokens % (n * m):
+      raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
+
+  def send_rows(self, cfg: MoEConfig, routed_tokens: int, m: int) -> int:
+    """The token-choice rows one device sends (before the Dump's copies)."""
+    return routed_tokens * cfg.choices_per_token
+
+  def gathered(self, m: int) -> int:
+    """Copies of the routed tokens a device sends (the baseline's all-gather)."""
+    return 1
+
+  def hops(self, cfg: MoEConfig) -> tuple:
+    return transport_lib.transport_hops(cfg.transport)
+
+  def dense_rows_per_slot(self, cfg: MoEConfig, routed_tokens: int, m: int) -> int:
+    """The dense kind's block rows per expert slot: every slot of the peer full, for each copy."""
+    return routing.expert_capacity(cfg, routed_tokens) * self.gathered(m)
+
+  # Traced, inside shard_map.
+  def split_tokens(self, x_TxD):
+    """The tokens this device routes, of those it holds."""
+    return x_TxD
+
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows: int, m: int, cfg: MoEConfig) -> Sent:
+    """Token-choice rows: each token once per choice, ids -1 where capacity dropped the choice."""
+    ids_R = jnp.where(keep_TxK, expert_ids_TxK, -1).reshape(-1)
+    return Sent(jnp.repeat(x_TxD, cfg.choices_per_token, axis=0), ids_R)
+
+  def holder_index(self, m: int):
+    """This device's row of a slot table."""
+    return mesh_lib.my_flat_index(m)
+
+  def copies(self, m: int) -> int:
+    """Rows per token-choice after the Dump."""
+    return 1
+
+  def dump(self, holder_ids_R, slots: int, m: int):
+    """The Dump: rows to devices. Each row (its holder-level slot id h, -1 = not sent) becomes `copies` rows
+    with device-level ids (device * slots + h % slots) [R * copies]; with whole experts a holder is a device."""
+    return holder_ids_R
+
+  def own_rows(self, rows: int, *arrays_R):
+    """The returned rows of this device's own token-choices."""
+    return arrays_R
+
+  def finish(self, y_RxD, sent: Sent, dtype):
+    """The returned rows [R, d] in token-choice order."""
+    return y_RxD
+
+  def gather_tokens(self, a_TxX):
+    """Per-token results of the routed tokens -> those of the tokens this device holds."""
+    return a_TxX
+
+
+class _Sharded(ExpertParallel):
+  """Parm's expert sharding: experts over 'node', each expert's d_ff over the node's GPUs (x replicated over
+  'gpu'); the Dump sends each row to the GPUs holding its slot's d_ff slices."""
+
+  x_axes = routed_over = (NODE,)
+  shared_sum_over = GPU
+  needs_vma = True
+  expert_specs = {"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None), "w_gate": P(NODE, None, GPU)}
+  shared_specs = {"w_in": P(None, GPU), "w_out": P(GPU, None), "w_gate": P(None, GPU)}
+  where = "tokens sharded over the nodes"
+
+  def token_groups(self, n, m):
+    return n
+
+  def check_tokens(self, tokens, n, m):
+    if tokens % self.token_groups(n, m):
+      raise ConfigError(f"x has {tokens} tokens, not a multiple of {self.token_groups(n, m)} "
+                        f"(esp_schedule={self.name!r}: {self.where})")
+
+  def holder_index(self, m):
+    return jax.lax.axis_index(NODE)
+
+  def copies(self, m):
+    return m
+
+  def dump(self, holder_ids_R, slots, m):  # Parm's Dump: to all m GPUs of the slot's node
+    node, local = holder_ids_R // slots, holder_ids_R % slots
+    device = node[:, None] * m + jnp.arange(m)[None, :]
+    return jnp.where((holder_ids_R >= 0)[:, None], device * slots + local[:, None], -1).reshape(-1)
+
+
+class Baseline(_Sharded):
+  """DeepSpeed-MoE: the ESP all-gather (all m identical copies of the node's tokens sent), one hop over 'node',
+  the slices' partial outputs summed over 'gpu' by the experts, the copy of this GPU's own tokens kept."""
+
+  name = "baseline"
+  sent_over = (NODE,)
+  partial_sum_over = GPU
+
+  def send_rows(self, cfg, routed_tokens, m):
+    return m * routed_tokens * cfg.choices_per_token
+
+  def gathered(self, m):
+    return m
+
+  def hops(self, cfg):
+    require(super().hops(cfg) == transport_lib.FLAT_HOPS, "transport", cfg.transport,
+            "a one-hop transport with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to "
+            "the same GPU index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the "
+            "same rows), so there is no intra-node hop for a two-hop transport to take")
+    return (NODE,)
+
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
+    ids_R = jnp.tile(jnp.where(keep_TxK, expert_ids_TxK, -1).reshape(-1), m)
+    return Sent(jnp.repeat(esp_all_gather(x_TxD), cfg.choices_per_token, axis=0), ids_R)
+
+  def copies(self, m):
+    return 1
+
+  def dump(self, holder_ids_R, slots, m):
+    """To one GPU: the exchange runs over 'node' alone, which keeps the sender's GPU index, so the id names GPU
+    0 of the node (and stays the same on every GPU of the sender's node, as the all-reduce needs)."""
+    node, local = holder_ids_R // slots, holder_ids_R % slots
+    return jnp.where(holder_ids_R >= 0, node * m * slots + local, -1)
+
+  def own_rows(self, rows, *arrays_R):  # all copies are equal; this GPU's is the first
+    return tuple(a[:rows] for a in arrays_R)
+
+
+class S1(_Sharded):
+  """PauseMP before the gate: each GPU routes its share of the node's tokens, the Dump sends each row to all m
+  GPUs of its expert's node, partials summed on return, the layer output all-gathered over 'gpu'."""
+
+  name = "s1"
+  routed_over = AXES
+  where = "each node's tokens split over its GPUs"
+
+  def token_groups(self, n, m):
+    return n * m
+
+  def split_tokens(self, x_TxD):
+    return mp_split(x_TxD)
+
+  def gather_tokens(self, a_TxX):
+    return mp_all_gather(a_TxX)
+
+
+class S2(_Sharded):
+  """PauseMP after the gate: the node's tokens routed on every GPU, each GPU sending its share of the
+  dispatched tensor through the Dump, the expert outputs all-gathered over 'gpu' before the gate combine."""
+
+  name = "s2"
+
+  def send_rows(self, cfg, routed_tokens, m):
+    if cfg.capacity_factor is not None:  # the slot buffer [E, C'] split on its capacity axis
+      return cfg.num_experts * s2_capacity(cfg, routed_tokens, m) // m
+    return -(-routed_tokens * cfg.choices_per_token // m)
+
+  def dense_rows_per_slot(self, cfg, routed_tokens, m):
+    return s2_capacity(cfg, routed_tokens, m) // m
+
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
+    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg)
+    x_RxD, ids_R, slot_R = dispatched_tensor(sent.x_RxD, sent.ids_R, expert_ids_TxK, keep_TxK, rows * m, cfg)
+    return Sent(mp_split(x_RxD), my_chunk(ids_R), slot_R)
+
+  def finish(self, y_RxD, sent, dtype):  # every GPU's outputs of the dispatched tensor, in token-choice order
+    return undispatch(mp_all_gather(y_RxD.astype(dtype)), sent.state)
+
+
+SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2())}
+
+
+def of(cfg: MoEConfig) -> ExpertParallel:
+  """The expert sharding of cfg.esp_schedule ('auto' must be resolved when the config is made)."""
+  require(cfg.esp_schedule != "auto", "esp_schedule", cfg.esp_schedule, "a concrete schedule: resolve 'auto' when "
+          "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)")
+  return SHARDINGS[cfg.esp_schedule]
+
+
+def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
+  """S2's capacity C padded to a multiple of m, so that the slot buffer [E, C'] splits evenly over the
+  node's GPUs (padding slots stay empty)."""
+  capacity = routing.expert_capacity(cfg, tokens)
+  return -(-capacity // gpus_per_node) * gpus_per_node

@@ -74,16 +74,17 @@ def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, a
   return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype)
 
 
-def shared_experts(x_TxD, params, cfg):
+def shared_experts(x_TxD, params, cfg, sum_over: str | None = None):
   """The shared experts on every token: x [T, d] -> [T, d] fp32 (one dense FFN of the shared width,
-  optionally gated by Qwen2-MoE's sigmoid(x w_g)); with expert sharding each GPU holds a d_ff slice and
-  the partial outputs are summed over 'gpu', as the dense FFN's are under tensor parallelism."""
+  optionally gated by Qwen2-MoE's sigmoid(x w_g)). sum_over: the mesh axis whose devices hold d_ff slices
+  (expert sharding: 'gpu'), over which the partial outputs are summed, as the dense FFN's are under tensor
+  parallelism; None: whole shared experts."""
   shared, dtype, act = params["shared"], jnp.dtype(cfg.dtype), ACTIVATIONS[cfg.activation]
   mm = lambda a, w: jnp.dot(a.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
   h = act(mm(x_TxD, shared["w_in"])) if not cfg.gated else act(mm(x_TxD, shared["w_gate"])) * mm(x_TxD, shared["w_in"])
   y = mm(h, shared["w_out"])
-  if cfg.esp_schedule is not None:
-    y = jax.lax.psum(y, "gpu")
+  if sum_over is not None:
+    y = jax.lax.psum(y, sum_over)
   if cfg.shared_gate:
     y = jax.nn.sigmoid(x_TxD.astype(jnp.float32) @ params["shared_gate"]["kernel"].astype(jnp.float32)) * y
   return y

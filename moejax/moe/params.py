@@ -5,9 +5,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import routing
+from moejax.moe import expert_sharding, routing
 from moejax.moe.config import MoEConfig
-from moejax.runtime.mesh import AXES, GPU, NODE
 
 
 def param_shapes(cfg: MoEConfig) -> dict:
@@ -26,20 +25,16 @@ def param_shapes(cfg: MoEConfig) -> dict:
 
 
 def param_specs(cfg: MoEConfig) -> dict:
-  """Routers replicated; experts sharded over both mesh axes on the expert dimension, or with
-  expert sharding over 'node' on the expert dimension and over 'gpu' on d_ff."""
+  """Routers replicated; the experts (and shared experts) as the expert sharding lays them out: whole experts
+  over both mesh axes on the expert dimension, or experts over 'node' and d_ff over 'gpu'."""
+  sharding = expert_sharding.of(cfg)
   specs = {name: {"kernel": P()} for name in routing.router_names(cfg)}
-  if cfg.num_shared_experts:  # replicated, or with expert sharding split over 'gpu' like the dense FFN
-    split = cfg.esp_schedule is not None
-    specs["shared"] = {"w_in": P(None, GPU) if split else P(), "w_out": P(GPU, None) if split else P(),
-                       **({"w_gate": P(None, GPU) if split else P()} if cfg.gated else {})}
+  weights = ("w_in", "w_out", "w_gate") if cfg.gated else ("w_in", "w_out")
+  specs.update({name: sharding.expert_specs[name] for name in weights})
+  if cfg.num_shared_experts:
+    specs["shared"] = {name: sharding.shared_specs[name] for name in weights}
   if cfg.shared_gate:
     specs["shared_gate"] = {"kernel": P()}
-  if cfg.esp_schedule is None:
-    specs.update({"w_in": P(AXES), "w_out": P(AXES)}, **({"w_gate": P(AXES)} if cfg.gated else {}))
-  else:
-    specs.update({"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None)},
-                 **({"w_gate": P(NODE, None, GPU)} if cfg.gated else {}))
   return specs
 
 
