@@ -10,7 +10,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from moejax.cost import parm
-from moejax.moe import expert_sharding as esp
+from moejax.moe import esp_ops
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -220,7 +220,7 @@ def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
     return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(helpers.normal(3, (16, 3)))
 
   plain = lambda x: jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index("gpu") * 2, 2, 0)
-  np.testing.assert_allclose(np.asarray(run(lambda x: esp.mp_split(x))), np.asarray(run(plain)), rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(run(lambda x: esp_ops.mp_split(x))), np.asarray(run(plain)), rtol=1e-6)
 
 
 def test_bad_inputs_are_named_before_compiling(mesh_2x4):

@@ -168,8 +168,8 @@ class MoEConfig:
             self.expert_backend, "tokamax is not installed: pip install 'moejax[tokamax]' (Python >= 3.12, "
             "jax >= 0.11.1), or use expert_backend='ragged_dot'")
     require(self.activation in ACTIVATIONS, "activation", self.activation, f"one of {ACTIVATIONS}")
-    require(isinstance(self.gated, bool), "gated", self.gated, "True or False")
-    require(isinstance(self.renormalize, bool), "renormalize", self.renormalize, "True or False")
+    for name in ("gated", "renormalize", "shared_gate"):
+      require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
     require(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}")
     require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
@@ -203,7 +203,6 @@ class MoEConfig:
     require(is_int(self.num_shared_experts, 0), "num_shared_experts", self.num_shared_experts, "an int >= 0")
     require(self.shared_d_ff is None or is_int(self.shared_d_ff), "shared_d_ff", self.shared_d_ff,
             "None (d_ff) or a positive int")
-    require(isinstance(self.shared_gate, bool), "shared_gate", self.shared_gate, "True or False")
     require(not self.shared_gate or self.num_shared_experts > 0, "shared_gate", self.shared_gate,
             "False without shared experts (num_shared_experts=0)")
     require(self.slots_per_device is None or is_int(self.slots_per_device), "slots_per_device",
@@ -212,16 +211,13 @@ class MoEConfig:
     require(is_int(self.replan_window), "replan_window", self.replan_window, "a positive int")
     require(self.replan_every == 0 or self.slots_per_device is not None, "replan_every", self.replan_every,
             "0 unless slots_per_device is set (re-planning moves replicas between slots)")
+    for name, none in (("capacity_factor", "dropless"), ("buffer_factor", "worst-case receive buffers")):
+      value = getattr(self, name)
+      require(value is None or (is_number(value) and value > 0), name, value, f"None ({none}) or a number > 0")
     cf = self.capacity_factor
-    require(cf is None or (is_number(cf) and cf > 0),
-            "capacity_factor", cf, "None (dropless) or a number > 0")
-    bf = self.buffer_factor
-    require(bf is None or (is_number(bf) and bf > 0), "buffer_factor", bf,
-            "None (worst-case receive buffers) or a number > 0")
     require(self.transport != "capacity" or cf is not None, "capacity_factor", cf,
             "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")
-    require(isinstance(self.z_loss_coef, (int, float)) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef,
-            "a number >= 0")
+    require(is_number(self.z_loss_coef) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef, "a number >= 0")
     for name in ("load_balance_coef", "local_balance_coef"):
       value = getattr(self, name)
       require(value is None or isinstance(value, (int, float)) and value >= 0, name, value,
@@ -290,17 +286,13 @@ class MoEConfig:
     each split over the node's GPUs), or raises naming the field."""
     if self.routing in NODE_ROUTINGS:
       require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
-    if self.esp_schedule is not None:
-      require(self.num_experts % nodes == 0, "num_experts", self.num_experts,
-              f"a multiple of the mesh's {nodes} nodes (expert sharding puts E / n whole experts on each node)")
-      require(self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
-              f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")
-      per_holder = self.num_experts // nodes
-    else:
-      devices = nodes * gpus_per_node
-      require(self.num_experts % devices == 0, "num_experts", self.num_experts,
-              f"a multiple of the mesh's {devices} devices (expert e lives on device e // experts_per_gpu)")
-      per_holder = self.num_experts // devices
+    holders = self.expert_holders(nodes, gpus_per_node)
+    where = (f"{nodes} nodes (expert sharding puts E / n whole experts on each node)" if self.esp_schedule
+             else f"{holders} devices (expert e lives on device e // experts_per_gpu)")
+    require(self.num_experts % holders == 0, "num_experts", self.num_experts, f"a multiple of the mesh's {where}")
+    require(not self.esp_schedule or self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
+            f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")
+    per_holder = self.num_experts // holders
     if self.slots_per_device is not None:
       require(self.slots_per_device >= per_holder, "slots_per_device", self.slots_per_device,
               f">= the {per_holder} experts each holder keeps on this mesh")

@@ -19,8 +19,8 @@ ETM = its dispatched rows):
   s2 (PauseMP after the gate): the node's tokens routed on every GPU, MP split of the dispatched rows,
     the Dump, partials summed on return, MP all-gather of the expert outputs (ETM), gate combine.
 
-`mp_split` is a split whose backward is an MP all-gather (Parm Sec. III-B); the MP all-gathers are
-invariant gathers whose backward is a local slice.
+The interface (`ExpertParallel`, whole experts, every hook the identity) and the three schedules that
+override it are chosen by `of(cfg)`; the MP-group operations they use are in `moe.esp_ops`.
 
 Capacity: each schedule gates a different group of tokens, so its capacity and drops differ (Parm does
 not discuss this): baseline and s2 gate the node's tokens (`reference.moe_reference(num_groups=n)`),
@@ -33,77 +33,12 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import routing
+from moejax.moe import esp_ops, routing
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES, GPU, NODE
 from moejax.validation import ConfigError, require
-
-
-@jax.custom_vjp
-def mp_split(x):
-  """MP-Split: this GPU's chunk of the rows of an array replicated over 'gpu' (no communication).
-
-  The backward all-gathers the chunks' cotangents over 'gpu' (Parm: a split costs an AllGather in
-  backpropagation), instead of the all-reduce of zero-padded cotangents that indexing by axis_index
-  transposes to.
-  """
-  return my_chunk(x)
-
-
-def my_chunk(x):
-  """This GPU's chunk of the rows of x (no gradient rule of its own: integer arrays, mp_split's forward)."""
-  chunk = x.shape[0] // jax.lax.axis_size(GPU)
-  return jax.lax.dynamic_slice_in_dim(x, jax.lax.axis_index(GPU) * chunk, chunk, 0)
-
-
-def _mp_split_fwd(x):
-  return mp_split(x), None
-
-
-def _mp_split_bwd(_, grad):
-  return (jax.lax.all_gather(grad, GPU, axis=0, tiled=True, to="invarying"),)
-
-
-mp_split.defvjp(_mp_split_fwd, _mp_split_bwd)
-
-
-def mp_all_gather(x):
-  """MP-AllGather: the m GPUs' chunks concatenated along the rows, replicated over 'gpu' (its backward
-  is a local slice)."""
-  return jax.lax.all_gather(x, GPU, axis=0, tiled=True, to="invarying")
-
-
-def esp_all_gather(x):
-  """The baseline's ESP-AllGather: the m copies of the node's tokens (identical: x is replicated)."""
-  return jax.lax.all_gather(x, GPU, axis=0, tiled=True, to="invarying")
-
-
-def dispatched_tensor(x_RxD, ids_R, expert_ids_TxK, keep_TxK, rows: int, cfg: MoEConfig):
-  """S2's dispatched tensor, which it splits over the node's GPUs: with capacity GShard's slot buffer
-  [E, C', d] (a choice in its expert's row at its queue position), split on the capacity axis as Parm
-  does, so each GPU sends at most C' / m rows per expert, dropless the token-choice rows padded to `rows`.
-  x [R, d] and ids [R] in token-choice order -> (rows [rows, d], ids [rows] (-1 = empty), slot [R]:
-  where each choice sits, -1 if dropped)."""
-  num_choices = ids_R.shape[0]
-  if cfg.capacity_factor is None:
-    pad = rows - num_choices
-    return jnp.pad(x_RxD, ((0, pad), (0, 0))), jnp.pad(ids_R, (0, pad), constant_values=-1), jnp.arange(num_choices)
-  block = rows // (cfg.num_experts * jax.lax.axis_size(GPU))  # C' / m: an expert's slots on one GPU
-  positions_TxK = routing.queue_positions(expert_ids_TxK, cfg.num_experts)
-  # Laid out [m, E, C' / m]: GPU j's contiguous share holds capacity block j of every expert.
-  slot_TxK = (positions_TxK // block * cfg.num_experts + expert_ids_TxK) * block + positions_TxK % block
-  slot_R = jnp.where(keep_TxK, slot_TxK, -1).reshape(-1)
-  where_R = jnp.where(slot_R >= 0, slot_R, rows)
-  buffer = jnp.zeros((rows, x_RxD.shape[1]), x_RxD.dtype).at[where_R].set(x_RxD, mode="drop")
-  return buffer, jnp.full((rows,), -1, ids_R.dtype).at[where_R].set(ids_R, mode="drop"), slot_R
-
-
-def undispatch(y_ZxD, slot_R):
-  """The rows of the dispatched tensor [Z, d] (Z slots) back in token-choice order [R, d] (0 where dropped)."""
-  rows = jnp.take(y_ZxD, jnp.maximum(slot_R, 0), axis=0)
-  return jnp.where((slot_R >= 0)[:, None], rows, jnp.zeros((), rows.dtype))
 
 
 class Sent(NamedTuple):
@@ -249,7 +184,7 @@ class Baseline(_Sharded):
 
   def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
     ids_R = jnp.tile(jnp.where(keep_TxK, expert_ids_TxK, -1).reshape(-1), m)
-    return Sent(jnp.repeat(esp_all_gather(x_TxD), cfg.choices_per_token, axis=0), ids_R)
+    return Sent(jnp.repeat(esp_ops.esp_all_gather(x_TxD), cfg.choices_per_token, axis=0), ids_R)
 
   def copies(self, m):
     return 1
@@ -276,10 +211,10 @@ class S1(_Sharded):
     return n * m
 
   def split_tokens(self, x_TxD):
-    return mp_split(x_TxD)
+    return esp_ops.mp_split(x_TxD)
 
   def gather_tokens(self, a_TxX):
-    return mp_all_gather(a_TxX)
+    return esp_ops.mp_all_gather(a_TxX)
 
 
 class S2(_Sharded):
@@ -290,19 +225,19 @@ class S2(_Sharded):
 
   def send_rows(self, cfg, routed_tokens, m):
     if cfg.capacity_factor is not None:  # the slot buffer [E, C'] split on its capacity axis
-      return cfg.num_experts * s2_capacity(cfg, routed_tokens, m) // m
+      return cfg.num_experts * esp_ops.s2_capacity(cfg, routed_tokens, m) // m
     return -(-routed_tokens * cfg.choices_per_token // m)
 
   def dense_rows_per_slot(self, cfg, routed_tokens, m):
-    return s2_capacity(cfg, routed_tokens, m) // m
+    return esp_ops.s2_capacity(cfg, routed_tokens, m) // m
 
   def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
     sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg)
-    x_RxD, ids_R, slot_R = dispatched_tensor(sent.x_RxD, sent.ids_R, expert_ids_TxK, keep_TxK, rows * m, cfg)
-    return Sent(mp_split(x_RxD), my_chunk(ids_R), slot_R)
+    x_RxD, ids_R, slot_R = esp_ops.dispatched_tensor(sent.x_RxD, sent.ids_R, expert_ids_TxK, keep_TxK, rows * m, cfg)
+    return Sent(esp_ops.mp_split(x_RxD), esp_ops.my_chunk(ids_R), slot_R)
 
   def finish(self, y_RxD, sent, dtype):  # every GPU's outputs of the dispatched tensor, in token-choice order
-    return undispatch(mp_all_gather(y_RxD.astype(dtype)), sent.state)
+    return esp_ops.undispatch(esp_ops.mp_all_gather(y_RxD.astype(dtype)), sent.state)
 
 
 SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2())}
@@ -313,10 +248,3 @@ def of(cfg: MoEConfig) -> ExpertParallel:
   require(cfg.esp_schedule != "auto", "esp_schedule", cfg.esp_schedule, "a concrete schedule: resolve 'auto' when "
           "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)")
   return SHARDINGS[cfg.esp_schedule]
-
-
-def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
-  """S2's capacity C padded to a multiple of m, so that the slot buffer [E, C'] splits evenly over the
-  node's GPUs (padding slots stay empty)."""
-  capacity = routing.expert_capacity(cfg, tokens)
-  return -(-capacity // gpus_per_node) * gpus_per_node
