@@ -1,4 +1,4 @@
-"""Shared test helpers: paths for subprocesses, fresh random and skewed inputs, the one comparison with the
+"""Shared test helpers: paths for subprocesses, fresh random inputs and forced routing, the one comparison with the
 single-device reference, and compiled-program probes (temporaries, CUDA lowering of the exchanges)."""
 
 import os
@@ -33,14 +33,16 @@ def random_params(cfg, seed: int) -> dict:
   return jax.tree.unflatten(jax.tree.structure(shapes, is_leaf=is_shape), draws)
 
 
-def force_routing(params, x, experts, strength=30.0):
-  """Routes every token's top choices to `experts` (in that order) through a constant input feature
-  (flat routers: 'router' [d, E])."""
-  x, kernel = np.array(x), np.array(params["router"]["kernel"])
+def force_routing(params, x, experts, strength=30.0, router="router"):
+  """Routes every token's top choices to `experts` (in that order) through a constant input feature:
+  x[:, 0] = 1 and the router kernel's row 0 gives `experts` logits `strength`, `strength` - 1, ...; the
+  other choices stay the random ones. router: the kernel to skew ('router' [d, E]; with the node routings
+  'node_router' [d, N] or 'local_router' [d, E/N], whose "experts" are nodes or local experts)."""
+  x, kernel = np.array(x), np.array(params[router]["kernel"])
   x[:, 0] = 1.0
   for rank, e in enumerate(experts):
     kernel[0, e] = strength - rank
-  return {**params, "router": {"kernel": kernel}}, x
+  return {**params, router: {"kernel": kernel}}, x
 
 
 def relative_error(got, want) -> float:
@@ -96,22 +98,13 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = N
   return y, aux
 
 
-def skewed(cfg, tokens, seed, expert=0):
-  """Params and x whose router sends every token's first choice to `expert` (x[:, 0] > 0)."""
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (tokens, cfg.d_model))
-  x = x.at[:, 0].set(1.0 + jnp.abs(x[:, 0]))
-  kernel = params["router"]["kernel"].at[0].set(0.0).at[0, expert].set(50.0)
-  return {**params, "router": {"kernel": kernel}}, x
-
-
-def temp_bytes(n, m, transport, buffer_factor, **fields):
-  """Bytes of temporaries of the compiled layer forward on an n x m mesh, 256 tokens per device."""
-  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, transport=transport,
-                  buffer_factor=buffer_factor, **fields)
+def temporary_bytes(n, m, **fields):
+  """Bytes of temporaries of the compiled layer forward on an n x m mesh, 2 experts per device, 256 tokens per
+  device (per node with expert sharding, where a node's GPUs share its tokens); fields: the MoEConfig's others."""
+  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, **fields)
   mesh = mesh_lib.make_mesh(n, m)
   params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
-  x = jax.ShapeDtypeStruct((256 * n * m, 128), jnp.float32)
+  x = jax.ShapeDtypeStruct((256 * (n * m if cfg.esp_schedule is None else n), 128), jnp.float32)
   compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
   return compiled.memory_analysis().temp_size_in_bytes
 

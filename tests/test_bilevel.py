@@ -13,7 +13,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from tests.helpers import assert_matches_reference
+from tests.helpers import assert_matches_reference, force_routing
 from tests.numpy_moe import moe_numpy
 
 
@@ -112,10 +112,8 @@ def test_additive_loss_formula_minimum_and_skew(mesh_2x4):
   np.testing.assert_allclose(loss(uniform, x), 0.02 + 0.03, rtol=1e-6)
 
   # Skew: every token to node 0 and local expert 0 with near-certainty.
-  x_skew = x.at[:, 0].set(1.0)
-  skewed = {**params,
-            "node_router": {"kernel": params["node_router"]["kernel"].at[0, 0].set(40.0)},
-            "local_router": {"kernel": params["local_router"]["kernel"].at[0, 0].set(40.0)}}
+  skewed, x_skew = force_routing(params, x, [0], strength=40.0, router="node_router")
+  skewed, x_skew = force_routing(skewed, x_skew, [0], strength=40.0, router="local_router")
   skewed_loss = loss(skewed, x_skew)
   assert skewed_loss > 0.02 + 0.03
   np.testing.assert_allclose(skewed_loss, 0.02 * 2 + 0.03 * 8, rtol=1e-3)  # f = P = one-hot

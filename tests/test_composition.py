@@ -10,15 +10,11 @@ least one case (greedy all-pairs), and every refused pair is checked for its rea
 import itertools
 import zlib
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers
 
@@ -159,28 +155,3 @@ def test_schedules_drop_what_sequential_drops(esp_schedule, transport, mesh_2x4)
     assert helpers.relative_error(y, y_seq) < 1e-6, schedule
     for name in ("expert_counts", "tokens_overflowed", "tokens_dropped"):
       np.testing.assert_array_equal(np.asarray(aux[name]), np.asarray(aux_seq[name]), err_msg=schedule)
-
-
-def _temporaries(n, m, **fields):
-  """Temporary bytes of the compiled layer on an n x m mesh, 256 tokens per device (per node with
-  expert sharding, where a node's GPUs share its tokens)."""
-  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=128, d_ff=256, num_chunks=2, **fields)
-  mesh = mesh_lib.make_mesh(n, m)
-  params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
-  tokens = 256 * (n * m if cfg.esp_schedule is None else n)
-  x = jax.ShapeDtypeStruct((tokens, 128), jnp.float32)
-  return jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().memory_analysis().temp_size_in_bytes
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("schedule", AXES["schedule"])
-@pytest.mark.parametrize("fields", [dict(transport="capacity", capacity_factor=1.0),
-                                    dict(transport="padded", buffer_factor=1.0, esp_schedule="s1"),
-                                    dict(transport="capacity", capacity_factor=1.0, esp_schedule="s2")],
-                         ids=["capacity", "s1-bounded", "s2-capacity"])
-def test_temporaries_do_not_grow_with_nodes(devices, schedule, fields):
-  """Bounded buffers (or capacity): one node -> two nodes of 4 GPUs keeps per-device temporaries within
-  1.5x, for every schedule, with capacity and with expert sharding (test_exchange and test_schedule
-  cover the ragged transports)."""
-  small, large = (_temporaries(n, 4, schedule=schedule, **fields) for n in (1, 2))
-  assert large <= 1.5 * small, (small, large)

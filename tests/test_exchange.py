@@ -15,7 +15,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from tests.helpers import LOCAL_TOKENS, cuda_ragged_shapes, skewed, temp_bytes
+from tests import helpers
 
 TWO_HOP = ["hierarchical", "bilevel"]
 
@@ -25,20 +25,8 @@ TWO_HOP = ["hierarchical", "bilevel"]
 @pytest.mark.sampled(1)
 def test_ample_buffers_equal_reference_with_gradients(devices, transport, shape):
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=2.0)
-  mesh = mesh_lib.make_mesh(*shape)
-  params = init_params(jax.random.key(3), cfg)
-  x = jax.random.normal(jax.random.key(4), (128, 8))
-  w = jax.random.normal(jax.random.key(5), (128, 8))
-  loss = lambda f: lambda p, x: jnp.sum(f(p, x)[0] * w)
-  layer = lambda p, x: moe_apply(p, x, cfg, mesh)
-  y, aux = layer(params, x)
-  y_ref, _ = moe_reference(params, x, cfg)
-  assert int(aux["tokens_overflowed"]) == 0
-  np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-5)
-  grads = jax.grad(loss(layer), argnums=(0, 1))(params, x)
-  grads_ref = jax.grad(loss(lambda p, x: moe_reference(p, x, cfg)), argnums=(0, 1))(params, x)
-  for g, g_ref in zip(jax.tree.leaves(grads), jax.tree.leaves(grads_ref)):
-    np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-5)
+  params, x = helpers.random_params(cfg, 3), helpers.normal(4, (128, 8))
+  helpers.assert_matches_reference(cfg, mesh_lib.make_mesh(*shape), params, x)  # nothing overflowed, gradients too
 
 
 def _flat_drops(ids_T, devices, experts_per_gpu, buffer_rows):
@@ -62,7 +50,7 @@ def test_overflow_drops_exactly_and_counts(mesh_2x4, transport):
   exactly zero, zero rows == the drops counted, dropped tokens get zero gradient."""
   cfg = MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12, transport=transport, buffer_factor=1.0)
   tokens = 8 * 16
-  params, x = skewed(cfg, tokens, seed=11)
+  params, x = helpers.force_routing(helpers.random_params(cfg, 11), helpers.normal(12, (tokens, 8)), [0])
   y, aux = moe_apply(params, x, cfg, mesh_2x4)
   y_ref, _ = moe_reference(params, x, cfg)
   y, y_ref = np.asarray(y), np.asarray(y_ref)
@@ -85,19 +73,38 @@ def test_two_hop_overflow_matches_between_transports_when_one_node(devices):
   outputs = []
   for transport in ["padded", *TWO_HOP]:
     cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=1.0)
-    params, x = skewed(cfg, 4 * 24, seed=5, expert=3)
+    params, x = helpers.force_routing(helpers.random_params(cfg, 5), helpers.normal(6, (4 * 24, 8)), [3])
     outputs.append(moe_apply(params, x, cfg, mesh_lib.make_mesh(1, 4)))
   for y, aux in outputs[1:]:
     np.testing.assert_allclose(y, outputs[0][0], rtol=1e-5, atol=1e-6)
     assert int(aux["tokens_overflowed"]) == int(outputs[0][1]["tokens_overflowed"]) > 0
 
 
-@pytest.mark.parametrize("transport", ["padded", *TWO_HOP])
+def _bounded_cases():
+  """Per concern: the MoEConfig fields of a bounded layer, the smaller mesh (n, m), and whether the same layer
+  without the bound grows (the ragged transports' worst case: the check can fail)."""
+  transports = [pytest.param(dict(transport=t, buffer_factor=2.0), (1, 2), True, id=t) for t in ("padded", *TWO_HOP)]
+  # the schedules' chunks from 4 devices: below 4 a chunk's worst case is still under the bound
+  chunks = [pytest.param(dict(transport="padded", buffer_factor=2.0, schedule=s, num_chunks=2), (1, 4), False,
+                         id=f"padded-{s}") for s in ("chunked", "comet")]
+  # capacity and expert sharding, one node -> two nodes of 4 GPUs, with every schedule
+  others = {"capacity": dict(transport="capacity", capacity_factor=1.0),
+            "s1-bounded": dict(transport="padded", buffer_factor=1.0, esp_schedule="s1"),
+            "s2-capacity": dict(transport="capacity", capacity_factor=1.0, esp_schedule="s2")}
+  others = [pytest.param({**fields, "schedule": s, "num_chunks": 2}, (1, 4), False, id=f"{name}-{s}")
+            for s in ("sequential", "chunked", "comet") for name, fields in others.items()]
+  return transports + chunks + others
+
+
+@pytest.mark.parametrize("fields,small_mesh,unbounded_grows", _bounded_cases())
 @pytest.mark.sampled(1)
-def test_temporaries_do_not_grow_with_devices(devices, transport):
-  small, large = temp_bytes(1, 2, transport, 2.0), temp_bytes(2, 4, transport, 2.0)
+def test_temporaries_do_not_grow_with_devices(devices, fields, small_mesh, unbounded_grows):
+  """Bounded buffers (or capacity): on 2 x 4 devices the per-device temporaries stay within 1.5x the smaller
+  mesh's, for each transport, schedule and expert sharding."""
+  small, large = helpers.temporary_bytes(*small_mesh, **fields), helpers.temporary_bytes(2, 4, **fields)
   assert large <= 1.5 * small, (small, large)
-  assert temp_bytes(2, 4, transport, None) > 2 * small  # the worst case does grow: the test can fail
+  if unbounded_grows:
+    assert helpers.temporary_bytes(2, 4, **{**fields, "buffer_factor": None}) > 2 * small
 
 
 def test_padded_program_does_not_grow_with_devices(devices):
@@ -119,9 +126,9 @@ def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transpor
   """The GPU program (lowered for CUDA here, without a GPU): forward and backward type-check under
   shard_map, every hop is a ragged_all_to_all (rows and ids out, rows back, and both transposed in
   the backward: 5 per hop) whose receive buffer holds ceil(buffer_factor * T * K) rows."""
-  shapes = cuda_ragged_shapes(monkeypatch, transport=transport)
+  shapes = helpers.cuda_ragged_shapes(monkeypatch, transport=transport)
   assert len(shapes) == 5 * hops, shapes
-  local_rows, buffer_rows = LOCAL_TOKENS * 2, math.ceil(1.5 * LOCAL_TOKENS * 2)
+  local_rows, buffer_rows = helpers.LOCAL_TOKENS * 2, math.ceil(1.5 * helpers.LOCAL_TOKENS * 2)
   assert {s for s in shapes} <= {(local_rows, buffer_rows), (buffer_rows, local_rows), (buffer_rows, buffer_rows)}
   assert (local_rows, buffer_rows) in shapes
 
@@ -156,7 +163,8 @@ def test_apply_without_overflow_grows_the_buffers_until_nothing_is_dropped(mesh_
   import moejax
 
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport="bilevel", buffer_factor=0.25)
-  params, x = skewed(cfg, 128, seed=7)  # every first choice to expert 0: one device receives 1/8 of all rows
+  # every first choice to expert 0: one device receives 1/8 of all rows
+  params, x = helpers.force_routing(helpers.random_params(cfg, 7), helpers.normal(8, (128, 8)), [0])
   _, aux_tight = moe_apply(params, x, cfg, mesh_2x4)
   assert int(aux_tight["tokens_overflowed"]) > 0
   y, aux, grown = moejax.apply_without_overflow(params, x, cfg, mesh_2x4)

@@ -13,7 +13,7 @@ from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.helpers import assert_matches_reference, relative_error
+from tests.helpers import assert_matches_reference, force_routing, relative_error
 
 MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
 MODES = [("padded", None), ("padded", 1.0), ("capacity", 1.0), ("hierarchical", None), ("hierarchical", 0.75)]
@@ -52,15 +52,6 @@ def test_layer_matches_reference(n, m, k, experts_per_gpu, transport, cf, backen
     assert int(aux["tokens_dropped"]) > 0
 
 
-def _forced(params, x, experts, strength=30.0):
-  """Routes every token's top choices to `experts` (in that order) through a constant input feature."""
-  x = x.at[:, 0].set(1.0)
-  kernel = params["router"]["kernel"]
-  for rank, e in enumerate(experts):
-    kernel = kernel.at[0, e].set(strength - rank)
-  return {**params, "router": {"kernel": kernel}}, x
-
-
 @pytest.mark.parametrize("transport,cf", [("padded", None), ("hierarchical", None), ("capacity", 2.0),
                                           ("padded", 1.0)])
 @pytest.mark.parametrize("target", ["one_expert", "one_device"])
@@ -71,7 +62,7 @@ def test_adversarial_routing(mesh_2x4, transport, cf, target):
   params = init_params(jax.random.key(5), cfg)
   x = jax.random.normal(jax.random.key(6), (64, 8))
   experts = [13] if target == "one_expert" else [6, 7]  # experts 6, 7 both live on device 3
-  params, x = _forced(params, x, experts)
+  params, x = force_routing(params, x, experts)
   _, aux = assert_matches_reference(cfg, mesh_2x4, params, x)
   counts = np.asarray(aux["expert_counts"])
   assert set(np.flatnonzero(counts)) <= set(experts)  # every other expert receives nothing
