@@ -1,3 +1,6 @@
+"""MoEConfig's own checks: a bad or unknown field is named with its value and what is allowed, a capacity transport needs
+a capacity factor; the experts divide over the mesh's devices."""
+
 import pytest
 
 from moejax.moe.config import MoEConfig
