@@ -98,6 +98,17 @@ def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = N
   return y, aux
 
 
+def zero_or_reference_rows(cfg, params, x, y) -> np.ndarray:
+  """[T] bool: the tokens whose output row in `y` is exactly zero (overflowed); `y` is finite and every other
+  row equals the single-device reference's."""
+  y = np.asarray(y)
+  y_ref = np.asarray(jax.jit(lambda p, x: moe_reference(p, x, cfg)[0])(params, x))
+  assert np.isfinite(y).all()
+  zero = np.all(y == 0.0, axis=1)
+  np.testing.assert_allclose(y[~zero], y_ref[~zero], rtol=1e-5, atol=1e-6)
+  return zero
+
+
 def temporary_bytes(n, m, **fields):
   """Bytes of temporaries of the compiled layer forward on an n x m mesh, 2 experts per device, 256 tokens per
   device (per node with expert sharding, where a node's GPUs share its tokens); fields: the MoEConfig's others."""
