@@ -38,7 +38,7 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
     np.testing.assert_array_equal(sizes[s], [[traffic[a, b] for b in group] for a in group])
 
   values = np.stack([1000 * (s + 1) + np.arange(rows) for s in range(devices)]).astype(np.float32)
-  phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4)
+  phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4, "padded")
   send = phases.exchange(axis, out_rows, "dispatch")
   got, got_ids = send(phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)),
                       phases.put(sizes))

@@ -122,8 +122,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
     x_RxD = jnp.repeat(x_RxD, copies, axis=0)
 
   # plan, exchange, experts, exchange back: in the configured schedule.
-  local = schedule_lib.Experts(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation,
-                               cfg.expert_backend, jnp.dtype(cfg.dtype), sharding.partial_sum_over)
+  local = schedule_lib.Experts.of(params, cfg, sharding.partial_sum_over)
   result = schedule_lib.run(cfg.schedule, x_RxD, ids_R, exchange_for(lay), local, cfg.num_chunks)
   # finish: a choice counts as processed only if every copy arrived (a partial sum of slices is no output).
   arrived_R = result.arrived_R.reshape(-1, copies).all(axis=1)

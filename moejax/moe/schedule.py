@@ -52,6 +52,12 @@ class Experts(NamedTuple):
   dtype: jnp.dtype
   partial_sum_over: str | None = None
 
+  @classmethod
+  def of(cls, params: dict, cfg, partial_sum_over: str | None = None) -> "Experts":
+    """A layer's local experts from its parameters (this device's shard) and config."""
+    return cls(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation, cfg.expert_backend,
+               jnp.dtype(cfg.dtype), partial_sum_over)
+
   def _sum(self, y):
     return y if self.partial_sum_over is None else jax.lax.psum(y, self.partial_sum_over)
 
@@ -84,7 +90,8 @@ def local_experts(ids_R, ex: Exchange):
   return jnp.where(ids_R >= 0, ids_R % ex.experts_per_gpu, ex.experts_per_gpu)
 
 
-def _plan(ids_R, ex: Exchange):
+def plan(ids_R, ex: Exchange):
+  """The route of rows with device-level ids [R] through the exchange's hops -> (ids at arrival, route)."""
   devices = ex.axis_sizes[mesh_lib.NODE] * ex.axis_sizes[mesh_lib.GPU]
   return transport_lib.plan_route(ids_R, ex.hops, ex.axis_sizes, ex.experts_per_gpu,
                                   max_rows=devices * ids_R.shape[0], kind=ex.kind, buffer_rows=ex.buffer_rows)
@@ -129,7 +136,7 @@ def _combine(y_RxD, ids_out, ids_R, route, ex: Exchange):
 
 def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
   """Dispatch, experts, combine -> (y [R, d], arrived [R], route)."""
-  ids_out, route = _plan(ids_R, ex)
+  ids_out, route = plan(ids_R, ex)
   rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
   y_RxD, arrived_R = _combine(run_experts(rows_RxD, ids_out, ex, local), ids_out, ids_R, route, ex)
   return y_RxD, arrived_R, route
@@ -146,7 +153,7 @@ def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Resu
   """`sequential` on num_chunks contiguous chunks of rows; with bounded buffers the drops are decided
   once by the sequential route, so no chunk overflows."""
   if ex.buffer_rows is not None:  # a chunk's rows fit wherever all of the kept rows fit
-    ids_out, route = _plan(ids_R, ex)
+    ids_out, route = plan(ids_R, ex)
     ids_R = jnp.where(transport_lib.arrived(ids_out, route, ex.hops, ex.kind), ids_R, -1)
   parts = [_round_trip(x, ids, ex, local) for x, ids in
            zip(jnp.split(x_RxD, num_chunks), jnp.split(ids_R, num_chunks))]
@@ -156,28 +163,28 @@ def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Resu
 
 def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
   """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the combine."""
-  ids_out, route = _plan(ids_R, ex)
-  axis, plan, out_rows = ex.hops[-1], route.plans[-1], route.out_rows[-1]
-  num_peers = plan.sizes_AxA.shape[0]
+  ids_out, route = plan(ids_R, ex)
+  axis, last, out_rows = ex.hops[-1], route.plans[-1], route.out_rows[-1]
+  num_peers = last.sizes_AxA.shape[0]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind), plan.order,
-                                   plan.inverse)
+  rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind), last.order,
+                                   last.inverse)
   groups = ex.experts_per_gpu
   key_R = local_experts(ids_out, ex)
   order_R, position_R, group_sizes = _expert_major(key_R, groups)
-  recv_offsets, recv_sizes = plan.backward.input_offsets, plan.forward.recv_sizes
+  recv_offsets, recv_sizes = last.backward.input_offsets, last.forward.recv_sizes
   # My own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
   # exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow
   # with the peer count, where a block per peer alive at once would.
-  own_forward, own_backward = plan_lib.shift_args(plan.forward, plan.backward, 0, me)
+  own_forward, own_backward = plan_lib.shift_args(last.forward, last.backward, 0, me)
   own = min(rows_RxD.shape[0], out_rows)
   i_J = jnp.arange(own)
   q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
   steps = [(transport_lib.move_rows(rows_RxD, own_forward, own_backward, own, axis, ex.kind, (0,)), q_J,
             jnp.where(i_J < recv_sizes[me], key_R[q_J], groups))]
   if num_peers > 1:
-    forward, backward = plan_lib.without_self(plan.forward, plan.backward, me)
+    forward, backward = plan_lib.without_self(last.forward, last.backward, me)
     q_R = jnp.arange(out_rows)
     mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
     steps.append((transport_lib.move_rows(rows_RxD, forward, backward, out_rows, axis, ex.kind,

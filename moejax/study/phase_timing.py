@@ -26,7 +26,8 @@ from moejax.moe import experts, routing
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.layer import moe_apply
+from moejax.moe.layer import exchange_for, moe_apply
+from moejax.moe.layout import layout
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
@@ -42,10 +43,9 @@ def hop_sizes(traffic_AxA: np.ndarray, axis, n: int, m: int) -> np.ndarray:
 class _Phases:
   """The phase programs of one layer on `mesh`, each a jitted shard_map over per-device blocks."""
 
-  def __init__(self, cfg: MoEConfig, mesh):
-    self.cfg, self.mesh = cfg, mesh
+  def __init__(self, cfg: MoEConfig, mesh, kind):
+    self.cfg, self.mesh, self.kind = cfg, mesh, kind
     self.n, self.m = mesh_lib.axis_sizes(mesh)
-    self.kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
     self.sharded = NamedSharding(mesh, P(AXES))
 
   def put(self, array) -> jax.Array:
@@ -91,10 +91,11 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   _, aux = moe_apply(params, x, cfg, mesh)
   traffic = np.asarray(aux["traffic_rows"])
   counts = np.asarray(aux["expert_counts"])
-  phases = _Phases(cfg, mesh)
-  n, m, devices = phases.n, phases.m, phases.n * phases.m
-  tokens, d = x.shape[0] // devices, cfg.d_model
-  k, experts_per_gpu = cfg.choices_per_token, cfg.num_experts // devices
+  lay = layout(cfg, x.shape[0], mesh)
+  ex = exchange_for(lay)
+  phases = _Phases(cfg, mesh, lay.kind)
+  n, m, devices = lay.n, lay.m, lay.n * lay.m
+  tokens, d, experts_per_gpu = lay.tokens, cfg.d_model, lay.slots
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
   median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
@@ -108,11 +109,9 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
     comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
     received, sizes = experts_per_gpu * devices * capacity, np.full((devices, experts_per_gpu), devices * capacity)
   else:
-    before = tokens * k
-    hops = transport_lib.transport_hops(cfg.transport)
-    out_rows = transport_lib.hop_buffer_sizes(hops, {mesh_lib.NODE: n, mesh_lib.GPU: m}, before, devices * before,
-                                              transport_lib.buffer_bound(cfg.buffer_factor, before))
-    for axis, hop, after in zip(hops, traffic, out_rows):
+    before = lay.rows
+    out_rows = transport_lib.hop_buffer_sizes(ex.hops, ex.axis_sizes, before, devices * before, ex.buffer_rows)
+    for axis, hop, after in zip(ex.hops, traffic, out_rows):
       sizes = phases.put(hop_sizes(hop, axis, n, m))
       dispatch = phases.exchange(axis, after, "dispatch")
       combine = phases.exchange(axis, before, "combine")
