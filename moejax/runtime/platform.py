@@ -47,6 +47,12 @@ def check_transport(transport: str, platform: str, field: str = "transport") -> 
           "(the same semantics from fixed-size collective permutes)")
 
 
+def simulates_nodes(platform: str) -> bool:
+  """Whether one process's devices may stand for several nodes: only simulated CPU devices; on a GPU machine
+  a process's devices are one node (the 'node' axis is the host boundary)."""
+  return platform == "cpu"
+
+
 def pallas_interprets(platform: str) -> bool:
   """Pallas kernels compile (Triton) only on GPU; elsewhere they run in the interpreter."""
   return platform != "gpu"
