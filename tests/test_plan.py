@@ -10,7 +10,7 @@ from tests import ragged_sim
 
 
 @pytest.mark.parametrize("num_peers,rows,seed", [(8, 12, 0), (4, 7, 1), (2, 5, 2), (1, 3, 3), (5, 1, 4)])
-def test_plan_routes_every_row_and_back(num_peers, rows, seed):
+def test_plan_paths_every_row_and_back(num_peers, rows, seed):
   rng = np.random.default_rng(seed)
   dest = [rng.integers(0, num_peers + 1, rows) for _ in range(num_peers)]  # value num_peers = not sent
   dest[0][:] = 0  # one device sends everything to peer 0, skewing the sizes

@@ -59,9 +59,9 @@ def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops):
   sizes = {mesh_lib.NODE: n, mesh_lib.GPU: m}
 
   def body(x, e):
-    ids_r, route = transport.plan_route(e[0], hops, sizes, experts_per_gpu, num * rows, "padded")
-    rows_r = transport.move_through(x[0], route, hops, "padded")
-    back = transport.combine(rows_r * 2.0, route, hops, "padded")
+    ids_r, path = transport.plan_path(e[0], hops, sizes, experts_per_gpu, num * rows, "padded")
+    rows_r = transport.move_through(x[0], path, hops, "padded")
+    back = transport.move_back(rows_r * 2.0, path, hops, "padded")
     return rows_r[None], ids_r[None], back[None], mesh_lib.my_flat_index(m)[None]
 
   spec = P(ALL)

@@ -146,6 +146,6 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), sharding.sent_over)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
-  aux["traffic_rows"] = jnp.stack(hop_traffic(result.routes, lay))
+  aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux

@@ -1,13 +1,13 @@
 """Schedules: the order in which one device's exchanges and expert compute run (Comet; SMILE A.2).
 
-All three move the same rows along the same planned route (`transport.plan_route`) and give the same
+All three move the same rows along the same planned path (`transport.plan_path`) and give the same
 result, drops included:
 - sequential: dispatch every row, run the experts, combine.
 - chunked: the rows a device sends in `num_chunks` contiguous chunks, each dispatched, computed and
   combined on its own (Tutel/FasterMoE's coarse pipeline). With the dense kind (transport='capacity')
   every chunk sends full blocks, so the padding grows with num_chunks. No chunk's exchange depends on another chunk's
   matmuls, so XLA may overlap them; the cost is num_chunks times as many, smaller, exchanges. With
-  bounded buffers the drops are decided once, on the ids, by the sequential route (one more round
+  bounded buffers the drops are decided once, on the ids, by the sequential path (one more round
   trip of int32 ids), so every chunk drops exactly what sequential drops and no chunk overflows.
 - comet: decomposed by the consumers' independent dimensions (Comet sec. 3.1). The last dispatch hop
   runs in two steps: my own rows (a local move) enter the first expert GEMM at once while the other
@@ -76,12 +76,12 @@ class Experts(NamedTuple):
 
 class Result(NamedTuple):
   """y [R, d] fp32 in the input row order (zero where not processed); arrived [R] bool: the row
-  reached its expert (sent, and not dropped by a full receive buffer); the routes whose kept rows
+  reached its expert (sent, and not dropped by a full receive buffer); the paths whose kept rows
   moved (traffic)."""
 
   y_RxD: jax.Array
   arrived_R: jax.Array
-  routes: tuple
+  paths: tuple
 
 
 def local_experts(ids_R, ex: Exchange):
@@ -91,9 +91,9 @@ def local_experts(ids_R, ex: Exchange):
 
 
 def plan(ids_R, ex: Exchange):
-  """The route of rows with device-level ids [R] through the exchange's hops -> (ids at arrival, route)."""
+  """The path of rows with device-level ids [R] through the exchange's hops -> (ids at arrival, path)."""
   devices = ex.axis_sizes[mesh_lib.NODE] * ex.axis_sizes[mesh_lib.GPU]
-  return transport_lib.plan_route(ids_R, ex.hops, ex.axis_sizes, ex.experts_per_gpu,
+  return transport_lib.plan_path(ids_R, ex.hops, ex.axis_sizes, ex.experts_per_gpu,
                                   max_rows=devices * ids_R.shape[0], kind=ex.kind, buffer_rows=ex.buffer_rows)
 
 
@@ -123,52 +123,52 @@ def _may_drop(ex: Exchange) -> bool:
   return ex.buffer_rows is not None or transport_lib.as_kind(ex.kind).block_rows is not None
 
 
-def _combine(y_RxD, ids_out, ids_R, route, ex: Exchange):
+def _send_back(y_RxD, ids_out, ids_R, path, ex: Exchange):
   """The experts' rows back to their senders -> (y [R, d], arrived [R]). Where a hop may drop rows, y goes with
   one more column, 1 on the rows an expert processed, so the combine also brings back which rows arrived without
   an exchange of its own; where none may, every row sent arrives and y keeps its width (d, not an unaligned d + 1)."""
   if not _may_drop(ex):
-    return transport_lib.combine(y_RxD, route, ex.hops, ex.kind), ids_R >= 0
+    return transport_lib.move_back(y_RxD, path, ex.hops, ex.kind), ids_R >= 0
   marked_RxD = jnp.concatenate([y_RxD, (ids_out >= 0).astype(y_RxD.dtype)[:, None]], axis=1)
-  back_RxD = transport_lib.combine(marked_RxD, route, ex.hops, ex.kind)
+  back_RxD = transport_lib.move_back(marked_RxD, path, ex.hops, ex.kind)
   return back_RxD[:, :-1], back_RxD[:, -1] > 0
 
 
 def _round_trip(x_RxD, ids_R, ex: Exchange, local: Experts):
-  """Dispatch, experts, combine -> (y [R, d], arrived [R], route)."""
-  ids_out, route = plan(ids_R, ex)
-  rows_RxD = transport_lib.move_through(x_RxD, route, ex.hops, ex.kind)
-  y_RxD, arrived_R = _combine(run_experts(rows_RxD, ids_out, ex, local), ids_out, ids_R, route, ex)
-  return y_RxD, arrived_R, route
+  """Dispatch, experts, combine -> (y [R, d], arrived [R], path)."""
+  ids_out, path = plan(ids_R, ex)
+  rows_RxD = transport_lib.move_through(x_RxD, path, ex.hops, ex.kind)
+  y_RxD, arrived_R = _send_back(run_experts(rows_RxD, ids_out, ex, local), ids_out, ids_R, path, ex)
+  return y_RxD, arrived_R, path
 
 
 def sequential(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
   """Dispatch, experts, combine. x [R, d]; ids [R] device-level expert ids (-1 = not sent)."""
   del num_chunks
-  y_RxD, arrived_R, route = _round_trip(x_RxD, ids_R, ex, local)
-  return Result(y_RxD, arrived_R, (route,))
+  y_RxD, arrived_R, path = _round_trip(x_RxD, ids_R, ex, local)
+  return Result(y_RxD, arrived_R, (path,))
 
 
 def chunked(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
   """`sequential` on num_chunks contiguous chunks of rows; with bounded buffers the drops are decided
-  once by the sequential route, so no chunk overflows."""
+  once by the sequential path, so no chunk overflows."""
   if ex.buffer_rows is not None:  # a chunk's rows fit wherever all of the kept rows fit
-    ids_out, route = plan(ids_R, ex)
-    ids_R = jnp.where(transport_lib.arrived(ids_out, route, ex.hops, ex.kind), ids_R, -1)
+    ids_out, path = plan(ids_R, ex)
+    ids_R = jnp.where(transport_lib.arrived(ids_out, path, ex.hops, ex.kind), ids_R, -1)
   parts = [_round_trip(x, ids, ex, local) for x, ids in
            zip(jnp.split(x_RxD, num_chunks), jnp.split(ids_R, num_chunks))]
   return Result(jnp.concatenate([y for y, _, _ in parts]), jnp.concatenate([a for _, a, _ in parts]),
-                tuple(route for _, _, route in parts))
+                tuple(path for _, _, path in parts))
 
 
 def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result:
   """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the combine."""
-  ids_out, route = plan(ids_R, ex)
-  axis, last, out_rows = ex.hops[-1], route.plans[-1], route.out_rows[-1]
+  ids_out, path = plan(ids_R, ex)
+  axis, last, out_rows = ex.hops[-1], path.plans[-1], path.out_rows[-1]
   num_peers = last.sizes_AxA.shape[0]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, route, ex.hops[:-1], ex.kind), last.order,
+  rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, path, ex.hops[:-1], ex.kind), last.order,
                                    last.inverse)
   groups = ex.experts_per_gpu
   key_R = local_experts(ids_out, ex)
@@ -204,11 +204,11 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
                                     order_R)
     y_block = jnp.where((ids_out >= 0)[:, None], y_block, 0.0)
     if j == 0:  # the first block brings back which rows arrived
-      y_block, arrived_R = _combine(y_block, ids_out, ids_R, route, ex)
+      y_block, arrived_R = _send_back(y_block, ids_out, ids_R, path, ex)
     else:
-      y_block = transport_lib.combine(y_block, route, ex.hops, ex.kind)
+      y_block = transport_lib.move_back(y_block, path, ex.hops, ex.kind)
     blocks.append(y_block)
-  return Result(jnp.concatenate(blocks, axis=1), arrived_R, (route,))
+  return Result(jnp.concatenate(blocks, axis=1), arrived_R, (path,))
 
 
 SCHEDULES = {"sequential": sequential, "chunked": chunked, "comet": comet}

@@ -8,10 +8,10 @@ import numpy as np
 from moejax.runtime import mesh as mesh_lib
 
 
-def hop_traffic(routes, lay) -> list:
-  """[A, A] kept rows moved between flat devices in each hop, summed over the routes."""
+def hop_traffic(paths, lay) -> list:
+  """[A, A] kept rows moved between flat devices in each hop, summed over the paths."""
   mine = [jax.lax.axis_index(a) for a in lay.hops]
-  return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in routes), a, lay.n, lay.m)
+  return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in paths), a, lay.n, lay.m)
           for h, (a, me) in enumerate(zip(lay.hops, mine))]
 
 

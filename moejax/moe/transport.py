@@ -6,7 +6,7 @@ block in flight: runs on every backend and is the oracle `ragged` is checked aga
 (one fixed-size all_to_all of a block of `block_rows` rows per peer: GShard/Switch's dense dispatch,
 where capacity bounds what a device sends each peer; transport='capacity').
 
-`plan_route` + `move_through` / `combine` move rows through a sequence of hops, each a ragged exchange over one mesh
+`plan_path` + `move_through` / `move_back` move rows through a sequence of hops, each a ragged exchange over one mesh
 axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
 bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
 Every hop receives into a buffer of fixed rows: the worst case by default, or a bound
@@ -82,7 +82,7 @@ def dense_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
   """`jax.lax.ragged_all_to_all` semantics from one fixed-size all_to_all: my block for every peer
   padded to `block_rows` rows (GShard's dense dispatch buffer [A, block_rows, ...]), each row sent
   with the place the receiver writes it. A peer's rows past block_rows are not sent: the plan keeps
-  send sizes within the block (`plan_route`)."""
+  send sizes within the block (`plan_path`)."""
   del recv_sizes, shifts  # each block carries its own places; peers outside the shifts send nothing
   i_J = jnp.arange(block_rows)
   valid_AxJ = i_J[None, :] < send_sizes[:, None]
@@ -175,8 +175,8 @@ def _move_rows_bwd(out_rows, axis_name, kind, shifts, residuals, grad):
 move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 
 
-class Route(NamedTuple):
-  """What `plan_route` leaves for the moves: one plan per hop, the row count before each hop and the
+class Path(NamedTuple):
+  """What `plan_path` leaves for the moves: one plan per hop, the row count before each hop and the
   receive-buffer rows of each hop."""
 
   plans: tuple[plan_lib.HopPlan, ...]
@@ -216,10 +216,10 @@ def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buf
   return sizes
 
 
-def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
+def plan_path(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
                buffer_rows: int | None = None):
   """Plans every hop of sending each row (global expert id; -1 = not sent) to its expert's device,
-  moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, route).
+  moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, path).
   Every hop receives into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped
   (`HopPlan.kept_AxA`); the dense kind keeps at most a block per peer."""
   plans, rows_before = [], []
@@ -233,21 +233,21 @@ def plan_route(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_r
     rows_before.append(expert_ids_R.shape[0])
     expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)
     plans.append(plan)
-  return expert_ids_R, Route(tuple(plans), tuple(rows_before), tuple(out_sizes))
+  return expert_ids_R, Path(tuple(plans), tuple(rows_before), tuple(out_sizes))
 
 
-def move_through(rows_RxD, route: Route, hops, kind, num_hops: int | None = None):
-  """Moves rows along the first `num_hops` hops (default all) of a planned route."""
-  for axis_name, plan, out_rows in list(zip(hops, route.plans, route.out_rows))[:num_hops]:
+def move_through(rows_RxD, path: Path, hops, kind, num_hops: int | None = None):
+  """Moves rows along the first `num_hops` hops (default all) of a planned path."""
+  for axis_name, plan, out_rows in list(zip(hops, path.plans, path.out_rows))[:num_hops]:
     sorted_RxD = plan_lib.permute_rows(rows_RxD, plan.order, plan.inverse)
     rows_RxD = move_rows(sorted_RxD, plan.forward, plan.backward, out_rows, axis_name, kind)
   return rows_RxD
 
 
-def combine(rows_RxD, route: Route, hops, kind):
+def move_back(rows_RxD, path: Path, hops, kind):
   """The reverse of `move_through`: rows return, hop by hop, to their original positions; rows dropped on
   the way come back as zeros. Integer rows move without a gradient rule."""
-  for axis_name, plan, rows_before in reversed(list(zip(hops, route.plans, route.rows_before))):
+  for axis_name, plan, rows_before in reversed(list(zip(hops, path.plans, path.rows_before))):
     if jnp.issubdtype(rows_RxD.dtype, jnp.integer):
       back = exchange(rows_RxD, plan.backward, rows_before, axis_name, kind)
     else:
@@ -256,6 +256,6 @@ def combine(rows_RxD, route: Route, hops, kind):
   return rows_RxD
 
 
-def arrived(expert_ids_out, route: Route, hops, kind):
+def arrived(expert_ids_out, path: Path, hops, kind):
   """[R] bool, in the original row order: the row reached its expert (was not dropped on any hop)."""
-  return combine((expert_ids_out >= 0).astype(jnp.int32), route, hops, kind) > 0
+  return move_back((expert_ids_out >= 0).astype(jnp.int32), path, hops, kind) > 0

@@ -2,7 +2,7 @@
 
 The layer runs once to get its real routing (aux traffic_rows per hop and expert_counts); then each
 phase is timed as a program of its own at exactly those sizes, with the layer's buffer shapes:
-every hop's dispatch exchange (rows and their expert ids, as `transport.plan_route` and `move_through` send them) and
+every hop's dispatch exchange (rows and their expert ids, as `transport.plan_path` and `move_through` send them) and
 combine exchange (rows) over its mesh axes, and the expert FFN on each device's received rows. The
 dense capacity transport ('capacity') times its two all-to-alls of [A, E/A * C, d] slot blocks and
 the FFN on every slot.
@@ -58,8 +58,8 @@ class _Phases:
 
   def exchange(self, axis, out_rows: int, direction: str):
     """One hop's exchange over `axis` as a plan from sizes [1, A, A] says: 'dispatch' sends rows
-    [R, D] and their ids [R] (`transport.plan_route`, `move_through`), 'combine' sends rows back
-    (`transport.combine`)."""
+    [R, D] and their ids [R] (`transport.plan_path`, `move_through`), 'combine' sends rows back
+    (`transport.move_back`)."""
 
     def send(operand, sizes, fill=0):
       forward, backward = plan_lib.ragged_args(sizes[0], jax.lax.axis_index(axis))
