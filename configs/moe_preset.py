@@ -1,4 +1,4 @@
-"""A causal decoder whose MoE layers take a published layer's shape (moejax/train/presets.py): DeepSeek-V3
+"""A causal decoder whose MoE layers take a published layer's shape (moejax/models/presets.py): DeepSeek-V3
 (default), Qwen3-MoE (Qwen3-30B-A3B) or Mixtral 8x7B, scaled down by default so that a 2 x 4 mesh of simulated
 CPU devices trains a few steps in seconds.
 
@@ -23,7 +23,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.kind = "gpt"
   config.seq_len = 32
   config.steps = 20
-  config.preset = "deepseek_v3"  # a key of moejax.train.presets.PRESETS
+  config.preset = "deepseek_v3"  # a key of moejax.models.presets.PRESETS
   config.preset_scale = 0  # 0: the preset's CPU scale
   config.preset_expert_scale = 0
   config.moe.capacity_factor = None  # dropless, as the three published models

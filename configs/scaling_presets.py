@@ -1,4 +1,4 @@
-"""A published fine-grained MoE model (moejax.train.presets) in the scaling sweep, on a DGX H100-like cluster.
+"""A published fine-grained MoE model (moejax.models.presets) in the scaling sweep, on a DGX H100-like cluster.
 
 The preset's routed layer at full width (d_model, expert d_ff, top-k, scores, group limit, shared expert, routed
 scaling) with 8 experts per GPU, so 4 nodes x 8 GPUs hold DeepSeek-V3's 256 experts (Qwen3-MoE's 128 at 2 nodes);
@@ -14,10 +14,10 @@ overlap schedules of the flat layer.
 import ml_collections
 
 from configs import scaling_default
+from moejax.models import presets
 from moejax.study.points import SCHEME_FIELDS
-from moejax.train import presets
 
-# vocab_size of each model's config.json on the Hugging Face hub (the sources named in moejax.train.presets)
+# vocab_size of each model's config.json on the Hugging Face hub (the sources named in moejax.models.presets)
 VOCAB = {"deepseek_v3": 129280, "qwen3_moe": 151936, "mixtral_8x7b": 32000}
 
 

@@ -35,8 +35,8 @@ from configs import gpt as gpt_config
 from configs import mlm as mlm_config
 from experiments.config_flag import define_config
 from experiments.convergence_report import format_table, plot, table_rows
+from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
-from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence.py")
@@ -57,7 +57,7 @@ MESH = (2, 4)
 
 def split_corpus(workdir: str, heldout_fraction: float, cache_dir: str) -> tuple[str, str]:
   """(train, held-out) JSON-lines files: the embedded corpus' last `heldout_fraction` of documents held out."""
-  from moejax.train import data as data_lib
+  from moejax.data import corpus as data_lib
 
   data_dir = os.path.join(workdir, "data")
   train, heldout = os.path.join(data_dir, "train.jsonl"), os.path.join(data_dir, "heldout.jsonl")
@@ -107,14 +107,15 @@ def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: 
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
+  from moejax.data import corpus as data_lib
   from moejax.infer.load import load_trained
   from moejax.runtime.mesh import AXES
-  from moejax.train import data as data_lib
+  from moejax.train import config as config_lib
   from moejax.train import objective
   from moejax.train import trainer as trainer_lib
 
   model, tok, _ = load_trained(config, run_dir)
-  model_cfg, moe_cfg = trainer_lib.validate(config)
+  model_cfg, moe_cfg = config_lib.validate(config)
   mesh = model.mesh
   helper = trainer_lib.Trainer.__new__(trainer_lib.Trainer)  # only its targets(): the training objective
   helper.config, helper.model_cfg, helper.tok = config, model_cfg, tok

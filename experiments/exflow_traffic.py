@@ -24,13 +24,14 @@ from absl import app, flags
 from experiments.config_flag import define_config
 from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
+from moejax.data import corpus as data_lib
+from moejax.data.tokenizer import TokenizerError
 from moejax.infer import decode, load
 from moejax.placement import affinity, solve
 from moejax.placement.traces import routing_traces
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import data as data_lib
-from moejax.train.tokenizer import TokenizerError
+from moejax.train import trainer as trainer_lib
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
@@ -93,7 +94,9 @@ def per_token(transitions, tokens: int) -> dict:
 
 def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
   train_workdir = checkpoint or os.path.join(workdir, "train")
-  model, tok, step = load.load_trained(config, train_workdir, train_if_missing=checkpoint is None)
+  if checkpoint is None:
+    trainer_lib.train_unless_checkpointed(config, train_workdir)
+  model, tok, step = load.load_trained(config, train_workdir)
   summary_path = os.path.join(train_workdir, "summary.json")
   training = {}
   if os.path.exists(summary_path):

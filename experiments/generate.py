@@ -17,11 +17,12 @@ import sys
 from absl import app, flags
 
 from experiments.config_flag import define_config
+from moejax.data import corpus as data_lib
+from moejax.data.tokenizer import TokenizerError
 from moejax.infer import decode, load
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import data as data_lib
-from moejax.train.tokenizer import TokenizerError
+from moejax.train import trainer as trainer_lib
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
@@ -34,7 +35,9 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load;
 def run(config, workdir: str, checkpoint: str | None) -> dict:
   g = config.generate
   train_workdir = checkpoint or os.path.join(workdir, "train")
-  model, tok, step = load.load_trained(config, train_workdir, train_if_missing=checkpoint is None)
+  if checkpoint is None:
+    trainer_lib.train_unless_checkpointed(config, train_workdir)
+  model, tok, step = load.load_trained(config, train_workdir)
   texts = data_lib.texts(data_lib.corpus_files(config.data.train_files, load.cache_dir(config, train_workdir)))
   prompts = load.prompts_from(texts, tok, g.batch, g.prompt_len)
   print(f"model from step {step}; generating {g.steps} tokens for {g.batch} requests ({g.mode})", flush=True)
@@ -45,7 +48,7 @@ def run(config, workdir: str, checkpoint: str | None) -> dict:
       "steps": g.steps, "temperature": g.temperature, "prefill_seconds": out.prefill_seconds,
       "decode_tokens_per_second": out.tokens_per_second,
       "exchange_rows_per_token": out.exchange_rows, "allgather_rows_per_token": out.allgather_rows,
-      "moe_layers": model.cfg.num_moe_layers, "dropped_token_choices": out.dropped,
+      "moe_layers": model.cfg.num_moe_layers, "lost_token_choices": out.lost_choices,
       "samples": [{"prompt": tok.decode(p.tolist()), "generated": tok.decode(t.tolist())}
                   for p, t in zip(prompts[:4], out.tokens[:4])],
   }

@@ -20,12 +20,13 @@ import numpy as np
 from absl import app, flags
 
 from experiments.config_flag import define_config
+from moejax.data import corpus as data_lib
+from moejax.data.tokenizer import TokenizerError
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import data as data_lib
-from moejax.train.tokenizer import TokenizerError
+from moejax.train import trainer as trainer_lib
 from moejax.validation import ConfigError, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
@@ -51,7 +52,8 @@ def corpus_batches(config, tok, cache_dir: str, tokens: int) -> list[np.ndarray]
 def record(config, checkpoint: str, tokens: int) -> tuple[np.ndarray, dict]:
   """(traces int32 [L, tokens, K], summary) of the model trained in `checkpoint` (trained first if missing)."""
   require(isinstance(tokens, int) and tokens > 0, "tokens", tokens, "a positive number of tokens to trace")
-  model, tok, step = load.load_trained(config, checkpoint, train_if_missing=True)
+  trainer_lib.train_unless_checkpointed(config, checkpoint)
+  model, tok, step = load.load_trained(config, checkpoint)
   print(f"loaded step {step} from {checkpoint}; tracing {tokens} tokens", flush=True)
   batches = corpus_batches(config, tok, load.cache_dir(config, checkpoint), tokens)
   traces = routing_traces(model, batches)[:, :tokens]

@@ -17,10 +17,11 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from experiments.config_flag import define_config
+from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
 from moejax.train import trainer as train
-from moejax.train.tokenizer import TokenizerError
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
@@ -40,10 +41,10 @@ def main(argv):
   absl_logging.get_absl_handler().addFilter(_QuietCheckpointing())
   config = _CONFIG.value
   try:
-    train.validate(config)
+    checked = config_lib.checked(config)  # once per run: the preset applied, every field checked
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
-    train.train(config, _WORKDIR.value)
+    train.train(config, _WORKDIR.value, checked)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
 

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax.models import state as state_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import model as model_lib
+from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
@@ -97,7 +98,7 @@ def test_trainer_feeds_each_micro_batch_the_earlier_counts(devices):
   config.seq_len = 32
   config.moe.update(capacity_factor=None, top_k=2, balance_loss="global_batch", load_balance_coef=0.1)
   tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
-  trainer = train.Trainer(config, *train.validate(config), mesh_lib.make_mesh(2, 4), tok, donate=False)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), tok, donate=False)
   state, rest = trainer.init()
   tokens = np.random.default_rng(0).integers(2, 256, (config.micro_batches, 8, config.seq_len), np.int32)
   _, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
@@ -105,7 +106,7 @@ def test_trainer_feeds_each_micro_batch_the_earlier_counts(devices):
   counts = np.zeros((2, trainer.moe_cfg.balance_counts_size), np.float32)
   losses = []
   for micro in tokens:
-    model = nnx.merge(trainer.graphdef, state["params"], model_lib.with_balance_counts(trainer.model_cfg, rest,
+    model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_balance_counts(trainer.model_cfg, rest,
                                                                                        counts))
     inputs = trainer.targets(None, jnp.asarray(micro))[0]
     _, aux = model(inputs)

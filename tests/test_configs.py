@@ -9,10 +9,10 @@ import sys
 import pytest
 from absl import flags
 
-from moejax.infer.load import training_config
+from moejax.models.config import MOE_FROM_MODEL
 from moejax.moe.config import MoEConfig
 from moejax.study import points
-from moejax.train import trainer
+from moejax.train import config as train_config
 from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT
 
@@ -25,7 +25,7 @@ LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train",
          "scaling_default": "scaling",
          "scaling_smile": "scaling", "scaling_schedules": "scaling", "scaling_presets": "scaling"}
-EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(trainer.MOE_FROM_MODEL),
+EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(MOE_FROM_MODEL),
             "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}
 
 
@@ -42,7 +42,7 @@ def build(spec: str, config):
     moe.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
     return moe
   if kind == "train":
-    return trainer.validate(training_config(config))[1]
+    return train_config.validate(train_config.training_config(config))[1]
   return points.validate(config)
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from configs import convergence as study_config
 from experiments import convergence, convergence_report
-from moejax.train import trainer as trainer_lib
+from moejax.train import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -23,7 +23,7 @@ def test_router_configs_are_valid_with_equal_active_widths(mode, model, tmp_path
   (tmp_path / "train.jsonl").write_text('{"text": "a document"}\n')
   for router in study_config.ROUTERS:
     config = convergence.train_config(study, model, router, 0, str(tmp_path / "train.jsonl"), str(tmp_path))
-    model_cfg, moe_cfg = trainer_lib.validate(config)
+    model_cfg, moe_cfg = config_lib.validate(config)
     assert moe_cfg.capacity_factor is None
     active = model_cfg.d_ff * (moe_cfg.top_k * moe_cfg.node_top_k if moe_cfg.routing == "bilevel" else moe_cfg.top_k)
     active += moe_cfg.num_shared_experts * (moe_cfg.shared_d_ff or model_cfg.d_ff)

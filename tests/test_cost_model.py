@@ -198,14 +198,15 @@ def test_non_moe_flops_match_xla_count_of_the_bert_forward():
   forward without MoE layers (elementwise work, which the formula leaves out, is a few percent)."""
   from flax import nnx
 
+  from moejax.models.config import ModelConfig
+  from moejax.models.state import abstract_state
   from moejax.runtime import mesh as mesh_lib
-  from moejax.train import model as model_lib
 
   b, seq, predicted, d, f, layers, vocab = 4, 32, 5, 128, 512, 2, 512
-  cfg = model_lib.ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,
-                              max_len=seq, dropout=0.0, moe_every=0)
+  cfg = ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,
+                    max_len=seq, dropout=0.0, moe_every=0)
   moe_cfg = MoEConfig(num_experts=1, top_k=1, d_model=d, d_ff=f)
-  graphdef, params, rest = model_lib.abstract_state(cfg, moe_cfg, mesh_lib.make_mesh(1, 1))
+  graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh_lib.make_mesh(1, 1))
   forward = lambda p, r, tokens, positions: nnx.merge(graphdef, p, r)(tokens, positions_BxP=positions)[0]
   compiled = jax.jit(forward).lower(params, rest, jax.ShapeDtypeStruct((b, seq), np.int32),
                                     jax.ShapeDtypeStruct((b, predicted), np.int32)).compile()

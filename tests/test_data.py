@@ -9,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.train import data, objective, tokenizer
+from moejax.data import corpus as data
+from moejax.data import tokenizer
+from moejax.train import objective
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
          "and every morning the baker sells fresh bread to curious neighbours").split()

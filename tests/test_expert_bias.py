@@ -11,10 +11,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax.models import presets
+from moejax.models import state as state_lib
+from moejax.models.config import moe_block_indices
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import metrics, objective, presets
-from moejax.train import model as model_lib
+from moejax.train import config as config_lib
+from moejax.train import metrics, objective
 from moejax.train import trainer as train
 from tests.helpers import ROOT
 
@@ -42,7 +45,7 @@ def _steps(rate, steps=STEPS):
   """Runs `steps` steps of random tokens; returns (trainer, rest, states before each step and the last, metrics)."""
   config = _config(rate)
   # 2 x 1: routing is per token and dropless, so the loads are the 2 x 4 mesh's, each step half the cost.
-  trainer = train.Trainer(config, *train.validate(config), mesh_lib.make_mesh(2, 1), TOK, donate=False)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 1), TOK, donate=False)
   state, rest = trainer.init()
   rng = np.random.default_rng(0)
   states, records = [state], []
@@ -81,14 +84,14 @@ def test_trainer_routes_with_the_state_bias_and_never_weights_by_it(biased):
   assert np.abs(np.asarray(bias)).max() > 0
 
   def counts(bias_MxE):
-    model = nnx.merge(trainer.graphdef, state["params"], model_lib.with_expert_biases(trainer.model_cfg, rest, bias_MxE))
+    model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_expert_biases(trainer.model_cfg, rest, bias_MxE))
     return sum(np.asarray(model(jnp.asarray(micro))[1]["expert_counts"]) for micro in record["tokens"])
 
   np.testing.assert_array_equal(counts(bias), record["expert_counts"])  # the step's routing used the state's bias
   assert (counts(jnp.zeros_like(bias)) != record["expert_counts"]).any()  # and it matters
 
-  model = nnx.merge(trainer.graphdef, state["params"], model_lib.with_expert_biases(trainer.model_cfg, rest, bias))
-  layer = model.blocks[model_lib.moe_block_indices(trainer.model_cfg)[1]].ffn.moe
+  model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_expert_biases(trainer.model_cfg, rest, bias))
+  layer = model.blocks[moe_block_indices(trainer.model_cfg)[1]].ffn.moe
   x = jax.random.normal(jax.random.key(3), (64, trainer.moe_cfg.d_model))
   y, aux = layer(x)
   y_ref, aux_ref = moe_reference(layer.params(), x, trainer.moe_cfg, expert_bias=np.asarray(bias)[1])
@@ -123,7 +126,7 @@ def test_preset_trains_at_small_scale(shared, tmp_path, name):
   summary = train.train(config, str(tmp_path))
   records = metrics.read_jsonl(str(tmp_path / "metrics.jsonl"))
   assert summary["steps"] == 2 and all(np.isfinite(r["loss"]) for r in records)
-  moe_cfg = train.validate(config)[1]
+  moe_cfg = config_lib.validate(config)[1]
   fields = presets.PRESETS[name].moe
   for key in ("top_k", "score", "routed_scaling", "num_groups", "bias_update_rate", "num_shared_experts"):
     assert getattr(moe_cfg, key) == fields.get(key, getattr(type(moe_cfg), key, None)), key

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from moejax.train.tokenizer import cache_lock
+from moejax.data.tokenizer import cache_lock
 from tests.helpers import ENV, ROOT
 
 # slow: the GPU suite's smoke runs; one xdist worker runs the module, so no worker waits for the other's smoke run.
@@ -285,10 +285,10 @@ def test_chunking_times_every_piece_count_and_schedule(records):
 
 
 def test_layer_models_include_the_published_presets():
-  """The suite's layer step times DeepSeek-V3's and Qwen3-MoE's routed layers from `moejax.train.presets`."""
+  """The suite's layer step times DeepSeek-V3's and Qwen3-MoE's routed layers from `moejax.models.presets`."""
   from benchmarks.suite import shapes
+  from moejax.models import presets
   from moejax.moe.config import MoEConfig
-  from moejax.train import presets
 
   for name in ("deepseek_v3", "qwen3_moe"):
     shape = dict(shapes.LAYER_MODELS[name])

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from moejax.train.model import ModelConfig
+from moejax.models.config import ModelConfig
 from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT
 

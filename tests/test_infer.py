@@ -10,10 +10,11 @@ import pytest
 from flax import nnx
 
 from moejax.infer import decode, exflow, load
+from moejax.models import state as state_lib
+from moejax.models.blocks import MoEFFN
+from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import model as model_lib
-from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
 
 # slow: decoding end to end; one xdist worker runs the module, so its module fixtures are built once.
@@ -28,8 +29,8 @@ def _model(mesh, seed=3, top_k=1, **moe_fields):
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16,
                     dropout=0.0, embed_init_std=0.5)  # large embeddings: far from ties, varied routes
   moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F, **moe_fields)
-  graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh, seed)
-  return nnx.merge(graphdef, *model_lib.init_state(cfg, moe, mesh, seed))
+  graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh, seed)
+  return nnx.merge(graphdef, *state_lib.init_state(cfg, moe, mesh, seed))
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +130,7 @@ def test_exchange_rows_match_a_count_from_the_routing_traces(vanilla, coherent, 
     want = _numpy_rows(expert_ids, 4, 8, mode)
     assert got.exchange_rows == pytest.approx(want), mode
   assert sum(coherent.exchange_rows.values()) < sum(vanilla.exchange_rows.values())
-  assert vanilla.dropped == coherent.dropped == 0  # dropless layers
+  assert vanilla.lost_choices == coherent.lost_choices == 0  # dropless layers
   assert vanilla.allgather_rows == {"intra_node": 0.0, "inter_node": 0.0}
   assert coherent.allgather_rows == {"intra_node": 3.0, "inter_node": 4.0}
 
@@ -149,7 +150,7 @@ def test_a_placement_moves_the_experts_not_the_outputs(model, prompts, single, f
 def _with_moe(model, **changes):
   """The same parameters under an MoE config with `changes` (transport, buffers, schedule)."""
   moe = dataclasses.replace(model.moe_cfg, **changes)
-  graphdef, _, _ = model_lib.abstract_state(model.cfg, moe, model.mesh)
+  graphdef, _, _ = state_lib.abstract_state(model.cfg, moe, model.mesh)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   return nnx.merge(graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
 
@@ -172,12 +173,12 @@ def test_exflow_bounded_buffers_repeat_overflowing_steps(model, prompts, single)
   got = decode.generate(_with_moe(model, buffer_factor=0.5), prompts, STEPS, mode="exflow")
   decode_retries = [r for r in got.overflow_retries if r[0] >= 1]
   assert decode_retries and decode_retries[0][1] == 1.0
-  assert got.dropped == 0
+  assert got.lost_choices == 0
   np.testing.assert_array_equal(got.tokens, single.tokens)
   np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
   largest = max(factor for _, factor in got.overflow_retries)
   again = decode.generate(_with_moe(model, buffer_factor=largest), prompts, STEPS, mode="exflow")
-  assert again.overflow_retries == () and again.dropped == 0
+  assert again.overflow_retries == () and again.lost_choices == 0
   np.testing.assert_array_equal(again.tokens, single.tokens)
 
 
@@ -205,7 +206,7 @@ def test_exflow_takes_deepseek_routing_shared_experts_and_replicas(mesh_2x4, pro
               bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True, slots_per_device=2)
   table = np.array([[d, d % 2] for d in range(8)], np.int32)
   table[7, 1] = 7
-  for i, block in enumerate(b for b in ds.blocks if isinstance(b.ffn, model_lib.MoEFFN)):
+  for i, block in enumerate(b for b in ds.blocks if isinstance(b.ffn, MoEFFN)):
     block.ffn.moe.expert_bias[...] = np.random.default_rng(i).normal(0, 0.3, E).astype(np.float32)
     block.ffn.moe.slot_expert[...] = table
   want = decode.generate(ds, prompts, STEPS)

@@ -9,11 +9,13 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from moejax.models import state as state_lib
+from moejax.models.config import ModelConfig
+from moejax.models.language_model import LanguageModel
+from moejax.models.sharding import param_specs
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
-from moejax.train import model as model_lib
-from moejax.train.model import LanguageModel, ModelConfig, param_specs
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
 
@@ -31,8 +33,8 @@ class Built:
 
   def __init__(self, kind, mesh):
     self.cfg, self.moe_cfg = _configs(kind)
-    self.graphdef, _, _ = model_lib.abstract_state(self.cfg, self.moe_cfg, mesh)
-    self.params, self.rest = model_lib.init_state(self.cfg, self.moe_cfg, mesh)
+    self.graphdef, _, _ = state_lib.abstract_state(self.cfg, self.moe_cfg, mesh)
+    self.params, self.rest = state_lib.init_state(self.cfg, self.moe_cfg, mesh)
     self.model = nnx.merge(self.graphdef, self.params, self.rest)
     self._apply = jax.jit(lambda params, t, p: nnx.merge(self.graphdef, params, self.rest)(t, positions_BxP=p))
 
@@ -55,8 +57,8 @@ def test_overflow_is_counted_per_moe_layer(mesh_2x4):
   either processed, dropped by capacity or overflowed."""
   cfg, moe = _configs("bert")
   moe = MoEConfig(**{**moe.__dict__, "capacity_factor": None, "buffer_factor": 0.25})
-  graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh_2x4)
-  params, rest = model_lib.init_state(cfg, moe, mesh_2x4)
+  graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh_2x4)
+  params, rest = state_lib.init_state(cfg, moe, mesh_2x4)
   tokens = jax.random.randint(jax.random.key(1), (8, 16), 0, V)
   _, aux = jax.jit(lambda p, t: nnx.merge(graphdef, p, rest)(t))(params, tokens)
   assert aux["tokens_overflowed"].shape == (1,) and int(aux["tokens_overflowed"][0]) > 0
@@ -132,10 +134,10 @@ def test_invalid_model_configs_name_the_field(mesh_2x4):
 def test_paper_sizes(devices, size, billions):
   sys.path.insert(0, str(ROOT))
   from configs import mlm
-  from moejax.train import trainer as train
+  from moejax.train import config as config_lib
 
   config = mlm.get_config(size)
-  model_cfg, moe_cfg = train.validate(config)
+  model_cfg, moe_cfg = config_lib.validate(config)
   assert (config.batch_size, config.seq_len, moe_cfg.num_experts) == (16384, 128, 128)
   assert config.batch_size // config.micro_batches // 128 == mlm.SIZES[size][-1]  # micro-batch per GPU
   mesh = mesh_lib.make_mesh(1, 1)  # the shapes do not depend on the mesh; 128 experts on one device
@@ -157,8 +159,8 @@ def test_tensor_parallel_gives_the_data_parallel_losses_and_gradients(mesh_2x4, 
   results = []
   for tensor_parallel in (False, True):
     model_cfg = ModelConfig(**{**cfg.__dict__, "tensor_parallel": tensor_parallel})
-    graphdef, _, _ = model_lib.abstract_state(model_cfg, moe, mesh_2x4)
-    params, rest = model_lib.init_state(model_cfg, moe, mesh_2x4)
+    graphdef, _, _ = state_lib.abstract_state(model_cfg, moe, mesh_2x4)
+    params, rest = state_lib.init_state(model_cfg, moe, mesh_2x4)
 
     def loss(params):
       logits, aux = nnx.merge(graphdef, params, rest)(tokens)
@@ -178,4 +180,4 @@ def test_tensor_parallel_needs_heads_divisible_by_the_gpus(mesh_2x4):
   cfg, moe = _configs("gpt")
   cfg = ModelConfig(**{**cfg.__dict__, "num_heads": 2, "tensor_parallel": True})
   with pytest.raises(ConfigError, match="num_heads=2.*4 GPUs per node"):
-    model_lib.abstract_state(cfg, moe, mesh_2x4)
+    state_lib.abstract_state(cfg, moe, mesh_2x4)

@@ -10,9 +10,9 @@ import pytest
 from absl import flags
 
 from experiments import record_traces
+from moejax.data import corpus as data_lib
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
-from moejax.train import data as data_lib
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
 

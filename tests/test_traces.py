@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax.models import state as state_lib
+from moejax.models.config import ModelConfig
+from moejax.models.language_model import LanguageModel
 from moejax.moe.config import MoEConfig
 from moejax.placement.affinity import affinity_counts
 from moejax.placement.traces import routing_traces
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import model as model_lib
-from moejax.train.model import ModelConfig
 from moejax.validation import ConfigError
 
 V, D, F, E = 48, 16, 32, 4
@@ -21,8 +22,8 @@ def _model(mesh, top_k):
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=2, d_model=D, num_heads=2, d_ff=F, max_len=8, dropout=0.0,
                     moe_every=1, embed_init_std=0.5)
   moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F)
-  graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh, top_k)
-  return nnx.merge(graphdef, *model_lib.init_state(cfg, moe, mesh, top_k))
+  graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh, top_k)
+  return nnx.merge(graphdef, *state_lib.init_state(cfg, moe, mesh, top_k))
 
 
 def _numpy_choices(model, tokens, k):
@@ -68,6 +69,6 @@ def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
 def test_a_model_without_moe_layers_is_rejected():
   cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=1, d_model=D, num_heads=2, d_ff=F, max_len=8, moe_every=0)
   moe = MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F)
-  model = nnx.eval_shape(lambda: model_lib.LanguageModel(cfg, moe, mesh_lib.make_mesh(1, 2), rngs=nnx.Rngs(0)))
+  model = nnx.eval_shape(lambda: LanguageModel(cfg, moe, mesh_lib.make_mesh(1, 2), rngs=nnx.Rngs(0)))
   with pytest.raises(ConfigError, match="moe_every"):
     routing_traces(model, [np.zeros((2, 4), np.int32)])

@@ -22,12 +22,14 @@ import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax import checkpoint
+from moejax.data.tokenizer import cache_lock
 from moejax.moe import replicas
 from moejax.moe.config import ROUTINGS
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import checkpoint, metrics, objective
+from moejax.train import config as config_lib
+from moejax.train import metrics, objective
 from moejax.train import trainer as train
-from moejax.train.tokenizer import cache_lock
 from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT
 
@@ -89,7 +91,7 @@ def _final_states(*directories):
   """The newest checkpoint of the SHORT config in each directory: (step, state as NumPy arrays, host state)."""
   config = mlm.get_config()
   config.moe.update(STATEFUL)
-  model_cfg, moe_cfg = train.validate(config)
+  model_cfg, moe_cfg = config_lib.validate(config)
   tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
   abstract_state = train.Trainer(config, model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4), tok).abstract_state
   found = []
@@ -263,11 +265,11 @@ def test_bad_configs_are_rejected_before_compiling(field, value, match):
   section, _, name = field.rpartition(".")
   (config[section] if section else config)[name] = value
   with pytest.raises(ConfigError, match=match):
-    train.validate(config)
+    config_lib.validate(config)
   config = mlm.get_config()
   config.model.unknown = 1
   with pytest.raises(ConfigError, match="model.unknown"):
-    train.validate(config)
+    config_lib.validate(config)
 
 
 def test_overflowing_steps_are_repeated_or_counted(shared, tmp_path, capsys):

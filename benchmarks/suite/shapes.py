@@ -3,7 +3,7 @@ fine-grained presets), the chunking step's piece counts and the train step's BER
 --smoke variant."""
 
 from experiments.kernel_cases import MODELS
-from moejax.train import presets
+from moejax.models import presets
 
 ROWS = 16384  # routed rows (token-choices) of the kernel and layer benchmarks
 
@@ -25,7 +25,7 @@ LAYER_MODELS = {
     'smile_3.7b_e8': dict(d_model=768, d_ff=3072, num_experts=8, top_k=1, gated=False, activation='gelu',
                           tokens=ROWS),
 }
-# The published fine-grained layers (moejax.train.presets) at full width: Qwen3-MoE's 128 experts, and a quarter of
+# The published fine-grained layers (moejax.models.presets) at full width: Qwen3-MoE's 128 experts, and a quarter of
 # DeepSeek-V3's 256 (their weights, 5.6 GB in bf16, fit one GPU with the backward's), with V3's sigmoid, group-limited
 # routing and shared expert; the balance loss per call (the benchmark's x is [tokens, d], not sequences).
 for _name, _experts in (('qwen3_moe', 1), ('deepseek_v3', 4)):

@@ -25,7 +25,7 @@ def _train_run(args, shape: dict, model_cfg, moe_cfg: MoEConfig, mesh) -> dict:
 
 
 def step_train(args, rec: Record):
-  from moejax.train.model import ModelConfig  # pylint: disable=import-outside-toplevel
+  from moejax.models.config import ModelConfig  # pylint: disable=import-outside-toplevel
 
   shape = SMOKE_TRAIN_SHAPE if args.smoke else TRAIN_SHAPE
   dtype = compute_dtype(args)

@@ -5,5 +5,5 @@
   decode   `generate`: prefill, then decode ('vanilla': two exchanges per MoE layer, or 'exflow'),
            greedy or sampled, with the exchange rows per generated token; `on_mesh` moves a model
            to another mesh, `with_placement` applies an expert placement (ExFlow §IV-D)
-  load     `load_trained`: a model from a training run's checkpoints; `prompts_from`: prompts from texts
+  load     `load_trained`: a model from a training run's checkpoints (no trainer); `prompts_from`: prompts from texts
 """

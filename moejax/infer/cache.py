@@ -11,8 +11,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.models.config import ModelConfig
 from moejax.runtime.mesh import AXES
-from moejax.train.model import ModelConfig
 from moejax.validation import require
 
 

@@ -22,10 +22,13 @@ from flax import nnx
 
 from moejax.infer import cache as cache_lib
 from moejax.infer import exflow
+from moejax.models import state as state_lib
+from moejax.models.config import moe_block_indices
+from moejax.models.language_model import LanguageModel
+from moejax.moe import overflow as overflow_lib
 from moejax.placement.apply import apply_placement
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
-from moejax.train import model as model_lib
 from moejax.validation import require
 
 MODES = ("vanilla", "exflow")
@@ -41,9 +44,10 @@ class Generation:
   the keys and values of every block, 2 x d per block) reaches every other device; zero for vanilla.
   decode_seconds: wall time of the decode steps after the first (which includes compilation), for
   decode_tokens = B x (N - 2) tokens; prefill_seconds: the prefill, compilation included.
-  dropped: token-choices the MoE layers dropped by capacity (vanilla with capacity_factor: outputs
-  then depend on the batch). With buffer_factor no choice is lost to a full receive buffer: the
-  prefill or decode step is repeated with the factor doubled (overflow_retries).
+  lost_choices: token-choices whose expert output was lost, dropped by capacity (vanilla with
+  capacity_factor: outputs then depend on the batch) or by a full receive buffer. With buffer_factor
+  none is lost to a full buffer: the prefill or decode step is repeated with the factor doubled
+  (overflow_retries, `moejax.moe.overflow.until_no_overflow`).
   overflow_retries: (step, buffer_factor) of each repeat (step 0: the prefill); the prefill's factor
   and the decode steps' factor grow separately, and later steps keep the last one.
   """
@@ -55,7 +59,7 @@ class Generation:
   decode_seconds: float
   decode_tokens: int
   prefill_seconds: float
-  dropped: int
+  lost_choices: int
   overflow_retries: tuple = ()
 
   @property
@@ -70,24 +74,24 @@ def split_rows(rows_AxA: np.ndarray, gpus_per_node: int) -> dict:
   return {"intra_node": int(rows[..., inside].sum()), "inter_node": int(rows[..., cross].sum())}
 
 
-def on_mesh(model: model_lib.LanguageModel, mesh: jax.sharding.Mesh) -> model_lib.LanguageModel:
+def on_mesh(model: LanguageModel, mesh: jax.sharding.Mesh) -> LanguageModel:
   """The same model (same parameters) laid out on another mesh."""
-  graphdef, params, rest = model_lib.abstract_state(model.cfg, model.moe_cfg, mesh)
+  graphdef, params, rest = state_lib.abstract_state(model.cfg, model.moe_cfg, mesh)
   _, have_params, have_rest = nnx.split(model, nnx.Param, ...)
   have_params, have_rest = nnx.to_pure_dict(have_params), nnx.to_pure_dict(have_rest)
   put = lambda a, like: jax.device_put(a, like.sharding)
   return nnx.merge(graphdef, jax.tree.map(put, have_params, params), jax.tree.map(put, have_rest, rest))
 
 
-def with_placement(model: model_lib.LanguageModel, placement) -> model_lib.LanguageModel:
+def with_placement(model: LanguageModel, placement) -> LanguageModel:
   """The model with every MoE layer's experts and router columns permuted so that expert e of MoE
   layer j sits on flat device placement[j, e] (`moejax.placement.apply_placement`; a `Placement` or
   [M, E] ints). Outputs are unchanged; only where the experts run moves. With node routings the
   placement must keep every node's experts together (`solve(..., routing=...)`), else ConfigError."""
-  graphdef, abstract_params, _ = model_lib.abstract_state(model.cfg, model.moe_cfg, model.mesh)
+  graphdef, abstract_params, _ = state_lib.abstract_state(model.cfg, model.moe_cfg, model.mesh)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   params = nnx.to_pure_dict(params)
-  moe_blocks = [i for i in range(model.cfg.num_layers) if model.cfg.is_moe(i)]
+  moe_blocks = moe_block_indices(model.cfg)
   placed = apply_placement([params["blocks"][i]["ffn"]["moe"] for i in moe_blocks], placement, model.moe_cfg)
   for i, layer in zip(moe_blocks, placed):
     params["blocks"][i]["ffn"]["moe"] = layer
@@ -105,11 +109,11 @@ def _vanilla_step(params, rest, cache, tokens_B, position, step, seed, temperatu
   dispatch = aux.get("traffic_rows", jnp.zeros((0, 1, d[0] * d[1], d[0] * d[1]), jnp.int32))
   # The combine sends every dispatched row back the way it came.
   return next_B, logits_BxV, cache, {"rows": jnp.sum(dispatch + jnp.swapaxes(dispatch, -1, -2), axis=1),
-                                     "dropped": _dropped(aux), "overflowed": jnp.sum(aux["tokens_overflowed"])}
+                                     "dropped": _lost_choices(aux), "overflowed": jnp.sum(aux["tokens_overflowed"])}
 
 
-def _dropped(aux):
-  """Token-choices the MoE layers dropped (capacity) or lost (full receive buffers)."""
+def _lost_choices(aux):
+  """Token-choices the MoE layers dropped by capacity or lost to full receive buffers."""
   return jnp.sum(aux["tokens_dropped"]) + jnp.sum(aux["tokens_overflowed"])
 
 
@@ -118,12 +122,12 @@ def _prefill(params, rest, cache, prompts_BxS, *, graphdef):
   model = nnx.merge(graphdef, params, rest)
   last_Bx1 = jnp.full((prompts_BxS.shape[0], 1), prompts_BxS.shape[1] - 1)
   logits_Bx1xV, aux, cache = model(prompts_BxS, positions_BxP=last_Bx1, cache=cache, start=0)
-  return logits_Bx1xV[:, 0], cache, _dropped(aux), jnp.sum(aux["tokens_overflowed"])
+  return logits_Bx1xV[:, 0], cache, _lost_choices(aux), jnp.sum(aux["tokens_overflowed"])
 
 
 def _graphdef(model, moe_cfg):
   """The model's graph under `moe_cfg` (the same parameters; e.g. another buffer_factor)."""
-  return model_lib.abstract_state(model.cfg, moe_cfg, model.mesh)[0]
+  return state_lib.abstract_state(model.cfg, moe_cfg, model.mesh)[0]
 
 
 def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float) -> None:
@@ -144,7 +148,7 @@ def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float)
     exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
-def generate(model: model_lib.LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla",
+def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla",
              temperature: float = 0.0, seed: int = 0) -> Generation:
   """prompts [B, P] int (equal lengths) -> `Generation` of `steps` tokens per request.
 
@@ -163,15 +167,13 @@ def generate(model: model_lib.LanguageModel, prompts_BxS, steps: int, *, mode: s
   # that lost any is run again from the same cache with buffer_factor doubled (at the worst case, all
   # rows, nothing overflows), as the trainer's on_overflow='retry' does.
   retries = []
-  prefill_cfg = model.moe_cfg
-  while True:
-    logits_BxV, new_cache, dropped, overflowed = _prefill(params, rest, cache, tokens,
-                                                          graphdef=_graphdef(model, prefill_cfg))
-    if prefill_cfg.buffer_factor is None or not int(overflowed):
-      break
-    prefill_cfg = dataclasses.replace(prefill_cfg, buffer_factor=2 * prefill_cfg.buffer_factor)
-    retries.append((0, prefill_cfg.buffer_factor))
-  cache = new_cache
+  retried = lambda step: lambda _, moe_cfg: retries.append((step, moe_cfg.buffer_factor))
+
+  def prefill(moe_cfg):
+    out = _prefill(params, rest, cache, tokens, graphdef=_graphdef(model, moe_cfg))
+    return out, int(out[3]) if moe_cfg.buffer_factor is not None else 0
+
+  (logits_BxV, cache, lost, _), _ = overflow_lib.until_no_overflow(prefill, model.moe_cfg, retried(0))
   next_B = jax.jit(exflow.sample)(logits_BxV, jnp.arange(batch), 0, seed, temperature)
   next_B.block_until_ready()
   prefill_seconds = time.perf_counter() - start
@@ -179,24 +181,25 @@ def generate(model: model_lib.LanguageModel, prompts_BxS, steps: int, *, mode: s
     cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
   step_for = lambda moe_cfg: exflow.exflow_step(model, moe_cfg) if mode == "exflow" else \
       functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
-  moe_cfg = model.moe_cfg
-  step_fn = step_for(moe_cfg)
+  current = [model.moe_cfg, step_for(model.moe_cfg)]  # the decode steps' config, kept from step to step
+
+  def decode_step(moe_cfg, args):
+    if moe_cfg is not current[0]:
+      current[:] = moe_cfg, step_for(moe_cfg)
+    out = current[1](params, rest, cache, *args)
+    return out, int(out[3]["overflowed"]) if moe_cfg.buffer_factor is not None else 0
+
   out_tokens, out_logits, rows = [next_B], [logits_BxV], []
   for step in range(1, steps):
     if step == 2:
       start = time.perf_counter()
     args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
-    next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
-    while moe_cfg.buffer_factor is not None and int(counts["overflowed"]):
-      moe_cfg = dataclasses.replace(moe_cfg, buffer_factor=2 * moe_cfg.buffer_factor)
-      retries.append((step, moe_cfg.buffer_factor))
-      step_fn = step_for(moe_cfg)
-      next_B, logits_BxV, new_cache, counts = step_fn(params, rest, cache, *args)
-    cache = new_cache
+    (next_B, logits_BxV, cache, counts), _ = overflow_lib.until_no_overflow(
+        functools.partial(decode_step, args=args), current[0], retried(step))
     out_tokens.append(next_B)
     out_logits.append(logits_BxV)
     rows.append(counts["rows"])
-    dropped = dropped + counts["dropped"]
+    lost = lost + counts["dropped"]
   jax.block_until_ready(out_tokens[-1])
   decode_seconds = time.perf_counter() - start if steps > 2 else 0.0
   n, m = mesh_lib.axis_sizes(mesh)
@@ -209,5 +212,5 @@ def generate(model: model_lib.LanguageModel, prompts_BxS, steps: int, *, mode: s
   return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
                     logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
                     exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
-                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, dropped=int(dropped),
+                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, lost_choices=int(lost),
                     overflow_retries=tuple(retries))

@@ -47,6 +47,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from moejax.models.blocks import MoEFFN
+from moejax.models.config import ModelConfig, moe_block_indices
+from moejax.models.language_model import LanguageModel
+from moejax.models.state import abstract_state
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
@@ -55,7 +59,6 @@ from moejax.moe.traffic import global_traffic
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
-from moejax.train import model as model_lib
 from moejax.validation import require
 
 
@@ -154,7 +157,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
     x_RxD = x_Rx1xD[:, 0]
     at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
     new_kv.append(tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW)))
-    if isinstance(block.ffn, model_lib.MoEFFN):
+    if isinstance(block.ffn, MoEFFN):
       x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, batch=batch, n=n,
                                                                  m=m, kind=kind, buffer_rows=buffer_rows)
       sent.append(rows)
@@ -173,7 +176,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
 
-def exflow_step(model: model_lib.LanguageModel, moe_cfg=None):
+def exflow_step(model: LanguageModel, moe_cfg=None):
   """The jitted step (params, rest, cache, tokens [B], position, step, seed, temperature) -> (next
   [B], logits [B, V], cache, counts). counts: 'rows' [M, A, A] moved from flat device s to p in each
   MoE layer's exchanges (summed over the hops and choices), 'dropped' = 'overflowed' the token rows
@@ -187,9 +190,9 @@ def exflow_step(model: model_lib.LanguageModel, moe_cfg=None):
 
 
 @functools.lru_cache(maxsize=16)
-def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
+def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   n, m = mesh_lib.axis_sizes(mesh)
-  graphdef, params, rest = model_lib.abstract_state(cfg, moe_cfg, mesh)
+  graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh)
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
   kind = platform_lib.exchange_kind(moe_cfg.transport, platform_lib.of_mesh(mesh))
   body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind, buffer_factor=moe_cfg.buffer_factor)
@@ -203,7 +206,7 @@ def _compiled_step(cfg: model_lib.ModelConfig, moe_cfg, mesh: jax.sharding.Mesh)
     """The experts' weights laid out per physical slot of each layer's table (sharded as the logical
     ones, one block of slots per device), so a device runs the replicas its slots hold."""
     blocks = dict(params["blocks"])
-    for i in model_lib.moe_block_indices(cfg):
+    for i in moe_block_indices(cfg):
       moe = blocks[i]["ffn"]["moe"]
       table = rest["blocks"][i]["ffn"]["moe"]["slot_expert"]
       physical = replicas_lib.physical_params({k: moe[k] for k in replicas_lib.EXPERT_WEIGHTS if k in moe}, table)

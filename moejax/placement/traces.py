@@ -21,7 +21,7 @@ def _expert_ids(params, rest, tokens_BxS, *, graphdef):
 
 
 def routing_traces(model, batches) -> np.ndarray:
-  """model: a `moejax.train.model.LanguageModel` with MoE layers; batches: token arrays [B, S] (B a
+  """model: a `moejax.models.language_model.LanguageModel` with MoE layers; batches: token arrays [B, S] (B a
   multiple of the mesh's devices) -> int32 [L, T, K]: expert of choice k of token t at MoE layer j,
   tokens in batch order, then row-major (b, s) within a batch. Runs without dropout or jitter."""
   require(model.cfg.num_moe_layers >= 1, "moe_every", model.cfg.moe_every, "a model with MoE layers to trace")

@@ -9,6 +9,7 @@ import ml_collections
 import numpy as np
 
 from moejax.kernels.tuning import time_call
+from moejax.models.config import ModelConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import phase_timing
 from moejax.study.inputs import layer_params, random_tokens
@@ -16,7 +17,6 @@ from moejax.study.points import Point, identity, scheme_config
 from moejax.study.price import batch
 from moejax.train import objective
 from moejax.train import trainer as train_lib
-from moejax.train.model import ModelConfig
 
 
 def fits_real_devices(n: int, m: int, platform: str) -> bool:
@@ -38,7 +38,7 @@ TIMING_OPTIM = {"learning_rate": 1e-3, "warmup_steps": 0, "decay": "linear", "de
 
 
 def training_model(model, dtype: str) -> ModelConfig:
-  """The BERT-like model (`moejax.train.model`) of a sweep model: every (layers / moe_layers)-th FFN is an
+  """The BERT-like model (`moejax.models`) of a sweep model: every (layers / moe_layers)-th FFN is an
   MoE layer, heads of width 64 (one head if d_model is not a multiple of 64), dropout 0.1 as in SMILE."""
   heads = model.d_model // 64 if model.d_model % 64 == 0 else 1
   return ModelConfig(kind="bert", vocab_size=model.vocab, num_layers=model.layers, d_model=model.d_model,

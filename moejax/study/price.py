@@ -28,7 +28,7 @@ fused kernels none of the second.
 The step model (`cost.model.training_step_s`, per GPU):
   micro = 3 * non-MoE FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
   non-MoE FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask
-  (the BERT-MoE model of `moejax.train.model`, whose MLM head runs on the T_mask = 15% masked tokens)
+  (the BERT-MoE model of `moejax.models`, whose MLM head runs on the T_mask = 15% masked tokens)
   step = accumulation * micro + ring all-reduce of the dense parameters over all devices
   (Parm's schemes: dense parts tensor parallel over the node's GPUs, see `model_row`)
 Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch

@@ -4,7 +4,7 @@ Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply
 CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at
 the model's real shapes and token counts. Such rows are labelled 'modelled'. Points whose mesh fits
 this machine's devices of measure.platform are also timed end to end (`measure`: a layer forward
-and a real training step of `moejax.train.model`); those rows are labelled 'measured'.
+and a real training step of `moejax.models`); those rows are labelled 'measured'.
 
 Modules of moejax.study: `points` (the config checked, its points and their keys), `inputs` (the
 layer's parameters and tokens), `simulate` (the small run), `price` (the modelled row: how the small

@@ -2,7 +2,7 @@
 carry across processes (the data iterators', the re-plan window). `moejax.train.trainer.train` sets it up
 and calls `run`."""
 
-import dataclasses
+import functools
 import time
 
 import jax
@@ -10,7 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from moejax.train import data as data_lib
+from moejax.data import corpus as data_lib
+from moejax.moe import overflow as overflow_lib
+from moejax.runtime import mesh as mesh_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import replan as replan_lib
 from moejax.validation import require
@@ -73,8 +75,10 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
   tables = np.asarray(jax.device_get(state["slot_tables"])) if "slot_tables" in state else None
   replanner = None
   if tables is not None and trainer.moe_cfg.replan_every > 0:
+    nodes, gpus = mesh_lib.axis_sizes(trainer.mesh)
+    holders = trainer.moe_cfg.expert_holders(nodes, gpus)  # the slot tables' rows
     replanner = replan_lib.Replanner(trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window,
-                                     *trainer.holders, tables.shape[-1])
+                                     nodes, holders // nodes, tables.shape[-1])
     replanner.restore(replan_window)
 
   def finish(step, metrics, tables):
@@ -97,22 +101,30 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
       say(metrics_lib.report_line(record, config.steps))
     return new_tables
 
+  def attempt(moe_cfg, before, tokens):
+    """(state, metrics) of the step from `before` under `moe_cfg` (compiled anew for a new buffer_factor),
+    and the token-choices it lost to full receive buffers (counted only with `retry`)."""
+    nonlocal trainer, step_fn, compile_s
+    if moe_cfg is not trainer.moe_cfg:
+      trainer = trainer.with_moe(moe_cfg)
+      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
+      compile_s += seconds
+    state, metrics = step_fn(before, rest, tokens)
+    return (state, metrics), int(np.sum(jax.device_get(metrics["tokens_overflowed"]))) if retry else 0
+
+  def on_retry(step, overflowed, moe_cfg):
+    say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
+        f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {moe_cfg.buffer_factor:g}")
+    retries.append((step, moe_cfg.buffer_factor))
+
   pending = None
   for step in range(start + 1, config.steps + 1):
     local = next(batches)
     counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
     tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
-    before = state
-    state, metrics = step_fn(state, rest, tokens)
-    while retry and (overflowed := int(np.sum(jax.device_get(metrics["tokens_overflowed"])))):
-      factor = 2 * trainer.moe_cfg.buffer_factor
-      say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
-          f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {factor:g}")
-      trainer = trainer.with_moe(dataclasses.replace(trainer.moe_cfg, buffer_factor=factor))
-      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
-      compile_s += seconds
-      retries.append((step, factor))
-      state, metrics = step_fn(before, rest, tokens)
+    (state, metrics), _ = overflow_lib.until_no_overflow(
+        functools.partial(attempt, before=state, tokens=tokens), trainer.moe_cfg,
+        functools.partial(on_retry, step))
     if pending is not None:  # fetch the previous step's metrics while this one runs
       finish(*pending)
     pending = (step, metrics, tables)

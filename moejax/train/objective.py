@@ -15,7 +15,7 @@ import jax.numpy as jnp
 
 @dataclasses.dataclass(frozen=True)
 class TokenIds:
-  """The ids the objectives need, without a tokenizer (a `moejax.train.tokenizer.Tokenizer` has the same
+  """The ids the objectives need, without a tokenizer (a `moejax.data.tokenizer.Tokenizer` has the same
   attributes): ordinary ids are [first_ordinary, first_ordinary + num_ordinary), all ids < num_ids."""
 
   pad_id: int

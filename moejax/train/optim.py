@@ -12,7 +12,7 @@ import optax
 
 from moejax.validation import is_int, is_number, require
 
-SCHEDULES = ("linear", "cosine")
+DECAYS = ("linear", "cosine")
 CONFIG_FIELDS = ("learning_rate", "warmup_steps", "decay", "decay_steps", "end_fraction", "b1", "b2", "eps",
                  "weight_decay", "clip_norm")
 
@@ -22,7 +22,7 @@ def validate_config(o, prefix: str = "") -> None:
   (e.g. 'optim.')."""
   require(is_number(o.learning_rate) and o.learning_rate > 0, prefix + "learning_rate", o.learning_rate, "> 0")
   require(is_int(o.warmup_steps, 0), prefix + "warmup_steps", o.warmup_steps, "an int >= 0")
-  require(o.decay in SCHEDULES, prefix + "decay", o.decay, f"one of {SCHEDULES}")
+  require(o.decay in DECAYS, prefix + "decay", o.decay, f"one of {DECAYS}")
   require(is_int(o.decay_steps, 0), prefix + "decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
   require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, prefix + "end_fraction", o.end_fraction,
           "in [0, 1]")

@@ -13,9 +13,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.models import state as state_lib
+from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import model as model_lib
 from tests.hlo_graph import contains, entry_graph
 
 
@@ -26,10 +27,10 @@ def main(dump_dir):
   moe = MoEConfig(num_experts=8, top_k=1, d_model=32, d_ff=64)
   out, grads = {}, {}
   for mode in ("default", "prioritized"):
-    cfg = model_lib.ModelConfig(kind="gpt", vocab_size=96, num_layers=4, d_model=32, num_heads=4, d_ff=64,
-                                max_len=16, dropout=0.0, grad_sync=mode)
-    graphdef, _, _ = model_lib.abstract_state(cfg, moe, mesh)
-    params, rest = model_lib.init_state(cfg, moe, mesh)
+    cfg = ModelConfig(kind="gpt", vocab_size=96, num_layers=4, d_model=32, num_heads=4, d_ff=64,
+                      max_len=16, dropout=0.0, grad_sync=mode)
+    graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh)
+    params, rest = state_lib.init_state(cfg, moe, mesh)
 
     def loss(params, graphdef=graphdef, rest=rest):
       logits, aux = nnx.merge(graphdef, params, rest)(tokens)

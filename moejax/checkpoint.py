@@ -5,10 +5,12 @@ item with the host-side state (the training loop's: data iterators, re-plan wind
 the state's shapes, and a fingerprint of every array. Restoring walks back from the newest step: a
 checkpoint that cannot be read, or whose arrays do not match their fingerprint, is reported, moved
 aside (so the step can be saved again) and skipped; one written by a different config is an error,
-never silently replaced.
+never silently replaced. Inference restores a part of the state (`restore_latest(..., part=True)`: the
+parameters, slot tables and balancing biases, not the optimizer state), checked the same way.
 """
 
 import os
+import re
 import time
 
 import jax
@@ -35,9 +37,12 @@ def validate_config(c, prefix: str = "") -> None:
   require(isinstance(c.use_async, bool), prefix + "use_async", c.use_async, "True or False")
 
 
-def fingerprint(state) -> jax.Array:
+def fingerprint(state, order=None) -> jax.Array:
   """uint32 checksum of every bit of every array of `state` (order-independent integer sums, so it
-  is exact however the arrays are sharded); position-weighted, so moved values change it too."""
+  is exact however the arrays are sharded); position-weighted, so moved values change it too.
+
+  order: each leaf's index among the leaves of the whole state, when `state` is a part of it (default: its
+  own); the fingerprints of the parts of a state add up (mod 2^32) to the whole state's."""
 
   def leaf_sum(x):
     x = jnp.asarray(x)
@@ -50,7 +55,9 @@ def fingerprint(state) -> jax.Array:
     weights = jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(2654435761) + jnp.uint32(1)
     return jnp.sum(bits * weights, dtype=jnp.uint32)
 
-  sums = [leaf_sum(x) * jnp.uint32(2 * i + 1) for i, x in enumerate(jax.tree.leaves(state))]
+  leaves = jax.tree.leaves(state)
+  order = range(len(leaves)) if order is None else order
+  sums = [leaf_sum(x) * jnp.uint32(2 * i + 1) for i, x in zip(order, leaves)]
   return jnp.sum(jnp.stack(sums), dtype=jnp.uint32)
 
 
@@ -59,6 +66,24 @@ def describe(state) -> str:
   leaves = [f"{jax.tree_util.keystr(path)}:{x.dtype}{list(x.shape)}"
             for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
   return ";".join(leaves)
+
+
+def _paths(state) -> list[str]:
+  """Each leaf's path in `state`, written alike for the saved tree and orbax's metadata of it (an attribute
+  of a named tuple as a dict key)."""
+  return [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(path))
+          for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+
+
+def _part_of(description: str, keys) -> str:
+  """The entries of a state's `describe` under the top-level `keys`."""
+  prefixes = tuple(f"[{k!r}]" for k in keys)
+  return ";".join(entry for entry in description.split(";") if entry.startswith(prefixes))
+
+
+def _paths_of_description(description: str) -> list[str]:
+  """The leaf paths of a state's `describe`, written as `_paths` writes them."""
+  return [re.sub(r"\.(\w+)", r"['\1']", entry.rsplit(":", 1)[0]) for entry in description.split(";")]
 
 
 def _brief(error: Exception) -> str:
@@ -92,25 +117,28 @@ class Checkpointer:
         "meta": ocp.JsonCheckpointHandler()})
     self._fingerprints = {}
 
-  def _fingerprint(self, state) -> int:
+  def _fingerprint(self, state, order=None) -> int:
     """The state's fingerprint, computed where its arrays live and replicated to every process."""
     mesh = jax.tree.leaves(state)[0].sharding.mesh
-    if mesh not in self._fingerprints:
-      self._fingerprints[mesh] = jax.jit(fingerprint, out_shardings=NamedSharding(mesh, P()))
-    return int(self._fingerprints[mesh](state))
+    key = mesh if order is None else (mesh, tuple(order))
+    if key not in self._fingerprints:
+      self._fingerprints[key] = jax.jit(lambda s: fingerprint(s, order), out_shardings=NamedSharding(mesh, P()))
+    return int(self._fingerprints[key](state))
 
   def save(self, step: int, state, host_state) -> None:
     meta = {"step": step, "data": host_state, "describe": describe(state), "fingerprint": self._fingerprint(state)}
     self.manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
                                                     meta=ocp.args.JsonSave(meta)), force=True)
 
-  def restore_latest(self, abstract_state) -> tuple[int, object, object] | None:
+  def restore_latest(self, abstract_state, *, part: bool = False) -> tuple[int, object, object] | None:
     """(step, state, host state) of the newest intact checkpoint, or None if there is none.
 
-    abstract_state: the state's tree of jax.ShapeDtypeStruct with shardings.
+    abstract_state: the state's tree of jax.ShapeDtypeStruct with shardings. part: it holds some of the
+    saved state's top-level entries only, and only those are restored (the others are read as host
+    arrays for the fingerprint, then dropped).
     """
     for step in sorted(self.manager.all_steps(), reverse=True):
-      restored, problem = self._try_restore(step, abstract_state)
+      restored, problem = self._try_restore(step, abstract_state, part)
       ok = multihost_utils.process_allgather(np.int32(problem is None)) if jax.process_count() > 1 else [1]
       if problem is None and all(np.asarray(ok)):
         logging.info("restored checkpoint step %d from %s", step, self.directory)
@@ -124,26 +152,41 @@ class Checkpointer:
       self._set_aside(step)
     return None
 
-  def _try_restore(self, step: int, abstract_state):
+  def _try_restore(self, step: int, abstract_state, part: bool = False):
     try:
       meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
       want = describe(abstract_state)
     except Exception as e:  # orbax raises many kinds of errors for unreadable files
       return None, f"metadata: {_brief(e)}"
-    if meta.get("describe") != want:
+    saved = meta.get("describe")
+    if (_part_of(saved, abstract_state) if part and isinstance(saved, str) else saved) != want:
       raise ConfigError(f"checkpoint step {step} in {self.directory} holds a state of another shape "
-                        f"than this config's; use another workdir.\n  checkpoint: {meta.get('describe')}"
+                        f"than this config's; use another workdir.\n  checkpoint: {saved}"
                         f"\n  config:     {want}")
     try:
       state = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(abstract_state, ocp.checkpoint_utils.construct_restore_args(abstract_state))
-      ))["state"]
+          state=ocp.args.PyTreeRestore(abstract_state, ocp.checkpoint_utils.construct_restore_args(abstract_state),
+                                       partial_restore=part)))["state"]
+      got = self._fingerprint(state) if not part else self._part_fingerprint(step, state, saved)
     except Exception as e:
       return None, f"arrays: {_brief(e)}"
-    got = self._fingerprint(state)
     if got != meta["fingerprint"]:
       return None, f"fingerprint {got} differs from the saved {meta['fingerprint']}"
     return (step, state, meta["data"]), None
+
+  def _part_fingerprint(self, step: int, state: dict, saved: str) -> int:
+    """The whole saved state's fingerprint from a part of it restored (`state`) and the other top-level
+    entries read as host arrays; each leaf weighted by its index in the saved state (`describe` order)."""
+    tree = self.manager.item_metadata(step)["state"].tree
+    others = {k: v for k, v in tree.items() if k not in state}
+    host = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
+        others, jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), others),
+        partial_restore=True)))["state"]
+    index = {path: i for i, path in enumerate(_paths_of_description(saved))}
+    total = self._fingerprint(state, [index[p] for p in _paths(state)])
+    if jax.tree.leaves(host):
+      total += int(jax.jit(fingerprint, static_argnums=1)(host, tuple(index[p] for p in _paths(host))))
+    return total % 2**32
 
   def _set_aside(self, step: int) -> None:
     """Moves a bad step's directory out of the manager's sight (kept for inspection)."""

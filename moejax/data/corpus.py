@@ -1,4 +1,4 @@
-"""Training data: C4 as published (JSON lines with a `text` field, optionally gzipped), tokenized and
+"""The corpus and training data: C4 as published (JSON lines with a `text` field, optionally gzipped), tokenized and
 packed into fixed-length sequences, sharded across processes, with a resumable state.
 
 The corpus is split into `num_shards` shards: by file (file f -> shard f % S) when there are at least
@@ -28,7 +28,8 @@ from collections.abc import Iterator
 import numpy as np
 from absl import logging
 
-from moejax.train.tokenizer import Tokenizer, cache_lock
+from moejax.data import tokenizer as tokenizer_lib
+from moejax.data.tokenizer import Tokenizer, cache_lock
 from moejax.validation import is_int, is_number, require
 
 CONFIG_FIELDS = ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
@@ -270,3 +271,23 @@ class Batches:
     self._stop.set()
     if self._thread:
       self._thread.join()
+
+
+def load_tokenizer(config, files: list[str], cache_dir: str) -> Tokenizer:
+  """The tokenizer of a run config (data.tokenizer_model), or one trained on the first data.tokenizer_train_chars
+  of the corpus `files` and cached in `cache_dir`; it must fit in model.vocab_size."""
+
+  def lines():
+    chars = 0
+    for text in texts(files):
+      yield from (line for line in text.split("\n") if line.strip())
+      chars += len(text)
+      if chars >= config.data.tokenizer_train_chars:
+        return
+
+  key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files],
+                    config.data.tokenizer_train_chars])
+  tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, lines)
+  require(tok.num_ids <= config.model.vocab_size, "model.vocab_size", config.model.vocab_size,
+          f"at least the tokenizer's {tok.num_ids} ids")
+  return tok

@@ -1,0 +1,106 @@
+"""The SMILE language models: a BERT-like encoder and a GPT-style causal decoder with MoE blocks.
+
+Both stack `num_layers` Transformer blocks in which every `moe_every`-th FFN is an expert-parallel
+MoE layer (`moejax.moe.layer`; routing, transport and expert backend come from the MoE config). The
+encoder is post-LN as in BERT and SMILE (attention -> residual -> LayerNorm, FFN -> residual ->
+LayerNorm) with a BERT MLM head; the decoder is pre-LN as in GPT-2. Both tie their output layer to
+the token embeddings. Parameters are fp32; `dtype` is the compute dtype of the matmuls.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from moejax.kernels.activations import ACTIVATIONS
+from moejax.models import grad_sync as grad_sync_lib
+from moejax.models.blocks import Block
+from moejax.models.config import ModelConfig
+from moejax.models.sharding import activation_spec, param_specs
+from moejax.moe.config import MoEConfig
+from moejax.validation import ConfigError
+
+
+class LanguageModel(nnx.Module):
+  """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with
+  positions [B, P], logits [B, P, V] at those positions only.
+
+  aux: aux_loss (sum over the MoE layers of their auxiliary losses, SMILE Eq. 5), expert_counts
+  [M, E], tokens_dropped [M] and tokens_overflowed [M] for the M MoE layers in order.
+  """
+
+  def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
+    if (moe_cfg.d_model, moe_cfg.d_ff) != (cfg.d_model, cfg.d_ff):
+      raise ConfigError(f"MoE widths ({moe_cfg.d_model}, {moe_cfg.d_ff}) differ from the model's "
+                        f"d_model={cfg.d_model}, d_ff={cfg.d_ff}")
+    self.cfg, self.moe_cfg, self.mesh = cfg, moe_cfg, mesh
+    embed_init = nnx.initializers.normal(cfg.embed_init_std)
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
+    self.pos_embed = nnx.Param(embed_init(rngs.params(), (cfg.max_len, cfg.d_model)))
+    if cfg.kind == "bert":  # BERT's embedding LayerNorm
+      self.embed_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
+    self.embed_dropout = nnx.Dropout(cfg.dropout)
+    self.blocks = nnx.List([Block(cfg, moe_cfg, mesh, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)])
+    if cfg.kind == "bert":  # BERT's MLM transform before the tied decoder
+      self.head = nnx.Linear(cfg.d_model, cfg.d_model, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
+    self.head_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
+    self.head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
+
+  def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,
+                   rngs: nnx.Rngs | None = None) -> jax.Array:
+    """tokens [B, S] at positions start .. start + S - 1 -> x [B, S, d] in the compute dtype."""
+    x_BxSxD = self.embed(tokens_BxS) + jax.lax.dynamic_slice_in_dim(self.pos_embed[...], start, tokens_BxS.shape[1])
+    if self.cfg.kind == "bert":
+      x_BxSxD = self.embed_ln(x_BxSxD)
+    return self.embed_dropout(x_BxSxD, deterministic=not train, rngs=rngs).astype(jnp.dtype(self.cfg.dtype))
+
+  def head_logits(self, x_BxSxD: jax.Array) -> jax.Array:
+    """x [..., d] after the last block -> logits [..., V] fp32 (tied output layer)."""
+    dtype = jnp.dtype(self.cfg.dtype)
+    if self.cfg.kind == "bert":
+      x_BxSxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxSxD))
+    x_BxSxD = self.head_ln(x_BxSxD).astype(dtype)
+    return jnp.einsum("...d,vd->...v", x_BxSxD, self.embed.embedding[...].astype(dtype),
+                      preferred_element_type=jnp.float32) + self.head_bias[...]
+
+  def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
+               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
+    """-> (logits, aux), or (logits, aux, cache) with a KV cache.
+
+    cache: one (k, v) [B, S_cache, H, W] pair per block (`moejax.infer.cache`; 'gpt' only): tokens are at
+    positions start .. start + S - 1 and the returned cache holds their keys and values.
+    details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
+    """
+    dtype = jnp.dtype(self.cfg.dtype)
+    batch_sharding = NamedSharding(self.mesh, activation_spec(self.cfg))
+    constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
+    x_BxSxD = constrain(self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs))
+    auxes, new_cache = [], []
+    for i, block in enumerate(self.blocks):
+      if self.cfg.grad_sync == "prioritized":
+        specs = param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), self.moe_cfg, self.cfg.tensor_parallel)
+        x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, self.mesh, specs)
+      if cache is None:
+        x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+      else:
+        x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
+        new_cache.append(layer_cache)
+      x_BxSxD = constrain(x_BxSxD.astype(dtype))
+      if aux:
+        auxes.append(aux)
+    if positions_BxP is not None:
+      x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
+    logits_BxSxV = self.head_logits(x_BxSxD)
+    num_experts = self.moe_cfg.num_experts
+    aux = {
+        "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
+        "expert_counts": jnp.stack([a["expert_counts"] for a in auxes]) if auxes
+                         else jnp.zeros((0, num_experts), jnp.int32),
+        **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
+           for name in ("tokens_dropped", "tokens_overflowed")},
+    }
+    if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
+      aux["balance_counts"] = jnp.stack([a["balance_counts"] for a in auxes])
+    if details and auxes:
+      aux.update({name: jnp.stack([a[name] for a in auxes]) for name in ("expert_ids", "traffic_rows")})
+    return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)

@@ -1,0 +1,92 @@
+"""The language model's state as pure dicts: abstract (`abstract_state`, nothing allocated) or built on the mesh
+(`init_state`), and the MoE layers' non-parameter state stacked over the layers ([M, ...]): slot tables, balancing
+biases, earlier micro-batches' choice counts."""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax.models.config import ModelConfig, moe_block_indices
+from moejax.models.language_model import LanguageModel
+from moejax.models.sharding import param_specs
+from moejax.moe.config import MoEConfig
+from moejax.runtime import mesh as mesh_lib
+
+
+def abstract_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+  """(graphdef, params, rest) of the model without allocating anything: params and the other state
+  (the MoE layers' key streams) as pure dicts of jax.ShapeDtypeStruct carrying their shardings,
+  parameters placed by `param_specs` and everything else replicated."""
+  make = lambda: LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed))
+  graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+  params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
+  cfg.check_mesh(mesh_lib.axis_sizes(mesh)[1])
+  specs = param_specs(params, moe_cfg, cfg.tensor_parallel)
+  with_sharding = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
+  return (graphdef, jax.tree.map(with_sharding, params, specs),
+          jax.tree.map(lambda a: with_sharding(a, P()), rest))
+
+
+def init_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+  """(params, rest) as pure dicts, built by one compiled program that places every array as
+  `abstract_state` says (with several processes, each holds only its shards)."""
+  _, params, rest = abstract_state(cfg, moe_cfg, mesh, seed)
+  split = lambda: tuple(nnx.to_pure_dict(s) for s in
+                        nnx.split(LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1:])
+  shardings = jax.tree.map(lambda a: a.sharding, (params, rest))
+  return jax.jit(split, out_shardings=shardings)()
+
+
+def _stacked(cfg: ModelConfig, rest: dict, name: str):
+  """The MoE layers' state `name` stacked over the layers ([M, ...]) from the pure-dict `rest`, or None
+  when the layers have none (ShapeDtypeStructs in, one ShapeDtypeStruct with the sharding out)."""
+  values = [rest["blocks"][i]["ffn"]["moe"].get(name) for i in moe_block_indices(cfg)]
+  if not values or values[0] is None:
+    return None
+  if isinstance(values[0], jax.ShapeDtypeStruct):
+    return jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype, sharding=values[0].sharding)
+  return jnp.stack(values)
+
+
+def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
+  """`rest` with MoE layer j's state `name` replaced by stacked[j] (the rest of the tree shared)."""
+  blocks = dict(rest["blocks"])
+  for j, i in enumerate(moe_block_indices(cfg)):
+    moe = {**blocks[i]["ffn"]["moe"], name: stacked[j]}
+    blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": moe}}
+  return {**rest, "blocks": blocks}
+
+
+def slot_tables(cfg: ModelConfig, rest: dict):
+  """[M, A, Z] int32: the MoE layers' slot tables stacked from the pure-dict `rest` (the non-parameter
+  state of `abstract_state`/`init_state`), or None without replication (moe.slots_per_device unset)."""
+  return _stacked(cfg, rest, "slot_expert")
+
+
+def with_slot_tables(cfg: ModelConfig, rest: dict, tables_MxAxZ) -> dict:
+  """`rest` with MoE layer j's slot table replaced by tables_MxAxZ[j] (the rest of the tree shared)."""
+  return _with_stacked(cfg, rest, "slot_expert", tables_MxAxZ)
+
+
+def expert_biases(cfg: ModelConfig, rest: dict):
+  """[M, E] float32: the MoE layers' auxiliary-loss-free balancing biases (`ExpertBias`) stacked from the
+  pure-dict `rest`, or None without them (moe.bias_update_rate = 0)."""
+  return _stacked(cfg, rest, "expert_bias")
+
+
+def with_expert_biases(cfg: ModelConfig, rest: dict, bias_MxE) -> dict:
+  """`rest` with MoE layer j's balancing bias replaced by bias_MxE[j] (the rest of the tree shared)."""
+  return _with_stacked(cfg, rest, "expert_bias", bias_MxE)
+
+
+def balance_counts(cfg: ModelConfig, rest: dict):
+  """[M, cfg.balance_counts_size] float32: the MoE layers' earlier-micro-batch choice counts (`BalanceCounts`,
+  balance_loss='global_batch') from the pure-dict `rest`, or None without them."""
+  return _stacked(cfg, rest, "balance_counts")
+
+
+def with_balance_counts(cfg: ModelConfig, rest: dict, earlier_counts) -> dict:
+  """`rest` with MoE layer j's earlier-micro-batch choice counts replaced by earlier_counts[j]."""
+  return _with_stacked(cfg, rest, "balance_counts", earlier_counts)

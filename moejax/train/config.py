@@ -1,0 +1,67 @@
+"""A training run's config: its sections and fields, and `checked`, every check that needs no devices, run once
+per run before anything is compiled."""
+
+import ml_collections
+
+from moejax import checkpoint as checkpoint_lib
+from moejax.data import corpus as corpus_lib
+from moejax.models import presets
+from moejax.models.config import ModelConfig, check_fields, from_sections
+from moejax.moe.config import MoEConfig
+from moejax.train import metrics as metrics_lib
+from moejax.train import optim
+from moejax.validation import is_int, require
+
+SECTIONS = {
+    "mesh": ("nodes", "gpus_per_node"),
+    "data": corpus_lib.CONFIG_FIELDS,
+    "optim": optim.CONFIG_FIELDS,
+    "checkpoint": checkpoint_lib.CONFIG_FIELDS,
+    "log": metrics_lib.CONFIG_FIELDS,
+}
+TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
+             "data", "optim", "checkpoint", "log", *presets.CONFIG_FIELDS)
+REQUIRED = tuple(name for name in TOP_LEVEL if name not in presets.CONFIG_FIELDS)  # a preset is optional
+OVERFLOW_POLICIES = ("retry", "drop")
+
+
+def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """The training fields of a config that may hold other sections (e.g. 'generate')."""
+  return ml_collections.ConfigDict({k: v for k, v in config.items() if k in TOP_LEVEL})
+
+
+def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, ModelConfig, MoEConfig]:
+  """(config with its preset applied, model config, MoE layer config): every check that needs no devices,
+  before anything is compiled; errors name the field, its value and what is allowed. The model, moe and mesh
+  sections are read by `moejax.models.config.from_sections`; the data, optim, checkpoint and log sections are
+  checked by the `validate_config` of the module that uses them. A config naming a preset (top-level `preset`)
+  is checked with the preset applied (`moejax.models.presets.apply`)."""
+  check_fields(config, TOP_LEVEL, "", REQUIRED)
+  config = presets.apply(config)
+  for section, known in SECTIONS.items():
+    check_fields(config[section], known, section + ".")
+  model_cfg, moe_cfg = from_sections(config)
+
+  require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
+  require(is_int(config.steps), "steps", config.steps, "a positive int")
+  require(is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
+          f"an int in [2, model.max_len={model_cfg.max_len}]")
+  require(config.on_overflow in OVERFLOW_POLICIES, "on_overflow", config.on_overflow, f"one of {OVERFLOW_POLICIES}")
+  require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
+  require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
+          config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
+  rows = config.batch_size // config.micro_batches
+  devices = config.mesh.nodes * config.mesh.gpus_per_node
+  require(rows % devices == 0, "batch_size", config.batch_size,
+          f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}")
+
+  corpus_lib.validate_config(config.data, prefix="data.", rows=rows)
+  optim.validate_config(config.optim, prefix="optim.")
+  checkpoint_lib.validate_config(config.checkpoint, prefix="checkpoint.")
+  metrics_lib.validate_config(config.log, prefix="log.")
+  return config, model_cfg, moe_cfg
+
+
+def validate(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
+  """The model and MoE layer configs of a training config, after every check (`checked`)."""
+  return checked(config)[1:]
