@@ -41,7 +41,7 @@ _TRACES = flags.DEFINE_string("traces", None, "Path of a .npy int array [L, T(, 
 _NUM_EXPERTS = flags.DEFINE_integer("num_experts", None, "Experts per layer (default: 16 synthetic, max id + 1).")
 _NODES = flags.DEFINE_integer("nodes", 4, "Nodes (Lina Sec. 7.1: 4).")
 _GPUS = flags.DEFINE_integer("gpus_per_node", 4, "GPUs per node (Lina Sec. 7.1: 4).")
-_SLOTS = flags.DEFINE_integer("slots_per_gpu", 2, "Expert slots per GPU (Lina Sec. 7.1 packs at most 4).")
+_SLOTS = flags.DEFINE_integer("slots_per_device", 2, "Expert slots per GPU (Lina Sec. 7.1 packs at most 4).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for lina_replication.json and .png.", required=True)
 _PROFILE = flags.DEFINE_float("profile_fraction", 0.5, "Leading fraction of the tokens profiled.")
 _BATCH = flags.DEFINE_integer("batch_tokens", 16384, "Tokens per inference batch (assumed, 1024 per GPU of 16; Lina "
@@ -196,7 +196,7 @@ def main(argv):
   os.makedirs(_WORKDIR.value, exist_ok=True)
   record = dict(source=source, synthetic=not _TRACES.value, shape=list(ids.shape), num_experts=experts,
                 profiled_tokens=split, batch_tokens=_BATCH.value, dropped_tokens=dropped, nodes=nodes,
-                gpus_per_node=gpus, slots_per_gpu=_SLOTS.value, path_length=_PATH.value, top_k=tables.top_k,
+                gpus_per_node=gpus, slots_per_device=_SLOTS.value, path_length=_PATH.value, top_k=tables.top_k,
                 window=_WINDOW.value, topology=topology.name, d_model=_D_MODEL.value, d_ff=_D_FF.value,
                 accuracy=accuracy, accuracy_moving_average=accuracy_average, replanned=replanned, l1=l1, rows=rows,
                 paper=PAPER, check_ms=_CHECK_MS.value, replan_ms=_REPLAN_MS.value,

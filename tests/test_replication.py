@@ -10,7 +10,7 @@ from moejax.replication import eplb as eplb_lib
 from moejax.replication import rebalance as rebalance_lib
 from moejax.validation import ConfigError
 
-# Shapes (nodes, gpus_per_node, experts, slots_per_gpu): no spare slot, spare slots, E < slots_per_gpu.
+# Shapes (nodes, gpus_per_node, experts, slots_per_device): no spare slot, spare slots, E < slots_per_device.
 SHAPES = [(2, 4, 16, 2), (2, 4, 16, 3), (1, 4, 8, 3), (2, 2, 8, 3), (2, 4, 24, 4), (2, 4, 8, 2), (1, 2, 2, 3)]
 BRUTE_BOUND = 1.05  # rebalance / optimum: worst 1.034 on these cases, 1.047 on 160 others (measured, no proof)
 
@@ -182,7 +182,7 @@ def test_eplb_reproduces_the_published_example():
 
 
 @pytest.mark.parametrize("call,field", [
-    (lambda: rebalance_lib.rebalance(np.ones(17), 2, 4, 2), "slots_per_gpu"),
+    (lambda: rebalance_lib.rebalance(np.ones(17), 2, 4, 2), "slots_per_device"),
     (lambda: rebalance_lib.rebalance(np.array([1.0, -1.0, 2.0]), 1, 2, 2), "load_E"),
     (lambda: rebalance_lib.rebalance(np.array([1.0, np.nan]), 1, 2, 1), "load_E"),
     (lambda: rebalance_lib.rebalance(np.ones((2, 4)), 1, 2, 4), "load_E"),
@@ -190,11 +190,11 @@ def test_eplb_reproduces_the_published_example():
     (lambda: rebalance_lib.rebalance(np.array(["a", "b"]), 1, 2, 1), "load_E"),
     (lambda: rebalance_lib.rebalance(np.ones(4), 2.0, 2, 1), "nodes"),
     (lambda: rebalance_lib.rebalance(np.ones(4), 2, True, 1), "gpus_per_node"),
-    (lambda: rebalance_lib.rebalance(np.ones(4), 2, 2, "1"), "slots_per_gpu"),
-    (lambda: rebalance_lib.rebalance(np.ones(4), 2, 2, 0), "slots_per_gpu"),
+    (lambda: rebalance_lib.rebalance(np.ones(4), 2, 2, "1"), "slots_per_device"),
+    (lambda: rebalance_lib.rebalance(np.ones(4), 2, 2, 0), "slots_per_device"),
     (lambda: eplb_lib.eplb(np.ones(8), 2, 2, 2, num_groups=3), "num_groups"),
     (lambda: eplb_lib.eplb(np.ones(8), 2, 2, 2, num_groups=1.0), "num_groups"),
-    (lambda: eplb_lib.eplb(np.ones(7), 2, 2, 1), "slots_per_gpu"),
+    (lambda: eplb_lib.eplb(np.ones(7), 2, 2, 1), "slots_per_device"),
     (lambda: rebalance_lib.device_loads(np.ones(4), np.arange(4)), "slot_expert"),
     (lambda: rebalance_lib.device_loads(np.ones(4), np.array([[0, 1], [2, 2]])), "slot_expert"),
     (lambda: rebalance_lib.device_loads(np.ones(4), np.array([[0, 1], [2, 4]])), "slot_expert"),

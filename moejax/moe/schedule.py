@@ -29,12 +29,12 @@ from moejax.runtime import mesh as mesh_lib
 
 class Exchange(NamedTuple):
   """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, expert slots per device (an
-  id's device is id // experts_per_gpu), the exchange kind ('ragged' | 'padded' | a `transport.Kind`)
+  id's device is id // slots_per_device), the exchange kind ('ragged' | 'padded' | a `transport.Kind`)
   and the per-hop receive bound (None: the worst case, or the dense kind's blocks)."""
 
   hops: tuple
   axis_sizes: dict
-  experts_per_gpu: int
+  slots_per_device: int
   kind: object
   buffer_rows: int | None
 
@@ -85,15 +85,15 @@ class Result(NamedTuple):
 
 
 def local_experts(ids_R, ex: Exchange):
-  """[R] local expert of each received row; experts_per_gpu for empty rows (sorts them last). A row
+  """[R] local expert of each received row; slots_per_device for empty rows (sorts them last). A row
   at its device has an id in [device * G, (device + 1) * G), so the id mod G is its local expert."""
-  return jnp.where(ids_R >= 0, ids_R % ex.experts_per_gpu, ex.experts_per_gpu)
+  return jnp.where(ids_R >= 0, ids_R % ex.slots_per_device, ex.slots_per_device)
 
 
 def plan(ids_R, ex: Exchange):
   """The path of rows with device-level ids [R] through the exchange's hops -> (ids at arrival, path)."""
   devices = ex.axis_sizes[mesh_lib.NODE] * ex.axis_sizes[mesh_lib.GPU]
-  return transport_lib.plan_path(ids_R, ex.hops, ex.axis_sizes, ex.experts_per_gpu,
+  return transport_lib.plan_path(ids_R, ex.hops, ex.axis_sizes, ex.slots_per_device,
                                   max_rows=devices * ids_R.shape[0], kind=ex.kind, buffer_rows=ex.buffer_rows)
 
 
@@ -114,7 +114,7 @@ def run_grouped(rows_RxD, key_R, groups: int, ffn):
 
 def run_experts(rows_RxD, ids_R, ex: Exchange, local: Experts):
   """The local experts on received rows in any order (id -1 = empty row) -> [R, d] fp32, 0 on empty rows."""
-  return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.experts_per_gpu, local.ffn)
+  return run_grouped(rows_RxD, local_experts(ids_R, ex), ex.slots_per_device, local.ffn)
 
 
 def _may_drop(ex: Exchange) -> bool:
@@ -170,7 +170,7 @@ def comet(x_RxD, ids_R, ex: Exchange, local: Experts, num_chunks: int) -> Result
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
   rows_RxD = plan_lib.permute_rows(transport_lib.move_through(x_RxD, path, ex.hops[:-1], ex.kind), last.order,
                                    last.inverse)
-  groups = ex.experts_per_gpu
+  groups = ex.slots_per_device
   key_R = local_experts(ids_out, ex)
   order_R, position_R, group_sizes = _expert_major(key_R, groups)
   recv_offsets, recv_sizes = last.backward.input_offsets, last.forward.recv_sizes

@@ -184,9 +184,9 @@ class Path(NamedTuple):
   out_rows: tuple[int, ...]
 
 
-def hop_destination(expert_ids, axis_name, experts_per_gpu: int, gpus_per_node: int, num_peers: int):
+def hop_destination(expert_ids, axis_name, slots_per_device: int, gpus_per_node: int, num_peers: int):
   """Peer index along `axis_name` towards each row's expert; num_peers for rows with id -1."""
-  dest = mesh_lib.peer_index(expert_ids // experts_per_gpu, axis_name, gpus_per_node)
+  dest = mesh_lib.peer_index(expert_ids // slots_per_device, axis_name, gpus_per_node)
   return jnp.where(expert_ids >= 0, dest, num_peers)
 
 
@@ -216,7 +216,7 @@ def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buf
   return sizes
 
 
-def plan_path(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_rows: int, kind,
+def plan_path(expert_ids_R, hops, axis_sizes: dict, slots_per_device: int, max_rows: int, kind,
                buffer_rows: int | None = None):
   """Plans every hop of sending each row (global expert id; -1 = not sent) to its expert's device,
   moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, path).
@@ -228,7 +228,7 @@ def plan_path(expert_ids_R, hops, axis_sizes: dict, experts_per_gpu: int, max_ro
   block = as_kind(kind).block_rows if as_kind(kind).name == DENSE else None
   for axis_name, out_rows in zip(hops, out_sizes):
     num_peers = mesh_lib.num_peers(axis_name, n, m)
-    dest = hop_destination(expert_ids_R, axis_name, experts_per_gpu, m, num_peers)
+    dest = hop_destination(expert_ids_R, axis_name, slots_per_device, m, num_peers)
     plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows, block)
     rows_before.append(expert_ids_R.shape[0])
     expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)

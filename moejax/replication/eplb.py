@@ -4,9 +4,9 @@ Hierarchical policy, used when the number of nodes divides the number of expert 
 contiguous blocks of E / num_groups experts, as in DeepSeek-V3's group-limited routing):
   1. pack the groups onto nodes, heaviest first onto the lightest node with room, every node taking
      num_groups / nodes groups;
-  2. inside each node, replicate its experts into the node's gpus_per_node * slots_per_gpu slots, each
+  2. inside each node, replicate its experts into the node's gpus_per_node * slots_per_device slots, each
      spare slot to the largest load per replica;
-  3. pack the node's replicas onto its GPUs the same way, slots_per_gpu each.
+  3. pack the node's replicas onto its GPUs the same way, slots_per_device each.
 Otherwise the global policy: one node and one group, i.e. replicate over all slots, pack onto all GPUs.
 As in EPLB, nothing stops two replicas of an expert from landing on one GPU, and counts have no cap.
 """
@@ -55,10 +55,10 @@ def _hierarchical(load, groups, nodes, gpus, slots):
   return slot_expert
 
 
-def eplb(load_E, nodes, gpus_per_node, slots_per_gpu, num_groups=None) -> np.ndarray:
-  """slot_expert [A, slots_per_gpu] int64 by EPLB for load [E]; num_groups (a divisor of E) defaults to E,
+def eplb(load_E, nodes, gpus_per_node, slots_per_device, num_groups=None) -> np.ndarray:
+  """slot_expert [A, slots_per_device] int64 by EPLB for load [E]; num_groups (a divisor of E) defaults to E,
   one expert per group, which gives the node packing the most freedom."""
-  load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu)
+  load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_device)
   groups = load.size if num_groups is None else check_size("num_groups", num_groups)
   require(load.size % groups == 0, "num_groups", groups, f"a divisor of the number of experts E={load.size}")
   if groups % nodes:

@@ -154,7 +154,7 @@ def phase2(estimate_E, true_E, phase1_table, choices: int, plan) -> tuple[np.nda
 
 
 def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus_per_node: int,
-                 slots_per_gpu: int, window: int = 4):
+                 slots_per_device: int, window: int = 4):
   """Slot tables of every policy for every (batch, target layer) of held-out traces [M, T(, K)].
 
   Batches are consecutive runs of batch_tokens tokens (a trailing partial batch is left out and counted).
@@ -170,7 +170,7 @@ def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus
   plain = rebalance_lib.identity_table(tables.num_experts, devices)
 
   def plan(load_E):
-    return rebalance_lib.rebalance(load_E, nodes, gpus_per_node, slots_per_gpu)
+    return rebalance_lib.rebalance(load_E, nodes, gpus_per_node, slots_per_device)
 
   batch_ids = [ids[:, b * batch_tokens:(b + 1) * batch_tokens] for b in range(batches)]
   truth = np.stack([true_loads(x, tables.num_experts)[tables.first_layer:] for x in batch_ids])  # [B, L-l, E]

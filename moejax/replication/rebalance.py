@@ -1,6 +1,6 @@
 """Replication planner: which logical expert each physical slot holds, so that no device is busy.
 
-A = nodes * gpus_per_node devices hold slots_per_gpu slots each; an expert's load (tokens) is split
+A = nodes * gpus_per_node devices hold slots_per_device slots each; an expert's load (tokens) is split
 evenly over its replicas; a device's load sums its slots. `rebalance` lowers the busiest one's load:
   1. Counts: one replica per expert; of the spare slots, `fillers` go to the least loaded experts
      (weighing almost nothing, they let a heavy expert sit nearly alone on a device, the optimum's
@@ -42,11 +42,11 @@ def check_loads(load_E) -> np.ndarray:
   return load
 
 
-def check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu):
-  """(load [E], nodes, gpus_per_node, slots_per_gpu), validated; there must be a slot for every expert."""
+def check_inputs(load_E, nodes, gpus_per_node, slots_per_device):
+  """(load [E], nodes, gpus_per_node, slots_per_device), validated; there must be a slot for every expert."""
   load, nodes, gpus = check_loads(load_E), check_size("nodes", nodes), check_size("gpus_per_node", gpus_per_node)
-  slots, devices = check_size("slots_per_gpu", slots_per_gpu), nodes * gpus
-  require(slots * devices >= load.size, "slots_per_gpu", slots,
+  slots, devices = check_size("slots_per_device", slots_per_device), nodes * gpus
+  require(slots * devices >= load.size, "slots_per_device", slots,
           f">= ceil(E / A) = {-(-load.size // devices)}: a slot for each of E={load.size} experts on A={devices}")
   return load, nodes, gpus, slots
 
@@ -62,7 +62,7 @@ def device_loads(load_E, slot_expert) -> np.ndarray:
   load = check_loads(load_E)
   slots = np.asarray(slot_expert)
   require(slots.ndim == 2 and slots.size >= 1 and slots.dtype.kind in "iu", "slot_expert",
-          f"shape {slots.shape} dtype {slots.dtype}", "a non-empty 2-D int array [A, slots_per_gpu]")
+          f"shape {slots.shape} dtype {slots.dtype}", "a non-empty 2-D int array [A, slots_per_device]")
   require(slots.min() >= 0 and slots.max() < load.size, "slot_expert", f"ids {slots.min()}..{slots.max()}",
           f"expert ids in [0, {load.size})")
   counts = np.bincount(slots.ravel(), minlength=load.size)
@@ -193,10 +193,10 @@ def slot_table(placed: np.ndarray) -> np.ndarray:
   return np.stack([np.repeat(np.arange(placed.shape[0]), placed[:, d]) for d in range(placed.shape[1])])
 
 
-def rebalance(load_E, nodes, gpus_per_node, slots_per_gpu, duplicates: bool = True) -> np.ndarray:
-  """slot_expert [A, slots_per_gpu] int64 for load [E] (steps in the module docstring). A device holds two
-  replicas of one expert only where E < slots_per_gpu forces it, or with `duplicates` where strictly better."""
-  load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_gpu)
+def rebalance(load_E, nodes, gpus_per_node, slots_per_device, duplicates: bool = True) -> np.ndarray:
+  """slot_expert [A, slots_per_device] int64 for load [E] (steps in the module docstring). A device holds two
+  replicas of one expert only where E < slots_per_device forces it, or with `duplicates` where strictly better."""
+  load, nodes, gpus, slots = check_inputs(load_E, nodes, gpus_per_node, slots_per_device)
   devices, distinct = nodes * gpus, load.size >= slots
   placed = _plan(load, devices, gpus, slots, distinct)
   if distinct and duplicates:

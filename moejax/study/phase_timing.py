@@ -74,7 +74,7 @@ class _Phases:
     return self._map(lambda blocks: jax.lax.all_to_all(blocks, AXES, 0, 0), 1)
 
   def ffn(self):
-    """The expert FFN on rows [R, d] with group sizes [experts_per_gpu] and the local weights."""
+    """The expert FFN on rows [R, d] with group sizes [slots] and the local weights."""
     cfg = self.cfg
 
     def body(rows, sizes, w_in, w_out, *w_gate):
@@ -95,7 +95,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   ex = exchange_for(lay)
   phases = _Phases(cfg, mesh, lay.kind)
   n, m, devices = lay.n, lay.m, lay.n * lay.m
-  tokens, d, experts_per_gpu = lay.tokens, cfg.d_model, lay.slots
+  tokens, d, slots = lay.tokens, cfg.d_model, lay.slots
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
   median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
@@ -107,7 +107,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
                         .reshape(devices * devices, cfg.num_experts * capacity // devices, d))
     send = phases.capacity_exchange()
     comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
-    received, sizes = experts_per_gpu * devices * capacity, np.full((devices, experts_per_gpu), devices * capacity)
+    received, sizes = slots * devices * capacity, np.full((devices, slots), devices * capacity)
   else:
     before = lay.rows
     out_rows = transport_lib.hop_buffer_sizes(ex.hops, ex.axis_sizes, before, devices * before, ex.buffer_rows)
@@ -120,7 +120,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
       before = after
-    received, sizes = before, counts.reshape(devices, experts_per_gpu)
+    received, sizes = before, counts.reshape(devices, slots)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))
