@@ -1,9 +1,9 @@
 """Lina's popularity-based expert replication (ATC'23, Sec. 5) replayed on routing traces.
 
 Profiles the path tables (`moejax.replication.estimator`) on the first --profile_fraction of the
-tokens of --traces ([L, T] or [L, T, K] int expert ids, tokens in batch order, saved with np.save),
+tokens of --traces ([M, T] or [M, T, K] int expert ids, tokens in batch order, saved with np.save),
 then plans the slots of every later batch and scheduled layer (the fourth onwards with l=3) by each
-policy: no replication (expert e alone on device e // (E / D)), a moving average of the recent
+policy: no replication (expert e alone on device e // (E / A)), a moving average of the recent
 batches' loads, Lina phase 1 (the estimate), Lina phase 2 (re-planned on the true load when the top-2k
 sets differ) and the oracle (the true load). Reported: estimation accuracy (Lina Sec. 7.3.2: the
 top-2k sets agree), the L1 distance of the popularity shares, the busiest device's load over the mean,

@@ -139,7 +139,7 @@ def test_measured_rate_from_a_benchmark_json(tmp_path):
   assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source
 
 
-def test_price_layer_splits_hops_by_the_links_they_cross():
+def test_price_from_traffic_splits_hops_by_the_links_they_cross():
   n, m = 2, 4
   rows = np.stack([traffic.uniform_traffic(n, m, "gpu", 3), traffic.uniform_traffic(n, m, "node", 5)])
   b = model.price_from_traffic(rows, ["gpu", "node"], (n, m), 2.0, 1000.0, TOY, other_flops=500.0)

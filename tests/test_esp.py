@@ -19,7 +19,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers
 
-SCHEDULES = ("baseline", "s1", "s2")
+SCHEDULES = parm.ESP_SCHEDULES
 
 
 def _matches(cfg, mesh, schedule, params, x, reference, grads=True):

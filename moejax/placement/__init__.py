@@ -1,6 +1,6 @@
 """Affinity-aware expert placement (ExFlow): which device holds each expert of each MoE layer.
 
-  traces    `routing_traces`: a model's expert ids per MoE layer on token batches -> [L, T, K]
+  traces    `routing_traces`: a model's expert ids per MoE layer on token batches -> [M, T, K]
   affinity  `affinity_counts`: routing traces -> transition counts [M-1, E, E]; `transitions`: the
             cross-node and cross-GPU transitions a placement leaves
   solve     `solve`: ExFlow's ILP (Eqs. 8-12, aggregated), nodes first, then GPUs inside each node

@@ -177,7 +177,7 @@ def _stage(counts, parts, time_limit_s, mip_rel_gap):
 
 def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4,
           routing: str = "topk") -> Placement:
-  """counts [L-1, E, E] (`affinity_counts`) -> Placement for a nodes x gpus_per_node mesh.
+  """counts [M-1, E, E] (`affinity_counts`) -> Placement for a nodes x gpus_per_node mesh.
 
   Stage 1 minimises cross-node transitions; stage 2, per node, the cross-GPU transitions among the
   node's own experts. time_limit_s: wall-time limit of each MILP (stage 1, and stage 2 per node);
