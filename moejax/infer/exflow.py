@@ -18,7 +18,7 @@ where it is, then visits its k experts' devices in choice order (one move per ch
 residual, the weighted outputs so far and its k expert ids; it stays at the last expert's device
 with residual + the weighted sum. k moves per token and layer (Table I's count), in k exchanges.
 
-Honoured: `transport` (its hops: flat, or hierarchical / bilevel two-hop routes; its exchange kind
+Honoured: `transport` (its hops: flat, or hierarchical / bilevel two-hop paths; its exchange kind
 from `platform.exchange_kind`) and `buffer_factor` (each hop receives at most ceil(factor x B / D)
 rows, so the resident-token buffer and a block's cache gather follow the bound, not the batch;
 rows that do not fit are counted in the step's 'dropped' / 'overflowed', and `decode.generate`
@@ -55,7 +55,9 @@ from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing, schedule
 from moejax.moe import transport as transport_lib
 from moejax.moe.experts import shared_experts
-from moejax.moe.traffic import global_traffic
+from moejax.moe.layer import exchange_for
+from moejax.moe.layout import Layout, layout
+from moejax.moe.traffic import hop_traffic
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
@@ -93,11 +95,13 @@ def sample(logits_RxV, requests_R, step, seed, temperature):
   return jnp.where(temperature > 0, drawn, jnp.argmax(logits_RxV, axis=-1)).astype(jnp.int32)
 
 
-def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int, kind, buffer_rows: int | None):
+def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange):
   """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
   choice, along the transport's hops) and gets each expert's weighted output there; it stays at its
-  last expert's device with its residual plus the weighted sum. -> (x, requests, valid) of the rows
-  now here, rows [A, A] moved between flat devices, rows lost to full receive buffers (every device's)."""
+  last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
+  replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
+  -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
+  receive buffers (every device's)."""
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
@@ -106,30 +110,24 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   ids_RxK = decision.expert_ids
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
     ids_RxK = replicas_lib.to_slots(ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts,
-                                    mesh_lib.my_flat_index(m)).reshape(ids_RxK.shape)
+                                    lay.sharding.holder_index(lay.m)).reshape(ids_RxK.shape)
   # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
   shared_RxD = (shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
                 else jnp.zeros(x_RxD.shape, jnp.float32))
-  hops, sizes = transport_lib.transport_hops(cfg.transport), {mesh_lib.NODE: n, mesh_lib.GPU: m}
-  experts_per_gpu = params["w_in"].shape[0]  # the local shard
-  exchange = schedule.Exchange(hops, sizes, experts_per_gpu, kind, buffer_rows)
-  local = schedule.Experts(params["w_in"], params["w_out"], params.get("w_gate"), cfg.activation,
-                           cfg.expert_backend, jnp.dtype(cfg.dtype))
+  local = schedule.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
   # request id (ids < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)
   packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(decision.weights),
                             f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
   ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
-  traffic, lost = jnp.zeros((n * m, n * m), jnp.int32), jnp.zeros((), jnp.int32)
+  traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
   for j in range(k):
     sent_R = ids_at(packed, j, valid_R)
-    ids_R, route = transport_lib.plan_route(sent_R, hops, sizes, experts_per_gpu, max_rows=batch, kind=kind,
-                                            buffer_rows=buffer_rows)
-    packed, valid_R = transport_lib.move_through(packed, route, hops, kind), ids_R >= 0
+    ids_R, path = schedule.plan(sent_R, exchange)
+    packed, valid_R = transport_lib.move_through(packed, path, exchange.hops, exchange.kind), ids_R >= 0
     lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
-    for axis, plan in zip(hops, route.plans):
-      traffic += global_traffic(plan.kept_AxA[jax.lax.axis_index(axis)], axis, n, m)
+    traffic += sum(hop_traffic((path,), lay))
     x_RxD = packed[:, :d].astype(x_RxD.dtype)
     y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_R, exchange, local)
     packed = packed.at[:, d:2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
@@ -137,18 +135,19 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, *, batch: int, n: int, m: int
   return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
 
 
-def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, n, m, kind,
+def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, lay: Layout,
                 buffer_factor):
   """One device's decode step: its b requests' tokens [b] -> (next [b], logits [b, V], cache, counts)."""
   model = nnx.merge(graphdef, params, rest)
-  b = tokens_b.shape[0]
+  b, n, m = tokens_b.shape[0], lay.n, lay.m
   batch = b * n * m
   requests_R = mesh_lib.my_flat_index(m) * b + jnp.arange(b)
   x_RxD = model.embed_tokens(tokens_b[:, None], position)[:, 0]
   valid_R = jnp.ones((b,), bool)
   scatter = lambda rows, where_R, valid: jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[
       jnp.where(valid, where_R, batch)].set(rows, mode="drop")
-  buffer_rows = transport_lib.buffer_bound(buffer_factor, b)  # None: the worst case (the batch)
+  # Each hop moves a device's resident tokens (at most b of its own with a bound, the batch without), one row each.
+  exchange = exchange_for(lay)._replace(buffer_rows=transport_lib.buffer_bound(buffer_factor, b))
   new_kv, sent, lost = [], [], jnp.zeros((), jnp.int32)
   for (k_cache, v_cache), block in zip(cache, model.blocks):
     mine = jnp.where(valid_R, requests_R, 0)
@@ -158,8 +157,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
     at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
     new_kv.append(tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW)))
     if isinstance(block.ffn, MoEFFN):
-      x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, batch=batch, n=n,
-                                                                 m=m, kind=kind, buffer_rows=buffer_rows)
+      x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
       sent.append(rows)
       lost += overflowed
     else:
@@ -191,11 +189,10 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
 
 @functools.lru_cache(maxsize=16)
 def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
-  n, m = mesh_lib.axis_sizes(mesh)
   graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh)
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
-  kind = platform_lib.exchange_kind(moe_cfg.transport, platform_lib.of_mesh(mesh))
-  body = functools.partial(_step_local, graphdef=graphdef, n=n, m=m, kind=kind, buffer_factor=moe_cfg.buffer_factor)
+  lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, kind, slots (the bound is per step)
+  body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = [(P(), P())] * cfg.num_layers
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),
                        out_specs=(P(AXES), P(AXES), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)

@@ -11,6 +11,7 @@ import numpy as np
 from moejax.kernels.tuning import time_call
 from moejax.models.config import ModelConfig
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
 from moejax.study import phase_timing
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import Point, identity, scheme_config
@@ -29,7 +30,7 @@ def fits_real_devices(n: int, m: int, platform: str) -> bool:
     count = len(jax.devices(platform))
   except RuntimeError:  # no such backend
     return False
-  return n * m <= count and (platform == "cpu" or n == 1)
+  return n * m <= count and (platform_lib.simulates_nodes(platform) or n == 1)
 
 
 # LAMB as in SMILE (Sec. 4.1); the step's cost does not depend on these values.
