@@ -68,11 +68,15 @@ def describe(state) -> str:
   return ";".join(leaves)
 
 
+def _canonical(path: str) -> str:
+  """A leaf's path written alike for the saved tree and orbax's metadata of it: a named tuple's attribute
+  as a dict key, a dict key of digits as an index (orbax keeps every key as a string)."""
+  return re.sub(r"\['(\d+)'\]", r"[\1]", re.sub(r"\.(\w+)", r"['\1']", path))
+
+
 def _paths(state) -> list[str]:
-  """Each leaf's path in `state`, written alike for the saved tree and orbax's metadata of it (an attribute
-  of a named tuple as a dict key)."""
-  return [re.sub(r"\.(\w+)", r"['\1']", jax.tree_util.keystr(path))
-          for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
+  """Each leaf's path in `state` (`_canonical`)."""
+  return [_canonical(jax.tree_util.keystr(path)) for path, _ in jax.tree_util.tree_flatten_with_path(state)[0]]
 
 
 def _part_of(description: str, keys) -> str:
@@ -82,8 +86,8 @@ def _part_of(description: str, keys) -> str:
 
 
 def _paths_of_description(description: str) -> list[str]:
-  """The leaf paths of a state's `describe`, written as `_paths` writes them."""
-  return [re.sub(r"\.(\w+)", r"['\1']", entry.rsplit(":", 1)[0]) for entry in description.split(";")]
+  """The leaf paths of a state's `describe` (`_canonical`)."""
+  return [_canonical(entry.rsplit(":", 1)[0]) for entry in description.split(";")]
 
 
 def _brief(error: Exception) -> str:
