@@ -21,3 +21,23 @@ def test_step_record_counts_drops_and_overflow_separately():
   line = metrics.report_line(record, total_steps=10)
   assert f"overflow {100 * np.mean(overflowed_M / total_M):.2f}%" in line
   assert f"drop {100 * np.mean(dropped_M / total_M):.2f}%" in line
+
+
+def test_report_line_shows_the_busiest_expert_load_and_bias_range():
+  counts_MxE = np.array([[10, 30, 20, 40], [25, 25, 25, 25]])
+  step_metrics = {"loss": 2.0, "task_loss": 1.9, "accuracy": 0.5, "aux_loss": 0.1, "grad_norm": 1.0,
+                  "learning_rate": 1e-3, "expert_counts": counts_MxE, "tokens_dropped": np.zeros(2),
+                  "tokens_overflowed": np.zeros(2)}
+  line = metrics.report_line(metrics.step_record(3, step_metrics, step_time_s=0.5, tokens=1000), total_steps=10)
+  busiest = np.mean([40 / 25, 25 / 25])  # max / mean of each layer's counts, averaged over the layers: 1.30
+  assert f"busiest {busiest:.2f}x" in line and "busiest 1.30x" in line
+  assert "bias range" not in line  # no auxiliary-loss-free balancing
+
+  biased = metrics.step_record(3, {**step_metrics, "expert_bias_range": np.array([0.0123, 0.0456])}, 0.5, 1000)
+  line = metrics.report_line(biased, total_steps=10)
+  assert "busiest 1.30x  bias range 0.0456" in line  # the largest range over the MoE layers
+
+  dense = metrics.step_record(3, {**step_metrics, "expert_counts": np.zeros((0, 4)), "tokens_dropped": np.zeros(0),
+                                  "tokens_overflowed": np.zeros(0)}, 0.5, 1000)
+  line = metrics.report_line(dense, total_steps=10)
+  assert "busiest" not in line and "bias range" not in line and "drop 0.00%" in line

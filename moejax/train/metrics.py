@@ -133,12 +133,18 @@ class MetricWriter:
 
 
 def report_line(record: dict, total_steps: int) -> str:
-  """One console line for a record."""
+  """One console line for a record: losses, accuracy, the drop and overflow shares (mean over MoE layers), and
+  where they apply the busiest expert's load over the mean (`busiest 2.31x`, averaged over MoE layers, as
+  `busiest_expert_load`) and the largest bias range over the MoE layers (`bias range 0.0120`, with
+  auxiliary-loss-free balancing); then gradient norm, learning rate and throughput."""
   mean_percent = lambda rates: 100 * float(np.mean(rates)) if rates else 0.0
   drop, overflow = mean_percent(record["drop_rate"]), mean_percent(record.get("overflow_rate", []))
+  balance = f"busiest {record['busiest_expert_load']:.2f}x  " if "busiest_expert_load" in record else ""
+  if record.get("expert_bias_range"):
+    balance += f"bias range {max(record['expert_bias_range']):.4f}  "
   return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
           f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
-          f"overflow {overflow:.2f}%  "
+          f"overflow {overflow:.2f}%  {balance}"
           f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
           f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step")
 
