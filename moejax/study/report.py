@@ -2,7 +2,9 @@
 
 import csv
 import json
+import math
 import os
+import textwrap
 
 COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
            "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
@@ -61,66 +63,193 @@ def write_json(rows: list[dict], config, path: str) -> None:
     json.dump({"config": config.to_dict(), "rows": rows}, f, indent=1)
 
 
-def _grid(count: int, width: float = 5.5):
-  """A figure with `count` panels of `width` inches, three per line."""
-  import matplotlib
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
+# One style per scheme, (colour, marker, linestyle), the same in every plot. Markers are drawn hollow and smaller
+# the later a scheme comes in a panel, so that points of schemes whose curves coincide nest instead of hiding each
+# other; no two schemes share a (colour, marker) pair.
+SCHEME_STYLES = {
+    "switch": ("tab:blue", "o", "-"),
+    "flat_dropless": ("tab:orange", "s", "--"),
+    "hierarchical": ("tab:green", "^", "-."),
+    "smile": ("tab:red", "D", ":"),
+    "node_limited": ("tab:purple", "v", "-"),
+    "chunked": ("tab:brown", "P", "--"),
+    "comet": ("tab:pink", "X", "-."),
+    "esp_baseline": ("tab:gray", "<", ":"),
+    "s1": ("tab:olive", ">", "-"),
+    "s2": ("tab:cyan", "h", "--"),
+}
+COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
+           "tab:olive", "tab:cyan")
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "*")
+LINESTYLES = ("-", "--", "-.", ":")
+# Row fields as axis labels: what the number is, then its unit.
+FIELD_LABELS = {
+    "samples_per_s": "training throughput (samples/s)", "step_s": "training step (s)",
+    "layer_ms": "MoE layer forward (ms)", "layer_inter_node_ms": "inter-node all-to-all per layer (ms)",
+    "layer_intra_node_ms": "intra-node all-to-all per layer (ms)", "layer_expert_ms": "expert compute per layer (ms)",
+    "layer_other_ms": "other per layer (ms)", "layer_hidden_ms": "hidden by overlap per layer (ms)",
+    "grad_sync_ms": "gradient sync per step (ms)", "tensor_parallel_ms": "tensor-parallel traffic per step (ms)",
+    "inter_node_mb_per_gpu": "inter-node traffic per GPU (MB)", "intra_node_mb_per_gpu": "intra-node traffic per GPU (MB)",
+    "comm_hidden_fraction": "share of communication hidden (fraction)",
+    "expert_load_imbalance": "busiest expert load / mean (ratio)", "sim_dropped_fraction": "dropped tokens (fraction)",
+    "layer_ms_min": "MoE layer forward, fastest repeat (ms)", "step_s_min": "training step, fastest repeat (s)",
+}
+
+
+def field_label(field: str) -> str:
+  """A row field as an axis label, 'what (unit)': FIELD_LABELS, else the name with spaces."""
+  return FIELD_LABELS.get(field, field.replace("_", " "))
+
+
+def scheme_styles(schemes) -> dict[str, tuple[str, str, str]]:
+  """(colour, marker, linestyle) per scheme: SCHEME_STYLES, and for schemes it lacks the first (colour, marker)
+  pairs no other scheme of `schemes` has."""
+  styles = {s: SCHEME_STYLES[s] for s in schemes if s in SCHEME_STYLES}
+  used = {style[:2] for style in styles.values()}
+  spare = ((c, m, LINESTYLES[(i + j) % len(LINESTYLES)]) for j, m in enumerate(MARKERS) for i, c in enumerate(COLOURS)
+           if (c, m) not in used)
+  for scheme in schemes:
+    if scheme not in styles:
+      styles[scheme] = next(spare)
+  return styles
+
+
+def nested_marker(rank: int) -> dict:
+  """Line2D keywords of the rank-th curve of a panel: hollow markers, smaller for later curves (so coinciding
+  points nest), drawn above the earlier ones."""
+  return dict(markersize=max(4.0, 12.0 - 1.8 * rank), markerfacecolor="none", markeredgewidth=1.6, linewidth=1.4,
+              zorder=2 + rank)
+
+
+def dodge(rank: int, count: int, spread: float = 0.05) -> float:
+  """The factor by which the rank-th of `count` curves' x (nodes, on a log-2 axis) is moved sideways so that
+  coinciding points stay apart: 2 ** (spread * (rank - centre)), at most a few percent of a doubling."""
+  return 2.0 ** (spread * (rank - (count - 1) / 2))
+
+
+def node_axis(ax, nodes) -> None:
+  """x: nodes on a log-2 axis with a tick at each node count, written as the count (1, 2, 4, not 2^0...)."""
+  from matplotlib.ticker import NullLocator
+
+  nodes = sorted(set(nodes))
+  ax.set_xscale("log", base=2)
+  ax.set_xticks(nodes, [str(n) for n in nodes])
+  ax.xaxis.set_minor_locator(NullLocator())
+  ax.margins(x=0.08)
+  ax.set_xlabel("nodes")
+
+
+def model_text(config, model: str) -> str:
+  """'small: d_model 512, d_ff 2048, 8 layers (4 MoE), 32 x 128 tokens per micro batch' from the sweep's config;
+  the name alone without it."""
+  shape = config.models[model] if config is not None and model in config.models else None
+  if shape is None:
+    return f"model {model}"
+  text = f"model {model}: d_model {shape['d_model']}, d_ff {shape['d_ff']}, {shape['layers']} layers"
+  if "moe_layers" in shape:
+    text += f" ({shape['moe_layers']} MoE)"
+  if "micro_batch" in shape and "seq_len" in shape:
+    text += f", micro batch {shape['micro_batch']} x {shape['seq_len']} tokens"
+  return text
+
+
+def _where(rows: list[dict]) -> tuple[str, str]:
+  """('topology p4d_efa', ' and measured on cpu' or '') of rows: the topology the modelled rows are priced on
+  and the devices of the measured ones."""
+  topologies = sorted({r.get("topology") or "?" for r in rows if r["label"] == "modelled"})
+  devices = sorted({str(r.get("device")) for r in rows if r["label"] == "measured"})
+  return ("topology " + ", ".join(topologies)), (f"; measured on {', '.join(devices)}" if devices else "")
+
+
+def _grid(count: int, width: float = 5.5, height: float = 4.2):
+  """A figure with `count` panels of `width` x `height` inches, three per line (constrained layout, so that
+  titles and legends fit)."""
+  from matplotlib.figure import Figure
 
   cols = min(count, 3)
   rows = -(-count // cols)
-  fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 4.2 * rows), squeeze=False)
+  fig = Figure(figsize=(width * cols, height * rows + 0.8), layout="constrained")
+  axes = fig.subplots(rows, cols, squeeze=False)
   for ax in axes.flat[count:]:
     ax.set_visible(False)
-  return plt, fig, axes.flat
+  return fig, axes.flat
 
 
-def _save(plt, fig, path: str) -> None:
-  fig.tight_layout()
+def _save(fig, path: str) -> None:
   fig.savefig(path, dpi=120)
-  plt.close(fig)
+
+
+def throughput_figure(rows: list[dict], config=None):
+  """Samples/s against nodes: one panel per (model, scaling, GPUs per node), one line per scheme in its
+  SCHEME_STYLES style (modelled; its points moved sideways by `dodge`, hollow markers nested), measured points as crosses in the scheme's colour, and (given the sweep's
+  config) the papers' published points for the same setting as stars (`paper_points`). The title names the
+  topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
+  matplotlib Figure."""
+  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] == "modelled"})
+  models = list(dict.fromkeys(p[0] for p in panels))
+  widths = sorted({p[2] for p in panels})
+  styles = scheme_styles(sorted({r["scheme"] for r in rows}, key=_scheme_order))
+  fig, axes = _grid(len(panels))
+  for ax, (model, scaling, m) in zip(axes, panels):
+    ours = [r for r in rows if (r["model"], r["scaling"], r["gpus_per_node"]) == (model, scaling, m)]
+    schemes = sorted({r["scheme"] for r in ours}, key=_scheme_order)
+    for rank, scheme in enumerate(schemes):
+      colour, marker, linestyle = styles[scheme]
+      mine = [r for r in ours if r["scheme"] == scheme]
+      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in mine if r["label"] == "modelled")
+      measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in mine if r["label"] == "measured")
+      if modelled:
+        shift = dodge(rank, len(schemes))
+        modelled = [(n * shift, speed) for n, speed in modelled]
+        ax.plot(*zip(*modelled), color=colour, marker=marker, linestyle=linestyle, label=scheme, **nested_marker(rank))
+      if measured:
+        nodes, speed, device = zip(*measured)
+        ax.plot(nodes, speed, "x", color=colour, markersize=9, label=f"{scheme}, measured on {device[0]}")
+        ax.set_yscale("log")  # measured devices may be far from the modelled cluster
+      for point in paper_points(config, model, scaling, mine[0].get("topology") or ""):
+        if (point["scheme"], point["gpus_per_node"]) == (scheme, m):
+          ax.plot(point["nodes"], point["samples_per_s"], "*", color=colour, markersize=13, markeredgecolor="k",
+                  label=f"{scheme}, {point['source']}")
+    node_axis(ax, [r["nodes"] for r in ours])
+    has_measured = any(r["label"] == "measured" for r in ours)
+    ax.set_ylabel("samples/s (lines modelled, crosses measured)" if has_measured else "samples/s (modelled)")
+    title = f"{model}, {scaling} scaling" + ("" if len(widths) == 1 else f", {m} GPUs/node")
+    if scaling == "strong" and config is not None and "global_batch" in config:
+      title += f" (global batch {config.global_batch})"
+    elif scaling == "weak":
+      title += " (fixed micro batch per GPU)"
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+  topology, measured = _where(rows)
+  shared = f", {widths[0]} GPUs/node" if len(widths) == 1 else ""
+  fig.suptitle(f"Training throughput, modelled with the cost model on {topology}{shared}{measured}\n"
+               + "; ".join(model_text(config, model) for model in models)
+               + "\neach scheme's points are moved sideways a little, so that equal values stay visible", fontsize=10)
+  return fig
 
 
 def plot_throughput(rows: list[dict], path: str, config=None) -> None:
-  """Samples/s against nodes: one panel per (model, scaling), one line per scheme and GPUs per node
-  (modelled), measured points as crosses in the line's colour, and (given the sweep's config) the papers'
-  published points for the same setting as stars (`paper_points`)."""
-  panels = sorted({(r["model"], r["scaling"]) for r in rows if r["label"] == "modelled"})
-  plt, fig, axes = _grid(len(panels))
-  for ax, (model, scaling) in zip(axes, panels):
-    lines = sorted({(r["scheme"], r["gpus_per_node"]) for r in rows if (r["model"], r["scaling"]) == (model, scaling)})
-    for scheme, m in lines:
-      ours = [r for r in rows if (r["model"], r["scaling"], r["scheme"], r["gpus_per_node"]) == (model, scaling, scheme, m)]
-      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in ours if r["label"] == "modelled")
-      measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in ours if r["label"] == "measured")
-      color = ax.plot(*zip(*modelled), marker="o", label=f"{scheme} ({m} GPUs/node)")[0].get_color()
-      if measured:
-        nodes, speed, device = zip(*measured)
-        ax.plot(nodes, speed, "x", color=color, markersize=9, label=f"{scheme} ({m} GPUs/node), measured on {device[0]}")
-        ax.set_yscale("log")  # measured devices may be far from the modelled cluster
-      for point in paper_points(config, model, scaling, ours[0].get("topology") or ""):
-        if (point["scheme"], point["gpus_per_node"]) == (scheme, m):
-          ax.plot(point["nodes"], point["samples_per_s"], "*", color=color, markersize=13, markeredgecolor="k",
-                  label=f"{scheme}, {point['source']}")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("nodes")
-    has_measured = any(r["label"] == "measured" and (r["model"], r["scaling"]) == (model, scaling) for r in rows)
-    ax.set_ylabel("samples/s (lines modelled, crosses measured)" if has_measured else "samples/s (modelled)")
-    ax.set_title(f"{model}, {scaling} scaling")
-    ax.legend(fontsize=7)
-  _save(plt, fig, path)
+  """`throughput_figure` written as a PNG."""
+  _save(throughput_figure(rows, config), path)
 
 
-def plot_breakdown(rows: list[dict], path: str) -> None:
+def _scheme_order(scheme: str) -> tuple:
+  """Schemes in SCHEME_STYLES's order, others after them by name."""
+  order = list(SCHEME_STYLES)
+  return (order.index(scheme), "") if scheme in order else (len(order), scheme)
+
+
+def breakdown_figure(rows: list[dict], config=None):
   """Stacked per-layer forward time (SMILE Table 3 / Fig. 9): one panel per model, one bar per
   (mesh, scheme), modelled, then measured where there are measured points. The layer does not
-  depend on the scaling, so one scaling's rows are drawn."""
+  depend on the scaling, so one scaling's rows are drawn. The title says the times are modelled (cost model)
+  and on which topology. Returns the matplotlib Figure."""
   rows = [r for r in rows if r["scaling"] == rows[0]["scaling"]]
   models = list(dict.fromkeys(r["model"] for r in rows))
-  plt, fig, axes = _grid(len(models), width=max(5.5, 0.3 * len(rows) / len(models)))
+  fig, axes = _grid(len(models), width=max(6.5, 0.35 * len(rows) / len(models)), height=4.8)
   for ax, model in zip(axes, models):
     bars = sorted((r for r in rows if r["model"] == model),
-                  key=lambda r: (r["label"] == "measured", r["gpus_per_node"], r["nodes"]))
+                  key=lambda r: (r["label"] == "measured", r["gpus_per_node"], r["nodes"], _scheme_order(r["scheme"])))
     bottom = [0.0] * len(bars)
     for field, name in PARTS:
       heights = [max(r[field], 0.0) for r in bars]  # a measured remainder is negative when phases add up to more
@@ -132,19 +261,56 @@ def plot_breakdown(rows: list[dict], path: str) -> None:
     measured = [(i, r["layer_ms"]) for i, r in enumerate(bars) if r["label"] == "measured"]
     if measured:  # the phases were timed apart, so the whole layer is drawn as well
       ax.plot(*zip(*measured), "k_", markersize=14, markeredgewidth=2, label="measured whole layer")
+    for i in range(1, len(bars)):  # a faint line between meshes
+      if (bars[i]["nodes"], bars[i]["gpus_per_node"], bars[i]["label"]) != (
+          bars[i - 1]["nodes"], bars[i - 1]["gpus_per_node"], bars[i - 1]["label"]):
+        ax.axvline(i - 0.5, color="0.8", linewidth=0.8, zorder=0)
     ax.set_xticks(range(len(bars)), [f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}"
                                      + (f" measured on {r['device']}" if r["label"] == "measured" else "")
                                      for r in bars], rotation=90, fontsize=7)
-    ax.set_ylabel("ms per MoE layer forward")
-    ax.set_title(f"{model}: one layer, one micro batch")
+    ax.set_xlabel("nodes x GPUs per node, scheme")
+    ax.set_ylabel("ms per MoE layer forward (modelled)" if not measured else "ms per MoE layer forward")
+    ax.set_title(textwrap.fill(model_text(config, model), 80), fontsize=9)
     ax.legend(fontsize=7)
-  _save(plt, fig, path)
+  topology, measured = _where(rows)
+  fig.suptitle(f"One MoE layer's forward time for one micro batch,\nmodelled with the cost model on {topology}"
+               f"{measured}", fontsize=10)
+  return fig
+
+
+def plot_breakdown(rows: list[dict], path: str, config=None) -> None:
+  """`breakdown_figure` written as a PNG."""
+  _save(breakdown_figure(rows, config), path)
+
+
+def fixed_column(values, digits: int = 5, max_decimals: int = 3, decimals: int | None = None) -> list[str]:
+  """One table column's numbers (None: an empty cell) as strings of one width, all with the same count of
+  decimals and never in exponent notation: `decimals`, else enough for `digits` significant digits of the
+  column's smallest nonzero magnitude, at most `max_decimals`."""
+  present = [abs(v) for v in values if v is not None and v != 0 and math.isfinite(v)]
+  if decimals is None:
+    smallest = min(present, default=1.0)
+    decimals = min(max_decimals, max(0, digits - 1 - math.floor(math.log10(smallest))))
+  cells = [f"{v:.{decimals}f}" if v is not None else "" for v in values]
+  width = max(map(len, cells), default=0)
+  return [c.rjust(width) for c in cells]
+
+
+def text_table(columns: list[tuple[str, list[str], str]]) -> list[str]:
+  """Lines of a table from (header, cells, align '<' or '>') columns, each as wide as its widest cell or header,
+  separated by two spaces."""
+  widths = [max([len(head), *map(len, cells)]) for head, cells, _ in columns]
+  lines = ["  ".join(f"{head:{align}{w}s}" for (head, _, align), w in zip(columns, widths)).rstrip()]
+  for i in range(len(columns[0][1])):
+    lines.append("  ".join(f"{cells[i]:{align}{w}s}" for (_, cells, align), w in zip(columns, widths)).rstrip())
+  return lines
 
 
 def comparison_table(rows: list[dict]) -> str:
   """One line per (model, mesh, scheme): the modelled layer breakdown (ms), modelled samples/s per
   scaling and the ratio to 'switch' on the same mesh; then, where points were measured, the
-  measured layer forward (ms) and samples/s per scaling."""
+  measured layer forward (ms) and samples/s per scaling. Every column's numbers share one format and width
+  (`fixed_column`)."""
   modelled = [r for r in rows if r["label"] == "modelled"]
   measured = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r
               for r in rows if r["label"] == "measured"}
@@ -152,27 +318,28 @@ def comparison_table(rows: list[dict]) -> str:
   by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
   models = list(dict.fromkeys(r["model"] for r in modelled))
   keys = sorted(dict.fromkeys(k[:4] for k in by_point), key=lambda k: models.index(k[0]))
-  head = f"{'model':10s} {'mesh':>6s} {'scheme':14s}" + "".join(f" {name:>8s}" for name in LAYER_COLUMNS.values())
-  head += "".join(f" {s + ' samples/s':>18s} {'vs switch':>9s}" for s in scalings)
+  firsts = [by_point[key + (scalings[0],)] for key in keys]
+  columns = [("model", [k[0] for k in keys], "<"), ("mesh", [f"{k[1]}x{k[2]}" for k in keys], ">"),
+             ("scheme", [k[3] for k in keys], "<")]
+  columns += [(name, fixed_column([r.get(field, 0.0) for r in firsts], decimals=3), ">")
+              for field, name in LAYER_COLUMNS.items()]
+  for scaling in scalings:
+    points = [by_point.get(key + (scaling,)) for key in keys]
+    switches = [by_point.get(key[:3] + ("switch", scaling)) for key in keys]
+    columns.append((f"{scaling} samples/s", fixed_column([p["samples_per_s"] if p else None for p in points]), ">"))
+    ratios = fixed_column([p["samples_per_s"] / s["samples_per_s"] if p and s else None
+                           for p, s in zip(points, switches)], decimals=2)
+    columns.append(("vs switch", [f"{c}x" if c.strip() else f"{c} " for c in ratios], ">"))
+  head = "modelled per-layer forward (ms) and training throughput"
   if measured:
     devices = ", ".join(sorted({r["device"] for r in measured.values()}))
-    head += f" {'measured':>9s}" + "".join(f" {'measured ' + s:>14s}" for s in scalings)
-  lines = ["modelled per-layer forward (ms) and training throughput"
-           + (f"; measured layer forward (ms) and samples/s on {devices}" if measured else ""), head]
-  for model, n, m, scheme in keys:
-    first = by_point[model, n, m, scheme, scalings[0]]
-    line = f"{model:10s} {f'{n}x{m}':>6s} {scheme:14s}" + "".join(f" {first.get(field, 0.0):8.3f}" for field in LAYER_COLUMNS)
-    for scaling in scalings:
-      row, switch = by_point.get((model, n, m, scheme, scaling)), by_point.get((model, n, m, "switch", scaling))
-      line += f" {row['samples_per_s']:18.5g}" if row else f" {'':18s}"
-      line += f" {row['samples_per_s'] / switch['samples_per_s']:8.2f}x" if row and switch else f" {'':9s}"
-    if measured:
-      timed = [measured.get((model, n, m, scheme, scaling)) for scaling in scalings]
-      layer = next((r["layer_ms"] for r in timed if r), None)
-      line += f" {layer:9.3f}" if layer is not None else f" {'':9s}"
-      line += "".join(f" {r['samples_per_s']:14.5g}" if r else f" {'':14s}" for r in timed)
-    lines.append(line)
-  return "\n".join(lines)
+    head += f"; measured layer forward (ms) and samples/s on {devices}"
+    timed = [[measured.get(key + (scaling,)) for scaling in scalings] for key in keys]
+    layers = [next((r["layer_ms"] for r in line if r), None) for line in timed]
+    columns.append(("measured", fixed_column(layers, decimals=3), ">"))
+    columns += [(f"measured {scaling}", fixed_column([line[i]["samples_per_s"] if line[i] else None for line in timed]),
+                 ">") for i, scaling in enumerate(scalings)]
+  return "\n".join([head, *text_table(columns)])
 
 
 def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
@@ -182,5 +349,5 @@ def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   write_csv(rows, paths["results.csv"])
   write_json(rows, config, paths["results.json"])
   plot_throughput(rows, paths["throughput.png"], config)
-  plot_breakdown(rows, paths["breakdown.png"])
+  plot_breakdown(rows, paths["breakdown.png"], config)
   return paths

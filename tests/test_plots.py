@@ -1,0 +1,166 @@
+"""The scaling sweep's plots and table (moejax.study.report) on synthetic rows: every scheme drawn in its own style,
+node counts on the axis, titles that name the model, topology and 'modelled', fixed-width table columns."""
+
+import re
+
+import pytest
+
+from configs import scaling_default
+from moejax.study import report
+from moejax.study.points import SCHEMES
+
+DEFAULT_SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+NODES = (1, 2, 4)
+
+
+def _rows(schemes=DEFAULT_SCHEMES, nodes=NODES, gpus=(4,), measured=False, big=False):
+  """Modelled rows of a sweep on p4d_efa where three schemes coincide (as README's main job's do); with
+  `measured`, one measured row per scheme on 1 node; with `big`, throughputs cross 1e5 mid-column."""
+  rows = []
+  for m in gpus:
+    for s, scheme in enumerate(schemes):
+      for n in nodes:
+        for scaling in ("weak", "strong"):
+          speed = 20000.0 * n * (1.0 if scheme == "switch" else 1.3 + 0.001 * s) * (7.0 if big and n == 4 else 1.0)
+          rows.append(dict(label="modelled", model="small", scaling=scaling, nodes=n, gpus_per_node=m,
+                           scheme=scheme, samples_per_s=speed, topology="p4d_efa", device="",
+                           layer_inter_node_ms=0.1 * (n - 1), layer_intra_node_ms=0.06, layer_expert_ms=0.12,
+                           layer_other_ms=0.024, layer_hidden_ms=0.0, layer_ms=0.2 + 0.1 * (n - 1)))
+      if measured:
+        rows += [dict(rows[-1], label="measured", nodes=1, scaling=sc, samples_per_s=3.21 + s, device="cpu",
+                      layer_ms=12.5) for sc in ("weak", "strong")]
+  return rows
+
+
+def _scheme_lines(ax):
+  """{legend label: (colour, marker, linestyle)} of the panel's lines that have a label."""
+  from matplotlib.colors import to_hex
+
+  return {line.get_label(): (to_hex(line.get_color()), line.get_marker(), line.get_linestyle())
+          for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def _visible_axes(fig):
+  return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def _titles(fig):
+  return " ".join([fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes])
+
+
+def _assert_distinct_schemes(ax, schemes):
+  lines = _scheme_lines(ax)
+  assert set(schemes) <= set(lines), (schemes, list(lines))
+  pairs = [lines[s][:2] for s in schemes]
+  assert len(set(pairs)) == len(pairs), f"two schemes share a (colour, marker): {dict(zip(schemes, pairs))}"
+
+
+def test_every_scheme_has_its_own_colour_and_marker_everywhere():
+  assert set(SCHEMES) <= set(report.SCHEME_STYLES)
+  pairs = [style[:2] for style in report.SCHEME_STYLES.values()]
+  assert len(set(pairs)) == len(pairs)
+  styles = report.scheme_styles(["switch", "mystery", "other"])
+  assert styles["switch"] == report.SCHEME_STYLES["switch"]
+  assert len({s[:2] for s in styles.values()}) == 3  # schemes it does not know get pairs nobody else has
+
+
+def test_throughput_figure_tells_every_scheme_apart():
+  config = scaling_default.get_config()
+  fig = report.throughput_figure(_rows(), config)
+  axes = _visible_axes(fig)
+  assert len(axes) == 2  # weak, strong
+  for ax in axes:
+    _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
+    assert list(ax.get_xticks()) == list(NODES)
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"]
+    assert len(ax.get_xticks(minor=True)) == 0  # no 2^k minor ticks
+    labels = [t.get_text() for t in ax.get_legend().texts]
+    assert labels == list(DEFAULT_SCHEMES)  # the shared GPUs/node is in the title, not in every entry
+    # Coinciding schemes: their markers are moved apart along x, and each point stays near its node count.
+    xs = {line.get_label(): line.get_xdata() for line in ax.get_lines()}
+    assert len({tuple(x) for x in xs.values()}) == len(DEFAULT_SCHEMES)
+    for x in xs.values():
+      assert all(0.9 < got / want < 1.1 for got, want in zip(x, NODES))
+  title = _titles(fig)
+  for word in ("small", "d_model 512", "p4d_efa", "modelled", "4 GPUs/node"):
+    assert word in title, (word, title)
+  assert "measured" not in title
+
+
+def test_a_shared_style_is_caught(monkeypatch):
+  """The check above fails when two schemes are drawn alike."""
+  monkeypatch.setitem(report.SCHEME_STYLES, "smile", report.SCHEME_STYLES["hierarchical"])
+  ax = _visible_axes(report.throughput_figure(_rows()))[0]
+  with pytest.raises(AssertionError, match="share"):
+    _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
+
+
+def test_throughput_figure_with_two_widths_and_measured_points():
+  fig = report.throughput_figure(_rows(gpus=(4, 8), measured=True), scaling_default.get_config())
+  axes = _visible_axes(fig)
+  assert len(axes) == 4  # (weak, strong) x (4, 8 GPUs/node): a panel each
+  assert all(re.search(r"\d GPUs/node", ax.get_title()) for ax in axes)
+  for ax in axes:
+    _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
+    labels = [t.get_text() for t in ax.get_legend().texts]
+    assert not any("GPUs/node" in label for label in labels)
+    assert "switch, measured on cpu" in labels
+  assert "measured on cpu" in _titles(fig) and "modelled" in _titles(fig)
+
+
+def test_breakdown_figure_says_modelled_and_topology():
+  fig = report.breakdown_figure(_rows(), scaling_default.get_config())
+  title = _titles(fig)
+  for word in ("modelled", "cost model", "p4d_efa", "small", "d_model 512"):
+    assert word in title, (word, title)
+  (ax,) = _visible_axes(fig)
+  assert "modelled" in ax.get_ylabel()
+  assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["1x4 switch", "1x4 flat_dropless"]
+
+
+def test_plots_write_pngs(tmp_path):
+  rows = _rows(measured=True)
+  report.plot_throughput(rows, str(tmp_path / "t.png"))
+  report.plot_breakdown(rows, str(tmp_path / "b.png"))
+  for name in ("t.png", "b.png"):
+    assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _assert_fixed_columns(table: str) -> None:
+  """Every numeric cell below the header ends where a column of the fullest line ends (right-aligned in columns of
+  one width), and the cells of a column share one count of decimals (no exponent notation)."""
+  columns = {}
+  for line in table.splitlines()[2:]:
+    for match in re.finditer(r"(?<=\s)-?\d[\d.e+-]*x?(?=\s|$)", line):
+      cell = match.group().rstrip("x")
+      assert "e" not in cell, (cell, line)
+      columns.setdefault(match.end(), set()).add(len(cell.partition(".")[2]))
+  fullest = max((line for line in table.splitlines()[2:]), key=lambda line: len(line.split()))
+  edges = {m.end() for m in re.finditer(r"\d[\d.]*x?(?=\s|$)", fullest)}
+  assert set(columns) <= edges, f"cells end off the columns {sorted(edges)}: {sorted(set(columns) - edges)}"
+  for end, formats in columns.items():
+    assert len(formats) == 1, f"column ending at {end} mixes decimals {formats}"
+
+
+@pytest.mark.parametrize("measured", [False, True])
+def test_table_columns_have_one_format_and_width(measured):
+  table = report.comparison_table(_rows(big=True, measured=measured))
+  lines = table.splitlines()[2:]
+  assert len(lines) == len(DEFAULT_SCHEMES) * len(NODES)
+  _assert_fixed_columns(table)
+  big = next(line for line in lines if line.split()[1] == "4x4")
+  assert re.search(r"\s\d{6}\s", big)  # 1.4e5 samples/s written out, not 1.4e+05
+
+
+@pytest.mark.parametrize("table", ["h\nh\nx  1.000\ny  2.500\nz  3.5", "h\nh\nx  1.000\ny  2.500\nz   3.50",
+                                   "h\nh\nx  1.000\ny  1.1e+05"])
+def test_table_check_catches_a_mixed_column(table):
+  """The format check above fails on a column that changes width, decimals or notation."""
+  with pytest.raises(AssertionError):
+    _assert_fixed_columns(table)
+
+
+def test_fixed_column():
+  assert report.fixed_column([17972.4, 106930.2, None]) == [" 17972", "106930", "      "]
+  assert report.fixed_column([3.21, 40000.0]) == ["    3.210", "40000.000"]
+  assert report.fixed_column([1.0, 1.25], decimals=2) == ["1.00", "1.25"]
