@@ -257,6 +257,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
     say(metrics_lib.format_summary(summary))
+    say(f"curves: python -m experiments.plot_run {workdir}  (writes {workdir}/curves.png)")
   logging.info("training finished: %s", summary)
   return summary
 
