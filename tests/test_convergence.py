@@ -85,3 +85,80 @@ def test_command_line_names_an_unknown_router(tmp_path):
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode != 0 and "routers ['expert_choice']" in done.stderr, done.stderr[-3000:]
   assert not os.listdir(tmp_path)  # refused before anything is written
+
+
+def _synthetic_results(routers=("switch", "gshard", "smile"), models=("gpt", "bert"), seeds=(0, 1), steps=40):
+  """Runs whose loss curves almost coincide (as the study's do): router i's loss is switch's + 0.001 i."""
+  rng = np.random.default_rng(0)
+  return [{"model": m, "router": r, "seed": s, "steps": list(range(1, steps + 1)),
+           "train_loss": list(5.0 - np.linspace(0, 1, steps) + 0.001 * i + 0.01 * rng.standard_normal(steps)),
+           "busiest_load": list(2.0 + 0.5 * i + 0.1 * rng.standard_normal(steps)), "drop_share": [0.1] * steps,
+           "heldout_loss": 4.0 + 0.001 * i} for m in models for i, r in enumerate(routers) for s in seeds]
+
+
+def _labelled_lines(ax):
+  from matplotlib.colors import to_hex
+
+  return {line.get_label(): (to_hex(line.get_color()), line.get_marker())
+          for line in ax.get_lines() if not line.get_label().startswith("_")}
+
+
+def _assert_routers_apart(ax, routers):
+  lines = _labelled_lines(ax)
+  pairs = [next(v for k, v in lines.items() if k.split(" ")[0] == r) for r in routers]
+  assert len(set(pairs)) == len(pairs), f"routers share a (colour, marker): {dict(zip(routers, pairs))}"
+
+
+def test_loss_figure_draws_curves_and_differences_from_the_baseline():
+  routers = ("switch", "gshard", "smile")
+  fig = convergence_report.loss_figure(_synthetic_results(routers), mesh=[2, 4])
+  assert len(fig.axes) == 4  # (curves, differences) x (gpt, bert)
+  top, bottom = fig.axes[0], fig.axes[2]  # gpt's column
+  _assert_routers_apart(top, routers)
+  assert "gpt" in top.get_title() and "minus switch" in bottom.get_title()
+  diffs = {k: line for k in routers[1:] for line in bottom.get_lines() if line.get_label() == k}
+  assert set(diffs) == {"gshard", "smile"}  # the baseline is the zero line and its seeds' band
+  assert abs(np.mean(diffs["smile"].get_ydata()) - 0.002) < 0.02  # 0.001 x rank 2 above switch, within the noise
+  assert "2 x 4 CPU mesh" in fig._suptitle.get_text() and "measured" in fig._suptitle.get_text()
+
+
+def test_load_figure_has_a_panel_per_model_and_router():
+  routers = ("switch", "gshard", "smile")
+  fig = convergence_report.load_figure(_synthetic_results(routers))
+  titles = [ax.get_title() for ax in fig.axes if ax.get_visible()]
+  assert titles == [f"{m}-MoE, {r}" for m in ("gpt", "bert") for r in routers]
+  colours = [_labelled_lines(ax)[r][0] for ax, r in zip(fig.axes, routers)]
+  assert len(set(colours)) == len(routers)
+  assert "switch" in _labelled_lines(fig.axes[1])  # the baseline drawn beside every other router
+
+
+def test_the_router_style_check_catches_a_shared_style(monkeypatch):
+  monkeypatch.setitem(convergence_report.ROUTER_STYLES, "gshard", convergence_report.ROUTER_STYLES["switch"])
+  fig = convergence_report.loss_figure(_synthetic_results())
+  with pytest.raises(AssertionError, match="share"):
+    _assert_routers_apart(fig.axes[0], ("switch", "gshard", "smile"))
+
+
+def test_router_styles_cover_the_study_and_unknown_routers():
+  styles = convergence_report.router_styles([*study_config.ROUTERS, "expert_choice"])
+  assert len({s[:2] for s in styles.values()}) == len(study_config.ROUTERS) + 1
+
+
+def test_redraw_from_a_results_json(tmp_path):
+  results = _synthetic_results()
+  record = {"config": {"steps": 40, "capacity": 1.25}, "mesh": [2, 4], "runs": results}
+  (tmp_path / "results.json").write_text(json.dumps(record))
+  paths = convergence_report.redraw(str(tmp_path / "results.json"), str(tmp_path / "out"))
+  assert [os.path.basename(p) for p in paths] == ["table.md", "loss.png", "busiest_load.png"]
+  assert (tmp_path / "out" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert len((tmp_path / "out" / "table.md").read_text().splitlines()) == 2 + 6
+
+
+def test_the_committed_plots_data_gives_the_committed_table():
+  """docs/convergence/ is drawn from the committed JSON (`redraw`): its table matches the committed table.md."""
+  path = os.path.join(ROOT, "benchmarks/results/2026-11-23-cpu/convergence.json")
+  with open(path) as f:
+    record = json.load(f)
+  rows = convergence_report.table_rows(record["runs"], tail=record["config"]["steps"] // 10)
+  with open(os.path.join(ROOT, "docs/convergence/table.md")) as f:
+    assert convergence_report.format_table(rows, record["config"]["capacity"]) + "\n" == f.read()
