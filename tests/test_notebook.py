@@ -1,4 +1,6 @@
-"""Executes experiments/notebooks/quickstart.ipynb in a fresh kernel and checks what it printed.
+"""experiments/notebooks/quickstart.ipynb: committed with the outputs of one run from top to bottom (so it renders
+where the repository is browsed), and executed in a fresh kernel here; both outputs are checked alike (every
+comparison with the reference, the capacity drops, the overflowing and then grown receive buffers, the figures).
 
 The kernel is a separate process with its own JAX (the notebook simulates its 8 CPU devices itself),
 started from this interpreter (`sys.executable`, so the same virtualenv) through a kernel spec in a
@@ -18,13 +20,18 @@ import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
 
-pytestmark = pytest.mark.slow  # runs the notebook in a kernel
-
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "experiments" / "notebooks" / "quickstart.ipynb"
 ROUTINGS = ("topk", "bilevel")
 TOLERANCE = 1e-4
+MAX_BYTES = 200_000  # the committed notebook: two small figures and short text
 ERROR_LINE = re.compile(r"^(\w+): max relative error vs reference (\S+)", re.MULTILINE)
+DROP_LINE = re.compile(r"^(\w+) capacity_factor (\S+): (\d+) of (\d+) token-choices dropped \(reference (\d+)\), "
+                       r"error vs reference (\S+), vs dropless (\S+)$", re.MULTILINE)
+BUFFER_LINE = re.compile(r"^(\w+) buffer_factor (\S+): \d+ rows per hop, (\d+) token-choices overflowed, "
+                         r"error vs reference (\S+)$", re.MULTILINE)
+GROWN_LINE = re.compile(r"^(\w+) apply_without_overflow from (\S+): settled on buffer_factor (\S+), (\d+) overflowed, "
+                        r"error vs reference (\S+)$", re.MULTILINE)
 PREFIX_MARK = "kernel sys.prefix: "
 
 
@@ -37,6 +44,49 @@ def check_reference_errors(errors: dict[str, float]) -> None:
   assert sorted(errors) == sorted(ROUTINGS), f"notebook printed reference errors for {sorted(errors)}"
   for name, error in errors.items():
     assert math.isfinite(error) and error < TOLERANCE, f"{name}: relative error {error} vs reference"
+
+
+def check_drops(text: str) -> None:
+  """Both transports at each capacity factor: the reference's drops exactly, some drops (and so a changed output)
+  at the smallest factor, fewer as the factor grows."""
+  lines = DROP_LINE.findall(text)
+  assert {transport for transport, *_ in lines} == {"padded", "capacity"}, lines
+  for transport in ("padded", "capacity"):
+    rows = [line[1:] for line in lines if line[0] == transport]
+    assert len(rows) >= 2, rows
+    dropped = [int(row[1]) for row in rows]
+    assert dropped[0] > 0 and dropped == sorted(dropped, reverse=True), rows
+    for factor, drops, choices, reference, error, vs_dropless in rows:
+      assert drops == reference and int(drops) < int(choices), (transport, factor)
+      assert float(error) < TOLERANCE, (transport, factor, error)
+    assert float(rows[0][5]) > 0.1, "the smallest capacity changes the output"
+
+
+def check_buffers(text: str) -> None:
+  """Per routing: the smallest bound overflows (and the output leaves the reference's), the largest does not (and
+  equals it); apply_without_overflow settles on a larger factor with nothing lost."""
+  lines = BUFFER_LINE.findall(text)
+  grown = {name: rest for name, *rest in GROWN_LINE.findall(text)}
+  assert {name for name, *_ in lines} == set(ROUTINGS) == set(grown), (lines, grown)
+  for name in ROUTINGS:
+    rows = [(float(b), int(n), float(e)) for routing, b, n, e in lines if routing == name]
+    assert rows[0][1] > 0 and rows[0][2] > 0.1, rows
+    assert rows[-1][1] == 0 and rows[-1][2] < TOLERANCE, rows
+    start, settled, overflowed, error = grown[name]
+    assert float(settled) > float(start) and overflowed == "0" and float(error) < TOLERANCE, grown[name]
+
+
+def check_outputs(nb) -> None:
+  """What a run of the notebook printed and drew."""
+  text = _stdout(nb)
+  check_reference_errors(reference_errors(text))
+  check_drops(text)
+  check_buffers(text)
+  images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+  assert len(images) == len(ROUTINGS), "one figure of traffic matrices per routing"
+  assert len(re.findall(r"^\w+ hop \d+ over .*: inter-node \d+ rows", text, re.MULTILINE)) == 3  # 1 + 2 hops
+  errors = [out for cell in nb.cells for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+  assert not errors, errors
 
 
 def _kernel_manager(kernel_dir: pathlib.Path) -> KernelManager:
@@ -66,11 +116,20 @@ def _stdout(nb) -> str:
                  if out.get("output_type") == "stream" and out.get("name") == "stdout")
 
 
-def test_notebook_is_stored_clean():
-  nb = nbformat.read(NOTEBOOK, as_version=4)
+def test_notebook_is_committed_with_outputs():
+  """Every code cell ran once, in order, in one kernel, and shows what it printed or drew; no timings, no error,
+  no path of the machine that ran it."""
+  raw = NOTEBOOK.read_text()
+  assert len(raw.encode()) < MAX_BYTES, f"{NOTEBOOK.name}: {len(raw.encode())} bytes"
+  nb = nbformat.reads(raw, as_version=4)
   nbformat.validate(nb)
   code = [cell for cell in nb.cells if cell.cell_type == "code"]
-  assert code and all(not cell.outputs and cell.execution_count is None for cell in code)
+  assert [cell.execution_count for cell in code] == list(range(1, len(code) + 1)), "not run top to bottom once"
+  assert all(cell.outputs for cell in code if "print(" in cell.source or "plt.show()" in cell.source)
+  assert not any("execution" in cell.metadata for cell in code), "execution timings committed"
+  for path in {str(ROOT), sys.prefix, str(pathlib.Path.home())} - {"/"}:
+    assert path not in raw, f"{NOTEBOOK.name} names {path}"
+  check_outputs(nb)
 
 
 def test_check_reference_errors_rejects_bad_output():
@@ -81,6 +140,19 @@ def test_check_reference_errors_rejects_bad_output():
       check_reference_errors(reference_errors(bad))
 
 
+def test_drop_and_buffer_checks_reject_bad_output():
+  text = _stdout(nbformat.read(NOTEBOOK, as_version=4))
+  check_drops(text)
+  check_buffers(text)
+  wrong_reference = re.sub(r"\(reference (\d+)\)", lambda m: f"(reference {int(m.group(1)) + 1})", text, count=1)
+  lost = re.sub(r"(settled on buffer_factor \S+), 0 overflowed", r"\1, 3 overflowed", text, count=1)
+  no_capacity = "\n".join(line for line in text.splitlines() if not line.startswith("capacity "))
+  for bad, check in ((wrong_reference, check_drops), (no_capacity, check_drops), (lost, check_buffers)):
+    with pytest.raises(AssertionError):
+      check(bad)
+
+
+@pytest.mark.slow  # runs the notebook in a kernel
 def test_quickstart_notebook_runs(tmp_path):
   nb = nbformat.read(NOTEBOOK, as_version=4)
   nb.cells.append(nbformat.v4.new_code_cell(f"import sys\nprint({PREFIX_MARK!r} + sys.prefix)"))
@@ -90,9 +162,5 @@ def test_quickstart_notebook_runs(tmp_path):
                                    startup_timeout=120, resources={"metadata": {"path": str(workdir)}})
   client.execute(env=_kernel_env())  # raises CellExecutionError if a cell fails
 
-  text = _stdout(nb)
-  assert f"{PREFIX_MARK}{sys.prefix}\n" in text, "the kernel ran in another environment"
-  check_reference_errors(reference_errors(text))
-  images = [out for cell in nb.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
-  assert len(images) == len(ROUTINGS), "one figure of traffic matrices per routing"
-  assert len(re.findall(r"^\w+ hop \d+ over .*: inter-node \d+ rows", text, re.MULTILINE)) == 3  # 1 + 2 hops
+  assert f"{PREFIX_MARK}{sys.prefix}\n" in _stdout(nb), "the kernel ran in another environment"
+  check_outputs(nb)
