@@ -7,6 +7,12 @@ checked against the single-device reference.
 
 `moe` holds every MoEConfig field (configs/moe_section.py); a field that may be None also takes
 `=None`, e.g. `--config.moe.capacity_factor=None` (dropless, the default here).
+
+The mesh is `mesh` alone: no moe field resizes it. A moe field that must agree with the mesh is checked against
+it and an error names both fields: moe.num_nodes (read by routing=bilevel / node_limited only) must equal
+mesh.nodes, so set both to change the node count of those routings
+(`--config.mesh.nodes=4 --config.moe.num_nodes=4`); moe.num_experts must be a multiple of the mesh's devices.
+`--config.moe.esp_schedule=auto` is resolved for `tokens` on this mesh before the layer is built (printed).
 """
 
 import ml_collections
@@ -26,6 +32,6 @@ def get_config() -> ml_collections.ConfigDict:
   # Every MoEConfig field, at its default unless set here.
   config.moe = moe_section(
       num_experts=16, top_k=2, d_model=64, d_ff=128,
-      num_nodes=config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
+      num_nodes=config.mesh.nodes,  # a copy, not a reference: routing=bilevel / node_limited check it
       gated=True, z_loss_coef=0.001)
   return config

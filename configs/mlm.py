@@ -9,6 +9,11 @@ Sizes after the colon: tiny (default; a 2 x 4 mesh of simulated CPU devices trai
 the embedded corpus), and SMILE's Table 2 models on 16 nodes x 8 GPUs with 128 experts and a global
 batch of 16384 sequences: 3.7b (12 layers, d 768, f 3072, micro-batch 128 per GPU), 13b (24, 1024,
 4096, 64) and 48b (36, 1600, 6400, 64).
+
+The mesh is `mesh` alone: no moe field resizes it. moe.num_nodes (read by routing=bilevel / node_limited only)
+is a copy of mesh.nodes, checked against it (an error names both fields): change both together
+(`--config.mesh.nodes=4 --config.moe.num_nodes=4`). moe.esp_schedule='auto' is resolved when the config is
+checked (moejax.models.config.from_sections), for the tokens one layer call sees.
 """
 
 import ml_collections
@@ -42,7 +47,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "tensor_parallel": False, "grad_sync": "default"})
   # Every MoEConfig field but d_model and d_ff (the trainer takes them from model.*), at its default unless set here.
   config.moe = moe_section(omit=("d_model", "d_ff"), num_experts=8, top_k=1,
-                           num_nodes=config.mesh.get_ref("nodes"),  # used by routing=bilevel / node_limited
+                           num_nodes=config.mesh.nodes,  # a copy: bilevel / node_limited check it
                            capacity_factor=2.0)  # SMILE's; None (--config.moe.capacity_factor=None): dropless
   config.data = ml_collections.ConfigDict({
       "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
@@ -71,7 +76,8 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
                       dropout=0.1, embed_init_std=0.02)
   # Worst-case receive buffers would be 2-3 GiB per hop per GPU here (experiments/exchange_memory.py);
   # 2x the local rows (NVIDIA's DeepSeek recipe) with on_overflow='retry' keeps training exact.
-  config.moe.update(num_experts=128, transport="ragged", dtype="bfloat16", buffer_factor=2.0)
+  config.moe.update(num_experts=128, transport="ragged", dtype="bfloat16", buffer_factor=2.0,
+                    num_nodes=config.mesh.nodes)
   config.data.update(tokenizer_train_chars=100_000_000, shards=128, prefetch=4)
   config.optim.update(learning_rate=1e-3, warmup_steps=2000, end_fraction=0.0)  # lr from SMILE's grid
   config.checkpoint.update(every_steps=1000)

@@ -11,7 +11,7 @@ import typing
 import ml_collections
 
 from moejax.moe.config import MoEConfig
-from moejax.validation import ConfigError, require
+from moejax.validation import ConfigError, reject_unknown, require
 
 NoneType = type(None)
 
@@ -26,13 +26,12 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
 
   A field that may be None is an untyped reference: a typed one (placeholder(float)) would take flags through
   absl's float parser, which rejects 'None', and a str field turns `=None` into the string 'None'; untyped, the
-  flag is read as a Python literal, and MoEConfig checks its type. A FieldReference override (e.g. `config.mesh.get_ref('nodes')`) is kept, so
-  the field follows what it refers to."""
+  flag is read as a Python literal, and MoEConfig checks its type. A FieldReference override is kept, so the
+  field follows what it refers to; fields that must agree with the mesh (num_nodes) are copies, checked against it
+  (moejax.validation.check_mesh), never references that would resize the mesh from the moe section."""
   fields = dataclasses.fields(MoEConfig)
   known = [f.name for f in fields]
-  unknown = sorted((set(overrides) | set(omit)) - set(known))
-  if unknown:
-    raise ConfigError(f"unknown config field(s) {['moe.' + u for u in unknown]}; known: {sorted(known)}")
+  reject_unknown(set(overrides) | set(omit), known, "moe.")
   for name in sorted(set(overrides) & set(omit)):
     require(False, f"moe.{name}", overrides[name], "unset: the experiment derives it (omitted from its moe section)")
   hints = typing.get_type_hints(MoEConfig)

@@ -7,6 +7,11 @@ Runs in a few minutes on 2 CPU cores.
 
   python -m experiments.scaling --workdir=/tmp/scaling
   python -m experiments.scaling --workdir=/tmp/scaling --config.topology=dgx_h100_ib --config.gpus_per_node="(2, 4)"
+  python -m experiments.scaling --workdir=/tmp/scaling --config.gpus_per_node="(8,)" --config.global_batch=1024
+
+Strong scaling splits global_batch over every mesh: it must be a multiple of devices x micro_batch on each, so the
+default 512 fits meshes of up to 16 devices at micro batch 32; 4 x 8 needs 1024 (the error names the value that
+fits every mesh and model of the sweep).
 """
 
 import ml_collections
@@ -22,9 +27,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.gemm_sms = 108  # A100 SXM4 datasheet: 108 SMs; the wave model of the GEMM pieces of 'chunked' and 'comet'
   config.nodes = (1, 2, 4)
   config.gpus_per_node = (4,)
-  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")  # more: configs/scaling_schedules.py
+  # more: configs/scaling_schedules.py
+  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
   config.scalings = ("weak", "strong")
-  config.global_batch = 512  # samples per step under strong scaling (fixed); weak: devices x micro_batch
+  config.global_batch = 512  # samples per step under strong scaling (a multiple of devices x micro_batch on each mesh)
   config.models = ml_collections.ConfigDict({
       "small": {"d_model": 512, "d_ff": 2048, "layers": 8, "moe_layers": 4, "seq_len": 128, "micro_batch": 32,
                 "vocab": 32128},

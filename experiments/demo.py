@@ -14,11 +14,12 @@ import time
 
 import jax
 import numpy as np
-from absl import app, logging
+from absl import logging
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from experiments import config_flag
 from experiments.config_flag import define_config
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -29,7 +30,7 @@ from moejax.moe.transport import transport_hops
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
-from moejax.validation import ConfigError, require
+from moejax.validation import ConfigError, check_mesh, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
 _CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
@@ -45,7 +46,7 @@ def validate(config) -> MoEConfig:
           "tokens", config.tokens, f"a positive multiple of the mesh's {devices} devices")
   require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
   moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
-  moe.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  check_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)  # no moe field resizes the mesh
   return moe
 
 
@@ -127,4 +128,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_flag.run(main)

@@ -14,8 +14,9 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
+from experiments import config_flag
 from experiments.config_flag import define_config
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
@@ -74,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_flag.run(main)

@@ -16,8 +16,9 @@ results go to results.csv, results.json, throughput.png and breakdown.png in the
 import os
 import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from experiments import config_flag
 from experiments.config_flag import define_config
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import report
@@ -47,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_flag.run(main)

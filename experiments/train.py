@@ -13,9 +13,10 @@ import logging
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 from absl import logging as absl_logging
 
+from experiments import config_flag
 from experiments.config_flag import define_config
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import distributed
@@ -50,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_flag.run(main)

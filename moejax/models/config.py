@@ -7,7 +7,7 @@ import ml_collections
 
 from moejax.cost import parm
 from moejax.moe.config import DTYPES, MoEConfig
-from moejax.validation import ConfigError, is_int, require
+from moejax.validation import ConfigError, check_mesh, is_int, prefixed, require
 
 KINDS = ("bert", "gpt")
 GRAD_SYNCS = ("default", "prioritized")
@@ -115,10 +115,10 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoECo
   moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
-    moe_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+    check_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.<field> and mesh.*
   model_cfg.check_mesh(config.mesh.gpus_per_node)
   if is_int(config.batch_size) and is_int(config.micro_batches) and is_int(config.seq_len):
     # Parm's Algorithm 1 picks 'auto' here, for the tokens one layer call sees, never while tracing.
     tokens = config.batch_size // config.micro_batches * config.seq_len
-    moe_cfg = parm.resolve_auto(moe_cfg, tokens, config.mesh.nodes, config.mesh.gpus_per_node)
+    moe_cfg = prefixed("moe.", parm.resolve_auto, moe_cfg, tokens, config.mesh.nodes, config.mesh.gpus_per_node)
   return model_cfg, moe_cfg

@@ -9,7 +9,7 @@ import importlib.util
 from collections.abc import Mapping
 from typing import Any
 
-from moejax.validation import ConfigError, is_int, is_number, require
+from moejax.validation import is_int, is_number, prefixed, reject_unknown, require
 
 ROUTINGS = ("topk", "bilevel", "node_limited")
 TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
@@ -227,18 +227,10 @@ class MoEConfig:
   @classmethod
   def from_mapping(cls, fields: Mapping[str, Any], prefix: str = "") -> "MoEConfig":
     """Builds from a dict or ConfigDict (e.g. `config.moe` with prefix 'moe.'), rejecting unknown
-    fields by name; errors name the field with `prefix`."""
-    known = {f.name for f in dataclasses.fields(cls)}
+    fields by name (with their nearest known fields); errors name the field with `prefix`."""
     fields = dict(fields)
-    unknown = sorted(set(fields) - known)
-    if unknown:
-      raise ConfigError(f"unknown config field(s) {[prefix + u for u in unknown]}; known: {sorted(known)}")
-    try:
-      return cls(**fields)
-    except ConfigError as e:
-      if e.field is None:
-        raise
-      require(False, prefix + e.field, e.value, e.allowed)
+    reject_unknown(fields, [f.name for f in dataclasses.fields(cls)], prefix)  # one line: the nearest fields
+    return prefixed(prefix, cls, **fields)
 
   @property
   def balance_counts_size(self) -> int:

@@ -4,12 +4,13 @@ that let reruns skip finished points."""
 import dataclasses
 import hashlib
 import json
+import math
 import os
 
 from moejax.cost import topology as topology_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import platform as platform_lib
-from moejax.validation import ConfigError, is_int, require
+from moejax.validation import ConfigError, is_int, reject_unknown, require
 
 SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited", "chunked", "comet", "esp_baseline",
            "s1", "s2")
@@ -82,10 +83,7 @@ def check_moe_fields(moe) -> None:
   for name in SCHEME_FIELDS:
     require(name not in moe, f"moe.{name}", moe.get(name), "unset: each scheme sets it")
   known = SWEEP_FIELDS + tuple(f.name for f in dataclasses.fields(MoEConfig) if f.name not in SCHEME_FIELDS)
-  unknown = sorted(set(moe) - set(known))
-  if unknown:
-    raise ConfigError(f"unknown config field(s) {['moe.' + u for u in unknown]}; known: {sorted(known)}",
-                      f"moe.{unknown[0]}", moe[unknown[0]], f"one of {sorted(known)}")
+  reject_unknown(moe, known, "moe.")  # one line: each unknown field's nearest known ones
   for name in SWEEP_FIELDS:
     require(name in moe, f"moe.{name}", None, "set: the sweep needs it")
 
@@ -153,12 +151,14 @@ def validate(config) -> list[Point]:
             config.measure[field], "a positive int")
   meshes = [(n, m) for m in config.gpus_per_node for n in config.nodes]
   if "strong" in config.scalings:
+    works = math.lcm(*(n * m * model.micro_batch for model in config.models.values() for n, m in meshes))
     for name, model in config.models.items():
       for n, m in meshes:
-        require(isinstance(config.global_batch, int) and config.global_batch % (n * m * model.micro_batch) == 0,
+        require(is_int(config.global_batch) and config.global_batch % (n * m * model.micro_batch) == 0,
                 "global_batch", config.global_batch,
                 f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
-                "for strong scaling")
+                f"for strong scaling; --config.global_batch={works} fits every mesh and model of this sweep "
+                f"(or a smaller models.{name}.micro_batch, or --config.scalings=\"('weak',)\")")
   check_moe_fields(config.moe)
   for n, m in meshes:
     for scheme in config.schemes:
