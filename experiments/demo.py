@@ -3,8 +3,13 @@
   python -m experiments.demo                                   # embedded default: configs/demo.py
   python -m experiments.demo --config.moe.transport=hierarchical --config.moe.capacity_factor=1.25
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
+  python -m experiments.demo --config.moe.buffer_factor=0.05      # bounded receive buffers that overflow
 
-Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
+Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices. The mesh is config.mesh
+alone; moe fields that must agree with it are checked (configs/demo.py). moe.esp_schedule='auto' is resolved
+here for config.tokens on this mesh and the choice printed. The report shows the token-choices dropped by
+capacity (moe.capacity_factor) beside those that overflowed bounded receive buffers (moe.buffer_factor), and
+when the output differs from the reference it says which of the two explains it.
 """
 
 import os
@@ -21,6 +26,8 @@ from jax.sharding import PartitionSpec as P
 
 from experiments import config_flag
 from experiments.config_flag import define_config
+from moejax.cost import parm
+from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params, param_specs
@@ -30,14 +37,16 @@ from moejax.moe.transport import transport_hops
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
-from moejax.validation import ConfigError, check_mesh, require
+from moejax.validation import ConfigError, check_mesh, prefixed, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
 _CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
 
 
 def validate(config) -> MoEConfig:
-  """All checks that need no devices; returns the layer config."""
+  """All checks that need no devices; returns the layer config, moe.esp_schedule='auto' resolved for
+  config.tokens on the mesh (Parm's Algorithm 1, `moejax.cost.parm.resolve_auto`). Errors name the field as the
+  config spells it (moe.<field>, mesh.<field>)."""
   for field in ("nodes", "gpus_per_node"):
     value = config.mesh[field]
     require(isinstance(value, int) and value >= 1, f"mesh.{field}", value, "a positive int")
@@ -47,7 +56,7 @@ def validate(config) -> MoEConfig:
   require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
   moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
   check_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)  # no moe field resizes the mesh
-  return moe
+  return prefixed("moe.", parm.resolve_auto, moe, config.tokens, config.mesh.nodes, config.mesh.gpus_per_node)
 
 
 def global_array(value: np.ndarray, mesh, spec) -> jax.Array:
@@ -86,21 +95,59 @@ def run(config) -> dict:
   aux = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True) if k == "expert_ids" else v)
          for k, v in aux.items()}
   result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
-            "hop_axes": [str(axes) for axes in transport_hops(cfg.transport)], "row_bytes": cfg.d_model * host_x.dtype.itemsize,
+            "esp_schedule": str(cfg.esp_schedule), "buffer_factor": str(cfg.buffer_factor),
+            "hop_axes": [str(axes) for axes in transport_hops(cfg.transport)],
+            "row_bytes": cfg.d_model * host_x.dtype.itemsize,
             **aux}
   if config.check_reference:
-    y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=n * m))(host_params, host_x)
+    groups = expert_sharding.of(cfg).token_groups(n, m)  # the capacity groups of the layer's dispatch
+    y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=groups))(host_params, host_x)
     result["relative_error"] = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
     result["aux_loss_error"] = abs(float(aux["aux_loss"]) - float(aux_ref["aux_loss"]))
+    result["reference_tokens_dropped"] = int(aux_ref["tokens_dropped"])
   return result
+
+
+def lost_choices(result: dict, config) -> str:
+  """Token-choices the layer did not process: dropped by capacity and overflowed bounded receive buffers."""
+  buffers = ("worst-case receive buffers" if result["buffer_factor"] == "None"
+             else f"bounded receive buffers, moe.buffer_factor={result['buffer_factor']}")
+  return (f"token-choices dropped: {int(result['tokens_dropped'])} (capacity, moe.capacity_factor="
+          f"{config.moe.capacity_factor}), overflowed: {int(result['tokens_overflowed'])} ({buffers})")
+
+
+def explain_difference(result: dict) -> str:
+  """Why the output differs from the reference: overflow (bounded buffers), capacity drops that differ from the
+  reference's, or neither (a bug)."""
+  overflowed, dropped = int(result["tokens_overflowed"]), int(result["tokens_dropped"])
+  ref_dropped = result.get("reference_tokens_dropped", dropped)
+  reasons = []
+  if overflowed:
+    reasons.append(f"{overflowed} token-choices overflowed the bounded receive buffers (moe.buffer_factor="
+                   f"{result['buffer_factor']}; the reference has none): raise moe.buffer_factor, or None for "
+                   "worst-case buffers")
+  if dropped != ref_dropped:
+    reasons.append(f"capacity dropped {dropped} token-choices, the reference {ref_dropped} (moe.capacity_factor): "
+                   "the capacity groups differ")
+  if not reasons:
+    return f"neither overflow nor capacity drops explain it ({dropped} dropped as in the reference, 0 overflowed)"
+  return "; ".join(reasons)
 
 
 def report(result: dict, config) -> None:
   d = config.mesh.nodes * config.mesh.gpus_per_node
+  if config.moe.esp_schedule == "auto":
+    print(f"moe.esp_schedule='auto' resolved to {result['esp_schedule']!r} (Parm's Algorithm 1 for "
+          f"{config.tokens} tokens on {config.mesh.nodes} x {config.mesh.gpus_per_node}, moe.esp_cost="
+          f"{config.moe.esp_cost!r})")
   print(f"compile {result['compile_s']:.2f} s, step {result['step_ms']:.2f} ms (median of {config.steps})")
   print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, "
-        f"z {result['z_loss']:.6f}); token-choices dropped: {result['tokens_dropped']}")
-  print(f"expert counts: {result['expert_counts'].tolist()}")
+        f"z {result['z_loss']:.6f})")
+  print(lost_choices(result, config))
+  counts = result["expert_counts"]
+  print(f"expert counts (token-choices processed: {int(counts.sum())} of {config.tokens * config.moe.top_k}"
+        f"{' x node_top_k' if config.moe.routing == 'bilevel' and config.moe.node_top_k > 1 else ''}): "
+        f"{counts.tolist()}")
   summary = traffic_summary(result["traffic_rows"], config.mesh.gpus_per_node, result["row_bytes"])
   for hop, (traffic, axes, split) in enumerate(zip(result["traffic_rows"], result["hop_axes"], summary)):
     print(f"hop {hop} over {axes}: {split['inter_node_rows']} rows / {split['inter_node_bytes']} B inter-node, "
@@ -124,7 +171,8 @@ def main(argv):
     if config.output:
       np.savez(config.output, **{k: np.asarray(v) for k, v in result.items()})
   if result.get("relative_error", 0.0) > config.tolerance:
-    sys.exit(f"error: output differs from the reference by {result['relative_error']:.2e}")
+    sys.exit(f"error: output differs from the reference by {result['relative_error']:.2e}: "
+             f"{explain_difference(result)}")
 
 
 if __name__ == "__main__":
