@@ -12,6 +12,7 @@ experiment's main with `run(main)` (absl's app.run with a one-line flags error).
 import os
 import re
 import sys
+import traceback
 
 import ml_collections
 from absl import app, flags
@@ -44,8 +45,9 @@ def check_override(config, path: str) -> None:
     node, parents = node[key], [*parents, key]
 
 
-def load_error(argument: str, error: Exception) -> ConfigError:
-  """One line for a config file that could not be loaded: `argument` ('path' or 'path:arg') and why."""
+def load_error(argument: str, error: BaseException) -> ConfigError:
+  """One line for a config file that could not be loaded: `argument` ('path' or 'path:arg'), the line of the file
+  that raised (where known) and why."""
   path = argument.split(":", 1)[0]
   if not os.path.isfile(path):
     return ConfigError(f"config file {path} does not exist (--config=PATH[:ARG], PATH relative to "
@@ -55,7 +57,12 @@ def load_error(argument: str, error: Exception) -> ConfigError:
   reason = lines[-1] if lines else type(cause).__name__
   if lines and not isinstance(cause, ValueError):
     reason = f"{type(cause).__name__}: {reason}"
-  return ConfigError(f"config file {argument} could not be loaded: {reason}", path)
+  where = [f.lineno for f in traceback.extract_tb(cause.__traceback__) if os.path.abspath(f.filename)
+           == os.path.abspath(path)]
+  if isinstance(cause, SyntaxError) and cause.lineno:
+    where.append(cause.lineno)
+  at = f" (line {where[-1]})" if where else ""
+  return ConfigError(f"config file {argument} could not be loaded{at}: {reason}", path)
 
 
 class _CheckedParser(flags.ArgumentParser):
@@ -67,7 +74,7 @@ class _CheckedParser(flags.ArgumentParser):
   def parse(self, argument):
     try:
       config = self.parser.parse(argument)
-    except (TypeError, ValueError) as e:  # get_config raised; ml_collections wraps it with its traceback
+    except Exception as e:  # the file or its get_config raised (ml_collections wraps some with a traceback)
       raise load_error(argument, e) from None
     error = getattr(config, "_error", None) if not isinstance(config, ml_collections.ConfigDict) else None
     if isinstance(error, Exception):  # ml_collections' _ErrorConfig: the file could not be read

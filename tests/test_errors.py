@@ -41,6 +41,13 @@ def test_config_argument_error_is_one_line_with_its_message():
   assert "configs/mlm.py:huge" in line and "unknown size 'huge'; choose tiny or one of" in line
 
 
+def test_broken_config_file_is_one_line_naming_its_line(tmp_path):
+  path = tmp_path / "broken.py"
+  path.write_text("def get_config():\n  return undefined_name\n")
+  line = last_line("demo", f"--config={path}")
+  assert f"config file {path} could not be loaded (line 2): NameError: name 'undefined_name'" in line
+
+
 @pytest.mark.parametrize("explicit", [False, True])
 def test_misspelt_field_lists_the_nearest_matches_only(explicit):
   args = ["--config=configs/demo.py"] if explicit else []
