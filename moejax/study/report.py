@@ -185,7 +185,9 @@ def throughput_figure(rows: list[dict], config=None):
   config) the papers' published points for the same setting as stars (`paper_points`). The title names the
   topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
   matplotlib Figure."""
-  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] == "modelled"})
+  order = {"weak": 0, "strong": 1}
+  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] == "modelled"},
+                  key=lambda p: (p[0], order.get(p[1], 2), p[1], p[2]))
   models = list(dict.fromkeys(p[0] for p in panels))
   widths = sorted({p[2] for p in panels})
   styles = scheme_styles(sorted({r["scheme"] for r in rows}, key=_scheme_order))
@@ -270,7 +272,7 @@ def breakdown_figure(rows: list[dict], config=None):
                                      for r in bars], rotation=90, fontsize=7)
     ax.set_xlabel("nodes x GPUs per node, scheme")
     ax.set_ylabel("ms per MoE layer forward (modelled)" if not measured else "ms per MoE layer forward")
-    ax.set_title(textwrap.fill(model_text(config, model), 80), fontsize=9)
+    ax.set_title(textwrap.fill(model_text(config, model), 90), fontsize=9)
     ax.legend(fontsize=7)
   topology, measured = _where(rows)
   fig.suptitle(f"One MoE layer's forward time for one micro batch,\nmodelled with the cost model on {topology}"
