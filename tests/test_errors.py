@@ -9,6 +9,7 @@ import pytest
 
 from moejax.models.config import from_sections
 from moejax.moe.config import MoEConfig
+from moejax.train import config as train_config
 from moejax.validation import ConfigError, check_mesh, prefixed, unknown_field_message
 from tests.helpers import ENV, ROOT
 
@@ -111,3 +112,11 @@ def test_unknown_field_message_keeps_only_close_matches():
       "unknown config field moe.schedul (did you mean moe.schedule?)")
   assert "moe.load_balance_coef or moe.local_balance_coef" in unknown_field_message(["balance_coef"], known, "moe.")
   assert unknown_field_message(["x"], known) == "unknown config field x (no close match among the 5 fields of the config)"
+
+
+def test_training_sections_name_misspelt_fields_with_their_nearest_matches():
+  config = mlm.get_config()
+  config.optim.learning_rat = 1.0
+  with pytest.raises(ConfigError, match=r"^unknown config field optim\.learning_rat \(did you mean "
+                                        r"optim\.learning_rate\?\)$"):
+    train_config.checked(config)

@@ -10,7 +10,7 @@ from moejax.models.config import ModelConfig, check_fields, from_sections
 from moejax.moe.config import MoEConfig
 from moejax.train import metrics as metrics_lib
 from moejax.train import optim
-from moejax.validation import is_int, require
+from moejax.validation import is_int, reject_unknown, require
 
 SECTIONS = {
     "mesh": ("nodes", "gpus_per_node"),
@@ -36,9 +36,11 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
   sections are read by `moejax.models.config.from_sections`; the data, optim, checkpoint and log sections are
   checked by the `validate_config` of the module that uses them. A config naming a preset (top-level `preset`)
   is checked with the preset applied (`moejax.models.presets.apply`)."""
+  reject_unknown(config, TOP_LEVEL)  # one line: each unknown field's nearest known ones
   check_fields(config, TOP_LEVEL, "", REQUIRED)
   config = presets.apply(config)
   for section, known in SECTIONS.items():
+    reject_unknown(config[section], known, section + ".")
     check_fields(config[section], known, section + ".")
   model_cfg, moe_cfg = from_sections(config)
 
