@@ -9,9 +9,10 @@ Runs in a few minutes on 2 CPU cores.
   python -m experiments.scaling --workdir=/tmp/scaling --config.topology=dgx_h100_ib --config.gpus_per_node="(2, 4)"
   python -m experiments.scaling --workdir=/tmp/scaling --config.gpus_per_node="(8,)" --config.global_batch=1024
 
-Strong scaling splits global_batch over every mesh: it must be a multiple of devices x micro_batch on each, so the
-default 512 fits meshes of up to 16 devices at micro batch 32; 4 x 8 needs 1024 (the error names the value that
-fits every mesh and model of the sweep).
+The meshes are every nodes x gpus_per_node pair (a sweep has no mesh section; each scheme derives its moe.num_nodes
+and moe.num_experts from the mesh). Strong scaling splits global_batch over every mesh: it must be a multiple of
+devices x micro_batch on each, so the default 512 fits meshes of up to 16 devices at micro batch 32; 4 x 8 needs
+1024 (the error names the value that fits every mesh and model of the sweep).
 """
 
 import ml_collections

@@ -39,8 +39,10 @@ def check_override(config, path: str) -> None:
       raise ConfigError(f"unknown config field {path}: {section} is a value, not a section", path)
     if key not in node:
       prefix = "".join(p + "." for p in parents)
+      rest = path[len(prefix + key) + 1:]
+      if rest and rest.split(".")[0] in node:  # e.g. mesh.nodes where this config's section holds nodes itself
+        raise ConfigError(f"unknown config field {path} (did you mean {prefix}{rest}?)", path)
       message = unknown_field_message([key], node.keys(), prefix)
-      rest = path[len(prefix + key):]
       raise ConfigError(message.replace(f"field {prefix}{key} ", f"field {path} ", 1) if rest else message, path)
     node, parents = node[key], [*parents, key]
 

@@ -62,6 +62,11 @@ def test_scaling_global_batch_names_the_value_that_fits():
   assert "global_batch=512" in line and "mesh 4x8" in line and "--config.global_batch=1024 fits" in line
 
 
+def test_a_section_the_config_lacks_points_to_the_field_it_holds():
+  line = last_line("scaling", "--config.mesh.gpus_per_node=(8,)", WORKDIR)
+  assert line.endswith("unknown config field mesh.gpus_per_node (did you mean gpus_per_node?)")
+
+
 def test_demo_never_resizes_the_mesh_from_the_moe_section():
   line = last_line("demo", "--config.moe.routing=bilevel", "--config.moe.transport=bilevel",
                    "--config.moe.top_k=1", "--config.moe.num_nodes=4")
