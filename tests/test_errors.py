@@ -116,7 +116,8 @@ def test_unknown_field_message_keeps_only_close_matches():
   assert unknown_field_message(["schedul"], known, "moe.") == (
       "unknown config field moe.schedul (did you mean moe.schedule?)")
   assert "moe.load_balance_coef or moe.local_balance_coef" in unknown_field_message(["balance_coef"], known, "moe.")
-  assert unknown_field_message(["x"], known) == "unknown config field x (no close match among the 5 fields of the config)"
+  assert unknown_field_message(["x"], known) == (
+      "unknown config field x (no close match among the 5 fields of the config)")
 
 
 def test_training_sections_name_misspelt_fields_with_their_nearest_matches():
