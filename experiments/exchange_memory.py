@@ -2,7 +2,7 @@
 
 For each SMILE model of configs/mlm.py (16 nodes x 8 GPUs, 128 experts, one micro-batch of
 sequences per GPU, top-1) and each transport, the rows and bytes of every hop's receive buffer
-(`moejax.moe.transport.hop_buffer_sizes`, the sizes the layer allocates) with worst-case buffers
+(`moejax.moe.path.hop_sizes`, the sizes the layer allocates; top-1, so one row per choice) with worst-case buffers
 (`buffer_factor=None`) and with each bounded factor. One buffer of activations, forward only: the
 expert FFN's hidden rows, the combine and the backward hold buffers of the same row count.
 
@@ -14,6 +14,7 @@ import json
 from absl import app, flags
 
 from configs import mlm
+from moejax.moe import path as path_lib
 from moejax.moe import transport as transport_lib
 from moejax.runtime import mesh as mesh_lib
 
@@ -31,12 +32,11 @@ def rows(nodes: int, gpus: int, factors: list[float], transports: list[str]) -> 
   out = []
   for model, (_, d, _, _, per_gpu) in mlm.SIZES.items():
     local_rows = per_gpu * SEQ_LEN * TOP_K
-    max_rows = nodes * gpus * local_rows
     for transport in transports:
       hops = transport_lib.transport_hops(transport)
       for factor in [None, *factors]:
-        sizes = transport_lib.hop_buffer_sizes(hops, {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, local_rows,
-                                               max_rows, transport_lib.buffer_bound(factor, local_rows))
+        sizes = [h.out_rows for h in path_lib.hop_sizes(hops, {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, local_rows,
+                                                        1, "ragged", transport_lib.buffer_bound(factor, local_rows))]
         out.append({"model": model, "d_model": d, "local_rows": local_rows, "transport": transport,
                     "buffer_factor": factor, "hop_rows": sizes,
                     "hop_mib": [r * d * BYTES / 2 ** 20 for r in sizes]})

@@ -152,10 +152,10 @@ def test_bilevel_exchanges_over_node_and_gpu_axes_separately(mesh_2x4):
   bilevel = _permutes(_cfg(2, 4, 2), mesh_2x4)
   assert {_hop(pairs) for _, pairs in bilevel} == {"node", "gpu"}
   data = sorted(_hop(pairs) for dtype, pairs in bilevel if dtype == "f32")
-  # Fig. 5's four exchanges of data: dispatch and combine over 'node' (one ring step with 2 nodes)
-  # and over 'gpu' (three ring steps with 4 GPUs).
-  assert data == ["gpu"] * 6 + ["node"] * 2
+  # Fig. 5's four exchanges of data, dispatch and combine over 'node' (one ring step with 2 nodes) and over
+  # 'gpu' (three ring steps with 4 GPUs), and the combine weights' dispatch over each.
+  assert data == ["gpu"] * 9 + ["node"] * 3
 
   flat = _permutes(MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12), mesh_2x4)
   assert "any" in {_hop(pairs) for _, pairs in flat}
-  assert sum(dtype == "f32" for dtype, _ in flat) == 2 * 7  # dispatch and combine, 7 ring steps each
+  assert sum(dtype == "f32" for dtype, _ in flat) == 3 * 7  # rows, weights and the combine, 7 ring steps each

@@ -173,15 +173,22 @@ def _hand_hop_time(rows, hop, n, m, bytes_per_row, topo):
   return topo["launch"] + latency + bandwidth
 
 
+@pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("transport,hops", [("padded", [FLAT]), ("hierarchical", ["gpu", "node"])])
-def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops):
-  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, transport=transport)
+def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops, dedup):
+  """The layer's traffic priced hop by hop; the experts' work is the choices they processed: the rows that
+  arrive without dedup, fewer rows (each with several choices) with it."""
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, transport=transport, dedup=dedup)
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (64, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"])
-  rows_A = traffic.rows_processed(rows)
-  np.testing.assert_array_equal(rows_A, np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1))
+  rows_A, choices_A = traffic.rows_processed(rows), np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1)
+  if dedup:
+    assert (rows_A <= choices_A).all() and rows_A.sum() < choices_A.sum()
+  else:
+    np.testing.assert_array_equal(rows_A, choices_A)
+  rows_A = choices_A
   topo = topology_lib.P4D_EFA
   b = model.price_from_traffic(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_A, 8, 16), topo)
   hand = [_hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)

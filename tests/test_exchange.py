@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from moejax.moe import path as path_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -120,10 +121,11 @@ def test_padded_program_does_not_grow_with_devices(devices):
 @pytest.mark.parametrize("transport,hops", [("ragged", 1), ("hierarchical", 2), ("bilevel", 2)])
 def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transport, hops):
   """The GPU program (lowered for CUDA here, without a GPU): forward and backward type-check under
-  shard_map, every hop is a ragged_all_to_all (rows and ids out, rows back, and both transposed in
-  the backward: 5 per hop) whose receive buffer holds ceil(buffer_factor * T * K) rows."""
+  shard_map, every hop is a ragged_all_to_all (ids, rows and weights out, rows back, and the three float moves
+  transposed in the backward: 7 per hop; the arrival flags feed only the counts, which the loss leaves out)
+  whose receive buffer holds ceil(buffer_factor * T * K) rows."""
   shapes = helpers.cuda_ragged_shapes(monkeypatch, transport=transport)
-  assert len(shapes) == 5 * hops, shapes
+  assert len(shapes) == 7 * hops, shapes
   local_rows, buffer_rows = helpers.LOCAL_TOKENS * 2, math.ceil(1.5 * helpers.LOCAL_TOKENS * 2)
   assert {s for s in shapes} <= {(local_rows, buffer_rows), (buffer_rows, local_rows), (buffer_rows, buffer_rows)}
   assert (local_rows, buffer_rows) in shapes
@@ -132,16 +134,21 @@ def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, transpor
 @pytest.mark.parametrize("nodes,gpus", [(2, 4), (16, 8)])
 def test_hop_buffer_sizes_worst_case_and_bounded(nodes, gpus):
   """Worst case: a hop receives all rows of its peers' previous buffers (never more than all rows
-  of all devices); bounded: every hop holds ceil(b * local rows), whatever the mesh."""
+  of all devices); bounded: every hop holds ceil(b * local rows), whatever the mesh. With dedup and S slots per
+  row a device sends at most min(S, peers) rows per row, and the bound also holds the slots that arrive."""
   axis_sizes, rows = {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, 100
   everything = nodes * gpus * rows
   worst = {"ragged": [everything], "hierarchical": [gpus * rows, everything], "bilevel": [nodes * rows, everything]}
   for transport, expected in worst.items():
     hops = transport_lib.transport_hops(transport)
-    assert transport_lib.hop_buffer_sizes(hops, axis_sizes, rows, everything) == expected
+    assert [h.out_rows for h in path_lib.hop_sizes(hops, axis_sizes, rows, 1, "padded")] == expected
     bound = transport_lib.buffer_bound(1.25, rows)
     assert bound == 125
-    assert transport_lib.hop_buffer_sizes(hops, axis_sizes, rows, everything, bound) == [125] * len(hops)
+    sizes = path_lib.hop_sizes(hops, axis_sizes, rows, 1, "padded", bound)
+    assert [h.out_rows for h in sizes] == [125] * len(hops) and sizes[-1].bound == 125
+  slots = 4  # 25 tokens with 4 slots: as many slots as 100 one-slot rows
+  first = path_lib.hop_sizes(((mesh_lib.NODE, mesh_lib.GPU),), axis_sizes, 25, slots, "padded", bound)[0]
+  assert first.taken == 25 * min(slots, nodes * gpus) and first.out_rows == 125 and first.bound == 125
 
 
 def test_exchange_memory_table_at_smile_sizes():

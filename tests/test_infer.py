@@ -97,16 +97,19 @@ def test_sampling_is_the_same_in_both_modes_and_follows_the_seed(model, prompts)
   assert np.mean(other != draws["vanilla"]) > 0.3
 
 
-def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None):
+def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None, dedup=True):
   """Exchange rows per generated token of the decode steps, counted from the traces: vanilla sends a
   token's copy to each of its experts' devices and back home at every MoE layer; exflow moves the
-  token from where it is through its experts' devices in choice order and leaves it at the last.
-  placement [M, E]: device of each expert (default e // (E / D))."""
+  token from where it is through its experts' devices in choice order and leaves it at the last. With dedup
+  a token goes once to each device: vanilla's copy to each distinct device, exflow through its devices in
+  ascending order (a device's choices together). placement [M, E]: device of each expert (default e // (E / D))."""
   k = expert_ids.shape[-1]
   per_token = expert_ids.reshape(expert_ids.shape[0], BATCH, -1, k)[:, :, PROMPT:]  # decode-step tokens
   if placement is None:
     placement = np.tile(np.arange(E) // (E // devices), (per_token.shape[0], 1))
   device_of = np.stack([p[t] for p, t in zip(placement, per_token)])  # [M, B, N - 1, K]
+  if dedup and mode == "exflow":
+    device_of = np.sort(device_of, axis=-1, kind="stable")
   home = np.broadcast_to(np.arange(BATCH)[:, None] // (BATCH // devices), device_of.shape[1:3])
   node = lambda d: d // gpus_per_node
   inside = cross = 0
@@ -116,6 +119,8 @@ def _numpy_rows(expert_ids, gpus_per_node, devices, mode, placement=None):
       src = home if mode == "vanilla" else where
       dest = layer_devices[..., choice]
       moved = src != dest
+      if dedup and mode == "vanilla":  # a device already sent to this layer gets no second copy
+        moved &= ~(layer_devices[..., :choice] == dest[..., None]).any(axis=-1)
       crossed = moved & (node(src) != node(dest))
       copies = 2 if mode == "vanilla" else 1
       inside, cross = inside + copies * np.sum(moved & ~crossed), cross + copies * np.sum(crossed)

@@ -80,26 +80,34 @@ def test_single_token_per_device(n, m, tokens):
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
 
 
+@pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("transport", ["padded", "hierarchical"])
-def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport):
+def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport, dedup):
+  """Rows per hop from a NumPy count of the routing: one per token-choice, or with dedup one per token and
+  destination of the hop (a token's choices on one device, or through one GPU index, travel as one row)."""
   m, experts_per_gpu, k, tokens_per_device = 4, 2, 2, 16
-  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport)
+  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport, dedup=dedup)
   params = init_params(jax.random.key(9), cfg)
   x = jax.random.normal(jax.random.key(10), (8 * tokens_per_device, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   logits = np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64)
   ids = np.argsort(-logits, -1)[:, :k]
-  source = np.repeat(np.arange(8), tokens_per_device)[:, None].repeat(k, 1)
-  dest = ids // experts_per_gpu
+  token = np.arange(8 * tokens_per_device)[:, None].repeat(k, 1)
+  source, dest = token // tokens_per_device, ids // experts_per_gpu
+
+  def count(src, dst):  # rows from src to dst: one per choice, or with dedup per distinct (token, dst)
+    rows = list(zip(token.ravel(), src.ravel(), dst.ravel()))
+    out = np.zeros((8, 8), int)
+    for _, s_, d_ in (set(rows) if dedup else rows):
+      out[s_, d_] += 1
+    return out
+
   traffic = np.asarray(aux["traffic_rows"])
   if transport == "padded":
-    want = [np.zeros((8, 8), int)]
-    np.add.at(want[0], (source, dest), 1)
+    want = [count(source, dest)]
   else:  # hop 0 inside the node to the destination's GPU index, hop 1 across nodes
     via = (source // m) * m + dest % m
-    want = [np.zeros((8, 8), int), np.zeros((8, 8), int)]
-    np.add.at(want[0], (source, via), 1)
-    np.add.at(want[1], (via, dest), 1)
+    want = [count(source, via), count(via, dest)]
   np.testing.assert_array_equal(traffic, np.stack(want))
 
 

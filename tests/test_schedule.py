@@ -81,10 +81,11 @@ def test_bad_schedules_are_named(mesh_2x4):
     MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="comet", num_chunks=3)
   with pytest.raises(ConfigError, match="num_chunks=0"):
     MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="chunked", num_chunks=0)
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="chunked", num_chunks=3)
-  params = init_params(jax.random.key(0), cfg)
-  with pytest.raises(ConfigError, match="num_chunks=3 does not divide the 16 token-choice rows each device sends"):
-    moe_apply(params, jnp.ones((64, 8)), cfg, mesh_2x4)
+  for dedup, rows in ((False, "16 token-choice rows"), (True, r"8 token rows \(dedup: one row per token\)")):
+    cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="chunked", num_chunks=3, dedup=dedup)
+    params = init_params(jax.random.key(0), cfg)
+    with pytest.raises(ConfigError, match=f"num_chunks=3 does not divide the {rows} each device sends"):
+      moe_apply(params, jnp.ones((64, 8)), cfg, mesh_2x4)
 
 
 def _dependent_matmuls(cfg, mesh):
@@ -102,48 +103,49 @@ def _dependent_matmuls(cfg, mesh):
   return dependents, len(matmuls)
 
 
+@pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("schedule", ["sequential", "chunked", "comet"])
-def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4, schedule):
+def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4, schedule, dedup):
   """Flat exchanges over 8 peers, C = 2, no gating: one router matmul, one first and one second expert GEMM
-  per computed piece, one weighted sum. sequential: the dispatch feeds both GEMMs; chunked: a chunk's
-  dispatch feeds only its own two GEMMs; comet: the others' rows (the device's own move locally) feed the
-  first GEMM of those rows and the C second-GEMM blocks, not the GEMM of the device's own rows, and a
-  column block's combine feeds only the weighted sum. Combines feed only the weighted sum, and carry d
-  columns (lossless buffers: no arrival marker)."""
-  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2)
+  per computed piece. sequential: the dispatch feeds both GEMMs; chunked: a chunk's dispatch feeds only its own
+  two GEMMs; comet: the others' rows (the device's own move locally) feed the first GEMM of those rows and the C
+  second-GEMM blocks, not the GEMM of the device's own rows. The weights (S columns: K slots with dedup, 1
+  without) follow the router and feed no matmul (the experts scale their outputs); the combines feed no matmul
+  and carry d columns (lossless buffers), or d / C per comet block."""
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, schedule=schedule, num_chunks=2, dedup=dedup)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
-  d, c = 8, 2
-  if schedule == "sequential":  # dispatch: after the router; combine: after the router and both GEMMs
-    assert matmuls == 4 and dependents == {(d, 1): [3], (d, 3): [1]}
-  elif schedule == "chunked":  # per chunk: the dispatch feeds its 2 GEMMs + the sum, the combine the sum
-    assert matmuls == 6 and dependents == {(d, 1): [3] * c, (d, 3): [1] * c}
+  d, c, w = 8, 2, 2 if dedup else 1
+  if schedule == "sequential":  # dispatch and weights: after the router; combine: after the router and both GEMMs
+    assert matmuls == 3 and dependents == {(d, 1): [2], (w, 1): [0], (d, 3): [0]}
+  elif schedule == "chunked":  # per chunk: the dispatch feeds its 2 GEMMs
+    assert matmuls == 5 and dependents == {(d, 1): [2] * c, (w, 1): [0] * c, (d, 3): [0] * c}
   else:  # a column block's combine: after the router, both first GEMMs and its own second-GEMM block
-    assert matmuls == 1 + 2 + c + 1
-    assert dependents == {(d, 1): [1 + c + 1], (d // c, 4): [1] * c}
+    assert matmuls == 1 + 2 + c
+    assert dependents == {(d, 1): [1 + c], (w, 1): [0], (d // c, 4): [0] * c}
 
 
-def test_bounded_buffers_bring_arrival_back_with_the_combine(mesh_2x4):
-  """Where a hop may drop rows, the combine carries one more column (which rows arrived), not an exchange of its
-  own: sequential's combine is d + 1 wide and there is no other float exchange after the GEMMs."""
+def test_bounded_buffers_learn_arrival_from_int_flags(mesh_2x4):
+  """Where a hop may drop rows, which slots arrived comes back as int32 flags before any row moves (so a
+  choice's copies can be zeroed together): the float exchanges are those of lossless buffers, the combine d wide."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, buffer_factor=1.5)
   dependents, matmuls = _dependent_matmuls(cfg, mesh_2x4)
-  assert matmuls == 4 and dependents == {(8, 1): [3], (9, 3): [1]}
+  assert matmuls == 3 and dependents == {(8, 1): [2], (2, 1): [0], (8, 3): [0]}
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])
 def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
-  """The GPU program (lowered for CUDA, without a GPU) with bounded buffers over 8 peers, C = 2.
-  comet: the ids move once, the others' rows in one exchange (own rows locally) and back as C column
-  blocks, each transposed in the backward: 1 + 2 + 2 * C ragged all-to-alls into the bounded
-  buffer. chunked: the ids' round trip that decides the drops, then per chunk the sequential five (rows, ids, rows back, and
-  the two transposed)."""
+  """The GPU program (lowered for CUDA, without a GPU) with bounded buffers over 8 peers, C = 2, dedup.
+  comet: the ids move once, the others' rows in one exchange (own rows locally), the weights in one, and the
+  rows back as C column blocks; the three float moves transposed in the backward: 3 + C + 2 + C ragged
+  all-to-alls into the bounded buffer. chunked: the ids' round trip that decides the drops, then per chunk the
+  sequential seven (ids, rows, weights, rows back, and the three float moves transposed)."""
   shapes = helpers.cuda_ragged_shapes(monkeypatch, transport="ragged", schedule=schedule, num_chunks=2)
   local_rows, buffer_rows = helpers.LOCAL_TOKENS * 2, math.ceil(1.5 * helpers.LOCAL_TOKENS * 2)
   if schedule == "comet":
-    assert len(shapes) == 1 + 2 + 2 * 2, shapes
+    assert len(shapes) == 3 + 2 + 2 + 2, shapes
     assert set(shapes) == {(local_rows, buffer_rows), (buffer_rows, local_rows)}, shapes
   else:
-    assert len(shapes) == 2 + 2 * 5, shapes
+    assert len(shapes) == 2 + 2 * 7, shapes
     # every chunk receives into the whole bound: one chunk may hold all the rows that fit
     assert set(shapes) == {(local_rows, buffer_rows), (buffer_rows, local_rows), (local_rows // 2, buffer_rows),
                            (buffer_rows, local_rows // 2)}, shapes

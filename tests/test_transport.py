@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport
 from moejax.moe.config import MoEConfig
@@ -46,35 +47,50 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
   np.testing.assert_array_equal(np.asarray(got), np.stack(expected))
 
 
+@pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("n,m,hops", [
     (2, 4, transport.FLAT_HOPS), (2, 4, transport.HIERARCHICAL_HOPS), (4, 2, transport.HIERARCHICAL_HOPS),
     (2, 4, (mesh_lib.NODE, mesh_lib.GPU)), (1, 8, transport.HIERARCHICAL_HOPS), (8, 1, transport.HIERARCHICAL_HOPS)])
-def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops):
+def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup):
+  """Rows with 3 slots each: every slot reaches its expert's device, in one row per (row, device) with dedup
+  (carrying all its slots there) or one row per slot without; the way back sums a row's returns (here each
+  received row sends back its payload times its slot count, so a row gets its payload times its slots);
+  `path.arrived` reports every slot."""
   mesh = mesh_lib.make_mesh(n, m)
-  num, rows, experts_per_gpu = n * m, 10, 2
+  num, rows, slots, experts_per_gpu = n * m, 10, 3, 2
   rng = np.random.default_rng(n * 10 + m)
-  ids = rng.integers(-1, num * experts_per_gpu, (num, rows)).astype(np.int32)  # -1: not sent
+  ids = rng.integers(-1, num * experts_per_gpu, (num, rows, slots)).astype(np.int32)  # -1: not sent
   ids[1] = 3  # one device sends everything to one expert
+  ids[2, :, 1] = ids[2, :, 0] ^ 1  # a row's two slots on one device
   values = rng.normal(size=(num, rows, 4)).astype(np.float32)
   sizes = {mesh_lib.NODE: n, mesh_lib.GPU: m}
 
   def body(x, e):
-    ids_r, path = transport.plan_path(e[0], hops, sizes, experts_per_gpu, num * rows, "padded")
-    rows_r = transport.move_through(x[0], path, hops, "padded")
-    back = transport.move_back(rows_r * 2.0, path, hops, "padded")
-    return rows_r[None], ids_r[None], back[None], mesh_lib.my_flat_index(m)[None]
+    ids_r, path = path_lib.plan_path(e[0], hops, sizes, experts_per_gpu, "padded", dedup=dedup)
+    rows_r = path_lib.move_through(x[0], path, hops, "padded")
+    count_R = jnp.sum(ids_r >= 0, axis=1, keepdims=True).astype(jnp.float32)
+    back = path_lib.move_back(rows_r * count_R, path, hops, "padded")
+    arrived = path_lib.arrived(ids_r, path, hops, "padded")
+    return rows_r[None], ids_r[None], back[None], arrived[None]
 
   spec = P(ALL)
-  rows_r, ids_r, back, me = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec),
-                                                  out_specs=(spec,) * 4))(values, ids)
-  rows_r, ids_r, back = map(np.asarray, (rows_r, ids_r, back))
+  rows_r, ids_r, back, arrived = map(np.asarray, jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec),
+                                                                      out_specs=(spec,) * 4))(values, ids))
   for device in range(num):
-    arrived = ids_r[device] >= 0
-    assert np.all(ids_r[device][arrived] // experts_per_gpu == device)
-    assert not rows_r[device][~arrived].any()
-    want = sorted(map(tuple, values[ids // experts_per_gpu == device]))
-    assert sorted(map(tuple, rows_r[device][arrived])) == want
-  np.testing.assert_array_equal(back, np.where((ids >= 0)[..., None], 2.0 * values, 0.0))
+    here = ids_r[device] >= 0
+    assert np.all(ids_r[device][here] // experts_per_gpu == device)
+    used = here.any(axis=1)
+    assert not rows_r[device][~used].any()
+    got = sorted((tuple(v), tuple(sorted(i[i >= 0]))) for v, i in zip(rows_r[device][used], ids_r[device][used]))
+    want = []
+    for src in range(num):
+      for r in range(rows):
+        mine = [int(i) for i in ids[src, r] if i >= 0 and i // experts_per_gpu == device]
+        groups = [mine] if dedup and mine else [[i] for i in mine]
+        want += [(tuple(values[src, r]), tuple(sorted(g))) for g in groups]
+    assert got == sorted(want)
+  np.testing.assert_allclose(back, values * (ids >= 0).sum(axis=2, keepdims=True), rtol=1e-6)
+  np.testing.assert_array_equal(arrived, ids >= 0)
 
 
 @pytest.mark.parametrize("out_rows", [5, 12, 20])

@@ -24,5 +24,6 @@ def capacity_traffic(n: int, m: int, num_experts: int, capacity: int) -> np.ndar
 
 
 def rows_processed(traffic_rows: np.ndarray) -> np.ndarray:
-  """[A] rows each device holds after the last hop, i.e. the rows its experts compute."""
+  """[A] rows each device holds after the last hop: the rows its experts compute when each row is one choice
+  (without dedup, or the dense dispatch); with dedup a row carries several, and the work is expert_counts."""
   return np.asarray(traffic_rows)[-1].sum(axis=0)

@@ -53,6 +53,10 @@ class MoEConfig:
     ceil(b * local_tokens * K) rows (the same bound on every hop, so it does not compound); rows that
     do not fit are dropped deterministically (per receiver, lower sources first, and within a block
     the later rows), output zero and are counted in aux['tokens_overflowed']. Ignored by 'capacity'.
+  dedup: True: in each exchange hop a token travels once per destination of the hop, with the ids and weights
+    of its experts there; the experts weight their outputs and one sum per token goes back, summed again per hop
+    (reduced combine). False: one row per token-choice. None (default): True, but False with esp_schedule='s2'
+    (its dispatched tensor holds a row per token-choice; 's2' with True is refused).
   renormalize: combine weights divided by their sum over the token's choices (else raw).
   load_balance_coef: alpha: of the Switch loss alpha * E * sum_e f_e * P_e ('topk', 'node_limited'),
     or of the node term of SMILE's loss alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j.
@@ -119,6 +123,7 @@ class MoEConfig:
   node_top_k: int = 1
   capacity_factor: float | None = None
   buffer_factor: float | None = None
+  dedup: bool | None = None
   activation: str = "gelu"
   gated: bool = False
   renormalize: bool = False
@@ -148,7 +153,10 @@ class MoEConfig:
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       value = getattr(self, name)
       require(is_int(value), name, value, "a positive int")
-    require(self.routing in ROUTINGS, "routing", self.routing, f"one of {ROUTINGS}")
+    for name, options in (("routing", ROUTINGS), ("transport", TRANSPORTS), ("expert_backend", EXPERT_BACKENDS),
+                          ("activation", ACTIVATIONS), ("dtype", DTYPES), ("schedule", SCHEDULES),
+                          ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES)):
+      require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
     if self.routing in NODE_ROUTINGS:
       n = self.num_nodes
       require(is_int(n) and self.num_experts % n == 0, "num_nodes", n,
@@ -161,24 +169,20 @@ class MoEConfig:
     if self.routing in NODE_ROUTINGS:
       limit = self.experts_per_node * (self.node_top_k if self.routing == "node_limited" else 1)
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
-    require(self.transport in TRANSPORTS, "transport", self.transport, f"one of {TRANSPORTS}")
-    require(self.expert_backend in EXPERT_BACKENDS, "expert_backend", self.expert_backend,
-            f"one of {EXPERT_BACKENDS}")
     require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
             self.expert_backend, "tokamax is not installed: pip install 'moejax[tokamax]' (Python >= 3.12, "
             "jax >= 0.11.1), or use expert_backend='ragged_dot'")
-    require(self.activation in ACTIVATIONS, "activation", self.activation, f"one of {ACTIVATIONS}")
     for name in ("gated", "renormalize", "shared_gate"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
-    require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
-    require(self.schedule in SCHEDULES, "schedule", self.schedule, f"one of {SCHEDULES}")
+    require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
+    require(not (self.dedup and self.esp_schedule == "s2"), "dedup", self.dedup, "False or None with "
+            "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
+            "the node's GPUs, so a row per token and destination has no place in it")
     require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
     require(self.schedule != "comet" or self.d_model % self.num_chunks == 0, "num_chunks", self.num_chunks,
             f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)")
-    require(self.esp_schedule in ESP_SCHEDULES, "esp_schedule", self.esp_schedule, f"one of {ESP_SCHEDULES}")
     require(isinstance(self.esp_cost, str) and self.esp_cost, "esp_cost", self.esp_cost,
             "a topology preset name or the path of a bench_collectives JSON record")
-    require(self.score in SCORES, "score", self.score, f"one of {SCORES}")
     require(self.score == "softmax" or self.routing != "bilevel", "score", self.score,
             "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)")
     require(is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling,
@@ -196,7 +200,6 @@ class MoEConfig:
     require(self.bias_update_rate == 0 or self.routing != "bilevel", "bias_update_rate", self.bias_update_rate,
             "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
             "one flat router's scores)")
-    require(self.balance_loss in BALANCE_LOSSES, "balance_loss", self.balance_loss, f"one of {BALANCE_LOSSES}")
     require(self.balance_loss != "sequence" or self.routing != "bilevel", "balance_loss", self.balance_loss,
             "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
             "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)")
@@ -237,6 +240,11 @@ class MoEConfig:
     """Length of the choice counts the balance loss's f comes from (`balance_counts`): E, or with 'bilevel'
     the node router's n then the local router's m' = E / n."""
     return self.num_nodes + self.experts_per_node if self.routing == "bilevel" else self.num_experts
+
+  @property
+  def deduplicates(self) -> bool:
+    """Whether rows travel once per destination of a hop (`dedup`, None resolved)."""
+    return self.esp_schedule != "s2" if self.dedup is None else self.dedup
 
   @property
   def experts_per_node(self) -> int:

@@ -49,24 +49,25 @@ def esp_all_gather(x):
   return jax.lax.all_gather(x, GPU, axis=0, tiled=True, to="invarying")
 
 
-def dispatched_tensor(x_RxD, ids_R, expert_ids_TxK, keep_TxK, rows: int, cfg: MoEConfig):
+def dispatched_tensor(x_RxD, ids_R, w_R, expert_ids_TxK, keep_TxK, rows: int, cfg: MoEConfig):
   """S2's dispatched tensor, which it splits over the node's GPUs: with capacity GShard's slot buffer
   [E, C', d] (a choice in its expert's row at its queue position), split on the capacity axis as Parm
   does, so each GPU sends at most C' / m rows per expert, dropless the token-choice rows padded to `rows`.
-  x [R, d] and ids [R] in token-choice order -> (rows [rows, d], ids [rows] (-1 = empty), slot [R]:
-  where each choice sits, -1 if dropped)."""
+  x [R, d], ids [R] and weights [R] in token-choice order -> (rows [rows, d], ids [rows] (-1 = empty),
+  weights [rows] (0 = empty), slot [R]: where each choice sits, -1 if dropped)."""
   num_choices = ids_R.shape[0]
   if cfg.capacity_factor is None:
     pad = rows - num_choices
-    return jnp.pad(x_RxD, ((0, pad), (0, 0))), jnp.pad(ids_R, (0, pad), constant_values=-1), jnp.arange(num_choices)
+    return (jnp.pad(x_RxD, ((0, pad), (0, 0))), jnp.pad(ids_R, (0, pad), constant_values=-1), jnp.pad(w_R, (0, pad)),
+            jnp.arange(num_choices))
   block = rows // (cfg.num_experts * jax.lax.axis_size(GPU))  # C' / m: an expert's slots on one GPU
   positions_TxK = routing.queue_positions(expert_ids_TxK, cfg.num_experts)
   # Laid out [m, E, C' / m]: GPU j's contiguous share holds capacity block j of every expert.
   slot_TxK = (positions_TxK // block * cfg.num_experts + expert_ids_TxK) * block + positions_TxK % block
   slot_R = jnp.where(keep_TxK, slot_TxK, -1).reshape(-1)
   where_R = jnp.where(slot_R >= 0, slot_R, rows)
-  buffer = jnp.zeros((rows, x_RxD.shape[1]), x_RxD.dtype).at[where_R].set(x_RxD, mode="drop")
-  return buffer, jnp.full((rows,), -1, ids_R.dtype).at[where_R].set(ids_R, mode="drop"), slot_R
+  place = lambda a, fill: jnp.full((rows,) + a.shape[1:], fill, a.dtype).at[where_R].set(a, mode="drop")
+  return place(x_RxD, 0), place(ids_R, -1), place(w_R, 0), slot_R
 
 
 def undispatch(y_ZxD, slot_R):

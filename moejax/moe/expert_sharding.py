@@ -42,11 +42,13 @@ from moejax.validation import ConfigError, require
 
 
 class Sent(NamedTuple):
-  """The rows one device sends, before replicas and the Dump: x [R, d], their logical expert ids [R] (-1 =
-  not sent), and what `finish` needs to bring the returned rows back in token-choice order (S2's slots)."""
+  """The rows one device sends, before replicas and the Dump: x [R, d], each row's logical expert ids [R, K]
+  (-1 = not sent) and combine weights [R, K] (0 where not sent), and what `finish` needs to bring the returned
+  rows back in token order (S2's slots)."""
 
   x_RxD: jax.Array
-  ids_R: jax.Array
+  ids_RxK: jax.Array
+  w_RxK: jax.Array
   state: jax.Array | None = None
 
 
@@ -99,30 +101,30 @@ class ExpertParallel:
     """The tokens this device routes, of those it holds."""
     return x_TxD
 
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows: int, m: int, cfg: MoEConfig) -> Sent:
-    """Token-choice rows: each token once per choice, ids -1 where capacity dropped the choice."""
-    ids_R = jnp.where(keep_TxK, expert_ids_TxK, -1).reshape(-1)
-    return Sent(jnp.repeat(x_TxD, cfg.choices_per_token, axis=0), ids_R)
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows: int, m: int, cfg: MoEConfig) -> Sent:
+    """The routed tokens with their K choices; ids -1 and weight 0 where capacity dropped the choice."""
+    return Sent(x_TxD, jnp.where(keep_TxK, expert_ids_TxK, -1), jnp.where(keep_TxK, w_TxK, 0.0))
 
   def holder_index(self, m: int):
     """This device's row of a slot table."""
     return mesh_lib.my_flat_index(m)
 
   def copies(self, m: int) -> int:
-    """Rows per token-choice after the Dump."""
+    """Device slots per choice after the Dump."""
     return 1
 
-  def dump(self, holder_ids_R, slots: int, m: int):
-    """The Dump: rows to devices. Each row (its holder-level slot id h, -1 = not sent) becomes `copies` rows
-    with device-level ids (device * slots + h % slots) [R * copies]; with whole experts a holder is a device."""
-    return holder_ids_R
+  def dump(self, holder_ids_RxK, slots: int, m: int):
+    """The Dump: choices to devices. Each choice (its holder-level slot id h, -1 = not sent) becomes `copies`
+    consecutive slots with device-level ids (device * slots + h % slots) [R, K * copies]; with whole experts a
+    holder is a device."""
+    return holder_ids_RxK
 
-  def own_rows(self, rows: int, *arrays_R):
-    """The returned rows of this device's own token-choices."""
+  def own_rows(self, m: int, *arrays_R):
+    """The returned rows of this device's own tokens."""
     return arrays_R
 
   def finish(self, y_RxD, sent: Sent, dtype):
-    """The returned rows [R, d] in token-choice order."""
+    """The returned rows [R, d] in token order (rows of tokens, or of token-choices)."""
     return y_RxD
 
   def gather_tokens(self, a_TxX):
@@ -155,10 +157,11 @@ class _Sharded(ExpertParallel):
   def copies(self, m):
     return m
 
-  def dump(self, holder_ids_R, slots, m):  # Parm's Dump: to all m GPUs of the slot's node
-    node, local = holder_ids_R // slots, holder_ids_R % slots
-    device = node[:, None] * m + jnp.arange(m)[None, :]
-    return jnp.where((holder_ids_R >= 0)[:, None], device * slots + local[:, None], -1).reshape(-1)
+  def dump(self, holder_ids_RxK, slots, m):  # Parm's Dump: to all m GPUs of the slot's node
+    node, local = holder_ids_RxK // slots, holder_ids_RxK % slots
+    device = node[..., None] * m + jnp.arange(m)
+    ids = jnp.where((holder_ids_RxK >= 0)[..., None], device * slots + local[..., None], -1)
+    return ids.reshape(holder_ids_RxK.shape[0], -1)
 
 
 class Baseline(_Sharded):
@@ -182,21 +185,21 @@ class Baseline(_Sharded):
             "same rows), so there is no intra-node hop for a two-hop transport to take")
     return (NODE,)
 
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
-    ids_R = jnp.tile(jnp.where(keep_TxK, expert_ids_TxK, -1).reshape(-1), m)
-    return Sent(jnp.repeat(esp_ops.esp_all_gather(x_TxD), cfg.choices_per_token, axis=0), ids_R)
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):
+    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg)
+    return Sent(esp_ops.esp_all_gather(x_TxD), jnp.tile(sent.ids_RxK, (m, 1)), jnp.tile(sent.w_RxK, (m, 1)))
 
   def copies(self, m):
     return 1
 
-  def dump(self, holder_ids_R, slots, m):
+  def dump(self, holder_ids_RxK, slots, m):
     """To one GPU: the exchange runs over 'node' alone, which keeps the sender's GPU index, so the id names GPU
     0 of the node (and stays the same on every GPU of the sender's node, as the all-reduce needs)."""
-    node, local = holder_ids_R // slots, holder_ids_R % slots
-    return jnp.where(holder_ids_R >= 0, node * m * slots + local, -1)
+    node, local = holder_ids_RxK // slots, holder_ids_RxK % slots
+    return jnp.where(holder_ids_RxK >= 0, node * m * slots + local, -1)
 
-  def own_rows(self, rows, *arrays_R):  # all copies are equal; this GPU's is the first
-    return tuple(a[:rows] for a in arrays_R)
+  def own_rows(self, m, *arrays_R):  # all m copies of the node's tokens are equal; this GPU's is the first
+    return tuple(a[:a.shape[0] // m] for a in arrays_R)
 
 
 class S1(_Sharded):
@@ -231,10 +234,13 @@ class S2(_Sharded):
   def dense_rows_per_slot(self, cfg, routed_tokens, m):
     return esp_ops.s2_capacity(cfg, routed_tokens, m) // m
 
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg):
-    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, rows, m, cfg)
-    x_RxD, ids_R, slot_R = esp_ops.dispatched_tensor(sent.x_RxD, sent.ids_R, expert_ids_TxK, keep_TxK, rows * m, cfg)
-    return Sent(esp_ops.mp_split(x_RxD), esp_ops.my_chunk(ids_R), slot_R)
+  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):
+    """Token-choice rows (one choice each) in the dispatched tensor, this GPU's share of it."""
+    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg)
+    x_RxD = jnp.repeat(x_TxD, cfg.choices_per_token, axis=0)
+    x_ZxD, ids_Z, w_Z, slot_R = esp_ops.dispatched_tensor(x_RxD, sent.ids_RxK.reshape(-1), sent.w_RxK.reshape(-1),
+                                                           expert_ids_TxK, keep_TxK, rows * m, cfg)
+    return Sent(esp_ops.mp_split(x_ZxD), esp_ops.my_chunk(ids_Z)[:, None], esp_ops.mp_split(w_Z)[:, None], slot_R)
 
   def finish(self, y_RxD, sent, dtype):  # every GPU's outputs of the dispatched tensor, in token-choice order
     return esp_ops.undispatch(esp_ops.mp_all_gather(y_RxD.astype(dtype)), sent.state)

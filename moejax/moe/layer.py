@@ -87,17 +87,26 @@ def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, ex
 
 
 def exchange_for(lay: Layout) -> schedule_lib.Exchange:
-  """Where this layout's rows go: its hops over the mesh, its slots per device, exchange kind and bound."""
-  return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.kind, lay.buffer_rows)
+  """Where this layout's rows go: its hops over the mesh, its slots per device, exchange kind and bound, whether
+  rows travel once per destination, and the Dump's copies per choice."""
+  return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.kind, lay.buffer_rows, lay.dedup,
+                               lay.sharding.copies(lay.m))
+
+
+def one_row_per_slot(x_RxD, ids_RxS, w_RxS):
+  """Rows with S slots -> R x S rows with one slot each (the per-choice exchange, without dedup)."""
+  slots = ids_RxS.shape[1]
+  return jnp.repeat(x_RxD, slots, axis=0), ids_RxS.reshape(-1, 1), w_RxS.reshape(-1, 1)
 
 
 def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
-  """One device's part of the layer: route -> dispatch -> replicas -> schedule -> finish -> weighted sum.
+  """One device's part of the layer: route -> dispatch -> replicas -> schedule -> finish -> sum over choices.
 
   x [T, d] this device's tokens -> (y [T, d], aux); extras, when used: the router noise [T, d] (jitter), the
   flat slot table [A * Z] (replication), the balancing bias [E] and the earlier micro-batches' choice
-  counts ('global_batch'). What expert sharding changes, `lay.sharding` does (`moe.expert_sharding`)."""
-  k, num_experts, sharding = cfg.choices_per_token, cfg.num_experts, lay.sharding
+  counts ('global_batch'). What expert sharding changes, `lay.sharding` does (`moe.expert_sharding`). The
+  experts weight their outputs, so rows come back as weighted sums (`moe.schedule`)."""
+  num_experts, sharding, m = cfg.num_experts, lay.sharding, lay.m
   # The shared experts need no exchange: computed first, nothing orders them after the dispatch.
   shared_TxD = shared_experts(x_TxD, params, cfg, sharding.shared_sum_over) if cfg.num_shared_experts else None
   router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
@@ -110,31 +119,33 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   if cfg.capacity_factor is not None:
     keep_TxK = routing.queue_positions(decision.expert_ids, num_experts) < routing.expert_capacity(cfg, tokens)
 
-  # dispatch: the rows this device sends; replicas: each to one replica of its expert; the Dump: to the devices
-  # holding the slot (several with d_ff split over them).
-  sent = sharding.rows_to_send(x_TxD, decision.expert_ids, keep_TxK, lay.rows, lay.m, cfg)
-  logical_R = ids_R = sent.ids_R
+  # dispatch: the rows this device sends with their choices; replicas: each choice to one replica of its expert;
+  # the Dump: to the devices holding the slot (several with d_ff split over them), as consecutive slots.
+  sent = sharding.rows_to_send(x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32),
+                               lay.rows, m, cfg)
+  logical_RxK = holder_RxK = sent.ids_RxK
   if "slots" in extras:
-    ids_R = replicas_lib.to_slots(ids_R, extras["slots"], num_experts, sharding.holder_index(lay.m))
-  copies = sharding.copies(lay.m)
-  ids_R, x_RxD = sharding.dump(ids_R, lay.slots, lay.m), sent.x_RxD
-  if copies > 1:
-    x_RxD = jnp.repeat(x_RxD, copies, axis=0)
+    holder_RxK = replicas_lib.to_slots(holder_RxK.reshape(-1), extras["slots"], num_experts,
+                                       sharding.holder_index(m)).reshape(holder_RxK.shape)
+  copies = sharding.copies(m)
+  x_RxD, ids_RxS, w_RxS = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
+  rows, slots = ids_RxS.shape
+  if not lay.dedup:
+    x_RxD, ids_RxS, w_RxS = one_row_per_slot(x_RxD, ids_RxS, w_RxS)
 
-  # plan, exchange, experts, exchange back: in the configured schedule.
+  # plan, exchange, experts (weighted), exchange back: in the configured schedule.
   local = schedule_lib.Experts.of(params, cfg, sharding.partial_sum_over)
-  result = schedule_lib.run(cfg.schedule, x_RxD, ids_R, exchange_for(lay), local, cfg.num_chunks)
-  # finish: a choice counts as processed only if every copy arrived (a partial sum of slices is no output).
-  arrived_R = result.arrived_R.reshape(-1, copies).all(axis=1)
-  y_RxD = jnp.where(arrived_R[:, None], result.y_RxD.reshape(-1, copies, d).sum(axis=1), 0.0)
-  y_RxD, arrived_R, logical_R = sharding.own_rows(tokens * k, y_RxD, arrived_R, logical_R)
-  processed_R = jnp.where(arrived_R, logical_R, -1)
-  overflowed = jnp.sum((logical_R >= 0) & ~arrived_R, dtype=jnp.int32)
+  result = schedule_lib.run(cfg.schedule, x_RxD, ids_RxS, w_RxS, exchange_for(lay), local, cfg.num_chunks)
+  # finish: a choice counts as processed only if every copy arrived (its other copies then had weight 0).
+  y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)
+  arrived_RxK = result.arrived_RxS.reshape(rows, -1, copies).all(axis=2)
+  y_RxD, arrived_RxK, logical_RxK = sharding.own_rows(m, y_RxD, arrived_RxK, logical_RxK)
+  processed_RxK = jnp.where(arrived_RxK, logical_RxK, -1)
+  overflowed = jnp.sum((logical_RxK >= 0) & ~arrived_RxK, dtype=jnp.int32)
   y_RxD = sharding.finish(y_RxD, sent, x_TxD.dtype)
 
-  # the weighted sum over each token's choices.
-  weights_TxK = jnp.where(keep_TxK, decision.weights, 0.0)
-  y_TxD = jnp.einsum("tk,tkd->td", weights_TxK, y_RxD.reshape(tokens, k, d).astype(jnp.float32))
+  # the sum over each token's choices (rows of tokens, or of token-choices).
+  y_TxD = y_RxD.reshape(tokens, -1, d).astype(jnp.float32).sum(axis=1)
   y_TxD, routed_TxK = sharding.gather_tokens(y_TxD.astype(x_TxD.dtype)), sharding.gather_tokens(decision.expert_ids)
   if shared_TxD is not None:
     y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
@@ -143,7 +154,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   aux = routing.aux_losses(stats, cfg, extras.get("balance_counts"))
   if "balance_counts" in extras:
     aux["balance_counts"] = extras["balance_counts"] + routing.balance_counts(stats, cfg)
-  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_R, num_experts), sharding.sent_over)
+  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_RxK, num_experts), sharding.sent_over)
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))

@@ -23,9 +23,9 @@ class Layout(NamedTuple):
   sharding: the expert sharding (`moe.expert_sharding`: which tokens a device routes, which rows it sends,
     how the returned rows are finished); slots: Z, expert slots per holder (E / holders, or a slot table's
     width; holders: `MoEConfig.expert_holders`); tokens: the tokens one device routes (one dispatch group:
-    capacity counts within it); rows: the token-choice rows one device sends, before the Dump;
-    hops: the exchange hops; kind: the exchange kind; buffer_rows: the per-hop receive bound (None: the
-    worst case).
+    capacity counts within it); rows: the rows one device sends (tokens with dedup, else token-choices, before
+    the Dump's copies); hops: the exchange hops; kind: the exchange kind; buffer_rows: the per-hop receive bound
+    (None: the worst case); dedup: one row per destination of each hop (`moe.path`).
   """
 
   n: int
@@ -37,6 +37,7 @@ class Layout(NamedTuple):
   hops: tuple
   kind: transport_lib.Kind
   buffer_rows: int | None
+  dedup: bool
 
   @property
   def x_spec(self) -> P:
@@ -52,12 +53,13 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   per_holder = cfg.check_mesh(n, m)
   slots = per_holder if slots is None else slots
   routed_tokens = tokens // sharding.token_groups(n, m)
-  rows = sharding.send_rows(cfg, routed_tokens, m)
+  choices = sharding.send_rows(cfg, routed_tokens, m)
+  rows = choices // cfg.choices_per_token if cfg.deduplicates else choices
   kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
   if kind == transport_lib.DENSE:  # a block per peer: every slot of the peer full, for each copy
     kind = transport_lib.Kind(kind, slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
   return Layout(n, m, sharding, slots, routed_tokens, rows, sharding.hops(cfg), transport_lib.as_kind(kind),
-                transport_lib.buffer_bound(cfg.buffer_factor, rows * sharding.copies(m)))
+                transport_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates)
 
 
 def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None,
@@ -94,8 +96,9 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
     require(tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,), "balance_counts",
             tuple(np.shape(balance_counts)), f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)")
   if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
-    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} token-choice rows each device "
-                      f"sends (schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
+    what = "token rows (dedup: one row per token)" if lay.dedup else "token-choice rows"
+    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
+                      "(schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
                       f"a divisor of {lay.rows}")
   platform = platform_lib.of_mesh(mesh)
   platform_lib.check_transport(cfg.transport, platform)

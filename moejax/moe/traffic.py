@@ -11,7 +11,7 @@ from moejax.runtime import mesh as mesh_lib
 def hop_traffic(paths, lay) -> list:
   """[A, A] kept rows moved between flat devices in each hop, summed over the paths."""
   mine = [jax.lax.axis_index(a) for a in lay.hops]
-  return [global_traffic(sum(r.plans[h].kept_AxA[me] for r in paths), a, lay.n, lay.m)
+  return [global_traffic(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
           for h, (a, me) in enumerate(zip(lay.hops, mine))]
 
 

@@ -6,12 +6,9 @@ block in flight: runs on every backend and is the oracle `ragged` is checked aga
 (one fixed-size all_to_all of a block of `block_rows` rows per peer: GShard/Switch's dense dispatch,
 where capacity bounds what a device sends each peer; transport='capacity').
 
-`plan_path` + `move_through` / `move_back` move rows through a sequence of hops, each a ragged exchange over one mesh
-axis (or both at once): flat = [('node', 'gpu')], hierarchical = ['gpu', 'node'] (Tutel-2DH),
-bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU index, then intra-node).
-Every hop receives into a buffer of fixed rows: the worst case by default, or a bound
-(`MoEConfig.buffer_factor`) under which rows that do not fit are dropped deterministically and
-counted (`plan.clamp_to_buffer`); the dense kind receives every peer's block.
+A transport's hops are exchanges over one mesh axis (or both at once): flat = [('node', 'gpu')],
+hierarchical = ['gpu', 'node'] (Tutel-2DH), bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU
+index, then intra-node); `moe.path` moves rows through them.
 """
 
 import functools
@@ -175,21 +172,6 @@ def _move_rows_bwd(out_rows, axis_name, kind, shifts, residuals, grad):
 move_rows.defvjp(_move_rows_fwd, _move_rows_bwd)
 
 
-class Path(NamedTuple):
-  """What `plan_path` leaves for the moves: one plan per hop, the row count before each hop and the
-  receive-buffer rows of each hop."""
-
-  plans: tuple[plan_lib.HopPlan, ...]
-  rows_before: tuple[int, ...]
-  out_rows: tuple[int, ...]
-
-
-def hop_destination(expert_ids, axis_name, slots_per_device: int, gpus_per_node: int, num_peers: int):
-  """Peer index along `axis_name` towards each row's expert; num_peers for rows with id -1."""
-  dest = mesh_lib.peer_index(expert_ids // slots_per_device, axis_name, gpus_per_node)
-  return jnp.where(expert_ids >= 0, dest, num_peers)
-
-
 def hop_buffer_rows(rows_in: int, num_peers: int, max_rows: int, buffer_rows: int | None) -> int:
   """Receive buffer of one hop: what all its peers could send (at most `max_rows`, all rows of all
   devices), bounded by `buffer_rows` when given."""
@@ -200,62 +182,3 @@ def hop_buffer_rows(rows_in: int, num_peers: int, max_rows: int, buffer_rows: in
 def buffer_bound(buffer_factor: float | None, local_rows: int) -> int | None:
   """Rows every hop may receive with `MoEConfig.buffer_factor` (None: unbounded, the worst case)."""
   return None if buffer_factor is None else math.ceil(buffer_factor * local_rows)
-
-
-def hop_buffer_sizes(hops, axis_sizes: dict, local_rows: int, max_rows: int, buffer_rows: int | None = None,
-                     kind=None):
-  """Receive-buffer rows of each hop in order: each hop receives what its peers' previous buffers hold
-  (the dense kind: one block per peer)."""
-  n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  sizes, rows = [], local_rows
-  dense = kind is not None and as_kind(kind).name == DENSE
-  for axis_name in hops:
-    peers = mesh_lib.num_peers(axis_name, n, m)
-    rows = peers * as_kind(kind).block_rows if dense else hop_buffer_rows(rows, peers, max_rows, buffer_rows)
-    sizes.append(rows)
-  return sizes
-
-
-def plan_path(expert_ids_R, hops, axis_sizes: dict, slots_per_device: int, max_rows: int, kind,
-               buffer_rows: int | None = None):
-  """Plans every hop of sending each row (global expert id; -1 = not sent) to its expert's device,
-  moving only the ids. Returns (expert_ids [R_out] as received at the end, -1 on empty rows, path).
-  Every hop receives into `hop_buffer_sizes(...)` rows; rows that do not fit are dropped
-  (`HopPlan.kept_AxA`); the dense kind keeps at most a block per peer."""
-  plans, rows_before = [], []
-  n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  out_sizes = hop_buffer_sizes(hops, axis_sizes, expert_ids_R.shape[0], max_rows, buffer_rows, kind)
-  block = as_kind(kind).block_rows if as_kind(kind).name == DENSE else None
-  for axis_name, out_rows in zip(hops, out_sizes):
-    num_peers = mesh_lib.num_peers(axis_name, n, m)
-    dest = hop_destination(expert_ids_R, axis_name, slots_per_device, m, num_peers)
-    plan = plan_lib.make_hop_plan(dest, axis_name, num_peers, out_rows, block)
-    rows_before.append(expert_ids_R.shape[0])
-    expert_ids_R = exchange(expert_ids_R[plan.order], plan.forward, out_rows, axis_name, kind, fill=-1)
-    plans.append(plan)
-  return expert_ids_R, Path(tuple(plans), tuple(rows_before), tuple(out_sizes))
-
-
-def move_through(rows_RxD, path: Path, hops, kind, num_hops: int | None = None):
-  """Moves rows along the first `num_hops` hops (default all) of a planned path."""
-  for axis_name, plan, out_rows in list(zip(hops, path.plans, path.out_rows))[:num_hops]:
-    sorted_RxD = plan_lib.permute_rows(rows_RxD, plan.order, plan.inverse)
-    rows_RxD = move_rows(sorted_RxD, plan.forward, plan.backward, out_rows, axis_name, kind)
-  return rows_RxD
-
-
-def move_back(rows_RxD, path: Path, hops, kind):
-  """The reverse of `move_through`: rows return, hop by hop, to their original positions; rows dropped on
-  the way come back as zeros. Integer rows move without a gradient rule."""
-  for axis_name, plan, rows_before in reversed(list(zip(hops, path.plans, path.rows_before))):
-    if jnp.issubdtype(rows_RxD.dtype, jnp.integer):
-      back = exchange(rows_RxD, plan.backward, rows_before, axis_name, kind)
-    else:
-      back = move_rows(rows_RxD, plan.backward, plan.forward, rows_before, axis_name, kind)
-    rows_RxD = plan_lib.permute_rows(back, plan.inverse, plan.order)
-  return rows_RxD
-
-
-def arrived(expert_ids_out, path: Path, hops, kind):
-  """[R] bool, in the original row order: the row reached its expert (was not dropped on any hop)."""
-  return move_back((expert_ids_out >= 0).astype(jnp.int32), path, hops, kind) > 0

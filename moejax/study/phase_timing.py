@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.tuning import time_call
 from moejax.moe import experts, routing
+from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
@@ -109,18 +110,17 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
     comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
     received, sizes = slots * devices * capacity, np.full((devices, slots), devices * capacity)
   else:
-    before = lay.rows
-    out_rows = transport_lib.hop_buffer_sizes(ex.hops, ex.axis_sizes, before, devices * before, ex.buffer_rows)
-    for axis, hop, after in zip(ex.hops, traffic, out_rows):
+    row_slots = cfg.choices_per_token * lay.sharding.copies(m) if lay.dedup else 1
+    planned = path_lib.hop_sizes(ex.hops, ex.axis_sizes, lay.rows, row_slots, ex.kind, ex.buffer_rows, ex.dedup)
+    for axis, hop, size in zip(ex.hops, traffic, planned):
       sizes = phases.put(hop_sizes(hop, axis, n, m))
-      dispatch = phases.exchange(axis, after, "dispatch")
-      combine = phases.exchange(axis, before, "combine")
-      rows, back = rows_of(before), rows_of(after)
-      ids = phases.put(np.zeros(devices * before, np.int32))
+      dispatch = phases.exchange(axis, size.out_rows, "dispatch")
+      combine = phases.exchange(axis, size.taken, "combine")
+      rows, back = rows_of(size.taken), rows_of(size.out_rows)
+      ids = phases.put(np.zeros((devices * size.taken, row_slots), np.int32))
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
       comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
-      before = after
-    received, sizes = before, counts.reshape(devices, slots)
+    received, sizes = planned[-1].bound, counts.reshape(devices, slots)  # the experts' entries (`path.grouped`)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))

@@ -1,0 +1,219 @@
+"""Paths: rows through a transport's hops to their experts' devices and back, one row per destination.
+
+A row is a payload x [d] with S slots: the device-level expert (slot) ids it goes to ([S], -1 = none) and
+their combine weights [S]. In each hop a row travels at most once to each peer its slots go to: its slots are
+grouped by that peer, and each group (an *entry*: the row and the mask of its slots for that peer) moves as
+one row, carrying the ids and weights of those slots (deduplicated dispatch; without `dedup` every slot is its
+own entry). The way back is the mirror: each hop sums the entries that came from one row (reduced combine).
+With one slot per row (a token-choice per row) this is the plain per-choice exchange.
+
+`plan_path` plans every hop at once, moving only the ids; `move_through` / `move_slots` / `move_back` then move
+the payload, the weights and the results along the planned path. Hops are exchanges over one mesh axis or
+both (`transport.transport_hops`); each receives into a buffer of fixed rows: the worst case, or a bound
+(`MoEConfig.buffer_factor`) under which entries that do not fit are dropped deterministically
+(`plan.clamp_to_buffer`); the dense kind receives every peer's block.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import plan as plan_lib
+from moejax.moe import transport as transport_lib
+from moejax.runtime import mesh as mesh_lib
+
+
+class Spread(NamedTuple):
+  """How the E = R x S entries of R rows with S slots are laid out for one move or for the experts.
+
+  order [E] sorts the entries (those that may move first), inverse [E] is its inverse; the first `taken`
+  sorted entries are all that may move. dense: gather them by repeating each row S times and permuting, so
+  neither direction scatters (used while R x S stays within the bound on entries, so it costs no more memory
+  than one row per entry); else by row index (a gather whose transpose adds rows up)."""
+
+  order: jax.Array
+  inverse: jax.Array
+  rows: int
+  slots: int
+  taken: int
+  dense: bool
+
+  @property
+  def row_L(self) -> jax.Array:
+    """[L] the row of each taken entry."""
+    return self.order[:self.taken] // self.slots
+
+  def expand(self, x_RxX: jax.Array) -> jax.Array:
+    """Each taken entry's row: x [R, ...] -> [L, ...] in sorted entry order."""
+    if not self.dense:
+      return jnp.take(x_RxX, self.row_L, axis=0)
+    x_ExX = jnp.repeat(x_RxX, self.slots, axis=0) if self.slots > 1 else x_RxX
+    if jnp.issubdtype(x_ExX.dtype, jnp.integer):
+      return x_ExX[self.order[:self.taken]]
+    return plan_lib.permute_rows(x_ExX, self.order, self.inverse)[:self.taken]
+
+  def reduce(self, y_LxX: jax.Array) -> jax.Array:
+    """The mirror of `expand`: each row's entries summed, y [L, ...] -> [R, ...]."""
+    if not self.dense:
+      return jax.ops.segment_sum(y_LxX, self.row_L, num_segments=self.rows)
+    entries = self.rows * self.slots
+    y_ExX = jnp.concatenate([y_LxX, jnp.zeros((entries - self.taken,) + y_LxX.shape[1:], y_LxX.dtype)])
+    if jnp.issubdtype(y_ExX.dtype, jnp.integer):
+      y_ExX = y_ExX[self.inverse]
+    else:
+      y_ExX = plan_lib.permute_rows(y_ExX, self.inverse, self.order)
+    return y_ExX.reshape((self.rows, self.slots) + y_LxX.shape[1:]).sum(axis=1) if self.slots > 1 else y_ExX
+
+
+def grouped(key_E: jax.Array, rows: int, slots: int, groups: int, bound: int) -> tuple[Spread, jax.Array]:
+  """The entries of R rows with S slots sorted by their group key [E] (key == groups: empty), at most `bound`
+  of them non-empty -> (Spread, group sizes [groups])."""
+  order = jnp.argsort(key_E, stable=True)
+  taken = min(rows * slots, bound)
+  spread = Spread(order, plan_lib.inverse_permutation(order), rows, slots, taken, rows * slots <= bound)
+  return spread, plan_lib.histogram(key_E, groups)
+
+
+class Hop(NamedTuple):
+  """One planned hop: the plan of its entries, their spread, mask [L, S] of the slots each taken entry carries,
+  and the receive buffer's rows."""
+
+  plan: plan_lib.HopPlan
+  spread: Spread
+  mask_LxS: jax.Array
+  out_rows: int
+
+
+class Path(NamedTuple):
+  """What `plan_path` leaves for the moves: one `Hop` per hop, and the bound on the slots that can arrive at a
+  device (the experts' entries)."""
+
+  hops: tuple
+  bound: int
+
+
+def hop_destination(expert_ids, axis_name, slots_per_device: int, gpus_per_node: int, num_peers: int):
+  """Peer index along `axis_name` towards each slot's expert; num_peers for ids -1."""
+  dest = mesh_lib.peer_index(expert_ids // slots_per_device, axis_name, gpus_per_node)
+  return jnp.where(expert_ids >= 0, dest, num_peers)
+
+
+def _leaders(dest_RxS, valid_RxS, dedup: bool):
+  """[R, S] bool: the slots that start an entry: with dedup the first slot of a row towards each peer."""
+  if not dedup:
+    return valid_RxS
+  slots = dest_RxS.shape[1]
+  earlier_SxS = jnp.arange(slots)[None, :] < jnp.arange(slots)[:, None]  # [s, s']: s' before s
+  same_RxSxS = (dest_RxS[:, :, None] == dest_RxS[:, None, :]) & valid_RxS[:, None, :] & earlier_SxS
+  return valid_RxS & ~same_RxSxS.any(axis=2)
+
+
+class HopSize(NamedTuple):
+  """The static sizes of one hop: peers, rows and slots before it, entries that may move (`Spread.taken`),
+  whether they spread densely, the receive buffer's rows, and the bound on the slots a device holds after it."""
+
+  num_peers: int
+  rows: int
+  taken: int
+  dense: bool
+  out_rows: int
+  bound: int
+
+
+def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, kind, buffer_rows: int | None = None,
+              dedup: bool = True) -> list[HopSize]:
+  """The sizes of each hop for R rows with S slots per device (plain Python, before tracing). A hop's entries
+  are at most R x min(S, peers) with dedup (R x S without) and at most the slots the device can hold; its
+  buffer holds what its peers could send (at most every slot of every device), bounded by `buffer_rows` (rows,
+  and the slots they bring: per-device memory stays flat in the device count), or a block per peer with the
+  dense kind."""
+  n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
+  kind = transport_lib.as_kind(kind)
+  max_rows = n * m * rows * slots  # every slot of every device
+  bound = rows * slots  # slots this device may hold before the hop
+  sizes = []
+  for axis_name in hops:
+    num_peers = mesh_lib.num_peers(axis_name, n, m)
+    taken = min(rows * (min(slots, num_peers) if dedup else slots), bound)
+    if kind.name == transport_lib.DENSE:  # a block holds a peer's choices for its slots (capacity bounds them)
+      out_rows = arriving = num_peers * kind.block_rows
+    else:
+      out_rows = transport_lib.hop_buffer_rows(taken, num_peers, max_rows, buffer_rows)
+      arriving = out_rows * slots if buffer_rows is None else buffer_rows
+    after = min(num_peers * bound, max_rows, arriving)
+    sizes.append(HopSize(num_peers, rows, taken, rows * slots <= bound, out_rows, after))
+    rows, bound = out_rows, after
+  return sizes
+
+
+def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, kind, buffer_rows: int | None = None,
+              dedup: bool = True) -> tuple[jax.Array, Path]:
+  """Plans every hop of sending each row's slots (device-level ids [R, S]; -1 = none) to their experts'
+  devices (`hop_sizes`), moving only the ids. Returns (ids [R_out, S] as received at the end, -1 on empty
+  slots, path). Entries that do not fit a receive buffer are dropped (`HopPlan.kept_AxA`)."""
+  m = axis_sizes[mesh_lib.GPU]
+  kind = transport_lib.as_kind(kind)
+  block = kind.block_rows if kind.name == transport_lib.DENSE else None
+  rows, slots = ids_RxS.shape
+  sizes = hop_sizes(hops, axis_sizes, rows, slots, kind, buffer_rows, dedup)
+  planned = []
+  for axis_name, size in zip(hops, sizes):
+    dest_RxS = hop_destination(ids_RxS, axis_name, slots_per_device, m, size.num_peers)
+    valid_RxS = ids_RxS >= 0
+    dest_E = jnp.where(_leaders(dest_RxS, valid_RxS, dedup), dest_RxS, size.num_peers).reshape(-1)
+    plan = plan_lib.make_hop_plan(dest_E, axis_name, size.num_peers, size.out_rows, block)
+    spread = Spread(plan.order, plan.inverse, size.rows, slots, size.taken, size.dense)
+    row_L, dest_L = spread.row_L, dest_E[plan.order[:size.taken]]
+    if dedup:
+      mask_LxS = (dest_RxS[row_L] == dest_L[:, None]) & valid_RxS[row_L]
+    else:
+      slot_L = plan.order[:size.taken] % slots
+      mask_LxS = (jnp.arange(slots)[None, :] == slot_L[:, None]) & (dest_L < size.num_peers)[:, None]
+    ids_LxS = jnp.where(mask_LxS, ids_RxS[row_L], -1)
+    ids_RxS = transport_lib.exchange(ids_LxS, plan.forward, size.out_rows, axis_name, kind, fill=-1)
+    if buffer_rows is not None and block is None and slots > 1:  # the bound holds slots too: later ones drop
+      valid_RxS = ids_RxS >= 0
+      fits_RxS = jnp.cumsum(valid_RxS.reshape(-1)).reshape(valid_RxS.shape) <= buffer_rows
+      ids_RxS = jnp.where(fits_RxS, ids_RxS, -1)
+    planned.append(Hop(plan, spread, mask_LxS, size.out_rows))
+  return ids_RxS, Path(tuple(planned), sizes[-1].bound)
+
+
+def move_through(x_RxD, path: Path, hops, kind, num_hops: int | None = None):
+  """Moves rows [R, d] along the first `num_hops` hops (default all) of a planned path: each entry takes its
+  row's payload."""
+  for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
+    x_RxD = transport_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward, hop.out_rows,
+                                    axis_name, kind)
+  return x_RxD
+
+
+def move_slots(w_RxS, path: Path, hops, kind, num_hops: int | None = None):
+  """Moves per-slot values [R, S] (the combine weights) along the path: each entry takes its slots' values,
+  0 on the others."""
+  for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
+    w_LxS = jnp.where(hop.mask_LxS, jnp.take(w_RxS, hop.spread.row_L, axis=0), jnp.zeros((), w_RxS.dtype))
+    w_RxS = transport_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows, axis_name, kind)
+  return w_RxS
+
+
+def move_back(y_RxX, path: Path, hops, kind, num_hops: int | None = None):
+  """The mirror of `move_through` over the last `num_hops` hops (default all): each entry's result returns to
+  the device it came from, where a row's entries are summed; entries dropped on the way come back as zeros.
+  Integer rows move without a gradient rule."""
+  todo = list(zip(hops, path.hops))
+  for axis_name, hop in reversed(todo if num_hops is None else todo[len(todo) - num_hops:]):
+    if jnp.issubdtype(y_RxX.dtype, jnp.integer):
+      back_LxX = transport_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, axis_name, kind)
+    else:
+      back_LxX = transport_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken, axis_name,
+                                         kind)
+    y_RxX = hop.spread.reduce(back_LxX)
+  return y_RxX
+
+
+def arrived(ids_out_RxS, path: Path, hops, kind) -> jax.Array:
+  """[R, S] bool, at the sender: the slot reached its expert (was not dropped on any hop). Each slot rides in
+  exactly one entry per hop, so the entries' sums are the slots' own flags."""
+  return move_back((ids_out_RxS >= 0).astype(jnp.int32), path, hops, kind) > 0
