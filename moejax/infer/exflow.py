@@ -79,6 +79,10 @@ def check_moe(moe_cfg, platform: str | None = None) -> None:
           "'sequential' for mode='exflow': its one exchange per MoE layer is one-way (no combine), so 'comet' has "
           "no combine to overlap with the second GEMM, and 'chunked' would only split the B / D rows of a decode "
           "step into smaller exchanges, each with its own resident-token buffer")
+  for name in ("dispatch_dtype", "combine_dtype"):
+    require(getattr(moe_cfg, name) is None, name, getattr(moe_cfg, name), "None for mode='exflow': its rows are a "
+            "token's residual stream and partial sums, which stay with the token across the layers, so a lossy wire "
+            "would compound over them (the training layer's rows are an expert's input, quantised once)")
   require(moe_cfg.esp_schedule is None, "esp_schedule", moe_cfg.esp_schedule,
           "None for mode='exflow' (whole experts on one device each, where a token can stay)")
   if platform is not None:

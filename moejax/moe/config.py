@@ -17,6 +17,8 @@ NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so ne
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "tokamax")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
+DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
+COMBINE_DTYPES = (None, "float32", "bfloat16")  # None: float32, as the experts accumulate
 SCHEDULES = ("sequential", "chunked", "comet")
 SCORES = ("softmax", "sigmoid")
 BALANCE_LOSSES = ("batch", "sequence", "global_batch")
@@ -36,11 +38,9 @@ class MoEConfig:
     nodes scored by the sum of their two best expert probabilities, top node_top_k nodes kept, then
     the top top_k experts on those nodes).
   transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from a ring of
-    fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch; needs capacity_factor),
-    'hierarchical' (two hops: over 'gpu', then over 'node'; Tutel-2DH), 'bilevel' (two hops: over
-    'node', then over 'gpu'; the path SMILE's routing implies). Any routing works with any transport.
-    'capacity' is the dense exchange kind (a fixed block of experts x capacity rows per peer) behind
-    the same schedules as the ragged kinds.
+    fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch, a fixed block
+    of experts x capacity rows per peer; needs capacity_factor), 'hierarchical' (two hops: over 'gpu', then
+    over 'node'; Tutel-2DH), 'bilevel' (over 'node', then 'gpu'; SMILE's path). Any routing, any transport.
   expert_backend: 'ragged_dot' (jax.lax.ragged_dot), 'dense' (per-expert loop; reference speed),
     'pallas' (moejax.kernels), 'tokamax' (tokamax.ragged_dot; optional package, `moejax[tokamax]`).
   num_nodes: n, nodes of the mesh; required by the node routings (their parameters depend on it).
@@ -65,13 +65,13 @@ class MoEConfig:
   z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2).
   jitter: multiplicative router-input noise x * U(1 - jitter, 1 + jitter) in training; 0 = off.
   dtype: compute dtype of the expert matmuls ('float32' or 'bfloat16'; accumulation is fp32).
-  schedule: how the exchanges and the expert compute are ordered (Comet). 'sequential': dispatch, experts,
-    combine. 'chunked': the local tokens split into num_chunks chunks, each dispatched, computed and
-    combined on its own, so one chunk's exchange can overlap another's experts (Tutel/FasterMoE).
-    'comet': the last dispatch hop in two steps (the rows a device keeps enter the first GEMM while the
-    others arrive in one exchange), the second expert GEMM by column blocks of d (num_chunks blocks),
-    each block combined as soon as it is done. Same result as 'sequential' for every routing,
-    transport, expert sharding and slot table.
+  dispatch_dtype, combine_dtype: the rows' dtype on the wire, to the experts and back (and the backward's
+    gradients, both ways, in combine_dtype): None (the activations' dtype; the combine's float32), 'bfloat16', or
+    for the dispatch 'float8_e4m3fn' with a float32 scale per 128 elements of a row from its amax (DeepSeek-V3).
+  schedule: the order of the exchanges and the expert compute (Comet; `moe.schedule`): 'sequential',
+    'chunked' (num_chunks chunks of rows, each dispatched, computed and combined on its own; Tutel/FasterMoE)
+    or 'comet' (own rows into the first GEMM while the others arrive, the second GEMM by num_chunks column
+    blocks of d, each combined when done). The same result for every routing, transport, sharding and table.
   num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet'
     (dividing d_model).
   esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
@@ -84,14 +84,12 @@ class MoEConfig:
     per-expert affinities; the chosen experts' weights are normalised over the choices, then multiplied by
     routed_scaling). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
   routed_scaling: the factor on the routed experts' weights (DeepSeek-V3 Sec. 2.1.2; 2.5 in V3).
-  num_groups, topk_groups: group-limited routing (DeepSeek-V3: 8 groups, 4 kept): the E experts in
-    num_groups contiguous groups, each scored by the sum of its two best selection scores, and a token's
-    experts chosen among its topk_groups best groups. None = no limit. 'node_limited' is the case
-    groups = nodes (topk_groups = node_top_k).
-  bias_update_rate: u of DeepSeek-V3's auxiliary-loss-free balancing (V3: 0.001): a per-expert bias b,
-    layer state passed as `moe_apply(..., expert_bias=b)`, added to the scores for choosing experts only
-    (never to the weights); the trainer updates it after every step, b += u * sign(mean load - load).
-    0 = off. Flat routings only.
+  num_groups, topk_groups: group-limited routing (DeepSeek-V3: 8 groups, 4 kept; None = no limit): E experts
+    in num_groups contiguous groups, each scored by the sum of its two best selection scores, a token's experts
+    chosen among its topk_groups best ('node_limited' is the case groups = nodes, topk_groups = node_top_k).
+  bias_update_rate: u of DeepSeek-V3's auxiliary-loss-free balancing (V3: 0.001; 0 = off; flat routings): a
+    per-expert bias b (`moe_apply(..., expert_bias=b)`) added to the scores that choose experts, never to the
+    weights; the trainer updates it after every step, b += u * sign(mean load - load).
   balance_loss: the load-balance loss's token group: 'batch' (the statistics of all tokens of the call,
     Switch's; the call's tokens are those of every data-parallel device), 'sequence' (DeepSeek-V3 Eqs.
     17-20: per sequence, averaged over sequences; needs x as [batch, seq, d]; flat routings only) or
@@ -132,6 +130,8 @@ class MoEConfig:
   z_loss_coef: float = 0.0
   jitter: float = 0.0
   dtype: str = "float32"
+  dispatch_dtype: str | None = None
+  combine_dtype: str | None = None
   schedule: str = "sequential"
   num_chunks: int = 1
   esp_schedule: str | None = None
@@ -155,7 +155,8 @@ class MoEConfig:
       require(is_int(value), name, value, "a positive int")
     for name, options in (("routing", ROUTINGS), ("transport", TRANSPORTS), ("expert_backend", EXPERT_BACKENDS),
                           ("activation", ACTIVATIONS), ("dtype", DTYPES), ("schedule", SCHEDULES),
-                          ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES)):
+                          ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES),
+                          ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES)):
       require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
     if self.routing in NODE_ROUTINGS:
       n = self.num_nodes

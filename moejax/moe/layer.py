@@ -19,14 +19,14 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.experts import shared_experts
 from moejax.moe.layout import Layout, check_inputs
 from moejax.moe.params import param_specs
-from moejax.moe.traffic import hop_traffic
+from moejax.moe.traffic import hop_traffic, traffic_bytes
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import GPU, NODE
 from moejax.validation import ConfigError
 
 # aux entries that are totals over the mesh (replicated); expert_ids is sharded like the tokens.
 AUX_TOTALS = ("load_balance_loss", "z_loss", "aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-              "traffic_rows")
+              "traffic_rows", "traffic_bytes", "nonfinite_tokens")
 
 
 def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
@@ -90,7 +90,7 @@ def exchange_for(lay: Layout) -> schedule_lib.Exchange:
   """Where this layout's rows go: its hops over the mesh, its slots per device, exchange kind and bound, whether
   rows travel once per destination, and the Dump's copies per choice."""
   return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.kind, lay.buffer_rows, lay.dedup,
-                               lay.sharding.copies(lay.m))
+                               lay.sharding.copies(lay.m), lay.wire)
 
 
 def one_row_per_slot(x_RxD, ids_RxS, w_RxS):
@@ -130,6 +130,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   copies = sharding.copies(m)
   x_RxD, ids_RxS, w_RxS = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
   rows, slots = ids_RxS.shape
+  nonfinite = jnp.sum(~jnp.isfinite(x_TxD).all(axis=1), dtype=jnp.int32)  # NaN/inf stay so on the wire: counted
   if not lay.dedup:
     x_RxD, ids_RxS, w_RxS = one_row_per_slot(x_RxD, ids_RxS, w_RxS)
 
@@ -158,5 +159,8 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))
+  aux["traffic_bytes"] = traffic_bytes(aux["traffic_rows"], lay, d, ids_RxS.shape[1], x_TxD.dtype.itemsize,
+                                       schedule_lib.may_drop(exchange_for(lay)))
+  aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux

@@ -25,7 +25,8 @@ class Layout(NamedTuple):
     width; holders: `MoEConfig.expert_holders`); tokens: the tokens one device routes (one dispatch group:
     capacity counts within it); rows: the rows one device sends (tokens with dedup, else token-choices, before
     the Dump's copies); hops: the exchange hops; kind: the exchange kind; buffer_rows: the per-hop receive bound
-    (None: the worst case); dedup: one row per destination of each hop (`moe.path`).
+    (None: the worst case); dedup: one row per destination of each hop (`moe.path`); wire: the rows' dtypes
+    to the experts and back (`moe.wire`; None: their own).
   """
 
   n: int
@@ -38,6 +39,7 @@ class Layout(NamedTuple):
   kind: transport_lib.Kind
   buffer_rows: int | None
   dedup: bool
+  wire: tuple
 
   @property
   def x_spec(self) -> P:
@@ -59,7 +61,8 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   if kind == transport_lib.DENSE:  # a block per peer: every slot of the peer full, for each copy
     kind = transport_lib.Kind(kind, slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
   return Layout(n, m, sharding, slots, routed_tokens, rows, sharding.hops(cfg), transport_lib.as_kind(kind),
-                transport_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates)
+                transport_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates,
+                (cfg.dispatch_dtype, cfg.combine_dtype))
 
 
 def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None,

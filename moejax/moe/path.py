@@ -180,12 +180,12 @@ def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, kind, buff
   return ids_RxS, Path(tuple(planned), sizes[-1].bound)
 
 
-def move_through(x_RxD, path: Path, hops, kind, num_hops: int | None = None):
+def move_through(x_RxD, path: Path, hops, kind, num_hops: int | None = None, wire=(None, None)):
   """Moves rows [R, d] along the first `num_hops` hops (default all) of a planned path: each entry takes its
-  row's payload."""
+  row's payload. wire: the dtypes of the rows and of their gradients on the wire (`moe.wire`)."""
   for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
     x_RxD = transport_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward, hop.out_rows,
-                                    axis_name, kind)
+                                    axis_name, kind, wire=wire)
   return x_RxD
 
 
@@ -198,17 +198,17 @@ def move_slots(w_RxS, path: Path, hops, kind, num_hops: int | None = None):
   return w_RxS
 
 
-def move_back(y_RxX, path: Path, hops, kind, num_hops: int | None = None):
+def move_back(y_RxX, path: Path, hops, kind, num_hops: int | None = None, wire=(None, None)):
   """The mirror of `move_through` over the last `num_hops` hops (default all): each entry's result returns to
   the device it came from, where a row's entries are summed; entries dropped on the way come back as zeros.
-  Integer rows move without a gradient rule."""
+  Integer rows move without a gradient rule; wire as in `move_through`."""
   todo = list(zip(hops, path.hops))
   for axis_name, hop in reversed(todo if num_hops is None else todo[len(todo) - num_hops:]):
     if jnp.issubdtype(y_RxX.dtype, jnp.integer):
       back_LxX = transport_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, axis_name, kind)
     else:
       back_LxX = transport_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken, axis_name,
-                                         kind)
+                                         kind, wire=wire)
     y_RxX = hop.spread.reduce(back_LxX)
   return y_RxX
 

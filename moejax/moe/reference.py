@@ -112,13 +112,15 @@ def _route(x_TxD, params, cfg, bias=None, sequence_length=None, prior=None):
 
 def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int = 1,
                   noise: jax.Array | None = None, expert_bias: jax.Array | None = None,
-                  balance_counts: jax.Array | None = None) -> tuple[jax.Array, dict]:
+                  balance_counts: jax.Array | None = None, expert_x: jax.Array | None = None
+                  ) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
   num_groups: dispatch groups for capacity mode (the mesh's device count). noise: router-input
   multiplier [tokens, d] (jitter), or None. expert_bias: the balancing bias [E] added to the scores
   that choose experts. balance_counts: with balance_loss='global_batch', the earlier micro-batches' choice
-  counts; aux['balance_counts'] is them plus this call's.
+  counts; aux['balance_counts'] is them plus this call's. expert_x: what the routed experts see where it differs
+  from what the router sees (rows quantised on the wire: `moe.wire.round_trip(x, 'float8_e4m3fn')`).
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
   tokens, num_experts = x_TxD.shape[0], cfg.num_experts
@@ -132,8 +134,9 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, num_groups: int
 
   act = ACTIVATIONS[cfg.activation]
   # Every expert applied to every token: [E, T, d].
-  h = jnp.einsum("td,edf->etf", x_TxD, params["w_in"])
-  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", x_TxD, params["w_gate"])) * h
+  e_TxD = x_TxD if expert_x is None else expert_x.reshape(-1, cfg.d_model).astype(jnp.float32)
+  h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"])
+  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"])) * h
   outputs = jnp.einsum("etf,efd->etd", h, params["w_out"])
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)

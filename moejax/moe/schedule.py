@@ -36,7 +36,8 @@ class Exchange(NamedTuple):
   """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, expert slots per device (an
   id's device is id // slots_per_device), the exchange kind ('ragged' | 'padded' | a `transport.Kind`),
   the per-hop receive bound (None: the worst case, or the dense kind's blocks), whether a row travels once
-  per destination of a hop (dedup) and how many consecutive slots are the copies of one choice (the Dump)."""
+  per destination of a hop (dedup), how many consecutive slots are the copies of one choice (the Dump), and
+  the wire dtypes (dispatch, combine; None: the rows' own)."""
 
   hops: tuple
   axis_sizes: dict
@@ -45,6 +46,17 @@ class Exchange(NamedTuple):
   buffer_rows: int | None
   dedup: bool = True
   copies: int = 1
+  wire: tuple = (None, None)
+
+  @property
+  def dispatch_wire(self) -> tuple:
+    """The rows' dtype to the experts, and their gradients' (`moe.wire`)."""
+    return self.wire
+
+  @property
+  def combine_wire(self) -> tuple:
+    """The results' dtype back from the experts, and their gradients'."""
+    return self.wire[1], self.wire[1]
 
 
 class Experts(NamedTuple):
@@ -114,7 +126,7 @@ def run_experts(rows_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, bound: i
   return spread.reduce(local.ffn(spread.expand(rows_RxD), group_sizes) * w_L[:, None].astype(jnp.float32))
 
 
-def _may_drop(ex: Exchange) -> bool:
+def may_drop(ex: Exchange) -> bool:
   """Whether a hop may drop entries: a bounded receive buffer, or the dense kind's blocks (the exchange sends a
   peer no more than a block, however the layer sized it)."""
   return ex.buffer_rows is not None or transport_lib.as_kind(ex.kind).block_rows is not None
@@ -123,7 +135,7 @@ def _may_drop(ex: Exchange) -> bool:
 def _arrival(ids_RxS, w_RxS, ids_out, path, ex: Exchange):
   """(weights, arrived [R, S]): where a hop may drop entries, the slots that arrive (one round trip of int32
   flags), and the weights with every copy of a choice zeroed unless all its copies arrive."""
-  if not _may_drop(ex):
+  if not may_drop(ex):
     return w_RxS, ids_RxS >= 0
   arrived_RxS = path_lib.arrived(ids_out, path, ex.hops, ex.kind)
   if ex.copies > 1:  # consecutive slots (or rows of one slot) are one choice's copies
@@ -140,10 +152,10 @@ def _round_trip(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, decided: bo
     arrived_RxS = ids_RxS >= 0
   else:
     w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
-  rows_RxD = path_lib.move_through(x_RxD, path, ex.hops, ex.kind)
+  rows_RxD = path_lib.move_through(x_RxD, path, ex.hops, ex.kind, wire=ex.dispatch_wire)
   w_out = path_lib.move_slots(w_RxS, path, ex.hops, ex.kind)
   y_RxD = run_experts(rows_RxD, ids_out, w_out, ex, local, path.bound)
-  return path_lib.move_back(y_RxD, path, ex.hops, ex.kind), arrived_RxS, path
+  return path_lib.move_back(y_RxD, path, ex.hops, ex.kind, wire=ex.combine_wire), arrived_RxS, path
 
 
 def sequential(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
@@ -157,7 +169,7 @@ def chunked(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int
   """`sequential` on num_chunks contiguous chunks of rows; where a hop may drop, the drops are decided once by
   the sequential path, so no chunk drops (a chunk's entries fit wherever all of them fit)."""
   arrived_RxS = ids_RxS >= 0
-  if _may_drop(ex):
+  if may_drop(ex):
     ids_out, path = plan(ids_RxS, ex)
     w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
     ids_RxS = jnp.where(arrived_RxS, ids_RxS, -1)
@@ -175,7 +187,8 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   num_peers, out_rows, slots = last.plan.sizes_AxA.shape[0], last.out_rows, ids_RxS.shape[1]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  operand_LxD = last.spread.expand(path_lib.move_through(x_RxD, path, ex.hops, ex.kind, len(ex.hops) - 1))
+  operand_LxD = last.spread.expand(path_lib.move_through(x_RxD, path, ex.hops, ex.kind, len(ex.hops) - 1,
+                                                          wire=ex.dispatch_wire))
   w_out = path_lib.move_slots(w_RxS, path, ex.hops, ex.kind)
   groups = ex.slots_per_device
   spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups,
@@ -188,14 +201,15 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   own = min(last.spread.taken, out_rows)
   i_J = jnp.arange(own)
   q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
-  steps = [(transport_lib.move_rows(operand_LxD, own_forward, own_backward, own, axis, ex.kind, (0,)), q_J,
+  steps = [(transport_lib.move_rows(operand_LxD, own_forward, own_backward, own, axis, ex.kind, (0,),
+                                    ex.dispatch_wire), q_J,
             i_J < recv_sizes[me])]
   if num_peers > 1:
     forward, backward = plan_lib.without_self(last.plan.forward, last.plan.backward, me)
     q_R = jnp.arange(out_rows)
     mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
     steps.append((transport_lib.move_rows(operand_LxD, forward, backward, out_rows, axis, ex.kind,
-                                          tuple(range(1, num_peers))), q_R, ~mine))
+                                          tuple(range(1, num_peers)), ex.dispatch_wire), q_R, ~mine))
   h_LxF = None
   for x_JxD, q_J, valid_J in steps:
     key_J = local_experts(jnp.where(valid_J[:, None], ids_out[q_J], -1).reshape(-1), ex)
@@ -209,7 +223,7 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   w_L = w_out.reshape(-1)[spread.order[:spread.taken]][:, None].astype(jnp.float32)
   width = x_RxD.shape[1] // num_chunks
   blocks = [path_lib.move_back(spread.reduce(local.output(h_LxF, group_sizes, slice(j * width, (j + 1) * width)) * w_L),
-                               path, ex.hops, ex.kind) for j in range(num_chunks)]
+                               path, ex.hops, ex.kind, wire=ex.combine_wire) for j in range(num_chunks)]
   return Result(jnp.concatenate(blocks, axis=1), arrived_RxS, (path,))
 
 

@@ -1,10 +1,11 @@
-"""Traffic accounting: the rows each exchange hop moved between flat devices (`aux['traffic_rows']`),
-and their split into inter- and intra-node rows and bytes."""
+"""Traffic accounting: the rows each exchange hop moved between flat devices (`aux['traffic_rows']`), the bytes
+they cost on the wire both ways (`aux['traffic_bytes']`), and their split into inter- and intra-node traffic."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.moe import wire as wire_lib
 from moejax.runtime import mesh as mesh_lib
 
 
@@ -13,6 +14,18 @@ def hop_traffic(paths, lay) -> list:
   mine = [jax.lax.axis_index(a) for a in lay.hops]
   return [global_traffic(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
           for h, (a, me) in enumerate(zip(lay.hops, mine))]
+
+
+def traffic_bytes(traffic_rows, lay, d: int, slots: int, itemsize: int, may_drop: bool):
+  """[hops, A, A] float32 bytes sent from flat device s to p in each hop, both ways: the rows out (the payload
+  in the dispatch dtype, FP8's scales included, and each row's slots' int32 ids and float32 weights), and the
+  results back (d in the combine dtype, and the int32 arrival flags of the slots where a hop may drop).
+  traffic_rows: [hops, A, A] rows out; slots: per row; itemsize: the activations' bytes per element."""
+  dispatch, combine = lay.wire
+  out_bytes = wire_lib.payload_bytes(dispatch, d, itemsize) + slots * 8
+  back_bytes = wire_lib.payload_bytes(combine, d, 4) + (slots * 4 if may_drop else 0)
+  rows = traffic_rows.astype(jnp.float32)
+  return rows * out_bytes + jnp.swapaxes(rows, -1, -2) * back_bytes
 
 
 def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:

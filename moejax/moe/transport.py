@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe import plan as plan_lib
+from moejax.moe import wire as wire_lib
 from moejax.runtime import mesh as mesh_lib
 
 FLAT_HOPS = ((mesh_lib.NODE, mesh_lib.GPU),)
@@ -147,25 +148,34 @@ def _keep_first(operand, rows, output):
   return jnp.where(_expand(jnp.arange(out_rows) < rows, operand.ndim), operand, output)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
 def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind,
-              shifts=None):
+              shifts=None, wire=(None, None)):
   """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
-  the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again)."""
-  return exchange(rows, args, out_rows, axis_name, kind, shifts=shifts)
+  the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again).
+  wire: the dtypes (`moe.wire`) the rows travel in, and their gradients in the backward (None: their own)."""
+  return _wired(rows, args, out_rows, axis_name, kind, shifts, wire[0], like=rows)
 
 
-def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind, shifts):
+def _wired(rows, args, out_rows, axis_name, kind, shifts, dtype, like):
+  """`exchange` of rows encoded in `dtype` on the wire, decoded into like's dtype."""
+  sent = wire_lib.encode(rows, dtype)
+  got = exchange(sent, args, out_rows, axis_name, kind, like=like[:, :0], shifts=shifts)
+  return wire_lib.decode(got, dtype, rows.shape[1], like.dtype)
+
+
+def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind, shifts, wire):
   like = rows[:, :0]  # no data: the operand's row count, dtype and varying axes
-  return exchange(rows, args, out_rows, axis_name, kind, shifts=shifts), (back, like)
+  return move_rows(rows, args, back, out_rows, axis_name, kind, shifts, wire), (back, like)
 
 
-def _move_rows_bwd(out_rows, axis_name, kind, shifts, residuals, grad):
+def _move_rows_bwd(out_rows, axis_name, kind, shifts, wire, residuals, grad):
   back, like = residuals
   del out_rows
   num_peers = back.send_sizes.shape[0]
   reverse = None if shifts is None else tuple((-s) % num_peers for s in shifts)
-  grad_in = exchange(grad.astype(like.dtype), back, like.shape[0], axis_name, kind, like=like, shifts=reverse)
+  dtype = like.dtype if wire[1] is None else wire[1]  # None: the gradient travels in the rows' own dtype
+  grad_in = _wired(grad, back, like.shape[0], axis_name, kind, reverse, dtype, like=like)
   return grad_in, None, None
 
 
