@@ -122,6 +122,8 @@ def temporary_bytes(n, m, **fields):
 
 # operand and output row counts of each ragged_all_to_all (rows [R, d] or expert ids [R])
 RAGGED_OP = re.compile(r"custom_call @ragged_all_to_all\(.*: \(tensor<(\d+)x(?:\d+x)*[a-z]+\d*>, tensor<(\d+)x")
+# (columns, element type) of a ragged_all_to_all's 2-D operand [rows, columns].
+RAGGED_OPERAND = re.compile(r"custom_call @ragged_all_to_all\(.*?: \(tensor<\d+x(\d+)x([a-zA-Z0-9]+)>")
 
 
 LOCAL_TOKENS = 64
