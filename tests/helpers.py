@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.moe import wire
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params, param_shapes
@@ -67,7 +68,15 @@ def run_with_grads(apply, params, x, grads=True):
 def reference_run(cfg, params, x, num_groups: int, grads=True, **state):
   """`run_with_grads` of the single-device reference with `num_groups` capacity groups; state: the layer
   state the reference takes too (expert_bias, balance_counts)."""
-  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, **state), params, x, grads)
+  # The experts see the rows as they arrive, quantised on the wire with a dispatch dtype (`moe.wire`); the gradient
+  # passes straight through (the wire's backward carries it in the combine dtype).
+  def expert_x(x):
+    if cfg.dispatch_dtype is None:
+      return None
+    x = x.reshape(-1, x.shape[-1])
+    return x + jax.lax.stop_gradient(wire.round_trip(x, cfg.dispatch_dtype) - x)
+  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_x=expert_x(x), **state),
+                        params, x, grads)
 
 
 def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = None, reference=None, tol=1e-5,

@@ -3,7 +3,7 @@ reference, or is refused before compiling with the design reason.
 
 Axes: routing x transport x schedule x expert sharding x replicated experts x receive buffers x expert
 backend x router options (softmax; DeepSeek-V3's sigmoid, group limit and balancing bias; shared experts;
-the sequence-wise loss): 4,608 combinations. CI runs a covering set: every pair of values of any two axes meets in at
+the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype: 18,432 combinations. CI runs a covering set: every pair of values of any two axes meets in at
 least one case (greedy all-pairs), and every refused pair is checked for its reason.
 """
 
@@ -27,6 +27,8 @@ AXES = {
     "buffer_factor": (None, 2.0),
     "expert_backend": ("dense", "ragged_dot"),
     "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
+  "dedup": (False, True),
+  "dispatch_dtype": (None, "float8_e4m3fn"),
 }
 N, M, E, TOKENS = 2, 4, 8, 64
 
@@ -39,6 +41,8 @@ def refusal(case: dict) -> str | None:
     return "score='sigmoid'.*routing='bilevel'"
   if case["routing"] == "bilevel" and case["router"] == "sequence_loss":
     return "balance_loss.*routing='bilevel'"
+  if case["dedup"] and case["esp_schedule"] == "s2":
+    return "dedup=True.*esp_schedule='s2'.*one row per token-choice"
   return None
 
 
@@ -63,7 +67,8 @@ def covering_cases() -> list[dict]:
 
 
 def case_id(case: dict) -> str:
-  return "-".join(str(v) if not isinstance(v, bool) else ("replicas" if v else "one") for v in case.values())
+  names = {"replicas": ("one", "replicas"), "dedup": ("perchoice", "dedup")}
+  return "-".join(names[k][v] if k in names else str(v) for k, v in case.items())
 
 
 def router_fields(case: dict) -> dict:
@@ -84,7 +89,7 @@ def config(case: dict) -> MoEConfig:
                    transport=case["transport"], capacity_factor=capacity, buffer_factor=case["buffer_factor"],
                    schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
                    expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3,
-                   **router_fields(case))
+                   dedup=case["dedup"], dispatch_dtype=case["dispatch_dtype"], **router_fields(case))
 
 
 def layer_state(case: dict, cfg: MoEConfig) -> dict:
