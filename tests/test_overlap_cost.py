@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from moejax.cost import overlap, traffic
+from moejax.cost import model, overlap, traffic
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
@@ -117,6 +117,33 @@ def test_training_adds_a_backward_with_twice_the_matmuls():
     bwd = overlap.price_schedule(schedule, ex, doubled, chunks)
     train = overlap.price_schedule(schedule, ex, shape, chunks, train=True)
     assert train.time_s == pytest.approx(fwd.time_s + bwd.time_s, rel=1e-12)
+
+
+def test_each_pass_prices_its_own_bytes_per_row():
+  """With a row's bytes per exchange (`model.RowBytes`), the sequential schedule's exchanges are those of
+  `model.price_from_traffic`: the forward's dispatch and combine at their bytes, the backward's at the gradients';
+  the chunked schedule's chunks and comet's ring steps and column blocks at their pass's bytes too."""
+  rows = traffic.uniform_traffic(2, 4, mesh_lib.AXES, 30)[None]
+  wire = model.RowBytes(dispatch=100.0, combine=300.0, dispatch_grad=500.0, combine_grad=700.0)
+  topology = topology_lib.P4D_EFA
+  ex = overlap.Exchanges(rows, (mesh_lib.AXES,), (2, 4), wire, topology, device=0)
+  shape = overlap.LayerShape((240.0,), 256, 512, False, 1e14)
+  for train in (False, True):
+    want = model.price_from_traffic(rows, (mesh_lib.AXES,), (2, 4), wire, 0.0, topology, backward=train)
+    got = overlap.price_schedule("sequential", ex, shape, train=train)
+    assert got.inter_node_s == pytest.approx(want.inter_node_a2a_s, rel=1e-12)
+    assert got.intra_node_s == pytest.approx(want.intra_node_a2a_s, rel=1e-12)
+  for schedule, chunks in (("chunked", 4), ("comet", 2)):
+    pieces = [overlap.price_schedule(schedule, dataclasses.replace(ex, bytes_per_row=w), shape, chunks)
+              for w in (wire, wire.backward)]
+    doubled = dataclasses.replace(shape, rate=shape.rate / 2)
+    backward = overlap.price_schedule(schedule, dataclasses.replace(ex, bytes_per_row=wire.backward), doubled, chunks)
+    train = overlap.price_schedule(schedule, ex, shape, chunks, train=True)
+    assert train.time_s == pytest.approx(pieces[0].time_s + backward.time_s, rel=1e-12)
+    assert pieces[1].communication_s > pieces[0].communication_s  # the gradients' rows are the heavier here
+  same = [overlap.price_schedule("comet", dataclasses.replace(ex, bytes_per_row=b), shape, 2, train=True).time_s
+          for b in (64.0, model.RowBytes.uniform(64.0))]
+  assert same[0] == same[1]
 
 
 def test_without_communication_every_schedule_is_its_matmuls():

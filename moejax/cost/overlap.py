@@ -25,7 +25,9 @@ its size by `GemmCurve`:
               schedule here runs NCCL-style collectives, whose SM use is not priced.
 
 The backward (train=True) runs the same schedule once more with twice the matmul time (data and
-weight gradients) and the exchanges reversed, which cost the same; Comet describes no backward.
+weight gradients) and the exchanges reversed: the combine's gradients go out the dispatch's way, the
+dispatch's come back, each at its own bytes per row (`model.RowBytes.backward`: gradients in the combine
+dtype); Comet describes no backward.
 
 `hidden_fraction` = 1 - (t - compute) / communication, in [0, 1]: the share of the schedule's own
 exchange time that runs under matmuls (0 for sequential), Comet Fig. 11's 'communication latency hidden'.
@@ -122,22 +124,32 @@ class LayerShape:
 @dataclasses.dataclass(frozen=True)
 class Exchanges:
   """The layer's traffic: traffic_rows [hops, A, A] (rows s -> p per hop), its hops, mesh (n, m),
-  bytes_per_row and the topology, as `model.price_from_traffic` takes them; `device` the busiest one."""
+  bytes_per_row (a number, or `model.RowBytes`: each exchange's) and the topology, as
+  `model.price_from_traffic` takes them; `device` the busiest one."""
 
   traffic_rows: np.ndarray
   hops: tuple
   mesh_shape: tuple
-  bytes_per_row: float
+  bytes_per_row: "float | model.RowBytes"
   topology: Topology
   device: int
 
+  @property
+  def row_bytes(self) -> model.RowBytes:
+    return model.as_row_bytes(self.bytes_per_row)
+
+  def passes(self, train: bool) -> tuple["Exchanges", ...]:
+    """The forward's exchanges, then with `train` the backward's, whose dispatch and combine are the gradients'
+    exchanges in the same directions (`model.RowBytes.passes`)."""
+    return tuple(dataclasses.replace(self, bytes_per_row=wire) for wire in self.row_bytes.passes(train))
+
   def dispatch(self, scale: float = 1.0) -> list[collectives.ExchangeCost]:
     return list(model.price_hops(np.asarray(self.traffic_rows) * scale, self.hops, self.mesh_shape,
-                                 self.bytes_per_row, self.topology))
+                                 self.row_bytes.dispatch, self.topology))
 
   def combine(self, scale: float = 1.0) -> list[collectives.ExchangeCost]:
     rows = np.swapaxes(np.asarray(self.traffic_rows), 1, 2) * scale
-    return list(model.price_hops(rows, self.hops, self.mesh_shape, self.bytes_per_row, self.topology))[::-1]
+    return list(model.price_hops(rows, self.hops, self.mesh_shape, self.row_bytes.combine, self.topology))[::-1]
 
   def ring_steps(self) -> tuple[list[collectives.ExchangeCost], np.ndarray]:
     """The last hop as ring steps j = 1..G-1 (every device receives from its j-th previous group member
@@ -152,8 +164,8 @@ class Exchanges:
       shift_AxA = np.zeros_like(group_AxA)
       for s, group in enumerate(members):
         shift_AxA[s, group[(np.searchsorted(group, s) + j) % size]] = True
-      steps.append(collectives.all_to_all(np.where(shift_AxA, rows_AxA, 0) * self.bytes_per_row, shift_AxA, m,
-                                          self.topology))
+      steps.append(collectives.all_to_all(np.where(shift_AxA, rows_AxA, 0) * self.row_bytes.dispatch, shift_AxA,
+                                          m, self.topology))
       received.append(rows_AxA[shift_AxA[:, self.device], self.device].sum())
     return steps, np.asarray(received, np.float64)
 
@@ -223,8 +235,8 @@ def price_schedule(schedule: str, exchanges: Exchanges, shape: LayerShape, num_c
   require(schedule != "comet" or shape.d_model % num_chunks == 0, "num_chunks", num_chunks,
           f"a divisor of d_model={shape.d_model} for schedule='comet'")
   time_s, comm, inter, compute = 0.0, 0.0, 0.0, 0.0
-  for compute_scale in ((1.0, 2.0) if train else (1.0,)):
-    t, pieces, g = _pass(schedule, num_chunks, exchanges, shape, compute_scale)
+  for compute_scale, one_pass in zip((1.0, 2.0), exchanges.passes(train)):
+    t, pieces, g = _pass(schedule, num_chunks, one_pass, shape, compute_scale)
     time_s += t
     compute += g
     comm += sum(p.time_s for p in pieces)
