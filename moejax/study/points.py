@@ -12,8 +12,12 @@ from moejax.moe.config import MoEConfig
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError, is_int, reject_unknown, require
 
-SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited", "chunked", "comet", "esp_baseline",
-           "s1", "s2")
+# '<scheme>_nodedup': <scheme> without deduplicated dispatch (MoEConfig.dedup=False: a row per token-choice in every
+# hop), to compare with <scheme>, which takes moe.dedup (None: deduplicated).
+NODEDUP = "_nodedup"
+NODEDUP_SCHEMES = ("smile_nodedup", "node_limited_nodedup")
+SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited", *NODEDUP_SCHEMES, "chunked", "comet",
+           "esp_baseline", "s1", "s2")
 # Overlap schedules of the flat dropless layer (Comet): they move its rows in pieces, so its small run serves them.
 OVERLAP_SCHEMES = ("chunked", "comet")
 # Parm's expert-sharding schedules: experts over 'node', d_ff over 'gpu'; dense capacity dispatch, priced analytically.
@@ -49,7 +53,8 @@ class Point:
 
 
 def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
-  """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`)."""
+  """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`, whose dedup and wire
+  dtypes every scheme takes, but the NODEDUP_SCHEMES dedup=False)."""
   common = {name: value for name, value in moe.items() if name not in SWEEP_FIELDS}
   common.update(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff)
   flat = platform_lib.flat_transport(platform)
@@ -64,11 +69,13 @@ def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, pla
       **{s: dict(routing="topk", transport=flat, schedule=s) for s in OVERLAP_SCHEMES},
       **{s: dict(routing="topk", transport="capacity", capacity_factor=moe.esp_capacity_factor, esp_schedule=e)
          for s, e in ESP_SCHEMES.items()},
-  }[scheme]
+  }[scheme.removesuffix(NODEDUP)]
+  if scheme.endswith(NODEDUP):
+    fields["dedup"] = False
   try:
     return MoEConfig(**{**common, **fields})
   except ConfigError as e:
-    prefix = "esp" if scheme in ESP_SCHEMES else scheme
+    prefix = "esp" if scheme in ESP_SCHEMES else scheme.removesuffix(NODEDUP)
     if e.field == "capacity_factor":
       field = f"moe.{prefix}_capacity_factor"
     elif e.field == "num_experts":
@@ -188,9 +195,9 @@ def point_key(point: Point, config) -> str:
   return _digest([dataclasses.asdict(point), model, settings])
 
 
-# moe fields no small run reads: the pricing's, and esp_cost (read by esp_schedule='auto' only, which no scheme
-# uses).
-_PRICING_ONLY = ("num_chunks", "esp_capacity_factor", "esp_cost")
+# moe fields no small run reads: the pricing's (the wire dtypes change a row's bytes, not the rows: `simulate` runs
+# without them), and esp_cost (read by esp_schedule='auto' only, which no scheme uses).
+_PRICING_ONLY = ("num_chunks", "esp_capacity_factor", "esp_cost", "dispatch_dtype", "combine_dtype")
 
 
 def simulation_key(scheme: str, n: int, m: int, config) -> str:

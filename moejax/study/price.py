@@ -11,13 +11,23 @@ the rows scale linearly. The overlap schedules ('chunked', 'comet') move the fla
 so they take its small run and are priced by `cost.overlap` (exchanges and matmuls overlapped; the GEMM
 pieces' efficiency from its wave model with `gemm_sms` SMs). Parm's schemes ('esp_baseline', 's1', 's2') run
 no small run: `cost.parm` prices their collectives from the config (uniform capacity dispatch,
-T = k f B L / E) with alpha-beta terms derived from the topology. Two effects of the small run carry over: its sampling noise (the busiest
+T = k f B L / E, moe.dtype's bytes per element) with alpha-beta terms derived from the topology. Two effects of
+the small run carry over: its sampling noise (the busiest
 device's excess load shrinks with more tokens, so scaling it up overstates imbalance), and its
 capacity drops (capacity is applied per batch and binds harder on few tokens;
 `sim_dropped_fraction` is in every row). The dense capacity dispatch ('switch') moves every slot
 whatever the routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
 C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
 rows routed, without capacity padding.
+
+What a row costs on the wire (`row_bytes`, `cost.model.wire_row_bytes`): each exchange prices its own bytes per
+row at the model's d_model, from the point's moe.dispatch_dtype and combine_dtype (None: the dispatch in moe.dtype,
+the activations' dtype here, the combine in float32, as the layer moves them) and its slots: a row carries a slot
+(an int32 id and a float32 weight) per choice it holds, the token's K with dedup (one row per destination of a
+hop), 1 without (one row per token-choice). The combine adds the slots' int32 arrival flags where a hop may drop
+(moe.buffer_factor, the dense capacity dispatch), and the backward's exchanges carry gradients in the combine
+dtype, the dispatch's back to the token with its weights' gradients (`cost.model.RowBytes`). The rows come from
+the small run; the dtypes only reprice it.
 
 Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared
 experts' at the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at
@@ -56,7 +66,15 @@ def device_rate(config) -> tuple[float, str]:
   return cost_model.default_rate(topology(config))
 
 
-def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row, other_flops,
+def row_bytes(cfg, d_model: int, itemsize: int) -> cost_model.RowBytes:
+  """A row's bytes in each exchange of the layer `cfg` at width d_model, activations of `itemsize` bytes: slots per
+  row K with dedup (1 without), arrival flags back where a hop may drop (`cost.model.wire_row_bytes`)."""
+  slots = cfg.choices_per_token if cfg.deduplicates else 1
+  may_drop = cfg.buffer_factor is not None or cfg.transport == "capacity"
+  return cost_model.wire_row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
+
+
+def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row: cost_model.RowBytes, other_flops,
                         non_expert_s: float) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
@@ -73,8 +91,8 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
     cost = overlap.price_schedule(cfg.schedule, exchanges, shape, cfg.num_chunks, train=train)
     out[name] = cost_model.Breakdown(
         inter_node_a2a_s=cost.inter_node_s, intra_node_a2a_s=cost.intra_node_s, expert_compute_s=cost.compute_s,
-        other_s=(3 if train else 1) * other_flops / rate, hops=cost_model.price_hops(rows, hops, (n, m), bytes_per_row,
-                                                                                   cluster),
+        other_s=(3 if train else 1) * other_flops / rate,
+        hops=cost_model.price_hops(rows, hops, (n, m), bytes_per_row.dispatch, cluster),
         device_rate=rate, rate_source=rate_source, topology=cluster.name, hidden_s=cost.hidden_s)
     out[f"{name}_hidden_fraction"] = cost.hidden_fraction
   return out
@@ -119,7 +137,8 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   """The MoE layer of `point`'s model, priced at its micro batch from the scaled small run (`sim`; None for
   the schemes priced from the config alone, `points.simulated_scheme`).
 
-  Returns the forward and forward+backward `Breakdown`s and the traffic statistics of the row.
+  Returns the forward and forward+backward `Breakdown`s and the traffic statistics of the row: inter- and
+  intra-node MB per GPU (the forward's dispatch and combine bytes), and a row's bytes each way.
   """
   model, moe = config.models[point.model], config.moe
   n, m = point.nodes, point.gpus_per_node
@@ -127,7 +146,6 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   tokens = model.micro_batch * model.seq_len
   k = cfg.choices_per_token
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
-  bytes_per_row = model.d_model * itemsize
   router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
   other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
   if cfg.num_shared_experts:  # dense FFNs on every token (DeepSeek, Qwen2-MoE)
@@ -135,7 +153,8 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
   non_expert_s = phases.for_topology(topology(config)).seconds(tokens * k, model.d_model, itemsize)
   common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
-            "routing": cfg.routing, "transport": cfg.transport}
+            "routing": cfg.routing, "transport": cfg.transport, "dedup": cfg.deduplicates,
+            "dispatch_dtype": cfg.dispatch_dtype or moe.dtype, "combine_dtype": cfg.combine_dtype or "float32"}
   if point.scheme in ESP_SCHEMES:
     return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
   scale = tokens / sim["tokens_per_gpu"]
@@ -145,18 +164,21 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
     processed = np.rint(np.asarray(sim["rows_per_device"]) * scale)
-  summary = traffic_summary(rows, m, bytes_per_row)
+  wire = row_bytes(cfg, model.d_model, itemsize)
+  # a hop's inter-node rows out equal its rows back (the transpose), so each carries a dispatch and a combine row
+  summary = traffic_summary(rows, m, wire.dispatch + wire.combine)
   sent = sim["tokens_per_gpu"] * n * m * k
-  stats = {"inter_node_mb_per_gpu": 2 * sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
-           "intra_node_mb_per_gpu": 2 * sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+  stats = {"inter_node_mb_per_gpu": sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
+           "intra_node_mb_per_gpu": sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+           "dispatch_bytes_per_row": wire.dispatch, "combine_bytes_per_row": wire.combine,
            "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
            "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
            "token_scale": scale}
   if point.scheme in OVERLAP_SCHEMES:
-    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, bytes_per_row, other_flops,
+    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops,
                                                      non_expert_s)}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
-  args = (rows, transport_hops(cfg.transport), (n, m), bytes_per_row, flops, topology(config), device_rate(config))
+  args = (rows, transport_hops(cfg.transport), (n, m), wire, flops, topology(config), device_rate(config))
   return {**common, **stats,
           "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
           "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s,

@@ -12,6 +12,10 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import scheme_config
 
+# The small run counts rows: its calls take milliseconds, and XLA's CPU backend optimisations cost about a third of
+# each compilation, which is most of a point's time.
+COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
 
 def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
   """An n x m mesh of simulated CPU devices (also on a GPU machine)."""
@@ -26,19 +30,24 @@ def simulate(scheme: str, n: int, m: int, config) -> dict:
   """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
   device (one compilation; more batches, less sampling noise in the routing fractions).
 
-  Returns, summed over the batches and as JSON-ready lists: traffic_rows [hops, A, A], rows_per_device
-  [A] (token-choices each device's experts got), dropped (token-choices), tokens_per_gpu; and
-  seconds (compile and run).
+  The rows travel in float32 (dtype, dispatch_dtype and combine_dtype unset): the wire's dtypes change what a row
+  costs, which the pricing counts (`price.row_bytes`), not which rows move.
+
+  Returns, summed over the batches and as JSON-ready lists: traffic_rows [hops, A, A] (rows out per hop: with
+  dedup one per token and destination of the hop), rows_per_device [A] (token-choices each device's experts
+  got), dropped (token-choices), tokens_per_gpu; and seconds (compile and run).
   """
   cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
-  cfg = dataclasses.replace(cfg, dtype="float32")
+  cfg = dataclasses.replace(cfg, dtype="float32", dispatch_dtype=None, combine_dtype=None)
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()
   params = layer_params(cfg, mesh, config.sim.seed, jnp.float32, config.sim.balanced_router)
+  batches = [random_tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
+             for b in range(config.sim.batches)]
+  apply = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, batches[0]).compile(COMPILER_OPTIONS)
   traffic, counts, dropped = 0, 0, 0
-  for b in range(config.sim.batches):
-    x = random_tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
-    _, aux = jax.block_until_ready(moe_apply(params, x, cfg, mesh))
+  for x in batches:
+    _, aux = jax.block_until_ready(apply(params, x))
     traffic = traffic + np.asarray(aux["traffic_rows"], np.int64)
     counts = counts + np.asarray(aux["expert_counts"], np.int64)
     dropped += int(aux["tokens_dropped"])
