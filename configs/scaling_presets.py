@@ -5,7 +5,8 @@ scaling) with 8 experts per GPU, so 4 nodes x 8 GPUs hold DeepSeek-V3's 256 expe
 the model's layer count from the preset, every layer MoE (V3's first 3 dense ones counted as MoE), sequences of
 4096 tokens, one per GPU. The schemes are those of flat top-k routing (DeepSeek-V3's group limit is its own node
 limit; SMILE's bi-level router cannot take sigmoid scores or the bias): flat dropless, hierarchical, and the
-overlap schedules of the flat layer.
+overlap schedules of the flat layer. The rows travel as the default sweep's (bfloat16 both ways), DeepSeek-V3's
+dispatch in FP8 (e4m3 with a float32 scale per 128 elements, its report's Sec. 3.3.2), its combine in bfloat16.
 
   python -m experiments.scaling --config=configs/scaling_presets.py --workdir=/tmp/scaling_ds
   python -m experiments.scaling --config=configs/scaling_presets.py:qwen3_moe --workdir=/tmp/scaling_q3
@@ -39,4 +40,6 @@ def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
   routed = {k: v for k, v in fields.items() if k not in SCHEME_FIELDS and k != "balance_loss"}
   config.moe.update(routed)
   config.moe.experts_per_gpu = 8
+  if preset == "deepseek_v3":
+    config.moe.dispatch_dtype = "float8_e4m3fn"
   return config

@@ -44,6 +44,7 @@ def get_config() -> ml_collections.ConfigDict:
       "smile_48b": {"d_model": 1600, "d_ff": 6400, "layers": 36, "moe_layers": 18, "seq_len": 128, "micro_batch": 64,
               "vocab": 32128},
   })
+  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")  # top-1: dedup changes no row
   config.moe.top_k = 1
   config.moe.switch_capacity_factor = 2.0
   config.moe.smile_capacity_factor = 2.0

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
+from moejax.cost import collectives
+from moejax.cost import topology as topology_lib
+from moejax.runtime import mesh as mesh_lib
 from moejax.study import report
 from moejax.study.inputs import balanced_routers
-from moejax.study.points import Point, scheme_config, validate
+from moejax.study.points import Point, scheme_config, simulation_key, validate
 from moejax.study.price import price_point_layer
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, load_jsonl
 from moejax.study.sweep import run
@@ -21,7 +24,8 @@ from moejax.validation import ConfigError
 # slow: scaling sweeps end to end; one xdist worker runs the module, so its module fixtures are built once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("scaling")]
 
-POINTS = 5 * 2 * 2  # schemes x meshes x scalings (one model)
+SCHEMES = 7  # the default sweep's: five routings, two of them also without dedup
+POINTS = SCHEMES * 2 * 2  # schemes x meshes x scalings (one model)
 
 
 def tiny_config() -> ml_collections.ConfigDict:
@@ -45,7 +49,7 @@ def sweep(tmp_path_factory, devices):
 
 def test_sweep_writes_csv_json_and_both_plots(sweep):
   workdir, rows, counts = sweep
-  assert counts == {"computed": POINTS, "skipped": 0, "simulated": 10}
+  assert counts == {"computed": POINTS, "skipped": 0, "simulated": SCHEMES * 2}
   paths = report.write_all(rows, tiny_config(), workdir)
   assert sorted(os.path.basename(p) for p in paths.values()) == [
       "breakdown.png", "results.csv", "results.json", "throughput.png"]
@@ -98,6 +102,86 @@ def test_weak_and_strong_scaling_follow_smile_definitions(sweep):
     else:  # fixed global batch: fewer micro batches per GPU as devices grow
       assert r["global_batch"] == config.global_batch
       assert r["accumulation"] == config.global_batch // (r["devices"] * micro)
+
+
+def _stored_sim(workdir, scheme, n, m, config):
+  return load_jsonl(os.path.join(workdir, SIMULATIONS_FILE))[simulation_key(scheme, n, m, config)]
+
+
+def test_priced_bytes_are_the_small_runs_rows_times_each_ways_bytes(sweep):
+  """node_limited on 2 x 2 with FP8 dispatch and bfloat16 combine (the wire dtypes only reprice the small run): the
+  priced bytes and all-to-alls are the run's rows, scaled, times a row's bytes from the dtypes, counted here."""
+  workdir, _, _ = sweep
+  config = tiny_config()
+  config.moe.update(dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16")
+  sim = _stored_sim(workdir, "node_limited", 2, 2, config)  # the same small run as the sweep's bf16 one
+  layer = price_point_layer(sim, Point("node_limited", 2, 2, "tiny", "weak"), config)
+  d, k = config.models.tiny.d_model, config.moe.top_k  # 32, 2: a deduplicated row carries both choices
+  out = d + 4 + k * (4 + 4)  # e4m3 payload, one float32 scale (d <= 128), an int32 id and a float32 weight per slot
+  back = 2 * d  # the result in bfloat16
+  grad_out, grad_back = 2 * d, 2 * d + k * 4  # gradients in bfloat16; the weights' float32 gradients come back
+  assert (layer["dispatch_bytes_per_row"], layer["combine_bytes_per_row"]) == (out, back)
+  scale = config.models.tiny.micro_batch * config.models.tiny.seq_len / sim["tokens_per_gpu"]
+  rows = np.rint(np.asarray(sim["traffic_rows"], np.float64) * scale)  # [hops 'node', 'gpu', 4, 4]
+  node = np.arange(4) // 2
+  cross = node[:, None] != node[None, :]
+  assert layer["inter_node_mb_per_gpu"] == pytest.approx(rows[:, cross].sum() * (out + back) / 4 / 1e6, rel=1e-12)
+  assert layer["intra_node_mb_per_gpu"] == pytest.approx(
+      (rows[:, ~cross].sum() - np.trace(rows, axis1=1, axis2=2).sum()) * (out + back) / 4 / 1e6, rel=1e-12)
+  hops, topology = ("node", "gpu"), topology_lib.get(config.topology)
+
+  def a2a(r, hop, bytes_per_row):
+    return collectives.all_to_all(r * bytes_per_row, mesh_lib.same_group(hop, 2, 2), 2, topology).time_s
+
+  forward = sum(a2a(r, h, out) + a2a(r.T, h, back) for r, h in zip(rows, hops))
+  backward = sum(a2a(r, h, grad_out) + a2a(r.T, h, grad_back) for r, h in zip(rows, hops))
+  got = layer["forward"].inter_node_a2a_s + layer["forward"].intra_node_a2a_s
+  assert got == pytest.approx(forward, rel=1e-12)
+  got = layer["train"].inter_node_a2a_s + layer["train"].intra_node_a2a_s
+  assert got == pytest.approx(forward + backward, rel=1e-12)
+
+
+def test_dedup_moves_node_limited_across_nodes_once_per_token(sweep):
+  """Top-2 on one node of two: with dedup a token crosses to the other node once, carrying both choices; without,
+  once per choice. The experts' work is the same. In the sweep (32 tokens per GPU: latency-bound exchanges) and
+  repriced at 4096 tokens of d 512, where the bytes dominate."""
+  workdir, rows, _ = sweep
+  by = {(r["scheme"], r["nodes"], r["scaling"]): r for r in rows}
+  big = tiny_config()
+  big.models.tiny.update(d_model=512, micro_batch=32, seq_len=128)
+  for base in ("node_limited", "smile"):
+    dedup, nodedup = by[base, 2, "weak"], by[f"{base}_nodedup", 2, "weak"]
+    assert (dedup["dedup"], nodedup["dedup"]) == (True, False)
+    assert dedup["layer_inter_node_ms"] < nodedup["layer_inter_node_ms"]
+    assert dedup["layer_expert_ms"] == nodedup["layer_expert_ms"]
+    # a row of two slots against two rows of one: half the rows, each 8 bytes more
+    ratio = dedup["inter_node_mb_per_gpu"] / nodedup["inter_node_mb_per_gpu"]
+    wire = (dedup["dispatch_bytes_per_row"] + dedup["combine_bytes_per_row"]) / (
+        nodedup["dispatch_bytes_per_row"] + nodedup["combine_bytes_per_row"])
+    assert ratio == pytest.approx(wire / 2, rel=0.05)
+    once, twice = (price_point_layer(_stored_sim(workdir, scheme, 2, 2, big), Point(scheme, 2, 2, "tiny", "weak"), big)
+                   for scheme in (base, f"{base}_nodedup"))
+    for part in ("forward", "train"):
+      assert once[part].inter_node_a2a_s < 0.6 * twice[part].inter_node_a2a_s
+      assert once[part].total_s < twice[part].total_s
+
+
+def test_fp8_dispatch_prices_fewer_bytes_than_bf16_and_the_same_backward(sweep):
+  workdir, _, _ = sweep
+  point = Point("node_limited", 2, 2, "tiny", "weak")
+  layers = {}
+  for dtype in ("float8_e4m3fn", "bfloat16"):
+    config = tiny_config()
+    config.models.tiny.d_model = 512  # 4 scales of 4 bytes on 512 e4m3 elements
+    config.moe.dispatch_dtype = dtype
+    layers[dtype] = price_point_layer(_stored_sim(workdir, "node_limited", 2, 2, config), point, config)
+  fp8, bf16 = layers["float8_e4m3fn"], layers["bfloat16"]
+  assert (fp8["dispatch_bytes_per_row"], bf16["dispatch_bytes_per_row"]) == (512 + 16 + 16, 1024 + 16)
+  assert fp8["combine_bytes_per_row"] == bf16["combine_bytes_per_row"] == 1024
+  assert fp8["inter_node_mb_per_gpu"] < bf16["inter_node_mb_per_gpu"]
+  assert fp8["forward"].inter_node_a2a_s < bf16["forward"].inter_node_a2a_s
+  backward = {k: v["train"].inter_node_a2a_s - v["forward"].inter_node_a2a_s for k, v in layers.items()}
+  assert backward["float8_e4m3fn"] == pytest.approx(backward["bfloat16"], rel=1e-12)  # gradients in bf16 both
 
 
 def test_ragged_traffic_scales_linearly_with_modelled_tokens():

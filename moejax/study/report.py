@@ -6,10 +6,13 @@ import math
 import os
 import textwrap
 
+from moejax.study.points import NODEDUP
+
 COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
-           "choices_per_token", "capacity_factor", "tokens_per_gpu", "global_batch", "accumulation",
-           "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction", "expert_load_imbalance",
-           "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "layer_inter_node_ms", "layer_intra_node_ms",
+           "choices_per_token", "capacity_factor", "dedup", "dispatch_dtype", "combine_dtype", "tokens_per_gpu",
+           "global_batch", "accumulation", "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction",
+           "expert_load_imbalance", "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "dispatch_bytes_per_row",
+           "combine_bytes_per_row", "layer_inter_node_ms", "layer_intra_node_ms",
            "layer_expert_ms", "layer_other_ms", "layer_hidden_ms", "comm_hidden_fraction", "esp_choice", "layer_ms",
            "grad_sync_ms", "tensor_parallel_ms", "step_s", "samples_per_s",
            "topology", "device_tflops", "rate_source", "layer_ms_min", "step_s_min", "loss_first", "loss_last",
@@ -65,13 +68,16 @@ def write_json(rows: list[dict], config, path: str) -> None:
 
 # One style per scheme, (colour, marker, linestyle), the same in every plot. Markers are drawn hollow and smaller
 # the later a scheme comes in a panel, so that points of schemes whose curves coincide nest instead of hiding each
-# other; no two schemes share a (colour, marker) pair.
+# other; no two schemes share a (colour, marker) pair. A scheme without dedup ('<scheme>_nodedup') takes its
+# scheme's colour with another marker and a dashed line.
 SCHEME_STYLES = {
     "switch": ("tab:blue", "o", "-"),
     "flat_dropless": ("tab:orange", "s", "--"),
     "hierarchical": ("tab:green", "^", "-."),
     "smile": ("tab:red", "D", ":"),
+    "smile_nodedup": ("tab:red", "o", "--"),
     "node_limited": ("tab:purple", "v", "-"),
+    "node_limited_nodedup": ("tab:purple", "^", "--"),
     "chunked": ("tab:brown", "P", "--"),
     "comet": ("tab:pink", "X", "-."),
     "esp_baseline": ("tab:gray", "<", ":"),
@@ -89,11 +95,26 @@ FIELD_LABELS = {
     "layer_intra_node_ms": "intra-node all-to-all per layer (ms)", "layer_expert_ms": "expert compute per layer (ms)",
     "layer_other_ms": "other per layer (ms)", "layer_hidden_ms": "hidden by overlap per layer (ms)",
     "grad_sync_ms": "gradient sync per step (ms)", "tensor_parallel_ms": "tensor-parallel traffic per step (ms)",
-    "inter_node_mb_per_gpu": "inter-node traffic per GPU (MB)", "intra_node_mb_per_gpu": "intra-node traffic per GPU (MB)",
+    "inter_node_mb_per_gpu": "inter-node traffic per GPU (MB)",
+    "intra_node_mb_per_gpu": "intra-node traffic per GPU (MB)",
+    "dispatch_bytes_per_row": "a row to the experts (bytes)", "combine_bytes_per_row": "a row back (bytes)",
     "comm_hidden_fraction": "share of communication hidden (fraction)",
     "expert_load_imbalance": "busiest expert load / mean (ratio)", "sim_dropped_fraction": "dropped tokens (fraction)",
     "layer_ms_min": "MoE layer forward, fastest repeat (ms)", "step_s_min": "training step, fastest repeat (s)",
 }
+
+
+def scheme_label(scheme: str) -> str:
+  """A scheme as its legend entry: its name, and for '<scheme>_nodedup' what differs from <scheme>."""
+  base = scheme.removesuffix(NODEDUP)
+  return f"{scheme} ({base}, a row per choice)" if base != scheme else scheme
+
+
+def dedup_note(schemes) -> str:
+  """A line for a title whose plot has schemes without dedup: what dedup means; '' without such schemes."""
+  if not any(s.endswith(NODEDUP) for s in schemes):
+    return ""
+  return f"\ndedup: a token sent once per destination of each hop; '*{NODEDUP}': a row per token-choice"
 
 
 def field_label(field: str) -> str:
@@ -181,8 +202,9 @@ def _save(fig, path: str) -> None:
 
 def throughput_figure(rows: list[dict], config=None):
   """Samples/s against nodes: one panel per (model, scaling, GPUs per node), one line per scheme in its
-  SCHEME_STYLES style (modelled; its points moved sideways by `dodge`, hollow markers nested), measured points as crosses in the scheme's colour, and (given the sweep's
-  config) the papers' published points for the same setting as stars (`paper_points`). The title names the
+  SCHEME_STYLES style (modelled; its points moved sideways by `dodge`, hollow markers nested; the legend says what
+  a '_nodedup' scheme changes, `scheme_label`), measured points as crosses in the scheme's colour, and (given the
+  sweep's config) the papers' published points for the same setting as stars (`paper_points`). The title names the
   topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
   matplotlib Figure."""
   order = {"weak": 0, "strong": 1}
@@ -203,7 +225,8 @@ def throughput_figure(rows: list[dict], config=None):
       if modelled:
         shift = dodge(rank, len(schemes))
         modelled = [(n * shift, speed) for n, speed in modelled]
-        ax.plot(*zip(*modelled), color=colour, marker=marker, linestyle=linestyle, label=scheme, **nested_marker(rank))
+        ax.plot(*zip(*modelled), color=colour, marker=marker, linestyle=linestyle, label=scheme_label(scheme),
+                **nested_marker(rank))
       if measured:
         nodes, speed, device = zip(*measured)
         ax.plot(nodes, speed, "x", color=colour, markersize=9, label=f"{scheme}, measured on {device[0]}")
@@ -226,7 +249,8 @@ def throughput_figure(rows: list[dict], config=None):
   shared = f", {widths[0]} GPUs/node" if len(widths) == 1 else ""
   fig.suptitle(f"Training throughput, modelled with the cost model on {topology}{shared}{measured}\n"
                + "; ".join(model_text(config, model) for model in models)
-               + "\neach scheme's points are moved sideways a little, so that equal values stay visible", fontsize=10)
+               + "\neach scheme's points are moved sideways a little, so that equal values stay visible"
+               + dedup_note({r["scheme"] for r in rows}), fontsize=10)
   return fig
 
 
@@ -276,7 +300,7 @@ def breakdown_figure(rows: list[dict], config=None):
     ax.legend(fontsize=7)
   topology, measured = _where(rows)
   fig.suptitle(f"One MoE layer's forward time for one micro batch,\nmodelled with the cost model on {topology}"
-               f"{measured}", fontsize=10)
+               f"{measured}" + dedup_note({r["scheme"] for r in rows}), fontsize=10)
   return fig
 
 
