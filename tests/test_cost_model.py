@@ -8,6 +8,7 @@ import pytest
 
 from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
+from moejax.moe import wire as wire_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -205,7 +206,7 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops, dedup):
     dict(transport="bilevel", routing="node_limited", num_nodes=2, dedup=False),
     dict(transport="padded", dedup=True, dispatch_dtype="bfloat16", buffer_factor=2.0),
 ])
-def test_wire_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
+def test_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   """A row's bytes each way, times the layer's rows (out, and back transposed), are the layer's own traffic_bytes:
   payload in the dispatch dtype with FP8's scales and the slots' ids and weights out, the result in the combine
   dtype (float32 if None) and, where a hop may drop, the arrival flags back."""
@@ -214,20 +215,20 @@ def test_wire_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   x = jax.random.normal(jax.random.key(1), (64, 200))  # float32 activations: 4 bytes per element
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"], np.float64)
-  wire = model.wire_row_bytes(200, 2 if cfg.deduplicates else 1, 4, cfg.dispatch_dtype, cfg.combine_dtype,
+  wire = wire_lib.row_bytes(200, 2 if cfg.deduplicates else 1, 4, cfg.dispatch_dtype, cfg.combine_dtype,
                               may_drop=cfg.buffer_factor is not None)
   np.testing.assert_allclose(rows * wire.dispatch + np.swapaxes(rows, 1, 2) * wire.combine,
                              np.asarray(aux["traffic_bytes"]), rtol=1e-6)
 
 
-def test_wire_row_bytes_by_hand():
+def test_row_bytes_by_hand():
   d, slots = 300, 3  # FP8: 300 bytes and a float32 scale for each of 3 blocks of 128
-  fp8 = model.wire_row_bytes(d, slots, 2, "float8_e4m3fn", "bfloat16", may_drop=True)
-  assert fp8 == model.RowBytes(dispatch=300 + 3 * 4 + 3 * 8, combine=600 + 3 * 4, dispatch_grad=600 + 3 * 4,
+  fp8 = wire_lib.row_bytes(d, slots, 2, "float8_e4m3fn", "bfloat16", may_drop=True)
+  assert fp8 == wire_lib.RowBytes(dispatch=300 + 3 * 4 + 3 * 8, combine=600 + 3 * 4, dispatch_grad=600 + 3 * 4,
                                combine_grad=600)
-  plain = model.wire_row_bytes(d, 1, 2)  # None: the activations' bf16 out, float32 results back and their grads
-  assert plain == model.RowBytes(dispatch=600 + 8, combine=1200, dispatch_grad=600 + 4, combine_grad=1200)
-  assert fp8.backward.backward == fp8 and model.as_row_bytes(5) == model.RowBytes(5.0, 5.0, 5.0, 5.0)
+  plain = wire_lib.row_bytes(d, 1, 2)  # None: the activations' bf16 out, float32 results back and their grads
+  assert plain == wire_lib.RowBytes(dispatch=600 + 8, combine=1200, dispatch_grad=600 + 4, combine_grad=1200)
+  assert fp8.backward.backward == fp8 and model.as_row_bytes(5) == wire_lib.RowBytes(5.0, 5.0, 5.0, 5.0)
 
 
 def test_each_exchange_is_priced_at_its_own_bytes_forward_and_backward():
@@ -236,7 +237,7 @@ def test_each_exchange_is_priced_at_its_own_bytes_forward_and_backward():
   n, m, hops = 2, 4, ["node", "gpu"]
   rng = np.random.default_rng(0)
   rows = np.stack([np.where(mesh_lib.same_group(h, n, m), rng.integers(0, 50, (8, 8)), 0) for h in hops])
-  wire = model.RowBytes(dispatch=3.0, combine=5.0, dispatch_grad=7.0, combine_grad=11.0)
+  wire = wire_lib.RowBytes(dispatch=3.0, combine=5.0, dispatch_grad=7.0, combine_grad=11.0)
   b = model.price_from_traffic(rows, hops, (n, m), wire, 0.0, topology_lib.P4D_EFA)
   t = model.price_from_traffic(rows, hops, (n, m), wire, 0.0, topology_lib.P4D_EFA, backward=True)
 
@@ -252,7 +253,7 @@ def test_each_exchange_is_priced_at_its_own_bytes_forward_and_backward():
   assert t.intra_node_a2a_s == pytest.approx(intra + grad_intra, rel=1e-12)
   assert [h.nic_bytes for h in b.hops] == [h.nic_bytes for h in model.price_hops(rows, hops, (n, m), 3.0,
                                                                                 topology_lib.P4D_EFA)]
-  uniform = model.RowBytes.uniform(4.0)
+  uniform = wire_lib.RowBytes.uniform(4.0)
   same = [model.price_from_traffic(rows, hops, (n, m), w, 0.0, topology_lib.P4D_EFA, backward=True).total_s
           for w in (uniform, 4.0)]
   assert same[0] == same[1]

@@ -8,6 +8,7 @@ import pytest
 
 from moejax.cost import model, overlap, traffic
 from moejax.cost import topology as topology_lib
+from moejax.moe import wire as wire_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 
@@ -120,11 +121,11 @@ def test_training_adds_a_backward_with_twice_the_matmuls():
 
 
 def test_each_pass_prices_its_own_bytes_per_row():
-  """With a row's bytes per exchange (`model.RowBytes`), the sequential schedule's exchanges are those of
+  """With a row's bytes per exchange (`wire_lib.RowBytes`), the sequential schedule's exchanges are those of
   `model.price_from_traffic`: the forward's dispatch and combine at their bytes, the backward's at the gradients';
   the chunked schedule's chunks and comet's ring steps and column blocks at their pass's bytes too."""
   rows = traffic.uniform_traffic(2, 4, mesh_lib.AXES, 30)[None]
-  wire = model.RowBytes(dispatch=100.0, combine=300.0, dispatch_grad=500.0, combine_grad=700.0)
+  wire = wire_lib.RowBytes(dispatch=100.0, combine=300.0, dispatch_grad=500.0, combine_grad=700.0)
   topology = topology_lib.P4D_EFA
   ex = overlap.Exchanges(rows, (mesh_lib.AXES,), (2, 4), wire, topology, device=0)
   shape = overlap.LayerShape((240.0,), 256, 512, False, 1e14)
@@ -142,7 +143,7 @@ def test_each_pass_prices_its_own_bytes_per_row():
     assert train.time_s == pytest.approx(pieces[0].time_s + backward.time_s, rel=1e-12)
     assert pieces[1].communication_s > pieces[0].communication_s  # the gradients' rows are the heavier here
   same = [overlap.price_schedule("comet", dataclasses.replace(ex, bytes_per_row=b), shape, 2, train=True).time_s
-          for b in (64.0, model.RowBytes.uniform(64.0))]
+          for b in (64.0, wire_lib.RowBytes.uniform(64.0))]
   assert same[0] == same[1]
 
 

@@ -7,7 +7,7 @@ from `collectives.ring`). A forward runs every hop twice: dispatch (traffic_rows
 (its transpose, hops in reverse order). backward=True adds the backward's two exchanges per hop
 and triples the FLOPs (the backward of a matmul costs two).
 
-A row's bytes differ by exchange (`RowBytes`, built from the wire's dtypes by `wire_row_bytes`): the dispatch
+A row's bytes differ by exchange (`moe.wire.RowBytes` from `moe.wire.row_bytes`): the dispatch
 carries the payload in the dispatch dtype (FP8's scales included) and its slots' ids and weights, the combine
 the result in the combine dtype; the backward's exchanges carry gradients in the combine dtype, the dispatch's
 the other way as a combine-sized row (and the weights' gradients), the combine's the dispatch's way. One number
@@ -26,10 +26,8 @@ import numpy as np
 
 from moejax.cost import collectives
 from moejax.cost.topology import Topology
-from moejax.moe import wire as wire_lib
+from moejax.moe.wire import RowBytes
 from moejax.runtime import mesh as mesh_lib
-
-ID_BYTES = WEIGHT_BYTES = FLAG_BYTES = 4  # a slot's int32 expert id, float32 weight, int32 arrival flag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,63 +114,9 @@ def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm",
   return max(values) * 1e12, f"measured: {name} max {field} of impl={impl} on {device}"
 
 
-@dataclasses.dataclass(frozen=True)
-class RowBytes:
-  """Bytes of one row in each exchange of a layer (s: the token's device, p: its experts' device).
-
-  dispatch: forward, s -> p; combine: forward, p -> s; dispatch_grad: the dispatch's backward, p -> s;
-  combine_grad: the combine's backward, s -> p.
-  """
-
-  dispatch: float
-  combine: float
-  dispatch_grad: float
-  combine_grad: float
-
-  @classmethod
-  def uniform(cls, bytes_per_row: float) -> "RowBytes":
-    """Every exchange at the same bytes per row."""
-    return cls(bytes_per_row, bytes_per_row, bytes_per_row, bytes_per_row)
-
-  @property
-  def backward(self) -> "RowBytes":
-    """The backward's exchanges in the forward's places: the combine's gradients travel the dispatch's way
-    (s -> p), the dispatch's come back the combine's way (p -> s)."""
-    return RowBytes(self.combine_grad, self.dispatch_grad, self.combine, self.dispatch)
-
-  def passes(self, backward: bool) -> tuple["RowBytes", ...]:
-    """The forward's bytes, then with `backward` the backward's (`backward` property): one per pass."""
-    return (self, self.backward) if backward else (self,)
-
-
 def as_row_bytes(bytes_per_row: "float | RowBytes") -> RowBytes:
   """`bytes_per_row` as `RowBytes` (a number: every exchange alike)."""
   return bytes_per_row if isinstance(bytes_per_row, RowBytes) else RowBytes.uniform(float(bytes_per_row))
-
-
-def wire_row_bytes(d: int, slots: int, itemsize: int, dispatch_dtype: str | None = None,
-                   combine_dtype: str | None = None, may_drop: bool = False) -> RowBytes:
-  """A row's bytes in each exchange as the layer moves it (`moejax.moe.traffic.traffic_bytes` for the forward).
-
-  d: the row's width; slots: the choices a row carries (with dedup the token's K, without 1); itemsize: the
-  activations' bytes per element (the dispatch's payload and its gradient when their dtype is None); the dtypes
-  as `MoEConfig.dispatch_dtype` / `combine_dtype` (`moejax.moe.wire.payload_bytes`: FP8 adds a float32 scale
-  per 128 elements); may_drop: a hop may drop entries (a bounded buffer, the dense kind), so the slots' int32
-  arrival flags come back with the results.
-
-    dispatch       payload(dispatch_dtype, activations) + slots x (int32 id + float32 weight)
-    combine        payload(combine_dtype, float32) + slots x int32 flag where a hop may drop
-    dispatch_grad  payload(combine_dtype, activations) + slots x float32 (the weights' gradients)
-    combine_grad   payload(combine_dtype, float32)
-
-  (the experts' results are float32 rows, so a None combine dtype moves 4 bytes per element both ways).
-  """
-  payload = wire_lib.payload_bytes
-  return RowBytes(
-      dispatch=payload(dispatch_dtype, d, itemsize) + slots * (ID_BYTES + WEIGHT_BYTES),
-      combine=payload(combine_dtype, d, 4) + (slots * FLAG_BYTES if may_drop else 0),
-      dispatch_grad=payload(combine_dtype, d, itemsize) + slots * WEIGHT_BYTES,
-      combine_grad=payload(combine_dtype, d, 4))
 
 
 def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
@@ -209,7 +153,7 @@ def price_from_traffic(traffic_rows, hops, mesh_shape, bytes_per_row: "float | R
   traffic_rows: [hops, A, A] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
   hops: the H hop axes, e.g. [('node', 'gpu')] (flat), ['gpu', 'node'] (hierarchical),
     ['node', 'gpu'] (bi-level).
-  mesh_shape: (n, m). bytes_per_row: a row's bytes in each exchange (`RowBytes`, e.g. `wire_row_bytes`), or one
+  mesh_shape: (n, m). bytes_per_row: a row's bytes in each exchange (`RowBytes`, e.g. `moe.wire.row_bytes`), or one
     number for all of them (d_model * bytes per element).
   flops: forward expert FLOPs per device, a number or [A] (the busiest device sets the time); see
     `expert_flops` and `traffic.rows_processed`.

@@ -26,7 +26,7 @@ its size by `GemmCurve`:
 
 The backward (train=True) runs the same schedule once more with twice the matmul time (data and
 weight gradients) and the exchanges reversed: the combine's gradients go out the dispatch's way, the
-dispatch's come back, each at its own bytes per row (`model.RowBytes.backward`: gradients in the combine
+dispatch's come back, each at its own bytes per row (`wire_lib.RowBytes.backward`: gradients in the combine
 dtype); Comet describes no backward.
 
 `hidden_fraction` = 1 - (t - compute) / communication, in [0, 1]: the share of the schedule's own
@@ -40,6 +40,7 @@ import numpy as np
 
 from moejax.cost import collectives, model
 from moejax.cost.topology import Topology
+from moejax.moe import wire as wire_lib
 from moejax.moe.config import SCHEDULES
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import is_int, require
@@ -124,23 +125,23 @@ class LayerShape:
 @dataclasses.dataclass(frozen=True)
 class Exchanges:
   """The layer's traffic: traffic_rows [hops, A, A] (rows s -> p per hop), its hops, mesh (n, m),
-  bytes_per_row (a number, or `model.RowBytes`: each exchange's) and the topology, as
+  bytes_per_row (a number, or `wire_lib.RowBytes`: each exchange's) and the topology, as
   `model.price_from_traffic` takes them; `device` the busiest one."""
 
   traffic_rows: np.ndarray
   hops: tuple
   mesh_shape: tuple
-  bytes_per_row: "float | model.RowBytes"
+  bytes_per_row: "float | wire_lib.RowBytes"
   topology: Topology
   device: int
 
   @property
-  def row_bytes(self) -> model.RowBytes:
+  def row_bytes(self) -> wire_lib.RowBytes:
     return model.as_row_bytes(self.bytes_per_row)
 
   def passes(self, train: bool) -> tuple["Exchanges", ...]:
     """The forward's exchanges, then with `train` the backward's, whose dispatch and combine are the gradients'
-    exchanges in the same directions (`model.RowBytes.passes`)."""
+    exchanges in the same directions (`wire_lib.RowBytes.passes`)."""
     return tuple(dataclasses.replace(self, bytes_per_row=wire) for wire in self.row_bytes.passes(train))
 
   def dispatch(self, scale: float = 1.0) -> list[collectives.ExchangeCost]:

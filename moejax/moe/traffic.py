@@ -21,11 +21,9 @@ def traffic_bytes(traffic_rows, lay, d: int, slots: int, itemsize: int, may_drop
   in the dispatch dtype, FP8's scales included, and each row's slots' int32 ids and float32 weights), and the
   results back (d in the combine dtype, and the int32 arrival flags of the slots where a hop may drop).
   traffic_rows: [hops, A, A] rows out; slots: per row; itemsize: the activations' bytes per element."""
-  dispatch, combine = lay.wire
-  out_bytes = wire_lib.payload_bytes(dispatch, d, itemsize) + slots * 8
-  back_bytes = wire_lib.payload_bytes(combine, d, 4) + (slots * 4 if may_drop else 0)
+  row = wire_lib.row_bytes(d, slots, itemsize, *lay.wire, may_drop)
   rows = traffic_rows.astype(jnp.float32)
-  return rows * out_bytes + jnp.swapaxes(rows, -1, -2) * back_bytes
+  return rows * row.dispatch + jnp.swapaxes(rows, -1, -2) * row.combine
 
 
 def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> list[dict]:

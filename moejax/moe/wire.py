@@ -10,6 +10,8 @@ changes by ~2e-7 relatively beyond its first encoding. A non-finite element make
 decoding (never a finite wrong value); the layer counts such tokens (aux['nonfinite_tokens']).
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -17,6 +19,7 @@ FP8 = "float8_e4m3fn"
 BLOCK = 128  # elements per scale
 FP8_MAX = 448.0
 SCALE_BYTES = 4
+ID_BYTES = WEIGHT_BYTES = FLAG_BYTES = 4  # a slot's int32 expert id, float32 weight, int32 arrival flag
 
 
 def _blocks(d: int) -> int:
@@ -62,3 +65,57 @@ def payload_bytes(dtype: str | None, d: int, itemsize: int) -> int:
   if dtype == FP8:
     return d + SCALE_BYTES * _blocks(d)
   return d * jnp.dtype(dtype).itemsize
+
+
+@dataclasses.dataclass(frozen=True)
+class RowBytes:
+  """Bytes of one row in each exchange of a layer (s: the token's device, p: its experts' device).
+
+  dispatch: forward, s -> p; combine: forward, p -> s; dispatch_grad: the dispatch's backward, p -> s;
+  combine_grad: the combine's backward, s -> p.
+  """
+
+  dispatch: float
+  combine: float
+  dispatch_grad: float
+  combine_grad: float
+
+  @classmethod
+  def uniform(cls, bytes_per_row: float) -> "RowBytes":
+    """Every exchange at the same bytes per row."""
+    return cls(bytes_per_row, bytes_per_row, bytes_per_row, bytes_per_row)
+
+  @property
+  def backward(self) -> "RowBytes":
+    """The backward's exchanges in the forward's places: the combine's gradients travel the dispatch's way
+    (s -> p), the dispatch's come back the combine's way (p -> s)."""
+    return RowBytes(self.combine_grad, self.dispatch_grad, self.combine, self.dispatch)
+
+  def passes(self, backward: bool) -> tuple["RowBytes", ...]:
+    """The forward's bytes, then with `backward` the backward's (`backward` property): one per pass."""
+    return (self, self.backward) if backward else (self,)
+
+
+def row_bytes(d: int, slots: int, itemsize: int, dispatch_dtype: str | None = None,
+                   combine_dtype: str | None = None, may_drop: bool = False) -> RowBytes:
+  """A row's bytes in each exchange as the layer moves it (`moe.traffic.traffic_bytes`, the cost model).
+
+  d: the row's width; slots: the choices a row carries (with dedup the token's K, without 1); itemsize: the
+  activations' bytes per element (the dispatch's payload and its gradient when their dtype is None); the dtypes
+  as `MoEConfig.dispatch_dtype` / `combine_dtype` (`payload_bytes`: FP8 adds a float32 scale per 128
+  elements); may_drop: a hop may drop entries (a bounded buffer, the dense kind), so the slots' int32
+  arrival flags come back with the results.
+
+    dispatch       payload(dispatch_dtype, activations) + slots x (int32 id + float32 weight)
+    combine        payload(combine_dtype, float32) + slots x int32 flag where a hop may drop
+    dispatch_grad  payload(combine_dtype, activations) + slots x float32 (the weights' gradients)
+    combine_grad   payload(combine_dtype, float32)
+
+  (the experts' results are float32 rows, so a None combine dtype moves 4 bytes per element both ways).
+  """
+  payload = payload_bytes
+  return RowBytes(
+      dispatch=payload(dispatch_dtype, d, itemsize) + slots * (ID_BYTES + WEIGHT_BYTES),
+      combine=payload(combine_dtype, d, 4) + (slots * FLAG_BYTES if may_drop else 0),
+      dispatch_grad=payload(combine_dtype, d, itemsize) + slots * WEIGHT_BYTES,
+      combine_grad=payload(combine_dtype, d, 4))

@@ -20,13 +20,13 @@ whatever the routing, so it is priced exactly at the modelled scale: `capacity_t
 C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
 rows routed, without capacity padding.
 
-What a row costs on the wire (`row_bytes`, `cost.model.wire_row_bytes`): each exchange prices its own bytes per
+What a row costs on the wire (`row_bytes`, `moe.wire.row_bytes`): each exchange prices its own bytes per
 row at the model's d_model, from the point's moe.dispatch_dtype and combine_dtype (None: the dispatch in moe.dtype,
 the activations' dtype here, the combine in float32, as the layer moves them) and its slots: a row carries a slot
 (an int32 id and a float32 weight) per choice it holds, the token's K with dedup (one row per destination of a
 hop), 1 without (one row per token-choice). The combine adds the slots' int32 arrival flags where a hop may drop
 (moe.buffer_factor, the dense capacity dispatch), and the backward's exchanges carry gradients in the combine
-dtype, the dispatch's back to the token with its weights' gradients (`cost.model.RowBytes`). The rows come from
+dtype, the dispatch's back to the token with its weights' gradients (`cost.wire_lib.RowBytes`). The rows come from
 the small run; the dtypes only reprice it.
 
 Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared
@@ -54,6 +54,7 @@ from moejax.cost import collectives, overlap, parm, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
 from moejax.moe import routing
+from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
 from moejax.moe.transport import transport_hops
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
@@ -66,15 +67,15 @@ def device_rate(config) -> tuple[float, str]:
   return cost_model.default_rate(topology(config))
 
 
-def row_bytes(cfg, d_model: int, itemsize: int) -> cost_model.RowBytes:
+def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
   """A row's bytes in each exchange of the layer `cfg` at width d_model, activations of `itemsize` bytes: slots per
-  row K with dedup (1 without), arrival flags back where a hop may drop (`cost.model.wire_row_bytes`)."""
+  row K with dedup (1 without), arrival flags back where a hop may drop (`moe.wire.row_bytes`)."""
   slots = cfg.choices_per_token if cfg.deduplicates else 1
   may_drop = cfg.buffer_factor is not None or cfg.transport == "capacity"
-  return cost_model.wire_row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
+  return wire_lib.row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
 
 
-def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row: cost_model.RowBytes, other_flops,
+def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row: wire_lib.RowBytes, other_flops,
                         non_expert_s: float) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
