@@ -130,9 +130,8 @@ def row_bytes(wire: str, d: int, slots: int) -> dict:
   """Bytes of one row on the wire (as `moejax.moe.traffic.traffic_bytes` counts them with no receive bound):
   out: the payload in the dispatch dtype (FP8's scales included) and each slot's int32 id and float32 weight;
   back: the result in the combine dtype."""
-  dispatch, combine = WIRES[wire]
-  return {"out": wire_lib.payload_bytes(dispatch, d, ITEMSIZE) + slots * 8,
-          "back": wire_lib.payload_bytes(combine, d, ITEMSIZE)}
+  row = wire_lib.row_bytes(d, slots, ITEMSIZE, *WIRES[wire])
+  return {"out": row.dispatch, "back": row.combine}
 
 
 def deepep_payload_bytes(d: int) -> dict:
