@@ -28,12 +28,12 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from configs import convergence as study_config
 from configs import gpt as gpt_config
 from configs import mlm as mlm_config
-from experiments.config_flag import define_config
+from experiments.config_flag import define_config, run
 from experiments.convergence_report import format_table, plot, table_rows
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
@@ -235,4 +235,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _FLAGS.update(define_flags())
-  app.run(main)
+  run(main)

@@ -19,8 +19,9 @@ import os
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from experiments import config_flag
 from experiments.config_flag import define_config
 from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
@@ -232,4 +233,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  config_flag.run(main)

@@ -17,9 +17,9 @@ import os
 import sys
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
-from experiments.config_flag import define_config
+from experiments.config_flag import define_config, run
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import load
@@ -84,4 +84,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  run(main)

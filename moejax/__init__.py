@@ -6,7 +6,7 @@ The public API for notebooks and other frameworks:
   cfg = moejax.MoEConfig(num_experts=16, top_k=2, d_model=64, d_ff=128)
   y, aux = moejax.MoELayer(cfg, mesh, rngs=nnx.Rngs(0))(x)
   y, aux = moejax.moe_apply(params, x, cfg, mesh)     # the same layer as a pure function
-  y, aux, cfg = moejax.apply_without_overflow(params, x, cfg, mesh)  # bounded buffers, nothing dropped
+  y, aux, cfg = moejax.apply_without_overflow(params, x, cfg, mesh)  # with cfg.buffer_factor: nothing dropped
   y_ref, aux_ref = moejax.moe_reference(params, x, cfg)
 
 Subpackages: `moe` (the layer and its parts), `runtime` (mesh, processes), `train` (models, data,
