@@ -46,6 +46,7 @@ def test_fp8_rows_match_block_quantisation_and_keep_non_finite():
   assert wire.payload_bytes(wire.FP8, 300, 4) == 300 + 12 < wire.payload_bytes("bfloat16", 300, 4) == 600
 
 
+@pytest.mark.sampled(2)
 @pytest.mark.parametrize("fields", [
     {}, {"transport": "bilevel"}, {"schedule": "comet", "num_chunks": 2}, {"esp_schedule": "s1"}, {"dedup": False},
     {"buffer_factor": 2.0}, {"routing": "node_limited", "num_nodes": 2, "node_top_k": 1}])

@@ -70,6 +70,7 @@ def test_deepep_rows_by_hand():
   assert wt.deepep_rows(np.array([[0, 4, 8], [1, 2, 3], [8, 9, 10]]), 12, 3, 1) == 3
 
 
+@pytest.mark.slow  # the quick run simulates 16 meshes and routings (about 16 s)
 def test_quick_covers_meshes_routings_and_transports(quick):
   record, _ = quick
   seen = {(tuple(c["mesh"]), c["routing"], r["transport"], r["dedup"]) for c, r in runs(record)}
@@ -78,6 +79,7 @@ def test_quick_covers_meshes_routings_and_transports(quick):
   assert want <= seen
 
 
+@pytest.mark.slow
 def test_dedup_moves_exactly_the_bound(quick):
   record, _ = quick
   for case, run in runs(record, dedup=True):
@@ -87,6 +89,7 @@ def test_dedup_moves_exactly_the_bound(quick):
       assert f"{hop['ratio']:.2f}" == "1.00", where
 
 
+@pytest.mark.slow
 def test_without_dedup_one_row_per_choice_and_more(quick):
   record, _ = quick
   for case, run in runs(record, dedup=False):
@@ -98,6 +101,7 @@ def test_without_dedup_one_row_per_choice_and_more(quick):
     assert sum(h["rows"] for h in hops) > sum(h["rows"] for h in on["hops"])
 
 
+@pytest.mark.slow
 def test_bytes_per_row_and_per_token(quick):
   record, _ = quick
   for case, run in runs(record):
@@ -114,6 +118,7 @@ def test_bytes_per_row_and_per_token(quick):
         assert got["intra"] == pytest.approx(hop["intra_rows_per_token"] * total[w])
 
 
+@pytest.mark.slow
 def test_summary_against_deepep(quick):
   record, stdout = quick
   assert len(record["summary"]) == len(record["cases"])

@@ -1,5 +1,6 @@
 """The layer step: the MoE layer (`moejax.moe.layer.moe_apply`) on a 1x1 mesh, forward and forward+backward, its
-phases and MFU against this run's ceilings; the 'ragged' and 'padded' transports compared (also under overflow)."""
+phases and MFU against this run's ceilings; the 'ragged' and 'padded' transports compared (also under overflow);
+one row per choice against dedup and an FP8 / BF16 wire."""
 
 import json
 import os
@@ -122,11 +123,39 @@ def step_layer(args, rec: Record):
       comparisons.append(comparison)
       say(f'ragged vs padded {name} {backend}: {comparison}')
       rec.save()
+    rec.setdefault('wire_comparison', []).extend(_wire_comparison(name, shape, tokens, dtype, mesh, platform, args,
+                                                                  ceiling))
+    rec.save()
     overflow = _overflow_comparison(shape, tokens, dtype, mesh, platform)
     overflow['model'] = name
     rec.setdefault('overflow_comparison', []).append(overflow)
     say(f'ragged vs padded under buffer overflow {name}: {overflow}')
     rec.save()
+
+
+# What deduplicating and quantising the rows cost on one device, where nothing crosses a link: one row per choice,
+# one per token (dedup: the experts expand each row to its choices and sum them back), and FP8 out / BF16 back.
+WIRE_VARIANTS = {'per_choice': dict(dedup=False), 'dedup': dict(dedup=True),
+                 'dedup_fp8_bf16': dict(dedup=True, dispatch_dtype='float8_e4m3fn', combine_dtype='bfloat16')}
+
+
+def _wire_comparison(name: str, shape: dict, tokens: int, dtype: str, mesh, platform: str, args,
+                     ceiling: float | None) -> list[dict]:
+  """Forward and forward+backward times of the layer per `WIRE_VARIANTS` (the first expert backend, the platform's
+  flat transport), and each output's error against the per-choice one."""
+  backend, transport = split(args.layer_backends)[0], platform_lib.flat_transport(platform)
+  cases, baseline = [], None
+  for variant, fields in WIRE_VARIANTS.items():
+    cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype, **fields)
+    measured, y = layer_case(cfg, tokens, mesh, args, ceiling, phases=False)
+    baseline = y if baseline is None else baseline
+    case = {'model': name, 'variant': variant, 'transport': transport, 'expert_backend': backend, **fields,
+            **measured, 'rel_err_vs_per_choice': float(np.linalg.norm(y - baseline) /
+                                                       max(np.linalg.norm(baseline), 1e-30))}
+    say(f"{name} {variant}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd {case['fwd_bwd']['median_s'] * 1e3:.3f}"
+        f" ms, rel err vs per-choice {case['rel_err_vs_per_choice']:.2e}")
+    cases.append(case)
+  return cases
 
 
 OVERFLOW_BUFFER_FACTOR = 0.5  # on one device every row stays local: half of them overflow
