@@ -21,6 +21,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}  # for subprocesses
 
 
+def cpu_env() -> dict[str, str]:
+  """A subprocess's environment: CPU JAX with no device count forced from outside (the program calls
+  simulate_cpu_devices itself), and the repository importable from any working directory."""
+  env = dict(os.environ)
+  flags = [f for f in env.pop("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
+  if flags:
+    env["XLA_FLAGS"] = " ".join(flags)
+  env["JAX_PLATFORMS"] = "cpu"
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+  return env
+
+
 def normal(seed: int, shape) -> np.ndarray:
   """Fresh float32 normal draws from NumPy (no JAX program to compile per shape)."""
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)

@@ -9,7 +9,6 @@ temporary folder: nothing is registered with Jupyter.
 
 import json
 import math
-import os
 import pathlib
 import re
 import sys
@@ -19,6 +18,8 @@ import nbformat
 import pytest
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import KernelManager
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "experiments" / "notebooks" / "quickstart.ipynb"
@@ -99,18 +100,6 @@ def _kernel_manager(kernel_dir: pathlib.Path) -> KernelManager:
   return KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
 
 
-def _kernel_env() -> dict[str, str]:
-  """The kernel's environment: CPU JAX with no device count forced from outside (the notebook calls
-  simulate_cpu_devices), and the repository importable from any working directory."""
-  env = dict(os.environ)
-  flags = [f for f in env.pop("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-  if flags:
-    env["XLA_FLAGS"] = " ".join(flags)
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-  return env
-
-
 def _stdout(nb) -> str:
   return "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", [])
                  if out.get("output_type") == "stream" and out.get("name") == "stdout")
@@ -160,7 +149,7 @@ def test_quickstart_notebook_runs(tmp_path):
   workdir.mkdir()
   client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=600,
                                    startup_timeout=120, resources={"metadata": {"path": str(workdir)}})
-  client.execute(env=_kernel_env())  # raises CellExecutionError if a cell fails
+  client.execute(env=helpers.cpu_env())  # raises CellExecutionError if a cell fails
 
   assert f"{PREFIX_MARK}{sys.prefix}\n" in _stdout(nb), "the kernel ran in another environment"
   check_outputs(nb)

@@ -2,11 +2,12 @@
 and prints what its comments and the text after it say: the layer equals the reference, a small receive buffer
 overflows and `apply_without_overflow` doubles it until nothing is lost."""
 
-import os
 import pathlib
 import re
 import subprocess
 import sys
+
+from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 SECTION = "## Using the layer"
@@ -21,17 +22,6 @@ def snippet(readme: str) -> str:
   return blocks[0]
 
 
-def _env() -> dict[str, str]:
-  """CPU JAX with no device count forced from outside: the snippet calls simulate_cpu_devices itself."""
-  env = dict(os.environ)
-  flags = [f for f in env.pop("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]
-  if flags:
-    env["XLA_FLAGS"] = " ".join(flags)
-  env["JAX_PLATFORMS"] = "cpu"
-  env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-  return env
-
-
 def test_snippet_is_extracted():
   code = snippet((ROOT / "README.md").read_text())
   assert code.startswith("import ") and "moejax.apply_without_overflow(" in code and "print(" in code
@@ -39,7 +29,7 @@ def test_snippet_is_extracted():
 
 def test_readme_snippet_runs_and_prints_what_it_says(tmp_path):
   result = subprocess.run([sys.executable, "-c", snippet((ROOT / "README.md").read_text())], cwd=tmp_path,
-                          env=_env(), capture_output=True, text=True, timeout=300)
+                          env=helpers.cpu_env(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr
   out = result.stdout
   counts = re.search(r"^aux_loss (\S+), token-choices per expert \[([\d, ]+)\]$", out, re.M)
