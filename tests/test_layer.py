@@ -80,35 +80,42 @@ def test_single_token_per_device(n, m, tokens):
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
 
 
+@pytest.mark.sampled(6)
 @pytest.mark.parametrize("dedup", [False, True])
-@pytest.mark.parametrize("transport", ["padded", "hierarchical"])
-def test_traffic_matrix_counts_rows_between_devices(mesh_2x4, transport, dedup):
-  """Rows per hop from a NumPy count of the routing: one per token-choice, or with dedup one per token and
-  destination of the hop (a token's choices on one device, or through one GPU index, travel as one row)."""
-  m, experts_per_gpu, k, tokens_per_device = 4, 2, 2, 16
-  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, transport=transport, dedup=dedup)
+@pytest.mark.parametrize("routing", ["topk", "node_limited", "bilevel"])
+@pytest.mark.parametrize("transport", ["padded", "hierarchical", "bilevel"])
+@pytest.mark.parametrize("n,m", [(2, 4), (4, 2)])
+def test_traffic_matrix_counts_rows_between_devices(n, m, transport, routing, dedup):
+  """Rows per hop counted in NumPy from the layer's routing: one per token-choice, or with dedup one per token and
+  destination of the hop (a token's choices on one device, or through one GPU index or node, travel as one row):
+  every hop moves exactly the rows it must."""
+  devices, tokens_per_device, num_experts = n * m, 16, 16
+  node_top_k = 1 if routing == "topk" else 2
+  cfg = MoEConfig(num_experts=num_experts, top_k=2, d_model=8, d_ff=12, transport=transport, dedup=dedup,
+                  routing=routing, num_nodes=n, node_top_k=node_top_k)
   params = init_params(jax.random.key(9), cfg)
-  x = jax.random.normal(jax.random.key(10), (8 * tokens_per_device, 8))
-  _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
-  logits = np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64)
-  ids = np.argsort(-logits, -1)[:, :k]
-  token = np.arange(8 * tokens_per_device)[:, None].repeat(k, 1)
-  source, dest = token // tokens_per_device, ids // experts_per_gpu
+  x = jax.random.normal(jax.random.key(10), (devices * tokens_per_device, 8))
+  _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_lib.make_mesh(n, m)))(params, x)
+  ids = np.asarray(aux["expert_ids"])
+  token = np.arange(devices * tokens_per_device)[:, None].repeat(ids.shape[1], 1)
+  source, dest = token // tokens_per_device, ids // (num_experts // devices)
 
   def count(src, dst):  # rows from src to dst: one per choice, or with dedup per distinct (token, dst)
     rows = list(zip(token.ravel(), src.ravel(), dst.ravel()))
-    out = np.zeros((8, 8), int)
+    out = np.zeros((devices, devices), int)
     for _, s_, d_ in (set(rows) if dedup else rows):
       out[s_, d_] += 1
     return out
 
-  traffic = np.asarray(aux["traffic_rows"])
   if transport == "padded":
     want = [count(source, dest)]
-  else:  # hop 0 inside the node to the destination's GPU index, hop 1 across nodes
+  elif transport == "hierarchical":  # inside the node to the destination's GPU index, then across nodes
     via = (source // m) * m + dest % m
     want = [count(source, via), count(via, dest)]
-  np.testing.assert_array_equal(traffic, np.stack(want))
+  else:  # to the destination's node at the sender's GPU index, then inside it
+    via = (dest // m) * m + source % m
+    want = [count(source, via), count(via, dest)]
+  np.testing.assert_array_equal(np.asarray(aux["traffic_rows"]), np.stack(want))
 
 
 def test_batch_seq_input_and_bf16(mesh_2x4):
