@@ -11,7 +11,7 @@ topology, model, scheme, mesh width, scaling and whether it is modelled or measu
 topologies, two models, or modelled against measured read apart; --schemes, --scalings and --models keep only
 those rows. Prints one line per curve (the metric at every node count any curve has, one fixed-point format per
 column) and writes one PNG: x nodes (log 2, a tick per node count), y the metric (log) labelled with its unit.
-A scheme keeps its colour and marker of the sweep's plots (report.SCHEME_STYLES); the linestyle and a filled or
+A scheme keeps its colour and marker of the sweep's plots (plots.SCHEME_STYLES); the linestyle and a filled or
 hollow marker tell its curves from different workdirs, models, scalings, widths or kinds apart, and no two curves
 are drawn alike. The legend names what differs between curves; what they all share is in the title.
 """
@@ -22,7 +22,7 @@ import os
 
 from absl import app, flags
 
-from moejax.study import report
+from moejax.study import plots, report
 
 CURVE_KEY = ("model", "scaling", "scheme", "gpus_per_node", "label")
 NUMERIC = ("nodes", "gpus_per_node", "samples_per_s", "layer_ms", "step_s")
@@ -88,27 +88,27 @@ def format_table(found: list[dict], metric: str) -> str:
   for n in nodes:
     cells = report.fixed_column([dict(c["points"]).get(n) for c in found])
     columns.append((str(n), [cell if cell.strip() else "-".rjust(len(cell)) for cell in cells], ">"))
-  return "\n".join([f"{report.field_label(metric)} against nodes", *report.text_table(columns)])
+  return "\n".join([f"{plots.field_label(metric)} against nodes", *report.text_table(columns)])
 
 
-# What tells curves apart besides the scheme (which fixes colour and marker, report.SCHEME_STYLES).
+# What tells curves apart besides the scheme (which fixes colour and marker, plots.SCHEME_STYLES).
 VARIANT_KEY = ("name", "model", "scaling", "gpus_per_node", "kind", "where")
 
 
 def curve_styles(found: list[dict]) -> list[dict]:
   """Line2D keywords (color, marker, linestyle, markerfacecolor) per curve, no two curves alike: colour and marker
-  from the scheme (report.scheme_styles), linestyle and filled or hollow marker from its place among the distinct
+  from the scheme (plots.scheme_styles), linestyle and filled or hollow marker from its place among the distinct
   (workdir, model, scaling, GPUs per node, modelled or measured) of the curves; where that is taken, the next
   free combination."""
-  schemes = report.scheme_styles(list(dict.fromkeys(c["scheme"] for c in found)))
+  schemes = plots.scheme_styles(list(dict.fromkeys(c["scheme"] for c in found)))
   variants = list(dict.fromkeys(tuple(c[k] for k in VARIANT_KEY) for c in found))
-  looks = [(ls, fill) for fill in (True, False) for ls in report.LINESTYLES]
+  looks = [(ls, fill) for fill in (True, False) for ls in plots.LINESTYLES]
   taken, out = set(), []
   for c in found:
     colour, marker, _ = schemes[c["scheme"]]
     v = variants.index(tuple(c[k] for k in VARIANT_KEY))
     wanted = [(colour, marker, *looks[(v + i) % len(looks)]) for i in range(len(looks))]
-    spare = ((col, m, *look) for m in report.MARKERS for col in report.COLOURS for look in looks)
+    spare = ((col, m, *look) for m in plots.MARKERS for col in plots.COLOURS for look in looks)
     style = next(s for s in [*wanted, *spare] if s not in taken)
     taken.add(style)
     col, m, ls, fill = style
@@ -127,7 +127,7 @@ def legend_labels(found: list[dict]) -> tuple[list[str], str]:
 
 def figure(found: list[dict], metric: str):
   """The curves against nodes (log 2, ticks at the node counts; each scheme's points moved sideways a little,
-  report.dodge, so that equal values stay visible), the metric on a log axis labelled by report.field_label, each
+  plots.dodge, so that equal values stay visible), the metric on a log axis labelled by plots.field_label, each
   curve in its own `curve_styles` style, the legend below; facts shared by every curve in the title. Returns the
   matplotlib Figure."""
   from matplotlib.figure import Figure
@@ -139,17 +139,17 @@ def figure(found: list[dict], metric: str):
   schemes = list(dict.fromkeys(c["scheme"] for c in found))
   for c, style, label in zip(found, curve_styles(found), labels):
     rank = schemes.index(c["scheme"])  # a scheme's curves move sideways together; later schemes' markers smaller
-    shift = report.dodge(rank, len(schemes), spread=0.04)
+    shift = plots.dodge(rank, len(schemes), spread=0.04)
     nodes, values = zip(*c["points"])
     ax.plot([n * shift for n in nodes], values, label=label, markersize=max(4.0, 9.0 - 1.2 * rank),
             zorder=2 + rank, **style)
-  report.node_axis(ax, [n for c in found for n, _ in c["points"]])
+  plots.node_axis(ax, [n for c in found for n, _ in c["points"]])
   if all(v > 0 for c in found for _, v in c["points"]):
     ax.set_yscale("log")
     plain = FuncFormatter(lambda v, _: f"{v:g}")
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(plain)
-  ax.set_ylabel(report.field_label(metric))
+  ax.set_ylabel(plots.field_label(metric))
   ax.set_title("scaling curves of " + ", ".join(dict.fromkeys(c["name"] for c in found))
                + (f"\nevery curve: {shared}" if shared else ""), fontsize=10)
   fig.legend(loc="outside lower center", fontsize=7, ncols=2 if len(found) > 6 else 1)

@@ -42,7 +42,7 @@ def format_table(rows: list[dict], capacity: float) -> str:
 
 
 # One style per router, (colour, marker, linestyle); switch, smile and node_limited as in the sweep's plots
-# (moejax.study.report.SCHEME_STYLES). Routers it lacks get the remaining colours and markers in turn.
+# (moejax.study.plots.SCHEME_STYLES). Routers it lacks get the remaining colours and markers in turn.
 ROUTER_STYLES = {
     "switch": ("tab:blue", "o", "-"),
     "gshard": ("tab:green", "^", "-."),

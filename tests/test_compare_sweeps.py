@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from experiments import compare_sweeps
-from moejax.study import report
+from moejax.study import plots, report
 from tests.helpers import ENV
 
 
@@ -94,7 +94,7 @@ def test_figure_draws_many_curves_apart_with_readable_labels(tmp_path):
   assert "8 GPUs/node" in ax.get_title() and "small" in ax.get_title()
   styles = compare_sweeps.curve_styles(found)
   for c, style in zip(found, styles):  # a scheme keeps its colour and marker of the sweep's plots
-    assert (style["color"], style["marker"]) == report.SCHEME_STYLES[c["scheme"]][:2]
+    assert (style["color"], style["marker"]) == plots.SCHEME_STYLES[c["scheme"]][:2]
   (tmp_path / "five").mkdir()
   more = compare_sweeps.curves(_many_workdirs(tmp_path / "five", count=5))  # more variants than linestyles x fills
   assert len({tuple(s.values()) for s in compare_sweeps.curve_styles(more)}) == len(more) == 50
@@ -131,16 +131,16 @@ def test_command_prints_the_table_and_writes_one_png(tmp_path):
 def test_paper_points_only_where_the_sweep_is_the_papers_setting(tmp_path):
   from configs import scaling_smile
   config = scaling_smile.get_config()
-  points = report.paper_points(config, "smile_3_7b", "weak", "p4d_efa")
+  points = plots.paper_points(config, "smile_3_7b", "weak", "p4d_efa")
   assert {(p["scheme"], p["samples_per_s"]) for p in points} == {("switch", 8112.0), ("smile", 20011.0)}
-  assert {p["samples_per_s"] for p in report.paper_points(config, "smile_48b", "strong", "p4d_efa+nic_bw=2e10")} \
+  assert {p["samples_per_s"] for p in plots.paper_points(config, "smile_48b", "strong", "p4d_efa+nic_bw=2e10")} \
       == {889.0, 2223.0}
-  assert report.paper_points(config, "smile_48b", "weak", "p4d_efa") == []  # micro batch 64: weak is not Table 2
-  assert report.paper_points(config, "smile_3_7b", "weak", "dgx_h100_ib") == []
+  assert plots.paper_points(config, "smile_48b", "weak", "p4d_efa") == []  # micro batch 64: weak is not Table 2
+  assert plots.paper_points(config, "smile_3_7b", "weak", "dgx_h100_ib") == []
   config.global_batch = 4096
-  assert report.paper_points(config, "smile_13b", "strong", "p4d_efa") == []
+  assert plots.paper_points(config, "smile_13b", "strong", "p4d_efa") == []
   config.global_batch = 16384
   rows = [dict(_row("smile_3_7b", s, n, 1000.0 * n, topology="p4d_efa"), scaling=sc)
           for s in ("switch", "smile") for n in (1, 16) for sc in ("weak", "strong")]
-  report.plot_throughput(rows, str(tmp_path / "t.png"), config)
+  plots.plot_throughput(rows, str(tmp_path / "t.png"), config)
   assert (tmp_path / "t.png").stat().st_size > 0

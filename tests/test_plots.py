@@ -6,7 +6,7 @@ import re
 import pytest
 
 from configs import scaling_default
-from moejax.study import report
+from moejax.study import plots, report
 from moejax.study.points import SCHEMES
 
 DEFAULT_SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
@@ -56,17 +56,17 @@ def _assert_distinct_schemes(ax, schemes):
 
 
 def test_every_scheme_has_its_own_colour_and_marker_everywhere():
-  assert set(SCHEMES) <= set(report.SCHEME_STYLES)
-  pairs = [style[:2] for style in report.SCHEME_STYLES.values()]
+  assert set(SCHEMES) <= set(plots.SCHEME_STYLES)
+  pairs = [style[:2] for style in plots.SCHEME_STYLES.values()]
   assert len(set(pairs)) == len(pairs)
-  styles = report.scheme_styles(["switch", "mystery", "other"])
-  assert styles["switch"] == report.SCHEME_STYLES["switch"]
+  styles = plots.scheme_styles(["switch", "mystery", "other"])
+  assert styles["switch"] == plots.SCHEME_STYLES["switch"]
   assert len({s[:2] for s in styles.values()}) == 3  # schemes it does not know get pairs nobody else has
 
 
 def test_throughput_figure_tells_every_scheme_apart():
   config = scaling_default.get_config()
-  fig = report.throughput_figure(_rows(), config)
+  fig = plots.throughput_figure(_rows(), config)
   axes = _visible_axes(fig)
   assert len(axes) == 2  # weak, strong
   for ax in axes:
@@ -89,14 +89,14 @@ def test_throughput_figure_tells_every_scheme_apart():
 
 def test_a_shared_style_is_caught(monkeypatch):
   """The check above fails when two schemes are drawn alike."""
-  monkeypatch.setitem(report.SCHEME_STYLES, "smile", report.SCHEME_STYLES["hierarchical"])
-  ax = _visible_axes(report.throughput_figure(_rows()))[0]
+  monkeypatch.setitem(plots.SCHEME_STYLES, "smile", plots.SCHEME_STYLES["hierarchical"])
+  ax = _visible_axes(plots.throughput_figure(_rows()))[0]
   with pytest.raises(AssertionError, match="share"):
     _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
 
 
 def test_throughput_figure_with_two_widths_and_measured_points():
-  fig = report.throughput_figure(_rows(gpus=(4, 8), measured=True), scaling_default.get_config())
+  fig = plots.throughput_figure(_rows(gpus=(4, 8), measured=True), scaling_default.get_config())
   axes = _visible_axes(fig)
   assert len(axes) == 4  # (weak, strong) x (4, 8 GPUs/node): a panel each
   assert all(re.search(r"\d GPUs/node", ax.get_title()) for ax in axes)
@@ -109,7 +109,7 @@ def test_throughput_figure_with_two_widths_and_measured_points():
 
 
 def test_breakdown_figure_says_modelled_and_topology():
-  fig = report.breakdown_figure(_rows(), scaling_default.get_config())
+  fig = plots.breakdown_figure(_rows(), scaling_default.get_config())
   title = _titles(fig)
   for word in ("modelled", "cost model", "p4d_efa", "small", "d_model 512"):
     assert word in title, (word, title)
@@ -120,8 +120,8 @@ def test_breakdown_figure_says_modelled_and_topology():
 
 def test_plots_write_pngs(tmp_path):
   rows = _rows(measured=True)
-  report.plot_throughput(rows, str(tmp_path / "t.png"))
-  report.plot_breakdown(rows, str(tmp_path / "b.png"))
+  plots.plot_throughput(rows, str(tmp_path / "t.png"))
+  plots.plot_breakdown(rows, str(tmp_path / "b.png"))
   for name in ("t.png", "b.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
