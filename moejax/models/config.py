@@ -14,6 +14,7 @@ GRAD_SYNCS = ("default", "prioritized")
 # MoEConfig fields taken from the model section, so a config's moe section leaves them out.
 MOE_FROM_MODEL = ("d_model", "d_ff")
 
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
   """kind: 'bert' (bidirectional encoder, post-LN, MLM head) or 'gpt' (causal decoder, pre-LN).
