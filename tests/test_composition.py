@@ -3,7 +3,8 @@ reference, or is refused before compiling with the design reason.
 
 Axes: routing x transport x schedule x expert sharding x replicated experts x receive buffers x expert
 backend x router options (softmax; DeepSeek-V3's sigmoid, group limit and balancing bias; shared experts;
-the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype: 18,432 combinations. CI runs a covering set: every pair of values of any two axes meets in at
+the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype x expert data parallelism: 36,864
+combinations. CI runs a covering set: every pair of values of any two axes meets in at
 least one case (greedy all-pairs), and every refused pair is checked for its reason.
 """
 
@@ -29,6 +30,7 @@ AXES = {
     "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
   "dedup": (False, True),
   "dispatch_dtype": (None, "float8_e4m3fn"),
+  "expert_data_parallel": (False, True),
 }
 N, M, E, TOKENS = 2, 4, 8, 64
 
@@ -43,11 +45,15 @@ def refusal(case: dict) -> str | None:
     return "balance_loss.*routing='bilevel'"
   if case["dedup"] and case["esp_schedule"] == "s2":
     return "dedup=True.*esp_schedule='s2'.*one row per token-choice"
+  if case["expert_data_parallel"] and (case["esp_schedule"] is not None or case["routing"] != "topk"
+                                       or case["transport"] in ("hierarchical", "bilevel")):
+    return "expert_data_parallel=True.*every node holds every expert"
   return None
 
 
 def covering_cases() -> list[dict]:
-  """Greedy all-pairs over the runnable combinations, plus one case per refused pair."""
+  """Greedy all-pairs over the runnable combinations, then, for each pair no runnable case holds (a refused
+  pair), the first refused combination that holds it."""
   names = list(AXES)
   combos = [dict(zip(names, values)) for values in itertools.product(*AXES.values())]
   pairs = lambda c: {(a, c[a], b, c[b]) for a, b in itertools.combinations(names, 2)}
@@ -58,16 +64,16 @@ def covering_cases() -> list[dict]:
     best = max(runnable, key=lambda c: len(pairs(c) & uncovered))
     cases.append(best)
     uncovered -= pairs(best)
-  refused = {}  # one case per refused pair
+  covered, refused = set().union(*(pairs(c) for c in cases)), []
   for c in combos:
-    reason = refusal(c)
-    if reason is not None:
-      refused.setdefault((reason, c["transport"] if "baseline" in reason else None), c)
-  return cases + list(refused.values())
+    if refusal(c) is not None and pairs(c) - covered:
+      refused.append(c)
+      covered |= pairs(c)
+  return cases + refused
 
 
 def case_id(case: dict) -> str:
-  names = {"replicas": ("one", "replicas"), "dedup": ("perchoice", "dedup")}
+  names = {"replicas": ("one", "replicas"), "dedup": ("perchoice", "dedup"), "expert_data_parallel": ("ep", "edp")}
   return "-".join(names[k][v] if k in names else str(v) for k, v in case.items())
 
 
@@ -89,7 +95,8 @@ def config(case: dict) -> MoEConfig:
                    transport=case["transport"], capacity_factor=capacity, buffer_factor=case["buffer_factor"],
                    schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
                    expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3,
-                   dedup=case["dedup"], dispatch_dtype=case["dispatch_dtype"], **router_fields(case))
+                   dedup=case["dedup"], dispatch_dtype=case["dispatch_dtype"],
+                   expert_data_parallel=case["expert_data_parallel"], **router_fields(case))
 
 
 def layer_state(case: dict, cfg: MoEConfig) -> dict:
@@ -105,7 +112,7 @@ def slot_table(case: dict) -> np.ndarray | None:
   """Each holder (device, or node with expert sharding) keeps its experts plus a replica of expert 0 or 1."""
   if not case["replicas"]:
     return None
-  holders = N if case["esp_schedule"] is not None else N * M
+  holders = M if case["expert_data_parallel"] else N if case["esp_schedule"] is not None else N * M
   per = E // holders
   return np.array([list(range(h * per, (h + 1) * per)) + [h % 2] for h in range(holders)], np.int32)
 

@@ -30,40 +30,33 @@ class MoEConfig:
   """One MoE layer.
 
   num_experts: E, the global number of experts (a multiple of the mesh's device count).
-  top_k: experts per token; for 'bilevel', local experts per chosen node.
-  d_model, d_ff: model and expert hidden widths.
-  routing: 'topk' (flat softmax top-k: Switch k=1, GShard k=2, any k <= E); 'bilevel' (SMILE: softmax
-    over nodes, top node_top_k nodes; softmax over the E / num_nodes experts of a node, shared by all
-    nodes, top top_k of them; weight p_node * q_local); 'node_limited' (DeepSeek-V3: flat router,
-    nodes scored by the sum of their two best expert probabilities, top node_top_k nodes kept, then
-    the top top_k experts on those nodes).
+  top_k: experts per token (for 'bilevel', per chosen node); d_model, d_ff: model and expert hidden widths.
+  routing: 'topk' (flat softmax top-k: Switch k=1, GShard k=2); 'bilevel' (SMILE: softmax over nodes, top
+    node_top_k; softmax over a node's E / num_nodes experts, shared by all nodes, top top_k; weight p_node *
+    q_local); 'node_limited' (DeepSeek-V3: flat router, the node_top_k nodes with the best sums of their two best
+    expert probabilities kept, then the top top_k experts on them).
   transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from a ring of
     fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch, a fixed block
     of experts x capacity rows per peer; needs capacity_factor), 'hierarchical' (two hops: over 'gpu', then
     over 'node'; Tutel-2DH), 'bilevel' (over 'node', then 'gpu'; SMILE's path). Any routing, any transport.
-  expert_backend: 'ragged_dot' (jax.lax.ragged_dot), 'dense' (per-expert loop; reference speed),
-    'pallas' (moejax.kernels), 'tokamax' (tokamax.ragged_dot; optional package, `moejax[tokamax]`).
-  num_nodes: n, nodes of the mesh; required by the node routings (their parameters depend on it).
-  node_top_k: nodes per token for the node routings (1 = SMILE).
-  capacity_factor: None = dropless; else each device sends each expert at most
-    ceil(capacity_factor * local_tokens * K / E) token-choices (K = choices_per_token), dropping the
-    rest by priority (all first choices before any second choice; within a rank, earlier tokens first).
-  buffer_factor: None = every exchange hop receives into a worst-case buffer (all rows of all its
-    peers; exact, but per-device memory grows with the mesh). A number b: each hop receives at most
-    ceil(b * local_tokens * K) rows (the same bound on every hop, so it does not compound); rows that
-    do not fit are dropped deterministically (per receiver, lower sources first, and within a block
-    the later rows), output zero and are counted in aux['tokens_overflowed']. Ignored by 'capacity'.
+  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels), 'tokamax'
+    (tokamax.ragged_dot; optional package, `moejax[tokamax]`).
+  num_nodes, node_top_k: n, the mesh's nodes, and nodes per token (1 = SMILE), for the node routings.
+  capacity_factor: None = dropless; else each device sends each expert at most ceil(capacity_factor *
+    local_tokens * K / E) token-choices (K = choices_per_token), first choices first, earlier tokens first.
+  buffer_factor: None = each hop receives into a worst-case buffer (all rows of all its peers; exact, but
+    memory grows with the mesh). b: each hop receives at most ceil(b * local_tokens * K) rows and choices (on
+    every hop, so it does not compound); what does not fit drops deterministically (lower sources first, a
+    block's later rows), outputs zero and is counted in aux['tokens_overflowed']. Ignored by 'capacity'.
   dedup: True: in each exchange hop a token travels once per destination of the hop, with the ids and weights
     of its experts there; the experts weight their outputs and one sum per token goes back, summed again per hop
     (reduced combine). False: one row per token-choice. None (default): True, but False with esp_schedule='s2'
     (its dispatched tensor holds a row per token-choice; 's2' with True is refused).
   renormalize: combine weights divided by their sum over the token's choices (else raw).
-  load_balance_coef: alpha: of the Switch loss alpha * E * sum_e f_e * P_e ('topk', 'node_limited'),
-    or of the node term of SMILE's loss alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j.
-    None = the paper's value: 0.01 (Switch), 0.005 (SMILE).
-  local_balance_coef: beta of SMILE's loss; None = 0.005 (the paper's).
-  z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2).
-  jitter: multiplicative router-input noise x * U(1 - jitter, 1 + jitter) in training; 0 = off.
+  load_balance_coef, local_balance_coef: alpha of the Switch loss alpha * E * sum_e f_e P_e, or alpha and beta of
+    SMILE's alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j; None: the papers' 0.01 (Switch), 0.005.
+  z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2); jitter: router-input noise
+    x * U(1 - jitter, 1 + jitter) in training (0 = off).
   dtype: compute dtype of the expert matmuls ('float32' or 'bfloat16'; accumulation is fp32).
   dispatch_dtype, combine_dtype: the rows' dtype on the wire, to the experts and back (and the backward's
     gradients, both ways, in combine_dtype): None (the activations' dtype; the combine's float32), 'bfloat16', or
@@ -72,14 +65,16 @@ class MoEConfig:
     'chunked' (num_chunks chunks of rows, each dispatched, computed and combined on its own; Tutel/FasterMoE)
     or 'comet' (own rows into the first GEMM while the others arrive, the second GEMM by num_chunks column
     blocks of d, each combined when done). The same result for every routing, transport, sharding and table.
-  num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet'
-    (dividing d_model).
-  esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert-sharding: experts over
-    'node' (EP) and each expert's d_ff over 'gpu' (ESP = MP), scheduled as 'baseline' (DeepSpeed-MoE),
-    's1', 's2' (Parm's PauseMP schedules) or 'auto' (Parm's Algorithm 1 picks S1 or S2; resolved when
-    the config is made, by `moejax.cost.parm.resolve_auto`: the layer refuses 'auto').
+  num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet' (of d_model).
+  esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert sharding: experts over 'node',
+    each one's d_ff over 'gpu', scheduled as 'baseline' (DeepSpeed-MoE), 's1', 's2' (PauseMP) or 'auto' (Parm's
+    Algorithm 1; resolved when the config is made by `moejax.cost.parm.resolve_auto`; the layer refuses it).
   esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
     (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
+  expert_data_parallel: True: experts over the GPUs of a node only (expert e on GPU e // (E / m) of every node),
+    replicated over 'node' with their gradients summed over it, so E need only divide over a node's GPUs; tokens
+    go to experts in their own node (one hop over 'gpu'). Refused with esp_schedule, the node routings and the
+    two-hop transports (every node holds every expert: no node to choose, no inter-node hop).
   score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent
     per-expert affinities; the chosen experts' weights are normalised over the choices, then multiplied by
     routed_scaling). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
@@ -90,24 +85,19 @@ class MoEConfig:
   bias_update_rate: u of DeepSeek-V3's auxiliary-loss-free balancing (V3: 0.001; 0 = off; flat routings): a
     per-expert bias b (`moe_apply(..., expert_bias=b)`) added to the scores that choose experts, never to the
     weights; the trainer updates it after every step, b += u * sign(mean load - load).
-  balance_loss: the load-balance loss's token group: 'batch' (the statistics of all tokens of the call,
-    Switch's; the call's tokens are those of every data-parallel device), 'sequence' (DeepSeek-V3 Eqs.
-    17-20: per sequence, averaged over sequences; needs x as [batch, seq, d]; flat routings only) or
-    'global_batch' (the choice fractions f over the whole optimizer step: the counts of the call plus
-    `moe_apply(..., balance_counts=c)`, those of the step's earlier micro-batches, which the trainer
-    accumulates; the probabilities P stay the call's: Megatron-Core's global_aux_loss, Qwen's global-batch
-    balance). With 'bilevel', f of both of SMILE's routers.
-  num_shared_experts: dense FFNs (of width shared_d_ff, default d_ff) applied to every token, their output
-    added to the routed experts' (DeepSeek-V2/V3, Qwen2-MoE); parameters shared.w_in [d, S f], shared.w_out
-    [S f, d] (+ shared.w_gate with gated experts). shared_gate: Qwen2-MoE's sigmoid gate sigmoid(x w) on
-    the shared output (shared_gate.kernel [d, 1]).
-  slots_per_device: None = no replication. S: each expert holder (a device; a node with esp_schedule) has
-    S expert slots, holding its own E / holders experts and, in the spare slots, replicas of others (Lina,
-    DeepSeek EPLB). `MoELayer` keeps the slot table as state; the trainer re-plans it online.
-  replan_every: with slots_per_device, the trainer re-plans the slot table every this many steps from the
-    expert loads it measured (`moejax.replication.rebalance` on the mean of the last replan_window steps);
-    0 = never (the initial table: replicas of experts 0, 1, ... in the spare slots).
-  replan_window: steps of measured loads the re-plan averages.
+  balance_loss: the balance loss's token group: 'batch' (all tokens of the call, every data-parallel
+    device's; Switch), 'sequence' (DeepSeek-V3 Eqs. 17-20: per sequence, averaged; x as [batch, seq, d]; flat
+    routings) or 'global_batch' (f over the optimizer step: the call's counts plus `moe_apply(...,
+    balance_counts=c)`, the step's earlier micro-batches', which the trainer accumulates; P stays the call's:
+    Megatron-Core's global_aux_loss, Qwen's). With 'bilevel', f of both of SMILE's routers.
+  num_shared_experts: dense FFNs (width shared_d_ff, default d_ff) on every token, added to the routed output
+    (DeepSeek-V2/V3, Qwen2-MoE); shared.w_in [d, S f], shared.w_out [S f, d] (+ shared.w_gate if gated).
+    shared_gate: Qwen2-MoE's sigmoid(x w) on the shared output (shared_gate.kernel [d, 1]).
+  slots_per_device: None = no replication. S: each expert holder (`expert_holders`) has S expert slots: its
+    own E / holders experts and, in the spare slots, replicas of others (Lina, DeepSeek EPLB). `MoELayer`
+    keeps the slot table as state; the trainer re-plans it online.
+  replan_every, replan_window: with slots_per_device, the trainer re-plans the slot table every replan_every
+    steps from the mean load of the last replan_window (`moejax.replication.rebalance`); 0 = never.
   """
 
   num_experts: int
@@ -136,6 +126,7 @@ class MoEConfig:
   num_chunks: int = 1
   esp_schedule: str | None = None
   esp_cost: str = "dgx_h100_ib"
+  expert_data_parallel: bool = False
   score: str = "softmax"
   routed_scaling: float = 1.0
   num_groups: int | None = None
@@ -173,9 +164,14 @@ class MoEConfig:
     require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
             self.expert_backend, "tokamax is not installed: pip install 'moejax[tokamax]' (Python >= 3.12, "
             "jax >= 0.11.1), or use expert_backend='ragged_dot'")
-    for name in ("gated", "renormalize", "shared_gate"):
+    for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
+    edp = "expert_data_parallel"
+    require(not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.transport
+            not in ("hierarchical", "bilevel")), edp, True, "False with esp_schedule, the node routings or a two-hop "
+            "transport: its experts are replicated over 'node', which Parm shards them over, and every node holds "
+            "every expert, so there is no node to choose and no inter-node hop to take")
     require(not (self.dedup and self.esp_schedule == "s2"), "dedup", self.dedup, "False or None with "
             "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
             "the node's GPUs, so a row per token and destination has no place in it")
@@ -279,7 +275,10 @@ class MoEConfig:
     return 0.005 if self.local_balance_coef is None else self.local_balance_coef
 
   def expert_holders(self, nodes: int, gpus_per_node: int) -> int:
-    """H: what a slot table has a row for: the devices, or the nodes with expert sharding."""
+    """H: what a slot table has a row for: the devices, the nodes (expert sharding) or a node's GPUs (expert data
+    parallelism)."""
+    if self.expert_data_parallel:
+      return gpus_per_node
     return nodes if self.esp_schedule is not None else nodes * gpus_per_node
 
   def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
@@ -288,8 +287,9 @@ class MoEConfig:
     if self.routing in NODE_ROUTINGS:
       require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
     holders = self.expert_holders(nodes, gpus_per_node)
-    where = (f"{nodes} nodes (expert sharding puts E / n whole experts on each node)" if self.esp_schedule
-             else f"{holders} devices (expert e lives on device e // experts_per_gpu)")
+    where = (f"{nodes} nodes (expert sharding puts E / n whole experts on each node)" if self.esp_schedule else
+             f"{holders} GPUs per node (expert data parallelism)" if self.expert_data_parallel else
+             f"{holders} devices (expert e lives on device e // experts_per_gpu)")
     require(self.num_experts % holders == 0, "num_experts", self.num_experts, f"a multiple of the mesh's {where}")
     require(not self.esp_schedule or self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
             f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")

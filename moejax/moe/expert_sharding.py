@@ -246,11 +246,30 @@ class S2(_Sharded):
     return esp_ops.undispatch(esp_ops.mp_all_gather(y_RxD.astype(dtype)), sent.state)
 
 
-SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2())}
+class ExpertDataParallel(ExpertParallel):
+  """expert_data_parallel: experts over the node's GPUs only (expert e on GPU e // (E / m) of every node),
+  replicated over 'node'. A token's experts are all in its own node, so its rows take one hop over 'gpu'; the
+  experts' weights are unvarying over 'node', so shard_map sums their gradients over it (check_vma)."""
+
+  name = "expert_data_parallel"
+  needs_vma = True
+  expert_specs = {"w_in": P(GPU), "w_out": P(GPU), "w_gate": P(GPU)}
+
+  def hops(self, cfg):
+    return (GPU,)
+
+  def holder_index(self, m):
+    return jax.lax.axis_index(GPU)
+
+  def dump(self, holder_ids_RxK, slots, m):  # to the GPU holding the slot in this node
+    return jnp.where(holder_ids_RxK >= 0, holder_ids_RxK + jax.lax.axis_index(NODE) * m * slots, -1)
+
+
+SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2(), ExpertDataParallel())}
 
 
 def of(cfg: MoEConfig) -> ExpertParallel:
   """The expert sharding of cfg.esp_schedule ('auto' must be resolved when the config is made)."""
   require(cfg.esp_schedule != "auto", "esp_schedule", cfg.esp_schedule, "a concrete schedule: resolve 'auto' when "
           "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)")
-  return SHARDINGS[cfg.esp_schedule]
+  return SHARDINGS[ExpertDataParallel.name if cfg.expert_data_parallel else cfg.esp_schedule]

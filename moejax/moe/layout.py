@@ -74,6 +74,7 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   slots = None
   if slot_expert is not None:
     slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, cfg.expert_holders(n, m),
+                                          "GPUs per node" if cfg.expert_data_parallel else
                                           "nodes" if sharding.x_axes == (NODE,) else "devices")
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
@@ -107,6 +108,6 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   platform_lib.check_transport(cfg.transport, platform)
   require(not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
           "expert_backend", cfg.expert_backend,
-          f"not 'pallas' with esp_schedule on {platform}: expert sharding's collectives are typed by shard_map's "
-          "mesh-axis variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)")
+          f"not 'pallas' with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
+          "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)")
   return lay
