@@ -83,7 +83,7 @@ def router_fields(case: dict) -> dict:
   f over the step's micro-batches (earlier counts from `layer_state`)."""
   if case["router"] == "deepseek":
     groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
-    return dict(score="sigmoid", routed_scaling=2.5, bias_update_rate=1e-3, **groups)
+    return dict(score="sigmoid", renormalize=True, routed_scaling=2.5, bias_update_rate=1e-3, **groups)
   return {"softmax": {}, "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
           "sequence_loss": dict(balance_loss="sequence"), "global_batch": dict(balance_loss="global_batch")
           }[case["router"]]

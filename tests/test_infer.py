@@ -207,7 +207,7 @@ def test_exflow_takes_deepseek_routing_shared_experts_and_replicas(mesh_2x4, pro
   device holding a table with replicas of the hot experts 0 and 1 (expert 7 only once): exflow decoding gives
   vanilla's tokens (the shared output is added where the token is, the bias only chooses, a replica computes
   as its expert)."""
-  ds = _model(mesh_2x4, top_k=2, score="sigmoid", routed_scaling=2.5, num_groups=4, topk_groups=2,
+  ds = _model(mesh_2x4, top_k=2, score="sigmoid", renormalize=True, routed_scaling=2.5, num_groups=4, topk_groups=2,
               bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True, slots_per_device=2)
   table = np.array([[d, d % 2] for d in range(8)], np.int32)
   table[7, 1] = 7

@@ -23,6 +23,7 @@ SCHEDULES = ("sequential", "chunked", "comet")
 SCORES = ("softmax", "sigmoid")
 BALANCE_LOSSES = ("batch", "sequence", "global_batch")
 ESP_SCHEDULES = (None, "baseline", "s1", "s2", "auto")
+GROUP_SCORES = ("top2_sum", "max")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,12 +53,12 @@ class MoEConfig:
     of its experts there; the experts weight their outputs and one sum per token goes back, summed again per hop
     (reduced combine). False: one row per token-choice. None (default): True, but False with esp_schedule='s2'
     (its dispatched tensor holds a row per token-choice; 's2' with True is refused).
-  renormalize: combine weights divided by their sum over the token's choices (else raw).
+  renormalize: combine weights divided by their sum over the token's choices (else raw; Mixtral, Qwen3-MoE and
+    DeepSeek-V3 renormalise, Qwen2-MoE and DeepSeek-V2 do not).
   load_balance_coef, local_balance_coef: alpha of the Switch loss alpha * E * sum_e f_e P_e, or alpha and beta of
     SMILE's alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j; None: the papers' 0.01 (Switch), 0.005.
   z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2); jitter: router-input noise
-    x * U(1 - jitter, 1 + jitter) in training (0 = off).
-  dtype: compute dtype of the expert matmuls ('float32' or 'bfloat16'; accumulation is fp32).
+    x * U(1 - jitter, 1 + jitter) in training (0 = off). dtype: the expert matmuls' (accumulation is fp32).
   dispatch_dtype, combine_dtype: the rows' dtype on the wire, to the experts and back (and the backward's
     gradients, both ways, in combine_dtype): None (the activations' dtype; the combine's float32), 'bfloat16', or
     for the dispatch 'float8_e4m3fn' with a float32 scale per 128 elements of a row from its amax (DeepSeek-V3).
@@ -75,13 +76,13 @@ class MoEConfig:
     replicated over 'node' with their gradients summed over it, so E need only divide over a node's GPUs; tokens
     go to experts in their own node (one hop over 'gpu'). Refused with esp_schedule, the node routings and the
     two-hop transports (every node holds every expert: no node to choose, no inter-node hop).
-  score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent
-    per-expert affinities; the chosen experts' weights are normalised over the choices, then multiplied by
-    routed_scaling). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
-  routed_scaling: the factor on the routed experts' weights (DeepSeek-V3 Sec. 2.1.2; 2.5 in V3).
+  score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent per-expert
+    affinities). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
+  routed_scaling: the factor on the routed experts' weights, after renormalize (DeepSeek-V2: 16, V3: 2.5).
   num_groups, topk_groups: group-limited routing (DeepSeek-V3: 8 groups, 4 kept; None = no limit): E experts
-    in num_groups contiguous groups, each scored by the sum of its two best selection scores, a token's experts
-    chosen among its topk_groups best ('node_limited' is the case groups = nodes, topk_groups = node_top_k).
+    in num_groups contiguous groups, each scored by group_score ('top2_sum': its two best selection scores, V3;
+    'max': its best, V2), a token's experts chosen among its topk_groups best ('node_limited' is the case groups
+    = nodes, topk_groups = node_top_k).
   bias_update_rate: u of DeepSeek-V3's auxiliary-loss-free balancing (V3: 0.001; 0 = off; flat routings): a
     per-expert bias b (`moe_apply(..., expert_bias=b)`) added to the scores that choose experts, never to the
     weights; the trainer updates it after every step, b += u * sign(mean load - load).
@@ -131,6 +132,7 @@ class MoEConfig:
   routed_scaling: float = 1.0
   num_groups: int | None = None
   topk_groups: int = 1
+  group_score: str = "top2_sum"
   bias_update_rate: float = 0.0
   balance_loss: str = "batch"
   num_shared_experts: int = 0
@@ -147,7 +149,8 @@ class MoEConfig:
     for name, options in (("routing", ROUTINGS), ("transport", TRANSPORTS), ("expert_backend", EXPERT_BACKENDS),
                           ("activation", ACTIVATIONS), ("dtype", DTYPES), ("schedule", SCHEDULES),
                           ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES),
-                          ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES)):
+                          ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES),
+                          ("group_score", GROUP_SCORES)):
       require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
     if self.routing in NODE_ROUTINGS:
       n = self.num_nodes
@@ -234,8 +237,7 @@ class MoEConfig:
 
   @property
   def balance_counts_size(self) -> int:
-    """Length of the choice counts the balance loss's f comes from (`balance_counts`): E, or with 'bilevel'
-    the node router's n then the local router's m' = E / n."""
+    """Length of the balance loss's choice counts: E, or with 'bilevel' the node router's n then the local m'."""
     return self.num_nodes + self.experts_per_node if self.routing == "bilevel" else self.num_experts
 
   @property
@@ -256,9 +258,8 @@ class MoEConfig:
   @property
   def group_limit(self) -> tuple[int, int] | None:
     """(groups, groups kept per token) of group-limited routing, node_limited's included; else None."""
-    if self.routing == "node_limited":
-      return self.num_nodes, self.node_top_k
-    return None if self.num_groups is None else (self.num_groups, self.topk_groups)
+    limit = None if self.num_groups is None else (self.num_groups, self.topk_groups)
+    return (self.num_nodes, self.node_top_k) if self.routing == "node_limited" else limit
 
   @property
   def shared_width(self) -> int:
@@ -267,8 +268,7 @@ class MoEConfig:
 
   @property
   def alpha(self) -> float:
-    default = 0.005 if self.routing == "bilevel" else 0.01
-    return default if self.load_balance_coef is None else self.load_balance_coef
+    return (0.005 if self.routing == "bilevel" else 0.01) if self.load_balance_coef is None else self.load_balance_coef
 
   @property
   def beta(self) -> float:

@@ -86,19 +86,18 @@ def _route(x_TxD, params, cfg, bias=None, sequence_length=None, prior=None):
   select = scores if bias is None else scores + bias[None, :]
   limit = (cfg.num_nodes, cfg.node_top_k) if cfg.routing == "node_limited" else (
       None if cfg.num_groups is None else (cfg.num_groups, cfg.topk_groups))
-  if limit is not None:  # groups ranked by the sum of their two best selection scores
+  if limit is not None:  # groups ranked by the sum of their two best selection scores, or their best
     groups, kept = limit
     per_group = select.reshape(select.shape[0], groups, -1)
-    best_two = jnp.sort(per_group, axis=-1)[..., ::-1][..., :2].sum(-1)
-    _, chosen_groups = jax.lax.top_k(best_two, kept)
+    best = 1 if cfg.group_score == "max" and cfg.routing == "topk" else 2
+    group_scores = jnp.sort(per_group, axis=-1)[..., ::-1][..., :best].sum(-1)
+    _, chosen_groups = jax.lax.top_k(group_scores, kept)
     group_of_expert = jnp.arange(cfg.num_experts) // (cfg.num_experts // groups)
     allowed = (group_of_expert[None, :, None] == chosen_groups[:, None, :]).any(-1)
     select = jnp.where(allowed, select, -jnp.inf)
   _, ids = jax.lax.top_k(select, cfg.top_k)
   weights = jnp.take_along_axis(scores, ids, axis=1)
-  if cfg.score == "sigmoid":
-    weights = weights / weights.sum(-1, keepdims=True)
-  elif cfg.renormalize:
+  if cfg.renormalize:
     weights = weights / weights.sum(-1, keepdims=True)
   weights = weights * cfg.routed_scaling
   if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences

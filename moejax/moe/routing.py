@@ -71,13 +71,10 @@ def route(x_TxD: jax.Array, params: dict, cfg: MoEConfig, bias_E: jax.Array | No
     probs_TxE = scores_TxE / jnp.sum(scores_TxE, axis=-1, keepdims=True)
   select_TxE = scores_TxE if bias_E is None else scores_TxE + bias_E
   if cfg.group_limit is not None:
-    select_TxE = _limit_to_groups(select_TxE, *cfg.group_limit)
+    select_TxE = _limit_to_groups(select_TxE, *cfg.group_limit, cfg.group_score if cfg.routing == "topk" else "top2_sum")
   _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
   weights = jnp.take_along_axis(scores_TxE, ids, axis=1)
-  if cfg.score == "sigmoid":  # normalised over the chosen experts, then scaled (V3 Eq. 13)
-    weights = weights / jnp.sum(weights, axis=-1, keepdims=True) * cfg.routed_scaling
-  else:
-    weights = _renormalize(weights, cfg) * cfg.routed_scaling
+  weights = _renormalize(weights, cfg) * cfg.routed_scaling  # V3 Eq. 13 with renormalize
   stats = {"choice_counts": _counts(ids, cfg.num_experts), "prob_sums": jnp.sum(probs_TxE, axis=0),
            "z_sum": _z_sum(logits), "tokens": tokens}
   if cfg.balance_loss == "sequence":
@@ -85,12 +82,14 @@ def route(x_TxD: jax.Array, params: dict, cfg: MoEConfig, bias_E: jax.Array | No
   return RoutingDecision(ids.astype(jnp.int32), weights), stats
 
 
-def _limit_to_groups(select_TxE, groups: int, kept: int):
-  """Group-limited routing (DeepSeek-V3): groups of E / groups contiguous experts, each scored by the sum
-  of its two best selection scores; experts outside a token's `kept` best groups are masked out."""
+def _limit_to_groups(select_TxE, groups: int, kept: int, group_score: str = "top2_sum"):
+  """Group-limited routing (DeepSeek-V2/V3): groups of E / groups contiguous experts, each scored by the sum
+  of its two best selection scores ('top2_sum', V3) or its best ('max', V2); experts outside a token's `kept`
+  best groups are masked out."""
   tokens, num_experts = select_TxE.shape
   per_group = num_experts // groups
-  group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), min(2, per_group))[0], -1)
+  best = 1 if group_score == "max" else min(2, per_group)
+  group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), best)[0], -1)
   _, best_groups = jax.lax.top_k(group_scores, kept)
   allowed_groups = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_groups].set(True)
   return jnp.where(jnp.repeat(allowed_groups, per_group, axis=1), select_TxE, -jnp.inf)
