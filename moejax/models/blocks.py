@@ -1,12 +1,17 @@
 """The Transformer blocks of the language models: attention (with a KV cache for decoding), the dense and the
-expert-parallel MoE FFN, and the block that joins them (post-LN for 'bert', pre-LN for 'gpt')."""
+expert-parallel MoE FFN, the block that joins them (post-LN for 'bert', pre-LN for 'gpt'), and the loop over a
+model's blocks with its MoE layers' aux (`run_blocks`, shared with the decoder families)."""
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jax.sharding import NamedSharding
+
 from moejax.kernels.activations import ACTIVATIONS
+from moejax.models import grad_sync as grad_sync_lib
 from moejax.models.config import ModelConfig
+from moejax.models.sharding import activation_spec, param_specs
 from moejax.moe.config import MoEConfig
 from moejax.moe.module import MoELayer
 from moejax.validation import require
@@ -76,8 +81,8 @@ class MoEFFN(nnx.Module):
   they cost nothing unless used.
   """
 
-  def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
-    self.moe = MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()))
+  def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+    self.moe = MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()), dtype=param_dtype)
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
@@ -125,3 +130,42 @@ class Block(nnx.Module):
     x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
     return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
 
+
+
+def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
+  """x [B, S, d] through `model.blocks` (each x -> (x, aux), or with a cache (x, aux, cache)), the activations
+  kept sharded as `activation_spec` says, each block's gradients reduced before the block below's with
+  grad_sync='prioritized' -> (x, aux, the new cache or []).
+
+  aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
+  balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
+  [M, hops, A, A]) for the M MoE layers in order."""
+  cfg, moe_cfg = model.cfg, model.moe_cfg
+  dtype = jnp.dtype(cfg.dtype)
+  batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
+  constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
+  x_BxSxD = constrain(x_BxSxD)
+  auxes, new_cache = [], []
+  for i, block in enumerate(model.blocks):
+    if cfg.grad_sync == "prioritized":
+      specs = param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), moe_cfg, cfg.tensor_parallel)
+      x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, model.mesh, specs)
+    if cache is None:
+      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+    else:
+      x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
+      new_cache.append(layer_cache)
+    x_BxSxD = constrain(x_BxSxD.astype(dtype))
+    if aux:
+      auxes.append(aux)
+  stack = lambda name: jnp.stack([a[name] for a in auxes])
+  aux = {
+      "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
+      "expert_counts": stack("expert_counts") if auxes else jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
+      **{name: stack(name) if auxes else jnp.zeros((0,), jnp.int32) for name in ("tokens_dropped", "tokens_overflowed")},
+  }
+  if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
+    aux["balance_counts"] = stack("balance_counts")
+  if details and auxes:
+    aux.update({name: stack(name) for name in ("expert_ids", "traffic_rows")})
+  return x_BxSxD, aux, new_cache

@@ -74,6 +74,10 @@ class ModelConfig:
         require(value % gpus_per_node == 0, name, value,
                 f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")
 
+  @property
+  def causal(self) -> bool:
+    return self.kind == "gpt"
+
   def is_moe(self, i: int) -> bool:
     return self.moe_every > 0 and (i + 1) % self.moe_every == 0
 

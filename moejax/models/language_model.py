@@ -10,13 +10,11 @@ the token embeddings. Parameters are fp32; `dtype` is the compute dtype of the m
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from moejax.kernels.activations import ACTIVATIONS
-from moejax.models import grad_sync as grad_sync_lib
+from moejax.models import blocks as blocks_lib
 from moejax.models.blocks import Block
 from moejax.models.config import ModelConfig
-from moejax.models.sharding import activation_spec, param_specs
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
@@ -71,36 +69,10 @@ class LanguageModel(nnx.Module):
     positions start .. start + S - 1 and the returned cache holds their keys and values.
     details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
     """
-    dtype = jnp.dtype(self.cfg.dtype)
-    batch_sharding = NamedSharding(self.mesh, activation_spec(self.cfg))
-    constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-    x_BxSxD = constrain(self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs))
-    auxes, new_cache = [], []
-    for i, block in enumerate(self.blocks):
-      if self.cfg.grad_sync == "prioritized":
-        specs = param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), self.moe_cfg, self.cfg.tensor_parallel)
-        x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, self.mesh, specs)
-      if cache is None:
-        x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
-      else:
-        x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
-        new_cache.append(layer_cache)
-      x_BxSxD = constrain(x_BxSxD.astype(dtype))
-      if aux:
-        auxes.append(aux)
+    x_BxSxD = self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs)
+    x_BxSxD, aux, new_cache = blocks_lib.run_blocks(self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start,
+                                                    details=details)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
     logits_BxSxV = self.head_logits(x_BxSxD)
-    num_experts = self.moe_cfg.num_experts
-    aux = {
-        "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
-        "expert_counts": jnp.stack([a["expert_counts"] for a in auxes]) if auxes
-                         else jnp.zeros((0, num_experts), jnp.int32),
-        **{name: jnp.stack([a[name] for a in auxes]) if auxes else jnp.zeros((0,), jnp.int32)
-           for name in ("tokens_dropped", "tokens_overflowed")},
-    }
-    if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
-      aux["balance_counts"] = jnp.stack([a["balance_counts"] for a in auxes])
-    if details and auxes:
-      aux.update({name: jnp.stack([a[name] for a in auxes]) for name in ("expert_ids", "traffic_rows")})
     return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)

@@ -9,18 +9,25 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.config import ModelConfig, moe_block_indices
+from moejax.models.decoder import Decoder
+from moejax.models.decoder_config import DecoderConfig
 from moejax.models.language_model import LanguageModel
 from moejax.models.sharding import param_specs
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 
 
-def abstract_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+def build(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+  """The model of a config: a SMILE `LanguageModel` (`ModelConfig`) or a decoder family's `Decoder`."""
+  model_class = Decoder if isinstance(cfg, DecoderConfig) else LanguageModel
+  return model_class(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed))
+
+
+def abstract_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
   """(graphdef, params, rest) of the model without allocating anything: params and the other state
   (the MoE layers' key streams) as pure dicts of jax.ShapeDtypeStruct carrying their shardings,
   parameters placed by `param_specs` and everything else replicated."""
-  make = lambda: LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed))
-  graphdef, params, rest = nnx.split(nnx.eval_shape(make), nnx.Param, ...)
+  graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: build(cfg, moe_cfg, mesh, seed)), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   cfg.check_mesh(mesh_lib.axis_sizes(mesh)[1])
   specs = param_specs(params, moe_cfg, cfg.tensor_parallel)
@@ -29,12 +36,15 @@ def abstract_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh
           jax.tree.map(lambda a: with_sharding(a, P()), rest))
 
 
-def init_state(cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+def init_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0,
+               only_rest: bool = False):
   """(params, rest) as pure dicts, built by one compiled program that places every array as
-  `abstract_state` says (with several processes, each holds only its shards)."""
+  `abstract_state` says (with several processes, each holds only its shards). only_rest: rest alone (the
+  parameters' initialisation is then dead code, so nothing of them is computed or allocated)."""
   _, params, rest = abstract_state(cfg, moe_cfg, mesh, seed)
-  split = lambda: tuple(nnx.to_pure_dict(s) for s in
-                        nnx.split(LanguageModel(cfg, moe_cfg, mesh, rngs=nnx.Rngs(seed)), nnx.Param, ...)[1:])
+  split = lambda: tuple(nnx.to_pure_dict(s) for s in nnx.split(build(cfg, moe_cfg, mesh, seed), nnx.Param, ...)[1:])
+  if only_rest:
+    return jax.jit(lambda: split()[1], out_shardings=jax.tree.map(lambda a: a.sharding, rest))()
   shardings = jax.tree.map(lambda a: a.sharding, (params, rest))
   return jax.jit(split, out_shardings=shardings)()
 

@@ -1,0 +1,131 @@
+"""`Decoder`: the decoder families of today's MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) and their
+dense sources, pre-norm blocks of RMSNorm, attention (`moejax.models.attention`), RMSNorm and an FFN that is the
+SwiGLU MLP or moejax's one MoE layer (routing as the checkpoint's, with every transport, schedule, expert sharding,
+replica and placement choice of `MoEConfig`), and DeepSeek-V3's multi-token prediction (MTP) modules.
+
+It keeps the interface of the SMILE models (`moejax.models.language_model`), so training and inference (the KV
+cache, ExFlow's decode) take either: `embed_tokens`, `blocks` (each with `attend`, `feed_forward`, `ln_ffn`, `ffn`),
+`head_logits`, and the call.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.models import blocks as blocks_lib
+from moejax.models.attention import _linear, attention
+from moejax.models.blocks import MoEFFN
+from moejax.models.decoder_config import DecoderConfig
+from moejax.models.rms_norm import RMSNorm
+from moejax.moe.config import MoEConfig
+from moejax.validation import ConfigError
+
+
+class GatedMLP(nnx.Module):
+  """The dense SwiGLU FFN: x [B, S, d] -> down(silu(gate(x)) * up(x)); returns (y, {}) like the MoE FFN."""
+
+  def __init__(self, cfg: DecoderConfig, width: int, *, rngs: nnx.Rngs):
+    self.gate_proj = _linear(cfg, cfg.d_model, width, False, rngs)
+    self.up_proj = _linear(cfg, cfg.d_model, width, False, rngs)
+    self.down_proj = _linear(cfg, width, cfg.d_model, False, rngs)
+
+  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
+    del train, rng
+    return self.down_proj(jax.nn.silu(self.gate_proj(x_BxSxD)) * self.up_proj(x_BxSxD)), {}
+
+
+class DecoderLayer(nnx.Module):
+  """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache)."""
+
+  def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, moe: bool, *, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.ln_attn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.attn = attention(cfg, layer, rngs=rngs)
+    self.ln_ffn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=pd) if moe else GatedMLP(cfg, cfg.d_ff, rngs=rngs)
+
+  def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+    """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2))."""
+    del train, rngs
+    out = self.attn(self.ln_attn(x_BxSxD), cache=cache)
+    return x_BxSxD + out if cache is None else (x_BxSxD + out[0], out[1])
+
+  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
+    """The FFN half with its residual -> (x, aux)."""
+    rng = rngs.jitter() if train and rngs is not None else None
+    y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=rng)
+    return x_BxSxD + y_BxSxD.astype(x_BxSxD.dtype), aux
+
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+    if cache is None:
+      return self.feed_forward(self.attend(x_BxSxD, train=train, rngs=rngs), train=train, rngs=rngs)
+    x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
+    return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
+
+
+class MultiTokenPrediction(nnx.Module):
+  """One of DeepSeek-V3's MTP modules (Sec. 2.2): h' = eh_proj([enorm(embed(t_{i+k})); hnorm(h_i)]), then one
+  block, then its own RMSNorm before the shared output head. Names as in the checkpoint's layer num_layers + k."""
+
+  def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, depth: int, *, rngs: nnx.Rngs):
+    pd = jnp.dtype(cfg.param_dtype)
+    self.enorm, self.hnorm = RMSNorm(cfg.d_model, cfg.rms_eps, pd), RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.eh_proj = _linear(cfg, 2 * cfg.d_model, cfg.d_model, False, rngs)
+    layer = cfg.num_layers + depth
+    self.block = DecoderLayer(cfg, moe_cfg, mesh, layer, cfg.num_moe_layers > 0, rngs=rngs)
+    self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+
+  def __call__(self, h_BxSxD, embedded_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
+    x_BxSxD = self.eh_proj(jnp.concatenate([self.enorm(embedded_BxSxD), self.hnorm(h_BxSxD)], axis=-1))
+    return self.block(x_BxSxD, train=train, rngs=rngs)
+
+
+class Decoder(nnx.Module):
+  """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with positions [B, P],
+  logits at those positions only. aux as `blocks.run_blocks`; in training with MTP modules, also mtp_logits
+  [num_mtp_layers, B, S, V] (module k at position i predicts token i + k + 2; the last k + 1 positions predict
+  nothing) and mtp_aux_loss."""
+
+  def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
+    if cfg.num_moe_layers and moe_cfg.d_model != cfg.d_model:
+      raise ConfigError(f"MoE width d_model={moe_cfg.d_model} differs from the decoder's d_model={cfg.d_model}")
+    self.cfg, self.moe_cfg, self.mesh = cfg, moe_cfg, mesh
+    pd = jnp.dtype(cfg.param_dtype)
+    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02),
+                           rngs=rngs)
+    self.blocks = nnx.List([DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs)
+                            for i in range(cfg.num_layers)])
+    self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.lm_head = None if cfg.tie_embeddings else _linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
+    self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
+
+  def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,
+                   rngs: nnx.Rngs | None = None) -> jax.Array:
+    """tokens [B, S] -> x [B, S, d] in the compute dtype (positions enter through RoPE, so `start` is unused)."""
+    del start, train, rngs
+    return self.embed(tokens_BxS).astype(jnp.dtype(self.cfg.dtype))
+
+  def head_logits(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
+    """x [..., d] after the last block -> logits [..., V] fp32 (after `norm`, default the final RMSNorm)."""
+    x = (self.norm if norm is None else norm)(x_BxSxD).astype(jnp.dtype(self.cfg.dtype))
+    kernel_DxV = self.embed.embedding[...].T if self.lm_head is None else self.lm_head.kernel[...]
+    return jnp.einsum("...d,dv->...v", x, kernel_DxV.astype(x.dtype), preferred_element_type=jnp.float32)
+
+  def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
+               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
+    """-> (logits, aux), or (logits, aux, cache) with a cache: one pair per layer (`attention.cache_shapes`), the
+    tokens at positions start .. start + S - 1."""
+    x_BxSxD, aux, new_cache = blocks_lib.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
+                                                    cache=cache, start=start, details=details)
+    if train and len(self.mtp):
+      h_BxSxD, mtp_logits, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
+      for k, module in enumerate(self.mtp):
+        ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)  # token i + k + 1 beside h_i; the wrapped end is masked
+        h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs)
+        mtp_logits.append(self.head_logits(h_BxSxD, module.norm))
+        aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
+      aux["mtp_logits"] = jnp.stack(mtp_logits)
+    if positions_BxP is not None:
+      x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
+    logits_BxSxV = self.head_logits(x_BxSxD)
+    return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)

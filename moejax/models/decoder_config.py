@@ -1,0 +1,120 @@
+"""`DecoderConfig`: the decoder families of today's MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) and
+their dense sources (Llama, Qwen3), in the fields their checkpoints' config.json files set (`moejax.models.hf_config`
+reads and writes those files)."""
+
+import dataclasses
+
+from moejax.validation import is_int, is_number, require
+
+FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama", "qwen3")
+LATENT_FAMILIES = ("deepseek_v2", "deepseek_v3")  # multi-head latent attention (MLA)
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+  """A pre-norm causal decoder: embeddings, `num_layers` blocks (RMSNorm, attention, RMSNorm, FFN), RMSNorm, head.
+
+  family: one of FAMILIES. d_model, d_ff: the hidden and the dense FFN's widths (the experts' is MoEConfig.d_ff).
+  num_heads, num_kv_heads, head_dim: grouped-query attention (num_kv_heads divides num_heads). max_len: positions.
+  rope_theta, rope_scaling: RoPE's base and a checkpoint's scaling as sorted (key, value) pairs (None: plain RoPE;
+    YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves.
+  qkv_bias: biases on q, k, v (Qwen2-MoE); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3).
+  sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
+    every layer).
+  kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
+    latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
+    [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
+  moe_layers: per layer, whether its FFN is the MoE layer (else the dense SwiGLU FFN of width d_ff).
+  num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
+    mtp_loss_coef weighs their mean loss, V3's lambda).
+  dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
+  """
+
+  family: str
+  vocab_size: int
+  num_layers: int
+  d_model: int
+  d_ff: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  max_len: int
+  moe_layers: tuple
+  rms_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_scaling: tuple | None = None
+  rope_interleaved: bool = False
+  qkv_bias: bool = False
+  qk_norm: bool = False
+  sliding_window: int | None = None
+  sliding_layers: tuple | None = None
+  tie_embeddings: bool = False
+  q_lora_rank: int | None = None
+  kv_lora_rank: int | None = None
+  qk_nope_head_dim: int = 0
+  qk_rope_head_dim: int = 0
+  v_head_dim: int = 0
+  num_mtp_layers: int = 0
+  mtp_loss_coef: float = 0.3
+  dtype: str = "float32"
+  param_dtype: str = "float32"
+  grad_sync: str = "default"
+
+  def __post_init__(self):
+    require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
+    for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim", "max_len"):
+      require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
+    require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
+            f"a divisor of num_heads={self.num_heads}")
+    require(isinstance(self.moe_layers, tuple) and len(self.moe_layers) == self.num_layers, "moe_layers",
+            self.moe_layers, f"a tuple of {self.num_layers} bools")
+    require(self.sliding_window is None or is_int(self.sliding_window), "sliding_window", self.sliding_window,
+            "None or a positive int")
+    require(self.sliding_layers is None or len(self.sliding_layers) == self.num_layers, "sliding_layers",
+            self.sliding_layers, f"None or a tuple of {self.num_layers} bools")
+    if self.latent:
+      for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
+        require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (multi-head latent attention)")
+      require(self.q_lora_rank is None or is_int(self.q_lora_rank), "q_lora_rank", self.q_lora_rank,
+              "None or a positive int")
+    require(self.qk_rope_head_dim % 2 == 0 and (self.latent or self.head_dim % 2 == 0), "head_dim", self.head_dim,
+            "even (RoPE rotates pairs)")
+    require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
+    require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
+    for name in ("dtype", "param_dtype"):
+      require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
+    require(self.grad_sync in ("default", "prioritized"), "grad_sync", self.grad_sync, "'default' or 'prioritized'")
+
+  @property
+  def latent(self) -> bool:
+    """Multi-head latent attention (DeepSeek-V2/V3)."""
+    return self.kv_lora_rank is not None
+
+  @property
+  def rope_dim(self) -> int:
+    """The rotated width of a head's q and k."""
+    return self.qk_rope_head_dim if self.latent else self.head_dim
+
+  @property
+  def scaling(self) -> dict | None:
+    return None if self.rope_scaling is None else dict(self.rope_scaling)
+
+  def window(self, layer: int) -> int | None:
+    """The sliding window of layer `layer`, or None (full causal attention)."""
+    slides = self.sliding_layers is None or self.sliding_layers[layer]
+    return self.sliding_window if slides else None
+
+  # The interface the trainer and inference share with the SMILE models (`ModelConfig`).
+  causal = True
+  tensor_parallel = False  # Megatron's splits are defined over the SMILE models' parameters (models.sharding)
+
+  def is_moe(self, i: int) -> bool:
+    return bool(self.moe_layers[i])
+
+  @property
+  def num_moe_layers(self) -> int:
+    return sum(map(bool, self.moe_layers))
+
+  def check_mesh(self, gpus_per_node: int) -> None:
+    """Data parallel over the whole mesh: nothing of the dense parts is split."""
+    del gpus_per_node

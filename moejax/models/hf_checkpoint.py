@@ -1,0 +1,218 @@
+"""Hugging Face checkpoints in and out: `from_hf` (a local directory's config.json and safetensors shards, read
+lazily, each tensor placed straight into its shards on the mesh) and `to_hf` (config.json and safetensors shards with
+an index, as transformers' from_pretrained loads them).
+
+Names: the hub's, one tensor per expert (`model.layers.N.mlp.experts.E.gate_proj.weight`; Mixtral's
+`block_sparse_moe.experts.E.w1`), torch Linear weights [out, in] (moejax kernels are [in, out]). moejax's expert
+weights are w_gate (gate_proj, w1), w_in (up_proj, w3) and w_out (down_proj, w2), stacked over the experts.
+"""
+
+import contextlib
+import json
+import os
+import re
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.experimental import multihost_utils
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from moejax.models import hf_config
+from moejax.models import state as state_lib
+from moejax.models.decoder import Decoder
+from moejax.models.decoder_config import DecoderConfig
+from moejax.moe.config import MoEConfig
+from moejax.validation import ConfigError
+
+EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
+MIXTRAL_EXPERT_NAMES = {"w_gate": "w1", "w_in": "w3", "w_out": "w2"}
+RENAMES = {"ln_attn": "input_layernorm", "ln_ffn": "post_attention_layernorm", "attn": "self_attn", "ffn": "mlp",
+           "router": "gate", "kernel": "weight", "expert_bias": "e_score_correction_bias"}
+READABLE_DTYPES = ("F32", "BF16", "F16")
+SHARD_BYTES = 4 << 30  # per safetensors file written
+
+
+def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
+  """(HF name, transposed) of a parameter or state path of `Decoder`; expert weights give the name with '{e}'."""
+  path = list(path)
+  if path[0] in ("embed", "norm", "lm_head"):
+    return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[path[0]], \
+        path[0] == "lm_head"
+  if path[0] == "mtp":  # DeepSeek-V3's layer num_layers + k: its own norms and projection, then a usual block
+    layer, rest = cfg.num_layers + path[1], path[2:]
+    rest = rest[1:] if rest[0] == "block" else [{"norm": "shared_head.norm"}.get(rest[0], rest[0]), *rest[1:]]
+  else:
+    layer, rest = path[1], path[2:]
+  transposed = rest[-1] == "kernel"
+  if rest[:2] == ["ffn", "moe"]:
+    moe = "block_sparse_moe" if cfg.family == "mixtral" else "mlp"
+    rest = [moe, *rest[2:]]
+    if rest[1] in EXPERT_NAMES:
+      names = MIXTRAL_EXPERT_NAMES if cfg.family == "mixtral" else EXPERT_NAMES
+      return f"model.layers.{layer}.{moe}.experts.{{e}}.{names[rest[1]]}.weight", True
+    if rest[1] == "shared":
+      shared = "shared_expert" if cfg.family == "qwen2_moe" else "shared_experts"
+      return f"model.layers.{layer}.mlp.{shared}.{EXPERT_NAMES[rest[2]]}.weight", True
+    if rest[1] == "shared_gate":
+      return f"model.layers.{layer}.mlp.shared_expert_gate.weight", True
+    if rest[1] == "expert_bias":
+      rest = [moe, "gate", "expert_bias"]
+  return ".".join([f"model.layers.{layer}", *(RENAMES.get(str(p), str(p)) for p in rest)]), transposed
+
+
+def _leaves(tree: dict, prefix=()):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, prefix + (key,))
+    else:
+      yield prefix + (key,), value
+
+
+def _set(tree: dict, path: tuple, value) -> None:
+  for key in path[:-1]:
+    tree = tree[key]
+  tree[path[-1]] = value
+
+
+class _Shards:
+  """The safetensors files of a checkpoint directory, opened once: name -> lazily sliced tensor."""
+
+  def __init__(self, directory: str, stack: contextlib.ExitStack):
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if os.path.exists(index):
+      with open(index) as f:
+        weight_map = json.load(f)["weight_map"]
+    else:
+      single = os.path.join(directory, "model.safetensors")
+      if not os.path.exists(single):
+        raise ConfigError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+      weight_map = None
+    self.files, self.where = {}, {}
+    for file in sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]:
+      path = os.path.join(directory, file)
+      try:
+        self.files[file] = stack.enter_context(safe_open(path, framework="numpy"))
+      except (SafetensorError, OSError) as e:
+        raise ConfigError(f"checkpoint file {path} cannot be read (truncated or not safetensors): {e}") from e
+      for name in self.files[file].keys():
+        self.where[name] = file
+
+  def tensor(self, name: str):
+    return self.files[self.where[name]].get_slice(name)
+
+
+def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
+  """HF name -> (path, HF shape, transposed, expert or None) for every parameter and state leaf loaded."""
+  expected = {}
+  for path, leaf in abstract:
+    name, transposed = hf_key(path, cfg)
+    shape = tuple(leaf.shape)
+    if "{e}" in name:
+      for e in range(num_experts):
+        expected[name.format(e=e)] = (path, shape[1:][::-1], True, e)
+    else:
+      expected[name] = (path, shape[::-1] if transposed else shape, transposed, None)
+  return expected
+
+
+def _check(shards: _Shards, expected: dict, directory: str) -> None:
+  """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
+  extra = sorted(n for n in shards.where if n not in expected and not re.search(r"rotary_emb\.inv_freq$", n))
+  missing = sorted(n for n in expected if n not in shards.where)
+  if missing or extra:
+    raise ConfigError(f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+                      f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json")
+  for name, (_, shape, _, _) in expected.items():
+    tensor = shards.tensor(name)
+    if tuple(tensor.get_shape()) != shape:
+      raise ConfigError(f"checkpoint tensor {name} has shape {tuple(tensor.get_shape())}, expected {shape}")
+    if tensor.get_dtype() not in READABLE_DTYPES:
+      raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
+
+
+def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool):
+  """One array placed on the mesh by its sharding, each device's block read from the files on its own."""
+
+  def block(index):
+    if expert:  # [E, in, out]: read only this block's experts
+      experts = range(*index[0].indices(leaf.shape[0]))
+      return np.stack([np.asarray(shards.tensor(name.format(e=e))[index[2], index[1]]).T for e in experts])
+    if transposed:
+      return np.asarray(shards.tensor(name)[index[1], index[0]]).T
+    return np.asarray(shards.tensor(name)[index])
+
+  full = lambda index: tuple(slice(None) if s == slice(None) else s for s in index) + (slice(None),) * (
+      len(leaf.shape) - len(index))
+  return jax.make_array_from_callback(leaf.shape, leaf.sharding,
+                                      lambda index: block(full(index)).astype(leaf.dtype))
+
+
+def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
+            param_dtype: str = "float32") -> Decoder:
+  """The decoder of a local Hugging Face checkpoint directory on `mesh`: config.json read (`hf_config`), then every
+  tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
+  expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
+  moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...). A checkpoint whose tensors differ
+  from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused, naming the tensor."""
+  config_path = os.path.join(path, "config.json")
+  if not os.path.exists(config_path):
+    raise ConfigError(f"{path}: no config.json (from_hf reads a local checkpoint directory)")
+  with open(config_path) as f:
+    cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe)
+  graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh)
+  loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
+  with contextlib.ExitStack() as stack:
+    shards = _Shards(path, stack)
+    expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
+    _check(shards, expected, path)
+    leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
+    arrays = {}
+    for name, (leaf_path, _, transposed, expert) in expected.items():
+      if expert in (None, 0):
+        arrays[leaf_path] = _load_leaf(shards, hf_key(leaf_path, cfg)[0], leaves[leaf_path], transposed,
+                                       expert is not None)
+  params, rest = jax.tree.map(lambda a: a, params), state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)
+  for leaf_path, array in arrays.items():
+    _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
+  return nnx.merge(graphdef, params, rest)
+
+
+def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
+  """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
+  shard_bytes each; one model.safetensors if it fits) and model.safetensors.index.json. Experts in their logical
+  order (the model's parameters are logical; a slot table's replicas are not written)."""
+  cfg, moe_cfg = model.cfg, model.moe_cfg
+  _, params, rest = nnx.split(model, nnx.Param, ...)
+  leaves = list(_leaves(nnx.to_pure_dict(params))) + [
+      (p, a) for p, a in _leaves(nnx.to_pure_dict(rest)) if p[-1] == "expert_bias"]
+  tensors = {}
+  for path, array in leaves:
+    host = np.asarray(multihost_utils.process_allgather(array, tiled=True))
+    name, transposed = hf_key(path, cfg)
+    if "{e}" in name:
+      tensors.update({name.format(e=e): np.ascontiguousarray(host[e].T) for e in range(host.shape[0])})
+    else:
+      tensors[name] = np.ascontiguousarray(host.T if transposed else host)
+  if jax.process_index() != 0:
+    return
+  os.makedirs(out_dir, exist_ok=True)
+  groups, size = [[]], 0
+  for name in sorted(tensors):
+    if groups[-1] and size + tensors[name].nbytes > shard_bytes:
+      groups.append([])
+      size = 0
+    groups[-1].append(name)
+    size += tensors[name].nbytes
+  files = ["model.safetensors"] if len(groups) == 1 else [
+      f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+  for file, names in zip(files, groups):
+    save_file({n: tensors[n] for n in names}, os.path.join(out_dir, file), metadata={"format": "pt"})
+  index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
+           "weight_map": {n: file for file, names in zip(files, groups) for n in names}}
+  if len(files) > 1:
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+      json.dump(index, f, indent=2)
+  with open(os.path.join(out_dir, "config.json"), "w") as f:
+    json.dump(hf_config.to_hf_config(cfg, moe_cfg), f, indent=2)

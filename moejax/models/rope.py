@@ -1,0 +1,70 @@
+"""Rotary position embeddings (RoPE) as today's decoders use them: the frequencies, plain or YaRN-scaled (the
+context extension of DeepSeek-V2/V3), and the rotation of a head's rotary part, half-split (Llama, Mixtral, Qwen)
+or in interleaved pairs (DeepSeek's checkpoints). Computed in float32, as transformers does."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from moejax.validation import require
+
+ROPE_TYPES = ("default", "yarn")
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+  return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def frequencies(dim: int, theta: float, scaling: dict | None = None) -> tuple[tuple[float, ...], float]:
+  """(inverse frequencies [dim / 2] (float32 values; a tuple, so modules keep it as static configuration), the
+  factor on cos and sin) of a rotary part `dim` wide.
+
+  scaling: a checkpoint's rope_scaling (None or type 'default': plain RoPE; 'yarn': YaRN's blend of interpolated
+  and extrapolated frequencies between beta_fast and beta_slow rotations, and its attention factor)."""
+  exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
+  extrapolated = (1.0 / np.float32(theta) ** exponents).astype(np.float32)
+  kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+  require(kind in ROPE_TYPES, "rope_scaling.rope_type", kind, f"one of {ROPE_TYPES}")
+  if kind == "default":
+    return tuple(map(float, extrapolated)), 1.0
+  factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
+  mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
+  attention_factor = scaling.get("attention_factor")
+  if attention_factor is None:
+    attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                        if mscale and mscale_all_dim else _yarn_mscale(factor))
+  beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+  correction = lambda rotations: dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+  low, high = correction(beta_fast), correction(beta_slow)
+  if scaling.get("truncate", True):
+    low, high = math.floor(low), math.ceil(high)
+  low, high = max(low, 0), min(high, dim - 1)
+  high = high + 0.001 if low == high else high
+  ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+  keep = 1 - ramp  # 1: extrapolate (high frequencies), 0: interpolate
+  inverse = extrapolated / np.float32(factor) * (1 - keep) + extrapolated * keep
+  return tuple(map(float, inverse.astype(np.float32))), float(attention_factor)
+
+
+def softmax_scale(head_dim: int, scaling: dict | None) -> float:
+  """The attention logits' scale: head_dim^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2 where a checkpoint
+  sets mscale_all_dim (DeepSeek-V2/V3)."""
+  scale = head_dim ** -0.5
+  if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default" and scaling.get("mscale_all_dim"):
+    scale *= _yarn_mscale(float(scaling["factor"]), scaling["mscale_all_dim"]) ** 2
+  return scale
+
+
+def rotate(x_BxSxHxR: jax.Array, positions_S: jax.Array, inverse_R2: tuple[float, ...], factor: float,
+           interleaved: bool) -> jax.Array:
+  """x [B, S, H, R] at positions [S] -> rotated, in x's dtype. Half-split pairs dimension i with i + R/2;
+  interleaved pairs 2i with 2i + 1 and returns the evens' results then the odds' (a fixed permutation of the
+  rotary part, the same for queries and keys, so their dot products are the checkpoint's)."""
+  angles_SxR2 = positions_S.astype(jnp.float32)[:, None] * jnp.asarray(inverse_R2, jnp.float32)[None, :]
+  cos, sin = (f(angles_SxR2)[None, :, None, :] * factor for f in (jnp.cos, jnp.sin))
+  x = x_BxSxHxR.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  first, second = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :half], x[..., half:])
+  return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x_BxSxHxR.dtype)
