@@ -133,7 +133,7 @@ def _graphdef(model, moe_cfg):
 def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float) -> None:
   """Rejects bad generation requests before compiling, naming the value."""
   require(mode in MODES, "mode", mode, f"one of {MODES}")
-  require(model.cfg.kind == "gpt", "kind", model.cfg.kind, "'gpt' (generation needs a causal decoder)")
+  require(model.cfg.causal, "kind", getattr(model.cfg, "kind", None), "'gpt' (generation needs a causal decoder)")
   require(prompts_BxS.ndim == 2 and prompts_BxS.shape[1] >= 1, "prompts.shape", prompts_BxS.shape,
           "[B, P] with P >= 1")
   n, m = mesh_lib.axis_sizes(model.mesh)
@@ -145,6 +145,8 @@ def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float)
   require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
           ">= 0 (0: greedy)")
   if mode == "exflow":
+    require(model.cfg.num_moe_layers > 0, "mode", mode, "'vanilla' for a model without MoE layers (ExFlow's one "
+            "exchange per layer is its MoE layers')")
     exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
@@ -214,3 +216,16 @@ def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vani
                     exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
                     decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, lost_choices=int(lost),
                     overflow_retries=tuple(retries))
+
+
+def generate_tokens(model, prompt_BxP, steps: int, *, temperature: float = 0.0, seed: int = 0,
+                    mode: str = "vanilla") -> np.ndarray:
+  """prompt [B, P] int -> tokens [B, P + steps]: the prompt and `steps` generated tokens (greedy by default; sampled
+  with temperature > 0), for any B: the batch is padded to a multiple of the mesh's devices with copies of its last
+  request, which are dropped again. `generate` has the timings and traffic."""
+  prompt_BxP = np.asarray(prompt_BxP)
+  require(prompt_BxP.ndim == 2 and prompt_BxP.shape[0] >= 1, "prompt.shape", prompt_BxP.shape, "[B, P] with B >= 1")
+  batch, devices = prompt_BxP.shape[0], model.mesh.size
+  padded = np.concatenate([prompt_BxP, np.repeat(prompt_BxP[-1:], -batch % devices, axis=0)])
+  out = generate(model, padded, steps, mode=mode, temperature=temperature, seed=seed)
+  return np.concatenate([prompt_BxP, out.tokens[:batch]], axis=1)

@@ -111,7 +111,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedu
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
   bias = None if moe.expert_bias is None else moe.expert_bias[...]
-  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias)
+  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
   ids_RxK = decision.expert_ids
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
     ids_RxK = replicas_lib.to_slots(ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts,
@@ -156,8 +156,11 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   valid_R = jnp.ones((b,), bool)
   scatter = lambda rows, where_R, valid: jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[
       jnp.where(valid, where_R, batch)].set(rows, mode="drop")
-  # Each hop moves a device's resident tokens (at most b of its own with a bound, the batch without), one row each.
-  exchange = exchange_for(lay)._replace(buffer_rows=transport_lib.buffer_bound(buffer_factor, b))
+  # Each hop moves a device's resident tokens, one row each: at most ceil(buffer_factor * b) with a bound; without
+  # one, the batch (every token is resident on one device, so a hop never receives more; the worst case over the
+  # senders, A times the rows, would compound over a layer's k moves and the layers).
+  bound = transport_lib.buffer_bound(buffer_factor, b)
+  exchange = exchange_for(lay)._replace(buffer_rows=batch if bound is None else bound)
   new_kv, sent, lost = [], [], jnp.zeros((), jnp.int32)
   for (k_cache, v_cache), block in zip(cache, model.blocks):
     mine = jnp.where(valid_R, requests_R, 0)

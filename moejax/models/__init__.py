@@ -1,11 +1,38 @@
-"""The SMILE language models (a BERT-like encoder, a GPT-style decoder) with expert-parallel MoE blocks, used by
-training (`moejax.train`) and inference (`moejax.infer`).
+"""The language models with expert-parallel MoE blocks: SMILE's (a BERT-like encoder, a GPT-style decoder) and the
+decoder families of today's MoE models, loaded from and saved to their Hugging Face checkpoints.
 
-  config          `ModelConfig`; the model and MoE layer configs of a run config's sections (`from_sections`)
+  model = moejax.models.from_hf(path, mesh, dtype="float32", moe={MoEConfig field: value, ...})
+  logits_BxSxV, aux = model(tokens_BxS)
+  tokens_BxN = moejax.models.generate(model, prompt_BxP, steps)   # greedy by default; prompt included
+  moejax.models.to_hf(model, out_dir)                             # config.json + safetensors (+ index)
+  moe_model = moejax.models.upcycle(dense_model, num_experts=8, top_k=2)   # a dense checkpoint made an MoE
+
+  config          `ModelConfig` (SMILE's models); the model and MoE configs of a run config's sections
+  decoder_config  `DecoderConfig` (the families: Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, Llama, Qwen3)
   presets         published MoE layer shapes (DeepSeek-V3, Qwen3-MoE, Mixtral) as MoEConfig fields
-  blocks          attention (with a KV cache), the dense and the MoE FFN, the Transformer block
-  language_model  `LanguageModel`: embeddings, blocks, tied output layer
+  blocks          SMILE's attention and blocks, the dense and MoE FFNs, the loop over a model's blocks
+  language_model  `LanguageModel`: SMILE's embeddings, blocks, tied output layer
+  rope, rms_norm, attention, decoder   the families' `Decoder`: RoPE/YaRN, RMSNorm, GQA and latent attention, MTP
+  hf_config, hf_checkpoint             config.json and safetensors in and out (`from_hf`, `to_hf`)
+  upcycling       dense FFNs copied (and split) into experts, output unchanged at step 0
   sharding        where activations and parameters live on the mesh (`activation_spec`, `param_specs`)
   state           the state as pure dicts (`abstract_state`, `init_state`), the MoE layers' state stacked
   grad_sync       Lina's prioritised gradient synchronisation
 """
+
+# Loaded on first use (generation lives in moejax.infer, which builds on this package).
+_PUBLIC = {
+    "from_hf": "moejax.models.hf_checkpoint",
+    "to_hf": "moejax.models.hf_checkpoint",
+    "generate": ("moejax.infer.decode", "generate_tokens"),
+    "upcycle": ("moejax.models.upcycling", "upcycle"),
+}
+
+
+def __getattr__(name: str):
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'moejax.models' has no attribute {name!r}")
+  import importlib
+
+  module, attribute = _PUBLIC[name] if isinstance(_PUBLIC[name], tuple) else (_PUBLIC[name], name)
+  return getattr(importlib.import_module(module), attribute)

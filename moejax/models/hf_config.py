@@ -136,7 +136,13 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
             tie_word_embeddings=cfg.tie_embeddings, dtype=cfg.param_dtype,
             rope_parameters={"rope_theta": cfg.rope_theta, **(cfg.scaling or {"rope_type": "default"})})
   moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe(i)]
+  if moe_layers and not cfg.latent:  # Mixtral's and Qwen's routers: softmax top-k, nothing else
+    for name, plain in (("num_groups", None), ("score", "softmax"), ("routed_scaling", 1.0),
+                        ("num_shared_experts", 1 if cfg.family == "qwen2_moe" else 0)):
+      require(getattr(moe_cfg, name) == plain, f"moe.{name}", getattr(moe_cfg, name),
+              f"{plain!r}: {cfg.family}'s config.json cannot say otherwise")
   if cfg.family == "mixtral":
+    require(len(moe_layers) == cfg.num_layers, "moe_layers", cfg.moe_layers, "all True (Mixtral has no dense layers)")
     hf.update(num_local_experts=moe_cfg.num_experts, num_experts_per_tok=moe_cfg.top_k, intermediate_size=moe_cfg.d_ff,
               sliding_window=cfg.sliding_window, router_aux_loss_coef=moe_cfg.alpha, router_jitter_noise=moe_cfg.jitter)
   elif cfg.family in ("qwen2_moe", "qwen3_moe"):

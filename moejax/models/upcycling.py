@@ -1,0 +1,71 @@
+"""Upcycling a dense decoder (Llama or Qwen3 layout) into an MoE whose output at step 0 equals the dense model's.
+
+Sparse upcycling (Komatsuzaki et al., 2023): every expert a copy of the layer's FFN. With renormalised weights a
+token's output is a convex combination of identical FFNs, so the FFN's, whatever the (random) router says.
+Granular upcycling: each copy split into g experts of d_ff / g (copy-major: expert c * g + j is slice j of copy c),
+the down projections scaled by g, routing group-limited with the g slices of a copy one group whose router columns
+are equal: a token picks top_k copies and all g slices of each, each slice weighted 1 / g of its copy's weight, so
+the slices sum back to the copy's FFN.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from moejax.models import state as state_lib
+from moejax.models.decoder import Decoder
+from moejax.models.sharding import param_specs
+from moejax.moe.config import MoEConfig
+from moejax.validation import require
+
+MOE_FAMILY = {"llama": "mixtral", "qwen3": "qwen3_moe"}
+
+
+def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: int = 1, layers=None,
+            moe: dict | None = None, seed: int = 0) -> Decoder:
+  """The MoE decoder whose `layers` (default: all) hold num_experts copies of the dense FFN (each split into
+  `granularity` experts), top_k copies per token. moe: more MoEConfig fields (transport, schedule, ...; routing
+  fields are upcycling's own). The router is random (normal, std 0.02; the same for a copy's slices)."""
+  cfg = dense.cfg
+  require(cfg.family in MOE_FAMILY, "family", cfg.family, f"one of {sorted(MOE_FAMILY)} (a dense decoder)")
+  require(isinstance(granularity, int) and granularity >= 1 and cfg.d_ff % granularity == 0, "granularity",
+          granularity, f"a positive int dividing d_ff={cfg.d_ff}")
+  layers = tuple(range(cfg.num_layers)) if layers is None else tuple(layers)
+  require(all(0 <= i < cfg.num_layers for i in layers), "layers", layers, f"indices of the {cfg.num_layers} layers")
+  g = granularity
+  moe_cfg = MoEConfig.from_mapping(dict(
+      num_experts=num_experts * g, top_k=top_k * g, d_model=cfg.d_model, d_ff=cfg.d_ff // g, gated=True,
+      activation="silu", renormalize=True, dtype=cfg.dtype, **({"num_groups": num_experts, "topk_groups": top_k}
+                                                                if g > 1 else {}), **(moe or {})), prefix="moe.")
+  new_cfg = dataclasses.replace(cfg, family=MOE_FAMILY[cfg.family],
+                                moe_layers=tuple(i in layers for i in range(cfg.num_layers)))
+  model = state_lib.build(new_cfg, moe_cfg, dense.mesh, seed)
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  source = nnx.to_pure_dict(nnx.state(dense, nnx.Param))
+  rng = np.random.default_rng(seed)
+  params.update({k: v for k, v in source.items() if k != "blocks"})  # embeddings, final norm, head
+  for i, block in params["blocks"].items():
+    dense_block = source["blocks"][i]
+    block.update({k: v for k, v in dense_block.items() if k != "ffn"})
+    if i not in layers:
+      block["ffn"] = dense_block["ffn"]
+      continue
+    ffn = {k: np.asarray(v["kernel"]) for k, v in dense_block["ffn"].items()}
+    split = lambda w, axis: np.stack(np.split(w, g, axis=axis))  # [d, d_ff] or [d_ff, d] -> g slices of d_ff
+    slices = {"w_gate": split(ffn["gate_proj"], 1), "w_in": split(ffn["up_proj"], 1),
+              "w_out": split(ffn["down_proj"], 0) * g}
+    layer = block["ffn"]["moe"]
+    for name, value in slices.items():  # copy c, slice j -> expert c * g + j
+      layer[name] = np.tile(value, (num_experts, 1, 1)).astype(np.dtype(cfg.param_dtype))
+    router = rng.normal(0, 0.02, (cfg.d_model, num_experts)).astype(np.float32)
+    layer["router"]["kernel"] = np.repeat(router, g, axis=1)
+  specs = param_specs(params, moe_cfg)
+  place = lambda a, spec: jax.device_put(jnp.asarray(a), NamedSharding(dense.mesh, spec))
+  state = nnx.state(model, nnx.Param)
+  nnx.replace_by_pure_dict(state, jax.tree.map(place, params, specs))
+  nnx.update(model, state)
+  return model
