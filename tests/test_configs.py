@@ -22,10 +22,10 @@ from experiments.config_flag import define_config  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 # Each config file, by the experiment that reads it.
-KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train",
+KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "decoder": "family",
          "scaling_default": "scaling",
          "scaling_smile": "scaling", "scaling_schedules": "scaling", "scaling_presets": "scaling"}
-EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(MOE_FROM_MODEL),
+EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(MOE_FROM_MODEL), "family": LAYER_FIELDS - {"d_model"},
             "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}
 
 
@@ -41,7 +41,7 @@ def build(spec: str, config):
     moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
     check_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)
     return moe
-  if kind == "train":
+  if kind in ("train", "family"):
     return train_config.validate(train_config.training_config(config))[1]
   return points.validate(config)
 
@@ -63,7 +63,12 @@ def test_every_config_file_is_checked():
   assert files == set(KINDS)
 
 
-@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b", "scaling_presets:qwen3_moe", "scaling_presets:mixtral_8x7b"])
+DECODERS = [f"decoder:{family}{size}" for family in ("qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe", "mixtral")
+            for size in ("", ",published")]
+
+
+@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b", "scaling_presets:qwen3_moe", "scaling_presets:mixtral_8x7b",
+                                  *DECODERS])
 def test_configs_expose_every_moe_field_and_build(spec):
   config = get_config(spec)
   assert set(config.moe) == EXPECTED[KINDS[spec.partition(":")[0]]]

@@ -1,11 +1,13 @@
-"""The language models' config: `ModelConfig`, and the model and MoE layer configs read from a run config's
-`mesh`, `model` and `moe` sections (`from_sections`; training and inference read them alike)."""
+"""The language models' config: `ModelConfig` (SMILE's models), and the model and MoE layer configs read from a run
+config's `mesh`, `model` and `moe` sections (`from_sections`; training and inference read them alike): a model
+section with a `family` field is a decoder family's (`DecoderConfig`)."""
 
 import dataclasses
 
 import ml_collections
 
 from moejax.cost import parm
+from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.validation import ConfigError, check_mesh, is_int, prefixed, require
 
@@ -100,24 +102,43 @@ def check_fields(fields, known, prefix: str, required=None) -> None:
                       f"{[prefix + m for m in missing]}; expected {[prefix + k for k in known]}")
 
 
-def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig, MoEConfig]:
+def _decoder_from_sections(config: ml_collections.ConfigDict) -> tuple[DecoderConfig, dict]:
+  """A decoder family's config from the model section (DecoderConfig's fields) and the moe section's fields, which
+  take d_model from the model (the experts' d_ff is the moe section's own: a family's dense FFN is model.d_ff)."""
+  fields = dataclasses.fields(DecoderConfig)
+  check_fields(config.model, [f.name for f in fields], "model.", [f.name for f in fields if f.default is
+                                                                   dataclasses.MISSING])
+  model = {k: tuple(v) if isinstance(v, list) else v for k, v in config.model.items()}
+  try:
+    model_cfg = DecoderConfig(**model)
+  except ConfigError as e:
+    require(e.field is None, "model." + str(e.field), e.value, e.allowed)
+    raise
+  require("d_model" not in config.moe, "moe.d_model", config.moe.get("d_model"), "unset: experts use model.d_model")
+  return model_cfg, {**config.moe, "d_model": model_cfg.d_model}
+
+
+def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | DecoderConfig, MoEConfig]:
   """(model config, MoE layer config) of a run config (its preset already applied, `moejax.models.presets.apply`):
   mesh.nodes and mesh.gpus_per_node, the model section, the moe section (less MOE_FROM_MODEL, which come from the
   model section), each checked against the mesh; moe.esp_schedule 'auto' resolved for the tokens one layer call
   sees (batch_size / micro_batches x seq_len). Errors name the field."""
   for name in ("nodes", "gpus_per_node"):
     require(is_int(config.mesh[name]), f"mesh.{name}", config.mesh[name], "a positive int")
-  fields = dataclasses.fields(ModelConfig)
-  check_fields(config.model, [f.name for f in fields], "model.",
-               [f.name for f in fields if f.default is dataclasses.MISSING])
-  try:
-    model_cfg = ModelConfig(**config.model)
-  except ConfigError as e:
-    require(e.field is None, "model." + str(e.field), e.value, e.allowed)
-    raise
-  for name in MOE_FROM_MODEL:
-    require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
-  moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
+  if "family" in config.model:
+    model_cfg, moe_fields = _decoder_from_sections(config)
+  else:
+    fields = dataclasses.fields(ModelConfig)
+    check_fields(config.model, [f.name for f in fields], "model.",
+                 [f.name for f in fields if f.default is dataclasses.MISSING])
+    try:
+      model_cfg = ModelConfig(**config.model)
+    except ConfigError as e:
+      require(e.field is None, "model." + str(e.field), e.value, e.allowed)
+      raise
+    for name in MOE_FROM_MODEL:
+      require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
+    moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     check_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.<field> and mesh.*

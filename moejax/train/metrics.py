@@ -48,6 +48,8 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_
   record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
   if counts_MxE.size:
     record["busiest_expert_load"] = round(busiest_expert_load(counts_MxE), 6)
+  if "mtp_loss" in metrics:  # DeepSeek-V3's multi-token prediction modules' mean loss (without lambda)
+    record["mtp_loss"] = float(metrics["mtp_loss"])
   if "expert_bias_range" in metrics:
     record["expert_bias_range"] = [float(x) for x in np.asarray(metrics["expert_bias_range"], np.float64)]
   if slot_tables is not None and counts_MxE.size:
@@ -135,13 +137,15 @@ class MetricWriter:
 def report_line(record: dict, total_steps: int) -> str:
   """One console line for a record: losses, accuracy, the drop and overflow shares (mean over MoE layers), and
   where they apply the busiest expert's load over the mean (`busiest 2.31x`, averaged over MoE layers, as
-  `busiest_expert_load`) and the largest bias range over the MoE layers (`bias range 0.0120`, with
-  auxiliary-loss-free balancing); then gradient norm, learning rate and throughput."""
+  `busiest_expert_load`), the largest bias range over the MoE layers (`bias range 0.0120`, with
+  auxiliary-loss-free balancing) and the MTP modules' loss (`mtp 5.4321`); then gradient norm, learning rate and throughput."""
   mean_percent = lambda rates: 100 * float(np.mean(rates)) if rates else 0.0
   drop, overflow = mean_percent(record["drop_rate"]), mean_percent(record.get("overflow_rate", []))
   balance = f"busiest {record['busiest_expert_load']:.2f}x  " if "busiest_expert_load" in record else ""
   if record.get("expert_bias_range"):
     balance += f"bias range {max(record['expert_bias_range']):.4f}  "
+  if "mtp_loss" in record:
+    balance += f"mtp {record['mtp_loss']:.4f}  "
   return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
           f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
           f"overflow {overflow:.2f}%  {balance}"

@@ -78,3 +78,16 @@ def cross_entropy_sums(logits_BxPxV: jax.Array, targets_BxP: jax.Array,
   loss = jnp.sum((log_z_BxP - target_logit_BxP) * weights_BxP)
   correct = jnp.sum((jnp.argmax(logits_BxPxV, axis=-1) == targets_BxP) * weights_BxP)
   return loss, correct
+
+
+def multi_token_loss(mtp_logits_KxBxSxV: jax.Array, targets_BxS: jax.Array, weights_BxS: jax.Array) -> jax.Array:
+  """DeepSeek-V3's MTP loss (Sec. 2.2, Eq. 24-25 without lambda): the mean over the K modules of each one's weighted
+  mean cross-entropy, module k (0-based) at position i predicting token i + k + 2, i.e. the next-token targets
+  shifted left by k + 1 (the positions without such a token weigh 0)."""
+  losses = []
+  for k in range(mtp_logits_KxBxSxV.shape[0]):
+    targets = jnp.roll(targets_BxS, -(k + 1), axis=1)
+    weights = jnp.roll(weights_BxS, -(k + 1), axis=1).at[:, targets_BxS.shape[1] - k - 1:].set(0.0)
+    loss_sum, _ = cross_entropy_sums(mtp_logits_KxBxSxV[k], targets, weights)
+    losses.append(loss_sum / jnp.maximum(jnp.sum(weights), 1.0))
+  return jnp.mean(jnp.stack(losses))

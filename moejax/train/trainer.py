@@ -1,4 +1,4 @@
-"""Training SMILE's language models: sharded state, the train step, and `train`, which sets up a run (its
+"""Training the language models (SMILE's and the decoder families): sharded state, the train step, and `train`, which sets up a run (its
 config checked once, `moejax.train.config`) and hands it to `moejax.train.loop`.
 
 One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
@@ -27,6 +27,7 @@ from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig
+from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
@@ -54,7 +55,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
 `state_shardings`, declared once here together with the batch sharding.
   """
 
-  def __init__(self, config, model_cfg: ModelConfig, moe_cfg: MoEConfig, mesh,
+  def __init__(self, config, model_cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh,
                tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True):
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.donate = donate
@@ -120,7 +121,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     return jax.device_put(np.asarray(tables_MxAxZ, np.int32), self.replicated)
 
   def targets(self, key, tokens_BxS):
-    if self.model_cfg.kind == "gpt":
+    if self.model_cfg.causal:
       return objective.next_token(tokens_BxS, pad_id=self.tok.pad_id)
     return objective.bert_mask(key, tokens_BxS, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
                                num_ordinary=self.tok.num_ordinary, mask_prob=self.config.data.mask_prob)
@@ -147,7 +148,12 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
       logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
                                 rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
       loss_sum, correct = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
-      return loss_sum / total + aux["aux_loss"] / num_micro, (loss_sum, correct, aux)
+      loss = loss_sum / total + aux["aux_loss"] / num_micro
+      if "mtp_logits" in aux:  # DeepSeek-V3's multi-token prediction: lambda x the modules' mean loss (Eq. 25)
+        mtp_logits = aux.pop("mtp_logits")
+        aux["mtp_loss"] = objective.multi_token_loss(mtp_logits, targets_BxP, weights_BxP) / num_micro
+        loss += self.model_cfg.mtp_loss_coef * aux["mtp_loss"] + aux["mtp_aux_loss"] / num_micro
+      return loss, (loss_sum, correct, aux)
 
     def micro_step(carry, micro):
       # balance_loss='global_batch': each micro-batch's loss sees the choice counts of the step's earlier ones
@@ -179,6 +185,9 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
                "expert_counts": counts_MxE,
                "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
                "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0)}
+    if "mtp_loss" in auxes:
+      metrics["mtp_loss"] = jnp.sum(auxes["mtp_loss"])
+      metrics["loss"] += self.model_cfg.mtp_loss_coef * metrics["mtp_loss"]
     if "expert_bias" in state:  # after this step's update: the range the next step routes with
       metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(new_state["expert_bias"],
                                                                                             axis=-1)

@@ -1,0 +1,93 @@
+"""The decoder families of today's MoE models trained from scratch: Qwen3-MoE (default), DeepSeek-V3 (MLA, group-
+limited sigmoid routing with the loss-free bias, a shared expert, dense first layer, one MTP module), DeepSeek-V2,
+Qwen2-MoE (shared expert with its gate, qkv biases) and Mixtral (GQA, sliding window), tiny for a 2 x 4 mesh of
+simulated CPU devices, or at their published sizes on their published meshes.
+
+  python -m experiments.train --config=configs/decoder.py --workdir=/tmp/qwen3
+  python -m experiments.train --config=configs/decoder.py:deepseek_v3 --workdir=/tmp/ds3
+  python -m experiments.train --config=configs/decoder.py:qwen3_moe,published --workdir=... \\
+      --config.data.train_files='/data/c4/en/c4-train.*-of-01024.json.gz'
+
+The model section holds `moejax.models.decoder_config.DecoderConfig`'s fields; the moe section every MoEConfig field
+but d_model (the experts' d_ff is moe.d_ff; model.d_ff is the dense FFN's). To start from a checkpoint instead, load
+it with `moejax.models.from_hf` (see docs/models.md).
+"""
+
+import ml_collections
+
+from configs import mlm
+from configs.moe_section import moe_section
+
+# Published shapes (the models' config.json on the Hugging Face hub; the meshes they are served on).
+PUBLISHED = {
+    "qwen3_moe": dict(  # Qwen/Qwen3-30B-A3B
+        mesh=(2, 8), model=dict(vocab_size=151936, num_layers=48, d_model=2048, d_ff=6144, num_heads=32,
+                                num_kv_heads=4, head_dim=128, max_len=40960, rope_theta=1e6, qk_norm=True),
+        moe=dict(num_experts=128, top_k=8, d_ff=768, renormalize=True, load_balance_coef=0.001)),
+    "deepseek_v3": dict(  # deepseek-ai/DeepSeek-V3
+        mesh=(32, 8), dense=3, model=dict(vocab_size=129280, num_layers=61, d_model=7168, d_ff=18432, num_heads=128,
+                                          num_kv_heads=128, head_dim=64, max_len=163840, q_lora_rank=1536,
+                                          kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                          rope_interleaved=True, num_mtp_layers=1),
+        moe=dict(num_experts=256, top_k=8, d_ff=2048, score="sigmoid", renormalize=True, routed_scaling=2.5,
+                 num_groups=8, topk_groups=4, num_shared_experts=1, bias_update_rate=0.001, balance_loss="sequence",
+                 load_balance_coef=0.0001)),
+    "deepseek_v2": dict(  # deepseek-ai/DeepSeek-V2-Lite
+        mesh=(1, 8), dense=1, model=dict(vocab_size=102400, num_layers=27, d_model=2048, d_ff=10944, num_heads=16,
+                                         num_kv_heads=16, head_dim=64, max_len=163840, kv_lora_rank=512,
+                                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
+                                         rope_interleaved=True),
+        moe=dict(num_experts=64, top_k=6, d_ff=1408, num_shared_experts=2, load_balance_coef=0.001)),
+    "qwen2_moe": dict(  # Qwen/Qwen1.5-MoE-A2.7B (60 experts: 4 GPUs)
+        mesh=(1, 4), model=dict(vocab_size=151936, num_layers=24, d_model=2048, d_ff=5632, num_heads=16,
+                                num_kv_heads=16, head_dim=128, max_len=8192, rope_theta=1e6, qkv_bias=True),
+        moe=dict(num_experts=60, top_k=4, d_ff=1408, num_shared_experts=1, shared_d_ff=5632, shared_gate=True,
+                 load_balance_coef=0.001)),
+    "mixtral": dict(  # mistralai/Mixtral-8x7B-v0.1
+        mesh=(1, 8), model=dict(vocab_size=32000, num_layers=32, d_model=4096, d_ff=14336, num_heads=32,
+                                num_kv_heads=8, head_dim=128, max_len=32768, rope_theta=1e6, rms_eps=1e-5),
+        moe=dict(num_experts=8, top_k=2, d_ff=14336, renormalize=True, load_balance_coef=0.02)),
+}
+# Tiny: the published routing on 16 experts (8 for Mixtral), widths for a CPU; DeepSeek's attention shapes scaled.
+TINY = {
+    "qwen3_moe": dict(model=dict(num_kv_heads=2, head_dim=16, qk_norm=True), moe=dict(num_experts=16, top_k=4)),
+    "deepseek_v3": dict(dense=1, model=dict(num_kv_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=16,
+                                            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+                                            rope_interleaved=True, num_mtp_layers=1),
+                        moe=dict(num_experts=16, top_k=4, num_groups=4, topk_groups=2)),
+    "deepseek_v2": dict(dense=1, model=dict(num_kv_heads=4, head_dim=8, kv_lora_rank=16, qk_nope_head_dim=16,
+                                            qk_rope_head_dim=8, v_head_dim=16, rope_interleaved=True),
+                        moe=dict(num_experts=16, top_k=4)),
+    "qwen2_moe": dict(model=dict(num_kv_heads=4, head_dim=16, qkv_bias=True), moe=dict(num_experts=8, top_k=2)),
+    "mixtral": dict(model=dict(num_kv_heads=2, head_dim=16, sliding_window=64), moe=dict(num_experts=8, top_k=2)),
+}
+
+
+def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
+  family, _, size = spec.partition(",")
+  if family not in PUBLISHED or size not in ("", "tiny", "published"):
+    raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(PUBLISHED)}")
+  published = PUBLISHED[family]
+  shape = published if size == "published" else TINY[family]
+  config = mlm.get_config()
+  config.seq_len, config.steps, config.batch_size = 64, 200, 16
+  config.optim.update(learning_rate=3e-3, warmup_steps=20)
+  config.log.every_steps = 10
+  layers = shape["model"].get("num_layers", 3)
+  dense = shape.get("dense", 0)
+  model = dict(family=family, vocab_size=256, num_layers=layers, d_model=64, d_ff=128, num_heads=4, max_len=256,
+               moe_layers=tuple(i >= dense for i in range(layers)), dtype="float32", param_dtype="float32")
+  model.update(shape["model"])
+  config.model = ml_collections.ConfigDict(model)
+  moe = {**{k: v for k, v in published["moe"].items() if k not in ("num_experts", "top_k", "d_ff", "num_groups",
+                                                                  "topk_groups")}, "d_ff": 32, **shape["moe"]}
+  config.moe = moe_section(omit=("d_model",), gated=True, activation="silu", capacity_factor=None,
+                           num_nodes=config.mesh.nodes, **moe)
+  if size == "published":
+    config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])
+    config.moe.update(num_nodes=published["mesh"][0], transport="ragged", dtype="bfloat16", buffer_factor=2.0)
+    config.model.update(dtype="bfloat16", param_dtype="bfloat16")
+    devices = published["mesh"][0] * published["mesh"][1]
+    config.update(seq_len=4096, batch_size=2 * devices, micro_batches=1)
+    config.data.update(shards=devices, tokenizer_train_chars=100_000_000)
+  return config
