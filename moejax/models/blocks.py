@@ -5,7 +5,6 @@ model's blocks with its MoE layers' aux (`run_blocks`, shared with the decoder f
 import jax
 import jax.numpy as jnp
 from flax import nnx
-
 from jax.sharding import NamedSharding
 
 from moejax.kernels.activations import ACTIVATIONS

@@ -23,7 +23,6 @@ from moejax.models import hf_config
 from moejax.models import state as state_lib
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
-from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
 EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
