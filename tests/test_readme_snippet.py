@@ -40,3 +40,18 @@ def test_readme_snippet_runs_and_prints_what_it_says(tmp_path):
   assert overflowed and 0 < int(overflowed.group(1)) < 1024, out
   grown = re.search(r"^buffer_factor (\S+): 0 overflowed,", out, re.M)
   assert grown and float(grown.group(1)) in (1.0, 2.0, 4.0, 8.0), out  # 0.5 doubled
+
+
+def test_readme_models_snippet_runs_and_prints_what_it_says(tmp_path):
+  """README's "Today's models" snippet, run where tests/ is at hand (its fixture path) and its export lands in
+  tmp_path: the logits' error against transformers and the greedy tokens as the text after it says."""
+  section = (ROOT / "README.md").read_text().split("\n## Today's models\n", 1)[1].split("\n## ", 1)[0]
+  (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
+  (tmp_path / "tests").symlink_to(ROOT / "tests")
+  result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=helpers.cpu_env(), capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr
+  error = re.search(r"^logits' relative error against transformers: (\S+)$", result.stdout, re.M)
+  assert error and float(error.group(1)) < 1e-6, result.stdout
+  assert "greedy tokens equal transformers': True" in result.stdout, result.stdout
+  assert (tmp_path / "exported" / "config.json").is_file() and (tmp_path / "exported" / "model.safetensors").is_file()
