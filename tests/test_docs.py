@@ -85,7 +85,7 @@ def _module_names(path: pathlib.Path) -> set[str]:
         names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
     elif isinstance(node, (ast.Import, ast.ImportFrom)):
       names.update((a.asname or a.name).split(".")[0] for a in node.names)
-  if path.name == "__init__.py" and path.parent.name == "moejax":  # the lazily exported public API
+  if path.name == "__init__.py" and "\n_PUBLIC = {" in path.read_text():  # a lazily exported public API
     names.update(ast.literal_eval(re.search(r"_PUBLIC = (\{.*?\})", path.read_text(), re.S).group(1)))
   return names
 
