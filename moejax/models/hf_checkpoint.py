@@ -21,8 +21,10 @@ from safetensors.numpy import save_file
 
 from moejax.models import hf_config
 from moejax.models import state as state_lib
+from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
+from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError
 
 EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
@@ -149,17 +151,23 @@ def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool)
 
 
 def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
-            param_dtype: str = "float32") -> Decoder:
+            param_dtype: str = "float32", placement=None) -> Decoder:
   """The decoder of a local Hugging Face checkpoint directory on `mesh`: config.json read (`hf_config`), then every
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
   moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...). A checkpoint whose tensors differ
-  from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused, naming the tensor."""
+  from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused, naming the tensor.
+  placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
+  checked before anything is read, then applied to the loaded model (`moejax.infer.decode.with_placement`: expert e
+  of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and
+  recorded on it (`expert_order`), so `to_hf` writes the experts back in the checkpoint's order."""
   config_path = os.path.join(path, "config.json")
   if not os.path.exists(config_path):
     raise ConfigError(f"{path}: no config.json (from_hf reads a local checkpoint directory)")
   with open(config_path) as f:
     cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe)
+  if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
+    placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh)
   loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
   with contextlib.ExitStack() as stack:
@@ -175,25 +183,42 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   params, rest = jax.tree.map(lambda a: a, params), state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)
   for leaf_path, array in arrays.items():
     _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
-  return nnx.merge(graphdef, params, rest)
+  model = nnx.merge(graphdef, params, rest)
+  if placement is None:
+    return model
+  from moejax.infer.decode import with_placement  # moejax.infer builds on this package
+
+  return with_placement(model, placement)
 
 
 def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
   """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
   shard_bytes each; one model.safetensors if it fits) and model.safetensors.index.json. Experts in their logical
-  order (the model's parameters are logical; a slot table's replicas are not written)."""
+  order: a placed model's experts (`from_hf(..., placement=)`, `with_placement`: its `expert_order`), their router
+  columns and balancing biases are put back in the checkpoint's order; a slot table's replicas are not written)."""
   cfg, moe_cfg = model.cfg, model.moe_cfg
+  config = hf_config.to_hf_config(cfg, moe_cfg)  # refuses what config.json cannot say, before anything is written
   _, params, rest = nnx.split(model, nnx.Param, ...)
-  leaves = list(_leaves(nnx.to_pure_dict(params))) + [
-      (p, a) for p, a in _leaves(nnx.to_pure_dict(rest)) if p[-1] == "expert_bias"]
+  host = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True))
+  params = jax.tree.map(host, nnx.to_pure_dict(params))
+  rest = nnx.to_pure_dict(rest)
+  biases = {p: host(a) for p, a in _leaves(rest) if p[-1] == "expert_bias"}
+  order = getattr(model, "expert_order", None)
+  if order is not None:  # undo the placement: index i holds logical expert order[j][i]
+    undo, moe_blocks = placement_lib.inverse_order(np.asarray(order)), moe_block_indices(cfg)
+    layers = placement_lib.permute_experts([params["blocks"][i]["ffn"]["moe"] for i in moe_blocks], undo, moe_cfg)
+    for j, (i, layer) in enumerate(zip(moe_blocks, layers)):
+      params["blocks"][i]["ffn"]["moe"] = layer
+      bias = ("blocks", i, "ffn", "moe", "expert_bias")
+      if bias in biases:
+        biases[bias] = biases[bias][undo[j]]
   tensors = {}
-  for path, array in leaves:
-    host = np.asarray(multihost_utils.process_allgather(array, tiled=True))
+  for path, host_array in list(_leaves(params)) + list(biases.items()):
     name, transposed = hf_key(path, cfg)
     if "{e}" in name:
-      tensors.update({name.format(e=e): np.ascontiguousarray(host[e].T) for e in range(host.shape[0])})
+      tensors.update({name.format(e=e): np.ascontiguousarray(host_array[e].T) for e in range(host_array.shape[0])})
     else:
-      tensors[name] = np.ascontiguousarray(host.T if transposed else host)
+      tensors[name] = np.ascontiguousarray(host_array.T if transposed else host_array)
   if jax.process_index() != 0:
     return
   os.makedirs(out_dir, exist_ok=True)
@@ -214,4 +239,4 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
       json.dump(index, f, indent=2)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
-    json.dump(hf_config.to_hf_config(cfg, moe_cfg), f, indent=2)
+    json.dump(config, f, indent=2)

@@ -11,7 +11,18 @@ token's nodes by the scores of the node's own experts, and 'bilevel' picks a nod
 expert j with one local router shared by all nodes. So a node's experts may be permuted inside the
 node or moved together to another node (its router column goes along: the node router's for
 'bilevel'), never split; for 'bilevel' every node must also keep the same local order, since local
-expert j is the local router's column j on every node.
+expert j is the local router's column j on every node. Group-limited routing (topk_groups < num_groups,
+DeepSeek-V2/V3) is the same with groups for nodes: a token's experts are chosen among its best groups of
+E / num_groups contiguous experts, so a group's experts may be permuted inside the group or moved together
+onto the aligned block of another group. `solve(counts, nodes=num_groups, gpus_per_node=D // num_groups,
+routing='node_limited')` finds such placements when num_groups divides the device count D (its flat devices
+are the mesh's; its 'nodes' are then the groups' blocks of devices).
+
+What else moves with the experts: the shared experts (`shared`, `shared_gate`) are on every token and
+pass through unchanged; of the layer's state (`permute_expert_state`), DeepSeek-V3's balancing bias
+`expert_bias` [E] and the earlier micro-batches' choice counts `balance_counts` move with their experts.
+A slot table (`slot_expert`, slots_per_device) is refused: its replicas, not the experts' indices, decide
+where an expert runs.
 """
 
 from collections.abc import Sequence
@@ -24,6 +35,7 @@ from moejax.placement.solve import Placement
 from moejax.validation import ConfigError, require
 
 EXPERT_PARAMS = ("w_in", "w_out", "w_gate")  # [E, ...]: permuted on axis 0
+SHARED_PARAMS = ("shared", "shared_gate")  # the shared experts and their gate: on every token, unchanged
 
 
 def expert_order(placement) -> np.ndarray:
@@ -42,27 +54,75 @@ def expert_order(placement) -> np.ndarray:
   return np.argsort(place, axis=1, kind="stable")
 
 
+def inverse_order(order) -> np.ndarray:
+  """[M, E]: the permutation that undoes `order` [M, E] (index of old expert e after it): applied after
+  `order`, every expert is back at its own index."""
+  return np.argsort(np.asarray(order), axis=1, kind="stable")
+
+
+def compose_orders(first, then) -> np.ndarray:
+  """[M, E]: the order of applying `first`, then `then` (both [M, E]): index i ends up with the expert
+  that `first` put at index then[j, i]."""
+  first, then = np.asarray(first), np.asarray(then)
+  return np.take_along_axis(first, then, axis=1)
+
+
+def _split_block(order: np.ndarray, per_block: int):
+  """(layer, block, expert, its new block, a mate, the mate's new block) of the first block of per_block
+  contiguous experts that the permutation order [M, E] splits over several aligned new blocks, or None."""
+  layers, blocks = order.shape[0], order.shape[1] // per_block
+  new_block = np.argsort(order, axis=1).reshape(layers, blocks, per_block) // per_block  # [M, old block, E / n]
+  split = np.any(new_block != new_block[:, :, :1], axis=-1)  # [M, old block]
+  if not split.any():
+    return None
+  j, block = np.argwhere(split)[0]
+  to = new_block[j, block]
+  most = np.bincount(to).argmax()
+  expert, mate = block * per_block + np.flatnonzero(to != most)[0], block * per_block + np.flatnonzero(to == most)[0]
+  return int(j), int(block), int(expert), int(to[expert % per_block]), int(mate), int(most)
+
+
 def node_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
   """[M, n]: the old node whose experts node h holds after the permutation order [M, E], for a node
   routing; raises ConfigError naming the layer and expert when a node's experts would be split."""
-  per_node, layers = cfg.experts_per_node, order.shape[0]
-  new_node = np.argsort(order, axis=1).reshape(layers, cfg.num_nodes, per_node) // per_node  # [M, n old, E / n]
-  split = np.any(new_node != new_node[:, :, :1], axis=-1)  # [M, n old]
-  if split.any():
-    j, node = np.argwhere(split)[0]
-    to = new_node[j, node]
-    most = np.bincount(to).argmax()
-    expert, mate = node * per_node + np.flatnonzero(to != most)[0], node * per_node + np.flatnonzero(to == most)[0]
+  per_node = cfg.experts_per_node
+  split = _split_block(order, per_node)
+  if split is not None:
+    j, node, expert, to, mate, most = split
     reason = ("node_limited ranks a token's nodes by their own experts' probabilities" if cfg.routing == "node_limited"
               else "bilevel picks a node, then one of its experts by the local router shared by all nodes")
     raise ConfigError(
-        f"the placement moves expert {expert} of MoE layer {j} from node {node} to node {to[expert % per_node]} "
+        f"the placement moves expert {expert} of MoE layer {j} from node {node} to node {to} "
         f"while expert {mate} of the same node goes to node {most}. With routing={cfg.routing!r} the experts that "
         f"share a node are part of the model ({reason}), so splitting a node changes which experts a token is routed "
         "to. A placement may permute experts within their node or move a node's experts together.",
-        "placement", (int(j), int(expert), int(to[expert % per_node])),
+        "placement", (j, expert, to),
         f"node-preserving placements for routing={cfg.routing!r}: every node's {per_node} experts stay together")
   return order[:, ::per_node] // per_node
+
+
+def group_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
+  """[M, num_groups]: the old group whose experts group g's block holds after the permutation order [M, E],
+  for group-limited routing (num_groups); raises ConfigError naming the layer and expert when a group's
+  experts would be split."""
+  groups = cfg.num_groups
+  per_group = cfg.num_experts // groups
+  split = _split_block(order, per_group)
+  if split is not None:
+    j, group, expert, to, mate, most = split
+    raise ConfigError(
+        f"the placement moves expert {expert} of MoE layer {j} from group {group} to the block of group {to} "
+        f"while expert {mate} of the same group goes to the block of group {most}. With num_groups={groups}, "
+        f"topk_groups={cfg.topk_groups} (group-limited routing) a token's experts are chosen among its "
+        f"{cfg.topk_groups} best groups of {per_group} contiguous experts, each scored by its own experts "
+        f"({cfg.group_score!r}), so the experts that share a group are part of the model and splitting a group "
+        "changes which experts a token is routed to. A placement may permute experts within their group or move "
+        f"a group's experts together onto another group's aligned block of {per_group} (solve(counts, "
+        f"nodes={groups}, gpus_per_node=devices // {groups}, routing='node_limited') finds such placements when "
+        f"{groups} divides the devices).", "placement", (j, expert, to),
+        f"group-preserving placements for num_groups={groups}: every group's {per_group} experts stay together "
+        "on an aligned block")
+  return order[:, ::per_group] // per_group
 
 
 def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
@@ -84,37 +144,48 @@ def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
   return local[:, 0]
 
 
-def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig) -> list[dict]:
-  """One MoE layer's params per MoE layer (`moejax.moe.params.param_shapes` layout: the routers,
-  w_in [E, d, f], w_out [E, f, d], optional w_gate [E, d, f]) -> the same, with experts and router
-  columns permuted so that expert e of layer j lands on device placement[j, e].
-
-  cfg: the layers' MoEConfig; its routing decides which placements keep the outputs (see the module
-  docstring): 'topk' any; 'node_limited' only those keeping every node's experts together
-  (`solve(..., routing='node_limited')` finds such); 'bilevel' those, with one local order for every
-  node. Other placements raise ConfigError naming the layer and the expert.
-  """
+def check_order(order, cfg: MoEConfig, layers: int | None = None) -> dict:
+  """Checks a permutation order [M, E] (order[j, i]: the expert of layer j that moves to index i) against the
+  layers' config: one permutation of the E experts per layer (M = layers if given), keeping every node of
+  the node routings and every group of group-limited routing together (module docstring). Returns, per
+  router of the routing, the router columns [M, width] in their new order; raises ConfigError naming the
+  layer and the expert."""
   require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
           "the layers' MoEConfig (its routing decides which placements keep the outputs)")
-  order = expert_order(placement)
-  require(len(params_per_layer) == order.shape[0], "placement", order.shape,
-          f"[M, E] with M = {len(params_per_layer)} MoE layers given")
-  require(order.shape[1] == cfg.num_experts, "placement", order.shape,
+  order = np.asarray(order)
+  if layers is not None:
+    require(order.ndim == 2 and order.shape[0] == layers, "placement", order.shape,
+            f"[M, E] with M = {layers} MoE layers given")
+  require(order.ndim == 2 and order.shape[1] == cfg.num_experts, "placement", order.shape,
           f"[M, E] with E = num_experts = {cfg.num_experts}")
-  # New column c of a router holds old column columns[name][j, c].
+  require(np.issubdtype(order.dtype, np.integer) and np.all(np.sort(order, axis=1) == np.arange(cfg.num_experts)),
+          "order", order.tolist(), f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer")
   columns = {"router": order}
   if cfg.routing in NODE_ROUTINGS:
     nodes = node_order(order, cfg)
     if cfg.routing == "bilevel":
       columns = {"node_router": nodes, "local_router": local_order(order, cfg)}
+  elif cfg.num_groups is not None and cfg.topk_groups < cfg.num_groups:  # all groups kept: no limit
+    group_order(order, cfg)
+  return columns
+
+
+def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> list[dict]:
+  """One MoE layer's params per MoE layer -> the same with expert order[j, i] of layer j at index i and its
+  router column with it (`check_order`); the shared experts and their gate pass through unchanged. numpy or
+  jax arrays alike."""
+  order = np.asarray(order)
+  columns = check_order(order, cfg, len(params_per_layer))
   names = routing_lib.router_names(cfg)
+  shared = tuple(name for name, on in zip(SHARED_PARAMS, (cfg.num_shared_experts > 0, cfg.shared_gate)) if on)
   out = []
   for j, params in enumerate(params_per_layer):
-    unknown = sorted(set(params) - {*names, *EXPERT_PARAMS})
-    if unknown or any(name not in params for name in (*names, "w_in", "w_out")):
-      raise ConfigError(f"layer {j} params have keys {sorted(params)}; expected {', '.join(names)}, w_in, w_out"
-                        f"[, w_gate] for routing={cfg.routing!r}", "params", sorted(params),
-                        f"{', '.join(names)}, w_in, w_out and optionally w_gate")
+    unknown = sorted(set(params) - {*names, *EXPERT_PARAMS, *shared})
+    if unknown or any(name not in params for name in (*names, "w_in", "w_out", *shared)):
+      expected = ", ".join((*names, "w_in", "w_out", *shared))
+      raise ConfigError(f"layer {j} params have keys {sorted(params)}; expected {expected}[, w_gate] for "
+                        f"routing={cfg.routing!r}, num_shared_experts={cfg.num_shared_experts}, "
+                        f"shared_gate={cfg.shared_gate}", "params", sorted(params), f"{expected} and optionally w_gate")
     widths = routing_lib.router_widths(cfg)
     for name in names:
       require(params[name]["kernel"].shape[-1] == widths[name], f"params.{name}", params[name]["kernel"].shape,
@@ -123,5 +194,75 @@ def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig)
             f"[E, d, f] with E = num_experts = {cfg.num_experts}")
     new = {name: {**params[name], "kernel": params[name]["kernel"][:, columns[name][j]]} for name in names}
     new.update({name: params[name][order[j]] for name in EXPERT_PARAMS if name in params})
+    new.update({name: params[name] for name in shared})
     out.append(new)
   return out
+
+
+def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig) -> list[dict]:
+  """One MoE layer's non-parameter state per MoE layer (the pure-dict `rest` of `MoELayer`) -> the same after
+  `permute_experts(..., order, cfg)`: the balancing bias `expert_bias` [E] and the choice counts
+  `balance_counts` ([E]; 'bilevel': the node router's [n] then the local router's [E / n]) move with their
+  experts, everything else (the key streams) passes through. A slot table (`slot_expert`) is refused: its
+  replicas decide where each expert runs, not the experts' indices (re-plan it instead:
+  `moejax.replication.rebalance`)."""
+  order = np.asarray(order)
+  columns = check_order(order, cfg, len(state_per_layer))
+  out = []
+  for j, state in enumerate(state_per_layer):
+    if state.get("slot_expert") is not None:
+      raise ConfigError(slot_table_refusal(cfg), "slots_per_device", cfg.slots_per_device, "None")
+    new = dict(state)
+    if state.get("expert_bias") is not None:
+      new["expert_bias"] = state["expert_bias"][order[j]]
+    if state.get("balance_counts") is not None:
+      counts = state["balance_counts"]
+      if cfg.routing == "bilevel":
+        n = cfg.num_nodes
+        new["balance_counts"] = np.concatenate([np.asarray(counts[:n])[columns["node_router"][j]],
+                                                np.asarray(counts[n:])[columns["local_router"][j]]])
+      else:
+        new["balance_counts"] = counts[order[j]]
+    out.append(new)
+  return out
+
+
+def slot_table_refusal(cfg: MoEConfig) -> str:
+  """Why a model with a slot table is not placed."""
+  return (f"an expert placement does not apply to MoE layers with a slot table (slots_per_device="
+          f"{cfg.slots_per_device}): the table's replicas, not the experts' indices, decide which devices run each "
+          "expert (the trainer re-plans it from the loads), so there is no one device per expert to move it to; "
+          "plan the table instead (moejax.replication.rebalance), or place a model without slots_per_device")
+
+
+def check_placement(placement, cfg: MoEConfig, layers: int) -> np.ndarray:
+  """The permutation order [M, E] (`expert_order`) of placing a model's `layers` MoE layers of config cfg,
+  checked (`check_order`; a slot table is refused) before anything is moved."""
+  require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
+          "the layers' MoEConfig (its routing decides which placements keep the outputs)")
+  if cfg.slots_per_device is not None:
+    raise ConfigError(slot_table_refusal(cfg), "slots_per_device", cfg.slots_per_device, "None")
+  order = expert_order(placement)
+  check_order(order, cfg, layers)
+  return order
+
+
+def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig) -> list[dict]:
+  """One MoE layer's params per MoE layer (`moejax.moe.params.param_shapes` layout: the routers,
+  w_in [E, d, f], w_out [E, f, d], optional w_gate [E, d, f], and the shared experts `shared` and
+  `shared_gate` where cfg has them) -> the same, with experts and router columns permuted so that
+  expert e of layer j lands on device placement[j, e]; the shared experts unchanged.
+
+  cfg: the layers' MoEConfig; its routing decides which placements keep the outputs (see the module
+  docstring): 'topk' any; 'node_limited' only those keeping every node's experts together
+  (`solve(..., routing='node_limited')` finds such); 'bilevel' those, with one local order for every
+  node; group-limited routing (num_groups, topk_groups < num_groups) those keeping every group's experts
+  together on an aligned block. Other placements raise ConfigError naming the layer and the expert.
+  The layer's state moves with `permute_expert_state(state, expert_order(placement), cfg)`.
+  """
+  require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
+          "the layers' MoEConfig (its routing decides which placements keep the outputs)")
+  order = expert_order(placement)
+  require(len(params_per_layer) == order.shape[0], "placement", order.shape,
+          f"[M, E] with M = {len(params_per_layer)} MoE layers given")
+  return permute_experts(params_per_layer, order, cfg)
