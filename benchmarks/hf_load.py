@@ -1,0 +1,322 @@
+"""How fast `moejax.models.from_hf` loads a multi-shard Hugging Face checkpoint, and how much host memory it takes.
+
+  python benchmarks/hf_load.py CKPT_DIR OUT_JSON   # Qwen3-MoE-shaped, 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
+  python benchmarks/hf_load.py CKPT_DIR OUT_JSON --layers=2 --experts=16 --keep   # smaller; keep the checkpoint
+
+A random Qwen3-MoE-shaped decoder (moejax's own `Decoder`, `state.init_state` on a 2 x 4 mesh of simulated CPU
+devices) is written with `to_hf` into CKPT_DIR in safetensors shards of --shard_mb, in a process of its own. Then
+each load runs in a fresh process (nothing of the writer's memory or compiled code in it): JAX started, the 2 x 4
+mesh made and a first array placed (the baseline), then `from_hf` timed until every array of the model is ready.
+Memory: ru_maxrss (the process's peak resident set) before and after the load, and the peaks of /proc/self/status'
+RssAnon (the process's own memory: the model's arrays, numpy temporaries) and RssFile (checkpoint pages mapped by
+safetensors) sampled every few ms by a thread during the load. Two loads: 'cold' after the shard files' pages were
+dropped from the page cache (posix_fadvise DONTNEED; what is still cached is not ours to drop) and 'warm' right
+after it (the fraction of the files' pages cached before each load is recorded, from mincore).
+
+On simulated CPU devices the devices' memory is host memory: the loaded model counts in the RSS. `model_bytes` is
+its logical size (each array once) and `resident_bytes` what its shards take on all 8 devices (replicated arrays,
+the dense layers and the routers, once per device). A loader that holds a host copy of the whole checkpoint while
+placing it takes about resident_bytes + checkpoint_bytes of anonymous memory over its baseline; one that reads tensor
+by tensor, block by block, about resident_bytes plus one tensor. safetensors reads through mmap, so the pages of a
+file that has been read stay mapped, and counted in RssFile and ru_maxrss, while the file is open: clean page cache
+the kernel can take back, but in the peak RSS all the same. The record's `derived` splits the two: anonymous memory
+beyond resident_bytes, and the checkpoint bytes mapped at the peak.
+"""
+
+import argparse
+import json
+import os
+import platform as host_platform
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+MESH = (2, 4)
+
+
+def rss_status() -> dict:
+  """Current RssAnon, RssFile and VmRSS of this process in bytes (Linux /proc)."""
+  out = {}
+  with open("/proc/self/status") as f:
+    for line in f:
+      key = line.split(":")[0]
+      if key in ("RssAnon", "RssFile", "VmRSS"):
+        out[key] = int(line.split()[1]) * 1024
+  return out
+
+
+def peak_rss() -> int:
+  """ru_maxrss in bytes (Linux reports KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+class Sampler:
+  """Samples rss_status() every `interval` s on a thread; keeps the peak of each entry."""
+
+  def __init__(self, interval: float = 0.005):
+    self.interval, self.peak, self._stop = interval, rss_status(), threading.Event()
+    self._thread = threading.Thread(target=self._run, daemon=True)
+
+  def _run(self):
+    while not self._stop.is_set():
+      for key, value in rss_status().items():
+        self.peak[key] = max(self.peak.get(key, 0), value)
+      time.sleep(self.interval)
+
+  def __enter__(self):
+    self._thread.start()
+    return self
+
+  def __exit__(self, *exc):
+    self._stop.set()
+    self._thread.join()
+
+
+def shapes(args) -> dict:
+  """The DecoderConfig and MoEConfig fields of the benchmarked model (Qwen3-MoE's layout, narrower)."""
+  model = dict(family="qwen3_moe", vocab_size=args.vocab, num_layers=args.layers, d_model=args.d_model,
+               d_ff=3 * args.d_model, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
+               max_len=4096, moe_layers=(True,) * args.layers, rope_theta=1e6, qk_norm=True, dtype="float32",
+               param_dtype=args.param_dtype)
+  moe = dict(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model, d_ff=args.moe_d_ff, gated=True,
+             activation="silu", renormalize=True, load_balance_coef=0.001)
+  return {"model": model, "moe": moe}
+
+
+def make_mesh():
+  from moejax.runtime import mesh as mesh_lib
+
+  mesh_lib.simulate_cpu_devices(MESH[0] * MESH[1])
+  return mesh_lib.make_mesh(*MESH)
+
+
+def write(args) -> dict:
+  """Builds the random model and writes it with to_hf (run in a process of its own)."""
+  mesh = make_mesh()
+  import jax
+  from flax import nnx
+
+  from moejax import models
+  from moejax.models import state as state_lib
+  from moejax.models.decoder_config import DecoderConfig
+  from moejax.moe.config import MoEConfig
+
+  fields = shapes(args)
+  cfg, moe_cfg = DecoderConfig(**fields["model"]), MoEConfig(**fields["moe"])
+  start = time.perf_counter()
+  graphdef, _, _ = state_lib.abstract_state(cfg, moe_cfg, mesh)
+  params, rest = state_lib.init_state(cfg, moe_cfg, mesh, seed=args.seed)
+  model = nnx.merge(graphdef, params, rest)
+  jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
+  built = time.perf_counter() - start
+  if os.path.exists(args.ckpt_dir):
+    shutil.rmtree(args.ckpt_dir)
+  start = time.perf_counter()
+  models.to_hf(model, args.ckpt_dir, shard_bytes=args.shard_mb << 20)
+  return {"build_s": built, "write_s": time.perf_counter() - start, "writer_peak_rss_bytes": peak_rss()}
+
+
+def drop_page_cache(directory: str) -> None:
+  """Asks the kernel to drop the files' clean pages from the page cache (no privileges needed)."""
+  for name in os.listdir(directory):
+    fd = os.open(os.path.join(directory, name), os.O_RDONLY)
+    try:
+      os.fsync(fd)
+      os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+      os.close(fd)
+
+
+def cached_fraction(directory: str) -> float:
+  """Fraction of the safetensors files' pages in the page cache (mincore over a read-only mapping)."""
+  import ctypes
+  import mmap
+
+  libc = ctypes.CDLL(None, use_errno=True)
+  libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                                           ctypes.c_int, ctypes.c_int, ctypes.c_long)
+  libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+  libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+  cached = total = 0
+  for name in os.listdir(directory):
+    path = os.path.join(directory, name)
+    size = os.path.getsize(path)
+    if not name.endswith(".safetensors") or not size:
+      continue
+    pages = -(-size // mmap.PAGESIZE)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+      address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+      vec = ctypes.create_string_buffer(pages)
+      if libc.mincore(address, size, vec) != 0:
+        raise OSError(ctypes.get_errno(), f"mincore {path}")
+      libc.munmap(address, size)
+    finally:
+      os.close(fd)
+    cached += sum(byte & 1 for byte in vec.raw[:pages])
+    total += pages
+  return cached / max(total, 1)
+
+
+def load(args) -> dict:
+  """One timed from_hf in this (fresh) process."""
+  mesh = make_mesh()
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from flax import nnx
+
+  from moejax import models
+  from moejax.models import hf_checkpoint
+
+  jax.block_until_ready(jax.device_put(jnp.zeros(8), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
+  baseline = {"peak_rss_bytes": peak_rss(), **{f"{k}_bytes": v for k, v in rss_status().items()}}
+  with Sampler() as sampler:
+    start = time.perf_counter()
+    model = models.from_hf(args.ckpt_dir, mesh, dtype="float32", param_dtype=args.param_dtype)
+    leaves = jax.tree.leaves(nnx.state(model))
+    jax.block_until_ready(leaves)
+    seconds = time.perf_counter() - start
+  after = {"peak_rss_bytes": peak_rss(), **{f"{k}_bytes": v for k, v in rss_status().items()}}
+  arrays = [a for a in leaves if isinstance(a, jax.Array)]
+  model_bytes = sum(a.nbytes for a in arrays)
+  resident = sum(s.data.nbytes for a in arrays for s in a.addressable_shards)
+  # One expert weight checked against its tensor in the file (after the measurement).
+  from safetensors import safe_open
+
+  name = hf_checkpoint.hf_key(("blocks", 0, "ffn", "moe", "w_in"), model.cfg)[0].format(e=args.experts - 1)
+  index = os.path.join(args.ckpt_dir, "model.safetensors.index.json")
+  file = json.load(open(index))["weight_map"][name] if os.path.exists(index) else "model.safetensors"
+  with safe_open(os.path.join(args.ckpt_dir, file), framework="numpy") as f:
+    want = f.get_tensor(name).T
+  got = np.asarray(model.blocks[0].ffn.moe.w_in[...][args.experts - 1])
+  return {"seconds": seconds, "baseline": baseline, "after": after,
+          "sampled_peak": {f"{k}_bytes": v for k, v in sampler.peak.items()},
+          "model_bytes": model_bytes, "resident_bytes": resident, "arrays": len(arrays),
+          "check_tensor": name, "check_equal": bool(np.array_equal(want.astype(got.dtype), got)),
+          "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
+          "device_count": jax.device_count(), "jax": jax.__version__}
+
+
+def stage(args, name: str, extra: tuple = ()) -> dict:
+  """Runs this script's `name` stage in a fresh Python process; returns the JSON it prints last."""
+  cmd = [sys.executable, os.path.abspath(__file__), args.ckpt_dir, "-", f"--stage={name}", *extra,
+         *(f"--{k}={v}" for k, v in vars(args).items() if k in PASSED)]
+  proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  if proc.returncode:
+    sys.stderr.write(proc.stderr)
+    raise SystemExit(f"stage {name} failed (exit status {proc.returncode})")
+  return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+PASSED = ("layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "top_k", "moe_d_ff", "vocab",
+          "param_dtype", "shard_mb", "seed")
+
+
+def gb(b: float) -> str:
+  return f"{b / 1e9:7.3f}"
+
+
+def table(record: dict) -> str:
+  ck = record["checkpoint"]
+  lines = [f"checkpoint: {ck['bytes'] / 1e9:.3f} GB in {ck['files']} safetensors files (shards <= "
+           f"{record['shard_mb']} MiB), {ck['tensors']} tensors; model {record['model_bytes'] / 1e9:.3f} GB logical, "
+           f"{record['resident_bytes'] / 1e9:.3f} GB resident on the {record['device_count']} simulated CPU devices",
+           "GB; maxrss = ru_maxrss (the peak so far) before and after from_hf; anon, file = RssAnon, RssFile before "
+           "and their peaks sampled during from_hf",
+           f"{'load':5s} {'seconds':>8s} {'GB/s':>6s} {'maxrss':>7s} {'->':>7s} {'delta':>7s}  {'anon':>7s} {'->':>7s} "
+           f"{'delta':>7s}  {'file':>7s} {'->':>7s} {'delta':>7s}"]
+  for run in record["loads"]:
+    base, peak, sampled = run["baseline"], run["after"]["peak_rss_bytes"], run["sampled_peak"]
+    cols = [(base["peak_rss_bytes"], peak), (base["RssAnon_bytes"], sampled["RssAnon_bytes"]),
+            (base["RssFile_bytes"], sampled["RssFile_bytes"])]
+    lines.append(f"{run['cache']:5s} {run['seconds']:8.2f} {ck['bytes'] / run['seconds'] / 1e9:6.2f} "
+                 + "  ".join(f"{gb(a)} {gb(b)} {gb(b - a)}" for a, b in cols))
+  writer = gb(record["writer"]["writer_peak_rss_bytes"]).strip()
+  lines.append(f"writer (build + to_hf, its own process): peak RSS {writer} GB, to_hf {record['writer']['write_s']:.1f} s")
+  for run in record["loads"]:
+    d = run["derived"]
+    anon = gb(d["anon_over_resident_bytes"]).strip()
+    lines.append(f"{run['cache']}: anonymous memory beyond the model's resident bytes {anon} GB; checkpoint pages mapped at the peak {gb(d['file_mapped_bytes']).strip()} GB "
+                 f"({d['file_mapped_bytes'] / ck['bytes']:.0%} of the checkpoint)")
+  lines.append(f"resident + checkpoint = {gb(record['resident_bytes'] + ck['bytes']).strip()} GB")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("ckpt_dir", help="Where the checkpoint is written (replaced if it exists).")
+  parser.add_argument("out_json", help="Where the record is written ('-': not written).")
+  parser.add_argument("--stage", default="all", choices=("all", "write", "load"), help=argparse.SUPPRESS)
+  parser.add_argument("--layers", type=int, default=4)
+  parser.add_argument("--d_model", type=int, default=1024)
+  parser.add_argument("--heads", type=int, default=16)
+  parser.add_argument("--kv_heads", type=int, default=4)
+  parser.add_argument("--head_dim", type=int, default=64)
+  parser.add_argument("--experts", type=int, default=64)
+  parser.add_argument("--top_k", type=int, default=8)
+  parser.add_argument("--moe_d_ff", type=int, default=512)
+  parser.add_argument("--vocab", type=int, default=8192)
+  parser.add_argument("--param_dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--shard_mb", type=int, default=256, help="MiB per safetensors file (to_hf's shard_bytes).")
+  parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--keep", action="store_true", help="Keep the checkpoint directory afterwards.")
+  args = parser.parse_args()
+  if args.stage != "all":
+    print(json.dumps(write(args) if args.stage == "write" else load(args)))
+    return
+
+  start = time.perf_counter()
+  print(f"writing the checkpoint to {args.ckpt_dir} ...", flush=True)
+  written = stage(args, "write")
+  files = sorted(f for f in os.listdir(args.ckpt_dir) if f.endswith(".safetensors"))
+  with open(os.path.join(args.ckpt_dir, "config.json")) as f:
+    config = json.load(f)
+  from safetensors import safe_open
+
+  tensors = 0
+  for file in files:
+    with safe_open(os.path.join(args.ckpt_dir, file), framework="numpy") as f:
+      tensors += len(list(f.keys()))
+  checkpoint = {"files": len(files), "tensors": tensors,
+                "bytes": sum(os.path.getsize(os.path.join(args.ckpt_dir, f)) for f in files),
+                "file_bytes": {f: os.path.getsize(os.path.join(args.ckpt_dir, f)) for f in files}}
+  loads = []
+  for cache in ("cold", "warm"):
+    if cache == "cold":
+      drop_page_cache(args.ckpt_dir)
+    cached = cached_fraction(args.ckpt_dir)
+    print(f"loading ({cache}: {cached:.0%} of the files' pages cached) ...", flush=True)
+    run = stage(args, "load")
+    base, sampled = run["baseline"], run["sampled_peak"]
+    run["derived"] = {  # the load's own memory beyond the model, and the checkpoint pages it kept mapped
+        "anon_over_resident_bytes": sampled["RssAnon_bytes"] - base["RssAnon_bytes"] - run["resident_bytes"],
+        "file_mapped_bytes": sampled["RssFile_bytes"] - base["RssFile_bytes"],
+        "maxrss_delta_bytes": run["after"]["peak_rss_bytes"] - base["peak_rss_bytes"]}
+    loads.append({"cache": cache, "cached_fraction_before": cached, **run})
+  first = loads[0]
+  record = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "platform": first["platform"],
+            "device_count": first["device_count"], "mesh": list(MESH), "jax": first["jax"],
+            "python": host_platform.python_version(), "cpu_count": os.cpu_count(),
+            "shapes": shapes(args), "config_json": config, "shard_mb": args.shard_mb, "checkpoint": checkpoint,
+            "model_bytes": first["model_bytes"], "resident_bytes": first["resident_bytes"], "writer": written,
+            "loads": [{k: v for k, v in run.items() if k not in ("device", "platform", "device_count", "jax")}
+                      for run in loads],
+            "cold_cache_note": "cold: the shard files' pages dropped with posix_fadvise(DONTNEED) before the load "
+                               "(best effort; the disk's and hypervisor's caches are not ours to drop)",
+            "total_s": time.perf_counter() - start}
+  if not args.keep:
+    shutil.rmtree(args.ckpt_dir)
+  print(table(record))
+  if args.out_json != "-":
+    os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
+    with open(args.out_json, "w") as f:
+      json.dump(record, f, indent=1)
+    print(f"wrote {args.out_json} ({record['total_s']:.0f} s)")
+
+
+if __name__ == "__main__":
+  main()

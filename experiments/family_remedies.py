@@ -1,0 +1,328 @@
+"""The communication remedies on one decoder family: a Hugging Face checkpoint loaded with `from_hf` on a 2 x 4 mesh
+of simulated CPU devices under each scheme (MoEConfig overrides), its logits against the baseline's and the
+checkpoint's reference, the rows and bytes each exchange hop moves per token, and the forward's CPU time.
+
+  python -m experiments.family_remedies --out=/tmp/family_remedies.json                  # qwen3_moe fixture (~2 min)
+  python -m experiments.family_remedies --family=deepseek_v3 --out=/tmp/ds3_remedies.json
+  python -m experiments.family_remedies --checkpoint=/path/to/hf_dir --schemes=flat,bilevel_dedup --out=...
+  python -m experiments.family_remedies --extra_scheme='s2_dedup={"esp_schedule": "s2", "dedup": true}'
+
+Schemes (`SCHEMES`; the first is the baseline every other is compared with): the flat 'padded' exchange with one row
+per token-choice; dedup (a row per token and destination of each hop); the two-hop 'hierarchical' and 'bilevel'
+transports, without and with dedup; FP8 dispatch (e4m3 with a float32 scale per 128 elements; BF16 back, or the
+combine's default float32); the 'chunked' and 'comet' schedules; Parm's expert sharding ('s1', 's2'); replicas (one
+spare slot per device, `slots_per_device`); expert data parallelism; and 'ragged' (refused where XLA has no ragged
+all-to-all, e.g. on CPU). A scheme the config or the layer refuses (ConfigError) is recorded as 'refused' with its
+reason; any other failure as 'error', and the study goes on.
+
+Tokens: with the checkpoint's reference.npz (tests/data/hf fixtures), its `tokens` as the first rows, then random
+tokens up to --batch rows (the batch is sharded over the 8 devices); logits of those first rows are compared with
+the reference's. Relative error: ||a - b|| / ||b|| over all logits. Traffic: the MoE layers' own accounting, each
+layer run on its input (`aux['traffic_rows']`, `aux['traffic_bytes']`: the payload in the wire dtype, FP8's scales,
+the slots' ids and weights out, the results back; the loop's logits and rows checked against the model's own
+`model(tokens, details=True)`, whose aux carries the rows but not the bytes); per hop,
+inter-node and intra-node rows and bytes per token, the mean over the MoE layers, a device's rows to itself left
+out. Forward: the jitted model, one compiling call and one untimed call, then the median of --iters calls, the schemes
+interleaved (each round calls every scheme once), as a ratio to the baseline's.
+These are CPU times of simulated devices: the exchanges are memory copies, so the ratios say what each scheme costs in
+compute and copies, not what it saves on a network.
+"""
+
+import json
+import os
+import pathlib
+import statistics
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "data" / "hf"
+FP8 = "float8_e4m3fn"
+
+# name -> MoEConfig overrides; "slots_per_device": "spare" is one slot more than the experts a holder keeps.
+SCHEMES = {
+    "flat": dict(transport="padded", dedup=False),
+    "flat_dedup": dict(transport="padded", dedup=True),
+    "hierarchical": dict(transport="hierarchical", dedup=False),
+    "hierarchical_dedup": dict(transport="hierarchical", dedup=True),
+    "bilevel": dict(transport="bilevel", dedup=False),
+    "bilevel_dedup": dict(transport="bilevel", dedup=True),
+    "bilevel_dedup_fp8": dict(transport="bilevel", dedup=True, dispatch_dtype=FP8),
+    "bilevel_dedup_fp8_bf16": dict(transport="bilevel", dedup=True, dispatch_dtype=FP8, combine_dtype="bfloat16"),
+    "chunked": dict(transport="padded", dedup=True, schedule="chunked", num_chunks=2),
+    "comet": dict(transport="padded", dedup=True, schedule="comet", num_chunks=2),
+    "esp_s1": dict(transport="padded", esp_schedule="s1"),
+    "esp_s2": dict(transport="padded", esp_schedule="s2", dedup=False),
+    "replicas": dict(transport="padded", dedup=True, slots_per_device="spare"),
+    "expert_data_parallel": dict(transport="padded", dedup=True, expert_data_parallel=True),
+    "ragged": dict(transport="ragged", dedup=True),
+}
+BASELINE = "flat"
+
+
+def hop_name(hop) -> str:
+  return hop if isinstance(hop, str) else "flat"
+
+
+def relative_error(got, want) -> float:
+  got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+  return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
+
+
+def lossless(overrides: dict) -> bool:
+  """Whether a scheme moves the rows in their own dtypes (then its logits must equal the baseline's)."""
+  return not overrides.get("dispatch_dtype") and not overrides.get("combine_dtype")
+
+
+def resolve(overrides: dict, hf_config: dict, nodes: int, gpus_per_node: int) -> dict:
+  """The overrides with 'spare' slots made a number: the experts a holder keeps, plus one."""
+  out = dict(overrides)
+  if out.get("slots_per_device") == "spare":
+    from moejax.models import hf_config as hf_config_lib
+
+    _, moe_cfg = hf_config_lib.from_hf_config(hf_config, moe={k: v for k, v in out.items() if k != "slots_per_device"})
+    out["slots_per_device"] = moe_cfg.num_experts // moe_cfg.expert_holders(nodes, gpus_per_node) + 1
+  return out
+
+
+def make_tokens(checkpoint: str, vocab: int, max_len: int, batch: int, seq_len: int, seed: int):
+  """(tokens [batch, S] int32, reference logits of the first rows or None)."""
+  rng = np.random.default_rng(seed)
+  path = os.path.join(checkpoint, "reference.npz")
+  if not os.path.exists(path):
+    return rng.integers(0, vocab, (batch, min(seq_len, max_len))).astype(np.int32), None
+  with np.load(path) as ref:
+    tokens, logits = np.asarray(ref["tokens"], np.int32), np.asarray(ref["logits"], np.float32)
+  extra = rng.integers(0, vocab, (max(batch - len(tokens), 0), tokens.shape[1])).astype(np.int32)
+  return np.concatenate([tokens, extra])[:max(batch, len(tokens))], logits
+
+
+def layer_traffic(model, tokens_BxS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """(traffic_rows [M, hops, A, A], traffic_bytes [M, hops, A, A], logits) of the MoE layers, each run on its input
+  as the model's forward gives it (the blocks' loop of `blocks.run_blocks`, eagerly; the logits check the loop)."""
+  import jax.numpy as jnp
+
+  from moejax.models.blocks import MoEFFN
+
+  x = model.embed_tokens(tokens_BxS)
+  rows, nbytes = [], []
+  for block in model.blocks:
+    x = block.attend(x, train=False, rngs=None)
+    if isinstance(block.ffn, MoEFFN):
+      _, aux = block.ffn.moe(block.ln_ffn(x), train=False, rng=None)
+      rows.append(np.asarray(aux["traffic_rows"]))
+      nbytes.append(np.asarray(aux["traffic_bytes"]))
+    x, _ = block.feed_forward(x, train=False, rngs=None)
+    x = x.astype(jnp.dtype(model.cfg.dtype))
+  return np.stack(rows), np.stack(nbytes), np.asarray(model.head_logits(x))
+
+
+def hop_summary(rows_MxHxAxA, bytes_MxHxAxA, hops, gpus_per_node: int, tokens: int) -> list[dict]:
+  """Per hop: inter- and intra-node rows and bytes per token, the mean over the MoE layers."""
+  from moejax.runtime import mesh as mesh_lib
+
+  cross, inside = mesh_lib.pair_masks(rows_MxHxAxA.shape[-1], gpus_per_node)
+  layers = rows_MxHxAxA.shape[0]
+  out = []
+  for h, hop in enumerate(hops):
+    r, b = rows_MxHxAxA[:, h], bytes_MxHxAxA[:, h]
+    out.append({"hop": hop_name(hop),
+                "inter_rows_per_token": float(r[:, cross].sum() / layers / tokens),
+                "intra_rows_per_token": float(r[:, inside].sum() / layers / tokens),
+                "inter_bytes_per_token": float(b[:, cross].sum() / layers / tokens),
+                "intra_bytes_per_token": float(b[:, inside].sum() / layers / tokens)})
+  return out
+
+
+def compile_forward(model, tokens):
+  """(a call of the jitted forward that blocks until its logits are ready, its compile seconds, the logits)."""
+  import jax
+  from flax import nnx
+
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens)[0])
+  start = time.perf_counter()
+  logits = jax.block_until_ready(forward(state, tokens))
+  return lambda: jax.block_until_ready(forward(state, tokens)), time.perf_counter() - start, np.asarray(logits)
+
+
+def time_rounds(calls: dict, rounds: int) -> dict:
+  """name -> seconds of each of `rounds` calls, the schemes interleaved (round r calls every scheme once, so a
+  busy spell of the machine falls on all of them alike); one untimed call each first."""
+  for call in calls.values():
+    call()
+  times = {name: [] for name in calls}
+  for _ in range(rounds):
+    for name, call in calls.items():
+      start = time.perf_counter()
+      call()
+      times[name].append(time.perf_counter() - start)
+  return times
+
+
+def measure(name: str, overrides: dict, checkpoint: str, hf_config: dict, mesh, tokens_BxS) -> dict:
+  """One scheme: load, forward with details, the layers' traffic, the compiled forward (its call under 'call', for
+  `time_rounds`); a ConfigError is a refusal."""
+  import jax
+  from jax.sharding import NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  from moejax import models
+  from moejax.moe import expert_sharding as esp_lib
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.validation import ConfigError
+
+  nodes, gpus = mesh_lib.axis_sizes(mesh)
+  entry = {"scheme": name, "overrides": dict(overrides), "lossless": lossless(overrides)}
+  try:
+    resolved = resolve(overrides, hf_config, nodes, gpus)
+    entry["overrides"] = resolved
+    model = models.from_hf(checkpoint, mesh, dtype="float32", moe=resolved)
+    tokens = jax.device_put(tokens_BxS, NamedSharding(mesh, P(mesh_lib.AXES)))
+    logits, aux = model(tokens, details=True)
+    logits = np.asarray(logits)
+    rows, nbytes, walk_logits = layer_traffic(model, tokens)
+    call, compile_s, jit_logits = compile_forward(model, tokens)
+  except ConfigError as e:
+    print(f"  {name}: refused: {e}", flush=True)
+    return {**entry, "status": "refused", "reason": str(e)}
+  except Exception as e:  # noqa: BLE001 (recorded, the study goes on)
+    print(f"  {name}: error: {type(e).__name__}: {e}", flush=True)
+    return {**entry, "status": "error", "reason": f"{type(e).__name__}: {e}"}
+  moe_cfg = model.moe_cfg
+  model_rows = np.asarray(aux["traffic_rows"])
+  entry.update({
+      "status": "ok", "logits": logits, "expert_ids": np.asarray(aux["expert_ids"]),
+      "moe_config": {k: getattr(moe_cfg, k) for k in ("transport", "dedup", "schedule", "num_chunks", "esp_schedule",
+                                                        "slots_per_device", "expert_data_parallel", "dispatch_dtype",
+                                                        "combine_dtype")},
+      "deduplicates": moe_cfg.deduplicates,
+      "traffic_rows_match_model": bool(np.array_equal(rows, model_rows)),
+      "layer_loop_rel_err": relative_error(walk_logits, logits),
+      "jit_rel_err": relative_error(jit_logits, logits),
+      "tokens_overflowed": int(np.asarray(aux["tokens_overflowed"]).sum()),
+      "tokens_dropped": int(np.asarray(aux["tokens_dropped"]).sum()),
+      "hops": hop_summary(rows, nbytes, esp_lib.of(moe_cfg).hops(moe_cfg), gpus, tokens_BxS.size),
+      "forward": {"compile_s": compile_s}, "call": call})
+  for key in ("rows", "bytes"):
+    for side in ("inter", "intra"):
+      entry[f"{side}_{key}_per_token"] = sum(h[f"{side}_{key}_per_token"] for h in entry["hops"])
+  print(f"  {name}: " + ", ".join(f"{h['hop']} {h['inter_rows_per_token']:.3f}+{h['intra_rows_per_token']:.3f} rows"
+                                  for h in entry["hops"]), flush=True)
+  return entry
+
+
+def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iters: int = 20, seed: int = 0,
+        nodes: int = 2, gpus_per_node: int = 4) -> dict:
+  """The record: every scheme against the first (the baseline; it must load and run). The devices must exist
+  (`simulate_cpu_devices`)."""
+  import jax
+
+  from moejax.runtime import mesh as mesh_lib
+
+  with open(os.path.join(checkpoint, "config.json")) as f:
+    hf_config = json.load(f)
+  mesh = mesh_lib.make_mesh(nodes, gpus_per_node)
+  tokens, reference = make_tokens(checkpoint, hf_config["vocab_size"], hf_config["max_position_embeddings"], batch,
+                                  seq_len, seed)
+  record = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
+            "platform": jax.default_backend(), "mesh": [nodes, gpus_per_node], "cpu_count": os.cpu_count(),
+            "checkpoint": os.path.relpath(checkpoint, ROOT) if str(checkpoint).startswith(str(ROOT)) else checkpoint,
+            "family": hf_config.get("model_type"), "tokens_shape": list(tokens.shape),
+            "reference_rows": None if reference is None else len(reference), "iters": iters, "seed": seed,
+            "baseline": next(iter(schemes)), "schemes": []}
+  start = time.time()
+  for name, overrides in schemes.items():
+    record["schemes"].append(measure(name, overrides, checkpoint, hf_config, mesh, tokens))
+  base = record["schemes"][0]
+  if base["status"] != "ok":
+    raise RuntimeError(f"the baseline scheme {base['scheme']} did not run: {base['reason']}")
+  print(f"timing the forward of every scheme, {iters} rounds ...", flush=True)
+  times = time_rounds({e["scheme"]: e.pop("call") for e in record["schemes"] if e["status"] == "ok"}, iters)
+  for entry in record["schemes"]:
+    if entry["status"] == "ok":
+      entry["forward"].update(times_s=times[entry["scheme"]], median_s=statistics.median(times[entry["scheme"]]))
+  base_ids, base_logits = np.sort(base["expert_ids"], axis=-1), base["logits"]
+  for entry in record["schemes"]:
+    if entry["status"] != "ok":
+      continue
+    logits = entry.pop("logits")
+    entry["rel_err_vs_baseline"] = relative_error(logits, base_logits)
+    entry["max_abs_err_vs_baseline"] = float(np.abs(logits - base_logits).max())
+    entry["rel_err_vs_reference"] = None if reference is None else relative_error(logits[:len(reference)], reference)
+    entry["same_experts_as_baseline"] = float((np.sort(entry.pop("expert_ids"), axis=-1) == base_ids).mean())
+    entry["forward"]["ratio_to_baseline"] = entry["forward"]["median_s"] / base["forward"]["median_s"]
+  record["seconds"] = time.time() - start
+  return record
+
+
+def table(record: dict) -> str:
+  """One line per scheme: errors, rows and kB per token per hop (inter + intra node), the forward's CPU ratio."""
+  ref = record["reference_rows"] is not None
+  lines = [f"{record['family']} ({record['checkpoint']}), {record['mesh'][0]} x {record['mesh'][1]} simulated CPU "
+           f"devices, tokens {record['tokens_shape'][0]} x {record['tokens_shape'][1]}; per token and MoE layer; "
+           f"hops 'inter+intra' node; forward = CPU median over {record['iters']} calls / baseline's",
+           f"{'scheme':23s} {'status':7s} {'rel err':>8s} {'vs ref':>8s} {'experts':>7s}  {'rows/token per hop':30s} "
+           f"{'bytes/token per hop':36s} {'inter B':>7s} {'intra B':>7s} {'fwd ms':>7s} {'ratio':>5s}"]
+  for e in record["schemes"]:
+    if e["status"] != "ok":
+      lines.append(f"{e['scheme']:23s} {e['status']:7s} {e['reason'][:150]}")
+      continue
+    rows = " ".join(f"{h['hop']} {h['inter_rows_per_token']:.2f}+{h['intra_rows_per_token']:.2f}" for h in e["hops"])
+    nbytes = " ".join(f"{h['hop']} {h['inter_bytes_per_token']:.0f}+{h['intra_bytes_per_token']:.0f}"
+                      for h in e["hops"])
+    vs_ref = f"{e['rel_err_vs_reference']:8.1e}" if ref else f"{'-':>8s}"
+    lines.append(f"{e['scheme']:23s} {e['status']:7s} {e['rel_err_vs_baseline']:8.1e} {vs_ref} "
+                 f"{e['same_experts_as_baseline']:7.1%}  {rows:30s} {nbytes:36s} {e['inter_bytes_per_token']:7.0f} "
+                 f"{e['intra_bytes_per_token']:7.0f} {e['forward']['median_s'] * 1e3:7.1f} "
+                 f"{e['forward']['ratio_to_baseline']:5.2f}")
+  return "\n".join(lines)
+
+
+def schemes_from_flags(names: list[str], extra: list[str]) -> dict:
+  """SCHEMES by name (the baseline first whatever the order), then the NAME=JSON extra schemes."""
+  unknown = [n for n in names if n not in SCHEMES]
+  if unknown:
+    raise ValueError(f"unknown schemes {unknown}; known: {list(SCHEMES)}")
+  chosen = {BASELINE: SCHEMES[BASELINE], **{n: SCHEMES[n] for n in names}}
+  for item in extra:
+    name, _, fields = item.partition("=")
+    chosen[name] = json.loads(fields)
+  return chosen
+
+
+def main(argv):
+  del argv
+  from absl import flags
+
+  from moejax.runtime import mesh as mesh_lib
+
+  f = flags.FLAGS
+  mesh_lib.simulate_cpu_devices(f.nodes * f.gpus_per_node)
+  checkpoint = f.checkpoint or str(FIXTURES / f.family)
+  record = run(checkpoint, schemes_from_flags(f.schemes, f.extra_scheme), f.batch, f.seq_len, f.iters, f.seed,
+               f.nodes, f.gpus_per_node)
+  print(table(record), flush=True)
+  if f.out:
+    os.makedirs(os.path.dirname(os.path.abspath(f.out)), exist_ok=True)
+    with open(f.out, "w") as out:
+      json.dump(record, out, indent=1)
+    print(f"wrote {f.out} ({record['seconds']:.0f} s)")
+
+
+if __name__ == "__main__":
+  from absl import app, flags
+
+  flags.DEFINE_string("checkpoint", None, "A local Hugging Face checkpoint directory (default: --family's fixture).")
+  flags.DEFINE_string("family", "qwen3_moe", "The fixture under tests/data/hf to load when --checkpoint is unset.")
+  flags.DEFINE_list("schemes", list(SCHEMES), f"Schemes of SCHEMES ({BASELINE!r}, the baseline, always first).")
+  flags.DEFINE_multi_string("extra_scheme", [], "NAME=JSON: a scheme of your own (MoEConfig overrides).")
+  flags.DEFINE_integer("batch", 16, "Rows of tokens (the reference's first; a multiple of the devices).")
+  flags.DEFINE_integer("seq_len", 16, "Tokens per row without a reference.npz.")
+  flags.DEFINE_integer("iters", 20, "Timed forward calls per scheme (rounds over the schemes).")
+  flags.DEFINE_integer("seed", 0, "Seed of the random token rows.")
+  flags.DEFINE_integer("nodes", 2, "Mesh nodes.")
+  flags.DEFINE_integer("gpus_per_node", 4, "Mesh GPUs per node.")
+  flags.DEFINE_string("out", None, "Where to write the record as JSON (optional).")
+  app.run(main)

@@ -1,0 +1,56 @@
+"""experiments.family_remedies on the qwen3_moe fixture: every accepted scheme's logits are the baseline's (exactly
+up to float32 rounding without a narrower wire, within FP8's error with one), dedup moves no more rows than one row
+per choice, and a refused scheme is recorded with its reason instead of stopping the study."""
+
+import json
+
+import pytest
+
+from experiments import family_remedies as fr
+from tests.helpers import ROOT
+
+FIXTURE = ROOT / "tests" / "data" / "hf" / "qwen3_moe"
+
+
+@pytest.mark.slow
+def test_study_on_the_fixture(tmp_path, devices):
+  del devices
+  schemes = {name: fr.SCHEMES[name] for name in ("flat", "flat_dedup", "bilevel_dedup_fp8")}
+  schemes["s2_dedup"] = {"esp_schedule": "s2", "dedup": True}  # refused: S2 holds one row per token-choice
+  record = fr.run(str(FIXTURE), schemes, batch=8, iters=2)
+  out = tmp_path / "family_remedies.json"
+  out.write_text(json.dumps(record))
+  record = json.loads(out.read_text())
+  assert record["baseline"] == "flat" and record["reference_rows"] == 2
+  by_name = {e["scheme"]: e for e in record["schemes"]}
+  assert list(by_name) == list(schemes)
+
+  for name in ("flat", "flat_dedup", "bilevel_dedup_fp8"):
+    entry = by_name[name]
+    assert entry["status"] == "ok", entry
+    tol = 1e-5 if entry["lossless"] else 5e-2
+    assert entry["rel_err_vs_baseline"] < tol, (name, entry["rel_err_vs_baseline"])
+    assert entry["rel_err_vs_reference"] < tol, (name, entry["rel_err_vs_reference"])
+    assert entry["traffic_rows_match_model"] and entry["layer_loop_rel_err"] < 1e-6 and entry["jit_rel_err"] < 1e-5
+    assert entry["tokens_overflowed"] == 0 and entry["tokens_dropped"] == 0
+    assert entry["forward"]["median_s"] > 0 and entry["forward"]["ratio_to_baseline"] > 0
+  assert by_name["flat"]["rel_err_vs_baseline"] == 0.0
+  assert not by_name["bilevel_dedup_fp8"]["lossless"]
+  assert [h["hop"] for h in by_name["bilevel_dedup_fp8"]["hops"]] == ["node", "gpu"]
+
+  # dedup: no more rows on any hop than one per choice, and fewer over all.
+  flat, dedup = by_name["flat"], by_name["flat_dedup"]
+  for side in ("inter", "intra"):
+    assert dedup[f"{side}_rows_per_token"] <= flat[f"{side}_rows_per_token"] + 1e-12
+  assert dedup["inter_rows_per_token"] + dedup["intra_rows_per_token"] < (
+      flat["inter_rows_per_token"] + flat["intra_rows_per_token"])
+  # FP8 out makes each row's payload smaller than the float32 baseline's (the bilevel node hop crosses nodes only).
+  fp8 = by_name["bilevel_dedup_fp8"]
+  assert fp8["hops"][0]["intra_rows_per_token"] == 0 and fp8["hops"][1]["inter_rows_per_token"] == 0
+  assert fp8["inter_bytes_per_token"] / fp8["inter_rows_per_token"] < (
+      flat["inter_bytes_per_token"] / flat["inter_rows_per_token"])
+
+  refused = by_name["s2_dedup"]
+  assert refused["status"] == "refused" and "dedup" in refused["reason"] and "s2" in refused["reason"]
+  assert "rel_err_vs_baseline" not in refused
+  assert "s2_dedup" in fr.table(record) and "refused" in fr.table(record)
