@@ -76,7 +76,8 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   layers = shape["model"].get("num_layers", 3)
   dense = shape.get("dense", 0)
   model = dict(family=family, vocab_size=256, num_layers=layers, d_model=64, d_ff=128, num_heads=4, max_len=256,
-               moe_layers=tuple(i >= dense for i in range(layers)), dtype="float32", param_dtype="float32")
+               moe_layers=tuple(i >= dense for i in range(layers)), dtype="float32", param_dtype="float32",
+               fsdp=False, remat="none")
   model.update(shape["model"])
   config.model = ml_collections.ConfigDict(model)
   moe = {**{k: v for k, v in published["moe"].items() if k not in ("num_experts", "top_k", "d_ff", "num_groups",

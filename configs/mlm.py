@@ -44,7 +44,9 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       # A few hundred steps neither overfit nor let LAMB grow BERT's 0.02 embeddings far enough.
       "dropout": 0.0, "embed_init_std": 0.1,
       # Megatron tensor parallelism of the dense parts over 'gpu'; Lina's prioritised gradient all-reduce.
-      "tensor_parallel": False, "grad_sync": "default"})
+      "tensor_parallel": False, "grad_sync": "default",
+      # FSDP of the dense parameters over the data-parallel devices; what each block's backward recomputes.
+      "fsdp": False, "remat": "none"})
   # Every MoEConfig field but d_model and d_ff (the trainer takes them from model.*), at its default unless set here.
   config.moe = moe_section(omit=("d_model", "d_ff"), num_experts=8, top_k=1,
                            num_nodes=config.mesh.nodes,  # a copy: bilevel / node_limited check it

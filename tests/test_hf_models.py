@@ -472,8 +472,6 @@ def test_invalid_moe_override_refused(mesh_2x4, moe, field):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="attention_bias=true is read as q/k/v biases only (transformers' Qwen3 o_proj "
-                   "has one too), and to_hf does not write attention_bias for qwen3_moe")
 @pytest.mark.parametrize("family", [case("qwen3_moe"), case("qwen3_dense")])
 def test_qwen3_attention_bias_checkpoint(loaded, tmp_path, family):
   """Qwen3's attention_bias puts biases on q_proj, k_proj, v_proj and o_proj (transformers' Qwen3Attention). Zero

@@ -158,7 +158,6 @@ def test_granular_export_refused(dense, tmp_path):
   assert "moe.num_groups" in str(error.value)
 
 
-@pytest.mark.xfail(strict=True, reason="to_hf writes the safetensors before to_hf_config refuses the config")
 @group("llama_dense")
 def test_refused_export_writes_nothing(dense, tmp_path):
   model, _, _ = dense("llama_dense")

@@ -47,7 +47,7 @@ class GroupedQueryAttention(nnx.Module):
     self.q_proj = _linear(cfg, d, h * w, cfg.qkv_bias, rngs)
     self.k_proj = _linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
     self.v_proj = _linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
-    self.o_proj = _linear(cfg, h * w, d, False, rngs)
+    self.o_proj = _linear(cfg, h * w, d, cfg.out_bias, rngs)
     self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.inverse, self.factor = rope.frequencies(w, cfg.rope_theta, cfg.scaling)

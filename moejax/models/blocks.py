@@ -10,8 +10,9 @@ from jax.sharding import NamedSharding
 from moejax.kernels.activations import ACTIVATIONS
 from moejax.models import grad_sync as grad_sync_lib
 from moejax.models.config import ModelConfig
-from moejax.models.sharding import activation_spec, param_specs
+from moejax.models.sharding import activation_spec, model_param_specs
 from moejax.moe.config import MoEConfig
+from moejax.moe import path as path_lib
 from moejax.moe.module import MoELayer
 from moejax.validation import require
 
@@ -131,10 +132,19 @@ class Block(nnx.Module):
 
 
 
+REMAT_POLICIES = {"full": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                  "save_exchanged": jax.checkpoint_policies.save_only_these_names(path_lib.EXCHANGED)}
+
+
+def _remat(remat: str):
+  """A training block call (block, x, rngs) -> (x, aux) whose backward recomputes what `remat` does not keep."""
+  return nnx.remat(lambda block, x, rngs: block(x, train=True, rngs=rngs), policy=REMAT_POLICIES[remat])
+
+
 def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
   """x [B, S, d] through `model.blocks` (each x -> (x, aux), or with a cache (x, aux, cache)), the activations
   kept sharded as `activation_spec` says, each block's gradients reduced before the block below's with
-  grad_sync='prioritized' -> (x, aux, the new cache or []).
+  grad_sync='prioritized', each training block rematerialised as cfg.remat says -> (x, aux, the new cache or []).
 
   aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
   balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
@@ -147,9 +157,11 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   auxes, new_cache = [], []
   for i, block in enumerate(model.blocks):
     if cfg.grad_sync == "prioritized":
-      specs = param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), moe_cfg, cfg.tensor_parallel)
+      specs = model_param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), cfg, moe_cfg, model.mesh)
       x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, model.mesh, specs)
-    if cache is None:
+    if cache is None and train and cfg.remat != "none":
+      x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs)
+    elif cache is None:
       x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
     else:
       x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))

@@ -7,7 +7,7 @@ import dataclasses
 import ml_collections
 
 from moejax.cost import parm
-from moejax.models.decoder_config import DecoderConfig
+from moejax.models.decoder_config import REMATS, DecoderConfig
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.validation import ConfigError, check_mesh, is_int, prefixed, require
 
@@ -30,6 +30,11 @@ class ModelConfig:
     the dense FFN's hidden units split over the node's GPUs (one all-reduce after each), activations
     sharded over 'node' only, so the MoE layers see their input replicated over 'gpu' (Parm's setting,
     `MoEConfig.esp_schedule`). False: data parallelism over both axes.
+  fsdp: FSDP (ZeRO-3): the dense parameters, their gradients and optimizer states sharded over the data-parallel
+    devices (both axes, or 'node' with tensor_parallel), gathered where used, gradients reduce-scattered.
+  remat: what the backward recomputes of each block: 'none' (keeps every activation), 'full' (recomputes the
+    block from its input), 'save_exchanged' (keeps the MoE layer's exchanged rows, so no exchange runs twice),
+    'save_matmuls' (keeps the matmuls' outputs).
   grad_sync: 'default' (XLA places the data-parallel gradient all-reduces) or 'prioritized' (Lina):
     each block's parameter gradients are reduced as one bucket as soon as its backward is done, and the
     gradient flowing on to the block below waits for that bucket, so no bucket's all-reduce runs
@@ -49,6 +54,8 @@ class ModelConfig:
   embed_init_std: float = 0.02
   tensor_parallel: bool = False
   grad_sync: str = "default"
+  fsdp: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
@@ -67,6 +74,8 @@ class ModelConfig:
             self.embed_init_std, "> 0")
     require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
     require(self.grad_sync in GRAD_SYNCS, "grad_sync", self.grad_sync, f"one of {GRAD_SYNCS}")
+    require(isinstance(self.fsdp, bool), "fsdp", self.fsdp, "True or False")
+    require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
 
   def check_mesh(self, gpus_per_node: int) -> None:
     """With tensor parallelism, the heads and the dense FFN split evenly over the node's GPUs."""

@@ -8,6 +8,7 @@ from moejax.validation import is_int, is_number, require
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama", "qwen3")
 LATENT_FAMILIES = ("deepseek_v2", "deepseek_v3")  # multi-head latent attention (MLA)
+REMATS = ("none", "full", "save_exchanged", "save_matmuls")  # what a block's backward recomputes (both models)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -18,7 +19,8 @@ class DecoderConfig:
   num_heads, num_kv_heads, head_dim: grouped-query attention (num_kv_heads divides num_heads). max_len: positions.
   rope_theta, rope_scaling: RoPE's base and a checkpoint's scaling as sorted (key, value) pairs (None: plain RoPE;
     YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves.
-  qkv_bias: biases on q, k, v (Qwen2-MoE); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3).
+  qkv_bias: biases on q, k, v (Qwen2-MoE); out_bias: on the output projection too (attention_bias of Llama and
+    Qwen3); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
     every layer).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
@@ -28,6 +30,7 @@ class DecoderConfig:
   num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
     mtp_loss_coef weighs their mean loss, V3's lambda).
   dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
+  grad_sync, fsdp, remat: as `ModelConfig`'s (Lina's prioritised gradient sync, FSDP, rematerialisation).
   """
 
   family: str
@@ -45,6 +48,7 @@ class DecoderConfig:
   rope_scaling: tuple | None = None
   rope_interleaved: bool = False
   qkv_bias: bool = False
+  out_bias: bool = False
   qk_norm: bool = False
   sliding_window: int | None = None
   sliding_layers: tuple | None = None
@@ -59,6 +63,8 @@ class DecoderConfig:
   dtype: str = "float32"
   param_dtype: str = "float32"
   grad_sync: str = "default"
+  fsdp: bool = False
+  remat: str = "none"
 
   def __post_init__(self):
     require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
@@ -84,6 +90,8 @@ class DecoderConfig:
     for name in ("dtype", "param_dtype"):
       require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
     require(self.grad_sync in ("default", "prioritized"), "grad_sync", self.grad_sync, "'default' or 'prioritized'")
+    require(isinstance(self.fsdp, bool), "fsdp", self.fsdp, "True or False")
+    require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
 
   @property
   def latent(self) -> bool:

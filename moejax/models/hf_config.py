@@ -95,9 +95,9 @@ def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "floa
   schedule, ...). Errors name the config.json field."""
   family = hf.get("model_type")
   require(family in FAMILIES, "model_type", family, f"one of {FAMILIES}")
-  for name in ("attention_bias", "mlp_bias"):
-    require(not hf.get(name) or family in ("qwen3_moe", "qwen3"), name, hf.get(name),
-            f"false for {family} (its published checkpoints have no such biases)")
+  require(not hf.get("attention_bias") or family in ("qwen3_moe", "qwen3", "llama"), "attention_bias",
+          hf.get("attention_bias"), f"false for {family} (its published checkpoints have no attention biases)")
+  require(not hf.get("mlp_bias"), "mlp_bias", hf.get("mlp_bias"), "false (SwiGLU FFNs without biases)")
   require(hf.get("hidden_act", "silu") == "silu", "hidden_act", hf.get("hidden_act"), "'silu' (SwiGLU)")
   layers, heads = hf["num_hidden_layers"], hf["num_attention_heads"]
   latent = family.startswith("deepseek")
@@ -111,6 +111,7 @@ def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "floa
       rms_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta, rope_scaling=scaling,
       rope_interleaved=latent and (family == "deepseek_v2" or hf.get("rope_interleave", True)),
       qkv_bias=hf.get("qkv_bias", True) if family == "qwen2_moe" else bool(hf.get("attention_bias")),
+      out_bias=family != "qwen2_moe" and bool(hf.get("attention_bias")),
       qk_norm=family in ("qwen3_moe", "qwen3"), sliding_window=window, sliding_layers=sliding_layers,
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dtype=dtype, param_dtype=param_dtype,
       num_mtp_layers=hf.get("num_nextn_predict_layers", 0) if family == "deepseek_v3" else 0)
@@ -143,6 +144,7 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
               f"{plain!r}: {cfg.family}'s config.json cannot say otherwise")
   if cfg.family == "mixtral":
     require(len(moe_layers) == cfg.num_layers, "moe_layers", cfg.moe_layers, "all True (Mixtral has no dense layers)")
+    require(not cfg.qkv_bias, "qkv_bias", cfg.qkv_bias, "False (Mixtral's attention has no biases)")
     hf.update(num_local_experts=moe_cfg.num_experts, num_experts_per_tok=moe_cfg.top_k, intermediate_size=moe_cfg.d_ff,
               sliding_window=cfg.sliding_window, router_aux_loss_coef=moe_cfg.alpha, router_jitter_noise=moe_cfg.jitter)
   elif cfg.family in ("qwen2_moe", "qwen3_moe"):
@@ -151,6 +153,8 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
               mlp_only_layers=[i for i in range(cfg.num_layers) if not cfg.is_moe(i)])
     if cfg.family == "qwen2_moe":
       hf.update(qkv_bias=cfg.qkv_bias, shared_expert_intermediate_size=moe_cfg.shared_width)
+    else:
+      hf["attention_bias"] = cfg.qkv_bias
   elif cfg.latent:
     first_moe = moe_layers[0] if moe_layers else cfg.num_layers
     require(moe_layers == list(range(first_moe, cfg.num_layers)), "moe_layers", cfg.moe_layers,

@@ -1,6 +1,7 @@
 """Where the language models' arrays live on the ('node', 'gpu') mesh: activations (`activation_spec`) and
 parameters (`param_specs`: experts as the MoE layer lays them out, dense parts replicated or split over 'gpu' by
-Megatron-style tensor parallelism)."""
+Megatron-style tensor parallelism, and with FSDP sharded over the data-parallel devices; XLA gathers each where it
+is used, in the forward and again in the backward, and reduce-scatters its gradient)."""
 
 from jax.sharding import PartitionSpec as P
 
@@ -25,16 +26,49 @@ TENSOR_PARALLEL_SPECS = {
 }
 
 
-def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False) -> dict:
+def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False, fsdp_over: tuple = (),
+                fsdp_devices: int = 1) -> dict:
   """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.params.param_specs`, dense
-  parameters replicated, or with tensor_parallel split over 'gpu' as `TENSOR_PARALLEL_SPECS`."""
+  parameters replicated, or with tensor_parallel split over 'gpu' as `TENSOR_PARALLEL_SPECS`; with fsdp_over (the
+  data-parallel axes, fsdp_devices devices in all) each dense parameter is also sharded over them (FSDP, ZeRO-3) on
+  its first dimension not split yet that they divide (parameters with none, e.g. small norms, stay replicated)."""
+
+  def fsdp(spec: P, shape) -> P:
+    entries = list(spec) + [None] * (len(shape) - len(spec))
+    for i, size in enumerate(shape):
+      if entries[i] is None and size % fsdp_devices == 0:
+        entries[i] = fsdp_over if len(fsdp_over) > 1 else fsdp_over[0]
+        return P(*entries)
+    return spec
 
   def specs(tree, path=()):
     if isinstance(tree, dict):
       if set(tree) == {"moe"} and isinstance(tree["moe"], dict):
         return {"moe": moe_param_specs(moe_cfg)}
       return {k: specs(v, path + (k,)) for k, v in tree.items()}
-    return TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
+    spec = TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
+    return fsdp(spec, tree.shape) if fsdp_over else spec
 
   return specs(params)
 
+
+def model_param_specs(params: dict, cfg, moe_cfg: MoEConfig, mesh) -> dict:
+  """`param_specs` as a model config (`ModelConfig` or `DecoderConfig`) asks on `mesh`: tensor parallelism, and with
+  cfg.fsdp the dense parameters sharded over the data-parallel axes (both, or 'node' with tensor parallelism)."""
+  over = ((mesh_lib.NODE,) if cfg.tensor_parallel else mesh_lib.AXES) if cfg.fsdp else ()
+  devices = 1
+  for axis in over:
+    devices *= mesh.shape[axis]
+  return param_specs(params, moe_cfg, cfg.tensor_parallel, over, devices)
+
+
+def expert_weights(params: dict) -> dict:
+  """A tree like the pure-dict params: True for the routed experts' stacked weights [E, ...] (an MoE layer's w_in,
+  w_out, w_gate), which LAMB scales per expert; False for everything else, however it is sharded."""
+
+  def marks(tree, path=()):
+    if isinstance(tree, dict):
+      return {k: marks(v, path + (k,)) for k, v in tree.items()}
+    return len(path) >= 2 and path[-2] == "moe" and path[-1] in ("w_in", "w_out", "w_gate")
+
+  return marks(params)

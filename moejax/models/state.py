@@ -12,7 +12,7 @@ from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.language_model import LanguageModel
-from moejax.models.sharding import param_specs
+from moejax.models.sharding import model_param_specs
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 
@@ -30,7 +30,7 @@ def abstract_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: j
   graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: build(cfg, moe_cfg, mesh, seed)), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
   cfg.check_mesh(mesh_lib.axis_sizes(mesh)[1])
-  specs = param_specs(params, moe_cfg, cfg.tensor_parallel)
+  specs = model_param_specs(params, cfg, moe_cfg, mesh)
   with_sharding = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
   return (graphdef, jax.tree.map(with_sharding, params, specs),
           jax.tree.map(lambda a: with_sharding(a, P()), rest))

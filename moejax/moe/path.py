@@ -18,10 +18,14 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax.ad_checkpoint import checkpoint_name
 
 from moejax.moe import plan as plan_lib
 from moejax.moe import transport as transport_lib
 from moejax.runtime import mesh as mesh_lib
+
+# The name of every row an exchange delivers, so a rematerialised block can keep them (remat="save_exchanged").
+EXCHANGED = "moe_exchanged"
 
 
 class Spread(NamedTuple):
@@ -184,8 +188,8 @@ def move_through(x_RxD, path: Path, hops, kind, num_hops: int | None = None, wir
   """Moves rows [R, d] along the first `num_hops` hops (default all) of a planned path: each entry takes its
   row's payload. wire: the dtypes of the rows and of their gradients on the wire (`moe.wire`)."""
   for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
-    x_RxD = transport_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward, hop.out_rows,
-                                    axis_name, kind, wire=wire)
+    x_RxD = checkpoint_name(transport_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward,
+                                                    hop.out_rows, axis_name, kind, wire=wire), EXCHANGED)
   return x_RxD
 
 
@@ -194,7 +198,8 @@ def move_slots(w_RxS, path: Path, hops, kind, num_hops: int | None = None):
   0 on the others."""
   for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
     w_LxS = jnp.where(hop.mask_LxS, jnp.take(w_RxS, hop.spread.row_L, axis=0), jnp.zeros((), w_RxS.dtype))
-    w_RxS = transport_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows, axis_name, kind)
+    w_RxS = checkpoint_name(transport_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows,
+                                                    axis_name, kind), EXCHANGED)
   return w_RxS
 
 
@@ -207,8 +212,8 @@ def move_back(y_RxX, path: Path, hops, kind, num_hops: int | None = None, wire=(
     if jnp.issubdtype(y_RxX.dtype, jnp.integer):
       back_LxX = transport_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, axis_name, kind)
     else:
-      back_LxX = transport_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken, axis_name,
-                                         kind, wire=wire)
+      back_LxX = checkpoint_name(transport_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
+                                                         axis_name, kind, wire=wire), EXCHANGED)
     y_RxX = hop.spread.reduce(back_LxX)
   return y_RxX
 

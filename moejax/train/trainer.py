@@ -25,6 +25,7 @@ from jax.sharding import PartitionSpec as P
 from moejax import checkpoint as checkpoint_lib
 from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
+from moejax.models import sharding as sharding_lib
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
@@ -65,7 +66,8 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     o = config.optim
     self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
                                                  o.decay, o.end_fraction)
-    per_expert = jax.tree.map(lambda s: s.spec != P(), param_shardings)
+    # Per-expert trust ratios for the routed experts only (not for what tensor parallelism or FSDP shards).
+    per_expert = sharding_lib.expert_weights(abstract_params)
     self.tx = optim.lamb(self.learning_rate, per_expert, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
                          clip_norm=o.clip_norm)
     self.replicated = NamedSharding(mesh, P())
