@@ -8,7 +8,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-from jax.sharding import PartitionSpec as P
 
 from moejax import checkpoint as checkpoint_lib
 from moejax.runtime import mesh as mesh_lib

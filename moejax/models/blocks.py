@@ -11,8 +11,8 @@ from moejax.kernels.activations import ACTIVATIONS
 from moejax.models import grad_sync as grad_sync_lib
 from moejax.models.config import ModelConfig
 from moejax.models.sharding import activation_spec, model_param_specs
-from moejax.moe.config import MoEConfig
 from moejax.moe import path as path_lib
+from moejax.moe.config import MoEConfig
 from moejax.moe.module import MoELayer
 from moejax.validation import require
 
