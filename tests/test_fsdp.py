@@ -59,10 +59,12 @@ def replicated(devices):
 
 
 @pytest.mark.parametrize("family", [None, "deepseek_v3"])
-@pytest.mark.parametrize("model", [dict(fsdp=True), dict(fsdp=True, grad_sync="prioritized", remat="full")])
+@pytest.mark.parametrize("model", [dict(fsdp=True), dict(fsdp=True, grad_sync="prioritized", remat="full"),
+                                   dict(fsdp=True, tensor_parallel=True)])
 def test_fsdp_trains_as_the_replicated_run(replicated, family, model):
   """The same losses and parameters after 3 optimizer steps (SMILE's GPT and DeepSeek-V3 with its MTP module), with
-  Lina's prioritised gradient sync and full remat too; the dense parameters really are sharded."""
+  Lina's prioritised gradient sync and full remat, or beside tensor parallelism (FSDP over 'node'); the dense
+  parameters really are sharded."""
   want_losses, want_state, _ = replicated[family]
   trainer = _trainer(_config(family, **model))
   losses, state, _ = _run(trainer)
@@ -70,7 +72,8 @@ def test_fsdp_trains_as_the_replicated_run(replicated, family, model):
   for got, want in zip(jax.tree.leaves(state["params"]), jax.tree.leaves(want_state["params"])):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-4, atol=1e-6)
   embedding = state["params"]["embed"]["embedding"]
-  assert embedding.sharding.spec[0] == mesh_lib.AXES and len(embedding.addressable_shards[0].data) == 256 // 8
+  over, devices = (mesh_lib.NODE, 2) if model.get("tensor_parallel") else (mesh_lib.AXES, 8)
+  assert embedding.sharding.spec[0] == over and len(embedding.addressable_shards[0].data) == 256 // devices
 
 
 def _dense_bytes(params) -> tuple[int, int]:

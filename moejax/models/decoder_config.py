@@ -30,7 +30,8 @@ class DecoderConfig:
   num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
     mtp_loss_coef weighs their mean loss, V3's lambda).
   dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
-  grad_sync, fsdp, remat: as `ModelConfig`'s (Lina's prioritised gradient sync, FSDP, rematerialisation).
+  tensor_parallel, grad_sync, fsdp, remat: as `ModelConfig`'s (Megatron-style tensor parallelism of attention heads
+    and the dense FFN over 'gpu', Lina's prioritised gradient sync, FSDP, rematerialisation).
   """
 
   family: str
@@ -62,6 +63,7 @@ class DecoderConfig:
   mtp_loss_coef: float = 0.3
   dtype: str = "float32"
   param_dtype: str = "float32"
+  tensor_parallel: bool = False
   grad_sync: str = "default"
   fsdp: bool = False
   remat: str = "none"
@@ -91,6 +93,7 @@ class DecoderConfig:
       require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
     require(self.grad_sync in ("default", "prioritized"), "grad_sync", self.grad_sync, "'default' or 'prioritized'")
     require(isinstance(self.fsdp, bool), "fsdp", self.fsdp, "True or False")
+    require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
     require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
 
   @property
@@ -114,7 +117,6 @@ class DecoderConfig:
 
   # The interface the trainer and inference share with the SMILE models (`ModelConfig`).
   causal = True
-  tensor_parallel = False  # Megatron's splits are defined over the SMILE models' parameters (models.sharding)
 
   def is_moe(self, i: int) -> bool:
     return bool(self.moe_layers[i])
@@ -124,5 +126,9 @@ class DecoderConfig:
     return sum(map(bool, self.moe_layers))
 
   def check_mesh(self, gpus_per_node: int) -> None:
-    """Data parallel over the whole mesh: nothing of the dense parts is split."""
-    del gpus_per_node
+    """With tensor parallelism, the query and key/value heads and the dense FFN split evenly over a node's GPUs."""
+    if self.tensor_parallel:
+      for name in ("num_heads", "num_kv_heads", "d_ff"):
+        value = getattr(self, name)
+        require(value % gpus_per_node == 0, name, value,
+                f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")

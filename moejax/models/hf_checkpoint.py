@@ -7,7 +7,6 @@ Names: the hub's, one tensor per expert (`model.layers.N.mlp.experts.E.gate_proj
 weights are w_gate (gate_proj, w1), w_in (up_proj, w3) and w_out (down_proj, w2), stacked over the experts.
 """
 
-import contextlib
 import json
 import os
 import re
@@ -78,30 +77,43 @@ def _set(tree: dict, path: tuple, value) -> None:
 
 
 class _Shards:
-  """The safetensors files of a checkpoint directory, opened once: name -> lazily sliced tensor."""
+  """The safetensors files of a checkpoint directory: name -> lazily sliced tensor. Headers are read once; one file
+  is mapped at a time (switching files closes the last), so a load maps about one shard, not the checkpoint."""
 
-  def __init__(self, directory: str, stack: contextlib.ExitStack):
+  def __init__(self, directory: str):
     index = os.path.join(directory, "model.safetensors.index.json")
     if os.path.exists(index):
       with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
+        files = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.exists(os.path.join(directory, "model.safetensors")):
+      files = ["model.safetensors"]
     else:
-      single = os.path.join(directory, "model.safetensors")
-      if not os.path.exists(single):
-        raise ConfigError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-      weight_map = None
-    self.files, self.where = {}, {}
-    for file in sorted(set(weight_map.values())) if weight_map else ["model.safetensors"]:
-      path = os.path.join(directory, file)
-      try:
-        self.files[file] = stack.enter_context(safe_open(path, framework="numpy"))
-      except (SafetensorError, OSError) as e:
-        raise ConfigError(f"checkpoint file {path} cannot be read (truncated or not safetensors): {e}") from e
-      for name in self.files[file].keys():
-        self.where[name] = file
+      raise ConfigError(f"{directory}: no model.safetensors or model.safetensors.index.json")
+    self.directory, self.where, self.open_file, self.handle = directory, {}, None, None
+    for file in files:
+      with self._open(file) as handle:
+        self.where.update({name: file for name in handle.keys()})
+
+  def _open(self, file: str):
+    path = os.path.join(self.directory, file)
+    try:
+      return safe_open(path, framework="numpy")
+    except (SafetensorError, OSError) as e:
+      raise ConfigError(f"checkpoint file {path} cannot be read (truncated or not safetensors): {e}") from e
 
   def tensor(self, name: str):
-    return self.files[self.where[name]].get_slice(name)
+    file = self.where[name]
+    if file != self.open_file:
+      self.close()
+      self.handle = self._open(file)
+      self.handle.__enter__()
+      self.open_file = file
+    return self.handle.get_slice(name)
+
+  def close(self) -> None:
+    if self.handle is not None:
+      self.handle.__exit__(None, None, None)
+      self.handle, self.open_file = None, None
 
 
 def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
@@ -151,11 +163,12 @@ def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool)
 
 
 def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
-            param_dtype: str = "float32", placement=None) -> Decoder:
+            param_dtype: str = "float32", placement=None, model: dict | None = None) -> Decoder:
   """The decoder of a local Hugging Face checkpoint directory on `mesh`: config.json read (`hf_config`), then every
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
-  moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...). A checkpoint whose tensors differ
+  moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...); model: DecoderConfig fields (fsdp,
+  remat, tensor_parallel, grad_sync: how the model is laid out and trained, not what it computes). A checkpoint whose tensors differ
   from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused, naming the tensor.
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
   checked before anything is read, then applied to the loaded model (`moejax.infer.decode.with_placement`: expert e
@@ -165,13 +178,13 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   if not os.path.exists(config_path):
     raise ConfigError(f"{path}: no config.json (from_hf reads a local checkpoint directory)")
   with open(config_path) as f:
-    cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe)
+    cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe, model=model)
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
     placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh)
   loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
-  with contextlib.ExitStack() as stack:
-    shards = _Shards(path, stack)
+  shards = _Shards(path)
+  try:
     expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
     _check(shards, expected, path)
     leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
@@ -180,6 +193,8 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
       if expert in (None, 0):
         arrays[leaf_path] = _load_leaf(shards, hf_key(leaf_path, cfg)[0], leaves[leaf_path], transposed,
                                        expert is not None)
+  finally:
+    shards.close()
   params, rest = jax.tree.map(lambda a: a, params), state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)
   for leaf_path, array in arrays.items():
     _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
@@ -191,52 +206,75 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   return with_placement(model, placement)
 
 
+def _host_tensors(model: Decoder):
+  """(HF name, host array) of every tensor to write, one part of the model at a time (the embeddings, each block,
+  each MTP module, the final norm and head), a placed model's MoE layers put back in the checkpoint's order."""
+  cfg, moe_cfg = model.cfg, model.moe_cfg
+  params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+  rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+  order = getattr(model, "expert_order", None)
+  undo = None if order is None else placement_lib.inverse_order(np.asarray(order))  # index i: expert order[j][i]
+  moe_layer = {block: j for j, block in enumerate(moe_block_indices(cfg))}
+  host = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True))
+  parts = [(key,) for key in params if key not in ("blocks", "mtp")]
+  parts += [(key, i) for key in ("blocks", "mtp") for i in params.get(key, {})]
+  for part in parts:
+    tree, state = params, rest
+    for key in part:
+      tree, state = tree[key], (state or {}).get(key)
+    tree = jax.tree.map(host, tree)
+    bias = None if not isinstance(state, dict) else state.get("ffn", {}).get("moe", {}).get("expert_bias")
+    bias = None if bias is None else host(bias)
+    if part[0] == "blocks" and part[1] in moe_layer and undo is not None:
+      j = moe_layer[part[1]]
+      tree["ffn"]["moe"] = placement_lib.permute_experts([tree["ffn"]["moe"]], undo[j][None], moe_cfg)[0]
+      bias = None if bias is None else bias[undo[j]]
+    leaves = [(part + p, a) for p, a in _leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
+    if bias is not None:
+      leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
+    for path, array in leaves:
+      name, transposed = hf_key(path, cfg)
+      if "{e}" in name:
+        yield from ((name.format(e=e), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0]))
+      else:
+        yield name, np.ascontiguousarray(array.T if transposed else array)
+
+
 def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
   """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
-  shard_bytes each; one model.safetensors if it fits) and model.safetensors.index.json. Experts in their logical
-  order: a placed model's experts (`from_hf(..., placement=)`, `with_placement`: its `expert_order`), their router
-  columns and balancing biases are put back in the checkpoint's order; a slot table's replicas are not written)."""
-  cfg, moe_cfg = model.cfg, model.moe_cfg
-  config = hf_config.to_hf_config(cfg, moe_cfg)  # refuses what config.json cannot say, before anything is written
-  _, params, rest = nnx.split(model, nnx.Param, ...)
-  host = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True))
-  params = jax.tree.map(host, nnx.to_pure_dict(params))
-  rest = nnx.to_pure_dict(rest)
-  biases = {p: host(a) for p, a in _leaves(rest) if p[-1] == "expert_bias"}
-  order = getattr(model, "expert_order", None)
-  if order is not None:  # undo the placement: index i holds logical expert order[j][i]
-    undo, moe_blocks = placement_lib.inverse_order(np.asarray(order)), moe_block_indices(cfg)
-    layers = placement_lib.permute_experts([params["blocks"][i]["ffn"]["moe"] for i in moe_blocks], undo, moe_cfg)
-    for j, (i, layer) in enumerate(zip(moe_blocks, layers)):
-      params["blocks"][i]["ffn"]["moe"] = layer
-      bias = ("blocks", i, "ffn", "moe", "expert_bias")
-      if bias in biases:
-        biases[bias] = biases[bias][undo[j]]
-  tensors = {}
-  for path, host_array in list(_leaves(params)) + list(biases.items()):
-    name, transposed = hf_key(path, cfg)
-    if "{e}" in name:
-      tensors.update({name.format(e=e): np.ascontiguousarray(host_array[e].T) for e in range(host_array.shape[0])})
-    else:
-      tensors[name] = np.ascontiguousarray(host_array.T if transposed else host_array)
-  if jax.process_index() != 0:
+  shard_bytes each, in the model's order; one model.safetensors if it fits) and model.safetensors.index.json.
+  One part of the model is gathered to the host at a time and each file written when full, so the host holds
+  about a block and a shard. Experts in their logical order: a placed model's experts (`from_hf(..., placement=)`,
+  `with_placement`: its `expert_order`), their router columns and balancing biases are put back in the
+  checkpoint's order; a slot table's replicas are not written."""
+  config = hf_config.to_hf_config(model.cfg, model.moe_cfg)  # refuses what config.json cannot say, before writing
+  writer = jax.process_index() == 0
+  if writer:
+    os.makedirs(out_dir, exist_ok=True)
+  weight_map, shard, size, total = {}, {}, 0, 0
+
+  def flush():
+    file = f"part-{len(set(weight_map.values())):05d}.safetensors"
+    if writer:
+      save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
+    weight_map.update({name: file for name in shard})
+
+  for name, array in _host_tensors(model):
+    if shard and size + array.nbytes > shard_bytes:
+      flush()
+      shard, size = {}, 0
+    shard[name], size, total = array, size + array.nbytes, total + array.nbytes
+  flush()
+  if not writer:
     return
-  os.makedirs(out_dir, exist_ok=True)
-  groups, size = [[]], 0
-  for name in sorted(tensors):
-    if groups[-1] and size + tensors[name].nbytes > shard_bytes:
-      groups.append([])
-      size = 0
-    groups[-1].append(name)
-    size += tensors[name].nbytes
-  files = ["model.safetensors"] if len(groups) == 1 else [
-      f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
-  for file, names in zip(files, groups):
-    save_file({n: tensors[n] for n in names}, os.path.join(out_dir, file), metadata={"format": "pt"})
-  index = {"metadata": {"total_size": sum(t.nbytes for t in tensors.values())},
-           "weight_map": {n: file for file, names in zip(files, groups) for n in names}}
-  if len(files) > 1:
+  parts = sorted(set(weight_map.values()))
+  final = {part: "model.safetensors" if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+           for i, part in enumerate(parts)}
+  for part, file in final.items():
+    os.replace(os.path.join(out_dir, part), os.path.join(out_dir, file))
+  if len(parts) > 1:
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-      json.dump(index, f, indent=2)
+      json.dump({"metadata": {"total_size": total},
+                 "weight_map": {name: final[part] for name, part in sorted(weight_map.items())}}, f, indent=2)
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2)

@@ -7,7 +7,7 @@ refuses what it cannot honour by name; `to_hf_config` writes what transformers' 
 
 from moejax.models.decoder_config import FAMILIES, DecoderConfig
 from moejax.moe.config import MoEConfig
-from moejax.validation import ConfigError, require
+from moejax.validation import ConfigError, prefixed, require
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM",
                  "qwen3_moe": "Qwen3MoeForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
@@ -89,10 +89,11 @@ def _moe_fields(family: str, hf: dict) -> dict:
   return fields
 
 
-def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32",
-                   moe: dict | None = None) -> tuple[DecoderConfig, MoEConfig]:
+def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None,
+                   model: dict | None = None) -> tuple[DecoderConfig, MoEConfig]:
   """(decoder config, MoE layer config) of a config.json's dict; `moe` overrides MoEConfig fields (transport,
-  schedule, ...). Errors name the config.json field."""
+  schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync). Errors name the
+  config.json field, or moe.<field> and model.<field>."""
   family = hf.get("model_type")
   require(family in FAMILIES, "model_type", family, f"one of {FAMILIES}")
   require(not hf.get("attention_bias") or family in ("qwen3_moe", "qwen3", "llama"), "attention_bias",
@@ -118,7 +119,9 @@ def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "floa
   if latent:
     decoder.update({k: hf[k] for k in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
                                        "v_head_dim")})
-  cfg = DecoderConfig(**decoder)
+  unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
+  require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
+  cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})
   fields = (_moe_fields(family, hf) if cfg.num_moe_layers else
             dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=hf["intermediate_size"]))
   fields["dtype"] = dtype

@@ -24,6 +24,15 @@ TENSOR_PARALLEL_SPECS = {
     ("ffn", "w_in", "kernel"): P(None, mesh_lib.GPU), ("ffn", "w_in", "bias"): P(mesh_lib.GPU),
     ("ffn", "w_out", "kernel"): P(mesh_lib.GPU, None),
 }
+# The same for the decoder families: q, k, v (and MLA's q_b, kv_b) projections by heads, the output projection by
+# its input heads, the SwiGLU FFN by hidden units; MLA's latent projections and the norms are replicated.
+_COLUMNS, _ROWS = P(None, mesh_lib.GPU), P(mesh_lib.GPU, None)
+TENSOR_PARALLEL_SPECS.update({
+    **{("attn", name, "kernel"): _COLUMNS for name in ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj")},
+    **{("attn", name, "bias"): P(mesh_lib.GPU) for name in ("q_proj", "k_proj", "v_proj")},
+    ("attn", "o_proj", "kernel"): _ROWS, ("ffn", "gate_proj", "kernel"): _COLUMNS,
+    ("ffn", "up_proj", "kernel"): _COLUMNS, ("ffn", "down_proj", "kernel"): _ROWS,
+})
 
 
 def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False, fsdp_over: tuple = (),
