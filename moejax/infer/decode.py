@@ -80,7 +80,10 @@ def on_mesh(model: LanguageModel, mesh: jax.sharding.Mesh) -> LanguageModel:
   _, have_params, have_rest = nnx.split(model, nnx.Param, ...)
   have_params, have_rest = nnx.to_pure_dict(have_params), nnx.to_pure_dict(have_rest)
   put = lambda a, like: jax.device_put(a, like.sharding)
-  return nnx.merge(graphdef, jax.tree.map(put, have_params, params), jax.tree.map(put, have_rest, rest))
+  moved = nnx.merge(graphdef, jax.tree.map(put, have_params, params), jax.tree.map(put, have_rest, rest))
+  if getattr(model, "expert_order", None) is not None:  # a placed model stays placed (`with_placement`)
+    moved.expert_order = model.expert_order
+  return moved
 
 
 def with_placement(model: LanguageModel, placement) -> LanguageModel:
