@@ -77,9 +77,12 @@ def panels(records: list[dict]) -> list[dict]:
   no_moe = None if any(r.get("expert_load") for r in records) else "no MoE layers in the records"
   no_bias = (None if any(r.get("expert_bias_range") for r in records)
              else "no auxiliary-loss-free balancing (moe.bias_update_rate = 0)")
+  mtp = all("mtp_loss" in r for r in records) and records  # DeepSeek-V3's multi-token prediction modules
+  total = "total (task + aux + lambda x MTP)" if mtp else "total (task + aux)"
   return [
       _panel("loss", "cross-entropy, nats", "nats",
-             [("total (task + aux)", steps, column("loss")), ("task", steps, column("task_loss"))]),
+             [(total, steps, column("loss")), ("task", steps, column("task_loss"))]
+             + ([("MTP (mean of the modules)", steps, column("mtp_loss"))] if mtp else [])),
       _panel("auxiliary loss", "summed over MoE layers, unitless", "aux loss", [("aux", steps, column("aux_loss"))]),
       _panel("busiest expert load", "x the mean expert load; 1.0 = balanced", "max / mean",
              _per_layer(records, lambda r: busiest_per_layer(r.get("expert_load", []))), reference=1.0,

@@ -15,7 +15,7 @@ from tests.helpers import ENV
 STEPS, LAYERS, EXPERTS = 6, 2, 4
 
 
-def _write_run(workdir, bias: bool, moe: bool = True) -> list[dict]:
+def _write_run(workdir, bias: bool, moe: bool = True, mtp: bool = False) -> list[dict]:
   """Writes STEPS records with the real writer (no TensorBoard) into `workdir`; returns the raw step metrics
   (the inputs of each record) for the checks."""
   rng = np.random.default_rng(1 if bias else 0)
@@ -30,6 +30,8 @@ def _write_run(workdir, bias: bool, moe: bool = True) -> list[dict]:
                     "tokens_overflowed": rng.integers(0, 20, size=layers)}
     if bias:
       step_metrics["expert_bias_range"] = rng.uniform(0, 0.05, size=layers)
+    if mtp:
+      step_metrics["mtp_loss"] = 5.5 - 0.4 * step
     raw.append(step_metrics)
     writer.write(metrics.step_record(step, step_metrics, step_time_s=0.25 * step, tokens=1000))
   writer.close()
@@ -92,6 +94,14 @@ def test_panels_draw_the_records(tmp_path, bias):
     assert not bias_ax.get_lines()
     assert texts == ["no data: no auxiliary-loss-free balancing (moe.bias_update_rate = 0)"]
     assert fig.get_suptitle().endswith("\nno data: expert bias range")
+
+
+def test_a_run_with_mtp_modules_draws_their_loss(tmp_path):
+  """DeepSeek-V3's multi-token prediction: the loss panel names the total with it and draws the modules' loss."""
+  raw = _write_run(tmp_path, bias=False, mtp=True)
+  loss = _lines(_axes_by_title(plot_run.draw(plot_run.load_records(str(tmp_path)), "run"))["loss (cross-entropy, nats)"])
+  assert set(loss) == {"total (task + aux + lambda x MTP)", "task", "MTP (mean of the modules)"}
+  np.testing.assert_allclose(loss["MTP (mean of the modules)"].get_ydata(), [m["mtp_loss"] for m in raw])
 
 
 def test_a_run_without_moe_layers_says_which_panels_are_empty(tmp_path):
