@@ -48,8 +48,10 @@ LEARNING_MESH = (2, 1)
 # tables re-planned every 2 steps from a 4-step window of loads (so a resume from step 3, 6 or 9 needs the window
 # the checkpoint kept).
 STATEFUL = {"bias_update_rate": 0.01, "slots_per_device": 2, "replan_every": 2, "replan_window": 4}
-# The first 12 steps of the convergence runs' schedule, with that state.
-SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1",
+# The first 12 steps of the convergence runs' schedule, with that state, and FSDP (the dense parameters and their
+# optimizer states sharded over the 8 devices: saved, restored and run in two processes as they are; FSDP trains
+# to the replicated run's losses bit for bit, tests/test_fsdp.py).
+SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1", "--config.model.fsdp=True",
          f"--config.optim.decay_steps={CONVERGENCE_STEPS}", *(f"--config.moe.{k}={v}" for k, v in STATEFUL.items())]
 
 
