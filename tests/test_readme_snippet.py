@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from tests import helpers
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,6 +44,7 @@ def test_readme_snippet_runs_and_prints_what_it_says(tmp_path):
   assert grown and float(grown.group(1)) in (1.0, 2.0, 4.0, 8.0), out  # 0.5 doubled
 
 
+@pytest.mark.slow
 def test_readme_models_snippet_runs_and_prints_what_it_says(tmp_path):
   """README's "Today's models" snippet, run where tests/ is at hand (its fixture path) and its export lands in
   tmp_path: the logits' error against transformers and the greedy tokens as the text after it says."""

@@ -116,8 +116,9 @@ def test_upcycling_some_layers_with_a_transport(dense):
                                                   jax.tree.leaves(upcycled["blocks"][0])))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", [pytest.param("llama_dense", marks=group("llama_dense")),
-                                    pytest.param("qwen3_dense", marks=[group("qwen3_dense"), pytest.mark.slow])])
+                                    pytest.param("qwen3_dense", marks=group("qwen3_dense"))])
 def test_upcycled_export_round_trip(dense, tmp_path, family):
   model, tokens, want = dense(family)
   moe = models.upcycle(model, num_experts=8, top_k=2)
