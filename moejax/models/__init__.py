@@ -8,6 +8,7 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
   moe_model = moejax.models.upcycle(dense_model, num_experts=8, top_k=2)   # a dense checkpoint made an MoE
 
   config          `ModelConfig` (SMILE's models); the model and MoE configs of a run config's sections
+  parallelism     the layout fields both model configs share (tensor_parallel, grad_sync, fsdp, remat)
   decoder_config  `DecoderConfig` (the families: Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, Llama, Qwen3)
   presets         published MoE layer shapes (DeepSeek-V3, Qwen3-MoE, Mixtral) as MoEConfig fields
   blocks          SMILE's attention and blocks, the dense and MoE FFNs, the loop over a model's blocks

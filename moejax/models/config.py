@@ -7,18 +7,18 @@ import dataclasses
 import ml_collections
 
 from moejax.cost import parm
-from moejax.models.decoder_config import REMATS, DecoderConfig
+from moejax.models.decoder_config import DecoderConfig
+from moejax.models.parallelism import Parallelism
 from moejax.moe.config import DTYPES, MoEConfig
 from moejax.validation import ConfigError, check_mesh, is_int, prefixed, require
 
 KINDS = ("bert", "gpt")
-GRAD_SYNCS = ("default", "prioritized")
 # MoEConfig fields taken from the model section, so a config's moe section leaves them out.
 MOE_FROM_MODEL = ("d_model", "d_ff")
 
 
 @dataclasses.dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(Parallelism):
   """kind: 'bert' (bidirectional encoder, post-LN, MLM head) or 'gpt' (causal decoder, pre-LN).
 
   vocab_size: V, rows of the (tied) embedding table. max_len: positions; sequences may be shorter.
@@ -26,19 +26,7 @@ class ModelConfig:
     SMILE); 0: no MoE layers. dtype: compute dtype ('float32' or 'bfloat16'); parameters stay fp32.
   embed_init_std: std of the normal initialisation of token and position embeddings (BERT: 0.02;
     LAMB moves each tensor by a fraction of its norm per step, so short runs start larger).
-  tensor_parallel: Megatron-style tensor parallelism of the dense parts over 'gpu': attention heads and
-    the dense FFN's hidden units split over the node's GPUs (one all-reduce after each), activations
-    sharded over 'node' only, so the MoE layers see their input replicated over 'gpu' (Parm's setting,
-    `MoEConfig.esp_schedule`). False: data parallelism over both axes.
-  fsdp: FSDP (ZeRO-3): the dense parameters, their gradients and optimizer states sharded over the data-parallel
-    devices (both axes, or 'node' with tensor_parallel), gathered where used, gradients reduce-scattered.
-  remat: what the backward recomputes of each block: 'none' (keeps every activation), 'full' (recomputes the
-    block from its input), 'save_exchanged' (keeps the MoE layer's exchanged rows, so no exchange runs twice),
-    'save_matmuls' (keeps the matmuls' outputs).
-  grad_sync: 'default' (XLA places the data-parallel gradient all-reduces) or 'prioritized' (Lina):
-    each block's parameter gradients are reduced as one bucket as soon as its backward is done, and the
-    gradient flowing on to the block below waits for that bucket, so no bucket's all-reduce runs
-    during another block's backward all-to-alls. Same gradients (`moejax.models.grad_sync`).
+  The layout fields (tensor_parallel, grad_sync, fsdp, remat): `moejax.models.parallelism.Parallelism`.
   """
 
   kind: str
@@ -52,10 +40,6 @@ class ModelConfig:
   moe_every: int = 2
   dtype: str = "float32"
   embed_init_std: float = 0.02
-  tensor_parallel: bool = False
-  grad_sync: str = "default"
-  fsdp: bool = False
-  remat: str = "none"
 
   def __post_init__(self):
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
@@ -72,18 +56,11 @@ class ModelConfig:
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
     require(isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0, "embed_init_std",
             self.embed_init_std, "> 0")
-    require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
-    require(self.grad_sync in GRAD_SYNCS, "grad_sync", self.grad_sync, f"one of {GRAD_SYNCS}")
-    require(isinstance(self.fsdp, bool), "fsdp", self.fsdp, "True or False")
-    require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
+    self.check_parallelism()
 
   def check_mesh(self, gpus_per_node: int) -> None:
     """With tensor parallelism, the heads and the dense FFN split evenly over the node's GPUs."""
-    if self.tensor_parallel:
-      for name in ("num_heads", "d_ff"):
-        value = getattr(self, name)
-        require(value % gpus_per_node == 0, name, value,
-                f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")
+    self.check_split(gpus_per_node, ("num_heads", "d_ff"))
 
   @property
   def causal(self) -> bool:

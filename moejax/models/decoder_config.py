@@ -4,15 +4,15 @@ reads and writes those files)."""
 
 import dataclasses
 
+from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
 FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama", "qwen3")
 LATENT_FAMILIES = ("deepseek_v2", "deepseek_v3")  # multi-head latent attention (MLA)
-REMATS = ("none", "full", "save_exchanged", "save_matmuls")  # what a block's backward recomputes (both models)
 
 
 @dataclasses.dataclass(frozen=True)
-class DecoderConfig:
+class DecoderConfig(Parallelism):
   """A pre-norm causal decoder: embeddings, `num_layers` blocks (RMSNorm, attention, RMSNorm, FFN), RMSNorm, head.
 
   family: one of FAMILIES. d_model, d_ff: the hidden and the dense FFN's widths (the experts' is MoEConfig.d_ff).
@@ -30,8 +30,8 @@ class DecoderConfig:
   num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
     mtp_loss_coef weighs their mean loss, V3's lambda).
   dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
-  tensor_parallel, grad_sync, fsdp, remat: as `ModelConfig`'s (Megatron-style tensor parallelism of attention heads
-    and the dense FFN over 'gpu', Lina's prioritised gradient sync, FSDP, rematerialisation).
+  The layout fields (tensor_parallel: heads and the dense FFN over 'gpu'; grad_sync, fsdp, remat):
+    `moejax.models.parallelism.Parallelism`.
   """
 
   family: str
@@ -63,10 +63,6 @@ class DecoderConfig:
   mtp_loss_coef: float = 0.3
   dtype: str = "float32"
   param_dtype: str = "float32"
-  tensor_parallel: bool = False
-  grad_sync: str = "default"
-  fsdp: bool = False
-  remat: str = "none"
 
   def __post_init__(self):
     require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
@@ -91,10 +87,7 @@ class DecoderConfig:
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):
       require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
-    require(self.grad_sync in ("default", "prioritized"), "grad_sync", self.grad_sync, "'default' or 'prioritized'")
-    require(isinstance(self.fsdp, bool), "fsdp", self.fsdp, "True or False")
-    require(isinstance(self.tensor_parallel, bool), "tensor_parallel", self.tensor_parallel, "True or False")
-    require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
+    self.check_parallelism()
 
   @property
   def latent(self) -> bool:
@@ -127,8 +120,4 @@ class DecoderConfig:
 
   def check_mesh(self, gpus_per_node: int) -> None:
     """With tensor parallelism, the query and key/value heads and the dense FFN split evenly over a node's GPUs."""
-    if self.tensor_parallel:
-      for name in ("num_heads", "num_kv_heads", "d_ff"):
-        value = getattr(self, name)
-        require(value % gpus_per_node == 0, name, value,
-                f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")
+    self.check_split(gpus_per_node, ("num_heads", "num_kv_heads", "d_ff"))
