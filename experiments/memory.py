@@ -1,0 +1,267 @@
+"""Memory planner: per-device bytes of a training config's parameters, optimizer states, gradients, activations and
+exchange buffers, from the compiled train step's memory analysis on simulated CPU devices of the config's mesh
+(nothing allocated: the step is lowered from abstract arrays), beside an analytic count, with a verdict against the
+device's memory.
+
+  python -m experiments.memory --config=configs/decoder.py:deepseek_v3,published --config.model.fsdp=True
+  python -m experiments.memory --preset=all --out=benchmarks/results/2026-11-25-cpu/memory.json
+  python -m experiments.memory --config=configs/decoder.py:qwen3_moe --whole --device_gb=0.01
+
+Full models are compiled as a few blocks ((dense, MoE) = (1,1), (2,1), (1,2)) and scaled by the block counts
+(`moejax.study.memory.scale`); --whole compiles the model as it is. XLA:CPU has no ragged all-to-all, so a
+'ragged' transport compiles as 'padded' (the same buffer bounds). docs/memory.md explains every column.
+"""
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+from absl import flags
+
+from experiments import config_flag
+from moejax.study import memory as memory_lib
+from moejax.study.memory import GB
+
+_CONFIG = config_flag.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
+                                   "Training config (used instead of --preset when given).")
+_PRESET = flags.DEFINE_list("preset", ["all"], "Rows to plan without --config: 'all' or names of PRESETS.")
+_DEVICE_GB = flags.DEFINE_float("device_gb", 80.0, "Device memory in GB (10^9 bytes) for the verdict.")
+_OUT = flags.DEFINE_string("out", None, "Where to write the rows as JSON.")
+_WHOLE = flags.DEFINE_bool("whole", False, "Compile the whole model instead of scaling block variants.")
+_EXPLAIN = flags.DEFINE_bool("explain", False, "List the largest buffers live at the compiled peak (first variant).")
+
+# A micro-batch of one 4096-token sequence per device: the published configs' 2 sequences per device in 2 micro-batches.
+_ONE_SEQUENCE = dict(micro_batches=2)
+PRESETS = {  # name: (config spec of configs/decoder.py, top-level, model, moe and mesh overrides, explain)
+    "deepseek_v3_fsdp_remat": ("deepseek_v3,published", _ONE_SEQUENCE, dict(fsdp=True, remat="full"),
+                               dict(transport="hierarchical"), {}, True),
+    "deepseek_v3_fsdp_remat_seq2048": ("deepseek_v3,published", dict(micro_batches=2, seq_len=2048),
+                                       dict(fsdp=True, remat="full"), dict(transport="hierarchical"), {}, False),
+    "deepseek_v3_remat": ("deepseek_v3,published", _ONE_SEQUENCE, dict(fsdp=False, remat="full"),
+                          dict(transport="hierarchical"), {}, False),
+    "qwen3_moe": ("qwen3_moe,published", _ONE_SEQUENCE, {}, {}, {}, False),
+    "qwen3_moe_fsdp_remat": ("qwen3_moe,published", _ONE_SEQUENCE, dict(fsdp=True, remat="full"), {}, {}, False),
+    "mixtral": ("mixtral,published", _ONE_SEQUENCE, {}, {}, {}, False),
+    "mixtral_fsdp_remat": ("mixtral,published", _ONE_SEQUENCE, dict(fsdp=True, remat="full"), {}, {}, False),
+    "mixtral_2x8_edp": ("mixtral,published", dict(batch_size=32, micro_batches=2), {},
+                        dict(expert_data_parallel=True, num_nodes=2), dict(nodes=2), False),
+}
+# XLA:CPU's default schedule maximises concurrency and ignores memory; its memory-minimising one is the honest
+# stand-in for a GPU compiler that schedules under a memory limit. Optimisation level 0 only speeds compiling.
+SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "xla_backend_optimization_level": 0}
+
+
+def preset_config(name: str):
+  from configs import decoder
+  spec, top, model, moe, mesh, _ = PRESETS[name]
+  config = decoder.get_config(spec)
+  config.update(top)
+  config.model.update(model)
+  config.moe.update(moe)
+  config.mesh.update(mesh)
+  config.data.shards = config.mesh.nodes * config.mesh.gpus_per_node
+  return config
+
+
+def _tokens(vocab: int):
+  """Special ids for a vocabulary of `vocab` (the step only reads the padding and mask ids)."""
+  from moejax.train import objective
+  return objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=vocab - 2, num_ids=vocab)
+
+
+def _compile(config, mesh, dump_dir=None):
+  """The train step of `config` compiled for `mesh` from abstract arguments -> (memory numbers, seconds, schedule)."""
+  import jax
+
+  from moejax.models import state as state_lib
+  from moejax.train import config as config_lib
+  from moejax.train import trainer as train
+  config, model_cfg, moe_cfg = config_lib.checked(config)
+  trainer = train.Trainer(config, model_cfg, moe_cfg, mesh, _tokens(model_cfg.vocab_size), donate=True)
+  _, _, rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
+  rows = config.batch_size // config.micro_batches
+  batch = jax.ShapeDtypeStruct((config.micro_batches, rows, config.seq_len), jax.numpy.int32,
+                               sharding=trainer.batch_sharding)
+  start = time.perf_counter()
+  lowered = trainer.step.lower(trainer.abstract_state, rest, batch)
+  options = dict(SCHEDULE, **({"xla_dump_to": dump_dir, "xla_dump_hlo_module_re": ".*_step.*"} if dump_dir else {}))
+  try:
+    compiled, schedule = lowered.compile(compiler_options=options), "memory-optimised"
+  except Exception:  # noqa: BLE001  an XLA without the scheduler option: its default schedule
+    compiled, schedule = lowered.compile(), "default"
+  m = compiled.memory_analysis()
+  sizes = {k: float(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "alias", "temp")}
+  return sizes, time.perf_counter() - start, schedule
+
+
+def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = False) -> dict:
+  """One row of the planner (devices already simulated): the config's per-device bytes by category, compiled and
+  analytic, and the verdicts against `device_gb`."""
+  import jax
+
+  from moejax.models.decoder_config import DecoderConfig
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.runtime import platform as platform_lib
+  from moejax.train import config as config_lib
+  from moejax.train import trainer as train
+  config = config.copy_and_resolve_references()
+  nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
+  mesh = mesh_lib.make_mesh(nodes, gpus)
+  configured = config.moe.transport
+  if not platform_lib.has_ragged_all_to_all(platform_lib.of_mesh(mesh)) and configured == "ragged":
+    config.moe.transport = "padded"
+  full, model_cfg, moe_cfg = config_lib.checked(config)
+  trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, _tokens(model_cfg.vocab_size))
+  state = {k: sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(trainer.abstract_state[k]))
+           for k in trainer.abstract_state}
+  params, optimizer = state.pop("params"), state.pop("opt_state")
+  rows = full.batch_size // full.micro_batches
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh, rows * full.seq_len) if model_cfg.num_moe_layers else None
+  target = memory_lib.layer_counts(model_cfg)
+  points = [target] if whole else memory_lib.variants(model_cfg)
+  decoder = isinstance(model_cfg, DecoderConfig)
+  compiled = []
+  for i, (dense, moe) in enumerate(points):
+    variant = config.copy_and_resolve_references()
+    if not whole:
+      variant.model.update(memory_lib.variant_model(dict(config.model), decoder, dense, moe))
+    with tempfile.TemporaryDirectory() as dump:
+      sizes, seconds, schedule = _compile(variant, mesh, dump if explain and i == 0 else None)
+      peak = _peak_buffers(dump) if explain and i == 0 else None
+    compiled.append(dict(dense=dense, moe=moe, seconds=seconds, schedule=schedule, **sizes,
+                         **({"peak_buffers": peak} if peak else {})))
+  scaled = {k: memory_lib.scale(points, [c[k] for c in compiled], target) for k in ("argument", "temp", "output",
+                                                                                   "alias")}
+  temp = scaled["temp"][0]
+  exch = exchange["bytes"] if exchange else 0.0
+  out = {
+      "parameters": params, "optimizer": optimizer, "gradients": params, "exchange_buffers": exch,
+      "activations": temp - params - exch, "other_state": sum(state.values()),
+      "batch": full.micro_batches * rows * full.seq_len * 4 / (nodes * gpus),
+      "unaliased_output": max(0.0, scaled["output"][0] - scaled["alias"][0])}
+  out["total"] = (params + optimizer + out["other_state"] + out["batch"] + temp + out["unaliased_output"])
+  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, nodes, gpus)
+  analytic.update(memory_lib.analytic_activations(model_cfg, moe_cfg, rows // (nodes * gpus), full.seq_len, exchange))
+  analytic["exchange_buffers"] = exch
+  analytic["total"] = sum(analytic[k] for k in ("parameters", "optimizer", "gradients", "activations",
+                                                "exchange_buffers"))
+  verdict = lambda total: "fits" if total <= device_gb * GB else "does not fit"
+  return {
+      "model": getattr(model_cfg, "family", getattr(model_cfg, "kind", "?")), "mesh": [nodes, gpus],
+      "layers": {"dense": target[0], "moe": target[1], "mtp": getattr(model_cfg, "num_mtp_layers", 0)},
+      "fsdp": model_cfg.fsdp, "remat": model_cfg.remat, "param_dtype": getattr(model_cfg, "param_dtype", "float32"),
+      "dtype": model_cfg.dtype, "micro_batch": {"sequences_per_device": rows // (nodes * gpus), "seq_len":
+                                                full.seq_len, "micro_batches": full.micro_batches},
+      "transport": {"configured": configured, "compiled": full.moe.transport}, "buffer_factor": moe_cfg.buffer_factor,
+      "expert_data_parallel": moe_cfg.expert_data_parallel, "schedule": compiled[0]["schedule"],
+      "method": "whole model compiled" if whole else "layer variants scaled", "variants": compiled,
+      "scaling": {k: {"value": val, "base_per_dense_per_moe": coef} for k, (val, coef) in scaled.items()},
+      "compiled": out, "analytic": analytic, "exchange": exchange, "device_gb": device_gb,
+      "verdict": verdict(out["total"]), "analytic_verdict": verdict(analytic["total"]),
+      "argument_check": {"scaled": scaled["argument"][0], "exact_state_and_batch": params + optimizer +
+                         out["other_state"] + out["batch"]}}
+
+
+def _peak_buffers(dump_dir: str, top: int = 8) -> list | None:
+  """The largest buffers live at the peak of the dumped step's schedule, by shape: [(count, shape, GB)]."""
+  import glob
+  import re
+  names = glob.glob(os.path.join(dump_dir, "*_step*buffer-assignment.txt"))
+  ranges = glob.glob(os.path.join(dump_dir, "*_step*live-range.txt"))
+  if not names or not ranges:
+    return None
+  sizes = {m[0]: (int(m[1]), m[2]) for m in re.findall(r"value: <\d+ (\S+) @\d+> \(size=(\d+),offset=\d+\): (\S+)",
+                                                         open(names[0]).read())}
+  live = {n: (int(a), int(b)) for n, a, b in re.findall(r"^\s+(\S+?)\{[\d,]*\}:(\d+)-(\d+)$",
+                                                        open(ranges[0]).read().split("BufferLiveRange")[-1], re.M)
+          if n in sizes and not n.startswith("param")}
+  if not live:
+    return None
+  events = sorted([(a, sizes[n][0]) for n, (a, b) in live.items()] + [(b + 1, -sizes[n][0]) for n, (a, b) in
+                                                                      live.items()])
+  level, best, when = 0, -1, 0
+  for t, delta in events:
+    level += delta
+    if level > best:
+      best, when = level, t
+  by_shape = {}
+  for n, (a, b) in live.items():
+    if a <= when <= b:
+      count, total = by_shape.get(sizes[n][1], (0, 0))
+      by_shape[sizes[n][1]] = (count + 1, total + sizes[n][0])
+  rows = sorted(((c, shape, total / GB) for shape, (c, total) in by_shape.items()), key=lambda r: -r[2])
+  return [{"count": c, "shape": s, "gb": g} for c, s, g in rows[:top]] + [{"live_at_peak_gb": best / GB}]
+
+
+CATEGORIES = ("parameters", "optimizer", "gradients", "activations", "exchange_buffers", "total")
+
+
+def format_row(name: str, row: dict) -> str:
+  """A row's category table: compiled (measured or derived) and analytic GB per device, and their ratio."""
+  mb = row["micro_batch"]
+  t = row["transport"]
+  lines = [f"{name}: {row['model']} on {row['mesh'][0]} x {row['mesh'][1]}, fsdp={row['fsdp']}, "
+           f"remat={row['remat']}, params {row['param_dtype']}, micro-batch {mb['sequences_per_device']} x "
+           f"{mb['seq_len']} tokens/device ({mb['micro_batches']} micro-batches), transport {t['compiled']}"
+           + (f" (configured {t['configured']})" if t["compiled"] != t["configured"] else "")
+           + f", {row['method']}, XLA:CPU {row['schedule']} schedule",
+           f"  {'GB per device':<28}{'compiled':>10}{'analytic':>10}{'ratio':>8}"]
+  labels = {"activations": "activations (derived)", "exchange_buffers": "exchange buffers (analytic)"}
+  for k in CATEGORIES:
+    c, a = row["compiled"][k], row["analytic"][k]
+    ratio = f"{c / a:8.2f}" if a else f"{'-':>8}"
+    lines.append(f"  {labels.get(k, k):<28}{c / GB:10.2f}{a / GB:10.2f}{ratio}")
+  lines.append(f"  verdict against {row['device_gb']:g} GB: {row['verdict']} (compiled), {row['analytic_verdict']} "
+               f"(analytic)")
+  for b in (row["variants"][0].get("peak_buffers") or [])[:-1]:
+    lines.append(f"    at the peak: {b['count']:3d} x {b['shape']:<28} {b['gb']:8.2f} GB")
+  return "\n".join(lines)
+
+
+def summary(rows: dict) -> str:
+  """One line per row: the categories in GB per device (activations compiled / analytic) and both verdicts."""
+  head = (f"{'row':<32}{'mesh':>6}{'params':>8}{'optim':>8}{'grads':>8}{'act c/a':>15}{'exch':>7}{'total c/a':>17}"
+          "  verdict (compiled / analytic)")
+  lines = [head]
+  for name, r in rows.items():
+    c, a = r["compiled"], r["analytic"]
+    g = lambda x: f"{x / GB:.1f}"
+    lines.append(f"{name:<32}{r['mesh'][0]:>3}x{r['mesh'][1]:<2}{g(c['parameters']):>8}{g(c['optimizer']):>8}"
+                 f"{g(c['gradients']):>8}{g(c['activations']) + ' / ' + g(a['activations']):>15}"
+                 f"{g(c['exchange_buffers']):>7}{g(c['total']) + ' / ' + g(a['total']):>17}  {r['verdict']} / "
+                 f"{r['analytic_verdict']}")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.validation import ConfigError
+  given = flags.FLAGS["config"].present
+  names = ["config"] if given else (list(PRESETS) if _PRESET.value == ["all"] else _PRESET.value)
+  unknown = [n for n in names if n != "config" and n not in PRESETS]
+  if unknown:
+    sys.exit(f"error: unknown preset(s) {unknown}; choose 'all' or some of {sorted(PRESETS)}")
+  configs = {n: _CONFIG.value if given else preset_config(n) for n in names}
+  mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c in configs.values()))
+  start, rows = time.perf_counter(), {}
+  try:
+    for name, config in configs.items():
+      explain = _EXPLAIN.value or (not given and PRESETS[name][5])
+      rows[name] = plan(config, _DEVICE_GB.value, _WHOLE.value, explain)
+      print(format_row(name, rows[name]), flush=True)
+  except (ConfigError, mesh_lib.MeshError) as e:
+    sys.exit(f"error: {e}")
+  print(summary(rows))
+  print(f"planned {len(rows)} row(s) in {time.perf_counter() - start:.0f} s")
+  if _OUT.value:
+    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
+    with open(_OUT.value, "w") as f:
+      json.dump({"rows": rows, "run_s": time.perf_counter() - start}, f, indent=1)
+    print(f"wrote {_OUT.value}")
+
+
+if __name__ == "__main__":
+  config_flag.run(main)

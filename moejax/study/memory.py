@@ -1,0 +1,208 @@
+"""The memory planner's arithmetic (`experiments/memory.py` runs it): per-device bytes of a training config's state
+from its shardings, the layer variants a compile is scaled from, and an analytic count from the config's dimensions
+alone (parameters, optimizer states, gradients, activations) to set beside the compiled numbers. docs/memory.md
+documents every formula."""
+
+import dataclasses
+import math
+
+import numpy as np
+
+from moejax.models.decoder_config import DecoderConfig
+from moejax.moe import path as path_lib
+from moejax.runtime import mesh as mesh_lib
+
+GB = 1e9  # bytes; verdicts and tables are in GB (10^9 bytes)
+
+
+def shard_bytes(leaf) -> int:
+  """Bytes one device holds of a jax.ShapeDtypeStruct with a sharding: its shard's elements x the item size."""
+  return math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+
+
+def layer_counts(cfg) -> tuple[int, int]:
+  """(dense, MoE) blocks of a model config (MTP modules not counted: they are in every compiled variant)."""
+  moe = cfg.num_moe_layers
+  return cfg.num_layers - moe, moe
+
+
+def variants(cfg) -> list[tuple[int, int]]:
+  """The (dense, MoE) block counts to compile and scale from: (1,1), (2,1), (1,2) with both kinds; (0,1), (0,2) or
+  (1,0), (2,0) with one. A SMILE model (`ModelConfig`) repeats moe_every blocks (moe_every - 1 dense, then an MoE
+  block), so its variants are one and two such periods."""
+  dense, moe = layer_counts(cfg)
+  if not isinstance(cfg, DecoderConfig) and cfg.moe_every > 0:
+    p = cfg.moe_every
+    return [(p - 1, 1), (2 * p - 2, 2)]
+  if dense and moe:
+    return [(1, 1), (2, 1), (1, 2)]
+  return [(0, 1), (0, 2)] if moe else [(1, 0), (2, 0)]
+
+
+def variant_model(model: dict, decoder: bool, dense: int, moe: int) -> dict:
+  """A model section with `dense` dense and `moe` MoE blocks, the dense ones first (DeepSeek's order); a SMILE
+  model's num_layers only (its moe_every places the MoE blocks)."""
+  model = dict(model)
+  model["num_layers"] = dense + moe
+  if decoder:
+    model["moe_layers"] = (False,) * dense + (True,) * moe
+    if model.get("sliding_layers") is not None:
+      model["sliding_layers"] = tuple(model["sliding_layers"])[:dense + moe]
+  return model
+
+
+def scale(points: list[tuple[int, int]], values: list[float], target: tuple[int, int]) -> tuple[float, list]:
+  """A value at `target` (dense, MoE) blocks from its values at `points`, by least squares on base + per-dense-block
+  + per-MoE-block (minimum norm where the points leave a direction free: a SMILE model's dense and MoE counts move
+  together, so only their sum per period is fixed). Returns (prediction, [base, per dense, per MoE])."""
+  a = np.array([[1.0, d, m] for d, m in points])
+  coef, *_ = np.linalg.lstsq(a, np.array(values, float), rcond=None)
+  return float(np.array([1.0, *target]) @ coef), [float(c) for c in coef]
+
+
+def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
+  """One MoE layer's receive buffers per device, as `experiments/exchange_memory.py` counts them (the layer's own
+  `moe.path.hop_sizes` with `moe.transport.buffer_bound`): each hop's buffer of rows x d in the dispatch dtype, and
+  the combine's buffer of the same rows back in the combine dtype. `tokens`: the tokens of one layer call."""
+  from moejax.moe import layout as layout_lib  # after the device count is set
+  lay = layout_lib.layout(moe_cfg, tokens, mesh)
+  sizes = path_lib.hop_sizes(lay.hops, {mesh_lib.NODE: lay.n, mesh_lib.GPU: lay.m}, lay.rows, lay.slots, lay.kind,
+                             lay.buffer_rows, lay.dedup)
+  rows = [h.out_rows for h in sizes]
+  item = lambda name, default: np.dtype(name or default).itemsize
+  dispatch, combine = item(moe_cfg.dispatch_dtype, moe_cfg.dtype), item(moe_cfg.combine_dtype, "float32")
+  return {"hop_rows": rows, "buffer_rows": lay.buffer_rows, "rows_sent": lay.rows, "slots": lay.slots,
+          "bytes": sum(rows) * moe_cfg.d_model * (dispatch + combine)}
+
+
+@dataclasses.dataclass
+class Leaf:
+  """One parameter tensor of the analytic count: its shape, how many the model has, and where it lives ('dense':
+  replicated or FSDP-sharded; 'expert': split over the expert holders; 'moe': the MoE layer's own replicated
+  tensors, routers and shared experts, which FSDP leaves alone)."""
+  shape: tuple
+  count: int = 1
+  kind: str = "dense"
+
+
+def _decoder_leaves(cfg, moe_cfg) -> tuple[list, list, list]:
+  """(model-level leaves, one attention half's, the dense FFN's) of a decoder family, from its dimensions."""
+  d, h, hd = cfg.d_model, cfg.num_heads, cfg.head_dim
+  top = [Leaf((cfg.vocab_size, d)), Leaf((d,))] + ([] if cfg.tie_embeddings else [Leaf((d, cfg.vocab_size))])
+  attn = [Leaf((d,)), Leaf((d,))]  # the block's two RMSNorms
+  if cfg.latent:
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    if cfg.q_lora_rank:
+      attn += [Leaf((d, cfg.q_lora_rank)), Leaf((cfg.q_lora_rank,)), Leaf((cfg.q_lora_rank, h * qk))]
+    else:
+      attn += [Leaf((d, h * qk))]
+    attn += [Leaf((d, cfg.kv_lora_rank + cfg.qk_rope_head_dim)), Leaf((cfg.kv_lora_rank,)),
+             Leaf((cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim))), Leaf((h * cfg.v_head_dim, d))]
+  else:
+    kv = cfg.num_kv_heads * hd
+    attn += [Leaf((d, h * hd)), Leaf((d, kv), 2), Leaf((h * hd, d))]
+    attn += [Leaf((h * hd,)), Leaf((kv,), 2)] if cfg.qkv_bias else []
+    attn += [Leaf((d,))] if cfg.out_bias else []
+    attn += [Leaf((hd,), 2)] if cfg.qk_norm else []
+  return top, attn, [Leaf((d, cfg.d_ff), 2), Leaf((cfg.d_ff, d))]
+
+
+def _smile_leaves(cfg) -> tuple[list, list, list]:
+  """The same for a SMILE model (`ModelConfig`): tied embeddings, learned positions, LayerNorms with biases."""
+  d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
+  top = [Leaf((v, d)), Leaf((cfg.max_len, d)), Leaf((d,), 2), Leaf((v,))]
+  top += [Leaf((d,), 2), Leaf((d, d)), Leaf((d,))] if cfg.kind == "bert" else []
+  w = d // cfg.num_heads
+  attn = [Leaf((d,), 4), Leaf((d, 3, cfg.num_heads, w)), Leaf((3, cfg.num_heads, w)), Leaf((cfg.num_heads, w, d)),
+          Leaf((d,))]
+  return top, attn, [Leaf((d, f)), Leaf((f,)), Leaf((f, d)), Leaf((d,))]
+
+
+def _moe_leaves(moe_cfg) -> list:
+  d, f, e = moe_cfg.d_model, moe_cfg.d_ff, moe_cfg.num_experts
+  widths = [moe_cfg.num_nodes, moe_cfg.experts_per_node] if moe_cfg.routing == "bilevel" else [e]
+  mats = 3 if moe_cfg.gated else 2
+  out = [Leaf((d, w), kind="moe") for w in widths] + [Leaf((e, d, f), mats, "expert")]
+  if moe_cfg.num_shared_experts:
+    out.append(Leaf((d, moe_cfg.shared_width), mats, "moe"))
+  return out + ([Leaf((d, 1), kind="moe")] if moe_cfg.shared_gate else [])
+
+
+def analytic_state(cfg, moe_cfg, nodes: int, gpus: int) -> dict:
+  """Per-device bytes of parameters, gradients and optimizer states from the config's dimensions alone: every
+  tensor's shape written out per layer kind (embeddings, attention, dense FFN, MoE layer, MTP module), placed as the
+  sharding rules say (experts over their holders; with FSDP a dense tensor over all devices on a dimension they
+  divide; routers and shared experts replicated). Gradients accumulate in the parameters' dtype (the trainer's
+  zeros_like), and LAMB keeps two moments of each parameter (Adam's m and v)."""
+  decoder = isinstance(cfg, DecoderConfig)
+  top, attn, ffn = _decoder_leaves(cfg, moe_cfg) if decoder else _smile_leaves(cfg)
+  dense, moe = layer_counts(cfg)
+  leaves = top + [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
+  leaves += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
+  mtp = getattr(cfg, "num_mtp_layers", 0)
+  leaves += [Leaf(x.shape, x.count * (moe + mtp), x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
+  if mtp:  # each MTP module: enorm, hnorm, eh_proj, its own norm, and one more block (attention and MoE FFN)
+    d = cfg.d_model
+    leaves += [Leaf((d,), 3 * mtp), Leaf((2 * d, d), mtp)] + [Leaf(x.shape, x.count * mtp, x.kind) for x in attn]
+  devices = nodes * gpus
+  holders = gpus if moe_cfg.expert_data_parallel else devices
+  item = np.dtype(getattr(cfg, "param_dtype", "float32")).itemsize
+
+  def per_device(leaf: Leaf) -> float:
+    size = math.prod(leaf.shape) * leaf.count * item
+    if leaf.kind == "expert":
+      return size / holders
+    if leaf.kind == "dense" and cfg.fsdp and any(s % devices == 0 for s in leaf.shape):
+      return size / devices
+    return size
+
+  params = sum(per_device(x) for x in leaves)
+  total = sum(math.prod(x.shape) * x.count for x in leaves)
+  return {"parameters": params, "gradients": params, "optimizer": 2 * params, "parameter_count": total}
+
+
+def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -> dict:
+  """A per-block estimate of what one micro-batch's forward keeps for the backward on one device (docs/memory.md):
+  `rows` sequences of `seq_len` tokens. Per block without remat: the norms' inputs and outputs (4 T d), q, k, v and
+  the attention output, the attention scores B H S^2 in float32 and their probabilities in the compute dtype, the
+  dense FFN's input, gate, up and product (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it
+  exchanged and their expert hidden states (3 f per row), its shared experts' (3 f_s per token) and its float32
+  combine (T d). remat='full' keeps each block's input only, plus one block recomputed with its gradients (twice
+  its 'none' bytes); 'save_exchanged' also the exchanged rows; 'save_matmuls' everything but the attention scores
+  (batched matmuls are not saved). The output head's float32 logits and their gradient, per head (MTP included)."""
+  decoder = isinstance(cfg, DecoderConfig)
+  b = np.dtype(cfg.dtype).itemsize
+  t, d, h = rows * seq_len, cfg.d_model, cfg.num_heads
+  if decoder and cfg.latent:
+    qkv = h * (2 * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) + 2 * cfg.v_head_dim)
+  elif decoder:
+    qkv = (2 * h + 2 * cfg.num_kv_heads) * cfg.head_dim
+  else:
+    qkv = 4 * d
+  scores = rows * h * seq_len * seq_len * (4 + b)
+  attn = 4 * t * d * b + t * qkv * b
+  dense_ffn = t * (d + 3 * cfg.d_ff) * b
+  moe_ffn = 0
+  exchanged = 0
+  if cfg.num_moe_layers:
+    choices = t * moe_cfg.choices_per_token
+    expert_rows = exchange["buffer_rows"] or choices
+    exchanged = sum(exchange["hop_rows"]) * d * b
+    mats = 3 if moe_cfg.gated else 2
+    moe_ffn = (t * moe_cfg.num_experts * 4 + exchanged + expert_rows * mats * moe_cfg.d_ff * b
+               + t * mats * moe_cfg.shared_width * b + t * d * 4)
+  dense, moe = layer_counts(cfg)
+  moe += getattr(cfg, "num_mtp_layers", 0)
+  heads = 1 + getattr(cfg, "num_mtp_layers", 0)
+  head = heads * t * cfg.vocab_size * 4 * 2
+  none_dense, none_moe = attn + scores + dense_ffn, attn + scores + moe_ffn
+  if cfg.remat == "none":
+    kept = dense * none_dense + moe * none_moe
+  else:
+    kept = (dense + moe) * t * d * b + 2 * max(none_dense if dense else 0, none_moe if moe else 0)
+    if cfg.remat == "save_exchanged":
+      kept += moe * 2 * exchanged
+    elif cfg.remat == "save_matmuls":
+      kept += dense * (attn + dense_ffn) + moe * (attn + moe_ffn)
+  return {"activations": float(kept + head), "per_dense_block": float(none_dense), "per_moe_block": float(none_moe),
+          "attention_scores_per_block": float(scores), "head": float(head)}

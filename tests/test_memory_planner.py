@@ -1,0 +1,132 @@
+"""The memory planner (experiments/memory.py) on tiny configs on the 2 x 4 mesh: the layer-scaled compile against the
+whole model's, parameter and optimizer bytes against a count from the shapes, FSDP's saving, and the verdict."""
+
+import json
+import math
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from moejax.models import state as state_lib
+from moejax.runtime import mesh as mesh_lib
+from moejax.study import memory as memory_lib
+from moejax.train import config as config_lib
+from moejax.train import objective
+from moejax.train import trainer as train
+from tests.helpers import ROOT, cpu_env
+
+sys.path.insert(0, str(ROOT))
+from configs import decoder, mlm  # noqa: E402
+from experiments import memory  # noqa: E402
+
+pytestmark = pytest.mark.xdist_group("memory_planner")
+
+
+def _config(family, **model):
+  config = mlm.get_config() if family is None else decoder.get_config(family)
+  config.update(batch_size=8, micro_batches=1, seq_len=32)
+  config.model.update(model)
+  return config
+
+
+def _deepseek(**model):
+  """Tiny DeepSeek-V3 with 1 dense and 4 MoE blocks (and its MTP module): the variants (1,1), (2,1), (1,2) must
+  extrapolate to (1,4)."""
+  return _config("deepseek_v3", num_layers=5, moe_layers=(False, True, True, True, True), **model)
+
+
+@pytest.fixture(scope="module")
+def rows(devices):
+  return {"scaled": memory.plan(_deepseek()), "whole": memory.plan(_deepseek(), whole=True),
+          "fsdp": memory.plan(_deepseek(fsdp=True), whole=True, device_gb=1e-4)}
+
+
+@pytest.mark.slow  # compiles the tiny model five times (about 30 s)
+def test_layer_scaling_matches_the_whole_compile(rows):
+  """The compiled temp and total of the whole tiny model agree with those scaled from the three variants within 3%,
+  and the scaled argument bytes with the exact state; the variants really are smaller models."""
+  scaled, whole = rows["scaled"], rows["whole"]
+  assert [(v["dense"], v["moe"]) for v in scaled["variants"]] == [(1, 1), (2, 1), (1, 2)]
+  assert [(v["dense"], v["moe"]) for v in whole["variants"]] == [(1, 4)]
+  for key in ("argument", "temp"):
+    assert scaled["scaling"][key]["value"] == pytest.approx(whole["variants"][0][key], rel=0.03), key
+  assert scaled["compiled"]["total"] == pytest.approx(whole["compiled"]["total"], rel=0.03)
+  assert scaled["argument_check"]["scaled"] == pytest.approx(scaled["argument_check"]["exact_state_and_batch"],
+                                                             rel=1e-3)
+  assert max(v["temp"] for v in scaled["variants"]) < whole["variants"][0]["temp"]
+
+
+def _spec_devices(leaf) -> int:
+  """Devices a leaf is split over, from its PartitionSpec's axis names alone."""
+  sizes = dict(leaf.sharding.mesh.shape)
+  names = [a for entry in leaf.sharding.spec if entry for a in (entry if isinstance(entry, tuple) else (entry,))]
+  return math.prod(sizes[a] for a in names)
+
+
+def _shape_count(params) -> int:
+  return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize // _spec_devices(x) for x in jax.tree.leaves(params))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen2_moe", "mixtral", None])
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp):
+  """Parameter bytes per device from the shardings and from the config's dimensions (the analytic count) both equal
+  a count from the parameters' shapes and specs; LAMB's states are two moments of each (and its step counts)."""
+  config, model_cfg, moe_cfg = config_lib.checked(_config(family, fsdp=fsdp))
+  mesh = mesh_lib.make_mesh(2, 4)
+  tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  state = train.Trainer(config, model_cfg, moe_cfg, mesh, tok).abstract_state
+  want = _shape_count(state["params"])
+  assert sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(state["params"])) == want
+  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, 2, 4)
+  assert analytic["parameters"] == want and analytic["gradients"] == want
+  optimizer = sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(state["opt_state"]))
+  assert 0 <= optimizer - 2 * want <= 16 and analytic["optimizer"] == 2 * want
+
+
+@pytest.mark.slow  # compiles the tiny model five times (about 30 s)
+def test_planner_rows_hold_the_exact_state(rows):
+  """The planner's parameter and optimizer bytes are the abstract state's, equal to the analytic count."""
+  for row in rows.values():
+    assert row["compiled"]["parameters"] == row["analytic"]["parameters"] > 0
+    assert 0 <= row["compiled"]["optimizer"] - 2 * row["compiled"]["parameters"] <= 16
+    assert row["compiled"]["gradients"] == row["compiled"]["parameters"]
+
+
+@pytest.mark.slow  # compiles the tiny model five times (about 30 s)
+def test_fsdp_saves_seven_eighths_of_the_shardable_part(rows, devices):
+  """FSDP's per-device parameter bytes fall below the replicated run's by 7/8 of the dense parameters that 8 devices
+  can shard (a dimension divisible by 8, outside the MoE layers), counted here from the shapes."""
+  config, model_cfg, moe_cfg = config_lib.checked(_deepseek())
+  _, params, _ = state_lib.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
+  shardable = 0
+  for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
+    if "moe" not in [str(getattr(k, "key", k)) for k in path] and any(s % 8 == 0 for s in leaf.shape):
+      shardable += math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
+  saved = rows["whole"]["compiled"]["parameters"] - rows["fsdp"]["compiled"]["parameters"]
+  assert shardable > 0 and saved == shardable * 7 // 8
+  assert rows["fsdp"]["compiled"]["optimizer"] < rows["whole"]["compiled"]["optimizer"]
+
+
+@pytest.mark.slow  # compiles the tiny model five times (about 30 s)
+def test_verdicts(rows):
+  """80 GB holds a tiny model; 100 kB does not hold one whose total is more."""
+  assert rows["whole"]["verdict"] == rows["whole"]["analytic_verdict"] == "fits"
+  assert rows["fsdp"]["compiled"]["total"] > 1e-4 * memory_lib.GB
+  assert rows["fsdp"]["verdict"] == rows["fsdp"]["analytic_verdict"] == "does not fit"
+
+
+@pytest.mark.slow
+def test_command_line(tmp_path):
+  """As its own process (it sets the device count itself): the table, the verdict and the JSON."""
+  out = tmp_path / "memory.json"
+  result = subprocess.run([sys.executable, "-m", "experiments.memory", "--config=configs/decoder.py:qwen3_moe",
+                           "--config.micro_batches=1", "--whole", "--device_gb=0.0001", f"--out={out}"],
+                          cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "does not fit (compiled)" in result.stdout and "activations (derived)" in result.stdout
+  row = json.loads(out.read_text())["rows"]["config"]
+  assert row["verdict"] == "does not fit" and row["mesh"] == [2, 4] and row["method"] == "whole model compiled"
