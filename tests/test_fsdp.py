@@ -77,12 +77,13 @@ def test_fsdp_trains_as_the_replicated_run(replicated, family, model):
 
 
 def _dense_bytes(params) -> tuple[int, int]:
-  """(bytes of the dense parameters a device holds replicated, of those 8 devices can shard): a leaf outside the
-  MoE layers (which lay out their own: experts sharded, routers replicated) with a dimension divisible by 8,
-  counted from the shapes alone."""
+  """(bytes of the parameters a device holds replicated, of those 8 devices can shard): every leaf but the routed
+  experts (which the MoE layer shards itself; its routers and shared experts count) with a dimension divisible by
+  8, counted from the shapes alone."""
   total = sharded = 0
   for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]:
-    if "moe" in [str(getattr(k, "key", k)) for k in path]:
+    keys = [str(getattr(k, "key", k)) for k in path]
+    if keys[-2:-1] == ["moe"] and keys[-1] in ("w_in", "w_out", "w_gate"):
       continue
     total += leaf.nbytes
     sharded += leaf.nbytes if any(size % 8 == 0 for size in leaf.shape) else 0

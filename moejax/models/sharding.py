@@ -3,10 +3,14 @@ parameters (`param_specs`: experts as the MoE layer lays them out, dense parts r
 Megatron-style tensor parallelism, and with FSDP sharded over the data-parallel devices; XLA gathers each where it
 is used, in the forward and again in the backward, and reduce-scatters its gradient)."""
 
+import math
+
+import jax
 from jax.sharding import PartitionSpec as P
 
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
+from moejax.moe.params import param_shapes
 from moejax.moe.params import param_specs as moe_param_specs
 from moejax.runtime import mesh as mesh_lib
 
@@ -35,25 +39,37 @@ TENSOR_PARALLEL_SPECS.update({
 })
 
 
-def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False, fsdp_over: tuple = (),
-                fsdp_devices: int = 1) -> dict:
-  """PartitionSpecs for a pure-dict parameter tree: experts as `moejax.moe.params.param_specs`, dense
-  parameters replicated, or with tensor_parallel split over 'gpu' as `TENSOR_PARALLEL_SPECS`; with fsdp_over (the
-  data-parallel axes, fsdp_devices devices in all) each dense parameter is also sharded over them (FSDP, ZeRO-3) on
-  its first dimension not split yet that they divide (parameters with none, e.g. small norms, stay replicated)."""
+def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False, fsdp_over: dict | None = None) -> dict:
+  """PartitionSpecs for a pure-dict parameter tree: the MoE layers' as `moejax.moe.params.param_specs` (experts
+  sharded by the layer), dense parameters replicated, or with tensor_parallel split over 'gpu' as
+  `TENSOR_PARALLEL_SPECS`. fsdp_over: the data-parallel axes and their sizes (FSDP, ZeRO-3): every parameter but the
+  routed experts, the MoE layers' routers and shared experts included, is also sharded over those of them its spec
+  does not use yet, on its first dimension not split yet that they divide (none, e.g. a small norm: replicated)."""
 
   def fsdp(spec: P, shape) -> P:
+    used = {a for entry in spec for a in (entry if isinstance(entry, tuple) else (entry,)) if a is not None}
+    axes = tuple(a for a in fsdp_over if a not in used)
+    devices = math.prod(fsdp_over[a] for a in axes)
     entries = list(spec) + [None] * (len(shape) - len(spec))
     for i, size in enumerate(shape):
-      if entries[i] is None and size % fsdp_devices == 0:
-        entries[i] = fsdp_over if len(fsdp_over) > 1 else fsdp_over[0]
+      if axes and entries[i] is None and size % devices == 0:
+        entries[i] = axes if len(axes) > 1 else axes[0]
         return P(*entries)
     return spec
+
+  def moe_specs() -> dict:
+    layer = moe_param_specs(moe_cfg)
+    if not fsdp_over:
+      return layer
+    shapes = param_shapes(moe_cfg)
+    sharded = lambda spec, shape: fsdp(spec, shape)
+    return {k: v if k in ("w_in", "w_out", "w_gate") else jax.tree.map(sharded, v, shapes[k], is_leaf=_is_spec)
+            for k, v in layer.items()}
 
   def specs(tree, path=()):
     if isinstance(tree, dict):
       if set(tree) == {"moe"} and isinstance(tree["moe"], dict):
-        return {"moe": moe_param_specs(moe_cfg)}
+        return {"moe": moe_specs()}
       return {k: specs(v, path + (k,)) for k, v in tree.items()}
     spec = TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
     return fsdp(spec, tree.shape) if fsdp_over else spec
@@ -61,14 +77,15 @@ def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False,
   return specs(params)
 
 
+def _is_spec(x) -> bool:
+  return isinstance(x, P)
+
+
 def model_param_specs(params: dict, cfg, moe_cfg: MoEConfig, mesh) -> dict:
   """`param_specs` as a model config (`ModelConfig` or `DecoderConfig`) asks on `mesh`: tensor parallelism, and with
   cfg.fsdp the dense parameters sharded over the data-parallel axes (both, or 'node' with tensor parallelism)."""
   over = ((mesh_lib.NODE,) if cfg.tensor_parallel else mesh_lib.AXES) if cfg.fsdp else ()
-  devices = 1
-  for axis in over:
-    devices *= mesh.shape[axis]
-  return param_specs(params, moe_cfg, cfg.tensor_parallel, over, devices)
+  return param_specs(params, moe_cfg, cfg.tensor_parallel, {axis: mesh.shape[axis] for axis in over})
 
 
 def expert_weights(params: dict) -> dict:

@@ -132,7 +132,7 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int) -> dict:
   """Per-device bytes of parameters, gradients and optimizer states from the config's dimensions alone: every
   tensor's shape written out per layer kind (embeddings, attention, dense FFN, MoE layer, MTP module), placed as the
   sharding rules say (experts over their holders; with FSDP a dense tensor over all devices on a dimension they
-  divide; routers and shared experts replicated). Gradients accumulate in the parameters' dtype (the trainer's
+  divide, the MoE layers' routers and shared experts too). Gradients accumulate in the parameters' dtype (the trainer's
   zeros_like), and LAMB keeps two moments of each parameter (Adam's m and v)."""
   decoder = isinstance(cfg, DecoderConfig)
   top, attn, ffn = _decoder_leaves(cfg, moe_cfg) if decoder else _smile_leaves(cfg)
@@ -152,7 +152,7 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int) -> dict:
     size = math.prod(leaf.shape) * leaf.count * item
     if leaf.kind == "expert":
       return size / holders
-    if leaf.kind == "dense" and cfg.fsdp and any(s % devices == 0 for s in leaf.shape):
+    if leaf.kind in ("dense", "moe") and cfg.fsdp and any(s % devices == 0 for s in leaf.shape):
       return size / devices
     return size
 
