@@ -24,13 +24,20 @@ from experiments import config_flag
 from moejax.study import memory as memory_lib
 from moejax.study.memory import GB
 
-_CONFIG = config_flag.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
-                                   "Training config (used instead of --preset when given).")
-_PRESET = flags.DEFINE_list("preset", ["all"], "Rows to plan without --config: 'all' or names of PRESETS.")
-_DEVICE_GB = flags.DEFINE_float("device_gb", 80.0, "Device memory in GB (10^9 bytes) for the verdict.")
-_OUT = flags.DEFINE_string("out", None, "Where to write the rows as JSON.")
-_WHOLE = flags.DEFINE_bool("whole", False, "Compile the whole model instead of scaling block variants.")
-_EXPLAIN = flags.DEFINE_bool("explain", False, "List the largest buffers live at the compiled peak (first variant).")
+
+def _define_flags() -> dict:
+  """The command line's flags, defined when the planner runs as a program (so `plan` imports without them)."""
+  return dict(
+      config=config_flag.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
+                                       "Training config (used instead of --preset when given)."),
+      preset=flags.DEFINE_list("preset", ["all"], "Rows to plan without --config: 'all' or names of PRESETS."),
+      device_gb=flags.DEFINE_float("device_gb", 80.0, "Device memory in GB (10^9 bytes) for the verdict."),
+      out=flags.DEFINE_string("out", None, "Where to write the rows as JSON."),
+      whole=flags.DEFINE_bool("whole", False, "Compile the whole model instead of scaling block variants."),
+      explain=flags.DEFINE_bool("explain", False, "List the largest buffers live at the compiled peak (first variant)."))
+
+
+_FLAGS = {}
 
 # A micro-batch of one 4096-token sequence per device: the published configs' 2 sequences per device in 2 micro-batches.
 _ONE_SEQUENCE = dict(micro_batches=2)
@@ -240,28 +247,29 @@ def main(argv):
   from moejax.runtime import mesh as mesh_lib
   from moejax.validation import ConfigError
   given = flags.FLAGS["config"].present
-  names = ["config"] if given else (list(PRESETS) if _PRESET.value == ["all"] else _PRESET.value)
+  names = ["config"] if given else (list(PRESETS) if _FLAGS['preset'].value == ["all"] else _FLAGS['preset'].value)
   unknown = [n for n in names if n != "config" and n not in PRESETS]
   if unknown:
     sys.exit(f"error: unknown preset(s) {unknown}; choose 'all' or some of {sorted(PRESETS)}")
-  configs = {n: _CONFIG.value if given else preset_config(n) for n in names}
+  configs = {n: _FLAGS['config'].value if given else preset_config(n) for n in names}
   mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c in configs.values()))
   start, rows = time.perf_counter(), {}
   try:
     for name, config in configs.items():
-      explain = _EXPLAIN.value or (not given and PRESETS[name][5])
-      rows[name] = plan(config, _DEVICE_GB.value, _WHOLE.value, explain)
+      explain = _FLAGS['explain'].value or (not given and PRESETS[name][5])
+      rows[name] = plan(config, _FLAGS['device_gb'].value, _FLAGS['whole'].value, explain)
       print(format_row(name, rows[name]), flush=True)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
   print(summary(rows))
   print(f"planned {len(rows)} row(s) in {time.perf_counter() - start:.0f} s")
-  if _OUT.value:
-    os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-    with open(_OUT.value, "w") as f:
+  if _FLAGS['out'].value:
+    os.makedirs(os.path.dirname(os.path.abspath(_FLAGS['out'].value)), exist_ok=True)
+    with open(_FLAGS['out'].value, "w") as f:
       json.dump({"rows": rows, "run_s": time.perf_counter() - start}, f, indent=1)
-    print(f"wrote {_OUT.value}")
+    print(f"wrote {_FLAGS['out'].value}")
 
 
 if __name__ == "__main__":
+  _FLAGS.update(_define_flags())
   config_flag.run(main)

@@ -58,9 +58,9 @@ def replicated(devices):
   return {family: _run(_trainer(_config(family))) for family in (None, "deepseek_v3")}
 
 
-@pytest.mark.parametrize("family", [None, "deepseek_v3"])
-@pytest.mark.parametrize("model", [dict(fsdp=True), dict(fsdp=True, grad_sync="prioritized", remat="full"),
-                                   dict(fsdp=True, tensor_parallel=True)])
+@pytest.mark.parametrize("family,model", [
+    (None, dict(fsdp=True)), ("deepseek_v3", dict(fsdp=True, grad_sync="prioritized", remat="full")),
+    ("deepseek_v3", dict(fsdp=True, tensor_parallel=True))])
 def test_fsdp_trains_as_the_replicated_run(replicated, family, model):
   """The same losses and parameters after 3 optimizer steps (SMILE's GPT and DeepSeek-V3 with its MTP module), with
   Lina's prioritised gradient sync and full remat, or beside tensor parallelism (FSDP over 'node'); the dense
@@ -110,13 +110,13 @@ def _collectives(family: str, remat: str) -> dict:
 
 
 def test_remat_recomputes_what_it_does_not_keep(replicated):
-  """Every remat policy trains to the same losses; 'full' runs the forward's exchanges and matmuls again in the
-  backward, 'save_exchanged' fewer exchanges than 'full' (the rows it keeps), 'save_matmuls' fewer matmuls."""
+  """'full' runs the forward's exchanges and matmuls again in the backward, 'save_exchanged' fewer exchanges than
+  'full' (the rows it keeps), 'save_matmuls' fewer matmuls; 'save_exchanged' trains to the same losses ('full' does
+  in test_fsdp_trains_as_the_replicated_run)."""
   want_losses = replicated["deepseek_v3"][0]
   counts = {remat: _collectives("qwen3_moe", remat) for remat in ("none", "full", "save_exchanged", "save_matmuls")}
-  for remat in ("full", "save_exchanged", "save_matmuls"):
-    losses, _, _ = _run(_trainer(_config("deepseek_v3", remat=remat)))
-    np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
+  losses, _, _ = _run(_trainer(_config("deepseek_v3", remat="save_exchanged")))
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
   assert counts["full"]["collective-permute"] > counts["save_exchanged"]["collective-permute"] \
       > counts["none"]["collective-permute"], counts
   assert counts["full"]["dot"] > counts["save_matmuls"]["dot"] > counts["none"]["dot"], counts
