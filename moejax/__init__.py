@@ -9,9 +9,10 @@ The public API for notebooks and other frameworks:
   y, aux, cfg = moejax.apply_without_overflow(params, x, cfg, mesh)  # with cfg.buffer_factor: nothing dropped
   y_ref, aux_ref = moejax.moe_reference(params, x, cfg)
 
-Subpackages: `moe` (the layer and its parts), `runtime` (mesh, processes), `train` (models, data,
-trainer), `cost` (cluster cost model), `study` (scaling sweeps and timing); `moejax.kernels` holds
-the Pallas kernels.
+Subpackages: `moe` (the layer and its parts), `models` (SMILE's models and the decoder families of Mixtral,
+Qwen2/3-MoE and DeepSeek-V2/V3, from and to Hugging Face checkpoints: `moejax.models.from_hf`), `data`, `train`
+(the trainer), `infer` (generation, ExFlow), `placement`, `replication`, `runtime` (mesh, processes), `cost` (cluster
+cost model), `study` (scaling sweeps, timing, memory); `moejax.kernels` holds the Pallas kernels.
 """
 
 import importlib.util as _importlib_util
