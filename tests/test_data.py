@@ -139,6 +139,7 @@ def test_trained_tokenizer_is_cached_and_reloads_as_a_named_model(tmp_path, tok)
   assert first.decode(first.encode("the lazy dog")) == "the lazy dog"
 
 
+@pytest.mark.slow
 def test_embedded_corpus_is_real_text(shared):
   [path] = data.corpus_files("", str(shared / "cache"))
   texts = list(data.texts([path]))

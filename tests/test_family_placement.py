@@ -246,6 +246,7 @@ def test_a_model_with_a_slot_table_is_refused(mesh_2x4):
     decode.with_placement(model, _placement("qwen2_moe"))
 
 
+@pytest.mark.slow
 def test_smile_model_placement_moves_the_bias_and_keeps_the_shared_experts(mesh_2x4):
   """A SMILE model with DeepSeek-class MoE layers (groups, bias, gated shared expert): experts, router columns and
   bias move together, the shared experts stay, the orders compose, and the outputs are unchanged."""

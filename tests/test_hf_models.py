@@ -213,7 +213,8 @@ def test_bf16_parameters_round_trip(mesh_2x4, tmp_path):
 
 
 @pytest.mark.parametrize("family, mode", [
-    *(case(f, "vanilla") for f in FAMILIES), case("mixtral", "exflow"), case("deepseek_v3", "exflow")])
+    *(case(f, "vanilla") for f in FAMILIES if f != "qwen3_dense"), case("mixtral", "exflow"),
+    case("deepseek_v3", "exflow")])
 def test_greedy_generation_matches_transformers(loaded, family, mode):
   ref = reference(family)
   prompt, greedy = ref["prompt"], ref["greedy"]
@@ -222,7 +223,7 @@ def test_greedy_generation_matches_transformers(loaded, family, mode):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [case("qwen2_moe"), case("llama_dense")])
+@pytest.mark.parametrize("family", [case("qwen2_moe")])
 def test_generation_of_any_batch(loaded, family):
   """One request alone and three (padded up to the mesh's devices inside) give the fixture's continuations."""
   ref = reference(family)

@@ -151,6 +151,7 @@ def test_partly_upcycled_qwen3_exports_its_dense_layers(dense, tmp_path):
   assert relative_error(np.asarray(back(tokens)[0]), want) < TOL
 
 
+@pytest.mark.slow
 @group("llama_dense")
 def test_granular_export_refused(dense, tmp_path):
   model, _, _ = dense("llama_dense")
