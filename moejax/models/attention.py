@@ -17,7 +17,7 @@ from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
 
 
-def _linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
   return nnx.Linear(n_in, n_out, use_bias=bias, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
                     kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
 
@@ -44,10 +44,10 @@ class GroupedQueryAttention(nnx.Module):
   def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs):
     self.cfg, self.window = cfg, cfg.window(layer)
     h, kv, w, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
-    self.q_proj = _linear(cfg, d, h * w, cfg.qkv_bias, rngs)
-    self.k_proj = _linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
-    self.v_proj = _linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
-    self.o_proj = _linear(cfg, h * w, d, cfg.out_bias, rngs)
+    self.q_proj = linear(cfg, d, h * w, cfg.qkv_bias, rngs)
+    self.k_proj = linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
+    self.v_proj = linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
+    self.o_proj = linear(cfg, h * w, d, cfg.out_bias, rngs)
     self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.inverse, self.factor = rope.frequencies(w, cfg.rope_theta, cfg.scaling)
@@ -83,15 +83,15 @@ class LatentAttention(nnx.Module):
     h, d, pd = cfg.num_heads, cfg.d_model, jnp.dtype(cfg.param_dtype)
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
     if cfg.q_lora_rank is None:
-      self.q_proj = _linear(cfg, d, h * qk, False, rngs)
+      self.q_proj = linear(cfg, d, h * qk, False, rngs)
     else:
-      self.q_a_proj = _linear(cfg, d, cfg.q_lora_rank, False, rngs)
+      self.q_a_proj = linear(cfg, d, cfg.q_lora_rank, False, rngs)
       self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_eps, pd)
-      self.q_b_proj = _linear(cfg, cfg.q_lora_rank, h * qk, False, rngs)
-    self.kv_a_proj_with_mqa = _linear(cfg, d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False, rngs)
+      self.q_b_proj = linear(cfg, cfg.q_lora_rank, h * qk, False, rngs)
+    self.kv_a_proj_with_mqa = linear(cfg, d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False, rngs)
     self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_eps, pd)
-    self.kv_b_proj = _linear(cfg, cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, rngs)
-    self.o_proj = _linear(cfg, h * cfg.v_head_dim, d, False, rngs)
+    self.kv_b_proj = linear(cfg, cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, rngs)
+    self.o_proj = linear(cfg, h * cfg.v_head_dim, d, False, rngs)
     self.inverse, self.factor = rope.frequencies(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.scaling)
     self.scale = rope.softmax_scale(qk, cfg.scaling)
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.models import blocks as blocks_lib
-from moejax.models.attention import _linear, attention
+from moejax.models.attention import attention, linear
 from moejax.models.blocks import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
@@ -25,9 +25,9 @@ class GatedMLP(nnx.Module):
   """The dense SwiGLU FFN: x [B, S, d] -> down(silu(gate(x)) * up(x)); returns (y, {}) like the MoE FFN."""
 
   def __init__(self, cfg: DecoderConfig, width: int, *, rngs: nnx.Rngs):
-    self.gate_proj = _linear(cfg, cfg.d_model, width, False, rngs)
-    self.up_proj = _linear(cfg, cfg.d_model, width, False, rngs)
-    self.down_proj = _linear(cfg, width, cfg.d_model, False, rngs)
+    self.gate_proj = linear(cfg, cfg.d_model, width, False, rngs)
+    self.up_proj = linear(cfg, cfg.d_model, width, False, rngs)
+    self.down_proj = linear(cfg, width, cfg.d_model, False, rngs)
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     del train, rng
@@ -70,7 +70,7 @@ class MultiTokenPrediction(nnx.Module):
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, depth: int, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
     self.enorm, self.hnorm = RMSNorm(cfg.d_model, cfg.rms_eps, pd), RMSNorm(cfg.d_model, cfg.rms_eps, pd)
-    self.eh_proj = _linear(cfg, 2 * cfg.d_model, cfg.d_model, False, rngs)
+    self.eh_proj = linear(cfg, 2 * cfg.d_model, cfg.d_model, False, rngs)
     layer = cfg.num_layers + depth
     self.block = DecoderLayer(cfg, moe_cfg, mesh, layer, cfg.num_moe_layers > 0, rngs=rngs)
     self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
@@ -96,7 +96,7 @@ class Decoder(nnx.Module):
     self.blocks = nnx.List([DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs)
                             for i in range(cfg.num_layers)])
     self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
-    self.lm_head = None if cfg.tie_embeddings else _linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
+    self.lm_head = None if cfg.tie_embeddings else linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
     self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
 
   def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,

@@ -156,8 +156,7 @@ def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool)
       return np.asarray(shards.tensor(name)[index[1], index[0]]).T
     return np.asarray(shards.tensor(name)[index])
 
-  full = lambda index: tuple(slice(None) if s == slice(None) else s for s in index) + (slice(None),) * (
-      len(leaf.shape) - len(index))
+  full = lambda index: tuple(index) + (slice(None),) * (len(leaf.shape) - len(index))  # one slice per dimension
   return jax.make_array_from_callback(leaf.shape, leaf.sharding,
                                       lambda index: block(full(index)).astype(leaf.dtype))
 
@@ -195,7 +194,7 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
                                        expert is not None)
   finally:
     shards.close()
-  params, rest = jax.tree.map(lambda a: a, params), state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)
+  rest = state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)  # params: the abstract tree, filled in below
   for leaf_path, array in arrays.items():
     _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
   model = nnx.merge(graphdef, params, rest)
