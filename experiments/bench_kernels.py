@@ -22,6 +22,8 @@ package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is re
 
   python experiments/bench_kernels.py --out results/kernels_h100.json
   python experiments/bench_kernels.py --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
+  python experiments/bench_kernels.py --shape=4096,14336,1,1,silu --rows=16384 --ops=ffn --out=k.json \
+      --backend_table=table.json   # one layer's per-device shape, for expert_backend='auto' (expert_table=...)
 A full run (4 models x 3 row counts x 2 skews x 2 ops x 2 passes x 5 implementations) takes
 tens of minutes on an H100; --models/--rows/--ops narrow it. The shapes and FLOP counts are in
 experiments/kernel_cases.py, the JAX implementations in experiments/kernel_impls.py, torch's in
@@ -29,6 +31,7 @@ experiments/torch_ffn_bench.py; this module times them and writes the record.
 """
 
 import json
+import os
 import statistics
 import traceback
 
@@ -40,7 +43,9 @@ from absl import app, flags
 from experiments import torch_ffn_bench
 from experiments.kernel_cases import MODELS, SMOKE_MODELS, group_sizes, useful_flops
 from experiments.kernel_impls import IMPLS, make_fn, make_inputs, unavailable
+from moejax.cost import expert_backend
 from moejax.kernels import tuning
+from moejax.kernels.activations import ACTIVATIONS
 
 FLAGS = flags.FLAGS
 
@@ -51,6 +56,10 @@ def define_flags() -> None:
   flags.DEFINE_string('out', None, 'Path of the JSON results file.', required=True)
   flags.DEFINE_bool('smoke', False, 'Tiny shapes and few runs (runs on CPU, interpreted).')
   flags.DEFINE_list('models', list(MODELS), f'Subset of {list(MODELS)}.')
+  flags.DEFINE_list('shape', None, 'D,F,EXPERTS,GATED,ACTIVATION: time this FFN shape (model "custom") instead of '
+                    '--models, e.g. a layer\'s per-device shape that expert_backend=\'auto\' asked for.')
+  flags.DEFINE_string('backend_table', None, "Also write the expert-backend table (what expert_backend='auto' "
+                      'reads, `moejax.cost.expert_backend`) of the ffn results here.')
   flags.DEFINE_list('rows', ['4096', '16384', '65536'], 'Routed rows R on the GPU.')
   flags.DEFINE_list('skews', ['balanced', 'skewed'], 'Group-size distributions.')
   flags.DEFINE_list('ops', ['gmm', 'ffn'], 'Operations.')
@@ -137,6 +146,19 @@ def _row(e):
           f"{e['impl']:15s}{timing}")
 
 
+def custom_model(shape: list[str]) -> dict:
+  """--shape's D,F,EXPERTS,GATED,ACTIVATION as a kernel_cases model; a clear error on anything else."""
+  try:
+    d, f, experts, gated, activation = shape
+    model = dict(d=int(d), f=int(f), experts=int(experts), top_k=1, gated=bool(int(gated)), activation=activation)
+  except ValueError as e:
+    raise app.UsageError(f'--shape={",".join(shape)}: expected D,F,EXPERTS,GATED,ACTIVATION, e.g. '
+                         f'4096,14336,1,1,silu ({e})') from e
+  if min(model['d'], model['f'], model['experts']) < 1 or activation not in ACTIVATIONS:
+    raise app.UsageError(f'--shape={",".join(shape)}: D, F, EXPERTS positive, ACTIVATION one of {list(ACTIVATIONS)}')
+  return model
+
+
 def summary(results, impls) -> str:
   """One line per case: median ms (TFLOP/s) of every implementation side by side."""
   cases = {}
@@ -153,7 +175,8 @@ def summary(results, impls) -> str:
 
 def main(argv):
   del argv
-  models = SMOKE_MODELS if FLAGS.smoke else {m: MODELS[m] for m in FLAGS.models}
+  models = (SMOKE_MODELS if FLAGS.smoke else {'custom': custom_model(FLAGS.shape)} if FLAGS.shape else
+            {m: MODELS[m] for m in FLAGS.models})
   rows_list = [64] if FLAGS.smoke else [int(r) for r in FLAGS.rows]
   warmup, iters = (1, 3) if FLAGS.smoke else (FLAGS.warmup, FLAGS.iters)
   dtype = jnp.dtype(FLAGS.dtype)
@@ -168,6 +191,12 @@ def main(argv):
   with open(FLAGS.out, 'w') as f:
     json.dump(record, f, indent=1)
   print(f'wrote {len(results)} results to {FLAGS.out}')
+  if FLAGS.backend_table:
+    meta = dict(device=device.device_kind, platform=device.platform, dtype=str(dtype), smoke=FLAGS.smoke,
+                versions=dict(jax=jax.__version__, jaxlib=jaxlib.__version__), source=os.path.basename(FLAGS.out))
+    with open(FLAGS.backend_table, 'w') as f:
+      json.dump(expert_backend.table_from_results(results, meta), f, indent=1)
+    print(f'wrote the expert-backend table to {FLAGS.backend_table}')
 
 
 if __name__ == '__main__':

@@ -26,7 +26,7 @@ from jax.sharding import PartitionSpec as P
 
 from experiments import config_flag
 from experiments.config_flag import define_config
-from moejax.cost import parm
+from moejax.cost import expert_backend, parm
 from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -71,6 +71,7 @@ def run(config) -> dict:
   if distributed.initialize() == "single":
     mesh_lib.simulate_cpu_devices(n * m)  # Only affects the CPU backend; GPUs are used when present.
   mesh = mesh_lib.make_mesh(n, m)
+  cfg = expert_backend.resolve(cfg, config.tokens, mesh, "fwd")  # 'auto': measured on these devices
   logging.info("mesh %s on %d process(es), %s devices; %s", dict(mesh.shape), jax.process_count(),
                mesh.devices.flat[0].platform, cfg)
 

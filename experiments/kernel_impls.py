@@ -4,14 +4,15 @@ one a function fn(params, group_sizes) -> y, its inputs, and why one cannot run 
 import jax
 import jax.numpy as jnp
 
+from moejax.cost import expert_backend
 from moejax.kernels import activations, ffn
 from moejax.kernels import gmm as gmm_lib
 from moejax.moe import experts as experts_lib
 
 IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm', 'dense_capacity', 'dense_gemm')
-# What MoEConfig.expert_backend runs (or, for pallas_unfused, could run) for the whole FFN: the candidates
-# of a per-shape backend choice. The other implementations are references.
-MOEJAX_BACKENDS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax')
+# What MoEConfig.expert_backend runs for the whole FFN (the candidates of expert_backend='auto'); the other
+# implementations are references.
+MOEJAX_BACKENDS = expert_backend.CANDIDATES
 
 
 def _hidden(act, z_in, z_gate):

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from benchmarks.suite.record import Record, say, split
 from benchmarks.suite.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
 from experiments import bench_kernels
-from experiments.kernel_impls import MOEJAX_BACKENDS
+from moejax.cost import expert_backend
 from moejax.runtime import platform as platform_lib
 
 
@@ -56,33 +56,6 @@ BACKEND_TABLE = 'backend_table.json'
 
 
 def backend_table(results: list[dict], rec: Record) -> dict:
-  """Per FFN shape (model, d, f, experts, gated, activation, rows, skew) and pass: the median seconds of every
-  moejax backend that ran (`MOEJAX_BACKENDS`) and the fastest of them; the references
-  (dense_capacity, torch_grouped_mm, dense_gemm) alongside, never chosen. What a per-shape
-  expert_backend='auto' would read."""
-  shape_keys = ('model', 'd', 'f', 'experts', 'gated', 'activation', 'rows', 'skew', 'passes')
-  rows = {}
-  for e in results:
-    if e['op'] != 'ffn':
-      continue
-    key = tuple(e[k] for k in shape_keys)
-    row = rows.setdefault(key, {**dict(zip(shape_keys, key)), 'candidates_median_s': {}, 'references_median_s': {},
-                                'not_measured': {}})
-    if 'median_s' not in e:
-      row['not_measured'][e['impl']] = e.get('skipped') or e.get('error')
-    elif e['impl'] in MOEJAX_BACKENDS:
-      row['candidates_median_s'][e['impl']] = e['median_s']
-    else:
-      row['references_median_s'][e['impl']] = e['median_s']
-  shapes = []
-  for row in rows.values():
-    candidates = row['candidates_median_s']
-    row['fastest'] = min(candidates, key=candidates.get) if candidates else None
-    shapes.append(row)
-  return {'device': rec['device'], 'platform': rec['platform'], 'dtype': rec['dtype'], 'smoke': rec['smoke'],
-          'versions': rec['versions'], 'source': os.path.basename(rec.path), 'op': 'ffn',
-          'candidates': list(MOEJAX_BACKENDS),
-          'note': ("pallas = expert_backend='pallas' (the fused FFN); pallas_unfused = the FFN as separate Pallas "
-                   "gmm calls (moejax.moe.experts.expert_hidden/expert_output with backend 'pallas'); medians "
-                   "of the kernels step's timed calls"),
-          'shapes': shapes}
+  """`moejax.cost.expert_backend.table_from_results` of this step's results: what expert_backend='auto' reads."""
+  meta = {k: rec[k] for k in ('device', 'platform', 'dtype', 'smoke', 'versions')}
+  return expert_backend.table_from_results(results, {**meta, 'source': os.path.basename(rec.path)})

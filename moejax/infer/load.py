@@ -12,6 +12,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import checkpoint as checkpoint_lib
+from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.models import presets
 from moejax.models import state as state_lib
@@ -42,12 +43,14 @@ def abstract_model_state(model_cfg, moe_cfg, mesh, seed: int = 0):
 def load_trained(config: ml_collections.ConfigDict, train_workdir: str, mesh=None):
   """(model, tokenizer, step) from the newest checkpoint in `train_workdir`/checkpoints, laid out on
   `mesh` (default: the config's): the parameters, and the slot tables and balancing biases the run ended
-  with. A missing checkpoint is an error naming the directory (`moejax.train.trainer.train_unless_checkpointed`
+  with (moe.expert_backend 'auto' resolved for a forward of the config's batch). A missing checkpoint is an error naming the directory (`moejax.train.trainer.train_unless_checkpointed`
   trains one first). Of `config` it reads the mesh, model and moe sections (a preset applied), seed, data and
   checkpoint.keep."""
   config = presets.apply(config)
   model_cfg, moe_cfg = from_sections(config)
   mesh = mesh or mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  tokens = config.batch_size // config.micro_batches * config.seq_len  # a forward of the config's batch
+  moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
   checkpoints = os.path.join(train_workdir, "checkpoints")
   cache = cache_dir(config, train_workdir)
   tok = corpus_lib.load_tokenizer(config, corpus_lib.corpus_files(config.data.train_files, cache), cache)

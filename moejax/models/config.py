@@ -108,7 +108,8 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
   """(model config, MoE layer config) of a run config (its preset already applied, `moejax.models.presets.apply`):
   mesh.nodes and mesh.gpus_per_node, the model section, the moe section (less MOE_FROM_MODEL, which come from the
   model section), each checked against the mesh; moe.esp_schedule 'auto' resolved for the tokens one layer call
-  sees (batch_size / micro_batches x seq_len). Errors name the field."""
+  sees (batch_size / micro_batches x seq_len; moe.expert_backend 'auto' is resolved where the mesh is made, by the
+  Trainer). Errors name the field."""
   for name in ("nodes", "gpus_per_node"):
     require(is_int(config.mesh[name]), f"mesh.{name}", config.mesh[name], "a positive int")
   if "family" in config.model:

@@ -18,13 +18,14 @@ from jax.experimental import multihost_utils
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
+from moejax.cost import expert_backend
 from moejax.models import hf_config
 from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
 from moejax.placement import apply as placement_lib
-from moejax.validation import ConfigError
+from moejax.validation import ConfigError, is_int, require
 
 EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
 MIXTRAL_EXPERT_NAMES = {"w_gate": "w1", "w_in": "w3", "w_out": "w2"}
@@ -162,7 +163,8 @@ def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool)
 
 
 def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
-            param_dtype: str = "float32", placement=None, model: dict | None = None) -> Decoder:
+            param_dtype: str = "float32", placement=None, model: dict | None = None,
+            tokens: int | None = None) -> Decoder:
   """The decoder of a local Hugging Face checkpoint directory on `mesh`: config.json read (`hf_config`), then every
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
@@ -172,12 +174,16 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
   checked before anything is read, then applied to the loaded model (`moejax.infer.decode.with_placement`: expert e
   of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and
-  recorded on it (`expert_order`), so `to_hf` writes the experts back in the checkpoint's order."""
+  recorded on it (`expert_order`), so `to_hf` writes the experts back in the checkpoint's order.
+  tokens: the tokens one forward call sees, for moe={'expert_backend': 'auto'} (`moejax.cost.expert_backend`)."""
   config_path = os.path.join(path, "config.json")
   if not os.path.exists(config_path):
     raise ConfigError(f"{path}: no config.json (from_hf reads a local checkpoint directory)")
   with open(config_path) as f:
     cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe, model=model)
+  if moe_cfg.expert_backend == "auto":  # the per-device shape it is measured at needs the tokens per call
+    require(is_int(tokens), "tokens", tokens, "the tokens one forward call sees, with moe.expert_backend='auto'")
+    moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
     placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh)

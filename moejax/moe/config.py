@@ -14,7 +14,7 @@ from moejax.validation import is_int, is_number, prefixed, reject_unknown, requi
 ROUTINGS = ("topk", "bilevel", "node_limited")
 TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
 NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so need num_nodes
-EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "tokamax")
+EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_unfused", "tokamax", "auto")
 ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
@@ -40,8 +40,10 @@ class MoEConfig:
     fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch, a fixed block
     of experts x capacity rows per peer; needs capacity_factor), 'hierarchical' (two hops: over 'gpu', then
     over 'node'; Tutel-2DH), 'bilevel' (over 'node', then 'gpu'; SMILE's path). Any routing, any transport.
-  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels), 'tokamax'
-    (tokamax.ragged_dot; optional package, `moejax[tokamax]`).
+  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels' fused FFN),
+    'pallas_unfused' (a gmm per matmul, hidden activations kept), 'tokamax' (`moejax[tokamax]`) or 'auto': the fastest
+    measured at the layer's per-device shape in expert_table (None: the table shipped for the device; resolved when
+    the config is made, `moejax.cost.expert_backend.resolve`).
   num_nodes, node_top_k: n, the mesh's nodes, and nodes per token (1 = SMILE), for the node routings.
   capacity_factor: None = dropless; else each device sends each expert at most ceil(capacity_factor *
     local_tokens * K / E) token-choices (K = choices_per_token), first choices first, earlier tokens first.
@@ -57,8 +59,8 @@ class MoEConfig:
     DeepSeek-V3 renormalise, Qwen2-MoE and DeepSeek-V2 do not).
   load_balance_coef, local_balance_coef: alpha of the Switch loss alpha * E * sum_e f_e P_e, or alpha and beta of
     SMILE's alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j; None: the papers' 0.01 (Switch), 0.005.
-  z_loss_coef: coefficient of the router z-loss mean(logsumexp(logits)^2); jitter: router-input noise
-    x * U(1 - jitter, 1 + jitter) in training (0 = off). dtype: the expert matmuls' (accumulation is fp32).
+  z_loss_coef: of the router z-loss mean(logsumexp(logits)^2); jitter: router-input noise x * U(1 - jitter, 1 +
+    jitter) in training (0 = off). dtype: the expert matmuls' (accumulation is fp32).
   dispatch_dtype, combine_dtype: the rows' dtype on the wire, to the experts and back (and the backward's
     gradients, both ways, in combine_dtype): None (the activations' dtype; the combine's float32), 'bfloat16', or
     for the dispatch 'float8_e4m3fn' with a float32 scale per 128 elements of a row from its amax (DeepSeek-V3).
@@ -95,10 +97,9 @@ class MoEConfig:
     (DeepSeek-V2/V3, Qwen2-MoE); shared.w_in [d, S f], shared.w_out [S f, d] (+ shared.w_gate if gated).
     shared_gate: Qwen2-MoE's sigmoid(x w) on the shared output (shared_gate.kernel [d, 1]).
   slots_per_device: None = no replication. S: each expert holder (`expert_holders`) has S expert slots: its
-    own E / holders experts and, in the spare slots, replicas of others (Lina, DeepSeek EPLB). `MoELayer`
-    keeps the slot table as state; the trainer re-plans it online.
-  replan_every, replan_window: with slots_per_device, the trainer re-plans the slot table every replan_every
-    steps from the mean load of the last replan_window (`moejax.replication.rebalance`); 0 = never.
+    own E / holders experts and, in the spare slots, replicas of others (Lina, DeepSeek EPLB). `MoELayer` keeps the
+    slot table as state; the trainer re-plans it every replan_every steps (0 = never) from the mean load of the
+    last replan_window (`moejax.replication.rebalance`).
   """
 
   num_experts: int
@@ -108,6 +109,7 @@ class MoEConfig:
   routing: str = "topk"
   transport: str = "padded"
   expert_backend: str = "ragged_dot"
+  expert_table: str | None = None
   num_nodes: int | None = None
   node_top_k: int = 1
   capacity_factor: float | None = None
@@ -165,8 +167,7 @@ class MoEConfig:
       limit = self.experts_per_node * (self.node_top_k if self.routing == "node_limited" else 1)
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
     require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
-            self.expert_backend, "tokamax is not installed: pip install 'moejax[tokamax]' (Python >= 3.12, "
-            "jax >= 0.11.1), or use expert_backend='ragged_dot'")
+            self.expert_backend, "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)")
     for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
@@ -203,15 +204,15 @@ class MoEConfig:
     require(self.balance_loss != "sequence" or self.routing != "bilevel", "balance_loss", self.balance_loss,
             "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
             "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)")
-    require(is_int(self.num_shared_experts, 0), "num_shared_experts", self.num_shared_experts, "an int >= 0")
-    require(self.shared_d_ff is None or is_int(self.shared_d_ff), "shared_d_ff", self.shared_d_ff,
-            "None (d_ff) or a positive int")
+    for name, none in (("shared_d_ff", "d_ff"), ("slots_per_device", "no replication")):
+      require(getattr(self, name) is None or is_int(getattr(self, name)), name, getattr(self, name),
+              f"None ({none}) or a positive int")
+    for name, low in (("replan_every", 0), ("replan_window", 1), ("num_shared_experts", 0)):
+      require(is_int(getattr(self, name), low), name, getattr(self, name), f"an int >= {low}")
     require(not self.shared_gate or self.num_shared_experts > 0, "shared_gate", self.shared_gate,
             "False without shared experts (num_shared_experts=0)")
-    require(self.slots_per_device is None or is_int(self.slots_per_device), "slots_per_device",
-            self.slots_per_device, "None (no replication) or a positive int")
-    require(is_int(self.replan_every, 0), "replan_every", self.replan_every, "an int >= 0")
-    require(is_int(self.replan_window), "replan_window", self.replan_window, "a positive int")
+    require(self.expert_table is None or isinstance(self.expert_table, str), "expert_table", self.expert_table,
+            "None (the table shipped for the device) or the path of a measured expert-backend table")
     require(self.replan_every == 0 or self.slots_per_device is not None, "replan_every", self.replan_every,
             "0 unless slots_per_device is set (re-planning moves replicas between slots)")
     for name, none in (("capacity_factor", "dropless"), ("buffer_factor", "worst-case receive buffers")):
@@ -222,9 +223,8 @@ class MoEConfig:
             "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")
     require(is_number(self.z_loss_coef) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef, "a number >= 0")
     for name in ("load_balance_coef", "local_balance_coef"):
-      value = getattr(self, name)
-      require(value is None or isinstance(value, (int, float)) and value >= 0, name, value,
-              "a number >= 0, or None for the paper's value")
+      require(getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0, name,
+              getattr(self, name), "a number >= 0, or None for the paper's value")
     require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
 
   @classmethod

@@ -33,7 +33,7 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
     # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
     in_groups = jnp.arange(x_RxI.shape[0])[:, None] < jnp.sum(group_sizes_G)
     return jnp.where(in_groups, y, 0.0)
-  if backend == "pallas":
+  if backend in ("pallas", "pallas_unfused"):
     return gmm.gmm(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
   # dense: every group on every row, masked to its own (G times the FLOPs; the reference speed).
   ends = jnp.cumsum(group_sizes_G)
@@ -63,7 +63,8 @@ def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.
 def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, activation: str, backend: str,
                dtype=jnp.float32):
   """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. The 'pallas' backend
-  runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward)."""
+  runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
+  recomputed); 'pallas_unfused' a gmm per matmul, whose backward keeps the hidden activations instead."""
   group_sizes_G = group_sizes_G.astype(jnp.int32)
   if backend == "pallas":
     cast = lambda a: None if a is None else a.astype(dtype)

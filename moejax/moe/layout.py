@@ -51,6 +51,8 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   """The layer's layout for `tokens` global tokens on `mesh`; slots: a slot table's width (None: none).
   Raises ConfigError naming the field where the pieces cannot meet."""
   n, m = mesh_lib.axis_sizes(mesh)
+  require(cfg.expert_backend != "auto", "expert_backend", "auto", "a concrete backend: resolve 'auto' when the "
+          "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)")
   sharding = esp_lib.of(cfg)
   per_holder = cfg.check_mesh(n, m)
   slots = per_holder if slots is None else slots
@@ -69,6 +71,8 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
                  expert_bias=None, balance_counts=None) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
+  require(cfg.expert_backend != "auto", "expert_backend", "auto", "a concrete backend: resolve 'auto' when the "
+          "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)")
   sharding = esp_lib.of(cfg)
   cfg.check_mesh(n, m)
   slots = None
@@ -108,6 +112,6 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   platform_lib.check_transport(cfg.transport, platform)
   require(not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
           "expert_backend", cfg.expert_backend,
-          f"not 'pallas' with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
+          f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
           "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)")
   return lay

@@ -23,6 +23,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import checkpoint as checkpoint_lib
+from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import sharding as sharding_lib
@@ -43,7 +44,8 @@ from moejax.validation import require
 class Trainer:
   """The model's functional pieces on `mesh`: sharded state init, the jitted train step.
 
-  Of `config` it reads seed, steps, optim and data.mask_prob; `tok` supplies the special ids.
+  Of `config` it reads seed, steps, optim and data.mask_prob (and with moe.expert_backend 'auto', resolved here for
+  this mesh's devices, batch_size, micro_batches and seq_len); `tok` supplies the special ids.
 
   state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}, and with replication
 (moe.slots_per_device) 'slot_tables' [M, A, Z] int32, the MoE layers' slot tables: not optimised,
@@ -58,6 +60,9 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
 
   def __init__(self, config, model_cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh,
                tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True):
+    if moe_cfg.expert_backend == "auto":  # the measured fastest for the tokens one layer call sees on these devices
+      tokens = config.batch_size // config.micro_batches * config.seq_len
+      moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.donate = donate
     self.graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
