@@ -4,11 +4,12 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
   env         device, driver (nvidia-smi), jax/jaxlib/flax versions, platform, optional packages.
   ceilings    bf16 dense GEMM TFLOP/s (square, several sizes) and on-device copy GB/s: the rates
               the other steps are judged against.
-  kernels     experiments/bench_kernels.py (`run`) at Mixtral 8x7B, Qwen2-MoE and SMILE 3.7B (E 8)
+  kernels     experiments/bench_kernels.py (`run`) at Mixtral 8x7B, Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
               expert shapes, 16k routed rows, balanced and skewed groups, gmm and the whole expert
               FFN, forward and forward+backward, every implementation bench_kernels knows (tokamax and
               torch._grouped_mm recorded as skipped, with the reason, where their package or CUDA is
-              missing); and OUT/backend_table.json: per FFN shape and pass, the fastest moejax backend.
+              missing); each kernel of the fused FFN alone ('parts': experiments/kernel_parts.py); and
+              OUT/backend_table.json: per FFN shape and pass, the fastest moejax backend.
   layer       the MoE layer (`moejax.moe.layer.moe_apply`) on a 1x1 mesh: forward and
               forward+backward, the forward's phases (`moejax.study.phase_timing.measure_phases`),
               MFU of the expert FLOPs against this run's ceilings GEMM rate, and the outputs of the
@@ -71,7 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
   p.add_argument('--copy_mib', type=int, default=1024, help='ceilings: MiB copied (smoke: 4).')
   p.add_argument('--kernel_models', default=','.join(KERNEL_MODELS), help=f'kernels: subset of {list(KERNEL_MODELS)}.')
   p.add_argument('--kernel_rows', default=str(ROWS), help='kernels: routed rows R (comma-separated).')
-  p.add_argument('--kernel_ops', default='gmm,ffn', help='kernels: gmm and/or ffn.')
+  p.add_argument('--kernel_ops', default='gmm,ffn,parts', help="kernels: 'gmm', 'ffn', 'parts' (the fused FFN's "
+                 "kernels one by one).")
   p.add_argument('--kernel_impls', default=','.join(IMPLS), help='kernels: implementations.')
   p.add_argument('--kernel_warmup', type=int, default=3, help='kernels: untimed calls (smoke: 1).')
   p.add_argument('--kernel_iters', type=int, default=20, help='kernels: timed calls (smoke: 3).')

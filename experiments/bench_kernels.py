@@ -13,7 +13,8 @@ Implementations, each timed forward and forward+backward:
   dense_capacity  rows scattered into [G, capacity, d] (capacity = largest group rounded up to
                   128, so nothing is dropped), per-expert einsum, gathered back
   dense_gemm      one dense GEMM chain with the same useful FLOPs (the device's practical peak)
-Ops: 'gmm' (x [R, d] @ w_in [G, d, f]) and 'ffn' (the whole expert FFN). TFLOP/s count useful
+Ops: 'gmm' (x [R, d] @ w_in [G, d, f]), 'ffn' (the whole expert FFN) and 'parts' (each kernel of the fused
+FFN alone, forward and backward: experiments/kernel_parts.py). TFLOP/s count useful
 FLOPs only (2 * R * d * f per matmul, x3 for forward+backward): recomputation in our backward
 and capacity padding show up as lower TFLOP/s. Each pallas result also records its relative
 error (outputs and gradients) against ragged_dot on the same inputs. An implementation whose
@@ -40,7 +41,7 @@ import jax.numpy as jnp
 import jaxlib
 from absl import app, flags
 
-from experiments import torch_ffn_bench
+from experiments import kernel_parts, torch_ffn_bench
 from experiments.kernel_cases import MODELS, SMOKE_MODELS, group_sizes, useful_flops
 from experiments.kernel_impls import IMPLS, make_fn, make_inputs, unavailable
 from moejax.cost import expert_backend
@@ -62,7 +63,7 @@ def define_flags() -> None:
                       'reads, `moejax.cost.expert_backend`) of the ffn results here.')
   flags.DEFINE_list('rows', ['4096', '16384', '65536'], 'Routed rows R on the GPU.')
   flags.DEFINE_list('skews', ['balanced', 'skewed'], 'Group-size distributions.')
-  flags.DEFINE_list('ops', ['gmm', 'ffn'], 'Operations.')
+  flags.DEFINE_list('ops', ['gmm', 'ffn'], "Operations: 'gmm', 'ffn', 'parts'.")
   flags.DEFINE_list('impls', list(IMPLS), 'Implementations.')
   flags.DEFINE_enum('dtype', 'bfloat16', ['bfloat16', 'float32'], 'Compute dtype.')
   flags.DEFINE_integer('warmup', 5, 'Untimed runs after compilation.')
@@ -115,6 +116,9 @@ def run(models, rows_list, skews, ops, impls, dtype, warmup, iters):
       for skew in skews:
         sizes = group_sizes(rows, model['experts'], skew)
         for op in ops:
+          if op == 'parts':  # each kernel of the fused FFN alone (implementation 'pallas' only)
+            results.extend(kernel_parts.run(name, model, rows, skew, dtype, warmup, iters))
+            continue
           for bwd in (False, True):
             for impl in impls:
               entry = dict(model=name, **model, rows=rows, skew=skew, group_sizes=sizes.tolist(),
@@ -163,6 +167,8 @@ def summary(results, impls) -> str:
   """One line per case: median ms (TFLOP/s) of every implementation side by side."""
   cases = {}
   for e in results:
+    if e['op'] == 'parts':
+      continue
     key = (e['model'], e['rows'], e['skew'], e['op'], e['passes'])
     cases.setdefault(key, {})[e['impl']] = (
         f"{e['median_s'] * 1e3:9.3f} ({e['tflops']:6.3g})" if 'median_s' in e else f"{'-':>18s}")

@@ -9,6 +9,7 @@ from moejax.cost import model as cost_model
 MODELS = {
     'mixtral_8x7b': dict(d=4096, f=14336, experts=8, top_k=2, gated=True, activation='silu'),
     'qwen2_moe': dict(d=2048, f=1408, experts=64, top_k=4, gated=True, activation='silu'),
+    'qwen3_moe': dict(d=2048, f=768, experts=128, top_k=8, gated=True, activation='silu'),  # Qwen3-30B-A3B
     'phi3.5_moe': dict(d=4096, f=6400, experts=16, top_k=2, gated=True, activation='silu'),
     'smile_3.7b': dict(d=768, f=3072, experts=1, top_k=1, gated=False, activation='gelu'),
 }

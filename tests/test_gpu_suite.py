@@ -124,10 +124,17 @@ def test_ceilings_give_rates(records):
 def test_kernels_cover_skews_passes_and_implementations(records):
   kernels = records["kernels"]
   assert kernels["interpret"] is True
-  results = kernels["results"]
+  parts = [e for e in kernels["results"] if e["op"] == "parts"]
+  results = [e for e in kernels["results"] if e["op"] != "parts"]
   cases = {(e["skew"], e["passes"], e["impl"]) for e in results}
   impls = ("pallas", "pallas_unfused", "ragged_dot", "tokamax", "torch_grouped_mm", "dense_capacity", "dense_gemm")
   assert cases == {(s, p, i) for s in ("balanced", "skewed") for p in ("fwd", "fwd_bwd") for i in impls}
+  # Each kernel of the fused (gated) FFN alone: 3 matmuls forward, 8 backward (2 of them the recompute).
+  for skew in ("balanced", "skewed"):
+    mine = [e for e in parts if e["skew"] == skew]
+    assert all(positive(e["median_s"]) and positive(e["tflops"]) for e in mine)
+    assert sum(e["matmuls"] for e in mine if e["passes"] == "fwd") == 3
+    assert sum(e["matmuls"] for e in mine if e["passes"] == "bwd") == 8
   for e in results:
     assert "error" not in e, e
     if "skipped" in e:  # an optional package or device that is missing here, and only those

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from benchmarks.suite.record import Record, say, split
 from benchmarks.suite.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
-from experiments import bench_kernels
+from experiments import bench_kernels, kernel_parts
 from moejax.cost import expert_backend
 from moejax.runtime import platform as platform_lib
 
@@ -17,7 +17,7 @@ from moejax.runtime import platform as platform_lib
 def step_kernels(args, rec: Record) -> bool:
   """bench_kernels.run, one implementation of one case at a time so that the record grows as it goes."""
   if args.smoke:  # the whole FFN only: the interpreter makes every case cost seconds
-    models, rows, ops = SMOKE_KERNEL_MODELS, [64], ['ffn']
+    models, rows, ops = SMOKE_KERNEL_MODELS, [64], ['ffn', 'parts']
   else:
     models, rows = {m: KERNEL_MODELS[m] for m in split(args.kernel_models)}, [int(r) for r in split(args.kernel_rows)]
     ops = split(args.kernel_ops)
@@ -31,6 +31,10 @@ def step_kernels(args, rec: Record) -> bool:
     for r in rows:
       for skew in ('balanced', 'skewed'):
         for op in ops:
+          if op == 'parts':  # each kernel of the fused FFN alone: where its backward loses
+            results.extend(kernel_parts.run(name, model, r, skew, dtype, args.kernel_warmup, args.kernel_iters))
+            rec.save()
+            continue
           for impl in impls:  # both passes of one implementation per call
             results.extend(bench_kernels.run({name: model}, [r], [skew], [op], [impl], dtype, args.kernel_warmup,
                                              args.kernel_iters))

@@ -12,6 +12,7 @@ ROWS = 16384  # routed rows (token-choices) of the kernel and layer benchmarks
 KERNEL_MODELS = {
     'mixtral_8x7b': MODELS['mixtral_8x7b'],
     'qwen2_moe': MODELS['qwen2_moe'],
+    'qwen3_moe': MODELS['qwen3_moe'],
     'smile_3.7b_e8': dict(MODELS['smile_3.7b'], experts=8),
 }
 SMOKE_KERNEL_MODELS = {'smoke_gated_e8': dict(d=32, f=64, experts=8, top_k=2, gated=True, activation='silu')}
