@@ -305,3 +305,20 @@ def test_layer_models_include_the_published_presets():
     for field in ("d_model", "d_ff", "top_k", "score", "num_groups", "num_shared_experts", "routed_scaling"):
       assert getattr(cfg, field) == published.get(field, getattr(MoEConfig, field, None)), (name, field)
     assert tokens * cfg.top_k == shapes.ROWS
+
+
+def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
+  """benchmarks/gpu_parts.sh: every model and step it names exists (a typo would waste GPU time), every kernel and
+  layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
+  from benchmarks.gpu_suite import STEPS
+  from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS
+
+  script = (ROOT / "benchmarks" / "gpu_parts.sh").read_text()
+  named = lambda flag: {m for group in re.findall(rf"--{flag}=([\w.,]+)", script) for m in group.split(",")}
+  assert named("kernel_models") == set(KERNEL_MODELS) and named("layer_models") == set(LAYER_MODELS)
+  steps = {s for group in re.findall(r'STEPS="([\w ]+)"', script) for s in group.split()}
+  assert steps == set(STEPS)
+  for part in ("3", "4", "9"):
+    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part], capture_output=True,
+                         text=True, env=ENV, timeout=60)
+    assert run.returncode == 2 and ("part1/ceilings.json" in run.stderr or "PART must be" in run.stderr), run.stderr

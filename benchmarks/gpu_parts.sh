@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The GPU suite in parts that each finish within a limited command time (default 570 s): run
+#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1, 2, 3 or 4, in that order; or "all")
+# Each part is benchmarks/gpu_suite.sh on a subset of the steps and shapes, into OUT_DIR/part<PART>/, with
+# SUITE_TIMEOUT=$PART_TIMEOUT (a step running long is stopped with what it had measured). Parts 3 and 4 time the
+# layer against part 1's GEMM ceiling (its ceilings.json is copied in first). What each part runs:
+#   1  env, ceilings, kernels at Mixtral 8x7B (every implementation, gmm, ffn and the fused FFN's parts)
+#   2  kernels at Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
+#   3  layer at SMILE 3.7B (E 8), Qwen2-MoE and Mixtral 8x7B
+#   4  layer at Qwen3-MoE and DeepSeek-V3 (a quarter of its experts), chunking, train_step
+# Afterwards `python -m experiments.expert_table --out_dir=moejax/cost/expert_tables OUT_DIR/part1/kernels.json
+# OUT_DIR/part2/kernels.json` makes the table expert_backend='auto' reads. Environment: PART_TIMEOUT (seconds per
+# part, default 570), PYTHON; options after PART go to every step.
+
+set -u -o pipefail
+[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-4|all) [gpu_suite.py options]" >&2; exit 2; }
+OUT_DIR=$1
+PART=$2
+shift 2
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+export SUITE_TIMEOUT=${PART_TIMEOUT:-570}
+
+run_part() {
+  local part=$1
+  local dir="$OUT_DIR/part$part"
+  mkdir -p "$dir" || exit 2
+  case $part in
+    1) STEPS="env ceilings kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --kernel_models=mixtral_8x7b "$@" ;;
+    2) STEPS="kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 "$@" ;;
+    3|4)
+      if [[ ! -f "$OUT_DIR/part1/ceilings.json" ]]; then
+        echo "part $part: no $OUT_DIR/part1/ceilings.json (run part 1 first: the layer's MFU needs the GEMM ceiling)" >&2
+        return 2
+      fi
+      cp "$OUT_DIR/part1/ceilings.json" "$dir/"
+      if [[ $part == 3 ]]; then
+        STEPS="layer" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --layer_models=smile_3.7b_e8,qwen2_moe,mixtral_8x7b "$@"
+      else
+        STEPS="layer chunking train_step" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" \
+          --layer_models=qwen3_moe,deepseek_v3 "$@"
+      fi ;;
+    *) echo "PART must be 1, 2, 3, 4 or all; got $part" >&2; return 2 ;;
+  esac
+}
+
+if [[ $PART == all ]]; then
+  status=0
+  for p in 1 2 3 4; do run_part "$p" "$@" || status=1; done
+  exit $status
+fi
+run_part "$PART" "$@"
