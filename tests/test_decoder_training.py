@@ -86,3 +86,27 @@ def test_family_config_errors_name_the_field(field, value, named):
   config[section][name] = value
   with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
     config_lib.validate(config)
+
+
+@pytest.mark.slow
+def test_mtp_moe_layer_loads_are_counted_and_balance_its_bias(devices):
+  """DeepSeek-V3's MTP module has an MoE layer of its own: its loads come after the blocks' in the step's
+  expert_counts (every token-choice of the batch routed once there), and its balancing bias is updated from them
+  by u * sign(mean - load) like every other layer's."""
+  config = _config("deepseek_v3")
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), TOK, donate=False)
+  model_cfg, moe_cfg = trainer.model_cfg, trainer.moe_cfg
+  moe_layers = model_cfg.num_moe_layers + model_cfg.num_mtp_layers
+  assert model_cfg.num_mtp_layers == 1 and moe_cfg.bias_update_rate > 0
+  state, rest = trainer.init()
+  assert state["expert_bias"].shape == (moe_layers, moe_cfg.num_experts)
+  tokens = np.random.default_rng(2).integers(TOK.first_ordinary, TOK.num_ids, (1, 8, config.seq_len), np.int32)
+  before = np.asarray(state["expert_bias"])
+  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
+  counts = np.asarray(metrics["expert_counts"])
+  assert counts.shape == (moe_layers, moe_cfg.num_experts)
+  assert np.all(counts.sum(axis=1) == 8 * config.seq_len * moe_cfg.top_k)  # the MTP layer's row too
+  load = counts.astype(np.float64)
+  want = before + moe_cfg.bias_update_rate * np.sign(load.mean(axis=1, keepdims=True) - load)
+  np.testing.assert_allclose(np.asarray(state["expert_bias"]), want, atol=1e-9)
+  assert np.any(np.asarray(state["expert_bias"])[-1] != 0)

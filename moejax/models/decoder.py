@@ -84,7 +84,7 @@ class Decoder(nnx.Module):
   """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with positions [B, P],
   logits at those positions only. aux as `blocks.run_blocks`; in training with MTP modules, also mtp_logits
   [num_mtp_layers, B, S, V] (module k at position i predicts token i + k + 2; the last k + 1 positions predict
-  nothing) and mtp_aux_loss."""
+  nothing) and mtp_aux_loss, and the per-layer arrays (expert_counts, ...) have the modules' MoE layers last."""
 
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
     if cfg.num_moe_layers and moe_cfg.d_model != cfg.d_model:
@@ -124,6 +124,10 @@ class Decoder(nnx.Module):
         h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs)
         mtp_logits.append(self.head_logits(h_BxSxD, module.norm))
         aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
+        # The module's MoE layer after the blocks' (state.moe_layer_paths): its loads update its bias and slots.
+        for name in ("expert_counts", "tokens_dropped", "tokens_overflowed", "balance_counts"):
+          if name in mtp_aux:
+            aux[name] = jnp.concatenate([aux[name], mtp_aux[name][None].astype(aux[name].dtype)])
       aux["mtp_logits"] = jnp.stack(mtp_logits)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)

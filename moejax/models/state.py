@@ -1,6 +1,6 @@
 """The language model's state as pure dicts: abstract (`abstract_state`, nothing allocated) or built on the mesh
-(`init_state`), and the MoE layers' non-parameter state stacked over the layers ([M, ...]): slot tables, balancing
-biases, earlier micro-batches' choice counts."""
+(`init_state`), and the MoE layers' non-parameter state stacked over the layers ([M, ...], `moe_layer_paths`: the
+MTP modules' MoE layers after the blocks'): slot tables, balancing biases, earlier micro-batches' choice counts."""
 
 import jax
 import jax.numpy as jnp
@@ -49,10 +49,25 @@ def init_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.s
   return jax.jit(split, out_shardings=shardings)()
 
 
+def moe_layer_paths(cfg: ModelConfig | DecoderConfig) -> list[tuple]:
+  """Where the M MoE layers sit in the model's state, in the order of aux['expert_counts'] in training: the blocks'
+  (`moe_block_indices`), then the MTP modules' (DeepSeek-V3: each module's block has the model's MoE layer)."""
+  paths = [("blocks", i) for i in moe_block_indices(cfg)]
+  if paths and getattr(cfg, "num_mtp_layers", 0):
+    paths += [("mtp", k, "block") for k in range(cfg.num_mtp_layers)]
+  return paths
+
+
+def _moe(rest: dict, path: tuple) -> dict:
+  for key in path:
+    rest = rest[key]
+  return rest["ffn"]["moe"]
+
+
 def _stacked(cfg: ModelConfig, rest: dict, name: str):
   """The MoE layers' state `name` stacked over the layers ([M, ...]) from the pure-dict `rest`, or None
   when the layers have none (ShapeDtypeStructs in, one ShapeDtypeStruct with the sharding out)."""
-  values = [rest["blocks"][i]["ffn"]["moe"].get(name) for i in moe_block_indices(cfg)]
+  values = [_moe(rest, path).get(name) for path in moe_layer_paths(cfg)]
   if not values or values[0] is None:
     return None
   if isinstance(values[0], jax.ShapeDtypeStruct):
@@ -62,11 +77,14 @@ def _stacked(cfg: ModelConfig, rest: dict, name: str):
 
 def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
   """`rest` with MoE layer j's state `name` replaced by stacked[j] (the rest of the tree shared)."""
-  blocks = dict(rest["blocks"])
-  for j, i in enumerate(moe_block_indices(cfg)):
-    moe = {**blocks[i]["ffn"]["moe"], name: stacked[j]}
-    blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": moe}}
-  return {**rest, "blocks": blocks}
+  def replaced(tree, path, value):
+    if not path:
+      return {**tree, "ffn": {**tree["ffn"], "moe": {**tree["ffn"]["moe"], name: value}}}
+    return {**tree, path[0]: replaced(tree[path[0]], path[1:], value)}
+
+  for j, path in enumerate(moe_layer_paths(cfg)):
+    rest = replaced(rest, path, stacked[j])
+  return rest
 
 
 def slot_tables(cfg: ModelConfig, rest: dict):
