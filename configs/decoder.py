@@ -8,15 +8,22 @@ simulated CPU devices, or at their published sizes on their published meshes.
   python -m experiments.train --config=configs/decoder.py:qwen3_moe,published --workdir=... \\
       --config.data.train_files='/data/c4/en/c4-train.*-of-01024.json.gz'
 
+  python -m experiments.train --config=configs/decoder.py:hf=/path/to/Qwen3-30B-A3B --workdir=...   # fine-tune
+
 The model section holds `moejax.models.decoder_config.DecoderConfig`'s fields; the moe section every MoEConfig field
-but d_model (the experts' d_ff is moe.d_ff; model.d_ff is the dense FFN's). To start from a checkpoint instead, load
-it with `moejax.models.from_hf` (see docs/models.md).
+but d_model (the experts' d_ff is moe.d_ff; model.d_ff is the dense FFN's). `hf=PATH` reads both from a local
+checkpoint's config.json and starts from its weights (`init_from`) with its tokenizer (see docs/models.md).
 """
+
+import dataclasses
+import json
+import os
 
 import ml_collections
 
 from configs import mlm
 from configs.moe_section import moe_section
+from moejax.models import hf_config
 
 # Published shapes (the models' config.json on the Hugging Face hub; the meshes they are served on).
 PUBLISHED = {
@@ -63,7 +70,27 @@ TINY = {
 }
 
 
+def from_checkpoint(path: str) -> ml_collections.ConfigDict:
+  """Fine-tuning a local Hugging Face checkpoint: the model and moe sections from its config.json (the MoE choices
+  moejax adds at their defaults: override them on the command line), `init_from` the checkpoint (its weights and
+  balancing biases are the step-0 state) and its tokenizer.json as data.tokenizer_model where there is one."""
+  with open(os.path.join(path, "config.json")) as f:
+    model_cfg, moe_cfg = hf_config.from_hf_config(json.load(f))
+  config = mlm.get_config()
+  config.update(init_from=path, seq_len=min(64, model_cfg.max_len), steps=200, batch_size=16)
+  config.optim.update(learning_rate=1e-4, warmup_steps=20)
+  config.log.every_steps = 10
+  config.model = ml_collections.ConfigDict(dataclasses.asdict(model_cfg))
+  moe = {k: v for k, v in dataclasses.asdict(moe_cfg).items() if k != "d_model"}
+  config.moe = ml_collections.ConfigDict(moe)
+  tokenizer = os.path.join(path, "tokenizer.json")
+  config.data.tokenizer_model = tokenizer if os.path.exists(tokenizer) else ""
+  return config
+
+
 def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
+  if spec.startswith("hf="):
+    return from_checkpoint(spec[len("hf="):])
   family, _, size = spec.partition(",")
   if family not in PUBLISHED or size not in ("", "tiny", "published"):
     raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(PUBLISHED)}")

@@ -30,6 +30,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown size {size!r}; choose tiny or one of {sorted(SIZES)}")
   config = ml_collections.ConfigDict()
   config.seed = 0
+  config.init_from = ""  # a local Hugging Face checkpoint directory whose weights start the run ('' = random init)
   config.steps = 300
   config.batch_size = 16  # sequences per optimizer step, over all devices and micro-batches
   config.micro_batches = 2  # gradient accumulation steps
@@ -53,7 +54,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
                            capacity_factor=2.0)  # SMILE's; None (--config.moe.capacity_factor=None): dropless
   config.data = ml_collections.ConfigDict({
       "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
-      "tokenizer_model": "",  # a SentencePiece model file; '' = train one on the corpus and cache it
+      "tokenizer_model": "",  # a SentencePiece model or a tokenizer.json; '' = train one on the corpus and cache it
       "cache_dir": "",  # where trained tokenizers and the embedded corpus are cached; '' = workdir/cache
       "tokenizer_train_chars": 2_000_000,
       "shards": 8,  # the corpus is split into this many shards (a multiple of the process count)

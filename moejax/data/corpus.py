@@ -45,7 +45,7 @@ def validate_config(d, prefix: str = "", *, rows: int) -> None:
     require(bool(corpus_files(d.train_files, "")), prefix + "train_files", d.train_files,
             "globs matching at least one JSON-lines file ('' = the embedded corpus)")
   require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
-          prefix + "tokenizer_model", d.tokenizer_model, "'' (train one) or the path of a SentencePiece model")
+          prefix + "tokenizer_model", d.tokenizer_model, "'' (train one), the path of a SentencePiece model or of a checkpoint's tokenizer.json")
   require(isinstance(d.cache_dir, str), prefix + "cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
   require(is_int(d.tokenizer_train_chars), prefix + "tokenizer_train_chars", d.tokenizer_train_chars,
           "a positive int")

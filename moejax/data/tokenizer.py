@@ -78,9 +78,13 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
 
 def load_or_train(model_file: str, cache_dir: str, vocab_size: int, corpus_key: str,
                   texts: Callable[[], Iterable[str]]) -> Tokenizer:
-  """The tokenizer in `model_file` if given, else one trained on `texts()` and cached in `cache_dir`
+  """The tokenizer in `model_file` if given (a SentencePiece model, or a checkpoint's tokenizer.json), else one trained on `texts()` and cached in `cache_dir`
   under a name derived from `corpus_key` and `vocab_size` (built once by whichever process gets there
   first; the others wait and load it)."""
+  if model_file.endswith(".json"):  # a Hugging Face checkpoint's tokenizer.json
+    from moejax.data.hf_tokenizer import HFTokenizer
+
+    return HFTokenizer(model_file)
   if model_file:
     with open(model_file, "rb") as f:
       return Tokenizer(f.read())

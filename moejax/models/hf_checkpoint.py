@@ -24,6 +24,7 @@ from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
+from moejax.moe.config import MoEConfig
 from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError, is_int, require
 
@@ -162,6 +163,31 @@ def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool)
                                       lambda index: block(full(index)).astype(leaf.dtype))
 
 
+def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
+  """(graphdef, params, rest) of the decoder (cfg, moe_cfg) on `mesh` with the checkpoint's tensors, placed as
+  `state_lib.abstract_state` places them (as the Trainer's state): every tensor checked against the config before
+  any is read, each device reading its own block; rest (the key streams, seed `seed`) holds the checkpoint's
+  balancing biases."""
+  graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh, seed)
+  loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
+  shards = _Shards(path)
+  try:
+    expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
+    _check(shards, expected, path)
+    leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
+    arrays = {}
+    for name, (leaf_path, _, transposed, expert) in expected.items():
+      if expert in (None, 0):
+        arrays[leaf_path] = _load_leaf(shards, hf_key(leaf_path, cfg)[0], leaves[leaf_path], transposed,
+                                       expert is not None)
+  finally:
+    shards.close()
+  rest = state_lib.init_state(cfg, moe_cfg, mesh, seed, only_rest=True)  # params: the abstract tree, filled in
+  for leaf_path, array in arrays.items():
+    _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
+  return graphdef, params, rest
+
+
 def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
             param_dtype: str = "float32", placement=None, model: dict | None = None,
             tokens: int | None = None) -> Decoder:
@@ -186,24 +212,7 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
     moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
     placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
-  graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh)
-  loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
-  shards = _Shards(path)
-  try:
-    expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
-    _check(shards, expected, path)
-    leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
-    arrays = {}
-    for name, (leaf_path, _, transposed, expert) in expected.items():
-      if expert in (None, 0):
-        arrays[leaf_path] = _load_leaf(shards, hf_key(leaf_path, cfg)[0], leaves[leaf_path], transposed,
-                                       expert is not None)
-  finally:
-    shards.close()
-  rest = state_lib.init_state(cfg, moe_cfg, mesh, only_rest=True)  # params: the abstract tree, filled in below
-  for leaf_path, array in arrays.items():
-    _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
-  model = nnx.merge(graphdef, params, rest)
+  model = nnx.merge(*load_state(path, cfg, moe_cfg, mesh))
   if placement is None:
     return model
   from moejax.infer.decode import with_placement  # moejax.infer builds on this package

@@ -1,12 +1,15 @@
 """A training run's config: its sections and fields, and `checked`, every check that needs no devices, run once
 per run before anything is compiled."""
 
+import os
+
 import ml_collections
 
 from moejax import checkpoint as checkpoint_lib
 from moejax.data import corpus as corpus_lib
 from moejax.models import presets
 from moejax.models.config import ModelConfig, check_fields, from_sections
+from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.train import metrics as metrics_lib
 from moejax.train import optim
@@ -19,9 +22,10 @@ SECTIONS = {
     "checkpoint": checkpoint_lib.CONFIG_FIELDS,
     "log": metrics_lib.CONFIG_FIELDS,
 }
+OPTIONAL = ("init_from", *presets.CONFIG_FIELDS)
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
-             "data", "optim", "checkpoint", "log", *presets.CONFIG_FIELDS)
-REQUIRED = tuple(name for name in TOP_LEVEL if name not in presets.CONFIG_FIELDS)  # a preset is optional
+             "data", "optim", "checkpoint", "log", *OPTIONAL)
+REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)  # a preset and init_from are optional
 OVERFLOW_POLICIES = ("retry", "drop")
 
 
@@ -48,6 +52,11 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
   require(is_int(config.steps), "steps", config.steps, "a positive int")
   require(is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
           f"an int in [2, model.max_len={model_cfg.max_len}]")
+  init_from = config.get("init_from") or ""
+  require(isinstance(init_from, str) and (not init_from or os.path.isfile(os.path.join(init_from, "config.json"))),
+          "init_from", init_from, "'' or a local Hugging Face checkpoint directory (with config.json)")
+  require(not init_from or isinstance(model_cfg, DecoderConfig), "init_from", init_from,
+          "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)")
   require(config.on_overflow in OVERFLOW_POLICIES, "on_overflow", config.on_overflow, f"one of {OVERFLOW_POLICIES}")
   require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
   require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",

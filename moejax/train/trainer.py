@@ -26,6 +26,7 @@ from moejax import checkpoint as checkpoint_lib
 from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
+from moejax.models import hf_checkpoint
 from moejax.models import sharding as sharding_lib
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig
@@ -111,9 +112,13 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate)
 
   def init(self):
-    """(state, rest): fresh sharded state, and the model's non-parameter state (constant; the step
-    takes the slot tables from the state)."""
-    params, rest = state_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
+    """(state, rest): fresh sharded state (with config.init_from, the checkpoint's weights and balancing biases), and
+    the model's non-parameter state (constant; the step takes the slot tables from the state)."""
+    if self.config.get("init_from"):
+      _, params, rest = hf_checkpoint.load_state(self.config.init_from, self.model_cfg, self.moe_cfg, self.mesh,
+                                                 self.config.seed)
+    else:
+      params, rest = state_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
     state = self._complete(params)
     tables = state_lib.slot_tables(self.model_cfg, rest)
     if tables is not None:
