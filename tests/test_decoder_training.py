@@ -58,10 +58,11 @@ def test_trainer_trains_the_family(devices, spec):
   tokens = np.random.default_rng(1).integers(TOK.first_ordinary, TOK.num_ids, (1, 8, config.seq_len), np.int32)
   batch = jax.device_put(tokens, trainer.batch_sharding)
   first = state
-  records = []
+  records, biases = [], []
   for _ in range(10):
     state, metrics = trainer.step(state, rest, batch)
     records.append(jax.device_get(metrics))
+    biases.append(np.asarray(state.get("expert_bias", 0.0)))
   losses = [float(r["task_loss"]) for r in records]
   assert losses[-1] < losses[0] - 0.2 and all(np.diff(losses) < 0), losses
   if spec == "deepseek_v3":
@@ -69,6 +70,15 @@ def test_trainer_trains_the_family(devices, spec):
     assert np.isfinite(mtp).all() and mtp[-1] < mtp[0] - 0.1, mtp
     np.testing.assert_allclose(float(records[0]["loss"]), float(records[0]["task_loss"] + records[0]["aux_loss"])
                                + trainer.model_cfg.mtp_loss_coef * mtp[0], rtol=1e-5)
+    # The MTP module's MoE layer is a layer of the state: its loads follow the blocks' (every token-choice of the
+    # batch routed once there too), and its balancing bias moves by u * sign(mean - load) like the others'.
+    moe_cfg, layers = trainer.moe_cfg, trainer.model_cfg.num_moe_layers + trainer.model_cfg.num_mtp_layers
+    counts = np.asarray(records[1]["expert_counts"], np.float64)
+    assert counts.shape == (layers, moe_cfg.num_experts) and trainer.model_cfg.num_mtp_layers == 1
+    assert np.all(counts.sum(axis=1) == 8 * config.seq_len * moe_cfg.top_k)
+    want = biases[0] + moe_cfg.bias_update_rate * np.sign(counts.mean(axis=1, keepdims=True) - counts)
+    np.testing.assert_allclose(biases[1], want, atol=1e-9)
+    assert np.any(biases[1][-1] != biases[0][-1])
   else:
     assert "mtp_loss" not in records[0]
   moved = jax.tree.map(lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))), first["params"], state["params"])
@@ -87,26 +97,3 @@ def test_family_config_errors_name_the_field(field, value, named):
   with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
     config_lib.validate(config)
 
-
-@pytest.mark.slow
-def test_mtp_moe_layer_loads_are_counted_and_balance_its_bias(devices):
-  """DeepSeek-V3's MTP module has an MoE layer of its own: its loads come after the blocks' in the step's
-  expert_counts (every token-choice of the batch routed once there), and its balancing bias is updated from them
-  by u * sign(mean - load) like every other layer's."""
-  config = _config("deepseek_v3")
-  trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), TOK, donate=False)
-  model_cfg, moe_cfg = trainer.model_cfg, trainer.moe_cfg
-  moe_layers = model_cfg.num_moe_layers + model_cfg.num_mtp_layers
-  assert model_cfg.num_mtp_layers == 1 and moe_cfg.bias_update_rate > 0
-  state, rest = trainer.init()
-  assert state["expert_bias"].shape == (moe_layers, moe_cfg.num_experts)
-  tokens = np.random.default_rng(2).integers(TOK.first_ordinary, TOK.num_ids, (1, 8, config.seq_len), np.int32)
-  before = np.asarray(state["expert_bias"])
-  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
-  counts = np.asarray(metrics["expert_counts"])
-  assert counts.shape == (moe_layers, moe_cfg.num_experts)
-  assert np.all(counts.sum(axis=1) == 8 * config.seq_len * moe_cfg.top_k)  # the MTP layer's row too
-  load = counts.astype(np.float64)
-  want = before + moe_cfg.bias_update_rate * np.sign(load.mean(axis=1, keepdims=True) - load)
-  np.testing.assert_allclose(np.asarray(state["expert_bias"]), want, atol=1e-9)
-  assert np.any(np.asarray(state["expert_bias"])[-1] != 0)

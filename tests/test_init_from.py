@@ -14,7 +14,6 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from moejax import models
-from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.models import hf_config
@@ -28,19 +27,19 @@ sys.path.insert(0, str(ROOT))
 from configs import decoder  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "hf"
+pytestmark = pytest.mark.xdist_group("init_from")  # one worker builds the checkpoint copy and its tokenizer
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
   """A copy of the DeepSeek-V3 fixture (MLA, groups, sigmoid routing with its balancing bias) with a BPE
-  tokenizer.json trained here on the embedded corpus within the checkpoint's 96 ids, eos and pad named in
+  tokenizer.json trained here on moejax's docs within the checkpoint's 96 ids, eos and pad named in
   tokenizer_config.json."""
   from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
   path = tmp_path_factory.mktemp("ckpt") / "deepseek_v3"
   shutil.copytree(DATA / "deepseek_v3", path)
-  corpus = corpus_lib.embedded_corpus(str(path.parent / "cache"))
-  lines = [line for text in corpus_lib.texts([corpus]) for line in text.split("\n")][:2000]
+  lines = [line for doc in sorted((ROOT / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
   tk = Tokenizer(models.BPE(unk_token="<unk>"))
   tk.pre_tokenizer = pre_tokenizers.Whitespace()
   tk.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=90, special_tokens=["<pad>", "<eos>", "<unk>"],
