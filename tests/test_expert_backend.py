@@ -85,6 +85,7 @@ def test_unfused_pallas_ffn_and_grads_match_numpy(gated, activation):
     np.testing.assert_allclose(float(np.sum(np.asarray(grads[i]) * direction)), numeric, rtol=1e-3)
 
 
+@pytest.mark.slow  # the op itself is checked against NumPy above; this is the layer around it
 def test_unfused_pallas_layer_matches_reference(mesh_2x4):
   cfg = MoEConfig(**BASE, expert_backend="pallas_unfused", transport="hierarchical")
   params = init_params(jax.random.key(0), cfg)
