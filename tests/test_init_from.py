@@ -109,9 +109,10 @@ def test_bad_init_from_and_tokenizer(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
-def test_fine_tuning_runs_from_the_command_line(checkpoint, tmp_path):
+def test_fine_tuning_runs_from_the_command_line(checkpoint, tmp_path, devices):
   """experiments.train on configs/decoder.py:hf=PATH: the embedded corpus through the checkpoint's tokenizer, three
-  steps from its weights; the first loss is near the checkpoint's (random weights: about log of its vocabulary)."""
+  steps from its weights; the first loss is near the checkpoint's (random weights: about log of its vocabulary); the
+  run's model exported with to_hf loads back with its logits."""
   result = subprocess.run(
       [sys.executable, "-m", "experiments.train", f"--config=configs/decoder.py:hf={checkpoint}",
        f"--workdir={tmp_path}", "--config.steps=3", "--config.batch_size=8", "--config.micro_batches=1", "--config.seq_len=16",
@@ -123,3 +124,15 @@ def test_fine_tuning_runs_from_the_command_line(checkpoint, tmp_path):
   records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   losses = [r["task_loss"] for r in records if "task_loss" in r]
   assert len(losses) == 3 and all(np.isfinite(losses)) and abs(losses[0] - np.log(96)) < 1.0, losses
+  # The fine-tuned model back to a checkpoint: its export loads with the trained model's logits.
+  from moejax.infer.load import load_trained
+
+  config = _config(checkpoint)
+  model, tok, step = load_trained(config, str(tmp_path), mesh_lib.make_mesh(2, 4))
+  assert step == 3 and tok.num_ids == ids
+  models.to_hf(model, str(tmp_path / "exported"))
+  tokens = np.random.default_rng(3).integers(2, 96, (8, 16)).astype(np.int32)
+  exported = models.from_hf(str(tmp_path / "exported"), mesh_lib.make_mesh(2, 4))
+  np.testing.assert_array_equal(np.asarray(exported(tokens)[0]), np.asarray(model(tokens)[0]))
+  original = models.from_hf(checkpoint, mesh_lib.make_mesh(2, 4))
+  assert not np.array_equal(np.asarray(original(tokens)[0]), np.asarray(model(tokens)[0]))  # it trained
