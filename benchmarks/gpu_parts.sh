@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite in parts that each finish within a limited command time (default 570 s): run
-#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1, 2, 3 or 4, in that order; or "all")
+#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1 to 5, in that order; or "all")
 # Each part is benchmarks/gpu_suite.sh on a subset of the steps and shapes, into OUT_DIR/part<PART>/, with
 # SUITE_TIMEOUT=$PART_TIMEOUT (a step running long is stopped with what it had measured). Parts 3 and 4 time the
 # layer against part 1's GEMM ceiling (its ceilings.json is copied in first). What each part runs:
@@ -8,12 +8,14 @@
 #   2  kernels at Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
 #   3  layer at SMILE 3.7B (E 8), Qwen2-MoE and Mixtral 8x7B
 #   4  layer at Qwen3-MoE and DeepSeek-V3 (a quarter of its experts), chunking, train_step
+#   5  the tgmm (weight-gradient) tiles re-tuned with block_k up to 128: kernels/tuning.py's tgmm entries
+#      (64/32, 128, 128) were never in a measured sweep (experiments/tune_kernels.py; OUT_DIR/part5/)
 # Afterwards `python -m experiments.expert_table --out_dir=moejax/cost/expert_tables OUT_DIR/part1/kernels.json
 # OUT_DIR/part2/kernels.json` makes the table expert_backend='auto' reads. Environment: PART_TIMEOUT (seconds per
 # part, default 570), PYTHON; options after PART go to every step.
 
 set -u -o pipefail
-[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-4|all) [gpu_suite.py options]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-5|all) [gpu_suite.py options]" >&2; exit 2; }
 OUT_DIR=$1
 PART=$2
 shift 2
@@ -39,13 +41,18 @@ run_part() {
         STEPS="layer chunking train_step" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" \
           --layer_models=qwen3_moe,deepseek_v3 "$@"
       fi ;;
-    *) echo "PART must be 1, 2, 3, 4 or all; got $part" >&2; return 2 ;;
+    5) PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "$SUITE_TIMEOUT" \
+         "${PYTHON:-python3}" "$ROOT/experiments/tune_kernels.py" \
+         --kernels=tgmm --block_m=32,64 --block_n=128,256 --block_k=64,128 --num_warps=8 --num_stages=3,4 \
+         --out_json="$dir/tune_tgmm.json" --out_table="$dir/tune_tgmm_table.txt" 2>&1 | tee "$dir/tune_tgmm.log"
+       return "${PIPESTATUS[0]}" ;;
+    *) echo "PART must be 1 to 5 or all; got $part" >&2; return 2 ;;
   esac
 }
 
 if [[ $PART == all ]]; then
   status=0
-  for p in 1 2 3 4; do run_part "$p" "$@" || status=1; done
+  for p in 1 2 3 4 5; do run_part "$p" "$@" || status=1; done
   exit $status
 fi
 run_part "$PART" "$@"

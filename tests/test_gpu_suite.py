@@ -308,8 +308,8 @@ def test_layer_models_include_the_published_presets():
 
 
 def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
-  """benchmarks/gpu_parts.sh: every model and step it names exists (a typo would waste GPU time), every kernel and
-  layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
+  """benchmarks/gpu_parts.sh: every model, step and flag it names exists (a typo would waste GPU time), every kernel
+  and layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
   from benchmarks.gpu_suite import STEPS
   from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS
 
@@ -318,6 +318,11 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   assert named("kernel_models") == set(KERNEL_MODELS) and named("layer_models") == set(LAYER_MODELS)
   steps = {s for group in re.findall(r'STEPS="([\w ]+)"', script) for s in group.split()}
   assert steps == set(STEPS)
+  tune = (ROOT / "experiments" / "tune_kernels.py").read_text()  # part 5's flags are tune_kernels' own
+  defined = set(re.findall(r"flags\.DEFINE_\w+\('(\w+)'", tune))
+  start = script.index('"$ROOT/experiments/tune_kernels.py"')
+  part5 = script[start:script.index(";;", start)]
+  assert set(re.findall(r"--(\w+)=", part5)) <= defined and "tgmm" in part5
   for part in ("3", "4", "9"):
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part], capture_output=True,
                          text=True, env=ENV, timeout=60)
