@@ -98,11 +98,16 @@ def test_trainer_starts_from_the_checkpoint(checkpoint, devices):
   np.testing.assert_allclose(float(metrics["task_loss"]), want, rtol=1e-5)
 
 
-def test_bad_init_from_and_tokenizer(checkpoint, tmp_path):
+def test_bad_init_from_and_tokenizer(checkpoint, tmp_path, devices):
   config = _config(checkpoint)
   config.init_from = str(tmp_path)
   with pytest.raises(ConfigError, match="init_from"):
     config_lib.checked(config)
+  config.init_from = str(DATA / "qwen3_moe")  # another model than the config's: refused naming a tensor
+  config, model_cfg, moe_cfg = config_lib.checked(config)
+  trainer = train.Trainer(config, model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4), None, donate=False)
+  with pytest.raises(ConfigError, match=r"model\.layers\.\d+\."):
+    trainer.init()
   (tmp_path / "tokenizer.json").write_text("{}")
   with pytest.raises(TokenizerError, match="not a tokenizer.json"):
     tokenizer_lib.load_or_train(str(tmp_path / "tokenizer.json"), "", 96, "", lambda: [])
