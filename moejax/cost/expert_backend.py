@@ -91,19 +91,24 @@ def layer_shape(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> 
                   cfg.activation, cfg.dtype)
 
 
-def load_table(source: str | None, device_kind: str) -> tuple[dict, str]:
+def measure_command(shape: FFNShape) -> str:
+  """How to measure `shape` on the device at hand, for a table expert_table can name."""
+  return (f"`python experiments/bench_kernels.py --shape={shape.d},{shape.f},{shape.experts},{int(shape.gated)},"
+          f"{shape.activation} --rows={shape.rows} --ops=ffn --dtype={shape.dtype} --out=k.json "
+          "--backend_table=table.json` on this device and set expert_table='table.json', or name a backend")
+
+
+def load_table(source: str | None, device_kind: str, shape: FFNShape) -> tuple[dict, str]:
   """(table, its path): `source` (a path) or the table shipped for `device_kind`; refused when there is none or it
-  was measured on another device kind."""
+  was measured on another device kind (the error says how to measure `shape`)."""
   path = source or os.path.join(TABLES_DIR, device_key(device_kind) + ".json")
   if not os.path.exists(path):
     shipped = sorted(n[:-5] for n in os.listdir(TABLES_DIR) if n.endswith(".json"))
     raise ConfigError(
         f"expert_backend='auto' needs a table measured on this device kind ({device_kind!r}): "
         + (f"expert_table={source!r} does not exist" if source else
-           f"moejax ships tables for {shipped}, not {device_key(device_kind)!r}") + ". Measure one with "
-        "`python experiments/bench_kernels.py --shape=D,F,EXPERTS,GATED,ACTIVATION --rows=R --ops=ffn "
-        "--out=k.json --backend_table=table.json` and set expert_table='table.json', or name a backend",
-        "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
+           f"moejax ships tables for {shipped}, not {device_key(device_kind)!r}") + "; measure the layer's shape "
+        "with " + measure_command(shape), "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
   with open(path) as f:
     table = json.load(f)
   if device_key(table.get("device", "")) != device_key(device_kind):
@@ -122,9 +127,7 @@ def choose(table: dict, shape: FFNShape, passes: str) -> tuple[str, dict]:
   rows = [r for r in table["shapes"] if r["passes"] == passes and r["skew"] == "balanced" and r["fastest"]
           and all(r[k] == v for k, v in want.items())]
   measured = sorted({tuple(r[k] for k in MATCH_KEYS) + (r["rows"],) for r in table["shapes"]})
-  how = (f"measure it with `python experiments/bench_kernels.py --shape={shape.d},{shape.f},{shape.experts},"
-         f"{int(shape.gated)},{shape.activation} --rows={shape.rows} --ops=ffn --dtype={shape.dtype} --out=k.json "
-         "--backend_table=table.json` on this device and set expert_table='table.json', or name a backend")
+  how = "measure it with " + measure_command(shape)
   if dtype != shape.dtype or not rows:
     raise ConfigError(f"expert_backend='auto': no {passes} measurement in {shape.dtype} at the layer's per-device FFN "
                       f"shape {want} (the table has {dtype} at (d, f, experts, gated, activation, rows) = {measured}); "
@@ -145,8 +148,8 @@ def resolve(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, passes: str = 
   if cfg.expert_backend != "auto":
     return cfg
   device_kind = mesh.devices.flat[0].device_kind
-  table, path = load_table(cfg.expert_table, device_kind)
   shape = layer_shape(cfg, tokens, *mesh_lib.axis_sizes(mesh))
+  table, path = load_table(cfg.expert_table, device_kind, shape)
   backend, row = choose(table, shape, passes)
   times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in sorted(row["candidates_median_s"].items(), key=lambda kv: kv[1]))
   logging.info("expert_backend='auto' -> %r for %s (%s, %d rows measured; %s; not measured: %s) from %s", backend,
