@@ -21,9 +21,9 @@ error (outputs and gradients) against ragged_dot on the same inputs. An implemen
 package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is recorded with
 'skipped': the reason, and no timings.
 
-  python experiments/bench_kernels.py --out results/kernels_h100.json
-  python experiments/bench_kernels.py --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
-  python experiments/bench_kernels.py --shape=4096,14336,1,1,silu --rows=16384 --ops=ffn --out=k.json \
+  python -m experiments.bench_kernels --out results/kernels_h100.json
+  python -m experiments.bench_kernels --smoke --out /tmp/smoke.json   # CPU, tiny, interpreted
+  python -m experiments.bench_kernels --shape=4096,14336,1,1,silu --rows=16384 --ops=ffn --out=k.json \
       --backend_table=table.json   # one layer's per-device shape, for expert_backend='auto' (expert_table=...)
 A full run (4 models x 3 row counts x 2 skews x 2 ops x 2 passes x 5 implementations) takes
 tens of minutes on an H100; --models/--rows/--ops narrow it. The shapes and FLOP counts are in

@@ -7,7 +7,7 @@ Forward: 'hidden' (h = act(x w_gate) * (x w_in): the gated FFN's two matmuls, ke
 the dense GEMM's says which kernel loses; their sum beside the fused forward+backward says what the glue costs.
 The recompute is part of 'bwd_hidden' (its z_in and z_gate): 'pallas_unfused' in bench_kernels keeps h instead.
 
-  python experiments/bench_kernels.py --ops=parts --models=mixtral_8x7b --rows=16384 --out=parts.json
+  python -m experiments.bench_kernels --ops=parts --models=mixtral_8x7b --rows=16384 --out=parts.json
 """
 
 import statistics

@@ -4,8 +4,8 @@ For every (kernel, dtype, shape class) it times each candidate TileConfig on a r
 shape (balanced groups), keeps the fastest, prints a table, writes every timing as JSON and a
 Python `TABLE` entry for kernels/tuning.py to paste:
 
-  python experiments/tune_kernels.py --out_json tuned.json --out_table tuned_table.py
-  python experiments/tune_kernels.py --smoke --out_json /tmp/t.json --out_table /tmp/t.py  # CPU
+  python -m experiments.tune_kernels --out_json tuned.json --out_table tuned_table.py
+  python -m experiments.tune_kernels --smoke --out_json /tmp/t.json --out_table /tmp/t.py  # CPU
 
 Candidates that fail to compile (e.g. too much shared memory) are recorded and skipped. The
 default sweep (32 candidates x 4 kernels x 2 classes, bf16) takes roughly 10-20 minutes.

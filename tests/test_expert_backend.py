@@ -126,7 +126,7 @@ def test_choose_nearest_rows_within_the_ratio_and_refuse_beyond():
   assert eb.choose(table, shape, "fwd_bwd")[0] == "ragged_dot"  # balanced groups, 256 rows nearest
   assert eb.choose(table, shape, "fwd")[0] == "pallas"
   assert eb.choose(table, dataclasses.replace(shape, rows=3000), "fwd_bwd")[0] == "pallas"
-  with pytest.raises(ConfigError, match=r"20000 rows per device.*4096.*bench_kernels.py --shape=16,32,2,1,silu"):
+  with pytest.raises(ConfigError, match=r"20000 rows per device.*4096.*bench_kernels --shape=16,32,2,1,silu"):
     eb.choose(table, dataclasses.replace(shape, rows=20000), "fwd_bwd")
   for other in (dict(f=64), dict(experts=4), dict(gated=False), dict(activation="gelu"), dict(dtype="bfloat16")):
     with pytest.raises(ConfigError, match="no fwd_bwd measurement"):

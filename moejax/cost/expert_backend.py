@@ -1,6 +1,6 @@
 """expert_backend='auto': the fastest expert backend for a layer's per-device FFN shape, read from a measured table.
 
-A table is what the GPU suite's kernels step (or `experiments/bench_kernels.py --backend_table`) writes: for each
+A table is what the GPU suite's kernels step (or `python -m experiments.bench_kernels --backend_table`) writes: for each
 FFN shape (d, f, experts = groups in one call, gated, activation, rows, skew) and pass ('fwd', 'fwd_bwd') the median
 seconds of every candidate backend that ran. Tables measured on a device ship in `expert_tables/<device>.json`
 (named by `device_key`); `MoEConfig.expert_table` points at another. Nothing is extrapolated: 'auto' is refused,
@@ -93,7 +93,7 @@ def layer_shape(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> 
 
 def measure_command(shape: FFNShape) -> str:
   """How to measure `shape` on the device at hand, for a table expert_table can name."""
-  return (f"`python experiments/bench_kernels.py --shape={shape.d},{shape.f},{shape.experts},{int(shape.gated)},"
+  return (f"`python -m experiments.bench_kernels --shape={shape.d},{shape.f},{shape.experts},{int(shape.gated)},"
           f"{shape.activation} --rows={shape.rows} --ops=ffn --dtype={shape.dtype} --out=k.json "
           "--backend_table=table.json` on this device and set expert_table='table.json', or name a backend")
 
