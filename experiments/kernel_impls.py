@@ -4,15 +4,13 @@ one a function fn(params, group_sizes) -> y, its inputs, and why one cannot run 
 import jax
 import jax.numpy as jnp
 
-from moejax.cost import expert_backend
 from moejax.kernels import activations, ffn
 from moejax.kernels import gmm as gmm_lib
 from moejax.moe import experts as experts_lib
 
+# The first four are what MoEConfig.expert_backend runs for the whole FFN (moejax.cost.expert_backend.CANDIDATES,
+# ranked for expert_backend='auto'); the others are references.
 IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm', 'dense_capacity', 'dense_gemm')
-# What MoEConfig.expert_backend runs for the whole FFN (the candidates of expert_backend='auto'); the other
-# implementations are references.
-MOEJAX_BACKENDS = expert_backend.CANDIDATES
 
 
 def _hidden(act, z_in, z_gate):

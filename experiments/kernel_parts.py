@@ -21,9 +21,6 @@ from moejax.kernels import gmm as gmm_lib
 from moejax.kernels.gmm import tgmm_forward
 from moejax.kernels.tuning import time_call
 
-PASSES = {'hidden': 'fwd', 'out': 'fwd', 'bwd_hidden': 'bwd', 'bwd_dx': 'bwd', 'bwd_dw_in': 'bwd',
-          'bwd_dw_gate': 'bwd', 'bwd_dw_out': 'bwd'}
-
 
 def part_functions(model: dict, interpret: bool) -> dict:
   """name -> (fn(inputs) -> output, matmuls it does); inputs as `part_inputs` makes them."""
@@ -74,7 +71,7 @@ def run(name: str, model: dict, rows: int, skew: str, dtype, warmup: int, iters:
   for part, (fn, matmuls) in part_functions(model, interpret).items():
     flops = 2 * rows * model['d'] * model['f'] * matmuls
     entry = dict(model=name, **model, rows=rows, skew=skew, group_sizes=sizes.tolist(), op='parts', part=part,
-                 passes=PASSES[part], matmuls=matmuls, useful_flops=flops)
+                 passes='bwd' if part.startswith('bwd') else 'fwd', matmuls=matmuls, useful_flops=flops)
     try:
       times = time_call(jax.jit(fn), (inputs,), warmup, iters)
       median = statistics.median(times)

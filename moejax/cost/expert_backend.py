@@ -27,7 +27,6 @@ MATCH_KEYS = ("d", "f", "experts", "gated", "activation")
 MAX_ROWS_RATIO = 4.0
 TABLES_DIR = os.path.join(os.path.dirname(__file__), "expert_tables")
 PASSES = ("fwd", "fwd_bwd")
-_DTYPE_NAMES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float32": "float32", "f32": "float32"}
 
 
 def table_from_results(results: list[dict], meta: dict) -> dict:
@@ -122,7 +121,7 @@ def choose(table: dict, shape: FFNShape, passes: str) -> tuple[str, dict]:
   measured row count nearest in log scale, within MAX_ROWS_RATIO); ConfigError naming what is missing otherwise."""
   if passes not in PASSES:
     raise ValueError(f"passes={passes!r}: one of {PASSES}")
-  dtype = _DTYPE_NAMES.get(table.get("dtype"), table.get("dtype"))
+  dtype = table.get("dtype")
   want = {k: getattr(shape, k) for k in MATCH_KEYS}
   rows = [r for r in table["shapes"] if r["passes"] == passes and r["skew"] == "balanced" and r["fastest"]
           and all(r[k] == v for k, v in want.items())]

@@ -16,7 +16,7 @@ from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.models import presets
 from moejax.models import state as state_lib
-from moejax.models.config import from_sections
+from moejax.models.config import from_sections, tokens_per_call
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, require
 
@@ -43,14 +43,13 @@ def abstract_model_state(model_cfg, moe_cfg, mesh, seed: int = 0):
 def load_trained(config: ml_collections.ConfigDict, train_workdir: str, mesh=None):
   """(model, tokenizer, step) from the newest checkpoint in `train_workdir`/checkpoints, laid out on
   `mesh` (default: the config's): the parameters, and the slot tables and balancing biases the run ended
-  with (moe.expert_backend 'auto' resolved for a forward of the config's batch). A missing checkpoint is an error naming the directory (`moejax.train.trainer.train_unless_checkpointed`
-  trains one first). Of `config` it reads the mesh, model and moe sections (a preset applied), seed, data and
-  checkpoint.keep."""
+  with (moe.expert_backend 'auto' resolved for a forward of the config's micro-batch). A missing checkpoint is an
+  error naming the directory (`moejax.train.trainer.train_unless_checkpointed` trains one first). Of `config` it
+  reads the mesh, model and moe sections (a preset applied), seed, data and checkpoint.keep."""
   config = presets.apply(config)
   model_cfg, moe_cfg = from_sections(config)
   mesh = mesh or mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
-  tokens = config.batch_size // config.micro_batches * config.seq_len  # a forward of the config's batch
-  moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
+  moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd")  # a forward of a micro-batch
   checkpoints = os.path.join(train_workdir, "checkpoints")
   cache = cache_dir(config, train_workdir)
   tok = corpus_lib.load_tokenizer(config, corpus_lib.corpus_files(config.data.train_files, cache), cache)

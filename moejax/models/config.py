@@ -104,6 +104,11 @@ def _decoder_from_sections(config: ml_collections.ConfigDict) -> tuple[DecoderCo
   return model_cfg, {**config.moe, "d_model": model_cfg.d_model}
 
 
+def tokens_per_call(config: ml_collections.ConfigDict) -> int:
+  """The tokens one layer call sees in a run config: a micro-batch, batch_size / micro_batches x seq_len."""
+  return config.batch_size // config.micro_batches * config.seq_len
+
+
 def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | DecoderConfig, MoEConfig]:
   """(model config, MoE layer config) of a run config (its preset already applied, `moejax.models.presets.apply`):
   mesh.nodes and mesh.gpus_per_node, the model section, the moe section (less MOE_FROM_MODEL, which come from the
@@ -132,6 +137,6 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
   model_cfg.check_mesh(config.mesh.gpus_per_node)
   if is_int(config.batch_size) and is_int(config.micro_batches) and is_int(config.seq_len):
     # Parm's Algorithm 1 picks 'auto' here, for the tokens one layer call sees, never while tracing.
-    tokens = config.batch_size // config.micro_batches * config.seq_len
+    tokens = tokens_per_call(config)
     moe_cfg = prefixed("moe.", parm.resolve_auto, moe_cfg, tokens, config.mesh.nodes, config.mesh.gpus_per_node)
   return model_cfg, moe_cfg

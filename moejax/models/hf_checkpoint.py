@@ -195,8 +195,9 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
   moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...); model: DecoderConfig fields (fsdp,
-  remat, tensor_parallel, grad_sync: how the model is laid out and trained, not what it computes). A checkpoint whose tensors differ
-  from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused, naming the tensor.
+  remat, tensor_parallel, grad_sync: how the model is laid out and trained, not what it computes). A checkpoint
+  whose tensors differ from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused,
+  naming the tensor.
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
   checked before anything is read, then applied to the loaded model (`moejax.infer.decode.with_placement`: expert e
   of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and

@@ -29,7 +29,7 @@ from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import hf_checkpoint
 from moejax.models import sharding as sharding_lib
 from moejax.models import state as state_lib
-from moejax.models.config import ModelConfig
+from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
@@ -62,8 +62,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
   def __init__(self, config, model_cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh,
                tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True):
     if moe_cfg.expert_backend == "auto":  # the measured fastest for the tokens one layer call sees on these devices
-      tokens = config.batch_size // config.micro_batches * config.seq_len
-      moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd_bwd")
+      moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.donate = donate
     self.graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
