@@ -62,8 +62,7 @@ def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False,
     if not fsdp_over:
       return layer
     shapes = param_shapes(moe_cfg)
-    sharded = lambda spec, shape: fsdp(spec, shape)
-    return {k: v if k in ("w_in", "w_out", "w_gate") else jax.tree.map(sharded, v, shapes[k], is_leaf=_is_spec)
+    return {k: v if k in ("w_in", "w_out", "w_gate") else jax.tree.map(fsdp, v, shapes[k], is_leaf=_is_spec)
             for k, v in layer.items()}
 
   def specs(tree, path=()):
