@@ -33,8 +33,8 @@ from absl import flags
 from configs import convergence as study_config
 from configs import gpt as gpt_config
 from configs import mlm as mlm_config
-from experiments.config_flag import define_config, run
 from experiments.convergence_report import format_table, plot, table_rows
+from moejax.cli import define_config, run
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError

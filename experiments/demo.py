@@ -24,8 +24,8 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from experiments import config_flag
-from experiments.config_flag import define_config
+from moejax import cli
+from moejax.cli import define_config
 from moejax.cost import expert_backend, parm
 from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
@@ -177,4 +177,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  config_flag.run(main)
+  cli.run(main)

@@ -21,8 +21,8 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments import config_flag
-from experiments.config_flag import define_config
+from moejax import cli
+from moejax.cli import define_config
 from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
 from moejax.data import corpus as data_lib
@@ -233,4 +233,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  config_flag.run(main)
+  cli.run(main)

@@ -16,8 +16,8 @@ import sys
 
 from absl import flags
 
-from experiments import config_flag
-from experiments.config_flag import define_config
+from moejax import cli
+from moejax.cli import define_config
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import decode, load
@@ -75,4 +75,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  config_flag.run(main)
+  cli.run(main)

@@ -20,7 +20,7 @@ import time
 
 from absl import flags
 
-from experiments import config_flag
+from moejax import cli
 from moejax.study import memory as memory_lib
 from moejax.study.memory import GB
 
@@ -28,7 +28,7 @@ from moejax.study.memory import GB
 def _define_flags() -> dict:
   """The command line's flags, defined when the planner runs as a program (so `plan` imports without them)."""
   return dict(
-      config=config_flag.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
+      config=cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
                                        "Training config (used instead of --preset when given)."),
       preset=flags.DEFINE_list("preset", ["all"], "Rows to plan without --config: 'all' or names of PRESETS."),
       device_gb=flags.DEFINE_float("device_gb", 80.0, "Device memory in GB (10^9 bytes) for the verdict."),
@@ -272,4 +272,4 @@ def main(argv):
 
 if __name__ == "__main__":
   _FLAGS.update(_define_flags())
-  config_flag.run(main)
+  cli.run(main)

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 from absl import flags
 
-from experiments.config_flag import define_config, run
+from moejax.cli import define_config, run
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import load

@@ -18,8 +18,8 @@ import sys
 
 from absl import flags, logging
 
-from experiments import config_flag
-from experiments.config_flag import define_config
+from moejax import cli
+from moejax.cli import define_config
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import report
 from moejax.study.points import max_devices, validate
@@ -48,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  config_flag.run(main)
+  cli.run(main)

@@ -16,8 +16,8 @@ import sys
 from absl import flags
 from absl import logging as absl_logging
 
-from experiments import config_flag
-from experiments.config_flag import define_config
+from moejax import cli
+from moejax.cli import define_config
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
@@ -51,4 +51,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  config_flag.run(main)
+  cli.run(main)

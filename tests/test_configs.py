@@ -18,7 +18,7 @@ from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs.moe_section import moe_section  # noqa: E402
-from experiments.config_flag import define_config  # noqa: E402
+from moejax.cli import define_config  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 # Each config file, by the experiment that reads it.

@@ -1,4 +1,4 @@
-"""The --config flag of the experiments: an ml_collections config file whose command-line overrides must name
+"""The --config flag of moejax's programs: an ml_collections config file whose command-line overrides must name
 existing fields, and whose every error is one line.
 
 ml_collections resolves each `--config.a.b=value` against the loaded config and meets a missing field with a
