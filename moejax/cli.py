@@ -7,8 +7,13 @@ the config is first read (two chained tracebacks), and one whose get_config rais
 Here the file is loaded and the overrides checked while the flag is parsed, so each of these ends in one error
 line naming the file or the field (a misspelt field with its nearest fields, never the whole section): run the
 experiment's main with `run(main)` (absl's app.run with a one-line flags error).
+
+A tuple field takes its elements separated by commas (`--config.schemes=switch,smile`, `--config.nodes=1,2`),
+each read as the default's elements are (strings, integers, numbers or booleans); Python's `(1, 2)` is read too.
+`--workdir` (`define_workdir`) is the one other flag a program defines: the directory it writes to.
 """
 
+import ast
 import os
 import re
 import sys
@@ -17,6 +22,7 @@ import traceback
 import ml_collections
 from absl import app, flags
 from ml_collections import config_flags
+from ml_collections.config_flags import config_path
 
 from moejax.validation import ConfigError, unknown_field_message
 
@@ -67,11 +73,83 @@ def load_error(argument: str, error: BaseException) -> ConfigError:
   return ConfigError(f"config file {argument} could not be loaded{at}: {reason}", path)
 
 
+def _unquoted(text: str) -> str:
+  return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def _boolean(text: str) -> bool:
+  if text.lower() not in ("true", "false"):
+    raise ValueError(text)
+  return text.lower() == "true"
+
+
+def _literal(text: str):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+# How a tuple field's elements are read, by the type of its default's elements: (reader, what the error calls them).
+_ELEMENTS = {str: (_unquoted, "strings"), int: (int, "integers"), float: (float, "numbers"),
+             bool: (_boolean, "booleans (true or false)")}
+
+
+class TupleFieldParser(flags.ArgumentParser):
+  """The tuple field `path` of the flag `name` (default `default`) from `a,b`, `(a, b)` or `[a, b]`: each element
+  read as the default's elements are (`_ELEMENTS`); an empty or mixed default's elements as Python literals, else
+  as strings."""
+
+  def __init__(self, name: str, path: str, default: tuple):
+    self.name, self.path, self.default = name, path, default
+    kinds = {type(x) for x in default}
+    self.kind = kinds.pop() if len(kinds) == 1 and not kinds - set(_ELEMENTS) else None
+
+  def parse(self, argument) -> tuple:
+    if isinstance(argument, tuple):
+      return argument
+    text = argument.strip()
+    if text[:1] + text[-1:] in ("()", "[]"):
+      text = text[1:-1]
+    items = [item.strip() for item in text.split(",")]
+    if items[-1] == "":  # '', '8,' or '(0,)'
+      items.pop()
+    if self.kind is None:
+      return tuple(_literal(item) for item in items)
+    read, what = _ELEMENTS[self.kind]
+    elements = []
+    for item in items:
+      try:
+        elements.append(read(item))
+      except ValueError:
+        example = ",".join(str(x).lower() if self.kind is bool else str(x) for x in self.default)
+        raise ValueError(f"config field {self.path} takes {what} separated by commas, e.g. "
+                         f"--{self.name}.{self.path}={example} (got {item!r})") from None
+    return tuple(elements)
+
+  def flag_type(self):
+    return "tuple"
+
+
+class _TupleFieldFlag(flags.Flag):
+  """The override `--{name}.{path}` of a tuple field of `config`, set on it as it is parsed (ml_collections'
+  own tuple flag reads Python syntax only, and leaves a field of this name alone)."""
+
+  def __init__(self, config, name: str, path: str):
+    super().__init__(TupleFieldParser(name, path, config_path.get_value(path, config)),
+                     flags.ArgumentSerializer(), f"{name}.{path}", None, f"An override of {name}'s field {path}")
+    self.config, self.path = config, path
+
+  def parse(self, argument):
+    super().parse(argument)
+    config_path.set_value(self.path, self.config, self.value)
+
+
 class _CheckedParser(flags.ArgumentParser):
   """ml_collections' config file parser, then every override of the command line checked against its config."""
 
-  def __init__(self, *, parser: flags.ArgumentParser, name: str):
-    self.parser, self.name = parser, name
+  def __init__(self, *, parser: flags.ArgumentParser, name: str, flag_values: flags.FlagValues):
+    self.parser, self.name, self.flag_values = parser, name, flag_values
 
   def parse(self, argument):
     try:
@@ -84,6 +162,9 @@ class _CheckedParser(flags.ArgumentParser):
     if isinstance(config, ml_collections.ConfigDict):
       for path in override_paths(self.name, flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)):
         check_override(config, path)  # a ConfigError (a ValueError) becomes absl's IllegalFlagValueError
+        if "[" not in path and isinstance(config_path.get_value(path, config), tuple) and \
+            f"{self.name}.{path}" not in self.flag_values:
+          flags.DEFINE_flag(_TupleFieldFlag(config, self.name, path), self.flag_values)
     return config
 
   def flag_type(self):
@@ -113,9 +194,16 @@ def define_config(default: str, help_string: str, name: str = "config",
   default = os.path.normpath(default)
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values)
   flag = flag_values[name]
-  flag.parser = _CheckedParser(parser=flag.parser, name=name)
+  flag.parser = _CheckedParser(parser=flag.parser, name=name, flag_values=flag_values)
   try:
     flag_values.set_default(name, default)
   except flags.Error as e:
     sys.exit(f"error: {e}")
   return holder
+
+
+def define_workdir(help_string: str, required: bool = True,
+                   flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+  """`--workdir`, the directory a program writes to: the one flag besides --config (`define_config`). Not
+  `required`, it is None when not given (the program then writes nothing but its printed output)."""
+  return flags.DEFINE_string("workdir", None, help_string, required=required, flag_values=flag_values)

@@ -18,7 +18,7 @@ from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
 from configs.moe_section import moe_section  # noqa: E402
-from moejax.cli import define_config  # noqa: E402
+from moejax.cli import define_config, define_workdir  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
 # Each config file, by the experiment that reads it.
@@ -115,6 +115,65 @@ def test_misspelt_override_on_the_command_line_is_one_error_line():
   assert run.returncode == 1
   assert "unknown config field moe.schedul (did you mean moe.schedule?)" in run.stderr
   assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("value", ["switch,smile", "switch, smile", "(switch,smile)", "('switch', 'smile')",
+                                   "[switch,smile]"])
+def test_a_tuple_field_takes_its_elements_separated_by_commas(monkeypatch, value):
+  config = parse([f"--config.schemes={value}", "--config.nodes=1,2", "--config.gpus_per_node=8,"], monkeypatch,
+                 "scaling_default.py")
+  assert (config.schemes, config.nodes, config.gpus_per_node) == (("switch", "smile"), (1, 2), (8,))
+  config = parse(["--config.model.moe_layers=true,False"], monkeypatch, "decoder.py")
+  assert config.model.moe_layers == (True, False)
+  config = parse(["--config.nodes=(2,)", "--config.scalings="], monkeypatch, "scaling_smile.py", explicit=True)
+  assert (config.nodes, config.scalings) == ((2,), ())
+
+
+def test_a_tuple_field_reads_elements_as_its_default_holds_them(monkeypatch, tmp_path):
+  (tmp_path / "tuples.py").write_text(
+      "import ml_collections\n\ndef get_config():\n"
+      "  return ml_collections.ConfigDict({'rates': (0.5,), 'names': ('a',), 'empty': (), 'mixed': (1, 'a')})\n")
+  config = parse(["--config.rates=1,2.5", "--config.names=1,2", "--config.empty=3,x", "--config.mixed=2,'b',c"],
+                 monkeypatch, tmp_path / "tuples.py")
+  assert (config.rates, config.names, config.empty, config.mixed) == ((1.0, 2.5), ("1", "2"), (3, "x"), (2, "b", "c"))
+  assert [type(x) for x in config.rates] == [float, float]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("--config.nodes=1,a", "config field nodes takes integers separated by commas, e.g. --config.nodes=1,2,4 (got 'a')"),
+    ("--config.nodes=1.5", "(got '1.5')"),
+    ("--config.model.moe_layers=true,yes", "config field model.moe_layers takes booleans (true or false) separated "
+                                           "by commas, e.g. --config.model.moe_layers=true,true,true (got 'yes')")])
+def test_a_bad_tuple_element_names_the_field_and_the_form(monkeypatch, override, message):
+  config_file = "decoder.py" if "moe_layers" in override else "scaling_default.py"
+  with pytest.raises(flags.IllegalFlagValueError) as error:
+    parse([override], monkeypatch, config_file)
+  assert message in str(error.value)
+
+
+def test_a_bad_tuple_on_the_command_line_is_one_error_line(tmp_path):
+  run = subprocess.run([sys.executable, "-m", "experiments.scaling", f"--workdir={tmp_path}", "--config.nodes=1,a"],
+                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  assert run.returncode == 1
+  assert run.stderr.strip().splitlines() == [
+      "error: flag --config.nodes=1,a: config field nodes takes integers separated by commas, e.g. "
+      "--config.nodes=1,2,4 (got 'a')"]
+
+
+@pytest.mark.parametrize("required", [True, False])
+def test_workdir_is_the_one_other_flag(required):
+  flag_values = flags.FlagValues()
+  workdir = define_workdir("Where it writes.", required=required, flag_values=flag_values)
+  flag_values(["program", "--workdir=/tmp/w"])
+  assert workdir.value == "/tmp/w"
+  flag_values = flags.FlagValues()
+  workdir = define_workdir("Where it writes.", required=required, flag_values=flag_values)
+  if required:
+    with pytest.raises(flags.IllegalFlagValueError, match="workdir"):
+      flag_values(["program"])
+  else:
+    flag_values(["program"])
+    assert workdir.value is None
 
 
 @pytest.mark.parametrize("spec", ["demo", "mlm", "scaling_default"])
