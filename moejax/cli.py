@@ -9,11 +9,10 @@ line naming the file or the field (a misspelt field with its nearest fields, nev
 experiment's main with `run(main)` (absl's app.run with a one-line flags error).
 
 A tuple field takes its elements separated by commas (`--config.schemes=switch,smile`, `--config.nodes=1,2`),
-each read as the default's elements are (strings, integers, numbers or booleans); Python's `(1, 2)` is read too.
+each read as the default's elements are (integers, numbers, booleans, else strings); Python's `(1, 2)` is read too.
 `--workdir` (`define_workdir`) is the one other flag a program defines: the directory it writes to.
 """
 
-import ast
 import os
 import re
 import sys
@@ -83,13 +82,6 @@ def _boolean(text: str) -> bool:
   return text.lower() == "true"
 
 
-def _literal(text: str):
-  try:
-    return ast.literal_eval(text)
-  except (ValueError, SyntaxError):
-    return text
-
-
 # How a tuple field's elements are read, by the type of its default's elements: (reader, what the error calls them).
 _ELEMENTS = {str: (_unquoted, "strings"), int: (int, "integers"), float: (float, "numbers"),
              bool: (_boolean, "booleans (true or false)")}
@@ -97,13 +89,12 @@ _ELEMENTS = {str: (_unquoted, "strings"), int: (int, "integers"), float: (float,
 
 class TupleFieldParser(flags.ArgumentParser):
   """The tuple field `path` of the flag `name` (default `default`) from `a,b`, `(a, b)` or `[a, b]`: each element
-  read as the default's elements are (`_ELEMENTS`); an empty or mixed default's elements as Python literals, else
-  as strings."""
+  read as the default's elements are (`_ELEMENTS`), or as a string where the default is empty or mixed."""
 
   def __init__(self, name: str, path: str, default: tuple):
     self.name, self.path, self.default = name, path, default
     kinds = {type(x) for x in default}
-    self.kind = kinds.pop() if len(kinds) == 1 and not kinds - set(_ELEMENTS) else None
+    self.kind = kinds.pop() if len(kinds) == 1 and not kinds - set(_ELEMENTS) else str
 
   def parse(self, argument) -> tuple:
     if isinstance(argument, tuple):
@@ -114,8 +105,6 @@ class TupleFieldParser(flags.ArgumentParser):
     items = [item.strip() for item in text.split(",")]
     if items[-1] == "":  # '', '8,' or '(0,)'
       items.pop()
-    if self.kind is None:
-      return tuple(_literal(item) for item in items)
     read, what = _ELEMENTS[self.kind]
     elements = []
     for item in items:

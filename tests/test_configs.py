@@ -135,7 +135,8 @@ def test_a_tuple_field_reads_elements_as_its_default_holds_them(monkeypatch, tmp
       "  return ml_collections.ConfigDict({'rates': (0.5,), 'names': ('a',), 'empty': (), 'mixed': (1, 'a')})\n")
   config = parse(["--config.rates=1,2.5", "--config.names=1,2", "--config.empty=3,x", "--config.mixed=2,'b',c"],
                  monkeypatch, tmp_path / "tuples.py")
-  assert (config.rates, config.names, config.empty, config.mixed) == ((1.0, 2.5), ("1", "2"), (3, "x"), (2, "b", "c"))
+  assert (config.rates, config.names, config.empty, config.mixed) == ((1.0, 2.5), ("1", "2"), ("3", "x"),
+                                                                      ("2", "b", "c"))
   assert [type(x) for x in config.rates] == [float, float]
 
 
