@@ -13,34 +13,34 @@ those of Switch (DeepSeek-V3's shared expert adds F / 4 of parameters that every
 
 import ml_collections
 
+from moejax.study import schemes
+
 ROUTERS = ("switch", "gshard", "smile", "node_limited", "deepseek_v3")
 
 
 def routers(d_ff: int, experts: int = 8, nodes: int = 2) -> dict[str, dict]:
   """Per router: 'model' (fields of the model section) and 'moe' (fields of the moe section) over the
-  base config; d_ff and experts are the top-1 routers' expert width and count."""
+  base config: the router's fields of the scheme table (moejax.study.schemes), then the study's sizes and balancing;
+  d_ff and experts are the top-1 routers' expert width and count."""
+  table = {router: schemes.fields(router, nodes, "cpu") for router in ROUTERS}
   return {
       # Switch Transformer: top-1 softmax with the Switch balance loss (alpha 0.01).
-      "switch": {"model": {"d_ff": d_ff}, "moe": {"num_experts": experts, "top_k": 1, "routing": "topk",
+      "switch": {"model": {"d_ff": d_ff}, "moe": {**table["switch"], "num_experts": experts,
                                                   "load_balance_coef": 0.01}},
       # GShard: top-2 softmax, half-width experts, twice as many.
-      "gshard": {"model": {"d_ff": d_ff // 2}, "moe": {"num_experts": 2 * experts, "top_k": 2, "routing": "topk",
+      "gshard": {"model": {"d_ff": d_ff // 2}, "moe": {**table["gshard"], "num_experts": 2 * experts,
                                                        "load_balance_coef": 0.01}},
       # SMILE: one node by a node softmax, then one of its experts by the local softmax; SMILE's loss.
-      "smile": {"model": {"d_ff": d_ff}, "moe": {"num_experts": experts, "top_k": 1, "routing": "bilevel",
-                                                 "node_top_k": 1, "num_nodes": nodes,
+      "smile": {"model": {"d_ff": d_ff}, "moe": {**table["smile"], "num_experts": experts, "top_k": 1,
                                                  "load_balance_coef": 0.005, "local_balance_coef": 0.005}},
       # Node-limited (DeepSeek-V3's, with softmax scores): one node, the top-2 of its experts.
-      "node_limited": {"model": {"d_ff": d_ff // 2}, "moe": {"num_experts": 2 * experts, "top_k": 2,
-                                                             "routing": "node_limited", "node_top_k": 1,
-                                                             "num_nodes": nodes, "load_balance_coef": 0.01}},
+      "node_limited": {"model": {"d_ff": d_ff // 2}, "moe": {**table["node_limited"], "num_experts": 2 * experts,
+                                                             "top_k": 2, "node_top_k": 1, "load_balance_coef": 0.01}},
       # DeepSeek-V3: sigmoid affinities normalised over the 3 chosen of 4E quarter-width experts, times
       # V3's 2.5, one quarter-width shared expert, no balance loss but the loss-free bias (u = 1e-3).
-      "deepseek_v3": {"model": {"d_ff": d_ff // 4}, "moe": {"num_experts": 4 * experts, "top_k": 3,
-                                                            "routing": "topk", "score": "sigmoid",
-                                                            "routed_scaling": 2.5, "renormalize": True,
-                                                            "num_shared_experts": 1, "load_balance_coef": 0.0,
-                                                            "bias_update_rate": 1e-3}},
+      "deepseek_v3": {"model": {"d_ff": d_ff // 4}, "moe": {**table["deepseek_v3"], "num_experts": 4 * experts,
+                                                            "top_k": 3, "num_shared_experts": 1,
+                                                            "load_balance_coef": 0.0, "bias_update_rate": 1e-3}},
   }
 
 

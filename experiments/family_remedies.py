@@ -2,27 +2,28 @@
 of simulated CPU devices under each scheme (MoEConfig overrides), its logits against the baseline's and the
 checkpoint's reference, the rows and bytes each exchange hop moves per token, and the forward's CPU time.
 
-  python -m experiments.family_remedies --out=/tmp/family_remedies.json                  # qwen3_moe fixture (~2 min)
-  python -m experiments.family_remedies --family=deepseek_v3 --out=/tmp/ds3_remedies.json
-  python -m experiments.family_remedies --checkpoint=/path/to/hf_dir --schemes=flat,bilevel_dedup --out=...
-  python -m experiments.family_remedies --extra_scheme='s2_dedup={"esp_schedule": "s2", "dedup": true}'
+  python -m experiments.family_remedies --workdir=/tmp/family_remedies                    # qwen3_moe fixture (~2 min)
+  python -m experiments.family_remedies --config.family=deepseek_v3 --workdir=/tmp/ds3_remedies
+  python -m experiments.family_remedies --config.checkpoint=/path/to/hf_dir --config.schemes=flat,bilevel
 
-Schemes (`SCHEMES`; the first is the baseline every other is compared with): the flat 'padded' exchange with one row
-per token-choice; dedup (a row per token and destination of each hop); the two-hop 'hierarchical' and 'bilevel'
-transports, without and with dedup; FP8 dispatch (e4m3 with a float32 scale per 128 elements; BF16 back, or the
-combine's default float32); the 'chunked' and 'comet' schedules; Parm's expert sharding ('s1', 's2'); replicas (one
-spare slot per device, `slots_per_device`); expert data parallelism; and 'ragged' (refused where XLA has no ragged
-all-to-all, e.g. on CPU). A scheme the config or the layer refuses (ConfigError) is recorded as 'refused' with its
-reason; any other failure as 'error', and the study goes on.
+configs/family_remedies.py holds the options. Schemes (its SCHEMES; the first, BASELINE, is the one every other is
+compared with) are schemes of the one table (`moejax.study.schemes`) on the checkpoint's own routing: the flat
+'padded' exchange with one row per token-choice; dedup (a row per token and destination of each hop); the two-hop
+'hierarchical' and 'bilevel' transports, without and with dedup; FP8 dispatch (e4m3 with a float32 scale per 128
+elements; BF16 back, or the combine's default float32); the 'chunked' and 'comet' schedules; Parm's expert sharding
+('s1', 's2'); replicas (one spare slot per device, `slots_per_device`); expert data parallelism; and 'ragged' (refused
+where XLA has no ragged all-to-all, e.g. on CPU). A scheme the config or the layer refuses (ConfigError) is recorded
+as 'refused' with its reason; any other failure as 'error', and the study goes on. With --workdir the record goes to
+<workdir>/family_remedies.json.
 
 Tokens: with the checkpoint's reference.npz (tests/data/hf fixtures), its `tokens` as the first rows, then random
-tokens up to --batch rows (the batch is sharded over the 8 devices); logits of those first rows are compared with
+tokens up to config.batch rows (the batch is sharded over the 8 devices); logits of those first rows are compared with
 the reference's. Relative error: ||a - b|| / ||b|| over all logits. Traffic: the MoE layers' own accounting, each
 layer run on its input (`aux['traffic_rows']`, `aux['traffic_bytes']`: the payload in the wire dtype, FP8's scales,
 the slots' ids and weights out, the results back; the loop's logits and rows checked against the model's own
 `model(tokens, details=True)`, whose aux carries the rows but not the bytes); per hop,
 inter-node and intra-node rows and bytes per token, the mean over the MoE layers, a device's rows to itself left
-out. Forward: the jitted model, one compiling call and one untimed call, then the median of --iters calls, the schemes
+out. Forward: the jitted model, one compiling call and one untimed call, then the median of config.iters calls, the schemes
 interleaved (each round calls every scheme once), as a ratio to the baseline's.
 These are CPU times of simulated devices: the exchanges are memory copies, so the ratios say what each scheme costs in
 compute and copies, not what it saves on a network.
@@ -32,33 +33,19 @@ import json
 import os
 import pathlib
 import statistics
+import sys
 import time
 
 import numpy as np
 
+from configs.family_remedies import BASELINE
+from moejax import cli
+from moejax.study import schemes as schemes_lib
+from moejax.validation import ConfigError, is_int, require
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "data" / "hf"
-FP8 = "float8_e4m3fn"
-
-# name -> MoEConfig overrides; "slots_per_device": "spare" is one slot more than the experts a holder keeps.
-SCHEMES = {
-    "flat": dict(transport="padded", dedup=False),
-    "flat_dedup": dict(transport="padded", dedup=True),
-    "hierarchical": dict(transport="hierarchical", dedup=False),
-    "hierarchical_dedup": dict(transport="hierarchical", dedup=True),
-    "bilevel": dict(transport="bilevel", dedup=False),
-    "bilevel_dedup": dict(transport="bilevel", dedup=True),
-    "bilevel_dedup_fp8": dict(transport="bilevel", dedup=True, dispatch_dtype=FP8),
-    "bilevel_dedup_fp8_bf16": dict(transport="bilevel", dedup=True, dispatch_dtype=FP8, combine_dtype="bfloat16"),
-    "chunked": dict(transport="padded", dedup=True, schedule="chunked", num_chunks=2),
-    "comet": dict(transport="padded", dedup=True, schedule="comet", num_chunks=2),
-    "esp_s1": dict(transport="padded", esp_schedule="s1"),
-    "esp_s2": dict(transport="padded", esp_schedule="s2", dedup=False),
-    "replicas": dict(transport="padded", dedup=True, slots_per_device="spare"),
-    "expert_data_parallel": dict(transport="padded", dedup=True, expert_data_parallel=True),
-    "ragged": dict(transport="ragged", dedup=True),
-}
-BASELINE = "flat"
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "family_remedies.py")
 
 
 def hop_name(hop) -> str:
@@ -171,7 +158,6 @@ def measure(name: str, overrides: dict, checkpoint: str, hf_config: dict, mesh, 
   from moejax import models
   from moejax.moe import expert_sharding as esp_lib
   from moejax.runtime import mesh as mesh_lib
-  from moejax.validation import ConfigError
 
   nodes, gpus = mesh_lib.axis_sizes(mesh)
   entry = {"scheme": name, "overrides": dict(overrides), "lossless": lossless(overrides)}
@@ -280,49 +266,69 @@ def table(record: dict) -> str:
   return "\n".join(lines)
 
 
-def schemes_from_flags(names: list[str], extra: list[str]) -> dict:
-  """SCHEMES by name (the baseline first whatever the order), then the NAME=JSON extra schemes."""
-  unknown = [n for n in names if n not in SCHEMES]
-  if unknown:
-    raise ValueError(f"unknown schemes {unknown}; known: {list(SCHEMES)}")
-  chosen = {BASELINE: SCHEMES[BASELINE], **{n: SCHEMES[n] for n in names}}
-  for item in extra:
-    name, _, fields = item.partition("=")
-    chosen[name] = json.loads(fields)
-  return chosen
+def scheme_overrides(scheme: str, nodes: int, platform: str, num_chunks: int) -> dict:
+  """The MoEConfig overrides of a scheme of the table (`moejax.study.schemes.fields`) on a mesh of `nodes` nodes of
+  `platform`, with `num_chunks` for an overlap schedule."""
+  fields = schemes_lib.fields(scheme, nodes, platform)
+  if "schedule" in fields:
+    fields["num_chunks"] = num_chunks
+  return fields
+
+
+def chosen_schemes(config, platform: str) -> dict:
+  """name -> MoEConfig overrides: config.schemes (BASELINE first whatever the order), then config.extra_schemes;
+  errors name the field."""
+  chosen = {}
+  for name in (BASELINE, *config.schemes):
+    try:
+      chosen[name] = scheme_overrides(name, config.nodes, platform, config.num_chunks)
+    except ValueError as e:
+      require(False, "schemes", name, str(e))
+  try:
+    extra = json.loads(config.extra_schemes or "{}")
+  except json.JSONDecodeError as e:
+    extra = e
+  require(isinstance(extra, dict) and all(isinstance(v, dict) for v in extra.values()), "extra_schemes",
+          config.extra_schemes, '\'\' or a JSON object {NAME: {MoEConfig field: value}}')
+  return {**chosen, **extra}
+
+
+def check(config) -> None:
+  """The integer fields; errors name the field."""
+  for field in ("batch", "seq_len", "iters", "num_chunks", "nodes", "gpus_per_node"):
+    require(is_int(config[field]), field, config[field], "a positive int")
+  require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
+  checkpoint = config.checkpoint or str(FIXTURES / config.family)
+  require(os.path.isfile(os.path.join(checkpoint, "config.json")), "checkpoint" if config.checkpoint else "family",
+          config.checkpoint or config.family, f"a Hugging Face checkpoint directory, or a fixture of {FIXTURES}")
 
 
 def main(argv):
   del argv
-  from absl import flags
-
   from moejax.runtime import mesh as mesh_lib
 
-  f = flags.FLAGS
-  mesh_lib.simulate_cpu_devices(f.nodes * f.gpus_per_node)
-  checkpoint = f.checkpoint or str(FIXTURES / f.family)
-  record = run(checkpoint, schemes_from_flags(f.schemes, f.extra_scheme), f.batch, f.seq_len, f.iters, f.seed,
-               f.nodes, f.gpus_per_node)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    check(config)
+    mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
+    import jax
+
+    schemes = chosen_schemes(config, jax.default_backend())
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  record = run(config.checkpoint or str(FIXTURES / config.family), schemes, config.batch, config.seq_len,
+               config.iters, config.seed, config.nodes, config.gpus_per_node)
   print(table(record), flush=True)
-  if f.out:
-    os.makedirs(os.path.dirname(os.path.abspath(f.out)), exist_ok=True)
-    with open(f.out, "w") as out:
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "family_remedies.json")
+    with open(path, "w") as out:
       json.dump(record, out, indent=1)
-    print(f"wrote {f.out} ({record['seconds']:.0f} s)")
+    print(f"wrote {path} ({record['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-
-  flags.DEFINE_string("checkpoint", None, "A local Hugging Face checkpoint directory (default: --family's fixture).")
-  flags.DEFINE_string("family", "qwen3_moe", "The fixture under tests/data/hf to load when --checkpoint is unset.")
-  flags.DEFINE_list("schemes", list(SCHEMES), f"Schemes of SCHEMES ({BASELINE!r}, the baseline, always first).")
-  flags.DEFINE_multi_string("extra_scheme", [], "NAME=JSON: a scheme of your own (MoEConfig overrides).")
-  flags.DEFINE_integer("batch", 16, "Rows of tokens (the reference's first; a multiple of the devices).")
-  flags.DEFINE_integer("seq_len", 16, "Tokens per row without a reference.npz.")
-  flags.DEFINE_integer("iters", 20, "Timed forward calls per scheme (rounds over the schemes).")
-  flags.DEFINE_integer("seed", 0, "Seed of the random token rows.")
-  flags.DEFINE_integer("nodes", 2, "Mesh nodes.")
-  flags.DEFINE_integer("gpus_per_node", 4, "Mesh GPUs per node.")
-  flags.DEFINE_string("out", None, "Where to write the record as JSON (optional).")
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/family_remedies.py).")
+  _WORKDIR = cli.define_workdir("Directory for family_remedies.json (optional: without it, the table only).",
+                                required=False)
+  cli.run(main)

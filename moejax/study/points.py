@@ -9,19 +9,33 @@ import os
 
 from moejax.cost import topology as topology_lib
 from moejax.moe.config import MoEConfig
-from moejax.runtime import platform as platform_lib
+from moejax.study import schemes as schemes_lib
+from moejax.study.schemes import NODEDUP
 from moejax.validation import ConfigError, is_int, reject_unknown, require
 
-# '<scheme>_nodedup': <scheme> without deduplicated dispatch (MoEConfig.dedup=False: a row per token-choice in every
-# hop), to compare with <scheme>, which takes moe.dedup (None: deduplicated).
-NODEDUP = "_nodedup"
-NODEDUP_SCHEMES = ("smile_nodedup", "node_limited_nodedup")
-SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited", *NODEDUP_SCHEMES, "chunked", "comet",
-           "esp_baseline", "s1", "s2")
+# The sweep's schemes as schemes of the one table (`moejax.study.schemes`); the flat top-k routing is MoEConfig's
+# default. '<scheme>_nodedup': <scheme> with a row per token-choice in every hop, to compare with <scheme>, which
+# takes moe.dedup (None: deduplicated).
+SWEEP_SCHEMES = {"switch": "switch+capacity", "flat_dropless": "flat", "hierarchical": "hierarchical",
+                 "smile": "smile+bilevel", "node_limited": "node_limited+bilevel",
+                 "smile_nodedup": "smile+bilevel" + NODEDUP, "node_limited_nodedup": "node_limited+bilevel" + NODEDUP,
+                 "chunked": "flat+chunked", "comet": "flat+comet",
+                 "esp_baseline": "capacity+esp_baseline", "s1": "capacity+s1", "s2": "capacity+s2"}
+SCHEMES = tuple(SWEEP_SCHEMES)
+# The dropping schemes' capacity factors: the sweep's own moe fields.
+CAPACITY_FIELDS = {"switch": "switch_capacity_factor", "smile": "smile_capacity_factor",
+                   **{s: "esp_capacity_factor" for s in ("esp_baseline", "s1", "s2")}}
+
+
+def _table_fields(scheme: str) -> dict:
+  """The fields a sweep scheme takes from the table (on one CPU node: which fields, not their values)."""
+  return schemes_lib.fields(SWEEP_SCHEMES[scheme], 1, "cpu")
+
+
 # Overlap schedules of the flat dropless layer (Comet): they move its rows in pieces, so its small run serves them.
-OVERLAP_SCHEMES = ("chunked", "comet")
+OVERLAP_SCHEMES = tuple(s for s in SCHEMES if "schedule" in _table_fields(s))
 # Parm's expert-sharding schedules: experts over 'node', d_ff over 'gpu'; dense capacity dispatch, priced analytically.
-ESP_SCHEMES = {"esp_baseline": "baseline", "s1": "s1", "s2": "s2"}
+ESP_SCHEMES = {s: _table_fields(s)["esp_schedule"] for s in SCHEMES if "esp_schedule" in _table_fields(s)}
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
 # MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor), so the sweep's moe
@@ -53,31 +67,20 @@ class Point:
 
 
 def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
-  """The MoEConfig of a named scheme on an n x m mesh (`moe`: the sweep's `config.moe`, whose dedup and wire
-  dtypes every scheme takes, but the NODEDUP_SCHEMES dedup=False)."""
+  """The MoEConfig of a sweep scheme (SWEEP_SCHEMES) on an n x m mesh (`moe`: the sweep's `config.moe`, whose
+  fields every scheme takes where it sets none, e.g. dedup and the wire dtypes; the dropping schemes their
+  CAPACITY_FIELDS)."""
   common = {name: value for name, value in moe.items() if name not in SWEEP_FIELDS}
   common.update(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff)
-  flat = platform_lib.flat_transport(platform)
-  fields = {
-      "switch": dict(routing="topk", top_k=1, transport="capacity", capacity_factor=moe.switch_capacity_factor),
-      "flat_dropless": dict(routing="topk", transport=flat),
-      "hierarchical": dict(routing="topk", transport="hierarchical"),
-      # SMILE routes each token to one node (moe.node_top_k is node_limited's).
-      "smile": dict(routing="bilevel", num_nodes=n, node_top_k=1, transport="bilevel",
-                    capacity_factor=moe.smile_capacity_factor),
-      "node_limited": dict(routing="node_limited", num_nodes=n, transport="bilevel"),
-      **{s: dict(routing="topk", transport=flat, schedule=s) for s in OVERLAP_SCHEMES},
-      **{s: dict(routing="topk", transport="capacity", capacity_factor=moe.esp_capacity_factor, esp_schedule=e)
-         for s, e in ESP_SCHEMES.items()},
-  }[scheme.removesuffix(NODEDUP)]
-  if scheme.endswith(NODEDUP):
-    fields["dedup"] = False
+  fields = schemes_lib.fields(SWEEP_SCHEMES[scheme], n, platform)
+  capacity = CAPACITY_FIELDS.get(scheme.removesuffix(NODEDUP))
+  if capacity:
+    fields["capacity_factor"] = moe[capacity]
   try:
     return MoEConfig(**{**common, **fields})
   except ConfigError as e:
-    prefix = "esp" if scheme in ESP_SCHEMES else scheme.removesuffix(NODEDUP)
-    if e.field == "capacity_factor":
-      field = f"moe.{prefix}_capacity_factor"
+    if e.field == "capacity_factor" and capacity:
+      field = f"moe.{capacity}"
     elif e.field == "num_experts":
       field = "moe.experts_per_gpu"
     else:  # errors name what the user wrote
