@@ -1,66 +1,46 @@
 """Lina's popularity-based expert replication (ATC'23, Sec. 5) replayed on routing traces.
 
-Profiles the path tables (`moejax.replication.estimator`) on the first --profile_fraction of the
-tokens of --traces ([M, T] or [M, T, K] int expert ids, tokens in batch order, saved with np.save),
+Profiles the path tables (`moejax.replication.estimator`) on the first config.profile_fraction of the
+tokens of config.traces ([M, T] or [M, T, K] int expert ids, tokens in batch order, saved with np.save),
 then plans the slots of every later batch and scheduled layer (the fourth onwards with l=3) by each
 policy: no replication (expert e alone on device e // (E / A)), a moving average of the recent
 batches' loads, Lina phase 1 (the estimate), Lina phase 2 (re-planned on the true load when the top-2k
 sets differ) and the oracle (the true load). Reported: estimation accuracy (Lina Sec. 7.3.2: the
 top-2k sets agree), the L1 distance of the popularity shares, the busiest device's load over the mean,
 and the per-layer time the cluster cost model prices for the batch's real traffic (dispatch, expert
-compute of the busiest device, combine) on --topology; Lina reports 1.45x at the median and 1.63x at
+compute of the busiest device, combine) on config.topology; Lina reports 1.45x at the median and 1.63x at
 p95 for inference time against its baseline (Sec. 1; Fig. 16). Lina's scheduling overheads (1.45 ms per
 phase-2 check, about 6.2 ms per re-plan, Sec. 7.3.1) are measured on its own system: the row
 'lina_phase2+overheads' adds them, the others carry none.
 
-Without --traces, synthetic traces are generated (and the output says so): sequences of a random
+Without config.traces, synthetic traces are generated (and the output says so): sequences of a random
 topic, tokens of Zipf-popular types whose popularity order depends on the topic, each type routed at
 each layer to a fixed expert list with probability 1 - noise, else to a Zipf-popular expert.
 
 Traces of a trained model: `moejax.placement.traces.routing_traces(model, batches)` returns them as
-[L, T, K] in batch order; np.save the array and pass its path as --traces (Lina profiles on training
-data and schedules on the test set: record the profiled part first, the evaluated part after it).
+[L, T, K] in batch order (experiments/record_traces.py records them); pass the array's path as config.traces
+(Lina profiles on training data and schedules on the test set: record the profiled part first, the evaluated part
+after it). Writes lina_replication.json and lina_replication.png to --workdir.
 
-  python -m experiments.lina_replication --workdir=/tmp/lina
-  python -m experiments.lina_replication --traces=/path/traces.npy --nodes=4 --gpus_per_node=4 --workdir=/tmp/lina
+  python -m experiments.lina_replication --workdir=/tmp/lina                         # configs/lina_replication.py
+  python -m experiments.lina_replication --workdir=/tmp/lina --config.traces=/path/traces.npy --config.nodes=4
 """
 
 import json
 import os
+import sys
 
 import numpy as np
-from absl import app, flags
 
+from moejax import cli
 from moejax.cost import model
 from moejax.cost import topology as topology_lib
 from moejax.replication import estimator
 from moejax.replication import rebalance as rebalance_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, is_int, is_number, require
 
-_TRACES = flags.DEFINE_string("traces", None, "Path of a .npy int array [L, T(, K)] of expert ids; synthetic if unset.")
-_NUM_EXPERTS = flags.DEFINE_integer("num_experts", None, "Experts per layer (default: 16 synthetic, max id + 1).")
-_NODES = flags.DEFINE_integer("nodes", 4, "Nodes (Lina Sec. 7.1: 4).")
-_GPUS = flags.DEFINE_integer("gpus_per_node", 4, "GPUs per node (Lina Sec. 7.1: 4).")
-_SLOTS = flags.DEFINE_integer("slots_per_device", 2, "Expert slots per GPU (Lina Sec. 7.1 packs at most 4).")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for lina_replication.json and .png.", required=True)
-_PROFILE = flags.DEFINE_float("profile_fraction", 0.5, "Leading fraction of the tokens profiled.")
-_BATCH = flags.DEFINE_integer("batch_tokens", 16384, "Tokens per inference batch (assumed, 1024 per GPU of 16; Lina "
-                              "does not state it).")
-_PATH = flags.DEFINE_integer("path_length", 3, "Path length l (Lina Sec. 7.1: 3).")
-_TOP_K = flags.DEFINE_integer("top_k", None, "Experts kept per path (default K, Lina's rule; E keeps the whole "
-                              "distribution).")
-_WINDOW = flags.DEFINE_integer("window", 4, "Batches averaged by the moving-average baseline.")
-_TOPOLOGY = flags.DEFINE_string("topology", "a100_ib100", "Cost-model topology preset (Lina's testbed).")
-_D_MODEL = flags.DEFINE_integer("d_model", 1024, "Hidden size: BERT-Large's 1024 (Devlin et al. 2019, Sec. 3).")
-_D_FF = flags.DEFINE_integer("d_ff", 4096, "Expert FFN size: BERT-Large's 4 x 1024.")
-_BYTES = flags.DEFINE_integer("bytes_per_element", 2, "Bytes per activation element (assumed fp16).")
-_CHECK_MS = flags.DEFINE_float("check_ms", 1.45, "Phase-2 check without re-plan (Lina Sec. 7.3.1: 1.45 ms).")
-_REPLAN_MS = flags.DEFINE_float("replan_ms", 6.2, "Phase-2 re-plan (Lina Sec. 7.3.1: about 6.2 ms).")
-_LAYERS = flags.DEFINE_integer("layers", 12, "Synthetic: MoE layers (Lina's inference models have 12).")
-_TOKENS = flags.DEFINE_integer("tokens", 524288, "Synthetic: tokens.")
-_CHOICES = flags.DEFINE_integer("choices", 1, "Synthetic: experts per token (Lina Sec. 7.1: top-1 in inference).")
-_NOISE = flags.DEFINE_float("noise", 0.5, "Synthetic: probability a choice ignores the token's type.")
-_SEED = flags.DEFINE_integer("seed", 0, "Synthetic: random seed.")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "lina_replication.py")
 
 PAPER = {"median": 1.45, "p95": 1.63}  # Lina Sec. 1 (averages of Fig. 16)
 SEQ_LEN, TYPES, TOPICS = 4096, 64, 8  # synthetic documents (one topic each), token types, topics
@@ -82,15 +62,16 @@ def synthetic_traces(layers, tokens, experts, choices, noise, seed) -> np.ndarra
   return out
 
 
-def layer_time_s(true_E, src_rows_AxE, slot_expert, mesh_shape, topology) -> float:
+def layer_time_s(true_E, src_rows_AxE, slot_expert, mesh_shape, topology, config) -> float:
   """Modelled forward of one MoE layer: its rows split over each expert's replicas in proportion to the
-  replicas a device holds, dispatch + combine all-to-all and the busiest device's expert FFN."""
+  replicas a device holds, dispatch + combine all-to-all and the busiest device's expert FFN (config.d_model,
+  d_ff, bytes_per_element)."""
   experts = true_E.size
   placed = np.stack([np.bincount(row, minlength=experts) for row in slot_expert], axis=1)  # [E, D]
   traffic_AxA = src_rows_AxE @ (placed / placed.sum(1, keepdims=True))
-  flops = model.expert_flops(traffic_AxA.sum(0), _D_MODEL.value, _D_FF.value)
-  return model.price_from_traffic(traffic_AxA[None], [mesh_lib.AXES], mesh_shape, _D_MODEL.value * _BYTES.value,
-                                  flops, topology).total_s
+  flops = model.expert_flops(traffic_AxA.sum(0), config.d_model, config.d_ff)
+  return model.price_from_traffic(traffic_AxA[None], [mesh_lib.AXES], mesh_shape,
+                                  config.d_model * config.bytes_per_element, flops, topology).total_s
 
 
 def source_rows(batch_MxTxK, layer, devices, experts) -> np.ndarray:
@@ -145,35 +126,60 @@ def plot(rows, times, path):
   fig.savefig(path, dpi=120)
 
 
-def main(argv):
-  del argv
-  if _TRACES.value:
-    traces = np.load(_TRACES.value)
-    experts = _NUM_EXPERTS.value or int(traces.max()) + 1
-    source = f"traces {_TRACES.value}"
+def check(config) -> None:
+  """Every field before anything runs; errors name the field."""
+  require(not config.traces or os.path.isfile(config.traces), "traces", config.traces,
+          "'' (synthetic) or an existing .npy file")
+  for field in ("num_experts", "top_k"):
+    require(config[field] is None or is_int(config[field]), field, config[field], "None or a positive int")
+  for field in ("nodes", "gpus_per_node", "slots_per_device", "batch_tokens", "path_length", "window", "d_model",
+                "d_ff", "bytes_per_element"):
+    require(is_int(config[field]), field, config[field], "a positive int")
+  require(is_number(config.profile_fraction) and 0 < config.profile_fraction < 1, "profile_fraction",
+          config.profile_fraction, "a number in (0, 1)")
+  require(config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}")
+  for field in ("check_ms", "replan_ms"):
+    require(is_number(config[field]) and config[field] >= 0, field, config[field], "a number >= 0")
+  synthetic = config.synthetic
+  for field in ("layers", "tokens", "choices"):
+    require(is_int(synthetic[field]), f"synthetic.{field}", synthetic[field], "a positive int")
+  require(is_number(synthetic.noise) and 0 <= synthetic.noise <= 1, "synthetic.noise", synthetic.noise,
+          "a probability in [0, 1]")
+  require(is_int(synthetic.seed, 0), "synthetic.seed", synthetic.seed, "an int >= 0")
+
+
+def run(config, workdir: str) -> dict:
+  """Plans and prices every held-out batch by each policy, prints the comparison, writes lina_replication.json and
+  .png to `workdir`; returns the record."""
+  if config.traces:
+    traces = np.load(config.traces)
+    experts = config.num_experts or int(traces.max()) + 1
+    source = f"traces {config.traces}"
   else:
-    experts = _NUM_EXPERTS.value or 16
-    traces = synthetic_traces(_LAYERS.value, _TOKENS.value, experts, _CHOICES.value, _NOISE.value, _SEED.value)
-    source = "SYNTHETIC traces (no --traces given): numbers below describe the generator, not a model"
+    experts = config.num_experts or 16
+    s = config.synthetic
+    traces = synthetic_traces(s.layers, s.tokens, experts, s.choices, s.noise, s.seed)
+    source = "SYNTHETIC traces (no config.traces given): numbers below describe the generator, not a model"
     print("=" * 100, source, "=" * 100, sep="\n")
   ids = estimator.check_traces(traces, experts)
-  split = int(_PROFILE.value * ids.shape[1])
-  tables = estimator.profile(ids[:, :split], experts, _PATH.value, _TOP_K.value)
+  split = int(config.profile_fraction * ids.shape[1])
+  tables = estimator.profile(ids[:, :split], experts, config.path_length, config.top_k)
   print(f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
         f"{sum(p.size for p in tables.paths)} paths")
-  nodes, gpus, topology = _NODES.value, _GPUS.value, topology_lib.get(_TOPOLOGY.value)
-  held_out = ids[:, split:]
-  records, dropped = estimator.plan_batches(tables, held_out, _BATCH.value, nodes, gpus, _SLOTS.value, _WINDOW.value)
+  nodes, gpus, topology = config.nodes, config.gpus_per_node, topology_lib.get(config.topology)
+  held_out, batch_tokens = ids[:, split:], config.batch_tokens
+  records, dropped = estimator.plan_batches(tables, held_out, batch_tokens, nodes, gpus, config.slots_per_device,
+                                            config.window)
   print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
   times = {p: np.empty(len(records)) for p in estimator.POLICIES}
   for i, r in enumerate(records):
-    batch = held_out[:, r["batch"] * _BATCH.value:(r["batch"] + 1) * _BATCH.value]
+    batch = held_out[:, r["batch"] * batch_tokens:(r["batch"] + 1) * batch_tokens]
     rows = source_rows(batch, r["layer"], nodes * gpus, experts)
     for policy in estimator.POLICIES:
-      times[policy][i] = layer_time_s(r["true"], rows, r["tables"][policy], (nodes, gpus), topology)
+      times[policy][i] = layer_time_s(r["true"], rows, r["tables"][policy], (nodes, gpus), topology, config)
     if i % 100 == 0:
       print(f"  priced {i}/{len(records)}", flush=True)
-  overheads = 1e-3 * np.asarray([_REPLAN_MS.value if r["replanned"] else _CHECK_MS.value for r in records])
+  overheads = 1e-3 * np.asarray([config.replan_ms if r["replanned"] else config.check_ms for r in records])
   rows = summarize(records, times, overheads)
 
   accuracy = float(np.mean([r["accurate"] for r in records]))
@@ -193,21 +199,34 @@ def main(argv):
   print(f"(x: speedup over no_replication; Lina reports {PAPER['median']}x median, {PAPER['p95']}x p95 inference "
         "time, Sec. 1 / Fig. 16)")
 
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  record = dict(source=source, synthetic=not _TRACES.value, shape=list(ids.shape), num_experts=experts,
-                profiled_tokens=split, batch_tokens=_BATCH.value, dropped_tokens=dropped, nodes=nodes,
-                gpus_per_node=gpus, slots_per_device=_SLOTS.value, path_length=_PATH.value, top_k=tables.top_k,
-                window=_WINDOW.value, topology=topology.name, d_model=_D_MODEL.value, d_ff=_D_FF.value,
-                accuracy=accuracy, accuracy_moving_average=accuracy_average, replanned=replanned, l1=l1, rows=rows,
-                paper=PAPER, check_ms=_CHECK_MS.value, replan_ms=_REPLAN_MS.value,
+  os.makedirs(workdir, exist_ok=True)
+  record = dict(source=source, synthetic=not config.traces, shape=list(ids.shape), num_experts=experts,
+                profiled_tokens=split, batch_tokens=batch_tokens, dropped_tokens=dropped, nodes=nodes,
+                gpus_per_node=gpus, slots_per_device=config.slots_per_device, path_length=config.path_length,
+                top_k=tables.top_k, window=config.window, topology=topology.name, d_model=config.d_model,
+                d_ff=config.d_ff, accuracy=accuracy, accuracy_moving_average=accuracy_average, replanned=replanned,
+                l1=l1, rows=rows, paper=PAPER, check_ms=config.check_ms, replan_ms=config.replan_ms,
                 per_layer={str(layer): float(np.mean([r["accurate"] for r in records if r["layer"] == layer]))
                            for layer in sorted({r["layer"] for r in records})})
-  json_path, png_path = (os.path.join(_WORKDIR.value, f"lina_replication.{ext}") for ext in ("json", "png"))
+  json_path, png_path = (os.path.join(workdir, f"lina_replication.{ext}") for ext in ("json", "png"))
   with open(json_path, "w") as f:
     json.dump(record, f, indent=1)
   plot(rows, {**times, "lina_phase2+overheads": times["lina_phase2"] + overheads}, png_path)
   print(f"wrote {json_path}, {png_path}")
+  return record
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  try:
+    check(config)
+    run(config, _WORKDIR.value)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Replay config file (configs/lina_replication.py).")
+  _WORKDIR = cli.define_workdir("Directory for lina_replication.json and .png.")
+  cli.run(main)
