@@ -6,23 +6,23 @@ sequences per GPU, top-1) and each transport, the rows and bytes of every hop's 
 (`buffer_factor=None`) and with each bounded factor. One buffer of activations, forward only: the
 expert FFN's hidden rows, the combine and the backward hold buffers of the same row count.
 
-  python -m experiments.exchange_memory --out_json=/tmp/exchange_memory.json
+  python -m experiments.exchange_memory --workdir=/tmp/exchange_memory      # configs/exchange_memory.py
+
+Prints the table; with --workdir, writes its rows to exchange_memory.json there.
 """
 
 import json
-
-from absl import app, flags
+import os
+import sys
 
 from configs import mlm
+from moejax import cli
 from moejax.moe import path as path_lib
 from moejax.moe import transport as transport_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, is_int, is_number, require
 
-_FACTORS = flags.DEFINE_list("buffer_factors", ["1.25", "2.0"], "Bounded buffer factors to compare.")
-_TRANSPORTS = flags.DEFINE_list("transports", ["ragged", "hierarchical", "bilevel"], "Transports.")
-_NODES = flags.DEFINE_integer("nodes", 16, "Nodes of the mesh.")
-_GPUS = flags.DEFINE_integer("gpus_per_node", 8, "GPUs per node.")
-_OUT_JSON = flags.DEFINE_string("out_json", None, "Where to write the rows as JSON (optional).")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "exchange_memory.py")
 
 SEQ_LEN, TOP_K, BYTES = 128, 1, 2  # SMILE: sequences of 128 tokens, top-1 per level, bf16
 
@@ -43,20 +43,48 @@ def rows(nodes: int, gpus: int, factors: list[float], transports: list[str]) -> 
   return out
 
 
+def _known_transport(name) -> bool:
+  try:
+    transport_lib.transport_hops(name)
+  except (KeyError, TypeError):
+    return False
+  return True
+
+
+def check(config) -> None:
+  """Every field; errors name the field."""
+  require(all(is_number(f) and f > 0 for f in config.buffer_factors), "buffer_factors", config.buffer_factors,
+          "a tuple of numbers > 0")
+  require(config.transports and all(map(_known_transport, config.transports)), "transports", config.transports,
+          "a non-empty tuple of transports (moe.transport values: ragged, padded, capacity, hierarchical, bilevel)")
+  for field in ("nodes", "gpus_per_node"):
+    require(is_int(config[field]), field, config[field], "a positive int")
+
+
 def main(argv):
   del argv
-  table = rows(_NODES.value, _GPUS.value, [float(f) for f in _FACTORS.value], _TRANSPORTS.value)
-  print(f"receive buffer per hop and device, {_NODES.value} x {_GPUS.value} GPUs, bf16 (MiB)")
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    check(config)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  table = rows(config.nodes, config.gpus_per_node, list(config.buffer_factors), list(config.transports))
+  print(f"receive buffer per hop and device, {config.nodes} x {config.gpus_per_node} GPUs, bf16 (MiB)")
   print(f"{'model':<6} {'d':>5} {'rows/GPU':>9} {'transport':<13} {'factor':>6}  per-hop MiB")
   for r in table:
     factor = "worst" if r["buffer_factor"] is None else f"{r['buffer_factor']:g}"
     hops = " + ".join(f"{mib:,.0f}" for mib in r["hop_mib"])
     print(f"{r['model']:<6} {r['d_model']:>5} {r['local_rows']:>9,} {r['transport']:<13} {factor:>6}  {hops}")
-  if _OUT_JSON.value:
-    with open(_OUT_JSON.value, "w") as f:
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "exchange_memory.json")
+    with open(path, "w") as f:
       json.dump(table, f, indent=1)
-    print(f"wrote {_OUT_JSON.value}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/exchange_memory.py).")
+  _WORKDIR = cli.define_workdir("Directory for exchange_memory.json (optional: without it, the table only).",
+                                required=False)
+  cli.run(main)

@@ -5,23 +5,21 @@ stays), so every token runs k x f = const hidden units. Each point runs the real
 2 x 4 CPU mesh and times it with `moejax.study.phase_timing.measure_phases`: the whole forward, its
 exchanges, the expert FFN and the rest (routing, plan, sorts, gathers, the combine).
 
-  python -m experiments.fine_grained --out=fine_grained.json
+  python -m experiments.fine_grained --workdir=/tmp/fine_grained         # configs/fine_grained.py
+
+Writes fine_grained.json (the record) to --workdir.
 """
 
 import json
+import os
+import sys
 import time
 
-from absl import app, flags
-
+from moejax import cli
 from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, is_int, require
 
-_OUT = flags.DEFINE_string("out", "fine_grained.json", "where to write the JSON record")
-_EXPERTS = flags.DEFINE_list("experts", ["8", "16", "32", "64", "128", "256"], "numbers of experts E")
-_TOKENS = flags.DEFINE_integer("tokens_per_device", 256, "tokens each of the 8 devices routes")
-_D_MODEL = flags.DEFINE_integer("d_model", 64, "model width d")
-_ACTIVE = flags.DEFINE_integer("active_hidden", 512, "k x f: hidden units each token runs through")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "timed repetitions (median)")
-_TRANSPORT = flags.DEFINE_string("transport", "padded", "moe.transport of every point")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "fine_grained.py")
 
 
 def shape_of(num_experts: int, active_hidden: int) -> tuple[int, int]:
@@ -30,9 +28,18 @@ def shape_of(num_experts: int, active_hidden: int) -> tuple[int, int]:
   return k, active_hidden // k
 
 
-def main(argv):
-  del argv
-  mesh_lib.simulate_cpu_devices(8)
+def check(config) -> None:
+  """Every field before a device is made; errors name the field."""
+  require(isinstance(config.experts, tuple) and config.experts and all(is_int(e, 8) and e % 8 == 0
+                                                                         for e in config.experts),
+          "experts", config.experts, "a non-empty tuple of multiples of 8 (the 8 devices)")
+  for field in ("tokens_per_device", "d_model", "active_hidden", "repeats"):
+    require(is_int(config[field]), field, config[field], "a positive int")
+
+
+def run(config, workdir: str) -> dict:
+  """Times every point of config.experts, prints a line each, writes fine_grained.json to `workdir`; the devices
+  must exist (`simulate_cpu_devices(8)`)."""
   import jax
 
   from moejax.moe.config import MoEConfig
@@ -41,27 +48,43 @@ def main(argv):
 
   mesh = mesh_lib.make_mesh(2, 4)
   rows = []
-  record = {"device": jax.devices()[0].device_kind, "mesh": [2, 4], "tokens_per_device": _TOKENS.value,
-                      "d_model": _D_MODEL.value, "active_hidden": _ACTIVE.value, "transport": _TRANSPORT.value,
-                      "date": time.strftime("%Y-%m-%d"), "points": rows}
+  record = {"device": jax.devices()[0].device_kind, "mesh": [2, 4], "tokens_per_device": config.tokens_per_device,
+            "d_model": config.d_model, "active_hidden": config.active_hidden, "transport": config.transport,
+            "date": time.strftime("%Y-%m-%d"), "points": rows}
   print(f"{'E':>4} {'k':>2} {'f':>4}  {'layer ms':>9} {'exchange':>9} {'experts':>9} {'other':>9}  other share")
-  for num_experts in map(int, _EXPERTS.value):
-    k, f = shape_of(num_experts, _ACTIVE.value)
-    cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=_D_MODEL.value, d_ff=f, transport=_TRANSPORT.value,
+  for num_experts in config.experts:
+    k, f = shape_of(num_experts, config.active_hidden)
+    cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=config.d_model, d_ff=f, transport=config.transport,
                     gated=True, activation="silu")
     params = init_params(jax.random.key(0), cfg)
-    x = jax.random.normal(jax.random.key(1), (8 * _TOKENS.value, _D_MODEL.value))
-    phases = measure_phases(params, x, cfg, mesh, warmup=1, repeats=_REPEATS.value)
+    x = jax.random.normal(jax.random.key(1), (8 * config.tokens_per_device, config.d_model))
+    phases = measure_phases(params, x, cfg, mesh, warmup=1, repeats=config.repeats)
     exchange = phases["layer_inter_node_ms"] + phases["layer_intra_node_ms"]
     point = {"num_experts": num_experts, "top_k": k, "d_ff": f, **phases, "exchange_ms": exchange}
     rows.append(point)
     share = phases["layer_other_ms"] / phases["layer_ms"]
     print(f"{num_experts:>4} {k:>2} {f:>4}  {phases['layer_ms']:9.2f} {exchange:9.2f} {phases['layer_expert_ms']:9.2f} "
           f"{phases['layer_other_ms']:9.2f}  {share:6.1%}", flush=True)
-  with open(_OUT.value, "w") as out:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "fine_grained.json")
+  with open(path, "w") as out:
     json.dump(record, out, indent=1)
-  print(f"wrote {_OUT.value}; CPU times are ratios within one run (2-core machine, simulated devices)")
+  print(f"wrote {path}; CPU times are ratios within one run (2-core machine, simulated devices)")
+  return record
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  try:
+    check(config)
+    mesh_lib.simulate_cpu_devices(8)
+    run(config, _WORKDIR.value)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/fine_grained.py).")
+  _WORKDIR = cli.define_workdir("Directory for fine_grained.json.")
+  cli.run(main)
