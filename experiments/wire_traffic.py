@@ -1,13 +1,13 @@
 """Wire traffic of the published MoE layers: rows and bytes per token per exchange hop, against the rows each hop
 must move and against DeepEP's volume.
 
-  python -m experiments.wire_traffic --out_json=wire_traffic.json   # the presets' meshes, 64 devices (~3 min)
-  python -m experiments.wire_traffic --quick                        # 2 x 4 and 4 x 2, scaled-down experts (~25 s)
+  python -m experiments.wire_traffic --workdir=/tmp/wire           # the presets' meshes, 64 devices (~3 min)
+  python -m experiments.wire_traffic --config.quick=True           # 2 x 4 and 4 x 2, scaled-down experts (~25 s)
 
 For the routing of the DeepSeek-V3 (node-limited: 256 experts, top-8 within 4 of 8 nodes), Qwen3-MoE-30B-A3B
 (128 experts, top-8) and Mixtral-8x7B (8 experts, top-2) presets (`moejax.models.presets`), each on simulated CPU
 meshes of the nodes x GPUs per node they are deployed on (`MESHES`), the real layer (`moe_apply`) runs with
-d_model `--d_sim` (64: routing and rows do not depend on the width) for every transport (flat 'padded',
+d_model config.d_sim (64: routing and rows do not depend on the width) for every transport (flat 'padded',
 'hierarchical', 'bilevel') with dedup off and on, for two routers (`ROUTERS`). Its `aux['traffic_rows']` gives
 the rows each hop moved; bytes at the published d_model are those rows times the bytes of one row on the wire
 (`row_bytes`, from `moejax.moe.wire.payload_bytes`; checked against the run's own `aux['traffic_bytes']` at d_sim),
@@ -19,19 +19,25 @@ for three wires: fp32 (the activations' dtype both ways), bf16 (both ways) and f
     RDMA, FP8 out (d + 4 d / 128 bytes) and BF16 back (2 d bytes); also its per-token message as its source sizes it
     (`deepep_message_bytes`).
 Inter-node traffic is what crosses nodes, intra-node what stays in one; a device's rows to itself are left out.
+configs/wire_traffic.py holds the options; with --workdir the record goes to <workdir>/wire_traffic.json.
 """
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
 
+from moejax import cli
 from moejax.models import presets
 from moejax.moe import wire as wire_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.transport import transport_hops
 from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, is_int, require
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "wire_traffic.py")
 
 # (nodes, GPUs per node) per preset. DeepSeek-V3 trains with 64-way expert parallelism over 8 nodes of 8 H800s
 # (its report, Sec. 3.2); Qwen3-MoE publishes no deployment: 128 experts over 2 or 4 nodes of 8 GPUs (8 or 4
@@ -59,7 +65,7 @@ def hop_name(hop) -> str:
 
 def layer_config(preset: str, nodes: int, gpus: int, d_sim: int, transport: str, dedup: bool, wire: str,
                  experts: int | None = None) -> MoEConfig:
-  """The preset's routing at width d_sim on a nodes x gpus mesh (`experts`: fewer routed experts, for --quick).
+  """The preset's routing at width d_sim on a nodes x gpus mesh (`experts`: fewer routed experts, for quick).
   DeepSeek-V3's group limit becomes node-limited routing over the mesh's nodes (its groups are its 8 nodes)."""
   fields = presets.moe_fields(preset)
   num_experts = experts or fields["num_experts"]
@@ -343,32 +349,37 @@ def markdown_skew(record: dict) -> str:
   return "\n".join(lines)
 
 
+def check(config) -> None:
+  """Every field before a device is made; errors name the field."""
+  require(isinstance(config.quick, bool), "quick", config.quick, "True or False")
+  require(is_int(config.d_sim), "d_sim", config.d_sim, "a positive int")
+  require(is_int(config.tokens_per_device, 0), "tokens_per_device", config.tokens_per_device,
+          "an int >= 0 (0: 128, or 16 with quick)")
+
+
 def main(argv):
   del argv
-  from absl import flags
-
-  quick = flags.FLAGS.quick
-  shapes = QUICK_MESHES if quick else [shape for shapes in MESHES.values() for shape in shapes]
-  devices = max(n * m for n, m in shapes)
-  mesh_lib.simulate_cpu_devices(devices)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    check(config)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  shapes = QUICK_MESHES if config.quick else [shape for shapes in MESHES.values() for shape in shapes]
+  mesh_lib.simulate_cpu_devices(max(n * m for n, m in shapes))
   start = time.time()
-  record = run(quick, flags.FLAGS.d_sim, flags.FLAGS.tokens_per_device or None)
+  record = run(config.quick, config.d_sim, config.tokens_per_device or None)
   record["seconds"] = time.time() - start
   print(table(record), flush=True)
-  if flags.FLAGS.out_json:
-    os.makedirs(os.path.dirname(os.path.abspath(flags.FLAGS.out_json)), exist_ok=True)
-    with open(flags.FLAGS.out_json, "w") as f:
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "wire_traffic.json")
+    with open(path, "w") as f:
       json.dump(record, f, indent=1)
-    print(f"wrote {flags.FLAGS.out_json} ({record['seconds']:.0f} s)")
+    print(f"wrote {path} ({record['seconds']:.0f} s)")
 
 
 if __name__ == "__main__":
-  from absl import app, flags
-
-  # Defined here, not at import: tests import the module's functions beside other experiments' flags.
-  flags.DEFINE_string("out_json", None, "Where to write the record as JSON (optional).")
-  flags.DEFINE_bool("quick", False, "2 x 4 and 4 x 2 meshes, scaled-down experts, the uniform router, the flat "
-                    "and bilevel transports, 16 tokens per device.")
-  flags.DEFINE_integer("d_sim", 64, "d_model of the simulated layer (bytes are computed at the published d).")
-  flags.DEFINE_integer("tokens_per_device", 0, "Tokens each device routes (0: 128, or 16 with --quick).")
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/wire_traffic.py).")
+  _WORKDIR = cli.define_workdir("Directory for wire_traffic.json (optional: without it, the tables only).",
+                                required=False)
+  cli.run(main)

@@ -19,12 +19,12 @@ pytestmark = pytest.mark.xdist_group("wire_traffic")  # one worker runs the quic
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-  """(record, stdout) of `python -m experiments.wire_traffic --quick`."""
-  out = tmp_path_factory.mktemp("wire") / "quick.json"
-  run = subprocess.run([sys.executable, "-m", "experiments.wire_traffic", "--quick", f"--out_json={out}"], cwd=ROOT,
-                       env=ENV, capture_output=True, text=True, timeout=300)
+  """(record, stdout) of `python -m experiments.wire_traffic --config.quick=True`."""
+  workdir = tmp_path_factory.mktemp("wire")
+  run = subprocess.run([sys.executable, "-m", "experiments.wire_traffic", "--config.quick=True",
+                        f"--workdir={workdir}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
-  return json.loads(out.read_text()), run.stdout
+  return json.loads((workdir / "wire_traffic.json").read_text()), run.stdout
 
 
 def runs(record, dedup=None):
