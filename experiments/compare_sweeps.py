@@ -1,16 +1,18 @@
 """Overlays the scaling curves of several sweep workdirs (moejax.study.sweep) in one plot and one table.
 
-  python -m experiments.compare_sweeps --workdirs /tmp/sweep_h100,/tmp/sweep_p4d --out /tmp/compare.png
-  python -m experiments.compare_sweeps --workdirs a,b --labels "DGX H100,P4d EFA" --metric layer_ms
-  python -m experiments.compare_sweeps --workdirs a,b --schemes switch,smile --scalings weak --out /tmp/weak.png
+  python -m experiments.compare_sweeps --config.sweeps=/tmp/sweep_h100,/tmp/sweep_p4d --workdir=/tmp/compare
+  python -m experiments.compare_sweeps --config.sweeps=a,b --config.labels="DGX H100,P4d EFA" \
+      --config.metric=layer_ms --workdir=/tmp/compare
+  python -m experiments.compare_sweeps --config.sweeps=a,b --config.schemes=switch,smile --config.scalings=weak \
+      --workdir=/tmp/weak
 
-Each workdir's results.json ({"config", "rows"}, written by `moejax.study.report.write_all`) is read, or its
+configs/compare_sweeps.py holds the options. Each sweep workdir's results.json ({"config", "rows"}, written by `moejax.study.report.write_all`) is read, or its
 results.csv when there is no JSON. A curve is one (workdir, model, scaling, scheme, GPUs per node, modelled or
-measured) over nodes, labelled by its config: the workdir's label (--labels, default its directory name), the
+measured) over nodes, labelled by its config: the workdir's label (config.labels, default its directory name), the
 topology, model, scheme, mesh width, scaling and whether it is modelled or measured, so that runs on two
-topologies, two models, or modelled against measured read apart; --schemes, --scalings and --models keep only
+topologies, two models, or modelled against measured read apart; config.schemes, scalings and models keep only
 those rows. Prints one line per curve (the metric at every node count any curve has, one fixed-point format per
-column) and writes one PNG: x nodes (log 2, a tick per node count), y the metric (log) labelled with its unit.
+column) and writes compare_sweeps.png to --workdir: x nodes (log 2, a tick per node count), y the metric (log) labelled with its unit.
 A scheme keeps its colour and marker of the sweep's plots (plots.SCHEME_STYLES); the linestyle and a filled or
 hollow marker tell its curves from different workdirs, models, scalings, widths or kinds apart, and no two curves
 are drawn alike. The legend names what differs between curves; what they all share is in the title.
@@ -19,10 +21,13 @@ are drawn alike. The legend names what differs between curves; what they all sha
 import csv
 import json
 import os
+import sys
 
-from absl import app, flags
-
+from moejax import cli
 from moejax.study import plots, report
+from moejax.validation import ConfigError, require
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "compare_sweeps.py")
 
 CURVE_KEY = ("model", "scaling", "scheme", "gpus_per_node", "label")
 NUMERIC = ("nodes", "gpus_per_node", "samples_per_s", "layer_ms", "step_s")
@@ -161,32 +166,36 @@ def plot(found: list[dict], metric: str, path: str) -> None:
   figure(found, metric).savefig(path, dpi=120)
 
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line's flags, defined when run as a program (tests import the functions beside other
-  experiments that define flags of the same names)."""
-  flags.DEFINE_list("workdirs", None, "Sweep workdirs (each with results.json or results.csv).", required=True)
-  flags.DEFINE_list("labels", None, "One label per workdir (default: the directory names).")
-  flags.DEFINE_string("metric", "samples_per_s", "Row field to draw: samples_per_s, layer_ms, step_s, ...")
-  flags.DEFINE_string("out", "compare_sweeps.png", "Path of the PNG.")
-  flags.DEFINE_list("schemes", None, "Only these schemes, e.g. switch,smile (default: all).")
-  flags.DEFINE_list("scalings", None, "Only these scalings: weak, strong (default: both).")
-  flags.DEFINE_list("models", None, "Only these models of the sweeps' configs (default: all).")
+def check(config) -> None:
+  """The sweeps and their labels; errors name the field."""
+  require(len(config.sweeps) > 0, "sweeps", config.sweeps, "sweep workdirs separated by commas, e.g. "
+          "--config.sweeps=/tmp/sweep_h100,/tmp/sweep_p4d")
+  for sweep in config.sweeps:
+    require(os.path.isfile(os.path.join(sweep, "results.json")) or os.path.isfile(os.path.join(sweep, "results.csv")),
+            "sweeps", sweep, "sweep workdirs with results.json or results.csv (run the sweep first)")
+  require(not config.labels or len(config.labels) == len(config.sweeps), "labels", config.labels,
+          f"empty (the directory names) or one label per sweep ({len(config.sweeps)})")
 
 
 def main(argv):
   del argv
-  found = curves(FLAGS.workdirs, FLAGS.labels, FLAGS.metric, FLAGS.schemes, FLAGS.scalings, FLAGS.models)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    check(config)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  found = curves(config.sweeps, config.labels, config.metric, config.schemes, config.scalings, config.models)
   if not found:
-    have = "; ".join(f"{field}s: {', '.join(values)}" for field, values in available(FLAGS.workdirs).items())
-    raise app.UsageError(f"no rows with {FLAGS.metric!r} and the selection in {FLAGS.workdirs} ({have})")
-  print(format_table(found, FLAGS.metric))
-  plot(found, FLAGS.metric, FLAGS.out)
-  print(f"wrote {FLAGS.out}")
+    have = "; ".join(f"{field}s: {', '.join(values)}" for field, values in available(config.sweeps).items())
+    sys.exit(f"error: no rows with {config.metric!r} and the selection in {list(config.sweeps)} ({have})")
+  print(format_table(found, config.metric))
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, "compare_sweeps.png")
+  plot(found, config.metric, path)
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Comparison config file (configs/compare_sweeps.py).")
+  _WORKDIR = cli.define_workdir("Directory for compare_sweeps.png.")
+  cli.run(main)

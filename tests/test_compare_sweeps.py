@@ -112,20 +112,27 @@ def test_the_style_check_catches_curves_drawn_alike(tmp_path, monkeypatch):
 
 def test_command_prints_the_table_and_writes_one_png(tmp_path):
   a, b = _workdirs(tmp_path)
-  out = tmp_path / "cmp.png"
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--workdirs={a},{b}",
-                         "--labels=H100 run,P4d run", f"--out={out}"], env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  out = tmp_path / "out"
+  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
+                         "--config.labels=H100 run,P4d run", f"--workdir={out}"], env=ENV, capture_output=True,
+                        text=True, timeout=120)
   assert done.returncode == 0, done.stderr[-2000:]
   assert "H100 run: tiny switch x8 GPUs/node, weak, modelled on dgx_h100_ib" in done.stdout
   assert "P4d run: small smile x8 GPUs/node, weak, measured on cpu" in done.stdout
-  assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--workdirs={a},{b}",
-                         "--schemes=switch", f"--out={out}"], env=ENV, capture_output=True, text=True, timeout=120)
+  assert (out / "compare_sweeps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
+                         "--config.schemes=switch", f"--workdir={out}"], env=ENV, capture_output=True, text=True,
+                        timeout=120)
   assert done.returncode == 0 and "smile" not in done.stdout and "switch" in done.stdout, done.stderr[-2000:]
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--workdirs={a},{b}",
-                         "--scalings=strong", f"--out={out}"], env=ENV, capture_output=True, text=True, timeout=120)
+  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
+                         "--config.scalings=strong", f"--workdir={out}"], env=ENV, capture_output=True, text=True,
+                        timeout=120)
   assert done.returncode != 0 and "scalings: weak" in done.stderr
+  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{tmp_path}",
+                         f"--workdir={out}"], env=ENV, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+      f"error: config field sweeps='{tmp_path}' is not allowed: sweep workdirs with results.json or results.csv (run "
+      "the sweep first)"]
 
 
 def test_paper_points_only_where_the_sweep_is_the_papers_setting(tmp_path):
