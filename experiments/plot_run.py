@@ -1,23 +1,25 @@
 """Draws a training run's curves from its metrics.jsonl (written by `moejax.train.metrics.MetricWriter`).
 
-  python -m experiments.plot_run /tmp/mlm                     # writes /tmp/mlm/curves.png
-  python -m experiments.plot_run /tmp/mlm --out=/tmp/mlm.png
+  python -m experiments.plot_run --workdir=/tmp/mlm                               # writes /tmp/mlm/curves.png
+  python -m experiments.plot_run --config.run=/tmp/mlm --workdir=/tmp/mlm_plots   # writes /tmp/mlm_plots/curves.png
 
 One PNG of six panels, x the step: the loss (total and task, nats), the auxiliary loss (summed over MoE layers),
 the busiest expert's load over the mean expert load per MoE layer (1.0 = balanced), the token-choices dropped by
 expert capacity and lost to full receive buffers (% of all token-choices, mean over MoE layers), the range
 max - min of each MoE layer's balancing bias (with `moe.bias_update_rate` > 0) and the throughput. A panel
-without data (no MoE layers, no bias) says so, and the figure's title names it. A missing or empty workdir or
-metrics.jsonl is a one-line error.
+without data (no MoE layers, no bias) says so, and the figure's title names it. A missing or empty run workdir
+(config.run, default --workdir) or metrics.jsonl is a one-line error.
 """
 
 import os
 import sys
 
 import numpy as np
-from absl import app, flags
 
+from moejax import cli
 from moejax.train import metrics as metrics_lib
+
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "plot_run.py")
 
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUT = "curves.png"
@@ -150,24 +152,17 @@ def plot_run(workdir: str, out: str | None = None) -> tuple[str, list[str]]:
   return out, [p["name"] for p in panels(records) if p["missing"]]
 
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line's flags, defined when run as a program (tests import the functions)."""
-  flags.DEFINE_string("out", None, f"Path of the PNG (default WORKDIR/{DEFAULT_OUT}).")
-
-
 def main(argv):
-  if len(argv) != 2:
-    sys.exit("error: usage: python -m experiments.plot_run WORKDIR [--out=PATH]")
+  del argv
+  workdir = _WORKDIR.value
   try:
-    out, empty = plot_run(argv[1], FLAGS.out)
+    out, empty = plot_run(_CONFIG.value.run or workdir, os.path.join(workdir, DEFAULT_OUT))
   except RunError as e:
     sys.exit(f"error: {e}")
   print(f"wrote {out}" + (f" (no data: {', '.join(empty)})" if empty else ""))
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/plot_run.py).")
+  _WORKDIR = cli.define_workdir(f"Directory for {DEFAULT_OUT} (and the run drawn unless config.run names one).")
+  cli.run(main)

@@ -142,14 +142,16 @@ def test_command_writes_the_png_and_errors_are_one_line(tmp_path):
   run = tmp_path / "run"
   run.mkdir()
   _write_run(run, bias=False)
-  done = _command(run)
+  done = _command(f"--workdir={run}")
   assert done.returncode == 0, done.stderr[-2000:]
   assert done.stdout.strip() == f"wrote {run / 'curves.png'} (no data: expert bias range)"
   assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert json.loads((run / "metrics.jsonl").read_text().splitlines()[0])["step"] == 1  # left as it was
+  done = _command(f"--config.run={run}", f"--workdir={tmp_path / 'plots'}")  # another run's curves, written apart
+  assert done.returncode == 0 and done.stdout.startswith(f"wrote {tmp_path / 'plots' / 'curves.png'}"), done.stderr
 
   for workdir, message in ((tmp_path / "nope", f"error: no such workdir: {tmp_path / 'nope'}"),
                            (tmp_path, f"error: {tmp_path / 'metrics.jsonl'} does not exist")):
-    done = _command(workdir)
+    done = _command(f"--workdir={workdir}")
     assert done.returncode == 1 and not done.stdout
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
