@@ -2,7 +2,7 @@
 DeepSeek-V3 routing on one small model, at equal active parameters and steps, over a few seeds.
 
   python -m experiments.convergence --workdir=/tmp/convergence
-  python -m experiments.convergence --workdir=/tmp/convergence --config.seeds="(0,)" --config.steps=100
+  python -m experiments.convergence --workdir=/tmp/convergence --config.seeds=0 --config.steps=100
 
 Every FFN is an MoE layer (model.moe_every=1), so an expert's width is model.d_ff and nothing else
 changes with it. Active parameters are equalised per token: with expert width F = d_ff and E = 8
@@ -47,8 +47,8 @@ def routers(d_ff: int, experts: int = 8, nodes: int = 2) -> dict[str, dict]:
 def get_config(mode: str = "default") -> ml_collections.ConfigDict:
   """mode: 'default' (the study) or 'quick' (a tiny model for a few steps: a smoke test)."""
   config = ml_collections.ConfigDict()
-  config.routers = ",".join(ROUTERS)
-  config.models = "gpt,bert"
+  config.routers = ROUTERS
+  config.models = ("gpt", "bert")
   config.seeds = (0, 1, 2)
   config.steps = 200
   config.batch_size = 16
@@ -65,7 +65,7 @@ def get_config(mode: str = "default") -> ml_collections.ConfigDict:
   config.heldout_batches = 8  # of batch_size sequences
   config.tokenizer_train_chars = 2_000_000
   if mode == "quick":
-    config.models = "gpt"
+    config.models = ("gpt",)
     config.seeds = (0,)
     config.steps = 8
     config.batch_size = 8

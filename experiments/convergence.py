@@ -4,7 +4,7 @@ steps, over several seeds, on a 2 x 4 mesh of simulated CPU devices.
 
   python -m experiments.convergence --workdir=/tmp/convergence              # configs/convergence.py
   python -m experiments.convergence --workdir=/tmp/convergence_quick --config=configs/convergence.py:quick  # tiny
-  python -m experiments.convergence --workdir=/tmp/c --models=gpt --config.seeds="(0,)"
+  python -m experiments.convergence --workdir=/tmp/c --config.models=gpt --config.seeds=0
 
 Each router x model x seed trains (dropless) in <workdir>/runs/<model>/<router>/seed<s>; a run with a
 summary.json is finished and re-used, so an interrupted study resumes. From each run:
@@ -15,7 +15,8 @@ summary.json is finished and re-used, so an interrupted study resumes. From each
   - per step, the share of token-choices a capacity factor of config.capacity (1.25) would drop: the
     runs are dropless, and each expert's share of the step's token-choices above capacity / E is counted
     as dropped (over the whole step's tokens: a lower bound of what per-device capacity drops).
-Writes results.json, table.md, loss.png and busiest_load.png to the workdir and prints the table. Compiled
+Writes results.json, table.md, loss.png and busiest_load.png (`moejax.study.convergence`) to the workdir and prints
+the table. Compiled
 programs are cached in <workdir>/cache/xla (JAX's persistent compilation cache): every seed after a router's
 first loads its programs instead of compiling them.
 """
@@ -28,30 +29,18 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from absl import flags
 
 from configs import convergence as study_config
 from configs import gpt as gpt_config
 from configs import mlm as mlm_config
-from experiments.convergence_report import format_table, plot, table_rows
-from moejax.cli import define_config, run
+from moejax import cli
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.convergence import format_table, plot, table_rows
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence.py")
-
-
-def define_flags() -> dict:
-  """The command line's flags, defined when run as a program (so tests can import the study's functions
-  beside other experiments that define --config)."""
-  return {"config": define_config(_DEFAULT_CONFIG, "Study config file."),
-          "workdir": flags.DEFINE_string("workdir", None, "Directory for the runs and the results.", required=True),
-          "models": flags.DEFINE_string("models", None, "Comma-separated models among gpt,bert (default: the config's).")}
-
-
-_FLAGS: dict = {}
-
+MODELS = ("gpt", "bert")
 MESH = (2, 4)
 
 
@@ -180,8 +169,7 @@ def run_one(study, model: str, router: str, seed: int, files: tuple[str, str], w
   return result
 
 
-def run_study(config: ml_collections.ConfigDict, workdir: str, models: list[str], cache_dir: str | None = None
-              ) -> list[dict]:
+def run_study(config: ml_collections.ConfigDict, workdir: str, models, cache_dir: str | None = None) -> list[dict]:
   """Trains (or re-uses) every run of `models` x config.routers x config.seeds in `workdir`, writes the
   results, table and plots there, prints the table; returns the table's rows. cache_dir: where the corpus
   and tokenizers are cached (default <workdir>/cache). Expects the 2 x 4 mesh's devices
@@ -189,7 +177,7 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, models: list[str]
   os.makedirs(workdir, exist_ok=True)
   cache_dir = cache_dir or os.path.join(workdir, "cache")
   files = split_corpus(workdir, config.heldout_fraction, cache_dir)
-  runs = [(m, r, s) for m in models for r in config.routers.split(",") for s in config.seeds]
+  runs = [(m, r, s) for m in models for r in config.routers for s in config.seeds]
   results, start = [], time.perf_counter()
   for i, (model, router, seed) in enumerate(runs):
     result = run_one(config, model, router, seed, files, workdir, cache_dir)
@@ -213,26 +201,23 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, models: list[str]
 
 def main(argv):
   del argv
-  config = _FLAGS["config"].value
-  workdir = _FLAGS["workdir"].value
-  models = [m for m in (_FLAGS["models"].value or config.models).split(",") if m]
-  routers = [r for r in config.routers.split(",") if r]
-  for name, values, known in (("models", models, ("gpt", "bert")), ("routers", routers, study_config.ROUTERS)):
-    unknown = sorted(set(values) - set(known))
-    if unknown or not values:
-      sys.exit(f"error: {name} {unknown or values}: choose among {list(known)}")
-  config.routers = ",".join(routers)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  for name, known in (("models", MODELS), ("routers", study_config.ROUTERS)):
+    unknown = sorted(set(config[name]) - set(known))
+    if unknown or not config[name]:
+      sys.exit(f"error: {name} {unknown or list(config[name])}: choose among {list(known)}")
   mesh_lib.simulate_cpu_devices(MESH[0] * MESH[1])  # Before JAX starts its backends.
   # A router's seeds (and a resumed study) compile the same programs: JAX's persistent cache loads them
   # (a GPT run 31 -> 18 s on 2 CPU cores).
   jax.config.update("jax_compilation_cache_dir", os.path.join(workdir, "cache", "xla"))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   try:
-    run_study(config, workdir, models)
+    run_study(config, workdir, config.models)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  _FLAGS.update(define_flags())
-  run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/convergence.py).")
+  _WORKDIR = cli.define_workdir("Directory for the runs and the results.")
+  cli.run(main)

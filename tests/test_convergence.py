@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from configs import convergence as study_config
-from experiments import convergence, convergence_report
+from experiments import convergence
+from moejax.study import convergence as convergence_report
 from moejax.train import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,7 +58,7 @@ QUICK_ROUTERS = ("smile", "deepseek_v3")
 @pytest.mark.slow
 def test_quick_mode_writes_results_and_resumes(devices, shared, tmp_path, capsys):
   study = study_config.get_config("quick")
-  study.routers = ",".join(QUICK_ROUTERS)
+  study.routers = QUICK_ROUTERS
   cache = str(shared / "cache")  # the session's corpus
   rows = convergence.run_study(study, str(tmp_path), ["gpt"], cache)
   for name in ("results.json", "table.md", "loss.png", "busiest_load.png"):
@@ -152,6 +153,21 @@ def test_redraw_from_a_results_json(tmp_path):
   assert [os.path.basename(p) for p in paths] == ["table.md", "loss.png", "busiest_load.png"]
   assert (tmp_path / "out" / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert len((tmp_path / "out" / "table.md").read_text().splitlines()) == 2 + 6
+
+
+def test_the_report_command_redraws_a_workdirs_results(tmp_path):
+  (tmp_path / "results.json").write_text(json.dumps({"config": {"steps": 40, "capacity": 1.25}, "mesh": [2, 4],
+                                                     "runs": _synthetic_results()}))
+  env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
+  command = [sys.executable, "-m", "experiments.convergence_report", f"--workdir={tmp_path}"]
+  done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "table.md").exists()
+  done = subprocess.run([*command[:-1], f"--workdir={tmp_path / 'empty'}"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=300)
+  assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+      f"error: config field results='{tmp_path / 'empty' / 'results.json'}' is not allowed: a convergence study's "
+      "results.json ('' = the one in --workdir)"]
 
 
 def test_the_committed_plots_data_gives_the_committed_table():
