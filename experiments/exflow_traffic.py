@@ -2,9 +2,11 @@
 context coherence with the affinity placement, measured by decoding with a trained GPT-MoE.
 
   python -m experiments.exflow_traffic --workdir=/tmp/exflow                     # trains first (minutes)
-  python -m experiments.exflow_traffic --workdir=/tmp/exflow --checkpoint=/tmp/gen/train --meshes=2x4,2x8
+  python -m experiments.exflow_traffic --workdir=/tmp/exflow --config.train_dir=/tmp/gen/train \\
+      --config.traffic.meshes=2x4,2x8
 
-The model (configs/generate.py) is trained on the embedded corpus, or loaded from --checkpoint. Its
+The model (configs/exflow_traffic.py: configs/generate.py's) is trained on the embedded corpus, or loaded from
+config.train_dir (`moejax.train.trained`); config.traffic holds the study's options. Its
 documents are split by kind: standard-library docstrings (even ones: the profiling set the placement
 is solved on; odd ones: the prompts measured) and the Python documentation topics (out of
 distribution, ExFlow Table III's check). Per mesh the placement is `moejax.placement.solve` on the
@@ -19,10 +21,8 @@ import os
 import sys
 
 import numpy as np
-from absl import flags
 
 from moejax import cli
-from moejax.cli import define_config
 from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
 from moejax.data import corpus as data_lib
@@ -32,21 +32,12 @@ from moejax.placement import affinity, solve
 from moejax.placement.traces import routing_traces
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import trainer as trainer_lib
-from moejax.validation import ConfigError, require
+from moejax.train import trained
+from moejax.validation import ConfigError, is_int, is_number, require
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Model and training config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the results (and the training run).", required=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load; default: train into workdir/train.")
-_MESHES = flags.DEFINE_list("meshes", ["1x4", "2x4", "4x2", "2x8"], "Meshes as NODESxGPUS.")
-_PROFILE_TOKENS = flags.DEFINE_integer("profile_tokens", 8192, "Tokens traced to solve the placement on.")
-_BATCH = flags.DEFINE_integer("batch", 32, "Requests decoded per mesh (a multiple of every mesh's devices).")
-_PROMPT_LEN = flags.DEFINE_integer("prompt_len", 16, "Prompt tokens per request.")
-_STEPS = flags.DEFINE_integer("steps", 24, "Tokens generated per request.")
-_TIME_LIMIT = flags.DEFINE_float("time_limit_s", 20.0, "HiGHS time limit per placement stage.")
-_TOPOLOGY = flags.DEFINE_string("topology", "dgx_h100_ib", "Topology preset the decode steps are priced on.")
-_PRICE_D = flags.DEFINE_integer("price_d_model", 0, "Model width the rows are priced at (0: the model's own).")
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "exflow_traffic.py")
+_CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/exflow_traffic.py).")
+_WORKDIR = cli.define_workdir("Directory for the results (and the training run without config.train_dir).")
 
 DISTRIBUTIONS = {"in": "python-stdlib:", "ood": "python-docs:"}  # url prefixes of the embedded corpus
 # (name, decode mode, with the placement, prompts)
@@ -57,7 +48,8 @@ RUNS = (("vanilla", "vanilla", False, "in"), ("exflow", "exflow", False, "in"),
 
 def parse_mesh(text: str) -> tuple[int, int]:
   parts = text.lower().split("x")
-  require(len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts), "meshes", text, "NODESxGPUS, e.g. 2x4")
+  require(len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts), "traffic.meshes", text,
+          "NODESxGPUS, e.g. 2x4")
   return int(parts[0]), int(parts[1])
 
 
@@ -84,7 +76,7 @@ def token_rows(texts, tok, rows: int, length: int, tokens: int):
     stream.extend(tok.encode(text))
     if len(stream) >= need:
       break
-  require(len(stream) >= need, "profile_tokens", tokens, f"at most the {len(stream)} tokens of the texts")
+  require(len(stream) >= need, "traffic.profile_tokens", tokens, f"at most the {len(stream)} tokens of the texts")
   return list(np.asarray(stream[:need], np.int32).reshape(-1, rows, length))
 
 
@@ -93,11 +85,10 @@ def per_token(transitions, tokens: int) -> dict:
   return {"intra_node": (cross_gpu - cross_node) / tokens, "inter_node": cross_node / tokens}
 
 
-def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
-  train_workdir = checkpoint or os.path.join(workdir, "train")
-  if checkpoint is None:
-    trainer_lib.train_unless_checkpointed(config, train_workdir)
-  model, tok, step = load.load_trained(config, train_workdir)
+def run(config, workdir: str, meshes) -> dict:
+  t = config.traffic
+  model, tok, step = trained.trained_model(config, workdir)
+  train_workdir = trained.run_dir(config, workdir)
   summary_path = os.path.join(train_workdir, "summary.json")
   training = {}
   if os.path.exists(summary_path):
@@ -105,12 +96,12 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
       training = json.load(f)
   docs = corpus_documents(data_lib.corpus_files("", load.cache_dir(config, train_workdir))[0])
   rows = model.mesh.devices.size
-  traces = {kind: routing_traces(model, token_rows(docs[kind], tok, rows, config.seq_len, _PROFILE_TOKENS.value))
+  traces = {kind: routing_traces(model, token_rows(docs[kind], tok, rows, config.seq_len, t.profile_tokens))
             for kind in ("profile", "in", "ood")}
   num_experts = model.moe_cfg.num_experts
   counts = {kind: affinity.affinity_counts(t, num_experts) for kind, t in traces.items()}
   affinity_rows = counts["profile"] / counts["profile"].sum(-1, keepdims=True).clip(1)
-  prompts = {kind: load.prompts_from(docs[kind], tok, _BATCH.value, _PROMPT_LEN.value) for kind in ("in", "ood")}
+  prompts = {kind: load.prompts_from(docs[kind], tok, t.batch, t.prompt_len) for kind in ("in", "ood")}
   result = {
       "checkpoint_step": step, "train_steps": training.get("steps"),
       "first_task_loss": training.get("first_task_loss"), "final_task_loss": training.get("final_task_loss"),
@@ -118,7 +109,7 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
       # How far routing is from random: the mean probability of a layer-j expert's likeliest next
       # expert (uniform: 1 / E).
       "mean_top_affinity": float(affinity_rows.max(-1).mean()), "uniform_affinity": 1 / num_experts,
-      "batch": _BATCH.value, "prompt_len": _PROMPT_LEN.value, "steps": _STEPS.value, "meshes": {},
+      "batch": t.batch, "prompt_len": t.prompt_len, "steps": t.steps, "meshes": {},
       "d_model": model.cfg.d_model, "num_layers": model.cfg.num_layers, "dtype": model.cfg.dtype,
   }
   print(f"model from step {step}; affinity: likeliest next expert {result['mean_top_affinity']:.3f} "
@@ -126,7 +117,7 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
   for nodes, gpus in meshes:
     mesh = mesh_lib.make_mesh(nodes, gpus)
     on = decode.on_mesh(model, mesh)
-    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=_TIME_LIMIT.value,
+    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=t.time_limit_s,
                             routing=model.moe_cfg.routing)
     models = {False: on, True: decode.with_placement(on, placement)}
     entry = {"placement": {"methods": list(placement.methods), "node_gap": placement.node_gap,
@@ -139,7 +130,7 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
           "exflow+placement": per_token(affinity.transitions(counts[kind], placement.placement, gpus), tokens)}
     outputs = {}
     for name, mode, placed, kind in RUNS:
-      out = decode.generate(models[placed], prompts[kind], _STEPS.value, mode=mode)
+      out = decode.generate(models[placed], prompts[kind], t.steps, mode=mode)
       outputs[name] = out.tokens
       entry["decode"][name] = {**out.exchange_rows, "allgather": out.allgather_rows,
                                "tokens_per_second": out.tokens_per_second}
@@ -147,7 +138,7 @@ def run(config, workdir: str, checkpoint: str | None, meshes) -> dict:
     entry["same_tokens"] = bool(all((outputs[a] == outputs[b]).all() for a, b in (
         ("vanilla", "exflow"), ("exflow", "exflow+placement"), ("exflow (ood)", "exflow+placement (ood)"))))
     result["meshes"][f"{nodes}x{gpus}"] = entry
-  return price(result, topology_lib.get(_TOPOLOGY.value), _PRICE_D.value or model.cfg.d_model)
+  return price(result, topology_lib.get(t.topology), t.price_d_model or model.cfg.d_model)
 
 
 def price(result: dict, topology, d_model: int) -> dict:
@@ -215,20 +206,34 @@ def plot(result: dict, path: str) -> None:
   plt.close(fig)
 
 
+def check(traffic) -> list[tuple[int, int]]:
+  """The traffic section's fields; returns its meshes as (nodes, GPUs per node). Errors name the field."""
+  for field in ("profile_tokens", "batch", "prompt_len", "steps"):
+    require(is_int(traffic[field]), f"traffic.{field}", traffic[field], "a positive int")
+  require(is_int(traffic.price_d_model, 0), "traffic.price_d_model", traffic.price_d_model,
+          "an int >= 0 (0: the model's own width)")
+  require(is_number(traffic.time_limit_s) and traffic.time_limit_s > 0, "traffic.time_limit_s", traffic.time_limit_s,
+          "a number of seconds > 0")
+  require(traffic.topology in topology_lib.PRESETS, "traffic.topology", traffic.topology,
+          f"one of {sorted(topology_lib.PRESETS)}")
+  require(len(traffic.meshes) > 0, "traffic.meshes", traffic.meshes, "meshes as NODESxGPUS, e.g. 2x4,2x8")
+  return [parse_mesh(m) for m in traffic.meshes]
+
+
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config, workdir = _CONFIG.value, _WORKDIR.value
   try:
-    meshes = [parse_mesh(m) for m in _MESHES.value]
+    meshes = check(config.traffic)
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(max([config.mesh.nodes * config.mesh.gpus_per_node] + [n * m for n, m in meshes]))
-    result = run(config, _WORKDIR.value, _CHECKPOINT.value, meshes)
+    result = run(config, workdir, meshes)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
-  os.makedirs(_WORKDIR.value, exist_ok=True)
-  with open(os.path.join(_WORKDIR.value, "exflow_traffic.json"), "w") as f:
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "exflow_traffic.json"), "w") as f:
     json.dump(result, f, indent=1)
-  plot(result, os.path.join(_WORKDIR.value, "exflow_traffic.png"))
+  plot(result, os.path.join(workdir, "exflow_traffic.png"))
   print(table(result), flush=True)
 
 

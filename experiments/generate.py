@@ -1,12 +1,12 @@
 """Generates text with a trained GPT-style MoE decoder and reports tokens/s and exchange traffic.
 
-  python -m experiments.generate --config=configs/generate.py --workdir=/tmp/gen
-  python -m experiments.generate --config=configs/generate.py --workdir=/tmp/gen --checkpoint=/tmp/gpt \\
+  python -m experiments.generate --workdir=/tmp/gen                              # configs/generate.py
+  python -m experiments.generate --workdir=/tmp/gen --config.train_dir=/tmp/gpt \\
       --config.generate.mode=vanilla --config.generate.temperature=0.8
 
---checkpoint: a training workdir (experiments/train.py) with the same model config; without it the
-model is trained first into --workdir/train (the config's steps). Prompts are the first tokens of
-corpus documents. Writes generate.json (tokens/s, rows per generated token, the texts) to --workdir.
+config.train_dir: a training workdir (experiments/train.py) with the same model config; without it the
+model is trained first into <workdir>/train (the config's steps; `moejax.train.trained`). Prompts are the first
+tokens of corpus documents. Writes generate.json (tokens/s, rows per generated token, the texts) to --workdir.
 Without GPUs the mesh is made of simulated CPU devices.
 """
 
@@ -14,32 +14,25 @@ import json
 import os
 import sys
 
-from absl import flags
-
 from moejax import cli
-from moejax.cli import define_config
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import decode, load
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import trainer as trainer_lib
+from moejax.train import trained
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "generate.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Generation config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for the results (and the brief training run).",
-                               required=True)
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load; default: train into workdir/train.")
+_CONFIG = cli.define_config(_DEFAULT_CONFIG, "Generation config file (configs/generate.py).")
+_WORKDIR = cli.define_workdir("Directory for generate.json (and the brief training run without config.train_dir).")
 
 
-def run(config, workdir: str, checkpoint: str | None) -> dict:
+def run(config, workdir: str) -> dict:
   g = config.generate
-  train_workdir = checkpoint or os.path.join(workdir, "train")
-  if checkpoint is None:
-    trainer_lib.train_unless_checkpointed(config, train_workdir)
-  model, tok, step = load.load_trained(config, train_workdir)
-  texts = data_lib.texts(data_lib.corpus_files(config.data.train_files, load.cache_dir(config, train_workdir)))
+  model, tok, step = trained.trained_model(config, workdir)
+  cache = load.cache_dir(config, trained.run_dir(config, workdir))
+  texts = data_lib.texts(data_lib.corpus_files(config.data.train_files, cache))
   prompts = load.prompts_from(texts, tok, g.batch, g.prompt_len)
   print(f"model from step {step}; generating {g.steps} tokens for {g.batch} requests ({g.mode})", flush=True)
   out = decode.generate(model, prompts, g.steps, mode=g.mode, temperature=g.temperature, seed=g.seed)
@@ -69,7 +62,7 @@ def main(argv):
   try:
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
-    run(config, _WORKDIR.value, _CHECKPOINT.value)
+    run(config, _WORKDIR.value)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
 

@@ -1,15 +1,17 @@
 """Records the routing traces of a trained language model on its corpus, for experiments.lina_replication.
 
-  python -m experiments.record_traces --config=configs/mlm.py --checkpoint=/tmp/mlm --tokens=65536 \\
-      --out=/tmp/mlm/traces.npy --config.model.num_layers=10 --config.model.moe_every=1 --config.moe.num_experts=16
-  python -m experiments.lina_replication --traces=/tmp/mlm/traces.npy --num_experts=16 --workdir=/tmp/mlm/lina
+  python -m experiments.record_traces --workdir=/tmp/mlm --config.tokens=65536 --config.model.num_layers=10 \\
+      --config.model.moe_every=1 --config.moe.num_experts=16
+  python -m experiments.lina_replication --workdir=/tmp/mlm/lina --config.traces=/tmp/mlm/traces.npy \\
+      --config.num_experts=16
 
---checkpoint is a training workdir (experiments.train's --workdir); when it holds no checkpoint the config
-is trained there for --config.steps first. The traced tokens are the first --tokens of the training data
-stream (the corpus from its beginning, in the batches training reads), run without dropout or jitter. A
-BERT model sees them unmasked, as inference on whole sequences does (no [MASK] tokens). Saves int32
-[L, T, K] (`moejax.placement.traces.routing_traces`: MoE layer, token in batch order, choice) with np.save
-to --out, and a JSON summary (step, shape, per-layer expert loads) next to it.
+configs/record_traces.py holds the model's config (configs/mlm.py's by default; `:gpt`, `:decoder:qwen3_moe`, ...),
+the training run to load (config.train_dir; without it the config is trained into <workdir>/train first for
+config.steps, unless that holds a checkpoint: `moejax.train.trained`) and the tokens to trace. The traced tokens are
+the first config.tokens of the training data stream (the corpus from its beginning, in the batches training reads),
+run without dropout or jitter. A BERT model sees them unmasked, as inference on whole sequences does (no [MASK]
+tokens). Saves int32 [L, T, K] (`moejax.placement.traces.routing_traces`: MoE layer, token in batch order, choice)
+with np.save to <workdir>/traces.npy, and a JSON summary (step, shape, per-layer expert loads) next to it.
 """
 
 import json
@@ -17,25 +19,19 @@ import os
 import sys
 
 import numpy as np
-from absl import flags
 
-from moejax.cli import define_config, run
+from moejax import cli
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import trainer as trainer_lib
-from moejax.validation import ConfigError, require
+from moejax.train import trained
+from moejax.validation import ConfigError, is_int, require
 
-_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Model and training config file.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Training workdir to load (trained there first when it holds "
-                                  "no checkpoint); default: the directory of --out, subdirectory train.")
-_TOKENS = flags.DEFINE_integer("tokens", 65536, "Tokens to trace (the last batch is cut to this count).")
-_OUT = flags.DEFINE_string("out", None, "Path of the .npy traces [L, T, K]; the summary goes to PATH.json.",
-                           required=True)
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "record_traces.py")
+TRACES_FILE = "traces.npy"
 
 
 def corpus_batches(config, tok, cache_dir: str, tokens: int) -> list[np.ndarray]:
@@ -49,14 +45,15 @@ def corpus_batches(config, tok, cache_dir: str, tokens: int) -> list[np.ndarray]
     batches.close()
 
 
-def record(config, checkpoint: str, tokens: int) -> tuple[np.ndarray, dict]:
-  """(traces int32 [L, tokens, K], summary) of the model trained in `checkpoint` (trained first if missing)."""
-  require(isinstance(tokens, int) and tokens > 0, "tokens", tokens, "a positive number of tokens to trace")
-  trainer_lib.train_unless_checkpointed(config, checkpoint)
-  model, tok, step = load.load_trained(config, checkpoint)
-  print(f"loaded step {step} from {checkpoint}; tracing {tokens} tokens", flush=True)
-  batches = corpus_batches(config, tok, load.cache_dir(config, checkpoint), tokens)
-  traces = routing_traces(model, batches)[:, :tokens]
+def record(config, workdir: str) -> tuple[np.ndarray, dict]:
+  """(traces int32 [L, config.tokens, K], summary) of the model `trained.trained_model` gives (trained first into
+  <workdir>/train without config.train_dir)."""
+  require(is_int(config.tokens), "tokens", config.tokens, "a positive number of tokens to trace")
+  model, tok, step = trained.trained_model(config, workdir)
+  checkpoint = trained.run_dir(config, workdir)
+  print(f"loaded step {step} from {checkpoint}; tracing {config.tokens} tokens", flush=True)
+  batches = corpus_batches(config, tok, load.cache_dir(config, checkpoint), config.tokens)
+  traces = routing_traces(model, batches)[:, :config.tokens]
   loads_MxE = np.stack([np.bincount(layer.reshape(-1), minlength=config.moe.num_experts) for layer in traces])
   summary = {"checkpoint": checkpoint, "step": int(step), "kind": config.model.kind, "inputs": "unmasked corpus",
              "shape": list(traces.shape), "num_experts": config.moe.num_experts, "top_k": config.moe.top_k,
@@ -65,23 +62,32 @@ def record(config, checkpoint: str, tokens: int) -> tuple[np.ndarray, dict]:
   return traces, summary
 
 
+def run(config, workdir: str) -> str:
+  """Records the traces and writes them to <workdir>/traces.npy (the summary to traces.npy.json); returns the
+  path. The mesh's devices must exist (`simulate_cpu_devices` without GPUs)."""
+  traces, summary = record(config, workdir)
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, TRACES_FILE)
+  np.save(path, traces)
+  with open(path + ".json", "w") as f:
+    json.dump(summary, f, indent=1)
+  print(f"saved traces {traces.shape} to {path}; busiest expert over the mean per layer: "
+        f"{summary['busiest_over_mean']}", flush=True)
+  return path
+
+
 def main(argv):
   del argv
   config = _CONFIG.value
-  checkpoint = _CHECKPOINT.value or os.path.join(os.path.dirname(os.path.abspath(_OUT.value)), "train")
   try:
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
-    traces, summary = record(config, checkpoint, _TOKENS.value)
+    run(config, _WORKDIR.value)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
-  os.makedirs(os.path.dirname(os.path.abspath(_OUT.value)), exist_ok=True)
-  np.save(_OUT.value, traces)
-  with open(_OUT.value + ".json", "w") as f:
-    json.dump(summary, f, indent=1)
-  print(f"saved traces {traces.shape} to {_OUT.value}; busiest expert over the mean per layer: "
-        f"{summary['busiest_over_mean']}", flush=True)
 
 
 if __name__ == "__main__":
-  run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Model and tracing config file (configs/record_traces.py).")
+  _WORKDIR = cli.define_workdir("Directory for traces.npy (and the training run without config.train_dir).")
+  cli.run(main)

@@ -10,6 +10,7 @@ import pytest
 from absl import flags
 
 from experiments import record_traces
+from moejax.cli import define_config, define_workdir
 from moejax.data import corpus as data_lib
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
@@ -17,7 +18,7 @@ from moejax.validation import ConfigError
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT))
-from configs import mlm  # noqa: E402
+from configs import record_traces as traces_config  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains and records traces
 
@@ -26,8 +27,8 @@ TOKENS = 300  # more than one batch of ROWS * SEQ = 256 tokens, and not a multip
 
 
 def _run(monkeypatch, tmp_path, shared, *extra):
-  argv = ["record_traces", f"--config={ROOT / 'configs' / 'mlm.py'}", f"--checkpoint={tmp_path / 'train'}",
-          f"--out={tmp_path / 'traces.npy'}", f"--config.data.cache_dir={shared / 'cache'}",
+  argv = ["record_traces", f"--config={ROOT / 'configs' / 'record_traces.py'}", f"--workdir={tmp_path}",
+          f"--config.data.cache_dir={shared / 'cache'}",
           f"--config.model.num_layers={LAYERS}", f"--config.model.moe_every={MOE_EVERY}",
           "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
           f"--config.model.max_len={SEQ}", f"--config.seq_len={SEQ}", f"--config.batch_size={ROWS}",
@@ -36,16 +37,16 @@ def _run(monkeypatch, tmp_path, shared, *extra):
           "--config.checkpoint.use_async=False", "--config.log.tensorboard=False",
           "--config.data.tokenizer_train_chars=50000", *extra]
   monkeypatch.setattr("sys.argv", argv)  # config_flags reads the --config.* overrides from sys.argv
-  flags.FLAGS(argv)
-  try:
-    record_traces.main([])
-    return flags.FLAGS["config"].value
-  finally:
-    flags.FLAGS.unparse_flags()
+  flag_values = flags.FlagValues()
+  holder = define_config(str(ROOT / "configs" / "record_traces.py"), "Config.", flag_values=flag_values)
+  define_workdir("Workdir.", flag_values=flag_values)
+  flag_values(argv)
+  record_traces.run(holder.value, flag_values.workdir)
+  return holder.value
 
 
 def test_traces_are_the_trained_models_choices_on_the_corpus(monkeypatch, tmp_path, shared):
-  config = _run(monkeypatch, tmp_path, shared, f"--tokens={TOKENS}")
+  config = _run(monkeypatch, tmp_path, shared, f"--config.tokens={TOKENS}")
   traces = np.load(tmp_path / "traces.npy")
   assert traces.shape == (LAYERS // MOE_EVERY, TOKENS, K) and traces.dtype == np.int32
   assert traces.min() >= 0 and traces.max() < E
@@ -66,5 +67,7 @@ def test_traces_are_the_trained_models_choices_on_the_corpus(monkeypatch, tmp_pa
 
 
 def test_bad_token_count_is_named(tmp_path):
+  config = traces_config.get_config()
+  config.tokens = 0
   with pytest.raises(ConfigError, match="tokens"):
-    record_traces.record(mlm.get_config(), str(tmp_path / "train"), 0)
+    record_traces.record(config, str(tmp_path))
