@@ -6,23 +6,18 @@ experiments/lina_replication.py.
   python -m experiments.record_traces --config=configs/record_traces.py:gpt --workdir=/tmp/gpt
   python -m experiments.record_traces --config=configs/record_traces.py:decoder:qwen3_moe --workdir=/tmp/qwen3
 
-The argument names the training config of the model: a config file of configs/ and its own argument after a colon
-(default mlm: configs/mlm.py). Its fields are the model's; `train_dir` names the training run to load ('' = trained
+The argument names the training config of the model (configs/training.py: a config file of configs/ and its own
+argument after a colon; default mlm: configs/mlm.py). Its fields are the model's; `train_dir` names the training run to load ('' = trained
 into <workdir>/train first, unless it holds a checkpoint).
 """
 
-import importlib
-
 import ml_collections
 
-TRAINING_CONFIGS = ("mlm", "gpt", "decoder")
+from configs import training
 
 
 def get_config(model: str = "mlm") -> ml_collections.ConfigDict:
-  name, _, arg = model.partition(":")
-  if name not in TRAINING_CONFIGS:
-    raise ValueError(f"unknown training config {name!r}; choose one of {TRAINING_CONFIGS} (configs/<name>.py)")
-  config = importlib.import_module(f"configs.{name}").get_config(*([arg] if arg else []))
+  config = training.load(model)
   config.train_dir = ""  # a training workdir (experiments.train's --workdir) to load; '' = <workdir>/train
   config.tokens = 65536  # tokens to trace (the last batch is cut to this count)
   return config

@@ -3,12 +3,14 @@ exchange buffers, from the compiled train step's memory analysis on simulated CP
 (nothing allocated: the step is lowered from abstract arrays), beside an analytic count, with a verdict against the
 device's memory.
 
-  python -m experiments.memory --config=configs/decoder.py:deepseek_v3,published --config.model.fsdp=True
-  python -m experiments.memory --preset=all --out=benchmarks/results/2026-11-25-cpu/memory.json
-  python -m experiments.memory --config=configs/decoder.py:qwen3_moe --whole --device_gb=0.01
+  python -m experiments.memory --config=configs/memory.py:decoder:deepseek_v3,published --config.model.fsdp=True
+  python -m experiments.memory --workdir=benchmarks/results/2026-11-25-cpu            # every preset: memory.json
+  python -m experiments.memory --config=configs/memory.py:decoder:qwen3_moe --config.planner.whole=True \\
+      --config.planner.device_gb=0.01
 
-Full models are compiled as a few blocks ((dense, MoE) = (1,1), (2,1), (1,2)) and scaled by the block counts
-(`moejax.study.memory.scale`); --whole compiles the model as it is. XLA:CPU has no ragged all-to-all, so a
+configs/memory.py names what is planned (PRESETS' rows, or one training config) and the planner's options; with
+--workdir the rows go to memory.json there. Full models are compiled as a few blocks ((dense, MoE) = (1,1), (2,1),
+(1,2)) and scaled by the block counts (`moejax.study.memory.scale`); config.planner.whole compiles the model as it is. XLA:CPU has no ragged all-to-all, so a
 'ragged' transport compiles as 'padded' (the same buffer bounds). docs/memory.md explains every column.
 """
 
@@ -18,26 +20,11 @@ import sys
 import tempfile
 import time
 
-from absl import flags
-
 from moejax import cli
 from moejax.study import memory as memory_lib
 from moejax.study.memory import GB
 
-
-def _define_flags() -> dict:
-  """The command line's flags, defined when the planner runs as a program (so `plan` imports without them)."""
-  return dict(
-      config=cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "decoder.py"),
-                                       "Training config (used instead of --preset when given)."),
-      preset=flags.DEFINE_list("preset", ["all"], "Rows to plan without --config: 'all' or names of PRESETS."),
-      device_gb=flags.DEFINE_float("device_gb", 80.0, "Device memory in GB (10^9 bytes) for the verdict."),
-      out=flags.DEFINE_string("out", None, "Where to write the rows as JSON."),
-      whole=flags.DEFINE_bool("whole", False, "Compile the whole model instead of scaling block variants."),
-      explain=flags.DEFINE_bool("explain", False, "List the largest buffers live at the compiled peak (first variant)."))
-
-
-_FLAGS = {}
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "memory.py")
 
 # A micro-batch of one 4096-token sequence per device: the published configs' 2 sequences per device in 2 micro-batches.
 _ONE_SEQUENCE = dict(micro_batches=2)
@@ -242,34 +229,50 @@ def summary(rows: dict) -> str:
   return "\n".join(lines)
 
 
+def configs_to_plan(config) -> dict:
+  """name -> training config: PRESETS' rows config.presets picks, or the one training config as 'config'; errors
+  name the field."""
+  from moejax.train import config as config_lib
+  from moejax.validation import require
+
+  if "presets" not in config:
+    return {"config": config_lib.training_config(config)}
+  names = list(PRESETS) if tuple(config.presets) == ("all",) else list(config.presets)
+  unknown = [n for n in names if n not in PRESETS]
+  require(names and not unknown, "presets", config.presets, f"'all' or some of {sorted(PRESETS)}")
+  return {n: preset_config(n) for n in names}
+
+
 def main(argv):
   del argv
   from moejax.runtime import mesh as mesh_lib
   from moejax.validation import ConfigError
-  given = flags.FLAGS["config"].present
-  names = ["config"] if given else (list(PRESETS) if _FLAGS['preset'].value == ["all"] else _FLAGS['preset'].value)
-  unknown = [n for n in names if n != "config" and n not in PRESETS]
-  if unknown:
-    sys.exit(f"error: unknown preset(s) {unknown}; choose 'all' or some of {sorted(PRESETS)}")
-  configs = {n: _FLAGS['config'].value if given else preset_config(n) for n in names}
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  planner = config.planner
+  try:
+    configs = configs_to_plan(config)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
   mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c in configs.values()))
   start, rows = time.perf_counter(), {}
   try:
-    for name, config in configs.items():
-      explain = _FLAGS['explain'].value or (not given and PRESETS[name][5])
-      rows[name] = plan(config, _FLAGS['device_gb'].value, _FLAGS['whole'].value, explain)
+    for name, train_config in configs.items():
+      explain = planner.explain or (name in PRESETS and PRESETS[name][5])
+      rows[name] = plan(train_config, planner.device_gb, planner.whole, explain)
       print(format_row(name, rows[name]), flush=True)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
   print(summary(rows))
   print(f"planned {len(rows)} row(s) in {time.perf_counter() - start:.0f} s")
-  if _FLAGS['out'].value:
-    os.makedirs(os.path.dirname(os.path.abspath(_FLAGS['out'].value)), exist_ok=True)
-    with open(_FLAGS['out'].value, "w") as f:
+  if workdir:
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, "memory.json")
+    with open(path, "w") as f:
       json.dump({"rows": rows, "run_s": time.perf_counter() - start}, f, indent=1)
-    print(f"wrote {_FLAGS['out'].value}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  _FLAGS.update(_define_flags())
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Planner config file (configs/memory.py).")
+  _WORKDIR = cli.define_workdir("Directory for memory.json (optional: without it, the tables only).", required=False)
   cli.run(main)

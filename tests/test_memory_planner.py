@@ -124,8 +124,9 @@ def test_verdicts(rows):
 def test_command_line(tmp_path):
   """As its own process (it sets the device count itself): the table, the verdict and the JSON."""
   out = tmp_path / "memory.json"
-  result = subprocess.run([sys.executable, "-m", "experiments.memory", "--config=configs/decoder.py:qwen3_moe",
-                           "--config.micro_batches=1", "--whole", "--device_gb=0.0001", f"--out={out}"],
+  result = subprocess.run([sys.executable, "-m", "experiments.memory", "--config=configs/memory.py:decoder:qwen3_moe",
+                           "--config.micro_batches=1", "--config.planner.whole=True",
+                           "--config.planner.device_gb=0.0001", f"--workdir={tmp_path}"],
                           cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
   assert result.returncode == 0, result.stderr[-2000:]
   assert "does not fit (compiled)" in result.stdout and "activations (derived)" in result.stdout
