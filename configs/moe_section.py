@@ -30,7 +30,7 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
   field follows what it refers to; fields that must agree with the mesh (num_nodes) are copies, checked against it
   (moejax.validation.check_mesh), never references that would resize the mesh from the moe section."""
   fields = dataclasses.fields(MoEConfig)
-  known = [f.name for f in fields]
+  known = [f.name for f in fields] + ["transport"]
   reject_unknown(set(overrides) | set(omit), known, "moe.")
   for name in sorted(set(overrides) & set(omit)):
     require(False, f"moe.{name}", overrides[name], "unset: the experiment derives it (omitted from its moe section)")
@@ -56,4 +56,6 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
       section[field.name] = float(value)  # else the field would be an int one and `=0.5` would not parse
     else:
       section[field.name] = value
+  if "transport" not in omit:  # the old name of path and collective, read by MoEConfig with a notice; None: unused
+    section["transport"] = ml_collections.FieldReference(overrides.get("transport"), field_type=object)
   return ml_collections.ConfigDict(section)

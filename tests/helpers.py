@@ -77,8 +77,8 @@ def run_with_grads(apply, params, x, grads=True):
   return y, aux, g
 
 
-def reference_run(cfg, params, x, num_groups: int, grads=True, **state):
-  """`run_with_grads` of the single-device reference with `num_groups` capacity groups; state: the layer
+def reference_run(cfg, params, x, dispatch_groups: int, grads=True, **state):
+  """`run_with_grads` of the single-device reference with `dispatch_groups` capacity groups; state: the layer
   state the reference takes too (expert_bias, balance_counts)."""
   # The experts see the rows as they arrive, quantised on the wire with a dispatch dtype (`moe.wire`); the gradient
   # passes straight through (the wire's backward carries it in the combine dtype).
@@ -87,21 +87,21 @@ def reference_run(cfg, params, x, num_groups: int, grads=True, **state):
       return None
     x = x.reshape(-1, x.shape[-1])
     return x + jax.lax.stop_gradient(wire.round_trip(x, cfg.dispatch_dtype) - x)
-  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, num_groups=num_groups, expert_x=expert_x(x), **state),
+  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, dispatch_groups=dispatch_groups, expert_x=expert_x(x), **state),
                         params, x, grads)
 
 
-def assert_matches_reference(cfg, mesh, params, x, *, num_groups: int | None = None, reference=None, tol=1e-5,
+def assert_matches_reference(cfg, mesh, params, x, *, dispatch_groups: int | None = None, reference=None, tol=1e-5,
                              grads=True, **layer_kwargs):
   """The layer (`moe_apply(..., **layer_kwargs)`) equals the single-device reference: y, the losses, expert
   counts, drops, nothing overflowed, and (if `grads`) the gradients w.r.t. x and every parameter.
 
   reference: a `reference_run` result to compare with (one reference shared by several layers); else it is
-  run here with `num_groups` capacity groups (default: one per device of `mesh`)."""
+  run here with `dispatch_groups` capacity groups (default: one per device of `mesh`)."""
   y, aux, g = run_with_grads(lambda p, x: moe_apply(p, x, cfg, mesh, **layer_kwargs), params, x, grads)
   if reference is None:
     state = {k: v for k, v in layer_kwargs.items() if k in ("expert_bias", "balance_counts")}
-    reference = reference_run(cfg, params, x, mesh.size if num_groups is None else num_groups, grads, **state)
+    reference = reference_run(cfg, params, x, mesh.size if dispatch_groups is None else dispatch_groups, grads, **state)
   y_ref, aux_ref, g_ref = reference
   assert relative_error(y, y_ref) < tol
   for name in ("load_balance_loss", "z_loss", "aux_loss"):

@@ -44,7 +44,7 @@ def called_computations(line: str) -> list[str]:
 
 def float_exchanges(nodes: dict, bodies: dict) -> dict[str, int]:
   """{entry instruction: payload columns} of every float exchange: a collective permute, or a loop of them (the
-  padded ring, `transport.padded_all_to_all`), whose payload is its first 2-D f32 buffer (the rows it receives)."""
+  padded ring, `collective.padded_all_to_all`), whose payload is its first 2-D f32 buffer (the rows it receives)."""
   found = {}
   for name, (op, type_, _, called) in nodes.items():
     payload = re.search(r"f32\[\d+,(\d+)\]", type_)

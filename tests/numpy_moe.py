@@ -9,7 +9,7 @@ ACT = {"gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.0447
        "silu": lambda h: h / (1 + np.exp(-h))}
 
 
-def moe_numpy(params, x, cfg, num_groups=1):
+def moe_numpy(params, x, cfg, dispatch_groups=1):
   """x [T, d] -> (y [T, d], dropped count, expert counts [E]); all float64."""
   p = {k: np.asarray(v, np.float64) for k, v in params.items() if not k.endswith("router")}
   x = np.asarray(x, np.float64)
@@ -34,9 +34,9 @@ def moe_numpy(params, x, cfg, num_groups=1):
     weights /= weights.sum(-1, keepdims=True)
   keep = np.ones((tokens, k), bool)
   if cfg.capacity_factor is not None:
-    group_tokens = tokens // num_groups
+    group_tokens = tokens // dispatch_groups
     capacity = math.ceil(cfg.capacity_factor * group_tokens * k / num_experts)
-    for g in range(num_groups):
+    for g in range(dispatch_groups):
       used = np.zeros(num_experts, int)
       for c in range(k):  # Every first choice before any second choice.
         for t in range(g * group_tokens, (g + 1) * group_tokens):

@@ -26,11 +26,11 @@ from tests.helpers import ROOT
 sys.path.insert(0, str(ROOT))
 from configs import mlm  # noqa: E402
 
-CASES = [("topk", "padded", 2), ("node_limited", "hierarchical", 2), ("bilevel", "bilevel", 1)]
+CASES = [("topk", "flat", 2), ("node_limited", "gpu_first", 2), ("bilevel", "node_first", 1)]
 
 
-def _config(routing, transport, k, **fields):
-  return MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, routing=routing, transport=transport, num_nodes=2,
+def _config(routing, path, k, **fields):
+  return MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, routing=routing, path=path, num_nodes=2,
                    node_top_k=1, balance_loss="global_batch", load_balance_coef=0.01, z_loss_coef=1e-3, **fields)
 
 
@@ -40,9 +40,9 @@ def _prior(cfg, seed):
   return (rng.integers(0, 40, cfg.balance_counts_size) * np.linspace(3, 1, cfg.balance_counts_size)).round()
 
 
-@pytest.mark.parametrize("routing,transport,k", CASES)
-def test_layer_equals_reference_with_earlier_counts(mesh_2x4, routing, transport, k):
-  cfg = _config(routing, transport, k)
+@pytest.mark.parametrize("routing,path,k", CASES)
+def test_layer_equals_reference_with_earlier_counts(mesh_2x4, routing, path, k):
+  cfg = _config(routing, path, k)
   params, x = helpers.random_params(cfg, 3), helpers.normal(4, (64, 8))
   prior = _prior(cfg, 5).astype(np.float32)
   _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, balance_counts=prior)
@@ -61,7 +61,7 @@ def _softmax(z):
 
 def test_reference_is_switchs_formula_over_the_step_in_float64():
   """Flat top-2: alpha * E * sum_e (prior_e + c_e) / (sum prior + T K) * P_e, P the call's mean probability."""
-  cfg = _config("topk", "padded", 2)
+  cfg = _config("topk", "flat", 2)
   params, x = helpers.random_params(cfg, 7), helpers.normal(8, (48, 8))
   prior = _prior(cfg, 9)
   _, aux = jax.jit(lambda p, x, c: moe_reference(p, x, cfg, balance_counts=c))(params, x, prior.astype(np.float32))
@@ -78,7 +78,7 @@ def test_reference_is_switchs_formula_over_the_step_in_float64():
 
 
 def test_bad_counts_and_sequence_with_bilevel_are_refused(mesh_2x4):
-  cfg = _config("topk", "padded", 2)
+  cfg = _config("topk", "flat", 2)
   params, x = helpers.random_params(cfg, 1), helpers.normal(2, (64, 8))
   with pytest.raises(ConfigError, match=r"balance_counts.*\[16\]"):
     moe_apply(params, x, cfg, mesh_2x4, balance_counts=np.zeros(5, np.float32))

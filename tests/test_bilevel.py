@@ -19,7 +19,7 @@ from tests.numpy_moe import moe_numpy
 
 def _cfg(n, m, experts_per_gpu, **fields):
   base = dict(num_experts=n * m * experts_per_gpu, top_k=1, d_model=8, d_ff=12, routing="bilevel", num_nodes=n,
-              transport="bilevel", z_loss_coef=1e-3)
+              path="node_first", z_loss_coef=1e-3)
   return MoEConfig(**{**base, **fields})
 
 
@@ -34,10 +34,10 @@ def test_bilevel_layer_matches_reference(n, m, experts_per_gpu, cf):
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
 
 
-@pytest.mark.parametrize("transport,cf", [("bilevel", None), ("bilevel", 2.0), ("padded", 1.0), ("hierarchical", None)])
+@pytest.mark.parametrize("path,cf", [("node_first", None), ("node_first", 2.0), ("flat", 1.0), ("gpu_first", None)])
 @pytest.mark.sampled(1)
-def test_one_node_receives_everything(mesh_2x4, transport, cf):
-  cfg = _cfg(2, 4, 2, transport=transport, capacity_factor=cf, node_top_k=1, top_k=2)
+def test_one_node_receives_everything(mesh_2x4, path, cf):
+  cfg = _cfg(2, 4, 2, path=path, capacity_factor=cf, node_top_k=1, top_k=2)
   params = init_params(jax.random.key(3), cfg)
   x = jax.random.normal(jax.random.key(4), (64, 8)).at[:, 0].set(1.0)
   kernel = params["node_router"]["kernel"].at[0, 1].set(30.0)  # every token picks node 1
@@ -46,7 +46,7 @@ def test_one_node_receives_everything(mesh_2x4, transport, cf):
   counts = np.asarray(aux["expert_counts"])
   assert counts[:8].sum() == 0 and counts[8:].sum() == 64 * 2 - int(aux["tokens_dropped"])
   traffic = np.asarray(aux["traffic_rows"])
-  if transport == "bilevel":
+  if path == "node_first":
     assert traffic[0][:, :4].sum() == 0  # the inter-node hop delivers only to node 1
 
 
@@ -84,8 +84,8 @@ def test_reference_matches_numpy_for_bilevel(cf):
   cfg = _cfg(2, 4, 2, node_top_k=2, top_k=2, capacity_factor=cf, gated=True, activation="silu")
   params = init_params(jax.random.key(8), cfg)
   x = jax.random.normal(jax.random.key(9), (32, 8))
-  y, aux = moe_reference(params, x, cfg, num_groups=4)
-  y_np, dropped, counts = moe_numpy(params, x, cfg, num_groups=4)
+  y, aux = moe_reference(params, x, cfg, dispatch_groups=4)
+  y_np, dropped, counts = moe_numpy(params, x, cfg, dispatch_groups=4)
   np.testing.assert_allclose(np.asarray(y), y_np, rtol=1e-5, atol=1e-6)
   assert int(aux["tokens_dropped"]) == dropped and (cf is None) == (dropped == 0)
   np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), counts)

@@ -1,9 +1,9 @@
 """The composition matrix: every combination of the layer's choices runs and equals the single-device
 reference, or is refused before compiling with the design reason.
 
-Axes: routing x transport x schedule x expert sharding x replicated experts x receive buffers x expert
+Axes: routing x path x collective x schedule x expert sharding x replicated experts x receive buffers x expert
 backend x router options (softmax; DeepSeek-V3's sigmoid, group limit and balancing bias; shared experts;
-the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype x expert data parallelism: 36,864
+the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype x expert data parallelism: 55,296
 combinations. CI runs a covering set: every pair of values of any two axes meets in at
 least one case (greedy all-pairs), and every refused pair is checked for its reason.
 """
@@ -21,7 +21,8 @@ from tests import helpers
 
 AXES = {
     "routing": ("topk", "bilevel", "node_limited"),
-    "transport": ("padded", "hierarchical", "bilevel", "capacity"),
+    "path": ("flat", "gpu_first", "node_first"),
+    "collective": ("padded", "capacity"),
     "schedule": ("sequential", "chunked", "comet"),
     "esp_schedule": (None, "baseline", "s1", "s2"),
     "replicas": (False, True),
@@ -37,8 +38,8 @@ N, M, E, TOKENS = 2, 4, 8, 64
 
 def refusal(case: dict) -> str | None:
   """The design reason a combination is refused for (a regex of the ConfigError), else None."""
-  if case["esp_schedule"] == "baseline" and case["transport"] in ("hierarchical", "bilevel"):
-    return "esp_schedule='baseline'.*no intra-node hop"
+  if case["esp_schedule"] == "baseline" and case["path"] != "flat":
+    return "path=.*'flat' with esp_schedule='baseline'.*no intra-node hop"
   if case["routing"] == "bilevel" and case["router"] == "deepseek":
     return "score='sigmoid'.*routing='bilevel'"
   if case["routing"] == "bilevel" and case["router"] == "sequence_loss":
@@ -46,7 +47,7 @@ def refusal(case: dict) -> str | None:
   if case["dedup"] and case["esp_schedule"] == "s2":
     return "dedup=True.*esp_schedule='s2'.*one row per token-choice"
   if case["expert_data_parallel"] and (case["esp_schedule"] is not None or case["routing"] != "topk"
-                                       or case["transport"] in ("hierarchical", "bilevel")):
+                                       or case["path"] != "flat"):
     return "expert_data_parallel=True.*every node holds every expert"
   return None
 
@@ -56,20 +57,26 @@ def covering_cases() -> list[dict]:
   pair), the first refused combination that holds it."""
   names = list(AXES)
   combos = [dict(zip(names, values)) for values in itertools.product(*AXES.values())]
-  pairs = lambda c: {(a, c[a], b, c[b]) for a, b in itertools.combinations(names, 2)}
-  runnable = [c for c in combos if refusal(c) is None]
-  uncovered = set().union(*(pairs(c) for c in runnable))
+  bit = {}  # each pair of values of two axes, one bit: a case's pairs are one int, so the greedy search is fast
+  pairs = lambda c: sum(1 << bit.setdefault((a, c[a], b, c[b]), len(bit)) for a, b in itertools.combinations(names, 2))
+  masks = [pairs(c) for c in combos]
+  runnable = [i for i, c in enumerate(combos) if refusal(c) is None]
+  uncovered = 0
+  for i in runnable:
+    uncovered |= masks[i]
   cases = []
   while uncovered:
-    best = max(runnable, key=lambda c: len(pairs(c) & uncovered))
+    best = max(runnable, key=lambda i: (masks[i] & uncovered).bit_count())
     cases.append(best)
-    uncovered -= pairs(best)
-  covered, refused = set().union(*(pairs(c) for c in cases)), []
-  for c in combos:
-    if refusal(c) is not None and pairs(c) - covered:
-      refused.append(c)
-      covered |= pairs(c)
-  return cases + refused
+    uncovered &= ~masks[best]
+  covered = 0
+  for i in cases:
+    covered |= masks[i]
+  for i, c in enumerate(combos):
+    if refusal(c) is not None and masks[i] & ~covered:
+      cases.append(i)
+      covered |= masks[i]
+  return [combos[i] for i in cases]
 
 
 def case_id(case: dict) -> str:
@@ -90,10 +97,10 @@ def router_fields(case: dict) -> dict:
 
 
 def config(case: dict) -> MoEConfig:
-  capacity = 1.0 if case["transport"] == "capacity" else None
+  capacity = 1.0 if case["collective"] == "capacity" else None
   return MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, routing=case["routing"], num_nodes=N,
-                   transport=case["transport"], capacity_factor=capacity, buffer_factor=case["buffer_factor"],
-                   schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
+                   path=case["path"], collective=case["collective"], capacity_factor=capacity,
+                   buffer_factor=case["buffer_factor"], schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
                    expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3,
                    dedup=case["dedup"], dispatch_dtype=case["dispatch_dtype"],
                    expert_data_parallel=case["expert_data_parallel"], **router_fields(case))
@@ -134,7 +141,7 @@ def test_combination_equals_reference_or_is_refused(case, mesh_2x4):
   seed = zlib.crc32(case_id(case).encode()) % 1000
   params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS // 8, 8, 8))  # sequences of 8
   groups = N if case["esp_schedule"] in ("baseline", "s2") else N * M
-  _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, num_groups=groups,
+  _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, dispatch_groups=groups,
                                             slot_expert=slot_table(case), **layer_state(case, cfg))
   if cfg.capacity_factor is not None:
     assert int(aux["tokens_dropped"]) > 0  # capacity 1.0 on random routing drops some choices
@@ -150,14 +157,14 @@ def test_every_pair_of_choices_is_covered():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("esp_schedule,transport", [(None, "padded"), (None, "bilevel"), ("s1", "hierarchical"),
-                                                    ("s2", "padded"), ("baseline", "padded")])
-def test_schedules_drop_what_sequential_drops(esp_schedule, transport, mesh_2x4):
+@pytest.mark.parametrize("esp_schedule,path", [(None, "flat"), (None, "node_first"), ("s1", "gpu_first"),
+                                               ("s2", "flat"), ("baseline", "flat")])
+def test_schedules_drop_what_sequential_drops(esp_schedule, path, mesh_2x4):
   """Every token's choices forced to experts 5 and 6 with receive buffers of half the rows sent: every
   schedule overflows the same choices as 'sequential' and gives the same outputs and counts."""
   results = {}
   for schedule in AXES["schedule"]:
-    cfg = MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, transport=transport, buffer_factor=0.5,
+    cfg = MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, path=path, buffer_factor=0.5,
                     schedule=schedule, num_chunks=2, esp_schedule=esp_schedule)
     params, x = helpers.force_routing(helpers.random_params(cfg, 3), helpers.normal(4, (TOKENS, 8)), [5, 6])
     results[schedule] = moe_apply(params, x, cfg, mesh_2x4)

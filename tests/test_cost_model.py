@@ -175,11 +175,11 @@ def _hand_hop_time(rows, hop, n, m, bytes_per_row, topo):
 
 
 @pytest.mark.parametrize("dedup", [False, True])
-@pytest.mark.parametrize("transport,hops", [("padded", [FLAT]), ("hierarchical", ["gpu", "node"])])
-def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops, dedup):
+@pytest.mark.parametrize("path,hops", [("flat", [FLAT]), ("gpu_first", ["gpu", "node"])])
+def test_prices_real_traffic_from_the_layer(mesh_2x4, path, hops, dedup):
   """The layer's traffic priced hop by hop; the experts' work is the choices they processed: the rows that
   arrive without dedup, fewer rows (each with several choices) with it."""
-  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, transport=transport, dedup=dedup)
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, path=path, dedup=dedup)
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (64, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
@@ -202,9 +202,9 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, transport, hops, dedup):
 
 
 @pytest.mark.parametrize("fields", [
-    dict(transport="hierarchical", dedup=True, dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16"),
-    dict(transport="bilevel", routing="node_limited", num_nodes=2, dedup=False),
-    dict(transport="padded", dedup=True, dispatch_dtype="bfloat16", buffer_factor=2.0),
+    dict(path="gpu_first", dedup=True, dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16"),
+    dict(path="node_first", routing="node_limited", num_nodes=2, dedup=False),
+    dict(collective="padded", dedup=True, dispatch_dtype="bfloat16", buffer_factor=2.0),
 ])
 def test_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   """A row's bytes each way, times the layer's rows (out, and back transposed), are the layer's own traffic_bytes:

@@ -68,7 +68,7 @@ def test_a_section_the_config_lacks_points_to_the_field_it_holds():
 
 
 def test_demo_never_resizes_the_mesh_from_the_moe_section():
-  line = last_line("demo", "--config.moe.routing=bilevel", "--config.moe.transport=bilevel",
+  line = last_line("demo", "--config.moe.routing=bilevel", "--config.moe.path=node_first",
                    "--config.moe.top_k=1", "--config.moe.num_nodes=4")
   assert "moe.num_nodes=4" in line and "mesh.nodes=2" in line
 

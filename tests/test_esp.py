@@ -50,13 +50,13 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
   # capacity_factor E / k: every capacity >= its group's tokens, so no schedule drops anything and all
   # schedules equal one reference.
   cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=8, d_ff=4 * m, routing=routing, num_nodes=n,
-                  transport="capacity", capacity_factor=num_experts / k, expert_backend=backend,
+                  collective="capacity", capacity_factor=num_experts / k, expert_backend=backend,
                   activation=activation, gated=gated, renormalize=routing == "topk", z_loss_coef=1e-3)
   params = helpers.random_params(cfg, 10 * n + m)
   x = helpers.normal(10 * n + m + 1, (n * m * 8, 8))
   if forced:
     params, x = helpers.force_routing(params, x, forced)
-  reference = helpers.reference_run(cfg, params, x, num_groups=1)
+  reference = helpers.reference_run(cfg, params, x, dispatch_groups=1)
   for schedule in SCHEDULES:
     _, aux = _matches(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference)
     assert int(aux["tokens_dropped"]) == 0
@@ -68,9 +68,9 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
 @pytest.mark.slow
 def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
   """Every token to expert 2 (node 1), with drops. The baseline and S2 keep the node-group set
-  (reference num_groups=n), S1 the per-GPU set (num_groups=n*m), and these differ. capacity_factor 1.1
+  (reference dispatch_groups=n), S1 the per-GPU set (dispatch_groups=n*m), and these differ. capacity_factor 1.1
   gives a capacity of 9 per node, which S2 pads to 12 slots for its split over 4 GPUs, and 3 per GPU in S1."""
-  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=1.1)
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=1.1)
   params, x = helpers.force_routing(helpers.random_params(cfg, 7), helpers.normal(8, (64, 8)), [2])
   references = {groups: helpers.reference_run(cfg, params, x, groups) for groups in (2, 8)}
   results = {s: _matches(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
@@ -91,15 +91,15 @@ def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
 
 
 def test_dropless_schedules_match_reference():
-  """transport='padded' (the ragged exchange's CPU form), no capacity: every schedule is the reference
+  """collective='padded' (the ragged exchange's CPU form), no capacity: every schedule is the reference
   (gradients compared for S2, whose split and all-gather act on the token-choice rows; the exchange's
   own gradient is the layer's, tested in test_layer)."""
   n, m = 2, 2
-  cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="padded", gated=True, activation="silu",
+  cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=8, collective="padded", gated=True, activation="silu",
                   z_loss_coef=1e-3)
   params = helpers.random_params(cfg, 21)
   x = helpers.normal(22, (n * m * 6, 8))
-  reference = helpers.reference_run(cfg, params, x, num_groups=1)
+  reference = helpers.reference_run(cfg, params, x, dispatch_groups=1)
   for schedule in SCHEDULES:
     _, aux = _matches(cfg, mesh_lib.make_mesh(n, m), schedule, params, x, reference, grads=schedule == "s2")
     assert int(aux["tokens_dropped"]) == 0 == int(aux["tokens_overflowed"])
@@ -110,7 +110,7 @@ def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
   """Every token to expert 3 with receive buffers of ceil(0.5 x rows sent): a token either gets its
   reference output or, overflowed, exactly zero; each overflowed token is counted once and the counts
   hold what the experts processed."""
-  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="padded", buffer_factor=0.5)
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="padded", buffer_factor=0.5)
   params, x = helpers.force_routing(helpers.random_params(cfg, 23), helpers.normal(24, (64, 8)), [3])
   y, aux = jax.jit(lambda p, x: moe_apply(p, x, dataclasses.replace(cfg, esp_schedule=schedule), mesh_2x4))(params, x)
   zero = helpers.zero_or_reference_rows(cfg, params, x, y)
@@ -121,7 +121,7 @@ def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
 
 def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
   """S1 splits the router's noisy input with the tokens; the draw is the layer's (`moe_apply`)."""
-  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, transport="capacity", capacity_factor=4.0,
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=4.0,
                   jitter=0.5)
   params = helpers.random_params(cfg, 13)
   x = helpers.normal(14, (64, 8))
@@ -169,7 +169,7 @@ def test_collective_inventory_matches_parm(mesh_2x4):
   all-gather moves BLM (S1) or ETM (S2); the MP splits cost an all-gather in the backward; and the
   expert matmuls get N_MP times fewer rows (no redundant compute)."""
   n, m, d, num_experts, k, tokens = 2, 4, 24, 4, 2, 64  # d = 24 marks token data among the collectives
-  cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=d, d_ff=32, transport="capacity", capacity_factor=2.0)
+  cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=d, d_ff=32, collective="capacity", capacity_factor=2.0)
   params = helpers.random_params(cfg, 0)
   x = helpers.normal(1, (tokens, d))
   blm = tokens // n * d  # a node's tokens
@@ -221,7 +221,7 @@ def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
 
 
 def test_bad_inputs_are_named_before_compiling(mesh_2x4):
-  base = dict(num_experts=4, top_k=2, d_model=8, d_ff=8, transport="capacity", capacity_factor=2.0)
+  base = dict(num_experts=4, top_k=2, d_model=8, d_ff=8, collective="capacity", capacity_factor=2.0)
   cfg = MoEConfig(**base)
   params = helpers.random_params(cfg, 0)
   x = jnp.ones((64, 8))
@@ -233,9 +233,9 @@ def test_bad_inputs_are_named_before_compiling(mesh_2x4):
   raises(r"esp_schedule='auto'", schedule="auto")
   raises(r"num_experts=3.*multiple of the mesh's 2 nodes", cfg=MoEConfig(**{**base, "num_experts": 3}))
   raises(r"d_ff=6.*multiple of the mesh's 4 GPUs", cfg=MoEConfig(**{**base, "d_ff": 6}))
-  raises(r"transport='hierarchical'.*no intra-node hop", cfg=MoEConfig(**{**base, "transport": "hierarchical"}),
+  raises(r"path='gpu_first'.*no intra-node hop", cfg=MoEConfig(**{**base, "path": "gpu_first"}),
          schedule="baseline")
-  raises(r"transport='ragged'.*use transport='padded'", cfg=MoEConfig(**{**base, "transport": "ragged"}))
+  raises(r"collective='ragged'.*use collective='padded'", cfg=MoEConfig(**{**base, "collective": "ragged"}))
   raises(r"expert_backend='pallas'", cfg=MoEConfig(**{**base, "expert_backend": "pallas"}))
   raises(r"60 tokens, not a multiple of 8 \(esp_schedule='s1'", x=x[:60])
   raises(r"63 tokens, not a multiple of 2 \(esp_schedule='s2'", x=x[:63], schedule="s2")
@@ -250,7 +250,7 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   (BLM), S2 the expert outputs (ETM = k f BLM): with k f = 1 S2 saves S1's second all-to-all, with
   k f = 4 and large messages S1's smaller all-gather wins. The result equals the reference."""
   mesh = mesh_lib.make_mesh(2, 2)
-  cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, transport="capacity",
+  cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, collective="capacity",
                   capacity_factor=capacity_factor, esp_schedule="auto")
   assert parm.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
   small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
@@ -258,7 +258,7 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   params = init_params(jax.random.key(3), small)
   x = jax.random.normal(jax.random.key(4), (32, 8))
   y, aux = moe_apply(params, x, chosen, mesh)
-  y_ref, _ = moe_reference(params, x, small, num_groups=4 if chosen.esp_schedule == "s1" else 2)
+  y_ref, _ = moe_reference(params, x, small, dispatch_groups=4 if chosen.esp_schedule == "s1" else 2)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)
   assert int(aux["tokens_dropped"]) == 0
   with pytest.raises(ConfigError, match="esp_cost='nowhere'"):

@@ -16,7 +16,7 @@ from tests import helpers
 
 @pytest.mark.parametrize("n,m,num_experts,fields", [
     (2, 4, 4, {}), (2, 4, 4, {"dedup": False}), (4, 2, 4, {"schedule": "comet", "num_chunks": 2}),
-    (2, 4, 8, {"buffer_factor": 2.0, "slots_per_device": 3}), (4, 2, 2, {"transport": "capacity",
+    (2, 4, 8, {"buffer_factor": 2.0, "slots_per_device": 3}), (4, 2, 2, {"collective": "capacity",
                                                                        "capacity_factor": 1.0})])
 def test_experts_over_gpus_equal_the_reference_and_stay_in_the_node(n, m, num_experts, fields):
   cfg = MoEConfig(num_experts=num_experts, top_k=2, d_model=16, d_ff=8, gated=True, expert_data_parallel=True,
@@ -27,7 +27,7 @@ def test_experts_over_gpus_equal_the_reference_and_stay_in_the_node(n, m, num_ex
   if cfg.slots_per_device:  # each GPU keeps its experts and a replica of expert 0 or 1
     per = num_experts // m
     table = np.array([list(range(g * per, (g + 1) * per)) + [g % 2] for g in range(m)], np.int32)
-  _, aux = helpers.assert_matches_reference(cfg, mesh, params, x, num_groups=n * m, slot_expert=table)
+  _, aux = helpers.assert_matches_reference(cfg, mesh, params, x, dispatch_groups=n * m, slot_expert=table)
   traffic = np.asarray(aux["traffic_rows"])
   assert traffic.shape[0] == 1  # one hop, over 'gpu'
   node = np.arange(n * m) // m
@@ -44,7 +44,7 @@ def test_fewer_experts_than_devices_need_it():
 
 @pytest.mark.parametrize("fields", [
     {"esp_schedule": "s1"}, {"routing": "bilevel", "num_nodes": 2}, {"routing": "node_limited", "num_nodes": 2},
-    {"transport": "hierarchical"}, {"transport": "bilevel"}])
+    {"path": "gpu_first"}, {"path": "node_first"}])
 def test_choices_that_cannot_meet_it_are_refused(fields):
   with pytest.raises(ConfigError, match="expert_data_parallel=True.*every node holds every expert"):
     MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=8, expert_data_parallel=True, **fields)

@@ -153,16 +153,16 @@ def test_a_placement_moves_the_experts_not_the_outputs(model, prompts, single, f
 
 
 def _with_moe(model, **changes):
-  """The same parameters under an MoE config with `changes` (transport, buffers, schedule)."""
+  """The same parameters under an MoE config with `changes` (path, collective, buffers, schedule)."""
   moe = dataclasses.replace(model.moe_cfg, **changes)
   graphdef, _, _ = state_lib.abstract_state(model.cfg, moe, model.mesh)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   return nnx.merge(graphdef, nnx.to_pure_dict(params), nnx.to_pure_dict(rest))
 
 
-@pytest.mark.parametrize("transport", ["hierarchical", "bilevel"])
-def test_exflow_takes_the_two_hop_transports(model, prompts, single, forced, transport):
-  got = decode.generate(_with_moe(model, transport=transport), prompts, STEPS, mode="exflow")
+@pytest.mark.parametrize("path", ["gpu_first", "node_first"])
+def test_exflow_takes_the_two_hop_paths(model, prompts, single, forced, path):
+  got = decode.generate(_with_moe(model, path=path), prompts, STEPS, mode="exflow")
   np.testing.assert_array_equal(got.tokens, single.tokens)
   np.testing.assert_allclose(got.logits, single.logits, atol=LOGIT_TOL, rtol=0)
   # A row crossing nodes off its GPU index moves twice (inside the node, and across).
@@ -221,14 +221,14 @@ def test_exflow_takes_deepseek_routing_shared_experts_and_replicas(mesh_2x4, pro
 
 
 def test_bad_requests_name_the_value(model, prompts):
-  with pytest.raises(ConfigError, match="transport.*no combine brings it home"):
-    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, transport="capacity", capacity_factor=2.0))
+  with pytest.raises(ConfigError, match="collective.*no combine brings it home"):
+    exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, collective="capacity", capacity_factor=2.0))
   for schedule in ("chunked", "comet"):  # refused before anything compiles
     with pytest.raises(ConfigError, match="schedule.*no combine"):
       decode.generate(_with_moe(model, schedule=schedule), prompts, 2, mode="exflow")
   if jax.default_backend() == "cpu":  # XLA:CPU has no ragged all-to-all
-    with pytest.raises(ConfigError, match="transport='ragged'"):
-      decode.generate(_with_moe(model, transport="ragged"), prompts, 2, mode="exflow")
+    with pytest.raises(ConfigError, match="collective='ragged'"):
+      decode.generate(_with_moe(model, collective="ragged"), prompts, 2, mode="exflow")
   with pytest.raises(ConfigError, match="capacity_factor"):
     exflow.check_moe(MoEConfig(num_experts=E, top_k=1, d_model=D, d_ff=F, capacity_factor=2.0))
   with pytest.raises(ConfigError, match="esp_schedule"):

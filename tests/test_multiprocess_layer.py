@@ -15,11 +15,11 @@ from tests.helpers import ENV, ROOT
 pytestmark = pytest.mark.slow  # two real processes with jax.distributed
 
 
-@pytest.mark.parametrize("routing,transport,cf", [("topk", "hierarchical", 1.25), ("topk", "padded", None),
-                                                ("bilevel", "bilevel", 2.0)])
-def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, transport, cf):
+@pytest.mark.parametrize("routing,path,cf", [("topk", "gpu_first", 1.25), ("topk", "flat", None),
+                                           ("bilevel", "node_first", 2.0)])
+def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, path, cf):
   out = tmp_path / "y.npz"
-  overrides = [f"--config.moe.routing={routing}", f"--config.moe.transport={transport}", f"--config.output={out}",
+  overrides = [f"--config.moe.routing={routing}", f"--config.moe.path={path}", f"--config.output={out}",
                "--config.tokens=128", "--config.steps=1"]
   if cf is not None:
     overrides.append(f"--config.moe.capacity_factor={cf}")
@@ -32,7 +32,7 @@ def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, tr
   sys.path.insert(0, str(ROOT))
   from configs import demo  # the same config the processes read
   config = demo.get_config()
-  moe = {**config.moe.to_dict(), "routing": routing, "transport": transport, "capacity_factor": cf}
+  moe = {**config.moe.to_dict(), "routing": routing, "path": path, "capacity_factor": cf}
   cfg = MoEConfig.from_mapping(moe)
   params = init_params(jax.random.key(config.seed), cfg)
   y, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, result["x"])

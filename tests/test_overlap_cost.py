@@ -200,14 +200,14 @@ def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
 
   from moejax.cost import phases
   record = {"device": "GPU X", "cases": [
-      {"model": "m", "transport": "padded", "expert_backend": b, "rows": 1024, "d_model": 256,
+      {"model": "m", "collective": "padded", "expert_backend": b, "rows": 1024, "d_model": 256,
        "phases_ms": {"layer_other_ms": other}} for b, other in (("a", 0.4), ("b", 0.6))]}
   (tmp_path / "layer.json").write_text(json.dumps(record))
   cost = phases.from_layer_json(tmp_path / "layer.json", "m")
   assert cost.seconds_per_byte == pytest.approx(0.5e-3 / (1024 * 256 * 2))
   assert cost.seconds(2048, 256) == pytest.approx(1e-3)
   with pytest.raises(ValueError):
-    phases.from_layer_json(tmp_path / "layer.json", "m", transport="ragged")
+    phases.from_layer_json(tmp_path / "layer.json", "m", collective="ragged")
 
   rows = traffic.uniform_traffic(1, 4, mesh_lib.AXES, 64)[None]
   ex = overlap.Exchanges(rows, (mesh_lib.AXES,), (1, 4), 256 * 2, topology_lib.H800_NVLINK, device=0)

@@ -1,4 +1,4 @@
-"""Per-phase timing: the phase programs move exactly the layer's traffic; every transport's phases
+"""Per-phase timing: the phase programs move exactly the layer's traffic; every path's and collective's phases
 are classified as the cost model classifies them."""
 
 import jax
@@ -38,8 +38,8 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
     np.testing.assert_array_equal(sizes[s], [[traffic[a, b] for b in group] for a in group])
 
   values = np.stack([1000 * (s + 1) + np.arange(rows) for s in range(devices)]).astype(np.float32)
-  phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4, "padded")
-  send = phases.exchange(axis, out_rows, "dispatch")
+  phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4)
+  send = phases.exchange(axis, out_rows, "dispatch", "padded")
   got, got_ids = send(phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)),
                       phases.put(sizes))
   got, got_ids = np.asarray(got).reshape(devices, out_rows), np.asarray(got_ids).reshape(devices, out_rows)
@@ -56,14 +56,14 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
     assert (got_ids[r, len(want):] == -1).all()
 
 
-@pytest.mark.parametrize("n,m,transport,cf", [
-    (2, 4, "padded", None), (2, 4, "hierarchical", None), (2, 4, "bilevel", 2.0), (2, 4, "capacity", 1.0),
-    (1, 4, "padded", None)])
+@pytest.mark.parametrize("n,m,path,collective,cf", [
+    (2, 4, "flat", "padded", None), (2, 4, "gpu_first", "padded", None), (2, 4, "node_first", "padded", 2.0),
+    (2, 4, "flat", "capacity", 1.0), (2, 4, "gpu_first", "capacity", 1.0), (1, 4, "flat", "padded", None)])
 @pytest.mark.sampled(2)
-def test_phases_are_split_by_the_links_they_cross(devices, n, m, transport, cf):
+def test_phases_are_split_by_the_links_they_cross(devices, n, m, path, collective, cf):
   mesh = mesh_lib.make_mesh(n, m)
-  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=16, d_ff=32, transport=transport, capacity_factor=cf,
-                  routing="bilevel" if transport == "bilevel" else "topk", num_nodes=n)
+  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=16, d_ff=32, path=path, collective=collective,
+                  capacity_factor=cf, routing="bilevel" if path == "node_first" else "topk", num_nodes=n)
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (n * m * 16, cfg.d_model))
   got = phase_timing.measure_phases(params, x, cfg, mesh, warmup=1, repeats=2)
@@ -71,6 +71,6 @@ def test_phases_are_split_by_the_links_they_cross(devices, n, m, transport, cf):
   total = got["layer_inter_node_ms"] + got["layer_intra_node_ms"] + got["layer_expert_ms"] + got["layer_other_ms"]
   assert total == pytest.approx(got["layer_ms"])
   # One node: nothing crosses nodes. Flat exchanges on two nodes cross them (one exchange over
-  # both axes); hierarchical and bilevel also have a hop over 'gpu' only.
+  # both axes); the two-hop paths also have a hop over 'gpu' only.
   assert (got["layer_inter_node_ms"] > 0) == (n > 1)
-  assert (got["layer_intra_node_ms"] > 0) == (n == 1 or transport in ("hierarchical", "bilevel"))
+  assert (got["layer_intra_node_ms"] > 0) == (n == 1 or path != "flat")

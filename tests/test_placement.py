@@ -247,7 +247,7 @@ def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))
   for j in range(layers):
     x = jax.random.normal(jax.random.key(seed + 10 + j), (64, 16))
-    y_ref, aux_ref = moe_reference(params[j], x, cfg, num_groups=8)
+    y_ref, aux_ref = moe_reference(params[j], x, cfg, dispatch_groups=8)
     y, aux = layer(moved[j], x)
     assert _relative_error(y, y_ref) < 1e-5 and np.abs(np.asarray(y_ref)).max() > 1e-2
     counts_ref = np.asarray(aux_ref["expert_counts"])

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -14,24 +15,23 @@ from moejax.validation import ConfigError
 @pytest.mark.parametrize("platform,ragged", [("cpu", False), ("gpu", True), ("tpu", True)])
 def test_exchange_rules(platform, ragged):
   assert platform_lib.has_ragged_all_to_all(platform) == ragged
-  assert platform_lib.flat_transport(platform) == ("ragged" if ragged else "padded")
-  for transport in ("hierarchical", "bilevel"):
-    assert platform_lib.exchange_kind(transport, platform) == ("ragged" if ragged else "padded")
-  assert platform_lib.exchange_kind("padded", platform) == "padded"
-  assert platform_lib.exchange_kind("capacity", platform) == "dense"
+  assert collective_lib.resolve("auto", platform) == ("ragged" if ragged else "padded")
+  for name in ("ragged", "padded", "capacity"):
+    assert collective_lib.resolve(name, platform) == name
   assert platform_lib.pallas_interprets(platform) == (platform != "gpu")
 
 
 def test_ragged_on_cpu_names_the_field():
-  with pytest.raises(ConfigError, match=r"moe\.transport='ragged'.*no ragged all-to-all"):
-    platform_lib.check_transport("ragged", "cpu", field="moe.transport")
-  platform_lib.check_transport("ragged", "gpu")  # allowed
+  with pytest.raises(ConfigError, match=r"moe\.collective='ragged'.*no ragged all-to-all"):
+    collective_lib.check("ragged", "cpu", field="moe.collective")
+  collective_lib.check("ragged", "gpu")  # allowed
+  collective_lib.check("auto", "cpu")  # resolves to 'padded' there
 
 
 def test_layer_asks_the_platform(mesh_2x4):
-  cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=8, transport="ragged")
+  cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=8, collective="ragged")
   params = init_params(jax.random.key(0), cfg)
-  with pytest.raises(ConfigError, match="transport='ragged'"):
+  with pytest.raises(ConfigError, match="collective='ragged'"):
     moe_apply(params, jnp.ones((16, 8)), cfg, mesh_2x4)
 
 

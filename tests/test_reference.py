@@ -19,8 +19,8 @@ def test_reference_matches_numpy(k, cf, groups, act, gated, renorm):
   seed = k * 100 + groups
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (32, 6))
-  y, aux = moe_reference(params, x, cfg, num_groups=groups)
-  y_np, dropped, counts = moe_numpy(params, x, cfg, num_groups=groups)
+  y, aux = moe_reference(params, x, cfg, dispatch_groups=groups)
+  y_np, dropped, counts = moe_numpy(params, x, cfg, dispatch_groups=groups)
   np.testing.assert_allclose(np.asarray(y), y_np, rtol=1e-5, atol=1e-6)
   assert int(aux["tokens_dropped"]) == dropped
   np.testing.assert_array_equal(np.asarray(aux["expert_counts"]), counts)

@@ -43,12 +43,12 @@ def test_rows_go_to_replicas_in_turn(seed):
     np.testing.assert_array_equal(replicas.to_experts(got, jnp.asarray(table)), ids)
 
 
-@pytest.mark.parametrize("transport,schedule", [("padded", "sequential"), ("hierarchical", "comet")])
+@pytest.mark.parametrize("path,schedule", [("flat", "sequential"), ("gpu_first", "comet")])
 @pytest.mark.sampled(1)
-def test_replicated_layer_matches_reference(mesh_2x4, transport, schedule):
+def test_replicated_layer_matches_reference(mesh_2x4, path, schedule):
   """8 logical experts in 16 slots planned by `rebalance` for Zipf loads: replicas are copies, so the
   layer is the reference's; gradients of the copies sum onto the logical weights."""
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, transport=transport, schedule=schedule,
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, path=path, schedule=schedule,
                   num_chunks=2, gated=True, renormalize=True)
   table = rebalance(1.0 / np.arange(1, 9) ** 1.2, 2, 4, 2)
   assert len(np.unique(table)) == 8 and np.bincount(table.ravel()).max() > 1  # some expert is replicated

@@ -17,26 +17,26 @@ from moejax.validation import ConfigError
 from tests import helpers
 from tests.hlo_graph import contains, entry_graph, float_exchanges
 
-# (mesh, routing, transport, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
+# (mesh, routing, path, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
 CASES = [
-    ((2, 4), "topk", "padded", "comet", 2, "ragged_dot", None, 2, 2),
-    ((2, 4), "topk", "hierarchical", "comet", 4, "dense", 2.0, 2, 1),
-    ((2, 4), "bilevel", "bilevel", "comet", 2, "ragged_dot", None, 2, 2),
-    ((4, 2), "node_limited", "padded", "chunked", 2, "ragged_dot", 2.0, 2, 2),
-    ((2, 4), "bilevel", "bilevel", "chunked", 4, "dense", None, 1, 2),
-    ((1, 2), "topk", "hierarchical", "comet", 2, "pallas", None, 2, 2),
-    ((1, 1), "topk", "padded", "chunked", 2, "ragged_dot", None, 2, 4),
+    ((2, 4), "topk", "flat", "comet", 2, "ragged_dot", None, 2, 2),
+    ((2, 4), "topk", "gpu_first", "comet", 4, "dense", 2.0, 2, 1),
+    ((2, 4), "bilevel", "node_first", "comet", 2, "ragged_dot", None, 2, 2),
+    ((4, 2), "node_limited", "flat", "chunked", 2, "ragged_dot", 2.0, 2, 2),
+    ((2, 4), "bilevel", "node_first", "chunked", 4, "dense", None, 1, 2),
+    ((1, 2), "topk", "gpu_first", "comet", 2, "pallas", None, 2, 2),
+    ((1, 1), "topk", "flat", "chunked", 2, "ragged_dot", None, 2, 4),
 ]
 
 
-@pytest.mark.parametrize("shape,routing,transport,schedule,chunks,backend,bf,k,experts_per_gpu", CASES,
+@pytest.mark.parametrize("shape,routing,path,schedule,chunks,backend,bf,k,experts_per_gpu", CASES,
                          ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES])
 @pytest.mark.sampled(2)
-def test_schedule_matches_reference(devices, shape, routing, transport, schedule, chunks, backend, bf, k,
+def test_schedule_matches_reference(devices, shape, routing, path, schedule, chunks, backend, bf, k,
                                     experts_per_gpu):
   n, m = shape
   cfg = MoEConfig(num_experts=n * m * experts_per_gpu, top_k=k, d_model=8, d_ff=12, routing=routing,
-                  transport=transport, expert_backend=backend, num_nodes=n if routing != "topk" else None,
+                  path=path, expert_backend=backend, num_nodes=n if routing != "topk" else None,
                   node_top_k=1 + (n > 2),
                   buffer_factor=bf, schedule=schedule, num_chunks=chunks, gated=k == 2, renormalize=routing == "topk",
                   z_loss_coef=1e-3)
@@ -47,12 +47,12 @@ def test_schedule_matches_reference(devices, shape, routing, transport, schedule
   assert int(aux["tokens_overflowed"]) == 0
 
 
-@pytest.mark.parametrize("schedule,transport", [("comet", "padded"), ("chunked", "hierarchical")])
+@pytest.mark.parametrize("schedule,path", [("comet", "flat"), ("chunked", "gpu_first")])
 @pytest.mark.slow
-def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, transport):
+def test_overflow_drops_what_sequential_drops(mesh_2x4, schedule, path):
   """Every first choice to expert 0 with a tight buffer: output, drop count, expert counts and
   gradients equal the sequential schedule's, and something was dropped."""
-  base = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, transport=transport, buffer_factor=0.75)
+  base = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, path=path, buffer_factor=0.75)
   params, x = helpers.force_routing(helpers.random_params(base, 17), helpers.normal(18, (8 * 16, 8)), [0])
   weights = helpers.normal(19, x.shape)
 
@@ -139,7 +139,7 @@ def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
   rows back as C column blocks; the three float moves transposed in the backward: 3 + C + 2 + C ragged
   all-to-alls into the bounded buffer. chunked: the ids' round trip that decides the drops, then per chunk the
   sequential seven (ids, rows, weights, rows back, and the three float moves transposed)."""
-  shapes = helpers.cuda_ragged_shapes(monkeypatch, transport="ragged", schedule=schedule, num_chunks=2)
+  shapes = helpers.cuda_ragged_shapes(monkeypatch, collective="ragged", schedule=schedule, num_chunks=2)
   local_rows, buffer_rows = helpers.LOCAL_TOKENS * 2, math.ceil(1.5 * helpers.LOCAL_TOKENS * 2)
   if schedule == "comet":
     assert len(shapes) == 3 + 2 + 2 + 2, shapes

@@ -1,4 +1,4 @@
-"""Transports on a simulated 2x4 mesh: `padded` against the NumPy ragged model, multi-hop dispatch/combine
+"""Collectives and paths on a simulated 2x4 mesh: `padded` against the NumPy ragged model, every path's hops
 delivering every row to the device of its expert and back, and the one-device exchange."""
 
 import re
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
-from moejax.moe import transport
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -39,7 +39,7 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
   stacked = [np.stack([np.asarray(getattr(a, f)) for a in fwd]).reshape(-1) for f in plan_lib.RaggedArgs._fields]
 
   def body(operand, output, *arg_arrays):
-    return transport.padded_all_to_all(operand[0], output[0], *arg_arrays, axis_name=ALL)[None]
+    return collective_lib.padded_all_to_all(operand[0], output[0], *arg_arrays, axis_name=ALL)[None]
 
   spec = P(ALL)
   got = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=(spec,) * 6, out_specs=spec))(
@@ -49,8 +49,8 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
 
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("n,m,hops", [
-    (2, 4, transport.FLAT_HOPS), (2, 4, transport.HIERARCHICAL_HOPS), (4, 2, transport.HIERARCHICAL_HOPS),
-    (2, 4, (mesh_lib.NODE, mesh_lib.GPU)), (1, 8, transport.HIERARCHICAL_HOPS), (8, 1, transport.HIERARCHICAL_HOPS)])
+    (2, 4, path_lib.PATHS["flat"]), (2, 4, path_lib.PATHS["gpu_first"]), (4, 2, path_lib.PATHS["gpu_first"]),
+    (2, 4, path_lib.PATHS["node_first"]), (1, 8, path_lib.PATHS["gpu_first"]), (8, 1, path_lib.PATHS["gpu_first"])])
 def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup):
   """Rows with 3 slots each: every slot reaches its expert's device, in one row per (row, device) with dedup
   (carrying all its slots there) or one row per slot without; the way back sums a row's returns (here each
@@ -67,10 +67,10 @@ def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup
 
   def body(x, e):
     ids_r, path = path_lib.plan_path(e[0], hops, sizes, experts_per_gpu, "padded", dedup=dedup)
-    rows_r = path_lib.move_through(x[0], path, hops, "padded")
+    rows_r = path_lib.move_through(x[0], path)
     count_R = jnp.sum(ids_r >= 0, axis=1, keepdims=True).astype(jnp.float32)
-    back = path_lib.move_back(rows_r * count_R, path, hops, "padded")
-    arrived = path_lib.arrived(ids_r, path, hops, "padded")
+    back = path_lib.move_back(rows_r * count_R, path)
+    arrived = path_lib.arrived(ids_r, path)
     return rows_r[None], ids_r[None], back[None], arrived[None]
 
   spec = P(ALL)
@@ -108,7 +108,7 @@ def test_exchange_along_a_one_device_axis_matches_ragged_semantics(devices, out_
 
   def body(operand, send):
     one = plan_lib.ragged_args(send.reshape(1, 1), 0)[0]
-    return transport.exchange(operand[0], one, out_rows, mesh_lib.NODE, "padded", fill=-7.0)[None]
+    return collective_lib.exchange(operand[0], one, out_rows, mesh_lib.NODE, "padded", fill=-7.0)[None]
 
   got = jax.jit(jax.shard_map(body, mesh=mesh_lib.make_mesh(1, 8), in_specs=(P(ALL), P(ALL)), out_specs=P(ALL)))(
       operands, jnp.asarray(sends, jnp.int32))
@@ -121,7 +121,7 @@ def test_one_device_layer_moves_rows_without_scatters(devices, schedule):
   keeps rows in place and every row permutation's backward gathers by its inverse (`plan.permute_rows`);
   a scatter of rows [R, d] (or [R, d + 1], the width of a combine that carries the arrival column) would be a
   pass more, into zeros."""
-  cfg = MoEConfig(num_experts=4, top_k=2, d_model=48, d_ff=16, transport="padded", gated=True, schedule=schedule)
+  cfg = MoEConfig(num_experts=4, top_k=2, d_model=48, d_ff=16, collective="padded", gated=True, schedule=schedule)
   params = init_params(jax.random.key(0), cfg)
   mesh = mesh_lib.make_mesh(1, 1)
 

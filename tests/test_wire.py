@@ -48,7 +48,7 @@ def test_fp8_rows_match_block_quantisation_and_keep_non_finite():
 
 @pytest.mark.sampled(2)
 @pytest.mark.parametrize("fields", [
-    {}, {"transport": "bilevel"}, {"schedule": "comet", "num_chunks": 2}, {"esp_schedule": "s1"}, {"dedup": False},
+    {}, {"path": "node_first"}, {"schedule": "comet", "num_chunks": 2}, {"esp_schedule": "s1"}, {"dedup": False},
     {"buffer_factor": 2.0}, {"routing": "node_limited", "num_nodes": 2, "node_top_k": 1}])
 def test_fp8_dispatch_equals_the_reference_on_quantised_rows(mesh_2x4, fields):
   """FP8 dispatch, float32 combine: the reference whose experts see the quantised rows, to 1e-5 (fp32), gradients
@@ -63,7 +63,7 @@ def test_fp8_dispatch_equals_the_reference_on_quantised_rows(mesh_2x4, fields):
     return jnp.sum(y * jnp.cos(v)) + aux["aux_loss"], y
 
   layer = lambda p, v: moe_apply(p, v, cfg, mesh_2x4)
-  quantised = lambda p, v: moe_reference(p, v, cfg, num_groups=groups, expert_x=wire.round_trip(v, wire.FP8))
+  quantised = lambda p, v: moe_reference(p, v, cfg, dispatch_groups=groups, expert_x=wire.round_trip(v, wire.FP8))
   (_, y), g = jax.value_and_grad(lambda p, v: loss(layer, p, v), has_aux=True)(params, x)
   (_, y_q), g_q = jax.value_and_grad(lambda p, v: loss(quantised, p, v), has_aux=True)(params, x)
   rel = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
@@ -71,7 +71,7 @@ def test_fp8_dispatch_equals_the_reference_on_quantised_rows(mesh_2x4, fields):
   for name in ("router", "w_in", "w_out"):
     assert rel(g[name] if name != "router" else g[name]["kernel"], g_q[name] if name != "router"
                else g_q[name]["kernel"]) < 1e-4, name
-  y_ref, _ = moe_reference(params, x, cfg, num_groups=groups)
+  y_ref, _ = moe_reference(params, x, cfg, dispatch_groups=groups)
   assert 1e-3 < rel(y, y_ref) < 2 ** -4  # quantised, within e4m3's bound
 
 
@@ -112,8 +112,8 @@ def test_lowered_program_moves_fp8_and_bf16_rows(devices, monkeypatch):
   (int32) and the per-slot weights (float32, K columns) are 32-bit."""
   monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
   d = 256
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=d, d_ff=32, transport="bilevel", dispatch_dtype=wire.FP8,
-                  combine_dtype="bfloat16")
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=d, d_ff=32, path="node_first", collective="auto",
+                  dispatch_dtype=wire.FP8, combine_dtype="bfloat16")
   mesh = mesh_lib.make_mesh(2, 4)
   params, x = helpers.random_params(cfg, 11), helpers.normal(12, (8 * 16, d))
 

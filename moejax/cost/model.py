@@ -15,7 +15,7 @@ for `bytes_per_row` prices every exchange alike.
 
 What traffic to pass: `aux['traffic_rows']` is what the ragged exchanges move (with dedup one row per token and
 destination of a hop, each carrying the token's choices there; without, one per token-choice). The dense
-capacity dispatch (transport='capacity') moves every slot, padding included, so price
+capacity dispatch (collective='capacity') moves every slot, padding included, so price
 `traffic.capacity_traffic(...)` for it, not the kept-token counts.
 """
 

@@ -9,8 +9,8 @@ It is priced here as seconds per byte of routed row (rows x d_model x bytes per 
 carries over to other widths and row counts on a GPU with the same memory bandwidth (the H800 has the H100 SXM5's
 HBM3, 3.35 TB/s).
 
-The padded transport's cases are used: their 'other' is the non-expert work alone, while the ragged cases on one
-device fold a single-device ragged exchange of about 20 ms into the timed phases and leave a negative remainder.
+The padded collective's cases are used (the record's 'transport' field): their 'other' is the non-expert work
+alone, while the ragged cases on one device fold a single-device ragged exchange of about 20 ms into the timed phases and leave a negative remainder.
 
 Who pays it (Comet, arXiv 2502.19811): its baselines run these phases as kernels of their own (Fig. 11 counts
 'local token indexing, dispatch and combine' as computation; FasterMoE's 'customized Scatter/Gather operators' and

@@ -6,6 +6,8 @@ devices that differ from s only along the hop's axes. Traffic matrices are [A, A
 sent from flat device s to flat device p, the layout of the layer's `aux['traffic_rows'][h]`.
 """
 
+import math
+
 import numpy as np
 
 from moejax.runtime import mesh as mesh_lib
@@ -17,10 +19,14 @@ def uniform_traffic(n: int, m: int, hop, rows_per_peer: int) -> np.ndarray:
   return mesh_lib.same_group(hop, n, m).astype(np.int64) * rows_per_peer
 
 
-def capacity_traffic(n: int, m: int, num_experts: int, capacity: int) -> np.ndarray:
-  """[1, A, A]: the dense capacity dispatch (GShard/Switch), whose all_to_all moves every one of the
-  E * C slots, padding included: experts_per_gpu * C rows to every device."""
-  return uniform_traffic(n, m, mesh_lib.AXES, num_experts // (n * m) * capacity)[None]
+def capacity_traffic(n: int, m: int, num_experts: int, capacity: int, hops=(mesh_lib.AXES,)) -> np.ndarray:
+  """[hops, A, A]: the dense capacity dispatch (GShard/Switch), whose all_to_all moves every one of the
+  E * C slots, padding included: experts_per_gpu * C rows from every device to every device, each hop of a longer
+  path a block per peer of that times the sources before it and the devices after it (`moe.path.hop_sizes`)."""
+  peers = [mesh_lib.num_peers(hop, n, m) for hop in hops]
+  block = num_experts // (n * m) * capacity
+  return np.stack([uniform_traffic(n, m, hop, block * math.prod(peers[:h]) * math.prod(peers[h + 1:]))
+                   for h, hop in enumerate(hops)])
 
 
 def rows_processed(traffic_rows: np.ndarray) -> np.ndarray:

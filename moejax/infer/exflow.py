@@ -18,13 +18,13 @@ where it is, then visits its k experts' devices in choice order (one move per ch
 residual, the weighted outputs so far and its k expert ids; it stays at the last expert's device
 with residual + the weighted sum. k moves per token and layer (Table I's count), in k exchanges.
 
-Honoured: `transport` (its hops: flat, or hierarchical / bilevel two-hop paths; its exchange kind
-from `platform.exchange_kind`) and `buffer_factor` (each hop receives at most ceil(factor x B / D)
+Honoured: `path` (its hops: flat, or the two-hop paths), `collective` ('ragged', 'padded', 'auto') and
+`buffer_factor` (each hop receives at most ceil(factor x B / D)
 rows, so the resident-token buffer and a block's cache gather follow the bound, not the batch;
 rows that do not fit are counted in the step's 'dropped' / 'overflowed', and `decode.generate`
 repeats such a step with the factor doubled: a lost token would corrupt its request).
 Refused before compiling (`check_moe`, ConfigError naming the field):
-- transport='capacity' and capacity_factor: the token moves to its expert and stays (no combine
+- collective='capacity' and capacity_factor: the token moves to its expert and stays (no combine
   brings it home), so a capacity drop would lose the token itself, and which tokens drop would
   depend on what the previous layers left resident on a device, not on the request.
 - schedule='chunked' | 'comet': the exchange is one-way (no combine); comet overlaps the combine
@@ -51,10 +51,10 @@ from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.language_model import LanguageModel
 from moejax.models.state import abstract_state
+from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing, schedule
-from moejax.moe import transport as transport_lib
 from moejax.moe.experts import shared_experts
 from moejax.moe.layer import exchange_for
 from moejax.moe.layout import Layout, layout
@@ -67,11 +67,11 @@ from moejax.validation import require
 
 def check_moe(moe_cfg, platform: str | None = None) -> None:
   """Rejects MoE layers that context-coherent decoding cannot run, naming the field and the reason
-  (before compiling). platform: the mesh's ('cpu', 'gpu', ...), to check the transport runs there."""
-  require(moe_cfg.transport != "capacity", "transport", moe_cfg.transport,
+  (before compiling). platform: the mesh's ('cpu', 'gpu', ...), to check the collective runs there."""
+  require(moe_cfg.collective != "capacity", "collective", moe_cfg.collective,
           "not 'capacity' for mode='exflow': a token moves to its expert and stays there (no combine brings it "
           "home), so a capacity drop would lose the token itself, and which tokens drop would depend on the tokens "
-          "resident on a device after the previous layers, not on the request; use a ragged transport, with "
+          "resident on a device after the previous layers, not on the request; use a ragged collective, with "
           "buffer_factor to bound the buffers (overflowing steps are repeated, never dropped)")
   require(moe_cfg.capacity_factor is None, "capacity_factor", moe_cfg.capacity_factor,
           "None (dropless) for mode='exflow': a token must reach its expert")
@@ -86,7 +86,7 @@ def check_moe(moe_cfg, platform: str | None = None) -> None:
   require(moe_cfg.esp_schedule is None, "esp_schedule", moe_cfg.esp_schedule,
           "None for mode='exflow' (whole experts on one device each, where a token can stay)")
   if platform is not None:
-    platform_lib.check_transport(moe_cfg.transport, platform)
+    collective_lib.check(moe_cfg.collective, platform)
 
 
 def sample(logits_RxV, requests_R, step, seed, temperature):
@@ -102,7 +102,7 @@ def sample(logits_RxV, requests_R, step, seed, temperature):
 
 def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange):
   """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
-  choice, along the transport's hops) and gets each expert's weighted output there; it stays at its
+  choice, along the path's hops) and gets each expert's weighted output there; it stays at its
   last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
   replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
   -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
@@ -134,7 +134,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedu
   for j in range(k):
     sent_R = ids_at(packed, j, valid_R)
     ids_Rx1, path = schedule.plan(sent_R[:, None], exchange)
-    packed, valid_R = path_lib.move_through(packed, path, exchange.hops, exchange.kind), ids_Rx1[:, 0] >= 0
+    packed, valid_R = path_lib.move_through(packed, path), ids_Rx1[:, 0] >= 0
     lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
     traffic += sum(hop_traffic((path,), lay))
     x_RxD = packed[:, :d].astype(x_RxD.dtype)
@@ -159,7 +159,7 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   # Each hop moves a device's resident tokens, one row each: at most ceil(buffer_factor * b) with a bound; without
   # one, the batch (every token is resident on one device, so a hop never receives more; the worst case over the
   # senders, A times the rows, would compound over a layer's k moves and the layers).
-  bound = transport_lib.buffer_bound(buffer_factor, b)
+  bound = collective_lib.buffer_bound(buffer_factor, b)
   exchange = exchange_for(lay)._replace(buffer_rows=batch if bound is None else bound)
   new_kv, sent, lost = [], [], jnp.zeros((), jnp.int32)
   for (k_cache, v_cache), block in zip(cache, model.blocks):
@@ -204,7 +204,7 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
 def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh)
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
-  lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, kind, slots (the bound is per step)
+  lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, collective, slots (bound: per step)
   body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = [(P(), P())] * cfg.num_layers
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),

@@ -1,10 +1,12 @@
 """The expert-parallel MoE layer and its parts, one job per module.
 
   config     `MoEConfig`: the one description of a layer, validated up front
-  routing    router -> expert ids, combine weights, load-balance statistics
+  routing    the routers (top-k, node-limited, SMILE's bi-level) behind one interface: expert ids, combine
+             weights, load-balance statistics, and each routing's plain reference
   plan       index math of one exchange hop: sort order, sizes, ragged offsets
-  transport  one exchange of rows between the devices of a hop (ragged, padded, dense); a transport's hops
-  path       rows with slots through the hops, once per destination (dedup), the reduced way back
+  collective one exchange of rows between the devices of a hop (ragged, padded, capacity)
+  path       the hops of a path (flat, gpu_first, node_first); rows with slots through them, once per destination
+             (dedup), the reduced way back
   wire       the rows' dtype on the wire (bf16, FP8 with per-128 scales)
   experts    grouped expert FFN backends (ragged_dot, dense, pallas, tokamax), whole or its two halves;
              the shared experts' dense FFN

@@ -1,14 +1,11 @@
-"""Transports: moving token rows to the devices that hold their experts and back.
+"""Collectives: what moves one hop's rows to their peers and back (`MoEConfig.collective`).
 
-Three exchange kinds with one signature and one semantics (those of `jax.lax.ragged_all_to_all`):
-`ragged` (the native collective, GPU/TPU), `padded` (a ring of fixed-size collective permutes, one
-block in flight: runs on every backend and is the oracle `ragged` is checked against) and `dense`
-(one fixed-size all_to_all of a block of `block_rows` rows per peer: GShard/Switch's dense dispatch,
-where capacity bounds what a device sends each peer; transport='capacity').
-
-A transport's hops are exchanges over one mesh axis (or both at once): flat = [('node', 'gpu')],
-hierarchical = ['gpu', 'node'] (Tutel-2DH), bilevel = ['node', 'gpu'] (SMILE: inter-node hop to the same GPU
-index, then intra-node); `moe.path` moves rows through them.
+Three with one signature and one semantics (those of `jax.lax.ragged_all_to_all`): 'ragged' (the native
+collective, GPU/TPU), 'padded' (a ring of fixed-size collective permutes, one block in flight: runs on every
+backend and is the oracle 'ragged' is checked against) and 'capacity' (one fixed-size all_to_all of a block of
+`block_rows` rows per peer: GShard/Switch's dense dispatch, where capacity bounds what a device sends each peer).
+'auto' resolves, where the mesh is known, to 'ragged' on a platform that has it, else 'padded' (`resolve`).
+The hops themselves, the path, are `moe.path`'s.
 """
 
 import functools
@@ -20,20 +17,10 @@ import jax.numpy as jnp
 
 from moejax.moe import plan as plan_lib
 from moejax.moe import wire as wire_lib
-from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+from moejax.validation import require
 
-FLAT_HOPS = ((mesh_lib.NODE, mesh_lib.GPU),)
-HIERARCHICAL_HOPS = (mesh_lib.GPU, mesh_lib.NODE)  # Tutel-2DH / DeepSpeed: inside the node first
-BILEVEL_HOPS = (mesh_lib.NODE, mesh_lib.GPU)  # SMILE: to the node first, then to the GPU in it
-TRANSPORT_HOPS = {"ragged": FLAT_HOPS, "padded": FLAT_HOPS, "capacity": FLAT_HOPS,
-                  "hierarchical": HIERARCHICAL_HOPS, "bilevel": BILEVEL_HOPS}
-DENSE = "dense"  # the exchange kind of transport='capacity'
-
-
-
-def transport_hops(transport: str) -> tuple:
-  """The hops (each a mesh axis or both axes as one) a transport's exchanges run over, in order."""
-  return TRANSPORT_HOPS[transport]
+CAPACITY = "capacity"
 
 
 def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
@@ -102,27 +89,47 @@ def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offset
 EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
 
 
-class Kind(NamedTuple):
-  """An exchange kind: 'ragged' | 'padded' | 'dense', and the dense kind's rows per peer block."""
+class Collective(NamedTuple):
+  """A resolved collective: 'ragged' | 'padded' | 'capacity', and the capacity blocks' rows per peer (of a flat hop;
+  `moe.path.hop_sizes` scales it for the hops of a longer path)."""
 
   name: str
   block_rows: int | None = None
 
+  @property
+  def fixed_blocks(self) -> bool:
+    """Whether every peer is sent a block of fixed rows (whatever it holds): 'capacity'."""
+    return self.name == CAPACITY
 
-def as_kind(kind) -> Kind:
-  return kind if isinstance(kind, Kind) else Kind(kind)
+
+def as_collective(collective) -> Collective:
+  return collective if isinstance(collective, Collective) else Collective(collective)
 
 
-def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind, fill=0, like=None,
+def resolve(name: str, platform: str) -> str:
+  """The collective `name` runs as on `platform`: 'auto' is 'ragged' where the platform has it, else 'padded'."""
+  if name != "auto":
+    return name
+  return "ragged" if platform_lib.has_ragged_all_to_all(platform) else "padded"
+
+
+def check(name: str, platform: str, field: str = "collective") -> None:
+  """Raises ConfigError naming `field` if the collective cannot run on `platform`."""
+  require(name != "ragged" or platform_lib.has_ragged_all_to_all(platform), field, name,
+          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
+          "(the same semantics from fixed-size collective permutes) or 'auto'")
+
+
+def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, collective, fill=0, like=None,
              shifts=None):
   """One ragged exchange of `operand` [R_in, ...] into a fresh [out_rows, ...] buffer filled with `fill`.
 
   The buffer takes its mesh-axis variance from `like` (default: the operand): ragged_all_to_all's
   result has the buffer's type, and a custom_vjp backward must return its primal input's exact type.
   shifts: with args from `plan.shift_args`, the ring steps whose peers have rows (others send none).
-  kind: a kind name or `Kind`.
+  collective: a collective's name or `Collective`.
   """
-  kind = as_kind(kind)
+  collective = as_collective(collective)
   like = operand if like is None else like
   output = jnp.full_like(like, fill, operand.dtype, shape=(out_rows,) + operand.shape[1:])
   # With one peer the exchange is a local move, never the collective: XLA:GPU's ragged_all_to_all took
@@ -131,10 +138,10 @@ def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, kind,
   if args.send_sizes.shape[0] == 1:
     return _keep_first(operand, args.send_sizes[0], output)
   local = shifts == (0,)  # a self-only step (comet's own rows) moves within my buffers too
-  if kind.name == DENSE and not local:
-    move = functools.partial(dense_all_to_all, block_rows=kind.block_rows)
+  if collective.fixed_blocks and not local:
+    move = functools.partial(dense_all_to_all, block_rows=collective.block_rows)
   else:
-    move = padded_all_to_all if local else EXCHANGES[kind.name]
+    move = padded_all_to_all if local else EXCHANGES[collective.name]
   return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
               axis_name=axis_name, shifts=shifts)
 
@@ -149,33 +156,33 @@ def _keep_first(operand, rows, output):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, kind,
+def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, collective,
               shifts=None, wire=(None, None)):
   """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
   the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again).
   wire: the dtypes (`moe.wire`) the rows travel in, and their gradients in the backward (None: their own)."""
-  return _wired(rows, args, out_rows, axis_name, kind, shifts, wire[0], like=rows)
+  return _wired(rows, args, out_rows, axis_name, collective, shifts, wire[0], like=rows)
 
 
-def _wired(rows, args, out_rows, axis_name, kind, shifts, dtype, like):
+def _wired(rows, args, out_rows, axis_name, collective, shifts, dtype, like):
   """`exchange` of rows encoded in `dtype` on the wire, decoded into like's dtype."""
   sent = wire_lib.encode(rows, dtype)
-  got = exchange(sent, args, out_rows, axis_name, kind, like=like[:, :0], shifts=shifts)
+  got = exchange(sent, args, out_rows, axis_name, collective, like=like[:, :0], shifts=shifts)
   return wire_lib.decode(got, dtype, rows.shape[1], like.dtype)
 
 
-def _move_rows_fwd(rows, args, back, out_rows, axis_name, kind, shifts, wire):
+def _move_rows_fwd(rows, args, back, out_rows, axis_name, collective, shifts, wire):
   like = rows[:, :0]  # no data: the operand's row count, dtype and varying axes
-  return move_rows(rows, args, back, out_rows, axis_name, kind, shifts, wire), (back, like)
+  return move_rows(rows, args, back, out_rows, axis_name, collective, shifts, wire), (back, like)
 
 
-def _move_rows_bwd(out_rows, axis_name, kind, shifts, wire, residuals, grad):
+def _move_rows_bwd(out_rows, axis_name, collective, shifts, wire, residuals, grad):
   back, like = residuals
   del out_rows
   num_peers = back.send_sizes.shape[0]
   reverse = None if shifts is None else tuple((-s) % num_peers for s in shifts)
   dtype = like.dtype if wire[1] is None else wire[1]  # None: the gradient travels in the rows' own dtype
-  grad_in = _wired(grad, back, like.shape[0], axis_name, kind, reverse, dtype, like=like)
+  grad_in = _wired(grad, back, like.shape[0], axis_name, collective, reverse, dtype, like=like)
   return grad_in, None, None
 
 

@@ -5,17 +5,23 @@ field, its value and what is allowed.
 """
 
 import dataclasses
+import functools
 import importlib.util
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from moejax.kernels.activations import ACTIVATIONS
+from moejax.moe import routing as routing_lib
 from moejax.validation import is_int, is_number, prefixed, reject_unknown, require
 
-ROUTINGS = ("topk", "bilevel", "node_limited")
-TRANSPORTS = ("ragged", "padded", "capacity", "hierarchical", "bilevel")
-NODE_ROUTINGS = ("bilevel", "node_limited")  # routings that choose nodes, so need num_nodes
+ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited
+PATHS = ("flat", "gpu_first", "node_first")
+COLLECTIVES = ("padded", "ragged", "capacity", "auto")
+# The one field `transport` that path and collective were before: each old value as (path, collective).
+TRANSPORT_ALIASES = {"ragged": ("flat", "ragged"), "padded": ("flat", "padded"), "capacity": ("flat", "capacity"),
+                     "hierarchical": ("gpu_first", "auto"), "bilevel": ("node_first", "auto")}
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_unfused", "tokamax", "auto")
-ACTIVATIONS = ("gelu", "relu", "silu")
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
 COMBINE_DTYPES = (None, "float32", "bfloat16")  # None: float32, as the experts accumulate
@@ -36,10 +42,16 @@ class MoEConfig:
     node_top_k; softmax over a node's E / num_nodes experts, shared by all nodes, top top_k; weight p_node *
     q_local); 'node_limited' (DeepSeek-V3: flat router, the node_top_k nodes with the best sums of their two best
     expert probabilities kept, then the top top_k experts on them).
-  transport: 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU), 'padded' (same semantics from a ring of
-    fixed-size collective permutes; runs anywhere), 'capacity' (GShard/Switch dense dispatch, a fixed block
-    of experts x capacity rows per peer; needs capacity_factor), 'hierarchical' (two hops: over 'gpu', then
-    over 'node'; Tutel-2DH), 'bilevel' (over 'node', then 'gpu'; SMILE's path). Any routing, any transport.
+  path: the hops rows take to their experts (`moe.path`): 'flat' (one exchange over both mesh axes), 'gpu_first'
+    (over 'gpu', then over 'node': Tutel-2DH's and DeepSpeed's hierarchical all-to-all) or 'node_first' (over
+    'node' to the same GPU index of the expert's node, then over 'gpu': SMILE's path, DeepEP's internode one).
+  collective: what moves the rows of each hop (`moe.collective`): 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU),
+    'padded' (the same semantics from a ring of fixed-size collective permutes; runs anywhere), 'capacity'
+    (GShard/Switch's dense dispatch: one all_to_all of a fixed block per peer, sized by capacity; needs
+    capacity_factor) or 'auto' ('ragged' where the platform has it, else 'padded'). Any routing, path and collective.
+  transport: the old single field, accepted for configs written before path and collective (a one-line notice):
+    'ragged', 'padded', 'capacity' = path 'flat' with that collective; 'hierarchical' = 'gpu_first', 'bilevel' =
+    'node_first', each with 'auto'. Not stored.
   expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels' fused FFN),
     'pallas_unfused' (a gmm per matmul, hidden activations kept), 'tokamax' (`moejax[tokamax]`) or 'auto': the fastest
     measured at the layer's per-device shape in expert_table (None: the table shipped for the device; resolved when
@@ -67,7 +79,7 @@ class MoEConfig:
   schedule: the order of the exchanges and the expert compute (Comet; `moe.schedule`): 'sequential',
     'chunked' (num_chunks chunks of rows, each dispatched, computed and combined on its own; Tutel/FasterMoE)
     or 'comet' (own rows into the first GEMM while the others arrive, the second GEMM by num_chunks column
-    blocks of d, each combined when done). The same result for every routing, transport, sharding and table.
+    blocks of d, each combined when done). The same result for every routing, path, collective, sharding and table.
   num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet' (of d_model).
   esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert sharding: experts over 'node',
     each one's d_ff over 'gpu', scheduled as 'baseline' (DeepSpeed-MoE), 's1', 's2' (PauseMP) or 'auto' (Parm's
@@ -77,7 +89,7 @@ class MoEConfig:
   expert_data_parallel: True: experts over the GPUs of a node only (expert e on GPU e // (E / m) of every node),
     replicated over 'node' with their gradients summed over it, so E need only divide over a node's GPUs; tokens
     go to experts in their own node (one hop over 'gpu'). Refused with esp_schedule, the node routings and the
-    two-hop transports (every node holds every expert: no node to choose, no inter-node hop).
+    two-hop paths (every node holds every expert: no node to choose, no inter-node hop).
   score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent per-expert
     affinities). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
   routed_scaling: the factor on the routed experts' weights, after renormalize (DeepSeek-V2: 16, V3: 2.5).
@@ -107,7 +119,8 @@ class MoEConfig:
   d_model: int
   d_ff: int
   routing: str = "topk"
-  transport: str = "padded"
+  path: str = "flat"
+  collective: str = "padded"
   expert_backend: str = "ragged_dot"
   expert_table: str | None = None
   num_nodes: int | None = None
@@ -143,28 +156,39 @@ class MoEConfig:
   slots_per_device: int | None = None
   replan_every: int = 0
   replan_window: int = 16
+  transport: dataclasses.InitVar[str | None] = None
 
-  def __post_init__(self):
+  def __post_init__(self, transport: str | None = None):
+    if transport is not None:
+      require(transport in TRANSPORT_ALIASES, "transport", transport, f"one of {tuple(TRANSPORT_ALIASES)} (the old "
+              f"field; now path {PATHS} and collective {COLLECTIVES})")
+      path, collective = TRANSPORT_ALIASES[transport]
+      logging.getLogger(__name__).warning("transport=%r is read as path=%r, collective=%r (the old name of the two)",
+                                          transport, path, collective)
+      object.__setattr__(self, "path", path)
+      object.__setattr__(self, "collective", collective)
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       value = getattr(self, name)
       require(is_int(value), name, value, "a positive int")
-    for name, options in (("routing", ROUTINGS), ("transport", TRANSPORTS), ("expert_backend", EXPERT_BACKENDS),
-                          ("activation", ACTIVATIONS), ("dtype", DTYPES), ("schedule", SCHEDULES),
+    for name, options in (("routing", ROUTINGS), ("path", PATHS), ("collective", COLLECTIVES),
+                          ("expert_backend", EXPERT_BACKENDS), ("activation", tuple(ACTIVATIONS)), ("dtype", DTYPES),
+                          ("schedule", SCHEDULES),
                           ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES),
                           ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES),
                           ("group_score", GROUP_SCORES)):
       require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
-    if self.routing in NODE_ROUTINGS:
+    if self.router.chooses_nodes:
       n = self.num_nodes
       require(is_int(n) and self.num_experts % n == 0, "num_nodes", n,
               f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)")
       require(is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k,
               f"an int in [1, num_nodes={n}]")
-    limit = self.num_experts
-    if self.num_groups is not None and is_int(self.topk_groups):
-      limit = self.num_experts // self.num_groups * self.topk_groups
-    if self.routing in NODE_ROUTINGS:
-      limit = self.experts_per_node * (self.node_top_k if self.routing == "node_limited" else 1)
+    require(self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
+            "num_groups", self.num_groups, f"None or a positive int dividing num_experts={self.num_experts}")
+    if self.num_groups is not None:
+      require(is_int(self.topk_groups) and self.topk_groups <= self.num_groups, "topk_groups", self.topk_groups,
+              f"an int in [1, num_groups={self.num_groups}]")
+    limit = self.router.max_top_k
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
     require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
             self.expert_backend, "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)")
@@ -172,10 +196,10 @@ class MoEConfig:
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
     edp = "expert_data_parallel"
-    require(not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.transport
-            not in ("hierarchical", "bilevel")), edp, True, "False with esp_schedule, the node routings or a two-hop "
-            "transport: its experts are replicated over 'node', which Parm shards them over, and every node holds "
-            "every expert, so there is no node to choose and no inter-node hop to take")
+    require(not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.path
+            == "flat"), edp, True, "False with esp_schedule, the node routings or a two-hop path: its experts are "
+            "replicated over 'node', which Parm shards them over, and every node holds every expert, so there is no "
+            "node to choose and no inter-node hop to take")
     require(not (self.dedup and self.esp_schedule == "s2"), "dedup", self.dedup, "False or None with "
             "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
             "the node's GPUs, so a row per token and destination has no place in it")
@@ -188,14 +212,9 @@ class MoEConfig:
             "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)")
     require(is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling,
             "a number > 0")
-    require(self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
-            "num_groups", self.num_groups, f"None or a positive int dividing num_experts={self.num_experts}")
     require(self.num_groups is None or self.routing == "topk", "num_groups", self.num_groups,
             "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
             "node's experts)")
-    if self.num_groups is not None:
-      require(is_int(self.topk_groups) and self.topk_groups <= self.num_groups, "topk_groups", self.topk_groups,
-              f"an int in [1, num_groups={self.num_groups}]")
     require(is_number(self.bias_update_rate) and self.bias_update_rate >= 0, "bias_update_rate",
             self.bias_update_rate, "a number >= 0")
     require(self.bias_update_rate == 0 or self.routing != "bilevel", "bias_update_rate", self.bias_update_rate,
@@ -219,8 +238,8 @@ class MoEConfig:
       value = getattr(self, name)
       require(value is None or (is_number(value) and value > 0), name, value, f"None ({none}) or a number > 0")
     cf = self.capacity_factor
-    require(self.transport != "capacity" or cf is not None, "capacity_factor", cf,
-            "a number > 0 when transport='capacity' (dense dispatch has fixed capacity)")
+    require(self.collective != "capacity" or cf is not None, "capacity_factor", cf,
+            "a number > 0 when collective='capacity' (dense dispatch has fixed capacity)")
     require(is_number(self.z_loss_coef) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef, "a number >= 0")
     for name in ("load_balance_coef", "local_balance_coef"):
       require(getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0, name,
@@ -232,13 +251,19 @@ class MoEConfig:
     """Builds from a dict or ConfigDict (e.g. `config.moe` with prefix 'moe.'), rejecting unknown
     fields by name (with their nearest known fields); errors name the field with `prefix`."""
     fields = dict(fields)
-    reject_unknown(fields, [f.name for f in dataclasses.fields(cls)], prefix)  # one line: the nearest fields
+    known = [f.name for f in dataclasses.fields(cls)] + ["transport"]
+    reject_unknown(fields, known, prefix)  # one line: the nearest fields
     return prefixed(prefix, cls, **fields)
+
+  @functools.cached_property
+  def router(self) -> routing_lib.Router:
+    """The routing's router (`moe.routing`), built once."""
+    return routing_lib.of(self)
 
   @property
   def balance_counts_size(self) -> int:
-    """Length of the balance loss's choice counts: E, or with 'bilevel' the node router's n then the local m'."""
-    return self.num_nodes + self.experts_per_node if self.routing == "bilevel" else self.num_experts
+    """Length of the balance loss's choice counts: each balanced router's width (E; 'bilevel': n, then m')."""
+    return sum(self.router.widths.values())
 
   @property
   def deduplicates(self) -> bool:
@@ -253,13 +278,7 @@ class MoEConfig:
   @property
   def choices_per_token(self) -> int:
     """K, the (token, expert) pairs each token is sent as."""
-    return self.top_k * (self.node_top_k if self.routing == "bilevel" else 1)
-
-  @property
-  def group_limit(self) -> tuple[int, int] | None:
-    """(groups, groups kept per token) of group-limited routing, node_limited's included; else None."""
-    limit = None if self.num_groups is None else (self.num_groups, self.topk_groups)
-    return (self.num_nodes, self.node_top_k) if self.routing == "node_limited" else limit
+    return self.router.choices_per_token
 
   @property
   def shared_width(self) -> int:
@@ -268,7 +287,7 @@ class MoEConfig:
 
   @property
   def alpha(self) -> float:
-    return (0.005 if self.routing == "bilevel" else 0.01) if self.load_balance_coef is None else self.load_balance_coef
+    return self.router.default_alpha if self.load_balance_coef is None else self.load_balance_coef
 
   @property
   def beta(self) -> float:
@@ -284,7 +303,7 @@ class MoEConfig:
   def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
     """Returns experts_per_gpu on a nodes x gpus_per_node mesh (with esp_schedule: experts per node,
     each split over the node's GPUs), or raises naming the field."""
-    if self.routing in NODE_ROUTINGS:
+    if self.router.chooses_nodes:
       require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
     holders = self.expert_holders(nodes, gpus_per_node)
     where = (f"{nodes} nodes (expert sharding puts E / n whole experts on each node)" if self.esp_schedule else

@@ -23,8 +23,8 @@ The interface (`ExpertParallel`, whole experts, every hook the identity) and the
 override it are chosen by `of(cfg)`; the MP-group operations they use are in `moe.esp_ops`.
 
 Capacity: each schedule gates a different group of tokens, so its capacity and drops differ (Parm does
-not discuss this): baseline and s2 gate the node's tokens (`reference.moe_reference(num_groups=n)`),
-s1 each GPU's (`num_groups=n * m`).
+not discuss this): baseline and s2 gate the node's tokens (`reference.moe_reference(dispatch_groups=n)`),
+s1 each GPU's (`dispatch_groups=n * m`).
 """
 
 from typing import NamedTuple
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from moejax.moe import esp_ops, routing
-from moejax.moe import transport as transport_lib
+from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES, GPU, NODE
@@ -90,10 +90,10 @@ class ExpertParallel:
     return 1
 
   def hops(self, cfg: MoEConfig) -> tuple:
-    return transport_lib.transport_hops(cfg.transport)
+    return path_lib.hops(cfg.path)
 
   def dense_rows_per_slot(self, cfg: MoEConfig, routed_tokens: int, m: int) -> int:
-    """The dense kind's block rows per expert slot: every slot of the peer full, for each copy."""
+    """The capacity collective's block rows per expert slot: every slot of the peer full, for each copy."""
     return routing.expert_capacity(cfg, routed_tokens) * self.gathered(m)
 
   # Traced, inside shard_map.
@@ -179,10 +179,10 @@ class Baseline(_Sharded):
     return m
 
   def hops(self, cfg):
-    require(super().hops(cfg) == transport_lib.FLAT_HOPS, "transport", cfg.transport,
-            "a one-hop transport with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to "
-            "the same GPU index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the "
-            "same rows), so there is no intra-node hop for a two-hop transport to take")
+    require(len(super().hops(cfg)) == 1, "path", cfg.path,
+            "'flat' with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to the same GPU "
+            "index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the same rows), so "
+            "there is no intra-node hop for a two-hop path to take")
     return (NODE,)
 
   def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):

@@ -87,10 +87,10 @@ def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, ex
 
 
 def exchange_for(lay: Layout) -> schedule_lib.Exchange:
-  """Where this layout's rows go: its hops over the mesh, its slots per device, exchange kind and bound, whether
+  """Where this layout's rows go: its hops over the mesh, its slots per device, collective and bound, whether
   rows travel once per destination, and the Dump's copies per choice."""
-  return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.kind, lay.buffer_rows, lay.dedup,
-                               lay.sharding.copies(lay.m), lay.wire)
+  return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.collective, lay.buffer_rows,
+                               lay.dedup, lay.sharding.copies(lay.m), lay.wire)
 
 
 def one_row_per_slot(x_RxD, ids_RxS, w_RxS):

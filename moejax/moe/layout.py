@@ -6,9 +6,9 @@ import jax
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import collective as collective_lib
 from moejax.moe import expert_sharding as esp_lib
 from moejax.moe import replicas as replicas_lib
-from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.params import param_shapes
 from moejax.runtime import mesh as mesh_lib
@@ -24,7 +24,8 @@ class Layout(NamedTuple):
     how the returned rows are finished); slots: Z, expert slots per holder (E / holders, or a slot table's
     width; holders: `MoEConfig.expert_holders`); tokens: the tokens one device routes (one dispatch group:
     capacity counts within it); rows: the rows one device sends (tokens with dedup, else token-choices, before
-    the Dump's copies); hops: the exchange hops; kind: the exchange kind; buffer_rows: the per-hop receive bound
+    the Dump's copies); hops: the path's hops; collective: what moves each hop's rows (resolved for the platform;
+    'capacity' with a flat hop's block rows); buffer_rows: the per-hop receive bound
     (None: the worst case); dedup: one row per destination of each hop (`moe.path`); wire: the rows' dtypes
     to the experts and back (`moe.wire`; None: their own).
   """
@@ -36,7 +37,7 @@ class Layout(NamedTuple):
   tokens: int
   rows: int
   hops: tuple
-  kind: transport_lib.Kind
+  collective: collective_lib.Collective
   buffer_rows: int | None
   dedup: bool
   wire: tuple
@@ -59,11 +60,11 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   routed_tokens = tokens // sharding.token_groups(n, m)
   choices = sharding.send_rows(cfg, routed_tokens, m)
   rows = choices // cfg.choices_per_token if cfg.deduplicates else choices
-  kind = platform_lib.exchange_kind(cfg.transport, platform_lib.of_mesh(mesh))
-  if kind == transport_lib.DENSE:  # a block per peer: every slot of the peer full, for each copy
-    kind = transport_lib.Kind(kind, slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
-  return Layout(n, m, sharding, slots, routed_tokens, rows, sharding.hops(cfg), transport_lib.as_kind(kind),
-                transport_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates,
+  collective = collective_lib.Collective(collective_lib.resolve(cfg.collective, platform_lib.of_mesh(mesh)))
+  if collective.fixed_blocks:  # a block per peer: every slot of the peer full, for each copy
+    collective = collective._replace(block_rows=slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
+  return Layout(n, m, sharding, slots, routed_tokens, rows, sharding.hops(cfg), collective,
+                collective_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates,
                 (cfg.dispatch_dtype, cfg.combine_dtype))
 
 
@@ -109,7 +110,7 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
                       "(schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
                       f"a divisor of {lay.rows}")
   platform = platform_lib.of_mesh(mesh)
-  platform_lib.check_transport(cfg.transport, platform)
+  collective_lib.check(cfg.collective, platform)
   require(not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
           "expert_backend", cfg.expert_backend,
           f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "

@@ -1,4 +1,9 @@
-"""Paths: rows through a transport's hops to their experts' devices and back, one row per destination.
+"""Paths: rows through a path's hops to their experts' devices and back, one row per destination.
+
+The path (`MoEConfig.path`, `PATHS`) is the hops a row takes, each an exchange over one mesh axis or both at once:
+'flat' one hop over ('node', 'gpu'); 'gpu_first' over 'gpu', then 'node' (Tutel-2DH, DeepSpeed's hierarchical
+all-to-all); 'node_first' over 'node' to the same GPU index of the expert's node, then over 'gpu' (SMILE's path,
+DeepEP's internode one). Each hop's rows move by the configured collective (`moe.collective`).
 
 A row is a payload x [d] with S slots: the device-level expert (slot) ids it goes to ([S], -1 = none) and
 their combine weights [S]. In each hop a row travels at most once to each peer its slots go to: its slots are
@@ -8,24 +13,32 @@ own entry). The way back is the mirror: each hop sums the entries that came from
 With one slot per row (a token-choice per row) this is the plain per-choice exchange.
 
 `plan_path` plans every hop at once, moving only the ids; `move_through` / `move_slots` / `move_back` then move
-the payload, the weights and the results along the planned path. Hops are exchanges over one mesh axis or
-both (`transport.transport_hops`); each receives into a buffer of fixed rows: the worst case, or a bound
-(`MoEConfig.buffer_factor`) under which entries that do not fit are dropped deterministically
-(`plan.clamp_to_buffer`); the dense kind receives every peer's block.
+the payload, the weights and the results along the planned path. Each hop receives into a buffer of fixed rows:
+the worst case, or a bound (`MoEConfig.buffer_factor`) under which entries that do not fit are dropped
+deterministically (`plan.clamp_to_buffer`); the 'capacity' collective receives every peer's block, sized for the
+hop (`hop_sizes`).
 """
 
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.ad_checkpoint import checkpoint_name
 
+from moejax.moe import collective as collective_lib
 from moejax.moe import plan as plan_lib
-from moejax.moe import transport as transport_lib
 from moejax.runtime import mesh as mesh_lib
 
 # The name of every row an exchange delivers, so a rematerialised block can keep them (remat="save_exchanged").
 EXCHANGED = "moe_exchanged"
+PATHS = {"flat": ((mesh_lib.NODE, mesh_lib.GPU),), "gpu_first": (mesh_lib.GPU, mesh_lib.NODE),
+         "node_first": (mesh_lib.NODE, mesh_lib.GPU)}
+
+
+def hops(path: str) -> tuple:
+  """The hops (each a mesh axis, or both axes as one) of the path `path`, in order."""
+  return PATHS[path]
 
 
 class Spread(NamedTuple):
@@ -80,13 +93,15 @@ def grouped(key_E: jax.Array, rows: int, slots: int, groups: int, bound: int) ->
 
 
 class Hop(NamedTuple):
-  """One planned hop: the plan of its entries, their spread, mask [L, S] of the slots each taken entry carries,
-  and the receive buffer's rows."""
+  """One planned hop: its mesh axis (or both), the plan of its entries, their spread, mask [L, S] of the slots each
+  taken entry carries, the receive buffer's rows and the hop's collective (`HopSize.collective`)."""
 
+  axis: object
   plan: plan_lib.HopPlan
   spread: Spread
   mask_LxS: jax.Array
   out_rows: int
+  collective: collective_lib.Collective
 
 
 class Path(NamedTuple):
@@ -115,7 +130,8 @@ def _leaders(dest_RxS, valid_RxS, dedup: bool):
 
 class HopSize(NamedTuple):
   """The static sizes of one hop: peers, rows and slots before it, entries that may move (`Spread.taken`),
-  whether they spread densely, the receive buffer's rows, and the bound on the slots a device holds after it."""
+  whether they spread densely, the receive buffer's rows, the bound on the slots a device holds after it, and the
+  hop's collective ('capacity' with this hop's block rows)."""
 
   num_peers: int
   rows: int
@@ -123,49 +139,54 @@ class HopSize(NamedTuple):
   dense: bool
   out_rows: int
   bound: int
+  collective: collective_lib.Collective
 
 
-def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, kind, buffer_rows: int | None = None,
+def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_rows: int | None = None,
               dedup: bool = True) -> list[HopSize]:
   """The sizes of each hop for R rows with S slots per device (plain Python, before tracing). A hop's entries
   are at most R x min(S, peers) with dedup (R x S without) and at most the slots the device can hold; its
   buffer holds what its peers could send (at most every slot of every device), bounded by `buffer_rows` (rows,
-  and the slots they bring: per-device memory stays flat in the device count), or a block per peer with the
-  dense kind."""
+  and the slots they bring: per-device memory stays flat in the device count), or with 'capacity' a block per
+  peer: the collective's block (one source to one device's slots) times the sources whose rows a device holds
+  before the hop (the peers of the hops before it) and the devices a peer passes them on to (of the hops after
+  it), so no hop drops what capacity kept, and every hop's buffer holds A flat blocks, as a flat hop's does."""
   n, m = axis_sizes[mesh_lib.NODE], axis_sizes[mesh_lib.GPU]
-  kind = transport_lib.as_kind(kind)
+  collective = collective_lib.as_collective(collective)
+  peers = [mesh_lib.num_peers(axis_name, n, m) for axis_name in hops]
   max_rows = n * m * rows * slots  # every slot of every device
   bound = rows * slots  # slots this device may hold before the hop
   sizes = []
-  for axis_name in hops:
-    num_peers = mesh_lib.num_peers(axis_name, n, m)
+  for h, num_peers in enumerate(peers):
     taken = min(rows * (min(slots, num_peers) if dedup else slots), bound)
-    if kind.name == transport_lib.DENSE:  # a block holds a peer's choices for its slots (capacity bounds them)
-      out_rows = arriving = num_peers * kind.block_rows
+    hop_collective = collective
+    if collective.fixed_blocks:  # a block holds a peer's choices for its slots (capacity bounds them)
+      block = collective.block_rows * math.prod(peers[:h]) * math.prod(peers[h + 1:])
+      hop_collective = collective._replace(block_rows=block)
+      out_rows = arriving = num_peers * block
     else:
-      out_rows = transport_lib.hop_buffer_rows(taken, num_peers, max_rows, buffer_rows)
+      out_rows = collective_lib.hop_buffer_rows(taken, num_peers, max_rows, buffer_rows)
       arriving = out_rows * slots if buffer_rows is None else buffer_rows
     after = min(num_peers * bound, max_rows, arriving)
-    sizes.append(HopSize(num_peers, rows, taken, rows * slots <= bound, out_rows, after))
+    sizes.append(HopSize(num_peers, rows, taken, rows * slots <= bound, out_rows, after, hop_collective))
     rows, bound = out_rows, after
   return sizes
 
 
-def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, kind, buffer_rows: int | None = None,
+def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, collective, buffer_rows: int | None = None,
               dedup: bool = True) -> tuple[jax.Array, Path]:
   """Plans every hop of sending each row's slots (device-level ids [R, S]; -1 = none) to their experts'
   devices (`hop_sizes`), moving only the ids. Returns (ids [R_out, S] as received at the end, -1 on empty
   slots, path). Entries that do not fit a receive buffer are dropped (`HopPlan.kept_AxA`)."""
   m = axis_sizes[mesh_lib.GPU]
-  kind = transport_lib.as_kind(kind)
-  block = kind.block_rows if kind.name == transport_lib.DENSE else None
   rows, slots = ids_RxS.shape
-  sizes = hop_sizes(hops, axis_sizes, rows, slots, kind, buffer_rows, dedup)
+  sizes = hop_sizes(hops, axis_sizes, rows, slots, collective, buffer_rows, dedup)
   planned = []
   for axis_name, size in zip(hops, sizes):
     dest_RxS = hop_destination(ids_RxS, axis_name, slots_per_device, m, size.num_peers)
     valid_RxS = ids_RxS >= 0
     dest_E = jnp.where(_leaders(dest_RxS, valid_RxS, dedup), dest_RxS, size.num_peers).reshape(-1)
+    block = size.collective.block_rows if size.collective.fixed_blocks else None
     plan = plan_lib.make_hop_plan(dest_E, axis_name, size.num_peers, size.out_rows, block)
     spread = Spread(plan.order, plan.inverse, size.rows, slots, size.taken, size.dense)
     row_L, dest_L = spread.row_L, dest_E[plan.order[:size.taken]]
@@ -175,50 +196,50 @@ def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, kind, buff
       slot_L = plan.order[:size.taken] % slots
       mask_LxS = (jnp.arange(slots)[None, :] == slot_L[:, None]) & (dest_L < size.num_peers)[:, None]
     ids_LxS = jnp.where(mask_LxS, ids_RxS[row_L], -1)
-    ids_RxS = transport_lib.exchange(ids_LxS, plan.forward, size.out_rows, axis_name, kind, fill=-1)
+    ids_RxS = collective_lib.exchange(ids_LxS, plan.forward, size.out_rows, axis_name, size.collective, fill=-1)
     if buffer_rows is not None and block is None and slots > 1:  # the bound holds slots too: later ones drop
       valid_RxS = ids_RxS >= 0
       fits_RxS = jnp.cumsum(valid_RxS.reshape(-1)).reshape(valid_RxS.shape) <= buffer_rows
       ids_RxS = jnp.where(fits_RxS, ids_RxS, -1)
-    planned.append(Hop(plan, spread, mask_LxS, size.out_rows))
+    planned.append(Hop(axis_name, plan, spread, mask_LxS, size.out_rows, size.collective))
   return ids_RxS, Path(tuple(planned), sizes[-1].bound)
 
 
-def move_through(x_RxD, path: Path, hops, kind, num_hops: int | None = None, wire=(None, None)):
+def move_through(x_RxD, path: Path, num_hops: int | None = None, wire=(None, None)):
   """Moves rows [R, d] along the first `num_hops` hops (default all) of a planned path: each entry takes its
   row's payload. wire: the dtypes of the rows and of their gradients on the wire (`moe.wire`)."""
-  for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
-    x_RxD = checkpoint_name(transport_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward,
-                                                    hop.out_rows, axis_name, kind, wire=wire), EXCHANGED)
+  for hop in path.hops[:num_hops]:
+    x_RxD = checkpoint_name(collective_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward,
+                                                     hop.out_rows, hop.axis, hop.collective, wire=wire), EXCHANGED)
   return x_RxD
 
 
-def move_slots(w_RxS, path: Path, hops, kind, num_hops: int | None = None):
+def move_slots(w_RxS, path: Path, num_hops: int | None = None):
   """Moves per-slot values [R, S] (the combine weights) along the path: each entry takes its slots' values,
   0 on the others."""
-  for axis_name, hop in list(zip(hops, path.hops))[:num_hops]:
+  for hop in path.hops[:num_hops]:
     w_LxS = jnp.where(hop.mask_LxS, jnp.take(w_RxS, hop.spread.row_L, axis=0), jnp.zeros((), w_RxS.dtype))
-    w_RxS = checkpoint_name(transport_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows,
-                                                    axis_name, kind), EXCHANGED)
+    w_RxS = checkpoint_name(collective_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows,
+                                                     hop.axis, hop.collective), EXCHANGED)
   return w_RxS
 
 
-def move_back(y_RxX, path: Path, hops, kind, num_hops: int | None = None, wire=(None, None)):
+def move_back(y_RxX, path: Path, num_hops: int | None = None, wire=(None, None)):
   """The mirror of `move_through` over the last `num_hops` hops (default all): each entry's result returns to
   the device it came from, where a row's entries are summed; entries dropped on the way come back as zeros.
   Integer rows move without a gradient rule; wire as in `move_through`."""
-  todo = list(zip(hops, path.hops))
-  for axis_name, hop in reversed(todo if num_hops is None else todo[len(todo) - num_hops:]):
+  todo = path.hops if num_hops is None else path.hops[len(path.hops) - num_hops:]
+  for hop in reversed(todo):
     if jnp.issubdtype(y_RxX.dtype, jnp.integer):
-      back_LxX = transport_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, axis_name, kind)
+      back_LxX = collective_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, hop.axis, hop.collective)
     else:
-      back_LxX = checkpoint_name(transport_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
-                                                         axis_name, kind, wire=wire), EXCHANGED)
+      back_LxX = checkpoint_name(collective_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
+                                                          hop.axis, hop.collective, wire=wire), EXCHANGED)
     y_RxX = hop.spread.reduce(back_LxX)
   return y_RxX
 
 
-def arrived(ids_out_RxS, path: Path, hops, kind) -> jax.Array:
+def arrived(ids_out_RxS, path: Path) -> jax.Array:
   """[R, S] bool, at the sender: the slot reached its expert (was not dropped on any hop). Each slot rides in
   exactly one entry per hop, so the entries' sums are the slots' own flags."""
-  return move_back((ids_out_RxS >= 0).astype(jnp.int32), path, hops, kind) > 0
+  return move_back((ids_out_RxS >= 0).astype(jnp.int32), path) > 0

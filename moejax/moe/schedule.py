@@ -6,7 +6,7 @@ slots' combine weights and sum each row's slots, so each row comes back as one w
 adds a row's entries on the way):
 - sequential: dispatch every row, run the experts, combine.
 - chunked: the rows a device sends in `num_chunks` contiguous chunks, each dispatched, computed and
-  combined on its own (Tutel/FasterMoE's coarse pipeline). With the dense kind (transport='capacity')
+  combined on its own (Tutel/FasterMoE's coarse pipeline). With collective='capacity'
   every chunk sends full blocks, so the padding grows with num_chunks. No chunk's exchange depends on another chunk's
   matmuls, so XLA may overlap them; the cost is num_chunks times as many, smaller, exchanges. With
   bounded buffers the drops are decided once, on the ids, by the sequential path (one more round
@@ -16,7 +16,7 @@ adds a row's entries on the way):
   peers' rows arrive in one exchange; hidden rows land in an expert-major buffer (entries ordered by
   (expert, source)). The second GEMM then runs one column block of d at a time for all local
   experts, and each block is sent back through every hop as soon as it is done.
-Where a hop may drop entries (bounded buffers, the dense kind's blocks), which slots arrive is learnt first by
+Where a hop may drop entries (bounded buffers, the capacity collective's blocks), which slots arrive is learnt first by
 one round trip of int32 flags, so that a choice whose copies (expert sharding's Dump) did not all arrive gets
 weight 0 everywhere before any row moves: it contributes exactly nothing, and is counted by the layer.
 """
@@ -26,23 +26,23 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from moejax.moe import collective as collective_lib
 from moejax.moe import experts
 from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
-from moejax.moe import transport as transport_lib
 
 
 class Exchange(NamedTuple):
   """Where rows go: the hops, the mesh's axis sizes {'node': n, 'gpu': m}, expert slots per device (an
-  id's device is id // slots_per_device), the exchange kind ('ragged' | 'padded' | a `transport.Kind`),
-  the per-hop receive bound (None: the worst case, or the dense kind's blocks), whether a row travels once
+  id's device is id // slots_per_device), the collective ('ragged' | 'padded' | a `collective.Collective`),
+  the per-hop receive bound (None: the worst case, or the capacity collective's blocks), whether a row travels once
   per destination of a hop (dedup), how many consecutive slots are the copies of one choice (the Dump), and
   the wire dtypes (dispatch, combine; None: the rows' own)."""
 
   hops: tuple
   axis_sizes: dict
   slots_per_device: int
-  kind: object
+  collective: object
   buffer_rows: int | None
   dedup: bool = True
   copies: int = 1
@@ -112,7 +112,7 @@ def local_experts(ids, ex: Exchange):
 
 def plan(ids_RxS, ex: Exchange):
   """The path of rows with device-level slot ids [R, S] through the exchange's hops -> (ids at arrival, path)."""
-  return path_lib.plan_path(ids_RxS, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.kind, ex.buffer_rows,
+  return path_lib.plan_path(ids_RxS, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.collective, ex.buffer_rows,
                             ex.dedup)
 
 
@@ -127,9 +127,9 @@ def run_experts(rows_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, bound: i
 
 
 def may_drop(ex: Exchange) -> bool:
-  """Whether a hop may drop entries: a bounded receive buffer, or the dense kind's blocks (the exchange sends a
+  """Whether a hop may drop entries: a bounded receive buffer, or the capacity collective's blocks (it sends a
   peer no more than a block, however the layer sized it)."""
-  return ex.buffer_rows is not None or transport_lib.as_kind(ex.kind).block_rows is not None
+  return ex.buffer_rows is not None or collective_lib.as_collective(ex.collective).fixed_blocks
 
 
 def _arrival(ids_RxS, w_RxS, ids_out, path, ex: Exchange):
@@ -137,7 +137,7 @@ def _arrival(ids_RxS, w_RxS, ids_out, path, ex: Exchange):
   flags), and the weights with every copy of a choice zeroed unless all its copies arrive."""
   if not may_drop(ex):
     return w_RxS, ids_RxS >= 0
-  arrived_RxS = path_lib.arrived(ids_out, path, ex.hops, ex.kind)
+  arrived_RxS = path_lib.arrived(ids_out, path)
   if ex.copies > 1:  # consecutive slots (or rows of one slot) are one choice's copies
     complete = jnp.repeat(arrived_RxS.reshape(-1, ex.copies).all(axis=1), ex.copies).reshape(arrived_RxS.shape)
     w_RxS = jnp.where(complete, w_RxS, jnp.zeros((), w_RxS.dtype))
@@ -152,10 +152,10 @@ def _round_trip(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, decided: bo
     arrived_RxS = ids_RxS >= 0
   else:
     w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
-  rows_RxD = path_lib.move_through(x_RxD, path, ex.hops, ex.kind, wire=ex.dispatch_wire)
-  w_out = path_lib.move_slots(w_RxS, path, ex.hops, ex.kind)
+  rows_RxD = path_lib.move_through(x_RxD, path, wire=ex.dispatch_wire)
+  w_out = path_lib.move_slots(w_RxS, path)
   y_RxD = run_experts(rows_RxD, ids_out, w_out, ex, local, path.bound)
-  return path_lib.move_back(y_RxD, path, ex.hops, ex.kind, wire=ex.combine_wire), arrived_RxS, path
+  return path_lib.move_back(y_RxD, path, wire=ex.combine_wire), arrived_RxS, path
 
 
 def sequential(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
@@ -183,13 +183,13 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the way back."""
   ids_out, path = plan(ids_RxS, ex)
   w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
-  axis, last = ex.hops[-1], path.hops[-1]
+  last = path.hops[-1]
+  axis = last.axis
   num_peers, out_rows, slots = last.plan.sizes_AxA.shape[0], last.out_rows, ids_RxS.shape[1]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  operand_LxD = last.spread.expand(path_lib.move_through(x_RxD, path, ex.hops, ex.kind, len(ex.hops) - 1,
-                                                          wire=ex.dispatch_wire))
-  w_out = path_lib.move_slots(w_RxS, path, ex.hops, ex.kind)
+  operand_LxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
+  w_out = path_lib.move_slots(w_RxS, path)
   groups = ex.slots_per_device
   spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups,
                                          path.bound)
@@ -201,14 +201,14 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   own = min(last.spread.taken, out_rows)
   i_J = jnp.arange(own)
   q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
-  steps = [(transport_lib.move_rows(operand_LxD, own_forward, own_backward, own, axis, ex.kind, (0,),
+  steps = [(collective_lib.move_rows(operand_LxD, own_forward, own_backward, own, axis, last.collective, (0,),
                                     ex.dispatch_wire), q_J,
             i_J < recv_sizes[me])]
   if num_peers > 1:
     forward, backward = plan_lib.without_self(last.plan.forward, last.plan.backward, me)
     q_R = jnp.arange(out_rows)
     mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
-    steps.append((transport_lib.move_rows(operand_LxD, forward, backward, out_rows, axis, ex.kind,
+    steps.append((collective_lib.move_rows(operand_LxD, forward, backward, out_rows, axis, last.collective,
                                           tuple(range(1, num_peers)), ex.dispatch_wire), q_R, ~mine))
   h_LxF = None
   for x_JxD, q_J, valid_J in steps:
@@ -223,7 +223,7 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   w_L = w_out.reshape(-1)[spread.order[:spread.taken]][:, None].astype(jnp.float32)
   width = x_RxD.shape[1] // num_chunks
   blocks = [path_lib.move_back(spread.reduce(local.output(h_LxF, group_sizes, slice(j * width, (j + 1) * width)) * w_L),
-                               path, ex.hops, ex.kind, wire=ex.combine_wire) for j in range(num_chunks)]
+                               path, wire=ex.combine_wire) for j in range(num_chunks)]
   return Result(jnp.concatenate(blocks, axis=1), arrived_RxS, (path,))
 
 

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from moejax.moe import routing as routing_lib
-from moejax.moe.config import NODE_ROUTINGS, MoEConfig
+from moejax.moe.config import MoEConfig
 from moejax.placement.solve import Placement
 from moejax.validation import ConfigError, require
 
@@ -82,47 +82,34 @@ def _split_block(order: np.ndarray, per_block: int):
   return int(j), int(block), int(expert), int(to[expert % per_block]), int(mate), int(most)
 
 
-def node_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
-  """[M, n]: the old node whose experts node h holds after the permutation order [M, E], for a node
-  routing; raises ConfigError naming the layer and expert when a node's experts would be split."""
-  per_node = cfg.experts_per_node
-  split = _split_block(order, per_node)
-  if split is not None:
-    j, node, expert, to, mate, most = split
-    reason = ("node_limited ranks a token's nodes by their own experts' probabilities" if cfg.routing == "node_limited"
-              else "bilevel picks a node, then one of its experts by the local router shared by all nodes")
+def block_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
+  """[M, blocks]: the old block whose experts block h holds after the permutation order [M, E], for a routing
+  whose blocks of contiguous experts (nodes, groups: `Router.placement_blocks`) stay whole; raises ConfigError
+  naming the layer and expert when a block's experts would be split."""
+  blocks = cfg.router.placement_blocks
+  per_block, unit = cfg.num_experts // blocks.count, blocks.unit
+  split = _split_block(order, per_block)
+  if split is None:
+    return order[:, ::per_block] // per_block
+  j, block, expert, to, mate, most = split
+  if unit == "node":
     raise ConfigError(
-        f"the placement moves expert {expert} of MoE layer {j} from node {node} to node {to} "
+        f"the placement moves expert {expert} of MoE layer {j} from node {block} to node {to} "
         f"while expert {mate} of the same node goes to node {most}. With routing={cfg.routing!r} the experts that "
-        f"share a node are part of the model ({reason}), so splitting a node changes which experts a token is routed "
-        "to. A placement may permute experts within their node or move a node's experts together.",
+        f"share a node are part of the model ({blocks.reason}), so splitting a node changes which experts a token "
+        "is routed to. A placement may permute experts within their node or move a node's experts together.",
         "placement", (j, expert, to),
-        f"node-preserving placements for routing={cfg.routing!r}: every node's {per_node} experts stay together")
-  return order[:, ::per_node] // per_node
-
-
-def group_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
-  """[M, num_groups]: the old group whose experts group g's block holds after the permutation order [M, E],
-  for group-limited routing (num_groups); raises ConfigError naming the layer and expert when a group's
-  experts would be split."""
-  groups = cfg.num_groups
-  per_group = cfg.num_experts // groups
-  split = _split_block(order, per_group)
-  if split is not None:
-    j, group, expert, to, mate, most = split
-    raise ConfigError(
-        f"the placement moves expert {expert} of MoE layer {j} from group {group} to the block of group {to} "
-        f"while expert {mate} of the same group goes to the block of group {most}. With num_groups={groups}, "
-        f"topk_groups={cfg.topk_groups} (group-limited routing) a token's experts are chosen among its "
-        f"{cfg.topk_groups} best groups of {per_group} contiguous experts, each scored by its own experts "
-        f"({cfg.group_score!r}), so the experts that share a group are part of the model and splitting a group "
-        "changes which experts a token is routed to. A placement may permute experts within their group or move "
-        f"a group's experts together onto another group's aligned block of {per_group} (solve(counts, "
-        f"nodes={groups}, gpus_per_node=devices // {groups}, routing='node_limited') finds such placements when "
-        f"{groups} divides the devices).", "placement", (j, expert, to),
-        f"group-preserving placements for num_groups={groups}: every group's {per_group} experts stay together "
-        "on an aligned block")
-  return order[:, ::per_group] // per_group
+        f"node-preserving placements for routing={cfg.routing!r}: every node's {per_block} experts stay together")
+  raise ConfigError(
+      f"the placement moves expert {expert} of MoE layer {j} from {unit} {block} to the block of {unit} {to} "
+      f"while expert {mate} of the same {unit} goes to the block of {unit} {most}. {blocks.reason[0].upper()}"
+      f"{blocks.reason[1:]}, so the experts that share a {unit} are part of the model and splitting a {unit} "
+      f"changes which experts a token is routed to. A placement may permute experts within their {unit} or move "
+      f"a {unit}'s experts together onto another {unit}'s aligned block of {per_block} (solve(counts, "
+      f"nodes={blocks.count}, gpus_per_node=devices // {blocks.count}, routing='node_limited') finds such "
+      f"placements when {blocks.count} divides the devices).", "placement", (j, expert, to),
+      f"{unit}-preserving placements for num_groups={blocks.count}: every {unit}'s {per_block} experts stay "
+      "together on an aligned block")
 
 
 def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
@@ -160,14 +147,10 @@ def check_order(order, cfg: MoEConfig, layers: int | None = None) -> dict:
           f"[M, E] with E = num_experts = {cfg.num_experts}")
   require(np.issubdtype(order.dtype, np.integer) and np.all(np.sort(order, axis=1) == np.arange(cfg.num_experts)),
           "order", order.tolist(), f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer")
-  columns = {"router": order}
-  if cfg.routing in NODE_ROUTINGS:
-    nodes = node_order(order, cfg)
-    if cfg.routing == "bilevel":
-      columns = {"node_router": nodes, "local_router": local_order(order, cfg)}
-  elif cfg.num_groups is not None and cfg.topk_groups < cfg.num_groups:  # all groups kept: no limit
-    group_order(order, cfg)
-  return columns
+  router = cfg.router
+  blocks = None if router.placement_blocks is None else block_order(order, cfg)
+  orders = {"expert": lambda: order, "block": lambda: blocks, "local": lambda: local_order(order, cfg)}
+  return {name: orders[indexes]() for name, indexes in router.columns.items()}
 
 
 def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> list[dict]:
@@ -216,13 +199,11 @@ def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig)
     if state.get("expert_bias") is not None:
       new["expert_bias"] = state["expert_bias"][order[j]]
     if state.get("balance_counts") is not None:
-      counts = state["balance_counts"]
-      if cfg.routing == "bilevel":
-        n = cfg.num_nodes
-        new["balance_counts"] = np.concatenate([np.asarray(counts[:n])[columns["node_router"][j]],
-                                                np.asarray(counts[n:])[columns["local_router"][j]]])
-      else:
-        new["balance_counts"] = counts[order[j]]
+      counts, start, pieces = np.asarray(state["balance_counts"]), 0, []
+      for name, width in cfg.router.widths.items():  # each balanced router's counts, in its columns' new order
+        pieces.append(counts[start:start + width][columns[name][j]])
+        start += width
+      new["balance_counts"] = np.concatenate(pieces)
     out.append(new)
   return out
 

@@ -28,7 +28,7 @@ import time
 import numpy as np
 from scipy import optimize, sparse
 
-from moejax.moe.config import NODE_ROUTINGS, ROUTINGS
+from moejax.moe.routing import ROUTERS
 from moejax.placement import affinity
 from moejax.validation import require
 
@@ -191,10 +191,11 @@ def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mi
   summed counts instead of one per node). Bounds and gaps are over the placements the routing allows.
   """
   start = time.perf_counter()
-  require(routing in ROUTINGS, "routing", routing, f"one of {ROUTINGS}")
+  require(routing in ROUTERS, "routing", routing, f"one of {tuple(ROUTERS)}")
+  router = ROUTERS[routing]
   counts = affinity.check_counts(counts, nodes, gpus_per_node)
   layers, num = counts.shape[0] + 1, counts.shape[1]
-  if routing in NODE_ROUTINGS:
+  if router.chooses_nodes:
     per_node = num // nodes  # routing node g = experts g * per_node .. (g + 1) * per_node - 1
     between = counts.reshape(layers - 1, nodes, per_node, nodes, per_node).sum((2, 4))  # [L-1, n, n]
     node_of_group, cross_node, node_bound, node_method = _stage(between, nodes, time_limit_s, mip_rel_gap)
@@ -205,7 +206,7 @@ def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mi
   local = [np.stack([counts[j][np.ix_(m[j], m[j + 1])] for j in range(layers - 1)]) for m in members]
   # bilevel: a node's experts in index order are its local experts 0 .. E / n - 1 (whole nodes moved), so
   # one layout for all nodes crosses sum_node crossings(local[node]) = crossings(sum(local)).
-  shared = routing == "bilevel"
+  shared = router.shares_local_router
   stages = [_stage(c, gpus_per_node, time_limit_s, mip_rel_gap) for c in ([sum(local)] if shared else local)]
   placement = np.empty((layers, num), np.int64)
   for node in range(nodes):

@@ -12,8 +12,6 @@ context (`jax.sharding.use_abstract_mesh`) and from a `shard_map`'s own mesh.
 
 import jax
 
-from moejax.validation import require
-
 RAGGED_PLATFORMS = ("gpu", "tpu")  # backends with a native ragged all-to-all
 TARGET_GPU = "NVIDIA H100"  # the GPU that a lowering without one attached targets (compute capability 9.0)
 
@@ -30,21 +28,6 @@ def has_ragged_all_to_all(platform: str) -> bool:
 def flat_transport(platform: str) -> str:
   """The one-hop ragged transport to use on `platform`."""
   return "ragged" if has_ragged_all_to_all(platform) else "padded"
-
-
-def exchange_kind(transport: str, platform: str) -> str:
-  """The exchange a transport's hops use: 'ragged' and 'padded' their own; 'capacity' the dense one
-  (fixed blocks per peer); the two-hop transports the platform's native ragged one where it exists."""
-  if transport == "capacity":
-    return "dense"
-  return transport if transport in ("ragged", "padded") else flat_transport(platform)
-
-
-def check_transport(transport: str, platform: str, field: str = "transport") -> None:
-  """Raises ConfigError naming `field` if the transport cannot run on `platform`."""
-  require(transport != "ragged" or has_ragged_all_to_all(platform), field, transport,
-          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
-          "(the same semantics from fixed-size collective permutes)")
 
 
 def simulates_nodes(platform: str) -> bool:

@@ -105,7 +105,7 @@ def measure(point: Point, config, layers: dict) -> dict:
                              config.measure.warmup, config.measure.repeats)
   step_times, losses = timed["times_s"], timed["losses"]
   step_s = statistics.median(step_times)
-  return {**identity(point), "routing": cfg.routing, "transport": cfg.transport,
+  return {**identity(point), "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective,
           "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,
           "tokens_per_gpu": tokens, "global_batch": global_batch, "accumulation": accumulation,
           **layers[key], "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,

@@ -62,7 +62,7 @@ def scale(points: list[tuple[int, int]], values: list[float], target: tuple[int,
 
 def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
   """One MoE layer's receive buffers per device, as `experiments/exchange_memory.py` counts them (the layer's own
-  `moe.path.hop_sizes` with `moe.transport.buffer_bound`): each hop's buffer of rows x d in the dispatch dtype, and
+  `moe.path.hop_sizes` with `moe.collective.buffer_bound`): each hop's buffer of rows x d in the dispatch dtype, and
   the combine's buffer of the same rows back in the combine dtype. `tokens`: the tokens of one layer call."""
   from moejax.moe import layout as layout_lib  # after the device count is set
   lay = layout_lib.layout(moe_cfg, tokens, mesh)
@@ -120,7 +120,7 @@ def _smile_leaves(cfg) -> tuple[list, list, list]:
 
 def _moe_leaves(moe_cfg) -> list:
   d, f, e = moe_cfg.d_model, moe_cfg.d_ff, moe_cfg.num_experts
-  widths = [moe_cfg.num_nodes, moe_cfg.experts_per_node] if moe_cfg.routing == "bilevel" else [e]
+  widths = list(moe_cfg.router.widths.values())  # the router kernels [d, width]
   mats = 3 if moe_cfg.gated else 2
   out = [Leaf((d, w), kind="moe") for w in widths] + [Leaf((e, d, f), mats, "expert")]
   if moe_cfg.num_shared_experts:

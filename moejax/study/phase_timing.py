@@ -2,10 +2,9 @@
 
 The layer runs once to get its real routing (aux traffic_rows per hop and expert_counts); then each
 phase is timed as a program of its own at exactly those sizes, with the layer's buffer shapes:
-every hop's dispatch exchange (rows and their expert ids, as `transport.plan_path` and `move_through` send them) and
-combine exchange (rows) over its mesh axes, and the expert FFN on each device's received rows. The
-dense capacity transport ('capacity') times its two all-to-alls of [A, E/A * C, d] slot blocks and
-the FFN on every slot.
+every hop's dispatch exchange (rows and their expert ids, as `path.plan_path` and `move_through` send them) and
+combine exchange (rows) over its mesh axes, by the layer's collective (with 'capacity', its fixed blocks per peer),
+and the expert FFN on each device's received rows.
 
 An exchange over 'gpu' counts as intra-node; over 'node', or over both axes on more than one node,
 as inter-node (the classification of `moejax.cost`). 'other' is the whole layer's time minus the
@@ -22,10 +21,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.kernels.tuning import time_call
-from moejax.moe import experts, routing
+from moejax.moe import collective as collective_lib
+from moejax.moe import experts
 from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
-from moejax.moe import transport as transport_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import exchange_for, moe_apply
 from moejax.moe.layout import layout
@@ -44,8 +43,8 @@ def hop_sizes(traffic_AxA: np.ndarray, axis, n: int, m: int) -> np.ndarray:
 class _Phases:
   """The phase programs of one layer on `mesh`, each a jitted shard_map over per-device blocks."""
 
-  def __init__(self, cfg: MoEConfig, mesh, kind):
-    self.cfg, self.mesh, self.kind = cfg, mesh, kind
+  def __init__(self, cfg: MoEConfig, mesh):
+    self.cfg, self.mesh = cfg, mesh
     self.n, self.m = mesh_lib.axis_sizes(mesh)
     self.sharded = NamedSharding(mesh, P(AXES))
 
@@ -57,22 +56,19 @@ class _Phases:
     return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(AXES),) * n_args, out_specs=P(AXES),
                                  check_vma=check_vma))
 
-  def exchange(self, axis, out_rows: int, direction: str):
-    """One hop's exchange over `axis` as a plan from sizes [1, A, A] says: 'dispatch' sends rows
-    [R, D] and their ids [R] (`transport.plan_path`, `move_through`), 'combine' sends rows back
-    (`transport.move_back`)."""
+  def exchange(self, axis, out_rows: int, direction: str, collective):
+    """One hop's exchange over `axis` by its collective, as a plan from sizes [1, A, A] says: 'dispatch' sends
+    rows [R, D] and their ids [R] (`path.plan_path`, `move_through`), 'combine' sends rows back
+    (`path.move_back`)."""
 
     def send(operand, sizes, fill=0):
       forward, backward = plan_lib.ragged_args(sizes[0], jax.lax.axis_index(axis))
       args = forward if direction == "dispatch" else backward
-      return transport_lib.exchange(operand, args, out_rows, axis, self.kind, fill=fill)
+      return collective_lib.exchange(operand, args, out_rows, axis, collective, fill=fill)
 
     if direction == "dispatch":
       return self._map(lambda rows, ids, sizes: (send(rows, sizes), send(ids, sizes, fill=-1)), 3)
     return self._map(send, 2)
-
-  def capacity_exchange(self):
-    return self._map(lambda blocks: jax.lax.all_to_all(blocks, AXES, 0, 0), 1)
 
   def ffn(self):
     """The expert FFN on rows [R, d] with group sizes [slots] and the local weights."""
@@ -94,33 +90,25 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   counts = np.asarray(aux["expert_counts"])
   lay = layout(cfg, x.shape[0], mesh)
   ex = exchange_for(lay)
-  phases = _Phases(cfg, mesh, lay.kind)
+  phases = _Phases(cfg, mesh)
   n, m, devices = lay.n, lay.m, lay.n * lay.m
-  tokens, d, slots = lay.tokens, cfg.d_model, lay.slots
+  d, slots = cfg.d_model, lay.slots
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
   median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
   comm = {True: 0.0, False: 0.0}  # crosses nodes -> ms
 
-  if cfg.transport == "capacity":
-    capacity = routing.expert_capacity(cfg, tokens)
-    blocks = phases.put(rng.standard_normal((devices * cfg.num_experts * capacity, d)).astype(jnp.dtype(cfg.dtype))
-                        .reshape(devices * devices, cfg.num_experts * capacity // devices, d))
-    send = phases.capacity_exchange()
-    comm[n > 1] += 2 * median_ms(lambda: send(blocks))  # dispatch and combine move the same blocks
-    received, sizes = slots * devices * capacity, np.full((devices, slots), devices * capacity)
-  else:
-    row_slots = cfg.choices_per_token * lay.sharding.copies(m) if lay.dedup else 1
-    planned = path_lib.hop_sizes(ex.hops, ex.axis_sizes, lay.rows, row_slots, ex.kind, ex.buffer_rows, ex.dedup)
-    for axis, hop, size in zip(ex.hops, traffic, planned):
-      sizes = phases.put(hop_sizes(hop, axis, n, m))
-      dispatch = phases.exchange(axis, size.out_rows, "dispatch")
-      combine = phases.exchange(axis, size.taken, "combine")
-      rows, back = rows_of(size.taken), rows_of(size.out_rows)
-      ids = phases.put(np.zeros((devices * size.taken, row_slots), np.int32))
-      comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
-      comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
-    received, sizes = planned[-1].bound, counts.reshape(devices, slots)  # the experts' entries (`path.grouped`)
+  row_slots = cfg.choices_per_token * lay.sharding.copies(m) if lay.dedup else 1
+  planned = path_lib.hop_sizes(ex.hops, ex.axis_sizes, lay.rows, row_slots, ex.collective, ex.buffer_rows, ex.dedup)
+  for axis, hop, size in zip(ex.hops, traffic, planned):
+    sizes = phases.put(hop_sizes(hop, axis, n, m))
+    dispatch = phases.exchange(axis, size.out_rows, "dispatch", size.collective)
+    combine = phases.exchange(axis, size.taken, "combine", size.collective)
+    rows, back = rows_of(size.taken), rows_of(size.out_rows)
+    ids = phases.put(np.zeros((devices * size.taken, row_slots), np.int32))
+    comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: dispatch(rows, ids, sizes))
+    comm[mesh_lib.crosses_nodes(axis, n)] += median_ms(lambda: combine(back, sizes))
+  received, sizes = planned[-1].bound, counts.reshape(devices, slots)  # the experts' entries (`path.grouped`)
   weights = [params["w_in"], params["w_out"]] + ([params["w_gate"]] if cfg.gated else [])
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))

@@ -17,7 +17,7 @@ device's excess load shrinks with more tokens, so scaling it up overstates imbal
 capacity drops (capacity is applied per batch and binds harder on few tokens;
 `sim_dropped_fraction` is in every row). The dense capacity dispatch ('switch') moves every slot
 whatever the routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
-C = ceil(capacity_factor * T * k / E), every slot computed. The ragged transports move only the
+C = ceil(capacity_factor * T * k / E), every slot computed. The ragged collectives move only the
 rows routed, without capacity padding.
 
 What a row costs on the wire (`row_bytes`, `moe.wire.row_bytes`): each exchange prices its own bytes per
@@ -53,10 +53,11 @@ import numpy as np
 from moejax.cost import collectives, overlap, parm, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
+from moejax.moe import collective as collective_lib
+from moejax.moe import path as path_lib
 from moejax.moe import routing
 from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
-from moejax.moe.transport import transport_hops
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
 from moejax.train import objective
 
@@ -71,7 +72,7 @@ def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
   """A row's bytes in each exchange of the layer `cfg` at width d_model, activations of `itemsize` bytes: slots per
   row K with dedup (1 without), arrival flags back where a hop may drop (`moe.wire.row_bytes`)."""
   slots = cfg.choices_per_token if cfg.deduplicates else 1
-  may_drop = cfg.buffer_factor is not None or cfg.transport == "capacity"
+  may_drop = cfg.buffer_factor is not None or collective_lib.as_collective(cfg.collective).fixed_blocks
   return wire_lib.row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
 
 
@@ -83,7 +84,7 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
   rate, rate_source = device_rate(config)
   busiest = int(np.argmax(processed))
   experts_per_gpu = cfg.num_experts // (n * m)
-  hops = transport_hops(cfg.transport)
+  hops = path_lib.hops(cfg.path)
   exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
   shape = overlap.LayerShape((processed[busiest] / experts_per_gpu,) * experts_per_gpu, model.d_model, model.d_ff,
                              config.moe.gated, rate, overlap.GemmCurve(sms=config.gemm_sms), non_expert_s)
@@ -154,13 +155,14 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
   non_expert_s = phases.for_topology(topology(config)).seconds(tokens * k, model.d_model, itemsize)
   common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
-            "routing": cfg.routing, "transport": cfg.transport, "dedup": cfg.deduplicates,
+            "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective, "dedup": cfg.deduplicates,
             "dispatch_dtype": cfg.dispatch_dtype or moe.dtype, "combine_dtype": cfg.combine_dtype or "float32"}
   if point.scheme in ESP_SCHEMES:
     return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
   scale = tokens / sim["tokens_per_gpu"]
-  if cfg.transport == "capacity":
-    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens))
+  if collective_lib.as_collective(cfg.collective).fixed_blocks:
+    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens),
+                                        path_lib.hops(cfg.path))
     processed = traffic_lib.rows_processed(rows)
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
@@ -179,7 +181,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
     return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops,
                                                      non_expert_s)}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
-  args = (rows, transport_hops(cfg.transport), (n, m), wire, flops, topology(config), device_rate(config))
+  args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, topology(config), device_rate(config))
   return {**common, **stats,
           "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
           "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s,

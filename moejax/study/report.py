@@ -7,9 +7,9 @@ import os
 
 from moejax.study import plots
 
-COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "transport",
-           "choices_per_token", "capacity_factor", "dedup", "dispatch_dtype", "combine_dtype", "tokens_per_gpu",
-           "global_batch", "accumulation", "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction",
+COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "scheme", "routing", "path",
+           "collective", "choices_per_token", "capacity_factor", "dedup", "dispatch_dtype", "combine_dtype",
+           "tokens_per_gpu", "global_batch", "accumulation", "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction",
            "expert_load_imbalance", "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "dispatch_bytes_per_row",
            "combine_bytes_per_row", "layer_inter_node_ms", "layer_intra_node_ms",
            "layer_expert_ms", "layer_other_ms", "layer_hidden_ms", "comm_hidden_fraction", "esp_choice", "layer_ms",

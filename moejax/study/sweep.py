@@ -1,4 +1,4 @@
-"""Scaling sweeps: routing/transport schemes over meshes, model sizes, weak and strong scaling.
+"""Scaling sweeps: routing, path and collective schemes over meshes, model sizes, weak and strong scaling.
 
 Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply`) on a simulated
 CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at

@@ -31,6 +31,7 @@ from moejax.models import sharding as sharding_lib
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
+from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
@@ -229,7 +230,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   platform = platform_lib.of_mesh(mesh)
-  platform_lib.check_transport(moe_cfg.transport, platform, field="moe.transport")
+  collective_lib.check(moe_cfg.collective, platform, field="moe.collective")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = corpus_lib.corpus_files(config.data.train_files, cache_dir)
   tok = corpus_lib.load_tokenizer(config, files, cache_dir)

@@ -1,0 +1,211 @@
+"""Routers: from token activations to a RoutingDecision, plus the statistics of the auxiliary losses.
+
+One interface, `Router`, one class per routing (`ROUTERS`: `flat.TopK`, `flat.NodeLimited`, `bilevel.BiLevel`),
+built once from the config (`of(cfg)`, `MoEConfig.router`). The layer, the reference, placement and the study ask
+the router, never the routing's name. A router says, in plain Python: its kernels' widths (`widths`, each
+{'kernel': [d, width]}), the (token, expert) choices a token makes, the groups of contiguous experts it routes by
+(which a placement must keep whole), what each kernel's columns index; and traced: `route` (one device's tokens,
+with per-device loss statistics that the layer sums over the mesh) and `reference` (the same routing on the whole
+batch, written plainly: the semantics `moe.reference` and the tests compare against).
+
+Routers are replicated (tied across devices): a token's route does not depend on the device that holds it.
+"""
+
+import abc
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import plan as plan_lib
+
+
+class RoutingDecision(NamedTuple):
+  """expert_ids: [T, K] int32 global expert of each choice (index = priority rank);
+  weights: [T, K] fp32 combine weights."""
+
+  expert_ids: jax.Array
+  weights: jax.Array
+
+
+class ReferenceRoute(NamedTuple):
+  """The whole batch's routing (`Router.reference`): ids and weights [T, K], the load-balance loss and z-loss, and
+  the balanced routers' choice counts [balance_counts_size]."""
+
+  ids: jax.Array
+  weights: jax.Array
+  load_balance: jax.Array
+  z_loss: jax.Array
+  counts: jax.Array
+
+
+class Blocks(NamedTuple):
+  """Contiguous blocks of experts that a routing treats as units (nodes, groups): a placement may permute experts
+  inside a block or move a block whole, never split it. unit: what a block is called ('node', 'group'); reason: why
+  splitting one changes the routing."""
+
+  count: int
+  unit: str
+  reason: str
+
+
+class Router(abc.ABC):
+  """The interface. cfg: the layer's `MoEConfig`.
+
+  Plain Python: `widths` ({kernel name: width}, in the order of the balance counts), `choices_per_token` (K),
+  `max_top_k`, `group_limit` ((groups, kept per token) of group-limited selection, or None), `placement_blocks`
+  (`Blocks` or None), `columns` ({kernel name: what its columns index: 'expert', 'block' or 'local' (an expert's
+  index inside its block, shared by every block)}), `default_alpha` (the balance loss's coefficient when the config
+  gives none). Traced: `route`, `reference`; `balance_terms` name the statistics `aux_losses` reads.
+  """
+
+  name: str
+  chooses_nodes = False  # it needs num_nodes (the mesh's), and a placement keeps each node's experts together
+  shares_local_router = False  # one router over a node's local experts, shared by every node
+  default_alpha = 0.01  # Switch's
+
+  def __init__(self, cfg):
+    self.cfg = cfg
+
+  @property
+  @abc.abstractmethod
+  def widths(self) -> dict[str, int]:
+    """{kernel name: width} of the router parameters, each {'kernel': [d, width]}."""
+
+  @property
+  def choices_per_token(self) -> int:
+    return self.cfg.top_k
+
+  @property
+  def max_top_k(self) -> int:
+    return self.cfg.num_experts
+
+  group_limit = None
+  placement_blocks = None
+
+  @property
+  def columns(self) -> dict[str, str]:
+    return {"router": "expert"}
+
+  @abc.abstractmethod
+  def balance_terms(self) -> list[tuple[str, float, int]]:
+    """(kernel name, coefficient, choices per token) of each balanced router, in `widths` order."""
+
+  @abc.abstractmethod
+  def route(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None):
+    """x [T, d] -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
+    and 'prob_sums' {kernel name: [width]}, 'z_sum', 'tokens', and with balance_loss='sequence'
+    'sequence_loss_sum' and 'sequences')."""
+
+  @abc.abstractmethod
+  def reference(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None,
+                prior=None) -> ReferenceRoute:
+    """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts."""
+
+
+def of(cfg) -> Router:
+  """The router of `cfg.routing`."""
+  return ROUTERS[cfg.routing](cfg)
+
+
+def route(x_TxD: jax.Array, params: dict, cfg, bias_E: jax.Array | None = None,
+          sequence_length: int | None = None) -> tuple[RoutingDecision, dict]:
+  """x [T, d] -> (decision, loss statistics) by the config's router (`Router.route`).
+
+  bias_E: the auxiliary-loss-free balancing bias [E], added to the scores that choose the experts only.
+  sequence_length: with balance_loss='sequence', the tokens of one sequence (T holds whole sequences).
+  """
+  return cfg.router.route(x_TxD, params, bias_E, sequence_length)
+
+
+def router_names(cfg) -> tuple[str, ...]:
+  """The router parameters of a routing, each {'kernel': [d, width]}."""
+  return tuple(cfg.router.widths)
+
+
+def router_widths(cfg) -> dict[str, int]:
+  return cfg.router.widths
+
+
+def counts(ids, size):
+  """[size] float32 choices per id (ids out of range count nowhere)."""
+  return plan_lib.histogram(ids, size).astype(jnp.float32)
+
+
+def z_sum(logits):
+  z = jax.nn.logsumexp(logits, axis=-1)
+  return jnp.sum(z * z)
+
+
+def renormalized(weights_TxK, cfg):
+  return weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True) if cfg.renormalize else weights_TxK
+
+
+def softmax_router(x_TxD, params, name):
+  """(logits, probabilities) [T, width] of the softmax router `name`, in fp32."""
+  logits = jnp.dot(x_TxD.astype(jnp.float32), params[name]["kernel"].astype(jnp.float32))
+  return logits, jax.nn.softmax(logits, axis=-1)
+
+
+def switch_loss(chosen_TxK, probs_TxX, coef, prior_X=None):
+  """coef * X * sum_x f_x P_x (the reference's form): f = fraction of the choices made for x (with prior_X, of these
+  choices and the prior counts together), P = mean probability of x."""
+  num = probs_TxX.shape[1]
+  made = counts(chosen_TxK, num)
+  f = made / chosen_TxK.size if prior_X is None else (made + prior_X) / (chosen_TxK.size + prior_X.sum())
+  return coef * num * jnp.sum(f * probs_TxX.mean(0))
+
+
+def balance_counts(stats: dict, cfg) -> jax.Array:
+  """[cfg.balance_counts_size] float32: the routers' choice counts in `stats`, concatenated."""
+  return jnp.concatenate([stats["counts"][name] for name, *_ in cfg.router.balance_terms()])
+
+
+def aux_losses(stats: dict, cfg, prior_counts: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Load-balance loss and router z-loss from global statistics (`route`'s, summed over the devices).
+
+  Each balanced router's Switch loss coef * X * sum_x f_x P_x (f: fraction of its choices made for x, P: its mean
+  probability of x; with sigmoid scores, the scores normalised over the experts), summed: topk and node_limited,
+  alpha * E * sum_e f_e P_e; bilevel, SMILE's Eq. 4, alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j (minimum
+  alpha + beta under uniform routing). 'sequence' (DeepSeek-V3 Eqs. 17-20): per sequence, averaged. prior_counts
+  ('global_batch'): earlier micro-batches' choice counts (`balance_counts`), added to these tokens' in f; P stays
+  these tokens'. z-loss: z_loss_coef * mean over tokens of logsumexp(logits)^2 (summed over the routers).
+  """
+  tokens = stats["tokens"]
+  if cfg.balance_loss == "sequence":
+    load_balance = cfg.alpha * stats["sequence_loss_sum"] / stats["sequences"]
+  else:
+    load_balance, start = jnp.zeros((), jnp.float32), 0
+    for name, coef, choices in cfg.router.balance_terms():
+      made = stats["counts"][name]
+      f = made / (tokens * choices)
+      if prior_counts is not None:
+        prior = prior_counts[start:start + made.shape[0]]
+        f = (made + prior) / (tokens * choices + jnp.sum(prior))
+      start += made.shape[0]
+      load_balance = load_balance + coef * made.shape[0] * jnp.sum(f * stats["prob_sums"][name] / tokens)
+  z_loss = cfg.z_loss_coef * stats["z_sum"] / tokens
+  return {"load_balance_loss": load_balance, "z_loss": z_loss, "aux_loss": load_balance + z_loss}
+
+
+def expert_capacity(cfg, local_tokens: int) -> int:
+  """Token-choices one device may send to one expert: ceil(capacity_factor * tokens * K / E)."""
+  return math.ceil(cfg.capacity_factor * local_tokens * cfg.choices_per_token / cfg.num_experts)
+
+
+def queue_positions(ids_TxK: jax.Array, num_experts: int) -> jax.Array:
+  """[T, K] position of each token-choice in its expert's queue.
+
+  Priority: every first choice before any second choice, and so on; within a choice rank, earlier
+  tokens first (GShard). A choice is kept under capacity C iff its position is < C. One stable sort of
+  the T K choices: O(T K log(T K)) time and O(T K + E) memory, whatever the number of experts.
+  """
+  tokens, k = ids_TxK.shape
+  ids_R = ids_TxK.T.reshape(-1)  # choice-major: rank 0 of every token first
+  return plan_lib.rank_in_group(ids_R, num_experts).reshape(k, tokens).T
+
+
+from moejax.moe.routing import bilevel, flat  # noqa: E402  (the routers subclass Router, defined above)
+
+ROUTERS = {cls.name: cls for cls in (flat.TopK, bilevel.BiLevel, flat.NodeLimited)}

@@ -1,0 +1,78 @@
+"""SMILE's bi-level router (Eq. 3): a softmax node router [d, n] picks a token's node_top_k nodes, a softmax local
+router [d, m'], shared by every node, its top_k local experts there; a choice's weight is p_node * q_local."""
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import routing
+from moejax.moe.routing import Blocks, ReferenceRoute, RoutingDecision
+
+
+class BiLevel(routing.Router):
+  """'bilevel'. Choice (a, b), the a-th node and its b-th local expert, has rank a * top_k + b."""
+
+  name = "bilevel"
+  chooses_nodes = True
+  shares_local_router = True
+  default_alpha = 0.005  # SMILE's alpha and beta
+
+  @property
+  def widths(self):
+    return {"node_router": self.cfg.num_nodes, "local_router": self.cfg.experts_per_node}
+
+  @property
+  def choices_per_token(self):
+    return self.cfg.top_k * self.cfg.node_top_k
+
+  @property
+  def max_top_k(self):
+    return self.cfg.experts_per_node
+
+  @property
+  def placement_blocks(self):
+    return Blocks(self.cfg.num_nodes, "node",
+                  "bilevel picks a node, then one of its experts by the local router shared by all nodes")
+
+  @property
+  def columns(self):
+    return {"node_router": "block", "local_router": "local"}
+
+  def balance_terms(self):
+    cfg = self.cfg
+    return [("node_router", cfg.alpha, cfg.node_top_k), ("local_router", cfg.beta, cfg.top_k)]
+
+  def route(self, x_TxD, params, bias_E=None, sequence_length=None):
+    del bias_E, sequence_length  # refused with 'bilevel' by MoEConfig
+    cfg, tokens = self.cfg, x_TxD.shape[0]
+    node_logits, p_TxN = routing.softmax_router(x_TxD, params, "node_router")
+    local_logits, q_TxL = routing.softmax_router(x_TxD, params, "local_router")
+    p_top, nodes = jax.lax.top_k(p_TxN, cfg.node_top_k)
+    q_top, local = jax.lax.top_k(q_TxL, cfg.top_k)
+    ids = (nodes[:, :, None] * cfg.experts_per_node + local[:, None, :]).reshape(tokens, -1)
+    weights = (p_top[:, :, None] * q_top[:, None, :]).reshape(tokens, -1)
+    stats = {"counts": {"node_router": routing.counts(nodes, cfg.num_nodes),
+                        "local_router": routing.counts(local, cfg.experts_per_node)},
+             "prob_sums": {"node_router": jnp.sum(p_TxN, axis=0), "local_router": jnp.sum(q_TxL, axis=0)},
+             "z_sum": routing.z_sum(node_logits) + routing.z_sum(local_logits),
+             "tokens": jnp.asarray(tokens, jnp.float32)}
+    return RoutingDecision(ids.astype(jnp.int32), routing.renormalized(weights, cfg)), stats
+
+  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
+    del bias_E, sequence_length
+    cfg, n = self.cfg, self.cfg.num_nodes
+    node_logits = x_TxD @ params["node_router"]["kernel"]
+    local_logits = x_TxD @ params["local_router"]["kernel"]
+    p, q = jax.nn.softmax(node_logits, -1), jax.nn.softmax(local_logits, -1)
+    p_top, nodes = jax.lax.top_k(p, cfg.node_top_k)
+    q_top, local = jax.lax.top_k(q, cfg.top_k)
+    ids, weights = [], []
+    for a in range(cfg.node_top_k):
+      for b in range(cfg.top_k):
+        ids.append(nodes[:, a] * cfg.experts_per_node + local[:, b])
+        weights.append(p_top[:, a] * q_top[:, b])
+    load_balance = (routing.switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n])
+                    + routing.switch_loss(local, q, cfg.beta, None if prior is None else prior[n:]))
+    z = lambda logits: jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    made = jnp.concatenate([routing.counts(nodes, n), routing.counts(local, cfg.experts_per_node)])
+    return ReferenceRoute(jnp.stack(ids, 1), routing.renormalized(jnp.stack(weights, 1), cfg), load_balance,
+                          cfg.z_loss_coef * (z(node_logits) + z(local_logits)), made)

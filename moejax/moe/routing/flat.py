@@ -1,0 +1,136 @@
+"""The flat routers: one router [d, E] over all experts (topk), optionally limited to each token's best groups of
+contiguous experts (group-limited, DeepSeek-V2/V3), of which node_limited is the case groups = nodes."""
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import routing
+from moejax.moe.routing import Blocks, ReferenceRoute, RoutingDecision
+
+
+class TopK(routing.Router):
+  """'topk': scores softmax (Switch k=1, GShard k=2) or sigmoid (DeepSeek-V3) of x @ router, the top k of the
+  scores (+ the balancing bias) among the allowed experts, weighted by their scores (renormalised, scaled)."""
+
+  name = "topk"
+
+  @property
+  def widths(self):
+    return {"router": self.cfg.num_experts}
+
+  @property
+  def group_limit(self):
+    cfg = self.cfg
+    return None if cfg.num_groups is None else (cfg.num_groups, cfg.topk_groups)
+
+  @property
+  def group_score(self) -> str:
+    return self.cfg.group_score
+
+  @property
+  def max_top_k(self):
+    limit = self.group_limit
+    return self.cfg.num_experts if limit is None else self.cfg.num_experts // limit[0] * limit[1]
+
+  @property
+  def placement_blocks(self):
+    cfg = self.cfg
+    if cfg.num_groups is None or cfg.topk_groups >= cfg.num_groups:  # every group kept: no limit
+      return None
+    return Blocks(cfg.num_groups, "group", f"with num_groups={cfg.num_groups}, topk_groups={cfg.topk_groups} "
+                  f"(group-limited routing) a token's experts are chosen among its {cfg.topk_groups} best groups of "
+                  f"{cfg.num_experts // cfg.num_groups} contiguous experts, each scored by its own experts "
+                  f"({cfg.group_score!r})")
+
+  def balance_terms(self):
+    return [("router", self.cfg.alpha, self.cfg.top_k)]
+
+  def _scores(self, x_TxD, params):
+    """(logits, scores that weight, probabilities the balance loss takes) [T, E]."""
+    logits = jnp.dot(x_TxD.astype(jnp.float32), params["router"]["kernel"].astype(jnp.float32))
+    if self.cfg.score == "softmax":
+      scores = jax.nn.softmax(logits, axis=-1)
+      return logits, scores, scores
+    scores = jax.nn.sigmoid(logits)  # DeepSeek-V3: independent affinities, normalised for the loss (Eq. 19)
+    return logits, scores, scores / jnp.sum(scores, axis=-1, keepdims=True)
+
+  def _weights(self, scores_TxE, ids_TxK):
+    weights = jnp.take_along_axis(scores_TxE, ids_TxK, axis=1)
+    return routing.renormalized(weights, self.cfg) * self.cfg.routed_scaling  # V3 Eq. 13 with renormalize
+
+  def route(self, x_TxD, params, bias_E=None, sequence_length=None):
+    cfg = self.cfg
+    logits, scores_TxE, probs_TxE = self._scores(x_TxD, params)
+    select_TxE = scores_TxE if bias_E is None else scores_TxE + bias_E
+    if self.group_limit is not None:
+      select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score)
+    _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
+    stats = {"counts": {"router": routing.counts(ids, cfg.num_experts)},
+             "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)}, "z_sum": routing.z_sum(logits),
+             "tokens": jnp.asarray(x_TxD.shape[0], jnp.float32)}
+    if cfg.balance_loss == "sequence":
+      stats["sequence_loss_sum"], stats["sequences"] = _sequence_loss_sum(ids, probs_TxE, sequence_length, cfg)
+    return RoutingDecision(ids.astype(jnp.int32), self._weights(scores_TxE, ids)), stats
+
+  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
+    cfg = self.cfg
+    logits, scores, probs = self._scores(x_TxD, params)
+    select = scores if bias_E is None else scores + bias_E[None, :]
+    if self.group_limit is not None:  # groups ranked by the sum of their two best selection scores, or their best
+      groups, kept = self.group_limit
+      best = 1 if self.group_score == "max" else 2
+      group_scores = jnp.sort(select.reshape(select.shape[0], groups, -1), axis=-1)[..., ::-1][..., :best].sum(-1)
+      _, chosen_groups = jax.lax.top_k(group_scores, kept)
+      group_of_expert = jnp.arange(cfg.num_experts) // (cfg.num_experts // groups)
+      allowed = (group_of_expert[None, :, None] == chosen_groups[:, None, :]).any(-1)
+      select = jnp.where(allowed, select, -jnp.inf)
+    _, ids = jax.lax.top_k(select, cfg.top_k)
+    if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences
+      pieces = x_TxD.shape[0] // sequence_length
+      losses = [routing.switch_loss(i, p, 1.0) for i, p in zip(jnp.split(ids, pieces), jnp.split(probs, pieces))]
+      load_balance = cfg.alpha * jnp.mean(jnp.stack(losses))
+    else:
+      load_balance = routing.switch_loss(ids, probs, cfg.alpha, prior)
+    z_loss = cfg.z_loss_coef * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
+    return ReferenceRoute(ids, self._weights(scores, ids), load_balance, z_loss, routing.counts(ids, cfg.num_experts))
+
+
+class NodeLimited(TopK):
+  """'node_limited' (DeepSeek-V3's device-limited routing): the flat router, a token's experts chosen among its
+  node_top_k best nodes, each node scored by the sum of its two best expert scores: group-limited routing with
+  groups = nodes."""
+
+  name = "node_limited"
+  chooses_nodes = True
+  group_score = "top2_sum"
+
+  @property
+  def group_limit(self):
+    return self.cfg.num_nodes, self.cfg.node_top_k
+
+  @property
+  def placement_blocks(self):
+    return Blocks(self.cfg.num_nodes, "node", "node_limited ranks a token's nodes by their own experts' probabilities")
+
+
+def _limit_to_groups(select_TxE, groups: int, kept: int, group_score: str = "top2_sum"):
+  """Group-limited routing (DeepSeek-V2/V3): groups of E / groups contiguous experts, each scored by the sum
+  of its two best selection scores ('top2_sum', V3) or its best ('max', V2); experts outside a token's `kept`
+  best groups are masked out."""
+  tokens, num_experts = select_TxE.shape
+  per_group = num_experts // groups
+  best = 1 if group_score == "max" else min(2, per_group)
+  group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), best)[0], -1)
+  _, best_groups = jax.lax.top_k(group_scores, kept)
+  allowed_groups = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_groups].set(True)
+  return jnp.where(jnp.repeat(allowed_groups, per_group, axis=1), select_TxE, -jnp.inf)
+
+
+def _sequence_loss_sum(ids_TxK, probs_TxE, sequence_length: int, cfg):
+  """(sum over these tokens' sequences of sum_e f_e P_e, the number of sequences): DeepSeek-V3 Eqs. 17-20
+  without alpha, f_e = E / (K L) x the sequence's choices of e, P_e = its mean normalised score."""
+  sequences = ids_TxK.shape[0] // sequence_length
+  counts_BxE = jax.vmap(lambda ids: routing.counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
+  f_BxE = counts_BxE * cfg.num_experts / (cfg.top_k * sequence_length)
+  p_BxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
+  return jnp.sum(f_BxE * p_BxE), jnp.asarray(sequences, jnp.float32)
