@@ -28,7 +28,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.steps = 5  # timed repetitions after compilation
   config.check_reference = True
   config.tolerance = 1e-5  # relative error allowed against the reference (fp32)
-  config.output = ""  # optional .npz path for y, x and the aux statistics
   # Every MoEConfig field, at its default unless set here.
   config.moe = moe_section(
       num_experts=16, top_k=2, d_model=64, d_ff=128,

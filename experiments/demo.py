@@ -4,6 +4,7 @@
   python -m experiments.demo --config.moe.transport=hierarchical --config.moe.capacity_factor=1.25
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
   python -m experiments.demo --config.moe.buffer_factor=0.05      # bounded receive buffers that overflow
+  python -m experiments.demo --workdir=/tmp/demo                  # also writes demo.npz (y, x, the aux statistics)
 
 Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices. The mesh is config.mesh
 alone; moe fields that must agree with it are checked (configs/demo.py). moe.esp_schedule='auto' is resolved
@@ -25,7 +26,6 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import cli
-from moejax.cli import define_config
 from moejax.cost import expert_backend, parm
 from moejax.moe import expert_sharding
 from moejax.moe.config import MoEConfig
@@ -40,7 +40,8 @@ from moejax.runtime.mesh import AXES
 from moejax.validation import ConfigError, check_mesh, prefixed, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
+_CONFIG = cli.define_config(_DEFAULT_CONFIG, "Experiment config file.")
+_WORKDIR = cli.define_workdir("Directory for demo.npz (optional: without it, the report only).", required=False)
 
 
 def validate(config) -> MoEConfig:
@@ -169,8 +170,9 @@ def main(argv):
     sys.exit(f"error: {e}")
   if jax.process_index() == 0:
     report(result, config)
-    if config.output:
-      np.savez(config.output, **{k: np.asarray(v) for k, v in result.items()})
+    if _WORKDIR.value:
+      os.makedirs(_WORKDIR.value, exist_ok=True)
+      np.savez(os.path.join(_WORKDIR.value, "demo.npz"), **{k: np.asarray(v) for k, v in result.items()})
   if result.get("relative_error", 0.0) > config.tolerance:
     sys.exit(f"error: output differs from the reference by {result['relative_error']:.2e}: "
              f"{explain_difference(result)}")

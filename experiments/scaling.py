@@ -16,10 +16,9 @@ results go to results.csv, results.json, throughput.png and breakdown.png in the
 import os
 import sys
 
-from absl import flags, logging
+from absl import logging
 
 from moejax import cli
-from moejax.cli import define_config
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import report
 from moejax.study.points import max_devices, validate
@@ -27,8 +26,8 @@ from moejax.study.sweep import run
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "scaling_default.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Sweep config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for finished points and results.", required=True)
+_CONFIG = cli.define_config(_DEFAULT_CONFIG, "Sweep config file.")
+_WORKDIR = cli.define_workdir("Directory for finished points and results.")
 
 
 def main(argv):

@@ -13,11 +13,9 @@ import logging
 import os
 import sys
 
-from absl import flags
 from absl import logging as absl_logging
 
 from moejax import cli
-from moejax.cli import define_config
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
@@ -26,8 +24,8 @@ from moejax.train import trainer as train
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "mlm.py")
-_CONFIG = define_config(_DEFAULT_CONFIG, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics and caches.", required=True)
+_CONFIG = cli.define_config(_DEFAULT_CONFIG, "Experiment config file.")
+_WORKDIR = cli.define_workdir("Directory for checkpoints, metrics and caches.")
 
 
 class _QuietCheckpointing(logging.Filter):
