@@ -18,8 +18,8 @@ pytestmark = pytest.mark.slow  # two real processes with jax.distributed
 @pytest.mark.parametrize("routing,path,cf", [("topk", "gpu_first", 1.25), ("topk", "flat", None),
                                            ("bilevel", "node_first", 2.0)])
 def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, path, cf):
-  out = tmp_path / "y.npz"
-  overrides = [f"--config.moe.routing={routing}", f"--config.moe.path={path}", f"--config.output={out}",
+  out = tmp_path / "demo.npz"
+  overrides = [f"--config.moe.routing={routing}", f"--config.moe.path={path}", f"--workdir={tmp_path}",
                "--config.tokens=128", "--config.steps=1"]
   if cf is not None:
     overrides.append(f"--config.moe.capacity_factor={cf}")
