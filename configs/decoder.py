@@ -23,38 +23,11 @@ import ml_collections
 
 from configs import mlm
 from configs.moe_section import moe_section
-from moejax.models import hf_config
+from moejax.models import hf_config, presets
 
-# Published shapes (the models' config.json on the Hugging Face hub; the meshes they are served on).
-PUBLISHED = {
-    "qwen3_moe": dict(  # Qwen/Qwen3-30B-A3B
-        mesh=(2, 8), model=dict(vocab_size=151936, num_layers=48, d_model=2048, d_ff=6144, num_heads=32,
-                                num_kv_heads=4, head_dim=128, max_len=40960, rope_theta=1e6, qk_norm=True),
-        moe=dict(num_experts=128, top_k=8, d_ff=768, renormalize=True, load_balance_coef=0.001)),
-    "deepseek_v3": dict(  # deepseek-ai/DeepSeek-V3
-        mesh=(32, 8), dense=3, model=dict(vocab_size=129280, num_layers=61, d_model=7168, d_ff=18432, num_heads=128,
-                                          num_kv_heads=128, head_dim=64, max_len=163840, q_lora_rank=1536,
-                                          kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                                          rope_interleaved=True, num_mtp_layers=1),
-        moe=dict(num_experts=256, top_k=8, d_ff=2048, score="sigmoid", renormalize=True, routed_scaling=2.5,
-                 num_groups=8, topk_groups=4, num_shared_experts=1, bias_update_rate=0.001, balance_loss="sequence",
-                 load_balance_coef=0.0001)),
-    "deepseek_v2": dict(  # deepseek-ai/DeepSeek-V2-Lite
-        mesh=(1, 8), dense=1, model=dict(vocab_size=102400, num_layers=27, d_model=2048, d_ff=10944, num_heads=16,
-                                         num_kv_heads=16, head_dim=64, max_len=163840, kv_lora_rank=512,
-                                         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                                         rope_interleaved=True),
-        moe=dict(num_experts=64, top_k=6, d_ff=1408, num_shared_experts=2, load_balance_coef=0.001)),
-    "qwen2_moe": dict(  # Qwen/Qwen1.5-MoE-A2.7B (60 experts: 4 GPUs)
-        mesh=(1, 4), model=dict(vocab_size=151936, num_layers=24, d_model=2048, d_ff=5632, num_heads=16,
-                                num_kv_heads=16, head_dim=128, max_len=8192, rope_theta=1e6, qkv_bias=True),
-        moe=dict(num_experts=60, top_k=4, d_ff=1408, num_shared_experts=1, shared_d_ff=5632, shared_gate=True,
-                 load_balance_coef=0.001)),
-    "mixtral": dict(  # mistralai/Mixtral-8x7B-v0.1
-        mesh=(1, 8), model=dict(vocab_size=32000, num_layers=32, d_model=4096, d_ff=14336, num_heads=32,
-                                num_kv_heads=8, head_dim=128, max_len=32768, rope_theta=1e6, rms_eps=1e-5),
-        moe=dict(num_experts=8, top_k=2, d_ff=14336, renormalize=True, load_balance_coef=0.02)),
-}
+# Each family's published model (moejax.models.presets.PUBLISHED: its shapes, and the mesh it is served on).
+FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
+            "qwen2_moe": "qwen2_moe", "mixtral": "mixtral_8x7b"}
 # Tiny: the published routing on 16 experts (8 for Mixtral), widths for a CPU; DeepSeek's attention shapes scaled.
 TINY = {
     "qwen3_moe": dict(model=dict(num_kv_heads=2, head_dim=16, qk_norm=True), moe=dict(num_experts=16, top_k=4)),
@@ -88,13 +61,21 @@ def from_checkpoint(path: str) -> ml_collections.ConfigDict:
   return config
 
 
+def published_shape(family: str) -> dict:
+  """The family's published model as this config's sections: model (its d_model included), moe (every field but
+  d_model), the leading dense layers and the mesh."""
+  published = presets.PUBLISHED[FAMILIES[family]]
+  return dict(mesh=published.mesh, dense=published.dense,
+              model={**published.model, "d_model": published.moe["d_model"]}, moe={k: v for k, v in published.moe.items() if k != "d_model"})
+
+
 def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   if spec.startswith("hf="):
     return from_checkpoint(spec[len("hf="):])
   family, _, size = spec.partition(",")
-  if family not in PUBLISHED or size not in ("", "tiny", "published"):
-    raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(PUBLISHED)}")
-  published = PUBLISHED[family]
+  if family not in FAMILIES or size not in ("", "tiny", "published"):
+    raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(FAMILIES)}")
+  published = published_shape(family)
   shape = published if size == "published" else TINY[family]
   config = mlm.get_config()
   config.seq_len, config.steps, config.batch_size = 64, 200, 16
@@ -109,8 +90,7 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   config.model = ml_collections.ConfigDict(model)
   moe = {**{k: v for k, v in published["moe"].items() if k not in ("num_experts", "top_k", "d_ff", "num_groups",
                                                                   "topk_groups")}, "d_ff": 32, **shape["moe"]}
-  config.moe = moe_section(omit=("d_model",), gated=True, activation="silu", capacity_factor=None,
-                           num_nodes=config.mesh.nodes, **moe)
+  config.moe = moe_section(omit=("d_model",), num_nodes=config.mesh.nodes, **moe)  # SwiGLU, dropless as published
   if size == "published":
     config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])
     config.moe.update(num_nodes=published["mesh"][0], transport="ragged", dtype="bfloat16", buffer_factor=2.0)

@@ -12,11 +12,14 @@ import numpy as np
 from experiments.validation import ROOT, display_path, fidelity_row
 from moejax.cost import model, overlap, phases, traffic
 from moejax.cost import topology as topology_lib
+from moejax.models import presets
 from moejax.runtime import mesh as mesh_lib
 
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
-COMET_MIXTRAL = dict(d_model=4096, d_ff=14336, experts=8, top_k=2)
+_MIXTRAL = presets.expert_shape("mixtral_8x7b")  # Comet's Table 2 shape is Mixtral 8x7B's published one
+COMET_MIXTRAL = dict(d_model=_MIXTRAL["d_model"], d_ff=_MIXTRAL["d_ff"], experts=_MIXTRAL["num_experts"],
+                     top_k=_MIXTRAL["top_k"])
 COMET_TOKENS = (4096, 8192, 16384)
 COMET_CHUNKS = (2, 4, 8)  # chunks (Tutel's searched pipeline degree) and column blocks of comet
 COMET_PAPER = {  # digest Sec. 7, each from the paper's text
