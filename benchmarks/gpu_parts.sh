@@ -10,12 +10,13 @@
 #   4  layer at Qwen3-MoE and DeepSeek-V3 (a quarter of its experts), chunking, train_step
 #   5  the tgmm (weight-gradient) tiles re-tuned with block_k up to 128: kernels/tuning.py's tgmm entries
 #      (64/32, 128, 128) were never in a measured sweep (experiments/tune_kernels.py; OUT_DIR/part5/)
-# Afterwards `python -m experiments.expert_table --out_dir=moejax/cost/expert_tables OUT_DIR/part1/kernels.json
-# OUT_DIR/part2/kernels.json` makes the table expert_backend='auto' reads. Environment: PART_TIMEOUT (seconds per
-# part, default 570), PYTHON; options after PART go to every step.
+# Afterwards `python -m experiments.expert_table --workdir=moejax/cost/expert_tables
+# --config.records=OUT_DIR/part1/kernels.json,OUT_DIR/part2/kernels.json` makes the table expert_backend='auto'
+# reads. Environment: PART_TIMEOUT (seconds per part, default 570), PYTHON; options after PART (fields of
+# configs/gpu_suite.py, --config.FIELD=VALUE) go to every step of parts 1 to 4.
 
 set -u -o pipefail
-[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-5|all) [gpu_suite.py options]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-5|all) [--config.FIELD=VALUE ...]" >&2; exit 2; }
 OUT_DIR=$1
 PART=$2
 shift 2
@@ -27,8 +28,8 @@ run_part() {
   local dir="$OUT_DIR/part$part"
   mkdir -p "$dir" || exit 2
   case $part in
-    1) STEPS="env ceilings kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --kernel_models=mixtral_8x7b "$@" ;;
-    2) STEPS="kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 "$@" ;;
+    1) STEPS="env ceilings kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.kernel_models=mixtral_8x7b "$@" ;;
+    2) STEPS="kernels" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 "$@" ;;
     3|4)
       if [[ ! -f "$OUT_DIR/part1/ceilings.json" ]]; then
         echo "part $part: no $OUT_DIR/part1/ceilings.json (run part 1 first: the layer's MFU needs the GEMM ceiling)" >&2
@@ -36,15 +37,15 @@ run_part() {
       fi
       cp "$OUT_DIR/part1/ceilings.json" "$dir/"
       if [[ $part == 3 ]]; then
-        STEPS="layer" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --layer_models=smile_3.7b_e8,qwen2_moe,mixtral_8x7b "$@"
+        STEPS="layer" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.layer_models=smile_3.7b_e8,qwen2_moe,mixtral_8x7b "$@"
       else
         STEPS="layer chunking train_step" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" \
-          --layer_models=qwen3_moe,deepseek_v3 "$@"
+          --config.layer_models=qwen3_moe,deepseek_v3 "$@"
       fi ;;
     5) PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=10 "$SUITE_TIMEOUT" \
-         "${PYTHON:-python3}" "$ROOT/experiments/tune_kernels.py" \
-         --kernels=tgmm --block_m=32,64 --block_n=128,256 --block_k=64,128 --num_warps=8 --num_stages=3,4 \
-         --out_json="$dir/tune_tgmm.json" --out_table="$dir/tune_tgmm_table.txt" 2>&1 | tee "$dir/tune_tgmm.log"
+         "${PYTHON:-python3}" -m experiments.tune_kernels --workdir="$dir" --config.kernels=tgmm \
+         --config.block_m=32,64 --config.block_n=128,256 --config.block_k=64,128 --config.num_warps=8 \
+         --config.num_stages=3,4 2>&1 | tee "$dir/tune_kernels.log"
        return "${PIPESTATUS[0]}" ;;
     *) echo "PART must be 1 to 5 or all; got $part" >&2; return 2 ;;
   esac

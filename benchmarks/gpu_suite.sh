@@ -3,7 +3,10 @@
 # train_step) as a process of its own, each writing OUT_DIR/<step>.json (and OUT_DIR/<step>.log).
 # A failing step is logged and the suite goes on; the exit status is non-zero if any step failed.
 #
-#   bash benchmarks/gpu_suite.sh OUT_DIR [--smoke] [gpu_suite.py options, passed to every step]
+#   bash benchmarks/gpu_suite.sh OUT_DIR [--config.FIELD=VALUE ...]
+#
+# The options (fields of configs/gpu_suite.py, e.g. --config.smoke=True, or --config=FILE first) go to every step;
+# OUT_DIR is each step's --workdir.
 #
 # Environment: STEPS (default "env ceilings kernels layer chunking train_step": which steps, in order),
 # STEP_TIMEOUT (seconds per step, 0 = none; a step killed by it keeps what it had written),
@@ -37,7 +40,7 @@
 set -u -o pipefail
 
 usage() {
-  echo "usage: bash $0 OUT_DIR [--smoke] [gpu_suite.py options]" >&2
+  echo "usage: bash $0 OUT_DIR [--config.FIELD=VALUE ...] (e.g. --config.smoke=True)" >&2
   exit 2
 }
 
@@ -77,7 +80,7 @@ for step in $STEPS; do
     fi
     if [[ "$limit" == 0 ]] || ((left < limit)); then limit=$left; fi
   fi
-  cmd=("$PYTHON" "$ROOT/benchmarks/gpu_suite.py" "--step=$step" "--out=$OUT_DIR" "$@")
+  cmd=("$PYTHON" "$ROOT/benchmarks/gpu_suite.py" "$@" "--config.step=$step" "--workdir=$OUT_DIR")
   if [[ "$limit" != 0 ]]; then
     cmd=(timeout --kill-after=10 "$limit" "${cmd[@]}")
     say "step $step: start (limit ${limit}s)"

@@ -1,12 +1,14 @@
 """How fast `moejax.models.from_hf` loads a multi-shard Hugging Face checkpoint, and how much host memory it takes.
 
-  python benchmarks/hf_load.py CKPT_DIR OUT_JSON   # Qwen3-MoE-shaped, 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
-  python benchmarks/hf_load.py CKPT_DIR OUT_JSON --layers=2 --experts=16 --keep   # smaller; keep the checkpoint
+  python benchmarks/hf_load.py --workdir=/tmp/hf_load   # Qwen3-MoE-shaped, 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
+  python benchmarks/hf_load.py --workdir=/tmp/hf_load --config.layers=2 --config.experts=16 --config.keep=True
 
-A random Qwen3-MoE-shaped decoder (moejax's own `Decoder`, `state.init_state` on a 2 x 4 mesh of simulated CPU
-devices) is written with `to_hf` into CKPT_DIR in safetensors shards of --shard_mb, in a process of its own. Then
-each load runs in a fresh process (nothing of the writer's memory or compiled code in it): JAX started, the 2 x 4
-mesh made and a first array placed (the baseline), then `from_hf` timed until every array of the model is ready.
+Every option is a field of configs/hf_load.py; the record is <workdir>/hf_load.json. A random Qwen3-MoE-shaped
+decoder (moejax's own `Decoder`, `state.init_state` on a 2 x 4 mesh of simulated CPU devices) is written with `to_hf`
+into <workdir>/checkpoint (replaced if it exists; removed afterwards unless config.keep) in safetensors shards of
+config.shard_mb, in a process of its own. Then each load runs in a fresh process (nothing of the writer's memory or
+compiled code in it): JAX started, the 2 x 4 mesh made and a first array placed (the baseline), then `from_hf` timed
+until every array of the model is ready.
 Memory: ru_maxrss (the process's peak resident set) before and after the load, and the peaks of /proc/self/status'
 RssAnon (the process's own memory: the model's arrays, numpy temporaries) and RssFile (checkpoint pages mapped by
 safetensors) sampled every few ms by a thread during the load. Two loads: 'cold' after the shard files' pages were
@@ -23,7 +25,6 @@ the kernel can take back, but in the peak RSS all the same. The record's `derive
 beyond resident_bytes, and the checkpoint bytes mapped at the peak.
 """
 
-import argparse
 import json
 import os
 import platform as host_platform
@@ -34,7 +35,18 @@ import sys
 import threading
 import time
 
+from absl import flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:  # run as a script: make `moejax` importable from the tree
+  sys.path.insert(0, ROOT)
+
+from moejax import cli  # noqa: E402
+from moejax.validation import ConfigError, is_int, require  # noqa: E402
+
 MESH = (2, 4)
+RECORD, CHECKPOINT = "hf_load.json", "checkpoint"
+STAGES = ("all", "write", "load")
 
 
 def rss_status() -> dict:
@@ -75,14 +87,14 @@ class Sampler:
     self._thread.join()
 
 
-def shapes(args) -> dict:
+def shapes(config) -> dict:
   """The DecoderConfig and MoEConfig fields of the benchmarked model (Qwen3-MoE's layout, narrower)."""
-  model = dict(family="qwen3_moe", vocab_size=args.vocab, num_layers=args.layers, d_model=args.d_model,
-               d_ff=3 * args.d_model, num_heads=args.heads, num_kv_heads=args.kv_heads, head_dim=args.head_dim,
-               max_len=4096, moe_layers=(True,) * args.layers, rope_theta=1e6, qk_norm=True, dtype="float32",
-               param_dtype=args.param_dtype)
-  moe = dict(num_experts=args.experts, top_k=args.top_k, d_model=args.d_model, d_ff=args.moe_d_ff, gated=True,
-             activation="silu", renormalize=True, load_balance_coef=0.001)
+  model = dict(family="qwen3_moe", vocab_size=config.vocab, num_layers=config.layers, d_model=config.d_model,
+               d_ff=3 * config.d_model, num_heads=config.heads, num_kv_heads=config.kv_heads, head_dim=config.head_dim,
+               max_len=4096, moe_layers=(True,) * config.layers, rope_theta=1e6, qk_norm=True, dtype="float32",
+               param_dtype=config.param_dtype)
+  moe = dict(num_experts=config.experts, top_k=config.top_k, d_model=config.d_model, d_ff=config.moe_d_ff,
+             gated=True, activation="silu", renormalize=True, load_balance_coef=0.001)
   return {"model": model, "moe": moe}
 
 
@@ -93,8 +105,8 @@ def make_mesh():
   return mesh_lib.make_mesh(*MESH)
 
 
-def write(args) -> dict:
-  """Builds the random model and writes it with to_hf (run in a process of its own)."""
+def write(config, ckpt_dir: str) -> dict:
+  """Builds the random model and writes it with to_hf into `ckpt_dir` (run in a process of its own)."""
   mesh = make_mesh()
   import jax
   from flax import nnx
@@ -104,18 +116,18 @@ def write(args) -> dict:
   from moejax.models.decoder_config import DecoderConfig
   from moejax.moe.config import MoEConfig
 
-  fields = shapes(args)
+  fields = shapes(config)
   cfg, moe_cfg = DecoderConfig(**fields["model"]), MoEConfig(**fields["moe"])
   start = time.perf_counter()
   graphdef, _, _ = state_lib.abstract_state(cfg, moe_cfg, mesh)
-  params, rest = state_lib.init_state(cfg, moe_cfg, mesh, seed=args.seed)
+  params, rest = state_lib.init_state(cfg, moe_cfg, mesh, seed=config.seed)
   model = nnx.merge(graphdef, params, rest)
   jax.block_until_ready(jax.tree.leaves(nnx.state(model)))
   built = time.perf_counter() - start
-  if os.path.exists(args.ckpt_dir):
-    shutil.rmtree(args.ckpt_dir)
+  if os.path.exists(ckpt_dir):
+    shutil.rmtree(ckpt_dir)
   start = time.perf_counter()
-  models.to_hf(model, args.ckpt_dir, shard_bytes=args.shard_mb << 20)
+  models.to_hf(model, ckpt_dir, shard_bytes=config.shard_mb << 20)
   return {"build_s": built, "write_s": time.perf_counter() - start, "writer_peak_rss_bytes": peak_rss()}
 
 
@@ -161,8 +173,8 @@ def cached_fraction(directory: str) -> float:
   return cached / max(total, 1)
 
 
-def load(args) -> dict:
-  """One timed from_hf in this (fresh) process."""
+def load(config, ckpt_dir: str) -> dict:
+  """One timed from_hf of `ckpt_dir` in this (fresh) process."""
   mesh = make_mesh()
   import jax
   import jax.numpy as jnp
@@ -176,7 +188,7 @@ def load(args) -> dict:
   baseline = {"peak_rss_bytes": peak_rss(), **{f"{k}_bytes": v for k, v in rss_status().items()}}
   with Sampler() as sampler:
     start = time.perf_counter()
-    model = models.from_hf(args.ckpt_dir, mesh, dtype="float32", param_dtype=args.param_dtype)
+    model = models.from_hf(ckpt_dir, mesh, dtype="float32", param_dtype=config.param_dtype)
     leaves = jax.tree.leaves(nnx.state(model))
     jax.block_until_ready(leaves)
     seconds = time.perf_counter() - start
@@ -187,12 +199,12 @@ def load(args) -> dict:
   # One expert weight checked against its tensor in the file (after the measurement).
   from safetensors import safe_open
 
-  name = hf_checkpoint.hf_key(("blocks", 0, "ffn", "moe", "w_in"), model.cfg)[0].format(e=args.experts - 1)
-  index = os.path.join(args.ckpt_dir, "model.safetensors.index.json")
+  name = hf_checkpoint.hf_key(("blocks", 0, "ffn", "moe", "w_in"), model.cfg)[0].format(e=config.experts - 1)
+  index = os.path.join(ckpt_dir, "model.safetensors.index.json")
   file = json.load(open(index))["weight_map"][name] if os.path.exists(index) else "model.safetensors"
-  with safe_open(os.path.join(args.ckpt_dir, file), framework="numpy") as f:
+  with safe_open(os.path.join(ckpt_dir, file), framework="numpy") as f:
     want = f.get_tensor(name).T
-  got = np.asarray(model.blocks[0].ffn.moe.w_in[...][args.experts - 1])
+  got = np.asarray(model.blocks[0].ffn.moe.w_in[...][config.experts - 1])
   return {"seconds": seconds, "baseline": baseline, "after": after,
           "sampled_peak": {f"{k}_bytes": v for k, v in sampler.peak.items()},
           "model_bytes": model_bytes, "resident_bytes": resident, "arrays": len(arrays),
@@ -201,19 +213,16 @@ def load(args) -> dict:
           "device_count": jax.device_count(), "jax": jax.__version__}
 
 
-def stage(args, name: str, extra: tuple = ()) -> dict:
-  """Runs this script's `name` stage in a fresh Python process; returns the JSON it prints last."""
-  cmd = [sys.executable, os.path.abspath(__file__), args.ckpt_dir, "-", f"--stage={name}", *extra,
-         *(f"--{k}={v}" for k, v in vars(args).items() if k in PASSED)]
+def stage(config, workdir: str, name: str) -> dict:
+  """Runs this script's `name` stage in a fresh Python process (with this config's fields); returns the JSON it
+  prints last."""
+  cmd = [sys.executable, os.path.abspath(__file__), f"--workdir={workdir}", f"--config.stage={name}",
+         *(f"--config.{k}={v}" for k, v in config.items() if k != "stage")]
   proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   if proc.returncode:
     sys.stderr.write(proc.stderr)
     raise SystemExit(f"stage {name} failed (exit status {proc.returncode})")
   return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-PASSED = ("layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "top_k", "moe_d_ff", "vocab",
-          "param_dtype", "shard_mb", "seed")
 
 
 def gb(b: float) -> str:
@@ -246,51 +255,46 @@ def table(record: dict) -> str:
   return "\n".join(lines)
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("ckpt_dir", help="Where the checkpoint is written (replaced if it exists).")
-  parser.add_argument("out_json", help="Where the record is written ('-': not written).")
-  parser.add_argument("--stage", default="all", choices=("all", "write", "load"), help=argparse.SUPPRESS)
-  parser.add_argument("--layers", type=int, default=4)
-  parser.add_argument("--d_model", type=int, default=1024)
-  parser.add_argument("--heads", type=int, default=16)
-  parser.add_argument("--kv_heads", type=int, default=4)
-  parser.add_argument("--head_dim", type=int, default=64)
-  parser.add_argument("--experts", type=int, default=64)
-  parser.add_argument("--top_k", type=int, default=8)
-  parser.add_argument("--moe_d_ff", type=int, default=512)
-  parser.add_argument("--vocab", type=int, default=8192)
-  parser.add_argument("--param_dtype", default="float32", choices=("float32", "bfloat16"))
-  parser.add_argument("--shard_mb", type=int, default=256, help="MiB per safetensors file (to_hf's shard_bytes).")
-  parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--keep", action="store_true", help="Keep the checkpoint directory afterwards.")
-  args = parser.parse_args()
-  if args.stage != "all":
-    print(json.dumps(write(args) if args.stage == "write" else load(args)))
+def check(config) -> None:
+  """A ConfigError naming the first field of `config` that cannot be benchmarked."""
+  for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "top_k", "moe_d_ff", "vocab",
+               "shard_mb"):
+    require(is_int(config[name]), name, config[name], "a positive int")
+  require(config.param_dtype in ("float32", "bfloat16"), "param_dtype", config.param_dtype, "float32 or bfloat16")
+  require(config.stage in STAGES, "stage", config.stage, f"one of {list(STAGES)}")
+
+
+def benchmark(config, workdir: str) -> None:
+  """The benchmark (or, in a stage's process, that stage): writes <workdir>/hf_load.json and prints its table."""
+  check(config)
+  os.makedirs(workdir, exist_ok=True)
+  ckpt_dir = os.path.join(workdir, CHECKPOINT)
+  if config.stage != "all":
+    print(json.dumps(write(config, ckpt_dir) if config.stage == "write" else load(config, ckpt_dir)))
     return
 
   start = time.perf_counter()
-  print(f"writing the checkpoint to {args.ckpt_dir} ...", flush=True)
-  written = stage(args, "write")
-  files = sorted(f for f in os.listdir(args.ckpt_dir) if f.endswith(".safetensors"))
-  with open(os.path.join(args.ckpt_dir, "config.json")) as f:
-    config = json.load(f)
+  print(f"writing the checkpoint to {ckpt_dir} ...", flush=True)
+  written = stage(config, workdir, "write")
+  files = sorted(f for f in os.listdir(ckpt_dir) if f.endswith(".safetensors"))
+  with open(os.path.join(ckpt_dir, "config.json")) as f:
+    config_json = json.load(f)
   from safetensors import safe_open
 
   tensors = 0
   for file in files:
-    with safe_open(os.path.join(args.ckpt_dir, file), framework="numpy") as f:
+    with safe_open(os.path.join(ckpt_dir, file), framework="numpy") as f:
       tensors += len(list(f.keys()))
   checkpoint = {"files": len(files), "tensors": tensors,
-                "bytes": sum(os.path.getsize(os.path.join(args.ckpt_dir, f)) for f in files),
-                "file_bytes": {f: os.path.getsize(os.path.join(args.ckpt_dir, f)) for f in files}}
+                "bytes": sum(os.path.getsize(os.path.join(ckpt_dir, f)) for f in files),
+                "file_bytes": {f: os.path.getsize(os.path.join(ckpt_dir, f)) for f in files}}
   loads = []
   for cache in ("cold", "warm"):
     if cache == "cold":
-      drop_page_cache(args.ckpt_dir)
-    cached = cached_fraction(args.ckpt_dir)
+      drop_page_cache(ckpt_dir)
+    cached = cached_fraction(ckpt_dir)
     print(f"loading ({cache}: {cached:.0%} of the files' pages cached) ...", flush=True)
-    run = stage(args, "load")
+    run = stage(config, workdir, "load")
     base, sampled = run["baseline"], run["sampled_peak"]
     run["derived"] = {  # the load's own memory beyond the model, and the checkpoint pages it kept mapped
         "anon_over_resident_bytes": sampled["RssAnon_bytes"] - base["RssAnon_bytes"] - run["resident_bytes"],
@@ -301,22 +305,31 @@ def main():
   record = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "platform": first["platform"],
             "device_count": first["device_count"], "mesh": list(MESH), "jax": first["jax"],
             "python": host_platform.python_version(), "cpu_count": os.cpu_count(),
-            "shapes": shapes(args), "config_json": config, "shard_mb": args.shard_mb, "checkpoint": checkpoint,
+            "shapes": shapes(config), "config_json": config_json, "shard_mb": config.shard_mb, "checkpoint": checkpoint,
             "model_bytes": first["model_bytes"], "resident_bytes": first["resident_bytes"], "writer": written,
             "loads": [{k: v for k, v in run.items() if k not in ("device", "platform", "device_count", "jax")}
                       for run in loads],
             "cold_cache_note": "cold: the shard files' pages dropped with posix_fadvise(DONTNEED) before the load "
                                "(best effort; the disk's and hypervisor's caches are not ours to drop)",
             "total_s": time.perf_counter() - start}
-  if not args.keep:
-    shutil.rmtree(args.ckpt_dir)
+  if not config.keep:
+    shutil.rmtree(ckpt_dir)
   print(table(record))
-  if args.out_json != "-":
-    os.makedirs(os.path.dirname(os.path.abspath(args.out_json)), exist_ok=True)
-    with open(args.out_json, "w") as f:
-      json.dump(record, f, indent=1)
-    print(f"wrote {args.out_json} ({record['total_s']:.0f} s)")
+  path = os.path.join(workdir, RECORD)
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+  print(f"wrote {path} ({record['total_s']:.0f} s)")
+
+
+def main(argv):
+  del argv
+  try:
+    benchmark(flags.FLAGS.config, flags.FLAGS.workdir)
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  main()
+  cli.define_config(os.path.join(ROOT, "configs", "hf_load.py"), "Benchmark config file (configs/hf_load.py).")
+  cli.define_workdir("Directory of the checkpoint and hf_load.json.")
+  cli.run(main)

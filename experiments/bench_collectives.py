@@ -3,7 +3,7 @@
 Variants, each sending `rows` rows of width d from every device to every device of the mesh:
   flat     jax.lax.all_to_all over ('node', 'gpu') at once
   two_hop  all_to_all over 'gpu', then over 'node' (the hierarchical path)
-  padded   moejax.moe.transport.padded_all_to_all: ragged semantics from worst-case fixed blocks
+  padded   moejax.moe.collective.padded_all_to_all: ragged semantics from worst-case fixed blocks
   ragged   jax.lax.ragged_all_to_all (skipped, with the backend's message, where it is missing)
 Every variant delivers the same blocks in source order; each output is checked against the first
 variant's. Collectives of one mesh axis (Parm's groups when experts go over 'node' and each expert's d_ff
@@ -11,47 +11,42 @@ over 'gpu': EP = 'node', ESP = MP = 'gpu'), each checked against a NumPy referen
   node_a2a        all_to_all over 'node' (A2A_EP)
   gpu_all_gather  all_gather over 'gpu' (AG_ESP, AG_MP)
   gpu_all_reduce  psum over 'gpu' (AR_ESP)
-`moejax.cost.parm.alpha_beta_from_bench` turns the fits into Parm's alpha-beta terms. Each size is timed as the median of --iters calls after --warmup, then
+`moejax.cost.parm.alpha_beta_from_bench` turns the fits into Parm's alpha-beta terms. Each size is timed as the median of config.iters calls after config.warmup, then
 `moejax.cost.calibrate.fit_latency_bandwidth` fits t = latency + bytes / bandwidth per variant,
 where bytes = what one device sends to other devices, summed over hops. On a GPU node the flat fit
 gives the cost model's intra-node terms (intra_bw, and intra_latency = latency / (peers - 1) when
 the launch cost is folded into the messages). CPU devices are in-process copies: compare variants
 within one run, nothing more.
 
-  python experiments/bench_collectives.py --out /tmp/collectives.json              # CPU, 2 x 4 simulated
-  python experiments/bench_collectives.py --nodes 1 --gpus_per_node 8 --d 4096 \
-      --rows 16,64,256,1024,4096 --iters 50 --out collectives_h100.json            # one GPU node
+  python -m experiments.bench_collectives --workdir=/tmp/collectives   # CPU, 2 x 4 simulated
+  python -m experiments.bench_collectives --workdir=/tmp/collectives_h100 --config.nodes=1 --config.gpus_per_node=8 \\
+      --config.d=4096 --config.rows=16,64,256,1024,4096 --config.iters=50   # one GPU node
+
+Every option is a field of configs/bench_collectives.py; the record is <workdir>/collectives.json.
 """
 
 import json
+import os
 import statistics
+import sys
 
 import jax
 import jax.numpy as jnp
 import jaxlib
 import numpy as np
-from absl import app, flags
+from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from configs.bench_collectives import VARIANTS
+from moejax import cli
 from moejax.cost import calibrate
 from moejax.kernels import tuning
-from moejax.moe import transport
+from moejax.moe import collective
 from moejax.runtime import mesh as mesh_lib
+from moejax.validation import ConfigError, is_int, require
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)
-flags.DEFINE_integer("nodes", 2, "Mesh axis 'node'.")
-flags.DEFINE_integer("gpus_per_node", 4, "Mesh axis 'gpu'.")
-flags.DEFINE_integer("simulate_cpu_devices", 8, "CPU devices to expose when the backend is CPU.")
-flags.DEFINE_integer("d", 64, "Row width.")
-flags.DEFINE_list("rows", ["1", "4", "16", "64", "256"], "Rows each device sends to each device.")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Element type.")
-flags.DEFINE_list("variants", ["flat", "two_hop", "padded", "ragged", "node_a2a", "gpu_all_gather", "gpu_all_reduce"],
-                  "Exchanges and one-axis collectives to time.")
-flags.DEFINE_integer("warmup", 2, "Untimed calls after compilation.")
-flags.DEFINE_integer("iters", 10, "Timed calls; the median is reported.")
-
+RECORD = "collectives.json"
 ALL = mesh_lib.AXES
 ONE_AXIS = ("node_a2a", "gpu_all_gather", "gpu_all_reduce")  # checked against `reference`, not the first variant
 
@@ -80,7 +75,7 @@ def local_exchange(variant: str, n: int, m: int, rows: int):
     return exchange(x, jnp.zeros_like(x), *_ragged_args(num_devices, rows, m), axis_name=ALL)
 
   return {"flat": flat, "two_hop": two_hop,
-          "padded": lambda x: ragged(x, transport.padded_all_to_all),
+          "padded": lambda x: ragged(x, collective.padded_all_to_all),
           "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all),
           "node_a2a": lambda x: jax.lax.all_to_all(x.reshape(n, -1, x.shape[-1]), mesh_lib.NODE, 0, 0).reshape(x.shape),
           "gpu_all_gather": lambda x: jax.lax.all_gather(x, mesh_lib.GPU, tiled=True),
@@ -115,7 +110,8 @@ def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:
   return (num_devices - 1) * rows * row_bytes
 
 
-def run_variant(variant: str, mesh, rows: int, d: int, dtype) -> tuple[dict, np.ndarray, np.ndarray]:
+def run_variant(variant: str, mesh, rows: int, d: int, dtype, warmup: int, iters: int
+                ) -> tuple[dict, np.ndarray, np.ndarray]:
   """(timings, output, input): every exchange delivers the same blocks in source order, so their outputs
   must match; the one-axis collectives must match `reference`."""
   n, m = mesh_lib.axis_sizes(mesh)
@@ -123,26 +119,37 @@ def run_variant(variant: str, mesh, rows: int, d: int, dtype) -> tuple[dict, np.
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
   x = jax.device_put(jax.random.normal(jax.random.key(rows), (n * m * n * m * rows, d), dtype),
                      NamedSharding(mesh, P(ALL)))
-  times = tuning.time_call(fn, (x,), FLAGS.warmup, FLAGS.iters)
+  times = tuning.time_call(fn, (x,), warmup, iters)
   return dict(times_s=times, median_s=statistics.median(times)), np.asarray(fn(x)), np.asarray(x)
 
 
-def main(argv):
-  del argv
-  mesh_lib.simulate_cpu_devices(FLAGS.simulate_cpu_devices)  # only the CPU backend reads it
-  mesh = mesh_lib.make_mesh(FLAGS.nodes, FLAGS.gpus_per_node)
-  n, m = FLAGS.nodes, FLAGS.gpus_per_node
-  dtype = jnp.dtype(FLAGS.dtype)
-  row_bytes = FLAGS.d * dtype.itemsize
+def check(config) -> None:
+  """A ConfigError naming the first field of `config` that cannot be benchmarked."""
+  for name in ("nodes", "gpus_per_node", "simulate_cpu_devices", "d"):
+    require(is_int(config[name]), name, config[name], "a positive int")
+  require(config.rows and all(is_int(r) for r in config.rows), "rows", config.rows, "positive ints")
+  require(config.dtype in ("float32", "bfloat16"), "dtype", config.dtype, "float32 or bfloat16")
+  bad = [v for v in config.variants if v not in VARIANTS]
+  require(not bad, "variants", ",".join(config.variants), f"a subset of {list(VARIANTS)} ({bad} are not)")
+
+
+def write(config, workdir: str) -> None:
+  """Times every variant and row count of `config`, prints the fits and writes the record to `workdir`."""
+  check(config)
+  mesh_lib.simulate_cpu_devices(config.simulate_cpu_devices)  # only the CPU backend reads it
+  mesh = mesh_lib.make_mesh(config.nodes, config.gpus_per_node)
+  n, m = config.nodes, config.gpus_per_node
+  dtype = jnp.dtype(config.dtype)
+  row_bytes = config.d * dtype.itemsize
   device = jax.devices()[0]
   print(f"device: {device.device_kind} ({device.platform}), mesh {n} x {m}, jax {jax.__version__}")
   results, fits, first_output = [], {}, {}
-  for variant in FLAGS.variants:
+  for variant in config.variants:
     points = []
-    for rows in map(int, FLAGS.rows):
+    for rows in config.rows:
       entry = dict(variant=variant, rows_per_peer=rows, bytes_sent=bytes_sent(variant, n, m, rows, row_bytes))
       try:
-        timings, output, x = run_variant(variant, mesh, rows, FLAGS.d, dtype)
+        timings, output, x = run_variant(variant, mesh, rows, config.d, dtype, config.warmup, config.iters)
         if variant in ONE_AXIS:
           want = reference(variant, x.astype(np.float32), n, m)
           tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
@@ -171,13 +178,26 @@ def main(argv):
     lb = fits["flat"]
     print(f"intra-node model terms (measured): intra_bw={lb.bandwidth:.4g},intra_latency={lb.latency_s / (m - 1):.4g}")
   record = dict(device_kind=device.device_kind, platform=device.platform, jax_version=jax.__version__,
-                jaxlib_version=jaxlib.__version__, mesh=[n, m], d=FLAGS.d, dtype=str(dtype),
-                warmup=FLAGS.warmup, iters=FLAGS.iters, results=results,
+                jaxlib_version=jaxlib.__version__, mesh=[n, m], d=config.d, dtype=str(dtype),
+                warmup=config.warmup, iters=config.iters, results=results,
                 fits={variant: lb.as_dict() for variant, lb in fits.items()})
-  with open(FLAGS.out, "w") as f:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, RECORD)
+  with open(path, "w") as f:
     json.dump(record, f, indent=1)
-  print(f"wrote {len(results)} results to {FLAGS.out}")
+  print(f"wrote {len(results)} results to {path}")
+
+
+def main(argv):
+  del argv
+  try:
+    write(flags.FLAGS.config, flags.FLAGS.workdir)
+  except (ConfigError, mesh_lib.MeshError) as e:
+    sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bench_collectives.py"),
+                    "Benchmark config file (configs/bench_collectives.py).")
+  cli.define_workdir("Directory of collectives.json.")
+  cli.run(main)

@@ -3,20 +3,23 @@
 Reads one or more records of the GPU suite's kernels step or of experiments/bench_kernels.py (all from one device
 kind, in one dtype, none a smoke run), merges their FFN results (a later record's result replaces an earlier one's
 for the same shape, pass and implementation: e.g. a re-run with new tiles) and writes
-OUT_DIR/<device key>.json (`moejax.cost.expert_backend.table_from_results`), the name `expert_backend.load_table`
+<workdir>/<device key>.json (`moejax.cost.expert_backend.table_from_results`), the name `expert_backend.load_table`
 looks for. The tables moejax ships live in moejax/cost/expert_tables/:
 
-  python -m experiments.expert_table --out_dir=moejax/cost/expert_tables RECORD.json [RECORD.json ...]
+  python -m experiments.expert_table --workdir=moejax/cost/expert_tables --config.records=RECORD.json[,RECORD.json]
+
+The records are config.records (configs/expert_table.py).
 """
 
 import json
 import os
+import sys
 
-from absl import app, flags
+from absl import flags
 
+from moejax import cli
 from moejax.cost import expert_backend
-
-FLAGS = flags.FLAGS
+from moejax.validation import ConfigError, require
 
 
 def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
@@ -24,11 +27,10 @@ def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
   different devices or dtypes, and smoke runs."""
   devices = {r.get('device') or r.get('device_kind') for r in records}
   dtypes = {r['dtype'] for r in records}
-  if len(devices) != 1 or len(dtypes) != 1:
-    raise app.UsageError(f'records from devices {sorted(devices)} in dtypes {sorted(dtypes)}: one of each per table')
+  require(len(devices) == 1 and len(dtypes) == 1, 'records', names,
+          f'records of one device and dtype (these are from devices {sorted(devices)} in dtypes {sorted(dtypes)})')
   smoke = [n for n, r in zip(names, records) if r.get('smoke')]
-  if smoke:
-    raise app.UsageError(f'smoke records measure nothing: {smoke}')
+  require(not smoke, 'records', names, f'records of measurements (smoke records measure nothing: {smoke})')
   key = lambda e: tuple(e[k] for k in expert_backend.SHAPE_KEYS) + (e['impl'],)
   merged = {}
   for record in records:
@@ -42,18 +44,20 @@ def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
   return list(merged.values()), meta
 
 
-def main(argv):
-  paths = argv[1:]
-  if not paths:
-    raise app.UsageError('give one or more kernel records')
+def write(config, workdir: str) -> None:
+  """Merges the config's records and writes their table to `workdir`; prints the fastest backend per shape."""
+  paths = config.records
+  require(bool(paths), 'records', paths, 'one or more kernel records (--config.records=A.json,B.json)')
+  missing = [p for p in paths if not os.path.isfile(p)]
+  require(not missing, 'records', ','.join(paths), f'existing files ({missing} are not)')
   records = []
   for path in paths:
     with open(path) as f:
       records.append(json.load(f))
   results, meta = merge(records, [os.path.basename(p) for p in paths])
   table = expert_backend.table_from_results(results, meta)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  out = os.path.join(FLAGS.out_dir, expert_backend.device_key(meta['device']) + '.json')
+  os.makedirs(workdir, exist_ok=True)
+  out = os.path.join(workdir, expert_backend.device_key(meta['device']) + '.json')
   with open(out, 'w') as f:
     json.dump(table, f, indent=1)
   for row in table['shapes']:
@@ -63,6 +67,16 @@ def main(argv):
   print(f'wrote {out}')
 
 
+def main(argv):
+  del argv
+  try:
+    write(flags.FLAGS.config, flags.FLAGS.workdir)
+  except ConfigError as e:
+    sys.exit(f'error: {e}')
+
+
 if __name__ == '__main__':
-  flags.DEFINE_string('out_dir', None, 'Folder of the table (<device key>.json).', required=True)
-  app.run(main)
+  cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, 'configs', 'expert_table.py'),
+                    'Table config file (configs/expert_table.py).')
+  cli.define_workdir('Folder of the table (<device key>.json).')
+  cli.run(main)

@@ -1,11 +1,14 @@
 """Re-tune the tile table of moejax.kernels.tuning on the GPU at hand.
 
 For every (kernel, dtype, shape class) it times each candidate TileConfig on a representative
-shape (balanced groups), keeps the fastest, prints a table, writes every timing as JSON and a
-Python `TABLE` entry for kernels/tuning.py to paste:
+shape (balanced groups), keeps the fastest, prints a table, writes every timing to
+<workdir>/tune_kernels.json and the Python `TABLE` entries for kernels/tuning.py to paste to
+<workdir>/tune_kernels_table.txt:
 
-  python -m experiments.tune_kernels --out_json tuned.json --out_table tuned_table.py
-  python -m experiments.tune_kernels --smoke --out_json /tmp/t.json --out_table /tmp/t.py  # CPU
+  python -m experiments.tune_kernels --workdir=/tmp/tuned
+  python -m experiments.tune_kernels --workdir=/tmp/tuned --config.smoke=True   # CPU
+
+Every option is a field of configs/tune_kernels.py.
 
 Candidates that fail to compile (e.g. too much shared memory) are recorded and skipped. The
 default sweep (32 candidates x 4 kernels x 2 classes, bf16) takes roughly 10-20 minutes.
@@ -13,41 +16,44 @@ default sweep (32 candidates x 4 kernels x 2 classes, bf16) takes roughly 10-20 
 
 import itertools
 import json
+import os
 import statistics
+import sys
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
+from moejax import cli
+from moejax.bench.kernel_cases import MODELS
 from moejax.kernels import ffn, tuning
 from moejax.kernels import gmm as gmm_lib
+from moejax.validation import ConfigError, require
 
-# shape class -> (M, G, d, f): many rows per group (Mixtral-like) or few (Qwen2-MoE-like).
-SHAPES = {'many_rows': (8192, 8, 4096, 4096), 'few_rows': (8192, 64, 2048, 1408)}
+_MANY, _FEW = MODELS['mixtral_8x7b'], MODELS['qwen2_moe']
+# shape class -> (M, G, d, f): many rows per group (Mixtral's experts and width, f = d) or few (Qwen2-MoE's case).
+SHAPES = {'many_rows': (8192, _MANY['experts'], _MANY['d'], _MANY['d']),
+          'few_rows': (8192, _FEW['experts'], _FEW['d'], _FEW['f'])}
 SMOKE_SHAPES = {'many_rows': (64, 2, 32, 32), 'few_rows': (64, 4, 32, 32)}
-
-FLAGS = flags.FLAGS
-flags.DEFINE_string('out_json', None, 'Path of the JSON with every timing.', required=True)
-flags.DEFINE_string('out_table', None, 'Path of the Python table to paste into tuning.py.',
-                    required=True)
-flags.DEFINE_bool('smoke', False, 'Tiny shapes, two candidates (runs on CPU, interpreted).')
-flags.DEFINE_list('kernels', list(tuning.KERNELS), 'Kernels to tune.')
-flags.DEFINE_list('dtypes', ['bfloat16'], 'Input dtypes to tune.')
-flags.DEFINE_list('block_m', ['64', '128'], 'Candidate block_m.')
-flags.DEFINE_list('block_n', ['64', '128'], 'Candidate block_n.')
-flags.DEFINE_list('block_k', ['32', '64'], 'Candidate block_k.')
-flags.DEFINE_list('num_warps', ['4', '8'], 'Candidate num_warps.')
-flags.DEFINE_list('num_stages', ['3', '4'], 'Candidate num_stages.')
-flags.DEFINE_integer('warmup', 3, 'Untimed runs after compilation.')
-flags.DEFINE_integer('iters', 20, 'Timed runs; the median is kept.')
+RECORD, TABLE = 'tune_kernels.json', 'tune_kernels_table.txt'
+TILE_FIELDS = ('block_m', 'block_n', 'block_k', 'num_warps', 'num_stages')
 
 
-def candidates(smoke: bool) -> list[tuning.TileConfig]:
-  if smoke:
+def candidates(config) -> list[tuning.TileConfig]:
+  """Every TileConfig of the config's TILE_FIELDS (two tiny ones with smoke)."""
+  if config.smoke:
     return [tuning.TileConfig(16, 16, 16, 4, 1), tuning.TileConfig(32, 32, 32, 4, 1)]
-  axes = [[int(v) for v in getattr(FLAGS, name)]
-          for name in ('block_m', 'block_n', 'block_k', 'num_warps', 'num_stages')]
-  return [tuning.TileConfig(*values) for values in itertools.product(*axes)]
+  return [tuning.TileConfig(*values) for values in itertools.product(*(config[name] for name in TILE_FIELDS))]
+
+
+def check(config) -> None:
+  """A ConfigError naming the first field of `config` that cannot be tuned."""
+  bad = [k for k in config.kernels if k not in tuning.KERNELS]
+  require(not bad, 'kernels', ','.join(config.kernels), f'a subset of {list(tuning.KERNELS)} ({bad} are not)')
+  bad = [d for d in config.dtypes if d not in ('bfloat16', 'float32')]
+  require(not bad, 'dtypes', ','.join(config.dtypes), f'a subset of [bfloat16, float32] ({bad} are not)')
+  for name in TILE_FIELDS:
+    require(config[name] and min(config[name]) > 0, name, config[name], 'positive integers')
 
 
 def kernel_call(kernel, shape, dtype, interpret):
@@ -112,25 +118,38 @@ def table_source(device: str, best) -> str:
   return '\n'.join(lines) + '\n'
 
 
-def main(argv):
-  del argv
+def write(config, workdir: str) -> None:
+  """Tunes every kernel, dtype and shape class of `config`; writes the timings and the table to `workdir`."""
+  check(config)
   device = jax.devices()[0]
   interpret = device.platform != 'gpu'
-  shapes = SMOKE_SHAPES if FLAGS.smoke else SHAPES
-  warmup, iters = (1, 2) if FLAGS.smoke else (FLAGS.warmup, FLAGS.iters)
-  best, records = tune(FLAGS.kernels, FLAGS.dtypes, shapes, candidates(FLAGS.smoke), warmup,
-                       iters, interpret)
+  shapes = SMOKE_SHAPES if config.smoke else SHAPES
+  warmup, iters = (1, 2) if config.smoke else (config.warmup, config.iters)
+  best, records = tune(config.kernels, config.dtypes, shapes, candidates(config), warmup, iters, interpret)
   table = table_source(device.device_kind, best)
   print('\n' + table)
-  with open(FLAGS.out_table, 'w') as f:
+  os.makedirs(workdir, exist_ok=True)
+  out_table, out_json = os.path.join(workdir, TABLE), os.path.join(workdir, RECORD)
+  with open(out_table, 'w') as f:
     f.write(table)
-  with open(FLAGS.out_json, 'w') as f:
+  with open(out_json, 'w') as f:
     json.dump(dict(device_kind=device.device_kind, platform=device.platform,
                    jax_version=jax.__version__, shapes=shapes, records=records,
                    best={'/'.join(k): dict(config=c.__dict__, median_s=s)
                          for k, (c, s) in best.items()}), f, indent=1)
-  print(f'wrote {FLAGS.out_json} and {FLAGS.out_table}')
+  print(f'wrote {out_json} and {out_table}')
+
+
+def main(argv):
+  del argv
+  try:
+    write(flags.FLAGS.config, flags.FLAGS.workdir)
+  except ConfigError as e:
+    sys.exit(f'error: {e}')
 
 
 if __name__ == '__main__':
-  app.run(main)
+  cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, 'configs', 'tune_kernels.py'),
+                    'Tuning config file (configs/tune_kernels.py).')
+  cli.define_workdir('Directory of tune_kernels.json and tune_kernels_table.txt.')
+  cli.run(main)

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import bench_kernels, expert_table
+from experiments import expert_table
+from moejax.bench import kernel_cases, kernels
 from moejax.cost import expert_backend as eb
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
@@ -126,7 +127,7 @@ def test_choose_nearest_rows_within_the_ratio_and_refuse_beyond():
   assert eb.choose(table, shape, "fwd_bwd")[0] == "ragged_dot"  # balanced groups, 256 rows nearest
   assert eb.choose(table, shape, "fwd")[0] == "pallas"
   assert eb.choose(table, dataclasses.replace(shape, rows=3000), "fwd_bwd")[0] == "pallas"
-  with pytest.raises(ConfigError, match=r"20000 rows per device.*4096.*bench_kernels --shape=16,32,2,1,silu"):
+  with pytest.raises(ConfigError, match=r"20000 rows per device.*4096.*bench_kernels --config\.shape=16,32,2,1,silu"):
     eb.choose(table, dataclasses.replace(shape, rows=20000), "fwd_bwd")
   for other in (dict(f=64), dict(experts=4), dict(gated=False), dict(activation="gelu"), dict(dtype="bfloat16")):
     with pytest.raises(ConfigError, match="no fwd_bwd measurement"):
@@ -156,7 +157,7 @@ def test_shipped_h100_table_is_the_committed_measurements():
 def test_resolve_on_a_mesh_and_refusals(mesh_2x4, tmp_path):
   cfg = MoEConfig(**BASE, expert_backend="auto")
   assert eb.resolve(dataclasses.replace(cfg, expert_backend="dense"), 1024, mesh_2x4).expert_backend == "dense"
-  with pytest.raises(ConfigError, match=r"ships tables for \[.nvidia_h100_80gb_hbm3.\], not .cpu.*--shape=16,32,2,1,silu --rows=256"):
+  with pytest.raises(ConfigError, match=r"ships tables for \[.nvidia_h100_80gb_hbm3.\], not .cpu.*--config\.shape=16,32,2,1,silu --config\.rows=256"):
     eb.resolve(cfg, 1024, mesh_2x4)
   times = {"pallas": 4e-3, "pallas_unfused": 3e-3, "ragged_dot": 1e-3, "tokamax": None}
   path = _write_table(tmp_path, _row(16, 32, 2, 256, "fwd_bwd", times) + _row(16, 32, 2, 256, "fwd", {
@@ -190,9 +191,9 @@ def test_measured_cpu_table_drives_the_trainer_and_the_layer(mesh_2x4, tmp_path)
   model_cfg, moe_cfg = config_lib.validate(config)
   shape = eb.layer_shape(moe_cfg, 8 * 32, 2, 4)
   model = dict(d=shape.d, f=shape.f, experts=shape.experts, top_k=1, gated=shape.gated, activation=shape.activation)
-  assert bench_kernels.custom_model([str(v) for v in (shape.d, shape.f, shape.experts, int(shape.gated),
+  assert kernel_cases.custom_model([str(v) for v in (shape.d, shape.f, shape.experts, int(shape.gated),
                                                       shape.activation)]) == model
-  results = bench_kernels.run({"custom": model}, [shape.rows], ["balanced"], ["ffn"],
+  results = kernels.run({"custom": model}, [shape.rows], ["balanced"], ["ffn"],
                               ["pallas_unfused", "ragged_dot", "dense_gemm"], jnp.float32, 1, 3)
   assert all("median_s" in e for e in results)
   table = _write_table(tmp_path, results)

@@ -140,9 +140,8 @@ def test_presets_match_the_published_shapes():
       d_model=7168, d_ff=2048, num_experts=256, top_k=8, num_groups=8, topk_groups=4, routed_scaling=2.5,
       num_shared_experts=1)
   assert (full["qwen3_moe"]["d_model"], full["qwen3_moe"]["d_ff"], full["qwen3_moe"]["num_experts"]) == (2048, 768, 128)
-  sys.path.insert(0, str(ROOT))
-  from experiments import bench_kernels  # the kernel benchmark's Mixtral shape is the same
-  bench = bench_kernels.MODELS["mixtral_8x7b"]
+  from moejax.bench import kernel_cases  # the kernel benchmark's Mixtral shape is the same
+  bench = kernel_cases.MODELS["mixtral_8x7b"]
   mixtral = full["mixtral_8x7b"]
   assert (mixtral["d_model"], mixtral["d_ff"], mixtral["num_experts"], mixtral["top_k"], mixtral["gated"],
           mixtral["activation"]) == (bench["d"], bench["f"], bench["experts"], bench["top_k"], bench["gated"],

@@ -1,4 +1,4 @@
-"""The GPU benchmark suite (benchmarks/gpu_suite.sh) end to end on CPU with --smoke: every step's JSON
+"""The GPU benchmark suite (benchmarks/gpu_suite.sh) end to end on CPU with --config.smoke=True: every step's JSON
 exists, says 'ok' and holds finite positive timings; a failing step is recorded and the suite goes
 on to the next one but exits non-zero. (~90 s on 2 CPU cores, the suite run once per session; its numbers mean nothing.)"""
 
@@ -63,7 +63,7 @@ def smoke(shared):
   with cache_lock(str(shared / "locks" / "gpu_suite_smoke")):
     if not result.exists():
       shutil.rmtree(out, ignore_errors=True)
-      done = run_suite(out, "--smoke")
+      done = run_suite(out, "--config.smoke=True")
       result.write_text(json.dumps({"returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}))
   return out, subprocess.CompletedProcess([], **json.loads(result.read_text()))
 
@@ -222,7 +222,7 @@ def test_train_step_reports_tokens_per_second(records):
 
 
 def test_a_failing_step_is_recorded_and_the_suite_goes_on(tmp_path):
-  done = run_suite(tmp_path, "--smoke", "--layer_backends=no_such_backend", steps=("layer", "env"))
+  done = run_suite(tmp_path, "--config.smoke=True", "--config.layer_backends=no_such_backend", steps=("layer", "env"))
   assert done.returncode != 0
   layer = json.loads((tmp_path / "layer.json").read_text())
   assert layer["status"] == "error" and "no_such_backend" in layer["error"]
@@ -240,7 +240,7 @@ def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tm
   never_ends.write_text("#!/bin/sh\nexec sleep 60\n")
   never_ends.chmod(0o755)
   out = tmp_path / "out"
-  done = run_suite(out, "--smoke", steps=("kernels", "env"), STEP_TIMEOUT="3", SUITE_TIMEOUT="32",
+  done = run_suite(out, "--config.smoke=True", steps=("kernels", "env"), STEP_TIMEOUT="3", SUITE_TIMEOUT="32",
                    PYTHON=str(never_ends))
   assert done.returncode != 0
   summary = (out / "suite_summary.txt").read_text()
@@ -250,9 +250,10 @@ def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tm
 
 
 def test_a_terminated_step_keeps_what_it_measured_and_says_why_it_stopped(tmp_path, monkeypatch):
-  """SIGTERM (what the suite's `timeout` sends) in the middle of a step: main returns 1 and the record keeps the
+  """SIGTERM (what the suite's `timeout` sends) in the middle of a step: run_step returns 1 and the record keeps the
   step's partial results, with status 'terminated' and the traceback."""
   from benchmarks import gpu_suite
+  from configs import gpu_suite as suite_config
 
   def step_killed_halfway(args, rec):
     del args
@@ -265,7 +266,9 @@ def test_a_terminated_step_keeps_what_it_measured_and_says_why_it_stopped(tmp_pa
   monkeypatch.setitem(gpu_suite.STEP_FUNCTIONS, "env", step_killed_halfway)
   previous = signal.getsignal(signal.SIGTERM)
   try:
-    assert gpu_suite.main(["--step=env", f"--out={tmp_path}", "--smoke"]) == 1
+    config = suite_config.get_config()
+    config.update(step="env", smoke=True)
+    assert gpu_suite.run_step(config, str(tmp_path)) == 1
   finally:
     signal.signal(signal.SIGTERM, previous)
   record = json.loads((tmp_path / "env.json").read_text())
@@ -277,7 +280,7 @@ def test_bad_usage_is_rejected(tmp_path):
   done = run_suite(tmp_path / "x", steps=("env",))
   assert done.returncode == 0  # a missing OUT_DIR is created
   assert os.path.exists(tmp_path / "x" / "env.json")
-  assert run_suite("--smoke").returncode == 2
+  assert run_suite("--config.smoke=True").returncode == 2
 
 
 def test_chunking_times_every_piece_count_and_schedule(records):
@@ -308,21 +311,24 @@ def test_layer_models_include_the_published_presets():
 
 
 def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
-  """benchmarks/gpu_parts.sh: every model, step and flag it names exists (a typo would waste GPU time), every kernel
-  and layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
+  """benchmarks/gpu_parts.sh: every model, step and config field it names exists (a typo would waste GPU time), every
+  kernel and layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
   from benchmarks.gpu_suite import STEPS
   from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS
+  from configs import gpu_suite as suite_config
+  from configs import tune_kernels as tune_config
 
   script = (ROOT / "benchmarks" / "gpu_parts.sh").read_text()
-  named = lambda flag: {m for group in re.findall(rf"--{flag}=([\w.,]+)", script) for m in group.split(",")}
+  named = lambda field: {m for group in re.findall(rf"--config\.{field}=([\w.,]+)", script) for m in group.split(",")}
   assert named("kernel_models") == set(KERNEL_MODELS) and named("layer_models") == set(LAYER_MODELS)
+  start = script.index("-m experiments.tune_kernels")
+  part5 = script[start:script.index(";;", start)]
+  suite_fields = set(re.findall(r"--config\.(\w+)=", script[:script.index("5) ")]))
+  assert suite_fields and suite_fields <= set(suite_config.get_config())
   steps = {s for group in re.findall(r'STEPS="([\w ]+)"', script) for s in group.split()}
   assert steps == set(STEPS)
-  tune = (ROOT / "experiments" / "tune_kernels.py").read_text()  # part 5's flags are tune_kernels' own
-  defined = set(re.findall(r"flags\.DEFINE_\w+\('(\w+)'", tune))
-  start = script.index('"$ROOT/experiments/tune_kernels.py"')
-  part5 = script[start:script.index(";;", start)]
-  assert set(re.findall(r"--(\w+)=", part5)) <= defined and "tgmm" in part5
+  # Part 5's fields are tune_kernels' own.
+  assert set(re.findall(r"--config\.(\w+)=", part5)) <= set(tune_config.get_config()) and "tgmm" in part5
   for part in ("3", "4", "9"):
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part], capture_output=True,
                          text=True, env=ENV, timeout=60)

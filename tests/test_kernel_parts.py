@@ -1,11 +1,11 @@
-"""The kernel benchmark's parts (experiments/kernel_parts.py) compute what their names say: each against float64
+"""The kernel benchmark's parts (moejax/bench/kernel_parts.py) compute what their names say: each against float64
 NumPy on random inputs, skewed groups with an empty one and rows past the groups."""
 
 import jax
 import numpy as np
 import pytest
 
-from experiments import kernel_parts
+from moejax.bench import kernel_parts
 from tests.numpy_moe import ACT
 
 

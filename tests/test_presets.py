@@ -1,15 +1,21 @@
-"""The published-layer presets scaled down (`moejax.models.presets`): the routed experts are a multiple of the
-mesh's devices and of the groups, and routing keeps a choice at every scale (more candidates than top-k, two or
-more experts per group), raised where the scaled count would not and logged; the published shapes unchanged.
-Expectations come from a brute-force search here, not from the module. Fast: no compilation."""
+"""The table of published models and its presets scaled down (`moejax.models.presets`): every entry a valid config,
+its numbers written nowhere else; the routed experts are a multiple of the mesh's devices and of the groups, and
+routing keeps a choice at every scale (more candidates than top-k, two or more experts per group), raised where the
+scaled count would not and logged; the published shapes unchanged. Expectations come from a brute-force search
+here, not from the module. Fast: no compilation."""
 
+import ast
 import dataclasses
 import logging
+import math
 import sys
 
 import pytest
 
 from moejax.models import presets
+from moejax.models.config import ModelConfig
+from moejax.models.decoder_config import DecoderConfig
+from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
 
@@ -18,6 +24,47 @@ from configs import moe_preset  # noqa: E402
 
 EXPERT_SCALES = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256, 1024)
 MIN_EXPERTS = (1, 2, 3, 4, 6, 8, 16, 32)  # 8: the 2 x 4 CPU mesh
+
+
+# Copies of the table's numbers still written elsewhere, by file (SMILE's sizes and the decoders' vocabularies), each
+# to be derived from moejax.models.presets.PUBLISHED by its owner.
+PENDING_COPIES = {"configs/mlm.py": {1600, 3072, 6400, 32128}, "configs/scaling_default.py": {32128},
+                  "configs/scaling_presets.py": {32000, 129280, 151936},
+                  "configs/scaling_smile.py": {1600, 3072, 6400, 32128}, "experiments/validation/smile.py": {3072, 32128},
+                  "moejax/study/plots.py": {1600, 3072, 6400}}
+
+
+def test_every_published_model_is_a_valid_config():
+  """Each entry's moe builds a MoEConfig whose experts spread evenly over its mesh; its model names fields of
+  DecoderConfig (the decoders) or builds a ModelConfig (SMILE's BERT)."""
+  decoder_fields = {f.name for f in dataclasses.fields(DecoderConfig)}
+  for name, published in presets.PUBLISHED.items():
+    MoEConfig(**published.moe)
+    assert published.moe["num_experts"] % math.prod(published.mesh) == 0, name
+    assert published.dense < published.model.get("num_layers", 1), name
+    if published.model.get("kind") == "bert":
+      ModelConfig(**published.model, d_model=published.moe["d_model"])
+    else:
+      assert set(published.model) <= decoder_fields - {"d_model"}, name
+
+
+def test_published_numbers_are_written_in_the_table_only():
+  """The table's distinctive numbers (over 1000, not a power of two: widths, vocabularies, context lengths) appear
+  as an integer literal in no other module of configs/, experiments/, benchmarks/, moejax/ or kernels/ (comments
+  and docstrings aside), but for the copies still pending."""
+  numbers = {v for published in presets.PUBLISHED.values() for fields in (published.moe, published.model)
+             for v in fields.values() if type(v) is int and v > 1000 and v & (v - 1)}
+  assert {14336, 1408, 32000, 151936} <= numbers
+  found = {}
+  for folder in ("configs", "experiments", "benchmarks", "moejax", "kernels"):
+    for path in (ROOT / folder).rglob("*.py"):
+      name = path.relative_to(ROOT).as_posix()
+      if name != "moejax/models/presets.py":
+        literals = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)}
+        if literals & numbers:
+          found[name] = literals & numbers
+  assert {name: copies - PENDING_COPIES.get(name, set()) for name, copies in found.items()
+          if copies - PENDING_COPIES.get(name, set())} == {}
 
 
 def honest(moe: dict, experts: int) -> bool:

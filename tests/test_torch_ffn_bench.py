@@ -1,4 +1,4 @@
-"""The PyTorch anchor of the kernels benchmark (experiments/torch_ffn_bench.py): the same FFN math as the
+"""The PyTorch anchor of the kernels benchmark (moejax/bench/torch_ffn.py): the same FFN math as the
 JAX implementations (checked on CPU with per-group torch matmuls where torch is installed), and
 skipped with its reason where torch or CUDA is missing."""
 
@@ -10,13 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import kernel_impls, torch_ffn_bench
+from moejax.bench import kernel_impls, torch_ffn
 from tests.helpers import ENV, ROOT
 
 
 def test_bench_kernels_imports_without_torch_and_says_why_it_skips():
   code = ("import sys; sys.modules['torch'] = None\n"
-          "from experiments import bench_kernels, kernel_impls\n"
+          "from experiments import bench_kernels\nfrom moejax.bench import kernel_impls\n"
           "print(kernel_impls.unavailable('torch_grouped_mm', 'bfloat16'))\n"
           "print(kernel_impls.unavailable('ragged_dot', 'bfloat16'))")
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
@@ -37,10 +37,10 @@ def test_torch_ffn_matches_ragged_dot_with_per_group_matmuls(gated, activation, 
   model = dict(d=16, f=32, experts=4, top_k=2, gated=gated, activation=activation)
   sizes = np.array([5, 0, 17, 10])  # an empty group and uneven ones; 32 rows, all in groups
   rows = int(sizes.sum())
-  x, w_in, w_out, w_gate, dy = torch_ffn_bench.make_inputs(model, rows, op, "cpu", dtype=torch.float32)
-  offs = torch_ffn_bench.offsets(sizes, "cpu")
+  x, w_in, w_out, w_gate, dy = torch_ffn.make_inputs(model, rows, op, "cpu", dtype=torch.float32)
+  offs = torch_ffn.offsets(sizes, "cpu")
   params = (x, w_in, w_out, w_gate)
-  ours = torch_ffn_bench.run_once(params, dy, offs, activation, op, True, torch_ffn_bench.grouped_mm_loop)
+  ours = torch_ffn.run_once(params, dy, offs, activation, op, True, torch_ffn.grouped_mm_loop)
 
   # The same inputs in kernel_impls' layout ([G, in, out] weights, params (x, w_in, w_out[, w_gate])).
   to_jax = lambda t: jnp.asarray(t.detach().numpy())

@@ -1,3 +1,3 @@
-"""The GPU benchmark suite's steps (benchmarks/gpu_suite.py runs one per process): `record` (OUT/<step>.json and
+"""The GPU benchmark suite's steps (benchmarks/gpu_suite.py runs one per process): `record` (<workdir>/<step>.json and
 what every step shares), `shapes` (the models timed), then one module per step: `env`, `ceilings`, `kernels`,
-`layer`, `chunking`, `train_step`, each with its `step_<name>(args, rec)`."""
+`layer`, `chunking`, `train_step`, each with its `step_<name>(config, rec)` (config: configs/gpu_suite.py's)."""

@@ -4,13 +4,13 @@ steps are judged against."""
 import jax
 import jax.numpy as jnp
 
-from benchmarks.suite.record import Record, say, split, timing
+from benchmarks.suite.record import Record, say, timing
 from moejax.kernels.tuning import time_call
 
 
-def step_ceilings(args, rec: Record):
-  sizes = [256] if args.smoke else [int(s) for s in split(args.gemm_sizes)]
-  copy_bytes = (4 if args.smoke else args.copy_mib) * 2 ** 20
+def step_ceilings(config, rec: Record):
+  sizes = [256] if config.smoke else list(config.gemm_sizes)
+  copy_bytes = (4 if config.smoke else config.copy_mib) * 2 ** 20
   gemm = []
   matmul = jax.jit(lambda a, b: a @ b)  # bf16 inputs and output; accumulation in fp32
   for n in sizes:
@@ -18,7 +18,7 @@ def step_ceilings(args, rec: Record):
     a = jax.random.normal(ka, (n, n), jnp.bfloat16)
     b = jax.random.normal(kb, (n, n), jnp.bfloat16)
     entry = {'m': n, 'n': n, 'k': n, 'dtype': 'bfloat16', 'flops': 2 * n ** 3,
-             **timing(time_call(matmul, (a, b), args.warmup, args.iters))}
+             **timing(time_call(matmul, (a, b), config.warmup, config.iters))}
     entry['tflops'] = entry['flops'] / entry['median_s'] / 1e12
     gemm.append(entry)
     rec['gemm'] = gemm
@@ -33,7 +33,7 @@ def step_ceilings(args, rec: Record):
   # Bytes counted: one read and one write of the buffer.
   for name, fn in (('copy', jax.jit(jnp.copy)), ('scale', jax.jit(lambda v: v * 2))):
     entry = {'kind': name, 'bytes': copy_bytes, 'bytes_moved': 2 * copy_bytes,
-             **timing(time_call(fn, (x,), args.warmup, args.iters))}
+             **timing(time_call(fn, (x,), config.warmup, config.iters))}
     entry['gbps'] = entry['bytes_moved'] / entry['median_s'] / 1e9
     copies.append(entry)
     say(f"on-device {name} of {copy_bytes / 2 ** 20:.0f} MiB: {entry['median_s'] * 1e3:.3f} ms, "
@@ -42,7 +42,7 @@ def step_ceilings(args, rec: Record):
   if len(devices) > 1:  # between two devices: bytes counted once
     put = lambda v: jax.device_put(v, devices[1])
     entry = {'kind': 'device_put_0_to_1', 'bytes': copy_bytes, 'bytes_moved': copy_bytes,
-             **timing(time_call(put, (x,), args.warmup, args.iters))}
+             **timing(time_call(put, (x,), config.warmup, config.iters))}
     entry['gbps'] = entry['bytes_moved'] / entry['median_s'] / 1e9
     copies.append(entry)
     say(f"device 0 -> 1 of {copy_bytes / 2 ** 20:.0f} MiB: {entry['gbps']:.4g} GB/s")

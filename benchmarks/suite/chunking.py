@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.suite.layer import compute_dtype, layer_case, read_ceiling
-from benchmarks.suite.record import Record, say, split, timing
+from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import CHUNKS, LAYER_MODELS, SMOKE_LAYER_MODELS
 from moejax.cost import model as cost_model
 from moejax.kernels.tuning import time_call
@@ -33,14 +33,14 @@ def _pieces_program(pieces: int, by: str, backend: str):
   return jax.jit(run)
 
 
-def step_chunking(args, rec: Record):
-  shape = SMOKE_LAYER_MODELS['smoke_gated_e8'] if args.smoke else LAYER_MODELS['mixtral_8x7b']
+def step_chunking(config, rec: Record):
+  shape = SMOKE_LAYER_MODELS['smoke_gated_e8'] if config.smoke else LAYER_MODELS['mixtral_8x7b']
   shape = dict(shape)
   tokens = shape.pop('tokens')
   rows, d, f, groups = tokens * shape['top_k'], shape['d_model'], shape['d_ff'], shape['num_experts']
-  dtype = compute_dtype(args)
-  ceiling, source = read_ceiling(args.out)
-  chunks, backends = ((1, 2), ['ragged_dot']) if args.smoke else (CHUNKS, split(args.layer_backends))
+  dtype = compute_dtype(config)
+  ceiling, source = read_ceiling(rec.workdir)
+  chunks, backends = ((1, 2), ['ragged_dot']) if config.smoke else (CHUNKS, config.layer_backends)
   rec.data.update(shape=shape, rows=rows, dtype=dtype, chunks=chunks, gemm_tflops=ceiling, mfu_reference=source,
                   xla_flags=os.environ.get('XLA_FLAGS', ''))
   keys = jax.random.split(jax.random.key(0), 4)
@@ -55,7 +55,7 @@ def step_chunking(args, rec: Record):
       single = None
       for pieces in chunks:
         case = {'gemm': gemm, 'split': by, 'pieces': pieces, 'expert_backend': backend,
-                **timing(time_call(_pieces_program(pieces, by, backend), operands, args.warmup, args.iters))}
+                **timing(time_call(_pieces_program(pieces, by, backend), operands, config.warmup, config.iters))}
         single = single or case['median_s']
         case['tflops'] = float(cost_model.matmul_flops(rows, d, f)) / case['median_s'] / 1e12
         case['time_vs_one_call'] = case['median_s'] / single
@@ -72,7 +72,7 @@ def step_chunking(args, rec: Record):
       cfg = MoEConfig(**shape, transport='padded', expert_backend=backend, dtype=dtype, schedule=schedule,
                       num_chunks=pieces)
       case = {'schedule': schedule, 'num_chunks': pieces, 'expert_backend': backend}
-      case.update(layer_case(cfg, tokens, mesh, args, ceiling, phases=False)[0])
+      case.update(layer_case(cfg, tokens, mesh, config, ceiling, phases=False)[0])
       schedules.append(case)
       say(f"layer {backend} {schedule} C={pieces}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, "
           f"fwd+bwd {case['fwd_bwd']['median_s'] * 1e3:.3f} ms")

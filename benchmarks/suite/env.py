@@ -25,8 +25,8 @@ def nvidia_smi() -> dict:
   return out
 
 
-def step_env(args, rec: Record):
-  del args
+def step_env(config, rec: Record):
+  del config
   rec['devices'] = [{'id': d.id, 'kind': d.device_kind, 'platform': d.platform, 'process_index': d.process_index}
                     for d in jax.devices()]
   rec['platform_version'] = getattr(getattr(jax.devices()[0], 'client', None), 'platform_version', None)

@@ -1,5 +1,5 @@
-"""The kernels step: experiments/bench_kernels.py's implementations at the suite's expert shapes, and
-OUT/backend_table.json (per FFN shape and pass, the fastest moejax backend)."""
+"""The kernels step: the kernel benchmark's implementations (moejax.bench) at the suite's expert shapes, and
+<workdir>/backend_table.json (per FFN shape and pass, the fastest moejax backend)."""
 
 import json
 import os
@@ -7,24 +7,24 @@ import os
 import jax
 import jax.numpy as jnp
 
-from benchmarks.suite.record import Record, say, split
+from benchmarks.suite.record import Record, say
 from benchmarks.suite.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
-from experiments import bench_kernels, kernel_parts
+from moejax.bench import kernel_parts, kernels
 from moejax.cost import expert_backend
 from moejax.runtime import platform as platform_lib
 
 
-def step_kernels(args, rec: Record) -> bool:
-  """bench_kernels.run, one implementation of one case at a time so that the record grows as it goes."""
-  if args.smoke:  # the whole FFN only: the interpreter makes every case cost seconds
+def step_kernels(config, rec: Record) -> bool:
+  """moejax.bench.kernels.run, one implementation of one case at a time so that the record grows as it goes."""
+  if config.smoke:  # the whole FFN only: the interpreter makes every case cost seconds
     models, rows, ops = SMOKE_KERNEL_MODELS, [64], ['ffn', 'parts']
   else:
-    models, rows = {m: KERNEL_MODELS[m] for m in split(args.kernel_models)}, [int(r) for r in split(args.kernel_rows)]
-    ops = split(args.kernel_ops)
-  impls = split(args.kernel_impls)
+    models, rows = {m: KERNEL_MODELS[m] for m in config.kernel_models}, list(config.kernel_rows)
+    ops = config.kernel_ops
+  impls = config.kernel_impls
   dtype = jnp.bfloat16
-  rec.data.update(models=models, rows=rows, ops=ops, impls=impls, dtype='bfloat16', warmup=args.kernel_warmup,
-                  iters=args.kernel_iters, interpret=platform_lib.pallas_interprets(jax.devices()[0].platform))
+  rec.data.update(models=models, rows=rows, ops=ops, impls=impls, dtype='bfloat16', warmup=config.kernel_warmup,
+                  iters=config.kernel_iters, interpret=platform_lib.pallas_interprets(jax.devices()[0].platform))
   results = []
   rec['results'] = results
   for name, model in models.items():
@@ -32,21 +32,21 @@ def step_kernels(args, rec: Record) -> bool:
       for skew in ('balanced', 'skewed'):
         for op in ops:
           if op == 'parts':  # each kernel of the fused FFN alone: where its backward loses
-            results.extend(kernel_parts.run(name, model, r, skew, dtype, args.kernel_warmup, args.kernel_iters))
+            results.extend(kernel_parts.run(name, model, r, skew, dtype, config.kernel_warmup, config.kernel_iters))
             rec.save()
             continue
           for impl in impls:  # both passes of one implementation per call
-            results.extend(bench_kernels.run({name: model}, [r], [skew], [op], [impl], dtype, args.kernel_warmup,
-                                             args.kernel_iters))
+            results.extend(kernels.run({name: model}, [r], [skew], [op], [impl], dtype, config.kernel_warmup,
+                                       config.kernel_iters))
             rec.save()
-  rec['summary'] = bench_kernels.summary(results, impls).splitlines()
+  rec['summary'] = kernels.summary(results, impls).splitlines()
   print('\nmedian ms (useful TFLOP/s)\n' + '\n'.join(rec['summary']), flush=True)
   rec['skipped_cases'] = sum('skipped' in e for e in results)
   # A case skipped for a missing optional package or device is fine; any error fails the step.
   failed = [e for e in results if 'error' in e]
   rec['failed_cases'] = len(failed)
   table = backend_table(results, rec)
-  path = os.path.join(args.out, BACKEND_TABLE)
+  path = os.path.join(rec.workdir, BACKEND_TABLE)
   with open(path, 'w') as f:
     json.dump(table, f, indent=1)
   rec['backend_table'] = path

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.suite.record import Record, say, split, timing
+from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
 from moejax.cost import model as cost_model
 from moejax.kernels.tuning import time_call
@@ -41,11 +41,11 @@ def expert_flops(cfg: MoEConfig, tokens: int) -> int:
   return int(cost_model.expert_flops(tokens * cfg.choices_per_token, cfg.d_model, cfg.d_ff, cfg.gated))
 
 
-def compute_dtype(args) -> str:
-  return args.dtype or ('bfloat16' if jax.devices()[0].platform == 'gpu' else 'float32')
+def compute_dtype(config) -> str:
+  return config.dtype or ('bfloat16' if jax.devices()[0].platform == 'gpu' else 'float32')
 
 
-def layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
+def layer_case(cfg: MoEConfig, tokens: int, mesh, config, ceiling: float | None,
                phases: bool = True) -> tuple[dict, np.ndarray]:
   """Timings, counts, FLOPs and MFU of the layer `cfg` on `tokens` random tokens, and its output y [tokens, d]
   (float32); `phases`: also the forward's phases (`phase_timing.measure_phases`)."""
@@ -65,8 +65,8 @@ def layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
     return jnp.sum(y.astype(jnp.float32) * dy) + aux['aux_loss']
 
   forward_backward = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-  case = {'fwd': timing(time_call(forward, (params, x), args.warmup, args.iters)),
-          'fwd_bwd': timing(time_call(forward_backward, (params, x), args.warmup, args.iters))}
+  case = {'fwd': timing(time_call(forward, (params, x), config.warmup, config.iters)),
+          'fwd_bwd': timing(time_call(forward_backward, (params, x), config.warmup, config.iters))}
   y, aux = forward(params, x)
   case.update(tokens_dropped=int(aux['tokens_dropped']), tokens_overflowed=int(aux['tokens_overflowed']),
               expert_counts=np.asarray(aux['expert_counts']).tolist())
@@ -74,7 +74,7 @@ def layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
   case.update(expert_flops_fwd=flops, expert_flops_fwd_bwd=3 * flops)
   rates = [('fwd', flops, case['fwd']['median_s']), ('fwd_bwd', 3 * flops, case['fwd_bwd']['median_s'])]
   if phases:
-    case['phases_ms'] = phase_timing.measure_phases(params, x, cfg, mesh, args.warmup, args.iters)
+    case['phases_ms'] = phase_timing.measure_phases(params, x, cfg, mesh, config.warmup, config.iters)
     rates.append(('expert_phase', flops, case['phases_ms']['layer_expert_ms'] / 1e3))
   for name, useful, seconds in rates:
     case[f'tflops_{name}'] = useful / seconds / 1e12
@@ -82,12 +82,12 @@ def layer_case(cfg: MoEConfig, tokens: int, mesh, args, ceiling: float | None,
   return case, np.asarray(y, np.float32)
 
 
-def step_layer(args, rec: Record):
+def step_layer(config, rec: Record):
   platform = jax.devices()[0].platform
-  models = SMOKE_LAYER_MODELS if args.smoke else {m: LAYER_MODELS[m] for m in split(args.layer_models)}
-  ceiling, source = read_ceiling(args.out)
-  dtype = compute_dtype(args)
-  rec.data.update(mesh='1x1', dtype=dtype, warmup=args.warmup, iters=args.iters, gemm_tflops=ceiling,
+  models = SMOKE_LAYER_MODELS if config.smoke else {m: LAYER_MODELS[m] for m in config.layer_models}
+  ceiling, source = read_ceiling(rec.workdir)
+  dtype = compute_dtype(config)
+  rec.data.update(mesh='1x1', dtype=dtype, warmup=config.warmup, iters=config.iters, gemm_tflops=ceiling,
                   mfu_reference=source, models=models)
   say(f'MFU reference: {ceiling} TFLOP/s ({source})')
   mesh = mesh_lib.make_mesh(1, 1)
@@ -96,7 +96,7 @@ def step_layer(args, rec: Record):
   for name, shape in models.items():
     shape = dict(shape)
     tokens = shape.pop('tokens')
-    for backend in split(args.layer_backends):
+    for backend in config.layer_backends:
       outputs = {}
       for transport in ('ragged', 'padded'):
         cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype)
@@ -105,7 +105,7 @@ def step_layer(args, rec: Record):
         if transport == 'ragged' and not platform_lib.has_ragged_all_to_all(platform):
           case['skipped'] = f'XLA:{platform.upper()} has no ragged all-to-all (moejax.runtime.platform)'
         else:
-          measured, outputs[transport] = layer_case(cfg, tokens, mesh, args, ceiling)
+          measured, outputs[transport] = layer_case(cfg, tokens, mesh, config, ceiling)
           case.update(measured)
           say(f"{name} {backend} {transport}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
               f"{case['fwd_bwd']['median_s'] * 1e3:.3f} ms, expert phase {case['phases_ms']['layer_expert_ms']:.3f} "
@@ -123,7 +123,7 @@ def step_layer(args, rec: Record):
       comparisons.append(comparison)
       say(f'ragged vs padded {name} {backend}: {comparison}')
       rec.save()
-    rec.setdefault('wire_comparison', []).extend(_wire_comparison(name, shape, tokens, dtype, mesh, platform, args,
+    rec.setdefault('wire_comparison', []).extend(_wire_comparison(name, shape, tokens, dtype, mesh, platform, config,
                                                                   ceiling))
     rec.save()
     overflow = _overflow_comparison(shape, tokens, dtype, mesh, platform)
@@ -139,15 +139,15 @@ WIRE_VARIANTS = {'per_choice': dict(dedup=False), 'dedup': dict(dedup=True),
                  'dedup_fp8_bf16': dict(dedup=True, dispatch_dtype='float8_e4m3fn', combine_dtype='bfloat16')}
 
 
-def _wire_comparison(name: str, shape: dict, tokens: int, dtype: str, mesh, platform: str, args,
+def _wire_comparison(name: str, shape: dict, tokens: int, dtype: str, mesh, platform: str, config,
                      ceiling: float | None) -> list[dict]:
   """Forward and forward+backward times of the layer per `WIRE_VARIANTS` (the first expert backend, the platform's
   flat transport), and each output's error against the per-choice one."""
-  backend, transport = split(args.layer_backends)[0], platform_lib.flat_transport(platform)
+  backend, transport = config.layer_backends[0], platform_lib.flat_transport(platform)
   cases, baseline = [], None
   for variant, fields in WIRE_VARIANTS.items():
     cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype, **fields)
-    measured, y = layer_case(cfg, tokens, mesh, args, ceiling, phases=False)
+    measured, y = layer_case(cfg, tokens, mesh, config, ceiling, phases=False)
     baseline = y if baseline is None else baseline
     case = {'model': name, 'variant': variant, 'transport': transport, 'expert_backend': backend, **fields,
             **measured, 'rel_err_vs_per_choice': float(np.linalg.norm(y - baseline) /

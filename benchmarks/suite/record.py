@@ -1,7 +1,6 @@
-"""What every step of the GPU suite shares: its record OUT/<step>.json (rewritten as the step goes), the
+"""What every step of the GPU suite shares: its record <workdir>/<step>.json (rewritten as the step goes), the
 machine's versions, timing statistics, and the signal that stops a step."""
 
-import argparse
 import datetime
 import importlib.metadata
 import json
@@ -15,10 +14,6 @@ import jax
 import numpy as np
 
 OPTIONAL_PACKAGES = ('ml_collections', 'tensorboardX', 'tokamax')
-
-
-def split(value: str) -> list[str]:
-  return [v for v in value.split(',') if v]
 
 
 def timing(times: list[float]) -> dict:
@@ -47,14 +42,15 @@ def utc_now() -> str:
 
 
 class Record:
-  """OUT/<step>.json, rewritten (atomically) on every `save`."""
+  """<workdir>/<step>.json, rewritten (atomically) on every `save`; `config` is the suite's (configs/gpu_suite.py)."""
 
-  def __init__(self, out_dir: str, step: str, args: argparse.Namespace):
-    os.makedirs(out_dir, exist_ok=True)
-    self.path = os.path.join(out_dir, f'{step}.json')
+  def __init__(self, workdir: str, step: str, config):
+    os.makedirs(workdir, exist_ok=True)
+    self.workdir = workdir
+    self.path = os.path.join(workdir, f'{step}.json')
     self.start = time.perf_counter()
     device = jax.devices()[0]
-    self.data = {'step': step, 'status': 'running', 'smoke': args.smoke, 'device': device.device_kind,
+    self.data = {'step': step, 'status': 'running', 'smoke': config.smoke, 'device': device.device_kind,
                  'platform': device.platform, 'device_count': jax.device_count(), 'versions': versions(),
                  'argv': sys.argv[1:], 'started_utc': utc_now()}
 

@@ -1,8 +1,8 @@
-"""The shapes the GPU suite times: the kernels' expert shapes, the same models as MoE layers (and the published
-fine-grained presets), the chunking step's piece counts and the train step's BERT-MoE; each with its tiny
---smoke variant."""
+"""The shapes the GPU suite times, from the published models (moejax.models.presets.PUBLISHED): the kernels' expert
+shapes, the same models as MoE layers (and the published fine-grained presets), the chunking step's piece counts and
+the train step's BERT-MoE; each with its tiny smoke variant."""
 
-from experiments.kernel_cases import MODELS
+from moejax.bench.kernel_cases import MODELS
 from moejax.models import presets
 
 ROWS = 16384  # routed rows (token-choices) of the kernel and layer benchmarks
@@ -17,15 +17,15 @@ KERNEL_MODELS = {
 }
 SMOKE_KERNEL_MODELS = {'smoke_gated_e8': dict(d=32, f=64, experts=8, top_k=2, gated=True, activation='silu')}
 
-# The same models as MoE layers: tokens * top_k = ROWS routed rows.
-LAYER_MODELS = {
-    'mixtral_8x7b': dict(d_model=4096, d_ff=14336, num_experts=8, top_k=2, gated=True, activation='silu',
-                         tokens=ROWS // 2),
-    'qwen2_moe': dict(d_model=2048, d_ff=1408, num_experts=64, top_k=4, gated=True, activation='silu',
-                      tokens=ROWS // 4),
-    'smile_3.7b_e8': dict(d_model=768, d_ff=3072, num_experts=8, top_k=1, gated=False, activation='gelu',
-                          tokens=ROWS),
-}
+
+def _layer(case: dict) -> dict:
+  """A kernel case as an MoE layer (MoEConfig's shape fields) of tokens * top_k = ROWS routed rows."""
+  return dict(d_model=case['d'], d_ff=case['f'], num_experts=case['experts'], top_k=case['top_k'],
+              gated=case['gated'], activation=case['activation'], tokens=ROWS // case['top_k'])
+
+
+# The kernel cases' models as MoE layers.
+LAYER_MODELS = {name: _layer(KERNEL_MODELS[name]) for name in ('mixtral_8x7b', 'qwen2_moe', 'smile_3.7b_e8')}
 # The published fine-grained layers (moejax.models.presets) at full width: Qwen3-MoE's 128 experts, and a quarter of
 # DeepSeek-V3's 256 (their weights, 5.6 GB in bf16, fit one GPU with the backward's), with V3's sigmoid, group-limited
 # routing and shared expert; the balance loss per call (the benchmark's x is [tokens, d], not sequences).
@@ -38,8 +38,9 @@ SMOKE_LAYER_MODELS = {
 
 CHUNKS = (1, 2, 4, 8)  # chunking: pieces of the decomposed GEMMs
 
-# A small BERT-MoE (every other FFN an MoE layer, as in SMILE) and its batch.
-TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=768, num_heads=12, d_ff=3072, seq_len=512, batch=32,
-                   num_experts=8, top_k=2)
+# A small BERT-MoE (every other FFN an MoE layer, as in SMILE) of SMILE 3.7B's widths, and its batch.
+_SMILE = presets.PUBLISHED['smile_3.7b']
+TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=_SMILE.moe['d_model'], num_heads=_SMILE.model['num_heads'],
+                   d_ff=_SMILE.moe['d_ff'], seq_len=512, batch=32, num_experts=8, top_k=2)
 SMOKE_TRAIN_SHAPE = dict(vocab_size=128, num_layers=2, d_model=32, num_heads=2, d_ff=64, seq_len=16, batch=4,
                          num_experts=4, top_k=2)

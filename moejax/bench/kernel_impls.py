@@ -1,5 +1,6 @@
-"""The JAX implementations of the expert FFN that experiments/bench_kernels.py times (see its docstring): each
-one a function fn(params, group_sizes) -> y, its inputs, and why one cannot run here."""
+"""The JAX implementations of the expert FFN that the kernel benchmark times (moejax.bench.kernels; each described in
+experiments/bench_kernels.py's docstring): each one a function fn(params, group_sizes) -> y, its inputs, and why one
+cannot run here."""
 
 import jax
 import jax.numpy as jnp

@@ -7,7 +7,8 @@ Forward: 'hidden' (h = act(x w_gate) * (x w_in): the gated FFN's two matmuls, ke
 the dense GEMM's says which kernel loses; their sum beside the fused forward+backward says what the glue costs.
 The recompute is part of 'bwd_hidden' (its z_in and z_gate): 'pallas_unfused' in bench_kernels keeps h instead.
 
-  python -m experiments.bench_kernels --ops=parts --models=mixtral_8x7b --rows=16384 --out=parts.json
+  python -m experiments.bench_kernels --workdir=/tmp/parts --config.ops=parts --config.models=mixtral_8x7b \\
+      --config.rows=16384
 """
 
 import statistics
@@ -15,7 +16,7 @@ import statistics
 import jax
 import jax.numpy as jnp
 
-from experiments.kernel_cases import group_sizes
+from moejax.bench.kernel_cases import group_sizes
 from moejax.kernels import backend, ffn
 from moejax.kernels import gmm as gmm_lib
 from moejax.kernels.gmm import tgmm_forward

@@ -1,7 +1,8 @@
-"""The expert FFN in PyTorch with `torch._grouped_mm`: the outside anchor of experiments/bench_kernels.py.
+"""The expert FFN in PyTorch with `torch._grouped_mm`: the outside anchor of the kernel benchmark
+(experiments/bench_kernels.py).
 
-The same computation as bench_kernels' other implementations, on the same grouped row layout: rows of
-group g are contiguous and in group order, and
+The same computation as the benchmark's other implementations (moejax.bench.kernel_impls), on the same grouped
+row layout: rows of group g are contiguous and in group order, and
   y = (act(x @ w_gate[g]) * (x @ w_in[g])) @ w_out[g]   (gated), or  act(x @ w_in[g]) @ w_out[g],
 or for op 'gmm' the single product x @ w_in[g]. `torch._grouped_mm(a [R, K], b [G, K, N], offs)` takes
 offs = the cumulative group ends (int32 [G], offs[-1] <= R), bf16 in and out with fp32 accumulation,
@@ -13,7 +14,7 @@ torch is imported inside the functions: importing this module (and the suite) ne
 
 import numpy as np
 
-from experiments.kernel_cases import useful_flops
+from moejax.bench.kernel_cases import useful_flops
 
 ACTIVATIONS = ('silu', 'gelu')  # gelu: the tanh form, as moejax.kernels.activations
 
@@ -99,7 +100,7 @@ def run_once(params, dy, offs, activation, op, bwd, grouped_mm):
 
 
 def bench_one(op: str, bwd: bool, model: dict, rows: int, sizes, warmup: int, iters: int) -> dict:
-  """bench_kernels.bench_one's entry for torch._grouped_mm on CUDA: every timed call (CUDA events around
+  """moejax.bench.kernels.bench_one's entry for torch._grouped_mm on CUDA: every timed call (CUDA events around
   the call, then a synchronize), the median, useful TFLOP/s and the error (output, gradients) against
   grouped_mm_loop on the same inputs."""
   import torch  # pylint: disable=import-outside-toplevel

@@ -1,11 +1,12 @@
 """expert_backend='auto': the fastest expert backend for a layer's per-device FFN shape, read from a measured table.
 
-A table is what the GPU suite's kernels step (or `python -m experiments.bench_kernels --backend_table`) writes: for each
-FFN shape (d, f, experts = groups in one call, gated, activation, rows, skew) and pass ('fwd', 'fwd_bwd') the median
-seconds of every candidate backend that ran. Tables measured on a device ship in `expert_tables/<device>.json`
-(named by `device_key`); `MoEConfig.expert_table` points at another. Nothing is extrapolated: 'auto' is refused,
-naming what is missing and how to measure it, unless the table was measured on this device kind, in the layer's
-dtype, at its d, f, experts, gated and activation, and at a row count within a factor MAX_ROWS_RATIO of its own.
+A table is what the GPU suite's kernels step (or `python -m experiments.bench_kernels --config.backend_table=True`)
+writes: for each FFN shape (d, f, experts = groups in one call, gated, activation, rows, skew) and pass ('fwd',
+'fwd_bwd') the median seconds of every candidate backend that ran. Tables measured on a device ship in
+`expert_tables/<device>.json` (named by `device_key`); `MoEConfig.expert_table` points at another. Nothing is
+extrapolated: 'auto' is refused, naming what is missing and how to measure it, unless the table was measured on this
+device kind, in the layer's dtype, at its d, f, experts, gated and activation, and at a row count within a factor
+MAX_ROWS_RATIO of its own.
 """
 
 import dataclasses
@@ -92,9 +93,10 @@ def layer_shape(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> 
 
 def measure_command(shape: FFNShape) -> str:
   """How to measure `shape` on the device at hand, for a table expert_table can name."""
-  return (f"`python -m experiments.bench_kernels --shape={shape.d},{shape.f},{shape.experts},{int(shape.gated)},"
-          f"{shape.activation} --rows={shape.rows} --ops=ffn --dtype={shape.dtype} --out=k.json "
-          "--backend_table=table.json` on this device and set expert_table='table.json', or name a backend")
+  return (f"`python -m experiments.bench_kernels --config.shape={shape.d},{shape.f},{shape.experts},"
+          f"{int(shape.gated)},{shape.activation} --config.rows={shape.rows} --config.ops=ffn --config.dtype={shape.dtype} "
+          "--config.backend_table=True --workdir=DIR` on this device and set expert_table='DIR/backend_table.json', or "
+          "name a backend")
 
 
 def load_table(source: str | None, device_kind: str, shape: FFNShape) -> tuple[dict, str]:

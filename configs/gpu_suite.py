@@ -1,0 +1,38 @@
+"""The GPU benchmark suite (benchmarks/gpu_suite.py runs one step; benchmarks/gpu_suite.sh every step, each in a
+process of its own, passing its options to each).
+
+  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
+  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny
+  bash benchmarks/gpu_suite.sh /tmp/suite --config.smoke=True --config.kernel_models=mixtral_8x7b
+
+Fields left None (warmup, iters) or empty (train_backends, dtype) take the defaults their comments give, which
+depend on smoke.
+"""
+
+import ml_collections
+
+from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS, ROWS
+from moejax.bench.kernel_impls import IMPLS
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.step = ""  # the step to run: env, ceilings, kernels, layer, chunking or train_step
+  config.smoke = False  # tiny shapes and few calls (CPU, interpreted Pallas)
+  config.warmup = ml_collections.FieldReference(None, field_type=int)  # untimed calls after compiling (5; smoke 1)
+  config.iters = ml_collections.FieldReference(None, field_type=int)  # timed calls (30; smoke 3)
+  config.gemm_sizes = (4096, 8192, 16384)  # ceilings: square GEMM sizes (smoke: 256)
+  config.copy_mib = 1024  # ceilings: MiB copied (smoke: 4)
+  config.kernel_models = tuple(KERNEL_MODELS)  # kernels: a subset of benchmarks.suite.shapes.KERNEL_MODELS
+  config.kernel_rows = (ROWS,)  # kernels: routed rows R
+  config.kernel_ops = ("gmm", "ffn", "parts")  # kernels: 'gmm', 'ffn', 'parts' (the fused FFN's kernels one by one)
+  config.kernel_impls = IMPLS  # kernels: implementations
+  config.kernel_warmup = 3  # kernels: untimed calls (smoke: 1)
+  config.kernel_iters = 20  # kernels: timed calls (smoke: 3)
+  config.layer_models = tuple(LAYER_MODELS)  # layer: a subset of benchmarks.suite.shapes.LAYER_MODELS
+  config.layer_backends = ("ragged_dot", "pallas")  # layer: expert backends
+  # train_step: expert backends (() = ragged_dot,pallas; smoke: ragged_dot, since the interpreted Pallas step takes
+  # long to compile and the layer step already runs it).
+  config.train_backends = ()
+  config.dtype = ""  # layer and train_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
+  return config
