@@ -174,6 +174,14 @@ def test_exchange_memory_table_at_smile_sizes():
   assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2 ** 20]  # all rows of 128 GPUs: 3 GiB
   bounded = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "bilevel" and r["buffer_factor"] == 2)
   assert bounded["hop_rows"] == [2 * 16384] * 2
+  from configs import exchange_memory as memory_config
+  from moejax.validation import ConfigError
+
+  config = memory_config.get_config()
+  exchange_memory.check(config)
+  config.transports = ("ragged", "flat")
+  with pytest.raises(ConfigError, match=r"^config field transports=\('ragged', 'flat'\) is not allowed"):
+    exchange_memory.check(config)
 
 
 @pytest.mark.slow
