@@ -1,21 +1,25 @@
 """The fidelity table: every headline figure of the five papers against the cost model, in one place.
 
-  python -m experiments.fidelity --out_dir /tmp/fidelity
+  python -m experiments.fidelity --workdir=/tmp/fidelity                 # configs/fidelity.py: every paper
+  python -m experiments.fidelity --workdir=/tmp/fidelity --config.papers=SMILE,Lina
 
 Prints one line per paper figure (paper, quantity, paper value, model value, relative error model / paper - 1,
 role, source) and writes fidelity.json and fidelity.png (paper against model on log axes, the diagonal and a
-+-25% band; filled markers held out, open markers fitted) to --out_dir. The lines come from the per-paper
-modules of experiments/validation (`fidelity_rows()` each). Discipline: per testbed at most two parameters are
++-25% band; filled markers held out, open markers fitted) to --workdir. The lines come from the per-paper
+modules of moejax/study/papers (`fidelity_rows()` each). Discipline: per testbed at most two parameters are
 fitted, each on named entries (role 'fit', which then test nothing); every other entry is 'held out' and its error
-is what the table is for. ExFlow's lines are 'not modelled' (see experiments/validation/exflow.py).
+is what the table is for. ExFlow's lines are 'not modelled' (see moejax/study/papers/exflow.py).
 """
 
 import json
 import os
+import sys
 
-from absl import app, flags
+from moejax import cli
+from moejax.study.papers import comet, exflow, lina, parm, smile
+from moejax.validation import ConfigError, require
 
-from experiments.validation import comet, exflow, lina, parm, smile
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "fidelity.py")
 
 PAPERS = {"SMILE": smile.fidelity_rows, "Comet": comet.fidelity_rows, "Parm": parm.fidelity_rows,
           "Lina": lina.fidelity_rows, "ExFlow": exflow.fidelity_rows}
@@ -57,7 +61,7 @@ LACKS = {
         "slower 'because of the overhead in transformer engine API calls'"),
     ("Parm", "Table V"): (
         "the real models' dense layers and settings (M 768; B, L, k, f not reported): the line is a stand-in",
-        "Table V / digest Sec. 7"),
+        "Parm Sec. VI-D, Table V: B, L, k and f are not reported"),
     ("Lina", "expert FFN backward"): (
         "the measured FFN rate of Lina's A100s (the model takes datasheet peak x 0.5)", "Fig. 7c: FFN 1.6 ms"),
     ("Lina", "all-reduce of 3 gradients"): (
@@ -153,33 +157,27 @@ def plot(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-FLAGS = flags.FLAGS
-
-
-def define_flags() -> None:
-  """The command line's flags, defined when run as a program (tests import the functions beside other
-  experiments that define flags of the same names)."""
-  flags.DEFINE_string("out_dir", None, "Directory for fidelity.json and fidelity.png.", required=True)
-  flags.DEFINE_list("papers", list(PAPERS), f"Papers: {', '.join(PAPERS)}.")
-
-
 def main(argv):
   del argv
-  unknown = sorted(set(FLAGS.papers) - set(PAPERS))
-  if unknown:
-    raise app.UsageError(f"--papers {unknown} unknown; papers: {list(PAPERS)}")
-  rows = collect(FLAGS.papers)
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  try:
+    unknown = sorted(set(config.papers) - set(PAPERS))
+    require(config.papers and not unknown, "papers", config.papers, f"some of {list(PAPERS)}")
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
+  rows = collect(config.papers)
   print(format_table(rows))
-  for name in FLAGS.papers:
+  for name in config.papers:
     if name in CONSISTENCY:
       print("\n" + CONSISTENCY[name]())
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.out_dir, "fidelity.json"), "w") as f:
+  os.makedirs(workdir, exist_ok=True)
+  with open(os.path.join(workdir, "fidelity.json"), "w") as f:
     json.dump([dict(r, lacks=lacks(r)) for r in rows], f, indent=1)
-  plot(rows, os.path.join(FLAGS.out_dir, "fidelity.png"))
-  print(f"wrote {FLAGS.out_dir}/fidelity.json and fidelity.png")
+  plot(rows, os.path.join(workdir, "fidelity.png"))
+  print(f"wrote {workdir}/fidelity.json and fidelity.png")
 
 
 if __name__ == "__main__":
-  define_flags()
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/fidelity.py).")
+  _WORKDIR = cli.define_workdir("Directory for fidelity.json and fidelity.png.")
+  cli.run(main)

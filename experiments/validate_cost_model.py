@@ -1,4 +1,4 @@
-"""Checks the cost models against papers' numbers, one section per paper (`SECTIONS`; --sections picks):
+"""Checks the cost models against papers' numbers, one section per paper (`SECTIONS`; config.sections picks):
 
   smile  moejax.cost.model against SMILE's measurements on AWS P4d nodes (Table 3, Table 1, Fig. 8);
   comet  moejax.cost.overlap: a Mixtral 8x7B layer on 8 H800 (EP 8) and 8 L20 under the sequential, chunked and
@@ -7,46 +7,57 @@
          (Table III) and testbeds, against Table IV and its headline speedups;
   lina   moejax.cost.contention: the backward all-to-all against the data-parallel all-reduce (default,
          naive overlap, Lina's prioritised schedule) on Lina's setting, against its Fig. 7 timeline and speedups.
-Each section (experiments/validation/<paper>.py: the paper's numbers, its setting and the comparison) prints its
-comparison and returns a JSON record; all records go to --out. Runs from any working directory: the repository's
-files are found from the repository (`experiments.validation.ROOT`).
+Each section (moejax/study/papers/<paper>.py: the paper's numbers, its setting and the comparison) prints its
+comparison and returns a JSON record; all records go to <workdir>/validate_cost_model.json. Runs from any working
+directory: the repository's files are found from the repository (`moejax.study.papers.ROOT`).
 
-  python -m experiments.validate_cost_model --out /tmp/validate_cost_model.json
-  python -m experiments.validate_cost_model --out /tmp/parm.json --sections parm
+  python -m experiments.validate_cost_model --workdir=/tmp/validation                  # configs/validate_cost_model.py
+  python -m experiments.validate_cost_model --workdir=/tmp/validation --config.sections=parm
 """
 
 import json
+import os
+import sys
 
-from absl import app, flags
+from moejax import cli
+from moejax.study.papers import comet, lina, parm, smile
+from moejax.validation import ConfigError, require
 
-from experiments.validation import comet, lina, parm, smile
+_DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "validate_cost_model.py")
+RESULTS_FILE = "validate_cost_model.json"
 
-FLAGS = flags.FLAGS
-flags.DEFINE_string("out", None, "Path of the JSON results file.", required=True)
-flags.DEFINE_list("sections", ["smile", "comet", "parm", "lina"], "Papers to check: smile, comet, parm, lina.")
-flags.DEFINE_string("comet_rate_json", str(comet.RATE_JSON),
-                    "Benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x "
-                    "efficiency; default: the repository's H100 results).")
 
-# Each section prints its comparison and returns its JSON record; a new paper's check is one more entry.
-SECTIONS = {"smile": smile.section, "comet": lambda: comet.section(FLAGS.comet_rate_json), "parm": parm.section,
-            "lina": lina.section}
+def sections(config) -> dict:
+  """Section name -> the call that prints its comparison and returns its JSON record; a new paper's check is one
+  more entry."""
+  return {"smile": smile.section, "comet": lambda: comet.section(config.comet_rate_json), "parm": parm.section,
+          "lina": lina.section}
 
 
 def main(argv):
   del argv
-  unknown = sorted(set(FLAGS.sections) - set(SECTIONS))
-  if unknown:
-    raise app.UsageError(f"--sections {unknown} unknown; sections: {sorted(SECTIONS)}")
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  checks = sections(config)
+  try:
+    unknown = sorted(set(config.sections) - set(checks))
+    require(config.sections and not unknown, "sections", config.sections, f"some of {sorted(checks)}")
+    require(not config.comet_rate_json or os.path.isfile(config.comet_rate_json), "comet_rate_json",
+            config.comet_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
+  except ConfigError as e:
+    sys.exit(f"error: {e}")
   record = {}
-  for name in FLAGS.sections:
+  for name in config.sections:
     print(f"===== {name} =====")
-    record[name] = SECTIONS[name]()
+    record[name] = checks[name]()
     print()
-  with open(FLAGS.out, "w") as f:
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, RESULTS_FILE)
+  with open(path, "w") as f:
     json.dump(record, f, indent=1)
-  print(f"wrote {FLAGS.out}")
+  print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/validate_cost_model.py).")
+  _WORKDIR = cli.define_workdir(f"Directory for {RESULTS_FILE}.")
+  cli.run(main)

@@ -3,7 +3,7 @@
 import pytest
 
 from experiments import fidelity
-from experiments.validation import fidelity_row, smile
+from moejax.study.papers import fidelity_row, smile
 
 
 def test_row_error_is_model_over_paper_minus_one():
@@ -55,3 +55,23 @@ def test_smile_self_contradiction_by_hand():
   assert c["switch"]["ratio"]["with_ffn"] == pytest.approx(6 * (0.535 + 0.382 + 0.306) / (16384 / 8112), rel=1e-6)
   table1 = [r for r in smile.fidelity_rows() if r["quantity"].startswith("Table 1")]
   assert all("contradicts Table 3" in r["note"] for r in table1)
+
+
+def test_command_writes_the_table_and_names_an_unknown_paper(tmp_path):
+  import json
+  import subprocess
+  import sys
+
+  from tests.helpers import ENV
+
+  command = [sys.executable, "-m", "experiments.fidelity", f"--workdir={tmp_path}"]
+  done = subprocess.run([*command, "--config.papers=SMILE,ExFlow"], env=ENV, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  rows = json.loads((tmp_path / "fidelity.json").read_text())
+  assert {r["paper"] for r in rows} == {"SMILE", "ExFlow"} and (tmp_path / "fidelity.png").exists()
+  done = subprocess.run([*command, "--config.papers=SMILE,Smile"], env=ENV, capture_output=True, text=True,
+                        timeout=300)
+  assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+      "error: config field papers=('SMILE', 'Smile') is not allowed: some of ['SMILE', 'Comet', 'Parm', 'Lina', "
+      "'ExFlow']"]

@@ -1,4 +1,4 @@
-"""The paper validation (experiments/validation, run by experiments/validate_cost_model.py): the driver from
+"""The paper validation (moejax/study/papers, run by experiments/validate_cost_model.py): the driver from
 another working directory, Lina's Fig. 7 timeline and comparison rows."""
 
 import json
@@ -8,31 +8,31 @@ import sys
 
 import pytest
 
-from experiments.validation import comet, lina
 from moejax.cost import contention
+from moejax.study.papers import comet, lina
 from tests.helpers import ENV
 
 
 def validate(cwd, *options):
-  return subprocess.run([sys.executable, "-m", "experiments.validate_cost_model", "--out=out.json", *options],
+  return subprocess.run([sys.executable, "-m", "experiments.validate_cost_model", "--workdir=.", *options],
                         cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
 
 
 def test_the_driver_runs_from_any_directory(tmp_path):
-  """The repository's benchmark JSON is found from the repository and named relative to it; --out and a given
-  --comet_rate_json are taken from the working directory as usual."""
+  """The repository's benchmark JSON is found from the repository and named relative to it; --workdir and a given
+  config.comet_rate_json are taken from the working directory as usual."""
   done = validate(tmp_path)
   assert done.returncode == 0, done.stderr[-3000:]
-  record = json.loads((tmp_path / "out.json").read_text())
+  record = json.loads((tmp_path / "validate_cost_model.json").read_text())
   assert list(record) == ["smile", "comet", "parm", "lina"]
   source = record["comet"]["setting"]["h800_rate"][1]
   assert source.startswith("measured: benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json "), source
   assert all(f"===== {name} =====" in done.stdout for name in record)
 
   shutil.copy(comet.RATE_JSON, tmp_path / "mine.json")
-  done = validate(tmp_path, "--sections=comet", "--comet_rate_json=mine.json")
+  done = validate(tmp_path, "--config.sections=comet", "--config.comet_rate_json=mine.json")
   assert done.returncode == 0, done.stderr[-3000:]
-  source = json.loads((tmp_path / "out.json").read_text())["comet"]["setting"]["h800_rate"][1]
+  source = json.loads((tmp_path / "validate_cost_model.json").read_text())["comet"]["setting"]["h800_rate"][1]
   assert source.startswith("measured: mine.json "), source
 
 
@@ -63,8 +63,8 @@ def test_validation_rows():
 def test_the_smile_sweep_can_take_the_fitted_inter_node_terms():
   """configs/scaling_smile.py's FITTED_OVERRIDES are the validation's fit, so the sweep prices with the same model."""
   from configs import scaling_smile
-  from experiments.validation import smile
   from moejax.cost import topology as topology_lib
+  from moejax.study.papers import smile
 
   fitted = smile.fit_inter_node(topology_lib.P4D_EFA)[0]
   overrides = topology_lib.parse_overrides(scaling_smile.FITTED_OVERRIDES)

@@ -1,1 +1,2 @@
-"""Studies: scaling sweeps over meshes and schemes, their reports, and measured phase timing."""
+"""Studies: scaling sweeps over meshes and schemes (the scheme table in `schemes`), their reports, measured phase
+timing, the routers' convergence report (`convergence`) and the cost model against published papers (`papers`)."""

@@ -1,8 +1,8 @@
-"""Parm (arXiv 2407.00599; /work/shared/papers/parm-digest.md) against `moejax.cost.parm`: Algorithm 1's choices
+"""Parm (Pan et al., arXiv 2407.00599) against `moejax.cost.parm`: Algorithm 1's choices
 and the baseline / S1 / S2 times on Parm's configured layers (Table III) and testbeds, against Table IV and its
 headline speedups (Abstract, Sec. VII, Table V).
 
-Table III's configured layers (digest Sec. 7):
+Table III's configured layers (Parm Sec. VI-A, Table III):
 P in {8, 16, 32}, N_MP and N_ESP in {1, 2, 4}, B in {2, 4, 8}, L in {512, 1024, 2048}, H and M in
 {1024, 2048, 4096}, f in {1.2, 2.4}. Read here as H = M tied and N_MP = N_ESP = 1 left out (plain EP, where the
 three schedules coincide): 8 x 162 = 1296 layers on testbed B, the paper's count (which it attributes to a memory
@@ -15,16 +15,16 @@ import itertools
 
 import numpy as np
 
-from experiments.validation import fidelity_row
 from moejax.cost import model, parm
 from moejax.cost import topology as topology_lib
+from moejax.study.papers import fidelity_row
 
 PARM_GRID = dict(P=(8, 16, 32), n=(1, 2, 4), B=(2, 4, 8), L=(512, 1024, 2048), width=(1024, 2048, 4096),
                  f=(1.2, 2.4))
 PARM_K, PARM_BYTES = 1, 2
 PARM_TESTBEDS = {"A": (topology_lib.RTX4090_PCIE, (8,)), "B": (topology_lib.RTX2080TI_IB100, (8, 16, 32))}
 # Parm Table IV, average speedup over DeepSpeed-MoE: {(N_MP, N_ESP): (S1, S2, Parm)}; T-B shows two of its three
-# sub-columns (8/16/32 GPUs) in the extraction, which two is not recoverable (digest Sec. 8).
+# sub-columns (8/16/32 GPUs) in the text of the paper as extracted, which two is not recoverable.
 PARM_TABLE4 = {"A": {(2, 2): (2.10, 1.99, 2.10), (2, 4): (2.24, 2.41, 2.41), (4, 2): (3.72, 3.21, 3.70),
                      (4, 4): (4.19, 4.12, 4.20)},
                "B": {(2, 2): ("2.62/2.46", "2.42/2.20", "2.62/2.46"), (2, 4): ("3.37/2.85", "3.05/2.44", "3.37/2.85"),

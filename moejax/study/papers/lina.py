@@ -1,4 +1,4 @@
-"""Lina (USENIX ATC'23; /work/shared/papers/lina-digest.md) against `moejax.cost.contention`: the backward
+"""Lina (Li et al., USENIX ATC'23) against `moejax.cost.contention`: the backward
 all-to-all and the data-parallel all-reduce under the default, naive-overlap and prioritized schedules, against
 Lina's Fig. 7 timeline (Sec. 4.1), the overlapped all-to-all's slowdowns (Sec. 2.2, Fig. 3), the all-to-all and
 step speedups (Sec. 7.2, Fig. 13 and 14) and its headline speedups (Abstract, Sec. 1, Fig. 10).
@@ -15,11 +15,11 @@ import dataclasses
 
 import numpy as np
 
-from experiments.validation import fidelity_row
 from moejax.cost import collectives, model, traffic
 from moejax.cost import topology as topology_lib
 from moejax.cost.contention import SYNC_ORDERS, Block, backward
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.papers import fidelity_row
 
 D_MODEL, D_FF, LAYERS = 512, 2048, 12
 TOP_K = 2  # Lina Sec. 7.1: top-2 gating in training

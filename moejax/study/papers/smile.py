@@ -1,4 +1,4 @@
-"""SMILE (/work/shared/papers/smile-digest.md) against `moejax.cost.model`: Table 3, Table 1 and Fig. 8.
+"""SMILE (He et al., arXiv 2212.05191) against `moejax.cost.model`: Table 3, Table 1 and Fig. 8.
 
 Setting (SMILE Sec. 4.1, 4.4): 8 A100 per node, one expert per GPU, micro batch 128 x 128 tokens
 per GPU, d 768, f 3072, top-1, capacity factor 2.0, fp16. The layer cannot run at this scale here,
@@ -26,10 +26,10 @@ import math
 
 import numpy as np
 
-from experiments.validation import fidelity_row
 from moejax.cost import calibrate, collectives, model, traffic
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.papers import fidelity_row
 
 GPUS = 8
 TOKENS = 128 * 128

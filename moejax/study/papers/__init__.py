@@ -6,13 +6,13 @@ setting it reproduces and `section()`, which prints the comparison and returns a
   parm   moejax.cost.parm: Algorithm 1 and the baseline / S1 / S2 times on Table III's layers, against Table IV;
   lina   moejax.cost.contention: Lina's Fig. 7 timeline and its all-to-all and step speedups (Fig. 3, 13, 14).
 
-experiments/validate_cost_model.py runs them. Files of the repository are found from `ROOT`, not from the working
-directory.
+experiments/validate_cost_model.py runs them, experiments/fidelity.py tabulates their `fidelity_rows()`. Files of the
+repository are found from `ROOT`, not from the working directory.
 """
 
 import pathlib
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]  # experiments/validation/__init__.py -> the repository
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # moejax/study/papers/__init__.py -> the repository
 
 
 def display_path(path) -> str:

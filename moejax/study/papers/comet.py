@@ -1,4 +1,4 @@
-"""Comet (arXiv 2502.19811; /work/shared/papers/comet-digest.md) against `moejax.cost.overlap`: a Mixtral 8x7B
+"""Comet (arXiv 2502.19811) against `moejax.cost.overlap`: a Mixtral 8x7B
 layer on 8 H800 (EP 8) and 8 L20 under the sequential, chunked and comet schedules, against Comet's
 hidden-communication shares (Fig. 11) and single-layer speedups (Fig. 10, Fig. 14).
 
@@ -9,11 +9,11 @@ device), M swept; the text does not list the M values, 4096..16384 are the value
 
 import numpy as np
 
-from experiments.validation import ROOT, display_path, fidelity_row
 from moejax.cost import model, overlap, phases, traffic
 from moejax.cost import topology as topology_lib
 from moejax.models import presets
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.papers import ROOT, display_path, fidelity_row
 
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
@@ -22,7 +22,7 @@ COMET_MIXTRAL = dict(d_model=_MIXTRAL["d_model"], d_ff=_MIXTRAL["d_ff"], experts
                      top_k=_MIXTRAL["top_k"])
 COMET_TOKENS = (4096, 8192, 16384)
 COMET_CHUNKS = (2, 4, 8)  # chunks (Tutel's searched pipeline degree) and column blocks of comet
-COMET_PAPER = {  # digest Sec. 7, each from the paper's text
+COMET_PAPER = {  # each from the paper's text, at the figure or section its source names
     "hidden_comet": (0.865, "Comet Fig. 11 (EP 8, M 16384): 86.5% of communication hidden on average"),
     "hidden_tutel": (0.686, "Comet Fig. 11: Tutel 68.6%"),
     "hidden_fastermoe": (0.292, "Comet Fig. 11: FasterMoE 29.2% (a pipeline degree of 2, Related Work)"),
