@@ -5,7 +5,7 @@ import json
 import os
 from collections.abc import Iterable
 
-from moejax.data.tokenizer import TokenizerError
+from moejax.data import TokenizerError
 
 
 def _special(directory: str) -> dict:

@@ -15,11 +15,10 @@ from collections.abc import Callable, Iterable
 import sentencepiece as spm
 from absl import logging
 
+from moejax.data import TokenizerError
+from moejax.data.hf_tokenizer import HFTokenizer
+
 MASK_PIECE = "[MASK]"
-
-
-class TokenizerError(ValueError):
-  """A tokenizer model that cannot serve the objectives."""
 
 
 class Tokenizer:
@@ -82,8 +81,6 @@ def load_or_train(model_file: str, cache_dir: str, vocab_size: int, corpus_key: 
   under a name derived from `corpus_key` and `vocab_size` (built once by whichever process gets there
   first; the others wait and load it)."""
   if model_file.endswith(".json"):  # a Hugging Face checkpoint's tokenizer.json
-    from moejax.data.hf_tokenizer import HFTokenizer
-
     return HFTokenizer(model_file)
   if model_file:
     with open(model_file, "rb") as f:
