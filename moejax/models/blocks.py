@@ -1,19 +1,15 @@
-"""The Transformer blocks of the language models: attention (with a KV cache for decoding), the dense and the
-expert-parallel MoE FFN, the block that joins them (post-LN for 'bert', pre-LN for 'gpt'), and the loop over a
-model's blocks with its MoE layers' aux (`run_blocks`, shared with the decoder families)."""
+"""SMILE's Transformer blocks: attention (with a KV cache for decoding), the dense FFN, and the block that joins
+it or the MoE FFN (`backbone.MoEFFN`, re-exported here) with attention, post-LN for 'bert', pre-LN for 'gpt'. The
+loop over a model's blocks is `backbone.run_blocks`."""
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from moejax.kernels.activations import ACTIVATIONS
-from moejax.models import grad_sync as grad_sync_lib
+from moejax.models.backbone import MoEFFN
 from moejax.models.config import ModelConfig
-from moejax.models.sharding import activation_spec, model_param_specs
-from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.module import MoELayer
 from moejax.validation import require
 
 
@@ -73,32 +69,16 @@ class DenseFFN(nnx.Module):
     return self.w_out(ACTIVATIONS[self.activation](self.w_in(x_BxSxD))), {}
 
 
-class MoEFFN(nnx.Module):
-  """The expert-parallel MoE layer as an FFN: x [B, L, d] (batch sharded over the mesh) -> (y, aux).
-
-  Calls the layer with the step's key, so router jitter draws from it. aux also holds the layer's
-  traffic_rows and expert_ids [B * L, K] (each token's routed experts, from the layer's aux); under jit
-  they cost nothing unless used.
-  """
-
-  def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
-    self.moe = MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()), dtype=param_dtype)
-
-  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
-    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-                                         "traffic_rows", "expert_ids", "balance_counts") if k in aux}
-
-
 class Block(nnx.Module):
-  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, S, d] -> (x, aux)."""
+  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, S, d] -> (x, aux). is_moe: the FFN is the
+  MoE layer (`MoEFFN`), else `DenseFFN`."""
 
-  def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh, moe: bool, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh, is_moe: bool, *, rngs: nnx.Rngs):
     self.pre_ln = cfg.kind == "gpt"
     epsilon = 1e-5 if self.pre_ln else 1e-12  # GPT-2's, BERT's
     self.attn = Attention(cfg, rngs=rngs)
     self.ln_attn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
-    self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs) if moe else DenseFFN(cfg, moe_cfg.activation, rngs=rngs)
+    self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs) if is_moe else DenseFFN(cfg, moe_cfg.activation, rngs=rngs)
     self.ln_ffn = nnx.LayerNorm(cfg.d_model, epsilon=epsilon, rngs=rngs)
     self.dropout = nnx.Dropout(cfg.dropout)
 
@@ -129,54 +109,3 @@ class Block(nnx.Module):
       return self.feed_forward(self.attend(x_BxSxD, train=train, rngs=rngs), train=train, rngs=rngs)
     x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
     return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
-
-
-
-REMAT_POLICIES = {"full": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                  "save_exchanged": jax.checkpoint_policies.save_only_these_names(path_lib.EXCHANGED)}
-
-
-def _remat(remat: str):
-  """A training block call (block, x, rngs) -> (x, aux) whose backward recomputes what `remat` does not keep."""
-  return nnx.remat(lambda block, x, rngs: block(x, train=True, rngs=rngs), policy=REMAT_POLICIES[remat])
-
-
-def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
-  """x [B, S, d] through `model.blocks` (each x -> (x, aux), or with a cache (x, aux, cache)), the activations
-  kept sharded as `activation_spec` says, each block's gradients reduced before the block below's with
-  grad_sync='prioritized', each training block rematerialised as cfg.remat says -> (x, aux, the new cache or []).
-
-  aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
-  balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
-  [M, hops, A, A]) for the M MoE layers in order."""
-  cfg, moe_cfg = model.cfg, model.moe_cfg
-  dtype = jnp.dtype(cfg.dtype)
-  batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
-  constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-  x_BxSxD = constrain(x_BxSxD)
-  auxes, new_cache = [], []
-  for i, block in enumerate(model.blocks):
-    if cfg.grad_sync == "prioritized":
-      specs = model_param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), cfg, moe_cfg, model.mesh)
-      x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, model.mesh, specs)
-    if cache is None and train and cfg.remat != "none":
-      x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs)
-    elif cache is None:
-      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
-    else:
-      x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
-      new_cache.append(layer_cache)
-    x_BxSxD = constrain(x_BxSxD.astype(dtype))
-    if aux:
-      auxes.append(aux)
-  stack = lambda name: jnp.stack([a[name] for a in auxes])
-  aux = {
-      "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
-      "expert_counts": stack("expert_counts") if auxes else jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
-      **{name: stack(name) if auxes else jnp.zeros((0,), jnp.int32) for name in ("tokens_dropped", "tokens_overflowed")},
-  }
-  if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
-    aux["balance_counts"] = stack("balance_counts")
-  if details and auxes:
-    aux.update({name: stack(name) for name in ("expert_ids", "traffic_rows")})
-  return x_BxSxD, aux, new_cache

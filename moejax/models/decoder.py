@@ -12,9 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import blocks as blocks_lib
+from moejax.models import backbone
 from moejax.models.attention import attention, linear
-from moejax.models.blocks import MoEFFN
+from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
 from moejax.moe.config import MoEConfig
@@ -35,14 +35,15 @@ class GatedMLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-  """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache)."""
+  """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache).
+  is_moe: the FFN is the MoE layer (`MoEFFN`), else the dense `GatedMLP`."""
 
-  def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, moe: bool, *, rngs: nnx.Rngs):
+  def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
     self.ln_attn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
     self.attn = attention(cfg, layer, rngs=rngs)
     self.ln_ffn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
-    self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=pd) if moe else GatedMLP(cfg, cfg.d_ff, rngs=rngs)
+    self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=pd) if is_moe else GatedMLP(cfg, cfg.d_ff, rngs=rngs)
 
   def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
     """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2))."""
@@ -82,7 +83,7 @@ class MultiTokenPrediction(nnx.Module):
 
 class Decoder(nnx.Module):
   """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with positions [B, P],
-  logits at those positions only. aux as `blocks.run_blocks`; in training with MTP modules, also mtp_logits
+  logits at those positions only. aux as `backbone.run_blocks`; in training with MTP modules, also mtp_logits
   [num_mtp_layers, B, S, V] (module k at position i predicts token i + k + 2; the last k + 1 positions predict
   nothing) and mtp_aux_loss, and the per-layer arrays (expert_counts, ...) have the modules' MoE layers last."""
 
@@ -115,8 +116,8 @@ class Decoder(nnx.Module):
                rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
     """-> (logits, aux), or (logits, aux, cache) with a cache: one pair per layer (`attention.cache_shapes`), the
     tokens at positions start .. start + S - 1."""
-    x_BxSxD, aux, new_cache = blocks_lib.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
-                                                    cache=cache, start=start, details=details)
+    x_BxSxD, aux, new_cache = backbone.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
+                                                  cache=cache, start=start, details=details)
     if train and len(self.mtp):
       h_BxSxD, mtp_logits, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
       for k, module in enumerate(self.mtp):

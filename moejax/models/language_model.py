@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.kernels.activations import ACTIVATIONS
-from moejax.models import blocks as blocks_lib
+from moejax.models import backbone
 from moejax.models.blocks import Block
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
@@ -70,8 +70,8 @@ class LanguageModel(nnx.Module):
     details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
     """
     x_BxSxD = self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs)
-    x_BxSxD, aux, new_cache = blocks_lib.run_blocks(self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start,
-                                                    details=details)
+    x_BxSxD, aux, new_cache = backbone.run_blocks(self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start,
+                                                  details=details)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
     logits_BxSxV = self.head_logits(x_BxSxD)
