@@ -24,6 +24,7 @@ from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
+from moejax.models.placed import with_placement
 from moejax.moe.config import MoEConfig
 from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError, is_int, require
@@ -199,7 +200,7 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   whose tensors differ from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused,
   naming the tensor.
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
-  checked before anything is read, then applied to the loaded model (`moejax.infer.decode.with_placement`: expert e
+  checked before anything is read, then applied to the loaded model (`moejax.models.placed.with_placement`: expert e
   of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and
   recorded on it (`expert_order`), so `to_hf` writes the experts back in the checkpoint's order.
   tokens: the tokens one forward call sees, for moe={'expert_backend': 'auto'} (`moejax.cost.expert_backend`)."""
@@ -213,12 +214,8 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
     moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
     placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
-  model = nnx.merge(*load_state(path, cfg, moe_cfg, mesh))
-  if placement is None:
-    return model
-  from moejax.infer.decode import with_placement  # moejax.infer builds on this package
-
-  return with_placement(model, placement)
+  decoder = nnx.merge(*load_state(path, cfg, moe_cfg, mesh))
+  return decoder if placement is None else with_placement(decoder, placement)
 
 
 def _host_tensors(model: Decoder):
