@@ -29,6 +29,8 @@ class ModelConfig(Parallelism):
   The layout fields (tensor_parallel, grad_sync, fsdp, remat): `moejax.models.parallelism.Parallelism`.
   """
 
+  TENSOR_PARALLEL_SIZES = ("num_heads", "d_ff")  # what tensor parallelism splits (`Parallelism.check_mesh`)
+
   kind: str
   vocab_size: int
   num_layers: int
@@ -57,10 +59,6 @@ class ModelConfig(Parallelism):
     require(isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0, "embed_init_std",
             self.embed_init_std, "> 0")
     self.check_parallelism()
-
-  def check_mesh(self, gpus_per_node: int) -> None:
-    """With tensor parallelism, the heads and the dense FFN split evenly over the node's GPUs."""
-    self.check_split(gpus_per_node, ("num_heads", "d_ff"))
 
   @property
   def causal(self) -> bool:
@@ -134,7 +132,7 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     check_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.<field> and mesh.*
-  model_cfg.check_mesh(config.mesh.gpus_per_node)
+  model_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   if is_int(config.batch_size) and is_int(config.micro_batches) and is_int(config.seq_len):
     # Parm's Algorithm 1 picks 'auto' here, for the tokens one layer call sees, never while tracing.
     tokens = tokens_per_call(config)

@@ -34,6 +34,10 @@ class DecoderConfig(Parallelism):
     `moejax.models.parallelism.Parallelism`.
   """
 
+  # What tensor parallelism splits over a node's GPUs (`Parallelism.check_mesh`): query and key/value heads, the
+  # dense FFN.
+  TENSOR_PARALLEL_SIZES = ("num_heads", "num_kv_heads", "d_ff")
+
   family: str
   vocab_size: int
   num_layers: int
@@ -117,7 +121,3 @@ class DecoderConfig(Parallelism):
   @property
   def num_moe_layers(self) -> int:
     return sum(map(bool, self.moe_layers))
-
-  def check_mesh(self, gpus_per_node: int) -> None:
-    """With tensor parallelism, the query and key/value heads and the dense FFN split evenly over a node's GPUs."""
-    self.check_split(gpus_per_node, ("num_heads", "num_kv_heads", "d_ff"))

@@ -37,10 +37,17 @@ class Parallelism:
     require(self.grad_sync in GRAD_SYNCS, "grad_sync", self.grad_sync, f"one of {GRAD_SYNCS}")
     require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")
 
-  def check_split(self, gpus_per_node: int, names: tuple[str, ...]) -> None:
-    """With tensor parallelism, the sizes `names` (heads, widths) split evenly over a node's GPUs."""
+  # The sizes (heads, widths) tensor parallelism splits over a node's GPUs; each model config names its own (not
+  # annotated: a class constant, not a dataclass field).
+  TENSOR_PARALLEL_SIZES = ()
+
+  def check_mesh(self, nodes: int, gpus_per_node: int) -> None:
+    """Refuses, naming the field, a model that does not fit a nodes x gpus_per_node mesh: with tensor parallelism,
+    TENSOR_PARALLEL_SIZES split evenly over a node's GPUs (the nodes are data parallel: any count fits). The
+    signature of `MoEConfig.check_mesh`."""
+    del nodes
     if self.tensor_parallel:
-      for name in names:
+      for name in self.TENSOR_PARALLEL_SIZES:
         value = getattr(self, name)
         require(value % gpus_per_node == 0, name, value,
                 f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")

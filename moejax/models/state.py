@@ -29,7 +29,7 @@ def abstract_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: j
   parameters placed by `param_specs` and everything else replicated."""
   graphdef, params, rest = nnx.split(nnx.eval_shape(lambda: build(cfg, moe_cfg, mesh, seed)), nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  cfg.check_mesh(mesh_lib.axis_sizes(mesh)[1])
+  cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
   specs = model_param_specs(params, cfg, moe_cfg, mesh)
   with_sharding = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
   return (graphdef, jax.tree.map(with_sharding, params, specs),
