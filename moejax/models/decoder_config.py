@@ -4,11 +4,12 @@ reads and writes those files)."""
 
 import dataclasses
 
+from moejax.models import families
 from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
-FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "llama", "qwen3")
-LATENT_FAMILIES = ("deepseek_v2", "deepseek_v3")  # multi-head latent attention (MLA)
+FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families/
+LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
 
 
 @dataclasses.dataclass(frozen=True)

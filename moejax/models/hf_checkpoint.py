@@ -19,18 +19,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from moejax.cost import expert_backend
-from moejax.models import hf_config
+from moejax.models import families, hf_config
 from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
+from moejax.models.families.base import EXPERT_NAMES
 from moejax.models.placed import with_placement
 from moejax.moe.config import MoEConfig
 from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError, is_int, require
 
-EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
-MIXTRAL_EXPERT_NAMES = {"w_gate": "w1", "w_in": "w3", "w_out": "w2"}
+# Parameter names of a block that the hub spells differently (the rest keep their names).
 RENAMES = {"ln_attn": "input_layernorm", "ln_ffn": "post_attention_layernorm", "attn": "self_attn", "ffn": "mlp",
            "router": "gate", "kernel": "weight", "expert_bias": "e_score_correction_bias"}
 READABLE_DTYPES = ("F32", "BF16", "F16")
@@ -38,7 +38,8 @@ SHARD_BYTES = 4 << 30  # per safetensors file written
 
 
 def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
-  """(HF name, transposed) of a parameter or state path of `Decoder`; expert weights give the name with '{e}'."""
+  """(HF name, transposed) of a parameter or state path of `Decoder`; expert weights give the name with '{e}'. The
+  MoE layer's names are its family's (`Family.moe_module`, `expert_names`, ...)."""
   path = list(path)
   if path[0] in ("embed", "norm", "lm_head"):
     return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[path[0]], \
@@ -48,21 +49,23 @@ def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
     rest = rest[1:] if rest[0] == "block" else [{"norm": "shared_head.norm"}.get(rest[0], rest[0]), *rest[1:]]
   else:
     layer, rest = path[1], path[2:]
-  transposed = rest[-1] == "kernel"
   if rest[:2] == ["ffn", "moe"]:
-    moe = "block_sparse_moe" if cfg.family == "mixtral" else "mlp"
-    rest = [moe, *rest[2:]]
-    if rest[1] in EXPERT_NAMES:
-      names = MIXTRAL_EXPERT_NAMES if cfg.family == "mixtral" else EXPERT_NAMES
-      return f"model.layers.{layer}.{moe}.experts.{{e}}.{names[rest[1]]}.weight", True
-    if rest[1] == "shared":
-      shared = "shared_expert" if cfg.family == "qwen2_moe" else "shared_experts"
-      return f"model.layers.{layer}.mlp.{shared}.{EXPERT_NAMES[rest[2]]}.weight", True
-    if rest[1] == "shared_gate":
-      return f"model.layers.{layer}.mlp.shared_expert_gate.weight", True
-    if rest[1] == "expert_bias":
-      rest = [moe, "gate", "expert_bias"]
-  return ".".join([f"model.layers.{layer}", *(RENAMES.get(str(p), str(p)) for p in rest)]), transposed
+    return _moe_key(f"model.layers.{layer}", rest[2:], families.get(cfg.family))
+  return ".".join([f"model.layers.{layer}", *(RENAMES.get(str(p), str(p)) for p in rest)]), rest[-1] == "kernel"
+
+
+def _moe_key(prefix: str, path: list, family: families.Family) -> tuple[str, bool]:
+  """(HF name, transposed) of the MoE layer's parameter or state `path` (under ffn/moe) in the layer `prefix`."""
+  container = f"{prefix}.{family.moe_module}"
+  if path[0] in family.expert_names:  # one tensor per expert
+    return f"{container}.experts.{{e}}.{family.expert_names[path[0]]}.weight", True
+  if path[0] == "shared":
+    return f"{container}.{family.shared_module}.{EXPERT_NAMES[path[1]]}.weight", True
+  if path[0] == "shared_gate":
+    return f"{container}.{family.shared_gate_module}.weight", True
+  if path[0] == "expert_bias":  # DeepSeek-V3's e_score_correction_bias is the router's
+    path = ["gate", "expert_bias"]
+  return ".".join([container, *(RENAMES.get(str(p), str(p)) for p in path)]), path[-1] == "kernel"
 
 
 def _leaves(tree: dict, prefix=()):

@@ -16,13 +16,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
+from moejax.models import families
 from moejax.models import state as state_lib
 from moejax.models.decoder import Decoder
 from moejax.models.sharding import param_specs
 from moejax.moe.config import MoEConfig
 from moejax.validation import require
-
-MOE_FAMILY = {"llama": "mixtral", "qwen3": "qwen3_moe"}
 
 
 def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: int = 1, layers=None,
@@ -31,7 +30,8 @@ def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: in
   `granularity` experts), top_k copies per token. moe: more MoEConfig fields (transport, schedule, ...; routing
   fields are upcycling's own). The router is random (normal, std 0.02; the same for a copy's slices)."""
   cfg = dense.cfg
-  require(cfg.family in MOE_FAMILY, "family", cfg.family, f"one of {sorted(MOE_FAMILY)} (a dense decoder)")
+  sources = sorted(name for name, family in families.REGISTRY.items() if family.upcycled_as)  # `Family.upcycled_as`
+  require(cfg.family in sources, "family", cfg.family, f"one of {sources} (a dense decoder)")
   require(isinstance(granularity, int) and granularity >= 1 and cfg.d_ff % granularity == 0, "granularity",
           granularity, f"a positive int dividing d_ff={cfg.d_ff}")
   layers = tuple(range(cfg.num_layers)) if layers is None else tuple(layers)
@@ -41,7 +41,7 @@ def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: in
       num_experts=num_experts * g, top_k=top_k * g, d_model=cfg.d_model, d_ff=cfg.d_ff // g, gated=True,
       activation="silu", renormalize=True, dtype=cfg.dtype, **({"num_groups": num_experts, "topk_groups": top_k}
                                                                 if g > 1 else {}), **(moe or {})), prefix="moe.")
-  new_cfg = dataclasses.replace(cfg, family=MOE_FAMILY[cfg.family],
+  new_cfg = dataclasses.replace(cfg, family=families.get(cfg.family).upcycled_as,
                                 moe_layers=tuple(i in layers for i in range(cfg.num_layers)))
   model = state_lib.build(new_cfg, moe_cfg, dense.mesh, seed)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))

@@ -1,0 +1,24 @@
+"""The decoder families, one module each (`base.Family` is the interface), registered here by `model_type`.
+
+A new family: its module (a `Family` subclass and its instance) and one line below; its fixture in
+tests/fixtures/make_hf_fixtures.py.
+"""
+
+from moejax.models.families import deepseek, dense, mixtral, qwen2_moe, qwen3_moe
+from moejax.models.families.base import Family
+
+# model_type -> Family, in the order errors list them.
+REGISTRY: dict[str, Family] = {family.model_type: family for family in (
+    mixtral.MIXTRAL,
+    qwen2_moe.QWEN2_MOE,
+    qwen3_moe.QWEN3_MOE,
+    deepseek.DEEPSEEK_V2,
+    deepseek.DEEPSEEK_V3,
+    dense.LLAMA,
+    dense.QWEN3,
+)}
+
+
+def get(model_type: str) -> Family:
+  """The family of a `DecoderConfig.family` (checked there, so a KeyError here is a bug)."""
+  return REGISTRY[model_type]
