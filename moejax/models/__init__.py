@@ -3,25 +3,29 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
 
   model = moejax.models.from_hf(path, mesh, dtype="float32", moe={MoEConfig field: value, ...})
   logits_BxSxV, aux = model(tokens_BxS)
-  tokens_BxN = moejax.models.generate(model, prompt_BxP, steps)   # greedy by default; prompt included
+  tokens_BxS = moejax.models.generate(model, prompt_BxS, steps)   # greedy by default; prompt and steps tokens
   moejax.models.to_hf(model, out_dir)                             # config.json + safetensors (+ index)
   moe_model = moejax.models.upcycle(dense_model, num_experts=8, top_k=2)   # a dense checkpoint made an MoE
 
   config          `ModelConfig` (SMILE's models); the model and MoE configs of a run config's sections
   parallelism     the layout fields both model configs share (tensor_parallel, grad_sync, fsdp, remat)
   decoder_config  `DecoderConfig` (the families: Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, Llama, Qwen3)
+  families        one module per family (`Family`: its config.json fields, checkpoint names, attention), by model_type
   presets         published MoE layer shapes (DeepSeek-V3, Qwen3-MoE, Mixtral) as MoEConfig fields
-  blocks          SMILE's attention and blocks, the dense and MoE FFNs, the loop over a model's blocks
+  backbone        what both kinds of model share: the MoE layer as an FFN (`MoEFFN`), the loop over the blocks
+  blocks          SMILE's attention, dense FFN and blocks
   language_model  `LanguageModel`: SMILE's embeddings, blocks, tied output layer
   rope, rms_norm, attention, decoder   the families' `Decoder`: RoPE/YaRN, RMSNorm, GQA and latent attention, MTP
   hf_config, hf_checkpoint             config.json and safetensors in and out (`from_hf`, `to_hf`)
+  placed          `with_placement`: a model's experts placed on the devices, the order `to_hf` undoes
   upcycling       dense FFNs copied (and split) into experts, output unchanged at step 0
   sharding        where activations and parameters live on the mesh (`activation_spec`, `param_specs`)
   state           the state as pure dicts (`abstract_state`, `init_state`), the MoE layers' state stacked
   grad_sync       Lina's prioritised gradient synchronisation
 """
 
-# Loaded on first use (generation lives in moejax.infer, which builds on this package).
+# Loaded on first use. `generate` is the one name resolved from above this package (decoding, which builds on it):
+# nothing in moejax.models imports it, and `moejax.models.generate` stays the public name the README shows.
 _PUBLIC = {
     "from_hf": "moejax.models.hf_checkpoint",
     "to_hf": "moejax.models.hf_checkpoint",

@@ -26,15 +26,18 @@ def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
   return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start, axis=1)
 
 
-def _attend(q_BxSxHxK, k_BxTxHxK, v_BxTxHxV, query_S, key_T, scale: float, window: int | None):
-  """Softmax attention in fp32; key t is visible to the query at position p iff t <= p (and p - t < window)."""
-  logits_BxHxSxT = jnp.einsum("bshk,bthk->bhst", q_BxSxHxK, k_BxTxHxK.astype(q_BxSxHxK.dtype),
+def _attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, query_positions_S, key_positions_S, scale: float,
+            window: int | None):
+  """Softmax attention in fp32: q [B, S, H, W] at query_positions [S] over k, v [B, S_keys, H, W] at key_positions
+  [S_keys] (the cache's, or the queries' own) -> [B, S, H, W] (W: v's width); the key at position t is visible to
+  the query at p iff t <= p (and p - t < window)."""
+  logits_BxHxSxS = jnp.einsum("bqhw,bkhw->bhqk", q_BxSxHxW, k_BxSxHxW.astype(q_BxSxHxW.dtype),
                               preferred_element_type=jnp.float32) * scale
-  visible_SxT = key_T[None, :] <= query_S[:, None]
+  visible_SxS = key_positions_S[None, :] <= query_positions_S[:, None]
   if window is not None:
-    visible_SxT &= query_S[:, None] - key_T[None, :] < window
-  probs = jax.nn.softmax(jnp.where(visible_SxT, logits_BxHxSxT, -jnp.inf), axis=-1).astype(v_BxTxHxV.dtype)
-  return jnp.einsum("bhst,bthv->bshv", probs, v_BxTxHxV)
+    visible_SxS &= query_positions_S[:, None] - key_positions_S[None, :] < window
+  probs_BxHxSxS = jax.nn.softmax(jnp.where(visible_SxS, logits_BxHxSxS, -jnp.inf), axis=-1).astype(v_BxSxHxW.dtype)
+  return jnp.einsum("bhqk,bkhw->bqhw", probs_BxHxSxS, v_BxSxHxW)
 
 
 class GroupedQueryAttention(nnx.Module):
@@ -57,20 +60,22 @@ class GroupedQueryAttention(nnx.Module):
     (b, s, _), h, kv, w = x_BxSxD.shape, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
-    q, k = self.q_proj(x_BxSxD).reshape(b, s, h, w), self.k_proj(x_BxSxD).reshape(b, s, kv, w)
-    v = self.v_proj(x_BxSxD).reshape(b, s, kv, w)
+    q_BxSxHxW = self.q_proj(x_BxSxD).reshape(b, s, h, w)
+    # k, v: [B, S, num_kv_heads, W] (their own head count), then [B, S_cache, ...] with a cache.
+    k_BxSxHxW, v_BxSxHxW = self.k_proj(x_BxSxD).reshape(b, s, kv, w), self.v_proj(x_BxSxD).reshape(b, s, kv, w)
     if self.q_norm is not None:
-      q, k = self.q_norm(q), self.k_norm(k)
+      q_BxSxHxW, k_BxSxHxW = self.q_norm(q_BxSxHxW), self.k_norm(k_BxSxHxW)
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
-    q, k = rotate(q), rotate(k)
-    keys_T = positions_S
+    q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
+    key_positions_S = positions_S
     if cache is not None:
-      k, v = _write(cache[0], k, start), _write(cache[1], v, start)
-      keys_T = jnp.arange(k.shape[1])
-    repeat = lambda a: jnp.repeat(a, h // kv, axis=2)
-    out = _attend(q, repeat(k), repeat(v), positions_S, keys_T, w ** -0.5, self.window)
-    out_BxSxD = self.o_proj(out.reshape(b, s, h * w))
-    return out_BxSxD if cache is None else (out_BxSxD, (k, v))
+      k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
+      key_positions_S = jnp.arange(k_BxSxHxW.shape[1])
+    repeat = lambda a: jnp.repeat(a, h // kv, axis=2)  # each key/value head serves h / kv query heads
+    out_BxSxHxW = _attend(q_BxSxHxW, repeat(k_BxSxHxW), repeat(v_BxSxHxW), positions_S, key_positions_S, w ** -0.5,
+                          self.window)
+    out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * w))
+    return out_BxSxD if cache is None else (out_BxSxD, (k_BxSxHxW, v_BxSxHxW))
 
 
 class LatentAttention(nnx.Module):
@@ -96,28 +101,32 @@ class LatentAttention(nnx.Module):
     self.scale = rope.softmax_scale(qk, cfg.scaling)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
+    """Widths: a head's q and k qk_nope_head_dim + qk_rope_head_dim (W here), its v v_head_dim; `latent` [B, S,
+    kv_lora_rank] and `rotary_key` [B, S, qk_rope_head_dim] are what the cache keeps ([B, S_cache, ...] with one)."""
     cfg = self.cfg
     (b, s, _), h, nope, r = x_BxSxD.shape, cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
     q = self.q_proj(x_BxSxD) if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BxSxD)))
-    q_BxSxHxQ = q.reshape(b, s, h, nope + r)
+    q_BxSxHxW = q.reshape(b, s, h, nope + r)
     compressed = self.kv_a_proj_with_mqa(x_BxSxD)
-    latent_BxSxC, k_rope_BxSxR = self.kv_a_layernorm(compressed[..., :cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank:]
+    latent, rotary_key = self.kv_a_layernorm(compressed[..., :cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank:]
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
-    q_rope, k_rope_BxSxR = rotate(q_BxSxHxQ[..., nope:]), rotate(k_rope_BxSxR[:, :, None])[:, :, 0]
-    keys_T = positions_S
+    q_rope, rotary_key = rotate(q_BxSxHxW[..., nope:]), rotate(rotary_key[:, :, None])[:, :, 0]  # one head for all
+    key_positions_S = positions_S
     if cache is not None:
-      latent_BxSxC, k_rope_BxSxR = _write(cache[0], latent_BxSxC, start), _write(cache[1], k_rope_BxSxR, start)
-      keys_T = jnp.arange(latent_BxSxC.shape[1])
-    t = latent_BxSxC.shape[1]
-    kv_BxTxHxN = self.kv_b_proj(latent_BxSxC.astype(x_BxSxD.dtype)).reshape(b, t, h, nope + cfg.v_head_dim)
-    k_BxTxHxQ = jnp.concatenate([kv_BxTxHxN[..., :nope], jnp.broadcast_to(
-        k_rope_BxSxR[:, :, None].astype(kv_BxTxHxN.dtype), (b, t, h, r))], axis=-1)
-    q_BxSxHxQ = jnp.concatenate([q_BxSxHxQ[..., :nope], q_rope], axis=-1)
-    out = _attend(q_BxSxHxQ, k_BxTxHxQ, kv_BxTxHxN[..., nope:], positions_S, keys_T, self.scale, self.window)
-    out_BxSxD = self.o_proj(out.reshape(b, s, h * cfg.v_head_dim))
-    return out_BxSxD if cache is None else (out_BxSxD, (latent_BxSxC, k_rope_BxSxR))
+      latent, rotary_key = _write(cache[0], latent, start), _write(cache[1], rotary_key, start)
+      key_positions_S = jnp.arange(latent.shape[1])
+    keys = latent.shape[1]
+    # Each head's non-rotary key and its value from the latent: [B, S_keys, H, qk_nope_head_dim + v_head_dim].
+    kv_BxSxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, keys, h, nope + cfg.v_head_dim)
+    k_BxSxHxW = jnp.concatenate([kv_BxSxHxW[..., :nope], jnp.broadcast_to(
+        rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))], axis=-1)
+    q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :nope], q_rope], axis=-1)
+    out_BxSxHxW = _attend(q_BxSxHxW, k_BxSxHxW, kv_BxSxHxW[..., nope:], positions_S, key_positions_S, self.scale,
+                          self.window)
+    out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * cfg.v_head_dim))
+    return out_BxSxD if cache is None else (out_BxSxD, (latent, rotary_key))
 
 
 def attention(cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs) -> nnx.Module:
