@@ -84,7 +84,11 @@ class MoELayer(nnx.Module):
     self.rngs = rngs
 
   def params(self) -> dict:
-    """The parameters as a plain dict in the public layout."""
+    """The parameters as a plain dict in the public layout.
+
+    Read at every call, not kept: each parameter is its own nnx Variable at its state path (the public contract of
+    checkpoints and `from_hf`), and training and placement replace the Variables' arrays, so a dict built once would
+    go stale. The reads are cheap: `[...]` hands back the held array (no copy), under jit once per trace."""
     params = {name: {"kernel": getattr(self, name).kernel[...]} for name in routing.router_names(self.cfg)}
     params.update({"w_in": self.w_in[...], "w_out": self.w_out[...]})
     if self.w_gate is not None:
