@@ -30,7 +30,7 @@ MIN_EXPERTS = (1, 2, 3, 4, 6, 8, 16, 32)  # 8: the 2 x 4 CPU mesh
 # to be derived from moejax.models.presets.PUBLISHED by its owner.
 PENDING_COPIES = {"configs/mlm.py": {1600, 3072, 6400, 32128}, "configs/scaling_default.py": {32128},
                   "configs/scaling_presets.py": {32000, 129280, 151936},
-                  "configs/scaling_smile.py": {1600, 3072, 6400, 32128}, "experiments/validation/smile.py": {3072, 32128},
+                  "configs/scaling_smile.py": {1600, 3072, 6400, 32128}, "moejax/study/papers/smile.py": {3072, 32128},
                   "moejax/study/plots.py": {1600, 3072, 6400}}
 
 
