@@ -14,14 +14,6 @@ from moejax.bench import kernel_cases
 from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT, cpu_env
 
-# Programs that still define flags of their own (each to take --config and --workdir only).
-PENDING_FLAGS = {"experiments/compare_sweeps.py", "experiments/convergence.py", "experiments/exchange_memory.py",
-                 "experiments/exflow_traffic.py", "experiments/family_remedies.py", "experiments/fidelity.py",
-                 "experiments/fine_grained.py", "experiments/generate.py", "experiments/lina_replication.py",
-                 "experiments/memory.py", "experiments/plot_run.py", "experiments/record_traces.py",
-                 "experiments/scaling.py", "experiments/train.py", "experiments/validate_cost_model.py",
-                 "experiments/wire_traffic.py"}
-
 
 def _calls(tree) -> set[str]:
   """The dotted names called in `tree` (e.g. 'flags.DEFINE_string', 'argparse.ArgumentParser')."""
@@ -42,7 +34,7 @@ def test_no_program_defines_flags_beyond_config_and_workdir():
   """Flags come from moejax.cli alone (define_config, define_workdir): no absl flag or argparse option elsewhere."""
   own = {name for name, tree in _modules("experiments", "benchmarks")
          if any(c.startswith("flags.DEFINE_") or c == "argparse.ArgumentParser" for c in _calls(tree))}
-  assert own <= PENDING_FLAGS, sorted(own - PENDING_FLAGS)
+  assert own == set()
   for name in ("experiments/bench_kernels.py", "experiments/tune_kernels.py", "experiments/bench_collectives.py",
                "experiments/expert_table.py", "benchmarks/gpu_suite.py", "benchmarks/hf_load.py"):
     assert {"cli.define_config", "cli.define_workdir"} <= _calls(ast.parse((ROOT / name).read_text())), name
