@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from configs.moe_section import moe_section  # noqa: E402
 from moejax.cli import define_config, define_workdir  # noqa: E402
 
-LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)}
+LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}  # the old name of path and collective
 # Each config file, by the experiment that reads it.
 KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "decoder": "family",
          "scaling_default": "scaling",

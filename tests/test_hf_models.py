@@ -5,7 +5,7 @@ transformers' own outputs: logits of `tokens`, the greedy continuation of `promp
 experts. The model runs on the simulated 2 x 4 mesh, whose batch is sharded over all 8 devices, so the fixtures'
 2 rows are tiled 4 times and the first 2 rows of the result compared.
 
-Checked here: logits per family (and under the MoE layer's transports, schedules, expert sharding, replicas and
+Checked here: logits per family (and under the MoE layer's paths, collectives, schedules, expert sharding, replicas and
 expert data parallelism), the routers' choices, greedy and sampled generation (vanilla and ExFlow decoding), the
 round trip through `to_hf` (one file and shards with an index), malformed checkpoints refused by name, and bf16.
 """
@@ -136,14 +136,15 @@ def test_router_choices_match_transformers(loaded, family):
 # shared expert) under most of them, Qwen2-MoE (the gated shared expert) and DeepSeek-V2 (group max) under several.
 OPTIONS = [
     case("deepseek_v3", {"schedule": "comet", "num_chunks": 2}, slow=False, id="deepseek_v3-comet"),
-    case("deepseek_v3", {"transport": "capacity", "capacity_factor": 8.0}, id="deepseek_v3-capacity"),
+    case("deepseek_v3", {"collective": "capacity", "capacity_factor": 8.0}, id="deepseek_v3-capacity"),
     case("deepseek_v3", {"esp_schedule": "s1"}, id="deepseek_v3-esp_s1"),
     case("deepseek_v3", {"slots_per_device": 4}, id="deepseek_v3-replicas"),
-    case("deepseek_v3", {"transport": "bilevel", "schedule": "chunked", "num_chunks": 2, "buffer_factor": 4.0},
-         id="deepseek_v3-bilevel_chunked_buffer"),
+    case("deepseek_v3", {"path": "node_first", "schedule": "chunked", "num_chunks": 2, "buffer_factor": 4.0},
+         id="deepseek_v3-node_first_chunked_buffer"),
     case("mixtral", {"expert_data_parallel": True}, id="mixtral-edp"),
     case("qwen2_moe", {"expert_backend": "dense"}, id="qwen2_moe-dense_backend"),
-    case("qwen3_moe", {"transport": "hierarchical", "dedup": False}, id="qwen3_moe-hierarchical_no_dedup"),
+    case("qwen3_moe", {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0, "dedup": False},
+         id="qwen3_moe-gpu_first_capacity_no_dedup"),
     case("deepseek_v2", {"esp_schedule": "s1", "buffer_factor": 4.0}, id="deepseek_v2-esp_s1_buffer"),
 ]
 
@@ -172,7 +173,7 @@ def test_small_capacity_drops_and_changes_logits(mesh_2x4):
   """The control of the capacity case: with too little capacity choices are dropped, counted, and the logits move
   away from transformers' (so the comparison above can tell)."""
   ref = reference("deepseek_v3")
-  model = models.from_hf(str(DATA / "deepseek_v3"), mesh_2x4, moe={"transport": "capacity", "capacity_factor": 0.5})
+  model = models.from_hf(str(DATA / "deepseek_v3"), mesh_2x4, moe={"collective": "capacity", "capacity_factor": 0.5})
   logits, aux = model(tiled(ref["tokens"]))
   assert np.all(np.asarray(aux["tokens_dropped"]) > 0)
   assert relative_error(np.asarray(logits)[:2], ref["logits"]) > 1e-2
@@ -454,7 +455,7 @@ def test_missing_shard_refused(tmp_path, mesh_2x4):
 
 
 @pytest.mark.parametrize("moe, field", [({"top_k": 0}, "moe.top_k"), ({"transprt": "padded"}, "moe.transprt"),
-                                        ({"transport": "capacity"}, "moe.capacity_factor")])
+                                        ({"collective": "capacity"}, "moe.capacity_factor")])
 def test_invalid_moe_override_refused(mesh_2x4, moe, field):
   assert field in refused(str(DATA / "qwen3_moe"), mesh_2x4, moe=moe)
 

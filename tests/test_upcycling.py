@@ -104,10 +104,10 @@ def test_upcycled_output_equals_dense(dense, family, num_experts, top_k, g):
 
 @pytest.mark.slow
 @group("qwen3_dense")
-def test_upcycling_some_layers_with_a_transport(dense):
+def test_upcycling_some_layers_with_a_path(dense):
   model, tokens, want = dense("qwen3_dense")
-  moe = models.upcycle(model, num_experts=8, top_k=2, layers=(1,), moe={"transport": "hierarchical"})
-  assert moe.cfg.moe_layers == (False, True) and moe.moe_cfg.transport == "hierarchical"
+  moe = models.upcycle(model, num_experts=8, top_k=2, layers=(1,), moe={"path": "gpu_first"})
+  assert moe.cfg.moe_layers == (False, True) and moe.moe_cfg.path == "gpu_first"
   logits, aux = moe(tokens)
   assert relative_error(np.asarray(logits), want) < TOL
   assert np.asarray(aux["expert_counts"]).shape == (1, 8) and np.count_nonzero(np.asarray(aux["expert_counts"])) > 1

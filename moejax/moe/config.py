@@ -5,7 +5,6 @@ field, its value and what is allowed.
 """
 
 import dataclasses
-import functools
 import importlib.util
 import logging
 from collections.abc import Mapping
@@ -255,9 +254,9 @@ class MoEConfig:
     reject_unknown(fields, known, prefix)  # one line: the nearest fields
     return prefixed(prefix, cls, **fields)
 
-  @functools.cached_property
+  @property
   def router(self) -> routing_lib.Router:
-    """The routing's router (`moe.routing`), built once."""
+    """The routing's router (`moe.routing`): a view of this config, so nothing is stored beside its fields."""
     return routing_lib.of(self)
 
   @property

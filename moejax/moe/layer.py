@@ -93,10 +93,10 @@ def exchange_for(lay: Layout) -> schedule_lib.Exchange:
                                lay.dedup, lay.sharding.copies(lay.m), lay.wire)
 
 
-def one_row_per_slot(x_RxD, ids_RxS, w_RxS):
-  """Rows with S slots -> R x S rows with one slot each (the per-choice exchange, without dedup)."""
-  slots = ids_RxS.shape[1]
-  return jnp.repeat(x_RxD, slots, axis=0), ids_RxS.reshape(-1, 1), w_RxS.reshape(-1, 1)
+def one_row_per_slot(x_RxD, ids_RxZ, w_RxZ):
+  """Rows with Z slots -> R x Z rows with one slot each (the per-choice exchange, without dedup)."""
+  slots = ids_RxZ.shape[1]
+  return jnp.repeat(x_RxD, slots, axis=0), ids_RxZ.reshape(-1, 1), w_RxZ.reshape(-1, 1)
 
 
 def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
@@ -128,18 +128,18 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
     holder_RxK = replicas_lib.to_slots(holder_RxK.reshape(-1), extras["slots"], num_experts,
                                        sharding.holder_index(m)).reshape(holder_RxK.shape)
   copies = sharding.copies(m)
-  x_RxD, ids_RxS, w_RxS = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
-  rows, slots = ids_RxS.shape
+  x_RxD, ids_RxZ, w_RxZ = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
+  rows, slots = ids_RxZ.shape
   nonfinite = jnp.sum(~jnp.isfinite(x_TxD).all(axis=1), dtype=jnp.int32)  # NaN/inf stay so on the wire: counted
   if not lay.dedup:
-    x_RxD, ids_RxS, w_RxS = one_row_per_slot(x_RxD, ids_RxS, w_RxS)
+    x_RxD, ids_RxZ, w_RxZ = one_row_per_slot(x_RxD, ids_RxZ, w_RxZ)
 
   # plan, exchange, experts (weighted), exchange back: in the configured schedule.
   local = schedule_lib.Experts.of(params, cfg, sharding.partial_sum_over)
-  result = schedule_lib.run(cfg.schedule, x_RxD, ids_RxS, w_RxS, exchange_for(lay), local, cfg.num_chunks)
+  result = schedule_lib.run(cfg.schedule, x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
   # finish: a choice counts as processed only if every copy arrived (its other copies then had weight 0).
   y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)
-  arrived_RxK = result.arrived_RxS.reshape(rows, -1, copies).all(axis=2)
+  arrived_RxK = result.arrived_RxZ.reshape(rows, -1, copies).all(axis=2)
   y_RxD, arrived_RxK, logical_RxK = sharding.own_rows(m, y_RxD, arrived_RxK, logical_RxK)
   processed_RxK = jnp.where(arrived_RxK, logical_RxK, -1)
   overflowed = jnp.sum((logical_RxK >= 0) & ~arrived_RxK, dtype=jnp.int32)
@@ -159,7 +159,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))
-  aux["traffic_bytes"] = traffic_bytes(aux["traffic_rows"], lay, d, ids_RxS.shape[1], x_TxD.dtype.itemsize,
+  aux["traffic_bytes"] = traffic_bytes(aux["traffic_rows"], lay, d, ids_RxZ.shape[1], x_TxD.dtype.itemsize,
                                        schedule_lib.may_drop(exchange_for(lay)))
   aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
   aux["expert_ids"] = routed_TxK

@@ -5,8 +5,8 @@ The path (`MoEConfig.path`, `PATHS`) is the hops a row takes, each an exchange o
 all-to-all); 'node_first' over 'node' to the same GPU index of the expert's node, then over 'gpu' (SMILE's path,
 DeepEP's internode one). Each hop's rows move by the configured collective (`moe.collective`).
 
-A row is a payload x [d] with S slots: the device-level expert (slot) ids it goes to ([S], -1 = none) and
-their combine weights [S]. In each hop a row travels at most once to each peer its slots go to: its slots are
+A row is a payload x [d] with Z slots: the device-level expert (slot) ids it goes to ([Z], -1 = none) and
+their combine weights [Z]. In each hop a row travels at most once to each peer its slots go to: its slots are
 grouped by that peer, and each group (an *entry*: the row and the mask of its slots for that peer) moves as
 one row, carrying the ids and weights of those slots (deduplicated dispatch; without `dedup` every slot is its
 own entry). The way back is the mirror: each hop sums the entries that came from one row (reduced combine).
@@ -42,11 +42,11 @@ def hops(path: str) -> tuple:
 
 
 class Spread(NamedTuple):
-  """How the E = R x S entries of R rows with S slots are laid out for one move or for the experts.
+  """How the Y = R x Z entries of R rows with Z slots are laid out for one move or for the experts.
 
-  order [E] sorts the entries (those that may move first), inverse [E] is its inverse; the first `taken`
-  sorted entries are all that may move. dense: gather them by repeating each row S times and permuting, so
-  neither direction scatters (used while R x S stays within the bound on entries, so it costs no more memory
+  order [Y] sorts the entries (those that may move first), inverse [Y] is its inverse; the first `taken`
+  sorted entries, Q, are all that may move. dense: gather them by repeating each row Z times and permuting, so
+  neither direction scatters (used while R x Z stays within the bound on entries, so it costs no more memory
   than one row per entry); else by row index (a gather whose transpose adds rows up)."""
 
   order: jax.Array
@@ -57,49 +57,49 @@ class Spread(NamedTuple):
   dense: bool
 
   @property
-  def row_L(self) -> jax.Array:
-    """[L] the row of each taken entry."""
+  def row_Q(self) -> jax.Array:
+    """[Q] the row of each taken entry."""
     return self.order[:self.taken] // self.slots
 
   def expand(self, x_RxX: jax.Array) -> jax.Array:
-    """Each taken entry's row: x [R, ...] -> [L, ...] in sorted entry order."""
+    """Each taken entry's row: x [R, ...] -> [Q, ...] in sorted entry order."""
     if not self.dense:
-      return jnp.take(x_RxX, self.row_L, axis=0)
-    x_ExX = jnp.repeat(x_RxX, self.slots, axis=0) if self.slots > 1 else x_RxX
-    if jnp.issubdtype(x_ExX.dtype, jnp.integer):
-      return x_ExX[self.order[:self.taken]]
-    return plan_lib.permute_rows(x_ExX, self.order, self.inverse)[:self.taken]
+      return jnp.take(x_RxX, self.row_Q, axis=0)
+    x_YxX = jnp.repeat(x_RxX, self.slots, axis=0) if self.slots > 1 else x_RxX
+    if jnp.issubdtype(x_YxX.dtype, jnp.integer):
+      return x_YxX[self.order[:self.taken]]
+    return plan_lib.permute_rows(x_YxX, self.order, self.inverse)[:self.taken]
 
-  def reduce(self, y_LxX: jax.Array) -> jax.Array:
-    """The mirror of `expand`: each row's entries summed, y [L, ...] -> [R, ...]."""
+  def reduce(self, y_QxX: jax.Array) -> jax.Array:
+    """The mirror of `expand`: each row's entries summed, y [Q, ...] -> [R, ...]."""
     if not self.dense:
-      return jax.ops.segment_sum(y_LxX, self.row_L, num_segments=self.rows)
+      return jax.ops.segment_sum(y_QxX, self.row_Q, num_segments=self.rows)
     entries = self.rows * self.slots
-    y_ExX = jnp.concatenate([y_LxX, jnp.zeros((entries - self.taken,) + y_LxX.shape[1:], y_LxX.dtype)])
-    if jnp.issubdtype(y_ExX.dtype, jnp.integer):
-      y_ExX = y_ExX[self.inverse]
+    y_YxX = jnp.concatenate([y_QxX, jnp.zeros((entries - self.taken,) + y_QxX.shape[1:], y_QxX.dtype)])
+    if jnp.issubdtype(y_YxX.dtype, jnp.integer):
+      y_YxX = y_YxX[self.inverse]
     else:
-      y_ExX = plan_lib.permute_rows(y_ExX, self.inverse, self.order)
-    return y_ExX.reshape((self.rows, self.slots) + y_LxX.shape[1:]).sum(axis=1) if self.slots > 1 else y_ExX
+      y_YxX = plan_lib.permute_rows(y_YxX, self.inverse, self.order)
+    return y_YxX.reshape((self.rows, self.slots) + y_QxX.shape[1:]).sum(axis=1) if self.slots > 1 else y_YxX
 
 
-def grouped(key_E: jax.Array, rows: int, slots: int, groups: int, bound: int) -> tuple[Spread, jax.Array]:
-  """The entries of R rows with S slots sorted by their group key [E] (key == groups: empty), at most `bound`
+def grouped(key_Y: jax.Array, rows: int, slots: int, groups: int, bound: int) -> tuple[Spread, jax.Array]:
+  """The entries of R rows with Z slots sorted by their group key [Y] (key == groups: empty), at most `bound`
   of them non-empty -> (Spread, group sizes [groups])."""
-  order = jnp.argsort(key_E, stable=True)
+  order = jnp.argsort(key_Y, stable=True)
   taken = min(rows * slots, bound)
   spread = Spread(order, plan_lib.inverse_permutation(order), rows, slots, taken, rows * slots <= bound)
-  return spread, plan_lib.histogram(key_E, groups)
+  return spread, plan_lib.histogram(key_Y, groups)
 
 
 class Hop(NamedTuple):
-  """One planned hop: its mesh axis (or both), the plan of its entries, their spread, mask [L, S] of the slots each
+  """One planned hop: its mesh axis (or both), the plan of its entries, their spread, mask [Q, Z] of the slots each
   taken entry carries, the receive buffer's rows and the hop's collective (`HopSize.collective`)."""
 
   axis: object
   plan: plan_lib.HopPlan
   spread: Spread
-  mask_LxS: jax.Array
+  mask_QxZ: jax.Array
   out_rows: int
   collective: collective_lib.Collective
 
@@ -118,14 +118,14 @@ def hop_destination(expert_ids, axis_name, slots_per_device: int, gpus_per_node:
   return jnp.where(expert_ids >= 0, dest, num_peers)
 
 
-def _leaders(dest_RxS, valid_RxS, dedup: bool):
-  """[R, S] bool: the slots that start an entry: with dedup the first slot of a row towards each peer."""
+def _leaders(dest_RxZ, valid_RxZ, dedup: bool):
+  """[R, Z] bool: the slots that start an entry: with dedup the first slot of a row towards each peer."""
   if not dedup:
-    return valid_RxS
-  slots = dest_RxS.shape[1]
-  earlier_SxS = jnp.arange(slots)[None, :] < jnp.arange(slots)[:, None]  # [s, s']: s' before s
-  same_RxSxS = (dest_RxS[:, :, None] == dest_RxS[:, None, :]) & valid_RxS[:, None, :] & earlier_SxS
-  return valid_RxS & ~same_RxSxS.any(axis=2)
+    return valid_RxZ
+  slots = dest_RxZ.shape[1]
+  earlier_ZxZ = jnp.arange(slots)[None, :] < jnp.arange(slots)[:, None]  # [s, s']: s' before s
+  same_RxZxZ = (dest_RxZ[:, :, None] == dest_RxZ[:, None, :]) & valid_RxZ[:, None, :] & earlier_ZxZ
+  return valid_RxZ & ~same_RxZxZ.any(axis=2)
 
 
 class HopSize(NamedTuple):
@@ -144,8 +144,8 @@ class HopSize(NamedTuple):
 
 def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_rows: int | None = None,
               dedup: bool = True) -> list[HopSize]:
-  """The sizes of each hop for R rows with S slots per device (plain Python, before tracing). A hop's entries
-  are at most R x min(S, peers) with dedup (R x S without) and at most the slots the device can hold; its
+  """The sizes of each hop for R rows with Z slots per device (plain Python, before tracing). A hop's entries
+  are at most R x min(Z, peers) with dedup (R x Z without) and at most the slots the device can hold; its
   buffer holds what its peers could send (at most every slot of every device), bounded by `buffer_rows` (rows,
   and the slots they bring: per-device memory stays flat in the device count), or with 'capacity' a block per
   peer: the collective's block (one source to one device's slots) times the sources whose rows a device holds
@@ -173,36 +173,36 @@ def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_
   return sizes
 
 
-def plan_path(ids_RxS, hops, axis_sizes: dict, slots_per_device: int, collective, buffer_rows: int | None = None,
+def plan_path(ids_RxZ, hops, axis_sizes: dict, slots_per_device: int, collective, buffer_rows: int | None = None,
               dedup: bool = True) -> tuple[jax.Array, Path]:
-  """Plans every hop of sending each row's slots (device-level ids [R, S]; -1 = none) to their experts'
-  devices (`hop_sizes`), moving only the ids. Returns (ids [R_out, S] as received at the end, -1 on empty
+  """Plans every hop of sending each row's slots (device-level ids [R, Z]; -1 = none) to their experts'
+  devices (`hop_sizes`), moving only the ids. Returns (ids [R_out, Z] as received at the end, -1 on empty
   slots, path). Entries that do not fit a receive buffer are dropped (`HopPlan.kept_AxA`)."""
   m = axis_sizes[mesh_lib.GPU]
-  rows, slots = ids_RxS.shape
+  rows, slots = ids_RxZ.shape
   sizes = hop_sizes(hops, axis_sizes, rows, slots, collective, buffer_rows, dedup)
   planned = []
   for axis_name, size in zip(hops, sizes):
-    dest_RxS = hop_destination(ids_RxS, axis_name, slots_per_device, m, size.num_peers)
-    valid_RxS = ids_RxS >= 0
-    dest_E = jnp.where(_leaders(dest_RxS, valid_RxS, dedup), dest_RxS, size.num_peers).reshape(-1)
+    dest_RxZ = hop_destination(ids_RxZ, axis_name, slots_per_device, m, size.num_peers)
+    valid_RxZ = ids_RxZ >= 0
+    dest_Y = jnp.where(_leaders(dest_RxZ, valid_RxZ, dedup), dest_RxZ, size.num_peers).reshape(-1)
     block = size.collective.block_rows if size.collective.fixed_blocks else None
-    plan = plan_lib.make_hop_plan(dest_E, axis_name, size.num_peers, size.out_rows, block)
+    plan = plan_lib.make_hop_plan(dest_Y, axis_name, size.num_peers, size.out_rows, block)
     spread = Spread(plan.order, plan.inverse, size.rows, slots, size.taken, size.dense)
-    row_L, dest_L = spread.row_L, dest_E[plan.order[:size.taken]]
+    row_Q, dest_Q = spread.row_Q, dest_Y[plan.order[:size.taken]]
     if dedup:
-      mask_LxS = (dest_RxS[row_L] == dest_L[:, None]) & valid_RxS[row_L]
+      mask_QxZ = (dest_RxZ[row_Q] == dest_Q[:, None]) & valid_RxZ[row_Q]
     else:
-      slot_L = plan.order[:size.taken] % slots
-      mask_LxS = (jnp.arange(slots)[None, :] == slot_L[:, None]) & (dest_L < size.num_peers)[:, None]
-    ids_LxS = jnp.where(mask_LxS, ids_RxS[row_L], -1)
-    ids_RxS = collective_lib.exchange(ids_LxS, plan.forward, size.out_rows, axis_name, size.collective, fill=-1)
+      slot_Q = plan.order[:size.taken] % slots
+      mask_QxZ = (jnp.arange(slots)[None, :] == slot_Q[:, None]) & (dest_Q < size.num_peers)[:, None]
+    ids_QxZ = jnp.where(mask_QxZ, ids_RxZ[row_Q], -1)
+    ids_RxZ = collective_lib.exchange(ids_QxZ, plan.forward, size.out_rows, axis_name, size.collective, fill=-1)
     if buffer_rows is not None and block is None and slots > 1:  # the bound holds slots too: later ones drop
-      valid_RxS = ids_RxS >= 0
-      fits_RxS = jnp.cumsum(valid_RxS.reshape(-1)).reshape(valid_RxS.shape) <= buffer_rows
-      ids_RxS = jnp.where(fits_RxS, ids_RxS, -1)
-    planned.append(Hop(axis_name, plan, spread, mask_LxS, size.out_rows, size.collective))
-  return ids_RxS, Path(tuple(planned), sizes[-1].bound)
+      valid_RxZ = ids_RxZ >= 0
+      fits_RxZ = jnp.cumsum(valid_RxZ.reshape(-1)).reshape(valid_RxZ.shape) <= buffer_rows
+      ids_RxZ = jnp.where(fits_RxZ, ids_RxZ, -1)
+    planned.append(Hop(axis_name, plan, spread, mask_QxZ, size.out_rows, size.collective))
+  return ids_RxZ, Path(tuple(planned), sizes[-1].bound)
 
 
 def move_through(x_RxD, path: Path, num_hops: int | None = None, wire=(None, None)):
@@ -214,14 +214,14 @@ def move_through(x_RxD, path: Path, num_hops: int | None = None, wire=(None, Non
   return x_RxD
 
 
-def move_slots(w_RxS, path: Path, num_hops: int | None = None):
-  """Moves per-slot values [R, S] (the combine weights) along the path: each entry takes its slots' values,
+def move_slots(w_RxZ, path: Path, num_hops: int | None = None):
+  """Moves per-slot values [R, Z] (the combine weights) along the path: each entry takes its slots' values,
   0 on the others."""
   for hop in path.hops[:num_hops]:
-    w_LxS = jnp.where(hop.mask_LxS, jnp.take(w_RxS, hop.spread.row_L, axis=0), jnp.zeros((), w_RxS.dtype))
-    w_RxS = checkpoint_name(collective_lib.move_rows(w_LxS, hop.plan.forward, hop.plan.backward, hop.out_rows,
+    w_QxZ = jnp.where(hop.mask_QxZ, jnp.take(w_RxZ, hop.spread.row_Q, axis=0), jnp.zeros((), w_RxZ.dtype))
+    w_RxZ = checkpoint_name(collective_lib.move_rows(w_QxZ, hop.plan.forward, hop.plan.backward, hop.out_rows,
                                                      hop.axis, hop.collective), EXCHANGED)
-  return w_RxS
+  return w_RxZ
 
 
 def move_back(y_RxX, path: Path, num_hops: int | None = None, wire=(None, None)):
@@ -231,15 +231,15 @@ def move_back(y_RxX, path: Path, num_hops: int | None = None, wire=(None, None))
   todo = path.hops if num_hops is None else path.hops[len(path.hops) - num_hops:]
   for hop in reversed(todo):
     if jnp.issubdtype(y_RxX.dtype, jnp.integer):
-      back_LxX = collective_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, hop.axis, hop.collective)
+      back_QxX = collective_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, hop.axis, hop.collective)
     else:
-      back_LxX = checkpoint_name(collective_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
+      back_QxX = checkpoint_name(collective_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
                                                           hop.axis, hop.collective, wire=wire), EXCHANGED)
-    y_RxX = hop.spread.reduce(back_LxX)
+    y_RxX = hop.spread.reduce(back_QxX)
   return y_RxX
 
 
-def arrived(ids_out_RxS, path: Path) -> jax.Array:
-  """[R, S] bool, at the sender: the slot reached its expert (was not dropped on any hop). Each slot rides in
+def arrived(ids_out_RxZ, path: Path) -> jax.Array:
+  """[R, Z] bool, at the sender: the slot reached its expert (was not dropped on any hop). Each slot rides in
   exactly one entry per hop, so the entries' sums are the slots' own flags."""
-  return move_back((ids_out_RxS >= 0).astype(jnp.int32), path) > 0
+  return move_back((ids_out_RxZ >= 0).astype(jnp.int32), path) > 0

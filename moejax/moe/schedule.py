@@ -96,11 +96,11 @@ class Experts(NamedTuple):
 
 class Result(NamedTuple):
   """y [R, d] fp32 in the input row order: each row's weighted sum over its slots that reached their experts;
-  arrived [R, S] bool: the slot reached its expert (sent, and not dropped by a full receive buffer); the
+  arrived [R, Z] bool: the slot reached its expert (sent, and not dropped by a full receive buffer); the
   paths whose kept entries moved (traffic)."""
 
   y_RxD: jax.Array
-  arrived_RxS: jax.Array
+  arrived_RxZ: jax.Array
   paths: tuple
 
 
@@ -110,20 +110,20 @@ def local_experts(ids, ex: Exchange):
   return jnp.where(ids >= 0, ids % ex.slots_per_device, ex.slots_per_device)
 
 
-def plan(ids_RxS, ex: Exchange):
-  """The path of rows with device-level slot ids [R, S] through the exchange's hops -> (ids at arrival, path)."""
-  return path_lib.plan_path(ids_RxS, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.collective, ex.buffer_rows,
+def plan(ids_RxZ, ex: Exchange):
+  """The path of rows with device-level slot ids [R, Z] through the exchange's hops -> (ids at arrival, path)."""
+  return path_lib.plan_path(ids_RxZ, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.collective, ex.buffer_rows,
                             ex.dedup)
 
 
-def run_experts(rows_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, bound: int):
+def run_experts(rows_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, bound: int):
   """The local experts on received rows in any order: each slot's expert output times its weight, summed over
   the row's slots -> [R, d] fp32 (0 on rows without a slot here). bound: the slots that can be here."""
-  rows, slots = ids_RxS.shape
-  spread, group_sizes = path_lib.grouped(local_experts(ids_RxS.reshape(-1), ex), rows, slots, ex.slots_per_device,
+  rows, slots = ids_RxZ.shape
+  spread, group_sizes = path_lib.grouped(local_experts(ids_RxZ.reshape(-1), ex), rows, slots, ex.slots_per_device,
                                          bound)
-  w_L = w_RxS.reshape(-1)[spread.order[:spread.taken]]
-  return spread.reduce(local.ffn(spread.expand(rows_RxD), group_sizes) * w_L[:, None].astype(jnp.float32))
+  w_Q = w_RxZ.reshape(-1)[spread.order[:spread.taken]]
+  return spread.reduce(local.ffn(spread.expand(rows_RxD), group_sizes) * w_Q[:, None].astype(jnp.float32))
 
 
 def may_drop(ex: Exchange) -> bool:
@@ -132,64 +132,64 @@ def may_drop(ex: Exchange) -> bool:
   return ex.buffer_rows is not None or collective_lib.as_collective(ex.collective).fixed_blocks
 
 
-def _arrival(ids_RxS, w_RxS, ids_out, path, ex: Exchange):
-  """(weights, arrived [R, S]): where a hop may drop entries, the slots that arrive (one round trip of int32
+def _arrival(ids_RxZ, w_RxZ, ids_out, path, ex: Exchange):
+  """(weights, arrived [R, Z]): where a hop may drop entries, the slots that arrive (one round trip of int32
   flags), and the weights with every copy of a choice zeroed unless all its copies arrive."""
   if not may_drop(ex):
-    return w_RxS, ids_RxS >= 0
-  arrived_RxS = path_lib.arrived(ids_out, path)
+    return w_RxZ, ids_RxZ >= 0
+  arrived_RxZ = path_lib.arrived(ids_out, path)
   if ex.copies > 1:  # consecutive slots (or rows of one slot) are one choice's copies
-    complete = jnp.repeat(arrived_RxS.reshape(-1, ex.copies).all(axis=1), ex.copies).reshape(arrived_RxS.shape)
-    w_RxS = jnp.where(complete, w_RxS, jnp.zeros((), w_RxS.dtype))
-  return w_RxS, arrived_RxS
+    complete = jnp.repeat(arrived_RxZ.reshape(-1, ex.copies).all(axis=1), ex.copies).reshape(arrived_RxZ.shape)
+    w_RxZ = jnp.where(complete, w_RxZ, jnp.zeros((), w_RxZ.dtype))
+  return w_RxZ, arrived_RxZ
 
 
-def _round_trip(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, decided: bool = False):
-  """Dispatch, experts, combine -> (y [R, d], arrived [R, S], path). decided: the drops were decided before
+def _round_trip(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, decided: bool = False):
+  """Dispatch, experts, combine -> (y [R, d], arrived [R, Z], path). decided: the drops were decided before
   (every slot sent arrives)."""
-  ids_out, path = plan(ids_RxS, ex)
+  ids_out, path = plan(ids_RxZ, ex)
   if decided:
-    arrived_RxS = ids_RxS >= 0
+    arrived_RxZ = ids_RxZ >= 0
   else:
-    w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
+    w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
   rows_RxD = path_lib.move_through(x_RxD, path, wire=ex.dispatch_wire)
-  w_out = path_lib.move_slots(w_RxS, path)
+  w_out = path_lib.move_slots(w_RxZ, path)
   y_RxD = run_experts(rows_RxD, ids_out, w_out, ex, local, path.bound)
-  return path_lib.move_back(y_RxD, path, wire=ex.combine_wire), arrived_RxS, path
+  return path_lib.move_back(y_RxD, path, wire=ex.combine_wire), arrived_RxZ, path
 
 
-def sequential(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
-  """Dispatch, experts, combine. x [R, d]; ids [R, S] device-level slot ids (-1 = none); w [R, S] weights."""
+def sequential(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int = 1) -> Result:
+  """Dispatch, experts, combine. x [R, d]; ids [R, Z] device-level slot ids (-1 = none); w [R, Z] weights."""
   del num_chunks
-  y_RxD, arrived_RxS, path = _round_trip(x_RxD, ids_RxS, w_RxS, ex, local)
-  return Result(y_RxD, arrived_RxS, (path,))
+  y_RxD, arrived_RxZ, path = _round_trip(x_RxD, ids_RxZ, w_RxZ, ex, local)
+  return Result(y_RxD, arrived_RxZ, (path,))
 
 
-def chunked(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+def chunked(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
   """`sequential` on num_chunks contiguous chunks of rows; where a hop may drop, the drops are decided once by
   the sequential path, so no chunk drops (a chunk's entries fit wherever all of them fit)."""
-  arrived_RxS = ids_RxS >= 0
+  arrived_RxZ = ids_RxZ >= 0
   if may_drop(ex):
-    ids_out, path = plan(ids_RxS, ex)
-    w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
-    ids_RxS = jnp.where(arrived_RxS, ids_RxS, -1)
+    ids_out, path = plan(ids_RxZ, ex)
+    w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
+    ids_RxZ = jnp.where(arrived_RxZ, ids_RxZ, -1)
   split = lambda a: jnp.split(a, num_chunks)
   parts = [_round_trip(x, ids, w, ex, local, decided=True)
-           for x, ids, w in zip(split(x_RxD), split(ids_RxS), split(w_RxS))]
-  return Result(jnp.concatenate([y for y, _, _ in parts]), arrived_RxS, tuple(path for _, _, path in parts))
+           for x, ids, w in zip(split(x_RxD), split(ids_RxZ), split(w_RxZ))]
+  return Result(jnp.concatenate([y for y, _, _ in parts]), arrived_RxZ, tuple(path for _, _, path in parts))
 
 
-def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
   """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the way back."""
-  ids_out, path = plan(ids_RxS, ex)
-  w_RxS, arrived_RxS = _arrival(ids_RxS, w_RxS, ids_out, path, ex)
+  ids_out, path = plan(ids_RxZ, ex)
+  w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
   last = path.hops[-1]
   axis = last.axis
-  num_peers, out_rows, slots = last.plan.sizes_AxA.shape[0], last.out_rows, ids_RxS.shape[1]
+  num_peers, out_rows, slots = last.plan.sizes_AxA.shape[0], last.out_rows, ids_RxZ.shape[1]
   me = jax.lax.axis_index(axis)
   # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  operand_LxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
-  w_out = path_lib.move_slots(w_RxS, path)
+  operand_QxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
+  w_out = path_lib.move_slots(w_RxZ, path)
   groups = ex.slots_per_device
   spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups,
                                          path.bound)
@@ -201,34 +201,34 @@ def comet(x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) 
   own = min(last.spread.taken, out_rows)
   i_J = jnp.arange(own)
   q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
-  steps = [(collective_lib.move_rows(operand_LxD, own_forward, own_backward, own, axis, last.collective, (0,),
+  steps = [(collective_lib.move_rows(operand_QxD, own_forward, own_backward, own, axis, last.collective, (0,),
                                     ex.dispatch_wire), q_J,
             i_J < recv_sizes[me])]
   if num_peers > 1:
     forward, backward = plan_lib.without_self(last.plan.forward, last.plan.backward, me)
     q_R = jnp.arange(out_rows)
     mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
-    steps.append((collective_lib.move_rows(operand_LxD, forward, backward, out_rows, axis, last.collective,
+    steps.append((collective_lib.move_rows(operand_QxD, forward, backward, out_rows, axis, last.collective,
                                           tuple(range(1, num_peers)), ex.dispatch_wire), q_R, ~mine))
-  h_LxF = None
+  h_QxF = None
   for x_JxD, q_J, valid_J in steps:
     key_J = local_experts(jnp.where(valid_J[:, None], ids_out[q_J], -1).reshape(-1), ex)
     step, step_sizes = path_lib.grouped(key_J, q_J.shape[0], slots, groups, path.bound)
-    h_KxF = local.hidden(step.expand(x_JxD), step_sizes)  # K: the step's entries, expert-major
-    entry_K = step.order[:step.taken]
-    place_K = spread.inverse[q_J[entry_K // slots] * slots + entry_K % slots]  # where they sit in the layer's
-    if h_LxF is None:
-      h_LxF = jnp.zeros((spread.taken, h_KxF.shape[1]), h_KxF.dtype)
-    h_LxF = h_LxF.at[jnp.where(key_J[entry_K] < groups, place_K, spread.taken)].set(h_KxF, mode="drop")
-  w_L = w_out.reshape(-1)[spread.order[:spread.taken]][:, None].astype(jnp.float32)
+    h_step_QxF = local.hidden(step.expand(x_JxD), step_sizes)  # the step's entries, expert-major
+    entry_Q = step.order[:step.taken]
+    place_Q = spread.inverse[q_J[entry_Q // slots] * slots + entry_Q % slots]  # where they sit in the layer's
+    if h_QxF is None:
+      h_QxF = jnp.zeros((spread.taken, h_step_QxF.shape[1]), h_step_QxF.dtype)
+    h_QxF = h_QxF.at[jnp.where(key_J[entry_Q] < groups, place_Q, spread.taken)].set(h_step_QxF, mode="drop")
+  w_Q = w_out.reshape(-1)[spread.order[:spread.taken]][:, None].astype(jnp.float32)
   width = x_RxD.shape[1] // num_chunks
-  blocks = [path_lib.move_back(spread.reduce(local.output(h_LxF, group_sizes, slice(j * width, (j + 1) * width)) * w_L),
+  blocks = [path_lib.move_back(spread.reduce(local.output(h_QxF, group_sizes, slice(j * width, (j + 1) * width)) * w_Q),
                                path, wire=ex.combine_wire) for j in range(num_chunks)]
-  return Result(jnp.concatenate(blocks, axis=1), arrived_RxS, (path,))
+  return Result(jnp.concatenate(blocks, axis=1), arrived_RxZ, (path,))
 
 
 _BY_NAME = {"sequential": sequential, "chunked": chunked, "comet": comet}  # the names of config.SCHEDULES
 
 
-def run(schedule: str, x_RxD, ids_RxS, w_RxS, ex: Exchange, local: Experts, num_chunks: int) -> Result:
-  return _BY_NAME[schedule](x_RxD, ids_RxS, w_RxS, ex, local, num_chunks)
+def run(schedule: str, x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+  return _BY_NAME[schedule](x_RxD, ids_RxZ, w_RxZ, ex, local, num_chunks)
