@@ -21,6 +21,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+import moejax.infer as infer
 import moejax.models as models
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
@@ -219,7 +220,7 @@ def test_bf16_parameters_round_trip(mesh_2x4, tmp_path):
 def test_greedy_generation_matches_transformers(loaded, family, mode):
   ref = reference(family)
   prompt, greedy = ref["prompt"], ref["greedy"]
-  tokens = models.generate(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1], mode=mode)
+  tokens = infer.generate_tokens(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1], mode=mode)
   np.testing.assert_array_equal(tokens, greedy)
 
 
@@ -230,8 +231,8 @@ def test_generation_of_any_batch(loaded, family):
   ref = reference(family)
   prompt, greedy = ref["prompt"], ref["greedy"]
   steps = greedy.shape[1] - prompt.shape[1]
-  np.testing.assert_array_equal(models.generate(loaded.model(family), prompt[1:], steps), greedy[1:])
-  np.testing.assert_array_equal(models.generate(loaded.model(family), prompt[[0, 1, 0]], steps), greedy[[0, 1, 0]])
+  np.testing.assert_array_equal(infer.generate_tokens(loaded.model(family), prompt[1:], steps), greedy[1:])
+  np.testing.assert_array_equal(infer.generate_tokens(loaded.model(family), prompt[[0, 1, 0]], steps), greedy[[0, 1, 0]])
 
 
 @pytest.mark.slow
@@ -240,19 +241,19 @@ def test_sampled_generation(loaded):
   ref = reference("mixtral")
   model, prompt, greedy = loaded.model("mixtral"), ref["prompt"], ref["greedy"]
   steps, vocab = greedy.shape[1] - prompt.shape[1], ref["logits"].shape[-1]
-  draws = {seed: models.generate(model, prompt, steps, temperature=1.0, seed=seed) for seed in (0, 1, 2)}
+  draws = {seed: infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=seed) for seed in (0, 1, 2)}
   for tokens in draws.values():
     assert tokens.shape == greedy.shape and tokens.dtype.kind == "i"
     np.testing.assert_array_equal(tokens[:, :prompt.shape[1]], prompt)
     assert np.all((tokens >= 0) & (tokens < vocab))
-  np.testing.assert_array_equal(models.generate(model, prompt, steps, temperature=1.0, seed=0), draws[0])
+  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=0), draws[0])
   # the draw of request r at step t is keyed by (seed, t, r): ExFlow's decode draws the same tokens
-  np.testing.assert_array_equal(models.generate(model, prompt, steps, temperature=1.0, seed=0, mode="exflow"),
+  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=0, mode="exflow"),
                                 draws[0])
   assert any(not np.array_equal(tokens, greedy) for tokens in draws.values())
   assert not np.array_equal(draws[0], draws[1]) or not np.array_equal(draws[1], draws[2])
   # a low temperature is greedy again (the reference's top logits are apart by far more than 1e-3)
-  np.testing.assert_array_equal(models.generate(model, prompt, steps, temperature=1e-3, seed=0), greedy)
+  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, temperature=1e-3, seed=0), greedy)
 
 
 # ---------------------------------------------------------------------------------------------------------------

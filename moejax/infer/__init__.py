@@ -6,4 +6,8 @@
            greedy or sampled, with the exchange rows per generated token; `on_mesh` moves a model
            to another mesh, `with_placement` applies an expert placement (ExFlow §IV-D)
   load     `load_trained`: a model from a training run's checkpoints (no trainer); `prompts_from`: prompts from texts
+
+  tokens_BxS = moejax.infer.generate_tokens(model, prompt_BxS, steps)   # greedy by default; prompt and steps tokens
 """
+
+from moejax.infer.decode import generate, generate_tokens  # noqa: F401  (the public names)

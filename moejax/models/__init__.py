@@ -3,7 +3,6 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
 
   model = moejax.models.from_hf(path, mesh, dtype="float32", moe={MoEConfig field: value, ...})
   logits_BxSxV, aux = model(tokens_BxS)
-  tokens_BxS = moejax.models.generate(model, prompt_BxS, steps)   # greedy by default; prompt and steps tokens
   moejax.models.to_hf(model, out_dir)                             # config.json + safetensors (+ index)
   moe_model = moejax.models.upcycle(dense_model, num_experts=8, top_k=2)   # a dense checkpoint made an MoE
 
@@ -24,12 +23,10 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
   grad_sync       Lina's prioritised gradient synchronisation
 """
 
-# Loaded on first use. `generate` is the one name resolved from above this package (decoding, which builds on it):
-# nothing in moejax.models imports it, and `moejax.models.generate` stays the public name the README shows.
+# Loaded on first use. Generation builds on this package: `moejax.infer.generate_tokens`.
 _PUBLIC = {
     "from_hf": "moejax.models.hf_checkpoint",
     "to_hf": "moejax.models.hf_checkpoint",
-    "generate": ("moejax.infer.decode", "generate_tokens"),
     "upcycle": ("moejax.models.upcycling", "upcycle"),
 }
 
