@@ -23,6 +23,7 @@ devices x micro_batch on each, so the default 512 fits meshes of up to 16 device
 import ml_collections
 
 from configs.moe_section import moe_section
+from moejax.study.points import SCHEME_FIELDS
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -45,8 +46,7 @@ def get_config() -> ml_collections.ConfigDict:
   # Every MoEConfig field but those each scheme sets (moejax.study.points.SCHEME_FIELDS), at its default unless set
   # here, passed to every scheme that does not fix it; then the sweep's own fields (points.SWEEP_FIELDS).
   config.moe = moe_section(
-      omit=("num_experts", "d_model", "d_ff", "routing", "transport", "num_nodes", "capacity_factor", "schedule",
-            "esp_schedule"),
+      omit=SCHEME_FIELDS,
       top_k=2,  # experts per token (every scheme but switch, which is top-1; local experts for smile)
       node_top_k=1,  # nodes per token for node_limited (smile: always 1)
       num_chunks=4,  # chunks of 'chunked', column blocks of d of 'comet'

@@ -320,7 +320,7 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
     # logits) its loss is about ln(vocab) plus the small load-balancing term.
     assert abs(r["loss_first"] - np.log(model.vocab)) < 0.3, r["loss_first"]
     assert np.isfinite(r["loss_last"])
-    assert (r["routing"], r["transport"]) == ((want["routing"], want["transport"]))
+    assert (r["routing"], r["path"], r["collective"]) == (want["routing"], want["path"], want["collective"])
 
 
 def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path):

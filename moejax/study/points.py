@@ -38,10 +38,11 @@ OVERLAP_SCHEMES = tuple(s for s in SCHEMES if "schedule" in _table_fields(s))
 ESP_SCHEMES = {s: _table_fields(s)["esp_schedule"] for s in SCHEMES if "esp_schedule" in _table_fields(s)}
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor), so the sweep's moe
-# section leaves them out; every other MoEConfig field in it is passed to every scheme that does not fix it.
-SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "transport", "num_nodes", "capacity_factor",
-                 "schedule", "esp_schedule")
+# MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor; the table's transport
+# sets path and collective), so the sweep's moe section leaves them out; every other MoEConfig field in it is passed to
+# every scheme that does not fix it.
+SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "transport", "path", "collective", "num_nodes",
+                 "capacity_factor", "schedule", "esp_schedule")
 # The sweep's own moe fields: experts per device, and each dropping scheme's capacity factor.
 SWEEP_FIELDS = ("experts_per_gpu", "switch_capacity_factor", "smile_capacity_factor", "esp_capacity_factor")
 
