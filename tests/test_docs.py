@@ -1,13 +1,18 @@
 """README and docs: `.ci/run` finds and runs README's marked test command (and fails loudly without one),
-README starts with its two commands, and every relative link and repository path the docs name exists."""
+README starts with its two commands, and every relative link, repository path, bare file name and module
+reference (`moejax.moe.path.hop_sizes`, or by a suffix of the module's name: `path.hop_sizes`) the docs name
+exists."""
 
 import ast
+import dataclasses
 import pathlib
 import re
 import shutil
 import subprocess
 
 import pytest
+
+from moejax.moe.config import MoEConfig
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = "<!-- test command -->"
@@ -104,6 +109,39 @@ def _resolves(dotted: str) -> bool:
   return False
 
 
+def _sources() -> list[pathlib.Path]:
+  return [p for d in ("moejax", "kernels", "experiments", "configs", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+
+
+FILE_NAMES = {p.name for d in TOP_DIRS for p in (ROOT / d).rglob("*") if p.is_file()} | {
+    p.name for p in ROOT.iterdir() if p.is_file()}
+# Every dotted suffix of every module's name ('moejax.moe.path' -> 'path', 'moe.path', 'moejax.moe.path'), and the
+# module files it may stand for: how the docs name a module when the package is plain from the context.
+MODULE_SUFFIXES: dict[str, list[pathlib.Path]] = {}
+for _file in _sources():
+  _parts = list(_file.relative_to(ROOT).with_suffix("").parts)
+  _parts = _parts[:-1] if _parts[-1] == "__init__" else _parts
+  _parts = ["moejax", *_parts[1:]] if _parts[0] == "kernels" else _parts
+  for _cut in range(len(_parts)):
+    MODULE_SUFFIXES.setdefault(".".join(_parts[_cut:]), []).append(_file)
+# Names that begin values and config sections in the docs (`cfg.top_k`, `data.tokenizer_model`), not modules.
+NOT_MODULES = {"cfg", "config", "aux", "model", "moe_cfg", "params", "args", "self", "np", "jnp", "jax", "data",
+               "mesh", "optim", "log", "checkpoint", "measure", "sim", "planner", "generate", "traffic"}
+MOE_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}
+
+
+def _short_reference_resolves(dotted: str) -> bool:
+  """`path.hop_sizes`, `moe.schedule.run`: a module named by a suffix of its dotted name (as the docs do when the
+  package is plain), then a name one of the modules it may be defines, or a module under it."""
+  parts = dotted.split(".")
+  for cut in range(len(parts), 0, -1):
+    files = MODULE_SUFFIXES.get(".".join(parts[:cut]))
+    if files:
+      rest = parts[cut:]
+      return not rest or any(rest[0] in _module_names(f) for f in files)
+  return True  # not one of ours (a library, an attribute of a value): nothing to check
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_links_and_paths_exist(doc):
   text = doc.read_text()
@@ -125,6 +163,16 @@ def test_links_and_paths_exist(doc):
         continue
       if token.split("/")[0] in TOP_DIRS and "/" in token and not (ROOT / token).exists():
         missing.append(token)
-      elif re.fullmatch(r"(moejax|experiments)(\.\w+)+", token) and not _resolves(token):
+      elif re.fullmatch(r"(moejax|experiments)(\.\w+)+", token):
+        if not _resolves(token):
+          missing.append(token)
+      elif re.fullmatch(r"[\w\-]+\.(py|md|sh|json|jsonl|ipynb|toml|png|log)", token):
+        if token not in FILE_NAMES and not re.search(r"\.(json|jsonl|png|log)$", token):
+          missing.append(token)  # a bare file name: some file of the repository has it (outputs are made by runs)
+      elif token.startswith("moe.") and not _short_reference_resolves(token.split("=")[0]):
+        if token.split("=")[0].split(".")[1] not in MOE_FIELDS:
+          missing.append(token)  # neither a module of moejax.moe nor a field of the moe section (MoEConfig's)
+      elif (re.fullmatch(r"[a-z_]\w*(\.\w+)+", token) and token.split(".")[0] not in NOT_MODULES
+            and not _short_reference_resolves(token)):
         missing.append(token)
   assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
