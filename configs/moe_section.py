@@ -28,7 +28,7 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
   absl's float parser, which rejects 'None', and a str field turns `=None` into the string 'None'; untyped, the
   flag is read as a Python literal, and MoEConfig checks its type. A FieldReference override is kept, so the
   field follows what it refers to; fields that must agree with the mesh (num_nodes) are copies, checked against it
-  (moejax.validation.check_mesh), never references that would resize the mesh from the moe section."""
+  (moejax.validation.check_against_mesh), never references that would resize the mesh from the moe section."""
   fields = dataclasses.fields(MoEConfig)
   known = [f.name for f in fields] + ["transport"]
   reject_unknown(set(overrides) | set(omit), known, "moe.")

@@ -37,7 +37,7 @@ from moejax.moe.transport import transport_hops
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
-from moejax.validation import ConfigError, check_mesh, prefixed, require
+from moejax.validation import ConfigError, check_against_mesh, prefixed, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "demo.py")
 _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Experiment config file.")
@@ -56,7 +56,7 @@ def validate(config) -> MoEConfig:
           "tokens", config.tokens, f"a positive multiple of the mesh's {devices} devices")
   require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
   moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
-  check_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)  # no moe field resizes the mesh
+  check_against_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)  # no moe field resizes the mesh
   return prefixed("moe.", parm.resolve_auto, moe, config.tokens, config.mesh.nodes, config.mesh.gpus_per_node)
 
 

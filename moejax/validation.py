@@ -74,11 +74,12 @@ def prefixed(prefix: str, fn: Callable, *args, **kwargs):
     raise ConfigError(f"config field {prefix}{e.field}: {e}", prefix + e.field, e.value, e.allowed) from None
 
 
-def check_mesh(moe, nodes: int, gpus_per_node: int, prefix: str = "moe.", mesh: str = "mesh.") -> int:
-  """`moe.check_mesh(nodes, gpus_per_node)` (a MoEConfig's) whose errors name both the moe field (with `prefix`)
-  and the mesh fields it must agree with: a mesh is never resized to fit the moe section, nor the other way."""
+def check_against_mesh(cfg, nodes: int, gpus_per_node: int, prefix: str = "moe.", mesh: str = "mesh.") -> None:
+  """`cfg.check_mesh(nodes, gpus_per_node)` (a MoEConfig's, or a model config's) whose errors name both the config's
+  field (with `prefix`) and the mesh fields it must agree with: a mesh is never resized to fit a config's section,
+  nor the other way."""
   try:
-    return moe.check_mesh(nodes, gpus_per_node)
+    cfg.check_mesh(nodes, gpus_per_node)
   except ConfigError as e:
     if e.field is None:
       raise

@@ -13,7 +13,7 @@ from moejax.models.config import MOE_FROM_MODEL
 from moejax.moe.config import MoEConfig
 from moejax.study import points
 from moejax.train import config as train_config
-from moejax.validation import ConfigError, check_mesh
+from moejax.validation import ConfigError, check_against_mesh
 from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -39,7 +39,7 @@ def build(spec: str, config):
   kind = KINDS[spec.partition(":")[0]]
   if kind == "demo":  # experiments/demo.py's validate
     moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
-    check_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)
+    check_against_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)
     return moe
   if kind in ("train", "family"):
     return train_config.validate(train_config.training_config(config))[1]

@@ -10,7 +10,7 @@ import pytest
 from moejax.models.config import from_sections
 from moejax.moe.config import MoEConfig
 from moejax.train import config as train_config
-from moejax.validation import ConfigError, check_mesh, prefixed, unknown_field_message
+from moejax.validation import ConfigError, check_against_mesh, prefixed, unknown_field_message
 from tests.helpers import ENV, ROOT
 
 sys.path.insert(0, str(ROOT))
@@ -95,7 +95,7 @@ def test_trainer_names_both_mesh_and_moe_fields():
 def test_moe_errors_carry_the_prefix_once():
   cfg = MoEConfig(num_experts=6, top_k=1, d_model=8, d_ff=8)
   with pytest.raises(ConfigError, match=r"^config field moe\.num_experts=6 .*mesh\.gpus_per_node=4$"):
-    check_mesh(cfg, 2, 4)
+    check_against_mesh(cfg, 2, 4)
   with pytest.raises(ConfigError, match=r"^config field moe\.top_k=0 ") as error:
     prefixed("moe.", prefixed, "moe.", MoEConfig, num_experts=6, top_k=0, d_model=8, d_ff=8)
   assert error.value.field == "moe.top_k"

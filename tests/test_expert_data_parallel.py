@@ -39,7 +39,7 @@ def test_fewer_experts_than_devices_need_it():
   cfg = MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=8)
   with pytest.raises(ConfigError, match="multiple of the mesh's 8 devices"):
     cfg.check_mesh(2, 4)
-  assert MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=8, expert_data_parallel=True).check_mesh(2, 4) == 1
+  assert MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=8, expert_data_parallel=True).experts_per_holder(2, 4) == 1
 
 
 @pytest.mark.parametrize("fields", [

@@ -43,7 +43,7 @@ def test_unknown_field_rejected():
 def test_experts_must_divide_over_devices():
   with pytest.raises(ConfigError, match="num_experts=8.*multiple of the mesh's 3 devices"):
     MoEConfig(**BASE).check_mesh(3, 1)
-  assert MoEConfig(**BASE).check_mesh(2, 2) == 2
+  assert MoEConfig(**BASE).experts_per_holder(2, 2) == 2
 
 
 @pytest.mark.parametrize("transport,path,collective", [

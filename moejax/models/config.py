@@ -10,7 +10,7 @@ from moejax.cost import parm
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.parallelism import Parallelism
 from moejax.moe.config import DTYPES, MoEConfig
-from moejax.validation import ConfigError, check_mesh, is_int, prefixed, require
+from moejax.validation import ConfigError, check_against_mesh, is_int, prefixed, require
 
 KINDS = ("bert", "gpt")
 # MoEConfig fields taken from the model section, so a config's moe section leaves them out.
@@ -131,7 +131,7 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
     moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
-    check_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.<field> and mesh.*
+    check_against_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.* and mesh.*
   model_cfg.check_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   if is_int(config.batch_size) and is_int(config.micro_batches) and is_int(config.seq_len):
     # Parm's Algorithm 1 picks 'auto' here, for the tokens one layer call sees, never while tracing.

@@ -299,9 +299,13 @@ class MoEConfig:
       return gpus_per_node
     return nodes if self.esp_schedule is not None else nodes * gpus_per_node
 
-  def check_mesh(self, nodes: int, gpus_per_node: int) -> int:
-    """Returns experts_per_gpu on a nodes x gpus_per_node mesh (with esp_schedule: experts per node,
-    each split over the node's GPUs), or raises naming the field."""
+  def check_mesh(self, nodes: int, gpus_per_node: int) -> None:
+    """Raises ConfigError naming the field unless the layer runs on a nodes x gpus_per_node mesh."""
+    self.experts_per_holder(nodes, gpus_per_node)
+
+  def experts_per_holder(self, nodes: int, gpus_per_node: int) -> int:
+    """The experts each holder keeps on a nodes x gpus_per_node mesh (a GPU's; with esp_schedule a node's, each
+    split over its GPUs), after the checks of `check_mesh`."""
     if self.router.chooses_nodes:
       require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
     holders = self.expert_holders(nodes, gpus_per_node)

@@ -55,7 +55,7 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   require(cfg.expert_backend != "auto", "expert_backend", "auto", "a concrete backend: resolve 'auto' when the "
           "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)")
   sharding = esp_lib.of(cfg)
-  per_holder = cfg.check_mesh(n, m)
+  per_holder = cfg.experts_per_holder(n, m)
   slots = per_holder if slots is None else slots
   routed_tokens = tokens // sharding.token_groups(n, m)
   choices = sharding.send_rows(cfg, routed_tokens, m)
