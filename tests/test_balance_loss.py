@@ -3,7 +3,6 @@ P over the call's tokens; the layer equals the reference, the reference equals a
 trainer feeds each micro-batch the counts of the earlier ones."""
 
 import dataclasses
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import mlm
 from moejax.models import state as state_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -21,10 +21,6 @@ from moejax.train import objective
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 from tests import helpers
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import mlm  # noqa: E402
 
 CASES = [("topk", "flat", 2), ("node_limited", "gpu_first", 2), ("bilevel", "node_first", 1)]
 

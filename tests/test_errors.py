@@ -7,14 +7,12 @@ import sys
 
 import pytest
 
+from configs import demo, mlm
 from moejax.models.config import from_sections
 from moejax.moe.config import MoEConfig
 from moejax.train import config as train_config
 from moejax.validation import ConfigError, check_against_mesh, prefixed, unknown_field_message
 from tests.helpers import ENV, ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import demo, mlm  # noqa: E402
 
 WORKDIR = "--workdir=/nonexistent/never_written"  # every case fails before the workdir is touched
 

@@ -3,7 +3,6 @@ by DeepSeek-V3's rule from the step's loads, passed to the layers' routing only;
 presets train at small scale. (That the bias survives a kill and resume bit-identically is test_train's
 kill-and-resume test, which runs with it.)"""
 
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import mlm, moe_preset
 from moejax.models import presets
 from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
@@ -19,10 +19,6 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import metrics, objective
 from moejax.train import trainer as train
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import mlm, moe_preset  # noqa: E402
 
 # slow: training runs with the balancing bias; one xdist worker runs the module, so its module fixtures are built once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("expert_bias")]

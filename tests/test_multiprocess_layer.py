@@ -29,7 +29,6 @@ def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, pa
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   result = np.load(out)
 
-  sys.path.insert(0, str(ROOT))
   from configs import demo  # the same config the processes read
   config = demo.get_config()
   moe = {**config.moe.to_dict(), "routing": routing, "path": path, "capacity_factor": cf}

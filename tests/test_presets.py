@@ -8,19 +8,16 @@ import ast
 import dataclasses
 import logging
 import math
-import sys
 
 import pytest
 
+from configs import moe_preset
 from moejax.models import presets
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import moe_preset  # noqa: E402
 
 EXPERT_SCALES = (1, 2, 3, 4, 5, 8, 16, 32, 64, 128, 256, 1024)
 MIN_EXPERTS = (1, 2, 3, 4, 6, 8, 16, 32)  # 8: the 2 x 4 CPU mesh

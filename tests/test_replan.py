@@ -3,19 +3,15 @@ loads without changing the model, and recorded. (Checkpointed and restored with 
 test_train's kill-and-resume test, which runs with re-planning.)"""
 
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from configs import mlm
 from moejax.moe import replicas
 from moejax.train import metrics
 from moejax.train import replan as replan_lib
 from moejax.train import trainer as train
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import mlm  # noqa: E402
 
 pytestmark = pytest.mark.slow  # training runs with online re-planning
 
