@@ -10,6 +10,7 @@ import pytest
 from moejax.kernels import activations, backend, ffn, tile_order, tuning
 from moejax.kernels import gmm as gmm_lib
 from moejax.runtime import platform as platform_lib
+from tests.helpers import relative_error
 
 TILING = tuning.TileConfig(8, 16, 16)  # K=24, N=20 below: partial K and N tiles
 GPU_TILING = tuning.TileConfig(16, 32, 16)
@@ -75,10 +76,6 @@ def ragged_ffn(x, w_in, w_out, group_sizes, activation, w_gate):
   return jax.lax.ragged_dot(h, w_out, group_sizes)
 
 
-def rel_err(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / np.linalg.norm(b)
-
 
 @pytest.mark.parametrize('case', sorted(CASES))
 def test_tile_visits_cover_every_row_once(case):
@@ -102,8 +99,8 @@ def test_gmm_matches_numpy_and_ragged_dot(case):
   lhs, rhs, gs = normal(1, (m, K)), normal(2, (len(sizes), K, N)), jnp.array(sizes, jnp.int32)
   out = jax.jit(lambda a, b, g: gmm_lib.gmm(a, b, g, tiling=TILING))(lhs, rhs, gs)
   assert out.shape == (m, N) and out.dtype == jnp.float32
-  assert rel_err(out, np_gmm(lhs, rhs, sizes)) < 1e-5
-  assert rel_err(out, jax.lax.ragged_dot(lhs, rhs, gs)) < 1e-5
+  assert relative_error(out, np_gmm(lhs, rhs, sizes)) < 1e-5
+  assert relative_error(out, jax.lax.ragged_dot(lhs, rhs, gs)) < 1e-5
   np.testing.assert_array_equal(out[sum(sizes):], 0.0)
 
 
@@ -111,7 +108,7 @@ def test_gmm_transpose_rhs():
   m, sizes = CASES['empty_groups']
   lhs, rhs, gs = normal(3, (m, K)), normal(4, (len(sizes), N, K)), jnp.array(sizes, jnp.int32)
   out = gmm_lib.gmm(lhs, rhs, gs, transpose_rhs=True, tiling=TILING)
-  assert rel_err(out, np_gmm(lhs, np.swapaxes(rhs, 1, 2), sizes)) < 1e-5
+  assert relative_error(out, np_gmm(lhs, np.swapaxes(rhs, 1, 2), sizes)) < 1e-5
 
 
 @pytest.mark.parametrize('case,k,n', [('empty_groups', K, N), ('padded_m', K, N),
@@ -121,7 +118,7 @@ def test_tgmm_matches_numpy(case, k, n):
   lhs, rhs, gs = normal(5, (m, k)), normal(6, (m, n)), jnp.array(sizes, jnp.int32)
   out = jax.jit(lambda a, b, g: gmm_lib.tgmm(a, b, g, tiling=TILING))(lhs, rhs, gs)
   assert out.shape == (len(sizes), k, n)
-  assert rel_err(out, np_tgmm(lhs, rhs, sizes)) < 1e-5
+  assert relative_error(out, np_tgmm(lhs, rhs, sizes)) < 1e-5
   for g, size in enumerate(sizes):
     if size == 0:
       np.testing.assert_array_equal(out[g], 0.0)
@@ -141,7 +138,7 @@ def test_gmm_grad_matches_ragged_dot(case, k, n):
   ours = grads(lambda a, b: gmm_lib.gmm(a, b, gs, tiling=TILING))
   ref = grads(lambda a, b: jax.lax.ragged_dot(a, b, gs))
   for o, r in zip(ours, ref):
-    assert rel_err(o, r) < 1e-5
+    assert relative_error(o, r) < 1e-5
   np.testing.assert_array_equal(ours[0][sum(sizes):], 0.0)
 
 
@@ -156,11 +153,11 @@ def test_rows_past_the_sum_are_never_read():
   dlhs, drhs = vjp(nan_dout)
   _, ref_vjp = jax.vjp(lambda a, b: jax.lax.ragged_dot(a, b, gs), lhs, rhs)
   ref_dlhs, ref_drhs = ref_vjp(dout.at[total:].set(0.0))
-  assert rel_err(out, np_gmm(lhs, rhs, sizes)) < 1e-5
-  assert rel_err(dlhs, ref_dlhs) < 1e-5 and rel_err(drhs, ref_drhs) < 1e-5
+  assert relative_error(out, np_gmm(lhs, rhs, sizes)) < 1e-5
+  assert relative_error(dlhs, ref_dlhs) < 1e-5 and relative_error(drhs, ref_drhs) < 1e-5
   w_out = normal(29, (len(sizes), N, K), scale=0.3)
   y = ffn.expert_ffn(nan_lhs, 0.3 * rhs, w_out, gs, 'gelu', tiling=TILING)
-  assert rel_err(y, np_ffn(lhs, 0.3 * rhs, w_out, sizes, 'gelu', None)) < 1e-5
+  assert relative_error(y, np_ffn(lhs, 0.3 * rhs, w_out, sizes, 'gelu', None)) < 1e-5
 
 
 def test_gmm_bf16_within_bf16_tolerance():
@@ -169,10 +166,10 @@ def test_gmm_bf16_within_bf16_tolerance():
   gs = jnp.array(sizes, jnp.int32)
   out = gmm_lib.gmm(lhs, rhs, gs, tiling=TILING)
   assert out.dtype == jnp.bfloat16
-  assert rel_err(out, np_gmm(lhs, rhs, sizes)) < 1e-2
+  assert relative_error(out, np_gmm(lhs, rhs, sizes)) < 1e-2
   out32 = gmm_lib.gmm(lhs, rhs, gs, preferred_element_type=jnp.float32, tiling=TILING)
   assert out32.dtype == jnp.float32
-  assert rel_err(out32, np_gmm(lhs, rhs, sizes)) < 1e-5  # fp32 accumulation of exact products
+  assert relative_error(out32, np_gmm(lhs, rhs, sizes)) < 1e-5  # fp32 accumulation of exact products
 
 
 FFN_CASES = [(act, gated, K, N)
@@ -197,12 +194,12 @@ def test_expert_ffn_and_grads(activation, gated, d, f):
 
   grads, y = value_and_grads(lambda *a: ffn.expert_ffn(*a, tiling=TILING))
   ref_grads, _ = value_and_grads(ragged_ffn)
-  assert rel_err(y, np_ffn(x, w_in, w_out, sizes, activation, w_gate)) < 1e-5
+  assert relative_error(y, np_ffn(x, w_in, w_out, sizes, activation, w_gate)) < 1e-5
   np.testing.assert_array_equal(y[sum(sizes):], 0.0)
   for ours, ref in zip(grads, ref_grads):
     assert (ours is None) == (ref is None) == (not gated and ours is ref)
     if ref is not None:
-      assert rel_err(ours, ref) < 1e-5
+      assert relative_error(ours, ref) < 1e-5
 
 
 def test_expert_ffn_bf16_within_bf16_tolerance():
@@ -213,7 +210,7 @@ def test_expert_ffn_bf16_within_bf16_tolerance():
                          for s, shape in ((18, (g, d, f)), (19, (g, f, d)), (20, (g, d, f))))
   y = ffn.expert_ffn(x, w_in, w_out, jnp.array(sizes, jnp.int32), 'silu', w_gate, tiling=TILING)
   assert y.dtype == jnp.bfloat16
-  assert rel_err(y, np_ffn(x, w_in, w_out, sizes, 'silu', w_gate)) < 2e-2
+  assert relative_error(y, np_ffn(x, w_in, w_out, sizes, 'silu', w_gate)) < 2e-2
 
 
 def test_gelu_is_the_tanh_approximation():
@@ -288,9 +285,9 @@ def test_ffn_grads_in_shard_map_interpreted(devices):
     return sum(jnp.sum(y * y) for y in ys)
 
   ref, ref_grads = jax.value_and_grad(ref_loss, argnums=(0, 1, 2, 3))(x, w_in, w_out, w_gate)
-  assert rel_err(loss, ref) < 1e-5
+  assert relative_error(loss, ref) < 1e-5
   for ours, r in zip(grads, ref_grads):
-    assert rel_err(ours, r) < 1e-5
+    assert relative_error(ours, r) < 1e-5
 
 
 def test_ffn_grads_in_shard_map_lower_to_triton_with_check_vma(devices):

@@ -18,8 +18,9 @@ from moejax.placement.affinity import affinity_counts, transitions
 from moejax.placement.apply import apply_placement, expert_order
 from moejax.placement.solve import solve
 from moejax.validation import ConfigError
+from tests.helpers import relative_error
 
-moe_reference = jax.jit(reference.moe_reference, static_argnames=("cfg", "num_groups"))  # one compile per config
+moe_reference = jax.jit(reference.moe_reference, static_argnames=("cfg", "dispatch_groups"))  # one compile per config
 
 
 def _loop_counts(traces, num_experts):
@@ -224,10 +225,6 @@ def _node_preserving(rng, layers, cfg, move_nodes):
   return place
 
 
-def _relative_error(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / np.linalg.norm(b)
-
 
 @pytest.mark.parametrize("routing,move_nodes,cf,seed", [("node_limited", False, None, 40),
                                                         ("node_limited", True, 1.0, 41),
@@ -249,7 +246,7 @@ def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes
     x = jax.random.normal(jax.random.key(seed + 10 + j), (64, 16))
     y_ref, aux_ref = moe_reference(params[j], x, cfg, dispatch_groups=8)
     y, aux = layer(moved[j], x)
-    assert _relative_error(y, y_ref) < 1e-5 and np.abs(np.asarray(y_ref)).max() > 1e-2
+    assert relative_error(y, y_ref) < 1e-5 and np.abs(np.asarray(y_ref)).max() > 1e-2
     counts_ref = np.asarray(aux_ref["expert_counts"])
     np.testing.assert_array_equal(np.asarray(aux["expert_counts"])[index[j]], counts_ref)
     assert int(aux["tokens_dropped"]) == int(aux_ref["tokens_dropped"])
@@ -275,11 +272,11 @@ def test_splitting_a_node_is_refused():
   # Why: the same relabelling done anyway changes which experts the tokens reach.
   y = np.asarray(moe_reference(params, x, cfg)[0])
   y_split, aux_split = moe_reference(_relabelled(params, expert_order(placement)[1]), x, cfg)
-  assert _relative_error(y_split, y) > 1e-2
+  assert relative_error(y_split, y) > 1e-2
   flat = MoEConfig(**{**dataclasses.asdict(cfg), "routing": "topk", "num_nodes": None})  # no nodes: fine
   y_flat = np.asarray(moe_reference(params, x, flat)[0])
   moved = apply_placement([params, params], placement, flat)[1]
-  assert _relative_error(moe_reference(moved, x, flat)[0], y_flat) < 1e-5
+  assert relative_error(moe_reference(moved, x, flat)[0], y_flat) < 1e-5
 
 
 def test_bilevel_needs_one_local_order():
@@ -361,7 +358,7 @@ def test_node_constrained_solve(routing, layers, num, nodes, gpus, seed):
   moved = apply_placement(params, result, cfg)
   x = jax.random.normal(jax.random.key(seed), (32, 8))
   for j in range(layers):
-    assert _relative_error(moe_reference(moved[j], x, cfg)[0], moe_reference(params[j], x, cfg)[0]) < 1e-5
+    assert relative_error(moe_reference(moved[j], x, cfg)[0], moe_reference(params[j], x, cfg)[0]) < 1e-5
 
 
 def test_unconstrained_placement_splits_nodes():
