@@ -28,12 +28,12 @@ from jax.sharding import PartitionSpec as P
 from moejax import cli
 from moejax.cost import expert_backend, parm
 from moejax.moe import expert_sharding
+from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params, param_specs
 from moejax.moe.reference import moe_reference
 from moejax.moe.traffic import traffic_summary
-from moejax.moe.transport import transport_hops
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
@@ -98,12 +98,12 @@ def run(config) -> dict:
          for k, v in aux.items()}
   result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
             "esp_schedule": str(cfg.esp_schedule), "buffer_factor": str(cfg.buffer_factor),
-            "hop_axes": [str(axes) for axes in transport_hops(cfg.transport)],
+            "hop_axes": [str(axes) for axes in path_lib.hops(cfg.path)],
             "row_bytes": cfg.d_model * host_x.dtype.itemsize,
             **aux}
   if config.check_reference:
     groups = expert_sharding.of(cfg).token_groups(n, m)  # the capacity groups of the layer's dispatch
-    y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, num_groups=groups))(host_params, host_x)
+    y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, dispatch_groups=groups))(host_params, host_x)
     result["relative_error"] = float(np.linalg.norm(y - y_ref) / np.linalg.norm(y_ref))
     result["aux_loss_error"] = abs(float(aux["aux_loss"]) - float(aux_ref["aux_loss"]))
     result["reference_tokens_dropped"] = int(aux_ref["tokens_dropped"])

@@ -180,9 +180,9 @@ def measure(name: str, overrides: dict, checkpoint: str, hf_config: dict, mesh, 
   model_rows = np.asarray(aux["traffic_rows"])
   entry.update({
       "status": "ok", "logits": logits, "expert_ids": np.asarray(aux["expert_ids"]),
-      "moe_config": {k: getattr(moe_cfg, k) for k in ("transport", "dedup", "schedule", "num_chunks", "esp_schedule",
-                                                        "slots_per_device", "expert_data_parallel", "dispatch_dtype",
-                                                        "combine_dtype")},
+      "moe_config": {k: getattr(moe_cfg, k) for k in ("path", "collective", "dedup", "schedule", "num_chunks",
+                                                        "esp_schedule", "slots_per_device", "expert_data_parallel",
+                                                        "dispatch_dtype", "combine_dtype")},
       "deduplicates": moe_cfg.deduplicates,
       "traffic_rows_match_model": bool(np.array_equal(rows, model_rows)),
       "layer_loop_rel_err": relative_error(walk_logits, logits),

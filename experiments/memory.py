@@ -10,8 +10,9 @@ device's memory.
 
 configs/memory.py names what is planned (PRESETS' rows, or one training config) and the planner's options; with
 --workdir the rows go to memory.json there. Full models are compiled as a few blocks ((dense, MoE) = (1,1), (2,1),
-(1,2)) and scaled by the block counts (`moejax.study.memory.scale`); config.planner.whole compiles the model as it is. XLA:CPU has no ragged all-to-all, so a
-'ragged' transport compiles as 'padded' (the same buffer bounds). docs/memory.md explains every column.
+(1,2)) and scaled by the block counts (`moejax.study.memory.scale`); config.planner.whole compiles the model as it
+is. XLA:CPU has no ragged all-to-all, so a 'ragged' collective compiles as 'padded' (the same buffer bounds).
+docs/memory.md explains every column.
 """
 
 import json
@@ -96,6 +97,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   import jax
 
   from moejax.models.decoder_config import DecoderConfig
+  from moejax.moe.config import TRANSPORT_ALIASES
   from moejax.runtime import mesh as mesh_lib
   from moejax.runtime import platform as platform_lib
   from moejax.train import config as config_lib
@@ -103,9 +105,10 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   config = config.copy_and_resolve_references()
   nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
   mesh = mesh_lib.make_mesh(nodes, gpus)
-  configured = config.moe.transport
+  transport = config.moe.get("transport")  # the old name of path and collective, read first where set
+  path, configured = TRANSPORT_ALIASES[transport] if transport else (config.moe.path, config.moe.collective)
   if not platform_lib.has_ragged_all_to_all(platform_lib.of_mesh(mesh)) and configured == "ragged":
-    config.moe.transport = "padded"
+    config.moe.update(path=path, collective="padded", **({"transport": None} if transport else {}))
   full, model_cfg, moe_cfg = config_lib.checked(config)
   trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, _tokens(model_cfg.vocab_size))
   state = {k: sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(trainer.abstract_state[k]))
@@ -148,7 +151,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
       "fsdp": model_cfg.fsdp, "remat": model_cfg.remat, "param_dtype": getattr(model_cfg, "param_dtype", "float32"),
       "dtype": model_cfg.dtype, "micro_batch": {"sequences_per_device": rows // (nodes * gpus), "seq_len":
                                                 full.seq_len, "micro_batches": full.micro_batches},
-      "transport": {"configured": configured, "compiled": full.moe.transport}, "buffer_factor": moe_cfg.buffer_factor,
+      "collective": {"configured": configured, "compiled": moe_cfg.collective}, "buffer_factor": moe_cfg.buffer_factor,
       "expert_data_parallel": moe_cfg.expert_data_parallel, "schedule": compiled[0]["schedule"],
       "method": "whole model compiled" if whole else "layer variants scaled", "variants": compiled,
       "scaling": {k: {"value": val, "base_per_dense_per_moe": coef} for k, (val, coef) in scaled.items()},
@@ -195,10 +198,10 @@ CATEGORIES = ("parameters", "optimizer", "gradients", "activations", "exchange_b
 def format_row(name: str, row: dict) -> str:
   """A row's category table: compiled (measured or derived) and analytic GB per device, and their ratio."""
   mb = row["micro_batch"]
-  t = row["transport"]
+  t = row["collective"]
   lines = [f"{name}: {row['model']} on {row['mesh'][0]} x {row['mesh'][1]}, fsdp={row['fsdp']}, "
            f"remat={row['remat']}, params {row['param_dtype']}, micro-batch {mb['sequences_per_device']} x "
-           f"{mb['seq_len']} tokens/device ({mb['micro_batches']} micro-batches), transport {t['compiled']}"
+           f"{mb['seq_len']} tokens/device ({mb['micro_batches']} micro-batches), collective {t['compiled']}"
            + (f" (configured {t['configured']})" if t["compiled"] != t["configured"] else "")
            + f", {row['method']}, XLA:CPU {row['schedule']} schedule",
            f"  {'GB per device':<28}{'compiled':>10}{'analytic':>10}{'ratio':>8}"]
