@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite in parts that each finish within a limited command time (default 570 s): run
-#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1 to 5, in that order; or "all")
+#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1 to 6, in that order; or "all")
 # Each part is benchmarks/gpu_suite.sh on a subset of the steps and shapes, into OUT_DIR/part<PART>/, with
 # SUITE_TIMEOUT=$PART_TIMEOUT (a step running long is stopped with what it had measured). Parts 3 and 4 time the
 # layer against part 1's GEMM ceiling (its ceilings.json is copied in first). What each part runs:
@@ -10,13 +10,15 @@
 #   4  layer at Qwen3-MoE and DeepSeek-V3 (a quarter of its experts), chunking, train_step
 #   5  the tgmm (weight-gradient) tiles re-tuned with block_k up to 128: kernels/tuning.py's tgmm entries
 #      (64/32, 128, 128) were never in a measured sweep (experiments/tune_kernels.py; OUT_DIR/part5/)
+#   6  attention at DeepSeek-V3's (MLA) and Qwen3-MoE's (GQA) shapes, 4096 tokens: cuDNN, XLA and tokamax against the
+#      materialised attention (MFU against part 1's GEMM ceiling where part 1 ran)
 # Afterwards `python -m experiments.expert_table --workdir=moejax/cost/expert_tables
 # --config.records=OUT_DIR/part1/kernels.json,OUT_DIR/part2/kernels.json` makes the table expert_backend='auto'
 # reads. Environment: PART_TIMEOUT (seconds per part, default 570), PYTHON; options after PART (fields of
-# configs/gpu_suite.py, --config.FIELD=VALUE) go to every step of parts 1 to 4.
+# configs/gpu_suite.py, --config.FIELD=VALUE) go to every step of parts 1 to 4 and 6.
 
 set -u -o pipefail
-[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-5|all) [--config.FIELD=VALUE ...]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-6|all) [--config.FIELD=VALUE ...]" >&2; exit 2; }
 OUT_DIR=$1
 PART=$2
 shift 2
@@ -47,13 +49,15 @@ run_part() {
          --config.block_m=32,64 --config.block_n=128,256 --config.block_k=64,128 --config.num_warps=8 \
          --config.num_stages=3,4 2>&1 | tee "$dir/tune_kernels.log"
        return "${PIPESTATUS[0]}" ;;
-    *) echo "PART must be 1 to 5 or all; got $part" >&2; return 2 ;;
+    6) if [[ -f "$OUT_DIR/part1/ceilings.json" ]]; then cp "$OUT_DIR/part1/ceilings.json" "$dir/"; fi
+       STEPS="attention" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.attention_models=deepseek_v3,qwen3_moe "$@" ;;
+    *) echo "PART must be 1 to 6 or all; got $part" >&2; return 2 ;;
   esac
 }
 
 if [[ $PART == all ]]; then
   status=0
-  for p in 1 2 3 4 5; do run_part "$p" "$@" || status=1; done
+  for p in 1 2 3 4 5 6; do run_part "$p" "$@" || status=1; done
   exit $status
 fi
 run_part "$PART" "$@"

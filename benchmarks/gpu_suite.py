@@ -22,6 +22,10 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
   train_step  tokens/s of the BERT-MoE training step (`moejax.train.trainer.Trainer`): forward,
               backward and LAMB update of random tokens, timed as the scaling study times it
               (`moejax.study.measure.time_training_step`).
+  attention   causal self-attention (`moejax.models.attention.attend`) at DeepSeek-V3's MLA and Qwen3-MoE's GQA
+              shapes, 4096 tokens, bf16: forward and forward+backward of cuDNN's fused kernel, XLA and tokamax
+              against the materialised attention (times, TFLOP/s, temporary bytes, errors), and each over a KV
+              cache (a prefill, a decode step) against XLA.
 
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
@@ -48,6 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:  # run as a script: make `benchmarks`, `configs` and `moejax` importable from the tree
   sys.path.insert(0, ROOT)
 
+from benchmarks.suite.attention import step_attention  # noqa: E402
 from benchmarks.suite.ceilings import step_ceilings  # noqa: E402
 from benchmarks.suite.chunking import step_chunking  # noqa: E402
 from benchmarks.suite.env import step_env  # noqa: E402
@@ -59,7 +64,7 @@ from moejax import cli  # noqa: E402
 from moejax.validation import ConfigError, require  # noqa: E402
 
 STEP_FUNCTIONS = {'env': step_env, 'ceilings': step_ceilings, 'kernels': step_kernels, 'layer': step_layer,
-                  'chunking': step_chunking, 'train_step': step_train}
+                  'chunking': step_chunking, 'train_step': step_train, 'attention': step_attention}
 STEPS = tuple(STEP_FUNCTIONS)
 
 

@@ -11,13 +11,14 @@ depend on smoke.
 
 import ml_collections
 
-from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS, ROWS
+from benchmarks.suite import attention
+from benchmarks.suite.shapes import ATTENTION_MODELS, ATTENTION_SEQ_LEN, KERNEL_MODELS, LAYER_MODELS, ROWS
 from moejax.bench.kernel_impls import IMPLS
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.step = ""  # the step to run: env, ceilings, kernels, layer, chunking or train_step
+  config.step = ""  # the step to run: env, ceilings, kernels, layer, chunking, train_step or attention
   config.smoke = False  # tiny shapes and few calls (CPU, interpreted Pallas)
   config.warmup = ml_collections.FieldReference(None, field_type=int)  # untimed calls after compiling (5; smoke 1)
   config.iters = ml_collections.FieldReference(None, field_type=int)  # timed calls (30; smoke 3)
@@ -34,5 +35,8 @@ def get_config() -> ml_collections.ConfigDict:
   # train_step: expert backends (() = ragged_dot,pallas; smoke: ragged_dot, since the interpreted Pallas step takes
   # long to compile and the layer step already runs it).
   config.train_backends = ()
+  config.attention_models = tuple(ATTENTION_MODELS)  # attention: a subset of benchmarks.suite.shapes.ATTENTION_MODELS
+  config.attention_seq_len = ATTENTION_SEQ_LEN  # attention: tokens of the one sequence (smoke: 32)
+  config.attention_impls = attention.IMPLS  # attention: implementations (benchmarks/suite/attention.py)
   config.dtype = ""  # layer and train_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
   return config

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from moejax.data.tokenizer import cache_lock
@@ -22,7 +23,7 @@ from tests.helpers import ENV, ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu_suite")]
 
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
-STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step")
+STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step", "attention")
 
 
 def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
@@ -310,20 +311,52 @@ def test_layer_models_include_the_published_presets():
     assert tokens * cfg.top_k == shapes.ROWS
 
 
+def test_attention_times_each_implementation_against_the_materialised_one(records):
+  """Each smoke model's attention: 'materialized' and 'xla' measured (positive times, temporary bytes, the visible
+  pairs' FLOPs), XLA's output and gradients close to the materialised ones in bf16; cuDNN and tokamax skipped with the
+  reason on this CPU; over a KV cache, 'xla' measured and the others skipped alike."""
+  from benchmarks.suite.shapes import SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
+
+  record = records["attention"]
+  assert record["dtype"] == "bfloat16" and record["seq_len"] == SMOKE_ATTENTION_SEQ_LEN and record["failed_cases"] == 0
+  s = SMOKE_ATTENTION_SEQ_LEN
+  for name, shape in SMOKE_ATTENTION_MODELS.items():
+    cases = {c["impl"]: c for c in record["cases"] if c["model"] == name}
+    assert set(cases) == {"materialized", "xla", "cudnn", "cudnn_unpadded", "tokamax"}
+    for impl in ("materialized", "xla"):
+      case = cases[impl]
+      visible_pairs = int(np.tril(np.ones((s, s))).sum())
+      assert case["flops_fwd"] == 2 * shape["heads"] * visible_pairs * (shape["width"] + shape["v_width"])
+      assert case["flops_fwd_bwd"] == 3 * case["flops_fwd"]
+      assert positive(case["tflops_fwd"]) and positive(case["tflops_fwd_bwd"]) and positive(case["temp_bytes_fwd_bwd"])
+    errors = cases["xla"]["rel_err_vs_materialized"]
+    assert set(errors) == {"out", "dq", "dk", "dv"} and all(0 <= e < 2e-2 for e in errors.values()), errors
+    assert "cpu device" in cases["cudnn"]["skipped"] and "attention_impl" in cases["cudnn"]["skipped"]
+    assert ("cpu device" if shape["width"] != shape["v_width"] else "equally wide") in cases["cudnn_unpadded"]["skipped"]
+    if importlib.util.find_spec("tokamax") is None:
+      assert "tokamax installed" in cases["tokamax"]["skipped"]
+    decode = {c["impl"]: c for c in record["decode"] if c["model"] == name}
+    assert set(decode) == {"xla", "cudnn", "tokamax"} and positive(decode["xla"]["step"]["median_s"])
+    assert decode["xla"]["prefill"] == s // 2 and "cpu device" in decode["cudnn"]["skipped"]
+
+
 def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   """benchmarks/gpu_parts.sh: every model, step and config field it names exists (a typo would waste GPU time), every
   kernel and layer model is in some part, and parts 3 and 4 refuse to start without part 1's ceiling."""
   from benchmarks.gpu_suite import STEPS
-  from benchmarks.suite.shapes import KERNEL_MODELS, LAYER_MODELS
+  from benchmarks.suite.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
   from configs import gpu_suite as suite_config
   from configs import tune_kernels as tune_config
 
   script = (ROOT / "benchmarks" / "gpu_parts.sh").read_text()
   named = lambda field: {m for group in re.findall(rf"--config\.{field}=([\w.,]+)", script) for m in group.split(",")}
   assert named("kernel_models") == set(KERNEL_MODELS) and named("layer_models") == set(LAYER_MODELS)
+  assert named("attention_models") == set(ATTENTION_MODELS)
   start = script.index("-m experiments.tune_kernels")
-  part5 = script[start:script.index(";;", start)]
-  suite_fields = set(re.findall(r"--config\.(\w+)=", script[script.index("case $part in"):start]))  # parts 1-4
+  end = script.index(";;", start)
+  part5 = script[start:end]
+  suite_parts = script[script.index("case $part in"):start] + script[end:]  # parts 1-4 and 6
+  suite_fields = set(re.findall(r"--config\.(\w+)=", suite_parts))
   assert suite_fields and suite_fields <= set(suite_config.get_config())
   steps = {s for group in re.findall(r'STEPS="([\w ]+)"', script) for s in group.split()}
   assert steps == set(STEPS)

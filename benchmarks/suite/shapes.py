@@ -44,3 +44,23 @@ TRAIN_SHAPE = dict(vocab_size=32768, num_layers=4, d_model=_SMILE.moe['d_model']
                    d_ff=_SMILE.moe['d_ff'], seq_len=512, batch=32, num_experts=8, top_k=2)
 SMOKE_TRAIN_SHAPE = dict(vocab_size=128, num_layers=2, d_model=32, num_heads=2, d_ff=64, seq_len=16, batch=4,
                          num_experts=4, top_k=2)
+
+
+def _attention(name: str) -> dict:
+  """A published model's attention heads: query heads, key/value heads, q/k width and v width (MLA's q/k are its
+  non-rotary and rotary parts, its keys and values one per head)."""
+  model = presets.PUBLISHED[name].model
+  if 'kv_lora_rank' in model:
+    return dict(heads=model['num_heads'], kv_heads=model['num_heads'],
+                width=model['qk_nope_head_dim'] + model['qk_rope_head_dim'], v_width=model['v_head_dim'])
+  return dict(heads=model['num_heads'], kv_heads=model['num_kv_heads'], width=model['head_dim'],
+              v_width=model['head_dim'])
+
+
+# The attention step: DeepSeek-V3's MLA (128 heads, q/k 192, v 128) and Qwen3-30B-A3B's GQA (32 query heads over 4
+# key/value heads, 128 wide), one sequence of ATTENTION_SEQ_LEN tokens per call.
+ATTENTION_MODELS = {name: _attention(name) for name in ('deepseek_v3', 'qwen3_moe')}
+ATTENTION_SEQ_LEN = 4096
+SMOKE_ATTENTION_MODELS = {'smoke_mla': dict(heads=4, kv_heads=4, width=24, v_width=16),
+                          'smoke_gqa': dict(heads=4, kv_heads=2, width=16, v_width=16)}
+SMOKE_ATTENTION_SEQ_LEN = 32

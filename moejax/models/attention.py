@@ -5,8 +5,11 @@ latent and the shared rotary key instead of every head's keys and values.
 Both take x [B, S, d] at positions start .. start + S - 1 and, with a cache (c1, c2, start), write the new entries
 there and attend over the cache (entries not written yet lie after every query, so stay hidden); they return the
 output, or (output, (c1, c2)). Parameters keep the checkpoints' names (q_proj, kv_a_proj_with_mqa, ...); a kernel
-is the transpose of a torch Linear weight.
+is the transpose of a torch Linear weight. The softmax itself is `attend`: `jax.nn.dot_product_attention` (XLA or
+cuDNN's fused kernel) or tokamax's, as `DecoderConfig.attention_impl` says (`resolve_impl`).
 """
+
+import importlib.util
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +18,11 @@ from flax import nnx
 from moejax.models import rope
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
+from moejax.validation import require
+
+# cuDNN's flash attention (jax's `check_is_flash_attention`): 16-bit inputs, a head width that is a multiple of 8, at
+# most 256 from Hopper (compute capability 9.0) on and 128 before.
+CUDNN_DTYPES = ("bfloat16",)  # of DecoderConfig's dtypes
 
 
 def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
@@ -26,18 +34,83 @@ def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
   return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start, axis=1)
 
 
-def _attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, query_positions_S, key_positions_S, scale: float,
-            window: int | None):
-  """Softmax attention in fp32: q [B, S, H, W] at query_positions [S] over k, v [B, S_keys, H, W] at key_positions
-  [S_keys] (the cache's, or the queries' own) -> [B, S, H, W] (W: v's width); the key at position t is visible to
-  the query at p iff t <= p (and p - t < window)."""
-  logits_BxHxSxS = jnp.einsum("bqhw,bkhw->bhqk", q_BxSxHxW, k_BxSxHxW.astype(q_BxSxHxW.dtype),
-                              preferred_element_type=jnp.float32) * scale
-  visible_SxS = key_positions_S[None, :] <= query_positions_S[:, None]
-  if window is not None:
-    visible_SxS &= query_positions_S[:, None] - key_positions_S[None, :] < window
-  probs_BxHxSxS = jax.nn.softmax(jnp.where(visible_SxS, logits_BxHxSxS, -jnp.inf), axis=-1).astype(v_BxSxHxW.dtype)
-  return jnp.einsum("bhqk,bkhw->bqhw", probs_BxHxSxS, v_BxSxHxW)
+def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device) -> str | None:
+  """Why cuDNN's fused attention cannot run a layer computing in `dtype` with heads `width` wide (q, k and v, v
+  padded to q's) on `device`, or None when it can."""
+  if device.platform != "gpu":
+    return f"cuDNN runs on CUDA GPUs, this is a {device.platform} device"
+  try:
+    capability = tuple(int(part) for part in device.compute_capability.split("."))
+  except (AttributeError, ValueError):
+    return f"cuDNN runs on CUDA GPUs, this is {device.device_kind!r}"
+  if dtype not in CUDNN_DTYPES:
+    return f"cuDNN's flash attention takes 16-bit inputs, the model computes in dtype={dtype!r}"
+  limit = 256 if capability >= (9, 0) else 128
+  if width % 8 or width > limit:
+    return (f"cuDNN takes heads a multiple of 8 and at most {limit} wide on compute capability "
+            f"{device.compute_capability}, these are {width}")
+  if sinks:
+    return "attention sinks are a bias over every query and key, which cuDNN reads materialised [H, S, S]"
+  return None
+
+
+def resolve_impl(impl: str, dtype: str, width: int, sinks: bool = False, device: jax.Device | None = None) -> str:
+  """The attention implementation to run on `device` (default: JAX's first): 'auto' is 'cudnn' where cuDNN takes
+  the layer (`cudnn_refusal`: dtype, head `width`, `sinks`), else 'xla'; a choice that cannot run there is refused
+  naming `attention_impl`, before anything is traced."""
+  device = device or jax.devices()[0]
+  why_not = cudnn_refusal(dtype, width, sinks, device)
+  if impl == "auto":
+    return "xla" if why_not else "cudnn"
+  require(impl != "cudnn" or why_not is None, "attention_impl", impl, f"'xla' or 'auto' here: {why_not}")
+  require(impl != "tokamax" or importlib.util.find_spec("tokamax") is not None, "attention_impl", impl,
+          "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'")
+  return impl
+
+
+def attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, impl: str, scale: float, window: int | None = None,
+           query_positions_S=None, sinks_H=None) -> jax.Array:
+  """Causal softmax attention: q [B, S, H, W] over keys k [B, S_keys, H_kv, W] and values v [B, S_keys, H_kv, W_v]
+  (H_kv divides H: query head i reads key/value head i // (H / H_kv); W_v may differ from W, as in MLA) ->
+  [B, S, H, W_v], by `impl` ('xla', 'cudnn', 'tokamax'; `resolve_impl`), the logits times `scale`.
+
+  Without query_positions the queries are the keys themselves, positions 0 .. S - 1 (training, scoring), and the
+  library masks them (is_causal, local_window_size), so that cuDNN skips the hidden blocks. With query_positions [S]
+  (a KV cache, whose slot t holds position t) the key at t is visible to the query at p iff t <= p, which also hides
+  the slots not written yet; both ways p - t < window too. sinks [H]: one logit per head in the softmax's
+  denominator and no value (gpt-oss), an extra key of zero key and value whose logit is the bias.
+  """
+  (b, s, h, _), keys, width = q_BxSxHxW.shape, k_BxSxHxW.shape[1], v_BxSxHxW.shape[-1]
+  dtype = q_BxSxHxW.dtype
+  k_BxSxHxW, v_BxSxHxW = k_BxSxHxW.astype(dtype), v_BxSxHxW.astype(dtype)
+  if impl != "tokamax":  # jax.nn takes v of k's shape only: zeros widen the narrower, and leave q.k and p v alone
+    wide = max(q_BxSxHxW.shape[-1], width)
+    widen = lambda a: jnp.pad(a, ((0, 0),) * 3 + ((0, wide - a.shape[-1]),))
+    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = widen(q_BxSxHxW), widen(k_BxSxHxW), widen(v_BxSxHxW)
+  mask_1x1xSxS = bias_1xHx1xS = None
+  if query_positions_S is not None or sinks_H is not None:
+    query_positions_S = jnp.arange(s) if query_positions_S is None else query_positions_S
+    behind_SxS = query_positions_S[:, None] - jnp.arange(keys)[None, :]
+    visible_SxS = behind_SxS >= 0
+    if window is not None:
+      visible_SxS &= behind_SxS < window
+    mask_1x1xSxS = visible_SxS[None, None]
+  if sinks_H is not None:
+    zero_Bx1xHxW = jnp.zeros((b, 1, *k_BxSxHxW.shape[2:]), dtype)
+    k_BxSxHxW = jnp.concatenate([k_BxSxHxW, zero_Bx1xHxW], axis=1)
+    v_BxSxHxW = jnp.concatenate([v_BxSxHxW, jnp.zeros((b, 1, *v_BxSxHxW.shape[2:]), dtype)], axis=1)
+    mask_1x1xSxS = jnp.concatenate([mask_1x1xSxS, jnp.ones((1, 1, s, 1), bool)], axis=-1)
+    bias_1xHx1xS = jnp.concatenate([jnp.zeros((1, h, 1, keys), jnp.float32),
+                                    sinks_H.astype(jnp.float32)[None, :, None, None]], axis=-1)
+  own_masks = mask_1x1xSxS is None
+  options = dict(bias=bias_1xHx1xS, mask=mask_1x1xSxS, scale=scale, is_causal=own_masks,
+                 local_window_size=(window - 1, 0) if own_masks and window is not None else None)
+  if impl == "tokamax":
+    import tokamax  # pylint: disable=import-outside-toplevel  # optional: moejax runs without it
+    out_BxSxHxW = tokamax.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, **options)
+  else:
+    out_BxSxHxW = jax.nn.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, implementation=impl, **options)
+  return out_BxSxHxW[..., :width]
 
 
 class GroupedQueryAttention(nnx.Module):
@@ -54,6 +127,7 @@ class GroupedQueryAttention(nnx.Module):
     self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.inverse, self.factor = rope.frequencies(w, cfg.rope_theta, cfg.scaling)
+    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, w)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     cfg = self.cfg
@@ -67,13 +141,10 @@ class GroupedQueryAttention(nnx.Module):
       q_BxSxHxW, k_BxSxHxW = self.q_norm(q_BxSxHxW), self.k_norm(k_BxSxHxW)
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
-    key_positions_S = positions_S
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
-      key_positions_S = jnp.arange(k_BxSxHxW.shape[1])
-    repeat = lambda a: jnp.repeat(a, h // kv, axis=2)  # each key/value head serves h / kv query heads
-    out_BxSxHxW = _attend(q_BxSxHxW, repeat(k_BxSxHxW), repeat(v_BxSxHxW), positions_S, key_positions_S, w ** -0.5,
-                          self.window)
+    out_BxSxHxW = attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, self.impl, w ** -0.5, self.window,
+                         None if cache is None else positions_S)
     out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * w))
     return out_BxSxD if cache is None else (out_BxSxD, (k_BxSxHxW, v_BxSxHxW))
 
@@ -99,6 +170,7 @@ class LatentAttention(nnx.Module):
     self.o_proj = linear(cfg, h * cfg.v_head_dim, d, False, rngs)
     self.inverse, self.factor = rope.frequencies(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.scaling)
     self.scale = rope.softmax_scale(qk, cfg.scaling)
+    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, max(qk, cfg.v_head_dim))  # v padded to q's width
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     """Widths: a head's q and k qk_nope_head_dim + qk_rope_head_dim (W here), its v v_head_dim; `latent` [B, S,
@@ -113,18 +185,16 @@ class LatentAttention(nnx.Module):
     latent, rotary_key = self.kv_a_layernorm(compressed[..., :cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank:]
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_rope, rotary_key = rotate(q_BxSxHxW[..., nope:]), rotate(rotary_key[:, :, None])[:, :, 0]  # one head for all
-    key_positions_S = positions_S
     if cache is not None:
       latent, rotary_key = _write(cache[0], latent, start), _write(cache[1], rotary_key, start)
-      key_positions_S = jnp.arange(latent.shape[1])
     keys = latent.shape[1]
     # Each head's non-rotary key and its value from the latent: [B, S_keys, H, qk_nope_head_dim + v_head_dim].
     kv_BxSxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, keys, h, nope + cfg.v_head_dim)
     k_BxSxHxW = jnp.concatenate([kv_BxSxHxW[..., :nope], jnp.broadcast_to(
         rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))], axis=-1)
     q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :nope], q_rope], axis=-1)
-    out_BxSxHxW = _attend(q_BxSxHxW, k_BxSxHxW, kv_BxSxHxW[..., nope:], positions_S, key_positions_S, self.scale,
-                          self.window)
+    out_BxSxHxW = attend(q_BxSxHxW, k_BxSxHxW, kv_BxSxHxW[..., nope:], self.impl, self.scale, self.window,
+                         None if cache is None else positions_S)
     out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * cfg.v_head_dim))
     return out_BxSxD if cache is None else (out_BxSxD, (latent, rotary_key))
 

@@ -10,6 +10,7 @@ from moejax.validation import is_int, is_number, require
 
 FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families/
 LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +32,10 @@ class DecoderConfig(Parallelism):
   num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
     mtp_loss_coef weighs their mean loss, V3's lambda).
   dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
+  attention_impl: how attention runs (`moejax.models.attention.attend`, through `jax.nn.dot_product_attention`):
+    'xla' (the scores materialised, any platform), 'cudnn' (cuDNN's fused flash attention: a CUDA GPU, bfloat16, head
+    widths a multiple of 8 up to 256 from Hopper on), 'tokamax' (tokamax's kernels, where it is installed) or 'auto':
+    'cudnn' where it takes the layer, else 'xla'. Resolved when the model is built; an impossible choice is refused.
   The layout fields (tensor_parallel: heads and the dense FFN over 'gpu'; grad_sync, fsdp, remat):
     `moejax.models.parallelism.Parallelism`.
   """
@@ -68,6 +73,7 @@ class DecoderConfig(Parallelism):
   mtp_loss_coef: float = 0.3
   dtype: str = "float32"
   param_dtype: str = "float32"
+  attention_impl: str = "auto"
 
   def __post_init__(self):
     require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
@@ -92,6 +98,7 @@ class DecoderConfig(Parallelism):
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):
       require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
+    require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", self.attention_impl, f"one of {ATTENTION_IMPLS}")
     self.check_parallelism()
 
   @property
