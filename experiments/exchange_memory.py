@@ -17,8 +17,9 @@ import sys
 
 from configs import mlm
 from moejax import cli
+from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
-from moejax.moe import transport as transport_lib
+from moejax.moe.config import TRANSPORT_ALIASES
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, is_number, require
 
@@ -33,30 +34,22 @@ def rows(nodes: int, gpus: int, factors: list[float], transports: list[str]) -> 
   for model, (_, d, _, _, per_gpu) in mlm.SIZES.items():
     local_rows = per_gpu * SEQ_LEN * TOP_K
     for transport in transports:
-      hops = transport_lib.transport_hops(transport)
+      hops = path_lib.hops(TRANSPORT_ALIASES[transport][0])
       for factor in [None, *factors]:
         sizes = [h.out_rows for h in path_lib.hop_sizes(hops, {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, local_rows,
-                                                        1, "ragged", transport_lib.buffer_bound(factor, local_rows))]
+                                                        1, "ragged", collective_lib.buffer_bound(factor, local_rows))]
         out.append({"model": model, "d_model": d, "local_rows": local_rows, "transport": transport,
                     "buffer_factor": factor, "hop_rows": sizes,
                     "hop_mib": [r * d * BYTES / 2 ** 20 for r in sizes]})
   return out
 
 
-def _known_transport(name) -> bool:
-  try:
-    transport_lib.transport_hops(name)
-  except (KeyError, TypeError):
-    return False
-  return True
-
-
 def check(config) -> None:
   """Every field; errors name the field."""
   require(all(is_number(f) and f > 0 for f in config.buffer_factors), "buffer_factors", config.buffer_factors,
           "a tuple of numbers > 0")
-  require(config.transports and all(map(_known_transport, config.transports)), "transports", config.transports,
-          "a non-empty tuple of transports (moe.transport values: ragged, padded, capacity, hierarchical, bilevel)")
+  require(config.transports and set(config.transports) <= set(TRANSPORT_ALIASES), "transports", config.transports,
+          f"a non-empty tuple of {tuple(TRANSPORT_ALIASES)} (moe.transport's values)")
   for field in ("nodes", "gpus_per_node"):
     require(is_int(config[field]), field, config[field], "a positive int")
 

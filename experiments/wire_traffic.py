@@ -31,9 +31,9 @@ import numpy as np
 
 from moejax import cli
 from moejax.models import presets
+from moejax.moe import path as path_lib
 from moejax.moe import wire as wire_lib
-from moejax.moe.config import MoEConfig
-from moejax.moe.transport import transport_hops
+from moejax.moe.config import TRANSPORT_ALIASES, MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, require
 
@@ -57,6 +57,11 @@ ITEMSIZE = 4  # float32 activations
 # The skewed router: HOT_FRACTION of the experts (at least one, drawn at random) get BOOST added to their logits,
 # through a shared direction u of the tokens: x = z + SHIFT u, w_e = (I - u u^T) w_e' + [e hot] BOOST / SHIFT u.
 HOT_FRACTION, BOOST, SHIFT = 1 / 32, 1.5, 4.0
+
+
+def transport_hops(transport: str) -> tuple:
+  """The hops of a transport (moe.transport's value): those of its path."""
+  return path_lib.hops(TRANSPORT_ALIASES[transport][0])
 
 
 def hop_name(hop) -> str:
