@@ -42,6 +42,10 @@ TINY = {
     "mixtral": dict(model=dict(num_kv_heads=2, head_dim=16, sliding_window=64), moe=dict(num_experts=8, top_k=2)),
 }
 
+# The families train with AdamW (DeepSeek-V3's report: b1 0.9, b2 0.95, weight decay 0.1, clipping at 1.0); SMILE's
+# configs keep LAMB. Tiny models keep fp32 parameters, moments and no master copy.
+ADAMW = dict(name="adamw", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+
 
 def from_checkpoint(path: str) -> ml_collections.ConfigDict:
   """Fine-tuning a local Hugging Face checkpoint: the model and moe sections from its config.json (the MoE choices
@@ -51,7 +55,7 @@ def from_checkpoint(path: str) -> ml_collections.ConfigDict:
     model_cfg, moe_cfg = hf_config.from_hf_config(json.load(f))
   config = mlm.get_config()
   config.update(init_from=path, seq_len=min(64, model_cfg.max_len), steps=200, batch_size=16)
-  config.optim.update(learning_rate=1e-4, warmup_steps=20)
+  config.optim.update(ADAMW, learning_rate=1e-4, warmup_steps=20)
   config.log.every_steps = 10
   config.model = ml_collections.ConfigDict(dataclasses.asdict(model_cfg))
   moe = {k: v for k, v in dataclasses.asdict(moe_cfg).items() if k != "d_model"}
@@ -79,7 +83,7 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   shape = published if size == "published" else TINY[family]
   config = mlm.get_config()
   config.seq_len, config.steps, config.batch_size = 64, 200, 16
-  config.optim.update(learning_rate=3e-3, warmup_steps=20)
+  config.optim.update(ADAMW, learning_rate=3e-3, warmup_steps=20)
   config.log.every_steps = 10
   layers = shape["model"].get("num_layers", 3)
   dense = shape.get("dense", 0)
@@ -95,6 +99,8 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
     config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])
     config.moe.update(num_nodes=published["mesh"][0], transport="ragged", dtype="bfloat16", buffer_factor=2.0)
     config.model.update(dtype="bfloat16", param_dtype="bfloat16")
+    # bf16 parameters: an fp32 master copy; DeepSeek-V3's own recipe also keeps AdamW's moments in bf16.
+    config.optim.update(master_dtype="float32", moment_dtype="bfloat16" if family == "deepseek_v3" else None)
     devices = published["mesh"][0] * published["mesh"][1]
     config.update(seq_len=4096, batch_size=2 * devices, micro_batches=1)
     config.data.update(shards=devices, tokenizer_train_chars=100_000_000)

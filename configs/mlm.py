@@ -62,9 +62,15 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "prefetch": 2,
   })
   config.optim = ml_collections.ConfigDict({
+      "name": "lamb",  # SMILE's; 'adamw' or 'muon' (moejax.train.optim)
       "learning_rate": 5e-3, "warmup_steps": 20, "decay": "linear",
       "decay_steps": 0,  # the schedule's length; 0 = steps (set it to stop a run early on the same schedule)
-      "end_fraction": 0.1, "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0})
+      "end_fraction": 0.1, "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0,
+      # None: the parameters updated in their own dtype; 'float32': an fp32 master copy in the optimizer state.
+      # (Untyped references, like the moe section's fields that may be None, so the command line sets either.)
+      "master_dtype": ml_collections.FieldReference(None, field_type=object),
+      # None: the dtype of what is updated (the master or the parameters); 'float32' or 'bfloat16'.
+      "moment_dtype": ml_collections.FieldReference(None, field_type=object)})
   config.checkpoint = ml_collections.ConfigDict({"every_steps": 100, "keep": 3, "use_async": True})
   config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True})
   if size == "tiny":

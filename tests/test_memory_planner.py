@@ -15,6 +15,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory as memory_lib
 from moejax.train import config as config_lib
 from moejax.train import objective
+from moejax.train import optim as optim_lib
 from moejax.train import trainer as train
 from tests.helpers import ROOT, cpu_env
 
@@ -84,6 +85,31 @@ def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp):
   assert analytic["parameters"] == want and analytic["gradients"] == want
   optimizer = sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(state["opt_state"]))
   assert 0 <= optimizer - 2 * want <= 16 and analytic["optimizer"] == 2 * want
+
+
+@pytest.mark.parametrize("family,fsdp,optim", [
+    ("deepseek_v3", True, dict(name="adamw", master_dtype="float32", moment_dtype="bfloat16")),
+    ("deepseek_v3", False, dict(name="lamb", master_dtype=None, moment_dtype=None)),
+    ("qwen2_moe", True, dict(name="muon", master_dtype="float32", moment_dtype=None)),
+    ("deepseek_v3", False, dict(name="muon", master_dtype=None, moment_dtype="bfloat16"))])
+def test_analytic_optimizer_counts_master_and_moments(devices, family, fsdp, optim):
+  """bf16 parameters: the analytic count's optimizer bytes (the fp32 master copy, the moments in their dtype, one
+  of each matrix Muon orthogonalises and two of the rest) equal the abstract state's to its step counts; the
+  master is twice the bf16 parameters, and so are the gradients (accumulated in float32)."""
+  if optim["name"] == "muon" and not optim_lib.has_muon():
+    pytest.skip(f"optim.name='muon' needs optax >= {optim_lib.MUON_OPTAX}")
+  config = _config(family, fsdp=fsdp, param_dtype="bfloat16")
+  config.optim.update(optim)
+  config, model_cfg, moe_cfg = config_lib.checked(config)
+  tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  state = train.Trainer(config, model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4), tok).abstract_state
+  exact = sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(state["opt_state"]))
+  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, 2, 4, config.optim)
+  params = analytic["parameters"]
+  assert params == _shape_count(state["params"]) and analytic["gradients"] == 2 * params
+  assert analytic["master_weights"] == (2 * params if optim["master_dtype"] else 0)
+  assert 0 <= exact - analytic["optimizer"] <= 64, (exact, analytic)
+  assert analytic["optimizer"] == analytic["master_weights"] + analytic["moments"]
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)

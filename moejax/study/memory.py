@@ -11,6 +11,7 @@ import numpy as np
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.train import optim as optim_lib
 
 GB = 1e9  # bytes; verdicts and tables are in GB (10^9 bytes)
 
@@ -66,7 +67,7 @@ def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
   the combine's buffer of the same rows back in the combine dtype. `tokens`: the tokens of one layer call."""
   from moejax.moe import layout as layout_lib  # after the device count is set
   lay = layout_lib.layout(moe_cfg, tokens, mesh)
-  sizes = path_lib.hop_sizes(lay.hops, {mesh_lib.NODE: lay.n, mesh_lib.GPU: lay.m}, lay.rows, lay.slots, lay.kind,
+  sizes = path_lib.hop_sizes(lay.hops, {mesh_lib.NODE: lay.n, mesh_lib.GPU: lay.m}, lay.rows, lay.slots, lay.collective,
                              lay.buffer_rows, lay.dedup)
   rows = [h.out_rows for h in sizes]
   item = lambda name, default: np.dtype(name or default).itemsize
@@ -79,16 +80,24 @@ def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
 class Leaf:
   """One parameter tensor of the analytic count: its shape, how many the model has, and where it lives ('dense':
   replicated or FSDP-sharded; 'expert': split over the expert holders; 'moe': the MoE layer's own replicated
-  tensors, routers and shared experts, which FSDP leaves alone)."""
+  tensors, routers and shared experts, which FSDP leaves alone). table: an embedding table or the output head
+  (Muon leaves these to AdamW, as it does every tensor that is not 2-D or a routed expert's)."""
   shape: tuple
   count: int = 1
   kind: str = "dense"
+  table: bool = False
+
+  @property
+  def muon(self) -> bool:
+    """Whether optim.name='muon' orthogonalises it (one momentum) rather than AdamW's two moments."""
+    return self.kind == "expert" or (len(self.shape) == 2 and not self.table)
 
 
 def _decoder_leaves(cfg, moe_cfg) -> tuple[list, list, list]:
   """(model-level leaves, one attention half's, the dense FFN's) of a decoder family, from its dimensions."""
   d, h, hd = cfg.d_model, cfg.num_heads, cfg.head_dim
-  top = [Leaf((cfg.vocab_size, d)), Leaf((d,))] + ([] if cfg.tie_embeddings else [Leaf((d, cfg.vocab_size))])
+  top = [Leaf((cfg.vocab_size, d), table=True), Leaf((d,))]
+  top += [] if cfg.tie_embeddings else [Leaf((d, cfg.vocab_size), table=True)]
   attn = [Leaf((d,)), Leaf((d,))]  # the block's two RMSNorms
   if cfg.latent:
     qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
@@ -110,7 +119,7 @@ def _decoder_leaves(cfg, moe_cfg) -> tuple[list, list, list]:
 def _smile_leaves(cfg) -> tuple[list, list, list]:
   """The same for a SMILE model (`ModelConfig`): tied embeddings, learned positions, LayerNorms with biases."""
   d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
-  top = [Leaf((v, d)), Leaf((cfg.max_len, d)), Leaf((d,), 2), Leaf((v,))]
+  top = [Leaf((v, d), table=True), Leaf((cfg.max_len, d), table=True), Leaf((d,), 2), Leaf((v,))]
   top += [Leaf((d,), 2), Leaf((d, d)), Leaf((d,))] if cfg.kind == "bert" else []
   w = d // cfg.num_heads
   attn = [Leaf((d,), 4), Leaf((d, 3, cfg.num_heads, w)), Leaf((3, cfg.num_heads, w)), Leaf((cfg.num_heads, w, d)),
@@ -128,12 +137,16 @@ def _moe_leaves(moe_cfg) -> list:
   return out + ([Leaf((d, 1), kind="moe")] if moe_cfg.shared_gate else [])
 
 
-def analytic_state(cfg, moe_cfg, nodes: int, gpus: int) -> dict:
+def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None) -> dict:
   """Per-device bytes of parameters, gradients and optimizer states from the config's dimensions alone: every
   tensor's shape written out per layer kind (embeddings, attention, dense FFN, MoE layer, MTP module), placed as the
   sharding rules say (experts over their holders; with FSDP a dense tensor over all devices on a dimension they
-  divide, the MoE layers' routers and shared experts too). Gradients accumulate in the parameters' dtype (the trainer's
-  zeros_like), and LAMB keeps two moments of each parameter (Adam's m and v)."""
+  divide, the MoE layers' routers and shared experts too). Gradients accumulate in float32 (the trainer's
+  `precision.zeros_for_accumulation`). The optimizer (`optim`: the config's optim section; None: today's defaults,
+  `moejax.train.optim.DEFAULTS`) keeps with master_dtype a float32 master copy of every parameter, and moments in
+  moment_dtype (else in the master's dtype, else the parameters'): two of each parameter (LAMB's and AdamW's m and
+  v), or under 'muon' one of each matrix it orthogonalises (`Leaf.muon`) and two of the rest."""
+  get = lambda name: optim_lib.DEFAULTS[name] if optim is None else optim.get(name, optim_lib.DEFAULTS[name])
   decoder = isinstance(cfg, DecoderConfig)
   top, attn, ffn = _decoder_leaves(cfg, moe_cfg) if decoder else _smile_leaves(cfg)
   dense, moe = layer_counts(cfg)
@@ -146,19 +159,25 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int) -> dict:
     leaves += [Leaf((d,), 3 * mtp), Leaf((2 * d, d), mtp)] + [Leaf(x.shape, x.count * mtp, x.kind) for x in attn]
   devices = nodes * gpus
   holders = gpus if moe_cfg.expert_data_parallel else devices
-  item = np.dtype(getattr(cfg, "param_dtype", "float32")).itemsize
 
   def per_device(leaf: Leaf) -> float:
-    size = math.prod(leaf.shape) * leaf.count * item
+    """The leaf's elements on one device."""
+    size = math.prod(leaf.shape) * leaf.count
     if leaf.kind == "expert":
       return size / holders
     if leaf.kind in ("dense", "moe") and cfg.fsdp and any(s % devices == 0 for s in leaf.shape):
       return size / devices
     return size
 
-  params = sum(per_device(x) for x in leaves)
+  elements = sum(per_device(x) for x in leaves)
+  moments = 2 * elements - (sum(per_device(x) for x in leaves if x.muon) if get("name") == "muon" else 0)
+  param_dtype = getattr(cfg, "param_dtype", "float32")
+  item = lambda dtype: np.dtype(dtype).itemsize
+  master = elements * item(get("master_dtype")) if get("master_dtype") else 0.0
+  moments *= item(get("moment_dtype") or get("master_dtype") or param_dtype)
   total = sum(math.prod(x.shape) * x.count for x in leaves)
-  return {"parameters": params, "gradients": params, "optimizer": 2 * params, "parameter_count": total}
+  return {"parameters": elements * item(param_dtype), "gradients": elements * item("float32"),
+          "optimizer": master + moments, "master_weights": master, "moments": moments, "parameter_count": total}
 
 
 def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -> dict:

@@ -3,8 +3,10 @@ config checked once, `moejax.train.config`) and hands it to `moejax.train.loop`.
 
 One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
 dense parameters are replicated (data parallel) and experts are sharded by the MoE layer (expert
-parallel); XLA inserts the gradient all-reduce. The step accumulates gradients over micro-batches
-and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5).
+parallel); XLA inserts the gradient all-reduce. The step accumulates gradients over micro-batches in float32
+and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5); the optimizer (`optim.optimizer`)
+updates the parameters, or an fp32 master copy in its state that the parameters are cast from
+(`moejax.train.precision`).
 """
 
 import json
@@ -27,7 +29,6 @@ from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import hf_checkpoint
-from moejax.models import sharding as sharding_lib
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
@@ -39,7 +40,7 @@ from moejax.runtime.mesh import AXES
 from moejax.train import config as config_lib
 from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
-from moejax.train import objective, optim
+from moejax.train import objective, optim, precision
 from moejax.validation import require
 
 
@@ -49,7 +50,8 @@ class Trainer:
   Of `config` it reads seed, steps, optim and data.mask_prob (and with moe.expert_backend 'auto', resolved here for
   this mesh's devices, batch_size, micro_batches and seq_len); `tok` supplies the special ids.
 
-  state: {'params', 'opt_state', 'step' (int32), 'rng' (uint32 key data)}, and with replication
+  state: {'params', 'opt_state' (with optim.master_dtype a `precision.MasterState`: the master copy, sharded like
+the params, and the optimizer's state), 'step' (int32), 'rng' (uint32 key data)}, and with replication
 (moe.slots_per_device) 'slot_tables' [M, A, Z] int32, the MoE layers' slot tables: not optimised,
 replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
 and re-planned between steps by the loop (same shape, so the compiled step is reused); with
@@ -72,14 +74,14 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     o = config.optim
     self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
                                                  o.decay, o.end_fraction)
-    # Per-expert trust ratios for the routed experts only (not for what tensor parallelism or FSDP shards).
-    per_expert = sharding_lib.expert_weights(abstract_params)
-    self.tx = optim.lamb(self.learning_rate, per_expert, b1=o.b1, b2=o.b2, eps=o.eps, weight_decay=o.weight_decay,
-                         clip_norm=o.clip_norm)
+    self.tx = optim.optimizer(o, self.learning_rate, abstract_params)
     self.replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
-    opt_shardings = optax.tree_map_params(self.tx, lambda _, s: s, abstract_opt, param_shardings,
-                                          transform_non_params=lambda _: self.replicated)
+    # Every params-like tree of the optimizer state (moments, the master copy) sharded like the params; Muon's masked
+    # trees keep their MaskedNode stand-ins.
+    masked = lambda x: isinstance(x, optax.MaskedNode)
+    opt_shardings = optax.tree_map_params(self.tx, lambda x, s: x if masked(x) else s, abstract_opt, param_shardings,
+                                          transform_non_params=lambda _: self.replicated, is_leaf=masked)
     self.state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": self.replicated,
                             "rng": self.replicated}
     abstract_tables = state_lib.slot_tables(model_cfg, abstract_rest)
@@ -174,16 +176,16 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
       (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], earlier_counts,
                                                                                  *micro)
       earlier_counts = aux.pop("balance_counts", None)
-      return (jax.tree.map(jnp.add, grads, g), earlier_counts), (loss_sum, correct, aux)
+      return (precision.accumulate(grads, g), earlier_counts), (loss_sum, correct, aux)
 
-    zeros = jax.tree.map(jnp.zeros_like, state["params"])
+    zeros = precision.zeros_for_accumulation(state["params"])  # float32 whatever the parameters' dtype
     counts = state_lib.balance_counts(self.model_cfg, rest)
     (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
         micro_step, (zeros, None if counts is None else jnp.zeros_like(counts)),
         (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
-    updates, opt_state = self.tx.update(grads, state["opt_state"], state["params"])
-    new_state = {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state,
-                 "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
+    params, opt_state = precision.apply(self.tx, grads, state["opt_state"], state["params"])
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
+                 "rng": jax.random.key_data(rng)}
     if "slot_tables" in state:
       new_state["slot_tables"] = state["slot_tables"]
     counts_MxE = jnp.sum(auxes["expert_counts"], axis=0)  # the whole step's loads (all micro-batches)
