@@ -243,7 +243,8 @@ def gpu(capability: str = "9.0"):
     ("bfloat16", 128, False, types.SimpleNamespace(platform="cpu", device_kind="cpu"), "cpu device"),
     ("bfloat16", 128, False, types.SimpleNamespace(platform="gpu", device_kind="AMD GPU"), "CUDA"),
 ])
-def test_auto_takes_cudnn_where_it_runs_and_cudnn_is_refused_elsewhere(dtype, width, sinks, device, why):
+def test_auto_takes_cudnn_where_it_runs_and_cudnn_is_refused_elsewhere(monkeypatch, dtype, width, sinks, device, why):
+  monkeypatch.setattr(attention, "cudnn_probe", lambda device, width: None)  # the trial run passes on these GPUs
   assert attention.resolve_impl("auto", dtype, width, sinks, device) == ("cudnn" if why is None else "xla")
   assert attention.resolve_impl("xla", dtype, width, sinks, device) == "xla"
   if why is None:
@@ -252,6 +253,25 @@ def test_auto_takes_cudnn_where_it_runs_and_cudnn_is_refused_elsewhere(dtype, wi
   with pytest.raises(ConfigError, match=why) as e:
     attention.resolve_impl("cudnn", dtype, width, sinks, device)
   assert e.value.field == "attention_impl" and str(e.value).startswith("config field attention_impl='cudnn'")
+
+
+def test_a_failed_cudnn_trial_run_makes_auto_take_xla_and_refuses_cudnn(monkeypatch):
+  monkeypatch.setattr(attention, "cudnn_probe", lambda device, width: "cuDNN's attention failed a trial run (X)")
+  assert attention.resolve_impl("auto", "bfloat16", 128, device=gpu()) == "xla"
+  with pytest.raises(ConfigError, match="failed a trial run") as e:
+    attention.resolve_impl("cudnn", "bfloat16", 128, device=gpu())
+  assert e.value.field == "attention_impl"
+
+
+def test_the_cudnn_trial_run_reports_its_failure_while_a_model_is_traced():
+  """The trial run is concrete inside a trace (the models are built under nnx.eval_shape); here, with no cuDNN, it
+  fails, and says so instead of raising."""
+  if DEVICE.platform == "gpu":
+    pytest.skip("cuDNN may run here")
+  attention.cudnn_probe.cache_clear()
+  reasons = []
+  jax.eval_shape(lambda x: reasons.append(attention.cudnn_probe(DEVICE, 16)) or x, 0.0)
+  assert reasons[0].startswith("cuDNN's attention failed a trial run on this device (")
 
 
 @pytest.mark.parametrize("latent", [False, True], ids=["gqa", "mla"])

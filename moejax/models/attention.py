@@ -9,10 +9,13 @@ is the transpose of a torch Linear weight. The softmax itself is `attend`: `jax.
 cuDNN's fused kernel) or tokamax's, as `DecoderConfig.attention_impl` says (`resolve_impl`).
 """
 
+import functools
 import importlib.util
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from absl import logging
 from flax import nnx
 
 from moejax.models import rope
@@ -36,7 +39,8 @@ def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
 
 def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device) -> str | None:
   """Why cuDNN's fused attention cannot run a layer computing in `dtype` with heads `width` wide (q, k and v, v
-  padded to q's) on `device`, or None when it can."""
+  padded to q's) on `device`, or None when it can: the rules of jax's `check_is_flash_attention`, then `cudnn_probe`
+  on the device itself."""
   if device.platform != "gpu":
     return f"cuDNN runs on CUDA GPUs, this is a {device.platform} device"
   try:
@@ -51,14 +55,34 @@ def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device) -> st
             f"{device.compute_capability}, these are {width}")
   if sinks:
     return "attention sinks are a bias over every query and key, which cuDNN reads materialised [H, S, S]"
+  return cudnn_probe(device, width)
+
+
+@functools.lru_cache
+def cudnn_probe(device: jax.Device, width: int) -> str | None:
+  """Runs cuDNN's attention once on `device` at tiny sizes with heads `width` wide, as the modules call it (causal,
+  forward and backward; one query over a masked cache): None, or why it failed. The rules alone do not tell: under
+  CUDA 13 cuDNN has been seen to build no execution plan for any attention (jax issue 32430; jax's own tests skip
+  cuDNN there). Once per device and width; concrete even while a model is traced."""
+  attend_ = functools.partial(jax.nn.dot_product_attention, implementation="cudnn")
+  try:
+    with jax.ensure_compile_time_eval():
+      q, kv = (jax.device_put(np.ones((1, 128, 1, width), jnp.bfloat16), device) for _ in range(2))
+      loss = lambda q, kv: jnp.sum(attend_(q, kv, kv, is_causal=True).astype(jnp.float32))
+      jax.block_until_ready(jax.jit(jax.grad(loss, argnums=(0, 1)))(q, kv))
+      step = lambda q, kv: attend_(q, kv, kv, mask=np.arange(128)[None, None, None, :] < 100)
+      jax.block_until_ready(jax.jit(step)(q[:, :1], kv))
+  except Exception as e:  # pylint: disable=broad-except  # whatever cuDNN or XLA raise: the reason to fall back
+    logging.warning("cuDNN attention does not run on %s at head width %d: %s", device, width, e)
+    return f"cuDNN's attention failed a trial run on this device ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]})"
   return None
 
 
 def resolve_impl(impl: str, dtype: str, width: int, sinks: bool = False, device: jax.Device | None = None) -> str:
-  """The attention implementation to run on `device` (default: JAX's first): 'auto' is 'cudnn' where cuDNN takes
-  the layer (`cudnn_refusal`: dtype, head `width`, `sinks`), else 'xla'; a choice that cannot run there is refused
-  naming `attention_impl`, before anything is traced."""
-  device = device or jax.devices()[0]
+  """The attention implementation to run on `device` (default: this process's first): 'auto' is 'cudnn' where
+  cuDNN takes the layer (`cudnn_refusal`: dtype, head `width`, `sinks`, a trial run), else 'xla'; a choice that
+  cannot run there is refused naming `attention_impl`, when the model is built (before its forward is traced)."""
+  device = device or jax.local_devices()[0]
   why_not = cudnn_refusal(dtype, width, sinks, device)
   if impl == "auto":
     return "xla" if why_not else "cudnn"

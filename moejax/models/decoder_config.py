@@ -35,7 +35,8 @@ class DecoderConfig(Parallelism):
   attention_impl: how attention runs (`moejax.models.attention.attend`, through `jax.nn.dot_product_attention`):
     'xla' (the scores materialised, any platform), 'cudnn' (cuDNN's fused flash attention: a CUDA GPU, bfloat16, head
     widths a multiple of 8 up to 256 from Hopper on), 'tokamax' (tokamax's kernels, where it is installed) or 'auto':
-    'cudnn' where it takes the layer, else 'xla'. Resolved when the model is built; an impossible choice is refused.
+    'cudnn' where it takes the layer (a trial run on the device included), else 'xla'. Resolved when the model is
+    built (`moejax.models.attention.resolve_impl`); an impossible choice is refused.
   The layout fields (tensor_parallel: heads and the dense FFN over 'gpu'; grad_sync, fsdp, remat):
     `moejax.models.parallelism.Parallelism`.
   """
