@@ -22,7 +22,7 @@ def routers(d_ff: int, experts: int = 8, nodes: int = 2) -> dict[str, dict]:
   """Per router: 'model' (fields of the model section) and 'moe' (fields of the moe section) over the
   base config: the router's fields of the scheme table (moejax.study.schemes), then the study's sizes and balancing;
   d_ff and experts are the top-1 routers' expert width and count."""
-  table = {router: schemes.fields(router, nodes, "cpu") for router in ROUTERS}
+  table = {router: schemes.fields(router, nodes) for router in ROUTERS}
   return {
       # Switch Transformer: top-1 softmax with the Switch balance loss (alpha 0.01).
       "switch": {"model": {"d_ff": d_ff}, "moe": {**table["switch"], "num_experts": experts,

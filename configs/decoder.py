@@ -97,7 +97,7 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   config.moe = moe_section(omit=("d_model",), num_nodes=config.mesh.nodes, **moe)  # SwiGLU, dropless as published
   if size == "published":
     config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])
-    config.moe.update(num_nodes=published["mesh"][0], transport="ragged", dtype="bfloat16", buffer_factor=2.0)
+    config.moe.update(num_nodes=published["mesh"][0], collective="ragged", dtype="bfloat16", buffer_factor=2.0)
     config.model.update(dtype="bfloat16", param_dtype="bfloat16")
     # bf16 parameters: an fp32 master copy; DeepSeek-V3's own recipe also keeps AdamW's moments in bf16.
     config.optim.update(master_dtype="float32", moment_dtype="bfloat16" if family == "deepseek_v3" else None)

@@ -2,7 +2,7 @@
 checked against the single-device reference.
 
   python -m experiments.demo --config=configs/demo.py --config.moe.top_k=1 --config.mesh.nodes=1
-  python -m experiments.demo --config.moe.routing=bilevel --config.moe.transport=bilevel --config.moe.top_k=1
+  python -m experiments.demo --config.moe.routing=bilevel --config.moe.path=node_first --config.moe.top_k=1
   python -m experiments.demo --config.moe.schedule=comet --config.moe.capacity_factor=1.25
 
 `moe` holds every MoEConfig field (configs/moe_section.py); a field that may be None also takes

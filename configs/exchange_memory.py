@@ -3,7 +3,7 @@
 
   python -m experiments.exchange_memory                                    # prints the table
   python -m experiments.exchange_memory --workdir=/tmp/exchange_memory      # and writes exchange_memory.json
-  python -m experiments.exchange_memory --config.buffer_factors=1.25 --config.transports=ragged,bilevel
+  python -m experiments.exchange_memory --config.buffer_factors=1.25 --config.paths=flat,node_first
 """
 
 import ml_collections
@@ -12,7 +12,7 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.buffer_factors = (1.25, 2.0)  # bounded buffer factors to compare
-  config.transports = ("ragged", "hierarchical", "bilevel")
+  config.paths = ("flat", "gpu_first", "node_first")
   config.nodes = 16  # nodes of the mesh
   config.gpus_per_node = 8  # GPUs per node
   return config

@@ -2,7 +2,7 @@
 
   python -m experiments.family_remedies --workdir=/tmp/family_remedies                    # qwen3_moe fixture (~2 min)
   python -m experiments.family_remedies --config.family=deepseek_v3 --workdir=/tmp/ds3_remedies
-  python -m experiments.family_remedies --config.checkpoint=/path/to/hf_dir --config.schemes=flat,bilevel
+  python -m experiments.family_remedies --config.checkpoint=/path/to/hf_dir --config.schemes=flat,node_first
   python -m experiments.family_remedies --config.extra_schemes='{"s2_dedup": {"esp_schedule": "s2", "dedup": true}}'
 
 Each scheme is a scheme of the one table (moejax.study.schemes: names joined by '+', '_nodedup' for a row per
@@ -11,12 +11,12 @@ token-choice) on the checkpoint's own routing; the first, BASELINE, is always ru
 
 import ml_collections
 
-# The flat exchange with a row per token-choice (the baseline); dedup on each transport; FP8 dispatch (the combine's
+# The flat exchange with a row per token-choice (the baseline); dedup on each path; FP8 dispatch (the combine's
 # default back, or BF16); the overlap schedules; Parm's expert sharding; replicas (one spare slot per device); expert
 # data parallelism; and 'ragged' (refused where XLA has no ragged all-to-all, e.g. on CPU).
 BASELINE = "flat_nodedup"
-SCHEMES = (BASELINE, "flat", "hierarchical_nodedup", "hierarchical", "bilevel_nodedup", "bilevel", "bilevel+fp8",
-           "bilevel+fp8_bf16", "flat+chunked", "flat+comet", "flat+s1", "flat+s2", "flat+replicas",
+SCHEMES = (BASELINE, "flat", "gpu_first_nodedup", "gpu_first", "node_first_nodedup", "node_first", "node_first+fp8",
+           "node_first+fp8_bf16", "flat+chunked", "flat+comet", "flat+s1", "flat+s2", "flat+replicas",
            "flat+expert_data_parallel", "ragged")
 
 

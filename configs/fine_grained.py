@@ -14,5 +14,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.d_model = 64  # model width d
   config.active_hidden = 512  # k x f: hidden units each token runs through
   config.repeats = 5  # timed repetitions (median)
-  config.transport = "padded"  # moe.transport of every point
+  config.collective = "padded"  # moe.collective of every point (one flat hop)
   return config

@@ -85,7 +85,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
                       dropout=0.1, embed_init_std=0.02)
   # Worst-case receive buffers would be 2-3 GiB per hop per GPU here (experiments/exchange_memory.py);
   # 2x the local rows (NVIDIA's DeepSeek recipe) with on_overflow='retry' keeps training exact.
-  config.moe.update(num_experts=128, transport="ragged", dtype="bfloat16", buffer_factor=2.0,
+  config.moe.update(num_experts=128, collective="ragged", dtype="bfloat16", buffer_factor=2.0,
                     num_nodes=config.mesh.nodes)
   config.data.update(tokenizer_train_chars=100_000_000, shards=128, prefetch=4)
   config.optim.update(learning_rate=1e-3, warmup_steps=2000, end_fraction=0.0)  # lr from SMILE's grid

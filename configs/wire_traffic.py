@@ -10,7 +10,7 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  # 2 x 4 and 4 x 2 meshes, scaled-down experts, the uniform router, the flat and bilevel transports, 16 tokens per
+  # 2 x 4 and 4 x 2 meshes, scaled-down experts, the uniform router, the flat and node_first paths, 16 tokens per
   # device.
   config.quick = False
   config.d_sim = 64  # d_model of the simulated layer (bytes are computed at the published d)

@@ -1,7 +1,7 @@
 """Runs one MoE layer on a ('node', 'gpu') mesh, reports its statistics and checks it against the reference.
 
   python -m experiments.demo                                   # embedded default: configs/demo.py
-  python -m experiments.demo --config.moe.transport=hierarchical --config.moe.capacity_factor=1.25
+  python -m experiments.demo --config.moe.path=gpu_first --config.moe.capacity_factor=1.25
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.demo
   python -m experiments.demo --config.moe.buffer_factor=0.05      # bounded receive buffers that overflow
   python -m experiments.demo --workdir=/tmp/demo                  # also writes demo.npz (y, x, the aux statistics)
@@ -146,9 +146,8 @@ def report(result: dict, config) -> None:
   print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, "
         f"z {result['z_loss']:.6f})")
   print(lost_choices(result, config))
-  counts = result["expert_counts"]
-  print(f"expert counts (token-choices processed: {int(counts.sum())} of {config.tokens * config.moe.top_k}"
-        f"{' x node_top_k' if config.moe.routing == 'bilevel' and config.moe.node_top_k > 1 else ''}): "
+  counts, choices = result["expert_counts"], validate(config).choices_per_token
+  print(f"expert counts (token-choices processed: {int(counts.sum())} of {config.tokens * choices}): "
         f"{counts.tolist()}")
   summary = traffic_summary(result["traffic_rows"], config.mesh.gpus_per_node, result["row_bytes"])
   for hop, (traffic, axes, split) in enumerate(zip(result["traffic_rows"], result["hop_axes"], summary)):

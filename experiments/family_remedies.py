@@ -4,12 +4,12 @@ checkpoint's reference, the rows and bytes each exchange hop moves per token, an
 
   python -m experiments.family_remedies --workdir=/tmp/family_remedies                    # qwen3_moe fixture (~2 min)
   python -m experiments.family_remedies --config.family=deepseek_v3 --workdir=/tmp/ds3_remedies
-  python -m experiments.family_remedies --config.checkpoint=/path/to/hf_dir --config.schemes=flat,bilevel
+  python -m experiments.family_remedies --config.checkpoint=/path/to/hf_dir --config.schemes=flat,node_first
 
 configs/family_remedies.py holds the options. Schemes (its SCHEMES; the first, BASELINE, is the one every other is
 compared with) are schemes of the one table (`moejax.study.schemes`) on the checkpoint's own routing: the flat
 'padded' exchange with one row per token-choice; dedup (a row per token and destination of each hop); the two-hop
-'hierarchical' and 'bilevel' transports, without and with dedup; FP8 dispatch (e4m3 with a float32 scale per 128
+'gpu_first' and 'node_first' paths, without and with dedup; FP8 dispatch (e4m3 with a float32 scale per 128
 elements; BF16 back, or the combine's default float32); the 'chunked' and 'comet' schedules; Parm's expert sharding
 ('s1', 's2'); replicas (one spare slot per device, `slots_per_device`); expert data parallelism; and 'ragged' (refused
 where XLA has no ragged all-to-all, e.g. on CPU). A scheme the config or the layer refuses (ConfigError) is recorded
@@ -266,22 +266,22 @@ def table(record: dict) -> str:
   return "\n".join(lines)
 
 
-def scheme_overrides(scheme: str, nodes: int, platform: str, num_chunks: int) -> dict:
-  """The MoEConfig overrides of a scheme of the table (`moejax.study.schemes.fields`) on a mesh of `nodes` nodes of
-  `platform`, with `num_chunks` for an overlap schedule."""
-  fields = schemes_lib.fields(scheme, nodes, platform)
+def scheme_overrides(scheme: str, nodes: int, num_chunks: int) -> dict:
+  """The MoEConfig overrides of a scheme of the table (`moejax.study.schemes.fields`) on a mesh of `nodes` nodes,
+  with `num_chunks` for an overlap schedule."""
+  fields = schemes_lib.fields(scheme, nodes)
   if "schedule" in fields:
     fields["num_chunks"] = num_chunks
   return fields
 
 
-def chosen_schemes(config, platform: str) -> dict:
+def chosen_schemes(config) -> dict:
   """name -> MoEConfig overrides: config.schemes (BASELINE first whatever the order), then config.extra_schemes;
   errors name the field."""
   chosen = {}
   for name in (BASELINE, *config.schemes):
     try:
-      chosen[name] = scheme_overrides(name, config.nodes, platform, config.num_chunks)
+      chosen[name] = scheme_overrides(name, config.nodes, config.num_chunks)
     except ValueError as e:
       require(False, "schemes", name, str(e))
   try:
@@ -311,9 +311,8 @@ def main(argv):
   try:
     check(config)
     mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
-    import jax
 
-    schemes = chosen_schemes(config, jax.default_backend())
+    schemes = chosen_schemes(config)
   except ConfigError as e:
     sys.exit(f"error: {e}")
   record = run(config.checkpoint or str(FIXTURES / config.family), schemes, config.batch, config.seq_len,

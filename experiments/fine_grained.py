@@ -49,12 +49,12 @@ def run(config, workdir: str) -> dict:
   mesh = mesh_lib.make_mesh(2, 4)
   rows = []
   record = {"device": jax.devices()[0].device_kind, "mesh": [2, 4], "tokens_per_device": config.tokens_per_device,
-            "d_model": config.d_model, "active_hidden": config.active_hidden, "transport": config.transport,
+            "d_model": config.d_model, "active_hidden": config.active_hidden, "collective": config.collective,
             "date": time.strftime("%Y-%m-%d"), "points": rows}
   print(f"{'E':>4} {'k':>2} {'f':>4}  {'layer ms':>9} {'exchange':>9} {'experts':>9} {'other':>9}  other share")
   for num_experts in config.experts:
     k, f = shape_of(num_experts, config.active_hidden)
-    cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=config.d_model, d_ff=f, transport=config.transport,
+    cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=config.d_model, d_ff=f, collective=config.collective,
                     gated=True, activation="silu")
     params = init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (8 * config.tokens_per_device, config.d_model))

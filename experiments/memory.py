@@ -31,11 +31,11 @@ _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", 
 _ONE_SEQUENCE = dict(micro_batches=2)
 PRESETS = {  # name: (config spec of configs/decoder.py, top-level, model, moe and mesh overrides, explain)
     "deepseek_v3_fsdp_remat": ("deepseek_v3,published", _ONE_SEQUENCE, dict(fsdp=True, remat="full"),
-                               dict(transport="hierarchical"), {}, True),
+                               dict(path="gpu_first"), {}, True),
     "deepseek_v3_fsdp_remat_seq2048": ("deepseek_v3,published", dict(micro_batches=2, seq_len=2048),
-                                       dict(fsdp=True, remat="full"), dict(transport="hierarchical"), {}, False),
+                                       dict(fsdp=True, remat="full"), dict(path="gpu_first"), {}, False),
     "deepseek_v3_remat": ("deepseek_v3,published", _ONE_SEQUENCE, dict(fsdp=False, remat="full"),
-                          dict(transport="hierarchical"), {}, False),
+                          dict(path="gpu_first"), {}, False),
     "qwen3_moe": ("qwen3_moe,published", _ONE_SEQUENCE, {}, {}, {}, False),
     "qwen3_moe_fsdp_remat": ("qwen3_moe,published", _ONE_SEQUENCE, dict(fsdp=True, remat="full"), {}, {}, False),
     "mixtral": ("mixtral,published", _ONE_SEQUENCE, {}, {}, {}, False),
@@ -97,6 +97,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   import jax
 
   from moejax.models.decoder_config import DecoderConfig
+  from moejax.moe import collective as collective_lib
   from moejax.moe.config import TRANSPORT_ALIASES
   from moejax.runtime import mesh as mesh_lib
   from moejax.runtime import platform as platform_lib
@@ -107,7 +108,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   mesh = mesh_lib.make_mesh(nodes, gpus)
   transport = config.moe.get("transport")  # the old name of path and collective, read first where set
   path, configured = TRANSPORT_ALIASES[transport] if transport else (config.moe.path, config.moe.collective)
-  if not platform_lib.has_ragged_all_to_all(platform_lib.of_mesh(mesh)) and configured == "ragged":
+  if not collective_lib.runs_on(configured, platform_lib.of_mesh(mesh)):  # compiled as 'padded' (same buffers)
     config.moe.update(path=path, collective="padded", **({"transport": None} if transport else {}))
   full, model_cfg, moe_cfg = config_lib.checked(config)
   trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, _tokens(model_cfg.vocab_size))

@@ -1,4 +1,4 @@
-"""Scaling sweep: routing/transport schemes over meshes, model sizes, weak and strong scaling.
+"""Scaling sweep: routing, path and collective schemes over meshes, model sizes, weak and strong scaling.
 
   python -m experiments.scaling --workdir=/tmp/scaling                  # configs/scaling_default.py
   python -m experiments.scaling --config=configs/scaling_smile.py --workdir=/tmp/scaling_smile

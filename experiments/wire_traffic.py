@@ -7,8 +7,8 @@ must move and against DeepEP's volume.
 For the routing of the DeepSeek-V3 (node-limited: 256 experts, top-8 within 4 of 8 nodes), Qwen3-MoE-30B-A3B
 (128 experts, top-8) and Mixtral-8x7B (8 experts, top-2) presets (`moejax.models.presets`), each on simulated CPU
 meshes of the nodes x GPUs per node they are deployed on (`MESHES`), the real layer (`moe_apply`) runs with
-d_model config.d_sim (64: routing and rows do not depend on the width) for every transport (flat 'padded',
-'hierarchical', 'bilevel') with dedup off and on, for two routers (`ROUTERS`). Its `aux['traffic_rows']` gives
+d_model config.d_sim (64: routing and rows do not depend on the width) for every path ('flat',
+'gpu_first', 'node_first') with dedup off and on, for two routers (`ROUTERS`). Its `aux['traffic_rows']` gives
 the rows each hop moved; bytes at the published d_model are those rows times the bytes of one row on the wire
 (`row_bytes`, from `moejax.moe.wire.payload_bytes`; checked against the run's own `aux['traffic_bytes']` at d_sim),
 for three wires: fp32 (the activations' dtype both ways), bf16 (both ways) and fp8 (e4m3 with a float32 scale per
@@ -33,7 +33,7 @@ from moejax import cli
 from moejax.models import presets
 from moejax.moe import path as path_lib
 from moejax.moe import wire as wire_lib
-from moejax.moe.config import TRANSPORT_ALIASES, MoEConfig
+from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, require
 
@@ -46,8 +46,8 @@ MESHES = {"deepseek_v3": ((8, 8),), "qwen3_moe": ((2, 8), (4, 8)), "mixtral_8x7b
 QUICK_MESHES = ((2, 4), (4, 2))
 QUICK_EXPERTS = {"deepseek_v3": 32, "qwen3_moe": 16}  # the routing scaled down to 8 devices
 NODE_LIMIT = 4  # DeepSeek-V3: a token's experts on at most 4 nodes (of 8: half the nodes on smaller meshes)
-TRANSPORTS = ("padded", "hierarchical", "bilevel")
-QUICK_TRANSPORTS = ("padded", "bilevel")
+PATHS = ("flat", "gpu_first", "node_first")
+QUICK_PATHS = ("flat", "node_first")
 # wire name -> (dispatch_dtype, combine_dtype)
 WIRES = {"fp32": (None, None), "bf16": ("bfloat16", "bfloat16"), "fp8": (wire_lib.FP8, "bfloat16")}
 RUN_WIRE = {False: "fp32", True: "fp8"}  # the wire each run uses (rows do not depend on it): before and after
@@ -59,16 +59,11 @@ ITEMSIZE = 4  # float32 activations
 HOT_FRACTION, BOOST, SHIFT = 1 / 32, 1.5, 4.0
 
 
-def transport_hops(transport: str) -> tuple:
-  """The hops of a transport (moe.transport's value): those of its path."""
-  return path_lib.hops(TRANSPORT_ALIASES[transport][0])
-
-
 def hop_name(hop) -> str:
   return "flat" if not isinstance(hop, str) else hop
 
 
-def layer_config(preset: str, nodes: int, gpus: int, d_sim: int, transport: str, dedup: bool, wire: str,
+def layer_config(preset: str, nodes: int, gpus: int, d_sim: int, path: str, dedup: bool, wire: str,
                  experts: int | None = None) -> MoEConfig:
   """The preset's routing at width d_sim on a nodes x gpus mesh (`experts`: fewer routed experts, for quick).
   DeepSeek-V3's group limit becomes node-limited routing over the mesh's nodes (its groups are its 8 nodes)."""
@@ -81,7 +76,7 @@ def layer_config(preset: str, nodes: int, gpus: int, d_sim: int, transport: str,
   dispatch, combine = WIRES[wire]
   return MoEConfig(**{**fields, **routing, "num_experts": num_experts, "d_model": d_sim, "d_ff": 32,
                       "shared_d_ff": 32 if fields.get("num_shared_experts") else None, "balance_loss": "batch",
-                      "transport": transport, "dedup": dedup, "dispatch_dtype": dispatch, "combine_dtype": combine})
+                      "path": path, "dedup": dedup, "dispatch_dtype": dispatch, "combine_dtype": combine})
 
 
 def router_inputs(cfg: MoEConfig, router: str, tokens: int, seed: int):
@@ -165,9 +160,9 @@ def split(traffic_AxA: np.ndarray, gpus_per_node: int) -> tuple[int, int]:
   return int(traffic_AxA[cross].sum()), int(traffic_AxA[inside].sum())
 
 
-def measure(preset: str, nodes: int, gpus: int, router: str, transports, d_sim: int, tokens_per_device: int,
+def measure(preset: str, nodes: int, gpus: int, router: str, paths, d_sim: int, tokens_per_device: int,
             experts: int | None, seed: int = 0) -> dict:
-  """One preset on one mesh with one router: each transport with dedup off and on, rows against the bound."""
+  """One preset on one mesh with one router: each path with dedup off and on, rows against the bound."""
   import jax
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
@@ -178,17 +173,17 @@ def measure(preset: str, nodes: int, gpus: int, router: str, transports, d_sim: 
   mesh = mesh_lib.make_mesh(nodes, gpus)
   devices, tokens = nodes * gpus, nodes * gpus * tokens_per_device
   published = presets.PRESETS[preset].moe["d_model"]
-  base = layer_config(preset, nodes, gpus, d_sim, "padded", True, "fp32", experts)
+  base = layer_config(preset, nodes, gpus, d_sim, "flat", True, "fp32", experts)
   kernel, x_TxD = router_inputs(base, router, tokens, seed)
   x = jax.device_put(x_TxD, NamedSharding(mesh, P(mesh_lib.AXES)))
   case = {"preset": preset, "mesh": [nodes, gpus], "router": router, "tokens": tokens, "published_d": published,
           "num_experts": base.num_experts, "top_k": base.top_k, "routing": base.routing,
-          "node_top_k": base.node_top_k if base.routing == "node_limited" else None, "runs": []}
+          "node_top_k": base.node_top_k if base.router.chooses_nodes else None, "runs": []}
   ids = None
-  for transport in transports:
+  for path in paths:
     for dedup in (False, True):
       wire = RUN_WIRE[dedup]
-      cfg = layer_config(preset, nodes, gpus, d_sim, transport, dedup, wire, experts)
+      cfg = layer_config(preset, nodes, gpus, d_sim, path, dedup, wire, experts)
       params = inputs.layer_params(cfg, mesh, seed, jax.numpy.float32, balanced_router=False)
       params["router"]["kernel"] = jax.device_put(kernel, params["router"]["kernel"].sharding)
       _, aux = moe_apply(params, x, cfg, mesh)
@@ -201,11 +196,11 @@ def measure(preset: str, nodes: int, gpus: int, router: str, transports, d_sim: 
       sim = row_bytes(wire, d_sim, slots)
       expect = rows * sim["out"] + np.swapaxes(rows, -1, -2) * sim["back"]
       assert np.allclose(np.asarray(aux["traffic_bytes"]), expect, rtol=1e-6, atol=0), "byte accounting differs"
-      hops = transport_hops(transport)
+      hops = path_lib.hops(path)
       bound = bound_rows(ids, cfg.num_experts, devices, gpus, hops, dedup=True)
       per_choice = bound_rows(ids, cfg.num_experts, devices, gpus, hops, dedup=False)
       wires = {w: row_bytes(w, published, slots) for w in WIRES}
-      run = {"transport": transport, "dedup": dedup, "slots_per_row": slots, "run_wire": wire,
+      run = {"path": path, "dedup": dedup, "slots_per_row": slots, "run_wire": wire,
              "row_bytes": wires, "hops": []}
       for h, hop in enumerate(hops):
         inter, intra = split(rows[h], gpus)
@@ -223,7 +218,7 @@ def measure(preset: str, nodes: int, gpus: int, router: str, transports, d_sim: 
       run["bytes_per_token"] = {w: {side: sum(hop["bytes_per_token"][w][side] for hop in run["hops"])
                                     for side in ("inter", "intra")} for w in WIRES}
       case["runs"].append(run)
-      print(f"  {preset} {nodes}x{gpus} {router} {transport} dedup={dedup}: "
+      print(f"  {preset} {nodes}x{gpus} {router} {path} dedup={dedup}: "
             + ", ".join(f"{hop['hop']} {hop['rows']}/{hop['bound_rows']}" for hop in run["hops"]), flush=True)
   loads = np.bincount(ids.reshape(-1), minlength=case["num_experts"]).astype(float)
   device_loads = loads.reshape(devices, -1).sum(1)
@@ -240,16 +235,16 @@ def measure(preset: str, nodes: int, gpus: int, router: str, transports, d_sim: 
 
 
 def summary(case: dict) -> dict:
-  """Inter-node bytes per token: before (dedup off, fp32) on the flat and bilevel transports, after (bilevel,
+  """Inter-node bytes per token: before (dedup off, fp32) on the flat and node_first paths, after (node_first,
   dedup, fp8 out / bf16 back; also its payload alone, without the slots' ids and weights) and DeepEP's."""
-  runs = {(r["transport"], r["dedup"]): r for r in case["runs"]}
-  after = runs[("bilevel", True)]
+  runs = {(r["path"], r["dedup"]): r for r in case["runs"]}
+  after = runs[("node_first", True)]
   node_hop = after["hops"][0]
   payload = node_hop["inter_rows_per_token"] * sum(deepep_payload_bytes(case["published_d"]).values())
   deepep = case["deepep"]
   return {"preset": case["preset"], "mesh": "x".join(map(str, case["mesh"])), "router": case["router"],
-          "flat_before": runs[("padded", False)]["bytes_per_token"]["fp32"]["inter"],
-          "bilevel_before": runs[("bilevel", False)]["bytes_per_token"]["fp32"]["inter"],
+          "flat_before": runs[("flat", False)]["bytes_per_token"]["fp32"]["inter"],
+          "node_first_before": runs[("node_first", False)]["bytes_per_token"]["fp32"]["inter"],
           "after": after["bytes_per_token"]["fp8"]["inter"], "after_payload": payload,
           "deepep_payload": deepep["payload_bytes_per_token"], "deepep_message": deepep["message_bytes_per_token"],
           "after_rows": node_hop["inter_rows_per_token"], "deepep_rows": deepep["inter_rows_per_token"],
@@ -270,7 +265,7 @@ def run(quick: bool = False, d_sim: int = 64, tokens_per_device: int | None = No
   for preset, shapes in meshes.items():
     for nodes, gpus in shapes:
       for router in QUICK_ROUTERS if quick else ROUTERS:
-        record["cases"].append(measure(preset, nodes, gpus, router, QUICK_TRANSPORTS if quick else TRANSPORTS,
+        record["cases"].append(measure(preset, nodes, gpus, router, QUICK_PATHS if quick else PATHS,
                                        d_sim, tokens_per_device, QUICK_EXPERTS[preset] if quick else None, seed))
   record["summary"] = [summary(case) for case in record["cases"]]
   return record
@@ -278,7 +273,7 @@ def run(quick: bool = False, d_sim: int = 64, tokens_per_device: int | None = No
 
 def table(record: dict) -> str:
   """Fixed-width tables: per hop (rows per token against the bound, kB per token per wire), then the summary."""
-  head = (f"{'preset':13s} {'mesh':4s} {'router':7s} {'transport':12s} {'dedup':5s} {'hop':4s} "
+  head = (f"{'preset':13s} {'mesh':4s} {'router':7s} {'path':12s} {'dedup':5s} {'hop':4s} "
           f"{'inter rows/tok':>14s} {'(bound)':>7s} {'intra rows/tok':>14s} {'(bound)':>7s} {'ratio':>5s}  "
           f"{'inter kB/tok fp32':>17s} {'bf16':>7s} {'fp8':>7s}  {'intra kB/tok fp32':>17s} {'bf16':>7s} {'fp8':>7s}")
   lines = [head]
@@ -288,7 +283,7 @@ def table(record: dict) -> str:
       for hop in r["hops"]:
         kb = {side: [hop["bytes_per_token"][w][side] / 1e3 for w in WIRES] for side in ("inter", "intra")}
         lines.append(
-            f"{case['preset']:13s} {mesh:4s} {case['router']:7s} {r['transport']:12s} "
+            f"{case['preset']:13s} {mesh:4s} {case['router']:7s} {r['path']:12s} "
             f"{'on' if r['dedup'] else 'off':5s} "
             f"{hop['hop']:4s} {hop['inter_rows_per_token']:14.3f} {hop['bound_inter_rows_per_token']:7.3f} "
             f"{hop['intra_rows_per_token']:14.3f} {hop['bound_intra_rows_per_token']:7.3f} {hop['ratio']:5.2f}  "
@@ -297,14 +292,14 @@ def table(record: dict) -> str:
     lines.append(f"{'':13s} {mesh:4s} {case['router']:7s} {'DeepEP':12s} {'':5s} {'rdma':4s} "
                  f"{case['deepep']['inter_rows_per_token']:14.3f} {'':7s} {'':14s} {'':7s} {'':5s}  "
                  f"{'':17s} {'':7s} {case['deepep']['payload_bytes_per_token'] / 1e3:7.2f}")
-  lines += ["", "inter-node kB per token: before = dedup off, fp32; after = bilevel, dedup, fp8 out / bf16 back "
+  lines += ["", "inter-node kB per token: before = dedup off, fp32; after = node_first, dedup, fp8 out / bf16 back "
             "(payload: without the slots' ids and weights); DeepEP = once per other node, fp8 out / bf16 back "
             "(payload; message: as its kernels size it)",
-            f"{'preset':13s} {'mesh':4s} {'router':7s} {'flat before':>11s} {'bilevel before':>14s} {'after':>7s} "
+            f"{'preset':13s} {'mesh':4s} {'router':7s} {'flat before':>11s} {'node_first before':>17s} {'after':>7s} "
             f"{'payload':>7s} {'DeepEP payload':>14s} {'message':>7s} {'rows/tok':>8s} {'DeepEP':>6s} {'at/below':>8s}"]
   for s in record["summary"]:
     lines.append(f"{s['preset']:13s} {s['mesh']:4s} {s['router']:7s} {s['flat_before'] / 1e3:11.2f} "
-                 f"{s['bilevel_before'] / 1e3:14.2f} {s['after'] / 1e3:7.2f} {s['after_payload'] / 1e3:7.2f} "
+                 f"{s['node_first_before'] / 1e3:17.2f} {s['after'] / 1e3:7.2f} {s['after_payload'] / 1e3:7.2f} "
                  f"{s['deepep_payload'] / 1e3:14.2f} {s['deepep_message'] / 1e3:7.2f} {s['after_rows']:8.3f} "
                  f"{s['deepep_rows']:6.3f} {'yes' if s['at_or_below_deepep'] else 'NO':>8s}")
   return "\n".join(lines)
@@ -312,12 +307,12 @@ def table(record: dict) -> str:
 
 def markdown_summary(record: dict) -> str:
   """docs/wire.md's summary: inter-node kB per token before, after and DeepEP's, per preset, mesh and router."""
-  lines = ["| preset | mesh | router | flat, per choice, fp32 | bilevel, per choice, fp32 | bilevel, dedup, fp8/bf16 "
+  lines = ["| preset | mesh | router | flat, per choice, fp32 | node_first, per choice, fp32 | node_first, dedup, fp8/bf16 "
            "| its payload | DeepEP payload | DeepEP message | rows/token (DeepEP) | at or below |",
            "|---|---|---|--:|--:|--:|--:|--:|--:|--:|---|"]
   for s in record["summary"]:
     lines.append(f"| {s['preset']} | {s['mesh']} | {s['router']} | {s['flat_before'] / 1e3:.2f} | "
-                 f"{s['bilevel_before'] / 1e3:.2f} | {s['after'] / 1e3:.2f} | {s['after_payload'] / 1e3:.2f} | "
+                 f"{s['node_first_before'] / 1e3:.2f} | {s['after'] / 1e3:.2f} | {s['after_payload'] / 1e3:.2f} | "
                  f"{s['deepep_payload'] / 1e3:.2f} | {s['deepep_message'] / 1e3:.2f} | {s['after_rows']:.3f} "
                  f"({s['deepep_rows']:.3f}) | {'yes' if s['at_or_below_deepep'] else 'no'} |")
   return "\n".join(lines)
@@ -325,7 +320,7 @@ def markdown_summary(record: dict) -> str:
 
 def markdown_hops(record: dict, router: str = "uniform") -> str:
   """docs/wire.md's per-hop table for one router: rows per token against the bound, kB per token per wire."""
-  lines = ["| preset | mesh | transport | dedup | hop | inter rows/token (bound) | intra rows/token (bound) | ratio "
+  lines = ["| preset | mesh | path | dedup | hop | inter rows/token (bound) | intra rows/token (bound) | ratio "
            "| inter kB/token fp32 / bf16 / fp8 | intra kB/token fp32 / bf16 / fp8 |",
            "|---|---|---|---|---|--:|--:|--:|--:|--:|"]
   for case in record["cases"]:
@@ -336,7 +331,7 @@ def markdown_hops(record: dict, router: str = "uniform") -> str:
       for hop in r["hops"]:
         kb = {side: " / ".join(f"{hop['bytes_per_token'][w][side] / 1e3:.2f}" for w in WIRES)
               for side in ("inter", "intra")}
-        lines.append(f"| {case['preset']} | {mesh} | {r['transport']} | {'on' if r['dedup'] else 'off'} | "
+        lines.append(f"| {case['preset']} | {mesh} | {r['path']} | {'on' if r['dedup'] else 'off'} | "
                      f"{hop['hop']} | {hop['inter_rows_per_token']:.3f} ({hop['bound_inter_rows_per_token']:.3f}) | "
                      f"{hop['intra_rows_per_token']:.3f} ({hop['bound_intra_rows_per_token']:.3f}) | "
                      f"{hop['ratio']:.2f} | {kb['inter']} | {kb['intra']} |")

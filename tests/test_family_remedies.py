@@ -15,7 +15,7 @@ FIXTURE = ROOT / "tests" / "data" / "hf" / "qwen3_moe"
 @pytest.mark.slow
 def test_study_on_the_fixture(tmp_path, devices):
   del devices
-  schemes = {name: fr.scheme_overrides(name, 2, "cpu", 2) for name in ("flat_nodedup", "flat", "bilevel+fp8")}
+  schemes = {name: fr.scheme_overrides(name, 2, 2) for name in ("flat_nodedup", "flat", "node_first+fp8")}
   schemes["s2_dedup"] = {"esp_schedule": "s2", "dedup": True}  # refused: S2 holds one row per token-choice
   record = fr.run(str(FIXTURE), schemes, batch=8, iters=2)
   out = tmp_path / "family_remedies.json"
@@ -25,7 +25,7 @@ def test_study_on_the_fixture(tmp_path, devices):
   by_name = {e["scheme"]: e for e in record["schemes"]}
   assert list(by_name) == list(schemes)
 
-  for name in ("flat_nodedup", "flat", "bilevel+fp8"):
+  for name in ("flat_nodedup", "flat", "node_first+fp8"):
     entry = by_name[name]
     assert entry["status"] == "ok", entry
     tol = 1e-5 if entry["lossless"] else 5e-2
@@ -35,8 +35,8 @@ def test_study_on_the_fixture(tmp_path, devices):
     assert entry["tokens_overflowed"] == 0 and entry["tokens_dropped"] == 0
     assert entry["forward"]["median_s"] > 0 and entry["forward"]["ratio_to_baseline"] > 0
   assert by_name["flat_nodedup"]["rel_err_vs_baseline"] == 0.0
-  assert not by_name["bilevel+fp8"]["lossless"]
-  assert [h["hop"] for h in by_name["bilevel+fp8"]["hops"]] == ["node", "gpu"]
+  assert not by_name["node_first+fp8"]["lossless"]
+  assert [h["hop"] for h in by_name["node_first+fp8"]["hops"]] == ["node", "gpu"]
 
   # dedup: no more rows on any hop than one per choice, and fewer over all.
   flat, dedup = by_name["flat_nodedup"], by_name["flat"]
@@ -44,8 +44,8 @@ def test_study_on_the_fixture(tmp_path, devices):
     assert dedup[f"{side}_rows_per_token"] <= flat[f"{side}_rows_per_token"] + 1e-12
   assert dedup["inter_rows_per_token"] + dedup["intra_rows_per_token"] < (
       flat["inter_rows_per_token"] + flat["intra_rows_per_token"])
-  # FP8 out makes each row's payload smaller than the float32 baseline's (the bilevel node hop crosses nodes only).
-  fp8 = by_name["bilevel+fp8"]
+  # FP8 out makes each row's payload smaller than the float32 baseline's (the node_first path's node hop crosses nodes only).
+  fp8 = by_name["node_first+fp8"]
   assert fp8["hops"][0]["intra_rows_per_token"] == 0 and fp8["hops"][1]["inter_rows_per_token"] == 0
   assert fp8["inter_bytes_per_token"] / fp8["inter_rows_per_token"] < (
       flat["inter_bytes_per_token"] / flat["inter_rows_per_token"])
@@ -61,18 +61,17 @@ def test_schemes_come_from_the_table_baseline_first_and_errors_name_the_field():
   from moejax.validation import ConfigError
 
   config = study_config.get_config()
-  config.schemes = ("bilevel+fp8", "flat+chunked", "flat_nodedup")
+  config.schemes = ("node_first+fp8", "flat+chunked", "flat_nodedup")
   config.extra_schemes = '{"s2_dedup": {"esp_schedule": "s2", "dedup": true}}'
-  chosen = fr.chosen_schemes(config, "cpu")
-  assert list(chosen) == ["flat_nodedup", "bilevel+fp8", "flat+chunked", "s2_dedup"]
-  assert chosen["flat_nodedup"] == {"transport": "padded", "dedup": False}
-  assert chosen["bilevel+fp8"] == {"transport": "bilevel", "dispatch_dtype": "float8_e4m3fn"}
-  assert chosen["flat+chunked"] == {"transport": "padded", "schedule": "chunked", "num_chunks": 2}
-  assert fr.chosen_schemes(config, "gpu")["flat_nodedup"]["transport"] == "ragged"
-  assert set(fr.chosen_schemes(study_config.get_config(), "cpu")) == set(study_config.SCHEMES)
+  chosen = fr.chosen_schemes(config)
+  assert list(chosen) == ["flat_nodedup", "node_first+fp8", "flat+chunked", "s2_dedup"]
+  assert chosen["flat_nodedup"] == {"path": "flat", "collective": "auto", "dedup": False}
+  assert chosen["node_first+fp8"] == {"path": "node_first", "collective": "auto", "dispatch_dtype": "float8_e4m3fn"}
+  assert chosen["flat+chunked"] == {"path": "flat", "collective": "auto", "schedule": "chunked", "num_chunks": 2}
+  assert set(fr.chosen_schemes(study_config.get_config())) == set(study_config.SCHEMES)
   config.schemes = ("flat", "bilevel_dedup")
   with pytest.raises(ConfigError, match=r"^config field schemes='bilevel_dedup' .*unknown scheme 'bilevel_dedup'"):
-    fr.chosen_schemes(config, "cpu")
+    fr.chosen_schemes(config)
   config.schemes, config.extra_schemes = ("flat",), '{"mine": transport}'
   with pytest.raises(ConfigError, match=r"^config field extra_schemes="):
-    fr.chosen_schemes(config, "cpu")
+    fr.chosen_schemes(config)

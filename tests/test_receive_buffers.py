@@ -169,18 +169,18 @@ def test_capacity_blocks_of_every_hop_hold_what_capacity_kept(path):
 def test_exchange_memory_table_at_smile_sizes():
   from experiments import exchange_memory
 
-  table = exchange_memory.rows(16, 8, [2.0], ["ragged", "bilevel"])
-  worst = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "ragged" and r["buffer_factor"] is None)
+  table = exchange_memory.rows(16, 8, [2.0], ["flat", "node_first"])
+  worst = next(r for r in table if r["model"] == "3.7b" and r["path"] == "flat" and r["buffer_factor"] is None)
   assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2 ** 20]  # all rows of 128 GPUs: 3 GiB
-  bounded = next(r for r in table if r["model"] == "3.7b" and r["transport"] == "bilevel" and r["buffer_factor"] == 2)
+  bounded = next(r for r in table if r["model"] == "3.7b" and r["path"] == "node_first" and r["buffer_factor"] == 2)
   assert bounded["hop_rows"] == [2 * 16384] * 2
   from configs import exchange_memory as memory_config
   from moejax.validation import ConfigError
 
   config = memory_config.get_config()
   exchange_memory.check(config)
-  config.transports = ("ragged", "flat")
-  with pytest.raises(ConfigError, match=r"^config field transports=\('ragged', 'flat'\) is not allowed"):
+  config.paths = ("flat", "ragged")
+  with pytest.raises(ConfigError, match=r"^config field paths=\('flat', 'ragged'\) is not allowed"):
     exchange_memory.check(config)
 
 

@@ -199,8 +199,8 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
 
 def test_balanced_routers_route_uniformly():
   moe = tiny_config().moe
-  flat = scheme_config("flat_dropless", 4, 16, moe, 16, 32, "cpu")  # 64 experts, d 16
-  bilevel = scheme_config("smile", 4, 2, moe, 16, 32, "cpu")  # routers of 4 + 2 columns
+  flat = scheme_config("flat_dropless", 4, 16, moe, 16, 32)  # 64 experts, d 16
+  bilevel = scheme_config("smile", 4, 2, moe, 16, 32)  # routers of 4 + 2 columns
   x = np.random.default_rng(1).standard_normal((1 << 16, 16))
   counts = np.bincount(np.argmax(x @ balanced_routers(flat, 0)["router"]["kernel"], axis=1), minlength=64)
   assert counts.max() / counts.mean() < 1.1  # the layer's own initialisation: about 3.7

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from experiments import wire_traffic as wt
+from moejax.moe import path as path_lib
 from tests.helpers import ENV, ROOT
 
 RECORD = ROOT / "benchmarks" / "results" / "2026-11-24-cpu" / "wire_traffic.json"
@@ -48,18 +49,18 @@ def matrix(entries: dict) -> np.ndarray:
   return out
 
 
-@pytest.mark.parametrize("transport,dedup,expected", [
-    ("padded", True, [{(0, 1): 1, (0, 3): 1, **SELF}]),
-    ("padded", False, [{(0, 1): 2, (0, 3): 1, **SELF3}]),
+@pytest.mark.parametrize("path,dedup,expected", [
+    ("flat", True, [{(0, 1): 1, (0, 3): 1, **SELF}]),
+    ("flat", False, [{(0, 1): 2, (0, 3): 1, **SELF3}]),
     # node hop: devices 1 and 3 seen from device 0 are node 0 (itself) and node 1 at GPU 0 (device 2)
-    ("bilevel", True, [{(0, 0): 1, (0, 2): 1, **SELF}, {(0, 1): 1, (2, 3): 1, **SELF}]),
-    ("bilevel", False, [{(0, 0): 2, (0, 2): 1, **SELF3}, {(0, 1): 2, (2, 3): 1, **SELF3}]),
+    ("node_first", True, [{(0, 0): 1, (0, 2): 1, **SELF}, {(0, 1): 1, (2, 3): 1, **SELF}]),
+    ("node_first", False, [{(0, 0): 2, (0, 2): 1, **SELF3}, {(0, 1): 2, (2, 3): 1, **SELF3}]),
     # gpu hop: all three at GPU 1 (device 1), then node hop: node 0 (device 1 itself) and node 1 (device 3)
-    ("hierarchical", True, [{(0, 1): 1, **SELF}, {(1, 1): 2, (1, 3): 1, (2, 2): 1, (3, 3): 1}]),
-    ("hierarchical", False, [{(0, 1): 3, **SELF3}, {(1, 1): 5, (1, 3): 1, (2, 2): 3, (3, 3): 3}]),
+    ("gpu_first", True, [{(0, 1): 1, **SELF}, {(1, 1): 2, (1, 3): 1, (2, 2): 1, (3, 3): 1}]),
+    ("gpu_first", False, [{(0, 1): 3, **SELF3}, {(1, 1): 5, (1, 3): 1, (2, 2): 3, (3, 3): 3}]),
 ])
-def test_bound_rows_by_hand(transport, dedup, expected):
-  got = wt.bound_rows(IDS, 12, 4, 2, wt.transport_hops(transport), dedup=dedup)
+def test_bound_rows_by_hand(path, dedup, expected):
+  got = wt.bound_rows(IDS, 12, 4, 2, path_lib.hops(path), dedup=dedup)
   assert got.shape == (len(expected), 4, 4)
   for hop, entries in zip(got, expected):
     np.testing.assert_array_equal(hop, matrix(entries))
@@ -72,11 +73,11 @@ def test_deepep_rows_by_hand():
 
 
 @pytest.mark.slow  # the quick run simulates 16 meshes and routings (about 16 s)
-def test_quick_covers_meshes_routings_and_transports(quick):
+def test_quick_covers_meshes_routings_and_paths(quick):
   record, _ = quick
-  seen = {(tuple(c["mesh"]), c["routing"], r["transport"], r["dedup"]) for c, r in runs(record)}
-  want = {(mesh, routing, transport, dedup) for mesh in ((2, 4), (4, 2)) for routing in ("topk", "node_limited")
-          for transport in ("padded", "bilevel") for dedup in (False, True)}
+  seen = {(tuple(c["mesh"]), c["routing"], r["path"], r["dedup"]) for c, r in runs(record)}
+  want = {(mesh, routing, path, dedup) for mesh in ((2, 4), (4, 2)) for routing in ("topk", "node_limited")
+          for path in ("flat", "node_first") for dedup in (False, True)}
   assert want <= seen
 
 
@@ -85,7 +86,7 @@ def test_dedup_moves_exactly_the_bound(quick):
   record, _ = quick
   for case, run in runs(record, dedup=True):
     for hop in run["hops"]:
-      where = (case["preset"], case["mesh"], run["transport"], hop["hop"])
+      where = (case["preset"], case["mesh"], run["path"], hop["hop"])
       assert hop["equals_bound"] and hop["rows"] == hop["bound_rows"] > 0, where
       assert f"{hop['ratio']:.2f}" == "1.00", where
 
@@ -95,10 +96,10 @@ def test_without_dedup_one_row_per_choice_and_more(quick):
   record, _ = quick
   for case, run in runs(record, dedup=False):
     hops = run["hops"]
-    assert all(hop["equals_per_choice"] for hop in hops), (case["preset"], case["mesh"], run["transport"])
+    assert all(hop["equals_per_choice"] for hop in hops), (case["preset"], case["mesh"], run["path"])
     # with top-8 over 8 devices tokens have several experts on one device (and node): more rows than the bound
-    assert all(hop["rows"] > hop["bound_rows"] for hop in hops), (case["preset"], case["mesh"], run["transport"])
-    on = next(r for r in case["runs"] if r["transport"] == run["transport"] and r["dedup"])
+    assert all(hop["rows"] > hop["bound_rows"] for hop in hops), (case["preset"], case["mesh"], run["path"])
+    on = next(r for r in case["runs"] if r["path"] == run["path"] and r["dedup"])
     assert sum(h["rows"] for h in hops) > sum(h["rows"] for h in on["hops"])
 
 
@@ -127,7 +128,7 @@ def test_summary_against_deepep(quick):
     assert s["after_rows"] == s["deepep_rows"] > 0  # once per other node, as DeepEP
     assert s["after_payload"] == pytest.approx(s["deepep_payload"])
     assert s["after"] <= s["deepep_message"] and s["at_or_below_deepep"], s
-    assert s["after"] < s["bilevel_before"] / 4
+    assert s["after"] < s["node_first_before"] / 4
   assert "inter rows/tok" in stdout and "at/below" in stdout and stdout.count(" yes") == len(record["summary"])
 
 

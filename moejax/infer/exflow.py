@@ -68,7 +68,7 @@ from moejax.validation import require
 def check_moe(moe_cfg, platform: str | None = None) -> None:
   """Rejects MoE layers that context-coherent decoding cannot run, naming the field and the reason
   (before compiling). platform: the mesh's ('cpu', 'gpu', ...), to check the collective runs there."""
-  require(moe_cfg.collective != "capacity", "collective", moe_cfg.collective,
+  require(not collective_lib.as_collective(moe_cfg.collective).fixed_blocks, "collective", moe_cfg.collective,
           "not 'capacity' for mode='exflow': a token moves to its expert and stays there (no combine brings it "
           "home), so a capacity drop would lose the token itself, and which tokens drop would depend on the tokens "
           "resident on a device after the previous layers, not on the request; use a ragged collective, with "

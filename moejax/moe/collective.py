@@ -113,9 +113,14 @@ def resolve(name: str, platform: str) -> str:
   return "ragged" if platform_lib.has_ragged_all_to_all(platform) else "padded"
 
 
+def runs_on(name: str, platform: str) -> bool:
+  """Whether the collective `name` runs on `platform` (every one but 'ragged' runs everywhere)."""
+  return name != "ragged" or platform_lib.has_ragged_all_to_all(platform)
+
+
 def check(name: str, platform: str, field: str = "collective") -> None:
   """Raises ConfigError naming `field` if the collective cannot run on `platform`."""
-  require(name != "ragged" or platform_lib.has_ragged_all_to_all(platform), field, name,
+  require(runs_on(name, platform), field, name,
           f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
           "(the same semantics from fixed-size collective permutes) or 'auto'")
 

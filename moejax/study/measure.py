@@ -88,7 +88,7 @@ def measure(point: Point, config, layers: dict) -> dict:
   the other scaling's point."""
   model, moe, platform = config.models[point.model], config.moe, config.measure.platform
   n, m = point.nodes, point.gpus_per_node
-  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, platform)
+  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(n, m, devices=jax.devices(platform)[:n * m])
   tokens = model.micro_batch * model.seq_len
   dtype = jnp.dtype(moe.dtype)

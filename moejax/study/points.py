@@ -16,9 +16,9 @@ from moejax.validation import ConfigError, is_int, reject_unknown, require
 # The sweep's schemes as schemes of the one table (`moejax.study.schemes`); the flat top-k routing is MoEConfig's
 # default. '<scheme>_nodedup': <scheme> with a row per token-choice in every hop, to compare with <scheme>, which
 # takes moe.dedup (None: deduplicated).
-SWEEP_SCHEMES = {"switch": "switch+capacity", "flat_dropless": "flat", "hierarchical": "hierarchical",
-                 "smile": "smile+bilevel", "node_limited": "node_limited+bilevel",
-                 "smile_nodedup": "smile+bilevel" + NODEDUP, "node_limited_nodedup": "node_limited+bilevel" + NODEDUP,
+SWEEP_SCHEMES = {"switch": "switch+capacity", "flat_dropless": "flat", "hierarchical": "gpu_first",
+                 "smile": "smile+node_first", "node_limited": "node_limited+node_first",
+                 "smile_nodedup": "smile+node_first" + NODEDUP, "node_limited_nodedup": "node_limited+node_first" + NODEDUP,
                  "chunked": "flat+chunked", "comet": "flat+comet",
                  "esp_baseline": "capacity+esp_baseline", "s1": "capacity+s1", "s2": "capacity+s2"}
 SCHEMES = tuple(SWEEP_SCHEMES)
@@ -29,7 +29,7 @@ CAPACITY_FIELDS = {"switch": "switch_capacity_factor", "smile": "smile_capacity_
 
 def _table_fields(scheme: str) -> dict:
   """The fields a sweep scheme takes from the table (on one CPU node: which fields, not their values)."""
-  return schemes_lib.fields(SWEEP_SCHEMES[scheme], 1, "cpu")
+  return schemes_lib.fields(SWEEP_SCHEMES[scheme], 1)
 
 
 # Overlap schedules of the flat dropless layer (Comet): they move its rows in pieces, so its small run serves them.
@@ -38,10 +38,10 @@ OVERLAP_SCHEMES = tuple(s for s in SCHEMES if "schedule" in _table_fields(s))
 ESP_SCHEMES = {s: _table_fields(s)["esp_schedule"] for s in SCHEMES if "esp_schedule" in _table_fields(s)}
 SCALINGS = ("weak", "strong")
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor; the table's transport
-# sets path and collective), so the sweep's moe section leaves them out; every other MoEConfig field in it is passed to
-# every scheme that does not fix it.
-SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "transport", "path", "collective", "num_nodes",
+# MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor; and transport, the old
+# name of path and collective), so the sweep's moe section leaves them out; every other MoEConfig field in it is passed
+# to every scheme that does not fix it.
+SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "path", "collective", "transport", "num_nodes",
                  "capacity_factor", "schedule", "esp_schedule")
 # The sweep's own moe fields: experts per device, and each dropping scheme's capacity factor.
 SWEEP_FIELDS = ("experts_per_gpu", "switch_capacity_factor", "smile_capacity_factor", "esp_capacity_factor")
@@ -67,13 +67,13 @@ class Point:
     return f"{self.nodes}x{self.gpus_per_node}"
 
 
-def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int, platform: str) -> MoEConfig:
+def scheme_config(scheme: str, n: int, m: int, moe, d_model: int, d_ff: int) -> MoEConfig:
   """The MoEConfig of a sweep scheme (SWEEP_SCHEMES) on an n x m mesh (`moe`: the sweep's `config.moe`, whose
   fields every scheme takes where it sets none, e.g. dedup and the wire dtypes; the dropping schemes their
   CAPACITY_FIELDS)."""
   common = {name: value for name, value in moe.items() if name not in SWEEP_FIELDS}
   common.update(num_experts=moe.experts_per_gpu * n * m, d_model=d_model, d_ff=d_ff)
-  fields = schemes_lib.fields(SWEEP_SCHEMES[scheme], n, platform)
+  fields = schemes_lib.fields(SWEEP_SCHEMES[scheme], n)
   capacity = CAPACITY_FIELDS.get(scheme.removesuffix(NODEDUP))
   if capacity:
     fields["capacity_factor"] = moe[capacity]
@@ -173,7 +173,7 @@ def validate(config) -> list[Point]:
   check_moe_fields(config.moe)
   for n, m in meshes:
     for scheme in config.schemes:
-      scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+      scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff)
   return [Point(scheme, n, m, name, scaling) for n, m in meshes for scheme in config.schemes
           for name in config.models for scaling in config.scalings]
 

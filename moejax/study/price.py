@@ -144,7 +144,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   """
   model, moe = config.models[point.model], config.moe
   n, m = point.nodes, point.gpus_per_node
-  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff, "cpu")
+  cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   tokens = model.micro_batch * model.seq_len
   k = cfg.choices_per_token
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize

@@ -7,16 +7,14 @@ A scheme is a name of SCHEMES, or several joined by '+' (a router, an exchange a
 name alone leaves MoEConfig.dedup at its default (None: a row per token and destination of each hop, S2 excepted);
 '<scheme>_nodedup' is the same scheme with dedup=False (a row per token-choice on every hop).
 
-What depends on where a scheme runs is a placeholder that `fields` fills in: NODES, the mesh's node count; FLAT,
-the platform's one-hop transport (ragged where XLA has a ragged all-to-all, else padded). SPARE (replicas: one slot
-more than the experts a holder keeps) is left to the caller, which knows the experts.
+The exchanges are named by their path (`moejax.moe.path`), their collective 'auto' (ragged where XLA has a ragged
+all-to-all, else padded; resolved where the mesh is known), or by their collective ('ragged', 'capacity'). What
+depends on the mesh is a placeholder that `fields` fills in: NODES, its node count. SPARE (replicas: one slot more
+than the experts a holder keeps) is left to the caller, which knows the experts.
 """
-
-from moejax.runtime import platform as platform_lib
 
 NODEDUP = "_nodedup"
 NODES = "<mesh nodes>"
-FLAT = "<flat transport>"
 SPARE = "spare"
 FP8 = "float8_e4m3fn"
 
@@ -29,11 +27,12 @@ SCHEMES = {
     # DeepSeek-V3's affinities: sigmoids normalised over the chosen experts, times its 2.5.
     "deepseek_v3": dict(routing="topk", score="sigmoid", routed_scaling=2.5, renormalize=True),
     # Exchanges: how the rows reach the experts' devices.
-    "flat": dict(transport=FLAT),  # one hop over every device
-    "ragged": dict(transport="ragged"),
-    "hierarchical": dict(transport="hierarchical"),  # over 'gpu' to the node's peer, then over 'node'
-    "bilevel": dict(transport="bilevel"),  # over 'node' to the expert's node, then over 'gpu'
-    "capacity": dict(transport="capacity"),  # GShard's dense dispatch: capacity_factor bounds the rows per expert
+    "flat": dict(path="flat", collective="auto"),  # one hop over every device
+    "ragged": dict(path="flat", collective="ragged"),
+    "gpu_first": dict(path="gpu_first", collective="auto"),  # over 'gpu' to the node's peer, then over 'node'
+    "node_first": dict(path="node_first", collective="auto"),  # over 'node' to the expert's node, then over 'gpu'
+    # GShard's dense dispatch: a block per peer, capacity_factor bounding the rows per expert
+    "capacity": dict(path="flat", collective="capacity"),
     # What runs on an exchange: overlap schedules (Comet), expert sharding (Parm), the wire, replicas (Lina, EPLB),
     # expert data parallelism.
     "chunked": dict(schedule="chunked"),
@@ -58,13 +57,12 @@ def names(scheme: str) -> list[str]:
   return parts
 
 
-def fields(scheme: str, nodes: int, platform: str) -> dict:
-  """The MoEConfig fields `scheme` sets on a mesh of `nodes` nodes of `platform` ('cpu', 'gpu', ...)."""
+def fields(scheme: str, nodes: int) -> dict:
+  """The MoEConfig fields `scheme` sets on a mesh of `nodes` nodes."""
   out = {}
   for name in names(scheme):
     out.update(SCHEMES[name])
-  fill = {NODES: nodes, FLAT: platform_lib.flat_transport(platform)}
-  out = {k: fill.get(v, v) for k, v in out.items()}
+  out = {k: nodes if v == NODES else v for k, v in out.items()}
   if scheme.endswith(NODEDUP):
     out["dedup"] = False
   return out

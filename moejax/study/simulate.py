@@ -37,7 +37,7 @@ def simulate(scheme: str, n: int, m: int, config) -> dict:
   dedup one per token and destination of the hop), rows_per_device [A] (token-choices each device's experts
   got), dropped (token-choices), tokens_per_gpu; and seconds (compile and run).
   """
-  cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff, "cpu")
+  cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff)
   cfg = dataclasses.replace(cfg, dtype="float32", dispatch_dtype=None, combine_dtype=None)
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()
