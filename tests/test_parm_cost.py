@@ -94,7 +94,7 @@ def test_alpha_beta_across_nodes_share_the_nic():
 
 def test_dedicated_schedules_never_lose_to_the_baseline_on_parms_testbeds():
   """Eq. (6) and (10): with N_MP = 1 both dedicated schedules, and S2 always, are at least as fast as the baseline.
-  The proofs drop the alpha terms (digest Sec. 6 (d)); on NVSwitch nodes (dgx_h100_ib) small layers break them:
+  The proofs drop the alpha terms (Eq. (10) writes 2 A2A(a) - 2 A2A(b) as A2A(2(a - b))); on NVSwitch nodes (dgx_h100_ib) small layers break them:
   the fused all-to-all over all P ranks pays more messages than the EP one, and bandwidth no longer hides that."""
   for topology in (topology_lib.RTX4090_PCIE, topology_lib.RTX2080TI_IB100):
     for n_mp, n_esp, p in itertools.product((1, 2, 4), (1, 2, 4), (8, 16)):

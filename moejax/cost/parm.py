@@ -1,4 +1,4 @@
-"""Parm's schedules of an expert-sharded MoE layer and its Algorithm 1 (arXiv 2407.00599; digest Sec. 6).
+"""Parm's schedules of an expert-sharded MoE layer and its Algorithm 1 (arXiv 2407.00599, Sec. IV-V).
 
 Notation of the paper (Table I): B samples per GPU of L tokens, embedding M, expert hidden H, E experts,
 top-k, capacity factor f, capacity T = k f B L / E, group sizes N_EP, N_ESP, N_MP. Every collective
@@ -9,7 +9,7 @@ buffer of an all-gather / all-reduce. With BLM = B L M and ETM = E T M = k f B L
   S1       (Eq. 13)  t_D1 = 2 A2A_EP&ESP(y') + AG_MP(BLM)
   S2       (Eq. 7)   t_D2 = A2A_EP&ESP(y') + Overlap(y'),   y' = ETM N_ESP / N_MP
 
-Readings taken where the paper disagrees with itself (digest Sec. 6 (a)-(c)):
+Readings taken where the paper disagrees with itself:
   (a) T = k f B L / E (Sec. II-A), not Algorithm 1 line 2's k f B L M / E, whose y would hold M twice;
   (b) S1's all-to-alls move ETM N_ESP / N_MP (Eq. 13's first line), not ETM / N_MP (its second line);
   (c) Overlap(y') is the second all-to-all and the MP all-gather of the expert outputs (ETM) run together
@@ -22,7 +22,7 @@ Readings taken where the paper disagrees with itself (digest Sec. 6 (a)-(c)):
 of consecutive ranks (the paper's SAA code), EP groups take one rank of every ESP block. SAA's two
 collectives run in one sequence of phases: their latencies add, their bytes share each link.
 
-`layer_times` adds the expert compute the paper's model leaves out (digest Sec. 9): the baseline computes
+`layer_times` adds the expert compute the paper's model leaves out (its t_B, t_D1 and t_D2 are communication only): the baseline computes
 every token N_MP times, 4 k f B L M H FLOPs per GPU (2 matmuls, H / N_ESP columns of E T N_ESP rows),
 S1 and S2 a 1 / N_MP of that.
 """

@@ -1,6 +1,6 @@
 """Expert sharding (Parm): experts over 'node' (EP), each expert's d_ff over 'gpu' (ESP = MP).
 
-Parm (arXiv 2407.00599; digest Sec. 2-5, 10) in the special case ESP = MP of DeepSpeed-TED. The layer
+Parm (arXiv 2407.00599, Sec. III-IV) in the special case ESP = MP of DeepSpeed-TED. The layer
 input x [tokens, d] is sharded over 'node' and replicated over the m GPUs of a node (the MP group, as
 Megatron tensor parallelism of the dense parts leaves it); y comes back the same way. Expert e lives on
 node e // (E / n); GPU j of that node holds hidden slice j of width f / m (columns of w_in / w_gate, rows

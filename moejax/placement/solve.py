@@ -6,7 +6,7 @@ Per stage the experts of every layer are split into P equal parts (nodes, then t
              R[j, a, b] >= +-(x[j, a, p] - x[j+1, b, p])   for every p   (11, 12)
 with x binary and R in [0, 1] (integral at the optimum). The paper writes R per token k with the
 same index i at both layers; tokens enter only through their expert pair (a, b), so summing them into
-counts C gives the same optimum with E^2 (L-1) R variables (digest §1.5). Stage 1 splits over nodes;
+counts C gives the same optimum with E^2 (L-1) R variables (ExFlow §IV-D, Eqs. 8-12). Stage 1 splits over nodes;
 stage 2 splits each node's stage-1 experts over its GPUs (independent per node), so the staging is
 the paper's heuristic decomposition, not a joint optimum of both objectives.
 
