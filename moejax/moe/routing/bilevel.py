@@ -4,11 +4,11 @@ router [d, m'], shared by every node, its top_k local experts there; a choice's 
 import jax
 import jax.numpy as jnp
 
-from moejax.moe import routing
-from moejax.moe.routing import Blocks, ReferenceRoute, RoutingDecision
+from moejax.moe.routing import base
+from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
 
 
-class BiLevel(routing.Router):
+class BiLevel(base.Router):
   """'bilevel'. Choice (a, b), the a-th node and its b-th local expert, has rank a * top_k + b."""
 
   name = "bilevel"
@@ -44,18 +44,18 @@ class BiLevel(routing.Router):
   def route(self, x_TxD, params, bias_E=None, sequence_length=None):
     del bias_E, sequence_length  # refused with 'bilevel' by MoEConfig
     cfg, tokens = self.cfg, x_TxD.shape[0]
-    node_logits, p_TxN = routing.softmax_router(x_TxD, params, "node_router")
-    local_logits, q_TxL = routing.softmax_router(x_TxD, params, "local_router")
+    node_logits, p_TxN = base.softmax_router(x_TxD, params, "node_router")
+    local_logits, q_TxL = base.softmax_router(x_TxD, params, "local_router")
     p_top, nodes = jax.lax.top_k(p_TxN, cfg.node_top_k)
     q_top, local = jax.lax.top_k(q_TxL, cfg.top_k)
     ids = (nodes[:, :, None] * cfg.experts_per_node + local[:, None, :]).reshape(tokens, -1)
     weights = (p_top[:, :, None] * q_top[:, None, :]).reshape(tokens, -1)
-    stats = {"counts": {"node_router": routing.counts(nodes, cfg.num_nodes),
-                        "local_router": routing.counts(local, cfg.experts_per_node)},
+    stats = {"counts": {"node_router": base.counts(nodes, cfg.num_nodes),
+                        "local_router": base.counts(local, cfg.experts_per_node)},
              "prob_sums": {"node_router": jnp.sum(p_TxN, axis=0), "local_router": jnp.sum(q_TxL, axis=0)},
-             "z_sum": routing.z_sum(node_logits) + routing.z_sum(local_logits),
+             "z_sum": base.z_sum(node_logits) + base.z_sum(local_logits),
              "tokens": jnp.asarray(tokens, jnp.float32)}
-    return RoutingDecision(ids.astype(jnp.int32), routing.renormalized(weights, cfg)), stats
+    return RoutingDecision(ids.astype(jnp.int32), base.renormalized(weights, cfg)), stats
 
   def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
     del bias_E, sequence_length
@@ -70,9 +70,9 @@ class BiLevel(routing.Router):
       for b in range(cfg.top_k):
         ids.append(nodes[:, a] * cfg.experts_per_node + local[:, b])
         weights.append(p_top[:, a] * q_top[:, b])
-    load_balance = (routing.switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n])
-                    + routing.switch_loss(local, q, cfg.beta, None if prior is None else prior[n:]))
+    load_balance = (base.switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n])
+                    + base.switch_loss(local, q, cfg.beta, None if prior is None else prior[n:]))
     z = lambda logits: jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    made = jnp.concatenate([routing.counts(nodes, n), routing.counts(local, cfg.experts_per_node)])
-    return ReferenceRoute(jnp.stack(ids, 1), routing.renormalized(jnp.stack(weights, 1), cfg), load_balance,
+    made = jnp.concatenate([base.counts(nodes, n), base.counts(local, cfg.experts_per_node)])
+    return ReferenceRoute(jnp.stack(ids, 1), base.renormalized(jnp.stack(weights, 1), cfg), load_balance,
                           cfg.z_loss_coef * (z(node_logits) + z(local_logits)), made)

@@ -4,11 +4,11 @@ contiguous experts (group-limited, DeepSeek-V2/V3), of which node_limited is the
 import jax
 import jax.numpy as jnp
 
-from moejax.moe import routing
-from moejax.moe.routing import Blocks, ReferenceRoute, RoutingDecision
+from moejax.moe.routing import base
+from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
 
 
-class TopK(routing.Router):
+class TopK(base.Router):
   """'topk': scores softmax (Switch k=1, GShard k=2) or sigmoid (DeepSeek-V3) of x @ router, the top k of the
   scores (+ the balancing bias) among the allowed experts, weighted by their scores (renormalised, scaled)."""
 
@@ -56,7 +56,7 @@ class TopK(routing.Router):
 
   def _weights(self, scores_TxE, ids_TxK):
     weights = jnp.take_along_axis(scores_TxE, ids_TxK, axis=1)
-    return routing.renormalized(weights, self.cfg) * self.cfg.routed_scaling  # V3 Eq. 13 with renormalize
+    return base.renormalized(weights, self.cfg) * self.cfg.routed_scaling  # V3 Eq. 13 with renormalize
 
   def route(self, x_TxD, params, bias_E=None, sequence_length=None):
     cfg = self.cfg
@@ -65,8 +65,8 @@ class TopK(routing.Router):
     if self.group_limit is not None:
       select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score)
     _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
-    stats = {"counts": {"router": routing.counts(ids, cfg.num_experts)},
-             "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)}, "z_sum": routing.z_sum(logits),
+    stats = {"counts": {"router": base.counts(ids, cfg.num_experts)},
+             "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)}, "z_sum": base.z_sum(logits),
              "tokens": jnp.asarray(x_TxD.shape[0], jnp.float32)}
     if cfg.balance_loss == "sequence":
       stats["sequence_loss_sum"], stats["sequences"] = _sequence_loss_sum(ids, probs_TxE, sequence_length, cfg)
@@ -87,12 +87,12 @@ class TopK(routing.Router):
     _, ids = jax.lax.top_k(select, cfg.top_k)
     if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences
       pieces = x_TxD.shape[0] // sequence_length
-      losses = [routing.switch_loss(i, p, 1.0) for i, p in zip(jnp.split(ids, pieces), jnp.split(probs, pieces))]
+      losses = [base.switch_loss(i, p, 1.0) for i, p in zip(jnp.split(ids, pieces), jnp.split(probs, pieces))]
       load_balance = cfg.alpha * jnp.mean(jnp.stack(losses))
     else:
-      load_balance = routing.switch_loss(ids, probs, cfg.alpha, prior)
+      load_balance = base.switch_loss(ids, probs, cfg.alpha, prior)
     z_loss = cfg.z_loss_coef * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    return ReferenceRoute(ids, self._weights(scores, ids), load_balance, z_loss, routing.counts(ids, cfg.num_experts))
+    return ReferenceRoute(ids, self._weights(scores, ids), load_balance, z_loss, base.counts(ids, cfg.num_experts))
 
 
 class NodeLimited(TopK):
@@ -130,7 +130,7 @@ def _sequence_loss_sum(ids_TxK, probs_TxE, sequence_length: int, cfg):
   """(sum over these tokens' sequences of sum_e f_e P_e, the number of sequences): DeepSeek-V3 Eqs. 17-20
   without alpha, f_e = E / (K L) x the sequence's choices of e, P_e = its mean normalised score."""
   sequences = ids_TxK.shape[0] // sequence_length
-  counts_BxE = jax.vmap(lambda ids: routing.counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
+  counts_BxE = jax.vmap(lambda ids: base.counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
   f_BxE = counts_BxE * cfg.num_experts / (cfg.top_k * sequence_length)
   p_BxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
   return jnp.sum(f_BxE * p_BxE), jnp.asarray(sequences, jnp.float32)

@@ -1,0 +1,122 @@
+"""What every router shares: the `Router` interface, its results (`RoutingDecision`, `ReferenceRoute`, `Blocks`) and
+the statistics' helpers (choice counts, z-loss sums, the Switch loss of the reference)."""
+
+import abc
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import plan as plan_lib
+
+
+class RoutingDecision(NamedTuple):
+  """expert_ids: [T, K] int32 global expert of each choice (index = priority rank);
+  weights: [T, K] fp32 combine weights."""
+
+  expert_ids: jax.Array
+  weights: jax.Array
+
+
+class ReferenceRoute(NamedTuple):
+  """The whole batch's routing (`Router.reference`): ids and weights [T, K], the load-balance loss and z-loss, and
+  the balanced routers' choice counts [balance_counts_size]."""
+
+  ids: jax.Array
+  weights: jax.Array
+  load_balance: jax.Array
+  z_loss: jax.Array
+  counts: jax.Array
+
+
+class Blocks(NamedTuple):
+  """Contiguous blocks of experts that a routing treats as units (nodes, groups): a placement may permute experts
+  inside a block or move a block whole, never split it. unit: what a block is called ('node', 'group'); reason: why
+  splitting one changes the routing."""
+
+  count: int
+  unit: str
+  reason: str
+
+
+class Router(abc.ABC):
+  """The interface. cfg: the layer's `MoEConfig`.
+
+  Plain Python: `widths` ({kernel name: width}, in the order of the balance counts), `choices_per_token` (K),
+  `max_top_k`, `group_limit` ((groups, kept per token) of group-limited selection, or None), `placement_blocks`
+  (`Blocks` or None), `columns` ({kernel name: what its columns index: 'expert', 'block' or 'local' (an expert's
+  index inside its block, shared by every block)}), `default_alpha` (the balance loss's coefficient when the config
+  gives none). Traced: `route`, `reference`; `balance_terms` name the statistics `aux_losses` reads.
+  """
+
+  name: str
+  chooses_nodes = False  # it needs num_nodes (the mesh's), and a placement keeps each node's experts together
+  shares_local_router = False  # one router over a node's local experts, shared by every node
+  default_alpha = 0.01  # Switch's
+
+  def __init__(self, cfg):
+    self.cfg = cfg
+
+  @property
+  @abc.abstractmethod
+  def widths(self) -> dict[str, int]:
+    """{kernel name: width} of the router parameters, each {'kernel': [d, width]}."""
+
+  @property
+  def choices_per_token(self) -> int:
+    return self.cfg.top_k
+
+  @property
+  def max_top_k(self) -> int:
+    return self.cfg.num_experts
+
+  group_limit = None
+  placement_blocks = None
+
+  @property
+  def columns(self) -> dict[str, str]:
+    return {"router": "expert"}
+
+  @abc.abstractmethod
+  def balance_terms(self) -> list[tuple[str, float, int]]:
+    """(kernel name, coefficient, choices per token) of each balanced router, in `widths` order."""
+
+  @abc.abstractmethod
+  def route(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None):
+    """x [T, d] -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
+    and 'prob_sums' {kernel name: [width]}, 'z_sum', 'tokens', and with balance_loss='sequence'
+    'sequence_loss_sum' and 'sequences')."""
+
+  @abc.abstractmethod
+  def reference(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None,
+                prior=None) -> ReferenceRoute:
+    """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts."""
+
+
+def counts(ids, size):
+  """[size] float32 choices per id (ids out of range count nowhere)."""
+  return plan_lib.histogram(ids, size).astype(jnp.float32)
+
+
+def z_sum(logits):
+  z = jax.nn.logsumexp(logits, axis=-1)
+  return jnp.sum(z * z)
+
+
+def renormalized(weights_TxK, cfg):
+  return weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True) if cfg.renormalize else weights_TxK
+
+
+def softmax_router(x_TxD, params, name):
+  """(logits, probabilities) [T, width] of the softmax router `name`, in fp32."""
+  logits = jnp.dot(x_TxD.astype(jnp.float32), params[name]["kernel"].astype(jnp.float32))
+  return logits, jax.nn.softmax(logits, axis=-1)
+
+
+def switch_loss(chosen_TxK, probs_TxX, coef, prior_X=None):
+  """coef * X * sum_x f_x P_x (the reference's form): f = fraction of the choices made for x (with prior_X, of these
+  choices and the prior counts together), P = mean probability of x."""
+  num = probs_TxX.shape[1]
+  made = counts(chosen_TxK, num)
+  f = made / chosen_TxK.size if prior_X is None else (made + prior_X) / (chosen_TxK.size + prior_X.sum())
+  return coef * num * jnp.sum(f * probs_TxX.mean(0))
