@@ -25,7 +25,6 @@ within one run, nothing more.
 Every option is a field of configs/bench_collectives.py; the record is <workdir>/collectives.json.
 """
 
-import json
 import os
 import statistics
 import sys
@@ -181,11 +180,7 @@ def write(config, workdir: str) -> None:
                 jaxlib_version=jaxlib.__version__, mesh=[n, m], d=config.d, dtype=str(dtype),
                 warmup=config.warmup, iters=config.iters, results=results,
                 fits={variant: lb.as_dict() for variant, lb in fits.items()})
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, RECORD)
-  with open(path, "w") as f:
-    json.dump(record, f, indent=1)
-  print(f"wrote {len(results)} results to {path}")
+  cli.write_json(workdir, RECORD, record)
 
 
 def main(argv):

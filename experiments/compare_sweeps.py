@@ -25,7 +25,7 @@ import sys
 
 from moejax import cli
 from moejax.study import plots, report
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "compare_sweeps.py")
 
@@ -180,10 +180,7 @@ def check(config) -> None:
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    check(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
   found = curves(config.sweeps, config.labels, config.metric, config.schemes, config.scalings, config.models)
   if not found:
     have = "; ".join(f"{field}s: {', '.join(values)}" for field, values in available(config.sweeps).items())

@@ -9,11 +9,10 @@ Writes table.md, loss.png and busiest_load.png to --workdir.
 """
 
 import os
-import sys
 
 from moejax import cli
 from moejax.study import convergence as report
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence_report.py")
 
@@ -22,11 +21,8 @@ def main(argv):
   del argv
   workdir = _WORKDIR.value
   results = _CONFIG.value.results or os.path.join(workdir, "results.json")
-  try:
-    require(os.path.isfile(results), "results", results, "a convergence study's results.json ('' = the one in "
-            "--workdir)")
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  require(os.path.isfile(results), "results", results, "a convergence study's results.json ('' = the one in "
+          "--workdir)")
   print("wrote", ", ".join(report.redraw(results, workdir)))
 
 

@@ -11,16 +11,14 @@ expert FFN's hidden rows, the combine and the backward hold buffers of the same 
 Prints the table; with --workdir, writes its rows to exchange_memory.json there.
 """
 
-import json
 import os
-import sys
 
 from configs import mlm
 from moejax import cli
 from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
-from moejax.validation import ConfigError, is_int, is_number, require
+from moejax.validation import is_int, is_number, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "exchange_memory.py")
 
@@ -56,10 +54,7 @@ def check(config) -> None:
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    check(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
   table = rows(config.nodes, config.gpus_per_node, list(config.buffer_factors), list(config.paths))
   print(f"receive buffer per hop and device, {config.nodes} x {config.gpus_per_node} GPUs, bf16 (MiB)")
   print(f"{'model':<6} {'d':>5} {'rows/GPU':>9} {'path':<13} {'factor':>6}  per-hop MiB")
@@ -68,11 +63,7 @@ def main(argv):
     hops = " + ".join(f"{mib:,.0f}" for mib in r["hop_mib"])
     print(f"{r['model']:<6} {r['d_model']:>5} {r['local_rows']:>9,} {r['path']:<13} {factor:>6}  {hops}")
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "exchange_memory.json")
-    with open(path, "w") as f:
-      json.dump(table, f, indent=1)
-    print(f"wrote {path}")
+    cli.write_json(workdir, "exchange_memory.json", table)
 
 
 if __name__ == "__main__":

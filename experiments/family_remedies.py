@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -308,22 +307,15 @@ def main(argv):
   from moejax.runtime import mesh as mesh_lib
 
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    check(config)
-    mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
+  check(config)
+  mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
 
-    schemes = chosen_schemes(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  schemes = chosen_schemes(config)
   record = run(config.checkpoint or str(FIXTURES / config.family), schemes, config.batch, config.seq_len,
                config.iters, config.seed, config.nodes, config.gpus_per_node)
   print(table(record), flush=True)
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "family_remedies.json")
-    with open(path, "w") as out:
-      json.dump(record, out, indent=1)
-    print(f"wrote {path} ({record['seconds']:.0f} s)")
+    cli.write_json(workdir, "family_remedies.json", record)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,10 @@ is what the table is for. ExFlow's lines are 'not modelled' (see moejax/study/pa
 
 import json
 import os
-import sys
 
 from moejax import cli
 from moejax.study.papers import comet, exflow, lina, parm, smile
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "fidelity.py")
 
@@ -160,11 +159,8 @@ def plot(rows: list[dict], path: str) -> None:
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    unknown = sorted(set(config.papers) - set(PAPERS))
-    require(config.papers and not unknown, "papers", config.papers, f"some of {list(PAPERS)}")
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  unknown = sorted(set(config.papers) - set(PAPERS))
+  require(config.papers and not unknown, "papers", config.papers, f"some of {list(PAPERS)}")
   rows = collect(config.papers)
   print(format_table(rows))
   for name in config.papers:

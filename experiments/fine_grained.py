@@ -10,14 +10,12 @@ exchanges, the expert FFN and the rest (routing, plan, sorts, gathers, the combi
 Writes fine_grained.json (the record) to --workdir.
 """
 
-import json
 import os
-import sys
 import time
 
 from moejax import cli
 from moejax.runtime import mesh as mesh_lib
-from moejax.validation import ConfigError, is_int, require
+from moejax.validation import is_int, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "fine_grained.py")
 
@@ -65,23 +63,17 @@ def run(config, workdir: str) -> dict:
     share = phases["layer_other_ms"] / phases["layer_ms"]
     print(f"{num_experts:>4} {k:>2} {f:>4}  {phases['layer_ms']:9.2f} {exchange:9.2f} {phases['layer_expert_ms']:9.2f} "
           f"{phases['layer_other_ms']:9.2f}  {share:6.1%}", flush=True)
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, "fine_grained.json")
-  with open(path, "w") as out:
-    json.dump(record, out, indent=1)
-  print(f"wrote {path}; CPU times are ratios within one run (2-core machine, simulated devices)")
+  cli.write_json(workdir, "fine_grained.json", record)
+  print("CPU times are ratios within one run (2-core machine, simulated devices)")
   return record
 
 
 def main(argv):
   del argv
   config = _CONFIG.value
-  try:
-    check(config)
-    mesh_lib.simulate_cpu_devices(8)
-    run(config, _WORKDIR.value)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
+  mesh_lib.simulate_cpu_devices(8)
+  run(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ tokens of corpus documents. Writes generate.json (tokens/s, rows per generated t
 Without GPUs the mesh is made of simulated CPU devices.
 """
 
-import json
 import os
 import sys
 
@@ -46,9 +45,7 @@ def run(config, workdir: str) -> dict:
       "samples": [{"prompt": tok.decode(p.tolist()), "generated": tok.decode(t.tolist())}
                   for p, t in zip(prompts[:4], out.tokens[:4])],
   }
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "generate.json"), "w") as f:
-    json.dump(result, f, indent=1)
+  cli.write_json(workdir, "generate.json", result)
   for sample in result["samples"]:
     print(f"--- {sample['prompt']!r}\n    -> {sample['generated']!r}")
   print(f"decode: {out.tokens_per_second:.1f} tokens/s on {n}x{m} devices; exchange rows per generated token "

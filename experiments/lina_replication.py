@@ -28,7 +28,6 @@ after it). Writes lina_replication.json and lina_replication.png to --workdir.
 
 import json
 import os
-import sys
 
 import numpy as np
 
@@ -38,7 +37,7 @@ from moejax.cost import topology as topology_lib
 from moejax.replication import estimator
 from moejax.replication import rebalance as rebalance_lib
 from moejax.runtime import mesh as mesh_lib
-from moejax.validation import ConfigError, is_int, is_number, require
+from moejax.validation import is_int, is_number, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "lina_replication.py")
 
@@ -219,11 +218,8 @@ def run(config, workdir: str) -> dict:
 def main(argv):
   del argv
   config = _CONFIG.value
-  try:
-    check(config)
-    run(config, _WORKDIR.value)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
+  run(config, _WORKDIR.value)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ is. XLA:CPU has no ragged all-to-all, so a 'ragged' collective compiles as 'padd
 docs/memory.md explains every column.
 """
 
-import json
 import os
 import sys
 import tempfile
@@ -253,10 +252,7 @@ def main(argv):
   from moejax.validation import ConfigError
   config, workdir = _CONFIG.value, _WORKDIR.value
   planner = config.planner
-  try:
-    configs = configs_to_plan(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  configs = configs_to_plan(config)
   mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c in configs.values()))
   start, rows = time.perf_counter(), {}
   try:
@@ -269,11 +265,7 @@ def main(argv):
   print(summary(rows))
   print(f"planned {len(rows)} row(s) in {time.perf_counter() - start:.0f} s")
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "memory.json")
-    with open(path, "w") as f:
-      json.dump({"rows": rows, "run_s": time.perf_counter() - start}, f, indent=1)
-    print(f"wrote {path}")
+    cli.write_json(workdir, "memory.json", {"rows": rows, "run_s": time.perf_counter() - start})
 
 
 if __name__ == "__main__":

@@ -15,13 +15,11 @@ directory: the repository's files are found from the repository (`moejax.study.p
   python -m experiments.validate_cost_model --workdir=/tmp/validation --config.sections=parm
 """
 
-import json
 import os
-import sys
 
 from moejax import cli
 from moejax.study.papers import comet, lina, parm, smile
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "validate_cost_model.py")
 RESULTS_FILE = "validate_cost_model.json"
@@ -38,23 +36,16 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
   checks = sections(config)
-  try:
-    unknown = sorted(set(config.sections) - set(checks))
-    require(config.sections and not unknown, "sections", config.sections, f"some of {sorted(checks)}")
-    require(not config.comet_rate_json or os.path.isfile(config.comet_rate_json), "comet_rate_json",
-            config.comet_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  unknown = sorted(set(config.sections) - set(checks))
+  require(config.sections and not unknown, "sections", config.sections, f"some of {sorted(checks)}")
+  require(not config.comet_rate_json or os.path.isfile(config.comet_rate_json), "comet_rate_json",
+          config.comet_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
   record = {}
   for name in config.sections:
     print(f"===== {name} =====")
     record[name] = checks[name]()
     print()
-  os.makedirs(workdir, exist_ok=True)
-  path = os.path.join(workdir, RESULTS_FILE)
-  with open(path, "w") as f:
-    json.dump(record, f, indent=1)
-  print(f"wrote {path}")
+  cli.write_json(workdir, RESULTS_FILE, record)
 
 
 if __name__ == "__main__":

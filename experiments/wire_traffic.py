@@ -22,9 +22,7 @@ Inter-node traffic is what crosses nodes, intra-node what stays in one; a device
 configs/wire_traffic.py holds the options; with --workdir the record goes to <workdir>/wire_traffic.json.
 """
 
-import json
 import os
-import sys
 import time
 
 import numpy as np
@@ -35,7 +33,7 @@ from moejax.moe import path as path_lib
 from moejax.moe import wire as wire_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.validation import ConfigError, is_int, require
+from moejax.validation import is_int, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "wire_traffic.py")
 
@@ -360,10 +358,7 @@ def check(config) -> None:
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    check(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
   shapes = QUICK_MESHES if config.quick else [shape for shapes in MESHES.values() for shape in shapes]
   mesh_lib.simulate_cpu_devices(max(n * m for n, m in shapes))
   start = time.time()
@@ -371,11 +366,7 @@ def main(argv):
   record["seconds"] = time.time() - start
   print(table(record), flush=True)
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "wire_traffic.json")
-    with open(path, "w") as f:
-      json.dump(record, f, indent=1)
-    print(f"wrote {path} ({record['seconds']:.0f} s)")
+    cli.write_json(workdir, "wire_traffic.json", record)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ each read as the default's elements are (integers, numbers, booleans, else strin
 `--workdir` (`define_workdir`) is the one other flag a program defines: the directory it writes to.
 """
 
+import json
 import os
 import re
 import sys
@@ -170,8 +171,26 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def run(main) -> None:
-  """`app.run(main)` whose flag errors are one line (`parse_flags`)."""
-  app.run(main, flags_parser=parse_flags)
+  """`app.run(main)` whose flag errors (`parse_flags`) and the ConfigErrors `main` raises are one line on stderr
+  (`error: ...`, exit status 1)."""
+
+  def guarded(argv):
+    try:
+      return main(argv)
+    except ConfigError as e:
+      sys.exit(f"error: {e}")
+
+  app.run(guarded, flags_parser=parse_flags)
+
+
+def write_json(workdir: str, name: str, record) -> str:
+  """`record` as indented JSON in workdir/name (the folder made if it is not there); prints and returns the path."""
+  os.makedirs(workdir, exist_ok=True)
+  path = os.path.join(workdir, name)
+  with open(path, "w") as f:
+    json.dump(record, f, indent=1)
+  print(f"wrote {path}")
+  return path
 
 
 def define_config(default: str, help_string: str, name: str = "config",
