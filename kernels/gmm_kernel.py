@@ -5,8 +5,9 @@ consecutive visits share each N-tile of the rhs while it is in L2. A visit (see 
 loads the row tile of each lhs, loops over K, and multiplies by the tiles of its group's rhs.
 Several accumulators share the lhs tiles, and an accumulator may sum several products, so one
 kernel computes e.g. [x @ w_gate, x @ w_in] or dz_gate @ w_gate^T + dz_in @ w_in^T. The
-epilogue maps the fp32 accumulators to the output tiles, which are stored masked to the visit's
-rows; zero-fill visits store zeros, so every output row is written exactly once.
+epilogue maps the fp32 accumulators (and the tiles of any [M, N] epilogue inputs at the same
+place, e.g. pre-activations kept from a forward pass) to the output tiles, which are stored masked
+to the visit's rows; zero-fill visits store zeros, so every output row is written exactly once.
 """
 
 from collections.abc import Callable, Sequence
@@ -75,6 +76,7 @@ def grouped_matmul(
     config: tuning.TileConfig,
     interpret: bool,
     name: str,
+    epilogue_inputs: Sequence[jax.Array] = (),
 ) -> list[jax.Array]:
   """Grouped products with a fused epilogue.
 
@@ -82,8 +84,10 @@ def grouped_matmul(
     lhs: arrays [M, K] of one dtype, rows grouped as in `visits`.
     rhs: arrays [G, K, N], or [G, N, K] where rhs_transposed, of the lhs dtype.
     accumulators: per accumulator, the (lhs index, rhs index) pairs whose products it sums.
-    epilogue: fp32 accumulator tiles [block_m, block_n] -> output tiles, one per out_dtypes.
+    epilogue: fp32 accumulator tiles [block_m, block_n], then the epilogue inputs' tiles at the
+      same rows and columns (as fp32) -> output tiles, one per out_dtypes.
     visits: the visits of the groups for config.block_m.
+    epilogue_inputs: arrays [M, N], read only in the epilogue (zero outside the visit's rows).
   Returns:
     outputs [M, N]; rows of the zero-fill pseudo-group are 0.
   """
@@ -103,8 +107,10 @@ def grouped_matmul(
     return load(ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], tile_mask(k_ok, col_ok, (bk, bn)))
 
   def kernel(gid_ref, tile_ref, lo_ref, hi_ref, *refs):
-    num_in = len(lhs) + len(rhs)
-    lhs_refs, rhs_refs, out_refs = refs[:len(lhs)], refs[len(lhs):num_in], refs[num_in:]
+    num_mm = len(lhs) + len(rhs)
+    num_in = num_mm + len(epilogue_inputs)
+    lhs_refs, rhs_refs = refs[:len(lhs)], refs[len(lhs):num_mm]
+    epilogue_refs, out_refs = refs[num_mm:num_in], refs[num_in:]
     visit, j = _swizzle(pl.program_id(0), num_visits, n_tiles)
     g, lo, hi = gid_ref[visit], lo_ref[visit], hi_ref[visit]
     row0 = pl.multiple_of(tile_ref[visit] * bm, bm)
@@ -133,7 +139,9 @@ def grouped_matmul(
     def _compute():
       zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in accumulators)
       accs = lax.fori_loop(0, k_tiles, body, zeros)
-      for ref, tile in zip(out_refs, epilogue(*accs)):
+      extra = [load(r.at[pl.ds(row0, bm), pl.ds(col0, bn)], out_ok).astype(jnp.float32)
+               for r in epilogue_refs]
+      for ref, tile in zip(out_refs, epilogue(*accs, *extra)):
         store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile, out_ok)
 
     @pl.when((lo < hi) & (g == num_groups))
@@ -144,8 +152,9 @@ def grouped_matmul(
   return pl.pallas_call(
       kernel,
       grid=(num_visits * n_tiles,),
-      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *visits, *lhs, *rhs),
+      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *visits, *lhs, *rhs,
+                                   *epilogue_inputs),
       compiler_params=backend.compiler_params(config),
       interpret=interpret,
       name=name,
-  )(*visits, *lhs, *rhs)
+  )(*visits, *lhs, *rhs, *epilogue_inputs)

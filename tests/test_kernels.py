@@ -202,6 +202,90 @@ def test_expert_ffn_and_grads(activation, gated, d, f):
       assert relative_error(ours, ref) < 1e-5
 
 
+NP_ACTIVATION_GRADS = {
+    'gelu': lambda z: (0.5 * (1 + np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)))
+                       + 0.5 * z * (1 - np.tanh(math.sqrt(2 / math.pi) * (z + 0.044715 * z**3)) ** 2)
+                       * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * z**2)),
+    'relu': lambda z: (z > 0).astype(np.float64),
+    'silu': lambda z: (1 / (1 + np.exp(-z))) * (1 + z * (1 - 1 / (1 + np.exp(-z)))),
+}
+
+
+def np_ffn_grads(x, w_in, w_out, group_sizes, activation, w_gate, dy):
+  """float64 (dx, dw_in, dw_out, dw_gate or None) of sum(ffn(x) * dy), by the chain rule per group."""
+  act, dact = NP_ACTIVATIONS[activation], NP_ACTIVATION_GRADS[activation]
+  w_out64 = np.asarray(w_out, np.float64)
+  z_in = np_gmm(x, w_in, group_sizes)
+  dh = np_gmm(dy, np.swapaxes(w_out64, 1, 2), group_sizes)
+  if w_gate is None:
+    h, dz_in, dz_gate = act(z_in), dh * dact(z_in), None
+  else:
+    z_gate = np_gmm(x, w_gate, group_sizes)
+    h, dz_in, dz_gate = act(z_gate) * z_in, dh * act(z_gate), dh * z_in * dact(z_gate)
+  dx = np_gmm(dz_in, np.swapaxes(np.asarray(w_in, np.float64), 1, 2), group_sizes)
+  if w_gate is not None:
+    dx += np_gmm(dz_gate, np.swapaxes(np.asarray(w_gate, np.float64), 1, 2), group_sizes)
+  return (dx, np_tgmm(x, dz_in, group_sizes), np_tgmm(h, dy, group_sizes),
+          None if w_gate is None else np_tgmm(x, dz_gate, group_sizes))
+
+
+# rows past the groups with an empty and a one-row group; every row in one group of four.
+SKEWED_FFN_SIZES = {'skewed': FFN_SIZES, 'one_group_all_rows': (40, [0, 0, 40, 0])}
+
+
+@pytest.mark.parametrize('save', [True, False], ids=['saved', 'recomputed'])
+@pytest.mark.parametrize('activation,gated', [('silu', True), ('gelu', False), ('gelu', True)])
+@pytest.mark.parametrize('sizes', sorted(SKEWED_FFN_SIZES))
+@pytest.mark.sampled(4)
+def test_expert_ffn_backward_matches_numpy(save, activation, gated, sizes):
+  """Both backwards (pre-activations kept from the forward, or recomputed) against float64 NumPy's chain rule: the
+  output and the gradients of x and every weight, on fresh draws."""
+  m, group_sizes = SKEWED_FFN_SIZES[sizes]
+  rng = np.random.default_rng(abs(hash((save, activation, gated, sizes))) % 2**32)
+  draw = lambda shape, scale=1.0: jnp.asarray(scale * rng.standard_normal(shape), jnp.float32)
+  g = len(group_sizes)
+  x, dy = draw((m, K)), draw((m, K))
+  w_in, w_out = draw((g, K, N), 0.3), draw((g, N, K), 0.3)
+  w_gate = draw((g, K, N), 0.3) if gated else None
+  gs = jnp.array(group_sizes, jnp.int32)
+
+  def loss(x, w_in, w_out, w_gate):
+    y = ffn.expert_ffn(x, w_in, w_out, gs, activation, w_gate, tiling=TILING, save_preactivations=save)
+    return jnp.sum(y * dy), y
+
+  grads, y = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3), has_aux=True))(x, w_in, w_out, w_gate)
+  assert relative_error(y, np_ffn(x, w_in, w_out, group_sizes, activation, w_gate)) < 1e-5
+  want = np_ffn_grads(x, w_in, w_out, group_sizes, activation, w_gate, dy)
+  for name, ours, ref in zip(('dx', 'dw_in', 'dw_out', 'dw_gate'), grads, want):
+    assert (ours is None) == (ref is None), name
+    if ref is not None:
+      assert relative_error(ours, ref) < 1e-5, name
+  np.testing.assert_array_equal(grads[0][sum(group_sizes):], 0.0)  # rows past the groups: zero dx
+
+
+def test_saved_preactivations_skip_the_recompute():
+  """The kept pre-activations are the backward's residuals: its first kernel multiplies dy by w_out alone (Triton
+  calls as many; one matmul fewer per pre-activation in its K loop), and they are [M, f] arrays between the passes."""
+  m, sizes = FFN_SIZES
+  gs = jnp.array(sizes, jnp.int32)
+  x, w_in, w_out = (jnp.ones(shape, jnp.bfloat16) for shape in ((m, K), (4, K, N), (4, N, K)))
+
+  def residual_shapes(save):
+    _, vjp = jax.vjp(lambda *a: ffn.expert_ffn(*a[:3], gs, 'silu', a[3], tiling=GPU_TILING, interpret=True,
+                                               save_preactivations=save), x, w_in, w_out, w_in)
+    return sorted(leaf.shape for leaf in jax.tree.leaves(vjp))
+
+  assert residual_shapes(True) == sorted(residual_shapes(False) + [(m, N), (m, N)])
+
+  def dots(save):  # dot_generals inside the backward's Pallas kernels, traced in the interpreter's jaxpr
+    fn = jax.grad(lambda *a: jnp.sum(ffn.expert_ffn(*a[:3], gs, 'silu', a[3], tiling=GPU_TILING, interpret=True,
+                                                    save_preactivations=save).astype(jnp.float32)),
+                  argnums=(0, 1, 2, 3))
+    return str(jax.make_jaxpr(fn)(x, w_in, w_out, w_in)).count('dot_general')
+
+  assert dots(False) - dots(True) == 2  # the recomputed z_gate and z_in
+
+
 def test_expert_ffn_bf16_within_bf16_tolerance():
   m, sizes = FFN_SIZES
   d, f, g = K, N, len(sizes)
@@ -326,6 +410,22 @@ def test_kernels_lower_to_triton(activation, d, f):
   assert _triton_calls(gated, x, w_in, w_out, w_in) == 7
   assert _triton_calls(plain, x, w_in, w_out, None) == 6
   assert _triton_calls(jax.value_and_grad(gmm_loss, argnums=(0, 1)), x, w_in) == 3
+
+
+def test_saved_preactivations_lower_to_triton():
+  """The saving forward (three outputs) and the backward reading the kept pre-activations in its epilogue lower for
+  CUDA: the same kernel count as the recomputing FFN."""
+  m, sizes = FFN_SIZES
+  gs = jnp.array(sizes, jnp.int32)
+  x, w_in, w_out = (jnp.ones(shape, jnp.bfloat16) for shape in ((m, K), (4, K, N), (4, N, K)))
+
+  def loss(x, w_in, w_out, w_gate):
+    y = ffn.expert_ffn(x, w_in, w_out, gs, 'gelu', w_gate, tiling=GPU_TILING, interpret=False,
+                       save_preactivations=True)
+    return jnp.sum(y.astype(jnp.float32))
+
+  assert _triton_calls(jax.value_and_grad(loss, argnums=(0, 1, 2, 3)), x, w_in, w_out, w_in) == 7
+  assert _triton_calls(jax.value_and_grad(loss, argnums=(0, 1, 2)), x, w_in, w_out, None) == 6
 
 
 def test_tuning_table_entries_are_valid_on_gpu():
