@@ -1,5 +1,5 @@
 """expert_backend='auto' (moejax.cost.expert_backend): a measured table's fastest backend at the layer's per-device
-shape, refused where nothing was measured; and 'pallas_unfused', one of the backends it chooses among."""
+shape, refused where nothing was measured; and 'pallas_unfused' and 'pallas_saved', backends it chooses among."""
 
 import dataclasses
 import json
@@ -86,9 +86,10 @@ def test_unfused_pallas_ffn_and_grads_match_numpy(gated, activation):
     np.testing.assert_allclose(float(np.sum(np.asarray(grads[i]) * direction)), numeric, rtol=1e-3)
 
 
-@pytest.mark.slow  # the op itself is checked against NumPy above; this is the layer around it
-def test_unfused_pallas_layer_matches_reference(mesh_2x4):
-  cfg = MoEConfig(**BASE, expert_backend="pallas_unfused", transport="hierarchical")
+@pytest.mark.slow  # the ops are checked against NumPy above and in test_kernels; this is the layer around them
+@pytest.mark.parametrize("backend", ["pallas_unfused", "pallas_saved"])
+def test_pallas_variant_layers_match_reference(mesh_2x4, backend):
+  cfg = MoEConfig(**BASE, expert_backend=backend, transport="hierarchical")
   params = init_params(jax.random.key(0), cfg)
   assert_matches_reference(cfg, mesh_2x4, params, jax.random.normal(jax.random.key(1), (64, 16)))
 
@@ -101,7 +102,7 @@ def test_table_picks_the_fastest_candidate_and_lists_what_did_not_run():
   results = _row(8, 16, 2, 32, "fwd_bwd", {"pallas": 3.0, "ragged_dot": 5.0, "dense_gemm": 1.0, "tokamax": None})
   (row,) = eb.table_from_results(results, {})["shapes"]
   assert row["fastest"] == "pallas" and row["references_median_s"] == {"dense_gemm": 1.0}
-  assert row["not_measured"] == {"tokamax": "absent", "pallas_unfused": "not run"}
+  assert row["not_measured"] == {"tokamax": "absent", "pallas_unfused": "not run", "pallas_saved": "not run"}
 
 
 @pytest.mark.parametrize("fields,mesh,want", [

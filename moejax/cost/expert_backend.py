@@ -21,8 +21,9 @@ from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 
-# The MoEConfig.expert_backend values a table ranks; 'dense' (the reference loop) is never a candidate.
-CANDIDATES = ("pallas", "pallas_unfused", "ragged_dot", "tokamax")
+# The MoEConfig.expert_backend values a table ranks; 'dense' (the reference loop) is never a candidate, nor 'fp8'
+# (a choice of precision, not of speed: 'auto' never changes the numerics).
+CANDIDATES = ("pallas", "pallas_saved", "pallas_unfused", "ragged_dot", "tokamax")
 SHAPE_KEYS = ("model", "d", "f", "experts", "gated", "activation", "rows", "skew", "passes")
 MATCH_KEYS = ("d", "f", "experts", "gated", "activation")
 MAX_ROWS_RATIO = 4.0
@@ -33,7 +34,8 @@ PASSES = ("fwd", "fwd_bwd")
 def table_from_results(results: list[dict], meta: dict) -> dict:
   """The table of bench_kernels results (dicts with SHAPE_KEYS, 'op', 'impl' and 'median_s', or 'skipped' or
   'error'): per FFN shape and pass the median seconds of every candidate that ran, the fastest of them, the
-  references (dense_capacity, torch_grouped_mm, dense_gemm: never chosen) and what was not measured and why.
+  references (the other implementations: dense_capacity, torch_grouped_mm, dense_gemm, fp8; never chosen) and what
+  was not measured and why.
   `meta`: device (its device_kind), platform, dtype, smoke, versions, source."""
   rows = {}
   for e in results:
@@ -56,7 +58,8 @@ def table_from_results(results: list[dict], meta: dict) -> dict:
     row["fastest"] = min(candidates, key=candidates.get) if candidates else None
   return {**meta, "op": "ffn", "candidates": list(CANDIDATES),
           "note": ("pallas = expert_backend='pallas' (the fused FFN, recomputing the hidden pre-activations in the "
-                   "backward); pallas_unfused = expert_backend='pallas_unfused' (separate Pallas gmm calls, the hidden "
+                   "backward); pallas_saved = the fused FFN keeping its pre-activations for the backward; "
+                   "pallas_unfused = expert_backend='pallas_unfused' (separate Pallas gmm calls, the hidden "
                    "activations kept for the backward); medians of the timed calls"),
           "shapes": list(rows.values())}
 

@@ -20,7 +20,7 @@ COLLECTIVES = ("padded", "ragged", "capacity", "auto")
 # The one field `transport` that path and collective were before: each old value as (path, collective).
 TRANSPORT_ALIASES = {"ragged": ("flat", "ragged"), "padded": ("flat", "padded"), "capacity": ("flat", "capacity"),
                      "hierarchical": ("gpu_first", "auto"), "bilevel": ("node_first", "auto")}
-EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_unfused", "tokamax", "auto")
+EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_saved", "pallas_unfused", "tokamax", "fp8", "auto")
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
 COMBINE_DTYPES = (None, "float32", "bfloat16")  # None: float32, as the experts accumulate
@@ -52,7 +52,8 @@ class MoEConfig:
     'ragged', 'padded', 'capacity' = path 'flat' with that collective; 'hierarchical' = 'gpu_first', 'bilevel' =
     'node_first', each with 'auto'. Not stored.
   expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels' fused FFN),
-    'pallas_unfused' (a gmm per matmul, hidden activations kept), 'tokamax' (`moejax[tokamax]`) or 'auto': the fastest
+    'pallas_saved' (the same, its pre-activations kept for the backward), 'pallas_unfused' (a gmm per matmul, hidden
+    activations kept), 'tokamax' (`moejax[tokamax]`), 'fp8' (qwix FP8 matmuls, `moejax[fp8]`) or 'auto': the fastest
     measured at the layer's per-device shape in expert_table (None: the table shipped for the device; resolved when
     the config is made, `moejax.cost.expert_backend.resolve`).
   num_nodes, node_top_k: n, the mesh's nodes, and nodes per token (1 = SMILE), for the node routings.

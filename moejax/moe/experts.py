@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.kernels import ffn as pallas_ffn
-from moejax.kernels import gmm
+from moejax.kernels import fp8, gmm
 from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
 
 
@@ -33,8 +33,10 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
     # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
     in_groups = jnp.arange(x_RxI.shape[0])[:, None] < jnp.sum(group_sizes_G)
     return jnp.where(in_groups, y, 0.0)
-  if backend in ("pallas", "pallas_unfused"):
+  if backend in ("pallas", "pallas_saved", "pallas_unfused"):
     return gmm.gmm(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
+  if backend == "fp8":
+    return fp8.ragged_dot(x_RxI, w_GxIxO, group_sizes_G)
   # dense: every group on every row, masked to its own (G times the FLOPs; the reference speed).
   ends = jnp.cumsum(group_sizes_G)
   row = jnp.arange(x_RxI.shape[0])[:, None]
@@ -64,12 +66,15 @@ def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, a
                dtype=jnp.float32):
   """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. The 'pallas' backend
   runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
-  recomputed); 'pallas_unfused' a gmm per matmul, whose backward keeps the hidden activations instead."""
+  recomputed), 'pallas_saved' the same kernels keeping the [R, f] pre-activations for the backward instead;
+  'pallas_unfused' a gmm per matmul, whose backward keeps the hidden activations; 'fp8' each matmul in FP8
+  (moejax.kernels.fp8)."""
   group_sizes_G = group_sizes_G.astype(jnp.int32)
-  if backend == "pallas":
+  if backend in ("pallas", "pallas_saved"):
     cast = lambda a: None if a is None else a.astype(dtype)
     return pallas_ffn.expert_ffn(cast(x_RxD), cast(w_in_GxDxF), cast(w_out_GxFxD), group_sizes_G, activation,
-                                 w_gate=cast(w_gate_GxDxF)).astype(jnp.float32)
+                                 w_gate=cast(w_gate_GxDxF),
+                                 save_preactivations=backend == "pallas_saved").astype(jnp.float32)
   h_RxF = expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, activation=activation, backend=backend,
                         dtype=dtype)
   return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype)

@@ -44,7 +44,7 @@ def pallas_interprets(platform: str) -> bool:
 def check_vma(expert_backend: str, platform: str) -> bool:
   """shard_map's check_vma for a program running the experts: off only for the Pallas interpreter,
   which cannot yet type its slices by mesh-axis variance (jax 0.10 to 0.12)."""
-  return not (expert_backend in ("pallas", "pallas_unfused") and pallas_interprets(platform))
+  return not (expert_backend in ("pallas", "pallas_saved", "pallas_unfused") and pallas_interprets(platform))
 
 
 def gpu_target_mesh(axis_sizes: dict[str, int] | None = None, device_kind: str = TARGET_GPU) -> jax.sharding.AbstractMesh:
