@@ -26,6 +26,9 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
               shapes, 4096 tokens, bf16: forward and forward+backward of cuDNN's fused kernel, XLA and tokamax
               against the materialised attention (times, TFLOP/s, temporary bytes, errors), and each over a KV
               cache (a prefill, a decode step) against XLA.
+  decoder_step  tokens/s and MFU of the training step of a Qwen3-MoE-shaped decoder (published widths, AdamW with an
+              fp32 master copy) on one device, at each expert count of config.decoder_experts with as many layers as
+              fit the device's memory by the analytic count (moejax.study.memory); MFU against this run's ceilings.
 
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
@@ -55,6 +58,7 @@ if ROOT not in sys.path:  # run as a script: make `benchmarks`, `configs` and `m
 from benchmarks.suite.attention import step_attention  # noqa: E402
 from benchmarks.suite.ceilings import step_ceilings  # noqa: E402
 from benchmarks.suite.chunking import step_chunking  # noqa: E402
+from benchmarks.suite.decoder_step import step_decoder  # noqa: E402
 from benchmarks.suite.env import step_env  # noqa: E402
 from benchmarks.suite.kernels import step_kernels  # noqa: E402
 from benchmarks.suite.layer import step_layer  # noqa: E402
@@ -64,7 +68,8 @@ from moejax import cli  # noqa: E402
 from moejax.validation import ConfigError, require  # noqa: E402
 
 STEP_FUNCTIONS = {'env': step_env, 'ceilings': step_ceilings, 'kernels': step_kernels, 'layer': step_layer,
-                  'chunking': step_chunking, 'train_step': step_train, 'attention': step_attention}
+                  'chunking': step_chunking, 'train_step': step_train, 'attention': step_attention,
+                  'decoder_step': step_decoder}
 STEPS = tuple(STEP_FUNCTIONS)
 
 
@@ -79,6 +84,8 @@ def resolved(config):
     config.iters = 3 if config.smoke else 30
   if not config.train_backends:
     config.train_backends = ('ragged_dot',) if config.smoke else ('ragged_dot', 'pallas')
+  if not config.decoder_backends:
+    config.decoder_backends = ('ragged_dot',) if config.smoke else ('pallas',)
   if config.smoke:
     config.kernel_warmup, config.kernel_iters = 1, 3
   return config

@@ -18,7 +18,8 @@ from moejax.bench.kernel_impls import IMPLS
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.step = ""  # the step to run: env, ceilings, kernels, layer, chunking, train_step or attention
+  # the step to run: env, ceilings, kernels, layer, chunking, train_step, attention or decoder_step
+  config.step = ""
   config.smoke = False  # tiny shapes and few calls (CPU, interpreted Pallas)
   config.warmup = ml_collections.FieldReference(None, field_type=int)  # untimed calls after compiling (5; smoke 1)
   config.iters = ml_collections.FieldReference(None, field_type=int)  # timed calls (30; smoke 3)
@@ -38,5 +39,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.attention_models = tuple(ATTENTION_MODELS)  # attention: a subset of benchmarks.suite.shapes.ATTENTION_MODELS
   config.attention_seq_len = ATTENTION_SEQ_LEN  # attention: tokens of the one sequence (smoke: 32)
   config.attention_impls = attention.IMPLS  # attention: implementations (benchmarks/suite/attention.py)
-  config.dtype = ""  # layer and train_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
+  # decoder_step (benchmarks/suite/decoder_step.py): expert backends (() = pallas; smoke: ragged_dot, as train_step),
+  # the expert counts (each with as many layers as fit), remat of every layer, and the share of the device's memory
+  # limit the analytic count may fill.
+  config.decoder_backends = ()
+  config.decoder_experts = (128, 32)
+  config.decoder_remat = "full"
+  config.decoder_memory_fraction = 0.9
+  config.dtype = ""  # layer, train_step and decoder_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
   return config

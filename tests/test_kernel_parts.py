@@ -38,10 +38,15 @@ def test_each_part_matches_numpy(gated):
           "bwd_dx": per_row(n["dz_in"], n["w_in"], True) + (per_row(n["dz_gate"], n["w_gate"], True) if gated else 0),
           "bwd_dw_in": per_group(n["x"], n["dz_in"]), "bwd_dw_out": per_group(n["h"], n["dy"])}
   want["bwd_hidden"] = ((h, dh * act(z_gate), dh * z_in * dact(z_gate)) if gated else (h, dh * dact(z_in), None))
+  want["hidden_saved"] = (h, z_in, z_gate)
+  kept_in, kept_gate = n["z_in"], n.get("z_gate")  # the pre-activations 'bwd_hidden_saved' reads, random here
+  want["bwd_hidden_saved"] = ((act(kept_gate) * kept_in, dh * act(kept_gate), dh * kept_in * dact(kept_gate)) if gated
+                              else (act(kept_in), dh * dact(kept_in), None))
   if gated:
     want["bwd_dw_gate"] = per_group(n["x"], n["dz_gate"])
   parts = kernel_parts.part_functions(model, interpret=True)
-  assert set(parts) == set(want)
+  assert set(parts) == set(want) == {p for names in kernel_parts.FFN_PARTS.values() for p in names
+                                     if gated or p != "bwd_dw_gate"}
   for name, (fn, _) in parts.items():
     got = jax.tree.leaves(fn(a))
     expected = [w for w in (want[name] if isinstance(want[name], tuple) else (want[name],)) if w is not None]

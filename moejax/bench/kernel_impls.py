@@ -5,13 +5,15 @@ cannot run here."""
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels import activations, ffn
+from moejax.kernels import activations, ffn, fp8
 from moejax.kernels import gmm as gmm_lib
 from moejax.moe import experts as experts_lib
 
-# The first four are what MoEConfig.expert_backend runs for the whole FFN (moejax.cost.expert_backend.CANDIDATES,
-# ranked for expert_backend='auto'); the others are references.
-IMPLS = ('pallas', 'pallas_unfused', 'ragged_dot', 'tokamax', 'torch_grouped_mm', 'dense_capacity', 'dense_gemm')
+# The first five are what MoEConfig.expert_backend runs for the whole FFN (moejax.cost.expert_backend.CANDIDATES,
+# ranked for expert_backend='auto'); 'fp8' is expert_backend='fp8' too, never ranked (it changes the numerics); the
+# others are references.
+IMPLS = ('pallas', 'pallas_saved', 'pallas_unfused', 'ragged_dot', 'tokamax', 'fp8', 'torch_grouped_mm',
+         'dense_capacity', 'dense_gemm')
 
 
 def _hidden(act, z_in, z_gate):
@@ -64,31 +66,32 @@ def _dense(op, act):
   return fn
 
 
-def _pallas(op, act):
+def _pallas(op, act, save_preactivations):
   def fn(params, gs):
-    if op == 'gmm':
+    if op == 'gmm':  # one matmul: nothing to keep, the same call for both FFN variants
       return gmm_lib.gmm(*params, gs)
-    return ffn.expert_ffn(*params[:3], gs, act, params[3] if len(params) == 4 else None)
+    return ffn.expert_ffn(*params[:3], gs, act, params[3] if len(params) == 4 else None,
+                          save_preactivations=save_preactivations)
   return fn
 
 
-def _tokamax(op, activation):
-  """expert_backend='tokamax' as the layer runs it (moejax.moe.experts: fp32 out, computed in x's dtype)."""
+def _as_layer_runs_it(backend, op, activation):
+  """expert_backend=`backend` as the layer runs it (moejax.moe.experts: fp32 out, computed in x's dtype)."""
   def fn(params, gs):
     x, w_in = params[:2]
     if op == 'gmm':
-      return experts_lib.grouped_matmul(x, w_in, gs, 'tokamax')
+      return experts_lib.grouped_matmul(x, w_in, gs, backend)
     w_gate = params[3] if len(params) == 4 else None
-    return experts_lib.expert_ffn(x, gs, w_in, params[2], w_gate, activation=activation, backend='tokamax',
+    return experts_lib.expert_ffn(x, gs, w_in, params[2], w_gate, activation=activation, backend=backend,
                                   dtype=x.dtype)
   return fn
 
 
 def unavailable(impl, dtype) -> str | None:
   """Why `impl` cannot run here (a missing optional package or device), or None."""
-  if impl == 'tokamax':
+  if impl in ('tokamax', 'fp8'):
     try:
-      experts_lib._tokamax()  # pylint: disable=protected-access
+      experts_lib._tokamax() if impl == 'tokamax' else fp8._qwix()  # pylint: disable=protected-access
     except ImportError as e:
       return f'{e} ({type(e.__cause__ or e).__name__}: {e.__cause__ or e})'
   if impl == 'torch_grouped_mm':
@@ -108,14 +111,14 @@ def unavailable(impl, dtype) -> str | None:
 def make_fn(impl, op, model, capacity):
   """fn(params, group_sizes) -> y; params: (x, w_in) for 'gmm', (x, w_in, w_out[, w_gate])."""
   act = activations.get_activation(model['activation'])
-  if impl == 'pallas':
-    return _pallas(op, model['activation'])
+  if impl in ('pallas', 'pallas_saved'):
+    return _pallas(op, model['activation'], impl == 'pallas_saved')
   if impl == 'pallas_unfused':
     return _ragged(gmm_lib.gmm, op, act)
   if impl == 'ragged_dot':
     return _ragged(jax.lax.ragged_dot, op, act)
-  if impl == 'tokamax':
-    return _tokamax(op, model['activation'])
+  if impl in ('tokamax', 'fp8'):
+    return _as_layer_runs_it(impl, op, model['activation'])
   if impl == 'dense_capacity':
     return _capacity(op, act, capacity)
   if impl == 'dense_gemm':

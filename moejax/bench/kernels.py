@@ -3,8 +3,8 @@ kernel benchmark's cases (moejax.bench.kernel_cases), forward and forward+backwa
 by one (moejax.bench.kernel_parts): what experiments/bench_kernels.py and the GPU suite's kernels step record.
 
 Each result is a dict: the case (model, its fields, rows, skew, group_sizes), op, passes, impl, useful_flops and
-either times_s, median_s and tflops (with the error against ragged_dot for pallas and tokamax, against a per-group
-loop for torch), or 'skipped' (a missing optional package or device) or 'error'.
+either times_s, median_s and tflops (with the error against ragged_dot for ERROR_CHECKED, against a per-group loop
+for torch), or 'skipped' (a missing optional package or device) or 'error'.
 """
 
 import statistics
@@ -27,8 +27,12 @@ def _rel_err(ours, ref) -> float:
   return max(errs)
 
 
+# Implementations whose outputs and gradients are compared with ragged_dot's on the same inputs.
+ERROR_CHECKED = ('pallas', 'pallas_saved', 'tokamax', 'fp8')
+
+
 def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
-  """Timings of one implementation; for 'pallas' also its error against ragged_dot."""
+  """Timings of one implementation; for ERROR_CHECKED ones also their error against ragged_dot."""
   capacity = int(-(-sizes.max() // 128) * 128)
   params, dy = make_inputs(model, rows, dtype, op, impl)
   gs = jnp.asarray([rows] if impl == 'dense_gemm' else sizes, jnp.int32)
@@ -49,10 +53,7 @@ def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
                tflops=useful_flops(model, rows, op, bwd) / median / 1e12)
   if impl == 'dense_capacity':
     entry['capacity'] = capacity
-  if impl == 'tokamax':
-    entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), compiled(make_fn('ragged_dot', op, model,
-                                                                                     capacity))(params, gs))
-  if impl == 'pallas':
+  if impl in ERROR_CHECKED:
     ref = compiled(make_fn('ragged_dot', op, model, capacity))(params, gs)
     entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), ref)
   return entry
