@@ -2,11 +2,15 @@
 
 Implementations, each timed forward and forward+backward:
   pallas          moejax.kernels (gmm, or the fused expert_ffn)
+  pallas_saved    the fused expert_ffn keeping its pre-activations for the backward (no recompute;
+                  for 'gmm' the same as pallas)
   pallas_unfused  the FFN as separate moejax.kernels gmm calls with the activation between them
                   (what the fused expert_ffn must beat; for 'gmm' the same as pallas)
   ragged_dot      jax.lax.ragged_dot
   tokamax         expert_backend='tokamax' through moejax.moe.experts (tokamax.ragged_dot, fp32
                   out, rows past the groups masked), when tokamax is importable
+  fp8             expert_backend='fp8' through moejax.moe.experts (every matmul in float8_e4m3fn by
+                  qwix.ragged_dot, moejax.kernels.fp8), when qwix is importable
   torch_grouped_mm  the same FFN in PyTorch with torch._grouped_mm (torchtitan's MoE path), on CUDA,
                   timed with CUDA events; weights laid out as torchtitan's ([G, out, in], used
                   transposed); its error against a per-group torch matmul loop
@@ -16,9 +20,9 @@ Implementations, each timed forward and forward+backward:
 Ops: 'gmm' (x [R, d] @ w_in [G, d, f]), 'ffn' (the whole expert FFN) and 'parts' (each kernel of the fused
 FFN alone, forward and backward: moejax/bench/kernel_parts.py). TFLOP/s count useful
 FLOPs only (2 * R * d * f per matmul, x3 for forward+backward): recomputation in our backward
-and capacity padding show up as lower TFLOP/s. Each pallas result also records its relative
-error (outputs and gradients) against ragged_dot on the same inputs. An implementation whose
-package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is recorded with
+and capacity padding show up as lower TFLOP/s. Each pallas, pallas_saved, tokamax and fp8 result also
+records its relative error (outputs and gradients) against ragged_dot on the same inputs. An implementation
+whose package or device is missing (tokamax; qwix for fp8; torch or CUDA for torch_grouped_mm) is recorded with
 'skipped': the reason, and no timings.
 
   python -m experiments.bench_kernels --workdir=results/kernels_h100
@@ -28,7 +32,7 @@ package or device is missing (tokamax; torch or CUDA for torch_grouped_mm) is re
 
 Every option is a field of configs/bench_kernels.py. Writes <workdir>/kernels.json and, with backend_table,
 <workdir>/backend_table.json (what expert_backend='auto' reads: expert_table='<workdir>/backend_table.json').
-A full run (5 models x 3 row counts x 2 skews x 2 ops x 2 passes x 7 implementations) takes
+A full run (5 models x 3 row counts x 2 skews x 2 ops x 2 passes x 9 implementations) takes
 tens of minutes on an H100; config.models/rows/ops narrow it. The shapes and FLOP counts are in
 moejax/bench/kernel_cases.py, the JAX implementations in moejax/bench/kernel_impls.py, torch's in
 moejax/bench/torch_ffn.py, their timing in moejax/bench/kernels.py; this program writes the record.

@@ -111,7 +111,7 @@ def test_env_names_the_machine(records):
   assert env["devices"] and env["devices"][0]["platform"] == "cpu"
   assert env["nvidia_smi"]["available"] in (True, False)
   assert "jax" in env["environment_info"]
-  assert set(env["optional_imports"]) == {"ml_collections", "tensorboardX", "tokamax"}
+  assert set(env["optional_imports"]) == {"ml_collections", "tensorboardX", "tokamax", "qwix"}
 
 
 def test_ceilings_give_rates(records):

@@ -13,7 +13,7 @@ import time
 import jax
 import numpy as np
 
-OPTIONAL_PACKAGES = ('ml_collections', 'tensorboardX', 'tokamax')
+OPTIONAL_PACKAGES = ('ml_collections', 'tensorboardX', 'tokamax', 'qwix')
 
 
 def timing(times: list[float]) -> dict:
