@@ -65,6 +65,7 @@ def test_fp8_ragged_dot_is_the_product_of_the_quantized_operands(case):
   assert relative_error(dw, want_dw) < 1e-5
 
 
+@pytest.mark.slow  # the op itself is checked against NumPy above; this is the layer around it
 def test_fp8_layer_within_fp8_tolerance_of_the_bf16_backend(mesh_2x4):
   """The MoE layer (padded exchange, 2 x 4 mesh, gated experts) in bf16 with 'fp8' against 'ragged_dot' experts:
   outputs and gradients a few percent apart (two FP8 matmuls in a row, each within e4m3's half step of 2^-4 per
