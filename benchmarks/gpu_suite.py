@@ -13,7 +13,7 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
   layer       the MoE layer (`moejax.moe.layer.moe_apply`) on a 1x1 mesh: forward and
               forward+backward, the forward's phases (`moejax.study.phase_timing.measure_phases`),
               MFU of the expert FLOPs against this run's ceilings GEMM rate, and the outputs of the
-              'ragged' and 'padded' transports compared ('ragged' is skipped where XLA has no ragged
+              'ragged' and 'padded' collectives compared ('ragged' is skipped where XLA has no ragged
               all-to-all, e.g. on CPU).
   chunking    Comet's costs of decomposing the expert GEMMs (one GPU, Mixtral 8x7B shape, 16k rows):
               the first GEMM as C row chunks vs one call (C = 1, 2, 4, 8), the second GEMM as C column

@@ -204,26 +204,26 @@ def test_backend_table_picks_the_fastest_candidate_only():
   assert row["not_measured"] == {"tokamax": "no tokamax", "pallas_saved": "not run"}
 
 
-def test_layer_has_phases_mfu_and_the_transport_comparison(records):
+def test_layer_has_phases_mfu_and_the_collective_comparison(records):
   layer = records["layer"]
   assert positive(layer["gemm_tflops"]), layer["mfu_reference"]  # this run's ceilings
   measured = [c for c in layer["cases"] if "skipped" not in c]
   skipped = [c for c in layer["cases"] if "skipped" in c]
   assert {c["expert_backend"] for c in measured} == {"ragged_dot", "pallas"}
-  assert all(c["transport"] == "padded" for c in measured)
-  assert skipped and all(c["transport"] == "ragged" and "ragged all-to-all" in c["skipped"] for c in skipped)
+  assert all(c["collective"] == "padded" for c in measured)
+  assert skipped and all(c["collective"] == "ragged" and "ragged all-to-all" in c["skipped"] for c in skipped)
   for c in measured:
     assert positive(c["phases_ms"]["layer_ms"]) and positive(c["phases_ms"]["layer_expert_ms"])
     for name in ("fwd", "fwd_bwd", "expert_phase"):
       assert positive(c[f"tflops_{name}"]) and positive(c[f"mfu_{name}"])
     assert c["expert_flops_fwd_bwd"] == 3 * c["expert_flops_fwd"] > 0
     assert sum(c["expert_counts"]) == c["rows"]
-  assert layer["transport_comparison"] and all("skipped" in c for c in layer["transport_comparison"])
+  assert layer["collective_comparison"] and all("skipped" in c for c in layer["collective_comparison"])
 
 
 def test_train_step_reports_tokens_per_second(records):
   train = records["train_step"]
-  assert train["transport"] == "padded"
+  assert train["collective"] == "padded"
   (run,) = train["runs"]
   assert positive(run["tokens_per_s"]) and positive(run["parameters"])
   assert math.isclose(run["tokens_per_s"], train["tokens_per_step"] / run["median_s"])

@@ -69,7 +69,7 @@ def step_chunking(config, rec: Record):
   for backend in backends:
     for schedule, pieces in (('sequential', 1), *(('chunked', c) for c in chunks[1:]),
                              *(('comet', c) for c in chunks)):
-      cfg = MoEConfig(**shape, transport='padded', expert_backend=backend, dtype=dtype, schedule=schedule,
+      cfg = MoEConfig(**shape, collective='padded', expert_backend=backend, dtype=dtype, schedule=schedule,
                       num_chunks=pieces)
       case = {'schedule': schedule, 'num_chunks': pieces, 'expert_backend': backend}
       case.update(layer_case(cfg, tokens, mesh, config, ceiling, phases=False)[0])

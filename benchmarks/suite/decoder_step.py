@@ -23,7 +23,6 @@ from benchmarks.suite.layer import compute_dtype, read_ceiling
 from benchmarks.suite.record import Record, say, timing
 from moejax.kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
-from moejax.runtime import platform as platform_lib
 
 DECODER_TOKENS = (2, 4096)  # sequences x tokens per step
 SMOKE_TOKENS = (2, 16)
@@ -44,7 +43,7 @@ def decoder_config(layers: int, experts: int, backend: str, remat: str, smoke: b
   config.model.update(num_layers=layers, moe_layers=(True,) * layers, remat=remat, dtype=dtype, param_dtype=dtype,
                       max_len=max(config.model.max_len, seq_len))
   config.moe.update(num_experts=experts, num_nodes=1, path='flat', buffer_factor=None, expert_backend=backend,
-                    collective=platform_lib.flat_transport(jax.devices()[0].platform), dtype=dtype)
+                    collective='auto', dtype=dtype)
   config.optim.update(master_dtype='float32' if dtype == 'bfloat16' else None)
   return config
 

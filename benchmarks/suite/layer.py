@@ -1,5 +1,5 @@
 """The layer step: the MoE layer (`moejax.moe.layer.moe_apply`) on a 1x1 mesh, forward and forward+backward, its
-phases and MFU against this run's ceilings; the 'ragged' and 'padded' transports compared (also under overflow);
+phases and MFU against this run's ceilings; the 'ragged' and 'padded' collectives compared (also under overflow);
 one row per choice against dedup and an FP8 / BF16 wire."""
 
 import json
@@ -13,11 +13,11 @@ from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
 from moejax.cost import model as cost_model
 from moejax.kernels.tuning import time_call
+from moejax.moe import collective as collective_lib
 from moejax.moe import layer as layer_lib
 from moejax.moe import params as params_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.runtime import platform as platform_lib
 from moejax.study import phase_timing
 
 
@@ -92,22 +92,22 @@ def step_layer(config, rec: Record):
   say(f'MFU reference: {ceiling} TFLOP/s ({source})')
   mesh = mesh_lib.make_mesh(1, 1)
   cases, comparisons = [], []
-  rec['cases'], rec['transport_comparison'] = cases, comparisons
+  rec['cases'], rec['collective_comparison'] = cases, comparisons
   for name, shape in models.items():
     shape = dict(shape)
     tokens = shape.pop('tokens')
     for backend in config.layer_backends:
       outputs = {}
-      for transport in ('ragged', 'padded'):
-        cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype)
+      for collective in ('ragged', 'padded'):
+        cfg = MoEConfig(**shape, collective=collective, expert_backend=backend, dtype=dtype)
         case = {'model': name, 'tokens': tokens, 'rows': tokens * cfg.choices_per_token, **shape,
-                'transport': transport, 'expert_backend': backend, 'dtype': dtype}
-        if transport == 'ragged' and not platform_lib.has_ragged_all_to_all(platform):
+                'collective': collective, 'expert_backend': backend, 'dtype': dtype}
+        if not collective_lib.runs_on(collective, platform):
           case['skipped'] = f'XLA:{platform.upper()} has no ragged all-to-all (moejax.runtime.platform)'
         else:
-          measured, outputs[transport] = layer_case(cfg, tokens, mesh, config, ceiling)
+          measured, outputs[collective] = layer_case(cfg, tokens, mesh, config, ceiling)
           case.update(measured)
-          say(f"{name} {backend} {transport}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
+          say(f"{name} {backend} {collective}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
               f"{case['fwd_bwd']['median_s'] * 1e3:.3f} ms, expert phase {case['phases_ms']['layer_expert_ms']:.3f} "
               f"ms, MFU fwd {case['mfu_fwd']}, fwd+bwd {case['mfu_fwd_bwd']}")
         cases.append(case)
@@ -119,7 +119,7 @@ def step_layer(config, rec: Record):
                           rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
                           bitwise_equal=bool(np.array_equal(a, b)))
       else:
-        comparison['skipped'] = 'ragged transport not run on ' + platform
+        comparison['skipped'] = 'ragged collective not run on ' + platform
       comparisons.append(comparison)
       say(f'ragged vs padded {name} {backend}: {comparison}')
       rec.save()
@@ -142,14 +142,14 @@ WIRE_VARIANTS = {'per_choice': dict(dedup=False), 'dedup': dict(dedup=True),
 def _wire_comparison(name: str, shape: dict, tokens: int, dtype: str, mesh, platform: str, config,
                      ceiling: float | None) -> list[dict]:
   """Forward and forward+backward times of the layer per `WIRE_VARIANTS` (the first expert backend, the platform's
-  flat transport), and each output's error against the per-choice one."""
-  backend, transport = config.layer_backends[0], platform_lib.flat_transport(platform)
+  one-hop collective), and each output's error against the per-choice one."""
+  backend, collective = config.layer_backends[0], collective_lib.resolve("auto", platform)
   cases, baseline = [], None
   for variant, fields in WIRE_VARIANTS.items():
-    cfg = MoEConfig(**shape, transport=transport, expert_backend=backend, dtype=dtype, **fields)
+    cfg = MoEConfig(**shape, collective=collective, expert_backend=backend, dtype=dtype, **fields)
     measured, y = layer_case(cfg, tokens, mesh, config, ceiling, phases=False)
     baseline = y if baseline is None else baseline
-    case = {'model': name, 'variant': variant, 'transport': transport, 'expert_backend': backend, **fields,
+    case = {'model': name, 'variant': variant, 'collective': collective, 'expert_backend': backend, **fields,
             **measured, 'rel_err_vs_per_choice': float(np.linalg.norm(y - baseline) /
                                                        max(np.linalg.norm(baseline), 1e-30))}
     say(f"{name} {variant}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd {case['fwd_bwd']['median_s'] * 1e3:.3f}"
@@ -164,20 +164,20 @@ OVERFLOW_BUFFER_FACTOR = 0.5  # on one device every row stays local: half of the
 def _overflow_comparison(shape: dict, tokens: int, dtype: str, mesh, platform: str) -> dict:
   """Forward outputs and overflow counts of 'ragged' and 'padded' with receive buffers too small."""
   out = {'buffer_factor': OVERFLOW_BUFFER_FACTOR, 'expert_backend': 'ragged_dot'}
-  if not platform_lib.has_ragged_all_to_all(platform):
-    out['skipped'] = 'ragged transport not run on ' + platform
+  if not collective_lib.runs_on('ragged', platform):
+    out['skipped'] = 'ragged collective not run on ' + platform
     return out
   k_params, k_x = jax.random.split(jax.random.key(0))
   results = {}
-  for transport in ('ragged', 'padded'):
-    cfg = MoEConfig(**shape, transport=transport, expert_backend='ragged_dot', dtype=dtype,
+  for collective in ('ragged', 'padded'):
+    cfg = MoEConfig(**shape, collective=collective, expert_backend='ragged_dot', dtype=dtype,
                     buffer_factor=OVERFLOW_BUFFER_FACTOR)
     params = params_lib.init_params(k_params, cfg, jnp.dtype(dtype))
     x = jax.random.normal(k_x, (tokens, cfg.d_model), jnp.dtype(dtype))
     y, aux = jax.jit(lambda p, v, cfg=cfg: layer_lib.moe_apply(p, v, cfg, mesh))(params, x)
-    results[transport] = np.asarray(y, np.float32)
-    out[f'tokens_overflowed_{transport}'] = int(aux['tokens_overflowed'])
-    out[f'zero_rows_{transport}'] = int(np.sum(np.all(results[transport] == 0, axis=1)))
+    results[collective] = np.asarray(y, np.float32)
+    out[f'tokens_overflowed_{collective}'] = int(aux['tokens_overflowed'])
+    out[f'zero_rows_{collective}'] = int(np.sum(np.all(results[collective] == 0, axis=1)))
   a, b = results['ragged'], results['padded']
   out.update(max_abs_diff=float(np.max(np.abs(a - b))), bitwise_equal=bool(np.array_equal(a, b)),
              rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)))

@@ -6,9 +6,9 @@ import jax
 from benchmarks.suite.layer import compute_dtype
 from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import SMOKE_TRAIN_SHAPE, TRAIN_SHAPE
+from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.runtime import platform as platform_lib
 
 
 def _train_run(config, shape: dict, model_cfg, moe_cfg: MoEConfig, mesh) -> dict:
@@ -29,19 +29,19 @@ def step_train(config, rec: Record):
 
   shape = SMOKE_TRAIN_SHAPE if config.smoke else TRAIN_SHAPE
   dtype = compute_dtype(config)
-  transport = platform_lib.flat_transport(jax.devices()[0].platform)
+  collective = collective_lib.resolve('auto', jax.devices()[0].platform)
   mesh = mesh_lib.make_mesh(1, 1)
   model_cfg = ModelConfig(kind='bert', vocab_size=shape['vocab_size'], num_layers=shape['num_layers'],
                           d_model=shape['d_model'], num_heads=shape['num_heads'], d_ff=shape['d_ff'],
                           max_len=shape['seq_len'], dropout=0.1, moe_every=2, dtype=dtype)
-  rec.data.update(shape=shape, model='bert', moe_every=2, dtype=dtype, transport=transport, mesh='1x1',
+  rec.data.update(shape=shape, model='bert', moe_every=2, dtype=dtype, collective=collective, mesh='1x1',
                   micro_batches=1, tokens_per_step=shape['batch'] * shape['seq_len'], warmup=config.warmup,
                   iters=config.iters)
   runs = []
   rec['runs'] = runs
   for backend in config.train_backends:
     moe_cfg = MoEConfig(num_experts=shape['num_experts'], top_k=shape['top_k'], d_model=shape['d_model'],
-                        d_ff=shape['d_ff'], transport=transport, expert_backend=backend, activation='gelu',
+                        d_ff=shape['d_ff'], collective=collective, expert_backend=backend, activation='gelu',
                         dtype=dtype)
     run = _train_run(config, shape, model_cfg, moe_cfg, mesh)
     runs.append(run)

@@ -9,8 +9,8 @@ It is priced here as seconds per byte of routed row (rows x d_model x bytes per 
 carries over to other widths and row counts on a GPU with the same memory bandwidth (the H800 has the H100 SXM5's
 HBM3, 3.35 TB/s).
 
-The padded collective's cases are used (the record's 'transport' field): their 'other' is the non-expert work
-alone, while the ragged cases on one device fold a single-device ragged exchange of about 20 ms into the timed phases and leave a negative remainder.
+The padded collective's cases are used (a case's 'collective', or 'transport' in records written before the
+split): their 'other' is the non-expert work alone, while the ragged cases on one device fold a single-device ragged exchange of about 20 ms into the timed phases and leave a negative remainder.
 
 Who pays it (Comet, arXiv 2502.19811): its baselines run these phases as kernels of their own (Fig. 11 counts
 'local token indexing, dispatch and combine' as computation; FasterMoE's 'customized Scatter/Gather operators' and
@@ -46,20 +46,20 @@ class RowCost:
     return float(rows) * d_model * element_bytes * self.seconds_per_byte
 
 
-def from_layer_json(path, model: str, transport: str = "padded", name: str | None = None) -> RowCost:
-  """The mean over expert backends of layer_other_ms / (rows x d_model x 2 bytes) of `model`'s `transport` cases
+def from_layer_json(path, model: str, collective: str = "padded", name: str | None = None) -> RowCost:
+  """The mean over expert backends of layer_other_ms / (rows x d_model x 2 bytes) of `model`'s `collective` cases
   in a `phase_timing` layer record (bf16 rows)."""
   with open(path) as f:
     record = json.load(f)
-  cases = [c for c in record["cases"] if c["model"] == model and c["transport"] == transport]
+  cases = [c for c in record["cases"] if c["model"] == model and c.get("collective", c.get("transport")) == collective]
   if not cases:
-    raise ValueError(f"{path} has no {transport!r} case of model {model!r}")
+    raise ValueError(f"{path} has no {collective!r} case of model {model!r}")
   per_byte = [c["phases_ms"]["layer_other_ms"] * 1e-3 / (c["rows"] * c["d_model"] * 2) for c in cases]
   if min(per_byte) <= 0:
-    raise ValueError(f"{path}: a non-positive 'other' remainder in {model!r} {transport!r}: {per_byte}")
+    raise ValueError(f"{path}: a non-positive 'other' remainder in {model!r} {collective!r}: {per_byte}")
   backends = ", ".join(c["expert_backend"] for c in cases)
   return RowCost(float(np.mean(per_byte)),
-                 f"measured: {name or path} {model} {transport} ({backends}) layer_other_ms / routed row bytes on "
+                 f"measured: {name or path} {model} {collective} ({backends}) layer_other_ms / routed row bytes on "
                  f"{record.get('device', 'unknown device')}, mean of {len(cases)}")
 
 

@@ -25,11 +25,6 @@ def has_ragged_all_to_all(platform: str) -> bool:
   return platform in RAGGED_PLATFORMS
 
 
-def flat_transport(platform: str) -> str:
-  """The one-hop ragged transport to use on `platform`."""
-  return "ragged" if has_ragged_all_to_all(platform) else "padded"
-
-
 def simulates_nodes(platform: str) -> bool:
   """Whether one process's devices may stand for several nodes: only simulated CPU devices; on a GPU machine
   a process's devices are one node (the 'node' axis is the host boundary)."""
