@@ -14,7 +14,7 @@ from experiments import wire_traffic as wt
 from moejax.moe import path as path_lib
 from tests.helpers import ENV, ROOT
 
-RECORD = ROOT / "benchmarks" / "results" / "2026-11-24-cpu" / "wire_traffic.json"
+RECORD = ROOT / "benchmarks" / "results" / "2026-11-25-cpu" / "wire_traffic.json"
 pytestmark = pytest.mark.xdist_group("wire_traffic")  # one worker runs the quick study its tests share
 
 
