@@ -90,6 +90,23 @@ def _paths_of_description(description: str) -> list[str]:
   return [_canonical(entry.rsplit(":", 1)[0]) for entry in description.split(";")]
 
 
+# Where a model's layers are in its state, by the value of model.scan_layers that lays them out so
+# (`moejax.models.layers`): one entry per layer, or stacked per segment.
+LAYER_LAYOUTS = {"['params']['blocks']": False, "['params']['segments']": True}
+
+
+def _layer_layout_hint(saved, want: str) -> str:
+  """The fix when a checkpoint's layers are laid out otherwise than the config's (e.g. a run from before scanned
+  layers, which were unrolled, resumed with today's default scan_layers=True); '' otherwise."""
+  layout = lambda description: next((scan for key, scan in LAYER_LAYOUTS.items() if key in description), None)
+  had, wants = layout(saved if isinstance(saved, str) else ""), layout(want)
+  if had is None or wants is None or had == wants:
+    return ""
+  name = lambda scan: "scanned (params/segments/...)" if scan else "unrolled (params/blocks/i/...)"
+  return (f": its model's layers are {name(had)}, this config's {name(wants)}; set model.scan_layers={had} "
+          f"(--config.model.scan_layers={had}) to resume it (runs from before scanned layers are unrolled)")
+
+
 def _brief(error: Exception) -> str:
   lines = str(error).splitlines() or [""]
   return f"{type(error).__name__}: {lines[0][:300]}"
@@ -164,9 +181,10 @@ class Checkpointer:
       return None, f"metadata: {_brief(e)}"
     saved = meta.get("describe")
     if (_part_of(saved, abstract_state) if part and isinstance(saved, str) else saved) != want:
+      hint = _layer_layout_hint(saved, want)
       raise ConfigError(f"checkpoint step {step} in {self.directory} holds a state of another shape "
-                        f"than this config's; use another workdir.\n  checkpoint: {saved}"
-                        f"\n  config:     {want}")
+                        f"than this config's{hint}; use another workdir.\n  checkpoint: {saved}"
+                        f"\n  config:     {want}", "model.scan_layers" if hint else None)
     try:
       state = self.manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.PyTreeRestore(abstract_state, ocp.checkpoint_utils.construct_restore_args(abstract_state),

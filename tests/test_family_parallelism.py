@@ -5,8 +5,10 @@ logits (the fixtures of tests/data/hf), with the parameters really split."""
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 import moejax.models
+from moejax.models import layers
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
@@ -28,10 +30,12 @@ def test_tensor_parallel_and_fsdp_give_transformers_logits(devices, family, layo
   for copy in range(4):
     got = logits[2 * copy:2 * copy + 2]
     assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-4
-  attn = model.blocks[0].attn
-  query = attn.q_proj if family == "qwen2_moe" else attn.q_b_proj
-  spec = query.kernel[...].sharding.spec
-  assert (tuple(spec)[1:2] == (mesh_lib.GPU,)) == layout.get("tensor_parallel", False), spec
+  path, r = layers.where(model.cfg)[0]  # scanned: the segment's stacked kernel [R, d, heads], R never sharded
+  attn = layers.subtree(nnx.to_pure_dict(nnx.state(model, nnx.Param)), path, None)["attn"]
+  spec = attn["q_proj" if family == "qwen2_moe" else "q_b_proj"]["kernel"].sharding.spec
+  lead = 0 if r is None else 1
+  assert tuple(spec)[:lead] == (None,) * lead, spec
+  assert (tuple(spec)[lead + 1:lead + 2] == (mesh_lib.GPU,)) == layout.get("tensor_parallel", False), spec
   embed = model.embed.embedding[...].sharding.spec
   want = (mesh_lib.NODE if layout.get("tensor_parallel") else mesh_lib.AXES) if layout.get("fsdp") else None
   assert (tuple(embed) + (None,))[0] == want, embed

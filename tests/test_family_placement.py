@@ -16,7 +16,7 @@ from safetensors.numpy import load_file
 import moejax.infer
 import moejax.models
 from moejax.infer import decode
-from moejax.models import hf_config
+from moejax.models import hf_config, layers
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.moe import reference
@@ -85,7 +85,7 @@ def _check_layout(model, tensors, order, mesh):
   expert weights holds those experts' tensors, and the router columns and biases follow them."""
   flat = {device.id: k for k, device in enumerate(mesh.devices.flat)}
   for j, (block, layer) in enumerate(zip(moe_block_indices(model.cfg), _moe_layers(tensors))):
-    moe = model.blocks[block].ffn.moe
+    moe = layers.layer_module(model, block).ffn.moe
     prefix = f"model.layers.{layer}.mlp"
     for name, hf_name in EXPERT_TENSORS.items():
       weights = getattr(moe, name)[...]
@@ -124,7 +124,7 @@ def test_placed_checkpoint_keeps_the_logits_and_puts_experts_on_their_devices(fa
   _check_layout(model, tensors, order, mesh_2x4)
   if family == "deepseek_v3":  # the bias matters here: the placed bias is no longer the checkpoint's order
     bias = tensors[f"model.layers.{_moe_layers(tensors)[0]}.mlp.gate.e_score_correction_bias"]
-    assert not np.array_equal(np.asarray(model.blocks[1].ffn.moe.expert_bias[...]), bias)
+    assert not np.array_equal(np.asarray(layers.layer_module(model, 1).ffn.moe.expert_bias[...]), bias)
   logits, _ = model(np.tile(ref["tokens"], (TILE, 1)))
   logits = np.asarray(logits)
   for copy in range(TILE):
@@ -266,7 +266,7 @@ def test_smile_model_placement_moves_the_bias_and_keeps_the_shared_experts(mesh_
   order = np.take_along_axis(apply_lib.expert_order(first), apply_lib.expert_order(second), axis=1)
   np.testing.assert_array_equal(np.asarray(twice.expert_order), order)
   for j, block in enumerate(moe_block_indices(cfg)):
-    old, new = model.blocks[block].ffn.moe, twice.blocks[block].ffn.moe
+    old, new = layers.layer_module(model, block).ffn.moe, layers.layer_module(twice, block).ffn.moe
     np.testing.assert_array_equal(np.asarray(new.w_gate[...]), np.asarray(old.w_gate[...])[order[j]])
     np.testing.assert_array_equal(np.asarray(new.router.kernel[...]), np.asarray(old.router.kernel[...])[:, order[j]])
     np.testing.assert_array_equal(np.asarray(new.expert_bias[...]), biases[j][order[j]])

@@ -14,9 +14,11 @@ from tests.helpers import ENV, ROOT
 
 @pytest.mark.slow
 def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
-  """Exchanges, in program order: the two MoE layers' forward, then their backward (upper layer first).
+  """Unrolled, exchanges in program order: the two MoE layers' forward, then their backward (upper layer first).
   default: no exchange depends on any gradient all-reduce (XLA may run them at the same time);
-  prioritized: the lower layer's backward exchange depends on the all-reduces of the blocks above it."""
+  prioritized: the lower layer's backward exchange depends on the all-reduces of the blocks above it.
+  Scanned (the layers' backward one loop): with prioritized only, the gradient the loop carries into the next
+  iteration's exchanges is computed after the iteration's all-reduces. The same gradients in every case."""
   env = {**ENV, "XLA_FLAGS": f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning"}
   done = subprocess.run([sys.executable, "tests/programs/grad_sync_check.py", str(tmp_path)], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
@@ -27,6 +29,8 @@ def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
   assert len(result["default"]) == len(result["prioritized"]) == 4
   assert result["default"] == [0, 0, 0, 0]
   assert result["prioritized"][:3] == [0, 0, 0] and result["prioritized"][3] > 0
+  assert result["scanned_default"] is False and result["scanned_prioritized"] is True
+  assert result["scanned_relative_difference"] < 1e-5
 
 
 def test_bad_grad_sync_is_named():

@@ -23,6 +23,7 @@ from safetensors.numpy import load_file, save_file
 
 import moejax.infer as infer
 import moejax.models as models
+from moejax.models import layers
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
 
@@ -162,8 +163,8 @@ def test_moe_options_keep_logits_and_routing(mesh_2x4, family, moe):
   tokens = ref["router_ids"].shape[1]
   np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
   if "slots_per_device" in moe:  # the spare slots really hold replicas of other holders' experts
-    table = np.asarray(nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))["blocks"][1]["ffn"]["moe"]
-                       ["slot_expert"])
+    rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+    table = np.asarray(layers.per_layer(rest, model.cfg)[1]["ffn"]["moe"]["slot_expert"])
     assert table.shape[1] == moe["slots_per_device"] and len(np.unique(table)) == model.moe_cfg.num_experts
     assert len(np.unique(table[:, -1])) == table.shape[0]
 
@@ -340,20 +341,39 @@ def test_round_trip_shards_with_index(loaded, tmp_path, family):
   assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
 
 
+@pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES])
+def test_unrolled_layers_match_transformers_and_round_trip(mesh_2x4, tmp_path, family):
+  """model.scan_layers=False (one module per layer, `blocks/i/...`: the layout before scanned layers): transformers'
+  logits and greedy tokens (vanilla and ExFlow), the checkpoint written back bit for bit, and the same parameters as
+  the scanned model's, layer by layer."""
+  ref = reference(family)
+  model = models.from_hf(str(DATA / family), mesh_2x4, model={"scan_layers": False})
+  assert not model.cfg.scan_layers and len(model.blocks) == model.cfg.num_layers
+  assert relative_error(np.asarray(model(tiled(ref["tokens"]))[0])[:2], ref["logits"]) < TOL
+  steps = ref["greedy"].shape[1] - ref["prompt"].shape[1]
+  for mode in ("vanilla", "exflow"):
+    np.testing.assert_array_equal(infer.generate_tokens(model, ref["prompt"], steps, mode=mode), ref["greedy"])
+  out = str(tmp_path / "export")
+  models.to_hf(model, out)
+  assert_checkpoint_equals_fixture(out, family)
+  scanned = models.from_hf(str(DATA / family), mesh_2x4)
+  per_layer = lambda m: layers.per_layer(model_state(m)["params"], m.cfg)
+  assert_states_equal({"layers": per_layer(scanned)}, {"layers": per_layer(model)})
+
+
 @group("deepseek_v3")
 def test_deepseek_v3_balancing_bias_survives(loaded, tmp_path):
   fixture = load_file(DATA / "deepseek_v3" / "model.safetensors")
   model = loaded.model("deepseek_v3")
-  rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
+  rest = layers.per_layer(nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param))), model.cfg)
   out = str(tmp_path / "export")
   models.to_hf(model, out)
-  back = nnx.to_pure_dict(nnx.state(models.from_hf(out, loaded.mesh), nnx.Not(nnx.Param)))
+  back = layers.per_layer(nnx.to_pure_dict(nnx.state(models.from_hf(out, loaded.mesh), nnx.Not(nnx.Param))), model.cfg)
   written = load_file(os.path.join(out, "model.safetensors"))
   for layer in (1, 2):  # the MoE layers (layer 0 is dense)
     name = f"model.layers.{layer}.mlp.gate.e_score_correction_bias"
     assert np.any(fixture[name] != 0)
-    for bias in (rest["blocks"][layer]["ffn"]["moe"]["expert_bias"], back["blocks"][layer]["ffn"]["moe"]["expert_bias"],
-                 written[name]):
+    for bias in (rest[layer]["ffn"]["moe"]["expert_bias"], back[layer]["ffn"]["moe"]["expert_bias"], written[name]):
       np.testing.assert_array_equal(np.asarray(bias), fixture[name])
 
 

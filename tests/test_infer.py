@@ -11,7 +11,6 @@ from flax import nnx
 
 from moejax.infer import decode, exflow, load
 from moejax.models import state as state_lib
-from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
@@ -211,9 +210,12 @@ def test_exflow_takes_deepseek_routing_shared_experts_and_replicas(mesh_2x4, pro
               bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True, slots_per_device=2)
   table = np.array([[d, d % 2] for d in range(8)], np.int32)
   table[7, 1] = 7
-  for i, block in enumerate(b for b in ds.blocks if isinstance(b.ffn, MoEFFN)):
-    block.ffn.moe.expert_bias[...] = np.random.default_rng(i).normal(0, 0.3, E).astype(np.float32)
-    block.ffn.moe.slot_expert[...] = table
+  graphdef, params, rest = nnx.split(ds, nnx.Param, ...)
+  layers = ds.cfg.num_moe_layers
+  biases = np.stack([np.random.default_rng(i).normal(0, 0.3, E).astype(np.float32) for i in range(layers)])
+  rest = state_lib.with_expert_biases(ds.cfg, nnx.to_pure_dict(rest), biases)
+  rest = state_lib.with_slot_tables(ds.cfg, rest, np.stack([table] * layers))
+  ds = nnx.merge(graphdef, nnx.to_pure_dict(params), rest)
   want = decode.generate(ds, prompts, STEPS)
   got = decode.generate(ds, prompts, STEPS, mode="exflow")
   np.testing.assert_array_equal(got.tokens, want.tokens)

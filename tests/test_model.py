@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from moejax.models import layers
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig
 from moejax.models.language_model import LanguageModel
@@ -79,7 +80,7 @@ def test_shapes_aux_and_moe_every_other_layer(model):
   positions = jnp.tile(jnp.array([[3, 0, 7]]), (8, 1))
   picked, _ = model(tokens, positions)
   np.testing.assert_allclose(picked, logits[:, [3, 0, 7]], rtol=1e-5, atol=1e-5)
-  kinds = [type(b.ffn).__name__ for b in model.model.blocks]
+  kinds = [type(layers.layer_module(model.model, i).ffn).__name__ for i in range(2)]
   assert kinds == ["DenseFFN", "MoEFFN"]
 
 
@@ -108,15 +109,17 @@ def test_decoder_is_causal_and_encoder_is_not(model, decoder):
 
 def test_experts_sharded_dense_parameters_replicated(model):
   specs = param_specs(model.params, model.moe_cfg)
-  moe_specs = specs["blocks"][1]["ffn"]["moe"]
-  assert moe_specs["w_in"] == P(AXES) and moe_specs["w_out"] == P(AXES)
-  for path, spec in jax.tree_util.tree_flatten_with_path(specs)[0]:
-    name = jax.tree_util.keystr(path)
+  path, r = layers.where(model.cfg)[1]  # scanned: a segment's leaves [R, ...], the layer axis never sharded
+  stacked = () if r is None else (None,)
+  moe_specs = layers.subtree(specs, path, None)["ffn"]["moe"]
+  assert moe_specs["w_in"] == P(*stacked, AXES) and moe_specs["w_out"] == P(*stacked, AXES)
+  for path_, spec in jax.tree_util.tree_flatten_with_path(specs)[0]:
+    name = jax.tree_util.keystr(path_)
     if "'w_in'" in name and "moe" in name or "'w_out'" in name and "moe" in name:
       continue
-    assert spec == P(), name
-  w_in = model.params["blocks"][1]["ffn"]["moe"]["w_in"]
-  assert w_in.sharding.spec == P(AXES) and w_in.addressable_shards[0].data.shape == (1, D, F)
+    assert all(entry is None for entry in spec), name
+  w_in = layers.subtree(model.params, path, None)["ffn"]["moe"]["w_in"]
+  assert w_in.sharding.spec == P(*stacked, AXES) and w_in.addressable_shards[0].data.shape == (*(1,) * len(stacked), 1, D, F)
 
 
 def test_invalid_model_configs_name_the_field(mesh_2x4):
@@ -168,8 +171,10 @@ def test_tensor_parallel_gives_the_data_parallel_losses_and_gradients(mesh_2x4, 
       return -jnp.mean(jnp.take_along_axis(logp, tokens[..., None], -1)) + aux["aux_loss"]
 
     results.append(jax.jit(jax.value_and_grad(loss))(params))
-    kernel = params["blocks"][0]["attn"]["qkv"]["kernel"]
-    assert kernel.sharding.spec == (P(None, None, "gpu", None) if tensor_parallel else P())
+    path, r = layers.where(model_cfg)[0]
+    kernel = layers.subtree(params, path, None)["attn"]["qkv"]["kernel"]
+    stacked = () if r is None else (None,)
+    assert kernel.sharding.spec == (P(*stacked, None, None, "gpu", None) if tensor_parallel else P(*stacked))
   (loss_dp, grads_dp), (loss_tp, grads_tp) = results
   np.testing.assert_allclose(float(loss_tp), float(loss_dp), rtol=1e-5)
   for g_tp, g_dp in zip(jax.tree.leaves(grads_tp), jax.tree.leaves(grads_dp)):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from moejax.models import layers
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig
 from moejax.models.language_model import LanguageModel
@@ -59,9 +60,13 @@ def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
 
   # Skewed: LayerNorm output sums to its bias over d; with bias 1 and router column 3 raised by 50,
   # logit 3 exceeds the others by about 50 * d for every token at the second MoE layer.
-  block = model.blocks[1]
-  block.ln_ffn.bias[...] = jax.numpy.ones((D,))
-  block.ffn.moe.router.kernel[...] = block.ffn.moe.router.kernel[...].at[:, 3].add(50.0)
+  graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+  params = nnx.to_pure_dict(params)
+  blocks = layers.per_layer(params, model.cfg)  # each layer's parameters, whether the model scans its layers or not
+  blocks[1]["ln_ffn"]["bias"] = jax.numpy.ones((D,))
+  router = blocks[1]["ffn"]["moe"]["router"]
+  router["kernel"] = router["kernel"].at[:, 3].add(50.0)
+  model = nnx.merge(graphdef, layers.with_per_layer(params, blocks, model.cfg), nnx.to_pure_dict(rest))
   skewed = routing_traces(model, batches[:1])
   assert np.all(np.any(skewed[1] == 3, axis=-1)) and len(np.unique(skewed[0])) > 2
 

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 import moejax.models as models
+from moejax.models import layers as layers_lib
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
 
@@ -75,10 +76,9 @@ def test_upcycled_output_equals_dense(dense, family, num_experts, top_k, g):
   source, upcycled = params(model), params(moe)
   for name in ("embed", "norm", "lm_head"):
     assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(source[name]), jax.tree.leaves(upcycled[name])))
-  for i, block in source["blocks"].items():
-    ffn, layer = block["ffn"], upcycled["blocks"][i]["ffn"]["moe"]
-    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(block["attn"]),
-                                                    jax.tree.leaves(upcycled["blocks"][i]["attn"])))
+  for block, moe_block in zip(layers_lib.per_layer(source, model.cfg), layers_lib.per_layer(upcycled, moe.cfg)):
+    ffn, layer = block["ffn"], moe_block["ffn"]["moe"]
+    assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(block["attn"]), jax.tree.leaves(moe_block["attn"])))
     width = model.cfg.d_ff // g
     for e in range(num_experts * g):
       j = e % g  # expert c * g + j: slice j of copy c
@@ -112,8 +112,8 @@ def test_upcycling_some_layers_with_a_path(dense):
   assert relative_error(np.asarray(logits), want) < TOL
   assert np.asarray(aux["expert_counts"]).shape == (1, 8) and np.count_nonzero(np.asarray(aux["expert_counts"])) > 1
   source, upcycled = params(model), params(moe)
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(source["blocks"][0]),
-                                                  jax.tree.leaves(upcycled["blocks"][0])))
+  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(layers_lib.per_layer(source, model.cfg)[0]),
+                                                  jax.tree.leaves(layers_lib.per_layer(upcycled, moe.cfg)[0])))
 
 
 @pytest.mark.slow

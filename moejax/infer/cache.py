@@ -1,6 +1,8 @@
-"""The KV cache of autoregressive decoding: one pair of arrays per block of the model, (k, v) [B, S, H, W], or for
+"""The KV cache of autoregressive decoding: a pair of arrays per layer of the model, (k, v) [B, S, H, W], or for
 multi-head latent attention (DeepSeek) the compressed (latent [B, S, C], rotary key [B, S, R]) (S: the cache
-length, prompt + generated tokens; `moejax.models.attention.cache_shapes`).
+length, prompt + generated tokens; `moejax.models.attention.cache_shapes`). Laid out as the model's layers are
+(`moejax.models.layers`): a list of pairs, one per layer; scanned, per segment a list of pairs per sub-layer, each
+array stacked [repeats, B, S, ...], which the segment's scan reads and writes layer by layer.
 
 Every sequence of a batch is at the same position (prompts of equal length), so one position
 `start` says where the next tokens go. Requests are data parallel: the cache is sharded over both
@@ -13,25 +15,40 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models import attention
+from moejax.models import layers as layers_lib
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.runtime.mesh import AXES
 from moejax.validation import require
 
 
-def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool) -> NamedSharding:
-  """Requests sharded over the mesh (data parallel), or replicated on every device (coherent)."""
-  return NamedSharding(mesh, P() if coherent else P(AXES))
+def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool, layer_axes: int = 0) -> NamedSharding:
+  """Requests [B, ...] (after `layer_axes` leading axes of stacked layers) sharded over the mesh (data parallel), or
+  replicated on every device (coherent)."""
+  return NamedSharding(mesh, P() if coherent else P(*(None,) * layer_axes, AXES))
 
 
 def init_cache(cfg: ModelConfig | DecoderConfig, batch: int, length: int, mesh: jax.sharding.Mesh,
                coherent: bool = False):
-  """Zeros: one pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key) in the compute dtype, S = length."""
+  """Zeros in the compute dtype, S = length: a pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key),
+  laid out as the model's layers (module docstring)."""
   require(cfg.causal, "kind", getattr(cfg, "kind", None), "'gpt' (a KV cache serves a causal decoder)")
   require(isinstance(length, int) and 1 <= length <= cfg.max_len, "length", length,
           f"an int in [1, max_len={cfg.max_len}] (prompt + generated tokens)")
   shapes = (attention.cache_shapes(cfg, batch, length) if isinstance(cfg, DecoderConfig) else
             ((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads),) * 2)
-  sharding = cache_sharding(mesh, coherent)
-  zeros = lambda shape: jax.jit(lambda: jnp.zeros(shape, jnp.dtype(cfg.dtype)), out_shardings=sharding)()
-  return [tuple(zeros(shape) for shape in shapes) for _ in range(cfg.num_layers)]
+
+  def zeros(shape, repeats):
+    stacked = () if repeats is None else (repeats,)
+    sharding = cache_sharding(mesh, coherent, len(stacked))
+    return jax.jit(lambda: jnp.zeros(stacked + shape, jnp.dtype(cfg.dtype)), out_shardings=sharding)()
+
+  return layout(cfg, lambda repeats: tuple(zeros(shape, repeats) for shape in shapes))
+
+
+def layout(cfg: ModelConfig | DecoderConfig, pair):
+  """`pair(repeats)` laid out as the model's layers' cache: one per layer (repeats None), or per segment one per
+  sub-layer (repeats: the segment's)."""
+  if not cfg.scan_layers:
+    return [pair(None) for _ in range(cfg.num_layers)]
+  return [[pair(seg.repeats) for _ in range(seg.period)] for seg in layers_lib.segments(cfg)]

@@ -47,6 +47,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from moejax.infer import cache as cache_lib
+from moejax.models import backbone
+from moejax.models import layers as layers_lib
 from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.language_model import LanguageModel
@@ -161,29 +164,44 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   # senders, A times the rows, would compound over a layer's k moves and the layers).
   bound = collective_lib.buffer_bound(buffer_factor, b)
   exchange = exchange_for(lay)._replace(buffer_rows=batch if bound is None else bound)
-  new_kv, sent, lost = [], [], jnp.zeros((), jnp.int32)
-  for (k_cache, v_cache), block in zip(cache, model.blocks):
+  at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
+  # A scan's carry keeps its shape: the resident rows are padded (invalid rows) to the most a hop delivers or the b
+  # own rows, whichever is more, before the first layer and after each hop. Unrolled, each layer takes the rows
+  # there are (the layers before the first MoE layer only the device's own b).
+  resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
+  pad = lambda a, fill: jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) \
+      if a.shape[0] < resident else a
+  fit = lambda x_RxD, requests_R, valid_R: (pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False))
+
+  def layer(block, carry, kv_cache, rngs):
+    """One layer (`backbone.fold_layers`: unrolled, or in its segment's scan): attention against the replicated
+    cache rows of the resident tokens, then the MoE layer's hop or the dense FFN in place -> (carry, (this
+    position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
+    x_RxD, requests_R, valid_R, lost = carry
     mine = jnp.where(valid_R, requests_R, 0)
     x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(x_RxD[:, None], train=False, rngs=None,
-                                                   cache=(k_cache[mine], v_cache[mine], position))
+                                                   cache=(kv_cache[0][mine], kv_cache[1][mine], position))
     x_RxD = x_Rx1xD[:, 0]
-    at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
-    new_kv.append(tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW)))
-    if isinstance(block.ffn, MoEFFN):
-      x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
-      sent.append(rows)
-      lost += overflowed
-    else:
-      x_RxD, _ = block.feed_forward(x_RxD, train=False, rngs=None)
+    new_kv = tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW))
+    if not isinstance(block.ffn, MoEFFN):
+      return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
+    x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
+    return (*fit(x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
+
+  (x_RxD, requests_R, valid_R, lost), outputs = backbone.fold_layers(
+      model, layer, (*fit(x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache)
   logits_RxV = model.head_logits(x_RxD)
   next_R = sample(logits_RxV, requests_R, step, seed, temperature)
   # The step's all-gather: every row was written by exactly one device, so the sums are exact.
-  next_B, logits_BxV, new_kv = jax.lax.psum(
-      (scatter(next_R, requests_R, valid_R), scatter(logits_RxV, requests_R, valid_R), new_kv), AXES)
-  write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, new[:, None], position, axis=1)
-  cache = [(write(k, nk), write(v, nv)) for (k, v), (nk, nv) in zip(cache, new_kv)]
+  next_B, logits_BxV, new_kv = jax.lax.psum((scatter(next_R, requests_R, valid_R), scatter(logits_RxV, requests_R,
+                                             valid_R), layers_lib.map_outputs(lambda o: o[0], outputs, model.cfg)), AXES)
+  axis = 2 if model.cfg.scan_layers else 1  # the cache's positions: [B, S, ...], or stacked [repeats, B, S, ...]
+  write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
+  cache = jax.tree.map(write, cache, new_kv)
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
-  rows = jnp.stack(sent) if sent else jnp.zeros((0, n * m, n * m), jnp.int32)
+  rows = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[1], outputs, model.cfg), model.cfg,
+                                   model.cfg.is_moe)
+  rows = jnp.zeros((0, n * m, n * m), jnp.int32) if rows is None else rows
   return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
 
@@ -206,7 +224,7 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
   lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, collective, slots (bound: per step)
   body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
-  cache_specs = [(P(), P())] * cfg.num_layers
+  cache_specs = cache_lib.layout(cfg, lambda repeats: (P(), P()))
   step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),
                        out_specs=(P(AXES), P(AXES), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
   if moe_cfg.slots_per_device is None:
@@ -214,12 +232,17 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
 
   def on_slots(params, rest, *args):
     """The experts' weights laid out per physical slot of each layer's table (sharded as the logical
-    ones, one block of slots per device), so a device runs the replicas its slots hold."""
-    blocks = dict(params["blocks"])
-    for i in moe_block_indices(cfg):
-      moe = blocks[i]["ffn"]["moe"]
-      table = rest["blocks"][i]["ffn"]["moe"]["slot_expert"]
-      physical = replicas_lib.physical_params({k: moe[k] for k in replicas_lib.EXPERT_WEIGHTS if k in moe}, table)
-      blocks[i] = {**blocks[i], "ffn": {**blocks[i]["ffn"], "moe": {**moe, **physical}}}
-    return step({**params, "blocks": blocks}, rest, *args)
+    ones, one block of slots per device), so a device runs the replicas its slots hold (a scanned segment's
+    repeats each on its own table)."""
+    params = jax.tree.map(lambda a: a, params)  # a copy of the dicts, written below
+    done = set()
+    for path, r in (layers_lib.where(cfg)[i] for i in moe_block_indices(cfg)):
+      if path in done:
+        continue
+      done.add(path)
+      moe = layers_lib.subtree(params, path, None)["ffn"]["moe"]
+      table = layers_lib.subtree(rest, path, None)["ffn"]["moe"]["slot_expert"]
+      physical = replicas_lib.physical_params if r is None else jax.vmap(replicas_lib.physical_params)
+      moe.update(physical({k: moe[k] for k in replicas_lib.EXPERT_WEIGHTS if k in moe}, table))
+    return step(params, rest, *args)
   return jax.jit(on_slots)

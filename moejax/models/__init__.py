@@ -7,15 +7,16 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
   moe_model = moejax.models.upcycle(dense_model, num_experts=8, top_k=2)   # a dense checkpoint made an MoE
 
   config          `ModelConfig` (SMILE's models); the model and MoE configs of a run config's sections
-  parallelism     the layout fields both model configs share (tensor_parallel, grad_sync, fsdp, remat)
+  parallelism     the layout fields both model configs share (tensor_parallel, grad_sync, fsdp, remat, scan_layers)
   decoder_config  `DecoderConfig` (the families: Mixtral, Qwen2/3-MoE, DeepSeek-V2/V3, Llama, Qwen3)
   families        one module per family (`Family`: its config.json fields, checkpoint names, attention), by model_type
   presets         published MoE layer shapes (DeepSeek-V3, Qwen3-MoE, Mixtral) as MoEConfig fields
-  backbone        what both kinds of model share: the MoE layer as an FFN (`MoEFFN`), the loop over the blocks
+  layers          where the layers live: unrolled `blocks` or scanned `segments` (stacked per segment), per layer
+  backbone        what both kinds of model share: the MoE layer as an FFN (`MoEFFN`), the loop over the layers
   blocks          SMILE's attention, dense FFN and blocks
   language_model  `LanguageModel`: SMILE's embeddings, blocks, tied output layer
   rope, rms_norm, attention, decoder   the families' `Decoder`: RoPE/YaRN, RMSNorm, GQA and latent attention, MTP
-  hf_config, hf_checkpoint             config.json and safetensors in and out (`from_hf`, `to_hf`)
+  hf_config, hf_checkpoint, hf_files   config.json and safetensors in and out (`from_hf`, `to_hf`)
   placed          `with_placement`: a model's experts placed on the devices, the order `to_hf` undoes
   upcycling       dense FFNs copied (and split) into experts, output unchanged at step 0
   sharding        where activations and parameters live on the mesh (`activation_spec`, `param_specs`)

@@ -1,6 +1,6 @@
 """What SMILE's models (`blocks`, `language_model`) and the decoder families (`decoder`) share: the MoE layer as a
-block's FFN (`MoEFFN`) and the loop over a model's blocks with its MoE layers' aux (`run_blocks`). Both import it;
-it imports neither."""
+block's FFN (`MoEFFN`), the loop over a model's layers, unrolled or scanned (`fold_layers`), and the blocks' forward
+with its MoE layers' aux (`run_blocks`). Both import it; it imports neither."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +8,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from moejax.models import grad_sync as grad_sync_lib
+from moejax.models import layers as layers_lib
 from moejax.models.sharding import activation_spec, model_param_specs
 from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
@@ -17,7 +18,7 @@ from moejax.moe.module import MoELayer
 class MoEFFN(nnx.Module):
   """The expert-parallel MoE layer as an FFN: x [B, S, d] (batch sharded over the mesh) -> (y, aux).
 
-  `moe` is the layer (`MoELayer`); its name is part of every state path (`blocks/i/ffn/moe/...`), which checkpoints
+  `moe` is the layer (`MoELayer`); its name is part of every state path (`segments/s/j/ffn/moe/...`, `blocks/i/ffn/moe/...`), which checkpoints
   and `from_hf` rely on. Calls the layer with the step's key, so router jitter draws from it. aux also holds the
   layer's traffic_rows and expert_ids [B * S, K] (each token's routed experts, from the layer's aux); under jit
   they cost nothing unless used.
@@ -41,11 +42,54 @@ def _remat(remat: str):
   return nnx.remat(lambda block, x, rngs: block(x, train=True, rngs=rngs), policy=REMAT_POLICIES[remat])
 
 
-def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
-  """x [B, S, d] through `model.blocks` (each x -> (x, aux), or with a cache (x, aux, cache)), the activations
-  kept sharded as `activation_spec` says, each block's gradients reduced before the block below's with
-  grad_sync='prioritized', each training block rematerialised as cfg.remat says -> (x, aux, the new cache or []).
+def fold_layers(model, step, carry, inputs=None, rngs: nnx.Rngs | None = None):
+  """step(block, carry, input, rngs) -> (carry, output) over the model's layers in order -> (carry, outputs).
 
+  Unrolled (`model.blocks`): a Python loop. Scanned (`model.segments`, `moejax.models.layers`): one jax.lax.scan per
+  segment over its repeats, each iteration running the unit's sub-layers, each block a module merged from its
+  repeat's slice of the stacked state; the rngs' state is carried, so each block draws the keys it draws unrolled.
+  The blocks' own state is read, not written back (the trainer sets slot tables, biases and counts from outside).
+  inputs, outputs: layer trees (`layers.map_outputs`): per layer, or per segment per sub-layer stacked [repeats, ...]."""
+  if not model.cfg.scan_layers:
+    outputs = []
+    for i, block in enumerate(model.blocks):
+      carry, out = step(block, carry, None if inputs is None else inputs[i], rngs)
+      outputs.append(out)
+    return carry, outputs
+  rng_graphdef, rng_state = nnx.split(rngs) if rngs is not None else (None, None)
+  outputs = []
+  for s, (seg, modules) in enumerate(zip(layers_lib.segments(model.cfg), model.segments)):
+    graphdefs, states = zip(*(nnx.split(module) for module in modules))
+
+    def body(carried, xs, graphdefs=graphdefs, period=seg.period):
+      inner, rng_state = carried
+      local_rngs = None if rng_graphdef is None else nnx.merge(rng_graphdef, rng_state)
+      outs = []
+      for j in range(period):
+        block = nnx.merge(graphdefs[j], xs[0][j])
+        inner, out = step(block, inner, None if xs[1] is None else xs[1][j], local_rngs)
+        outs.append(out)
+      return (inner, None if local_rngs is None else nnx.split(local_rngs)[1]), outs
+
+    xs = (list(states), None if inputs is None else inputs[s])
+    if seg.repeats == 1:  # a loop of one iteration: the body as it is (its arrays' repeat 0), outputs [1, ...]
+      (carry, rng_state), outs = body((carry, rng_state), jax.tree.map(lambda a: a[0], xs))
+      outs = jax.tree.map(lambda a: a[None], outs)
+    else:
+      (carry, rng_state), outs = jax.lax.scan(body, (carry, rng_state), xs)
+    outputs.append(outs)
+  if rngs is not None:
+    nnx.update(rngs, rng_state)
+  return carry, outputs
+
+
+def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
+  """x [B, S, d] through the model's layers (`fold_layers`; each block x -> (x, aux), or with a cache (x, aux,
+  cache)), the activations kept sharded as `activation_spec` says, each block's gradients reduced before the block
+  below's with grad_sync='prioritized', each training block rematerialised as cfg.remat says -> (x, aux, the new
+  cache or []).
+
+  cache: a layer tree of (c1, c2) pairs (`moejax.infer.cache.init_cache`), the new one laid out alike.
   aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
   balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
   [M, hops, A, A]) for the M MoE layers in order."""
@@ -53,30 +97,31 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   dtype = jnp.dtype(cfg.dtype)
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-  x_BxSxD = constrain(x_BxSxD)
-  auxes, new_cache = [], []
-  for i, block in enumerate(model.blocks):
-    if cfg.grad_sync == "prioritized":
+
+  def step(block, x_BxSxD, layer_cache, rngs):
+    if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket
       specs = model_param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), cfg, moe_cfg, model.mesh)
       x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, model.mesh, specs)
+    new_cache = None
     if cache is None and train and cfg.remat != "none":
       x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs)
     elif cache is None:
       x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
     else:
-      x_BxSxD, aux, layer_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*cache[i], start))
-      new_cache.append(layer_cache)
-    x_BxSxD = constrain(x_BxSxD.astype(dtype))
-    if aux:
-      auxes.append(aux)
-  stack = lambda name: jnp.stack([a[name] for a in auxes])
-  aux = {
-      "aux_loss": sum((a["aux_loss"] for a in auxes), jnp.zeros((), jnp.float32)),
-      "expert_counts": stack("expert_counts") if auxes else jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
-      **{name: stack(name) if auxes else jnp.zeros((0,), jnp.int32) for name in ("tokens_dropped", "tokens_overflowed")},
-  }
-  if auxes and "balance_counts" in auxes[0]:  # balance_loss='global_batch': the next micro-batch's input
-    aux["balance_counts"] = stack("balance_counts")
-  if details and auxes:
-    aux.update({name: stack(name) for name in ("expert_ids", "traffic_rows")})
+      x_BxSxD, aux, new_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*layer_cache, start))
+    return constrain(x_BxSxD.astype(dtype)), (aux, new_cache)
+
+  x_BxSxD, outputs = fold_layers(model, step, constrain(x_BxSxD), cache, rngs)
+  new_cache = [] if cache is None else layers_lib.map_outputs(lambda o: o[1], outputs, cfg)
+  stacked = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[0], outputs, cfg), cfg, cfg.is_moe)
+  if stacked is None:
+    aux = {"aux_loss": jnp.zeros((), jnp.float32), "expert_counts": jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
+           "tokens_dropped": jnp.zeros((0,), jnp.int32), "tokens_overflowed": jnp.zeros((0,), jnp.int32)}
+    return x_BxSxD, aux, new_cache
+  aux = {"aux_loss": jnp.sum(stacked["aux_loss"]),
+         **{name: stacked[name] for name in ("expert_counts", "tokens_dropped", "tokens_overflowed")}}
+  if "balance_counts" in stacked:  # balance_loss='global_batch': the next micro-batch's input
+    aux["balance_counts"] = stacked["balance_counts"]
+  if details:
+    aux.update({name: stacked[name] for name in ("expert_ids", "traffic_rows")})
   return x_BxSxD, aux, new_cache

@@ -4,8 +4,8 @@ SwiGLU MLP or moejax's one MoE layer (routing as the checkpoint's, with every tr
 replica and placement choice of `MoEConfig`), and DeepSeek-V3's multi-token prediction (MTP) modules.
 
 It keeps the interface of the SMILE models (`moejax.models.language_model`), so training and inference (the KV
-cache, ExFlow's decode) take either: `embed_tokens`, `blocks` (each with `attend`, `feed_forward`, `ln_ffn`, `ffn`),
-`head_logits`, and the call.
+cache, ExFlow's decode) take either: `embed_tokens`, the layers (`blocks`, or scanned `segments`: `moejax.models.layers`;
+each block with `attend`, `feed_forward`, `ln_ffn`, `ffn`), `head_logits`, and the call.
 """
 
 import jax
@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.models import backbone
+from moejax.models import layers as layers_lib
 from moejax.models.attention import attention, linear
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
@@ -81,7 +82,7 @@ class MultiTokenPrediction(nnx.Module):
     return self.block(x_BxSxD, train=train, rngs=rngs)
 
 
-class Decoder(nnx.Module):
+class Decoder(layers_lib.LayerViews, nnx.Module):
   """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with positions [B, P],
   logits at those positions only. aux as `backbone.run_blocks`; in training with MTP modules, also mtp_logits
   [num_mtp_layers, B, S, V] (module k at position i predicts token i + k + 2; the last k + 1 positions predict
@@ -94,8 +95,11 @@ class Decoder(nnx.Module):
     pd = jnp.dtype(cfg.param_dtype)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02),
                            rngs=rngs)
-    self.blocks = nnx.List([DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs)
-                            for i in range(cfg.num_layers)])
+    layers = [DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
+    if cfg.scan_layers:  # the same values, stacked per segment (`moejax.models.layers`)
+      self.segments = layers_lib.stacked(layers, cfg)
+    else:
+      self.blocks = nnx.List(layers)
     self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
     self.lm_head = None if cfg.tie_embeddings else linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
     self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
@@ -114,8 +118,8 @@ class Decoder(nnx.Module):
 
   def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
                rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
-    """-> (logits, aux), or (logits, aux, cache) with a cache: one pair per layer (`attention.cache_shapes`), the
-    tokens at positions start .. start + S - 1."""
+    """-> (logits, aux), or (logits, aux, cache) with a cache: a pair per layer (`attention.cache_shapes`; scanned,
+    stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1."""
     x_BxSxD, aux, new_cache = backbone.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
                                                   cache=cache, start=start, details=details)
     if train and len(self.mtp):

@@ -15,11 +15,11 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
-from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from moejax.cost import expert_backend
-from moejax.models import families, hf_config
+from moejax.models import families, hf_config, hf_files
+from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
@@ -38,8 +38,9 @@ SHARD_BYTES = 4 << 30  # per safetensors file written
 
 
 def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
-  """(HF name, transposed) of a parameter or state path of `Decoder`; expert weights give the name with '{e}'. The
-  MoE layer's names are its family's (`Family.moe_module`, `expert_names`, ...)."""
+  """(HF name, transposed) of a parameter or state path of an unrolled `Decoder` (a layer's `blocks/i/...`; a
+  scanned model's leaves are each layer's: `layer_keys`); expert weights give the name with '{e}'. The MoE layer's
+  names are its family's (`Family.moe_module`, `expert_names`, ...)."""
   path = list(path)
   if path[0] in ("embed", "norm", "lm_head"):
     return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[path[0]], \
@@ -68,6 +69,17 @@ def _moe_key(prefix: str, path: list, family: families.Family) -> tuple[str, boo
   return ".".join([container, *(RENAMES.get(str(p), str(p)) for p in path)]), path[-1] == "kernel"
 
 
+def layer_keys(path: tuple, cfg: DecoderConfig) -> tuple[list[str], bool]:
+  """([HF name of each layer the leaf at `path` holds], transposed): one name, or a scanned segment's leaf
+  (`segments/s/j/...`, stacked [repeats, ...]) the names of its layers."""
+  if path[0] != "segments":
+    name, transposed = hf_key(path, cfg)
+    return [name], transposed
+  segment = layers_lib.segments(cfg)[path[1]]
+  keys = [hf_key(("blocks", segment.layer(r, path[2]), *path[3:]), cfg) for r in range(segment.repeats)]
+  return [name for name, _ in keys], keys[0][1]
+
+
 def _leaves(tree: dict, prefix=()):
   for key, value in tree.items():
     if isinstance(value, dict):
@@ -82,61 +94,23 @@ def _set(tree: dict, path: tuple, value) -> None:
   tree[path[-1]] = value
 
 
-class _Shards:
-  """The safetensors files of a checkpoint directory: name -> lazily sliced tensor. Headers are read once; one file
-  is mapped at a time (switching files closes the last), so a load maps about one shard, not the checkpoint."""
-
-  def __init__(self, directory: str):
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if os.path.exists(index):
-      with open(index) as f:
-        files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(directory, "model.safetensors")):
-      files = ["model.safetensors"]
-    else:
-      raise ConfigError(f"{directory}: no model.safetensors or model.safetensors.index.json")
-    self.directory, self.where, self.open_file, self.handle = directory, {}, None, None
-    for file in files:
-      with self._open(file) as handle:
-        self.where.update({name: file for name in handle.keys()})
-
-  def _open(self, file: str):
-    path = os.path.join(self.directory, file)
-    try:
-      return safe_open(path, framework="numpy")
-    except (SafetensorError, OSError) as e:
-      raise ConfigError(f"checkpoint file {path} cannot be read (truncated or not safetensors): {e}") from e
-
-  def tensor(self, name: str):
-    file = self.where[name]
-    if file != self.open_file:
-      self.close()
-      self.handle = self._open(file)
-      self.handle.__enter__()
-      self.open_file = file
-    return self.handle.get_slice(name)
-
-  def close(self) -> None:
-    if self.handle is not None:
-      self.handle.__exit__(None, None, None)
-      self.handle, self.open_file = None, None
-
-
 def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
-  """HF name -> (path, HF shape, transposed, expert or None) for every parameter and state leaf loaded."""
+  """HF name -> (path, HF shape, transposed, expert or None) for every parameter and state leaf loaded (a scanned
+  segment's leaf [repeats, ...]: each of its layers' tensors)."""
   expected = {}
   for path, leaf in abstract:
-    name, transposed = hf_key(path, cfg)
-    shape = tuple(leaf.shape)
-    if "{e}" in name:
-      for e in range(num_experts):
-        expected[name.format(e=e)] = (path, shape[1:][::-1], True, e)
-    else:
-      expected[name] = (path, shape[::-1] if transposed else shape, transposed, None)
+    names, transposed = layer_keys(path, cfg)
+    shape = tuple(leaf.shape)[1:] if path[0] == "segments" else tuple(leaf.shape)  # one layer's
+    for name in names:
+      if "{e}" in name:
+        for e in range(num_experts):
+          expected[name.format(e=e)] = (path, shape[1:][::-1], True, e)
+      else:
+        expected[name] = (path, shape[::-1] if transposed else shape, transposed, None)
   return expected
 
 
-def _check(shards: _Shards, expected: dict, directory: str) -> None:
+def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
   """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
   extra = sorted(n for n in shards.where if n not in expected and not re.search(r"rotary_emb\.inv_freq$", n))
   missing = sorted(n for n in expected if n not in shards.where)
@@ -151,20 +125,26 @@ def _check(shards: _Shards, expected: dict, directory: str) -> None:
       raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
 
 
-def _load_leaf(shards: _Shards, name: str, leaf, transposed: bool, expert: bool):
-  """One array placed on the mesh by its sharding, each device's block read from the files on its own."""
+def _load_leaf(shards: hf_files.Shards, names: list[str], leaf, transposed: bool, expert: bool, stacked: bool):
+  """One array placed on the mesh by its sharding, each device's block read from the files on its own (a scanned
+  segment's leaf [repeats, ...]: the block's layers, each from its own tensors)."""
+  shape = leaf.shape[1:] if stacked else leaf.shape  # one layer's
 
-  def block(index):
+  def block(name, index):
     if expert:  # [E, in, out]: read only this block's experts
-      experts = range(*index[0].indices(leaf.shape[0]))
+      experts = range(*index[0].indices(shape[0]))
       return np.stack([np.asarray(shards.tensor(name.format(e=e))[index[2], index[1]]).T for e in experts])
     if transposed:
       return np.asarray(shards.tensor(name)[index[1], index[0]]).T
     return np.asarray(shards.tensor(name)[index])
 
-  full = lambda index: tuple(index) + (slice(None),) * (len(leaf.shape) - len(index))  # one slice per dimension
-  return jax.make_array_from_callback(leaf.shape, leaf.sharding,
-                                      lambda index: block(full(index)).astype(leaf.dtype))
+  def read(index):
+    index = tuple(index) + (slice(None),) * (len(leaf.shape) - len(index))  # one slice per dimension
+    if not stacked:
+      return block(names[0], index)
+    return np.stack([block(names[r], index[1:]) for r in range(*index[0].indices(leaf.shape[0]))])
+
+  return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda index: read(index).astype(leaf.dtype))
 
 
 def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
@@ -174,16 +154,16 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   balancing biases."""
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh, seed)
   loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
-  shards = _Shards(path)
+  shards = hf_files.Shards(path)
   try:
     expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
     _check(shards, expected, path)
     leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
     arrays = {}
-    for name, (leaf_path, _, transposed, expert) in expected.items():
-      if expert in (None, 0):
-        arrays[leaf_path] = _load_leaf(shards, hf_key(leaf_path, cfg)[0], leaves[leaf_path], transposed,
-                                       expert is not None)
+    for leaf_path, _, transposed, expert in expected.values():
+      if leaf_path not in arrays:
+        arrays[leaf_path] = _load_leaf(shards, layer_keys(leaf_path, cfg)[0], leaves[leaf_path], transposed,
+                                       expert is not None, leaf_path[0] == "segments")
   finally:
     shards.close()
   rest = state_lib.init_state(cfg, moe_cfg, mesh, seed, only_rest=True)  # params: the abstract tree, filled in
@@ -199,9 +179,9 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
   moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...); model: DecoderConfig fields (fsdp,
-  remat, tensor_parallel, grad_sync: how the model is laid out and trained, not what it computes). A checkpoint
-  whose tensors differ from its config (missing, unexpected, wrong shape or dtype, unreadable file) is refused,
-  naming the tensor.
+  remat, tensor_parallel, grad_sync, scan_layers: how the model is laid out and trained, not what it computes). A
+  checkpoint whose tensors differ from its config (missing, unexpected, wrong shape or dtype, unreadable file) is
+  refused, naming the tensor.
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
   checked before anything is read, then applied to the loaded model (`moejax.models.placed.with_placement`: expert e
   of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and
@@ -222,8 +202,9 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
 
 
 def _host_tensors(model: Decoder):
-  """(HF name, host array) of every tensor to write, one part of the model at a time (the embeddings, each block,
-  each MTP module, the final norm and head), a placed model's MoE layers put back in the checkpoint's order."""
+  """(HF name, host array) of every tensor to write, one part of the model at a time (the embeddings, each layer (a
+  scanned segment's repeat r sliced on the devices first), each MTP module, the final norm and head), a placed
+  model's MoE layers put back in the checkpoint's order."""
   cfg, moe_cfg = model.cfg, model.moe_cfg
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
@@ -231,15 +212,17 @@ def _host_tensors(model: Decoder):
   undo = None if order is None else placement_lib.inverse_order(np.asarray(order))  # index i: expert order[j][i]
   moe_layer = {block: j for j, block in enumerate(moe_block_indices(cfg))}
   host = lambda a: np.asarray(multihost_utils.process_allgather(a, tiled=True))
-  parts = [(key,) for key in params if key not in ("blocks", "mtp")]
-  parts += [(key, i) for key in ("blocks", "mtp") for i in params.get(key, {})]
-  for part in parts:
-    tree, state = params, rest
-    for key in part:
-      tree, state = tree[key], (state or {}).get(key)
-    tree = jax.tree.map(host, tree)
+  # (the part's name in `hf_key`'s paths, where it is: path and index on the stacked leaves)
+  parts = [((key,), ((key,), None)) for key in params if key not in ("blocks", "segments", "mtp")]
+  parts += [(("blocks", i), placed) for i, placed in enumerate(layers_lib.where(cfg))]
+  parts += [(("mtp", k), (("mtp", k), None)) for k in params.get("mtp", {})]
+  for part, (path, r) in parts:
+    tree = jax.tree.map(host, layers_lib.subtree(params, path, r))
+    state = rest
+    for key in path:
+      state = state.get(key) if isinstance(state, dict) else None
     bias = None if not isinstance(state, dict) else state.get("ffn", {}).get("moe", {}).get("expert_bias")
-    bias = None if bias is None else host(bias)
+    bias = None if bias is None else host(bias if r is None else bias[r])
     if part[0] == "blocks" and part[1] in moe_layer and undo is not None:
       j = moe_layer[part[1]]
       tree["ffn"]["moe"] = placement_lib.permute_experts([tree["ffn"]["moe"]], undo[j][None], moe_cfg)[0]
@@ -247,8 +230,8 @@ def _host_tensors(model: Decoder):
     leaves = [(part + p, a) for p, a in _leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
     if bias is not None:
       leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
-    for path, array in leaves:
-      name, transposed = hf_key(path, cfg)
+    for leaf_path, array in leaves:
+      name, transposed = hf_key(leaf_path, cfg)
       if "{e}" in name:
         yield from ((name.format(e=e), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0]))
       else:

@@ -28,7 +28,7 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
 def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None,
                    model: dict | None = None) -> tuple[DecoderConfig, MoEConfig]:
   """(decoder config, MoE layer config) of a config.json's dict; `moe` overrides MoEConfig fields (transport,
-  schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync). Errors name the
+  schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync, scan_layers). Errors name the
   config.json field, or moe.<field> and model.<field>."""
   model_type = hf.get("model_type")
   require(model_type in FAMILIES, "model_type", model_type, f"one of {FAMILIES}")

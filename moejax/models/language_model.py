@@ -13,13 +13,14 @@ from flax import nnx
 
 from moejax.kernels.activations import ACTIVATIONS
 from moejax.models import backbone
+from moejax.models import layers as layers_lib
 from moejax.models.blocks import Block
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
 
-class LanguageModel(nnx.Module):
+class LanguageModel(layers_lib.LayerViews, nnx.Module):
   """tokens [B, S] int32 (B sharded over both mesh axes) -> (logits [B, S, V] fp32, aux); with
   positions [B, P], logits [B, P, V] at those positions only.
 
@@ -38,7 +39,11 @@ class LanguageModel(nnx.Module):
     if cfg.kind == "bert":  # BERT's embedding LayerNorm
       self.embed_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
     self.embed_dropout = nnx.Dropout(cfg.dropout)
-    self.blocks = nnx.List([Block(cfg, moe_cfg, mesh, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)])
+    layers = [Block(cfg, moe_cfg, mesh, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
+    if cfg.scan_layers:  # the same values, stacked per segment (`moejax.models.layers`)
+      self.segments = layers_lib.stacked(layers, cfg)
+    else:
+      self.blocks = nnx.List(layers)
     if cfg.kind == "bert":  # BERT's MLM transform before the tied decoder
       self.head = nnx.Linear(cfg.d_model, cfg.d_model, dtype=jnp.dtype(cfg.dtype), rngs=rngs)
     self.head_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
@@ -65,7 +70,8 @@ class LanguageModel(nnx.Module):
                rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
     """-> (logits, aux), or (logits, aux, cache) with a KV cache.
 
-    cache: one (k, v) [B, S_cache, H, W] pair per block (`moejax.infer.cache`; 'gpt' only): tokens are at
+    cache: a (k, v) [B, S_cache, H, W] pair per block, stacked per segment when scanned (`moejax.infer.cache`; 'gpt'
+    only): tokens are at
     positions start .. start + S - 1 and the returned cache holds their keys and values.
     details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
     """

@@ -1,5 +1,6 @@
 """How a language model is laid out over the mesh and trained, the same fields for SMILE's models (`ModelConfig`)
-and the decoder families (`DecoderConfig`): tensor parallelism, Lina's gradient sync, FSDP, rematerialisation."""
+and the decoder families (`DecoderConfig`): tensor parallelism, Lina's gradient sync, FSDP, rematerialisation,
+scanned layers."""
 
 import dataclasses
 
@@ -24,15 +25,19 @@ class Parallelism:
   remat: what the backward recomputes of each block: 'none' (keeps every activation), 'full' (recomputes the
     block from its input), 'save_exchanged' (keeps the MoE layer's exchanged rows, so no exchange runs twice),
     'save_matmuls' (keeps the matmuls' outputs).
+  scan_layers: the repeated layers' parameters stacked [repeats, ...] per segment and run by one `jax.lax.scan` each, so
+    the compiled program (and its compile time) does not grow with depth (`moejax.models.layers`); False: one
+    module per layer, unrolled (`blocks/i/...`: the layout of checkpoints written before scanned layers).
   """
 
   tensor_parallel: bool = False
   grad_sync: str = "default"
   fsdp: bool = False
   remat: str = "none"
+  scan_layers: bool = True
 
   def check_parallelism(self) -> None:
-    for name in ("tensor_parallel", "fsdp"):
+    for name in ("tensor_parallel", "fsdp", "scan_layers"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(self.grad_sync in GRAD_SYNCS, "grad_sync", self.grad_sync, f"one of {GRAD_SYNCS}")
     require(self.remat in REMATS, "remat", self.remat, f"one of {REMATS}")

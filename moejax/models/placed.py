@@ -6,6 +6,7 @@ re-exports it)."""
 import jax
 from flax import nnx
 
+from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.config import moe_block_indices
 from moejax.placement import apply as apply_lib
@@ -29,11 +30,16 @@ def with_placement(model, placement):
   graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model.cfg, model.moe_cfg, model.mesh)
   _, params, rest = nnx.split(model, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  moe_layers_of = lambda tree: [tree["blocks"][i]["ffn"]["moe"] for i in moe_blocks]
-  placed = apply_lib.permute_experts(moe_layers_of(params), order, model.moe_cfg)
-  placed_state = apply_lib.permute_expert_state(moe_layers_of(rest), order, model.moe_cfg)
+  # Layer by layer (a scanned segment's repeats sliced, then stacked again: `moejax.models.layers`).
+  layer_params, layer_rest = layers_lib.per_layer(params, model.cfg), layers_lib.per_layer(rest, model.cfg)
+  placed = apply_lib.permute_experts([layer_params[i]["ffn"]["moe"] for i in moe_blocks], order, model.moe_cfg)
+  placed_state = apply_lib.permute_expert_state([layer_rest[i]["ffn"]["moe"] for i in moe_blocks], order,
+                                                model.moe_cfg)
   for i, layer, state in zip(moe_blocks, placed, placed_state):
-    params["blocks"][i]["ffn"]["moe"], rest["blocks"][i]["ffn"]["moe"] = layer, state
+    layer_params[i] = {**layer_params[i], "ffn": {**layer_params[i]["ffn"], "moe": layer}}
+    layer_rest[i] = {**layer_rest[i], "ffn": {**layer_rest[i]["ffn"], "moe": state}}
+  params = layers_lib.with_per_layer(params, layer_params, model.cfg)
+  rest = layers_lib.with_per_layer(rest, layer_rest, model.cfg)
   put = lambda a, like: jax.device_put(a, like.sharding)
   new = nnx.merge(graphdef, jax.tree.map(put, params, abstract_params), jax.tree.map(put, rest, abstract_rest))
   before = getattr(model, "expert_order", None)

@@ -1,7 +1,8 @@
 """Where the language models' arrays live on the ('node', 'gpu') mesh: activations (`activation_spec`) and
 parameters (`param_specs`: experts as the MoE layer lays them out, dense parts replicated or split over 'gpu' by
 Megatron-style tensor parallelism, and with FSDP sharded over the data-parallel devices; XLA gathers each where it
-is used, in the forward and again in the backward, and reduce-scatters its gradient)."""
+is used, in the forward and again in the backward, and reduce-scatters its gradient; a scanned segment's stacked
+leaves [repeats, ...] as one layer's, the layer axis unsharded)."""
 
 import math
 
@@ -66,14 +67,22 @@ def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False,
             for k, v in layer.items()}
 
   def specs(tree, path=()):
+    lead = layer_axes(path)
     if isinstance(tree, dict):
       if set(tree) == {"moe"} and isinstance(tree["moe"], dict):
-        return {"moe": moe_specs()}
+        return {"moe": jax.tree.map(lambda spec: P(*(None,) * lead, *spec), moe_specs(), is_leaf=_is_spec)}
       return {k: specs(v, path + (k,)) for k, v in tree.items()}
     spec = TENSOR_PARALLEL_SPECS.get(path[-3:], P()) if tensor_parallel else P()
-    return fsdp(spec, tree.shape) if fsdp_over else spec
+    spec = fsdp(spec, tree.shape[lead:]) if fsdp_over else spec
+    return P(*(None,) * lead, *spec) if lead else spec
 
   return specs(params)
+
+
+def layer_axes(path: tuple) -> int:
+  """Leading axes of a state leaf at `path` that index layers: 1 for a scanned segment's stacked leaves
+  (`segments/s/j/...`: [repeats, ...], never sharded), 0 otherwise."""
+  return int(len(path) > 3 and path[0] == "segments")
 
 
 def _is_spec(x) -> bool:
@@ -87,13 +96,16 @@ def model_param_specs(params: dict, cfg, moe_cfg: MoEConfig, mesh) -> dict:
   return param_specs(params, moe_cfg, cfg.tensor_parallel, {axis: mesh.shape[axis] for axis in over})
 
 
-def expert_weights(params: dict) -> dict:
-  """A tree like the pure-dict params: True for the routed experts' stacked weights [E, ...] (an MoE layer's w_in,
-  w_out, w_gate), which LAMB scales per expert; False for everything else, however it is sharded."""
+def separate_axes(params: dict) -> dict:
+  """A tree like the pure-dict params: per leaf, how many leading axes index separate tensors, each of which the
+  optimizer treats as its own parameter (LAMB's trust ratio, Muon's matrices, weight decay on matrices only): the
+  layers of a scanned segment ([repeats, ...], `layer_axes`), and the routed experts of an MoE layer's stacked w_in, w_out,
+  w_gate ([E, ...]); however the leaf is sharded."""
 
   def marks(tree, path=()):
     if isinstance(tree, dict):
       return {k: marks(v, path + (k,)) for k, v in tree.items()}
-    return len(path) >= 2 and path[-2] == "moe" and path[-1] in ("w_in", "w_out", "w_gate")
+    expert = len(path) >= 2 and path[-2] == "moe" and path[-1] in ("w_in", "w_out", "w_gate")
+    return layer_axes(path) + int(expert)
 
   return marks(params)

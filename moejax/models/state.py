@@ -1,6 +1,7 @@
 """The language model's state as pure dicts: abstract (`abstract_state`, nothing allocated) or built on the mesh
 (`init_state`), and the MoE layers' non-parameter state stacked over the layers ([M, ...], `moe_layer_paths`: the
-MTP modules' MoE layers after the blocks'): slot tables, balancing biases, earlier micro-batches' choice counts."""
+MTP modules' MoE layers after the blocks'; scanned layers hold theirs stacked per segment already): slot tables,
+balancing biases, earlier micro-batches' choice counts."""
 
 import jax
 import jax.numpy as jnp
@@ -8,6 +9,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.models import layers as layers_lib
 from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
@@ -49,12 +51,14 @@ def init_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.s
   return jax.jit(split, out_shardings=shardings)()
 
 
-def moe_layer_paths(cfg: ModelConfig | DecoderConfig) -> list[tuple]:
-  """Where the M MoE layers sit in the model's state, in the order of aux['expert_counts'] in training: the blocks'
-  (`moe_block_indices`), then the MTP modules' (DeepSeek-V3: each module's block has the model's MoE layer)."""
-  paths = [("blocks", i) for i in moe_block_indices(cfg)]
+def moe_layer_paths(cfg: ModelConfig | DecoderConfig) -> list[tuple[tuple, int | None]]:
+  """Where the M MoE layers sit in the model's state, in the order of aux['expert_counts'] in training: per MoE
+  layer (the path of its block's subtree, its index on the stacked leaves' leading axis or None; `layers.where`), the
+  blocks' (`moe_block_indices`), then the MTP modules' (DeepSeek-V3: each module's block has the model's MoE layer)."""
+  placed = layers_lib.where(cfg)
+  paths = [placed[i] for i in moe_block_indices(cfg)]
   if paths and getattr(cfg, "num_mtp_layers", 0):
-    paths += [("mtp", k, "block") for k in range(cfg.num_mtp_layers)]
+    paths += [(("mtp", k, "block"), None) for k in range(cfg.num_mtp_layers)]
   return paths
 
 
@@ -64,15 +68,33 @@ def _moe(rest: dict, path: tuple) -> dict:
   return rest["ffn"]["moe"]
 
 
+def _rows_by_path(cfg) -> dict:
+  """path -> (the MoE layers' rows [m, ...] of the stacked state it holds, their indices on its leading axis or
+  None): a scanned sub-layer holds all its repeats' rows, in order."""
+  by_path = {}
+  for row, (path, r) in enumerate(moe_layer_paths(cfg)):
+    rows, indices = by_path.setdefault(path, ([], []))
+    rows.append(row)
+    indices.append(r)
+  return by_path
+
+
 def _stacked(cfg: ModelConfig, rest: dict, name: str):
   """The MoE layers' state `name` stacked over the layers ([M, ...]) from the pure-dict `rest`, or None
-  when the layers have none (ShapeDtypeStructs in, one ShapeDtypeStruct with the sharding out)."""
-  values = [_moe(rest, path).get(name) for path in moe_layer_paths(cfg)]
+  when the layers have none (ShapeDtypeStructs in, one ShapeDtypeStruct with the sharding out). One slice or stack
+  per path (a scanned sub-layer's leaves already hold [repeats, ...]), then one gather into layer order if needed."""
+  by_path = _rows_by_path(cfg)
+  values = [_moe(rest, path).get(name) for path in by_path]
   if not values or values[0] is None:
     return None
   if isinstance(values[0], jax.ShapeDtypeStruct):
-    return jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype, sharding=values[0].sharding)
-  return jnp.stack(values)
+    like = values[0]
+    shape = like.shape[1:] if by_path[next(iter(by_path))][1][0] is not None else like.shape
+    return jax.ShapeDtypeStruct((len(moe_layer_paths(cfg)), *shape), like.dtype, sharding=like.sharding)
+  blocks = [value if indices[0] is not None else value[None] for value, (_, indices) in zip(values, by_path.values())]
+  order = [row for rows, _ in by_path.values() for row in rows]
+  stacked = jnp.concatenate(blocks)
+  return stacked if order == sorted(order) else stacked[jnp.argsort(jnp.asarray(order))]
 
 
 def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
@@ -82,8 +104,13 @@ def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
       return {**tree, "ffn": {**tree["ffn"], "moe": {**tree["ffn"]["moe"], name: value}}}
     return {**tree, path[0]: replaced(tree[path[0]], path[1:], value)}
 
-  for j, path in enumerate(moe_layer_paths(cfg)):
-    rest = replaced(rest, path, stacked[j])
+  for path, (rows, indices) in _rows_by_path(cfg).items():
+    if indices[0] is None:
+      value = stacked[rows[0]]
+    else:  # a scanned sub-layer's repeats: contiguous rows (period 1) or every len(sub-layers)-th
+      contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+      value = stacked[rows[0]:rows[0] + len(rows)] if contiguous else stacked[jnp.asarray(rows)]
+    rest = replaced(rest, path, value)
   return rest
 
 

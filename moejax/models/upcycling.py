@@ -17,6 +17,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from moejax.models import families
+from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.decoder import Decoder
 from moejax.models.sharding import param_specs
@@ -47,9 +48,10 @@ def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: in
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   source = nnx.to_pure_dict(nnx.state(dense, nnx.Param))
   rng = np.random.default_rng(seed)
-  params.update({k: v for k, v in source.items() if k != "blocks"})  # embeddings, final norm, head
-  for i, block in params["blocks"].items():
-    dense_block = source["blocks"][i]
+  blocks, dense_blocks = layers_lib.per_layer(params, new_cfg), layers_lib.per_layer(source, cfg)
+  params = {**params, **{k: v for k, v in source.items() if k not in ("blocks", "segments")}}  # embeddings, norm, head
+  for i, block in enumerate(blocks):
+    dense_block = dense_blocks[i]
     block.update({k: v for k, v in dense_block.items() if k != "ffn"})
     if i not in layers:
       block["ffn"] = dense_block["ffn"]
@@ -63,6 +65,7 @@ def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: in
       layer[name] = np.tile(value, (num_experts, 1, 1)).astype(np.dtype(cfg.param_dtype))
     router = rng.normal(0, 0.02, (cfg.d_model, num_experts)).astype(np.float32)
     layer["router"]["kernel"] = np.repeat(router, g, axis=1)
+  params = layers_lib.with_per_layer(params, blocks, new_cfg)
   specs = param_specs(params, moe_cfg)
   place = lambda a, spec: jax.device_put(jnp.asarray(a), NamedSharding(dense.mesh, spec))
   state = nnx.state(model, nnx.Param)

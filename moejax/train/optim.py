@@ -82,29 +82,31 @@ def warmup_then_decay(peak: float, warmup_steps: int, total_steps: int, decay: s
   return learning_rate
 
 
-def scale_by_trust_ratio(per_expert) -> optax.GradientTransformation:
-  """LAMB's trust ratio |param| / |update|, over each whole tensor, or per slice [i] of the tensors
-  marked True in `per_expert` (a tree like the params); 1 where either norm is 0."""
+def scale_by_trust_ratio(separate) -> optax.GradientTransformation:
+  """LAMB's trust ratio |param| / |update|, over each whole tensor, or per slice [i, ...] of a tensor's leading axes
+  that index separate tensors (`separate`: a tree like the params of their counts, `sharding.separate_axes`: a
+  scanned segment's layers, the routed experts); 1 where either norm is 0."""
 
   def update_fn(updates, state, params):
-    def scale(u, p, expert):
-      axes = tuple(range(1, p.ndim)) if expert else None
+    def scale(u, p, lead):
+      axes = tuple(range(lead, p.ndim)) if lead else None
       p_norm = jnp.sqrt(jnp.sum(jnp.square(p.astype(jnp.float32)), axis=axes, keepdims=True))
       u_norm = jnp.sqrt(jnp.sum(jnp.square(u.astype(jnp.float32)), axis=axes, keepdims=True))
       ratio = jnp.where((p_norm > 0) & (u_norm > 0), p_norm / jnp.where(u_norm > 0, u_norm, 1.0), 1.0)
       return (u * ratio).astype(u.dtype)
 
-    return jax.tree.map(scale, updates, params, per_expert), state
+    return jax.tree.map(scale, updates, params, separate), state
 
   return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
 
 
 def _decay_mask(params):
-  """Weight decay on matrices only: vectors (biases, norms) are not decayed, as in BERT."""
-  return jax.tree.map(lambda p: p.ndim >= 2, params)
+  """Weight decay on matrices only: vectors (biases, norms; a scanned segment's stacked ones too) are not decayed, as
+  in BERT."""
+  return jax.tree.map(lambda p, lead: p.ndim - lead >= 2, params, sharding_lib.separate_axes(params))
 
 
-def lamb(learning_rate: optax.ScalarOrSchedule, per_expert, *, b1: float = 0.9, b2: float = 0.999,
+def lamb(learning_rate: optax.ScalarOrSchedule, separate, *, b1: float = 0.9, b2: float = 0.999,
          eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0,
          mu_dtype=None) -> optax.GradientTransformation:
   """Clip by global norm, then LAMB. Weight decay skips vectors (biases, LayerNorm), as in BERT."""
@@ -112,24 +114,22 @@ def lamb(learning_rate: optax.ScalarOrSchedule, per_expert, *, b1: float = 0.9, 
       optax.clip_by_global_norm(clip_norm),
       optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
       optax.add_decayed_weights(weight_decay, mask=_decay_mask),
-      scale_by_trust_ratio(per_expert),
+      scale_by_trust_ratio(separate),
       optax.scale_by_learning_rate(learning_rate),
   )
 
 
 def muon_dimensions(params):
-  """A function of a params-like tree -> Muon's dimension numbers per leaf: each routed expert's [d, f] of a stacked
-  [E, d, f] (reduction axis 1, output axis 2), every other 2-D kernel but the tables and head (`NOT_MUON`) as it is,
-  None (AdamW) for the rest. It maps over the tree it is given, so optax.tree_map_params' stand-in tree passes."""
-  experts = {path for path, is_expert in jax.tree_util.tree_flatten_with_path(sharding_lib.expert_weights(params))[0]
-             if is_expert}
+  """A function of a params-like tree -> Muon's dimension numbers per leaf: every matrix [d, f] but the tables and
+  head (`NOT_MUON`) on its own, after the leading axes that index separate tensors (`sharding.separate_axes`: each
+  routed expert's of a stacked [E, d, f], each layer's of a scanned segment's [repeats, ...]), None (AdamW) for the rest.
+  It maps over the tree it is given, so optax.tree_map_params' stand-in tree passes."""
+  separate = dict(jax.tree_util.tree_flatten_with_path(sharding_lib.separate_axes(params))[0])
   dims = optax.contrib.MuonDimensionNumbers
 
   def rule(path, x):
-    if path in experts:
-      return dims(reduction_axis=1, output_axis=2)
-    top = getattr(path[0], "key", None)
-    return dims(reduction_axis=0, output_axis=1) if x.ndim == 2 and top not in NOT_MUON else None
+    lead, top = separate.get(path, 0), getattr(path[0], "key", None)
+    return dims(reduction_axis=lead, output_axis=lead + 1) if x.ndim - lead == 2 and top not in NOT_MUON else None
 
   return lambda tree: jax.tree_util.tree_map_with_path(rule, tree)
 
@@ -145,7 +145,7 @@ def optimizer(o, learning_rate: optax.Schedule, params) -> optax.GradientTransfo
   name, master, moments = get("name"), get("master_dtype"), get("moment_dtype")
   mu_dtype = jnp.dtype(moments) if moments else None
   if name == "lamb":
-    tx = lamb(learning_rate, sharding_lib.expert_weights(params), b1=o.b1, b2=o.b2, eps=o.eps,
+    tx = lamb(learning_rate, sharding_lib.separate_axes(params), b1=o.b1, b2=o.b2, eps=o.eps,
               weight_decay=o.weight_decay, clip_norm=o.clip_norm, mu_dtype=mu_dtype)
   elif name == "adamw":
     tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
