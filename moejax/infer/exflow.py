@@ -37,7 +37,8 @@ experts (the layer's rule, `moe.replicas.to_slots`) and stays at the last one.
 Memory: context coherence replicates every request's context, so a device holds the cache of the
 whole batch (B x S per block, as ExFlow does by design); the resident-token buffer is B rows (worst
 case: every token on one device) or the buffer_factor bound, and a block's attention gathers the
-cache rows of the tokens resident there.
+cache rows of the tokens resident there. Scanned layers (`moejax.models.layers`) run the step's layers as loops whose
+carry keeps one shape, so every layer, those before the first MoE layer too, runs on that buffer's rows.
 """
 
 import functools

@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.validation import ConfigError
+
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
@@ -92,8 +94,9 @@ def stacked(layers: list, cfg) -> nnx.List:
     subs = []
     for j in range(seg.period):
       graphdefs, states = zip(*(nnx.split(layers[seg.layer(r, j)]) for r in range(seg.repeats)))
-      if any(g != graphdefs[0] for g in graphdefs):
-        raise ValueError(f"layers {[seg.layer(r, j) for r in range(seg.repeats)]} differ in more than their arrays")
+      if any(g != graphdefs[0] for g in graphdefs):  # a per-layer setting the kinds above do not know
+        raise ConfigError(f"layers {[seg.layer(r, j) for r in range(seg.repeats)]} differ in more than their arrays, "
+                          "so one scanned body cannot run them: set scan_layers=False", "scan_layers", True, "False")
       subs.append(nnx.merge(graphdefs[0], jax.tree.map(lambda *a: jnp.stack(a), *states)))
     out.append(nnx.List(subs))
   return nnx.List(out)
