@@ -21,9 +21,10 @@ import os
 
 import ml_collections
 
-from configs import mlm
-from configs.moe_section import moe_section
+from moejax.configs import mlm
+from moejax.configs.moe_section import moe_section
 from moejax.models import hf_config, presets
+from moejax.validation import ConfigError
 
 # Each family's published model (moejax.models.presets.PUBLISHED: its shapes, and the mesh it is served on).
 FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
@@ -51,6 +52,10 @@ def from_checkpoint(path: str) -> ml_collections.ConfigDict:
   """Fine-tuning a local Hugging Face checkpoint: the model and moe sections from its config.json (the MoE choices
   moejax adds at their defaults: override them on the command line), `init_from` the checkpoint (its weights and
   balancing biases are the step-0 state) and its tokenizer.json as data.tokenizer_model where there is one."""
+  if not os.path.isdir(path):
+    raise ConfigError(f"the checkpoint directory {path} does not exist", "hf", path)
+  if not os.path.isfile(os.path.join(path, "config.json")):
+    raise ConfigError(f"{path} has no config.json: not a Hugging Face checkpoint directory", "hf", path)
   with open(os.path.join(path, "config.json")) as f:
     model_cfg, moe_cfg = hf_config.from_hf_config(json.load(f))
   config = mlm.get_config()

@@ -8,7 +8,7 @@
 
 import ml_collections
 
-from configs import generate
+from moejax.configs import generate
 
 
 def get_config() -> ml_collections.ConfigDict:

@@ -6,7 +6,7 @@
 
 import ml_collections
 
-from configs import mlm
+from moejax.configs import mlm
 
 
 def get_config(size: str = "tiny") -> ml_collections.ConfigDict:

@@ -13,7 +13,7 @@ planned as one row named 'config', its fields overridable.
 
 import ml_collections
 
-from configs import training
+from moejax.configs import training
 
 
 def get_config(model: str = "presets") -> ml_collections.ConfigDict:

@@ -1,7 +1,7 @@
-"""A training run's curves (experiments/plot_run.py).
+"""Training runs' curves, several runs overlaid (experiments/plot_run.py).
 
   python -m experiments.plot_run --workdir=/tmp/mlm                               # the run in /tmp/mlm, curves.png there
-  python -m experiments.plot_run --config.run=/tmp/mlm --workdir=/tmp/mlm_plots
+  python -m experiments.plot_run --config.runs=/tmp/a,/tmp/b --workdir=/tmp/a_vs_b
 """
 
 import ml_collections
@@ -9,5 +9,5 @@ import ml_collections
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  config.run = ""  # the training workdir whose metrics.jsonl is drawn ('' = --workdir)
+  config.runs = ()  # the training workdirs whose metrics.jsonl are drawn (none: --workdir)
   return config

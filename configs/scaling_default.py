@@ -22,7 +22,7 @@ devices x micro_batch on each, so the default 512 fits meshes of up to 16 device
 
 import ml_collections
 
-from configs.moe_section import moe_section
+from moejax.configs.moe_section import moe_section
 from moejax.study.points import SCHEME_FIELDS
 
 
@@ -64,9 +64,15 @@ def get_config() -> ml_collections.ConfigDict:
   # layer's own random initialisation.
   config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 128, "batches": 4, "d_model": 32, "d_ff": 64,
                                           "seed": 0, "balanced_router": True})
-  # Points whose mesh fits this machine's devices of `platform` are also timed (rows 'measured'):
-  # one MoE layer forward and a whole training step at the model's shapes. 'gpu': single-node meshes
-  # on the GPUs; 'cpu': any mesh of the (simulated) CPU devices, which exercises the measured path
-  # but says nothing about GPUs.
-  config.measure = ml_collections.ConfigDict({"platform": "gpu", "warmup": 3, "repeats": 10})
+  # Points whose mesh the job's devices of `platform` can form are also timed (rows 'measured'): one MoE layer
+  # forward and a whole training step at the model's shapes. 'gpu': one host's GPUs, or whole hosts of a job of
+  # several processes (moejax.study.hosts); 'cpu': the CPU devices (simulated nodes in one process), which
+  # exercises the measured path but says nothing about GPUs. models: the models to time (() = all).
+  config.measure = ml_collections.ConfigDict({"platform": "gpu", "warmup": 3, "repeats": 10, "models": ()})
+  # Calibration (moejax.cost.fitted): source '' prices on the topology as given; 'measure' first times this job's
+  # all-to-alls (`rows` rows per peer) and one layer on measure.platform's devices and prices every point with the
+  # fitted terms, the timed expert rate and non-expert cost (<workdir>/calibration.json); or the path of such a
+  # record, or of experiments/bench_collectives' collectives.json. Then a modelled point beyond the timed node
+  # counts and GPUs per node is labelled 'extrapolated'.
+  config.calibration = ml_collections.ConfigDict({"source": "", "rows": (4, 32, 256)})
   return config

@@ -37,8 +37,8 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from configs.bench_collectives import VARIANTS
 from moejax import cli
+from moejax.configs.bench_collectives import VARIANTS
 from moejax.cost import calibrate
 from moejax.kernels import tuning
 from moejax.moe import collective

@@ -30,13 +30,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from configs import convergence as study_config
-from configs import gpt as gpt_config
-from configs import mlm as mlm_config
 from moejax import cli
+from moejax.configs import convergence as study_config
+from moejax.configs import gpt as gpt_config
+from moejax.configs import mlm as mlm_config
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
 from moejax.study.convergence import format_table, plot, table_rows
+from moejax.study.progress import Progress
 from moejax.validation import ConfigError
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "convergence.py")
@@ -141,12 +142,16 @@ def load_curves(records: list[dict], capacity: float) -> dict:
   return {"busiest_load": busiest, "drop_share": dropped}
 
 
+def run_dir_of(workdir: str, model: str, router: str, seed: int) -> str:
+  return os.path.join(workdir, "runs", model, router, f"seed{seed}")
+
+
 def run_one(study, model: str, router: str, seed: int, files: tuple[str, str], workdir: str, cache_dir: str) -> dict:
   """Trains (unless finished before) and measures one run; its result is kept in the run's result.json."""
   from moejax.train import metrics as metrics_lib
   from moejax.train import trainer as trainer_lib
 
-  run_dir = os.path.join(workdir, "runs", model, router, f"seed{seed}")
+  run_dir = run_dir_of(workdir, model, router, seed)
   result_path = os.path.join(run_dir, "result.json")
   if os.path.exists(result_path):
     with open(result_path) as f:
@@ -178,14 +183,16 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, models, cache_dir
   cache_dir = cache_dir or os.path.join(workdir, "cache")
   files = split_corpus(workdir, config.heldout_fraction, cache_dir)
   runs = [(m, r, s) for m in models for r in config.routers for s in config.seeds]
-  results, start = [], time.perf_counter()
-  for i, (model, router, seed) in enumerate(runs):
+  # The ETA counts the runs trained here, not those whose result an earlier study left.
+  progress = Progress(sum(not os.path.exists(os.path.join(run_dir_of(workdir, *run), "result.json")) for run in runs))
+  results = []
+  for model, router, seed in runs:
     result = run_one(config, model, router, seed, files, workdir, cache_dir)
     results.append(result)
-    took = " (re-used)" if result.get("reused") else f", {result['seconds']:.0f} s"
-    print(f"[{i + 1}/{len(runs)}] {model} {router} seed {seed}: held-out loss {result['heldout_loss']:.4f}, "
-          f"final train loss {result['train_loss'][-1]:.4f}, busiest load {np.mean(result['busiest_load']):.3f}"
-          f"{took}; {time.perf_counter() - start:.0f} s so far", flush=True)
+    line = (f"{model} {router} seed {seed}: held-out loss {result['heldout_loss']:.4f}, final train loss "
+            f"{result['train_loss'][-1]:.4f}, busiest load {np.mean(result['busiest_load']):.3f}")
+    print(f"{line} (re-used)" if result.get("reused") else progress.step(f"{line}, {result['seconds']:.0f} s"),
+          flush=True)
   rows = table_rows(results, tail=max(1, config.steps // 10))
   table = format_table(rows, config.capacity)
   with open(os.path.join(workdir, "results.json"), "w") as f:

@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax import cli
 from moejax.cost import expert_backend, parm
+from moejax.moe import collective as collective_lib
 from moejax.moe import expert_sharding
 from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
@@ -36,6 +37,7 @@ from moejax.moe.reference import moe_reference
 from moejax.moe.traffic import traffic_summary
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
 from moejax.validation import ConfigError, check_against_mesh, prefixed, require
 
@@ -72,7 +74,9 @@ def run(config) -> dict:
   if distributed.initialize() == "single":
     mesh_lib.simulate_cpu_devices(n * m)  # Only affects the CPU backend; GPUs are used when present.
   mesh = mesh_lib.make_mesh(n, m)
-  cfg = expert_backend.resolve(cfg, config.tokens, mesh, "fwd")  # 'auto': measured on these devices
+  collective_lib.check(cfg.collective, platform_lib.of_mesh(mesh), field="moe.collective")  # as the trainer says it
+  # The layer's own checks (platform, backend) name MoEConfig's fields: here they are the moe section's.
+  cfg = prefixed("moe.", expert_backend.resolve, cfg, config.tokens, mesh, "fwd")  # 'auto': measured here
   logging.info("mesh %s on %d process(es), %s devices; %s", dict(mesh.shape), jax.process_count(),
                mesh.devices.flat[0].platform, cfg)
 
@@ -83,7 +87,7 @@ def run(config) -> dict:
 
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh))
   start = time.perf_counter()
-  compiled = layer.lower(params, x).compile()
+  compiled = prefixed("moe.", lambda: layer.lower(params, x).compile())
   compile_s = time.perf_counter() - start
   times = []
   for step in range(config.steps):

@@ -37,9 +37,10 @@ import time
 
 import numpy as np
 
-from configs.family_remedies import BASELINE
 from moejax import cli
+from moejax.configs.family_remedies import BASELINE
 from moejax.study import schemes as schemes_lib
+from moejax.study.progress import Progress
 from moejax.validation import ConfigError, is_int, require
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -217,9 +218,10 @@ def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iter
             "family": hf_config.get("model_type"), "tokens_shape": list(tokens.shape),
             "reference_rows": None if reference is None else len(reference), "iters": iters, "seed": seed,
             "baseline": next(iter(schemes)), "schemes": []}
-  start = time.time()
+  start, progress = time.time(), Progress(len(schemes))
   for name, overrides in schemes.items():
     record["schemes"].append(measure(name, overrides, checkpoint, hf_config, mesh, tokens))
+    print("  " + progress.step(f"schemes: {name} {record['schemes'][-1]['status']}"), flush=True)
   base = record["schemes"][0]
   if base["status"] != "ok":
     raise RuntimeError(f"the baseline scheme {base['scheme']} did not run: {base['reason']}")

@@ -37,6 +37,7 @@ from moejax.cost import topology as topology_lib
 from moejax.replication import estimator
 from moejax.replication import rebalance as rebalance_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.progress import Progress
 from moejax.validation import is_int, is_number, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "lina_replication.py")
@@ -171,13 +172,15 @@ def run(config, workdir: str) -> dict:
                                             config.window)
   print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
   times = {p: np.empty(len(records)) for p in estimator.POLICIES}
+  progress = Progress(len(records))
   for i, r in enumerate(records):
     batch = held_out[:, r["batch"] * batch_tokens:(r["batch"] + 1) * batch_tokens]
     rows = source_rows(batch, r["layer"], nodes * gpus, experts)
     for policy in estimator.POLICIES:
       times[policy][i] = layer_time_s(r["true"], rows, r["tables"][policy], (nodes, gpus), topology, config)
-    if i % 100 == 0:
-      print(f"  priced {i}/{len(records)}", flush=True)
+    line = progress.step("(batch, layer) pairs priced")
+    if i % 100 == 99 or i == len(records) - 1:
+      print(f"  {line}", flush=True)
   overheads = 1e-3 * np.asarray([config.replan_ms if r["replanned"] else config.check_ms for r in records])
   rows = summarize(records, times, overheads)
 

@@ -48,7 +48,7 @@ SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "xl
 
 
 def preset_config(name: str):
-  from configs import decoder
+  from moejax.configs import decoder
   spec, top, model, moe, mesh, _ = PRESETS[name]
   config = decoder.get_config(spec)
   config.update(top)

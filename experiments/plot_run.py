@@ -1,14 +1,19 @@
-"""Draws a training run's curves from its metrics.jsonl (written by `moejax.train.metrics.MetricWriter`).
+"""Draws training runs' curves from their metrics.jsonl (written by `moejax.train.metrics.MetricWriter`), several
+runs overlaid, and says which config fields differ between them.
 
   python -m experiments.plot_run --workdir=/tmp/mlm                               # writes /tmp/mlm/curves.png
-  python -m experiments.plot_run --config.run=/tmp/mlm --workdir=/tmp/mlm_plots   # writes /tmp/mlm_plots/curves.png
+  python -m experiments.plot_run --config.runs=/tmp/mlm --workdir=/tmp/mlm_plots  # writes /tmp/mlm_plots/curves.png
+  python -m experiments.plot_run --config.runs=/tmp/a,/tmp/b --workdir=/tmp/a_vs_b  # two runs, one colour each
 
 One PNG of six panels, x the step: the loss (total and task, nats), the auxiliary loss (summed over MoE layers),
 the busiest expert's load over the mean expert load per MoE layer (1.0 = balanced), the token-choices dropped by
 expert capacity and lost to full receive buffers (% of all token-choices, mean over MoE layers), the range
 max - min of each MoE layer's balancing bias (with `moe.bias_update_rate` > 0) and the throughput. A panel
-without data (no MoE layers, no bias) says so, and the figure's title names it. A missing or empty run workdir
-(config.run, default --workdir) or metrics.jsonl is a one-line error.
+without data (no MoE layers, no bias) says so, and the figure's title names it. With several runs, the title and
+the printed output name the config fields that differ between them, read from each workdir's config.json (the
+run's resolved config, `moejax.run_config`); a workdir without one is compared by what its metrics.jsonl shows
+(MoE layers, experts, tokens per step, peak learning rate), and the output says so. A missing or empty run workdir
+(config.runs, default --workdir) or metrics.jsonl is a one-line error.
 """
 
 import os
@@ -16,7 +21,7 @@ import sys
 
 import numpy as np
 
-from moejax import cli
+from moejax import cli, run_config
 from moejax.train import metrics as metrics_lib
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "plot_run.py")
@@ -99,28 +104,77 @@ def panels(records: list[dict]) -> list[dict]:
   ]
 
 
-def draw(records: list[dict], title: str):
-  """The matplotlib Figure of `panels(records)` (Agg backend), titled `title` and the panels without data."""
+def run_names(workdirs: list[str]) -> list[str]:
+  """Each run's name: its folder's name, or its whole path where two runs' folders share a name."""
+  names = [os.path.basename(os.path.normpath(w)) or w for w in workdirs]
+  return names if len(set(names)) == len(names) else [os.path.normpath(w) for w in workdirs]
+
+
+# What a metrics.jsonl shows of its run's config, for workdirs without config.json.
+RECORD_FACTS = {
+    "MoE layers": lambda rs: len(rs[0].get("expert_load", [])),
+    "experts per MoE layer": lambda rs: len(rs[0]["expert_load"][0]) if rs[0].get("expert_load") else 0,
+    "tokens per step": lambda rs: round(rs[-1]["tokens_per_s"] * rs[-1]["step_time_s"]),
+    "peak learning rate": lambda rs: max(r["learning_rate"] for r in rs),
+}
+
+
+def compare(workdirs: dict[str, str], records: dict[str, list[dict]]) -> tuple[dict, str]:
+  """({field: {run: value}} of the fields that differ between the runs, what they were read from): the runs'
+  config.json where every run has one, else the RECORD_FACTS of their records."""
+  configs = {name: run_config.read(workdir) for name, workdir in workdirs.items()}
+  missing = [name for name, config in configs.items() if config is None]
+  if not missing:
+    return run_config.differences(configs), f"their {run_config.CONFIG_FILE}"
+  facts = {name: {fact: read(rs) for fact, read in RECORD_FACTS.items()} for name, rs in records.items()}
+  return run_config.differences(facts), (f"what metrics.jsonl shows ({', '.join(RECORD_FACTS)}): no "
+                                         f"{run_config.CONFIG_FILE} in {', '.join(missing)}")
+
+
+def difference_lines(differences: dict, source: str) -> list[str]:
+  """'fields that differ (read from SOURCE):' and one line per field, 'field: run value, run value'."""
+  if not differences:
+    return [f"no field differs (read from {source})"]
+  return [f"fields that differ (read from {source}):"] + [
+      f"  {field}: " + ", ".join(f"{name} {value}" for name, value in values.items())
+      for field, values in differences.items()]
+
+
+def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
+  """The matplotlib Figure (Agg backend) of `panels` of every run in `runs` ({name: records}) overlaid (a colour
+  per run where there are several), titled with each run's steps, `notes` and the panels without data."""
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
   from matplotlib.ticker import MaxNLocator
 
-  found = panels(records)
-  fig, axes = plt.subplots(3, 2, figsize=(13, 11), sharex=True)
-  for ax, panel in zip(axes.flat, found):
+  found = {name: panels(records) for name, records in runs.items()}
+  several = len(runs) > 1
+  fig, axes = plt.subplots(3, 2, figsize=(13, 11 + 0.2 * len(notes)), sharex=True)
+  empty = []
+  for p, ax in enumerate(axes.flat):
+    mine = {name: panel_list[p] for name, panel_list in found.items()}
+    panel = next(iter(mine.values()))
     ax.set_title(panel["title"], fontsize=10)
     ax.set_ylabel(panel["ylabel"])
     ax.grid(alpha=0.3)
-    if panel["missing"]:
+    without = [name for name, pn in mine.items() if pn["missing"]]
+    if without:
+      empty.append(panel["name"] + (f" (in {', '.join(without)})" if several and len(without) < len(runs) else ""))
+    if len(without) == len(runs):
       ax.text(0.5, 0.5, f"no data: {panel['missing']}", ha="center", va="center", transform=ax.transAxes,
               color="gray", wrap=True)
       continue
-    for i, (label, xs, ys) in enumerate(panel["lines"]):  # a line style and marker each: equal curves stay visible
-      ax.plot(xs, ys, LINE_STYLES[i % len(LINE_STYLES)], marker=MARKERS[i % len(MARKERS)] if len(xs) <= 50 else None,
-              label=label)
+    peak = 0.0
+    for r, (name, pn) in enumerate(mine.items()):
+      for i, (label, xs, ys) in enumerate(pn["lines"]):
+        # A line style each, and a marker each (of the line, or of the run where there are several): equal curves
+        # stay visible.
+        marker = MARKERS[(r if several else i) % len(MARKERS)] if len(xs) <= 50 else None
+        ax.plot(xs, ys, LINE_STYLES[i % len(LINE_STYLES)], marker=marker, color=f"C{r}" if several else None,
+                label=f"{name}: {label}" if several else label)
+        peak = max([peak, *ys])
     if panel["percent"]:
-      peak = max((max(ys) for _, _, ys in panel["lines"]), default=0.0)
       ax.set_ylim(0, 1.1 * peak if peak > 0 else 1.0)
       if peak == 0:
         ax.text(0.5, 0.5, "none in any step", ha="center", va="center", transform=ax.transAxes, color="gray")
@@ -130,39 +184,47 @@ def draw(records: list[dict], title: str):
   for ax in axes[-1]:
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-  steps = [r["step"] for r in records]
-  empty = [p["name"] for p in found if p["missing"]]
-  heading = f"{title}: {len(records)} steps ({steps[0]} to {steps[-1]})"
-  fig.suptitle(heading + ("\nno data: " + ", ".join(empty) if empty else ""), fontsize=11)
+  heading = "; ".join(f"{name}: {len(rs)} steps ({rs[0]['step']} to {rs[-1]['step']})" for name, rs in runs.items())
+  fig.suptitle("\n".join([heading, *notes] + (["no data: " + ", ".join(empty)] if empty else [])), fontsize=11)
   fig.tight_layout()
   return fig
 
 
-def plot_run(workdir: str, out: str | None = None) -> tuple[str, list[str]]:
-  """Writes the curves of the run in `workdir` to `out` (default `workdir`/curves.png); returns the path and the
-  names of the panels without data. RunError when there is nothing to draw."""
-  records = load_records(workdir)
-  out = out or os.path.join(workdir, DEFAULT_OUT)
+# At most this many differing fields in the figure's title (all of them are printed).
+TITLE_FIELDS = 6
+
+
+def plot_run(workdirs: list[str], out: str) -> tuple[list[str], list[str]]:
+  """Writes the curves of the runs in `workdirs` to `out`; returns the names of the panels without data and, with
+  several runs, the lines saying which config fields differ. RunError when a run has nothing to draw."""
+  names = run_names(workdirs)
+  records = {name: load_records(workdir) for name, workdir in zip(names, workdirs)}
+  lines = difference_lines(*compare(dict(zip(names, workdirs)), records)) if len(workdirs) > 1 else []
+  notes = lines[:TITLE_FIELDS + 1] + ([f"  ... and {len(lines) - TITLE_FIELDS - 1} more"]
+                                      if len(lines) > TITLE_FIELDS + 1 else [])
   if os.path.dirname(out):
     os.makedirs(os.path.dirname(out), exist_ok=True)
-  fig = draw(records, os.path.basename(os.path.normpath(workdir)) or workdir)
+  fig = draw(records, notes)
   fig.savefig(out, dpi=110)
   from matplotlib import pyplot as plt
   plt.close(fig)
-  return out, [p["name"] for p in panels(records) if p["missing"]]
+  return [p["name"] for p in panels(next(iter(records.values()))) if p["missing"]], lines
 
 
 def main(argv):
   del argv
   workdir = _WORKDIR.value
+  out = os.path.join(workdir, DEFAULT_OUT)
   try:
-    out, empty = plot_run(_CONFIG.value.run or workdir, os.path.join(workdir, DEFAULT_OUT))
+    empty, lines = plot_run(list(_CONFIG.value.runs) or [workdir], out)
   except RunError as e:
     sys.exit(f"error: {e}")
   print(f"wrote {out}" + (f" (no data: {', '.join(empty)})" if empty else ""))
+  for line in lines:
+    print(line)
 
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/plot_run.py).")
-  _WORKDIR = cli.define_workdir(f"Directory for {DEFAULT_OUT} (and the run drawn unless config.run names one).")
+  _WORKDIR = cli.define_workdir(f"Directory for {DEFAULT_OUT} (and the run drawn unless config.runs names some).")
   cli.run(main)

@@ -6,9 +6,14 @@
 
 Each point runs the real MoE layer on a simulated CPU mesh of its shape and prices the traffic it
 produced with the cluster cost model at the model's token counts (rows labelled 'modelled'); points
-whose mesh fits this machine's devices of measure.platform (single-node meshes on 'gpu', default)
-are also timed: one layer forward and a whole training step (rows labelled 'measured'). See
-moejax/study/sweep.py.
+whose mesh the job's devices of measure.platform can form (one host's GPUs; whole hosts of a job of
+several processes) are also timed: one layer forward and a whole training step (rows labelled
+'measured'). With calibration.source='measure' the job's all-to-alls and one layer are timed first and
+every point is priced with the fitted terms (beyond the timed node counts: 'extrapolated'). See
+moejax/study/sweep.py and docs/cost-model.md.
+
+  python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.scaling \
+      --workdir=/tmp/s2 --config.measure.platform=cpu --config.gpus_per_node=4 --config.nodes=1,2   # 2 hosts
 Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again;
 results go to results.csv, results.json, throughput.png and breakdown.png in the workdir.
 """
@@ -16,11 +21,14 @@ results go to results.csv, results.json, throughput.png and breakdown.png in the
 import os
 import sys
 
+import jax
 from absl import logging
 
 from moejax import cli
+from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import report
+from moejax.study import calibration, hosts, report
+from moejax.study import points as points_lib
 from moejax.study.points import max_devices, validate
 from moejax.study.sweep import run
 from moejax.validation import ConfigError
@@ -32,17 +40,27 @@ _WORKDIR = cli.define_workdir("Directory for finished points and results.")
 
 def main(argv):
   del argv
-  config = _CONFIG.value
+  config, workdir = _CONFIG.value, _WORKDIR.value
   try:
     points = validate(config)
-    mesh_lib.simulate_cpu_devices(max_devices(points))  # Before JAX starts its backends.
-    rows, counts = run(config, _WORKDIR.value)
+    distributed.initialize()  # a job of several processes (moejax.runtime.launch, a cluster), else nothing
+    # The small runs use this process's CPU devices: as many as the largest mesh (before JAX starts its backends).
+    mesh_lib.simulate_cpu_devices(max(max_devices(points), jax.config.jax_num_cpu_devices))
+    if config.calibration.source == "measure":
+      with config.unlocked():
+        config.calibration.source = calibration.measure(config, workdir)
+    rows, counts = run(config, workdir)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
+  if not hosts.leader():
+    return
   logging.info("%d point(s) computed (%d small runs), %d done before", counts["computed"], counts["simulated"],
                counts["skipped"])
-  paths = report.write_all(rows, config, _WORKDIR.value)
+  paths = report.write_all(rows, config, workdir)
   print(report.comparison_table(rows))
+  calibrated = points_lib.calibration(config)
+  if calibrated:
+    print(report.calibration_text(calibrated))
   print("wrote", ", ".join(paths.values()))
 
 

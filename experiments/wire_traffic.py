@@ -33,6 +33,7 @@ from moejax.moe import path as path_lib
 from moejax.moe import wire as wire_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
+from moejax.study.progress import Progress
 from moejax.validation import is_int, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "wire_traffic.py")
@@ -260,11 +261,14 @@ def run(quick: bool = False, d_sim: int = 64, tokens_per_device: int | None = No
             "quick": quick, "d_sim": d_sim, "tokens_per_device": tokens_per_device, "seed": seed,
             "wires": {w: list(v) for w, v in WIRES.items()}, "run_wire": {str(k): v for k, v in RUN_WIRE.items()},
             "skewed_router": {"hot_fraction": HOT_FRACTION, "boost": BOOST, "shift": SHIFT}, "cases": []}
-  for preset, shapes in meshes.items():
-    for nodes, gpus in shapes:
-      for router in QUICK_ROUTERS if quick else ROUTERS:
-        record["cases"].append(measure(preset, nodes, gpus, router, QUICK_PATHS if quick else PATHS,
-                                       d_sim, tokens_per_device, QUICK_EXPERTS[preset] if quick else None, seed))
+  routers = QUICK_ROUTERS if quick else ROUTERS
+  cases = [(preset, nodes, gpus, router) for preset, shapes in meshes.items() for nodes, gpus in shapes
+           for router in routers]
+  progress = Progress(len(cases))
+  for preset, nodes, gpus, router in cases:
+    record["cases"].append(measure(preset, nodes, gpus, router, QUICK_PATHS if quick else PATHS,
+                                   d_sim, tokens_per_device, QUICK_EXPERTS[preset] if quick else None, seed))
+    print(progress.step(f"cases: {preset} {nodes}x{gpus} {router}"), flush=True)
   record["summary"] = [summary(case) for case in record["cases"]]
   return record
 

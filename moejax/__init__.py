@@ -20,21 +20,23 @@ import pathlib as _pathlib
 import sys as _sys
 
 
-def _source_tree_kernels() -> None:
-  """Run from a source tree (PYTHONPATH=. or an editable install), the kernels sit in the top-level
-  `kernels/` folder; register that folder as `moejax.kernels`, the name an installed wheel gives it."""
+def _source_tree_folders() -> None:
+  """Run from a source tree (PYTHONPATH=. or an editable install), the kernels, configs and experiments sit in
+  top-level folders; register each as `moejax.<folder>`, the name an installed wheel gives it (bare `kernels`,
+  `configs` and `experiments` would collide with unrelated PyPI distributions of those names)."""
   here = _pathlib.Path(__file__).resolve().parent
-  kernels = here.parent / "kernels"
-  if "moejax.kernels" in _sys.modules or (here / "kernels").is_dir() or not (kernels / "__init__.py").is_file():
-    return
-  spec = _importlib_util.spec_from_file_location("moejax.kernels", kernels / "__init__.py",
-                                                 submodule_search_locations=[str(kernels)])
-  module = _importlib_util.module_from_spec(spec)
-  _sys.modules["moejax.kernels"] = module
-  spec.loader.exec_module(module)
+  for name in ("kernels", "configs", "experiments"):
+    folder = here.parent / name
+    if f"moejax.{name}" in _sys.modules or (here / name).is_dir() or not (folder / "__init__.py").is_file():
+      continue
+    spec = _importlib_util.spec_from_file_location(f"moejax.{name}", folder / "__init__.py",
+                                                   submodule_search_locations=[str(folder)])
+    module = _importlib_util.module_from_spec(spec)
+    _sys.modules[f"moejax.{name}"] = module
+    spec.loader.exec_module(module)
 
 
-_source_tree_kernels()
+_source_tree_folders()
 
 # Loaded on first use, so that `import moejax` (and `python -m moejax.runtime.launch`) stays light.
 _PUBLIC = {

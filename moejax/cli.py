@@ -11,9 +11,16 @@ experiment's main with `run(main)` (absl's app.run with a one-line flags error).
 A tuple field takes its elements separated by commas (`--config.schemes=switch,smile`, `--config.nodes=1,2`),
 each read as the default's elements are (integers, numbers, booleans, else strings); Python's `(1, 2)` is read too.
 `--workdir` (`define_workdir`) is the one other flag a program defines: the directory it writes to.
+`--print_config` (beside --config, `define_config`) prints the config with its overrides as JSON and exits (the form
+a run keeps it in: `moejax.run_config`).
+
+Under absl, INFO lines are shown; JAX logs at INFO each platform it probes and does not find ("Unable to
+initialize backend 'tpu'"). That logger is raised to WARNING, unless `--verbosity` asks for debug lines: JAX
+still warns when a device it can see fails to start, and raises for a platform named in JAX_PLATFORMS.
 """
 
 import json
+import logging
 import os
 import re
 import sys
@@ -21,10 +28,16 @@ import traceback
 
 import ml_collections
 from absl import app, flags
+from absl import logging as absl_logging
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
+from moejax import run_config
 from moejax.validation import ConfigError, unknown_field_message
+
+# The logger of JAX's backend probe (jax._src.xla_bridge): INFO for platforms that are simply not installed.
+_BACKEND_PROBE = logging.getLogger("jax._src.xla_bridge")
+_BACKEND_PROBE.setLevel(logging.WARNING)
 
 
 def override_paths(name: str, argv: list[str]) -> list[str]:
@@ -61,6 +74,8 @@ def load_error(argument: str, error: BaseException) -> ConfigError:
     return ConfigError(f"config file {path} does not exist (--config=PATH[:ARG], PATH relative to "
                        f"{os.getcwd()})", path)
   cause = error.__context__ if "Error whilst parsing config file" in str(error) and error.__context__ else error
+  if isinstance(cause, ConfigError):  # the file's own check of its argument (the flag's name says which file)
+    return cause
   lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
   reason = lines[-1] if lines else type(cause).__name__
   if lines and not isinstance(cause, ValueError):
@@ -172,9 +187,16 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 def run(main) -> None:
   """`app.run(main)` whose flag errors (`parse_flags`) and the ConfigErrors `main` raises are one line on stderr
-  (`error: ...`, exit status 1)."""
+  (`error: ...`, exit status 1); with --print_config, the configs of `define_config` are printed instead."""
 
   def guarded(argv):
+    if absl_logging.get_verbosity() >= absl_logging.DEBUG:  # --verbosity=1 asked for everything
+      _BACKEND_PROBE.setLevel(logging.NOTSET)
+    if "print_config" in flags.FLAGS and flags.FLAGS.print_config:
+      for name in flags.FLAGS:
+        if isinstance(flags.FLAGS[name].parser, _CheckedParser):
+          print(run_config.dumps(flags.FLAGS[name].value))
+      return None
     try:
       return main(argv)
     except ConfigError as e:
@@ -200,6 +222,7 @@ def define_config(default: str, help_string: str, name: str = "config",
   Without --config on the command line the default file is loaded (and its overrides resolved) right here, at
   import, before `app.run` could report a bad flag; such an error exits with the same one line as `parse_flags`."""
   default = os.path.normpath(default)
+  _define_print_config(flag_values)
   holder = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values)
   flag = flag_values[name]
   flag.parser = _CheckedParser(parser=flag.parser, name=name, flag_values=flag_values)
@@ -210,8 +233,20 @@ def define_config(default: str, help_string: str, name: str = "config",
   return holder
 
 
+def _define_print_config(flag_values: flags.FlagValues) -> None:
+  if "print_config" not in flag_values:
+    flags.DEFINE_bool("print_config", False, "Print the config (the --config file with its overrides) as JSON and "
+                      "exit.", flag_values=flag_values)
+
+
 def define_workdir(help_string: str, required: bool = True,
                    flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
-  """`--workdir`, the directory a program writes to: the one flag besides --config (`define_config`). Not
-  `required`, it is None when not given (the program then writes nothing but its printed output)."""
-  return flags.DEFINE_string("workdir", None, help_string, required=required, flag_values=flag_values)
+  """`--workdir`, the directory a program writes to: the one flag besides --config and --print_config
+  (`define_config`). `required` unless --print_config is given; not `required`, it is None when not given (the
+  program then writes nothing but its printed output)."""
+  holder = flags.DEFINE_string("workdir", None, help_string, flag_values=flag_values)
+  if required:
+    _define_print_config(flag_values)
+    flags.register_validator("workdir", lambda value: value is not None or flag_values["print_config"].value,
+                             "Flag --workdir must have a value other than None.", flag_values=flag_values)
+  return holder

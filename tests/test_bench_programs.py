@@ -1,7 +1,7 @@
 """The benchmark programs on their command lines (experiments/bench_kernels.py, tune_kernels.py,
-bench_collectives.py, expert_table.py; benchmarks/gpu_suite.py, hf_load.py): `--config` and `--workdir` only, a bad
-field one error line naming it, and each writing its record to the workdir; no program defines other flags, and no
-library code imports experiments/."""
+bench_collectives.py, expert_table.py; benchmarks/gpu_suite.py, hf_load.py): `--config` and `--workdir` only (and
+`--print_config`), a bad field one error line naming it, and each writing its record to the workdir; no program
+defines other flags, and no library code imports experiments/."""
 
 import ast
 import json
@@ -9,7 +9,9 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
 
+from moejax import cli
 from moejax.bench import kernel_cases
 from moejax.validation import ConfigError
 from tests.helpers import ENV, ROOT, cpu_env
@@ -30,11 +32,16 @@ def _modules(*folders):
       yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text())
 
 
-def test_no_program_defines_flags_beyond_config_and_workdir():
-  """Flags come from moejax.cli alone (define_config, define_workdir): no absl flag or argparse option elsewhere."""
+def test_no_program_defines_flags_beyond_config_workdir_and_print_config():
+  """Flags come from moejax.cli alone (define_config, define_workdir): no absl flag or argparse option elsewhere, and
+  cli's are --config, --workdir and --print_config."""
   own = {name for name, tree in _modules("experiments", "benchmarks")
          if any(c.startswith("flags.DEFINE_") or c == "argparse.ArgumentParser" for c in _calls(tree))}
   assert own == set()
+  values = flags.FlagValues()
+  cli.define_config(str(ROOT / "configs" / "plot_run.py"), "a config", flag_values=values)
+  cli.define_workdir("a workdir", flag_values=values)
+  assert set(values) == {"config", "workdir", "print_config"}
   for name in ("experiments/bench_kernels.py", "experiments/tune_kernels.py", "experiments/bench_collectives.py",
                "experiments/expert_table.py", "benchmarks/gpu_suite.py", "benchmarks/hf_load.py"):
     assert {"cli.define_config", "cli.define_workdir"} <= _calls(ast.parse((ROOT / name).read_text())), name
@@ -46,7 +53,7 @@ def test_nothing_outside_tests_and_experiments_imports_experiments():
     for node in ast.walk(tree):
       modules = ([a.name for a in node.names] if isinstance(node, ast.Import) else
                  [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
-      if any(m == "experiments" or m.startswith("experiments.") for m in modules):
+      if any(m.removeprefix("moejax.").split(".")[0] == "experiments" for m in modules):
         importers.add(name)
   assert importers == set()
 

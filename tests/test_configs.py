@@ -23,6 +23,7 @@ from moejax.cli import define_config, define_workdir  # noqa: E402
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}  # the old name of path and collective
 # Each config file, by the experiment that reads it.
 KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "decoder": "family",
+         "exflow_traffic": "train", "record_traces": "train",
          "scaling_default": "scaling",
          "scaling_smile": "scaling", "scaling_schedules": "scaling", "scaling_presets": "scaling"}
 EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(MOE_FROM_MODEL), "family": LAYER_FIELDS - {"d_model"},
@@ -58,13 +59,16 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
 
 
 # Config files without a moe section, each checked by its program (tests/test_bench_programs.py).
-PROGRAM_CONFIGS = {"bench_kernels", "tune_kernels", "bench_collectives", "expert_table", "gpu_suite", "hf_load"}
+PROGRAM_CONFIGS = {"bench_kernels", "tune_kernels", "bench_collectives", "expert_table", "gpu_suite", "hf_load",
+                   "lina_replication", "family_remedies", "fine_grained", "exchange_memory", "wire_traffic",
+                   "compare_sweeps", "plot_run", "convergence_report", "fidelity", "validate_cost_model", "memory",
+                   "compile_time"}
 
 
 def test_every_config_file_is_checked():
   # convergence.py configures a study whose runs are overrides of gpt.py and mlm.py (test_convergence builds each).
-  files = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "moe_section", "convergence"}
-  assert files == set(KINDS) | PROGRAM_CONFIGS
+  files = {p.stem for p in (ROOT / "configs").glob("*.py")} - {"__init__", "moe_section", "training", "convergence"}
+  assert files == set(KINDS) | PROGRAM_CONFIGS, files ^ (set(KINDS) | PROGRAM_CONFIGS)
 
 
 DECODERS = [f"decoder:{family}{size}" for family in ("qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe", "mixtral")

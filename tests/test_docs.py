@@ -98,8 +98,8 @@ def _module_names(path: pathlib.Path) -> set[str]:
 def _resolves(dotted: str) -> bool:
   """`moejax.a.b.name` (or `experiments.x`): a module file, or a module and a name it defines."""
   parts = dotted.split(".")
-  if parts[0] == "moejax" and len(parts) > 1 and parts[1] == "kernels":
-    parts = ["kernels", *parts[2:]]
+  if parts[0] == "moejax" and len(parts) > 1 and parts[1] in ("kernels", "configs", "experiments"):
+    parts = parts[1:]  # top-level folders installed under moejax (pyproject.toml)
   for cut in range(len(parts), 0, -1):
     base = ROOT.joinpath(*parts[:cut])
     module = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")

@@ -55,6 +55,23 @@ def test_misspelt_field_lists_the_nearest_matches_only(explicit):
   assert "routing" not in line  # not the whole section
 
 
+def test_every_program_names_a_moe_field_with_its_section(tmp_path):
+  """The demo's layer checks used to name MoEConfig's field (`collective='ragged'`), the trainer the config's."""
+  lines = {module: last_line(module, "--config.moe.collective=ragged", f"--workdir={tmp_path / module}")
+           for module in ("demo", "train")}
+  assert lines["demo"] == lines["train"], lines
+  assert lines["demo"].startswith("error: config field moe.collective='ragged' is not allowed: not 'ragged' on cpu")
+  assert "use moe.collective='padded'" in lines["demo"]
+
+
+def test_a_missing_checkpoint_directory_is_named(tmp_path):
+  line = last_line("train", f"--config=configs/decoder.py:hf={tmp_path / 'none'}", WORKDIR)
+  assert line.endswith(f": the checkpoint directory {tmp_path / 'none'} does not exist"), line
+  assert "could not be loaded" not in line
+  line = last_line("train", f"--config=configs/decoder.py:hf={tmp_path}", WORKDIR)
+  assert line.endswith(f": {tmp_path} has no config.json: not a Hugging Face checkpoint directory"), line
+
+
 def test_scaling_global_batch_names_the_value_that_fits():
   line = last_line("scaling", "--config.gpus_per_node=(8,)", WORKDIR)
   assert "global_batch=512" in line and "mesh 4x8" in line and "--config.global_batch=1024 fits" in line

@@ -1,6 +1,8 @@
 """experiments/notebooks/quickstart.ipynb: committed with the outputs of one run from top to bottom (so it renders
 where the repository is browsed), and executed in a fresh kernel here; both outputs are checked alike (every
-comparison with the reference, the capacity drops, the overflowing and then grown receive buffers, the figures).
+comparison with the reference, the capacity drops, the overflowing and then grown receive buffers, the figures), and
+the fresh run must print the committed numbers (counts, traffic rows, drops exactly): a notebook committed with
+another version's outputs fails.
 
 The kernel is a separate process with its own JAX (the notebook simulates its 8 CPU devices itself),
 started from this interpreter (`sys.executable`, so the same virtualenv) through a kernel spec in a
@@ -34,6 +36,8 @@ BUFFER_LINE = re.compile(r"^(\w+) buffer_factor (\S+): \d+ rows per hop, (\d+) t
 GROWN_LINE = re.compile(r"^(\w+) apply_without_overflow from (\S+): settled on buffer_factor (\S+), (\d+) overflowed, "
                         r"error vs reference (\S+)$", re.MULTILINE)
 PREFIX_MARK = "kernel sys.prefix: "
+NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+FLOAT_RTOL = 0.05  # printed losses and errors with 2-3 digits: the last one may round the other way elsewhere
 
 
 def reference_errors(text: str) -> dict[str, float]:
@@ -90,6 +94,20 @@ def check_outputs(nb) -> None:
   assert not errors, errors
 
 
+def check_same_numbers(committed: str, fresh: str) -> None:
+  """The fresh run printed the committed lines with the same numbers: integers (counts, rows, bytes, drops) exactly,
+  others within FLOAT_RTOL, or both at rounding level (errors against the reference under TOLERANCE)."""
+  old = [line for line in committed.splitlines() if line.strip()]
+  new = [line for line in fresh.splitlines() if line.strip()]
+  assert [NUMBER.sub("#", line) for line in old] == [NUMBER.sub("#", line) for line in new], (
+      "the notebook prints other lines than its committed outputs: run it again and commit it")
+  for before, now in zip(old, new):
+    for a, b in zip(NUMBER.findall(before), NUMBER.findall(now)):
+      same = (a == b if a.lstrip("-+").isdigit() and b.lstrip("-+").isdigit() else
+              max(abs(float(a)), abs(float(b))) < TOLERANCE or math.isclose(float(a), float(b), rel_tol=FLOAT_RTOL))
+      assert same, f"stale committed output (run the notebook again and commit it): {before!r}, now {now!r}"
+
+
 def _kernel_manager(kernel_dir: pathlib.Path) -> KernelManager:
   """A manager whose 'python3' kernel is this interpreter, from a kernel spec in `kernel_dir`."""
   spec = kernel_dir / "python3"
@@ -129,6 +147,19 @@ def test_check_reference_errors_rejects_bad_output():
       check_reference_errors(reference_errors(bad))
 
 
+def test_check_same_numbers_rejects_stale_output():
+  text = _stdout(nbformat.read(NOTEBOOK, as_version=4))
+  check_same_numbers(text, text)
+  check_same_numbers(text, text.replace("1.9e-07", "2.1e-07").replace("aux_loss 0.0102", "aux_loss 0.0103"))
+  inter = re.search(r"inter-node (\d+) rows", text)
+  stale = text.replace(inter.group(0), f"inter-node {2 * int(inter.group(1))} rows", 1)  # before dedup: twice the rows
+  drops = re.sub(r": (\d+) of", lambda m: f": {int(m.group(1)) + 1} of", text, count=1)
+  shorter = "\n".join(text.splitlines()[:-1])
+  for bad in (stale, drops, shorter):
+    with pytest.raises(AssertionError):
+      check_same_numbers(bad, text)
+
+
 def test_drop_and_buffer_checks_reject_bad_output():
   text = _stdout(nbformat.read(NOTEBOOK, as_version=4))
   check_drops(text)
@@ -144,6 +175,7 @@ def test_drop_and_buffer_checks_reject_bad_output():
 @pytest.mark.slow  # runs the notebook in a kernel
 def test_quickstart_notebook_runs(tmp_path):
   nb = nbformat.read(NOTEBOOK, as_version=4)
+  committed = _stdout(nb)
   nb.cells.append(nbformat.v4.new_code_cell(f"import sys\nprint({PREFIX_MARK!r} + sys.prefix)"))
   workdir = tmp_path / "work"
   workdir.mkdir()
@@ -151,5 +183,7 @@ def test_quickstart_notebook_runs(tmp_path):
                                    startup_timeout=120, resources={"metadata": {"path": str(workdir)}})
   client.execute(env=helpers.cpu_env())  # raises CellExecutionError if a cell fails
 
-  assert f"{PREFIX_MARK}{sys.prefix}\n" in _stdout(nb), "the kernel ran in another environment"
+  fresh = _stdout(nb)
+  assert f"{PREFIX_MARK}{sys.prefix}\n" in fresh, "the kernel ran in another environment"
   check_outputs(nb)
+  check_same_numbers(committed, fresh.replace(f"{PREFIX_MARK}{sys.prefix}\n", ""))

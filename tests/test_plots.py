@@ -1,12 +1,15 @@
 """The scaling sweep's plots and table (moejax.study.report) on synthetic rows: every scheme drawn in its own style,
-node counts on the axis, titles that name the model, topology and 'modelled', fixed-width table columns."""
+node counts on the axis, titles that name the model, topology and 'modelled', y axes from zero, the scaling efficiency
+against ideal scaling, strong scaling's accumulated micro batches said where they show, fixed-width table columns
+and no column that is zero everywhere."""
 
 import re
 
+import numpy as np
 import pytest
 
 from configs import scaling_default
-from moejax.study import plots, report
+from moejax.study import efficiency, plots, report
 from moejax.study.points import SCHEMES
 
 DEFAULT_SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
@@ -30,6 +33,12 @@ def _rows(schemes=DEFAULT_SCHEMES, nodes=NODES, gpus=(4,), measured=False, big=F
         rows += [dict(rows[-1], label="measured", nodes=1, scaling=sc, samples_per_s=3.21 + s, device="cpu",
                       layer_ms=12.5) for sc in ("weak", "strong")]
   return rows
+
+
+def _accumulating(rows):
+  """`rows` as a sweep writes them: strong scaling's global batch of one micro batch per GPU at 4 nodes accumulates
+  4 and 2 micro batches a step at 1 and 2 nodes."""
+  return [dict(r, accumulation=4 // r["nodes"] if r["scaling"] == "strong" else 1) for r in rows]
 
 
 def _scheme_lines(ax):
@@ -87,6 +96,37 @@ def test_throughput_figure_tells_every_scheme_apart():
   assert "measured" not in title
 
 
+def test_throughput_axes_start_at_zero_and_strong_scaling_says_it_accumulates():
+  """From zero: a 5% gap between schemes no longer fills the panel. Strong scaling beats weak on one node only by
+  accumulating micro batches (one gradient sync a step): the panel says how many."""
+  fig = plots.throughput_figure(_accumulating(_rows()), scaling_default.get_config())
+  weak, strong = _visible_axes(fig)
+  assert weak.get_ylim()[0] == 0 == strong.get_ylim()[0]
+  assert strong.get_title().endswith("\n4, 2, 1 micro batches a step at 1, 2, 4 nodes"), strong.get_title()
+  assert weak.get_title().endswith("\n1 micro batch a step"), weak.get_title()
+
+
+def test_efficiency_is_per_gpu_throughput_over_the_fewest_nodes():
+  rows = _rows(nodes=(1, 2, 4))
+  for r in rows:  # switch scales linearly; the others lose a quarter per doubling
+    r["samples_per_s"] = 1000.0 * r["nodes"] * (1.0 if r["scheme"] == "switch" else 0.75 ** (r["nodes"].bit_length() - 1))
+  curves = efficiency.efficiency(rows)
+  assert curves[("small", "weak", 4, "switch")] == [(1, 1.0), (2, 1.0), (4, 1.0)]
+  assert curves[("small", "strong", 4, "smile")] == [(1, 1.0), (2, 0.75), (4, 0.5625)]
+  fig = efficiency.efficiency_figure(_accumulating(rows), scaling_default.get_config())
+  for ax in _visible_axes(fig):
+    assert ax.get_ylim()[0] == 0 and ax.get_ylim()[1] >= 1.0
+    ideal = [line for line in ax.get_lines() if line.get_label().startswith("ideal")]
+    assert len(ideal) == 1 and list(ideal[0].get_ydata()) == [1.0, 1.0]
+    _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
+    np.testing.assert_allclose(_scheme_line(ax, "smile").get_ydata(), [1.0, 0.75, 0.5625])
+  assert "micro batches a step" in _titles(fig) and "p4d_efa" in _titles(fig)
+
+
+def _scheme_line(ax, scheme):
+  return next(line for line in ax.get_lines() if line.get_label() == scheme)
+
+
 def test_a_shared_style_is_caught(monkeypatch):
   """The check above fails when two schemes are drawn alike."""
   monkeypatch.setitem(plots.SCHEME_STYLES, "smile", plots.SCHEME_STYLES["hierarchical"])
@@ -122,7 +162,8 @@ def test_plots_write_pngs(tmp_path):
   rows = _rows(measured=True)
   plots.plot_throughput(rows, str(tmp_path / "t.png"))
   plots.plot_breakdown(rows, str(tmp_path / "b.png"))
-  for name in ("t.png", "b.png"):
+  efficiency.plot_efficiency(rows, str(tmp_path / "e.png"))
+  for name in ("t.png", "b.png", "e.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -150,6 +191,20 @@ def test_table_columns_have_one_format_and_width(measured):
   _assert_fixed_columns(table)
   big = next(line for line in lines if line.split()[1] == "4x4")
   assert re.search(r"\s\d{6}\s", big)  # 1.4e5 samples/s written out, not 1.4e+05
+
+
+def test_the_table_shows_hidden_time_only_where_a_schedule_hides_some():
+  header = report.comparison_table(_rows()).splitlines()[1].split()
+  assert "hidden" not in header and "layer" in header  # no scheme overlaps: 0.000 in every line
+  rows = [dict(r, layer_hidden_ms=0.05) if r["scheme"] == "smile" else r for r in _rows()]
+  assert "hidden" in report.comparison_table(rows).splitlines()[1].split()
+
+
+def test_the_table_says_how_many_micro_batches_strong_scaling_accumulates():
+  assert not any(line.startswith("strong scaling") for line in report.comparison_table(_rows()).splitlines())
+  last = report.comparison_table(_accumulating(_rows())).splitlines()[-1]
+  assert last == ("strong scaling of small on 4 GPUs/node: 4, 2, 1 micro batches a step at 1, 2, 4 nodes (one "
+                  "gradient sync a step); weak scaling: 1, so strong is faster where it accumulates")
 
 
 @pytest.mark.parametrize("table", ["h\nh\nx  1.000\ny  2.500\nz  3.5", "h\nh\nx  1.000\ny  2.500\nz   3.50",

@@ -93,7 +93,7 @@ class Leaf:
     return self.kind == "expert" or (len(self.shape) == 2 and not self.table)
 
 
-def _decoder_leaves(cfg, moe_cfg) -> tuple[list, list, list]:
+def decoder_leaves(cfg) -> tuple[list, list, list]:
   """(model-level leaves, one attention half's, the dense FFN's) of a decoder family, from its dimensions."""
   d, h, hd = cfg.d_model, cfg.num_heads, cfg.head_dim
   top = [Leaf((cfg.vocab_size, d), table=True), Leaf((d,))]
@@ -148,7 +148,7 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None) -> dict:
   v), or under 'muon' one of each matrix it orthogonalises (`Leaf.muon`) and two of the rest."""
   get = lambda name: optim_lib.DEFAULTS[name] if optim is None else optim.get(name, optim_lib.DEFAULTS[name])
   decoder = isinstance(cfg, DecoderConfig)
-  top, attn, ffn = _decoder_leaves(cfg, moe_cfg) if decoder else _smile_leaves(cfg)
+  top, attn, ffn = decoder_leaves(cfg) if decoder else _smile_leaves(cfg)
   dense, moe = layer_counts(cfg)
   leaves = top + [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
   leaves += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]

@@ -90,6 +90,19 @@ def dedup_note(schemes) -> str:
   return f"\ndedup: a token sent once per destination of each hop; '*{NODEDUP}': a row per token-choice"
 
 
+def accumulation_note(rows: list[dict]) -> str:
+  """How many micro batches a step (one gradient sync each) of one panel's modelled rows accumulates, e.g. '4, 2, 1
+  micro batches a step at 1, 2, 4 nodes': strong scaling's steps at few nodes accumulate, weak scaling's do not.
+  '' where the rows do not say."""
+  steps = sorted({(r["nodes"], r["accumulation"]) for r in rows if r["label"] != "measured" and "accumulation" in r})
+  counts = [a for _, a in steps]
+  if not counts:
+    return ""
+  if len(set(counts)) == 1:
+    return f"{counts[0]} micro batch{'es' if counts[0] > 1 else ''} a step"
+  return f"{', '.join(map(str, counts))} micro batches a step at {', '.join(str(n) for n, _ in steps)} nodes"
+
+
 def field_label(field: str) -> str:
   """A row field as an axis label, 'what (unit)': FIELD_LABELS, else the name with spaces."""
   return FIELD_LABELS.get(field, field.replace("_", " "))
@@ -150,7 +163,7 @@ def model_text(config, model: str) -> str:
 def _where(rows: list[dict]) -> tuple[str, str]:
   """('topology p4d_efa', ' and measured on cpu' or '') of rows: the topology the modelled rows are priced on
   and the devices of the measured ones."""
-  topologies = sorted({r.get("topology") or "?" for r in rows if r["label"] == "modelled"})
+  topologies = sorted({r.get("topology") or "?" for r in rows if r["label"] != "measured"})
   devices = sorted({str(r.get("device")) for r in rows if r["label"] == "measured"})
   return ("topology " + ", ".join(topologies)), (f"; measured on {', '.join(devices)}" if devices else "")
 
@@ -181,7 +194,7 @@ def throughput_figure(rows: list[dict], config=None):
   topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
   matplotlib Figure."""
   order = {"weak": 0, "strong": 1}
-  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] == "modelled"},
+  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] != "measured"},
                   key=lambda p: (p[0], order.get(p[1], 2), p[1], p[2]))
   models = list(dict.fromkeys(p[0] for p in panels))
   widths = sorted({p[2] for p in panels})
@@ -193,7 +206,7 @@ def throughput_figure(rows: list[dict], config=None):
     for rank, scheme in enumerate(schemes):
       colour, marker, linestyle = styles[scheme]
       mine = [r for r in ours if r["scheme"] == scheme]
-      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in mine if r["label"] == "modelled")
+      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in mine if r["label"] != "measured")
       measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in mine if r["label"] == "measured")
       if modelled:
         shift = dodge(rank, len(schemes))
@@ -216,7 +229,10 @@ def throughput_figure(rows: list[dict], config=None):
       title += f" (global batch {config.global_batch})"
     elif scaling == "weak":
       title += " (fixed micro batch per GPU)"
-    ax.set_title(title, fontsize=10)
+    note = accumulation_note(ours)  # strong beats weak on few nodes by accumulating: say so where it shows
+    ax.set_title(title + (f"\n{note}" if note else ""), fontsize=10)
+    if ax.get_yscale() == "linear":
+      ax.set_ylim(bottom=0)  # from zero: a 5% gap looks like one
     ax.legend(fontsize=7)
   topology, measured = _where(rows)
   shared = f", {widths[0]} GPUs/node" if len(widths) == 1 else ""
@@ -280,3 +296,75 @@ def breakdown_figure(rows: list[dict], config=None):
 def plot_breakdown(rows: list[dict], path: str, config=None) -> None:
   """`breakdown_figure` written as a PNG."""
   _save(breakdown_figure(rows, config), path)
+
+
+# measured.png: the measured points beside the modelled ones of the same points, with the model's error at each.
+MEASURED_PANELS = (("layer_ms", "layer_error", "MoE layer forward (ms)"),
+                   ("step_s", "step_error", "training step (s)"))
+
+
+def _value_axis(ax, values) -> None:
+  """y from zero, or logarithmic where the values span more than 20x (an uncalibrated model against a CPU)."""
+  positive = [v for v in values if v > 0]
+  if positive and max(positive) / min(positive) > 20:
+    ax.set_yscale("log")
+  else:
+    ax.set_ylim(bottom=0, top=1.15 * max(positive, default=1.0))
+
+
+def measured_figure(rows: list[dict], config=None):
+  """The measured rows beside their modelled points: per (model, GPUs per node), one panel of the layer forward and
+  one of the training step per scaling, against nodes. Per scheme in its SCHEME_STYLES colour: modelled points
+  hollow on a line, extrapolated ones (beyond a calibration's timed meshes) hollow on a dotted line, measured points
+  filled, each labelled with the model's error there (modelled / measured - 1: `report.with_model_error`'s
+  layer_error and step_error). Returns the matplotlib Figure."""
+  measured = [r for r in rows if r["label"] == "measured"]
+  groups = sorted({(r["model"], r["gpus_per_node"]) for r in measured})
+  scalings = list(dict.fromkeys(r["scaling"] for r in measured))
+  styles = scheme_styles(sorted({r["scheme"] for r in rows}, key=_scheme_order))
+  panels = [(g, field, error, name, scaling) for g in groups for field, error, name in MEASURED_PANELS
+            for scaling in ((None,) if field == "layer_ms" else scalings)]
+  fig, axes = _grid(len(panels))
+  for ax, ((model, m), field, error, name, scaling) in zip(axes, panels):
+    mine = [r for r in rows if (r["model"], r["gpus_per_node"]) == (model, m)
+            and (scaling is None or r["scaling"] == scaling)]
+    if scaling is None:  # the layer does not depend on the scaling: one scaling's rows
+      mine = [r for r in mine if r["scaling"] == mine[0]["scaling"]]
+    values = []
+    for scheme in sorted({r["scheme"] for r in mine if r["label"] == "measured"}, key=_scheme_order):
+      colour, marker, _ = styles[scheme]
+      points = {label: sorted((r["nodes"], r[field], r.get(error)) for r in mine
+                              if r["scheme"] == scheme and r["label"] == label)
+                for label in ("modelled", "extrapolated", "measured")}
+      line = points["modelled"] + points["extrapolated"]
+      if points["modelled"]:
+        ax.plot(*zip(*[p[:2] for p in points["modelled"]]), color=colour, marker=marker, markerfacecolor="none",
+                linestyle="-", label=f"{scheme}, modelled")
+      if points["extrapolated"]:
+        tail = (points["modelled"][-1:] + points["extrapolated"])
+        ax.plot(*zip(*[p[:2] for p in tail]), color=colour, linestyle=":")
+        ax.plot(*zip(*[p[:2] for p in points["extrapolated"]]), color=colour, marker=marker, markerfacecolor="none",
+                linestyle="none", alpha=0.6, label=f"{scheme}, extrapolated")
+      nodes, timed, errors = zip(*points["measured"])
+      ax.plot(nodes, timed, color=colour, marker=marker, linestyle="none", markersize=9,
+              label=f"{scheme}, measured")
+      for n, t, e in points["measured"]:
+        if e is not None:
+          ax.annotate(f"{e:+.0%}", (n, t), textcoords="offset points", xytext=(6, 4), fontsize=8, color=colour)
+      values += [p[1] for p in line] + list(timed)
+    node_axis(ax, [r["nodes"] for r in mine])
+    _value_axis(ax, values)
+    ax.set_ylabel(name)
+    title = f"{model}, {m} GPUs/node" + (f", {scaling} scaling" if scaling else "")
+    ax.set_title(title + "\nlabels: the model's error at each measured point", fontsize=9)
+    ax.legend(fontsize=7)
+  topology, where = _where(rows)
+  fig.suptitle(f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond "
+               "the calibrated meshes, filled: measured\n" + "; ".join(model_text(config, g[0]) for g in groups),
+               fontsize=10)
+  return fig
+
+
+def plot_measured(rows: list[dict], path: str, config=None) -> None:
+  """`measured_figure` written as a PNG."""
+  _save(measured_figure(rows, config), path)

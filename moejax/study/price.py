@@ -37,9 +37,11 @@ fused kernels none of the second.
 
 The step model (`cost.model.training_step_s`, per GPU):
   micro = 3 * non-MoE FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
-  non-MoE FLOPs = layers * (8 d^2 + 4 seq d) T + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask
-  (the BERT-MoE model of `moejax.models`, whose MLM head runs on the T_mask = 15% masked tokens)
-  step = accumulation * micro + ring all-reduce of the dense parameters over all devices
+  non-MoE FLOPs = `point_models.forward_flops` (SMILE's BERT-MoE: layers * (8 d^2 + 4 seq d) T
+  + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask, its MLM head on the T_mask = 15% masked tokens; the decoders:
+  2 T per weight of their attention, dense FFNs and head, and causal attention's scores)
+  step = accumulation * micro + ring all-reduce of the dense parameters (`point_models.dense_params`) over all
+  devices
   (Parm's schemes: dense parts tensor parallel over the node's GPUs, see `model_row`)
 Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch
 per step, the global batch grows with the devices); strong = fixed global batch `global_batch` and
@@ -58,14 +60,29 @@ from moejax.moe import path as path_lib
 from moejax.moe import routing
 from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
-from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, scheme_config, topology
-from moejax.train import objective
+from moejax.study import point_models
+from moejax.study.points import (ESP_SCHEMES, OVERLAP_SCHEMES, Point, calibration, identity, moe_section,
+                                 scheme_config, topology)
 
 
 def device_rate(config) -> tuple[float, str]:
+  """(FLOP/s, source): the calibration's timed expert FFN, else device_rate_json's, else the topology's datasheet
+  peak x efficiency."""
+  calibrated = calibration(config)
+  if calibrated and calibrated.rate:
+    return calibrated.rate
   if config.device_rate_json:
     return cost_model.measured_rate(config.device_rate_json)
   return cost_model.default_rate(topology(config))
+
+
+def non_expert_cost(config) -> phases.RowCost:
+  """The memory-bound non-expert phases' seconds per routed byte: the calibration's timed layer, else the H100
+  measurement carried to the topology's GPU (`phases.for_topology`)."""
+  calibrated = calibration(config)
+  if calibrated and calibrated.row_cost:
+    return calibrated.row_cost
+  return phases.for_topology(topology(config))
 
 
 def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
@@ -87,7 +104,7 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
   hops = path_lib.hops(cfg.path)
   exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
   shape = overlap.LayerShape((processed[busiest] / experts_per_gpu,) * experts_per_gpu, model.d_model, model.d_ff,
-                             config.moe.gated, rate, overlap.GemmCurve(sms=config.gemm_sms), non_expert_s)
+                             cfg.gated, rate, overlap.GemmCurve(sms=config.gemm_sms), non_expert_s)
   out = {}
   for name, train in (("forward", False), ("train", True)):
     cost = overlap.price_schedule(cfg.schedule, exchanges, shape, cfg.num_chunks, train=train)
@@ -124,7 +141,7 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, n
     else:
       intra += seconds
   rows = layer.etm / layer.M * layer.n_esp / (1 if schedule == "baseline" else layer.n_mp)
-  flops = float(cost_model.expert_flops(rows, layer.M, layer.H / layer.n_esp, config.moe.gated))
+  flops = float(cost_model.expert_flops(rows, layer.M, layer.H / layer.n_esp, cfg.gated))
   out = {"esp_choice": parm.choose_schedule(layer, terms)}
   for name, passes in (("forward", 1), ("train", 2)):
     out[name] = cost_model.Breakdown(
@@ -142,7 +159,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   Returns the forward and forward+backward `Breakdown`s and the traffic statistics of the row: inter- and
   intra-node MB per GPU (the forward's dispatch and combine bytes), and a row's bytes each way.
   """
-  model, moe = config.models[point.model], config.moe
+  model, moe = config.models[point.model], moe_section(config, point.model)
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   tokens = model.micro_batch * model.seq_len
@@ -153,8 +170,9 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   if cfg.num_shared_experts:  # dense FFNs on every token (DeepSeek, Qwen2-MoE)
     other_flops += float(cost_model.expert_flops(tokens, model.d_model, cfg.shared_width, cfg.gated))
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
-  non_expert_s = phases.for_topology(topology(config)).seconds(tokens * k, model.d_model, itemsize)
-  common = {"router_width": router_width, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
+  non_expert_s = non_expert_cost(config).seconds(tokens * k, model.d_model, itemsize)
+  replicated = model.d_model * (router_width + (3 if cfg.gated else 2) * cfg.shared_width)  # routers, shared experts
+  common = {"moe_replicated": replicated, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
             "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective, "dedup": cfg.deduplicates,
             "dispatch_dtype": cfg.dispatch_dtype or moe.dtype, "combine_dtype": cfg.combine_dtype or "float32"}
   if point.scheme in ESP_SCHEMES:
@@ -180,7 +198,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   if point.scheme in OVERLAP_SCHEMES:
     return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops,
                                                      non_expert_s)}
-  flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, moe.gated)
+  flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, cfg.gated)
   args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, topology(config), device_rate(config))
   return {**common, **stats,
           "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
@@ -202,32 +220,23 @@ def batch(point: Point, config) -> tuple[int, int]:
   return config.global_batch, config.global_batch // (replicas * micro)
 
 
-def dense_params(model, router_width: int, gated: bool) -> float:
-  """Parameters replicated on every device (all-reduced each step): attention, dense FFNs, the
-  embedding and the routers. Experts are sharded one copy per expert, so they need no sync."""
-  ffn = (3 if gated else 2) * model.d_model * model.d_ff
-  return (model.layers * 4 * model.d_model ** 2 + (model.layers - model.moe_layers) * ffn
-          + model.vocab * model.d_model + model.moe_layers * model.d_model * router_width)
-
-
 def model_row(point: Point, config, layer: dict) -> dict:
-  """The modelled row of a point: the layer breakdown (forward, ms) and the training step.
+  """The modelled row of a point: the layer breakdown (forward, ms) and the training step. Labelled 'extrapolated'
+  where the sweep is calibrated and the point is larger (more nodes or GPUs per node) than any timed exchange.
 
   Tensor-parallel dense parts (`model_parallel` > 1): the non-MoE FLOPs split over the MP group, which all-reduces
   the activations twice in the forward and twice in the backward of every block (Megatron-LM, Shoeybi et al. 2019,
   Sec. 3), less the MLP's two in MoE blocks (the MoE layer's own collectives replace them), and each GPU's 1 / m of
   the dense gradients all-reduced over the nodes (m such rings share a node's NICs)."""
-  model, moe = config.models[point.model], config.moe
+  model, moe = config.models[point.model], moe_section(config, point.model)
   tokens = model.micro_batch * model.seq_len
   cluster = topology(config)
   rate, rate_source = device_rate(config)
   mp = model_parallel(point)
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
-  predicted = model.micro_batch * objective.num_predictions(model.seq_len)  # the MLM head's tokens
-  flops = cost_model.non_moe_flops(tokens, model.seq_len, model.d_model, model.d_ff, model.layers, model.moe_layers,
-                                   model.vocab, moe.gated, predicted) / mp
+  flops = point_models.forward_flops(model, moe.gated) / mp
   global_batch, accumulation = batch(point, config)
-  param_bytes = dense_params(model, layer["router_width"], moe.gated) * itemsize / mp
+  param_bytes = point_models.dense_params(model, layer["moe_replicated"], moe.gated) * itemsize / mp
   if mp == 1:
     sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, point.gpus_per_node, cluster).time_s
     tensor_parallel_s = 0.0
@@ -238,10 +247,12 @@ def model_row(point: Point, config, layer: dict) -> dict:
   step_s = cost_model.training_step_s(flops, rate, layer["train"], model.moe_layers, accumulation,
                                       sync_s + accumulation * tensor_parallel_s)
   fwd = layer["forward"]
-  stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "router_width", "train_hidden_fraction")}
+  stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "moe_replicated", "train_hidden_fraction")}
   if "forward_hidden_fraction" in stats:
     stats["comm_hidden_fraction"] = stats.pop("forward_hidden_fraction")
-  return {**identity(point), "tokens_per_gpu": tokens, "global_batch": global_batch,
+  calibrated = calibration(config)
+  label = "extrapolated" if calibrated and calibrated.extrapolates(point.nodes, point.gpus_per_node) else point.label
+  return {**identity(point), "label": label, "tokens_per_gpu": tokens, "global_batch": global_batch,
           "accumulation": accumulation, **stats,
           "layer_inter_node_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_node_ms": 1e3 * fwd.intra_node_a2a_s,
           "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,

@@ -18,17 +18,19 @@ COMPILER_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expen
 
 
 def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
-  """An n x m mesh of simulated CPU devices (also on a GPU machine)."""
-  cpus = jax.devices("cpu")
+  """An n x m mesh of this process's simulated CPU devices (also on a GPU machine, and in a job of several
+  processes, where the leader runs the small runs alone)."""
+  cpus = jax.local_devices(backend="cpu")
   if len(cpus) < n * m:
-    raise mesh_lib.MeshError(f"mesh {n}x{m} needs {n * m} CPU devices, JAX has {len(cpus)}; call "
+    raise mesh_lib.MeshError(f"mesh {n}x{m} needs {n * m} CPU devices, this process has {len(cpus)}; call "
                              f"moejax.runtime.mesh.simulate_cpu_devices({n * m}) before any JAX computation")
   return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
 
 
-def simulate(scheme: str, n: int, m: int, config) -> dict:
+def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
   """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
-  device (one compilation; more batches, less sampling noise in the routing fractions).
+  device (one compilation; more batches, less sampling noise in the routing fractions). `moe`: the model's moe
+  section (`points.moe_section`).
 
   The rows travel in float32 (dtype, dispatch_dtype and combine_dtype unset): the wire's dtypes change what a row
   costs, which the pricing counts (`price.row_bytes`), not which rows move.
@@ -37,7 +39,7 @@ def simulate(scheme: str, n: int, m: int, config) -> dict:
   dedup one per token and destination of the hop), rows_per_device [A] (token-choices each device's experts
   got), dropped (token-choices), tokens_per_gpu; and seconds (compile and run).
   """
-  cfg = scheme_config(scheme, n, m, config.moe, config.sim.d_model, config.sim.d_ff)
+  cfg = scheme_config(scheme, n, m, moe, config.sim.d_model, config.sim.d_ff)
   cfg = dataclasses.replace(cfg, dtype="float32", dispatch_dtype=None, combine_dtype=None)
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()

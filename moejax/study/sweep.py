@@ -2,14 +2,15 @@
 
 Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply`) on a simulated
 CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at
-the model's real shapes and token counts. Such rows are labelled 'modelled'. Points whose mesh fits
-this machine's devices of measure.platform are also timed end to end (`measure`: a layer forward
-and a real training step of `moejax.models`); those rows are labelled 'measured'.
+the model's real shapes and token counts. Such rows are labelled 'modelled'. Points whose mesh the job's devices
+of measure.platform can form (one host's, or whole hosts of a multi-process job: `hosts`) are also timed end to
+end (`measure`: a layer forward and a real training step of `moejax.models`); those rows are labelled 'measured'.
 
 Modules of moejax.study: `points` (the config checked, its points and their keys), `inputs` (the
 layer's parameters and tokens), `simulate` (the small run), `price` (the modelled row: how the small
 run is scaled up, the step model, weak and strong scaling), `measure` (the measured row), `store`
-(the workdir's records); `run` here runs them all.
+(the workdir's records), `hosts` (the job's hosts); `run` here runs them all, logging each point with an ETA
+(`progress`).
 """
 
 import dataclasses
@@ -18,57 +19,90 @@ import time
 
 from absl import logging
 
-from moejax.study.measure import fits_real_devices, measure
-from moejax.study.points import point_key, simulated_scheme, simulation_key, validate
+from moejax.study import hosts
+from moejax.study.measure import measure
+from moejax.study.points import moe_section, point_key, simulated_scheme, simulation_key, validate
 from moejax.study.price import model_row, price_point_layer
+from moejax.study.progress import Progress
 from moejax.study.simulate import simulate
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, append, load_jsonl
+
+
+def measured_points(config, points) -> list:
+  """The points also timed on this job's devices of measure.platform (`hosts.mesh_devices`), of the models in
+  measure.models (all if empty), labelled 'measured'."""
+  models = tuple(config.measure.models) or tuple(config.models)
+  return [dataclasses.replace(p, label="measured") for p in points
+          if p.model in models and hosts.mesh_devices(p.nodes, p.gpus_per_node, config.measure.platform)]
 
 
 def run(config, workdir: str) -> tuple[list[dict], dict]:
   """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes; small
   runs are kept in workdir/simulations.jsonl, so a point that only reprices one reruns nothing.
 
-  Schemes that move another scheme's rows (the overlap schedules) reuse its small run; Parm's
-  expert-sharding schemes need none (`points.simulated_scheme`).
+  The measured points come first: every process of the job runs this, and those holding a point's devices time it
+  together (`hosts`); the leader (process 0) alone reads and writes the workdir and then computes the modelled
+  points, whose small runs use its own CPU devices. Schemes that move another scheme's rows (the overlap schedules)
+  reuse its small run; Parm's expert-sharding schemes need none (`points.simulated_scheme`).
 
-  Returns (rows of this config's points in run order, counts of points 'computed' and 'skipped'
-  and of small runs 'simulated').
+  Returns (rows of this config's points in run order, counts of points 'computed' and 'skipped' and of small runs
+  'simulated'); on the other processes, no rows.
   """
-  points = validate(config)
-  points += [dataclasses.replace(p, label="measured") for p in points
-             if fits_real_devices(p.nodes, p.gpus_per_node, config.measure.platform)]
-  os.makedirs(workdir, exist_ok=True)
+  modelled = validate(config)
+  measured = measured_points(config, modelled)
+  leader = hosts.leader()
   points_path, sims_path = os.path.join(workdir, POINTS_FILE), os.path.join(workdir, SIMULATIONS_FILE)
-  done, sims = load_jsonl(points_path), load_jsonl(sims_path)
-  rows, counts, measured_layers = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}
-  with open(points_path, "a") as point_file, open(sims_path, "a") as sim_file:
-    for i, point in enumerate(points, 1):
-      key = point_key(point, config)
-      where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
-      if key in done:
+  if leader:
+    os.makedirs(workdir, exist_ok=True)
+  done, sims = (load_jsonl(points_path), load_jsonl(sims_path)) if leader else ({}, {})
+  rows, counts = [], {"computed": 0, "skipped": 0, "simulated": 0}
+  keys = [point_key(point, config) for point in measured + modelled]
+  skip = hosts.agree([key in done for key in keys[:len(measured)]]) + [key in done for key in keys[len(measured):]]
+  measured_layers = {}
+  progress = Progress(sum(not skipped for skipped, point in zip(skip, measured + modelled)
+                          if leader or point.label == "measured"))
+  with open(points_path, "a") if leader else open(os.devnull, "w") as point_file:
+    for i, (point, key, skipped) in enumerate(zip(measured + modelled, keys, skip), 1):
+      if point.label == "modelled" and not leader:
+        break
+      where = f"[{i}/{len(keys)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
+      if skipped:
         rows.append(done[key])
         counts["skipped"] += 1
         logging.info("%s: done before, skipped", where)
         continue
       start = time.perf_counter()
       if point.label == "measured":
-        row = measure(point, config, measured_layers)
+        devices = hosts.mesh_devices(point.nodes, point.gpus_per_node, config.measure.platform)
+        row = measure(point, config, measured_layers, devices) if hosts.takes_part(devices) else None
+        hosts.barrier(key)
       else:
-        sim, scheme = None, simulated_scheme(point.scheme)
-        if scheme is not None:
-          sim_key = simulation_key(scheme, point.nodes, point.gpus_per_node, config)
-          if sim_key not in sims:
-            sims[sim_key] = {**simulate(scheme, point.nodes, point.gpus_per_node, config), "key": sim_key}
-            append(sim_file, sims[sim_key])
-            counts["simulated"] += 1
-          sim = sims[sim_key]
-        row = model_row(point, config, price_point_layer(sim, point, config))
+        row = model_row(point, config, price_point_layer(_small_run(point, config, sims, sims_path, counts), point,
+                                                         config))
+      if not leader:
+        logging.info("%s", progress.step(f"{where}: timed with the leader"))
+        continue
       row["key"] = key
       append(point_file, row)
       rows.append(row)
       counts["computed"] += 1
       throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
-      logging.info("%s: layer %.4g ms%s (%.1f s)", where, row["layer_ms"], throughput,
-                   time.perf_counter() - start)
+      logging.info("%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} "
+                                       f"({time.perf_counter() - start:.1f} s)"))
   return rows, counts
+
+
+def _small_run(point, config, sims: dict, sims_path: str, counts: dict) -> dict | None:
+  """The point's small run (None for schemes priced from the config alone), from `sims` or run now and appended
+  to the file at sims_path."""
+  scheme = simulated_scheme(point.scheme)
+  if scheme is None:
+    return None
+  moe = moe_section(config, point.model)
+  sim_key = simulation_key(scheme, point.nodes, point.gpus_per_node, config, moe)
+  if sim_key not in sims:
+    sims[sim_key] = {**simulate(scheme, point.nodes, point.gpus_per_node, config, moe), "key": sim_key}
+    with open(sims_path, "a") as f:
+      append(f, sims[sim_key])
+    counts["simulated"] += 1
+  return sims[sim_key]
