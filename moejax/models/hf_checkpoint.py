@@ -112,8 +112,8 @@ def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
 
 def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
   """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
-  extra = sorted(n for n in shards.where if n not in expected and not re.search(r"rotary_emb\.inv_freq$", n))
-  missing = sorted(n for n in expected if n not in shards.where)
+  extra = sorted(n for n in shards.names if n not in expected and not re.search(r"rotary_emb\.inv_freq$", n))
+  missing = sorted(n for n in expected if n not in shards.names)
   if missing or extra:
     raise ConfigError(f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
                       f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json")
@@ -121,7 +121,7 @@ def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
     tensor = shards.tensor(name)
     if tuple(tensor.get_shape()) != shape:
       raise ConfigError(f"checkpoint tensor {name} has shape {tuple(tensor.get_shape())}, expected {shape}")
-    if tensor.get_dtype() not in READABLE_DTYPES:
+    if tensor.get_dtype() not in READABLE_DTYPES and not isinstance(tensor, hf_files.QUANTISED):
       raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
 
 
@@ -238,14 +238,40 @@ def _host_tensors(model: Decoder):
         yield name, np.ascontiguousarray(array.T if transposed else array)
 
 
-def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
+def _fp8_weight(name: str, array: np.ndarray) -> bool:
+  """Whether DeepSeek's published FP8 format quantises the tensor `name`: the blocks' Linear weights, not the
+  routers (`mlp.gate`), norms, embeddings, head or the MTP modules' eh_proj."""
+  return (array.ndim == 2 and name.startswith("model.layers.") and name.endswith(".weight")
+          and not name.endswith((".gate.weight", "eh_proj.weight")))
+
+
+def _quantized(tensors, fp8_blocks: tuple[int, int] | None):
+  """(name, array) of `tensors` as written: with fp8_blocks each FP8 weight (`_fp8_weight`) followed by its
+  weight_scale_inv (`hf_files.fp8_quantize`), the rest unchanged."""
+  for name, array in tensors:
+    if fp8_blocks is None or not _fp8_weight(name, array):
+      yield name, array
+    else:
+      q, scale_inv = hf_files.fp8_quantize(array.astype(np.float32), fp8_blocks)
+      yield name, q
+      yield name + hf_files.FP8_SUFFIX, scale_inv
+
+
+def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_blocks: tuple[int, int] | None = None) -> None:
   """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
   shard_bytes each, in the model's order; one model.safetensors if it fits) and model.safetensors.index.json.
   One part of the model is gathered to the host at a time and each file written when full, so the host holds
   about a block and a shard. Experts in their logical order: a placed model's experts (`from_hf(..., placement=)`,
   `with_placement`: its `expert_order`), their router columns and balancing biases are put back in the
-  checkpoint's order; a slot table's replicas are not written."""
+  checkpoint's order; a slot table's replicas are not written. Tensors in the parameters' dtype, or with
+  fp8_blocks=(rows, columns) (DeepSeek's (128, 128)) the blocks' Linear weights in DeepSeek's published FP8
+  format (float8_e4m3fn with a float32 weight_scale_inv per block, amax / 448; config.json's quantization_config),
+  as `from_hf` and transformers read it."""
   config = hf_config.to_hf_config(model.cfg, model.moe_cfg)  # refuses what config.json cannot say, before writing
+  if fp8_blocks is not None:
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(fp8_blocks),
+                                     "activation_scheme": "dynamic"}
+    hf_files.quantization(config)  # refuses a block size it would not read back
   writer = jax.process_index() == 0
   if writer:
     os.makedirs(out_dir, exist_ok=True)
@@ -257,7 +283,7 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES) -> None:
       save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
     weight_map.update({name: file for name in shard})
 
-  for name, array in _host_tensors(model):
+  for name, array in _quantized(_host_tensors(model), fp8_blocks):
     if shard and size + array.nbytes > shard_bytes:
       flush()
       shard, size = {}, 0
