@@ -32,7 +32,7 @@ MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3
 DENSE_FAMILIES = ("llama_dense", "qwen3_dense")
 FAMILIES = MOE_FAMILIES + DENSE_FAMILIES
 # Checkpoints as they are published (issue 52); the FP8 export: tests/test_hf_quantized.py.
-PUBLISHED = ("deepseek_v3_fp8",)
+PUBLISHED = ("deepseek_v3_fp8", "deepseek_v3_no_mtp")
 TILE = 4  # the fixtures' 2 rows x 4 = 8, one row per device of the 2 x 4 mesh
 TOL = 1e-4
 

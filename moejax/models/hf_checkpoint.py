@@ -7,12 +7,14 @@ Names: the hub's, one tensor per expert (`model.layers.N.mlp.experts.E.gate_proj
 weights are w_gate (gate_proj, w1), w_in (up_proj, w3) and w_out (down_proj, w2), stacked over the experts.
 """
 
+import dataclasses
 import json
 import os
 import re
 
 import jax
 import numpy as np
+from absl import logging
 from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
@@ -147,16 +149,35 @@ def _load_leaf(shards: hf_files.Shards, names: list[str], leaf, transposed: bool
   return jax.make_array_from_callback(leaf.shape, leaf.sharding, lambda index: read(index).astype(leaf.dtype))
 
 
+def has_mtp(shards: hf_files.Shards, cfg: DecoderConfig) -> bool:
+  """Whether the checkpoint holds tensors of DeepSeek-V3's MTP layers (model.layers.{num_layers + k}.*);
+  transformers' save_pretrained writes none, whatever num_nextn_predict_layers says."""
+  return any(name.startswith(f"model.layers.{cfg.num_layers + k}.") for name in shards.names
+             for k in range(cfg.num_mtp_layers))
+
+
+def _initial(cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, seed: int, abstract: dict, key: str) -> dict:
+  """The model's initial parameters under `key` (placed as `abstract`), one compiled program computing only them."""
+  build = lambda: nnx.to_pure_dict(nnx.split(state_lib.build(cfg, moe_cfg, mesh, seed), nnx.Param, ...)[1])[key]
+  return jax.jit(build, out_shardings=jax.tree.map(lambda a: a.sharding, abstract))()
+
+
 def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0):
   """(graphdef, params, rest) of the decoder (cfg, moe_cfg) on `mesh` with the checkpoint's tensors, placed as
   `state_lib.abstract_state` places them (as the Trainer's state): every tensor checked against the config before
   any is read, each device reading its own block; rest (the key streams, seed `seed`) holds the checkpoint's
-  balancing biases."""
+  balancing biases. MTP modules (cfg.num_mtp_layers) that the checkpoint holds no tensors of (transformers writes
+  none) keep their initialisation, said in the log."""
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh, seed)
   loaded_rest = [(p, leaf) for p, leaf in _leaves(rest) if p[-1] == "expert_bias"]
   shards = hf_files.Shards(path)
   try:
-    expected = _expected(list(_leaves(params)) + loaded_rest, cfg, moe_cfg.num_experts)
+    fresh_mtp = cfg.num_mtp_layers > 0 and not has_mtp(shards, cfg)
+    if fresh_mtp:  # a checkpoint saved by transformers: its MTP modules start from their initialisation
+      logging.info("checkpoint %s holds no MTP tensors (model.layers.%d.*): its %d MTP module(s) start from their "
+                   "initialisation", path, cfg.num_layers, cfg.num_mtp_layers)
+    leaves = [(p, leaf) for p, leaf in list(_leaves(params)) + loaded_rest if not (fresh_mtp and p[0] == "mtp")]
+    expected = _expected(leaves, cfg, moe_cfg.num_experts)
     _check(shards, expected, path)
     leaves = {p: leaf for p, leaf in list(_leaves(params)) + loaded_rest}
     arrays = {}
@@ -167,6 +188,8 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   finally:
     shards.close()
   rest = state_lib.init_state(cfg, moe_cfg, mesh, seed, only_rest=True)  # params: the abstract tree, filled in
+  if fresh_mtp:
+    params["mtp"] = _initial(cfg, moe_cfg, mesh, seed, params["mtp"], "mtp")
   for leaf_path, array in arrays.items():
     _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
   return graphdef, params, rest
@@ -181,7 +204,9 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   moe: MoEConfig fields over the checkpoint's (transport, schedule, dedup, ...); model: DecoderConfig fields (fsdp,
   remat, tensor_parallel, grad_sync, scan_layers: how the model is laid out and trained, not what it computes). A
   checkpoint whose tensors differ from its config (missing, unexpected, wrong shape or dtype, unreadable file) is
-  refused, naming the tensor.
+  refused, naming the tensor; a quantised one is read dequantised (`hf_files`: DeepSeek's FP8 blocks, gpt-oss's
+  MXFP4 experts). A config.json naming MTP layers (num_nextn_predict_layers) whose checkpoint holds none of their
+  tensors (transformers' save_pretrained writes none) loads without them (num_mtp_layers 0), said in the log.
   placement: an expert placement (a `moejax.placement.Placement` or [M, E] flat devices over the M MoE layers),
   checked before anything is read, then applied to the loaded model (`moejax.models.placed.with_placement`: expert e
   of MoE layer j on device placement[j, e], router columns and balancing bias with it, outputs unchanged) and
@@ -195,6 +220,13 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   if moe_cfg.expert_backend == "auto":  # the per-device shape it is measured at needs the tokens per call
     require(is_int(tokens), "tokens", tokens, "the tokens one forward call sees, with moe.expert_backend='auto'")
     moe_cfg = expert_backend.resolve(moe_cfg, tokens, mesh, "fwd")
+  if cfg.num_mtp_layers:  # inference without the MTP modules a checkpoint does not hold
+    shards = hf_files.Shards(path)
+    if not has_mtp(shards, cfg):
+      logging.info("checkpoint %s holds no MTP tensors (model.layers.%d.*): loaded without its MTP modules",
+                   path, cfg.num_layers)
+      cfg = dataclasses.replace(cfg, num_mtp_layers=0)
+    shards.close()
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
     placement_lib.check_placement(placement, moe_cfg, cfg.num_moe_layers)
   decoder = nnx.merge(*load_state(path, cfg, moe_cfg, mesh))
