@@ -9,10 +9,11 @@ import jax
 import numpy as np
 from flax import nnx
 
+import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_checkpoint, hf_config
 from moejax.models import state as state_lib
-from tests.helpers import ROOT
+from tests.helpers import ROOT, relative_error
 
 DATA = ROOT / "tests" / "data" / "hf"
 NO_MTP = DATA / "deepseek_v3_no_mtp"
@@ -44,3 +45,15 @@ def test_fine_tuning_with_mtp_initialises_the_modules(mesh_2x4, caplog):
   for key in ("embed", "segments", "norm", "lm_head"):
     jax.tree.map(np.testing.assert_array_equal, host(params[key]), host(full[key]))
   assert not np.array_equal(np.asarray(params["embed"]["embedding"]), np.asarray(fresh["embed"]["embedding"]))
+
+
+def test_any_batch_forward(mesh_2x4):
+  """A batch of 2 on the 8 devices (padded and cut, as generate_tokens pads): transformers' logits; one row alone
+  the same row's."""
+  ref = np.load(DATA / "qwen3_moe" / "reference.npz")
+  model = models.from_hf(str(DATA / "qwen3_moe"), mesh_2x4)
+  logits, _ = infer.forward(model, ref["tokens"])
+  assert logits.shape == ref["logits"].shape
+  assert relative_error(np.asarray(logits), ref["logits"]) < 1e-4
+  one, _ = infer.forward(model, ref["tokens"][1:])
+  assert relative_error(np.asarray(one), ref["logits"][1:]) < 1e-4

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.infer import batch as batch_lib
 from moejax.infer import cache as cache_lib
 from moejax.infer import exflow
 from moejax.models import state as state_lib
@@ -211,7 +212,6 @@ def generate_tokens(model, prompt_BxP, steps: int, *, temperature: float = 0.0, 
   request, which are dropped again. `generate` has the timings and traffic."""
   prompt_BxP = np.asarray(prompt_BxP)
   require(prompt_BxP.ndim == 2 and prompt_BxP.shape[0] >= 1, "prompt.shape", prompt_BxP.shape, "[B, P] with B >= 1")
-  batch, devices = prompt_BxP.shape[0], model.mesh.size
-  padded = np.concatenate([prompt_BxP, np.repeat(prompt_BxP[-1:], -batch % devices, axis=0)])
-  out = generate(model, padded, steps, mode=mode, temperature=temperature, seed=seed)
-  return np.concatenate([prompt_BxP, out.tokens[:batch]], axis=1)
+  out = generate(model, batch_lib.padded(prompt_BxP, model.mesh.size), steps, mode=mode, temperature=temperature,
+                 seed=seed)
+  return np.concatenate([prompt_BxP, out.tokens[:prompt_BxP.shape[0]]], axis=1)
