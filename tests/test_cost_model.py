@@ -269,8 +269,10 @@ def test_non_moe_flops_match_xla_count_of_the_bert_forward():
   from moejax.runtime import mesh as mesh_lib
 
   b, seq, predicted, d, f, layers, vocab = 4, 32, 5, 128, 512, 2, 512
+  # Unrolled layers: XLA's cost analysis counts a scan's body once, not once per iteration, so the scanned
+  # default (model.scan_layers=True) would report one layer's FLOPs for all of them.
   cfg = ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,
-                    max_len=seq, dropout=0.0, moe_every=0)
+                    max_len=seq, dropout=0.0, moe_every=0, scan_layers=False)
   moe_cfg = MoEConfig(num_experts=1, top_k=1, d_model=d, d_ff=f)
   graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh_lib.make_mesh(1, 1))
   forward = lambda p, r, tokens, positions: nnx.merge(graphdef, p, r)(tokens, positions_BxP=positions)[0]
