@@ -28,7 +28,7 @@ from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
 
 DATA = ROOT / "tests" / "data" / "hf"
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe")
 DENSE_FAMILIES = ("llama_dense", "qwen3_dense")
 FAMILIES = MOE_FAMILIES + DENSE_FAMILIES
 # Checkpoints as they are published (issue 52); the FP8 export: tests/test_hf_quantized.py.
@@ -150,6 +150,7 @@ OPTIONS = [
     case("qwen3_moe", {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0, "dedup": False},
          id="qwen3_moe-gpu_first_capacity_no_dedup"),
     case("deepseek_v2", {"esp_schedule": "s1", "buffer_factor": 4.0}, id="deepseek_v2-esp_s1_buffer"),
+    case("glm4_moe", {"path": "node_first", "buffer_factor": 4.0}, id="glm4_moe-node_first_buffer"),
 ]
 
 
@@ -278,6 +279,8 @@ FAMILY_FIELDS = {
                            "decoder_sparse_step", "attention_bias"),
     "deepseek_v2": ROUTED + LATENT + ("topk_method", "attention_bias"),
     "deepseek_v3": ROUTED + LATENT + ("rope_interleave", "num_nextn_predict_layers", "attention_bias"),
+    # (its num_nextn_predict_layers 1 names no tensors: written back as 0, tests/test_hf_published.py)
+    "glm4_moe": ROUTED + LATENT[:8] + ("attention_bias", "use_qk_norm", "head_dim", "num_key_value_heads"),
     "llama_dense": ("attention_bias", "mlp_bias"),
     "qwen3_dense": ("attention_bias",),
 }

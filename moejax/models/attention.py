@@ -150,7 +150,7 @@ class GroupedQueryAttention(nnx.Module):
     self.o_proj = linear(cfg, h * w, d, cfg.out_bias, rngs)
     self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
-    self.inverse, self.factor = rope.frequencies(w, cfg.rope_theta, cfg.scaling)
+    self.inverse, self.factor = rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
     self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, w)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):

@@ -20,7 +20,8 @@ class DecoderConfig(Parallelism):
   family: one of FAMILIES. d_model, d_ff: the hidden and the dense FFN's widths (the experts' is MoEConfig.d_ff).
   num_heads, num_kv_heads, head_dim: grouped-query attention (num_kv_heads divides num_heads). max_len: positions.
   rope_theta, rope_scaling: RoPE's base and a checkpoint's scaling as sorted (key, value) pairs (None: plain RoPE;
-    YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves.
+    YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves;
+    partial_rotary_factor: the fraction of a GQA head rotated, its first head_dim x factor dimensions (GLM-4.5: 0.5).
   qkv_bias: biases on q, k, v (Qwen2-MoE); out_bias: on the output projection too (attention_bias of Llama and
     Qwen3); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
@@ -59,6 +60,7 @@ class DecoderConfig(Parallelism):
   rope_theta: float = 10000.0
   rope_scaling: tuple | None = None
   rope_interleaved: bool = False
+  partial_rotary_factor: float = 1.0
   qkv_bias: bool = False
   out_bias: bool = False
   qk_norm: bool = False
@@ -93,8 +95,11 @@ class DecoderConfig(Parallelism):
         require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (multi-head latent attention)")
       require(self.q_lora_rank is None or is_int(self.q_lora_rank), "q_lora_rank", self.q_lora_rank,
               "None or a positive int")
-    require(self.qk_rope_head_dim % 2 == 0 and (self.latent or self.head_dim % 2 == 0), "head_dim", self.head_dim,
-            "even (RoPE rotates pairs)")
+    require(is_number(self.partial_rotary_factor) and 0 < self.partial_rotary_factor <= 1
+            and (not self.latent or self.partial_rotary_factor == 1), "partial_rotary_factor",
+            self.partial_rotary_factor, "in (0, 1] (1 with multi-head latent attention)")
+    require(self.qk_rope_head_dim % 2 == 0 and self.rope_dim % 2 == 0, "head_dim", self.head_dim,
+            "even, and its rotated part head_dim x partial_rotary_factor too (RoPE rotates pairs)")
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):
@@ -110,7 +115,7 @@ class DecoderConfig(Parallelism):
   @property
   def rope_dim(self) -> int:
     """The rotated width of a head's q and k."""
-    return self.qk_rope_head_dim if self.latent else self.head_dim
+    return self.qk_rope_head_dim if self.latent else int(self.head_dim * self.partial_rotary_factor)
 
   @property
   def scaling(self) -> dict | None:

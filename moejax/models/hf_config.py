@@ -20,7 +20,7 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
   theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
   scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
   if scaling:
-    scaling = {k: v for k, v in scaling.items() if k != "rope_theta"}
+    scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor")}
     scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type"))
   return float(theta), None if not scaling else tuple(sorted(scaling.items()))
 
@@ -44,7 +44,8 @@ def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "floa
       family=model_type, vocab_size=hf["vocab_size"], num_layers=layers, d_model=hf["hidden_size"],
       d_ff=hf["intermediate_size"], num_heads=hf["num_attention_heads"], max_len=hf["max_position_embeddings"],
       moe_layers=family.moe_layers(hf, layers), rms_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
-      rope_scaling=scaling, sliding_window=window, sliding_layers=sliding_layers,
+      rope_scaling=scaling, partial_rotary_factor=float((hf.get("rope_parameters") or {}).get(
+          "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))), sliding_window=window, sliding_layers=sliding_layers,
       tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dtype=dtype, param_dtype=param_dtype,
       **family.decoder_fields(hf))
   unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
@@ -72,7 +73,9 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
             num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.rms_eps, hidden_act="silu",
             tie_word_embeddings=cfg.tie_embeddings, dtype=cfg.param_dtype,
-            rope_parameters={"rope_theta": cfg.rope_theta, **(cfg.scaling or {"rope_type": "default"})})
+            rope_parameters={"rope_theta": cfg.rope_theta, **(cfg.scaling or {"rope_type": "default"}),
+                             **({"partial_rotary_factor": cfg.partial_rotary_factor}
+                                if cfg.partial_rotary_factor != 1 else {})})
   hf.update(family.to_hf(cfg, moe_cfg))
   hf.update(family.sliding_to_hf(cfg))
   return hf

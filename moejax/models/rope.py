@@ -59,13 +59,16 @@ def softmax_scale(head_dim: int, scaling: dict | None) -> float:
 
 def rotate(x_BxSxHxW: jax.Array, positions_S: jax.Array, inverse: tuple[float, ...], factor: float,
            interleaved: bool) -> jax.Array:
-  """x [B, S, H, W] (W: the rotary part of a head) at positions [S] -> rotated, in x's dtype; inverse: the
-  frequencies [W / 2] (`frequencies`). Half-split pairs dimension i with i + W/2; interleaved pairs 2i with 2i + 1
-  and returns the evens' results then the odds' (a fixed permutation of the rotary part, the same for queries and
-  keys, so their dot products are the checkpoint's)."""
-  angles = positions_S.astype(jnp.float32)[:, None] * jnp.asarray(inverse, jnp.float32)[None, :]  # [S, W / 2]
+  """x [B, S, H, W] at positions [S] -> rotated, in x's dtype; inverse: the frequencies [R / 2] (`frequencies`) of
+  the rotary part, x's first R dimensions (all of them, or GLM-4.5's partial RoPE: the rest pass unchanged).
+  Half-split pairs dimension i with i + R/2; interleaved pairs 2i with 2i + 1 and returns the evens' results then
+  the odds' (a fixed permutation of the rotary part, the same for queries and keys, so their dot products are the
+  checkpoint's)."""
+  angles = positions_S.astype(jnp.float32)[:, None] * jnp.asarray(inverse, jnp.float32)[None, :]  # [S, R / 2]
   cos, sin = (f(angles)[None, :, None, :] * factor for f in (jnp.cos, jnp.sin))
-  x = x_BxSxHxW.astype(jnp.float32)
-  half = x.shape[-1] // 2
+  rotary = 2 * len(inverse)
+  x = x_BxSxHxW[..., :rotary].astype(jnp.float32)
+  half = rotary // 2
   first, second = (x[..., 0::2], x[..., 1::2]) if interleaved else (x[..., :half], x[..., half:])
-  return jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1).astype(x_BxSxHxW.dtype)
+  rotated = jnp.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+  return jnp.concatenate([rotated.astype(x_BxSxHxW.dtype), x_BxSxHxW[..., rotary:]], axis=-1)

@@ -52,17 +52,22 @@ class DeepSeekV2(Family):
     return dict(load_balance_coef=hf.get("aux_loss_alpha", 0.001))
 
   def to_hf(self, cfg, moe_cfg) -> dict:
+    return {**{k: getattr(cfg, k) for k in LATENT_FIELDS}, **self.routed_to_hf(cfg, moe_cfg),
+            "scoring_func": moe_cfg.score, **self.version_to_hf(cfg, moe_cfg)}
+
+  def routed_to_hf(self, cfg, moe_cfg) -> dict:
+    """The dense layers first, the routed experts, their groups and the shared experts (DeepSeek's fields, which
+    GLM-4.5 shares)."""
     moe_at = moe_indices(cfg)
     first_moe = moe_at[0] if moe_at else cfg.num_layers
     require(moe_at == list(range(first_moe, cfg.num_layers)), "moe_layers", cfg.moe_layers,
             f"dense layers first, then MoE layers ({cfg.family}'s first_k_dense_replace)")
     groups = moe_cfg.num_groups or 1
     return dict(
-        **{k: getattr(cfg, k) for k in LATENT_FIELDS}, n_routed_experts=moe_cfg.num_experts,
-        num_experts_per_tok=moe_cfg.top_k, first_k_dense_replace=first_moe, moe_intermediate_size=moe_cfg.d_ff,
-        n_shared_experts=moe_cfg.num_shared_experts, routed_scaling_factor=moe_cfg.routed_scaling,
-        norm_topk_prob=moe_cfg.renormalize, n_group=groups, topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1,
-        scoring_func=moe_cfg.score, **self.version_to_hf(cfg, moe_cfg))
+        n_routed_experts=moe_cfg.num_experts, num_experts_per_tok=moe_cfg.top_k, first_k_dense_replace=first_moe,
+        moe_intermediate_size=moe_cfg.d_ff, n_shared_experts=moe_cfg.num_shared_experts,
+        routed_scaling_factor=moe_cfg.routed_scaling, norm_topk_prob=moe_cfg.renormalize, n_group=groups,
+        topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1)
 
   def version_to_hf(self, cfg, moe_cfg) -> dict:
     """What V2 and V3 write differently: V2's topk_method says whether groups limit the choice."""
