@@ -1,2 +1,2 @@
 """Pipeline parallelism: schedules as timetables (`schedules`: each device's slots in order; `timetable`: their times
-from the dependencies, the bubble counted from them)."""
+from the dependencies, the bubble counted from them), their price (`cost`) and what they keep in flight (`memory`)."""

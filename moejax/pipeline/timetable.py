@@ -14,6 +14,7 @@ inputs are there (sends are asynchronous and take no time here; their cost is `m
 import dataclasses
 
 F, B, W = "F", "B", "W"
+I = "I"  # a backward whose weights' part is a W slot of its own: its input's gradient only
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,12 @@ class Durations:
     if self.w > self.b:
       raise ValueError(f"Durations.w={self.w!r} exceeds b={self.b!r}: the weights' gradient is part of the backward")
 
+  def slot(self, kinds: tuple[str, ...]) -> float:
+    """A slot's time from its ops' kinds (F, B, I: a backward's input part, W); two kinds: paired (`fb`)."""
+    if len(kinds) == 2:
+      return self.f + self.b if self.fb is None else self.fb
+    return {F: self.f, B: self.b, I: self.b - self.w, W: self.w}[kinds[0]]
+
 
 @dataclasses.dataclass(frozen=True)
 class Slot:
@@ -57,7 +64,7 @@ class Timetable:
   name: str
   routes: tuple[tuple[tuple[int, int], ...], ...]
   slots: tuple[tuple[Slot, ...], ...]
-  durations: Durations
+  durations: object  # Durations, or moejax.pipeline.cost.StageCost
 
   @property
   def makespan(self) -> float:
@@ -78,14 +85,10 @@ def _split_backwards(orders) -> set:
           if op.kind == W}
 
 
-def duration(ops: tuple[Op, ...], device: int, split: set, durations: Durations) -> float:
-  """A slot's time: one op's, or a paired forward and backward's (`durations.fb`)."""
-  if len(ops) == 2:
-    return durations.f + durations.b if durations.fb is None else durations.fb
-  (op,) = ops
-  if op.kind == B:
-    return durations.b - durations.w if (device, op.micro_batch, op.chunk) in split else durations.b
-  return durations.f if op.kind == F else durations.w
+def duration(ops: tuple[Op, ...], device: int, split: set, durations) -> float:
+  """A slot's time: `durations.slot` of its ops' kinds (a split backward's is I)."""
+  return durations.slot(tuple(I if op.kind == B and (device, op.micro_batch, op.chunk) in split else op.kind
+                              for op in ops))
 
 
 def dependencies(op: Op, device: int, routes) -> list[tuple[str, int, int, int]]:
@@ -100,9 +103,10 @@ def dependencies(op: Op, device: int, routes) -> list[tuple[str, int, int, int]]
   return [(B, op.micro_batch, device, op.chunk)]
 
 
-def simulate(name: str, orders, routes, durations: Durations) -> Timetable:
-  """Times `orders` (per device, its slots in order, each a tuple of ops): each slot as early as its device and
-  its ops' dependencies allow. A schedule whose devices wait on each other forever is a ValueError naming them."""
+def simulate(name: str, orders, routes, durations) -> Timetable:
+  """Times `orders` (per device, its slots in order, each a tuple of ops) at `durations` (`Durations`, or anything
+  with its `slot`: `moejax.pipeline.cost.StageCost`): each slot as early as its device and its ops' dependencies
+  allow. A schedule whose devices wait on each other forever is a ValueError naming them."""
   split = _split_backwards(orders)
   done: dict[tuple, float] = {}
   timed = [[] for _ in orders]
