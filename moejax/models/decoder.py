@@ -110,31 +110,45 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     del start, train, rngs
     return self.embed(tokens_BxS).astype(jnp.dtype(self.cfg.dtype))
 
+  def head_features(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
+    """x [..., d] after the last block -> the output layer's input h [..., d] in the compute dtype: `norm` (default
+    the final RMSNorm) of x."""
+    return (self.norm if norm is None else norm)(x_BxSxD).astype(jnp.dtype(self.cfg.dtype))
+
+  def output_layer(self) -> tuple[jax.Array, None]:
+    """(kernel [d, V] in the compute dtype: lm_head's, or the embeddings' transposed when tied; no bias)."""
+    kernel_DxV = self.embed.embedding[...].T if self.lm_head is None else self.lm_head.kernel[...]
+    return kernel_DxV.astype(jnp.dtype(self.cfg.dtype)), None
+
   def head_logits(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
     """x [..., d] after the last block -> logits [..., V] fp32 (after `norm`, default the final RMSNorm)."""
-    x = (self.norm if norm is None else norm)(x_BxSxD).astype(jnp.dtype(self.cfg.dtype))
-    kernel_DxV = self.embed.embedding[...].T if self.lm_head is None else self.lm_head.kernel[...]
-    return jnp.einsum("...d,dv->...v", x, kernel_DxV.astype(x.dtype), preferred_element_type=jnp.float32)
+    kernel_DxV, _ = self.output_layer()
+    return jnp.einsum("...d,dv->...v", self.head_features(x_BxSxD, norm), kernel_DxV,
+                      preferred_element_type=jnp.float32)
 
   def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
-               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
+               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False, features: bool = False):
     """-> (logits, aux), or (logits, aux, cache) with a cache: a pair per layer (`attention.cache_shapes`; scanned,
-    stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1."""
+    stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1.
+    features: the output layer's inputs h [B, S or P, d] (`head_features`) in place of the logits, and the MTP
+    modules' as mtp_features [num_mtp_layers, B, S, d] in place of mtp_logits: the loss applies `output_layer` to them
+    (`moejax.train.objective.model_loss_sums`, chunk by chunk)."""
     x_BxSxD, aux, new_cache = backbone.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
                                                   cache=cache, start=start, details=details)
+    head = self.head_features if features else self.head_logits
     if train and len(self.mtp):
-      h_BxSxD, mtp_logits, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
+      h_BxSxD, mtp_heads, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
       for k, module in enumerate(self.mtp):
         ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)  # token i + k + 1 beside h_i; the wrapped end is masked
         h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs)
-        mtp_logits.append(self.head_logits(h_BxSxD, module.norm))
+        mtp_heads.append(head(h_BxSxD, module.norm))
         aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
         # The module's MoE layer after the blocks' (state.moe_layer_paths): its loads update its bias and slots.
         for name in ("expert_counts", "tokens_dropped", "tokens_overflowed", "balance_counts"):
           if name in mtp_aux:
             aux[name] = jnp.concatenate([aux[name], mtp_aux[name][None].astype(aux[name].dtype)])
-      aux["mtp_logits"] = jnp.stack(mtp_logits)
+      aux["mtp_features" if features else "mtp_logits"] = jnp.stack(mtp_heads)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
-    logits_BxSxV = self.head_logits(x_BxSxD)
-    return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)
+    out = head(x_BxSxD)
+    return (out, aux) if cache is None else (out, aux, new_cache)

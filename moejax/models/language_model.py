@@ -57,28 +57,38 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
       x_BxSxD = self.embed_ln(x_BxSxD)
     return self.embed_dropout(x_BxSxD, deterministic=not train, rngs=rngs).astype(jnp.dtype(self.cfg.dtype))
 
-  def head_logits(self, x_BxSxD: jax.Array) -> jax.Array:
-    """x [..., d] after the last block -> logits [..., V] fp32 (tied output layer)."""
-    dtype = jnp.dtype(self.cfg.dtype)
+  def head_features(self, x_BxSxD: jax.Array) -> jax.Array:
+    """x [..., d] after the last block -> the output layer's input h [..., d] in the compute dtype (BERT's MLM
+    transform, then the head's LayerNorm)."""
     if self.cfg.kind == "bert":
       x_BxSxD = ACTIVATIONS[self.moe_cfg.activation](self.head(x_BxSxD))
-    x_BxSxD = self.head_ln(x_BxSxD).astype(dtype)
-    return jnp.einsum("...d,vd->...v", x_BxSxD, self.embed.embedding[...].astype(dtype),
-                      preferred_element_type=jnp.float32) + self.head_bias[...]
+    return self.head_ln(x_BxSxD).astype(jnp.dtype(self.cfg.dtype))
+
+  def output_layer(self) -> tuple[jax.Array, jax.Array]:
+    """(kernel [d, V]: the tied token embeddings, transposed, in the compute dtype; bias [V] fp32)."""
+    return self.embed.embedding[...].T.astype(jnp.dtype(self.cfg.dtype)), self.head_bias[...]
+
+  def head_logits(self, x_BxSxD: jax.Array) -> jax.Array:
+    """x [..., d] after the last block -> logits [..., V] fp32 (tied output layer)."""
+    kernel_DxV, bias_V = self.output_layer()
+    return jnp.einsum("...d,dv->...v", self.head_features(x_BxSxD), kernel_DxV,
+                      preferred_element_type=jnp.float32) + bias_V
 
   def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
-               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False):
+               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False, features: bool = False):
     """-> (logits, aux), or (logits, aux, cache) with a KV cache.
 
     cache: a (k, v) [B, S_cache, H, W] pair per block, stacked per segment when scanned (`moejax.infer.cache`; 'gpt'
     only): tokens are at
     positions start .. start + S - 1 and the returned cache holds their keys and values.
     details: aux also holds expert_ids [M, B * S, K] and traffic_rows [M, hops, A, A] per MoE layer.
+    features: the output layer's inputs h [B, S or P, d] (`head_features`) in place of the logits: the loss applies
+    `output_layer` to them (`moejax.train.objective.model_loss_sums`, chunk by chunk).
     """
     x_BxSxD = self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs)
     x_BxSxD, aux, new_cache = backbone.run_blocks(self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start,
                                                   details=details)
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
-    logits_BxSxV = self.head_logits(x_BxSxD)
-    return (logits_BxSxV, aux) if cache is None else (logits_BxSxV, aux, new_cache)
+    out = (self.head_features if features else self.head_logits)(x_BxSxD)
+    return (out, aux) if cache is None else (out, aux, new_cache)

@@ -12,7 +12,7 @@ from moejax.models.config import ModelConfig, check_fields, from_sections
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.train import metrics as metrics_lib
-from moejax.train import optim
+from moejax.train import objective, optim
 from moejax.validation import is_int, reject_unknown, require
 
 SECTIONS = {
@@ -22,10 +22,11 @@ SECTIONS = {
     "checkpoint": checkpoint_lib.CONFIG_FIELDS,
     "log": metrics_lib.CONFIG_FIELDS,
 }
-OPTIONAL = ("init_from", *presets.CONFIG_FIELDS)
+# loss_chunk: vocabulary columns per chunk of the loss (`objective.head_cross_entropy_sums`; absent: LOSS_CHUNK).
+OPTIONAL = ("init_from", "loss_chunk", *presets.CONFIG_FIELDS)
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
              "data", "optim", "checkpoint", "log", *OPTIONAL)
-REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)  # a preset and init_from are optional
+REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)
 OVERFLOW_POLICIES = ("retry", "drop")
 
 
@@ -57,6 +58,9 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
           "init_from", init_from, "'' or a local Hugging Face checkpoint directory (with config.json)")
   require(not init_from or isinstance(model_cfg, DecoderConfig), "init_from", init_from,
           "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)")
+  loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
+  require(is_int(loss_chunk, 0), "loss_chunk", loss_chunk,
+          "an int >= 0 (vocabulary columns per chunk of the loss; 0: the logits at once)")
   require(config.on_overflow in OVERFLOW_POLICIES, "on_overflow", config.on_overflow, f"one of {OVERFLOW_POLICIES}")
   require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
   require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
