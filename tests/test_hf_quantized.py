@@ -143,3 +143,21 @@ def test_mxfp4_slices_match_the_format(tmp_path):
       np.testing.assert_array_equal(tensor[index], want[index].astype(np.float32))
   finally:
     shards.close()
+
+
+def test_gpt_oss_mxfp4_experts_read_as_transformers_dequantises_them():
+  """The MXFP4 fixture's experts read as [E, in, out] equal transformers' own dequantisation (Mxfp4Config(dequantize=
+  True), dequantized.npz: experts 0 and 1 of layer 0), and each whole tensor is within MXFP4's rounding of the bf16
+  fixture's weights."""
+  shards, bf16 = hf_files.Shards(str(DATA / "gpt_oss_mxfp4")), hf_files.Shards(str(DATA / "gpt_oss"))
+  try:
+    with np.load(DATA / "gpt_oss_mxfp4" / "dequantized.npz") as side:
+      for name in side.files:
+        np.testing.assert_array_equal(shards.tensor(name)[0:2], side[name], err_msg=name)
+    for name in sorted(n for n in shards.names if n.endswith(("gate_up_proj", "down_proj"))):
+      assert isinstance(shards.tensor(name), hf_files.Mxfp4Blocks) and name in bf16.names
+      got, want = shards.tensor(name)[...], np.asarray(bf16.tensor(name)[...], np.float32)
+      assert got.shape == want.shape and 0 < np.abs(got - want).max() <= np.abs(want).max() / 4, name
+  finally:
+    shards.close()
+    bf16.close()

@@ -62,8 +62,9 @@ def fp8_quantize(w_OxI: np.ndarray, block: tuple[int, int]) -> tuple[np.ndarray,
 
 
 def _bounds(index, shape) -> list[tuple[int, int]]:
-  """(start, stop) per dimension of a tuple of unit-step slices (missing trailing ones: whole)."""
-  index = tuple(index) + (slice(None),) * (len(shape) - len(tuple(index)))
+  """(start, stop) per dimension of `...`, a slice or a tuple of unit-step slices (missing trailing ones: whole)."""
+  index = () if index is Ellipsis else index if isinstance(index, tuple) else (index,)
+  index = index + (slice(None),) * (len(shape) - len(index))
   bounds = [s.indices(n) for s, n in zip(index, shape)]
   require(all(step == 1 for _, _, step in bounds), "index", index, "unit-step slices")
   return [(start, stop) for start, stop, _ in bounds]
