@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from moejax.pipeline import schedules
+from moejax.pipeline import memory, schedules
 from moejax.pipeline.timetable import B, F
 from moejax.validation import require
 
@@ -56,6 +56,9 @@ def pipelined_loss_and_grads(stage_fn, loss_fn, params, x_UxBxD, targets_U, mesh
   require(all(leaf.shape[0] == stages for leaf in jax.tree.leaves(params)), "params", "leaves [p, ...]",
           f"every leaf stacked over the {stages} stages of mesh axis {axis!r}")
   ticks = jnp.asarray(tick_table(schedule, stages, micro_batches))
+  # Buffers of the most micro-batches a device holds at once (1F1B: p, GPipe: m), micro-batch i in row i mod that:
+  # what a device holds is a run of consecutive micro-batches, so no two live ones share a row.
+  rows = int(max(memory.activations_in_flight(schedules.timetable(schedule, stages, micro_batches))))
   forward_to = [(s, s + 1) for s in range(stages - 1)]
   backward_to = [(s + 1, s) for s in range(stages - 1)]
 
@@ -63,13 +66,14 @@ def pipelined_loss_and_grads(stage_fn, loss_fn, params, x_UxBxD, targets_U, mesh
     params = jax.tree.map(lambda leaf: leaf[0], params)
     stage = jax.lax.axis_index(axis)
     first, last = stage == 0, stage == stages - 1
-    zeros_UxBxD = jnp.zeros_like(x_UxBxD)
+    zeros_KxBxD = jnp.zeros((rows,) + x_UxBxD.shape[1:], x_UxBxD.dtype)
 
     def tick(carry, slot):
-      inputs_UxBxD, grads_UxBxD, dparams, loss = carry
+      inputs_KxBxD, grads_KxBxD, dparams, loss = carry
       kind, mb, arrives_f, arrives_b = slot[0, 0], slot[1, 0], slot[2, 0], slot[3, 0]
       mb = jnp.maximum(mb, 0)
-      x_BxD = jnp.where(first, x_UxBxD[mb], inputs_UxBxD[mb])
+      row = mb % rows
+      x_BxD = jnp.where(first, x_UxBxD[mb], inputs_KxBxD[row])
       target = jax.tree.map(lambda leaf: leaf[mb], targets_U)
 
       def idle():
@@ -83,20 +87,20 @@ def pipelined_loss_and_grads(stage_fn, loss_fn, params, x_UxBxD, targets_U, mesh
 
       def backward():
         _, vjp = jax.vjp(stage_fn, params, x_BxD)
-        dstage, dx_BxD = vjp(grads_UxBxD[mb])
+        dstage, dx_BxD = vjp(grads_KxBxD[row])
         return jnp.zeros_like(x_BxD), dx_BxD, dstage, 0.0
 
       out_BxD, back_BxD, dstage, value = jax.lax.switch(kind, [idle, forward, backward])
       # The last stage's forward files its own output gradient; a backward's input gradient goes back.
-      grads_UxBxD = jnp.where(last & (kind == FORWARD), grads_UxBxD.at[mb].set(back_BxD), grads_UxBxD)
+      grads_KxBxD = jnp.where(last & (kind == FORWARD), grads_KxBxD.at[row].set(back_BxD), grads_KxBxD)
       sent_f = jax.lax.ppermute(out_BxD, axis, forward_to)
       sent_b = jax.lax.ppermute(jnp.where(kind == BACKWARD, back_BxD, 0.0), axis, backward_to)
-      inputs_UxBxD = jnp.where(arrives_f >= 0, inputs_UxBxD.at[jnp.maximum(arrives_f, 0)].set(sent_f), inputs_UxBxD)
-      grads_UxBxD = jnp.where(arrives_b >= 0, grads_UxBxD.at[jnp.maximum(arrives_b, 0)].set(sent_b), grads_UxBxD)
+      inputs_KxBxD = jnp.where(arrives_f >= 0, inputs_KxBxD.at[arrives_f % rows].set(sent_f), inputs_KxBxD)
+      grads_KxBxD = jnp.where(arrives_b >= 0, grads_KxBxD.at[arrives_b % rows].set(sent_b), grads_KxBxD)
       dparams = jax.tree.map(jnp.add, dparams, dstage)
-      return (inputs_UxBxD, grads_UxBxD, dparams, loss + value), None
+      return (inputs_KxBxD, grads_KxBxD, dparams, loss + value), None
 
-    carry = (zeros_UxBxD, zeros_UxBxD, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), x_UxBxD.dtype))
+    carry = (zeros_KxBxD, zeros_KxBxD, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), x_UxBxD.dtype))
     (_, _, dparams, loss), _ = jax.lax.scan(tick, carry, jnp.moveaxis(ticks_4xTx1, 1, 0))
     scale = 1.0 / micro_batches
     loss = jax.lax.psum(loss, axis) * scale
