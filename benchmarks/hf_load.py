@@ -2,6 +2,7 @@
 
   python benchmarks/hf_load.py --workdir=/tmp/hf_load   # Qwen3-MoE-shaped, 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
   python benchmarks/hf_load.py --workdir=/tmp/hf_load --config.layers=2 --config.experts=16 --config.keep=True
+  python benchmarks/hf_load.py --workdir=/tmp/hf_load_fp8 --config.param_dtype=fp8   # the FP8 checkpoint's load
 
 Every option is a field of configs/hf_load.py; the record is <workdir>/hf_load.json. A random Qwen3-MoE-shaped
 decoder (moejax's own `Decoder`, `state.init_state` on a 2 x 4 mesh of simulated CPU devices) is written with `to_hf`
@@ -45,6 +46,9 @@ from moejax import cli  # noqa: E402
 from moejax.validation import ConfigError, is_int, require  # noqa: E402
 
 MESH = (2, 4)
+# param_dtype 'fp8': the checkpoint in DeepSeek's published FP8 (to_hf's fp8_blocks), loaded into bfloat16 parameters.
+FP8_BLOCKS = (128, 128)
+PARAM_DTYPES = ("float32", "bfloat16", "fp8")
 RECORD, CHECKPOINT = "hf_load.json", "checkpoint"
 STAGES = ("all", "write", "load")
 
@@ -92,10 +96,15 @@ def shapes(config) -> dict:
   model = dict(family="qwen3_moe", vocab_size=config.vocab, num_layers=config.layers, d_model=config.d_model,
                d_ff=3 * config.d_model, num_heads=config.heads, num_kv_heads=config.kv_heads, head_dim=config.head_dim,
                max_len=4096, moe_layers=(True,) * config.layers, rope_theta=1e6, qk_norm=True, dtype="float32",
-               param_dtype=config.param_dtype)
+               param_dtype=loaded_dtype(config))
   moe = dict(num_experts=config.experts, top_k=config.top_k, d_model=config.d_model, d_ff=config.moe_d_ff,
              gated=True, activation="silu", renormalize=True, load_balance_coef=0.001)
   return {"model": model, "moe": moe}
+
+
+def loaded_dtype(config) -> str:
+  """The parameters' dtype: config.param_dtype, bfloat16 for 'fp8' (its checkpoint's Linear weights in FP8 blocks)."""
+  return "bfloat16" if config.param_dtype == "fp8" else config.param_dtype
 
 
 def make_mesh():
@@ -127,7 +136,8 @@ def write(config, ckpt_dir: str) -> dict:
   if os.path.exists(ckpt_dir):
     shutil.rmtree(ckpt_dir)
   start = time.perf_counter()
-  models.to_hf(model, ckpt_dir, shard_bytes=config.shard_mb << 20)
+  models.to_hf(model, ckpt_dir, shard_bytes=config.shard_mb << 20,
+               fp8_blocks=FP8_BLOCKS if config.param_dtype == "fp8" else None)
   return {"build_s": built, "write_s": time.perf_counter() - start, "writer_peak_rss_bytes": peak_rss()}
 
 
@@ -182,13 +192,13 @@ def load(config, ckpt_dir: str) -> dict:
   from flax import nnx
 
   from moejax import models
-  from moejax.models import hf_checkpoint
+  from moejax.models import hf_checkpoint, layers
 
   jax.block_until_ready(jax.device_put(jnp.zeros(8), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())))
   baseline = {"peak_rss_bytes": peak_rss(), **{f"{k}_bytes": v for k, v in rss_status().items()}}
   with Sampler() as sampler:
     start = time.perf_counter()
-    model = models.from_hf(ckpt_dir, mesh, dtype="float32", param_dtype=config.param_dtype)
+    model = models.from_hf(ckpt_dir, mesh, dtype="float32", param_dtype=loaded_dtype(config))
     leaves = jax.tree.leaves(nnx.state(model))
     jax.block_until_ready(leaves)
     seconds = time.perf_counter() - start
@@ -196,15 +206,15 @@ def load(config, ckpt_dir: str) -> dict:
   arrays = [a for a in leaves if isinstance(a, jax.Array)]
   model_bytes = sum(a.nbytes for a in arrays)
   resident = sum(s.data.nbytes for a in arrays for s in a.addressable_shards)
-  # One expert weight checked against its tensor in the file (after the measurement).
-  from safetensors import safe_open
+  # One expert weight checked against its tensor in the file, dequantised for 'fp8' (after the measurement).
+  from moejax.models import hf_files
 
   name = hf_checkpoint.hf_key(("blocks", 0, "ffn", "moe", "w_in"), model.cfg)[0].format(e=config.experts - 1)
-  index = os.path.join(ckpt_dir, "model.safetensors.index.json")
-  file = json.load(open(index))["weight_map"][name] if os.path.exists(index) else "model.safetensors"
-  with safe_open(os.path.join(ckpt_dir, file), framework="numpy") as f:
-    want = f.get_tensor(name).T
-  got = np.asarray(model.blocks[0].ffn.moe.w_in[...][config.experts - 1])
+  shards = hf_files.Shards(ckpt_dir)
+  want = np.asarray(shards.tensor(name)[...]).T
+  shards.close()
+  first = layers.per_layer(nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)[0]  # scanned or not
+  got = np.asarray(first["ffn"]["moe"]["w_in"][config.experts - 1])
   return {"seconds": seconds, "baseline": baseline, "after": after,
           "sampled_peak": {f"{k}_bytes": v for k, v in sampler.peak.items()},
           "model_bytes": model_bytes, "resident_bytes": resident, "arrays": len(arrays),
@@ -260,7 +270,7 @@ def check(config) -> None:
   for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "top_k", "moe_d_ff", "vocab",
                "shard_mb"):
     require(is_int(config[name]), name, config[name], "a positive int")
-  require(config.param_dtype in ("float32", "bfloat16"), "param_dtype", config.param_dtype, "float32 or bfloat16")
+  require(config.param_dtype in PARAM_DTYPES, "param_dtype", config.param_dtype, f"one of {PARAM_DTYPES}")
   require(config.stage in STAGES, "stage", config.stage, f"one of {list(STAGES)}")
 
 
