@@ -1,5 +1,6 @@
 """The pipelined loss and gradients, run from the gpipe and 1f1b timetables over a 'stage' mesh axis, against the
-unpipelined jax.grad of the same stacked layers (fp32, fresh random draws)."""
+unpipelined jax.grad of the same stacked layers (fp32, fresh random draws): a shared parameter on the first stage,
+one layer a stage, the loss on the last, the statistics per stage and micro-batch."""
 
 import jax
 import jax.numpy as jnp
@@ -19,12 +20,22 @@ def _loss(y_BxD, target_BxD):
   return jnp.mean((y_BxD - target_BxD) ** 2)
 
 
-def _reference(params, x_UxBxD, targets_UxBxD):
+def _reference(params, scale, x_UxBxD, targets_UxBxD):
   def one(x_BxD, target_BxD):
+    x_BxD = x_BxD * scale
     for s in range(params["w"].shape[0]):
       x_BxD = _stage(jax.tree.map(lambda leaf: leaf[s], params), x_BxD)
     return _loss(x_BxD, target_BxD)
-  return jnp.mean(jax.vmap(one)(x_UxBxD, targets_UxBxD))
+  return jnp.sum(jax.vmap(one)(x_UxBxD, targets_UxBxD))
+
+
+# The toy as pipeline stages: the first scales the input by a shared parameter, each stage one layer (its slice
+# [1, ...]), the last takes the loss; statistics: the first's input norm, the stage's output norm, the loss.
+TOY = step.Stages(
+    first=lambda scale, batch: (batch["x"] * scale, jnp.zeros(()), jnp.sum(batch["x"] ** 2)),
+    stage=lambda params, x, batch: ((y := _stage(jax.tree.map(lambda leaf: leaf[0], params), x)), jnp.zeros(()),
+                                    jnp.sum(y ** 2)),
+    last=lambda scale, y, batch: ((loss := _loss(y, batch["target"])), loss))
 
 
 @pytest.mark.parametrize("schedule,stages,micro_batches", [("gpipe", 4, 4), ("1f1b", 4, 8), ("1f1b", 8, 4),
@@ -35,13 +46,21 @@ def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, stage
   params = {"w": jax.random.normal(keys[0], (stages, d, d)) / np.sqrt(d), "b": jax.random.normal(keys[1], (stages, d))}
   x = jax.random.normal(keys[2], (micro_batches, b, d))
   targets = jax.random.normal(keys[3], (micro_batches, b, d))
+  scale = 1.0 + jax.random.uniform(keys[0], ())
   mesh = Mesh(np.asarray(devices[:stages]), ("stage",))
-  loss, grads = jax.jit(lambda p, x, t: step.pipelined_loss_and_grads(_stage, _loss, p, x, t, mesh, schedule))(
-      params, x, targets)
-  ref_loss, ref_grads = jax.value_and_grad(_reference)(params, x, targets)
+  run = lambda p, s, x, t: step.pipelined_loss_and_grads(TOY, p, s, {"x": x, "target": t}, mesh, schedule)
+  loss, (grads, dscale), (first_U, stage_PxU, last_U) = jax.jit(run)(params, scale, x, targets)
+  ref_loss, (ref_grads, ref_dscale) = jax.value_and_grad(_reference, argnums=(0, 1))(params, scale, x, targets)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  np.testing.assert_allclose(dscale, ref_dscale, rtol=1e-5)
   for name in params:
     np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(first_U, np.sum(np.asarray(x) ** 2, axis=(1, 2)), rtol=1e-5)
+  np.testing.assert_allclose(np.sum(last_U), ref_loss, rtol=1e-6)
+  y = x * scale
+  for s in range(stages):  # each stage's statistics at its row, per micro-batch
+    y = jax.vmap(lambda v, s=s: _stage(jax.tree.map(lambda leaf: leaf[s], params), v))(y)
+    np.testing.assert_allclose(stage_PxU[s], np.sum(np.asarray(y) ** 2, axis=(1, 2)), rtol=1e-5)
 
 
 def test_tick_table_and_refusals():

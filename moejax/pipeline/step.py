@@ -1,15 +1,23 @@
 """A pipelined loss and gradient, run from a schedule's timetable: stages over a mesh axis, activations and their
 gradients moved by `jax.lax.ppermute` inside `jax.shard_map`, the ticks of the timetable in one `jax.lax.scan`.
 
-Each device holds one stage's parameters (a slice of the stacked layers: leaves [p, ...] sharded over the axis) and
-runs, at tick t, the slot its timetable starts then (unit F = B times, so every slot is one tick): F(i) runs the
-stage on micro-batch i's input (the first stage reads the batch, the others what their predecessor sent) and keeps
-that input; the last stage's F also takes the loss and its gradient; B(i) recomputes the stage's vjp at the kept
-input (the stage rematerialised) with the output's gradient (the last stage's own, else what its successor sent),
-adds the parameters' gradient and sends the input's back. After each tick one ppermute carries every F's output to
-the next stage and one every B's input-gradient to the previous; the receiver files it under the micro-batch the
+A model is three functions (`Stages`): `first` on the first stage (the embeddings: micro-batch -> activation),
+`stage` on every stage (its slice of the layers: activation -> activation) and `last` on the last (the head and the
+loss). Each also returns a loss term (summed into the loss: the MoE layers' auxiliary losses, the task loss) and
+statistics (summed per micro-batch, not differentiated: expert counts, ...). A device holds its stage's slice of the
+staged parameters (leaves [n, ...] sharded over the axis: stage s holds rows s n/p .. (s+1) n/p - 1) and the shared
+ones (the embeddings, the head: replicated over the axis, their gradients summed over it).
+
+At tick t each device runs the slot its timetable starts then (unit F = B times, so every slot is one tick): F(i) runs
+its stage on micro-batch i's input (the first stage `first` of the micro-batch, the others what their predecessor
+sent) and keeps that input; B(i) recomputes the stage's vjp at the kept input (the stage rematerialised) with the
+output's gradient (the last stage's output feeds its own loss: none), adds the parameters' gradients and sends the
+input's back; its loss and statistics are recorded there, once. After each tick one ppermute carries every F's output
+to the next stage and one every B's input-gradient to the previous; the receiver files it under the micro-batch the
 timetable says its neighbour ran. Schedules of one chunk a device and no paired slots run: gpipe, 1f1b.
 """
+
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,14 +29,25 @@ from moejax.pipeline.timetable import B, F
 from moejax.validation import require
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
+RUNS = ("gpipe", "1f1b")  # the schedules the step runs
+
+
+class Stages(NamedTuple):
+  """A model cut into pipeline stages (batch_i: one micro-batch's pytree; losses float32 scalars).
+
+  first(shared, batch_i) -> (x, loss, stats): on the first stage. stage(staged, x, batch_i) -> (y, loss, stats): on
+  every stage, `staged` its slice. last(shared, y, batch_i) -> (loss, stats): on the last stage."""
+
+  first: Callable
+  stage: Callable
+  last: Callable
 
 
 def tick_table(schedule: str, stages: int, micro_batches: int) -> np.ndarray:
   """[4, ticks, stages] int32: per tick and device the slot's kind (IDLE, FORWARD, BACKWARD), its micro-batch, the
   micro-batch whose activation arrives from the previous stage after the tick and the one whose gradient arrives
   from the next (-1: none)."""
-  require(schedule in ("gpipe", "1f1b"), "schedule", schedule, "gpipe or 1f1b (the step runs one chunk a device, "
-          "no paired slots)")
+  require(schedule in RUNS, "schedule", schedule, "gpipe or 1f1b (the step runs one chunk a device, no paired slots)")
   table = schedules.timetable(schedule, stages, micro_batches)
   ticks = int(round(table.makespan))
   out = np.full((4, ticks, stages), -1, np.int32)
@@ -45,68 +64,94 @@ def tick_table(schedule: str, stages: int, micro_batches: int) -> np.ndarray:
   return out
 
 
-def pipelined_loss_and_grads(stage_fn, loss_fn, params, x_UxBxD, targets_U, mesh, schedule: str,
-                             axis: str = "stage"):
-  """(mean loss over micro-batches, gradients of `params`) of loss_fn(stage_{p-1}(... stage_0(x_i)), targets_i),
-  pipelined over `mesh`'s `axis` by `schedule`.
+def _zeros(tree):
+  return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
 
-  stage_fn(stage_params, x_BxD) -> y_BxD: one stage (its params: a leaf's [p, ...] slice); loss_fn(y_BxD, target)
-  -> scalar; params: leaves [p, ...]; x_UxBxD: the micro-batches; targets_U: a pytree of leaves [U, ...]."""
-  stages, micro_batches = mesh.shape[axis], x_UxBxD.shape[0]
-  require(all(leaf.shape[0] == stages for leaf in jax.tree.leaves(params)), "params", "leaves [p, ...]",
-          f"every leaf stacked over the {stages} stages of mesh axis {axis!r}")
+
+def pipelined_loss_and_grads(model: Stages, staged, shared, batch_U, mesh, schedule: str, axis: str = "stage",
+                             constrain=lambda x: x):
+  """(loss summed over the micro-batches, (gradients of `staged`, of `shared`), statistics) of the model pipelined
+  over `mesh`'s `axis` by `schedule`.
+
+  staged: leaves [n, ...], n a multiple of the axis' p stages; shared: replicated over the axis; batch_U: leaves [U,
+  ...], micro-batch i at [i]. The gradients are float32 sums over the micro-batches. statistics: (first's [U, ...],
+  stage's [p, U, ...] (stage s's at [s]), last's [U, ...]). constrain: applied to the activation buffers [K, ...]
+  (their sharding over the other axes)."""
+  stages = mesh.shape[axis]
+  micro_batches = jax.tree.leaves(batch_U)[0].shape[0]
+  require(all(leaf.shape[0] % stages == 0 for leaf in jax.tree.leaves(staged)), "staged", "leaves [n, ...]",
+          f"n a multiple of the {stages} stages of mesh axis {axis!r}")
   ticks = jnp.asarray(tick_table(schedule, stages, micro_batches))
   # Buffers of the most micro-batches a device holds at once (1F1B: p, GPipe: m), micro-batch i in row i mod that:
   # what a device holds is a run of consecutive micro-batches, so no two live ones share a row.
   rows = int(max(memory.activations_in_flight(schedules.timetable(schedule, stages, micro_batches))))
   forward_to = [(s, s + 1) for s in range(stages - 1)]
   backward_to = [(s + 1, s) for s in range(stages - 1)]
+  fp32 = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)
 
-  def local(params, x_UxBxD, targets_U, ticks_4xTx1):
-    params = jax.tree.map(lambda leaf: leaf[0], params)
+  def local(staged, shared, batch_U, ticks_4xTx1):
     stage = jax.lax.axis_index(axis)
     first, last = stage == 0, stage == stages - 1
-    zeros_KxBxD = jnp.zeros((rows,) + x_UxBxD.shape[1:], x_UxBxD.dtype)
+    take = lambda i: jax.tree.map(lambda leaf: leaf[i], batch_U)
+    x_like, _, first_stats = jax.eval_shape(model.first, shared, take(0))
+    _, _, stage_stats = jax.eval_shape(model.stage, staged, x_like, take(0))
+    _, last_stats = jax.eval_shape(model.last, shared, x_like, take(0))
+    zero_x = _zeros(x_like)
+    no_loss = jnp.zeros((), jnp.float32)
+
+    def chain(staged, shared, x_in, batch_i):
+      """This stage on one micro-batch: (y, loss), statistics."""
+      x, loss0, stats0 = jax.lax.cond(first, lambda: model.first(shared, batch_i),
+                                      lambda: (x_in, no_loss, _zeros(first_stats)))
+      y, loss1, stats1 = model.stage(staged, x, batch_i)
+      loss2, stats2 = jax.lax.cond(last, lambda: model.last(shared, y, batch_i),
+                                   lambda: (no_loss, _zeros(last_stats)))
+      return (y, loss0 + loss1 + loss2), (stats0, stats1, stats2)
+
+    stats_like = (first_stats, stage_stats, last_stats)
+    no_grads = (fp32(staged), fp32(shared))
 
     def tick(carry, slot):
-      inputs_KxBxD, grads_KxBxD, dparams, loss = carry
+      inputs_KxX, grads_KxX, grads, loss, stats_U = carry
       kind, mb, arrives_f, arrives_b = slot[0, 0], slot[1, 0], slot[2, 0], slot[3, 0]
       mb = jnp.maximum(mb, 0)
       row = mb % rows
-      x_BxD = jnp.where(first, x_UxBxD[mb], inputs_KxBxD[row])
-      target = jax.tree.map(lambda leaf: leaf[mb], targets_U)
+      batch_i, x_in = take(mb), inputs_KxX[row]
 
       def idle():
-        return jnp.zeros_like(x_BxD), jnp.zeros_like(x_BxD), jax.tree.map(jnp.zeros_like, dparams), 0.0
+        return zero_x, zero_x, no_grads, no_loss, _zeros(stats_like)
 
-      def forward():
-        y_BxD = stage_fn(params, x_BxD)
-        value, dy_BxD = jax.lax.cond(last, lambda: jax.value_and_grad(loss_fn)(y_BxD, target),
-                                     lambda: (jnp.zeros((), y_BxD.dtype), jnp.zeros_like(y_BxD)))
-        return y_BxD, dy_BxD, jax.tree.map(jnp.zeros_like, dparams), value
+      def forward():  # the last stage's output feeds only its own loss, which its B computes
+        y = jax.lax.cond(last, lambda: zero_x, lambda: chain(staged, shared, x_in, batch_i)[0][0])
+        return y, zero_x, no_grads, no_loss, _zeros(stats_like)
 
       def backward():
-        _, vjp = jax.vjp(stage_fn, params, x_BxD)
-        dstage, dx_BxD = vjp(grads_KxBxD[row])
-        return jnp.zeros_like(x_BxD), dx_BxD, dstage, 0.0
+        (_, value), vjp, stats = jax.vjp(lambda a, b, x: chain(a, b, x, batch_i), staged, shared, x_in, has_aux=True)
+        dy = jnp.where(last, jnp.zeros_like(x_in), grads_KxX[row])
+        dstaged, dshared, dx = vjp((dy, jnp.ones((), jnp.float32)))
+        return zero_x, dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
 
-      out_BxD, back_BxD, dstage, value = jax.lax.switch(kind, [idle, forward, backward])
-      # The last stage's forward files its own output gradient; a backward's input gradient goes back.
-      grads_KxBxD = jnp.where(last & (kind == FORWARD), grads_KxBxD.at[row].set(back_BxD), grads_KxBxD)
-      sent_f = jax.lax.ppermute(out_BxD, axis, forward_to)
-      sent_b = jax.lax.ppermute(jnp.where(kind == BACKWARD, back_BxD, 0.0), axis, backward_to)
-      inputs_KxBxD = jnp.where(arrives_f >= 0, inputs_KxBxD.at[arrives_f % rows].set(sent_f), inputs_KxBxD)
-      grads_KxBxD = jnp.where(arrives_b >= 0, grads_KxBxD.at[arrives_b % rows].set(sent_b), grads_KxBxD)
-      dparams = jax.tree.map(jnp.add, dparams, dstage)
-      return (inputs_KxBxD, grads_KxBxD, dparams, loss + value), None
+      out, back, dgrads, value, stats = jax.lax.switch(kind, [idle, forward, backward])
+      sent_f = jax.lax.ppermute(out, axis, forward_to)
+      sent_b = jax.lax.ppermute(back, axis, backward_to)
+      inputs_KxX = jnp.where(arrives_f >= 0, inputs_KxX.at[arrives_f % rows].set(sent_f), inputs_KxX)
+      grads_KxX = jnp.where(arrives_b >= 0, grads_KxX.at[arrives_b % rows].set(sent_b), grads_KxX)
+      stats_U = jax.tree.map(lambda acc, s: acc.at[mb].add(s), stats_U, stats)  # zeros but in B
+      return (constrain(inputs_KxX), constrain(grads_KxX), jax.tree.map(jnp.add, grads, dgrads), loss + value,
+              stats_U), None
 
-    carry = (zeros_KxBxD, zeros_KxBxD, jax.tree.map(jnp.zeros_like, params), jnp.zeros((), x_UxBxD.dtype))
-    (_, _, dparams, loss), _ = jax.lax.scan(tick, carry, jnp.moveaxis(ticks_4xTx1, 1, 0))
-    scale = 1.0 / micro_batches
-    loss = jax.lax.psum(loss, axis) * scale
-    return loss, jax.tree.map(lambda g: g[None] * scale, dparams)
+    buffer = constrain(jnp.zeros((rows,) + x_like.shape, x_like.dtype))
+    stats_U = jax.tree.map(lambda s: jnp.zeros((micro_batches,) + s.shape, s.dtype), stats_like)
+    carry = (buffer, buffer, no_grads, no_loss, stats_U)
+    (_, _, (dstaged, dshared), loss, stats_U), _ = jax.lax.scan(tick, carry, jnp.moveaxis(ticks_4xTx1, 1, 0))
+    first_U, stage_U, last_U = stats_U
+    total = lambda tree: jax.tree.map(lambda a: jax.lax.psum(a, axis), tree)  # nonzero on one stage, or summed
+    return total(loss), (dstaged, total(dshared)), (total(first_U), jax.tree.map(lambda a: a[None], stage_U),
+                                                    total(last_U))
 
-  stacked = jax.tree.map(lambda _: P(axis), params)
-  run = jax.shard_map(local, mesh=mesh, in_specs=(stacked, P(), P(), P(None, None, axis)),
-                      out_specs=(P(), stacked), axis_names={axis}, check_vma=False)
-  return run(params, x_UxBxD, targets_U, ticks)
+  staged_spec = jax.tree.map(lambda _: P(axis), staged)
+  shared_spec = jax.tree.map(lambda _: P(), shared)
+  run = jax.shard_map(local, mesh=mesh, in_specs=(staged_spec, shared_spec, P(), P(None, None, axis)),
+                      out_specs=(P(), (staged_spec, shared_spec), (P(), P(axis), P())), axis_names={axis},
+                      check_vma=False)
+  return run(staged, shared, batch_U, ticks)

@@ -3,6 +3,10 @@
 Axis 'node' is the slow network boundary (one row per host on a GPU cluster); axis 'gpu' holds the
 devices of one host, joined by the fast intra-node links. The flat index of mesh position
 (node i, gpu j) is `i * m + j`, and global expert e lives on flat device `e // experts_per_gpu`.
+
+With pipeline parallelism (`make_mesh(..., stages=p)`, p > 1) a third axis 'stage' comes first, outermost:
+('stage', 'node', 'gpu'), each stage a ('node', 'gpu') mesh of its own whose geometry (hops, peers, nodes) is the
+one below (docs/pipelines.md: why not stages over 'node'). Without it (stages=1, the default) the mesh is 2D.
 """
 
 from collections.abc import Sequence
@@ -13,6 +17,7 @@ import numpy as np
 NODE = "node"
 GPU = "gpu"
 AXES = (NODE, GPU)
+STAGE = "stage"
 
 
 class MeshError(ValueError):
@@ -39,28 +44,31 @@ def simulate_cpu_devices(count: int) -> None:
   jax.config.update("jax_num_cpu_devices", count)
 
 
-def _check_shape(nodes: int, gpus_per_node: int) -> None:
-  for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node)):
+def _check_shape(nodes: int, gpus_per_node: int, stages: int = 1) -> None:
+  for name, value in (("nodes", nodes), ("gpus_per_node", gpus_per_node), ("stages", stages)):
     if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
       raise MeshError(f"make_mesh: {name} must be a positive int, got {value!r}")
 
 
-def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | None = None) -> jax.sharding.Mesh:
-  """Builds a `nodes x gpus_per_node` mesh with axes ('node', 'gpu').
+def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | None = None,
+              stages: int = 1) -> jax.sharding.Mesh:
+  """Builds a `nodes x gpus_per_node` mesh with axes ('node', 'gpu'), or with stages > 1 a `stages x nodes x
+  gpus_per_node` mesh with axes ('stage', 'node', 'gpu') (stage s holds the s-th block of nodes).
 
   devices: explicit devices, used in the given order (row-major: node i holds
     devices[i*m:(i+1)*m]). If None: with several processes, row i is process i's local devices
     (so 'node' is the host boundary and each row must be exactly one host); with one process, the
-    first `nodes * gpus_per_node` devices.
+    first `stages * nodes * gpus_per_node` devices.
   """
-  _check_shape(nodes, gpus_per_node)
-  need = nodes * gpus_per_node
+  _check_shape(nodes, gpus_per_node, stages)
+  rows = stages * nodes
+  need = rows * gpus_per_node
   if devices is not None:
     devices = list(devices)
     if len(devices) != need:
       raise MeshError(f"make_mesh({nodes}, {gpus_per_node}) needs {need} devices, got {len(devices)} explicit devices")
   elif jax.process_count() > 1:
-    devices = _devices_by_host(nodes, gpus_per_node)
+    devices = _devices_by_host(rows, gpus_per_node)
   else:
     available = jax.devices()
     if len(available) < need:
@@ -68,13 +76,31 @@ def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | No
       if jax.default_backend() == "cpu":
         hint = (f"; on CPU call moejax.runtime.mesh.simulate_cpu_devices({need}) before any JAX computation "
                 f"(or set XLA_FLAGS=--xla_force_host_platform_device_count={need})")
-      raise MeshError(f"make_mesh({nodes}, {gpus_per_node}) needs {need} devices but JAX has "
+      raise MeshError(f"make_mesh({nodes}, {gpus_per_node}, stages={stages}) needs {need} devices but JAX has "
                       f"{len(available)} {jax.default_backend()} device(s){hint}")
     devices = available[:need]
-  grid = np.empty((nodes, gpus_per_node), dtype=object)
+  grid = np.empty((rows, gpus_per_node), dtype=object)
   for flat, device in enumerate(devices):
     grid[flat // gpus_per_node, flat % gpus_per_node] = device
-  return jax.sharding.Mesh(grid, AXES)
+  if stages == 1:
+    return jax.sharding.Mesh(grid, AXES)
+  return jax.sharding.Mesh(grid.reshape(stages, nodes, gpus_per_node), (STAGE, *AXES))
+
+
+def stage_manual(mesh: jax.sharding.Mesh) -> jax.sharding.Mesh:
+  """The ('stage', 'node', 'gpu') mesh with 'stage' manual: what a module's own shard_map (the MoE layer's) and
+  sharding constraints must name inside the pipeline's shard_map over 'stage' (jax 0.10.2 requires a nested
+  shard_map's mesh to equal the context's, whose 'stage' axis is manual there)."""
+  require_stages(mesh)
+  types = (jax.sharding.AxisType.Manual, jax.sharding.AxisType.Auto, jax.sharding.AxisType.Auto)
+  return jax.sharding.Mesh(mesh.devices, mesh.axis_names, axis_types=types)
+
+
+def require_stages(mesh: jax.sharding.Mesh) -> int:
+  """The number of stages of a ('stage', 'node', 'gpu') mesh; MeshError for another mesh."""
+  if tuple(mesh.axis_names) != (STAGE, *AXES):
+    raise MeshError(f"expected a mesh with axes {(STAGE, *AXES)}, got {tuple(mesh.axis_names)}")
+  return mesh.shape[STAGE]
 
 
 def _devices_by_host(nodes: int, gpus_per_node: int) -> list[jax.Device]:
@@ -98,9 +124,10 @@ def _devices_by_host(nodes: int, gpus_per_node: int) -> list[jax.Device]:
 
 
 def axis_sizes(mesh: jax.sharding.Mesh) -> tuple[int, int]:
-  """(n, m): the number of nodes and of GPUs per node of a ('node', 'gpu') mesh."""
-  if tuple(mesh.axis_names) != AXES:
-    raise MeshError(f"expected a mesh with axes {AXES}, got {tuple(mesh.axis_names)}")
+  """(n, m): the number of nodes and of GPUs per node of a ('node', 'gpu') mesh (of each stage of a ('stage',
+  'node', 'gpu') one)."""
+  if tuple(mesh.axis_names) not in (AXES, (STAGE, *AXES)):
+    raise MeshError(f"expected a mesh with axes {AXES} or {(STAGE, *AXES)}, got {tuple(mesh.axis_names)}")
   return mesh.shape[NODE], mesh.shape[GPU]
 
 
