@@ -109,7 +109,8 @@ def loaded(mesh_2x4):
 # Logits and routing against transformers
 
 
-@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "llama_dense")) for f in FAMILIES + PUBLISHED])
+@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "llama_dense", "deepseek_v3_fp8"))
+                                    for f in FAMILIES + PUBLISHED])
 def test_logits_match_transformers(loaded, family):
   ref = reference(family)
   logits, aux = loaded.forward(family)

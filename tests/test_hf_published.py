@@ -7,6 +7,7 @@ import logging
 
 import jax
 import numpy as np
+import pytest
 from flax import nnx
 
 import moejax.infer as infer
@@ -31,6 +32,7 @@ def test_no_mtp_checkpoint_loads_without_mtp_and_says_so(mesh_2x4, caplog):
   assert len(lines) == 1 and "no MTP tensors" in lines[0] and "model.layers.3" in lines[0]
 
 
+@pytest.mark.slow
 def test_fine_tuning_with_mtp_initialises_the_modules(mesh_2x4, caplog):
   """The trainer's init_from path (load_state with the checkpoint's config, one MTP module): the blocks are the
   checkpoint's (those of deepseek_v3, the same tensors), the MTP module its initialisation, and the log says so."""

@@ -54,6 +54,7 @@ def test_fp8_slices_dequantise_per_block(tmp_path):
     shards.close()
 
 
+@pytest.mark.slow
 def test_fp8_checkpoint_exports_deepseeks_format_bit_for_bit(mesh_2x4, tmp_path):
   """The FP8 fixture loaded and written back with fp8_blocks=(128, 128): the same FP8 bytes and scales as the
   fixture (DeepSeek's amax / 448 is idempotent on dequantised weights), its config's quantization_config, and read
