@@ -28,10 +28,11 @@ def _rows(schemes=DEFAULT_SCHEMES, nodes=NODES, gpus=(4,), measured=False, big=F
           rows.append(dict(label="modelled", model="small", scaling=scaling, nodes=n, gpus_per_node=m,
                            scheme=scheme, samples_per_s=speed, topology="p4d_efa", device="",
                            layer_inter_node_ms=0.1 * (n - 1), layer_intra_node_ms=0.06, layer_expert_ms=0.12,
-                           layer_other_ms=0.024, layer_hidden_ms=0.0, layer_ms=0.2 + 0.1 * (n - 1)))
+                           layer_other_ms=0.024, layer_hidden_ms=0.0, layer_ms=0.2 + 0.1 * (n - 1),
+                           step_s=512 / speed))
       if measured:
         rows += [dict(rows[-1], label="measured", nodes=1, scaling=sc, samples_per_s=3.21 + s, device="cpu",
-                      layer_ms=12.5) for sc in ("weak", "strong")]
+                      layer_ms=12.5, step_s=512 / (3.21 + s)) for sc in ("weak", "strong")]
   return rows
 
 
@@ -219,3 +220,45 @@ def test_fixed_column():
   assert report.fixed_column([17972.4, 106930.2, None]) == [" 17972", "106930", "      "]
   assert report.fixed_column([3.21, 40000.0]) == ["    3.210", "40000.000"]
   assert report.fixed_column([1.0, 1.25], decimals=2) == ["1.00", "1.25"]
+
+
+def _calibrated_rows():
+  """A calibrated two-host sweep's rows: modelled on 1 and 2 nodes, extrapolated on 4 (beyond the timed meshes), and
+  measured on 1 and 2 nodes, where the layer took twice the model's time and the step half of it."""
+  rows = [dict(r, label="extrapolated") if r["nodes"] == 4 else r for r in _rows(schemes=("switch", "smile"))]
+  measured = [dict(r, label="measured", device="cpu", layer_ms=2 * r["layer_ms"], step_s=r["step_s"] / 2,
+                   samples_per_s=2 * r["samples_per_s"]) for r in rows if r["nodes"] < 4]
+  return rows + measured
+
+
+def test_measured_rows_get_the_model_error_of_their_point():
+  rows = report.with_model_error(_calibrated_rows())
+  measured = [r for r in rows if r["label"] == "measured"]
+  assert len(measured) == 2 * 2 * 2  # schemes x nodes x scalings
+  for r in measured:
+    assert r["layer_error"] == pytest.approx(-0.5) and r["step_error"] == pytest.approx(1.0)
+    assert r["modelled_layer_ms"] == pytest.approx(r["layer_ms"] / 2)
+  assert not any("layer_error" in r for r in rows if r["label"] != "measured")
+
+
+def test_measured_figure_draws_measured_beside_modelled_with_the_error_and_marks_extrapolated():
+  fig = plots.measured_figure(report.with_model_error(_calibrated_rows()), scaling_default.get_config())
+  axes = _visible_axes(fig)
+  assert len(axes) == 3  # the layer, the step of each scaling
+  for ax, error in zip(axes, ("-50%", "+100%", "+100%")):
+    assert sorted(t.get_text() for t in ax.texts) == [error] * 4  # 2 schemes x 2 measured node counts
+    labels = {line.get_label(): line for line in ax.get_lines()}
+    for scheme in ("switch", "smile"):
+      assert list(labels[f"{scheme}, measured"].get_xdata()) == [1, 2]
+      assert list(labels[f"{scheme}, modelled"].get_xdata()) == [1, 2]
+      assert list(labels[f"{scheme}, extrapolated"].get_xdata()) == [4]
+    assert any(line.get_linestyle() == ":" for line in ax.get_lines())  # the extrapolated stretch dotted
+  assert "extrapolated" in _titles(fig) and "measured on cpu" in _titles(fig)
+
+
+def test_the_table_marks_extrapolated_meshes():
+  table = report.comparison_table(_calibrated_rows())
+  meshes = [line.split()[1] for line in table.splitlines()[2:] if line.startswith("small")]
+  assert sorted(set(meshes)) == ["1x4", "2x4", "4x4*"]
+  assert table.splitlines()[-1].startswith("* extrapolated")
+  _assert_fixed_columns(table)
