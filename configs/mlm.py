@@ -60,6 +60,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "shards": 8,  # the corpus is split into this many shards (a multiple of the process count)
       "mask_prob": 0.15,
       "prefetch": 2,
+      "heldout_every": 50,  # every 50th document of each file held out of training for eval (0: none held out)
   })
   config.optim = ml_collections.ConfigDict({
       "name": "lamb",  # SMILE's; 'adamw' or 'muon' (moejax.train.optim)
@@ -71,8 +72,14 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "master_dtype": ml_collections.FieldReference(None, field_type=object),
       # None: the dtype of what is updated (the master or the parameters); 'float32' or 'bfloat16'.
       "moment_dtype": ml_collections.FieldReference(None, field_type=object)})
-  config.checkpoint = ml_collections.ConfigDict({"every_steps": 100, "keep": 3, "use_async": True})
-  config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True})
+  # Resuming a workdir whose config.json differs (moejax.train.resume): 'same' refuses, 'continue' accepts the new
+  # config (config.json keeps the history), 'branch' copies the run into branch_dir and continues there.
+  config.checkpoint = ml_collections.ConfigDict({"every_steps": 100, "keep": 3, "use_async": True, "resume": "same",
+                                                 "branch_dir": ""})
+  # eval_every: the loss on eval_batches micro-batches of held-out documents (data.heldout_every) after every
+  # eval_every-th step and the last (0: none; moejax.train.heldout).
+  config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True, "eval_every": 50,
+                                          "eval_batches": 4})
   if size == "tiny":
     return config
 
@@ -90,5 +97,5 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.data.update(tokenizer_train_chars=100_000_000, shards=128, prefetch=4)
   config.optim.update(learning_rate=1e-3, warmup_steps=2000, end_fraction=0.0)  # lr from SMILE's grid
   config.checkpoint.update(every_steps=1000)
-  config.log.update(every_steps=50)
+  config.log.update(every_steps=50, eval_every=1000, eval_batches=1)
   return config

@@ -26,7 +26,8 @@ from orbax.checkpoint._src.metadata import array_metadata_store
 from moejax.validation import ConfigError, is_int, require
 
 CORRUPT_PREFIX = "corrupt-"
-CONFIG_FIELDS = ("every_steps", "keep", "use_async")
+CONFIG_FIELDS = ("every_steps", "keep", "use_async", "resume", "branch_dir")
+RESUME_MODES = ("same", "continue", "branch")  # resuming with a changed config: moejax.train.resume
 
 
 def validate_config(c, prefix: str = "") -> None:
@@ -35,6 +36,9 @@ def validate_config(c, prefix: str = "") -> None:
   require(is_int(c.every_steps), prefix + "every_steps", c.every_steps, "a positive int")
   require(is_int(c.keep), prefix + "keep", c.keep, "a positive int")
   require(isinstance(c.use_async, bool), prefix + "use_async", c.use_async, "True or False")
+  require(c.resume in RESUME_MODES, prefix + "resume", c.resume, f"one of {RESUME_MODES}")
+  require(isinstance(c.branch_dir, str) and (c.resume == "branch") == bool(c.branch_dir), prefix + "branch_dir",
+          c.branch_dir, f"a directory with {prefix}resume='branch', else ''")
 
 
 def fingerprint(state, order=None) -> jax.Array:

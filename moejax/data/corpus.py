@@ -7,6 +7,10 @@ followed by eos, into sequences of `seq_len` tokens, and owns a fixed block of B
 micro-batch; process p of P reads shards [p S / P, (p + 1) S / P), which are exactly the rows its
 devices hold. So the global batch depends on the data and S, never on the number of processes.
 
+Held out: with `heldout_every` = k > 0, line i of every file is held out when i % k == k - 1 (every k-th line,
+whatever the files and shards): training never reads it, and `heldout_tokens` packs those lines alone, in order,
+into the held-out batches. The kept lines are sharded by their index among the kept lines.
+
 A malformed line (invalid JSON or UTF-8, not an object, no string `text`) or an unreadable tail of
 a compressed file is skipped and counted. Without files, the corpus is the embedded default: the
 docstrings of Python's standard library and its documentation topics, gathered once and cached.
@@ -30,10 +34,10 @@ from absl import logging
 
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.data.tokenizer import Tokenizer, cache_lock
-from moejax.validation import is_int, is_number, require
+from moejax.validation import ConfigError, is_int, is_number, require
 
 CONFIG_FIELDS = ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
-                 "prefetch")
+                 "prefetch", "heldout_every")
 STATE_FIELDS = ("epoch", "file", "line", "offset", "documents", "malformed")
 
 
@@ -53,6 +57,8 @@ def validate_config(d, prefix: str = "", *, rows: int) -> None:
           f"a positive divisor of the {rows} rows of a micro-batch")
   require(is_number(d.mask_prob) and 0 < d.mask_prob < 1, prefix + "mask_prob", d.mask_prob, "in (0, 1)")
   require(is_int(d.prefetch, 0), prefix + "prefetch", d.prefetch, "an int >= 0")
+  require(is_int(d.heldout_every, 0) and d.heldout_every != 1, prefix + "heldout_every", d.heldout_every,
+          "0 (nothing held out) or an int >= 2 (every k-th document of each file held out of training)")
 
 
 def embedded_corpus(cache_dir: str) -> str:
@@ -135,12 +141,14 @@ class ShardReader:
 
   state: epoch, file, line (where the current document starts), offset (its tokens already
   emitted), documents (read so far), malformed (lines skipped so far). Restoring a state continues
-  with exactly the tokens that would have come next.
+  with exactly the tokens that would have come next. heldout_every: k > 0 skips every k-th line of each file
+  (the held-out split), or with `heldout` reads those lines alone.
   """
 
   def __init__(self, files: list[str], shard: int, num_shards: int, tokenizer: Tokenizer, seq_len: int,
-               state: dict | None = None):
+               state: dict | None = None, heldout_every: int = 0, heldout: bool = False):
     self.files, self.shard, self.num_shards = files, shard, num_shards
+    self.heldout_every, self.heldout = heldout_every, heldout
     self.by_file = len(files) >= num_shards
     self.tokenizer, self.seq_len = tokenizer, seq_len
     self._state = dict.fromkeys(STATE_FIELDS, 0) if state is None else {k: int(state[k]) for k in STATE_FIELDS}
@@ -170,7 +178,9 @@ class ShardReader:
     try:
       with _open(self.files[f]) as stream:
         for i, raw in enumerate(stream):
-          if i < start or (not self.by_file and i % self.num_shards != self.shard):
+          if i < start or self._split(i) != self.heldout:
+            continue
+          if not self.by_file and self._index(i) % self.num_shards != self.shard:
             continue
           text = parse_line(raw)
           if text is None:
@@ -181,6 +191,16 @@ class ShardReader:
       if self.by_file or f % self.num_shards == self.shard:  # one count per broken file, not per shard
         self._state["malformed"] += 1
       logging.warning("skipping the rest of %s: %s", self.files[f], e)
+
+  def _split(self, i: int) -> bool:
+    """Whether line i of a file is held out."""
+    return self.heldout_every > 0 and i % self.heldout_every == self.heldout_every - 1
+
+  def _index(self, i: int) -> int:
+    """Line i's index among its split's lines of the file (held-out lines before i: i // k)."""
+    if not self.heldout_every:
+      return i
+    return i // self.heldout_every if self.heldout else i - i // self.heldout_every
 
   def _next_document(self):
     epoch, f, i, text = next(self._docs)
@@ -210,20 +230,22 @@ class Batches:
   """This process's rows of every step's batch: tokens [micro_batches, rows / process_count, seq_len].
 
   rows: B, the global rows of one micro-batch. states: one state per shard of this process (from
-  `state()`), or None to start at the beginning. With prefetch > 0 a background thread prepares
-  that many batches ahead; `state()` is always the state after the last batch returned.
+  `state()`), or None to start at the beginning. heldout_every: every k-th line of each file left out (k > 0).
+  With prefetch > 0 a background thread prepares that many batches ahead; `state()` is always the state after the
+  last batch returned.
   """
 
   def __init__(self, files: list[str], tokenizer: Tokenizer, *, seq_len: int, rows: int, micro_batches: int,
                num_shards: int, process_index: int = 0, process_count: int = 1, states: list | None = None,
-               prefetch: int = 2):
+               prefetch: int = 2, heldout_every: int = 0):
     if num_shards % process_count or rows % num_shards:
       raise ValueError(f"data.shards={num_shards} must be a multiple of the {process_count} processes "
                        f"and divide the {rows} rows of a micro-batch")
     per_process = num_shards // process_count
     shards = range(process_index * per_process, (process_index + 1) * per_process)
     states = [None] * per_process if states is None else states
-    self.readers = [ShardReader(files, s, num_shards, tokenizer, seq_len, st) for s, st in zip(shards, states)]
+    self.readers = [ShardReader(files, s, num_shards, tokenizer, seq_len, st, heldout_every)
+                    for s, st in zip(shards, states)]
     self.rows_per_shard, self.micro_batches = rows // num_shards, micro_batches
     self._state = [r.state() for r in self.readers]
     self._queue = queue.Queue(maxsize=max(prefetch, 1))
@@ -271,6 +293,33 @@ class Batches:
     self._stop.set()
     if self._thread:
       self._thread.join()
+
+
+def heldout_tokens(files: list[str], tokenizer: Tokenizer, heldout_every: int, batches: int, rows: int,
+                   seq_len: int) -> np.ndarray:
+  """The held-out batches [batches, rows, seq_len] int32: the held-out lines of `files` (every heldout_every-th)
+  packed in order as one shard packs its documents; ValueError when they hold fewer tokens than that."""
+  reader = ShardReader(files, 0, 1, tokenizer, seq_len, heldout_every=heldout_every, heldout=True)
+  try:
+    tokens = np.stack([reader.next_sequence() for _ in range(batches * rows)]).reshape(batches, rows, seq_len)
+  except ValueError:  # no held-out document at all
+    tokens = None
+  if tokens is None or reader.state()["epoch"] > 0:
+    raise ValueError(f"the held-out split (every {heldout_every}th document) holds fewer than the {batches} x {rows} "
+                     f"x {seq_len} tokens asked for")
+  return tokens
+
+
+def check_files(files: list[str]) -> None:
+  """Refuses, naming it, a data file whose first line cannot be read (missing, unreadable, a broken gzip stream): a
+  cheap check before the tokenizer is trained or anything compiled (a damaged tail is found, and skipped, only when
+  it is read)."""
+  for path in files:
+    try:
+      with _open(path) as stream:
+        stream.readline()
+    except (EOFError, OSError, zlib.error) as e:
+      raise ConfigError(f"data file {path} cannot be read: {e}", "data.train_files", path) from e
 
 
 def load_tokenizer(config, files: list[str], cache_dir: str) -> Tokenizer:

@@ -9,21 +9,27 @@ experts (busiest_load_unreplicated), from the step's expert counts (devices: the
 sharding). Every step with MoE layers also records the busiest expert's load over the mean expert load
 (max / mean of the step's expert counts) per layer, averaged over the layers (busiest_expert_load), and
 with auxiliary-loss-free balancing (moe.bias_update_rate) each layer's bias range max - min after the
-step's update (expert_bias_range), so a run shows the balancing acting.
+step's update (expert_bias_range), so a run shows the balancing acting. On the steps with held-out evaluation
+(log.eval_every, `moejax.train.heldout`): heldout_loss, and heldout_unigram_entropy, the entropy of the held-out
+tokens' own unigram distribution (the loss of a model that ignores context: the baseline to beat). The writer adds
+steps_per_s (this process' steps so far over their wall time, checkpoints and evaluations included) and eta_s (the
+steps left at that rate).
 """
 
 import json
 import math
 import os
+import time
 
 import numpy as np
 
+from moejax.study.progress import duration
 from moejax.train import replan as replan_lib
 from moejax.validation import is_int, require
 
 SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s",
            "tokens_per_s")
-CONFIG_FIELDS = ("every_steps", "tensorboard")
+CONFIG_FIELDS = ("every_steps", "tensorboard", "eval_every", "eval_batches")
 BUSIEST = ("busiest_load", "busiest_load_unreplicated")  # with replication: per MoE layer
 
 
@@ -32,6 +38,8 @@ def validate_config(log, prefix: str = "") -> None:
   (e.g. 'log.')."""
   require(is_int(log.every_steps), prefix + "every_steps", log.every_steps, "a positive int")
   require(isinstance(log.tensorboard, bool), prefix + "tensorboard", log.tensorboard, "True or False")
+  require(is_int(log.eval_every, 0), prefix + "eval_every", log.eval_every, "an int >= 0 (0: no held-out evaluation)")
+  require(is_int(log.eval_batches), prefix + "eval_batches", log.eval_batches, "a positive int")
 
 
 def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_tables=None) -> dict:
@@ -50,6 +58,8 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_
     record["busiest_expert_load"] = round(busiest_expert_load(counts_MxE), 6)
   if "mtp_loss" in metrics:  # DeepSeek-V3's multi-token prediction modules' mean loss (without lambda)
     record["mtp_loss"] = float(metrics["mtp_loss"])
+  if "heldout_loss" in metrics and np.isfinite(metrics["heldout_loss"]):  # NaN: not evaluated at this step
+    record["heldout_loss"] = float(metrics["heldout_loss"])
   if "expert_bias_range" in metrics:
     record["expert_bias_range"] = [float(x) for x in np.asarray(metrics["expert_bias_range"], np.float64)]
   if slot_tables is not None and counts_MxE.size:
@@ -87,11 +97,15 @@ class MetricWriter:
 
   start_step: the step training resumes after; records of later steps (logged by a run killed after
   its last checkpoint, and about to be recomputed) are dropped so each step appears once.
+  total_steps: the run's last step; each record gets steps_per_s and eta_s. heldout_unigram_entropy: the held-out
+  tokens' unigram entropy, added to the records with a heldout_loss.
   Does nothing when not `enabled` (processes other than the first).
   """
 
-  def __init__(self, workdir: str, start_step: int, *, tensorboard: bool = True, enabled: bool = True):
-    self.enabled = enabled
+  def __init__(self, workdir: str, start_step: int, *, tensorboard: bool = True, enabled: bool = True,
+               total_steps: int | None = None, heldout_unigram_entropy: float | None = None):
+    self.enabled, self.total_steps, self.baseline = enabled, total_steps, heldout_unigram_entropy
+    self.first = None  # (the first step written, when it started)
     if not enabled:
       return
     self.path = os.path.join(workdir, "metrics.jsonl")
@@ -107,8 +121,17 @@ class MetricWriter:
       self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, record: dict) -> None:
+    """Writes `record`, adding steps_per_s and eta_s (with total_steps) and heldout_unigram_entropy to it first."""
     if not self.enabled:
       return
+    if self.total_steps is not None:
+      now = time.perf_counter()
+      if self.first is None:
+        self.first = record["step"], now - record["step_time_s"]
+      record["steps_per_s"] = (record["step"] - self.first[0] + 1) / max(now - self.first[1], 1e-9)
+      record["eta_s"] = (self.total_steps - record["step"]) / record["steps_per_s"]
+    if "heldout_loss" in record and self.baseline is not None:
+      record["heldout_unigram_entropy"] = self.baseline
     self.file.write(json.dumps(record) + "\n")
     self.file.flush()
     if self.tb is not None:
@@ -119,6 +142,8 @@ class MetricWriter:
         self.tb.add_scalar(f"moe/layer{i}/max_load_over_mean", max(load) * len(load), step)
         self.tb.add_scalar(f"moe/layer{i}/drop_rate", drop, step)
         self.tb.add_histogram(f"moe/layer{i}/expert_load", np.asarray(load), step)
+      if "heldout_loss" in record:
+        self.tb.add_scalar("eval/heldout_loss", record["heldout_loss"], step)
       if "busiest_expert_load" in record:
         self.tb.add_scalar("moe/busiest_expert_load", record["busiest_expert_load"], step)
       for i, value in enumerate(record.get("expert_bias_range", [])):
@@ -138,7 +163,9 @@ def report_line(record: dict, total_steps: int) -> str:
   """One console line for a record: losses, accuracy, the drop and overflow shares (mean over MoE layers), and
   where they apply the busiest expert's load over the mean (`busiest 2.31x`, averaged over MoE layers, as
   `busiest_expert_load`), the largest bias range over the MoE layers (`bias range 0.0120`, with
-  auxiliary-loss-free balancing) and the MTP modules' loss (`mtp 5.4321`); then gradient norm, learning rate and throughput."""
+  auxiliary-loss-free balancing), the MTP modules' loss (`mtp 5.4321`) and the held-out loss with its unigram
+  baseline (`held-out 4.7012 (unigram 4.5900)`); then gradient norm, learning rate, throughput, and where the
+  writer added them steps/s and the ETA."""
   mean_percent = lambda rates: 100 * float(np.mean(rates)) if rates else 0.0
   drop, overflow = mean_percent(record["drop_rate"]), mean_percent(record.get("overflow_rate", []))
   balance = f"busiest {record['busiest_expert_load']:.2f}x  " if "busiest_expert_load" in record else ""
@@ -146,16 +173,23 @@ def report_line(record: dict, total_steps: int) -> str:
     balance += f"bias range {max(record['expert_bias_range']):.4f}  "
   if "mtp_loss" in record:
     balance += f"mtp {record['mtp_loss']:.4f}  "
+  if "heldout_loss" in record:
+    unigram = record.get("heldout_unigram_entropy")
+    balance += f"held-out {record['heldout_loss']:.4f}" + (f" (unigram {unigram:.4f})  " if unigram else "  ")
+  progress = (f"  {record['steps_per_s']:.2f} steps/s  ETA {duration(record['eta_s'])}" if "eta_s" in record
+              else "")
   return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
           f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
           f"overflow {overflow:.2f}%  {balance}"
           f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
-          f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step")
+          f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step{progress}")
 
 
 def summarize(records: list[dict], **extra) -> dict:
-  """Summary of a run's records (first, last and best losses; median throughput) plus `extra`."""
+  """Summary of a run's records (first, last and best losses; the last held-out loss; median throughput) plus
+  `extra`."""
   window = records[-10:]
+  heldout = [r for r in records if "heldout_loss" in r]
   times = [r["step_time_s"] for r in records[1:]] or [r["step_time_s"] for r in records]
   return {
       "steps": len(records),
@@ -163,6 +197,7 @@ def summarize(records: list[dict], **extra) -> dict:
       "final_task_loss": float(np.mean([r["task_loss"] for r in window])) if window else None,
       "final_accuracy": float(np.mean([r["accuracy"] for r in window])) if window else None,
       "best_task_loss": min((r["task_loss"] for r in records), default=None),
+      "final_heldout_loss": heldout[-1]["heldout_loss"] if heldout else None,
       "median_step_time_s": float(np.median(times)) if times else None,
       "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records]))
                              if records else None,
@@ -176,6 +211,15 @@ def format_summary(summary: dict) -> str:
   """The summary as aligned `name: value` lines for the console."""
   show = lambda v: (f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}") if isinstance(v, float) else str(v)
   return "summary\n" + "\n".join(f"  {k:<20} {show(v)}" for k, v in summary.items())
+
+
+def baseline_line(summary: dict) -> str:
+  """The final losses against the data's unigram entropy (summary's unigram_entropy: the tokens trained on), the
+  loss of a model that ignores context."""
+  heldout = summary.get("final_heldout_loss")
+  return (f"final task loss {summary['final_task_loss']:.4f}" + (f", held-out {heldout:.4f}" if heldout else "")
+          + f"; the data's unigram entropy {summary['unigram_entropy']:.4f} nats is the baseline a model must beat "
+          "(the loss of predicting every token by its frequency alone)")
 
 
 def unigram_entropy(counts: np.ndarray) -> float:
