@@ -5,8 +5,12 @@
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- \\
       python -m experiments.train --config=configs/mlm.py --workdir=/tmp/mlm2
 
-Writes metrics.jsonl, TensorBoard events, checkpoints/ and summary.json to the workdir. Without
-GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
+Writes config.json (the resolved config with the versions it ran with), metrics.jsonl (with the held-out loss every
+log.eval_every steps), TensorBoard events, checkpoints/ and summary.json to the workdir. A workdir holding checkpoints
+is resumed only with the same config (steps and the logging, evaluation and checkpoint frequencies may change), else
+refused naming the fields; --config.checkpoint.resume=continue trains on with the new config, or
+--config.checkpoint.resume=branch --config.checkpoint.branch_dir=DIR continues a copy in DIR (moejax.train.resume).
+Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
 """
 
 import logging

@@ -28,7 +28,7 @@ from moejax import checkpoint as checkpoint_lib
 from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
 from moejax.data import tokenizer as tokenizer_lib
-from moejax.models import hf_checkpoint
+from moejax.models import hf_checkpoint, hf_files
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
@@ -38,9 +38,11 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
 from moejax.train import config as config_lib
+from moejax.train import heldout as heldout_lib
 from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import objective, optim, precision
+from moejax.train import resume as resume_lib
 from moejax.validation import require
 
 
@@ -60,14 +62,18 @@ layers' balancing biases (DeepSeek-V3 Sec. 2.1.2): not optimised (no gradient re
 checkpointed with the rest, written into each layer's `ExpertBias` in `rest` by the step and updated at
 the end of the step from the step's expert loads (`update_expert_bias`). Every array is placed by
 `state_shardings`, declared once here together with the batch sharding.
+
+  heldout: the step also returns metrics['heldout_loss'], the held-out loss of the state it produced on the steps
+log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `rest` as (rest, held-out tokens
+[K, B, S], sharded like a batch).
   """
 
   def __init__(self, config, model_cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh,
-               tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True):
+               tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True, heldout: bool = False):
     if moe_cfg.expert_backend == "auto":  # the measured fastest for the tokens one layer call sees on these devices
       moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
-    self.donate = donate
+    self.donate, self.heldout = donate, heldout
     self.graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
     sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
     param_shardings = sharding_of(abstract_params)
@@ -106,12 +112,14 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
       abstract_state["expert_bias"] = abstract_bias
     self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                        abstract_state, self.state_shardings)
-    self.step = jax.jit(self._step, in_shardings=(self.state_shardings, self.rest_shardings, self.batch_sharding),
+    rest_in = (self.rest_shardings, self.batch_sharding) if heldout else self.rest_shardings
+    self.step = jax.jit(self._step, in_shardings=(self.state_shardings, rest_in, self.batch_sharding),
                         out_shardings=(self.state_shardings, self.replicated), donate_argnums=0 if donate else ())
 
   def with_moe(self, moe_cfg: MoEConfig) -> "Trainer":
     """The same trainer with another MoE layer config (same parameters and state layout)."""
-    return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate)
+    return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate,
+                   heldout=self.heldout)
 
   def init(self):
     """(state, rest): fresh sharded state (with config.init_from, the checkpoint's weights and balancing biases), and
@@ -142,6 +150,7 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
 
   def _step(self, state, rest, tokens_UxBxS):
     """One optimizer update from micro-batches tokens [A, B, S] -> (state, metrics)."""
+    rest, heldout_KxBxS = rest if self.heldout else (rest, None)
     num_micro = tokens_UxBxS.shape[0]
     rng, step_key = jax.random.split(jax.random.wrap_key_data(state["rng"]))
     mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
@@ -202,10 +211,22 @@ the end of the step from the step's expert loads (`update_expert_bias`). Every a
     if "mtp_loss" in auxes:
       metrics["mtp_loss"] = jnp.sum(auxes["mtp_loss"])
       metrics["loss"] += self.model_cfg.mtp_loss_coef * metrics["mtp_loss"]
+    if heldout_KxBxS is not None:
+      metrics["heldout_loss"] = self._heldout_loss(new_state, rest, heldout_KxBxS)
     if "expert_bias" in state:  # after this step's update: the range the next step routes with
       metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(new_state["expert_bias"],
                                                                                             axis=-1)
     return new_state, metrics
+
+  def _heldout_loss(self, state, rest, tokens_KxBxS):
+    """The held-out loss of `state` (the step's result: its parameters, slot tables and biases) where it is due,
+    else NaN."""
+    if "expert_bias" in state:
+      rest = state_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
+    model = lambda inputs_BxS, positions_BxP: nnx.merge(self.graphdef, state["params"], rest)(
+        inputs_BxS, positions_BxP=positions_BxP, train=False)[0]
+    return jax.lax.cond(heldout_lib.due(state["step"], self.config.log.eval_every, self.config.steps),
+                        lambda: heldout_lib.mean_loss(model, self.targets, tokens_KxBxS), lambda: jnp.float32(jnp.nan))
 
 
 def update_expert_bias(bias_MxE: jax.Array, counts_MxE: jax.Array, rate: float) -> jax.Array:
@@ -225,21 +246,32 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   Expects JAX's distributed runtime to be initialised already when there are several processes.
   """
   config, model_cfg, moe_cfg = checked or config_lib.checked(config)
+  heldout_lib.check(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
   require(config.data.shards % jax.process_count() == 0, "data.shards", config.data.shards,
           f"a multiple of the job's {jax.process_count()} processes")
+  workdir, branched_from = resume_lib.prepare(config, workdir, say)  # a changed config refused, or branched
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
   platform = platform_lib.of_mesh(mesh)
   collective_lib.check(moe_cfg.collective, platform, field="moe.collective")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = corpus_lib.corpus_files(config.data.train_files, cache_dir)
+  corpus_lib.check_files(files)  # the inputs' cheap checks, before a tokenizer is trained or anything compiled
+  if config.get("init_from"):
+    hf_files.Shards(config.init_from).close()  # every safetensors file's header read
   tok = corpus_lib.load_tokenizer(config, files, cache_dir)
   say(f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
       f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
+  heldout, baseline = heldout_lib.batches(config, files, tok) if config.log.eval_every else (None, None)
+  if heldout is not None:
+    say(f"held-out: {heldout.shape[0]} batch(es) of {heldout.shape[1]} x {heldout.shape[2]} tokens of every "
+        f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps; their unigram "
+        f"entropy {baseline:.4f} nats is the baseline a model must beat")
   retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"
-  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry)  # a retry needs the state before
+  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry,  # a retry needs the state before
+                    heldout=heldout is not None)
   ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
                                      use_async=config.checkpoint.use_async)
   state, rest = trainer.init()
@@ -249,12 +281,18 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     start, state, saved = restored
     data_states, replan_window = loop_lib.restored_host_state(saved, config.data.shards)
     say(f"resuming after step {start}")
+  if leader:
+    resume_lib.record(config, workdir, start, branched_from)
+  if heldout is not None:
+    rest = (rest, jax.make_array_from_callback(heldout.shape, trainer.batch_sharding, lambda index: heldout[index]))
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
   batches = corpus_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
                              num_shards=config.data.shards, process_index=jax.process_index(),
-                             process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch)
-  writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader)
+                             process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch,
+                             heldout_every=config.data.heldout_every)
+  writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader,
+                                    total_steps=config.steps, heldout_unigram_entropy=baseline)
   run_start = time.perf_counter()
   try:
     compile_s, counts, retries = loop_lib.run(config, trainer, state, rest, start, batches, ckpt, writer, say, retry,
@@ -274,12 +312,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
       overflow_retries=len(retries), buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
       unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
       log_vocab=float(np.log(tok.num_ids)),
+      heldout_unigram_entropy=baseline,
       documents=int(sum(s[corpus_lib.STATE_FIELDS.index("documents")] for s in data_state)),
       malformed_lines=int(sum(s[corpus_lib.STATE_FIELDS.index("malformed")] for s in data_state)))
   if leader:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
     say(metrics_lib.format_summary(summary))
+    if summary["final_task_loss"] is not None and summary["unigram_entropy"] is not None:
+      say(metrics_lib.baseline_line(summary))
     say(f"curves: python -m experiments.plot_run {workdir}  (writes {workdir}/curves.png)")
   logging.info("training finished: %s", summary)
   return summary
