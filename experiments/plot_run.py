@@ -5,15 +5,16 @@ runs overlaid, and says which config fields differ between them.
   python -m experiments.plot_run --config.runs=/tmp/mlm --workdir=/tmp/mlm_plots  # writes /tmp/mlm_plots/curves.png
   python -m experiments.plot_run --config.runs=/tmp/a,/tmp/b --workdir=/tmp/a_vs_b  # two runs, one colour each
 
-One PNG of six panels, x the step: the loss (total and task, nats), the auxiliary loss (summed over MoE layers),
-the busiest expert's load over the mean expert load per MoE layer (1.0 = balanced), the token-choices dropped by
-expert capacity and lost to full receive buffers (% of all token-choices, mean over MoE layers), the range
+One PNG of six panels, x the step: the loss (total and task, nats; the held-out loss where the run evaluated it,
+with the held-out tokens' unigram entropy dashed: the baseline a model must beat), the auxiliary loss (summed over
+MoE layers), the busiest expert's load over the mean expert load per MoE layer (1.0 = balanced), the token-choices
+dropped by expert capacity and lost to full receive buffers (% of all token-choices, mean over MoE layers), the range
 max - min of each MoE layer's balancing bias (with `moe.bias_update_rate` > 0) and the throughput. A panel
 without data (no MoE layers, no bias) says so, and the figure's title names it. With several runs, the title and
 the printed output name the config fields that differ between them, read from each workdir's config.json (the
-run's resolved config, `moejax.run_config`); a workdir without one is compared by what its metrics.jsonl shows
-(MoE layers, experts, tokens per step, peak learning rate), and the output says so. A missing or empty run workdir
-(config.runs, default --workdir) or metrics.jsonl is a one-line error.
+run's resolved config, `moejax.run_config`, and the versions it ran with, `moejax.train.resume`); a workdir without
+one is compared by what its metrics.jsonl shows (MoE layers, experts, tokens per step, peak learning rate), and the
+output says so. A missing or empty run workdir (config.runs, default --workdir) or metrics.jsonl is a one-line error.
 """
 
 import os
@@ -76,8 +77,8 @@ def _panel(name: str, units: str, ylabel: str, lines, reference=None, missing=No
 
 def panels(records: list[dict]) -> list[dict]:
   """The figure's panels: name, title (the name with units), ylabel, lines [(label, steps, values)], reference
-  (a y value drawn dashed, or None), percent (a share in %: drawn from 0) and missing (why the panel has no data,
-  or None)."""
+  ((y value, label) drawn dashed, or None), percent (a share in %: drawn from 0) and missing (why the panel has no
+  data, or None)."""
   steps = [r["step"] for r in records]
   column = lambda name: [float(r[name]) for r in records]
   percent = lambda name: [100 * float(np.mean(r[name])) if r.get(name) else 0.0 for r in records]
@@ -86,14 +87,18 @@ def panels(records: list[dict]) -> list[dict]:
              else "no auxiliary-loss-free balancing (moe.bias_update_rate = 0)")
   mtp = all("mtp_loss" in r for r in records) and records  # DeepSeek-V3's multi-token prediction modules
   total = "total (task + aux + lambda x MTP)" if mtp else "total (task + aux)"
+  evaluated = [r for r in records if "heldout_loss" in r]  # log.eval_every's steps
+  heldout = [("held-out", [r["step"] for r in evaluated], [r["heldout_loss"] for r in evaluated])] if evaluated else []
+  baseline = evaluated[-1].get("heldout_unigram_entropy") if evaluated else None
   return [
       _panel("loss", "cross-entropy, nats", "nats",
              [(total, steps, column("loss")), ("task", steps, column("task_loss"))]
-             + ([("MTP (mean of the modules)", steps, column("mtp_loss"))] if mtp else [])),
+             + ([("MTP (mean of the modules)", steps, column("mtp_loss"))] if mtp else []) + heldout,
+             reference=None if baseline is None else (baseline, "unigram entropy of the held-out tokens")),
       _panel("auxiliary loss", "summed over MoE layers, unitless", "aux loss", [("aux", steps, column("aux_loss"))]),
       _panel("busiest expert load", "x the mean expert load; 1.0 = balanced", "max / mean",
-             _per_layer(records, lambda r: busiest_per_layer(r.get("expert_load", []))), reference=1.0,
-             missing=no_moe),
+             _per_layer(records, lambda r: busiest_per_layer(r.get("expert_load", []))),
+             reference=(1.0, "balanced"), missing=no_moe),
       _panel("drops and overflow", "% of all token-choices, mean over MoE layers", "%",
              [] if no_moe else [("dropped (expert capacity)", steps, percent("drop_rate")),
                                 ("overflowed (receive buffers)", steps, percent("overflow_rate"))],
@@ -121,10 +126,12 @@ RECORD_FACTS = {
 
 def compare(workdirs: dict[str, str], records: dict[str, list[dict]]) -> tuple[dict, str]:
   """({field: {run: value}} of the fields that differ between the runs, what they were read from): the runs'
-  config.json where every run has one, else the RECORD_FACTS of their records."""
+  config.json where every run has one (its fields and the versions that ran it, not its resume history), else the
+  RECORD_FACTS of their records."""
   configs = {name: run_config.read(workdir) for name, workdir in workdirs.items()}
   missing = [name for name, config in configs.items() if config is None]
   if not missing:
+    configs = {name: {k: v for k, v in config.items() if k != "history"} for name, config in configs.items()}
     return run_config.differences(configs), f"their {run_config.CONFIG_FILE}"
   facts = {name: {fact: read(rs) for fact, read in RECORD_FACTS.items()} for name, rs in records.items()}
   return run_config.differences(facts), (f"what metrics.jsonl shows ({', '.join(RECORD_FACTS)}): no "
@@ -179,7 +186,7 @@ def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
       if peak == 0:
         ax.text(0.5, 0.5, "none in any step", ha="center", va="center", transform=ax.transAxes, color="gray")
     if panel["reference"] is not None:
-      ax.axhline(panel["reference"], color="gray", linestyle="--", linewidth=1, label="balanced")
+      ax.axhline(panel["reference"][0], color="gray", linestyle="--", linewidth=1, label=panel["reference"][1])
     ax.legend(fontsize=7)
   for ax in axes[-1]:
     ax.set_xlabel("step")

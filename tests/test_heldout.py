@@ -122,3 +122,21 @@ def test_heldout_evaluation_needs_a_heldout_split(shared, tmp_path):
   config.data.heldout_every = 0
   with pytest.raises(ConfigError, match="log.eval_every"):
     train.train(config, str(tmp_path))
+
+
+def test_plot_run_draws_the_heldout_loss_and_its_baseline_in_the_loss_panel(tmp_path):
+  from experiments import plot_run
+
+  writer = metrics.MetricWriter(str(tmp_path), 0, tensorboard=False, heldout_unigram_entropy=4.5)
+  for step in range(1, 5):
+    step_metrics = {"loss": 6.0 - step, "task_loss": 6.0 - step, "accuracy": 0.1, "aux_loss": 0.0, "grad_norm": 1.0,
+                    "learning_rate": 1e-3, "expert_counts": np.ones((1, 4)), "tokens_dropped": np.zeros(1),
+                    "tokens_overflowed": np.zeros(1), "heldout_loss": 7.0 - step if step % 2 == 0 else np.nan}
+    writer.write(metrics.step_record(step, step_metrics, 0.1, 100))
+  writer.close()
+  fig = plot_run.draw({"run": plot_run.load_records(str(tmp_path))})
+  [ax] = [ax for ax in fig.axes if ax.get_title().startswith("loss")]
+  lines = {line.get_label(): line for line in ax.get_lines()}
+  np.testing.assert_array_equal(lines["held-out"].get_xdata(), [2, 4])
+  np.testing.assert_array_equal(lines["held-out"].get_ydata(), [5.0, 3.0])
+  np.testing.assert_array_equal(lines["unigram entropy of the held-out tokens"].get_ydata(), [4.5, 4.5])

@@ -111,7 +111,7 @@ def test_harmless_fields_pass_and_every_other_difference_is_named(shared, tmp_pa
   other = _config(shared, 5)
   other.data.heldout_every = 20  # another split: other data
   other.model.num_heads = 2
-  with pytest.raises(ConfigError, match=r"differs from this one: model.num_heads 4 -> 2, data.heldout_every 50 -> 20\. Set"):
+  with pytest.raises(ConfigError, match=r"this one: model.num_heads 4 -> 2, data.heldout_every 50 -> 20\. Set"):
     resume.prepare(other, str(tmp_path), say=print)
 
 

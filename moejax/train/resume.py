@@ -30,8 +30,8 @@ from moejax import run_config
 from moejax.validation import ConfigError, require
 
 META = ("versions", "history")  # config.json's keys that are not config fields
-HARMLESS = ("steps", "log.every_steps", "log.tensorboard", "log.eval_every", "checkpoint.every_steps", "checkpoint.keep",
-            "checkpoint.use_async", "checkpoint.resume", "checkpoint.branch_dir", "data.prefetch")
+HARMLESS = ("steps", "log.every_steps", "log.tensorboard", "log.eval_every", "checkpoint.every_steps",
+            "checkpoint.keep", "checkpoint.use_async", "checkpoint.resume", "checkpoint.branch_dir", "data.prefetch")
 
 
 def versions() -> dict:
