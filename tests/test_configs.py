@@ -62,7 +62,7 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
 PROGRAM_CONFIGS = {"bench_kernels", "tune_kernels", "bench_collectives", "expert_table", "gpu_suite", "hf_load",
                    "lina_replication", "family_remedies", "fine_grained", "exchange_memory", "wire_traffic",
                    "compare_sweeps", "plot_run", "convergence_report", "fidelity", "validate_cost_model", "memory",
-                   "compile_time"}
+                   "compile_time", "export"}
 
 
 def test_every_config_file_is_checked():
