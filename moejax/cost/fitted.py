@@ -119,11 +119,12 @@ def fit_topology(exchanges: list[Exchange], base: topology_lib.Topology, name: s
 
 
 def exchanges_from_bench(record: dict) -> list[Exchange]:
-  """The all-to-alls of an experiments/bench_collectives.py record: 'flat' (both axes; `rows_per_peer` to every
-  device), 'gpu_a2a' and 'node_a2a' (an operand of D x rows rows split evenly over the axis' members)."""
+  """The all-to-alls of an experiments/bench_collectives.py record: 'flat' (`rows_per_peer` to every device: along
+  both axes, or along 'gpu' on one node) and 'node_a2a' (each device's D x rows rows split evenly over the n
+  members of its 'node' group: m x rows to each)."""
   n, m = record["mesh"]
   row_bytes = record["d"] * np.dtype(record["dtype"]).itemsize
-  per_peer = {"flat": ("both", 1), "gpu_a2a": ("gpu", n), "node_a2a": ("node", m)}  # D rows / members = this x rows
+  per_peer = {"flat": ("both" if n > 1 else "gpu", 1), "node_a2a": ("node", m)}
   return [Exchange(per_peer[r["variant"]][0], n, m, r["rows_per_peer"] * per_peer[r["variant"]][1], row_bytes,
                    r["median_s"])
           for r in record["results"] if r["variant"] in per_peer and "median_s" in r]

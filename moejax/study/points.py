@@ -135,11 +135,14 @@ def calibration(config) -> fitted.Calibration | None:
   one. ('measure' must have been replaced by the record's path: experiments/scaling.py does.)"""
   if not config.calibration.source:
     return None
-  return _load_calibration(config.calibration.source, config.topology, config.topology_overrides)
+  return _load_calibration(config.calibration.source, _file_digest(config), config.topology,
+                           config.topology_overrides)
 
 
 @functools.lru_cache(maxsize=8)
-def _load_calibration(path: str, preset: str, overrides: str) -> fitted.Calibration:
+def _load_calibration(path: str, digest: str, preset: str, overrides: str) -> fitted.Calibration:
+  """The record at `path` fitted once per content (`digest`) and base topology."""
+  del digest  # a key of the cache only: a record written again is fitted again
   base = base_topology(ml_collections.ConfigDict({"topology": preset, "topology_overrides": overrides}))
   return fitted.load(path, base, os.path.basename(path))
 
