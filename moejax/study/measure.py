@@ -50,6 +50,18 @@ def time_training_step(model_config, moe_config, mesh, batch_shape: tuple[int, i
   return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters}
 
 
+def training_step(point: Point, config, devices: list) -> dict:
+  """`time_training_step` of the point's model (`point_models.training_model`, its optimizer) with the point's MoE
+  layer on the n x m mesh of `devices`: its global batch as accumulation micro batches of random tokens."""
+  model, moe = config.models[point.model], moe_section(config, point.model)
+  cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff)
+  mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node, devices=devices)
+  global_batch, accumulation = batch(point, config)
+  return time_training_step(point_models.training_model(model, moe.dtype), cfg, mesh,
+                            (accumulation, global_batch // accumulation, model.seq_len), config.sim.seed,
+                            config.measure.warmup, config.measure.repeats, point_models.optimizer(model))
+
+
 def measure(point: Point, config, layers: dict, devices: list) -> dict:
   """Wall-clock on `devices` (`hosts.mesh_devices`: the n x m mesh, row i on host i), at the model's shapes: one
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and intra-node
@@ -73,9 +85,7 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
     del params, x
 
   global_batch, accumulation = batch(point, config)
-  timed = time_training_step(point_models.training_model(model, moe.dtype), cfg, mesh,
-                             (accumulation, global_batch // accumulation, model.seq_len), config.sim.seed,
-                             config.measure.warmup, config.measure.repeats, point_models.optimizer(model))
+  timed = training_step(point, config, devices)
   step_times, losses = timed["times_s"], timed["losses"]
   step_s = statistics.median(step_times)
   return {**identity(point), "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective,

@@ -60,29 +60,28 @@ from moejax.moe import path as path_lib
 from moejax.moe import routing
 from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
-from moejax.study import point_models
-from moejax.study.points import (ESP_SCHEMES, OVERLAP_SCHEMES, Point, calibration, identity, moe_section,
-                                 scheme_config, topology)
+from moejax.study import point_models, points
+from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, moe_section, scheme_config
 
 
 def device_rate(config) -> tuple[float, str]:
   """(FLOP/s, source): the calibration's timed expert FFN, else device_rate_json's, else the topology's datasheet
   peak x efficiency."""
-  calibrated = calibration(config)
+  calibrated = points.calibration(config)
   if calibrated and calibrated.rate:
     return calibrated.rate
   if config.device_rate_json:
     return cost_model.measured_rate(config.device_rate_json)
-  return cost_model.default_rate(topology(config))
+  return cost_model.default_rate(points.topology(config))
 
 
 def non_expert_cost(config) -> phases.RowCost:
   """The memory-bound non-expert phases' seconds per routed byte: the calibration's timed layer, else the H100
   measurement carried to the topology's GPU (`phases.for_topology`)."""
-  calibrated = calibration(config)
+  calibrated = points.calibration(config)
   if calibrated and calibrated.row_cost:
     return calibrated.row_cost
-  return phases.for_topology(topology(config))
+  return phases.for_topology(points.topology(config))
 
 
 def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
@@ -97,7 +96,7 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
                         non_expert_s: float) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
-  model, cluster = config.models[point.model], topology(config)
+  model, cluster = config.models[point.model], points.topology(config)
   rate, rate_source = device_rate(config)
   busiest = int(np.argmax(processed))
   experts_per_gpu = cfg.num_experts // (n * m)
@@ -130,7 +129,7 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, n
   the rows each GPU computes (every token N_MP times in the baseline). The backward is priced as the forward's
   collectives once more (reversed) and twice its FLOPs; Parm models the forward only."""
   n, m = point.nodes, point.gpus_per_node
-  cluster, (rate, rate_source) = topology(config), device_rate(config)
+  cluster, (rate, rate_source) = points.topology(config), device_rate(config)
   layer, schedule = esp_layer(point, config, cfg), ESP_SCHEMES[point.scheme]
   terms = parm.alpha_beta_from_topology(cluster, n, m, m, bytes_per_element)
   inter = intra = 0.0
@@ -199,7 +198,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
     return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops,
                                                      non_expert_s)}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, cfg.gated)
-  args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, topology(config), device_rate(config))
+  args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, points.topology(config), device_rate(config))
   return {**common, **stats,
           "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
           "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s,
@@ -230,7 +229,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
   the dense gradients all-reduced over the nodes (m such rings share a node's NICs)."""
   model, moe = config.models[point.model], moe_section(config, point.model)
   tokens = model.micro_batch * model.seq_len
-  cluster = topology(config)
+  cluster = points.topology(config)
   rate, rate_source = device_rate(config)
   mp = model_parallel(point)
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
@@ -250,7 +249,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
   stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "moe_replicated", "train_hidden_fraction")}
   if "forward_hidden_fraction" in stats:
     stats["comm_hidden_fraction"] = stats.pop("forward_hidden_fraction")
-  calibrated = calibration(config)
+  calibrated = points.calibration(config)
   label = "extrapolated" if calibrated and calibrated.extrapolates(point.nodes, point.gpus_per_node) else point.label
   return {**identity(point), "label": label, "tokens_per_gpu": tokens, "global_batch": global_batch,
           "accumulation": accumulation, **stats,

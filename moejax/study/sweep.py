@@ -40,55 +40,54 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   """Runs every point not yet stored in workdir/points.jsonl, appending each as it finishes; small
   runs are kept in workdir/simulations.jsonl, so a point that only reprices one reruns nothing.
 
-  The measured points come first: every process of the job runs this, and those holding a point's devices time it
-  together (`hosts`); the leader (process 0) alone reads and writes the workdir and then computes the modelled
-  points, whose small runs use its own CPU devices. Schemes that move another scheme's rows (the overlap schedules)
-  reuse its small run; Parm's expert-sharding schemes need none (`points.simulated_scheme`).
+  Every process of the job runs this. The measured points come first; those holding a point's devices time it
+  together (`hosts`), and every process skips the points the leader (process 0) has stored. The leader alone reads
+  and writes the workdir and then computes the modelled points, whose small runs use its own CPU devices. Schemes
+  that move another scheme's rows (the overlap schedules) reuse its small run; Parm's expert-sharding schemes need
+  none (`points.simulated_scheme`).
 
   Returns (rows of this config's points in run order, counts of points 'computed' and 'skipped' and of small runs
-  'simulated'); on the other processes, no rows.
+  'simulated'); on the other processes, no rows and the counts of the measured points.
   """
   modelled = validate(config)
   measured = measured_points(config, modelled)
   leader = hosts.leader()
+  points = measured + (modelled if leader else [])
   points_path, sims_path = os.path.join(workdir, POINTS_FILE), os.path.join(workdir, SIMULATIONS_FILE)
   if leader:
     os.makedirs(workdir, exist_ok=True)
   done, sims = (load_jsonl(points_path), load_jsonl(sims_path)) if leader else ({}, {})
-  rows, counts = [], {"computed": 0, "skipped": 0, "simulated": 0}
-  keys = [point_key(point, config) for point in measured + modelled]
-  skip = hosts.agree([key in done for key in keys[:len(measured)]]) + [key in done for key in keys[len(measured):]]
-  measured_layers = {}
-  progress = Progress(sum(not skipped for skipped, point in zip(skip, measured + modelled)
-                          if leader or point.label == "measured"))
-  with open(points_path, "a") if leader else open(os.devnull, "w") as point_file:
-    for i, (point, key, skipped) in enumerate(zip(measured + modelled, keys, skip), 1):
-      if point.label == "modelled" and not leader:
-        break
-      where = f"[{i}/{len(keys)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
-      if skipped:
-        rows.append(done[key])
-        counts["skipped"] += 1
-        logging.info("%s: done before, skipped", where)
-        continue
-      start = time.perf_counter()
-      if point.label == "measured":
-        devices = hosts.mesh_devices(point.nodes, point.gpus_per_node, config.measure.platform)
-        row = measure(point, config, measured_layers, devices) if hosts.takes_part(devices) else None
-        hosts.barrier(key)
-      else:
-        row = model_row(point, config, price_point_layer(_small_run(point, config, sims, sims_path, counts), point,
-                                                         config))
-      if not leader:
-        logging.info("%s", progress.step(f"{where}: timed with the leader"))
-        continue
-      row["key"] = key
-      append(point_file, row)
-      rows.append(row)
-      counts["computed"] += 1
-      throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
-      logging.info("%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} "
-                                       f"({time.perf_counter() - start:.1f} s)"))
+  keys = [point_key(point, config) for point in points]
+  stored = [key in done for key in keys]
+  skip = hosts.agree(stored[:len(measured)]) + stored[len(measured):]
+  rows, counts, measured_layers = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}
+  progress = Progress(skip.count(False))
+  for i, (point, key, skipped) in enumerate(zip(points, keys, skip), 1):
+    where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
+    if skipped:
+      rows += [done[key]] if leader else []
+      counts["skipped"] += 1
+      logging.info("%s: done before, skipped", where)
+      continue
+    start = time.perf_counter()
+    if point.label == "measured":
+      devices = hosts.mesh_devices(point.nodes, point.gpus_per_node, config.measure.platform)
+      row = measure(point, config, measured_layers, devices) if hosts.takes_part(devices) else None
+      hosts.barrier(key)  # no host starts the next point's programs while this one is timed
+    else:
+      row = model_row(point, config, price_point_layer(_small_run(point, config, sims, sims_path, counts), point,
+                                                       config))
+    counts["computed"] += 1
+    if not leader:
+      logging.info("%s", progress.step(f"{where}: timed with the leader"))
+      continue
+    row["key"] = key
+    with open(points_path, "a") as f:
+      append(f, row)
+    rows.append(row)
+    throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
+    logging.info("%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} "
+                                     f"({time.perf_counter() - start:.1f} s)"))
   return rows, counts
 
 
