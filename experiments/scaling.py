@@ -14,8 +14,10 @@ moejax/study/sweep.py and docs/cost-model.md.
 
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.scaling \
       --workdir=/tmp/s2 --config.measure.platform=cpu --config.gpus_per_node=4 --config.nodes=1,2   # 2 hosts
-Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again;
-results go to results.csv, results.json, throughput.png and breakdown.png in the workdir.
+Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again; results go to
+results.csv, results.json, throughput.png, efficiency.png, breakdown.png and (where points were measured)
+measured.png in the workdir, the calibration's timings to calibration.json (docs/cost-model.md, "Reading a sweep's
+workdir").
 """
 
 import os
@@ -47,8 +49,10 @@ def main(argv):
     # The small runs use this process's CPU devices: as many as the largest mesh (before JAX starts its backends).
     mesh_lib.simulate_cpu_devices(max(max_devices(points), jax.config.jax_num_cpu_devices))
     if config.calibration.source == "measure":
-      with config.unlocked():
-        config.calibration.source = calibration.measure(config, workdir)
+      record = calibration.measure(config, workdir)  # every process times the exchanges; the leader writes it
+      if hosts.leader():  # the only process that prices points; the record may be on its disk alone
+        with config.unlocked():
+          config.calibration.source = record
     rows, counts = run(config, workdir)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
