@@ -11,14 +11,12 @@ work the wall time measures the others too; each depth's ratio to the shallowest
 timing, wall and CPU, to compile_time.json there. CPU timings are only comparable as ratios of one run.
 """
 
-import json
 import os
 import platform
-import sys
 import time
 
 from moejax import cli
-from moejax.validation import ConfigError, is_int, require
+from moejax.validation import is_int, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "compile_time.py")
 NODES, GPUS = 2, 4
@@ -26,7 +24,7 @@ NODES, GPUS = 2, 4
 
 def training_config(family: str, layers: int, scan: bool, batch_size: int, seq_len: int):
   """configs/decoder.py's tiny `family` with `layers` layers (DeepSeek's dense first layers kept first)."""
-  from configs import decoder
+  from moejax.configs import decoder
   config = decoder.get_config(family)
   dense = decoder.TINY[family].get("dense", 0)
   config.model.update(num_layers=layers, moe_layers=tuple(i >= dense for i in range(layers)), scan_layers=scan)
@@ -66,7 +64,7 @@ def measure(config) -> dict:
 
 def check(config) -> None:
   """Every field; errors name the field."""
-  from configs import decoder
+  from moejax.configs import decoder
   require(config.families and all(f in decoder.TINY for f in config.families), "families", config.families,
           f"a non-empty tuple of {sorted(decoder.TINY)}")
   require(config.layers and all(is_int(n, 2) for n in config.layers), "layers", config.layers,
@@ -102,10 +100,7 @@ def table(points: list[dict]) -> str:
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
-  try:
-    check(config)
-  except ConfigError as e:
-    sys.exit(f"error: {e}")
+  check(config)
   from moejax.runtime import mesh as mesh_lib
   mesh_lib.simulate_cpu_devices(NODES * GPUS)
   import jax
@@ -123,15 +118,10 @@ def main(argv):
         points.append(point)
   print(table(points))
   if workdir:
-    os.makedirs(workdir, exist_ok=True)
-    path = os.path.join(workdir, "compile_time.json")
-    record = {"device": f"{NODES} x {GPUS} simulated CPU devices", "cpu": platform.processor() or platform.machine(),
-              "cpu_count": os.cpu_count(), "jax": jax.__version__, "config": config.to_dict(),
-              "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points}
-    with open(path, "w") as f:
-      json.dump(record, f, indent=1)
-    print(f"wrote {path}")
-
+    cli.write_json(workdir, "compile_time.json", {
+        "device": f"{NODES} x {GPUS} simulated CPU devices", "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(), "jax": jax.__version__, "config": config.to_dict(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points})
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/compile_time.py).")

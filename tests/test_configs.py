@@ -9,16 +9,14 @@ import sys
 import pytest
 from absl import flags
 
+from moejax.cli import define_config, define_workdir  # noqa: E402
+from moejax.configs.moe_section import moe_section
 from moejax.models.config import MOE_FROM_MODEL
 from moejax.moe.config import MoEConfig
 from moejax.study import points
 from moejax.train import config as train_config
 from moejax.validation import ConfigError, check_against_mesh
 from tests.helpers import ENV, ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs.moe_section import moe_section  # noqa: E402
-from moejax.cli import define_config, define_workdir  # noqa: E402
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}  # the old name of path and collective
 # Each config file, by the experiment that reads it.
@@ -62,7 +60,7 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
 PROGRAM_CONFIGS = {"bench_kernels", "tune_kernels", "bench_collectives", "expert_table", "gpu_suite", "hf_load",
                    "lina_replication", "family_remedies", "fine_grained", "exchange_memory", "wire_traffic",
                    "compare_sweeps", "plot_run", "convergence_report", "fidelity", "validate_cost_model", "memory",
-                   "compile_time", "export"}
+                   "compile_time", "export", "pipeline_bubbles", "pipeline_cost"}
 
 
 def test_every_config_file_is_checked():

@@ -1,21 +1,17 @@
 """Training the decoder families: the trainer's step on Qwen3-MoE- and DeepSeek-V3-shaped decoders (DeepSeek's MTP
 module on), the MTP loss against float64 NumPy, and the family configs' errors naming their fields."""
 
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+from moejax.configs import decoder
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import decoder  # noqa: E402
 
 TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
 

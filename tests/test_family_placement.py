@@ -25,6 +25,7 @@ from moejax.placement import apply as apply_lib
 from moejax.placement.affinity import affinity_counts
 from moejax.placement.solve import solve
 from moejax.validation import ConfigError
+from tests.helpers import relative_error
 
 HF = Path(__file__).parent / "data" / "hf"
 TILE = 4  # the fixtures' batch of 2, tiled onto the 8 devices
@@ -63,11 +64,6 @@ def _placement(family, seed=0):
     return _group_preserving(rng, cfg.num_moe_layers, moe.num_experts, moe.num_groups)
   per_device = moe.num_experts // DEVICES
   return np.stack([rng.permutation(np.arange(moe.num_experts) // per_device) for _ in range(cfg.num_moe_layers)])
-
-
-def _relative_error(a, b):
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  return np.linalg.norm(a - b) / np.linalg.norm(b)
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +124,7 @@ def test_placed_checkpoint_keeps_the_logits_and_puts_experts_on_their_devices(fa
   logits, _ = model(np.tile(ref["tokens"], (TILE, 1)))
   logits = np.asarray(logits)
   for copy in range(TILE):
-    assert _relative_error(logits[2 * copy:2 * copy + 2], ref["logits"]) < 1e-4
+    assert relative_error(logits[2 * copy:2 * copy + 2], ref["logits"]) < 1e-4
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -202,9 +198,9 @@ def test_a_placement_splitting_a_group_is_refused(mesh_2x4):
             **{name: params[name][order] for name in EXPERT_TENSORS}}, bias[order]
 
   split_order = apply_lib.expert_order(split)[1]
-  assert _relative_error(layer_fn(*relabelled(split_order), x), y) > 1e-2
+  assert relative_error(layer_fn(*relabelled(split_order), x), y) > 1e-2
   kept_order = apply_lib.expert_order(_placement(family))[1]
-  assert _relative_error(layer_fn(*relabelled(kept_order), x), y) < 1e-5
+  assert relative_error(layer_fn(*relabelled(kept_order), x), y) < 1e-5
   assert np.abs(y).max() > 1e-2
 
 
@@ -276,8 +272,8 @@ def test_smile_model_placement_moves_the_bias_and_keeps_the_shared_experts(mesh_
   forward = jax.jit(lambda p, r, t: nnx.merge(graphdef, p, r)(t)[0])  # one graph for all three
   state = lambda m: tuple(nnx.to_pure_dict(s) for s in nnx.split(m, nnx.Param, ...)[1:])
   want = np.asarray(forward(*state(model), tokens))
-  assert _relative_error(forward(*state(twice), tokens), want) < 1e-5
+  assert relative_error(forward(*state(twice), tokens), want) < 1e-5
   # Control: the bias left in the checkpoint's order (experts moved without it) changes the outputs.
   twice_params, twice_rest = state(twice)
   stale = state_lib.with_expert_biases(cfg, twice_rest, biases)
-  assert _relative_error(forward(twice_params, stale, tokens), want) > 1e-3
+  assert relative_error(forward(twice_params, stale, tokens), want) > 1e-3

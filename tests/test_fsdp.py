@@ -3,21 +3,17 @@ the data-parallel devices, rematerialisation of the blocks, and expert data para
 the replicated (or single-device) run, on the 2 x 4 mesh."""
 
 import re
-import sys
 
 import jax
 import numpy as np
 import pytest
 
 from moejax import checkpoint as checkpoint_lib
+from moejax.configs import decoder, mlm
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import decoder, mlm  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fsdp")]
 

@@ -14,6 +14,7 @@ from flax import nnx
 from safetensors.numpy import load_file
 
 from moejax import models
+from moejax.configs import decoder
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.models import hf_config
@@ -22,9 +23,6 @@ from moejax.train import config as config_lib
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, cpu_env
-
-sys.path.insert(0, str(ROOT))
-from configs import decoder  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "hf"
 pytestmark = pytest.mark.xdist_group("init_from")  # one worker builds the checkpoint copy and its tokenizer

@@ -1,6 +1,5 @@
 """The SMILE language models: shapes, tied head, causal masking, sharding layout and paper sizes."""
 
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,6 @@ from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
 from moejax.validation import ConfigError
-from tests.helpers import ROOT
 
 V, D, F = 96, 32, 64
 
@@ -135,8 +133,7 @@ def test_invalid_model_configs_name_the_field(mesh_2x4):
 @pytest.mark.parametrize("size,billions", [("3.7b", 3.7), ("13b", 13), ("48b", 48)])
 @pytest.mark.sampled(1)
 def test_paper_sizes(devices, size, billions):
-  sys.path.insert(0, str(ROOT))
-  from configs import mlm
+  from moejax.configs import mlm
   from moejax.train import config as config_lib
 
   config = mlm.get_config(size)

@@ -2,7 +2,6 @@
 traces against the restored model's own expert counts and a separate tracing of the corpus' first batch."""
 
 import json
-import sys
 
 import jax
 import numpy as np
@@ -11,14 +10,12 @@ from absl import flags
 
 from experiments import record_traces
 from moejax.cli import define_config, define_workdir
+from moejax.configs import record_traces as traces_config
 from moejax.data import corpus as data_lib
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT))
-from configs import record_traces as traces_config  # noqa: E402
 
 pytestmark = pytest.mark.slow  # trains and records traces
 

@@ -8,7 +8,6 @@ naming the fix."""
 
 import dataclasses
 import itertools
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -17,6 +16,7 @@ import pytest
 from flax import nnx
 
 from moejax import checkpoint as checkpoint_lib
+from moejax.configs import decoder
 from moejax.models import layers
 from moejax.models import state as state_lib
 from moejax.models.config import from_sections
@@ -25,10 +25,7 @@ from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
-from tests.helpers import ROOT, relative_error
-
-sys.path.insert(0, str(ROOT))
-from configs import decoder  # noqa: E402
+from tests.helpers import relative_error
 
 TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
 
