@@ -47,12 +47,12 @@ def sweep(tmp_path_factory, devices):
   return workdir, rows, counts
 
 
-def test_sweep_writes_csv_json_and_both_plots(sweep):
+def test_sweep_writes_csv_json_and_the_plots(sweep):
   workdir, rows, counts = sweep
   assert counts == {"computed": POINTS, "skipped": 0, "simulated": SCHEMES * 2}
   paths = report.write_all(rows, tiny_config(), workdir)
   assert sorted(os.path.basename(p) for p in paths.values()) == [
-      "breakdown.png", "results.csv", "results.json", "throughput.png"]
+      "breakdown.png", "efficiency.png", "results.csv", "results.json", "throughput.png"]
   for path in paths.values():
     assert os.path.getsize(path) > 0
   with open(paths["results.csv"]) as f:
@@ -105,7 +105,7 @@ def test_weak_and_strong_scaling_follow_smile_definitions(sweep):
 
 
 def _stored_sim(workdir, scheme, n, m, config):
-  return load_jsonl(os.path.join(workdir, SIMULATIONS_FILE))[simulation_key(scheme, n, m, config)]
+  return load_jsonl(os.path.join(workdir, SIMULATIONS_FILE))[simulation_key(scheme, n, m, config, config.moe)]
 
 
 def test_priced_bytes_are_the_small_runs_rows_times_each_ways_bytes(sweep):
@@ -331,9 +331,12 @@ def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path
   assert "measured strong" in table.splitlines()[1] and "on cpu" in table.splitlines()[0]
   smile = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("measured", "smile", "strong"))
   line = next(line for line in table.splitlines() if " smile " in line)
-  assert float(line.split()[-1]) == pytest.approx(smile["samples_per_s"], rel=1e-4)  # fixed-point, 5+ digits
+  measured, error = line.split()[-2:]  # the measured samples/s and the model's error there
+  assert float(measured) == pytest.approx(smile["samples_per_s"], rel=1e-4)  # fixed-point, 5+ digits
+  modelled = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("modelled", "smile", "strong"))
+  assert error == f"{modelled['step_s'] / smile['step_s'] - 1:+.0%}"
   paths = report.write_all(rows, config, str(tmp_path))
-  assert all(os.path.getsize(path) > 0 for path in paths.values())
+  assert "measured.png" in paths and all(os.path.getsize(path) > 0 for path in paths.values())
   with open(paths["results.csv"]) as f:
     written = [r for r in csv.DictReader(f) if r["label"] == "measured"]
   assert len(written) == 1 and all(float(r["step_s"]) > 0 and r["device"] == "cpu" for r in written)
