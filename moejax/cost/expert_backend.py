@@ -18,6 +18,7 @@ import jax
 from absl import logging
 
 from moejax.moe.config import MoEConfig
+from moejax.moe.experts import FUSED
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 
@@ -121,14 +122,16 @@ def load_table(source: str | None, device_kind: str, shape: FFNShape) -> tuple[d
   return table, path
 
 
-def choose(table: dict, shape: FFNShape, passes: str) -> tuple[str, dict]:
-  """(the fastest measured candidate, the table row it came from) for `shape` and `passes` (balanced groups, the
-  measured row count nearest in log scale, within MAX_ROWS_RATIO); ConfigError naming what is missing otherwise."""
+def choose(table: dict, shape: FFNShape, passes: str, allowed: tuple = CANDIDATES) -> tuple[str, dict]:
+  """(the fastest measured candidate of `allowed`, the table row it came from) for `shape` and `passes` (balanced
+  groups, the measured row count nearest in log scale, within MAX_ROWS_RATIO); ConfigError naming what is missing
+  otherwise."""
   if passes not in PASSES:
     raise ValueError(f"passes={passes!r}: one of {PASSES}")
   dtype = table.get("dtype")
   want = {k: getattr(shape, k) for k in MATCH_KEYS}
-  rows = [r for r in table["shapes"] if r["passes"] == passes and r["skew"] == "balanced" and r["fastest"]
+  timed = lambda r: {k: v for k, v in r["candidates_median_s"].items() if k in allowed}
+  rows = [r for r in table["shapes"] if r["passes"] == passes and r["skew"] == "balanced" and timed(r)
           and all(r[k] == v for k, v in want.items())]
   measured = sorted({tuple(r[k] for k in MATCH_KEYS) + (r["rows"],) for r in table["shapes"]})
   how = "measure it with " + measure_command(shape)
@@ -141,7 +144,7 @@ def choose(table: dict, shape: FFNShape, passes: str) -> tuple[str, dict]:
     raise ConfigError(f"expert_backend='auto': the layer computes {shape.rows} rows per device, the nearest "
                       f"measurement at its shape {want} has {row['rows']} (more than {MAX_ROWS_RATIO:g}x apart); "
                       + how, "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
-  return row["fastest"], row
+  return min(timed(row), key=timed(row).get), row
 
 
 def resolve(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, passes: str = "fwd_bwd") -> MoEConfig:
@@ -154,7 +157,8 @@ def resolve(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, passes: str = 
   device_kind = mesh.devices.flat[0].device_kind
   shape = layer_shape(cfg, tokens, *mesh_lib.axis_sizes(mesh))
   table, path = load_table(cfg.expert_table, device_kind, shape)
-  backend, row = choose(table, shape, passes)
+  runs = tuple(c for c in CANDIDATES if c not in FUSED or cfg.fused_ffn_refusal is None)  # biases, clamped SwiGLU
+  backend, row = choose(table, shape, passes, runs)
   times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in sorted(row["candidates_median_s"].items(), key=lambda kv: kv[1]))
   logging.info("expert_backend='auto' -> %r for %s (%s, %d rows measured; %s; not measured: %s) from %s", backend,
                shape, passes, row["rows"], times, sorted(row["not_measured"]) or "none", path)

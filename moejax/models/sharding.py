@@ -11,7 +11,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
-from moejax.moe.params import param_shapes
+from moejax.moe.params import EXPERT_PARAMS, param_shapes
 from moejax.moe.params import param_specs as moe_param_specs
 from moejax.runtime import mesh as mesh_lib
 
@@ -63,7 +63,7 @@ def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False,
     if not fsdp_over:
       return layer
     shapes = param_shapes(moe_cfg)
-    return {k: v if k in ("w_in", "w_out", "w_gate") else jax.tree.map(fsdp, v, shapes[k], is_leaf=_is_spec)
+    return {k: v if k in EXPERT_PARAMS else jax.tree.map(fsdp, v, shapes[k], is_leaf=_is_spec)
             for k, v in layer.items()}
 
   def specs(tree, path=()):
@@ -100,12 +100,12 @@ def separate_axes(params: dict) -> dict:
   """A tree like the pure-dict params: per leaf, how many leading axes index separate tensors, each of which the
   optimizer treats as its own parameter (LAMB's trust ratio, Muon's matrices, weight decay on matrices only): the
   layers of a scanned segment ([repeats, ...], `layer_axes`), and the routed experts of an MoE layer's stacked w_in, w_out,
-  w_gate ([E, ...]); however the leaf is sharded."""
+  w_gate and biases ([E, ...]); however the leaf is sharded."""
 
   def marks(tree, path=()):
     if isinstance(tree, dict):
       return {k: marks(v, path + (k,)) for k, v in tree.items()}
-    expert = len(path) >= 2 and path[-2] == "moe" and path[-1] in ("w_in", "w_out", "w_gate")
+    expert = len(path) >= 2 and path[-2] == "moe" and path[-1] in EXPERT_PARAMS
     return layer_axes(path) + int(expert)
 
   return marks(params)

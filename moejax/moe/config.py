@@ -12,6 +12,7 @@ from typing import Any
 
 from moejax.kernels.activations import ACTIVATIONS
 from moejax.moe import routing as routing_lib
+from moejax.moe.experts import CLAMPED_SWIGLU, FUSED
 from moejax.validation import is_int, is_number, prefixed, reject_unknown, require
 
 ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited
@@ -20,6 +21,7 @@ COLLECTIVES = ("padded", "ragged", "capacity", "auto")
 # The one field `transport` that path and collective were before: each old value as (path, collective).
 TRANSPORT_ALIASES = {"ragged": ("flat", "ragged"), "padded": ("flat", "padded"), "capacity": ("flat", "capacity"),
                      "hierarchical": ("gpu_first", "auto"), "bilevel": ("node_first", "auto")}
+EXPERT_ACTIVATIONS = (*ACTIVATIONS, CLAMPED_SWIGLU)
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_saved", "pallas_unfused", "tokamax", "fp8", "auto")
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
@@ -108,6 +110,11 @@ class MoEConfig:
   num_shared_experts: dense FFNs (width shared_d_ff, default d_ff) on every token, added to the routed output
     (DeepSeek-V2/V3, Qwen2-MoE); shared.w_in [d, S f], shared.w_out [S f, d] (+ shared.w_gate if gated).
     shared_gate: Qwen2-MoE's sigmoid(x w) on the shared output (shared_gate.kernel [d, 1]).
+  activation: the experts' ('gelu', 'relu', 'silu'; gated: act(x w_gate) * (x w_in)) or 'swiglu_clamped' (gpt-oss;
+    gated only): (clip(x w_in, -limit, limit) + 1) * g * sigmoid(swiglu_alpha * g), g = min(x w_gate, limit), limit
+    = swiglu_limit. ffn_bias: each routed expert's matmuls add biases b_in, b_gate [E, f] and b_out [E, d]
+    (gpt-oss). router_bias: the flat router's logits add a bias router.bias [E] (gpt-oss). Neither the clamped SwiGLU
+    nor the biases run in the fused Pallas FFN ('pallas', 'pallas_saved'), which is refused with them.
   slots_per_device: None = no replication. S: each expert holder (`expert_holders`) has S expert slots: its
     own E / holders experts and, in the spare slots, replicas of others (Lina, DeepSeek EPLB). `MoELayer` keeps the
     slot table as state; the trainer re-plans it every replan_every steps (0 = never) from the mean load of the
@@ -130,6 +137,10 @@ class MoEConfig:
   dedup: bool | None = None
   activation: str = "gelu"
   gated: bool = False
+  swiglu_alpha: float = 1.702
+  swiglu_limit: float = 7.0
+  ffn_bias: bool = False
+  router_bias: bool = False
   renormalize: bool = False
   load_balance_coef: float | None = None
   local_balance_coef: float | None = None
@@ -171,7 +182,7 @@ class MoEConfig:
       value = getattr(self, name)
       require(is_int(value), name, value, "a positive int")
     for name, options in (("routing", ROUTINGS), ("path", PATHS), ("collective", COLLECTIVES),
-                          ("expert_backend", EXPERT_BACKENDS), ("activation", tuple(ACTIVATIONS)), ("dtype", DTYPES),
+                          ("expert_backend", EXPERT_BACKENDS), ("activation", EXPERT_ACTIVATIONS), ("dtype", DTYPES),
                           ("schedule", SCHEDULES),
                           ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES),
                           ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES),
@@ -192,8 +203,9 @@ class MoEConfig:
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
     require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
             self.expert_backend, "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)")
-    for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel"):
+    for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel", "ffn_bias", "router_bias"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+    self._check_gpt_oss_experts()
     require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
     edp = "expert_data_parallel"
     require(not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.path
@@ -245,6 +257,27 @@ class MoEConfig:
       require(getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0, name,
               getattr(self, name), "a number >= 0, or None for the paper's value")
     require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
+
+  def _check_gpt_oss_experts(self) -> None:
+    """The clamped SwiGLU and the biases (gpt-oss): where they can run."""
+    clamped = self.activation == CLAMPED_SWIGLU
+    require(not clamped or self.gated, "gated", self.gated, f"True with activation={CLAMPED_SWIGLU!r} (a function of "
+            "the gate and up projections)")
+    for name in ("swiglu_alpha", "swiglu_limit"):
+      require(is_number(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
+    require(not self.router_bias or self.routing != "bilevel", "router_bias", self.router_bias,
+            "False with routing='bilevel' (a bias on one flat router's logits)")
+    why = self.fused_ffn_refusal
+    require(self.expert_backend not in FUSED or why is None, "expert_backend", self.expert_backend,
+            f"not {FUSED} here: {why}; 'ragged_dot', 'pallas_unfused', 'tokamax' or 'dense' run them")
+
+  @property
+  def fused_ffn_refusal(self) -> str | None:
+    """Why the fused Pallas FFN (expert_backend in experts.FUSED) cannot run these experts, or None."""
+    if self.ffn_bias or self.activation == CLAMPED_SWIGLU:
+      return (f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
+              f"ffn_bias={self.ffn_bias} with activation={self.activation!r}")
+    return None
 
   @classmethod
   def from_mapping(cls, fields: Mapping[str, Any], prefix: str = "") -> "MoEConfig":

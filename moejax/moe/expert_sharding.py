@@ -70,7 +70,7 @@ class ExpertParallel:
   shared_sum_over = None
   partial_sum_over = None
   needs_vma = False
-  expert_specs = {"w_in": P(AXES), "w_out": P(AXES), "w_gate": P(AXES)}
+  expert_specs = {name: P(AXES) for name in ("w_in", "w_out", "w_gate", "b_in", "b_out", "b_gate")}
   shared_specs = {"w_in": P(), "w_out": P(), "w_gate": P()}
 
   def token_groups(self, n: int, m: int) -> int:
@@ -131,6 +131,10 @@ class ExpertParallel:
     """Per-token results of the routed tokens -> those of the tokens this device holds."""
     return a_TxX
 
+  def out_bias(self, b_out_GxD):
+    """The experts' output biases [G, d] this device adds: all of them with whole experts."""
+    return b_out_GxD
+
 
 class _Sharded(ExpertParallel):
   """Parm's expert sharding: experts over 'node', each expert's d_ff over the node's GPUs (x replicated over
@@ -139,9 +143,14 @@ class _Sharded(ExpertParallel):
   x_axes = routed_over = (NODE,)
   shared_sum_over = GPU
   needs_vma = True
-  expert_specs = {"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None), "w_gate": P(NODE, None, GPU)}
+  expert_specs = {"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None), "w_gate": P(NODE, None, GPU),
+                  "b_in": P(NODE, GPU), "b_out": P(NODE), "b_gate": P(NODE, GPU)}
   shared_specs = {"w_in": P(None, GPU), "w_out": P(GPU, None), "w_gate": P(None, GPU)}
   where = "tokens sharded over the nodes"
+
+  def out_bias(self, b_out_GxD):
+    """b_out added once per expert: by the GPU holding d_ff slice 0 (the partial outputs are summed over 'gpu')."""
+    return jnp.where(jax.lax.axis_index(GPU) == 0, b_out_GxD, jnp.zeros((), b_out_GxD.dtype))
 
   def token_groups(self, n, m):
     return n
@@ -253,7 +262,7 @@ class ExpertDataParallel(ExpertParallel):
 
   name = "expert_data_parallel"
   needs_vma = True
-  expert_specs = {"w_in": P(GPU), "w_out": P(GPU), "w_gate": P(GPU)}
+  expert_specs = {name: P(GPU) for name in ("w_in", "w_out", "w_gate", "b_in", "b_out", "b_gate")}
 
   def hops(self, cfg):
     return (GPU,)

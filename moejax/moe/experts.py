@@ -2,8 +2,13 @@
 
 Every backend computes, for the rows of group g (contiguous, in order),
   y = act(x @ w_gate[g]) * (x @ w_in[g]) @ w_out[g]   (gated), or  act(x @ w_in[g]) @ w_out[g],
-with fp32 accumulation; rows past sum(group_sizes) give zeros.
+with fp32 accumulation; rows past sum(group_sizes) give zeros. With biases (`MoEConfig.ffn_bias`, gpt-oss) each
+matmul adds its expert's row b_gate[g], b_in[g] [f] or b_out[g] [d]; 'swiglu_clamped' (gpt-oss) is a gated
+activation of both pre-activations (`Activation`). The fused Pallas FFN (`FUSED`) computes neither; the config
+refuses them there.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -11,6 +16,36 @@ import jax.numpy as jnp
 from moejax.kernels import ffn as pallas_ffn
 from moejax.kernels import fp8, gmm
 from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
+
+FUSED = ("pallas", "pallas_saved")  # moejax.kernels.ffn: the whole FFN in two kernels, no biases, ACTIVATIONS only
+CLAMPED_SWIGLU = "swiglu_clamped"
+
+
+class Activation(NamedTuple):
+  """The experts' activation: `name` one of ACTIVATIONS, or 'swiglu_clamped' (gpt-oss; gated experts only), whose
+  hidden units are (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)."""
+
+  name: str
+  alpha: float = 1.702
+  limit: float = 7.0
+
+  @classmethod
+  def of(cls, cfg) -> "Activation":
+    return cls(cfg.activation, cfg.swiglu_alpha, cfg.swiglu_limit)
+
+  def __call__(self, a_gate, a_in=None):
+    """The hidden units of the pre-activations (fp32 [..., f]): act(a_gate) * a_in (gated), or act(a_gate)."""
+    if self.name == CLAMPED_SWIGLU:
+      gate = jnp.minimum(a_gate, self.limit)
+      return (jnp.clip(a_in, -self.limit, self.limit) + 1) * gate * jax.nn.sigmoid(self.alpha * gate)
+    act = ACTIVATIONS[self.name](a_gate)
+    return act if a_in is None else act * a_in
+
+
+def row_bias(b_GxX, group_sizes_G, rows: int):
+  """[rows, X] fp32: each row's group's bias b[g] (rows past the groups: 0)."""
+  g_R = jnp.searchsorted(jnp.cumsum(group_sizes_G), jnp.arange(rows), side="right")
+  return jnp.concatenate([b_GxX.astype(jnp.float32), jnp.zeros((1, b_GxX.shape[1]), jnp.float32)])[g_R]
 
 
 def _tokamax():
@@ -47,37 +82,51 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
   return y
 
 
-def expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, *, activation: str, backend: str,
-                  dtype=jnp.float32):
-  """The first half of the FFN: x [R, d] -> h [R, f] in `dtype` (act(x w_gate) * x w_in, or act(x w_in))."""
+def expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, *, activation: str | Activation, backend: str,
+                  dtype=jnp.float32, b_in_GxF=None, b_gate_GxF=None):
+  """The first half of the FFN: x [R, d] -> h [R, f] in `dtype` (act(x w_gate + b_gate) * (x w_in + b_in), or
+  act(x w_in + b_in); biases [G, f] or None)."""
   x_RxD = x_RxD.astype(dtype)
-  mm = lambda w: grouped_matmul(x_RxD, w.astype(dtype), group_sizes_G, backend)
-  act = ACTIVATIONS[activation]
-  h_RxF = act(mm(w_in_GxDxF)) if w_gate_GxDxF is None else act(mm(w_gate_GxDxF)) * mm(w_in_GxDxF)
+  act = activation if isinstance(activation, Activation) else Activation(activation)
+
+  def mm(w, b):
+    y = grouped_matmul(x_RxD, w.astype(dtype), group_sizes_G, backend)
+    return y if b is None else y + row_bias(b, group_sizes_G, x_RxD.shape[0])
+
+  h_RxF = act(mm(w_in_GxDxF, b_in_GxF)) if w_gate_GxDxF is None else act(mm(w_gate_GxDxF, b_gate_GxF),
+                                                                           mm(w_in_GxDxF, b_in_GxF))
   return h_RxF.astype(dtype)
 
 
-def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.float32):
-  """The second half: h [R, f] -> [R, d'] fp32 (d' = w_out's columns; a column block of d is fine)."""
-  return grouped_matmul(h_RxF.astype(dtype), w_out_GxFxD.astype(dtype), group_sizes_G, backend)
+def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.float32, b_out_GxD=None):
+  """The second half: h [R, f] -> [R, d'] fp32 (d' = w_out's columns; a column block of d is fine, with the
+  same columns of b_out [G, d'], or None)."""
+  y = grouped_matmul(h_RxF.astype(dtype), w_out_GxFxD.astype(dtype), group_sizes_G, backend)
+  return y if b_out_GxD is None else y + row_bias(b_out_GxD, group_sizes_G, h_RxF.shape[0])
 
 
-def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, activation: str, backend: str,
-               dtype=jnp.float32):
-  """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. The 'pallas' backend
+def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, activation: str | Activation,
+               backend: str, dtype=jnp.float32, biases: dict | None = None):
+  """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. biases: None or {'b_in',
+  'b_gate' [G, f], 'b_out' [G, d]}. The 'pallas' backend
   runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
   recomputed), 'pallas_saved' the same kernels keeping the [R, f] pre-activations for the backward instead;
   'pallas_unfused' a gmm per matmul, whose backward keeps the hidden activations; 'fp8' each matmul in FP8
   (moejax.kernels.fp8)."""
   group_sizes_G = group_sizes_G.astype(jnp.int32)
-  if backend in ("pallas", "pallas_saved"):
+  biases = biases or {}
+  if backend in FUSED:
+    name = activation.name if isinstance(activation, Activation) else activation  # the kernel refuses the others
+    if biases:
+      raise ValueError(f"expert_backend={backend!r} (the fused Pallas FFN) adds no expert biases: use 'ragged_dot' "
+                       "or 'pallas_unfused'")
     cast = lambda a: None if a is None else a.astype(dtype)
-    return pallas_ffn.expert_ffn(cast(x_RxD), cast(w_in_GxDxF), cast(w_out_GxFxD), group_sizes_G, activation,
+    return pallas_ffn.expert_ffn(cast(x_RxD), cast(w_in_GxDxF), cast(w_out_GxFxD), group_sizes_G, name,
                                  w_gate=cast(w_gate_GxDxF),
                                  save_preactivations=backend == "pallas_saved").astype(jnp.float32)
   h_RxF = expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, activation=activation, backend=backend,
-                        dtype=dtype)
-  return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype)
+                        dtype=dtype, b_in_GxF=biases.get("b_in"), b_gate_GxF=biases.get("b_gate"))
+  return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype, b_out_GxD=biases.get("b_out"))
 
 
 def shared_experts(x_TxD, params, cfg, sum_over: str | None = None):
@@ -85,9 +134,9 @@ def shared_experts(x_TxD, params, cfg, sum_over: str | None = None):
   optionally gated by Qwen2-MoE's sigmoid(x w_g)). sum_over: the mesh axis whose devices hold d_ff slices
   (expert sharding: 'gpu'), over which the partial outputs are summed, as the dense FFN's are under tensor
   parallelism; None: whole shared experts."""
-  shared, dtype, act = params["shared"], jnp.dtype(cfg.dtype), ACTIVATIONS[cfg.activation]
+  shared, dtype, act = params["shared"], jnp.dtype(cfg.dtype), Activation.of(cfg)
   mm = lambda a, w: jnp.dot(a.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
-  h = act(mm(x_TxD, shared["w_in"])) if not cfg.gated else act(mm(x_TxD, shared["w_gate"])) * mm(x_TxD, shared["w_in"])
+  h = act(mm(x_TxD, shared["w_in"])) if not cfg.gated else act(mm(x_TxD, shared["w_gate"]), mm(x_TxD, shared["w_in"]))
   y = mm(h, shared["w_out"])
   if sum_over is not None:
     y = jax.lax.psum(y, sum_over)

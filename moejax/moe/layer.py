@@ -135,7 +135,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
     x_RxD, ids_RxZ, w_RxZ = one_row_per_slot(x_RxD, ids_RxZ, w_RxZ)
 
   # plan, exchange, experts (weighted), exchange back: in the configured schedule.
-  local = schedule_lib.Experts.of(params, cfg, sharding.partial_sum_over)
+  local = schedule_lib.Experts.of(params, cfg, sharding)
   result = schedule_lib.run(cfg.schedule, x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
   # finish: a choice counts as processed only if every copy arrived (its other copies then had weight 0).
   y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)

@@ -11,15 +11,20 @@ from moejax.moe import replicas as replicas_lib
 from moejax.moe import routing
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params, param_specs
+from moejax.moe.params import EXPERT_PARAMS, expert_names, init_params, param_specs
 from moejax.runtime import mesh as mesh_lib
 
 
 class Router(nnx.Module):
-  """Holds one router's `kernel [d, width]`, so the module's state paths follow the parameter layout."""
+  """Holds one router's `kernel [d, width]` (and with router_bias its `bias [width]`), so the module's state paths
+  follow the parameter layout."""
 
-  def __init__(self, kernel: jax.Array):
+  def __init__(self, kernel: jax.Array, bias: jax.Array | None = None):
     self.kernel = nnx.Param(kernel)
+    self.bias = None if bias is None else nnx.Param(bias)
+
+  def params(self) -> dict:
+    return {"kernel": self.kernel[...], **({} if self.bias is None else {"bias": self.bias[...]})}
 
 
 class SlotTable(nnx.Variable):
@@ -65,10 +70,9 @@ class MoELayer(nnx.Module):
     place = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     params = jax.tree.map(place, params, param_specs(cfg))
     for name in routing.router_names(cfg):
-      setattr(self, name, Router(params[name]["kernel"]))
-    self.w_in = nnx.Param(params["w_in"])
-    self.w_out = nnx.Param(params["w_out"])
-    self.w_gate = nnx.Param(params["w_gate"]) if cfg.gated else None
+      setattr(self, name, Router(params[name]["kernel"], params[name].get("bias")))
+    for name in EXPERT_PARAMS:  # None where the config has none (w_gate without gating, b_* without ffn_bias)
+      setattr(self, name, nnx.Param(params[name]) if name in params else None)
     self.shared = Shared(params["shared"]) if cfg.num_shared_experts else None
     self.shared_gate = Router(params["shared_gate"]["kernel"]) if cfg.shared_gate else None
     table = None
@@ -89,10 +93,8 @@ class MoELayer(nnx.Module):
     Read at every call, not kept: each parameter is its own nnx Variable at its state path (the public contract of
     checkpoints and `from_hf`), and training and placement replace the Variables' arrays, so a dict built once would
     go stale. The reads are cheap: `[...]` hands back the held array (no copy), under jit once per trace."""
-    params = {name: {"kernel": getattr(self, name).kernel[...]} for name in routing.router_names(self.cfg)}
-    params.update({"w_in": self.w_in[...], "w_out": self.w_out[...]})
-    if self.w_gate is not None:
-      params["w_gate"] = self.w_gate[...]
+    params = {name: getattr(self, name).params() for name in routing.router_names(self.cfg)}
+    params.update({name: getattr(self, name)[...] for name in expert_names(self.cfg)})
     if self.shared is not None:
       params["shared"] = self.shared.params()
     if self.shared_gate is not None:

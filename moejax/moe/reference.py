@@ -1,6 +1,6 @@
 """The single-device reference MoE: no communication, written plainly; it defines the semantics.
 
-y[t] = sum_c keep[t, c] * w[t, c] * FFN_{e[t, c]}(x[t])
+y[t] = sum_c keep[t, c] * w[t, c] * FFN_{e[t, c]}(x[t])   (FFN_e with expert e's biases, `ffn_bias`)
 
 where e[t, :] are the K experts the routing chooses for token t and w their weights (each router's `reference`,
 `moe.routing`: the whole batch routed plainly), and keep[t, c] = 0 only in capacity mode for token-choices past
@@ -15,8 +15,8 @@ import math
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels.activations import ACTIVATIONS
 from moejax.moe.config import MoEConfig
+from moejax.moe.experts import Activation
 
 
 def _kept(ids_TxK: jax.Array, cfg: MoEConfig, dispatch_groups: int) -> jax.Array:
@@ -56,18 +56,19 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, dispatch_groups
   ids, weights = routed.ids, routed.weights
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, dispatch_groups)
 
-  act = ACTIVATIONS[cfg.activation]
-  # Every expert applied to every token: [E, T, d].
+  act = Activation.of(cfg)
+  # Every expert applied to every token: [E, T, d]; with ffn_bias each expert's biases on each matmul.
   e_TxD = x_TxD if expert_x is None else expert_x.reshape(-1, cfg.d_model).astype(jnp.float32)
-  h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"])
-  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"])) * h
-  outputs = jnp.einsum("etf,efd->etd", h, params["w_out"])
+  bias = lambda name: params[name][:, None, :] if cfg.ffn_bias else 0.0
+  h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"]) + bias("b_in")
+  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"]) + bias("b_gate"), h)
+  outputs = jnp.einsum("etf,efd->etd", h, params["w_out"]) + bias("b_out")
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
   if cfg.num_shared_experts:  # dense FFNs on every token, added to the routed output
     shared = params["shared"]
     h = x_TxD @ shared["w_in"]
-    h = act(h) if not cfg.gated else act(x_TxD @ shared["w_gate"]) * h
+    h = act(h) if not cfg.gated else act(x_TxD @ shared["w_gate"], h)
     out = h @ shared["w_out"]
     if cfg.shared_gate:
       out = jax.nn.sigmoid(x_TxD @ params["shared_gate"]["kernel"]) * out

@@ -14,9 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.moe import plan as plan_lib
+from moejax.moe.params import EXPERT_PARAMS as EXPERT_WEIGHTS  # weights and biases, copied per slot
 from moejax.validation import ConfigError
-
-EXPERT_WEIGHTS = ("w_in", "w_out", "w_gate")
 
 
 def check_slot_table(slot_expert, num_experts: int, devices: int, holder: str = "devices") -> int:
@@ -50,7 +49,7 @@ def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
 
 
 def physical_params(params: dict, slot_expert) -> dict:
-  """The expert weights laid out per physical slot ([A * Z, ...] copies); routers unchanged."""
+  """The expert weights and biases laid out per physical slot ([A * Z, ...] copies); routers unchanged."""
   slots = jnp.asarray(slot_expert).reshape(-1)
   return {name: jnp.take(value, slots, axis=0) if name in EXPERT_WEIGHTS else value
           for name, value in params.items()}

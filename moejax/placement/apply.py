@@ -31,10 +31,10 @@ import numpy as np
 
 from moejax.moe import routing as routing_lib
 from moejax.moe.config import MoEConfig
+from moejax.moe.params import EXPERT_PARAMS  # [E, ...]: permuted on axis 0
 from moejax.placement.solve import Placement
 from moejax.validation import ConfigError, require
 
-EXPERT_PARAMS = ("w_in", "w_out", "w_gate")  # [E, ...]: permuted on axis 0
 SHARED_PARAMS = ("shared", "shared_gate")  # the shared experts and their gate: on every token, unchanged
 
 
@@ -166,7 +166,7 @@ def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> 
     unknown = sorted(set(params) - {*names, *EXPERT_PARAMS, *shared})
     if unknown or any(name not in params for name in (*names, "w_in", "w_out", *shared)):
       expected = ", ".join((*names, "w_in", "w_out", *shared))
-      raise ConfigError(f"layer {j} params have keys {sorted(params)}; expected {expected}[, w_gate] for "
+      raise ConfigError(f"layer {j} params have keys {sorted(params)}; expected {expected}[, w_gate, b_*] for "
                         f"routing={cfg.routing!r}, num_shared_experts={cfg.num_shared_experts}, "
                         f"shared_gate={cfg.shared_gate}", "params", sorted(params), f"{expected} and optionally w_gate")
     widths = routing_lib.router_widths(cfg)
@@ -175,7 +175,7 @@ def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> 
               f"[d, {widths[name]}] for routing={cfg.routing!r} with num_experts={cfg.num_experts}")
     require(params["w_in"].shape[0] == cfg.num_experts, "params.w_in", params["w_in"].shape,
             f"[E, d, f] with E = num_experts = {cfg.num_experts}")
-    new = {name: {**params[name], "kernel": params[name]["kernel"][:, columns[name][j]]} for name in names}
+    new = {name: {key: w[..., columns[name][j]] for key, w in params[name].items()} for name in names}  # kernel, bias
     new.update({name: params[name][order[j]] for name in EXPERT_PARAMS if name in params})
     new.update({name: params[name] for name in shared})
     out.append(new)

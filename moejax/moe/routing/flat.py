@@ -9,7 +9,8 @@ from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
 
 
 class TopK(base.Router):
-  """'topk': scores softmax (Switch k=1, GShard k=2) or sigmoid (DeepSeek-V3) of x @ router, the top k of the
+  """'topk': scores softmax (Switch k=1, GShard k=2) or sigmoid (DeepSeek-V3) of x @ router (+ router.bias with
+  router_bias: gpt-oss, whose softmax over its k best logits is the softmax renormalised over them), the top k of the
   scores (+ the balancing bias) among the allowed experts, weighted by their scores (renormalised, scaled)."""
 
   name = "topk"
@@ -48,6 +49,8 @@ class TopK(base.Router):
   def _scores(self, x_TxD, params):
     """(logits, scores that weight, probabilities the balance loss takes) [T, E]."""
     logits = jnp.dot(x_TxD.astype(jnp.float32), params["router"]["kernel"].astype(jnp.float32))
+    if self.cfg.router_bias:  # gpt-oss: top-k of the biased logits, softmax over the k = these renormalised
+      logits = logits + params["router"]["bias"].astype(jnp.float32)
     if self.cfg.score == "softmax":
       scores = jax.nn.softmax(logits, axis=-1)
       return logits, scores, scores
