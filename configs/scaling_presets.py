@@ -2,8 +2,10 @@
 
 The preset's routed layer at full width (d_model, expert d_ff, top-k, scores, group limit, shared expert, routed
 scaling) with 8 experts per GPU, so 4 nodes x 8 GPUs hold DeepSeek-V3's 256 experts (Qwen3-MoE's 128 at 2 nodes);
-the model's layer count from the preset, every layer MoE (V3's first 3 dense ones counted as MoE), sequences of
-4096 tokens, one per GPU. The schemes are those of flat top-k routing (DeepSeek-V3's group limit is its own node
+the model's layer count from the preset, sequences of 4096 tokens, one per GPU. DeepSeek-V3 and Qwen3-MoE are sweep
+families (`moejax.study.point_models`): their step is priced with their own attention (MLA; grouped-query with
+QK-norm), dense FFNs (V3's first 3 layers) and head, and a measured point trains that decoder; another preset's
+model is priced as SMILE's BERT with every layer MoE. The schemes are those of flat top-k routing (DeepSeek-V3's group limit is its own node
 limit; SMILE's bi-level router cannot take sigmoid scores or the bias): flat dropless, hierarchical, and the
 overlap schedules of the flat layer. The rows travel as the default sweep's (bfloat16 both ways), DeepSeek-V3's
 dispatch in FP8 (e4m3 with a float32 scale per 128 elements, its report's Sec. 3.3.2), its combine in bfloat16.
@@ -16,6 +18,7 @@ import ml_collections
 
 from moejax.configs import scaling_default
 from moejax.models import presets
+from moejax.study import point_models
 from moejax.study.points import SCHEME_FIELDS
 
 # vocab_size of each model's config.json on the Hugging Face hub (the sources named in moejax.models.presets)
@@ -33,9 +36,11 @@ def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
   config.nodes = (1, 2, 4)
   config.gpus_per_node = (8,)
   config.schemes = ("flat_dropless", "hierarchical", "chunked", "comet")
-  config.models = ml_collections.ConfigDict({preset: {
-      "d_model": fields["d_model"], "d_ff": fields["d_ff"], "layers": published.layers,
-      "moe_layers": published.layers, "seq_len": 4096, "micro_batch": 1, "vocab": VOCAB[preset]}})
+  model = {"d_model": fields["d_model"], "d_ff": fields["d_ff"], "layers": published.layers,
+           "moe_layers": published.layers, "seq_len": 4096, "micro_batch": 1, "vocab": VOCAB[preset]}
+  if preset in point_models.FAMILIES:
+    model.update(family=preset, moe_layers=published.layers - presets.PUBLISHED[preset].dense)
+  config.models = ml_collections.ConfigDict({preset: model})
   # The sweep prices the layer and times no loss: the per-call balance loss (the small run's x is [tokens, d]).
   routed = {k: v for k, v in fields.items() if k not in SCHEME_FIELDS and k != "balance_loss"}
   config.moe.update(routed)
