@@ -3,7 +3,8 @@
 import pytest
 
 from experiments import fidelity
-from moejax.study.papers import fidelity_row, smile
+from moejax.cost import topology as topology_lib
+from moejax.study.papers import fidelity_row, lina, smile
 
 
 def test_row_error_is_model_over_paper_minus_one():
@@ -19,13 +20,26 @@ def test_row_error_is_model_over_paper_minus_one():
 def test_table_flags_held_out_rows_beyond_tolerance_and_counts_them():
   rows = [fidelity_row("P", "close", 100.0, 120.0, "held out", "s"),
           fidelity_row("P", "far", 100.0, 60.0, "held out", "s"),
-          fidelity_row("P", "fitted", 100.0, 40.0, "fit", "s")]
+          fidelity_row("P", "fitted", 100.0, 40.0, "fit", "s", variant="v", note="fit: 3 widgets")]
   lines = fidelity.format_table(rows).splitlines()
   assert "+20.0% " in lines[1] and "*" not in lines[1]
   assert "-40.0% *" in lines[2]
   assert "*" not in lines[3]  # a fitted entry is never flagged: it tests nothing
   assert any(x.startswith("held out: 1 of 2 within 25%") for x in lines)
   assert any(x.startswith("  P far") for x in lines) and not any(x.startswith("  P close") for x in lines)
+  assert "  P v, on fitted: fit: 3 widgets" in lines  # every fitted parameter listed with its value
+
+
+def test_lina_fits_tokens_and_gradient_bytes_on_fig7c():
+  """Two numbers Lina does not give, each fitted on one Fig. 7c time; the gradient's bytes by hand from NCCL's ring
+  over 16 GPUs on 4 nodes: 30 steps, 6 of them across nodes, 2 x 15/16 of the buffer over the 12.5 GB/s NIC."""
+  fit = [r for r in lina.fidelity_rows() if r["role"] == "fit"]
+  assert [r["quantity"] for r in fit] == ["backward A2A, 16 experts, alone (ms)", "all-reduce of 3 gradients, alone (ms)"]
+  assert all(abs(r["rel_err"]) < 1e-9 for r in fit)
+  t = topology_lib.A100_IB100
+  fixed = t["launch"] + 24 * t["intra_latency"] + 6 * t["inter_latency"]
+  assert lina.fitted_gradient_bytes() == pytest.approx((5.8e-3 / 3 - fixed) * t["nic_bw"] / (2 * 15 / 16), rel=1e-9)
+  assert f"{lina.fitted_gradient_bytes() / 1e6:.2f} MB" in fit[1]["note"]
 
 
 def test_smile_fits_two_entries_and_reproduces_them():
