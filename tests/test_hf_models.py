@@ -28,11 +28,13 @@ from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
 
 DATA = ROOT / "tests" / "data" / "hf"
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss")
 DENSE_FAMILIES = ("llama_dense", "qwen3_dense")
 FAMILIES = MOE_FAMILIES + DENSE_FAMILIES
 # Checkpoints as they are published (issue 52); the FP8 export: tests/test_hf_quantized.py.
-PUBLISHED = ("deepseek_v3_fp8", "deepseek_v3_no_mtp")
+PUBLISHED = ("deepseek_v3_fp8", "deepseek_v3_no_mtp", "gpt_oss_mxfp4")
+# Fixtures whose tensors are all BF16, loaded into bf16 parameters (the same values; written back as BF16).
+PARAM_DTYPES = {"gpt_oss": "bfloat16"}
 TILE = 4  # the fixtures' 2 rows x 4 = 8, one row per device of the 2 x 4 mesh
 TOL = 1e-4
 
@@ -50,6 +52,10 @@ def case(family: str, *values, slow: bool = True, id: str | None = None):
 def reference(family: str) -> dict:
   with np.load(DATA / family / "reference.npz") as ref:
     return dict(ref)
+
+
+def param_dtype(family: str) -> str:
+  return PARAM_DTYPES.get(family, "float32")
 
 
 def tiled(tokens_BxS: np.ndarray) -> np.ndarray:
@@ -90,7 +96,7 @@ class Loaded:
 
   def model(self, family: str):
     if family not in self.models:
-      self.models[family] = models.from_hf(str(DATA / family), self.mesh)
+      self.models[family] = models.from_hf(str(DATA / family), self.mesh, param_dtype=param_dtype(family))
     return self.models[family]
 
   def forward(self, family: str):
@@ -109,7 +115,7 @@ def loaded(mesh_2x4):
 # Logits and routing against transformers
 
 
-@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "llama_dense", "deepseek_v3_fp8"))
+@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "llama_dense", "deepseek_v3_fp8", "gpt_oss_mxfp4"))
                                     for f in FAMILIES + PUBLISHED])
 def test_logits_match_transformers(loaded, family):
   ref = reference(family)
@@ -120,7 +126,7 @@ def test_logits_match_transformers(loaded, family):
   assert np.all(aux["tokens_dropped"] == 0) and np.all(aux["tokens_overflowed"] == 0)
 
 
-@pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES + PUBLISHED])
+@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "gpt_oss_mxfp4")) for f in MOE_FAMILIES + PUBLISHED])
 def test_router_choices_match_transformers(loaded, family):
   ref = reference(family)
   meta = json.loads((DATA / family / "meta.json").read_text())
@@ -152,6 +158,9 @@ OPTIONS = [
          id="qwen3_moe-gpu_first_capacity_no_dedup"),
     case("deepseek_v2", {"esp_schedule": "s1", "buffer_factor": 4.0}, id="deepseek_v2-esp_s1_buffer"),
     case("glm4_moe", {"path": "node_first", "buffer_factor": 4.0}, id="glm4_moe-node_first_buffer"),
+    case("gpt_oss", {"path": "node_first"}, slow=False, id="gpt_oss-node_first"),
+    case("gpt_oss_mxfp4", {"path": "gpu_first", "esp_schedule": "s1"}, id="gpt_oss_mxfp4-gpu_first_esp_s1"),
+    case("gpt_oss", {"slots_per_device": 3, "schedule": "comet", "num_chunks": 2}, id="gpt_oss-replicas_comet"),
 ]
 
 
@@ -282,6 +291,8 @@ FAMILY_FIELDS = {
     "deepseek_v3": ROUTED + LATENT + ("rope_interleave", "num_nextn_predict_layers", "attention_bias"),
     # (its num_nextn_predict_layers 1 names no tensors: written back as 0, tests/test_hf_published.py)
     "glm4_moe": ROUTED + LATENT[:8] + ("attention_bias", "use_qk_norm", "head_dim", "num_key_value_heads"),
+    "gpt_oss": ROUTED + ("num_local_experts", "attention_bias", "swiglu_alpha", "swiglu_limit", "sliding_window",
+                         "layer_types", "head_dim", "router_aux_loss_coef"),
     "llama_dense": ("attention_bias", "mlp_bias"),
     "qwen3_dense": ("attention_bias",),
 }
@@ -325,7 +336,8 @@ def test_round_trip_one_file(loaded, tmp_path, family):
   models.to_hf(model, out)
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
   assert_checkpoint_equals_fixture(out, family)
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
+                      model_state(model))
 
 
 @pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "mixtral")) for f in FAMILIES])
@@ -344,7 +356,8 @@ def test_round_trip_shards_with_index(loaded, tmp_path, family):
     assert len(tensors) == 1 or sum(t.nbytes for t in tensors.values()) <= 20_000, file
   assert index["metadata"]["total_size"] == sum(t.nbytes for ts in sizes.values() for t in ts.values())
   assert_checkpoint_equals_fixture(out, family)
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
+                      model_state(model))
 
 
 @pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES])
@@ -353,7 +366,7 @@ def test_unrolled_layers_match_transformers_and_round_trip(mesh_2x4, tmp_path, f
   logits and greedy tokens (vanilla and ExFlow), the checkpoint written back bit for bit, and the same parameters as
   the scanned model's, layer by layer."""
   ref = reference(family)
-  model = models.from_hf(str(DATA / family), mesh_2x4, model={"scan_layers": False})
+  model = models.from_hf(str(DATA / family), mesh_2x4, model={"scan_layers": False}, param_dtype=param_dtype(family))
   assert not model.cfg.scan_layers and len(model.blocks) == model.cfg.num_layers
   assert relative_error(np.asarray(model(tiled(ref["tokens"]))[0])[:2], ref["logits"]) < TOL
   steps = ref["greedy"].shape[1] - ref["prompt"].shape[1]
@@ -362,7 +375,7 @@ def test_unrolled_layers_match_transformers_and_round_trip(mesh_2x4, tmp_path, f
   out = str(tmp_path / "export")
   models.to_hf(model, out)
   assert_checkpoint_equals_fixture(out, family)
-  scanned = models.from_hf(str(DATA / family), mesh_2x4)
+  scanned = models.from_hf(str(DATA / family), mesh_2x4, param_dtype=param_dtype(family))
   per_layer = lambda m: layers.per_layer(model_state(m)["params"], m.cfg)
   assert_states_equal({"layers": per_layer(scanned)}, {"layers": per_layer(model)})
 
@@ -411,9 +424,9 @@ def refused(directory: str, mesh, **kwargs) -> str:
 
 def test_unknown_model_type_refused(tmp_path, mesh_2x4):
   directory = fixture_copy(tmp_path, "mixtral")
-  edit_config(directory, model_type="gpt_oss")
+  edit_config(directory, model_type="llama4")
   message = refused(directory, mesh_2x4)
-  assert "model_type" in message and "gpt_oss" in message
+  assert "model_type" in message and "llama4" in message
 
 
 def test_missing_config_refused(tmp_path, mesh_2x4):
@@ -505,7 +518,8 @@ def test_qwen3_attention_bias_checkpoint(loaded, tmp_path, family):
   assert json.loads(open(os.path.join(out, "config.json")).read()).get("attention_bias") is True
   assert sorted(load_file(os.path.join(out, "model.safetensors"))) == sorted(load_file(
       os.path.join(directory, "model.safetensors")))
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
+                      model_state(model))
 
 
 def test_unsupported_activation_refused(tmp_path, mesh_2x4):

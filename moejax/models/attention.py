@@ -138,8 +138,9 @@ def attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, impl: str, scale: float, window: int
 
 
 class GroupedQueryAttention(nnx.Module):
-  """Attention with num_kv_heads key/value heads, each shared by num_heads / num_kv_heads query heads; the cache
-  holds (k, v) [B, S_cache, num_kv_heads, head_dim]."""
+  """Attention with num_kv_heads key/value heads, each shared by num_heads / num_kv_heads query heads, and with
+  attention_sinks a learned logit per head (`sinks [num_heads]`, gpt-oss); the cache holds (k, v) [B, S_cache,
+  num_kv_heads, head_dim]."""
 
   def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs):
     self.cfg, self.window = cfg, cfg.window(layer)
@@ -150,8 +151,9 @@ class GroupedQueryAttention(nnx.Module):
     self.o_proj = linear(cfg, h * w, d, cfg.out_bias, rngs)
     self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
     self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
+    self.sinks = nnx.Param(jnp.zeros((h,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
     self.inverse, self.factor = rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
-    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, w)
+    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, w, cfg.attention_sinks)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     cfg = self.cfg
@@ -168,7 +170,7 @@ class GroupedQueryAttention(nnx.Module):
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
     out_BxSxHxW = attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, self.impl, w ** -0.5, self.window,
-                         None if cache is None else positions_S)
+                         None if cache is None else positions_S, None if self.sinks is None else self.sinks[...])
     out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * w))
     return out_BxSxD if cache is None else (out_BxSxD, (k_BxSxHxW, v_BxSxHxW))
 

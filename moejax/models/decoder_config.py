@@ -23,7 +23,8 @@ class DecoderConfig(Parallelism):
     YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves;
     partial_rotary_factor: the fraction of a GQA head rotated, its first head_dim x factor dimensions (GLM-4.5: 0.5).
   qkv_bias: biases on q, k, v (Qwen2-MoE); out_bias: on the output projection too (attention_bias of Llama and
-    Qwen3); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3).
+    Qwen3); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3); attention_sinks: a learned logit per head
+    in the softmax's denominator (`sinks [num_heads]`, gpt-oss; grouped-query attention).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
     every layer).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
@@ -64,6 +65,7 @@ class DecoderConfig(Parallelism):
   qkv_bias: bool = False
   out_bias: bool = False
   qk_norm: bool = False
+  attention_sinks: bool = False
   sliding_window: int | None = None
   sliding_layers: tuple | None = None
   tie_embeddings: bool = False
@@ -100,6 +102,8 @@ class DecoderConfig(Parallelism):
             self.partial_rotary_factor, "in (0, 1] (1 with multi-head latent attention)")
     require(self.qk_rope_head_dim % 2 == 0 and self.rope_dim % 2 == 0, "head_dim", self.head_dim,
             "even, and its rotated part head_dim x partial_rotary_factor too (RoPE rotates pairs)")
+    require(not (self.attention_sinks and self.latent), "attention_sinks", self.attention_sinks,
+            "False with multi-head latent attention (gpt-oss's sinks are grouped-query attention's)")
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):

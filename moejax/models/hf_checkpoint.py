@@ -60,6 +60,8 @@ def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
 def _moe_key(prefix: str, path: list, family: families.Family) -> tuple[str, bool]:
   """(HF name, transposed) of the MoE layer's parameter or state `path` (under ffn/moe) in the layer `prefix`."""
   container = f"{prefix}.{family.moe_module}"
+  if family.moe_key(container, path) is not None:  # a family's own layout (gpt-oss: experts stacked, gate and up fused)
+    return family.moe_key(container, path)
   if path[0] in family.expert_names:  # one tensor per expert
     return f"{container}.experts.{{e}}.{family.expert_names[path[0]]}.weight", True
   if path[0] == "shared":
@@ -114,8 +116,9 @@ def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
 
 def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
   """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
-  extra = sorted(n for n in shards.names if n not in expected and not re.search(r"rotary_emb\.inv_freq$", n))
-  missing = sorted(n for n in expected if n not in shards.names)
+  stored = {hf_files.split_part(n)[0] for n in expected}  # a tensor's parts (`hf_files.Columns`): the tensor
+  extra = sorted(n for n in shards.names if n not in stored and not re.search(r"rotary_emb\.inv_freq$", n))
+  missing = sorted(n for n in stored if n not in shards.names)
   if missing or extra:
     raise ConfigError(f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
                       f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json")
@@ -123,7 +126,8 @@ def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
     tensor = shards.tensor(name)
     if tuple(tensor.get_shape()) != shape:
       raise ConfigError(f"checkpoint tensor {name} has shape {tuple(tensor.get_shape())}, expected {shape}")
-    if tensor.get_dtype() not in READABLE_DTYPES and not isinstance(tensor, hf_files.QUANTISED):
+    stored = tensor.tensor if isinstance(tensor, hf_files.Columns) else tensor
+    if tensor.get_dtype() not in READABLE_DTYPES and not isinstance(stored, hf_files.QUANTISED):
       raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
 
 
@@ -262,12 +266,18 @@ def _host_tensors(model: Decoder):
     leaves = [(part + p, a) for p, a in _leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
     if bias is not None:
       leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
-    for leaf_path, array in leaves:
-      name, transposed = hf_key(leaf_path, cfg)
-      if "{e}" in name:
-        yield from ((name.format(e=e), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0]))
-      else:
-        yield name, np.ascontiguousarray(array.T if transposed else array)
+    yield from hf_files.join_parts(_named(leaves, cfg))
+
+
+def _named(leaves, cfg: DecoderConfig):
+  """(HF name, host array) of each (path, array) of a part of the model: one tensor per expert where the family has
+  them; parts of a fused tensor as `hf_files` names them."""
+  for leaf_path, array in leaves:
+    name, transposed = hf_key(leaf_path, cfg)
+    if "{e}" in name:
+      yield from ((name.format(e=e), np.ascontiguousarray(array[e].T)) for e in range(array.shape[0]))
+    else:
+      yield name, np.ascontiguousarray(array.T if transposed else array)
 
 
 def _fp8_weight(name: str, array: np.ndarray) -> bool:

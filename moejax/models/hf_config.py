@@ -52,8 +52,8 @@ def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "floa
   require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
   cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})
   if cfg.num_moe_layers:  # the routed layer as the checkpoint routes, moejax's defaults for the rest
-    fields = dict(gated=True, activation="silu", top_k=hf.get("num_experts_per_tok"), d_model=hf["hidden_size"],
-                  num_experts=num_experts(hf), **family.moe_fields(hf))
+    fields = {**dict(gated=True, activation="silu", top_k=hf.get("num_experts_per_tok"), d_model=hf["hidden_size"],
+                     num_experts=num_experts(hf)), **family.moe_fields(hf)}
   else:  # a placeholder: no layer reads it
     fields = dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=hf["intermediate_size"])
   fields["dtype"] = dtype

@@ -4,7 +4,7 @@ A new family: its module (a `Family` subclass and its instance) and one line bel
 tests/fixtures/make_hf_fixtures.py.
 """
 
-from moejax.models.families import deepseek, dense, glm4_moe, mixtral, qwen2_moe, qwen3_moe
+from moejax.models.families import deepseek, dense, glm4_moe, gpt_oss, mixtral, qwen2_moe, qwen3_moe
 from moejax.models.families.base import Family
 
 # model_type -> Family, in the order errors list them.
@@ -15,6 +15,7 @@ REGISTRY: dict[str, Family] = {family.model_type: family for family in (
     deepseek.DEEPSEEK_V2,
     deepseek.DEEPSEEK_V3,
     glm4_moe.GLM4_MOE,
+    gpt_oss.GPT_OSS,
     dense.LLAMA,
     dense.QWEN3,
 )}

@@ -52,6 +52,12 @@ class Family:
   shared_module: str = "shared_experts"
   shared_gate_module: str = "shared_expert_gate"
 
+  def moe_key(self, container: str, path: list) -> tuple[str, bool] | None:
+    """(HF name, transposed) of the MoE layer's parameter `path` (under ffn/moe) where the family stores it its own
+    way (a name may be a part of a stored tensor: `hf_files.split_part`); None: the hub's usual names."""
+    del container, path
+    return None
+
   # config.json -> DecoderConfig and MoEConfig fields
 
   def moe_layers(self, hf: dict, layers: int) -> tuple:
