@@ -4,9 +4,10 @@ gradients moved by `jax.lax.ppermute` inside `jax.shard_map`, the ticks of the t
 A model is three functions (`Stages`): `first` on the first stage (the embeddings: micro-batch -> activation),
 `stage` on every stage (its slice of the layers: activation -> activation) and `last` on the last (the head and the
 loss). Each also returns a loss term (summed into the loss: the MoE layers' auxiliary losses, the task loss) and
-statistics (summed per micro-batch, not differentiated: expert counts, ...). A device holds its stage's slice of the
-staged parameters (leaves [n, ...] sharded over the axis: stage s holds rows s n/p .. (s+1) n/p - 1) and the shared
-ones (the embeddings, the head: replicated over the axis, their gradients summed over it).
+statistics (summed per micro-batch, not differentiated: expert counts, ...). A device holds (`Weights`) its stage's
+slice of the staged parameters (leaves [n, ...] sharded over the axis: stage s holds rows s n/p .. (s+1) n/p - 1) and
+the shared ones (the embeddings, the head: replicated over the axis, their gradients summed over it), each with its
+non-differentiated state beside it (slot tables, balancing biases, key streams).
 
 At tick t each device runs the slot its timetable starts then (unit F = B times, so every slot is one tick): F(i) runs
 its stage on micro-batch i's input (the first stage `first` of the micro-batch, the others what their predecessor
@@ -32,11 +33,22 @@ IDLE, FORWARD, BACKWARD = 0, 1, 2
 RUNS = ("gpipe", "1f1b")  # the schedules the step runs
 
 
-class Stages(NamedTuple):
-  """A model cut into pipeline stages (batch_i: one micro-batch's pytree; losses float32 scalars).
+class Weights(NamedTuple):
+  """What the stages read: staged (leaves [n, ...], split over the stages) and shared (replicated) parameters, the
+  gradients' arguments, and their non-differentiated state alike (staged_rest [n, ...], shared_rest)."""
 
-  first(shared, batch_i) -> (x, loss, stats): on the first stage. stage(staged, x, batch_i) -> (y, loss, stats): on
-  every stage, `staged` its slice. last(shared, y, batch_i) -> (loss, stats): on the last stage."""
+  staged: object
+  shared: object
+  staged_rest: object = None
+  shared_rest: object = None
+
+
+class Stages(NamedTuple):
+  """A model cut into pipeline stages (w: a device's `Weights`, staged ones its stage's slice; batch_i: one
+  micro-batch's pytree; losses float32 scalars).
+
+  first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every
+  stage. last(w, y, batch_i) -> (loss, stats): on the last stage."""
 
   first: Callable
   stage: Callable
@@ -68,17 +80,18 @@ def _zeros(tree):
   return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
 
 
-def pipelined_loss_and_grads(model: Stages, staged, shared, batch_U, mesh, schedule: str, axis: str = "stage",
+def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, schedule: str, axis: str = "stage",
                              constrain=lambda x: x):
-  """(loss summed over the micro-batches, (gradients of `staged`, of `shared`), statistics) of the model pipelined
-  over `mesh`'s `axis` by `schedule`.
+  """(loss summed over the micro-batches, (gradients of weights.staged, of weights.shared), statistics) of the model
+  pipelined over `mesh`'s `axis` by `schedule`.
 
-  staged: leaves [n, ...], n a multiple of the axis' p stages; shared: replicated over the axis; batch_U: leaves [U,
-  ...], micro-batch i at [i]. The gradients are float32 sums over the micro-batches. statistics: (first's [U, ...],
-  stage's [p, U, ...] (stage s's at [s]), last's [U, ...]). constrain: applied to the activation buffers [K, ...]
-  (their sharding over the other axes)."""
+  weights: staged leaves [n, ...], n a multiple of the axis' p stages; batch_U: leaves [U, ...], micro-batch i at
+  [i]. The gradients are float32 sums over the micro-batches. statistics: (first's [U, ...], stage's [p, U, ...]
+  (stage s's at [s]), last's [U, ...]). constrain: applied to the activation buffers [K, ...] (their sharding over
+  the other axes)."""
   stages = mesh.shape[axis]
   micro_batches = jax.tree.leaves(batch_U)[0].shape[0]
+  staged = (weights.staged, weights.staged_rest)
   require(all(leaf.shape[0] % stages == 0 for leaf in jax.tree.leaves(staged)), "staged", "leaves [n, ...]",
           f"n a multiple of the {stages} stages of mesh axis {axis!r}")
   ticks = jnp.asarray(tick_table(schedule, stages, micro_batches))
@@ -89,27 +102,27 @@ def pipelined_loss_and_grads(model: Stages, staged, shared, batch_U, mesh, sched
   backward_to = [(s + 1, s) for s in range(stages - 1)]
   fp32 = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)
 
-  def local(staged, shared, batch_U, ticks_4xTx1):
+  def local(w, batch_U, ticks_4xTx1):
     stage = jax.lax.axis_index(axis)
     first, last = stage == 0, stage == stages - 1
     take = lambda i: jax.tree.map(lambda leaf: leaf[i], batch_U)
-    x_like, _, first_stats = jax.eval_shape(model.first, shared, take(0))
-    _, _, stage_stats = jax.eval_shape(model.stage, staged, x_like, take(0))
-    _, last_stats = jax.eval_shape(model.last, shared, x_like, take(0))
+    x_like, _, first_stats = jax.eval_shape(model.first, w, take(0))
+    _, _, stage_stats = jax.eval_shape(model.stage, w, x_like, take(0))
+    _, last_stats = jax.eval_shape(model.last, w, x_like, take(0))
     zero_x = _zeros(x_like)
     no_loss = jnp.zeros((), jnp.float32)
 
     def chain(staged, shared, x_in, batch_i):
-      """This stage on one micro-batch: (y, loss), statistics."""
-      x, loss0, stats0 = jax.lax.cond(first, lambda: model.first(shared, batch_i),
+      """This stage on one micro-batch with these parameters: (y, loss), statistics."""
+      w_ = w._replace(staged=staged, shared=shared)
+      x, loss0, stats0 = jax.lax.cond(first, lambda: model.first(w_, batch_i),
                                       lambda: (x_in, no_loss, _zeros(first_stats)))
-      y, loss1, stats1 = model.stage(staged, x, batch_i)
-      loss2, stats2 = jax.lax.cond(last, lambda: model.last(shared, y, batch_i),
-                                   lambda: (no_loss, _zeros(last_stats)))
+      y, loss1, stats1 = model.stage(w_, x, batch_i)
+      loss2, stats2 = jax.lax.cond(last, lambda: model.last(w_, y, batch_i), lambda: (no_loss, _zeros(last_stats)))
       return (y, loss0 + loss1 + loss2), (stats0, stats1, stats2)
 
     stats_like = (first_stats, stage_stats, last_stats)
-    no_grads = (fp32(staged), fp32(shared))
+    no_grads = (fp32(w.staged), fp32(w.shared))
 
     def tick(carry, slot):
       inputs_KxX, grads_KxX, grads, loss, stats_U = carry
@@ -122,16 +135,20 @@ def pipelined_loss_and_grads(model: Stages, staged, shared, batch_U, mesh, sched
         return zero_x, zero_x, no_grads, no_loss, _zeros(stats_like)
 
       def forward():  # the last stage's output feeds only its own loss, which its B computes
-        y = jax.lax.cond(last, lambda: zero_x, lambda: chain(staged, shared, x_in, batch_i)[0][0])
+        y = jax.lax.cond(last, lambda: zero_x, lambda: chain(w.staged, w.shared, x_in, batch_i)[0][0])
         return y, zero_x, no_grads, no_loss, _zeros(stats_like)
 
       def backward():
-        (_, value), vjp, stats = jax.vjp(lambda a, b, x: chain(a, b, x, batch_i), staged, shared, x_in, has_aux=True)
+        (_, value), vjp, stats = jax.vjp(lambda a, b, x: chain(a, b, x, batch_i), w.staged, w.shared, x_in,
+                                         has_aux=True)
         dy = jnp.where(last, jnp.zeros_like(x_in), grads_KxX[row])
         dstaged, dshared, dx = vjp((dy, jnp.ones((), jnp.float32)))
         return zero_x, dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
 
       out, back, dgrads, value, stats = jax.lax.switch(kind, [idle, forward, backward])
+      # The transfers stay outside the branches: XLA could otherwise move a ppermute into them, and stages taking
+      # different branches would then wait at different collectives.
+      out, back = jax.lax.optimization_barrier((out, back))
       sent_f = jax.lax.ppermute(out, axis, forward_to)
       sent_b = jax.lax.ppermute(back, axis, backward_to)
       inputs_KxX = jnp.where(arrives_f >= 0, inputs_KxX.at[arrives_f % rows].set(sent_f), inputs_KxX)
@@ -149,9 +166,7 @@ def pipelined_loss_and_grads(model: Stages, staged, shared, batch_U, mesh, sched
     return total(loss), (dstaged, total(dshared)), (total(first_U), jax.tree.map(lambda a: a[None], stage_U),
                                                     total(last_U))
 
-  staged_spec = jax.tree.map(lambda _: P(axis), staged)
-  shared_spec = jax.tree.map(lambda _: P(), shared)
-  run = jax.shard_map(local, mesh=mesh, in_specs=(staged_spec, shared_spec, P(), P(None, None, axis)),
-                      out_specs=(P(), (staged_spec, shared_spec), (P(), P(axis), P())), axis_names={axis},
-                      check_vma=False)
-  return run(staged, shared, batch_U, ticks)
+  specs = Weights(P(axis), P(), P(axis), P())
+  run = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P(None, None, axis)),
+                      out_specs=(P(), (P(axis), P()), (P(), P(axis), P())), axis_names={axis}, check_vma=False)
+  return run(weights, batch_U, ticks)

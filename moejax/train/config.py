@@ -11,6 +11,7 @@ from moejax.models import presets
 from moejax.models.config import ModelConfig, check_fields, from_sections
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
+from moejax.pipeline import section as pipeline_section
 from moejax.train import metrics as metrics_lib
 from moejax.train import objective, optim
 from moejax.validation import is_int, reject_unknown, require
@@ -23,9 +24,11 @@ SECTIONS = {
     "log": metrics_lib.CONFIG_FIELDS,
 }
 # loss_chunk: vocabulary columns per chunk of the loss (`objective.head_cross_entropy_sums`; absent: LOSS_CHUNK).
-OPTIONAL = ("init_from", "loss_chunk", *presets.CONFIG_FIELDS)
+# pipeline: pipeline parallelism (`moejax.pipeline.section`; absent: none).
+OPTIONAL = ("init_from", "loss_chunk", "pipeline", *presets.CONFIG_FIELDS)
 TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
              "data", "optim", "checkpoint", "log", *OPTIONAL)
+OPTIONAL_SECTIONS = {"pipeline": pipeline_section.CONFIG_FIELDS}
 REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)
 OVERFLOW_POLICIES = ("retry", "drop")
 
@@ -47,6 +50,10 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
   for section, known in SECTIONS.items():
     reject_unknown(config[section], known, section + ".")
     check_fields(config[section], known, section + ".")
+  for section, known in OPTIONAL_SECTIONS.items():
+    if config.get(section) is not None:
+      reject_unknown(config[section], known, section + ".")
+      check_fields(config[section], known, section + ".")
   model_cfg, moe_cfg = from_sections(config)
 
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
@@ -74,6 +81,7 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
   optim.validate_config(config.optim, prefix="optim.")
   checkpoint_lib.validate_config(config.checkpoint, prefix="checkpoint.")
   metrics_lib.validate_config(config.log, prefix="log.")
+  pipeline_section.check(config, model_cfg, moe_cfg)
   return config, model_cfg, moe_cfg
 
 

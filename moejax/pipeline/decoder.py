@@ -1,0 +1,230 @@
+"""The decoder families through the pipeline (`moejax.pipeline.step`): the training loss and gradients of a
+`Decoder`, its layers split into stages over the mesh's 'stage' axis.
+
+Which layers a stage runs: the last segment of the scanned layers (`moejax.models.layers`: DeepSeek's MoE layers, all
+of Qwen3-MoE's) is split into p equal runs of its repeats, stage s running run s; the layers before it (DeepSeek's
+dense first layers) run on the first stage after the embeddings; the final norm, the head, the MTP modules and the
+loss on the last. A stage is one program for every device (the stacked repeats [r, ...] sharded over 'stage', r/p a
+device), so the runs must be equal: r a multiple of p. The staged segment's parameters and state are split over
+'stage'; everything else (embeddings, the first layers, norm, head, MTP modules) is replicated over it, used on the
+first or last stage and its gradient summed over the stages (the embeddings' all-reduce of a pipeline whose first and
+last stages share them).
+
+Inside the pipeline's shard_map (manual over 'stage') each stage's MoE layers run their own shard_map over the
+stage's ('node', 'gpu') devices, nested: jax 0.10.2 takes a nested shard_map whose mesh equals the context's, here
+the mesh with 'stage' manual (`mesh.stage_manual`), so the modules are called with that mesh in place of the one
+they were built on (`_on_stage_mesh`). Their expert parallelism, collectives and sharding constraints are the
+stage's, unchanged.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from moejax.models import backbone
+from moejax.models import layers as layers_lib
+from moejax.models.decoder_config import DecoderConfig
+from moejax.models.sharding import activation_spec
+from moejax.moe import collective as collective_lib
+from moejax.pipeline import step as step_lib
+from moejax.runtime import mesh as mesh_lib
+from moejax.runtime import platform as platform_lib
+from moejax.train import objective
+from moejax.validation import require
+
+AUX = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # the MoE layers' per-layer statistics
+# Why the padded exchange cannot run inside a stage (checked on the resolved collective too: `check_collective`).
+PADDED_REASON = ("'capacity', or 'ragged' (or 'auto') on a GPU, with pipeline.stages > 1: the padded exchange's ring "
+                 "of collective permutes is one XLA collective over every device of the program, and at a tick the "
+                 "stages run different slots (a forward on one, a backward or nothing on another), so a stage's "
+                 "permutes would wait for devices that never reach them; all-to-alls have groups within a stage")
+
+
+def check_collective(moe_cfg, platform: str) -> None:
+  """The refusal of the padded exchange, on the collective `moe_cfg.collective` resolves to on `platform`."""
+  resolved = collective_lib.resolve(moe_cfg.collective, platform)
+  require(resolved != "padded", "moe.collective", moe_cfg.collective, PADDED_REASON)
+
+
+def staged_segment(cfg, stages: int) -> int:
+  """The index of the segment split over the stages (the last); ConfigError naming the field where the layers
+  cannot be split into `stages` equal stages."""
+  require(isinstance(cfg, DecoderConfig), "model.family", getattr(cfg, "family", type(cfg).__name__),
+          "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)")
+  require(cfg.scan_layers, "model.scan_layers", cfg.scan_layers,
+          "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)")
+  segments = layers_lib.segments(cfg)
+  seg = segments[-1]
+  require(seg.repeats % stages == 0, "pipeline.stages", stages,
+          f"a divisor of {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
+          f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)")
+  sub = layers_lib.find_segments(tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[
+      :seg.period * seg.repeats // stages])
+  require(sub == (layers_lib.Segment(0, seg.period, seg.repeats // stages),), "pipeline.stages", stages,
+          f"a divisor of {seg.repeats} leaving each stage at least two repeats of the segment's {seg.period} "
+          "different layers (a stage's slice is scanned as the segment is)")
+  return len(segments) - 1
+
+
+def _sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
+  """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there)."""
+  sliding = None if cfg.sliding_layers is None else cfg.sliding_layers[start:stop]
+  return dataclasses.replace(cfg, num_layers=stop - start, moe_layers=cfg.moe_layers[start:stop],
+                             sliding_layers=sliding)
+
+
+@dataclasses.dataclass
+class _Layers:
+  """What `backbone.run_blocks` reads of a model, for a run of its layers."""
+
+  cfg: DecoderConfig
+  moe_cfg: object
+  mesh: jax.sharding.Mesh
+  segments: list
+
+
+def _on_stage_mesh(module, mesh) -> None:
+  """Every module of `module` that holds a mesh (the MoE layers, the decoder) holds `mesh` instead."""
+  for _, node in nnx.iter_graph(module):
+    if isinstance(node, nnx.Module) and hasattr(node, "mesh"):
+      node.mesh = mesh
+
+
+def _aux_stats(aux: dict) -> dict:
+  return {name: aux[name] for name in AUX}
+
+
+class PipelinedDecoder:
+  """The training loss and gradients of a `Decoder` (graphdef, its state as pure dicts, built on the ('stage',
+  'node', 'gpu') `mesh`) pipelined by `schedule` over 'stage', as the trainer's step computes them unpipelined:
+  per micro-batch loss = cross-entropy sum / total + aux_loss / U (+ mtp_loss_coef x the MTP loss / U + the MTP
+  modules' aux_loss / U)."""
+
+  def __init__(self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int):
+    self.stages = mesh_lib.require_stages(mesh)
+    self.segment = staged_segment(model_cfg, self.stages)
+    check_collective(moe_cfg, platform_lib.of_mesh(mesh))
+    self.graphdef, self.cfg, self.moe_cfg, self.mesh = graphdef, model_cfg, moe_cfg, mesh
+    self.schedule, self.loss_chunk = schedule, loss_chunk
+    self.stage_mesh = mesh_lib.stage_manual(mesh)
+    seg = layers_lib.segments(model_cfg)[self.segment]
+    self.first_layers = seg.start
+    self.stage_layers = seg.stop - seg.start
+    self.layers_per_stage = (seg.stop - seg.start) // self.stages
+
+  def _is_staged(self, path) -> bool:
+    return len(path) > 1 and path[0] == "segments" and path[1] == self.segment
+
+  def shardings(self, tree):
+    """A tree of NamedShardings of the state's layout on the mesh, the staged segment's leaves [r, ...] split over
+    'stage' on their layer axis."""
+    def place(path, sharding):
+      if not self._is_staged(tuple(getattr(k, "key", k) for k in path)):
+        return sharding
+      return NamedSharding(self.mesh, P(mesh_lib.STAGE, *tuple(sharding.spec)[1:]))
+    return jax.tree_util.tree_map_with_path(place, tree)
+
+  def _split(self, tree: dict) -> tuple[dict, dict]:
+    """(the staged segment's subtree {segments: {s: ...}}, the rest)."""
+    segments = dict(tree.get("segments", {}))
+    staged = segments.pop(self.segment, {})
+    return {"segments": {self.segment: staged}}, {**tree, "segments": segments}
+
+  def _model(self, w: step_lib.Weights):
+    merge = lambda staged, shared: {**shared, "segments": {**shared["segments"], **staged["segments"]}}
+    model = nnx.merge(self.graphdef, merge(w.staged, w.shared), merge(w.staged_rest, w.shared_rest))
+    _on_stage_mesh(model, self.stage_mesh)
+    return model
+
+  def _rngs(self, key, first_layer):
+    """The micro-batch's key streams as the unpipelined model draws them (a jitter key per layer, layer i's the
+    stream's i-th), from layer `first_layer` on; None without router jitter."""
+    if self.moe_cfg.jitter == 0:
+      return None
+    dropout_key, jitter_key = jax.random.split(key)
+    rngs = nnx.Rngs(dropout=dropout_key, jitter=jitter_key)
+    rngs.jitter.count.value = jnp.asarray(first_layer, jnp.uint32)
+    return rngs
+
+  def _run(self, model, segments, start, stop, x_BxSxD, key, first_layer):
+    view = _Layers(_sub_config(self.cfg, start, stop), self.moe_cfg, self.stage_mesh, segments)
+    x_BxSxD, aux, _ = backbone.run_blocks(view, x_BxSxD, train=True, rngs=self._rngs(key, first_layer))
+    return x_BxSxD, aux
+
+  def stages_of(self, num_micro: int) -> step_lib.Stages:
+    scale = 1.0 / num_micro
+
+    def first(w, batch):
+      model = self._model(w)
+      x_BxSxD = model.embed_tokens(batch["inputs"])
+      if self.first_layers == 0:
+        return x_BxSxD, jnp.zeros((), jnp.float32), {}
+      x_BxSxD, aux = self._run(model, model.segments[:self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
+      return x_BxSxD, aux["aux_loss"] * scale, {"aux_loss": aux["aux_loss"], **_aux_stats(aux)}
+
+    def stage(w, x_BxSxD, batch):
+      model = self._model(w)
+      start = self.first_layers + jax.lax.axis_index(mesh_lib.STAGE) * self.layers_per_stage
+      x_BxSxD, aux = self._run(model, model.segments[self.segment:], self.first_layers,
+                               self.first_layers + self.layers_per_stage, x_BxSxD, batch["key"], start)
+      return x_BxSxD, aux["aux_loss"] * scale, {"aux_loss": aux["aux_loss"], **_aux_stats(aux)}
+
+    def last(w, y_BxSxD, batch):
+      model = self._model(w)
+      kernel_DxV, bias_V = model.output_layer()
+      loss_sum, correct = objective.head_cross_entropy_sums(model.head_features(y_BxSxD), kernel_DxV, bias_V,
+                                                            batch["targets"], batch["weights"], self.loss_chunk)
+      stats = {"loss_sum": loss_sum, "correct": correct}
+      loss = loss_sum / batch["total"]
+      if len(model.mtp):
+        stats.update(self._mtp(model, y_BxSxD, batch))
+        stats["mtp_loss"] = stats["mtp_loss"] * scale
+        loss += self.cfg.mtp_loss_coef * stats["mtp_loss"] + stats["mtp_aux_loss"] * scale
+      return loss, stats
+
+    return step_lib.Stages(first, stage, last)
+
+  def _mtp(self, model, h_BxSxD, batch) -> dict:
+    """DeepSeek-V3's MTP modules after the last layer, as `Decoder.__call__` runs them in training: their mean loss
+    (`objective.multi_token_loss`), aux loss and per-layer statistics [K, ...]."""
+    tokens_BxS, rngs = batch["inputs"], self._rngs(batch["key"], self.cfg.num_layers)
+    heads, aux_loss, stats = [], jnp.zeros((), jnp.float32), []
+    for k, module in enumerate(model.mtp):
+      ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)
+      h_BxSxD, aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs)
+      heads.append(model.head_logits(h_BxSxD, module.norm))
+      aux_loss += aux.get("aux_loss", 0.0)
+      stats.append({name: aux[name] for name in AUX if name in aux})
+    loss = objective.multi_token_loss(jnp.stack(heads), batch["targets"], batch["weights"])
+    return {"mtp_loss": loss, "mtp_aux_loss": aux_loss, **jax.tree.map(lambda *a: jnp.stack(a), *stats)}
+
+  def loss_and_grads(self, params: dict, rest: dict, batch_U: dict):
+    """(gradients of `params` (float32 sums over the micro-batches), loss_sums [U], corrects [U], auxes) as the
+    trainer's step has them; batch_U: inputs, targets, weights [U, B, S], key [U] (each micro-batch's model key),
+    total [U] (the weights' sum over the step, repeated). auxes: aux_loss [U], expert_counts [U, M, E],
+    tokens_dropped and tokens_overflowed [U, M] (the first layers', the stages' in order, the MTP modules'), with MTP
+    modules mtp_loss [U] (already / U)."""
+    num_micro = batch_U["inputs"].shape[0]
+    staged, shared = self._split(params)
+    staged_rest, shared_rest = self._split(rest)
+    buffer = NamedSharding(self.stage_mesh, P(None, *activation_spec(self.cfg)))
+    _, (dstaged, dshared), (first_U, stage_PxU, last_U) = step_lib.pipelined_loss_and_grads(
+        self.stages_of(num_micro), step_lib.Weights(staged, shared, staged_rest, shared_rest), batch_U, self.mesh,
+        self.schedule, constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer))
+    grads = {**dshared, "segments": {**dshared["segments"], **dstaged["segments"]}}
+    # The stages' per-layer statistics [p, U, m, ...] in layer order [U, p m, ...], between the first layers' and
+    # the MTP modules'.
+    in_order = lambda a: jnp.moveaxis(a, 0, 1).reshape(num_micro, -1, *a.shape[3:])
+    parts = [first_U] if first_U else []
+    parts += [jax.tree.map(in_order, {name: stage_PxU[name] for name in AUX})]
+    if "mtp_loss" in last_U:
+      parts.append({name: last_U[name] for name in AUX})
+    auxes = {name: jnp.concatenate([part[name] for part in parts], axis=1) for name in AUX}
+    auxes["aux_loss"] = jnp.sum(stage_PxU["aux_loss"], axis=0) + (first_U["aux_loss"] if first_U else 0.0)
+    if "mtp_loss" in last_U:
+      auxes["mtp_loss"] = last_U["mtp_loss"]
+    return grads, last_U["loss_sum"], last_U["correct"], auxes

@@ -1,0 +1,51 @@
+"""A training config's `pipeline` section: schedule ('none': no pipeline, the default) and stages (the 'stage'
+mesh axis' size; 1 without a pipeline). The step's micro-batches are the run's `micro_batches`: the pipeline runs
+them through the stages (the gradient accumulation of an unpipelined step runs them one after another).
+
+`check` refuses, before anything is compiled, each choice the pipelined step cannot run, naming the field."""
+
+import ml_collections
+
+from moejax.pipeline import decoder as decoder_lib
+from moejax.pipeline import step as step_lib
+from moejax.train import objective
+from moejax.validation import is_int, require
+
+CONFIG_FIELDS = ("schedule", "stages")
+SCHEDULES = ("none", *step_lib.RUNS)
+def defaults() -> ml_collections.ConfigDict:
+  return ml_collections.ConfigDict({"schedule": "none", "stages": 1})
+
+
+def stages(config) -> int:
+  """The 'stage' axis' size of a training config (1 without a pipeline section)."""
+  section = config.get("pipeline")
+  return 1 if section is None else section.stages
+
+
+def check(config, model_cfg, moe_cfg) -> None:
+  """ConfigError naming the field for a pipeline section the step cannot run with the rest of `config`."""
+  section = config.get("pipeline")
+  if section is None:
+    return
+  require(section.schedule in SCHEDULES, "pipeline.schedule", section.schedule,
+          f"one of {SCHEDULES} (interleaved, dualpipe and dualpipev are timetables the cost model prices; the step "
+          "runs one chunk a device and no paired slots)")
+  require(is_int(section.stages), "pipeline.stages", section.stages, "a positive int")
+  require((section.schedule == "none") == (section.stages == 1), "pipeline.stages", section.stages,
+          f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={section.schedule!r})")
+  if section.stages == 1:
+    return
+  decoder_lib.staged_segment(model_cfg, section.stages)
+  require(moe_cfg.collective != "padded", "moe.collective", moe_cfg.collective, decoder_lib.PADDED_REASON)
+  require(moe_cfg.balance_loss != "global_batch", "moe.balance_loss", moe_cfg.balance_loss,
+          "'batch' or 'sequence' with pipeline.stages > 1 (global_batch's counts of the earlier micro-batches are not "
+          "carried through the stages by the pipelined step)")
+
+
+def of_config(config, model_cfg, moe_cfg, mesh, graphdef) -> decoder_lib.PipelinedDecoder | None:
+  """The pipelined decoder of a checked config on its ('stage', 'node', 'gpu') mesh, or None without a pipeline."""
+  if stages(config) == 1:
+    return None
+  return decoder_lib.PipelinedDecoder(graphdef, model_cfg, moe_cfg, mesh, config.pipeline.schedule,
+                                      config.get("loss_chunk", objective.LOSS_CHUNK))

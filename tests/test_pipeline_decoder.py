@@ -1,0 +1,96 @@
+"""The decoder families through the pipeline: the trainer's step with pipeline.stages > 1 against the unpipelined
+step on the same devices' ('node', 'gpu') mesh (fp32, fresh random tokens, three optimizer steps: every metric, the
+first step's AdamW moment (1 - b1) x the gradient of every parameter, the parameters after three steps), and the
+pipeline section's refusals naming their fields. The MoE layers exchange by all-to-all ('capacity', no drops): the
+padded exchange is refused with a pipeline (`moejax.pipeline.section`)."""
+
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
+from moejax.train import objective
+from moejax.train import trainer as train
+from moejax.validation import ConfigError
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT))
+from configs import decoder  # noqa: E402
+
+TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+MICRO = 4
+
+
+def _config(spec: str, layers: int, nodes: int, gpus: int, pipeline=None):
+  config = decoder.get_config(spec)
+  dense = 1 if spec == "deepseek_v3" else 0
+  config.model.update(num_layers=layers, moe_layers=tuple(i >= dense for i in range(layers)))
+  config.update(batch_size=MICRO * nodes * gpus, micro_batches=MICRO, seq_len=16)
+  config.mesh.update(nodes=nodes, gpus_per_node=gpus)
+  config.moe.update(num_nodes=nodes, collective="capacity", capacity_factor=4.0)  # nothing dropped
+  config.data.shards = nodes * gpus
+  config.optim.warmup_steps = 1
+  if pipeline:
+    config.pipeline.update(pipeline)
+  return config
+
+
+def _three_steps(config, stages: int, tokens):
+  trainer = train.Trainer(config, *config_lib.validate(config),
+                          mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=stages), TOK,
+                          donate=False)
+  state, rest = trainer.init()
+  records = []
+  for i, batch in enumerate(tokens):
+    state, metrics = trainer.step(state, rest, jax.device_put(batch, trainer.batch_sharding))
+    records.append(jax.device_get(metrics))
+    if i == 0:
+      first_moment = jax.device_get(state["opt_state"])
+  return records, jax.device_get(state["params"]), first_moment
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("spec,layers,schedule,stages,nodes,gpus", [
+    ("qwen3_moe", 2, "1f1b", 2, 1, 4), ("deepseek_v3", 3, "gpipe", 2, 1, 4), ("deepseek_v3", 5, "1f1b", 4, 1, 2),
+    ("qwen3_moe", 4, "gpipe", 4, 2, 1)])
+def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, nodes, gpus):
+  """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last."""
+  tokens = np.random.default_rng(stages * 10 + layers).integers(
+      TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
+  piped = _three_steps(_config(spec, layers, nodes, gpus, dict(schedule=schedule, stages=stages)), stages, tokens)
+  plain = _three_steps(_config(spec, layers, nodes, gpus), 1, tokens)
+  for step, (got, want) in enumerate(zip(piped[0], plain[0])):
+    assert set(got) == set(want)
+    for name in want:
+      # The first step's every metric; after an update, fp32 rounding may flip a near-tied routing choice: the
+      # losses then differ in their fifth digit and a count by one.
+      exact = step == 0 or name not in ("expert_counts", "loss", "task_loss", "aux_loss", "mtp_loss", "accuracy",
+                                        "grad_norm", "expert_bias_range")
+      np.testing.assert_allclose(np.asarray(got[name], np.float64), np.asarray(want[name], np.float64),
+                                 rtol=2e-5 if exact else 1e-3, atol=1e-6 if exact else 2.0, err_msg=f"{step} {name}")
+  for got, want in zip(jax.tree.leaves(piped[2]), jax.tree.leaves(plain[2])):  # (1 - b1) x every gradient
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=1e-4, atol=1e-7)
+  for got, want in zip(jax.tree.leaves(piped[1]), jax.tree.leaves(plain[1])):
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-4)
+
+@pytest.mark.parametrize("update,field", [
+    (dict(pipeline=dict(schedule="dualpipe", stages=2)), "pipeline.schedule"),
+    (dict(pipeline=dict(schedule="1f1b", stages=1)), "pipeline.stages"),
+    (dict(pipeline=dict(schedule="none", stages=2)), "pipeline.stages"),
+    (dict(pipeline=dict(schedule="1f1b", stages=4)), "pipeline.stages"),  # 2 MoE layers over 4 stages
+    (dict(pipeline=dict(schedule="1f1b", stages=2), model=dict(scan_layers=False)), "model.scan_layers"),
+    (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(collective="padded")), "moe.collective"),
+    (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(balance_loss="global_batch")), "moe.balance_loss"),
+    (dict(pipeline=dict(schedule="1f1b", stagez=2)), "pipeline.stagez")])
+def test_pipeline_refusals_name_the_field(update, field):
+  config = _config("deepseek_v3", 3, 1, 4)
+  for section, fields in update.items():
+    if section == "pipeline":
+      config.pipeline = fields
+    else:
+      config[section].update(fields)
+  with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    config_lib.validate(config)
