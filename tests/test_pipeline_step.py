@@ -32,10 +32,10 @@ def _reference(params, scale, x_UxBxD, targets_UxBxD):
 # The toy as pipeline stages: the first scales the input by a shared parameter, each stage one layer (its slice
 # [1, ...]), the last takes the loss; statistics: the first's input norm, the stage's output norm, the loss.
 TOY = step.Stages(
-    first=lambda scale, batch: (batch["x"] * scale, jnp.zeros(()), jnp.sum(batch["x"] ** 2)),
-    stage=lambda params, x, batch: ((y := _stage(jax.tree.map(lambda leaf: leaf[0], params), x)), jnp.zeros(()),
-                                    jnp.sum(y ** 2)),
-    last=lambda scale, y, batch: ((loss := _loss(y, batch["target"])), loss))
+    first=lambda w, batch: (batch["x"] * w.shared, jnp.zeros(()), jnp.sum(batch["x"] ** 2)),
+    stage=lambda w, x, batch: ((y := _stage(jax.tree.map(lambda leaf: leaf[0], w.staged), x)), jnp.zeros(()),
+                               jnp.sum(y ** 2)),
+    last=lambda w, y, batch: ((loss := _loss(y, batch["target"])), loss))
 
 
 @pytest.mark.parametrize("schedule,stages,micro_batches", [("gpipe", 4, 4), ("1f1b", 4, 8), ("1f1b", 8, 4),
@@ -48,7 +48,8 @@ def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, stage
   targets = jax.random.normal(keys[3], (micro_batches, b, d))
   scale = 1.0 + jax.random.uniform(keys[0], ())
   mesh = Mesh(np.asarray(devices[:stages]), ("stage",))
-  run = lambda p, s, x, t: step.pipelined_loss_and_grads(TOY, p, s, {"x": x, "target": t}, mesh, schedule)
+  run = lambda p, s, x, t: step.pipelined_loss_and_grads(TOY, step.Weights(p, s), {"x": x, "target": t}, mesh,
+                                                         schedule)
   loss, (grads, dscale), (first_U, stage_PxU, last_U) = jax.jit(run)(params, scale, x, targets)
   ref_loss, (ref_grads, ref_dscale) = jax.value_and_grad(_reference, argnums=(0, 1))(params, scale, x, targets)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
