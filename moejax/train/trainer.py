@@ -34,6 +34,7 @@ from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
+from moejax.pipeline import section as pipeline_section
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
@@ -77,6 +78,10 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
     self.graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
     sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
     param_shardings = sharding_of(abstract_params)
+    # Pipeline parallelism (`moejax.pipeline`): the staged layers' parameters split over the mesh's 'stage' axis.
+    self.pipeline = pipeline_section.of_config(config, model_cfg, moe_cfg, mesh, self.graphdef)
+    if self.pipeline is not None:
+      param_shardings = self.pipeline.shardings(param_shardings)
     o = config.optim
     self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
                                                  o.decay, o.end_fraction)
@@ -187,11 +192,16 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
       earlier_counts = aux.pop("balance_counts", None)
       return (precision.accumulate(grads, g), earlier_counts), (loss_sum, correct, aux)
 
-    zeros = precision.zeros_for_accumulation(state["params"])  # float32 whatever the parameters' dtype
-    counts = state_lib.balance_counts(self.model_cfg, rest)
-    (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
-        micro_step, (zeros, None if counts is None else jnp.zeros_like(counts)),
-        (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
+    if self.pipeline is None:
+      zeros = precision.zeros_for_accumulation(state["params"])  # float32 whatever the parameters' dtype
+      counts = state_lib.balance_counts(self.model_cfg, rest)
+      (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
+          micro_step, (zeros, None if counts is None else jnp.zeros_like(counts)),
+          (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
+    else:  # the micro-batches through the pipeline's stages (`moejax.pipeline.decoder`), the same sums
+      grads, loss_sums, corrects, auxes = self.pipeline.loss_and_grads(state["params"], rest, dict(
+          inputs=inputs_UxBxS, targets=targets_UxBxP, weights=weights_UxBxP, key=model_keys,
+          total=jnp.full((num_micro,), total)))
     params, opt_state = precision.apply(self.tx, grads, state["opt_state"], state["params"])
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
                  "rng": jax.random.key_data(rng)}
@@ -253,7 +263,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
           f"a multiple of the job's {jax.process_count()} processes")
   workdir, branched_from = resume_lib.prepare(config, workdir, say)  # a changed config refused, or branched
   os.makedirs(workdir, exist_ok=True)
-  mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node)
+  mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=pipeline_section.stages(config))
   platform = platform_lib.of_mesh(mesh)
   collective_lib.check(moe_cfg.collective, platform, field="moe.collective")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
