@@ -277,8 +277,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   heldout, baseline = heldout_lib.batches(config, files, tok) if config.log.eval_every else (None, None)
   if heldout is not None:
     say(f"held-out: {heldout.shape[0]} batch(es) of {heldout.shape[1]} x {heldout.shape[2]} tokens of every "
-        f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps; their unigram "
-        f"entropy {baseline:.4f} nats is the baseline a model must beat")
+        f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps and the last; their "
+        f"unigram entropy {baseline:.4f} nats is the baseline a model must beat")
   retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"
   trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry,  # a retry needs the state before
                     heldout=heldout is not None)
