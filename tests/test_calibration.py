@@ -15,6 +15,7 @@ from moejax.cost import collectives, fitted
 from moejax.cost import model as cost_model
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.study import calibration
 from moejax.study.points import Point, validate
 from moejax.study.price import model_row, price_point_layer
 from moejax.validation import ConfigError
@@ -158,3 +159,35 @@ def test_calibration_errors_name_their_field(field, value):
   with pytest.raises(ConfigError) as error:
     validate(config)
   assert error.value.field == field and str(value) in str(error.value)
+
+
+def _timed_config() -> ml_collections.ConfigDict:
+  """A sweep whose 1 x 2 and 2 x 2 points this process's simulated CPU devices can time."""
+  config = _calibrated_config("measure")
+  config.update(nodes=(1, 2), gpus_per_node=(2,))
+  config.models.small.update(d_model=16, d_ff=32, layers=2, moe_layers=1, seq_len=8, micro_batch=2, vocab=64)
+  config.measure.update(platform="cpu", warmup=1, repeats=1)
+  config.calibration.rows = (2, 8)
+  return config
+
+
+def test_the_calibration_step_times_the_plan_once_and_its_record_fits(devices, tmp_path, monkeypatch):
+  config = _timed_config()
+  path = calibration.measure(config, str(tmp_path))
+  record = json.loads(open(path).read())
+  assert [(e["axis"], e["nodes"], e["gpus_per_node"], e["rows_per_peer"]) for e in record["exchanges"]] == [
+      ("gpu", 1, 2, 2), ("gpu", 1, 2, 8), ("node", 2, 2, 2), ("node", 2, 2, 8), ("both", 2, 2, 2), ("both", 2, 2, 8)]
+  assert all(e["median_s"] > 0 and e["row_bytes"] == 16 * 2 for e in record["exchanges"])  # d 16 in bfloat16
+  assert record["layer"]["experts"] == 4 and record["layer"]["rows"] == 2 * 8 * 2  # the 2 x 2 mesh's, top-2
+  calibrated = fitted.load(path, topology_lib.get("p4d_efa"))
+  assert (calibrated.nodes, calibrated.gpus_per_node) == (2, 2) and len(calibrated.fit["held_out"]) == 2
+  monkeypatch.setattr(calibration, "time_exchanges", lambda config: pytest.fail("timed again"))
+  assert calibration.measure(config, str(tmp_path)) == path  # the same settings: the record is reused
+
+
+def test_a_sweep_with_nothing_to_time_cannot_calibrate(devices, tmp_path):
+  config = _timed_config()
+  config.measure.platform = "gpu"  # none here
+  with pytest.raises(ConfigError) as error:
+    calibration.measure(config, str(tmp_path))
+  assert error.value.field == "calibration.source" and "gpu" in str(error.value)

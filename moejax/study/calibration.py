@@ -36,7 +36,6 @@ from moejax.study.sweep import measured_points
 from moejax.validation import require
 
 RECORD = "calibration.json"
-SOURCES = ("", "measure")  # or the path of a record
 
 
 def _plan(config) -> list[tuple[str, int, int]]:
