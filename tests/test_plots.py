@@ -262,3 +262,14 @@ def test_the_table_marks_extrapolated_meshes():
   assert sorted(set(meshes)) == ["1x4", "2x4", "4x4*"]
   assert table.splitlines()[-1].startswith("* extrapolated")
   _assert_fixed_columns(table)
+
+
+def test_throughput_rings_the_extrapolated_points():
+  rows = [r for r in _calibrated_rows() if r["label"] != "measured"]
+  for ax in _visible_axes(plots.throughput_figure(rows, scaling_default.get_config())):
+    rings = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_markersize() == 17]
+    assert [line.get_label() for line in ax.get_legend().get_lines()].count(
+        "extrapolated beyond the calibrated meshes") == 1
+    assert sorted(round(x) for line in rings for x in line.get_xdata()) == [4, 4]  # each scheme's 4-node point
+  assert not any(line.get_markersize() == 17 for ax in _visible_axes(plots.throughput_figure(_rows()))
+                 for line in ax.get_lines())

@@ -189,7 +189,8 @@ def _save(fig, path: str) -> None:
 def throughput_figure(rows: list[dict], config=None):
   """Samples/s against nodes: one panel per (model, scaling, GPUs per node), one line per scheme in its
   SCHEME_STYLES style (modelled; its points moved sideways by `dodge`, hollow markers nested; the legend says what
-  a '_nodedup' scheme changes, `scheme_label`), measured points as crosses in the scheme's colour, and (given the
+  a '_nodedup' scheme changes, `scheme_label`; extrapolated points ringed in grey), measured points as crosses in the
+  scheme's colour, and (given the
   sweep's config) the papers' published points for the same setting as stars (`paper_points`). The title names the
   topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
   matplotlib Figure."""
@@ -203,16 +204,22 @@ def throughput_figure(rows: list[dict], config=None):
   for ax, (model, scaling, m) in zip(axes, panels):
     ours = [r for r in rows if (r["model"], r["scaling"], r["gpus_per_node"]) == (model, scaling, m)]
     schemes = sorted({r["scheme"] for r in ours}, key=_scheme_order)
+    extrapolated_drawn = False
     for rank, scheme in enumerate(schemes):
       colour, marker, linestyle = styles[scheme]
       mine = [r for r in ours if r["scheme"] == scheme]
-      modelled = sorted((r["nodes"], r["samples_per_s"]) for r in mine if r["label"] != "measured")
+      modelled = sorted((r["nodes"], r["samples_per_s"], r["label"]) for r in mine if r["label"] != "measured")
       measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in mine if r["label"] == "measured")
       if modelled:
         shift = dodge(rank, len(schemes))
-        modelled = [(n * shift, speed) for n, speed in modelled]
-        ax.plot(*zip(*modelled), color=colour, marker=marker, linestyle=linestyle, label=scheme_label(scheme),
-                **nested_marker(rank))
+        ax.plot([n * shift for n, _, _ in modelled], [speed for _, speed, _ in modelled], color=colour, marker=marker,
+                linestyle=linestyle, label=scheme_label(scheme), **nested_marker(rank))
+        beyond = [(n * shift, speed) for n, speed, label in modelled if label == "extrapolated"]
+        if beyond:  # ringed: priced with terms fitted on fewer nodes or GPUs per node
+          ax.plot(*zip(*beyond), linestyle="none", marker="o", markersize=17, markerfacecolor="none",
+                  markeredgecolor="0.55", linewidth=0, zorder=1,
+                  label="_" if extrapolated_drawn else "extrapolated beyond the calibrated meshes")
+          extrapolated_drawn = True
       if measured:
         nodes, speed, device = zip(*measured)
         ax.plot(nodes, speed, "x", color=colour, markersize=9, label=f"{scheme}, measured on {device[0]}")
