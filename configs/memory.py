@@ -14,6 +14,7 @@ planned as one row named 'config', its fields overridable.
 import ml_collections
 
 from moejax.configs import training
+from moejax.train import objective
 
 
 def get_config(model: str = "presets") -> ml_collections.ConfigDict:
@@ -22,9 +23,11 @@ def get_config(model: str = "presets") -> ml_collections.ConfigDict:
     config.presets = ("all",)  # rows to plan: 'all' or names of PRESETS
   else:
     config = training.load(model)
+    # The loss's vocabulary columns per chunk (moejax.train.objective; 0: unchunked), listed so it can be overridden.
+    config.loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
   config.planner = ml_collections.ConfigDict({
       "device_gb": 80.0,  # device memory in GB (10^9 bytes) for the verdict
-      "whole": False,  # compile the whole model instead of scaling block variants
+      "whole": False,  # compile the whole model instead of scaling block variants (a scanned model always is)
       "explain": False,  # list the largest buffers live at the compiled peak (first variant)
   })
   return config

@@ -9,9 +9,9 @@ device's memory.
       --config.planner.device_gb=0.01
 
 configs/memory.py names what is planned (PRESETS' rows, or one training config) and the planner's options; with
---workdir the rows go to memory.json there. Full models are compiled as a few blocks ((dense, MoE) = (1,1), (2,1),
-(1,2)) and scaled by the block counts (`moejax.study.memory.scale`); config.planner.whole compiles the model as it
-is. XLA:CPU has no ragged all-to-all, so a 'ragged' collective compiles as 'padded' (the same buffer bounds).
+--workdir the rows go to memory.json there. A scanned model (model.scan_layers, the default) is compiled whole; an
+unrolled one as a few blocks ((dense, MoE) = (1,1), (2,1), (1,2)) scaled by the block counts
+(`moejax.study.memory.scale`), unless config.planner.whole. XLA:CPU has no ragged all-to-all, so a 'ragged' collective compiles as 'padded' (the same buffer bounds).
 docs/memory.md explains every column.
 """
 
@@ -94,6 +94,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   """One row of the planner (devices already simulated): the config's per-device bytes by category, compiled and
   analytic, and the verdicts against `device_gb`."""
   import jax
+  import numpy as np
 
   from moejax.models.decoder_config import DecoderConfig
   from moejax.moe import collective as collective_lib
@@ -101,6 +102,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   from moejax.runtime import mesh as mesh_lib
   from moejax.runtime import platform as platform_lib
   from moejax.train import config as config_lib
+  from moejax.train import objective
   from moejax.train import trainer as train
   config = config.copy_and_resolve_references()
   nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
@@ -114,9 +116,15 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   state = {k: sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(trainer.abstract_state[k]))
            for k in trainer.abstract_state}
   params, optimizer = state.pop("params"), state.pop("opt_state")
+  # The step accumulates gradients in float32 zeros sharded like the parameters (precision.zeros_for_accumulation).
+  gradients = sum(memory_lib.shard_bytes(jax.ShapeDtypeStruct(x.shape, np.float32, sharding=x.sharding))
+                  for x in jax.tree.leaves(trainer.abstract_state["params"]))
   rows = full.batch_size // full.micro_batches
   exchange = memory_lib.exchange_bytes(moe_cfg, mesh, rows * full.seq_len) if model_cfg.num_moe_layers else None
   target = memory_lib.layer_counts(model_cfg)
+  # Scanned layers compile in the time of one layer variant whatever the depth, and a variant's segments of one or
+  # two repeats do not compile as the loop of many does (docs/memory.md): a scanned model compiles whole.
+  whole = whole or model_cfg.scan_layers
   points = [target] if whole else memory_lib.variants(model_cfg)
   decoder = isinstance(model_cfg, DecoderConfig)
   compiled = []
@@ -134,13 +142,14 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   temp = scaled["temp"][0]
   exch = exchange["bytes"] if exchange else 0.0
   out = {
-      "parameters": params, "optimizer": optimizer, "gradients": params, "exchange_buffers": exch,
-      "activations": temp - params - exch, "other_state": sum(state.values()),
+      "parameters": params, "optimizer": optimizer, "gradients": gradients, "exchange_buffers": exch,
+      "activations": temp - gradients - exch, "other_state": sum(state.values()),
       "batch": full.micro_batches * rows * full.seq_len * 4 / (nodes * gpus),
       "unaliased_output": max(0.0, scaled["output"][0] - scaled["alias"][0])}
   out["total"] = (params + optimizer + out["other_state"] + out["batch"] + temp + out["unaliased_output"])
-  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, nodes, gpus)
-  analytic.update(memory_lib.analytic_activations(model_cfg, moe_cfg, rows // (nodes * gpus), full.seq_len, exchange))
+  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, nodes, gpus, full.optim)
+  analytic.update(memory_lib.analytic_activations(model_cfg, moe_cfg, rows // (nodes * gpus), full.seq_len, exchange,
+                                                  full.get("loss_chunk", objective.LOSS_CHUNK)))
   analytic["exchange_buffers"] = exch
   analytic["total"] = sum(analytic[k] for k in ("parameters", "optimizer", "gradients", "activations",
                                                 "exchange_buffers"))
@@ -149,7 +158,8 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
       "model": getattr(model_cfg, "family", getattr(model_cfg, "kind", "?")), "mesh": [nodes, gpus],
       "layers": {"dense": target[0], "moe": target[1], "mtp": getattr(model_cfg, "num_mtp_layers", 0)},
       "fsdp": model_cfg.fsdp, "remat": model_cfg.remat, "param_dtype": getattr(model_cfg, "param_dtype", "float32"),
-      "dtype": model_cfg.dtype, "micro_batch": {"sequences_per_device": rows // (nodes * gpus), "seq_len":
+      "dtype": model_cfg.dtype, "optim": {k: full.optim.get(k) for k in ("name", "master_dtype", "moment_dtype")},
+      "micro_batch": {"sequences_per_device": rows // (nodes * gpus), "seq_len":
                                                 full.seq_len, "micro_batches": full.micro_batches},
       "collective": {"configured": configured, "compiled": moe_cfg.collective}, "buffer_factor": moe_cfg.buffer_factor,
       "expert_data_parallel": moe_cfg.expert_data_parallel, "schedule": compiled[0]["schedule"],
@@ -204,6 +214,9 @@ def format_row(name: str, row: dict) -> str:
            f"{mb['seq_len']} tokens/device ({mb['micro_batches']} micro-batches), collective {t['compiled']}"
            + (f" (configured {t['configured']})" if t["compiled"] != t["configured"] else "")
            + f", {row['method']}, XLA:CPU {row['schedule']} schedule",
+           f"  analytic: attention {row['analytic']['attention']} (planned for a Hopper GPU), loss "
+           + (f"in chunks of {row['analytic']['loss_chunk']} columns" if row["analytic"]["loss_chunk"] else
+              "unchunked") + f", optimizer {row['optim']}",
            f"  {'GB per device':<28}{'compiled':>10}{'analytic':>10}{'ratio':>8}"]
   labels = {"activations": "activations (derived)", "exchange_buffers": "exchange buffers (analytic)"}
   for k in CATEGORIES:

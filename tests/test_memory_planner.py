@@ -1,6 +1,7 @@
 """The memory planner (experiments/memory.py) on tiny configs on the 2 x 4 mesh: the layer-scaled compile against the
 whole model's, parameter and optimizer bytes against a count from the shapes, FSDP's saving, and the verdict."""
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -34,14 +35,16 @@ def _config(family, **model):
 
 
 def _deepseek(**model):
-  """Tiny DeepSeek-V3 with 1 dense and 4 MoE blocks (and its MTP module): the variants (1,1), (2,1), (1,2) must
-  extrapolate to (1,4)."""
-  return _config("deepseek_v3", num_layers=5, moe_layers=(False, True, True, True, True), **model)
+  """Tiny DeepSeek-V3 with 1 dense and 4 MoE blocks (and its MTP module), unrolled unless `model` says: the variants
+  (1,1), (2,1), (1,2) must extrapolate to (1,4)."""
+  return _config("deepseek_v3", num_layers=5, moe_layers=(False, True, True, True, True),
+                 **{"scan_layers": False, **model})
 
 
 @pytest.fixture(scope="module")
 def rows(devices):
-  return {"scaled": memory.plan(_deepseek()), "whole": memory.plan(_deepseek(), whole=True)}
+  return {"scaled": memory.plan(_deepseek()), "whole": memory.plan(_deepseek(), whole=True),
+          "scanned": memory.plan(_deepseek(scan_layers=True))}
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
@@ -57,6 +60,16 @@ def test_layer_scaling_matches_the_whole_compile(rows):
   assert scaled["argument_check"]["scaled"] == pytest.approx(scaled["argument_check"]["exact_state_and_batch"],
                                                              rel=1e-3)
   assert max(v["temp"] for v in scaled["variants"]) < whole["variants"][0]["temp"]
+
+
+@pytest.mark.slow  # compiles the tiny model five times (about 60 s, with the fixture's)
+def test_a_scanned_model_compiles_whole(rows):
+  """A scanned model is compiled whole, not scaled from variants; its state is the unrolled model's."""
+  scanned = rows["scanned"]
+  assert scanned["method"] == "whole model compiled" and [(v["dense"], v["moe"]) for v in scanned["variants"]] == [
+      (1, 4)]
+  for key in ("parameters", "optimizer", "gradients"):
+    assert scanned["compiled"][key] == rows["whole"]["compiled"][key], key
 
 
 def _spec_devices(leaf) -> int:
@@ -158,3 +171,76 @@ def test_command_line(tmp_path):
   assert "does not fit (compiled)" in result.stdout and "activations (derived)" in result.stdout
   row = json.loads(out.read_text())["rows"]["config"]
   assert row["verdict"] == "does not fit" and row["mesh"] == [2, 4] and row["method"] == "whole model compiled"
+
+
+@pytest.mark.parametrize("family,fields,want", [
+    ("deepseek_v3", dict(dtype="bfloat16"), "cudnn"),  # MLA: q, k 24 wide, v padded to them
+    ("deepseek_v3", dict(dtype="float32"), "xla"),  # cuDNN takes 16-bit inputs only
+    ("qwen3_moe", dict(dtype="bfloat16", head_dim=12), "xla"),  # not a multiple of 8
+    ("qwen3_moe", dict(dtype="bfloat16", head_dim=264), "xla"),  # wider than Hopper's 256
+    ("qwen3_moe", dict(dtype="bfloat16", head_dim=256), "cudnn"),
+    ("qwen3_moe", dict(dtype="float32", attention_impl="tokamax"), "tokamax"),  # as configured
+    (None, dict(dtype="bfloat16"), "xla")])  # SMILE's blocks materialise their scores
+def test_planned_attention(family, fields, want):
+  cfg = dataclasses.replace(config_lib.validate(_config(family))[0], **fields)
+  assert memory_lib.planned_attention(cfg) == want
+
+
+def test_fused_attention_keeps_no_scores(devices):
+  """A fused attention keeps its log-sum-exp (B H S float32) where XLA's keeps the scores and probabilities
+  (B H S^2 (4 + b)): the analytic activations differ by exactly that per block (remat='none': every block keeps its
+  own), and by that only."""
+  config, cfg, moe_cfg = config_lib.checked(_deepseek(dtype="bfloat16", remat="none"))
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh_lib.make_mesh(2, 4), 8 * 32)
+  counts = {impl: memory_lib.analytic_activations(dataclasses.replace(cfg, attention_impl=impl), moe_cfg, 1, 32,
+                                                  exchange) for impl in ("xla", "cudnn")}
+  assert counts["cudnn"]["attention"] == "cudnn"
+  blocks = cfg.num_layers + cfg.num_mtp_layers
+  per_block = cfg.num_heads * 32 * (32 * (4 + 2) - 4)
+  assert counts["xla"]["activations"] - counts["cudnn"]["activations"] == blocks * per_block
+
+
+@pytest.mark.parametrize("tokens,d,vocab,chunk", [(2048, 32, 8192, 0), (2048, 32, 8192, 700), (1024, 64, 16384, 2048)])
+def test_loss_bytes_match_the_compiled_loss(tokens, d, vocab, chunk):
+  """What `loss_bytes` counts for one head's loss equals, within 5%, the temporaries XLA compiles for
+  `objective.head_cross_entropy_sums` with its backward (the inputs, which the planner counts elsewhere, aside)."""
+  spec = lambda *shape, dtype=jax.numpy.float32: jax.ShapeDtypeStruct(shape, dtype)
+  loss = lambda h, k, t, w: objective.head_cross_entropy_sums(h, k, None, t, w, chunk)[0]
+  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
+      spec(1, tokens, d), spec(d, vocab), spec(1, tokens, dtype=jax.numpy.int32), spec(1, tokens)).compile()
+  temp = compiled.memory_analysis().temp_size_in_bytes
+  assert temp == pytest.approx(memory_lib.loss_bytes(tokens, vocab, chunk), rel=0.05)
+
+
+@pytest.mark.slow  # a process of 256 simulated devices (about 15 s)
+def test_deepseek_v3_with_its_recipe_fits_80_gb():
+  """The analytic count of DeepSeek-V3 on 32 x 8 with its recipe (configs/decoder.py's published: AdamW, fp32 master,
+  bf16 moments, fp32 gradients), FSDP, remat='full', 'auto' attention (cuDNN's on a Hopper GPU) and the chunked loss:
+  at most 80 GB a device; with XLA's attention and the logits whole, it does not fit."""
+  script = """
+import json, sys
+from moejax.runtime import mesh as mesh_lib
+mesh_lib.simulate_cpu_devices(256)
+from experiments import memory
+from moejax.study import memory as memory_lib
+from moejax.train import config as config_lib
+out = {}
+for impl, chunk in (("auto", 8192), ("xla", 0)):
+  config = memory.preset_config("deepseek_v3_fsdp_remat")
+  config.model.attention_impl = impl
+  config.loss_chunk = chunk
+  full, cfg, moe_cfg = config_lib.checked(config)
+  rows = full.batch_size // full.micro_batches
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh_lib.make_mesh(32, 8), rows * full.seq_len)
+  state = memory_lib.analytic_state(cfg, moe_cfg, 32, 8, full.optim)
+  acts = memory_lib.analytic_activations(cfg, moe_cfg, rows // 256, full.seq_len, exchange, chunk)
+  out[impl] = dict(total=state["parameters"] + state["optimizer"] + state["gradients"] + acts["activations"]
+                   + exchange["bytes"], attention=acts["attention"], master=state["master_weights"])
+print(json.dumps(out))
+"""
+  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-2000:]
+  out = json.loads(result.stdout.splitlines()[-1])
+  assert out["auto"]["attention"] == "cudnn" and out["auto"]["master"] > 0
+  assert out["auto"]["total"] <= 80 * memory_lib.GB < out["xla"]["total"]

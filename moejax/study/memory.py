@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from moejax.models import attention as attention_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
@@ -30,7 +31,8 @@ def layer_counts(cfg) -> tuple[int, int]:
 def variants(cfg) -> list[tuple[int, int]]:
   """The (dense, MoE) block counts to compile and scale from: (1,1), (2,1), (1,2) with both kinds; (0,1), (0,2) or
   (1,0), (2,0) with one. A SMILE model (`ModelConfig`) repeats moe_every blocks (moe_every - 1 dense, then an MoE
-  block), so its variants are one and two such periods."""
+  block), so its variants are one and two such periods. For unrolled layers only: a scanned model compiles whole
+  (`experiments/memory.py`), its segments of one or two repeats compiling unlike the loop of many."""
   dense, moe = layer_counts(cfg)
   if not isinstance(cfg, DecoderConfig) and cfg.moe_every > 0:
     p = cfg.moe_every
@@ -180,25 +182,56 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None) -> dict:
           "optimizer": master + moments, "master_weights": master, "moments": moments, "parameter_count": total}
 
 
-def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -> dict:
+# cuDNN's flash attention on the planned device, a Hopper GPU (`moejax.models.attention.cudnn_refusal`'s rules, without
+# its trial run): 16-bit compute, heads (v padded to q's width) a multiple of 8 and at most this wide.
+CUDNN_MAX_WIDTH = 256
+
+
+def planned_attention(cfg) -> str:
+  """What attention runs on a Hopper GPU: 'xla' (the scores materialised), 'cudnn' or 'tokamax' (fused: neither
+  keeps them). SMILE's blocks materialise theirs; a decoder family runs its attention_impl, 'auto' being 'cudnn'
+  where cuDNN's rules take the layer, else 'xla'."""
+  if not isinstance(cfg, DecoderConfig):
+    return "xla"
+  if cfg.attention_impl != "auto":
+    return cfg.attention_impl
+  width = _attention_widths(cfg)[2]
+  fits = cfg.dtype in attention_lib.CUDNN_DTYPES and width % 8 == 0 and width <= CUDNN_MAX_WIDTH
+  return "cudnn" if fits else "xla"
+
+
+def _attention_widths(cfg) -> tuple[int, int, int]:
+  """(q and k head width, v head width, the width jax.nn's attention runs at: the wider, v and the output padded to
+  it) of a decoder family."""
+  qk, v = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent else (cfg.head_dim,) * 2
+  return qk, v, max(qk, v)
+
+
+def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None, loss_chunk: int = 0) -> dict:
   """A per-block estimate of what one micro-batch's forward keeps for the backward on one device (docs/memory.md):
   `rows` sequences of `seq_len` tokens. Per block without remat: the norms' inputs and outputs (4 T d), q, k, v and
-  the attention output, the attention scores B H S^2 in float32 and their probabilities in the compute dtype, the
-  dense FFN's input, gate, up and product (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it
-  exchanged and their expert hidden states (3 f per row), its shared experts' (3 f_s per token) and its float32
-  combine (T d). remat='full' keeps each block's input only, plus one block recomputed with its gradients (twice
-  its 'none' bytes); 'save_exchanged' also the exchanged rows; 'save_matmuls' everything but the attention scores
-  (batched matmuls are not saved). The output head's float32 logits and their gradient, per head (MTP included)."""
+  the attention output (MLA's v and output padded to q's width, as jax.nn's attention takes them), the attention's
+  softmax (`planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in the compute
+  dtype, a fused kernel its log-sum-exp B H S in float32), the dense FFN's input, gate, up and product
+  (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it exchanged and their expert hidden states
+  (3 f per row), its shared experts' (3 f_s per token) and its float32 combine (T d). remat='full' keeps each
+  block's input only (scanned or not: in a scan, the loop's stacked input [L, B, S, d]), plus one block recomputed
+  with its gradients (twice its 'none' bytes: a scan's backward runs one layer's body at a time); 'save_exchanged'
+  also the exchanged rows; 'save_matmuls' everything but the attention scores (batched matmuls are not saved).
+  The output heads (the main one and each MTP module's): with loss_chunk = 0 each keeps its float32 logits and
+  their gradient, else each keeps its input h (T d) and three floats a token, and one chunk at a time is live
+  (`loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered (`_gathered_bytes`)."""
   decoder = isinstance(cfg, DecoderConfig)
   b = np.dtype(cfg.dtype).itemsize
   t, d, h = rows * seq_len, cfg.d_model, cfg.num_heads
-  if decoder and cfg.latent:
-    qkv = h * (2 * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim) + 2 * cfg.v_head_dim)
-  elif decoder:
-    qkv = (2 * h + 2 * cfg.num_kv_heads) * cfg.head_dim
+  impl = planned_attention(cfg)
+  if decoder:
+    qk, v, wide = _attention_widths(cfg)
+    kv_heads = h if cfg.latent else cfg.num_kv_heads  # q and the output: h heads; k and v: kv_heads
+    qkv = h * (qk + v) + kv_heads * (qk + v) if impl == "tokamax" else (2 * h + 2 * kv_heads) * wide
   else:
     qkv = 4 * d
-  scores = rows * h * seq_len * seq_len * (4 + b)
+  scores = rows * h * seq_len * (seq_len * (4 + b) if impl == "xla" else 4)
   attn = 4 * t * d * b + t * qkv * b
   dense_ffn = t * (d + 3 * cfg.d_ff) * b
   moe_ffn = 0
@@ -213,7 +246,11 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
   dense, moe = layer_counts(cfg)
   moe += getattr(cfg, "num_mtp_layers", 0)
   heads = 1 + getattr(cfg, "num_mtp_layers", 0)
-  head = heads * t * cfg.vocab_size * 4 * 2
+  chunk = min(loss_chunk or cfg.vocab_size, cfg.vocab_size)
+  if chunk == cfg.vocab_size:  # every head's logits kept for the backward
+    head = heads * loss_bytes(t, cfg.vocab_size, 0)
+  else:  # every head's input and three floats a token kept; one chunk live at a time, and h's gradient
+    head = heads * t * (d * b + 3 * 4) + loss_bytes(t, cfg.vocab_size, chunk) + t * d * 4
   none_dense, none_moe = attn + scores + dense_ffn, attn + scores + moe_ffn
   if cfg.remat == "none":
     kept = dense * none_dense + moe * none_moe
@@ -223,5 +260,32 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
       kept += moe * 2 * exchanged
     elif cfg.remat == "save_matmuls":
       kept += dense * (attn + dense_ffn) + moe * (attn + moe_ffn)
-  return {"activations": float(kept + head), "per_dense_block": float(none_dense), "per_moe_block": float(none_moe),
-          "attention_scores_per_block": float(scores), "head": float(head)}
+  gathered = _gathered_bytes(cfg, moe_cfg) if cfg.fsdp else 0.0
+  return {"activations": float(kept + head + gathered), "per_dense_block": float(none_dense),
+          "per_moe_block": float(none_moe), "attention": impl, "attention_scores_per_block": float(scores),
+          "head": float(head), "loss_chunk": chunk if chunk < cfg.vocab_size else 0, "gathered_weights": gathered}
+
+
+def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:
+  """What one head's loss holds at once beside its inputs, as XLA compiles `objective.head_cross_entropy_sums` with
+  its backward (tests/test_memory_planner.py): unchunked (0) the float32 logits and their gradient, 2 T V x 4; in
+  chunks of c columns one chunk's logits, probabilities and their gradient, 3 T c x 4."""
+  if not loss_chunk or loss_chunk >= vocab:
+    return 2.0 * tokens * vocab * 4
+  return 3.0 * tokens * loss_chunk * 4
+
+
+def _gathered_bytes(cfg, moe_cfg) -> float:
+  """What FSDP gathers beside the sharded state, per device: the token embeddings and the output layer's kernel
+  (the same table when tied) whole in the compute dtype, and the output kernel's gradient whole before it is
+  reduce-scattered; one layer's dense weights (the larger kind: attention with a dense FFN, or with the MoE
+  layer's routers and shared experts; its experts stay sharded) gathered for the forward, again for the backward,
+  and their gradient before the reduce-scatter: in a scan one layer at a time (three of the largest layer)."""
+  top, attn, ffn = decoder_leaves(cfg) if isinstance(cfg, DecoderConfig) else _smile_leaves(cfg)
+  b, pd = np.dtype(cfg.dtype).itemsize, np.dtype(getattr(cfg, "param_dtype", "float32")).itemsize
+  size = lambda leaves: sum(math.prod(x.shape) * x.count for x in leaves)
+  table = cfg.vocab_size * cfg.d_model
+  tables = (1 if getattr(cfg, "tie_embeddings", True) else 2) * table * b + table * b
+  moe_dense = [x for x in _moe_leaves(moe_cfg) if x.kind == "moe"] if cfg.num_moe_layers else []
+  layer = size(attn) + max(size(ffn) if layer_counts(cfg)[0] else 0, size(moe_dense))
+  return float(tables + 3 * layer * pd)
