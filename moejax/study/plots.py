@@ -366,9 +366,10 @@ def measured_figure(rows: list[dict], config=None):
     ax.set_title(title + "\nlabels: the model's error at each measured point", fontsize=9)
     ax.legend(fontsize=7)
   topology, where = _where(rows)
-  fig.suptitle(f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond "
-               "the calibrated meshes, filled: measured\n" + "; ".join(model_text(config, g[0]) for g in groups),
-               fontsize=10)
+  head = (f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond the "
+          "calibrated meshes, filled: measured")
+  fig.suptitle(textwrap.fill(head, max(80, 60 * len(panels[:3]))) + "\n"
+               + "; ".join(model_text(config, g[0]) for g in groups), fontsize=10)
   return fig
 
 
