@@ -17,7 +17,7 @@ from moejax.models.presets import PUBLISHED
 from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import point_models
+from moejax.study import measure, point_models
 from moejax.study.points import Point, moe_section, scheme_config, validate
 from moejax.study.price import price_point_layer
 from moejax.validation import ConfigError
@@ -103,3 +103,16 @@ def test_forward_flops_match_xla_count_of_the_decoder_without_moe_layers(devices
   masked_half = cfg.num_layers * 2 * (2 * 64) * 64 * cfg.num_heads * (qk + v) / 2
   want = point_models.forward_flops(model, True) + masked_half
   assert want <= xla < 1.05 * want, (xla, want)
+
+
+@pytest.mark.slow  # compiles a decoder's training step: about 10 s each on 2 cores
+@pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
+def test_a_measured_point_trains_the_decoder(devices, family):
+  """The step a measured point times: the counted model, its next-token loss about ln(vocab) at initialisation and
+  falling under AdamW."""
+  config = _config(family, d_model=64)
+  config.measure.update(platform="cpu", warmup=1, repeats=1)
+  timed = measure.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
+  assert timed["parameters"] == sum(_tree(config).values())
+  losses = timed["losses"]
+  assert abs(losses[0] - np.log(config.models.dec.vocab)) < 0.3 and losses[-1] < losses[0] - 0.1, losses
