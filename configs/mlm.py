@@ -34,6 +34,7 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.steps = 300
   config.batch_size = 16  # sequences per optimizer step, over all devices and micro-batches
   config.micro_batches = 2  # gradient accumulation steps
+  config.loss_chunk = 8192  # vocabulary columns per chunk of the output layer and loss (0: the whole logits at once)
   # With moe.buffer_factor set, a step whose receive buffers overflowed is repeated with the factor
   # doubled ('retry': training stays exact) or kept with the overflowed choices dropped ('drop').
   config.on_overflow = "retry"

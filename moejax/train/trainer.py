@@ -173,13 +173,14 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
         micro_rest = state_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
       model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
-      logits_BxPxV, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True,
-                                rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
-      loss_sum, correct = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
+      # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`objective`).
+      loss_sum, correct, aux = objective.model_loss_sums(
+          model, inputs_BxS, positions_BxP, targets_BxP, weights_BxP,
+          chunk=self.config.get("loss_chunk", objective.LOSS_CHUNK),
+          rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
       loss = loss_sum / total + aux["aux_loss"] / num_micro
-      if "mtp_logits" in aux:  # DeepSeek-V3's multi-token prediction: lambda x the modules' mean loss (Eq. 25)
-        mtp_logits = aux.pop("mtp_logits")
-        aux["mtp_loss"] = objective.multi_token_loss(mtp_logits, targets_BxP, weights_BxP) / num_micro
+      if "mtp_loss" in aux:  # DeepSeek-V3's multi-token prediction: lambda x the modules' mean loss (Eq. 25)
+        aux["mtp_loss"] /= num_micro
         loss += self.model_cfg.mtp_loss_coef * aux["mtp_loss"] + aux["mtp_aux_loss"] / num_micro
       return loss, (loss_sum, correct, aux)
 
