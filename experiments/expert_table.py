@@ -13,13 +13,12 @@ The records are config.records (configs/expert_table.py).
 
 import json
 import os
-import sys
 
 from absl import flags
 
 from moejax import cli
 from moejax.cost import expert_backend
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 
 def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
@@ -69,10 +68,7 @@ def write(config, workdir: str) -> None:
 
 def main(argv):
   del argv
-  try:
-    write(flags.FLAGS.config, flags.FLAGS.workdir)
-  except ConfigError as e:
-    sys.exit(f'error: {e}')
+  write(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
 if __name__ == '__main__':
