@@ -218,8 +218,8 @@ def model_loss_sums(model, inputs_BxS: jax.Array, positions_BxP: jax.Array | Non
   """A training forward of `model` (a `LanguageModel` or `Decoder`) and its loss, the output layer computed
   `chunk` vocabulary columns at a time (`head_cross_entropy_sums`): (weighted cross-entropy sum, weighted count of
   correct argmax predictions, the model's aux), and with MTP modules aux['mtp_loss'], their mean loss
-  (`_mean_over_modules`), in place of the modules' inputs aux['mtp_features']. The train step's loss is meant to
-  come from here (`moejax/train/trainer.py` still takes the model's whole logits)."""
+  (`_mean_over_modules`), in place of the modules' inputs aux['mtp_features']. The train step's loss
+  (`moejax/train/trainer.py`)."""
   h_BxPxD, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True, rngs=rngs, features=True)
   kernel_DxV, bias_V = model.output_layer()
   loss_sum, correct = head_cross_entropy_sums(h_BxPxD, kernel_DxV, bias_V, targets_BxP, weights_BxP, chunk)
