@@ -13,6 +13,7 @@ import subprocess
 import pytest
 
 from moejax.moe.config import MoEConfig
+from moejax.pipeline import section as pipeline_section
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = "<!-- test command -->"
@@ -128,6 +129,8 @@ for _file in _sources():
 NOT_MODULES = {"cfg", "config", "aux", "model", "moe_cfg", "params", "args", "self", "np", "jnp", "jax", "data",
                "mesh", "optim", "log", "checkpoint", "measure", "sim", "planner", "generate", "traffic"}
 MOE_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}
+# Config sections named like a package of moejax: `<section>.<field>` names a field, else a module of the package.
+SECTION_FIELDS = {"moe": MOE_FIELDS, "pipeline": set(pipeline_section.CONFIG_FIELDS)}
 
 
 def _short_reference_resolves(dotted: str) -> bool:
@@ -169,9 +172,10 @@ def test_links_and_paths_exist(doc):
       elif re.fullmatch(r"[\w\-]+\.(py|md|sh|json|jsonl|ipynb|toml|png|log)", token):
         if token not in FILE_NAMES and not re.search(r"\.(json|jsonl|png|log)$", token):
           missing.append(token)  # a bare file name: some file of the repository has it (outputs are made by runs)
-      elif token.startswith("moe.") and not _short_reference_resolves(token.split("=")[0]):
-        if token.split("=")[0].split(".")[1] not in MOE_FIELDS:
-          missing.append(token)  # neither a module of moejax.moe nor a field of the moe section (MoEConfig's)
+      elif token.split(".")[0] in SECTION_FIELDS and not _short_reference_resolves(token.split("=")[0]):
+        section, field = token.split("=")[0].split(".")[:2]
+        if field not in SECTION_FIELDS[section]:
+          missing.append(token)  # neither a module of moejax.<section> nor a field of the config's section
       elif (re.fullmatch(r"[a-z_]\w*(\.\w+)+", token) and token.split(".")[0] not in NOT_MODULES
             and not _short_reference_resolves(token)):
         missing.append(token)
