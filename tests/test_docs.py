@@ -1,7 +1,7 @@
 """README and docs: `.ci/run` finds and runs README's marked test command (and fails loudly without one),
-README starts with its two commands, and every relative link, repository path, bare file name and module
+README starts with its two commands, every relative link, repository path, bare file name and module
 reference (`moejax.moe.path.hop_sizes`, or by a suffix of the module's name: `path.hop_sizes`) the docs name
-exists."""
+exists, docs/layout.md names every module and program, and docs/testing.md every test file."""
 
 import ast
 import dataclasses
@@ -180,3 +180,69 @@ def test_links_and_paths_exist(doc):
             and not _short_reference_resolves(token)):
         missing.append(token)
   assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
+
+
+LAYOUT_DIRS = ("moejax", "experiments", "configs", "kernels")
+
+
+def _files(dirs, pattern: str) -> list[str]:
+  """The repository's files under `dirs` matching `pattern`, tracked or new (git ls-files: not the ignored ones), as
+  paths relative to the root; every such file where git is not there."""
+  try:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *dirs], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+  except (OSError, subprocess.CalledProcessError):
+    listed = [p.relative_to(ROOT).as_posix() for d in dirs for p in (ROOT / d).rglob("*") if p.is_file()]
+  return sorted({f for f in listed if pathlib.PurePosixPath(f).match(pattern) and (ROOT / f).is_file()})
+
+
+def _layout_bullets(text: str) -> dict[str, str]:
+  """The top-level bullets of layout.md's Layout section by the folder of the path each starts with
+  ('- `moejax/moe/`: ...' -> 'moejax/moe/', '- `moejax/__init__.py`: ...' -> 'moejax/')."""
+  section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+  bullets = {}
+  for bullet in re.split(r"\n(?=- `)", section):
+    start = re.match(r"\s*- `([^`]+)`", bullet)
+    if start:
+      path = start.group(1)
+      bullets[path if path.endswith("/") else path.rsplit("/", 1)[0] + "/"] = bullet
+  return bullets
+
+
+def _unnamed_in_layout(text: str, files: list[str]) -> list[str]:
+  """The files layout.md does not name: by their path anywhere, or in the bullet of their folder (the longest that
+  holds them) by a backticked name, module name or path ending (`heldout.py`, `schemes`, `papers/smile.py`). A
+  program's config, configs/<name>.py of experiments/<name>.py or benchmarks/<name>.py, is named by its program's
+  line ('one file per program, named as the program')."""
+  bullets = _layout_bullets(text)
+  missing = []
+  for file in files:
+    if file in text:
+      continue
+    name = file.rsplit("/", 1)[-1]
+    if file.startswith("configs/") and any((ROOT / d / name).is_file() for d in ("experiments", "benchmarks")):
+      continue
+    folder = max((f for f in bullets if file.startswith(f)), key=len, default=None)
+    tokens = {token.strip(".,;:()").rsplit("/", 1)[-1] for span in re.findall(r"`([^`\n]+)`", bullets.get(folder, ""))
+              for token in span.split()}
+    if not {name, name.removesuffix(".py")} & tokens:
+      missing.append(file)
+  return missing
+
+
+def test_layout_names_every_module_and_program():
+  text = (ROOT / "docs" / "layout.md").read_text()
+  files = [f for f in _files(LAYOUT_DIRS, "*.py") if not f.endswith("__init__.py")]
+  assert "moejax/train/heldout.py" in files and "experiments/export.py" in files  # the listing found them
+  assert _unnamed_in_layout(text, files) == [], "docs/layout.md: name these, one line each, in their folder's bullet"
+  # Would fail on a missing one: a module whose name appears only in another folder's bullet, a program, a sweep.
+  for file, name in [("moejax/pipeline/memory.py", "`memory.py`"), ("experiments/export.py", "`export.py`"),
+                     ("configs/scaling_smile.py", "`scaling_smile.py`")]:
+    assert _unnamed_in_layout(text.replace(name, "`elsewhere.py`"), [file]) == [file]
+
+
+def test_testing_names_every_test_file():
+  text = (ROOT / "docs" / "testing.md").read_text()
+  tests = _files(["tests"], "tests/test_*.py")
+  assert "tests/test_docs.py" in tests
+  assert [f for f in tests if f"`{f}`" not in text] == [], "docs/testing.md: say what these test, against what"
