@@ -111,6 +111,17 @@ def test_bad_init_from_and_tokenizer(checkpoint, tmp_path, devices):
     tokenizer_lib.load_or_train(str(tmp_path / "tokenizer.json"), "", 96, "", lambda: [])
 
 
+def test_a_checkpoint_without_a_tokenizer_needs_one_named(checkpoint, tmp_path):
+  bare = tmp_path / "bare"
+  shutil.copytree(checkpoint, bare)
+  (bare / "tokenizer.json").unlink()
+  config = _config(str(bare))
+  with pytest.raises(ConfigError, match=r"data\.tokenizer_model.*has no tokenizer\.json"):
+    config_lib.checked(config)
+  config.data.tokenizer_model = f"{checkpoint}/tokenizer.json"
+  assert config_lib.checked(config)[0].data.tokenizer_model == f"{checkpoint}/tokenizer.json"
+
+
 @pytest.mark.slow
 def test_fine_tuning_runs_from_the_command_line(checkpoint, tmp_path, devices):
   """experiments.train on configs/decoder.py:hf=PATH: the embedded corpus through the checkpoint's tokenizer, three

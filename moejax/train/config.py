@@ -65,6 +65,10 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
           "init_from", init_from, "'' or a local Hugging Face checkpoint directory (with config.json)")
   require(not init_from or isinstance(model_cfg, DecoderConfig), "init_from", init_from,
           "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)")
+  # A tokenizer trained here would give ids the checkpoint's embeddings never saw.
+  require(not init_from or config.data.tokenizer_model, "data.tokenizer_model", config.data.tokenizer_model,
+          f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
+          "and a tokenizer trained on the corpus would not match its embeddings")
   loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
   require(is_int(loss_chunk, 0), "loss_chunk", loss_chunk,
           "an int >= 0 (vocabulary columns per chunk of the loss; 0: the logits at once)")
