@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_checkpoint, hf_config
 from moejax.models import state as state_lib
@@ -50,12 +49,12 @@ def test_fine_tuning_with_mtp_initialises_the_modules(mesh_2x4, caplog):
 
 
 def test_any_batch_forward(mesh_2x4):
-  """A batch of 2 on the 8 devices (padded and cut, as generate_tokens pads): transformers' logits; one row alone
+  """A batch of 2 on the 8 devices (the model's call pads and cuts, as generate_tokens pads): transformers' logits; one row alone
   the same row's."""
   ref = np.load(DATA / "qwen3_moe" / "reference.npz")
   model = models.from_hf(str(DATA / "qwen3_moe"), mesh_2x4)
-  logits, _ = infer.forward(model, ref["tokens"])
+  logits, _ = model(ref["tokens"])
   assert logits.shape == ref["logits"].shape
   assert relative_error(np.asarray(logits), ref["logits"]) < 1e-4
-  one, _ = infer.forward(model, ref["tokens"][1:])
+  one, _ = model(ref["tokens"][1:])
   assert relative_error(np.asarray(one), ref["logits"][1:]) < 1e-4

@@ -1,5 +1,6 @@
 """Any batch on the mesh: a model's batch is sharded over all its devices, so a batch that does not divide is padded
-with copies of its last row and the padding cut from the results (`generate_tokens` and `forward`)."""
+with copies of its last row and the padding cut from the results (`generate_tokens`; a model's own call pads its
+batch the same way: `moejax.models.decoder.Decoder`)."""
 
 import numpy as np
 
@@ -12,10 +13,3 @@ def padded(rows_BxS, devices: int) -> np.ndarray:
   require(rows_BxS.ndim >= 1 and rows_BxS.shape[0] >= 1, "batch", rows_BxS.shape, "[B, ...] with B >= 1")
   return np.concatenate([rows_BxS, np.repeat(rows_BxS[-1:], -rows_BxS.shape[0] % devices, axis=0)])
 
-
-def forward(model, tokens_BxS, **kwargs):
-  """model(tokens, **kwargs) for any batch B: (logits [B, S, V], aux); the batch padded to a multiple of the mesh's
-  devices and the logits cut back to B rows (aux, sums and per-token arrays, covers the padded batch)."""
-  tokens_BxS = np.asarray(tokens_BxS)
-  logits, *rest = model(padded(tokens_BxS, model.mesh.size), **kwargs)
-  return (logits[:tokens_BxS.shape[0]], *rest)

@@ -132,7 +132,19 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1.
     features: the output layer's inputs h [B, S or P, d] (`head_features`) in place of the logits, and the MTP
     modules' as mtp_features [num_mtp_layers, B, S, d] in place of mtp_logits: the loss applies `output_layer` to them
-    (`moejax.train.objective.model_loss_sums`, chunk by chunk)."""
+    (`moejax.train.objective.model_loss_sums`, chunk by chunk).
+    Any batch B without a cache: B is sharded over every device, so a B the mesh does not divide runs padded with
+    copies of the last row and the outputs are cut back to B rows (aux's sums and per-token arrays cover the padded
+    batch; `moejax.infer.generate_tokens` pads its cache's batch the same way)."""
+    rows, pad = tokens_BxS.shape[0], -tokens_BxS.shape[0] % self.mesh.size
+    if pad and cache is None:
+      repeat_last = lambda a: None if a is None else jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
+      out, aux = self(repeat_last(tokens_BxS), positions_BxP=repeat_last(positions_BxP), train=train, rngs=rngs,
+                      start=start, details=details, features=features)
+      for name in ("mtp_logits", "mtp_features"):
+        if name in aux:
+          aux[name] = aux[name][:, :rows]
+      return out[:rows], aux
     x_BxSxD, aux, new_cache = backbone.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
                                                   cache=cache, start=start, details=details)
     head = self.head_features if features else self.head_logits
