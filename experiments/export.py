@@ -7,13 +7,12 @@ The run's config is its workdir's config.json (written by the trainer, `moejax.t
 checkpoint is restored on the run's mesh (the parameters and balancing biases: `moejax.infer.load.load_trained`) and
 written by `moejax.models.hf_checkpoint.to_hf`. Only the decoder families (configs/decoder.py) have a Hugging Face
 form: SMILE's BERT and GPT models (configs/mlm.py, configs/gpt.py) are refused before anything is read, as is a
-workdir without config.json. Files get the permissions the umask gives (safetensors itself writes 0600). The
+workdir without config.json. Files get the permissions the umask gives (`to_hf`). The
 tokenizer is not written.
 """
 
 import os
 
-import jax
 import ml_collections
 
 from moejax import cli, run_config
@@ -43,12 +42,6 @@ def export(run: str, out: str) -> int:
 
   model, _, step = load.load_trained(training_config(run), run)
   hf_checkpoint.to_hf(model, out)
-  if jax.process_index() == 0:  # the process that wrote them
-    umask = os.umask(0)
-    os.umask(umask)
-    for name in os.listdir(out):
-      if name == "config.json" or name.startswith("model"):
-        os.chmod(os.path.join(out, name), 0o666 & ~umask)
   return step
 
 

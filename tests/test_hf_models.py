@@ -333,8 +333,13 @@ def assert_checkpoint_equals_fixture(out_dir: str, family: str) -> None:
 def test_round_trip_one_file(loaded, tmp_path, family):
   model = loaded.model(family)
   out = str(tmp_path / "export")
-  models.to_hf(model, out)
+  umask = os.umask(0o022)
+  try:
+    models.to_hf(model, out)
+  finally:
+    os.umask(umask)
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  assert {os.stat(os.path.join(out, f)).st_mode & 0o777 for f in os.listdir(out)} == {0o644}  # not safetensors' 0600
   assert_checkpoint_equals_fixture(out, family)
   assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
                       model_state(model))

@@ -336,8 +336,11 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_bloc
   parts = sorted(set(weight_map.values()))
   final = {part: "model.safetensors" if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
            for i, part in enumerate(parts)}
+  umask = os.umask(0)
+  os.umask(umask)
   for part, file in final.items():
     os.replace(os.path.join(out_dir, part), os.path.join(out_dir, file))
+    os.chmod(os.path.join(out_dir, file), 0o666 & ~umask)  # safetensors writes 0600; the user's umask decides here
   if len(parts) > 1:
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
       json.dump({"metadata": {"total_size": total},
