@@ -24,13 +24,13 @@ TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254
 MICRO = 4
 
 
-def _config(spec: str, layers: int, nodes: int, gpus: int, pipeline=None):
+def _config(spec: str, layers: int, nodes: int, gpus: int, pipeline=None, **moe):
   config = decoder.get_config(spec)
   dense = 1 if spec == "deepseek_v3" else 0
   config.model.update(num_layers=layers, moe_layers=tuple(i >= dense for i in range(layers)))
   config.update(batch_size=MICRO * nodes * gpus, micro_batches=MICRO, seq_len=16)
   config.mesh.update(nodes=nodes, gpus_per_node=gpus)
-  config.moe.update(num_nodes=nodes, collective="capacity", capacity_factor=4.0)  # nothing dropped
+  config.moe.update(num_nodes=nodes, collective="capacity", capacity_factor=4.0, **moe)  # nothing dropped
   config.data.shards = nodes * gpus
   config.optim.warmup_steps = 1
   if pipeline:
@@ -53,15 +53,20 @@ def _three_steps(config, stages: int, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec,layers,schedule,stages,nodes,gpus", [
-    ("qwen3_moe", 2, "1f1b", 2, 1, 4), ("deepseek_v3", 3, "gpipe", 2, 1, 4), ("deepseek_v3", 5, "1f1b", 4, 1, 2),
-    ("qwen3_moe", 4, "gpipe", 4, 2, 1)])
-def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, nodes, gpus):
-  """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last."""
+@pytest.mark.parametrize("spec,layers,schedule,stages,nodes,gpus,moe", [
+    ("qwen3_moe", 2, "1f1b", 2, 1, 4, {}), ("deepseek_v3", 3, "gpipe", 2, 1, 4, {}),
+    ("deepseek_v3", 5, "1f1b", 4, 1, 2, {}), ("qwen3_moe", 4, "gpipe", 4, 2, 1, {}),
+    ("deepseek_v3", 5, "1f1b", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1))])
+def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, nodes, gpus, moe):
+  """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last. With
+  balance_loss='global_batch' each micro-batch's balance loss counts the step's earlier micro-batches' choices, in
+  every layer and the MTP module: each stage carries its own layers' (1F1B: a stage's backward of micro-batch i after
+  its forwards of later ones)."""
   tokens = np.random.default_rng(stages * 10 + layers).integers(
       TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
-  piped = _three_steps(_config(spec, layers, nodes, gpus, dict(schedule=schedule, stages=stages)), stages, tokens)
-  plain = _three_steps(_config(spec, layers, nodes, gpus), 1, tokens)
+  piped = _three_steps(_config(spec, layers, nodes, gpus, dict(schedule=schedule, stages=stages), **moe), stages,
+                       tokens)
+  plain = _three_steps(_config(spec, layers, nodes, gpus, **moe), 1, tokens)
   for step, (got, want) in enumerate(zip(piped[0], plain[0])):
     assert set(got) == set(want)
     for name in want:
@@ -73,8 +78,10 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
                                  rtol=2e-5 if exact else 1e-3, atol=1e-6 if exact else 2.0, err_msg=f"{step} {name}")
   for got, want in zip(jax.tree.leaves(piped[2]), jax.tree.leaves(plain[2])):  # (1 - b1) x every gradient
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=1e-4, atol=1e-7)
+  # After three AdamW steps: its update divides by the gradient's own scale, so where an element's gradient is a
+  # near-cancelling sum fp32 rounding moves it by a fraction of the learning rate (3e-3; seen: 3e-4 in one embedding).
   for got, want in zip(jax.tree.leaves(piped[1]), jax.tree.leaves(plain[1])):
-    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-4)
+    np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-3)
 
 @pytest.mark.parametrize("update,field", [
     (dict(pipeline=dict(schedule="dualpipe", stages=2)), "pipeline.schedule"),
@@ -83,7 +90,6 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     (dict(pipeline=dict(schedule="1f1b", stages=4)), "pipeline.stages"),  # 2 MoE layers over 4 stages
     (dict(pipeline=dict(schedule="1f1b", stages=2), model=dict(scan_layers=False)), "model.scan_layers"),
     (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(collective="padded")), "moe.collective"),
-    (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(balance_loss="global_batch")), "moe.balance_loss"),
     (dict(pipeline=dict(schedule="1f1b", stagez=2)), "pipeline.stagez")])
 def test_pipeline_refusals_name_the_field(update, field):
   config = _config("deepseek_v3", 3, 1, 4)

@@ -71,5 +71,7 @@ def test_tick_table_and_refusals():
   for t, d in zip(*np.nonzero(kind == step.FORWARD)):
     if d < 3:
       assert arrives_f[t, d + 1] == mb[t, d]
-  with pytest.raises(ConfigError, match="config field schedule='dualpipe'"):
-    step.tick_table("dualpipe", 4, 8)
+  for schedule in ("interleaved", "dualpipe", "dualpipev"):  # refused with what the step lacks for them
+    with pytest.raises(ConfigError, match=f"config field schedule='{schedule}'") as refused:
+      step.tick_table(schedule, 4, 8)
+    assert step.MISSING[schedule] in str(refused.value)

@@ -27,6 +27,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.models import backbone
 from moejax.models import layers as layers_lib
+from moejax.models import state as state_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.sharding import activation_spec
 from moejax.moe import collective as collective_lib
@@ -94,6 +95,13 @@ def _on_stage_mesh(module, mesh) -> None:
       node.mesh = mesh
 
 
+def _replaced(tree: dict, path: tuple, value) -> dict:
+  """The pure-dict `tree` with its leaf at `path` replaced by `value` (the rest shared)."""
+  if len(path) == 1:
+    return {**tree, path[0]: value}
+  return {**tree, path[0]: _replaced(tree[path[0]], path[1:], value)}
+
+
 def _aux_stats(aux: dict) -> dict:
   return {name: aux[name] for name in AUX}
 
@@ -155,25 +163,60 @@ class PipelinedDecoder:
     x_BxSxD, aux, _ = backbone.run_blocks(view, x_BxSxD, train=True, rngs=self._rngs(key, first_layer))
     return x_BxSxD, aux
 
+  def _view(self, start: int, stop: int) -> DecoderConfig:
+    """The config of layers start .. stop - 1 alone (no MTP modules)."""
+    return dataclasses.replace(_sub_config(self.cfg, start, stop), num_mtp_layers=0)
+
+  def _with_earlier_counts(self, w: step_lib.Weights, part: int) -> step_lib.Weights:
+    """w with the choice counts of the step's earlier micro-batches (w.before[part]['balance'], [m, ...] for the
+    part's m MoE layers: 0 the first layers, 1 the stage's, 2 the MTP modules') in those layers' state, as the
+    unpipelined step's scan carries them (balance_loss='global_batch'); w itself without them."""
+    if w.before is None or "balance" not in w.before[part]:
+      return w
+    counts = w.before[part]["balance"]
+    if part == 0:
+      view = self._view(0, self.first_layers)
+      return w._replace(shared_rest=state_lib.with_balance_counts(view, w.shared_rest, counts))
+    if part == 1:
+      view = self._view(self.first_layers, self.first_layers + self.layers_per_stage)
+      segment = {"segments": {0: w.staged_rest["segments"][self.segment]}}
+      segment = state_lib.with_balance_counts(view, segment, counts)["segments"][0]
+      return w._replace(staged_rest={"segments": {self.segment: segment}})
+    rest = w.shared_rest
+    for k in range(len(counts)):
+      rest = _replaced(rest, ("mtp", k, "block", "ffn", "moe", "balance_counts"), counts[k])
+    return w._replace(shared_rest=rest)
+
+  def _stats(self, aux: dict, w: step_lib.Weights, part: int) -> dict:
+    """A part's statistics: aux_loss, the AUX ones and (global_batch) 'balance', its own choice counts [m, ...]
+    (the layers return them plus the earlier micro-batches')."""
+    stats = {"aux_loss": aux["aux_loss"], **_aux_stats(aux)}
+    if "balance_counts" in aux:
+      stats["balance"] = aux["balance_counts"] - (0.0 if w.before is None else w.before[part]["balance"])
+    return stats
+
   def stages_of(self, num_micro: int) -> step_lib.Stages:
     scale = 1.0 / num_micro
 
     def first(w, batch):
+      w = self._with_earlier_counts(w, 0)
       model = self._model(w)
       x_BxSxD = model.embed_tokens(batch["inputs"])
       if self.first_layers == 0:
         return x_BxSxD, jnp.zeros((), jnp.float32), {}
       x_BxSxD, aux = self._run(model, model.segments[:self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
-      return x_BxSxD, aux["aux_loss"] * scale, {"aux_loss": aux["aux_loss"], **_aux_stats(aux)}
+      return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 0)
 
     def stage(w, x_BxSxD, batch):
+      w = self._with_earlier_counts(w, 1)
       model = self._model(w)
       start = self.first_layers + jax.lax.axis_index(mesh_lib.STAGE) * self.layers_per_stage
       x_BxSxD, aux = self._run(model, model.segments[self.segment:], self.first_layers,
                                self.first_layers + self.layers_per_stage, x_BxSxD, batch["key"], start)
-      return x_BxSxD, aux["aux_loss"] * scale, {"aux_loss": aux["aux_loss"], **_aux_stats(aux)}
+      return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 1)
 
     def last(w, y_BxSxD, batch):
+      w = self._with_earlier_counts(w, 2)
       model = self._model(w)
       kernel_DxV, bias_V = model.output_layer()
       loss_sum, correct = objective.head_cross_entropy_sums(model.head_features(y_BxSxD), kernel_DxV, bias_V,
@@ -182,6 +225,8 @@ class PipelinedDecoder:
       loss = loss_sum / batch["total"]
       if len(model.mtp):
         stats.update(self._mtp(model, y_BxSxD, batch))
+        if "balance_counts" in stats:
+          stats["balance"] = stats.pop("balance_counts") - (0.0 if w.before is None else w.before[2]["balance"])
         stats["mtp_loss"] = stats["mtp_loss"] * scale
         loss += self.cfg.mtp_loss_coef * stats["mtp_loss"] + stats["mtp_aux_loss"] * scale
       return loss, stats
@@ -198,7 +243,7 @@ class PipelinedDecoder:
       h_BxSxD, aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs)
       heads.append(model.head_logits(h_BxSxD, module.norm))
       aux_loss += aux.get("aux_loss", 0.0)
-      stats.append({name: aux[name] for name in AUX if name in aux})
+      stats.append({name: aux[name] for name in (*AUX, "balance_counts") if name in aux})
     loss = objective.multi_token_loss(jnp.stack(heads), batch["targets"], batch["weights"])
     return {"mtp_loss": loss, "mtp_aux_loss": aux_loss, **jax.tree.map(lambda *a: jnp.stack(a), *stats)}
 

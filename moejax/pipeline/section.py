@@ -29,8 +29,7 @@ def check(config, model_cfg, moe_cfg) -> None:
   if section is None:
     return
   require(section.schedule in SCHEDULES, "pipeline.schedule", section.schedule,
-          f"one of {SCHEDULES} (interleaved, dualpipe and dualpipev are timetables the cost model prices; the step "
-          "runs one chunk a device and no paired slots)")
+          "'none' or " + step_lib.why_not(section.schedule))
   require(is_int(section.stages), "pipeline.stages", section.stages, "a positive int")
   require((section.schedule == "none") == (section.stages == 1), "pipeline.stages", section.stages,
           f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={section.schedule!r})")
@@ -38,9 +37,6 @@ def check(config, model_cfg, moe_cfg) -> None:
     return
   decoder_lib.staged_segment(model_cfg, section.stages)
   require(moe_cfg.collective != "padded", "moe.collective", moe_cfg.collective, decoder_lib.PADDED_REASON)
-  require(moe_cfg.balance_loss != "global_batch", "moe.balance_loss", moe_cfg.balance_loss,
-          "'batch' or 'sequence' with pipeline.stages > 1 (global_batch's counts of the earlier micro-batches are not "
-          "carried through the stages by the pipelined step)")
 
 
 def of_config(config, model_cfg, moe_cfg, mesh, graphdef) -> decoder_lib.PipelinedDecoder | None:

@@ -13,11 +13,15 @@ At tick t each device runs the slot its timetable starts then (unit F = B times,
 its stage on micro-batch i's input (the first stage `first` of the micro-batch, the others what their predecessor
 sent) and keeps that input; B(i) recomputes the stage's vjp at the kept input (the stage rematerialised) with the
 output's gradient (the last stage's output feeds its own loss: none), adds the parameters' gradients and sends the
-input's back; its loss and statistics are recorded there, once. After each tick one ppermute carries every F's output
+input's back; its loss is recorded there, once, its statistics at the micro-batch's F (the last stage's at its B,
+again by B elsewhere: the same values). A stage also reads `Weights.before`, its statistics of the micro-batches
+before the running one summed: gpipe and 1f1b run each stage's forwards (the last stage's backwards) in micro-batch
+order, so they are recorded by then (a balance loss over the step's earlier micro-batches). After each tick one ppermute carries every F's output
 to the next stage and one every B's input-gradient to the previous; the receiver files it under the micro-batch the
 timetable says its neighbour ran. Schedules of one chunk a device and no paired slots run: gpipe, 1f1b.
 """
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -31,6 +35,24 @@ from moejax.validation import require
 
 IDLE, FORWARD, BACKWARD = 0, 1, 2
 RUNS = ("gpipe", "1f1b")  # the schedules the step runs
+# What the step lacks for the other timetables (`schedules`), named in their refusal.
+MISSING = {
+    "interleaved": "v chunks of the staged layers a device, stage d's chunks d, d+p, ... (not one block of the "
+                   "stacked [r, ...] leaves: a stored layout [v, p, r/(vp), ...] or a reshuffle of the parameters "
+                   "every step), a chunk per slot, and a ring transfer from the last device to the first",
+    "dualpipe": "a slot running one micro-batch's forward and another's backward together (F&B), and two chunks a "
+                "device, stages d and p-1-d (a second copy of the parameters, its gradients summed with the "
+                "first's), each sending both ways",
+    "dualpipev": "two chunks a device, stages d and p-1-d (not one block of the stacked [r, ...] leaves), the "
+                 "F&B slot, and the turn from chunk 0 to chunk 1 on the last device",
+}
+
+
+def why_not(schedule: str) -> str:
+  """What the step expects of a schedule it does not run, and what that schedule lacks."""
+  if schedule not in MISSING:
+    return "gpipe or 1f1b"
+  return f"gpipe or 1f1b: {schedule} is a timetable the cost model prices; the step lacks {MISSING[schedule]}"
 
 
 class Weights(NamedTuple):
@@ -41,6 +63,7 @@ class Weights(NamedTuple):
   shared: object
   staged_rest: object = None
   shared_rest: object = None
+  before: object = None  # (first's, stage's, last's statistics) of this device's earlier micro-batches, summed
 
 
 class Stages(NamedTuple):
@@ -48,7 +71,8 @@ class Stages(NamedTuple):
   micro-batch's pytree; losses float32 scalars).
 
   first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every
-  stage. last(w, y, batch_i) -> (loss, stats): on the last stage."""
+  stage. last(w, y, batch_i) -> (loss, stats): on the last stage. w.before: the (first's, stage's, last's) stats of
+  the micro-batches before batch_i on this device, summed (None while the step traces their shapes)."""
 
   first: Callable
   stage: Callable
@@ -59,7 +83,7 @@ def tick_table(schedule: str, stages: int, micro_batches: int) -> np.ndarray:
   """[4, ticks, stages] int32: per tick and device the slot's kind (IDLE, FORWARD, BACKWARD), its micro-batch, the
   micro-batch whose activation arrives from the previous stage after the tick and the one whose gradient arrives
   from the next (-1: none)."""
-  require(schedule in RUNS, "schedule", schedule, "gpipe or 1f1b (the step runs one chunk a device, no paired slots)")
+  require(schedule in RUNS, "schedule", schedule, why_not(schedule))
   table = schedules.timetable(schedule, stages, micro_batches)
   ticks = int(round(table.makespan))
   out = np.full((4, ticks, stages), -1, np.int32)
@@ -112,9 +136,9 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
     zero_x = _zeros(x_like)
     no_loss = jnp.zeros((), jnp.float32)
 
-    def chain(staged, shared, x_in, batch_i):
+    def run(before, staged, shared, x_in, batch_i):
       """This stage on one micro-batch with these parameters: (y, loss), statistics."""
-      w_ = w._replace(staged=staged, shared=shared)
+      w_ = w._replace(staged=staged, shared=shared, before=before)
       x, loss0, stats0 = jax.lax.cond(first, lambda: model.first(w_, batch_i),
                                       lambda: (x_in, no_loss, _zeros(first_stats)))
       y, loss1, stats1 = model.stage(w_, x, batch_i)
@@ -130,13 +154,17 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
       mb = jnp.maximum(mb, 0)
       row = mb % rows
       batch_i, x_in = take(mb), inputs_KxX[row]
+      earlier = lambda a: jnp.sum(jnp.where((jnp.arange(micro_batches) < mb).reshape((-1,) + (1,) * (a.ndim - 1)),
+                                            a, jnp.zeros_like(a)), axis=0)
+      chain = functools.partial(run, jax.tree.map(earlier, stats_U))
 
       def idle():
         return zero_x, zero_x, no_grads, no_loss, _zeros(stats_like)
 
       def forward():  # the last stage's output feeds only its own loss, which its B computes
-        y = jax.lax.cond(last, lambda: zero_x, lambda: chain(w.staged, w.shared, x_in, batch_i)[0][0])
-        return y, zero_x, no_grads, no_loss, _zeros(stats_like)
+        (y, _), stats = jax.lax.cond(last, lambda: ((zero_x, no_loss), _zeros(stats_like)),
+                                     lambda: chain(w.staged, w.shared, x_in, batch_i))
+        return y, zero_x, no_grads, no_loss, stats
 
       def backward():
         (_, value), vjp, stats = jax.vjp(lambda a, b, x: chain(a, b, x, batch_i), w.staged, w.shared, x_in,
@@ -153,7 +181,8 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
       sent_b = jax.lax.ppermute(back, axis, backward_to)
       inputs_KxX = jnp.where(arrives_f >= 0, inputs_KxX.at[arrives_f % rows].set(sent_f), inputs_KxX)
       grads_KxX = jnp.where(arrives_b >= 0, grads_KxX.at[arrives_b % rows].set(sent_b), grads_KxX)
-      stats_U = jax.tree.map(lambda acc, s: acc.at[mb].add(s), stats_U, stats)  # zeros but in B
+      record = (kind == BACKWARD) | ((kind == FORWARD) & ~last)
+      stats_U = jax.tree.map(lambda acc, s: jnp.where(record, acc.at[mb].set(s), acc), stats_U, stats)
       return (constrain(inputs_KxX), constrain(grads_KxX), jax.tree.map(jnp.add, grads, dgrads), loss + value,
               stats_U), None
 
