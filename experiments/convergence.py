@@ -97,7 +97,7 @@ def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: 
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from moejax.data import corpus as data_lib
+  from moejax.data import pipeline as pipeline_lib
   from moejax.infer.load import load_trained
   from moejax.runtime.mesh import AXES
   from moejax.train import config as config_lib
@@ -118,12 +118,12 @@ def heldout_loss(config: ml_collections.ConfigDict, run_dir: str, heldout_file: 
     loss_sum, _ = objective.cross_entropy_sums(logits_BxPxV, targets_BxP, weights_BxP)
     return loss_sum, jnp.sum(weights_BxP)
 
-  reader = data_lib.ShardReader([heldout_file], 0, 1, tok, config.seq_len)
+  rows = iter(pipeline_lib.packed_shard([heldout_file], tok.encode, tok.eos_id, config.seq_len, 0, 1))
   sharding = NamedSharding(mesh, P(AXES))
   key = jax.random.key(1234)
   total, count = 0.0, 0.0
   for i in range(batches):
-    tokens = np.stack([reader.next_sequence() for _ in range(config.batch_size)])
+    tokens = np.stack([next(rows) for _ in range(config.batch_size)])
     loss_sum, weight = sums(state, jax.random.fold_in(key, i), jax.device_put(tokens, sharding))
     total, count = total + float(loss_sum), count + float(weight)
   return total / max(count, 1.0)

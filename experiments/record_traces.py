@@ -22,6 +22,7 @@ import numpy as np
 
 from moejax import cli
 from moejax.data import corpus as data_lib
+from moejax.data import pipeline as pipeline_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
@@ -37,8 +38,8 @@ TRACES_FILE = "traces.npy"
 def corpus_batches(config, tok, cache_dir: str, tokens: int) -> list[np.ndarray]:
   """The first batches [B, S] of the training data stream covering `tokens` (B: the config's micro-batch rows)."""
   rows = config.batch_size // config.micro_batches
-  batches = data_lib.Batches(data_lib.corpus_files(config.data.train_files, cache_dir), tok, seq_len=config.seq_len,
-                             rows=rows, micro_batches=1, num_shards=config.data.shards, prefetch=0)
+  batches = pipeline_lib.Batches(data_lib.corpus_files(config.data.train_files, cache_dir), tok, seq_len=config.seq_len,
+                                 rows=rows, micro_batches=1, num_shards=config.data.shards, prefetch=0)
   try:
     return [next(batches)[0] for _ in range(-(-tokens // (rows * config.seq_len)))]
   finally:

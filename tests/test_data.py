@@ -1,17 +1,19 @@
-"""The C4 reader, packing, process sharding, resumable state, tokenizers and BERT masking."""
+"""The data sources (JSON lines, gzipped, Parquet, ArrayRecord), packing against a plain loop, process sharding,
+resumable state, bad files refused, tokenizers and BERT masking."""
 
 import gzip
 import json
 import os
 
+import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.data import corpus as data
-from moejax.data import tokenizer
+from moejax.data import corpus, pipeline, sources, tokenizer
 from moejax.train import objective
+from moejax.validation import ConfigError
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
          "and every morning the baker sells fresh bread to curious neighbours").split()
@@ -34,8 +36,35 @@ def _write_jsonl(path, texts, gz=False):
     f.write(lines)
 
 
-def _sequences(reader, count):
-  return np.stack([reader.next_sequence() for _ in range(count)])
+def _packed(tok, texts, seq_len):
+  """The rows [n, seq_len] a plain loop packs `texts` into: each text's tokens and eos, back to back (the reference)."""
+  flat = [t for text in texts for t in tok.encode(text) + [tok.eos_id]]
+  n = len(flat) // seq_len
+  return np.asarray(flat[:n * seq_len], np.int32).reshape(n, seq_len)
+
+
+def _write(path, texts):
+  """`texts` as a data file of `path`'s format (JSON lines, gzipped, Parquet or ArrayRecord)."""
+  path = str(path)
+  if path.endswith(".parquet"):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": texts, "url": [f"u{i}" for i in range(len(texts))]}), path, row_group_size=7)
+  elif path.endswith(".array_record"):
+    from array_record.python.array_record_module import ArrayRecordWriter
+
+    writer = ArrayRecordWriter(path, "group_size:4")
+    for t in texts:
+      writer.write(json.dumps({"text": t}).encode())
+    writer.close()
+  else:
+    _write_jsonl(path, texts, gz=path.endswith(".gz"))
+
+
+def _rows(ds, count):
+  it = iter(ds)
+  return np.stack([next(it) for _ in range(count)])
 
 
 def test_malformed_lines_are_skipped_and_counted(tmp_path, tok):
@@ -52,41 +81,63 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path, tok):
   truncated.write_bytes(truncated.read_bytes()[:300])  # a partial download
   files = [str(path), str(truncated)]
 
-  assert list(data.texts([str(path)])) == good
-  reader = data.ShardReader(files, 0, 1, tok, seq_len=16)
-  expected = []
-  for text in good:
-    expected += tok.encode(text) + [tok.eos_id]
-  got = np.concatenate([reader.next_sequence() for _ in range(len(expected) // 16)])
-  np.testing.assert_array_equal(got, expected[:len(got)])
-  while reader.state()["epoch"] == 0:  # through the truncated file and around again, without raising
-    reader.next_sequence()
+  assert list(sources.texts([str(path)])) == good
+  want = _packed(tok, good, 16)
+  it = iter(pipeline.packed_shard(files, tok.encode, tok.eos_id, 16, 0, 1))
+  np.testing.assert_array_equal(np.stack([next(it) for _ in range(len(want))]), want)
+  while it.get_state()["epoch"] == 0:  # through the truncated file and around again, without raising
+    next(it)
   # 7 bad lines in mixed.json (the empty line among them); the broken gzip stream, and perhaps
   # the torn line before the break.
-  assert reader.state()["malformed"] in (8, 9)
+  assert it.get_state()["malformed"] in (8, 9)
 
 
-def test_parse_line():
-  assert data.parse_line(b'{"text": "hi", "timestamp": "2019"}') == "hi"
-  assert data.parse_line(b'{"text": null}') is None
-  assert data.parse_line(b"\xc3\x28") is None
+def test_parse_record():
+  assert sources.parse_record(b'{"text": "hi", "timestamp": "2019"}') == "hi"
+  assert sources.parse_record(b'{"text": null}') is None
+  assert sources.parse_record(b"\xc3\x28") is None
 
 
-def test_resuming_from_a_state_continues_with_the_same_tokens(tmp_path, tok):
+@pytest.mark.parametrize("ext", [".jsonl", ".json.gz", ".parquet", ".array_record"])
+def test_every_format_packs_its_documents_as_a_plain_loop_does(tmp_path, tok, ext):
+  """Two files of a format, 4 shards (by record), every 5th record held out: shard s's rows are the plain-loop
+  packing of the kept records s, s + 4, ... of each file in turn; the held-out rows those of the held-out records."""
+  texts = [_documents(30, seed=3), _documents(25, seed=4)]
+  files = [str(tmp_path / f"part-{i}{ext}") for i in range(2)]
+  for path, part in zip(files, texts):
+    _write(path, part)
+  sources.check_files(files)
+  k = 5
+  kept = [[t for i, t in enumerate(part) if i % k != k - 1] for part in texts]
+  for shard in range(4):
+    want = _packed(tok, kept[0][shard::4] + kept[1][shard::4], 8)
+    got = _rows(pipeline.packed_shard(files, tok.encode, tok.eos_id, 8, shard, 4, heldout_every=k), len(want))
+    np.testing.assert_array_equal(got, want)
+  held = [t for part in texts for t in part[k - 1::k]]
+  want = _packed(tok, held, 8)[:6]
+  np.testing.assert_array_equal(pipeline.heldout_tokens(files, tok, k, batches=2, rows=3, seq_len=8),
+                                want.reshape(2, 3, 8))
+
+
+def test_resuming_from_a_state_continues_with_the_same_batches(tmp_path, tok):
   files = []
   for i in range(3):
     files.append(str(tmp_path / f"c4-{i}.json.gz"))
     _write_jsonl(files[-1], _documents(40, seed=10 + i), gz=True)
-  for shards in (2, 4):  # 3 files: by file for 2 shards, by line for 4
+  for shards in (2, 4):  # 3 files: by file for 2 shards, by record for 4
+    kwargs = dict(seq_len=32, rows=shards * 2, micro_batches=2, num_shards=shards)
     for cut in (1, 7, 23):
-      head = _sequences(data.ShardReader(files, 1, shards, tok, seq_len=32), cut)
-      reader = data.ShardReader(files, 1, shards, tok, seq_len=32)
-      _sequences(reader, cut)
-      state = json.loads(json.dumps(reader.state()))  # survives a JSON round trip
-      tail = _sequences(reader, 40)
-      resumed = _sequences(data.ShardReader(files, 1, shards, tok, seq_len=32, state=state), 40)
-      np.testing.assert_array_equal(tail, resumed)
-      assert head.shape == (cut, 32)
+      batches = pipeline.Batches(files, tok, prefetch=3, **kwargs)  # the prefetch thread reads ahead
+      for _ in range(cut):
+        next(batches)
+      state = json.loads(json.dumps(batches.state()))  # survives a JSON round trip
+      tail = [next(batches) for _ in range(30)]
+      assert max(s["epoch"] for s in batches.state()) > max(s["epoch"] for s in state)  # across an epoch's end
+      batches.close()
+      resumed = pipeline.Batches(files, tok, states=state, prefetch=0, **kwargs)
+      for want in tail:
+        np.testing.assert_array_equal(next(resumed), want)
+      resumed.close()
 
 
 def test_global_batch_does_not_depend_on_the_process_count(tmp_path, tok):
@@ -94,31 +145,50 @@ def test_global_batch_does_not_depend_on_the_process_count(tmp_path, tok):
   for i in range(2):
     files.append(str(tmp_path / f"c4-{i}.json"))
     _write_jsonl(files[-1], _documents(30, seed=20 + i))
-  kwargs = dict(seq_len=24, rows=8, micro_batches=2, num_shards=4, prefetch=0)
-  single = data.Batches(files, tok, **kwargs)
-  pair = [data.Batches(files, tok, process_index=p, process_count=2, prefetch=2,
-                       **{k: v for k, v in kwargs.items() if k != "prefetch"}) for p in range(2)]
-  for _ in range(5):
+  kwargs = dict(seq_len=24, rows=8, micro_batches=2, num_shards=4)
+  single = pipeline.Batches(files, tok, prefetch=0, **kwargs)
+  pair = [pipeline.Batches(files, tok, shard_options=grain.sharding.ShardOptions(p, 2), **kwargs) for p in range(2)]
+  # Shard s of 4 (by record: 2 files < 4 shards) packs records s, s + 4, ... of each file: rows 2s, 2s + 1.
+  shard_rows = [_packed(tok, _documents(30, seed=20)[s::4] + _documents(30, seed=21)[s::4], 24) for s in range(4)]
+  for step in range(5):
     whole = next(single)
     assert whole.shape == (2, 8, 24)
     np.testing.assert_array_equal(whole, np.concatenate([next(b) for b in pair], axis=1))
+    for u in range(2):
+      i = 2 * (2 * step + u)
+      np.testing.assert_array_equal(whole[u], np.concatenate([rows[i:i + 2] for rows in shard_rows]))
   assert single.state()[2:] == pair[1].state()
   # Restarting both processes from their states continues the same global batches.
-  resumed = [data.Batches(files, tok, process_index=p, process_count=2, states=pair[p].state(),
-                          **kwargs) for p in range(2)]
+  resumed = [pipeline.Batches(files, tok, shard_options=grain.sharding.ShardOptions(p, 2), states=pair[p].state(),
+                              **kwargs) for p in range(2)]
   for _ in range(3):
     np.testing.assert_array_equal(next(single), np.concatenate([next(b) for b in resumed], axis=1))
-  for b in pair:
+  for b in (single, *pair, *resumed):
     b.close()
   with pytest.raises(ValueError, match="data.shards"):
-    data.Batches(files, tok, process_count=3, **kwargs)
+    pipeline.Batches(files, tok, shard_options=grain.sharding.ShardOptions(0, 3), **kwargs)
 
 
 def test_an_empty_shard_is_an_error_not_a_hang(tmp_path, tok):
   path = tmp_path / "one.json"
   _write_jsonl(path, _documents(1))
   with pytest.raises(ValueError, match="no documents"):
-    data.ShardReader([str(path)], 3, 4, tok, seq_len=8).next_sequence()
+    _rows(pipeline.packed_shard([str(path)], tok.encode, tok.eos_id, 8, 3, 4), 1)
+
+
+def test_bad_data_files_are_refused_naming_them(tmp_path):
+  _write_jsonl(tmp_path / "ok.jsonl", ["fine"])
+  (tmp_path / "broken.json.gz").write_bytes(b"not gzip at all")
+  (tmp_path / "broken.parquet").write_bytes(b"PAR1 not parquet")
+  (tmp_path / "broken.array_record").write_bytes(b"not an array record")
+  (tmp_path / "data.csv").write_text("text\nhello\n")
+  for name, match in (("missing.jsonl", "cannot be read"), ("broken.json.gz", "cannot be read"),
+                      ("broken.parquet", "cannot be read"), ("broken.array_record", "cannot be read"),
+                      ("data.csv", "none of the extensions")):
+    path = str(tmp_path / name)
+    with pytest.raises(ConfigError, match=match) as error:
+      sources.check_files([str(tmp_path / "ok.jsonl"), path])
+    assert path in str(error.value) and error.value.field == "data.train_files"
 
 
 def test_trained_tokenizer_is_cached_and_reloads_as_a_named_model(tmp_path, tok):
@@ -141,12 +211,12 @@ def test_trained_tokenizer_is_cached_and_reloads_as_a_named_model(tmp_path, tok)
 
 @pytest.mark.slow
 def test_embedded_corpus_is_real_text(shared):
-  [path] = data.corpus_files("", str(shared / "cache"))
-  texts = list(data.texts([path]))
+  [path] = corpus.corpus_files("", str(shared / "cache"))
+  texts = list(sources.texts([path]))
   assert len(texts) > 1000
   assert sum(map(len, texts)) > 1_000_000
   assert sum("Return" in t for t in texts[:200]) > 20
-  assert data.corpus_files("", str(shared / "cache")) == [path]  # cached
+  assert corpus.corpus_files("", str(shared / "cache")) == [path]  # cached
 
 
 def test_bert_masking_statistics():

@@ -10,7 +10,7 @@ import pytest
 
 from moejax.configs import decoder
 from moejax.data import corpus as data
-from moejax.data import tokenizer
+from moejax.data import pipeline, tokenizer
 from moejax.data.tokenizer import cache_lock
 from moejax.train import metrics
 from moejax.train import trainer as train
@@ -57,18 +57,18 @@ def test_the_heldout_split_is_never_trained_on_and_packs_every_kth_document(tmp_
   k = 5
   held = texts[k - 1::k]
   expected = np.concatenate([tok.encode(t) + [tok.eos_id] for t in held])
-  got = data.heldout_tokens([str(path)], tok, k, batches=2, rows=3, seq_len=8)
+  got = pipeline.heldout_tokens([str(path)], tok, k, batches=2, rows=3, seq_len=8)
   assert got.shape == (2, 3, 8)
   np.testing.assert_array_equal(got.reshape(-1), expected[:48])
   # Training over 4 line-sharded shards: shard s packs the kept documents s, s + 4, ... (none held out).
   kept = [t for i, t in enumerate(texts) if i % k != k - 1]
   for shard in range(4):
     want = np.concatenate([tok.encode(t) + [tok.eos_id] for t in kept[shard::4]])
-    reader = data.ShardReader([str(path)], shard, 4, tok, seq_len=8, heldout_every=k)
-    got = np.concatenate([reader.next_sequence() for _ in range(len(want) // 8)])
+    rows = iter(pipeline.packed_shard([str(path)], tok.encode, tok.eos_id, 8, shard, 4, heldout_every=k))
+    got = np.concatenate([next(rows) for _ in range(len(want) // 8)])
     np.testing.assert_array_equal(got, want[:len(got)])
   with pytest.raises(ValueError, match="held-out split"):
-    data.heldout_tokens([str(path)], tok, k, batches=10, rows=8, seq_len=8)
+    pipeline.heldout_tokens([str(path)], tok, k, batches=10, rows=8, seq_len=8)
 
 
 def test_the_console_line_gives_the_heldout_loss_its_baseline_steps_per_second_and_eta(tmp_path, monkeypatch):

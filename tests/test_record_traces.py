@@ -12,6 +12,7 @@ from experiments import record_traces
 from moejax.cli import define_config, define_workdir
 from moejax.configs import record_traces as traces_config
 from moejax.data import corpus as data_lib
+from moejax.data import pipeline as pipeline_lib
 from moejax.infer import load
 from moejax.placement.traces import routing_traces
 from moejax.validation import ConfigError
@@ -53,7 +54,7 @@ def test_traces_are_the_trained_models_choices_on_the_corpus(monkeypatch, tmp_pa
 
   model, tok, _ = load.load_trained(config, str(tmp_path / "train"))
   files = data_lib.corpus_files("", str(shared / "cache"))
-  first = data_lib.Batches(files, tok, seq_len=SEQ, rows=ROWS, micro_batches=1, num_shards=8, prefetch=0)
+  first = pipeline_lib.Batches(files, tok, seq_len=SEQ, rows=ROWS, micro_batches=1, num_shards=8, prefetch=0)
   tokens_BxS = next(first)[0]
   first.close()
   # Dropless, so the layers processed every choice: per-layer counts equal the traces' bincounts.

@@ -1,4 +1,4 @@
-"""Held-out evaluation during training: the loss on held-out documents (`moejax.data.corpus`: every
+"""Held-out evaluation during training: the loss on held-out documents (`moejax.data.sources`: every
 data.heldout_every-th document of each file, never trained on) after every log.eval_every-th step and the last.
 
 The evaluation is part of the jitted train step (`Trainer(heldout=...)`), run under `jax.lax.cond` only on the
@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.data import corpus as corpus_lib
+from moejax.data import pipeline as pipeline_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import objective
 from moejax.validation import ConfigError, require
@@ -32,7 +32,7 @@ def batches(config, files: list[str], tok) -> tuple[np.ndarray, float]:
   ordinary tokens: the loss of predicting each by its frequency alone); ConfigError when the split holds fewer."""
   rows = config.batch_size // config.micro_batches
   try:
-    tokens = corpus_lib.heldout_tokens(files, tok, config.data.heldout_every, config.log.eval_batches, rows,
+    tokens = pipeline_lib.heldout_tokens(files, tok, config.data.heldout_every, config.log.eval_batches, rows,
                                        config.seq_len)
   except ValueError as e:
     raise ConfigError(f"{e}: lower log.eval_batches or data.heldout_every", "log.eval_batches",

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
-from moejax.data import corpus as data_lib
+from moejax.data import pipeline as data_lib
 from moejax.moe import overflow as overflow_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import metrics as metrics_lib

@@ -13,6 +13,7 @@ import json
 import os
 import time
 
+import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -27,6 +28,8 @@ from jax.sharding import PartitionSpec as P
 from moejax import checkpoint as checkpoint_lib
 from moejax.cost import expert_backend
 from moejax.data import corpus as corpus_lib
+from moejax.data import pipeline as pipeline_lib
+from moejax.data import sources as sources_lib
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import hf_checkpoint, hf_files
 from moejax.models import state as state_lib
@@ -269,7 +272,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   collective_lib.check(moe_cfg.collective, platform, field="moe.collective")
   cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
   files = corpus_lib.corpus_files(config.data.train_files, cache_dir)
-  corpus_lib.check_files(files)  # the inputs' cheap checks, before a tokenizer is trained or anything compiled
+  sources_lib.check_files(files)  # the inputs' cheap checks, before a tokenizer is trained or anything compiled
   if config.get("init_from"):
     hf_files.Shards(config.init_from).close()  # every safetensors file's header read
   tok = corpus_lib.load_tokenizer(config, files, cache_dir)
@@ -298,10 +301,10 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     rest = (rest, jax.make_array_from_callback(heldout.shape, trainer.batch_sharding, lambda index: heldout[index]))
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
-  batches = corpus_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
-                             num_shards=config.data.shards, process_index=jax.process_index(),
-                             process_count=jax.process_count(), states=data_states, prefetch=config.data.prefetch,
-                             heldout_every=config.data.heldout_every)
+  batches = pipeline_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
+                                 num_shards=config.data.shards, shard_options=grain.sharding.ShardByJaxProcess(),
+                                 states=data_states, prefetch=config.data.prefetch,
+                                 heldout_every=config.data.heldout_every)
   writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader,
                                     total_steps=config.steps, heldout_unigram_entropy=baseline)
   run_start = time.perf_counter()
@@ -324,8 +327,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
       unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
       log_vocab=float(np.log(tok.num_ids)),
       heldout_unigram_entropy=baseline,
-      documents=int(sum(s[corpus_lib.STATE_FIELDS.index("documents")] for s in data_state)),
-      malformed_lines=int(sum(s[corpus_lib.STATE_FIELDS.index("malformed")] for s in data_state)))
+      documents=int(sum(s[pipeline_lib.STATE_FIELDS.index("documents")] for s in data_state)),
+      malformed_lines=int(sum(s[pipeline_lib.STATE_FIELDS.index("malformed")] for s in data_state)))
   if leader:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)
