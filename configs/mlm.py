@@ -54,11 +54,12 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
                            num_nodes=config.mesh.nodes,  # a copy: bilevel / node_limited check it
                            capacity_factor=2.0)  # SMILE's; None (--config.moe.capacity_factor=None): dropless
   config.data = ml_collections.ConfigDict({
-      "train_files": "",  # comma-separated globs of C4 JSON lines (.json[.gz]); '' = embedded corpus
+      # comma-separated globs of .jsonl/.json[.gz] (C4), .parquet or .array_record files; '' = embedded corpus
+      "train_files": "",
       "tokenizer_model": "",  # a SentencePiece model or a tokenizer.json; '' = train one on the corpus and cache it
       "cache_dir": "",  # where trained tokenizers and the embedded corpus are cached; '' = workdir/cache
       "tokenizer_train_chars": 2_000_000,
-      "shards": 8,  # the corpus is split into this many shards (a multiple of the process count)
+      "shards": 8,  # the corpus is split into this many shards (a multiple of the process count; moejax.data.pipeline)
       "mask_prob": 0.15,
       "prefetch": 2,
       "heldout_every": 50,  # every 50th document of each file held out of training for eval (0: none held out)
