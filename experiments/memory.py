@@ -42,6 +42,16 @@ PRESETS = {  # name: (config spec of configs/decoder.py, top-level, model, moe a
     "mixtral_2x8_edp": ("mixtral,published", dict(batch_size=32, micro_batches=2), {},
                         dict(expert_data_parallel=True, num_nodes=2), dict(nodes=2), False),
 }
+# Pipelined rows (analytic only: `plan_pipelined`): name -> (a PRESETS row, mesh.nodes of a stage's nodes x 8 GPUs,
+# schedule, stages, virtual_stages, micro-batches of one 4096-token sequence a device). DeepSeek-V3 as trained: 16
+# stages of 8 x 8 GPUs (EP 64; its 2048 GPUs are two such replicas, data parallel), DualPipe; on 32 x 8, 16 stages
+# of 2 x 8 GPUs (DualPipeV's 8 devices of 4 x 8), 32 micro-batches (DualPipe's least at 16 stages: m >= 2p).
+PIPELINED = {
+    "deepseek_v3_pp16_ep64_dualpipe": ("deepseek_v3_fsdp_remat", 8, "dualpipe", 16, 1, 32),
+    **{f"deepseek_v3_32x8_{s}": ("deepseek_v3_fsdp_remat", 4 if s == "dualpipev" else 2, s, 16,
+                                 2 if s == "interleaved" else 1, 32)
+       for s in ("gpipe", "1f1b", "interleaved", "dualpipe", "dualpipev")},
+}
 # XLA:CPU's default schedule maximises concurrency and ignores memory; its memory-minimising one is the honest
 # stand-in for a GPU compiler that schedules under a memory limit. Optimisation level 0 only speeds compiling.
 SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "xla_backend_optimization_level": 0}
@@ -90,6 +100,21 @@ def _compile(config, mesh, dump_dir=None):
   return sizes, time.perf_counter() - start, schedule
 
 
+def _checked_on(config, mesh):
+  """(the config as compiled on `mesh`'s CPU devices, the configured collective, `config_lib.checked` of it): a
+  collective XLA:CPU lacks ('ragged') compiled as 'padded', which has the same buffer bounds."""
+  from moejax.moe import collective as collective_lib
+  from moejax.moe.config import TRANSPORT_ALIASES
+  from moejax.runtime import platform as platform_lib
+  from moejax.train import config as config_lib
+  config = config.copy_and_resolve_references()
+  transport = config.moe.get("transport")  # the old name of path and collective, read first where set
+  path, configured = TRANSPORT_ALIASES[transport] if transport else (config.moe.path, config.moe.collective)
+  if not collective_lib.runs_on(configured, platform_lib.of_mesh(mesh)):
+    config.moe.update(path=path, collective="padded", **({"transport": None} if transport else {}))
+  return config, configured, config_lib.checked(config)
+
+
 def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = False) -> dict:
   """One row of the planner (devices already simulated): the config's per-device bytes by category, compiled and
   analytic, and the verdicts against `device_gb`."""
@@ -97,21 +122,12 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   import numpy as np
 
   from moejax.models.decoder_config import DecoderConfig
-  from moejax.moe import collective as collective_lib
-  from moejax.moe.config import TRANSPORT_ALIASES
   from moejax.runtime import mesh as mesh_lib
-  from moejax.runtime import platform as platform_lib
-  from moejax.train import config as config_lib
   from moejax.train import objective
   from moejax.train import trainer as train
-  config = config.copy_and_resolve_references()
   nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
   mesh = mesh_lib.make_mesh(nodes, gpus)
-  transport = config.moe.get("transport")  # the old name of path and collective, read first where set
-  path, configured = TRANSPORT_ALIASES[transport] if transport else (config.moe.path, config.moe.collective)
-  if not collective_lib.runs_on(configured, platform_lib.of_mesh(mesh)):  # compiled as 'padded' (same buffers)
-    config.moe.update(path=path, collective="padded", **({"transport": None} if transport else {}))
-  full, model_cfg, moe_cfg = config_lib.checked(config)
+  config, configured, (full, model_cfg, moe_cfg) = _checked_on(config, mesh)
   trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, _tokens(model_cfg.vocab_size))
   state = {k: sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(trainer.abstract_state[k]))
            for k in trainer.abstract_state}
@@ -169,6 +185,54 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
       "verdict": verdict(out["total"]), "analytic_verdict": verdict(analytic["total"]),
       "argument_check": {"scaled": scaled["argument"][0], "exact_state_and_batch": params + optimizer +
                          out["other_state"] + out["batch"]}}
+
+
+def plan_pipelined(config, schedule: str, stages: int, virtual_stages: int = 1, device_gb: float = 80.0) -> dict:
+  """A row of the planner for `config` (its mesh: one stage's nodes x GPUs; its micro_batches through the stages)
+  pipelined by `schedule` (`moejax.pipeline.schedules`): the analytic count of the busier end stage's devices
+  (`study.memory.pipeline_count` of `moejax.pipeline.memory.per_device`) and its verdict. Not compiled: the step
+  runs two of the five schedules, and a stage's program at DeepSeek-V3's size on CPU devices is out of reach here."""
+  from moejax.pipeline import memory as pipeline_memory
+  from moejax.pipeline import schedules
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.train import objective
+  from moejax.validation import require
+  section = config.get("pipeline")
+  require(section is None or section.schedule == "none", "pipeline.schedule", section and section.schedule,
+          "'none' in the planned training config: the planner's pipeline is planner.schedule")
+  nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
+  mesh = mesh_lib.make_mesh(nodes, gpus)
+  _, configured, (full, model_cfg, moe_cfg) = _checked_on(config, mesh)
+  rows = full.batch_size // full.micro_batches
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh, rows * full.seq_len) if model_cfg.num_moe_layers else None
+  per = pipeline_memory.per_device(schedule, stages, full.micro_batches, virtual_stages)
+  stage_devices = len(schedules.timetable(schedule, stages, full.micro_batches, virtual_stages).slots)
+  analytic = memory_lib.pipeline_count(model_cfg, moe_cfg, nodes, gpus, full.optim, rows // (nodes * gpus),
+                                       full.seq_len, exchange, full.get("loss_chunk", objective.LOSS_CHUNK), per)
+  dense, moe = memory_lib.layer_counts(model_cfg)
+  return {
+      "model": model_cfg.family, "mesh": [nodes, gpus],
+      "pipeline": {"schedule": schedule, "stages": stages, "virtual_stages": virtual_stages,
+                   "stage_devices": stage_devices, "devices": stage_devices * nodes * gpus},
+      "layers": {"dense": dense, "moe": moe, "mtp": model_cfg.num_mtp_layers}, "fsdp": model_cfg.fsdp,
+      "remat": model_cfg.remat, "param_dtype": model_cfg.param_dtype, "dtype": model_cfg.dtype,
+      "optim": {k: full.optim.get(k) for k in ("name", "master_dtype", "moment_dtype")},
+      "micro_batch": {"sequences_per_device": rows // (nodes * gpus), "seq_len": full.seq_len,
+                      "micro_batches": full.micro_batches},
+      "collective": {"configured": configured, "compiled": moe_cfg.collective}, "method": "analytic only",
+      "compiled": None, "analytic": analytic, "exchange": exchange, "device_gb": device_gb,
+      "analytic_verdict": "fits" if analytic["total"] <= device_gb * GB else "does not fit"}
+
+
+def pipelined_preset(name: str):
+  """(training config, (schedule, stages, virtual_stages)) of a PIPELINED row."""
+  base, nodes, schedule, stages, virtual, micro = PIPELINED[name]
+  config = preset_config(base)
+  gpus = config.mesh.gpus_per_node
+  config.update(micro_batches=micro, batch_size=micro * nodes * gpus)
+  config.mesh.nodes = config.moe.num_nodes = nodes
+  config.data.shards = nodes * gpus
+  return config, (schedule, stages, virtual)
 
 
 def _peak_buffers(dump_dir: str, top: int = 8) -> list | None:
@@ -230,14 +294,39 @@ def format_row(name: str, row: dict) -> str:
   return "\n".join(lines)
 
 
+def format_pipelined(name: str, row: dict) -> str:
+  """A pipelined row's analytic GB per device (the busier end stage's) and what the schedule multiplies."""
+  mb, pp, a = row["micro_batch"], row["pipeline"], row["analytic"]
+  lines = [f"{name}: {row['model']}, {pp['schedule']} over {pp['stages']} stages"
+           + (f" ({pp['virtual_stages']} chunks a device)" if pp["virtual_stages"] > 1 else "")
+           + f" on {pp['stage_devices']} x {row['mesh'][0]} x {row['mesh'][1]} = {pp['devices']} devices, "
+           f"fsdp={row['fsdp']}, remat={row['remat']}, micro-batch {mb['sequences_per_device']} x {mb['seq_len']} "
+           f"tokens/device ({mb['micro_batches']} micro-batches), attention {a['attention']}, loss "
+           + (f"in chunks of {a['loss_chunk']} columns" if a["loss_chunk"] else "unchunked")
+           + f", optimizer {row['optim']}, analytic only",
+           f"  a device holds {a['parameter_stages']} x {a['layers_fraction']:.4g} of the layers' state and "
+           f"{a['activation_stages']:g} x {a['layers_fraction']:.4g} of one micro-batch's layer activations; the "
+           f"{a['stage']} stage is the busier ({', '.join(f'{s} {t / GB:.2f}' for s, t in a['stage_totals'].items())}"
+           " GB)"]
+  for k in CATEGORIES:
+    lines.append(f"  {k:<28}{a[k] / GB:10.2f}")
+  lines.append(f"  verdict against {row['device_gb']:g} GB: {row['analytic_verdict']} (analytic)")
+  return "\n".join(lines)
+
+
 def summary(rows: dict) -> str:
   """One line per row: the categories in GB per device (activations compiled / analytic) and both verdicts."""
   head = (f"{'row':<32}{'mesh':>6}{'params':>8}{'optim':>8}{'grads':>8}{'act c/a':>15}{'exch':>7}{'total c/a':>17}"
           "  verdict (compiled / analytic)")
   lines = [head]
+  g = lambda x: f"{x / GB:.1f}"
   for name, r in rows.items():
     c, a = r["compiled"], r["analytic"]
-    g = lambda x: f"{x / GB:.1f}"
+    if c is None:  # a pipelined row: analytic only (its mesh: one stage's)
+      lines.append(f"{name:<32}{r['mesh'][0]:>3}x{r['mesh'][1]:<2}{g(a['parameters']):>8}{g(a['optimizer']):>8}"
+                   f"{g(a['gradients']):>8}{'- / ' + g(a['activations']):>15}{g(a['exchange_buffers']):>7}"
+                   f"{'- / ' + g(a['total']):>17}  - / {r['analytic_verdict']}")
+      continue
     lines.append(f"{name:<32}{r['mesh'][0]:>3}x{r['mesh'][1]:<2}{g(c['parameters']):>8}{g(c['optimizer']):>8}"
                  f"{g(c['gradients']):>8}{g(c['activations']) + ' / ' + g(a['activations']):>15}"
                  f"{g(c['exchange_buffers']):>7}{g(c['total']) + ' / ' + g(a['total']):>17}  {r['verdict']} / "
@@ -246,17 +335,25 @@ def summary(rows: dict) -> str:
 
 
 def configs_to_plan(config) -> dict:
-  """name -> training config: PRESETS' rows config.presets picks, or the one training config as 'config'; errors
-  name the field."""
+  """name -> (training config, None or its pipeline (schedule, stages, virtual_stages)): the rows config.presets picks
+  ('all': PRESETS' and PIPELINED's, 'pipelined': PIPELINED's, or names of either), or the one training config as
+  'config', pipelined by planner.schedule; errors name the field."""
+  from moejax.pipeline import schedules
   from moejax.train import config as config_lib
   from moejax.validation import require
 
   if "presets" not in config:
-    return {"config": config_lib.training_config(config)}
-  names = list(PRESETS) if tuple(config.presets) == ("all",) else list(config.presets)
-  unknown = [n for n in names if n not in PRESETS]
-  require(names and not unknown, "presets", config.presets, f"'all' or some of {sorted(PRESETS)}")
-  return {n: preset_config(n) for n in names}
+    p = config.planner
+    require(p.schedule == "none" or p.schedule in schedules.SCHEDULES, "planner.schedule", p.schedule,
+            f"'none' or one of {sorted(schedules.SCHEDULES)}")
+    pipeline = None if p.schedule == "none" else (p.schedule, p.stages, p.virtual_stages)
+    return {"config": (config_lib.training_config(config), pipeline)}
+  keyword = {("all",): [*PRESETS, *PIPELINED], ("pipelined",): list(PIPELINED)}
+  names = keyword.get(tuple(config.presets), list(config.presets))
+  unknown = [n for n in names if n not in PRESETS and n not in PIPELINED]
+  require(names and not unknown, "presets", config.presets,
+          f"'all', 'pipelined' or some of {sorted(PRESETS)} and {sorted(PIPELINED)}")
+  return {n: (preset_config(n), None) if n in PRESETS else pipelined_preset(n) for n in names}
 
 
 def main(argv):
@@ -266,13 +363,16 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   planner = config.planner
   configs = configs_to_plan(config)
-  mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c in configs.values()))
+  mesh_lib.simulate_cpu_devices(max(c.mesh.nodes * c.mesh.gpus_per_node for c, _ in configs.values()))
   start, rows = time.perf_counter(), {}
   try:
-    for name, train_config in configs.items():
-      explain = planner.explain or (name in PRESETS and PRESETS[name][5])
-      rows[name] = plan(train_config, planner.device_gb, planner.whole, explain)
-      print(format_row(name, rows[name]), flush=True)
+    for name, (train_config, pipeline) in configs.items():
+      if pipeline is None:
+        explain = planner.explain or (name in PRESETS and PRESETS[name][5])
+        rows[name] = plan(train_config, planner.device_gb, planner.whole, explain)
+      else:
+        rows[name] = plan_pipelined(train_config, *pipeline, planner.device_gb)
+      print((format_row if pipeline is None else format_pipelined)(name, rows[name]), flush=True)
   except (ConfigError, mesh_lib.MeshError) as e:
     sys.exit(f"error: {e}")
   print(summary(rows))

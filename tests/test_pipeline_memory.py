@@ -51,3 +51,74 @@ def test_memory_per_device_is_flat_as_stages_are_added(devices):
   total = lambda m: m.argument_size_in_bytes + m.temp_size_in_bytes
   assert abs(total(four) - total(two)) <= 0.02 * total(two)
   assert abs(four.temp_size_in_bytes - two.temp_size_in_bytes) <= 0.02 * two.temp_size_in_bytes
+
+
+def _tiny_deepseek(**model):
+  """Tiny DeepSeek-V3 (1 dense, 2 MoE layers, its MTP module) on 2 x 4 devices, one 32-token row a device."""
+  config = decoder.get_config("deepseek_v3")
+  config.update(batch_size=8, micro_batches=1, seq_len=32)
+  config.model.update(model)
+  return config_lib.validate(config)
+
+
+def _state_bytes_by_part(model_cfg, moe_cfg, mesh) -> dict:
+  """Per-device parameter bytes of the model's own leaves (their shardings), by where a pipeline puts them: the
+  token embeddings, the layers (blocks or stacked segments), the rest (final norm, head, MTP modules)."""
+  from moejax.study import memory as memory_lib
+  _, params, _ = state_lib.abstract_state(model_cfg, moe_cfg, mesh, 0)
+  parts = {"embeddings": 0, "layers": 0, "head": 0}
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    top = str(getattr(path[0], "key", path[0]))
+    part = "embeddings" if top == "embed" else "layers" if top in ("segments", "blocks") else "head"
+    parts[part] += memory_lib.shard_bytes(leaf)
+  return parts
+
+
+@pytest.mark.parametrize("schedule,stages,micro,virtual", [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1),
+                                                           ("interleaved", 2, 4, 2), ("dualpipe", 4, 8, 1),
+                                                           ("dualpipev", 4, 4, 1)])
+def test_pipelined_count_is_the_per_device_formula(devices, schedule, stages, micro, virtual):
+  """The planner's pipelined count (`study.memory.pipeline_count`) of the last stage (the busier: the head, the MTP
+  module, the loss), against the formula applied to the model's own leaves (fp32, no remat, no FSDP): parameters
+  parameter_stages x layers_fraction x the layers' + the rest; activations activation_stages x layers_fraction x
+  (dense x a dense block's + MoE x an MoE block's) + the MTP block's + the head's loss."""
+  from moejax.pipeline import memory as pipeline_memory
+  from moejax.study import memory as memory_lib
+  model_cfg, moe_cfg = _tiny_deepseek()
+  mesh = mesh_lib.make_mesh(2, 4)
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh, 8 * 32)
+  per = pipeline_memory.per_device(schedule, stages, micro, virtual)
+  count = memory_lib.pipeline_count(model_cfg, moe_cfg, 2, 4, None, 1, 32, exchange, 0, per)
+  parts = _state_bytes_by_part(model_cfg, moe_cfg, mesh)
+  assert count["stage"] == "last"
+  assert count["parameters"] == per["parameter_stages"] / stages * parts["layers"] + parts["head"]
+  assert count["gradients"] == count["parameters"]  # float32 parameters, float32 gradients
+  acts = memory_lib.analytic_activations(model_cfg, moe_cfg, 1, 32, exchange, 0)
+  blocks = acts["per_dense_block"] + 2 * acts["per_moe_block"]
+  want = per["activation_stages"] / stages * blocks + acts["per_moe_block"] + acts["head"]
+  assert count["activations"] == pytest.approx(want, rel=1e-12)
+  assert count["exchange_buffers"] == exchange["bytes"]
+  assert count["stage_totals"]["first"] < count["total"]
+
+
+@pytest.mark.slow  # one compiled step (about 10 s on 2 cores)
+def test_pipelined_count_holds_the_compiled_arguments(devices):
+  """The trainer's compiled 1F1B step (2 stages x 1 x 2 devices, tiny Qwen3-MoE, 4 layers): its arguments per
+  device are the planner's last-stage parameters and optimizer state (AdamW's two fp32 moments), plus the token
+  embeddings' (the step keeps them on every stage, replicated over 'stage'), the batch and the step's scalars."""
+  from moejax.pipeline import memory as pipeline_memory
+  from moejax.study import memory as memory_lib
+  config = decoder.get_config("qwen3_moe")
+  config.model.update(num_layers=4, moe_layers=(True,) * 4)
+  config.moe.update(num_nodes=1)
+  model_cfg, moe_cfg = config_lib.validate(config)
+  per = pipeline_memory.per_device("1f1b", 2, MICRO)
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh_lib.make_mesh(1, GPUS), GPUS * 16)
+  count = memory_lib.pipeline_count(model_cfg, moe_cfg, 1, GPUS, config.optim, 1, 16, exchange, 0, per)
+  embeddings = memory_lib.analytic_state(model_cfg, moe_cfg, 1, GPUS, config.optim, parts=("embeddings",))
+  compiled = step_memory(2).argument_size_in_bytes
+  batch = MICRO * 16 * 4  # int32 tokens, one row a device per micro-batch
+  scalars = compiled - (count["parameters"] + count["optimizer"] + embeddings["parameters"]
+                        + embeddings["optimizer"] + batch)
+  print("compiled arguments", compiled, "analytic", compiled - scalars)
+  assert 0 <= scalars <= 64  # the step, the key, AdamW's count

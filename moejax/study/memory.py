@@ -139,7 +139,30 @@ def _moe_leaves(moe_cfg) -> list:
   return out + ([Leaf((d, 1), kind="moe")] if moe_cfg.shared_gate else [])
 
 
-def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None) -> dict:
+PARTS = ("embeddings", "layers", "head")
+
+
+def analytic_leaves(cfg, moe_cfg) -> dict:
+  """The model's parameter leaves by where a pipeline puts them (`pipeline_count`): 'embeddings' (the token
+  embeddings: the first stage; a SMILE model's positions too), 'layers' (every block's attention, dense FFN and MoE
+  layer: split over the stages) and 'head' (the final norm, the output kernel and the MTP modules: the last stage)."""
+  decoder = isinstance(cfg, DecoderConfig)
+  top, attn, ffn = decoder_leaves(cfg) if decoder else _smile_leaves(cfg)
+  dense, moe = layer_counts(cfg)
+  layers = [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
+  layers += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
+  layers += [Leaf(x.shape, x.count * moe, x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
+  embeddings = top[:2] if not decoder else top[:1]
+  head = top[len(embeddings):]
+  mtp = getattr(cfg, "num_mtp_layers", 0)
+  if mtp:  # each MTP module: enorm, hnorm, eh_proj, its own norm, and one more block (attention and MoE FFN)
+    d = cfg.d_model
+    head += [Leaf((d,), 3 * mtp), Leaf((2 * d, d), mtp)] + [Leaf(x.shape, x.count * mtp, x.kind) for x in attn]
+    head += [Leaf(x.shape, x.count * mtp, x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
+  return {"embeddings": embeddings, "layers": layers, "head": head}
+
+
+def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple = PARTS) -> dict:
   """Per-device bytes of parameters, gradients and optimizer states from the config's dimensions alone: every
   tensor's shape written out per layer kind (embeddings, attention, dense FFN, MoE layer, MTP module), placed as the
   sharding rules say (experts over their holders; with FSDP a dense tensor over all devices on a dimension they
@@ -147,18 +170,11 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None) -> dict:
   `precision.zeros_for_accumulation`). The optimizer (`optim`: the config's optim section; None: today's defaults,
   `moejax.train.optim.DEFAULTS`) keeps with master_dtype a float32 master copy of every parameter, and moments in
   moment_dtype (else in the master's dtype, else the parameters'): two of each parameter (LAMB's and AdamW's m and
-  v), or under 'muon' one of each matrix it orthogonalises (`Leaf.muon`) and two of the rest."""
+  v), or under 'muon' one of each matrix it orthogonalises (`Leaf.muon`) and two of the rest. `parts`: which of
+  `analytic_leaves`' groups to count (a pipeline stage's)."""
   get = lambda name: optim_lib.DEFAULTS[name] if optim is None else optim.get(name, optim_lib.DEFAULTS[name])
-  decoder = isinstance(cfg, DecoderConfig)
-  top, attn, ffn = decoder_leaves(cfg) if decoder else _smile_leaves(cfg)
-  dense, moe = layer_counts(cfg)
-  leaves = top + [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
-  leaves += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
-  mtp = getattr(cfg, "num_mtp_layers", 0)
-  leaves += [Leaf(x.shape, x.count * (moe + mtp), x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
-  if mtp:  # each MTP module: enorm, hnorm, eh_proj, its own norm, and one more block (attention and MoE FFN)
-    d = cfg.d_model
-    leaves += [Leaf((d,), 3 * mtp), Leaf((2 * d, d), mtp)] + [Leaf(x.shape, x.count * mtp, x.kind) for x in attn]
+  groups = analytic_leaves(cfg, moe_cfg)
+  leaves = [x for part in parts for x in groups[part]]
   devices = nodes * gpus
   holders = gpus if moe_cfg.expert_data_parallel else devices
 
@@ -244,26 +260,63 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
     moe_ffn = (t * moe_cfg.num_experts * 4 + exchanged + expert_rows * mats * moe_cfg.d_ff * b
                + t * mats * moe_cfg.shared_width * b + t * d * 4)
   dense, moe = layer_counts(cfg)
-  moe += getattr(cfg, "num_mtp_layers", 0)
-  heads = 1 + getattr(cfg, "num_mtp_layers", 0)
+  mtp = getattr(cfg, "num_mtp_layers", 0)
   chunk = min(loss_chunk or cfg.vocab_size, cfg.vocab_size)
   if chunk == cfg.vocab_size:  # every head's logits kept for the backward
-    head = heads * loss_bytes(t, cfg.vocab_size, 0)
+    head = (1 + mtp) * loss_bytes(t, cfg.vocab_size, 0)
   else:  # every head's input and three floats a token kept; one chunk live at a time, and h's gradient
-    head = heads * t * (d * b + 3 * 4) + loss_bytes(t, cfg.vocab_size, chunk) + t * d * 4
+    head = (1 + mtp) * t * (d * b + 3 * 4) + loss_bytes(t, cfg.vocab_size, chunk) + t * d * 4
   none_dense, none_moe = attn + scores + dense_ffn, attn + scores + moe_ffn
-  if cfg.remat == "none":
-    kept = dense * none_dense + moe * none_moe
-  else:
-    kept = (dense + moe) * t * d * b + 2 * max(none_dense if dense else 0, none_moe if moe else 0)
-    if cfg.remat == "save_exchanged":
-      kept += moe * 2 * exchanged
-    elif cfg.remat == "save_matmuls":
-      kept += dense * (attn + dense_ffn) + moe * (attn + moe_ffn)
+
+  def kept(n_dense: int, n_moe: int) -> float:
+    """What n_dense dense and n_moe MoE blocks keep for the backward (remat: beside the recomputed block)."""
+    if cfg.remat == "none":
+      return n_dense * none_dense + n_moe * none_moe
+    extra = {"save_exchanged": n_moe * 2 * exchanged,
+             "save_matmuls": n_dense * (attn + dense_ffn) + n_moe * (attn + moe_ffn)}.get(cfg.remat, 0)
+    return (n_dense + n_moe) * t * d * b + extra
+
+  recomputed = 0 if cfg.remat == "none" else 2 * max(none_dense if dense else 0, none_moe if moe + mtp else 0)
+  layers, mtp_blocks = kept(dense, moe), kept(0, mtp)
   gathered = _gathered_bytes(cfg, moe_cfg) if cfg.fsdp else 0.0
-  return {"activations": float(kept + head + gathered), "per_dense_block": float(none_dense),
+  return {"activations": float(layers + mtp_blocks + recomputed + head + gathered), "layers": float(layers),
+          "mtp_blocks": float(mtp_blocks), "recomputed_block": float(recomputed), "per_dense_block": float(none_dense),
           "per_moe_block": float(none_moe), "attention": impl, "attention_scores_per_block": float(scores),
           "head": float(head), "loss_chunk": chunk if chunk < cfg.vocab_size else 0, "gathered_weights": gathered}
+
+
+def pipeline_count(cfg, moe_cfg, nodes: int, gpus: int, optim, rows: int, seq_len: int, exchange: dict | None,
+                   loss_chunk: int, per: dict) -> dict:
+  """The analytic count of one device of a pipeline stage (`nodes` x `gpus` devices a stage, `rows` sequences of
+  `seq_len` tokens a device per micro-batch), by `per` (`moejax.pipeline.memory.per_device` of the schedule): its
+  layers' parameters, gradients and optimizer state parameter_stages x layers_fraction x all layers' (DualPipe's
+  two stages), their activations activation_stages x layers_fraction x one micro-batch's of all layers (the
+  busiest device's micro-batches in flight), and beside them once: with remat the recomputed block, FSDP's gathered
+  weights, the exchange buffers. The first stage adds the embeddings' state, the last the head's (final norm,
+  output kernel, the embeddings again where tied, the MTP modules) and one micro-batch's MTP blocks and loss (the
+  last stage's backward follows its forward). -> the busier stage's counts, with 'stage' ('first' or 'last') and
+  both totals."""
+  share = lambda value: per["parameter_stages"] * per["layers_fraction"] * value
+  layers = analytic_state(cfg, moe_cfg, nodes, gpus, optim, parts=("layers",))
+  acts = analytic_activations(cfg, moe_cfg, rows, seq_len, exchange, loss_chunk)
+  exchanged = exchange["bytes"] if exchange else 0.0
+  layer_acts = per["activation_stages"] * per["layers_fraction"] * acts["layers"]
+  tied = getattr(cfg, "tie_embeddings", True)
+  ends = {"first": (("embeddings",), 0.0),
+          "last": (("head", "embeddings") if tied else ("head",), acts["mtp_blocks"] + acts["head"])}
+  counts = {}
+  for stage, (parts, own_acts) in ends.items():
+    own = analytic_state(cfg, moe_cfg, nodes, gpus, optim, parts=parts)
+    count = {k: share(layers[k]) + own[k] for k in ("parameters", "gradients", "optimizer", "master_weights",
+                                                    "moments")}
+    count.update(activations=layer_acts + acts["recomputed_block"] + acts["gathered_weights"] + own_acts,
+                 exchange_buffers=exchanged)
+    count["total"] = sum(count[k] for k in ("parameters", "optimizer", "gradients", "activations",
+                                            "exchange_buffers"))
+    counts[stage] = count
+  stage = max(counts, key=lambda s: counts[s]["total"])
+  return {**counts[stage], "stage": stage, "stage_totals": {s: c["total"] for s, c in counts.items()},
+          "attention": acts["attention"], "loss_chunk": acts["loss_chunk"], **per}
 
 
 def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:
