@@ -8,6 +8,7 @@ import ml_collections
 
 from moejax.pipeline import decoder as decoder_lib
 from moejax.pipeline import step as step_lib
+from moejax.pipeline import two_batch as two_batch_lib
 from moejax.train import objective
 from moejax.validation import is_int, require
 
@@ -23,10 +24,21 @@ def stages(config) -> int:
   return 1 if section is None else section.stages
 
 
+def two_batch(config) -> bool:
+  """Whether the step runs each micro-batch as two interleaved halves (`moejax.pipeline.two_batch`)."""
+  section = config.get("pipeline")
+  return section is not None and section.schedule == two_batch_lib.SCHEDULE
+
+
 def check(config, model_cfg, moe_cfg) -> None:
   """ConfigError naming the field for a pipeline section the step cannot run with the rest of `config`."""
   section = config.get("pipeline")
   if section is None:
+    return
+  if section.schedule == two_batch_lib.SCHEDULE:  # no pipeline: each micro-batch's halves interleaved
+    require(section.stages == 1, "pipeline.stages", section.stages,
+            "1 with pipeline.schedule='two_batch' (no 'stage' axis: the halves run on every device)")
+    two_batch_lib.check(model_cfg, moe_cfg, config)
     return
   require(section.schedule in SCHEDULES, "pipeline.schedule", section.schedule,
           "'none' or " + step_lib.why_not(section.schedule))

@@ -38,6 +38,7 @@ from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
+from moejax.pipeline import two_batch as two_batch_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
@@ -85,6 +86,9 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
     self.pipeline = pipeline_section.of_config(config, model_cfg, moe_cfg, mesh, self.graphdef)
     if self.pipeline is not None:
       param_shardings = self.pipeline.shardings(param_shardings)
+    # pipeline.schedule='two_batch': each micro-batch's halves through the layers interleaved (`moejax.pipeline.two_batch`).
+    self.model_loss_sums = (two_batch_lib.model_loss_sums if pipeline_section.two_batch(config)
+                            else objective.model_loss_sums)
     o = config.optim
     self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
                                                  o.decay, o.end_fraction)
@@ -177,7 +181,7 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
       model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
       # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`objective`).
-      loss_sum, correct, aux = objective.model_loss_sums(
+      loss_sum, correct, aux = self.model_loss_sums(
           model, inputs_BxS, positions_BxP, targets_BxP, weights_BxP,
           chunk=self.config.get("loss_chunk", objective.LOSS_CHUNK),
           rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
