@@ -24,6 +24,16 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
   os.environ["MOEJAX_TEST_XLA_FLAGS"] = " ".join(known_xla_flags(FAST_COMPILE_FLAGS))
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ['MOEJAX_TEST_XLA_FLAGS']}".strip()
 
+# XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start and later runs: many
+# tests build the same small programs (the same layer at the same shapes) and each would compile them again. Keyed by
+# the program, jax's version and the flags, so a stale entry is never used.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile  # noqa: E402
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"moejax-tests-xla-cache-{os.getuid()}")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+
 import jax  # noqa: E402
 import pytest
 
