@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU suite in parts that each finish within a limited command time (default 570 s): run
-#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1 to 8, in that order; or "all")
+#   bash benchmarks/gpu_parts.sh OUT_DIR PART      (PART = 1 to 9, in that order; or "all")
 # Each part is benchmarks/gpu_suite.sh on a subset of the steps and shapes, into OUT_DIR/part<PART>/, with
 # SUITE_TIMEOUT=$PART_TIMEOUT (a step running long is stopped with what it had measured). Parts 3, 4 and 8 time
 # against part 1's GEMM ceiling (its ceilings.json is copied in first). What each part runs:
@@ -16,13 +16,15 @@
 #   7  the whole expert FFN through the libraries at all four shapes: jax.lax.ragged_dot, tokamax and FP8 (qwix)
 #   8  decoder_step: a Qwen3-MoE-shaped decoder's training step (as many layers as fit, at 128 and 32 experts), with
 #      XLA's memory pool at 92% of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set)
+#   9  compile_time: the train step's compile time on one GPU, tiny Qwen3-MoE and DeepSeek-V3 decoders at 8 and 32
+#      layers, scanned and unrolled (no ceiling needed)
 # Afterwards `python -m experiments.expert_table --workdir=moejax/cost/expert_tables
 # --config.records=OUT_DIR/part1/kernels.json,OUT_DIR/part2/kernels.json,OUT_DIR/part7/kernels.json` makes the table
 # expert_backend='auto' reads. Environment: PART_TIMEOUT (seconds per part, default 570), PYTHON; options after PART
-# (fields of configs/gpu_suite.py, --config.FIELD=VALUE) go to every step of parts 1 to 4 and 6 to 8.
+# (fields of configs/gpu_suite.py, --config.FIELD=VALUE) go to every step of parts 1 to 4 and 6 to 9.
 
 set -u -o pipefail
-[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-8|all) [--config.FIELD=VALUE ...]" >&2; exit 2; }
+[[ $# -ge 2 ]] || { echo "usage: bash $0 OUT_DIR PART(1-9|all) [--config.FIELD=VALUE ...]" >&2; exit 2; }
 OUT_DIR=$1
 PART=$2
 shift 2
@@ -70,13 +72,14 @@ run_part() {
     8) copy_ceiling "$dir" || return 2
        XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92} STEPS="decoder_step" \
          bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.decoder_experts=128,32 "$@" ;;
-    *) echo "PART must be 1 to 8 or all; got $part" >&2; return 2 ;;
+    9) STEPS="compile_time" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" "$@" ;;
+    *) echo "PART must be 1 to 9 or all; got $part" >&2; return 2 ;;
   esac
 }
 
 if [[ $PART == all ]]; then
   status=0
-  for p in 1 2 3 4 5 6 7 8; do run_part "$p" "$@" || status=1; done
+  for p in 1 2 3 4 5 6 7 8 9; do run_part "$p" "$@" || status=1; done
   exit $status
 fi
 run_part "$PART" "$@"

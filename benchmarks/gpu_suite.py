@@ -29,6 +29,9 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
   decoder_step  tokens/s and MFU of the training step of a Qwen3-MoE-shaped decoder (published widths, AdamW with an
               fp32 master copy) on one device, at each expert count of config.decoder_experts with as many layers as
               fit the device's memory by the analytic count (moejax.study.memory); MFU against this run's ceilings.
+  compile_time  the train step's trace + lower + compile seconds on one device against depth (config.compile_layers, 8
+              and 32), layers scanned and unrolled, for configs/decoder.py's tiny families of config.compile_families:
+              what scanning saves as a decoder deepens (the mechanism experiments/compile_time.py runs on CPU).
 
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
   python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
@@ -58,6 +61,7 @@ if ROOT not in sys.path:  # run as a script: make `benchmarks`, `configs` and `m
 from benchmarks.suite.attention import step_attention  # noqa: E402
 from benchmarks.suite.ceilings import step_ceilings  # noqa: E402
 from benchmarks.suite.chunking import step_chunking  # noqa: E402
+from benchmarks.suite.compile_time import check_sweep, step_compile_time  # noqa: E402
 from benchmarks.suite.decoder_step import step_decoder  # noqa: E402
 from benchmarks.suite.env import step_env  # noqa: E402
 from benchmarks.suite.kernels import step_kernels  # noqa: E402
@@ -69,7 +73,7 @@ from moejax.validation import ConfigError, require  # noqa: E402
 
 STEP_FUNCTIONS = {'env': step_env, 'ceilings': step_ceilings, 'kernels': step_kernels, 'layer': step_layer,
                   'chunking': step_chunking, 'train_step': step_train, 'attention': step_attention,
-                  'decoder_step': step_decoder}
+                  'decoder_step': step_decoder, 'compile_time': step_compile_time}
 STEPS = tuple(STEP_FUNCTIONS)
 
 
@@ -77,6 +81,8 @@ def resolved(config):
   """A copy of the suite's config, checked, with the defaults that depend on smoke filled in."""
   require(config.step in STEPS, 'step', config.step, f'one of {list(STEPS)}')
   require(config.dtype in ('', 'bfloat16', 'float32'), 'dtype', config.dtype, "'', bfloat16 or float32")
+  if config.step == 'compile_time':
+    check_sweep(config.compile_families, config.compile_layers, config.compile_scan, prefix='compile_')
   config = copy.deepcopy(config)
   if config.warmup is None:
     config.warmup = 1 if config.smoke else 5

@@ -18,7 +18,7 @@ from moejax.bench.kernel_impls import IMPLS
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  # the step to run: env, ceilings, kernels, layer, chunking, train_step, attention or decoder_step
+  # the step to run: env, ceilings, kernels, layer, chunking, train_step, attention, decoder_step or compile_time
   config.step = ""
   config.smoke = False  # tiny shapes and few calls (CPU, interpreted Pallas)
   config.warmup = ml_collections.FieldReference(None, field_type=int)  # untimed calls after compiling (5; smoke 1)
@@ -46,5 +46,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.decoder_experts = (128, 32)
   config.decoder_remat = "full"
   config.decoder_memory_fraction = 0.9
+  # compile_time (benchmarks/suite/compile_time.py): configs/decoder.py's tiny families, the depths and the layers
+  # scanned (True) and unrolled (False), in that order (smoke: qwen3_moe at 2 layers).
+  config.compile_families = ("qwen3_moe", "deepseek_v3")
+  config.compile_layers = (8, 32)
+  config.compile_scan = (True, False)
   config.dtype = ""  # layer, train_step and decoder_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
   return config

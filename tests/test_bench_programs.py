@@ -73,6 +73,9 @@ def run(program: str, *args, timeout=300) -> subprocess.CompletedProcess:
     ("experiments.expert_table", "--config.records=", "config field records=() is not allowed: one or more"),
     ("benchmarks/gpu_suite.py", "--config.step=nope", "config field step='nope' is not allowed: one of ['env'"),
     ("benchmarks/hf_load.py", "--config.param_dtype=float16", "config field param_dtype='float16' is not allowed"),
+    ("experiments.compile_time", "--config.families=qwen3_moe,nope",
+     "config field families=('qwen3_moe', 'nope') is not allowed: a non-empty tuple of ["),
+    ("experiments.compile_time", "--config.batch_size=12", "config field batch_size=12 is not allowed: a multiple of"),
 ])
 def test_a_bad_field_is_one_error_line_naming_it(tmp_path, program, override, message):
   done = run(program, f"--workdir={tmp_path}", override)
@@ -157,3 +160,19 @@ def test_hf_load_writes_its_record_and_removes_the_checkpoint(tmp_path):
   assert [load["cache"] for load in record["loads"]] == ["cold", "warm"]
   assert all(load["check_equal"] for load in record["loads"])
   assert record["shapes"]["moe"]["num_experts"] == 8 and record["shard_mb"] == 1
+
+
+@pytest.mark.slow  # two compiles of the train step on the 2 x 4 mesh (about 30 s on 2 CPU cores)
+def test_compile_time_writes_its_table_and_record(tmp_path):
+  """experiments.compile_time on its default 2 x 4 mesh, one family at 2 layers scanned: the warm-up left out, the one
+  point in the table and in compile_time.json."""
+  done = run("experiments.compile_time", f"--workdir={tmp_path}", "--config.families=qwen3_moe", "--config.layers=2",
+             "--config.scan=True")
+  assert done.returncode == 0, done.stderr[-3000:]
+  record = json.loads((tmp_path / "compile_time.json").read_text())
+  assert record["device"] == "2 x 4 simulated CPU devices" and record["config"]["layers"] == [2]
+  (point,) = record["points"]
+  assert (point["family"], point["layers"], point["scan_layers"]) == ("qwen3_moe", 2, True)
+  assert point["total_cpu_s"] > 0 and point["compile_s"] > 0 and point["program_lines"] > 0
+  (row,) = [line.split() for line in done.stdout.splitlines() if line.startswith("qwen3_moe")]  # the table's row
+  assert row[:2] == ["qwen3_moe", "2"] and row[3] == "1.00x" and row[-1] == str(point["program_lines"])

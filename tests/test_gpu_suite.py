@@ -23,7 +23,7 @@ from tests.helpers import ENV, ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu_suite")]
 
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
-STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step", "attention", "decoder_step")
+STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step", "attention", "decoder_step", "compile_time")
 
 
 def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
@@ -100,7 +100,7 @@ def test_every_record_is_complete_with_finite_positive_timings(records, step):
   assert record["versions"]["jax"] and record["versions"]["jaxlib"] and record["versions"]["flax"]
   assert positive(record["wall_s"])
   found = timings(record)
-  if step != "env":
+  if step not in ("env", "compile_time"):  # compile_time: one compile per point (its own test checks the seconds)
     assert found, f"{step}.json has no timings"
   bad = [(path, value) for path, value in found if not positive(value)]
   assert not bad, bad
@@ -376,7 +376,7 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   assert steps == set(STEPS)
   # Part 5's fields are tune_kernels' own.
   assert set(re.findall(r"--config\.(\w+)=", part5)) <= set(tune_config.get_config()) and "tgmm" in part5
-  for part in ("3", "4", "8", "9"):
+  for part in ("3", "4", "8", "10"):
     run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part], capture_output=True,
                          text=True, env=ENV, timeout=60)
     assert run.returncode == 2 and ("part1/ceilings.json" in run.stderr or "PART must be" in run.stderr), run.stderr
@@ -443,3 +443,62 @@ def test_decoder_model_flops_count_the_parameters_a_token_meets():
   pairs = sum(range(1, 9))
   assert flops["attention_flops"] == 3 * 2 * 2 * pairs * 4 * model_cfg.num_heads * model_cfg.head_dim
   assert flops["flops"] == 6 * active * 16 + flops["attention_flops"]
+
+
+def test_compile_time_measures_the_scanned_and_the_unrolled_step(records):
+  """The smoke compile_time: tiny Qwen3-MoE at 2 layers on the 1 x 1 mesh, its warm-up kept apart, then scanned and
+  unrolled (config.compile_scan's order), each with positive wall and CPU seconds that add up, and the ratios row."""
+  from benchmarks.suite import compile_time
+
+  record = records["compile_time"]
+  assert record["mesh"] == "1x1" and record["device_count"] == 1
+  assert (record["families"], record["layers"]) == (list(compile_time.SMOKE_FAMILIES), list(compile_time.SMOKE_LAYERS))
+  assert [(p["family"], p["layers"], p["scan_layers"]) for p in record["warmups"]] == [("qwen3_moe", 2, True)]
+  assert [(p["family"], p["layers"], p["scan_layers"]) for p in record["points"]] == [("qwen3_moe", 2, True),
+                                                                                      ("qwen3_moe", 2, False)]
+  for point in record["warmups"] + record["points"]:
+    for kind in ("", "_cpu"):
+      parts = [point[f"{name}{kind}_s"] for name in ("trace_lower", "compile", "total")]
+      assert all(positive(v) for v in parts) and math.isclose(parts[0] + parts[1], parts[2]), point
+    assert isinstance(point["program_lines"], int) and point["program_lines"] > 0
+  (row,) = record["ratios"]
+  scanned, unrolled = (p["total_s"] for p in record["points"])
+  assert (row["scanned_s"], row["unrolled_s"]) == (scanned, unrolled)
+  assert math.isclose(row["scanned_over_unrolled"], scanned / unrolled)
+  assert row["scanned_vs_2_layers"] == row["unrolled_vs_2_layers"] == 1.0
+
+
+def test_compile_time_ratios_and_table_compare_each_depth_to_the_shallowest():
+  """ratios and table on made-up points: each depth against the family's shallowest of its kind, scanned against
+  unrolled; a point that is missing (a step stopped part-way) leaves None and a blank cell."""
+  from benchmarks.suite import compile_time
+
+  point = lambda layers, scan, s: dict(family="qwen3_moe", layers=layers, scan_layers=scan, total_s=s,
+                                       total_cpu_s=2 * s, program_lines=100 if scan else layers * 10)
+  points = [point(8, True, 4.0), point(32, True, 5.0), point(8, False, 2.0)]
+  assert compile_time.ratios(points) == [
+      dict(family="qwen3_moe", layers=8, scanned_s=4.0, scanned_vs_8_layers=1.0, unrolled_s=2.0,
+           unrolled_vs_8_layers=1.0, scanned_over_unrolled=2.0),
+      dict(family="qwen3_moe", layers=32, scanned_s=5.0, scanned_vs_8_layers=1.25, unrolled_s=None,
+           unrolled_vs_8_layers=None, scanned_over_unrolled=None)]
+  lines = compile_time.table(points + [point(32, False, 8.0)], "total_s", "s").splitlines()
+  assert lines[2].split() == ["qwen3_moe", "32", "8.0", "4.00x", "5.0", "1.25x", "320", "100"]
+  assert compile_time.table(points).splitlines()[2].split() == ["qwen3_moe", "32", "10.0", "1.25x", "100"]
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("compile_families", ("qwen3_moe", "nope"), "a non-empty tuple of ["),
+    ("compile_layers", (8, 1), "ints >= 2"),
+    ("compile_scan", (), "True / False")])
+def test_compile_time_fields_are_checked_before_the_step_starts(field, value, message):
+  """A bad compile_* field is refused by resolved() (one error line naming it), in a smoke run too."""
+  from benchmarks import gpu_suite
+  from configs import gpu_suite as suite_config
+  from moejax.validation import ConfigError
+
+  config = suite_config.get_config()
+  config.update(step="compile_time", smoke=True, **{field: value})
+  with pytest.raises(ConfigError, match=rf"^config field {field}=.* is not allowed: .*{re.escape(message)}"):
+    gpu_suite.resolved(config)
+  config.update(step="env")
+  gpu_suite.resolved(config)  # only the compile_time step reads them
