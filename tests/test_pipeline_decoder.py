@@ -56,12 +56,15 @@ def _three_steps(config, stages: int, tokens):
 @pytest.mark.parametrize("spec,layers,schedule,stages,nodes,gpus,moe", [
     ("qwen3_moe", 2, "1f1b", 2, 1, 4, {}), ("deepseek_v3", 3, "gpipe", 2, 1, 4, {}),
     ("deepseek_v3", 5, "1f1b", 4, 1, 2, {}), ("qwen3_moe", 4, "gpipe", 4, 2, 1, {}),
-    ("deepseek_v3", 5, "1f1b", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1))])
+    ("deepseek_v3", 5, "1f1b", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
+    ("qwen3_moe", 4, "dualpipev", 2, 1, 4, {}), ("qwen3_moe", 2, "dualpipe", 2, 1, 4, {}),
+    ("deepseek_v3", 5, "dualpipev", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1))])
 def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, nodes, gpus, moe):
   """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last. With
   balance_loss='global_batch' each micro-batch's balance loss counts the step's earlier micro-batches' choices, in
   every layer and the MTP module: each stage carries its own layers' (1F1B: a stage's backward of micro-batch i after
-  its forwards of later ones)."""
+  its forwards of later ones). dualpipev: 4 stages of layers on 2 devices, the V; dualpipe: each stage on both
+  devices, its gradients the two copies' sum."""
   tokens = np.random.default_rng(stages * 10 + layers).integers(
       TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
   piped = _three_steps(_config(spec, layers, nodes, gpus, dict(schedule=schedule, stages=stages), **moe), stages,
@@ -84,7 +87,10 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-3)
 
 @pytest.mark.parametrize("update,field", [
-    (dict(pipeline=dict(schedule="dualpipe", stages=2)), "pipeline.schedule"),
+    (dict(pipeline=dict(schedule="interleaved", stages=2)), "pipeline.schedule"),
+    (dict(pipeline=dict(schedule="dualpipev", stages=4)), "micro_batches"),  # 8 stages of layers need 8
+    (dict(pipeline=dict(schedule="dualpipev", stages=2)), "pipeline.stages"),  # 2 MoE layers over 4 stages
+    (dict(pipeline=dict(schedule="dualpipe", stages=2), moe=dict(balance_loss="global_batch")), "moe.balance_loss"),
     (dict(pipeline=dict(schedule="1f1b", stages=1)), "pipeline.stages"),
     (dict(pipeline=dict(schedule="none", stages=2)), "pipeline.stages"),
     (dict(pipeline=dict(schedule="1f1b", stages=4)), "pipeline.stages"),  # 2 MoE layers over 4 stages

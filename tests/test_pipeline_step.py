@@ -1,6 +1,7 @@
-"""The pipelined loss and gradients, run from the gpipe and 1f1b timetables over a 'stage' mesh axis, against the
+"""The pipelined loss and gradients, run from each schedule's timetable over a 'stage' mesh axis, against the
 unpipelined jax.grad of the same stacked layers (fp32, fresh random draws): a shared parameter on the first stage,
-one layer a stage, the loss on the last, the statistics per stage and micro-batch."""
+one layer a stage (dualpipev: 2p stages on p devices, the V; interleaved: p v; dualpipe: p, each on two devices),
+the loss on the last, the statistics per stage and micro-batch."""
 
 import jax
 import jax.numpy as jnp
@@ -38,18 +39,20 @@ TOY = step.Stages(
     last=lambda w, y, batch: ((loss := _loss(y, batch["target"])), loss))
 
 
-@pytest.mark.parametrize("schedule,stages,micro_batches", [("gpipe", 4, 4), ("1f1b", 4, 8), ("1f1b", 8, 4),
-                                                           ("gpipe", 2, 8)])
-def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, stages, micro_batches):
+@pytest.mark.parametrize("schedule,devices_,micro_batches,virtual", [
+    ("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("gpipe", 2, 8, 1), ("dualpipev", 2, 4, 1),
+    ("dualpipev", 4, 8, 1), ("dualpipe", 4, 8, 1), ("interleaved", 2, 4, 2)])
+def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, devices_, micro_batches, virtual):
+  stages = step.layer_stages(schedule, devices_, virtual)
   keys = jax.random.split(jax.random.key(stages * 100 + micro_batches), 4)
   d, b = 16, 3
   params = {"w": jax.random.normal(keys[0], (stages, d, d)) / np.sqrt(d), "b": jax.random.normal(keys[1], (stages, d))}
   x = jax.random.normal(keys[2], (micro_batches, b, d))
   targets = jax.random.normal(keys[3], (micro_batches, b, d))
   scale = 1.0 + jax.random.uniform(keys[0], ())
-  mesh = Mesh(np.asarray(devices[:stages]), ("stage",))
+  mesh = Mesh(np.asarray(devices[:devices_]), ("stage",))
   run = lambda p, s, x, t: step.pipelined_loss_and_grads(TOY, step.Weights(p, s), {"x": x, "target": t}, mesh,
-                                                         schedule)
+                                                         schedule, virtual_stages=virtual)
   loss, (grads, dscale), (first_U, stage_PxU, last_U) = jax.jit(run)(params, scale, x, targets)
   ref_loss, (ref_grads, ref_dscale) = jax.value_and_grad(_reference, argnums=(0, 1))(params, scale, x, targets)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
@@ -64,14 +67,28 @@ def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, stage
     np.testing.assert_allclose(stage_PxU[s], np.sum(np.asarray(y) ** 2, axis=(1, 2)), rtol=1e-5)
 
 
-def test_tick_table_and_refusals():
-  """Each F's output arrives at the next stage in the tick it runs; schedules the step cannot run are named."""
-  ticks = step.tick_table("1f1b", 4, 8)
-  kind, mb, arrives_f = ticks[0], ticks[1], ticks[2]
-  for t, d in zip(*np.nonzero(kind == step.FORWARD)):
-    if d < 3:
-      assert arrives_f[t, d + 1] == mb[t, d]
-  for schedule in ("interleaved", "dualpipe", "dualpipev"):  # refused with what the step lacks for them
-    with pytest.raises(ConfigError, match=f"config field schedule='{schedule}'") as refused:
-      step.tick_table(schedule, 4, 8)
-    assert step.MISSING[schedule] in str(refused.value)
+def test_plan_of_dualpipev():
+  """The V on 2 devices: device d runs stages d and 3-d; device 1 turns each forward from chunk 0 to chunk 1 on
+  itself (a link of shift 0) and each backward back; paired F&B slots run in one tick; every F's output arrives
+  where its route goes next, in the tick it runs."""
+  the = step.plan("dualpipev", 2, 4)
+  np.testing.assert_array_equal(the.stage_of, [[0, 3], [1, 2]])
+  np.testing.assert_array_equal(the.layout(8), [0, 1, 6, 7, 2, 3, 4, 5])
+  assert {(kind, shift) for kind, shift, _ in the.links} == {("F", 1), ("F", 0), ("F", -1), ("B", 1), ("B", 0),
+                                                             ("B", -1)}
+  ops = the.ticks[:, :, :2, 0]
+  assert ((ops >= 0).sum(axis=2) == 2).any()  # some tick runs a forward and a backward
+  route = [(0, 0), (1, 0), (1, 1), (0, 1)]
+  for t, d in zip(*np.nonzero(ops[:, :, 0] >= 0)):
+    mb, c = the.ticks[t, d, 0]
+    k = route.index((d, c))
+    if k < 3:
+      to, c2 = route[k + 1]
+      link = [i for i, (kind, shift, _) in enumerate(the.links) if (kind, shift) == ("F", to - d)][0]
+      assert tuple(the.ticks[t, to, 2 + link]) == (mb, c2)
+
+
+def test_refusals():
+  """A schedule the step does not know is named."""
+  with pytest.raises(ConfigError, match="config field schedule='zb-v'"):
+    step.plan("zb-v", 4, 8)

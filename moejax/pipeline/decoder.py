@@ -2,10 +2,11 @@
 `Decoder`, its layers split into stages over the mesh's 'stage' axis.
 
 Which layers a stage runs: the last segment of the scanned layers (`moejax.models.layers`: DeepSeek's MoE layers, all
-of Qwen3-MoE's) is split into p equal runs of its repeats, stage s running run s; the layers before it (DeepSeek's
-dense first layers) run on the first stage after the embeddings; the final norm, the head, the MTP modules and the
-loss on the last. A stage is one program for every device (the stacked repeats [r, ...] sharded over 'stage', r/p a
-device), so the runs must be equal: r a multiple of p. The staged segment's parameters and state are split over
+of Qwen3-MoE's) is split into the schedule's S equal runs of its repeats (`step.layer_stages`: p, 2p for dualpipev),
+stage k running run k on the device the schedule puts it (`step.Plan.layout`); the layers before it (DeepSeek's dense
+first layers) run on the first stage after the embeddings; the final norm, the head, the MTP modules and the loss on
+the last. A stage is one program for every device (the stacked repeats [r, ...] sharded over 'stage'), so the runs
+must be equal: r a multiple of S. The staged segment's parameters and state are split over
 'stage'; everything else (embeddings, the first layers, norm, head, MTP modules) is replicated over it, used on the
 first or last stage and its gradient summed over the stages (the embeddings' all-reduce of a pipeline whose first and
 last stages share them).
@@ -51,22 +52,24 @@ def check_collective(moe_cfg, platform: str) -> None:
   require(resolved != "padded", "moe.collective", moe_cfg.collective, PADDED_REASON)
 
 
-def staged_segment(cfg, stages: int) -> int:
-  """The index of the segment split over the stages (the last); ConfigError naming the field where the layers
-  cannot be split into `stages` equal stages."""
+def staged_segment(cfg, stages: int, schedule: str) -> int:
+  """The index of the segment split over the schedule's stages of layers (the last; `step.layer_stages`: dualpipev's
+  2 x `stages` devices, the V); ConfigError naming the field where the layers cannot be split into them equally."""
   require(isinstance(cfg, DecoderConfig), "model.family", getattr(cfg, "family", type(cfg).__name__),
           "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)")
   require(cfg.scan_layers, "model.scan_layers", cfg.scan_layers,
           "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)")
   segments = layers_lib.segments(cfg)
   seg = segments[-1]
-  require(seg.repeats % stages == 0, "pipeline.stages", stages,
-          f"a divisor of {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
+  cut = step_lib.layer_stages(schedule, stages)
+  into = f"{cut} stages of layers ({schedule}, {stages} devices)" if cut != stages else f"{stages} stages"
+  require(seg.repeats % cut == 0, "pipeline.stages", stages,
+          f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
           f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)")
   sub = layers_lib.find_segments(tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[
-      :seg.period * seg.repeats // stages])
-  require(sub == (layers_lib.Segment(0, seg.period, seg.repeats // stages),), "pipeline.stages", stages,
-          f"a divisor of {seg.repeats} leaving each stage at least two repeats of the segment's {seg.period} "
+      :seg.period * seg.repeats // cut])
+  require(sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),), "pipeline.stages", stages,
+          f"{into} dividing {seg.repeats}, each stage at least two repeats of the segment's {seg.period} "
           "different layers (a stage's slice is scanned as the segment is)")
   return len(segments) - 1
 
@@ -114,7 +117,7 @@ class PipelinedDecoder:
 
   def __init__(self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int):
     self.stages = mesh_lib.require_stages(mesh)
-    self.segment = staged_segment(model_cfg, self.stages)
+    self.segment = staged_segment(model_cfg, self.stages, schedule)
     check_collective(moe_cfg, platform_lib.of_mesh(mesh))
     self.graphdef, self.cfg, self.moe_cfg, self.mesh = graphdef, model_cfg, moe_cfg, mesh
     self.schedule, self.loss_chunk = schedule, loss_chunk
@@ -122,7 +125,7 @@ class PipelinedDecoder:
     seg = layers_lib.segments(model_cfg)[self.segment]
     self.first_layers = seg.start
     self.stage_layers = seg.stop - seg.start
-    self.layers_per_stage = (seg.stop - seg.start) // self.stages
+    self.layers_per_stage = (seg.stop - seg.start) // step_lib.layer_stages(schedule, self.stages)
 
   def _is_staged(self, path) -> bool:
     return len(path) > 1 and path[0] == "segments" and path[1] == self.segment
@@ -210,7 +213,7 @@ class PipelinedDecoder:
     def stage(w, x_BxSxD, batch):
       w = self._with_earlier_counts(w, 1)
       model = self._model(w)
-      start = self.first_layers + jax.lax.axis_index(mesh_lib.STAGE) * self.layers_per_stage
+      start = self.first_layers + w.stage * self.layers_per_stage
       x_BxSxD, aux = self._run(model, model.segments[self.segment:], self.first_layers,
                                self.first_layers + self.layers_per_stage, x_BxSxD, batch["key"], start)
       return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 1)
@@ -256,20 +259,20 @@ class PipelinedDecoder:
     num_micro = batch_U["inputs"].shape[0]
     staged, shared = self._split(params)
     staged_rest, shared_rest = self._split(rest)
-    buffer = NamedSharding(self.stage_mesh, P(None, *activation_spec(self.cfg)))
-    _, (dstaged, dshared), (first_U, stage_PxU, last_U) = step_lib.pipelined_loss_and_grads(
+    buffer = NamedSharding(self.stage_mesh, P(None, None, *activation_spec(self.cfg)))
+    _, (dstaged, dshared), (first_U, stage_SxU, last_U) = step_lib.pipelined_loss_and_grads(
         self.stages_of(num_micro), step_lib.Weights(staged, shared, staged_rest, shared_rest), batch_U, self.mesh,
         self.schedule, constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer))
     grads = {**dshared, "segments": {**dshared["segments"], **dstaged["segments"]}}
-    # The stages' per-layer statistics [p, U, m, ...] in layer order [U, p m, ...], between the first layers' and
+    # The stages' per-layer statistics [S, U, m, ...] in layer order [U, S m, ...], between the first layers' and
     # the MTP modules'.
     in_order = lambda a: jnp.moveaxis(a, 0, 1).reshape(num_micro, -1, *a.shape[3:])
     parts = [first_U] if first_U else []
-    parts += [jax.tree.map(in_order, {name: stage_PxU[name] for name in AUX})]
+    parts += [jax.tree.map(in_order, {name: stage_SxU[name] for name in AUX})]
     if "mtp_loss" in last_U:
       parts.append({name: last_U[name] for name in AUX})
     auxes = {name: jnp.concatenate([part[name] for part in parts], axis=1) for name in AUX}
-    auxes["aux_loss"] = jnp.sum(stage_PxU["aux_loss"], axis=0) + (first_U["aux_loss"] if first_U else 0.0)
+    auxes["aux_loss"] = jnp.sum(stage_SxU["aux_loss"], axis=0) + (first_U["aux_loss"] if first_U else 0.0)
     if "mtp_loss" in last_U:
       auxes["mtp_loss"] = last_U["mtp_loss"]
     return grads, last_U["loss_sum"], last_U["correct"], auxes

@@ -10,10 +10,14 @@ from moejax.pipeline import decoder as decoder_lib
 from moejax.pipeline import step as step_lib
 from moejax.pipeline import two_batch as two_batch_lib
 from moejax.train import objective
-from moejax.validation import is_int, require
+from moejax.validation import ConfigError, is_int, require
 
 CONFIG_FIELDS = ("schedule", "stages")
-SCHEDULES = ("none", *step_lib.RUNS)
+# The step runs interleaved too (`step.pipelined_loss_and_grads(..., virtual_stages=v)`); the section has no v.
+SCHEDULES = ("none", *(s for s in step_lib.RUNS if s != "interleaved"))
+NOT_HERE = {"interleaved": "interleaved needs pipeline.virtual_stages, a field this section does not have yet"}
+
+
 def defaults() -> ml_collections.ConfigDict:
   return ml_collections.ConfigDict({"schedule": "none", "stages": 1})
 
@@ -41,14 +45,22 @@ def check(config, model_cfg, moe_cfg) -> None:
     two_batch_lib.check(model_cfg, moe_cfg, config)
     return
   require(section.schedule in SCHEDULES, "pipeline.schedule", section.schedule,
-          "'none' or " + step_lib.why_not(section.schedule))
+          f"one of {SCHEDULES}" + (f" ({NOT_HERE[section.schedule]})" if section.schedule in NOT_HERE else ""))
   require(is_int(section.stages), "pipeline.stages", section.stages, "a positive int")
   require((section.schedule == "none") == (section.stages == 1), "pipeline.stages", section.stages,
           f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={section.schedule!r})")
   if section.stages == 1:
     return
-  decoder_lib.staged_segment(model_cfg, section.stages)
+  try:
+    step_lib.timetable(section.schedule, section.stages, config.micro_batches)
+  except ConfigError as refused:  # the schedule's own shape (dualpipe: p even; the micro-batches it needs)
+    require(False, "pipeline.stages" if refused.field == "stages" else refused.field, refused.value, refused.allowed)
+  decoder_lib.staged_segment(model_cfg, section.stages, section.schedule)
   require(moe_cfg.collective != "padded", "moe.collective", moe_cfg.collective, decoder_lib.PADDED_REASON)
+  require(section.schedule != "dualpipe" or moe_cfg.balance_loss != "global_batch", "moe.balance_loss",
+          moe_cfg.balance_loss, "not 'global_batch' with dualpipe: its second copy of each stage runs the second "
+          "half of the micro-batches, alongside the first half, so a micro-batch's earlier ones' counts are on "
+          "another device")
 
 
 def of_config(config, model_cfg, moe_cfg, mesh, graphdef) -> decoder_lib.PipelinedDecoder | None:

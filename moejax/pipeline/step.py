@@ -4,21 +4,28 @@ gradients moved by `jax.lax.ppermute` inside `jax.shard_map`, the ticks of the t
 A model is three functions (`Stages`): `first` on the first stage (the embeddings: micro-batch -> activation),
 `stage` on every stage (its slice of the layers: activation -> activation) and `last` on the last (the head and the
 loss). Each also returns a loss term (summed into the loss: the MoE layers' auxiliary losses, the task loss) and
-statistics (summed per micro-batch, not differentiated: expert counts, ...). A device holds (`Weights`) its stage's
-slice of the staged parameters (leaves [n, ...] sharded over the axis: stage s holds rows s n/p .. (s+1) n/p - 1) and
-the shared ones (the embeddings, the head: replicated over the axis, their gradients summed over it), each with its
-non-differentiated state beside it (slot tables, balancing biases, key streams).
+statistics (summed per micro-batch, not differentiated: expert counts, ...). The staged parameters (leaves [n, ...],
+stage k's slice rows k n/S .. (k+1) n/S - 1 of the schedule's S stages) are cut into chunks: a device holds one chunk
+per stage it runs (gpipe, 1f1b: stage d on device d; interleaved: stages d, d+p, ...; dualpipev: stages d and
+2p-1-d, the V; dualpipe: stages d and p-1-d, a second copy of every stage). The step lays them out so (`Plan.layout`:
+a permutation of the stacked slices, repeating a slice for dualpipe, sharded over the axis), and sums the gradients
+back into the leaves' own layout. The shared parameters (the embeddings, the head) are replicated over the axis, their
+gradients summed over it; each parameter's non-differentiated state (slot tables, balancing biases) goes with it.
 
-At tick t each device runs the slot its timetable starts then (unit F = B times, so every slot is one tick): F(i) runs
-its stage on micro-batch i's input (the first stage `first` of the micro-batch, the others what their predecessor
-sent) and keeps that input; B(i) recomputes the stage's vjp at the kept input (the stage rematerialised) with the
-output's gradient (the last stage's output feeds its own loss: none), adds the parameters' gradients and sends the
-input's back; its loss is recorded there, once, its statistics at the micro-batch's F (the last stage's at its B,
-again by B elsewhere: the same values). A stage also reads `Weights.before`, its statistics of the micro-batches
-before the running one summed: gpipe and 1f1b run each stage's forwards (the last stage's backwards) in micro-batch
-order, so they are recorded by then (a balance loss over the step's earlier micro-batches). After each tick one ppermute carries every F's output
-to the next stage and one every B's input-gradient to the previous; the receiver files it under the micro-batch the
-timetable says its neighbour ran. Schedules of one chunk a device and no paired slots run: gpipe, 1f1b.
+At tick t each device runs the slot its timetable starts then (`TICKS`: every slot one tick, a paired F&B slot
+too): F(i) runs its chunk on micro-batch i's input (the first stage `first` of the micro-batch, the others what
+their predecessor sent) and keeps that input; B(i) recomputes the chunk's vjp at the kept input (the stage
+rematerialised) with the output's gradient (the last stage's output feeds its own loss: none), adds the parameters'
+gradients and sends the input's back; a paired slot runs both (one micro-batch's forward, another's backward, on
+its two chunks). A split-off W is no slot here: B computes the whole backward. The loss is recorded at the last
+stage's B, once, a chunk's statistics at the micro-batch's F (the last stage's at its B, again by B elsewhere: the
+same values). A chunk also reads `Weights.before`, its statistics of the micro-batches before the running one
+summed: every schedule runs a chunk's forwards (the last stage's backwards) in micro-batch order, so they are
+recorded by then (a balance loss over the step's earlier micro-batches; dualpipe's second copy runs the second half
+of the micro-batches, so a chunk holds only its own half's). After each tick one ppermute per link (`Plan.links`: the
+F outputs, or the B input-gradients, that go the same way, e.g. down the V and back up it) carries what the slot
+sends to the device holding the next (previous) stage; a link to the device itself (the V's turn from chunk 0 to
+chunk 1 on the last device) is no transfer. The receiver files it under the (micro-batch, chunk) the timetable says.
 """
 
 import functools
@@ -29,30 +36,97 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from moejax.pipeline import memory, schedules
-from moejax.pipeline.timetable import B, F
+from moejax.pipeline import schedules
+from moejax.pipeline.timetable import B, Durations, F, W
 from moejax.validation import require
 
-IDLE, FORWARD, BACKWARD = 0, 1, 2
-RUNS = ("gpipe", "1f1b")  # the schedules the step runs
-# What the step lacks for the other timetables (`schedules`), named in their refusal.
-MISSING = {
-    "interleaved": "v chunks of the staged layers a device, stage d's chunks d, d+p, ... (not one block of the "
-                   "stacked [r, ...] leaves: a stored layout [v, p, r/(vp), ...] or a reshuffle of the parameters "
-                   "every step), a chunk per slot, and a ring transfer from the last device to the first",
-    "dualpipe": "a slot running one micro-batch's forward and another's backward together (F&B), and two chunks a "
-                "device, stages d and p-1-d (a second copy of the parameters, its gradients summed with the "
-                "first's), each sending both ways",
-    "dualpipev": "two chunks a device, stages d and p-1-d (not one block of the stacked [r, ...] leaves), the "
-                 "F&B slot, and the turn from chunk 0 to chunk 1 on the last device",
-}
+RUNS = ("gpipe", "1f1b", "interleaved", "dualpipe", "dualpipev")  # the schedules the step runs
+# The step's clock: every slot one tick, a paired F&B slot one tick too (both run in it), a W none.
+TICKS = Durations(f=1.0, b=1.0, w=0.0, fb=1.0)
 
 
-def why_not(schedule: str) -> str:
-  """What the step expects of a schedule it does not run, and what that schedule lacks."""
-  if schedule not in MISSING:
-    return "gpipe or 1f1b"
-  return f"gpipe or 1f1b: {schedule} is a timetable the cost model prices; the step lacks {MISSING[schedule]}"
+def layer_stages(schedule: str, devices: int, virtual_stages: int = 1) -> int:
+  """S, the stages the staged layers are cut into (a route's length): 2p for dualpipev on p devices (the V),
+  p v for interleaved, p otherwise."""
+  return {"dualpipev": 2 * devices, "interleaved": devices * virtual_stages}.get(schedule, devices)
+
+
+def timetable(schedule: str, devices: int, micro_batches: int, virtual_stages: int = 1):
+  """The schedule's timetable over `devices` devices (dualpipev's p stages are 2 x its devices), timed in the step's
+  ticks."""
+  require(schedule in RUNS, "schedule", schedule, f"one of {RUNS}")
+  return schedules.timetable(schedule, 2 * devices if schedule == "dualpipev" else devices, micro_batches,
+                             virtual_stages, TICKS)
+
+
+class Plan(NamedTuple):
+  """A timetable as the step runs it. stage_of [p, C]: the stage (place in every route) each device's chunk runs;
+  ticks [T, p, 2 + links, 2] int32: per tick and device the slot's forward and backward and, per link, what arrives
+  after the tick, each a (micro-batch, chunk), (-1, -1) none; links: per link (kind, shift, pairs): F outputs (or B
+  input-gradients) sent `shift` devices on, pairs its (source, destination) devices, none for shift 0 (kept on the
+  device); rows (inputs, gradients): a buffer's rows a chunk, micro-batch i in row i mod rows."""
+
+  stages: int
+  stage_of: np.ndarray
+  ticks: np.ndarray
+  links: tuple
+  rows: tuple[int, int]
+
+  def layout(self, n: int) -> np.ndarray:
+    """The rows of staged leaves [n, ...] the devices hold, device by device, chunk by chunk (each chunk its stage's
+    n/S rows)."""
+    per = n // self.stages
+    return np.concatenate([np.arange(k * per, (k + 1) * per) for k in self.stage_of.reshape(-1)])
+
+
+def _fewest_rows(held: dict, micro_batches: int) -> int:
+  """The fewest rows r such that no two micro-batches in one row (i mod r) are held at once. held: per buffer, the
+  (micro-batch, tick it is filed after, last tick it is read) of each entry."""
+  clash = lambda r: any(i != j and i % r == j % r and a < y and x < b
+                        for entries in held.values() for i, a, b in entries for j, x, y in entries)
+  return next(r for r in range(1, micro_batches + 1) if not clash(r))
+
+
+def plan(schedule: str, devices: int, micro_batches: int, virtual_stages: int = 1) -> Plan:
+  """The step's `Plan` of `schedule` over `devices` devices."""
+  table = timetable(schedule, devices, micro_batches, virtual_stages)
+  stages = len(table.routes[0])
+  stage_of = np.full((devices, 1 + max(c for route in table.routes for _, c in route)), -1, np.int32)
+  for route in table.routes:
+    for k, (d, c) in enumerate(route):
+      if stage_of[d, c] not in (-1, k):
+        raise ValueError(f"{schedule}: device {d}'s chunk {c} runs stages {stage_of[d, c]} and {k}")
+      stage_of[d, c] = k
+  ticks = int(round(table.makespan))
+  ops = np.full((ticks, devices, 2, 2), -1, np.int32)
+  sends, reads = [], {}
+  for d, slots in enumerate(table.slots):
+    for slot in slots:
+      t = int(round(slot.start))
+      for op in slot.ops:
+        if op.kind == W:
+          continue
+        j = (F, B).index(op.kind)
+        if t != slot.start or ops[t, d, j, 0] >= 0:
+          raise ValueError(f"{schedule}: device {d}'s {op} is not alone in its tick {slot.start}")
+        ops[t, d, j] = (op.micro_batch, op.chunk)
+        route = table.routes[op.micro_batch]
+        k = route.index((d, op.chunk)) + (1 if op.kind == F else -1)
+        if 0 <= k < stages:
+          sends.append((op.kind, t, d, route[k], op.micro_batch))
+        if op.kind == B:
+          reads[(B, d, op.chunk, op.micro_batch)] = reads[(F, d, op.chunk, op.micro_batch)] = t
+  keys = sorted({(kind, to - d) for kind, _, d, (to, _), _ in sends})
+  links = tuple((kind, shift, () if shift == 0 else tuple(sorted({(d, to) for k, _, d, (to, _), _ in sends
+                                                                  if (k, to - d) == (kind, shift)})))
+                for kind, shift in keys)
+  arrivals = np.full((ticks, devices, len(links), 2), -1, np.int32)
+  held = {}
+  for kind, t, d, (to, c), mb in sends:
+    arrivals[t, to, keys.index((kind, to - d))] = (mb, c)
+    held.setdefault((kind, to, c), []).append((mb, t, reads[(kind, to, c, mb)]))
+  rows = tuple(_fewest_rows({k: v for k, v in held.items() if k[0] == kind}, micro_batches) for kind in (F, B))
+  return Plan(stages, stage_of, np.concatenate([ops, arrivals], axis=2), links, rows)
 
 
 class Weights(NamedTuple):
@@ -63,41 +137,21 @@ class Weights(NamedTuple):
   shared: object
   staged_rest: object = None
   shared_rest: object = None
-  before: object = None  # (first's, stage's, last's statistics) of this device's earlier micro-batches, summed
+  before: object = None  # (first's, stage's, last's) statistics of this chunk's earlier micro-batches, summed
+  stage: object = None  # the stage the running chunk is (int32, 0 .. S-1), its staged leaves that stage's slice
 
 
 class Stages(NamedTuple):
-  """A model cut into pipeline stages (w: a device's `Weights`, staged ones its stage's slice; batch_i: one
-  micro-batch's pytree; losses float32 scalars).
+  """A model cut into pipeline stages (w: a device's `Weights`, staged ones the running stage's slice, w.stage its
+  index; batch_i: one micro-batch's pytree; losses float32 scalars).
 
   first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every
   stage. last(w, y, batch_i) -> (loss, stats): on the last stage. w.before: the (first's, stage's, last's) stats of
-  the micro-batches before batch_i on this device, summed (None while the step traces their shapes)."""
+  the micro-batches before batch_i on this chunk, summed (None while the step traces their shapes)."""
 
   first: Callable
   stage: Callable
   last: Callable
-
-
-def tick_table(schedule: str, stages: int, micro_batches: int) -> np.ndarray:
-  """[4, ticks, stages] int32: per tick and device the slot's kind (IDLE, FORWARD, BACKWARD), its micro-batch, the
-  micro-batch whose activation arrives from the previous stage after the tick and the one whose gradient arrives
-  from the next (-1: none)."""
-  require(schedule in RUNS, "schedule", schedule, why_not(schedule))
-  table = schedules.timetable(schedule, stages, micro_batches)
-  ticks = int(round(table.makespan))
-  out = np.full((4, ticks, stages), -1, np.int32)
-  out[0] = IDLE
-  for d, slots in enumerate(table.slots):
-    for slot in slots:
-      (op,) = slot.ops
-      t = int(round(slot.start))
-      out[0, t, d], out[1, t, d] = (FORWARD if op.kind == F else BACKWARD), op.micro_batch
-      if op.kind == F and d + 1 < stages:
-        out[2, t, d + 1] = op.micro_batch
-      if op.kind == B and d > 0:
-        out[3, t, d - 1] = op.micro_batch
-  return out
 
 
 def _zeros(tree):
@@ -105,97 +159,121 @@ def _zeros(tree):
 
 
 def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, schedule: str, axis: str = "stage",
-                             constrain=lambda x: x):
+                             constrain=lambda x: x, virtual_stages: int = 1):
   """(loss summed over the micro-batches, (gradients of weights.staged, of weights.shared), statistics) of the model
   pipelined over `mesh`'s `axis` by `schedule`.
 
-  weights: staged leaves [n, ...], n a multiple of the axis' p stages; batch_U: leaves [U, ...], micro-batch i at
-  [i]. The gradients are float32 sums over the micro-batches. statistics: (first's [U, ...], stage's [p, U, ...]
-  (stage s's at [s]), last's [U, ...]). constrain: applied to the activation buffers [K, ...] (their sharding over
-  the other axes)."""
-  stages = mesh.shape[axis]
+  weights: staged leaves [n, ...], n a multiple of the schedule's S stages (`layer_stages`); batch_U: leaves
+  [U, ...], micro-batch i at [i]. The gradients are float32 sums over the micro-batches. statistics: (first's
+  [U, ...], stage's [S, U, ...] (stage k's at [k]), last's [U, ...]). constrain: applied to the activation buffers
+  [C, K, ...] (their sharding over the other axes)."""
+  devices = mesh.shape[axis]
   micro_batches = jax.tree.leaves(batch_U)[0].shape[0]
+  the = plan(schedule, devices, micro_batches, virtual_stages)
+  stages, chunks = the.stages, the.stage_of.shape[1]
   staged = (weights.staged, weights.staged_rest)
   require(all(leaf.shape[0] % stages == 0 for leaf in jax.tree.leaves(staged)), "staged", "leaves [n, ...]",
-          f"n a multiple of the {stages} stages of mesh axis {axis!r}")
-  ticks = jnp.asarray(tick_table(schedule, stages, micro_batches))
-  # Buffers of the most micro-batches a device holds at once (1F1B: p, GPipe: m), micro-batch i in row i mod that:
-  # what a device holds is a run of consecutive micro-batches, so no two live ones share a row.
-  rows = int(max(memory.activations_in_flight(schedules.timetable(schedule, stages, micro_batches))))
-  forward_to = [(s, s + 1) for s in range(stages - 1)]
-  backward_to = [(s + 1, s) for s in range(stages - 1)]
+          f"n a multiple of the {stages} stages of {schedule} over the {devices} devices of mesh axis {axis!r}")
+  moved = not np.array_equal(the.stage_of.reshape(-1), np.arange(stages))
+  placed = lambda tree: jax.tree.map(lambda a: jnp.take(a, the.layout(a.shape[0]), axis=0) if moved else a, tree)
   fp32 = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)
+  rows_x, rows_g = the.rows
 
-  def local(w, batch_U, ticks_4xTx1):
-    stage = jax.lax.axis_index(axis)
-    first, last = stage == 0, stage == stages - 1
+  def local(w, batch_U, ticks_Tx1xLx2):
+    device = jax.lax.axis_index(axis)
+    stage_of = jnp.asarray(the.stage_of)[device]
+    chunk = lambda tree, c: jax.tree.map(lambda a: a.reshape((chunks, -1) + a.shape[1:])[c], tree)
     take = lambda i: jax.tree.map(lambda leaf: leaf[i], batch_U)
-    x_like, _, first_stats = jax.eval_shape(model.first, w, take(0))
-    _, _, stage_stats = jax.eval_shape(model.stage, w, x_like, take(0))
-    _, last_stats = jax.eval_shape(model.last, w, x_like, take(0))
+    shaped = w._replace(staged=chunk(w.staged, 0), staged_rest=chunk(w.staged_rest, 0), stage=stage_of[0])
+    x_like, _, first_stats = jax.eval_shape(model.first, shaped, take(0))
+    _, _, stage_stats = jax.eval_shape(model.stage, shaped, x_like, take(0))
+    _, last_stats = jax.eval_shape(model.last, shaped, x_like, take(0))
     zero_x = _zeros(x_like)
     no_loss = jnp.zeros((), jnp.float32)
+    stats_like = (first_stats, stage_stats, last_stats)
 
-    def run(before, staged, shared, x_in, batch_i):
-      """This stage on one micro-batch with these parameters: (y, loss), statistics."""
-      w_ = w._replace(staged=staged, shared=shared, before=before)
-      x, loss0, stats0 = jax.lax.cond(first, lambda: model.first(w_, batch_i),
+    def run(w_, staged, shared, x_in, batch_i):
+      """One stage (w_.stage) on one micro-batch with these parameters: (y, loss), statistics."""
+      w_ = w_._replace(staged=staged, shared=shared)
+      x, loss0, stats0 = jax.lax.cond(w_.stage == 0, lambda: model.first(w_, batch_i),
                                       lambda: (x_in, no_loss, _zeros(first_stats)))
       y, loss1, stats1 = model.stage(w_, x, batch_i)
-      loss2, stats2 = jax.lax.cond(last, lambda: model.last(w_, y, batch_i), lambda: (no_loss, _zeros(last_stats)))
+      loss2, stats2 = jax.lax.cond(w_.stage == stages - 1, lambda: model.last(w_, y, batch_i),
+                                   lambda: (no_loss, _zeros(last_stats)))
       return (y, loss0 + loss1 + loss2), (stats0, stats1, stats2)
 
-    stats_like = (first_stats, stage_stats, last_stats)
-    no_grads = (fp32(w.staged), fp32(w.shared))
-
     def tick(carry, slot):
-      inputs_KxX, grads_KxX, grads, loss, stats_U = carry
-      kind, mb, arrives_f, arrives_b = slot[0, 0], slot[1, 0], slot[2, 0], slot[3, 0]
-      mb = jnp.maximum(mb, 0)
-      row = mb % rows
-      batch_i, x_in = take(mb), inputs_KxX[row]
-      earlier = lambda a: jnp.sum(jnp.where((jnp.arange(micro_batches) < mb).reshape((-1,) + (1,) * (a.ndim - 1)),
-                                            a, jnp.zeros_like(a)), axis=0)
-      chain = functools.partial(run, jax.tree.map(earlier, stats_U))
+      inputs_CxKxX, grads_CxKxX, (dstaged_C, dshared), loss, stats_CxU = carry
+      (f_mb, f_c), (b_mb, b_c) = slot[0, 0], slot[0, 1]
+      f_mb, f_c, b_mb, b_c, ran_f, ran_b = (jnp.maximum(f_mb, 0), jnp.maximum(f_c, 0), jnp.maximum(b_mb, 0),
+                                            jnp.maximum(b_c, 0), f_mb >= 0, b_mb >= 0)
 
-      def idle():
-        return zero_x, zero_x, no_grads, no_loss, _zeros(stats_like)
+      def view(c, mb):
+        """w for chunk c running micro-batch mb: its state's slice, its stage, its earlier micro-batches' stats."""
+        earlier = lambda a: jnp.sum(jnp.where((jnp.arange(micro_batches) < mb).reshape((-1,) + (1,) * (a.ndim - 2)),
+                                              a[c], jnp.zeros_like(a[c])), axis=0)
+        return w._replace(staged_rest=chunk(w.staged_rest, c), before=jax.tree.map(earlier, stats_CxU),
+                          stage=stage_of[c])
 
       def forward():  # the last stage's output feeds only its own loss, which its B computes
-        (y, _), stats = jax.lax.cond(last, lambda: ((zero_x, no_loss), _zeros(stats_like)),
-                                     lambda: chain(w.staged, w.shared, x_in, batch_i))
-        return y, zero_x, no_grads, no_loss, stats
+        w_ = view(f_c, f_mb)
+        (y, _), stats = jax.lax.cond(w_.stage == stages - 1, lambda: ((zero_x, no_loss), _zeros(stats_like)),
+                                     lambda: run(w_, chunk(w.staged, f_c), w.shared, inputs_CxKxX[f_c, f_mb % rows_x],
+                                                 take(f_mb)))
+        return y, stats
 
       def backward():
-        (_, value), vjp, stats = jax.vjp(lambda a, b, x: chain(a, b, x, batch_i), w.staged, w.shared, x_in,
-                                         has_aux=True)
-        dy = jnp.where(last, jnp.zeros_like(x_in), grads_KxX[row])
+        w_, batch_i = view(b_c, b_mb), take(b_mb)
+        (_, value), vjp, stats = jax.vjp(lambda a, b, x: run(w_, a, b, x, batch_i), chunk(w.staged, b_c), w.shared,
+                                         inputs_CxKxX[b_c, b_mb % rows_x], has_aux=True)
+        dy = jnp.where(w_.stage == stages - 1, jnp.zeros_like(zero_x), grads_CxKxX[b_c, b_mb % rows_g])
         dstaged, dshared, dx = vjp((dy, jnp.ones((), jnp.float32)))
-        return zero_x, dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
+        return dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
 
-      out, back, dgrads, value, stats = jax.lax.switch(kind, [idle, forward, backward])
+      y, f_stats = jax.lax.cond(ran_f, forward, lambda: (zero_x, _zeros(stats_like)))
+      no_chunk_grads = (fp32(chunk(w.staged, 0)), fp32(w.shared))
+      dx, (dstaged, dshared_b), value, b_stats = jax.lax.cond(
+          ran_b, backward, lambda: (zero_x, no_chunk_grads, no_loss, _zeros(stats_like)))
+      dstaged_C = jax.tree.map(lambda acc, g: acc.at[b_c].add(g), dstaged_C, dstaged)
+      record = lambda acc, s, c, mb, ok: acc.at[c, mb].set(jnp.where(ok, s, acc[c, mb]))
+      stats_CxU = jax.tree.map(functools.partial(record, c=f_c, mb=f_mb, ok=ran_f & (stage_of[f_c] != stages - 1)),
+                               stats_CxU, f_stats)
+      stats_CxU = jax.tree.map(functools.partial(record, c=b_c, mb=b_mb, ok=ran_b), stats_CxU, b_stats)
       # The transfers stay outside the branches: XLA could otherwise move a ppermute into them, and stages taking
       # different branches would then wait at different collectives.
-      out, back = jax.lax.optimization_barrier((out, back))
-      sent_f = jax.lax.ppermute(out, axis, forward_to)
-      sent_b = jax.lax.ppermute(back, axis, backward_to)
-      inputs_KxX = jnp.where(arrives_f >= 0, inputs_KxX.at[arrives_f % rows].set(sent_f), inputs_KxX)
-      grads_KxX = jnp.where(arrives_b >= 0, grads_KxX.at[arrives_b % rows].set(sent_b), grads_KxX)
-      record = (kind == BACKWARD) | ((kind == FORWARD) & ~last)
-      stats_U = jax.tree.map(lambda acc, s: jnp.where(record, acc.at[mb].set(s), acc), stats_U, stats)
-      return (constrain(inputs_KxX), constrain(grads_KxX), jax.tree.map(jnp.add, grads, dgrads), loss + value,
-              stats_U), None
+      y, dx = jax.lax.optimization_barrier((y, dx))
+      for link, (kind, shift, pairs) in enumerate(the.links):
+        sent = y if kind == F else dx
+        got = jax.lax.ppermute(sent, axis, pairs) if shift else sent
+        mb, c = slot[0, 2 + link]
+        filed = functools.partial(record, c=jnp.maximum(c, 0), ok=mb >= 0)
+        if kind == F:
+          inputs_CxKxX = filed(inputs_CxKxX, mb=jnp.maximum(mb, 0) % rows_x, s=got)
+        else:
+          grads_CxKxX = filed(grads_CxKxX, mb=jnp.maximum(mb, 0) % rows_g, s=got)
+      grads = (dstaged_C, jax.tree.map(jnp.add, dshared, dshared_b))
+      return (constrain(inputs_CxKxX), constrain(grads_CxKxX), grads, loss + value, stats_CxU), None
 
-    buffer = constrain(jnp.zeros((rows,) + x_like.shape, x_like.dtype))
-    stats_U = jax.tree.map(lambda s: jnp.zeros((micro_batches,) + s.shape, s.dtype), stats_like)
-    carry = (buffer, buffer, no_grads, no_loss, stats_U)
-    (_, _, (dstaged, dshared), loss, stats_U), _ = jax.lax.scan(tick, carry, jnp.moveaxis(ticks_4xTx1, 1, 0))
-    first_U, stage_U, last_U = stats_U
-    total = lambda tree: jax.tree.map(lambda a: jax.lax.psum(a, axis), tree)  # nonzero on one stage, or summed
-    return total(loss), (dstaged, total(dshared)), (total(first_U), jax.tree.map(lambda a: a[None], stage_U),
-                                                    total(last_U))
+    buffer = lambda rows: constrain(jnp.zeros((chunks, rows) + x_like.shape, x_like.dtype))
+    stats_CxU = jax.tree.map(lambda s: jnp.zeros((chunks, micro_batches) + s.shape, s.dtype), stats_like)
+    no_grads = (fp32(jax.tree.map(lambda a: a.reshape((chunks, -1) + a.shape[1:]), w.staged)), fp32(w.shared))
+    carry = (buffer(rows_x), buffer(rows_g), no_grads, no_loss, stats_CxU)
+    (_, _, (dstaged_C, dshared), loss, stats_CxU), _ = jax.lax.scan(tick, carry, ticks_Tx1xLx2)
+    first_CxU, stage_CxU, last_CxU = stats_CxU
+    total = lambda tree: jax.tree.map(lambda a: jax.lax.psum(jnp.sum(a, axis=0), axis), tree)  # on one chunk
+    dstaged = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), dstaged_C)
+    return (jax.lax.psum(loss, axis), (dstaged, jax.tree.map(lambda a: jax.lax.psum(a, axis), dshared)),
+            (total(first_CxU), jax.tree.map(lambda a: a[None], stage_CxU), total(last_CxU)))
 
   specs = Weights(P(axis), P(), P(axis), P())
-  run = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P(None, None, axis)),
+  run = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P(None, axis)),
                       out_specs=(P(), (P(axis), P()), (P(), P(axis), P())), axis_names={axis}, check_vma=False)
-  return run(weights, batch_U, ticks)
+  loss, (dstaged, dshared), (first_U, stage_PxCxU, last_U) = run(
+      weights._replace(staged=placed(weights.staged), staged_rest=placed(weights.staged_rest)), batch_U,
+      jnp.asarray(the.ticks))
+  # Back to the leaves' layout: each stage's gradient (dualpipe: the sum of its two copies'), each stage's stats.
+  back = lambda a, g: jnp.zeros(a.shape, jnp.float32).at[the.layout(a.shape[0])].add(g) if moved else g
+  by_stage = lambda a: jnp.zeros((stages,) + a.shape[2:], a.dtype).at[the.stage_of.reshape(-1)].add(
+      a.reshape((-1,) + a.shape[2:]))
+  return loss, (jax.tree.map(back, weights.staged, dstaged), dshared), (first_U, jax.tree.map(by_stage, stage_PxCxU),
+                                                                        last_U)
