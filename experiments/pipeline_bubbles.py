@@ -11,14 +11,15 @@ makespan and the idle fraction, and the published bubble (a device's idle time):
   interleaved   (p-1)(F+B)/v                (Megatron, Narayanan et al. 2021: (p-1)/(vm) of the ideal m(F+B))
   dualpipe(v)   (p/2-1)(F&B+B-3W)           (DeepSeek-V3 report Table 2; DualPipe's README for DualPipeV)
 The interleaved schedule's chunks take 1/v of a stage's times, so every schedule does the same work per stage.
-It also draws every schedule's timetable at config.picture (p, m) with the second set of times.
+It also draws every schedule's timetable at config.picture (p, m) with the second set of times, as text and (with
+--workdir) as pipeline_timetables.png.
 """
 
 import os
 
 from moejax import cli
 from moejax.pipeline import schedules
-from moejax.pipeline.timetable import Durations, draw
+from moejax.pipeline.timetable import Durations, draw, figure
 from moejax.validation import ConfigError, is_int, is_number, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "pipeline_bubbles.py")
@@ -77,15 +78,21 @@ def markdown(record: dict) -> str:
   return "\n".join(out)
 
 
-def pictures(config) -> str:
-  """Each schedule's timetable at config.picture = (p, m), config's times (`timetable.draw`, 4 characters a unit)."""
+def picture_timetables(config) -> list:
+  """Each schedule's timetable at config.picture = (p, m) and config's times (a chunk of interleaved 1/v of them)."""
   p, m = config.picture
-  out = []
+  tables = []
   for schedule in config.schedules:
     v = config.virtual_stages if schedule == "interleaved" else 1
-    d = Durations(config.f / v, config.b / v, config.w / v, config.fb / v)
-    out += [f"{schedule}:", draw(schedules.timetable(schedule, p, m, v, d), width=4 * v), ""]
-  return "\n".join(out)
+    tables.append(schedules.timetable(schedule, p, m, v, Durations(config.f / v, config.b / v, config.w / v,
+                                                                   config.fb / v)))
+  return tables
+
+
+def pictures(tables: list, virtual_stages: int) -> str:
+  """The timetables as text (`timetable.draw`, 4 characters a unit of time, 4 a chunk's for interleaved)."""
+  width = lambda t: 4 * (virtual_stages if t.name == "interleaved" else 1)
+  return "\n".join(f"{t.name}:\n{draw(t, width=width(t))}\n" for t in tables)
 
 
 def check(config) -> None:
@@ -110,13 +117,17 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   check(config)
   record = run(config)
-  print(markdown(record), pictures(config), sep="\n", flush=True)
+  tables = picture_timetables(config)
+  print(markdown(record), pictures(tables, config.virtual_stages), sep="\n", flush=True)
   if workdir:
     cli.write_json(workdir, "pipeline_bubbles.json", record)
+    path = os.path.join(workdir, "pipeline_timetables.png")
+    figure(tables).savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/pipeline_bubbles.py).")
-  _WORKDIR = cli.define_workdir("Directory for pipeline_bubbles.json (optional: without it, the tables only).",
+  _WORKDIR = cli.define_workdir("Directory for pipeline_bubbles.json and pipeline_timetables.png (optional: without it, the tables only).",
                                 required=False)
   cli.run(main)

@@ -134,3 +134,16 @@ def test_bubble_table_program():
     else:
       assert r["busiest_idle"] == pytest.approx(r["published_idle"], abs=1e-9), r
   assert "| dualpipe | 8 | — | — | 9 (9) · 0.220 |" in pipeline_bubbles.markdown(record)
+
+
+def test_timetable_figure_draws_every_slot():
+  """The picture has a box per slot of every device, each as long as its slot, in its device's row."""
+  from moejax.pipeline.timetable import figure
+
+  tables = [schedules.timetable(name, 4, 8) for name in ("1f1b", "dualpipev")]
+  fig = figure(tables)
+  for ax, table in zip(fig.axes, tables):
+    boxes = sorted((round(p.get_y() + p.get_height() / 2), p.get_x(), p.get_width()) for p in ax.patches)
+    want = sorted((d, s.start, s.end - s.start) for d, slots in enumerate(table.slots) for s in slots)
+    assert boxes == pytest.approx(want)
+    assert len(ax.texts) == len(want)

@@ -179,3 +179,29 @@ def draw(timetable: Timetable, width: int = 4) -> str:
       line += (label + " " * cells)[:cells - 1] + "|" if cells else ""
     lines.append(f"{d:>2} {line}")
   return "\n".join(lines)
+
+
+def figure(timetables: list[Timetable]):
+  """The timetables as a picture: a panel per timetable, a row per device, each slot a box from its start to its end
+  labelled as `draw` labels it (forwards blue, backwards orange, weight gradients green, paired slots purple; a
+  chunk-1 op lighter), idle time blank. Returns the matplotlib Figure."""
+  from matplotlib.figure import Figure  # only the picture needs matplotlib
+
+  colours = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868"}
+  fig = Figure(figsize=(12, 1.0 + 0.45 * sum(len(t.slots) + 1 for t in timetables)), layout="constrained")
+  axes = fig.subplots(len(timetables), 1, squeeze=False, height_ratios=[len(t.slots) for t in timetables])[:, 0]
+  for ax, table in zip(axes, timetables):
+    for d, slots in enumerate(table.slots):
+      for slot in slots:
+        paired = len(slot.ops) > 1
+        colour = "#8172b2" if paired else colours[slot.ops[0].kind]
+        ax.barh(d, slot.end - slot.start, left=slot.start, height=0.8, color=colour,
+                alpha=0.55 if slot.ops[0].chunk else 1.0, edgecolor="white", linewidth=0.5)
+        label = "".join(f"{op.kind}{op.micro_batch}" + "'" * op.chunk for op in slot.ops)
+        ax.text((slot.start + slot.end) / 2, d, label, ha="center", va="center", fontsize=6, clip_on=True)
+    ax.set_yticks(range(len(table.slots)), [f"device {d}" for d in range(len(table.slots))], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(slot.end for slots in table.slots for slot in slots))
+    ax.set_title(f"{table.name}: bubble {table.bubble_fraction():.3f} of the devices' time", fontsize=9, loc="left")
+  axes[-1].set_xlabel("time (units of a stage's forward)")
+  return fig
