@@ -26,6 +26,19 @@ def gather_data_state(states: list[dict]) -> list[list[int]]:
   return local.tolist()
 
 
+def global_tokens(sharding, local: np.ndarray, global_shape) -> jax.Array:
+  """The step's tokens [micro_batches, rows, seq_len] from this process's rows [micro_batches, rows / P, seq_len]
+  (its data shards', block `process_index` of the rows). Where this process's devices address more rows than it
+  read (a pipeline whose 'stage' axis runs across processes: the batch is replicated over 'stage', so a process
+  holding one stage holds all of its stage's rows), every process's rows are gathered first (in process order, the
+  rows of one process reading every shard)."""
+  index = sharding.addressable_devices_indices_map(global_shape).values()
+  addressed = set().union(*(range(*i[1].indices(global_shape[1])) for i in index))
+  if len(addressed) != local.shape[1]:
+    local = np.concatenate(list(np.asarray(multihost_utils.process_allgather(local))), axis=1)
+  return jax.make_array_from_process_local_data(sharding, local, global_shape)
+
+
 def local_data_state(saved: list[list[int]], shards: int) -> list[dict]:
   require(len(saved) == shards, "data.shards", shards, f"{len(saved)}, as in the checkpoint")
   per_process = shards // jax.process_count()
@@ -121,7 +134,7 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
   for step in range(start + 1, config.steps + 1):
     local = next(batches)
     counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
-    tokens = jax.make_array_from_process_local_data(trainer.batch_sharding, local, global_shape)
+    tokens = global_tokens(trainer.batch_sharding, local, global_shape)
     (state, metrics), _ = overflow_lib.until_no_overflow(
         functools.partial(attempt, before=state, tokens=tokens), trainer.moe_cfg,
         functools.partial(on_retry, step))
