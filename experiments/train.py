@@ -21,6 +21,7 @@ from absl import logging as absl_logging
 
 from moejax import cli
 from moejax.data.tokenizer import TokenizerError
+from moejax.pipeline import section as pipeline_section
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
@@ -46,7 +47,7 @@ def main(argv):
   try:
     checked = config_lib.checked(config)  # once per run: the preset applied, every field checked
     if distributed.initialize() == "single":
-      mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
+      mesh_lib.simulate_cpu_devices(pipeline_section.stages(config) * config.mesh.nodes * config.mesh.gpus_per_node)
     train.train(config, _WORKDIR.value, checked)
   except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
     sys.exit(f"error: {e}")
