@@ -88,7 +88,7 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   published = published_shape(family)
   shape = published if size == "published" else TINY[family]
   config = mlm.get_config()
-  config.pipeline = pipeline_section.defaults()  # no pipeline: schedule 'none', 1 stage (docs/pipelines.md)
+  config.pipeline = pipeline_section.defaults()  # no pipeline: 'none', 1 stage, 1 virtual stage (docs/pipelines.md)
   config.seq_len, config.steps, config.batch_size = 64, 200, 16
   config.optim.update(ADAMW, learning_rate=3e-3, warmup_steps=20)
   config.log.every_steps = 10

@@ -53,22 +53,24 @@ def _three_steps(config, stages: int, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec,layers,schedule,stages,nodes,gpus,moe", [
-    ("qwen3_moe", 2, "1f1b", 2, 1, 4, {}), ("deepseek_v3", 3, "gpipe", 2, 1, 4, {}),
-    ("deepseek_v3", 5, "1f1b", 4, 1, 2, {}), ("qwen3_moe", 4, "gpipe", 4, 2, 1, {}),
-    ("deepseek_v3", 5, "1f1b", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
-    ("qwen3_moe", 4, "dualpipev", 2, 1, 4, {}), ("qwen3_moe", 2, "dualpipe", 2, 1, 4, {}),
-    ("deepseek_v3", 5, "dualpipev", 2, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1))])
-def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, nodes, gpus, moe):
+@pytest.mark.parametrize("spec,layers,schedule,stages,virtual,nodes,gpus,moe", [
+    ("qwen3_moe", 2, "1f1b", 2, 1, 1, 4, {}), ("deepseek_v3", 3, "gpipe", 2, 1, 1, 4, {}),
+    ("deepseek_v3", 5, "1f1b", 4, 1, 1, 2, {}), ("qwen3_moe", 4, "gpipe", 4, 1, 2, 1, {}),
+    ("deepseek_v3", 5, "1f1b", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
+    ("qwen3_moe", 4, "dualpipev", 2, 1, 1, 4, {}), ("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
+    ("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
+    ("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {})])
+def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, virtual, nodes, gpus, moe):
   """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last. With
   balance_loss='global_batch' each micro-batch's balance loss counts the step's earlier micro-batches' choices, in
   every layer and the MTP module: each stage carries its own layers' (1F1B: a stage's backward of micro-batch i after
   its forwards of later ones). dualpipev: 4 stages of layers on 2 devices, the V; dualpipe: each stage on both
-  devices, its gradients the two copies' sum."""
+  devices, its gradients the two copies' sum; interleaved (virtual_stages 2): 4 stages of layers on 2 devices,
+  device d running stages d and d + 2, each micro-batch passing the devices twice."""
   tokens = np.random.default_rng(stages * 10 + layers).integers(
       TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
-  piped = _three_steps(_config(spec, layers, nodes, gpus, dict(schedule=schedule, stages=stages), **moe), stages,
-                       tokens)
+  pipeline = dict(schedule=schedule, stages=stages, virtual_stages=virtual)
+  piped = _three_steps(_config(spec, layers, nodes, gpus, pipeline, **moe), stages, tokens)
   plain = _three_steps(_config(spec, layers, nodes, gpus, **moe), 1, tokens)
   for step, (got, want) in enumerate(zip(piped[0], plain[0])):
     assert set(got) == set(want)
@@ -87,7 +89,15 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-3)
 
 @pytest.mark.parametrize("update,field", [
-    (dict(pipeline=dict(schedule="interleaved", stages=2)), "pipeline.schedule"),
+    (dict(pipeline=dict(schedule="interleaved", stages=2)), "pipeline.virtual_stages"),  # v = 1: no chunks
+    (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=2)),
+     "pipeline.virtual_stages"),  # 2 MoE layers over 4 stages (2 devices alone would split them)
+    (dict(pipeline=dict(schedule="interleaved", stages=4, virtual_stages=2)), "pipeline.stages"),  # 2 over 4 devices
+    (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=0)), "pipeline.virtual_stages"),
+    (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=2.0)), "pipeline.virtual_stages"),
+    (dict(pipeline=dict(schedule="1f1b", stages=2, virtual_stages=2)), "pipeline.virtual_stages"),
+    (dict(pipeline=dict(schedule="none", stages=1, virtual_stages=2)), "pipeline.virtual_stages"),
+    (dict(pipeline=dict(schedule="two_batch", stages=1, virtual_stages=2)), "pipeline.virtual_stages"),
     (dict(pipeline=dict(schedule="dualpipev", stages=4)), "micro_batches"),  # 8 stages of layers need 8
     (dict(pipeline=dict(schedule="dualpipev", stages=2)), "pipeline.stages"),  # 2 MoE layers over 4 stages
     (dict(pipeline=dict(schedule="dualpipe", stages=2), moe=dict(balance_loss="global_batch")), "moe.balance_loss"),
@@ -96,12 +106,13 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     (dict(pipeline=dict(schedule="1f1b", stages=4)), "pipeline.stages"),  # 2 MoE layers over 4 stages
     (dict(pipeline=dict(schedule="1f1b", stages=2), model=dict(scan_layers=False)), "model.scan_layers"),
     (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(collective="padded")), "moe.collective"),
-    (dict(pipeline=dict(schedule="1f1b", stagez=2)), "pipeline.stagez")])
+    (dict(pipeline=dict(schedule="1f1b", stagez=2)), "pipeline.stagez"),
+    (dict(pipeline=dict(schedule="1f1b", stages=2, virtual_stagez=1)), "pipeline.virtual_stagez")])
 def test_pipeline_refusals_name_the_field(update, field):
   config = _config("deepseek_v3", 3, 1, 4)
   for section, fields in update.items():
     if section == "pipeline":
-      config.pipeline = fields
+      config.pipeline = {"virtual_stages": 1, **fields}
     else:
       config[section].update(fields)
   with pytest.raises(ConfigError, match=field.replace(".", r"\.")):

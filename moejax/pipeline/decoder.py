@@ -2,11 +2,11 @@
 `Decoder`, its layers split into stages over the mesh's 'stage' axis.
 
 Which layers a stage runs: the last segment of the scanned layers (`moejax.models.layers`: DeepSeek's MoE layers, all
-of Qwen3-MoE's) is split into the schedule's S equal runs of its repeats (`step.layer_stages`: p, 2p for dualpipev),
-stage k running run k on the device the schedule puts it (`step.Plan.layout`); the layers before it (DeepSeek's dense
-first layers) run on the first stage after the embeddings; the final norm, the head, the MTP modules and the loss on
-the last. A stage is one program for every device (the stacked repeats [r, ...] sharded over 'stage'), so the runs
-must be equal: r a multiple of S. The staged segment's parameters and state are split over
+of Qwen3-MoE's) is split into the schedule's S equal runs of its repeats (`step.layer_stages`: p, 2p for dualpipev,
+p v for interleaved), stage k running run k on the device the schedule puts it (`step.Plan.layout`); the layers before
+it (DeepSeek's dense first layers) run on the first stage after the embeddings; the final norm, the head, the MTP
+modules and the loss on the last. A stage is one program for every device (the stacked repeats [r, ...] sharded
+over 'stage'), so the runs must be equal: r a multiple of S. The staged segment's parameters and state are split over
 'stage'; everything else (embeddings, the first layers, norm, head, MTP modules) is replicated over it, used on the
 first or last stage and its gradient summed over the stages (the embeddings' all-reduce of a pipeline whose first and
 last stages share them).
@@ -52,26 +52,37 @@ def check_collective(moe_cfg, platform: str) -> None:
   require(resolved != "padded", "moe.collective", moe_cfg.collective, PADDED_REASON)
 
 
-def staged_segment(cfg, stages: int, schedule: str) -> int:
+def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> int:
   """The index of the segment split over the schedule's stages of layers (the last; `step.layer_stages`: dualpipev's
-  2 x `stages` devices, the V); ConfigError naming the field where the layers cannot be split into them equally."""
+  2 x `stages` devices, the V; interleaved's `stages` x `virtual_stages`); ConfigError naming the field where the
+  layers cannot be split into them equally (pipeline.virtual_stages where the devices alone would split them)."""
   require(isinstance(cfg, DecoderConfig), "model.family", getattr(cfg, "family", type(cfg).__name__),
           "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)")
   require(cfg.scan_layers, "model.scan_layers", cfg.scan_layers,
           "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)")
   segments = layers_lib.segments(cfg)
   seg = segments[-1]
-  cut = step_lib.layer_stages(schedule, stages)
-  into = f"{cut} stages of layers ({schedule}, {stages} devices)" if cut != stages else f"{stages} stages"
-  require(seg.repeats % cut == 0, "pipeline.stages", stages,
+  cut = step_lib.layer_stages(schedule, stages, virtual_stages)
+  chunks = f" x {virtual_stages} virtual stages" if virtual_stages > 1 else ""
+  into = f"{cut} stages of layers ({schedule}, {stages} devices{chunks})" if cut != stages else f"{stages} stages"
+  field, value = ("pipeline.virtual_stages", virtual_stages) if virtual_stages > 1 and _splits(cfg, seg, stages) else (
+      "pipeline.stages", stages)
+  require(seg.repeats % cut == 0, field, value,
           f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
           f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)")
-  sub = layers_lib.find_segments(tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[
-      :seg.period * seg.repeats // cut])
-  require(sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),), "pipeline.stages", stages,
+  require(_splits(cfg, seg, cut), field, value,
           f"{into} dividing {seg.repeats}, each stage at least two repeats of the segment's {seg.period} "
           "different layers (a stage's slice is scanned as the segment is)")
   return len(segments) - 1
+
+
+def _splits(cfg, seg, cut: int) -> bool:
+  """Whether `cut` stages split segment `seg`'s repeats evenly, each stage's slice scanned as the segment is."""
+  if seg.repeats % cut:
+    return False
+  sub = layers_lib.find_segments(tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[
+      :seg.period * seg.repeats // cut])
+  return sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),)
 
 
 def _sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
@@ -115,9 +126,11 @@ class PipelinedDecoder:
   per micro-batch loss = cross-entropy sum / total + aux_loss / U (+ mtp_loss_coef x the MTP loss / U + the MTP
   modules' aux_loss / U)."""
 
-  def __init__(self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int):
+  def __init__(self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int,
+               virtual_stages: int = 1):
     self.stages = mesh_lib.require_stages(mesh)
-    self.segment = staged_segment(model_cfg, self.stages, schedule)
+    self.virtual_stages = virtual_stages
+    self.segment = staged_segment(model_cfg, self.stages, schedule, virtual_stages)
     check_collective(moe_cfg, platform_lib.of_mesh(mesh))
     self.graphdef, self.cfg, self.moe_cfg, self.mesh = graphdef, model_cfg, moe_cfg, mesh
     self.schedule, self.loss_chunk = schedule, loss_chunk
@@ -125,7 +138,7 @@ class PipelinedDecoder:
     seg = layers_lib.segments(model_cfg)[self.segment]
     self.first_layers = seg.start
     self.stage_layers = seg.stop - seg.start
-    self.layers_per_stage = (seg.stop - seg.start) // step_lib.layer_stages(schedule, self.stages)
+    self.layers_per_stage = (seg.stop - seg.start) // step_lib.layer_stages(schedule, self.stages, virtual_stages)
 
   def _is_staged(self, path) -> bool:
     return len(path) > 1 and path[0] == "segments" and path[1] == self.segment
@@ -262,7 +275,8 @@ class PipelinedDecoder:
     buffer = NamedSharding(self.stage_mesh, P(None, None, *activation_spec(self.cfg)))
     _, (dstaged, dshared), (first_U, stage_SxU, last_U) = step_lib.pipelined_loss_and_grads(
         self.stages_of(num_micro), step_lib.Weights(staged, shared, staged_rest, shared_rest), batch_U, self.mesh,
-        self.schedule, constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer))
+        self.schedule, constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer),
+        virtual_stages=self.virtual_stages)
     grads = {**dshared, "segments": {**dshared["segments"], **dstaged["segments"]}}
     # The stages' per-layer statistics [S, U, m, ...] in layer order [U, S m, ...], between the first layers' and
     # the MTP modules'.
