@@ -58,9 +58,7 @@ def test_two_processes_match_one(devices, shared, tmp_path, schedule):
   assert "on 2 process(es)" in done.stdout
   got, want = _records(two), _records(one)
   print(f"{schedule} losses: 2 processes {[r['loss'] for r in got]}, 1 process {[r['loss'] for r in want]}")
-  for key in ("loss", "task_loss", "aux_loss", "grad_norm"):
-    if schedule == "1f1b":  # bit for bit
-      assert [r[key] for r in got] == [r[key] for r in want], key
-    else:  # dualpipev: a few float32 ulps apart (gloo sums across the processes in another order)
-      np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=1e-6, atol=1e-6, err_msg=key)
+  for key in ("loss", "task_loss", "aux_loss", "grad_norm"):  # a few float32 ulps apart at most: gloo's sums
+    # across the processes may add in another order than one process's (seen: 1f1b's grad_norm 1e-7 off in a CI run)
+    np.testing.assert_allclose([r[key] for r in got], [r[key] for r in want], rtol=1e-6, atol=1e-6, err_msg=key)
   assert [r["expert_load"] for r in got] == [r["expert_load"] for r in want]
