@@ -71,27 +71,35 @@ from benchmarks.suite.train_step import step_train  # noqa: E402
 from moejax import cli  # noqa: E402
 from moejax.validation import ConfigError, require  # noqa: E402
 
-STEP_FUNCTIONS = {'env': step_env, 'ceilings': step_ceilings, 'kernels': step_kernels, 'layer': step_layer,
-                  'chunking': step_chunking, 'train_step': step_train, 'attention': step_attention,
-                  'decoder_step': step_decoder, 'compile_time': step_compile_time}
+STEP_FUNCTIONS = {
+  "env": step_env,
+  "ceilings": step_ceilings,
+  "kernels": step_kernels,
+  "layer": step_layer,
+  "chunking": step_chunking,
+  "train_step": step_train,
+  "attention": step_attention,
+  "decoder_step": step_decoder,
+  "compile_time": step_compile_time,
+}
 STEPS = tuple(STEP_FUNCTIONS)
 
 
 def resolved(config):
   """A copy of the suite's config, checked, with the defaults that depend on smoke filled in."""
-  require(config.step in STEPS, 'step', config.step, f'one of {list(STEPS)}')
-  require(config.dtype in ('', 'bfloat16', 'float32'), 'dtype', config.dtype, "'', bfloat16 or float32")
-  if config.step == 'compile_time':
-    check_sweep(config.compile_families, config.compile_layers, config.compile_scan, prefix='compile_')
+  require(config.step in STEPS, "step", config.step, f"one of {list(STEPS)}")
+  require(config.dtype in ("", "bfloat16", "float32"), "dtype", config.dtype, "'', bfloat16 or float32")
+  if config.step == "compile_time":
+    check_sweep(config.compile_families, config.compile_layers, config.compile_scan, prefix="compile_")
   config = copy.deepcopy(config)
   if config.warmup is None:
     config.warmup = 1 if config.smoke else 5
   if config.iters is None:
     config.iters = 3 if config.smoke else 30
   if not config.train_backends:
-    config.train_backends = ('ragged_dot',) if config.smoke else ('ragged_dot', 'pallas')
+    config.train_backends = ("ragged_dot",) if config.smoke else ("ragged_dot", "pallas")
   if not config.decoder_backends:
-    config.decoder_backends = ('ragged_dot',) if config.smoke else ('pallas',)
+    config.decoder_backends = ("ragged_dot",) if config.smoke else ("pallas",)
   if config.smoke:
     config.kernel_warmup, config.kernel_iters = 1, 3
   return config
@@ -99,26 +107,26 @@ def resolved(config):
 
 def _terminate(signum, frame):
   del frame
-  raise Terminated(f'signal {signum}')
+  raise Terminated(f"signal {signum}")
 
 
 def run_step(config, workdir: str) -> int:
   """Runs the config's step, writing <workdir>/<step>.json as it goes; the exit status (0: ok)."""
   config = resolved(config)
   rec = Record(workdir, config.step, config)
-  say(f'step {config.step} on {rec["device"]} ({rec["platform"]}), smoke={config.smoke} -> {rec.path}')
+  say(f"step {config.step} on {rec['device']} ({rec['platform']}), smoke={config.smoke} -> {rec.path}")
   rec.save()
   signal.signal(signal.SIGTERM, _terminate)
   try:
     ok = STEP_FUNCTIONS[config.step](config, rec) is not False
   except (Exception, Terminated) as e:  # pylint: disable=broad-except
-    rec['error'] = traceback.format_exc()
-    rec.save('terminated' if isinstance(e, Terminated) else 'error')
+    rec["error"] = traceback.format_exc()
+    rec.save("terminated" if isinstance(e, Terminated) else "error")
     traceback.print_exc()
-    say(f'step {config.step} FAILED after {rec["wall_s"]:.1f} s')
+    say(f"step {config.step} FAILED after {rec['wall_s']:.1f} s")
     return 1
-  rec.save('ok' if ok else 'failed_cases')
-  say(f'step {config.step} {rec["status"]} in {rec["wall_s"]:.1f} s')
+  rec.save("ok" if ok else "failed_cases")
+  say(f"step {config.step} {rec['status']} in {rec['wall_s']:.1f} s")
   return 0 if ok else 1
 
 
@@ -127,11 +135,11 @@ def main(argv):
   try:
     status = run_step(flags.FLAGS.config, flags.FLAGS.workdir)
   except ConfigError as e:
-    sys.exit(f'error: {e}')
+    sys.exit(f"error: {e}")
   sys.exit(status)
 
 
-if __name__ == '__main__':
-  cli.define_config(os.path.join(ROOT, 'configs', 'gpu_suite.py'), 'Suite config file (configs/gpu_suite.py).')
-  cli.define_workdir('Directory of the JSON files (created if missing).')
+if __name__ == "__main__":
+  cli.define_config(os.path.join(ROOT, "configs", "gpu_suite.py"), "Suite config file (configs/gpu_suite.py).")
+  cli.define_workdir("Directory of the JSON files (created if missing).")
   cli.run(main)

@@ -93,12 +93,32 @@ class Sampler:
 
 def shapes(config) -> dict:
   """The DecoderConfig and MoEConfig fields of the benchmarked model (Qwen3-MoE's layout, narrower)."""
-  model = dict(family="qwen3_moe", vocab_size=config.vocab, num_layers=config.layers, d_model=config.d_model,
-               d_ff=3 * config.d_model, num_heads=config.heads, num_kv_heads=config.kv_heads, head_dim=config.head_dim,
-               max_len=4096, moe_layers=(True,) * config.layers, rope_theta=1e6, qk_norm=True, dtype="float32",
-               param_dtype=loaded_dtype(config))
-  moe = dict(num_experts=config.experts, top_k=config.top_k, d_model=config.d_model, d_ff=config.moe_d_ff,
-             gated=True, activation="silu", renormalize=True, load_balance_coef=0.001)
+  model = dict(
+    family="qwen3_moe",
+    vocab_size=config.vocab,
+    num_layers=config.layers,
+    d_model=config.d_model,
+    d_ff=3 * config.d_model,
+    num_heads=config.heads,
+    num_kv_heads=config.kv_heads,
+    head_dim=config.head_dim,
+    max_len=4096,
+    moe_layers=(True,) * config.layers,
+    rope_theta=1e6,
+    qk_norm=True,
+    dtype="float32",
+    param_dtype=loaded_dtype(config),
+  )
+  moe = dict(
+    num_experts=config.experts,
+    top_k=config.top_k,
+    d_model=config.d_model,
+    d_ff=config.moe_d_ff,
+    gated=True,
+    activation="silu",
+    renormalize=True,
+    load_balance_coef=0.001,
+  )
   return {"model": model, "moe": moe}
 
 
@@ -136,8 +156,9 @@ def write(config, ckpt_dir: str) -> dict:
   if os.path.exists(ckpt_dir):
     shutil.rmtree(ckpt_dir)
   start = time.perf_counter()
-  models.to_hf(model, ckpt_dir, shard_bytes=config.shard_mb << 20,
-               fp8_blocks=FP8_BLOCKS if config.param_dtype == "fp8" else None)
+  models.to_hf(
+    model, ckpt_dir, shard_bytes=config.shard_mb << 20, fp8_blocks=FP8_BLOCKS if config.param_dtype == "fp8" else None
+  )
   return {"build_s": built, "write_s": time.perf_counter() - start, "writer_peak_rss_bytes": peak_rss()}
 
 
@@ -158,8 +179,10 @@ def cached_fraction(directory: str) -> float:
   import mmap
 
   libc = ctypes.CDLL(None, use_errno=True)
-  libc.mmap.restype, libc.mmap.argtypes = ctypes.c_void_p, (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                                           ctypes.c_int, ctypes.c_int, ctypes.c_long)
+  libc.mmap.restype, libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long),
+  )
   libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
   libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
   cached = total = 0
@@ -215,19 +238,33 @@ def load(config, ckpt_dir: str) -> dict:
   shards.close()
   first = layers.per_layer(nnx.to_pure_dict(nnx.state(model, nnx.Param)), model.cfg)[0]  # scanned or not
   got = np.asarray(first["ffn"]["moe"]["w_in"][config.experts - 1])
-  return {"seconds": seconds, "baseline": baseline, "after": after,
-          "sampled_peak": {f"{k}_bytes": v for k, v in sampler.peak.items()},
-          "model_bytes": model_bytes, "resident_bytes": resident, "arrays": len(arrays),
-          "check_tensor": name, "check_equal": bool(np.array_equal(want.astype(got.dtype), got)),
-          "device": jax.devices()[0].device_kind, "platform": jax.devices()[0].platform,
-          "device_count": jax.device_count(), "jax": jax.__version__}
+  return {
+    "seconds": seconds,
+    "baseline": baseline,
+    "after": after,
+    "sampled_peak": {f"{k}_bytes": v for k, v in sampler.peak.items()},
+    "model_bytes": model_bytes,
+    "resident_bytes": resident,
+    "arrays": len(arrays),
+    "check_tensor": name,
+    "check_equal": bool(np.array_equal(want.astype(got.dtype), got)),
+    "device": jax.devices()[0].device_kind,
+    "platform": jax.devices()[0].platform,
+    "device_count": jax.device_count(),
+    "jax": jax.__version__,
+  }
 
 
 def stage(config, workdir: str, name: str) -> dict:
   """Runs this script's `name` stage in a fresh Python process (with this config's fields); returns the JSON it
   prints last."""
-  cmd = [sys.executable, os.path.abspath(__file__), f"--workdir={workdir}", f"--config.stage={name}",
-         *(f"--config.{k}={v}" for k, v in config.items() if k != "stage")]
+  cmd = [
+    sys.executable,
+    os.path.abspath(__file__),
+    f"--workdir={workdir}",
+    f"--config.stage={name}",
+    *(f"--config.{k}={v}" for k, v in config.items() if k != "stage"),
+  ]
   proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
   if proc.returncode:
     sys.stderr.write(proc.stderr)
@@ -241,34 +278,55 @@ def gb(b: float) -> str:
 
 def table(record: dict) -> str:
   ck = record["checkpoint"]
-  lines = [f"checkpoint: {ck['bytes'] / 1e9:.3f} GB in {ck['files']} safetensors files (shards <= "
-           f"{record['shard_mb']} MiB), {ck['tensors']} tensors; model {record['model_bytes'] / 1e9:.3f} GB logical, "
-           f"{record['resident_bytes'] / 1e9:.3f} GB resident on the {record['device_count']} simulated CPU devices",
-           "GB; maxrss = ru_maxrss (the peak so far) before and after from_hf; anon, file = RssAnon, RssFile before "
-           "and their peaks sampled during from_hf",
-           f"{'load':5s} {'seconds':>8s} {'GB/s':>6s} {'maxrss':>7s} {'->':>7s} {'delta':>7s}  {'anon':>7s} {'->':>7s} "
-           f"{'delta':>7s}  {'file':>7s} {'->':>7s} {'delta':>7s}"]
+  lines = [
+    f"checkpoint: {ck['bytes'] / 1e9:.3f} GB in {ck['files']} safetensors files (shards <= "
+    f"{record['shard_mb']} MiB), {ck['tensors']} tensors; model {record['model_bytes'] / 1e9:.3f} GB logical, "
+    f"{record['resident_bytes'] / 1e9:.3f} GB resident on the {record['device_count']} simulated CPU devices",
+    "GB; maxrss = ru_maxrss (the peak so far) before and after from_hf; anon, file = RssAnon, RssFile before "
+    "and their peaks sampled during from_hf",
+    f"{'load':5s} {'seconds':>8s} {'GB/s':>6s} {'maxrss':>7s} {'->':>7s} {'delta':>7s}  {'anon':>7s} {'->':>7s} "
+    f"{'delta':>7s}  {'file':>7s} {'->':>7s} {'delta':>7s}",
+  ]
   for run in record["loads"]:
     base, peak, sampled = run["baseline"], run["after"]["peak_rss_bytes"], run["sampled_peak"]
-    cols = [(base["peak_rss_bytes"], peak), (base["RssAnon_bytes"], sampled["RssAnon_bytes"]),
-            (base["RssFile_bytes"], sampled["RssFile_bytes"])]
-    lines.append(f"{run['cache']:5s} {run['seconds']:8.2f} {ck['bytes'] / run['seconds'] / 1e9:6.2f} "
-                 + "  ".join(f"{gb(a)} {gb(b)} {gb(b - a)}" for a, b in cols))
+    cols = [
+      (base["peak_rss_bytes"], peak),
+      (base["RssAnon_bytes"], sampled["RssAnon_bytes"]),
+      (base["RssFile_bytes"], sampled["RssFile_bytes"]),
+    ]
+    lines.append(
+      f"{run['cache']:5s} {run['seconds']:8.2f} {ck['bytes'] / run['seconds'] / 1e9:6.2f} "
+      + "  ".join(f"{gb(a)} {gb(b)} {gb(b - a)}" for a, b in cols)
+    )
   writer = gb(record["writer"]["writer_peak_rss_bytes"]).strip()
-  lines.append(f"writer (build + to_hf, its own process): peak RSS {writer} GB, to_hf {record['writer']['write_s']:.1f} s")
+  lines.append(
+    f"writer (build + to_hf, its own process): peak RSS {writer} GB, to_hf {record['writer']['write_s']:.1f} s"
+  )
   for run in record["loads"]:
     d = run["derived"]
     anon = gb(d["anon_over_resident_bytes"]).strip()
-    lines.append(f"{run['cache']}: anonymous memory beyond the model's resident bytes {anon} GB; checkpoint pages mapped at the peak {gb(d['file_mapped_bytes']).strip()} GB "
-                 f"({d['file_mapped_bytes'] / ck['bytes']:.0%} of the checkpoint)")
+    lines.append(
+      f"{run['cache']}: anonymous memory beyond the model's resident bytes {anon} GB; checkpoint pages mapped at the peak {gb(d['file_mapped_bytes']).strip()} GB "
+      f"({d['file_mapped_bytes'] / ck['bytes']:.0%} of the checkpoint)"
+    )
   lines.append(f"resident + checkpoint = {gb(record['resident_bytes'] + ck['bytes']).strip()} GB")
   return "\n".join(lines)
 
 
 def check(config) -> None:
   """A ConfigError naming the first field of `config` that cannot be benchmarked."""
-  for name in ("layers", "d_model", "heads", "kv_heads", "head_dim", "experts", "top_k", "moe_d_ff", "vocab",
-               "shard_mb"):
+  for name in (
+    "layers",
+    "d_model",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "experts",
+    "top_k",
+    "moe_d_ff",
+    "vocab",
+    "shard_mb",
+  ):
     require(is_int(config[name]), name, config[name], "a positive int")
   require(config.param_dtype in PARAM_DTYPES, "param_dtype", config.param_dtype, f"one of {PARAM_DTYPES}")
   require(config.stage in STAGES, "stage", config.stage, f"one of {list(STAGES)}")
@@ -295,9 +353,12 @@ def benchmark(config, workdir: str) -> None:
   for file in files:
     with safe_open(os.path.join(ckpt_dir, file), framework="numpy") as f:
       tensors += len(list(f.keys()))
-  checkpoint = {"files": len(files), "tensors": tensors,
-                "bytes": sum(os.path.getsize(os.path.join(ckpt_dir, f)) for f in files),
-                "file_bytes": {f: os.path.getsize(os.path.join(ckpt_dir, f)) for f in files}}
+  checkpoint = {
+    "files": len(files),
+    "tensors": tensors,
+    "bytes": sum(os.path.getsize(os.path.join(ckpt_dir, f)) for f in files),
+    "file_bytes": {f: os.path.getsize(os.path.join(ckpt_dir, f)) for f in files},
+  }
   loads = []
   for cache in ("cold", "warm"):
     if cache == "cold":
@@ -307,21 +368,35 @@ def benchmark(config, workdir: str) -> None:
     run = stage(config, workdir, "load")
     base, sampled = run["baseline"], run["sampled_peak"]
     run["derived"] = {  # the load's own memory beyond the model, and the checkpoint pages it kept mapped
-        "anon_over_resident_bytes": sampled["RssAnon_bytes"] - base["RssAnon_bytes"] - run["resident_bytes"],
-        "file_mapped_bytes": sampled["RssFile_bytes"] - base["RssFile_bytes"],
-        "maxrss_delta_bytes": run["after"]["peak_rss_bytes"] - base["peak_rss_bytes"]}
+      "anon_over_resident_bytes": sampled["RssAnon_bytes"] - base["RssAnon_bytes"] - run["resident_bytes"],
+      "file_mapped_bytes": sampled["RssFile_bytes"] - base["RssFile_bytes"],
+      "maxrss_delta_bytes": run["after"]["peak_rss_bytes"] - base["peak_rss_bytes"],
+    }
     loads.append({"cache": cache, "cached_fraction_before": cached, **run})
   first = loads[0]
-  record = {"date": time.strftime("%Y-%m-%d"), "device": first["device"], "platform": first["platform"],
-            "device_count": first["device_count"], "mesh": list(MESH), "jax": first["jax"],
-            "python": host_platform.python_version(), "cpu_count": os.cpu_count(),
-            "shapes": shapes(config), "config_json": config_json, "shard_mb": config.shard_mb, "checkpoint": checkpoint,
-            "model_bytes": first["model_bytes"], "resident_bytes": first["resident_bytes"], "writer": written,
-            "loads": [{k: v for k, v in run.items() if k not in ("device", "platform", "device_count", "jax")}
-                      for run in loads],
-            "cold_cache_note": "cold: the shard files' pages dropped with posix_fadvise(DONTNEED) before the load "
-                               "(best effort; the disk's and hypervisor's caches are not ours to drop)",
-            "total_s": time.perf_counter() - start}
+  record = {
+    "date": time.strftime("%Y-%m-%d"),
+    "device": first["device"],
+    "platform": first["platform"],
+    "device_count": first["device_count"],
+    "mesh": list(MESH),
+    "jax": first["jax"],
+    "python": host_platform.python_version(),
+    "cpu_count": os.cpu_count(),
+    "shapes": shapes(config),
+    "config_json": config_json,
+    "shard_mb": config.shard_mb,
+    "checkpoint": checkpoint,
+    "model_bytes": first["model_bytes"],
+    "resident_bytes": first["resident_bytes"],
+    "writer": written,
+    "loads": [
+      {k: v for k, v in run.items() if k not in ("device", "platform", "device_count", "jax")} for run in loads
+    ],
+    "cold_cache_note": "cold: the shard files' pages dropped with posix_fadvise(DONTNEED) before the load "
+    "(best effort; the disk's and hypervisor's caches are not ours to drop)",
+    "total_s": time.perf_counter() - start,
+  }
   if not config.keep:
     shutil.rmtree(ckpt_dir)
   print(table(record))

@@ -1,8 +1,8 @@
 """The train step's compile time against depth, scanned and unrolled layers (experiments/compile_time.py).
 
-  python -m experiments.compile_time                                        # prints the table
-  python -m experiments.compile_time --workdir=benchmarks/results/2026-11-25-cpu   # and writes compile_time.json
-  python -m experiments.compile_time --config.families=deepseek_v3 --config.layers=4,61 --config.scan=True
+python -m experiments.compile_time                                        # prints the table
+python -m experiments.compile_time --workdir=benchmarks/results/2026-11-25-cpu   # and writes compile_time.json
+python -m experiments.compile_time --config.families=deepseek_v3 --config.layers=4,61 --config.scan=True
 """
 
 import ml_collections

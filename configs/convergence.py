@@ -24,23 +24,48 @@ def routers(d_ff: int, experts: int = 8, nodes: int = 2) -> dict[str, dict]:
   d_ff and experts are the top-1 routers' expert width and count."""
   table = {router: schemes.fields(router, nodes) for router in ROUTERS}
   return {
-      # Switch Transformer: top-1 softmax with the Switch balance loss (alpha 0.01).
-      "switch": {"model": {"d_ff": d_ff}, "moe": {**table["switch"], "num_experts": experts,
-                                                  "load_balance_coef": 0.01}},
-      # GShard: top-2 softmax, half-width experts, twice as many.
-      "gshard": {"model": {"d_ff": d_ff // 2}, "moe": {**table["gshard"], "num_experts": 2 * experts,
-                                                       "load_balance_coef": 0.01}},
-      # SMILE: one node by a node softmax, then one of its experts by the local softmax; SMILE's loss.
-      "smile": {"model": {"d_ff": d_ff}, "moe": {**table["smile"], "num_experts": experts, "top_k": 1,
-                                                 "load_balance_coef": 0.005, "local_balance_coef": 0.005}},
-      # Node-limited (DeepSeek-V3's, with softmax scores): one node, the top-2 of its experts.
-      "node_limited": {"model": {"d_ff": d_ff // 2}, "moe": {**table["node_limited"], "num_experts": 2 * experts,
-                                                             "top_k": 2, "node_top_k": 1, "load_balance_coef": 0.01}},
-      # DeepSeek-V3: sigmoid affinities normalised over the 3 chosen of 4E quarter-width experts, times
-      # V3's 2.5, one quarter-width shared expert, no balance loss but the loss-free bias (u = 1e-3).
-      "deepseek_v3": {"model": {"d_ff": d_ff // 4}, "moe": {**table["deepseek_v3"], "num_experts": 4 * experts,
-                                                            "top_k": 3, "num_shared_experts": 1,
-                                                            "load_balance_coef": 0.0, "bias_update_rate": 1e-3}},
+    # Switch Transformer: top-1 softmax with the Switch balance loss (alpha 0.01).
+    "switch": {"model": {"d_ff": d_ff}, "moe": {**table["switch"], "num_experts": experts, "load_balance_coef": 0.01}},
+    # GShard: top-2 softmax, half-width experts, twice as many.
+    "gshard": {
+      "model": {"d_ff": d_ff // 2},
+      "moe": {**table["gshard"], "num_experts": 2 * experts, "load_balance_coef": 0.01},
+    },
+    # SMILE: one node by a node softmax, then one of its experts by the local softmax; SMILE's loss.
+    "smile": {
+      "model": {"d_ff": d_ff},
+      "moe": {
+        **table["smile"],
+        "num_experts": experts,
+        "top_k": 1,
+        "load_balance_coef": 0.005,
+        "local_balance_coef": 0.005,
+      },
+    },
+    # Node-limited (DeepSeek-V3's, with softmax scores): one node, the top-2 of its experts.
+    "node_limited": {
+      "model": {"d_ff": d_ff // 2},
+      "moe": {
+        **table["node_limited"],
+        "num_experts": 2 * experts,
+        "top_k": 2,
+        "node_top_k": 1,
+        "load_balance_coef": 0.01,
+      },
+    },
+    # DeepSeek-V3: sigmoid affinities normalised over the 3 chosen of 4E quarter-width experts, times
+    # V3's 2.5, one quarter-width shared expert, no balance loss but the loss-free bias (u = 1e-3).
+    "deepseek_v3": {
+      "model": {"d_ff": d_ff // 4},
+      "moe": {
+        **table["deepseek_v3"],
+        "num_experts": 4 * experts,
+        "top_k": 3,
+        "num_shared_experts": 1,
+        "load_balance_coef": 0.0,
+        "bias_update_rate": 1e-3,
+      },
+    },
   }
 
 

@@ -28,20 +28,46 @@ from moejax.pipeline import section as pipeline_section
 from moejax.validation import ConfigError
 
 # Each family's published model (moejax.models.presets.PUBLISHED: its shapes, and the mesh it is served on).
-FAMILIES = {"qwen3_moe": "qwen3_moe", "deepseek_v3": "deepseek_v3", "deepseek_v2": "deepseek_v2",
-            "qwen2_moe": "qwen2_moe", "mixtral": "mixtral_8x7b"}
+FAMILIES = {
+  "qwen3_moe": "qwen3_moe",
+  "deepseek_v3": "deepseek_v3",
+  "deepseek_v2": "deepseek_v2",
+  "qwen2_moe": "qwen2_moe",
+  "mixtral": "mixtral_8x7b",
+}
 # Tiny: the published routing on 16 experts (8 for Mixtral), widths for a CPU; DeepSeek's attention shapes scaled.
 TINY = {
-    "qwen3_moe": dict(model=dict(num_kv_heads=2, head_dim=16, qk_norm=True), moe=dict(num_experts=16, top_k=4)),
-    "deepseek_v3": dict(dense=1, model=dict(num_kv_heads=4, head_dim=8, q_lora_rank=32, kv_lora_rank=16,
-                                            qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                                            rope_interleaved=True, num_mtp_layers=1),
-                        moe=dict(num_experts=16, top_k=4, num_groups=4, topk_groups=2)),
-    "deepseek_v2": dict(dense=1, model=dict(num_kv_heads=4, head_dim=8, kv_lora_rank=16, qk_nope_head_dim=16,
-                                            qk_rope_head_dim=8, v_head_dim=16, rope_interleaved=True),
-                        moe=dict(num_experts=16, top_k=4)),
-    "qwen2_moe": dict(model=dict(num_kv_heads=4, head_dim=16, qkv_bias=True), moe=dict(num_experts=8, top_k=2)),
-    "mixtral": dict(model=dict(num_kv_heads=2, head_dim=16, sliding_window=64), moe=dict(num_experts=8, top_k=2)),
+  "qwen3_moe": dict(model=dict(num_kv_heads=2, head_dim=16, qk_norm=True), moe=dict(num_experts=16, top_k=4)),
+  "deepseek_v3": dict(
+    dense=1,
+    model=dict(
+      num_kv_heads=4,
+      head_dim=8,
+      q_lora_rank=32,
+      kv_lora_rank=16,
+      qk_nope_head_dim=16,
+      qk_rope_head_dim=8,
+      v_head_dim=16,
+      rope_interleaved=True,
+      num_mtp_layers=1,
+    ),
+    moe=dict(num_experts=16, top_k=4, num_groups=4, topk_groups=2),
+  ),
+  "deepseek_v2": dict(
+    dense=1,
+    model=dict(
+      num_kv_heads=4,
+      head_dim=8,
+      kv_lora_rank=16,
+      qk_nope_head_dim=16,
+      qk_rope_head_dim=8,
+      v_head_dim=16,
+      rope_interleaved=True,
+    ),
+    moe=dict(num_experts=16, top_k=4),
+  ),
+  "qwen2_moe": dict(model=dict(num_kv_heads=4, head_dim=16, qkv_bias=True), moe=dict(num_experts=8, top_k=2)),
+  "mixtral": dict(model=dict(num_kv_heads=2, head_dim=16, sliding_window=64), moe=dict(num_experts=8, top_k=2)),
 }
 
 # The families train with AdamW (DeepSeek-V3's report: b1 0.9, b2 0.95, weight decay 0.1, clipping at 1.0); SMILE's
@@ -75,13 +101,17 @@ def published_shape(family: str) -> dict:
   """The family's published model as this config's sections: model (its d_model included), moe (every field but
   d_model), the leading dense layers and the mesh."""
   published = presets.PUBLISHED[FAMILIES[family]]
-  return dict(mesh=published.mesh, dense=published.dense,
-              model={**published.model, "d_model": published.moe["d_model"]}, moe={k: v for k, v in published.moe.items() if k != "d_model"})
+  return dict(
+    mesh=published.mesh,
+    dense=published.dense,
+    model={**published.model, "d_model": published.moe["d_model"]},
+    moe={k: v for k, v in published.moe.items() if k != "d_model"},
+  )
 
 
 def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   if spec.startswith("hf="):
-    return from_checkpoint(spec[len("hf="):])
+    return from_checkpoint(spec[len("hf=") :])
   family, _, size = spec.partition(",")
   if family not in FAMILIES or size not in ("", "tiny", "published"):
     raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(FAMILIES)}")
@@ -94,13 +124,31 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   config.log.every_steps = 10
   layers = shape["model"].get("num_layers", 3)
   dense = shape.get("dense", 0)
-  model = dict(family=family, vocab_size=256, num_layers=layers, d_model=64, d_ff=128, num_heads=4, max_len=256,
-               moe_layers=tuple(i >= dense for i in range(layers)), dtype="float32", param_dtype="float32",
-               fsdp=False, remat="none")
+  model = dict(
+    family=family,
+    vocab_size=256,
+    num_layers=layers,
+    d_model=64,
+    d_ff=128,
+    num_heads=4,
+    max_len=256,
+    moe_layers=tuple(i >= dense for i in range(layers)),
+    dtype="float32",
+    param_dtype="float32",
+    fsdp=False,
+    remat="none",
+  )
   model.update(shape["model"])
   config.model = ml_collections.ConfigDict(model)
-  moe = {**{k: v for k, v in published["moe"].items() if k not in ("num_experts", "top_k", "d_ff", "num_groups",
-                                                                  "topk_groups")}, "d_ff": 32, **shape["moe"]}
+  moe = {
+    **{
+      k: v
+      for k, v in published["moe"].items()
+      if k not in ("num_experts", "top_k", "d_ff", "num_groups", "topk_groups")
+    },
+    "d_ff": 32,
+    **shape["moe"],
+  }
   config.moe = moe_section(omit=("d_model",), num_nodes=config.mesh.nodes, **moe)  # SwiGLU, dropless as published
   if size == "published":
     config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])

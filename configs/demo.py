@@ -30,7 +30,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.tolerance = 1e-5  # relative error allowed against the reference (fp32)
   # Every MoEConfig field, at its default unless set here.
   config.moe = moe_section(
-      num_experts=16, top_k=2, d_model=64, d_ff=128,
-      num_nodes=config.mesh.nodes,  # a copy, not a reference: routing=bilevel / node_limited check it
-      gated=True, z_loss_coef=0.001)
+    num_experts=16,
+    top_k=2,
+    d_model=64,
+    d_ff=128,
+    num_nodes=config.mesh.nodes,  # a copy, not a reference: routing=bilevel / node_limited check it
+    gated=True,
+    z_loss_coef=0.001,
+  )
   return config

@@ -13,7 +13,8 @@ from moejax.configs import generate
 
 def get_config() -> ml_collections.ConfigDict:
   config = generate.trained_model()
-  config.traffic = ml_collections.ConfigDict({
+  config.traffic = ml_collections.ConfigDict(
+    {
       "meshes": ("1x4", "2x4", "4x2", "2x8"),  # meshes as NODESxGPUS
       "profile_tokens": 8192,  # tokens traced to solve the placement on
       "batch": 32,  # requests decoded per mesh (a multiple of every mesh's devices)
@@ -22,5 +23,6 @@ def get_config() -> ml_collections.ConfigDict:
       "time_limit_s": 20.0,  # HiGHS time limit per placement stage
       "topology": "dgx_h100_ib",  # topology preset the decode steps are priced on
       "price_d_model": 0,  # model width the rows are priced at (0: the model's own)
-  })
+    }
+  )
   return config

@@ -1,6 +1,6 @@
 """A training run's parameters as a Hugging Face checkpoint (experiments/export.py).
 
-  python -m experiments.export --config=configs/export.py --config.run=/tmp/q --workdir=/tmp/q_hf
+python -m experiments.export --config=configs/export.py --config.run=/tmp/q --workdir=/tmp/q_hf
 """
 
 import ml_collections

@@ -15,9 +15,23 @@ import ml_collections
 # default back, or BF16); the overlap schedules; Parm's expert sharding; replicas (one spare slot per device); expert
 # data parallelism; and 'ragged' (refused where XLA has no ragged all-to-all, e.g. on CPU).
 BASELINE = "flat_nodedup"
-SCHEMES = (BASELINE, "flat", "gpu_first_nodedup", "gpu_first", "node_first_nodedup", "node_first", "node_first+fp8",
-           "node_first+fp8_bf16", "flat+chunked", "flat+comet", "flat+s1", "flat+s2", "flat+replicas",
-           "flat+expert_data_parallel", "ragged")
+SCHEMES = (
+  BASELINE,
+  "flat",
+  "gpu_first_nodedup",
+  "gpu_first",
+  "node_first_nodedup",
+  "node_first",
+  "node_first+fp8",
+  "node_first+fp8_bf16",
+  "flat+chunked",
+  "flat+comet",
+  "flat+s1",
+  "flat+s2",
+  "flat+replicas",
+  "flat+expert_data_parallel",
+  "ragged",
+)
 
 
 def get_config() -> ml_collections.ConfigDict:

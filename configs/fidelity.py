@@ -1,7 +1,7 @@
 """The fidelity table: every headline figure of the five papers against the cost model (experiments/fidelity.py).
 
-  python -m experiments.fidelity --workdir=/tmp/fidelity
-  python -m experiments.fidelity --workdir=/tmp/fidelity --config.papers=SMILE,Lina
+python -m experiments.fidelity --workdir=/tmp/fidelity
+python -m experiments.fidelity --workdir=/tmp/fidelity --config.papers=SMILE,Lina
 """
 
 import ml_collections

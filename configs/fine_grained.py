@@ -1,7 +1,7 @@
 """Fine-grained experts: the layer forward from E = 8 to 256 at equal active parameters (experiments/fine_grained.py).
 
-  python -m experiments.fine_grained --workdir=/tmp/fine_grained
-  python -m experiments.fine_grained --workdir=/tmp/fine_grained --config.experts=8,64 --config.repeats=3
+python -m experiments.fine_grained --workdir=/tmp/fine_grained
+python -m experiments.fine_grained --workdir=/tmp/fine_grained --config.experts=8,64 --config.repeats=3
 """
 
 import ml_collections

@@ -31,12 +31,14 @@ def trained_model() -> ml_collections.ConfigDict:
 
 def get_config() -> ml_collections.ConfigDict:
   config = trained_model()
-  config.generate = ml_collections.ConfigDict({
+  config.generate = ml_collections.ConfigDict(
+    {
       "mode": "exflow",  # 'vanilla' | 'exflow'
       "batch": 16,  # requests, a multiple of the mesh's devices
       "prompt_len": 16,  # tokens of each prompt (the first tokens of corpus documents)
       "steps": 32,  # tokens generated per request
       "temperature": 0.0,  # 0: greedy
       "seed": 0,
-  })
+    }
+  )
   return config

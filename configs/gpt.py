@@ -1,7 +1,7 @@
 """The GPT-style causal decoder with the same MoE blocks, sizes and data as configs/mlm.py.
 
-  python -m experiments.train --config=configs/gpt.py --workdir=/tmp/gpt        # tiny
-  python -m experiments.train --config=configs/gpt.py:13b --workdir=...
+python -m experiments.train --config=configs/gpt.py --workdir=/tmp/gpt        # tiny
+python -m experiments.train --config=configs/gpt.py:13b --workdir=...
 """
 
 import ml_collections

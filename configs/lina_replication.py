@@ -34,11 +34,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.check_ms = 1.45  # phase-2 check without re-plan (Lina Sec. 7.3.1: 1.45 ms)
   config.replan_ms = 6.2  # phase-2 re-plan (Lina Sec. 7.3.1: about 6.2 ms)
   # The synthetic traces, without `traces`.
-  config.synthetic = ml_collections.ConfigDict({
+  config.synthetic = ml_collections.ConfigDict(
+    {
       "layers": 12,  # MoE layers (Lina's inference models have 12)
       "tokens": 524288,
       "choices": 1,  # experts per token (Lina Sec. 7.1: top-1 in inference)
       "noise": 0.5,  # probability a choice ignores the token's type
       "seed": 0,
-  })
+    }
+  )
   return config

@@ -26,7 +26,8 @@ def get_config(model: str = "presets") -> ml_collections.ConfigDict:
     config = training.load(model)
     # The loss's vocabulary columns per chunk (moejax.train.objective; 0: unchunked), listed so it can be overridden.
     config.loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
-  config.planner = ml_collections.ConfigDict({
+  config.planner = ml_collections.ConfigDict(
+    {
       "device_gb": 80.0,  # device memory in GB (10^9 bytes) for the verdict
       "whole": False,  # compile the whole model instead of scaling block variants (a scanned model always is)
       "explain": False,  # list the largest buffers live at the compiled peak (first variant)
@@ -35,5 +36,6 @@ def get_config(model: str = "presets") -> ml_collections.ConfigDict:
       "schedule": "none",
       "stages": 1,
       "virtual_stages": 1,  # chunks a device with 'interleaved'
-  })
+    }
+  )
   return config

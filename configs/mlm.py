@@ -40,20 +40,38 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.on_overflow = "retry"
   config.seq_len = 128
   config.mesh = ml_collections.ConfigDict({"nodes": 2, "gpus_per_node": 4})
-  config.model = ml_collections.ConfigDict({
-      "kind": "bert", "vocab_size": 256, "num_layers": 2, "d_model": 64, "num_heads": 4, "d_ff": 128,
-      "max_len": 128, "moe_every": 2, "dtype": "float32",
+  config.model = ml_collections.ConfigDict(
+    {
+      "kind": "bert",
+      "vocab_size": 256,
+      "num_layers": 2,
+      "d_model": 64,
+      "num_heads": 4,
+      "d_ff": 128,
+      "max_len": 128,
+      "moe_every": 2,
+      "dtype": "float32",
       # A few hundred steps neither overfit nor let LAMB grow BERT's 0.02 embeddings far enough.
-      "dropout": 0.0, "embed_init_std": 0.1,
+      "dropout": 0.0,
+      "embed_init_std": 0.1,
       # Megatron tensor parallelism of the dense parts over 'gpu'; Lina's prioritised gradient all-reduce.
-      "tensor_parallel": False, "grad_sync": "default",
+      "tensor_parallel": False,
+      "grad_sync": "default",
       # FSDP of the dense parameters over the data-parallel devices; what each block's backward recomputes.
-      "fsdp": False, "remat": "none"})
+      "fsdp": False,
+      "remat": "none",
+    }
+  )
   # Every MoEConfig field but d_model and d_ff (the trainer takes them from model.*), at its default unless set here.
-  config.moe = moe_section(omit=("d_model", "d_ff"), num_experts=8, top_k=1,
-                           num_nodes=config.mesh.nodes,  # a copy: bilevel / node_limited check it
-                           capacity_factor=2.0)  # SMILE's; None (--config.moe.capacity_factor=None): dropless
-  config.data = ml_collections.ConfigDict({
+  config.moe = moe_section(
+    omit=("d_model", "d_ff"),
+    num_experts=8,
+    top_k=1,
+    num_nodes=config.mesh.nodes,  # a copy: bilevel / node_limited check it
+    capacity_factor=2.0,
+  )  # SMILE's; None (--config.moe.capacity_factor=None): dropless
+  config.data = ml_collections.ConfigDict(
+    {
       # comma-separated globs of .jsonl/.json[.gz] (C4), .parquet or .array_record files; '' = embedded corpus
       "train_files": "",
       "tokenizer_model": "",  # a SentencePiece model or a tokenizer.json; '' = train one on the corpus and cache it
@@ -63,25 +81,36 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
       "mask_prob": 0.15,
       "prefetch": 2,
       "heldout_every": 50,  # every 50th document of each file held out of training for eval (0: none held out)
-  })
-  config.optim = ml_collections.ConfigDict({
+    }
+  )
+  config.optim = ml_collections.ConfigDict(
+    {
       "name": "lamb",  # SMILE's; 'adamw' or 'muon' (moejax.train.optim)
-      "learning_rate": 5e-3, "warmup_steps": 20, "decay": "linear",
+      "learning_rate": 5e-3,
+      "warmup_steps": 20,
+      "decay": "linear",
       "decay_steps": 0,  # the schedule's length; 0 = steps (set it to stop a run early on the same schedule)
-      "end_fraction": 0.1, "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0,
+      "end_fraction": 0.1,
+      "b1": 0.9,
+      "b2": 0.999,
+      "eps": 1e-6,
+      "weight_decay": 0.01,
+      "clip_norm": 1.0,
       # None: the parameters updated in their own dtype; 'float32': an fp32 master copy in the optimizer state.
       # (Untyped references, like the moe section's fields that may be None, so the command line sets either.)
       "master_dtype": ml_collections.FieldReference(None, field_type=object),
       # None: the dtype of what is updated (the master or the parameters); 'float32' or 'bfloat16'.
-      "moment_dtype": ml_collections.FieldReference(None, field_type=object)})
+      "moment_dtype": ml_collections.FieldReference(None, field_type=object),
+    }
+  )
   # Resuming a workdir whose config.json differs (moejax.train.resume): 'same' refuses, 'continue' accepts the new
   # config (config.json keeps the history), 'branch' copies the run into branch_dir and continues there.
-  config.checkpoint = ml_collections.ConfigDict({"every_steps": 100, "keep": 3, "use_async": True, "resume": "same",
-                                                 "branch_dir": ""})
+  config.checkpoint = ml_collections.ConfigDict(
+    {"every_steps": 100, "keep": 3, "use_async": True, "resume": "same", "branch_dir": ""}
+  )
   # eval_every: the loss on eval_batches micro-batches of held-out documents (data.heldout_every) after every
   # eval_every-th step and the last (0: none; moejax.train.heldout).
-  config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True, "eval_every": 50,
-                                          "eval_batches": 4})
+  config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True, "eval_every": 50, "eval_batches": 4})
   if size == "tiny":
     return config
 
@@ -90,12 +119,21 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   config.batch_size = 16384
   config.mesh.update(nodes=16, gpus_per_node=8)
   config.micro_batches = config.batch_size // (per_gpu * 128)
-  config.model.update(vocab_size=32128, num_layers=layers, d_model=d, num_heads=heads, d_ff=f, dtype="bfloat16",
-                      dropout=0.1, embed_init_std=0.02)
+  config.model.update(
+    vocab_size=32128,
+    num_layers=layers,
+    d_model=d,
+    num_heads=heads,
+    d_ff=f,
+    dtype="bfloat16",
+    dropout=0.1,
+    embed_init_std=0.02,
+  )
   # Worst-case receive buffers would be 2-3 GiB per hop per GPU here (experiments/exchange_memory.py);
   # 2x the local rows (NVIDIA's DeepSeek recipe) with on_overflow='retry' keeps training exact.
-  config.moe.update(num_experts=128, collective="ragged", dtype="bfloat16", buffer_factor=2.0,
-                    num_nodes=config.mesh.nodes)
+  config.moe.update(
+    num_experts=128, collective="ragged", dtype="bfloat16", buffer_factor=2.0, num_nodes=config.mesh.nodes
+  )
   config.data.update(tokenizer_train_chars=100_000_000, shards=128, prefetch=4)
   config.optim.update(learning_rate=1e-3, warmup_steps=2000, end_fraction=0.0)  # lr from SMILE's grid
   config.checkpoint.update(every_steps=1000)

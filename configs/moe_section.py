@@ -46,8 +46,12 @@ def moe_section(*, omit: tuple[str, ...] = (), **overrides) -> ml_collections.Co
     elif field.default_factory is not dataclasses.MISSING:
       value = field.default_factory()
     else:
-      raise ConfigError(f"config field moe.{field.name} is missing: MoEConfig has no default for it",
-                        f"moe.{field.name}", None, "a value set by the config")
+      raise ConfigError(
+        f"config field moe.{field.name} is missing: MoEConfig has no default for it",
+        f"moe.{field.name}",
+        None,
+        "a value set by the config",
+      )
     if isinstance(value, ml_collections.FieldReference):
       section[field.name] = value
     elif _optional(field, hints[field.name]):

@@ -35,35 +35,55 @@ def get_config() -> ml_collections.ConfigDict:
   config.nodes = (1, 2, 4)
   config.gpus_per_node = (4,)
   # more: configs/scaling_schedules.py
-  config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "smile_nodedup", "node_limited",
-                    "node_limited_nodedup")
+  config.schemes = (
+    "switch",
+    "flat_dropless",
+    "hierarchical",
+    "smile",
+    "smile_nodedup",
+    "node_limited",
+    "node_limited_nodedup",
+  )
   config.scalings = ("weak", "strong")
   config.global_batch = 512  # samples per step under strong scaling (a multiple of devices x micro_batch on each mesh)
-  config.models = ml_collections.ConfigDict({
-      "small": {"d_model": 512, "d_ff": 2048, "layers": 8, "moe_layers": 4, "seq_len": 128, "micro_batch": 32,
-                "vocab": 32128},
-  })
+  config.models = ml_collections.ConfigDict(
+    {
+      "small": {
+        "d_model": 512,
+        "d_ff": 2048,
+        "layers": 8,
+        "moe_layers": 4,
+        "seq_len": 128,
+        "micro_batch": 32,
+        "vocab": 32128,
+      },
+    }
+  )
   # Every MoEConfig field but those each scheme sets (moejax.study.points.SCHEME_FIELDS), at its default unless set
   # here, passed to every scheme that does not fix it; then the sweep's own fields (points.SWEEP_FIELDS).
   config.moe = moe_section(
-      omit=SCHEME_FIELDS,
-      top_k=2,  # experts per token (every scheme but switch, which is top-1; local experts for smile)
-      node_top_k=1,  # nodes per token for node_limited (smile: always 1)
-      num_chunks=4,  # chunks of 'chunked', column blocks of d of 'comet'
-      dtype="bfloat16",  # the activations' bytes per element and the compute dtype of measured points
-      dispatch_dtype="bfloat16",  # the rows to the experts on the wire (None: dtype; 'float8_e4m3fn': FP8)
-      combine_dtype="bfloat16")  # the results back and the backward's gradients (None: float32)
-  config.moe.update({
+    omit=SCHEME_FIELDS,
+    top_k=2,  # experts per token (every scheme but switch, which is top-1; local experts for smile)
+    node_top_k=1,  # nodes per token for node_limited (smile: always 1)
+    num_chunks=4,  # chunks of 'chunked', column blocks of d of 'comet'
+    dtype="bfloat16",  # the activations' bytes per element and the compute dtype of measured points
+    dispatch_dtype="bfloat16",  # the rows to the experts on the wire (None: dtype; 'float8_e4m3fn': FP8)
+    combine_dtype="bfloat16",
+  )  # the results back and the backward's gradients (None: float32)
+  config.moe.update(
+    {
       "experts_per_gpu": 1,
       "switch_capacity_factor": 2.0,
       "smile_capacity_factor": 2.0,  # SMILE Sec. 4.1
       "esp_capacity_factor": 1.2,  # 'esp_baseline', 's1', 's2' (Parm Table III: f in {1.2, 2.4})
-  })
+    }
+  )
   # The small run on simulated devices: `batches` calls of `tokens_per_gpu` tokens per device;
   # balanced_router: routers built to route uniformly (moejax.study.inputs.balanced_routers), else the
   # layer's own random initialisation.
-  config.sim = ml_collections.ConfigDict({"tokens_per_gpu": 128, "batches": 4, "d_model": 32, "d_ff": 64,
-                                          "seed": 0, "balanced_router": True})
+  config.sim = ml_collections.ConfigDict(
+    {"tokens_per_gpu": 128, "batches": 4, "d_model": 32, "d_ff": 64, "seed": 0, "balanced_router": True}
+  )
   # Points whose mesh the job's devices of `platform` can form are also timed (rows 'measured'): one MoE layer
   # forward and a whole training step at the model's shapes. 'gpu': one host's GPUs, or whole hosts of a job of
   # several processes (moejax.study.hosts); 'cpu': the CPU devices (simulated nodes in one process), which

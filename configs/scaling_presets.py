@@ -36,8 +36,15 @@ def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
   config.nodes = (1, 2, 4)
   config.gpus_per_node = (8,)
   config.schemes = ("flat_dropless", "hierarchical", "chunked", "comet")
-  model = {"d_model": fields["d_model"], "d_ff": fields["d_ff"], "layers": published.layers,
-           "moe_layers": published.layers, "seq_len": 4096, "micro_batch": 1, "vocab": VOCAB[preset]}
+  model = {
+    "d_model": fields["d_model"],
+    "d_ff": fields["d_ff"],
+    "layers": published.layers,
+    "moe_layers": published.layers,
+    "seq_len": 4096,
+    "micro_batch": 1,
+    "vocab": VOCAB[preset],
+  }
   if preset in point_models.FAMILIES:
     model.update(family=preset, moe_layers=published.layers - presets.PUBLISHED[preset].dense)
   config.models = ml_collections.ConfigDict({preset: model})

@@ -36,14 +36,37 @@ def get_config() -> ml_collections.ConfigDict:
   config.gpus_per_node = (8,)
   config.global_batch = 16384  # SMILE Table 2
   # SMILE Table 2: every other FFN is an MoE layer; T5 vocabulary (Sec. 4.1).
-  config.models = ml_collections.ConfigDict({
-      "smile_3_7b": {"d_model": 768, "d_ff": 3072, "layers": 12, "moe_layers": 6, "seq_len": 128, "micro_batch": 128,
-               "vocab": 32128},
-      "smile_13b": {"d_model": 1024, "d_ff": 4096, "layers": 24, "moe_layers": 12, "seq_len": 128, "micro_batch": 64,
-              "vocab": 32128},
-      "smile_48b": {"d_model": 1600, "d_ff": 6400, "layers": 36, "moe_layers": 18, "seq_len": 128, "micro_batch": 64,
-              "vocab": 32128},
-  })
+  config.models = ml_collections.ConfigDict(
+    {
+      "smile_3_7b": {
+        "d_model": 768,
+        "d_ff": 3072,
+        "layers": 12,
+        "moe_layers": 6,
+        "seq_len": 128,
+        "micro_batch": 128,
+        "vocab": 32128,
+      },
+      "smile_13b": {
+        "d_model": 1024,
+        "d_ff": 4096,
+        "layers": 24,
+        "moe_layers": 12,
+        "seq_len": 128,
+        "micro_batch": 64,
+        "vocab": 32128,
+      },
+      "smile_48b": {
+        "d_model": 1600,
+        "d_ff": 6400,
+        "layers": 36,
+        "moe_layers": 18,
+        "seq_len": 128,
+        "micro_batch": 64,
+        "vocab": 32128,
+      },
+    }
+  )
   config.schemes = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")  # top-1: dedup changes no row
   config.moe.top_k = 1
   config.moe.switch_capacity_factor = 2.0

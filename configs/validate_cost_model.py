@@ -1,7 +1,7 @@
 """The cost models against papers' numbers, one section per paper (experiments/validate_cost_model.py).
 
-  python -m experiments.validate_cost_model --workdir=/tmp/validation
-  python -m experiments.validate_cost_model --workdir=/tmp/validation --config.sections=parm
+python -m experiments.validate_cost_model --workdir=/tmp/validation
+python -m experiments.validate_cost_model --workdir=/tmp/validation --config.sections=parm
 """
 
 import ml_collections

@@ -73,12 +73,15 @@ def local_exchange(variant: str, n: int, m: int, rows: int):
   def ragged(x, exchange):
     return exchange(x, jnp.zeros_like(x), *_ragged_args(num_devices, rows, m), axis_name=ALL)
 
-  return {"flat": flat, "two_hop": two_hop,
-          "padded": lambda x: ragged(x, collective.padded_all_to_all),
-          "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all),
-          "node_a2a": lambda x: jax.lax.all_to_all(x.reshape(n, -1, x.shape[-1]), mesh_lib.NODE, 0, 0).reshape(x.shape),
-          "gpu_all_gather": lambda x: jax.lax.all_gather(x, mesh_lib.GPU, tiled=True),
-          "gpu_all_reduce": lambda x: jax.lax.psum(x, mesh_lib.GPU)}[variant]
+  return {
+    "flat": flat,
+    "two_hop": two_hop,
+    "padded": lambda x: ragged(x, collective.padded_all_to_all),
+    "ragged": lambda x: ragged(x, jax.lax.ragged_all_to_all),
+    "node_a2a": lambda x: jax.lax.all_to_all(x.reshape(n, -1, x.shape[-1]), mesh_lib.NODE, 0, 0).reshape(x.shape),
+    "gpu_all_gather": lambda x: jax.lax.all_gather(x, mesh_lib.GPU, tiled=True),
+    "gpu_all_reduce": lambda x: jax.lax.psum(x, mesh_lib.GPU),
+  }[variant]
 
 
 def reference(variant: str, x: np.ndarray, n: int, m: int) -> np.ndarray:
@@ -87,7 +90,9 @@ def reference(variant: str, x: np.ndarray, n: int, m: int) -> np.ndarray:
   if variant == "node_a2a":  # device (i, j) sends its k-th of n blocks to (k, j), which stores it i-th
     return x_nodes_gpus_rows_d.reshape(n, m, n, -1, x.shape[-1]).transpose(2, 1, 0, 3, 4).reshape(x.shape)
   if variant == "gpu_all_gather":  # every GPU of node i: node i's blocks in GPU order
-    return np.broadcast_to(x_nodes_gpus_rows_d[:, None], (n, m) + x_nodes_gpus_rows_d.shape[1:]).reshape(-1, x.shape[-1])
+    return np.broadcast_to(x_nodes_gpus_rows_d[:, None], (n, m) + x_nodes_gpus_rows_d.shape[1:]).reshape(
+      -1, x.shape[-1]
+    )
   return np.broadcast_to(x_nodes_gpus_rows_d.sum(axis=1, keepdims=True), x_nodes_gpus_rows_d.shape).reshape(x.shape)
 
 
@@ -109,15 +114,17 @@ def bytes_sent(variant: str, n: int, m: int, rows: int, row_bytes: int) -> int:
   return (num_devices - 1) * rows * row_bytes
 
 
-def run_variant(variant: str, mesh, rows: int, d: int, dtype, warmup: int, iters: int
-                ) -> tuple[dict, np.ndarray, np.ndarray]:
+def run_variant(
+  variant: str, mesh, rows: int, d: int, dtype, warmup: int, iters: int
+) -> tuple[dict, np.ndarray, np.ndarray]:
   """(timings, output, input): every exchange delivers the same blocks in source order, so their outputs
   must match; the one-axis collectives must match `reference`."""
   n, m = mesh_lib.axis_sizes(mesh)
   body = local_exchange(variant, n, m, rows)
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(ALL), out_specs=P(ALL)))
-  x = jax.device_put(jax.random.normal(jax.random.key(rows), (n * m * n * m * rows, d), dtype),
-                     NamedSharding(mesh, P(ALL)))
+  x = jax.device_put(
+    jax.random.normal(jax.random.key(rows), (n * m * n * m * rows, d), dtype), NamedSharding(mesh, P(ALL))
+  )
   times = tuning.time_call(fn, (x,), warmup, iters)
   return dict(times_s=times, median_s=statistics.median(times)), np.asarray(fn(x)), np.asarray(x)
 
@@ -158,8 +165,10 @@ def write(config, workdir: str) -> None:
           ok = bool(np.array_equal(first_output.setdefault(rows, output), output))
           entry.update(timings, matches_first_variant=ok)
         points.append((entry["bytes_sent"], entry["median_s"]))
-        print(f"{variant:14s} rows/peer {rows:6d} sent {entry['bytes_sent']:12d} B  {entry['median_s'] * 1e6:10.1f} us"
-              + ("" if ok else "  OUTPUT DIFFERS from the " + ("reference" if variant in ONE_AXIS else "first variant")))
+        print(
+          f"{variant:14s} rows/peer {rows:6d} sent {entry['bytes_sent']:12d} B  {entry['median_s'] * 1e6:10.1f} us"
+          + ("" if ok else "  OUTPUT DIFFERS from the " + ("reference" if variant in ONE_AXIS else "first variant"))
+        )
       except Exception as e:  # pylint: disable=broad-except
         entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
         print(f"{variant:14s} skipped on {device.platform}: {entry['error']}")
@@ -171,15 +180,26 @@ def write(config, workdir: str) -> None:
 
   print(f"\n{'variant':14s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
   for variant, lb in fits.items():
-    print(f"{variant:14s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
-          + ("" if lb.physical else "  (not physical: negative latency or slope)"))
+    print(
+      f"{variant:14s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
+      + ("" if lb.physical else "  (not physical: negative latency or slope)")
+    )
   if "flat" in fits and n == 1 and m > 1:
     lb = fits["flat"]
     print(f"intra-node model terms (measured): intra_bw={lb.bandwidth:.4g},intra_latency={lb.latency_s / (m - 1):.4g}")
-  record = dict(device_kind=device.device_kind, platform=device.platform, jax_version=jax.__version__,
-                jaxlib_version=jaxlib.__version__, mesh=[n, m], d=config.d, dtype=str(dtype),
-                warmup=config.warmup, iters=config.iters, results=results,
-                fits={variant: lb.as_dict() for variant, lb in fits.items()})
+  record = dict(
+    device_kind=device.device_kind,
+    platform=device.platform,
+    jax_version=jax.__version__,
+    jaxlib_version=jaxlib.__version__,
+    mesh=[n, m],
+    d=config.d,
+    dtype=str(dtype),
+    warmup=config.warmup,
+    iters=config.iters,
+    results=results,
+    fits={variant: lb.as_dict() for variant, lb in fits.items()},
+  )
   cli.write_json(workdir, RECORD, record)
 
 
@@ -192,7 +212,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bench_collectives.py"),
-                    "Benchmark config file (configs/bench_collectives.py).")
+  cli.define_config(
+    os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bench_collectives.py"),
+    "Benchmark config file (configs/bench_collectives.py).",
+  )
   cli.define_workdir("Directory of collectives.json.")
   cli.run(main)

@@ -53,8 +53,8 @@ from moejax.bench.kernel_impls import IMPLS
 from moejax.cost import expert_backend
 from moejax.validation import require
 
-RECORD, BACKEND_TABLE = 'kernels.json', 'backend_table.json'
-CHOICES = {'models': MODELS, 'skews': ('balanced', 'skewed'), 'ops': ('gmm', 'ffn', 'parts'), 'impls': IMPLS}
+RECORD, BACKEND_TABLE = "kernels.json", "backend_table.json"
+CHOICES = {"models": MODELS, "skews": ("balanced", "skewed"), "ops": ("gmm", "ffn", "parts"), "impls": IMPLS}
 
 
 def cases(config) -> tuple[dict, list[int], int, int]:
@@ -62,11 +62,11 @@ def cases(config) -> tuple[dict, list[int], int, int]:
   field."""
   for field, allowed in CHOICES.items():
     bad = [v for v in config[field] if v not in allowed]
-    require(not bad, field, ','.join(config[field]), f'a subset of {list(allowed)} ({bad} are not)')
-  require(config.dtype in ('bfloat16', 'float32'), 'dtype', config.dtype, 'bfloat16 or float32')
+    require(not bad, field, ",".join(config[field]), f"a subset of {list(allowed)} ({bad} are not)")
+  require(config.dtype in ("bfloat16", "float32"), "dtype", config.dtype, "bfloat16 or float32")
   if config.smoke:
     return SMOKE_MODELS, [64], 1, 3
-  models = {'custom': custom_model(config.shape)} if config.shape else {m: MODELS[m] for m in config.models}
+  models = {"custom": custom_model(config.shape)} if config.shape else {m: MODELS[m] for m in config.models}
   return models, list(config.rows), config.warmup, config.iters
 
 
@@ -76,25 +76,39 @@ def write(config, workdir: str) -> None:
   models, rows, warmup, iters = cases(config)
   dtype = jnp.dtype(config.dtype)
   device = jax.devices()[0]
-  print(f'device: {device.device_kind} ({device.platform}), jax {jax.__version__}')
+  print(f"device: {device.device_kind} ({device.platform}), jax {jax.__version__}")
   results = kernels.run(models, rows, config.skews, config.ops, config.impls, dtype, warmup, iters)
-  print('\nmedian ms (useful TFLOP/s)')
+  print("\nmedian ms (useful TFLOP/s)")
   print(kernels.summary(results, config.impls))
-  record = dict(device_kind=device.device_kind, platform=device.platform,
-                jax_version=jax.__version__, jaxlib_version=jaxlib.__version__,
-                dtype=str(dtype), warmup=warmup, iters=iters, smoke=config.smoke, results=results)
+  record = dict(
+    device_kind=device.device_kind,
+    platform=device.platform,
+    jax_version=jax.__version__,
+    jaxlib_version=jaxlib.__version__,
+    dtype=str(dtype),
+    warmup=warmup,
+    iters=iters,
+    smoke=config.smoke,
+    results=results,
+  )
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, RECORD)
-  with open(path, 'w') as f:
+  with open(path, "w") as f:
     json.dump(record, f, indent=1)
-  print(f'wrote {len(results)} results to {path}')
+  print(f"wrote {len(results)} results to {path}")
   if config.backend_table:
-    meta = dict(device=device.device_kind, platform=device.platform, dtype=str(dtype), smoke=config.smoke,
-                versions=dict(jax=jax.__version__, jaxlib=jaxlib.__version__), source=RECORD)
+    meta = dict(
+      device=device.device_kind,
+      platform=device.platform,
+      dtype=str(dtype),
+      smoke=config.smoke,
+      versions=dict(jax=jax.__version__, jaxlib=jaxlib.__version__),
+      source=RECORD,
+    )
     table = os.path.join(workdir, BACKEND_TABLE)
-    with open(table, 'w') as f:
+    with open(table, "w") as f:
       json.dump(expert_backend.table_from_results(results, meta), f, indent=1)
-    print(f'wrote the expert-backend table to {table}')
+    print(f"wrote the expert-backend table to {table}")
 
 
 def main(argv):
@@ -102,8 +116,10 @@ def main(argv):
   write(flags.FLAGS.config, flags.FLAGS.workdir)
 
 
-if __name__ == '__main__':  # the flags are the program's: the GPU suite and tests import this module
-  cli.define_config(os.path.join(os.path.dirname(__file__), os.pardir, 'configs', 'bench_kernels.py'),
-                    'Benchmark config file (configs/bench_kernels.py).')
-  cli.define_workdir('Directory of kernels.json (and backend_table.json).')
+if __name__ == "__main__":  # the flags are the program's: the GPU suite and tests import this module
+  cli.define_config(
+    os.path.join(os.path.dirname(__file__), os.pardir, "configs", "bench_kernels.py"),
+    "Benchmark config file (configs/bench_kernels.py).",
+  )
+  cli.define_workdir("Directory of kernels.json (and backend_table.json).")
   cli.run(main)

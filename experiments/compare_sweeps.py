@@ -52,8 +52,9 @@ def load_rows(workdir: str) -> tuple[list[dict], dict]:
   return rows, {}
 
 
-def curves(workdirs, labels=None, metric: str = "samples_per_s", schemes=None, scalings=None, models=None
-           ) -> list[dict]:
+def curves(
+  workdirs, labels=None, metric: str = "samples_per_s", schemes=None, scalings=None, models=None
+) -> list[dict]:
   """One dict per curve: label, workdir, its config fields and points [(nodes, metric)] sorted by nodes. schemes,
   scalings, models: keep only rows with these values (None: all)."""
   labels = labels or [os.path.basename(os.path.normpath(w)) for w in workdirs]
@@ -72,10 +73,19 @@ def curves(workdirs, labels=None, metric: str = "samples_per_s", schemes=None, s
       fields = dict(zip(CURVE_KEY, key))
       topology = members[0].get("topology") or ""
       where = f"on {members[0].get('device')}" if fields["label"] == "measured" else f"on {topology}"
-      out.append(dict(fields, kind=fields["label"], workdir=workdir, name=name, topology=topology, where=where,
-                      label=f"{name}: {fields['model']} {fields['scheme']} x{fields['gpus_per_node']} GPUs/node, "
-                            f"{fields['scaling']}, {fields['label']} {where}",
-                      points=sorted((int(r["nodes"]), float(r[metric])) for r in members)))
+      out.append(
+        dict(
+          fields,
+          kind=fields["label"],
+          workdir=workdir,
+          name=name,
+          topology=topology,
+          where=where,
+          label=f"{name}: {fields['model']} {fields['scheme']} x{fields['gpus_per_node']} GPUs/node, "
+          f"{fields['scaling']}, {fields['label']} {where}",
+          points=sorted((int(r["nodes"]), float(r[metric])) for r in members),
+        )
+      )
   return out
 
 
@@ -123,8 +133,17 @@ def curve_styles(found: list[dict]) -> list[dict]:
 
 def legend_labels(found: list[dict]) -> tuple[list[str], str]:
   """(a legend label per curve naming only what differs between curves, the facts all curves share)."""
-  parts = [dict(name=c["name"], model=c["model"], scheme=c["scheme"], gpus=f"{c['gpus_per_node']} GPUs/node",
-                scaling=c["scaling"], kind=f"{c['kind']} {c['where']}") for c in found]
+  parts = [
+    dict(
+      name=c["name"],
+      model=c["model"],
+      scheme=c["scheme"],
+      gpus=f"{c['gpus_per_node']} GPUs/node",
+      scaling=c["scaling"],
+      kind=f"{c['kind']} {c['where']}",
+    )
+    for c in found
+  ]
   shared = [k for k in parts[0] if len({p[k] for p in parts}) == 1]
   labels = [", ".join(p[k] for k in p if k not in shared or k == "scheme") for p in parts]
   return labels, ", ".join(parts[0][k] for k in parts[0] if k in shared and k != "scheme")
@@ -146,8 +165,9 @@ def figure(found: list[dict], metric: str):
     rank = schemes.index(c["scheme"])  # a scheme's curves move sideways together; later schemes' markers smaller
     shift = plots.dodge(rank, len(schemes), spread=0.04)
     nodes, values = zip(*c["points"])
-    ax.plot([n * shift for n in nodes], values, label=label, markersize=max(4.0, 9.0 - 1.2 * rank),
-            zorder=2 + rank, **style)
+    ax.plot(
+      [n * shift for n in nodes], values, label=label, markersize=max(4.0, 9.0 - 1.2 * rank), zorder=2 + rank, **style
+    )
   plots.node_axis(ax, [n for c in found for n, _ in c["points"]])
   if all(v > 0 for c in found for _, v in c["points"]):
     ax.set_yscale("log")
@@ -155,8 +175,12 @@ def figure(found: list[dict], metric: str):
     ax.yaxis.set_major_formatter(plain)
     ax.yaxis.set_minor_formatter(plain)
   ax.set_ylabel(plots.field_label(metric))
-  ax.set_title("scaling curves of " + ", ".join(dict.fromkeys(c["name"] for c in found))
-               + (f"\nevery curve: {shared}" if shared else ""), fontsize=10)
+  ax.set_title(
+    "scaling curves of "
+    + ", ".join(dict.fromkeys(c["name"] for c in found))
+    + (f"\nevery curve: {shared}" if shared else ""),
+    fontsize=10,
+  )
   fig.legend(loc="outside lower center", fontsize=7, ncols=2 if len(found) > 6 else 1)
   return fig
 
@@ -168,13 +192,25 @@ def plot(found: list[dict], metric: str, path: str) -> None:
 
 def check(config) -> None:
   """The sweeps and their labels; errors name the field."""
-  require(len(config.sweeps) > 0, "sweeps", config.sweeps, "sweep workdirs separated by commas, e.g. "
-          "--config.sweeps=/tmp/sweep_h100,/tmp/sweep_p4d")
+  require(
+    len(config.sweeps) > 0,
+    "sweeps",
+    config.sweeps,
+    "sweep workdirs separated by commas, e.g. --config.sweeps=/tmp/sweep_h100,/tmp/sweep_p4d",
+  )
   for sweep in config.sweeps:
-    require(os.path.isfile(os.path.join(sweep, "results.json")) or os.path.isfile(os.path.join(sweep, "results.csv")),
-            "sweeps", sweep, "sweep workdirs with results.json or results.csv (run the sweep first)")
-  require(not config.labels or len(config.labels) == len(config.sweeps), "labels", config.labels,
-          f"empty (the directory names) or one label per sweep ({len(config.sweeps)})")
+    require(
+      os.path.isfile(os.path.join(sweep, "results.json")) or os.path.isfile(os.path.join(sweep, "results.csv")),
+      "sweeps",
+      sweep,
+      "sweep workdirs with results.json or results.csv (run the sweep first)",
+    )
+  require(
+    not config.labels or len(config.labels) == len(config.sweeps),
+    "labels",
+    config.labels,
+    f"empty (the directory names) or one label per sweep ({len(config.sweeps)})",
+  )
 
 
 def main(argv):

@@ -28,8 +28,12 @@ def check(config) -> None:
   require(is_int(config.nodes, 1), "nodes", config.nodes, "an int >= 1")
   require(is_int(config.gpus_per_node, 1), "gpus_per_node", config.gpus_per_node, "an int >= 1")
   devices = config.nodes * config.gpus_per_node
-  require(is_int(config.batch_size) and config.batch_size % devices == 0, "batch_size", config.batch_size,
-          f"a multiple of the mesh's {devices} devices")
+  require(
+    is_int(config.batch_size) and config.batch_size % devices == 0,
+    "batch_size",
+    config.batch_size,
+    f"a multiple of the mesh's {devices} devices",
+  )
   require(is_int(config.seq_len, 2), "seq_len", config.seq_len, "an int >= 2")
 
 
@@ -38,21 +42,38 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   check(config)
   from moejax.runtime import mesh as mesh_lib
+
   nodes, gpus = config.nodes, config.gpus_per_node
   mesh_lib.simulate_cpu_devices(nodes * gpus)
   import jax
 
-  points = [point for is_warmup, point in sweep(config.families, config.layers, config.scan, config.batch_size,
-                                                config.seq_len, nodes, gpus) if not is_warmup]
+  points = [
+    point
+    for is_warmup, point in sweep(
+      config.families, config.layers, config.scan, config.batch_size, config.seq_len, nodes, gpus
+    )
+    if not is_warmup
+  ]
   print(table(points))
   if workdir:
-    cli.write_json(workdir, "compile_time.json", {
-        "device": f"{nodes} x {gpus} simulated CPU devices", "cpu": platform.processor() or platform.machine(),
-        "cpu_count": os.cpu_count(), "jax": jax.__version__, "config": config.to_dict(),
-        "xla_flags": os.environ.get("XLA_FLAGS", ""), "points": points})
+    cli.write_json(
+      workdir,
+      "compile_time.json",
+      {
+        "device": f"{nodes} x {gpus} simulated CPU devices",
+        "cpu": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "config": config.to_dict(),
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "points": points,
+      },
+    )
+
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/compile_time.py).")
-  _WORKDIR = cli.define_workdir("Directory for compile_time.json (optional: without it, the table only).",
-                                required=False)
+  _WORKDIR = cli.define_workdir(
+    "Directory for compile_time.json (optional: without it, the table only).", required=False
+  )
   cli.run(main)

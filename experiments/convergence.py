@@ -63,8 +63,9 @@ def split_corpus(workdir: str, heldout_fraction: float, cache_dir: str) -> tuple
   return train, heldout
 
 
-def train_config(study: ml_collections.ConfigDict, model: str, router: str, seed: int, train_file: str,
-                 cache_dir: str) -> ml_collections.ConfigDict:
+def train_config(
+  study: ml_collections.ConfigDict, model: str, router: str, seed: int, train_file: str, cache_dir: str
+) -> ml_collections.ConfigDict:
   """The trainer's config of one run: configs/gpt.py or configs/mlm.py (tiny) with the study's sizes and
   the router's overrides."""
   config = (gpt_config if model == "gpt" else mlm_config).get_config("tiny")
@@ -74,8 +75,9 @@ def train_config(study: ml_collections.ConfigDict, model: str, router: str, seed
   config.micro_batches = 1
   config.seq_len = study.seq_len
   config.mesh.update(nodes=MESH[0], gpus_per_node=MESH[1])
-  config.model.update(num_layers=study.num_layers, d_model=study.d_model, num_heads=study.num_heads,
-                      max_len=study.seq_len, moe_every=1)
+  config.model.update(
+    num_layers=study.num_layers, d_model=study.d_model, num_heads=study.num_heads, max_len=study.seq_len, moe_every=1
+  )
   config.optim.update(learning_rate=study.learning_rate, warmup_steps=study.warmup_steps)
   config.data.update(train_files=train_file, cache_dir=cache_dir, tokenizer_train_chars=study.tokenizer_train_chars)
   config.checkpoint.update(every_steps=study.steps, keep=1, use_async=False)
@@ -161,13 +163,17 @@ def run_one(study, model: str, router: str, seed: int, files: tuple[str, str], w
   if not os.path.exists(os.path.join(run_dir, "summary.json")):
     trainer_lib.train(config, run_dir)
   records = metrics_lib.read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-  result = {"model": model, "router": router, "seed": seed,
-            "steps": [r["step"] for r in records],
-            "train_loss": [r["task_loss"] for r in records],
-            "aux_loss": [r["aux_loss"] for r in records],
-            **load_curves(records, study.capacity),
-            "heldout_loss": heldout_loss(config, run_dir, files[1], study.heldout_batches),
-            "seconds": time.perf_counter() - start}
+  result = {
+    "model": model,
+    "router": router,
+    "seed": seed,
+    "steps": [r["step"] for r in records],
+    "train_loss": [r["task_loss"] for r in records],
+    "aux_loss": [r["aux_loss"] for r in records],
+    **load_curves(records, study.capacity),
+    "heldout_loss": heldout_loss(config, run_dir, files[1], study.heldout_batches),
+    "seconds": time.perf_counter() - start,
+  }
   with open(result_path + ".tmp", "w") as f:
     json.dump(result, f)
   os.replace(result_path + ".tmp", result_path)
@@ -189,15 +195,26 @@ def run_study(config: ml_collections.ConfigDict, workdir: str, models, cache_dir
   for model, router, seed in runs:
     result = run_one(config, model, router, seed, files, workdir, cache_dir)
     results.append(result)
-    line = (f"{model} {router} seed {seed}: held-out loss {result['heldout_loss']:.4f}, final train loss "
-            f"{result['train_loss'][-1]:.4f}, busiest load {np.mean(result['busiest_load']):.3f}")
-    print(f"{line} (re-used)" if result.get("reused") else progress.step(f"{line}, {result['seconds']:.0f} s"),
-          flush=True)
+    line = (
+      f"{model} {router} seed {seed}: held-out loss {result['heldout_loss']:.4f}, final train loss "
+      f"{result['train_loss'][-1]:.4f}, busiest load {np.mean(result['busiest_load']):.3f}"
+    )
+    print(
+      f"{line} (re-used)" if result.get("reused") else progress.step(f"{line}, {result['seconds']:.0f} s"), flush=True
+    )
   rows = table_rows(results, tail=max(1, config.steps // 10))
   table = format_table(rows, config.capacity)
   with open(os.path.join(workdir, "results.json"), "w") as f:
-    json.dump({"config": config.to_dict(), "mesh": MESH, "table": rows,
-               "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results]}, f, indent=1)
+    json.dump(
+      {
+        "config": config.to_dict(),
+        "mesh": MESH,
+        "table": rows,
+        "runs": [{k: v for k, v in r.items() if k != "reused"} for r in results],
+      },
+      f,
+      indent=1,
+    )
   with open(os.path.join(workdir, "table.md"), "w") as f:
     f.write(table + "\n")
   paths = plot(results, workdir)

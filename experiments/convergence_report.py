@@ -21,8 +21,7 @@ def main(argv):
   del argv
   workdir = _WORKDIR.value
   results = _CONFIG.value.results or os.path.join(workdir, "results.json")
-  require(os.path.isfile(results), "results", results, "a convergence study's results.json ('' = the one in "
-          "--workdir)")
+  require(os.path.isfile(results), "results", results, "a convergence study's results.json ('' = the one in --workdir)")
   print("wrote", ", ".join(report.redraw(results, workdir)))
 
 

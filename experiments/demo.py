@@ -54,8 +54,12 @@ def validate(config) -> MoEConfig:
     value = config.mesh[field]
     require(isinstance(value, int) and value >= 1, f"mesh.{field}", value, "a positive int")
   devices = config.mesh.nodes * config.mesh.gpus_per_node
-  require(isinstance(config.tokens, int) and config.tokens >= devices and config.tokens % devices == 0,
-          "tokens", config.tokens, f"a positive multiple of the mesh's {devices} devices")
+  require(
+    isinstance(config.tokens, int) and config.tokens >= devices and config.tokens % devices == 0,
+    "tokens",
+    config.tokens,
+    f"a positive multiple of the mesh's {devices} devices",
+  )
   require(isinstance(config.steps, int) and config.steps >= 1, "steps", config.steps, "a positive int")
   moe = MoEConfig.from_mapping(config.moe.to_dict(), prefix="moe.")
   check_against_mesh(moe, config.mesh.nodes, config.mesh.gpus_per_node)  # no moe field resizes the mesh
@@ -77,8 +81,13 @@ def run(config) -> dict:
   collective_lib.check(cfg.collective, platform_lib.of_mesh(mesh), field="moe.collective")  # as the trainer says it
   # The layer's own checks (platform, backend) name MoEConfig's fields: here they are the moe section's.
   cfg = prefixed("moe.", expert_backend.resolve, cfg, config.tokens, mesh, "fwd")  # 'auto': measured here
-  logging.info("mesh %s on %d process(es), %s devices; %s", dict(mesh.shape), jax.process_count(),
-               mesh.devices.flat[0].platform, cfg)
+  logging.info(
+    "mesh %s on %d process(es), %s devices; %s",
+    dict(mesh.shape),
+    jax.process_count(),
+    mesh.devices.flat[0].platform,
+    cfg,
+  )
 
   host_params = jax.tree.map(np.asarray, init_params(jax.random.key(config.seed), cfg))
   host_x = np.asarray(jax.random.normal(jax.random.key(config.seed + 1), (config.tokens, cfg.d_model)))
@@ -98,13 +107,20 @@ def run(config) -> dict:
 
   y = np.asarray(multihost_utils.process_allgather(y, tiled=True))
   # expert_ids is sharded like the tokens (gathered across processes); the rest are replicated totals.
-  aux = {k: np.asarray(multihost_utils.process_allgather(v, tiled=True) if k == "expert_ids" else v)
-         for k, v in aux.items()}
-  result = {"y": y, "x": host_x, "compile_s": compile_s, "step_ms": 1e3 * statistics.median(times),
-            "esp_schedule": str(cfg.esp_schedule), "buffer_factor": str(cfg.buffer_factor),
-            "hop_axes": [str(axes) for axes in path_lib.hops(cfg.path)],
-            "row_bytes": cfg.d_model * host_x.dtype.itemsize,
-            **aux}
+  aux = {
+    k: np.asarray(multihost_utils.process_allgather(v, tiled=True) if k == "expert_ids" else v) for k, v in aux.items()
+  }
+  result = {
+    "y": y,
+    "x": host_x,
+    "compile_s": compile_s,
+    "step_ms": 1e3 * statistics.median(times),
+    "esp_schedule": str(cfg.esp_schedule),
+    "buffer_factor": str(cfg.buffer_factor),
+    "hop_axes": [str(axes) for axes in path_lib.hops(cfg.path)],
+    "row_bytes": cfg.d_model * host_x.dtype.itemsize,
+    **aux,
+  }
   if config.check_reference:
     groups = expert_sharding.of(cfg).token_groups(n, m)  # the capacity groups of the layer's dispatch
     y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, dispatch_groups=groups))(host_params, host_x)
@@ -116,10 +132,15 @@ def run(config) -> dict:
 
 def lost_choices(result: dict, config) -> str:
   """Token-choices the layer did not process: dropped by capacity and overflowed bounded receive buffers."""
-  buffers = ("worst-case receive buffers" if result["buffer_factor"] == "None"
-             else f"bounded receive buffers, moe.buffer_factor={result['buffer_factor']}")
-  return (f"token-choices dropped: {int(result['tokens_dropped'])} (capacity, moe.capacity_factor="
-          f"{config.moe.capacity_factor}), overflowed: {int(result['tokens_overflowed'])} ({buffers})")
+  buffers = (
+    "worst-case receive buffers"
+    if result["buffer_factor"] == "None"
+    else f"bounded receive buffers, moe.buffer_factor={result['buffer_factor']}"
+  )
+  return (
+    f"token-choices dropped: {int(result['tokens_dropped'])} (capacity, moe.capacity_factor="
+    f"{config.moe.capacity_factor}), overflowed: {int(result['tokens_overflowed'])} ({buffers})"
+  )
 
 
 def explain_difference(result: dict) -> str:
@@ -129,12 +150,16 @@ def explain_difference(result: dict) -> str:
   ref_dropped = result.get("reference_tokens_dropped", dropped)
   reasons = []
   if overflowed:
-    reasons.append(f"{overflowed} token-choices overflowed the bounded receive buffers (moe.buffer_factor="
-                   f"{result['buffer_factor']}; the reference has none): raise moe.buffer_factor, or None for "
-                   "worst-case buffers")
+    reasons.append(
+      f"{overflowed} token-choices overflowed the bounded receive buffers (moe.buffer_factor="
+      f"{result['buffer_factor']}; the reference has none): raise moe.buffer_factor, or None for "
+      "worst-case buffers"
+    )
   if dropped != ref_dropped:
-    reasons.append(f"capacity dropped {dropped} token-choices, the reference {ref_dropped} (moe.capacity_factor): "
-                   "the capacity groups differ")
+    reasons.append(
+      f"capacity dropped {dropped} token-choices, the reference {ref_dropped} (moe.capacity_factor): "
+      "the capacity groups differ"
+    )
   if not reasons:
     return f"neither overflow nor capacity drops explain it ({dropped} dropped as in the reference, 0 overflowed)"
   return "; ".join(reasons)
@@ -143,20 +168,22 @@ def explain_difference(result: dict) -> str:
 def report(result: dict, config) -> None:
   d = config.mesh.nodes * config.mesh.gpus_per_node
   if config.moe.esp_schedule == "auto":
-    print(f"moe.esp_schedule='auto' resolved to {result['esp_schedule']!r} (Parm's Algorithm 1 for "
-          f"{config.tokens} tokens on {config.mesh.nodes} x {config.mesh.gpus_per_node}, moe.esp_cost="
-          f"{config.moe.esp_cost!r})")
+    print(
+      f"moe.esp_schedule='auto' resolved to {result['esp_schedule']!r} (Parm's Algorithm 1 for "
+      f"{config.tokens} tokens on {config.mesh.nodes} x {config.mesh.gpus_per_node}, moe.esp_cost="
+      f"{config.moe.esp_cost!r})"
+    )
   print(f"compile {result['compile_s']:.2f} s, step {result['step_ms']:.2f} ms (median of {config.steps})")
-  print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, "
-        f"z {result['z_loss']:.6f})")
+  print(f"aux_loss {result['aux_loss']:.6f} (load balance {result['load_balance_loss']:.6f}, z {result['z_loss']:.6f})")
   print(lost_choices(result, config))
   counts, choices = result["expert_counts"], validate(config).choices_per_token
-  print(f"expert counts (token-choices processed: {int(counts.sum())} of {config.tokens * choices}): "
-        f"{counts.tolist()}")
+  print(f"expert counts (token-choices processed: {int(counts.sum())} of {config.tokens * choices}): {counts.tolist()}")
   summary = traffic_summary(result["traffic_rows"], config.mesh.gpus_per_node, result["row_bytes"])
   for hop, (traffic, axes, split) in enumerate(zip(result["traffic_rows"], result["hop_axes"], summary)):
-    print(f"hop {hop} over {axes}: {split['inter_node_rows']} rows / {split['inter_node_bytes']} B inter-node, "
-          f"{split['intra_node_rows']} rows / {split['intra_node_bytes']} B intra-node (dispatch; combine mirrors it)")
+    print(
+      f"hop {hop} over {axes}: {split['inter_node_rows']} rows / {split['inter_node_bytes']} B inter-node, "
+      f"{split['intra_node_rows']} rows / {split['intra_node_bytes']} B intra-node (dispatch; combine mirrors it)"
+    )
     print(f"  rows sent between devices (row = source, column = destination, {d} devices)")
     for source in range(d):
       print("  " + " ".join(f"{v:5d}" for v in traffic[source]))
@@ -177,8 +204,9 @@ def main(argv):
       os.makedirs(_WORKDIR.value, exist_ok=True)
       np.savez(os.path.join(_WORKDIR.value, "demo.npz"), **{k: np.asarray(v) for k, v in result.items()})
   if result.get("relative_error", 0.0) > config.tolerance:
-    sys.exit(f"error: output differs from the reference by {result['relative_error']:.2e}: "
-             f"{explain_difference(result)}")
+    sys.exit(
+      f"error: output differs from the reference by {result['relative_error']:.2e}: {explain_difference(result)}"
+    )
 
 
 if __name__ == "__main__":

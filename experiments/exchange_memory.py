@@ -33,20 +33,45 @@ def rows(nodes: int, gpus: int, factors: list[float], paths: list[str]) -> list[
     for path in paths:
       hops = path_lib.hops(path)
       for factor in [None, *factors]:
-        sizes = [h.out_rows for h in path_lib.hop_sizes(hops, {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus}, local_rows,
-                                                        1, "ragged", collective_lib.buffer_bound(factor, local_rows))]
-        out.append({"model": model, "d_model": d, "local_rows": local_rows, "path": path,
-                    "buffer_factor": factor, "hop_rows": sizes,
-                    "hop_mib": [r * d * BYTES / 2 ** 20 for r in sizes]})
+        sizes = [
+          h.out_rows
+          for h in path_lib.hop_sizes(
+            hops,
+            {mesh_lib.NODE: nodes, mesh_lib.GPU: gpus},
+            local_rows,
+            1,
+            "ragged",
+            collective_lib.buffer_bound(factor, local_rows),
+          )
+        ]
+        out.append(
+          {
+            "model": model,
+            "d_model": d,
+            "local_rows": local_rows,
+            "path": path,
+            "buffer_factor": factor,
+            "hop_rows": sizes,
+            "hop_mib": [r * d * BYTES / 2**20 for r in sizes],
+          }
+        )
   return out
 
 
 def check(config) -> None:
   """Every field; errors name the field."""
-  require(all(is_number(f) and f > 0 for f in config.buffer_factors), "buffer_factors", config.buffer_factors,
-          "a tuple of numbers > 0")
-  require(config.paths and set(config.paths) <= set(path_lib.PATHS), "paths", config.paths,
-          f"a non-empty tuple of {tuple(path_lib.PATHS)} (moe.path's values)")
+  require(
+    all(is_number(f) and f > 0 for f in config.buffer_factors),
+    "buffer_factors",
+    config.buffer_factors,
+    "a tuple of numbers > 0",
+  )
+  require(
+    config.paths and set(config.paths) <= set(path_lib.PATHS),
+    "paths",
+    config.paths,
+    f"a non-empty tuple of {tuple(path_lib.PATHS)} (moe.path's values)",
+  )
   for field in ("nodes", "gpus_per_node"):
     require(is_int(config[field]), field, config[field], "a positive int")
 
@@ -68,6 +93,7 @@ def main(argv):
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/exchange_memory.py).")
-  _WORKDIR = cli.define_workdir("Directory for exchange_memory.json (optional: without it, the table only).",
-                                required=False)
+  _WORKDIR = cli.define_workdir(
+    "Directory for exchange_memory.json (optional: without it, the table only).", required=False
+  )
   cli.run(main)

@@ -41,15 +41,20 @@ _WORKDIR = cli.define_workdir("Directory for the results (and the training run w
 
 DISTRIBUTIONS = {"in": "python-stdlib:", "ood": "python-docs:"}  # url prefixes of the embedded corpus
 # (name, decode mode, with the placement, prompts)
-RUNS = (("vanilla", "vanilla", False, "in"), ("exflow", "exflow", False, "in"),
-        ("exflow+placement", "exflow", True, "in"), ("exflow (ood)", "exflow", False, "ood"),
-        ("exflow+placement (ood)", "exflow", True, "ood"))
+RUNS = (
+  ("vanilla", "vanilla", False, "in"),
+  ("exflow", "exflow", False, "in"),
+  ("exflow+placement", "exflow", True, "in"),
+  ("exflow (ood)", "exflow", False, "ood"),
+  ("exflow+placement (ood)", "exflow", True, "ood"),
+)
 
 
 def parse_mesh(text: str) -> tuple[int, int]:
   parts = text.lower().split("x")
-  require(len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts), "traffic.meshes", text,
-          "NODESxGPUS, e.g. 2x4")
+  require(
+    len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts), "traffic.meshes", text, "NODESxGPUS, e.g. 2x4"
+  )
   return int(parts[0]), int(parts[1])
 
 
@@ -64,8 +69,12 @@ def corpus_documents(path: str) -> dict[str, list[str]]:
         by_kind["profile" if len(by_kind["profile"]) <= len(by_kind["in"]) else "in"].append(record["text"])
       elif url.startswith(DISTRIBUTIONS["ood"]):
         by_kind["ood"].append(record["text"])
-  require(all(by_kind.values()), "data.train_files", path, "the embedded corpus (documents with python-stdlib: "
-          "and python-docs: urls)")
+  require(
+    all(by_kind.values()),
+    "data.train_files",
+    path,
+    "the embedded corpus (documents with python-stdlib: and python-docs: urls)",
+  )
   return by_kind
 
 
@@ -96,47 +105,77 @@ def run(config, workdir: str, meshes) -> dict:
       training = json.load(f)
   docs = corpus_documents(data_lib.corpus_files("", load.cache_dir(config, train_workdir))[0])
   rows = model.mesh.devices.size
-  traces = {kind: routing_traces(model, token_rows(docs[kind], tok, rows, config.seq_len, t.profile_tokens))
-            for kind in ("profile", "in", "ood")}
+  traces = {
+    kind: routing_traces(model, token_rows(docs[kind], tok, rows, config.seq_len, t.profile_tokens))
+    for kind in ("profile", "in", "ood")
+  }
   num_experts = model.moe_cfg.num_experts
   counts = {kind: affinity.affinity_counts(t, num_experts) for kind, t in traces.items()}
   affinity_rows = counts["profile"] / counts["profile"].sum(-1, keepdims=True).clip(1)
   prompts = {kind: load.prompts_from(docs[kind], tok, t.batch, t.prompt_len) for kind in ("in", "ood")}
   result = {
-      "checkpoint_step": step, "train_steps": training.get("steps"),
-      "first_task_loss": training.get("first_task_loss"), "final_task_loss": training.get("final_task_loss"),
-      "moe_layers": model.cfg.num_moe_layers, "num_experts": num_experts, "profile_tokens": traces["profile"].shape[1],
-      # How far routing is from random: the mean probability of a layer-j expert's likeliest next
-      # expert (uniform: 1 / E).
-      "mean_top_affinity": float(affinity_rows.max(-1).mean()), "uniform_affinity": 1 / num_experts,
-      "batch": t.batch, "prompt_len": t.prompt_len, "steps": t.steps, "meshes": {},
-      "d_model": model.cfg.d_model, "num_layers": model.cfg.num_layers, "dtype": model.cfg.dtype,
+    "checkpoint_step": step,
+    "train_steps": training.get("steps"),
+    "first_task_loss": training.get("first_task_loss"),
+    "final_task_loss": training.get("final_task_loss"),
+    "moe_layers": model.cfg.num_moe_layers,
+    "num_experts": num_experts,
+    "profile_tokens": traces["profile"].shape[1],
+    # How far routing is from random: the mean probability of a layer-j expert's likeliest next
+    # expert (uniform: 1 / E).
+    "mean_top_affinity": float(affinity_rows.max(-1).mean()),
+    "uniform_affinity": 1 / num_experts,
+    "batch": t.batch,
+    "prompt_len": t.prompt_len,
+    "steps": t.steps,
+    "meshes": {},
+    "d_model": model.cfg.d_model,
+    "num_layers": model.cfg.num_layers,
+    "dtype": model.cfg.dtype,
   }
-  print(f"model from step {step}; affinity: likeliest next expert {result['mean_top_affinity']:.3f} "
-        f"(uniform {1 / num_experts:.3f})", flush=True)
+  print(
+    f"model from step {step}; affinity: likeliest next expert {result['mean_top_affinity']:.3f} "
+    f"(uniform {1 / num_experts:.3f})",
+    flush=True,
+  )
   for nodes, gpus in meshes:
     mesh = mesh_lib.make_mesh(nodes, gpus)
     on = decode.on_mesh(model, mesh)
-    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=t.time_limit_s,
-                            routing=model.moe_cfg.routing)
+    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=t.time_limit_s, routing=model.moe_cfg.routing)
     models = {False: on, True: decode.with_placement(on, placement)}
-    entry = {"placement": {"methods": list(placement.methods), "node_gap": placement.node_gap,
-                           "gpu_gap": placement.gpu_gap, "seconds": placement.seconds}, "decode": {}, "traces": {}}
+    entry = {
+      "placement": {
+        "methods": list(placement.methods),
+        "node_gap": placement.node_gap,
+        "gpu_gap": placement.gpu_gap,
+        "seconds": placement.seconds,
+      },
+      "decode": {},
+      "traces": {},
+    }
     identity = affinity.identity_placement(placement.placement.shape[0], num_experts, nodes * gpus)
     for kind in ("profile", "in", "ood"):
       tokens = traces[kind].shape[1]
       entry["traces"][kind] = {
-          "exflow": per_token(affinity.transitions(counts[kind], identity, gpus), tokens),
-          "exflow+placement": per_token(affinity.transitions(counts[kind], placement.placement, gpus), tokens)}
+        "exflow": per_token(affinity.transitions(counts[kind], identity, gpus), tokens),
+        "exflow+placement": per_token(affinity.transitions(counts[kind], placement.placement, gpus), tokens),
+      }
     outputs = {}
     for name, mode, placed, kind in RUNS:
       out = decode.generate(models[placed], prompts[kind], t.steps, mode=mode)
       outputs[name] = out.tokens
-      entry["decode"][name] = {**out.exchange_rows, "allgather": out.allgather_rows,
-                               "tokens_per_second": out.tokens_per_second}
+      entry["decode"][name] = {
+        **out.exchange_rows,
+        "allgather": out.allgather_rows,
+        "tokens_per_second": out.tokens_per_second,
+      }
       print(f"{nodes}x{gpus} {name:24s} rows/token {out.exchange_rows}", flush=True)
-    entry["same_tokens"] = bool(all((outputs[a] == outputs[b]).all() for a, b in (
-        ("vanilla", "exflow"), ("exflow", "exflow+placement"), ("exflow (ood)", "exflow+placement (ood)"))))
+    entry["same_tokens"] = bool(
+      all(
+        (outputs[a] == outputs[b]).all()
+        for a, b in (("vanilla", "exflow"), ("exflow", "exflow+placement"), ("exflow (ood)", "exflow+placement (ood)"))
+      )
+    )
     result["meshes"][f"{nodes}x{gpus}"] = entry
   return price(result, topology_lib.get(t.topology), t.price_d_model or model.cfg.d_model)
 
@@ -150,32 +189,52 @@ def price(result: dict, topology, d_model: int) -> dict:
     shape = parse_mesh(mesh)
     for name, mode, *_ in RUNS:
       run_ = entry["decode"][name]
-      run_["priced"] = decode_cost.decode_step(mode, run_, result["batch"], result["moe_layers"], shape,
-                                               d_model * item, 2 * d_model * result["num_layers"] * item + 4,
-                                               topology)
+      run_["priced"] = decode_cost.decode_step(
+        mode,
+        run_,
+        result["batch"],
+        result["moe_layers"],
+        shape,
+        d_model * item,
+        2 * d_model * result["num_layers"] * item + 4,
+        topology,
+      )
   return result
 
 
 def table(result: dict) -> str:
   names = [name for name, *_ in RUNS]
-  lines = [f"{'mesh':6s} " + " ".join(f"{n:>24s}" for n in names), " " * 7 + " ".join(
-      f"{'in-node / cross-node':>24s}" for _ in names)]
+  lines = [
+    f"{'mesh':6s} " + " ".join(f"{n:>24s}" for n in names),
+    " " * 7 + " ".join(f"{'in-node / cross-node':>24s}" for _ in names),
+  ]
   for mesh, entry in result["meshes"].items():
     cells = [f"{entry['decode'][n]['intra_node']:.3f} / {entry['decode'][n]['inter_node']:.3f}" for n in names]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>24s}" for c in cells))
   priced = result["priced"]
-  lines += ["", f"communication per decode step on {priced['topology']} at d_model {priced['d_model']}: "
-            "exchanges + all-gather (us)"]
+  lines += [
+    "",
+    f"communication per decode step on {priced['topology']} at d_model {priced['d_model']}: "
+    "exchanges + all-gather (us)",
+  ]
   for mesh, entry in result["meshes"].items():
-    cells = [f"{entry['decode'][n]['priced']['exchange_s'] * 1e6:.1f} + {entry['decode'][n]['priced']['allgather_s'] * 1e6:.1f}"
-             for n in names]
+    cells = [
+      f"{entry['decode'][n]['priced']['exchange_s'] * 1e6:.1f} + {entry['decode'][n]['priced']['allgather_s'] * 1e6:.1f}"
+      for n in names
+    ]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>24s}" for c in cells))
-  lines += ["", "teacher-forced traces: transitions between MoE layers per token, in-node / cross-node",
-            f"{'mesh':6s} " + " ".join(f"{k + ' ' + p:>26s}" for k in ("profile", "in", "ood")
-                                       for p in ("exflow", "+placement"))]
+  lines += [
+    "",
+    "teacher-forced traces: transitions between MoE layers per token, in-node / cross-node",
+    f"{'mesh':6s} "
+    + " ".join(f"{k + ' ' + p:>26s}" for k in ("profile", "in", "ood") for p in ("exflow", "+placement")),
+  ]
   for mesh, entry in result["meshes"].items():
-    cells = [f"{entry['traces'][k][p]['intra_node']:.3f} / {entry['traces'][k][p]['inter_node']:.3f}"
-             for k in ("profile", "in", "ood") for p in ("exflow", "exflow+placement")]
+    cells = [
+      f"{entry['traces'][k][p]['intra_node']:.3f} / {entry['traces'][k][p]['inter_node']:.3f}"
+      for k in ("profile", "in", "ood")
+      for p in ("exflow", "exflow+placement")
+    ]
     lines.append(f"{mesh:6s} " + " ".join(f"{c:>26s}" for c in cells))
   return "\n".join(lines)
 
@@ -198,8 +257,10 @@ def plot(result: dict, path: str) -> None:
     ax.bar(x, inside, width, bottom=cross, color=f"C{i}", alpha=0.45, hatch=bars.patches[0].get_hatch())
   ax.set_xticks(range(len(meshes)), [f"{m} mesh" for m in meshes])
   ax.set_ylabel("exchange rows per generated token")
-  ax.set_title(f"Exchange rows per generated token ({result['moe_layers']} MoE layers, {result['num_experts']} "
-               "experts, top-1)\nsolid: cross-node; light: cross-GPU inside a node; hatched: out of distribution")
+  ax.set_title(
+    f"Exchange rows per generated token ({result['moe_layers']} MoE layers, {result['num_experts']} "
+    "experts, top-1)\nsolid: cross-node; light: cross-GPU inside a node; hatched: out of distribution"
+  )
   ax.legend(fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -210,12 +271,24 @@ def check(traffic) -> list[tuple[int, int]]:
   """The traffic section's fields; returns its meshes as (nodes, GPUs per node). Errors name the field."""
   for field in ("profile_tokens", "batch", "prompt_len", "steps"):
     require(is_int(traffic[field]), f"traffic.{field}", traffic[field], "a positive int")
-  require(is_int(traffic.price_d_model, 0), "traffic.price_d_model", traffic.price_d_model,
-          "an int >= 0 (0: the model's own width)")
-  require(is_number(traffic.time_limit_s) and traffic.time_limit_s > 0, "traffic.time_limit_s", traffic.time_limit_s,
-          "a number of seconds > 0")
-  require(traffic.topology in topology_lib.PRESETS, "traffic.topology", traffic.topology,
-          f"one of {sorted(topology_lib.PRESETS)}")
+  require(
+    is_int(traffic.price_d_model, 0),
+    "traffic.price_d_model",
+    traffic.price_d_model,
+    "an int >= 0 (0: the model's own width)",
+  )
+  require(
+    is_number(traffic.time_limit_s) and traffic.time_limit_s > 0,
+    "traffic.time_limit_s",
+    traffic.time_limit_s,
+    "a number of seconds > 0",
+  )
+  require(
+    traffic.topology in topology_lib.PRESETS,
+    "traffic.topology",
+    traffic.topology,
+    f"one of {sorted(topology_lib.PRESETS)}",
+  )
   require(len(traffic.meshes) > 0, "traffic.meshes", traffic.meshes, "meshes as NODESxGPUS, e.g. 2x4,2x8")
   return [parse_mesh(m) for m in traffic.meshes]
 

@@ -30,8 +30,13 @@ def training_config(run: str) -> ml_collections.ConfigDict:
   stored = run_config.read(run) if run else None
   require(stored is not None, "run", run, f"a training workdir with the {run_config.CONFIG_FILE} the trainer writes")
   config = ml_collections.ConfigDict({k: v for k, v in stored.items() if k not in resume.META})
-  require("family" in config.model, "run", run, f"a run of a decoder family (configs/decoder.py): its model kind "
-          f"{config.model.get('kind')!r} (SMILE's BERT / GPT) has no Hugging Face form")
+  require(
+    "family" in config.model,
+    "run",
+    run,
+    f"a run of a decoder family (configs/decoder.py): its model kind "
+    f"{config.model.get('kind')!r} (SMILE's BERT / GPT) has no Hugging Face form",
+  )
   return config
 
 

@@ -82,7 +82,7 @@ def make_tokens(checkpoint: str, vocab: int, max_len: int, batch: int, seq_len: 
   with np.load(path) as ref:
     tokens, logits = np.asarray(ref["tokens"], np.int32), np.asarray(ref["logits"], np.float32)
   extra = rng.integers(0, vocab, (max(batch - len(tokens), 0), tokens.shape[1])).astype(np.int32)
-  return np.concatenate([tokens, extra])[:max(batch, len(tokens))], logits
+  return np.concatenate([tokens, extra])[: max(batch, len(tokens))], logits
 
 
 def layer_traffic(model, tokens_BxS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -114,11 +114,15 @@ def hop_summary(rows_MxHxAxA, bytes_MxHxAxA, hops, gpus_per_node: int, tokens: i
   out = []
   for h, hop in enumerate(hops):
     r, b = rows_MxHxAxA[:, h], bytes_MxHxAxA[:, h]
-    out.append({"hop": hop_name(hop),
-                "inter_rows_per_token": float(r[:, cross].sum() / layers / tokens),
-                "intra_rows_per_token": float(r[:, inside].sum() / layers / tokens),
-                "inter_bytes_per_token": float(b[:, cross].sum() / layers / tokens),
-                "intra_bytes_per_token": float(b[:, inside].sum() / layers / tokens)})
+    out.append(
+      {
+        "hop": hop_name(hop),
+        "inter_rows_per_token": float(r[:, cross].sum() / layers / tokens),
+        "intra_rows_per_token": float(r[:, inside].sum() / layers / tokens),
+        "inter_bytes_per_token": float(b[:, cross].sum() / layers / tokens),
+        "intra_bytes_per_token": float(b[:, inside].sum() / layers / tokens),
+      }
+    )
   return out
 
 
@@ -178,11 +182,26 @@ def measure(name: str, overrides: dict, checkpoint: str, hf_config: dict, mesh, 
     return {**entry, "status": "error", "reason": f"{type(e).__name__}: {e}"}
   moe_cfg = model.moe_cfg
   model_rows = np.asarray(aux["traffic_rows"])
-  entry.update({
-      "status": "ok", "logits": logits, "expert_ids": np.asarray(aux["expert_ids"]),
-      "moe_config": {k: getattr(moe_cfg, k) for k in ("path", "collective", "dedup", "schedule", "num_chunks",
-                                                        "esp_schedule", "slots_per_device", "expert_data_parallel",
-                                                        "dispatch_dtype", "combine_dtype")},
+  entry.update(
+    {
+      "status": "ok",
+      "logits": logits,
+      "expert_ids": np.asarray(aux["expert_ids"]),
+      "moe_config": {
+        k: getattr(moe_cfg, k)
+        for k in (
+          "path",
+          "collective",
+          "dedup",
+          "schedule",
+          "num_chunks",
+          "esp_schedule",
+          "slots_per_device",
+          "expert_data_parallel",
+          "dispatch_dtype",
+          "combine_dtype",
+        )
+      },
       "deduplicates": moe_cfg.deduplicates,
       "traffic_rows_match_model": bool(np.array_equal(rows, model_rows)),
       "layer_loop_rel_err": relative_error(walk_logits, logits),
@@ -190,17 +209,33 @@ def measure(name: str, overrides: dict, checkpoint: str, hf_config: dict, mesh, 
       "tokens_overflowed": int(np.asarray(aux["tokens_overflowed"]).sum()),
       "tokens_dropped": int(np.asarray(aux["tokens_dropped"]).sum()),
       "hops": hop_summary(rows, nbytes, esp_lib.of(moe_cfg).hops(moe_cfg), gpus, tokens_BxS.size),
-      "forward": {"compile_s": compile_s}, "call": call})
+      "forward": {"compile_s": compile_s},
+      "call": call,
+    }
+  )
   for key in ("rows", "bytes"):
     for side in ("inter", "intra"):
       entry[f"{side}_{key}_per_token"] = sum(h[f"{side}_{key}_per_token"] for h in entry["hops"])
-  print(f"  {name}: " + ", ".join(f"{h['hop']} {h['inter_rows_per_token']:.3f}+{h['intra_rows_per_token']:.3f} rows"
-                                  for h in entry["hops"]), flush=True)
+  print(
+    f"  {name}: "
+    + ", ".join(
+      f"{h['hop']} {h['inter_rows_per_token']:.3f}+{h['intra_rows_per_token']:.3f} rows" for h in entry["hops"]
+    ),
+    flush=True,
+  )
   return entry
 
 
-def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iters: int = 20, seed: int = 0,
-        nodes: int = 2, gpus_per_node: int = 4) -> dict:
+def run(
+  checkpoint: str,
+  schemes: dict,
+  batch: int = 16,
+  seq_len: int = 16,
+  iters: int = 20,
+  seed: int = 0,
+  nodes: int = 2,
+  gpus_per_node: int = 4,
+) -> dict:
   """The record: every scheme against the first (the baseline; it must load and run). The devices must exist
   (`simulate_cpu_devices`)."""
   import jax
@@ -210,14 +245,25 @@ def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iter
   with open(os.path.join(checkpoint, "config.json")) as f:
     hf_config = json.load(f)
   mesh = mesh_lib.make_mesh(nodes, gpus_per_node)
-  tokens, reference = make_tokens(checkpoint, hf_config["vocab_size"], hf_config["max_position_embeddings"], batch,
-                                  seq_len, seed)
-  record = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
-            "platform": jax.default_backend(), "mesh": [nodes, gpus_per_node], "cpu_count": os.cpu_count(),
-            "checkpoint": os.path.relpath(checkpoint, ROOT) if str(checkpoint).startswith(str(ROOT)) else checkpoint,
-            "family": hf_config.get("model_type"), "tokens_shape": list(tokens.shape),
-            "reference_rows": None if reference is None else len(reference), "iters": iters, "seed": seed,
-            "baseline": next(iter(schemes)), "schemes": []}
+  tokens, reference = make_tokens(
+    checkpoint, hf_config["vocab_size"], hf_config["max_position_embeddings"], batch, seq_len, seed
+  )
+  record = {
+    "date": time.strftime("%Y-%m-%d"),
+    "jax": jax.__version__,
+    "device": jax.devices()[0].device_kind,
+    "platform": jax.default_backend(),
+    "mesh": [nodes, gpus_per_node],
+    "cpu_count": os.cpu_count(),
+    "checkpoint": os.path.relpath(checkpoint, ROOT) if str(checkpoint).startswith(str(ROOT)) else checkpoint,
+    "family": hf_config.get("model_type"),
+    "tokens_shape": list(tokens.shape),
+    "reference_rows": None if reference is None else len(reference),
+    "iters": iters,
+    "seed": seed,
+    "baseline": next(iter(schemes)),
+    "schemes": [],
+  }
   start, progress = time.time(), Progress(len(schemes))
   for name, overrides in schemes.items():
     record["schemes"].append(measure(name, overrides, checkpoint, hf_config, mesh, tokens))
@@ -237,7 +283,7 @@ def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iter
     logits = entry.pop("logits")
     entry["rel_err_vs_baseline"] = relative_error(logits, base_logits)
     entry["max_abs_err_vs_baseline"] = float(np.abs(logits - base_logits).max())
-    entry["rel_err_vs_reference"] = None if reference is None else relative_error(logits[:len(reference)], reference)
+    entry["rel_err_vs_reference"] = None if reference is None else relative_error(logits[: len(reference)], reference)
     entry["same_experts_as_baseline"] = float((np.sort(entry.pop("expert_ids"), axis=-1) == base_ids).mean())
     entry["forward"]["ratio_to_baseline"] = entry["forward"]["median_s"] / base["forward"]["median_s"]
   record["seconds"] = time.time() - start
@@ -247,23 +293,28 @@ def run(checkpoint: str, schemes: dict, batch: int = 16, seq_len: int = 16, iter
 def table(record: dict) -> str:
   """One line per scheme: errors, rows and kB per token per hop (inter + intra node), the forward's CPU ratio."""
   ref = record["reference_rows"] is not None
-  lines = [f"{record['family']} ({record['checkpoint']}), {record['mesh'][0]} x {record['mesh'][1]} simulated CPU "
-           f"devices, tokens {record['tokens_shape'][0]} x {record['tokens_shape'][1]}; per token and MoE layer; "
-           f"hops 'inter+intra' node; forward = CPU median over {record['iters']} calls / baseline's",
-           f"{'scheme':23s} {'status':7s} {'rel err':>8s} {'vs ref':>8s} {'experts':>7s}  {'rows/token per hop':30s} "
-           f"{'bytes/token per hop':36s} {'inter B':>7s} {'intra B':>7s} {'fwd ms':>7s} {'ratio':>5s}"]
+  lines = [
+    f"{record['family']} ({record['checkpoint']}), {record['mesh'][0]} x {record['mesh'][1]} simulated CPU "
+    f"devices, tokens {record['tokens_shape'][0]} x {record['tokens_shape'][1]}; per token and MoE layer; "
+    f"hops 'inter+intra' node; forward = CPU median over {record['iters']} calls / baseline's",
+    f"{'scheme':23s} {'status':7s} {'rel err':>8s} {'vs ref':>8s} {'experts':>7s}  {'rows/token per hop':30s} "
+    f"{'bytes/token per hop':36s} {'inter B':>7s} {'intra B':>7s} {'fwd ms':>7s} {'ratio':>5s}",
+  ]
   for e in record["schemes"]:
     if e["status"] != "ok":
       lines.append(f"{e['scheme']:23s} {e['status']:7s} {e['reason'][:150]}")
       continue
     rows = " ".join(f"{h['hop']} {h['inter_rows_per_token']:.2f}+{h['intra_rows_per_token']:.2f}" for h in e["hops"])
-    nbytes = " ".join(f"{h['hop']} {h['inter_bytes_per_token']:.0f}+{h['intra_bytes_per_token']:.0f}"
-                      for h in e["hops"])
+    nbytes = " ".join(
+      f"{h['hop']} {h['inter_bytes_per_token']:.0f}+{h['intra_bytes_per_token']:.0f}" for h in e["hops"]
+    )
     vs_ref = f"{e['rel_err_vs_reference']:8.1e}" if ref else f"{'-':>8s}"
-    lines.append(f"{e['scheme']:23s} {e['status']:7s} {e['rel_err_vs_baseline']:8.1e} {vs_ref} "
-                 f"{e['same_experts_as_baseline']:7.1%}  {rows:30s} {nbytes:36s} {e['inter_bytes_per_token']:7.0f} "
-                 f"{e['intra_bytes_per_token']:7.0f} {e['forward']['median_s'] * 1e3:7.1f} "
-                 f"{e['forward']['ratio_to_baseline']:5.2f}")
+    lines.append(
+      f"{e['scheme']:23s} {e['status']:7s} {e['rel_err_vs_baseline']:8.1e} {vs_ref} "
+      f"{e['same_experts_as_baseline']:7.1%}  {rows:30s} {nbytes:36s} {e['inter_bytes_per_token']:7.0f} "
+      f"{e['intra_bytes_per_token']:7.0f} {e['forward']['median_s'] * 1e3:7.1f} "
+      f"{e['forward']['ratio_to_baseline']:5.2f}"
+    )
   return "\n".join(lines)
 
 
@@ -289,8 +340,12 @@ def chosen_schemes(config) -> dict:
     extra = json.loads(config.extra_schemes or "{}")
   except json.JSONDecodeError as e:
     extra = e
-  require(isinstance(extra, dict) and all(isinstance(v, dict) for v in extra.values()), "extra_schemes",
-          config.extra_schemes, '\'\' or a JSON object {NAME: {MoEConfig field: value}}')
+  require(
+    isinstance(extra, dict) and all(isinstance(v, dict) for v in extra.values()),
+    "extra_schemes",
+    config.extra_schemes,
+    "'' or a JSON object {NAME: {MoEConfig field: value}}",
+  )
   return {**chosen, **extra}
 
 
@@ -300,8 +355,12 @@ def check(config) -> None:
     require(is_int(config[field]), field, config[field], "a positive int")
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   checkpoint = config.checkpoint or str(FIXTURES / config.family)
-  require(os.path.isfile(os.path.join(checkpoint, "config.json")), "checkpoint" if config.checkpoint else "family",
-          config.checkpoint or config.family, f"a Hugging Face checkpoint directory, or a fixture of {FIXTURES}")
+  require(
+    os.path.isfile(os.path.join(checkpoint, "config.json")),
+    "checkpoint" if config.checkpoint else "family",
+    config.checkpoint or config.family,
+    f"a Hugging Face checkpoint directory, or a fixture of {FIXTURES}",
+  )
 
 
 def main(argv):
@@ -313,8 +372,16 @@ def main(argv):
   mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
 
   schemes = chosen_schemes(config)
-  record = run(config.checkpoint or str(FIXTURES / config.family), schemes, config.batch, config.seq_len,
-               config.iters, config.seed, config.nodes, config.gpus_per_node)
+  record = run(
+    config.checkpoint or str(FIXTURES / config.family),
+    schemes,
+    config.batch,
+    config.seq_len,
+    config.iters,
+    config.seed,
+    config.nodes,
+    config.gpus_per_node,
+  )
   print(table(record), flush=True)
   if workdir:
     cli.write_json(workdir, "family_remedies.json", record)
@@ -322,6 +389,7 @@ def main(argv):
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/family_remedies.py).")
-  _WORKDIR = cli.define_workdir("Directory for family_remedies.json (optional: without it, the table only).",
-                                required=False)
+  _WORKDIR = cli.define_workdir(
+    "Directory for family_remedies.json (optional: without it, the table only).", required=False
+  )
   cli.run(main)

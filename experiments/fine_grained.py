@@ -28,9 +28,12 @@ def shape_of(num_experts: int, active_hidden: int) -> tuple[int, int]:
 
 def check(config) -> None:
   """Every field before a device is made; errors name the field."""
-  require(isinstance(config.experts, tuple) and config.experts and all(is_int(e, 8) and e % 8 == 0
-                                                                         for e in config.experts),
-          "experts", config.experts, "a non-empty tuple of multiples of 8 (the 8 devices)")
+  require(
+    isinstance(config.experts, tuple) and config.experts and all(is_int(e, 8) and e % 8 == 0 for e in config.experts),
+    "experts",
+    config.experts,
+    "a non-empty tuple of multiples of 8 (the 8 devices)",
+  )
   for field in ("tokens_per_device", "d_model", "active_hidden", "repeats"):
     require(is_int(config[field]), field, config[field], "a positive int")
 
@@ -46,14 +49,28 @@ def run(config, workdir: str) -> dict:
 
   mesh = mesh_lib.make_mesh(2, 4)
   rows = []
-  record = {"device": jax.devices()[0].device_kind, "mesh": [2, 4], "tokens_per_device": config.tokens_per_device,
-            "d_model": config.d_model, "active_hidden": config.active_hidden, "collective": config.collective,
-            "date": time.strftime("%Y-%m-%d"), "points": rows}
+  record = {
+    "device": jax.devices()[0].device_kind,
+    "mesh": [2, 4],
+    "tokens_per_device": config.tokens_per_device,
+    "d_model": config.d_model,
+    "active_hidden": config.active_hidden,
+    "collective": config.collective,
+    "date": time.strftime("%Y-%m-%d"),
+    "points": rows,
+  }
   print(f"{'E':>4} {'k':>2} {'f':>4}  {'layer ms':>9} {'exchange':>9} {'experts':>9} {'other':>9}  other share")
   for num_experts in config.experts:
     k, f = shape_of(num_experts, config.active_hidden)
-    cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=config.d_model, d_ff=f, collective=config.collective,
-                    gated=True, activation="silu")
+    cfg = MoEConfig(
+      num_experts=num_experts,
+      top_k=k,
+      d_model=config.d_model,
+      d_ff=f,
+      collective=config.collective,
+      gated=True,
+      activation="silu",
+    )
     params = init_params(jax.random.key(0), cfg)
     x = jax.random.normal(jax.random.key(1), (8 * config.tokens_per_device, config.d_model))
     phases = measure_phases(params, x, cfg, mesh, warmup=1, repeats=config.repeats)
@@ -61,8 +78,11 @@ def run(config, workdir: str) -> dict:
     point = {"num_experts": num_experts, "top_k": k, "d_ff": f, **phases, "exchange_ms": exchange}
     rows.append(point)
     share = phases["layer_other_ms"] / phases["layer_ms"]
-    print(f"{num_experts:>4} {k:>2} {f:>4}  {phases['layer_ms']:9.2f} {exchange:9.2f} {phases['layer_expert_ms']:9.2f} "
-          f"{phases['layer_other_ms']:9.2f}  {share:6.1%}", flush=True)
+    print(
+      f"{num_experts:>4} {k:>2} {f:>4}  {phases['layer_ms']:9.2f} {exchange:9.2f} {phases['layer_expert_ms']:9.2f} "
+      f"{phases['layer_other_ms']:9.2f}  {share:6.1%}",
+      flush=True,
+    )
   cli.write_json(workdir, "fine_grained.json", record)
   print("CPU times are ratios within one run (2-core machine, simulated devices)")
   return record

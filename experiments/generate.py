@@ -37,19 +37,32 @@ def run(config, workdir: str) -> dict:
   out = decode.generate(model, prompts, g.steps, mode=g.mode, temperature=g.temperature, seed=g.seed)
   n, m = mesh_lib.axis_sizes(model.mesh)
   result = {
-      "mesh": [n, m], "mode": g.mode, "checkpoint_step": step, "batch": g.batch, "prompt_len": g.prompt_len,
-      "steps": g.steps, "temperature": g.temperature, "prefill_seconds": out.prefill_seconds,
-      "decode_tokens_per_second": out.tokens_per_second,
-      "exchange_rows_per_token": out.exchange_rows, "allgather_rows_per_token": out.allgather_rows,
-      "moe_layers": model.cfg.num_moe_layers, "lost_token_choices": out.lost_choices,
-      "samples": [{"prompt": tok.decode(p.tolist()), "generated": tok.decode(t.tolist())}
-                  for p, t in zip(prompts[:4], out.tokens[:4])],
+    "mesh": [n, m],
+    "mode": g.mode,
+    "checkpoint_step": step,
+    "batch": g.batch,
+    "prompt_len": g.prompt_len,
+    "steps": g.steps,
+    "temperature": g.temperature,
+    "prefill_seconds": out.prefill_seconds,
+    "decode_tokens_per_second": out.tokens_per_second,
+    "exchange_rows_per_token": out.exchange_rows,
+    "allgather_rows_per_token": out.allgather_rows,
+    "moe_layers": model.cfg.num_moe_layers,
+    "lost_token_choices": out.lost_choices,
+    "samples": [
+      {"prompt": tok.decode(p.tolist()), "generated": tok.decode(t.tolist())}
+      for p, t in zip(prompts[:4], out.tokens[:4])
+    ],
   }
   cli.write_json(workdir, "generate.json", result)
   for sample in result["samples"]:
     print(f"--- {sample['prompt']!r}\n    -> {sample['generated']!r}")
-  print(f"decode: {out.tokens_per_second:.1f} tokens/s on {n}x{m} devices; exchange rows per generated token "
-        f"{out.exchange_rows}; all-gather rows per token {out.allgather_rows}", flush=True)
+  print(
+    f"decode: {out.tokens_per_second:.1f} tokens/s on {n}x{m} devices; exchange rows per generated token "
+    f"{out.exchange_rows}; all-gather rows per token {out.allgather_rows}",
+    flush=True,
+  )
   return result
 
 

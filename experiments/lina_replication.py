@@ -70,8 +70,9 @@ def layer_time_s(true_E, src_rows_AxE, slot_expert, mesh_shape, topology, config
   placed = np.stack([np.bincount(row, minlength=experts) for row in slot_expert], axis=1)  # [E, D]
   traffic_AxA = src_rows_AxE @ (placed / placed.sum(1, keepdims=True))
   flops = model.expert_flops(traffic_AxA.sum(0), config.d_model, config.d_ff)
-  return model.price_from_traffic(traffic_AxA[None], [mesh_lib.AXES], mesh_shape,
-                                  config.d_model * config.bytes_per_element, flops, topology).total_s
+  return model.price_from_traffic(
+    traffic_AxA[None], [mesh_lib.AXES], mesh_shape, config.d_model * config.bytes_per_element, flops, topology
+  ).total_s
 
 
 def source_rows(batch_MxTxK, layer, devices, experts) -> np.ndarray:
@@ -95,21 +96,29 @@ def summarize(records, times, overheads):
     ratio = np.asarray([rebalance_lib.max_load_ratio(r["true"], r["tables"][policy]) for r in records])
     per_batch = np.bincount([r["batch"] for r in records], weights=t, minlength=batches)
     base_batch = np.bincount([r["batch"] for r in records], weights=base, minlength=batches)
-    out.append(dict(policy=name, busiest_over_mean=float(ratio.mean()),
-                    busiest_over_mean_p95=float(np.quantile(ratio, .95)),
-                    layer_p50_ms=1e3 * float(np.median(t)), layer_p95_ms=1e3 * float(np.quantile(t, .95)),
-                    speedup_layer_p50=float(np.median(base) / np.median(t)),
-                    speedup_layer_p95=float(np.quantile(base, .95) / np.quantile(t, .95)),
-                    speedup_batch_p50=float(np.median(base_batch) / np.median(per_batch)),
-                    speedup_batch_p95=float(np.quantile(base_batch, .95) / np.quantile(per_batch, .95))))
+    out.append(
+      dict(
+        policy=name,
+        busiest_over_mean=float(ratio.mean()),
+        busiest_over_mean_p95=float(np.quantile(ratio, 0.95)),
+        layer_p50_ms=1e3 * float(np.median(t)),
+        layer_p95_ms=1e3 * float(np.quantile(t, 0.95)),
+        speedup_layer_p50=float(np.median(base) / np.median(t)),
+        speedup_layer_p95=float(np.quantile(base, 0.95) / np.quantile(t, 0.95)),
+        speedup_batch_p50=float(np.median(base_batch) / np.median(per_batch)),
+        speedup_batch_p95=float(np.quantile(base_batch, 0.95) / np.quantile(per_batch, 0.95)),
+      )
+    )
   return out
 
 
 def plot(rows, times, path):
   """Left: busiest/mean load per policy; right: CDF of the modelled layer times per policy."""
   import matplotlib
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
   rows = [r for r in rows if r["policy"] in estimator.POLICIES]  # the overheads leave the loads alone
   left.bar([r["policy"].replace("_", "\n") for r in rows], [r["busiest_over_mean"] for r in rows])
@@ -128,23 +137,46 @@ def plot(rows, times, path):
 
 def check(config) -> None:
   """Every field before anything runs; errors name the field."""
-  require(not config.traces or os.path.isfile(config.traces), "traces", config.traces,
-          "'' (synthetic) or an existing .npy file")
+  require(
+    not config.traces or os.path.isfile(config.traces),
+    "traces",
+    config.traces,
+    "'' (synthetic) or an existing .npy file",
+  )
   for field in ("num_experts", "top_k"):
     require(config[field] is None or is_int(config[field]), field, config[field], "None or a positive int")
-  for field in ("nodes", "gpus_per_node", "slots_per_device", "batch_tokens", "path_length", "window", "d_model",
-                "d_ff", "bytes_per_element"):
+  for field in (
+    "nodes",
+    "gpus_per_node",
+    "slots_per_device",
+    "batch_tokens",
+    "path_length",
+    "window",
+    "d_model",
+    "d_ff",
+    "bytes_per_element",
+  ):
     require(is_int(config[field]), field, config[field], "a positive int")
-  require(is_number(config.profile_fraction) and 0 < config.profile_fraction < 1, "profile_fraction",
-          config.profile_fraction, "a number in (0, 1)")
-  require(config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}")
+  require(
+    is_number(config.profile_fraction) and 0 < config.profile_fraction < 1,
+    "profile_fraction",
+    config.profile_fraction,
+    "a number in (0, 1)",
+  )
+  require(
+    config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}"
+  )
   for field in ("check_ms", "replan_ms"):
     require(is_number(config[field]) and config[field] >= 0, field, config[field], "a number >= 0")
   synthetic = config.synthetic
   for field in ("layers", "tokens", "choices"):
     require(is_int(synthetic[field]), f"synthetic.{field}", synthetic[field], "a positive int")
-  require(is_number(synthetic.noise) and 0 <= synthetic.noise <= 1, "synthetic.noise", synthetic.noise,
-          "a probability in [0, 1]")
+  require(
+    is_number(synthetic.noise) and 0 <= synthetic.noise <= 1,
+    "synthetic.noise",
+    synthetic.noise,
+    "a probability in [0, 1]",
+  )
   require(is_int(synthetic.seed, 0), "synthetic.seed", synthetic.seed, "an int >= 0")
 
 
@@ -164,17 +196,20 @@ def run(config, workdir: str) -> dict:
   ids = estimator.check_traces(traces, experts)
   split = int(config.profile_fraction * ids.shape[1])
   tables = estimator.profile(ids[:, :split], experts, config.path_length, config.top_k)
-  print(f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
-        f"{sum(p.size for p in tables.paths)} paths")
+  print(
+    f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
+    f"{sum(p.size for p in tables.paths)} paths"
+  )
   nodes, gpus, topology = config.nodes, config.gpus_per_node, topology_lib.get(config.topology)
   held_out, batch_tokens = ids[:, split:], config.batch_tokens
-  records, dropped = estimator.plan_batches(tables, held_out, batch_tokens, nodes, gpus, config.slots_per_device,
-                                            config.window)
+  records, dropped = estimator.plan_batches(
+    tables, held_out, batch_tokens, nodes, gpus, config.slots_per_device, config.window
+  )
   print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
   times = {p: np.empty(len(records)) for p in estimator.POLICIES}
   progress = Progress(len(records))
   for i, r in enumerate(records):
-    batch = held_out[:, r["batch"] * batch_tokens:(r["batch"] + 1) * batch_tokens]
+    batch = held_out[:, r["batch"] * batch_tokens : (r["batch"] + 1) * batch_tokens]
     rows = source_rows(batch, r["layer"], nodes * gpus, experts)
     for policy in estimator.POLICIES:
       times[policy][i] = layer_time_s(r["true"], rows, r["tables"][policy], (nodes, gpus), topology, config)
@@ -188,28 +223,58 @@ def run(config, workdir: str) -> dict:
   accuracy_average = float(np.mean([r["accurate_moving_average"] for r in records]))
   replanned = float(np.mean([r["replanned"] for r in records]))
   l1 = {k: float(np.mean([r[f"l1_{k}"] for r in records])) for k in ("lina", "moving_average")}
-  print(f"\nestimation accuracy (top-{2 * ids.shape[2]} sets agree; Lina Fig. 19: 58.41% / 54.16%, Table 5 l=3: "
-        f"60.4% / 63.5%): Lina {accuracy:.1%}, moving average {accuracy_average:.1%}; phase-2 re-plans: "
-        f"{replanned:.1%} (Lina Sec. 7.3.1: 23%)")
+  print(
+    f"\nestimation accuracy (top-{2 * ids.shape[2]} sets agree; Lina Fig. 19: 58.41% / 54.16%, Table 5 l=3: "
+    f"60.4% / 63.5%): Lina {accuracy:.1%}, moving average {accuracy_average:.1%}; phase-2 re-plans: "
+    f"{replanned:.1%} (Lina Sec. 7.3.1: 23%)"
+  )
   print(f"L1 distance of popularity shares: Lina {l1['lina']:.3f}, moving average {l1['moving_average']:.3f}")
-  print(f"\n{'policy':22s} {'busiest/mean':>12s} {'p95':>6s} {'layer p50':>10s} {'p95':>8s} {'x p50':>6s} "
-        f"{'x p95':>6s} {'batch x p50':>11s} {'x p95':>6s}")
+  print(
+    f"\n{'policy':22s} {'busiest/mean':>12s} {'p95':>6s} {'layer p50':>10s} {'p95':>8s} {'x p50':>6s} "
+    f"{'x p95':>6s} {'batch x p50':>11s} {'x p95':>6s}"
+  )
   for r in rows:
-    print(f"{r['policy']:22s} {r['busiest_over_mean']:12.3f} {r['busiest_over_mean_p95']:6.3f} "
-          f"{r['layer_p50_ms']:8.3f}ms {r['layer_p95_ms']:6.3f}ms {r['speedup_layer_p50']:6.2f} "
-          f"{r['speedup_layer_p95']:6.2f} {r['speedup_batch_p50']:11.2f} {r['speedup_batch_p95']:6.2f}")
-  print(f"(x: speedup over no_replication; Lina reports {PAPER['median']}x median, {PAPER['p95']}x p95 inference "
-        "time, Sec. 1 / Fig. 16)")
+    print(
+      f"{r['policy']:22s} {r['busiest_over_mean']:12.3f} {r['busiest_over_mean_p95']:6.3f} "
+      f"{r['layer_p50_ms']:8.3f}ms {r['layer_p95_ms']:6.3f}ms {r['speedup_layer_p50']:6.2f} "
+      f"{r['speedup_layer_p95']:6.2f} {r['speedup_batch_p50']:11.2f} {r['speedup_batch_p95']:6.2f}"
+    )
+  print(
+    f"(x: speedup over no_replication; Lina reports {PAPER['median']}x median, {PAPER['p95']}x p95 inference "
+    "time, Sec. 1 / Fig. 16)"
+  )
 
   os.makedirs(workdir, exist_ok=True)
-  record = dict(source=source, synthetic=not config.traces, shape=list(ids.shape), num_experts=experts,
-                profiled_tokens=split, batch_tokens=batch_tokens, dropped_tokens=dropped, nodes=nodes,
-                gpus_per_node=gpus, slots_per_device=config.slots_per_device, path_length=config.path_length,
-                top_k=tables.top_k, window=config.window, topology=topology.name, d_model=config.d_model,
-                d_ff=config.d_ff, accuracy=accuracy, accuracy_moving_average=accuracy_average, replanned=replanned,
-                l1=l1, rows=rows, paper=PAPER, check_ms=config.check_ms, replan_ms=config.replan_ms,
-                per_layer={str(layer): float(np.mean([r["accurate"] for r in records if r["layer"] == layer]))
-                           for layer in sorted({r["layer"] for r in records})})
+  record = dict(
+    source=source,
+    synthetic=not config.traces,
+    shape=list(ids.shape),
+    num_experts=experts,
+    profiled_tokens=split,
+    batch_tokens=batch_tokens,
+    dropped_tokens=dropped,
+    nodes=nodes,
+    gpus_per_node=gpus,
+    slots_per_device=config.slots_per_device,
+    path_length=config.path_length,
+    top_k=tables.top_k,
+    window=config.window,
+    topology=topology.name,
+    d_model=config.d_model,
+    d_ff=config.d_ff,
+    accuracy=accuracy,
+    accuracy_moving_average=accuracy_average,
+    replanned=replanned,
+    l1=l1,
+    rows=rows,
+    paper=PAPER,
+    check_ms=config.check_ms,
+    replan_ms=config.replan_ms,
+    per_layer={
+      str(layer): float(np.mean([r["accurate"] for r in records if r["layer"] == layer]))
+      for layer in sorted({r["layer"] for r in records})
+    },
+  )
   json_path, png_path = (os.path.join(workdir, f"lina_replication.{ext}") for ext in ("json", "png"))
   with open(json_path, "w") as f:
     json.dump(record, f, indent=1)

@@ -39,21 +39,38 @@ def row(schedule: str, p: int, m: int, v: int, d: Durations) -> dict:
   """One schedule at one shape: its counted bubble, or why it cannot run there."""
   chunks = v if schedule == "interleaved" else 1
   times = Durations(d.f / chunks, d.b / chunks, d.w / chunks, None if d.fb is None else d.fb / chunks)
-  record = {"schedule": schedule, "stages": p, "micro_batches": m, "virtual_stages": chunks,
-            "durations": {"f": d.f, "b": d.b, "w": d.w, "fb": d.fb}}
+  record = {
+    "schedule": schedule,
+    "stages": p,
+    "micro_batches": m,
+    "virtual_stages": chunks,
+    "durations": {"f": d.f, "b": d.b, "w": d.w, "fb": d.fb},
+  }
   try:
     table = schedules.timetable(schedule, p, m, chunks, times)
   except ConfigError as e:
     return {**record, "refused": str(e)}
   idle = [table.idle(device) for device in range(len(table.slots))]
-  return {**record, "devices": len(idle), "idle": idle, "busiest_idle": max(idle), "makespan": table.makespan,
-          "bubble_fraction": table.bubble_fraction(), "published_idle": published(schedule, p, chunks, d)}
+  return {
+    **record,
+    "devices": len(idle),
+    "idle": idle,
+    "busiest_idle": max(idle),
+    "makespan": table.makespan,
+    "bubble_fraction": table.bubble_fraction(),
+    "published_idle": published(schedule, p, chunks, d),
+  }
 
 
 def run(config) -> dict:
   sets = (Durations(), Durations(config.f, config.b, config.w, config.fb))
-  rows = [row(s, p, m, config.virtual_stages, d) for d in sets for s in config.schedules for p in config.stages
-          for m in config.micro_batches]
+  rows = [
+    row(s, p, m, config.virtual_stages, d)
+    for d in sets
+    for s in config.schedules
+    for p in config.stages
+    for m in config.micro_batches
+  ]
   return {"rows": rows}
 
 
@@ -64,15 +81,21 @@ def markdown(record: dict) -> str:
   for durations in {tuple(r["durations"].values()): r["durations"] for r in record["rows"]}.values():
     rows = [r for r in record["rows"] if r["durations"] == durations]
     ms = sorted({r["micro_batches"] for r in rows})
-    out += [f"F = {durations['f']:g}, B = {durations['b']:g}, W = {durations['w']:g}, F&B = "
-            f"{'F + B' if durations['fb'] is None else format(durations['fb'], 'g')}:", "",
-            "| schedule | p | " + " | ".join(f"m = {m}" for m in ms) + " |", "|---|--:|" + "--:|" * len(ms)]
+    out += [
+      f"F = {durations['f']:g}, B = {durations['b']:g}, W = {durations['w']:g}, F&B = "
+      f"{'F + B' if durations['fb'] is None else format(durations['fb'], 'g')}:",
+      "",
+      "| schedule | p | " + " | ".join(f"m = {m}" for m in ms) + " |",
+      "|---|--:|" + "--:|" * len(ms),
+    ]
     for schedule, p in dict.fromkeys((r["schedule"], r["stages"]) for r in rows):
       cells = []
-      for r in sorted((r for r in rows if (r["schedule"], r["stages"]) == (schedule, p)),
-                      key=lambda r: r["micro_batches"]):
-        cells.append("—" if "refused" in r else
-                     f"{r['busiest_idle']:.4g} ({r['published_idle']:.4g}) · {r['bubble_fraction']:.3f}")
+      for r in sorted(
+        (r for r in rows if (r["schedule"], r["stages"]) == (schedule, p)), key=lambda r: r["micro_batches"]
+      ):
+        cells.append(
+          "—" if "refused" in r else f"{r['busiest_idle']:.4g} ({r['published_idle']:.4g}) · {r['bubble_fraction']:.3f}"
+        )
       out.append(f"| {schedule} | {p} | " + " | ".join(cells) + " |")
     out.append("")
   return "\n".join(out)
@@ -84,8 +107,9 @@ def picture_timetables(config) -> list:
   tables = []
   for schedule in config.schedules:
     v = config.virtual_stages if schedule == "interleaved" else 1
-    tables.append(schedules.timetable(schedule, p, m, v, Durations(config.f / v, config.b / v, config.w / v,
-                                                                   config.fb / v)))
+    tables.append(
+      schedules.timetable(schedule, p, m, v, Durations(config.f / v, config.b / v, config.w / v, config.fb / v))
+    )
   return tables
 
 
@@ -98,10 +122,15 @@ def pictures(tables: list, virtual_stages: int) -> str:
 def check(config) -> None:
   for name in ("stages", "micro_batches"):
     values = getattr(config, name)
-    require(isinstance(values, tuple) and values and all(is_int(x) for x in values), name, values,
-            "a tuple of positive ints")
-  require(isinstance(config.schedules, tuple) and set(config.schedules) <= set(schedules.SCHEDULES), "schedules",
-          config.schedules, f"a tuple of {sorted(schedules.SCHEDULES)}")
+    require(
+      isinstance(values, tuple) and values and all(is_int(x) for x in values), name, values, "a tuple of positive ints"
+    )
+  require(
+    isinstance(config.schedules, tuple) and set(config.schedules) <= set(schedules.SCHEDULES),
+    "schedules",
+    config.schedules,
+    f"a tuple of {sorted(schedules.SCHEDULES)}",
+  )
   require(isinstance(config.picture, tuple) and len(config.picture) == 2, "picture", config.picture, "(p, m)")
   require(is_int(config.virtual_stages, 2), "virtual_stages", config.virtual_stages, "an int >= 2")
   for name in ("f", "b", "w", "fb"):
@@ -128,6 +157,8 @@ def main(argv):
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/pipeline_bubbles.py).")
-  _WORKDIR = cli.define_workdir("Directory for pipeline_bubbles.json and pipeline_timetables.png (optional: without it, the tables only).",
-                                required=False)
+  _WORKDIR = cli.define_workdir(
+    "Directory for pipeline_bubbles.json and pipeline_timetables.png (optional: without it, the tables only).",
+    required=False,
+  )
   cli.run(main)

@@ -47,10 +47,19 @@ MEMORY_SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe", "dualpipev")
 def layer_flops(tokens: int) -> dict:
   """Forward FLOPs of one MoE and one dense layer of DeepSeek-V3 on `tokens` tokens of one sequence each S long."""
   model, moe = PUBLISHED["deepseek_v3"].model, PUBLISHED["deepseek_v3"].moe
-  d, h, qk, v = moe["d_model"], model["num_heads"], model["qk_nope_head_dim"] + model["qk_rope_head_dim"], \
-      model["v_head_dim"]
-  attention = (d * model["q_lora_rank"] + model["q_lora_rank"] * h * qk + d * (model["kv_lora_rank"] +
-               model["qk_rope_head_dim"]) + model["kv_lora_rank"] * h * (model["qk_nope_head_dim"] + v) + h * v * d)
+  d, h, qk, v = (
+    moe["d_model"],
+    model["num_heads"],
+    model["qk_nope_head_dim"] + model["qk_rope_head_dim"],
+    model["v_head_dim"],
+  )
+  attention = (
+    d * model["q_lora_rank"]
+    + model["q_lora_rank"] * h * qk
+    + d * (model["kv_lora_rank"] + model["qk_rope_head_dim"])
+    + model["kv_lora_rank"] * h * (model["qk_nope_head_dim"] + v)
+    + h * v * d
+  )
   scores = 2 * tokens * tokens * h * (qk + v) / 2
   swiglu = lambda width: 3 * d * width
   experts = moe["top_k"] * swiglu(moe["d_ff"]) + moe["num_shared_experts"] * swiglu(moe["d_ff"])
@@ -85,8 +94,9 @@ def model_cost(config) -> tuple[cost.StageCost, dict]:
   with open(config.traffic if os.path.isabs(config.traffic) else os.path.join(_ROOT, config.traffic)) as f:
     a2a = exchange_s(config.tokens, json.load(f), topology)
   forward = (MOE_LAYERS * flops["moe"] + DENSE_LAYERS * flops["dense"]) / rate
-  whole = cost.StageCost(f=forward, b=2 * forward, w=forward, a2a_f=MOE_LAYERS * a2a["forward"],
-                         a2a_b=MOE_LAYERS * a2a["backward"])
+  whole = cost.StageCost(
+    f=forward, b=2 * forward, w=forward, a2a_f=MOE_LAYERS * a2a["forward"], a2a_b=MOE_LAYERS * a2a["backward"]
+  )
   return whole, {"rate_flops": rate, "rate_source": rate_source, "layer_flops": flops, "layer_a2a_s": a2a}
 
 
@@ -102,8 +112,10 @@ def run(config) -> dict:
       else:
         step = cost.step_time(schedule, p, m, stage)
       rows.append({"schedule": schedule, "micro_batches": m, "step_s": step})
-  in_flight = [{"schedule": s, **memory.per_device(s, p, max(config.micro_batches), 2 if s == "interleaved" else 1)}
-               for s in MEMORY_SCHEDULES]
+  in_flight = [
+    {"schedule": s, **memory.per_device(s, p, max(config.micro_batches), 2 if s == "interleaved" else 1)}
+    for s in MEMORY_SCHEDULES
+  ]
   return {"config": config.to_dict(), "stage": vars(stage), "terms": terms, "rows": rows, "in_flight": in_flight}
 
 
@@ -113,28 +125,41 @@ def markdown(record: dict) -> str:
   base = {r["micro_batches"]: r["step_s"] for r in record["rows"] if r["schedule"] == "no_overlap"}
   out = ["| schedule | " + " | ".join(f"step s, m = {m}" for m in ms) + " |", "|---|" + "--:|" * len(ms)]
   for schedule in dict.fromkeys(r["schedule"] for r in record["rows"]):
-    cells = [f"{r['step_s']:.3f} ({r['step_s'] / base[r['micro_batches']]:.2f}x)" for r in record["rows"]
-             if r["schedule"] == schedule]
+    cells = [
+      f"{r['step_s']:.3f} ({r['step_s'] / base[r['micro_batches']]:.2f}x)"
+      for r in record["rows"]
+      if r["schedule"] == schedule
+    ]
     out.append(f"| {schedule} | " + " | ".join(cells) + " |")
-  out += ["", "| schedule | stage-activations in flight (busiest device) | stages of parameters a device holds |",
-          "|---|--:|--:|"]
+  out += [
+    "",
+    "| schedule | stage-activations in flight (busiest device) | stages of parameters a device holds |",
+    "|---|--:|--:|",
+  ]
   out += [f"| {r['schedule']} | {r['activation_stages']:g} | {r['parameter_stages']} |" for r in record["in_flight"]]
   return "\n".join(out)
 
 
 def check(config) -> None:
-  require(config.topology in topology_lib.PRESETS, "topology", config.topology,
-          f"one of {sorted(topology_lib.PRESETS)}")
+  require(
+    config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}"
+  )
   require(is_int(config.stages, 2) and config.stages % 2 == 0, "stages", config.stages, "an even int >= 2")
-  require(isinstance(config.micro_batches, tuple) and config.micro_batches and all(
-      is_int(m) and m % config.stages == 0 and m >= 2 * config.stages for m in config.micro_batches),
-      "micro_batches", config.micro_batches, f"a tuple of multiples of stages={config.stages}, each >= 2 x stages "
-      "(no_overlap runs m/p on each device; DualPipe needs 2p)")
+  require(
+    isinstance(config.micro_batches, tuple)
+    and config.micro_batches
+    and all(is_int(m) and m % config.stages == 0 and m >= 2 * config.stages for m in config.micro_batches),
+    "micro_batches",
+    config.micro_batches,
+    f"a tuple of multiples of stages={config.stages}, each >= 2 x stages "
+    "(no_overlap runs m/p on each device; DualPipe needs 2p)",
+  )
   require(is_int(config.tokens), "tokens", config.tokens, "a positive int")
   path = config.traffic if os.path.isabs(config.traffic) else os.path.join(_ROOT, config.traffic)
   if not os.path.isfile(path):
-    raise ConfigError(f"config field traffic={config.traffic!r}: no such file (experiments/wire_traffic.py's "
-                      "record)", "traffic")
+    raise ConfigError(
+      f"config field traffic={config.traffic!r}: no such file (experiments/wire_traffic.py's record)", "traffic"
+    )
 
 
 def main(argv):
@@ -149,6 +174,7 @@ def main(argv):
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/pipeline_cost.py).")
-  _WORKDIR = cli.define_workdir("Directory for pipeline_cost.json (optional: without it, the tables only).",
-                                required=False)
+  _WORKDIR = cli.define_workdir(
+    "Directory for pipeline_cost.json (optional: without it, the tables only).", required=False
+  )
   cli.run(main)

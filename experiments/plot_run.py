@@ -44,8 +44,9 @@ def load_records(workdir: str) -> list[dict]:
     raise RunError(f"no such workdir: {workdir}")
   path = os.path.join(workdir, METRICS_FILE)
   if not os.path.isfile(path):
-    raise RunError(f"{path} does not exist (train into {workdir} first: python -m experiments.train "
-                   f"--workdir={workdir})")
+    raise RunError(
+      f"{path} does not exist (train into {workdir} first: python -m experiments.train --workdir={workdir})"
+    )
   records = [r for r in metrics_lib.read_jsonl(path) if isinstance(r, dict) and "step" in r]
   if not records:
     raise RunError(f"{path} holds no complete step record")
@@ -66,13 +67,21 @@ def _per_layer(records: list[dict], values) -> list[tuple[str, list, list]]:
   (records without the field give [])."""
   rows = [(r["step"], values(r)) for r in records]
   layers = max((len(v) for _, v in rows), default=0)
-  return [(f"MoE layer {i}", [s for s, v in rows if i < len(v)], [v[i] for _, v in rows if i < len(v)])
-          for i in range(layers)]
+  return [
+    (f"MoE layer {i}", [s for s, v in rows if i < len(v)], [v[i] for _, v in rows if i < len(v)]) for i in range(layers)
+  ]
 
 
 def _panel(name: str, units: str, ylabel: str, lines, reference=None, missing=None, percent=False) -> dict:
-  return dict(name=name, title=f"{name} ({units})", ylabel=ylabel, lines=lines, reference=reference,
-              missing=missing, percent=percent)
+  return dict(
+    name=name,
+    title=f"{name} ({units})",
+    ylabel=ylabel,
+    lines=lines,
+    reference=reference,
+    missing=missing,
+    percent=percent,
+  )
 
 
 def panels(records: list[dict]) -> list[dict]:
@@ -83,29 +92,56 @@ def panels(records: list[dict]) -> list[dict]:
   column = lambda name: [float(r[name]) for r in records]
   percent = lambda name: [100 * float(np.mean(r[name])) if r.get(name) else 0.0 for r in records]
   no_moe = None if any(r.get("expert_load") for r in records) else "no MoE layers in the records"
-  no_bias = (None if any(r.get("expert_bias_range") for r in records)
-             else "no auxiliary-loss-free balancing (moe.bias_update_rate = 0)")
+  no_bias = (
+    None
+    if any(r.get("expert_bias_range") for r in records)
+    else "no auxiliary-loss-free balancing (moe.bias_update_rate = 0)"
+  )
   mtp = all("mtp_loss" in r for r in records) and records  # DeepSeek-V3's multi-token prediction modules
   total = "total (task + aux + lambda x MTP)" if mtp else "total (task + aux)"
   evaluated = [r for r in records if "heldout_loss" in r]  # log.eval_every's steps
   heldout = [("held-out", [r["step"] for r in evaluated], [r["heldout_loss"] for r in evaluated])] if evaluated else []
   baseline = evaluated[-1].get("heldout_unigram_entropy") if evaluated else None
   return [
-      _panel("loss", "cross-entropy, nats", "nats",
-             [(total, steps, column("loss")), ("task", steps, column("task_loss"))]
-             + ([("MTP (mean of the modules)", steps, column("mtp_loss"))] if mtp else []) + heldout,
-             reference=None if baseline is None else (baseline, "unigram entropy of the held-out tokens")),
-      _panel("auxiliary loss", "summed over MoE layers, unitless", "aux loss", [("aux", steps, column("aux_loss"))]),
-      _panel("busiest expert load", "x the mean expert load; 1.0 = balanced", "max / mean",
-             _per_layer(records, lambda r: busiest_per_layer(r.get("expert_load", []))),
-             reference=(1.0, "balanced"), missing=no_moe),
-      _panel("drops and overflow", "% of all token-choices, mean over MoE layers", "%",
-             [] if no_moe else [("dropped (expert capacity)", steps, percent("drop_rate")),
-                                ("overflowed (receive buffers)", steps, percent("overflow_rate"))],
-             missing=no_moe, percent=True),
-      _panel("expert bias range", "max - min of each layer's bias, score units", "bias range",
-             _per_layer(records, lambda r: r.get("expert_bias_range", [])), missing=no_bias),
-      _panel("throughput", "tokens/s", "tokens/s", [("tokens/s", steps, column("tokens_per_s"))]),
+    _panel(
+      "loss",
+      "cross-entropy, nats",
+      "nats",
+      [(total, steps, column("loss")), ("task", steps, column("task_loss"))]
+      + ([("MTP (mean of the modules)", steps, column("mtp_loss"))] if mtp else [])
+      + heldout,
+      reference=None if baseline is None else (baseline, "unigram entropy of the held-out tokens"),
+    ),
+    _panel("auxiliary loss", "summed over MoE layers, unitless", "aux loss", [("aux", steps, column("aux_loss"))]),
+    _panel(
+      "busiest expert load",
+      "x the mean expert load; 1.0 = balanced",
+      "max / mean",
+      _per_layer(records, lambda r: busiest_per_layer(r.get("expert_load", []))),
+      reference=(1.0, "balanced"),
+      missing=no_moe,
+    ),
+    _panel(
+      "drops and overflow",
+      "% of all token-choices, mean over MoE layers",
+      "%",
+      []
+      if no_moe
+      else [
+        ("dropped (expert capacity)", steps, percent("drop_rate")),
+        ("overflowed (receive buffers)", steps, percent("overflow_rate")),
+      ],
+      missing=no_moe,
+      percent=True,
+    ),
+    _panel(
+      "expert bias range",
+      "max - min of each layer's bias, score units",
+      "bias range",
+      _per_layer(records, lambda r: r.get("expert_bias_range", [])),
+      missing=no_bias,
+    ),
+    _panel("throughput", "tokens/s", "tokens/s", [("tokens/s", steps, column("tokens_per_s"))]),
   ]
 
 
@@ -117,10 +153,10 @@ def run_names(workdirs: list[str]) -> list[str]:
 
 # What a metrics.jsonl shows of its run's config, for workdirs without config.json.
 RECORD_FACTS = {
-    "MoE layers": lambda rs: len(rs[0].get("expert_load", [])),
-    "experts per MoE layer": lambda rs: len(rs[0]["expert_load"][0]) if rs[0].get("expert_load") else 0,
-    "tokens per step": lambda rs: round(rs[-1]["tokens_per_s"] * rs[-1]["step_time_s"]),
-    "peak learning rate": lambda rs: max(r["learning_rate"] for r in rs),
+  "MoE layers": lambda rs: len(rs[0].get("expert_load", [])),
+  "experts per MoE layer": lambda rs: len(rs[0]["expert_load"][0]) if rs[0].get("expert_load") else 0,
+  "tokens per step": lambda rs: round(rs[-1]["tokens_per_s"] * rs[-1]["step_time_s"]),
+  "peak learning rate": lambda rs: max(r["learning_rate"] for r in rs),
 }
 
 
@@ -134,8 +170,9 @@ def compare(workdirs: dict[str, str], records: dict[str, list[dict]]) -> tuple[d
     configs = {name: {k: v for k, v in config.items() if k != "history"} for name, config in configs.items()}
     return run_config.differences(configs), f"their {run_config.CONFIG_FILE}"
   facts = {name: {fact: read(rs) for fact, read in RECORD_FACTS.items()} for name, rs in records.items()}
-  return run_config.differences(facts), (f"what metrics.jsonl shows ({', '.join(RECORD_FACTS)}): no "
-                                         f"{run_config.CONFIG_FILE} in {', '.join(missing)}")
+  return run_config.differences(facts), (
+    f"what metrics.jsonl shows ({', '.join(RECORD_FACTS)}): no {run_config.CONFIG_FILE} in {', '.join(missing)}"
+  )
 
 
 def difference_lines(differences: dict, source: str) -> list[str]:
@@ -143,14 +180,16 @@ def difference_lines(differences: dict, source: str) -> list[str]:
   if not differences:
     return [f"no field differs (read from {source})"]
   return [f"fields that differ (read from {source}):"] + [
-      f"  {field}: " + ", ".join(f"{name} {value}" for name, value in values.items())
-      for field, values in differences.items()]
+    f"  {field}: " + ", ".join(f"{name} {value}" for name, value in values.items())
+    for field, values in differences.items()
+  ]
 
 
 def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
   """The matplotlib Figure (Agg backend) of `panels` of every run in `runs` ({name: records}) overlaid (a colour
   per run where there are several), titled with each run's steps, `notes` and the panels without data."""
   import matplotlib
+
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
   from matplotlib.ticker import MaxNLocator
@@ -169,8 +208,16 @@ def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
     if without:
       empty.append(panel["name"] + (f" (in {', '.join(without)})" if several and len(without) < len(runs) else ""))
     if len(without) == len(runs):
-      ax.text(0.5, 0.5, f"no data: {panel['missing']}", ha="center", va="center", transform=ax.transAxes,
-              color="gray", wrap=True)
+      ax.text(
+        0.5,
+        0.5,
+        f"no data: {panel['missing']}",
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        color="gray",
+        wrap=True,
+      )
       continue
     peak = 0.0
     for r, (name, pn) in enumerate(mine.items()):
@@ -178,8 +225,14 @@ def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
         # A line style each, and a marker each (of the line, or of the run where there are several): equal curves
         # stay visible.
         marker = MARKERS[(r if several else i) % len(MARKERS)] if len(xs) <= 50 else None
-        ax.plot(xs, ys, LINE_STYLES[i % len(LINE_STYLES)], marker=marker, color=f"C{r}" if several else None,
-                label=f"{name}: {label}" if several else label)
+        ax.plot(
+          xs,
+          ys,
+          LINE_STYLES[i % len(LINE_STYLES)],
+          marker=marker,
+          color=f"C{r}" if several else None,
+          label=f"{name}: {label}" if several else label,
+        )
         peak = max([peak, *ys])
     if panel["percent"]:
       ax.set_ylim(0, 1.1 * peak if peak > 0 else 1.0)
@@ -207,13 +260,15 @@ def plot_run(workdirs: list[str], out: str) -> tuple[list[str], list[str]]:
   names = run_names(workdirs)
   records = {name: load_records(workdir) for name, workdir in zip(names, workdirs)}
   lines = difference_lines(*compare(dict(zip(names, workdirs)), records)) if len(workdirs) > 1 else []
-  notes = lines[:TITLE_FIELDS + 1] + ([f"  ... and {len(lines) - TITLE_FIELDS - 1} more"]
-                                      if len(lines) > TITLE_FIELDS + 1 else [])
+  notes = lines[: TITLE_FIELDS + 1] + (
+    [f"  ... and {len(lines) - TITLE_FIELDS - 1} more"] if len(lines) > TITLE_FIELDS + 1 else []
+  )
   if os.path.dirname(out):
     os.makedirs(os.path.dirname(out), exist_ok=True)
   fig = draw(records, notes)
   fig.savefig(out, dpi=110)
   from matplotlib import pyplot as plt
+
   plt.close(fig)
   return [p["name"] for p in panels(next(iter(records.values()))) if p["missing"]], lines
 

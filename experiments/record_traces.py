@@ -38,8 +38,15 @@ TRACES_FILE = "traces.npy"
 def corpus_batches(config, tok, cache_dir: str, tokens: int) -> list[np.ndarray]:
   """The first batches [B, S] of the training data stream covering `tokens` (B: the config's micro-batch rows)."""
   rows = config.batch_size // config.micro_batches
-  batches = pipeline_lib.Batches(data_lib.corpus_files(config.data.train_files, cache_dir), tok, seq_len=config.seq_len,
-                                 rows=rows, micro_batches=1, num_shards=config.data.shards, prefetch=0)
+  batches = pipeline_lib.Batches(
+    data_lib.corpus_files(config.data.train_files, cache_dir),
+    tok,
+    seq_len=config.seq_len,
+    rows=rows,
+    micro_batches=1,
+    num_shards=config.data.shards,
+    prefetch=0,
+  )
   try:
     return [next(batches)[0] for _ in range(-(-tokens // (rows * config.seq_len)))]
   finally:
@@ -54,12 +61,19 @@ def record(config, workdir: str) -> tuple[np.ndarray, dict]:
   checkpoint = trained.run_dir(config, workdir)
   print(f"loaded step {step} from {checkpoint}; tracing {config.tokens} tokens", flush=True)
   batches = corpus_batches(config, tok, load.cache_dir(config, checkpoint), config.tokens)
-  traces = routing_traces(model, batches)[:, :config.tokens]
+  traces = routing_traces(model, batches)[:, : config.tokens]
   loads_MxE = np.stack([np.bincount(layer.reshape(-1), minlength=config.moe.num_experts) for layer in traces])
-  summary = {"checkpoint": checkpoint, "step": int(step), "kind": config.model.kind, "inputs": "unmasked corpus",
-             "shape": list(traces.shape), "num_experts": config.moe.num_experts, "top_k": config.moe.top_k,
-             "busiest_over_mean": (loads_MxE.max(axis=1) / loads_MxE.mean(axis=1)).round(3).tolist(),
-             "expert_loads": loads_MxE.tolist()}
+  summary = {
+    "checkpoint": checkpoint,
+    "step": int(step),
+    "kind": config.model.kind,
+    "inputs": "unmasked corpus",
+    "shape": list(traces.shape),
+    "num_experts": config.moe.num_experts,
+    "top_k": config.moe.top_k,
+    "busiest_over_mean": (loads_MxE.max(axis=1) / loads_MxE.mean(axis=1)).round(3).tolist(),
+    "expert_loads": loads_MxE.tolist(),
+  }
   return traces, summary
 
 
@@ -72,8 +86,10 @@ def run(config, workdir: str) -> str:
   np.save(path, traces)
   with open(path + ".json", "w") as f:
     json.dump(summary, f, indent=1)
-  print(f"saved traces {traces.shape} to {path}; busiest expert over the mean per layer: "
-        f"{summary['busiest_over_mean']}", flush=True)
+  print(
+    f"saved traces {traces.shape} to {path}; busiest expert over the mean per layer: {summary['busiest_over_mean']}",
+    flush=True,
+  )
   return path
 
 

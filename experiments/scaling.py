@@ -58,8 +58,9 @@ def main(argv):
     sys.exit(f"error: {e}")
   if not hosts.leader():
     return
-  logging.info("%d point(s) computed (%d small runs), %d done before", counts["computed"], counts["simulated"],
-               counts["skipped"])
+  logging.info(
+    "%d point(s) computed (%d small runs), %d done before", counts["computed"], counts["simulated"], counts["skipped"]
+  )
   paths = report.write_all(rows, config, workdir)
   print(report.comparison_table(rows))
   calibrated = points_lib.calibration(config)

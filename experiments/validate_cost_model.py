@@ -28,8 +28,12 @@ RESULTS_FILE = "validate_cost_model.json"
 def sections(config) -> dict:
   """Section name -> the call that prints its comparison and returns its JSON record; a new paper's check is one
   more entry."""
-  return {"smile": smile.section, "comet": lambda: comet.section(config.comet_rate_json), "parm": parm.section,
-          "lina": lina.section}
+  return {
+    "smile": smile.section,
+    "comet": lambda: comet.section(config.comet_rate_json),
+    "parm": parm.section,
+    "lina": lina.section,
+  }
 
 
 def main(argv):
@@ -38,8 +42,12 @@ def main(argv):
   checks = sections(config)
   unknown = sorted(set(config.sections) - set(checks))
   require(config.sections and not unknown, "sections", config.sections, f"some of {sorted(checks)}")
-  require(not config.comet_rate_json or os.path.isfile(config.comet_rate_json), "comet_rate_json",
-          config.comet_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
+  require(
+    not config.comet_rate_json or os.path.isfile(config.comet_rate_json),
+    "comet_rate_json",
+    config.comet_rate_json,
+    "'' (datasheet peak x efficiency) or an existing benchmark JSON",
+  )
   record = {}
   for name in config.sections:
     print(f"===== {name} =====")

@@ -12,14 +12,14 @@ import jax
 GELU_APPROXIMATE = True
 
 ACTIVATIONS = {
-    'gelu': functools.partial(jax.nn.gelu, approximate=GELU_APPROXIMATE),
-    'relu': jax.nn.relu,
-    'silu': jax.nn.silu,
+  "gelu": functools.partial(jax.nn.gelu, approximate=GELU_APPROXIMATE),
+  "relu": jax.nn.relu,
+  "silu": jax.nn.silu,
 }
 
 
 def get_activation(name: str):
   """The elementwise function called `name` (one of `ACTIVATIONS`)."""
   if name not in ACTIVATIONS:
-    raise ValueError(f'activation={name!r} is not one of {sorted(ACTIVATIONS)}')
+    raise ValueError(f"activation={name!r} is not one of {sorted(ACTIVATIONS)}")
   return ACTIVATIONS[name]

@@ -27,7 +27,7 @@ def use_interpret(interpret: bool | None, *arrays) -> bool:
 def device_kind(interpret: bool, *arrays) -> str:
   """The `tuning` device key for a call: 'cpu' when interpreted, else the GPU's kind."""
   if interpret:
-    return 'cpu'
+    return "cpu"
   for a in arrays:
     if isinstance(a, jax.Array) and not isinstance(a, jax.core.Tracer):
       return tuning.device_key(next(iter(a.devices())).device_kind)
@@ -42,7 +42,9 @@ def out_shapes(shapes_and_dtypes, *inputs) -> list[jax.ShapeDtypeStruct]:
   """Output structs of a pallas_call on `inputs`, varying over every mesh axis that any input
   varies over: inside `jax.shard_map` (check_vma=True) Pallas requires that type on out_shape.
   `jax.eval_shape` derives it for whichever jax version is running."""
+
   def probe(*xs):
     zero = sum(jnp.sum(x).astype(jnp.float32) * 0 for x in xs)
     return [jnp.broadcast_to(zero, shape).astype(dtype) for shape, dtype in shapes_and_dtypes]
+
   return jax.eval_shape(probe, *inputs)

@@ -39,22 +39,34 @@ from .gmm_kernel import grouped_matmul
 
 class Options(NamedTuple):
   """Static settings of an expert_ffn call."""
+
   activation: str
   tiling: tuning.TileConfig | None  # tiles of every kernel; None: from `tuning`
   interpret: bool
   save_preactivations: bool = False  # keep z_in, z_gate for the backward instead of recomputing them
 
 
-def _run(kernel, opts, lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes,
-         group_sizes, epilogue_inputs=()):
+def _run(kernel, opts, lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes, group_sizes, epilogue_inputs=()):
   """grouped_matmul with tiles for `kernel` and the order of its tile visits."""
   m, num_groups = lhs[0].shape[0], rhs[0].shape[0]
   config = opts.tiling or tuning.get_config(
-      kernel, backend.device_kind(opts.interpret, lhs[0]), lhs[0].dtype, m, num_groups)
+    kernel, backend.device_kind(opts.interpret, lhs[0]), lhs[0].dtype, m, num_groups
+  )
   config.validate(opts.interpret)
   visits = tile_order.make_visits(group_sizes, m, config.block_m)
-  return grouped_matmul(lhs, rhs, rhs_transposed, accumulators, epilogue, out_dtypes, visits,
-                        config, opts.interpret, kernel, epilogue_inputs)
+  return grouped_matmul(
+    lhs,
+    rhs,
+    rhs_transposed,
+    accumulators,
+    epilogue,
+    out_dtypes,
+    visits,
+    config,
+    opts.interpret,
+    kernel,
+    epilogue_inputs,
+  )
 
 
 def _act_and_grad(activation, z):
@@ -65,11 +77,19 @@ def hidden(x, w_in, w_gate, group_sizes, opts: Options):
   """Kernel 'ffn_in': h = act(x @ w_gate) * (x @ w_in), or act(x @ w_in): [M, f], x's dtype."""
   act = activations.get_activation(opts.activation)
   if w_gate is None:
-    [h] = _run('ffn_in', opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z),),
-               [x.dtype], group_sizes)
+    [h] = _run("ffn_in", opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z),), [x.dtype], group_sizes)
   else:
-    [h] = _run('ffn_in', opts, [x], [w_gate, w_in], [False, False], [[(0, 0)], [(0, 1)]],
-               lambda z_gate, z_in: (act(z_gate) * z_in,), [x.dtype], group_sizes)
+    [h] = _run(
+      "ffn_in",
+      opts,
+      [x],
+      [w_gate, w_in],
+      [False, False],
+      [[(0, 0)], [(0, 1)]],
+      lambda z_gate, z_in: (act(z_gate) * z_in,),
+      [x.dtype],
+      group_sizes,
+    )
   return h
 
 
@@ -78,18 +98,33 @@ def hidden_backward(dy, x, w_in, w_out, w_gate, group_sizes, opts: Options):
   dz_gate or None), each [M, f] in x's dtype."""
   dtypes = [x.dtype] * (2 if w_gate is None else 3)
   if w_gate is None:
+
     def epilogue(dh, z_in):
       a, da = _act_and_grad(opts.activation, z_in)
       return a, dh * da
-    h, dz_in = _run('ffn_bwd', opts, [dy, x], [w_out, w_in], [True, False], [[(0, 0)], [(1, 1)]],
-                    epilogue, dtypes, group_sizes)
+
+    h, dz_in = _run(
+      "ffn_bwd", opts, [dy, x], [w_out, w_in], [True, False], [[(0, 0)], [(1, 1)]], epilogue, dtypes, group_sizes
+    )
     return h, dz_in, None
 
   def gated_epilogue(dh, z_gate, z_in):
     a, da = _act_and_grad(opts.activation, z_gate)
     return a * z_in, dh * a, dh * z_in * da
-  return tuple(_run('ffn_bwd', opts, [dy, x], [w_out, w_gate, w_in], [True, False, False],
-                    [[(0, 0)], [(1, 1)], [(1, 2)]], gated_epilogue, dtypes, group_sizes))
+
+  return tuple(
+    _run(
+      "ffn_bwd",
+      opts,
+      [dy, x],
+      [w_out, w_gate, w_in],
+      [True, False, False],
+      [[(0, 0)], [(1, 1)], [(1, 2)]],
+      gated_epilogue,
+      dtypes,
+      group_sizes,
+    )
+  )
 
 
 def hidden_saving(x, w_in, w_gate, group_sizes, opts: Options):
@@ -97,12 +132,21 @@ def hidden_saving(x, w_in, w_gate, group_sizes, opts: Options):
   dtype."""
   act = activations.get_activation(opts.activation)
   if w_gate is None:
-    h, z_in = _run('ffn_in', opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z), z),
-                   [x.dtype] * 2, group_sizes)
+    h, z_in = _run("ffn_in", opts, [x], [w_in], [False], [[(0, 0)]], lambda z: (act(z), z), [x.dtype] * 2, group_sizes)
     return h, z_in, None
-  return tuple(_run('ffn_in', opts, [x], [w_gate, w_in], [False, False], [[(0, 0)], [(0, 1)]],
-                    lambda z_gate, z_in: (act(z_gate) * z_in, z_in, z_gate), [x.dtype] * 3,
-                    group_sizes))
+  return tuple(
+    _run(
+      "ffn_in",
+      opts,
+      [x],
+      [w_gate, w_in],
+      [False, False],
+      [[(0, 0)], [(0, 1)]],
+      lambda z_gate, z_in: (act(z_gate) * z_in, z_in, z_gate),
+      [x.dtype] * 3,
+      group_sizes,
+    )
+  )
 
 
 def hidden_backward_saved(dy, z_in, z_gate, w_out, group_sizes, opts: Options):
@@ -110,34 +154,44 @@ def hidden_backward_saved(dy, z_in, z_gate, w_out, group_sizes, opts: Options):
   whose epilogue this is) -> (h, dz_in, dz_gate or None), each [M, f] in z_in's dtype."""
   dtypes = [z_in.dtype] * (2 if z_gate is None else 3)
   if z_gate is None:
+
     def epilogue(dh, z_in):
       a, da = _act_and_grad(opts.activation, z_in)
       return a, dh * da
-    h, dz_in = _run('ffn_bwd', opts, [dy], [w_out], [True], [[(0, 0)]], epilogue, dtypes,
-                    group_sizes, [z_in])
+
+    h, dz_in = _run("ffn_bwd", opts, [dy], [w_out], [True], [[(0, 0)]], epilogue, dtypes, group_sizes, [z_in])
     return h, dz_in, None
 
   def gated_epilogue(dh, z_gate, z_in):
     a, da = _act_and_grad(opts.activation, z_gate)
     return a * z_in, dh * a, dh * z_in * da
-  return tuple(_run('ffn_bwd', opts, [dy], [w_out], [True], [[(0, 0)]], gated_epilogue, dtypes,
-                    group_sizes, [z_gate, z_in]))
+
+  return tuple(
+    _run("ffn_bwd", opts, [dy], [w_out], [True], [[(0, 0)]], gated_epilogue, dtypes, group_sizes, [z_gate, z_in])
+  )
 
 
 def input_grad(dz_in, dz_gate, w_in, w_gate, group_sizes, opts: Options):
   """dx = dz_in @ w_in^T (+ dz_gate @ w_gate^T, kernel 'ffn_in', else 'gmm'): [M, d]."""
   if w_gate is None:
-    [dx] = _run('gmm', opts, [dz_in], [w_in], [True], [[(0, 0)]], lambda acc: (acc,),
-                [dz_in.dtype], group_sizes)
+    [dx] = _run("gmm", opts, [dz_in], [w_in], [True], [[(0, 0)]], lambda acc: (acc,), [dz_in.dtype], group_sizes)
   else:
-    [dx] = _run('ffn_in', opts, [dz_gate, dz_in], [w_gate, w_in], [True, True],
-                [[(0, 0), (1, 1)]], lambda acc: (acc,), [dz_in.dtype], group_sizes)
+    [dx] = _run(
+      "ffn_in",
+      opts,
+      [dz_gate, dz_in],
+      [w_gate, w_in],
+      [True, True],
+      [[(0, 0), (1, 1)]],
+      lambda acc: (acc,),
+      [dz_in.dtype],
+      group_sizes,
+    )
   return dx
 
 
 def _output(h, w_out, group_sizes, opts):
-  [y] = _run('gmm', opts, [h], [w_out], [False], [[(0, 0)]], lambda acc: (acc,), [h.dtype],
-             group_sizes)
+  [y] = _run("gmm", opts, [h], [w_out], [False], [[(0, 0)]], lambda acc: (acc,), [h.dtype], group_sizes)
   return y
 
 
@@ -149,6 +203,7 @@ def _forward(x, w_in, w_out, w_gate, group_sizes, opts):
 def _backward(x, w_in, w_out, w_gate, group_sizes, dy, preactivations, opts):
   """Inputs and dy promoted to one dtype, preactivations (z_in, z_gate) kept by the forward or
   None (recompute) -> (dx, dw_in, dw_out, dw_gate or None)."""
+
   def tgmm(lhs, rhs):
     return tgmm_forward(lhs, rhs, group_sizes, x.dtype, opts.tiling, opts.interpret)
 
@@ -182,19 +237,33 @@ def _ffn_fwd(x, w_in, w_out, w_gate, group_sizes, opts):
 def _ffn_bwd(opts, residuals, dy):
   (x, w_in, w_out, w_gate, group_sizes), preactivations = residuals
   px, pw_in, pw_out, pw_gate, pdy = _promote(x, w_in, w_out, w_gate, dy)
-  dx, dw_in, dw_out, dw_gate = _backward(px, pw_in, pw_out, pw_gate, group_sizes,
-                                         pdy.astype(px.dtype), preactivations, opts)
-  return (dx.astype(x.dtype), dw_in.astype(w_in.dtype), dw_out.astype(w_out.dtype),
-          None if w_gate is None else dw_gate.astype(w_gate.dtype), None)
+  dx, dw_in, dw_out, dw_gate = _backward(
+    px, pw_in, pw_out, pw_gate, group_sizes, pdy.astype(px.dtype), preactivations, opts
+  )
+  return (
+    dx.astype(x.dtype),
+    dw_in.astype(w_in.dtype),
+    dw_out.astype(w_out.dtype),
+    None if w_gate is None else dw_gate.astype(w_gate.dtype),
+    None,
+  )
 
 
 _ffn.defvjp(_ffn_fwd, _ffn_bwd)
 
 
-def expert_ffn(x: jax.Array, w_in: jax.Array, w_out: jax.Array, group_sizes: jax.Array,
-               activation: str = 'gelu', w_gate: jax.Array | None = None, *,
-               tiling: tuning.TileConfig | None = None,
-               interpret: bool | None = None, save_preactivations: bool = False) -> jax.Array:
+def expert_ffn(
+  x: jax.Array,
+  w_in: jax.Array,
+  w_out: jax.Array,
+  group_sizes: jax.Array,
+  activation: str = "gelu",
+  w_gate: jax.Array | None = None,
+  *,
+  tiling: tuning.TileConfig | None = None,
+  interpret: bool | None = None,
+  save_preactivations: bool = False,
+) -> jax.Array:
   """Grouped expert FFN over rows grouped by expert (rows of group g use expert g's weights).
 
   Args:
@@ -209,23 +278,22 @@ def expert_ffn(x: jax.Array, w_in: jax.Array, w_out: jax.Array, group_sizes: jax
   Returns:
     y: [M, d] in the promoted input dtype. Differentiable in x and the weights.
   """
-  checks.check_rank('x', x, 2, '[M, d]')
-  checks.check_rank('w_in', w_in, 3, '[G, d, f]')
-  checks.check_rank('w_out', w_out, 3, '[G, f, d]')
+  checks.check_rank("x", x, 2, "[M, d]")
+  checks.check_rank("w_in", w_in, 3, "[G, d, f]")
+  checks.check_rank("w_out", w_out, 3, "[G, f, d]")
   num_groups, d, f = w_in.shape
-  checks.check_dim('w_in', w_in, 1, x.shape[1], 'x.shape[1] (d)')
-  checks.check_dim('w_out', w_out, 0, num_groups, 'w_in.shape[0] (G)')
-  checks.check_dim('w_out', w_out, 1, f, 'w_in.shape[2] (f)')
-  checks.check_dim('w_out', w_out, 2, d, 'x.shape[1] (d)')
+  checks.check_dim("w_in", w_in, 1, x.shape[1], "x.shape[1] (d)")
+  checks.check_dim("w_out", w_out, 0, num_groups, "w_in.shape[0] (G)")
+  checks.check_dim("w_out", w_out, 1, f, "w_in.shape[2] (f)")
+  checks.check_dim("w_out", w_out, 2, d, "x.shape[1] (d)")
   if w_gate is not None:
-    checks.check_rank('w_gate', w_gate, 3, '[G, d, f]')
+    checks.check_rank("w_gate", w_gate, 3, "[G, d, f]")
     for axis, size in enumerate(w_in.shape):
-      checks.check_dim('w_gate', w_gate, axis, size, f'w_in.shape[{axis}]')
-  for name, a in (('x', x), ('w_in', w_in), ('w_out', w_out), ('w_gate', w_gate)):
+      checks.check_dim("w_gate", w_gate, axis, size, f"w_in.shape[{axis}]")
+  for name, a in (("x", x), ("w_in", w_in), ("w_out", w_out), ("w_gate", w_gate)):
     if a is not None:
       checks.check_floating(name, a)
-  checks.check_group_sizes(group_sizes, num_groups, 'w_in.shape[0]')
+  checks.check_group_sizes(group_sizes, num_groups, "w_in.shape[0]")
   activations.get_activation(activation)
-  opts = Options(activation, tiling, backend.use_interpret(interpret, x, w_in),
-                 bool(save_preactivations))
+  opts = Options(activation, tiling, backend.use_interpret(interpret, x, w_in), bool(save_preactivations))
   return _ffn(x, w_in, w_out, w_gate, group_sizes, opts)

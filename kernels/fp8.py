@@ -32,8 +32,10 @@ def _qwix():
   try:
     import qwix
   except ImportError as e:
-    raise ImportError("expert_backend='fp8' needs the qwix package (jax >= 0.10, flax >= 0.12): "
-                      "pip install 'moejax[fp8]', or use expert_backend='ragged_dot'") from e
+    raise ImportError(
+      "expert_backend='fp8' needs the qwix package (jax >= 0.10, flax >= 0.12): "
+      "pip install 'moejax[fp8]', or use expert_backend='ragged_dot'"
+    ) from e
   return qwix
 
 
@@ -41,8 +43,7 @@ def quantize(x_RxK, w_GxKxN):
   """(x, w) as qwix QArrays of float8_e4m3fn values: scales [R, 1] per row of x, [G, 1, N] per group and output
   column of w, in the inputs' dtype."""
   qwix = _qwix()
-  return (qwix.quantize(x_RxK, FP8, channelwise_axes=[0]),
-          qwix.quantize(w_GxKxN, FP8, channelwise_axes=[0, 2]))
+  return (qwix.quantize(x_RxK, FP8, channelwise_axes=[0]), qwix.quantize(w_GxKxN, FP8, channelwise_axes=[0, 2]))
 
 
 def _in_groups(rows: int, group_sizes_G):
@@ -75,11 +76,11 @@ _ragged_dot.defvjp(_ragged_dot_fwd, _ragged_dot_bwd)
 def ragged_dot(x_RxK: jax.Array, w_GxKxN: jax.Array, group_sizes_G: jax.Array) -> jax.Array:
   """Row i of group g times w[g] in FP8: x [R, K], w [G, K, N] (one floating dtype), group_sizes [G] int ->
   [R, N] fp32. Differentiable in x and w (straight-through, see the module docstring)."""
-  checks.check_rank('x', x_RxK, 2, '[R, K]')
-  checks.check_rank('w', w_GxKxN, 3, '[G, K, N]')
-  checks.check_floating('x', x_RxK)
-  checks.check_floating('w', w_GxKxN)
-  checks.check_dim('w', w_GxKxN, 1, x_RxK.shape[1], 'x.shape[1] (K)')
-  checks.check_group_sizes(group_sizes_G, w_GxKxN.shape[0], 'w.shape[0]')
+  checks.check_rank("x", x_RxK, 2, "[R, K]")
+  checks.check_rank("w", w_GxKxN, 3, "[G, K, N]")
+  checks.check_floating("x", x_RxK)
+  checks.check_floating("w", w_GxKxN)
+  checks.check_dim("w", w_GxKxN, 1, x_RxK.shape[1], "x.shape[1] (K)")
+  checks.check_group_sizes(group_sizes_G, w_GxKxN.shape[0], "w.shape[0]")
   _qwix()  # a missing package is named before anything is traced
   return _ragged_dot(x_RxK, w_GxKxN, group_sizes_G)

@@ -27,8 +27,7 @@ class _Options(NamedTuple):
 
 
 def _config(kernel, tiling, interpret, dtype, m, num_groups, *arrays):
-  config = tiling or tuning.get_config(
-      kernel, backend.device_kind(interpret, *arrays), dtype, m, num_groups)
+  config = tiling or tuning.get_config(kernel, backend.device_kind(interpret, *arrays), dtype, m, num_groups)
   config.validate(interpret)
   return config
 
@@ -37,11 +36,20 @@ def gmm_forward(lhs, rhs, group_sizes, opts: _Options):
   """Undifferentiated gmm on validated inputs; lhs and rhs are promoted to one dtype."""
   dtype = jnp.result_type(lhs, rhs)
   m, num_groups = lhs.shape[0], rhs.shape[0]
-  config = _config('gmm', opts.tiling, opts.interpret, dtype, m, num_groups, lhs)
+  config = _config("gmm", opts.tiling, opts.interpret, dtype, m, num_groups, lhs)
   visits = tile_order.make_visits(group_sizes, m, config.block_m)
   [out] = grouped_matmul(
-      [lhs.astype(dtype)], [rhs.astype(dtype)], [opts.transpose_rhs], [[(0, 0)]],
-      lambda acc: (acc,), [opts.out_dtype], visits, config, opts.interpret, 'gmm')
+    [lhs.astype(dtype)],
+    [rhs.astype(dtype)],
+    [opts.transpose_rhs],
+    [[(0, 0)]],
+    lambda acc: (acc,),
+    [opts.out_dtype],
+    visits,
+    config,
+    opts.interpret,
+    "gmm",
+  )
   return out
 
 
@@ -49,10 +57,9 @@ def tgmm_forward(lhs, rhs, group_sizes, out_dtype, tiling, interpret):
   """Undifferentiated tgmm on validated inputs; lhs and rhs are promoted to one dtype."""
   dtype = jnp.result_type(lhs, rhs)
   m, num_groups = lhs.shape[0], group_sizes.shape[0]
-  config = _config('tgmm', tiling, interpret, dtype, m, num_groups, lhs)
+  config = _config("tgmm", tiling, interpret, dtype, m, num_groups, lhs)
   starts, ends = tile_order.group_bounds(group_sizes, m)
-  return transposed_grouped_matmul(lhs.astype(dtype), rhs.astype(dtype), starts, ends,
-                                   out_dtype, config, interpret)
+  return transposed_grouped_matmul(lhs.astype(dtype), rhs.astype(dtype), starts, ends, out_dtype, config, interpret)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -68,8 +75,7 @@ def _gmm_bwd(opts, residuals, dout):
   """dlhs = gmm(dout, rhs^T); drhs[g] = lhs_g^T @ dout_g (or its transpose for [G, N, K] rhs)."""
   lhs, rhs, group_sizes = residuals
   dout = dout.astype(jnp.result_type(lhs, rhs))
-  dlhs = gmm_forward(dout, rhs, group_sizes, opts._replace(
-      transpose_rhs=not opts.transpose_rhs, out_dtype=lhs.dtype))
+  dlhs = gmm_forward(dout, rhs, group_sizes, opts._replace(transpose_rhs=not opts.transpose_rhs, out_dtype=lhs.dtype))
   pair = (dout, lhs) if opts.transpose_rhs else (lhs, dout)
   drhs = tgmm_forward(*pair, group_sizes, rhs.dtype, opts.tiling, opts.interpret)
   return dlhs, drhs, None
@@ -78,9 +84,16 @@ def _gmm_bwd(opts, residuals, dout):
 _gmm.defvjp(_gmm_fwd, _gmm_bwd)
 
 
-def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs: bool = False,
-        preferred_element_type=None, tiling: tuning.TileConfig | None = None,
-        interpret: bool | None = None) -> jax.Array:
+def gmm(
+  lhs: jax.Array,
+  rhs: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  transpose_rhs: bool = False,
+  preferred_element_type=None,
+  tiling: tuning.TileConfig | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """Grouped matmul: out[i] = lhs[i] @ rhs[g(i)] for the group g(i) owning row i.
 
   Args:
@@ -93,19 +106,26 @@ def gmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, transpose_rhs
   Returns:
     out: [M, N]. Differentiable in lhs and rhs (group_sizes is not).
   """
-  checks.check_rank('lhs', lhs, 2, '[M, K]')
-  checks.check_rank('rhs', rhs, 3, '[G, N, K]' if transpose_rhs else '[G, K, N]')
-  checks.check_floating('lhs', lhs)
-  checks.check_floating('rhs', rhs)
-  checks.check_dim('rhs', rhs, 2 if transpose_rhs else 1, lhs.shape[1], 'lhs.shape[1] (K)')
-  checks.check_group_sizes(group_sizes, rhs.shape[0], 'rhs.shape[0]')
+  checks.check_rank("lhs", lhs, 2, "[M, K]")
+  checks.check_rank("rhs", rhs, 3, "[G, N, K]" if transpose_rhs else "[G, K, N]")
+  checks.check_floating("lhs", lhs)
+  checks.check_floating("rhs", rhs)
+  checks.check_dim("rhs", rhs, 2 if transpose_rhs else 1, lhs.shape[1], "lhs.shape[1] (K)")
+  checks.check_group_sizes(group_sizes, rhs.shape[0], "rhs.shape[0]")
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
   opts = _Options(transpose_rhs, out_dtype, tiling, backend.use_interpret(interpret, lhs, rhs))
   return _gmm(lhs, rhs, group_sizes, opts)
 
 
-def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, preferred_element_type=None,
-         tiling: tuning.TileConfig | None = None, interpret: bool | None = None) -> jax.Array:
+def tgmm(
+  lhs: jax.Array,
+  rhs: jax.Array,
+  group_sizes: jax.Array,
+  *,
+  preferred_element_type=None,
+  tiling: tuning.TileConfig | None = None,
+  interpret: bool | None = None,
+) -> jax.Array:
   """Per-group lhs^T @ rhs, the weight gradient of gmm.
 
   Args:
@@ -116,12 +136,11 @@ def tgmm(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array, *, preferred_el
     out: [G, K, N], out[g] = lhs[rows of g].T @ rhs[rows of g]; zeros for empty groups.
     Not differentiable.
   """
-  checks.check_rank('lhs', lhs, 2, '[M, K]')
-  checks.check_rank('rhs', rhs, 2, '[M, N]')
-  checks.check_floating('lhs', lhs)
-  checks.check_floating('rhs', rhs)
-  checks.check_dim('rhs', rhs, 0, lhs.shape[0], 'lhs.shape[0] (M)')
+  checks.check_rank("lhs", lhs, 2, "[M, K]")
+  checks.check_rank("rhs", rhs, 2, "[M, N]")
+  checks.check_floating("lhs", lhs)
+  checks.check_floating("rhs", rhs)
+  checks.check_dim("rhs", rhs, 0, lhs.shape[0], "lhs.shape[0] (M)")
   checks.check_group_sizes(group_sizes)
   out_dtype = jnp.dtype(preferred_element_type or jnp.result_type(lhs, rhs))
-  return tgmm_forward(lhs, rhs, group_sizes, out_dtype, tiling,
-                      backend.use_interpret(interpret, lhs, rhs))
+  return tgmm_forward(lhs, rhs, group_sizes, out_dtype, tiling, backend.use_interpret(interpret, lhs, rhs))

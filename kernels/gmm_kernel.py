@@ -66,17 +66,17 @@ def _swizzle(pid, num_visits: int, n_tiles: int):
 
 
 def grouped_matmul(
-    lhs: Sequence[jax.Array],
-    rhs: Sequence[jax.Array],
-    rhs_transposed: Sequence[bool],
-    accumulators: Sequence[Sequence[tuple[int, int]]],
-    epilogue: Callable[..., Sequence[jax.Array]],
-    out_dtypes: Sequence[jnp.dtype],
-    visits: tile_order.Visits,
-    config: tuning.TileConfig,
-    interpret: bool,
-    name: str,
-    epilogue_inputs: Sequence[jax.Array] = (),
+  lhs: Sequence[jax.Array],
+  rhs: Sequence[jax.Array],
+  rhs_transposed: Sequence[bool],
+  accumulators: Sequence[Sequence[tuple[int, int]]],
+  epilogue: Callable[..., Sequence[jax.Array]],
+  out_dtypes: Sequence[jnp.dtype],
+  visits: tile_order.Visits,
+  config: tuning.TileConfig,
+  interpret: bool,
+  name: str,
+  epilogue_inputs: Sequence[jax.Array] = (),
 ) -> list[jax.Array]:
   """Grouped products with a fused epilogue.
 
@@ -109,7 +109,7 @@ def grouped_matmul(
   def kernel(gid_ref, tile_ref, lo_ref, hi_ref, *refs):
     num_mm = len(lhs) + len(rhs)
     num_in = num_mm + len(epilogue_inputs)
-    lhs_refs, rhs_refs = refs[:len(lhs)], refs[len(lhs):num_mm]
+    lhs_refs, rhs_refs = refs[: len(lhs)], refs[len(lhs) : num_mm]
     epilogue_refs, out_refs = refs[num_mm:num_in], refs[num_in:]
     visit, j = _swizzle(pl.program_id(0), num_visits, n_tiles)
     g, lo, hi = gid_ref[visit], lo_ref[visit], hi_ref[visit]
@@ -130,8 +130,9 @@ def grouped_matmul(
       for acc, pairs in zip(accs, accumulators):
         for li, ri in pairs:
           contract = ((1,), (1,)) if rhs_transposed[ri] else ((1,), (0,))
-          acc += lax.dot_general(a[li], b[ri], (contract, ((), ())), precision=precision,
-                                 preferred_element_type=jnp.float32)
+          acc += lax.dot_general(
+            a[li], b[ri], (contract, ((), ())), precision=precision, preferred_element_type=jnp.float32
+          )
         new_accs.append(acc)
       return tuple(new_accs)
 
@@ -139,8 +140,7 @@ def grouped_matmul(
     def _compute():
       zeros = tuple(jnp.zeros((bm, bn), jnp.float32) for _ in accumulators)
       accs = lax.fori_loop(0, k_tiles, body, zeros)
-      extra = [load(r.at[pl.ds(row0, bm), pl.ds(col0, bn)], out_ok).astype(jnp.float32)
-               for r in epilogue_refs]
+      extra = [load(r.at[pl.ds(row0, bm), pl.ds(col0, bn)], out_ok).astype(jnp.float32) for r in epilogue_refs]
       for ref, tile in zip(out_refs, epilogue(*accs, *extra)):
         store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile, out_ok)
 
@@ -150,11 +150,10 @@ def grouped_matmul(
         store(ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], jnp.zeros((bm, bn)), out_ok)
 
   return pl.pallas_call(
-      kernel,
-      grid=(num_visits * n_tiles,),
-      out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *visits, *lhs, *rhs,
-                                   *epilogue_inputs),
-      compiler_params=backend.compiler_params(config),
-      interpret=interpret,
-      name=name,
+    kernel,
+    grid=(num_visits * n_tiles,),
+    out_shape=backend.out_shapes([((m, n), d) for d in out_dtypes], *visits, *lhs, *rhs, *epilogue_inputs),
+    compiler_params=backend.compiler_params(config),
+    interpret=interpret,
+    name=name,
   )(*visits, *lhs, *rhs, *epilogue_inputs)

@@ -15,13 +15,13 @@ from .gmm_kernel import dot_precision, in_bounds, load, store, tile_mask
 
 
 def transposed_grouped_matmul(
-    lhs: jax.Array,
-    rhs: jax.Array,
-    starts: jax.Array,
-    ends: jax.Array,
-    out_dtype,
-    config: tuning.TileConfig,
-    interpret: bool,
+  lhs: jax.Array,
+  rhs: jax.Array,
+  starts: jax.Array,
+  ends: jax.Array,
+  out_dtype,
+  config: tuning.TileConfig,
+  interpret: bool,
 ) -> jax.Array:
   """lhs: [M, K], rhs: [M, N] of one dtype; starts, ends: [G] int32 row ranges.
 
@@ -50,18 +50,19 @@ def transposed_grouped_matmul(
       row_ok = row0 + jnp.arange(bm, dtype=jnp.int32) < end
       a = load(lhs_ref.at[pl.ds(row0, bm), pl.ds(k0, bk)], tile_mask(row_ok, k_ok, (bm, bk)))
       b = load(rhs_ref.at[pl.ds(row0, bm), pl.ds(col0, bn)], tile_mask(row_ok, col_ok, (bm, bn)))
-      return acc + lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=precision,
-                                   preferred_element_type=jnp.float32)
+      return acc + lax.dot_general(
+        a, b, (((0,), (0,)), ((), ())), precision=precision, preferred_element_type=jnp.float32
+      )
 
     steps = (end - start + bm - 1) // bm
     acc = lax.fori_loop(0, steps, body, jnp.zeros((bk, bn), jnp.float32))
     store(out_ref.at[g, pl.ds(k0, bk), pl.ds(col0, bn)], acc, tile_mask(k_ok, col_ok, (bk, bn)))
 
   return pl.pallas_call(
-      kernel,
-      grid=(num_groups * k_tiles * n_tiles,),
-      out_shape=backend.out_shapes([((num_groups, k, n), out_dtype)], starts, ends, lhs, rhs)[0],
-      compiler_params=backend.compiler_params(config),
-      interpret=interpret,
-      name='tgmm',
+    kernel,
+    grid=(num_groups * k_tiles * n_tiles,),
+    out_shape=backend.out_shapes([((num_groups, k, n), out_dtype)], starts, ends, lhs, rhs)[0],
+    compiler_params=backend.compiler_params(config),
+    interpret=interpret,
+    name="tgmm",
   )(starts, ends, lhs, rhs)

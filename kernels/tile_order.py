@@ -20,6 +20,7 @@ from jax.experimental import pallas as pl
 
 class Visits(NamedTuple):
   """All fields: [num_visits] int32."""
+
   group_ids: jax.Array  # in [0, G]; G is the zero-fill pseudo-group
   tile_ids: jax.Array  # the visit covers rows [tile * block_m, (tile + 1) * block_m) ...
   row_lo: jax.Array  # ... masked to [row_lo, row_hi)
@@ -52,5 +53,9 @@ def make_visits(group_sizes: jax.Array, m: int, block_m: int) -> Visits:
   row_lo = jnp.maximum(starts[group], tile * block_m)
   row_hi = jnp.minimum(ends[group], (tile + 1) * block_m)
   zero = jnp.zeros_like(visit)
-  return Visits(group_ids=group, tile_ids=jnp.where(used, tile, zero),
-                  row_lo=jnp.where(used, row_lo, zero), row_hi=jnp.where(used, row_hi, zero))
+  return Visits(
+    group_ids=group,
+    tile_ids=jnp.where(used, tile, zero),
+    row_lo=jnp.where(used, row_lo, zero),
+    row_hi=jnp.where(used, row_hi, zero),
+  )

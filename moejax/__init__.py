@@ -29,8 +29,9 @@ def _source_tree_folders() -> None:
     folder = here.parent / name
     if f"moejax.{name}" in _sys.modules or (here / name).is_dir() or not (folder / "__init__.py").is_file():
       continue
-    spec = _importlib_util.spec_from_file_location(f"moejax.{name}", folder / "__init__.py",
-                                                   submodule_search_locations=[str(folder)])
+    spec = _importlib_util.spec_from_file_location(
+      f"moejax.{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
+    )
     module = _importlib_util.module_from_spec(spec)
     _sys.modules[f"moejax.{name}"] = module
     spec.loader.exec_module(module)
@@ -40,15 +41,15 @@ _source_tree_folders()
 
 # Loaded on first use, so that `import moejax` (and `python -m moejax.runtime.launch`) stays light.
 _PUBLIC = {
-    "ConfigError": "moejax.validation",
-    "MoEConfig": "moejax.moe.config",
-    "MoELayer": "moejax.moe.module",
-    "init_params": "moejax.moe.params",
-    "moe_apply": "moejax.moe.layer",
-    "apply_without_overflow": "moejax.moe.overflow",
-    "moe_reference": "moejax.moe.reference",
-    "make_mesh": "moejax.runtime.mesh",
-    "simulate_cpu_devices": "moejax.runtime.mesh",
+  "ConfigError": "moejax.validation",
+  "MoEConfig": "moejax.moe.config",
+  "MoELayer": "moejax.moe.module",
+  "init_params": "moejax.moe.params",
+  "moe_apply": "moejax.moe.layer",
+  "apply_without_overflow": "moejax.moe.overflow",
+  "moe_reference": "moejax.moe.reference",
+  "make_mesh": "moejax.runtime.mesh",
+  "simulate_cpu_devices": "moejax.runtime.mesh",
 }
 __all__ = sorted(_PUBLIC)
 __version__ = "0.1.0"

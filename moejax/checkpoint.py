@@ -37,8 +37,12 @@ def validate_config(c, prefix: str = "") -> None:
   require(is_int(c.keep), prefix + "keep", c.keep, "a positive int")
   require(isinstance(c.use_async, bool), prefix + "use_async", c.use_async, "True or False")
   require(c.resume in RESUME_MODES, prefix + "resume", c.resume, f"one of {RESUME_MODES}")
-  require(isinstance(c.branch_dir, str) and (c.resume == "branch") == bool(c.branch_dir), prefix + "branch_dir",
-          c.branch_dir, f"a directory with {prefix}resume='branch', else ''")
+  require(
+    isinstance(c.branch_dir, str) and (c.resume == "branch") == bool(c.branch_dir),
+    prefix + "branch_dir",
+    c.branch_dir,
+    f"a directory with {prefix}resume='branch', else ''",
+  )
 
 
 def fingerprint(state, order=None) -> jax.Array:
@@ -67,8 +71,10 @@ def fingerprint(state, order=None) -> jax.Array:
 
 def describe(state) -> str:
   """The tree structure, shapes and dtypes of `state` (arrays or ShapeDtypeStructs)."""
-  leaves = [f"{jax.tree_util.keystr(path)}:{x.dtype}{list(x.shape)}"
-            for path, x in jax.tree_util.tree_flatten_with_path(state)[0]]
+  leaves = [
+    f"{jax.tree_util.keystr(path)}:{x.dtype}{list(x.shape)}"
+    for path, x in jax.tree_util.tree_flatten_with_path(state)[0]
+  ]
   return ";".join(leaves)
 
 
@@ -107,8 +113,10 @@ def _layer_layout_hint(saved, want: str) -> str:
   if had is None or wants is None or had == wants:
     return ""
   name = lambda scan: "scanned (params/segments/...)" if scan else "unrolled (params/blocks/i/...)"
-  return (f": its model's layers are {name(had)}, this config's {name(wants)}; set model.scan_layers={had} "
-          f"(--config.model.scan_layers={had}) to resume it (runs from before scanned layers are unrolled)")
+  return (
+    f": its model's layers are {name(had)}, this config's {name(wants)}; set model.scan_layers={had} "
+    f"(--config.model.scan_layers={had}) to resume it (runs from before scanned layers are unrolled)"
+  )
 
 
 def _brief(error: Exception) -> str:
@@ -122,8 +130,11 @@ def _type_handlers():
   3.8 s of its 12.8 s on them on CPU); orbax already leaves them off on GPU."""
   arrays = ocp.type_handlers.ArrayHandler(use_replica_parallel=False, array_metadata_store=array_metadata_store.Store())
   return ocp.type_handlers.create_type_handler_registry(
-      (jax.Array, arrays), *((ty, ocp.type_handlers.get_type_handler(ty))
-                            for ty in ocp.type_handlers.supported_types() if ty is not jax.Array))
+    (jax.Array, arrays),
+    *(
+      (ty, ocp.type_handlers.get_type_handler(ty)) for ty in ocp.type_handlers.supported_types() if ty is not jax.Array
+    ),
+  )
 
 
 class Checkpointer:
@@ -135,11 +146,17 @@ class Checkpointer:
 
   def __init__(self, directory: str, *, keep: int, use_async: bool = True):
     self.directory = os.path.abspath(directory)
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, create=True, cleanup_tmp_directories=True,
-                                           enable_async_checkpointing=use_async)
-    self.manager = ocp.CheckpointManager(self.directory, options=options, item_handlers={
+    options = ocp.CheckpointManagerOptions(
+      max_to_keep=keep, create=True, cleanup_tmp_directories=True, enable_async_checkpointing=use_async
+    )
+    self.manager = ocp.CheckpointManager(
+      self.directory,
+      options=options,
+      item_handlers={
         "state": ocp.PyTreeCheckpointHandler(type_handler_registry=_type_handlers()),
-        "meta": ocp.JsonCheckpointHandler()})
+        "meta": ocp.JsonCheckpointHandler(),
+      },
+    )
     self._fingerprints = {}
 
   def _fingerprint(self, state, order=None) -> int:
@@ -152,8 +169,9 @@ class Checkpointer:
 
   def save(self, step: int, state, host_state) -> None:
     meta = {"step": step, "data": host_state, "describe": describe(state), "fingerprint": self._fingerprint(state)}
-    self.manager.save(step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state),
-                                                    meta=ocp.args.JsonSave(meta)), force=True)
+    self.manager.save(
+      step, args=ocp.args.Composite(state=ocp.args.PyTreeSave(state), meta=ocp.args.JsonSave(meta)), force=True
+    )
 
   def restore_latest(self, abstract_state, *, part: bool = False) -> tuple[int, object, object] | None:
     """(step, state, host state) of the newest intact checkpoint, or None if there is none.
@@ -169,8 +187,7 @@ class Checkpointer:
         logging.info("restored checkpoint step %d from %s", step, self.directory)
         return restored
       problem = problem or "another process could not read it"
-      message = (f"checkpoint step {step} in {self.directory} is corrupt or incomplete ({problem}); "
-                 "skipping it")
+      message = f"checkpoint step {step} in {self.directory} is corrupt or incomplete ({problem}); skipping it"
       logging.warning(message)
       if jax.process_index() == 0:
         print(f"WARNING: {message}", flush=True)
@@ -186,13 +203,21 @@ class Checkpointer:
     saved = meta.get("describe")
     if (_part_of(saved, abstract_state) if part and isinstance(saved, str) else saved) != want:
       hint = _layer_layout_hint(saved, want)
-      raise ConfigError(f"checkpoint step {step} in {self.directory} holds a state of another shape "
-                        f"than this config's{hint}; use another workdir.\n  checkpoint: {saved}"
-                        f"\n  config:     {want}", "model.scan_layers" if hint else None)
+      raise ConfigError(
+        f"checkpoint step {step} in {self.directory} holds a state of another shape "
+        f"than this config's{hint}; use another workdir.\n  checkpoint: {saved}"
+        f"\n  config:     {want}",
+        "model.scan_layers" if hint else None,
+      )
     try:
-      state = self.manager.restore(step, args=ocp.args.Composite(
-          state=ocp.args.PyTreeRestore(abstract_state, ocp.checkpoint_utils.construct_restore_args(abstract_state),
-                                       partial_restore=part)))["state"]
+      state = self.manager.restore(
+        step,
+        args=ocp.args.Composite(
+          state=ocp.args.PyTreeRestore(
+            abstract_state, ocp.checkpoint_utils.construct_restore_args(abstract_state), partial_restore=part
+          )
+        ),
+      )["state"]
       got = self._fingerprint(state) if not part else self._part_fingerprint(step, state, saved)
     except Exception as e:
       return None, f"arrays: {_brief(e)}"
@@ -205,9 +230,14 @@ class Checkpointer:
     entries read as host arrays; each leaf weighted by its index in the saved state (`describe` order)."""
     tree = self.manager.item_metadata(step)["state"].tree
     others = {k: v for k, v in tree.items() if k not in state}
-    host = self.manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-        others, jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), others),
-        partial_restore=True)))["state"]
+    host = self.manager.restore(
+      step,
+      args=ocp.args.Composite(
+        state=ocp.args.PyTreeRestore(
+          others, jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), others), partial_restore=True
+        )
+      ),
+    )["state"]
     index = {path: i for i, path in enumerate(_paths_of_description(saved))}
     total = self._fingerprint(state, [index[p] for p in _paths(state)])
     if jax.tree.leaves(host):

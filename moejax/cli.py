@@ -58,7 +58,7 @@ def check_override(config, path: str) -> None:
       raise ConfigError(f"unknown config field {path}: {section} is a value, not a section", path)
     if key not in node:
       prefix = "".join(p + "." for p in parents)
-      rest = path[len(prefix + key) + 1:]
+      rest = path[len(prefix + key) + 1 :]
       if rest and rest.split(".")[0] in node:  # e.g. mesh.nodes where this config's section holds nodes itself
         raise ConfigError(f"unknown config field {path} (did you mean {prefix}{rest}?)", path)
       message = unknown_field_message([key], node.keys(), prefix)
@@ -71,8 +71,7 @@ def load_error(argument: str, error: BaseException) -> ConfigError:
   that raised (where known) and why."""
   path = argument.split(":", 1)[0]
   if not os.path.isfile(path):
-    return ConfigError(f"config file {path} does not exist (--config=PATH[:ARG], PATH relative to "
-                       f"{os.getcwd()})", path)
+    return ConfigError(f"config file {path} does not exist (--config=PATH[:ARG], PATH relative to {os.getcwd()})", path)
   cause = error.__context__ if "Error whilst parsing config file" in str(error) and error.__context__ else error
   if isinstance(cause, ConfigError):  # the file's own check of its argument (the flag's name says which file)
     return cause
@@ -80,8 +79,9 @@ def load_error(argument: str, error: BaseException) -> ConfigError:
   reason = lines[-1] if lines else type(cause).__name__
   if lines and not isinstance(cause, ValueError):
     reason = f"{type(cause).__name__}: {reason}"
-  where = [f.lineno for f in traceback.extract_tb(cause.__traceback__) if os.path.abspath(f.filename)
-           == os.path.abspath(path)]
+  where = [
+    f.lineno for f in traceback.extract_tb(cause.__traceback__) if os.path.abspath(f.filename) == os.path.abspath(path)
+  ]
   if isinstance(cause, SyntaxError) and cause.lineno:
     where.append(cause.lineno)
   at = f" (line {where[-1]})" if where else ""
@@ -99,8 +99,12 @@ def _boolean(text: str) -> bool:
 
 
 # How a tuple field's elements are read, by the type of its default's elements: (reader, what the error calls them).
-_ELEMENTS = {str: (_unquoted, "strings"), int: (int, "integers"), float: (float, "numbers"),
-             bool: (_boolean, "booleans (true or false)")}
+_ELEMENTS = {
+  str: (_unquoted, "strings"),
+  int: (int, "integers"),
+  float: (float, "numbers"),
+  bool: (_boolean, "booleans (true or false)"),
+}
 
 
 class TupleFieldParser(flags.ArgumentParser):
@@ -128,8 +132,10 @@ class TupleFieldParser(flags.ArgumentParser):
         elements.append(read(item))
       except ValueError:
         example = ",".join(str(x).lower() if self.kind is bool else str(x) for x in self.default)
-        raise ValueError(f"config field {self.path} takes {what} separated by commas, e.g. "
-                         f"--{self.name}.{self.path}={example} (got {item!r})") from None
+        raise ValueError(
+          f"config field {self.path} takes {what} separated by commas, e.g. "
+          f"--{self.name}.{self.path}={example} (got {item!r})"
+        ) from None
     return tuple(elements)
 
   def flag_type(self):
@@ -141,8 +147,13 @@ class _TupleFieldFlag(flags.Flag):
   own tuple flag reads Python syntax only, and leaves a field of this name alone)."""
 
   def __init__(self, config, name: str, path: str):
-    super().__init__(TupleFieldParser(name, path, config_path.get_value(path, config)),
-                     flags.ArgumentSerializer(), f"{name}.{path}", None, f"An override of {name}'s field {path}")
+    super().__init__(
+      TupleFieldParser(name, path, config_path.get_value(path, config)),
+      flags.ArgumentSerializer(),
+      f"{name}.{path}",
+      None,
+      f"An override of {name}'s field {path}",
+    )
     self.config, self.path = config, path
 
   def parse(self, argument):
@@ -167,8 +178,11 @@ class _CheckedParser(flags.ArgumentParser):
     if isinstance(config, ml_collections.ConfigDict):
       for path in override_paths(self.name, flags.FLAGS.read_flags_from_files(sys.argv, force_gnu=False)):
         check_override(config, path)  # a ConfigError (a ValueError) becomes absl's IllegalFlagValueError
-        if "[" not in path and isinstance(config_path.get_value(path, config), tuple) and \
-            f"{self.name}.{path}" not in self.flag_values:
+        if (
+          "[" not in path
+          and isinstance(config_path.get_value(path, config), tuple)
+          and f"{self.name}.{path}" not in self.flag_values
+        ):
           flags.DEFINE_flag(_TupleFieldFlag(config, self.name, path), self.flag_values)
     return config
 
@@ -215,8 +229,9 @@ def write_json(workdir: str, name: str, record) -> str:
   return path
 
 
-def define_config(default: str, help_string: str, name: str = "config",
-                  flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+def define_config(
+  default: str, help_string: str, name: str = "config", flag_values: flags.FlagValues = flags.FLAGS
+) -> flags.FlagHolder:
   """`config_flags.DEFINE_config_file(name, default, help_string)` whose overrides must name existing fields.
 
   Without --config on the command line the default file is loaded (and its overrides resolved) right here, at
@@ -235,18 +250,27 @@ def define_config(default: str, help_string: str, name: str = "config",
 
 def _define_print_config(flag_values: flags.FlagValues) -> None:
   if "print_config" not in flag_values:
-    flags.DEFINE_bool("print_config", False, "Print the config (the --config file with its overrides) as JSON and "
-                      "exit.", flag_values=flag_values)
+    flags.DEFINE_bool(
+      "print_config",
+      False,
+      "Print the config (the --config file with its overrides) as JSON and exit.",
+      flag_values=flag_values,
+    )
 
 
-def define_workdir(help_string: str, required: bool = True,
-                   flag_values: flags.FlagValues = flags.FLAGS) -> flags.FlagHolder:
+def define_workdir(
+  help_string: str, required: bool = True, flag_values: flags.FlagValues = flags.FLAGS
+) -> flags.FlagHolder:
   """`--workdir`, the directory a program writes to: the one flag besides --config and --print_config
   (`define_config`). `required` unless --print_config is given; not `required`, it is None when not given (the
   program then writes nothing but its printed output)."""
   holder = flags.DEFINE_string("workdir", None, help_string, flag_values=flag_values)
   if required:
     _define_print_config(flag_values)
-    flags.register_validator("workdir", lambda value: value is not None or flag_values["print_config"].value,
-                             "Flag --workdir must have a value other than None.", flag_values=flag_values)
+    flags.register_validator(
+      "workdir",
+      lambda value: value is not None or flag_values["print_config"].value,
+      "Flag --workdir must have a value other than None.",
+      flag_values=flag_values,
+    )
   return holder

@@ -41,5 +41,8 @@ def differences(configs: dict[str, dict]) -> dict[str, dict[str, object]]:
   flat = {name: flatten(config) for name, config in configs.items()}
   fields = dict.fromkeys(field for config in flat.values() for field in config)
   table = {field: {name: config.get(field, ABSENT) for name, config in flat.items()} for field in fields}
-  return {field: values for field, values in table.items()
-          if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1}
+  return {
+    field: values
+    for field, values in table.items()
+    if len({json.dumps(v, sort_keys=True) for v in values.values()}) > 1
+  }

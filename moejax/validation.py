@@ -57,8 +57,12 @@ def reject_unknown(fields, known, prefix: str = "") -> None:
   """Raises ConfigError (one line, the nearest matches) unless every name in `fields` is in `known`."""
   unknown = sorted(set(fields) - set(known))
   if unknown:
-    raise ConfigError(unknown_field_message(unknown, known, prefix), prefix + unknown[0], None,
-                      f"a field of {prefix.rstrip('.') or 'the config'}")
+    raise ConfigError(
+      unknown_field_message(unknown, known, prefix),
+      prefix + unknown[0],
+      None,
+      f"a field of {prefix.rstrip('.') or 'the config'}",
+    )
 
 
 def prefixed(prefix: str, fn: Callable, *args, **kwargs):
@@ -83,5 +87,9 @@ def check_against_mesh(cfg, nodes: int, gpus_per_node: int, prefix: str = "moe."
   except ConfigError as e:
     if e.field is None:
       raise
-    require(False, prefix + e.field, e.value,
-            f"{e.allowed}, to agree with {mesh}nodes={nodes} and {mesh}gpus_per_node={gpus_per_node}")
+    require(
+      False,
+      prefix + e.field,
+      e.value,
+      f"{e.allowed}, to agree with {mesh}nodes={nodes} and {mesh}gpus_per_node={gpus_per_node}",
+    )

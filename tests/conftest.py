@@ -13,9 +13,14 @@ def known_xla_flags(flags) -> list[str]:
   """The `flags` this jaxlib's XLA accepts. XLA aborts the process on an unknown flag, and the fusion
   emitters' flag is gone from jaxlib 0.11.1 on, so each is tried in a subprocess that starts the backend."""
   probe = "import jax; jax.devices()"
-  return [flag for flag in flags
-          if subprocess.run([sys.executable, "-c", probe], env={**os.environ, "XLA_FLAGS": flag},
-                            capture_output=True).returncode == 0]
+  return [
+    flag
+    for flag in flags
+    if subprocess.run(
+      [sys.executable, "-c", probe], env={**os.environ, "XLA_FLAGS": flag}, capture_output=True
+    ).returncode
+    == 0
+  ]
 
 
 # Set before JAX starts its backend. Probed once per session: xdist workers and the subprocesses tests

@@ -73,6 +73,7 @@ def run_with_grads(apply, params, x, grads=True):
   def loss(p, x):
     y, aux = apply(p, x)
     return jnp.sum(y * cotangent) + aux["aux_loss"], (y, aux)
+
   (_, (y, aux)), g = jax.jit(jax.value_and_grad(loss, argnums=(0, 1), has_aux=True))(params, x)
   return y, aux, g
 
@@ -80,6 +81,7 @@ def run_with_grads(apply, params, x, grads=True):
 def reference_run(cfg, params, x, dispatch_groups: int, grads=True, **state):
   """`run_with_grads` of the single-device reference with `dispatch_groups` capacity groups; state: the layer
   state the reference takes too (expert_bias, balance_counts)."""
+
   # The experts see the rows as they arrive, quantised on the wire with a dispatch dtype (`moe.wire`); the gradient
   # passes straight through (the wire's backward carries it in the combine dtype).
   def expert_x(x):
@@ -87,12 +89,18 @@ def reference_run(cfg, params, x, dispatch_groups: int, grads=True, **state):
       return None
     x = x.reshape(-1, x.shape[-1])
     return x + jax.lax.stop_gradient(wire.round_trip(x, cfg.dispatch_dtype) - x)
-  return run_with_grads(lambda p, x: moe_reference(p, x, cfg, dispatch_groups=dispatch_groups, expert_x=expert_x(x), **state),
-                        params, x, grads)
+
+  return run_with_grads(
+    lambda p, x: moe_reference(p, x, cfg, dispatch_groups=dispatch_groups, expert_x=expert_x(x), **state),
+    params,
+    x,
+    grads,
+  )
 
 
-def assert_matches_reference(cfg, mesh, params, x, *, dispatch_groups: int | None = None, reference=None, tol=1e-5,
-                             grads=True, **layer_kwargs):
+def assert_matches_reference(
+  cfg, mesh, params, x, *, dispatch_groups: int | None = None, reference=None, tol=1e-5, grads=True, **layer_kwargs
+):
   """The layer (`moe_apply(..., **layer_kwargs)`) equals the single-device reference: y, the losses, expert
   counts, drops, nothing overflowed, and (if `grads`) the gradients w.r.t. x and every parameter.
 
@@ -163,6 +171,7 @@ def cuda_ragged_shapes(monkeypatch, **fields):
     y, aux = moe_apply(p, v, cfg, mesh)
     return jnp.sum(y.astype(jnp.float32)) + aux["aux_loss"]
 
-  text = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(
-      lowering_platforms=("cuda",)).as_text()
+  text = (
+    jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(lowering_platforms=("cuda",)).as_text()
+  )
   return [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]

@@ -38,8 +38,9 @@ def called_computations(line: str) -> list[str]:
   """The computations an instruction calls: fusions and calls, reductions' and scatters' combiners, a while
   loop's condition and body, a conditional's branches."""
   branches = re.search(r"branch_computations=\{([^}]*)\}", line)
-  return (re.findall(r"(?:calls|to_apply|condition|body)=%([\w.\-]+)", line)
-          + (re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []))
+  return re.findall(r"(?:calls|to_apply|condition|body)=%([\w.\-]+)", line) + (
+    re.findall(r"%([\w.\-]+)", branches.group(1)) if branches else []
+  )
 
 
 def float_exchanges(nodes: dict, bodies: dict) -> dict[str, int]:

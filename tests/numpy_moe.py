@@ -5,8 +5,11 @@ import math
 import numpy as np
 
 # gelu is the tanh approximation throughout moejax (moejax.kernels.activations).
-ACT = {"gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))), "relu": lambda h: np.maximum(h, 0),
-       "silu": lambda h: h / (1 + np.exp(-h))}
+ACT = {
+  "gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))),
+  "relu": lambda h: np.maximum(h, 0),
+  "silu": lambda h: h / (1 + np.exp(-h)),
+}
 
 
 def moe_numpy(params, x, cfg, dispatch_groups=1):

@@ -11,6 +11,6 @@ def ragged_all_to_all(operands, outputs, args):
     for p in range(len(operands)):
       size = int(send_sizes[p])
       assert int(args[p][3][s]) == size, (s, p, "receiver expects a different size")
-      rows = operands[s][int(input_offsets[p]):int(input_offsets[p]) + size]
-      outputs[p][int(output_offsets[p]):int(output_offsets[p]) + size] = rows
+      rows = operands[s][int(input_offsets[p]) : int(input_offsets[p]) + size]
+      outputs[p][int(output_offsets[p]) : int(output_offsets[p]) + size] = rows
   return outputs

@@ -25,18 +25,21 @@ from tests.helpers import normal, relative_error
 B, S = 2, 12
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}  # bf16: inputs and probabilities rounded to 8 bits of mantissa
 DEVICE = jax.devices()[0]
-IMPLS = (["xla"] + (["cudnn"] if attention.cudnn_refusal("bfloat16", 16, False, DEVICE) is None else [])
-         + (["tokamax"] if importlib.util.find_spec("tokamax") else []))
+IMPLS = (
+  ["xla"]
+  + (["cudnn"] if attention.cudnn_refusal("bfloat16", 16, False, DEVICE) is None else [])
+  + (["tokamax"] if importlib.util.find_spec("tokamax") else [])
+)
 RUNS = [(impl, dtype) for impl in IMPLS for dtype in TOL if not (impl == "cudnn" and dtype == "float32")]
 
 # name: (query heads, key/value heads, q/k width, v width, window, sinks)
 CASES = {
-    "mha": (4, 4, 16, 16, None, False),
-    "gqa": (4, 2, 16, 16, None, False),
-    "mla_widths": (4, 4, 24, 16, None, False),
-    "sliding_window": (4, 2, 16, 16, 4, False),
-    "sinks": (4, 2, 16, 16, None, True),
-    "sinks_sliding_window": (4, 2, 16, 16, 4, True),
+  "mha": (4, 4, 16, 16, None, False),
+  "gqa": (4, 2, 16, 16, None, False),
+  "mla_widths": (4, 4, 24, 16, None, False),
+  "sliding_window": (4, 2, 16, 16, 4, False),
+  "sinks": (4, 2, 16, 16, None, True),
+  "sinks_sliding_window": (4, 2, 16, 16, 4, True),
 }
 
 
@@ -54,7 +57,7 @@ def numpy_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, scale, query_positions_S, w
     sink = np.broadcast_to(np.asarray(sinks_H, np.float64)[None, :, None, None], (*logits.shape[:3], 1))
     logits = np.concatenate([logits, sink], axis=-1)
   weights = np.exp(logits - logits.max(axis=-1, keepdims=True))
-  probs = (weights / weights.sum(axis=-1, keepdims=True))[..., :k.shape[1]]
+  probs = (weights / weights.sum(axis=-1, keepdims=True))[..., : k.shape[1]]
   return np.einsum("bhqk,bkhw->bqhw", probs, v)
 
 
@@ -82,8 +85,9 @@ def test_attention_matches_numpy(case, impl, dtype):
 
 
 # bf16 over the cache in the slow runs only: the masks are the fp32 runs', the rounding test_attention_matches_numpy's.
-@pytest.mark.parametrize("impl, dtype", [pytest.param(*run, marks=[pytest.mark.slow] if run[1] == "bfloat16" else [])
-                                         for run in RUNS])
+@pytest.mark.parametrize(
+  "impl, dtype", [pytest.param(*run, marks=[pytest.mark.slow] if run[1] == "bfloat16" else []) for run in RUNS]
+)
 @pytest.mark.parametrize("case", ["gqa", "mla_widths", "sinks_sliding_window"])
 def test_attention_over_a_cache_matches_numpy(case, impl, dtype):
   """Queries at start .. start + S' - 1 (prefill, one step, a chunk) over a 20-slot cache whose slots from start + S'
@@ -96,12 +100,13 @@ def test_attention_over_a_cache_matches_numpy(case, impl, dtype):
   for start, count in ((0, 7), (7, 1), (8, 3), (19, 1)):
     written = np.arange(length) < start + count
     k_now = np.where(written[None, :, None, None], k, garbage)
-    v_now = np.where(written[None, :, None, None], v, garbage[..., :v.shape[-1]])
+    v_now = np.where(written[None, :, None, None], v, garbage[..., : v.shape[-1]])
     positions = start + np.arange(count)
     cast = lambda a: jnp.asarray(a, dtype)
     got = fn(cast(q[:, :count]), cast(k_now), cast(v_now), jnp.asarray(positions), sinks)
-    want = numpy_attention(rounded(q[:, :count], dtype), rounded(k_now, dtype), rounded(v_now, dtype), scale,
-                           positions, window, sinks)
+    want = numpy_attention(
+      rounded(q[:, :count], dtype), rounded(k_now, dtype), rounded(v_now, dtype), scale, positions, window, sinks
+    )
     assert relative_error(got, want) < TOL[dtype], (start, count)
 
 
@@ -137,11 +142,36 @@ def test_gradients_match_numpy(case, impl):
 
 
 def config(latent: bool, **fields) -> DecoderConfig:
-  shape = dict(family="deepseek_v3", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-               v_head_dim=16, rope_interleaved=False) if latent else dict(
-      family="qwen3", qk_norm=True, qkv_bias=True, out_bias=True, sliding_window=5)
-  return DecoderConfig(**{**dict(vocab_size=32, num_layers=1, d_model=32, d_ff=64, num_heads=4, num_kv_heads=2,
-                                 head_dim=16, max_len=64, moe_layers=(False,)), **shape, **fields})
+  shape = (
+    dict(
+      family="deepseek_v3",
+      q_lora_rank=16,
+      kv_lora_rank=16,
+      qk_nope_head_dim=16,
+      qk_rope_head_dim=8,
+      v_head_dim=16,
+      rope_interleaved=False,
+    )
+    if latent
+    else dict(family="qwen3", qk_norm=True, qkv_bias=True, out_bias=True, sliding_window=5)
+  )
+  return DecoderConfig(
+    **{
+      **dict(
+        vocab_size=32,
+        num_layers=1,
+        d_model=32,
+        d_ff=64,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        max_len=64,
+        moe_layers=(False,),
+      ),
+      **shape,
+      **fields,
+    }
+  )
 
 
 def randomized(module) -> dict:
@@ -152,8 +182,13 @@ def randomized(module) -> dict:
   drawn = []
   for i, (path, leaf) in enumerate(leaves):
     name, draw_i = jax.tree_util.keystr(path), normal(100 + i, leaf.shape)
-    drawn.append(draw_i / np.sqrt(leaf.shape[0]) if name.endswith("['kernel']") else
-                 0.1 * draw_i if name.endswith("['bias']") else 1 + 0.2 * draw_i)
+    drawn.append(
+      draw_i / np.sqrt(leaf.shape[0])
+      if name.endswith("['kernel']")
+      else 0.1 * draw_i
+      if name.endswith("['bias']")
+      else 1 + 0.2 * draw_i
+    )
   nnx.replace_by_pure_dict(state, jax.tree.unflatten(tree, drawn))
   nnx.update(module, state)
   return jax.tree.unflatten(tree, [a.astype(np.float64) for a in drawn])
@@ -183,7 +218,7 @@ def np_gqa(cfg, p, x_BxSxD):
   k, v = np_linear(p["k_proj"], x_BxSxD).reshape(b, s, kv, w), np_linear(p["v_proj"], x_BxSxD).reshape(b, s, kv, w)
   q, k = np_rms(q, p["q_norm"]["weight"], cfg.rms_eps), np_rms(k, p["k_norm"]["weight"], cfg.rms_eps)
   q, k = np_rope(q, positions, cfg.rope_theta), np_rope(k, positions, cfg.rope_theta)
-  out = numpy_attention(q, k, v, w ** -0.5, np.arange(s), cfg.sliding_window)
+  out = numpy_attention(q, k, v, w**-0.5, np.arange(s), cfg.sliding_window)
   return np_linear(p["o_proj"], out.reshape(b, s, h * w))
 
 
@@ -219,7 +254,7 @@ def test_module_matches_numpy_with_and_without_cache(latent, impl):
   step = nnx.jit(lambda m, x, c1, c2, start: m(x, cache=(c1, c2, start)))
   outs = []
   for start, count in ((0, 7), (7, 1), (8, 1), (9, 1), (10, 1), (11, 1)):
-    out, cache = step(module, jnp.asarray(x[:, start:start + count]), *cache, jnp.int32(start))
+    out, cache = step(module, jnp.asarray(x[:, start : start + count]), *cache, jnp.int32(start))
     outs.append(out)
   assert relative_error(jnp.concatenate(outs, axis=1), want) < TOL["float32"]
 
@@ -232,7 +267,9 @@ def gpu(capability: str = "9.0"):
   return types.SimpleNamespace(platform="gpu", compute_capability=capability, device_kind="NVIDIA test GPU")
 
 
-@pytest.mark.parametrize("dtype, width, sinks, device, why", [
+@pytest.mark.parametrize(
+  "dtype, width, sinks, device, why",
+  [
     ("bfloat16", 128, False, gpu(), None),  # Qwen3-MoE's heads
     ("bfloat16", 192, False, gpu(), None),  # DeepSeek-V3's q/k (v 128, padded to 192)
     ("bfloat16", 192, False, gpu("8.0"), "at most 128 wide"),  # before Hopper
@@ -242,7 +279,8 @@ def gpu(capability: str = "9.0"):
     ("bfloat16", 128, True, gpu(), "sinks"),
     ("bfloat16", 128, False, types.SimpleNamespace(platform="cpu", device_kind="cpu"), "cpu device"),
     ("bfloat16", 128, False, types.SimpleNamespace(platform="gpu", device_kind="AMD GPU"), "CUDA"),
-])
+  ],
+)
 def test_auto_takes_cudnn_where_it_runs_and_cudnn_is_refused_elsewhere(monkeypatch, dtype, width, sinks, device, why):
   monkeypatch.setattr(attention, "cudnn_probe", lambda device, width: None)  # the trial run passes on these GPUs
   assert attention.resolve_impl("auto", dtype, width, sinks, device) == ("cudnn" if why is None else "xla")

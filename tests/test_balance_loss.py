@@ -26,8 +26,20 @@ CASES = [("topk", "flat", 2), ("node_limited", "gpu_first", 2), ("bilevel", "nod
 
 
 def _config(routing, path, k, **fields):
-  return MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, routing=routing, path=path, num_nodes=2,
-                   node_top_k=1, balance_loss="global_batch", load_balance_coef=0.01, z_loss_coef=1e-3, **fields)
+  return MoEConfig(
+    num_experts=16,
+    top_k=k,
+    d_model=8,
+    d_ff=12,
+    routing=routing,
+    path=path,
+    num_nodes=2,
+    node_top_k=1,
+    balance_loss="global_batch",
+    load_balance_coef=0.01,
+    z_loss_coef=1e-3,
+    **fields,
+  )
 
 
 def _prior(cfg, seed):
@@ -79,8 +91,9 @@ def test_bad_counts_and_sequence_with_bilevel_are_refused(mesh_2x4):
   with pytest.raises(ConfigError, match=r"balance_counts.*\[16\]"):
     moe_apply(params, x, cfg, mesh_2x4, balance_counts=np.zeros(5, np.float32))
   with pytest.raises(ConfigError, match="balance_counts.*global_batch"):
-    moe_apply(params, x, dataclasses.replace(cfg, balance_loss="batch"), mesh_2x4,
-              balance_counts=np.zeros(16, np.float32))
+    moe_apply(
+      params, x, dataclasses.replace(cfg, balance_loss="batch"), mesh_2x4, balance_counts=np.zeros(16, np.float32)
+    )
   with pytest.raises(ConfigError, match="balance_loss"):
     MoEConfig(num_experts=16, top_k=1, d_model=8, d_ff=12, routing="bilevel", num_nodes=2, balance_loss="sequence")
 
@@ -102,8 +115,7 @@ def test_trainer_feeds_each_micro_batch_the_earlier_counts(devices):
   counts = np.zeros((2, trainer.moe_cfg.balance_counts_size), np.float32)
   losses = []
   for micro in tokens:
-    model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_balance_counts(trainer.model_cfg, rest,
-                                                                                       counts))
+    model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_balance_counts(trainer.model_cfg, rest, counts))
     inputs = trainer.targets(None, jnp.asarray(micro))[0]
     _, aux = model(inputs)
     losses.append(float(aux["aux_loss"]))

@@ -18,8 +18,16 @@ from tests.numpy_moe import moe_numpy
 
 
 def _cfg(n, m, experts_per_gpu, **fields):
-  base = dict(num_experts=n * m * experts_per_gpu, top_k=1, d_model=8, d_ff=12, routing="bilevel", num_nodes=n,
-              path="node_first", z_loss_coef=1e-3)
+  base = dict(
+    num_experts=n * m * experts_per_gpu,
+    top_k=1,
+    d_model=8,
+    d_ff=12,
+    routing="bilevel",
+    num_nodes=n,
+    path="node_first",
+    z_loss_coef=1e-3,
+  )
   return MoEConfig(**{**base, **fields})
 
 
@@ -57,8 +65,16 @@ def test_generalised_bilevel_and_node_limited(mesh_2x4, node_top_k, top_k, cf):
     k = top_k if routing == "bilevel" else top_k * node_top_k
     # Renormalised bi-level weights with one node (or one local expert) cancel p (or q) exactly, leaving
     # that router's gradient to fp32 rounding; raw weights keep every gradient meaningful.
-    cfg = _cfg(2, 4, 2, routing=routing, node_top_k=node_top_k, top_k=k, capacity_factor=cf,
-               renormalize=routing == "node_limited")
+    cfg = _cfg(
+      2,
+      4,
+      2,
+      routing=routing,
+      node_top_k=node_top_k,
+      top_k=k,
+      capacity_factor=cf,
+      renormalize=routing == "node_limited",
+    )
     params = init_params(jax.random.key(node_top_k * 10 + top_k), cfg)
     x = jax.random.normal(jax.random.key(5), (64, 8))
     assert_matches_reference(cfg, mesh_2x4, params, x)
@@ -101,6 +117,7 @@ def test_additive_loss_formula_minimum_and_skew(mesh_2x4):
   def softmax(name):
     z = np.asarray(x, np.float64) @ np.asarray(params[name]["kernel"], np.float64)
     return np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+
   p, q = softmax("node_router"), softmax("local_router")
   f_i, f_j = np.bincount(p.argmax(-1), minlength=2) / 64, np.bincount(q.argmax(-1), minlength=8) / 64
   want = 0.02 * 2 * np.sum(f_i * p.mean(0)) + 0.03 * 8 * np.sum(f_j * q.mean(0))

@@ -21,8 +21,9 @@ from moejax.study.price import model_row, price_point_layer
 from moejax.validation import ConfigError
 
 BASE = topology_lib.get("p4d_efa")
-TRUTH = topology_lib.custom(BASE, name="truth", launch=23e-6, intra_latency=4.1e-6, inter_latency=37e-6,
-                            intra_bw=140e9, nic_bw=19e9)
+TRUTH = topology_lib.custom(
+  BASE, name="truth", launch=23e-6, intra_latency=4.1e-6, inter_latency=37e-6, intra_bw=140e9, nic_bw=19e9
+)
 ROW_BYTES = 2048
 MESHES = {"gpu": [(1, 2), (1, 4), (1, 8)], "node": [(2, 4), (4, 4)], "both": [(2, 4), (4, 4)]}
 
@@ -37,9 +38,12 @@ def _timed(truth, meshes=MESHES, noise=0.02, seed=0) -> list[fitted.Exchange]:
       for rows in (4, 64, 1024, 8192):
         group = mesh_lib.same_group(fitted.AXES[axis], n, m)
         cost = collectives.all_to_all(group * float(rows * ROW_BYTES), group, m, truth)
-        seconds = (truth["launch"] + cost.messages_intra * truth["intra_latency"]
-                   + cost.messages_inter * truth["inter_latency"]
-                   + max(cost.intra_bytes / truth["intra_bw"], cost.nic_bytes / truth["nic_bw"]))
+        seconds = (
+          truth["launch"]
+          + cost.messages_intra * truth["intra_latency"]
+          + cost.messages_inter * truth["inter_latency"]
+          + max(cost.intra_bytes / truth["intra_bw"], cost.nic_bytes / truth["nic_bw"])
+        )
         out.append(fitted.Exchange(axis, n, m, rows, ROW_BYTES, seconds * (1 + noise * rng.standard_normal())))
   return out
 
@@ -87,7 +91,8 @@ def test_one_group_size_folds_the_launch_into_the_latencies():
   assert topology["launch"] == 0 and "not separable" in topology.params()["launch"].source
   # the 3 intra-node messages and the launch in one term; the inter-node message absorbs the launch too
   assert topology["intra_latency"] + topology["inter_latency"] == pytest.approx(
-      TRUTH["launch"] * (1 / 3 + 1) + TRUTH["intra_latency"] + TRUTH["inter_latency"], rel=0.05)
+    TRUTH["launch"] * (1 / 3 + 1) + TRUTH["intra_latency"] + TRUTH["inter_latency"], rel=0.05
+  )
   assert fit["held_out"] == []
   with pytest.raises(ValueError, match="no exchange along one axis"):
     fitted.fit_topology([e for e in _timed(TRUTH, noise=0.0) if e.axis == "both"], BASE, "both only")
@@ -96,12 +101,17 @@ def test_one_group_size_folds_the_launch_into_the_latencies():
 def test_a_bench_collectives_record_calibrates_too(tmp_path):
   """'flat' is along both axes on 2 nodes and along 'gpu' on one; 'node_a2a' sends m x rows to each peer; the other
   variants are not all-to-alls of one axis and are left out."""
-  results = [dict(variant=v, rows_per_peer=r, median_s=1e-3 * r) for v in ("flat", "node_a2a", "two_hop")
-             for r in (1, 4)]
+  results = [
+    dict(variant=v, rows_per_peer=r, median_s=1e-3 * r) for v in ("flat", "node_a2a", "two_hop") for r in (1, 4)
+  ]
   record = dict(mesh=[2, 4], d=64, dtype="float32", results=results)
   got = fitted.exchanges_from_bench(record)
   assert [(e.axis, e.rows_per_peer, e.row_bytes) for e in got] == [
-      ("both", 1, 256), ("both", 4, 256), ("node", 4, 256), ("node", 16, 256)]
+    ("both", 1, 256),
+    ("both", 4, 256),
+    ("node", 4, 256),
+    ("node", 16, 256),
+  ]
   assert {e.axis for e in fitted.exchanges_from_bench(dict(record, mesh=[1, 8]))} == {"gpu", "node"}
   path = tmp_path / "collectives.json"
   path.write_text(json.dumps(dict(record, mesh=[1, 8])))
@@ -113,8 +123,9 @@ def test_a_bench_collectives_record_calibrates_too(tmp_path):
 
 
 def test_the_timed_layer_gives_the_rate_and_the_non_expert_cost():
-  layer = dict(rows=4096, d_model=256, d_ff=512, gated=True, layer_expert_ms=2.5, layer_other_ms=0.75, itemsize=2,
-               device="cpu")
+  layer = dict(
+    rows=4096, d_model=256, d_ff=512, gated=True, layer_expert_ms=2.5, layer_other_ms=0.75, itemsize=2, device="cpu"
+  )
   (rate, source), row_cost = fitted.layer_terms(layer, "calibration.json")
   assert rate == pytest.approx(3 * 2 * 4096 * 256 * 512 / 2.5e-3)  # three matmuls of 2 FLOPs a multiply-add
   assert float(cost_model.expert_flops(4096, 256, 512, True)) / 2.5e-3 == pytest.approx(rate)
@@ -131,8 +142,9 @@ def _calibrated_config(path: str) -> ml_collections.ConfigDict:
 
 def test_a_calibrated_sweep_prices_with_the_fit_and_labels_points_beyond_it_extrapolated(tmp_path):
   exchanges = _timed(TRUTH, meshes={"gpu": [(1, 2), (1, 4)], "node": [(2, 4)], "both": [(2, 4)]})
-  layer = dict(rows=8192, d_model=512, d_ff=2048, gated=False, layer_expert_ms=40.0, layer_other_ms=5.0, itemsize=2,
-               device="cpu")
+  layer = dict(
+    rows=8192, d_model=512, d_ff=2048, gated=False, layer_expert_ms=40.0, layer_other_ms=5.0, itemsize=2, device="cpu"
+  )
   path = tmp_path / "calibration.json"
   path.write_text(json.dumps(dict(exchanges=[dataclasses.asdict(e) for e in exchanges], layer=layer)))
   config = _calibrated_config(str(path))
@@ -141,8 +153,7 @@ def test_a_calibrated_sweep_prices_with_the_fit_and_labels_points_beyond_it_extr
   labels = {}
   for n in (1, 2, 4):
     traffic = rng.integers(0, 40, (1, 4 * n, 4 * n))
-    sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0,
-               tokens_per_gpu=128)
+    sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0, tokens_per_gpu=128)
     point = Point("flat_dropless", n, 4, "small", "weak")
     row = model_row(point, config, price_point_layer(sim, point, config))
     labels[n] = row["label"]
@@ -151,8 +162,10 @@ def test_a_calibrated_sweep_prices_with_the_fit_and_labels_points_beyond_it_extr
   assert labels == {1: "modelled", 2: "modelled", 4: "extrapolated"}
 
 
-@pytest.mark.parametrize("field, value", [("calibration.source", "/no/such/record.json"),
-                                          ("calibration.rows", (4, 0)), ("calibration.rows", ())])
+@pytest.mark.parametrize(
+  "field, value",
+  [("calibration.source", "/no/such/record.json"), ("calibration.rows", (4, 0)), ("calibration.rows", ())],
+)
 def test_calibration_errors_name_their_field(field, value):
   config = _calibrated_config("")
   config.calibration[field.split(".")[1]] = value
@@ -176,7 +189,13 @@ def test_the_calibration_step_times_the_plan_once_and_its_record_fits(devices, t
   path = calibration.measure(config, str(tmp_path))
   record = json.loads(open(path).read())
   assert [(e["axis"], e["nodes"], e["gpus_per_node"], e["rows_per_peer"]) for e in record["exchanges"]] == [
-      ("gpu", 1, 2, 2), ("gpu", 1, 2, 8), ("node", 2, 2, 2), ("node", 2, 2, 8), ("both", 2, 2, 2), ("both", 2, 2, 8)]
+    ("gpu", 1, 2, 2),
+    ("gpu", 1, 2, 8),
+    ("node", 2, 2, 2),
+    ("node", 2, 2, 8),
+    ("both", 2, 2, 2),
+    ("both", 2, 2, 8),
+  ]
   assert all(e["median_s"] > 0 and e["row_bytes"] == 16 * 2 for e in record["exchanges"])  # d 16 in bfloat16
   assert record["layer"]["experts"] == 4 and record["layer"]["rows"] == 2 * 8 * 2  # the 2 x 2 mesh's, top-2
   calibrated = fitted.load(path, topology_lib.get("p4d_efa"))

@@ -35,8 +35,12 @@ def _numpy_sums_and_grads(h, kernel, bias, targets, weights, d_correct):
   correct = (logits.argmax(-1) == targets).astype(np.float64)
   one_hot = np.eye(kernel.shape[1])[targets]
   d_logits = (np.exp(logits - log_z[..., None]) - one_hot) * weights[..., None]
-  grads = (d_logits @ kernel.T, np.einsum("bpd,bpv->dv", h, d_logits), d_logits.sum((0, 1)),
-           token_loss + d_correct * correct)
+  grads = (
+    d_logits @ kernel.T,
+    np.einsum("bpd,bpv->dv", h, d_logits),
+    d_logits.sum((0, 1)),
+    token_loss + d_correct * correct,
+  )
   return ((token_loss * weights).sum(), (correct * weights).sum()), grads
 
 
@@ -59,12 +63,14 @@ def test_chunked_sums_and_gradients_equal_float64_numpy(chunk, bias):
   assert 0 < want_correct < weights.sum()
 
   def total(h, kernel, bias_v, weights):
-    loss, correct = objective.head_cross_entropy_sums(h, kernel, bias_v if bias else None, jnp.asarray(targets),
-                                                      weights, chunk)
+    loss, correct = objective.head_cross_entropy_sums(
+      h, kernel, bias_v if bias else None, jnp.asarray(targets), weights, chunk
+    )
     return loss + 0.3 * correct, (loss, correct)
 
   (_, (loss, correct)), grads = jax.jit(jax.value_and_grad(total, argnums=(0, 1, 2, 3), has_aux=True))(
-      h, kernel, bias_v, weights)
+    h, kernel, bias_v, weights
+  )
   assert float(loss) == pytest.approx(want_loss, rel=1e-6)
   assert float(correct) == pytest.approx(want_correct, rel=1e-6)
   for name, got, want in zip(("h", "kernel", "bias", "weights"), grads, want_grads):
@@ -76,9 +82,9 @@ def test_chunked_sums_and_gradients_equal_float64_numpy(chunk, bias):
 @pytest.mark.parametrize("chunk", [-1, 2.5, True])
 def test_a_bad_chunk_is_refused_by_name(chunk):
   with pytest.raises(ConfigError, match="loss_chunk"):
-    objective.head_cross_entropy_sums(jnp.ones((1, 2, 4)), jnp.ones((4, 8)), None, jnp.zeros((1, 2), jnp.int32),
-                                      jnp.ones((1, 2)), chunk)
-
+    objective.head_cross_entropy_sums(
+      jnp.ones((1, 2, 4)), jnp.ones((4, 8)), None, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2)), chunk
+    )
 
 
 def test_a_bad_loss_chunk_field_is_refused_before_compiling():
@@ -89,12 +95,13 @@ def test_a_bad_loss_chunk_field_is_refused_before_compiling():
 
 
 CASES = {  # name: (config, model fields, chunk)
-    # MTP's module and the main head, FSDP (the tied-off lm_head [d, V] sharded), V = 256 in 6 chunks of 48
-    "deepseek_v3_fsdp": pytest.param((lambda: decoder.get_config("deepseek_v3"),
-                                      dict(num_layers=2, moe_layers=(False, True), fsdp=True), 48),
-                                     marks=pytest.mark.slow),  # about 20 s
-    # BERT's MLM head (its transform and bias) at the masked positions, tied embeddings, tensor parallel and FSDP
-    "bert_tp_fsdp": (mlm.get_config, dict(num_layers=2, tensor_parallel=True, fsdp=True), 100),  # about 12 s
+  # MTP's module and the main head, FSDP (the tied-off lm_head [d, V] sharded), V = 256 in 6 chunks of 48
+  "deepseek_v3_fsdp": pytest.param(
+    (lambda: decoder.get_config("deepseek_v3"), dict(num_layers=2, moe_layers=(False, True), fsdp=True), 48),
+    marks=pytest.mark.slow,
+  ),  # about 20 s
+  # BERT's MLM head (its transform and bias) at the masked positions, tied embeddings, tensor parallel and FSDP
+  "bert_tp_fsdp": (mlm.get_config, dict(num_layers=2, tensor_parallel=True, fsdp=True), 100),  # about 12 s
 }
 
 
@@ -115,8 +122,9 @@ def test_model_loss_equals_the_unchunked_path(mesh_2x4, case):
   if cfg.causal:
     inputs, positions, targets, weights = objective.next_token(tokens, pad_id=0)
   else:
-    inputs, positions, targets, weights = objective.bert_mask(jax.random.key(3), tokens, mask_id=1, first_ordinary=4,
-                                                              num_ordinary=cfg.vocab_size - 4)
+    inputs, positions, targets, weights = objective.bert_mask(
+      jax.random.key(3), tokens, mask_id=1, first_ordinary=4, num_ordinary=cfg.vocab_size - 4
+    )
 
   def unchunked(params):
     model = nnx.merge(graphdef, params, rest)
@@ -127,8 +135,9 @@ def test_model_loss_equals_the_unchunked_path(mesh_2x4, case):
 
   def chunked(params):
     model = nnx.merge(graphdef, params, rest)
-    loss, correct, aux = objective.model_loss_sums(model, inputs, positions, targets, weights, chunk=chunk,
-                                                   rngs=nnx.Rngs(dropout=1, jitter=2))
+    loss, correct, aux = objective.model_loss_sums(
+      model, inputs, positions, targets, weights, chunk=chunk, rngs=nnx.Rngs(dropout=1, jitter=2)
+    )
     mtp = aux.get("mtp_loss", 0.0)
     return loss + 0.3 * mtp, (loss, correct, mtp)
 
@@ -143,8 +152,9 @@ def test_model_loss_equals_the_unchunked_path(mesh_2x4, case):
     assert relative_error(b, a) < 1e-5 or np.linalg.norm(a) == np.linalg.norm(b) == 0, jax.tree_util.keystr(path)
 
 
-@pytest.mark.parametrize("kernel_spec", [P(), P(None, mesh_lib.AXES), P(mesh_lib.AXES, None)],
-                         ids=["replicated", "vocab_sharded", "d_sharded"])
+@pytest.mark.parametrize(
+  "kernel_spec", [P(), P(None, mesh_lib.AXES), P(mesh_lib.AXES, None)], ids=["replicated", "vocab_sharded", "d_sharded"]
+)
 def test_chunked_temporaries_do_not_hold_the_logits(mesh_2x4, kernel_spec):
   """The compiled forward and backward of the loss on the 2 x 4 mesh (tokens sharded over both axes, the kernel
   replicated, split over the vocabulary or over d as FSDP splits it): unchunked, the per-device temporaries exceed
@@ -153,9 +163,13 @@ def test_chunked_temporaries_do_not_hold_the_logits(mesh_2x4, kernel_spec):
   b, s, d, v = 8, 1024, 16, 16384
   logits_bytes = b * s * v * 4 // mesh_2x4.size
   spec = lambda shape, dtype, p: jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh_2x4, p))
-  args = (spec((b, s, d), jnp.float32, P(mesh_lib.AXES)), spec((d, v), jnp.float32, kernel_spec),
-          spec((v,), jnp.float32, P()), spec((b, s), jnp.int32, P(mesh_lib.AXES)),
-          spec((b, s), jnp.float32, P(mesh_lib.AXES)))
+  args = (
+    spec((b, s, d), jnp.float32, P(mesh_lib.AXES)),
+    spec((d, v), jnp.float32, kernel_spec),
+    spec((v,), jnp.float32, P()),
+    spec((b, s), jnp.int32, P(mesh_lib.AXES)),
+    spec((b, s), jnp.float32, P(mesh_lib.AXES)),
+  )
 
   def temp_bytes(chunk: int) -> int:
     loss = lambda h, k, bias, t, w: objective.head_cross_entropy_sums(h, k, bias, t, w, chunk)[0]

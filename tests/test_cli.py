@@ -11,8 +11,9 @@ from tests.helpers import ENV, ROOT
 
 
 def _program(module: str, *args: str, env=ENV) -> subprocess.CompletedProcess:
-  return subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=120)
+  return subprocess.run(
+    [sys.executable, "-m", module, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
 
 
 def test_every_program_takes_print_config():
@@ -27,8 +28,13 @@ def test_every_program_takes_print_config():
 
 
 def test_print_config_prints_the_config_with_its_overrides_and_exits():
-  done = _program("experiments.train", "--config=configs/decoder.py:deepseek_v3", "--config.steps=7",
-                  "--config.moe.top_k=2", "--print_config")  # no --workdir: nothing is run
+  done = _program(
+    "experiments.train",
+    "--config=configs/decoder.py:deepseek_v3",
+    "--config.steps=7",
+    "--config.moe.top_k=2",
+    "--print_config",
+  )  # no --workdir: nothing is run
   assert done.returncode == 0, done.stderr[-2000:]
   config = json.loads(done.stdout)
   assert (config["steps"], config["moe"]["top_k"], config["model"]["family"]) == (7, 2, "deepseek_v3")
@@ -47,11 +53,11 @@ def test_start_is_quiet_about_platforms_that_are_not_installed():
   """JAX probes every platform it knows; without JAX_PLATFORMS, a missing one was an INFO line in every program."""
   env = {k: v for k, v in ENV.items() if k != "JAX_PLATFORMS"}
   program = "import jax\nfrom moejax import cli\ncli.run(lambda argv: print(jax.devices()[0].platform))"
-  done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True,
-                        timeout=120)
+  done = subprocess.run([sys.executable, "-c", program], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0 and done.stdout.strip() in ("cpu", "gpu"), done.stderr[-2000:]
   assert "Unable to initialize backend" not in done.stderr, done.stderr
   # The lines are only hidden: asked for, they are there.
-  debug = subprocess.run([sys.executable, "-c", program, "--verbosity=1"], cwd=ROOT, env=env, capture_output=True,
-                         text=True, timeout=120)
+  debug = subprocess.run(
+    [sys.executable, "-c", program, "--verbosity=1"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+  )
   assert debug.returncode == 0 and "Unable to initialize backend" in debug.stderr, debug.stderr[-2000:]

@@ -30,8 +30,10 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
   args = [plan_lib.ragged_args(jnp.asarray(sizes), me) for me in range(num)]
   # Senders skip a random first row; receivers leave gaps between blocks: general ragged offsets.
   shift_in = rng.integers(0, 2, num)
-  fwd = [plan_lib.RaggedArgs(a.input_offsets + shift_in[me], a.send_sizes, a.output_offsets * 2, a.recv_sizes)
-         for me, (a, _) in enumerate(args)]
+  fwd = [
+    plan_lib.RaggedArgs(a.input_offsets + shift_in[me], a.send_sizes, a.output_offsets * 2, a.recv_sizes)
+    for me, (a, _) in enumerate(args)
+  ]
   operands = rng.normal(size=(num, rows + 1, width)).astype(np.float32)
   outputs = np.full((num, out_rows, width), 7.0, np.float32)  # rows not received must keep this value
   expected = ragged_sim.ragged_all_to_all(list(operands), list(outputs), fwd)
@@ -42,15 +44,22 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
     return collective_lib.padded_all_to_all(operand[0], output[0], *arg_arrays, axis_name=ALL)[None]
 
   spec = P(ALL)
-  got = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=(spec,) * 6, out_specs=spec))(
-      operands, outputs, *stacked)
+  got = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=(spec,) * 6, out_specs=spec))(operands, outputs, *stacked)
   np.testing.assert_array_equal(np.asarray(got), np.stack(expected))
 
 
 @pytest.mark.parametrize("dedup", [False, True])
-@pytest.mark.parametrize("n,m,hops", [
-    (2, 4, path_lib.PATHS["flat"]), (2, 4, path_lib.PATHS["gpu_first"]), (4, 2, path_lib.PATHS["gpu_first"]),
-    (2, 4, path_lib.PATHS["node_first"]), (1, 8, path_lib.PATHS["gpu_first"]), (8, 1, path_lib.PATHS["gpu_first"])])
+@pytest.mark.parametrize(
+  "n,m,hops",
+  [
+    (2, 4, path_lib.PATHS["flat"]),
+    (2, 4, path_lib.PATHS["gpu_first"]),
+    (4, 2, path_lib.PATHS["gpu_first"]),
+    (2, 4, path_lib.PATHS["node_first"]),
+    (1, 8, path_lib.PATHS["gpu_first"]),
+    (8, 1, path_lib.PATHS["gpu_first"]),
+  ],
+)
 def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup):
   """Rows with 3 slots each: every slot reaches its expert's device, in one row per (row, device) with dedup
   (carrying all its slots there) or one row per slot without; the way back sums a row's returns (here each
@@ -74,8 +83,9 @@ def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup
     return rows_r[None], ids_r[None], back[None], arrived[None]
 
   spec = P(ALL)
-  rows_r, ids_r, back, arrived = map(np.asarray, jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec),
-                                                                      out_specs=(spec,) * 4))(values, ids))
+  rows_r, ids_r, back, arrived = map(
+    np.asarray, jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=(spec,) * 4))(values, ids)
+  )
   for device in range(num):
     here = ids_r[device] >= 0
     assert np.all(ids_r[device][here] // experts_per_gpu == device)
@@ -111,7 +121,8 @@ def test_exchange_along_a_one_device_axis_matches_ragged_semantics(devices, out_
     return collective_lib.exchange(operand[0], one, out_rows, mesh_lib.NODE, "padded", fill=-7.0)[None]
 
   got = jax.jit(jax.shard_map(body, mesh=mesh_lib.make_mesh(1, 8), in_specs=(P(ALL), P(ALL)), out_specs=P(ALL)))(
-      operands, jnp.asarray(sends, jnp.int32))
+    operands, jnp.asarray(sends, jnp.int32)
+  )
   np.testing.assert_array_equal(np.asarray(got), np.stack(expected))
 
 

@@ -12,8 +12,18 @@ from tests.helpers import ENV
 
 
 def _row(model, scheme, nodes, samples, label="modelled", topology="dgx_h100_ib", device=""):
-  return dict(label=label, model=model, scaling="weak", nodes=nodes, gpus_per_node=8, scheme=scheme,
-              samples_per_s=samples, layer_ms=1000.0 / samples, topology=topology, device=device)
+  return dict(
+    label=label,
+    model=model,
+    scaling="weak",
+    nodes=nodes,
+    gpus_per_node=8,
+    scheme=scheme,
+    samples_per_s=samples,
+    layer_ms=1000.0 / samples,
+    topology=topology,
+    device=device,
+  )
 
 
 def _workdirs(tmp_path):
@@ -46,7 +56,7 @@ def test_curves_are_split_by_config_and_labelled(tmp_path):
   assert table[0] == "training throughput (samples/s) against nodes"
   assert table[1].split()[1:] == ["1", "2", "4", "8"]
   line = next(x for x in table if x.startswith(h100_smile["label"]))
-  assert line[len(h100_smile["label"]):].split() == ["150.000", "-", "450.000", "-"]  # column 1 holds 7.0
+  assert line[len(h100_smile["label"]) :].split() == ["150.000", "-", "450.000", "-"]  # column 1 holds 7.0
   assert len({len(x) for x in table[1:]}) == 1  # right-aligned columns of one width
 
 
@@ -64,9 +74,12 @@ def _many_workdirs(tmp_path, count=2):
   for i in range(count):
     d = tmp_path / f"run{i}"
     d.mkdir()
-    rows = [dict(_row("small", s, n, (1.3 if s != "switch" else 1.0) * 100.0 * n * (i + 1)), scaling=sc)
-            for s in ("switch", "flat_dropless", "hierarchical", "smile", "node_limited") for n in (1, 2, 4)
-            for sc in ("weak", "strong")]
+    rows = [
+      dict(_row("small", s, n, (1.3 if s != "switch" else 1.0) * 100.0 * n * (i + 1)), scaling=sc)
+      for s in ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
+      for n in (1, 2, 4)
+      for sc in ("weak", "strong")
+    ]
     (d / "results.json").write_text(json.dumps({"config": {}, "rows": rows}))
     dirs.append(str(d))
   return dirs
@@ -75,8 +88,10 @@ def _many_workdirs(tmp_path, count=2):
 def _assert_distinct_curves(ax):
   from matplotlib.colors import to_hex
 
-  looks = [(to_hex(line.get_color()), line.get_marker(), line.get_linestyle(), str(line.get_markerfacecolor()))
-           for line in ax.get_lines()]
+  looks = [
+    (to_hex(line.get_color()), line.get_marker(), line.get_linestyle(), str(line.get_markerfacecolor()))
+    for line in ax.get_lines()
+  ]
   assert len(set(looks)) == len(looks), "two curves are drawn alike"
 
 
@@ -113,41 +128,87 @@ def test_the_style_check_catches_curves_drawn_alike(tmp_path, monkeypatch):
 def test_command_prints_the_table_and_writes_one_png(tmp_path):
   a, b = _workdirs(tmp_path)
   out = tmp_path / "out"
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
-                         "--config.labels=H100 run,P4d run", f"--workdir={out}"], env=ENV, capture_output=True,
-                        text=True, timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.compare_sweeps",
+      f"--config.sweeps={a},{b}",
+      "--config.labels=H100 run,P4d run",
+      f"--workdir={out}",
+    ],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0, done.stderr[-2000:]
   assert "H100 run: tiny switch x8 GPUs/node, weak, modelled on dgx_h100_ib" in done.stdout
   assert "P4d run: small smile x8 GPUs/node, weak, measured on cpu" in done.stdout
   assert (out / "compare_sweeps.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
-                         "--config.schemes=switch", f"--workdir={out}"], env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.compare_sweeps",
+      f"--config.sweeps={a},{b}",
+      "--config.schemes=switch",
+      f"--workdir={out}",
+    ],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0 and "smile" not in done.stdout and "switch" in done.stdout, done.stderr[-2000:]
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{b}",
-                         "--config.scalings=strong", f"--workdir={out}"], env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.compare_sweeps",
+      f"--config.sweeps={a},{b}",
+      "--config.scalings=strong",
+      f"--workdir={out}",
+    ],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode != 0 and "scalings: weak" in done.stderr
-  done = subprocess.run([sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{tmp_path}",
-                         f"--workdir={out}"], env=ENV, capture_output=True, text=True, timeout=120)
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.compare_sweeps", f"--config.sweeps={a},{tmp_path}", f"--workdir={out}"],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
-      f"error: config field sweeps='{tmp_path}' is not allowed: sweep workdirs with results.json or results.csv (run "
-      "the sweep first)"]
+    f"error: config field sweeps='{tmp_path}' is not allowed: sweep workdirs with results.json or results.csv (run "
+    "the sweep first)"
+  ]
 
 
 def test_paper_points_only_where_the_sweep_is_the_papers_setting(tmp_path):
   from configs import scaling_smile
+
   config = scaling_smile.get_config()
   points = plots.paper_points(config, "smile_3_7b", "weak", "p4d_efa")
   assert {(p["scheme"], p["samples_per_s"]) for p in points} == {("switch", 8112.0), ("smile", 20011.0)}
-  assert {p["samples_per_s"] for p in plots.paper_points(config, "smile_48b", "strong", "p4d_efa+nic_bw=2e10")} \
-      == {889.0, 2223.0}
+  assert {p["samples_per_s"] for p in plots.paper_points(config, "smile_48b", "strong", "p4d_efa+nic_bw=2e10")} == {
+    889.0,
+    2223.0,
+  }
   assert plots.paper_points(config, "smile_48b", "weak", "p4d_efa") == []  # micro batch 64: weak is not Table 2
   assert plots.paper_points(config, "smile_3_7b", "weak", "dgx_h100_ib") == []
   config.global_batch = 4096
   assert plots.paper_points(config, "smile_13b", "strong", "p4d_efa") == []
   config.global_batch = 16384
-  rows = [dict(_row("smile_3_7b", s, n, 1000.0 * n, topology="p4d_efa"), scaling=sc)
-          for s in ("switch", "smile") for n in (1, 16) for sc in ("weak", "strong")]
+  rows = [
+    dict(_row("smile_3_7b", s, n, 1000.0 * n, topology="p4d_efa"), scaling=sc)
+    for s in ("switch", "smile")
+    for n in (1, 16)
+    for sc in ("weak", "strong")
+  ]
   plots.plot_throughput(rows, str(tmp_path / "t.png"), config)
   assert (tmp_path / "t.png").stat().st_size > 0

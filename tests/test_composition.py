@@ -20,15 +20,15 @@ from moejax.validation import ConfigError
 from tests import helpers
 
 AXES = {
-    "routing": ("topk", "bilevel", "node_limited"),
-    "path": ("flat", "gpu_first", "node_first"),
-    "collective": ("padded", "capacity"),
-    "schedule": ("sequential", "chunked", "comet"),
-    "esp_schedule": (None, "baseline", "s1", "s2"),
-    "replicas": (False, True),
-    "buffer_factor": (None, 2.0),
-    "expert_backend": ("dense", "ragged_dot"),
-    "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
+  "routing": ("topk", "bilevel", "node_limited"),
+  "path": ("flat", "gpu_first", "node_first"),
+  "collective": ("padded", "capacity"),
+  "schedule": ("sequential", "chunked", "comet"),
+  "esp_schedule": (None, "baseline", "s1", "s2"),
+  "replicas": (False, True),
+  "buffer_factor": (None, 2.0),
+  "expert_backend": ("dense", "ragged_dot"),
+  "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
   "dedup": (False, True),
   "dispatch_dtype": (None, "float8_e4m3fn"),
   "expert_data_parallel": (False, True),
@@ -46,8 +46,9 @@ def refusal(case: dict) -> str | None:
     return "balance_loss.*routing='bilevel'"
   if case["dedup"] and case["esp_schedule"] == "s2":
     return "dedup=True.*esp_schedule='s2'.*one row per token-choice"
-  if case["expert_data_parallel"] and (case["esp_schedule"] is not None or case["routing"] != "topk"
-                                       or case["path"] != "flat"):
+  if case["expert_data_parallel"] and (
+    case["esp_schedule"] is not None or case["routing"] != "topk" or case["path"] != "flat"
+  ):
     return "expert_data_parallel=True.*every node holds every expert"
   return None
 
@@ -91,19 +92,39 @@ def router_fields(case: dict) -> dict:
   if case["router"] == "deepseek":
     groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
     return dict(score="sigmoid", renormalize=True, routed_scaling=2.5, bias_update_rate=1e-3, **groups)
-  return {"softmax": {}, "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
-          "sequence_loss": dict(balance_loss="sequence"), "global_batch": dict(balance_loss="global_batch")
-          }[case["router"]]
+  return {
+    "softmax": {},
+    "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
+    "sequence_loss": dict(balance_loss="sequence"),
+    "global_batch": dict(balance_loss="global_batch"),
+  }[case["router"]]
 
 
 def config(case: dict) -> MoEConfig:
   capacity = 1.0 if case["collective"] == "capacity" else None
-  return MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, routing=case["routing"], num_nodes=N,
-                   path=case["path"], collective=case["collective"], capacity_factor=capacity,
-                   buffer_factor=case["buffer_factor"], schedule=case["schedule"], num_chunks=2, esp_schedule=case["esp_schedule"],
-                   expert_backend=case["expert_backend"], activation="silu", gated=True, z_loss_coef=1e-3,
-                   dedup=case["dedup"], dispatch_dtype=case["dispatch_dtype"],
-                   expert_data_parallel=case["expert_data_parallel"], **router_fields(case))
+  return MoEConfig(
+    num_experts=E,
+    top_k=2,
+    d_model=8,
+    d_ff=8,
+    routing=case["routing"],
+    num_nodes=N,
+    path=case["path"],
+    collective=case["collective"],
+    capacity_factor=capacity,
+    buffer_factor=case["buffer_factor"],
+    schedule=case["schedule"],
+    num_chunks=2,
+    esp_schedule=case["esp_schedule"],
+    expert_backend=case["expert_backend"],
+    activation="silu",
+    gated=True,
+    z_loss_coef=1e-3,
+    dedup=case["dedup"],
+    dispatch_dtype=case["dispatch_dtype"],
+    expert_data_parallel=case["expert_data_parallel"],
+    **router_fields(case),
+  )
 
 
 def layer_state(case: dict, cfg: MoEConfig) -> dict:
@@ -134,15 +155,21 @@ def test_combination_equals_reference_or_is_refused(case, mesh_2x4):
   if reason is not None:
     with pytest.raises(ConfigError, match=reason):
       cfg = config(case)
-      moe_apply(helpers.random_params(cfg, 0), helpers.normal(1, (TOKENS // 8, 8, 8)), cfg, mesh_2x4,
-                slot_expert=slot_table(case))
+      moe_apply(
+        helpers.random_params(cfg, 0),
+        helpers.normal(1, (TOKENS // 8, 8, 8)),
+        cfg,
+        mesh_2x4,
+        slot_expert=slot_table(case),
+      )
     return
   cfg = config(case)
   seed = zlib.crc32(case_id(case).encode()) % 1000
   params, x = helpers.random_params(cfg, seed), helpers.normal(seed + 7, (TOKENS // 8, 8, 8))  # sequences of 8
   groups = N if case["esp_schedule"] in ("baseline", "s2") else N * M
-  _, aux = helpers.assert_matches_reference(cfg, mesh_2x4, params, x, dispatch_groups=groups,
-                                            slot_expert=slot_table(case), **layer_state(case, cfg))
+  _, aux = helpers.assert_matches_reference(
+    cfg, mesh_2x4, params, x, dispatch_groups=groups, slot_expert=slot_table(case), **layer_state(case, cfg)
+  )
   if cfg.capacity_factor is not None:
     assert int(aux["tokens_dropped"]) > 0  # capacity 1.0 on random routing drops some choices
 
@@ -157,15 +184,25 @@ def test_every_pair_of_choices_is_covered():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("esp_schedule,path", [(None, "flat"), (None, "node_first"), ("s1", "gpu_first"),
-                                               ("s2", "flat"), ("baseline", "flat")])
+@pytest.mark.parametrize(
+  "esp_schedule,path", [(None, "flat"), (None, "node_first"), ("s1", "gpu_first"), ("s2", "flat"), ("baseline", "flat")]
+)
 def test_schedules_drop_what_sequential_drops(esp_schedule, path, mesh_2x4):
   """Every token's choices forced to experts 5 and 6 with receive buffers of half the rows sent: every
   schedule overflows the same choices as 'sequential' and gives the same outputs and counts."""
   results = {}
   for schedule in AXES["schedule"]:
-    cfg = MoEConfig(num_experts=E, top_k=2, d_model=8, d_ff=8, path=path, buffer_factor=0.5,
-                    schedule=schedule, num_chunks=2, esp_schedule=esp_schedule)
+    cfg = MoEConfig(
+      num_experts=E,
+      top_k=2,
+      d_model=8,
+      d_ff=8,
+      path=path,
+      buffer_factor=0.5,
+      schedule=schedule,
+      num_chunks=2,
+      esp_schedule=esp_schedule,
+    )
     params, x = helpers.force_routing(helpers.random_params(cfg, 3), helpers.normal(4, (TOKENS, 8)), [5, 6])
     results[schedule] = moe_apply(params, x, cfg, mesh_2x4)
   y_seq, aux_seq = results["sequential"]

@@ -20,12 +20,26 @@ from tests.helpers import ENV, ROOT
 
 LAYER_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}  # the old name of path and collective
 # Each config file, by the experiment that reads it.
-KINDS = {"demo": "demo", "mlm": "train", "gpt": "train", "generate": "train", "moe_preset": "train", "decoder": "family",
-         "exflow_traffic": "train", "record_traces": "train",
-         "scaling_default": "scaling",
-         "scaling_smile": "scaling", "scaling_schedules": "scaling", "scaling_presets": "scaling"}
-EXPECTED = {"demo": LAYER_FIELDS, "train": LAYER_FIELDS - set(MOE_FROM_MODEL), "family": LAYER_FIELDS - {"d_model"},
-            "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS)}
+KINDS = {
+  "demo": "demo",
+  "mlm": "train",
+  "gpt": "train",
+  "generate": "train",
+  "moe_preset": "train",
+  "decoder": "family",
+  "exflow_traffic": "train",
+  "record_traces": "train",
+  "scaling_default": "scaling",
+  "scaling_smile": "scaling",
+  "scaling_schedules": "scaling",
+  "scaling_presets": "scaling",
+}
+EXPECTED = {
+  "demo": LAYER_FIELDS,
+  "train": LAYER_FIELDS - set(MOE_FROM_MODEL),
+  "family": LAYER_FIELDS - {"d_model"},
+  "scaling": LAYER_FIELDS - set(points.SCHEME_FIELDS) | set(points.SWEEP_FIELDS),
+}
 
 
 def get_config(spec: str):
@@ -57,10 +71,29 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
 
 
 # Config files without a moe section, each checked by its program (tests/test_bench_programs.py).
-PROGRAM_CONFIGS = {"bench_kernels", "tune_kernels", "bench_collectives", "expert_table", "gpu_suite", "hf_load",
-                   "lina_replication", "family_remedies", "fine_grained", "exchange_memory", "wire_traffic",
-                   "compare_sweeps", "plot_run", "convergence_report", "fidelity", "validate_cost_model", "memory",
-                   "compile_time", "export", "pipeline_bubbles", "pipeline_cost"}
+PROGRAM_CONFIGS = {
+  "bench_kernels",
+  "tune_kernels",
+  "bench_collectives",
+  "expert_table",
+  "gpu_suite",
+  "hf_load",
+  "lina_replication",
+  "family_remedies",
+  "fine_grained",
+  "exchange_memory",
+  "wire_traffic",
+  "compare_sweeps",
+  "plot_run",
+  "convergence_report",
+  "fidelity",
+  "validate_cost_model",
+  "memory",
+  "compile_time",
+  "export",
+  "pipeline_bubbles",
+  "pipeline_cost",
+}
 
 
 def test_every_config_file_is_checked():
@@ -69,12 +102,16 @@ def test_every_config_file_is_checked():
   assert files == set(KINDS) | PROGRAM_CONFIGS, files ^ (set(KINDS) | PROGRAM_CONFIGS)
 
 
-DECODERS = [f"decoder:{family}{size}" for family in ("qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe", "mixtral")
-            for size in ("", ",published")]
+DECODERS = [
+  f"decoder:{family}{size}"
+  for family in ("qwen3_moe", "deepseek_v3", "deepseek_v2", "qwen2_moe", "mixtral")
+  for size in ("", ",published")
+]
 
 
-@pytest.mark.parametrize("spec", [*KINDS, "mlm:3.7b", "scaling_presets:qwen3_moe", "scaling_presets:mixtral_8x7b",
-                                  *DECODERS])
+@pytest.mark.parametrize(
+  "spec", [*KINDS, "mlm:3.7b", "scaling_presets:qwen3_moe", "scaling_presets:mixtral_8x7b", *DECODERS]
+)
 def test_configs_expose_every_moe_field_and_build(spec):
   config = get_config(spec)
   assert set(config.moe) == EXPECTED[KINDS[spec.partition(":")[0]]]
@@ -83,8 +120,11 @@ def test_configs_expose_every_moe_field_and_build(spec):
 
 def test_dropless_is_none_and_none_comes_from_the_command_line(monkeypatch):
   assert get_config("generate").moe.capacity_factor is None
-  config = parse(["--config.moe.capacity_factor=None", "--config.moe.buffer_factor=1.5",
-                  "--config.moe.load_balance_coef=0.02"], monkeypatch, "mlm.py")
+  config = parse(
+    ["--config.moe.capacity_factor=None", "--config.moe.buffer_factor=1.5", "--config.moe.load_balance_coef=0.02"],
+    monkeypatch,
+    "mlm.py",
+  )
   moe = build("mlm", config)
   assert (moe.capacity_factor, moe.buffer_factor, moe.load_balance_coef) == (None, 1.5, 0.02)
   config = parse(["--config.moe.esp_schedule=None", "--config.moe.capacity_factor=1.25"], monkeypatch)
@@ -116,18 +156,26 @@ def test_misspelt_override_names_the_field(monkeypatch, explicit):
 
 
 def test_misspelt_override_on_the_command_line_is_one_error_line():
-  run = subprocess.run([sys.executable, "-m", "experiments.demo", "--config.moe.schedul=comet"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.demo", "--config.moe.schedul=comet"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert run.returncode == 1
   assert "unknown config field moe.schedul (did you mean moe.schedule?)" in run.stderr
   assert "Traceback" not in run.stderr
 
 
-@pytest.mark.parametrize("value", ["switch,smile", "switch, smile", "(switch,smile)", "('switch', 'smile')",
-                                   "[switch,smile]"])
+@pytest.mark.parametrize(
+  "value", ["switch,smile", "switch, smile", "(switch,smile)", "('switch', 'smile')", "[switch,smile]"]
+)
 def test_a_tuple_field_takes_its_elements_separated_by_commas(monkeypatch, value):
-  config = parse([f"--config.schemes={value}", "--config.nodes=1,2", "--config.gpus_per_node=8,"], monkeypatch,
-                 "scaling_default.py")
+  config = parse(
+    [f"--config.schemes={value}", "--config.nodes=1,2", "--config.gpus_per_node=8,"], monkeypatch, "scaling_default.py"
+  )
   assert (config.schemes, config.nodes, config.gpus_per_node) == (("switch", "smile"), (1, 2), (8,))
   config = parse(["--config.model.moe_layers=true,False"], monkeypatch, "decoder.py")
   assert config.model.moe_layers == (True, False)
@@ -137,20 +185,38 @@ def test_a_tuple_field_takes_its_elements_separated_by_commas(monkeypatch, value
 
 def test_a_tuple_field_reads_elements_as_its_default_holds_them(monkeypatch, tmp_path):
   (tmp_path / "tuples.py").write_text(
-      "import ml_collections\n\ndef get_config():\n"
-      "  return ml_collections.ConfigDict({'rates': (0.5,), 'names': ('a',), 'empty': (), 'mixed': (1, 'a')})\n")
-  config = parse(["--config.rates=1,2.5", "--config.names=1,2", "--config.empty=3,x", "--config.mixed=2,'b',c"],
-                 monkeypatch, tmp_path / "tuples.py")
-  assert (config.rates, config.names, config.empty, config.mixed) == ((1.0, 2.5), ("1", "2"), ("3", "x"),
-                                                                      ("2", "b", "c"))
+    "import ml_collections\n\ndef get_config():\n"
+    "  return ml_collections.ConfigDict({'rates': (0.5,), 'names': ('a',), 'empty': (), 'mixed': (1, 'a')})\n"
+  )
+  config = parse(
+    ["--config.rates=1,2.5", "--config.names=1,2", "--config.empty=3,x", "--config.mixed=2,'b',c"],
+    monkeypatch,
+    tmp_path / "tuples.py",
+  )
+  assert (config.rates, config.names, config.empty, config.mixed) == (
+    (1.0, 2.5),
+    ("1", "2"),
+    ("3", "x"),
+    ("2", "b", "c"),
+  )
   assert [type(x) for x in config.rates] == [float, float]
 
 
-@pytest.mark.parametrize("override, message", [
-    ("--config.nodes=1,a", "config field nodes takes integers separated by commas, e.g. --config.nodes=1,2,4 (got 'a')"),
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    (
+      "--config.nodes=1,a",
+      "config field nodes takes integers separated by commas, e.g. --config.nodes=1,2,4 (got 'a')",
+    ),
     ("--config.nodes=1.5", "(got '1.5')"),
-    ("--config.model.moe_layers=true,yes", "config field model.moe_layers takes booleans (true or false) separated "
-                                           "by commas, e.g. --config.model.moe_layers=true,true,true (got 'yes')")])
+    (
+      "--config.model.moe_layers=true,yes",
+      "config field model.moe_layers takes booleans (true or false) separated "
+      "by commas, e.g. --config.model.moe_layers=true,true,true (got 'yes')",
+    ),
+  ],
+)
 def test_a_bad_tuple_element_names_the_field_and_the_form(monkeypatch, override, message):
   config_file = "decoder.py" if "moe_layers" in override else "scaling_default.py"
   with pytest.raises(flags.IllegalFlagValueError) as error:
@@ -159,12 +225,19 @@ def test_a_bad_tuple_element_names_the_field_and_the_form(monkeypatch, override,
 
 
 def test_a_bad_tuple_on_the_command_line_is_one_error_line(tmp_path):
-  run = subprocess.run([sys.executable, "-m", "experiments.scaling", f"--workdir={tmp_path}", "--config.nodes=1,a"],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.scaling", f"--workdir={tmp_path}", "--config.nodes=1,a"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert run.returncode == 1
   assert run.stderr.strip().splitlines() == [
-      "error: flag --config.nodes=1,a: config field nodes takes integers separated by commas, e.g. "
-      "--config.nodes=1,2,4 (got 'a')"]
+    "error: flag --config.nodes=1,a: config field nodes takes integers separated by commas, e.g. "
+    "--config.nodes=1,2,4 (got 'a')"
+  ]
 
 
 @pytest.mark.parametrize("required", [True, False])

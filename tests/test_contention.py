@@ -13,8 +13,12 @@ def stepped(blocks, schedule, dt):
   pending all-reduce at rate 1 each alone, 1/2 each together (naive), the all-to-all only (prioritized)."""
   segments = []
   for b in blocks:
-    segments += [("a2a", b.a2a_s, 0.0), ("compute", b.ffn_s, 0.0), ("a2a", b.a2a_s, 0.0),
-                 ("compute", b.dense_s, b.allreduce_s)]
+    segments += [
+      ("a2a", b.a2a_s, 0.0),
+      ("compute", b.ffn_s, 0.0),
+      ("a2a", b.a2a_s, 0.0),
+      ("compute", b.dense_s, b.allreduce_s),
+    ]
   t, pending = 0.0, 0.0
   for kind, amount, ready in segments:
     left = amount
@@ -71,18 +75,22 @@ def test_prioritized_is_never_slower_and_never_stretches_the_all_to_all():
     assert prio.end_s <= runs["default"].end_s + 1e-12
     assert prio.end_s <= runs["naive_overlap"].end_s + 1e-12
     assert prio.a2a_s == tuple(b.a2a_s for b in blocks for _ in (0, 1))
-    assert runs["default"].end_s == pytest.approx(sum(2 * b.a2a_s + b.ffn_s + b.dense_s + b.allreduce_s
-                                                      for b in blocks))
+    assert runs["default"].end_s == pytest.approx(
+      sum(2 * b.a2a_s + b.ffn_s + b.dense_s + b.allreduce_s for b in blocks)
+    )
 
 
-@pytest.mark.parametrize("call,field", [
+@pytest.mark.parametrize(
+  "call,field",
+  [
     (lambda: contention.Block(-1.0, 1, 1, 1), "Block.a2a_s"),
     (lambda: contention.Block(1, float("nan"), 1, 1), "Block.ffn_s"),
     (lambda: contention.Block(1, 1, "3", 1), "Block.dense_s"),
     (lambda: contention.Block(1, 1, 1, float("inf")), "Block.allreduce_s"),
     (lambda: contention.backward([contention.Block(1, 1, 1, 1)], "fifo"), "schedule"),
     (lambda: contention.backward([], "default"), "blocks"),
-])
+  ],
+)
 def test_bad_inputs_name_the_value(call, field):
   with pytest.raises(ConfigError) as info:
     call()

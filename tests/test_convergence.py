@@ -41,8 +41,17 @@ def test_load_curves_busiest_and_drop_share():
 
 
 def test_table_rows_mean_and_spread_over_seeds():
-  results = [{"model": "gpt", "router": "switch", "heldout_loss": h, "train_loss": [9.0, t],
-              "busiest_load": [1.5], "drop_share": [0.1]} for h, t in ((2.0, 1.0), (4.0, 3.0))]
+  results = [
+    {
+      "model": "gpt",
+      "router": "switch",
+      "heldout_loss": h,
+      "train_loss": [9.0, t],
+      "busiest_load": [1.5],
+      "drop_share": [0.1],
+    }
+    for h, t in ((2.0, 1.0), (4.0, 3.0))
+  ]
   (row,) = convergence_report.table_rows(results, tail=1)
   assert row["heldout_loss"] == 3.0 and row["heldout_spread"] == pytest.approx(np.std([2.0, 4.0], ddof=1))
   assert row["train_loss"] == 2.0 and row["seeds"] == 2
@@ -80,8 +89,14 @@ def test_quick_mode_writes_results_and_resumes(devices, shared, tmp_path, capsys
 
 
 def test_command_line_names_an_unknown_router(tmp_path):
-  command = [sys.executable, "-m", "experiments.convergence", f"--workdir={tmp_path}",
-             f"--config={ROOT}/configs/convergence.py:quick", "--config.routers=switch,expert_choice"]
+  command = [
+    sys.executable,
+    "-m",
+    "experiments.convergence",
+    f"--workdir={tmp_path}",
+    f"--config={ROOT}/configs/convergence.py:quick",
+    "--config.routers=switch,expert_choice",
+  ]
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode != 0 and "routers ['expert_choice']" in done.stderr, done.stderr[-3000:]
@@ -91,17 +106,31 @@ def test_command_line_names_an_unknown_router(tmp_path):
 def _synthetic_results(routers=("switch", "gshard", "smile"), models=("gpt", "bert"), seeds=(0, 1), steps=40):
   """Runs whose loss curves almost coincide (as the study's do): router i's loss is switch's + 0.001 i."""
   rng = np.random.default_rng(0)
-  return [{"model": m, "router": r, "seed": s, "steps": list(range(1, steps + 1)),
-           "train_loss": list(5.0 - np.linspace(0, 1, steps) + 0.001 * i + 0.01 * rng.standard_normal(steps)),
-           "busiest_load": list(2.0 + 0.5 * i + 0.1 * rng.standard_normal(steps)), "drop_share": [0.1] * steps,
-           "heldout_loss": 4.0 + 0.001 * i} for m in models for i, r in enumerate(routers) for s in seeds]
+  return [
+    {
+      "model": m,
+      "router": r,
+      "seed": s,
+      "steps": list(range(1, steps + 1)),
+      "train_loss": list(5.0 - np.linspace(0, 1, steps) + 0.001 * i + 0.01 * rng.standard_normal(steps)),
+      "busiest_load": list(2.0 + 0.5 * i + 0.1 * rng.standard_normal(steps)),
+      "drop_share": [0.1] * steps,
+      "heldout_loss": 4.0 + 0.001 * i,
+    }
+    for m in models
+    for i, r in enumerate(routers)
+    for s in seeds
+  ]
 
 
 def _labelled_lines(ax):
   from matplotlib.colors import to_hex
 
-  return {line.get_label(): (to_hex(line.get_color()), line.get_marker())
-          for line in ax.get_lines() if not line.get_label().startswith("_")}
+  return {
+    line.get_label(): (to_hex(line.get_color()), line.get_marker())
+    for line in ax.get_lines()
+    if not line.get_label().startswith("_")
+  }
 
 
 def _assert_routers_apart(ax, routers):
@@ -156,18 +185,21 @@ def test_redraw_from_a_results_json(tmp_path):
 
 
 def test_the_report_command_redraws_a_workdirs_results(tmp_path):
-  (tmp_path / "results.json").write_text(json.dumps({"config": {"steps": 40, "capacity": 1.25}, "mesh": [2, 4],
-                                                     "runs": _synthetic_results()}))
+  (tmp_path / "results.json").write_text(
+    json.dumps({"config": {"steps": 40, "capacity": 1.25}, "mesh": [2, 4], "runs": _synthetic_results()})
+  )
   env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"}
   command = [sys.executable, "-m", "experiments.convergence_report", f"--workdir={tmp_path}"]
   done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and (tmp_path / "table.md").exists()
-  done = subprocess.run([*command[:-1], f"--workdir={tmp_path / 'empty'}"], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=300)
+  done = subprocess.run(
+    [*command[:-1], f"--workdir={tmp_path / 'empty'}"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+  )
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
-      f"error: config field results='{tmp_path / 'empty' / 'results.json'}' is not allowed: a convergence study's "
-      "results.json ('' = the one in --workdir)"]
+    f"error: config field results='{tmp_path / 'empty' / 'results.json'}' is not allowed: a convergence study's "
+    "results.json ('' = the one in --workdir)"
+  ]
 
 
 def test_the_committed_plots_data_gives_the_committed_table():

@@ -15,8 +15,18 @@ from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 
 # Round numbers in arbitrary units, so that every expected time is easy to check by hand.
-TOY = topology_lib.custom("p4d_efa", name="toy", gpus_per_node=8, intra_bw=100.0, nic_bw=10.0, intra_latency=1.0,
-                          inter_latency=5.0, launch=100.0, peak_flops=1000.0, compute_efficiency=0.5)
+TOY = topology_lib.custom(
+  "p4d_efa",
+  name="toy",
+  gpus_per_node=8,
+  intra_bw=100.0,
+  nic_bw=10.0,
+  intra_latency=1.0,
+  inter_latency=5.0,
+  launch=100.0,
+  peak_flops=1000.0,
+  compute_efficiency=0.5,
+)
 FLAT = ("node", "gpu")
 
 
@@ -128,15 +138,19 @@ def test_presets_cite_a_source_for_every_number():
 
 def test_measured_rate_from_a_benchmark_json(tmp_path):
   path = tmp_path / "kernels.json"
-  results = [dict(impl="dense_gemm", tflops=600.0), dict(impl="dense_gemm", tflops=650.0),
-             dict(impl="pallas", tflops=500.0)]
+  results = [
+    dict(impl="dense_gemm", tflops=600.0),
+    dict(impl="dense_gemm", tflops=650.0),
+    dict(impl="pallas", tflops=500.0),
+  ]
   path.write_text(json.dumps(dict(device_kind="H100", results=results)))
   rate, source = model.measured_rate(str(path))
   assert rate == 650e12 and "measured" in source and "H100" in source
   assert model.measured_rate(str(path), impl="pallas")[0] == 500e12
   assert model.measured_rate(path, name="results/kernels.json")[1].startswith("measured: results/kernels.json max")
-  breakdown = model.price_from_traffic(np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15,
-                                       TOY, device_rate=(rate, source))
+  breakdown = model.price_from_traffic(
+    np.zeros((1, 1, 1), int), [FLAT], (1, 1), 2, 1.3e15, TOY, device_rate=(rate, source)
+  )
   assert breakdown.expert_compute_s == pytest.approx(2.0) and breakdown.rate_source == source
 
 
@@ -163,14 +177,19 @@ def _hand_hop_time(rows, hop, n, m, bytes_per_row, topo):
   def grouped(s, p):
     return (s // m == p // m or "node" in axes) and (s % m == p % m or "gpu" in axes)
 
-  latency = max(sum(topo["inter_latency"] if s // m != p // m else topo["intra_latency"]
-                    for p in devices if p != s and grouped(s, p)) for s in devices)
+  latency = max(
+    sum(
+      topo["inter_latency"] if s // m != p // m else topo["intra_latency"] for p in devices if p != s and grouped(s, p)
+    )
+    for s in devices
+  )
   nic_out = [sum(rows[s][p] for s in devices for p in devices if s // m == i and p // m != i) for i in range(n)]
   nic_in = [sum(rows[s][p] for s in devices for p in devices if p // m == i and s // m != i) for i in range(n)]
   gpu_out = [sum(rows[s][p] for p in devices if p != s and p // m == s // m) for s in devices]
   gpu_in = [sum(rows[s][p] for s in devices if s != p and s // m == p // m) for p in devices]
-  bandwidth = max(max(nic_out + nic_in) * bytes_per_row / topo["nic_bw"],
-                  max(gpu_out + gpu_in) * bytes_per_row / topo["intra_bw"])
+  bandwidth = max(
+    max(nic_out + nic_in) * bytes_per_row / topo["nic_bw"], max(gpu_out + gpu_in) * bytes_per_row / topo["intra_bw"]
+  )
   return topo["launch"] + latency + bandwidth
 
 
@@ -192,8 +211,10 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, path, hops, dedup):
   rows_A = choices_A
   topo = topology_lib.P4D_EFA
   b = model.price_from_traffic(rows, hops, (2, 4), 8 * 2, model.expert_flops(rows_A, 8, 16), topo)
-  hand = [_hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)
-          for r, hop in zip(rows, hops)]
+  hand = [
+    _hand_hop_time(r.tolist(), hop, 2, 4, 16, topo) + _hand_hop_time(r.T.tolist(), hop, 2, 4, 16, topo)
+    for r, hop in zip(rows, hops)
+  ]
   crosses = [hop != "gpu" for hop in hops]
   assert b.inter_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if c), rel=1e-12)
   assert b.intra_node_a2a_s == pytest.approx(sum(t for t, c in zip(hand, crosses) if not c), rel=1e-12)
@@ -201,11 +222,14 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, path, hops, dedup):
   assert b.label == "modelled"
 
 
-@pytest.mark.parametrize("fields", [
+@pytest.mark.parametrize(
+  "fields",
+  [
     dict(path="gpu_first", dedup=True, dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16"),
     dict(path="node_first", routing="node_limited", num_nodes=2, dedup=False),
     dict(collective="padded", dedup=True, dispatch_dtype="bfloat16", buffer_factor=2.0),
-])
+  ],
+)
 def test_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   """A row's bytes each way, times the layer's rows (out, and back transposed), are the layer's own traffic_bytes:
   payload in the dispatch dtype with FP8's scales and the slots' ids and weights out, the result in the combine
@@ -215,17 +239,20 @@ def test_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   x = jax.random.normal(jax.random.key(1), (64, 200))  # float32 activations: 4 bytes per element
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"], np.float64)
-  wire = wire_lib.row_bytes(200, 2 if cfg.deduplicates else 1, 4, cfg.dispatch_dtype, cfg.combine_dtype,
-                              may_drop=cfg.buffer_factor is not None)
-  np.testing.assert_allclose(rows * wire.dispatch + np.swapaxes(rows, 1, 2) * wire.combine,
-                             np.asarray(aux["traffic_bytes"]), rtol=1e-6)
+  wire = wire_lib.row_bytes(
+    200, 2 if cfg.deduplicates else 1, 4, cfg.dispatch_dtype, cfg.combine_dtype, may_drop=cfg.buffer_factor is not None
+  )
+  np.testing.assert_allclose(
+    rows * wire.dispatch + np.swapaxes(rows, 1, 2) * wire.combine, np.asarray(aux["traffic_bytes"]), rtol=1e-6
+  )
 
 
 def test_row_bytes_by_hand():
   d, slots = 300, 3  # FP8: 300 bytes and a float32 scale for each of 3 blocks of 128
   fp8 = wire_lib.row_bytes(d, slots, 2, "float8_e4m3fn", "bfloat16", may_drop=True)
-  assert fp8 == wire_lib.RowBytes(dispatch=300 + 3 * 4 + 3 * 8, combine=600 + 3 * 4, dispatch_grad=600 + 3 * 4,
-                               combine_grad=600)
+  assert fp8 == wire_lib.RowBytes(
+    dispatch=300 + 3 * 4 + 3 * 8, combine=600 + 3 * 4, dispatch_grad=600 + 3 * 4, combine_grad=600
+  )
   plain = wire_lib.row_bytes(d, 1, 2)  # None: the activations' bf16 out, float32 results back and their grads
   assert plain == wire_lib.RowBytes(dispatch=600 + 8, combine=1200, dispatch_grad=600 + 4, combine_grad=1200)
   assert fp8.backward.backward == fp8 and model.as_row_bytes(5) == wire_lib.RowBytes(5.0, 5.0, 5.0, 5.0)
@@ -242,8 +269,13 @@ def test_each_exchange_is_priced_at_its_own_bytes_forward_and_backward():
   t = model.price_from_traffic(rows, hops, (n, m), wire, 0.0, topology_lib.P4D_EFA, backward=True)
 
   def hand(out_bytes, back_bytes):
-    times = [(_hand_hop_time(r.tolist(), h, n, m, out_bytes, topology_lib.P4D_EFA)
-              + _hand_hop_time(r.T.tolist(), h, n, m, back_bytes, topology_lib.P4D_EFA)) for r, h in zip(rows, hops)]
+    times = [
+      (
+        _hand_hop_time(r.tolist(), h, n, m, out_bytes, topology_lib.P4D_EFA)
+        + _hand_hop_time(r.T.tolist(), h, n, m, back_bytes, topology_lib.P4D_EFA)
+      )
+      for r, h in zip(rows, hops)
+    ]
     return times[0], times[1]  # 'node' crosses nodes, 'gpu' stays inside
 
   inter, intra = hand(3.0, 5.0)
@@ -251,11 +283,14 @@ def test_each_exchange_is_priced_at_its_own_bytes_forward_and_backward():
   grad_inter, grad_intra = hand(11.0, 7.0)
   assert t.inter_node_a2a_s == pytest.approx(inter + grad_inter, rel=1e-12)
   assert t.intra_node_a2a_s == pytest.approx(intra + grad_intra, rel=1e-12)
-  assert [h.nic_bytes for h in b.hops] == [h.nic_bytes for h in model.price_hops(rows, hops, (n, m), 3.0,
-                                                                                topology_lib.P4D_EFA)]
+  assert [h.nic_bytes for h in b.hops] == [
+    h.nic_bytes for h in model.price_hops(rows, hops, (n, m), 3.0, topology_lib.P4D_EFA)
+  ]
   uniform = wire_lib.RowBytes.uniform(4.0)
-  same = [model.price_from_traffic(rows, hops, (n, m), w, 0.0, topology_lib.P4D_EFA, backward=True).total_s
-          for w in (uniform, 4.0)]
+  same = [
+    model.price_from_traffic(rows, hops, (n, m), w, 0.0, topology_lib.P4D_EFA, backward=True).total_s
+    for w in (uniform, 4.0)
+  ]
   assert same[0] == same[1]
 
 
@@ -271,13 +306,26 @@ def test_non_moe_flops_match_xla_count_of_the_bert_forward():
   b, seq, predicted, d, f, layers, vocab = 4, 32, 5, 128, 512, 2, 512
   # Unrolled layers: XLA's cost analysis counts a scan's body once, not once per iteration, so the scanned
   # default (model.scan_layers=True) would report one layer's FLOPs for all of them.
-  cfg = ModelConfig(kind="bert", vocab_size=vocab, num_layers=layers, d_model=d, num_heads=2, d_ff=f,
-                    max_len=seq, dropout=0.0, moe_every=0, scan_layers=False)
+  cfg = ModelConfig(
+    kind="bert",
+    vocab_size=vocab,
+    num_layers=layers,
+    d_model=d,
+    num_heads=2,
+    d_ff=f,
+    max_len=seq,
+    dropout=0.0,
+    moe_every=0,
+    scan_layers=False,
+  )
   moe_cfg = MoEConfig(num_experts=1, top_k=1, d_model=d, d_ff=f)
   graphdef, params, rest = abstract_state(cfg, moe_cfg, mesh_lib.make_mesh(1, 1))
   forward = lambda p, r, tokens, positions: nnx.merge(graphdef, p, r)(tokens, positions_BxP=positions)[0]
-  compiled = jax.jit(forward).lower(params, rest, jax.ShapeDtypeStruct((b, seq), np.int32),
-                                    jax.ShapeDtypeStruct((b, predicted), np.int32)).compile()
+  compiled = (
+    jax.jit(forward)
+    .lower(params, rest, jax.ShapeDtypeStruct((b, seq), np.int32), jax.ShapeDtypeStruct((b, predicted), np.int32))
+    .compile()
+  )
   cost = compiled.cost_analysis()
   xla_flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
   want = model.non_moe_flops(b * seq, seq, d, f, layers, 0, vocab, predicted=b * predicted)
@@ -285,7 +333,15 @@ def test_non_moe_flops_match_xla_count_of_the_bert_forward():
 
 
 def test_training_step_by_hand():
-  layer = model.Breakdown(inter_node_a2a_s=1.0, intra_node_a2a_s=0.5, expert_compute_s=2.0, other_s=0.5, hops=(),
-                          device_rate=1.0, rate_source="given", topology="toy")
+  layer = model.Breakdown(
+    inter_node_a2a_s=1.0,
+    intra_node_a2a_s=0.5,
+    expert_compute_s=2.0,
+    other_s=0.5,
+    hops=(),
+    device_rate=1.0,
+    rate_source="given",
+    topology="toy",
+  )
   # 3 micro batches of (3 x 100 FLOPs at 10 FLOP/s + 2 layers x 4 s), then 7 s of gradient sync.
   assert model.training_step_s(100.0, 10.0, layer, 2, 3, 7.0) == pytest.approx(3 * (30.0 + 8.0) + 7.0)

@@ -15,8 +15,10 @@ from moejax.data import corpus, pipeline, sources, tokenizer
 from moejax.train import objective
 from moejax.validation import ConfigError
 
-WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
-         "and every morning the baker sells fresh bread to curious neighbours").split()
+WORDS = (
+  "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras "
+  "and every morning the baker sells fresh bread to curious neighbours"
+).split()
 
 
 def _documents(count, seed=0):
@@ -32,7 +34,7 @@ def tok(tmp_path_factory):
 
 def _write_jsonl(path, texts, gz=False):
   lines = b"".join(json.dumps({"text": t, "url": f"u{i}"}).encode() + b"\n" for i, t in enumerate(texts))
-  with (gzip.open(path, "wb") if gz else open(path, "wb")) as f:
+  with gzip.open(path, "wb") if gz else open(path, "wb") as f:
     f.write(lines)
 
 
@@ -40,7 +42,7 @@ def _packed(tok, texts, seq_len):
   """The rows [n, seq_len] a plain loop packs `texts` into: each text's tokens and eos, back to back (the reference)."""
   flat = [t for text in texts for t in tok.encode(text) + [tok.eos_id]]
   n = len(flat) // seq_len
-  return np.asarray(flat[:n * seq_len], np.int32).reshape(n, seq_len)
+  return np.asarray(flat[: n * seq_len], np.int32).reshape(n, seq_len)
 
 
 def _write(path, texts):
@@ -69,11 +71,31 @@ def _rows(ds, count):
 
 def test_malformed_lines_are_skipped_and_counted(tmp_path, tok):
   good = _documents(6, seed=1)
-  bad = [b"{not json\n", b"[1, 2, 3]\n", b'{"url": "no text"}\n', b'{"text": 42}\n',
-         b'{"text": "\xff\xfe bad utf-8"}\n', b"\n", b'"just a string"\n']
+  bad = [
+    b"{not json\n",
+    b"[1, 2, 3]\n",
+    b'{"url": "no text"}\n',
+    b'{"text": 42}\n',
+    b'{"text": "\xff\xfe bad utf-8"}\n',
+    b"\n",
+    b'"just a string"\n',
+  ]
   lines = [json.dumps({"text": t}).encode() + b"\n" for t in good]
-  mixed = [lines[0], bad[0], lines[1], bad[1], bad[2], lines[2], bad[3], bad[4], lines[3], bad[5], bad[6],
-           lines[4], lines[5].rstrip(b"\n")]  # last line without newline
+  mixed = [
+    lines[0],
+    bad[0],
+    lines[1],
+    bad[1],
+    bad[2],
+    lines[2],
+    bad[3],
+    bad[4],
+    lines[3],
+    bad[5],
+    bad[6],
+    lines[4],
+    lines[5].rstrip(b"\n"),
+  ]  # last line without newline
   path = tmp_path / "mixed.json"
   path.write_bytes(b"".join(mixed))
   truncated = tmp_path / "truncated.json.gz"
@@ -113,10 +135,11 @@ def test_every_format_packs_its_documents_as_a_plain_loop_does(tmp_path, tok, ex
     want = _packed(tok, kept[0][shard::4] + kept[1][shard::4], 8)
     got = _rows(pipeline.packed_shard(files, tok.encode, tok.eos_id, 8, shard, 4, heldout_every=k), len(want))
     np.testing.assert_array_equal(got, want)
-  held = [t for part in texts for t in part[k - 1::k]]
+  held = [t for part in texts for t in part[k - 1 :: k]]
   want = _packed(tok, held, 8)[:6]
-  np.testing.assert_array_equal(pipeline.heldout_tokens(files, tok, k, batches=2, rows=3, seq_len=8),
-                                want.reshape(2, 3, 8))
+  np.testing.assert_array_equal(
+    pipeline.heldout_tokens(files, tok, k, batches=2, rows=3, seq_len=8), want.reshape(2, 3, 8)
+  )
 
 
 def test_resuming_from_a_state_continues_with_the_same_batches(tmp_path, tok):
@@ -156,11 +179,13 @@ def test_global_batch_does_not_depend_on_the_process_count(tmp_path, tok):
     np.testing.assert_array_equal(whole, np.concatenate([next(b) for b in pair], axis=1))
     for u in range(2):
       i = 2 * (2 * step + u)
-      np.testing.assert_array_equal(whole[u], np.concatenate([rows[i:i + 2] for rows in shard_rows]))
+      np.testing.assert_array_equal(whole[u], np.concatenate([rows[i : i + 2] for rows in shard_rows]))
   assert single.state()[2:] == pair[1].state()
   # Restarting both processes from their states continues the same global batches.
-  resumed = [pipeline.Batches(files, tok, shard_options=grain.sharding.ShardOptions(p, 2), states=pair[p].state(),
-                              **kwargs) for p in range(2)]
+  resumed = [
+    pipeline.Batches(files, tok, shard_options=grain.sharding.ShardOptions(p, 2), states=pair[p].state(), **kwargs)
+    for p in range(2)
+  ]
   for _ in range(3):
     np.testing.assert_array_equal(next(single), np.concatenate([next(b) for b in resumed], axis=1))
   for b in (single, *pair, *resumed):
@@ -182,9 +207,13 @@ def test_bad_data_files_are_refused_naming_them(tmp_path):
   (tmp_path / "broken.parquet").write_bytes(b"PAR1 not parquet")
   (tmp_path / "broken.array_record").write_bytes(b"not an array record")
   (tmp_path / "data.csv").write_text("text\nhello\n")
-  for name, match in (("missing.jsonl", "cannot be read"), ("broken.json.gz", "cannot be read"),
-                      ("broken.parquet", "cannot be read"), ("broken.array_record", "cannot be read"),
-                      ("data.csv", "none of the extensions")):
+  for name, match in (
+    ("missing.jsonl", "cannot be read"),
+    ("broken.json.gz", "cannot be read"),
+    ("broken.parquet", "cannot be read"),
+    ("broken.array_record", "cannot be read"),
+    ("data.csv", "none of the extensions"),
+  ):
     path = str(tmp_path / name)
     with pytest.raises(ConfigError, match=match) as error:
       sources.check_files([str(tmp_path / "ok.jsonl"), path])
@@ -226,8 +255,8 @@ def test_bert_masking_statistics():
   tokens[:, ::9] = 1  # separators are never selected
   tokens[:4, :] = 0  # an all-padding row has nothing to predict
   inputs, positions, targets, weights = jax.jit(
-      lambda k, t: objective.bert_mask(k, t, mask_id=mask_id, first_ordinary=first, num_ordinary=count))(
-          jax.random.key(0), jnp.asarray(tokens))
+    lambda k, t: objective.bert_mask(k, t, mask_id=mask_id, first_ordinary=first, num_ordinary=count)
+  )(jax.random.key(0), jnp.asarray(tokens))
   inputs, positions, targets, weights = map(np.asarray, (inputs, positions, targets, weights))
   assert positions.shape == (256, 19) and weights.shape == (256, 19)  # round(0.15 * 128)
   assert weights[:4].sum() == 0 and weights[4:].min() == 1

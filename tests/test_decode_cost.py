@@ -13,11 +13,16 @@ def test_one_node_step_by_hand(mode):
   """One node of 4 GPUs: each exchange is launch + 3 intra-node messages + the busiest GPU's bytes over
   the intra-node bandwidth; exflow adds a ring all-gather of the batch's states (3 steps)."""
   rng = np.random.default_rng(0)
-  top = topology_lib.custom("dgx_h100_ib", launch=rng.uniform(1e-6, 1e-5), intra_latency=rng.uniform(1e-6, 1e-5),
-                            intra_bw=rng.uniform(1e11, 5e11))
+  top = topology_lib.custom(
+    "dgx_h100_ib",
+    launch=rng.uniform(1e-6, 1e-5),
+    intra_latency=rng.uniform(1e-6, 1e-5),
+    intra_bw=rng.uniform(1e11, 5e11),
+  )
   rows, batch, layers, row_bytes, state_bytes = rng.uniform(0.5, 3.0), 32, 3, 4096.0, 12288.0
-  got = decode.decode_step(mode, {"intra_node": rows, "inter_node": 0.0}, batch, layers, (1, 4), row_bytes,
-                           state_bytes, top)
+  got = decode.decode_step(
+    mode, {"intra_node": rows, "inter_node": 0.0}, batch, layers, (1, 4), row_bytes, state_bytes, top
+  )
   exchanges = layers * (2 if mode == "vanilla" else 1)
   per_gpu_out = rows * batch / exchanges * row_bytes / 4  # evenly over the 4 senders
   one = top["launch"] + 3 * top["intra_latency"] + per_gpu_out / top["intra_bw"]

@@ -1,7 +1,6 @@
 """Training the decoder families: the trainer's step on Qwen3-MoE- and DeepSeek-V3-shaped decoders (DeepSeek's MTP
 module on), the MTP loss against float64 NumPy, and the family configs' errors naming their fields."""
 
-
 import jax
 import numpy as np
 import pytest
@@ -64,8 +63,11 @@ def test_trainer_trains_the_family(devices, spec):
   if spec == "deepseek_v3":
     mtp = [float(r["mtp_loss"]) for r in records]
     assert np.isfinite(mtp).all() and mtp[-1] < mtp[0] - 0.1, mtp
-    np.testing.assert_allclose(float(records[0]["loss"]), float(records[0]["task_loss"] + records[0]["aux_loss"])
-                               + trainer.model_cfg.mtp_loss_coef * mtp[0], rtol=1e-5)
+    np.testing.assert_allclose(
+      float(records[0]["loss"]),
+      float(records[0]["task_loss"] + records[0]["aux_loss"]) + trainer.model_cfg.mtp_loss_coef * mtp[0],
+      rtol=1e-5,
+    )
     # The MTP module's MoE layer is a layer of the state: its loads follow the blocks' (every token-choice of the
     # batch routed once there too), and its balancing bias moves by u * sign(mean - load) like the others'.
     moe_cfg, layers = trainer.moe_cfg, trainer.model_cfg.num_moe_layers + trainer.model_cfg.num_mtp_layers
@@ -82,14 +84,19 @@ def test_trainer_trains_the_family(devices, spec):
   assert not still, still
 
 
-@pytest.mark.parametrize("field,value,named", [
-    ("model.family", "gpt4", "model.family"), ("model.num_kv_heads", 3, "model.num_kv_heads"),
-    ("model.moe_layers", (True,), "model.moe_layers"), ("moe.d_model", 64, "moe.d_model"),
-    ("model.d_modell", 64, "model.d_modell")])
+@pytest.mark.parametrize(
+  "field,value,named",
+  [
+    ("model.family", "gpt4", "model.family"),
+    ("model.num_kv_heads", 3, "model.num_kv_heads"),
+    ("model.moe_layers", (True,), "model.moe_layers"),
+    ("moe.d_model", 64, "moe.d_model"),
+    ("model.d_modell", 64, "model.d_modell"),
+  ],
+)
 def test_family_config_errors_name_the_field(field, value, named):
   config = _config("deepseek_v3")
   section, name = field.split(".")
   config[section][name] = value
   with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
     config_lib.validate(config)
-

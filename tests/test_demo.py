@@ -15,8 +15,7 @@ from tests.helpers import ENV, ROOT
 def in_demo(code: str) -> dict:
   """The JSON that `code` prints, run after `from experiments import demo` in a fresh interpreter."""
   script = "import json, sys\nsys.argv = ['demo']\nfrom experiments import demo\n" + textwrap.dedent(code)
-  run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                       timeout=120)
+  run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert run.returncode == 0, run.stderr
   return json.loads(run.stdout.strip().splitlines()[-1])
 
@@ -48,8 +47,10 @@ def test_report_and_explanation_name_overflow_and_drops():
       print(json.dumps({"line": demo.lost_choices(overflow, config), "overflow": demo.explain_difference(overflow),
                         "drops": demo.explain_difference(drops), "neither": demo.explain_difference(neither)}))
   """)
-  assert out["line"] == ("token-choices dropped: 0 (capacity, moe.capacity_factor=None), overflowed: 965 "
-                         "(bounded receive buffers, moe.buffer_factor=0.05)")
+  assert out["line"] == (
+    "token-choices dropped: 0 (capacity, moe.capacity_factor=None), overflowed: 965 "
+    "(bounded receive buffers, moe.buffer_factor=0.05)"
+  )
   assert out["overflow"].startswith("965 token-choices overflowed the bounded receive buffers (moe.buffer_factor=0.05")
   assert out["drops"].startswith("capacity dropped 12 token-choices, the reference 40 (moe.capacity_factor)")
   assert out["neither"].startswith("neither overflow nor capacity drops explain it")
@@ -57,8 +58,14 @@ def test_report_and_explanation_name_overflow_and_drops():
 
 @pytest.mark.slow
 def test_small_buffers_end_in_one_line_naming_the_overflow():
-  run = subprocess.run([sys.executable, "-m", "experiments.demo", "--config.moe.buffer_factor=0.05",
-                        "--config.steps=1"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.demo", "--config.moe.buffer_factor=0.05", "--config.steps=1"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 1 and "Traceback" not in run.stderr
   overflowed = int(run.stdout.split("overflowed: ")[1].split()[0])
   assert overflowed > 0
@@ -69,8 +76,14 @@ def test_small_buffers_end_in_one_line_naming_the_overflow():
 
 @pytest.mark.slow
 def test_auto_schedule_runs_and_prints_its_choice():
-  run = subprocess.run([sys.executable, "-m", "experiments.demo", "--config.moe.esp_schedule=auto",
-                        "--config.steps=1"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.demo", "--config.moe.esp_schedule=auto", "--config.steps=1"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr
   assert "moe.esp_schedule='auto' resolved to 's" in run.stdout
   assert "overflowed: 0 (worst-case receive buffers)" in run.stdout

@@ -60,14 +60,18 @@ def test_ci_fails_with_the_command(tmp_path):
   assert result.returncode == 3 and result.stdout == "+ exit 3\n"
 
 
-@pytest.mark.parametrize("readme,reason", [
+@pytest.mark.parametrize(
+  "readme,reason",
+  [
     ("# x\n\n```bash\necho main\necho tests\n```\n", "no marker line"),
     (f"{MARKER}\necho tests\n", "not followed by a ```bash block"),
     (f"{MARKER}\n```bash\necho a\necho b\n```\n", "more than one line"),
     (f"{MARKER}\n```bash\n```\n", "empty"),
     (f"{MARKER}\n```bash\necho a\n", "not closed"),
     (f"{MARKER}\n```bash\necho a\n```\n{MARKER}\n```bash\necho b\n```\n", "appears 2 times"),
-], ids=["no-marker", "no-block", "two-lines", "empty", "unclosed", "two-markers"])
+  ],
+  ids=["no-marker", "no-block", "two-lines", "empty", "unclosed", "two-markers"],
+)
 def test_ci_fails_without_one_marked_command(tmp_path, readme, reason):
   result = run_ci(tmp_path, readme)
   assert result.returncode == 1 and result.stdout == ""
@@ -115,7 +119,8 @@ def _sources() -> list[pathlib.Path]:
 
 
 FILE_NAMES = {p.name for d in TOP_DIRS for p in (ROOT / d).rglob("*") if p.is_file()} | {
-    p.name for p in ROOT.iterdir() if p.is_file()}
+  p.name for p in ROOT.iterdir() if p.is_file()
+}
 # Every dotted suffix of every module's name ('moejax.moe.path' -> 'path', 'moe.path', 'moejax.moe.path'), and the
 # module files it may stand for: how the docs name a module when the package is plain from the context.
 MODULE_SUFFIXES: dict[str, list[pathlib.Path]] = {}
@@ -126,8 +131,29 @@ for _file in _sources():
   for _cut in range(len(_parts)):
     MODULE_SUFFIXES.setdefault(".".join(_parts[_cut:]), []).append(_file)
 # Names that begin values and config sections in the docs (`cfg.top_k`, `data.tokenizer_model`), not modules.
-NOT_MODULES = {"cfg", "config", "aux", "model", "moe_cfg", "params", "args", "self", "np", "jnp", "jax", "data",
-               "mesh", "optim", "log", "checkpoint", "measure", "sim", "planner", "generate", "traffic"}
+NOT_MODULES = {
+  "cfg",
+  "config",
+  "aux",
+  "model",
+  "moe_cfg",
+  "params",
+  "args",
+  "self",
+  "np",
+  "jnp",
+  "jax",
+  "data",
+  "mesh",
+  "optim",
+  "log",
+  "checkpoint",
+  "measure",
+  "sim",
+  "planner",
+  "generate",
+  "traffic",
+}
 MOE_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}
 # Config sections named like a package of moejax: `<section>.<field>` names a field, else a module of the package.
 SECTION_FIELDS = {"moe": MOE_FIELDS, "pipeline": set(pipeline_section.CONFIG_FIELDS)}
@@ -176,8 +202,11 @@ def test_links_and_paths_exist(doc):
         section, field = token.split("=")[0].split(".")[:2]
         if field not in SECTION_FIELDS[section]:
           missing.append(token)  # neither a module of moejax.<section> nor a field of the config's section
-      elif (re.fullmatch(r"[a-z_]\w*(\.\w+)+", token) and token.split(".")[0] not in NOT_MODULES
-            and not _short_reference_resolves(token)):
+      elif (
+        re.fullmatch(r"[a-z_]\w*(\.\w+)+", token)
+        and token.split(".")[0] not in NOT_MODULES
+        and not _short_reference_resolves(token)
+      ):
         missing.append(token)
   assert not missing, f"{doc.relative_to(ROOT)} names what does not exist: {missing}"
 
@@ -189,8 +218,13 @@ def _files(dirs, pattern: str) -> list[str]:
   """The repository's files under `dirs` matching `pattern`, tracked or new (git ls-files: not the ignored ones), as
   paths relative to the root; every such file where git is not there."""
   try:
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *dirs], cwd=ROOT,
-                            capture_output=True, text=True, check=True).stdout.splitlines()
+    listed = subprocess.run(
+      ["git", "ls-files", "--cached", "--others", "--exclude-standard", "--", *dirs],
+      cwd=ROOT,
+      capture_output=True,
+      text=True,
+      check=True,
+    ).stdout.splitlines()
   except (OSError, subprocess.CalledProcessError):
     listed = [p.relative_to(ROOT).as_posix() for d in dirs for p in (ROOT / d).rglob("*") if p.is_file()]
   return sorted({f for f in listed if pathlib.PurePosixPath(f).match(pattern) and (ROOT / f).is_file()})
@@ -223,8 +257,11 @@ def _unnamed_in_layout(text: str, files: list[str]) -> list[str]:
     if file.startswith("configs/") and any((ROOT / d / name).is_file() for d in ("experiments", "benchmarks")):
       continue
     folder = max((f for f in bullets if file.startswith(f)), key=len, default=None)
-    tokens = {token.strip(".,;:()").rsplit("/", 1)[-1] for span in re.findall(r"`([^`\n]+)`", bullets.get(folder, ""))
-              for token in span.split()}
+    tokens = {
+      token.strip(".,;:()").rsplit("/", 1)[-1]
+      for span in re.findall(r"`([^`\n]+)`", bullets.get(folder, ""))
+      for token in span.split()
+    }
     if not {name, name.removesuffix(".py")} & tokens:
       missing.append(file)
   return missing
@@ -236,8 +273,11 @@ def test_layout_names_every_module_and_program():
   assert "moejax/train/heldout.py" in files and "experiments/export.py" in files  # the listing found them
   assert _unnamed_in_layout(text, files) == [], "docs/layout.md: name these, one line each, in their folder's bullet"
   # Would fail on a missing one: a module whose name appears only in another folder's bullet, a program, a sweep.
-  for file, name in [("moejax/pipeline/memory.py", "`memory.py`"), ("experiments/export.py", "`export.py`"),
-                     ("configs/scaling_smile.py", "`scaling_smile.py`")]:
+  for file, name in [
+    ("moejax/pipeline/memory.py", "`memory.py`"),
+    ("experiments/export.py", "`export.py`"),
+    ("configs/scaling_smile.py", "`scaling_smile.py`"),
+  ]:
     assert _unnamed_in_layout(text.replace(name, "`elsewhere.py`"), [file]) == [file]
 
 

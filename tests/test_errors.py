@@ -20,8 +20,14 @@ WORKDIR = "--workdir=/nonexistent/never_written"  # every case fails before the 
 def last_line(module: str, *args: str) -> str:
   """The last non-empty stderr line of `python -m experiments.<module> args`, which must fail without a
   traceback."""
-  run = subprocess.run([sys.executable, "-m", f"experiments.{module}", *args], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=120)
+  run = subprocess.run(
+    [sys.executable, "-m", f"experiments.{module}", *args],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert run.returncode != 0, run.stdout
   assert "Traceback" not in run.stderr, run.stderr
   lines = [line for line in run.stderr.splitlines() if line.strip()]
@@ -57,8 +63,10 @@ def test_misspelt_field_lists_the_nearest_matches_only(explicit):
 
 def test_every_program_names_a_moe_field_with_its_section(tmp_path):
   """The demo's layer checks used to name MoEConfig's field (`collective='ragged'`), the trainer the config's."""
-  lines = {module: last_line(module, "--config.moe.collective=ragged", f"--workdir={tmp_path / module}")
-           for module in ("demo", "train")}
+  lines = {
+    module: last_line(module, "--config.moe.collective=ragged", f"--workdir={tmp_path / module}")
+    for module in ("demo", "train")
+  }
   assert lines["demo"] == lines["train"], lines
   assert lines["demo"].startswith("error: config field moe.collective='ragged' is not allowed: not 'ragged' on cpu")
   assert "use moe.collective='padded'" in lines["demo"]
@@ -83,8 +91,13 @@ def test_a_section_the_config_lacks_points_to_the_field_it_holds():
 
 
 def test_demo_never_resizes_the_mesh_from_the_moe_section():
-  line = last_line("demo", "--config.moe.routing=bilevel", "--config.moe.path=node_first",
-                   "--config.moe.top_k=1", "--config.moe.num_nodes=4")
+  line = last_line(
+    "demo",
+    "--config.moe.routing=bilevel",
+    "--config.moe.path=node_first",
+    "--config.moe.top_k=1",
+    "--config.moe.num_nodes=4",
+  )
   assert "moe.num_nodes=4" in line and "mesh.nodes=2" in line
 
 
@@ -121,23 +134,30 @@ def test_from_mapping_names_unknown_fields_with_their_nearest_matches():
   with pytest.raises(ConfigError) as error:
     MoEConfig.from_mapping(fields, prefix="moe.")
   count = len(dataclasses.fields(MoEConfig)) + 1  # and transport, the old name of path and collective
-  assert str(error.value) == ("unknown config fields moe.capacity (did you mean moe.capacity_factor?); "
-                              f"moe.xyzzy (no close match among the {count} fields of moe)")
+  assert str(error.value) == (
+    "unknown config fields moe.capacity (did you mean moe.capacity_factor?); "
+    f"moe.xyzzy (no close match among the {count} fields of moe)"
+  )
   assert error.value.field == "moe.capacity"
 
 
 def test_unknown_field_message_keeps_only_close_matches():
   known = ["schedule", "esp_schedule", "load_balance_coef", "local_balance_coef", "top_k"]
   assert unknown_field_message(["schedul"], known, "moe.") == (
-      "unknown config field moe.schedul (did you mean moe.schedule?)")
+    "unknown config field moe.schedul (did you mean moe.schedule?)"
+  )
   assert "moe.load_balance_coef or moe.local_balance_coef" in unknown_field_message(["balance_coef"], known, "moe.")
   assert unknown_field_message(["x"], known) == (
-      "unknown config field x (no close match among the 5 fields of the config)")
+    "unknown config field x (no close match among the 5 fields of the config)"
+  )
 
 
 def test_training_sections_name_misspelt_fields_with_their_nearest_matches():
   config = mlm.get_config()
   config.optim.learning_rat = 1.0
-  with pytest.raises(ConfigError, match=r"^unknown config field optim\.learning_rat \(did you mean "
-                                        r"optim\.learning_rate\?\)$"):
+  with pytest.raises(
+    ConfigError,
+    match=r"^unknown config field optim\.learning_rat \(did you mean "
+    r"optim\.learning_rate\?\)$",
+  ):
     train_config.checked(config)

@@ -25,8 +25,9 @@ SCHEDULES = parm.ESP_SCHEDULES
 def _matches(cfg, mesh, schedule, params, x, reference, grads=True):
   """The layer under `schedule` equals `reference` (a `helpers.reference_run` with the schedule's capacity
   groups)."""
-  return helpers.assert_matches_reference(dataclasses.replace(cfg, esp_schedule=schedule), mesh, params, x,
-                                          reference=reference, grads=grads)
+  return helpers.assert_matches_reference(
+    dataclasses.replace(cfg, esp_schedule=schedule), mesh, params, x, reference=reference, grads=grads
+  )
 
 
 def _groups(schedule, n, m):
@@ -37,8 +38,10 @@ def _groups(schedule, n, m):
 # Per mesh: routing, activation, gating, expert backend and forced routing (None = random; the 4x2 case
 # sends both choices of every token to the two experts of the last node). The 2x4 mesh is covered, with
 # drops, by test_drops_follow_each_schedules_dispatch_groups.
-CASES = [pytest.param(2, 2, "bilevel", "silu", False, "dense", None, id="2x2-bilevel"),
-         pytest.param(4, 2, "topk", "relu", True, "ragged_dot", [6, 7], id="4x2-topk-one-node")]
+CASES = [
+  pytest.param(2, 2, "bilevel", "silu", False, "dense", None, id="2x2-bilevel"),
+  pytest.param(4, 2, "topk", "relu", True, "ragged_dot", [6, 7], id="4x2-topk-one-node"),
+]
 
 
 @pytest.mark.parametrize("n,m,routing,activation,gated,backend,forced", CASES)
@@ -49,9 +52,21 @@ def test_schedules_match_reference_without_drops(n, m, routing, activation, gate
   # the node router's gradient would be float noise.)
   # capacity_factor E / k: every capacity >= its group's tokens, so no schedule drops anything and all
   # schedules equal one reference.
-  cfg = MoEConfig(num_experts=num_experts, top_k=k, d_model=8, d_ff=4 * m, routing=routing, num_nodes=n,
-                  collective="capacity", capacity_factor=num_experts / k, expert_backend=backend,
-                  activation=activation, gated=gated, renormalize=routing == "topk", z_loss_coef=1e-3)
+  cfg = MoEConfig(
+    num_experts=num_experts,
+    top_k=k,
+    d_model=8,
+    d_ff=4 * m,
+    routing=routing,
+    num_nodes=n,
+    collective="capacity",
+    capacity_factor=num_experts / k,
+    expert_backend=backend,
+    activation=activation,
+    gated=gated,
+    renormalize=routing == "topk",
+    z_loss_coef=1e-3,
+  )
   params = helpers.random_params(cfg, 10 * n + m)
   x = helpers.normal(10 * n + m + 1, (n * m * 8, 8))
   if forced:
@@ -73,8 +88,7 @@ def test_drops_follow_each_schedules_dispatch_groups(mesh_2x4):
   cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=1.1)
   params, x = helpers.force_routing(helpers.random_params(cfg, 7), helpers.normal(8, (64, 8)), [2])
   references = {groups: helpers.reference_run(cfg, params, x, groups) for groups in (2, 8)}
-  results = {s: _matches(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)])
-             for s in SCHEDULES}
+  results = {s: _matches(cfg, mesh_2x4, s, params, x, references[_groups(s, 2, 4)]) for s in SCHEDULES}
   assert int(results["s2"][1]["tokens_dropped"]) == 64 - 2 * 9
   assert int(results["s1"][1]["tokens_dropped"]) == 64 - 8 * 3
   assert helpers.relative_error(results["baseline"][0], results["s2"][0]) < 1e-6  # the same tokens kept
@@ -95,8 +109,9 @@ def test_dropless_schedules_match_reference():
   (gradients compared for S2, whose split and all-gather act on the token-choice rows; the exchange's
   own gradient is the layer's, tested in test_layer)."""
   n, m = 2, 2
-  cfg = MoEConfig(num_experts=4, top_k=2, d_model=8, d_ff=8, collective="padded", gated=True, activation="silu",
-                  z_loss_coef=1e-3)
+  cfg = MoEConfig(
+    num_experts=4, top_k=2, d_model=8, d_ff=8, collective="padded", gated=True, activation="silu", z_loss_coef=1e-3
+  )
   params = helpers.random_params(cfg, 21)
   x = helpers.normal(22, (n * m * 6, 8))
   reference = helpers.reference_run(cfg, params, x, dispatch_groups=1)
@@ -121,8 +136,7 @@ def test_dropless_overflow_outputs_zero_and_is_counted(mesh_2x4, schedule):
 
 def test_router_jitter_is_split_with_the_tokens(mesh_2x4):
   """S1 splits the router's noisy input with the tokens; the draw is the layer's (`moe_apply`)."""
-  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=4.0,
-                  jitter=0.5)
+  cfg = MoEConfig(num_experts=4, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=4.0, jitter=0.5)
   params = helpers.random_params(cfg, 13)
   x = helpers.normal(14, (64, 8))
   rng = jax.random.key(15)
@@ -138,8 +152,9 @@ def _mesh_axes_groups(text, mesh_name, axes):
   the form jax 0.12 lowers replica groups to: per value of the other axes, the devices along `axes`."""
   declared = re.search(rf"sdy\.mesh @{mesh_name} = <\[(.*?)\](?:, device_ids=\[([\d, ]*)\])?>", text)
   names, sizes = zip(*((n, int(v)) for n, v in re.findall(r'"(\w+)"=(\d+)', declared.group(1))))
-  ids = (np.array([int(i) for i in declared.group(2).split(",")]) if declared.group(2)
-         else np.arange(int(np.prod(sizes)))).reshape(sizes)
+  ids = (
+    np.array([int(i) for i in declared.group(2).split(",")]) if declared.group(2) else np.arange(int(np.prod(sizes)))
+  ).reshape(sizes)
   order = [names.index(a) for a in axes]
   others = [i for i in range(len(names)) if i not in order]
   grouped = ids.transpose(others + order).reshape(-1, int(np.prod([sizes[i] for i in order])))
@@ -149,17 +164,25 @@ def _mesh_axes_groups(text, mesh_name, axes):
 def _collectives(text):
   """[(op, replica groups, operand element counts, dtypes)] of the collectives in StableHLO text;
   replica groups as device lists, whether printed as such (jax 0.10, 0.11) or as mesh axes (0.12)."""
-  pattern = (r'"stablehlo\.(all_to_all|all_gather|all_reduce|reduce_scatter|collective_permute)"\(.*?'
-             r'replica_groups = (?:dense<(\[\[.*?\]\])>|#stablehlo\.replica_group_mesh_axes<mesh = @([\w.]+), '
-             r'axes = \[(.*?)\]>).*?\}[>)]\s*:\s*\(([^)]*)\)')
+  pattern = (
+    r'"stablehlo\.(all_to_all|all_gather|all_reduce|reduce_scatter|collective_permute)"\(.*?'
+    r"replica_groups = (?:dense<(\[\[.*?\]\])>|#stablehlo\.replica_group_mesh_axes<mesh = @([\w.]+), "
+    r"axes = \[(.*?)\]>).*?\}[>)]\s*:\s*\(([^)]*)\)"
+  )
   found = []
   for op, groups, mesh_name, axes, operands in re.findall(pattern, text, re.S):
     if not groups:
       assert "sub_axis_info" not in axes, axes
       groups = _mesh_axes_groups(text, mesh_name, re.findall(r'axis_ref<name = "(\w+)">', axes))
     shapes = re.findall(r"tensor<([0-9x]*)(\w+)>", operands)
-    found.append((op, groups.replace(" ", ""), [int(np.prod([int(s) for s in dims.split("x") if s]))
-                                                for dims, _ in shapes], [dtype for _, dtype in shapes]))
+    found.append(
+      (
+        op,
+        groups.replace(" ", ""),
+        [int(np.prod([int(s) for s in dims.split("x") if s])) for dims, _ in shapes],
+        [dtype for _, dtype in shapes],
+      )
+    )
   return found
 
 
@@ -186,16 +209,26 @@ def test_collective_inventory_matches_parm(mesh_2x4):
     return size if size % d == 0 else size // (d + 1) * d if size % (d + 1) == 0 else None
 
   def inventory(schedule, backward=False):
-    return sorted((op, groups, token_elements(sizes[0])) for op, groups, sizes, dtypes
-                  in _collectives(lowered(schedule, backward)) if dtypes[0] == "f32" and token_elements(sizes[0]))
+    return sorted(
+      (op, groups, token_elements(sizes[0]))
+      for op, groups, sizes, dtypes in _collectives(lowered(schedule, backward))
+      if dtypes[0] == "f32" and token_elements(sizes[0])
+    )
 
-  assert inventory("baseline") == sorted([("all_gather", gpus, blm),  # AG_ESP: BLM in, BLM x N_ESP out
-                                          ("all_to_all", nodes, etm * m), ("all_to_all", nodes, etm * m),
-                                          ("all_reduce", gpus, etm * m)])
-  assert inventory("s1") == sorted([("all_to_all", flat, etm), ("all_to_all", flat, etm),
-                                    ("all_gather", gpus, blm // m)])  # gathers BLM / N_MP per GPU into BLM
-  assert inventory("s2") == sorted([("all_to_all", flat, etm), ("all_to_all", flat, etm),
-                                    ("all_gather", gpus, etm // m)])  # into ETM
+  assert inventory("baseline") == sorted(
+    [
+      ("all_gather", gpus, blm),  # AG_ESP: BLM in, BLM x N_ESP out
+      ("all_to_all", nodes, etm * m),
+      ("all_to_all", nodes, etm * m),
+      ("all_reduce", gpus, etm * m),
+    ]
+  )
+  assert inventory("s1") == sorted(
+    [("all_to_all", flat, etm), ("all_to_all", flat, etm), ("all_gather", gpus, blm // m)]
+  )  # gathers BLM / N_MP per GPU into BLM
+  assert inventory("s2") == sorted(
+    [("all_to_all", flat, etm), ("all_to_all", flat, etm), ("all_gather", gpus, etm // m)]
+  )  # into ETM
   for schedule, split in (("s1", blm // m), ("s2", etm // m)):
     backward = inventory(schedule, backward=True)
     assert ("all_gather", gpus, split) in backward  # the MP split's backward
@@ -210,9 +243,11 @@ def test_collective_inventory_matches_parm(mesh_2x4):
 
 def test_mp_split_backward_is_the_gathered_cotangent(mesh_2x4):
   """mp_split's custom backward gives the same gradient as the plain slice it replaces."""
+
   def run(split):
     def body(x):
       return jnp.sum(jnp.sin(split(x)) * (1.0 + jax.lax.axis_index("gpu")))[None, None]
+
     f = jax.shard_map(body, mesh=mesh_2x4, in_specs=P("node"), out_specs=P("node", "gpu"))
     return jax.jit(jax.grad(lambda x: jnp.sum(f(x))))(helpers.normal(3, (16, 3)))
 
@@ -233,8 +268,7 @@ def test_bad_inputs_are_named_before_compiling(mesh_2x4):
   raises(r"esp_schedule='auto'", schedule="auto")
   raises(r"num_experts=3.*multiple of the mesh's 2 nodes", cfg=MoEConfig(**{**base, "num_experts": 3}))
   raises(r"d_ff=6.*multiple of the mesh's 4 GPUs", cfg=MoEConfig(**{**base, "d_ff": 6}))
-  raises(r"path='gpu_first'.*no intra-node hop", cfg=MoEConfig(**{**base, "path": "gpu_first"}),
-         schedule="baseline")
+  raises(r"path='gpu_first'.*no intra-node hop", cfg=MoEConfig(**{**base, "path": "gpu_first"}), schedule="baseline")
   raises(r"collective='ragged'.*use collective='padded'", cfg=MoEConfig(**{**base, "collective": "ragged"}))
   raises(r"expert_backend='pallas'", cfg=MoEConfig(**{**base, "expert_backend": "pallas"}))
   raises(r"60 tokens, not a multiple of 8 \(esp_schedule='s1'", x=x[:60])
@@ -250,8 +284,15 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   (BLM), S2 the expert outputs (ETM = k f BLM): with k f = 1 S2 saves S1's second all-to-all, with
   k f = 4 and large messages S1's smaller all-gather wins. The result equals the reference."""
   mesh = mesh_lib.make_mesh(2, 2)
-  cfg = MoEConfig(num_experts=4, top_k=top_k, d_model=1024, d_ff=1024, collective="capacity",
-                  capacity_factor=capacity_factor, esp_schedule="auto")
+  cfg = MoEConfig(
+    num_experts=4,
+    top_k=top_k,
+    d_model=1024,
+    d_ff=1024,
+    collective="capacity",
+    capacity_factor=capacity_factor,
+    esp_schedule="auto",
+  )
   assert parm.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
   small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
   chosen = parm.resolve_auto(small, 32, 2, 2)

@@ -65,7 +65,7 @@ def test_a_path_determined_routing_is_recovered_exactly():
   shift = rng.integers(0, experts, size=layers)
   traces = np.empty((layers, 900), np.int64)
   traces[:2] = rng.choice(experts, size=(2, 900), p=np.arange(1, experts + 1) / 21)
-  traces[:2, :experts ** 2] = np.divmod(np.arange(experts ** 2), experts)  # every path is profiled
+  traces[:2, : experts**2] = np.divmod(np.arange(experts**2), experts)  # every path is profiled
   for j in range(2, layers):
     traces[j] = (2 * traces[j - 2] + traces[j - 1] + shift[j]) % experts
   tables = estimator.profile(traces[:, :600], experts, 2)
@@ -122,7 +122,7 @@ def test_moving_average_and_l1_match_loops():
     got = estimator.moving_average(loads, window)
     np.testing.assert_array_equal(got[0], np.ones(5))
     for b in range(1, 9):
-      recent = loads[max(0, b - window):b]
+      recent = loads[max(0, b - window) : b]
       np.testing.assert_allclose(got[b], recent.sum(0) / len(recent), rtol=1e-12)
   a, b = rng.uniform(0.1, 1, 7), rng.uniform(0.1, 1, 7)
   assert estimator.l1_error(a, b) == pytest.approx(sum(abs(x / a.sum() - y / b.sum()) for x, y in zip(a, b)))
@@ -147,20 +147,27 @@ def test_plan_batches_policies_and_dropped_tokens():
       assert set(table.ravel().tolist()) == set(range(8))
 
 
-@pytest.mark.parametrize("call,field", [
+@pytest.mark.parametrize(
+  "call,field",
+  [
     (lambda: estimator.profile(np.zeros((3, 4)), 4), "traces.dtype"),
     (lambda: estimator.profile(np.full((3, 4), 4), 4), "traces"),
     (lambda: estimator.profile(np.zeros((3,), int), 4), "traces.shape"),
     (lambda: estimator.profile(np.zeros((3, 4), int), 4, path_length=3), "path_length"),
     (lambda: estimator.profile(np.zeros((3, 4), int), 4, path_length=1, top_k=0), "top_k"),
     (lambda: estimator.profile(np.zeros((3, 4), int), 0), "num_experts"),
-    (lambda: estimator.estimate_loads(estimator.profile(np.zeros((3, 4), int), 4, 1), np.zeros((4, 4), int)),
-     "traces.shape"),
+    (
+      lambda: estimator.estimate_loads(estimator.profile(np.zeros((3, 4), int), 4, 1), np.zeros((4, 4), int)),
+      "traces.shape",
+    ),
     (lambda: estimator.moving_average(np.ones((3, 2)), 0), "window"),
-    (lambda: estimator.plan_batches(estimator.profile(np.zeros((3, 4), int), 4, 1), np.zeros((3, 4), int), 5, 1, 2,
-                                    2), "batch_tokens"),
+    (
+      lambda: estimator.plan_batches(estimator.profile(np.zeros((3, 4), int), 4, 1), np.zeros((3, 4), int), 5, 1, 2, 2),
+      "batch_tokens",
+    ),
     (lambda: rebalance_lib.identity_table(6, 4), "num_experts"),
-])
+  ],
+)
 def test_bad_inputs_name_the_value(call, field):
   with pytest.raises(ConfigError) as info:
     call()

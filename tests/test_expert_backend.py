@@ -30,15 +30,28 @@ BASE = dict(num_experts=16, top_k=2, d_model=16, d_ff=32, gated=True, activation
 
 def _row(d, f, experts, rows, passes, times, gated=True, activation="silu", skew="balanced"):
   """A bench_kernels result list for one shape: `times` {impl: median seconds, or None for skipped}."""
-  shape = dict(model="m", d=d, f=f, experts=experts, gated=gated, activation=activation, rows=rows, skew=skew,
-               passes=passes, op="ffn")
-  return [dict(shape, impl=i, median_s=t) if t is not None else dict(shape, impl=i, skipped="absent")
-          for i, t in times.items()]
+  shape = dict(
+    model="m",
+    d=d,
+    f=f,
+    experts=experts,
+    gated=gated,
+    activation=activation,
+    rows=rows,
+    skew=skew,
+    passes=passes,
+    op="ffn",
+  )
+  return [
+    dict(shape, impl=i, median_s=t) if t is not None else dict(shape, impl=i, skipped="absent")
+    for i, t in times.items()
+  ]
 
 
 def _write_table(tmp_path, results, device="cpu", dtype="float32") -> str:
-  table = eb.table_from_results(results, dict(device=device, platform="cpu", dtype=dtype, smoke=False,
-                                              versions={}, source="test"))
+  table = eb.table_from_results(
+    results, dict(device=device, platform="cpu", dtype=dtype, smoke=False, versions={}, source="test")
+  )
   path = tmp_path / "table.json"
   path.write_text(json.dumps(table))
   return str(path)
@@ -60,15 +73,16 @@ def test_unfused_pallas_ffn_and_grads_match_numpy(gated, activation):
   def numpy_ffn(x, w_in, w_gate, w_out):
     y, start = np.zeros_like(x), 0
     for g, n in enumerate(sizes):
-      rows = x[start:start + n]
+      rows = x[start : start + n]
       h = ACT[activation](rows @ w_gate[g]) * (rows @ w_in[g]) if gated else ACT[activation](rows @ w_in[g])
-      y[start:start + n] = h @ w_out[g]
+      y[start : start + n] = h @ w_out[g]
       start += n
     return y
 
   def ours(x, w_in, w_gate, w_out):
-    return experts.expert_ffn(x, jnp.asarray(sizes), w_in, w_out, w_gate if gated else None, activation=activation,
-                              backend="pallas_unfused")
+    return experts.expert_ffn(
+      x, jnp.asarray(sizes), w_in, w_out, w_gate if gated else None, activation=activation, backend="pallas_unfused"
+    )
 
   args = [jnp.asarray(a, jnp.float32) for a in (x, w_in, w_gate, w_out)]
   y, vjp = jax.vjp(ours, *args)
@@ -105,12 +119,15 @@ def test_table_picks_the_fastest_candidate_and_lists_what_did_not_run():
   assert row["not_measured"] == {"tokamax": "absent", "pallas_unfused": "not run", "pallas_saved": "not run"}
 
 
-@pytest.mark.parametrize("fields,mesh,want", [
+@pytest.mark.parametrize(
+  "fields,mesh,want",
+  [
     ({}, (2, 4), (16, 32, 2, 1024 * 2 // 8)),  # experts over all 8 devices, tokens x K over them
     ({"slots_per_device": 3}, (2, 4), (16, 32, 3, 256)),  # a call sees every slot of its device
     ({"esp_schedule": "s1"}, (2, 4), (16, 8, 8, 1024 * 2 // 2)),  # a node's experts, d_ff / 4, the node's rows
     ({"expert_data_parallel": True}, (2, 4), (16, 32, 4, 256)),  # a node's experts on its GPUs
-])
+  ],
+)
 def test_layer_shape(fields, mesh, want):
   shape = eb.layer_shape(MoEConfig(**{**BASE, **fields}), 1024, *mesh)
   assert (shape.d, shape.f, shape.experts, shape.rows) == want
@@ -119,11 +136,12 @@ def test_layer_shape(fields, mesh, want):
 
 def test_choose_nearest_rows_within_the_ratio_and_refuse_beyond():
   table = eb.table_from_results(
-      _row(16, 32, 2, 256, "fwd_bwd", {"pallas": 2.0, "ragged_dot": 1.0})
-      + _row(16, 32, 2, 4096, "fwd_bwd", {"pallas": 1.0, "ragged_dot": 2.0})
-      + _row(16, 32, 2, 256, "fwd", {"pallas": 1.0, "ragged_dot": 2.0})
-      + _row(16, 32, 2, 256, "fwd_bwd", {"pallas": 0.5, "ragged_dot": 2.0}, skew="skewed"),
-      dict(dtype="float32"))
+    _row(16, 32, 2, 256, "fwd_bwd", {"pallas": 2.0, "ragged_dot": 1.0})
+    + _row(16, 32, 2, 4096, "fwd_bwd", {"pallas": 1.0, "ragged_dot": 2.0})
+    + _row(16, 32, 2, 256, "fwd", {"pallas": 1.0, "ragged_dot": 2.0})
+    + _row(16, 32, 2, 256, "fwd_bwd", {"pallas": 0.5, "ragged_dot": 2.0}, skew="skewed"),
+    dict(dtype="float32"),
+  )
   shape = eb.FFNShape(16, 32, 2, 300, True, "silu", "float32")
   assert eb.choose(table, shape, "fwd_bwd")[0] == "ragged_dot"  # balanced groups, 256 rows nearest
   assert eb.choose(table, shape, "fwd")[0] == "pallas"
@@ -141,8 +159,11 @@ def test_shipped_h100_table_is_the_committed_measurements():
   results, meta = expert_table.merge(records, names)
   shipped = json.loads(open(os.path.join(eb.TABLES_DIR, "nvidia_h100_80gb_hbm3.json")).read())
   assert shipped == json.loads(json.dumps(eb.table_from_results(results, meta)))
-  tuned = {e["passes"]: e["median_s"] for e in records[1]["results"]
-           if (e["impl"], e["op"], e["skew"]) == ("pallas", "ffn", "balanced")}
+  tuned = {
+    e["passes"]: e["median_s"]
+    for e in records[1]["results"]
+    if (e["impl"], e["op"], e["skew"]) == ("pallas", "ffn", "balanced")
+  }
   mixtral = {r["passes"]: r for r in shipped["shapes"] if r["model"] == "mixtral_8x7b" and r["skew"] == "balanced"}
   assert {p: r["candidates_median_s"]["pallas"] for p, r in mixtral.items()} == tuned  # the re-run's tiles win
   # What 'auto' picks at a measured shape: Mixtral's 8 experts on one H100, in bf16.
@@ -158,11 +179,15 @@ def test_shipped_h100_table_is_the_committed_measurements():
 def test_resolve_on_a_mesh_and_refusals(mesh_2x4, tmp_path):
   cfg = MoEConfig(**BASE, expert_backend="auto")
   assert eb.resolve(dataclasses.replace(cfg, expert_backend="dense"), 1024, mesh_2x4).expert_backend == "dense"
-  with pytest.raises(ConfigError, match=r"ships tables for \[.nvidia_h100_80gb_hbm3.\], not .cpu.*--config\.shape=16,32,2,1,silu --config\.rows=256"):
+  with pytest.raises(
+    ConfigError,
+    match=r"ships tables for \[.nvidia_h100_80gb_hbm3.\], not .cpu.*--config\.shape=16,32,2,1,silu --config\.rows=256",
+  ):
     eb.resolve(cfg, 1024, mesh_2x4)
   times = {"pallas": 4e-3, "pallas_unfused": 3e-3, "ragged_dot": 1e-3, "tokamax": None}
-  path = _write_table(tmp_path, _row(16, 32, 2, 256, "fwd_bwd", times) + _row(16, 32, 2, 256, "fwd", {
-      **times, "pallas": 1e-4}))
+  path = _write_table(
+    tmp_path, _row(16, 32, 2, 256, "fwd_bwd", times) + _row(16, 32, 2, 256, "fwd", {**times, "pallas": 1e-4})
+  )
   with_table = dataclasses.replace(cfg, expert_table=path)
   assert eb.resolve(with_table, 1024, mesh_2x4).expert_backend == "ragged_dot"
   assert eb.resolve(with_table, 1024, mesh_2x4, "fwd").expert_backend == "pallas"
@@ -192,10 +217,20 @@ def test_measured_cpu_table_drives_the_trainer_and_the_layer(mesh_2x4, tmp_path)
   model_cfg, moe_cfg = config_lib.validate(config)
   shape = eb.layer_shape(moe_cfg, 8 * 32, 2, 4)
   model = dict(d=shape.d, f=shape.f, experts=shape.experts, top_k=1, gated=shape.gated, activation=shape.activation)
-  assert kernel_cases.custom_model([str(v) for v in (shape.d, shape.f, shape.experts, int(shape.gated),
-                                                      shape.activation)]) == model
-  results = kernels.run({"custom": model}, [shape.rows], ["balanced"], ["ffn"],
-                              ["pallas_unfused", "ragged_dot", "dense_gemm"], jnp.float32, 1, 3)
+  assert (
+    kernel_cases.custom_model([str(v) for v in (shape.d, shape.f, shape.experts, int(shape.gated), shape.activation)])
+    == model
+  )
+  results = kernels.run(
+    {"custom": model},
+    [shape.rows],
+    ["balanced"],
+    ["ffn"],
+    ["pallas_unfused", "ragged_dot", "dense_gemm"],
+    jnp.float32,
+    1,
+    3,
+  )
   assert all("median_s" in e for e in results)
   table = _write_table(tmp_path, results)
   measured = {e["impl"]: e["median_s"] for e in results if e["passes"] == "fwd_bwd" and e["impl"] != "dense_gemm"}
@@ -218,7 +253,9 @@ def test_from_hf_resolves_auto_for_the_tokens_of_a_call(mesh_2x4, tmp_path):
     models.from_hf(path, mesh_2x4, moe={"expert_backend": "auto"})
   shape = eb.layer_shape(models.from_hf(path, mesh_2x4).moe_cfg, 64, 2, 4)
   times = {"pallas": 3e-3, "pallas_unfused": 2e-3, "ragged_dot": 4e-3}
-  table = _write_table(tmp_path, _row(shape.d, shape.f, shape.experts, shape.rows, "fwd", times, gated=shape.gated,
-                                      activation=shape.activation))
+  table = _write_table(
+    tmp_path,
+    _row(shape.d, shape.f, shape.experts, shape.rows, "fwd", times, gated=shape.gated, activation=shape.activation),
+  )
   model = models.from_hf(path, mesh_2x4, moe={"expert_backend": "auto", "expert_table": table}, tokens=64)
   assert model.moe_cfg.expert_backend == "pallas_unfused"

@@ -3,7 +3,6 @@ by DeepSeek-V3's rule from the step's loads, passed to the layers' routing only;
 presets train at small scale. (That the bias survives a kill and resume bit-identically is test_train's
 kill-and-resume test, which runs with it.)"""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -80,7 +79,9 @@ def test_trainer_routes_with_the_state_bias_and_never_weights_by_it(biased):
   assert np.abs(np.asarray(bias)).max() > 0
 
   def counts(bias_MxE):
-    model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_expert_biases(trainer.model_cfg, rest, bias_MxE))
+    model = nnx.merge(
+      trainer.graphdef, state["params"], state_lib.with_expert_biases(trainer.model_cfg, rest, bias_MxE)
+    )
     return sum(np.asarray(model(jnp.asarray(micro))[1]["expert_counts"]) for micro in record["tokens"])
 
   np.testing.assert_array_equal(counts(bias), record["expert_counts"])  # the step's routing used the state's bias
@@ -98,8 +99,10 @@ def test_trainer_routes_with_the_state_bias_and_never_weights_by_it(biased):
 
 
 def test_balancing_lowers_the_busiest_expert_load(biased):
-  busiest = {rate: [metrics.busiest_expert_load(r["expert_counts"]) for r in records]
-             for rate, records in ((0.0, _steps(0.0)[3]), (RATE, biased[3]))}
+  busiest = {
+    rate: [metrics.busiest_expert_load(r["expert_counts"]) for r in records]
+    for rate, records in ((0.0, _steps(0.0)[3]), (RATE, biased[3]))
+  }
   late = {rate: float(np.mean(b[-10:])) for rate, b in busiest.items()}
   print(f"busiest expert load / mean over the last 10 of {STEPS} steps, without and with the bias:", late)
   assert busiest[0.0][0] == busiest[RATE][0]  # the first step routes with a zero bias
@@ -131,17 +134,41 @@ def test_preset_trains_at_small_scale(shared, tmp_path, name):
 
 def test_presets_match_the_published_shapes():
   full = {name: presets.moe_fields(name) for name in presets.PRESETS}
-  assert {k: full["deepseek_v3"][k] for k in ("d_model", "d_ff", "num_experts", "top_k", "num_groups",
-                                                "topk_groups", "routed_scaling", "num_shared_experts")} == dict(
-      d_model=7168, d_ff=2048, num_experts=256, top_k=8, num_groups=8, topk_groups=4, routed_scaling=2.5,
-      num_shared_experts=1)
+  assert {
+    k: full["deepseek_v3"][k]
+    for k in (
+      "d_model",
+      "d_ff",
+      "num_experts",
+      "top_k",
+      "num_groups",
+      "topk_groups",
+      "routed_scaling",
+      "num_shared_experts",
+    )
+  } == dict(
+    d_model=7168,
+    d_ff=2048,
+    num_experts=256,
+    top_k=8,
+    num_groups=8,
+    topk_groups=4,
+    routed_scaling=2.5,
+    num_shared_experts=1,
+  )
   assert (full["qwen3_moe"]["d_model"], full["qwen3_moe"]["d_ff"], full["qwen3_moe"]["num_experts"]) == (2048, 768, 128)
   from moejax.bench import kernel_cases  # the kernel benchmark's Mixtral shape is the same
+
   bench = kernel_cases.MODELS["mixtral_8x7b"]
   mixtral = full["mixtral_8x7b"]
-  assert (mixtral["d_model"], mixtral["d_ff"], mixtral["num_experts"], mixtral["top_k"], mixtral["gated"],
-          mixtral["activation"]) == (bench["d"], bench["f"], bench["experts"], bench["top_k"], bench["gated"],
-                                     bench["activation"])
+  assert (
+    mixtral["d_model"],
+    mixtral["d_ff"],
+    mixtral["num_experts"],
+    mixtral["top_k"],
+    mixtral["gated"],
+    mixtral["activation"],
+  ) == (bench["d"], bench["f"], bench["experts"], bench["top_k"], bench["gated"], bench["activation"])
   small = presets.moe_fields("deepseek_v3", 16, min_experts=8)  # 16 experts would leave 8 candidates = top-8
   assert (small["d_model"], small["d_ff"], small["num_experts"]) == (448, 128, 24)
   assert presets.moe_fields("deepseek_v3", 1, 64)["num_experts"] == 24  # not 8 groups of one (tests/test_presets.py)

@@ -14,13 +14,18 @@ from moejax.validation import ConfigError
 from tests import helpers
 
 
-@pytest.mark.parametrize("n,m,num_experts,fields", [
-    (2, 4, 4, {}), (2, 4, 4, {"dedup": False}), (4, 2, 4, {"schedule": "comet", "num_chunks": 2}),
-    (2, 4, 8, {"buffer_factor": 2.0, "slots_per_device": 3}), (4, 2, 2, {"collective": "capacity",
-                                                                       "capacity_factor": 1.0})])
+@pytest.mark.parametrize(
+  "n,m,num_experts,fields",
+  [
+    (2, 4, 4, {}),
+    (2, 4, 4, {"dedup": False}),
+    (4, 2, 4, {"schedule": "comet", "num_chunks": 2}),
+    (2, 4, 8, {"buffer_factor": 2.0, "slots_per_device": 3}),
+    (4, 2, 2, {"collective": "capacity", "capacity_factor": 1.0}),
+  ],
+)
 def test_experts_over_gpus_equal_the_reference_and_stay_in_the_node(n, m, num_experts, fields):
-  cfg = MoEConfig(num_experts=num_experts, top_k=2, d_model=16, d_ff=8, gated=True, expert_data_parallel=True,
-                  **fields)
+  cfg = MoEConfig(num_experts=num_experts, top_k=2, d_model=16, d_ff=8, gated=True, expert_data_parallel=True, **fields)
   mesh = mesh_lib.make_mesh(n, m)
   params, x = helpers.random_params(cfg, n + num_experts), helpers.normal(m, (8 * n * m, 16))
   table = None
@@ -42,9 +47,16 @@ def test_fewer_experts_than_devices_need_it():
   assert MoEConfig(num_experts=4, top_k=2, d_model=16, d_ff=8, expert_data_parallel=True).experts_per_holder(2, 4) == 1
 
 
-@pytest.mark.parametrize("fields", [
-    {"esp_schedule": "s1"}, {"routing": "bilevel", "num_nodes": 2}, {"routing": "node_limited", "num_nodes": 2},
-    {"path": "gpu_first"}, {"path": "node_first"}])
+@pytest.mark.parametrize(
+  "fields",
+  [
+    {"esp_schedule": "s1"},
+    {"routing": "bilevel", "num_nodes": 2},
+    {"routing": "node_limited", "num_nodes": 2},
+    {"path": "gpu_first"},
+    {"path": "node_first"},
+  ],
+)
 def test_choices_that_cannot_meet_it_are_refused(fields):
   with pytest.raises(ConfigError, match="expert_data_parallel=True.*every node holds every expert"):
     MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=8, expert_data_parallel=True, **fields)

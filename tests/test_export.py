@@ -38,9 +38,15 @@ def test_runs_without_a_hugging_face_form_are_refused(tmp_path):
   with pytest.raises(ConfigError, match="config.json"):
     export.training_config(str(tmp_path))
   (tmp_path / run_config.CONFIG_FILE).write_text(run_config.dumps(mlm.get_config()))
-  done = subprocess.run([sys.executable, "-m", "experiments.export", f"--config.run={tmp_path}",
-                         f"--workdir={tmp_path / 'hf'}"], cwd=ROOT, env=cpu_env(), capture_output=True, text=True)
+  done = subprocess.run(
+    [sys.executable, "-m", "experiments.export", f"--config.run={tmp_path}", f"--workdir={tmp_path / 'hf'}"],
+    cwd=ROOT,
+    env=cpu_env(),
+    capture_output=True,
+    text=True,
+  )
   assert done.returncode == 1 and not (tmp_path / "hf").exists()
   assert done.stderr.strip().splitlines()[-1] == (
-      f"error: config field run='{tmp_path}' is not allowed: a run of a decoder family (configs/decoder.py): its model "
-      "kind 'bert' (SMILE's BERT / GPT) has no Hugging Face form")
+    f"error: config field run='{tmp_path}' is not allowed: a run of a decoder family (configs/decoder.py): its model "
+    "kind 'bert' (SMILE's BERT / GPT) has no Hugging Face form"
+  )

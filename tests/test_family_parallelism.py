@@ -28,14 +28,14 @@ def test_tensor_parallel_and_fsdp_give_transformers_logits(devices, family, layo
   ref = np.load(DATA / family / "reference.npz")
   logits = np.asarray(jax.jit(lambda t: model(t)[0])(np.tile(ref["tokens"], (4, 1))))
   for copy in range(4):
-    got = logits[2 * copy:2 * copy + 2]
+    got = logits[2 * copy : 2 * copy + 2]
     assert np.linalg.norm(got - ref["logits"]) / np.linalg.norm(ref["logits"]) < 1e-4
   path, r = layers.where(model.cfg)[0]  # scanned: the segment's stacked kernel [R, d, heads], R never sharded
   attn = layers.subtree(nnx.to_pure_dict(nnx.state(model, nnx.Param)), path, None)["attn"]
   spec = attn["q_proj" if family == "qwen2_moe" else "q_b_proj"]["kernel"].sharding.spec
   lead = 0 if r is None else 1
   assert tuple(spec)[:lead] == (None,) * lead, spec
-  assert (tuple(spec)[lead + 1:lead + 2] == (mesh_lib.GPU,)) == layout.get("tensor_parallel", False), spec
+  assert (tuple(spec)[lead + 1 : lead + 2] == (mesh_lib.GPU,)) == layout.get("tensor_parallel", False), spec
   embed = model.embed.embedding[...].sharding.spec
   want = (mesh_lib.NODE if layout.get("tensor_parallel") else mesh_lib.AXES) if layout.get("fsdp") else None
   assert (tuple(embed) + (None,))[0] == want, embed

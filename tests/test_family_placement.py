@@ -53,7 +53,7 @@ def _group_preserving(rng, layers, experts, groups):
     blocks = rng.permutation(groups)
     for g in range(groups):
       slots = blocks[g] * per_group + rng.permutation(per_group)
-      place[j, g * per_group:(g + 1) * per_group] = slots // per_device
+      place[j, g * per_group : (g + 1) * per_group] = slots // per_device
   return place
 
 
@@ -101,9 +101,10 @@ def _check_layout(model, tensors, order, mesh):
       bias = np.asarray(moe.expert_bias[...])
       np.testing.assert_array_equal(bias, tensors[f"{prefix}.gate.e_score_correction_bias"][list(order[j])])
     assert moe.shared is not None
-    np.testing.assert_array_equal(np.asarray(moe.shared.w_in[...]),
-                                  tensors[f"{prefix}.{'shared_expert' if moe.shared_gate else 'shared_experts'}"
-                                          ".up_proj.weight"].T)
+    np.testing.assert_array_equal(
+      np.asarray(moe.shared.w_in[...]),
+      tensors[f"{prefix}.{'shared_expert' if moe.shared_gate else 'shared_experts'}.up_proj.weight"].T,
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -124,7 +125,7 @@ def test_placed_checkpoint_keeps_the_logits_and_puts_experts_on_their_devices(fa
   logits, _ = model(np.tile(ref["tokens"], (TILE, 1)))
   logits = np.asarray(logits)
   for copy in range(TILE):
-    assert relative_error(logits[2 * copy:2 * copy + 2], ref["logits"]) < 1e-4
+    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < 1e-4
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -184,9 +185,13 @@ def test_a_placement_splitting_a_group_is_refused(mesh_2x4):
   tensors = load_file(HF / family / "model.safetensors")
   layer = _moe_layers(tensors)[1]
   prefix = f"model.layers.{layer}.mlp"
-  params = {"router": {"kernel": tensors[f"{prefix}.gate.weight"].T},
-            **{name: np.stack([tensors[f"{prefix}.experts.{e}.{hf}.weight"].T for e in range(16)])
-               for name, hf in EXPERT_TENSORS.items()}}
+  params = {
+    "router": {"kernel": tensors[f"{prefix}.gate.weight"].T},
+    **{
+      name: np.stack([tensors[f"{prefix}.experts.{e}.{hf}.weight"].T for e in range(16)])
+      for name, hf in EXPERT_TENSORS.items()
+    },
+  }
   bias = tensors[f"{prefix}.gate.e_score_correction_bias"]
   routed = dataclasses.replace(moe, num_shared_experts=0, shared_d_ff=None, balance_loss="batch")
   layer_fn = jax.jit(lambda p, b, x: reference.moe_reference(p, x, routed, expert_bias=b)[0])
@@ -194,8 +199,10 @@ def test_a_placement_splitting_a_group_is_refused(mesh_2x4):
   y = np.asarray(layer_fn(params, bias, x))
 
   def relabelled(order):
-    return {"router": {"kernel": params["router"]["kernel"][:, order]},
-            **{name: params[name][order] for name in EXPERT_TENSORS}}, bias[order]
+    return {
+      "router": {"kernel": params["router"]["kernel"][:, order]},
+      **{name: params[name][order] for name in EXPERT_TENSORS},
+    }, bias[order]
 
   split_order = apply_lib.expert_order(split)[1]
   assert relative_error(layer_fn(*relabelled(split_order), x), y) > 1e-2
@@ -225,8 +232,10 @@ def test_solve_finds_group_preserving_placements():
   counts = affinity_counts(traces, experts)
   kept = solve(counts, groups, DEVICES // groups, time_limit_s=5, routing="node_limited")
   order = apply_lib.check_placement(kept, moe, cfg.num_moe_layers)
-  assert np.all(order.reshape(-1, groups, experts // groups) // (experts // groups)
-                == order.reshape(-1, groups, experts // groups)[..., :1] // (experts // groups))
+  assert np.all(
+    order.reshape(-1, groups, experts // groups) // (experts // groups)
+    == order.reshape(-1, groups, experts // groups)[..., :1] // (experts // groups)
+  )
   free = solve(counts, groups, DEVICES // groups, time_limit_s=5)
   assert free.cross_gpu < kept.cross_gpu
   with pytest.raises(ConfigError, match="group"):
@@ -247,10 +256,30 @@ def test_a_model_with_a_slot_table_is_refused(mesh_2x4):
 def test_smile_model_placement_moves_the_bias_and_keeps_the_shared_experts(mesh_2x4):
   """A SMILE model with DeepSeek-class MoE layers (groups, bias, gated shared expert): experts, router columns and
   bias move together, the shared experts stay, the orders compose, and the outputs are unchanged."""
-  cfg = ModelConfig(kind="gpt", vocab_size=64, num_layers=4, d_model=16, num_heads=2, d_ff=32, max_len=16,
-                    dropout=0.0, embed_init_std=0.5)
-  moe = MoEConfig(num_experts=16, top_k=2, d_model=16, d_ff=32, gated=True, score="sigmoid", num_groups=4,
-                  topk_groups=2, bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True)
+  cfg = ModelConfig(
+    kind="gpt",
+    vocab_size=64,
+    num_layers=4,
+    d_model=16,
+    num_heads=2,
+    d_ff=32,
+    max_len=16,
+    dropout=0.0,
+    embed_init_std=0.5,
+  )
+  moe = MoEConfig(
+    num_experts=16,
+    top_k=2,
+    d_model=16,
+    d_ff=32,
+    gated=True,
+    score="sigmoid",
+    num_groups=4,
+    topk_groups=2,
+    bias_update_rate=1e-3,
+    num_shared_experts=1,
+    shared_gate=True,
+  )
   graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh_2x4, 3)
   params, rest = state_lib.init_state(cfg, moe, mesh_2x4, 3)
   rng = np.random.default_rng(3)

@@ -43,12 +43,14 @@ def test_study_on_the_fixture(tmp_path, devices):
   for side in ("inter", "intra"):
     assert dedup[f"{side}_rows_per_token"] <= flat[f"{side}_rows_per_token"] + 1e-12
   assert dedup["inter_rows_per_token"] + dedup["intra_rows_per_token"] < (
-      flat["inter_rows_per_token"] + flat["intra_rows_per_token"])
+    flat["inter_rows_per_token"] + flat["intra_rows_per_token"]
+  )
   # FP8 out makes each row's payload smaller than the float32 baseline's (the node_first path's node hop crosses nodes only).
   fp8 = by_name["node_first+fp8"]
   assert fp8["hops"][0]["intra_rows_per_token"] == 0 and fp8["hops"][1]["inter_rows_per_token"] == 0
   assert fp8["inter_bytes_per_token"] / fp8["inter_rows_per_token"] < (
-      flat["inter_bytes_per_token"] / flat["inter_rows_per_token"])
+    flat["inter_bytes_per_token"] / flat["inter_rows_per_token"]
+  )
 
   refused = by_name["s2_dedup"]
   assert refused["status"] == "refused" and "dedup" in refused["reason"] and "s2" in refused["reason"]

@@ -18,9 +18,11 @@ def test_row_error_is_model_over_paper_minus_one():
 
 
 def test_table_flags_held_out_rows_beyond_tolerance_and_counts_them():
-  rows = [fidelity_row("P", "close", 100.0, 120.0, "held out", "s"),
-          fidelity_row("P", "far", 100.0, 60.0, "held out", "s"),
-          fidelity_row("P", "fitted", 100.0, 40.0, "fit", "s", variant="v", note="fit: 3 widgets")]
+  rows = [
+    fidelity_row("P", "close", 100.0, 120.0, "held out", "s"),
+    fidelity_row("P", "far", 100.0, 60.0, "held out", "s"),
+    fidelity_row("P", "fitted", 100.0, 40.0, "fit", "s", variant="v", note="fit: 3 widgets"),
+  ]
   lines = fidelity.format_table(rows).splitlines()
   assert "+20.0% " in lines[1] and "*" not in lines[1]
   assert "-40.0% *" in lines[2]
@@ -34,7 +36,10 @@ def test_lina_fits_tokens_and_gradient_bytes_on_fig7c():
   """Two numbers Lina does not give, each fitted on one Fig. 7c time; the gradient's bytes by hand from NCCL's ring
   over 16 GPUs on 4 nodes: 30 steps, 6 of them across nodes, 2 x 15/16 of the buffer over the 12.5 GB/s NIC."""
   fit = [r for r in lina.fidelity_rows() if r["role"] == "fit"]
-  assert [r["quantity"] for r in fit] == ["backward A2A, 16 experts, alone (ms)", "all-reduce of 3 gradients, alone (ms)"]
+  assert [r["quantity"] for r in fit] == [
+    "backward A2A, 16 experts, alone (ms)",
+    "all-reduce of 3 gradients, alone (ms)",
+  ]
   assert all(abs(r["rel_err"]) < 1e-9 for r in fit)
   t = topology_lib.A100_IB100
   fixed = t["launch"] + 24 * t["intra_latency"] + 6 * t["inter_latency"]
@@ -54,8 +59,11 @@ def test_smile_fits_two_entries_and_reproduces_them():
 
 
 def test_plot_writes_a_png(tmp_path):
-  rows = [fidelity_row("P", "a", 2.0, 2.2, "held out", "s"), fidelity_row("P", "b", 300.0, 100.0, "fit", "s"),
-          fidelity_row("Q", "c", 0.5, None, "not modelled", "s")]
+  rows = [
+    fidelity_row("P", "a", 2.0, 2.2, "held out", "s"),
+    fidelity_row("P", "b", 300.0, 100.0, "fit", "s"),
+    fidelity_row("Q", "c", 0.5, None, "not modelled", "s"),
+  ]
   fidelity.plot(rows, str(tmp_path / "f.png"))
   assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -79,13 +87,13 @@ def test_command_writes_the_table_and_names_an_unknown_paper(tmp_path):
   from tests.helpers import ENV
 
   command = [sys.executable, "-m", "experiments.fidelity", f"--workdir={tmp_path}"]
-  done = subprocess.run([*command, "--config.papers=SMILE,ExFlow"], env=ENV, capture_output=True, text=True,
-                        timeout=300)
+  done = subprocess.run(
+    [*command, "--config.papers=SMILE,ExFlow"], env=ENV, capture_output=True, text=True, timeout=300
+  )
   assert done.returncode == 0, done.stderr[-3000:]
   rows = json.loads((tmp_path / "fidelity.json").read_text())
   assert {r["paper"] for r in rows} == {"SMILE", "ExFlow"} and (tmp_path / "fidelity.png").exists()
-  done = subprocess.run([*command, "--config.papers=SMILE,Smile"], env=ENV, capture_output=True, text=True,
-                        timeout=300)
+  done = subprocess.run([*command, "--config.papers=SMILE,Smile"], env=ENV, capture_output=True, text=True, timeout=300)
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
-      "error: config field papers=('SMILE', 'Smile') is not allowed: some of ['SMILE', 'Comet', 'Parm', 'Lina', "
-      "'ExFlow']"]
+    "error: config field papers=('SMILE', 'Smile') is not allowed: some of ['SMILE', 'Comet', 'Parm', 'Lina', 'ExFlow']"
+  ]

@@ -31,15 +31,18 @@ def np_quantized(a, axis):
 def np_ragged_dot(x, w, sizes):
   out, start = np.zeros((x.shape[0], w.shape[2])), 0
   for g, n in enumerate(sizes):
-    out[start:start + n] = x[start:start + n] @ w[g]
+    out[start : start + n] = x[start : start + n] @ w[g]
     start += n
   return out
 
 
 def draws(seed, rows, groups):
   rng = np.random.default_rng(seed)
-  return (rng.standard_normal((rows, K)).astype(np.float32), (rng.standard_normal((groups, K, N)) / 6).astype(np.float32),
-          rng.standard_normal((rows, N)).astype(np.float32))
+  return (
+    rng.standard_normal((rows, K)).astype(np.float32),
+    (rng.standard_normal((groups, K, N)) / 6).astype(np.float32),
+    rng.standard_normal((rows, N)).astype(np.float32),
+  )
 
 
 @pytest.mark.parametrize("case", sorted(SIZES))
@@ -61,7 +64,7 @@ def test_fp8_ragged_dot_is_the_product_of_the_quantized_operands(case):
   assert relative_error(dx[:used], np_ragged_dot(dy_used, np.swapaxes(w, 1, 2), sizes)[:used]) < 1e-5
   assert not np.any(np.asarray(dx)[used:])
   starts = np.cumsum(sizes) - sizes
-  want_dw = np.stack([x[s:s + n].astype(np.float64).T @ dy[s:s + n] for s, n in zip(starts, sizes)])
+  want_dw = np.stack([x[s : s + n].astype(np.float64).T @ dy[s : s + n] for s, n in zip(starts, sizes)])
   assert relative_error(dw, want_dw) < 1e-5
 
 
@@ -70,8 +73,21 @@ def test_fp8_layer_within_fp8_tolerance_of_the_bf16_backend(mesh_2x4):
   """The MoE layer (padded exchange, 2 x 4 mesh, gated experts) in bf16 with 'fp8' against 'ragged_dot' experts:
   outputs and gradients a few percent apart (two FP8 matmuls in a row, each within e4m3's half step of 2^-4 per
   element; 6% and 4-8% seen), and not equal (the matmuls did run in FP8)."""
-  cfgs = [MoEConfig(num_experts=8, top_k=2, d_model=32, d_ff=64, path="flat", collective="padded", gated=True, activation="silu",
-                    dtype="bfloat16", expert_backend=b) for b in ("ragged_dot", "fp8")]
+  cfgs = [
+    MoEConfig(
+      num_experts=8,
+      top_k=2,
+      d_model=32,
+      d_ff=64,
+      path="flat",
+      collective="padded",
+      gated=True,
+      activation="silu",
+      dtype="bfloat16",
+      expert_backend=b,
+    )
+    for b in ("ragged_dot", "fp8")
+  ]
   params = init_params(jax.random.key(0), cfgs[0])
   x = jax.random.normal(jax.random.key(1), (64, 32))
 
@@ -92,11 +108,14 @@ def test_missing_qwix_names_the_fix(monkeypatch):
     experts.grouped_matmul(jnp.ones((2, 2)), jnp.ones((1, 2, 2)), jnp.array([2], jnp.int32), "fp8")
 
 
-@pytest.mark.parametrize("args,offending", [
+@pytest.mark.parametrize(
+  "args,offending",
+  [
     (((4, 3), (2, 5, 6), [2, 2]), r"w.shape\[1\]=5"),
     (((4, 3), (2, 3, 6), [4]), "group_sizes"),
     (((4,), (2, 3, 6), [2, 2]), "x must be 2-D"),
-])
+  ],
+)
 def test_bad_inputs_are_refused_by_name(args, offending):
   x_shape, w_shape, sizes = args
   with pytest.raises(ValueError, match=offending):

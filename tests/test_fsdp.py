@@ -54,9 +54,14 @@ def replicated(devices):
   return {family: _run(_trainer(_config(family))) for family in (None, "deepseek_v3")}
 
 
-@pytest.mark.parametrize("family,model", [
-    (None, dict(fsdp=True)), ("deepseek_v3", dict(fsdp=True, grad_sync="prioritized", remat="full")),
-    ("deepseek_v3", dict(fsdp=True, tensor_parallel=True))])
+@pytest.mark.parametrize(
+  "family,model",
+  [
+    (None, dict(fsdp=True)),
+    ("deepseek_v3", dict(fsdp=True, grad_sync="prioritized", remat="full")),
+    ("deepseek_v3", dict(fsdp=True, tensor_parallel=True)),
+  ],
+)
 def test_fsdp_trains_as_the_replicated_run(replicated, family, model):
   """The same losses and parameters after 3 optimizer steps (SMILE's GPT and DeepSeek-V3 with its MTP module), with
   Lina's prioritised gradient sync and full remat, or beside tensor parallelism (FSDP over 'node'); the dense
@@ -113,8 +118,11 @@ def test_remat_recomputes_what_it_does_not_keep(replicated):
   counts = {remat: _collectives("qwen3_moe", remat) for remat in ("none", "full", "save_exchanged", "save_matmuls")}
   losses, _, _ = _run(_trainer(_config("deepseek_v3", remat="save_exchanged")))
   np.testing.assert_allclose(losses, want_losses, rtol=1e-6)
-  assert counts["full"]["collective-permute"] > counts["save_exchanged"]["collective-permute"] \
-      > counts["none"]["collective-permute"], counts
+  assert (
+    counts["full"]["collective-permute"]
+    > counts["save_exchanged"]["collective-permute"]
+    > counts["none"]["collective-permute"]
+  ), counts
   assert counts["full"]["dot"] > counts["save_matmuls"]["dot"] > counts["none"]["dot"], counts
   assert counts["save_matmuls"]["collective-permute"] == counts["full"]["collective-permute"], counts
 
@@ -128,7 +136,8 @@ def test_fsdp_state_saves_and_restores_sharded(replicated, tmp_path):
   ckpt.save(1, state, {"data": []})
   ckpt.close()
   step, restored, _ = checkpoint_lib.Checkpointer(str(tmp_path), keep=1, use_async=False).restore_latest(
-      trainer.abstract_state)
+    trainer.abstract_state
+  )
   assert step == 1
   for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(state)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(want))

@@ -23,8 +23,18 @@ HOT = 13  # every token's first choice
 
 
 def _gpt_oss(**fields) -> MoEConfig:
-  base = dict(num_experts=16, top_k=2, d_model=8, d_ff=12, gated=True, activation="swiglu_clamped", swiglu_limit=1.5,
-              ffn_bias=True, router_bias=True, renormalize=True)
+  base = dict(
+    num_experts=16,
+    top_k=2,
+    d_model=8,
+    d_ff=12,
+    gated=True,
+    activation="swiglu_clamped",
+    swiglu_limit=1.5,
+    ffn_bias=True,
+    router_bias=True,
+    renormalize=True,
+  )
   return MoEConfig(**{**base, **fields})
 
 
@@ -65,12 +75,12 @@ def test_clamped_swiglu_and_biases_against_float64_numpy():
 
 
 CASES = {  # name: (MoEConfig fields, moe_apply's slot table or None)
-    "flat-padded": (dict(), None),
-    "flat-capacity": (dict(collective="capacity", capacity_factor=1.0), None),
-    "gpu_first-padded-comet": (dict(path="gpu_first", schedule="comet", num_chunks=2), None),
-    "replicas": (dict(), "rebalance"),
-    "parm-s1": (dict(esp_schedule="s1"), None),
-    "parm-baseline": (dict(esp_schedule="baseline", capacity_factor=2.0), None),
+  "flat-padded": (dict(), None),
+  "flat-capacity": (dict(collective="capacity", capacity_factor=1.0), None),
+  "gpu_first-padded-comet": (dict(path="gpu_first", schedule="comet", num_chunks=2), None),
+  "replicas": (dict(), "rebalance"),
+  "parm-s1": (dict(esp_schedule="s1"), None),
+  "parm-baseline": (dict(esp_schedule="baseline", capacity_factor=2.0), None),
 }
 
 
@@ -95,8 +105,9 @@ def test_layer_matches_reference(mesh_2x4, name):
 
 
 @pytest.mark.parametrize("backend", ["pallas", "pallas_saved"])
-@pytest.mark.parametrize("fields", [dict(ffn_bias=False), dict(activation="silu", router_bias=False)],
-                         ids=["clamped", "biases"])
+@pytest.mark.parametrize(
+  "fields", [dict(ffn_bias=False), dict(activation="silu", router_bias=False)], ids=["clamped", "biases"]
+)
 def test_fused_pallas_backends_refuse_before_compiling(backend, fields):
   with pytest.raises(ConfigError, match="expert_backend") as info:
     _gpt_oss(expert_backend=backend, **fields)
@@ -108,9 +119,20 @@ def test_auto_picks_a_backend_that_runs_them(tmp_path, mesh_2x4):
   biases and the clamped SwiGLU; without them, the fused FFN."""
   cfg = _gpt_oss(expert_backend="auto")
   shape = expert_backend.layer_shape(cfg, 64, 2, 4)
-  row = dict(model="t", d=shape.d, f=shape.f, experts=shape.experts, gated=True, activation=shape.activation,
-             rows=shape.rows, skew="balanced", passes="fwd", fastest="pallas", not_measured={},
-             candidates_median_s={"pallas": 1.0, "pallas_saved": 1.5, "pallas_unfused": 2.0, "ragged_dot": 3.0})
+  row = dict(
+    model="t",
+    d=shape.d,
+    f=shape.f,
+    experts=shape.experts,
+    gated=True,
+    activation=shape.activation,
+    rows=shape.rows,
+    skew="balanced",
+    passes="fwd",
+    fastest="pallas",
+    not_measured={},
+    candidates_median_s={"pallas": 1.0, "pallas_saved": 1.5, "pallas_unfused": 2.0, "ragged_dot": 3.0},
+  )
   kind = mesh_2x4.devices.flat[0].device_kind
   path = tmp_path / "table.json"
   path.write_text(json.dumps({"device": kind, "dtype": "float32", "shapes": [row]}))

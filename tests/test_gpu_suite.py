@@ -30,8 +30,9 @@ def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
   env = {**ENV, "PYTHON": sys.executable, "STEP_TIMEOUT": "0", "SUITE_TIMEOUT": "0", **variables}
   if steps is not None:
     env["STEPS"] = " ".join(steps)
-  return subprocess.run(["bash", str(SUITE), str(out_dir), *options], cwd=ROOT, env=env, capture_output=True,
-                        text=True, timeout=timeout)
+  return subprocess.run(
+    ["bash", str(SUITE), str(out_dir), *options], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+  )
 
 
 def positive(value) -> bool:
@@ -128,12 +129,22 @@ def test_kernels_cover_skews_passes_and_implementations(records):
   parts = [e for e in kernels["results"] if e["op"] == "parts"]
   results = [e for e in kernels["results"] if e["op"] != "parts"]
   cases = {(e["skew"], e["passes"], e["impl"]) for e in results}
-  impls = ("pallas", "pallas_saved", "pallas_unfused", "ragged_dot", "tokamax", "fp8", "torch_grouped_mm",
-           "dense_capacity", "dense_gemm")
+  impls = (
+    "pallas",
+    "pallas_saved",
+    "pallas_unfused",
+    "ragged_dot",
+    "tokamax",
+    "fp8",
+    "torch_grouped_mm",
+    "dense_capacity",
+    "dense_gemm",
+  )
   assert cases == {(s, p, i) for s in ("balanced", "skewed") for p in ("fwd", "fwd_bwd") for i in impls}
   # Each kernel of the fused (gated) FFNs alone: 3 matmuls forward, 8 backward (2 of them the recompute), or 6 where
   # the pre-activations are kept.
   from moejax.bench.kernel_parts import FFN_PARTS
+
   for skew in ("balanced", "skewed"):
     mine = {e["part"]: e for e in parts if e["skew"] == skew}
     assert set(mine) == {p for names in FFN_PARTS.values() for p in names}
@@ -174,8 +185,11 @@ def test_kernels_write_the_backend_table(smoke, records):
   assert len(table["shapes"]) == len({(e["skew"], e["passes"]) for e in ffn}) == 4
   for row in table["shapes"]:
     assert row["model"] == "smoke_gated_e8" and row["rows"] == 64 and row["d"] == 32
-    measured = {e["impl"]: e["median_s"] for e in ffn
-                if (e["skew"], e["passes"]) == (row["skew"], row["passes"]) and "median_s" in e}
+    measured = {
+      e["impl"]: e["median_s"]
+      for e in ffn
+      if (e["skew"], e["passes"]) == (row["skew"], row["passes"]) and "median_s" in e
+    }
     assert row["candidates_median_s"] == {k: v for k, v in measured.items() if k in table["candidates"]}
     assert set(row["references_median_s"]) == {"dense_capacity", "dense_gemm", "fp8"}
     assert row["fastest"] == min(row["candidates_median_s"], key=row["candidates_median_s"].get)
@@ -193,11 +207,20 @@ def test_backend_table_picks_the_fastest_candidate_only():
       return self.data[key]
 
   shape = dict(model="m", d=8, f=16, experts=2, gated=True, activation="silu", rows=32, skew="balanced")
-  results = [dict(shape, op="ffn", passes="fwd_bwd", impl=i, median_s=t) for i, t in
-             (("pallas", 3.0), ("pallas_unfused", 2.0), ("ragged_dot", 5.0), ("dense_gemm", 1.0),
-              ("torch_grouped_mm", 1.5))]
-  results += [dict(shape, op="ffn", passes="fwd_bwd", impl="tokamax", skipped="no tokamax"),
-              dict(shape, op="gmm", passes="fwd_bwd", impl="ragged_dot", median_s=0.1)]
+  results = [
+    dict(shape, op="ffn", passes="fwd_bwd", impl=i, median_s=t)
+    for i, t in (
+      ("pallas", 3.0),
+      ("pallas_unfused", 2.0),
+      ("ragged_dot", 5.0),
+      ("dense_gemm", 1.0),
+      ("torch_grouped_mm", 1.5),
+    )
+  ]
+  results += [
+    dict(shape, op="ffn", passes="fwd_bwd", impl="tokamax", skipped="no tokamax"),
+    dict(shape, op="gmm", passes="fwd_bwd", impl="ragged_dot", median_s=0.1),
+  ]
   (row,) = kernels.backend_table(results, Rec())["shapes"]
   assert row["fastest"] == "pallas_unfused"  # dense_gemm and torch are references, never chosen
   assert row["references_median_s"] == {"dense_gemm": 1.0, "torch_grouped_mm": 1.5}
@@ -249,8 +272,9 @@ def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tm
   never_ends.write_text("#!/bin/sh\nexec sleep 60\n")
   never_ends.chmod(0o755)
   out = tmp_path / "out"
-  done = run_suite(out, "--config.smoke=True", steps=("kernels", "env"), STEP_TIMEOUT="3", SUITE_TIMEOUT="32",
-                   PYTHON=str(never_ends))
+  done = run_suite(
+    out, "--config.smoke=True", steps=("kernels", "env"), STEP_TIMEOUT="3", SUITE_TIMEOUT="32", PYTHON=str(never_ends)
+  )
   assert done.returncode != 0
   summary = (out / "suite_summary.txt").read_text()
   assert re.search(r"^kernels .* failed rc=124 \(timed out after 3s\)$", summary, re.M), summary
@@ -340,7 +364,9 @@ def test_attention_times_each_implementation_against_the_materialised_one(record
     errors = cases["xla"]["rel_err_vs_materialized"]
     assert set(errors) == {"out", "dq", "dk", "dv"} and all(0 <= e < 2e-2 for e in errors.values()), errors
     assert "cpu device" in cases["cudnn"]["skipped"] and "attention_impl" in cases["cudnn"]["skipped"]
-    assert ("cpu device" if shape["width"] != shape["v_width"] else "equally wide") in cases["cudnn_unpadded"]["skipped"]
+    assert ("cpu device" if shape["width"] != shape["v_width"] else "equally wide") in cases["cudnn_unpadded"][
+      "skipped"
+    ]
     if importlib.util.find_spec("tokamax") is None:
       assert "tokamax installed" in cases["tokamax"]["skipped"]
     decode = {c["impl"]: c for c in record["decode"] if c["model"] == name}
@@ -369,7 +395,7 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   start = script.index("-m experiments.tune_kernels")
   end = script.index(";;", start)
   part5 = script[start:end]
-  suite_parts = script[script.index("case $part in"):start] + script[end:]  # parts 1-4 and 6
+  suite_parts = script[script.index("case $part in") : start] + script[end:]  # parts 1-4 and 6
   suite_fields = set(re.findall(r"--config\.(\w+)=", suite_parts))
   assert suite_fields and suite_fields <= set(suite_config.get_config())
   steps = {s for group in re.findall(r'STEPS="([\w ]+)"', script) for s in group.split()}
@@ -377,8 +403,13 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   # Part 5's fields are tune_kernels' own.
   assert set(re.findall(r"--config\.(\w+)=", part5)) <= set(tune_config.get_config()) and "tgmm" in part5
   for part in ("3", "4", "8", "10"):
-    run = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part], capture_output=True,
-                         text=True, env=ENV, timeout=60)
+    run = subprocess.run(
+      ["bash", str(ROOT / "benchmarks" / "gpu_parts.sh"), str(tmp_path), part],
+      capture_output=True,
+      text=True,
+      env=ENV,
+      timeout=60,
+    )
     assert run.returncode == 2 and ("part1/ceilings.json" in run.stderr or "PART must be" in run.stderr), run.stderr
 
 
@@ -454,8 +485,10 @@ def test_compile_time_measures_the_scanned_and_the_unrolled_step(records):
   assert record["mesh"] == "1x1" and record["device_count"] == 1
   assert (record["families"], record["layers"]) == (list(compile_time.SMOKE_FAMILIES), list(compile_time.SMOKE_LAYERS))
   assert [(p["family"], p["layers"], p["scan_layers"]) for p in record["warmups"]] == [("qwen3_moe", 2, True)]
-  assert [(p["family"], p["layers"], p["scan_layers"]) for p in record["points"]] == [("qwen3_moe", 2, True),
-                                                                                      ("qwen3_moe", 2, False)]
+  assert [(p["family"], p["layers"], p["scan_layers"]) for p in record["points"]] == [
+    ("qwen3_moe", 2, True),
+    ("qwen3_moe", 2, False),
+  ]
   for point in record["warmups"] + record["points"]:
     for kind in ("", "_cpu"):
       parts = [point[f"{name}{kind}_s"] for name in ("trace_lower", "compile", "total")]
@@ -473,23 +506,48 @@ def test_compile_time_ratios_and_table_compare_each_depth_to_the_shallowest():
   unrolled; a point that is missing (a step stopped part-way) leaves None and a blank cell."""
   from benchmarks.suite import compile_time
 
-  point = lambda layers, scan, s: dict(family="qwen3_moe", layers=layers, scan_layers=scan, total_s=s,
-                                       total_cpu_s=2 * s, program_lines=100 if scan else layers * 10)
+  point = lambda layers, scan, s: dict(
+    family="qwen3_moe",
+    layers=layers,
+    scan_layers=scan,
+    total_s=s,
+    total_cpu_s=2 * s,
+    program_lines=100 if scan else layers * 10,
+  )
   points = [point(8, True, 4.0), point(32, True, 5.0), point(8, False, 2.0)]
   assert compile_time.ratios(points) == [
-      dict(family="qwen3_moe", layers=8, scanned_s=4.0, scanned_vs_8_layers=1.0, unrolled_s=2.0,
-           unrolled_vs_8_layers=1.0, scanned_over_unrolled=2.0),
-      dict(family="qwen3_moe", layers=32, scanned_s=5.0, scanned_vs_8_layers=1.25, unrolled_s=None,
-           unrolled_vs_8_layers=None, scanned_over_unrolled=None)]
+    dict(
+      family="qwen3_moe",
+      layers=8,
+      scanned_s=4.0,
+      scanned_vs_8_layers=1.0,
+      unrolled_s=2.0,
+      unrolled_vs_8_layers=1.0,
+      scanned_over_unrolled=2.0,
+    ),
+    dict(
+      family="qwen3_moe",
+      layers=32,
+      scanned_s=5.0,
+      scanned_vs_8_layers=1.25,
+      unrolled_s=None,
+      unrolled_vs_8_layers=None,
+      scanned_over_unrolled=None,
+    ),
+  ]
   lines = compile_time.table(points + [point(32, False, 8.0)], "total_s", "s").splitlines()
   assert lines[2].split() == ["qwen3_moe", "32", "8.0", "4.00x", "5.0", "1.25x", "320", "100"]
   assert compile_time.table(points).splitlines()[2].split() == ["qwen3_moe", "32", "10.0", "1.25x", "100"]
 
 
-@pytest.mark.parametrize("field,value,message", [
+@pytest.mark.parametrize(
+  "field,value,message",
+  [
     ("compile_families", ("qwen3_moe", "nope"), "a non-empty tuple of ["),
     ("compile_layers", (8, 1), "ints >= 2"),
-    ("compile_scan", (), "True / False")])
+    ("compile_scan", (), "True / False"),
+  ],
+)
 def test_compile_time_fields_are_checked_before_the_step_starts(field, value, message):
   """A bad compile_* field is refused by resolved() (one error line naming it), in a smoke run too."""
   from benchmarks import gpu_suite

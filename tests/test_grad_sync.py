@@ -20,11 +20,17 @@ def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
   Scanned (the layers' backward one loop): with prioritized only, the gradient the loop carries into the next
   iteration's exchanges is computed after the iteration's all-reduces. The same gradients in every case."""
   env = {**ENV, "XLA_FLAGS": f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning"}
-  done = subprocess.run([sys.executable, "tests/programs/grad_sync_check.py", str(tmp_path)], cwd=ROOT, env=env,
-                        capture_output=True, text=True, timeout=600)
+  done = subprocess.run(
+    [sys.executable, "tests/programs/grad_sync_check.py", str(tmp_path)],
+    cwd=ROOT,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
   assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-3000:]
-  result = json.loads(lines[0][len("RESULT "):])
+  result = json.loads(lines[0][len("RESULT ") :])
   assert result["max_grad_difference"] == 0.0
   assert len(result["default"]) == len(result["prioritized"]) == 4
   assert result["default"] == [0, 0, 0, 0]
@@ -35,5 +41,4 @@ def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
 
 def test_bad_grad_sync_is_named():
   with pytest.raises(ConfigError, match="grad_sync='lina'"):
-    ModelConfig(kind="gpt", vocab_size=96, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=16,
-                grad_sync="lina")
+    ModelConfig(kind="gpt", vocab_size=96, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=16, grad_sync="lina")

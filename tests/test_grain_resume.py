@@ -16,9 +16,19 @@ from tests.helpers import ENV, ROOT
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma".split()
 # configs/decoder.py's tiny Qwen3-MoE cut to one MoE layer, 8 x 32 tokens a step, a checkpoint every 2 steps.
-OVERRIDES = {"batch_size": 8, "micro_batches": 1, "seq_len": 32, "model.num_layers": 1, "model.moe_layers": (True,),
-             "data.tokenizer_train_chars": 50_000, "checkpoint.every_steps": 2, "checkpoint.use_async": False,
-             "log.every_steps": 1, "log.tensorboard": False, "log.eval_every": 0}
+OVERRIDES = {
+  "batch_size": 8,
+  "micro_batches": 1,
+  "seq_len": 32,
+  "model.num_layers": 1,
+  "model.moe_layers": (True,),
+  "data.tokenizer_train_chars": 50_000,
+  "checkpoint.every_steps": 2,
+  "checkpoint.use_async": False,
+  "log.every_steps": 1,
+  "log.tensorboard": False,
+  "log.eval_every": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +80,26 @@ def test_a_resumed_run_trains_on_the_same_batches_to_the_same_losses(parquet_fil
 
 
 def _launch(workdir, files, cache, steps):
-  overrides = [f"--config.{k}={v}" for k, v in {**OVERRIDES, "steps": steps, "data.train_files": files,
-                                                 "data.cache_dir": cache}.items()]
-  command = [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4", "--",
-             sys.executable, "-m", "experiments.train", "--config=configs/decoder.py", f"--workdir={workdir}",
-             *overrides]
+  overrides = [
+    f"--config.{k}={v}"
+    for k, v in {**OVERRIDES, "steps": steps, "data.train_files": files, "data.cache_dir": cache}.items()
+  ]
+  command = [
+    sys.executable,
+    "-m",
+    "moejax.runtime.launch",
+    "--processes",
+    "2",
+    "--devices-per-process",
+    "4",
+    "--",
+    sys.executable,
+    "-m",
+    "experiments.train",
+    "--config=configs/decoder.py",
+    f"--workdir={workdir}",
+    *overrides,
+  ]
   done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=400)
   assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
 

@@ -55,7 +55,7 @@ def test_the_heldout_split_is_never_trained_on_and_packs_every_kth_document(tmp_
   path = tmp_path / "c4.json"
   path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
   k = 5
-  held = texts[k - 1::k]
+  held = texts[k - 1 :: k]
   expected = np.concatenate([tok.encode(t) + [tok.eos_id] for t in held])
   got = pipeline.heldout_tokens([str(path)], tok, k, batches=2, rows=3, seq_len=8)
   assert got.shape == (2, 3, 8)
@@ -66,7 +66,7 @@ def test_the_heldout_split_is_never_trained_on_and_packs_every_kth_document(tmp_
     want = np.concatenate([tok.encode(t) + [tok.eos_id] for t in kept[shard::4]])
     rows = iter(pipeline.packed_shard([str(path)], tok.encode, tok.eos_id, 8, shard, 4, heldout_every=k))
     got = np.concatenate([next(rows) for _ in range(len(want) // 8)])
-    np.testing.assert_array_equal(got, want[:len(got)])
+    np.testing.assert_array_equal(got, want[: len(got)])
   with pytest.raises(ValueError, match="held-out split"):
     pipeline.heldout_tokens([str(path)], tok, k, batches=10, rows=8, seq_len=8)
 
@@ -75,11 +75,22 @@ def test_the_console_line_gives_the_heldout_loss_its_baseline_steps_per_second_a
   clock = iter([100.0, 101.0])  # when each record is written
   monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
   writer = metrics.MetricWriter(str(tmp_path), 10, tensorboard=False, total_steps=110, heldout_unigram_entropy=4.5)
-  step_metrics = {"loss": 5.0, "task_loss": 5.0, "accuracy": 0.1, "aux_loss": 0.0, "grad_norm": 1.0,
-                  "learning_rate": 1e-3, "expert_counts": np.ones((1, 4)), "tokens_dropped": np.zeros(1),
-                  "tokens_overflowed": np.zeros(1), "heldout_loss": 4.75}
-  records = [metrics.step_record(11, {**step_metrics, "heldout_loss": np.nan}, 0.5, 100),
-             metrics.step_record(12, step_metrics, 0.5, 100)]
+  step_metrics = {
+    "loss": 5.0,
+    "task_loss": 5.0,
+    "accuracy": 0.1,
+    "aux_loss": 0.0,
+    "grad_norm": 1.0,
+    "learning_rate": 1e-3,
+    "expert_counts": np.ones((1, 4)),
+    "tokens_dropped": np.zeros(1),
+    "tokens_overflowed": np.zeros(1),
+    "heldout_loss": 4.75,
+  }
+  records = [
+    metrics.step_record(11, {**step_metrics, "heldout_loss": np.nan}, 0.5, 100),
+    metrics.step_record(12, step_metrics, 0.5, 100),
+  ]
   for record in records:
     writer.write(record)
   writer.close()
@@ -104,7 +115,7 @@ def test_the_heldout_loss_in_the_records_is_the_checkpoints_loss_on_the_heldout_
   config = tiny_decoder_config(shared)
   corpus = data.corpus_files("", config.data.cache_dir)[0]
   with open(corpus) as f:
-    held = f.readlines()[config.data.heldout_every - 1::config.data.heldout_every]
+    held = f.readlines()[config.data.heldout_every - 1 :: config.data.heldout_every]
   (tmp_path / "heldout.jsonl").write_text("".join(held))
   want = heldout_loss(config, str(workdir), str(tmp_path / "heldout.jsonl"), config.log.eval_batches)
   assert records[-1]["heldout_loss"] == pytest.approx(want, rel=1e-5)
@@ -113,8 +124,9 @@ def test_the_heldout_loss_in_the_records_is_the_checkpoints_loss_on_the_heldout_
   console = (workdir / "console").read_text()
   assert f"held-out {records[-1]['heldout_loss']:.4f} (unigram {summary['heldout_unigram_entropy']:.4f})" in console
   assert "ETA" in console and "steps/s" in console
-  assert (f"the data's unigram entropy {summary['unigram_entropy']:.4f} nats is the baseline a model must beat"
-          in console)
+  assert (
+    f"the data's unigram entropy {summary['unigram_entropy']:.4f} nats is the baseline a model must beat" in console
+  )
 
 
 def test_heldout_evaluation_needs_a_heldout_split(shared, tmp_path):
@@ -129,9 +141,18 @@ def test_plot_run_draws_the_heldout_loss_and_its_baseline_in_the_loss_panel(tmp_
 
   writer = metrics.MetricWriter(str(tmp_path), 0, tensorboard=False, heldout_unigram_entropy=4.5)
   for step in range(1, 5):
-    step_metrics = {"loss": 6.0 - step, "task_loss": 6.0 - step, "accuracy": 0.1, "aux_loss": 0.0, "grad_norm": 1.0,
-                    "learning_rate": 1e-3, "expert_counts": np.ones((1, 4)), "tokens_dropped": np.zeros(1),
-                    "tokens_overflowed": np.zeros(1), "heldout_loss": 7.0 - step if step % 2 == 0 else np.nan}
+    step_metrics = {
+      "loss": 6.0 - step,
+      "task_loss": 6.0 - step,
+      "accuracy": 0.1,
+      "aux_loss": 0.0,
+      "grad_norm": 1.0,
+      "learning_rate": 1e-3,
+      "expert_counts": np.ones((1, 4)),
+      "tokens_dropped": np.zeros(1),
+      "tokens_overflowed": np.zeros(1),
+      "heldout_loss": 7.0 - step if step % 2 == 0 else np.nan,
+    }
     writer.write(metrics.step_record(step, step_metrics, 0.1, 100))
   writer.close()
   fig = plot_run.draw({"run": plot_run.load_records(str(tmp_path))})

@@ -30,11 +30,13 @@ def read_safetensors(path: pathlib.Path) -> dict[str, tuple[str, tuple[int, ...]
   dtypes, shapes and data offsets, then the data."""
   raw = path.read_bytes()
   (n,) = struct.unpack("<Q", raw[:8])
-  header = json.loads(raw[8:8 + n])
+  header = json.loads(raw[8 : 8 + n])
   header.pop("__metadata__", None)
-  data = raw[8 + n:]
-  return {name: (info["dtype"], tuple(info["shape"]), data[info["data_offsets"][0]:info["data_offsets"][1]])
-          for name, info in header.items()}
+  data = raw[8 + n :]
+  return {
+    name: (info["dtype"], tuple(info["shape"]), data[info["data_offsets"][0] : info["data_offsets"][1]])
+    for name, info in header.items()
+  }
 
 
 def e4m3fn_table() -> np.ndarray:
@@ -47,7 +49,7 @@ def e4m3fn_table() -> np.ndarray:
     if e == 0xF and m == 0x7:
       table[b] = np.nan
     elif e == 0:
-      table[b] = sign * m / 8 * 2.0 ** -6
+      table[b] = sign * m / 8 * 2.0**-6
     else:
       table[b] = sign * (1 + m / 8) * 2.0 ** (e - 7)
   return table
@@ -106,7 +108,7 @@ def load(name: str):
 
 def test_the_decoders_follow_the_specs():
   assert E4M3FN[0x7E] == 448 and np.isnan(E4M3FN[0x7F]) and np.isnan(E4M3FN[0xFF])
-  assert E4M3FN[0x01] == 2.0 ** -9 and E4M3FN[0x38] == 1.0 and E4M3FN[0xB8] == -1.0
+  assert E4M3FN[0x01] == 2.0**-9 and E4M3FN[0x38] == 1.0 and E4M3FN[0xB8] == -1.0
   assert np.nanmax(E4M3FN) == 448 and np.isnan(E4M3FN).sum() == 2
   assert list(E2M1[:8]) == [0, 0.5, 1, 1.5, 2, 3, 4, 6]
   np.testing.assert_array_equal(E2M1[8:], -E2M1[:8])
@@ -134,13 +136,19 @@ def test_each_fixture_has_its_files_and_references(name):
 
 def test_deepseek_v3_fp8_is_in_deepseeks_published_format():
   config, meta, tensors = load("deepseek_v3_fp8")
-  assert config["quantization_config"] == {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                           "weight_block_size": [128, 128]}
+  assert config["quantization_config"] == {
+    "activation_scheme": "dynamic",
+    "fmt": "e4m3",
+    "quant_method": "fp8",
+    "weight_block_size": [128, 128],
+  }
   fp8 = sorted(k for k, (t, _, _) in tensors.items() if t == "F8_E4M3")
   # every 2-D Linear weight of the blocks, and only those: not the router, norms, embeddings or the head
-  linear = sorted(k for k, (_, s, _) in tensors.items()
-                  if k.startswith("model.layers.") and k.endswith(".weight") and len(s) == 2
-                  and not k.endswith("mlp.gate.weight"))
+  linear = sorted(
+    k
+    for k, (_, s, _) in tensors.items()
+    if k.startswith("model.layers.") and k.endswith(".weight") and len(s) == 2 and not k.endswith("mlp.gate.weight")
+  )
   assert fp8 == linear and len(fp8) == 72
   assert sorted(k for k in tensors if k.endswith("_scale_inv")) == sorted(k + "_scale_inv" for k in fp8)
   for name, (dtype, shape, _) in tensors.items():
@@ -162,7 +170,7 @@ def test_deepseek_v3_fp8_is_in_deepseeks_published_format():
     # per block, |W_fp8 x s| <= 448 x s, and the block's largest |W| maps to 448 exactly (s = amax / 448)
     for i in range(s.shape[0]):
       for j in range(s.shape[1]):
-        block = np.abs(values[i * BLOCK:(i + 1) * BLOCK, j * BLOCK:(j + 1) * BLOCK])
+        block = np.abs(values[i * BLOCK : (i + 1) * BLOCK, j * BLOCK : (j + 1) * BLOCK])
         assert block.max() == 448, (name, i, j)
         assert (block * s[i, j] <= 448 * s[i, j]).all()
     partial += rows % BLOCK != 0 or cols % BLOCK != 0
@@ -183,11 +191,15 @@ def test_gpt_oss_mxfp4_is_in_openais_published_format():
   E, H, I = config["num_local_experts"], config["hidden_size"], config["intermediate_size"]
   for layer in range(config["num_hidden_layers"]):
     p = f"model.layers.{layer}.mlp.experts."
-    expected = {"gate_up_proj_blocks": ("U8", (E, 2 * I, H // 32, 16)),
-                "gate_up_proj_scales": ("U8", (E, 2 * I, H // 32)),
-                "down_proj_blocks": ("U8", (E, H, I // 32, 16)), "down_proj_scales": ("U8", (E, H, I // 32)),
-                "gate_up_proj_bias": ("BF16", (E, 2 * I)), "down_proj_bias": ("BF16", (E, H))}
-    assert {k[len(p):]: tensors[k][:2] for k in tensors if k.startswith(p)} == expected
+    expected = {
+      "gate_up_proj_blocks": ("U8", (E, 2 * I, H // 32, 16)),
+      "gate_up_proj_scales": ("U8", (E, 2 * I, H // 32)),
+      "down_proj_blocks": ("U8", (E, H, I // 32, 16)),
+      "down_proj_scales": ("U8", (E, H, I // 32)),
+      "gate_up_proj_bias": ("BF16", (E, 2 * I)),
+      "down_proj_bias": ("BF16", (E, H)),
+    }
+    assert {k[len(p) :]: tensors[k][:2] for k in tensors if k.startswith(p)} == expected
   # everything but the experts' weights is the bf16 fixture's tensors, byte for byte
   quantized = {k for k in tensors if k.endswith(("_blocks", "_scales"))}
   experts = {k for k in bf16 if k.endswith(("experts.gate_up_proj", "experts.down_proj"))}

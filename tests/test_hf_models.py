@@ -115,18 +115,25 @@ def loaded(mesh_2x4):
 # Logits and routing against transformers
 
 
-@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "llama_dense", "deepseek_v3_fp8", "gpt_oss_mxfp4"))
-                                    for f in FAMILIES + PUBLISHED])
+@pytest.mark.parametrize(
+  "family",
+  [
+    case(f, slow=f not in ("deepseek_v3", "llama_dense", "deepseek_v3_fp8", "gpt_oss_mxfp4"))
+    for f in FAMILIES + PUBLISHED
+  ],
+)
 def test_logits_match_transformers(loaded, family):
   ref = reference(family)
   logits, aux = loaded.forward(family)
   assert logits.shape == (2 * TILE, *ref["logits"].shape[1:]) and logits.dtype == np.float32
   for copy in range(TILE):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy:2 * copy + 2], ref["logits"]) < TOL, copy
+    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
   assert np.all(aux["tokens_dropped"] == 0) and np.all(aux["tokens_overflowed"] == 0)
 
 
-@pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "gpt_oss_mxfp4")) for f in MOE_FAMILIES + PUBLISHED])
+@pytest.mark.parametrize(
+  "family", [case(f, slow=f not in ("deepseek_v3", "gpt_oss_mxfp4")) for f in MOE_FAMILIES + PUBLISHED]
+)
 def test_router_choices_match_transformers(loaded, family):
   ref = reference(family)
   meta = json.loads((DATA / family / "meta.json").read_text())
@@ -136,31 +143,38 @@ def test_router_choices_match_transformers(loaded, family):
   ids = aux["expert_ids"]  # [M, B * S, K], tokens batch-major: the first copy of the fixture's 2 rows comes first
   assert ids.shape == (layers, TILE * tokens, top_k)
   for copy in range(TILE):
-    np.testing.assert_array_equal(np.sort(ids[:, copy * tokens:(copy + 1) * tokens], axis=-1), ref["router_ids"])
+    np.testing.assert_array_equal(np.sort(ids[:, copy * tokens : (copy + 1) * tokens], axis=-1), ref["router_ids"])
   # each layer's counts are the choices of all TILE copies
-  counts = np.stack([np.bincount(ref["router_ids"][m].ravel(), minlength=aux["expert_counts"].shape[1])
-                     for m in range(layers)])
+  counts = np.stack(
+    [np.bincount(ref["router_ids"][m].ravel(), minlength=aux["expert_counts"].shape[1]) for m in range(layers)]
+  )
   np.testing.assert_array_equal(aux["expert_counts"], TILE * counts)
 
 
 # Each MoEConfig option on at least one family; DeepSeek-V3 (groups, sigmoid scores with the balancing bias, a
 # shared expert) under most of them, Qwen2-MoE (the gated shared expert) and DeepSeek-V2 (group max) under several.
 OPTIONS = [
-    case("deepseek_v3", {"schedule": "comet", "num_chunks": 2}, slow=False, id="deepseek_v3-comet"),
-    case("deepseek_v3", {"collective": "capacity", "capacity_factor": 8.0}, id="deepseek_v3-capacity"),
-    case("deepseek_v3", {"esp_schedule": "s1"}, id="deepseek_v3-esp_s1"),
-    case("deepseek_v3", {"slots_per_device": 4}, id="deepseek_v3-replicas"),
-    case("deepseek_v3", {"path": "node_first", "schedule": "chunked", "num_chunks": 2, "buffer_factor": 4.0},
-         id="deepseek_v3-node_first_chunked_buffer"),
-    case("mixtral", {"expert_data_parallel": True}, id="mixtral-edp"),
-    case("qwen2_moe", {"expert_backend": "dense"}, id="qwen2_moe-dense_backend"),
-    case("qwen3_moe", {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0, "dedup": False},
-         id="qwen3_moe-gpu_first_capacity_no_dedup"),
-    case("deepseek_v2", {"esp_schedule": "s1", "buffer_factor": 4.0}, id="deepseek_v2-esp_s1_buffer"),
-    case("glm4_moe", {"path": "node_first", "buffer_factor": 4.0}, id="glm4_moe-node_first_buffer"),
-    case("gpt_oss", {"path": "node_first"}, slow=False, id="gpt_oss-node_first"),
-    case("gpt_oss_mxfp4", {"path": "gpu_first", "esp_schedule": "s1"}, id="gpt_oss_mxfp4-gpu_first_esp_s1"),
-    case("gpt_oss", {"slots_per_device": 3, "schedule": "comet", "num_chunks": 2}, id="gpt_oss-replicas_comet"),
+  case("deepseek_v3", {"schedule": "comet", "num_chunks": 2}, slow=False, id="deepseek_v3-comet"),
+  case("deepseek_v3", {"collective": "capacity", "capacity_factor": 8.0}, id="deepseek_v3-capacity"),
+  case("deepseek_v3", {"esp_schedule": "s1"}, id="deepseek_v3-esp_s1"),
+  case("deepseek_v3", {"slots_per_device": 4}, id="deepseek_v3-replicas"),
+  case(
+    "deepseek_v3",
+    {"path": "node_first", "schedule": "chunked", "num_chunks": 2, "buffer_factor": 4.0},
+    id="deepseek_v3-node_first_chunked_buffer",
+  ),
+  case("mixtral", {"expert_data_parallel": True}, id="mixtral-edp"),
+  case("qwen2_moe", {"expert_backend": "dense"}, id="qwen2_moe-dense_backend"),
+  case(
+    "qwen3_moe",
+    {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0, "dedup": False},
+    id="qwen3_moe-gpu_first_capacity_no_dedup",
+  ),
+  case("deepseek_v2", {"esp_schedule": "s1", "buffer_factor": 4.0}, id="deepseek_v2-esp_s1_buffer"),
+  case("glm4_moe", {"path": "node_first", "buffer_factor": 4.0}, id="glm4_moe-node_first_buffer"),
+  case("gpt_oss", {"path": "node_first"}, slow=False, id="gpt_oss-node_first"),
+  case("gpt_oss_mxfp4", {"path": "gpu_first", "esp_schedule": "s1"}, id="gpt_oss_mxfp4-gpu_first_esp_s1"),
+  case("gpt_oss", {"slots_per_device": 3, "schedule": "comet", "num_chunks": 2}, id="gpt_oss-replicas_comet"),
 ]
 
 
@@ -215,7 +229,10 @@ def test_bf16_parameters_round_trip(mesh_2x4, tmp_path):
   out = str(tmp_path / "export")
   models.to_hf(model, out)
   assert json.loads(open(os.path.join(out, "config.json")).read())["dtype"] == "bfloat16"
-  fixture, written = load_file(DATA / "qwen3_moe" / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  fixture, written = (
+    load_file(DATA / "qwen3_moe" / "model.safetensors"),
+    load_file(os.path.join(out, "model.safetensors")),
+  )
   assert sorted(written) == sorted(fixture)
   for name, tensor in fixture.items():
     assert written[name].dtype == jax.numpy.bfloat16, name
@@ -228,9 +245,14 @@ def test_bf16_parameters_round_trip(mesh_2x4, tmp_path):
 # Generation
 
 
-@pytest.mark.parametrize("family, mode", [
-    *(case(f, "vanilla") for f in FAMILIES + PUBLISHED if f != "qwen3_dense"), case("mixtral", "exflow"),
-    case("deepseek_v3", "exflow")])
+@pytest.mark.parametrize(
+  "family, mode",
+  [
+    *(case(f, "vanilla") for f in FAMILIES + PUBLISHED if f != "qwen3_dense"),
+    case("mixtral", "exflow"),
+    case("deepseek_v3", "exflow"),
+  ],
+)
 def test_greedy_generation_matches_transformers(loaded, family, mode):
   ref = reference(family)
   prompt, greedy = ref["prompt"], ref["greedy"]
@@ -246,7 +268,9 @@ def test_generation_of_any_batch(loaded, family):
   prompt, greedy = ref["prompt"], ref["greedy"]
   steps = greedy.shape[1] - prompt.shape[1]
   np.testing.assert_array_equal(infer.generate_tokens(loaded.model(family), prompt[1:], steps), greedy[1:])
-  np.testing.assert_array_equal(infer.generate_tokens(loaded.model(family), prompt[[0, 1, 0]], steps), greedy[[0, 1, 0]])
+  np.testing.assert_array_equal(
+    infer.generate_tokens(loaded.model(family), prompt[[0, 1, 0]], steps), greedy[[0, 1, 0]]
+  )
 
 
 @pytest.mark.slow
@@ -258,12 +282,13 @@ def test_sampled_generation(loaded):
   draws = {seed: infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=seed) for seed in (0, 1, 2)}
   for tokens in draws.values():
     assert tokens.shape == greedy.shape and tokens.dtype.kind == "i"
-    np.testing.assert_array_equal(tokens[:, :prompt.shape[1]], prompt)
+    np.testing.assert_array_equal(tokens[:, : prompt.shape[1]], prompt)
     assert np.all((tokens >= 0) & (tokens < vocab))
   np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=0), draws[0])
   # the draw of request r at step t is keyed by (seed, t, r): ExFlow's decode draws the same tokens
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=0, mode="exflow"),
-                                draws[0])
+  np.testing.assert_array_equal(
+    infer.generate_tokens(model, prompt, steps, temperature=1.0, seed=0, mode="exflow"), draws[0]
+  )
   assert any(not np.array_equal(tokens, greedy) for tokens in draws.values())
   assert not np.array_equal(draws[0], draws[1]) or not np.array_equal(draws[1], draws[2])
   # a low temperature is greedy again (the reference's top logits are apart by far more than 1e-3)
@@ -274,31 +299,89 @@ def test_sampled_generation(loaded):
 # Round trip through to_hf
 
 # config.json fields each family's transformers code reads, with the value transformers takes when one is absent.
-COMMON_FIELDS = ("model_type", "architectures", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                 "num_attention_heads", "num_key_value_heads", "max_position_embeddings", "rms_norm_eps",
-                 "hidden_act", "tie_word_embeddings", "rope_parameters")
+COMMON_FIELDS = (
+  "model_type",
+  "architectures",
+  "vocab_size",
+  "hidden_size",
+  "intermediate_size",
+  "num_hidden_layers",
+  "num_attention_heads",
+  "num_key_value_heads",
+  "max_position_embeddings",
+  "rms_norm_eps",
+  "hidden_act",
+  "tie_word_embeddings",
+  "rope_parameters",
+)
 ROUTED = ("num_experts_per_tok",)
-LATENT = ("n_routed_experts", "first_k_dense_replace", "moe_intermediate_size", "n_shared_experts",
-          "routed_scaling_factor", "norm_topk_prob", "n_group", "topk_group", "q_lora_rank", "kv_lora_rank",
-          "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+LATENT = (
+  "n_routed_experts",
+  "first_k_dense_replace",
+  "moe_intermediate_size",
+  "n_shared_experts",
+  "routed_scaling_factor",
+  "norm_topk_prob",
+  "n_group",
+  "topk_group",
+  "q_lora_rank",
+  "kv_lora_rank",
+  "qk_nope_head_dim",
+  "qk_rope_head_dim",
+  "v_head_dim",
+)
 FAMILY_FIELDS = {
-    "mixtral": ROUTED + ("num_local_experts", "sliding_window", "router_jitter_noise"),
-    "qwen2_moe": ROUTED + ("num_experts", "moe_intermediate_size", "norm_topk_prob", "shared_expert_intermediate_size",
-                           "qkv_bias", "mlp_only_layers", "decoder_sparse_step"),
-    "qwen3_moe": ROUTED + ("num_local_experts", "moe_intermediate_size", "norm_topk_prob", "mlp_only_layers",
-                           "decoder_sparse_step", "attention_bias"),
-    "deepseek_v2": ROUTED + LATENT + ("topk_method", "attention_bias"),
-    "deepseek_v3": ROUTED + LATENT + ("rope_interleave", "num_nextn_predict_layers", "attention_bias"),
-    # (its num_nextn_predict_layers 1 names no tensors: written back as 0, tests/test_hf_published.py)
-    "glm4_moe": ROUTED + LATENT[:8] + ("attention_bias", "use_qk_norm", "head_dim", "num_key_value_heads"),
-    "gpt_oss": ROUTED + ("num_local_experts", "attention_bias", "swiglu_alpha", "swiglu_limit", "sliding_window",
-                         "layer_types", "head_dim", "router_aux_loss_coef"),
-    "llama_dense": ("attention_bias", "mlp_bias"),
-    "qwen3_dense": ("attention_bias",),
+  "mixtral": ROUTED + ("num_local_experts", "sliding_window", "router_jitter_noise"),
+  "qwen2_moe": ROUTED
+  + (
+    "num_experts",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "shared_expert_intermediate_size",
+    "qkv_bias",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+  ),
+  "qwen3_moe": ROUTED
+  + (
+    "num_local_experts",
+    "moe_intermediate_size",
+    "norm_topk_prob",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "attention_bias",
+  ),
+  "deepseek_v2": ROUTED + LATENT + ("topk_method", "attention_bias"),
+  "deepseek_v3": ROUTED + LATENT + ("rope_interleave", "num_nextn_predict_layers", "attention_bias"),
+  # (its num_nextn_predict_layers 1 names no tensors: written back as 0, tests/test_hf_published.py)
+  "glm4_moe": ROUTED + LATENT[:8] + ("attention_bias", "use_qk_norm", "head_dim", "num_key_value_heads"),
+  "gpt_oss": ROUTED
+  + (
+    "num_local_experts",
+    "attention_bias",
+    "swiglu_alpha",
+    "swiglu_limit",
+    "sliding_window",
+    "layer_types",
+    "head_dim",
+    "router_aux_loss_coef",
+  ),
+  "llama_dense": ("attention_bias", "mlp_bias"),
+  "qwen3_dense": ("attention_bias",),
 }
-DEFAULTS = {"attention_bias": False, "mlp_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
-            "rope_interleave": True, "num_nextn_predict_layers": 0, "sliding_window": None}
-ALIASES = {"num_local_experts": ("num_local_experts", "num_experts"), "num_experts": ("num_experts", "num_local_experts")}
+DEFAULTS = {
+  "attention_bias": False,
+  "mlp_bias": False,
+  "decoder_sparse_step": 1,
+  "mlp_only_layers": [],
+  "rope_interleave": True,
+  "num_nextn_predict_layers": 0,
+  "sliding_window": None,
+}
+ALIASES = {
+  "num_local_experts": ("num_local_experts", "num_experts"),
+  "num_experts": ("num_experts", "num_local_experts"),
+}
 
 
 def config_field(config: dict, name: str):
@@ -341,8 +424,9 @@ def test_round_trip_one_file(loaded, tmp_path, family):
   assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
   assert {os.stat(os.path.join(out, f)).st_mode & 0o777 for f in os.listdir(out)} == {0o644}  # not safetensors' 0600
   assert_checkpoint_equals_fixture(out, family)
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
-                      model_state(model))
+  assert_states_equal(
+    model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))), model_state(model)
+  )
 
 
 @pytest.mark.parametrize("family", [case(f, slow=f not in ("deepseek_v3", "mixtral")) for f in FAMILIES])
@@ -361,8 +445,9 @@ def test_round_trip_shards_with_index(loaded, tmp_path, family):
     assert len(tensors) == 1 or sum(t.nbytes for t in tensors.values()) <= 20_000, file
   assert index["metadata"]["total_size"] == sum(t.nbytes for ts in sizes.values() for t in ts.values())
   assert_checkpoint_equals_fixture(out, family)
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
-                      model_state(model))
+  assert_states_equal(
+    model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))), model_state(model)
+  )
 
 
 @pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES])
@@ -446,11 +531,16 @@ def test_missing_weights_file_refused(tmp_path, mesh_2x4):
   assert "model.safetensors" in refused(directory, mesh_2x4)
 
 
-@pytest.mark.parametrize("family, name", [("deepseek_v3", EXPERT),
-                                          ("deepseek_v3", "model.layers.2.mlp.gate.e_score_correction_bias"),
-                                          ("qwen2_moe", "model.layers.0.mlp.shared_expert_gate.weight"),
-                                          ("mixtral", "model.layers.2.block_sparse_moe.experts.7.w2.weight"),
-                                          ("llama_dense", "lm_head.weight")])
+@pytest.mark.parametrize(
+  "family, name",
+  [
+    ("deepseek_v3", EXPERT),
+    ("deepseek_v3", "model.layers.2.mlp.gate.e_score_correction_bias"),
+    ("qwen2_moe", "model.layers.0.mlp.shared_expert_gate.weight"),
+    ("mixtral", "model.layers.2.block_sparse_moe.experts.7.w2.weight"),
+    ("llama_dense", "lm_head.weight"),
+  ],
+)
 def test_missing_tensor_refused(tmp_path, mesh_2x4, family, name):
   directory = fixture_copy(tmp_path, family)
   rewrite(directory, lambda t: {k: v for k, v in t.items() if k != name})
@@ -499,8 +589,14 @@ def test_missing_shard_refused(tmp_path, mesh_2x4):
   assert shard in refused(directory, mesh_2x4)
 
 
-@pytest.mark.parametrize("moe, field", [({"top_k": 0}, "moe.top_k"), ({"transprt": "padded"}, "moe.transprt"),
-                                        ({"collective": "capacity"}, "moe.capacity_factor")])
+@pytest.mark.parametrize(
+  "moe, field",
+  [
+    ({"top_k": 0}, "moe.top_k"),
+    ({"transprt": "padded"}, "moe.transprt"),
+    ({"collective": "capacity"}, "moe.capacity_factor"),
+  ],
+)
 def test_invalid_moe_override_refused(mesh_2x4, moe, field):
   assert field in refused(str(DATA / "qwen3_moe"), mesh_2x4, moe=moe)
 
@@ -512,8 +608,11 @@ def test_qwen3_attention_bias_checkpoint(loaded, tmp_path, family):
   biases leave transformers' logits as the fixture's, so the checkpoint with them loads, matches, and round-trips."""
   directory = fixture_copy(tmp_path, family)
   edit_config(directory, attention_bias=True)
-  biases = lambda t: {name.replace(".weight", ".bias"): np.zeros(t[name].shape[0], np.float32) for name in t
-                      if re.search(r"self_attn\.[qkvo]_proj\.weight$", name)}
+  biases = lambda t: {
+    name.replace(".weight", ".bias"): np.zeros(t[name].shape[0], np.float32)
+    for name in t
+    if re.search(r"self_attn\.[qkvo]_proj\.weight$", name)
+  }
   rewrite(directory, lambda t: {**t, **biases(t)})
   model = models.from_hf(directory, loaded.mesh)
   ref = reference(family)
@@ -521,10 +620,12 @@ def test_qwen3_attention_bias_checkpoint(loaded, tmp_path, family):
   out = str(tmp_path / "export")
   models.to_hf(model, out)
   assert json.loads(open(os.path.join(out, "config.json")).read()).get("attention_bias") is True
-  assert sorted(load_file(os.path.join(out, "model.safetensors"))) == sorted(load_file(
-      os.path.join(directory, "model.safetensors")))
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))),
-                      model_state(model))
+  assert sorted(load_file(os.path.join(out, "model.safetensors"))) == sorted(
+    load_file(os.path.join(directory, "model.safetensors"))
+  )
+  assert_states_equal(
+    model_state(models.from_hf(out, loaded.mesh, param_dtype=param_dtype(family))), model_state(model)
+  )
 
 
 def test_unsupported_activation_refused(tmp_path, mesh_2x4):

@@ -26,7 +26,7 @@ def e4m3_float64(byte: np.ndarray) -> np.ndarray:
   byte = byte.astype(np.int64)
   sign = np.where(byte & 0x80, -1.0, 1.0)
   e, m = (byte >> 3) & 0xF, (byte & 0x7).astype(np.float64)
-  return sign * np.where(e == 0, m / 8 * 2.0 ** -6, (1 + m / 8) * 2.0 ** (e - 7.0))
+  return sign * np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e - 7.0))
 
 
 def test_fp8_slices_dequantise_per_block(tmp_path):
@@ -37,8 +37,9 @@ def test_fp8_slices_dequantise_per_block(tmp_path):
   q, scale_inv = hf_files.fp8_quantize(w, block)
   assert scale_inv.shape == (3, 3) and q.dtype == ml_dtypes.float8_e4m3fn
   save_file({"w.weight": q, "w.weight_scale_inv": scale_inv}, str(tmp_path / "model.safetensors"))
-  (tmp_path / "config.json").write_text(json.dumps({"quantization_config": {
-      "quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}}))
+  (tmp_path / "config.json").write_text(
+    json.dumps({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(block)}})
+  )
   rows, cols = np.arange(45), np.arange(70)
   want = e4m3_float64(q.view(np.uint8)) * scale_inv.astype(np.float64)[rows[:, None] // 16, cols[None, :] // 32]
   assert np.abs(want - w).max() <= np.abs(w).max() / 8  # e4m3 keeps 3 mantissa bits
@@ -89,8 +90,9 @@ def fp8_copy(tmp_path, **quantization) -> str:
   return str(out)
 
 
-@pytest.mark.parametrize("field, value", [("quant_method", "awq"), ("fmt", "e5m2"), ("weight_block_size", None),
-                                          ("weight_block_size", [128])])
+@pytest.mark.parametrize(
+  "field, value", [("quant_method", "awq"), ("fmt", "e5m2"), ("weight_block_size", None), ("weight_block_size", [128])]
+)
 def test_unreadable_quantization_config_refused(mesh_2x4, tmp_path, field, value):
   with pytest.raises(ConfigError) as error:
     models.from_hf(fp8_copy(tmp_path, **{field: value}), mesh_2x4)
@@ -111,8 +113,11 @@ def test_fp8_weight_without_its_scales_refused(mesh_2x4, tmp_path):
   shards = hf_files.Shards(directory)
   tensors = {n: (np.asarray(shards._slice(n)[...]) if n != name + "_scale_inv" else None) for n in shards.where}
   shards.close()
-  tensors = {n: (t.view(ml_dtypes.float8_e4m3fn) if n.endswith(".weight") and t.dtype == np.uint8 else t)
-             for n, t in tensors.items() if t is not None}
+  tensors = {
+    n: (t.view(ml_dtypes.float8_e4m3fn) if n.endswith(".weight") and t.dtype == np.uint8 else t)
+    for n, t in tensors.items()
+    if t is not None
+  }
   save_file(tensors, path, metadata={"format": "pt"})
   with pytest.raises(ConfigError) as error:
     models.from_hf(directory, mesh_2x4)

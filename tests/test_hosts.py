@@ -35,8 +35,10 @@ class _Device:
     self.id, self.process_index = id_, process
 
 
-@pytest.mark.parametrize("n, m, rows", [(1, 4, [[0, 1, 2, 3]]), (2, 4, [[0, 1, 2, 3], [4, 5, 6, 7]]),
-                                        (2, 2, [[0, 1], [4, 5]]), (3, 4, None), (1, 8, None)])
+@pytest.mark.parametrize(
+  "n, m, rows",
+  [(1, 4, [[0, 1, 2, 3]]), (2, 4, [[0, 1, 2, 3], [4, 5, 6, 7]]), (2, 2, [[0, 1], [4, 5]]), (3, 4, None), (1, 8, None)],
+)
 def test_several_processes_put_a_host_on_each_mesh_row(monkeypatch, n, m, rows):
   """Two hosts of 4 GPUs (ids 0-3 on process 0, 4-7 on process 1, listed out of order): row i is m devices of host
   i; more rows than hosts, or more devices than a host has, form no mesh."""
@@ -72,21 +74,50 @@ def _two_host_config() -> ml_collections.ConfigDict:
 def _flags(config) -> list[str]:
   """`_two_host_config` as experiments.scaling's overrides of configs/scaling_default.py."""
   small = config.models.small
-  return ["--config.nodes=1,2", "--config.gpus_per_node=4", "--config.schemes=flat_dropless",
-          "--config.scalings=weak", "--config.measure.platform=cpu", "--config.measure.warmup=1",
-          "--config.measure.repeats=1", "--config.calibration.source=measure", "--config.calibration.rows=4,16",
-          *(f"--config.models.small.{k}={small[k]}" for k in ("d_model", "d_ff", "layers", "moe_layers", "seq_len",
-                                                               "micro_batch", "vocab")),
-          *(f"--config.sim.{k}={config.sim[k]}" for k in ("tokens_per_gpu", "batches", "d_model", "d_ff"))]
+  return [
+    "--config.nodes=1,2",
+    "--config.gpus_per_node=4",
+    "--config.schemes=flat_dropless",
+    "--config.scalings=weak",
+    "--config.measure.platform=cpu",
+    "--config.measure.warmup=1",
+    "--config.measure.repeats=1",
+    "--config.calibration.source=measure",
+    "--config.calibration.rows=4,16",
+    *(
+      f"--config.models.small.{k}={small[k]}"
+      for k in ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
+    ),
+    *(f"--config.sim.{k}={config.sim[k]}" for k in ("tokens_per_gpu", "batches", "d_model", "d_ff")),
+  ]
 
 
 @pytest.mark.slow  # two processes compile and time two training steps, exchanges and small runs: minutes on 2 cores
 def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_path):
   config = _two_host_config()
   workdir = tmp_path / "two_hosts"
-  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process",
-                        "4", "--", sys.executable, "-m", "experiments.scaling", f"--workdir={workdir}",
-                        *_flags(config)], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=900)
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "moejax.runtime.launch",
+      "--processes",
+      "2",
+      "--devices-per-process",
+      "4",
+      "--",
+      sys.executable,
+      "-m",
+      "experiments.scaling",
+      f"--workdir={workdir}",
+      *_flags(config),
+    ],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=900,
+  )
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   rows = json.loads((workdir / "results.json").read_text())["rows"]
   measured = {r["nodes"]: r for r in rows if r["label"] == "measured"}
@@ -99,7 +130,7 @@ def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_pat
     # The single process's step on its first n x 4 simulated devices: the same model, batch and seeds. Its
     # collectives are in-process copies where the job's are gloo's, which add in another order (float32 rounding).
     point = Point("flat_dropless", n, 4, "small", "weak", "measured")
-    want = measure.training_step(point, config, jax.devices()[:n * 4])["losses"]
+    want = measure.training_step(point, config, jax.devices()[: n * 4])["losses"]
     np.testing.assert_allclose([row["loss_first"], row["loss_last"]], [want[0], want[-1]], rtol=0, atol=1e-5)
   assert (workdir / "measured.png").read_bytes()[:4] == b"\x89PNG"
   record = json.loads((workdir / "calibration.json").read_text())

@@ -25,8 +25,9 @@ LOGIT_TOL = 2e-5  # fp32: the same per-token math, summed in other orders on oth
 
 
 def _model(mesh, seed=3, top_k=1, **moe_fields):
-  cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16,
-                    dropout=0.0, embed_init_std=0.5)  # large embeddings: far from ties, varied routes
+  cfg = ModelConfig(
+    kind="gpt", vocab_size=V, num_layers=4, d_model=D, num_heads=2, d_ff=F, max_len=16, dropout=0.0, embed_init_std=0.5
+  )  # large embeddings: far from ties, varied routes
   moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F, **moe_fields)
   graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh, seed)
   return nnx.merge(graphdef, *state_lib.init_state(cfg, moe, mesh, seed))
@@ -69,7 +70,7 @@ def forced(model, prompts, vanilla):
 
 def test_cached_decode_equals_recomputing_the_sequence(vanilla, forced):
   logits, _ = forced
-  recomputed = logits[:, PROMPT - 1:]  # position p's logits choose the token at p + 1
+  recomputed = logits[:, PROMPT - 1 :]  # position p's logits choose the token at p + 1
   np.testing.assert_allclose(vanilla.logits, recomputed, atol=LOGIT_TOL, rtol=0)
   np.testing.assert_array_equal(vanilla.tokens, recomputed.argmax(-1))
   assert len(np.unique(vanilla.tokens)) > 4  # not a degenerate repetition
@@ -89,8 +90,9 @@ def test_exflow_equals_vanilla_and_single_device(model, prompts, single, vanilla
 
 
 def test_sampling_is_the_same_in_both_modes_and_follows_the_seed(model, prompts):
-  draws = {mode: decode.generate(model, prompts, STEPS, mode=mode, temperature=1.0, seed=11).tokens
-           for mode in decode.MODES}
+  draws = {
+    mode: decode.generate(model, prompts, STEPS, mode=mode, temperature=1.0, seed=11).tokens for mode in decode.MODES
+  }
   np.testing.assert_array_equal(draws["vanilla"], draws["exflow"])
   other = decode.generate(model, prompts, STEPS, temperature=1.0, seed=12).tokens
   assert np.mean(other != draws["vanilla"]) > 0.3
@@ -206,8 +208,19 @@ def test_exflow_takes_deepseek_routing_shared_experts_and_replicas(mesh_2x4, pro
   device holding a table with replicas of the hot experts 0 and 1 (expert 7 only once): exflow decoding gives
   vanilla's tokens (the shared output is added where the token is, the bias only chooses, a replica computes
   as its expert)."""
-  ds = _model(mesh_2x4, top_k=2, score="sigmoid", renormalize=True, routed_scaling=2.5, num_groups=4, topk_groups=2,
-              bias_update_rate=1e-3, num_shared_experts=1, shared_gate=True, slots_per_device=2)
+  ds = _model(
+    mesh_2x4,
+    top_k=2,
+    score="sigmoid",
+    renormalize=True,
+    routed_scaling=2.5,
+    num_groups=4,
+    topk_groups=2,
+    bias_update_rate=1e-3,
+    num_shared_experts=1,
+    shared_gate=True,
+    slots_per_device=2,
+  )
   table = np.array([[d, d % 2] for d in range(8)], np.int32)
   table[7, 1] = 7
   graphdef, params, rest = nnx.split(ds, nnx.Param, ...)

@@ -40,8 +40,9 @@ def checkpoint(tmp_path_factory):
   lines = [line for doc in sorted((ROOT / "docs").glob("*.md")) for line in doc.read_text().splitlines()]
   tk = Tokenizer(models.BPE(unk_token="<unk>"))
   tk.pre_tokenizer = pre_tokenizers.Whitespace()
-  tk.train_from_iterator(lines, trainers.BpeTrainer(vocab_size=90, special_tokens=["<pad>", "<eos>", "<unk>"],
-                                                    limit_alphabet=60))
+  tk.train_from_iterator(
+    lines, trainers.BpeTrainer(vocab_size=90, special_tokens=["<pad>", "<eos>", "<unk>"], limit_alphabet=60)
+  )
   tk.save(str(path / "tokenizer.json"))
   (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<eos>"}, "pad_token": "<pad>"}))
   return str(path)
@@ -82,8 +83,11 @@ def test_trainer_starts_from_the_checkpoint(checkpoint, devices):
   for (path, a), b in zip(jax.tree_util.tree_flatten_with_path(state["params"])[0], jax.tree.leaves(loaded)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=jax.tree_util.keystr(path))
   tensors = load_file(f"{checkpoint}/model.safetensors")
-  biases = [tensors[f"model.layers.{i}.mlp.gate.e_score_correction_bias"] for i in range(model_cfg.num_layers)
-            if model_cfg.moe_layers[i]]
+  biases = [
+    tensors[f"model.layers.{i}.mlp.gate.e_score_correction_bias"]
+    for i in range(model_cfg.num_layers)
+    if model_cfg.moe_layers[i]
+  ]
   np.testing.assert_array_equal(np.asarray(state["expert_bias"]), np.stack(biases))
   assert np.any(np.stack(biases) != 0)
 
@@ -128,10 +132,25 @@ def test_fine_tuning_runs_from_the_command_line(checkpoint, tmp_path, devices):
   steps from its weights; the first loss is near the checkpoint's (random weights: about log of its vocabulary); the
   run's model exported with to_hf loads back with its logits."""
   result = subprocess.run(
-      [sys.executable, "-m", "experiments.train", f"--config=configs/decoder.py:hf={checkpoint}",
-       f"--workdir={tmp_path}", "--config.steps=3", "--config.batch_size=8", "--config.micro_batches=1", "--config.seq_len=16",
-       "--config.log.every_steps=1", "--config.checkpoint.every_steps=3"],
-      cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=600)
+    [
+      sys.executable,
+      "-m",
+      "experiments.train",
+      f"--config=configs/decoder.py:hf={checkpoint}",
+      f"--workdir={tmp_path}",
+      "--config.steps=3",
+      "--config.batch_size=8",
+      "--config.micro_batches=1",
+      "--config.seq_len=16",
+      "--config.log.every_steps=1",
+      "--config.checkpoint.every_steps=3",
+    ],
+    cwd=ROOT,
+    env=cpu_env(),
+    capture_output=True,
+    text=True,
+    timeout=600,
+  )
   assert result.returncode == 0, result.stderr[-3000:]
   ids = tokenizer_lib.load_or_train(f"{checkpoint}/tokenizer.json", "", 96, "", lambda: []).num_ids
   assert f"tokenizer with {ids} ids" in result.stdout  # the checkpoint's, not one trained on the corpus

@@ -13,9 +13,24 @@ from tests.helpers import ENV, ROOT
 
 
 def launch(*command, processes=2, timeout=240):
-  return subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", str(processes),
-                         "--devices-per-process", "4", "--", *command],
-                        cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
+  return subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "moejax.runtime.launch",
+      "--processes",
+      str(processes),
+      "--devices-per-process",
+      "4",
+      "--",
+      *command,
+    ],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+  )
 
 
 def test_two_processes_run_collectives_over_the_host_boundary():
@@ -25,7 +40,7 @@ def test_two_processes_run_collectives_over_the_host_boundary():
   for line in run.stdout.splitlines():
     prefix, _, payload = line.partition(" ")
     if payload.startswith("RESULT "):
-      result = json.loads(payload[len("RESULT "):])
+      result = json.loads(payload[len("RESULT ") :])
       assert prefix == f"[p{result['process']}]"  # output carries its process prefix
       results[result["process"]] = result
   assert sorted(results) == [0, 1]
@@ -49,9 +64,25 @@ def test_failing_process_fails_the_job_with_its_code():
 
 
 def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
-  proc = subprocess.Popen([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "1",
-                           "--", sys.executable, "-c", "import time; time.sleep(600)"],
-                          cwd=ROOT, env=ENV, stdout=subprocess.PIPE, text=True)
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "moejax.runtime.launch",
+      "--processes",
+      "2",
+      "--devices-per-process",
+      "1",
+      "--",
+      sys.executable,
+      "-c",
+      "import time; time.sleep(600)",
+    ],
+    cwd=ROOT,
+    env=ENV,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
   pids = []
   while len(pids) < 2:
     line = proc.stdout.readline()
@@ -74,12 +105,24 @@ def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
 
 
 def test_usage_error_without_command():
-  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=60)
+  run = subprocess.run(
+    [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert run.returncode == 2 and "usage" in run.stderr
 
 
 def test_help_exits_zero():
-  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--help"], cwd=ROOT, env=ENV,
-                       capture_output=True, text=True, timeout=60)
+  run = subprocess.run(
+    [sys.executable, "-m", "moejax.runtime.launch", "--help"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=60,
+  )
   assert run.returncode == 0 and "--processes" in run.stdout

@@ -16,8 +16,14 @@ from moejax.validation import ConfigError
 from tests.helpers import assert_matches_reference, force_routing, relative_error
 
 MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
-MODES = [("flat", "padded", None), ("flat", "padded", 1.0), ("flat", "capacity", 1.0), ("gpu_first", "padded", None),
-         ("gpu_first", "padded", 0.75), ("node_first", "capacity", 0.75)]
+MODES = [
+  ("flat", "padded", None),
+  ("flat", "padded", 1.0),
+  ("flat", "capacity", 1.0),
+  ("gpu_first", "padded", None),
+  ("gpu_first", "padded", 0.75),
+  ("node_first", "capacity", 0.75),
+]
 ACTIVATIONS = ["gelu", "silu", "relu"]
 
 
@@ -33,8 +39,21 @@ def _cases():
         experts_per_gpu = 4
       backend = ("dense", "ragged_dot", "pallas", "ragged_dot")[(mi + ti) % 4]
       case_id = f"{n}x{m}-{path}-{collective}-cf{cf}-k{k}-epg{experts_per_gpu}-{backend}"
-      cases.append(pytest.param(n, m, k, experts_per_gpu, path, collective, cf, backend, ACTIVATIONS[(mi + ti) % 3],
-                                (mi + ti) % 2 == 0, id=case_id))
+      cases.append(
+        pytest.param(
+          n,
+          m,
+          k,
+          experts_per_gpu,
+          path,
+          collective,
+          cf,
+          backend,
+          ACTIVATIONS[(mi + ti) % 3],
+          (mi + ti) % 2 == 0,
+          id=case_id,
+        )
+      )
   return cases
 
 
@@ -42,9 +61,20 @@ def _cases():
 @pytest.mark.sampled(2)
 def test_layer_matches_reference(n, m, k, experts_per_gpu, path, collective, cf, backend, activation, gated):
   mesh = mesh_lib.make_mesh(n, m)
-  cfg = MoEConfig(num_experts=n * m * experts_per_gpu, top_k=k, d_model=8, d_ff=12, path=path, collective=collective,
-                  capacity_factor=cf, expert_backend=backend, activation=activation, gated=gated, renormalize=k > 1,
-                  z_loss_coef=1e-3)
+  cfg = MoEConfig(
+    num_experts=n * m * experts_per_gpu,
+    top_k=k,
+    d_model=8,
+    d_ff=12,
+    path=path,
+    collective=collective,
+    capacity_factor=cf,
+    expert_backend=backend,
+    activation=activation,
+    gated=gated,
+    renormalize=k > 1,
+    z_loss_coef=1e-3,
+  )
   seed = n * 1000 + m * 100 + k * 10 + experts_per_gpu
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
@@ -53,15 +83,23 @@ def test_layer_matches_reference(n, m, k, experts_per_gpu, path, collective, cf,
     assert int(aux["tokens_dropped"]) > 0
 
 
-@pytest.mark.parametrize("path,collective,cf", [("flat", "padded", None), ("gpu_first", "padded", None),
-                                                ("flat", "capacity", 2.0), ("flat", "padded", 1.0),
-                                                ("node_first", "capacity", 1.0)])
+@pytest.mark.parametrize(
+  "path,collective,cf",
+  [
+    ("flat", "padded", None),
+    ("gpu_first", "padded", None),
+    ("flat", "capacity", 2.0),
+    ("flat", "padded", 1.0),
+    ("node_first", "capacity", 1.0),
+  ],
+)
 @pytest.mark.parametrize("target", ["one_expert", "one_device"])
 @pytest.mark.sampled(2)
 def test_adversarial_routing(mesh_2x4, path, collective, cf, target):
   k, experts_per_gpu = (1, 2) if target == "one_expert" else (2, 2)
-  cfg = MoEConfig(num_experts=16, top_k=k, d_model=8, d_ff=12, path=path, collective=collective, capacity_factor=cf,
-                  gated=True)
+  cfg = MoEConfig(
+    num_experts=16, top_k=k, d_model=8, d_ff=12, path=path, collective=collective, capacity_factor=cf, gated=True
+  )
   params = init_params(jax.random.key(5), cfg)
   x = jax.random.normal(jax.random.key(6), (64, 8))
   experts = [13] if target == "one_expert" else [6, 7]  # experts 6, 7 both live on device 3
@@ -94,8 +132,17 @@ def test_traffic_matrix_counts_rows_between_devices(n, m, path, routing, dedup):
   every hop moves exactly the rows it must."""
   devices, tokens_per_device, num_experts = n * m, 16, 16
   node_top_k = 1 if routing == "topk" else 2
-  cfg = MoEConfig(num_experts=num_experts, top_k=2, d_model=8, d_ff=12, path=path, dedup=dedup,
-                  routing=routing, num_nodes=n, node_top_k=node_top_k)
+  cfg = MoEConfig(
+    num_experts=num_experts,
+    top_k=2,
+    d_model=8,
+    d_ff=12,
+    path=path,
+    dedup=dedup,
+    routing=routing,
+    num_nodes=n,
+    node_top_k=node_top_k,
+  )
   params = init_params(jax.random.key(9), cfg)
   x = jax.random.normal(jax.random.key(10), (devices * tokens_per_device, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_lib.make_mesh(n, m)))(params, x)
@@ -106,7 +153,7 @@ def test_traffic_matrix_counts_rows_between_devices(n, m, path, routing, dedup):
   def count(src, dst):  # rows from src to dst: one per choice, or with dedup per distinct (token, dst)
     rows = list(zip(token.ravel(), src.ravel(), dst.ravel()))
     out = np.zeros((devices, devices), int)
-    for _, s_, d_ in (set(rows) if dedup else rows):
+    for _, s_, d_ in set(rows) if dedup else rows:
       out[s_, d_] += 1
     return out
 

@@ -37,14 +37,18 @@ def _config(family, **model):
 def _deepseek(**model):
   """Tiny DeepSeek-V3 with 1 dense and 4 MoE blocks (and its MTP module), unrolled unless `model` says: the variants
   (1,1), (2,1), (1,2) must extrapolate to (1,4)."""
-  return _config("deepseek_v3", num_layers=5, moe_layers=(False, True, True, True, True),
-                 **{"scan_layers": False, **model})
+  return _config(
+    "deepseek_v3", num_layers=5, moe_layers=(False, True, True, True, True), **{"scan_layers": False, **model}
+  )
 
 
 @pytest.fixture(scope="module")
 def rows(devices):
-  return {"scaled": memory.plan(_deepseek()), "whole": memory.plan(_deepseek(), whole=True),
-          "scanned": memory.plan(_deepseek(scan_layers=True))}
+  return {
+    "scaled": memory.plan(_deepseek()),
+    "whole": memory.plan(_deepseek(), whole=True),
+    "scanned": memory.plan(_deepseek(scan_layers=True)),
+  }
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
@@ -57,8 +61,9 @@ def test_layer_scaling_matches_the_whole_compile(rows):
   for key in ("argument", "temp"):
     assert scaled["scaling"][key]["value"] == pytest.approx(whole["variants"][0][key], rel=0.03), key
   assert scaled["compiled"]["total"] == pytest.approx(whole["compiled"]["total"], rel=0.03)
-  assert scaled["argument_check"]["scaled"] == pytest.approx(scaled["argument_check"]["exact_state_and_batch"],
-                                                             rel=1e-3)
+  assert scaled["argument_check"]["scaled"] == pytest.approx(
+    scaled["argument_check"]["exact_state_and_batch"], rel=1e-3
+  )
   assert max(v["temp"] for v in scaled["variants"]) < whole["variants"][0]["temp"]
 
 
@@ -67,7 +72,8 @@ def test_a_scanned_model_compiles_whole(rows):
   """A scanned model is compiled whole, not scaled from variants; its state is the unrolled model's."""
   scanned = rows["scanned"]
   assert scanned["method"] == "whole model compiled" and [(v["dense"], v["moe"]) for v in scanned["variants"]] == [
-      (1, 4)]
+    (1, 4)
+  ]
   for key in ("parameters", "optimizer", "gradients"):
     assert scanned["compiled"][key] == rows["whole"]["compiled"][key], key
 
@@ -100,11 +106,15 @@ def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp):
   assert 0 <= optimizer - 2 * want <= 16 and analytic["optimizer"] == 2 * want
 
 
-@pytest.mark.parametrize("family,fsdp,optim", [
+@pytest.mark.parametrize(
+  "family,fsdp,optim",
+  [
     ("deepseek_v3", True, dict(name="adamw", master_dtype="float32", moment_dtype="bfloat16")),
     ("deepseek_v3", False, dict(name="lamb", master_dtype=None, moment_dtype=None)),
     ("qwen2_moe", True, dict(name="muon", master_dtype="float32", moment_dtype=None)),
-    ("deepseek_v3", False, dict(name="muon", master_dtype=None, moment_dtype="bfloat16"))])
+    ("deepseek_v3", False, dict(name="muon", master_dtype=None, moment_dtype="bfloat16")),
+  ],
+)
 def test_analytic_optimizer_counts_master_and_moments(devices, family, fsdp, optim):
   """bf16 parameters: the analytic count's optimizer bytes (the fp32 master copy, the moments in their dtype, one
   of each matrix Muon orthogonalises and two of the rest) equal the abstract state's to its step counts; the
@@ -163,24 +173,41 @@ def test_verdicts(rows):
 def test_command_line(tmp_path):
   """As its own process (it sets the device count itself): the table, the verdict and the JSON."""
   out = tmp_path / "memory.json"
-  result = subprocess.run([sys.executable, "-m", "experiments.memory", "--config=configs/memory.py:decoder:qwen3_moe",
-                           "--config.micro_batches=1", "--config.planner.whole=True",
-                           "--config.planner.device_gb=0.0001", f"--workdir={tmp_path}"],
-                          cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "experiments.memory",
+      "--config=configs/memory.py:decoder:qwen3_moe",
+      "--config.micro_batches=1",
+      "--config.planner.whole=True",
+      "--config.planner.device_gb=0.0001",
+      f"--workdir={tmp_path}",
+    ],
+    cwd=ROOT,
+    env=cpu_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   assert "does not fit (compiled)" in result.stdout and "activations (derived)" in result.stdout
   row = json.loads(out.read_text())["rows"]["config"]
   assert row["verdict"] == "does not fit" and row["mesh"] == [2, 4] and row["method"] == "whole model compiled"
 
 
-@pytest.mark.parametrize("family,fields,want", [
+@pytest.mark.parametrize(
+  "family,fields,want",
+  [
     ("deepseek_v3", dict(dtype="bfloat16"), "cudnn"),  # MLA: q, k 24 wide, v padded to them
     ("deepseek_v3", dict(dtype="float32"), "xla"),  # cuDNN takes 16-bit inputs only
     ("qwen3_moe", dict(dtype="bfloat16", head_dim=12), "xla"),  # not a multiple of 8
     ("qwen3_moe", dict(dtype="bfloat16", head_dim=264), "xla"),  # wider than Hopper's 256
     ("qwen3_moe", dict(dtype="bfloat16", head_dim=256), "cudnn"),
     ("qwen3_moe", dict(dtype="float32", attention_impl="tokamax"), "tokamax"),  # as configured
-    (None, dict(dtype="bfloat16"), "xla")])  # SMILE's blocks materialise their scores
+    (None, dict(dtype="bfloat16"), "xla"),
+  ],
+)  # SMILE's blocks materialise their scores
 def test_planned_attention(family, fields, want):
   cfg = dataclasses.replace(config_lib.validate(_config(family))[0], **fields)
   assert memory_lib.planned_attention(cfg) == want
@@ -192,8 +219,10 @@ def test_fused_attention_keeps_no_scores(devices):
   own), and by that only."""
   config, cfg, moe_cfg = config_lib.checked(_deepseek(dtype="bfloat16", remat="none"))
   exchange = memory_lib.exchange_bytes(moe_cfg, mesh_lib.make_mesh(2, 4), 8 * 32)
-  counts = {impl: memory_lib.analytic_activations(dataclasses.replace(cfg, attention_impl=impl), moe_cfg, 1, 32,
-                                                  exchange) for impl in ("xla", "cudnn")}
+  counts = {
+    impl: memory_lib.analytic_activations(dataclasses.replace(cfg, attention_impl=impl), moe_cfg, 1, 32, exchange)
+    for impl in ("xla", "cudnn")
+  }
   assert counts["cudnn"]["attention"] == "cudnn"
   blocks = cfg.num_layers + cfg.num_mtp_layers
   per_block = cfg.num_heads * 32 * (32 * (4 + 2) - 4)
@@ -206,8 +235,11 @@ def test_loss_bytes_match_the_compiled_loss(tokens, d, vocab, chunk):
   `objective.head_cross_entropy_sums` with its backward (the inputs, which the planner counts elsewhere, aside)."""
   spec = lambda *shape, dtype=jax.numpy.float32: jax.ShapeDtypeStruct(shape, dtype)
   loss = lambda h, k, t, w: objective.head_cross_entropy_sums(h, k, None, t, w, chunk)[0]
-  compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).lower(
-      spec(1, tokens, d), spec(d, vocab), spec(1, tokens, dtype=jax.numpy.int32), spec(1, tokens)).compile()
+  compiled = (
+    jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
+    .lower(spec(1, tokens, d), spec(d, vocab), spec(1, tokens, dtype=jax.numpy.int32), spec(1, tokens))
+    .compile()
+  )
   temp = compiled.memory_analysis().temp_size_in_bytes
   assert temp == pytest.approx(memory_lib.loss_bytes(tokens, vocab, chunk), rel=0.05)
 
@@ -238,8 +270,9 @@ for impl, chunk in (("auto", 8192), ("xla", 0)):
                    + exchange["bytes"], attention=acts["attention"], master=state["master_weights"])
 print(json.dumps(out))
 """
-  result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=cpu_env(), capture_output=True, text=True,
-                          timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-c", script], cwd=ROOT, env=cpu_env(), capture_output=True, text=True, timeout=300
+  )
   assert result.returncode == 0, result.stderr[-2000:]
   out = json.loads(result.stdout.splitlines()[-1])
   assert out["auto"]["attention"] == "cudnn" and out["auto"]["master"] > 0

@@ -56,6 +56,7 @@ def test_wrong_axis_names_rejected(devices):
   with pytest.raises(mesh_lib.MeshError, match="expected a mesh with axes"):
     mesh_lib.axis_sizes(other)
 
+
 SHAPES = [(1, 1), (1, 4), (2, 4), (4, 2), (3, 5)]
 HOPS = [mesh_lib.NODE, mesh_lib.GPU, (mesh_lib.NODE, mesh_lib.GPU)]
 
@@ -68,8 +69,11 @@ def _brute_group(s, hop, n, m):
   """Devices that differ from s only along the hop's axes, ordered by their coordinate on those axes."""
   node, gpu = _coords(s, m)
   axes = set(mesh_lib.hop_axes(hop))
-  members = [p for p in range(n * m)
-             if (mesh_lib.NODE in axes or _coords(p, m)[0] == node) and (mesh_lib.GPU in axes or _coords(p, m)[1] == gpu)]
+  members = [
+    p
+    for p in range(n * m)
+    if (mesh_lib.NODE in axes or _coords(p, m)[0] == node) and (mesh_lib.GPU in axes or _coords(p, m)[1] == gpu)
+  ]
   return members  # flat order = (node, gpu) order, which is the peer order on every hop
 
 
@@ -84,8 +88,9 @@ def test_peer_table_same_group_and_peer_index(n, m, hop):
     assert table[s].tolist() == expected
     assert [p for p in range(n * m) if group[s, p]] == expected
     assert mesh_lib.peer_index(s, hop, m) == expected.index(s)
-  np.testing.assert_array_equal(mesh_lib.peer_index(np.arange(n * m), hop, m),
-                                [_brute_group(s, hop, n, m).index(s) for s in range(n * m)])
+  np.testing.assert_array_equal(
+    mesh_lib.peer_index(np.arange(n * m), hop, m), [_brute_group(s, hop, n, m).index(s) for s in range(n * m)]
+  )
 
 
 @pytest.mark.parametrize("n,m", SHAPES)
@@ -93,8 +98,11 @@ def test_node_of_and_crossing(n, m):
   for s in range(n * m):
     assert mesh_lib.node_of(s, m) == _coords(s, m)[0]
   for hop in HOPS:
-    crosses = any(_coords(p, m)[0] != _coords(s, m)[0]
-                  for s, p in itertools.product(range(n * m), repeat=2) if mesh_lib.same_group(hop, n, m)[s, p])
+    crosses = any(
+      _coords(p, m)[0] != _coords(s, m)[0]
+      for s, p in itertools.product(range(n * m), repeat=2)
+      if mesh_lib.same_group(hop, n, m)[s, p]
+    )
     assert mesh_lib.crosses_nodes(hop, n) == crosses
   cross, inside = mesh_lib.pair_masks(n * m, m)
   for s, p in itertools.product(range(n * m), repeat=2):

@@ -1,6 +1,5 @@
 """The SMILE language models: shapes, tied head, causal masking, sharding layout and paper sizes."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,7 +90,7 @@ def test_head_is_tied_to_the_embeddings(model):
   params["embed"]["embedding"] = params["embed"]["embedding"].at[V - 1].add(1.0)
   moved, _ = model(tokens, params=params)
   changed = np.abs(np.asarray(moved - logits)).max(axis=(0, 1)) > 1e-6
-  assert changed[V - 1] and not changed[:V - 1].any()
+  assert changed[V - 1] and not changed[: V - 1].any()
 
 
 def test_decoder_is_causal_and_encoder_is_not(model, decoder):
@@ -117,7 +116,12 @@ def test_experts_sharded_dense_parameters_replicated(model):
       continue
     assert all(entry is None for entry in spec), name
   w_in = layers.subtree(model.params, path, None)["ffn"]["moe"]["w_in"]
-  assert w_in.sharding.spec == P(*stacked, AXES) and w_in.addressable_shards[0].data.shape == (*(1,) * len(stacked), 1, D, F)
+  assert w_in.sharding.spec == P(*stacked, AXES) and w_in.addressable_shards[0].data.shape == (
+    *(1,) * len(stacked),
+    1,
+    D,
+    F,
+  )
 
 
 def test_invalid_model_configs_name_the_field(mesh_2x4):

@@ -12,7 +12,9 @@ from moejax.validation import ConfigError
 BASE = dict(num_experts=8, top_k=2, d_model=16, d_ff=32)
 
 
-@pytest.mark.parametrize("field,value,allowed", [
+@pytest.mark.parametrize(
+  "field,value,allowed",
+  [
     ("top_k", 9, "at most 8 for routing='topk'"),
     ("top_k", 0, "a positive int"),
     ("path", "hierarchical", "one of"),
@@ -24,7 +26,8 @@ BASE = dict(num_experts=8, top_k=2, d_model=16, d_ff=32)
     ("capacity_factor", -1.0, "None"),
     ("dtype", "float16", "one of"),
     ("jitter", 1.5, "in \\[0, 1\\)"),
-])
+  ],
+)
 def test_bad_field_is_named_with_value_and_allowed(field, value, allowed):
   with pytest.raises(ConfigError, match=rf"moe\.{field}={value!r}.*{allowed}"):
     MoEConfig.from_mapping({**BASE, field: value}, prefix="moe.")
@@ -46,9 +49,16 @@ def test_experts_must_divide_over_devices():
   assert MoEConfig(**BASE).experts_per_holder(2, 2) == 2
 
 
-@pytest.mark.parametrize("transport,path,collective", [
-    ("ragged", "flat", "ragged"), ("padded", "flat", "padded"), ("capacity", "flat", "capacity"),
-    ("hierarchical", "gpu_first", "auto"), ("bilevel", "node_first", "auto")])
+@pytest.mark.parametrize(
+  "transport,path,collective",
+  [
+    ("ragged", "flat", "ragged"),
+    ("padded", "flat", "padded"),
+    ("capacity", "flat", "capacity"),
+    ("hierarchical", "gpu_first", "auto"),
+    ("bilevel", "node_first", "auto"),
+  ],
+)
 def test_old_transport_is_read_as_path_and_collective(transport, path, collective, caplog):
   """Configs written before the split keep working: each old value is its path and collective, with one notice."""
   with caplog.at_level(logging.WARNING):

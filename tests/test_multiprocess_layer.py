@@ -15,21 +15,46 @@ from tests.helpers import ENV, ROOT
 pytestmark = pytest.mark.slow  # two real processes with jax.distributed
 
 
-@pytest.mark.parametrize("routing,path,cf", [("topk", "gpu_first", 1.25), ("topk", "flat", None),
-                                           ("bilevel", "node_first", 2.0)])
+@pytest.mark.parametrize(
+  "routing,path,cf", [("topk", "gpu_first", 1.25), ("topk", "flat", None), ("bilevel", "node_first", 2.0)]
+)
 def test_two_process_layer_equals_single_process(mesh_2x4, tmp_path, routing, path, cf):
   out = tmp_path / "demo.npz"
-  overrides = [f"--config.moe.routing={routing}", f"--config.moe.path={path}", f"--workdir={tmp_path}",
-               "--config.tokens=128", "--config.steps=1"]
+  overrides = [
+    f"--config.moe.routing={routing}",
+    f"--config.moe.path={path}",
+    f"--workdir={tmp_path}",
+    "--config.tokens=128",
+    "--config.steps=1",
+  ]
   if cf is not None:
     overrides.append(f"--config.moe.capacity_factor={cf}")
-  run = subprocess.run([sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4",
-                        "--", sys.executable, "-m", "experiments.demo", *overrides],
-                       cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  run = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "moejax.runtime.launch",
+      "--processes",
+      "2",
+      "--devices-per-process",
+      "4",
+      "--",
+      sys.executable,
+      "-m",
+      "experiments.demo",
+      *overrides,
+    ],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   result = np.load(out)
 
   from configs import demo  # the same config the processes read
+
   config = demo.get_config()
   moe = {**config.moe.to_dict(), "routing": routing, "path": path, "capacity_factor": cf}
   cfg = MoEConfig.from_mapping(moe)

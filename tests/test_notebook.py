@@ -29,12 +29,21 @@ ROUTINGS = ("topk", "bilevel")
 TOLERANCE = 1e-4
 MAX_BYTES = 200_000  # the committed notebook: two small figures and short text
 ERROR_LINE = re.compile(r"^(\w+): max relative error vs reference (\S+)", re.MULTILINE)
-DROP_LINE = re.compile(r"^(\w+) capacity_factor (\S+): (\d+) of (\d+) token-choices dropped \(reference (\d+)\), "
-                       r"error vs reference (\S+), vs dropless (\S+)$", re.MULTILINE)
-BUFFER_LINE = re.compile(r"^(\w+) buffer_factor (\S+): \d+ rows per hop, (\d+) token-choices overflowed, "
-                         r"error vs reference (\S+)$", re.MULTILINE)
-GROWN_LINE = re.compile(r"^(\w+) apply_without_overflow from (\S+): settled on buffer_factor (\S+), (\d+) overflowed, "
-                        r"error vs reference (\S+)$", re.MULTILINE)
+DROP_LINE = re.compile(
+  r"^(\w+) capacity_factor (\S+): (\d+) of (\d+) token-choices dropped \(reference (\d+)\), "
+  r"error vs reference (\S+), vs dropless (\S+)$",
+  re.MULTILINE,
+)
+BUFFER_LINE = re.compile(
+  r"^(\w+) buffer_factor (\S+): \d+ rows per hop, (\d+) token-choices overflowed, "
+  r"error vs reference (\S+)$",
+  re.MULTILINE,
+)
+GROWN_LINE = re.compile(
+  r"^(\w+) apply_without_overflow from (\S+): settled on buffer_factor (\S+), (\d+) overflowed, "
+  r"error vs reference (\S+)$",
+  re.MULTILINE,
+)
 PREFIX_MARK = "kernel sys.prefix: "
 NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 FLOAT_RTOL = 0.05  # printed losses and errors with 2-3 digits: the last one may round the other way elsewhere
@@ -100,11 +109,15 @@ def check_same_numbers(committed: str, fresh: str) -> None:
   old = [line for line in committed.splitlines() if line.strip()]
   new = [line for line in fresh.splitlines() if line.strip()]
   assert [NUMBER.sub("#", line) for line in old] == [NUMBER.sub("#", line) for line in new], (
-      "the notebook prints other lines than its committed outputs: run it again and commit it")
+    "the notebook prints other lines than its committed outputs: run it again and commit it"
+  )
   for before, now in zip(old, new):
     for a, b in zip(NUMBER.findall(before), NUMBER.findall(now)):
-      same = (a == b if a.lstrip("-+").isdigit() and b.lstrip("-+").isdigit() else
-              max(abs(float(a)), abs(float(b))) < TOLERANCE or math.isclose(float(a), float(b), rel_tol=FLOAT_RTOL))
+      same = (
+        a == b
+        if a.lstrip("-+").isdigit() and b.lstrip("-+").isdigit()
+        else max(abs(float(a)), abs(float(b))) < TOLERANCE or math.isclose(float(a), float(b), rel_tol=FLOAT_RTOL)
+      )
       assert same, f"stale committed output (run the notebook again and commit it): {before!r}, now {now!r}"
 
 
@@ -112,15 +125,25 @@ def _kernel_manager(kernel_dir: pathlib.Path) -> KernelManager:
   """A manager whose 'python3' kernel is this interpreter, from a kernel spec in `kernel_dir`."""
   spec = kernel_dir / "python3"
   spec.mkdir(parents=True)
-  (spec / "kernel.json").write_text(json.dumps({
-      "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-      "display_name": "Python 3 (moejax test)", "language": "python"}))
+  (spec / "kernel.json").write_text(
+    json.dumps(
+      {
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (moejax test)",
+        "language": "python",
+      }
+    )
+  )
   return KernelManager(kernel_name="python3", kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(kernel_dir)]))
 
 
 def _stdout(nb) -> str:
-  return "".join(out.get("text", "") for cell in nb.cells for out in cell.get("outputs", [])
-                 if out.get("output_type") == "stream" and out.get("name") == "stdout")
+  return "".join(
+    out.get("text", "")
+    for cell in nb.cells
+    for out in cell.get("outputs", [])
+    if out.get("output_type") == "stream" and out.get("name") == "stdout"
+  )
 
 
 def test_notebook_is_committed_with_outputs():
@@ -179,8 +202,13 @@ def test_quickstart_notebook_runs(tmp_path):
   nb.cells.append(nbformat.v4.new_code_cell(f"import sys\nprint({PREFIX_MARK!r} + sys.prefix)"))
   workdir = tmp_path / "work"
   workdir.mkdir()
-  client = nbclient.NotebookClient(nb, km=_kernel_manager(tmp_path / "kernels"), timeout=600,
-                                   startup_timeout=120, resources={"metadata": {"path": str(workdir)}})
+  client = nbclient.NotebookClient(
+    nb,
+    km=_kernel_manager(tmp_path / "kernels"),
+    timeout=600,
+    startup_timeout=120,
+    resources={"metadata": {"path": str(workdir)}},
+  )
   client.execute(env=helpers.cpu_env())  # raises CellExecutionError if a cell fails
 
   fresh = _stdout(nb)

@@ -13,8 +13,18 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 
 LAUNCH, LAT, BW = 7.0, 0.5, 40.0
-TOY = topology_lib.custom("h800_nvlink", name="toy", gpus_per_node=8, intra_bw=BW, nic_bw=10.0, intra_latency=LAT,
-                          inter_latency=3.0, launch=LAUNCH, peak_flops=1.0, compute_efficiency=1.0)
+TOY = topology_lib.custom(
+  "h800_nvlink",
+  name="toy",
+  gpus_per_node=8,
+  intra_bw=BW,
+  nic_bw=10.0,
+  intra_latency=LAT,
+  inter_latency=3.0,
+  launch=LAUNCH,
+  peak_flops=1.0,
+  compute_efficiency=1.0,
+)
 
 
 def hand_efficiency(rows, n, tile=128, sms=132):
@@ -135,15 +145,19 @@ def test_each_pass_prices_its_own_bytes_per_row():
     assert got.inter_node_s == pytest.approx(want.inter_node_a2a_s, rel=1e-12)
     assert got.intra_node_s == pytest.approx(want.intra_node_a2a_s, rel=1e-12)
   for schedule, chunks in (("chunked", 4), ("comet", 2)):
-    pieces = [overlap.price_schedule(schedule, dataclasses.replace(ex, bytes_per_row=w), shape, chunks)
-              for w in (wire, wire.backward)]
+    pieces = [
+      overlap.price_schedule(schedule, dataclasses.replace(ex, bytes_per_row=w), shape, chunks)
+      for w in (wire, wire.backward)
+    ]
     doubled = dataclasses.replace(shape, rate=shape.rate / 2)
     backward = overlap.price_schedule(schedule, dataclasses.replace(ex, bytes_per_row=wire.backward), doubled, chunks)
     train = overlap.price_schedule(schedule, ex, shape, chunks, train=True)
     assert train.time_s == pytest.approx(pieces[0].time_s + backward.time_s, rel=1e-12)
     assert pieces[1].communication_s > pieces[0].communication_s  # the gradients' rows are the heavier here
-  same = [overlap.price_schedule("comet", dataclasses.replace(ex, bytes_per_row=b), shape, 2, train=True).time_s
-          for b in (64.0, wire_lib.RowBytes.uniform(64.0))]
+  same = [
+    overlap.price_schedule("comet", dataclasses.replace(ex, bytes_per_row=b), shape, 2, train=True).time_s
+    for b in (64.0, wire_lib.RowBytes.uniform(64.0))
+  ]
   assert same[0] == same[1]
 
 
@@ -168,11 +182,14 @@ def test_comet_hides_more_than_chunked_when_compute_bound_on_a_real_preset():
   assert 0.5 < comet.hidden_fraction <= 1
 
 
-@pytest.mark.parametrize("kwargs, field", [
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
     (dict(schedule="pipelined"), "schedule"),
     (dict(num_chunks=0), "num_chunks"),
     (dict(schedule="comet", num_chunks=3), "num_chunks"),
-])
+  ],
+)
 def test_bad_schedule_arguments_name_their_field(kwargs, field):
   ex, shape, _, _ = toy_layer(np.random.default_rng(5))
   args = dict(schedule="chunked", num_chunks=2) | kwargs
@@ -180,11 +197,14 @@ def test_bad_schedule_arguments_name_their_field(kwargs, field):
     overlap.price_schedule(args["schedule"], ex, shape, args["num_chunks"])
 
 
-@pytest.mark.parametrize("kwargs, field", [
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
     (dict(expert_rows_G=(-1.0,)), "expert_rows_G"),
     (dict(d_model=0), "d_model"),
     (dict(rate=0.0), "rate"),
-])
+  ],
+)
 def test_bad_layer_shapes_name_their_field(kwargs, field):
   args = dict(expert_rows_G=(10.0,), d_model=128, d_ff=256, gated=False, rate=1.0) | kwargs
   with pytest.raises(ConfigError, match=field):
@@ -199,9 +219,21 @@ def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
   import json
 
   from moejax.cost import phases
-  record = {"device": "GPU X", "cases": [
-      {"model": "m", "collective": "padded", "expert_backend": b, "rows": 1024, "d_model": 256,
-       "phases_ms": {"layer_other_ms": other}} for b, other in (("a", 0.4), ("b", 0.6))]}
+
+  record = {
+    "device": "GPU X",
+    "cases": [
+      {
+        "model": "m",
+        "collective": "padded",
+        "expert_backend": b,
+        "rows": 1024,
+        "d_model": 256,
+        "phases_ms": {"layer_other_ms": other},
+      }
+      for b, other in (("a", 0.4), ("b", 0.6))
+    ],
+  }
   (tmp_path / "layer.json").write_text(json.dumps(record))
   cost = phases.from_layer_json(tmp_path / "layer.json", "m")
   assert cost.seconds_per_byte == pytest.approx(0.5e-3 / (1024 * 256 * 2))
@@ -214,8 +246,10 @@ def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
   base = overlap.LayerShape((256.0,), 256, 1024, gated=False, rate=1e14)
   extra = dataclasses.replace(base, non_expert_s=1e-3)
   for schedule, chunks in (("sequential", 1), ("chunked", 4)):
-    delta = (overlap.price_schedule(schedule, ex, extra, chunks).compute_s
-             - overlap.price_schedule(schedule, ex, base, chunks).compute_s)
+    delta = (
+      overlap.price_schedule(schedule, ex, extra, chunks).compute_s
+      - overlap.price_schedule(schedule, ex, base, chunks).compute_s
+    )
     assert delta == pytest.approx(1e-3)
   assert overlap.price_schedule("comet", ex, extra, 2).time_s == overlap.price_schedule("comet", ex, base, 2).time_s
 
@@ -223,6 +257,7 @@ def test_non_expert_phases_are_paid_by_the_baselines_not_by_comet(tmp_path):
 def test_the_measured_row_cost_is_the_committed_h100_runs_and_scales_with_memory_bandwidth():
   from moejax.cost import phases
   from tests.helpers import ROOT
+
   got = phases.from_layer_json(ROOT / phases.H100_LAYER_JSON, "mixtral_8x7b")
   assert phases.H100_MEASURED.seconds_per_byte == pytest.approx(got.seconds_per_byte, rel=1e-12)
   assert phases.for_topology(topology_lib.DGX_H100_IB) == phases.H100_MEASURED  # the same HBM3

@@ -36,8 +36,11 @@ def test_every_data_file_is_package_data():
   wheel carries them."""
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
   data = project["tool"]["setuptools"]["package-data"]
-  found = [p for p in (ROOT / "moejax").rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")
-           and "__pycache__" not in p.parts]
+  found = [
+    p
+    for p in (ROOT / "moejax").rglob("*")
+    if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
+  ]
   assert found
   for path in found:
     package = ".".join(path.parent.relative_to(ROOT).parts)
@@ -53,8 +56,13 @@ def test_configs_and_programs_import_each_other_by_their_installed_names():
   for folder in ("configs", "experiments", "benchmarks"):
     for path in (ROOT / folder).rglob("*.py"):
       for node in ast.walk(ast.parse(path.read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        names = (
+          [a.name for a in node.names]
+          if isinstance(node, ast.Import)
+          else [node.module or ""]
+          if isinstance(node, ast.ImportFrom) and not node.level
+          else []
+        )
         bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FOLDERS]
   assert bare == []
 
@@ -62,11 +70,33 @@ def test_configs_and_programs_import_each_other_by_their_installed_names():
 def test_configs_and_programs_run_from_outside_the_repository_root(tmp_path):
   """As a user runs them once moejax is installed: from another folder, nothing on PYTHONPATH."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  done = subprocess.run([sys.executable, "-c", "import moejax.configs.decoder as d, moejax.experiments.plot_run; "
-                         "print(d.get_config('deepseek_v3').model.family)"], cwd=tmp_path, env=env,
-                        capture_output=True, text=True, timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-c",
+      "import moejax.configs.decoder as d, moejax.experiments.plot_run; "
+      "print(d.get_config('deepseek_v3').model.family)",
+    ],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0 and done.stdout == "deepseek_v3\n", done.stderr[-2000:]
-  done = subprocess.run([sys.executable, "-m", "moejax.experiments.train", f"--config={ROOT / 'configs' / 'gpt.py'}",
-                         "--config.steps=3", "--print_config"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                        timeout=120)
+  done = subprocess.run(
+    [
+      sys.executable,
+      "-m",
+      "moejax.experiments.train",
+      f"--config={ROOT / 'configs' / 'gpt.py'}",
+      "--config.steps=3",
+      "--print_config",
+    ],
+    cwd=tmp_path,
+    env=env,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
   assert done.returncode == 0 and '"steps": 3' in done.stdout, done.stderr[-2000:]

@@ -13,9 +13,18 @@ LAUNCH, INTRA_LAT, INTER_LAT, INTRA_BW, NIC_BW = 11.0, 0.5, 4.0, 40.0, 15.0
 
 
 def toy(gpus_per_node):
-  return topology_lib.custom("p4d_efa", name="toy", gpus_per_node=gpus_per_node, intra_bw=INTRA_BW, nic_bw=NIC_BW,
-                             intra_latency=INTRA_LAT, inter_latency=INTER_LAT, launch=LAUNCH, peak_flops=1.0,
-                             compute_efficiency=1.0)
+  return topology_lib.custom(
+    "p4d_efa",
+    name="toy",
+    gpus_per_node=gpus_per_node,
+    intra_bw=INTRA_BW,
+    nic_bw=NIC_BW,
+    intra_latency=INTRA_LAT,
+    inter_latency=INTER_LAT,
+    launch=LAUNCH,
+    peak_flops=1.0,
+    compute_efficiency=1.0,
+  )
 
 
 def random_terms(rng):
@@ -24,9 +33,18 @@ def random_terms(rng):
 
 def random_layer(rng):
   n_ep, n_esp, n_mp = (int(rng.choice([1, 2, 4, 8])) for _ in range(3))
-  return parm.ParmLayer(B=int(rng.integers(1, 9)), L=int(rng.choice([128, 512, 2048])), M=int(rng.integers(64, 4097)),
-                        H=int(rng.integers(64, 8193)), E=n_ep * int(rng.integers(1, 4)), k=int(rng.integers(1, 3)),
-                        f=float(rng.uniform(0.5, 3)), n_ep=n_ep, n_esp=n_esp, n_mp=n_mp)
+  return parm.ParmLayer(
+    B=int(rng.integers(1, 9)),
+    L=int(rng.choice([128, 512, 2048])),
+    M=int(rng.integers(64, 4097)),
+    H=int(rng.integers(64, 8193)),
+    E=n_ep * int(rng.integers(1, 4)),
+    k=int(rng.integers(1, 3)),
+    f=float(rng.uniform(0.5, 3)),
+    n_ep=n_ep,
+    n_esp=n_esp,
+    n_mp=n_mp,
+  )
 
 
 def paper_times(layer, ab):
@@ -35,10 +53,11 @@ def paper_times(layer, ab):
   ETM, BLM = layer.E * T * layer.M, layer.B * layer.L * layer.M
   t = lambda name, x: ab[name].alpha_s + ab[name].beta_s * x  # noqa: E731
   y = ETM * layer.n_esp / layer.n_mp
-  return {"baseline": t("ag_esp", BLM * layer.n_esp) + t("ar_esp", ETM * layer.n_esp)
-          + 2 * t("a2a_ep", ETM * layer.n_esp),
-          "s1": 2 * t("a2a_epesp", y) + t("ag_mp", BLM),
-          "s2": t("a2a_epesp", y) + t("overlap", y)}
+  return {
+    "baseline": t("ag_esp", BLM * layer.n_esp) + t("ar_esp", ETM * layer.n_esp) + 2 * t("a2a_ep", ETM * layer.n_esp),
+    "s1": 2 * t("a2a_epesp", y) + t("ag_mp", BLM),
+    "s2": t("a2a_epesp", y) + t("overlap", y),
+  }
 
 
 def test_schedule_times_follow_the_papers_equations():
@@ -71,13 +90,15 @@ def test_algorithm1_picks_the_brute_force_minimum():
 def test_alpha_beta_on_one_node_match_hand_terms():
   """8 ranks on one node of 8: N_EP 2 (ranks r, r + 4), N_ESP 4, N_MP 4, 2-byte elements."""
   ab = parm.alpha_beta_from_topology(toy(8), n_ep=2, n_esp=4, n_mp=4, bytes_per_element=2)
-  want = {"a2a_epesp": (LAUNCH + 7 * INTRA_LAT, 2 * 7 / 8 / INTRA_BW),
-          "a2a_ep": (LAUNCH + INTRA_LAT, 2 * 1 / 2 / INTRA_BW),
-          "ag_esp": (LAUNCH + 3 * INTRA_LAT, 2 * 3 / 4 / INTRA_BW),
-          "ag_mp": (LAUNCH + 3 * INTRA_LAT, 2 * 3 / 4 / INTRA_BW),
-          "ar_esp": (LAUNCH + 6 * INTRA_LAT, 2 * 2 * 3 / 4 / INTRA_BW),
-          # SAA: the all-to-all of y' and the all-gather of ETM = y' N_MP / N_ESP share the intra-node link
-          "overlap": (LAUNCH + 7 * INTRA_LAT + 3 * INTRA_LAT, (2 * 7 / 8 + 2 * 3 / 4) / INTRA_BW)}
+  want = {
+    "a2a_epesp": (LAUNCH + 7 * INTRA_LAT, 2 * 7 / 8 / INTRA_BW),
+    "a2a_ep": (LAUNCH + INTRA_LAT, 2 * 1 / 2 / INTRA_BW),
+    "ag_esp": (LAUNCH + 3 * INTRA_LAT, 2 * 3 / 4 / INTRA_BW),
+    "ag_mp": (LAUNCH + 3 * INTRA_LAT, 2 * 3 / 4 / INTRA_BW),
+    "ar_esp": (LAUNCH + 6 * INTRA_LAT, 2 * 2 * 3 / 4 / INTRA_BW),
+    # SAA: the all-to-all of y' and the all-gather of ETM = y' N_MP / N_ESP share the intra-node link
+    "overlap": (LAUNCH + 7 * INTRA_LAT + 3 * INTRA_LAT, (2 * 7 / 8 + 2 * 3 / 4) / INTRA_BW),
+  }
   for name, (alpha, beta) in want.items():
     assert ab[name].alpha_s == pytest.approx(alpha, rel=1e-12), name
     assert ab[name].beta_s == pytest.approx(beta, rel=1e-9), name
@@ -100,8 +121,9 @@ def test_dedicated_schedules_never_lose_to_the_baseline_on_parms_testbeds():
     for n_mp, n_esp, p in itertools.product((1, 2, 4), (1, 2, 4), (8, 16)):
       ab = parm.alpha_beta_from_topology(topology, p // n_esp, n_esp, n_mp, 2)
       for b, width in ((2, 1024), (8, 4096)):
-        layer = parm.ParmLayer(B=b, L=1024, M=width, H=width, E=p // n_esp, k=1, f=1.2, n_ep=p // n_esp,
-                               n_esp=n_esp, n_mp=n_mp)
+        layer = parm.ParmLayer(
+          B=b, L=1024, M=width, H=width, E=p // n_esp, k=1, f=1.2, n_ep=p // n_esp, n_esp=n_esp, n_mp=n_mp
+        )
         times = parm.communication_times(layer, ab)
         assert times["s2"] <= times["baseline"] * (1 + 1e-12)
         if n_mp == 1:
@@ -111,9 +133,15 @@ def test_dedicated_schedules_never_lose_to_the_baseline_on_parms_testbeds():
           assert times["s1"] == pytest.approx(times["baseline"], rel=1e-12)  # plain EP: all three coincide
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(B=0), "B"), (dict(f=0.0), "f"), (dict(E=3), "E"), (dict(n_mp=1.5), "n_mp"),
-])
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    (dict(B=0), "B"),
+    (dict(f=0.0), "f"),
+    (dict(E=3), "E"),
+    (dict(n_mp=1.5), "n_mp"),
+  ],
+)
 def test_bad_layers_name_their_field(kwargs, field):
   args = dict(B=2, L=512, M=1024, H=1024, E=2, k=1, f=1.2, n_ep=2, n_esp=2, n_mp=2) | kwargs
   with pytest.raises(ConfigError, match=field):
@@ -137,7 +165,10 @@ def test_bad_terms_and_groups_name_their_field():
 def test_alpha_beta_from_a_bench_collectives_record():
   """Fits on bytes sent to other devices, mesh 2 x 4: x -> bytes sent by the ring / pairwise factors."""
   fits = {"flat": (5e-6, 10e9), "node_a2a": (3e-6, 4e9), "gpu_all_gather": (2e-6, 20e9), "gpu_all_reduce": (4e-6, 30e9)}
-  record = {"mesh": [2, 4], "fits": {v: {"latency_s": a, "bandwidth": bw, "physical": True} for v, (a, bw) in fits.items()}}
+  record = {
+    "mesh": [2, 4],
+    "fits": {v: {"latency_s": a, "bandwidth": bw, "physical": True} for v, (a, bw) in fits.items()},
+  }
   ab = parm.alpha_beta_from_bench(record, bytes_per_element=2)
   assert ab["a2a_epesp"].beta_s == pytest.approx(2 * 7 / 8 / 10e9)  # 8 ranks: 7/8 of x leaves the device
   assert ab["a2a_ep"].beta_s == pytest.approx(2 * 1 / 2 / 4e9)

@@ -40,30 +40,48 @@ def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
   values = np.stack([1000 * (s + 1) + np.arange(rows) for s in range(devices)]).astype(np.float32)
   phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4)
   send = phases.exchange(axis, out_rows, "dispatch", "padded")
-  got, got_ids = send(phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)),
-                      phases.put(sizes))
+  got, got_ids = send(
+    phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)), phases.put(sizes)
+  )
   got, got_ids = np.asarray(got).reshape(devices, out_rows), np.asarray(got_ids).reshape(devices, out_rows)
   for r in range(devices):  # each source's block for r (its rows are sorted by peer), sources in order
     blocks = []
     for s in _peers(axis, r, n, m):
       starts = np.concatenate([[0], np.cumsum(traffic[s, _peers(axis, s, n, m)])])
       p = _peers(axis, s, n, m).index(r)
-      blocks.append(values[s, starts[p]:starts[p + 1]])
+      blocks.append(values[s, starts[p] : starts[p + 1]])
     want = np.concatenate(blocks)
-    np.testing.assert_array_equal(got[r, :len(want)], want)
-    assert not got[r, len(want):].any()
-    np.testing.assert_array_equal(got_ids[r, :len(want)], want.astype(np.int32))
-    assert (got_ids[r, len(want):] == -1).all()
+    np.testing.assert_array_equal(got[r, : len(want)], want)
+    assert not got[r, len(want) :].any()
+    np.testing.assert_array_equal(got_ids[r, : len(want)], want.astype(np.int32))
+    assert (got_ids[r, len(want) :] == -1).all()
 
 
-@pytest.mark.parametrize("n,m,path,collective,cf", [
-    (2, 4, "flat", "padded", None), (2, 4, "gpu_first", "padded", None), (2, 4, "node_first", "padded", 2.0),
-    (2, 4, "flat", "capacity", 1.0), (2, 4, "gpu_first", "capacity", 1.0), (1, 4, "flat", "padded", None)])
+@pytest.mark.parametrize(
+  "n,m,path,collective,cf",
+  [
+    (2, 4, "flat", "padded", None),
+    (2, 4, "gpu_first", "padded", None),
+    (2, 4, "node_first", "padded", 2.0),
+    (2, 4, "flat", "capacity", 1.0),
+    (2, 4, "gpu_first", "capacity", 1.0),
+    (1, 4, "flat", "padded", None),
+  ],
+)
 @pytest.mark.sampled(2)
 def test_phases_are_split_by_the_links_they_cross(devices, n, m, path, collective, cf):
   mesh = mesh_lib.make_mesh(n, m)
-  cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=16, d_ff=32, path=path, collective=collective,
-                  capacity_factor=cf, routing="bilevel" if path == "node_first" else "topk", num_nodes=n)
+  cfg = MoEConfig(
+    num_experts=2 * n * m,
+    top_k=2,
+    d_model=16,
+    d_ff=32,
+    path=path,
+    collective=collective,
+    capacity_factor=cf,
+    routing="bilevel" if path == "node_first" else "topk",
+    num_nodes=n,
+  )
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (n * m * 16, cfg.d_model))
   got = phase_timing.measure_phases(params, x, cfg, mesh, warmup=1, repeats=2)

@@ -22,8 +22,7 @@ def test_one_device_with_and_without_two_batch_overlap():
     assert plain == pytest.approx(m * (c.f + c.a2a_f + c.b + c.a2a_b), rel=1e-12)
     pair = max(2 * c.f, 2 * c.a2a_f) + max(2 * c.b, 2 * c.a2a_b)
     alone = c.f + c.a2a_f + c.b + c.a2a_b
-    assert cost.one_device(m, c, two_batch=True).makespan == pytest.approx((m // 2) * pair + (m % 2) * alone,
-                                                                          rel=1e-12)
+    assert cost.one_device(m, c, two_batch=True).makespan == pytest.approx((m // 2) * pair + (m % 2) * alone, rel=1e-12)
 
 
 def test_1f1b_step_is_its_published_makespan_and_dualpipe_hides_the_exchanges():
@@ -39,7 +38,8 @@ def test_1f1b_step_is_its_published_makespan_and_dualpipe_hides_the_exchanges():
     assert cost.step_time("dualpipe", p, m, c) < exposed
     silent = cost.StageCost(c.f, c.b, c.w, 0.0, 0.0)
     assert cost.step_time("dualpipe", p, m, silent) == pytest.approx(
-        schedules.timetable("dualpipe", p, m, durations=Durations(c.f, c.b, c.w)).makespan, rel=1e-12)
+      schedules.timetable("dualpipe", p, m, durations=Durations(c.f, c.b, c.w)).makespan, rel=1e-12
+    )
 
 
 def test_activations_in_flight_are_the_published_counts():

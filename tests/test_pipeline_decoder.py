@@ -39,9 +39,13 @@ def _config(spec: str, layers: int, nodes: int, gpus: int, pipeline=None, **moe)
 
 
 def _three_steps(config, stages: int, tokens):
-  trainer = train.Trainer(config, *config_lib.validate(config),
-                          mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=stages), TOK,
-                          donate=False)
+  trainer = train.Trainer(
+    config,
+    *config_lib.validate(config),
+    mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=stages),
+    TOK,
+    donate=False,
+  )
   state, rest = trainer.init()
   records = []
   for i, batch in enumerate(tokens):
@@ -53,13 +57,20 @@ def _three_steps(config, stages: int, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec,layers,schedule,stages,virtual,nodes,gpus,moe", [
-    ("qwen3_moe", 2, "1f1b", 2, 1, 1, 4, {}), ("deepseek_v3", 3, "gpipe", 2, 1, 1, 4, {}),
-    ("deepseek_v3", 5, "1f1b", 4, 1, 1, 2, {}), ("qwen3_moe", 4, "gpipe", 4, 1, 2, 1, {}),
+@pytest.mark.parametrize(
+  "spec,layers,schedule,stages,virtual,nodes,gpus,moe",
+  [
+    ("qwen3_moe", 2, "1f1b", 2, 1, 1, 4, {}),
+    ("deepseek_v3", 3, "gpipe", 2, 1, 1, 4, {}),
+    ("deepseek_v3", 5, "1f1b", 4, 1, 1, 2, {}),
+    ("qwen3_moe", 4, "gpipe", 4, 1, 2, 1, {}),
     ("deepseek_v3", 5, "1f1b", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
-    ("qwen3_moe", 4, "dualpipev", 2, 1, 1, 4, {}), ("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
+    ("qwen3_moe", 4, "dualpipev", 2, 1, 1, 4, {}),
+    ("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
     ("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
-    ("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {})])
+    ("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {}),
+  ],
+)
 def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, virtual, nodes, gpus, moe):
   """DeepSeek-V3: its dense first layer on the first stage, its MTP module (an MoE block) on the last. With
   balance_loss='global_batch' each micro-batch's balance loss counts the step's earlier micro-batches' choices, in
@@ -68,7 +79,8 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
   devices, its gradients the two copies' sum; interleaved (virtual_stages 2): 4 stages of layers on 2 devices,
   device d running stages d and d + 2, each micro-batch passing the devices twice."""
   tokens = np.random.default_rng(stages * 10 + layers).integers(
-      TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
+    TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32
+  )
   pipeline = dict(schedule=schedule, stages=stages, virtual_stages=virtual)
   piped = _three_steps(_config(spec, layers, nodes, gpus, pipeline, **moe), stages, tokens)
   plain = _three_steps(_config(spec, layers, nodes, gpus, **moe), 1, tokens)
@@ -77,10 +89,23 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     for name in want:
       # The first step's every metric; after an update, fp32 rounding may flip a near-tied routing choice: the
       # losses then differ in their fifth digit and a count by one.
-      exact = step == 0 or name not in ("expert_counts", "loss", "task_loss", "aux_loss", "mtp_loss", "accuracy",
-                                        "grad_norm", "expert_bias_range")
-      np.testing.assert_allclose(np.asarray(got[name], np.float64), np.asarray(want[name], np.float64),
-                                 rtol=2e-5 if exact else 1e-3, atol=1e-6 if exact else 2.0, err_msg=f"{step} {name}")
+      exact = step == 0 or name not in (
+        "expert_counts",
+        "loss",
+        "task_loss",
+        "aux_loss",
+        "mtp_loss",
+        "accuracy",
+        "grad_norm",
+        "expert_bias_range",
+      )
+      np.testing.assert_allclose(
+        np.asarray(got[name], np.float64),
+        np.asarray(want[name], np.float64),
+        rtol=2e-5 if exact else 1e-3,
+        atol=1e-6 if exact else 2.0,
+        err_msg=f"{step} {name}",
+      )
   for got, want in zip(jax.tree.leaves(piped[2]), jax.tree.leaves(plain[2])):  # (1 - b1) x every gradient
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=1e-4, atol=1e-7)
   # After three AdamW steps: its update divides by the gradient's own scale, so where an element's gradient is a
@@ -88,10 +113,15 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
   for got, want in zip(jax.tree.leaves(piped[1]), jax.tree.leaves(plain[1])):
     np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), atol=1e-3)
 
-@pytest.mark.parametrize("update,field", [
+
+@pytest.mark.parametrize(
+  "update,field",
+  [
     (dict(pipeline=dict(schedule="interleaved", stages=2)), "pipeline.virtual_stages"),  # v = 1: no chunks
-    (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=2)),
-     "pipeline.virtual_stages"),  # 2 MoE layers over 4 stages (2 devices alone would split them)
+    (
+      dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=2)),
+      "pipeline.virtual_stages",
+    ),  # 2 MoE layers over 4 stages (2 devices alone would split them)
     (dict(pipeline=dict(schedule="interleaved", stages=4, virtual_stages=2)), "pipeline.stages"),  # 2 over 4 devices
     (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=0)), "pipeline.virtual_stages"),
     (dict(pipeline=dict(schedule="interleaved", stages=2, virtual_stages=2.0)), "pipeline.virtual_stages"),
@@ -107,7 +137,9 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
     (dict(pipeline=dict(schedule="1f1b", stages=2), model=dict(scan_layers=False)), "model.scan_layers"),
     (dict(pipeline=dict(schedule="1f1b", stages=2), moe=dict(collective="padded")), "moe.collective"),
     (dict(pipeline=dict(schedule="1f1b", stagez=2)), "pipeline.stagez"),
-    (dict(pipeline=dict(schedule="1f1b", stages=2, virtual_stagez=1)), "pipeline.virtual_stagez")])
+    (dict(pipeline=dict(schedule="1f1b", stages=2, virtual_stagez=1)), "pipeline.virtual_stagez"),
+  ],
+)
 def test_pipeline_refusals_name_the_field(update, field):
   config = _config("deepseek_v3", 3, 1, 4)
   for section, fields in update.items():

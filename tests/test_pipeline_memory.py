@@ -45,8 +45,10 @@ def test_memory_per_device_is_flat_as_stages_are_added(devices):
   """Against the unpipelined step of the 4-stage model's 8 layers on 1 x 2 devices, whose arguments hold them all."""
   two, four = step_memory(2), step_memory(4)
   plain = step_memory(1, "none", layers=4 * LAYERS_PER_STAGE)
-  print("argument, temp bytes per device at 2 and 4 stages, unpipelined:", *(
-      (m.argument_size_in_bytes, m.temp_size_in_bytes) for m in (two, four, plain)))
+  print(
+    "argument, temp bytes per device at 2 and 4 stages, unpipelined:",
+    *((m.argument_size_in_bytes, m.temp_size_in_bytes) for m in (two, four, plain)),
+  )
   assert four.argument_size_in_bytes == two.argument_size_in_bytes < 0.6 * plain.argument_size_in_bytes
   total = lambda m: m.argument_size_in_bytes + m.temp_size_in_bytes
   assert abs(total(four) - total(two)) <= 0.02 * total(two)
@@ -65,6 +67,7 @@ def _state_bytes_by_part(model_cfg, moe_cfg, mesh) -> dict:
   """Per-device parameter bytes of the model's own leaves (their shardings), by where a pipeline puts them: the
   token embeddings, the layers (blocks or stacked segments), the rest (final norm, head, MTP modules)."""
   from moejax.study import memory as memory_lib
+
   _, params, _ = state_lib.abstract_state(model_cfg, moe_cfg, mesh, 0)
   parts = {"embeddings": 0, "layers": 0, "head": 0}
   for path, leaf in jax.tree_util.tree_leaves_with_path(params):
@@ -74,9 +77,10 @@ def _state_bytes_by_part(model_cfg, moe_cfg, mesh) -> dict:
   return parts
 
 
-@pytest.mark.parametrize("schedule,stages,micro,virtual", [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1),
-                                                           ("interleaved", 2, 4, 2), ("dualpipe", 4, 8, 1),
-                                                           ("dualpipev", 4, 4, 1)])
+@pytest.mark.parametrize(
+  "schedule,stages,micro,virtual",
+  [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("dualpipe", 4, 8, 1), ("dualpipev", 4, 4, 1)],
+)
 def test_pipelined_count_is_the_per_device_formula(devices, schedule, stages, micro, virtual):
   """The planner's pipelined count (`study.memory.pipeline_count`) of the last stage (the busier: the head, the MTP
   module, the loss), against the formula applied to the model's own leaves (fp32, no remat, no FSDP): parameters
@@ -84,6 +88,7 @@ def test_pipelined_count_is_the_per_device_formula(devices, schedule, stages, mi
   (dense x a dense block's + MoE x an MoE block's) + the MTP block's + the head's loss."""
   from moejax.pipeline import memory as pipeline_memory
   from moejax.study import memory as memory_lib
+
   model_cfg, moe_cfg = _tiny_deepseek()
   mesh = mesh_lib.make_mesh(2, 4)
   exchange = memory_lib.exchange_bytes(moe_cfg, mesh, 8 * 32)
@@ -108,6 +113,7 @@ def test_pipelined_count_holds_the_compiled_arguments(devices):
   embeddings' (the step keeps them on every stage, replicated over 'stage'), the batch and the step's scalars."""
   from moejax.pipeline import memory as pipeline_memory
   from moejax.study import memory as memory_lib
+
   config = decoder.get_config("qwen3_moe")
   config.model.update(num_layers=4, moe_layers=(True,) * 4)
   config.moe.update(num_nodes=1)
@@ -118,7 +124,8 @@ def test_pipelined_count_holds_the_compiled_arguments(devices):
   embeddings = memory_lib.analytic_state(model_cfg, moe_cfg, 1, GPUS, config.optim, parts=("embeddings",))
   compiled = step_memory(2).argument_size_in_bytes
   batch = MICRO * 16 * 4  # int32 tokens, one row a device per micro-batch
-  scalars = compiled - (count["parameters"] + count["optimizer"] + embeddings["parameters"]
-                        + embeddings["optimizer"] + batch)
+  scalars = compiled - (
+    count["parameters"] + count["optimizer"] + embeddings["parameters"] + embeddings["optimizer"] + batch
+  )
   print("compiled arguments", compiled, "analytic", compiled - scalars)
   assert 0 <= scalars <= 64  # the step, the key, AdamW's count

@@ -14,19 +14,40 @@ from moejax.train import trainer as train
 from tests.helpers import ENV, ROOT
 
 # The run of tests/test_pipeline_resume.py: 2 stages of 1 node x 4 devices, capacity exchanges (nothing dropped).
-OVERRIDES = {"steps": 3, "batch_size": 16, "micro_batches": 4, "seq_len": 16, "mesh.nodes": 1, "mesh.gpus_per_node": 4,
-             "moe.num_nodes": 1, "moe.collective": "capacity", "moe.capacity_factor": 4.0, "pipeline.stages": 2,
-             "optim.warmup_steps": 1, "optim.decay_steps": 10, "data.tokenizer_train_chars": 100_000,
-             "data.shards": 4, "checkpoint.every_steps": 3, "checkpoint.use_async": False, "log.every_steps": 1,
-             "log.tensorboard": False, "log.eval_every": 0}
+OVERRIDES = {
+  "steps": 3,
+  "batch_size": 16,
+  "micro_batches": 4,
+  "seq_len": 16,
+  "mesh.nodes": 1,
+  "mesh.gpus_per_node": 4,
+  "moe.num_nodes": 1,
+  "moe.collective": "capacity",
+  "moe.capacity_factor": 4.0,
+  "pipeline.stages": 2,
+  "optim.warmup_steps": 1,
+  "optim.decay_steps": 10,
+  "data.tokenizer_train_chars": 100_000,
+  "data.shards": 4,
+  "checkpoint.every_steps": 3,
+  "checkpoint.use_async": False,
+  "log.every_steps": 1,
+  "log.tensorboard": False,
+  "log.eval_every": 0,
+}
 # 1f1b: a stage's 2 MoE layers each; dualpipev: 4 stages of layers on the 2 devices (stages 0 and 3 on process 0).
 LAYERS = {"1f1b": 2, "dualpipev": 4}
 
 
 def _overrides(shared, schedule):
   layers = LAYERS[schedule]
-  return {**OVERRIDES, "pipeline.schedule": schedule, "model.num_layers": layers, "model.moe_layers": (True,) * layers,
-          "data.cache_dir": str(shared / "cache")}
+  return {
+    **OVERRIDES,
+    "pipeline.schedule": schedule,
+    "model.num_layers": layers,
+    "model.moe_layers": (True,) * layers,
+    "data.cache_dir": str(shared / "cache"),
+  }
 
 
 def _config(overrides):
@@ -50,9 +71,22 @@ def test_two_processes_match_one(devices, shared, tmp_path, schedule):
   one, two = tmp_path / "one", tmp_path / "two"
   train.train(_config(overrides), str(one))  # 8 simulated devices in this process
   flags = [f"--config.{k}={v}" for k, v in overrides.items()]
-  command = [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "4", "--",
-             sys.executable, "-m", "experiments.train", "--config=configs/decoder.py:qwen3_moe", f"--workdir={two}",
-             *flags]
+  command = [
+    sys.executable,
+    "-m",
+    "moejax.runtime.launch",
+    "--processes",
+    "2",
+    "--devices-per-process",
+    "4",
+    "--",
+    sys.executable,
+    "-m",
+    "experiments.train",
+    "--config=configs/decoder.py:qwen3_moe",
+    f"--workdir={two}",
+    *flags,
+  ]
   done = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=500)
   assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
   assert "on 2 process(es)" in done.stdout

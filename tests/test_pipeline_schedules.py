@@ -69,14 +69,18 @@ def test_dualpipe_bubble_is_deepseeks(name):
       assert _idles(table).max() == pytest.approx((p / 2 - 1) * (fb + (f + w) - 3 * w), abs=1e-9)
 
 
-@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("dualpipe", 1),
-                                    ("dualpipev", 1)])
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("dualpipe", 1), ("dualpipev", 1)])
 def test_a_swapped_pair_of_slots_is_caught(name, v):
   """Consecutive slots of equal length swapped (times kept): a forward and the backward of the same micro-batch
   and stage, or a backward and its W, is always caught; and so are most other swaps (two forwards both ready may
   swap harmlessly: the checker finds wrong slots, not other orders)."""
-  table = schedules.timetable(name, 4, 8, v, Durations(1.0, 1.0, 0.5 if name.startswith("dual") else 0.0,
-                                                       2.0 if name.startswith("dual") else None))
+  table = schedules.timetable(
+    name,
+    4,
+    8,
+    v,
+    Durations(1.0, 1.0, 0.5 if name.startswith("dual") else 0.0, 2.0 if name.startswith("dual") else None),
+  )
   check(table)
   swaps = same_op = caught = 0
   for d, slots in enumerate(table.slots):
@@ -86,7 +90,7 @@ def test_a_swapped_pair_of_slots_is_caught(name, v):
         continue  # ops of unequal length swapped fail on their durations, not on dependencies
       swapped = list(slots)
       swapped[i], swapped[i + 1] = dataclasses.replace(a, ops=b.ops), dataclasses.replace(b, ops=a.ops)
-      wrong = dataclasses.replace(table, slots=table.slots[:d] + (tuple(swapped),) + table.slots[d + 1:])
+      wrong = dataclasses.replace(table, slots=table.slots[:d] + (tuple(swapped),) + table.slots[d + 1 :])
       ours = {(op.micro_batch, op.chunk) for op in a.ops} & {(op.micro_batch, op.chunk) for op in b.ops}
       swaps, same_op = swaps + 1, same_op + bool(ours)
       try:
@@ -107,12 +111,18 @@ def test_wrong_orders_are_refused():
     simulate("gpipe", orders, routes, Durations())
   table = schedules.timetable("1f1b", 2, 4)
   last = table.slots[1][-1]
-  twice = dataclasses.replace(table, slots=(table.slots[0], table.slots[1][:-1] + (
-      dataclasses.replace(last, ops=table.slots[1][-2].ops),)))
+  twice = dataclasses.replace(
+    table, slots=(table.slots[0], table.slots[1][:-1] + (dataclasses.replace(last, ops=table.slots[1][-2].ops),))
+  )
   with pytest.raises(ValueError, match="twice"):
     check(twice)
-  for args, field in [(("zb", 4, 8), "schedule"), (("1f1b", 1, 8), "stages"), (("1f1b", 4, 0), "micro_batches"),
-                      (("dualpipe", 3, 12), "stages"), (("gpipe", 4, 8, 2), "virtual_stages")]:
+  for args, field in [
+    (("zb", 4, 8), "schedule"),
+    (("1f1b", 1, 8), "stages"),
+    (("1f1b", 4, 0), "micro_batches"),
+    (("dualpipe", 3, 12), "stages"),
+    (("gpipe", 4, 8, 2), "virtual_stages"),
+  ]:
     with pytest.raises(ConfigError, match=f"config field {field}="):
       schedules.timetable(*args)
   with pytest.raises(ValueError, match="Durations.w"):
@@ -126,8 +136,13 @@ def test_bubble_table_program():
 
   record = pipeline_bubbles.run(bubbles_config.get_config())
   refused = {(r["schedule"], r["stages"], r["micro_batches"]) for r in record["rows"] if "refused" in r}
-  assert refused == {("interleaved", 8, 4), ("dualpipe", 4, 4), ("dualpipe", 8, 4), ("dualpipe", 8, 8),
-                     ("dualpipev", 8, 4)}
+  assert refused == {
+    ("interleaved", 8, 4),
+    ("dualpipe", 4, 4),
+    ("dualpipe", 8, 4),
+    ("dualpipe", 8, 8),
+    ("dualpipev", 8, 4),
+  }
   for r in record["rows"]:
     if "refused" in r:
       assert "config field micro_batches=" in r["refused"]

@@ -27,21 +27,36 @@ def _reference(params, scale, x_UxBxD, targets_UxBxD):
     for s in range(params["w"].shape[0]):
       x_BxD = _stage(jax.tree.map(lambda leaf: leaf[s], params), x_BxD)
     return _loss(x_BxD, target_BxD)
+
   return jnp.sum(jax.vmap(one)(x_UxBxD, targets_UxBxD))
 
 
 # The toy as pipeline stages: the first scales the input by a shared parameter, each stage one layer (its slice
 # [1, ...]), the last takes the loss; statistics: the first's input norm, the stage's output norm, the loss.
 TOY = step.Stages(
-    first=lambda w, batch: (batch["x"] * w.shared, jnp.zeros(()), jnp.sum(batch["x"] ** 2)),
-    stage=lambda w, x, batch: ((y := _stage(jax.tree.map(lambda leaf: leaf[0], w.staged), x)), jnp.zeros(()),
-                               jnp.sum(y ** 2)),
-    last=lambda w, y, batch: ((loss := _loss(y, batch["target"])), loss))
+  first=lambda w, batch: (batch["x"] * w.shared, jnp.zeros(()), jnp.sum(batch["x"] ** 2)),
+  stage=lambda w, x, batch: (
+    (y := _stage(jax.tree.map(lambda leaf: leaf[0], w.staged), x)),
+    jnp.zeros(()),
+    jnp.sum(y**2),
+  ),
+  last=lambda w, y, batch: ((loss := _loss(y, batch["target"])), loss),
+)
 
 
-@pytest.mark.parametrize("schedule,devices_,micro_batches,virtual", [
-    ("gpipe", 4, 4, 1), ("1f1b", 4, 8, 1), ("1f1b", 8, 4, 1), ("gpipe", 2, 8, 1), ("dualpipev", 2, 4, 1),
-    ("dualpipev", 4, 8, 1), ("dualpipe", 4, 8, 1), ("interleaved", 2, 4, 2)])
+@pytest.mark.parametrize(
+  "schedule,devices_,micro_batches,virtual",
+  [
+    ("gpipe", 4, 4, 1),
+    ("1f1b", 4, 8, 1),
+    ("1f1b", 8, 4, 1),
+    ("gpipe", 2, 8, 1),
+    ("dualpipev", 2, 4, 1),
+    ("dualpipev", 4, 8, 1),
+    ("dualpipe", 4, 8, 1),
+    ("interleaved", 2, 4, 2),
+  ],
+)
 def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, devices_, micro_batches, virtual):
   stages = step.layer_stages(schedule, devices_, virtual)
   keys = jax.random.split(jax.random.key(stages * 100 + micro_batches), 4)
@@ -51,8 +66,9 @@ def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, devic
   targets = jax.random.normal(keys[3], (micro_batches, b, d))
   scale = 1.0 + jax.random.uniform(keys[0], ())
   mesh = Mesh(np.asarray(devices[:devices_]), ("stage",))
-  run = lambda p, s, x, t: step.pipelined_loss_and_grads(TOY, step.Weights(p, s), {"x": x, "target": t}, mesh,
-                                                         schedule, virtual_stages=virtual)
+  run = lambda p, s, x, t: step.pipelined_loss_and_grads(
+    TOY, step.Weights(p, s), {"x": x, "target": t}, mesh, schedule, virtual_stages=virtual
+  )
   loss, (grads, dscale), (first_U, stage_PxU, last_U) = jax.jit(run)(params, scale, x, targets)
   ref_loss, (ref_grads, ref_dscale) = jax.value_and_grad(_reference, argnums=(0, 1))(params, scale, x, targets)
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
@@ -74,8 +90,14 @@ def test_plan_of_dualpipev():
   the = step.plan("dualpipev", 2, 4)
   np.testing.assert_array_equal(the.stage_of, [[0, 3], [1, 2]])
   np.testing.assert_array_equal(the.layout(8), [0, 1, 6, 7, 2, 3, 4, 5])
-  assert {(kind, shift) for kind, shift, _ in the.links} == {("F", 1), ("F", 0), ("F", -1), ("B", 1), ("B", 0),
-                                                             ("B", -1)}
+  assert {(kind, shift) for kind, shift, _ in the.links} == {
+    ("F", 1),
+    ("F", 0),
+    ("F", -1),
+    ("B", 1),
+    ("B", 0),
+    ("B", -1),
+  }
   ops = the.ticks[:, :, :2, 0]
   assert ((ops >= 0).sum(axis=2) == 2).any()  # some tick runs a forward and a backward
   route = [(0, 0), (1, 0), (1, 1), (0, 1)]

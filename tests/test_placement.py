@@ -50,16 +50,22 @@ def _new_index(placement) -> np.ndarray:
 
 
 def _loop_crossings(counts, part):
-  return sum(int(counts[j, a, b]) for j in range(counts.shape[0]) for a in range(counts.shape[1])
-             for b in range(counts.shape[2]) if part[j, a] != part[j + 1, b])
+  return sum(
+    int(counts[j, a, b])
+    for j in range(counts.shape[0])
+    for a in range(counts.shape[1])
+    for b in range(counts.shape[2])
+    if part[j, a] != part[j + 1, b]
+  )
 
 
 def _brute_min(counts, parts):
   """Fewest crossings over every balanced split of every layer (L <= 3), by exhaustive enumeration."""
   num = counts.shape[1]
   assert counts.shape[0] <= 2
-  splits = np.array([s for s in itertools.product(range(parts), repeat=num)
-                     if all(s.count(p) == num // parts for p in range(parts))])
+  splits = np.array(
+    [s for s in itertools.product(range(parts), repeat=num) if all(s.count(p) == num // parts for p in range(parts))]
+  )
   onehot = np.eye(parts, dtype=np.int64)[splits]  # [S, E, P]
   flat = onehot.reshape(len(splits), -1)  # kept[s, t] = sum_{a,b,p} [s(a) = p] c[a, b] [t(b) = p]
   cost = [c.sum() - np.einsum("sap,ab->sbp", onehot, c).reshape(len(splits), -1) @ flat.T for c in counts]
@@ -84,8 +90,9 @@ def test_affinity_counts_matches_loop():
   np.testing.assert_array_equal(affinity_counts(top2, 6), _loop_counts(top2, 6))
 
 
-@pytest.mark.parametrize("layers,num,nodes,gpus,seed", [(2, 8, 2, 2, 2), (3, 8, 2, 1, 3), (2, 8, 4, 1, 4),
-                                                        (3, 4, 4, 1, 5), (2, 8, 2, 4, 6)])
+@pytest.mark.parametrize(
+  "layers,num,nodes,gpus,seed", [(2, 8, 2, 2, 2), (3, 8, 2, 1, 3), (2, 8, 4, 1, 4), (3, 4, 4, 1, 5), (2, 8, 2, 4, 6)]
+)
 def test_solve_matches_brute_force(layers, num, nodes, gpus, seed):
   rng = np.random.default_rng(seed)
   counts = _random_counts(rng, layers, num, structure=40)
@@ -138,9 +145,15 @@ def test_structured_counts_need_no_crossing():
 
 def test_errors_name_the_field():
   counts = np.random.default_rng(11).integers(1, 9, (2, 8, 8))
-  cases = [(counts[0], 2, 2, "counts.shape"), (counts[:, :, :6], 2, 2, "counts.shape"),
-           (counts - 5, 2, 2, "counts"), (counts, 3, 1, "num_experts"), (counts, 2, 3, "num_experts"),
-           (counts, 0, 2, "nodes"), (counts, 2, 1.5, "gpus_per_node")]
+  cases = [
+    (counts[0], 2, 2, "counts.shape"),
+    (counts[:, :, :6], 2, 2, "counts.shape"),
+    (counts - 5, 2, 2, "counts"),
+    (counts, 3, 1, "num_experts"),
+    (counts, 2, 3, "num_experts"),
+    (counts, 0, 2, "nodes"),
+    (counts, 2, 1.5, "gpus_per_node"),
+  ]
   for bad, nodes, gpus, field in cases:
     with pytest.raises(ConfigError) as err:
       solve(bad, nodes, gpus)
@@ -221,14 +234,14 @@ def _node_preserving(rng, layers, cfg, move_nodes):
     shared = rng.permutation(per_node)
     for node in range(NODES):
       slot = shared if cfg.routing == "bilevel" else rng.permutation(per_node)
-      place[j, node * per_node:(node + 1) * per_node] = to[node] * GPUS + slot // per_gpu
+      place[j, node * per_node : (node + 1) * per_node] = to[node] * GPUS + slot // per_gpu
   return place
 
 
-
-@pytest.mark.parametrize("routing,move_nodes,cf,seed", [("node_limited", False, None, 40),
-                                                        ("node_limited", True, 1.0, 41),
-                                                        ("bilevel", True, None, 42)])
+@pytest.mark.parametrize(
+  "routing,move_nodes,cf,seed",
+  [("node_limited", False, None, 40), ("node_limited", True, 1.0, 41), ("bilevel", True, None, 42)],
+)
 @pytest.mark.sampled(1)
 def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes, cf, seed):
   """The placed layer on the 2 x 4 mesh against the reference layer on the original params: same
@@ -256,8 +269,10 @@ def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes
 
 def _relabelled(params, order_E):
   """params with expert order_E[i] moved to index i and its flat router column with it, unchecked."""
-  return {"router": {"kernel": params["router"]["kernel"][:, order_E]},
-          **{name: params[name][order_E] for name in ("w_in", "w_out")}}
+  return {
+    "router": {"kernel": params["router"]["kernel"][:, order_E]},
+    **{name: params[name][order_E] for name in ("w_in", "w_out")},
+  }
 
 
 def test_splitting_a_node_is_refused():
@@ -287,7 +302,9 @@ def test_bilevel_needs_one_local_order():
   with pytest.raises(ConfigError, match="same local order") as err:
     apply_placement(params, placement, cfg)
   assert err.value.field == "placement" and "MoE layer 0" in str(err.value)
-  assert "node 0 would hold its old local experts [1, 2, 0, 3, 4, 5, 6, 7] and node 1 [0, 1, 2, 3, 4, 5, 6, 7]" in str(err.value)
+  assert "node 0 would hold its old local experts [1, 2, 0, 3, 4, 5, 6, 7] and node 1 [0, 1, 2, 3, 4, 5, 6, 7]" in str(
+    err.value
+  )
   placement[0, [8, 10]] = placement[0, [10, 8]]  # the same reordering on node 1: accepted
   apply_placement(params, placement, cfg)
   split = np.tile(np.arange(16) // 2, (1, 1))
@@ -314,16 +331,26 @@ def _brute_shared_gpu_min(counts, node_of, gpus):
   layers, num = node_of.shape
   nodes = node_of.max() + 1
   per_node = num // nodes
-  splits = [s for s in itertools.product(range(gpus), repeat=per_node)
-            if all(s.count(g) == per_node // gpus for g in range(gpus))]
-  return min(_loop_crossings(counts, node_of * gpus + np.stack([np.tile(s, nodes) for s in choice]))
-             for choice in itertools.product(splits, repeat=layers))
+  splits = [
+    s
+    for s in itertools.product(range(gpus), repeat=per_node)
+    if all(s.count(g) == per_node // gpus for g in range(gpus))
+  ]
+  return min(
+    _loop_crossings(counts, node_of * gpus + np.stack([np.tile(s, nodes) for s in choice]))
+    for choice in itertools.product(splits, repeat=layers)
+  )
 
 
-@pytest.mark.parametrize("routing,layers,num,nodes,gpus,seed", [("node_limited", 3, 8, 2, 2, 60),
-                                                                ("node_limited", 2, 12, 3, 2, 61),
-                                                                ("bilevel", 3, 8, 2, 2, 62),
-                                                                ("bilevel", 2, 16, 4, 2, 63)])
+@pytest.mark.parametrize(
+  "routing,layers,num,nodes,gpus,seed",
+  [
+    ("node_limited", 3, 8, 2, 2, 60),
+    ("node_limited", 2, 12, 3, 2, 61),
+    ("bilevel", 3, 8, 2, 2, 62),
+    ("bilevel", 2, 16, 4, 2, 63),
+  ],
+)
 def test_node_constrained_solve(routing, layers, num, nodes, gpus, seed):
   """solve(routing=...) keeps every node's experts together ('bilevel': one GPU layout for all nodes),
   is optimal over those placements (brute force) and no worse than the layers' own layout."""

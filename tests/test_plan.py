@@ -23,12 +23,11 @@ def test_plan_paths_every_row_and_back(num_peers, rows, seed):
   ids = [1000 * (s + 1) + np.arange(rows) for s in range(num_peers)]  # unique, non-zero row values
   sorted_ids = [ids[s][np.asarray(orders[s])] for s in range(num_peers)]
   capacity = num_peers * rows
-  received = ragged_sim.ragged_all_to_all(sorted_ids, [np.zeros(capacity, int)] * num_peers,
-                                          [a[0] for a in args])
+  received = ragged_sim.ragged_all_to_all(sorted_ids, [np.zeros(capacity, int)] * num_peers, [a[0] for a in args])
   for p in range(num_peers):
     expected = np.concatenate([ids[s][dest[s] == p] for s in range(num_peers)])
-    np.testing.assert_array_equal(received[p][:len(expected)], expected)
-    assert not received[p][len(expected):].any()
+    np.testing.assert_array_equal(received[p][: len(expected)], expected)
+    assert not received[p][len(expected) :].any()
 
   returned = ragged_sim.ragged_all_to_all(received, [np.zeros(rows, int)] * num_peers, [a[1] for a in args])
   for s in range(num_peers):

@@ -26,11 +26,17 @@ def _write_run(workdir, bias: bool, moe: bool = True, mtp: bool = False) -> list
   raw = []
   for step in range(1, STEPS + 1):
     layers, experts = (LAYERS, EXPERTS) if moe else (0, 0)
-    step_metrics = {"loss": 5.0 - 0.5 * step, "task_loss": 4.9 - 0.5 * step, "accuracy": 0.1 * step,
-                    "aux_loss": 0.01 * step, "grad_norm": 1.0, "learning_rate": 1e-3 * step,
-                    "expert_counts": rng.integers(1, 100, size=(layers, experts)),
-                    "tokens_dropped": rng.integers(0, 20, size=layers),
-                    "tokens_overflowed": rng.integers(0, 20, size=layers)}
+    step_metrics = {
+      "loss": 5.0 - 0.5 * step,
+      "task_loss": 4.9 - 0.5 * step,
+      "accuracy": 0.1 * step,
+      "aux_loss": 0.01 * step,
+      "grad_norm": 1.0,
+      "learning_rate": 1e-3 * step,
+      "expert_counts": rng.integers(1, 100, size=(layers, experts)),
+      "tokens_dropped": rng.integers(0, 20, size=layers),
+      "tokens_overflowed": rng.integers(0, 20, size=layers),
+    }
     if bias:
       step_metrics["expert_bias_range"] = rng.uniform(0, 0.05, size=layers)
     if mtp:
@@ -77,10 +83,16 @@ def test_panels_draw_the_records(tmp_path, bias):
 
   lost = _lines(axes["drops and overflow (% of all token-choices, mean over MoE layers)"])
   total = [m["expert_counts"].sum(axis=1) + m["tokens_dropped"] + m["tokens_overflowed"] for m in raw]
-  np.testing.assert_allclose(lost["dropped (expert capacity)"].get_ydata(),
-                             [100 * np.mean(m["tokens_dropped"] / t) for m, t in zip(raw, total)], atol=1e-3)
-  np.testing.assert_allclose(lost["overflowed (receive buffers)"].get_ydata(),
-                             [100 * np.mean(m["tokens_overflowed"] / t) for m, t in zip(raw, total)], atol=1e-3)
+  np.testing.assert_allclose(
+    lost["dropped (expert capacity)"].get_ydata(),
+    [100 * np.mean(m["tokens_dropped"] / t) for m, t in zip(raw, total)],
+    atol=1e-3,
+  )
+  np.testing.assert_allclose(
+    lost["overflowed (receive buffers)"].get_ydata(),
+    [100 * np.mean(m["tokens_overflowed"] / t) for m, t in zip(raw, total)],
+    atol=1e-3,
+  )
 
   throughput = _lines(axes["throughput (tokens/s)"])
   np.testing.assert_allclose(throughput["tokens/s"].get_ydata(), [1000 / (0.25 * s) for s in steps])
@@ -90,8 +102,7 @@ def test_panels_draw_the_records(tmp_path, bias):
   if bias:
     ranges = _lines(bias_ax)
     for layer in range(LAYERS):
-      np.testing.assert_allclose(ranges[f"MoE layer {layer}"].get_ydata(),
-                                 [m["expert_bias_range"][layer] for m in raw])
+      np.testing.assert_allclose(ranges[f"MoE layer {layer}"].get_ydata(), [m["expert_bias_range"][layer] for m in raw])
     assert not texts and "no data" not in fig.get_suptitle()
   else:
     assert not bias_ax.get_lines()
@@ -112,10 +123,10 @@ def test_a_run_without_moe_layers_says_which_panels_are_empty(tmp_path):
   _write_run(tmp_path, bias=False, moe=False)
   fig = plot_run.draw({"dense": plot_run.load_records(str(tmp_path))})
   empty = [ax.get_title() for ax in fig.axes if any(t.get_text().startswith("no data") for t in ax.texts)]
-  assert [t.split(" (")[0] for t in empty] == ["busiest expert load", "drops and overflow",
-                                               "expert bias range"]
-  assert fig.get_suptitle() == ("dense: 6 steps (1 to 6)\nno data: busiest expert load, drops and overflow, "
-                                "expert bias range")
+  assert [t.split(" (")[0] for t in empty] == ["busiest expert load", "drops and overflow", "expert bias range"]
+  assert fig.get_suptitle() == (
+    "dense: 6 steps (1 to 6)\nno data: busiest expert load, drops and overflow, expert bias range"
+  )
 
 
 def test_a_run_without_drops_draws_them_at_zero_and_says_so(tmp_path):
@@ -123,20 +134,30 @@ def test_a_run_without_drops_draws_them_at_zero_and_says_so(tmp_path):
   records = plot_run.load_records(str(tmp_path))
   for r in records:
     r["drop_rate"], r["overflow_rate"] = [0.0] * LAYERS, [0.0] * LAYERS
-  ax = _axes_by_title(plot_run.draw({"run": records}))["drops and overflow (% of all token-choices, mean over MoE layers)"]
+  ax = _axes_by_title(plot_run.draw({"run": records}))[
+    "drops and overflow (% of all token-choices, mean over MoE layers)"
+  ]
   assert all(list(line.get_ydata()) == [0.0] * STEPS for line in ax.get_lines())
   assert ax.get_ylim() == (0.0, 1.0) and [t.get_text() for t in ax.texts] == ["none in any step"]
 
+
 def _config(top_k: int, learning_rate: float) -> ml_collections.ConfigDict:
-  return ml_collections.ConfigDict({"steps": STEPS, "moe": {"top_k": top_k, "path": "flat"},
-                                    "optim": {"learning_rate": learning_rate, "betas": (0.9, 0.95)}})
+  return ml_collections.ConfigDict(
+    {
+      "steps": STEPS,
+      "moe": {"top_k": top_k, "path": "flat"},
+      "optim": {"learning_rate": learning_rate, "betas": (0.9, 0.95)},
+    }
+  )
 
 
 def _two_runs(tmp_path, configs=True) -> tuple[str, str]:
   """Runs a (with the bias) and b (without MoE layers), each with its config.json unless not `configs`."""
   a, b = tmp_path / "a", tmp_path / "b"
-  for workdir, config, kind in ((a, _config(2, 3e-3), dict(bias=True)), (b, _config(4, 0.1), dict(bias=False,
-                                                                                                   moe=False))):
+  for workdir, config, kind in (
+    (a, _config(2, 3e-3), dict(bias=True)),
+    (b, _config(4, 0.1), dict(bias=False, moe=False)),
+  ):
     workdir.mkdir()
     _write_run(workdir, **kind)
     if configs:
@@ -155,8 +176,10 @@ def test_several_runs_are_overlaid_one_colour_each(tmp_path):
   np.testing.assert_allclose(loss["b: task"].get_ydata(), [r["task_loss"] for r in records["b"]])
   busiest = _lines(_axes_by_title(fig)["busiest expert load (x the mean expert load; 1.0 = balanced)"])
   assert set(busiest) == {"a: MoE layer 0", "a: MoE layer 1", "balanced"}  # b has no MoE layers
-  assert fig.get_suptitle() == ("a: 6 steps (1 to 6); b: 6 steps (1 to 6)\na note\nno data: busiest expert load "
-                                "(in b), drops and overflow (in b), expert bias range (in b)")
+  assert fig.get_suptitle() == (
+    "a: 6 steps (1 to 6); b: 6 steps (1 to 6)\na note\nno data: busiest expert load "
+    "(in b), drops and overflow (in b), expert bias range (in b)"
+  )
 
 
 def test_the_config_fields_that_differ_are_read_from_config_json(tmp_path):
@@ -165,8 +188,10 @@ def test_the_config_fields_that_differ_are_read_from_config_json(tmp_path):
   assert differences == {"moe.top_k": {"a": 2, "b": 4}, "optim.learning_rate": {"a": 3e-3, "b": 0.1}}
   assert source == "their config.json"
   assert plot_run.difference_lines(differences, source) == [
-      "fields that differ (read from their config.json):", "  moe.top_k: a 2, b 4",
-      "  optim.learning_rate: a 0.003, b 0.1"]
+    "fields that differ (read from their config.json):",
+    "  moe.top_k: a 2, b 4",
+    "  optim.learning_rate: a 0.003, b 0.1",
+  ]
 
 
 def test_runs_without_config_json_are_compared_by_their_records_and_say_so(tmp_path):
@@ -181,8 +206,10 @@ def test_run_config_differences_flatten_sections_and_mark_absent_fields():
   first = {"moe": {"top_k": 2, "dims": [1, 2]}, "seed": 0, "log": {}}
   second = {"moe": {"top_k": 2, "dims": [1, 3]}, "seed": 0, "extra": {"on": True}}
   assert run_config.differences({"x": first, "y": second}) == {
-      "moe.dims": {"x": [1, 2], "y": [1, 3]}, "log": {"x": {}, "y": run_config.ABSENT},
-      "extra.on": {"x": run_config.ABSENT, "y": True}}
+    "moe.dims": {"x": [1, 2], "y": [1, 3]},
+    "log": {"x": {}, "y": run_config.ABSENT},
+    "extra.on": {"x": run_config.ABSENT, "y": True},
+  }
   assert run_config.differences({"x": first, "y": first}) == {}
 
 
@@ -202,8 +229,13 @@ def test_missing_or_empty_runs_raise_one_line(tmp_path):
 
 
 def _command(*args):
-  return subprocess.run([sys.executable, "-m", "experiments.plot_run", *map(str, args)], env=ENV,
-                        capture_output=True, text=True, timeout=120)
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.plot_run", *map(str, args)],
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=120,
+  )
 
 
 def test_command_writes_the_png_and_errors_are_one_line(tmp_path):
@@ -218,8 +250,10 @@ def test_command_writes_the_png_and_errors_are_one_line(tmp_path):
   done = _command(f"--config.runs={run}", f"--workdir={tmp_path / 'plots'}")  # another run's curves, written apart
   assert done.returncode == 0 and done.stdout.startswith(f"wrote {tmp_path / 'plots' / 'curves.png'}"), done.stderr
 
-  for workdir, message in ((tmp_path / "nope", f"error: no such workdir: {tmp_path / 'nope'}"),
-                           (tmp_path, f"error: {tmp_path / 'metrics.jsonl'} does not exist")):
+  for workdir, message in (
+    (tmp_path / "nope", f"error: no such workdir: {tmp_path / 'nope'}"),
+    (tmp_path, f"error: {tmp_path / 'metrics.jsonl'} does not exist"),
+  ):
     done = _command(f"--workdir={workdir}")
     assert done.returncode == 1 and not done.stdout
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
@@ -229,6 +263,9 @@ def test_command_overlays_runs_and_prints_what_differs(tmp_path):
   a, b = _two_runs(tmp_path)
   done = _command(f"--config.runs={a},{b}", f"--workdir={tmp_path / 'both'}")
   assert done.returncode == 0, done.stderr[-2000:]
-  assert done.stdout.splitlines() == [f"wrote {tmp_path / 'both' / 'curves.png'}",
-                                      "fields that differ (read from their config.json):", "  moe.top_k: a 2, b 4",
-                                      "  optim.learning_rate: a 0.003, b 0.1"]
+  assert done.stdout.splitlines() == [
+    f"wrote {tmp_path / 'both' / 'curves.png'}",
+    "fields that differ (read from their config.json):",
+    "  moe.top_k: a 2, b 4",
+    "  optim.learning_rate: a 0.003, b 0.1",
+  ]

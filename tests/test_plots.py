@@ -25,14 +25,40 @@ def _rows(schemes=DEFAULT_SCHEMES, nodes=NODES, gpus=(4,), measured=False, big=F
       for n in nodes:
         for scaling in ("weak", "strong"):
           speed = 20000.0 * n * (1.0 if scheme == "switch" else 1.3 + 0.001 * s) * (7.0 if big and n == 4 else 1.0)
-          rows.append(dict(label="modelled", model="small", scaling=scaling, nodes=n, gpus_per_node=m,
-                           scheme=scheme, samples_per_s=speed, topology="p4d_efa", device="",
-                           layer_inter_node_ms=0.1 * (n - 1), layer_intra_node_ms=0.06, layer_expert_ms=0.12,
-                           layer_other_ms=0.024, layer_hidden_ms=0.0, layer_ms=0.2 + 0.1 * (n - 1),
-                           step_s=512 / speed))
+          rows.append(
+            dict(
+              label="modelled",
+              model="small",
+              scaling=scaling,
+              nodes=n,
+              gpus_per_node=m,
+              scheme=scheme,
+              samples_per_s=speed,
+              topology="p4d_efa",
+              device="",
+              layer_inter_node_ms=0.1 * (n - 1),
+              layer_intra_node_ms=0.06,
+              layer_expert_ms=0.12,
+              layer_other_ms=0.024,
+              layer_hidden_ms=0.0,
+              layer_ms=0.2 + 0.1 * (n - 1),
+              step_s=512 / speed,
+            )
+          )
       if measured:
-        rows += [dict(rows[-1], label="measured", nodes=1, scaling=sc, samples_per_s=3.21 + s, device="cpu",
-                      layer_ms=12.5, step_s=512 / (3.21 + s)) for sc in ("weak", "strong")]
+        rows += [
+          dict(
+            rows[-1],
+            label="measured",
+            nodes=1,
+            scaling=sc,
+            samples_per_s=3.21 + s,
+            device="cpu",
+            layer_ms=12.5,
+            step_s=512 / (3.21 + s),
+          )
+          for sc in ("weak", "strong")
+        ]
   return rows
 
 
@@ -46,8 +72,11 @@ def _scheme_lines(ax):
   """{legend label: (colour, marker, linestyle)} of the panel's lines that have a label."""
   from matplotlib.colors import to_hex
 
-  return {line.get_label(): (to_hex(line.get_color()), line.get_marker(), line.get_linestyle())
-          for line in ax.get_lines() if not line.get_label().startswith("_")}
+  return {
+    line.get_label(): (to_hex(line.get_color()), line.get_marker(), line.get_linestyle())
+    for line in ax.get_lines()
+    if not line.get_label().startswith("_")
+  }
 
 
 def _visible_axes(fig):
@@ -110,7 +139,9 @@ def test_throughput_axes_start_at_zero_and_strong_scaling_says_it_accumulates():
 def test_efficiency_is_per_gpu_throughput_over_the_fewest_nodes():
   rows = _rows(nodes=(1, 2, 4))
   for r in rows:  # switch scales linearly; the others lose a quarter per doubling
-    r["samples_per_s"] = 1000.0 * r["nodes"] * (1.0 if r["scheme"] == "switch" else 0.75 ** (r["nodes"].bit_length() - 1))
+    r["samples_per_s"] = (
+      1000.0 * r["nodes"] * (1.0 if r["scheme"] == "switch" else 0.75 ** (r["nodes"].bit_length() - 1))
+    )
   curves = efficiency.efficiency(rows)
   assert curves[("small", "weak", 4, "switch")] == [(1, 1.0), (2, 1.0), (4, 1.0)]
   assert curves[("small", "strong", 4, "smile")] == [(1, 1.0), (2, 0.75), (4, 0.5625)]
@@ -204,12 +235,15 @@ def test_the_table_shows_hidden_time_only_where_a_schedule_hides_some():
 def test_the_table_says_how_many_micro_batches_strong_scaling_accumulates():
   assert not any(line.startswith("strong scaling") for line in report.comparison_table(_rows()).splitlines())
   last = report.comparison_table(_accumulating(_rows())).splitlines()[-1]
-  assert last == ("strong scaling of small on 4 GPUs/node: 4, 2, 1 micro batches a step at 1, 2, 4 nodes (one "
-                  "gradient sync a step); weak scaling: 1, so strong is faster where it accumulates")
+  assert last == (
+    "strong scaling of small on 4 GPUs/node: 4, 2, 1 micro batches a step at 1, 2, 4 nodes (one "
+    "gradient sync a step); weak scaling: 1, so strong is faster where it accumulates"
+  )
 
 
-@pytest.mark.parametrize("table", ["h\nh\nx  1.000\ny  2.500\nz  3.5", "h\nh\nx  1.000\ny  2.500\nz   3.50",
-                                   "h\nh\nx  1.000\ny  1.1e+05"])
+@pytest.mark.parametrize(
+  "table", ["h\nh\nx  1.000\ny  2.500\nz  3.5", "h\nh\nx  1.000\ny  2.500\nz   3.50", "h\nh\nx  1.000\ny  1.1e+05"]
+)
 def test_table_check_catches_a_mixed_column(table):
   """The format check above fails on a column that changes width, decimals or notation."""
   with pytest.raises(AssertionError):
@@ -226,8 +260,18 @@ def _calibrated_rows():
   """A calibrated two-host sweep's rows: modelled on 1 and 2 nodes, extrapolated on 4 (beyond the timed meshes), and
   measured on 1 and 2 nodes, where the layer took twice the model's time and the step half of it."""
   rows = [dict(r, label="extrapolated") if r["nodes"] == 4 else r for r in _rows(schemes=("switch", "smile"))]
-  measured = [dict(r, label="measured", device="cpu", layer_ms=2 * r["layer_ms"], step_s=r["step_s"] / 2,
-                   samples_per_s=2 * r["samples_per_s"]) for r in rows if r["nodes"] < 4]
+  measured = [
+    dict(
+      r,
+      label="measured",
+      device="cpu",
+      layer_ms=2 * r["layer_ms"],
+      step_s=r["step_s"] / 2,
+      samples_per_s=2 * r["samples_per_s"],
+    )
+    for r in rows
+    if r["nodes"] < 4
+  ]
   return rows + measured
 
 
@@ -269,7 +313,9 @@ def test_throughput_rings_the_extrapolated_points():
   for ax in _visible_axes(plots.throughput_figure(rows, scaling_default.get_config())):
     rings = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_markersize() == 17]
     assert [line.get_label() for line in ax.get_legend().get_lines()].count(
-        "extrapolated beyond the calibrated meshes") == 1
+      "extrapolated beyond the calibrated meshes"
+    ) == 1
     assert sorted(round(x) for line in rings for x in line.get_xdata()) == [4, 4]  # each scheme's 4-node point
-  assert not any(line.get_markersize() == 17 for ax in _visible_axes(plots.throughput_figure(_rows()))
-                 for line in ax.get_lines())
+  assert not any(
+    line.get_markersize() == 17 for ax in _visible_axes(plots.throughput_figure(_rows())) for line in ax.get_lines()
+  )

@@ -28,9 +28,21 @@ FAMILY_MOE = {"deepseek_v3": dict(top_k=2, num_shared_experts=1, gated=True), "q
 def _config(family: str, d_model: int) -> ml_collections.ConfigDict:
   config = scaling_default.get_config()
   config.update(nodes=(1,), gpus_per_node=(2,), schemes=("flat_dropless",), scalings=("weak",))
-  config.models = ml_collections.ConfigDict({"dec": dict(
-      family=family, d_model=d_model, d_ff=32, layers=3, moe_layers=2, seq_len=16, micro_batch=2, vocab=128,
-      moe=FAMILY_MOE[family])})
+  config.models = ml_collections.ConfigDict(
+    {
+      "dec": dict(
+        family=family,
+        d_model=d_model,
+        d_ff=32,
+        layers=3,
+        moe_layers=2,
+        seq_len=16,
+        micro_batch=2,
+        vocab=128,
+        moe=FAMILY_MOE[family],
+      )
+    }
+  )
   return config
 
 
@@ -39,7 +51,9 @@ def _tree(config):
   model, moe = config.models.dec, moe_section(config, "dec")
   cfg = scheme_config("flat_dropless", 1, 2, moe, model.d_model, model.d_ff)
   _, params, _ = abstract_state(point_models.training_model(model, "float32"), cfg, mesh_lib.make_mesh(1, 2))
-  return {jax.tree_util.keystr(path): math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)}
+  return {
+    jax.tree_util.keystr(path): math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
+  }
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
@@ -47,8 +61,11 @@ def test_dense_parameters_are_the_built_model_less_its_routed_experts(devices, f
   config = _config(family, d_model=64)
   validate(config)
   tree = _tree(config)
-  routed = sum(size for path, size in tree.items()
-               if "['moe']" in path and "['shared']" not in path and path.rsplit("[", 1)[1][1:-2].startswith("w_"))
+  routed = sum(
+    size
+    for path, size in tree.items()
+    if "['moe']" in path and "['shared']" not in path and path.rsplit("[", 1)[1][1:-2].startswith("w_")
+  )
   replicated = sum(size for path, size in tree.items() if "['router']" in path or "['shared']" in path)
   assert routed > 0 and (replicated > 0)
   model = config.models.dec
@@ -91,11 +108,13 @@ def test_forward_flops_match_xla_count_of_the_decoder_without_moe_layers(devices
   """XLA computes every attention score and masks the upper half after, where the model counts the causal half: its
   count is the model's plus that half, and a few percent of elementwise work (norms, rope, softmax). Unrolled layers:
   XLA's cost analysis counts a scanned body once."""
-  model = ml_collections.ConfigDict(dict(family=family, d_model=256, d_ff=64, layers=2, moe_layers=0, seq_len=64,
-                                         micro_batch=2, vocab=512))
+  model = ml_collections.ConfigDict(
+    dict(family=family, d_model=256, d_ff=64, layers=2, moe_layers=0, seq_len=64, micro_batch=2, vocab=512)
+  )
   cfg = dataclasses.replace(point_models.training_model(model, "float32"), scan_layers=False)
-  graphdef, params, rest = abstract_state(cfg, MoEConfig(num_experts=1, top_k=1, d_model=256, d_ff=64),
-                                          mesh_lib.make_mesh(1, 1))
+  graphdef, params, rest = abstract_state(
+    cfg, MoEConfig(num_experts=1, top_k=1, d_model=256, d_ff=64), mesh_lib.make_mesh(1, 1)
+  )
   forward = lambda p, r, tokens: nnx.merge(graphdef, p, r)(tokens)[0]
   cost = jax.jit(forward).lower(params, rest, jax.ShapeDtypeStruct((2, 64), np.int32)).compile().cost_analysis()
   xla = (cost[0] if isinstance(cost, list) else cost)["flops"]

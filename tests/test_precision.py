@@ -43,8 +43,9 @@ def _grads(step: int) -> dict:
   return {"w": jnp.asarray(1.5 * normal(10 + step, (6, 5))), "b": jnp.asarray(1.5 * normal(20 + step, (5,)))}
 
 
-def numpy_adamw(params: dict, grads: list[dict], decayed: set, clip: float = CLIP,
-                nesterov: bool = False) -> tuple[dict, dict, dict]:
+def numpy_adamw(
+  params: dict, grads: list[dict], decayed: set, clip: float = CLIP, nesterov: bool = False
+) -> tuple[dict, dict, dict]:
   """float64 AdamW after clipping by global norm at `clip`: (params, m, v) after len(grads) steps; weight decay on
   the names in `decayed`; with `nesterov`, Dozat's (NAdam's) first moment, as optax.contrib.muon's AdamW has it."""
   p = {k: np.asarray(v, np.float64) for k, v in params.items()}
@@ -57,10 +58,10 @@ def numpy_adamw(params: dict, grads: list[dict], decayed: set, clip: float = CLI
     for k in p:
       m[k] = B1 * m[k] + (1 - B1) * g[k]
       v[k] = B2 * v[k] + (1 - B2) * g[k] ** 2
-      m_hat = m[k] / (1 - B1 ** t)
+      m_hat = m[k] / (1 - B1**t)
       if nesterov:
-        m_hat = B1 * m[k] / (1 - B1 ** (t + 1)) + (1 - B1) * g[k] / (1 - B1 ** t)
-      update = m_hat / (np.sqrt(v[k] / (1 - B2 ** t)) + EPS)
+        m_hat = B1 * m[k] / (1 - B1 ** (t + 1)) + (1 - B1) * g[k] / (1 - B1**t)
+      update = m_hat / (np.sqrt(v[k] / (1 - B2**t)) + EPS)
       p[k] = p[k] - LR * (update + (WD * p[k] if k in decayed else 0.0))
   return p, m, v
 
@@ -71,8 +72,10 @@ def _adam_state(opt_state):
   return inner[1][0]
 
 
-@pytest.mark.parametrize("param_dtype,master,moments", [
-    ("float32", None, None), ("bfloat16", "float32", None), ("bfloat16", "float32", "bfloat16")])
+@pytest.mark.parametrize(
+  "param_dtype,master,moments",
+  [("float32", None, None), ("bfloat16", "float32", None), ("bfloat16", "float32", "bfloat16")],
+)
 def test_adamw_matches_numpy(param_dtype, master, moments):
   """Three steps of AdamW on fresh params and gradients against float64 NumPy. fp32 parameters, or bf16 ones with
   the fp32 master copy: to fp32 rounding, the bf16 parameters the master rounded; with bf16 moments, the moments
@@ -88,12 +91,13 @@ def test_adamw_matches_numpy(param_dtype, master, moments):
   assert {x.dtype for x in jax.tree.leaves((adam.mu, adam.nu))} == {jnp.dtype(moments or "float32")}
   updated = state.master if master else params
   assert {x.dtype for x in jax.tree.leaves(updated)} == {jnp.dtype("float32")}
-  rtol = 2 ** -7 if moments else 1e-5  # each moment rounded to bf16 (8 significant bits) at each of 3 steps
+  rtol = 2**-7 if moments else 1e-5  # each moment rounded to bf16 (8 significant bits) at each of 3 steps
   atol = 3 * LR * 2 * rtol + 1e-6  # three updates of at most about 1 (Adam's), each off by m's and v's errors
   for k in params:
     for got_moment, want_moment in ((adam.mu[k], want_m[k]), (adam.nu[k], want_v[k])):  # relative to their scale
-      np.testing.assert_allclose(np.asarray(got_moment, np.float64), want_moment, rtol=0,
-                                 atol=rtol * np.abs(want_moment).max())
+      np.testing.assert_allclose(
+        np.asarray(got_moment, np.float64), want_moment, rtol=0, atol=rtol * np.abs(want_moment).max()
+      )
     np.testing.assert_allclose(np.asarray(updated[k]), want[k], rtol=0, atol=atol)
     if master:  # the model's parameters are the master rounded to their dtype
       np.testing.assert_array_equal(np.asarray(params[k]), np.asarray(state.master[k].astype(params[k].dtype)))
@@ -105,7 +109,7 @@ def test_gradients_accumulate_in_float32():
   """1024 bf16 micro-batch gradients of 2^-7 add up to exactly 8 in the fp32 accumulator; a bf16 sum stalls at 2,
   where an addend is half of bf16's spacing and rounds away."""
   params = {"w": jnp.zeros((3,), jnp.bfloat16)}
-  g = {"w": jnp.full((3,), 2 ** -7, jnp.bfloat16)}
+  g = {"w": jnp.full((3,), 2**-7, jnp.bfloat16)}
   add = jax.jit(lambda total, plain: (precision.accumulate(total, g), jax.tree.map(jnp.add, plain, g)))
   total, plain = precision.zeros_for_accumulation(params), params
   for _ in range(1024):
@@ -126,14 +130,23 @@ def test_muon_orthogonalises_each_expert_and_adamw_the_rest():
   kernel = rng.standard_normal((8, 8)).astype(np.float32)
 
   def tree(experts, t, k, n):
-    return {"embed": {"embedding": t}, "blocks": {0: {"attn": {"q": {"kernel": k}}, "ln": {"weight": n},
-                                                      "ffn": {"moe": experts}}}}
+    return {
+      "embed": {"embedding": t},
+      "blocks": {0: {"attn": {"q": {"kernel": k}}, "ln": {"weight": n}, "ffn": {"moe": experts}}},
+    }
 
   stacked = tree({"w_in": w_in}, table, kernel, norm)
   split = tree({f"e{e}": w_in[e] for e in range(4)}, table, kernel, norm)
   grads = [jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32) * 0.5, stacked) for _ in range(2)]
-  split_grads = [tree({f"e{e}": g["blocks"][0]["ffn"]["moe"]["w_in"][e] for e in range(4)}, g["embed"]["embedding"],
-                      g["blocks"][0]["attn"]["q"]["kernel"], g["blocks"][0]["ln"]["weight"]) for g in grads]
+  split_grads = [
+    tree(
+      {f"e{e}": g["blocks"][0]["ffn"]["moe"]["w_in"][e] for e in range(4)},
+      g["embed"]["embedding"],
+      g["blocks"][0]["attn"]["q"]["kernel"],
+      g["blocks"][0]["ln"]["weight"],
+    )
+    for g in grads
+  ]
   runs = []
   for params, gs in ((stacked, grads), (split, split_grads)):
     params = jax.tree.map(jnp.asarray, params)
@@ -144,8 +157,9 @@ def test_muon_orthogonalises_each_expert_and_adamw_the_rest():
     runs.append(params)
   got, want = runs
   for e in range(4):
-    np.testing.assert_allclose(got["blocks"][0]["ffn"]["moe"]["w_in"][e], want["blocks"][0]["ffn"]["moe"][f"e{e}"],
-                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+      got["blocks"][0]["ffn"]["moe"]["w_in"][e], want["blocks"][0]["ffn"]["moe"][f"e{e}"], rtol=1e-5, atol=1e-6
+    )
   assert np.abs(np.asarray(got["blocks"][0]["ffn"]["moe"]["w_in"]) - w_in).max() > 1e-3
   flat = [{"t": g["embed"]["embedding"], "n": g["blocks"][0]["ln"]["weight"]} for g in grads]
   adam, _, _ = numpy_adamw({"t": table, "n": norm}, flat, decayed={"t", "n"}, clip=1e3, nesterov=True)
@@ -153,8 +167,7 @@ def test_muon_orthogonalises_each_expert_and_adamw_the_rest():
   np.testing.assert_allclose(got["blocks"][0]["ln"]["weight"], adam["n"], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("field,value", [("name", "sgd"), ("master_dtype", "bfloat16"),
-                                         ("moment_dtype", "float16")])
+@pytest.mark.parametrize("field,value", [("name", "sgd"), ("master_dtype", "bfloat16"), ("moment_dtype", "float16")])
 def test_config_errors_name_the_field(field, value):
   config = mlm.get_config()
   config.optim[field] = value
@@ -240,8 +253,9 @@ def test_bf16_training_keeps_up_with_fp32_only_with_the_master_copy(devices):
   pure = _losses(_decoder("bfloat16", None))
   final = lambda losses: losses[-20:].mean()
   drop = fp32[0] - final(fp32)
-  print(f"drop {drop:.3f}; last-20 means fp32 {final(fp32):.4f}, bf16 + master {final(master):.4f}, "
-        f"bf16 {final(pure):.4f}")
+  print(
+    f"drop {drop:.3f}; last-20 means fp32 {final(fp32):.4f}, bf16 + master {final(master):.4f}, bf16 {final(pure):.4f}"
+  )
   assert drop > 1.0
   assert abs(final(master) - final(fp32)) < 0.05 * drop
   assert final(pure) - final(fp32) > 0.15 * drop

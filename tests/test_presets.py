@@ -25,10 +25,14 @@ MIN_EXPERTS = (1, 2, 3, 4, 6, 8, 16, 32)  # 8: the 2 x 4 CPU mesh
 
 # Copies of the table's numbers still written elsewhere, by file (SMILE's sizes and the decoders' vocabularies), each
 # to be derived from moejax.models.presets.PUBLISHED by its owner.
-PENDING_COPIES = {"configs/mlm.py": {1600, 3072, 6400, 32128}, "configs/scaling_default.py": {32128},
-                  "configs/scaling_presets.py": {32000, 129280, 151936},
-                  "configs/scaling_smile.py": {1600, 3072, 6400, 32128}, "moejax/study/papers/smile.py": {3072, 32128},
-                  "moejax/study/plots.py": {1600, 3072, 6400}}
+PENDING_COPIES = {
+  "configs/mlm.py": {1600, 3072, 6400, 32128},
+  "configs/scaling_default.py": {32128},
+  "configs/scaling_presets.py": {32000, 129280, 151936},
+  "configs/scaling_smile.py": {1600, 3072, 6400, 32128},
+  "moejax/study/papers/smile.py": {3072, 32128},
+  "moejax/study/plots.py": {1600, 3072, 6400},
+}
 
 
 def test_every_published_model_is_a_valid_config():
@@ -49,8 +53,13 @@ def test_published_numbers_are_written_in_the_table_only():
   """The table's distinctive numbers (over 1000, not a power of two: widths, vocabularies, context lengths) appear
   as an integer literal in no other module of configs/, experiments/, benchmarks/, moejax/ or kernels/ (comments
   and docstrings aside), but for the copies still pending."""
-  numbers = {v for published in presets.PUBLISHED.values() for fields in (published.moe, published.model)
-             for v in fields.values() if type(v) is int and v > 1000 and v & (v - 1)}
+  numbers = {
+    v
+    for published in presets.PUBLISHED.values()
+    for fields in (published.moe, published.model)
+    for v in fields.values()
+    if type(v) is int and v > 1000 and v & (v - 1)
+  }
   assert {14336, 1408, 32000, 151936} <= numbers
   found = {}
   for folder in ("configs", "experiments", "benchmarks", "moejax", "kernels"):
@@ -60,8 +69,11 @@ def test_published_numbers_are_written_in_the_table_only():
         literals = {node.value for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)}
         if literals & numbers:
           found[name] = literals & numbers
-  assert {name: copies - PENDING_COPIES.get(name, set()) for name, copies in found.items()
-          if copies - PENDING_COPIES.get(name, set())} == {}
+  assert {
+    name: copies - PENDING_COPIES.get(name, set())
+    for name, copies in found.items()
+    if copies - PENDING_COPIES.get(name, set())
+  } == {}
 
 
 def honest(moe: dict, experts: int) -> bool:
@@ -96,7 +108,8 @@ def cases():
 
 @pytest.mark.parametrize("name,scale,expert_scale,min_experts", list(cases()))
 def test_scaled_experts_are_a_multiple_of_devices_and_groups_and_route_with_a_choice(
-    name, scale, expert_scale, min_experts):
+  name, scale, expert_scale, min_experts
+):
   moe = presets.PRESETS[name].moe
   base, want = expected_experts(moe, expert_scale, min_experts)
   assert want is not None  # every published preset has an honest count at every scale and mesh tried here
@@ -150,8 +163,10 @@ def test_cpu_defaults(name, caplog):
     assert notes == []
     return
   assert base == preset.moe["num_experts"] // preset.cpu_expert_scale == 16  # what the scale alone gives
-  assert notes == ["preset deepseek_v3 at expert scale 16: 16 experts in 8 groups keep 8 candidates = top_k 8, "
-                   "so routing would only pick groups; using 24 experts (3 per group, 12 candidates)"]
+  assert notes == [
+    "preset deepseek_v3 at expert scale 16: 16 experts in 8 groups keep 8 candidates = top_k 8, "
+    "so routing would only pick groups; using 24 experts (3 per group, 12 candidates)"
+  ]
   assert caplog.records[-1].levelno == logging.WARNING
 
 

@@ -22,7 +22,14 @@ class Clock:
 
 def test_duration_reads_as_seconds_minutes_or_hours():
   assert [duration(s) for s in (0, 42.4, 60, 185, 3599, 3600, 7620)] == [
-      "0s", "42s", "1m00s", "3m05s", "59m59s", "1h00m", "2h07m"]
+    "0s",
+    "42s",
+    "1m00s",
+    "3m05s",
+    "59m59s",
+    "1h00m",
+    "2h07m",
+  ]
 
 
 def test_eta_is_the_mean_time_so_far_times_the_items_left():
@@ -57,9 +64,9 @@ def fake_sweep(monkeypatch):
 def sweep_config(**fields) -> ml_collections.ConfigDict:
   config = scaling_default.get_config()
   config.update(gpus_per_node=(2,), global_batch=16, **fields)
-  config.models = ml_collections.ConfigDict({
-      "tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 2,
-               "vocab": 100}})
+  config.models = ml_collections.ConfigDict(
+    {"tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 2, "vocab": 100}}
+  )
   return config
 
 

@@ -34,6 +34,7 @@ def test_kernels_importable_as_moejax_kernels():
 def test_repository_root_is_not_a_subpackage():
   # kernels/, configs/ and experiments/ are moejax's subpackages (tests/test_packaging.py); tests/ is not, nor the root.
   for name in ("moejax.tests", "moejax.moejax"):
-    run = subprocess.run([sys.executable, "-c", f"import {name}"], cwd=ROOT, env=ENV, capture_output=True,
-                         text=True, timeout=120)
+    run = subprocess.run(
+      [sys.executable, "-c", f"import {name}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode != 0 and "ModuleNotFoundError" in run.stderr, name

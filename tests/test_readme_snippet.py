@@ -30,8 +30,14 @@ def test_snippet_is_extracted():
 
 
 def test_readme_snippet_runs_and_prints_what_it_says(tmp_path):
-  result = subprocess.run([sys.executable, "-c", snippet((ROOT / "README.md").read_text())], cwd=tmp_path,
-                          env=helpers.cpu_env(), capture_output=True, text=True, timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-c", snippet((ROOT / "README.md").read_text())],
+    cwd=tmp_path,
+    env=helpers.cpu_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert result.returncode == 0, result.stderr
   out = result.stdout
   counts = re.search(r"^aux_loss (\S+), token-choices per expert \[([\d, ]+)\]$", out, re.M)
@@ -51,8 +57,9 @@ def test_readme_models_snippet_runs_and_prints_what_it_says(tmp_path):
   section = (ROOT / "README.md").read_text().split("\n## Today's models\n", 1)[1].split("\n## ", 1)[0]
   (code,) = re.findall(r"```python\n(.*?)```", section, re.S)
   (tmp_path / "tests").symlink_to(ROOT / "tests")
-  result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=helpers.cpu_env(), capture_output=True,
-                          text=True, timeout=300)
+  result = subprocess.run(
+    [sys.executable, "-c", code], cwd=tmp_path, env=helpers.cpu_env(), capture_output=True, text=True, timeout=300
+  )
   assert result.returncode == 0, result.stderr
   error = re.search(r"^logits' relative error against transformers: (\S+)$", result.stdout, re.M)
   assert error and float(error.group(1)) < 1e-6, result.stdout

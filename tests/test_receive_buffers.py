@@ -82,15 +82,22 @@ def _bounded_cases():
   without the bound grows (the ragged collectives' worst case: the check can fail)."""
   paths = [pytest.param(dict(path=p, buffer_factor=2.0), (1, 2), True, id=p) for p in PATHS]
   # the schedules' chunks from 4 devices: below 4 a chunk's worst case is still under the bound
-  chunks = [pytest.param(dict(buffer_factor=2.0, schedule=s, num_chunks=2), (1, 4), False,
-                         id=f"padded-{s}") for s in ("chunked", "comet")]
+  chunks = [
+    pytest.param(dict(buffer_factor=2.0, schedule=s, num_chunks=2), (1, 4), False, id=f"padded-{s}")
+    for s in ("chunked", "comet")
+  ]
   # capacity and expert sharding, one node -> two nodes of 4 GPUs, with every schedule
-  others = {"capacity": dict(collective="capacity", capacity_factor=1.0),
-            "capacity-gpu_first": dict(path="gpu_first", collective="capacity", capacity_factor=1.0),
-            "s1-bounded": dict(buffer_factor=1.0, esp_schedule="s1"),
-            "s2-capacity": dict(collective="capacity", capacity_factor=1.0, esp_schedule="s2")}
-  others = [pytest.param({**fields, "schedule": s, "num_chunks": 2}, (1, 4), False, id=f"{name}-{s}")
-            for s in ("sequential", "chunked", "comet") for name, fields in others.items()]
+  others = {
+    "capacity": dict(collective="capacity", capacity_factor=1.0),
+    "capacity-gpu_first": dict(path="gpu_first", collective="capacity", capacity_factor=1.0),
+    "s1-bounded": dict(buffer_factor=1.0, esp_schedule="s1"),
+    "s2-capacity": dict(collective="capacity", capacity_factor=1.0, esp_schedule="s2"),
+  }
+  others = [
+    pytest.param({**fields, "schedule": s, "num_chunks": 2}, (1, 4), False, id=f"{name}-{s}")
+    for s in ("sequential", "chunked", "comet")
+    for name, fields in others.items()
+  ]
   return paths + chunks + others
 
 
@@ -108,6 +115,7 @@ def test_temporaries_do_not_grow_with_devices(devices, fields, small_mesh, unbou
 def test_padded_program_does_not_grow_with_devices(devices):
   """The padded ring's steps are one loop: the layer's forward and backward over 8 peers lower to a program
   within 15% of 2 peers' (a switch branch of one permute per extra peer; unrolled, the ring made it ~2x)."""
+
   def lines(n, m):
     cfg = MoEConfig(num_experts=2 * n * m, top_k=2, d_model=8, d_ff=8, collective="padded")
     params = jax.eval_shape(lambda: init_params(jax.random.key(0), cfg))
@@ -158,8 +166,9 @@ def test_capacity_blocks_of_every_hop_hold_what_capacity_kept(path):
   device holds rows of before it (peers of the earlier hops) and the devices after it (peers of the later ones), so
   every hop's buffer holds all n x m flat blocks, as the flat hop's does."""
   n, m, block = 2, 4, 6
-  sizes = path_lib.hop_sizes(path_lib.hops(path), {mesh_lib.NODE: n, mesh_lib.GPU: m}, 10, 2,
-                             collective_lib.Collective("capacity", block))
+  sizes = path_lib.hop_sizes(
+    path_lib.hops(path), {mesh_lib.NODE: n, mesh_lib.GPU: m}, 10, 2, collective_lib.Collective("capacity", block)
+  )
   peers = {"flat": [n * m], "gpu_first": [m, n], "node_first": [n, m]}[path]
   want_blocks = [block] if path == "flat" else [block * peers[1], block * peers[0]]
   assert [h.collective.block_rows for h in sizes] == want_blocks
@@ -171,7 +180,7 @@ def test_exchange_memory_table_at_smile_sizes():
 
   table = exchange_memory.rows(16, 8, [2.0], ["flat", "node_first"])
   worst = next(r for r in table if r["model"] == "3.7b" and r["path"] == "flat" and r["buffer_factor"] is None)
-  assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2 ** 20]  # all rows of 128 GPUs: 3 GiB
+  assert worst["hop_mib"] == [128 * 16384 * 768 * 2 / 2**20]  # all rows of 128 GPUs: 3 GiB
   bounded = next(r for r in table if r["model"] == "3.7b" and r["path"] == "node_first" and r["buffer_factor"] == 2)
   assert bounded["hop_rows"] == [2 * 16384] * 2
   from configs import exchange_memory as memory_config

@@ -25,15 +25,30 @@ TOKENS = 300  # more than one batch of ROWS * SEQ = 256 tokens, and not a multip
 
 
 def _run(monkeypatch, tmp_path, shared, *extra):
-  argv = ["record_traces", f"--config={ROOT / 'configs' / 'record_traces.py'}", f"--workdir={tmp_path}",
-          f"--config.data.cache_dir={shared / 'cache'}",
-          f"--config.model.num_layers={LAYERS}", f"--config.model.moe_every={MOE_EVERY}",
-          "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.d_ff=32",
-          f"--config.model.max_len={SEQ}", f"--config.seq_len={SEQ}", f"--config.batch_size={ROWS}",
-          "--config.micro_batches=1", f"--config.moe.num_experts={E}", f"--config.moe.top_k={K}",
-          "--config.moe.capacity_factor=None", "--config.steps=2", "--config.checkpoint.every_steps=2",
-          "--config.checkpoint.use_async=False", "--config.log.tensorboard=False",
-          "--config.data.tokenizer_train_chars=50000", *extra]
+  argv = [
+    "record_traces",
+    f"--config={ROOT / 'configs' / 'record_traces.py'}",
+    f"--workdir={tmp_path}",
+    f"--config.data.cache_dir={shared / 'cache'}",
+    f"--config.model.num_layers={LAYERS}",
+    f"--config.model.moe_every={MOE_EVERY}",
+    "--config.model.d_model=16",
+    "--config.model.num_heads=2",
+    "--config.model.d_ff=32",
+    f"--config.model.max_len={SEQ}",
+    f"--config.seq_len={SEQ}",
+    f"--config.batch_size={ROWS}",
+    "--config.micro_batches=1",
+    f"--config.moe.num_experts={E}",
+    f"--config.moe.top_k={K}",
+    "--config.moe.capacity_factor=None",
+    "--config.steps=2",
+    "--config.checkpoint.every_steps=2",
+    "--config.checkpoint.use_async=False",
+    "--config.log.tensorboard=False",
+    "--config.data.tokenizer_train_chars=50000",
+    *extra,
+  ]
   monkeypatch.setattr("sys.argv", argv)  # config_flags reads the --config.* overrides from sys.argv
   flag_values = flags.FlagValues()
   holder = define_config(str(ROOT / "configs" / "record_traces.py"), "Config.", flag_values=flag_values)
@@ -59,7 +74,7 @@ def test_traces_are_the_trained_models_choices_on_the_corpus(monkeypatch, tmp_pa
   first.close()
   # Dropless, so the layers processed every choice: per-layer counts equal the traces' bincounts.
   counts = np.asarray(jax.jit(lambda t: model(t)[1]["expert_counts"])(tokens_BxS))
-  head = traces[:, :ROWS * SEQ]
+  head = traces[:, : ROWS * SEQ]
   np.testing.assert_array_equal(counts, [np.bincount(layer.reshape(-1), minlength=E) for layer in head])
   np.testing.assert_array_equal(head, routing_traces(model, [tokens_BxS]))
 

@@ -10,12 +10,19 @@ from moejax.moe.reference import moe_reference
 from tests.numpy_moe import moe_numpy
 
 
-@pytest.mark.parametrize("k,cf,groups,act,gated,renorm", [
-    (1, None, 1, "gelu", False, False), (2, 1.0, 4, "silu", True, True), (4, 0.5, 2, "relu", False, False),
-    (2, 1.5, 8, "gelu", True, False)])
+@pytest.mark.parametrize(
+  "k,cf,groups,act,gated,renorm",
+  [
+    (1, None, 1, "gelu", False, False),
+    (2, 1.0, 4, "silu", True, True),
+    (4, 0.5, 2, "relu", False, False),
+    (2, 1.5, 8, "gelu", True, False),
+  ],
+)
 def test_reference_matches_numpy(k, cf, groups, act, gated, renorm):
-  cfg = MoEConfig(num_experts=8, top_k=k, d_model=6, d_ff=10, capacity_factor=cf, activation=act, gated=gated,
-                  renormalize=renorm)
+  cfg = MoEConfig(
+    num_experts=8, top_k=k, d_model=6, d_ff=10, capacity_factor=cf, activation=act, gated=gated, renormalize=renorm
+  )
   seed = k * 100 + groups
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (32, 6))

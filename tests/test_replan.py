@@ -68,7 +68,9 @@ def test_replanning_keeps_the_losses_and_balances_the_load(runs, shared):
   assert [r["busiest_load_unreplicated"] for r in replanned] == [r["busiest_load_unreplicated"] for r in fixed]
   for r in replanned[2:]:  # after the first re-plan the busiest device is less loaded than without replicas
     assert r["busiest_load"][0] < r["busiest_load_unreplicated"][0], r
-  print("busiest device / mean, with and without re-planned replicas:",
-        [(r["busiest_load"][0], r["busiest_load_unreplicated"][0]) for r in replanned])
+  print(
+    "busiest device / mean, with and without re-planned replicas:",
+    [(r["busiest_load"][0], r["busiest_load_unreplicated"][0]) for r in replanned],
+  )
   summary = metrics.summarize(replanned)
   assert summary["mean_busiest_load"] < summary["mean_busiest_load_unreplicated"]

@@ -48,8 +48,9 @@ def test_rows_go_to_replicas_in_turn(seed):
 def test_replicated_layer_matches_reference(mesh_2x4, path, schedule):
   """8 logical experts in 16 slots planned by `rebalance` for Zipf loads: replicas are copies, so the
   layer is the reference's; gradients of the copies sum onto the logical weights."""
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, path=path, schedule=schedule,
-                  num_chunks=2, gated=True, renormalize=True)
+  cfg = MoEConfig(
+    num_experts=8, top_k=2, d_model=8, d_ff=12, path=path, schedule=schedule, num_chunks=2, gated=True, renormalize=True
+  )
   table = rebalance(1.0 / np.arange(1, 9) ** 1.2, 2, 4, 2)
   assert len(np.unique(table)) == 8 and np.bincount(table.ravel()).max() > 1  # some expert is replicated
   params = init_params(jax.random.key(3), cfg)

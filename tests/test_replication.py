@@ -46,8 +46,10 @@ def test_slot_tables_are_valid(nodes, gpus, experts, slots):
   rng = np.random.default_rng(experts * 10 + slots)
   for load in sample_loads(rng, experts):
     assert load.sum() > 0
-    tables = {"rebalance": rebalance_lib.rebalance(load, nodes, gpus, slots),
-              "distinct": rebalance_lib.rebalance(load, nodes, gpus, slots, duplicates=False)}
+    tables = {
+      "rebalance": rebalance_lib.rebalance(load, nodes, gpus, slots),
+      "distinct": rebalance_lib.rebalance(load, nodes, gpus, slots, duplicates=False),
+    }
     if experts % nodes == 0:
       tables["eplb"] = eplb_lib.eplb(load, nodes, gpus, slots)
     for name, table in tables.items():
@@ -79,8 +81,10 @@ def test_device_loads_match_a_float64_loop():
   assert rebalance_lib.max_load_ratio(np.zeros(4), np.arange(4).reshape(2, 2)) == 1.0
 
 
-@pytest.mark.parametrize("nodes,gpus,experts,slots,trials", [
-    (2, 4, 16, 2, 6), (2, 4, 16, 3, 8), (1, 4, 8, 3, 8), (2, 2, 8, 3, 8), (2, 4, 24, 4, 6), (4, 8, 64, 3, 3)])
+@pytest.mark.parametrize(
+  "nodes,gpus,experts,slots,trials",
+  [(2, 4, 16, 2, 6), (2, 4, 16, 3, 8), (1, 4, 8, 3, 8), (2, 2, 8, 3, 8), (2, 4, 24, 4, 6), (4, 8, 64, 3, 3)],
+)
 def test_rebalance_at_least_as_balanced_as_eplb(nodes, gpus, experts, slots, trials):
   rng = np.random.default_rng(experts + slots)
   ours, theirs = [], []
@@ -112,8 +116,9 @@ def test_rebalance_beats_no_replication_on_skewed_loads():
     # One expert with all the load: repacking cannot help, a spare slot per device spreads it evenly.
     one_hot = sample_loads(rng, experts)[2]
     assert busiest(one_hot, rebalance_lib.rebalance(one_hot, nodes, gpus, blocks)) == busiest(one_hot, identity)
-    assert rebalance_lib.max_load_ratio(one_hot, rebalance_lib.rebalance(one_hot, nodes, gpus, blocks + 1)) \
-        == pytest.approx(1.0)
+    assert rebalance_lib.max_load_ratio(
+      one_hot, rebalance_lib.rebalance(one_hot, nodes, gpus, blocks + 1)
+    ) == pytest.approx(1.0)
 
 
 def brute_force(load, devices, slots, distinct):
@@ -132,15 +137,23 @@ def brute_force(load, devices, slots, distinct):
 def test_rebalance_is_near_the_brute_force_optimum():
   rng = np.random.default_rng(2)
   ratios, distinct_ratios = [], []
-  for nodes, gpus, experts, slots in [(1, 3, 4, 2), (2, 2, 5, 2), (1, 3, 5, 3), (2, 2, 6, 2), (1, 4, 5, 2),
-                                      (2, 2, 4, 3), (1, 2, 3, 2)]:
+  for nodes, gpus, experts, slots in [
+    (1, 3, 4, 2),
+    (2, 2, 5, 2),
+    (1, 3, 5, 3),
+    (2, 2, 6, 2),
+    (1, 4, 5, 2),
+    (2, 2, 4, 3),
+    (1, 2, 3, 2),
+  ]:
     for trial in range(8):
       load = zipf_loads(rng, experts) if trial % 2 else rng.uniform(0.01, 1, experts)
       optimum = brute_force(load, nodes * gpus, slots, distinct=False)
       ratios.append(busiest(load, rebalance_lib.rebalance(load, nodes, gpus, slots)) / optimum)
       optimum = brute_force(load, nodes * gpus, slots, distinct=True)
-      distinct_ratios.append(busiest(load, rebalance_lib.rebalance(load, nodes, gpus, slots, duplicates=False))
-                             / optimum)
+      distinct_ratios.append(
+        busiest(load, rebalance_lib.rebalance(load, nodes, gpus, slots, duplicates=False)) / optimum
+      )
   for r in (np.array(ratios), np.array(distinct_ratios)):
     assert r.min() >= 1 - 1e-9  # a valid table cannot beat the optimum: checks the brute force too
     assert r.max() <= BRUTE_BOUND, r.max()
@@ -173,15 +186,17 @@ def test_replicas_stay_in_one_node_when_it_costs_nothing():
 
 def test_eplb_reproduces_the_published_example():
   # deepseek-ai/EPLB README: 12 experts, 16 replicas, 4 groups, 2 nodes, 8 GPUs (2 slots each).
-  for load, expected in [([90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86],
-                          [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1]),
-                         ([20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27],
-                          [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1])]:
+  for load, expected in [
+    ([90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86], [5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1]),
+    ([20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27], [7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1]),
+  ]:
     table = eplb_lib.eplb(np.array(load), 2, 4, 2, num_groups=4)
     np.testing.assert_array_equal(np.sort(table, 1), np.sort(np.reshape(expected, (8, 2)), 1))
 
 
-@pytest.mark.parametrize("call,field", [
+@pytest.mark.parametrize(
+  "call,field",
+  [
     (lambda: rebalance_lib.rebalance(np.ones(17), 2, 4, 2), "slots_per_device"),
     (lambda: rebalance_lib.rebalance(np.array([1.0, -1.0, 2.0]), 1, 2, 2), "load_E"),
     (lambda: rebalance_lib.rebalance(np.array([1.0, np.nan]), 1, 2, 1), "load_E"),
@@ -199,7 +214,8 @@ def test_eplb_reproduces_the_published_example():
     (lambda: rebalance_lib.device_loads(np.ones(4), np.array([[0, 1], [2, 2]])), "slot_expert"),
     (lambda: rebalance_lib.device_loads(np.ones(4), np.array([[0, 1], [2, 4]])), "slot_expert"),
     (lambda: rebalance_lib.device_loads(np.ones(4), np.array([[0.0, 1.0], [2.0, 3.0]])), "slot_expert"),
-])
+  ],
+)
 def test_bad_inputs_raise_config_errors_naming_the_field(call, field):
   with pytest.raises(ConfigError) as error:
     call()

@@ -23,17 +23,31 @@ def test_queue_positions_follow_gshard_priority(num_experts, tokens, k):
     np.testing.assert_array_equal(got, want)
 
 
-@pytest.mark.parametrize("group_score,score,renormalize", [("max", "softmax", False), ("top2_sum", "sigmoid", True),
-                                                           ("top2_sum", "sigmoid", False)])
+@pytest.mark.parametrize(
+  "group_score,score,renormalize",
+  [("max", "softmax", False), ("top2_sum", "sigmoid", True), ("top2_sum", "sigmoid", False)],
+)
 def test_group_limited_routing_matches_numpy(group_score, score, renormalize):
   """DeepSeek-V2's group_limited_greedy (groups ranked by their best score, softmax weights scaled, not
   renormalised) and V3's (by their two best, sigmoid, with and without norm_topk_prob), against float64 NumPy."""
   e, groups, kept, k, scale = 16, 4, 2, 3, 2.5
-  cfg = MoEConfig(num_experts=e, top_k=k, d_model=8, d_ff=4, score=score, num_groups=groups, topk_groups=kept,
-                  group_score=group_score, routed_scaling=scale, renormalize=renormalize)
+  cfg = MoEConfig(
+    num_experts=e,
+    top_k=k,
+    d_model=8,
+    d_ff=4,
+    score=score,
+    num_groups=groups,
+    topk_groups=kept,
+    group_score=group_score,
+    routed_scaling=scale,
+    renormalize=renormalize,
+  )
   rng = np.random.default_rng(7)
   x, kernel = rng.normal(size=(64, 8)), rng.normal(size=(8, e))
-  decision, _ = routing.route(jnp.asarray(x, jnp.float32), {"router": {"kernel": jnp.asarray(kernel, jnp.float32)}}, cfg)
+  decision, _ = routing.route(
+    jnp.asarray(x, jnp.float32), {"router": {"kernel": jnp.asarray(kernel, jnp.float32)}}, cfg
+  )
   logits = x @ kernel
   scores = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)) if score == "softmax" else 1 / (1 + np.exp(-logits))
   per_group = np.sort(scores.reshape(64, groups, -1), axis=-1)[..., ::-1]

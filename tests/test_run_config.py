@@ -78,15 +78,19 @@ def test_a_changed_config_is_refused_unless_continued_or_branched(shared, tmp_pa
   # Only steps (and the resume mode) differ from config.json now: resumed without a word.
   train.train(_changed(_config(shared, 8)), str(run))
   assert _steps(run) == list(range(1, 9))
-  assert _stored(run)["history"][-1]["changed"] == {"steps": [7, 8], "checkpoint.every_steps": [7, 8],
-                                                    "checkpoint.resume": ["continue", "same"]}
+  assert _stored(run)["history"][-1]["changed"] == {
+    "steps": [7, 8],
+    "checkpoint.every_steps": [7, 8],
+    "checkpoint.resume": ["continue", "same"],
+  }
 
 
 def _fake_run(directory, config):
   """A workdir as the trainer leaves it after a checkpoint at step 5 (its arrays are not read here)."""
   (directory / "checkpoints" / "5").mkdir(parents=True)
-  (directory / run_config.CONFIG_FILE).write_text(json.dumps({**json.loads(run_config.dumps(config)),
-                                                              "versions": {}, "history": []}))
+  (directory / run_config.CONFIG_FILE).write_text(
+    json.dumps({**json.loads(run_config.dumps(config)), "versions": {}, "history": []})
+  )
 
 
 def test_the_issues_changed_config_is_refused_before_anything_is_read(shared, tmp_path, monkeypatch):
@@ -118,8 +122,11 @@ def test_harmless_fields_pass_and_every_other_difference_is_named(shared, tmp_pa
 def test_resume_fields_are_checked(shared):
   from moejax.train import config as config_lib
 
-  for fields, match in (({"resume": "fork"}, "checkpoint.resume"), ({"resume": "branch"}, "checkpoint.branch_dir"),
-                        ({"branch_dir": "/tmp/x"}, "checkpoint.branch_dir")):
+  for fields, match in (
+    ({"resume": "fork"}, "checkpoint.resume"),
+    ({"resume": "branch"}, "checkpoint.branch_dir"),
+    ({"branch_dir": "/tmp/x"}, "checkpoint.branch_dir"),
+  ):
     config = _config(shared, 5)
     config.checkpoint.update(fields)
     with pytest.raises(ConfigError, match=match):

@@ -28,14 +28,19 @@ def test_a_broken_safetensors_file_is_reported_before_the_tokenizer(tmp_path, no
   shutil.copytree(FIXTURE, checkpoint)
   weights = checkpoint / "model.safetensors"
   if damage == "truncated":
-    weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
   else:
     weights.unlink()
   (tmp_path / "c4.json").write_text(json.dumps({"text": "a document"}) + "\n")
   config = decoder.get_config(f"hf={checkpoint}")
-  (tmp_path / "tokenizer.json").write_text("{}")  # named, as a checkpoint without one needs; never read: the weights fail first
-  config.data.update(train_files=str(tmp_path / "c4.json"), cache_dir=str(tmp_path / "cache"),
-                     tokenizer_model=str(tmp_path / "tokenizer.json"))
+  (tmp_path / "tokenizer.json").write_text(
+    "{}"
+  )  # named, as a checkpoint without one needs; never read: the weights fail first
+  config.data.update(
+    train_files=str(tmp_path / "c4.json"),
+    cache_dir=str(tmp_path / "cache"),
+    tokenizer_model=str(tmp_path / "tokenizer.json"),
+  )
   match = "truncated or not safetensors" if damage == "truncated" else "no model.safetensors"
   with pytest.raises(ConfigError, match=match) as error:
     train.train(config, str(tmp_path / "run"))

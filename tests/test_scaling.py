@@ -33,9 +33,9 @@ def tiny_config() -> ml_collections.ConfigDict:
   config.nodes = (1, 2)
   config.gpus_per_node = (2,)
   config.global_batch = 16
-  config.models = ml_collections.ConfigDict({
-      "tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 4,
-               "vocab": 100}})
+  config.models = ml_collections.ConfigDict(
+    {"tiny": {"d_model": 32, "d_ff": 64, "layers": 2, "moe_layers": 1, "seq_len": 8, "micro_batch": 4, "vocab": 100}}
+  )
   config.sim.update({"tokens_per_gpu": 8, "batches": 2, "d_model": 16, "d_ff": 32})
   return config
 
@@ -52,7 +52,12 @@ def test_sweep_writes_csv_json_and_the_plots(sweep):
   assert counts == {"computed": POINTS, "skipped": 0, "simulated": SCHEMES * 2}
   paths = report.write_all(rows, tiny_config(), workdir)
   assert sorted(os.path.basename(p) for p in paths.values()) == [
-      "breakdown.png", "efficiency.png", "results.csv", "results.json", "throughput.png"]
+    "breakdown.png",
+    "efficiency.png",
+    "results.csv",
+    "results.json",
+    "throughput.png",
+  ]
   for path in paths.values():
     assert os.path.getsize(path) > 0
   with open(paths["results.csv"]) as f:
@@ -127,7 +132,8 @@ def test_priced_bytes_are_the_small_runs_rows_times_each_ways_bytes(sweep):
   cross = node[:, None] != node[None, :]
   assert layer["inter_node_mb_per_gpu"] == pytest.approx(rows[:, cross].sum() * (out + back) / 4 / 1e6, rel=1e-12)
   assert layer["intra_node_mb_per_gpu"] == pytest.approx(
-      (rows[:, ~cross].sum() - np.trace(rows, axis1=1, axis2=2).sum()) * (out + back) / 4 / 1e6, rel=1e-12)
+    (rows[:, ~cross].sum() - np.trace(rows, axis1=1, axis2=2).sum()) * (out + back) / 4 / 1e6, rel=1e-12
+  )
   hops, topology = ("node", "gpu"), topology_lib.get(config.topology)
 
   def a2a(r, hop, bytes_per_row):
@@ -157,10 +163,13 @@ def test_dedup_moves_node_limited_across_nodes_once_per_token(sweep):
     # a row of two slots against two rows of one: half the rows, each 8 bytes more
     ratio = dedup["inter_node_mb_per_gpu"] / nodedup["inter_node_mb_per_gpu"]
     wire = (dedup["dispatch_bytes_per_row"] + dedup["combine_bytes_per_row"]) / (
-        nodedup["dispatch_bytes_per_row"] + nodedup["combine_bytes_per_row"])
+      nodedup["dispatch_bytes_per_row"] + nodedup["combine_bytes_per_row"]
+    )
     assert ratio == pytest.approx(wire / 2, rel=0.05)
-    once, twice = (price_point_layer(_stored_sim(workdir, scheme, 2, 2, big), Point(scheme, 2, 2, "tiny", "weak"), big)
-                   for scheme in (base, f"{base}_nodedup"))
+    once, twice = (
+      price_point_layer(_stored_sim(workdir, scheme, 2, 2, big), Point(scheme, 2, 2, "tiny", "weak"), big)
+      for scheme in (base, f"{base}_nodedup")
+    )
     for part in ("forward", "train"):
       assert once[part].inter_node_a2a_s < 0.6 * twice[part].inter_node_a2a_s
       assert once[part].total_s < twice[part].total_s
@@ -209,7 +218,9 @@ def test_balanced_routers_route_uniformly():
   np.testing.assert_allclose(both.T @ both, np.eye(6), atol=1e-12)  # i.i.d. logits, independent choices
 
 
-@pytest.mark.parametrize("field, value, named", [
+@pytest.mark.parametrize(
+  "field, value, named",
+  [
     ("schemes", ("switch", "gshard"), "schemes"),
     ("gpus_per_node", (16,), "gpus_per_node"),
     ("global_batch", 24, "global_batch"),
@@ -222,7 +233,8 @@ def test_balanced_routers_route_uniformly():
     ("models.tiny.moe_layers", 3, "models.tiny.moe_layers"),
     ("measure.platform", "tpu", "measure.platform"),
     ("gemm_sms", 0, "gemm_sms"),
-])
+  ],
+)
 def test_config_errors_name_their_field(field, value, named):
   config = tiny_config()
   *parents, leaf = field.split(".")
@@ -236,11 +248,14 @@ def test_config_errors_name_their_field(field, value, named):
   assert named in str(error.value)
 
 
-@pytest.mark.parametrize("scheme, field, value", [
+@pytest.mark.parametrize(
+  "scheme, field, value",
+  [
     ("comet", "moe.num_chunks", 3),  # does not divide sim.d_model = 16
     ("chunked", "moe.num_chunks", 0),
     ("s1", "moe.esp_capacity_factor", -1.0),
-])
+  ],
+)
 def test_schedule_scheme_errors_name_their_field(scheme, field, value):
   config = tiny_config()
   config.schemes = (scheme,)
@@ -270,9 +285,11 @@ def test_overlap_schedules_reuse_the_flat_run_and_one_chunk_is_sequential(schedu
     assert chunked["layer_ms"] == pytest.approx(flat["layer_ms"], rel=1e-12)
     assert chunked["layer_hidden_ms"] == pytest.approx(0, abs=1e-12) and flat["layer_hidden_ms"] == 0
     assert 0 < comet["layer_hidden_ms"] and 0 < comet["comm_hidden_fraction"] <= 1
-    assert comet["layer_ms"] == pytest.approx(sum(comet[f] for f in ("layer_inter_node_ms", "layer_intra_node_ms",
-                                                                     "layer_expert_ms", "layer_other_ms"))
-                                              - comet["layer_hidden_ms"], rel=1e-12)
+    assert comet["layer_ms"] == pytest.approx(
+      sum(comet[f] for f in ("layer_inter_node_ms", "layer_intra_node_ms", "layer_expert_ms", "layer_other_ms"))
+      - comet["layer_hidden_ms"],
+      rel=1e-12,
+    )
 
 
 def test_parm_schemes_compute_each_token_once_and_share_samples_over_the_mp_group(schedule_sweep):
@@ -309,7 +326,10 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
   for key, r in measured.items():
     want = modelled[key]
     assert (r["global_batch"], r["accumulation"], r["tokens_per_gpu"]) == (
-        want["global_batch"], want["accumulation"], want["tokens_per_gpu"])
+      want["global_batch"],
+      want["accumulation"],
+      want["tokens_per_gpu"],
+    )
     assert r["accumulation"] == 2
     assert r["device"] == "cpu" and r["repeats"] == 2
     assert 0 < r["step_s_min"] <= r["step_s"] and r["layer_ms"] >= r["layer_ms_min"] > 0

@@ -30,13 +30,16 @@ from tests.helpers import relative_error
 TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
 
 
-@pytest.mark.parametrize("kinds, want", [
+@pytest.mark.parametrize(
+  "kinds, want",
+  [
     ("DMMM", [(0, 1, 1), (1, 1, 3)]),  # DeepSeek: dense first layers, then MoE
     ("DMDMDM", [(0, 2, 3)]),  # SMILE: every other FFN an MoE layer
     ("MDMM", [(0, 1, 1), (1, 1, 1), (2, 1, 2)]),  # Qwen2-MoE's mlp_only_layers=[1]
     ("DDMDDMDDMD", [(0, 3, 3), (9, 1, 1)]),
     ("DMDMMM", [(0, 2, 2), (4, 1, 2)]),
-])
+  ],
+)
 def test_segments_of_known_layouts(kinds, want):
   assert layers.find_segments(tuple(kinds)) == tuple(layers.Segment(*w) for w in want)
 
@@ -46,16 +49,17 @@ def test_segments_cover_the_layers_with_their_kinds():
   segment of period 1 is a whole run; no segment could take one more repeat of its unit."""
   rng = np.random.default_rng(0)
   for _ in range(300):
-    kinds = tuple(rng.choice(list("ABC"[:rng.integers(1, 4)]), rng.integers(1, 13)))
+    kinds = tuple(rng.choice(list("ABC"[: rng.integers(1, 4)]), rng.integers(1, 13)))
     segments = layers.find_segments(kinds)
     covered = [seg.layer(r, j) for seg in segments for r in range(seg.repeats) for j in range(seg.period)]
     assert covered == list(range(len(kinds))), (kinds, segments)
     for seg in segments:
-      assert all(kinds[seg.layer(r, j)] == kinds[seg.layer(0, j)] for r in range(seg.repeats) for j in
-                 range(seg.period)), (kinds, seg)
+      assert all(
+        kinds[seg.layer(r, j)] == kinds[seg.layer(0, j)] for r in range(seg.repeats) for j in range(seg.period)
+      ), (kinds, seg)
       assert seg.period == 1 or seg.repeats >= 2
-      unit = kinds[seg.start:seg.start + seg.period]
-      assert kinds[seg.stop:seg.stop + seg.period] != unit, (kinds, seg)
+      unit = kinds[seg.start : seg.start + seg.period]
+      assert kinds[seg.stop : seg.stop + seg.period] != unit, (kinds, seg)
 
 
 def _family(spec: str, layers_: int, **model):
@@ -67,13 +71,19 @@ def _family(spec: str, layers_: int, **model):
 
 
 CASES = {  # name: (family, layers, model fields, what is compared)
-    "deepseek_v3_fsdp_full_remat_prioritized": ("deepseek_v3", 3, dict(fsdp=True, remat="full",
-                                                                        grad_sync="prioritized"), "grads"),
-    "qwen2_moe_dense_inside_tp_save_exchanged": ("qwen2_moe", 4, dict(moe_layers=(True, False, True, True),
-                                                                      tensor_parallel=True,
-                                                                      remat="save_exchanged"), "grads"),
-    "qwen3_moe_alternating_windows": ("qwen3_moe", 4, dict(sliding_window=3, sliding_layers=(True, False) * 2),
-                                      "logits"),
+  "deepseek_v3_fsdp_full_remat_prioritized": (
+    "deepseek_v3",
+    3,
+    dict(fsdp=True, remat="full", grad_sync="prioritized"),
+    "grads",
+  ),
+  "qwen2_moe_dense_inside_tp_save_exchanged": (
+    "qwen2_moe",
+    4,
+    dict(moe_layers=(True, False, True, True), tensor_parallel=True, remat="save_exchanged"),
+    "grads",
+  ),
+  "qwen3_moe_alternating_windows": ("qwen3_moe", 4, dict(sliding_window=3, sliding_layers=(True, False) * 2), "logits"),
 }
 
 
@@ -97,9 +107,11 @@ def _run(cfg, moe_cfg, mesh, tokens_BxS, grads: bool):
     (_, (logits, aux)), g = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
   else:
     (_, (logits, aux)), g = jax.jit(loss)(params), None
-  per_layer = lambda tree: None if tree is None else (layers.per_layer(tree, cfg), {k: v for k, v in tree.items()
-                                                                                     if k not in ("blocks",
-                                                                                                  "segments")})
+  per_layer = lambda tree: (
+    None
+    if tree is None
+    else (layers.per_layer(tree, cfg), {k: v for k, v in tree.items() if k not in ("blocks", "segments")})
+  )
   return logits, aux, per_layer(g), per_layer(params)
 
 
@@ -110,8 +122,10 @@ def test_scanned_equals_unrolled(mesh_2x4, case):
   cfg, moe_cfg = _family(family, num_layers, **fields)
   assert layers.segments(dataclasses.replace(cfg, scan_layers=True)) != ()
   tokens = jnp.asarray(np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (8, 16)), jnp.int32)
-  runs = {scan: _run(dataclasses.replace(cfg, scan_layers=scan), moe_cfg, mesh_2x4, tokens, compare == "grads")
-          for scan in (False, True)}
+  runs = {
+    scan: _run(dataclasses.replace(cfg, scan_layers=scan), moe_cfg, mesh_2x4, tokens, compare == "grads")
+    for scan in (False, True)
+  }
   (logits, aux, grads, params), (s_logits, s_aux, s_grads, s_params) = runs[False], runs[True]
   for (path, a), (_, b) in zip(*(jax.tree_util.tree_leaves_with_path(p) for p in (params, s_params))):
     assert np.array_equal(np.asarray(a), np.asarray(b)), jax.tree_util.keystr(path)  # the same model, stacked
@@ -134,8 +148,7 @@ def test_scanned_equals_unrolled(mesh_2x4, case):
 def _lowered_lines(spec: str, num_layers: int, scan: bool) -> int:
   config = decoder.get_config(spec)
   dense = decoder.TINY[spec].get("dense", 0)
-  config.model.update(num_layers=num_layers, moe_layers=tuple(i >= dense for i in range(num_layers)),
-                      scan_layers=scan)
+  config.model.update(num_layers=num_layers, moe_layers=tuple(i >= dense for i in range(num_layers)), scan_layers=scan)
   config.update(batch_size=8, micro_batches=1, seq_len=16)
   trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), TOK, donate=False)
   _, _, rest = state_lib.abstract_state(trainer.model_cfg, trainer.moe_cfg, trainer.mesh, config.seed)
@@ -161,8 +174,10 @@ def test_unrolled_checkpoint_refused_by_a_scanned_config_naming_the_fix(mesh_2x4
   states = {}
   for scan in (False, True):
     c = dataclasses.replace(cfg, scan_layers=scan)
-    states[scan] = ({"params": state_lib.abstract_state(c, moe_cfg, mesh_2x4)[1]},
-                    {"params": state_lib.init_state(c, moe_cfg, mesh_2x4)[0]})
+    states[scan] = (
+      {"params": state_lib.abstract_state(c, moe_cfg, mesh_2x4)[1]},
+      {"params": state_lib.init_state(c, moe_cfg, mesh_2x4)[0]},
+    )
   for saved, wanted in itertools.permutations((False, True)):
     ckpt = checkpoint_lib.Checkpointer(str(tmp_path / f"saved_{saved}"), keep=1, use_async=False)
     try:

@@ -19,27 +19,41 @@ from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 # (mesh, routing, path, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
 CASES = [
-    ((2, 4), "topk", "flat", "comet", 2, "ragged_dot", None, 2, 2),
-    ((2, 4), "topk", "gpu_first", "comet", 4, "dense", 2.0, 2, 1),
-    ((2, 4), "bilevel", "node_first", "comet", 2, "ragged_dot", None, 2, 2),
-    ((4, 2), "node_limited", "flat", "chunked", 2, "ragged_dot", 2.0, 2, 2),
-    ((2, 4), "bilevel", "node_first", "chunked", 4, "dense", None, 1, 2),
-    ((1, 2), "topk", "gpu_first", "comet", 2, "pallas", None, 2, 2),
-    ((1, 1), "topk", "flat", "chunked", 2, "ragged_dot", None, 2, 4),
+  ((2, 4), "topk", "flat", "comet", 2, "ragged_dot", None, 2, 2),
+  ((2, 4), "topk", "gpu_first", "comet", 4, "dense", 2.0, 2, 1),
+  ((2, 4), "bilevel", "node_first", "comet", 2, "ragged_dot", None, 2, 2),
+  ((4, 2), "node_limited", "flat", "chunked", 2, "ragged_dot", 2.0, 2, 2),
+  ((2, 4), "bilevel", "node_first", "chunked", 4, "dense", None, 1, 2),
+  ((1, 2), "topk", "gpu_first", "comet", 2, "pallas", None, 2, 2),
+  ((1, 1), "topk", "flat", "chunked", 2, "ragged_dot", None, 2, 4),
 ]
 
 
-@pytest.mark.parametrize("shape,routing,path,schedule,chunks,backend,bf,k,experts_per_gpu", CASES,
-                         ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES])
+@pytest.mark.parametrize(
+  "shape,routing,path,schedule,chunks,backend,bf,k,experts_per_gpu",
+  CASES,
+  ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES],
+)
 @pytest.mark.sampled(2)
-def test_schedule_matches_reference(devices, shape, routing, path, schedule, chunks, backend, bf, k,
-                                    experts_per_gpu):
+def test_schedule_matches_reference(devices, shape, routing, path, schedule, chunks, backend, bf, k, experts_per_gpu):
   n, m = shape
-  cfg = MoEConfig(num_experts=n * m * experts_per_gpu, top_k=k, d_model=8, d_ff=12, routing=routing,
-                  path=path, expert_backend=backend, num_nodes=n if routing != "topk" else None,
-                  node_top_k=1 + (n > 2),
-                  buffer_factor=bf, schedule=schedule, num_chunks=chunks, gated=k == 2, renormalize=routing == "topk",
-                  z_loss_coef=1e-3)
+  cfg = MoEConfig(
+    num_experts=n * m * experts_per_gpu,
+    top_k=k,
+    d_model=8,
+    d_ff=12,
+    routing=routing,
+    path=path,
+    expert_backend=backend,
+    num_nodes=n if routing != "topk" else None,
+    node_top_k=1 + (n > 2),
+    buffer_factor=bf,
+    schedule=schedule,
+    num_chunks=chunks,
+    gated=k == 2,
+    renormalize=routing == "topk",
+    z_loss_coef=1e-3,
+  )
   seed = 31 * n + 7 * m + chunks
   params = init_params(jax.random.key(seed), cfg)
   x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
@@ -95,7 +109,9 @@ def _dependent_matmuls(cfg, mesh):
   x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
   nodes, ancestors, bodies = entry_graph(hlo)
-  matmuls = [n for n, (op, _, _, called) in nodes.items() if op == "dot" or any(contains(bodies, c, "dot") for c in called)]
+  matmuls = [
+    n for n, (op, _, _, called) in nodes.items() if op == "dot" or any(contains(bodies, c, "dot") for c in called)
+  ]
   dependents = {}
   for name, columns in float_exchanges(nodes, bodies).items():
     upstream = sum(mm in ancestors[name] for mm in matmuls)
@@ -147,5 +163,9 @@ def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
   else:
     assert len(shapes) == 2 + 2 * 7, shapes
     # every chunk receives into the whole bound: one chunk may hold all the rows that fit
-    assert set(shapes) == {(local_rows, buffer_rows), (buffer_rows, local_rows), (local_rows // 2, buffer_rows),
-                           (buffer_rows, local_rows // 2)}, shapes
+    assert set(shapes) == {
+      (local_rows, buffer_rows),
+      (buffer_rows, local_rows),
+      (local_rows // 2, buffer_rows),
+      (buffer_rows, local_rows // 2),
+    }, shapes

@@ -10,27 +10,34 @@ from moejax.study import points, schemes
 
 # The sweep's schemes as its own table wrote them (routing, path and collective explicit), on a 4-node CPU mesh.
 SWEEP_BEFORE = {
-    "switch": dict(routing="topk", top_k=1, path="flat", collective="capacity", capacity_factor=2.0),
-    "flat_dropless": dict(routing="topk", path="flat", collective="auto"),
-    "hierarchical": dict(routing="topk", path="gpu_first", collective="auto"),
-    "smile": dict(routing="bilevel", num_nodes=4, node_top_k=1, path="node_first", collective="auto", capacity_factor=2.0),
-    "node_limited": dict(routing="node_limited", num_nodes=4, path="node_first", collective="auto"),
-    "smile_nodedup": dict(routing="bilevel", num_nodes=4, node_top_k=1, path="node_first", collective="auto", capacity_factor=2.0,
-                          dedup=False),
-    "node_limited_nodedup": dict(routing="node_limited", num_nodes=4, path="node_first", collective="auto", dedup=False),
-    "chunked": dict(routing="topk", path="flat", collective="auto", schedule="chunked"),
-    "comet": dict(routing="topk", path="flat", collective="auto", schedule="comet"),
-    **{s: dict(routing="topk", path="flat", collective="capacity", capacity_factor=1.2, esp_schedule=e)
-       for s, e in (("esp_baseline", "baseline"), ("s1", "s1"), ("s2", "s2"))},
+  "switch": dict(routing="topk", top_k=1, path="flat", collective="capacity", capacity_factor=2.0),
+  "flat_dropless": dict(routing="topk", path="flat", collective="auto"),
+  "hierarchical": dict(routing="topk", path="gpu_first", collective="auto"),
+  "smile": dict(
+    routing="bilevel", num_nodes=4, node_top_k=1, path="node_first", collective="auto", capacity_factor=2.0
+  ),
+  "node_limited": dict(routing="node_limited", num_nodes=4, path="node_first", collective="auto"),
+  "smile_nodedup": dict(
+    routing="bilevel", num_nodes=4, node_top_k=1, path="node_first", collective="auto", capacity_factor=2.0, dedup=False
+  ),
+  "node_limited_nodedup": dict(routing="node_limited", num_nodes=4, path="node_first", collective="auto", dedup=False),
+  "chunked": dict(routing="topk", path="flat", collective="auto", schedule="chunked"),
+  "comet": dict(routing="topk", path="flat", collective="auto", schedule="comet"),
+  **{
+    s: dict(routing="topk", path="flat", collective="capacity", capacity_factor=1.2, esp_schedule=e)
+    for s, e in (("esp_baseline", "baseline"), ("s1", "s1"), ("s2", "s2"))
+  },
 }
 
 
 def test_composed_schemes_fill_the_mesh_in():
-  assert schemes.fields("smile+node_first", 4) == dict(routing="bilevel", num_nodes=4, node_top_k=1,
-                                                        path="node_first", collective="auto")
+  assert schemes.fields("smile+node_first", 4) == dict(
+    routing="bilevel", num_nodes=4, node_top_k=1, path="node_first", collective="auto"
+  )
   assert schemes.fields("flat", 2) == {"path": "flat", "collective": "auto"}
   assert schemes.fields("node_first+fp8_bf16_nodedup", 2) == dict(
-      path="node_first", collective="auto", dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16", dedup=False)
+    path="node_first", collective="auto", dispatch_dtype="float8_e4m3fn", combine_dtype="bfloat16", dedup=False
+  )
   assert schemes.fields("flat+s2", 2)["esp_schedule"] == "s2"  # later names add to earlier ones
 
 

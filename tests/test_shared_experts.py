@@ -34,8 +34,9 @@ def test_shared_experts_are_sharded_like_the_dense_ffn():
   'gpu' on their hidden width, like the model's dense FFN."""
   ep = param_specs(MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=8, num_shared_experts=1, gated=True))
   assert all(spec == jax.sharding.PartitionSpec() for spec in ep["shared"].values())
-  esp = param_specs(MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=8, num_shared_experts=1, gated=True,
-                              esp_schedule="s2"))
+  esp = param_specs(
+    MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=8, num_shared_experts=1, gated=True, esp_schedule="s2")
+  )
   assert esp["shared"]["w_in"] == esp["shared"]["w_gate"] == jax.sharding.PartitionSpec(None, "gpu")
   assert esp["shared"]["w_out"] == jax.sharding.PartitionSpec("gpu", None)
 
@@ -43,8 +44,18 @@ def test_shared_experts_are_sharded_like_the_dense_ffn():
 def test_shared_output_is_added_to_every_token(mesh_2x4):
   """Routing every token to expert 3 with capacity 1 per expert drops most routed choices; each token
   still gets the shared experts' output (float64 NumPy), gated by sigmoid(x w_g)."""
-  cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=8, collective="capacity", capacity_factor=0.1,
-                  num_shared_experts=2, shared_d_ff=4, shared_gate=True, activation="relu")
+  cfg = MoEConfig(
+    num_experts=8,
+    top_k=1,
+    d_model=8,
+    d_ff=8,
+    collective="capacity",
+    capacity_factor=0.1,
+    num_shared_experts=2,
+    shared_d_ff=4,
+    shared_gate=True,
+    activation="relu",
+  )
   params, x = helpers.force_routing(helpers.random_params(cfg, 5), helpers.normal(6, (64, 8)), [3])
   y, aux = moe_apply(params, x, cfg, mesh_2x4)
   dropped = np.ones(64, bool)

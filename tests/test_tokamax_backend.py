@@ -13,13 +13,26 @@ from moejax.moe.params import init_params
 from moejax.validation import ConfigError
 
 
-@pytest.mark.parametrize("path,collective,gated", [("flat", "padded", True), ("gpu_first", "padded", False),
-                                                   ("flat", "capacity", True)])
+@pytest.mark.parametrize(
+  "path,collective,gated", [("flat", "padded", True), ("gpu_first", "padded", False), ("flat", "capacity", True)]
+)
 def test_tokamax_matches_ragged_dot(mesh_2x4, path, collective, gated):
   pytest.importorskip("tokamax")
   extra = {"capacity_factor": 1.0} if collective == "capacity" else {}
-  cfgs = [MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, path=path, collective=collective, gated=gated,
-                    expert_backend=b, **extra) for b in ("ragged_dot", "tokamax")]
+  cfgs = [
+    MoEConfig(
+      num_experts=8,
+      top_k=2,
+      d_model=16,
+      d_ff=32,
+      path=path,
+      collective=collective,
+      gated=gated,
+      expert_backend=b,
+      **extra,
+    )
+    for b in ("ragged_dot", "tokamax")
+  ]
   params = init_params(jax.random.key(0), cfgs[0])
   x = jax.random.normal(jax.random.key(1), (64, 16))
 

@@ -15,15 +15,18 @@ from tests.helpers import ENV, ROOT
 
 
 def test_bench_kernels_imports_without_torch_and_says_why_it_skips():
-  code = ("import sys; sys.modules['torch'] = None\n"
-          "from experiments import bench_kernels\nfrom moejax.bench import kernel_impls\n"
-          "print(kernel_impls.unavailable('torch_grouped_mm', 'bfloat16'))\n"
-          "print(kernel_impls.unavailable('ragged_dot', 'bfloat16'))")
-  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                        timeout=120)
+  code = (
+    "import sys; sys.modules['torch'] = None\n"
+    "from experiments import bench_kernels\nfrom moejax.bench import kernel_impls\n"
+    "print(kernel_impls.unavailable('torch_grouped_mm', 'bfloat16'))\n"
+    "print(kernel_impls.unavailable('ragged_dot', 'bfloat16'))"
+  )
+  done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
   assert done.returncode == 0, done.stderr
-  assert done.stdout.splitlines() == ["torch not importable (ModuleNotFoundError: import of torch halted; None in "
-                                      "sys.modules)", "None"]
+  assert done.stdout.splitlines() == [
+    "torch not importable (ModuleNotFoundError: import of torch halted; None in sys.modules)",
+    "None",
+  ]
 
 
 def test_float32_is_not_a_grouped_mm_dtype():

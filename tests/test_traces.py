@@ -20,8 +20,18 @@ V, D, F, E = 48, 16, 32, 4
 
 
 def _model(mesh, top_k):
-  cfg = ModelConfig(kind="gpt", vocab_size=V, num_layers=2, d_model=D, num_heads=2, d_ff=F, max_len=8, dropout=0.0,
-                    moe_every=1, embed_init_std=0.5)
+  cfg = ModelConfig(
+    kind="gpt",
+    vocab_size=V,
+    num_layers=2,
+    d_model=D,
+    num_heads=2,
+    d_ff=F,
+    max_len=8,
+    dropout=0.0,
+    moe_every=1,
+    embed_init_std=0.5,
+  )
   moe = MoEConfig(num_experts=E, top_k=top_k, d_model=D, d_ff=F)
   graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh, top_k)
   return nnx.merge(graphdef, *state_lib.init_state(cfg, moe, mesh, top_k))
@@ -56,7 +66,7 @@ def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
   # The layers' own counts of the token-choices they processed, per MoE layer.
   counts = np.asarray(jax.jit(lambda t: model(t)[1]["expert_counts"])(both))
   np.testing.assert_array_equal(counts, [np.bincount(t.reshape(-1), minlength=E) for t in traces])
-  assert affinity_counts(traces, E).sum() == traces.shape[1] * 2 ** 2
+  assert affinity_counts(traces, E).sum() == traces.shape[1] * 2**2
 
   # Skewed: LayerNorm output sums to its bias over d; with bias 1 and router column 3 raised by 50,
   # logit 3 exceeds the others by about 50 * d for every token at the second MoE layer.

@@ -51,8 +51,14 @@ STATEFUL = {"bias_update_rate": 0.01, "slots_per_device": 2, "replan_every": 2, 
 # The first 12 steps of the convergence runs' schedule, with that state, and FSDP (the dense parameters and their
 # optimizer states sharded over the 8 devices: saved, restored and run in two processes as they are; FSDP trains
 # to the replicated run's losses bit for bit, tests/test_fsdp.py).
-SHORT = ["--config.steps=12", "--config.checkpoint.every_steps=3", "--config.log.every_steps=1", "--config.model.fsdp=True",
-         f"--config.optim.decay_steps={CONVERGENCE_STEPS}", *(f"--config.moe.{k}={v}" for k, v in STATEFUL.items())]
+SHORT = [
+  "--config.steps=12",
+  "--config.checkpoint.every_steps=3",
+  "--config.log.every_steps=1",
+  "--config.model.fsdp=True",
+  f"--config.optim.decay_steps={CONVERGENCE_STEPS}",
+  *(f"--config.moe.{k}={v}" for k, v in STATEFUL.items()),
+]
 
 
 def _once(shared, name, build):
@@ -71,16 +77,29 @@ def _trained(shared, name, *overrides, optimised=False):
   """The tiny MLM trained by `experiments.train` with `overrides` in <shared>/<name> (once per session).
   optimised: with XLA's CPU optimisations, which the suite turns off for its many compile-once programs (a
   learning run's step is 2.5x faster with them)."""
-  return _once(shared, name, lambda directory: _run(shared, _command(shared, directory, *overrides), directory / "log",
-                                                    xla_flags="" if optimised else None))
+  return _once(
+    shared,
+    name,
+    lambda directory: _run(
+      shared, _command(shared, directory, *overrides), directory / "log", xla_flags="" if optimised else None
+    ),
+  )
 
 
 def _learned(shared, routing, steps):
   """The first `steps` steps of the CONVERGENCE_STEPS schedule with `routing` on LEARNING_MESH."""
-  return _trained(shared, f"learned-{routing}-{steps}", f"--config.steps={steps}", f"--config.moe.routing={routing}",
-                  f"--config.optim.decay_steps={CONVERGENCE_STEPS}", f"--config.checkpoint.every_steps={steps}",
-                  f"--config.mesh.nodes={LEARNING_MESH[0]}", f"--config.mesh.gpus_per_node={LEARNING_MESH[1]}",
-                  "--config.log.tensorboard=False", optimised=True)
+  return _trained(
+    shared,
+    f"learned-{routing}-{steps}",
+    f"--config.steps={steps}",
+    f"--config.moe.routing={routing}",
+    f"--config.optim.decay_steps={CONVERGENCE_STEPS}",
+    f"--config.checkpoint.every_steps={steps}",
+    f"--config.mesh.nodes={LEARNING_MESH[0]}",
+    f"--config.mesh.gpus_per_node={LEARNING_MESH[1]}",
+    "--config.log.tensorboard=False",
+    optimised=True,
+  )
 
 
 def _reference(shared):
@@ -108,13 +127,24 @@ def _final_states(*directories):
 
 
 def _command(shared, workdir, *overrides):
-  return [sys.executable, "-m", "experiments.train", "--config=configs/mlm.py", f"--workdir={workdir}",
-          f"--config.data.cache_dir={shared / 'cache'}", *overrides]
+  return [
+    sys.executable,
+    "-m",
+    "experiments.train",
+    "--config=configs/mlm.py",
+    f"--workdir={workdir}",
+    f"--config.data.cache_dir={shared / 'cache'}",
+    *overrides,
+  ]
 
 
 def _env(shared):
-  return {**ENV, "JAX_COMPILATION_CACHE_DIR": str(shared / "jax-cache"),
-          "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0", "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+  return {
+    **ENV,
+    "JAX_COMPILATION_CACHE_DIR": str(shared / "jax-cache"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+  }
 
 
 def _run(shared, command, log, timeout=300, xla_flags=None):
@@ -183,7 +213,7 @@ def test_killed_run_resumes_bit_identically(shared, tmp_path):
   assert (tmp_path / "resumed.log").read_text().count("compiled the train step") == 1
   reference = _reference(shared)
   want = _losses(reference)  # uninterrupted
-  np.testing.assert_array_equal(killed, want[:len(killed)])
+  np.testing.assert_array_equal(killed, want[: len(killed)])
   got_records, want_records = _records(workdir), _records(reference)
   for key in ("loss", "task_loss", "expert_load", "expert_bias_range", "busiest_load"):
     assert [r[key] for r in got_records] == [r[key] for r in want_records], key  # exactly, step for step
@@ -225,8 +255,10 @@ def _flip_middle_byte(path):
 def test_corrupt_checkpoint_is_skipped(mesh_2x4, tmp_path, capsys):
   sharded = NamedSharding(mesh_2x4, P(("node", "gpu")))
   replicated = NamedSharding(mesh_2x4, P())
-  make = lambda i: {"params": {"w": jax.device_put(jnp.arange(64.0).reshape(8, 8) + i, sharded)},
-                    "step": jax.device_put(jnp.int32(i), replicated)}
+  make = lambda i: {
+    "params": {"w": jax.device_put(jnp.arange(64.0).reshape(8, 8) + i, sharded)},
+    "step": jax.device_put(jnp.int32(i), replicated),
+  }
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), make(0))
   directory = tmp_path / "checkpoints"
   ckpt = checkpoint.Checkpointer(str(directory), keep=5)
@@ -257,11 +289,20 @@ def test_corrupt_checkpoint_is_skipped(mesh_2x4, tmp_path, capsys):
     checkpoint.Checkpointer(str(directory), keep=5).restore_latest(other)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("model.kind", "t5", "model.kind"), ("moe.top_k", 0, "moe.top_k"), ("batch_size", 12, "batch_size"),
-    ("data.shards", 3, "data.shards"), ("optim.decay", "step", "optim.decay"), ("seq_len", 256, "seq_len"),
-    ("data.train_files", "/nonexistent/c4-*.json.gz", "data.train_files"), ("moe.num_experts", 12, "num_experts"),
-    ("model.grad_sync", "lina", "model.grad_sync")])
+@pytest.mark.parametrize(
+  "field,value,match",
+  [
+    ("model.kind", "t5", "model.kind"),
+    ("moe.top_k", 0, "moe.top_k"),
+    ("batch_size", 12, "batch_size"),
+    ("data.shards", 3, "data.shards"),
+    ("optim.decay", "step", "optim.decay"),
+    ("seq_len", 256, "seq_len"),
+    ("data.train_files", "/nonexistent/c4-*.json.gz", "data.train_files"),
+    ("moe.num_experts", 12, "num_experts"),
+    ("model.grad_sync", "lina", "model.grad_sync"),
+  ],
+)
 def test_bad_configs_are_rejected_before_compiling(field, value, match):
   config = mlm.get_config()
   section, _, name = field.rpartition(".")

@@ -51,21 +51,28 @@ def test_two_batch_step_equals_the_plain_step(devices, spec):
   want, want_state = _one_step(_config(spec, 2 * MICRO), halves)
   assert set(got) == set(want) and "aux_loss" in want and (spec != "deepseek_v3" or "mtp_loss" in want)
   for name in want:
-    np.testing.assert_allclose(np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5,
-                               atol=1e-7, err_msg=name)
+    np.testing.assert_allclose(
+      np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-7, err_msg=name
+    )
   # AdamW's moments: (1 - b1) x the gradient and (1 - b2) x its square; the parameters after the update to 1e-5
   # (lr 3e-3: AdamW's first step moves a parameter by about lr whatever its gradient's size, so a near-zero
   # gradient's fp32 rounding shows).
   for key, atol in (("opt_state", 1e-7), ("params", 1e-5)):
-    jax.tree.map(lambda g, w, atol=atol, key=key: np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol, err_msg=key),
-                 got_state[key], want_state[key])
+    jax.tree.map(
+      lambda g, w, atol=atol, key=key: np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol, err_msg=key),
+      got_state[key],
+      want_state[key],
+    )
 
 
-@pytest.mark.parametrize("field,value,fields", [
+@pytest.mark.parametrize(
+  "field,value,fields",
+  [
     ("pipeline.stages", 2, dict(stages=2)),
     ("moe.balance_loss", "global_batch", dict(balance_loss="global_batch")),
     ("batch_size", 24, dict(batch_size=24)),  # 12 rows a micro-batch: not 2 x 8 devices' multiple
-])
+  ],
+)
 def test_refusals_name_the_field(field, value, fields):
   config = _config("qwen3_moe", MICRO, "two_batch")
   config.pipeline.stages = fields.pop("stages", 1)
@@ -80,6 +87,7 @@ def test_the_cost_model_and_the_docs_name_the_trainers_schedule():
   """`cost.one_device(..., two_batch=True)` prices the step pipeline.schedule names, and docs/pipelines.md's cost
   table lists it by that name."""
   from moejax.pipeline import cost, two_batch
+
   priced = cost.one_device(4, cost.StageCost(f=1.0, b=2.0, w=1.0, a2a_f=0.5, a2a_b=0.5), two_batch=True)
   assert priced.name == two_batch.SCHEDULE == "two_batch"
   assert f"| {two_batch.SCHEDULE} | " in (ROOT / "docs" / "pipelines.md").read_text()

@@ -57,9 +57,16 @@ def params(model) -> dict:
 # (num_experts, top_k, granularity): sparse (every expert a whole copy) and granular (copies split in g slices).
 COMBOS = [(8, 2, 1), (8, 1, 2), (8, 2, 4), (16, 4, 1), (16, 1, 4)]
 FAST = ("qwen3_dense", (8, 1, 2))
-CASES = [pytest.param(f, *combo, marks=[group(f)] + ([] if (f, combo) == FAST else [pytest.mark.slow]),
-                      id=f"{f}-E{combo[0]}-k{combo[1]}-g{combo[2]}")
-         for f in DENSE for combo in COMBOS]
+CASES = [
+  pytest.param(
+    f,
+    *combo,
+    marks=[group(f)] + ([] if (f, combo) == FAST else [pytest.mark.slow]),
+    id=f"{f}-E{combo[0]}-k{combo[1]}-g{combo[2]}",
+  )
+  for f in DENSE
+  for combo in COMBOS
+]
 
 
 @pytest.mark.parametrize("family, num_experts, top_k, g", CASES)
@@ -67,8 +74,11 @@ def test_upcycled_output_equals_dense(dense, family, num_experts, top_k, g):
   model, tokens, want = dense(family)
   moe = models.upcycle(model, num_experts=num_experts, top_k=top_k, granularity=g)
   assert moe.cfg.family == MOE_FAMILY[family] and moe.cfg.num_moe_layers == model.cfg.num_layers
-  assert (moe.moe_cfg.num_experts, moe.moe_cfg.top_k, moe.moe_cfg.d_ff) == (num_experts * g, top_k * g,
-                                                                             model.cfg.d_ff // g)
+  assert (moe.moe_cfg.num_experts, moe.moe_cfg.top_k, moe.moe_cfg.d_ff) == (
+    num_experts * g,
+    top_k * g,
+    model.cfg.d_ff // g,
+  )
   logits, aux = moe(tokens, details=True)
   assert relative_error(np.asarray(logits), want) < TOL
 
@@ -112,13 +122,20 @@ def test_upcycling_some_layers_with_a_path(dense):
   assert relative_error(np.asarray(logits), want) < TOL
   assert np.asarray(aux["expert_counts"]).shape == (1, 8) and np.count_nonzero(np.asarray(aux["expert_counts"])) > 1
   source, upcycled = params(model), params(moe)
-  assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(layers_lib.per_layer(source, model.cfg)[0]),
-                                                  jax.tree.leaves(layers_lib.per_layer(upcycled, moe.cfg)[0])))
+  assert all(
+    np.array_equal(a, b)
+    for a, b in zip(
+      jax.tree.leaves(layers_lib.per_layer(source, model.cfg)[0]),
+      jax.tree.leaves(layers_lib.per_layer(upcycled, moe.cfg)[0]),
+    )
+  )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", [pytest.param("llama_dense", marks=group("llama_dense")),
-                                    pytest.param("qwen3_dense", marks=group("qwen3_dense"))])
+@pytest.mark.parametrize(
+  "family",
+  [pytest.param("llama_dense", marks=group("llama_dense")), pytest.param("qwen3_dense", marks=group("qwen3_dense"))],
+)
 def test_upcycled_export_round_trip(dense, tmp_path, family):
   model, tokens, want = dense(family)
   moe = models.upcycle(model, num_experts=8, top_k=2)
@@ -176,9 +193,17 @@ def test_partly_upcycled_mixtral_export_refused(dense, tmp_path):
   assert "moe_layers" in str(error.value)
 
 
-@pytest.mark.parametrize("kwargs, field", [({"granularity": 5}, "granularity"), ({"granularity": 0}, "granularity"),
-                                           ({"granularity": 2.0}, "granularity"), ({"layers": (2,)}, "layers"),
-                                           ({"num_experts": 6}, "num_experts"), ({"top_k": 9}, "moe.top_k")])
+@pytest.mark.parametrize(
+  "kwargs, field",
+  [
+    ({"granularity": 5}, "granularity"),
+    ({"granularity": 0}, "granularity"),
+    ({"granularity": 2.0}, "granularity"),
+    ({"layers": (2,)}, "layers"),
+    ({"num_experts": 6}, "num_experts"),
+    ({"top_k": 9}, "moe.top_k"),
+  ],
+)
 @group("llama_dense")
 def test_bad_upcycling_refused(dense, kwargs, field):
   model, _, _ = dense("llama_dense")

@@ -14,8 +14,14 @@ from tests.helpers import ENV
 
 
 def validate(cwd, *options):
-  return subprocess.run([sys.executable, "-m", "experiments.validate_cost_model", "--workdir=.", *options],
-                        cwd=cwd, env=ENV, capture_output=True, text=True, timeout=300)
+  return subprocess.run(
+    [sys.executable, "-m", "experiments.validate_cost_model", "--workdir=.", *options],
+    cwd=cwd,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
 
 
 def test_the_driver_runs_from_any_directory(tmp_path):

@@ -22,11 +22,11 @@ def _numpy_fp8(x):
   out = np.empty_like(x, np.float64)
   for r in range(x.shape[0]):
     for start in range(0, x.shape[1], 128):
-      block = x[r, start:start + 128].astype(np.float64)
+      block = x[r, start : start + 128].astype(np.float64)
       amax = np.abs(block).max()
       scale = np.float32(amax / 448.0) if amax > 0 else np.float32(1.0)
       q = (block.astype(np.float32) / scale).astype(ml_dtypes.float8_e4m3fn).astype(np.float64)
-      out[r, start:start + 128] = q * np.float64(scale)
+      out[r, start : start + 128] = q * np.float64(scale)
   return out
 
 
@@ -38,7 +38,7 @@ def test_fp8_rows_match_block_quantisation_and_keep_non_finite():
   got = np.asarray(wire.round_trip(jnp.asarray(x), wire.FP8), np.float64)
   np.testing.assert_allclose(got, _numpy_fp8(x), rtol=1e-6, atol=0)
   assert wire.encode(jnp.asarray(x), wire.FP8).shape == (6, 300 + 4 * 3)
-  assert np.abs(got - x).max() <= np.abs(x).max() * 2 ** -4  # e4m3: 3 mantissa bits
+  assert np.abs(got - x).max() <= np.abs(x).max() * 2**-4  # e4m3: 3 mantissa bits
   bad = x.copy()
   bad[1, 5] = np.inf
   decoded = np.asarray(wire.round_trip(jnp.asarray(bad), wire.FP8))
@@ -47,9 +47,18 @@ def test_fp8_rows_match_block_quantisation_and_keep_non_finite():
 
 
 @pytest.mark.sampled(2)
-@pytest.mark.parametrize("fields", [
-    {}, {"path": "node_first"}, {"schedule": "comet", "num_chunks": 2}, {"esp_schedule": "s1"}, {"dedup": False},
-    {"buffer_factor": 2.0}, {"routing": "node_limited", "num_nodes": 2, "node_top_k": 1}])
+@pytest.mark.parametrize(
+  "fields",
+  [
+    {},
+    {"path": "node_first"},
+    {"schedule": "comet", "num_chunks": 2},
+    {"esp_schedule": "s1"},
+    {"dedup": False},
+    {"buffer_factor": 2.0},
+    {"routing": "node_limited", "num_nodes": 2, "node_top_k": 1},
+  ],
+)
 def test_fp8_dispatch_equals_the_reference_on_quantised_rows(mesh_2x4, fields):
   """FP8 dispatch, float32 combine: the reference whose experts see the quantised rows, to 1e-5 (fp32), gradients
   too; the unquantised reference within e4m3's relative error (2^-4)."""
@@ -69,10 +78,12 @@ def test_fp8_dispatch_equals_the_reference_on_quantised_rows(mesh_2x4, fields):
   rel = lambda a, b: float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
   assert rel(y, y_q) < 1e-5
   for name in ("router", "w_in", "w_out"):
-    assert rel(g[name] if name != "router" else g[name]["kernel"], g_q[name] if name != "router"
-               else g_q[name]["kernel"]) < 1e-4, name
+    assert (
+      rel(g[name] if name != "router" else g[name]["kernel"], g_q[name] if name != "router" else g_q[name]["kernel"])
+      < 1e-4
+    ), name
   y_ref, _ = moe_reference(params, x, cfg, dispatch_groups=groups)
-  assert 1e-3 < rel(y, y_ref) < 2 ** -4  # quantised, within e4m3's bound
+  assert 1e-3 < rel(y, y_ref) < 2**-4  # quantised, within e4m3's bound
 
 
 def test_bf16_combine_rounds_the_results_only(mesh_2x4):
@@ -81,7 +92,7 @@ def test_bf16_combine_rounds_the_results_only(mesh_2x4):
   y, _ = moe_apply(params, x, cfg, mesh_2x4)
   y_ref, _ = moe_reference(params, x, cfg)
   rel = float(jnp.linalg.norm(y - y_ref) / jnp.linalg.norm(y_ref))
-  assert 1e-6 < rel < 2 ** -8  # bf16 rounding of each returned row
+  assert 1e-6 < rel < 2**-8  # bf16 rounding of each returned row
 
 
 def test_non_finite_tokens_are_counted(mesh_2x4):
@@ -112,8 +123,16 @@ def test_lowered_program_moves_fp8_and_bf16_rows(devices, monkeypatch):
   (int32) and the per-slot weights (float32, K columns) are 32-bit."""
   monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
   d = 256
-  cfg = MoEConfig(num_experts=8, top_k=2, d_model=d, d_ff=32, path="node_first", collective="auto",
-                  dispatch_dtype=wire.FP8, combine_dtype="bfloat16")
+  cfg = MoEConfig(
+    num_experts=8,
+    top_k=2,
+    d_model=d,
+    d_ff=32,
+    path="node_first",
+    collective="auto",
+    dispatch_dtype=wire.FP8,
+    combine_dtype="bfloat16",
+  )
   mesh = mesh_lib.make_mesh(2, 4)
   params, x = helpers.random_params(cfg, 11), helpers.normal(12, (8 * 16, d))
 

@@ -22,8 +22,14 @@ pytestmark = pytest.mark.xdist_group("wire_traffic")  # one worker runs the quic
 def quick(tmp_path_factory):
   """(record, stdout) of `python -m experiments.wire_traffic --config.quick=True`."""
   workdir = tmp_path_factory.mktemp("wire")
-  run = subprocess.run([sys.executable, "-m", "experiments.wire_traffic", "--config.quick=True",
-                        f"--workdir={workdir}"], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
+  run = subprocess.run(
+    [sys.executable, "-m", "experiments.wire_traffic", "--config.quick=True", f"--workdir={workdir}"],
+    cwd=ROOT,
+    env=ENV,
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
   assert run.returncode == 0, run.stderr[-3000:]
   return json.loads((workdir / "wire_traffic.json").read_text()), run.stdout
 
@@ -49,7 +55,9 @@ def matrix(entries: dict) -> np.ndarray:
   return out
 
 
-@pytest.mark.parametrize("path,dedup,expected", [
+@pytest.mark.parametrize(
+  "path,dedup,expected",
+  [
     ("flat", True, [{(0, 1): 1, (0, 3): 1, **SELF}]),
     ("flat", False, [{(0, 1): 2, (0, 3): 1, **SELF3}]),
     # node hop: devices 1 and 3 seen from device 0 are node 0 (itself) and node 1 at GPU 0 (device 2)
@@ -58,7 +66,8 @@ def matrix(entries: dict) -> np.ndarray:
     # gpu hop: all three at GPU 1 (device 1), then node hop: node 0 (device 1 itself) and node 1 (device 3)
     ("gpu_first", True, [{(0, 1): 1, **SELF}, {(1, 1): 2, (1, 3): 1, (2, 2): 1, (3, 3): 1}]),
     ("gpu_first", False, [{(0, 1): 3, **SELF3}, {(1, 1): 5, (1, 3): 1, (2, 2): 3, (3, 3): 3}]),
-])
+  ],
+)
 def test_bound_rows_by_hand(path, dedup, expected):
   got = wt.bound_rows(IDS, 12, 4, 2, path_lib.hops(path), dedup=dedup)
   assert got.shape == (len(expected), 4, 4)
@@ -76,8 +85,13 @@ def test_deepep_rows_by_hand():
 def test_quick_covers_meshes_routings_and_paths(quick):
   record, _ = quick
   seen = {(tuple(c["mesh"]), c["routing"], r["path"], r["dedup"]) for c, r in runs(record)}
-  want = {(mesh, routing, path, dedup) for mesh in ((2, 4), (4, 2)) for routing in ("topk", "node_limited")
-          for path in ("flat", "node_first") for dedup in (False, True)}
+  want = {
+    (mesh, routing, path, dedup)
+    for mesh in ((2, 4), (4, 2))
+    for routing in ("topk", "node_limited")
+    for path in ("flat", "node_first")
+    for dedup in (False, True)
+  }
   assert want <= seen
 
 

@@ -17,49 +17,60 @@ from moejax.runtime import platform as platform_lib
 def step_kernels(config, rec: Record) -> bool:
   """moejax.bench.kernels.run, one implementation of one case at a time so that the record grows as it goes."""
   if config.smoke:  # the whole FFN only: the interpreter makes every case cost seconds
-    models, rows, ops = SMOKE_KERNEL_MODELS, [64], ['ffn', 'parts']
+    models, rows, ops = SMOKE_KERNEL_MODELS, [64], ["ffn", "parts"]
   else:
     models, rows = {m: KERNEL_MODELS[m] for m in config.kernel_models}, list(config.kernel_rows)
     ops = config.kernel_ops
   impls = config.kernel_impls
   dtype = jnp.bfloat16
-  rec.data.update(models=models, rows=rows, ops=ops, impls=impls, dtype='bfloat16', warmup=config.kernel_warmup,
-                  iters=config.kernel_iters, interpret=platform_lib.pallas_interprets(jax.devices()[0].platform))
+  rec.data.update(
+    models=models,
+    rows=rows,
+    ops=ops,
+    impls=impls,
+    dtype="bfloat16",
+    warmup=config.kernel_warmup,
+    iters=config.kernel_iters,
+    interpret=platform_lib.pallas_interprets(jax.devices()[0].platform),
+  )
   results = []
-  rec['results'] = results
+  rec["results"] = results
   for name, model in models.items():
     for r in rows:
-      for skew in ('balanced', 'skewed'):
+      for skew in ("balanced", "skewed"):
         for op in ops:
-          if op == 'parts':  # each kernel of the fused FFN alone: where its backward loses
+          if op == "parts":  # each kernel of the fused FFN alone: where its backward loses
             results.extend(kernel_parts.run(name, model, r, skew, dtype, config.kernel_warmup, config.kernel_iters))
             rec.save()
             continue
           for impl in impls:  # both passes of one implementation per call
-            results.extend(kernels.run({name: model}, [r], [skew], [op], [impl], dtype, config.kernel_warmup,
-                                       config.kernel_iters))
+            results.extend(
+              kernels.run({name: model}, [r], [skew], [op], [impl], dtype, config.kernel_warmup, config.kernel_iters)
+            )
             rec.save()
-  rec['summary'] = kernels.summary(results, impls).splitlines()
-  print('\nmedian ms (useful TFLOP/s)\n' + '\n'.join(rec['summary']), flush=True)
-  rec['skipped_cases'] = sum('skipped' in e for e in results)
+  rec["summary"] = kernels.summary(results, impls).splitlines()
+  print("\nmedian ms (useful TFLOP/s)\n" + "\n".join(rec["summary"]), flush=True)
+  rec["skipped_cases"] = sum("skipped" in e for e in results)
   # A case skipped for a missing optional package or device is fine; any error fails the step.
-  failed = [e for e in results if 'error' in e]
-  rec['failed_cases'] = len(failed)
+  failed = [e for e in results if "error" in e]
+  rec["failed_cases"] = len(failed)
   table = backend_table(results, rec)
   path = os.path.join(rec.workdir, BACKEND_TABLE)
-  with open(path, 'w') as f:
+  with open(path, "w") as f:
     json.dump(table, f, indent=1)
-  rec['backend_table'] = path
-  for row in table['shapes']:
-    say(f"fastest moejax backend {row['model']} R={row['rows']} {row['skew']} {row['passes']}: {row['fastest']} "
-        f"({', '.join(f'{k} {v * 1e3:.3f} ms' for k, v in row['candidates_median_s'].items())})")
+  rec["backend_table"] = path
+  for row in table["shapes"]:
+    say(
+      f"fastest moejax backend {row['model']} R={row['rows']} {row['skew']} {row['passes']}: {row['fastest']} "
+      f"({', '.join(f'{k} {v * 1e3:.3f} ms' for k, v in row['candidates_median_s'].items())})"
+    )
   return not failed
 
 
-BACKEND_TABLE = 'backend_table.json'
+BACKEND_TABLE = "backend_table.json"
 
 
 def backend_table(results: list[dict], rec: Record) -> dict:
   """`moejax.cost.expert_backend.table_from_results` of this step's results: what expert_backend='auto' reads."""
-  meta = {k: rec[k] for k in ('device', 'platform', 'dtype', 'smoke', 'versions')}
-  return expert_backend.table_from_results(results, {**meta, 'source': os.path.basename(rec.path)})
+  meta = {k: rec[k] for k in ("device", "platform", "dtype", "smoke", "versions")}
+  return expert_backend.table_from_results(results, {**meta, "source": os.path.basename(rec.path)})

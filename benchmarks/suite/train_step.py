@@ -16,11 +16,12 @@ def _train_run(config, shape: dict, model_cfg, moe_cfg: MoEConfig, mesh) -> dict
   # Imported here: it needs ml_collections, which the other steps do not (a GPU machine may lack it).
   from moejax.study import measure  # pylint: disable=import-outside-toplevel
 
-  timed = measure.time_training_step(model_cfg, moe_cfg, mesh, (1, shape['batch'], shape['seq_len']), 0, config.warmup,
-                                     config.iters)
-  run = {'expert_backend': moe_cfg.expert_backend, 'parameters': timed['parameters'], **timing(timed['times_s'])}
-  run['tokens_per_s'] = shape['batch'] * shape['seq_len'] / run['median_s']
-  run['losses'] = timed['losses']  # the compiling call's, the warm-up calls', then the timed calls'
+  timed = measure.time_training_step(
+    model_cfg, moe_cfg, mesh, (1, shape["batch"], shape["seq_len"]), 0, config.warmup, config.iters
+  )
+  run = {"expert_backend": moe_cfg.expert_backend, "parameters": timed["parameters"], **timing(timed["times_s"])}
+  run["tokens_per_s"] = shape["batch"] * shape["seq_len"] / run["median_s"]
+  run["losses"] = timed["losses"]  # the compiling call's, the warm-up calls', then the timed calls'
   return run
 
 
@@ -29,22 +30,49 @@ def step_train(config, rec: Record):
 
   shape = SMOKE_TRAIN_SHAPE if config.smoke else TRAIN_SHAPE
   dtype = compute_dtype(config)
-  collective = collective_lib.resolve('auto', jax.devices()[0].platform)
+  collective = collective_lib.resolve("auto", jax.devices()[0].platform)
   mesh = mesh_lib.make_mesh(1, 1)
-  model_cfg = ModelConfig(kind='bert', vocab_size=shape['vocab_size'], num_layers=shape['num_layers'],
-                          d_model=shape['d_model'], num_heads=shape['num_heads'], d_ff=shape['d_ff'],
-                          max_len=shape['seq_len'], dropout=0.1, moe_every=2, dtype=dtype)
-  rec.data.update(shape=shape, model='bert', moe_every=2, dtype=dtype, collective=collective, mesh='1x1',
-                  micro_batches=1, tokens_per_step=shape['batch'] * shape['seq_len'], warmup=config.warmup,
-                  iters=config.iters)
+  model_cfg = ModelConfig(
+    kind="bert",
+    vocab_size=shape["vocab_size"],
+    num_layers=shape["num_layers"],
+    d_model=shape["d_model"],
+    num_heads=shape["num_heads"],
+    d_ff=shape["d_ff"],
+    max_len=shape["seq_len"],
+    dropout=0.1,
+    moe_every=2,
+    dtype=dtype,
+  )
+  rec.data.update(
+    shape=shape,
+    model="bert",
+    moe_every=2,
+    dtype=dtype,
+    collective=collective,
+    mesh="1x1",
+    micro_batches=1,
+    tokens_per_step=shape["batch"] * shape["seq_len"],
+    warmup=config.warmup,
+    iters=config.iters,
+  )
   runs = []
-  rec['runs'] = runs
+  rec["runs"] = runs
   for backend in config.train_backends:
-    moe_cfg = MoEConfig(num_experts=shape['num_experts'], top_k=shape['top_k'], d_model=shape['d_model'],
-                        d_ff=shape['d_ff'], collective=collective, expert_backend=backend, activation='gelu',
-                        dtype=dtype)
+    moe_cfg = MoEConfig(
+      num_experts=shape["num_experts"],
+      top_k=shape["top_k"],
+      d_model=shape["d_model"],
+      d_ff=shape["d_ff"],
+      collective=collective,
+      expert_backend=backend,
+      activation="gelu",
+      dtype=dtype,
+    )
     run = _train_run(config, shape, model_cfg, moe_cfg, mesh)
     runs.append(run)
     rec.save()
-    say(f"train step {backend}: {run['median_s'] * 1e3:.3f} ms, {run['tokens_per_s']:.4g} tokens/s, "
-        f"loss {run['losses'][0]:.4g} -> {run['losses'][-1]:.4g}")
+    say(
+      f"train step {backend}: {run['median_s'] * 1e3:.3f} ms, {run['tokens_per_s']:.4g} tokens/s, "
+      f"loss {run['losses'][0]:.4g} -> {run['losses'][-1]:.4g}"
+    )

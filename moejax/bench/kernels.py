@@ -21,21 +21,23 @@ from moejax.kernels import tuning
 
 def _rel_err(ours, ref) -> float:
   """Largest relative norm error over matching leaves (outputs and gradients)."""
+
   def norm(a):
     return float(jnp.linalg.norm(a.astype(jnp.float32)))
+
   errs = [norm(a - b) / norm(b) for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref))]
   return max(errs)
 
 
 # Implementations whose outputs and gradients are compared with ragged_dot's on the same inputs.
-ERROR_CHECKED = ('pallas', 'pallas_saved', 'tokamax', 'fp8')
+ERROR_CHECKED = ("pallas", "pallas_saved", "tokamax", "fp8")
 
 
 def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
   """Timings of one implementation; for ERROR_CHECKED ones also their error against ragged_dot."""
   capacity = int(-(-sizes.max() // 128) * 128)
   params, dy = make_inputs(model, rows, dtype, op, impl)
-  gs = jnp.asarray([rows] if impl == 'dense_gemm' else sizes, jnp.int32)
+  gs = jnp.asarray([rows] if impl == "dense_gemm" else sizes, jnp.int32)
 
   def compiled(fn):
     if not bwd:
@@ -44,18 +46,18 @@ def bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters):
     def fwd_bwd(params, gs):
       y, vjp = jax.vjp(lambda p: fn(p, gs), params)
       return y, vjp(dy.astype(y.dtype))
+
     return jax.jit(fwd_bwd)
 
   jitted = compiled(make_fn(impl, op, model, capacity))
   times = tuning.time_call(jitted, (params, gs), warmup, iters)
   median = statistics.median(times)
-  entry = dict(times_s=times, median_s=median,
-               tflops=useful_flops(model, rows, op, bwd) / median / 1e12)
-  if impl == 'dense_capacity':
-    entry['capacity'] = capacity
+  entry = dict(times_s=times, median_s=median, tflops=useful_flops(model, rows, op, bwd) / median / 1e12)
+  if impl == "dense_capacity":
+    entry["capacity"] = capacity
   if impl in ERROR_CHECKED:
-    ref = compiled(make_fn('ragged_dot', op, model, capacity))(params, gs)
-    entry['rel_err_vs_ragged_dot'] = _rel_err(jitted(params, gs), ref)
+    ref = compiled(make_fn("ragged_dot", op, model, capacity))(params, gs)
+    entry["rel_err_vs_ragged_dot"] = _rel_err(jitted(params, gs), ref)
   return entry
 
 
@@ -66,27 +68,35 @@ def run(models, rows_list, skews, ops, impls, dtype, warmup, iters) -> list[dict
   for name, model in models.items():
     for rows in rows_list:
       for skew in skews:
-        sizes = group_sizes(rows, model['experts'], skew)
+        sizes = group_sizes(rows, model["experts"], skew)
         for op in ops:
-          if op == 'parts':  # each kernel of the fused FFN alone (implementation 'pallas' only)
+          if op == "parts":  # each kernel of the fused FFN alone (implementation 'pallas' only)
             results.extend(kernel_parts.run(name, model, rows, skew, dtype, warmup, iters))
             continue
           for bwd in (False, True):
             for impl in impls:
-              entry = dict(model=name, **model, rows=rows, skew=skew, group_sizes=sizes.tolist(),
-                           op=op, passes='fwd_bwd' if bwd else 'fwd', impl=impl,
-                           useful_flops=useful_flops(model, rows, op, bwd))
+              entry = dict(
+                model=name,
+                **model,
+                rows=rows,
+                skew=skew,
+                group_sizes=sizes.tolist(),
+                op=op,
+                passes="fwd_bwd" if bwd else "fwd",
+                impl=impl,
+                useful_flops=useful_flops(model, rows, op, bwd),
+              )
               skipped = unavailable(impl, dtype)
               try:
                 if skipped:
-                  entry['skipped'] = skipped
-                elif impl == 'torch_grouped_mm':
+                  entry["skipped"] = skipped
+                elif impl == "torch_grouped_mm":
                   entry.update(torch_ffn.bench_one(op, bwd, model, rows, sizes, warmup, iters))
                 else:
                   entry.update(bench_one(impl, op, bwd, model, rows, sizes, dtype, warmup, iters))
               except Exception as e:  # pylint: disable=broad-except
-                entry['error'] = f'{type(e).__name__}: {e}'.splitlines()[0][:300]
-                if impl != 'tokamax':
+                entry["error"] = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+                if impl != "tokamax":
                   traceback.print_exc()
               results.append(entry)
               print(_row(entry), flush=True)
@@ -94,25 +104,31 @@ def run(models, rows_list, skews, ops, impls, dtype, warmup, iters) -> list[dict
 
 
 def _row(e):
-  err = next((f'  rel err {e[k]:.1e}' for k in ('rel_err_vs_ragged_dot', 'rel_err_vs_loop') if k in e), '')
-  timing = (f"{e['median_s'] * 1e3:10.3f} ms {e['tflops']:8.3g} TFLOP/s{err}" if 'median_s' in e
-            else f"  skipped: {e['skipped'][:60]}" if 'skipped' in e
-            else f"  {e['error'][:60]}")
-  return (f"{e['model']:14s} R={e['rows']:6d} {e['skew']:8s} {e['op']:4s} {e['passes']:7s} "
-          f"{e['impl']:15s}{timing}")
+  err = next((f"  rel err {e[k]:.1e}" for k in ("rel_err_vs_ragged_dot", "rel_err_vs_loop") if k in e), "")
+  timing = (
+    f"{e['median_s'] * 1e3:10.3f} ms {e['tflops']:8.3g} TFLOP/s{err}"
+    if "median_s" in e
+    else f"  skipped: {e['skipped'][:60]}"
+    if "skipped" in e
+    else f"  {e['error'][:60]}"
+  )
+  return f"{e['model']:14s} R={e['rows']:6d} {e['skew']:8s} {e['op']:4s} {e['passes']:7s} {e['impl']:15s}{timing}"
 
 
 def summary(results, impls) -> str:
   """One line per case: median ms (TFLOP/s) of every implementation side by side."""
   cases = {}
   for e in results:
-    if e['op'] == 'parts':
+    if e["op"] == "parts":
       continue
-    key = (e['model'], e['rows'], e['skew'], e['op'], e['passes'])
-    cases.setdefault(key, {})[e['impl']] = (
-        f"{e['median_s'] * 1e3:9.3f} ({e['tflops']:6.3g})" if 'median_s' in e else f"{'-':>18s}")
-  lines = [f"{'case':44s}" + ''.join(f'{impl:>19s}' for impl in impls)]
+    key = (e["model"], e["rows"], e["skew"], e["op"], e["passes"])
+    cases.setdefault(key, {})[e["impl"]] = (
+      f"{e['median_s'] * 1e3:9.3f} ({e['tflops']:6.3g})" if "median_s" in e else f"{'-':>18s}"
+    )
+  lines = [f"{'case':44s}" + "".join(f"{impl:>19s}" for impl in impls)]
   for (model, rows, skew, op, passes), by_impl in cases.items():
-    lines.append(f'{model:14s} {rows:6d} {skew:8s} {op:4s} {passes:7s}' +
-                 ''.join(f' {by_impl.get(impl, "-"):>18s}' for impl in impls))
-  return '\n'.join(lines)
+    lines.append(
+      f"{model:14s} {rows:6d} {skew:8s} {op:4s} {passes:7s}"
+      + "".join(f" {by_impl.get(impl, '-'):>18s}" for impl in impls)
+    )
+  return "\n".join(lines)

@@ -54,9 +54,13 @@ def fit_terms(features, times, names) -> Fit:
   solution, *_ = np.linalg.lstsq(weighted / scale, np.ones_like(times), rcond=None)
   coefficients = solution / scale
   residuals = times - features @ coefficients
-  return Fit(names=tuple(names), coefficients=tuple(map(float, coefficients)),
-             residuals_s=tuple(map(float, residuals)), relative_residuals=tuple(map(float, residuals / times)),
-             dof=points - terms)
+  return Fit(
+    names=tuple(names),
+    coefficients=tuple(map(float, coefficients)),
+    residuals_s=tuple(map(float, residuals)),
+    relative_residuals=tuple(map(float, residuals / times)),
+    dof=points - terms,
+  )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,8 +76,7 @@ class LatencyBandwidth:
     return bool(self.latency_s >= 0 and np.isfinite(self.bandwidth))
 
   def as_dict(self) -> dict:
-    return dict(latency_s=self.latency_s, bandwidth=self.bandwidth, physical=self.physical,
-                fit=self.fit.as_dict())
+    return dict(latency_s=self.latency_s, bandwidth=self.bandwidth, physical=self.physical, fit=self.fit.as_dict())
 
 
 def fit_latency_bandwidth(sizes_bytes, times_s) -> LatencyBandwidth:

@@ -59,8 +59,7 @@ def all_to_all(bytes_AxA: np.ndarray, group_AxA: np.ndarray, m: int, topology: T
   group_AxA = np.asarray(group_AxA, bool)
   num_devices = bytes_AxA.shape[0]
   if bytes_AxA.shape != (num_devices, num_devices) or group_AxA.shape != bytes_AxA.shape or num_devices % m:
-    raise ValueError(f"traffic {bytes_AxA.shape} and group {group_AxA.shape} must be [A, A] with A a "
-                     f"multiple of m={m}")
+    raise ValueError(f"traffic {bytes_AxA.shape} and group {group_AxA.shape} must be [A, A] with A a multiple of m={m}")
   if np.any(bytes_AxA[~group_AxA] != 0):
     s, p = np.argwhere((bytes_AxA != 0) & ~group_AxA)[0]
     raise ValueError(f"traffic from device {s} to device {p}, which do not exchange in this hop")
@@ -85,17 +84,25 @@ def all_to_all(bytes_AxA: np.ndarray, group_AxA: np.ndarray, m: int, topology: T
   bandwidth_s = max(nic_bytes / topology["nic_bw"], gpu_bytes / topology["intra_bw"])
 
   launch_s = topology["launch"]
-  return ExchangeCost(time_s=launch_s + float(latency_A[slowest]) + bandwidth_s, launch_s=launch_s,
-                      latency_s=float(latency_A[slowest]), bandwidth_s=bandwidth_s,
-                      messages_inter=int(inter_msgs_A[slowest]), messages_intra=int(intra_msgs_A[slowest]),
-                      nic_bytes=nic_bytes, intra_bytes=gpu_bytes, crosses_nodes=bool(inter_msgs_A.any()))
+  return ExchangeCost(
+    time_s=launch_s + float(latency_A[slowest]) + bandwidth_s,
+    launch_s=launch_s,
+    latency_s=float(latency_A[slowest]),
+    bandwidth_s=bandwidth_s,
+    messages_inter=int(inter_msgs_A[slowest]),
+    messages_intra=int(intra_msgs_A[slowest]),
+    nic_bytes=nic_bytes,
+    intra_bytes=gpu_bytes,
+    crosses_nodes=bool(inter_msgs_A.any()),
+  )
 
 
 RING_KINDS = ("all_gather", "reduce_scatter", "all_reduce")
 
 
-def ring(kind: str, buffer_bytes: float, nodes: int, gpus: int, topology: Topology,
-         concurrent: int = 1) -> ExchangeCost:
+def ring(
+  kind: str, buffer_bytes: float, nodes: int, gpus: int, topology: Topology, concurrent: int = 1
+) -> ExchangeCost:
   """A ring collective over `nodes` x `gpus` devices (gpus per node in the group).
 
   buffer_bytes: the full buffer (all-gather output, reduce-scatter input, all-reduce buffer).
@@ -114,7 +121,14 @@ def ring(kind: str, buffer_bytes: float, nodes: int, gpus: int, topology: Topolo
   link_bw = topology["intra_bw"] if nodes == 1 else min(topology["intra_bw"], topology["nic_bw"] / concurrent)
   bandwidth_s = edge_bytes / link_bw
   launch_s = topology["launch"]
-  return ExchangeCost(time_s=launch_s + latency_s + bandwidth_s, launch_s=launch_s, latency_s=latency_s,
-                      bandwidth_s=bandwidth_s, messages_inter=inter_steps, messages_intra=steps - inter_steps,
-                      nic_bytes=edge_bytes * concurrent if nodes > 1 else 0.0,
-                      intra_bytes=edge_bytes if gpus > 1 else 0.0, crosses_nodes=nodes > 1)
+  return ExchangeCost(
+    time_s=launch_s + latency_s + bandwidth_s,
+    launch_s=launch_s,
+    latency_s=latency_s,
+    bandwidth_s=bandwidth_s,
+    messages_inter=inter_steps,
+    messages_intra=steps - inter_steps,
+    nic_bytes=edge_bytes * concurrent if nodes > 1 else 0.0,
+    intra_bytes=edge_bytes if gpus > 1 else 0.0,
+    crosses_nodes=nodes > 1,
+  )

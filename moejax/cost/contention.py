@@ -44,8 +44,12 @@ class Block:
   def __post_init__(self):
     for field in dataclasses.fields(self):
       value = getattr(self, field.name)
-      require(is_number(value) and math.isfinite(value) and value >= 0, f"Block.{field.name}", value,
-              "a finite number of seconds >= 0")
+      require(
+        is_number(value) and math.isfinite(value) and value >= 0,
+        f"Block.{field.name}",
+        value,
+        "a finite number of seconds >= 0",
+      )
 
 
 @dataclasses.dataclass(frozen=True)

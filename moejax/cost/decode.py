@@ -19,8 +19,9 @@ from moejax.validation import is_int, is_number, require
 MODES = ("vanilla", "exflow")
 
 
-def uniform_exchange_bytes(in_node_rows: float, cross_node_rows: float, nodes: int, gpus: int,
-                           bytes_per_row: float) -> np.ndarray:
+def uniform_exchange_bytes(
+  in_node_rows: float, cross_node_rows: float, nodes: int, gpus: int, bytes_per_row: float
+) -> np.ndarray:
   """[A, A] bytes of one exchange whose in-node and cross-node rows spread evenly over their pairs."""
   devices = nodes * gpus
   cross, inside = mesh_lib.pair_masks(devices, gpus)
@@ -32,8 +33,16 @@ def uniform_exchange_bytes(in_node_rows: float, cross_node_rows: float, nodes: i
   return out
 
 
-def decode_step(mode: str, exchange_rows: dict, batch: int, moe_layers: int, mesh_shape, bytes_per_row: float,
-                state_bytes: float, topology: Topology) -> dict:
+def decode_step(
+  mode: str,
+  exchange_rows: dict,
+  batch: int,
+  moe_layers: int,
+  mesh_shape,
+  bytes_per_row: float,
+  state_bytes: float,
+  topology: Topology,
+) -> dict:
   """Seconds of one decode step's communication: {'exchange_s', 'allgather_s', 'total_s', 'exchanges'}.
 
   exchange_rows: {'intra_node', 'inter_node'} rows per generated token (all MoE layers);
@@ -45,16 +54,27 @@ def decode_step(mode: str, exchange_rows: dict, batch: int, moe_layers: int, mes
   for name, value in (("bytes_per_row", bytes_per_row), ("state_bytes", state_bytes)):
     require(is_number(value) and value >= 0, name, value, "a number >= 0")
   nodes, gpus = mesh_shape
-  require(gpus <= topology["gpus_per_node"], "mesh_shape", mesh_shape,
-          f"at most {topology['gpus_per_node']:g} GPUs per node on {topology.name}")
+  require(
+    gpus <= topology["gpus_per_node"],
+    "mesh_shape",
+    mesh_shape,
+    f"at most {topology['gpus_per_node']:g} GPUs per node on {topology.name}",
+  )
   exchanges = moe_layers * (2 if mode == "vanilla" else 1)
   per_exchange = {k: exchange_rows[k] * batch / exchanges for k in ("intra_node", "inter_node")}
-  bytes_AxA = uniform_exchange_bytes(per_exchange["intra_node"], per_exchange["inter_node"], nodes, gpus,
-                                     bytes_per_row)
+  bytes_AxA = uniform_exchange_bytes(per_exchange["intra_node"], per_exchange["inter_node"], nodes, gpus, bytes_per_row)
   everyone = np.ones(bytes_AxA.shape, bool)
   one = collectives.all_to_all(bytes_AxA, everyone, gpus, topology)
-  gather = (collectives.ring("all_gather", batch * state_bytes, nodes, gpus, topology) if mode == "exflow"
-            else collectives.NOTHING)
+  gather = (
+    collectives.ring("all_gather", batch * state_bytes, nodes, gpus, topology)
+    if mode == "exflow"
+    else collectives.NOTHING
+  )
   exchange_s = exchanges * one.time_s
-  return {"exchange_s": exchange_s, "allgather_s": gather.time_s, "total_s": exchange_s + gather.time_s,
-          "exchanges": exchanges, "one_exchange": one.as_dict()}
+  return {
+    "exchange_s": exchange_s,
+    "allgather_s": gather.time_s,
+    "total_s": exchange_s + gather.time_s,
+    "exchanges": exchanges,
+    "one_exchange": one.as_dict(),
+  }

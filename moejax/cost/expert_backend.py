@@ -43,8 +43,9 @@ def table_from_results(results: list[dict], meta: dict) -> dict:
     if e["op"] != "ffn":
       continue
     key = tuple(e[k] for k in SHAPE_KEYS)
-    row = rows.setdefault(key, {**dict(zip(SHAPE_KEYS, key)), "candidates_median_s": {}, "references_median_s": {},
-                                "not_measured": {}})
+    row = rows.setdefault(
+      key, {**dict(zip(SHAPE_KEYS, key)), "candidates_median_s": {}, "references_median_s": {}, "not_measured": {}}
+    )
     if "median_s" not in e:
       row["not_measured"][e["impl"]] = e.get("skipped") or e.get("error")
     elif e["impl"] in CANDIDATES:
@@ -57,12 +58,18 @@ def table_from_results(results: list[dict], meta: dict) -> dict:
       if name not in candidates:
         row["not_measured"].setdefault(name, "not run")
     row["fastest"] = min(candidates, key=candidates.get) if candidates else None
-  return {**meta, "op": "ffn", "candidates": list(CANDIDATES),
-          "note": ("pallas = expert_backend='pallas' (the fused FFN, recomputing the hidden pre-activations in the "
-                   "backward); pallas_saved = the fused FFN keeping its pre-activations for the backward; "
-                   "pallas_unfused = expert_backend='pallas_unfused' (separate Pallas gmm calls, the hidden "
-                   "activations kept for the backward); medians of the timed calls"),
-          "shapes": list(rows.values())}
+  return {
+    **meta,
+    "op": "ffn",
+    "candidates": list(CANDIDATES),
+    "note": (
+      "pallas = expert_backend='pallas' (the fused FFN, recomputing the hidden pre-activations in the "
+      "backward); pallas_saved = the fused FFN keeping its pre-activations for the backward; "
+      "pallas_unfused = expert_backend='pallas_unfused' (separate Pallas gmm calls, the hidden "
+      "activations kept for the backward); medians of the timed calls"
+    ),
+    "shapes": list(rows.values()),
+  }
 
 
 def device_key(device_kind: str) -> str:
@@ -74,6 +81,7 @@ def device_key(device_kind: str) -> str:
 @dataclasses.dataclass(frozen=True)
 class FFNShape:
   """One device's expert FFN call in a layer: `experts` groups of d x f weights over `rows` routed rows."""
+
   d: int
   f: int
   experts: int
@@ -91,16 +99,25 @@ def layer_shape(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> 
   experts = cfg.slots_per_device or cfg.num_experts // holders
   sharded = cfg.esp_schedule is not None
   rows = tokens * cfg.choices_per_token // (nodes * gpus_per_node) * (gpus_per_node if sharded else 1)
-  return FFNShape(cfg.d_model, cfg.d_ff // gpus_per_node if sharded else cfg.d_ff, experts, max(rows, 1), cfg.gated,
-                  cfg.activation, cfg.dtype)
+  return FFNShape(
+    cfg.d_model,
+    cfg.d_ff // gpus_per_node if sharded else cfg.d_ff,
+    experts,
+    max(rows, 1),
+    cfg.gated,
+    cfg.activation,
+    cfg.dtype,
+  )
 
 
 def measure_command(shape: FFNShape) -> str:
   """How to measure `shape` on the device at hand, for a table expert_table can name."""
-  return (f"`python -m experiments.bench_kernels --config.shape={shape.d},{shape.f},{shape.experts},"
-          f"{int(shape.gated)},{shape.activation} --config.rows={shape.rows} --config.ops=ffn --config.dtype={shape.dtype} "
-          "--config.backend_table=True --workdir=DIR` on this device and set expert_table='DIR/backend_table.json', or "
-          "name a backend")
+  return (
+    f"`python -m experiments.bench_kernels --config.shape={shape.d},{shape.f},{shape.experts},"
+    f"{int(shape.gated)},{shape.activation} --config.rows={shape.rows} --config.ops=ffn --config.dtype={shape.dtype} "
+    "--config.backend_table=True --workdir=DIR` on this device and set expert_table='DIR/backend_table.json', or "
+    "name a backend"
+  )
 
 
 def load_table(source: str | None, device_kind: str, shape: FFNShape) -> tuple[dict, str]:
@@ -110,15 +127,27 @@ def load_table(source: str | None, device_kind: str, shape: FFNShape) -> tuple[d
   if not os.path.exists(path):
     shipped = sorted(n[:-5] for n in os.listdir(TABLES_DIR) if n.endswith(".json"))
     raise ConfigError(
-        f"expert_backend='auto' needs a table measured on this device kind ({device_kind!r}): "
-        + (f"expert_table={source!r} does not exist" if source else
-           f"moejax ships tables for {shipped}, not {device_key(device_kind)!r}") + "; measure the layer's shape "
-        "with " + measure_command(shape), "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
+      f"expert_backend='auto' needs a table measured on this device kind ({device_kind!r}): "
+      + (
+        f"expert_table={source!r} does not exist"
+        if source
+        else f"moejax ships tables for {shipped}, not {device_key(device_kind)!r}"
+      )
+      + "; measure the layer's shape "
+      "with " + measure_command(shape),
+      "expert_backend",
+      "auto",
+      f"one of {CANDIDATES} or 'dense'",
+    )
   with open(path) as f:
     table = json.load(f)
   if device_key(table.get("device", "")) != device_key(device_kind):
-    raise ConfigError(f"expert table {path} was measured on {table.get('device')!r}, this is {device_kind!r}: a "
-                      "ranking does not carry over between devices", "expert_table", source)
+    raise ConfigError(
+      f"expert table {path} was measured on {table.get('device')!r}, this is {device_kind!r}: a "
+      "ranking does not carry over between devices",
+      "expert_table",
+      source,
+    )
   return table, path
 
 
@@ -131,19 +160,30 @@ def choose(table: dict, shape: FFNShape, passes: str, allowed: tuple = CANDIDATE
   dtype = table.get("dtype")
   want = {k: getattr(shape, k) for k in MATCH_KEYS}
   timed = lambda r: {k: v for k, v in r["candidates_median_s"].items() if k in allowed}
-  rows = [r for r in table["shapes"] if r["passes"] == passes and r["skew"] == "balanced" and timed(r)
-          and all(r[k] == v for k, v in want.items())]
+  rows = [
+    r
+    for r in table["shapes"]
+    if r["passes"] == passes and r["skew"] == "balanced" and timed(r) and all(r[k] == v for k, v in want.items())
+  ]
   measured = sorted({tuple(r[k] for k in MATCH_KEYS) + (r["rows"],) for r in table["shapes"]})
   how = "measure it with " + measure_command(shape)
   if dtype != shape.dtype or not rows:
-    raise ConfigError(f"expert_backend='auto': no {passes} measurement in {shape.dtype} at the layer's per-device FFN "
-                      f"shape {want} (the table has {dtype} at (d, f, experts, gated, activation, rows) = {measured}); "
-                      + how, "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
+    raise ConfigError(
+      f"expert_backend='auto': no {passes} measurement in {shape.dtype} at the layer's per-device FFN "
+      f"shape {want} (the table has {dtype} at (d, f, experts, gated, activation, rows) = {measured}); " + how,
+      "expert_backend",
+      "auto",
+      f"one of {CANDIDATES} or 'dense'",
+    )
   row = min(rows, key=lambda r: abs(math.log(r["rows"] / shape.rows)))
   if max(row["rows"], shape.rows) / min(row["rows"], shape.rows) > MAX_ROWS_RATIO:
-    raise ConfigError(f"expert_backend='auto': the layer computes {shape.rows} rows per device, the nearest "
-                      f"measurement at its shape {want} has {row['rows']} (more than {MAX_ROWS_RATIO:g}x apart); "
-                      + how, "expert_backend", "auto", f"one of {CANDIDATES} or 'dense'")
+    raise ConfigError(
+      f"expert_backend='auto': the layer computes {shape.rows} rows per device, the nearest "
+      f"measurement at its shape {want} has {row['rows']} (more than {MAX_ROWS_RATIO:g}x apart); " + how,
+      "expert_backend",
+      "auto",
+      f"one of {CANDIDATES} or 'dense'",
+    )
   return min(timed(row), key=timed(row).get), row
 
 
@@ -159,7 +199,17 @@ def resolve(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, passes: str = 
   table, path = load_table(cfg.expert_table, device_kind, shape)
   runs = tuple(c for c in CANDIDATES if c not in FUSED or cfg.fused_ffn_refusal is None)  # biases, clamped SwiGLU
   backend, row = choose(table, shape, passes, runs)
-  times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in sorted(row["candidates_median_s"].items(), key=lambda kv: kv[1]))
-  logging.info("expert_backend='auto' -> %r for %s (%s, %d rows measured; %s; not measured: %s) from %s", backend,
-               shape, passes, row["rows"], times, sorted(row["not_measured"]) or "none", path)
+  times = ", ".join(
+    f"{k} {v * 1e3:.3f} ms" for k, v in sorted(row["candidates_median_s"].items(), key=lambda kv: kv[1])
+  )
+  logging.info(
+    "expert_backend='auto' -> %r for %s (%s, %d rows measured; %s; not measured: %s) from %s",
+    backend,
+    shape,
+    passes,
+    row["rows"],
+    times,
+    sorted(row["not_measured"]) or "none",
+    path,
+  )
   return dataclasses.replace(cfg, expert_backend=backend)

@@ -77,8 +77,9 @@ class Calibration:
     return nodes > self.nodes or gpus_per_node > self.gpus_per_node
 
 
-def fit_topology(exchanges: list[Exchange], base: topology_lib.Topology, name: str) -> tuple[topology_lib.Topology,
-                                                                                              dict]:
+def fit_topology(
+  exchanges: list[Exchange], base: topology_lib.Topology, name: str
+) -> tuple[topology_lib.Topology, dict]:
   """`base` with the TERMS the one-axis `exchanges` determine replaced by 'fitted' Params (value, residual and
   the record `name` in their source); returns it and the fit: {'values': {term: value}, 'fitted': terms fitted,
   'relative_residuals', 'rms_relative' (of the fitted exchanges), 'held_out': [{axis, nodes, gpus_per_node,
@@ -98,24 +99,41 @@ def fit_topology(exchanges: list[Exchange], base: topology_lib.Topology, name: s
   coefficients = np.zeros(len(TERMS))
   coefficients[active] = solution / scale
   relative = (times - features @ coefficients) / times
-  rms = float(np.sqrt(np.mean(relative ** 2)))
+  rms = float(np.sqrt(np.mean(relative**2)))
   values = {TERMS[i]: float(coefficients[i]) for i in active}
   for term in ("intra_bw", "nic_bw"):  # fitted as seconds per byte
     if term in values:
       values[term] = 1.0 / values[term] if values[term] > 0 else float("inf")
-  source = (f"fitted: non-negative least squares on {len(fitted_on)} one-axis all-to-alls timed in {name} "
-            f"(rms relative residual {rms:.1%})")
+  source = (
+    f"fitted: non-negative least squares on {len(fitted_on)} one-axis all-to-alls timed in {name} "
+    f"(rms relative residual {rms:.1%})"
+  )
   params = {term: topology_lib.Param(value, source, "fitted") for term, value in values.items()}
   if 0 not in active:
-    params["launch"] = topology_lib.Param(0.0, f"fitted: 0, folded into the per-message latencies ({name} times "
-                                          "one group size per axis: the two are not separable)", "fitted")
+    params["launch"] = topology_lib.Param(
+      0.0,
+      f"fitted: 0, folded into the per-message latencies ({name} times "
+      "one group size per axis: the two are not separable)",
+      "fitted",
+    )
     values["launch"] = 0.0
   topology = topology_lib.custom(base, name=f"{base.name}+fitted", **params)
-  held_out = [dict(axis=e.axis, nodes=e.nodes, gpus_per_node=e.gpus_per_node, rows_per_peer=e.rows_per_peer,
-                   measured_s=e.median_s, model_s=e.cost(topology).time_s,
-                   error=e.cost(topology).time_s / e.median_s - 1.0) for e in exchanges if e.axis == "both"]
-  return topology, dict(values=values, fitted=sorted(values), relative_residuals=relative.tolist(),
-                        rms_relative=rms, held_out=held_out)
+  held_out = [
+    dict(
+      axis=e.axis,
+      nodes=e.nodes,
+      gpus_per_node=e.gpus_per_node,
+      rows_per_peer=e.rows_per_peer,
+      measured_s=e.median_s,
+      model_s=e.cost(topology).time_s,
+      error=e.cost(topology).time_s / e.median_s - 1.0,
+    )
+    for e in exchanges
+    if e.axis == "both"
+  ]
+  return topology, dict(
+    values=values, fitted=sorted(values), relative_residuals=relative.tolist(), rms_relative=rms, held_out=held_out
+  )
 
 
 def exchanges_from_bench(record: dict) -> list[Exchange]:
@@ -125,9 +143,11 @@ def exchanges_from_bench(record: dict) -> list[Exchange]:
   n, m = record["mesh"]
   row_bytes = record["d"] * np.dtype(record["dtype"]).itemsize
   per_peer = {"flat": ("both" if n > 1 else "gpu", 1), "node_a2a": ("node", m)}
-  return [Exchange(per_peer[r["variant"]][0], n, m, r["rows_per_peer"] * per_peer[r["variant"]][1], row_bytes,
-                   r["median_s"])
-          for r in record["results"] if r["variant"] in per_peer and "median_s" in r]
+  return [
+    Exchange(per_peer[r["variant"]][0], n, m, r["rows_per_peer"] * per_peer[r["variant"]][1], row_bytes, r["median_s"])
+    for r in record["results"]
+    if r["variant"] in per_peer and "median_s" in r
+  ]
 
 
 def layer_terms(layer: dict, name: str) -> tuple[tuple[float, str], phases.RowCost | None]:
@@ -135,9 +155,11 @@ def layer_terms(layer: dict, name: str) -> tuple[tuple[float, str], phases.RowCo
   its expert FLOPs over its expert FFN's time, and its remainder over its routed rows' bytes (None where the
   remainder is not positive: the timed phases took the whole layer)."""
   flops = float(cost_model.expert_flops(layer["rows"], layer["d_model"], layer["d_ff"], layer["gated"]))
-  rate = (flops / (layer["layer_expert_ms"] * 1e-3),
-          f"measured: {name} expert FFN of {layer['rows']} rows at d {layer['d_model']}, f {layer['d_ff']} on "
-          f"{layer['device']}")
+  rate = (
+    flops / (layer["layer_expert_ms"] * 1e-3),
+    f"measured: {name} expert FFN of {layer['rows']} rows at d {layer['d_model']}, f {layer['d_ff']} on "
+    f"{layer['device']}",
+  )
   other_s = layer["layer_other_ms"] * 1e-3
   if other_s <= 0:
     return rate, None

@@ -72,19 +72,32 @@ def expert_flops(rows, d_model: int, d_ff: int, gated: bool = False):
   return (3 if gated else 2) * matmul_flops(rows, d_model, d_ff)
 
 
-def non_moe_flops(tokens: int, seq_len: int, d_model: int, d_ff: int, layers: int, moe_layers: int, vocab: int,
-                  gated: bool = False, predicted: int | None = None) -> float:
+def non_moe_flops(
+  tokens: int,
+  seq_len: int,
+  d_model: int,
+  d_ff: int,
+  layers: int,
+  moe_layers: int,
+  vocab: int,
+  gated: bool = False,
+  predicted: int | None = None,
+) -> float:
   """Forward FLOPs per device of a micro batch of `tokens` tokens outside the MoE layers: attention
   projections (8 d^2 per token) and scores (4 seq d), the dense FFNs of the layers - moe_layers
   other blocks, and the vocabulary projection (2 d vocab) on `predicted` tokens (None: all; a
   BERT-style MLM head that runs on the masked positions only: those)."""
   predicted = tokens if predicted is None else predicted
-  return (tokens * layers * (8 * d_model ** 2 + 4 * seq_len * d_model) + predicted * 2 * d_model * vocab
-          + (layers - moe_layers) * float(expert_flops(tokens, d_model, d_ff, gated)))
+  return (
+    tokens * layers * (8 * d_model**2 + 4 * seq_len * d_model)
+    + predicted * 2 * d_model * vocab
+    + (layers - moe_layers) * float(expert_flops(tokens, d_model, d_ff, gated))
+  )
 
 
-def training_step_s(non_moe_flops: float, rate: float, moe_layer: Breakdown, moe_layers: int, accumulation: int,
-                    sync_s: float) -> float:
+def training_step_s(
+  non_moe_flops: float, rate: float, moe_layer: Breakdown, moe_layers: int, accumulation: int, sync_s: float
+) -> float:
   """Seconds of one optimizer step on a GPU: `accumulation` micro batches, each the forward and
   backward of the non-MoE FLOPs at `rate` (x3: a matmul's backward costs two) and of every MoE layer
   (`moe_layer`: priced with backward=True), then the gradient sync (`collectives.ring`)."""
@@ -97,8 +110,7 @@ def default_rate(topology: Topology) -> tuple[float, str]:
   return peak.value * eff.value, f"{peak.kind} peak {peak.value / 1e12:g} TFLOP/s x {eff.kind} efficiency {eff.value:g}"
 
 
-def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm",
-                  name: str | None = None) -> tuple[float, str]:
+def measured_rate(path, field: str = "tflops", impl: str = "dense_gemm", name: str | None = None) -> tuple[float, str]:
   """(FLOP/s, source) from a benchmark JSON: its top-level `field` (TFLOP/s) if present, else the
   largest `field` among its `results` entries whose 'impl' is `impl` (experiments/bench_kernels.py).
   `name`: the file as the source names it (default: `path`)."""
@@ -119,35 +131,52 @@ def as_row_bytes(bytes_per_row: "float | RowBytes") -> RowBytes:
   return bytes_per_row if isinstance(bytes_per_row, RowBytes) else RowBytes.uniform(float(bytes_per_row))
 
 
-def price_hops(traffic_rows, hops, mesh_shape, bytes_per_row: float,
-               topology: Topology) -> tuple[collectives.ExchangeCost, ...]:
+def price_hops(
+  traffic_rows, hops, mesh_shape, bytes_per_row: float, topology: Topology
+) -> tuple[collectives.ExchangeCost, ...]:
   """The dispatch exchange of every hop: traffic_rows [hops, A, A] (rows s -> p), hops: the hop axes."""
   traffic_rows = np.asarray(traffic_rows)
   n, m = mesh_shape
   if traffic_rows.ndim != 3 or traffic_rows.shape[1:] != (n * m, n * m) or len(hops) != traffic_rows.shape[0]:
-    raise ValueError(f"traffic_rows {traffic_rows.shape} must be [hops={len(hops)}, {n * m}, {n * m}] "
-                     f"for mesh {mesh_shape}")
+    raise ValueError(
+      f"traffic_rows {traffic_rows.shape} must be [hops={len(hops)}, {n * m}, {n * m}] for mesh {mesh_shape}"
+    )
   if m > topology["gpus_per_node"]:
     raise ValueError(f"mesh has {m} GPUs per node; topology {topology.name} has {topology['gpus_per_node']:g}")
-  return tuple(collectives.all_to_all(rows * bytes_per_row, mesh_lib.same_group(hop, n, m), m, topology)
-               for rows, hop in zip(traffic_rows, hops))
+  return tuple(
+    collectives.all_to_all(rows * bytes_per_row, mesh_lib.same_group(hop, n, m), m, topology)
+    for rows, hop in zip(traffic_rows, hops)
+  )
 
 
-def price_exchanges(traffic_rows, hops, mesh_shape, bytes_per_row: "float | RowBytes", topology: Topology,
-                    backward: bool = False) -> tuple[tuple[collectives.ExchangeCost, ...], ...]:
+def price_exchanges(
+  traffic_rows, hops, mesh_shape, bytes_per_row: "float | RowBytes", topology: Topology, backward: bool = False
+) -> tuple[tuple[collectives.ExchangeCost, ...], ...]:
   """Every exchange of the layer, one tuple per pass (the forward; with `backward`, then the backward): the
   dispatch of every hop at the pass's dispatch bytes per row, then the combine (the rows transposed, hops in
   reverse order) at its combine bytes (`RowBytes.passes`). traffic_rows [hops, A, A] as `price_hops` takes it."""
   rows = np.asarray(traffic_rows)
   back = np.swapaxes(rows, 1, 2)[::-1]
-  return tuple(price_hops(rows, hops, mesh_shape, wire.dispatch, topology)
-               + price_hops(back, hops[::-1], mesh_shape, wire.combine, topology)
-               for wire in as_row_bytes(bytes_per_row).passes(backward))
+  return tuple(
+    price_hops(rows, hops, mesh_shape, wire.dispatch, topology)
+    + price_hops(back, hops[::-1], mesh_shape, wire.combine, topology)
+    for wire in as_row_bytes(bytes_per_row).passes(backward)
+  )
 
 
-def price_from_traffic(traffic_rows, hops, mesh_shape, bytes_per_row: "float | RowBytes", flops, topology: Topology,
-                       device_rate: float | tuple[float, str] | None = None, *, other_flops: float = 0.0,
-                       non_expert_s: float = 0.0, backward: bool = False) -> Breakdown:
+def price_from_traffic(
+  traffic_rows,
+  hops,
+  mesh_shape,
+  bytes_per_row: "float | RowBytes",
+  flops,
+  topology: Topology,
+  device_rate: float | tuple[float, str] | None = None,
+  *,
+  other_flops: float = 0.0,
+  non_expert_s: float = 0.0,
+  backward: bool = False,
+) -> Breakdown:
   """Prices one MoE layer from the rows its exchanges move and the FLOPs its devices compute.
 
   traffic_rows: [hops, A, A] rows flat device s sends to p in each hop (the layer's aux['traffic_rows']).
@@ -171,7 +200,13 @@ def price_from_traffic(traffic_rows, hops, mesh_shape, bytes_per_row: "float | R
   inter = sum(c.time_s for c in exchanges if c.crosses_nodes)
   intra = sum(c.time_s for c in exchanges if not c.crosses_nodes)
   flops_factor = 3 if backward else 1
-  return Breakdown(inter_node_a2a_s=inter, intra_node_a2a_s=intra,
-                   expert_compute_s=flops_factor * float(np.max(flops)) / rate,
-                   other_s=flops_factor * (float(other_flops) / rate + non_expert_s), hops=passes[0][:len(hops)],
-                   device_rate=rate, rate_source=rate_source, topology=topology.name)
+  return Breakdown(
+    inter_node_a2a_s=inter,
+    intra_node_a2a_s=intra,
+    expert_compute_s=flops_factor * float(np.max(flops)) / rate,
+    other_s=flops_factor * (float(other_flops) / rate + non_expert_s),
+    hops=passes[0][: len(hops)],
+    device_rate=rate,
+    rate_source=rate_source,
+    topology=topology.name,
+  )

@@ -69,14 +69,18 @@ class GemmCurve:
 
   def efficiency(self, rows_G, n: float) -> float:
     rows_G = np.asarray(rows_G, np.float64)
-    require(rows_G.ndim == 1 and rows_G.size > 0 and np.all(rows_G >= 0), "rows_G", rows_G.tolist(),
-            "a non-empty [G] of rows >= 0 per group")
+    require(
+      rows_G.ndim == 1 and rows_G.size > 0 and np.all(rows_G >= 0),
+      "rows_G",
+      rows_G.tolist(),
+      "a non-empty [G] of rows >= 0 per group",
+    )
     require(n > 0, "n", n, "columns > 0")
     tiles = float(np.sum(np.ceil(rows_G / self.tile)) * math.ceil(n / self.tile))
     if tiles == 0:
       return 1.0
     waves = math.ceil(tiles / self.sms)
-    return float(rows_G.sum() * n / (waves * self.sms * self.tile ** 2))
+    return float(rows_G.sum() * n / (waves * self.sms * self.tile**2))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +103,12 @@ class LayerShape:
 
   def __post_init__(self):
     rows = np.asarray(self.expert_rows_G, np.float64)
-    require(rows.ndim == 1 and rows.size > 0 and np.all(rows >= 0), "expert_rows_G", self.expert_rows_G,
-            "a non-empty [G] of rows >= 0 per local expert")
+    require(
+      rows.ndim == 1 and rows.size > 0 and np.all(rows >= 0),
+      "expert_rows_G",
+      self.expert_rows_G,
+      "a non-empty [G] of rows >= 0 per local expert",
+    )
     for name in ("d_model", "d_ff"):
       require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
     require(self.rate > 0 and math.isfinite(self.rate), "rate", self.rate, "FLOP/s > 0")
@@ -145,8 +153,11 @@ class Exchanges:
     return tuple(dataclasses.replace(self, bytes_per_row=wire) for wire in self.row_bytes.passes(train))
 
   def dispatch(self, scale: float = 1.0) -> list[collectives.ExchangeCost]:
-    return list(model.price_hops(np.asarray(self.traffic_rows) * scale, self.hops, self.mesh_shape,
-                                 self.row_bytes.dispatch, self.topology))
+    return list(
+      model.price_hops(
+        np.asarray(self.traffic_rows) * scale, self.hops, self.mesh_shape, self.row_bytes.dispatch, self.topology
+      )
+    )
 
   def combine(self, scale: float = 1.0) -> list[collectives.ExchangeCost]:
     rows = np.swapaxes(np.asarray(self.traffic_rows), 1, 2) * scale
@@ -165,8 +176,9 @@ class Exchanges:
       shift_AxA = np.zeros_like(group_AxA)
       for s, group in enumerate(members):
         shift_AxA[s, group[(np.searchsorted(group, s) + j) % size]] = True
-      steps.append(collectives.all_to_all(np.where(shift_AxA, rows_AxA, 0) * self.row_bytes.dispatch, shift_AxA,
-                                          m, self.topology))
+      steps.append(
+        collectives.all_to_all(np.where(shift_AxA, rows_AxA, 0) * self.row_bytes.dispatch, shift_AxA, m, self.topology)
+      )
       received.append(rows_AxA[shift_AxA[:, self.device], self.device].sum())
     return steps, np.asarray(received, np.float64)
 
@@ -228,13 +240,18 @@ def _pass(schedule: str, chunks: int, ex: Exchanges, shape: LayerShape, compute_
   return done, earlier + steps + chunks * combine, sum(g0) + chunks * g1
 
 
-def price_schedule(schedule: str, exchanges: Exchanges, shape: LayerShape, num_chunks: int = 1,
-                   train: bool = False) -> ScheduleCost:
+def price_schedule(
+  schedule: str, exchanges: Exchanges, shape: LayerShape, num_chunks: int = 1, train: bool = False
+) -> ScheduleCost:
   """One layer's forward (train=True: forward and backward) under `schedule` (see the module doc)."""
   require(schedule in SCHEDULES, "schedule", schedule, f"one of {SCHEDULES}")
   require(is_int(num_chunks), "num_chunks", num_chunks, "a positive int")
-  require(schedule != "comet" or shape.d_model % num_chunks == 0, "num_chunks", num_chunks,
-          f"a divisor of d_model={shape.d_model} for schedule='comet'")
+  require(
+    schedule != "comet" or shape.d_model % num_chunks == 0,
+    "num_chunks",
+    num_chunks,
+    f"a divisor of d_model={shape.d_model} for schedule='comet'",
+  )
   time_s, comm, inter, compute = 0.0, 0.0, 0.0, 0.0
   for compute_scale, one_pass in zip((1.0, 2.0), exchanges.passes(train)):
     t, pieces, g = _pass(schedule, num_chunks, one_pass, shape, compute_scale)
@@ -242,7 +259,13 @@ def price_schedule(schedule: str, exchanges: Exchanges, shape: LayerShape, num_c
     compute += g
     comm += sum(p.time_s for p in pieces)
     inter += sum(p.time_s for p in pieces if p.crosses_nodes)
-  return ScheduleCost(schedule=schedule, num_chunks=num_chunks, time_s=time_s, communication_s=comm,
-                      compute_s=compute, inter_node_s=inter, intra_node_s=comm - inter,
-                      gemm_curve=f"{shape.curve.label} wave model, {shape.curve.tile}x{shape.curve.tile} tiles, "
-                      f"{shape.curve.sms} SMs")
+  return ScheduleCost(
+    schedule=schedule,
+    num_chunks=num_chunks,
+    time_s=time_s,
+    communication_s=comm,
+    compute_s=compute,
+    inter_node_s=inter,
+    intra_node_s=comm - inter,
+    gemm_curve=f"{shape.curve.label} wave model, {shape.curve.tile}x{shape.curve.tile} tiles, {shape.curve.sms} SMs",
+  )

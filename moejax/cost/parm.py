@@ -55,8 +55,9 @@ class AlphaBeta:
   def __post_init__(self):
     for name in ("alpha_s", "beta_s"):
       value = getattr(self, name)
-      require(is_number(value) and math.isfinite(value) and value >= 0, f"AlphaBeta.{name}", value,
-              "a finite number >= 0")
+      require(
+        is_number(value) and math.isfinite(value) and value >= 0, f"AlphaBeta.{name}", value, "a finite number >= 0"
+      )
 
   def __call__(self, elements: float) -> float:
     return self.alpha_s + self.beta_s * elements
@@ -106,10 +107,15 @@ class ParmLayer:
 def collective_calls(layer: ParmLayer) -> dict[str, list[tuple[str, float, int]]]:
   """Each schedule's forward collectives as (collective, elements x, calls): Eq. 1, 13 and 7 with the readings above."""
   y = layer.y_fused
-  return {"baseline": [("ag_esp", layer.blm * layer.n_esp, 1), ("ar_esp", layer.etm * layer.n_esp, 1),
-                       ("a2a_ep", layer.etm * layer.n_esp, 2)],
-          "s1": [("a2a_epesp", y, 2), ("ag_mp", layer.blm, 1)],
-          "s2": [("a2a_epesp", y, 1), ("overlap", y, 1)]}
+  return {
+    "baseline": [
+      ("ag_esp", layer.blm * layer.n_esp, 1),
+      ("ar_esp", layer.etm * layer.n_esp, 1),
+      ("a2a_ep", layer.etm * layer.n_esp, 2),
+    ],
+    "s1": [("a2a_epesp", y, 2), ("ag_mp", layer.blm, 1)],
+    "s2": [("a2a_epesp", y, 1), ("overlap", y, 1)],
+  }
 
 
 def communication_times(layer: ParmLayer, ab: dict[str, AlphaBeta]) -> dict[str, float]:
@@ -150,8 +156,9 @@ def _affine(cost) -> AlphaBeta:
   return AlphaBeta(alpha, (at_unit - alpha) / 1e9)
 
 
-def alpha_beta_from_topology(topology: Topology, n_ep: int, n_esp: int, n_mp: int,
-                             bytes_per_element: float) -> dict[str, AlphaBeta]:
+def alpha_beta_from_topology(
+  topology: Topology, n_ep: int, n_esp: int, n_mp: int, bytes_per_element: float
+) -> dict[str, AlphaBeta]:
   """The six collectives' alpha-beta terms on `topology` for P = n_ep x n_esp ranks (placement above)."""
   for name, value in (("n_ep", n_ep), ("n_esp", n_esp), ("n_mp", n_mp)):
     require(is_int(value), name, value, "a positive int")
@@ -170,20 +177,31 @@ def alpha_beta_from_topology(topology: Topology, n_ep: int, n_esp: int, n_mp: in
 
   def saa(y):
     a, g = a2a(fused, y), _ring("all_gather", y * n_mp / n_esp * bytes_per_element, n_mp, m, topology)
-    bandwidth = max((a.nic_bytes + g.nic_bytes) / topology["nic_bw"], (a.intra_bytes + g.intra_bytes) / topology["intra_bw"])
+    bandwidth = max(
+      (a.nic_bytes + g.nic_bytes) / topology["nic_bw"], (a.intra_bytes + g.intra_bytes) / topology["intra_bw"]
+    )
     return a.launch_s + a.latency_s + g.latency_s + bandwidth
 
   ring = lambda kind, group: lambda x: _ring(kind, x * bytes_per_element, group, m, topology).time_s  # noqa: E731
-  return {"ag_esp": _affine(ring("all_gather", n_esp)), "ar_esp": _affine(ring("all_reduce", n_esp)),
-          "a2a_ep": _affine(lambda x: a2a(ep, x).time_s), "a2a_epesp": _affine(lambda x: a2a(fused, x).time_s),
-          "ag_mp": _affine(ring("all_gather", n_mp)), "overlap": _affine(saa)}
+  return {
+    "ag_esp": _affine(ring("all_gather", n_esp)),
+    "ar_esp": _affine(ring("all_reduce", n_esp)),
+    "a2a_ep": _affine(lambda x: a2a(ep, x).time_s),
+    "a2a_epesp": _affine(lambda x: a2a(fused, x).time_s),
+    "ag_mp": _affine(ring("all_gather", n_mp)),
+    "overlap": _affine(saa),
+  }
 
 
 # experiments/bench_collectives.py variant -> (Parm collectives, bytes sent to other devices per byte of x
 # given G the group size): all-to-all (G - 1) / G, ring all-gather (G - 1) / G of its output, ring all-reduce
 # 2 (G - 1) / G.
-_BENCH = {"flat": (("a2a_epesp",), "all", 1), "node_a2a": (("a2a_ep",), "node", 1),
-          "gpu_all_gather": (("ag_esp", "ag_mp"), "gpu", 1), "gpu_all_reduce": (("ar_esp",), "gpu", 2)}
+_BENCH = {
+  "flat": (("a2a_epesp",), "all", 1),
+  "node_a2a": (("a2a_ep",), "node", 1),
+  "gpu_all_gather": (("ag_esp", "ag_mp"), "gpu", 1),
+  "gpu_all_reduce": (("ar_esp",), "gpu", 2),
+}
 
 
 def alpha_beta_from_bench(record: dict, bytes_per_element: float) -> dict[str, AlphaBeta]:
@@ -203,8 +221,9 @@ def alpha_beta_from_bench(record: dict, bytes_per_element: float) -> dict[str, A
     beta = bytes_per_element * factor * (group - 1) / group / fit["bandwidth"]
     terms.update({name: AlphaBeta(fit["latency_s"], beta) for name in names})
   # the all-gather's x is N_MP / N_ESP = 1 times the all-to-all's y'
-  terms["overlap"] = AlphaBeta(terms["a2a_epesp"].alpha_s + terms["ag_mp"].alpha_s,
-                               terms["a2a_epesp"].beta_s + terms["ag_mp"].beta_s)
+  terms["overlap"] = AlphaBeta(
+    terms["a2a_epesp"].alpha_s + terms["ag_mp"].alpha_s, terms["a2a_epesp"].beta_s + terms["ag_mp"].beta_s
+  )
   return terms
 
 
@@ -224,9 +243,20 @@ def resolve_auto(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) ->
     try:
       preset = topology_lib.get(cfg.esp_cost)
     except ValueError as e:  # names the known presets
-      raise ConfigError(f"esp_cost={cfg.esp_cost!r} is neither a file nor a topology preset: {e}", "esp_cost",
-                        cfg.esp_cost) from e
+      raise ConfigError(
+        f"esp_cost={cfg.esp_cost!r} is neither a file nor a topology preset: {e}", "esp_cost", cfg.esp_cost
+      ) from e
     terms = alpha_beta_from_topology(preset, n, m, m, bytes_per_element)
-  layer_shape = ParmLayer(B=max(tokens // n, 1), L=1, M=cfg.d_model, H=cfg.d_ff, E=cfg.num_experts,
-                          k=cfg.choices_per_token, f=cfg.capacity_factor or 1.0, n_ep=n, n_esp=m, n_mp=m)
+  layer_shape = ParmLayer(
+    B=max(tokens // n, 1),
+    L=1,
+    M=cfg.d_model,
+    H=cfg.d_ff,
+    E=cfg.num_experts,
+    k=cfg.choices_per_token,
+    f=cfg.capacity_factor or 1.0,
+    n_ep=n,
+    n_esp=m,
+    n_mp=m,
+  )
   return dataclasses.replace(cfg, esp_schedule=choose_schedule(layer_shape, terms))

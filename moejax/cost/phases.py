@@ -58,15 +58,20 @@ def from_layer_json(path, model: str, collective: str = "padded", name: str | No
   if min(per_byte) <= 0:
     raise ValueError(f"{path}: a non-positive 'other' remainder in {model!r} {collective!r}: {per_byte}")
   backends = ", ".join(c["expert_backend"] for c in cases)
-  return RowCost(float(np.mean(per_byte)),
-                 f"measured: {name or path} {model} {collective} ({backends}) layer_other_ms / routed row bytes on "
-                 f"{record.get('device', 'unknown device')}, mean of {len(cases)}")
+  return RowCost(
+    float(np.mean(per_byte)),
+    f"measured: {name or path} {model} {collective} ({backends}) layer_other_ms / routed row bytes on "
+    f"{record.get('device', 'unknown device')}, mean of {len(cases)}",
+  )
 
 
 H100_LAYER_JSON = "benchmarks/results/2026-11-23-h100/layer.json"
 # from_layer_json(H100_LAYER_JSON, "mixtral_8x7b"); tests/test_overlap_cost.py checks it against the file.
-H100_MEASURED = RowCost(2.679197117990651e-12, f"measured: {H100_LAYER_JSON} mixtral_8x7b padded (ragged_dot, "
-                        "pallas) layer_other_ms / routed row bytes on NVIDIA H100 80GB HBM3, mean of 2")
+H100_MEASURED = RowCost(
+  2.679197117990651e-12,
+  f"measured: {H100_LAYER_JSON} mixtral_8x7b padded (ragged_dot, "
+  "pallas) layer_other_ms / routed row bytes on NVIDIA H100 80GB HBM3, mean of 2",
+)
 
 
 def for_topology(topology: Topology, measured: RowCost = H100_MEASURED, measured_bw: float = H100_HBM.value) -> RowCost:
@@ -75,5 +80,7 @@ def for_topology(topology: Topology, measured: RowCost = H100_MEASURED, measured
   scale = measured_bw / topology.memory_bw.value
   if scale == 1:
     return measured
-  return RowCost(measured.seconds_per_byte * scale,
-                 f"{measured.source}, x {scale:.2f} for memory bandwidth ({topology.memory_bw.source})")
+  return RowCost(
+    measured.seconds_per_byte * scale,
+    f"{measured.source}, x {scale:.2f} for memory bandwidth ({topology.memory_bw.source})",
+  )

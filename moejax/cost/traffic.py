@@ -25,8 +25,9 @@ def capacity_traffic(n: int, m: int, num_experts: int, capacity: int, hops=(mesh
   path a block per peer of that times the sources before it and the devices after it (`moe.path.hop_sizes`)."""
   peers = [mesh_lib.num_peers(hop, n, m) for hop in hops]
   block = num_experts // (n * m) * capacity
-  return np.stack([uniform_traffic(n, m, hop, block * math.prod(peers[:h]) * math.prod(peers[h + 1:]))
-                   for h, hop in enumerate(hops)])
+  return np.stack(
+    [uniform_traffic(n, m, hop, block * math.prod(peers[:h]) * math.prod(peers[h + 1 :])) for h, hop in enumerate(hops)]
+  )
 
 
 def rows_processed(traffic_rows: np.ndarray) -> np.ndarray:

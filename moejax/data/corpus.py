@@ -19,8 +19,16 @@ from moejax.data.sources import texts
 from moejax.data.tokenizer import Tokenizer, cache_lock
 from moejax.validation import is_int, is_number, require
 
-CONFIG_FIELDS = ("train_files", "tokenizer_model", "cache_dir", "tokenizer_train_chars", "shards", "mask_prob",
-                 "prefetch", "heldout_every")
+CONFIG_FIELDS = (
+  "train_files",
+  "tokenizer_model",
+  "cache_dir",
+  "tokenizer_train_chars",
+  "shards",
+  "mask_prob",
+  "prefetch",
+  "heldout_every",
+)
 
 
 def validate_config(d, prefix: str = "", *, rows: int) -> None:
@@ -28,19 +36,34 @@ def validate_config(d, prefix: str = "", *, rows: int) -> None:
   name the field with `prefix` (e.g. 'data.')."""
   require(isinstance(d.train_files, str), prefix + "train_files", d.train_files, "a comma-separated list of globs")
   if d.train_files:
-    require(bool(corpus_files(d.train_files, "")), prefix + "train_files", d.train_files,
-            "globs matching at least one data file ('' = the embedded corpus)")
-  require(isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
-          prefix + "tokenizer_model", d.tokenizer_model, "'' (train one), the path of a SentencePiece model or of a checkpoint's tokenizer.json")
+    require(
+      bool(corpus_files(d.train_files, "")),
+      prefix + "train_files",
+      d.train_files,
+      "globs matching at least one data file ('' = the embedded corpus)",
+    )
+  require(
+    isinstance(d.tokenizer_model, str) and (not d.tokenizer_model or os.path.isfile(d.tokenizer_model)),
+    prefix + "tokenizer_model",
+    d.tokenizer_model,
+    "'' (train one), the path of a SentencePiece model or of a checkpoint's tokenizer.json",
+  )
   require(isinstance(d.cache_dir, str), prefix + "cache_dir", d.cache_dir, "a directory ('' = workdir/cache)")
-  require(is_int(d.tokenizer_train_chars), prefix + "tokenizer_train_chars", d.tokenizer_train_chars,
-          "a positive int")
-  require(is_int(d.shards) and rows % d.shards == 0, prefix + "shards", d.shards,
-          f"a positive divisor of the {rows} rows of a micro-batch")
+  require(is_int(d.tokenizer_train_chars), prefix + "tokenizer_train_chars", d.tokenizer_train_chars, "a positive int")
+  require(
+    is_int(d.shards) and rows % d.shards == 0,
+    prefix + "shards",
+    d.shards,
+    f"a positive divisor of the {rows} rows of a micro-batch",
+  )
   require(is_number(d.mask_prob) and 0 < d.mask_prob < 1, prefix + "mask_prob", d.mask_prob, "in (0, 1)")
   require(is_int(d.prefetch, 0), prefix + "prefetch", d.prefetch, "an int >= 0")
-  require(is_int(d.heldout_every, 0) and d.heldout_every != 1, prefix + "heldout_every", d.heldout_every,
-          "0 (nothing held out) or an int >= 2 (every k-th document of each file held out of training)")
+  require(
+    is_int(d.heldout_every, 0) and d.heldout_every != 1,
+    prefix + "heldout_every",
+    d.heldout_every,
+    "0 (nothing held out) or an int >= 2 (every k-th document of each file held out of training)",
+  )
 
 
 def embedded_corpus(cache_dir: str) -> str:
@@ -102,9 +125,12 @@ def load_tokenizer(config, files: list[str], cache_dir: str) -> Tokenizer:
       if chars >= config.data.tokenizer_train_chars:
         return
 
-  key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files],
-                    config.data.tokenizer_train_chars])
+  key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files], config.data.tokenizer_train_chars])
   tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, lines)
-  require(tok.num_ids <= config.model.vocab_size, "model.vocab_size", config.model.vocab_size,
-          f"at least the tokenizer's {tok.num_ids} ids")
+  require(
+    tok.num_ids <= config.model.vocab_size,
+    "model.vocab_size",
+    config.model.vocab_size,
+    f"at least the tokenizer's {tok.num_ids} ids",
+  )
   return tok

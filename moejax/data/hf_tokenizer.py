@@ -35,8 +35,9 @@ class HFTokenizer:
     special = _special(directory)
     eos = self.tk.token_to_id(special["eos_token"]) if "eos_token" in special else self._config_eos(directory)
     if eos is None:
-      raise TokenizerError(f"{path}: no end-of-sequence token (tokenizer_config.json's eos_token, or config.json's "
-                           "eos_token_id)")
+      raise TokenizerError(
+        f"{path}: no end-of-sequence token (tokenizer_config.json's eos_token, or config.json's eos_token_id)"
+      )
     pad = self.tk.token_to_id(special["pad_token"]) if "pad_token" in special else eos
     self.eos_id, self.pad_id = eos, eos if pad is None else pad
     self.mask_id = self.pad_id

@@ -38,7 +38,6 @@ class Packed(grain.IterDataset):
 
 
 class _PackedIterator(grain.DatasetIterator):
-
   def __init__(self, parent: grain.DatasetIterator, seq_len: int):
     super().__init__(parent)
     self.seq_len = seq_len
@@ -62,14 +61,23 @@ class _PackedIterator(grain.DatasetIterator):
         self._start = self._parent.get_state()
         self._tokens, self._offset = self._parent.__next__(), 0
         self._documents += 1
-      take = self._tokens[self._offset:self._offset + self.seq_len - len(row)]
+      take = self._tokens[self._offset : self._offset + self.seq_len - len(row)]
       row.extend(take)
       self._offset += len(take)
     return np.asarray(row, np.int32)
 
 
-def packed_shard(files: list[str], encode: Callable[[str], list[int]], eos_id: int, seq_len: int, shard: int,
-                 num_shards: int, *, heldout_every: int = 0, heldout: bool = False) -> Packed:
+def packed_shard(
+  files: list[str],
+  encode: Callable[[str], list[int]],
+  eos_id: int,
+  seq_len: int,
+  shard: int,
+  num_shards: int,
+  *,
+  heldout_every: int = 0,
+  heldout: bool = False,
+) -> Packed:
   """Shard `shard` of `num_shards`' rows [seq_len] (the held-out split's, once, with `heldout`)."""
   documents = Documents(files, shard, num_shards, heldout_every=heldout_every, heldout=heldout, repeat=not heldout)
   return Packed(documents.map(lambda text: encode(text) + [eos_id]), seq_len)
@@ -84,17 +92,33 @@ class Batches:
   batches a background thread prepares ahead (0: none).
   """
 
-  def __init__(self, files: list[str], tok, *, seq_len: int, rows: int, micro_batches: int, num_shards: int,
-               shard_options: grain.sharding.ShardOptions = grain.sharding.NoSharding(), states: list | None = None,
-               prefetch: int = 2, heldout_every: int = 0):
+  def __init__(
+    self,
+    files: list[str],
+    tok,
+    *,
+    seq_len: int,
+    rows: int,
+    micro_batches: int,
+    num_shards: int,
+    shard_options: grain.sharding.ShardOptions = grain.sharding.NoSharding(),
+    states: list | None = None,
+    prefetch: int = 2,
+    heldout_every: int = 0,
+  ):
     index, count = shard_options.shard_index, shard_options.shard_count
     if num_shards % count or rows % num_shards:
-      raise ValueError(f"data.shards={num_shards} must be a multiple of the {count} processes "
-                       f"and divide the {rows} rows of a micro-batch")
+      raise ValueError(
+        f"data.shards={num_shards} must be a multiple of the {count} processes "
+        f"and divide the {rows} rows of a micro-batch"
+      )
     per_process = num_shards // count
-    shards = [packed_shard(files, tok.encode, tok.eos_id, seq_len, s, num_shards, heldout_every=heldout_every)
-              .batch(rows // num_shards, drop_remainder=True)
-              for s in range(index * per_process, (index + 1) * per_process)]
+    shards = [
+      packed_shard(files, tok.encode, tok.eos_id, seq_len, s, num_shards, heldout_every=heldout_every).batch(
+        rows // num_shards, drop_remainder=True
+      )
+      for s in range(index * per_process, (index + 1) * per_process)
+    ]
     ds = grain.experimental.ZipIterDataset(shards).map(np.concatenate).batch(micro_batches, drop_remainder=True)
     self._iter = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=prefetch).__iter__()
     if states is not None:
@@ -125,5 +149,7 @@ def heldout_tokens(files: list[str], tok, heldout_every: int, batches: int, rows
         return np.stack(got).reshape(batches, rows, seq_len)
   except ValueError:  # no held-out document at all
     pass
-  raise ValueError(f"the held-out split (every {heldout_every}th document) holds fewer than the {batches} x {rows} "
-                   f"x {seq_len} tokens asked for")
+  raise ValueError(
+    f"the held-out split (every {heldout_every}th document) holds fewer than the {batches} x {rows} "
+    f"x {seq_len} tokens asked for"
+  )

@@ -20,8 +20,15 @@ from absl import logging
 
 from moejax.validation import ConfigError
 
-FORMATS = {".jsonl": "jsonl", ".json": "jsonl", ".jsonl.gz": "jsonl", ".json.gz": "jsonl", ".parquet": "parquet",
-           ".array_record": "arrayrecord", ".arrayrecord": "arrayrecord"}
+FORMATS = {
+  ".jsonl": "jsonl",
+  ".json": "jsonl",
+  ".jsonl.gz": "jsonl",
+  ".json.gz": "jsonl",
+  ".parquet": "parquet",
+  ".array_record": "arrayrecord",
+  ".arrayrecord": "arrayrecord",
+}
 SOURCE_FIELDS = ("epoch", "file", "record", "malformed")  # a Documents iterator's state
 # A file's unreadable part: a broken gzip stream, pyarrow's ArrowInvalid (a ValueError), ArrayRecord's RuntimeError.
 READ_ERRORS = (EOFError, OSError, zlib.error, ValueError, RuntimeError)
@@ -108,8 +115,16 @@ class Documents(grain.IterDataset):
   """One shard's documents (str), epoch after epoch (or one epoch with `repeat` False); state: SOURCE_FIELDS (the
   position of the next record to read and the malformed records so far). ValueError when the shard has none."""
 
-  def __init__(self, files: list[str], shard: int, num_shards: int, *, heldout_every: int = 0, heldout: bool = False,
-               repeat: bool = True):
+  def __init__(
+    self,
+    files: list[str],
+    shard: int,
+    num_shards: int,
+    *,
+    heldout_every: int = 0,
+    heldout: bool = False,
+    repeat: bool = True,
+  ):
     super().__init__()
     self.files, self.shard, self.num_shards = files, shard, num_shards
     self.heldout_every, self.heldout, self.repeat = heldout_every, heldout, repeat
@@ -130,7 +145,6 @@ class Documents(grain.IterDataset):
 
 
 class _DocumentsIterator(grain.DatasetIterator):
-
   def __init__(self, ds: Documents):
     super().__init__()
     self.ds = ds
@@ -169,8 +183,9 @@ class _DocumentsIterator(grain.DatasetIterator):
           logging.warning("skipping the rest of %s: %s", ds.files[f], e)
         state.update(file=f + 1, record=0)
       if not found and whole:
-        raise ValueError(f"data shard {ds.shard} of {ds.num_shards} has no documents in {ds.files}: "
-                         "lower data.shards or add data")
+        raise ValueError(
+          f"data shard {ds.shard} of {ds.num_shards} has no documents in {ds.files}: lower data.shards or add data"
+        )
       if not ds.repeat:
         return
       state.update(epoch=state["epoch"] + 1, file=0, record=0)

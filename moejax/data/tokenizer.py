@@ -34,12 +34,16 @@ class Tokenizer:
     size = self.sp.get_piece_size()
     self.pad_id, self.eos_id = self.sp.pad_id(), self.sp.eos_id()
     if self.pad_id < 0 or self.eos_id < 0:
-      raise TokenizerError(f"the SentencePiece model needs pad and eos pieces (pad_id={self.pad_id}, "
-                           f"eos_id={self.eos_id})")
+      raise TokenizerError(
+        f"the SentencePiece model needs pad and eos pieces (pad_id={self.pad_id}, eos_id={self.eos_id})"
+      )
     mask = self.sp.piece_to_id(MASK_PIECE)
     self.mask_id = mask if self.sp.id_to_piece(mask) == MASK_PIECE else size
-    ordinary = [i for i in range(size) if i != self.mask_id and not (
-        self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i))]
+    ordinary = [
+      i
+      for i in range(size)
+      if i != self.mask_id and not (self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i))
+    ]
     if not ordinary or ordinary != list(range(ordinary[0], ordinary[0] + len(ordinary))):
       raise TokenizerError("the SentencePiece model's special pieces must all come before its ordinary pieces")
     self.first_ordinary, self.num_ordinary = ordinary[0], len(ordinary)
@@ -69,14 +73,26 @@ def train(texts: Iterable[str], vocab_size: int) -> bytes:
   A corpus too small for `vocab_size` pieces gets fewer."""
   model = io.BytesIO()
   spm.SentencePieceTrainer.train(
-      sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="unigram",
-      pad_id=0, eos_id=1, unk_id=2, bos_id=-1, user_defined_symbols=[MASK_PIECE],
-      character_coverage=0.9995, hard_vocab_limit=False, num_threads=min(16, os.cpu_count() or 1), minloglevel=2)
+    sentence_iterator=iter(texts),
+    model_writer=model,
+    vocab_size=vocab_size,
+    model_type="unigram",
+    pad_id=0,
+    eos_id=1,
+    unk_id=2,
+    bos_id=-1,
+    user_defined_symbols=[MASK_PIECE],
+    character_coverage=0.9995,
+    hard_vocab_limit=False,
+    num_threads=min(16, os.cpu_count() or 1),
+    minloglevel=2,
+  )
   return model.getvalue()
 
 
-def load_or_train(model_file: str, cache_dir: str, vocab_size: int, corpus_key: str,
-                  texts: Callable[[], Iterable[str]]) -> Tokenizer:
+def load_or_train(
+  model_file: str, cache_dir: str, vocab_size: int, corpus_key: str, texts: Callable[[], Iterable[str]]
+) -> Tokenizer:
   """The tokenizer in `model_file` if given (a SentencePiece model, or a checkpoint's tokenizer.json), else one trained on `texts()` and cached in `cache_dir`
   under a name derived from `corpus_key` and `vocab_size` (built once by whichever process gets there
   first; the others wait and load it)."""

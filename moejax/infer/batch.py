@@ -12,4 +12,3 @@ def padded(rows_BxS, devices: int) -> np.ndarray:
   rows_BxS = np.asarray(rows_BxS)
   require(rows_BxS.ndim >= 1 and rows_BxS.shape[0] >= 1, "batch", rows_BxS.shape, "[B, ...] with B >= 1")
   return np.concatenate([rows_BxS, np.repeat(rows_BxS[-1:], -rows_BxS.shape[0] % devices, axis=0)])
-

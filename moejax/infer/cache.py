@@ -28,15 +28,23 @@ def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool, layer_axes: int = 0)
   return NamedSharding(mesh, P() if coherent else P(*(None,) * layer_axes, AXES))
 
 
-def init_cache(cfg: ModelConfig | DecoderConfig, batch: int, length: int, mesh: jax.sharding.Mesh,
-               coherent: bool = False):
+def init_cache(
+  cfg: ModelConfig | DecoderConfig, batch: int, length: int, mesh: jax.sharding.Mesh, coherent: bool = False
+):
   """Zeros in the compute dtype, S = length: a pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key),
   laid out as the model's layers (module docstring)."""
   require(cfg.causal, "kind", getattr(cfg, "kind", None), "'gpt' (a KV cache serves a causal decoder)")
-  require(isinstance(length, int) and 1 <= length <= cfg.max_len, "length", length,
-          f"an int in [1, max_len={cfg.max_len}] (prompt + generated tokens)")
-  shapes = (attention.cache_shapes(cfg, batch, length) if isinstance(cfg, DecoderConfig) else
-            ((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads),) * 2)
+  require(
+    isinstance(length, int) and 1 <= length <= cfg.max_len,
+    "length",
+    length,
+    f"an int in [1, max_len={cfg.max_len}] (prompt + generated tokens)",
+  )
+  shapes = (
+    attention.cache_shapes(cfg, batch, length)
+    if isinstance(cfg, DecoderConfig)
+    else ((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads),) * 2
+  )
 
   def zeros(shape, repeats):
     stacked = () if repeats is None else (repeats,)

@@ -95,8 +95,16 @@ def _vanilla_step(params, rest, cache, tokens_B, position, step, seed, temperatu
   d = mesh_lib.axis_sizes(model.mesh)
   dispatch = aux.get("traffic_rows", jnp.zeros((0, 1, d[0] * d[1], d[0] * d[1]), jnp.int32))
   # The combine sends every dispatched row back the way it came.
-  return next_B, logits_BxV, cache, {"rows": jnp.sum(dispatch + jnp.swapaxes(dispatch, -1, -2), axis=1),
-                                     "dropped": _lost_choices(aux), "overflowed": jnp.sum(aux["tokens_overflowed"])}
+  return (
+    next_B,
+    logits_BxV,
+    cache,
+    {
+      "rows": jnp.sum(dispatch + jnp.swapaxes(dispatch, -1, -2), axis=1),
+      "dropped": _lost_choices(aux),
+      "overflowed": jnp.sum(aux["tokens_overflowed"]),
+    },
+  )
 
 
 def _lost_choices(aux):
@@ -121,24 +129,35 @@ def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float)
   """Rejects bad generation requests before compiling, naming the value."""
   require(mode in MODES, "mode", mode, f"one of {MODES}")
   require(model.cfg.causal, "kind", getattr(model.cfg, "kind", None), "'gpt' (generation needs a causal decoder)")
-  require(prompts_BxS.ndim == 2 and prompts_BxS.shape[1] >= 1, "prompts.shape", prompts_BxS.shape,
-          "[B, P] with P >= 1")
+  require(prompts_BxS.ndim == 2 and prompts_BxS.shape[1] >= 1, "prompts.shape", prompts_BxS.shape, "[B, P] with P >= 1")
   n, m = mesh_lib.axis_sizes(model.mesh)
-  require(prompts_BxS.shape[0] % (n * m) == 0, "batch", prompts_BxS.shape[0],
-          f"a multiple of the mesh's {n * m} devices (requests are data parallel)")
+  require(
+    prompts_BxS.shape[0] % (n * m) == 0,
+    "batch",
+    prompts_BxS.shape[0],
+    f"a multiple of the mesh's {n * m} devices (requests are data parallel)",
+  )
   require(isinstance(steps, int) and steps >= 1, "steps", steps, "an int >= 1")
-  require(prompts_BxS.shape[1] + steps - 1 <= model.cfg.max_len, "steps", steps,
-          f"at most max_len - prompt length + 1 = {model.cfg.max_len - prompts_BxS.shape[1] + 1}")
-  require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature,
-          ">= 0 (0: greedy)")
+  require(
+    prompts_BxS.shape[1] + steps - 1 <= model.cfg.max_len,
+    "steps",
+    steps,
+    f"at most max_len - prompt length + 1 = {model.cfg.max_len - prompts_BxS.shape[1] + 1}",
+  )
+  require(isinstance(temperature, (int, float)) and temperature >= 0, "temperature", temperature, ">= 0 (0: greedy)")
   if mode == "exflow":
-    require(model.cfg.num_moe_layers > 0, "mode", mode, "'vanilla' for a model without MoE layers (ExFlow's one "
-            "exchange per layer is its MoE layers')")
+    require(
+      model.cfg.num_moe_layers > 0,
+      "mode",
+      mode,
+      "'vanilla' for a model without MoE layers (ExFlow's one exchange per layer is its MoE layers')",
+    )
     exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
-def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla",
-             temperature: float = 0.0, seed: int = 0) -> Generation:
+def generate(
+  model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla", temperature: float = 0.0, seed: int = 0
+) -> Generation:
   """prompts [B, P] int (equal lengths) -> `Generation` of `steps` tokens per request.
 
   temperature 0: greedy; else tokens drawn from softmax(logits / temperature), the draw of request
@@ -168,8 +187,11 @@ def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vani
   prefill_seconds = time.perf_counter() - start
   if mode == "exflow":
     cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
-  step_for = lambda moe_cfg: exflow.exflow_step(model, moe_cfg) if mode == "exflow" else \
-      functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
+  step_for = lambda moe_cfg: (
+    exflow.exflow_step(model, moe_cfg)
+    if mode == "exflow"
+    else functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
+  )
   current = [model.moe_cfg, step_for(model.moe_cfg)]  # the decode steps' config, kept from step to step
 
   def decode_step(moe_cfg, args):
@@ -184,7 +206,8 @@ def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vani
       start = time.perf_counter()
     args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
     (next_B, logits_BxV, cache, counts), _ = overflow_lib.until_no_overflow(
-        functools.partial(decode_step, args=args), current[0], retried(step))
+      functools.partial(decode_step, args=args), current[0], retried(step)
+    )
     out_tokens.append(next_B)
     out_logits.append(logits_BxV)
     rows.append(counts["rows"])
@@ -194,24 +217,36 @@ def generate(model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vani
   n, m = mesh_lib.axis_sizes(mesh)
   generated = batch * (steps - 1)
   per_token = lambda totals: {k: v / max(generated, 1) for k, v in totals.items()}
-  exchange_rows = per_token(split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows
-                                       else np.zeros((n * m, n * m)), m))
-  allgather_rows = {"intra_node": float(m - 1), "inter_node": float(n * m - m)} if mode == "exflow" \
-      else {"intra_node": 0.0, "inter_node": 0.0}
-  return Generation(tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
-                    logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
-                    exchange_rows=exchange_rows, allgather_rows=allgather_rows, decode_seconds=decode_seconds,
-                    decode_tokens=batch * max(steps - 2, 0), prefill_seconds=prefill_seconds, lost_choices=int(lost),
-                    overflow_retries=tuple(retries))
+  exchange_rows = per_token(
+    split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows else np.zeros((n * m, n * m)), m)
+  )
+  allgather_rows = (
+    {"intra_node": float(m - 1), "inter_node": float(n * m - m)}
+    if mode == "exflow"
+    else {"intra_node": 0.0, "inter_node": 0.0}
+  )
+  return Generation(
+    tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
+    logits=np.stack([np.asarray(x) for x in out_logits], axis=1),
+    exchange_rows=exchange_rows,
+    allgather_rows=allgather_rows,
+    decode_seconds=decode_seconds,
+    decode_tokens=batch * max(steps - 2, 0),
+    prefill_seconds=prefill_seconds,
+    lost_choices=int(lost),
+    overflow_retries=tuple(retries),
+  )
 
 
-def generate_tokens(model, prompt_BxP, steps: int, *, temperature: float = 0.0, seed: int = 0,
-                    mode: str = "vanilla") -> np.ndarray:
+def generate_tokens(
+  model, prompt_BxP, steps: int, *, temperature: float = 0.0, seed: int = 0, mode: str = "vanilla"
+) -> np.ndarray:
   """prompt [B, P] int -> tokens [B, P + steps]: the prompt and `steps` generated tokens (greedy by default; sampled
   with temperature > 0), for any B: the batch is padded to a multiple of the mesh's devices with copies of its last
   request, which are dropped again. `generate` has the timings and traffic."""
   prompt_BxP = np.asarray(prompt_BxP)
   require(prompt_BxP.ndim == 2 and prompt_BxP.shape[0] >= 1, "prompt.shape", prompt_BxP.shape, "[B, P] with B >= 1")
-  out = generate(model, batch_lib.padded(prompt_BxP, model.mesh.size), steps, mode=mode, temperature=temperature,
-                 seed=seed)
-  return np.concatenate([prompt_BxP, out.tokens[:prompt_BxP.shape[0]]], axis=1)
+  out = generate(
+    model, batch_lib.padded(prompt_BxP, model.mesh.size), steps, mode=mode, temperature=temperature, seed=seed
+  )
+  return np.concatenate([prompt_BxP, out.tokens[: prompt_BxP.shape[0]]], axis=1)

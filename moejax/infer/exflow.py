@@ -72,23 +72,44 @@ from moejax.validation import require
 def check_moe(moe_cfg, platform: str | None = None) -> None:
   """Rejects MoE layers that context-coherent decoding cannot run, naming the field and the reason
   (before compiling). platform: the mesh's ('cpu', 'gpu', ...), to check the collective runs there."""
-  require(not collective_lib.as_collective(moe_cfg.collective).fixed_blocks, "collective", moe_cfg.collective,
-          "not 'capacity' for mode='exflow': a token moves to its expert and stays there (no combine brings it "
-          "home), so a capacity drop would lose the token itself, and which tokens drop would depend on the tokens "
-          "resident on a device after the previous layers, not on the request; use a ragged collective, with "
-          "buffer_factor to bound the buffers (overflowing steps are repeated, never dropped)")
-  require(moe_cfg.capacity_factor is None, "capacity_factor", moe_cfg.capacity_factor,
-          "None (dropless) for mode='exflow': a token must reach its expert")
-  require(moe_cfg.schedule == "sequential", "schedule", moe_cfg.schedule,
-          "'sequential' for mode='exflow': its one exchange per MoE layer is one-way (no combine), so 'comet' has "
-          "no combine to overlap with the second GEMM, and 'chunked' would only split the B / D rows of a decode "
-          "step into smaller exchanges, each with its own resident-token buffer")
+  require(
+    not collective_lib.as_collective(moe_cfg.collective).fixed_blocks,
+    "collective",
+    moe_cfg.collective,
+    "not 'capacity' for mode='exflow': a token moves to its expert and stays there (no combine brings it "
+    "home), so a capacity drop would lose the token itself, and which tokens drop would depend on the tokens "
+    "resident on a device after the previous layers, not on the request; use a ragged collective, with "
+    "buffer_factor to bound the buffers (overflowing steps are repeated, never dropped)",
+  )
+  require(
+    moe_cfg.capacity_factor is None,
+    "capacity_factor",
+    moe_cfg.capacity_factor,
+    "None (dropless) for mode='exflow': a token must reach its expert",
+  )
+  require(
+    moe_cfg.schedule == "sequential",
+    "schedule",
+    moe_cfg.schedule,
+    "'sequential' for mode='exflow': its one exchange per MoE layer is one-way (no combine), so 'comet' has "
+    "no combine to overlap with the second GEMM, and 'chunked' would only split the B / D rows of a decode "
+    "step into smaller exchanges, each with its own resident-token buffer",
+  )
   for name in ("dispatch_dtype", "combine_dtype"):
-    require(getattr(moe_cfg, name) is None, name, getattr(moe_cfg, name), "None for mode='exflow': its rows are a "
-            "token's residual stream and partial sums, which stay with the token across the layers, so a lossy wire "
-            "would compound over them (the training layer's rows are an expert's input, quantised once)")
-  require(moe_cfg.esp_schedule is None, "esp_schedule", moe_cfg.esp_schedule,
-          "None for mode='exflow' (whole experts on one device each, where a token can stay)")
+    require(
+      getattr(moe_cfg, name) is None,
+      name,
+      getattr(moe_cfg, name),
+      "None for mode='exflow': its rows are a "
+      "token's residual stream and partial sums, which stay with the token across the layers, so a lossy wire "
+      "would compound over them (the training layer's rows are an expert's input, quantised once)",
+    )
+  require(
+    moe_cfg.esp_schedule is None,
+    "esp_schedule",
+    moe_cfg.esp_schedule,
+    "None for mode='exflow' (whole experts on one device each, where a token can stay)",
+  )
   if platform is not None:
     collective_lib.check(moe_cfg.collective, platform)
 
@@ -118,21 +139,22 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedu
   decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
   ids_RxK = decision.expert_ids
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
-    ids_RxK = replicas_lib.to_slots(ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts,
-                                    lay.sharding.holder_index(lay.m)).reshape(ids_RxK.shape)
+    ids_RxK = replicas_lib.to_slots(
+      ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
+    ).reshape(ids_RxK.shape)
   weights_RxK = decision.weights
   if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once
     order_RxK = jnp.argsort(ids_RxK // exchange.slots_per_device, axis=1, stable=True)
     ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
   # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
-  shared_RxD = (shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts
-                else jnp.zeros(x_RxD.shape, jnp.float32))
+  shared_RxD = (
+    shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts else jnp.zeros(x_RxD.shape, jnp.float32)
+  )
   local = schedule.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
   # request id (ids < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)
-  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(weights_RxK),
-                            f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
+  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(weights_RxK), f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
   ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
   traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
   for j in range(k):
@@ -142,15 +164,17 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedu
     lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
     traffic += sum(hop_traffic((path,), lay))
     x_RxD = packed[:, :d].astype(x_RxD.dtype)
-    y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_Rx1, valid_R[:, None].astype(jnp.float32), exchange,
-                                 local, path.bound)
-    packed = packed.at[:, d:2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
-  x_RxD = x_RxD + packed[:, d:2 * d].astype(x_RxD.dtype)
+    y_RxD = schedule.run_experts(
+      block.ln_ffn(x_RxD), ids_Rx1, valid_R[:, None].astype(jnp.float32), exchange, local, path.bound
+    )
+    packed = packed.at[:, d : 2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
+  x_RxD = x_RxD + packed[:, d : 2 * d].astype(x_RxD.dtype)
   return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
 
 
-def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, lay: Layout,
-                buffer_factor):
+def _step_local(
+  params, rest, cache, tokens_b, position, step, seed, temperature, *, graphdef, lay: Layout, buffer_factor
+):
   """One device's decode step: its b requests' tokens [b] -> (next [b], logits [b, V], cache, counts)."""
   model = nnx.merge(graphdef, params, rest)
   b, n, m = tokens_b.shape[0], lay.n, lay.m
@@ -158,8 +182,9 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   requests_R = mesh_lib.my_flat_index(m) * b + jnp.arange(b)
   x_RxD = model.embed_tokens(tokens_b[:, None], position)[:, 0]
   valid_R = jnp.ones((b,), bool)
-  scatter = lambda rows, where_R, valid: jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[
-      jnp.where(valid, where_R, batch)].set(rows, mode="drop")
+  scatter = lambda rows, where_R, valid: (
+    jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[jnp.where(valid, where_R, batch)].set(rows, mode="drop")
+  )
   # Each hop moves a device's resident tokens, one row each: at most ceil(buffer_factor * b) with a bound; without
   # one, the batch (every token is resident on one device, so a hop never receives more; the worst case over the
   # senders, A times the rows, would compound over a layer's k moves and the layers).
@@ -170,8 +195,9 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
   # own rows, whichever is more, before the first layer and after each hop. Unrolled, each layer takes the rows
   # there are (the layers before the first MoE layer only the device's own b).
   resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
-  pad = lambda a, fill: jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) \
-      if a.shape[0] < resident else a
+  pad = lambda a, fill: (
+    jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) if a.shape[0] < resident else a
+  )
   fit = lambda x_RxD, requests_R, valid_R: (pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False))
 
   def layer(block, carry, kv_cache, rngs):
@@ -180,8 +206,9 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
     position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
     x_RxD, requests_R, valid_R, lost = carry
     mine = jnp.where(valid_R, requests_R, 0)
-    x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(x_RxD[:, None], train=False, rngs=None,
-                                                   cache=(kv_cache[0][mine], kv_cache[1][mine], position))
+    x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
+      x_RxD[:, None], train=False, rngs=None, cache=(kv_cache[0][mine], kv_cache[1][mine], position)
+    )
     x_RxD = x_Rx1xD[:, 0]
     new_kv = tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW))
     if not isinstance(block.ffn, MoEFFN):
@@ -190,18 +217,26 @@ def _step_local(params, rest, cache, tokens_b, position, step, seed, temperature
     return (*fit(x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
 
   (x_RxD, requests_R, valid_R, lost), outputs = backbone.fold_layers(
-      model, layer, (*fit(x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache)
+    model, layer, (*fit(x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache
+  )
   logits_RxV = model.head_logits(x_RxD)
   next_R = sample(logits_RxV, requests_R, step, seed, temperature)
   # The step's all-gather: every row was written by exactly one device, so the sums are exact.
-  next_B, logits_BxV, new_kv = jax.lax.psum((scatter(next_R, requests_R, valid_R), scatter(logits_RxV, requests_R,
-                                             valid_R), layers_lib.map_outputs(lambda o: o[0], outputs, model.cfg)), AXES)
+  next_B, logits_BxV, new_kv = jax.lax.psum(
+    (
+      scatter(next_R, requests_R, valid_R),
+      scatter(logits_RxV, requests_R, valid_R),
+      layers_lib.map_outputs(lambda o: o[0], outputs, model.cfg),
+    ),
+    AXES,
+  )
   axis = 2 if model.cfg.scan_layers else 1  # the cache's positions: [B, S, ...], or stacked [repeats, B, S, ...]
   write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
   cache = jax.tree.map(write, cache, new_kv)
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
-  rows = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[1], outputs, model.cfg), model.cfg,
-                                   model.cfg.is_moe)
+  rows = layers_lib.stack_selected(
+    layers_lib.map_outputs(lambda o: o[1], outputs, model.cfg), model.cfg, model.cfg.is_moe
+  )
   rows = jnp.zeros((0, n * m, n * m), jnp.int32) if rows is None else rows
   return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
@@ -226,8 +261,13 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, collective, slots (bound: per step)
   body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
   cache_specs = cache_lib.layout(cfg, lambda repeats: (P(), P()))
-  step = jax.shard_map(body, mesh=mesh, in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),
-                       out_specs=(P(AXES), P(AXES), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}), check_vma=False)
+  step = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(spec(params), spec(rest), cache_specs, P(AXES), P(), P(), P(), P()),
+    out_specs=(P(AXES), P(AXES), cache_specs, {"rows": P(), "dropped": P(), "overflowed": P()}),
+    check_vma=False,
+  )
   if moe_cfg.slots_per_device is None:
     return jax.jit(step)
 
@@ -246,4 +286,5 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
       physical = replicas_lib.physical_params if r is None else jax.vmap(replicas_lib.physical_params)
       moe.update(physical({k: moe[k] for k in replicas_lib.EXPERT_WEIGHTS if k in moe}, table))
     return step(params, rest, *args)
+
   return jax.jit(on_slots)

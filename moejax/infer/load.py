@@ -33,8 +33,10 @@ def abstract_model_state(model_cfg, moe_cfg, mesh, seed: int = 0):
   graphdef, params, rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, seed)
   replicated = NamedSharding(mesh, P())
   part = {"params": params}
-  for name, stacked in (("slot_tables", state_lib.slot_tables(model_cfg, rest)),
-                        ("expert_bias", state_lib.expert_biases(model_cfg, rest))):
+  for name, stacked in (
+    ("slot_tables", state_lib.slot_tables(model_cfg, rest)),
+    ("expert_bias", state_lib.expert_biases(model_cfg, rest)),
+  ):
     if stacked is not None:
       part[name] = jax.ShapeDtypeStruct(stacked.shape, stacked.dtype, sharding=replicated)
   return graphdef, part
@@ -60,8 +62,12 @@ def load_trained(config: ml_collections.ConfigDict, train_workdir: str, mesh=Non
   finally:
     ckpt.close()
   if restored is None:
-    raise ConfigError(f"no checkpoint in {checkpoints}; train one with experiments.train first", "checkpoint",
-                      train_workdir, "a training workdir holding checkpoints/")
+    raise ConfigError(
+      f"no checkpoint in {checkpoints}; train one with experiments.train first",
+      "checkpoint",
+      train_workdir,
+      "a training workdir holding checkpoints/",
+    )
   step, state, _ = restored
   _, rest = state_lib.init_state(model_cfg, moe_cfg, mesh, config.seed)
   if "slot_tables" in state:  # the replication slot tables the run ended with

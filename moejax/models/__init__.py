@@ -26,9 +26,9 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
 
 # Loaded on first use. Generation builds on this package: `moejax.infer.generate_tokens`.
 _PUBLIC = {
-    "from_hf": "moejax.models.hf_checkpoint",
-    "to_hf": "moejax.models.hf_checkpoint",
-    "upcycle": ("moejax.models.upcycling", "upcycle"),
+  "from_hf": "moejax.models.hf_checkpoint",
+  "to_hf": "moejax.models.hf_checkpoint",
+  "upcycle": ("moejax.models.upcycling", "upcycle"),
 }
 
 

@@ -29,8 +29,15 @@ CUDNN_DTYPES = ("bfloat16",)  # of DecoderConfig's dtypes
 
 
 def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(n_in, n_out, use_bias=bias, dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype),
-                    kernel_init=nnx.initializers.normal(0.02), rngs=rngs)
+  return nnx.Linear(
+    n_in,
+    n_out,
+    use_bias=bias,
+    dtype=jnp.dtype(cfg.dtype),
+    param_dtype=jnp.dtype(cfg.param_dtype),
+    kernel_init=nnx.initializers.normal(0.02),
+    rngs=rngs,
+  )
 
 
 def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
@@ -51,8 +58,10 @@ def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device) -> st
     return f"cuDNN's flash attention takes 16-bit inputs, the model computes in dtype={dtype!r}"
   limit = 256 if capability >= (9, 0) else 128
   if width % 8 or width > limit:
-    return (f"cuDNN takes heads a multiple of 8 and at most {limit} wide on compute capability "
-            f"{device.compute_capability}, these are {width}")
+    return (
+      f"cuDNN takes heads a multiple of 8 and at most {limit} wide on compute capability "
+      f"{device.compute_capability}, these are {width}"
+    )
   if sinks:
     return "attention sinks are a bias over every query and key, which cuDNN reads materialised [H, S, S]"
   return cudnn_probe(device, width)
@@ -87,13 +96,25 @@ def resolve_impl(impl: str, dtype: str, width: int, sinks: bool = False, device:
   if impl == "auto":
     return "xla" if why_not else "cudnn"
   require(impl != "cudnn" or why_not is None, "attention_impl", impl, f"'xla' or 'auto' here: {why_not}")
-  require(impl != "tokamax" or importlib.util.find_spec("tokamax") is not None, "attention_impl", impl,
-          "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'")
+  require(
+    impl != "tokamax" or importlib.util.find_spec("tokamax") is not None,
+    "attention_impl",
+    impl,
+    "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'",
+  )
   return impl
 
 
-def attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, impl: str, scale: float, window: int | None = None,
-           query_positions_S=None, sinks_H=None) -> jax.Array:
+def attend(
+  q_BxSxHxW,
+  k_BxSxHxW,
+  v_BxSxHxW,
+  impl: str,
+  scale: float,
+  window: int | None = None,
+  query_positions_S=None,
+  sinks_H=None,
+) -> jax.Array:
   """Causal softmax attention: q [B, S, H, W] over keys k [B, S_keys, H_kv, W] and values v [B, S_keys, H_kv, W_v]
   (H_kv divides H: query head i reads key/value head i // (H / H_kv); W_v may differ from W, as in MLA) ->
   [B, S, H, W_v], by `impl` ('xla', 'cudnn', 'tokamax'; `resolve_impl`), the logits times `scale`.
@@ -124,13 +145,20 @@ def attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, impl: str, scale: float, window: int
     k_BxSxHxW = jnp.concatenate([k_BxSxHxW, zero_Bx1xHxW], axis=1)
     v_BxSxHxW = jnp.concatenate([v_BxSxHxW, jnp.zeros((b, 1, *v_BxSxHxW.shape[2:]), dtype)], axis=1)
     mask_1x1xSxS = jnp.concatenate([mask_1x1xSxS, jnp.ones((1, 1, s, 1), bool)], axis=-1)
-    bias_1xHx1xS = jnp.concatenate([jnp.zeros((1, h, 1, keys), jnp.float32),
-                                    sinks_H.astype(jnp.float32)[None, :, None, None]], axis=-1)
+    bias_1xHx1xS = jnp.concatenate(
+      [jnp.zeros((1, h, 1, keys), jnp.float32), sinks_H.astype(jnp.float32)[None, :, None, None]], axis=-1
+    )
   own_masks = mask_1x1xSxS is None
-  options = dict(bias=bias_1xHx1xS, mask=mask_1x1xSxS, scale=scale, is_causal=own_masks,
-                 local_window_size=(window - 1, 0) if own_masks and window is not None else None)
+  options = dict(
+    bias=bias_1xHx1xS,
+    mask=mask_1x1xSxS,
+    scale=scale,
+    is_causal=own_masks,
+    local_window_size=(window - 1, 0) if own_masks and window is not None else None,
+  )
   if impl == "tokamax":
     import tokamax  # pylint: disable=import-outside-toplevel  # optional: moejax runs without it
+
     out_BxSxHxW = tokamax.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, **options)
   else:
     out_BxSxHxW = jax.nn.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, implementation=impl, **options)
@@ -169,8 +197,16 @@ class GroupedQueryAttention(nnx.Module):
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
-    out_BxSxHxW = attend(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, self.impl, w ** -0.5, self.window,
-                         None if cache is None else positions_S, None if self.sinks is None else self.sinks[...])
+    out_BxSxHxW = attend(
+      q_BxSxHxW,
+      k_BxSxHxW,
+      v_BxSxHxW,
+      self.impl,
+      w**-0.5,
+      self.window,
+      None if cache is None else positions_S,
+      None if self.sinks is None else self.sinks[...],
+    )
     out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * w))
     return out_BxSxD if cache is None else (out_BxSxD, (k_BxSxHxW, v_BxSxHxW))
 
@@ -208,7 +244,7 @@ class LatentAttention(nnx.Module):
     q = self.q_proj(x_BxSxD) if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BxSxD)))
     q_BxSxHxW = q.reshape(b, s, h, nope + r)
     compressed = self.kv_a_proj_with_mqa(x_BxSxD)
-    latent, rotary_key = self.kv_a_layernorm(compressed[..., :cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank:]
+    latent, rotary_key = self.kv_a_layernorm(compressed[..., : cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank :]
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_rope, rotary_key = rotate(q_BxSxHxW[..., nope:]), rotate(rotary_key[:, :, None])[:, :, 0]  # one head for all
     if cache is not None:
@@ -216,11 +252,20 @@ class LatentAttention(nnx.Module):
     keys = latent.shape[1]
     # Each head's non-rotary key and its value from the latent: [B, S_keys, H, qk_nope_head_dim + v_head_dim].
     kv_BxSxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, keys, h, nope + cfg.v_head_dim)
-    k_BxSxHxW = jnp.concatenate([kv_BxSxHxW[..., :nope], jnp.broadcast_to(
-        rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))], axis=-1)
+    k_BxSxHxW = jnp.concatenate(
+      [kv_BxSxHxW[..., :nope], jnp.broadcast_to(rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))],
+      axis=-1,
+    )
     q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :nope], q_rope], axis=-1)
-    out_BxSxHxW = attend(q_BxSxHxW, k_BxSxHxW, kv_BxSxHxW[..., nope:], self.impl, self.scale, self.window,
-                         None if cache is None else positions_S)
+    out_BxSxHxW = attend(
+      q_BxSxHxW,
+      k_BxSxHxW,
+      kv_BxSxHxW[..., nope:],
+      self.impl,
+      self.scale,
+      self.window,
+      None if cache is None else positions_S,
+    )
     out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * cfg.v_head_dim))
     return out_BxSxD if cache is None else (out_BxSxD, (latent, rotary_key))
 

@@ -29,12 +29,26 @@ class MoEFFN(nnx.Module):
 
   def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
-    return y_BxSxD, {k: aux[k] for k in ("aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-                                         "traffic_rows", "expert_ids", "balance_counts") if k in aux}
+    return y_BxSxD, {
+      k: aux[k]
+      for k in (
+        "aux_loss",
+        "expert_counts",
+        "tokens_dropped",
+        "tokens_overflowed",
+        "traffic_rows",
+        "expert_ids",
+        "balance_counts",
+      )
+      if k in aux
+    }
 
 
-REMAT_POLICIES = {"full": None, "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                  "save_exchanged": jax.checkpoint_policies.save_only_these_names(path_lib.EXCHANGED)}
+REMAT_POLICIES = {
+  "full": None,
+  "save_matmuls": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+  "save_exchanged": jax.checkpoint_policies.save_only_these_names(path_lib.EXCHANGED),
+}
 
 
 def _remat(remat: str):
@@ -115,11 +129,17 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   new_cache = [] if cache is None else layers_lib.map_outputs(lambda o: o[1], outputs, cfg)
   stacked = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[0], outputs, cfg), cfg, cfg.is_moe)
   if stacked is None:
-    aux = {"aux_loss": jnp.zeros((), jnp.float32), "expert_counts": jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
-           "tokens_dropped": jnp.zeros((0,), jnp.int32), "tokens_overflowed": jnp.zeros((0,), jnp.int32)}
+    aux = {
+      "aux_loss": jnp.zeros((), jnp.float32),
+      "expert_counts": jnp.zeros((0, moe_cfg.num_experts), jnp.int32),
+      "tokens_dropped": jnp.zeros((0,), jnp.int32),
+      "tokens_overflowed": jnp.zeros((0,), jnp.int32),
+    }
     return x_BxSxD, aux, new_cache
-  aux = {"aux_loss": jnp.sum(stacked["aux_loss"]),
-         **{name: stacked[name] for name in ("expert_counts", "tokens_dropped", "tokens_overflowed")}}
+  aux = {
+    "aux_loss": jnp.sum(stacked["aux_loss"]),
+    **{name: stacked[name] for name in ("expert_counts", "tokens_dropped", "tokens_overflowed")},
+  }
   if "balance_counts" in stacked:  # balance_loss='global_batch': the next micro-batch's input
     aux["balance_counts"] = stacked["balance_counts"]
   if details:

@@ -44,8 +44,9 @@ class Attention(nnx.Module):
       keys_BxSxHxW, values_BxSxHxW = write(k_cache, k_BxSxHxW), write(v_cache, v_BxSxHxW)
       # Causal over the cache; positions not written yet lie after every query, so stay hidden too.
       visible_SxS = (start + jnp.arange(s))[:, None] >= jnp.arange(k_cache.shape[1])[None, :]
-    logits_BxHxSxS = jnp.einsum("bqhk,bshk->bhqs", q_BxSxHxW, keys_BxSxHxW.astype(q_BxSxHxW.dtype),
-                                preferred_element_type=jnp.float32) / jnp.sqrt(d // h)
+    logits_BxHxSxS = jnp.einsum(
+      "bqhk,bshk->bhqs", q_BxSxHxW, keys_BxSxHxW.astype(q_BxSxHxW.dtype), preferred_element_type=jnp.float32
+    ) / jnp.sqrt(d // h)
     if visible_SxS is not None:
       logits_BxHxSxS = jnp.where(visible_SxS, logits_BxHxSxS, -1e9)
     probs_BxHxSxS = jax.nn.softmax(logits_BxHxSxS, axis=-1).astype(x_BxSxD.dtype)

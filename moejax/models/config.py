@@ -47,17 +47,22 @@ class ModelConfig(Parallelism):
     require(self.kind in KINDS, "kind", self.kind, f"one of {KINDS}")
     for name in ("vocab_size", "num_layers", "d_model", "num_heads", "d_ff", "max_len"):
       value = getattr(self, name)
-      require(is_int(value), name, value,
-              "a positive int")
-    require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads,
-            f"a divisor of d_model={self.d_model}")
-    require(isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "dropout", self.dropout,
-            "in [0, 1)")
-    require(isinstance(self.moe_every, int) and self.moe_every >= 0, "moe_every", self.moe_every,
-            "an int >= 0 (0: no MoE layers)")
+      require(is_int(value), name, value, "a positive int")
+    require(self.d_model % self.num_heads == 0, "num_heads", self.num_heads, f"a divisor of d_model={self.d_model}")
+    require(isinstance(self.dropout, (int, float)) and 0 <= self.dropout < 1, "dropout", self.dropout, "in [0, 1)")
+    require(
+      isinstance(self.moe_every, int) and self.moe_every >= 0,
+      "moe_every",
+      self.moe_every,
+      "an int >= 0 (0: no MoE layers)",
+    )
     require(self.dtype in DTYPES, "dtype", self.dtype, f"one of {DTYPES}")
-    require(isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0, "embed_init_std",
-            self.embed_init_std, "> 0")
+    require(
+      isinstance(self.embed_init_std, (int, float)) and self.embed_init_std > 0,
+      "embed_init_std",
+      self.embed_init_std,
+      "> 0",
+    )
     self.check_parallelism()
 
   @property
@@ -82,16 +87,19 @@ def check_fields(fields, known, prefix: str, required=None) -> None:
   unknown = sorted(set(fields) - set(known))
   missing = sorted(set(known if required is None else required) - set(fields))
   if unknown or missing:
-    raise ConfigError(f"config fields: unknown {[prefix + u for u in unknown]}, missing "
-                      f"{[prefix + m for m in missing]}; expected {[prefix + k for k in known]}")
+    raise ConfigError(
+      f"config fields: unknown {[prefix + u for u in unknown]}, missing "
+      f"{[prefix + m for m in missing]}; expected {[prefix + k for k in known]}"
+    )
 
 
 def _decoder_from_sections(config: ml_collections.ConfigDict) -> tuple[DecoderConfig, dict]:
   """A decoder family's config from the model section (DecoderConfig's fields) and the moe section's fields, which
   take d_model from the model (the experts' d_ff is the moe section's own: a family's dense FFN is model.d_ff)."""
   fields = dataclasses.fields(DecoderConfig)
-  check_fields(config.model, [f.name for f in fields], "model.", [f.name for f in fields if f.default is
-                                                                   dataclasses.MISSING])
+  check_fields(
+    config.model, [f.name for f in fields], "model.", [f.name for f in fields if f.default is dataclasses.MISSING]
+  )
   model = {k: tuple(v) if isinstance(v, list) else v for k, v in config.model.items()}
   try:
     model_cfg = DecoderConfig(**model)
@@ -119,8 +127,9 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
     model_cfg, moe_fields = _decoder_from_sections(config)
   else:
     fields = dataclasses.fields(ModelConfig)
-    check_fields(config.model, [f.name for f in fields], "model.",
-                 [f.name for f in fields if f.default is dataclasses.MISSING])
+    check_fields(
+      config.model, [f.name for f in fields], "model.", [f.name for f in fields if f.default is dataclasses.MISSING]
+    )
     try:
       model_cfg = ModelConfig(**config.model)
     except ConfigError as e:

@@ -93,8 +93,9 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
       raise ConfigError(f"MoE width d_model={moe_cfg.d_model} differs from the decoder's d_model={cfg.d_model}")
     self.cfg, self.moe_cfg, self.mesh = cfg, moe_cfg, mesh
     pd = jnp.dtype(cfg.param_dtype)
-    self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02),
-                           rngs=rngs)
+    self.embed = nnx.Embed(
+      cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02), rngs=rngs
+    )
     layers = [DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
     if cfg.scan_layers:  # the same values, stacked per segment (`moejax.models.layers`)
       self.segments = layers_lib.stacked(layers, cfg)
@@ -104,8 +105,9 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     self.lm_head = None if cfg.tie_embeddings else linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
     self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
 
-  def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,
-                   rngs: nnx.Rngs | None = None) -> jax.Array:
+  def embed_tokens(
+    self, tokens_BxS: jax.Array, start=0, *, train: bool = False, rngs: nnx.Rngs | None = None
+  ) -> jax.Array:
     """tokens [B, S] -> x [B, S, d] in the compute dtype (positions enter through RoPE, so `start` is unused)."""
     del start, train, rngs
     return self.embed(tokens_BxS).astype(jnp.dtype(self.cfg.dtype))
@@ -123,11 +125,22 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
   def head_logits(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
     """x [..., d] after the last block -> logits [..., V] fp32 (after `norm`, default the final RMSNorm)."""
     kernel_DxV, _ = self.output_layer()
-    return jnp.einsum("...d,dv->...v", self.head_features(x_BxSxD, norm), kernel_DxV,
-                      preferred_element_type=jnp.float32)
+    return jnp.einsum(
+      "...d,dv->...v", self.head_features(x_BxSxD, norm), kernel_DxV, preferred_element_type=jnp.float32
+    )
 
-  def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
-               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False, features: bool = False):
+  def __call__(
+    self,
+    tokens_BxS: jax.Array,
+    *,
+    positions_BxP: jax.Array | None = None,
+    train: bool = False,
+    rngs: nnx.Rngs | None = None,
+    cache=None,
+    start=0,
+    details: bool = False,
+    features: bool = False,
+  ):
     """-> (logits, aux), or (logits, aux, cache) with a cache: a pair per layer (`attention.cache_shapes`; scanned,
     stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1.
     features: the output layer's inputs h [B, S or P, d] (`head_features`) in place of the logits, and the MTP
@@ -139,14 +152,22 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     rows, pad = tokens_BxS.shape[0], -tokens_BxS.shape[0] % self.mesh.size
     if pad and cache is None:
       repeat_last = lambda a: None if a is None else jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
-      out, aux = self(repeat_last(tokens_BxS), positions_BxP=repeat_last(positions_BxP), train=train, rngs=rngs,
-                      start=start, details=details, features=features)
+      out, aux = self(
+        repeat_last(tokens_BxS),
+        positions_BxP=repeat_last(positions_BxP),
+        train=train,
+        rngs=rngs,
+        start=start,
+        details=details,
+        features=features,
+      )
       for name in ("mtp_logits", "mtp_features"):
         if name in aux:
           aux[name] = aux[name][:, :rows]
       return out[:rows], aux
-    x_BxSxD, aux, new_cache = backbone.run_blocks(self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs,
-                                                  cache=cache, start=start, details=details)
+    x_BxSxD, aux, new_cache = backbone.run_blocks(
+      self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs, cache=cache, start=start, details=details
+    )
     head = self.head_features if features else self.head_logits
     if train and len(self.mtp):
       h_BxSxD, mtp_heads, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)

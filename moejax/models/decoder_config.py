@@ -84,26 +84,56 @@ class DecoderConfig(Parallelism):
     require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
     for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim", "max_len"):
       require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
-    require(self.num_heads % self.num_kv_heads == 0, "num_kv_heads", self.num_kv_heads,
-            f"a divisor of num_heads={self.num_heads}")
-    require(isinstance(self.moe_layers, tuple) and len(self.moe_layers) == self.num_layers, "moe_layers",
-            self.moe_layers, f"a tuple of {self.num_layers} bools")
-    require(self.sliding_window is None or is_int(self.sliding_window), "sliding_window", self.sliding_window,
-            "None or a positive int")
-    require(self.sliding_layers is None or len(self.sliding_layers) == self.num_layers, "sliding_layers",
-            self.sliding_layers, f"None or a tuple of {self.num_layers} bools")
+    require(
+      self.num_heads % self.num_kv_heads == 0,
+      "num_kv_heads",
+      self.num_kv_heads,
+      f"a divisor of num_heads={self.num_heads}",
+    )
+    require(
+      isinstance(self.moe_layers, tuple) and len(self.moe_layers) == self.num_layers,
+      "moe_layers",
+      self.moe_layers,
+      f"a tuple of {self.num_layers} bools",
+    )
+    require(
+      self.sliding_window is None or is_int(self.sliding_window),
+      "sliding_window",
+      self.sliding_window,
+      "None or a positive int",
+    )
+    require(
+      self.sliding_layers is None or len(self.sliding_layers) == self.num_layers,
+      "sliding_layers",
+      self.sliding_layers,
+      f"None or a tuple of {self.num_layers} bools",
+    )
     if self.latent:
       for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (multi-head latent attention)")
-      require(self.q_lora_rank is None or is_int(self.q_lora_rank), "q_lora_rank", self.q_lora_rank,
-              "None or a positive int")
-    require(is_number(self.partial_rotary_factor) and 0 < self.partial_rotary_factor <= 1
-            and (not self.latent or self.partial_rotary_factor == 1), "partial_rotary_factor",
-            self.partial_rotary_factor, "in (0, 1] (1 with multi-head latent attention)")
-    require(self.qk_rope_head_dim % 2 == 0 and self.rope_dim % 2 == 0, "head_dim", self.head_dim,
-            "even, and its rotated part head_dim x partial_rotary_factor too (RoPE rotates pairs)")
-    require(not (self.attention_sinks and self.latent), "attention_sinks", self.attention_sinks,
-            "False with multi-head latent attention (gpt-oss's sinks are grouped-query attention's)")
+      require(
+        self.q_lora_rank is None or is_int(self.q_lora_rank), "q_lora_rank", self.q_lora_rank, "None or a positive int"
+      )
+    require(
+      is_number(self.partial_rotary_factor)
+      and 0 < self.partial_rotary_factor <= 1
+      and (not self.latent or self.partial_rotary_factor == 1),
+      "partial_rotary_factor",
+      self.partial_rotary_factor,
+      "in (0, 1] (1 with multi-head latent attention)",
+    )
+    require(
+      self.qk_rope_head_dim % 2 == 0 and self.rope_dim % 2 == 0,
+      "head_dim",
+      self.head_dim,
+      "even, and its rotated part head_dim x partial_rotary_factor too (RoPE rotates pairs)",
+    )
+    require(
+      not (self.attention_sinks and self.latent),
+      "attention_sinks",
+      self.attention_sinks,
+      "False with multi-head latent attention (gpt-oss's sinks are grouped-query attention's)",
+    )
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):

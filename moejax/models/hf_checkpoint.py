@@ -33,8 +33,15 @@ from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError, is_int, require
 
 # Parameter names of a block that the hub spells differently (the rest keep their names).
-RENAMES = {"ln_attn": "input_layernorm", "ln_ffn": "post_attention_layernorm", "attn": "self_attn", "ffn": "mlp",
-           "router": "gate", "kernel": "weight", "expert_bias": "e_score_correction_bias"}
+RENAMES = {
+  "ln_attn": "input_layernorm",
+  "ln_ffn": "post_attention_layernorm",
+  "attn": "self_attn",
+  "ffn": "mlp",
+  "router": "gate",
+  "kernel": "weight",
+  "expert_bias": "e_score_correction_bias",
+}
 READABLE_DTYPES = ("F32", "BF16", "F16")
 SHARD_BYTES = 4 << 30  # per safetensors file written
 
@@ -45,8 +52,9 @@ def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
   names are its family's (`Family.moe_module`, `expert_names`, ...)."""
   path = list(path)
   if path[0] in ("embed", "norm", "lm_head"):
-    return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[path[0]], \
-        path[0] == "lm_head"
+    return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[
+      path[0]
+    ], path[0] == "lm_head"
   if path[0] == "mtp":  # DeepSeek-V3's layer num_layers + k: its own norms and projection, then a usual block
     layer, rest = cfg.num_layers + path[1], path[2:]
     rest = rest[1:] if rest[0] == "block" else [{"norm": "shared_head.norm"}.get(rest[0], rest[0]), *rest[1:]]
@@ -120,8 +128,10 @@ def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
   extra = sorted(n for n in shards.names if n not in stored and not re.search(r"rotary_emb\.inv_freq$", n))
   missing = sorted(n for n in stored if n not in shards.names)
   if missing or extra:
-    raise ConfigError(f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
-                      f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json")
+    raise ConfigError(
+      f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
+      f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json"
+    )
   for name, (_, shape, _, _) in expected.items():
     tensor = shards.tensor(name)
     if tuple(tensor.get_shape()) != shape:
@@ -156,8 +166,9 @@ def _load_leaf(shards: hf_files.Shards, names: list[str], leaf, transposed: bool
 def has_mtp(shards: hf_files.Shards, cfg: DecoderConfig) -> bool:
   """Whether the checkpoint holds tensors of DeepSeek-V3's MTP layers (model.layers.{num_layers + k}.*);
   transformers' save_pretrained writes none, whatever num_nextn_predict_layers says."""
-  return any(name.startswith(f"model.layers.{cfg.num_layers + k}.") for name in shards.names
-             for k in range(cfg.num_mtp_layers))
+  return any(
+    name.startswith(f"model.layers.{cfg.num_layers + k}.") for name in shards.names for k in range(cfg.num_mtp_layers)
+  )
 
 
 def _initial(cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, seed: int, abstract: dict, key: str) -> dict:
@@ -178,8 +189,12 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   try:
     fresh_mtp = cfg.num_mtp_layers > 0 and not has_mtp(shards, cfg)
     if fresh_mtp:  # a checkpoint saved by transformers: its MTP modules start from their initialisation
-      logging.info("checkpoint %s holds no MTP tensors (model.layers.%d.*): its %d MTP module(s) start from their "
-                   "initialisation", path, cfg.num_layers, cfg.num_mtp_layers)
+      logging.info(
+        "checkpoint %s holds no MTP tensors (model.layers.%d.*): its %d MTP module(s) start from their initialisation",
+        path,
+        cfg.num_layers,
+        cfg.num_mtp_layers,
+      )
     leaves = [(p, leaf) for p, leaf in list(_leaves(params)) + loaded_rest if not (fresh_mtp and p[0] == "mtp")]
     expected = _expected(leaves, cfg, moe_cfg.num_experts)
     _check(shards, expected, path)
@@ -187,8 +202,14 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
     arrays = {}
     for leaf_path, _, transposed, expert in expected.values():
       if leaf_path not in arrays:
-        arrays[leaf_path] = _load_leaf(shards, layer_keys(leaf_path, cfg)[0], leaves[leaf_path], transposed,
-                                       expert is not None, leaf_path[0] == "segments")
+        arrays[leaf_path] = _load_leaf(
+          shards,
+          layer_keys(leaf_path, cfg)[0],
+          leaves[leaf_path],
+          transposed,
+          expert is not None,
+          leaf_path[0] == "segments",
+        )
   finally:
     shards.close()
   rest = state_lib.init_state(cfg, moe_cfg, mesh, seed, only_rest=True)  # params: the abstract tree, filled in
@@ -199,9 +220,16 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   return graphdef, params, rest
 
 
-def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dict | None = None,
-            param_dtype: str = "float32", placement=None, model: dict | None = None,
-            tokens: int | None = None) -> Decoder:
+def from_hf(
+  path: str,
+  mesh: jax.sharding.Mesh,
+  dtype: str = "float32",
+  moe: dict | None = None,
+  param_dtype: str = "float32",
+  placement=None,
+  model: dict | None = None,
+  tokens: int | None = None,
+) -> Decoder:
   """The decoder of a local Hugging Face checkpoint directory on `mesh`: config.json read (`hf_config`), then every
   tensor read lazily from the safetensors shards into its shards on the mesh (experts split over the
   expert-parallel devices: each reads its own experts). dtype: the compute dtype; param_dtype: the parameters';
@@ -227,8 +255,9 @@ def from_hf(path: str, mesh: jax.sharding.Mesh, dtype: str = "float32", moe: dic
   if cfg.num_mtp_layers:  # inference without the MTP modules a checkpoint does not hold
     shards = hf_files.Shards(path)
     if not has_mtp(shards, cfg):
-      logging.info("checkpoint %s holds no MTP tensors (model.layers.%d.*): loaded without its MTP modules",
-                   path, cfg.num_layers)
+      logging.info(
+        "checkpoint %s holds no MTP tensors (model.layers.%d.*): loaded without its MTP modules", path, cfg.num_layers
+      )
       cfg = dataclasses.replace(cfg, num_mtp_layers=0)
     shards.close()
   if placement is not None:  # refused before reading: a group split, a slot table, a wrong shape
@@ -283,8 +312,12 @@ def _named(leaves, cfg: DecoderConfig):
 def _fp8_weight(name: str, array: np.ndarray) -> bool:
   """Whether DeepSeek's published FP8 format quantises the tensor `name`: the blocks' Linear weights, not the
   routers (`mlp.gate`), norms, embeddings, head or the MTP modules' eh_proj."""
-  return (array.ndim == 2 and name.startswith("model.layers.") and name.endswith(".weight")
-          and not name.endswith((".gate.weight", "eh_proj.weight")))
+  return (
+    array.ndim == 2
+    and name.startswith("model.layers.")
+    and name.endswith(".weight")
+    and not name.endswith((".gate.weight", "eh_proj.weight"))
+  )
 
 
 def _quantized(tensors, fp8_blocks: tuple[int, int] | None):
@@ -299,7 +332,9 @@ def _quantized(tensors, fp8_blocks: tuple[int, int] | None):
       yield name + hf_files.FP8_SUFFIX, scale_inv
 
 
-def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_blocks: tuple[int, int] | None = None) -> None:
+def to_hf(
+  model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_blocks: tuple[int, int] | None = None
+) -> None:
   """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
   shard_bytes each, in the model's order; one model.safetensors if it fits) and model.safetensors.index.json.
   One part of the model is gathered to the host at a time and each file written when full, so the host holds
@@ -311,8 +346,12 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_bloc
   as `from_hf` and transformers read it."""
   config = hf_config.to_hf_config(model.cfg, model.moe_cfg)  # refuses what config.json cannot say, before writing
   if fp8_blocks is not None:
-    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": list(fp8_blocks),
-                                     "activation_scheme": "dynamic"}
+    config["quantization_config"] = {
+      "quant_method": "fp8",
+      "fmt": "e4m3",
+      "weight_block_size": list(fp8_blocks),
+      "activation_scheme": "dynamic",
+    }
     hf_files.quantization(config)  # refuses a block size it would not read back
   writer = jax.process_index() == 0
   if writer:
@@ -334,8 +373,10 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_bloc
   if not writer:
     return
   parts = sorted(set(weight_map.values()))
-  final = {part: "model.safetensors" if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
-           for i, part in enumerate(parts)}
+  final = {
+    part: "model.safetensors" if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
+    for i, part in enumerate(parts)
+  }
   umask = os.umask(0)
   os.umask(umask)
   for part, file in final.items():
@@ -343,7 +384,13 @@ def to_hf(model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_bloc
     os.chmod(os.path.join(out_dir, file), 0o666 & ~umask)  # safetensors writes 0600; the user's umask decides here
   if len(parts) > 1:
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
-      json.dump({"metadata": {"total_size": total},
-                 "weight_map": {name: final[part] for name, part in sorted(weight_map.items())}}, f, indent=2)
+      json.dump(
+        {
+          "metadata": {"total_size": total},
+          "weight_map": {name: final[part] for name, part in sorted(weight_map.items())},
+        },
+        f,
+        indent=2,
+      )
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2)

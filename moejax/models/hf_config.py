@@ -25,35 +25,62 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
   return float(theta), None if not scaling else tuple(sorted(scaling.items()))
 
 
-def from_hf_config(hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None,
-                   model: dict | None = None) -> tuple[DecoderConfig, MoEConfig]:
+def from_hf_config(
+  hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None, model: dict | None = None
+) -> tuple[DecoderConfig, MoEConfig]:
   """(decoder config, MoE layer config) of a config.json's dict; `moe` overrides MoEConfig fields (transport,
   schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync, scan_layers). Errors name the
   config.json field, or moe.<field> and model.<field>."""
   model_type = hf.get("model_type")
   require(model_type in FAMILIES, "model_type", model_type, f"one of {FAMILIES}")
   family = families.get(model_type)
-  require(not hf.get("attention_bias") or family.attention_bias, "attention_bias", hf.get("attention_bias"),
-          f"false for {model_type} (its published checkpoints have no attention biases)")
+  require(
+    not hf.get("attention_bias") or family.attention_bias,
+    "attention_bias",
+    hf.get("attention_bias"),
+    f"false for {model_type} (its published checkpoints have no attention biases)",
+  )
   require(not hf.get("mlp_bias"), "mlp_bias", hf.get("mlp_bias"), "false (SwiGLU FFNs without biases)")
   require(hf.get("hidden_act", "silu") == "silu", "hidden_act", hf.get("hidden_act"), "'silu' (SwiGLU)")
   layers = hf["num_hidden_layers"]
   theta, scaling = _rope(hf)
   window, sliding_layers = family.sliding(hf, layers)
   decoder = dict(
-      family=model_type, vocab_size=hf["vocab_size"], num_layers=layers, d_model=hf["hidden_size"],
-      d_ff=hf["intermediate_size"], num_heads=hf["num_attention_heads"], max_len=hf["max_position_embeddings"],
-      moe_layers=family.moe_layers(hf, layers), rms_eps=hf.get("rms_norm_eps", 1e-6), rope_theta=theta,
-      rope_scaling=scaling, partial_rotary_factor=float((hf.get("rope_parameters") or {}).get(
-          "partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))), sliding_window=window, sliding_layers=sliding_layers,
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)), dtype=dtype, param_dtype=param_dtype,
-      **family.decoder_fields(hf))
+    family=model_type,
+    vocab_size=hf["vocab_size"],
+    num_layers=layers,
+    d_model=hf["hidden_size"],
+    d_ff=hf["intermediate_size"],
+    num_heads=hf["num_attention_heads"],
+    max_len=hf["max_position_embeddings"],
+    moe_layers=family.moe_layers(hf, layers),
+    rms_eps=hf.get("rms_norm_eps", 1e-6),
+    rope_theta=theta,
+    rope_scaling=scaling,
+    partial_rotary_factor=float(
+      (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    ),
+    sliding_window=window,
+    sliding_layers=sliding_layers,
+    tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+    dtype=dtype,
+    param_dtype=param_dtype,
+    **family.decoder_fields(hf),
+  )
   unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
   require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
   cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})
   if cfg.num_moe_layers:  # the routed layer as the checkpoint routes, moejax's defaults for the rest
-    fields = {**dict(gated=True, activation="silu", top_k=hf.get("num_experts_per_tok"), d_model=hf["hidden_size"],
-                     num_experts=num_experts(hf)), **family.moe_fields(hf)}
+    fields = {
+      **dict(
+        gated=True,
+        activation="silu",
+        top_k=hf.get("num_experts_per_tok"),
+        d_model=hf["hidden_size"],
+        num_experts=num_experts(hf),
+      ),
+      **family.moe_fields(hf),
+    }
   else:  # a placeholder: no layer reads it
     fields = dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=hf["intermediate_size"])
   fields["dtype"] = dtype
@@ -68,14 +95,27 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
   then its family's (`Family.to_hf`, which refuses what the family's config.json cannot say) and its sliding
   window."""
   family = families.get(cfg.family)
-  hf = dict(model_type=cfg.family, architectures=[family.architecture], vocab_size=cfg.vocab_size,
-            hidden_size=cfg.d_model, intermediate_size=cfg.d_ff, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-            max_position_embeddings=cfg.max_len, rms_norm_eps=cfg.rms_eps, hidden_act="silu",
-            tie_word_embeddings=cfg.tie_embeddings, dtype=cfg.param_dtype,
-            rope_parameters={"rope_theta": cfg.rope_theta, **(cfg.scaling or {"rope_type": "default"}),
-                             **({"partial_rotary_factor": cfg.partial_rotary_factor}
-                                if cfg.partial_rotary_factor != 1 else {})})
+  hf = dict(
+    model_type=cfg.family,
+    architectures=[family.architecture],
+    vocab_size=cfg.vocab_size,
+    hidden_size=cfg.d_model,
+    intermediate_size=cfg.d_ff,
+    num_hidden_layers=cfg.num_layers,
+    num_attention_heads=cfg.num_heads,
+    num_key_value_heads=cfg.num_kv_heads,
+    head_dim=cfg.head_dim,
+    max_position_embeddings=cfg.max_len,
+    rms_norm_eps=cfg.rms_eps,
+    hidden_act="silu",
+    tie_word_embeddings=cfg.tie_embeddings,
+    dtype=cfg.param_dtype,
+    rope_parameters={
+      "rope_theta": cfg.rope_theta,
+      **(cfg.scaling or {"rope_type": "default"}),
+      **({"partial_rotary_factor": cfg.partial_rotary_factor} if cfg.partial_rotary_factor != 1 else {}),
+    },
+  )
   hf.update(family.to_hf(cfg, moe_cfg))
   hf.update(family.sliding_to_hf(cfg))
   return hf

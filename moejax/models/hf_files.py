@@ -46,9 +46,12 @@ def quantization(hf: dict) -> tuple[str, tuple[int, int] | None] | None:
     return method, None
   require(q.get("fmt", "e4m3") == "e4m3", "quantization_config.fmt", q.get("fmt"), "'e4m3' (float8_e4m3fn weights)")
   block = q.get("weight_block_size")
-  require(isinstance(block, (list, tuple)) and len(block) == 2 and all(is_int(b) for b in block),
-          "quantization_config.weight_block_size", block,
-          "[rows, columns] of positive ints (block-quantised weights, as DeepSeek publishes them)")
+  require(
+    isinstance(block, (list, tuple)) and len(block) == 2 and all(is_int(b) for b in block),
+    "quantization_config.weight_block_size",
+    block,
+    "[rows, columns] of positive ints (block-quantised weights, as DeepSeek publishes them)",
+  )
   return method, tuple(block)
 
 
@@ -82,8 +85,10 @@ class Fp8Blocks:
     rows, cols = weight.shape
     want = (-(-rows // block[0]), -(-cols // block[1]))
     if tuple(scale_inv.get_shape()) != want:
-      raise ConfigError(f"checkpoint tensor {name}{FP8_SUFFIX} has shape {tuple(scale_inv.get_shape())}, expected "
-                        f"{want} (blocks of {list(block)} over {name} {[rows, cols]})")
+      raise ConfigError(
+        f"checkpoint tensor {name}{FP8_SUFFIX} has shape {tuple(scale_inv.get_shape())}, expected "
+        f"{want} (blocks of {list(block)} over {name} {[rows, cols]})"
+      )
 
   def get_shape(self):
     return list(self.weight.shape)
@@ -94,8 +99,10 @@ class Fp8Blocks:
   def __getitem__(self, index) -> np.ndarray:
     (r0, r1), (c0, c1) = _bounds(index, self.weight.shape)
     (b0, b1) = self.block
-    scale = np.asarray(self.scale_inv[r0 // b0:-(-r1 // b0), c0 // b1:-(-c1 // b1)], np.float32)
-    scale = np.repeat(np.repeat(scale, b0, axis=0), b1, axis=1)[r0 % b0:r0 % b0 + r1 - r0, c0 % b1:c0 % b1 + c1 - c0]
+    scale = np.asarray(self.scale_inv[r0 // b0 : -(-r1 // b0), c0 // b1 : -(-c1 // b1)], np.float32)
+    scale = np.repeat(np.repeat(scale, b0, axis=0), b1, axis=1)[
+      r0 % b0 : r0 % b0 + r1 - r0, c0 % b1 : c0 % b1 + c1 - c0
+    ]
     return np.asarray(self.weight[r0:r1, c0:c1]).view(ml_dtypes.float8_e4m3fn).astype(np.float32) * scale
 
 
@@ -107,8 +114,10 @@ class Mxfp4Blocks:
     self.blocks, self.scales = blocks, scales
     shape, scale_shape = tuple(blocks.get_shape()), tuple(scales.get_shape())
     if len(shape) != 4 or shape[-1] != MXFP4_BLOCK // 2 or scale_shape != shape[:3]:
-      raise ConfigError(f"checkpoint tensors {name}_blocks {list(shape)} and {name}_scales {list(scale_shape)}: "
-                        f"expected [E, out, in / 32, 16] and [E, out, in / 32]")
+      raise ConfigError(
+        f"checkpoint tensors {name}_blocks {list(shape)} and {name}_scales {list(scale_shape)}: "
+        f"expected [E, out, in / 32, 16] and [E, out, in / 32]"
+      )
     self.shape = (shape[0], shape[2] * MXFP4_BLOCK, shape[1])
 
   def get_shape(self):
@@ -125,7 +134,7 @@ class Mxfp4Blocks:
     values = np.stack([E2M1[packed & 0x0F], E2M1[packed >> 4]], axis=-1).reshape(*packed.shape[:3], MXFP4_BLOCK)
     values = (values * np.exp2(exponents)[..., None]).reshape(*packed.shape[:2], -1)  # [e, o, 32 g]
     start = i0 - g0 * MXFP4_BLOCK
-    return values[:, :, start:start + i1 - i0].transpose(0, 2, 1)
+    return values[:, :, start : start + i1 - i0].transpose(0, 2, 1)
 
 
 QUANTISED = (Fp8Blocks, Mxfp4Blocks)  # the tensors read dequantised
@@ -158,7 +167,7 @@ class Columns:
   def __getitem__(self, index) -> np.ndarray:
     *lead, (c0, c1) = _bounds(index, self.shape)
     stored = tuple(slice(a, b) for a, b in lead) + (slice(c0 * self.n + self.i, c1 * self.n),)
-    return np.asarray(self.tensor[stored])[..., ::self.n]
+    return np.asarray(self.tensor[stored])[..., :: self.n]
 
 
 def join_parts(tensors):
@@ -201,9 +210,9 @@ class Shards:
     self.names = set(self.where)
     method = self.quantization and self.quantization[0]
     if method == "fp8":
-      self.names -= {n for n in self.where if n.endswith(FP8_SUFFIX) and n[:-len(FP8_SUFFIX)] in self.where}
+      self.names -= {n for n in self.where if n.endswith(FP8_SUFFIX) and n[: -len(FP8_SUFFIX)] in self.where}
     if method == "mxfp4":
-      packed = {n[:-len("_blocks")] for n in self.where if n.endswith("_blocks") and n[:-7] + "_scales" in self.where}
+      packed = {n[: -len("_blocks")] for n in self.where if n.endswith("_blocks") and n[:-7] + "_scales" in self.where}
       self.names = (self.names - {p + s for p in packed for s in MXFP4_SUFFIXES}) | packed
 
   def _open(self, file: str):
@@ -267,4 +276,3 @@ class _Raw:
 
   def __getitem__(self, index):
     return self.array[index]
-

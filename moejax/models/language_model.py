@@ -30,8 +30,9 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
 
   def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs):
     if (moe_cfg.d_model, moe_cfg.d_ff) != (cfg.d_model, cfg.d_ff):
-      raise ConfigError(f"MoE widths ({moe_cfg.d_model}, {moe_cfg.d_ff}) differ from the model's "
-                        f"d_model={cfg.d_model}, d_ff={cfg.d_ff}")
+      raise ConfigError(
+        f"MoE widths ({moe_cfg.d_model}, {moe_cfg.d_ff}) differ from the model's d_model={cfg.d_model}, d_ff={cfg.d_ff}"
+      )
     self.cfg, self.moe_cfg, self.mesh = cfg, moe_cfg, mesh
     embed_init = nnx.initializers.normal(cfg.embed_init_std)
     self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, embedding_init=embed_init, rngs=rngs)
@@ -49,8 +50,9 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
     self.head_ln = nnx.LayerNorm(cfg.d_model, epsilon=1e-12, rngs=rngs)
     self.head_bias = nnx.Param(jnp.zeros((cfg.vocab_size,)))
 
-  def embed_tokens(self, tokens_BxS: jax.Array, start=0, *, train: bool = False,
-                   rngs: nnx.Rngs | None = None) -> jax.Array:
+  def embed_tokens(
+    self, tokens_BxS: jax.Array, start=0, *, train: bool = False, rngs: nnx.Rngs | None = None
+  ) -> jax.Array:
     """tokens [B, S] at positions start .. start + S - 1 -> x [B, S, d] in the compute dtype."""
     x_BxSxD = self.embed(tokens_BxS) + jax.lax.dynamic_slice_in_dim(self.pos_embed[...], start, tokens_BxS.shape[1])
     if self.cfg.kind == "bert":
@@ -71,11 +73,22 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
   def head_logits(self, x_BxSxD: jax.Array) -> jax.Array:
     """x [..., d] after the last block -> logits [..., V] fp32 (tied output layer)."""
     kernel_DxV, bias_V = self.output_layer()
-    return jnp.einsum("...d,dv->...v", self.head_features(x_BxSxD), kernel_DxV,
-                      preferred_element_type=jnp.float32) + bias_V
+    return (
+      jnp.einsum("...d,dv->...v", self.head_features(x_BxSxD), kernel_DxV, preferred_element_type=jnp.float32) + bias_V
+    )
 
-  def __call__(self, tokens_BxS: jax.Array, *, positions_BxP: jax.Array | None = None, train: bool = False,
-               rngs: nnx.Rngs | None = None, cache=None, start=0, details: bool = False, features: bool = False):
+  def __call__(
+    self,
+    tokens_BxS: jax.Array,
+    *,
+    positions_BxP: jax.Array | None = None,
+    train: bool = False,
+    rngs: nnx.Rngs | None = None,
+    cache=None,
+    start=0,
+    details: bool = False,
+    features: bool = False,
+  ):
     """-> (logits, aux), or (logits, aux, cache) with a KV cache.
 
     cache: a (k, v) [B, S_cache, H, W] pair per block, stacked per segment when scanned (`moejax.infer.cache`; 'gpt'
@@ -86,8 +99,9 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
     `output_layer` to them (`moejax.train.objective.model_loss_sums`, chunk by chunk).
     """
     x_BxSxD = self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs)
-    x_BxSxD, aux, new_cache = backbone.run_blocks(self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start,
-                                                  details=details)
+    x_BxSxD, aux, new_cache = backbone.run_blocks(
+      self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start, details=details
+    )
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
     out = (self.head_features if features else self.head_logits)(x_BxSxD)

@@ -48,11 +48,11 @@ def find_segments(kinds: tuple) -> tuple[Segment, ...]:
     run = next((i for i in range(start, n) if kinds[i] != kinds[start]), n) - start
     best = Segment(start, 1, run)
     for period in range(2, (n - start) // 2 + 1):
-      unit = kinds[start:start + period]
+      unit = kinds[start : start + period]
       if len(set(unit)) == 1:  # one kind: the run of period 1 covers at least as much
         continue
       repeats = 1
-      while kinds[start + repeats * period:start + (repeats + 1) * period] == unit:
+      while kinds[start + repeats * period : start + (repeats + 1) * period] == unit:
         repeats += 1
       if repeats >= 2 and period * repeats > best.period * best.repeats:
         best = Segment(start, period, repeats)
@@ -75,8 +75,12 @@ def where(cfg) -> tuple[tuple[tuple, int | None], ...]:
   (('blocks', i), None) unrolled, (('segments', s, j), r) scanned."""
   if not cfg.scan_layers:
     return tuple((("blocks", i), None) for i in range(cfg.num_layers))
-  found = {seg.layer(r, j): (("segments", s, j), r) for s, seg in enumerate(segments(cfg))
-           for r in range(seg.repeats) for j in range(seg.period)}
+  found = {
+    seg.layer(r, j): (("segments", s, j), r)
+    for s, seg in enumerate(segments(cfg))
+    for r in range(seg.repeats)
+    for j in range(seg.period)
+  }
   return tuple(found[i] for i in range(cfg.num_layers))
 
 
@@ -95,8 +99,13 @@ def stacked(layers: list, cfg) -> nnx.List:
     for j in range(seg.period):
       graphdefs, states = zip(*(nnx.split(layers[seg.layer(r, j)]) for r in range(seg.repeats)))
       if any(g != graphdefs[0] for g in graphdefs):  # a per-layer setting the kinds above do not know
-        raise ConfigError(f"layers {[seg.layer(r, j) for r in range(seg.repeats)]} differ in more than their arrays, "
-                          "so one scanned body cannot run them: set scan_layers=False", "scan_layers", True, "False")
+        raise ConfigError(
+          f"layers {[seg.layer(r, j) for r in range(seg.repeats)]} differ in more than their arrays, "
+          "so one scanned body cannot run them: set scan_layers=False",
+          "scan_layers",
+          True,
+          "False",
+        )
       subs.append(nnx.merge(graphdefs[0], jax.tree.map(lambda *a: jnp.stack(a), *states)))
     out.append(nnx.List(subs))
   return nnx.List(out)
@@ -150,8 +159,9 @@ def with_per_layer(tree: dict, layers: list, cfg) -> dict:
     blocks = {i: layer for i, layer in enumerate(layers) if layer}  # empty: the layer has nothing in this state
     return {**out, "blocks": blocks} if blocks else out
   stack = lambda seg, j: jax.tree.map(lambda *a: _stack(a), *(layers[seg.layer(r, j)] for r in range(seg.repeats)))
-  found = {s: {j: stack(seg, j) for j in range(seg.period) if layers[seg.layer(0, j)]}
-           for s, seg in enumerate(segments(cfg))}
+  found = {
+    s: {j: stack(seg, j) for j in range(seg.period) if layers[seg.layer(0, j)]} for s, seg in enumerate(segments(cfg))
+  }
   found = {s: subs for s, subs in found.items() if subs}
   return {**out, "segments": found} if found else out
 

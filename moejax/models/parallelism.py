@@ -54,5 +54,9 @@ class Parallelism:
     if self.tensor_parallel:
       for name in self.TENSOR_PARALLEL_SIZES:
         value = getattr(self, name)
-        require(value % gpus_per_node == 0, name, value,
-                f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)")
+        require(
+          value % gpus_per_node == 0,
+          name,
+          value,
+          f"a multiple of the mesh's {gpus_per_node} GPUs per node (tensor_parallel=True splits it over them)",
+        )

@@ -33,8 +33,7 @@ def with_placement(model, placement):
   # Layer by layer (a scanned segment's repeats sliced, then stacked again: `moejax.models.layers`).
   layer_params, layer_rest = layers_lib.per_layer(params, model.cfg), layers_lib.per_layer(rest, model.cfg)
   placed = apply_lib.permute_experts([layer_params[i]["ffn"]["moe"] for i in moe_blocks], order, model.moe_cfg)
-  placed_state = apply_lib.permute_expert_state([layer_rest[i]["ffn"]["moe"] for i in moe_blocks], order,
-                                                model.moe_cfg)
+  placed_state = apply_lib.permute_expert_state([layer_rest[i]["ffn"]["moe"] for i in moe_blocks], order, model.moe_cfg)
   for i, layer, state in zip(moe_blocks, placed, placed_state):
     layer_params[i] = {**layer_params[i], "ffn": {**layer_params[i]["ffn"], "moe": layer}}
     layer_rest[i] = {**layer_rest[i], "ffn": {**layer_rest[i]["ffn"], "moe": state}}

@@ -43,6 +43,7 @@ class Published:
   experts' width). `model`: the rest of the model as its config's fields (DecoderConfig's for the decoders:
   vocabulary, layers, attention, d_ff the dense FFN's width; ModelConfig's for SMILE's BERT), empty where moejax
   builds none. `dense`: leading dense layers. `mesh`: the (nodes, GPUs per node) it is trained or served on."""
+
   source: str
   moe: dict
   model: dict = dataclasses.field(default_factory=dict)
@@ -53,57 +54,161 @@ class Published:
 _SWIGLU = dict(gated=True, activation="silu", capacity_factor=None)  # dropless SwiGLU experts
 
 PUBLISHED = {
-    "mixtral_8x7b": Published(
-        "mistralai/Mixtral-8x7B-v0.1",
-        moe=dict(d_model=4096, d_ff=14336, num_experts=8, top_k=2, score="softmax", renormalize=True, **_SWIGLU,
-                 load_balance_coef=0.02),
-        model=dict(vocab_size=32000, num_layers=32, d_ff=14336, num_heads=32, num_kv_heads=8, head_dim=128,
-                   max_len=32768, rope_theta=1e6, rms_eps=1e-5)),
-    "qwen2_moe": Published(  # 60 experts: served on 4 GPUs
-        "Qwen/Qwen1.5-MoE-A2.7B",
-        moe=dict(d_model=2048, d_ff=1408, num_experts=60, top_k=4, num_shared_experts=1, shared_d_ff=5632,
-                 shared_gate=True, **_SWIGLU, load_balance_coef=0.001),
-        model=dict(vocab_size=151936, num_layers=24, d_ff=5632, num_heads=16, num_kv_heads=16, head_dim=128,
-                   max_len=8192, rope_theta=1e6, qkv_bias=True),
-        mesh=(1, 4)),
-    "qwen3_moe": Published(
-        "Qwen/Qwen3-30B-A3B",
-        moe=dict(d_model=2048, d_ff=768, num_experts=128, top_k=8, score="softmax", renormalize=True, **_SWIGLU,
-                 load_balance_coef=0.001),
-        model=dict(vocab_size=151936, num_layers=48, d_ff=6144, num_heads=32, num_kv_heads=4, head_dim=128,
-                   max_len=40960, rope_theta=1e6, qk_norm=True),
-        mesh=(2, 8)),
-    "deepseek_v2": Published(
-        "deepseek-ai/DeepSeek-V2-Lite",
-        moe=dict(d_model=2048, d_ff=1408, num_experts=64, top_k=6, num_shared_experts=2, **_SWIGLU,
-                 load_balance_coef=0.001),
-        model=dict(vocab_size=102400, num_layers=27, d_ff=10944, num_heads=16, num_kv_heads=16, head_dim=64,
-                   max_len=163840, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
-                   rope_interleaved=True),
-        dense=1),
-    "deepseek_v3": Published(
-        "deepseek-ai/DeepSeek-V3",
-        moe=dict(d_model=7168, d_ff=2048, num_experts=256, top_k=8, score="sigmoid", renormalize=True,
-                 routed_scaling=2.5, num_groups=8, topk_groups=4, bias_update_rate=0.001, num_shared_experts=1,
-                 **_SWIGLU, balance_loss="sequence", load_balance_coef=0.0001),
-        model=dict(vocab_size=129280, num_layers=61, d_ff=18432, num_heads=128, num_kv_heads=128, head_dim=64,
-                   max_len=163840, q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-                   v_head_dim=128, rope_interleaved=True, num_mtp_layers=1),
-        dense=3, mesh=(32, 8)),
-    "phi3.5_moe": Published(  # its SparseMixer router is not modelled: the expert shape only
-        "microsoft/Phi-3.5-MoE-instruct",
-        moe=dict(d_model=4096, d_ff=6400, num_experts=16, top_k=2, **_SWIGLU)),
-    # SMILE (arXiv 2212.05191) Table 2: BERT with every other FFN an MoE layer, 128 experts on 16 nodes x 8 GPUs,
-    # top-1, capacity factor 2.0, sequences of 128 tokens, T5's vocabulary (Sec. 4.1).
-    **{f"smile_{size}": Published(
-        "SMILE Table 2",
-        moe=dict(d_model=d_model, d_ff=d_ff, num_experts=128, top_k=1, gated=False, activation="gelu",
-                 capacity_factor=2.0),
-        model=dict(kind="bert", vocab_size=32128, num_layers=layers, num_heads=heads, d_ff=d_ff, max_len=128,
-                   moe_every=2),
-        mesh=(16, 8))
-       for size, layers, d_model, heads, d_ff in (("3.7b", 12, 768, 12, 3072), ("13b", 24, 1024, 16, 4096),
-                                                  ("48b", 36, 1600, 25, 6400))},
+  "mixtral_8x7b": Published(
+    "mistralai/Mixtral-8x7B-v0.1",
+    moe=dict(
+      d_model=4096,
+      d_ff=14336,
+      num_experts=8,
+      top_k=2,
+      score="softmax",
+      renormalize=True,
+      **_SWIGLU,
+      load_balance_coef=0.02,
+    ),
+    model=dict(
+      vocab_size=32000,
+      num_layers=32,
+      d_ff=14336,
+      num_heads=32,
+      num_kv_heads=8,
+      head_dim=128,
+      max_len=32768,
+      rope_theta=1e6,
+      rms_eps=1e-5,
+    ),
+  ),
+  "qwen2_moe": Published(  # 60 experts: served on 4 GPUs
+    "Qwen/Qwen1.5-MoE-A2.7B",
+    moe=dict(
+      d_model=2048,
+      d_ff=1408,
+      num_experts=60,
+      top_k=4,
+      num_shared_experts=1,
+      shared_d_ff=5632,
+      shared_gate=True,
+      **_SWIGLU,
+      load_balance_coef=0.001,
+    ),
+    model=dict(
+      vocab_size=151936,
+      num_layers=24,
+      d_ff=5632,
+      num_heads=16,
+      num_kv_heads=16,
+      head_dim=128,
+      max_len=8192,
+      rope_theta=1e6,
+      qkv_bias=True,
+    ),
+    mesh=(1, 4),
+  ),
+  "qwen3_moe": Published(
+    "Qwen/Qwen3-30B-A3B",
+    moe=dict(
+      d_model=2048,
+      d_ff=768,
+      num_experts=128,
+      top_k=8,
+      score="softmax",
+      renormalize=True,
+      **_SWIGLU,
+      load_balance_coef=0.001,
+    ),
+    model=dict(
+      vocab_size=151936,
+      num_layers=48,
+      d_ff=6144,
+      num_heads=32,
+      num_kv_heads=4,
+      head_dim=128,
+      max_len=40960,
+      rope_theta=1e6,
+      qk_norm=True,
+    ),
+    mesh=(2, 8),
+  ),
+  "deepseek_v2": Published(
+    "deepseek-ai/DeepSeek-V2-Lite",
+    moe=dict(
+      d_model=2048, d_ff=1408, num_experts=64, top_k=6, num_shared_experts=2, **_SWIGLU, load_balance_coef=0.001
+    ),
+    model=dict(
+      vocab_size=102400,
+      num_layers=27,
+      d_ff=10944,
+      num_heads=16,
+      num_kv_heads=16,
+      head_dim=64,
+      max_len=163840,
+      kv_lora_rank=512,
+      qk_nope_head_dim=128,
+      qk_rope_head_dim=64,
+      v_head_dim=128,
+      rope_interleaved=True,
+    ),
+    dense=1,
+  ),
+  "deepseek_v3": Published(
+    "deepseek-ai/DeepSeek-V3",
+    moe=dict(
+      d_model=7168,
+      d_ff=2048,
+      num_experts=256,
+      top_k=8,
+      score="sigmoid",
+      renormalize=True,
+      routed_scaling=2.5,
+      num_groups=8,
+      topk_groups=4,
+      bias_update_rate=0.001,
+      num_shared_experts=1,
+      **_SWIGLU,
+      balance_loss="sequence",
+      load_balance_coef=0.0001,
+    ),
+    model=dict(
+      vocab_size=129280,
+      num_layers=61,
+      d_ff=18432,
+      num_heads=128,
+      num_kv_heads=128,
+      head_dim=64,
+      max_len=163840,
+      q_lora_rank=1536,
+      kv_lora_rank=512,
+      qk_nope_head_dim=128,
+      qk_rope_head_dim=64,
+      v_head_dim=128,
+      rope_interleaved=True,
+      num_mtp_layers=1,
+    ),
+    dense=3,
+    mesh=(32, 8),
+  ),
+  "phi3.5_moe": Published(  # its SparseMixer router is not modelled: the expert shape only
+    "microsoft/Phi-3.5-MoE-instruct", moe=dict(d_model=4096, d_ff=6400, num_experts=16, top_k=2, **_SWIGLU)
+  ),
+  # SMILE (arXiv 2212.05191) Table 2: BERT with every other FFN an MoE layer, 128 experts on 16 nodes x 8 GPUs,
+  # top-1, capacity factor 2.0, sequences of 128 tokens, T5's vocabulary (Sec. 4.1).
+  **{
+    f"smile_{size}": Published(
+      "SMILE Table 2",
+      moe=dict(
+        d_model=d_model, d_ff=d_ff, num_experts=128, top_k=1, gated=False, activation="gelu", capacity_factor=2.0
+      ),
+      model=dict(
+        kind="bert", vocab_size=32128, num_layers=layers, num_heads=heads, d_ff=d_ff, max_len=128, moe_every=2
+      ),
+      mesh=(16, 8),
+    )
+    for size, layers, d_model, heads, d_ff in (
+      ("3.7b", 12, 768, 12, 3072),
+      ("13b", 24, 1024, 16, 4096),
+      ("48b", 36, 1600, 25, 6400),
+    )
+  },
 }
 
 EXPERT_FIELDS = ("d_model", "d_ff", "num_experts", "top_k", "gated", "activation")  # an expert FFN's shape
@@ -126,6 +231,7 @@ def experts_per_device(name: str) -> int:
 class Preset:
   """A published MoE layer: `moe` holds its MoEConfig fields at full size (d_model and d_ff included);
   layers and heads describe the whole model (not applied: the trainer's model section keeps its own)."""
+
   moe: dict
   layers: int
   heads: int
@@ -137,15 +243,22 @@ class Preset:
 CONFIG_FIELDS = ("preset", "preset_scale", "preset_expert_scale")  # a training config's optional top-level fields
 
 # The presets a training config can name, with their CPU scales (preset_scale, preset_expert_scale).
-PRESETS = {name: Preset(PUBLISHED[name].moe, PUBLISHED[name].model["num_layers"], PUBLISHED[name].model["num_heads"],
-                        cpu_scale, cpu_expert_scale)
-           for name, cpu_scale, cpu_expert_scale in (("deepseek_v3", 32, 16), ("qwen3_moe", 16, 8),
-                                                     ("mixtral_8x7b", 64, 1))}
+PRESETS = {
+  name: Preset(
+    PUBLISHED[name].moe,
+    PUBLISHED[name].model["num_layers"],
+    PUBLISHED[name].model["num_heads"],
+    cpu_scale,
+    cpu_expert_scale,
+  )
+  for name, cpu_scale, cpu_expert_scale in (("deepseek_v3", 32, 16), ("qwen3_moe", 16, 8), ("mixtral_8x7b", 64, 1))
+}
 
 
 class Scaled(NamedTuple):
   """A scaled preset: its MoEConfig `fields`, and `note`, what the expert count's adjustment changed and why
   ('' when the scaled count routes honestly as it is)."""
+
   fields: dict
   note: str
 
@@ -175,8 +288,12 @@ def scaled(name: str, scale: int = 1, expert_scale: int | None = None, min_exper
   try:
     MoEConfig(**fields)
   except ConfigError as e:
-    raise ConfigError(f"preset {name!r} at scale {scale}, expert scale {expert_scale} ({experts} experts): {e}",
-                      "preset_expert_scale", expert_scale, "a smaller scale") from e
+    raise ConfigError(
+      f"preset {name!r} at scale {scale}, expert scale {expert_scale} ({experts} experts): {e}",
+      "preset_expert_scale",
+      expert_scale,
+      "a smaller scale",
+    ) from e
   return Scaled(fields, note)
 
 
@@ -191,11 +308,16 @@ def _degenerate(fields: dict, experts: int) -> str:
   if candidates < top_k:
     reasons.append(f"{where} < top_k {top_k}, too few to choose from")
   elif candidates == top_k:
-    reasons.append(f"{where} = top_k {top_k}, so routing would only pick groups" if groups else
-                   f"{where} = top_k {top_k}, so every token would take every expert")
+    reasons.append(
+      f"{where} = top_k {top_k}, so routing would only pick groups"
+      if groups
+      else f"{where} = top_k {top_k}, so every token would take every expert"
+    )
   if groups and per_group < 2:
-    reasons.append(f"{'and' if reasons else f'{count} in {groups} groups'} leave one expert per group, so the "
-                   "group score (the sum of a group's two best scores) degenerates")
+    reasons.append(
+      f"{'and' if reasons else f'{count} in {groups} groups'} leave one expert per group, so the "
+      "group score (the sum of a group's two best scores) degenerates"
+    )
   return "; ".join(reasons)
 
 
@@ -212,10 +334,14 @@ def _routed_experts(name: str, fields: dict, expert_scale: int, min_experts: int
   fixed = next((n for n in range(experts + step, published + 1, step) if not _degenerate(fields, n)), None)
   head = f"preset {name} at expert scale {expert_scale}: {why}"
   if fixed is None:
-    raise ConfigError(f"config field preset_expert_scale={expert_scale} is not allowed: {head}, and no multiple of "
-                      f"{step} (the mesh's {min_experts} devices{f' and {groups} groups' if groups else ''}) up to "
-                      f"the published {published} experts routes with a choice", "preset_expert_scale",
-                      expert_scale, "a scale leaving more candidates than top_k (a smaller scale, or fewer devices)")
+    raise ConfigError(
+      f"config field preset_expert_scale={expert_scale} is not allowed: {head}, and no multiple of "
+      f"{step} (the mesh's {min_experts} devices{f' and {groups} groups' if groups else ''}) up to "
+      f"the published {published} experts routes with a choice",
+      "preset_expert_scale",
+      expert_scale,
+      "a scale leaving more candidates than top_k (a smaller scale, or fewer devices)",
+    )
   kept = fields.get("topk_groups", 1)
   detail = f"{fixed // groups} per group, {fixed // groups * kept} candidates" if groups else f"{fixed} candidates"
   return fixed, f"{head}; using {fixed} experts ({detail})"

@@ -33,8 +33,11 @@ def frequencies(dim: int, theta: float, scaling: dict | None = None) -> tuple[tu
   mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
   attention_factor = scaling.get("attention_factor")
   if attention_factor is None:
-    attention_factor = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
-                        if mscale and mscale_all_dim else _yarn_mscale(factor))
+    attention_factor = (
+      _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+      if mscale and mscale_all_dim
+      else _yarn_mscale(factor)
+    )
   beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
   correction = lambda rotations: dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
   low, high = correction(beta_fast), correction(beta_slow)
@@ -51,14 +54,17 @@ def frequencies(dim: int, theta: float, scaling: dict | None = None) -> tuple[tu
 def softmax_scale(head_dim: int, scaling: dict | None) -> float:
   """The attention logits' scale: head_dim^-1/2, times YaRN's mscale(factor, mscale_all_dim)^2 where a checkpoint
   sets mscale_all_dim (DeepSeek-V2/V3)."""
-  scale = head_dim ** -0.5
-  if scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default" and scaling.get("mscale_all_dim"):
+  scale = head_dim**-0.5
+  if (
+    scaling and scaling.get("rope_type", scaling.get("type", "default")) != "default" and scaling.get("mscale_all_dim")
+  ):
     scale *= _yarn_mscale(float(scaling["factor"]), scaling["mscale_all_dim"]) ** 2
   return scale
 
 
-def rotate(x_BxSxHxW: jax.Array, positions_S: jax.Array, inverse: tuple[float, ...], factor: float,
-           interleaved: bool) -> jax.Array:
+def rotate(
+  x_BxSxHxW: jax.Array, positions_S: jax.Array, inverse: tuple[float, ...], factor: float, interleaved: bool
+) -> jax.Array:
   """x [B, S, H, W] at positions [S] -> rotated, in x's dtype; inverse: the frequencies [R / 2] (`frequencies`) of
   the rotary part, x's first R dimensions (all of them, or GLM-4.5's partial RoPE: the rest pass unchanged).
   Half-split pairs dimension i with i + R/2; interleaved pairs 2i with 2i + 1 and returns the evens' results then

@@ -24,20 +24,26 @@ def activation_spec(cfg: ModelConfig) -> P:
 # Megatron's split of a block's dense kernels over 'gpu' (by the parameter's path suffix): heads of the
 # attention projections, hidden units of the dense FFN; the other parameters are replicated.
 TENSOR_PARALLEL_SPECS = {
-    ("attn", "qkv", "kernel"): P(None, None, mesh_lib.GPU, None), ("attn", "qkv", "bias"): P(None, mesh_lib.GPU, None),
-    ("attn", "out", "kernel"): P(mesh_lib.GPU, None, None),
-    ("ffn", "w_in", "kernel"): P(None, mesh_lib.GPU), ("ffn", "w_in", "bias"): P(mesh_lib.GPU),
-    ("ffn", "w_out", "kernel"): P(mesh_lib.GPU, None),
+  ("attn", "qkv", "kernel"): P(None, None, mesh_lib.GPU, None),
+  ("attn", "qkv", "bias"): P(None, mesh_lib.GPU, None),
+  ("attn", "out", "kernel"): P(mesh_lib.GPU, None, None),
+  ("ffn", "w_in", "kernel"): P(None, mesh_lib.GPU),
+  ("ffn", "w_in", "bias"): P(mesh_lib.GPU),
+  ("ffn", "w_out", "kernel"): P(mesh_lib.GPU, None),
 }
 # The same for the decoder families: q, k, v (and MLA's q_b, kv_b) projections by heads, the output projection by
 # its input heads, the SwiGLU FFN by hidden units; MLA's latent projections and the norms are replicated.
 _COLUMNS, _ROWS = P(None, mesh_lib.GPU), P(mesh_lib.GPU, None)
-TENSOR_PARALLEL_SPECS.update({
+TENSOR_PARALLEL_SPECS.update(
+  {
     **{("attn", name, "kernel"): _COLUMNS for name in ("q_proj", "k_proj", "v_proj", "q_b_proj", "kv_b_proj")},
     **{("attn", name, "bias"): P(mesh_lib.GPU) for name in ("q_proj", "k_proj", "v_proj")},
-    ("attn", "o_proj", "kernel"): _ROWS, ("ffn", "gate_proj", "kernel"): _COLUMNS,
-    ("ffn", "up_proj", "kernel"): _COLUMNS, ("ffn", "down_proj", "kernel"): _ROWS,
-})
+    ("attn", "o_proj", "kernel"): _ROWS,
+    ("ffn", "gate_proj", "kernel"): _COLUMNS,
+    ("ffn", "up_proj", "kernel"): _COLUMNS,
+    ("ffn", "down_proj", "kernel"): _ROWS,
+  }
+)
 
 
 def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False, fsdp_over: dict | None = None) -> dict:
@@ -63,8 +69,9 @@ def param_specs(params: dict, moe_cfg: MoEConfig, tensor_parallel: bool = False,
     if not fsdp_over:
       return layer
     shapes = param_shapes(moe_cfg)
-    return {k: v if k in EXPERT_PARAMS else jax.tree.map(fsdp, v, shapes[k], is_leaf=_is_spec)
-            for k, v in layer.items()}
+    return {
+      k: v if k in EXPERT_PARAMS else jax.tree.map(fsdp, v, shapes[k], is_leaf=_is_spec) for k, v in layer.items()
+    }
 
   def specs(tree, path=()):
     lead = layer_axes(path)

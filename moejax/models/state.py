@@ -34,12 +34,12 @@ def abstract_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: j
   cfg.check_mesh(*mesh_lib.axis_sizes(mesh))
   specs = model_param_specs(params, cfg, moe_cfg, mesh)
   with_sharding = lambda a, spec: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, spec))
-  return (graphdef, jax.tree.map(with_sharding, params, specs),
-          jax.tree.map(lambda a: with_sharding(a, P()), rest))
+  return (graphdef, jax.tree.map(with_sharding, params, specs), jax.tree.map(lambda a: with_sharding(a, P()), rest))
 
 
-def init_state(cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0,
-               only_rest: bool = False):
+def init_state(
+  cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, seed: int = 0, only_rest: bool = False
+):
   """(params, rest) as pure dicts, built by one compiled program that places every array as
   `abstract_state` says (with several processes, each holds only its shards). only_rest: rest alone (the
   parameters' initialisation is then dead code, so nothing of them is computed or allocated)."""
@@ -99,6 +99,7 @@ def _stacked(cfg: ModelConfig, rest: dict, name: str):
 
 def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
   """`rest` with MoE layer j's state `name` replaced by stacked[j] (the rest of the tree shared)."""
+
   def replaced(tree, path, value):
     if not path:
       return {**tree, "ffn": {**tree["ffn"], "moe": {**tree["ffn"]["moe"], name: value}}}
@@ -109,7 +110,7 @@ def _with_stacked(cfg: ModelConfig, rest: dict, name: str, stacked) -> dict:
       value = stacked[rows[0]]
     else:  # a scanned sub-layer's repeats: contiguous rows (period 1) or every len(sub-layers)-th
       contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
-      value = stacked[rows[0]:rows[0] + len(rows)] if contiguous else stacked[jnp.asarray(rows)]
+      value = stacked[rows[0] : rows[0] + len(rows)] if contiguous else stacked[jnp.asarray(rows)]
     rest = replaced(rest, path, value)
   return rest
 

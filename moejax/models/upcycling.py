@@ -25,25 +25,49 @@ from moejax.moe.config import MoEConfig
 from moejax.validation import require
 
 
-def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: int = 1, layers=None,
-            moe: dict | None = None, seed: int = 0) -> Decoder:
+def upcycle(
+  dense: Decoder,
+  *,
+  num_experts: int,
+  top_k: int = 1,
+  granularity: int = 1,
+  layers=None,
+  moe: dict | None = None,
+  seed: int = 0,
+) -> Decoder:
   """The MoE decoder whose `layers` (default: all) hold num_experts copies of the dense FFN (each split into
   `granularity` experts), top_k copies per token. moe: more MoEConfig fields (transport, schedule, ...; routing
   fields are upcycling's own). The router is random (normal, std 0.02; the same for a copy's slices)."""
   cfg = dense.cfg
   sources = sorted(name for name, family in families.REGISTRY.items() if family.upcycled_as)  # `Family.upcycled_as`
   require(cfg.family in sources, "family", cfg.family, f"one of {sources} (a dense decoder)")
-  require(isinstance(granularity, int) and granularity >= 1 and cfg.d_ff % granularity == 0, "granularity",
-          granularity, f"a positive int dividing d_ff={cfg.d_ff}")
+  require(
+    isinstance(granularity, int) and granularity >= 1 and cfg.d_ff % granularity == 0,
+    "granularity",
+    granularity,
+    f"a positive int dividing d_ff={cfg.d_ff}",
+  )
   layers = tuple(range(cfg.num_layers)) if layers is None else tuple(layers)
   require(all(0 <= i < cfg.num_layers for i in layers), "layers", layers, f"indices of the {cfg.num_layers} layers")
   g = granularity
-  moe_cfg = MoEConfig.from_mapping(dict(
-      num_experts=num_experts * g, top_k=top_k * g, d_model=cfg.d_model, d_ff=cfg.d_ff // g, gated=True,
-      activation="silu", renormalize=True, dtype=cfg.dtype, **({"num_groups": num_experts, "topk_groups": top_k}
-                                                                if g > 1 else {}), **(moe or {})), prefix="moe.")
-  new_cfg = dataclasses.replace(cfg, family=families.get(cfg.family).upcycled_as,
-                                moe_layers=tuple(i in layers for i in range(cfg.num_layers)))
+  moe_cfg = MoEConfig.from_mapping(
+    dict(
+      num_experts=num_experts * g,
+      top_k=top_k * g,
+      d_model=cfg.d_model,
+      d_ff=cfg.d_ff // g,
+      gated=True,
+      activation="silu",
+      renormalize=True,
+      dtype=cfg.dtype,
+      **({"num_groups": num_experts, "topk_groups": top_k} if g > 1 else {}),
+      **(moe or {}),
+    ),
+    prefix="moe.",
+  )
+  new_cfg = dataclasses.replace(
+    cfg, family=families.get(cfg.family).upcycled_as, moe_layers=tuple(i in layers for i in range(cfg.num_layers))
+  )
   model = state_lib.build(new_cfg, moe_cfg, dense.mesh, seed)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   source = nnx.to_pure_dict(nnx.state(dense, nnx.Param))
@@ -58,8 +82,11 @@ def upcycle(dense: Decoder, *, num_experts: int, top_k: int = 1, granularity: in
       continue
     ffn = {k: np.asarray(v["kernel"]) for k, v in dense_block["ffn"].items()}
     split = lambda w, axis: np.stack(np.split(w, g, axis=axis))  # [d, d_ff] or [d_ff, d] -> g slices of d_ff
-    slices = {"w_gate": split(ffn["gate_proj"], 1), "w_in": split(ffn["up_proj"], 1),
-              "w_out": split(ffn["down_proj"], 0) * g}
+    slices = {
+      "w_gate": split(ffn["gate_proj"], 1),
+      "w_in": split(ffn["up_proj"], 1),
+      "w_out": split(ffn["down_proj"], 0) * g,
+    }
     layer = block["ffn"]["moe"]
     for name, value in slices.items():  # copy c, slice j -> expert c * g + j
       layer[name] = np.tile(value, (num_experts, 1, 1)).astype(np.dtype(cfg.param_dtype))

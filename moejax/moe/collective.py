@@ -23,8 +23,9 @@ from moejax.validation import require
 CAPACITY = "capacity"
 
 
-def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
-                      shifts=None):
+def padded_all_to_all(
+  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, shifts=None
+):
   """`jax.lax.ragged_all_to_all` semantics from a ring of fixed-size collective permutes.
 
   operand: [R_in, ...]; output: [R_out, ...] (rows not received keep their value). Step s sends my
@@ -52,7 +53,9 @@ def padded_all_to_all(operand, output, input_offsets, send_sizes, output_offsets
     rows = jnp.where(_expand(valid_J, rows.ndim), rows, jnp.zeros((), operand.dtype))
     where_J = jnp.where(valid_J, output_offsets[dest] + i_J, output.shape[0])  # out of range: dropped
     sent = (rows, where_J)
-    rows, where_J = permute(shifts[0])(sent) if len(shifts) == 1 else jax.lax.switch(s, list(map(permute, shifts)), sent)
+    rows, where_J = (
+      permute(shifts[0])(sent) if len(shifts) == 1 else jax.lax.switch(s, list(map(permute, shifts)), sent)
+    )
     return output.at[where_J].set(rows, mode="drop")
 
   return step(0, output) if len(shifts) == 1 else jax.lax.fori_loop(0, len(shifts), step, output)
@@ -62,8 +65,9 @@ def _expand(mask, ndim):
   return mask.reshape(mask.shape + (1,) * (ndim - mask.ndim))
 
 
-def dense_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
-                     block_rows: int, shifts=None):
+def dense_all_to_all(
+  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, block_rows: int, shifts=None
+):
   """`jax.lax.ragged_all_to_all` semantics from one fixed-size all_to_all: my block for every peer
   padded to `block_rows` rows (GShard's dense dispatch buffer [A, block_rows, ...]), each row sent
   with the place the receiver writes it. A peer's rows past block_rows are not sent: the plan keeps
@@ -79,11 +83,13 @@ def dense_all_to_all(operand, output, input_offsets, send_sizes, output_offsets,
   return output.at[where_AxJ.reshape(-1)].set(rows.reshape((-1,) + operand.shape[1:]), mode="drop")
 
 
-def _ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name,
-                       shifts=None):
+def _ragged_all_to_all(
+  operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, *, axis_name, shifts=None
+):
   del shifts  # the sizes of the peers outside the shifts are zero (plan.shift_args)
-  return jax.lax.ragged_all_to_all(operand, output, input_offsets, send_sizes, output_offsets, recv_sizes,
-                                   axis_name=axis_name)
+  return jax.lax.ragged_all_to_all(
+    operand, output, input_offsets, send_sizes, output_offsets, recv_sizes, axis_name=axis_name
+  )
 
 
 EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
@@ -120,13 +126,16 @@ def runs_on(name: str, platform: str) -> bool:
 
 def check(name: str, platform: str, field: str = "collective") -> None:
   """Raises ConfigError naming `field` if the collective cannot run on `platform`."""
-  require(runs_on(name, platform), field, name,
-          f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
-          "(the same semantics from fixed-size collective permutes) or 'auto'")
+  require(
+    runs_on(name, platform),
+    field,
+    name,
+    f"not 'ragged' on {platform}: XLA:{platform.upper()} has no ragged all-to-all; use {field}='padded' "
+    "(the same semantics from fixed-size collective permutes) or 'auto'",
+  )
 
 
-def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, collective, fill=0, like=None,
-             shifts=None):
+def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, collective, fill=0, like=None, shifts=None):
   """One ragged exchange of `operand` [R_in, ...] into a fresh [out_rows, ...] buffer filled with `fill`.
 
   The buffer takes its mesh-axis variance from `like` (default: the operand): ragged_all_to_all's
@@ -147,22 +156,41 @@ def exchange(operand, args: plan_lib.RaggedArgs, out_rows: int, axis_name, colle
     move = functools.partial(dense_all_to_all, block_rows=collective.block_rows)
   else:
     move = padded_all_to_all if local else EXCHANGES[collective.name]
-  return move(operand, output, args.input_offsets, args.send_sizes, args.output_offsets, args.recv_sizes,
-              axis_name=axis_name, shifts=shifts)
+  return move(
+    operand,
+    output,
+    args.input_offsets,
+    args.send_sizes,
+    args.output_offsets,
+    args.recv_sizes,
+    axis_name=axis_name,
+    shifts=shifts,
+  )
 
 
 def _keep_first(operand, rows, output):
   """The exchange along an axis of one device: output [R_out, ...] with operand's first `rows` rows in place, in
   one elementwise pass (the ring's gather and scatter would each be a pass over the rows)."""
   out_rows = output.shape[0]
-  operand = operand[:out_rows] if operand.shape[0] >= out_rows else jnp.concatenate(
-      [operand, jnp.zeros((out_rows - operand.shape[0],) + operand.shape[1:], operand.dtype)])
+  operand = (
+    operand[:out_rows]
+    if operand.shape[0] >= out_rows
+    else jnp.concatenate([operand, jnp.zeros((out_rows - operand.shape[0],) + operand.shape[1:], operand.dtype)])
+  )
   return jnp.where(_expand(jnp.arange(out_rows) < rows, operand.ndim), operand, output)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7))
-def move_rows(rows, args: plan_lib.RaggedArgs, back: plan_lib.RaggedArgs, out_rows: int, axis_name, collective,
-              shifts=None, wire=(None, None)):
+def move_rows(
+  rows,
+  args: plan_lib.RaggedArgs,
+  back: plan_lib.RaggedArgs,
+  out_rows: int,
+  axis_name,
+  collective,
+  shifts=None,
+  wire=(None, None),
+):
   """`exchange` of float rows [R_in, d] -> [out_rows, d] whose backward is the reverse exchange with
   the forward's own sizes (`back`), not the generic transpose (which exchanges the offsets again).
   wire: the dtypes (`moe.wire`) the rows travel in, and their gradients in the backward (None: their own)."""

@@ -19,8 +19,13 @@ ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited
 PATHS = ("flat", "gpu_first", "node_first")
 COLLECTIVES = ("padded", "ragged", "capacity", "auto")
 # The one field `transport` that path and collective were before: each old value as (path, collective).
-TRANSPORT_ALIASES = {"ragged": ("flat", "ragged"), "padded": ("flat", "padded"), "capacity": ("flat", "capacity"),
-                     "hierarchical": ("gpu_first", "auto"), "bilevel": ("node_first", "auto")}
+TRANSPORT_ALIASES = {
+  "ragged": ("flat", "ragged"),
+  "padded": ("flat", "padded"),
+  "capacity": ("flat", "capacity"),
+  "hierarchical": ("gpu_first", "auto"),
+  "bilevel": ("node_first", "auto"),
+}
 EXPERT_ACTIVATIONS = (*ACTIVATIONS, CLAMPED_SWIGLU)
 EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_saved", "pallas_unfused", "tokamax", "fp8", "auto")
 DTYPES = ("float32", "bfloat16")
@@ -171,112 +176,219 @@ class MoEConfig:
 
   def __post_init__(self, transport: str | None = None):
     if transport is not None:
-      require(transport in TRANSPORT_ALIASES, "transport", transport, f"one of {tuple(TRANSPORT_ALIASES)} (the old "
-              f"field; now path {PATHS} and collective {COLLECTIVES})")
+      require(
+        transport in TRANSPORT_ALIASES,
+        "transport",
+        transport,
+        f"one of {tuple(TRANSPORT_ALIASES)} (the old field; now path {PATHS} and collective {COLLECTIVES})",
+      )
       path, collective = TRANSPORT_ALIASES[transport]
-      logging.getLogger(__name__).warning("transport=%r is read as path=%r, collective=%r (the old name of the two)",
-                                          transport, path, collective)
+      logging.getLogger(__name__).warning(
+        "transport=%r is read as path=%r, collective=%r (the old name of the two)", transport, path, collective
+      )
       object.__setattr__(self, "path", path)
       object.__setattr__(self, "collective", collective)
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       value = getattr(self, name)
       require(is_int(value), name, value, "a positive int")
-    for name, options in (("routing", ROUTINGS), ("path", PATHS), ("collective", COLLECTIVES),
-                          ("expert_backend", EXPERT_BACKENDS), ("activation", EXPERT_ACTIVATIONS), ("dtype", DTYPES),
-                          ("schedule", SCHEDULES),
-                          ("esp_schedule", ESP_SCHEDULES), ("score", SCORES), ("balance_loss", BALANCE_LOSSES),
-                          ("dispatch_dtype", DISPATCH_DTYPES), ("combine_dtype", COMBINE_DTYPES),
-                          ("group_score", GROUP_SCORES)):
+    for name, options in (
+      ("routing", ROUTINGS),
+      ("path", PATHS),
+      ("collective", COLLECTIVES),
+      ("expert_backend", EXPERT_BACKENDS),
+      ("activation", EXPERT_ACTIVATIONS),
+      ("dtype", DTYPES),
+      ("schedule", SCHEDULES),
+      ("esp_schedule", ESP_SCHEDULES),
+      ("score", SCORES),
+      ("balance_loss", BALANCE_LOSSES),
+      ("dispatch_dtype", DISPATCH_DTYPES),
+      ("combine_dtype", COMBINE_DTYPES),
+      ("group_score", GROUP_SCORES),
+    ):
       require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
     if self.router.chooses_nodes:
       n = self.num_nodes
-      require(is_int(n) and self.num_experts % n == 0, "num_nodes", n,
-              f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)")
-      require(is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k,
-              f"an int in [1, num_nodes={n}]")
-    require(self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
-            "num_groups", self.num_groups, f"None or a positive int dividing num_experts={self.num_experts}")
+      require(
+        is_int(n) and self.num_experts % n == 0,
+        "num_nodes",
+        n,
+        f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)",
+      )
+      require(
+        is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k, f"an int in [1, num_nodes={n}]"
+      )
+    require(
+      self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
+      "num_groups",
+      self.num_groups,
+      f"None or a positive int dividing num_experts={self.num_experts}",
+    )
     if self.num_groups is not None:
-      require(is_int(self.topk_groups) and self.topk_groups <= self.num_groups, "topk_groups", self.topk_groups,
-              f"an int in [1, num_groups={self.num_groups}]")
+      require(
+        is_int(self.topk_groups) and self.topk_groups <= self.num_groups,
+        "topk_groups",
+        self.topk_groups,
+        f"an int in [1, num_groups={self.num_groups}]",
+      )
     limit = self.router.max_top_k
     require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
-    require(self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None, "expert_backend",
-            self.expert_backend, "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)")
+    require(
+      self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None,
+      "expert_backend",
+      self.expert_backend,
+      "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)",
+    )
     for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel", "ffn_bias", "router_bias"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     self._check_gpt_oss_experts()
     require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
     edp = "expert_data_parallel"
-    require(not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.path
-            == "flat"), edp, True, "False with esp_schedule, the node routings or a two-hop path: its experts are "
-            "replicated over 'node', which Parm shards them over, and every node holds every expert, so there is no "
-            "node to choose and no inter-node hop to take")
-    require(not (self.dedup and self.esp_schedule == "s2"), "dedup", self.dedup, "False or None with "
-            "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
-            "the node's GPUs, so a row per token and destination has no place in it")
+    require(
+      not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.path == "flat"),
+      edp,
+      True,
+      "False with esp_schedule, the node routings or a two-hop path: its experts are "
+      "replicated over 'node', which Parm shards them over, and every node holds every expert, so there is no "
+      "node to choose and no inter-node hop to take",
+    )
+    require(
+      not (self.dedup and self.esp_schedule == "s2"),
+      "dedup",
+      self.dedup,
+      "False or None with "
+      "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
+      "the node's GPUs, so a row per token and destination has no place in it",
+    )
     require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
-    require(self.schedule != "comet" or self.d_model % self.num_chunks == 0, "num_chunks", self.num_chunks,
-            f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)")
-    require(isinstance(self.esp_cost, str) and self.esp_cost, "esp_cost", self.esp_cost,
-            "a topology preset name or the path of a bench_collectives JSON record")
-    require(self.score == "softmax" or self.routing != "bilevel", "score", self.score,
-            "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)")
-    require(is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling,
-            "a number > 0")
-    require(self.num_groups is None or self.routing == "topk", "num_groups", self.num_groups,
-            "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
-            "node's experts)")
-    require(is_number(self.bias_update_rate) and self.bias_update_rate >= 0, "bias_update_rate",
-            self.bias_update_rate, "a number >= 0")
-    require(self.bias_update_rate == 0 or self.routing != "bilevel", "bias_update_rate", self.bias_update_rate,
-            "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
-            "one flat router's scores)")
-    require(self.balance_loss != "sequence" or self.routing != "bilevel", "balance_loss", self.balance_loss,
-            "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
-            "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)")
+    require(
+      self.schedule != "comet" or self.d_model % self.num_chunks == 0,
+      "num_chunks",
+      self.num_chunks,
+      f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)",
+    )
+    require(
+      isinstance(self.esp_cost, str) and self.esp_cost,
+      "esp_cost",
+      self.esp_cost,
+      "a topology preset name or the path of a bench_collectives JSON record",
+    )
+    require(
+      self.score == "softmax" or self.routing != "bilevel",
+      "score",
+      self.score,
+      "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)",
+    )
+    require(
+      is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling, "a number > 0"
+    )
+    require(
+      self.num_groups is None or self.routing == "topk",
+      "num_groups",
+      self.num_groups,
+      "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
+      "node's experts)",
+    )
+    require(
+      is_number(self.bias_update_rate) and self.bias_update_rate >= 0,
+      "bias_update_rate",
+      self.bias_update_rate,
+      "a number >= 0",
+    )
+    require(
+      self.bias_update_rate == 0 or self.routing != "bilevel",
+      "bias_update_rate",
+      self.bias_update_rate,
+      "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
+      "one flat router's scores)",
+    )
+    require(
+      self.balance_loss != "sequence" or self.routing != "bilevel",
+      "balance_loss",
+      self.balance_loss,
+      "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
+      "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)",
+    )
     for name, none in (("shared_d_ff", "d_ff"), ("slots_per_device", "no replication")):
-      require(getattr(self, name) is None or is_int(getattr(self, name)), name, getattr(self, name),
-              f"None ({none}) or a positive int")
+      require(
+        getattr(self, name) is None or is_int(getattr(self, name)),
+        name,
+        getattr(self, name),
+        f"None ({none}) or a positive int",
+      )
     for name, low in (("replan_every", 0), ("replan_window", 1), ("num_shared_experts", 0)):
       require(is_int(getattr(self, name), low), name, getattr(self, name), f"an int >= {low}")
-    require(not self.shared_gate or self.num_shared_experts > 0, "shared_gate", self.shared_gate,
-            "False without shared experts (num_shared_experts=0)")
-    require(self.expert_table is None or isinstance(self.expert_table, str), "expert_table", self.expert_table,
-            "None (the table shipped for the device) or the path of a measured expert-backend table")
-    require(self.replan_every == 0 or self.slots_per_device is not None, "replan_every", self.replan_every,
-            "0 unless slots_per_device is set (re-planning moves replicas between slots)")
+    require(
+      not self.shared_gate or self.num_shared_experts > 0,
+      "shared_gate",
+      self.shared_gate,
+      "False without shared experts (num_shared_experts=0)",
+    )
+    require(
+      self.expert_table is None or isinstance(self.expert_table, str),
+      "expert_table",
+      self.expert_table,
+      "None (the table shipped for the device) or the path of a measured expert-backend table",
+    )
+    require(
+      self.replan_every == 0 or self.slots_per_device is not None,
+      "replan_every",
+      self.replan_every,
+      "0 unless slots_per_device is set (re-planning moves replicas between slots)",
+    )
     for name, none in (("capacity_factor", "dropless"), ("buffer_factor", "worst-case receive buffers")):
       value = getattr(self, name)
       require(value is None or (is_number(value) and value > 0), name, value, f"None ({none}) or a number > 0")
     cf = self.capacity_factor
-    require(self.collective != "capacity" or cf is not None, "capacity_factor", cf,
-            "a number > 0 when collective='capacity' (dense dispatch has fixed capacity)")
+    require(
+      self.collective != "capacity" or cf is not None,
+      "capacity_factor",
+      cf,
+      "a number > 0 when collective='capacity' (dense dispatch has fixed capacity)",
+    )
     require(is_number(self.z_loss_coef) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef, "a number >= 0")
     for name in ("load_balance_coef", "local_balance_coef"):
-      require(getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0, name,
-              getattr(self, name), "a number >= 0, or None for the paper's value")
+      require(
+        getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0,
+        name,
+        getattr(self, name),
+        "a number >= 0, or None for the paper's value",
+      )
     require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
 
   def _check_gpt_oss_experts(self) -> None:
     """The clamped SwiGLU and the biases (gpt-oss): where they can run."""
     clamped = self.activation == CLAMPED_SWIGLU
-    require(not clamped or self.gated, "gated", self.gated, f"True with activation={CLAMPED_SWIGLU!r} (a function of "
-            "the gate and up projections)")
+    require(
+      not clamped or self.gated,
+      "gated",
+      self.gated,
+      f"True with activation={CLAMPED_SWIGLU!r} (a function of the gate and up projections)",
+    )
     for name in ("swiglu_alpha", "swiglu_limit"):
       require(is_number(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
-    require(not self.router_bias or self.routing != "bilevel", "router_bias", self.router_bias,
-            "False with routing='bilevel' (a bias on one flat router's logits)")
+    require(
+      not self.router_bias or self.routing != "bilevel",
+      "router_bias",
+      self.router_bias,
+      "False with routing='bilevel' (a bias on one flat router's logits)",
+    )
     why = self.fused_ffn_refusal
-    require(self.expert_backend not in FUSED or why is None, "expert_backend", self.expert_backend,
-            f"not {FUSED} here: {why}; 'ragged_dot', 'pallas_unfused', 'tokamax' or 'dense' run them")
+    require(
+      self.expert_backend not in FUSED or why is None,
+      "expert_backend",
+      self.expert_backend,
+      f"not {FUSED} here: {why}; 'ragged_dot', 'pallas_unfused', 'tokamax' or 'dense' run them",
+    )
 
   @property
   def fused_ffn_refusal(self) -> str | None:
     """Why the fused Pallas FFN (expert_backend in experts.FUSED) cannot run these experts, or None."""
     if self.ffn_bias or self.activation == CLAMPED_SWIGLU:
-      return (f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
-              f"ffn_bias={self.ffn_bias} with activation={self.activation!r}")
+      return (
+        f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
+        f"ffn_bias={self.ffn_bias} with activation={self.activation!r}"
+      )
     return None
 
   @classmethod
@@ -343,14 +455,26 @@ class MoEConfig:
     if self.router.chooses_nodes:
       require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
     holders = self.expert_holders(nodes, gpus_per_node)
-    where = (f"{nodes} nodes (expert sharding puts E / n whole experts on each node)" if self.esp_schedule else
-             f"{holders} GPUs per node (expert data parallelism)" if self.expert_data_parallel else
-             f"{holders} devices (expert e lives on device e // experts_per_gpu)")
+    where = (
+      f"{nodes} nodes (expert sharding puts E / n whole experts on each node)"
+      if self.esp_schedule
+      else f"{holders} GPUs per node (expert data parallelism)"
+      if self.expert_data_parallel
+      else f"{holders} devices (expert e lives on device e // experts_per_gpu)"
+    )
     require(self.num_experts % holders == 0, "num_experts", self.num_experts, f"a multiple of the mesh's {where}")
-    require(not self.esp_schedule or self.d_ff % gpus_per_node == 0, "d_ff", self.d_ff,
-            f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)")
+    require(
+      not self.esp_schedule or self.d_ff % gpus_per_node == 0,
+      "d_ff",
+      self.d_ff,
+      f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)",
+    )
     per_holder = self.num_experts // holders
     if self.slots_per_device is not None:
-      require(self.slots_per_device >= per_holder, "slots_per_device", self.slots_per_device,
-              f">= the {per_holder} experts each holder keeps on this mesh")
+      require(
+        self.slots_per_device >= per_holder,
+        "slots_per_device",
+        self.slots_per_device,
+        f">= the {per_holder} experts each holder keeps on this mesh",
+      )
     return per_holder

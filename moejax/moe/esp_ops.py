@@ -58,8 +58,12 @@ def dispatched_tensor(x_RxD, ids_R, w_R, expert_ids_TxK, keep_TxK, rows: int, cf
   num_choices = ids_R.shape[0]
   if cfg.capacity_factor is None:
     pad = rows - num_choices
-    return (jnp.pad(x_RxD, ((0, pad), (0, 0))), jnp.pad(ids_R, (0, pad), constant_values=-1), jnp.pad(w_R, (0, pad)),
-            jnp.arange(num_choices))
+    return (
+      jnp.pad(x_RxD, ((0, pad), (0, 0))),
+      jnp.pad(ids_R, (0, pad), constant_values=-1),
+      jnp.pad(w_R, (0, pad)),
+      jnp.arange(num_choices),
+    )
   block = rows // (cfg.num_experts * jax.lax.axis_size(GPU))  # C' / m: an expert's slots on one GPU
   positions_TxK = routing.queue_positions(expert_ids_TxK, cfg.num_experts)
   # Laid out [m, E, C' / m]: GPU j's contiguous share holds capacity block j of every expert.

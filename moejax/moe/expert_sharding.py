@@ -143,8 +143,14 @@ class _Sharded(ExpertParallel):
   x_axes = routed_over = (NODE,)
   shared_sum_over = GPU
   needs_vma = True
-  expert_specs = {"w_in": P(NODE, None, GPU), "w_out": P(NODE, GPU, None), "w_gate": P(NODE, None, GPU),
-                  "b_in": P(NODE, GPU), "b_out": P(NODE), "b_gate": P(NODE, GPU)}
+  expert_specs = {
+    "w_in": P(NODE, None, GPU),
+    "w_out": P(NODE, GPU, None),
+    "w_gate": P(NODE, None, GPU),
+    "b_in": P(NODE, GPU),
+    "b_out": P(NODE),
+    "b_gate": P(NODE, GPU),
+  }
   shared_specs = {"w_in": P(None, GPU), "w_out": P(GPU, None), "w_gate": P(None, GPU)}
   where = "tokens sharded over the nodes"
 
@@ -157,8 +163,9 @@ class _Sharded(ExpertParallel):
 
   def check_tokens(self, tokens, n, m):
     if tokens % self.token_groups(n, m):
-      raise ConfigError(f"x has {tokens} tokens, not a multiple of {self.token_groups(n, m)} "
-                        f"(esp_schedule={self.name!r}: {self.where})")
+      raise ConfigError(
+        f"x has {tokens} tokens, not a multiple of {self.token_groups(n, m)} (esp_schedule={self.name!r}: {self.where})"
+      )
 
   def holder_index(self, m):
     return jax.lax.axis_index(NODE)
@@ -188,10 +195,14 @@ class Baseline(_Sharded):
     return m
 
   def hops(self, cfg):
-    require(len(super().hops(cfg)) == 1, "path", cfg.path,
-            "'flat' with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to the same GPU "
-            "index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the same rows), so "
-            "there is no intra-node hop for a two-hop path to take")
+    require(
+      len(super().hops(cfg)) == 1,
+      "path",
+      cfg.path,
+      "'flat' with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to the same GPU "
+      "index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the same rows), so "
+      "there is no intra-node hop for a two-hop path to take",
+    )
     return (NODE,)
 
   def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):
@@ -208,7 +219,7 @@ class Baseline(_Sharded):
     return jnp.where(holder_ids_RxK >= 0, node * m * slots + local, -1)
 
   def own_rows(self, m, *arrays_R):  # all m copies of the node's tokens are equal; this GPU's is the first
-    return tuple(a[:a.shape[0] // m] for a in arrays_R)
+    return tuple(a[: a.shape[0] // m] for a in arrays_R)
 
 
 class S1(_Sharded):
@@ -247,8 +258,9 @@ class S2(_Sharded):
     """Token-choice rows (one choice each) in the dispatched tensor, this GPU's share of it."""
     sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg)
     x_RxD = jnp.repeat(x_TxD, cfg.choices_per_token, axis=0)
-    x_ZxD, ids_Z, w_Z, slot_R = esp_ops.dispatched_tensor(x_RxD, sent.ids_RxK.reshape(-1), sent.w_RxK.reshape(-1),
-                                                           expert_ids_TxK, keep_TxK, rows * m, cfg)
+    x_ZxD, ids_Z, w_Z, slot_R = esp_ops.dispatched_tensor(
+      x_RxD, sent.ids_RxK.reshape(-1), sent.w_RxK.reshape(-1), expert_ids_TxK, keep_TxK, rows * m, cfg
+    )
     return Sent(esp_ops.mp_split(x_ZxD), esp_ops.my_chunk(ids_Z)[:, None], esp_ops.mp_split(w_Z)[:, None], slot_R)
 
   def finish(self, y_RxD, sent, dtype):  # every GPU's outputs of the dispatched tensor, in token-choice order
@@ -279,6 +291,11 @@ SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2(), Exper
 
 def of(cfg: MoEConfig) -> ExpertParallel:
   """The expert sharding of cfg.esp_schedule ('auto' must be resolved when the config is made)."""
-  require(cfg.esp_schedule != "auto", "esp_schedule", cfg.esp_schedule, "a concrete schedule: resolve 'auto' when "
-          "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)")
+  require(
+    cfg.esp_schedule != "auto",
+    "esp_schedule",
+    cfg.esp_schedule,
+    "a concrete schedule: resolve 'auto' when "
+    "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)",
+  )
   return SHARDINGS[ExpertDataParallel.name if cfg.expert_data_parallel else cfg.esp_schedule]

@@ -53,8 +53,10 @@ def _tokamax():
   try:
     import tokamax
   except ImportError as e:
-    raise ImportError("expert_backend='tokamax' needs the tokamax package (Python >= 3.12, jax >= 0.11.1): "
-                      "pip install 'moejax[tokamax]', or use expert_backend='ragged_dot'") from e
+    raise ImportError(
+      "expert_backend='tokamax' needs the tokamax package (Python >= 3.12, jax >= 0.11.1): "
+      "pip install 'moejax[tokamax]', or use expert_backend='ragged_dot'"
+    ) from e
   return tokamax
 
 
@@ -82,8 +84,18 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
   return y
 
 
-def expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, *, activation: str | Activation, backend: str,
-                  dtype=jnp.float32, b_in_GxF=None, b_gate_GxF=None):
+def expert_hidden(
+  x_RxD,
+  group_sizes_G,
+  w_in_GxDxF,
+  w_gate_GxDxF,
+  *,
+  activation: str | Activation,
+  backend: str,
+  dtype=jnp.float32,
+  b_in_GxF=None,
+  b_gate_GxF=None,
+):
   """The first half of the FFN: x [R, d] -> h [R, f] in `dtype` (act(x w_gate + b_gate) * (x w_in + b_in), or
   act(x w_in + b_in); biases [G, f] or None)."""
   x_RxD = x_RxD.astype(dtype)
@@ -93,8 +105,11 @@ def expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, *, activation:
     y = grouped_matmul(x_RxD, w.astype(dtype), group_sizes_G, backend)
     return y if b is None else y + row_bias(b, group_sizes_G, x_RxD.shape[0])
 
-  h_RxF = act(mm(w_in_GxDxF, b_in_GxF)) if w_gate_GxDxF is None else act(mm(w_gate_GxDxF, b_gate_GxF),
-                                                                           mm(w_in_GxDxF, b_in_GxF))
+  h_RxF = (
+    act(mm(w_in_GxDxF, b_in_GxF))
+    if w_gate_GxDxF is None
+    else act(mm(w_gate_GxDxF, b_gate_GxF), mm(w_in_GxDxF, b_in_GxF))
+  )
   return h_RxF.astype(dtype)
 
 
@@ -105,8 +120,18 @@ def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.
   return y if b_out_GxD is None else y + row_bias(b_out_GxD, group_sizes_G, h_RxF.shape[0])
 
 
-def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, activation: str | Activation,
-               backend: str, dtype=jnp.float32, biases: dict | None = None):
+def expert_ffn(
+  x_RxD,
+  group_sizes_G,
+  w_in_GxDxF,
+  w_out_GxFxD,
+  w_gate_GxDxF,
+  *,
+  activation: str | Activation,
+  backend: str,
+  dtype=jnp.float32,
+  biases: dict | None = None,
+):
   """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. biases: None or {'b_in',
   'b_gate' [G, f], 'b_out' [G, d]}. The 'pallas' backend
   runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
@@ -118,14 +143,30 @@ def expert_ffn(x_RxD, group_sizes_G, w_in_GxDxF, w_out_GxFxD, w_gate_GxDxF, *, a
   if backend in FUSED:
     name = activation.name if isinstance(activation, Activation) else activation  # the kernel refuses the others
     if biases:
-      raise ValueError(f"expert_backend={backend!r} (the fused Pallas FFN) adds no expert biases: use 'ragged_dot' "
-                       "or 'pallas_unfused'")
+      raise ValueError(
+        f"expert_backend={backend!r} (the fused Pallas FFN) adds no expert biases: use 'ragged_dot' or 'pallas_unfused'"
+      )
     cast = lambda a: None if a is None else a.astype(dtype)
-    return pallas_ffn.expert_ffn(cast(x_RxD), cast(w_in_GxDxF), cast(w_out_GxFxD), group_sizes_G, name,
-                                 w_gate=cast(w_gate_GxDxF),
-                                 save_preactivations=backend == "pallas_saved").astype(jnp.float32)
-  h_RxF = expert_hidden(x_RxD, group_sizes_G, w_in_GxDxF, w_gate_GxDxF, activation=activation, backend=backend,
-                        dtype=dtype, b_in_GxF=biases.get("b_in"), b_gate_GxF=biases.get("b_gate"))
+    return pallas_ffn.expert_ffn(
+      cast(x_RxD),
+      cast(w_in_GxDxF),
+      cast(w_out_GxFxD),
+      group_sizes_G,
+      name,
+      w_gate=cast(w_gate_GxDxF),
+      save_preactivations=backend == "pallas_saved",
+    ).astype(jnp.float32)
+  h_RxF = expert_hidden(
+    x_RxD,
+    group_sizes_G,
+    w_in_GxDxF,
+    w_gate_GxDxF,
+    activation=activation,
+    backend=backend,
+    dtype=dtype,
+    b_in_GxF=biases.get("b_in"),
+    b_gate_GxF=biases.get("b_gate"),
+  )
   return expert_output(h_RxF, group_sizes_G, w_out_GxFxD, backend=backend, dtype=dtype, b_out_GxD=biases.get("b_out"))
 
 

@@ -25,14 +25,31 @@ from moejax.runtime.mesh import GPU, NODE
 from moejax.validation import ConfigError
 
 # aux entries that are totals over the mesh (replicated); expert_ids is sharded like the tokens.
-AUX_TOTALS = ("load_balance_loss", "z_loss", "aux_loss", "expert_counts", "tokens_dropped", "tokens_overflowed",
-              "traffic_rows", "traffic_bytes", "nonfinite_tokens")
+AUX_TOTALS = (
+  "load_balance_loss",
+  "z_loss",
+  "aux_loss",
+  "expert_counts",
+  "tokens_dropped",
+  "tokens_overflowed",
+  "traffic_rows",
+  "traffic_bytes",
+  "nonfinite_tokens",
+)
 
 
-def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, *,
-              rng: jax.Array | None = None, train: bool = False, slot_expert: jax.Array | None = None,
-              expert_bias: jax.Array | None = None, balance_counts: jax.Array | None = None
-              ) -> tuple[jax.Array, dict]:
+def moe_apply(
+  params: dict,
+  x: jax.Array,
+  cfg: MoEConfig,
+  mesh: jax.sharding.Mesh,
+  *,
+  rng: jax.Array | None = None,
+  train: bool = False,
+  slot_expert: jax.Array | None = None,
+  expert_bias: jax.Array | None = None,
+  balance_counts: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
   x and y are sharded over both mesh axes, or with expert sharding (cfg.esp_schedule) over 'node' and
@@ -53,8 +70,18 @@ def moe_apply(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mes
     next micro-batch's input.
   """
   lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts)  # a slot table's contents too
-  return _moe_apply(params, x, cfg, mesh, lay, rng=rng, train=train, slot_expert=slot_expert,
-                    expert_bias=expert_bias, balance_counts=balance_counts)
+  return _moe_apply(
+    params,
+    x,
+    cfg,
+    mesh,
+    lay,
+    rng=rng,
+    train=train,
+    slot_expert=slot_expert,
+    expert_bias=expert_bias,
+    balance_counts=balance_counts,
+  )
 
 
 # Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
@@ -81,16 +108,29 @@ def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, ex
   aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
   if cfg.balance_loss == "global_batch":
     aux_specs["balance_counts"] = P()
-  y_TxD, aux = jax.shard_map(body, mesh=mesh, in_specs=(lay.x_spec, param_specs(cfg), extra_specs),
-                             out_specs=(lay.x_spec, aux_specs), check_vma=check_vma)(x_TxD, params, extras)
+  y_TxD, aux = jax.shard_map(
+    body,
+    mesh=mesh,
+    in_specs=(lay.x_spec, param_specs(cfg), extra_specs),
+    out_specs=(lay.x_spec, aux_specs),
+    check_vma=check_vma,
+  )(x_TxD, params, extras)
   return y_TxD.reshape(x.shape), aux
 
 
 def exchange_for(lay: Layout) -> schedule_lib.Exchange:
   """Where this layout's rows go: its hops over the mesh, its slots per device, collective and bound, whether
   rows travel once per destination, and the Dump's copies per choice."""
-  return schedule_lib.Exchange(lay.hops, {NODE: lay.n, GPU: lay.m}, lay.slots, lay.collective, lay.buffer_rows,
-                               lay.dedup, lay.sharding.copies(lay.m), lay.wire)
+  return schedule_lib.Exchange(
+    lay.hops,
+    {NODE: lay.n, GPU: lay.m},
+    lay.slots,
+    lay.collective,
+    lay.buffer_rows,
+    lay.dedup,
+    lay.sharding.copies(lay.m),
+    lay.wire,
+  )
 
 
 def one_row_per_slot(x_RxD, ids_RxZ, w_RxZ):
@@ -121,12 +161,14 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
 
   # dispatch: the rows this device sends with their choices; replicas: each choice to one replica of its expert;
   # the Dump: to the devices holding the slot (several with d_ff split over them), as consecutive slots.
-  sent = sharding.rows_to_send(x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32),
-                               lay.rows, m, cfg)
+  sent = sharding.rows_to_send(
+    x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32), lay.rows, m, cfg
+  )
   logical_RxK = holder_RxK = sent.ids_RxK
   if "slots" in extras:
-    holder_RxK = replicas_lib.to_slots(holder_RxK.reshape(-1), extras["slots"], num_experts,
-                                       sharding.holder_index(m)).reshape(holder_RxK.shape)
+    holder_RxK = replicas_lib.to_slots(
+      holder_RxK.reshape(-1), extras["slots"], num_experts, sharding.holder_index(m)
+    ).reshape(holder_RxK.shape)
   copies = sharding.copies(m)
   x_RxD, ids_RxZ, w_RxZ = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
   rows, slots = ids_RxZ.shape
@@ -159,8 +201,9 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
   aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
   aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))
-  aux["traffic_bytes"] = traffic_bytes(aux["traffic_rows"], lay, d, ids_RxZ.shape[1], x_TxD.dtype.itemsize,
-                                       schedule_lib.may_drop(exchange_for(lay)))
+  aux["traffic_bytes"] = traffic_bytes(
+    aux["traffic_rows"], lay, d, ids_RxZ.shape[1], x_TxD.dtype.itemsize, schedule_lib.may_drop(exchange_for(lay))
+  )
   aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux

@@ -52,8 +52,13 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   """The layer's layout for `tokens` global tokens on `mesh`; slots: a slot table's width (None: none).
   Raises ConfigError naming the field where the pieces cannot meet."""
   n, m = mesh_lib.axis_sizes(mesh)
-  require(cfg.expert_backend != "auto", "expert_backend", "auto", "a concrete backend: resolve 'auto' when the "
-          "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)")
+  require(
+    cfg.expert_backend != "auto",
+    "expert_backend",
+    "auto",
+    "a concrete backend: resolve 'auto' when the "
+    "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)",
+  )
   sharding = esp_lib.of(cfg)
   per_holder = cfg.experts_per_holder(n, m)
   slots = per_holder if slots is None else slots
@@ -63,24 +68,49 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   collective = collective_lib.Collective(collective_lib.resolve(cfg.collective, platform_lib.of_mesh(mesh)))
   if collective.fixed_blocks:  # a block per peer: every slot of the peer full, for each copy
     collective = collective._replace(block_rows=slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
-  return Layout(n, m, sharding, slots, routed_tokens, rows, sharding.hops(cfg), collective,
-                collective_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)), cfg.deduplicates,
-                (cfg.dispatch_dtype, cfg.combine_dtype))
+  return Layout(
+    n,
+    m,
+    sharding,
+    slots,
+    routed_tokens,
+    rows,
+    sharding.hops(cfg),
+    collective,
+    collective_lib.buffer_bound(cfg.buffer_factor, choices * sharding.copies(m)),
+    cfg.deduplicates,
+    (cfg.dispatch_dtype, cfg.combine_dtype),
+  )
 
 
-def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, slot_expert=None,
-                 expert_bias=None, balance_counts=None) -> Layout:
+def check_inputs(
+  params: dict,
+  x: jax.Array,
+  cfg: MoEConfig,
+  mesh: jax.sharding.Mesh,
+  slot_expert=None,
+  expert_bias=None,
+  balance_counts=None,
+) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
-  require(cfg.expert_backend != "auto", "expert_backend", "auto", "a concrete backend: resolve 'auto' when the "
-          "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)")
+  require(
+    cfg.expert_backend != "auto",
+    "expert_backend",
+    "auto",
+    "a concrete backend: resolve 'auto' when the "
+    "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)",
+  )
   sharding = esp_lib.of(cfg)
   cfg.check_mesh(n, m)
   slots = None
   if slot_expert is not None:
-    slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, cfg.expert_holders(n, m),
-                                          "GPUs per node" if cfg.expert_data_parallel else
-                                          "nodes" if sharding.x_axes == (NODE,) else "devices")
+    slots = replicas_lib.check_slot_table(
+      slot_expert,
+      cfg.num_experts,
+      cfg.expert_holders(n, m),
+      "GPUs per node" if cfg.expert_data_parallel else "nodes" if sharding.x_axes == (NODE,) else "devices",
+    )
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
   want = param_shapes(cfg)
@@ -93,26 +123,49 @@ def check_inputs(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.
   sharding.check_tokens(tokens, n, m)
   lay = layout(cfg, tokens, mesh, slots)
   if cfg.balance_loss == "sequence":
-    require(x.ndim == 3 and lay.tokens % x.shape[1] == 0, "balance_loss", cfg.balance_loss,
-            f"'batch' unless x is [batch, seq, d] with whole sequences on each routing device (x {x.shape}, "
-            f"{lay.tokens} tokens routed per device)")
+    require(
+      x.ndim == 3 and lay.tokens % x.shape[1] == 0,
+      "balance_loss",
+      cfg.balance_loss,
+      f"'batch' unless x is [batch, seq, d] with whole sequences on each routing device (x {x.shape}, "
+      f"{lay.tokens} tokens routed per device)",
+    )
   if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
-    raise ConfigError(f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
-                      "expert_bias", tuple(np.shape(expert_bias)), f"[{cfg.num_experts}]")
+    raise ConfigError(
+      f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
+      "expert_bias",
+      tuple(np.shape(expert_bias)),
+      f"[{cfg.num_experts}]",
+    )
   if balance_counts is not None:
-    require(cfg.balance_loss == "global_batch", "balance_counts", "given",
-            f"None unless balance_loss='global_batch' (it is {cfg.balance_loss!r})")
-    require(tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,), "balance_counts",
-            tuple(np.shape(balance_counts)), f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)")
+    require(
+      cfg.balance_loss == "global_batch",
+      "balance_counts",
+      "given",
+      f"None unless balance_loss='global_batch' (it is {cfg.balance_loss!r})",
+    )
+    require(
+      tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,),
+      "balance_counts",
+      tuple(np.shape(balance_counts)),
+      f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)",
+    )
   if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
     what = "token rows (dedup: one row per token)" if lay.dedup else "token-choice rows"
-    raise ConfigError(f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
-                      "(schedule='chunked' splits them into equal chunks)", "num_chunks", cfg.num_chunks,
-                      f"a divisor of {lay.rows}")
+    raise ConfigError(
+      f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
+      "(schedule='chunked' splits them into equal chunks)",
+      "num_chunks",
+      cfg.num_chunks,
+      f"a divisor of {lay.rows}",
+    )
   platform = platform_lib.of_mesh(mesh)
   collective_lib.check(cfg.collective, platform)
-  require(not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
-          "expert_backend", cfg.expert_backend,
-          f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
-          "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)")
+  require(
+    not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
+    "expert_backend",
+    cfg.expert_backend,
+    f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
+    "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)",
+  )
   return lay

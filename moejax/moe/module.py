@@ -77,14 +77,23 @@ class MoELayer(nnx.Module):
     self.shared_gate = Router(params["shared_gate"]["kernel"]) if cfg.shared_gate else None
     table = None
     if cfg.slots_per_device is not None:
-      table = replicas_lib.initial_table(cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)),
-                                         cfg.slots_per_device)
+      table = replicas_lib.initial_table(
+        cfg.num_experts, cfg.expert_holders(*mesh_lib.axis_sizes(mesh)), cfg.slots_per_device
+      )
     # One assignment: nnx fixes an attribute's kind (data or static) when it is first set.
-    self.slot_expert = None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
-    self.expert_bias = None if cfg.bias_update_rate == 0 else ExpertBias(
-        jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
-    self.balance_counts = None if cfg.balance_loss != "global_batch" else BalanceCounts(
-        jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
+    self.slot_expert = (
+      None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
+    )
+    self.expert_bias = (
+      None
+      if cfg.bias_update_rate == 0
+      else ExpertBias(jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
+    )
+    self.balance_counts = (
+      None
+      if cfg.balance_loss != "global_batch"
+      else BalanceCounts(jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
+    )
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -101,8 +110,9 @@ class MoELayer(nnx.Module):
       params["shared_gate"] = {"kernel": self.shared_gate.kernel[...]}
     return params
 
-  def __call__(self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None,
-               slot_expert: jax.Array | None = None) -> tuple[jax.Array, dict]:
+  def __call__(
+    self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None, slot_expert: jax.Array | None = None
+  ) -> tuple[jax.Array, dict]:
     """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
     slot_expert: a replication slot table [A, Z] (see `moe_apply`); default the layer's own, if any."""
     if rng is None and train and self.cfg.jitter > 0:
@@ -111,5 +121,14 @@ class MoELayer(nnx.Module):
       slot_expert = self.slot_expert[...]
     bias = None if self.expert_bias is None else self.expert_bias[...]
     prior = None if self.balance_counts is None else self.balance_counts[...]
-    return moe_apply(self.params(), x, self.cfg, self.mesh, rng=rng, train=train, slot_expert=slot_expert,
-                     expert_bias=bias, balance_counts=prior)
+    return moe_apply(
+      self.params(),
+      x,
+      self.cfg,
+      self.mesh,
+      rng=rng,
+      train=train,
+      slot_expert=slot_expert,
+      expert_bias=bias,
+      balance_counts=prior,
+    )

@@ -14,8 +14,9 @@ from moejax.moe.layer import moe_apply
 R = TypeVar("R")
 
 
-def until_no_overflow(run: Callable[[MoEConfig], tuple[R, int]], cfg: MoEConfig,
-                      on_retry: Callable[[int, MoEConfig], None] | None = None) -> tuple[R, MoEConfig]:
+def until_no_overflow(
+  run: Callable[[MoEConfig], tuple[R, int]], cfg: MoEConfig, on_retry: Callable[[int, MoEConfig], None] | None = None
+) -> tuple[R, MoEConfig]:
   """(result, cfg) of the first run(cfg) -> (result, overflowed token-choices) that lost nothing, cfg's
   buffer_factor doubled before each repeat; keep the returned cfg for the next calls. on_retry(overflowed,
   new cfg) is told of each repeat before it runs. With buffer_factor None nothing can overflow and run(cfg)
@@ -29,8 +30,9 @@ def until_no_overflow(run: Callable[[MoEConfig], tuple[R, int]], cfg: MoEConfig,
   return result, cfg
 
 
-def apply_without_overflow(params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh,
-                           **kwargs) -> tuple[jax.Array, dict, MoEConfig]:
+def apply_without_overflow(
+  params: dict, x: jax.Array, cfg: MoEConfig, mesh: jax.sharding.Mesh, **kwargs
+) -> tuple[jax.Array, dict, MoEConfig]:
   """(y, aux, cfg) of `moe_apply` with the first buffer_factor (cfg's, doubled as often as needed)
   at which nothing overflowed; keep the returned cfg for the next calls. Eager: it reads the count.
 

@@ -20,10 +20,18 @@ def expert_names(cfg: MoEConfig) -> tuple[str, ...]:
 def param_shapes(cfg: MoEConfig) -> dict:
   """The public parameter layout: name -> shape (checkpoints and other frameworks rely on it)."""
   e, d, f = cfg.num_experts, cfg.d_model, cfg.d_ff
-  shapes = {name: {"kernel": (d, width), **({"bias": (width,)} if cfg.router_bias else {})}
-            for name, width in routing.router_widths(cfg).items()}
-  every = {"w_in": (e, d, f), "w_out": (e, f, d), "w_gate": (e, d, f), "b_in": (e, f), "b_out": (e, d),
-           "b_gate": (e, f)}
+  shapes = {
+    name: {"kernel": (d, width), **({"bias": (width,)} if cfg.router_bias else {})}
+    for name, width in routing.router_widths(cfg).items()
+  }
+  every = {
+    "w_in": (e, d, f),
+    "w_out": (e, f, d),
+    "w_gate": (e, d, f),
+    "b_in": (e, f),
+    "b_out": (e, d),
+    "b_gate": (e, f),
+  }
   shapes.update({name: every[name] for name in expert_names(cfg)})
   if cfg.num_shared_experts:
     w = cfg.shared_width

@@ -32,8 +32,11 @@ from moejax.runtime import mesh as mesh_lib
 
 # The name of every row an exchange delivers, so a rematerialised block can keep them (remat="save_exchanged").
 EXCHANGED = "moe_exchanged"
-PATHS = {"flat": ((mesh_lib.NODE, mesh_lib.GPU),), "gpu_first": (mesh_lib.GPU, mesh_lib.NODE),
-         "node_first": (mesh_lib.NODE, mesh_lib.GPU)}
+PATHS = {
+  "flat": ((mesh_lib.NODE, mesh_lib.GPU),),
+  "gpu_first": (mesh_lib.GPU, mesh_lib.NODE),
+  "node_first": (mesh_lib.NODE, mesh_lib.GPU),
+}
 
 
 def hops(path: str) -> tuple:
@@ -59,7 +62,7 @@ class Spread(NamedTuple):
   @property
   def row_Q(self) -> jax.Array:
     """[Q] the row of each taken entry."""
-    return self.order[:self.taken] // self.slots
+    return self.order[: self.taken] // self.slots
 
   def expand(self, x_RxX: jax.Array) -> jax.Array:
     """Each taken entry's row: x [R, ...] -> [Q, ...] in sorted entry order."""
@@ -67,8 +70,8 @@ class Spread(NamedTuple):
       return jnp.take(x_RxX, self.row_Q, axis=0)
     x_YxX = jnp.repeat(x_RxX, self.slots, axis=0) if self.slots > 1 else x_RxX
     if jnp.issubdtype(x_YxX.dtype, jnp.integer):
-      return x_YxX[self.order[:self.taken]]
-    return plan_lib.permute_rows(x_YxX, self.order, self.inverse)[:self.taken]
+      return x_YxX[self.order[: self.taken]]
+    return plan_lib.permute_rows(x_YxX, self.order, self.inverse)[: self.taken]
 
   def reduce(self, y_QxX: jax.Array) -> jax.Array:
     """The mirror of `expand`: each row's entries summed, y [Q, ...] -> [R, ...]."""
@@ -142,8 +145,9 @@ class HopSize(NamedTuple):
   collective: collective_lib.Collective
 
 
-def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_rows: int | None = None,
-              dedup: bool = True) -> list[HopSize]:
+def hop_sizes(
+  hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_rows: int | None = None, dedup: bool = True
+) -> list[HopSize]:
   """The sizes of each hop for R rows with Z slots per device (plain Python, before tracing). A hop's entries
   are at most R x min(Z, peers) with dedup (R x Z without) and at most the slots the device can hold; its
   buffer holds what its peers could send (at most every slot of every device), bounded by `buffer_rows` (rows,
@@ -161,7 +165,7 @@ def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_
     taken = min(rows * (min(slots, num_peers) if dedup else slots), bound)
     hop_collective = collective
     if collective.fixed_blocks:  # a block holds a peer's choices for its slots (capacity bounds them)
-      block = collective.block_rows * math.prod(peers[:h]) * math.prod(peers[h + 1:])
+      block = collective.block_rows * math.prod(peers[:h]) * math.prod(peers[h + 1 :])
       hop_collective = collective._replace(block_rows=block)
       out_rows = arriving = num_peers * block
     else:
@@ -173,8 +177,9 @@ def hop_sizes(hops, axis_sizes: dict, rows: int, slots: int, collective, buffer_
   return sizes
 
 
-def plan_path(ids_RxZ, hops, axis_sizes: dict, slots_per_device: int, collective, buffer_rows: int | None = None,
-              dedup: bool = True) -> tuple[jax.Array, Path]:
+def plan_path(
+  ids_RxZ, hops, axis_sizes: dict, slots_per_device: int, collective, buffer_rows: int | None = None, dedup: bool = True
+) -> tuple[jax.Array, Path]:
   """Plans every hop of sending each row's slots (device-level ids [R, Z]; -1 = none) to their experts'
   devices (`hop_sizes`), moving only the ids. Returns (ids [R_out, Z] as received at the end, -1 on empty
   slots, path). Entries that do not fit a receive buffer are dropped (`HopPlan.kept_AxA`)."""
@@ -189,11 +194,11 @@ def plan_path(ids_RxZ, hops, axis_sizes: dict, slots_per_device: int, collective
     block = size.collective.block_rows if size.collective.fixed_blocks else None
     plan = plan_lib.make_hop_plan(dest_Y, axis_name, size.num_peers, size.out_rows, block)
     spread = Spread(plan.order, plan.inverse, size.rows, slots, size.taken, size.dense)
-    row_Q, dest_Q = spread.row_Q, dest_Y[plan.order[:size.taken]]
+    row_Q, dest_Q = spread.row_Q, dest_Y[plan.order[: size.taken]]
     if dedup:
       mask_QxZ = (dest_RxZ[row_Q] == dest_Q[:, None]) & valid_RxZ[row_Q]
     else:
-      slot_Q = plan.order[:size.taken] % slots
+      slot_Q = plan.order[: size.taken] % slots
       mask_QxZ = (jnp.arange(slots)[None, :] == slot_Q[:, None]) & (dest_Q < size.num_peers)[:, None]
     ids_QxZ = jnp.where(mask_QxZ, ids_RxZ[row_Q], -1)
     ids_RxZ = collective_lib.exchange(ids_QxZ, plan.forward, size.out_rows, axis_name, size.collective, fill=-1)
@@ -209,8 +214,12 @@ def move_through(x_RxD, path: Path, num_hops: int | None = None, wire=(None, Non
   """Moves rows [R, d] along the first `num_hops` hops (default all) of a planned path: each entry takes its
   row's payload. wire: the dtypes of the rows and of their gradients on the wire (`moe.wire`)."""
   for hop in path.hops[:num_hops]:
-    x_RxD = checkpoint_name(collective_lib.move_rows(hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward,
-                                                     hop.out_rows, hop.axis, hop.collective, wire=wire), EXCHANGED)
+    x_RxD = checkpoint_name(
+      collective_lib.move_rows(
+        hop.spread.expand(x_RxD), hop.plan.forward, hop.plan.backward, hop.out_rows, hop.axis, hop.collective, wire=wire
+      ),
+      EXCHANGED,
+    )
   return x_RxD
 
 
@@ -219,8 +228,10 @@ def move_slots(w_RxZ, path: Path, num_hops: int | None = None):
   0 on the others."""
   for hop in path.hops[:num_hops]:
     w_QxZ = jnp.where(hop.mask_QxZ, jnp.take(w_RxZ, hop.spread.row_Q, axis=0), jnp.zeros((), w_RxZ.dtype))
-    w_RxZ = checkpoint_name(collective_lib.move_rows(w_QxZ, hop.plan.forward, hop.plan.backward, hop.out_rows,
-                                                     hop.axis, hop.collective), EXCHANGED)
+    w_RxZ = checkpoint_name(
+      collective_lib.move_rows(w_QxZ, hop.plan.forward, hop.plan.backward, hop.out_rows, hop.axis, hop.collective),
+      EXCHANGED,
+    )
   return w_RxZ
 
 
@@ -228,13 +239,17 @@ def move_back(y_RxX, path: Path, num_hops: int | None = None, wire=(None, None))
   """The mirror of `move_through` over the last `num_hops` hops (default all): each entry's result returns to
   the device it came from, where a row's entries are summed; entries dropped on the way come back as zeros.
   Integer rows move without a gradient rule; wire as in `move_through`."""
-  todo = path.hops if num_hops is None else path.hops[len(path.hops) - num_hops:]
+  todo = path.hops if num_hops is None else path.hops[len(path.hops) - num_hops :]
   for hop in reversed(todo):
     if jnp.issubdtype(y_RxX.dtype, jnp.integer):
       back_QxX = collective_lib.exchange(y_RxX, hop.plan.backward, hop.spread.taken, hop.axis, hop.collective)
     else:
-      back_QxX = checkpoint_name(collective_lib.move_rows(y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken,
-                                                          hop.axis, hop.collective, wire=wire), EXCHANGED)
+      back_QxX = checkpoint_name(
+        collective_lib.move_rows(
+          y_RxX, hop.plan.backward, hop.plan.forward, hop.spread.taken, hop.axis, hop.collective, wire=wire
+        ),
+        EXCHANGED,
+      )
     y_RxX = hop.spread.reduce(back_QxX)
   return y_RxX
 

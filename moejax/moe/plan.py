@@ -94,8 +94,9 @@ def clamp_to_buffer(sizes_AxA: jax.Array, buffer_rows: int) -> jax.Array:
   return jnp.diff(fitted, axis=0, prepend=jnp.zeros_like(fitted[:1]))
 
 
-def ragged_args(sizes_AxA: jax.Array, me: jax.Array, kept_AxA: jax.Array | None = None
-                ) -> tuple[RaggedArgs, RaggedArgs]:
+def ragged_args(
+  sizes_AxA: jax.Array, me: jax.Array, kept_AxA: jax.Array | None = None
+) -> tuple[RaggedArgs, RaggedArgs]:
   """Forward and backward ragged all-to-all arguments of device `me`: blocks start where the full
   size matrix puts them in the sender's sorted rows, and the first kept_AxA rows of each move
   (kept_AxA defaults to everything)."""
@@ -108,12 +109,10 @@ def ragged_args(sizes_AxA: jax.Array, me: jax.Array, kept_AxA: jax.Array | None 
   output_offsets = exclusive_cumsum(kept_AxA, axis=0)[me]
   # Reverse: what peer p sent me goes back to where it came from in p's sorted operand.
   return_offsets = exclusive_cumsum(sizes_AxA, axis=1)[:, me]
-  return (RaggedArgs(input_offsets, send, output_offsets, recv),
-          RaggedArgs(recv_offsets, recv, return_offsets, send))
+  return (RaggedArgs(input_offsets, send, output_offsets, recv), RaggedArgs(recv_offsets, recv, return_offsets, send))
 
 
-def shift_args(forward: RaggedArgs, backward: RaggedArgs, shift: int, me: jax.Array
-               ) -> tuple[RaggedArgs, RaggedArgs]:
+def shift_args(forward: RaggedArgs, backward: RaggedArgs, shift: int, me: jax.Array) -> tuple[RaggedArgs, RaggedArgs]:
   """One ring step of an exchange: I send only my block for peer me + shift and receive only the block
   of peer me - shift, into a buffer of its own (offset 0). Returns that step's forward arguments and
   their reverse (the block goes back to where it came from in the sender's operand)."""
@@ -124,20 +123,24 @@ def shift_args(forward: RaggedArgs, backward: RaggedArgs, shift: int, me: jax.Ar
   sent = jnp.where(to_dest, forward.send_sizes, 0)
   received = jnp.where(from_src, forward.recv_sizes, 0)
   zeros = jnp.zeros_like(forward.output_offsets)
-  return (RaggedArgs(forward.input_offsets, sent, zeros, received),
-          RaggedArgs(zeros, received, jnp.where(from_src, backward.output_offsets, 0), sent))
+  return (
+    RaggedArgs(forward.input_offsets, sent, zeros, received),
+    RaggedArgs(zeros, received, jnp.where(from_src, backward.output_offsets, 0), sent),
+  )
 
 
 def without_self(forward: RaggedArgs, backward: RaggedArgs, me: jax.Array) -> tuple[RaggedArgs, RaggedArgs]:
   """The exchange with my block to myself left out (every offset unchanged): forward and reverse."""
   other = jnp.arange(forward.send_sizes.shape[0]) != me
-  mask = lambda args: args._replace(send_sizes=jnp.where(other, args.send_sizes, 0),
-                                    recv_sizes=jnp.where(other, args.recv_sizes, 0))
+  mask = lambda args: args._replace(
+    send_sizes=jnp.where(other, args.send_sizes, 0), recv_sizes=jnp.where(other, args.recv_sizes, 0)
+  )
   return mask(forward), mask(backward)
 
 
-def make_hop_plan(dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int, block_rows: int | None = None
-                  ) -> HopPlan:
+def make_hop_plan(
+  dest_R: jax.Array, axis_name, num_peers: int, buffer_rows: int, block_rows: int | None = None
+) -> HopPlan:
   """Plan for one hop inside `shard_map`; dest_R in [0, A], A = not sent; receivers hold
   `buffer_rows` rows; with `block_rows` (a dense exchange) each source sends each peer at most that."""
   order, send_sizes = sort_by_destination(dest_R, num_peers)

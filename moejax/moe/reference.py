@@ -29,15 +29,24 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, dispatch_groups: int) -> jax.Array
   expert = ids_TxK.reshape(-1)
   group = token // group_tokens
   same = (expert[:, None] == expert[None, :]) & (group[:, None] == group[None, :])
-  before = (choice[None, :] < choice[:, None]) | ((choice[None, :] == choice[:, None]) & (token[None, :] < token[:, None]))
+  before = (choice[None, :] < choice[:, None]) | (
+    (choice[None, :] == choice[:, None]) & (token[None, :] < token[:, None])
+  )
   ahead = jnp.sum(same & before, axis=1)
   return (ahead < capacity).reshape(tokens, k)
 
 
-def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, dispatch_groups: int = 1,
-                  noise: jax.Array | None = None, expert_bias: jax.Array | None = None,
-                  balance_counts: jax.Array | None = None, expert_x: jax.Array | None = None
-                  ) -> tuple[jax.Array, dict]:
+def moe_reference(
+  params: dict,
+  x: jax.Array,
+  cfg: MoEConfig,
+  *,
+  dispatch_groups: int = 1,
+  noise: jax.Array | None = None,
+  expert_bias: jax.Array | None = None,
+  balance_counts: jax.Array | None = None,
+  expert_x: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
   dispatch_groups: the groups capacity counts within (the mesh's routing devices). noise: router-input
@@ -76,11 +85,11 @@ def moe_reference(params: dict, x: jax.Array, cfg: MoEConfig, *, dispatch_groups
 
   onehot = jax.nn.one_hot(ids, num_experts)  # [T, K, E]
   aux = {
-      "load_balance_loss": routed.load_balance,
-      "z_loss": routed.z_loss,
-      "aux_loss": routed.load_balance + routed.z_loss,
-      "expert_counts": jnp.sum(onehot * keep[..., None], axis=(0, 1)).astype(jnp.int32),
-      "tokens_dropped": jnp.sum(~keep).astype(jnp.int32),
+    "load_balance_loss": routed.load_balance,
+    "z_loss": routed.z_loss,
+    "aux_loss": routed.load_balance + routed.z_loss,
+    "expert_counts": jnp.sum(onehot * keep[..., None], axis=(0, 1)).astype(jnp.int32),
+    "tokens_dropped": jnp.sum(~keep).astype(jnp.int32),
   }
   if prior is not None:
     aux["balance_counts"] = prior + routed.counts

@@ -23,19 +23,31 @@ def check_slot_table(slot_expert, num_experts: int, devices: int, holder: str = 
   are checked when the table is concrete (not traced)."""
   shape = tuple(np.shape(slot_expert))
   if len(shape) != 2 or shape[0] != devices or shape[1] < 1:
-    raise ConfigError(f"slot_expert has shape {shape}; expected [{devices} {holder}, slots per holder]",
-                      "slot_expert", shape, f"[{devices}, Z]")
+    raise ConfigError(
+      f"slot_expert has shape {shape}; expected [{devices} {holder}, slots per holder]",
+      "slot_expert",
+      shape,
+      f"[{devices}, Z]",
+    )
   if not jnp.issubdtype(jnp.asarray(slot_expert).dtype, jnp.integer):
     raise ConfigError(f"slot_expert must hold integer expert ids, got {jnp.asarray(slot_expert).dtype}")
   if not isinstance(slot_expert, jax.core.Tracer):
     table = np.asarray(slot_expert)
     if table.min() < 0 or table.max() >= num_experts:
-      raise ConfigError(f"slot_expert holds ids {table.min()}..{table.max()}, outside [0, {num_experts})",
-                        "slot_expert", (int(table.min()), int(table.max())), f"ids in [0, {num_experts})")
+      raise ConfigError(
+        f"slot_expert holds ids {table.min()}..{table.max()}, outside [0, {num_experts})",
+        "slot_expert",
+        (int(table.min()), int(table.max())),
+        f"ids in [0, {num_experts})",
+      )
     missing = np.setdiff1d(np.arange(num_experts), table)
     if missing.size:
-      raise ConfigError(f"experts {missing.tolist()} have no slot in slot_expert (every expert needs one)",
-                        "slot_expert", missing.tolist(), "every expert at least once")
+      raise ConfigError(
+        f"experts {missing.tolist()} have no slot in slot_expert (every expert needs one)",
+        "slot_expert",
+        missing.tolist(),
+        "every expert at least once",
+      )
   return shape[1]
 
 
@@ -44,15 +56,19 @@ def initial_table(num_experts: int, holders: int, slots: int) -> np.ndarray:
   replicas of the experts of the holders after it (never its own); the table a run starts from before
   any load has been measured."""
   per, spare = num_experts // holders, slots - num_experts // holders
-  return np.array([[h * per + j for j in range(per)] + [(h * per + per + j) % num_experts for j in range(spare)]
-                   for h in range(holders)], np.int32)
+  return np.array(
+    [
+      [h * per + j for j in range(per)] + [(h * per + per + j) % num_experts for j in range(spare)]
+      for h in range(holders)
+    ],
+    np.int32,
+  )
 
 
 def physical_params(params: dict, slot_expert) -> dict:
   """The expert weights and biases laid out per physical slot ([A * Z, ...] copies); routers unchanged."""
   slots = jnp.asarray(slot_expert).reshape(-1)
-  return {name: jnp.take(value, slots, axis=0) if name in EXPERT_WEIGHTS else value
-          for name, value in params.items()}
+  return {name: jnp.take(value, slots, axis=0) if name in EXPERT_WEIGHTS else value for name, value in params.items()}
 
 
 def to_slots(ids_R, slot_expert_flat, num_experts: int, me):

@@ -81,26 +81,60 @@ class Experts(NamedTuple):
     biases = {name: params[name] for name in ("b_in", "b_gate", "b_out") if name in params}
     if sharding is not None and "b_out" in biases:
       biases["b_out"] = sharding.out_bias(biases["b_out"])
-    return cls(params["w_in"], params["w_out"], params.get("w_gate"), experts.Activation.of(cfg), cfg.expert_backend,
-               jnp.dtype(cfg.dtype), None if sharding is None else sharding.partial_sum_over, biases)
+    return cls(
+      params["w_in"],
+      params["w_out"],
+      params.get("w_gate"),
+      experts.Activation.of(cfg),
+      cfg.expert_backend,
+      jnp.dtype(cfg.dtype),
+      None if sharding is None else sharding.partial_sum_over,
+      biases,
+    )
 
   def _sum(self, y):
     return y if self.partial_sum_over is None else jax.lax.psum(y, self.partial_sum_over)
 
   def ffn(self, x_RxD, group_sizes_G):
-    return self._sum(experts.expert_ffn(x_RxD, group_sizes_G, self.w_in, self.w_out, self.w_gate,
-                                        activation=self.activation, backend=self.backend, dtype=self.dtype,
-                                        biases=self.biases))
+    return self._sum(
+      experts.expert_ffn(
+        x_RxD,
+        group_sizes_G,
+        self.w_in,
+        self.w_out,
+        self.w_gate,
+        activation=self.activation,
+        backend=self.backend,
+        dtype=self.dtype,
+        biases=self.biases,
+      )
+    )
 
   def hidden(self, x_RxD, group_sizes_G):
-    return experts.expert_hidden(x_RxD, group_sizes_G, self.w_in, self.w_gate, activation=self.activation,
-                                 backend=self.backend, dtype=self.dtype, b_in_GxF=self.biases.get("b_in"),
-                                 b_gate_GxF=self.biases.get("b_gate"))
+    return experts.expert_hidden(
+      x_RxD,
+      group_sizes_G,
+      self.w_in,
+      self.w_gate,
+      activation=self.activation,
+      backend=self.backend,
+      dtype=self.dtype,
+      b_in_GxF=self.biases.get("b_in"),
+      b_gate_GxF=self.biases.get("b_gate"),
+    )
 
   def output(self, h_RxF, group_sizes_G, columns: slice):
     b_out = self.biases.get("b_out")
-    return self._sum(experts.expert_output(h_RxF, group_sizes_G, self.w_out[:, :, columns], backend=self.backend,
-                                           dtype=self.dtype, b_out_GxD=None if b_out is None else b_out[:, columns]))
+    return self._sum(
+      experts.expert_output(
+        h_RxF,
+        group_sizes_G,
+        self.w_out[:, :, columns],
+        backend=self.backend,
+        dtype=self.dtype,
+        b_out_GxD=None if b_out is None else b_out[:, columns],
+      )
+    )
 
 
 class Result(NamedTuple):
@@ -121,17 +155,19 @@ def local_experts(ids, ex: Exchange):
 
 def plan(ids_RxZ, ex: Exchange):
   """The path of rows with device-level slot ids [R, Z] through the exchange's hops -> (ids at arrival, path)."""
-  return path_lib.plan_path(ids_RxZ, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.collective, ex.buffer_rows,
-                            ex.dedup)
+  return path_lib.plan_path(
+    ids_RxZ, ex.hops, ex.axis_sizes, ex.slots_per_device, ex.collective, ex.buffer_rows, ex.dedup
+  )
 
 
 def run_experts(rows_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, bound: int):
   """The local experts on received rows in any order: each slot's expert output times its weight, summed over
   the row's slots -> [R, d] fp32 (0 on rows without a slot here). bound: the slots that can be here."""
   rows, slots = ids_RxZ.shape
-  spread, group_sizes = path_lib.grouped(local_experts(ids_RxZ.reshape(-1), ex), rows, slots, ex.slots_per_device,
-                                         bound)
-  w_Q = w_RxZ.reshape(-1)[spread.order[:spread.taken]]
+  spread, group_sizes = path_lib.grouped(
+    local_experts(ids_RxZ.reshape(-1), ex), rows, slots, ex.slots_per_device, bound
+  )
+  w_Q = w_RxZ.reshape(-1)[spread.order[: spread.taken]]
   return spread.reduce(local.ffn(spread.expand(rows_RxD), group_sizes) * w_Q[:, None].astype(jnp.float32))
 
 
@@ -183,8 +219,9 @@ def chunked(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int
     w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
     ids_RxZ = jnp.where(arrived_RxZ, ids_RxZ, -1)
   split = lambda a: jnp.split(a, num_chunks)
-  parts = [_round_trip(x, ids, w, ex, local, decided=True)
-           for x, ids, w in zip(split(x_RxD), split(ids_RxZ), split(w_RxZ))]
+  parts = [
+    _round_trip(x, ids, w, ex, local, decided=True) for x, ids, w in zip(split(x_RxD), split(ids_RxZ), split(w_RxZ))
+  ]
   return Result(jnp.concatenate([y for y, _, _ in parts]), arrived_RxZ, tuple(path for _, _, path in parts))
 
 
@@ -200,8 +237,7 @@ def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) 
   operand_QxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
   w_out = path_lib.move_slots(w_RxZ, path)
   groups = ex.slots_per_device
-  spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups,
-                                         path.bound)
+  spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups, path.bound)
   recv_offsets, recv_sizes = last.plan.backward.input_offsets, last.plan.forward.recv_sizes
   # My own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
   # exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow
@@ -210,29 +246,48 @@ def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) 
   own = min(last.spread.taken, out_rows)
   i_J = jnp.arange(own)
   q_J = jnp.minimum(recv_offsets[me] + i_J, out_rows - 1)  # the rows' places in the receive layout
-  steps = [(collective_lib.move_rows(operand_QxD, own_forward, own_backward, own, axis, last.collective, (0,),
-                                    ex.dispatch_wire), q_J,
-            i_J < recv_sizes[me])]
+  steps = [
+    (
+      collective_lib.move_rows(
+        operand_QxD, own_forward, own_backward, own, axis, last.collective, (0,), ex.dispatch_wire
+      ),
+      q_J,
+      i_J < recv_sizes[me],
+    )
+  ]
   if num_peers > 1:
     forward, backward = plan_lib.without_self(last.plan.forward, last.plan.backward, me)
     q_R = jnp.arange(out_rows)
     mine = (q_R >= recv_offsets[me]) & (q_R < recv_offsets[me] + recv_sizes[me])
-    steps.append((collective_lib.move_rows(operand_QxD, forward, backward, out_rows, axis, last.collective,
-                                          tuple(range(1, num_peers)), ex.dispatch_wire), q_R, ~mine))
+    steps.append(
+      (
+        collective_lib.move_rows(
+          operand_QxD, forward, backward, out_rows, axis, last.collective, tuple(range(1, num_peers)), ex.dispatch_wire
+        ),
+        q_R,
+        ~mine,
+      )
+    )
   h_QxF = None
   for x_JxD, q_J, valid_J in steps:
     key_J = local_experts(jnp.where(valid_J[:, None], ids_out[q_J], -1).reshape(-1), ex)
     step, step_sizes = path_lib.grouped(key_J, q_J.shape[0], slots, groups, path.bound)
     h_step_QxF = local.hidden(step.expand(x_JxD), step_sizes)  # the step's entries, expert-major
-    entry_Q = step.order[:step.taken]
+    entry_Q = step.order[: step.taken]
     place_Q = spread.inverse[q_J[entry_Q // slots] * slots + entry_Q % slots]  # where they sit in the layer's
     if h_QxF is None:
       h_QxF = jnp.zeros((spread.taken, h_step_QxF.shape[1]), h_step_QxF.dtype)
     h_QxF = h_QxF.at[jnp.where(key_J[entry_Q] < groups, place_Q, spread.taken)].set(h_step_QxF, mode="drop")
-  w_Q = w_out.reshape(-1)[spread.order[:spread.taken]][:, None].astype(jnp.float32)
+  w_Q = w_out.reshape(-1)[spread.order[: spread.taken]][:, None].astype(jnp.float32)
   width = x_RxD.shape[1] // num_chunks
-  blocks = [path_lib.move_back(spread.reduce(local.output(h_QxF, group_sizes, slice(j * width, (j + 1) * width)) * w_Q),
-                               path, wire=ex.combine_wire) for j in range(num_chunks)]
+  blocks = [
+    path_lib.move_back(
+      spread.reduce(local.output(h_QxF, group_sizes, slice(j * width, (j + 1) * width)) * w_Q),
+      path,
+      wire=ex.combine_wire,
+    )
+    for j in range(num_chunks)
+  ]
   return Result(jnp.concatenate(blocks, axis=1), arrived_RxZ, (path,))
 
 

@@ -12,8 +12,10 @@ from moejax.runtime import mesh as mesh_lib
 def hop_traffic(paths, lay) -> list:
   """[A, A] kept rows moved between flat devices in each hop, summed over the paths."""
   mine = [jax.lax.axis_index(a) for a in lay.hops]
-  return [global_traffic(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
-          for h, (a, me) in enumerate(zip(lay.hops, mine))]
+  return [
+    global_traffic(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
+    for h, (a, me) in enumerate(zip(lay.hops, mine))
+  ]
 
 
 def traffic_bytes(traffic_rows, lay, d: int, slots: int, itemsize: int, may_drop: bool):
@@ -34,8 +36,14 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   summary = []
   for hop in traffic:
     inter, intra = int(hop[cross].sum()), int(hop[inside].sum())
-    summary.append({"inter_node_rows": inter, "intra_node_rows": intra,
-                    "inter_node_bytes": inter * bytes_per_row, "intra_node_bytes": intra * bytes_per_row})
+    summary.append(
+      {
+        "inter_node_rows": inter,
+        "intra_node_rows": intra,
+        "inter_node_bytes": inter * bytes_per_row,
+        "intra_node_bytes": intra * bytes_per_row,
+      }
+    )
   return summary
 
 

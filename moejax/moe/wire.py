@@ -96,8 +96,14 @@ class RowBytes:
     return (self, self.backward) if backward else (self,)
 
 
-def row_bytes(d: int, slots: int, itemsize: int, dispatch_dtype: str | None = None,
-                   combine_dtype: str | None = None, may_drop: bool = False) -> RowBytes:
+def row_bytes(
+  d: int,
+  slots: int,
+  itemsize: int,
+  dispatch_dtype: str | None = None,
+  combine_dtype: str | None = None,
+  may_drop: bool = False,
+) -> RowBytes:
   """A row's bytes in each exchange as the layer moves it (`moe.traffic.traffic_bytes`, the cost model).
 
   d: the row's width; slots: the choices a row carries (with dedup the token's K, without 1); itemsize: the
@@ -115,7 +121,8 @@ def row_bytes(d: int, slots: int, itemsize: int, dispatch_dtype: str | None = No
   """
   payload = payload_bytes
   return RowBytes(
-      dispatch=payload(dispatch_dtype, d, itemsize) + slots * (ID_BYTES + WEIGHT_BYTES),
-      combine=payload(combine_dtype, d, 4) + (slots * FLAG_BYTES if may_drop else 0),
-      dispatch_grad=payload(combine_dtype, d, itemsize) + slots * WEIGHT_BYTES,
-      combine_grad=payload(combine_dtype, d, 4))
+    dispatch=payload(dispatch_dtype, d, itemsize) + slots * (ID_BYTES + WEIGHT_BYTES),
+    combine=payload(combine_dtype, d, 4) + (slots * FLAG_BYTES if may_drop else 0),
+    dispatch_grad=payload(combine_dtype, d, itemsize) + slots * WEIGHT_BYTES,
+    combine_grad=payload(combine_dtype, d, 4),
+  )

@@ -20,6 +20,7 @@ from moejax.pipeline.timetable import B, F, I, Op, Timetable, W, simulate
 class StageCost:
   """Seconds, one micro-batch through one stage: compute `f`, `b` (whole backward), `w` (its weights' part), and
   all-to-all `a2a_f` (the forward's dispatch and combine), `a2a_b` (the backward's)."""
+
   f: float
   b: float
   w: float
@@ -53,8 +54,10 @@ def one_device(micro_batches: int, cost: StageCost, two_batch: bool) -> Timetabl
   """No pipeline: one device runs every layer (`cost` is all of them) on each micro-batch, forward then backward;
   with `two_batch`, micro-batches 2i and 2i+1 go together (F&F then B&B: SGLang's two-batch overlap, MaxText's
   batch split), an odd last one alone."""
-  groups = [tuple(range(i, min(i + (2 if two_batch else 1), micro_batches)))
-            for i in range(0, micro_batches, 2 if two_batch else 1)]
+  groups = [
+    tuple(range(i, min(i + (2 if two_batch else 1), micro_batches)))
+    for i in range(0, micro_batches, 2 if two_batch else 1)
+  ]
   order = [tuple(Op(kind, i, 0) for i in group) for group in groups for kind in (F, B)]
   return simulate("two_batch" if two_batch else "no_overlap", [order], [[(0, 0)]] * micro_batches, cost)
 

@@ -40,10 +40,12 @@ from moejax.validation import require
 
 AUX = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # the MoE layers' per-layer statistics
 # Why the padded exchange cannot run inside a stage (checked on the resolved collective too: `check_collective`).
-PADDED_REASON = ("'capacity', or 'ragged' (or 'auto') on a GPU, with pipeline.stages > 1: the padded exchange's ring "
-                 "of collective permutes is one XLA collective over every device of the program, and at a tick the "
-                 "stages run different slots (a forward on one, a backward or nothing on another), so a stage's "
-                 "permutes would wait for devices that never reach them; all-to-alls have groups within a stage")
+PADDED_REASON = (
+  "'capacity', or 'ragged' (or 'auto') on a GPU, with pipeline.stages > 1: the padded exchange's ring "
+  "of collective permutes is one XLA collective over every device of the program, and at a tick the "
+  "stages run different slots (a forward on one, a backward or nothing on another), so a stage's "
+  "permutes would wait for devices that never reach them; all-to-alls have groups within a stage"
+)
 
 
 def check_collective(moe_cfg, platform: str) -> None:
@@ -56,23 +58,42 @@ def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> 
   """The index of the segment split over the schedule's stages of layers (the last; `step.layer_stages`: dualpipev's
   2 x `stages` devices, the V; interleaved's `stages` x `virtual_stages`); ConfigError naming the field where the
   layers cannot be split into them equally (pipeline.virtual_stages where the devices alone would split them)."""
-  require(isinstance(cfg, DecoderConfig), "model.family", getattr(cfg, "family", type(cfg).__name__),
-          "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)")
-  require(cfg.scan_layers, "model.scan_layers", cfg.scan_layers,
-          "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)")
+  require(
+    isinstance(cfg, DecoderConfig),
+    "model.family",
+    getattr(cfg, "family", type(cfg).__name__),
+    "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)",
+  )
+  require(
+    cfg.scan_layers,
+    "model.scan_layers",
+    cfg.scan_layers,
+    "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)",
+  )
   segments = layers_lib.segments(cfg)
   seg = segments[-1]
   cut = step_lib.layer_stages(schedule, stages, virtual_stages)
   chunks = f" x {virtual_stages} virtual stages" if virtual_stages > 1 else ""
   into = f"{cut} stages of layers ({schedule}, {stages} devices{chunks})" if cut != stages else f"{stages} stages"
-  field, value = ("pipeline.virtual_stages", virtual_stages) if virtual_stages > 1 and _splits(cfg, seg, stages) else (
-      "pipeline.stages", stages)
-  require(seg.repeats % cut == 0, field, value,
-          f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
-          f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)")
-  require(_splits(cfg, seg, cut), field, value,
-          f"{into} dividing {seg.repeats}, each stage at least two repeats of the segment's {seg.period} "
-          "different layers (a stage's slice is scanned as the segment is)")
+  field, value = (
+    ("pipeline.virtual_stages", virtual_stages)
+    if virtual_stages > 1 and _splits(cfg, seg, stages)
+    else ("pipeline.stages", stages)
+  )
+  require(
+    seg.repeats % cut == 0,
+    field,
+    value,
+    f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
+    f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)",
+  )
+  require(
+    _splits(cfg, seg, cut),
+    field,
+    value,
+    f"{into} dividing {seg.repeats}, each stage at least two repeats of the segment's {seg.period} "
+    "different layers (a stage's slice is scanned as the segment is)",
+  )
   return len(segments) - 1
 
 
@@ -80,16 +101,18 @@ def _splits(cfg, seg, cut: int) -> bool:
   """Whether `cut` stages split segment `seg`'s repeats evenly, each stage's slice scanned as the segment is."""
   if seg.repeats % cut:
     return False
-  sub = layers_lib.find_segments(tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[
-      :seg.period * seg.repeats // cut])
+  sub = layers_lib.find_segments(
+    tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[: seg.period * seg.repeats // cut]
+  )
   return sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),)
 
 
 def _sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
   """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there)."""
   sliding = None if cfg.sliding_layers is None else cfg.sliding_layers[start:stop]
-  return dataclasses.replace(cfg, num_layers=stop - start, moe_layers=cfg.moe_layers[start:stop],
-                             sliding_layers=sliding)
+  return dataclasses.replace(
+    cfg, num_layers=stop - start, moe_layers=cfg.moe_layers[start:stop], sliding_layers=sliding
+  )
 
 
 @dataclasses.dataclass
@@ -126,8 +149,9 @@ class PipelinedDecoder:
   per micro-batch loss = cross-entropy sum / total + aux_loss / U (+ mtp_loss_coef x the MTP loss / U + the MTP
   modules' aux_loss / U)."""
 
-  def __init__(self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int,
-               virtual_stages: int = 1):
+  def __init__(
+    self, graphdef, model_cfg: DecoderConfig, moe_cfg, mesh, schedule: str, loss_chunk: int, virtual_stages: int = 1
+  ):
     self.stages = mesh_lib.require_stages(mesh)
     self.virtual_stages = virtual_stages
     self.segment = staged_segment(model_cfg, self.stages, schedule, virtual_stages)
@@ -146,10 +170,12 @@ class PipelinedDecoder:
   def shardings(self, tree):
     """A tree of NamedShardings of the state's layout on the mesh, the staged segment's leaves [r, ...] split over
     'stage' on their layer axis."""
+
     def place(path, sharding):
       if not self._is_staged(tuple(getattr(k, "key", k) for k in path)):
         return sharding
       return NamedSharding(self.mesh, P(mesh_lib.STAGE, *tuple(sharding.spec)[1:]))
+
     return jax.tree_util.tree_map_with_path(place, tree)
 
   def _split(self, tree: dict) -> tuple[dict, dict]:
@@ -220,23 +246,31 @@ class PipelinedDecoder:
       x_BxSxD = model.embed_tokens(batch["inputs"])
       if self.first_layers == 0:
         return x_BxSxD, jnp.zeros((), jnp.float32), {}
-      x_BxSxD, aux = self._run(model, model.segments[:self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
+      x_BxSxD, aux = self._run(model, model.segments[: self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
       return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 0)
 
     def stage(w, x_BxSxD, batch):
       w = self._with_earlier_counts(w, 1)
       model = self._model(w)
       start = self.first_layers + w.stage * self.layers_per_stage
-      x_BxSxD, aux = self._run(model, model.segments[self.segment:], self.first_layers,
-                               self.first_layers + self.layers_per_stage, x_BxSxD, batch["key"], start)
+      x_BxSxD, aux = self._run(
+        model,
+        model.segments[self.segment :],
+        self.first_layers,
+        self.first_layers + self.layers_per_stage,
+        x_BxSxD,
+        batch["key"],
+        start,
+      )
       return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 1)
 
     def last(w, y_BxSxD, batch):
       w = self._with_earlier_counts(w, 2)
       model = self._model(w)
       kernel_DxV, bias_V = model.output_layer()
-      loss_sum, correct = objective.head_cross_entropy_sums(model.head_features(y_BxSxD), kernel_DxV, bias_V,
-                                                            batch["targets"], batch["weights"], self.loss_chunk)
+      loss_sum, correct = objective.head_cross_entropy_sums(
+        model.head_features(y_BxSxD), kernel_DxV, bias_V, batch["targets"], batch["weights"], self.loss_chunk
+      )
       stats = {"loss_sum": loss_sum, "correct": correct}
       loss = loss_sum / batch["total"]
       if len(model.mtp):
@@ -274,9 +308,14 @@ class PipelinedDecoder:
     staged_rest, shared_rest = self._split(rest)
     buffer = NamedSharding(self.stage_mesh, P(None, None, *activation_spec(self.cfg)))
     _, (dstaged, dshared), (first_U, stage_SxU, last_U) = step_lib.pipelined_loss_and_grads(
-        self.stages_of(num_micro), step_lib.Weights(staged, shared, staged_rest, shared_rest), batch_U, self.mesh,
-        self.schedule, constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer),
-        virtual_stages=self.virtual_stages)
+      self.stages_of(num_micro),
+      step_lib.Weights(staged, shared, staged_rest, shared_rest),
+      batch_U,
+      self.mesh,
+      self.schedule,
+      constrain=lambda x: jax.lax.with_sharding_constraint(x, buffer),
+      virtual_stages=self.virtual_stages,
+    )
     grads = {**dshared, "segments": {**dshared["segments"], **dstaged["segments"]}}
     # The stages' per-layer statistics [S, U, m, ...] in layer order [U, S m, ...], between the first layers' and
     # the MTP modules'.

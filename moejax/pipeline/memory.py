@@ -44,5 +44,8 @@ def per_device(schedule: str, stages: int, micro_batches: int, virtual_stages: i
   layers_fraction x one micro-batch's activations of all layers. The first stage adds the embeddings, the last the
   head, MTP modules and loss."""
   table = schedules.timetable(schedule, stages, micro_batches, virtual_stages)
-  return {"parameter_stages": PARAMETER_STAGES[schedule], "activation_stages": max(activations_in_flight(table)),
-          "layers_fraction": 1.0 / stages}
+  return {
+    "parameter_stages": PARAMETER_STAGES[schedule],
+    "activation_stages": max(activations_in_flight(table)),
+    "layers_fraction": 1.0 / stages,
+  }

@@ -103,8 +103,9 @@ def _dual_order(steps, chunk_of, first_mb):
 def dualpipe(p: int, m: int, v: int):
   half, n = p // 2, m // 2
   routes = [[(d, 0) for d in range(p)]] * n + [[(d, 1) for d in reversed(range(p))]] * n
-  orders = [_dual_order(_dual_steps(half, min(d, p - 1 - d), n), lambda ph, s=d >= half: ph ^ s, (0, n))
-            for d in range(p)]
+  orders = [
+    _dual_order(_dual_steps(half, min(d, p - 1 - d), n), lambda ph, s=d >= half: ph ^ s, (0, n)) for d in range(p)
+  ]
   return routes, orders
 
 
@@ -115,8 +116,13 @@ def dualpipev(p: int, m: int, v: int):
   return [route] * m, orders
 
 
-SCHEDULES = {"gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "dualpipe": dualpipe,
-             "dualpipev": dualpipev}
+SCHEDULES = {
+  "gpipe": gpipe,
+  "1f1b": one_f_one_b,
+  "interleaved": interleaved,
+  "dualpipe": dualpipe,
+  "dualpipev": dualpipev,
+}
 
 
 def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
@@ -126,22 +132,35 @@ def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: 
   require(is_int(micro_batches), "micro_batches", micro_batches, "an int >= 1")
   if schedule == "interleaved":
     require(is_int(virtual_stages, 2), "virtual_stages", virtual_stages, "an int >= 2 for the interleaved schedule")
-    require(micro_batches % stages == 0, "micro_batches", micro_batches,
-            f"a multiple of stages={stages} for the interleaved schedule (its forwards go in groups of p)")
+    require(
+      micro_batches % stages == 0,
+      "micro_batches",
+      micro_batches,
+      f"a multiple of stages={stages} for the interleaved schedule (its forwards go in groups of p)",
+    )
   else:
     require(virtual_stages == 1, "virtual_stages", virtual_stages, f"1 for {schedule} (only interleaved has more)")
   if schedule.startswith("dualpipe"):
     require(stages % 2 == 0, "stages", stages, f"even for {schedule} (its devices pair stage d with p-1-d)")
   if schedule == "dualpipe":
-    require(micro_batches % 2 == 0 and micro_batches >= 2 * stages, "micro_batches", micro_batches,
-            f"even and >= 2 x stages = {2 * stages} for dualpipe (half enter at each end; its steps need them)")
+    require(
+      micro_batches % 2 == 0 and micro_batches >= 2 * stages,
+      "micro_batches",
+      micro_batches,
+      f"even and >= 2 x stages = {2 * stages} for dualpipe (half enter at each end; its steps need them)",
+    )
   if schedule == "dualpipev":
-    require(micro_batches >= stages, "micro_batches", micro_batches,
-            f">= stages = {stages} for dualpipev (2 x its {stages // 2} devices: its steps need them)")
+    require(
+      micro_batches >= stages,
+      "micro_batches",
+      micro_batches,
+      f">= stages = {stages} for dualpipev (2 x its {stages // 2} devices: its steps need them)",
+    )
 
 
-def timetable(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1,
-              durations: Durations = Durations()) -> Timetable:
+def timetable(
+  schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1, durations: Durations = Durations()
+) -> Timetable:
   """The schedule's timetable: each device's slots, timed by simulating the dependencies at `durations`."""
   check_shape(schedule, stages, micro_batches, virtual_stages)
   routes, orders = SCHEDULES[schedule](stages, micro_batches, virtual_stages)

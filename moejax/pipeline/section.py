@@ -42,18 +42,29 @@ def check(config, model_cfg, moe_cfg) -> None:
   if section is None:
     return
   require(is_int(section.virtual_stages), "pipeline.virtual_stages", section.virtual_stages, "a positive int")
-  require(section.virtual_stages == 1 or section.schedule == "interleaved", "pipeline.virtual_stages",
-          section.virtual_stages, f"1 with pipeline.schedule={section.schedule!r} (> 1: the chunks a device runs "
-          "with 'interleaved' only)")
+  require(
+    section.virtual_stages == 1 or section.schedule == "interleaved",
+    "pipeline.virtual_stages",
+    section.virtual_stages,
+    f"1 with pipeline.schedule={section.schedule!r} (> 1: the chunks a device runs with 'interleaved' only)",
+  )
   if section.schedule == two_batch_lib.SCHEDULE:  # no pipeline: each micro-batch's halves interleaved
-    require(section.stages == 1, "pipeline.stages", section.stages,
-            "1 with pipeline.schedule='two_batch' (no 'stage' axis: the halves run on every device)")
+    require(
+      section.stages == 1,
+      "pipeline.stages",
+      section.stages,
+      "1 with pipeline.schedule='two_batch' (no 'stage' axis: the halves run on every device)",
+    )
     two_batch_lib.check(model_cfg, moe_cfg, config)
     return
   require(section.schedule in SCHEDULES, "pipeline.schedule", section.schedule, f"one of {SCHEDULES}")
   require(is_int(section.stages), "pipeline.stages", section.stages, "a positive int")
-  require((section.schedule == "none") == (section.stages == 1), "pipeline.stages", section.stages,
-          f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={section.schedule!r})")
+  require(
+    (section.schedule == "none") == (section.stages == 1),
+    "pipeline.stages",
+    section.stages,
+    f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={section.schedule!r})",
+  )
   if section.stages == 1:
     return
   try:
@@ -62,16 +73,26 @@ def check(config, model_cfg, moe_cfg) -> None:
     require(False, FIELDS.get(refused.field, refused.field), refused.value, refused.allowed)
   decoder_lib.staged_segment(model_cfg, section.stages, section.schedule, section.virtual_stages)
   require(moe_cfg.collective != "padded", "moe.collective", moe_cfg.collective, decoder_lib.PADDED_REASON)
-  require(section.schedule != "dualpipe" or moe_cfg.balance_loss != "global_batch", "moe.balance_loss",
-          moe_cfg.balance_loss, "not 'global_batch' with dualpipe: its second copy of each stage runs the second "
-          "half of the micro-batches, alongside the first half, so a micro-batch's earlier ones' counts are on "
-          "another device")
+  require(
+    section.schedule != "dualpipe" or moe_cfg.balance_loss != "global_batch",
+    "moe.balance_loss",
+    moe_cfg.balance_loss,
+    "not 'global_batch' with dualpipe: its second copy of each stage runs the second "
+    "half of the micro-batches, alongside the first half, so a micro-batch's earlier ones' counts are on "
+    "another device",
+  )
 
 
 def of_config(config, model_cfg, moe_cfg, mesh, graphdef) -> decoder_lib.PipelinedDecoder | None:
   """The pipelined decoder of a checked config on its ('stage', 'node', 'gpu') mesh, or None without a pipeline."""
   if stages(config) == 1:
     return None
-  return decoder_lib.PipelinedDecoder(graphdef, model_cfg, moe_cfg, mesh, config.pipeline.schedule,
-                                      config.get("loss_chunk", objective.LOSS_CHUNK),
-                                      config.pipeline.virtual_stages)
+  return decoder_lib.PipelinedDecoder(
+    graphdef,
+    model_cfg,
+    moe_cfg,
+    mesh,
+    config.pipeline.schedule,
+    config.get("loss_chunk", objective.LOSS_CHUNK),
+    config.pipeline.virtual_stages,
+  )

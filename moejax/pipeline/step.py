@@ -55,8 +55,9 @@ def timetable(schedule: str, devices: int, micro_batches: int, virtual_stages: i
   """The schedule's timetable over `devices` devices (dualpipev's p stages are 2 x its devices), timed in the step's
   ticks."""
   require(schedule in RUNS, "schedule", schedule, f"one of {RUNS}")
-  return schedules.timetable(schedule, 2 * devices if schedule == "dualpipev" else devices, micro_batches,
-                             virtual_stages, TICKS)
+  return schedules.timetable(
+    schedule, 2 * devices if schedule == "dualpipev" else devices, micro_batches, virtual_stages, TICKS
+  )
 
 
 class Plan(NamedTuple):
@@ -82,8 +83,12 @@ class Plan(NamedTuple):
 def _fewest_rows(held: dict, micro_batches: int) -> int:
   """The fewest rows r such that no two micro-batches in one row (i mod r) are held at once. held: per buffer, the
   (micro-batch, tick it is filed after, last tick it is read) of each entry."""
-  clash = lambda r: any(i != j and i % r == j % r and a < y and x < b
-                        for entries in held.values() for i, a, b in entries for j, x, y in entries)
+  clash = lambda r: any(
+    i != j and i % r == j % r and a < y and x < b
+    for entries in held.values()
+    for i, a, b in entries
+    for j, x, y in entries
+  )
   return next(r for r in range(1, micro_batches + 1) if not clash(r))
 
 
@@ -117,9 +122,14 @@ def plan(schedule: str, devices: int, micro_batches: int, virtual_stages: int = 
         if op.kind == B:
           reads[(B, d, op.chunk, op.micro_batch)] = reads[(F, d, op.chunk, op.micro_batch)] = t
   keys = sorted({(kind, to - d) for kind, _, d, (to, _), _ in sends})
-  links = tuple((kind, shift, () if shift == 0 else tuple(sorted({(d, to) for k, _, d, (to, _), _ in sends
-                                                                  if (k, to - d) == (kind, shift)})))
-                for kind, shift in keys)
+  links = tuple(
+    (
+      kind,
+      shift,
+      () if shift == 0 else tuple(sorted({(d, to) for k, _, d, (to, _), _ in sends if (k, to - d) == (kind, shift)})),
+    )
+    for kind, shift in keys
+  )
   arrivals = np.full((ticks, devices, len(links), 2), -1, np.int32)
   held = {}
   for kind, t, d, (to, c), mb in sends:
@@ -158,8 +168,16 @@ def _zeros(tree):
   return jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), tree)
 
 
-def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, schedule: str, axis: str = "stage",
-                             constrain=lambda x: x, virtual_stages: int = 1):
+def pipelined_loss_and_grads(
+  model: Stages,
+  weights: Weights,
+  batch_U,
+  mesh,
+  schedule: str,
+  axis: str = "stage",
+  constrain=lambda x: x,
+  virtual_stages: int = 1,
+):
   """(loss summed over the micro-batches, (gradients of weights.staged, of weights.shared), statistics) of the model
   pipelined over `mesh`'s `axis` by `schedule`.
 
@@ -172,8 +190,12 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
   the = plan(schedule, devices, micro_batches, virtual_stages)
   stages, chunks = the.stages, the.stage_of.shape[1]
   staged = (weights.staged, weights.staged_rest)
-  require(all(leaf.shape[0] % stages == 0 for leaf in jax.tree.leaves(staged)), "staged", "leaves [n, ...]",
-          f"n a multiple of the {stages} stages of {schedule} over the {devices} devices of mesh axis {axis!r}")
+  require(
+    all(leaf.shape[0] % stages == 0 for leaf in jax.tree.leaves(staged)),
+    "staged",
+    "leaves [n, ...]",
+    f"n a multiple of the {stages} stages of {schedule} over the {devices} devices of mesh axis {axis!r}",
+  )
   moved = not np.array_equal(the.stage_of.reshape(-1), np.arange(stages))
   placed = lambda tree: jax.tree.map(lambda a: jnp.take(a, the.layout(a.shape[0]), axis=0) if moved else a, tree)
   fp32 = lambda tree: jax.tree.map(lambda a: jnp.zeros(a.shape, jnp.float32), tree)
@@ -195,37 +217,55 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
     def run(w_, staged, shared, x_in, batch_i):
       """One stage (w_.stage) on one micro-batch with these parameters: (y, loss), statistics."""
       w_ = w_._replace(staged=staged, shared=shared)
-      x, loss0, stats0 = jax.lax.cond(w_.stage == 0, lambda: model.first(w_, batch_i),
-                                      lambda: (x_in, no_loss, _zeros(first_stats)))
+      x, loss0, stats0 = jax.lax.cond(
+        w_.stage == 0, lambda: model.first(w_, batch_i), lambda: (x_in, no_loss, _zeros(first_stats))
+      )
       y, loss1, stats1 = model.stage(w_, x, batch_i)
-      loss2, stats2 = jax.lax.cond(w_.stage == stages - 1, lambda: model.last(w_, y, batch_i),
-                                   lambda: (no_loss, _zeros(last_stats)))
+      loss2, stats2 = jax.lax.cond(
+        w_.stage == stages - 1, lambda: model.last(w_, y, batch_i), lambda: (no_loss, _zeros(last_stats))
+      )
       return (y, loss0 + loss1 + loss2), (stats0, stats1, stats2)
 
     def tick(carry, slot):
       inputs_CxKxX, grads_CxKxX, (dstaged_C, dshared), loss, stats_CxU = carry
       (f_mb, f_c), (b_mb, b_c) = slot[0, 0], slot[0, 1]
-      f_mb, f_c, b_mb, b_c, ran_f, ran_b = (jnp.maximum(f_mb, 0), jnp.maximum(f_c, 0), jnp.maximum(b_mb, 0),
-                                            jnp.maximum(b_c, 0), f_mb >= 0, b_mb >= 0)
+      f_mb, f_c, b_mb, b_c, ran_f, ran_b = (
+        jnp.maximum(f_mb, 0),
+        jnp.maximum(f_c, 0),
+        jnp.maximum(b_mb, 0),
+        jnp.maximum(b_c, 0),
+        f_mb >= 0,
+        b_mb >= 0,
+      )
 
       def view(c, mb):
         """w for chunk c running micro-batch mb: its state's slice, its stage, its earlier micro-batches' stats."""
-        earlier = lambda a: jnp.sum(jnp.where((jnp.arange(micro_batches) < mb).reshape((-1,) + (1,) * (a.ndim - 2)),
-                                              a[c], jnp.zeros_like(a[c])), axis=0)
-        return w._replace(staged_rest=chunk(w.staged_rest, c), before=jax.tree.map(earlier, stats_CxU),
-                          stage=stage_of[c])
+        earlier = lambda a: jnp.sum(
+          jnp.where((jnp.arange(micro_batches) < mb).reshape((-1,) + (1,) * (a.ndim - 2)), a[c], jnp.zeros_like(a[c])),
+          axis=0,
+        )
+        return w._replace(
+          staged_rest=chunk(w.staged_rest, c), before=jax.tree.map(earlier, stats_CxU), stage=stage_of[c]
+        )
 
       def forward():  # the last stage's output feeds only its own loss, which its B computes
         w_ = view(f_c, f_mb)
-        (y, _), stats = jax.lax.cond(w_.stage == stages - 1, lambda: ((zero_x, no_loss), _zeros(stats_like)),
-                                     lambda: run(w_, chunk(w.staged, f_c), w.shared, inputs_CxKxX[f_c, f_mb % rows_x],
-                                                 take(f_mb)))
+        (y, _), stats = jax.lax.cond(
+          w_.stage == stages - 1,
+          lambda: ((zero_x, no_loss), _zeros(stats_like)),
+          lambda: run(w_, chunk(w.staged, f_c), w.shared, inputs_CxKxX[f_c, f_mb % rows_x], take(f_mb)),
+        )
         return y, stats
 
       def backward():
         w_, batch_i = view(b_c, b_mb), take(b_mb)
-        (_, value), vjp, stats = jax.vjp(lambda a, b, x: run(w_, a, b, x, batch_i), chunk(w.staged, b_c), w.shared,
-                                         inputs_CxKxX[b_c, b_mb % rows_x], has_aux=True)
+        (_, value), vjp, stats = jax.vjp(
+          lambda a, b, x: run(w_, a, b, x, batch_i),
+          chunk(w.staged, b_c),
+          w.shared,
+          inputs_CxKxX[b_c, b_mb % rows_x],
+          has_aux=True,
+        )
         dy = jnp.where(w_.stage == stages - 1, jnp.zeros_like(zero_x), grads_CxKxX[b_c, b_mb % rows_g])
         dstaged, dshared, dx = vjp((dy, jnp.ones((), jnp.float32)))
         return dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
@@ -233,11 +273,13 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
       y, f_stats = jax.lax.cond(ran_f, forward, lambda: (zero_x, _zeros(stats_like)))
       no_chunk_grads = (fp32(chunk(w.staged, 0)), fp32(w.shared))
       dx, (dstaged, dshared_b), value, b_stats = jax.lax.cond(
-          ran_b, backward, lambda: (zero_x, no_chunk_grads, no_loss, _zeros(stats_like)))
+        ran_b, backward, lambda: (zero_x, no_chunk_grads, no_loss, _zeros(stats_like))
+      )
       dstaged_C = jax.tree.map(lambda acc, g: acc.at[b_c].add(g), dstaged_C, dstaged)
       record = lambda acc, s, c, mb, ok: acc.at[c, mb].set(jnp.where(ok, s, acc[c, mb]))
-      stats_CxU = jax.tree.map(functools.partial(record, c=f_c, mb=f_mb, ok=ran_f & (stage_of[f_c] != stages - 1)),
-                               stats_CxU, f_stats)
+      stats_CxU = jax.tree.map(
+        functools.partial(record, c=f_c, mb=f_mb, ok=ran_f & (stage_of[f_c] != stages - 1)), stats_CxU, f_stats
+      )
       stats_CxU = jax.tree.map(functools.partial(record, c=b_c, mb=b_mb, ok=ran_b), stats_CxU, b_stats)
       # The transfers stay outside the branches: XLA could otherwise move a ppermute into them, and stages taking
       # different branches would then wait at different collectives.
@@ -262,18 +304,33 @@ def pipelined_loss_and_grads(model: Stages, weights: Weights, batch_U, mesh, sch
     first_CxU, stage_CxU, last_CxU = stats_CxU
     total = lambda tree: jax.tree.map(lambda a: jax.lax.psum(jnp.sum(a, axis=0), axis), tree)  # on one chunk
     dstaged = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), dstaged_C)
-    return (jax.lax.psum(loss, axis), (dstaged, jax.tree.map(lambda a: jax.lax.psum(a, axis), dshared)),
-            (total(first_CxU), jax.tree.map(lambda a: a[None], stage_CxU), total(last_CxU)))
+    return (
+      jax.lax.psum(loss, axis),
+      (dstaged, jax.tree.map(lambda a: jax.lax.psum(a, axis), dshared)),
+      (total(first_CxU), jax.tree.map(lambda a: a[None], stage_CxU), total(last_CxU)),
+    )
 
   specs = Weights(P(axis), P(), P(axis), P())
-  run = jax.shard_map(local, mesh=mesh, in_specs=(specs, P(), P(None, axis)),
-                      out_specs=(P(), (P(axis), P()), (P(), P(axis), P())), axis_names={axis}, check_vma=False)
+  run = jax.shard_map(
+    local,
+    mesh=mesh,
+    in_specs=(specs, P(), P(None, axis)),
+    out_specs=(P(), (P(axis), P()), (P(), P(axis), P())),
+    axis_names={axis},
+    check_vma=False,
+  )
   loss, (dstaged, dshared), (first_U, stage_PxCxU, last_U) = run(
-      weights._replace(staged=placed(weights.staged), staged_rest=placed(weights.staged_rest)), batch_U,
-      jnp.asarray(the.ticks))
+    weights._replace(staged=placed(weights.staged), staged_rest=placed(weights.staged_rest)),
+    batch_U,
+    jnp.asarray(the.ticks),
+  )
   # Back to the leaves' layout: each stage's gradient (dualpipe: the sum of its two copies'), each stage's stats.
   back = lambda a, g: jnp.zeros(a.shape, jnp.float32).at[the.layout(a.shape[0])].add(g) if moved else g
-  by_stage = lambda a: jnp.zeros((stages,) + a.shape[2:], a.dtype).at[the.stage_of.reshape(-1)].add(
-      a.reshape((-1,) + a.shape[2:]))
-  return loss, (jax.tree.map(back, weights.staged, dstaged), dshared), (first_U, jax.tree.map(by_stage, stage_PxCxU),
-                                                                        last_U)
+  by_stage = lambda a: (
+    jnp.zeros((stages,) + a.shape[2:], a.dtype).at[the.stage_of.reshape(-1)].add(a.reshape((-1,) + a.shape[2:]))
+  )
+  return (
+    loss,
+    (jax.tree.map(back, weights.staged, dstaged), dshared),
+    (first_U, jax.tree.map(by_stage, stage_PxCxU), last_U),
+  )

@@ -21,6 +21,7 @@ I = "I"  # a backward whose weights' part is a W slot of its own: its input's gr
 class Op:
   """One op of a slot: `kind` (F, B or W) of `micro_batch` through the device's stage `chunk` (its virtual stage:
   0 without interleaving)."""
+
   kind: str
   micro_batch: int
   chunk: int
@@ -30,6 +31,7 @@ class Op:
 class Durations:
   """Per-op times of one stage: `f`, `b` (the whole backward), `w` (its weights' part; the input's part is b - w),
   `fb` (a forward and a backward run together, DualPipe's F&B; None: f + b, no overlap)."""
+
   f: float = 1.0
   b: float = 1.0
   w: float = 0.0
@@ -61,6 +63,7 @@ class Slot:
 class Timetable:
   """`slots[device]`: that device's slots in order, timed; `routes[i]`: the (device, chunk) of each stage micro-batch
   i passes, first to last."""
+
   name: str
   routes: tuple[tuple[tuple[int, int], ...], ...]
   slots: tuple[tuple[Slot, ...], ...]
@@ -81,14 +84,16 @@ class Timetable:
 
 def _split_backwards(orders) -> set:
   """(device, micro-batch, chunk) of every backward whose weights' part is a W slot of its own."""
-  return {(d, op.micro_batch, op.chunk) for d, order in enumerate(orders) for ops in order for op in ops
-          if op.kind == W}
+  return {
+    (d, op.micro_batch, op.chunk) for d, order in enumerate(orders) for ops in order for op in ops if op.kind == W
+  }
 
 
 def duration(ops: tuple[Op, ...], device: int, split: set, durations) -> float:
   """A slot's time: `durations.slot` of its ops' kinds (a split backward's is I)."""
-  return durations.slot(tuple(I if op.kind == B and (device, op.micro_batch, op.chunk) in split else op.kind
-                              for op in ops))
+  return durations.slot(
+    tuple(I if op.kind == B and (device, op.micro_batch, op.chunk) in split else op.kind for op in ops)
+  )
 
 
 def dependencies(op: Op, device: int, routes) -> list[tuple[str, int, int, int]]:
@@ -98,8 +103,9 @@ def dependencies(op: Op, device: int, routes) -> list[tuple[str, int, int, int]]
   if op.kind == F:
     return [(F, op.micro_batch, *route[k - 1])] if k else []
   if op.kind == B:
-    return [(F, op.micro_batch, device, op.chunk)] + ([(B, op.micro_batch, *route[k + 1])] if k + 1 < len(route)
-                                                      else [])
+    return [(F, op.micro_batch, device, op.chunk)] + (
+      [(B, op.micro_batch, *route[k + 1])] if k + 1 < len(route) else []
+    )
   return [(B, op.micro_batch, device, op.chunk)]
 
 
@@ -151,13 +157,16 @@ def check(timetable: Timetable) -> None:
       if i and slot.start < slots[i - 1].end:
         raise ValueError(f"{timetable.name}: device {d}'s slot {i} {slot.ops} starts before its slot {i - 1} ends")
       if abs(slot.end - slot.start - duration(slot.ops, d, split, timetable.durations)) > 1e-9:
-        raise ValueError(f"{timetable.name}: device {d}'s slot {i} {slot.ops} lasts {slot.end - slot.start}, not "
-                         f"its ops' time")
+        raise ValueError(
+          f"{timetable.name}: device {d}'s slot {i} {slot.ops} lasts {slot.end - slot.start}, not its ops' time"
+        )
       for op in slot.ops:
         for dep in dependencies(op, d, timetable.routes):
           if dep not in ends or ends[dep] > slot.start:
-            raise ValueError(f"{timetable.name}: device {d}'s slot {i} runs {op} at {slot.start} before its input "
-                             f"{dep} is done ({ends.get(dep, 'never')})")
+            raise ValueError(
+              f"{timetable.name}: device {d}'s slot {i} runs {op} at {slot.start} before its input "
+              f"{dep} is done ({ends.get(dep, 'never')})"
+            )
   for i, route in enumerate(timetable.routes):
     for d, c in route:
       for kind in (F, B) + ((W,) if (d, i, c) in split else ()):
@@ -176,7 +185,7 @@ def draw(timetable: Timetable, width: int = 4) -> str:
       line += "." * (round(slot.start * width) - len(line))
       label = "".join(f"{op.kind}{op.micro_batch}" + "'" * op.chunk for op in slot.ops)
       cells = round(slot.end * width) - len(line)
-      line += (label + " " * cells)[:cells - 1] + "|" if cells else ""
+      line += (label + " " * cells)[: cells - 1] + "|" if cells else ""
     lines.append(f"{d:>2} {line}")
   return "\n".join(lines)
 
@@ -195,8 +204,16 @@ def figure(timetables: list[Timetable]):
       for slot in slots:
         paired = len(slot.ops) > 1
         colour = "#8172b2" if paired else colours[slot.ops[0].kind]
-        ax.barh(d, slot.end - slot.start, left=slot.start, height=0.8, color=colour,
-                alpha=0.55 if slot.ops[0].chunk else 1.0, edgecolor="white", linewidth=0.5)
+        ax.barh(
+          d,
+          slot.end - slot.start,
+          left=slot.start,
+          height=0.8,
+          color=colour,
+          alpha=0.55 if slot.ops[0].chunk else 1.0,
+          edgecolor="white",
+          linewidth=0.5,
+        )
         label = "".join(f"{op.kind}{op.micro_batch}" + "'" * op.chunk for op in slot.ops)
         ax.text((slot.start + slot.end) / 2, d, label, ha="center", va="center", fontsize=6, clip_on=True)
     ax.set_yticks(range(len(table.slots)), [f"device {d}" for d in range(len(table.slots))], fontsize=7)

@@ -33,17 +33,33 @@ HALF_SUMS = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # summed o
 
 def check(model_cfg, moe_cfg, config) -> None:
   """ConfigError naming the field for a config the two-batch step cannot run."""
-  require(isinstance(model_cfg, DecoderConfig), "model.family", getattr(model_cfg, "family", type(model_cfg).__name__),
-          "a decoder family with pipeline.schedule='two_batch'")
-  require(moe_cfg.balance_loss != "global_batch", "moe.balance_loss", moe_cfg.balance_loss,
-          "not 'global_batch' with pipeline.schedule='two_batch' (half 1's loss would need half 0's counts of the "
-          "same layer, made in the same iteration of the layers' loop)")
-  require(model_cfg.grad_sync != "prioritized", "model.grad_sync", model_cfg.grad_sync,
-          "not 'prioritized' with pipeline.schedule='two_batch' (its per-layer reduction hooks one activation)")
+  require(
+    isinstance(model_cfg, DecoderConfig),
+    "model.family",
+    getattr(model_cfg, "family", type(model_cfg).__name__),
+    "a decoder family with pipeline.schedule='two_batch'",
+  )
+  require(
+    moe_cfg.balance_loss != "global_batch",
+    "moe.balance_loss",
+    moe_cfg.balance_loss,
+    "not 'global_batch' with pipeline.schedule='two_batch' (half 1's loss would need half 0's counts of the "
+    "same layer, made in the same iteration of the layers' loop)",
+  )
+  require(
+    model_cfg.grad_sync != "prioritized",
+    "model.grad_sync",
+    model_cfg.grad_sync,
+    "not 'prioritized' with pipeline.schedule='two_batch' (its per-layer reduction hooks one activation)",
+  )
   rows, devices = config.batch_size // config.micro_batches, config.mesh.nodes * config.mesh.gpus_per_node
-  require(rows % (2 * devices) == 0, "batch_size", config.batch_size,
-          f"micro-batches of rows a multiple of 2 x {devices} devices with pipeline.schedule='two_batch' (each "
-          f"device's rows split in two halves; batch_size / micro_batches = {rows})")
+  require(
+    rows % (2 * devices) == 0,
+    "batch_size",
+    config.batch_size,
+    f"micro-batches of rows a multiple of 2 x {devices} devices with pipeline.schedule='two_batch' (each "
+    f"device's rows split in two halves; batch_size / micro_batches = {rows})",
+  )
 
 
 def halves(a_BxT: jax.Array | None) -> tuple:
@@ -77,8 +93,9 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
   """One half after the layers, as `Decoder.__call__` with `objective.model_loss_sums`: (loss sum, correct, aux with
   the MTP modules' mtp_loss, mtp_aux_loss and their layers' statistics appended)."""
   kernel_DxV, bias_V = model.output_layer()
-  loss_sum, correct = objective.head_cross_entropy_sums(model.head_features(x_BxSxD), kernel_DxV, bias_V,
-                                                        targets_BxS, weights_BxS, chunk)
+  loss_sum, correct = objective.head_cross_entropy_sums(
+    model.head_features(x_BxSxD), kernel_DxV, bias_V, targets_BxS, weights_BxS, chunk
+  )
   if not len(model.mtp):
     return loss_sum, correct, aux
   h_BxSxD, features, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
@@ -90,8 +107,11 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
     for name in HALF_SUMS:
       aux[name] = jnp.concatenate([aux[name], mtp_aux[name][None].astype(aux[name].dtype)])
   aux["mtp_loss"] = objective._mean_over_modules(  # the loss `objective.model_loss_sums` takes
-      lambda k, t, w: objective.head_cross_entropy_sums(features[k], kernel_DxV, bias_V, t, w, chunk)[0],
-      len(features), targets_BxS, weights_BxS)
+    lambda k, t, w: objective.head_cross_entropy_sums(features[k], kernel_DxV, bias_V, t, w, chunk)[0],
+    len(features),
+    targets_BxS,
+    weights_BxS,
+  )
   return loss_sum, correct, aux
 
 
@@ -101,8 +121,10 @@ def model_loss_sums(model, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, 
   require(positions_BxP is None, "pipeline.schedule", SCHEDULE, "a causal decoder's loss at every position")
   tokens = halves(inputs_BxS)
   (x0, x1), auxes = _layers(model, tuple(model.embed_tokens(t) for t in tokens), rngs)
-  outs = [_head_and_loss(model, t, x, y, w, aux, chunk, rngs)
-          for t, x, y, w, aux in zip(tokens, (x0, x1), halves(targets_BxP), halves(weights_BxP), auxes)]
+  outs = [
+    _head_and_loss(model, t, x, y, w, aux, chunk, rngs)
+    for t, x, y, w, aux in zip(tokens, (x0, x1), halves(targets_BxP), halves(weights_BxP), auxes)
+  ]
   (loss0, correct0, aux0), (loss1, correct1, aux1) = outs
   aux = {name: aux0[name] + aux1[name] if name in HALF_SUMS else (aux0[name] + aux1[name]) / 2 for name in aux0}
   return loss0 + loss1, correct0 + correct1, aux

@@ -22,17 +22,26 @@ def affinity_counts(traces: np.ndarray, num_experts: int) -> np.ndarray:
   require(is_int(num_experts), "num_experts", num_experts, "a positive int")
   ids = np.asarray(traces)
   if ids.ndim not in (2, 3) or ids.shape[0] < 2:
-    raise ConfigError(f"traces has shape {ids.shape}; expected [M, T] or [M, T, K] with M >= 2 MoE layers",
-                      "traces.shape", ids.shape, "[M, T] or [M, T, K], M >= 2")
+    raise ConfigError(
+      f"traces has shape {ids.shape}; expected [M, T] or [M, T, K] with M >= 2 MoE layers",
+      "traces.shape",
+      ids.shape,
+      "[M, T] or [M, T, K], M >= 2",
+    )
   if not np.issubdtype(ids.dtype, np.integer):
-    raise ConfigError(f"traces must hold integer expert ids, got dtype {ids.dtype}", "traces.dtype", ids.dtype,
-                      "an integer dtype")
+    raise ConfigError(
+      f"traces must hold integer expert ids, got dtype {ids.dtype}", "traces.dtype", ids.dtype, "an integer dtype"
+    )
   if ids.size and (ids.min() < 0 or ids.max() >= num_experts):
-    raise ConfigError(f"traces holds expert ids in [{ids.min()}, {ids.max()}], outside [0, {num_experts})",
-                      "traces", (int(ids.min()), int(ids.max())), f"ids in [0, {num_experts})")
+    raise ConfigError(
+      f"traces holds expert ids in [{ids.min()}, {ids.max()}], outside [0, {num_experts})",
+      "traces",
+      (int(ids.min()), int(ids.max())),
+      f"ids in [0, {num_experts})",
+    )
   ids = ids.reshape(ids.shape[0], ids.shape[1], -1).astype(np.int64)  # [M, T, K]
   pairs = ids[:-1, :, :, None] * num_experts + ids[1:, :, None, :]  # [M-1, T, K, K]: a * E + b
-  counts = [np.bincount(p.reshape(-1), minlength=num_experts ** 2) for p in pairs]
+  counts = [np.bincount(p.reshape(-1), minlength=num_experts**2) for p in pairs]
   return np.stack(counts).reshape(-1, num_experts, num_experts).astype(np.int64)
 
 
@@ -42,16 +51,21 @@ def check_counts(counts, nodes: int, gpus_per_node: int) -> np.ndarray:
   require(is_int(gpus_per_node), "gpus_per_node", gpus_per_node, "a positive int")
   c = np.asarray(counts)
   if c.ndim != 3 or c.shape[1] != c.shape[2] or c.shape[0] < 1 or c.shape[1] < 1:
-    raise ConfigError(f"counts has shape {c.shape}; expected [M-1, E, E] with M-1 >= 1", "counts.shape", c.shape,
-                      "[M-1, E, E]")
+    raise ConfigError(
+      f"counts has shape {c.shape}; expected [M-1, E, E] with M-1 >= 1", "counts.shape", c.shape, "[M-1, E, E]"
+    )
   if not (np.issubdtype(c.dtype, np.integer) or np.all(c == np.round(c))):
     raise ConfigError("counts must hold whole numbers of tokens", "counts.dtype", c.dtype, "integer counts")
   if c.min() < 0:
     raise ConfigError(f"counts has a negative entry ({c.min()})", "counts", int(c.min()), "entries >= 0")
   devices = nodes * gpus_per_node
-  require(c.shape[1] % devices == 0, "num_experts", c.shape[1],
-          f"a multiple of the {devices} devices (nodes={nodes} x gpus_per_node={gpus_per_node}), so that every "
-          "device holds E / A experts of every layer")
+  require(
+    c.shape[1] % devices == 0,
+    "num_experts",
+    c.shape[1],
+    f"a multiple of the {devices} devices (nodes={nodes} x gpus_per_node={gpus_per_node}), so that every "
+    "device holds E / A experts of every layer",
+  )
   return c.astype(np.int64)
 
 

@@ -44,13 +44,21 @@ def expert_order(placement) -> np.ndarray:
   (0 .. max) holding the same number of experts in every layer."""
   place = np.asarray(placement.placement if isinstance(placement, Placement) else placement)
   if place.ndim != 2 or not np.issubdtype(place.dtype, np.integer) or place.size == 0 or place.min() < 0:
-    raise ConfigError(f"placement must be [M, E] non-negative device ids, got shape {place.shape} dtype {place.dtype}",
-                      "placement", place.shape, "[M, E] ints >= 0")
+    raise ConfigError(
+      f"placement must be [M, E] non-negative device ids, got shape {place.shape} dtype {place.dtype}",
+      "placement",
+      place.shape,
+      "[M, E] ints >= 0",
+    )
   devices = int(place.max()) + 1
   per_device = np.stack([np.bincount(row, minlength=devices) for row in place])
   if np.any(per_device != place.shape[1] // devices) or place.shape[1] % devices:
-    raise ConfigError(f"placement is unbalanced: experts per device per layer {per_device.tolist()}",
-                      "placement", per_device.tolist(), f"{place.shape[1]} / {devices} experts on every device")
+    raise ConfigError(
+      f"placement is unbalanced: experts per device per layer {per_device.tolist()}",
+      "placement",
+      per_device.tolist(),
+      f"{place.shape[1]} / {devices} experts on every device",
+    )
   return np.argsort(place, axis=1, kind="stable")
 
 
@@ -94,22 +102,27 @@ def block_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
   j, block, expert, to, mate, most = split
   if unit == "node":
     raise ConfigError(
-        f"the placement moves expert {expert} of MoE layer {j} from node {block} to node {to} "
-        f"while expert {mate} of the same node goes to node {most}. With routing={cfg.routing!r} the experts that "
-        f"share a node are part of the model ({blocks.reason}), so splitting a node changes which experts a token "
-        "is routed to. A placement may permute experts within their node or move a node's experts together.",
-        "placement", (j, expert, to),
-        f"node-preserving placements for routing={cfg.routing!r}: every node's {per_block} experts stay together")
+      f"the placement moves expert {expert} of MoE layer {j} from node {block} to node {to} "
+      f"while expert {mate} of the same node goes to node {most}. With routing={cfg.routing!r} the experts that "
+      f"share a node are part of the model ({blocks.reason}), so splitting a node changes which experts a token "
+      "is routed to. A placement may permute experts within their node or move a node's experts together.",
+      "placement",
+      (j, expert, to),
+      f"node-preserving placements for routing={cfg.routing!r}: every node's {per_block} experts stay together",
+    )
   raise ConfigError(
-      f"the placement moves expert {expert} of MoE layer {j} from {unit} {block} to the block of {unit} {to} "
-      f"while expert {mate} of the same {unit} goes to the block of {unit} {most}. {blocks.reason[0].upper()}"
-      f"{blocks.reason[1:]}, so the experts that share a {unit} are part of the model and splitting a {unit} "
-      f"changes which experts a token is routed to. A placement may permute experts within their {unit} or move "
-      f"a {unit}'s experts together onto another {unit}'s aligned block of {per_block} (solve(counts, "
-      f"nodes={blocks.count}, gpus_per_node=devices // {blocks.count}, routing='node_limited') finds such "
-      f"placements when {blocks.count} divides the devices).", "placement", (j, expert, to),
-      f"{unit}-preserving placements for num_groups={blocks.count}: every {unit}'s {per_block} experts stay "
-      "together on an aligned block")
+    f"the placement moves expert {expert} of MoE layer {j} from {unit} {block} to the block of {unit} {to} "
+    f"while expert {mate} of the same {unit} goes to the block of {unit} {most}. {blocks.reason[0].upper()}"
+    f"{blocks.reason[1:]}, so the experts that share a {unit} are part of the model and splitting a {unit} "
+    f"changes which experts a token is routed to. A placement may permute experts within their {unit} or move "
+    f"a {unit}'s experts together onto another {unit}'s aligned block of {per_block} (solve(counts, "
+    f"nodes={blocks.count}, gpus_per_node=devices // {blocks.count}, routing='node_limited') finds such "
+    f"placements when {blocks.count} divides the devices).",
+    "placement",
+    (j, expert, to),
+    f"{unit}-preserving placements for num_groups={blocks.count}: every {unit}'s {per_block} experts stay "
+    "together on an aligned block",
+  )
 
 
 def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
@@ -122,12 +135,15 @@ def local_order(order: np.ndarray, cfg: MoEConfig) -> np.ndarray:
     j, node, slot = np.argwhere(differ)[0]
     expert = order[j, node * per_node + slot]
     raise ConfigError(
-        f"the placement gives the nodes of MoE layer {j} different local orders: at local indices 0 .. "
-        f"{per_node - 1} node 0 would hold its old local experts {local[j, 0].tolist()} and node {node} "
-        f"{local[j, node].tolist()} (expert {expert} would be local expert {slot} of node {node}). With "
-        "routing='bilevel' local expert j is the shared local router's column j on every node, so every node's "
-        "experts must keep the same local order.", "placement", (int(j), int(expert), int(slot)),
-        "placements that give every node the same local permutation for 'bilevel'")
+      f"the placement gives the nodes of MoE layer {j} different local orders: at local indices 0 .. "
+      f"{per_node - 1} node 0 would hold its old local experts {local[j, 0].tolist()} and node {node} "
+      f"{local[j, node].tolist()} (expert {expert} would be local expert {slot} of node {node}). With "
+      "routing='bilevel' local expert j is the shared local router's column j on every node, so every node's "
+      "experts must keep the same local order.",
+      "placement",
+      (int(j), int(expert), int(slot)),
+      "placements that give every node the same local permutation for 'bilevel'",
+    )
   return local[:, 0]
 
 
@@ -137,16 +153,32 @@ def check_order(order, cfg: MoEConfig, layers: int | None = None) -> dict:
   the node routings and every group of group-limited routing together (module docstring). Returns, per
   router of the routing, the router columns [M, width] in their new order; raises ConfigError naming the
   layer and the expert."""
-  require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
-          "the layers' MoEConfig (its routing decides which placements keep the outputs)")
+  require(
+    isinstance(cfg, MoEConfig),
+    "cfg",
+    type(cfg).__name__,
+    "the layers' MoEConfig (its routing decides which placements keep the outputs)",
+  )
   order = np.asarray(order)
   if layers is not None:
-    require(order.ndim == 2 and order.shape[0] == layers, "placement", order.shape,
-            f"[M, E] with M = {layers} MoE layers given")
-  require(order.ndim == 2 and order.shape[1] == cfg.num_experts, "placement", order.shape,
-          f"[M, E] with E = num_experts = {cfg.num_experts}")
-  require(np.issubdtype(order.dtype, np.integer) and np.all(np.sort(order, axis=1) == np.arange(cfg.num_experts)),
-          "order", order.tolist(), f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer")
+    require(
+      order.ndim == 2 and order.shape[0] == layers,
+      "placement",
+      order.shape,
+      f"[M, E] with M = {layers} MoE layers given",
+    )
+  require(
+    order.ndim == 2 and order.shape[1] == cfg.num_experts,
+    "placement",
+    order.shape,
+    f"[M, E] with E = num_experts = {cfg.num_experts}",
+  )
+  require(
+    np.issubdtype(order.dtype, np.integer) and np.all(np.sort(order, axis=1) == np.arange(cfg.num_experts)),
+    "order",
+    order.tolist(),
+    f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer",
+  )
   router = cfg.router
   blocks = None if router.placement_blocks is None else block_order(order, cfg)
   orders = {"expert": lambda: order, "block": lambda: blocks, "local": lambda: local_order(order, cfg)}
@@ -166,15 +198,28 @@ def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> 
     unknown = sorted(set(params) - {*names, *EXPERT_PARAMS, *shared})
     if unknown or any(name not in params for name in (*names, "w_in", "w_out", *shared)):
       expected = ", ".join((*names, "w_in", "w_out", *shared))
-      raise ConfigError(f"layer {j} params have keys {sorted(params)}; expected {expected}[, w_gate, b_*] for "
-                        f"routing={cfg.routing!r}, num_shared_experts={cfg.num_shared_experts}, "
-                        f"shared_gate={cfg.shared_gate}", "params", sorted(params), f"{expected} and optionally w_gate")
+      raise ConfigError(
+        f"layer {j} params have keys {sorted(params)}; expected {expected}[, w_gate, b_*] for "
+        f"routing={cfg.routing!r}, num_shared_experts={cfg.num_shared_experts}, "
+        f"shared_gate={cfg.shared_gate}",
+        "params",
+        sorted(params),
+        f"{expected} and optionally w_gate",
+      )
     widths = routing_lib.router_widths(cfg)
     for name in names:
-      require(params[name]["kernel"].shape[-1] == widths[name], f"params.{name}", params[name]["kernel"].shape,
-              f"[d, {widths[name]}] for routing={cfg.routing!r} with num_experts={cfg.num_experts}")
-    require(params["w_in"].shape[0] == cfg.num_experts, "params.w_in", params["w_in"].shape,
-            f"[E, d, f] with E = num_experts = {cfg.num_experts}")
+      require(
+        params[name]["kernel"].shape[-1] == widths[name],
+        f"params.{name}",
+        params[name]["kernel"].shape,
+        f"[d, {widths[name]}] for routing={cfg.routing!r} with num_experts={cfg.num_experts}",
+      )
+    require(
+      params["w_in"].shape[0] == cfg.num_experts,
+      "params.w_in",
+      params["w_in"].shape,
+      f"[E, d, f] with E = num_experts = {cfg.num_experts}",
+    )
     new = {name: {key: w[..., columns[name][j]] for key, w in params[name].items()} for name in names}  # kernel, bias
     new.update({name: params[name][order[j]] for name in EXPERT_PARAMS if name in params})
     new.update({name: params[name] for name in shared})
@@ -201,7 +246,7 @@ def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig)
     if state.get("balance_counts") is not None:
       counts, start, pieces = np.asarray(state["balance_counts"]), 0, []
       for name, width in cfg.router.widths.items():  # each balanced router's counts, in its columns' new order
-        pieces.append(counts[start:start + width][columns[name][j]])
+        pieces.append(counts[start : start + width][columns[name][j]])
         start += width
       new["balance_counts"] = np.concatenate(pieces)
     out.append(new)
@@ -210,17 +255,23 @@ def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig)
 
 def slot_table_refusal(cfg: MoEConfig) -> str:
   """Why a model with a slot table is not placed."""
-  return (f"an expert placement does not apply to MoE layers with a slot table (slots_per_device="
-          f"{cfg.slots_per_device}): the table's replicas, not the experts' indices, decide which devices run each "
-          "expert (the trainer re-plans it from the loads), so there is no one device per expert to move it to; "
-          "plan the table instead (moejax.replication.rebalance), or place a model without slots_per_device")
+  return (
+    f"an expert placement does not apply to MoE layers with a slot table (slots_per_device="
+    f"{cfg.slots_per_device}): the table's replicas, not the experts' indices, decide which devices run each "
+    "expert (the trainer re-plans it from the loads), so there is no one device per expert to move it to; "
+    "plan the table instead (moejax.replication.rebalance), or place a model without slots_per_device"
+  )
 
 
 def check_placement(placement, cfg: MoEConfig, layers: int) -> np.ndarray:
   """The permutation order [M, E] (`expert_order`) of placing a model's `layers` MoE layers of config cfg,
   checked (`check_order`; a slot table is refused) before anything is moved."""
-  require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
-          "the layers' MoEConfig (its routing decides which placements keep the outputs)")
+  require(
+    isinstance(cfg, MoEConfig),
+    "cfg",
+    type(cfg).__name__,
+    "the layers' MoEConfig (its routing decides which placements keep the outputs)",
+  )
   if cfg.slots_per_device is not None:
     raise ConfigError(slot_table_refusal(cfg), "slots_per_device", cfg.slots_per_device, "None")
   order = expert_order(placement)
@@ -241,9 +292,17 @@ def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig)
   together on an aligned block. Other placements raise ConfigError naming the layer and the expert.
   The layer's state moves with `permute_expert_state(state, expert_order(placement), cfg)`.
   """
-  require(isinstance(cfg, MoEConfig), "cfg", type(cfg).__name__,
-          "the layers' MoEConfig (its routing decides which placements keep the outputs)")
+  require(
+    isinstance(cfg, MoEConfig),
+    "cfg",
+    type(cfg).__name__,
+    "the layers' MoEConfig (its routing decides which placements keep the outputs)",
+  )
   order = expert_order(placement)
-  require(len(params_per_layer) == order.shape[0], "placement", order.shape,
-          f"[M, E] with M = {len(params_per_layer)} MoE layers given")
+  require(
+    len(params_per_layer) == order.shape[0],
+    "placement",
+    order.shape,
+    f"[M, E] with M = {len(params_per_layer)} MoE layers given",
+  )
   return permute_experts(params_per_layer, order, cfg)

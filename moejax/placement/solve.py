@@ -120,8 +120,9 @@ def _milp(counts, parts, time_limit_s, mip_rel_gap, cutoff):
   cut = base + 2 * pairs * parts
   rows = np.concatenate([rows9, rows10, *[np.concatenate([lr, lr, lr]) for lr in link], np.full(pairs, cut)])
   cols = np.concatenate([x(j, e, p).ravel()] * 2 + [np.concatenate([r[pair], xa, xb])] * 2 + [r])
-  vals = np.concatenate([np.ones(2 * nx), np.repeat([1.0, -1.0, 1.0], pair.size),
-                         np.repeat([1.0, 1.0, -1.0], pair.size), weights])
+  vals = np.concatenate(
+    [np.ones(2 * nx), np.repeat([1.0, -1.0, 1.0], pair.size), np.repeat([1.0, 1.0, -1.0], pair.size), weights]
+  )
   matrix, links = sparse.csr_array((vals, (rows, cols)), shape=(cut + 1, nx + pairs)), 2 * pairs * parts
   lower = np.concatenate([np.full(layers * parts, cap), np.ones(layers * num), np.zeros(links), [-np.inf]])
   upper = np.concatenate([np.full(layers * parts, cap), np.ones(layers * num), np.full(links, np.inf), [cutoff]])
@@ -130,10 +131,13 @@ def _milp(counts, parts, time_limit_s, mip_rel_gap, cutoff):
   # of layer 0 needs a part <= e. Cuts the symmetric copies of every solution from the search.
   ub = np.ones(nx + pairs)
   ub[:nx].reshape(layers, num, parts)[0] = np.arange(parts)[None, :] <= np.arange(num)[:, None]
-  res = optimize.milp(np.concatenate([np.zeros(nx), weights]), integrality=np.r_[np.ones(nx), np.zeros(pairs)],
-                      bounds=optimize.Bounds(np.zeros(nx + pairs), ub),
-                      constraints=optimize.LinearConstraint(matrix, lower, upper),
-                      options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "disp": False})
+  res = optimize.milp(
+    np.concatenate([np.zeros(nx), weights]),
+    integrality=np.r_[np.ones(nx), np.zeros(pairs)],
+    bounds=optimize.Bounds(np.zeros(nx + pairs), ub),
+    constraints=optimize.LinearConstraint(matrix, lower, upper),
+    options={"time_limit": time_limit_s, "mip_rel_gap": mip_rel_gap, "disp": False},
+  )
   if res.status == 2:  # infeasible: nothing beats the cutoff
     return None, cutoff + 1
   dual = getattr(res, "mip_dual_bound", None)
@@ -175,8 +179,9 @@ def _stage(counts, parts, time_limit_s, mip_rel_gap):
   return part, objective, min(max(bound, milp_bound), objective), "milp"
 
 
-def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4,
-          routing: str = "topk") -> Placement:
+def solve(
+  counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4, routing: str = "topk"
+) -> Placement:
   """counts [M-1, E, E] (`affinity_counts`) -> Placement for a nodes x gpus_per_node mesh.
 
   Stage 1 minimises cross-node transitions; stage 2, per node, the cross-GPU transitions among the
@@ -215,12 +220,24 @@ def solve(counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mi
       placement[j, members[node][j]] = node * gpus_per_node + gpu_of[j]
   intra, intra_bound = sum(s[1] for s in stages), sum(s[2] for s in stages)
 
-  identity = affinity.transitions(counts, affinity.identity_placement(layers, num, nodes * gpus_per_node),
-                                  gpus_per_node)
+  identity = affinity.transitions(
+    counts, affinity.identity_placement(layers, num, nodes * gpus_per_node), gpus_per_node
+  )
   gap = lambda objective, bound: 0.0 if objective <= bound else (objective - bound) / objective
-  return Placement(placement=placement, nodes=nodes, gpus_per_node=gpus_per_node, transitions=int(counts.sum()),
-                   cross_node=cross_node, cross_gpu=cross_node + intra, identity_cross_node=identity[0],
-                   identity_cross_gpu=identity[1], node_bound=node_bound, node_gap=gap(cross_node, node_bound),
-                   gpu_bound=intra_bound, gpu_gap=gap(intra, intra_bound),
-                   methods=(node_method, "+".join(sorted({s[3] for s in stages}))),
-                   seconds=time.perf_counter() - start, routing=routing)
+  return Placement(
+    placement=placement,
+    nodes=nodes,
+    gpus_per_node=gpus_per_node,
+    transitions=int(counts.sum()),
+    cross_node=cross_node,
+    cross_gpu=cross_node + intra,
+    identity_cross_node=identity[0],
+    identity_cross_gpu=identity[1],
+    node_bound=node_bound,
+    node_gap=gap(cross_node, node_bound),
+    gpu_bound=intra_bound,
+    gpu_gap=gap(intra, intra_bound),
+    methods=(node_method, "+".join(sorted({s[3] for s in stages}))),
+    seconds=time.perf_counter() - start,
+    routing=routing,
+  )

@@ -27,7 +27,8 @@ def routing_traces(model, batches) -> np.ndarray:
   require(model.cfg.num_moe_layers >= 1, "moe_every", model.cfg.moe_every, "a model with MoE layers to trace")
   graphdef, params, rest = nnx.split(model, nnx.Param, ...)
   params, rest = nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
-  traces = [np.asarray(_expert_ids(params, rest, np.asarray(tokens, np.int32), graphdef=graphdef))
-            for tokens in batches]
+  traces = [
+    np.asarray(_expert_ids(params, rest, np.asarray(tokens, np.int32), graphdef=graphdef)) for tokens in batches
+  ]
   require(len(traces) > 0, "batches", batches, "at least one batch of tokens")
   return np.concatenate(traces, axis=1)

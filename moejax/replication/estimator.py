@@ -35,8 +35,12 @@ def check_traces(traces, num_experts: int) -> np.ndarray:
   require(ids.ndim in (2, 3) and ids.size > 0, "traces.shape", ids.shape, "[M, T] or [M, T, K] with T, K >= 1")
   require(np.issubdtype(ids.dtype, np.integer), "traces.dtype", ids.dtype, "integer expert ids")
   if ids.min() < 0 or ids.max() >= num_experts:
-    raise ConfigError(f"traces holds expert ids in [{ids.min()}, {ids.max()}], outside [0, {num_experts})",
-                      "traces", (int(ids.min()), int(ids.max())), f"ids in [0, {num_experts})")
+    raise ConfigError(
+      f"traces holds expert ids in [{ids.min()}, {ids.max()}], outside [0, {num_experts})",
+      "traces",
+      (int(ids.min()), int(ids.max())),
+      f"ids in [0, {num_experts})",
+    )
   return ids.reshape(ids.shape[0], ids.shape[1], -1).astype(np.int64)
 
 
@@ -70,7 +74,7 @@ class PathTables:
 def path_ids(ids_MxTxK: np.ndarray, layer: int, path_length: int, num_experts: int) -> np.ndarray:
   """[T] int64: each token's path into `layer`, its first choices at layers layer-l .. layer-1."""
   radix = num_experts ** np.arange(path_length, dtype=np.int64)
-  return ids_MxTxK[layer - path_length:layer, :, 0].T @ radix
+  return ids_MxTxK[layer - path_length : layer, :, 0].T @ radix
 
 
 def keep_top(rows: np.ndarray, top_k: int) -> np.ndarray:
@@ -85,10 +89,18 @@ def profile(traces, num_experts: int, path_length: int = 3, top_k: int | None = 
   """Tables from profiling traces [M, T(, K)]; top_k (default K) experts kept per path, l = path_length."""
   ids = check_traces(traces, num_experts)
   layers, _, choices = ids.shape
-  require(is_int(path_length) and path_length < layers, "path_length", path_length,
-          f"an int in [1, L) with L={layers} MoE layers")
-  require(num_experts ** path_length < 2 ** 62, "path_length", path_length,
-          f"small enough that E^l fits in int64 (E={num_experts})")
+  require(
+    is_int(path_length) and path_length < layers,
+    "path_length",
+    path_length,
+    f"an int in [1, L) with L={layers} MoE layers",
+  )
+  require(
+    num_experts**path_length < 2**62,
+    "path_length",
+    path_length,
+    f"small enough that E^l fits in int64 (E={num_experts})",
+  )
   top_k = choices if top_k is None else top_k
   require(is_int(top_k) and top_k <= num_experts, "top_k", top_k, f"an int in [1, E={num_experts}]")
   paths, psi, marginal = [], [], []
@@ -106,8 +118,12 @@ def profile(traces, num_experts: int, path_length: int = 3, top_k: int | None = 
 def estimate_loads(tables: PathTables, traces) -> np.ndarray:
   """[M - l, E] float64: estimated rows per expert of layers l .. M-1 for the tokens of traces (one batch)."""
   ids = check_traces(traces, tables.num_experts)
-  require(ids.shape[0] == tables.first_layer + len(tables.psi), "traces.shape", ids.shape,
-          f"L={tables.first_layer + len(tables.psi)} MoE layers, as profiled")
+  require(
+    ids.shape[0] == tables.first_layer + len(tables.psi),
+    "traces.shape",
+    ids.shape,
+    f"L={tables.first_layer + len(tables.psi)} MoE layers, as profiled",
+  )
   out = []
   for i, layer in enumerate(range(tables.first_layer, ids.shape[0])):
     token_path = path_ids(ids, layer, tables.path_length, tables.num_experts)
@@ -153,8 +169,9 @@ def phase2(estimate_E, true_E, phase1_table, choices: int, plan) -> tuple[np.nda
   return plan(true_E), True
 
 
-def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus_per_node: int,
-                 slots_per_device: int, window: int = 4):
+def plan_batches(
+  tables: PathTables, traces, batch_tokens: int, nodes: int, gpus_per_node: int, slots_per_device: int, window: int = 4
+):
   """Slot tables of every policy for every (batch, target layer) of held-out traces [M, T(, K)].
 
   Batches are consecutive runs of batch_tokens tokens (a trailing partial batch is left out and counted).
@@ -163,8 +180,12 @@ def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus
   'accurate_moving_average', 'l1_lina', 'l1_moving_average', 'replanned'.
   """
   ids = check_traces(traces, tables.num_experts)
-  require(is_int(batch_tokens) and batch_tokens <= ids.shape[1], "batch_tokens", batch_tokens,
-          f"an int in [1, T={ids.shape[1]}]")
+  require(
+    is_int(batch_tokens) and batch_tokens <= ids.shape[1],
+    "batch_tokens",
+    batch_tokens,
+    f"an int in [1, T={ids.shape[1]}]",
+  )
   batches = ids.shape[1] // batch_tokens
   devices, choices = nodes * gpus_per_node, ids.shape[2]
   plain = rebalance_lib.identity_table(tables.num_experts, devices)
@@ -172,21 +193,31 @@ def plan_batches(tables: PathTables, traces, batch_tokens: int, nodes: int, gpus
   def plan(load_E):
     return rebalance_lib.rebalance(load_E, nodes, gpus_per_node, slots_per_device)
 
-  batch_ids = [ids[:, b * batch_tokens:(b + 1) * batch_tokens] for b in range(batches)]
-  truth = np.stack([true_loads(x, tables.num_experts)[tables.first_layer:] for x in batch_ids])  # [B, L-l, E]
+  batch_ids = [ids[:, b * batch_tokens : (b + 1) * batch_tokens] for b in range(batches)]
+  truth = np.stack([true_loads(x, tables.num_experts)[tables.first_layer :] for x in batch_ids])  # [B, L-l, E]
   records = []
   for b, batch in enumerate(batch_ids):
     estimates = estimate_loads(tables, batch)
     for i in range(truth.shape[1]):
       true, estimate = truth[b, i], estimates[i]
-      average = moving_average(truth[:b + 1, i], window)[b]
+      average = moving_average(truth[: b + 1, i], window)[b]
       oracle, first = plan(true), plan(estimate)
       second, replanned = phase2(estimate, true, first, choices, lambda _: oracle)
-      records.append(dict(batch=b, layer=tables.first_layer + i, true=true, estimate=estimate,
-                          moving_average=average, replanned=replanned,
-                          accurate=same_top(estimate, true, 2 * choices), l1_lina=l1_error(estimate, true),
-                          accurate_moving_average=same_top(average, true, 2 * choices),
-                          l1_moving_average=l1_error(average, true),
-                          tables=dict(no_replication=plain, moving_average=plan(average), lina_phase1=first,
-                                      lina_phase2=second, oracle=oracle)))
+      records.append(
+        dict(
+          batch=b,
+          layer=tables.first_layer + i,
+          true=true,
+          estimate=estimate,
+          moving_average=average,
+          replanned=replanned,
+          accurate=same_top(estimate, true, 2 * choices),
+          l1_lina=l1_error(estimate, true),
+          accurate_moving_average=same_top(average, true, 2 * choices),
+          l1_moving_average=l1_error(average, true),
+          tables=dict(
+            no_replication=plain, moving_average=plan(average), lina_phase1=first, lina_phase2=second, oracle=oracle
+          ),
+        )
+      )
   return records, ids.shape[1] - batches * batch_tokens

@@ -34,8 +34,12 @@ def check_size(field: str, value) -> int:
 def check_loads(load_E) -> np.ndarray:
   """load [E] as float64, or ConfigError: a non-empty 1-D array of finite, non-negative numbers."""
   load = np.asarray(load_E)
-  require(load.ndim == 1 and load.size >= 1 and load.dtype.kind in "iuf", "load_E",
-          f"shape {load.shape} dtype {load.dtype}", "a non-empty 1-D array of numbers [E]")
+  require(
+    load.ndim == 1 and load.size >= 1 and load.dtype.kind in "iuf",
+    "load_E",
+    f"shape {load.shape} dtype {load.dtype}",
+    "a non-empty 1-D array of numbers [E]",
+  )
   load = load.astype(np.float64)
   require(bool(np.all(np.isfinite(load))), "load_E", load, "finite loads")
   require(bool(np.all(load >= 0)), "load_E", f"min {load.min()}", "non-negative loads")
@@ -46,8 +50,12 @@ def check_inputs(load_E, nodes, gpus_per_node, slots_per_device):
   """(load [E], nodes, gpus_per_node, slots_per_device), validated; there must be a slot for every expert."""
   load, nodes, gpus = check_loads(load_E), check_size("nodes", nodes), check_size("gpus_per_node", gpus_per_node)
   slots, devices = check_size("slots_per_device", slots_per_device), nodes * gpus
-  require(slots * devices >= load.size, "slots_per_device", slots,
-          f">= ceil(E / A) = {-(-load.size // devices)}: a slot for each of E={load.size} experts on A={devices}")
+  require(
+    slots * devices >= load.size,
+    "slots_per_device",
+    slots,
+    f">= ceil(E / A) = {-(-load.size // devices)}: a slot for each of E={load.size} experts on A={devices}",
+  )
   return load, nodes, gpus, slots
 
 
@@ -61,13 +69,25 @@ def device_loads(load_E, slot_expert) -> np.ndarray:
   """[A] float64: each expert's load split evenly over its replicas in slot_expert [A, slots], summed per device."""
   load = check_loads(load_E)
   slots = np.asarray(slot_expert)
-  require(slots.ndim == 2 and slots.size >= 1 and slots.dtype.kind in "iu", "slot_expert",
-          f"shape {slots.shape} dtype {slots.dtype}", "a non-empty 2-D int array [A, slots_per_device]")
-  require(slots.min() >= 0 and slots.max() < load.size, "slot_expert", f"ids {slots.min()}..{slots.max()}",
-          f"expert ids in [0, {load.size})")
+  require(
+    slots.ndim == 2 and slots.size >= 1 and slots.dtype.kind in "iu",
+    "slot_expert",
+    f"shape {slots.shape} dtype {slots.dtype}",
+    "a non-empty 2-D int array [A, slots_per_device]",
+  )
+  require(
+    slots.min() >= 0 and slots.max() < load.size,
+    "slot_expert",
+    f"ids {slots.min()}..{slots.max()}",
+    f"expert ids in [0, {load.size})",
+  )
   counts = np.bincount(slots.ravel(), minlength=load.size)
-  require(bool(np.all(counts > 0)), "slot_expert", f"missing experts {np.flatnonzero(counts == 0).tolist()}",
-          "every expert held at least once")
+  require(
+    bool(np.all(counts > 0)),
+    "slot_expert",
+    f"missing experts {np.flatnonzero(counts == 0).tolist()}",
+    "every expert held at least once",
+  )
   return (load / counts)[slots].sum(axis=1)
 
 
@@ -104,8 +124,11 @@ def _pack(load, counts, gpus, slots, distinct):
     e, d = np.argwhere(placed > 1)[0]
     loads = per_replica @ placed
     shift = per_replica[e] - per_replica
-    _, o, f = min((max(loads[d] - shift[f], loads[o] + shift[f]), o, f) for o in np.flatnonzero(placed[e] == 0)
-                  for f in np.flatnonzero((placed[:, o] > 0) & (placed[:, d] == 0)))
+    _, o, f = min(
+      (max(loads[d] - shift[f], loads[o] + shift[f]), o, f)
+      for o in np.flatnonzero(placed[e] == 0)
+      for f in np.flatnonzero((placed[:, o] > 0) & (placed[:, d] == 0))
+    )
     _swap(placed, e, d, f, o)
   return placed
 

@@ -25,9 +25,9 @@ def initialize() -> str:
     mesh_lib.simulate_cpu_devices(int(os.environ[ENV_LOCAL_DEVICES]))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(
-        coordinator_address=os.environ[ENV_COORDINATOR],
-        num_processes=int(os.environ[ENV_NUM_PROCESSES]),
-        process_id=int(os.environ[ENV_PROCESS_ID]),
+      coordinator_address=os.environ[ENV_COORDINATOR],
+      num_processes=int(os.environ[ENV_NUM_PROCESSES]),
+      process_id=int(os.environ[ENV_PROCESS_ID]),
     )
     return "local"
   if any(marker in os.environ for marker in _CLUSTER_MARKERS):

@@ -57,16 +57,24 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
   procs, threads = [], []
   for rank in range(processes):
     env = dict(os.environ)
-    env.update({
+    env.update(
+      {
         ENV_COORDINATOR: f"127.0.0.1:{port}",
         ENV_NUM_PROCESSES: str(processes),
         ENV_PROCESS_ID: str(rank),
         ENV_LOCAL_DEVICES: str(devices_per_process),
         "PYTHONUNBUFFERED": "1",
-    })
+      }
+    )
     # Each child leads its own process group, so killing it also kills anything it started.
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+      command,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      stdin=subprocess.DEVNULL,
+      start_new_session=True,
+    )
     print(f"[launch] process {rank} pid {proc.pid}", flush=True)
     procs.append(proc)
     thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{rank}] "), daemon=True)
@@ -102,13 +110,15 @@ def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
   split = argv.index("--") if "--" in argv else len(argv)
   parser = argparse.ArgumentParser(
-      prog="python -m moejax.runtime.launch", description=__doc__.splitlines()[0],
-      usage="%(prog)s [--processes N] [--devices-per-process D] [--timeout S] -- COMMAND...")
+    prog="python -m moejax.runtime.launch",
+    description=__doc__.splitlines()[0],
+    usage="%(prog)s [--processes N] [--devices-per-process D] [--timeout S] -- COMMAND...",
+  )
   parser.add_argument("--processes", type=int, default=2)
   parser.add_argument("--devices-per-process", type=int, default=4)
   parser.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
   args = parser.parse_args(argv[:split])
-  command = argv[split + 1:]
+  command = argv[split + 1 :]
   if not command:
     parser.error("no COMMAND given after '--'")
   try:
@@ -116,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
   except ValueError as e:
     print(f"moejax.runtime.launch: {e}", file=sys.stderr)
     return 2
+
 
 if __name__ == "__main__":
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -38,9 +38,10 @@ def simulate_cpu_devices(count: int) -> None:
     if have == count or jax.default_backend() != "cpu":
       return
     raise MeshError(
-        f"simulate_cpu_devices({count}): JAX already started its backends with {have} CPU device(s); "
-        "call it before any JAX computation, or set "
-        f"XLA_FLAGS=--xla_force_host_platform_device_count={count} in the environment.")
+      f"simulate_cpu_devices({count}): JAX already started its backends with {have} CPU device(s); "
+      "call it before any JAX computation, or set "
+      f"XLA_FLAGS=--xla_force_host_platform_device_count={count} in the environment."
+    )
   jax.config.update("jax_num_cpu_devices", count)
 
 
@@ -50,8 +51,9 @@ def _check_shape(nodes: int, gpus_per_node: int, stages: int = 1) -> None:
       raise MeshError(f"make_mesh: {name} must be a positive int, got {value!r}")
 
 
-def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | None = None,
-              stages: int = 1) -> jax.sharding.Mesh:
+def make_mesh(
+  nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | None = None, stages: int = 1
+) -> jax.sharding.Mesh:
   """Builds a `nodes x gpus_per_node` mesh with axes ('node', 'gpu'), or with stages > 1 a `stages x nodes x
   gpus_per_node` mesh with axes ('stage', 'node', 'gpu') (stage s holds the s-th block of nodes).
 
@@ -74,10 +76,14 @@ def make_mesh(nodes: int, gpus_per_node: int, devices: Sequence[jax.Device] | No
     if len(available) < need:
       hint = ""
       if jax.default_backend() == "cpu":
-        hint = (f"; on CPU call moejax.runtime.mesh.simulate_cpu_devices({need}) before any JAX computation "
-                f"(or set XLA_FLAGS=--xla_force_host_platform_device_count={need})")
-      raise MeshError(f"make_mesh({nodes}, {gpus_per_node}, stages={stages}) needs {need} devices but JAX has "
-                      f"{len(available)} {jax.default_backend()} device(s){hint}")
+        hint = (
+          f"; on CPU call moejax.runtime.mesh.simulate_cpu_devices({need}) before any JAX computation "
+          f"(or set XLA_FLAGS=--xla_force_host_platform_device_count={need})"
+        )
+      raise MeshError(
+        f"make_mesh({nodes}, {gpus_per_node}, stages={stages}) needs {need} devices but JAX has "
+        f"{len(available)} {jax.default_backend()} device(s){hint}"
+      )
     devices = available[:need]
   grid = np.empty((rows, gpus_per_node), dtype=object)
   for flat, device in enumerate(devices):
@@ -109,16 +115,19 @@ def _devices_by_host(nodes: int, gpus_per_node: int) -> list[jax.Device]:
   for device in jax.devices():
     by_process.setdefault(device.process_index, []).append(device)
   if len(by_process) != nodes:
-    raise MeshError(f"make_mesh: nodes={nodes} but the job has {len(by_process)} processes (hosts); "
-                    "on a cluster each host is one node of the mesh")
+    raise MeshError(
+      f"make_mesh: nodes={nodes} but the job has {len(by_process)} processes (hosts); "
+      "on a cluster each host is one node of the mesh"
+    )
   devices = []
   for process in sorted(by_process):
     local = sorted(by_process[process], key=lambda d: d.id)
     if len(local) != gpus_per_node:
       raise MeshError(
-          f"make_mesh: gpus_per_node={gpus_per_node} but process {process} has {len(local)} devices; "
-          "a host's devices may not be split across rows or mixed with another host's "
-          "(pass `devices=` explicitly to override)")
+        f"make_mesh: gpus_per_node={gpus_per_node} but process {process} has {len(local)} devices; "
+        "a host's devices may not be split across rows or mixed with another host's "
+        "(pass `devices=` explicitly to override)"
+      )
     devices.extend(local)
   return devices
 

@@ -42,12 +42,17 @@ def check_vma(expert_backend: str, platform: str) -> bool:
   return not (expert_backend in ("pallas", "pallas_saved", "pallas_unfused") and pallas_interprets(platform))
 
 
-def gpu_target_mesh(axis_sizes: dict[str, int] | None = None, device_kind: str = TARGET_GPU) -> jax.sharding.AbstractMesh:
+def gpu_target_mesh(
+  axis_sizes: dict[str, int] | None = None, device_kind: str = TARGET_GPU
+) -> jax.sharding.AbstractMesh:
   """An abstract mesh of `device_kind` GPUs (axes Auto), for lowering with lowering_platforms=('cuda',)
   where no GPU is attached: trace and lower inside `jax.sharding.use_abstract_mesh(gpu_target_mesh())`,
   and give a `shard_map` that runs Pallas kernels `gpu_target_mesh(its axis sizes)` as its mesh."""
   axis_sizes = dict(axis_sizes or {})
   device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
-  return jax.sharding.AbstractMesh(tuple(axis_sizes.values()), tuple(axis_sizes),
-                                   axis_types=(jax.sharding.AxisType.Auto,) * len(axis_sizes),
-                                   abstract_device=device)
+  return jax.sharding.AbstractMesh(
+    tuple(axis_sizes.values()),
+    tuple(axis_sizes),
+    axis_types=(jax.sharding.AxisType.Auto,) * len(axis_sizes),
+    abstract_device=device,
+  )

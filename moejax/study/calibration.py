@@ -45,17 +45,25 @@ def _plan(config) -> list[tuple[str, int, int]]:
   if not meshes:
     return []
   widest = max(m for _, m in meshes)
-  widths = sorted({2 ** i for i in range(1, widest.bit_length())} | ({widest} if widest > 1 else set()))
+  widths = sorted({2**i for i in range(1, widest.bit_length())} | ({widest} if widest > 1 else set()))
   return [("gpu", 1, w) for w in widths] + [(axis, n, m) for n, m in meshes if n > 1 for axis in ("node", "both")]
 
 
 def settings(config) -> dict:
   """What a record depends on: a stored one is reused only if these are equal."""
   first = _layer_model(config)
-  return dict(platform=config.measure.platform, plan=_plan(config), rows=list(config.calibration.rows),
-              d=max(model.d_model for model in config.models.values()), dtype=config.moe.dtype,
-              warmup=config.measure.warmup, repeats=config.measure.repeats, processes=jax.process_count(),
-              layer_model=config.models[first].to_dict(), layer_moe=moe_section(config, first).to_dict())
+  return dict(
+    platform=config.measure.platform,
+    plan=_plan(config),
+    rows=list(config.calibration.rows),
+    d=max(model.d_model for model in config.models.values()),
+    dtype=config.moe.dtype,
+    warmup=config.measure.warmup,
+    repeats=config.measure.repeats,
+    processes=jax.process_count(),
+    layer_model=config.models[first].to_dict(),
+    layer_moe=moe_section(config, first).to_dict(),
+  )
 
 
 def _layer_model(config) -> str:
@@ -63,8 +71,9 @@ def _layer_model(config) -> str:
   return models[0]
 
 
-def _time_exchange(axis: str, devices: list, n: int, m: int, rows: int, d: int, dtype, warmup: int,
-                   repeats: int) -> float:
+def _time_exchange(
+  axis: str, devices: list, n: int, m: int, rows: int, d: int, dtype, warmup: int, repeats: int
+) -> float:
   """Median seconds of all_to_all along `axis` on the n x m mesh of `devices`: every device sends `rows` rows of
   width d to each member of its group."""
   mesh = mesh_lib.make_mesh(n, m, devices=devices)
@@ -92,8 +101,15 @@ def time_exchanges(config) -> list[dict]:
         seconds = _time_exchange(axis, devices, n, m, rows, d, dtype, config.measure.warmup, config.measure.repeats)
       hosts.barrier(f"calibration {axis} {n}x{m} {rows}")
       out.append(dataclasses.asdict(fitted.Exchange(axis, n, m, rows, d * dtype.itemsize, seconds)))
-      logging.info("calibration: all_to_all along %s on %dx%d, %d rows of %d bytes per peer: %s", axis, n, m, rows,
-                   d * dtype.itemsize, "-" if seconds is None else f"{seconds * 1e6:.1f} us")
+      logging.info(
+        "calibration: all_to_all along %s on %dx%d, %d rows of %d bytes per peer: %s",
+        axis,
+        n,
+        m,
+        rows,
+        d * dtype.itemsize,
+        "-" if seconds is None else f"{seconds * 1e6:.1f} us",
+      )
   return out
 
 
@@ -112,9 +128,18 @@ def time_layer(config) -> dict | None:
     params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
     x = random_tokens(mesh, tokens, cfg.d_model, config.sim.seed + 1, dtype)
     phases = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, config.measure.repeats)
-    result = dict(phases, model=name, rows=tokens * cfg.choices_per_token, d_model=cfg.d_model, d_ff=cfg.d_ff,
-                  gated=cfg.gated, experts=cfg.num_experts, top_k=cfg.top_k, itemsize=dtype.itemsize,
-                  device=device[0].device_kind)
+    result = dict(
+      phases,
+      model=name,
+      rows=tokens * cfg.choices_per_token,
+      d_model=cfg.d_model,
+      d_ff=cfg.d_ff,
+      gated=cfg.gated,
+      experts=cfg.num_experts,
+      top_k=cfg.top_k,
+      itemsize=dtype.itemsize,
+      device=device[0].device_kind,
+    )
   hosts.barrier("calibration layer")
   return result
 
@@ -122,8 +147,12 @@ def time_layer(config) -> dict | None:
 def measure(config, workdir: str) -> str:
   """Times the exchanges and the layer (every process calls it) unless <workdir>/calibration.json holds a record of
   the same `settings`; returns its path (written by the leader)."""
-  require(bool(_plan(config)), "calibration.source", "measure",
-          f"'' or a record: no point of this sweep can be timed on this job's {config.measure.platform} devices")
+  require(
+    bool(_plan(config)),
+    "calibration.source",
+    "measure",
+    f"'' or a record: no point of this sweep can be timed on this job's {config.measure.platform} devices",
+  )
   path = os.path.join(workdir, RECORD)
   wanted = json.loads(json.dumps(settings(config)))  # tuples as the record keeps them
   stored = None
@@ -136,8 +165,14 @@ def measure(config, workdir: str) -> str:
   exchanges, layer = time_exchanges(config), time_layer(config)
   if hosts.leader():
     device = hosts.mesh_devices(1, 1, config.measure.platform)[0]
-    record = dict(settings=wanted, device_kind=device.device_kind, platform=device.platform,
-                  jax_version=jax.__version__, exchanges=exchanges, layer=layer)
+    record = dict(
+      settings=wanted,
+      device_kind=device.device_kind,
+      platform=device.platform,
+      jax_version=jax.__version__,
+      exchanges=exchanges,
+      layer=layer,
+    )
     os.makedirs(workdir, exist_ok=True)
     with open(path, "w") as f:
       json.dump(record, f, indent=1)

@@ -20,37 +20,56 @@ def table_rows(results: list[dict], tail: int) -> list[dict]:
   for key in dict.fromkeys((r["model"], r["router"]) for r in results):
     runs = [r for r in results if (r["model"], r["router"]) == key]
     heldout = [r["heldout_loss"] for r in runs]
-    rows.append({"model": key[0], "router": key[1], "seeds": len(runs),
-                 "heldout_loss": float(np.mean(heldout)), "heldout_spread": spread(heldout),
-                 "train_loss": float(np.mean([np.mean(r["train_loss"][-tail:]) for r in runs])),
-                 "busiest_load": float(np.mean([np.mean(r["busiest_load"]) for r in runs])),
-                 "drop_share": float(np.mean([np.mean(r["drop_share"]) for r in runs]))})
+    rows.append(
+      {
+        "model": key[0],
+        "router": key[1],
+        "seeds": len(runs),
+        "heldout_loss": float(np.mean(heldout)),
+        "heldout_spread": spread(heldout),
+        "train_loss": float(np.mean([np.mean(r["train_loss"][-tail:]) for r in runs])),
+        "busiest_load": float(np.mean([np.mean(r["busiest_load"]) for r in runs])),
+        "drop_share": float(np.mean([np.mean(r["drop_share"]) for r in runs])),
+      }
+    )
   return rows
 
 
 def format_table(rows: list[dict], capacity: float) -> str:
-  lines = [f"| model | router | seeds | held-out loss (mean ± std) | final train loss | busiest load / mean | "
-           f"dropped at capacity {capacity:g} |", "|---|---|---|---|---|---|---|"]
+  lines = [
+    f"| model | router | seeds | held-out loss (mean ± std) | final train loss | busiest load / mean | "
+    f"dropped at capacity {capacity:g} |",
+    "|---|---|---|---|---|---|---|",
+  ]
   for r in rows:
-    lines.append(f"| {r['model']} | {r['router']} | {r['seeds']} | {r['heldout_loss']:.4f} ± "
-                 f"{r['heldout_spread']:.4f} | {r['train_loss']:.4f} | {r['busiest_load']:.3f} | "
-                 f"{100 * r['drop_share']:.2f}% |")
+    lines.append(
+      f"| {r['model']} | {r['router']} | {r['seeds']} | {r['heldout_loss']:.4f} ± "
+      f"{r['heldout_spread']:.4f} | {r['train_loss']:.4f} | {r['busiest_load']:.3f} | "
+      f"{100 * r['drop_share']:.2f}% |"
+    )
   return "\n".join(lines)
 
 
 # One style per router, (colour, marker, linestyle); switch, smile and node_limited as in the sweep's plots
 # (moejax.study.plots.SCHEME_STYLES). Routers it lacks get the remaining colours and markers in turn.
 ROUTER_STYLES = {
-    "switch": ("tab:blue", "o", "-"),
-    "gshard": ("tab:green", "^", "-."),
-    "smile": ("tab:red", "D", ":"),
-    "node_limited": ("tab:purple", "v", "-"),
-    "deepseek_v3": ("tab:brown", "P", "--"),
+  "switch": ("tab:blue", "o", "-"),
+  "gshard": ("tab:green", "^", "-."),
+  "smile": ("tab:red", "D", ":"),
+  "node_limited": ("tab:purple", "v", "-"),
+  "deepseek_v3": ("tab:brown", "P", "--"),
 }
-_SPARE = (("tab:orange", "s", "--"), ("tab:pink", "X", "-."), ("tab:gray", "<", ":"), ("tab:olive", ">", "-"),
-          ("tab:cyan", "h", "--"))
-FIELDS = (("loss.png", "train_loss", "train loss (task, nats/token)"),
-          ("busiest_load.png", "busiest_load", "busiest expert load / mean"))
+_SPARE = (
+  ("tab:orange", "s", "--"),
+  ("tab:pink", "X", "-."),
+  ("tab:gray", "<", ":"),
+  ("tab:olive", ">", "-"),
+  ("tab:cyan", "h", "--"),
+)
+FIELDS = (
+  ("loss.png", "train_loss", "train loss (task, nats/token)"),
+  ("busiest_load.png", "busiest_load", "busiest expert load / mean"),
+)
 
 
 def router_styles(routers) -> dict[str, tuple[str, str, str]]:
@@ -67,14 +86,16 @@ def smoothed(runs: list[dict], field: str) -> tuple[np.ndarray, np.ndarray]:
   window = max(1, n // 20)
   kernel = np.ones(window) / window
   curves = np.stack([np.convolve(np.asarray(r[field][:n], float), kernel, mode="valid") for r in runs])
-  return np.asarray(runs[0]["steps"][window - 1:n]), curves
+  return np.asarray(runs[0]["steps"][window - 1 : n]), curves
 
 
 def _caption(results: list[dict], mesh=None) -> str:
   seeds = sorted({r.get("seed") for r in results}, key=str)
   where = f" on a {' x '.join(map(str, mesh))} CPU mesh" if mesh else ""
-  return (f"measured in training runs{where}: mean over {len(seeds)} seed(s), moving average over "
-          f"{max(1, min(len(r['steps']) for r in results) // 20)} steps")
+  return (
+    f"measured in training runs{where}: mean over {len(seeds)} seed(s), moving average over "
+    f"{max(1, min(len(r['steps']) for r in results) // 20)} steps"
+  )
 
 
 def loss_figure(results: list[dict], baseline: str | None = None, mesh=None):
@@ -104,8 +125,15 @@ def loss_figure(results: list[dict], baseline: str | None = None, mesh=None):
         continue
       colour, marker, linestyle = styles[router]
       steps_r, curves = smoothed(runs, "train_loss")
-      line = dict(color=colour, marker=marker, linestyle=linestyle, markevery=(rank * 3, max(1, len(steps_r) // 8)),
-                  markerfacecolor="none", markersize=7, linewidth=1.4)
+      line = dict(
+        color=colour,
+        marker=marker,
+        linestyle=linestyle,
+        markevery=(rank * 3, max(1, len(steps_r) // 8)),
+        markerfacecolor="none",
+        markersize=7,
+        linewidth=1.4,
+      )
       held = np.mean([r["heldout_loss"] for r in runs])
       top.plot(steps_r, curves.mean(0), label=f"{router} (held-out {held:.3f})", **line)
       if router != baseline:
@@ -147,8 +175,18 @@ def load_figure(results: list[dict], baseline: str | None = None, mesh=None):
       steps, curves = smoothed(runs, "busiest_load")
       for seed_curve in curves:
         ax.plot(steps, seed_curve, color=colour, linewidth=0.6, alpha=0.35)
-      ax.plot(steps, curves.mean(0), color=colour, marker=marker, linestyle=linestyle, linewidth=1.8,
-              markevery=max(1, len(steps) // 8), markerfacecolor="none", markersize=7, label=router)
+      ax.plot(
+        steps,
+        curves.mean(0),
+        color=colour,
+        marker=marker,
+        linestyle=linestyle,
+        linewidth=1.8,
+        markevery=max(1, len(steps) // 8),
+        markerfacecolor="none",
+        markersize=7,
+        label=router,
+      )
       if router != baseline and base_curves is not None:
         ax.plot(base_steps, base_curves.mean(0), color="0.5", linestyle="--", linewidth=1.0, label=baseline)
       ax.axhline(1.0, color="0.8", linewidth=0.8)
@@ -158,8 +196,9 @@ def load_figure(results: list[dict], baseline: str | None = None, mesh=None):
         ax.set_ylabel(FIELDS[1][2])
       if row == len(models) - 1:
         ax.set_xlabel("step")
-  fig.suptitle(f"Busiest expert's load / mean per router ({_caption(results, mesh)}; thin: each seed; "
-               f"1 = balanced)", fontsize=10)
+  fig.suptitle(
+    f"Busiest expert's load / mean per router ({_caption(results, mesh)}; thin: each seed; 1 = balanced)", fontsize=10
+  )
   return fig
 
 

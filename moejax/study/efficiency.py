@@ -38,8 +38,15 @@ def efficiency_figure(rows: list[dict], config=None):
       colour, marker, linestyle = styles[scheme]
       shift = plots.dodge(rank, len(schemes))
       xs, ys = zip(*[(n * shift, e) for n, e in curves[panel + (scheme,)]])
-      ax.plot(xs, ys, color=colour, marker=marker, linestyle=linestyle, label=plots.scheme_label(scheme),
-              **plots.nested_marker(rank))
+      ax.plot(
+        xs,
+        ys,
+        color=colour,
+        marker=marker,
+        linestyle=linestyle,
+        label=plots.scheme_label(scheme),
+        **plots.nested_marker(rank),
+      )
     plots.node_axis(ax, nodes)
     top = max(e for s in schemes for _, e in curves[panel + (s,)])
     ax.set_ylim(0, 1.1 * max(1.0, top))
@@ -49,10 +56,13 @@ def efficiency_figure(rows: list[dict], config=None):
     ax.set_title(f"{model}, {scaling} scaling, {m} GPUs/node\n{plots.accumulation_note(ours)}", fontsize=9)
     ax.legend(fontsize=7)
   topology, _ = plots._where(rows)
-  fig.suptitle(f"Scaling efficiency, modelled with the cost model on {topology}: samples/s per GPU over the same "
-               "scheme's on its fewest nodes (1.0 = linear scaling)\n"
-               + "; ".join(plots.model_text(config, model) for model in dict.fromkeys(p[0] for p in panels))
-               + plots.dedup_note({key[3] for key in curves}), fontsize=10)
+  fig.suptitle(
+    f"Scaling efficiency, modelled with the cost model on {topology}: samples/s per GPU over the same "
+    "scheme's on its fewest nodes (1.0 = linear scaling)\n"
+    + "; ".join(plots.model_text(config, model) for model in dict.fromkeys(p[0] for p in panels))
+    + plots.dedup_note({key[3] for key in curves}),
+    fontsize=10,
+  )
   return fig
 
 

@@ -45,7 +45,7 @@ def mesh_devices(n: int, m: int, platform: str) -> list[jax.Device] | None:
   if len(hosts) == 1:
     local = hosts[0]
     fits = n * m <= len(local) and (n == 1 or platform_lib.simulates_nodes(platform))
-    return local[:n * m] if fits else None
+    return local[: n * m] if fits else None
   if n > len(hosts) or any(len(host) < m for host in hosts[:n]):
     return None
   return [device for host in hosts[:n] for device in host[:m]]

@@ -19,8 +19,16 @@ from moejax.train import objective
 from moejax.train import trainer as train_lib
 
 
-def time_training_step(model_config, moe_config, mesh, batch_shape: tuple[int, int, int], seed: int, warmup: int,
-                       repeats: int, optim: dict = point_models.TIMING_OPTIM) -> dict:
+def time_training_step(
+  model_config,
+  moe_config,
+  mesh,
+  batch_shape: tuple[int, int, int],
+  seed: int,
+  warmup: int,
+  repeats: int,
+  optim: dict = point_models.TIMING_OPTIM,
+) -> dict:
   """Wall-clock of the jitted training step (`moejax.train.trainer.Trainer.step`, state donated, the optimizer of
   `optim`: LAMB by default) of `model_config` (a ModelConfig or DecoderConfig) on one batch of random tokens
   [U, B, S] (U micro batches of B sequences of S tokens): a compiling call, `warmup` untimed calls, then `repeats`
@@ -30,14 +38,16 @@ def time_training_step(model_config, moe_config, mesh, batch_shape: tuple[int, i
   'parameters': the model's parameter count}.
   """
   vocab = model_config.vocab_size
-  train_config = ml_collections.ConfigDict({"seed": seed, "steps": 1 + warmup + repeats, "optim": optim,
-                                            "data": {"mask_prob": objective.MASK_PROB}})
+  train_config = ml_collections.ConfigDict(
+    {"seed": seed, "steps": 1 + warmup + repeats, "optim": optim, "data": {"mask_prob": objective.MASK_PROB}}
+  )
   ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=vocab - 2, num_ids=vocab)
   trainer = train_lib.Trainer(train_config, model_config, moe_config, mesh, ids)
   state, rest = trainer.init()
   parameters = sum(int(np.prod(a.shape)) for a in jax.tree.leaves(state["params"]))
-  tokens_UxBxS = jax.device_put(jax.random.randint(jax.random.key(seed + 2), batch_shape, 2, vocab),
-                                trainer.batch_sharding)
+  tokens_UxBxS = jax.device_put(
+    jax.random.randint(jax.random.key(seed + 2), batch_shape, 2, vocab), trainer.batch_sharding
+  )
   losses = []
 
   def step():
@@ -57,9 +67,16 @@ def training_step(point: Point, config, devices: list) -> dict:
   cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node, devices=devices)
   global_batch, accumulation = batch(point, config)
-  return time_training_step(point_models.training_model(model, moe.dtype), cfg, mesh,
-                            (accumulation, global_batch // accumulation, model.seq_len), config.sim.seed,
-                            config.measure.warmup, config.measure.repeats, point_models.optimizer(model))
+  return time_training_step(
+    point_models.training_model(model, moe.dtype),
+    cfg,
+    mesh,
+    (accumulation, global_batch // accumulation, model.seq_len),
+    config.sim.seed,
+    config.measure.warmup,
+    config.measure.repeats,
+    point_models.optimizer(model),
+  )
 
 
 def measure(point: Point, config, layers: dict, devices: list) -> dict:
@@ -88,10 +105,24 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
   timed = training_step(point, config, devices)
   step_times, losses = timed["times_s"], timed["losses"]
   step_s = statistics.median(step_times)
-  return {**identity(point), "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective,
-          "choices_per_token": cfg.choices_per_token, "capacity_factor": cfg.capacity_factor,
-          "tokens_per_gpu": tokens, "global_batch": global_batch, "accumulation": accumulation,
-          **layers[key], "step_s": step_s, "step_s_min": min(step_times), "samples_per_s": global_batch / step_s,
-          "loss_first": losses[0], "loss_last": losses[-1], "repeats": config.measure.repeats,
-          "hosts": len({d.process_index for d in devices}), "device": devices[0].device_kind,
-          "jax_version": jax.__version__}
+  return {
+    **identity(point),
+    "routing": cfg.routing,
+    "path": cfg.path,
+    "collective": cfg.collective,
+    "choices_per_token": cfg.choices_per_token,
+    "capacity_factor": cfg.capacity_factor,
+    "tokens_per_gpu": tokens,
+    "global_batch": global_batch,
+    "accumulation": accumulation,
+    **layers[key],
+    "step_s": step_s,
+    "step_s_min": min(step_times),
+    "samples_per_s": global_batch / step_s,
+    "loss_first": losses[0],
+    "loss_last": losses[-1],
+    "repeats": config.measure.repeats,
+    "hosts": len({d.process_index for d in devices}),
+    "device": devices[0].device_kind,
+    "jax_version": jax.__version__,
+  }

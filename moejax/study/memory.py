@@ -50,7 +50,7 @@ def variant_model(model: dict, decoder: bool, dense: int, moe: int) -> dict:
   if decoder:
     model["moe_layers"] = (False,) * dense + (True,) * moe
     if model.get("sliding_layers") is not None:
-      model["sliding_layers"] = tuple(model["sliding_layers"])[:dense + moe]
+      model["sliding_layers"] = tuple(model["sliding_layers"])[: dense + moe]
   return model
 
 
@@ -68,14 +68,27 @@ def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
   `moe.path.hop_sizes` with `moe.collective.buffer_bound`): each hop's buffer of rows x d in the dispatch dtype, and
   the combine's buffer of the same rows back in the combine dtype. `tokens`: the tokens of one layer call."""
   from moejax.moe import layout as layout_lib  # after the device count is set
+
   lay = layout_lib.layout(moe_cfg, tokens, mesh)
-  sizes = path_lib.hop_sizes(lay.hops, {mesh_lib.NODE: lay.n, mesh_lib.GPU: lay.m}, lay.rows, lay.slots, lay.collective,
-                             lay.buffer_rows, lay.dedup)
+  sizes = path_lib.hop_sizes(
+    lay.hops,
+    {mesh_lib.NODE: lay.n, mesh_lib.GPU: lay.m},
+    lay.rows,
+    lay.slots,
+    lay.collective,
+    lay.buffer_rows,
+    lay.dedup,
+  )
   rows = [h.out_rows for h in sizes]
   item = lambda name, default: np.dtype(name or default).itemsize
   dispatch, combine = item(moe_cfg.dispatch_dtype, moe_cfg.dtype), item(moe_cfg.combine_dtype, "float32")
-  return {"hop_rows": rows, "buffer_rows": lay.buffer_rows, "rows_sent": lay.rows, "slots": lay.slots,
-          "bytes": sum(rows) * moe_cfg.d_model * (dispatch + combine)}
+  return {
+    "hop_rows": rows,
+    "buffer_rows": lay.buffer_rows,
+    "rows_sent": lay.rows,
+    "slots": lay.slots,
+    "bytes": sum(rows) * moe_cfg.d_model * (dispatch + combine),
+  }
 
 
 @dataclasses.dataclass
@@ -84,6 +97,7 @@ class Leaf:
   replicated or FSDP-sharded; 'expert': split over the expert holders; 'moe': the MoE layer's own replicated
   tensors, routers and shared experts, which FSDP leaves alone). table: an embedding table or the output head
   (Muon leaves these to AdamW, as it does every tensor that is not 2-D or a routed expert's)."""
+
   shape: tuple
   count: int = 1
   kind: str = "dense"
@@ -107,8 +121,12 @@ def decoder_leaves(cfg) -> tuple[list, list, list]:
       attn += [Leaf((d, cfg.q_lora_rank)), Leaf((cfg.q_lora_rank,)), Leaf((cfg.q_lora_rank, h * qk))]
     else:
       attn += [Leaf((d, h * qk))]
-    attn += [Leaf((d, cfg.kv_lora_rank + cfg.qk_rope_head_dim)), Leaf((cfg.kv_lora_rank,)),
-             Leaf((cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim))), Leaf((h * cfg.v_head_dim, d))]
+    attn += [
+      Leaf((d, cfg.kv_lora_rank + cfg.qk_rope_head_dim)),
+      Leaf((cfg.kv_lora_rank,)),
+      Leaf((cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim))),
+      Leaf((h * cfg.v_head_dim, d)),
+    ]
   else:
     kv = cfg.num_kv_heads * hd
     attn += [Leaf((d, h * hd)), Leaf((d, kv), 2), Leaf((h * hd, d))]
@@ -124,8 +142,13 @@ def _smile_leaves(cfg) -> tuple[list, list, list]:
   top = [Leaf((v, d), table=True), Leaf((cfg.max_len, d), table=True), Leaf((d,), 2), Leaf((v,))]
   top += [Leaf((d,), 2), Leaf((d, d)), Leaf((d,))] if cfg.kind == "bert" else []
   w = d // cfg.num_heads
-  attn = [Leaf((d,), 4), Leaf((d, 3, cfg.num_heads, w)), Leaf((3, cfg.num_heads, w)), Leaf((cfg.num_heads, w, d)),
-          Leaf((d,))]
+  attn = [
+    Leaf((d,), 4),
+    Leaf((d, 3, cfg.num_heads, w)),
+    Leaf((3, cfg.num_heads, w)),
+    Leaf((cfg.num_heads, w, d)),
+    Leaf((d,)),
+  ]
   return top, attn, [Leaf((d, f)), Leaf((f,)), Leaf((f, d)), Leaf((d,))]
 
 
@@ -153,7 +176,7 @@ def analytic_leaves(cfg, moe_cfg) -> dict:
   layers += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
   layers += [Leaf(x.shape, x.count * moe, x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
   embeddings = top[:2] if not decoder else top[:1]
-  head = top[len(embeddings):]
+  head = top[len(embeddings) :]
   mtp = getattr(cfg, "num_mtp_layers", 0)
   if mtp:  # each MTP module: enorm, hnorm, eh_proj, its own norm, and one more block (attention and MoE FFN)
     d = cfg.d_model
@@ -194,8 +217,14 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
   master = elements * item(get("master_dtype")) if get("master_dtype") else 0.0
   moments *= item(get("moment_dtype") or get("master_dtype") or param_dtype)
   total = sum(math.prod(x.shape) * x.count for x in leaves)
-  return {"parameters": elements * item(param_dtype), "gradients": elements * item("float32"),
-          "optimizer": master + moments, "master_weights": master, "moments": moments, "parameter_count": total}
+  return {
+    "parameters": elements * item(param_dtype),
+    "gradients": elements * item("float32"),
+    "optimizer": master + moments,
+    "master_weights": master,
+    "moments": moments,
+    "parameter_count": total,
+  }
 
 
 # cuDNN's flash attention on the planned device, a Hopper GPU (`moejax.models.attention.cudnn_refusal`'s rules, without
@@ -257,8 +286,13 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
     expert_rows = exchange["buffer_rows"] or choices
     exchanged = sum(exchange["hop_rows"]) * d * b
     mats = 3 if moe_cfg.gated else 2
-    moe_ffn = (t * moe_cfg.num_experts * 4 + exchanged + expert_rows * mats * moe_cfg.d_ff * b
-               + t * mats * moe_cfg.shared_width * b + t * d * 4)
+    moe_ffn = (
+      t * moe_cfg.num_experts * 4
+      + exchanged
+      + expert_rows * mats * moe_cfg.d_ff * b
+      + t * mats * moe_cfg.shared_width * b
+      + t * d * 4
+    )
   dense, moe = layer_counts(cfg)
   mtp = getattr(cfg, "num_mtp_layers", 0)
   chunk = min(loss_chunk or cfg.vocab_size, cfg.vocab_size)
@@ -272,21 +306,33 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
     """What n_dense dense and n_moe MoE blocks keep for the backward (remat: beside the recomputed block)."""
     if cfg.remat == "none":
       return n_dense * none_dense + n_moe * none_moe
-    extra = {"save_exchanged": n_moe * 2 * exchanged,
-             "save_matmuls": n_dense * (attn + dense_ffn) + n_moe * (attn + moe_ffn)}.get(cfg.remat, 0)
+    extra = {
+      "save_exchanged": n_moe * 2 * exchanged,
+      "save_matmuls": n_dense * (attn + dense_ffn) + n_moe * (attn + moe_ffn),
+    }.get(cfg.remat, 0)
     return (n_dense + n_moe) * t * d * b + extra
 
   recomputed = 0 if cfg.remat == "none" else 2 * max(none_dense if dense else 0, none_moe if moe + mtp else 0)
   layers, mtp_blocks = kept(dense, moe), kept(0, mtp)
   gathered = _gathered_bytes(cfg, moe_cfg) if cfg.fsdp else 0.0
-  return {"activations": float(layers + mtp_blocks + recomputed + head + gathered), "layers": float(layers),
-          "mtp_blocks": float(mtp_blocks), "recomputed_block": float(recomputed), "per_dense_block": float(none_dense),
-          "per_moe_block": float(none_moe), "attention": impl, "attention_scores_per_block": float(scores),
-          "head": float(head), "loss_chunk": chunk if chunk < cfg.vocab_size else 0, "gathered_weights": gathered}
+  return {
+    "activations": float(layers + mtp_blocks + recomputed + head + gathered),
+    "layers": float(layers),
+    "mtp_blocks": float(mtp_blocks),
+    "recomputed_block": float(recomputed),
+    "per_dense_block": float(none_dense),
+    "per_moe_block": float(none_moe),
+    "attention": impl,
+    "attention_scores_per_block": float(scores),
+    "head": float(head),
+    "loss_chunk": chunk if chunk < cfg.vocab_size else 0,
+    "gathered_weights": gathered,
+  }
 
 
-def pipeline_count(cfg, moe_cfg, nodes: int, gpus: int, optim, rows: int, seq_len: int, exchange: dict | None,
-                   loss_chunk: int, per: dict) -> dict:
+def pipeline_count(
+  cfg, moe_cfg, nodes: int, gpus: int, optim, rows: int, seq_len: int, exchange: dict | None, loss_chunk: int, per: dict
+) -> dict:
   """The analytic count of one device of a pipeline stage (`nodes` x `gpus` devices a stage, `rows` sequences of
   `seq_len` tokens a device per micro-batch), by `per` (`moejax.pipeline.memory.per_device` of the schedule): its
   layers' parameters, gradients and optimizer state parameter_stages x layers_fraction x all layers' (DualPipe's
@@ -302,21 +348,31 @@ def pipeline_count(cfg, moe_cfg, nodes: int, gpus: int, optim, rows: int, seq_le
   exchanged = exchange["bytes"] if exchange else 0.0
   layer_acts = per["activation_stages"] * per["layers_fraction"] * acts["layers"]
   tied = getattr(cfg, "tie_embeddings", True)
-  ends = {"first": (("embeddings",), 0.0),
-          "last": (("head", "embeddings") if tied else ("head",), acts["mtp_blocks"] + acts["head"])}
+  ends = {
+    "first": (("embeddings",), 0.0),
+    "last": (("head", "embeddings") if tied else ("head",), acts["mtp_blocks"] + acts["head"]),
+  }
   counts = {}
   for stage, (parts, own_acts) in ends.items():
     own = analytic_state(cfg, moe_cfg, nodes, gpus, optim, parts=parts)
-    count = {k: share(layers[k]) + own[k] for k in ("parameters", "gradients", "optimizer", "master_weights",
-                                                    "moments")}
-    count.update(activations=layer_acts + acts["recomputed_block"] + acts["gathered_weights"] + own_acts,
-                 exchange_buffers=exchanged)
-    count["total"] = sum(count[k] for k in ("parameters", "optimizer", "gradients", "activations",
-                                            "exchange_buffers"))
+    count = {
+      k: share(layers[k]) + own[k] for k in ("parameters", "gradients", "optimizer", "master_weights", "moments")
+    }
+    count.update(
+      activations=layer_acts + acts["recomputed_block"] + acts["gathered_weights"] + own_acts,
+      exchange_buffers=exchanged,
+    )
+    count["total"] = sum(count[k] for k in ("parameters", "optimizer", "gradients", "activations", "exchange_buffers"))
     counts[stage] = count
   stage = max(counts, key=lambda s: counts[s]["total"])
-  return {**counts[stage], "stage": stage, "stage_totals": {s: c["total"] for s, c in counts.items()},
-          "attention": acts["attention"], "loss_chunk": acts["loss_chunk"], **per}
+  return {
+    **counts[stage],
+    "stage": stage,
+    "stage_totals": {s: c["total"] for s, c in counts.items()},
+    "attention": acts["attention"],
+    "loss_chunk": acts["loss_chunk"],
+    **per,
+  }
 
 
 def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:

@@ -53,8 +53,9 @@ class _Phases:
     return jax.device_put(array, self.sharded)
 
   def _map(self, body, n_args: int, check_vma: bool = True):
-    return jax.jit(jax.shard_map(body, mesh=self.mesh, in_specs=(P(AXES),) * n_args, out_specs=P(AXES),
-                                 check_vma=check_vma))
+    return jax.jit(
+      jax.shard_map(body, mesh=self.mesh, in_specs=(P(AXES),) * n_args, out_specs=P(AXES), check_vma=check_vma)
+    )
 
   def exchange(self, axis, out_rows: int, direction: str, collective):
     """One hop's exchange over `axis` by its collective, as a plan from sizes [1, A, A] says: 'dispatch' sends
@@ -75,10 +76,20 @@ class _Phases:
     cfg = self.cfg
 
     def body(rows, sizes, w_in, w_out, *w_gate):
-      return experts.expert_ffn(rows, sizes, w_in, w_out, w_gate[0] if w_gate else None, activation=cfg.activation,
-                                backend=cfg.expert_backend, dtype=jnp.dtype(cfg.dtype))
+      return experts.expert_ffn(
+        rows,
+        sizes,
+        w_in,
+        w_out,
+        w_gate[0] if w_gate else None,
+        activation=cfg.activation,
+        backend=cfg.expert_backend,
+        dtype=jnp.dtype(cfg.dtype),
+      )
 
-    return self._map(body, 5 if cfg.gated else 4, platform_lib.check_vma(cfg.expert_backend, platform_lib.of_mesh(self.mesh)))
+    return self._map(
+      body, 5 if cfg.gated else 4, platform_lib.check_vma(cfg.expert_backend, platform_lib.of_mesh(self.mesh))
+    )
 
 
 def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
@@ -113,6 +124,11 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   ffn, rows, group_sizes = phases.ffn(), rows_of(received), phases.put(sizes.reshape(-1).astype(np.int32))
   expert_ms = median_ms(lambda: ffn(rows, group_sizes, *weights))
   layer_ms = 1e3 * statistics.median(layer)
-  return {"layer_ms": layer_ms, "layer_ms_min": 1e3 * min(layer), "layer_inter_node_ms": comm[True],
-          "layer_intra_node_ms": comm[False], "layer_expert_ms": expert_ms,
-          "layer_other_ms": layer_ms - comm[True] - comm[False] - expert_ms}
+  return {
+    "layer_ms": layer_ms,
+    "layer_ms_min": 1e3 * min(layer),
+    "layer_inter_node_ms": comm[True],
+    "layer_intra_node_ms": comm[False],
+    "layer_expert_ms": expert_ms,
+    "layer_other_ms": layer_ms - comm[True] - comm[False] - expert_ms,
+  }

@@ -5,8 +5,12 @@ import textwrap
 
 from moejax.study.points import NODEDUP
 
-PARTS = (("layer_inter_node_ms", "inter-node all-to-all"), ("layer_intra_node_ms", "intra-node all-to-all"),
-         ("layer_expert_ms", "expert compute"), ("layer_other_ms", "other"))
+PARTS = (
+  ("layer_inter_node_ms", "inter-node all-to-all"),
+  ("layer_intra_node_ms", "intra-node all-to-all"),
+  ("layer_expert_ms", "expert compute"),
+  ("layer_other_ms", "other"),
+)
 
 
 # Published throughputs drawn beside the modelled curves where a sweep's point is the paper's setting: topology
@@ -14,16 +18,26 @@ PARTS = (("layer_inter_node_ms", "inter-node all-to-all"), ("layer_intra_node_ms
 # many nodes is the paper's run, and the global batch that run used.
 _SMILE_TABLE2 = "SMILE Table 2 (16 P4d nodes, global batch 16384)"
 PAPER_POINTS = tuple(
-    dict(topology="p4d_efa", gpus_per_node=8, nodes=16, global_batch=16384, scalings=scalings,
-         shape=dict(d_model=d, d_ff=f, layers=layers, micro_batch=micro), scheme=scheme, samples_per_s=value,
-         source=_SMILE_TABLE2)
-    # micro batch 128 x 128 GPUs = 16384: one micro batch a step, so weak and strong meet at 16 nodes; the larger
-    # models' micro batch 64 needs two micro batches a step, the strong setting with global_batch 16384.
-    for d, f, layers, micro, scalings, values in (
-        (768, 3072, 12, 128, ("weak", "strong"), {"switch": 8112.0, "smile": 20011.0}),
-        (1024, 4096, 24, 64, ("strong",), {"switch": 4001.0, "smile": 6829.0}),
-        (1600, 6400, 36, 64, ("strong",), {"switch": 889.0, "smile": 2223.0}))
-    for scheme, value in values.items())
+  dict(
+    topology="p4d_efa",
+    gpus_per_node=8,
+    nodes=16,
+    global_batch=16384,
+    scalings=scalings,
+    shape=dict(d_model=d, d_ff=f, layers=layers, micro_batch=micro),
+    scheme=scheme,
+    samples_per_s=value,
+    source=_SMILE_TABLE2,
+  )
+  # micro batch 128 x 128 GPUs = 16384: one micro batch a step, so weak and strong meet at 16 nodes; the larger
+  # models' micro batch 64 needs two micro batches a step, the strong setting with global_batch 16384.
+  for d, f, layers, micro, scalings, values in (
+    (768, 3072, 12, 128, ("weak", "strong"), {"switch": 8112.0, "smile": 20011.0}),
+    (1024, 4096, 24, 64, ("strong",), {"switch": 4001.0, "smile": 6829.0}),
+    (1600, 6400, 36, 64, ("strong",), {"switch": 889.0, "smile": 2223.0}),
+  )
+  for scheme, value in values.items()
+)
 
 
 def paper_points(config, model: str, scaling: str, topology_name: str) -> list[dict]:
@@ -32,11 +46,16 @@ def paper_points(config, model: str, scaling: str, topology_name: str) -> list[d
   if config is None or model not in config.models:
     return []
   shape = config.models[model]
-  return [p for p in PAPER_POINTS
-          if topology_name.partition("+")[0] == p["topology"] and scaling in p["scalings"]
-          and p["gpus_per_node"] in tuple(config.gpus_per_node) and p["nodes"] in tuple(config.nodes)
-          and all(shape.get(k) == v for k, v in p["shape"].items())
-          and (scaling == "weak" or config.global_batch == p["global_batch"])]
+  return [
+    p
+    for p in PAPER_POINTS
+    if topology_name.partition("+")[0] == p["topology"]
+    and scaling in p["scalings"]
+    and p["gpus_per_node"] in tuple(config.gpus_per_node)
+    and p["nodes"] in tuple(config.nodes)
+    and all(shape.get(k) == v for k, v in p["shape"].items())
+    and (scaling == "weak" or config.global_batch == p["global_batch"])
+  ]
 
 
 # One style per scheme, (colour, marker, linestyle), the same in every plot. Markers are drawn hollow and smaller
@@ -44,36 +63,54 @@ def paper_points(config, model: str, scaling: str, topology_name: str) -> list[d
 # other; no two schemes share a (colour, marker) pair. A scheme without dedup ('<scheme>_nodedup') takes its
 # scheme's colour with another marker and a dashed line.
 SCHEME_STYLES = {
-    "switch": ("tab:blue", "o", "-"),
-    "flat_dropless": ("tab:orange", "s", "--"),
-    "hierarchical": ("tab:green", "^", "-."),
-    "smile": ("tab:red", "D", ":"),
-    "smile_nodedup": ("tab:red", "o", "--"),
-    "node_limited": ("tab:purple", "v", "-"),
-    "node_limited_nodedup": ("tab:purple", "^", "--"),
-    "chunked": ("tab:brown", "P", "--"),
-    "comet": ("tab:pink", "X", "-."),
-    "esp_baseline": ("tab:gray", "<", ":"),
-    "s1": ("tab:olive", ">", "-"),
-    "s2": ("tab:cyan", "h", "--"),
+  "switch": ("tab:blue", "o", "-"),
+  "flat_dropless": ("tab:orange", "s", "--"),
+  "hierarchical": ("tab:green", "^", "-."),
+  "smile": ("tab:red", "D", ":"),
+  "smile_nodedup": ("tab:red", "o", "--"),
+  "node_limited": ("tab:purple", "v", "-"),
+  "node_limited_nodedup": ("tab:purple", "^", "--"),
+  "chunked": ("tab:brown", "P", "--"),
+  "comet": ("tab:pink", "X", "-."),
+  "esp_baseline": ("tab:gray", "<", ":"),
+  "s1": ("tab:olive", ">", "-"),
+  "s2": ("tab:cyan", "h", "--"),
 }
-COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray",
-           "tab:olive", "tab:cyan")
+COLOURS = (
+  "tab:blue",
+  "tab:orange",
+  "tab:green",
+  "tab:red",
+  "tab:purple",
+  "tab:brown",
+  "tab:pink",
+  "tab:gray",
+  "tab:olive",
+  "tab:cyan",
+)
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h", "p", "*")
 LINESTYLES = ("-", "--", "-.", ":")
 # Row fields as axis labels: what the number is, then its unit.
 FIELD_LABELS = {
-    "samples_per_s": "training throughput (samples/s)", "step_s": "training step (s)",
-    "layer_ms": "MoE layer forward (ms)", "layer_inter_node_ms": "inter-node all-to-all per layer (ms)",
-    "layer_intra_node_ms": "intra-node all-to-all per layer (ms)", "layer_expert_ms": "expert compute per layer (ms)",
-    "layer_other_ms": "other per layer (ms)", "layer_hidden_ms": "hidden by overlap per layer (ms)",
-    "grad_sync_ms": "gradient sync per step (ms)", "tensor_parallel_ms": "tensor-parallel traffic per step (ms)",
-    "inter_node_mb_per_gpu": "inter-node traffic per GPU (MB)",
-    "intra_node_mb_per_gpu": "intra-node traffic per GPU (MB)",
-    "dispatch_bytes_per_row": "a row to the experts (bytes)", "combine_bytes_per_row": "a row back (bytes)",
-    "comm_hidden_fraction": "share of communication hidden (fraction)",
-    "expert_load_imbalance": "busiest expert load / mean (ratio)", "sim_dropped_fraction": "dropped tokens (fraction)",
-    "layer_ms_min": "MoE layer forward, fastest repeat (ms)", "step_s_min": "training step, fastest repeat (s)",
+  "samples_per_s": "training throughput (samples/s)",
+  "step_s": "training step (s)",
+  "layer_ms": "MoE layer forward (ms)",
+  "layer_inter_node_ms": "inter-node all-to-all per layer (ms)",
+  "layer_intra_node_ms": "intra-node all-to-all per layer (ms)",
+  "layer_expert_ms": "expert compute per layer (ms)",
+  "layer_other_ms": "other per layer (ms)",
+  "layer_hidden_ms": "hidden by overlap per layer (ms)",
+  "grad_sync_ms": "gradient sync per step (ms)",
+  "tensor_parallel_ms": "tensor-parallel traffic per step (ms)",
+  "inter_node_mb_per_gpu": "inter-node traffic per GPU (MB)",
+  "intra_node_mb_per_gpu": "intra-node traffic per GPU (MB)",
+  "dispatch_bytes_per_row": "a row to the experts (bytes)",
+  "combine_bytes_per_row": "a row back (bytes)",
+  "comm_hidden_fraction": "share of communication hidden (fraction)",
+  "expert_load_imbalance": "busiest expert load / mean (ratio)",
+  "sim_dropped_fraction": "dropped tokens (fraction)",
+  "layer_ms_min": "MoE layer forward, fastest repeat (ms)",
+  "step_s_min": "training step, fastest repeat (s)",
 }
 
 
@@ -113,8 +150,12 @@ def scheme_styles(schemes) -> dict[str, tuple[str, str, str]]:
   pairs no other scheme of `schemes` has."""
   styles = {s: SCHEME_STYLES[s] for s in schemes if s in SCHEME_STYLES}
   used = {style[:2] for style in styles.values()}
-  spare = ((c, m, LINESTYLES[(i + j) % len(LINESTYLES)]) for j, m in enumerate(MARKERS) for i, c in enumerate(COLOURS)
-           if (c, m) not in used)
+  spare = (
+    (c, m, LINESTYLES[(i + j) % len(LINESTYLES)])
+    for j, m in enumerate(MARKERS)
+    for i, c in enumerate(COLOURS)
+    if (c, m) not in used
+  )
   for scheme in schemes:
     if scheme not in styles:
       styles[scheme] = next(spare)
@@ -124,8 +165,9 @@ def scheme_styles(schemes) -> dict[str, tuple[str, str, str]]:
 def nested_marker(rank: int) -> dict:
   """Line2D keywords of the rank-th curve of a panel: hollow markers, smaller for later curves (so coinciding
   points nest), drawn above the earlier ones."""
-  return dict(markersize=max(4.0, 12.0 - 1.8 * rank), markerfacecolor="none", markeredgewidth=1.6, linewidth=1.4,
-              zorder=2 + rank)
+  return dict(
+    markersize=max(4.0, 12.0 - 1.8 * rank), markerfacecolor="none", markeredgewidth=1.6, linewidth=1.4, zorder=2 + rank
+  )
 
 
 def dodge(rank: int, count: int, spread: float = 0.05) -> float:
@@ -195,8 +237,10 @@ def throughput_figure(rows: list[dict], config=None):
   topology, the model, whether values are modelled or measured, and the facts every panel shares. Returns the
   matplotlib Figure."""
   order = {"weak": 0, "strong": 1}
-  panels = sorted({(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] != "measured"},
-                  key=lambda p: (p[0], order.get(p[1], 2), p[1], p[2]))
+  panels = sorted(
+    {(r["model"], r["scaling"], r["gpus_per_node"]) for r in rows if r["label"] != "measured"},
+    key=lambda p: (p[0], order.get(p[1], 2), p[1], p[2]),
+  )
   models = list(dict.fromkeys(p[0] for p in panels))
   widths = sorted({p[2] for p in panels})
   styles = scheme_styles(sorted({r["scheme"] for r in rows}, key=_scheme_order))
@@ -212,13 +256,28 @@ def throughput_figure(rows: list[dict], config=None):
       measured = sorted((r["nodes"], r["samples_per_s"], r["device"]) for r in mine if r["label"] == "measured")
       if modelled:
         shift = dodge(rank, len(schemes))
-        ax.plot([n * shift for n, _, _ in modelled], [speed for _, speed, _ in modelled], color=colour, marker=marker,
-                linestyle=linestyle, label=scheme_label(scheme), **nested_marker(rank))
+        ax.plot(
+          [n * shift for n, _, _ in modelled],
+          [speed for _, speed, _ in modelled],
+          color=colour,
+          marker=marker,
+          linestyle=linestyle,
+          label=scheme_label(scheme),
+          **nested_marker(rank),
+        )
         beyond = [(n * shift, speed) for n, speed, label in modelled if label == "extrapolated"]
         if beyond:  # ringed: priced with terms fitted on fewer nodes or GPUs per node
-          ax.plot(*zip(*beyond), linestyle="none", marker="o", markersize=17, markerfacecolor="none",
-                  markeredgecolor="0.55", linewidth=0, zorder=1,
-                  label="_" if extrapolated_drawn else "extrapolated beyond the calibrated meshes")
+          ax.plot(
+            *zip(*beyond),
+            linestyle="none",
+            marker="o",
+            markersize=17,
+            markerfacecolor="none",
+            markeredgecolor="0.55",
+            linewidth=0,
+            zorder=1,
+            label="_" if extrapolated_drawn else "extrapolated beyond the calibrated meshes",
+          )
           extrapolated_drawn = True
       if measured:
         nodes, speed, device = zip(*measured)
@@ -226,8 +285,15 @@ def throughput_figure(rows: list[dict], config=None):
         ax.set_yscale("log")  # measured devices may be far from the modelled cluster
       for point in paper_points(config, model, scaling, mine[0].get("topology") or ""):
         if (point["scheme"], point["gpus_per_node"]) == (scheme, m):
-          ax.plot(point["nodes"], point["samples_per_s"], "*", color=colour, markersize=13, markeredgecolor="k",
-                  label=f"{scheme}, {point['source']}")
+          ax.plot(
+            point["nodes"],
+            point["samples_per_s"],
+            "*",
+            color=colour,
+            markersize=13,
+            markeredgecolor="k",
+            label=f"{scheme}, {point['source']}",
+          )
     node_axis(ax, [r["nodes"] for r in ours])
     has_measured = any(r["label"] == "measured" for r in ours)
     ax.set_ylabel("samples/s (lines modelled, crosses measured)" if has_measured else "samples/s (modelled)")
@@ -243,10 +309,13 @@ def throughput_figure(rows: list[dict], config=None):
     ax.legend(fontsize=7)
   topology, measured = _where(rows)
   shared = f", {widths[0]} GPUs/node" if len(widths) == 1 else ""
-  fig.suptitle(f"Training throughput, modelled with the cost model on {topology}{shared}{measured}\n"
-               + "; ".join(model_text(config, model) for model in models)
-               + "\neach scheme's points are moved sideways a little, so that equal values stay visible"
-               + dedup_note({r["scheme"] for r in rows}), fontsize=10)
+  fig.suptitle(
+    f"Training throughput, modelled with the cost model on {topology}{shared}{measured}\n"
+    + "; ".join(model_text(config, model) for model in models)
+    + "\neach scheme's points are moved sideways a little, so that equal values stay visible"
+    + dedup_note({r["scheme"] for r in rows}),
+    fontsize=10,
+  )
   return fig
 
 
@@ -270,8 +339,10 @@ def breakdown_figure(rows: list[dict], config=None):
   models = list(dict.fromkeys(r["model"] for r in rows))
   fig, axes = _grid(len(models), width=max(6.5, 0.35 * len(rows) / len(models)), height=4.8)
   for ax, model in zip(axes, models):
-    bars = sorted((r for r in rows if r["model"] == model),
-                  key=lambda r: (r["label"] == "measured", r["gpus_per_node"], r["nodes"], _scheme_order(r["scheme"])))
+    bars = sorted(
+      (r for r in rows if r["model"] == model),
+      key=lambda r: (r["label"] == "measured", r["gpus_per_node"], r["nodes"], _scheme_order(r["scheme"])),
+    )
     bottom = [0.0] * len(bars)
     for field, name in PARTS:
       heights = [max(r[field], 0.0) for r in bars]  # a measured remainder is negative when phases add up to more
@@ -285,18 +356,31 @@ def breakdown_figure(rows: list[dict], config=None):
       ax.plot(*zip(*measured), "k_", markersize=14, markeredgewidth=2, label="measured whole layer")
     for i in range(1, len(bars)):  # a faint line between meshes
       if (bars[i]["nodes"], bars[i]["gpus_per_node"], bars[i]["label"]) != (
-          bars[i - 1]["nodes"], bars[i - 1]["gpus_per_node"], bars[i - 1]["label"]):
+        bars[i - 1]["nodes"],
+        bars[i - 1]["gpus_per_node"],
+        bars[i - 1]["label"],
+      ):
         ax.axvline(i - 0.5, color="0.8", linewidth=0.8, zorder=0)
-    ax.set_xticks(range(len(bars)), [f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}"
-                                     + (f" measured on {r['device']}" if r["label"] == "measured" else "")
-                                     for r in bars], rotation=90, fontsize=7)
+    ax.set_xticks(
+      range(len(bars)),
+      [
+        f"{r['nodes']}x{r['gpus_per_node']} {r['scheme']}"
+        + (f" measured on {r['device']}" if r["label"] == "measured" else "")
+        for r in bars
+      ],
+      rotation=90,
+      fontsize=7,
+    )
     ax.set_xlabel("nodes x GPUs per node, scheme")
     ax.set_ylabel("ms per MoE layer forward (modelled)" if not measured else "ms per MoE layer forward")
     ax.set_title(textwrap.fill(model_text(config, model), 90), fontsize=9)
     ax.legend(fontsize=7)
   topology, measured = _where(rows)
-  fig.suptitle(f"One MoE layer's forward time for one micro batch,\nmodelled with the cost model on {topology}"
-               f"{measured}" + dedup_note({r["scheme"] for r in rows}), fontsize=10)
+  fig.suptitle(
+    f"One MoE layer's forward time for one micro batch,\nmodelled with the cost model on {topology}"
+    f"{measured}" + dedup_note({r["scheme"] for r in rows}),
+    fontsize=10,
+  )
   return fig
 
 
@@ -306,8 +390,7 @@ def plot_breakdown(rows: list[dict], path: str, config=None) -> None:
 
 
 # measured.png: the measured points beside the modelled ones of the same points, with the model's error at each.
-MEASURED_PANELS = (("layer_ms", "layer_error", "MoE layer forward (ms)"),
-                   ("step_s", "step_error", "training step (s)"))
+MEASURED_PANELS = (("layer_ms", "layer_error", "MoE layer forward (ms)"), ("step_s", "step_error", "training step (s)"))
 
 
 def _value_axis(ax, values) -> None:
@@ -329,32 +412,52 @@ def measured_figure(rows: list[dict], config=None):
   groups = sorted({(r["model"], r["gpus_per_node"]) for r in measured})
   scalings = list(dict.fromkeys(r["scaling"] for r in measured))
   styles = scheme_styles(sorted({r["scheme"] for r in rows}, key=_scheme_order))
-  panels = [(g, field, error, name, scaling) for g in groups for field, error, name in MEASURED_PANELS
-            for scaling in ((None,) if field == "layer_ms" else scalings)]
+  panels = [
+    (g, field, error, name, scaling)
+    for g in groups
+    for field, error, name in MEASURED_PANELS
+    for scaling in ((None,) if field == "layer_ms" else scalings)
+  ]
   fig, axes = _grid(len(panels))
   for ax, ((model, m), field, error, name, scaling) in zip(axes, panels):
-    mine = [r for r in rows if (r["model"], r["gpus_per_node"]) == (model, m)
-            and (scaling is None or r["scaling"] == scaling)]
+    mine = [
+      r for r in rows if (r["model"], r["gpus_per_node"]) == (model, m) and (scaling is None or r["scaling"] == scaling)
+    ]
     if scaling is None:  # the layer does not depend on the scaling: one scaling's rows
       mine = [r for r in mine if r["scaling"] == mine[0]["scaling"]]
     values = []
     for scheme in sorted({r["scheme"] for r in mine if r["label"] == "measured"}, key=_scheme_order):
       colour, marker, _ = styles[scheme]
-      points = {label: sorted((r["nodes"], r[field], r.get(error)) for r in mine
-                              if r["scheme"] == scheme and r["label"] == label)
-                for label in ("modelled", "extrapolated", "measured")}
+      points = {
+        label: sorted(
+          (r["nodes"], r[field], r.get(error)) for r in mine if r["scheme"] == scheme and r["label"] == label
+        )
+        for label in ("modelled", "extrapolated", "measured")
+      }
       line = points["modelled"] + points["extrapolated"]
       if points["modelled"]:
-        ax.plot(*zip(*[p[:2] for p in points["modelled"]]), color=colour, marker=marker, markerfacecolor="none",
-                linestyle="-", label=f"{scheme}, modelled")
+        ax.plot(
+          *zip(*[p[:2] for p in points["modelled"]]),
+          color=colour,
+          marker=marker,
+          markerfacecolor="none",
+          linestyle="-",
+          label=f"{scheme}, modelled",
+        )
       if points["extrapolated"]:
-        tail = (points["modelled"][-1:] + points["extrapolated"])
+        tail = points["modelled"][-1:] + points["extrapolated"]
         ax.plot(*zip(*[p[:2] for p in tail]), color=colour, linestyle=":")
-        ax.plot(*zip(*[p[:2] for p in points["extrapolated"]]), color=colour, marker=marker, markerfacecolor="none",
-                linestyle="none", alpha=0.6, label=f"{scheme}, extrapolated")
+        ax.plot(
+          *zip(*[p[:2] for p in points["extrapolated"]]),
+          color=colour,
+          marker=marker,
+          markerfacecolor="none",
+          linestyle="none",
+          alpha=0.6,
+          label=f"{scheme}, extrapolated",
+        )
       nodes, timed, errors = zip(*points["measured"])
-      ax.plot(nodes, timed, color=colour, marker=marker, linestyle="none", markersize=9,
-              label=f"{scheme}, measured")
+      ax.plot(nodes, timed, color=colour, marker=marker, linestyle="none", markersize=9, label=f"{scheme}, measured")
       for n, t, e in points["measured"]:
         if e is not None:
           ax.annotate(f"{e:+.0%}", (n, t), textcoords="offset points", xytext=(6, 4), fontsize=8, color=colour)
@@ -366,10 +469,14 @@ def measured_figure(rows: list[dict], config=None):
     ax.set_title(title + "\nlabels: the model's error at each measured point", fontsize=9)
     ax.legend(fontsize=7)
   topology, where = _where(rows)
-  head = (f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond the "
-          "calibrated meshes, filled: measured")
-  fig.suptitle(textwrap.fill(head, max(80, 60 * len(panels[:3]))) + "\n"
-               + "; ".join(model_text(config, g[0]) for g in groups), fontsize=10)
+  head = (
+    f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond the "
+    "calibrated meshes, filled: measured"
+  )
+  fig.suptitle(
+    textwrap.fill(head, max(80, 60 * len(panels[:3]))) + "\n" + "; ".join(model_text(config, g[0]) for g in groups),
+    fontsize=10,
+  )
   return fig
 
 

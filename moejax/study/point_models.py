@@ -26,13 +26,31 @@ from moejax.study import memory
 from moejax.train import objective
 
 FAMILIES = ("bert", "deepseek_v3", "qwen3_moe")
-DECODER_FIELDS = ("rope_theta", "rope_interleaved", "qk_norm", "rms_eps", "head_dim", "qk_nope_head_dim",
-                  "qk_rope_head_dim", "v_head_dim")  # taken from the published model as they are
+DECODER_FIELDS = (
+  "rope_theta",
+  "rope_interleaved",
+  "qk_norm",
+  "rms_eps",
+  "head_dim",
+  "qk_nope_head_dim",
+  "qk_rope_head_dim",
+  "v_head_dim",
+)  # taken from the published model as they are
 
 # LAMB as in SMILE (Sec. 4.1) for 'bert', AdamW as in DeepSeek-V3's report for the decoders; a step's cost does not
 # depend on these values.
-TIMING_OPTIM = {"learning_rate": 1e-3, "warmup_steps": 0, "decay": "linear", "decay_steps": 0, "end_fraction": 0.0,
-                "b1": 0.9, "b2": 0.999, "eps": 1e-6, "weight_decay": 0.01, "clip_norm": 1.0}
+TIMING_OPTIM = {
+  "learning_rate": 1e-3,
+  "warmup_steps": 0,
+  "decay": "linear",
+  "decay_steps": 0,
+  "end_fraction": 0.0,
+  "b1": 0.9,
+  "b2": 0.999,
+  "eps": 1e-6,
+  "weight_decay": 0.01,
+  "clip_norm": 1.0,
+}
 DECODER_OPTIM = {**TIMING_OPTIM, "name": "adamw", "b2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
 
 
@@ -50,19 +68,37 @@ def training_model(model, dtype: str) -> ModelConfig | DecoderConfig:
   name = family(model)
   if name == "bert":
     heads = model.d_model // 64 if model.d_model % 64 == 0 else 1
-    return ModelConfig(kind="bert", vocab_size=model.vocab, num_layers=model.layers, d_model=model.d_model,
-                       num_heads=heads, d_ff=model.d_ff, max_len=model.seq_len, dropout=0.1,
-                       moe_every=model.layers // model.moe_layers, dtype=dtype)
+    return ModelConfig(
+      kind="bert",
+      vocab_size=model.vocab,
+      num_layers=model.layers,
+      d_model=model.d_model,
+      num_heads=heads,
+      d_ff=model.d_ff,
+      max_len=model.seq_len,
+      dropout=0.1,
+      moe_every=model.layers // model.moe_layers,
+      dtype=dtype,
+    )
   published = PUBLISHED[name]
   shape, ratio = published.model, model.d_model / published.moe["d_model"]
   heads = _scaled(shape["num_heads"], ratio)
   kv_heads = max(d for d in range(1, heads + 1) if heads % d == 0 and d <= _scaled(shape["num_kv_heads"], ratio))
   latent = {rank: _scaled(shape[rank], ratio) for rank in ("q_lora_rank", "kv_lora_rank") if rank in shape}
-  return DecoderConfig(family=name, vocab_size=model.vocab, num_layers=model.layers, d_model=model.d_model,
-                       d_ff=_scaled(shape["d_ff"], ratio), num_heads=heads, num_kv_heads=kv_heads,
-                       max_len=model.seq_len, **{k: shape[k] for k in DECODER_FIELDS if k in shape}, **latent,
-                       moe_layers=(False,) * (model.layers - model.moe_layers) + (True,) * model.moe_layers,
-                       dtype=dtype)
+  return DecoderConfig(
+    family=name,
+    vocab_size=model.vocab,
+    num_layers=model.layers,
+    d_model=model.d_model,
+    d_ff=_scaled(shape["d_ff"], ratio),
+    num_heads=heads,
+    num_kv_heads=kv_heads,
+    max_len=model.seq_len,
+    **{k: shape[k] for k in DECODER_FIELDS if k in shape},
+    **latent,
+    moe_layers=(False,) * (model.layers - model.moe_layers) + (True,) * model.moe_layers,
+    dtype=dtype,
+  )
 
 
 def optimizer(model) -> dict:
@@ -80,15 +116,19 @@ def forward_flops(model, gated: bool) -> float:
   tokens = model.micro_batch * model.seq_len
   if family(model) == "bert":
     predicted = model.micro_batch * objective.num_predictions(model.seq_len)
-    return cost_model.non_moe_flops(tokens, model.seq_len, model.d_model, model.d_ff, model.layers,
-                                    model.moe_layers, model.vocab, gated, predicted)
+    return cost_model.non_moe_flops(
+      tokens, model.seq_len, model.d_model, model.d_ff, model.layers, model.moe_layers, model.vocab, gated, predicted
+    )
   cfg = training_model(model, "float32")
   top, attention, ffn = memory.decoder_leaves(cfg)
   dense_layers = cfg.num_layers - cfg.num_moe_layers
-  weights = (_matrix_params(top) - cfg.vocab_size * cfg.d_model  # the embedding is a lookup
-             + cfg.num_layers * _matrix_params(attention) + dense_layers * _matrix_params(ffn))
-  qk, v = ((cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent
-           else (cfg.head_dim, cfg.head_dim))
+  weights = (
+    _matrix_params(top)
+    - cfg.vocab_size * cfg.d_model  # the embedding is a lookup
+    + cfg.num_layers * _matrix_params(attention)
+    + dense_layers * _matrix_params(ffn)
+  )
+  qk, v = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent else (cfg.head_dim, cfg.head_dim)
   scores = cfg.num_layers * 2 * tokens * model.seq_len * cfg.num_heads * (qk + v) / 2
   return 2 * tokens * weights + scores
 
@@ -106,10 +146,15 @@ def dense_params(model, moe_replicated: float, gated: bool) -> float:
   routers = model.moe_layers * moe_replicated
   if family(model) == "bert":
     ffn = (3 if gated else 2) * model.d_model * model.d_ff
-    return (model.layers * 4 * model.d_model ** 2 + (model.layers - model.moe_layers) * ffn
-            + model.vocab * model.d_model + routers)
+    return (
+      model.layers * 4 * model.d_model**2
+      + (model.layers - model.moe_layers) * ffn
+      + model.vocab * model.d_model
+      + routers
+    )
   cfg = training_model(model, "float32")
   top, attention, ffn = memory.decoder_leaves(cfg)
   size = lambda leaves: sum(math.prod(leaf.shape) * leaf.count for leaf in leaves)
-  return float(size(top) + cfg.num_layers * size(attention) + (cfg.num_layers - cfg.num_moe_layers) * size(ffn)
-               + routers)
+  return float(
+    size(top) + cfg.num_layers * size(attention) + (cfg.num_layers - cfg.num_moe_layers) * size(ffn) + routers
+  )

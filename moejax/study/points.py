@@ -21,15 +21,27 @@ from moejax.validation import ConfigError, is_int, reject_unknown, require
 # The sweep's schemes as schemes of the one table (`moejax.study.schemes`); the flat top-k routing is MoEConfig's
 # default. '<scheme>_nodedup': <scheme> with a row per token-choice in every hop, to compare with <scheme>, which
 # takes moe.dedup (None: deduplicated).
-SWEEP_SCHEMES = {"switch": "switch+capacity", "flat_dropless": "flat", "hierarchical": "gpu_first",
-                 "smile": "smile+node_first", "node_limited": "node_limited+node_first",
-                 "smile_nodedup": "smile+node_first" + NODEDUP, "node_limited_nodedup": "node_limited+node_first" + NODEDUP,
-                 "chunked": "flat+chunked", "comet": "flat+comet",
-                 "esp_baseline": "capacity+esp_baseline", "s1": "capacity+s1", "s2": "capacity+s2"}
+SWEEP_SCHEMES = {
+  "switch": "switch+capacity",
+  "flat_dropless": "flat",
+  "hierarchical": "gpu_first",
+  "smile": "smile+node_first",
+  "node_limited": "node_limited+node_first",
+  "smile_nodedup": "smile+node_first" + NODEDUP,
+  "node_limited_nodedup": "node_limited+node_first" + NODEDUP,
+  "chunked": "flat+chunked",
+  "comet": "flat+comet",
+  "esp_baseline": "capacity+esp_baseline",
+  "s1": "capacity+s1",
+  "s2": "capacity+s2",
+}
 SCHEMES = tuple(SWEEP_SCHEMES)
 # The dropping schemes' capacity factors: the sweep's own moe fields.
-CAPACITY_FIELDS = {"switch": "switch_capacity_factor", "smile": "smile_capacity_factor",
-                   **{s: "esp_capacity_factor" for s in ("esp_baseline", "s1", "s2")}}
+CAPACITY_FIELDS = {
+  "switch": "switch_capacity_factor",
+  "smile": "smile_capacity_factor",
+  **{s: "esp_capacity_factor" for s in ("esp_baseline", "s1", "s2")},
+}
 
 
 def _table_fields(scheme: str) -> dict:
@@ -49,8 +61,19 @@ MODEL_OPTIONS = ("family", "moe")
 # MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor; and transport, the old
 # name of path and collective), so the sweep's moe section leaves them out; every other MoEConfig field in it is passed
 # to every scheme that does not fix it.
-SCHEME_FIELDS = ("num_experts", "d_model", "d_ff", "routing", "path", "collective", "transport", "num_nodes",
-                 "capacity_factor", "schedule", "esp_schedule")
+SCHEME_FIELDS = (
+  "num_experts",
+  "d_model",
+  "d_ff",
+  "routing",
+  "path",
+  "collective",
+  "transport",
+  "num_nodes",
+  "capacity_factor",
+  "schedule",
+  "esp_schedule",
+)
 # The sweep's own moe fields: experts per device, and each dropping scheme's capacity factor.
 SWEEP_FIELDS = ("experts_per_gpu", "switch_capacity_factor", "smile_capacity_factor", "esp_capacity_factor")
 
@@ -135,8 +158,7 @@ def calibration(config) -> fitted.Calibration | None:
   one. ('measure' must have been replaced by the record's path: experiments/scaling.py does.)"""
   if not config.calibration.source:
     return None
-  return _load_calibration(config.calibration.source, _file_digest(config), config.topology,
-                           config.topology_overrides)
+  return _load_calibration(config.calibration.source, _file_digest(config), config.topology, config.topology_overrides)
 
 
 @functools.lru_cache(maxsize=8)
@@ -155,70 +177,112 @@ def topology(config) -> topology_lib.Topology:
 
 
 def _positive_ints(value) -> bool:
-  return (isinstance(value, (tuple, list)) and len(value) > 0
-          and all(is_int(v) for v in value))
+  return isinstance(value, (tuple, list)) and len(value) > 0 and all(is_int(v) for v in value)
 
 
 def validate(config) -> list[Point]:
   """Checks every field before JAX starts; returns the modelled points in run order."""
-  require(config.topology in topology_lib.PRESETS, "topology", config.topology,
-          f"one of {sorted(topology_lib.PRESETS)}")
+  require(
+    config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}"
+  )
   try:
     base_topology(config)
   except ValueError as e:
     require(False, "topology_overrides", config.topology_overrides, f"field=value,... of topology fields ({e})")
   source = config.calibration.source
-  require(source in ("", "measure") or os.path.isfile(source), "calibration.source", source,
-          "'' (the topology as given), 'measure' (time this job's exchanges first) or an existing calibration.json "
-          "or bench_collectives record")
-  require(_positive_ints(config.calibration.rows), "calibration.rows", config.calibration.rows,
-          "a non-empty tuple of positive ints (rows per peer of the timed all-to-alls)")
-  require(not config.device_rate_json or os.path.isfile(config.device_rate_json), "device_rate_json",
-          config.device_rate_json, "'' (datasheet peak x efficiency) or an existing benchmark JSON")
+  require(
+    source in ("", "measure") or os.path.isfile(source),
+    "calibration.source",
+    source,
+    "'' (the topology as given), 'measure' (time this job's exchanges first) or an existing calibration.json "
+    "or bench_collectives record",
+  )
+  require(
+    _positive_ints(config.calibration.rows),
+    "calibration.rows",
+    config.calibration.rows,
+    "a non-empty tuple of positive ints (rows per peer of the timed all-to-alls)",
+  )
+  require(
+    not config.device_rate_json or os.path.isfile(config.device_rate_json),
+    "device_rate_json",
+    config.device_rate_json,
+    "'' (datasheet peak x efficiency) or an existing benchmark JSON",
+  )
   for field in ("nodes", "gpus_per_node"):
     require(_positive_ints(config[field]), field, config[field], "a non-empty tuple of positive ints")
   max_gpus = base_topology(config)["gpus_per_node"]
-  require(max(config.gpus_per_node) <= max_gpus, "gpus_per_node", config.gpus_per_node,
-          f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}")
+  require(
+    max(config.gpus_per_node) <= max_gpus,
+    "gpus_per_node",
+    config.gpus_per_node,
+    f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}",
+  )
   for field, allowed in (("schemes", SCHEMES), ("scalings", SCALINGS)):
     value = config[field]
-    require(isinstance(value, (tuple, list)) and len(value) > 0 and set(value) <= set(allowed), field, value,
-            f"a non-empty tuple of {allowed}")
+    require(
+      isinstance(value, (tuple, list)) and len(value) > 0 and set(value) <= set(allowed),
+      field,
+      value,
+      f"a non-empty tuple of {allowed}",
+    )
   require(is_int(config.gemm_sms), "gemm_sms", config.gemm_sms, "a positive int (SMs of the GPU, for the wave model)")
   require(len(config.models) > 0, "models", config.models, "at least one named model")
   for name, model in config.models.items():
     _check_model(name, model, config.moe)
-  require(isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router,
-          "True or False")
+  require(
+    isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router, "True or False"
+  )
   for field in ("tokens_per_gpu", "batches", "d_model", "d_ff", "seed"):
     value = config.sim[field]
-    require(isinstance(value, int) and value >= (0 if field == "seed" else 1), f"sim.{field}", value,
-            "an int >= 0" if field == "seed" else "a positive int")
-  require(config.measure.platform in ("gpu", "cpu"), "measure.platform", config.measure.platform,
-          "'gpu' (time points on the job's GPUs) or 'cpu' (on its CPU devices)")
+    require(
+      isinstance(value, int) and value >= (0 if field == "seed" else 1),
+      f"sim.{field}",
+      value,
+      "an int >= 0" if field == "seed" else "a positive int",
+    )
+  require(
+    config.measure.platform in ("gpu", "cpu"),
+    "measure.platform",
+    config.measure.platform,
+    "'gpu' (time points on the job's GPUs) or 'cpu' (on its CPU devices)",
+  )
   unknown = sorted(set(config.measure.models) - set(config.models))
-  require(not unknown, "measure.models", config.measure.models,
-          f"names of models ({', '.join(config.models)}), or () for all")
+  require(
+    not unknown, "measure.models", config.measure.models, f"names of models ({', '.join(config.models)}), or () for all"
+  )
   for field in ("warmup", "repeats"):
-    require(isinstance(config.measure[field], int) and config.measure[field] >= 1, f"measure.{field}",
-            config.measure[field], "a positive int")
+    require(
+      isinstance(config.measure[field], int) and config.measure[field] >= 1,
+      f"measure.{field}",
+      config.measure[field],
+      "a positive int",
+    )
   meshes = [(n, m) for m in config.gpus_per_node for n in config.nodes]
   if "strong" in config.scalings:
     works = math.lcm(*(n * m * model.micro_batch for model in config.models.values() for n, m in meshes))
     for name, model in config.models.items():
       for n, m in meshes:
-        require(is_int(config.global_batch) and config.global_batch % (n * m * model.micro_batch) == 0,
-                "global_batch", config.global_batch,
-                f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
-                f"for strong scaling; --config.global_batch={works} fits every mesh and model of this sweep "
-                f"(or a smaller models.{name}.micro_batch, or --config.scalings=\"('weak',)\")")
+        require(
+          is_int(config.global_batch) and config.global_batch % (n * m * model.micro_batch) == 0,
+          "global_batch",
+          config.global_batch,
+          f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
+          f"for strong scaling; --config.global_batch={works} fits every mesh and model of this sweep "
+          f"(or a smaller models.{name}.micro_batch, or --config.scalings=\"('weak',)\")",
+        )
   check_moe_fields(config.moe)
   for n, m in meshes:
     for scheme in config.schemes:
       for name in config.models:
         scheme_config(scheme, n, m, moe_section(config, name), config.sim.d_model, config.sim.d_ff)
-  return [Point(scheme, n, m, name, scaling) for n, m in meshes for scheme in config.schemes
-          for name in config.models for scaling in config.scalings]
+  return [
+    Point(scheme, n, m, name, scaling)
+    for n, m in meshes
+    for scheme in config.schemes
+    for name in config.models
+    for scaling in config.scalings
+  ]
 
 
 def _check_model(name: str, model, moe) -> None:
@@ -231,11 +295,19 @@ def _check_model(name: str, model, moe) -> None:
   family = point_models.family(model)
   require(family in point_models.FAMILIES, f"models.{name}.family", family, f"one of {point_models.FAMILIES}")
   if family == "bert":
-    require(model.layers % model.moe_layers == 0, f"models.{name}.moe_layers", model.moe_layers,
-            f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)")
+    require(
+      model.layers % model.moe_layers == 0,
+      f"models.{name}.moe_layers",
+      model.moe_layers,
+      f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)",
+    )
   else:
-    require(model.moe_layers <= model.layers, f"models.{name}.moe_layers", model.moe_layers,
-            f"at most layers={model.layers} (the others are dense, first)")
+    require(
+      model.moe_layers <= model.layers,
+      f"models.{name}.moe_layers",
+      model.moe_layers,
+      f"at most layers={model.layers} (the others are dense, first)",
+    )
   require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
   own = model.get("moe") or {}
   reject_unknown(own, tuple(moe), f"models.{name}.moe.")
@@ -270,9 +342,15 @@ def point_key(point: Point, config) -> str:
   if point.label == "measured":  # timed: the topology and the calibration play no part
     settings = {"moe": config.moe.to_dict(), "sim": config.sim.to_dict(), "measure": config.measure.to_dict()}
   else:
-    settings = {"topology": config.topology, "topology_overrides": config.topology_overrides,
-                "device_rate_json": config.device_rate_json, "gemm_sms": config.gemm_sms,
-                "moe": config.moe.to_dict(), "sim": config.sim.to_dict(), "calibration": _file_digest(config)}
+    settings = {
+      "topology": config.topology,
+      "topology_overrides": config.topology_overrides,
+      "device_rate_json": config.device_rate_json,
+      "gemm_sms": config.gemm_sms,
+      "moe": config.moe.to_dict(),
+      "sim": config.sim.to_dict(),
+      "calibration": _file_digest(config),
+    }
   if point.scaling == "strong":
     settings["global_batch"] = config.global_batch
   return _digest([dataclasses.asdict(point), model, settings])
@@ -292,5 +370,12 @@ def simulation_key(scheme: str, n: int, m: int, config, moe) -> str:
 
 def identity(point: Point) -> dict:
   """The fields of a row that name its point."""
-  return {"scheme": point.scheme, "nodes": point.nodes, "gpus_per_node": point.gpus_per_node,
-          "devices": point.devices, "model": point.model, "scaling": point.scaling, "label": point.label}
+  return {
+    "scheme": point.scheme,
+    "nodes": point.nodes,
+    "gpus_per_node": point.gpus_per_node,
+    "devices": point.devices,
+    "model": point.model,
+    "scaling": point.scaling,
+    "label": point.label,
+  }

@@ -92,8 +92,9 @@ def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
   return wire_lib.row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
 
 
-def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_row: wire_lib.RowBytes, other_flops,
-                        non_expert_s: float) -> dict:
+def _overlap_breakdowns(
+  rows, processed, cfg, point: Point, config, bytes_per_row: wire_lib.RowBytes, other_flops, non_expert_s: float
+) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
   model, cluster = config.models[point.model], points.topology(config)
@@ -102,16 +103,29 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
   experts_per_gpu = cfg.num_experts // (n * m)
   hops = path_lib.hops(cfg.path)
   exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
-  shape = overlap.LayerShape((processed[busiest] / experts_per_gpu,) * experts_per_gpu, model.d_model, model.d_ff,
-                             cfg.gated, rate, overlap.GemmCurve(sms=config.gemm_sms), non_expert_s)
+  shape = overlap.LayerShape(
+    (processed[busiest] / experts_per_gpu,) * experts_per_gpu,
+    model.d_model,
+    model.d_ff,
+    cfg.gated,
+    rate,
+    overlap.GemmCurve(sms=config.gemm_sms),
+    non_expert_s,
+  )
   out = {}
   for name, train in (("forward", False), ("train", True)):
     cost = overlap.price_schedule(cfg.schedule, exchanges, shape, cfg.num_chunks, train=train)
     out[name] = cost_model.Breakdown(
-        inter_node_a2a_s=cost.inter_node_s, intra_node_a2a_s=cost.intra_node_s, expert_compute_s=cost.compute_s,
-        other_s=(3 if train else 1) * other_flops / rate,
-        hops=cost_model.price_hops(rows, hops, (n, m), bytes_per_row.dispatch, cluster),
-        device_rate=rate, rate_source=rate_source, topology=cluster.name, hidden_s=cost.hidden_s)
+      inter_node_a2a_s=cost.inter_node_s,
+      intra_node_a2a_s=cost.intra_node_s,
+      expert_compute_s=cost.compute_s,
+      other_s=(3 if train else 1) * other_flops / rate,
+      hops=cost_model.price_hops(rows, hops, (n, m), bytes_per_row.dispatch, cluster),
+      device_rate=rate,
+      rate_source=rate_source,
+      topology=cluster.name,
+      hidden_s=cost.hidden_s,
+    )
     out[f"{name}_hidden_fraction"] = cost.hidden_fraction
   return out
 
@@ -119,9 +133,18 @@ def _overlap_breakdowns(rows, processed, cfg, point: Point, config, bytes_per_ro
 def esp_layer(point: Point, config, cfg) -> parm.ParmLayer:
   """The point's layer in Parm's notation: B x L tokens per GPU, N_EP = nodes, N_ESP = N_MP = GPUs per node."""
   model = config.models[point.model]
-  return parm.ParmLayer(B=model.micro_batch, L=model.seq_len, M=model.d_model, H=model.d_ff, E=cfg.num_experts,
-                        k=cfg.top_k, f=cfg.capacity_factor, n_ep=point.nodes, n_esp=point.gpus_per_node,
-                        n_mp=point.gpus_per_node)
+  return parm.ParmLayer(
+    B=model.micro_batch,
+    L=model.seq_len,
+    M=model.d_model,
+    H=model.d_ff,
+    E=cfg.num_experts,
+    k=cfg.top_k,
+    f=cfg.capacity_factor,
+    n_ep=point.nodes,
+    n_esp=point.gpus_per_node,
+    n_mp=point.gpus_per_node,
+  )
 
 
 def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, non_expert_s: float) -> dict:
@@ -144,10 +167,15 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, n
   out = {"esp_choice": parm.choose_schedule(layer, terms)}
   for name, passes in (("forward", 1), ("train", 2)):
     out[name] = cost_model.Breakdown(
-        inter_node_a2a_s=passes * inter, intra_node_a2a_s=passes * intra,
-        expert_compute_s=(2 * passes - 1) * flops / rate,
-        other_s=(2 * passes - 1) * (other_flops / rate + non_expert_s), hops=(),
-        device_rate=rate, rate_source=rate_source, topology=cluster.name)
+      inter_node_a2a_s=passes * inter,
+      intra_node_a2a_s=passes * intra,
+      expert_compute_s=(2 * passes - 1) * flops / rate,
+      other_s=(2 * passes - 1) * (other_flops / rate + non_expert_s),
+      hops=(),
+      device_rate=rate,
+      rate_source=rate_source,
+      topology=cluster.name,
+    )
   return out
 
 
@@ -171,15 +199,24 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
   non_expert_s = non_expert_cost(config).seconds(tokens * k, model.d_model, itemsize)
   replicated = model.d_model * (router_width + (3 if cfg.gated else 2) * cfg.shared_width)  # routers, shared experts
-  common = {"moe_replicated": replicated, "choices_per_token": k, "capacity_factor": cfg.capacity_factor,
-            "routing": cfg.routing, "path": cfg.path, "collective": cfg.collective, "dedup": cfg.deduplicates,
-            "dispatch_dtype": cfg.dispatch_dtype or moe.dtype, "combine_dtype": cfg.combine_dtype or "float32"}
+  common = {
+    "moe_replicated": replicated,
+    "choices_per_token": k,
+    "capacity_factor": cfg.capacity_factor,
+    "routing": cfg.routing,
+    "path": cfg.path,
+    "collective": cfg.collective,
+    "dedup": cfg.deduplicates,
+    "dispatch_dtype": cfg.dispatch_dtype or moe.dtype,
+    "combine_dtype": cfg.combine_dtype or "float32",
+  }
   if point.scheme in ESP_SCHEMES:
     return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
   scale = tokens / sim["tokens_per_gpu"]
   if collective_lib.as_collective(cfg.collective).fixed_blocks:
-    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens),
-                                        path_lib.hops(cfg.path))
+    rows = traffic_lib.capacity_traffic(
+      n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens), path_lib.hops(cfg.path)
+    )
     processed = traffic_lib.rows_processed(rows)
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
@@ -188,21 +225,30 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   # a hop's inter-node rows out equal its rows back (the transpose), so each carries a dispatch and a combine row
   summary = traffic_summary(rows, m, wire.dispatch + wire.combine)
   sent = sim["tokens_per_gpu"] * n * m * k
-  stats = {"inter_node_mb_per_gpu": sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
-           "intra_node_mb_per_gpu": sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
-           "dispatch_bytes_per_row": wire.dispatch, "combine_bytes_per_row": wire.combine,
-           "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
-           "sim_tokens_per_gpu": sim["tokens_per_gpu"], "sim_dropped_fraction": sim["dropped"] / sent,
-           "token_scale": scale}
+  stats = {
+    "inter_node_mb_per_gpu": sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
+    "intra_node_mb_per_gpu": sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+    "dispatch_bytes_per_row": wire.dispatch,
+    "combine_bytes_per_row": wire.combine,
+    "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
+    "sim_tokens_per_gpu": sim["tokens_per_gpu"],
+    "sim_dropped_fraction": sim["dropped"] / sent,
+    "token_scale": scale,
+  }
   if point.scheme in OVERLAP_SCHEMES:
-    return {**common, **stats, **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops,
-                                                     non_expert_s)}
+    return {
+      **common,
+      **stats,
+      **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops, non_expert_s),
+    }
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, cfg.gated)
   args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, points.topology(config), device_rate(config))
-  return {**common, **stats,
-          "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
-          "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s,
-                                                 backward=True)}
+  return {
+    **common,
+    **stats,
+    "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
+    "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s, backward=True),
+  }
 
 
 def model_parallel(point: Point) -> int:
@@ -243,19 +289,33 @@ def model_row(point: Point, config, layer: dict) -> dict:
     sync_s = collectives.ring("all_reduce", param_bytes, point.nodes, 1, cluster, concurrent=mp).time_s
     activation = collectives.ring("all_reduce", tokens * model.d_model * itemsize, 1, mp, cluster).time_s
     tensor_parallel_s = (4 * model.layers - 2 * model.moe_layers) * activation
-  step_s = cost_model.training_step_s(flops, rate, layer["train"], model.moe_layers, accumulation,
-                                      sync_s + accumulation * tensor_parallel_s)
+  step_s = cost_model.training_step_s(
+    flops, rate, layer["train"], model.moe_layers, accumulation, sync_s + accumulation * tensor_parallel_s
+  )
   fwd = layer["forward"]
   stats = {k: v for k, v in layer.items() if k not in ("forward", "train", "moe_replicated", "train_hidden_fraction")}
   if "forward_hidden_fraction" in stats:
     stats["comm_hidden_fraction"] = stats.pop("forward_hidden_fraction")
   calibrated = points.calibration(config)
   label = "extrapolated" if calibrated and calibrated.extrapolates(point.nodes, point.gpus_per_node) else point.label
-  return {**identity(point), "label": label, "tokens_per_gpu": tokens, "global_batch": global_batch,
-          "accumulation": accumulation, **stats,
-          "layer_inter_node_ms": 1e3 * fwd.inter_node_a2a_s, "layer_intra_node_ms": 1e3 * fwd.intra_node_a2a_s,
-          "layer_expert_ms": 1e3 * fwd.expert_compute_s, "layer_other_ms": 1e3 * fwd.other_s,
-          "layer_hidden_ms": 1e3 * fwd.hidden_s, "layer_ms": 1e3 * fwd.total_s, "grad_sync_ms": 1e3 * sync_s,
-          "tensor_parallel_ms": 1e3 * tensor_parallel_s, "step_s": step_s,
-          "samples_per_s": global_batch / step_s, "topology": cluster.name,
-          "device_tflops": rate / 1e12, "rate_source": rate_source}
+  return {
+    **identity(point),
+    "label": label,
+    "tokens_per_gpu": tokens,
+    "global_batch": global_batch,
+    "accumulation": accumulation,
+    **stats,
+    "layer_inter_node_ms": 1e3 * fwd.inter_node_a2a_s,
+    "layer_intra_node_ms": 1e3 * fwd.intra_node_a2a_s,
+    "layer_expert_ms": 1e3 * fwd.expert_compute_s,
+    "layer_other_ms": 1e3 * fwd.other_s,
+    "layer_hidden_ms": 1e3 * fwd.hidden_s,
+    "layer_ms": 1e3 * fwd.total_s,
+    "grad_sync_ms": 1e3 * sync_s,
+    "tensor_parallel_ms": 1e3 * tensor_parallel_s,
+    "step_s": step_s,
+    "samples_per_s": global_batch / step_s,
+    "topology": cluster.name,
+    "device_tflops": rate / 1e12,
+    "rate_source": rate_source,
+  }

@@ -8,18 +8,70 @@ import os
 from moejax.cost import topology as topology_lib
 from moejax.study import efficiency, plots
 
-COLUMNS = ("label", "model", "scaling", "nodes", "gpus_per_node", "devices", "hosts", "scheme", "routing", "path",
-           "collective", "choices_per_token", "capacity_factor", "dedup", "dispatch_dtype", "combine_dtype",
-           "tokens_per_gpu", "global_batch", "accumulation", "sim_tokens_per_gpu", "token_scale", "sim_dropped_fraction",
-           "expert_load_imbalance", "inter_node_mb_per_gpu", "intra_node_mb_per_gpu", "dispatch_bytes_per_row",
-           "combine_bytes_per_row", "layer_inter_node_ms", "layer_intra_node_ms",
-           "layer_expert_ms", "layer_other_ms", "layer_hidden_ms", "comm_hidden_fraction", "esp_choice", "layer_ms",
-           "grad_sync_ms", "tensor_parallel_ms", "step_s", "samples_per_s",
-           "topology", "device_tflops", "rate_source", "layer_ms_min", "step_s_min", "loss_first", "loss_last",
-           "repeats", "device", "jax_version", "modelled_layer_ms", "layer_error", "modelled_step_s", "step_error",
-           "key")
-LAYER_COLUMNS = {"layer_inter_node_ms": "inter", "layer_intra_node_ms": "intra", "layer_expert_ms": "expert",
-                 "layer_other_ms": "other", "layer_hidden_ms": "hidden", "layer_ms": "layer"}
+COLUMNS = (
+  "label",
+  "model",
+  "scaling",
+  "nodes",
+  "gpus_per_node",
+  "devices",
+  "hosts",
+  "scheme",
+  "routing",
+  "path",
+  "collective",
+  "choices_per_token",
+  "capacity_factor",
+  "dedup",
+  "dispatch_dtype",
+  "combine_dtype",
+  "tokens_per_gpu",
+  "global_batch",
+  "accumulation",
+  "sim_tokens_per_gpu",
+  "token_scale",
+  "sim_dropped_fraction",
+  "expert_load_imbalance",
+  "inter_node_mb_per_gpu",
+  "intra_node_mb_per_gpu",
+  "dispatch_bytes_per_row",
+  "combine_bytes_per_row",
+  "layer_inter_node_ms",
+  "layer_intra_node_ms",
+  "layer_expert_ms",
+  "layer_other_ms",
+  "layer_hidden_ms",
+  "comm_hidden_fraction",
+  "esp_choice",
+  "layer_ms",
+  "grad_sync_ms",
+  "tensor_parallel_ms",
+  "step_s",
+  "samples_per_s",
+  "topology",
+  "device_tflops",
+  "rate_source",
+  "layer_ms_min",
+  "step_s_min",
+  "loss_first",
+  "loss_last",
+  "repeats",
+  "device",
+  "jax_version",
+  "modelled_layer_ms",
+  "layer_error",
+  "modelled_step_s",
+  "step_error",
+  "key",
+)
+LAYER_COLUMNS = {
+  "layer_inter_node_ms": "inter",
+  "layer_intra_node_ms": "intra",
+  "layer_expert_ms": "expert",
+  "layer_other_ms": "other",
+  "layer_hidden_ms": "hidden",
+  "layer_ms": "layer",
+}
 # The fields that name a point: a measured row and the modelled row of the same point share them.
 POINT_FIELDS = ("model", "scaling", "nodes", "gpus_per_node", "scheme")
 
@@ -33,8 +85,13 @@ def with_model_error(rows: list[dict]) -> list[dict]:
   for row in rows:
     model = modelled.get(tuple(row[f] for f in POINT_FIELDS)) if row["label"] == "measured" else None
     if model:
-      row = dict(row, modelled_layer_ms=model["layer_ms"], layer_error=model["layer_ms"] / row["layer_ms"] - 1,
-                 modelled_step_s=model["step_s"], step_error=model["step_s"] / row["step_s"] - 1)
+      row = dict(
+        row,
+        modelled_layer_ms=model["layer_ms"],
+        layer_error=model["layer_ms"] / row["layer_ms"] - 1,
+        modelled_step_s=model["step_s"],
+        step_error=model["step_s"] / row["step_s"] - 1,
+      )
     out.append(row)
   return out
 
@@ -43,16 +100,20 @@ def calibration_text(calibrated) -> str:
   """The calibration a sweep priced with (`moejax.cost.fitted.Calibration`): each fitted term with its value and
   the fit's residual, the held-out exchanges' errors, the timed rate and non-expert cost, and what was timed."""
   fit = calibrated.fit
-  lines = [f"calibrated topology {calibrated.topology.name}: fitted on one-axis all-to-alls, rms relative residual "
-           f"{fit['rms_relative']:.1%}; timed up to {calibrated.nodes} node(s) x {calibrated.gpus_per_node} devices "
-           "(beyond: rows 'extrapolated')"]
+  lines = [
+    f"calibrated topology {calibrated.topology.name}: fitted on one-axis all-to-alls, rms relative residual "
+    f"{fit['rms_relative']:.1%}; timed up to {calibrated.nodes} node(s) x {calibrated.gpus_per_node} devices "
+    "(beyond: rows 'extrapolated')"
+  ]
   for term in fit["fitted"]:
     scale, unit = topology_lib.UNITS[term]
     lines.append(f"  {term:14s} {fit['values'][term] / scale:10.4g} {unit:5s} fitted")
   for e in fit["held_out"]:
-    lines.append(f"  held out: all_to_all along both axes on {e['nodes']}x{e['gpus_per_node']}, {e['rows_per_peer']} "
-                 f"rows per peer: measured {e['measured_s'] * 1e6:.1f} us, model {e['model_s'] * 1e6:.1f} us "
-                 f"({e['error']:+.1%})")
+    lines.append(
+      f"  held out: all_to_all along both axes on {e['nodes']}x{e['gpus_per_node']}, {e['rows_per_peer']} "
+      f"rows per peer: measured {e['measured_s'] * 1e6:.1f} us, model {e['model_s'] * 1e6:.1f} us "
+      f"({e['error']:+.1%})"
+    )
   if calibrated.rate:
     lines.append(f"  device rate    {calibrated.rate[0] / 1e12:10.4g} TFLOP/s {calibrated.rate[1]}")
   if calibrated.row_cost:
@@ -104,24 +165,31 @@ def comparison_table(rows: list[dict]) -> str:
   share one format and width (`fixed_column`)."""
   rows = with_model_error(rows)
   modelled = [r for r in rows if r["label"] != "measured"]
-  measured = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r
-              for r in rows if r["label"] == "measured"}
+  measured = {
+    (r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in rows if r["label"] == "measured"
+  }
   scalings = list(dict.fromkeys(r["scaling"] for r in modelled))
   by_point = {(r["model"], r["nodes"], r["gpus_per_node"], r["scheme"], r["scaling"]): r for r in modelled}
   models = list(dict.fromkeys(r["model"] for r in modelled))
   keys = sorted(dict.fromkeys(k[:4] for k in by_point), key=lambda k: models.index(k[0]))
   firsts = [by_point[key + (scalings[0],)] for key in keys]
   marks = ["*" if r["label"] == "extrapolated" else "" for r in firsts]
-  columns = [("model", [k[0] for k in keys], "<"), ("mesh", [f"{k[1]}x{k[2]}{x}" for k, x in zip(keys, marks)], ">"),
-             ("scheme", [k[3] for k in keys], "<")]
-  columns += [(name, fixed_column([r.get(field, 0.0) for r in firsts], decimals=3), ">")
-              for field, name in layer_columns(firsts).items()]
+  columns = [
+    ("model", [k[0] for k in keys], "<"),
+    ("mesh", [f"{k[1]}x{k[2]}{x}" for k, x in zip(keys, marks)], ">"),
+    ("scheme", [k[3] for k in keys], "<"),
+  ]
+  columns += [
+    (name, fixed_column([r.get(field, 0.0) for r in firsts], decimals=3), ">")
+    for field, name in layer_columns(firsts).items()
+  ]
   for scaling in scalings:
     points = [by_point.get(key + (scaling,)) for key in keys]
     switches = [by_point.get(key[:3] + ("switch", scaling)) for key in keys]
     columns.append((f"{scaling} samples/s", fixed_column([p["samples_per_s"] if p else None for p in points]), ">"))
-    ratios = fixed_column([p["samples_per_s"] / s["samples_per_s"] if p and s else None
-                           for p, s in zip(points, switches)], decimals=2)
+    ratios = fixed_column(
+      [p["samples_per_s"] / s["samples_per_s"] if p and s else None for p, s in zip(points, switches)], decimals=2
+    )
     columns.append(("vs switch", [f"{c}x" if c.strip() else f"{c} " for c in ratios], ">"))
   head = "modelled per-layer forward (ms) and training throughput"
   if measured:
@@ -132,8 +200,9 @@ def comparison_table(rows: list[dict]) -> str:
     columns.append(("measured", fixed_column([r and r["layer_ms"] for r in first], decimals=3), ">"))
     columns.append(("error", _errors([r and r.get("layer_error") for r in first]), ">"))
     for i, scaling in enumerate(scalings):
-      columns.append((f"measured {scaling}", fixed_column([line[i] and line[i]["samples_per_s"] for line in timed]),
-                      ">"))
+      columns.append(
+        (f"measured {scaling}", fixed_column([line[i] and line[i]["samples_per_s"] for line in timed]), ">")
+      )
       columns.append(("error", _errors([line[i] and line[i].get("step_error") for line in timed]), ">"))
   lines = [head, *text_table(columns), *accumulation_lines(modelled)]
   if any(marks):
@@ -154,8 +223,10 @@ def accumulation_lines(rows: list[dict]) -> list[str]:
   for model, m in dict.fromkeys((r["model"], r["gpus_per_node"]) for r in rows):
     strong = [r for r in rows if (r["model"], r["gpus_per_node"], r["scaling"]) == (model, m, "strong")]
     if any(r.get("accumulation", 1) > 1 for r in strong):
-      lines.append(f"strong scaling of {model} on {m} GPUs/node: {plots.accumulation_note(strong)} (one "
-                   "gradient sync a step); weak scaling: 1, so strong is faster where it accumulates")
+      lines.append(
+        f"strong scaling of {model} on {m} GPUs/node: {plots.accumulation_note(strong)} (one "
+        "gradient sync a step); weak scaling: 1, so strong is faster where it accumulates"
+      )
   return lines
 
 

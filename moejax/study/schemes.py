@@ -19,31 +19,31 @@ SPARE = "spare"
 FP8 = "float8_e4m3fn"
 
 SCHEMES = {
-    # Routers: how a token chooses its experts.
-    "switch": dict(routing="topk", top_k=1),  # Switch Transformer: top-1 softmax
-    "gshard": dict(routing="topk", top_k=2),  # GShard: top-2 softmax
-    "smile": dict(routing="bilevel", num_nodes=NODES, node_top_k=1),  # SMILE: one node, then its experts
-    "node_limited": dict(routing="node_limited", num_nodes=NODES),  # DeepSeek-V3's: experts on few nodes only
-    # DeepSeek-V3's affinities: sigmoids normalised over the chosen experts, times its 2.5.
-    "deepseek_v3": dict(routing="topk", score="sigmoid", routed_scaling=2.5, renormalize=True),
-    # Exchanges: how the rows reach the experts' devices.
-    "flat": dict(path="flat", collective="auto"),  # one hop over every device
-    "ragged": dict(path="flat", collective="ragged"),
-    "gpu_first": dict(path="gpu_first", collective="auto"),  # over 'gpu' to the node's peer, then over 'node'
-    "node_first": dict(path="node_first", collective="auto"),  # over 'node' to the expert's node, then over 'gpu'
-    # GShard's dense dispatch: a block per peer, capacity_factor bounding the rows per expert
-    "capacity": dict(path="flat", collective="capacity"),
-    # What runs on an exchange: overlap schedules (Comet), expert sharding (Parm), the wire, replicas (Lina, EPLB),
-    # expert data parallelism.
-    "chunked": dict(schedule="chunked"),
-    "comet": dict(schedule="comet"),
-    "esp_baseline": dict(esp_schedule="baseline"),
-    "s1": dict(esp_schedule="s1"),
-    "s2": dict(esp_schedule="s2"),
-    "fp8": dict(dispatch_dtype=FP8),  # e4m3 with a float32 scale per 128 elements out; the combine's default back
-    "fp8_bf16": dict(dispatch_dtype=FP8, combine_dtype="bfloat16"),
-    "replicas": dict(slots_per_device=SPARE),
-    "expert_data_parallel": dict(expert_data_parallel=True),
+  # Routers: how a token chooses its experts.
+  "switch": dict(routing="topk", top_k=1),  # Switch Transformer: top-1 softmax
+  "gshard": dict(routing="topk", top_k=2),  # GShard: top-2 softmax
+  "smile": dict(routing="bilevel", num_nodes=NODES, node_top_k=1),  # SMILE: one node, then its experts
+  "node_limited": dict(routing="node_limited", num_nodes=NODES),  # DeepSeek-V3's: experts on few nodes only
+  # DeepSeek-V3's affinities: sigmoids normalised over the chosen experts, times its 2.5.
+  "deepseek_v3": dict(routing="topk", score="sigmoid", routed_scaling=2.5, renormalize=True),
+  # Exchanges: how the rows reach the experts' devices.
+  "flat": dict(path="flat", collective="auto"),  # one hop over every device
+  "ragged": dict(path="flat", collective="ragged"),
+  "gpu_first": dict(path="gpu_first", collective="auto"),  # over 'gpu' to the node's peer, then over 'node'
+  "node_first": dict(path="node_first", collective="auto"),  # over 'node' to the expert's node, then over 'gpu'
+  # GShard's dense dispatch: a block per peer, capacity_factor bounding the rows per expert
+  "capacity": dict(path="flat", collective="capacity"),
+  # What runs on an exchange: overlap schedules (Comet), expert sharding (Parm), the wire, replicas (Lina, EPLB),
+  # expert data parallelism.
+  "chunked": dict(schedule="chunked"),
+  "comet": dict(schedule="comet"),
+  "esp_baseline": dict(esp_schedule="baseline"),
+  "s1": dict(esp_schedule="s1"),
+  "s2": dict(esp_schedule="s2"),
+  "fp8": dict(dispatch_dtype=FP8),  # e4m3 with a float32 scale per 128 elements out; the combine's default back
+  "fp8_bf16": dict(dispatch_dtype=FP8, combine_dtype="bfloat16"),
+  "replicas": dict(slots_per_device=SPARE),
+  "expert_data_parallel": dict(expert_data_parallel=True),
 }
 
 
@@ -52,8 +52,10 @@ def names(scheme: str) -> list[str]:
   parts = scheme.removesuffix(NODEDUP).split("+")
   unknown = [p for p in parts if p not in SCHEMES]
   if unknown:
-    raise ValueError(f"unknown scheme {unknown[0]!r} in {scheme!r}; schemes join names of {sorted(SCHEMES)} "
-                     f"with '+', optionally ending in {NODEDUP!r}")
+    raise ValueError(
+      f"unknown scheme {unknown[0]!r} in {scheme!r}; schemes join names of {sorted(SCHEMES)} "
+      f"with '+', optionally ending in {NODEDUP!r}"
+    )
   return parts
 
 

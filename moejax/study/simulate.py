@@ -22,9 +22,11 @@ def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
   processes, where the leader runs the small runs alone)."""
   cpus = jax.local_devices(backend="cpu")
   if len(cpus) < n * m:
-    raise mesh_lib.MeshError(f"mesh {n}x{m} needs {n * m} CPU devices, this process has {len(cpus)}; call "
-                             f"moejax.runtime.mesh.simulate_cpu_devices({n * m}) before any JAX computation")
-  return mesh_lib.make_mesh(n, m, devices=cpus[:n * m])
+    raise mesh_lib.MeshError(
+      f"mesh {n}x{m} needs {n * m} CPU devices, this process has {len(cpus)}; call "
+      f"moejax.runtime.mesh.simulate_cpu_devices({n * m}) before any JAX computation"
+    )
+  return mesh_lib.make_mesh(n, m, devices=cpus[: n * m])
 
 
 def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
@@ -44,8 +46,10 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
   mesh = cpu_mesh(n, m)
   start = time.perf_counter()
   params = layer_params(cfg, mesh, config.sim.seed, jnp.float32, config.sim.balanced_router)
-  batches = [random_tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
-             for b in range(config.sim.batches)]
+  batches = [
+    random_tokens(mesh, n * m * config.sim.tokens_per_gpu, cfg.d_model, config.sim.seed + 1 + b, jnp.float32)
+    for b in range(config.sim.batches)
+  ]
   apply = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, batches[0]).compile(COMPILER_OPTIONS)
   traffic, counts, dropped = 0, 0, 0
   for x in batches:
@@ -53,6 +57,10 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
     traffic = traffic + np.asarray(aux["traffic_rows"], np.int64)
     counts = counts + np.asarray(aux["expert_counts"], np.int64)
     dropped += int(aux["tokens_dropped"])
-  return {"traffic_rows": traffic.tolist(), "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(),
-          "dropped": dropped, "tokens_per_gpu": config.sim.batches * config.sim.tokens_per_gpu,
-          "seconds": time.perf_counter() - start}
+  return {
+    "traffic_rows": traffic.tolist(),
+    "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(),
+    "dropped": dropped,
+    "tokens_per_gpu": config.sim.batches * config.sim.tokens_per_gpu,
+    "seconds": time.perf_counter() - start,
+  }

@@ -32,8 +32,11 @@ def measured_points(config, points) -> list:
   """The points also timed on this job's devices of measure.platform (`hosts.mesh_devices`), of the models in
   measure.models (all if empty), labelled 'measured'."""
   models = tuple(config.measure.models) or tuple(config.models)
-  return [dataclasses.replace(p, label="measured") for p in points
-          if p.model in models and hosts.mesh_devices(p.nodes, p.gpus_per_node, config.measure.platform)]
+  return [
+    dataclasses.replace(p, label="measured")
+    for p in points
+    if p.model in models and hosts.mesh_devices(p.nodes, p.gpus_per_node, config.measure.platform)
+  ]
 
 
 def run(config, workdir: str) -> tuple[list[dict], dict]:
@@ -59,7 +62,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   done, sims = (load_jsonl(points_path), load_jsonl(sims_path)) if leader else ({}, {})
   keys = [point_key(point, config) for point in points]
   stored = [key in done for key in keys]
-  skip = hosts.agree(stored[:len(measured)]) + stored[len(measured):]
+  skip = hosts.agree(stored[: len(measured)]) + stored[len(measured) :]
   rows, counts, measured_layers = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}
   progress = Progress(skip.count(False))
   for i, (point, key, skipped) in enumerate(zip(points, keys, skip), 1):
@@ -75,8 +78,9 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       row = measure(point, config, measured_layers, devices) if hosts.takes_part(devices) else None
       hosts.barrier(key)  # no host starts the next point's programs while this one is timed
     else:
-      row = model_row(point, config, price_point_layer(_small_run(point, config, sims, sims_path, counts), point,
-                                                       config))
+      row = model_row(
+        point, config, price_point_layer(_small_run(point, config, sims, sims_path, counts), point, config)
+      )
     counts["computed"] += 1
     if not leader:
       logging.info("%s", progress.step(f"{where}: timed with the leader"))
@@ -86,8 +90,9 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       append(f, row)
     rows.append(row)
     throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
-    logging.info("%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} "
-                                     f"({time.perf_counter() - start:.1f} s)"))
+    logging.info(
+      "%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} ({time.perf_counter() - start:.1f} s)")
+    )
   return rows, counts
 
 

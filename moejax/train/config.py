@@ -17,17 +17,31 @@ from moejax.train import objective, optim
 from moejax.validation import is_int, reject_unknown, require
 
 SECTIONS = {
-    "mesh": ("nodes", "gpus_per_node"),
-    "data": corpus_lib.CONFIG_FIELDS,
-    "optim": optim.CONFIG_FIELDS,
-    "checkpoint": checkpoint_lib.CONFIG_FIELDS,
-    "log": metrics_lib.CONFIG_FIELDS,
+  "mesh": ("nodes", "gpus_per_node"),
+  "data": corpus_lib.CONFIG_FIELDS,
+  "optim": optim.CONFIG_FIELDS,
+  "checkpoint": checkpoint_lib.CONFIG_FIELDS,
+  "log": metrics_lib.CONFIG_FIELDS,
 }
 # loss_chunk: vocabulary columns per chunk of the loss (`objective.head_cross_entropy_sums`; absent: LOSS_CHUNK).
 # pipeline: pipeline parallelism (`moejax.pipeline.section`; absent: none).
 OPTIONAL = ("init_from", "loss_chunk", "pipeline", *presets.CONFIG_FIELDS)
-TOP_LEVEL = ("seed", "steps", "batch_size", "micro_batches", "seq_len", "on_overflow", "mesh", "model", "moe",
-             "data", "optim", "checkpoint", "log", *OPTIONAL)
+TOP_LEVEL = (
+  "seed",
+  "steps",
+  "batch_size",
+  "micro_batches",
+  "seq_len",
+  "on_overflow",
+  "mesh",
+  "model",
+  "moe",
+  "data",
+  "optim",
+  "checkpoint",
+  "log",
+  *OPTIONAL,
+)
 OPTIONAL_SECTIONS = {"pipeline": pipeline_section.CONFIG_FIELDS}
 REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)
 OVERFLOW_POLICIES = ("retry", "drop")
@@ -58,28 +72,56 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
 
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   require(is_int(config.steps), "steps", config.steps, "a positive int")
-  require(is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len, "seq_len", config.seq_len,
-          f"an int in [2, model.max_len={model_cfg.max_len}]")
+  require(
+    is_int(config.seq_len, 2) and config.seq_len <= model_cfg.max_len,
+    "seq_len",
+    config.seq_len,
+    f"an int in [2, model.max_len={model_cfg.max_len}]",
+  )
   init_from = config.get("init_from") or ""
-  require(isinstance(init_from, str) and (not init_from or os.path.isfile(os.path.join(init_from, "config.json"))),
-          "init_from", init_from, "'' or a local Hugging Face checkpoint directory (with config.json)")
-  require(not init_from or isinstance(model_cfg, DecoderConfig), "init_from", init_from,
-          "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)")
+  require(
+    isinstance(init_from, str) and (not init_from or os.path.isfile(os.path.join(init_from, "config.json"))),
+    "init_from",
+    init_from,
+    "'' or a local Hugging Face checkpoint directory (with config.json)",
+  )
+  require(
+    not init_from or isinstance(model_cfg, DecoderConfig),
+    "init_from",
+    init_from,
+    "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)",
+  )
   # A tokenizer trained here would give ids the checkpoint's embeddings never saw.
-  require(not init_from or config.data.tokenizer_model, "data.tokenizer_model", config.data.tokenizer_model,
-          f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
-          "and a tokenizer trained on the corpus would not match its embeddings")
+  require(
+    not init_from or config.data.tokenizer_model,
+    "data.tokenizer_model",
+    config.data.tokenizer_model,
+    f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
+    "and a tokenizer trained on the corpus would not match its embeddings",
+  )
   loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
-  require(is_int(loss_chunk, 0), "loss_chunk", loss_chunk,
-          "an int >= 0 (vocabulary columns per chunk of the loss; 0: the logits at once)")
+  require(
+    is_int(loss_chunk, 0),
+    "loss_chunk",
+    loss_chunk,
+    "an int >= 0 (vocabulary columns per chunk of the loss; 0: the logits at once)",
+  )
   require(config.on_overflow in OVERFLOW_POLICIES, "on_overflow", config.on_overflow, f"one of {OVERFLOW_POLICIES}")
   require(is_int(config.micro_batches), "micro_batches", config.micro_batches, "a positive int")
-  require(is_int(config.batch_size) and config.batch_size % config.micro_batches == 0, "batch_size",
-          config.batch_size, f"a positive multiple of micro_batches={config.micro_batches}")
+  require(
+    is_int(config.batch_size) and config.batch_size % config.micro_batches == 0,
+    "batch_size",
+    config.batch_size,
+    f"a positive multiple of micro_batches={config.micro_batches}",
+  )
   rows = config.batch_size // config.micro_batches
   devices = config.mesh.nodes * config.mesh.gpus_per_node
-  require(rows % devices == 0, "batch_size", config.batch_size,
-          f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}")
+  require(
+    rows % devices == 0,
+    "batch_size",
+    config.batch_size,
+    f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}",
+  )
 
   corpus_lib.validate_config(config.data, prefix="data.", rows=rows)
   optim.validate_config(config.optim, prefix="optim.")

@@ -23,8 +23,12 @@ KEY = 1234  # the MLM masks' key: batch i is masked with fold_in(key(KEY), i)
 
 def check(config) -> None:
   """Refuses log.eval_every > 0 with nothing held out (data.heldout_every 0)."""
-  require(config.log.eval_every == 0 or config.data.heldout_every > 0, "log.eval_every", config.log.eval_every,
-          "0 while data.heldout_every is 0 (nothing is held out to evaluate on)")
+  require(
+    config.log.eval_every == 0 or config.data.heldout_every > 0,
+    "log.eval_every",
+    config.log.eval_every,
+    "0 while data.heldout_every is 0 (nothing is held out to evaluate on)",
+  )
 
 
 def batches(config, files: list[str], tok) -> tuple[np.ndarray, float]:
@@ -32,12 +36,16 @@ def batches(config, files: list[str], tok) -> tuple[np.ndarray, float]:
   ordinary tokens: the loss of predicting each by its frequency alone); ConfigError when the split holds fewer."""
   rows = config.batch_size // config.micro_batches
   try:
-    tokens = pipeline_lib.heldout_tokens(files, tok, config.data.heldout_every, config.log.eval_batches, rows,
-                                       config.seq_len)
+    tokens = pipeline_lib.heldout_tokens(
+      files, tok, config.data.heldout_every, config.log.eval_batches, rows, config.seq_len
+    )
   except ValueError as e:
-    raise ConfigError(f"{e}: lower log.eval_batches or data.heldout_every", "log.eval_batches",
-                      config.log.eval_batches) from e
-  counts = np.bincount(tokens.ravel(), minlength=tok.num_ids)[tok.first_ordinary:tok.first_ordinary + tok.num_ordinary]
+    raise ConfigError(
+      f"{e}: lower log.eval_batches or data.heldout_every", "log.eval_batches", config.log.eval_batches
+    ) from e
+  counts = np.bincount(tokens.ravel(), minlength=tok.num_ids)[
+    tok.first_ordinary : tok.first_ordinary + tok.num_ordinary
+  ]
   return tokens, metrics_lib.unigram_entropy(counts)
 
 
@@ -53,8 +61,9 @@ def mean_loss(forward, targets, tokens_KxBxS: jax.Array) -> jax.Array:
   positions, targets, weights), the training objective's."""
 
   def batch(i, tokens_BxS):
-    inputs_BxS, positions_BxP, targets_BxP, weights_BxP = targets(jax.random.fold_in(jax.random.key(KEY), i),
-                                                                  tokens_BxS)
+    inputs_BxS, positions_BxP, targets_BxP, weights_BxP = targets(
+      jax.random.fold_in(jax.random.key(KEY), i), tokens_BxS
+    )
     loss_sum, _ = objective.cross_entropy_sums(forward(inputs_BxS, positions_BxP), targets_BxP, weights_BxP)
     return loss_sum, jnp.sum(weights_BxP)
 

@@ -42,14 +42,15 @@ def global_tokens(sharding, local: np.ndarray, global_shape) -> jax.Array:
 def local_data_state(saved: list[list[int]], shards: int) -> list[dict]:
   require(len(saved) == shards, "data.shards", shards, f"{len(saved)}, as in the checkpoint")
   per_process = shards // jax.process_count()
-  mine = saved[jax.process_index() * per_process:(jax.process_index() + 1) * per_process]
+  mine = saved[jax.process_index() * per_process : (jax.process_index() + 1) * per_process]
   return [dict(zip(data_lib.STATE_FIELDS, s)) for s in mine]
 
 
 def _compile(trainer, state, rest, global_shape, say):
   start = time.perf_counter()
-  step_fn = trainer.step.lower(state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32,
-                                                                   sharding=trainer.batch_sharding)).compile()
+  step_fn = trainer.step.lower(
+    state, rest, jax.ShapeDtypeStruct(global_shape, jnp.int32, sharding=trainer.batch_sharding)
+  ).compile()
   seconds = time.perf_counter() - start
   say(f"compiled the train step in {seconds:.1f} s")
   return step_fn, seconds
@@ -67,8 +68,9 @@ def restored_host_state(saved, shards: int) -> tuple[list[dict], list]:
   return local_data_state(saved["data"], shards), saved["replan_window"]
 
 
-def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool,
-        replan_window: list | tuple = ()) -> tuple[float, np.ndarray, list]:
+def run(
+  config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool, replan_window: list | tuple = ()
+) -> tuple[float, np.ndarray, list]:
   """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
   of every token id this process fed, for the unigram baseline, and the overflow retries as
   (step, new buffer_factor) pairs). With `retry`, a step whose receive buffers overflowed is run
@@ -90,8 +92,9 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
   if tables is not None and trainer.moe_cfg.replan_every > 0:
     nodes, gpus = mesh_lib.axis_sizes(trainer.mesh)
     holders = trainer.moe_cfg.expert_holders(nodes, gpus)  # the slot tables' rows
-    replanner = replan_lib.Replanner(trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window,
-                                     nodes, holders // nodes, tables.shape[-1])
+    replanner = replan_lib.Replanner(
+      trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window, nodes, holders // nodes, tables.shape[-1]
+    )
     replanner.restore(replan_window)
 
   def finish(step, metrics, tables):
@@ -100,8 +103,9 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
     nonlocal last_done
     metrics = jax.device_get(metrics)
     now = time.perf_counter()
-    record = metrics_lib.step_record(step, metrics, now - last_done, config.batch_size * config.seq_len,
-                                     slot_tables=tables)
+    record = metrics_lib.step_record(
+      step, metrics, now - last_done, config.batch_size * config.seq_len, slot_tables=tables
+    )
     last_done = now
     new_tables = None
     if replanner is not None:
@@ -126,18 +130,20 @@ def run(config, trainer, state, rest, start: int, batches, ckpt, writer, say, re
     return (state, metrics), int(np.sum(jax.device_get(metrics["tokens_overflowed"]))) if retry else 0
 
   def on_retry(step, overflowed, moe_cfg):
-    say(f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
-        f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {moe_cfg.buffer_factor:g}")
+    say(
+      f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
+      f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {moe_cfg.buffer_factor:g}"
+    )
     retries.append((step, moe_cfg.buffer_factor))
 
   pending = None
   for step in range(start + 1, config.steps + 1):
     local = next(batches)
-    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[:trainer.tok.num_ids]
+    counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[: trainer.tok.num_ids]
     tokens = global_tokens(trainer.batch_sharding, local, global_shape)
     (state, metrics), _ = overflow_lib.until_no_overflow(
-        functools.partial(attempt, before=state, tokens=tokens), trainer.moe_cfg,
-        functools.partial(on_retry, step))
+      functools.partial(attempt, before=state, tokens=tokens), trainer.moe_cfg, functools.partial(on_retry, step)
+    )
     if pending is not None:  # fetch the previous step's metrics while this one runs
       finish(*pending)
     pending = (step, metrics, tables)

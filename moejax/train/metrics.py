@@ -27,8 +27,7 @@ from moejax.study.progress import duration
 from moejax.train import replan as replan_lib
 from moejax.validation import is_int, require
 
-SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s",
-           "tokens_per_s")
+SCALARS = ("loss", "task_loss", "accuracy", "aux_loss", "grad_norm", "learning_rate", "step_time_s", "tokens_per_s")
 CONFIG_FIELDS = ("every_steps", "tensorboard", "eval_every", "eval_batches")
 BUSIEST = ("busiest_load", "busiest_load_unreplicated")  # with replication: per MoE layer
 
@@ -49,8 +48,12 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_
   dropped_M = np.asarray(metrics["tokens_dropped"], np.float64)
   overflowed_M = np.asarray(metrics["tokens_overflowed"], np.float64)
   total_M = counts_MxE.sum(axis=1) + dropped_M + overflowed_M  # every token-choice of each MoE layer
-  record = {"step": step, **{k: float(metrics[k]) for k in SCALARS[:6]}, "step_time_s": step_time_s,
-            "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0}
+  record = {
+    "step": step,
+    **{k: float(metrics[k]) for k in SCALARS[:6]},
+    "step_time_s": step_time_s,
+    "tokens_per_s": tokens / step_time_s if step_time_s > 0 else 0.0,
+  }
   record["expert_load"] = (counts_MxE / np.maximum(total_M, 1)[:, None]).round(5).tolist()
   record["drop_rate"] = (dropped_M / np.maximum(total_M, 1)).round(6).tolist()  # by capacity
   record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
@@ -102,8 +105,16 @@ class MetricWriter:
   Does nothing when not `enabled` (processes other than the first).
   """
 
-  def __init__(self, workdir: str, start_step: int, *, tensorboard: bool = True, enabled: bool = True,
-               total_steps: int | None = None, heldout_unigram_entropy: float | None = None):
+  def __init__(
+    self,
+    workdir: str,
+    start_step: int,
+    *,
+    tensorboard: bool = True,
+    enabled: bool = True,
+    total_steps: int | None = None,
+    heldout_unigram_entropy: float | None = None,
+  ):
     self.enabled, self.total_steps, self.baseline = enabled, total_steps, heldout_unigram_entropy
     self.first = None  # (the first step written, when it started)
     if not enabled:
@@ -176,13 +187,14 @@ def report_line(record: dict, total_steps: int) -> str:
   if "heldout_loss" in record:
     unigram = record.get("heldout_unigram_entropy")
     balance += f"held-out {record['heldout_loss']:.4f}" + (f" (unigram {unigram:.4f})  " if unigram else "  ")
-  progress = (f"  {record['steps_per_s']:.2f} steps/s  ETA {duration(record['eta_s'])}" if "eta_s" in record
-              else "")
-  return (f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
-          f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
-          f"overflow {overflow:.2f}%  {balance}"
-          f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
-          f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step{progress}")
+  progress = f"  {record['steps_per_s']:.2f} steps/s  ETA {duration(record['eta_s'])}" if "eta_s" in record else ""
+  return (
+    f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
+    f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
+    f"overflow {overflow:.2f}%  {balance}"
+    f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
+    f"{record['tokens_per_s']:,.0f} tok/s  {1e3 * record['step_time_s']:.1f} ms/step{progress}"
+  )
 
 
 def summarize(records: list[dict], **extra) -> dict:
@@ -192,18 +204,20 @@ def summarize(records: list[dict], **extra) -> dict:
   heldout = [r for r in records if "heldout_loss" in r]
   times = [r["step_time_s"] for r in records[1:]] or [r["step_time_s"] for r in records]
   return {
-      "steps": len(records),
-      "first_task_loss": records[0]["task_loss"] if records else None,
-      "final_task_loss": float(np.mean([r["task_loss"] for r in window])) if window else None,
-      "final_accuracy": float(np.mean([r["accuracy"] for r in window])) if window else None,
-      "best_task_loss": min((r["task_loss"] for r in records), default=None),
-      "final_heldout_loss": heldout[-1]["heldout_loss"] if heldout else None,
-      "median_step_time_s": float(np.median(times)) if times else None,
-      "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records]))
-                             if records else None,
-      **{f"mean_{name}": float(np.mean([r[name] for r in records])) for name in (*BUSIEST, "busiest_expert_load")
-         if records and all(name in r for r in records)},
-      **extra,
+    "steps": len(records),
+    "first_task_loss": records[0]["task_loss"] if records else None,
+    "final_task_loss": float(np.mean([r["task_loss"] for r in window])) if window else None,
+    "final_accuracy": float(np.mean([r["accuracy"] for r in window])) if window else None,
+    "best_task_loss": min((r["task_loss"] for r in records), default=None),
+    "final_heldout_loss": heldout[-1]["heldout_loss"] if heldout else None,
+    "median_step_time_s": float(np.median(times)) if times else None,
+    "median_tokens_per_s": float(np.median([r["tokens_per_s"] for r in records[1:] or records])) if records else None,
+    **{
+      f"mean_{name}": float(np.mean([r[name] for r in records]))
+      for name in (*BUSIEST, "busiest_expert_load")
+      if records and all(name in r for r in records)
+    },
+    **extra,
   }
 
 
@@ -217,9 +231,12 @@ def baseline_line(summary: dict) -> str:
   """The final losses against the data's unigram entropy (summary's unigram_entropy: the tokens trained on), the
   loss of a model that ignores context."""
   heldout = summary.get("final_heldout_loss")
-  return (f"final task loss {summary['final_task_loss']:.4f}" + (f", held-out {heldout:.4f}" if heldout else "")
-          + f"; the data's unigram entropy {summary['unigram_entropy']:.4f} nats is the baseline a model must beat "
-          "(the loss of predicting every token by its frequency alone)")
+  return (
+    f"final task loss {summary['final_task_loss']:.4f}"
+    + (f", held-out {heldout:.4f}" if heldout else "")
+    + f"; the data's unigram entropy {summary['unigram_entropy']:.4f} nats is the baseline a model must beat "
+    "(the loss of predicting every token by its frequency alone)"
+  )
 
 
 def unigram_entropy(counts: np.ndarray) -> float:

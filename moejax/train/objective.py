@@ -44,8 +44,15 @@ def num_predictions(seq_len: int, mask_prob: float = MASK_PROB) -> int:
   return max(1, round(mask_prob * seq_len))
 
 
-def bert_mask(key: jax.Array, tokens_BxS: jax.Array, *, mask_id: int, first_ordinary: int, num_ordinary: int,
-              mask_prob: float = MASK_PROB) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+def bert_mask(
+  key: jax.Array,
+  tokens_BxS: jax.Array,
+  *,
+  mask_id: int,
+  first_ordinary: int,
+  num_ordinary: int,
+  mask_prob: float = MASK_PROB,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
   """BERT's masking: P = round(mask_prob * S) positions per sequence, drawn uniformly among its
   ordinary tokens (ids in [first_ordinary, first_ordinary + num_ordinary); never padding or
   separators). A chosen token becomes mask_id with probability 0.8, a uniformly random ordinary
@@ -63,8 +70,9 @@ def bert_mask(key: jax.Array, tokens_BxS: jax.Array, *, mask_id: int, first_ordi
   weights_BxP = (scores_BxP >= 0).astype(jnp.float32)
   targets_BxP = jnp.take_along_axis(tokens_BxS, positions_BxP, axis=1)
   action_BxP = jax.random.uniform(action_key, (b, predictions))
-  random_BxP = jax.random.randint(random_key, (b, predictions), first_ordinary,
-                                  first_ordinary + num_ordinary, tokens_BxS.dtype)
+  random_BxP = jax.random.randint(
+    random_key, (b, predictions), first_ordinary, first_ordinary + num_ordinary, tokens_BxS.dtype
+  )
   replaced_BxP = jnp.where(action_BxP < 0.8, mask_id, jnp.where(action_BxP < 0.9, random_BxP, targets_BxP))
   replaced_BxP = jnp.where(weights_BxP > 0, replaced_BxP, targets_BxP)
   rows_Bx1 = jnp.arange(b)[:, None]
@@ -80,8 +88,9 @@ def next_token(tokens_BxS: jax.Array, *, pad_id: int) -> tuple[jax.Array, None, 
   return tokens_BxS, None, targets_BxS, weights_BxS
 
 
-def cross_entropy_sums(logits_BxPxV: jax.Array, targets_BxP: jax.Array,
-                       weights_BxP: jax.Array) -> tuple[jax.Array, jax.Array]:
+def cross_entropy_sums(
+  logits_BxPxV: jax.Array, targets_BxP: jax.Array, weights_BxP: jax.Array
+) -> tuple[jax.Array, jax.Array]:
   """(sum of weighted cross-entropy, weighted count of correct argmax predictions), both fp32."""
   logits_BxPxV = logits_BxPxV.astype(jnp.float32)
   log_z_BxP = jax.nn.logsumexp(logits_BxPxV, axis=-1)
@@ -104,8 +113,14 @@ def output_logits(h_BxPxD: jax.Array, kernel_DxV: jax.Array, bias_V: jax.Array |
   return logits if bias_V is None else logits + bias_V
 
 
-def head_cross_entropy_sums(h_BxPxD: jax.Array, kernel_DxV: jax.Array, bias_V: jax.Array | None,
-                            targets_BxP: jax.Array, weights_BxP: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array]:
+def head_cross_entropy_sums(
+  h_BxPxD: jax.Array,
+  kernel_DxV: jax.Array,
+  bias_V: jax.Array | None,
+  targets_BxP: jax.Array,
+  weights_BxP: jax.Array,
+  chunk: int,
+) -> tuple[jax.Array, jax.Array]:
   """`cross_entropy_sums` of the logits `output_logits(h, kernel, bias)`, computed `chunk` vocabulary columns at a time
   (0, or a chunk as wide as V: at once). Any chunk width works: the last chunk is shifted back to end at column V and
   its columns already counted are masked. Gradients (h, kernel, bias and weights) equal the unchunked ones."""
@@ -174,18 +189,24 @@ def _chunked_backward(chunk, saved, cotangents):
     hit_BxPxC = (cols_C == targets_BxP[..., None]) & new_C
     dlogits_BxPxC = (probs_BxPxC - hit_BxPxC) * scale_BxP[..., None]
     kernel_DxC = jax.lax.dynamic_slice_in_dim(kernel_DxV, start, chunk, axis=1)
-    dh_BxPxD += jnp.einsum("bpc,dc->bpd", dlogits_BxPxC.astype(kernel_DxC.dtype), kernel_DxC,
-                           preferred_element_type=jnp.float32)
-    dkernel_DxC = jnp.einsum("bpd,bpc->dc", h_BxPxD, dlogits_BxPxC.astype(h_BxPxD.dtype),
-                             preferred_element_type=jnp.float32)
+    dh_BxPxD += jnp.einsum(
+      "bpc,dc->bpd", dlogits_BxPxC.astype(kernel_DxC.dtype), kernel_DxC, preferred_element_type=jnp.float32
+    )
+    dkernel_DxC = jnp.einsum(
+      "bpd,bpc->dc", h_BxPxD, dlogits_BxPxC.astype(h_BxPxD.dtype), preferred_element_type=jnp.float32
+    )
     # Columns an earlier chunk wrote get + 0 (their d logits are 0): the sum is exact in any dtype.
     add = lambda total, part: jax.lax.dynamic_update_slice_in_dim(
-        total, jax.lax.dynamic_slice_in_dim(total, start, chunk, -1) + part.astype(total.dtype), start, -1)
+      total, jax.lax.dynamic_slice_in_dim(total, start, chunk, -1) + part.astype(total.dtype), start, -1
+    )
     dbias_V = None if bias_V is None else add(dbias_V, jnp.sum(dlogits_BxPxC, axis=(0, 1)))
     return (dh_BxPxD, add(dkernel_DxV, dkernel_DxC), dbias_V), None
 
-  init = (jnp.zeros(h_BxPxD.shape, jnp.float32), jnp.zeros_like(kernel_DxV),
-          None if bias_V is None else jnp.zeros_like(bias_V))
+  init = (
+    jnp.zeros(h_BxPxD.shape, jnp.float32),
+    jnp.zeros_like(kernel_DxV),
+    None if bias_V is None else jnp.zeros_like(bias_V),
+  )
   (dh_BxPxD, dkernel_DxV, dbias_V), _ = jax.lax.scan(body, init, jnp.arange(_num_chunks(chunk, kernel_DxV)))
   dweights_BxP = loss_BxP * d_loss + correct_BxP * d_correct
   return dh_BxPxD.astype(h_BxPxD.dtype), dkernel_DxV, dbias_V, None, dweights_BxP
@@ -202,19 +223,31 @@ def _mean_over_modules(loss_sum_of, num_modules: int, targets_BxS: jax.Array, we
   losses = []
   for k in range(num_modules):
     targets = jnp.roll(targets_BxS, -(k + 1), axis=1)
-    weights = jnp.roll(weights_BxS, -(k + 1), axis=1).at[:, targets_BxS.shape[1] - k - 1:].set(0.0)
+    weights = jnp.roll(weights_BxS, -(k + 1), axis=1).at[:, targets_BxS.shape[1] - k - 1 :].set(0.0)
     losses.append(loss_sum_of(k, targets, weights) / jnp.maximum(jnp.sum(weights), 1.0))
   return jnp.mean(jnp.stack(losses))
 
 
 def multi_token_loss(mtp_logits_KxBxSxV: jax.Array, targets_BxS: jax.Array, weights_BxS: jax.Array) -> jax.Array:
   """The MTP loss (`_mean_over_modules`) of the K modules' logits [K, B, S, V]."""
-  return _mean_over_modules(lambda k, t, w: cross_entropy_sums(mtp_logits_KxBxSxV[k], t, w)[0],
-                            mtp_logits_KxBxSxV.shape[0], targets_BxS, weights_BxS)
+  return _mean_over_modules(
+    lambda k, t, w: cross_entropy_sums(mtp_logits_KxBxSxV[k], t, w)[0],
+    mtp_logits_KxBxSxV.shape[0],
+    targets_BxS,
+    weights_BxS,
+  )
 
 
-def model_loss_sums(model, inputs_BxS: jax.Array, positions_BxP: jax.Array | None, targets_BxP: jax.Array,
-                    weights_BxP: jax.Array, *, chunk: int, rngs) -> tuple[jax.Array, jax.Array, dict]:
+def model_loss_sums(
+  model,
+  inputs_BxS: jax.Array,
+  positions_BxP: jax.Array | None,
+  targets_BxP: jax.Array,
+  weights_BxP: jax.Array,
+  *,
+  chunk: int,
+  rngs,
+) -> tuple[jax.Array, jax.Array, dict]:
   """A training forward of `model` (a `LanguageModel` or `Decoder`) and its loss, the output layer computed
   `chunk` vocabulary columns at a time (`head_cross_entropy_sums`): (weighted cross-entropy sum, weighted count of
   correct argmax predictions, the model's aux), and with MTP modules aux['mtp_loss'], their mean loss
@@ -226,6 +259,9 @@ def model_loss_sums(model, inputs_BxS: jax.Array, positions_BxP: jax.Array | Non
   if "mtp_features" in aux:
     h_KxBxSxD = aux.pop("mtp_features")
     aux["mtp_loss"] = _mean_over_modules(
-        lambda k, t, w: head_cross_entropy_sums(h_KxBxSxD[k], kernel_DxV, bias_V, t, w, chunk)[0],
-        h_KxBxSxD.shape[0], targets_BxP, weights_BxP)
+      lambda k, t, w: head_cross_entropy_sums(h_KxBxSxD[k], kernel_DxV, bias_V, t, w, chunk)[0],
+      h_KxBxSxD.shape[0],
+      targets_BxP,
+      weights_BxP,
+    )
   return loss_sum, correct, aux

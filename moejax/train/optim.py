@@ -23,8 +23,21 @@ DECAYS = ("linear", "cosine")
 NAMES = ("lamb", "adamw", "muon")
 MASTER_DTYPES = (None, "float32")
 MOMENT_DTYPES = (None, "float32", "bfloat16")
-CONFIG_FIELDS = ("name", "learning_rate", "warmup_steps", "decay", "decay_steps", "end_fraction", "b1", "b2", "eps",
-                 "weight_decay", "clip_norm", "master_dtype", "moment_dtype")
+CONFIG_FIELDS = (
+  "name",
+  "learning_rate",
+  "warmup_steps",
+  "decay",
+  "decay_steps",
+  "end_fraction",
+  "b1",
+  "b2",
+  "eps",
+  "weight_decay",
+  "clip_norm",
+  "master_dtype",
+  "moment_dtype",
+)
 # What a section that predates these fields means (today's optimizer): SMILE's LAMB on the parameters themselves.
 DEFAULTS = {"name": "lamb", "master_dtype": None, "moment_dtype": None}
 # Muon's update scaled to this RMS per matrix (Moonlight's and Kimi K2's match of AdamW's update RMS), so AdamW's
@@ -42,20 +55,31 @@ def validate_config(o, prefix: str = "") -> None:
   require(is_int(o.warmup_steps, 0), prefix + "warmup_steps", o.warmup_steps, "an int >= 0")
   require(o.decay in DECAYS, prefix + "decay", o.decay, f"one of {DECAYS}")
   require(is_int(o.decay_steps, 0), prefix + "decay_steps", o.decay_steps, "an int >= 0 (0: steps)")
-  require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, prefix + "end_fraction", o.end_fraction,
-          "in [0, 1]")
+  require(is_number(o.end_fraction) and 0 <= o.end_fraction <= 1, prefix + "end_fraction", o.end_fraction, "in [0, 1]")
   for name in ("b1", "b2"):
     require(is_number(o[name]) and 0 <= o[name] < 1, prefix + name, o[name], "in [0, 1)")
   for name in ("eps", "clip_norm"):
     require(is_number(o[name]) and o[name] > 0, prefix + name, o[name], "> 0")
   require(is_number(o.weight_decay) and o.weight_decay >= 0, prefix + "weight_decay", o.weight_decay, ">= 0")
   require(o.name in NAMES, prefix + "name", o.name, f"one of {NAMES}")
-  require(o.name != "muon" or has_muon(), prefix + "name", o.name,
-          f"'lamb' or 'adamw': 'muon' needs optax >= {MUON_OPTAX} (this is optax {optax.__version__})")
-  require(o.master_dtype in MASTER_DTYPES, prefix + "master_dtype", o.master_dtype,
-          "None (the parameters updated in their own dtype) or 'float32' (an fp32 master copy)")
-  require(o.moment_dtype in MOMENT_DTYPES, prefix + "moment_dtype", o.moment_dtype,
-          "None (the dtype of what is updated: the master or the parameters), 'float32' or 'bfloat16'")
+  require(
+    o.name != "muon" or has_muon(),
+    prefix + "name",
+    o.name,
+    f"'lamb' or 'adamw': 'muon' needs optax >= {MUON_OPTAX} (this is optax {optax.__version__})",
+  )
+  require(
+    o.master_dtype in MASTER_DTYPES,
+    prefix + "master_dtype",
+    o.master_dtype,
+    "None (the parameters updated in their own dtype) or 'float32' (an fp32 master copy)",
+  )
+  require(
+    o.moment_dtype in MOMENT_DTYPES,
+    prefix + "moment_dtype",
+    o.moment_dtype,
+    "None (the dtype of what is updated: the master or the parameters), 'float32' or 'bfloat16'",
+  )
 
 
 def has_muon() -> bool:
@@ -65,8 +89,9 @@ def has_muon() -> bool:
   return muon is not None and "consistent_rms" in inspect.signature(muon).parameters
 
 
-def warmup_then_decay(peak: float, warmup_steps: int, total_steps: int, decay: str = "linear",
-                      end_fraction: float = 0.0) -> optax.Schedule:
+def warmup_then_decay(
+  peak: float, warmup_steps: int, total_steps: int, decay: str = "linear", end_fraction: float = 0.0
+) -> optax.Schedule:
   """Linear warm-up over `warmup_steps` (the first update already uses peak / warmup_steps), then
   linear or cosine decay to `end_fraction * peak` at `total_steps`."""
 
@@ -106,16 +131,24 @@ def _decay_mask(params):
   return jax.tree.map(lambda p, lead: p.ndim - lead >= 2, params, sharding_lib.separate_axes(params))
 
 
-def lamb(learning_rate: optax.ScalarOrSchedule, separate, *, b1: float = 0.9, b2: float = 0.999,
-         eps: float = 1e-6, weight_decay: float = 0.01, clip_norm: float = 1.0,
-         mu_dtype=None) -> optax.GradientTransformation:
+def lamb(
+  learning_rate: optax.ScalarOrSchedule,
+  separate,
+  *,
+  b1: float = 0.9,
+  b2: float = 0.999,
+  eps: float = 1e-6,
+  weight_decay: float = 0.01,
+  clip_norm: float = 1.0,
+  mu_dtype=None,
+) -> optax.GradientTransformation:
   """Clip by global norm, then LAMB. Weight decay skips vectors (biases, LayerNorm), as in BERT."""
   return optax.chain(
-      optax.clip_by_global_norm(clip_norm),
-      optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
-      optax.add_decayed_weights(weight_decay, mask=_decay_mask),
-      scale_by_trust_ratio(separate),
-      optax.scale_by_learning_rate(learning_rate),
+    optax.clip_by_global_norm(clip_norm),
+    optax.scale_by_adam(b1=b1, b2=b2, eps=eps, mu_dtype=mu_dtype),
+    optax.add_decayed_weights(weight_decay, mask=_decay_mask),
+    scale_by_trust_ratio(separate),
+    optax.scale_by_learning_rate(learning_rate),
   )
 
 
@@ -145,19 +178,39 @@ def optimizer(o, learning_rate: optax.Schedule, params) -> optax.GradientTransfo
   name, master, moments = get("name"), get("master_dtype"), get("moment_dtype")
   mu_dtype = jnp.dtype(moments) if moments else None
   if name == "lamb":
-    tx = lamb(learning_rate, sharding_lib.separate_axes(params), b1=o.b1, b2=o.b2, eps=o.eps,
-              weight_decay=o.weight_decay, clip_norm=o.clip_norm, mu_dtype=mu_dtype)
+    tx = lamb(
+      learning_rate,
+      sharding_lib.separate_axes(params),
+      b1=o.b1,
+      b2=o.b2,
+      eps=o.eps,
+      weight_decay=o.weight_decay,
+      clip_norm=o.clip_norm,
+      mu_dtype=mu_dtype,
+    )
   elif name == "adamw":
-    tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.adamw(learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, mu_dtype=mu_dtype,
-                                 weight_decay=o.weight_decay, mask=_decay_mask))
+    tx = optax.chain(
+      optax.clip_by_global_norm(o.clip_norm),
+      optax.adamw(
+        learning_rate, b1=o.b1, b2=o.b2, eps=o.eps, mu_dtype=mu_dtype, weight_decay=o.weight_decay, mask=_decay_mask
+      ),
+    )
   else:
-    tx = optax.chain(optax.clip_by_global_norm(o.clip_norm),
-                     optax.contrib.muon(learning_rate, beta=o.b1, eps=o.eps, weight_decay=o.weight_decay,
-                                        mu_dtype=mu_dtype, adam_b1=o.b1, adam_b2=o.b2,
-                                        adam_weight_decay=o.weight_decay,
-                                        muon_weight_dimension_numbers=muon_dimensions(params),
-                                        consistent_rms=MUON_RMS))
+    tx = optax.chain(
+      optax.clip_by_global_norm(o.clip_norm),
+      optax.contrib.muon(
+        learning_rate,
+        beta=o.b1,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        mu_dtype=mu_dtype,
+        adam_b1=o.b1,
+        adam_b2=o.b2,
+        adam_weight_decay=o.weight_decay,
+        muon_weight_dimension_numbers=muon_dimensions(params),
+        consistent_rms=MUON_RMS,
+      ),
+    )
   if moments:
     tx = precision.moments_in(tx, jnp.dtype(moments))
   return precision.with_master(tx, jnp.dtype(master)) if master else tx

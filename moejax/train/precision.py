@@ -17,6 +17,7 @@ import optax
 class MasterState(NamedTuple):
   """`with_master`'s state: the master copy (a tree like the params, in the master dtype, sharded like them) and the
   wrapped optimizer's state."""
+
   master: optax.Params
   inner: optax.OptState
 

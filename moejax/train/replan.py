@@ -45,8 +45,9 @@ class Replanner:
   def plan(self) -> np.ndarray:
     """[M, A, Z] int32: each layer's table for the window's mean load (deterministic)."""
     mean_MxE = np.mean(np.stack(self.counts), axis=0)
-    return np.stack([rebalance_lib.rebalance(load_E, self.nodes, self.per_node, self.slots)
-                     for load_E in mean_MxE]).astype(np.int32)
+    return np.stack(
+      [rebalance_lib.rebalance(load_E, self.nodes, self.per_node, self.slots) for load_E in mean_MxE]
+    ).astype(np.int32)
 
   def state(self) -> list:
     """The window, for checkpoints (JSON)."""

@@ -30,8 +30,18 @@ from moejax import run_config
 from moejax.validation import ConfigError, require
 
 META = ("versions", "history")  # config.json's keys that are not config fields
-HARMLESS = ("steps", "log.every_steps", "log.tensorboard", "log.eval_every", "checkpoint.every_steps",
-            "checkpoint.keep", "checkpoint.use_async", "checkpoint.resume", "checkpoint.branch_dir", "data.prefetch")
+HARMLESS = (
+  "steps",
+  "log.every_steps",
+  "log.tensorboard",
+  "log.eval_every",
+  "checkpoint.every_steps",
+  "checkpoint.keep",
+  "checkpoint.use_async",
+  "checkpoint.resume",
+  "checkpoint.branch_dir",
+  "data.prefetch",
+)
 
 
 def versions() -> dict:
@@ -66,8 +76,12 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, say=print) -> tuple
   mode, branch_dir = config.checkpoint.resume, config.checkpoint.branch_dir
   if mode == "branch":
     if not has_checkpoints(branch_dir):
-      require(has_checkpoints(workdir), "checkpoint.resume", mode,
-              f"'same' or 'continue': {workdir} holds no checkpoint to branch from")
+      require(
+        has_checkpoints(workdir),
+        "checkpoint.resume",
+        mode,
+        f"'same' or 'continue': {workdir} holds no checkpoint to branch from",
+      )
       _copy_run(workdir, branch_dir, copy_cache=not config.data.cache_dir)
       say(f"branched {workdir} into {branch_dir}")
       return branch_dir, workdir
@@ -76,17 +90,22 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, say=print) -> tuple
     return workdir, None
   old = run_config.read(workdir)
   if old is None:
-    say(f"{workdir} holds checkpoints but no {run_config.CONFIG_FILE} (a run from before configs were kept): "
-        "resuming without comparing configs")
+    say(
+      f"{workdir} holds checkpoints but no {run_config.CONFIG_FILE} (a run from before configs were kept): "
+      "resuming without comparing configs"
+    )
     return workdir, None
   refused = {f: v for f, v in changes(old, config).items() if f not in HARMLESS}
   if refused and mode != "continue":
     listed = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in refused.items())
     raise ConfigError(
-        f"{workdir} holds a run whose config differs from this one: {listed}. Set --config.checkpoint.resume=continue "
-        f"to train on with this config (recorded in its {run_config.CONFIG_FILE}), --config.checkpoint.resume=branch "
-        "--config.checkpoint.branch_dir=DIR to continue a copy of the run in DIR, or use another --workdir",
-        "checkpoint.resume", mode, "'continue' or 'branch' to resume with a changed config")
+      f"{workdir} holds a run whose config differs from this one: {listed}. Set --config.checkpoint.resume=continue "
+      f"to train on with this config (recorded in its {run_config.CONFIG_FILE}), --config.checkpoint.resume=branch "
+      "--config.checkpoint.branch_dir=DIR to continue a copy of the run in DIR, or use another --workdir",
+      "checkpoint.resume",
+      mode,
+      "'continue' or 'branch' to resume with a changed config",
+    )
   return workdir, None
 
 
@@ -96,8 +115,9 @@ def _copy_run(source: str, target: str, copy_cache: bool) -> None:
   if jax.process_index() == 0:
     os.makedirs(target, exist_ok=True)
     skip = shutil.ignore_patterns("corrupt-*", "*.orbax-checkpoint-tmp-*")
-    shutil.copytree(os.path.join(source, "checkpoints"), os.path.join(target, "checkpoints"), ignore=skip,
-                    dirs_exist_ok=True)
+    shutil.copytree(
+      os.path.join(source, "checkpoints"), os.path.join(target, "checkpoints"), ignore=skip, dirs_exist_ok=True
+    )
     for name in ("metrics.jsonl", run_config.CONFIG_FILE):
       if os.path.exists(os.path.join(source, name)):
         shutil.copy2(os.path.join(source, name), os.path.join(target, name))
@@ -115,8 +135,12 @@ def record(config: ml_collections.ConfigDict, workdir: str, start: int, branched
   history = list((old or {}).get("history", []))
   changed = changes(old, config) if old is not None else {}
   if changed or branched_from:
-    entry = {"step": start, "resume": config.checkpoint.resume, "changed": changed,
-             "versions": (old or {}).get("versions")}
+    entry = {
+      "step": start,
+      "resume": config.checkpoint.resume,
+      "changed": changed,
+      "versions": (old or {}).get("versions"),
+    }
     history.append({**entry, "from": branched_from} if branched_from else entry)
   out = {**json.loads(run_config.dumps(config)), "versions": versions(), "history": history}
   path = os.path.join(workdir, run_config.CONFIG_FILE)

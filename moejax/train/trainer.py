@@ -54,27 +54,36 @@ from moejax.validation import require
 class Trainer:
   """The model's functional pieces on `mesh`: sharded state init, the jitted train step.
 
-  Of `config` it reads seed, steps, optim and data.mask_prob (and with moe.expert_backend 'auto', resolved here for
-  this mesh's devices, batch_size, micro_batches and seq_len); `tok` supplies the special ids.
+    Of `config` it reads seed, steps, optim and data.mask_prob (and with moe.expert_backend 'auto', resolved here for
+    this mesh's devices, batch_size, micro_batches and seq_len); `tok` supplies the special ids.
 
-  state: {'params', 'opt_state' (with optim.master_dtype a `precision.MasterState`: the master copy, sharded like
-the params, and the optimizer's state), 'step' (int32), 'rng' (uint32 key data)}, and with replication
-(moe.slots_per_device) 'slot_tables' [M, A, Z] int32, the MoE layers' slot tables: not optimised,
-replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
-and re-planned between steps by the loop (same shape, so the compiled step is reused); with
-auxiliary-loss-free balancing (moe.bias_update_rate = u > 0) 'expert_bias' [M, E] float32, the MoE
-layers' balancing biases (DeepSeek-V3 Sec. 2.1.2): not optimised (no gradient reaches them), replicated,
-checkpointed with the rest, written into each layer's `ExpertBias` in `rest` by the step and updated at
-the end of the step from the step's expert loads (`update_expert_bias`). Every array is placed by
-`state_shardings`, declared once here together with the batch sharding.
+    state: {'params', 'opt_state' (with optim.master_dtype a `precision.MasterState`: the master copy, sharded like
+  the params, and the optimizer's state), 'step' (int32), 'rng' (uint32 key data)}, and with replication
+  (moe.slots_per_device) 'slot_tables' [M, A, Z] int32, the MoE layers' slot tables: not optimised,
+  replicated, checkpointed with the rest, written into each layer's `SlotTable` in `rest` by the step
+  and re-planned between steps by the loop (same shape, so the compiled step is reused); with
+  auxiliary-loss-free balancing (moe.bias_update_rate = u > 0) 'expert_bias' [M, E] float32, the MoE
+  layers' balancing biases (DeepSeek-V3 Sec. 2.1.2): not optimised (no gradient reaches them), replicated,
+  checkpointed with the rest, written into each layer's `ExpertBias` in `rest` by the step and updated at
+  the end of the step from the step's expert loads (`update_expert_bias`). Every array is placed by
+  `state_shardings`, declared once here together with the batch sharding.
 
-  heldout: the step also returns metrics['heldout_loss'], the held-out loss of the state it produced on the steps
-log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `rest` as (rest, held-out tokens
-[K, B, S], sharded like a batch).
+    heldout: the step also returns metrics['heldout_loss'], the held-out loss of the state it produced on the steps
+  log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `rest` as (rest, held-out tokens
+  [K, B, S], sharded like a batch).
   """
 
-  def __init__(self, config, model_cfg: ModelConfig | DecoderConfig, moe_cfg: MoEConfig, mesh,
-               tok: tokenizer_lib.Tokenizer | objective.TokenIds, *, donate: bool = True, heldout: bool = False):
+  def __init__(
+    self,
+    config,
+    model_cfg: ModelConfig | DecoderConfig,
+    moe_cfg: MoEConfig,
+    mesh,
+    tok: tokenizer_lib.Tokenizer | objective.TokenIds,
+    *,
+    donate: bool = True,
+    heldout: bool = False,
+  ):
     if moe_cfg.expert_backend == "auto":  # the measured fastest for the tokens one layer call sees on these devices
       moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
@@ -87,21 +96,33 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
     if self.pipeline is not None:
       param_shardings = self.pipeline.shardings(param_shardings)
     # pipeline.schedule='two_batch': each micro-batch's halves through the layers interleaved (`moejax.pipeline.two_batch`).
-    self.model_loss_sums = (two_batch_lib.model_loss_sums if pipeline_section.two_batch(config)
-                            else objective.model_loss_sums)
+    self.model_loss_sums = (
+      two_batch_lib.model_loss_sums if pipeline_section.two_batch(config) else objective.model_loss_sums
+    )
     o = config.optim
-    self.learning_rate = optim.warmup_then_decay(o.learning_rate, o.warmup_steps, o.decay_steps or config.steps,
-                                                 o.decay, o.end_fraction)
+    self.learning_rate = optim.warmup_then_decay(
+      o.learning_rate, o.warmup_steps, o.decay_steps or config.steps, o.decay, o.end_fraction
+    )
     self.tx = optim.optimizer(o, self.learning_rate, abstract_params)
     self.replicated = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
     # Every params-like tree of the optimizer state (moments, the master copy) sharded like the params; Muon's masked
     # trees keep their MaskedNode stand-ins.
     masked = lambda x: isinstance(x, optax.MaskedNode)
-    opt_shardings = optax.tree_map_params(self.tx, lambda x, s: x if masked(x) else s, abstract_opt, param_shardings,
-                                          transform_non_params=lambda _: self.replicated, is_leaf=masked)
-    self.state_shardings = {"params": param_shardings, "opt_state": opt_shardings, "step": self.replicated,
-                            "rng": self.replicated}
+    opt_shardings = optax.tree_map_params(
+      self.tx,
+      lambda x, s: x if masked(x) else s,
+      abstract_opt,
+      param_shardings,
+      transform_non_params=lambda _: self.replicated,
+      is_leaf=masked,
+    )
+    self.state_shardings = {
+      "params": param_shardings,
+      "opt_state": opt_shardings,
+      "step": self.replicated,
+      "rng": self.replicated,
+    }
     abstract_tables = state_lib.slot_tables(model_cfg, abstract_rest)
     if abstract_tables is not None:
       self.state_shardings["slot_tables"] = self.replicated
@@ -112,33 +133,43 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
     self.batch_sharding = NamedSharding(mesh, P(None, AXES))  # tokens [micro_batches, rows, seq_len]
 
     def complete(params):
-      return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32),
-              "rng": jax.random.key_data(jax.random.key(config.seed + 1))}
+      return {
+        "params": params,
+        "opt_state": self.tx.init(params),
+        "step": jnp.zeros((), jnp.int32),
+        "rng": jax.random.key_data(jax.random.key(config.seed + 1)),
+      }
 
-    self._complete = jax.jit(complete, out_shardings={k: v for k, v in self.state_shardings.items()
-                                                      if k not in ("slot_tables", "expert_bias")})
+    self._complete = jax.jit(
+      complete, out_shardings={k: v for k, v in self.state_shardings.items() if k not in ("slot_tables", "expert_bias")}
+    )
     abstract_state = jax.eval_shape(complete, abstract_params)
     if abstract_tables is not None:
       abstract_state["slot_tables"] = abstract_tables
     if abstract_bias is not None:
       abstract_state["expert_bias"] = abstract_bias
-    self.abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                                       abstract_state, self.state_shardings)
+    self.abstract_state = jax.tree.map(
+      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, self.state_shardings
+    )
     rest_in = (self.rest_shardings, self.batch_sharding) if heldout else self.rest_shardings
-    self.step = jax.jit(self._step, in_shardings=(self.state_shardings, rest_in, self.batch_sharding),
-                        out_shardings=(self.state_shardings, self.replicated), donate_argnums=0 if donate else ())
+    self.step = jax.jit(
+      self._step,
+      in_shardings=(self.state_shardings, rest_in, self.batch_sharding),
+      out_shardings=(self.state_shardings, self.replicated),
+      donate_argnums=0 if donate else (),
+    )
 
   def with_moe(self, moe_cfg: MoEConfig) -> "Trainer":
     """The same trainer with another MoE layer config (same parameters and state layout)."""
-    return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate,
-                   heldout=self.heldout)
+    return Trainer(self.config, self.model_cfg, moe_cfg, self.mesh, self.tok, donate=self.donate, heldout=self.heldout)
 
   def init(self):
     """(state, rest): fresh sharded state (with config.init_from, the checkpoint's weights and balancing biases), and
     the model's non-parameter state (constant; the step takes the slot tables from the state)."""
     if self.config.get("init_from"):
-      _, params, rest = hf_checkpoint.load_state(self.config.init_from, self.model_cfg, self.moe_cfg, self.mesh,
-                                                 self.config.seed)
+      _, params, rest = hf_checkpoint.load_state(
+        self.config.init_from, self.model_cfg, self.moe_cfg, self.mesh, self.config.seed
+      )
     else:
       params, rest = state_lib.init_state(self.model_cfg, self.moe_cfg, self.mesh, self.config.seed)
     state = self._complete(params)
@@ -157,8 +188,14 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
   def targets(self, key, tokens_BxS):
     if self.model_cfg.causal:
       return objective.next_token(tokens_BxS, pad_id=self.tok.pad_id)
-    return objective.bert_mask(key, tokens_BxS, mask_id=self.tok.mask_id, first_ordinary=self.tok.first_ordinary,
-                               num_ordinary=self.tok.num_ordinary, mask_prob=self.config.data.mask_prob)
+    return objective.bert_mask(
+      key,
+      tokens_BxS,
+      mask_id=self.tok.mask_id,
+      first_ordinary=self.tok.first_ordinary,
+      num_ordinary=self.tok.num_ordinary,
+      mask_prob=self.config.data.mask_prob,
+    )
 
   def _step(self, state, rest, tokens_UxBxS):
     """One optimizer update from micro-batches tokens [A, B, S] -> (state, metrics)."""
@@ -182,9 +219,14 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
       dropout_key, jitter_key = jax.random.split(key)
       # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`objective`).
       loss_sum, correct, aux = self.model_loss_sums(
-          model, inputs_BxS, positions_BxP, targets_BxP, weights_BxP,
-          chunk=self.config.get("loss_chunk", objective.LOSS_CHUNK),
-          rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key))
+        model,
+        inputs_BxS,
+        positions_BxP,
+        targets_BxP,
+        weights_BxP,
+        chunk=self.config.get("loss_chunk", objective.LOSS_CHUNK),
+        rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key),
+      )
       loss = loss_sum / total + aux["aux_loss"] / num_micro
       if "mtp_loss" in aux:  # DeepSeek-V3's multi-token prediction: lambda x the modules' mean loss (Eq. 25)
         aux["mtp_loss"] /= num_micro
@@ -195,8 +237,9 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
       # balance_loss='global_batch': each micro-batch's loss sees the choice counts of the step's earlier ones
       # (the layers return them plus their own: the next micro-batch's input).
       grads, earlier_counts = carry
-      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(state["params"], earlier_counts,
-                                                                                 *micro)
+      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(
+        state["params"], earlier_counts, *micro
+      )
       earlier_counts = aux.pop("balance_counts", None)
       return (precision.accumulate(grads, g), earlier_counts), (loss_sum, correct, aux)
 
@@ -204,36 +247,50 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
       zeros = precision.zeros_for_accumulation(state["params"])  # float32 whatever the parameters' dtype
       counts = state_lib.balance_counts(self.model_cfg, rest)
       (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
-          micro_step, (zeros, None if counts is None else jnp.zeros_like(counts)),
-          (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys))
+        micro_step,
+        (zeros, None if counts is None else jnp.zeros_like(counts)),
+        (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys),
+      )
     else:  # the micro-batches through the pipeline's stages (`moejax.pipeline.decoder`), the same sums
-      grads, loss_sums, corrects, auxes = self.pipeline.loss_and_grads(state["params"], rest, dict(
-          inputs=inputs_UxBxS, targets=targets_UxBxP, weights=weights_UxBxP, key=model_keys,
-          total=jnp.full((num_micro,), total)))
+      grads, loss_sums, corrects, auxes = self.pipeline.loss_and_grads(
+        state["params"],
+        rest,
+        dict(
+          inputs=inputs_UxBxS,
+          targets=targets_UxBxP,
+          weights=weights_UxBxP,
+          key=model_keys,
+          total=jnp.full((num_micro,), total),
+        ),
+      )
     params, opt_state = precision.apply(self.tx, grads, state["opt_state"], state["params"])
-    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1,
-                 "rng": jax.random.key_data(rng)}
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
     if "slot_tables" in state:
       new_state["slot_tables"] = state["slot_tables"]
     counts_MxE = jnp.sum(auxes["expert_counts"], axis=0)  # the whole step's loads (all micro-batches)
     if "expert_bias" in state:
-      new_state["expert_bias"] = update_expert_bias(state["expert_bias"], counts_MxE,
-                                                    self.moe_cfg.bias_update_rate)
+      new_state["expert_bias"] = update_expert_bias(state["expert_bias"], counts_MxE, self.moe_cfg.bias_update_rate)
     task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
-    metrics = {"loss": task_loss + aux_loss, "task_loss": task_loss, "accuracy": jnp.sum(corrects) / total,
-               "aux_loss": aux_loss, "grad_norm": optax.tree.norm(grads),
-               "learning_rate": self.learning_rate(state["step"]),
-               "expert_counts": counts_MxE,
-               "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
-               "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0)}
+    metrics = {
+      "loss": task_loss + aux_loss,
+      "task_loss": task_loss,
+      "accuracy": jnp.sum(corrects) / total,
+      "aux_loss": aux_loss,
+      "grad_norm": optax.tree.norm(grads),
+      "learning_rate": self.learning_rate(state["step"]),
+      "expert_counts": counts_MxE,
+      "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
+      "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0),
+    }
     if "mtp_loss" in auxes:
       metrics["mtp_loss"] = jnp.sum(auxes["mtp_loss"])
       metrics["loss"] += self.model_cfg.mtp_loss_coef * metrics["mtp_loss"]
     if heldout_KxBxS is not None:
       metrics["heldout_loss"] = self._heldout_loss(new_state, rest, heldout_KxBxS)
     if "expert_bias" in state:  # after this step's update: the range the next step routes with
-      metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(new_state["expert_bias"],
-                                                                                            axis=-1)
+      metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(
+        new_state["expert_bias"], axis=-1
+      )
     return new_state, metrics
 
   def _heldout_loss(self, state, rest, tokens_KxBxS):
@@ -242,9 +299,13 @@ log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `
     if "expert_bias" in state:
       rest = state_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
     model = lambda inputs_BxS, positions_BxP: nnx.merge(self.graphdef, state["params"], rest)(
-        inputs_BxS, positions_BxP=positions_BxP, train=False)[0]
-    return jax.lax.cond(heldout_lib.due(state["step"], self.config.log.eval_every, self.config.steps),
-                        lambda: heldout_lib.mean_loss(model, self.targets, tokens_KxBxS), lambda: jnp.float32(jnp.nan))
+      inputs_BxS, positions_BxP=positions_BxP, train=False
+    )[0]
+    return jax.lax.cond(
+      heldout_lib.due(state["step"], self.config.log.eval_every, self.config.steps),
+      lambda: heldout_lib.mean_loss(model, self.targets, tokens_KxBxS),
+      lambda: jnp.float32(jnp.nan),
+    )
 
 
 def update_expert_bias(bias_MxE: jax.Array, counts_MxE: jax.Array, rate: float) -> jax.Array:
@@ -267,8 +328,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   heldout_lib.check(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
-  require(config.data.shards % jax.process_count() == 0, "data.shards", config.data.shards,
-          f"a multiple of the job's {jax.process_count()} processes")
+  require(
+    config.data.shards % jax.process_count() == 0,
+    "data.shards",
+    config.data.shards,
+    f"a multiple of the job's {jax.process_count()} processes",
+  )
   workdir, branched_from = resume_lib.prepare(config, workdir, say)  # a changed config refused, or branched
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=pipeline_section.stages(config))
@@ -280,18 +345,30 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   if config.get("init_from"):
     hf_files.Shards(config.init_from).close()  # every safetensors file's header read
   tok = corpus_lib.load_tokenizer(config, files, cache_dir)
-  say(f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
-      f"{len(files)} file(s); tokenizer with {tok.num_ids} ids")
+  say(
+    f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
+    f"{len(files)} file(s); tokenizer with {tok.num_ids} ids"
+  )
   heldout, baseline = heldout_lib.batches(config, files, tok) if config.log.eval_every else (None, None)
   if heldout is not None:
-    say(f"held-out: {heldout.shape[0]} batch(es) of {heldout.shape[1]} x {heldout.shape[2]} tokens of every "
-        f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps and the last; their "
-        f"unigram entropy {baseline:.4f} nats is the baseline a model must beat")
+    say(
+      f"held-out: {heldout.shape[0]} batch(es) of {heldout.shape[1]} x {heldout.shape[2]} tokens of every "
+      f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps and the last; their "
+      f"unigram entropy {baseline:.4f} nats is the baseline a model must beat"
+    )
   retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"
-  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry,  # a retry needs the state before
-                    heldout=heldout is not None)
-  ckpt = checkpoint_lib.Checkpointer(os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep,
-                                     use_async=config.checkpoint.use_async)
+  trainer = Trainer(
+    config,
+    model_cfg,
+    moe_cfg,
+    mesh,
+    tok,
+    donate=not retry,  # a retry needs the state before
+    heldout=heldout is not None,
+  )
+  ckpt = checkpoint_lib.Checkpointer(
+    os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep, use_async=config.checkpoint.use_async
+  )
   state, rest = trainer.init()
   start, data_states, replan_window = 0, None, []
   restored = ckpt.restore_latest(trainer.abstract_state)
@@ -305,16 +382,31 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     rest = (rest, jax.make_array_from_callback(heldout.shape, trainer.batch_sharding, lambda index: heldout[index]))
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   rows = config.batch_size // config.micro_batches
-  batches = pipeline_lib.Batches(files, tok, seq_len=config.seq_len, rows=rows, micro_batches=config.micro_batches,
-                                 num_shards=config.data.shards, shard_options=grain.sharding.ShardByJaxProcess(),
-                                 states=data_states, prefetch=config.data.prefetch,
-                                 heldout_every=config.data.heldout_every)
-  writer = metrics_lib.MetricWriter(workdir, start, tensorboard=config.log.tensorboard, enabled=leader,
-                                    total_steps=config.steps, heldout_unigram_entropy=baseline)
+  batches = pipeline_lib.Batches(
+    files,
+    tok,
+    seq_len=config.seq_len,
+    rows=rows,
+    micro_batches=config.micro_batches,
+    num_shards=config.data.shards,
+    shard_options=grain.sharding.ShardByJaxProcess(),
+    states=data_states,
+    prefetch=config.data.prefetch,
+    heldout_every=config.data.heldout_every,
+  )
+  writer = metrics_lib.MetricWriter(
+    workdir,
+    start,
+    tensorboard=config.log.tensorboard,
+    enabled=leader,
+    total_steps=config.steps,
+    heldout_unigram_entropy=baseline,
+  )
   run_start = time.perf_counter()
   try:
-    compile_s, counts, retries = loop_lib.run(config, trainer, state, rest, start, batches, ckpt, writer, say, retry,
-                                               replan_window)
+    compile_s, counts, retries = loop_lib.run(
+      config, trainer, state, rest, start, batches, ckpt, writer, say, retry, replan_window
+    )
   finally:
     batches.close()
     ckpt.close()
@@ -322,17 +414,21 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
 
   if jax.process_count() > 1:
     counts = np.asarray(multihost_utils.process_allgather(counts.astype(np.float32))).sum(axis=0)
-  ordinary = counts[tok.first_ordinary:tok.first_ordinary + tok.num_ordinary]
+  ordinary = counts[tok.first_ordinary : tok.first_ordinary + tok.num_ordinary]
   data_state = loop_lib.gather_data_state(batches.state())
   summary = metrics_lib.summarize(
-      metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
-      compile_s=compile_s, run_s=time.perf_counter() - run_start, resumed_from=start,
-      overflow_retries=len(retries), buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
-      unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
-      log_vocab=float(np.log(tok.num_ids)),
-      heldout_unigram_entropy=baseline,
-      documents=int(sum(s[pipeline_lib.STATE_FIELDS.index("documents")] for s in data_state)),
-      malformed_lines=int(sum(s[pipeline_lib.STATE_FIELDS.index("malformed")] for s in data_state)))
+    metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
+    compile_s=compile_s,
+    run_s=time.perf_counter() - run_start,
+    resumed_from=start,
+    overflow_retries=len(retries),
+    buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
+    unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
+    log_vocab=float(np.log(tok.num_ids)),
+    heldout_unigram_entropy=baseline,
+    documents=int(sum(s[pipeline_lib.STATE_FIELDS.index("documents")] for s in data_state)),
+    malformed_lines=int(sum(s[pipeline_lib.STATE_FIELDS.index("malformed")] for s in data_state)),
+  )
   if leader:
     with open(os.path.join(workdir, "summary.json"), "w") as f:
       json.dump(summary, f, indent=1)

@@ -23,12 +23,23 @@ def main():
     swapped = jax.lax.all_to_all(block, mesh_lib.AXES, 1, 1, tiled=True)  # one column to every device
     return node_sum, swapped
 
-  node_sum, swapped = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh_lib.AXES),
-                                            out_specs=(P(mesh_lib.AXES), P(mesh_lib.AXES))))(x)
+  node_sum, swapped = jax.jit(
+    jax.shard_map(body, mesh=mesh, in_specs=P(mesh_lib.AXES), out_specs=(P(mesh_lib.AXES), P(mesh_lib.AXES)))
+  )(x)
   local = {int(s.index[0].start): np.asarray(s.data).tolist() for s in swapped.addressable_shards}
   local_sum = {int(s.index[0].start): np.asarray(s.data).tolist() for s in node_sum.addressable_shards}
-  print("RESULT " + json.dumps({"process": jax.process_index(), "devices": [d.id for d in jax.local_devices()],
-                                "all_to_all": local, "node_psum": local_sum}), flush=True)
+  print(
+    "RESULT "
+    + json.dumps(
+      {
+        "process": jax.process_index(),
+        "devices": [d.id for d in jax.local_devices()],
+        "all_to_all": local,
+        "node_psum": local_sum,
+      }
+    ),
+    flush=True,
+  )
 
 
 if __name__ == "__main__":

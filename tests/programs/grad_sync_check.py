@@ -32,8 +32,13 @@ def _graph(lines: list[str]):
     name, op, rest = re.match(r"(?:ROOT )?%?([\w.\-]+) = (?:\([^=]*?\)|\S+) ([a-z\-]+)\((.*)", line).groups()
     called = called_computations(line)
     index = re.search(r"index=(\d+)", rest) if op == "get-tuple-element" else None
-    nodes[name] = (op, [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called], called,
-                   int(index.group(1)) if index else None, line.startswith("ROOT"))
+    nodes[name] = (
+      op,
+      [o for o in re.findall(r"%([\w.\-]+)", rest) if o not in called],
+      called,
+      int(index.group(1)) if index else None,
+      line.startswith("ROOT"),
+    )
   ancestors = {}
   for name in nodes:  # instructions are printed after their operands
     ancestors[name] = set().union(*([{o} | ancestors.get(o, set()) for o in nodes[name][1] if o in nodes] or [set()]))
@@ -64,8 +69,18 @@ def main(dump_dir):
   out, grads = {}, {}
   for scan in (False, True):
     for mode in ("default", "prioritized"):
-      cfg = ModelConfig(kind="gpt", vocab_size=96, num_layers=4, d_model=32, num_heads=4, d_ff=64,
-                        max_len=16, dropout=0.0, grad_sync=mode, scan_layers=scan)
+      cfg = ModelConfig(
+        kind="gpt",
+        vocab_size=96,
+        num_layers=4,
+        d_model=32,
+        num_heads=4,
+        d_ff=64,
+        max_len=16,
+        dropout=0.0,
+        grad_sync=mode,
+        scan_layers=scan,
+      )
       graphdef, _, _ = state_lib.abstract_state(cfg, moe, mesh)
       params, rest = state_lib.init_state(cfg, moe, mesh)
 
@@ -75,8 +90,9 @@ def main(dump_dir):
 
       before = set(glob.glob(f"{dump_dir}/*after_spmd-partitioning*"))
       g = jax.jit(jax.value_and_grad(loss)).lower(params).compile()(params)[1]
-      grads[scan, mode] = jax.tree.leaves((layers.per_layer(g, cfg), {k: v for k, v in g.items() if k not in
-                                                                      ("blocks", "segments")}))
+      grads[scan, mode] = jax.tree.leaves(
+        (layers.per_layer(g, cfg), {k: v for k, v in g.items() if k not in ("blocks", "segments")})
+      )
       (path,) = [p for p in set(glob.glob(f"{dump_dir}/*after_spmd-partitioning*")) - before if "jit_loss" in p]
       with open(path) as f:
         hlo = f.read()
@@ -88,11 +104,13 @@ def main(dump_dir):
       exchanges = [n for n, v in nodes.items() if any(contains(bodies, c, "collective-permute") for c in v[3])]
       out[mode] = [sum(a in ancestors[e] for a in all_reduces) for e in exchanges]
   difference = lambda a, b: max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
-  out["max_grad_difference"] = max(difference(grads[scan, "default"], grads[scan, "prioritized"])
-                                   for scan in (False, True))
+  out["max_grad_difference"] = max(
+    difference(grads[scan, "default"], grads[scan, "prioritized"]) for scan in (False, True)
+  )
   out["scanned_relative_difference"] = max(
-      float(np.linalg.norm(np.asarray(x) - np.asarray(y)) / np.linalg.norm(np.asarray(y)))
-      for x, y in zip(grads[True, "prioritized"], grads[False, "prioritized"]))
+    float(np.linalg.norm(np.asarray(x) - np.asarray(y)) / np.linalg.norm(np.asarray(y)))
+    for x, y in zip(grads[True, "prioritized"], grads[False, "prioritized"])
+  )
   print("RESULT " + json.dumps(out))
 
 

@@ -8,7 +8,9 @@ from moejax.models.families import deepseek, dense, glm4_moe, gpt_oss, mixtral, 
 from moejax.models.families.base import Family
 
 # model_type -> Family, in the order errors list them.
-REGISTRY: dict[str, Family] = {family.model_type: family for family in (
+REGISTRY: dict[str, Family] = {
+  family.model_type: family
+  for family in (
     mixtral.MIXTRAL,
     qwen2_moe.QWEN2_MOE,
     qwen3_moe.QWEN3_MOE,
@@ -18,7 +20,8 @@ REGISTRY: dict[str, Family] = {family.model_type: family for family in (
     gpt_oss.GPT_OSS,
     dense.LLAMA,
     dense.QWEN3,
-)}
+  )
+}
 
 
 def get(model_type: str) -> Family:

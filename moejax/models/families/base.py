@@ -79,9 +79,13 @@ class Family:
     MLA's ranks and rotary layout) and DeepSeek-V3's MTP modules. GQA here: q, k, v and output biases all as
     attention_bias."""
     heads, bias = hf["num_attention_heads"], bool(hf.get("attention_bias"))
-    return dict(num_kv_heads=hf.get("num_key_value_heads") or heads,
-                head_dim=hf.get("head_dim") or hf["hidden_size"] // heads, qkv_bias=bias, out_bias=bias,
-                qk_norm=self.qk_norm)
+    return dict(
+      num_kv_heads=hf.get("num_key_value_heads") or heads,
+      head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+      qkv_bias=bias,
+      out_bias=bias,
+      qk_norm=self.qk_norm,
+    )
 
   def moe_fields(self, hf: dict) -> dict:
     """The MoEConfig fields of the routed layer beyond those every family shares (gated SiLU experts, top_k,
@@ -98,15 +102,25 @@ class Family:
     """The sliding window as layer_types (transformers 5); nothing without a window."""
     if cfg.sliding_window is None:
       return {}
-    return dict(sliding_window=cfg.sliding_window, layer_types=[
-        "sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.num_layers)])
+    return dict(
+      sliding_window=cfg.sliding_window,
+      layer_types=["sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.num_layers)],
+    )
 
   def require_plain_router(self, cfg, moe_cfg, shared_experts: int = 0) -> None:
     """A GQA family's router is softmax top-k and nothing else (no groups, no sigmoid, no scaling), its shared
     experts the ones its config.json can say; refused by the MoEConfig field otherwise."""
     if not moe_indices(cfg):
       return
-    for name, plain in (("num_groups", None), ("score", "softmax"), ("routed_scaling", 1.0),
-                        ("num_shared_experts", shared_experts)):
-      require(getattr(moe_cfg, name) == plain, f"moe.{name}", getattr(moe_cfg, name),
-              f"{plain!r}: {cfg.family}'s config.json cannot say otherwise")
+    for name, plain in (
+      ("num_groups", None),
+      ("score", "softmax"),
+      ("routed_scaling", 1.0),
+      ("num_shared_experts", shared_experts),
+    ):
+      require(
+        getattr(moe_cfg, name) == plain,
+        f"moe.{name}",
+        getattr(moe_cfg, name),
+        f"{plain!r}: {cfg.family}'s config.json cannot say otherwise",
+      )

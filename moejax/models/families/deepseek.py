@@ -30,17 +30,26 @@ class DeepSeekV2(Family):
 
   def decoder_fields(self, hf: dict) -> dict:
     heads = hf["num_attention_heads"]
-    return {**super().decoder_fields(hf), **{k: hf[k] for k in LATENT_FIELDS}, "num_kv_heads": heads,
-            "head_dim": hf.get("qk_rope_head_dim") or hf["hidden_size"] // heads, "rope_interleaved": True}
+    return {
+      **super().decoder_fields(hf),
+      **{k: hf[k] for k in LATENT_FIELDS},
+      "num_kv_heads": heads,
+      "head_dim": hf.get("qk_rope_head_dim") or hf["hidden_size"] // heads,
+      "rope_interleaved": True,
+    }
 
   def moe_fields(self, hf: dict) -> dict:
     method = hf.get("topk_method", self.topk_method)
     groups = hf.get("n_group") if method in ("group_limited_greedy", "noaux_tc") else None
     scoring = hf.get("scoring_func", self.scoring_func)
     require(scoring in ("softmax", "sigmoid"), "scoring_func", scoring, "'softmax' or 'sigmoid'")
-    fields = dict(d_ff=hf["moe_intermediate_size"], score=scoring, renormalize=bool(hf.get("norm_topk_prob", False)),
-                  routed_scaling=hf.get("routed_scaling_factor", 1.0),
-                  group_score="max" if method == "group_limited_greedy" else "top2_sum")
+    fields = dict(
+      d_ff=hf["moe_intermediate_size"],
+      score=scoring,
+      renormalize=bool(hf.get("norm_topk_prob", False)),
+      routed_scaling=hf.get("routed_scaling_factor", 1.0),
+      group_score="max" if method == "group_limited_greedy" else "top2_sum",
+    )
     if groups and groups > 1:
       fields.update(num_groups=groups, topk_groups=hf["topk_group"])
     if hf.get("n_shared_experts"):
@@ -52,22 +61,36 @@ class DeepSeekV2(Family):
     return dict(load_balance_coef=hf.get("aux_loss_alpha", 0.001))
 
   def to_hf(self, cfg, moe_cfg) -> dict:
-    return {**{k: getattr(cfg, k) for k in LATENT_FIELDS}, **self.routed_to_hf(cfg, moe_cfg),
-            "scoring_func": moe_cfg.score, **self.version_to_hf(cfg, moe_cfg)}
+    return {
+      **{k: getattr(cfg, k) for k in LATENT_FIELDS},
+      **self.routed_to_hf(cfg, moe_cfg),
+      "scoring_func": moe_cfg.score,
+      **self.version_to_hf(cfg, moe_cfg),
+    }
 
   def routed_to_hf(self, cfg, moe_cfg) -> dict:
     """The dense layers first, the routed experts, their groups and the shared experts (DeepSeek's fields, which
     GLM-4.5 shares)."""
     moe_at = moe_indices(cfg)
     first_moe = moe_at[0] if moe_at else cfg.num_layers
-    require(moe_at == list(range(first_moe, cfg.num_layers)), "moe_layers", cfg.moe_layers,
-            f"dense layers first, then MoE layers ({cfg.family}'s first_k_dense_replace)")
+    require(
+      moe_at == list(range(first_moe, cfg.num_layers)),
+      "moe_layers",
+      cfg.moe_layers,
+      f"dense layers first, then MoE layers ({cfg.family}'s first_k_dense_replace)",
+    )
     groups = moe_cfg.num_groups or 1
     return dict(
-        n_routed_experts=moe_cfg.num_experts, num_experts_per_tok=moe_cfg.top_k, first_k_dense_replace=first_moe,
-        moe_intermediate_size=moe_cfg.d_ff, n_shared_experts=moe_cfg.num_shared_experts,
-        routed_scaling_factor=moe_cfg.routed_scaling, norm_topk_prob=moe_cfg.renormalize, n_group=groups,
-        topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1)
+      n_routed_experts=moe_cfg.num_experts,
+      num_experts_per_tok=moe_cfg.top_k,
+      first_k_dense_replace=first_moe,
+      moe_intermediate_size=moe_cfg.d_ff,
+      n_shared_experts=moe_cfg.num_shared_experts,
+      routed_scaling_factor=moe_cfg.routed_scaling,
+      norm_topk_prob=moe_cfg.renormalize,
+      n_group=groups,
+      topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1,
+    )
 
   def version_to_hf(self, cfg, moe_cfg) -> dict:
     """What V2 and V3 write differently: V2's topk_method says whether groups limit the choice."""
@@ -80,15 +103,20 @@ class DeepSeekV3(DeepSeekV2):
   scoring_func: str = "sigmoid"
 
   def decoder_fields(self, hf: dict) -> dict:
-    return {**super().decoder_fields(hf), "rope_interleaved": hf.get("rope_interleave", True),
-            "num_mtp_layers": hf.get("num_nextn_predict_layers", 0)}
+    return {
+      **super().decoder_fields(hf),
+      "rope_interleaved": hf.get("rope_interleave", True),
+      "num_mtp_layers": hf.get("num_nextn_predict_layers", 0),
+    }
 
   def balance_fields(self, hf: dict) -> dict:
     """The sequence-wise balance loss and the loss-free bias, as V3 trains (Sec. 2.1.2, 4.2)."""
     return dict(bias_update_rate=V3_BIAS_RATE, balance_loss="sequence", load_balance_coef=0.0001)
 
   def version_to_hf(self, cfg, moe_cfg) -> dict:
-    return dict(topk_method="noaux_tc", rope_interleave=cfg.rope_interleaved, num_nextn_predict_layers=cfg.num_mtp_layers)
+    return dict(
+      topk_method="noaux_tc", rope_interleave=cfg.rope_interleaved, num_nextn_predict_layers=cfg.num_mtp_layers
+    )
 
 
 DEEPSEEK_V2 = DeepSeekV2("deepseek_v2", "DeepseekV2ForCausalLM")

@@ -17,15 +17,27 @@ class Glm4Moe(DeepSeekV3):
   attention_bias: bool = True
 
   def decoder_fields(self, hf: dict) -> dict:
-    return {**Family.decoder_fields(self, hf), "out_bias": False, "qk_norm": bool(hf.get("use_qk_norm", False)),
-            "num_mtp_layers": hf.get("num_nextn_predict_layers", 0)}
+    return {
+      **Family.decoder_fields(self, hf),
+      "out_bias": False,
+      "qk_norm": bool(hf.get("use_qk_norm", False)),
+      "num_mtp_layers": hf.get("num_nextn_predict_layers", 0),
+    }
 
   def to_hf(self, cfg, moe_cfg) -> dict:
-    require(moe_cfg.score == "sigmoid" or not cfg.num_moe_layers, "moe.score", moe_cfg.score,
-            "'sigmoid' (GLM-4.5's config.json cannot say otherwise)")
+    require(
+      moe_cfg.score == "sigmoid" or not cfg.num_moe_layers,
+      "moe.score",
+      moe_cfg.score,
+      "'sigmoid' (GLM-4.5's config.json cannot say otherwise)",
+    )
     require(not cfg.out_bias, "out_bias", cfg.out_bias, "False (GLM-4.5's o_proj has no bias)")
-    return dict(**self.routed_to_hf(cfg, moe_cfg), attention_bias=cfg.qkv_bias, use_qk_norm=cfg.qk_norm,
-                num_nextn_predict_layers=cfg.num_mtp_layers)
+    return dict(
+      **self.routed_to_hf(cfg, moe_cfg),
+      attention_bias=cfg.qkv_bias,
+      use_qk_norm=cfg.qk_norm,
+      num_nextn_predict_layers=cfg.num_mtp_layers,
+    )
 
 
 GLM4_MOE = Glm4Moe("glm4_moe", "Glm4MoeForCausalLM")

@@ -15,9 +15,14 @@ from moejax.models.families.base import Family, moe_indices
 from moejax.validation import require
 
 # moejax's expert parameters -> (stored tensor under mlp.experts, its part: columns i::2 of the last axis, or None)
-EXPERT_TENSORS = {"w_gate": ("gate_up_proj", 0), "w_in": ("gate_up_proj", 1), "w_out": ("down_proj", None),
-                  "b_gate": ("gate_up_proj_bias", 0), "b_in": ("gate_up_proj_bias", 1),
-                  "b_out": ("down_proj_bias", None)}
+EXPERT_TENSORS = {
+  "w_gate": ("gate_up_proj", 0),
+  "w_in": ("gate_up_proj", 1),
+  "w_out": ("down_proj", None),
+  "b_gate": ("gate_up_proj_bias", 0),
+  "b_in": ("gate_up_proj_bias", 1),
+  "b_out": ("down_proj_bias", None),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,24 +44,43 @@ class GptOss(Family):
     return {**super().decoder_fields(hf), "attention_sinks": True}
 
   def moe_fields(self, hf: dict) -> dict:
-    return dict(d_ff=hf["intermediate_size"], renormalize=True, activation="swiglu_clamped",
-                swiglu_alpha=hf.get("swiglu_alpha", 1.702), swiglu_limit=hf.get("swiglu_limit", 7.0), ffn_bias=True,
-                router_bias=True, load_balance_coef=hf.get("router_aux_loss_coef", 0.9))
+    return dict(
+      d_ff=hf["intermediate_size"],
+      renormalize=True,
+      activation="swiglu_clamped",
+      swiglu_alpha=hf.get("swiglu_alpha", 1.702),
+      swiglu_limit=hf.get("swiglu_limit", 7.0),
+      ffn_bias=True,
+      router_bias=True,
+      load_balance_coef=hf.get("router_aux_loss_coef", 0.9),
+    )
 
   def to_hf(self, cfg, moe_cfg) -> dict:
     self.require_plain_router(cfg, moe_cfg)
-    require(len(moe_indices(cfg)) == cfg.num_layers, "moe_layers", cfg.moe_layers, "all True (gpt-oss has no dense "
-            "layers)")
-    for name, got, want in (("moe.activation", moe_cfg.activation, "swiglu_clamped"),
-                            ("moe.ffn_bias", moe_cfg.ffn_bias, True), ("moe.router_bias", moe_cfg.router_bias, True),
-                            ("moe.renormalize", moe_cfg.renormalize, True), ("attention_sinks", cfg.attention_sinks, True),
-                            ("out_bias", cfg.out_bias, cfg.qkv_bias)):
+    require(
+      len(moe_indices(cfg)) == cfg.num_layers, "moe_layers", cfg.moe_layers, "all True (gpt-oss has no dense layers)"
+    )
+    for name, got, want in (
+      ("moe.activation", moe_cfg.activation, "swiglu_clamped"),
+      ("moe.ffn_bias", moe_cfg.ffn_bias, True),
+      ("moe.router_bias", moe_cfg.router_bias, True),
+      ("moe.renormalize", moe_cfg.renormalize, True),
+      ("attention_sinks", cfg.attention_sinks, True),
+      ("out_bias", cfg.out_bias, cfg.qkv_bias),
+    ):
       require(got == want, name, got, f"{want!r}: gpt-oss's config.json cannot say otherwise")
-    require(moe_cfg.d_ff == cfg.d_ff, "moe.d_ff", moe_cfg.d_ff, f"the decoder's d_ff={cfg.d_ff} (one "
-            "intermediate_size)")
-    return dict(num_local_experts=moe_cfg.num_experts, num_experts_per_tok=moe_cfg.top_k,
-                intermediate_size=moe_cfg.d_ff, swiglu_alpha=moe_cfg.swiglu_alpha, swiglu_limit=moe_cfg.swiglu_limit,
-                attention_bias=cfg.qkv_bias, router_aux_loss_coef=moe_cfg.alpha)
+    require(
+      moe_cfg.d_ff == cfg.d_ff, "moe.d_ff", moe_cfg.d_ff, f"the decoder's d_ff={cfg.d_ff} (one intermediate_size)"
+    )
+    return dict(
+      num_local_experts=moe_cfg.num_experts,
+      num_experts_per_tok=moe_cfg.top_k,
+      intermediate_size=moe_cfg.d_ff,
+      swiglu_alpha=moe_cfg.swiglu_alpha,
+      swiglu_limit=moe_cfg.swiglu_limit,
+      attention_bias=cfg.qkv_bias,
+      router_aux_loss_coef=moe_cfg.alpha,
+    )
 
 
 GPT_OSS = GptOss("gpt_oss", "GptOssForCausalLM")

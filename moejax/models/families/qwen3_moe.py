@@ -8,7 +8,6 @@ from moejax.models.families.qwen2_moe import QwenMoe
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Moe(QwenMoe):
-
   def to_hf(self, cfg, moe_cfg) -> dict:
     self.require_plain_router(cfg, moe_cfg)
     return {**self.moe_to_hf(cfg, moe_cfg), "attention_bias": cfg.qkv_bias}

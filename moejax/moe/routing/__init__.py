@@ -29,8 +29,9 @@ def of(cfg) -> Router:
   return ROUTERS[cfg.routing](cfg)
 
 
-def route(x_TxD: jax.Array, params: dict, cfg, bias_E: jax.Array | None = None,
-          sequence_length: int | None = None) -> tuple[RoutingDecision, dict]:
+def route(
+  x_TxD: jax.Array, params: dict, cfg, bias_E: jax.Array | None = None, sequence_length: int | None = None
+) -> tuple[RoutingDecision, dict]:
   """x [T, d] -> (decision, loss statistics) by the config's router (`Router.route`).
 
   bias_E: the auxiliary-loss-free balancing bias [E], added to the scores that choose the experts only.
@@ -72,7 +73,7 @@ def aux_losses(stats: dict, cfg, prior_counts: jax.Array | None = None) -> dict[
       made = stats["counts"][name]
       f = made / (tokens * choices)
       if prior_counts is not None:
-        prior = prior_counts[start:start + made.shape[0]]
+        prior = prior_counts[start : start + made.shape[0]]
         f = (made + prior) / (tokens * choices + jnp.sum(prior))
       start += made.shape[0]
       load_balance = load_balance + coef * made.shape[0] * jnp.sum(f * stats["prob_sums"][name] / tokens)

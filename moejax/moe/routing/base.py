@@ -88,8 +88,9 @@ class Router(abc.ABC):
     'sequence_loss_sum' and 'sequences')."""
 
   @abc.abstractmethod
-  def reference(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None,
-                prior=None) -> ReferenceRoute:
+  def reference(
+    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, prior=None
+  ) -> ReferenceRoute:
     """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts."""
 
 

@@ -30,8 +30,11 @@ class BiLevel(base.Router):
 
   @property
   def placement_blocks(self):
-    return Blocks(self.cfg.num_nodes, "node",
-                  "bilevel picks a node, then one of its experts by the local router shared by all nodes")
+    return Blocks(
+      self.cfg.num_nodes,
+      "node",
+      "bilevel picks a node, then one of its experts by the local router shared by all nodes",
+    )
 
   @property
   def columns(self):
@@ -50,11 +53,15 @@ class BiLevel(base.Router):
     q_top, local = jax.lax.top_k(q_TxL, cfg.top_k)
     ids = (nodes[:, :, None] * cfg.experts_per_node + local[:, None, :]).reshape(tokens, -1)
     weights = (p_top[:, :, None] * q_top[:, None, :]).reshape(tokens, -1)
-    stats = {"counts": {"node_router": base.counts(nodes, cfg.num_nodes),
-                        "local_router": base.counts(local, cfg.experts_per_node)},
-             "prob_sums": {"node_router": jnp.sum(p_TxN, axis=0), "local_router": jnp.sum(q_TxL, axis=0)},
-             "z_sum": base.z_sum(node_logits) + base.z_sum(local_logits),
-             "tokens": jnp.asarray(tokens, jnp.float32)}
+    stats = {
+      "counts": {
+        "node_router": base.counts(nodes, cfg.num_nodes),
+        "local_router": base.counts(local, cfg.experts_per_node),
+      },
+      "prob_sums": {"node_router": jnp.sum(p_TxN, axis=0), "local_router": jnp.sum(q_TxL, axis=0)},
+      "z_sum": base.z_sum(node_logits) + base.z_sum(local_logits),
+      "tokens": jnp.asarray(tokens, jnp.float32),
+    }
     return RoutingDecision(ids.astype(jnp.int32), base.renormalized(weights, cfg)), stats
 
   def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
@@ -70,9 +77,15 @@ class BiLevel(base.Router):
       for b in range(cfg.top_k):
         ids.append(nodes[:, a] * cfg.experts_per_node + local[:, b])
         weights.append(p_top[:, a] * q_top[:, b])
-    load_balance = (base.switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n])
-                    + base.switch_loss(local, q, cfg.beta, None if prior is None else prior[n:]))
+    load_balance = base.switch_loss(nodes, p, cfg.alpha, None if prior is None else prior[:n]) + base.switch_loss(
+      local, q, cfg.beta, None if prior is None else prior[n:]
+    )
     z = lambda logits: jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
     made = jnp.concatenate([base.counts(nodes, n), base.counts(local, cfg.experts_per_node)])
-    return ReferenceRoute(jnp.stack(ids, 1), base.renormalized(jnp.stack(weights, 1), cfg), load_balance,
-                          cfg.z_loss_coef * (z(node_logits) + z(local_logits)), made)
+    return ReferenceRoute(
+      jnp.stack(ids, 1),
+      base.renormalized(jnp.stack(weights, 1), cfg),
+      load_balance,
+      cfg.z_loss_coef * (z(node_logits) + z(local_logits)),
+      made,
+    )

@@ -38,10 +38,14 @@ class TopK(base.Router):
     cfg = self.cfg
     if cfg.num_groups is None or cfg.topk_groups >= cfg.num_groups:  # every group kept: no limit
       return None
-    return Blocks(cfg.num_groups, "group", f"with num_groups={cfg.num_groups}, topk_groups={cfg.topk_groups} "
-                  f"(group-limited routing) a token's experts are chosen among its {cfg.topk_groups} best groups of "
-                  f"{cfg.num_experts // cfg.num_groups} contiguous experts, each scored by its own experts "
-                  f"({cfg.group_score!r})")
+    return Blocks(
+      cfg.num_groups,
+      "group",
+      f"with num_groups={cfg.num_groups}, topk_groups={cfg.topk_groups} "
+      f"(group-limited routing) a token's experts are chosen among its {cfg.topk_groups} best groups of "
+      f"{cfg.num_experts // cfg.num_groups} contiguous experts, each scored by its own experts "
+      f"({cfg.group_score!r})",
+    )
 
   def balance_terms(self):
     return [("router", self.cfg.alpha, self.cfg.top_k)]
@@ -68,9 +72,12 @@ class TopK(base.Router):
     if self.group_limit is not None:
       select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score)
     _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
-    stats = {"counts": {"router": base.counts(ids, cfg.num_experts)},
-             "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)}, "z_sum": base.z_sum(logits),
-             "tokens": jnp.asarray(x_TxD.shape[0], jnp.float32)}
+    stats = {
+      "counts": {"router": base.counts(ids, cfg.num_experts)},
+      "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)},
+      "z_sum": base.z_sum(logits),
+      "tokens": jnp.asarray(x_TxD.shape[0], jnp.float32),
+    }
     if cfg.balance_loss == "sequence":
       stats["sequence_loss_sum"], stats["sequences"] = _sequence_loss_sum(ids, probs_TxE, sequence_length, cfg)
     return RoutingDecision(ids.astype(jnp.int32), self._weights(scores_TxE, ids)), stats

@@ -27,8 +27,9 @@ def display_path(path) -> str:
 ROLES = ("fit", "held out", "input", "not modelled")
 
 
-def fidelity_row(paper: str, quantity: str, paper_value, model_value, role: str, source: str, variant: str = "",
-                 note: str = "") -> dict:
+def fidelity_row(
+  paper: str, quantity: str, paper_value, model_value, role: str, source: str, variant: str = "", note: str = ""
+) -> dict:
   """One line of the fidelity table (experiments/fidelity.py): a paper's number, the model's counterpart and
   their relative error model / paper - 1.
 
@@ -42,6 +43,14 @@ def fidelity_row(paper: str, quantity: str, paper_value, model_value, role: str,
   if (model_value is None) != (role == "not modelled"):
     raise ValueError(f"{paper} {quantity}: a model value is given exactly when the role is not 'not modelled'")
   error = None if model_value is None else float(model_value) / float(paper_value) - 1.0
-  return dict(paper=paper, quantity=quantity, paper_value=float(paper_value),
-              model_value=None if model_value is None else float(model_value), rel_err=error, role=role,
-              source=source, variant=variant, note=note)
+  return dict(
+    paper=paper,
+    quantity=quantity,
+    paper_value=float(paper_value),
+    model_value=None if model_value is None else float(model_value),
+    rel_err=error,
+    role=role,
+    source=source,
+    variant=variant,
+    note=note,
+  )

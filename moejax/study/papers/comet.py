@@ -18,18 +18,23 @@ from moejax.study.papers import ROOT, display_path, fidelity_row
 RATE_JSON = ROOT / "benchmarks/results/2026-11-23-h100/kernels-mixtral_8x7b.json"  # dense GEMM TFLOP/s on an H100
 
 _MIXTRAL = presets.expert_shape("mixtral_8x7b")  # Comet's Table 2 shape is Mixtral 8x7B's published one
-COMET_MIXTRAL = dict(d_model=_MIXTRAL["d_model"], d_ff=_MIXTRAL["d_ff"], experts=_MIXTRAL["num_experts"],
-                     top_k=_MIXTRAL["top_k"])
+COMET_MIXTRAL = dict(
+  d_model=_MIXTRAL["d_model"], d_ff=_MIXTRAL["d_ff"], experts=_MIXTRAL["num_experts"], top_k=_MIXTRAL["top_k"]
+)
 COMET_TOKENS = (4096, 8192, 16384)
 COMET_CHUNKS = (2, 4, 8)  # chunks (Tutel's searched pipeline degree) and column blocks of comet
 COMET_PAPER = {  # each from the paper's text, at the figure or section its source names
-    "hidden_comet": (0.865, "Comet Fig. 11 (EP 8, M 16384): 86.5% of communication hidden on average"),
-    "hidden_tutel": (0.686, "Comet Fig. 11: Tutel 68.6%"),
-    "hidden_fastermoe": (0.292, "Comet Fig. 11: FasterMoE 29.2% (a pipeline degree of 2, Related Work)"),
-    "layer_speedup_h800": ((1.28, 2.37), "Comet Fig. 10 / Sec. 5.3: 1.28x-2.37x over the baselines on average, "
-                                         "single layer, EP 8, M varied"),
-    "layer_speedup_l20": ((1.19, 1.46), "Comet Fig. 14 right / Sec. 5.4: 1.19x-1.46x on 8 L20 over PCIe "
-                                        "(E 8, top-4, M 8192, EP x TP = 8)"),
+  "hidden_comet": (0.865, "Comet Fig. 11 (EP 8, M 16384): 86.5% of communication hidden on average"),
+  "hidden_tutel": (0.686, "Comet Fig. 11: Tutel 68.6%"),
+  "hidden_fastermoe": (0.292, "Comet Fig. 11: FasterMoE 29.2% (a pipeline degree of 2, Related Work)"),
+  "layer_speedup_h800": (
+    (1.28, 2.37),
+    "Comet Fig. 10 / Sec. 5.3: 1.28x-2.37x over the baselines on average, single layer, EP 8, M varied",
+  ),
+  "layer_speedup_l20": (
+    (1.19, 1.46),
+    "Comet Fig. 14 right / Sec. 5.4: 1.19x-1.46x on 8 L20 over PCIe (E 8, top-4, M 8192, EP x TP = 8)",
+  ),
 }
 
 
@@ -40,9 +45,14 @@ def comet_layer(topology, tokens: int, top_k: int, rate: tuple[float, str]):
   rows = traffic.uniform_traffic(1, gpus, mesh_lib.AXES, tokens // gpus * top_k // gpus)[None]
   exchanges = overlap.Exchanges(rows, (mesh_lib.AXES,), (1, gpus), shape["d_model"] * 2, topology, device=0)
   routed_rows = tokens // gpus * top_k  # token choices this device routes (M / W tokens before dispatch)
-  layer = overlap.LayerShape((tokens * top_k / shape["experts"],), shape["d_model"], shape["d_ff"], gated=True,
-                             rate=rate[0], non_expert_s=phases.for_topology(topology).seconds(routed_rows,
-                                                                                            shape["d_model"]))
+  layer = overlap.LayerShape(
+    (tokens * top_k / shape["experts"],),
+    shape["d_model"],
+    shape["d_ff"],
+    gated=True,
+    rate=rate[0],
+    non_expert_s=phases.for_topology(topology).seconds(routed_rows, shape["d_model"]),
+  )
   return exchanges, layer
 
 
@@ -63,70 +73,111 @@ def comet_schedules(topology, tokens: int, top_k: int, rate) -> dict:
 def section(rate_json: str) -> dict:
   """Comet's single-layer setting priced under the three schedules, side by side with its numbers. rate_json: a
   benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x efficiency)."""
-  h800_rate = model.measured_rate(rate_json, name=display_path(rate_json)) if rate_json else \
-      model.default_rate(topology_lib.H800_NVLINK)
+  h800_rate = (
+    model.measured_rate(rate_json, name=display_path(rate_json))
+    if rate_json
+    else model.default_rate(topology_lib.H800_NVLINK)
+  )
   l20 = topology_lib.L20_PCIE
   l20_rate = model.default_rate(l20)
   print(topology_lib.describe(topology_lib.H800_NVLINK), "\n")
   print(topology_lib.describe(l20), "\n")
-  print(f"expert GEMM rate: H800 {h800_rate[0] / 1e12:.0f} TFLOP/s ({h800_rate[1]}; the H800 has the H100 SXM5's "
-        f"compute); L20 {l20_rate[0] / 1e12:.0f} TFLOP/s ({l20_rate[1]}). Smaller GEMMs: "
-        f"{overlap.GemmCurve().label} wave model ({overlap.TILE}x{overlap.TILE} tiles, {overlap.HOPPER_SMS} SMs; "
-        "the H100 results time 16384 rows only)\n")
+  print(
+    f"expert GEMM rate: H800 {h800_rate[0] / 1e12:.0f} TFLOP/s ({h800_rate[1]}; the H800 has the H100 SXM5's "
+    f"compute); L20 {l20_rate[0] / 1e12:.0f} TFLOP/s ({l20_rate[1]}). Smaller GEMMs: "
+    f"{overlap.GemmCurve().label} wave model ({overlap.TILE}x{overlap.TILE} tiles, {overlap.HOPPER_SMS} SMs; "
+    "the H100 results time 16384 rows only)\n"
+  )
   per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
   l20_costs = comet_schedules(l20, 8192, 4, l20_rate)
   print("8 x H800, EP 8, Mixtral 8x7B layer forward (ms; hidden = share of the schedule's communication under matmuls)")
   print(f"{'M':>6s} {'schedule':14s} {'time':>8s} {'comm':>8s} {'compute':>8s} {'hidden':>7s} {'vs seq':>7s}")
   for m, costs in list(per_m.items()) + [("L20 8192 top-4", l20_costs)]:
     for name, c in costs.items():
-      print(f"{m!s:>6s} {name:14s} {c.time_s * 1e3:8.3f} {c.communication_s * 1e3:8.3f} {c.compute_s * 1e3:8.3f} "
-            f"{c.hidden_fraction:7.1%} {costs['sequential'].time_s / c.time_s:6.2f}x")
+      print(
+        f"{m!s:>6s} {name:14s} {c.time_s * 1e3:8.3f} {c.communication_s * 1e3:8.3f} {c.compute_s * 1e3:8.3f} "
+        f"{c.hidden_fraction:7.1%} {costs['sequential'].time_s / c.time_s:6.2f}x"
+      )
   big = per_m[COMET_TOKENS[-1]]
   speedup = lambda costs, base: costs[base].time_s / costs["comet_best"].time_s  # noqa: E731
   h800_seq = [speedup(c, "sequential") for c in per_m.values()]
   h800_chunk = [speedup(c, "chunked_best") for c in per_m.values()]
   rows = [
-      ("communication hidden, comet", COMET_PAPER["hidden_comet"], f"{big['comet_best'].hidden_fraction:.1%}"),
-      ("communication hidden, Tutel ~ chunked best", COMET_PAPER["hidden_tutel"],
-       f"{big['chunked_best'].hidden_fraction:.1%}"),
-      ("communication hidden, FasterMoE ~ chunked C=2", COMET_PAPER["hidden_fastermoe"],
-       f"{big['chunked_2'].hidden_fraction:.1%}"),
-      ("layer speedup over sequential, H800", COMET_PAPER["layer_speedup_h800"],
-       f"{min(h800_seq):.2f}-{max(h800_seq):.2f}x"),
-      ("layer speedup over best chunked, H800", COMET_PAPER["layer_speedup_h800"],
-       f"{min(h800_chunk):.2f}-{max(h800_chunk):.2f}x"),
-      ("layer speedup over sequential / chunked, L20", COMET_PAPER["layer_speedup_l20"],
-       f"{speedup(l20_costs, 'sequential'):.2f}x / {speedup(l20_costs, 'chunked_best'):.2f}x"),
+    ("communication hidden, comet", COMET_PAPER["hidden_comet"], f"{big['comet_best'].hidden_fraction:.1%}"),
+    (
+      "communication hidden, Tutel ~ chunked best",
+      COMET_PAPER["hidden_tutel"],
+      f"{big['chunked_best'].hidden_fraction:.1%}",
+    ),
+    (
+      "communication hidden, FasterMoE ~ chunked C=2",
+      COMET_PAPER["hidden_fastermoe"],
+      f"{big['chunked_2'].hidden_fraction:.1%}",
+    ),
+    (
+      "layer speedup over sequential, H800",
+      COMET_PAPER["layer_speedup_h800"],
+      f"{min(h800_seq):.2f}-{max(h800_seq):.2f}x",
+    ),
+    (
+      "layer speedup over best chunked, H800",
+      COMET_PAPER["layer_speedup_h800"],
+      f"{min(h800_chunk):.2f}-{max(h800_chunk):.2f}x",
+    ),
+    (
+      "layer speedup over sequential / chunked, L20",
+      COMET_PAPER["layer_speedup_l20"],
+      f"{speedup(l20_costs, 'sequential'):.2f}x / {speedup(l20_costs, 'chunked_best'):.2f}x",
+    ),
   ]
   print(f"\n{'quantity (M 16384 for hidden)':48s} {'paper':>12s} {'model':>14s}  source")
   for quantity, (paper, source), value in rows:
     shown = f"{paper[0]:.2f}-{paper[1]:.2f}x" if isinstance(paper, tuple) else f"{paper:.1%}"
     print(f"{quantity:48s} {shown:>12s} {value:>14s}  {source}")
-  return dict(setting=dict(COMET_MIXTRAL, tokens=COMET_TOKENS, chunks=COMET_CHUNKS, routing="uniform", dtype="bf16",
-                           h800_rate=h800_rate, l20_rate=l20_rate, gemm_curve="modelled"),
-              h800={m: {k: v.as_dict() for k, v in c.items()} for m, c in per_m.items()},
-              l20={k: v.as_dict() for k, v in l20_costs.items()},
-              comparison=[dict(quantity=q, paper=p, source=src, model=v) for q, (p, src), v in rows])
+  return dict(
+    setting=dict(
+      COMET_MIXTRAL,
+      tokens=COMET_TOKENS,
+      chunks=COMET_CHUNKS,
+      routing="uniform",
+      dtype="bf16",
+      h800_rate=h800_rate,
+      l20_rate=l20_rate,
+      gemm_curve="modelled",
+    ),
+    h800={m: {k: v.as_dict() for k, v in c.items()} for m, c in per_m.items()},
+    l20={k: v.as_dict() for k, v in l20_costs.items()},
+    comparison=[dict(quantity=q, paper=p, source=src, model=v) for q, (p, src), v in rows],
+  )
 
 
 # Comet's baselines (Sec. 5.1) as the model's schedules: the Megatron pair runs no overlap; FasterMoE pipelines with
 # a degree of 2 (Related Work); Tutel searches its pipeline degree (here: the best chunked).
-BASELINES = {"Megatron-Cutlass": "sequential", "Megatron-TE": "sequential", "FasterMoE": "chunked_2",
-             "Tutel": "chunked_best"}
+BASELINES = {
+  "Megatron-Cutlass": "sequential",
+  "Megatron-TE": "sequential",
+  "FasterMoE": "chunked_2",
+  "Tutel": "chunked_best",
+}
 
 
 def baseline_speedups(per_m: dict) -> dict:
   """Each baseline's mean over M of its time over comet's best."""
-  return {name: float(np.mean([c[schedule].time_s / c["comet_best"].time_s for c in per_m.values()]))
-          for name, schedule in BASELINES.items()}
+  return {
+    name: float(np.mean([c[schedule].time_s / c["comet_best"].time_s for c in per_m.values()]))
+    for name, schedule in BASELINES.items()
+  }
 
 
 def fidelity_rows(rate_json: str = str(RATE_JSON)) -> list[dict]:
   """The fidelity table's Comet lines (no parameter is fitted: every line is held out). 'compared with the
   baselines on average' (Sec. 5.3) is read as each baseline's speedup averaged over M, the range running over the
   baselines: the text calls the improvement 'stable' across M."""
-  h800_rate = model.measured_rate(rate_json, name=display_path(rate_json)) if rate_json else \
-      model.default_rate(topology_lib.H800_NVLINK)
+  h800_rate = (
+    model.measured_rate(rate_json, name=display_path(rate_json))
+    if rate_json
+    else model.default_rate(topology_lib.H800_NVLINK)
+  )
   per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
   l20 = comet_schedules(topology_lib.L20_PCIE, 8192, 4, model.default_rate(topology_lib.L20_PCIE))
   big, h800 = per_m[COMET_TOKENS[-1]], baseline_speedups(per_m)
@@ -134,20 +185,70 @@ def fidelity_rows(rate_json: str = str(RATE_JSON)) -> list[dict]:
   src = {k: f"{v[1]}" for k, v in COMET_PAPER.items()}
   (lo, hi), (l20_lo, l20_hi) = COMET_PAPER["layer_speedup_h800"][0], COMET_PAPER["layer_speedup_l20"][0]
   return [
-      fidelity_row("Comet", "communication hidden, comet (M 16384)", COMET_PAPER["hidden_comet"][0],
-                   big["comet_best"].hidden_fraction, "held out", src["hidden_comet"], "h800_nvlink"),
-      fidelity_row("Comet", "communication hidden, Tutel ~ best chunked", COMET_PAPER["hidden_tutel"][0],
-                   big["chunked_best"].hidden_fraction, "held out", src["hidden_tutel"], "h800_nvlink"),
-      fidelity_row("Comet", "communication hidden, FasterMoE ~ chunked C=2", COMET_PAPER["hidden_fastermoe"][0],
-                   big["chunked_2"].hidden_fraction, "held out", src["hidden_fastermoe"], "h800_nvlink"),
-      fidelity_row("Comet", "layer speedup over baselines, low end (H800)", lo, min(h800.values()), "held out",
-                   src["layer_speedup_h800"], "h800_nvlink", note=f"mean over M {COMET_TOKENS} per baseline: "
-                   + ", ".join(f"{k} {v:.2f}x" for k, v in h800.items())),
-      fidelity_row("Comet", "layer speedup over baselines, high end (H800)", hi, max(h800.values()), "held out",
-                   src["layer_speedup_h800"], "h800_nvlink"),
-      fidelity_row("Comet", "layer speedup, low end (L20, PCIe)", l20_lo, min(l20_speedups), "held out",
-                   src["layer_speedup_l20"], "l20_pcie", note="model: EP 8 only, over sequential / chunked C=2 / "
-                   "best chunked; the paper's range runs over EP x TP = 8 strategies"),
-      fidelity_row("Comet", "layer speedup, high end (L20, PCIe)", l20_hi, max(l20_speedups), "held out",
-                   src["layer_speedup_l20"], "l20_pcie"),
+    fidelity_row(
+      "Comet",
+      "communication hidden, comet (M 16384)",
+      COMET_PAPER["hidden_comet"][0],
+      big["comet_best"].hidden_fraction,
+      "held out",
+      src["hidden_comet"],
+      "h800_nvlink",
+    ),
+    fidelity_row(
+      "Comet",
+      "communication hidden, Tutel ~ best chunked",
+      COMET_PAPER["hidden_tutel"][0],
+      big["chunked_best"].hidden_fraction,
+      "held out",
+      src["hidden_tutel"],
+      "h800_nvlink",
+    ),
+    fidelity_row(
+      "Comet",
+      "communication hidden, FasterMoE ~ chunked C=2",
+      COMET_PAPER["hidden_fastermoe"][0],
+      big["chunked_2"].hidden_fraction,
+      "held out",
+      src["hidden_fastermoe"],
+      "h800_nvlink",
+    ),
+    fidelity_row(
+      "Comet",
+      "layer speedup over baselines, low end (H800)",
+      lo,
+      min(h800.values()),
+      "held out",
+      src["layer_speedup_h800"],
+      "h800_nvlink",
+      note=f"mean over M {COMET_TOKENS} per baseline: " + ", ".join(f"{k} {v:.2f}x" for k, v in h800.items()),
+    ),
+    fidelity_row(
+      "Comet",
+      "layer speedup over baselines, high end (H800)",
+      hi,
+      max(h800.values()),
+      "held out",
+      src["layer_speedup_h800"],
+      "h800_nvlink",
+    ),
+    fidelity_row(
+      "Comet",
+      "layer speedup, low end (L20, PCIe)",
+      l20_lo,
+      min(l20_speedups),
+      "held out",
+      src["layer_speedup_l20"],
+      "l20_pcie",
+      note="model: EP 8 only, over sequential / chunked C=2 / "
+      "best chunked; the paper's range runs over EP x TP = 8 strategies",
+    ),
+    fidelity_row(
+      "Comet",
+      "layer speedup, high end (L20, PCIe)",
+      l20_hi,
+      max(l20_speedups),
+      "held out",
+      src["layer_speedup_l20"],
+      "l20_pcie",
+    ),
   ]

@@ -10,11 +10,15 @@ modelled'; they stay in the table so that it lists every headline figure.
 
 from moejax.study.papers import fidelity_row
 
-_WHY = "batch size, prompt / generation lengths and precision not reported (ExFlow Sec. V-E, Fig. 10); routing of its " \
-       "pre-trained checkpoints not available"
-HEADLINES = (("inference throughput over DeepSpeed-MoE, MoE-16 on 8 GPUs", 2.2, "ExFlow Abstract / Fig. 10"),
-             ("inference throughput over DeepSpeed-MoE, MoE-32", 1.6, "ExFlow Sec. 1 contribution 5 / Fig. 10"),
-             ("Alltoall reduction, MoE-64 (fraction)", 0.67, "ExFlow Sec. 1 contribution 5"))
+_WHY = (
+  "batch size, prompt / generation lengths and precision not reported (ExFlow Sec. V-E, Fig. 10); routing of its "
+  "pre-trained checkpoints not available"
+)
+HEADLINES = (
+  ("inference throughput over DeepSpeed-MoE, MoE-16 on 8 GPUs", 2.2, "ExFlow Abstract / Fig. 10"),
+  ("inference throughput over DeepSpeed-MoE, MoE-32", 1.6, "ExFlow Sec. 1 contribution 5 / Fig. 10"),
+  ("Alltoall reduction, MoE-64 (fraction)", 0.67, "ExFlow Sec. 1 contribution 5"),
+)
 
 
 def fidelity_rows() -> list[dict]:

@@ -30,8 +30,16 @@ BYTES = 4  # assumed fp32 (PyTorch 1.10 defaults); Lina does not state the preci
 # Fig. 7 (Sec. 4.1) tick labels, ms: gradients ready at 4.1 and 5.7, A2A 5.7-13.3, FFN 13.3-14.9, A2A
 # 14.9-22.5, gate 22.5-24.6 (7c); the all-reduce bucket of 3 gradients alone 24.6-30.4 (7c); overlapped (7a):
 # the first A2A ends at 17.7 and the layer's gradients at 29.0.
-FIG7 = {"ready_ms": (4.1, 5.7), "a2a_ms": 7.6, "ffn_ms": 1.6, "gate_ms": 2.1, "allreduce_ms": 5.8,
-        "naive_a2a_end_ms": 17.7, "naive_end_ms": 29.0, "prioritized_end_ms": 24.6}
+FIG7 = {
+  "ready_ms": (4.1, 5.7),
+  "a2a_ms": 7.6,
+  "ffn_ms": 1.6,
+  "gate_ms": 2.1,
+  "allreduce_ms": 5.8,
+  "naive_a2a_end_ms": 17.7,
+  "naive_end_ms": 29.0,
+  "prioritized_end_ms": 24.6,
+}
 FIG3_MEDIAN, FIG3_WORST = 1.83, 4.14  # Sec. 2.2, Fig. 3: backward A2A slowdown under all-reduce overlap
 FIG13 = {4: 2.21, 8: 2.39, 16: 2.31}  # Sec. 7.2, Fig. 13: backward A2A speedup (packing included)
 FIG14 = {4: 1.36, 8: 1.41, 16: 1.42}  # Sec. 7.2, Fig. 14: priority + partitioning, no packing, step speedup
@@ -42,16 +50,20 @@ def fig7_layer() -> list[Block]:
   """Fig. 7's MoE layer in seconds: compute to 4.1 ms (the bucket of 3 gradients ready), to 5.7, then
   A2A, FFN, A2A, gate. The zero-length all-to-alls only place the first two compute stretches."""
   first, second = FIG7["ready_ms"]
-  ms = [Block(0.0, 0.0, first, FIG7["allreduce_ms"]), Block(0.0, 0.0, second - first, 0.0),
-        Block(FIG7["a2a_ms"], FIG7["ffn_ms"], FIG7["gate_ms"], 0.0)]
+  ms = [
+    Block(0.0, 0.0, first, FIG7["allreduce_ms"]),
+    Block(0.0, 0.0, second - first, 0.0),
+    Block(FIG7["a2a_ms"], FIG7["ffn_ms"], FIG7["gate_ms"], 0.0),
+  ]
   return [Block(*(1e-3 * v for v in dataclasses.astuple(b))) for b in ms]
 
 
 def fig7_blocks() -> tuple[list[Block], float]:
   """(blocks, forward seconds) of the 12-layer step with Fig. 7's per-layer times: dense compute 5.7 + 2.1
   ms, one 5.8 ms all-reduce per layer; the forward runs the two A2As and half the backward's compute."""
-  block = Block(*(1e-3 * v for v in (FIG7["a2a_ms"], FIG7["ffn_ms"], FIG7["ready_ms"][1] + FIG7["gate_ms"],
-                                      FIG7["allreduce_ms"])))
+  block = Block(
+    *(1e-3 * v for v in (FIG7["a2a_ms"], FIG7["ffn_ms"], FIG7["ready_ms"][1] + FIG7["gate_ms"], FIG7["allreduce_ms"]))
+  )
   return [block] * LAYERS, LAYERS * (2 * block.a2a_s + (block.ffn_s + block.dense_s) / 2)
 
 
@@ -60,17 +72,19 @@ def mesh_of(experts: int) -> tuple[int, int]:
   return max(experts // 4, 1), min(experts, 4)
 
 
-def sizes_blocks(experts: int, tokens: float, gradient_bytes: float, topology=topology_lib.A100_IB100
-                 ) -> tuple[list[Block], float]:
+def sizes_blocks(
+  experts: int, tokens: float, gradient_bytes: float, topology=topology_lib.A100_IB100
+) -> tuple[list[Block], float]:
   """(blocks, forward seconds) of the Transformer-XL step with `tokens` per GPU, uniform top-2 routing and
   `gradient_bytes` of each block's data-parallel gradient."""
   nodes, gpus = mesh_of(experts)
   rate, _ = model.default_rate(topology)
   rows = traffic.uniform_traffic(nodes, gpus, mesh_lib.AXES, 1) * (TOP_K * tokens / experts)
-  a2a = collectives.all_to_all(rows * D_MODEL * BYTES, mesh_lib.same_group(mesh_lib.AXES, nodes, gpus), gpus,
-                               topology).time_s
+  a2a = collectives.all_to_all(
+    rows * D_MODEL * BYTES, mesh_lib.same_group(mesh_lib.AXES, nodes, gpus), gpus, topology
+  ).time_s
   ffn = float(model.expert_flops(TOP_K * tokens, D_MODEL, D_FF)) / rate  # forward; the backward costs twice
-  dense = tokens * (8 * D_MODEL ** 2 + 4 * SEQ_LEN * D_MODEL) / rate
+  dense = tokens * (8 * D_MODEL**2 + 4 * SEQ_LEN * D_MODEL) / rate
   allreduce = collectives.ring("all_reduce", gradient_bytes, nodes, gpus, topology).time_s
   block = Block(a2a_s=a2a, ffn_s=2 * ffn, dense_s=2 * dense, allreduce_s=allreduce)
   return [block] * LAYERS, LAYERS * (2 * a2a + ffn + dense)
@@ -96,53 +110,146 @@ def summary(blocks, forward_s: float) -> dict:
   runs = {s: backward(blocks, s) for s in SYNC_ORDERS}
   solo = np.asarray(runs["prioritized"].a2a_s)
   slowdown = np.asarray(runs["naive_overlap"].a2a_s)[solo > 0] / solo[solo > 0]
-  return {"step_s": {s: forward_s + r.end_s for s, r in runs.items()},
-          "a2a_speedup": sum(runs["naive_overlap"].a2a_s) / solo.sum(),
-          "overlapped_slowdowns": slowdown[slowdown > 1]}
+  return {
+    "step_s": {s: forward_s + r.end_s for s, r in runs.items()},
+    "a2a_speedup": sum(runs["naive_overlap"].a2a_s) / solo.sum(),
+    "overlapped_slowdowns": slowdown[slowdown > 1],
+  }
 
 
 def validation_rows(topology=topology_lib.A100_IB100) -> list[dict]:
   """Modelled against Lina's numbers: dicts with quantity, paper, source, model, modelled, rel_err, role."""
   layer = {s: backward(fig7_layer(), s) for s in SYNC_ORDERS}
   tokens, gradient = fitted_tokens(topology), fitted_gradient_bytes(topology)
-  models = {"fig7": {16: summary(*fig7_blocks())},
-            "sizes": {e: summary(*sizes_blocks(e, tokens, gradient, topology)) for e in FIG13}}
+  models = {
+    "fig7": {16: summary(*fig7_blocks())},
+    "sizes": {e: summary(*sizes_blocks(e, tokens, gradient, topology)) for e in FIG13},
+  }
   block16 = sizes_blocks(16, tokens, gradient, topology)[0][0]
 
   def speedup(run, base="naive_overlap"):
     return run["step_s"][base] / run["step_s"]["prioritized"]
 
-  rows = [("fig7", "layer: first A2A ends, naive_overlap (ms)", FIG7["naive_a2a_end_ms"], "Fig. 7a",
-           1e3 * (sum(fig7_layer()[i].dense_s for i in (0, 1)) + layer["naive_overlap"].a2a_s[-2]), "held out"),
-          ("fig7", "layer: gradients done, naive_overlap (ms)", FIG7["naive_end_ms"], "Fig. 7a",
-           1e3 * layer["naive_overlap"].compute_end_s, "held out"),
-          ("fig7", "layer: gradients done, prioritized (ms)", FIG7["prioritized_end_ms"], "Fig. 7d / 8a",
-           1e3 * layer["prioritized"].compute_end_s, "held out"),
-          ("sizes", "backward A2A, 16 experts, alone (ms)", FIG7["a2a_ms"], "Fig. 7c", 1e3 * block16.a2a_s,
-           f"fit: {tokens:.0f} tokens per GPU"),
-          ("sizes", "expert FFN backward, 16 experts (ms)", FIG7["ffn_ms"], "Fig. 7c", 1e3 * block16.ffn_s, "held out"),
-          ("sizes", "all-reduce of 3 gradients, alone (ms)", FIG7["allreduce_ms"], "Fig. 7c",
-           3e3 * block16.allreduce_s, f"fit: {gradient / 1e6:.2f} MB per block's gradient "
-           f"({gradient / (4 * D_MODEL ** 2 * BYTES):.2f}x its attention's 4 d^2 in fp32)")]
+  rows = [
+    (
+      "fig7",
+      "layer: first A2A ends, naive_overlap (ms)",
+      FIG7["naive_a2a_end_ms"],
+      "Fig. 7a",
+      1e3 * (sum(fig7_layer()[i].dense_s for i in (0, 1)) + layer["naive_overlap"].a2a_s[-2]),
+      "held out",
+    ),
+    (
+      "fig7",
+      "layer: gradients done, naive_overlap (ms)",
+      FIG7["naive_end_ms"],
+      "Fig. 7a",
+      1e3 * layer["naive_overlap"].compute_end_s,
+      "held out",
+    ),
+    (
+      "fig7",
+      "layer: gradients done, prioritized (ms)",
+      FIG7["prioritized_end_ms"],
+      "Fig. 7d / 8a",
+      1e3 * layer["prioritized"].compute_end_s,
+      "held out",
+    ),
+    (
+      "sizes",
+      "backward A2A, 16 experts, alone (ms)",
+      FIG7["a2a_ms"],
+      "Fig. 7c",
+      1e3 * block16.a2a_s,
+      f"fit: {tokens:.0f} tokens per GPU",
+    ),
+    ("sizes", "expert FFN backward, 16 experts (ms)", FIG7["ffn_ms"], "Fig. 7c", 1e3 * block16.ffn_s, "held out"),
+    (
+      "sizes",
+      "all-reduce of 3 gradients, alone (ms)",
+      FIG7["allreduce_ms"],
+      "Fig. 7c",
+      3e3 * block16.allreduce_s,
+      f"fit: {gradient / 1e6:.2f} MB per block's gradient "
+      f"({gradient / (4 * D_MODEL**2 * BYTES):.2f}x its attention's 4 d^2 in fp32)",
+    ),
+  ]
   for name, runs in models.items():
     slowdowns = np.concatenate([r["overlapped_slowdowns"] for r in runs.values()])
-    rows += [(name, "overlapped A2A slowdown, median", FIG3_MEDIAN, "Sec. 2.2 / Fig. 3",
-              float(np.median(slowdowns)) if slowdowns.size else 1.0, "held out"),
-             (name, "overlapped A2A slowdown, worst", FIG3_WORST, "Sec. 2.2 / Fig. 3",
-              float(slowdowns.max()) if slowdowns.size else 1.0, "held out; fair sharing caps it at 2")]
-    rows += [(name, f"backward A2A speedup, {e} experts", FIG13[e], "Sec. 7.2 / Fig. 13 (packing on)",
-              run["a2a_speedup"], "held out; packing not modelled") for e, run in runs.items()]
-    rows += [(name, f"step speedup, priority + partitioning, {e} experts", FIG14[e], "Sec. 7.2 / Fig. 14 (no packing)",
-              speedup(run), "held out") for e, run in runs.items()]
-    rows += [(name, f"step speedup over default (sequential), {e} experts", None, "no paper number",
-              speedup(run, "default"), "model only") for e, run in runs.items()]
+    rows += [
+      (
+        name,
+        "overlapped A2A slowdown, median",
+        FIG3_MEDIAN,
+        "Sec. 2.2 / Fig. 3",
+        float(np.median(slowdowns)) if slowdowns.size else 1.0,
+        "held out",
+      ),
+      (
+        name,
+        "overlapped A2A slowdown, worst",
+        FIG3_WORST,
+        "Sec. 2.2 / Fig. 3",
+        float(slowdowns.max()) if slowdowns.size else 1.0,
+        "held out; fair sharing caps it at 2",
+      ),
+    ]
+    rows += [
+      (
+        name,
+        f"backward A2A speedup, {e} experts",
+        FIG13[e],
+        "Sec. 7.2 / Fig. 13 (packing on)",
+        run["a2a_speedup"],
+        "held out; packing not modelled",
+      )
+      for e, run in runs.items()
+    ]
+    rows += [
+      (
+        name,
+        f"step speedup, priority + partitioning, {e} experts",
+        FIG14[e],
+        "Sec. 7.2 / Fig. 14 (no packing)",
+        speedup(run),
+        "held out",
+      )
+      for e, run in runs.items()
+    ]
+    rows += [
+      (
+        name,
+        f"step speedup over default (sequential), {e} experts",
+        None,
+        "no paper number",
+        speedup(run, "default"),
+        "model only",
+      )
+      for e, run in runs.items()
+    ]
   speedups = [speedup(run) for run in models["sizes"].values()]
-  rows += [("sizes", "step speedup over DeepSpeed, max", HEADLINE_MAX, "Abstract, Sec. 1 / Fig. 10", max(speedups),
-            "held out; packing, pipelining not modelled"),
-           ("sizes", "step speedup over DeepSpeed, mean", HEADLINE_MEAN, "Sec. 1 / Fig. 10 (2-16 experts)",
-            float(np.mean(speedups)), "held out; 4-16 experts; packing, pipelining not modelled")]
-  return [dict(model=n, quantity=q, paper=p, source=s, modelled=float(m), rel_err=None if p is None else (m - p) / p,
-               role=r) for n, q, p, s, m, r in rows]
+  rows += [
+    (
+      "sizes",
+      "step speedup over DeepSpeed, max",
+      HEADLINE_MAX,
+      "Abstract, Sec. 1 / Fig. 10",
+      max(speedups),
+      "held out; packing, pipelining not modelled",
+    ),
+    (
+      "sizes",
+      "step speedup over DeepSpeed, mean",
+      HEADLINE_MEAN,
+      "Sec. 1 / Fig. 10 (2-16 experts)",
+      float(np.mean(speedups)),
+      "held out; 4-16 experts; packing, pipelining not modelled",
+    ),
+  ]
+  return [
+    dict(model=n, quantity=q, paper=p, source=s, modelled=float(m), rel_err=None if p is None else (m - p) / p, role=r)
+    for n, q, p, s, m, r in rows
+  ]
 
 
 def format_table(rows=None) -> str:
@@ -152,8 +259,9 @@ def format_table(rows=None) -> str:
   for r in rows:
     paper = "-" if r["paper"] is None else f"{r['paper']:.3g}"
     err = "-" if r["rel_err"] is None else f"{r['rel_err']:+.1%}"
-    lines.append(f"{r['model']:6s} {r['quantity']:52s} {paper:>6s} {r['modelled']:6.3g} {err:>8s}  "
-                 f"{r['source']}; {r['role']}")
+    lines.append(
+      f"{r['model']:6s} {r['quantity']:52s} {paper:>6s} {r['modelled']:6.3g} {err:>8s}  {r['source']}; {r['role']}"
+    )
   return "\n".join(lines)
 
 
@@ -168,7 +276,17 @@ def fidelity_rows() -> list[dict]:
   """The fidelity table's Lina lines: `validation_rows()` with a paper number. The 'sizes' model fits two numbers
   on Fig. 7c (tokens per GPU on the A2A time, a block's gradient bytes on the all-reduce time); the 'fig7' model
   takes Fig. 7's solo times as inputs."""
-  return [fidelity_row("Lina", r["quantity"], r["paper"], r["modelled"], "fit" if r["role"].startswith("fit") else
-                       "held out", f"Lina {r['source']}", variant=r["model"],
-                       note=r["role"].partition("; ")[2] if r["role"].startswith("held out") else r["role"])
-          for r in validation_rows() if r["paper"] is not None]
+  return [
+    fidelity_row(
+      "Lina",
+      r["quantity"],
+      r["paper"],
+      r["modelled"],
+      "fit" if r["role"].startswith("fit") else "held out",
+      f"Lina {r['source']}",
+      variant=r["model"],
+      note=r["role"].partition("; ")[2] if r["role"].startswith("held out") else r["role"],
+    )
+    for r in validation_rows()
+    if r["paper"] is not None
+  ]

@@ -40,8 +40,15 @@ DENSE_PARAMS = 110e6
 NODES = (1, 2, 4, 8, 16)
 
 # SMILE Table 3 (16 nodes, one MoE layer, micro-batch forward), in seconds.
-TABLE3 = {"switch_a2a": 0.382, "switch_ffn_other": 0.153, "switch_total": 0.535,
-          "smile_inter": 0.077, "smile_intra": 0.009, "smile_ffn_other": 0.060, "smile_total": 0.146}
+TABLE3 = {
+  "switch_a2a": 0.382,
+  "switch_ffn_other": 0.153,
+  "switch_total": 0.535,
+  "smile_inter": 0.077,
+  "smile_intra": 0.009,
+  "smile_ffn_other": 0.060,
+  "smile_total": 0.146,
+}
 TABLE1 = {"switch": 8112.0, "smile": 20011.0}  # samples/s on 16 nodes
 FIG8_SMILE_GAIN = 7.7  # SMILE weak scaling, 16 nodes over 1 node
 
@@ -52,25 +59,35 @@ def layer_traffic(scheme: str, n: int):
   if scheme == "switch":
     rows = traffic.capacity_traffic(n, GPUS, experts, math.ceil(CAPACITY_FACTOR * TOKENS / experts))
     return rows, [mesh_lib.AXES], 2 * TOKENS * D * experts
-  rows = np.stack([traffic.uniform_traffic(n, GPUS, mesh_lib.NODE, math.ceil(CAPACITY_FACTOR * TOKENS / n)),
-                   traffic.uniform_traffic(n, GPUS, mesh_lib.GPU, math.ceil(CAPACITY_FACTOR * TOKENS / GPUS))])
+  rows = np.stack(
+    [
+      traffic.uniform_traffic(n, GPUS, mesh_lib.NODE, math.ceil(CAPACITY_FACTOR * TOKENS / n)),
+      traffic.uniform_traffic(n, GPUS, mesh_lib.GPU, math.ceil(CAPACITY_FACTOR * TOKENS / GPUS)),
+    ]
+  )
   return rows, [mesh_lib.NODE, mesh_lib.GPU], 2 * TOKENS * D * (n + GPUS)
 
 
 def price(scheme: str, n: int, topology, backward: bool = False) -> model.Breakdown:
   rows, hops, router_flops = layer_traffic(scheme, n)
   flops = model.expert_flops(traffic.rows_processed(rows), D, F)
-  return model.price_from_traffic(rows, hops, (n, GPUS), BYTES_PER_ROW, flops, topology, other_flops=router_flops,
-                                  backward=backward)
+  return model.price_from_traffic(
+    rows, hops, (n, GPUS), BYTES_PER_ROW, flops, topology, other_flops=router_flops, backward=backward
+  )
 
 
 def table3(topology) -> dict:
   """Modelled counterparts of Table 3's entries, in seconds."""
   sw, sm = price("switch", 16, topology), price("smile", 16, topology)
-  return {"switch_a2a": sw.inter_node_a2a_s + sw.intra_node_a2a_s,
-          "switch_ffn_other": sw.expert_compute_s + sw.other_s, "switch_total": sw.total_s,
-          "smile_inter": sm.inter_node_a2a_s, "smile_intra": sm.intra_node_a2a_s,
-          "smile_ffn_other": sm.expert_compute_s + sm.other_s, "smile_total": sm.total_s}
+  return {
+    "switch_a2a": sw.inter_node_a2a_s + sw.intra_node_a2a_s,
+    "switch_ffn_other": sw.expert_compute_s + sw.other_s,
+    "switch_total": sw.total_s,
+    "smile_inter": sm.inter_node_a2a_s,
+    "smile_intra": sm.intra_node_a2a_s,
+    "smile_ffn_other": sm.expert_compute_s + sm.other_s,
+    "smile_total": sm.total_s,
+  }
 
 
 def fit_inter_node(topology):
@@ -79,18 +96,25 @@ def fit_inter_node(topology):
   Each is a forward's dispatch and combine: 2 x (launch + messages_inter * inter_latency +
   messages_intra * intra_latency + nic_bytes / nic_bw); the terms not fitted are subtracted first.
   """
-  points = [(price("switch", 16, topology).hops[0], TABLE3["switch_a2a"]),
-            (price("smile", 16, topology).hops[0], TABLE3["smile_inter"])]
+  points = [
+    (price("switch", 16, topology).hops[0], TABLE3["switch_a2a"]),
+    (price("smile", 16, topology).hops[0], TABLE3["smile_inter"]),
+  ]
   features = [[2 * h.messages_inter, 2 * h.nic_bytes] for h, _ in points]
   fixed = [2 * (h.launch_s + h.messages_intra * topology["intra_latency"]) for h, _ in points]
-  fit = calibrate.fit_terms(features, [t - c for (_, t), c in zip(points, fixed)],
-                            ("inter_latency_s", "seconds_per_nic_byte"))
-  where = ("fitted to SMILE Table 3 (16 P4d nodes): Switch all-to-all 382 ms and SMILE inter-node 77 ms, "
-           f"2 points for 2 terms (residuals {max(map(abs, fit.residuals_s)):.1e} s by construction)")
+  fit = calibrate.fit_terms(
+    features, [t - c for (_, t), c in zip(points, fixed)], ("inter_latency_s", "seconds_per_nic_byte")
+  )
+  where = (
+    "fitted to SMILE Table 3 (16 P4d nodes): Switch all-to-all 382 ms and SMILE inter-node 77 ms, "
+    f"2 points for 2 terms (residuals {max(map(abs, fit.residuals_s)):.1e} s by construction)"
+  )
   calibrated = topology_lib.custom(
-      topology, name=f"{topology.name}_fitted",
-      inter_latency=topology_lib.Param(fit.values["inter_latency_s"], where, "fitted"),
-      nic_bw=topology_lib.Param(1 / fit.values["seconds_per_nic_byte"], where, "fitted"))
+    topology,
+    name=f"{topology.name}_fitted",
+    inter_latency=topology_lib.Param(fit.values["inter_latency_s"], where, "fitted"),
+    nic_bw=topology_lib.Param(1 / fit.values["seconds_per_nic_byte"], where, "fitted"),
+  )
   return calibrated, fit
 
 
@@ -101,39 +125,78 @@ def throughput(scheme: str, n: int, topology) -> dict:
   sync = collectives.ring("all_reduce", DENSE_PARAMS * 2, n, GPUS, topology)
   flops = model.non_moe_flops(TOKENS, SEQ, D, F, LAYERS, MOE_LAYERS, VOCAB)
   step = model.training_step_s(flops, rate, moe, MOE_LAYERS, 1, sync.time_s)
-  return {"nodes": n, "step_s": step, "samples_per_s": n * GPUS * 128 / step,
-          "moe_a2a_s": MOE_LAYERS * (moe.inter_node_a2a_s + moe.intra_node_a2a_s), "grad_sync_s": sync.time_s}
+  return {
+    "nodes": n,
+    "step_s": step,
+    "samples_per_s": n * GPUS * 128 / step,
+    "moe_a2a_s": MOE_LAYERS * (moe.inter_node_a2a_s + moe.intra_node_a2a_s),
+    "grad_sync_s": sync.time_s,
+  }
 
 
 def shape_checks(curves: dict) -> dict:
   thr = {s: {c["nodes"]: c["samples_per_s"] for c in curves[s]} for s in curves}
   sw, sm = thr["switch"], thr["smile"]
-  return {"switch_8_nodes_slower_than_4": sw[8] < sw[4],
-          "switch_16_over_1_below_1.5": sw[16] / sw[1] < 1.5,
-          "smile_rises_at_every_doubling": all(sm[a] < sm[b] for a, b in zip(NODES, NODES[1:])),
-          "smile_rises_4_to_8": sm[4] < sm[8],
-          "smile_16_over_1": sm[16] / sm[1], "switch_16_over_1": sw[16] / sw[1]}
+  return {
+    "switch_8_nodes_slower_than_4": sw[8] < sw[4],
+    "switch_16_over_1_below_1.5": sw[16] / sw[1] < 1.5,
+    "smile_rises_at_every_doubling": all(sm[a] < sm[b] for a, b in zip(NODES, NODES[1:])),
+    "smile_rises_4_to_8": sm[4] < sm[8],
+    "smile_16_over_1": sm[16] / sm[1],
+    "switch_16_over_1": sw[16] / sw[1],
+  }
 
 
 def compare(models: dict) -> tuple[list[dict], dict]:
   """(rows: paper vs each model with relative errors, Fig. 8 curves per model and scheme)."""
   modelled = {name: table3(topo) for name, topo in models.items()}
-  curves = {name: {s: [throughput(s, n, topo) for n in NODES] for s in ("switch", "smile")}
-            for name, topo in models.items()}
+  curves = {
+    name: {s: [throughput(s, n, topo) for n in NODES] for s in ("switch", "smile")} for name, topo in models.items()
+  }
 
   def row(quantity, paper, role, value):
-    return dict(quantity=quantity, paper=paper, role=role, **{name: value(name) for name in models},
-                **{f"{name}_rel_err": (value(name) - paper) / paper for name in models})
+    return dict(
+      quantity=quantity,
+      paper=paper,
+      role=role,
+      **{name: value(name) for name in models},
+      **{f"{name}_rel_err": (value(name) - paper) / paper for name in models},
+    )
 
-  rows = [row(f"Table 3 {key} (ms)", TABLE3[key] * 1e3, "fit" if key in ("switch_a2a", "smile_inter") else "held out",
-              lambda name, key=key: modelled[name][key] * 1e3) for key in TABLE3]
-  rows.append(row("Table 3 Switch/SMILE layer time", TABLE3["switch_total"] / TABLE3["smile_total"], "held out",
-                  lambda name: modelled[name]["switch_total"] / modelled[name]["smile_total"]))
+  rows = [
+    row(
+      f"Table 3 {key} (ms)",
+      TABLE3[key] * 1e3,
+      "fit" if key in ("switch_a2a", "smile_inter") else "held out",
+      lambda name, key=key: modelled[name][key] * 1e3,
+    )
+    for key in TABLE3
+  ]
+  rows.append(
+    row(
+      "Table 3 Switch/SMILE layer time",
+      TABLE3["switch_total"] / TABLE3["smile_total"],
+      "held out",
+      lambda name: modelled[name]["switch_total"] / modelled[name]["smile_total"],
+    )
+  )
   for scheme in ("switch", "smile"):
-    rows.append(row(f"Table 1 {scheme} 16 nodes (samples/s)", TABLE1[scheme], "held out",
-                    lambda name, scheme=scheme: curves[name][scheme][-1]["samples_per_s"]))
-  rows.append(row("Fig. 8 SMILE 16 over 1 node", FIG8_SMILE_GAIN, "held out",
-                  lambda name: curves[name]["smile"][-1]["samples_per_s"] / curves[name]["smile"][0]["samples_per_s"]))
+    rows.append(
+      row(
+        f"Table 1 {scheme} 16 nodes (samples/s)",
+        TABLE1[scheme],
+        "held out",
+        lambda name, scheme=scheme: curves[name][scheme][-1]["samples_per_s"],
+      )
+    )
+  rows.append(
+    row(
+      "Fig. 8 SMILE 16 over 1 node",
+      FIG8_SMILE_GAIN,
+      "held out",
+      lambda name: curves[name]["smile"][-1]["samples_per_s"] / curves[name]["smile"][0]["samples_per_s"],
+    )
+  )
   return rows, curves
 
 
@@ -144,15 +207,19 @@ def section() -> dict:
   models = {"datasheet": datasheet, "calibrated": calibrated}
   for topo in models.values():
     print(topology_lib.describe(topo), "\n")
-  print(f"calibration: inter_latency {calibrated['inter_latency'] * 1e6:.1f} us, "
-        f"nic_bw {calibrated['nic_bw'] / 1e9:.2f} GB/s (datasheet {datasheet['nic_bw'] / 1e9:g} GB/s); "
-        f"residuals {fit.residuals_s} s\n")
+  print(
+    f"calibration: inter_latency {calibrated['inter_latency'] * 1e6:.1f} us, "
+    f"nic_bw {calibrated['nic_bw'] / 1e9:.2f} GB/s (datasheet {datasheet['nic_bw'] / 1e9:g} GB/s); "
+    f"residuals {fit.residuals_s} s\n"
+  )
 
   rows, curves = compare(models)
   print(f"{'quantity':42s} {'paper':>10s} {'datasheet':>10s} {'rel err':>8s} {'calibrated':>10s} {'rel err':>8s}  role")
   for r in rows:
-    print(f"{r['quantity']:42s} {r['paper']:10.4g} {r['datasheet']:10.4g} {r['datasheet_rel_err']:+8.1%} "
-          f"{r['calibrated']:10.4g} {r['calibrated_rel_err']:+8.1%}  {r['role']}")
+    print(
+      f"{r['quantity']:42s} {r['paper']:10.4g} {r['datasheet']:10.4g} {r['datasheet_rel_err']:+8.1%} "
+      f"{r['calibrated']:10.4g} {r['calibrated_rel_err']:+8.1%}  {r['role']}"
+    )
   checks = {name: shape_checks(curves[name]) for name in models}
   print("\nFig. 8 weak scaling, modelled samples/s at", NODES)
   for name in models:
@@ -162,14 +229,24 @@ def section() -> dict:
   consistency = paper_consistency()
   print("\n" + consistency_text(consistency))
 
-  record = dict(setting=dict(gpus_per_node=GPUS, tokens_per_gpu=TOKENS, d_model=D, d_ff=F,
-                             capacity_factor=CAPACITY_FACTOR, bytes_per_row=BYTES_PER_ROW, routing="uniform"),
-                topologies={name: {k: dataclasses.asdict(p) for k, p in topo.params().items()}
-                            for name, topo in models.items()},
-                calibration=fit.as_dict(), rows=rows, fig8=curves, fig8_shape=checks,
-                paper_consistency=consistency,
-                breakdowns={name: {s: price(s, 16, topo).as_dict() for s in ("switch", "smile")}
-                            for name, topo in models.items()})
+  record = dict(
+    setting=dict(
+      gpus_per_node=GPUS,
+      tokens_per_gpu=TOKENS,
+      d_model=D,
+      d_ff=F,
+      capacity_factor=CAPACITY_FACTOR,
+      bytes_per_row=BYTES_PER_ROW,
+      routing="uniform",
+    ),
+    topologies={name: {k: dataclasses.asdict(p) for k, p in topo.params().items()} for name, topo in models.items()},
+    calibration=fit.as_dict(),
+    rows=rows,
+    fig8=curves,
+    fig8_shape=checks,
+    paper_consistency=consistency,
+    breakdowns={name: {s: price(s, 16, topo).as_dict() for s in ("switch", "smile")} for name, topo in models.items()},
+  )
   return record
 
 
@@ -192,26 +269,35 @@ def paper_consistency() -> dict:
     total, ffn = TABLE3[f"{scheme}_total"], TABLE3[f"{scheme}_ffn_other"]
     step = NODES[-1] * GPUS * 128 / TABLE1[scheme]
     bounds = {"exchanges": MOE_LAYERS * (total + a2a), "with_ffn": MOE_LAYERS * (total + a2a + 2 * ffn)}
-    out[scheme] = dict(table1_step_s=step, six_forwards_s=MOE_LAYERS * total, bound_s=bounds,
-                       ratio={k: v / step for k, v in bounds.items()})
+    out[scheme] = dict(
+      table1_step_s=step,
+      six_forwards_s=MOE_LAYERS * total,
+      bound_s=bounds,
+      ratio={k: v / step for k, v in bounds.items()},
+    )
   return out
 
 
 CONSISTENCY_VERDICT = (
-    "The model follows Table 3: its two fitted terms come from Table 3's all-to-all entries and its other entries "
-    "are the per-phase counterparts the model prices, while Table 1 is a whole step whose parts are not reported. "
-    "Table 1's lines are predictions from Table 3's terms and inherit the contradiction.")
+  "The model follows Table 3: its two fitted terms come from Table 3's all-to-all entries and its other entries "
+  "are the per-phase counterparts the model prices, while Table 1 is a whole step whose parts are not reported. "
+  "Table 1's lines are predictions from Table 3's terms and inherit the contradiction."
+)
 
 
 def consistency_text(consistency: dict | None = None) -> str:
   consistency = paper_consistency() if consistency is None else consistency
-  lines = ["SMILE self-consistency: Table 1's step (16384 samples / samples/s) against the lower bounds Table 3's "
-           "per-layer forward sets on a 6-MoE-layer step (no dense layers, no all-reduce)"]
+  lines = [
+    "SMILE self-consistency: Table 1's step (16384 samples / samples/s) against the lower bounds Table 3's "
+    "per-layer forward sets on a 6-MoE-layer step (no dense layers, no all-reduce)"
+  ]
   for scheme, c in consistency.items():
-    lines.append(f"  {scheme:6s} Table 1 step {c['table1_step_s']:.3f} s; six Table 3 forwards alone "
-                 f"{c['six_forwards_s']:.3f} s; + backward exchanges {c['bound_s']['exchanges']:.3f} s "
-                 f"({c['ratio']['exchanges']:.2f}x Table 1); + backward FFN {c['bound_s']['with_ffn']:.3f} s "
-                 f"({c['ratio']['with_ffn']:.2f}x)")
+    lines.append(
+      f"  {scheme:6s} Table 1 step {c['table1_step_s']:.3f} s; six Table 3 forwards alone "
+      f"{c['six_forwards_s']:.3f} s; + backward exchanges {c['bound_s']['exchanges']:.3f} s "
+      f"({c['ratio']['exchanges']:.2f}x Table 1); + backward FFN {c['bound_s']['with_ffn']:.3f} s "
+      f"({c['ratio']['with_ffn']:.2f}x)"
+    )
   lines.append("  " + CONSISTENCY_VERDICT)
   return "\n".join(lines)
 
@@ -221,20 +307,39 @@ def fidelity_rows() -> list[dict]:
   its two inter-node terms fitted (`fit_inter_node`): two entries 'fit', every other one 'held out'."""
   calibrated, _ = fit_inter_node(topology_lib.P4D_EFA)
   rows, _ = compare({"calibrated": calibrated})
-  source = {"Table 3": "SMILE Table 3 (16 P4d nodes, one layer, micro-batch forward)",
-            "Table 1": "SMILE Table 1 (16 P4d nodes)", "Fig. 8": "SMILE Sec. 4.3.1 / Fig. 8 (weak scaling)"}
+  source = {
+    "Table 3": "SMILE Table 3 (16 P4d nodes, one layer, micro-batch forward)",
+    "Table 1": "SMILE Table 1 (16 P4d nodes)",
+    "Fig. 8": "SMILE Sec. 4.3.1 / Fig. 8 (weak scaling)",
+  }
   ratio = {s: c["ratio"]["exchanges"] for s, c in paper_consistency().items()}
 
-  fitted = (f"fitted with the other Table 3 all-to-all: inter_latency {calibrated['inter_latency'] * 1e6:.0f} us, "
-            f"nic_bw {calibrated['nic_bw'] / 1e9:.1f} GB/s (2 terms on 2 entries, residual 0 by construction)")
+  fitted = (
+    f"fitted with the other Table 3 all-to-all: inter_latency {calibrated['inter_latency'] * 1e6:.0f} us, "
+    f"nic_bw {calibrated['nic_bw'] / 1e9:.1f} GB/s (2 terms on 2 entries, residual 0 by construction)"
+  )
 
   def note(r):
     if r["role"] == "fit":
       return fitted
     scheme = next((s for s in ratio if s in r["quantity"].lower()), None)
-    return (f"contradicts Table 3: a step at least {ratio[scheme]:.2f}x Table 1's follows from Table 3; the model "
-            "follows Table 3" if r["quantity"].startswith("Table 1") else "")
+    return (
+      f"contradicts Table 3: a step at least {ratio[scheme]:.2f}x Table 1's follows from Table 3; the model "
+      "follows Table 3"
+      if r["quantity"].startswith("Table 1")
+      else ""
+    )
 
-  return [fidelity_row("SMILE", r["quantity"], r["paper"], r["calibrated"], r["role"],
-                       source[" ".join(r["quantity"].split()[:2])], variant=calibrated.name, note=note(r))
-          for r in rows]
+  return [
+    fidelity_row(
+      "SMILE",
+      r["quantity"],
+      r["paper"],
+      r["calibrated"],
+      r["role"],
+      source[" ".join(r["quantity"].split()[:2])],
+      variant=calibrated.name,
+      note=note(r),
+    )
+    for r in rows
+  ]
