@@ -21,8 +21,8 @@ import os
 
 import ml_collections
 
-from moejax.configs import mlm
-from moejax.configs.moe_section import moe_section
+from configs import mlm
+from configs.moe_section import moe_section
 from moejax.models import hf_config, presets
 from moejax.pipeline import section as pipeline_section
 from moejax.validation import ConfigError

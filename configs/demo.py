@@ -17,7 +17,7 @@ mesh.nodes, so set both to change the node count of those routings
 
 import ml_collections
 
-from moejax.configs.moe_section import moe_section
+from configs.moe_section import moe_section
 
 
 def get_config() -> ml_collections.ConfigDict:

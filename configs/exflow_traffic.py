@@ -8,7 +8,7 @@
 
 import ml_collections
 
-from moejax.configs import generate
+from configs import generate
 
 
 def get_config() -> ml_collections.ConfigDict:

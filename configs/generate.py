@@ -13,7 +13,7 @@ expert-to-expert transitions), 16 experts (one per device on a 2 x 8 mesh), top-
 
 import ml_collections
 
-from moejax.configs import gpt
+from configs import gpt
 
 
 def trained_model() -> ml_collections.ConfigDict:

@@ -6,7 +6,7 @@ python -m experiments.train --config=configs/gpt.py:13b --workdir=...
 
 import ml_collections
 
-from moejax.configs import mlm
+from configs import mlm
 
 
 def get_config(size: str = "tiny") -> ml_collections.ConfigDict:

@@ -14,7 +14,7 @@ planned as one row named 'config', its fields overridable.
 
 import ml_collections
 
-from moejax.configs import training
+from configs import training
 from moejax.train import objective
 
 

@@ -18,7 +18,7 @@ checked (moejax.models.config.from_sections), for the tokens one layer call sees
 
 import ml_collections
 
-from moejax.configs.moe_section import moe_section
+from configs.moe_section import moe_section
 
 # layers, d_model, heads, d_ff, micro-batch rows per GPU
 SIZES = {"3.7b": (12, 768, 12, 3072, 128), "13b": (24, 1024, 16, 4096, 64), "48b": (36, 1600, 25, 6400, 64)}

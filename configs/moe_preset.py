@@ -15,7 +15,7 @@ the data come from this file or the command line.
 
 import ml_collections
 
-from moejax.configs import mlm
+from configs import mlm
 
 
 def get_config() -> ml_collections.ConfigDict:

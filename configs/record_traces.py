@@ -13,7 +13,7 @@ into <workdir>/train first, unless it holds a checkpoint).
 
 import ml_collections
 
-from moejax.configs import training
+from configs import training
 
 
 def get_config(model: str = "mlm") -> ml_collections.ConfigDict:

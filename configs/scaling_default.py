@@ -22,7 +22,7 @@ devices x micro_batch on each, so the default 512 fits meshes of up to 16 device
 
 import ml_collections
 
-from moejax.configs.moe_section import moe_section
+from configs.moe_section import moe_section
 from moejax.study.points import SCHEME_FIELDS
 
 

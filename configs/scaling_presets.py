@@ -16,7 +16,7 @@ dispatch in FP8 (e4m3 with a float32 scale per 128 elements, its report's Sec. 3
 
 import ml_collections
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.models import presets
 from moejax.study import point_models
 from moejax.study.points import SCHEME_FIELDS

@@ -15,7 +15,7 @@ layer on simulated devices as often as a two-scheme sweep. See moejax/study/pric
 
 import ml_collections
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 
 
 def get_config() -> ml_collections.ConfigDict:

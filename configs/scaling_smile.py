@@ -23,7 +23,7 @@ same model with them (`FITTED_OVERRIDES`; the points then only reprice, the simu
 
 import ml_collections
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 
 # experiments/validation/smile.py's fit_inter_node(p4d_efa) (tests/test_validation.py checks the two agree).
 FITTED_OVERRIDES = "inter_latency=1.4521542857e-3,nic_bw=22.591471979e9"

@@ -1,4 +1,4 @@
-"""Tile tuning of moejax.kernels on the GPU at hand (experiments/tune_kernels.py): every candidate TileConfig, the
+"""Tile tuning of kernels on the GPU at hand (experiments/tune_kernels.py): every candidate TileConfig, the
 product of the block and launch fields below, timed per kernel, dtype and shape class.
 
   python -m experiments.tune_kernels --workdir=/tmp/tuned
@@ -8,13 +8,13 @@ product of the block and launch fields below, timed per kernel, dtype and shape 
 
 import ml_collections
 
-from moejax.kernels import tuning
+from kernels import tuning
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.smoke = False  # tiny shapes, two candidates (runs on CPU, interpreted)
-  config.kernels = tuning.KERNELS  # kernels to tune: a subset of moejax.kernels.tuning.KERNELS
+  config.kernels = tuning.KERNELS  # kernels to tune: a subset of kernels.tuning.KERNELS
   config.dtypes = ("bfloat16",)  # input dtypes to tune: bfloat16, float32
   config.block_m = (64, 128)  # candidate block_m
   config.block_n = (64, 128)  # candidate block_n

@@ -37,10 +37,10 @@ from absl import flags
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from configs.bench_collectives import VARIANTS
+from kernels import tuning
 from moejax import cli
-from moejax.configs.bench_collectives import VARIANTS
 from moejax.cost import calibrate
-from moejax.kernels import tuning
 from moejax.moe import collective
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, require

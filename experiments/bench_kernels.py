@@ -1,16 +1,16 @@
 """Benchmark the Pallas expert kernels against other ways to compute the same expert FFN.
 
 Implementations, each timed forward and forward+backward:
-  pallas          moejax.kernels (gmm, or the fused expert_ffn)
+  pallas          kernels (gmm, or the fused expert_ffn)
   pallas_saved    the fused expert_ffn keeping its pre-activations for the backward (no recompute;
                   for 'gmm' the same as pallas)
-  pallas_unfused  the FFN as separate moejax.kernels gmm calls with the activation between them
+  pallas_unfused  the FFN as separate kernels gmm calls with the activation between them
                   (what the fused expert_ffn must beat; for 'gmm' the same as pallas)
   ragged_dot      jax.lax.ragged_dot
   tokamax         expert_backend='tokamax' through moejax.moe.experts (tokamax.ragged_dot, fp32
                   out, rows past the groups masked), when tokamax is importable
   fp8             expert_backend='fp8' through moejax.moe.experts (every matmul in float8_e4m3fn by
-                  qwix.ragged_dot, moejax.kernels.fp8), when qwix is importable
+                  qwix.ragged_dot, kernels.fp8), when qwix is importable
   torch_grouped_mm  the same FFN in PyTorch with torch._grouped_mm (torchtitan's MoE path), on CUDA,
                   timed with CUDA events; weights laid out as torchtitan's ([G, out, in], used
                   transposed); its error against a per-group torch matmul loop

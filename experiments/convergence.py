@@ -30,10 +30,10 @@ import jax
 import ml_collections
 import numpy as np
 
+from configs import convergence as study_config
+from configs import gpt as gpt_config
+from configs import mlm as mlm_config
 from moejax import cli
-from moejax.configs import convergence as study_config
-from moejax.configs import gpt as gpt_config
-from moejax.configs import mlm as mlm_config
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
 from moejax.study.convergence import format_table, plot, table_rows

@@ -13,8 +13,8 @@ Prints the table; with --workdir, writes its rows to exchange_memory.json there.
 
 import os
 
+from configs import mlm
 from moejax import cli
-from moejax.configs import mlm
 from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib

@@ -37,8 +37,8 @@ import time
 
 import numpy as np
 
+from configs.family_remedies import BASELINE
 from moejax import cli
-from moejax.configs.family_remedies import BASELINE
 from moejax.study import schemes as schemes_lib
 from moejax.study.progress import Progress
 from moejax.validation import ConfigError, is_int, require

@@ -90,7 +90,7 @@ SCHEDULE = {"xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED", "xl
 
 
 def preset_config(name: str):
-  from moejax.configs import decoder
+  from configs import decoder
 
   spec, top, model, moe, mesh, _ = PRESETS[name]
   config = decoder.get_config(spec)

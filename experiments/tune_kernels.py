@@ -1,4 +1,4 @@
-"""Re-tune the tile table of moejax.kernels.tuning on the GPU at hand.
+"""Re-tune the tile table of kernels.tuning on the GPU at hand.
 
 For every (kernel, dtype, shape class) it times each candidate TileConfig on a representative
 shape (balanced groups), keeps the fastest, prints a table, writes every timing to
@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 from absl import flags
 
+from kernels import ffn, tuning
+from kernels import gmm as gmm_lib
 from moejax import cli
 from moejax.bench.kernel_cases import MODELS
-from moejax.kernels import ffn, tuning
-from moejax.kernels import gmm as gmm_lib
 from moejax.validation import require
 
 _MANY, _FEW = MODELS["mixtral_8x7b"], MODELS["qwen2_moe"]

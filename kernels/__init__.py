@@ -1,4 +1,4 @@
-"""Pallas expert kernels, imported as `moejax.kernels`.
+"""Pallas expert kernels, imported as `kernels`.
 
 Modules (imported on demand, so that importing the package does not load Pallas):
   gmm: `gmm` grouped matmul and `tgmm`, its per-group weight gradient.

@@ -12,32 +12,8 @@ The public API for notebooks and other frameworks:
 Subpackages: `moe` (the layer and its parts), `models` (SMILE's models and the decoder families of Mixtral,
 Qwen2/3-MoE and DeepSeek-V2/V3, from and to Hugging Face checkpoints: `moejax.models.from_hf`), `data`, `train`
 (the trainer), `infer` (generation, ExFlow), `placement`, `replication`, `runtime` (mesh, processes), `cost` (cluster
-cost model), `study` (scaling sweeps, timing, memory); `moejax.kernels` holds the Pallas kernels.
+cost model), `study` (scaling sweeps, timing, memory). The Pallas kernels are the top-level package `kernels`.
 """
-
-import importlib.util as _importlib_util
-import pathlib as _pathlib
-import sys as _sys
-
-
-def _source_tree_folders() -> None:
-  """Run from a source tree (PYTHONPATH=. or an editable install), the kernels, configs and experiments sit in
-  top-level folders; register each as `moejax.<folder>`, the name an installed wheel gives it (bare `kernels`,
-  `configs` and `experiments` would collide with unrelated PyPI distributions of those names)."""
-  here = _pathlib.Path(__file__).resolve().parent
-  for name in ("kernels", "configs", "experiments"):
-    folder = here.parent / name
-    if f"moejax.{name}" in _sys.modules or (here / name).is_dir() or not (folder / "__init__.py").is_file():
-      continue
-    spec = _importlib_util.spec_from_file_location(
-      f"moejax.{name}", folder / "__init__.py", submodule_search_locations=[str(folder)]
-    )
-    module = _importlib_util.module_from_spec(spec)
-    _sys.modules[f"moejax.{name}"] = module
-    spec.loader.exec_module(module)
-
-
-_source_tree_folders()
 
 # Loaded on first use, so that `import moejax` (and `python -m moejax.runtime.launch`) stays light.
 _PUBLIC = {

@@ -4,7 +4,7 @@ import math
 
 import numpy as np
 
-# gelu is the tanh approximation throughout moejax (moejax.kernels.activations).
+# gelu is the tanh approximation throughout moejax (kernels.activations).
 ACT = {
   "gelu": lambda h: 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3))),
   "relu": lambda h: np.maximum(h, 0),

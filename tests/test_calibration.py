@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.cost import collectives, fitted
 from moejax.cost import model as cost_model
 from moejax.cost import topology as topology_lib

@@ -9,8 +9,8 @@ import sys
 import pytest
 from absl import flags
 
+from configs.moe_section import moe_section
 from moejax.cli import define_config, define_workdir  # noqa: E402
-from moejax.configs.moe_section import moe_section
 from moejax.models.config import MOE_FROM_MODEL
 from moejax.moe.config import MoEConfig
 from moejax.study import points

@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from moejax.configs import decoder
+from configs import decoder
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import objective

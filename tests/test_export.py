@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 
+from configs import mlm
 from experiments import export
 from moejax import run_config
-from moejax.configs import mlm
 from moejax.infer import load
 from moejax.models import hf_checkpoint
 from moejax.validation import ConfigError

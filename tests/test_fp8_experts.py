@@ -1,4 +1,4 @@
-"""expert_backend='fp8' (moejax.kernels.fp8, qwix's FP8 ragged_dot): exactly the product of the e4m3-quantized operands
+"""expert_backend='fp8' (kernels.fp8, qwix's FP8 ragged_dot): exactly the product of the e4m3-quantized operands
 (float64 NumPy with ml_dtypes' e4m3 rounding), within FP8's tolerance of the unquantized product and of the bf16
 backend in the layer, straight-through gradients, and a missing qwix named before anything is traced."""
 
@@ -10,7 +10,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from moejax.kernels import fp8
+from kernels import fp8
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply

@@ -8,8 +8,8 @@ import jax
 import numpy as np
 import pytest
 
+from configs import decoder, mlm
 from moejax import checkpoint as checkpoint_lib
-from moejax.configs import decoder, mlm
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import objective

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from moejax.configs import decoder
+from configs import decoder
 from moejax.data import corpus as data
 from moejax.data import pipeline, tokenizer
 from moejax.data.tokenizer import cache_lock

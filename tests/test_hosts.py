@@ -12,7 +12,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.cost import fitted
 from moejax.study import hosts, measure
 from moejax.study.points import Point, validate

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file
 
+from configs import decoder
 from moejax import models
-from moejax.configs import decoder
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.models import hf_config

@@ -7,8 +7,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from moejax.kernels import activations, backend, ffn, tile_order, tuning
-from moejax.kernels import gmm as gmm_lib
+from kernels import activations, backend, ffn, tile_order, tuning
+from kernels import gmm as gmm_lib
 from moejax.runtime import platform as platform_lib
 from tests.helpers import relative_error
 

@@ -137,7 +137,7 @@ def test_invalid_model_configs_name_the_field(mesh_2x4):
 @pytest.mark.parametrize("size,billions", [("3.7b", 3.7), ("13b", 13), ("48b", 48)])
 @pytest.mark.sampled(1)
 def test_paper_sizes(devices, size, billions):
-  from moejax.configs import mlm
+  from configs import mlm
   from moejax.train import config as config_lib
 
   config = mlm.get_config(size)

@@ -1,34 +1,34 @@
-"""pyproject lists every package and its data files; the kernels, configs and programs install under moejax.kernels,
-moejax.configs and moejax.experiments (not bare `kernels`, `configs`, `experiments`: PyPI has distributions of those
-names), and import from outside the repository root."""
+"""pyproject finds every package and its data files; the kernels, configs and programs are plain top-level packages
+(no import hook), and import from outside the repository root once installed."""
 
-import ast
 import os
 import pathlib
 import subprocess
 import sys
 import tomllib
 
+import setuptools
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FOLDERS = ("kernels", "configs", "experiments")  # top-level folders installed as moejax.<folder>
+FOLDERS = ("moejax", "kernels", "configs", "experiments")  # the installed top-level packages
 
 
-def test_every_package_is_listed_under_its_installed_name():
+def test_every_package_is_found_under_its_folder_name():
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-  listed = set(project["tool"]["setuptools"]["packages"])
-  mapping = project["tool"]["setuptools"]["package-dir"]
-  assert mapping == {f"moejax.{folder}": folder for folder in FOLDERS}
-  found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "moejax").rglob("__init__.py")}
-  for folder in FOLDERS:
-    found |= {"moejax." + ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / folder).rglob("__init__.py")}
-  assert listed == found
-  assert not any(name.split(".")[0] in FOLDERS for name in listed)
+  include = project["tool"]["setuptools"]["packages"]["find"]["include"]
+  found = set(setuptools.find_packages(str(ROOT), include=include))
+  on_disk = {".".join(p.parent.relative_to(ROOT).parts) for f in FOLDERS for p in (ROOT / f).rglob("__init__.py")}
+  assert found == on_disk and {name.split(".")[0] for name in found} == set(FOLDERS)
 
 
-def test_kernels_import_as_moejax_kernels():
-  import moejax.kernels.gmm as gmm
+def test_nothing_mounts_a_folder_under_another_name():
+  """No sys.modules hook: `kernels` is the kernels folder itself, and moejax has no `kernels` attribute."""
+  import kernels.gmm as gmm
+  import moejax
 
   assert pathlib.Path(gmm.__file__).resolve().parent == ROOT / "kernels"
+  assert "sys.modules" not in (ROOT / "moejax" / "__init__.py").read_text()
+  assert not hasattr(moejax, "kernels")
 
 
 def test_every_data_file_is_package_data():
@@ -50,23 +50,6 @@ def test_every_data_file_is_package_data():
     assert any(path.relative_to(base).match(glob) for glob in data.get(package, [])), path
 
 
-def test_configs_and_programs_import_each_other_by_their_installed_names():
-  """A config or program that imported `configs` would work only from the repository root."""
-  bare = []
-  for folder in ("configs", "experiments", "benchmarks"):
-    for path in (ROOT / folder).rglob("*.py"):
-      for node in ast.walk(ast.parse(path.read_text())):
-        names = (
-          [a.name for a in node.names]
-          if isinstance(node, ast.Import)
-          else [node.module or ""]
-          if isinstance(node, ast.ImportFrom) and not node.level
-          else []
-        )
-        bare += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in FOLDERS]
-  assert bare == []
-
-
 def test_configs_and_programs_run_from_outside_the_repository_root(tmp_path):
   """As a user runs them once moejax is installed: from another folder, nothing on PYTHONPATH."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -74,8 +57,7 @@ def test_configs_and_programs_run_from_outside_the_repository_root(tmp_path):
     [
       sys.executable,
       "-c",
-      "import moejax.configs.decoder as d, moejax.experiments.plot_run; "
-      "print(d.get_config('deepseek_v3').model.family)",
+      "import configs.decoder as d, experiments.plot_run; print(d.get_config('deepseek_v3').model.family)",
     ],
     cwd=tmp_path,
     env=env,
@@ -88,7 +70,7 @@ def test_configs_and_programs_run_from_outside_the_repository_root(tmp_path):
     [
       sys.executable,
       "-m",
-      "moejax.experiments.train",
+      "experiments.train",
       f"--config={ROOT / 'configs' / 'gpt.py'}",
       "--config.steps=3",
       "--print_config",

@@ -61,8 +61,8 @@ def test_activations_in_flight_are_the_published_counts():
 def test_deepseek_v3_cost_program():
   """experiments/pipeline_cost.py: every schedule priced; overlap never slower than the same work exposed; bad
   fields named."""
-  from moejax.configs import pipeline_cost as cost_config
-  from moejax.experiments import pipeline_cost
+  from configs import pipeline_cost as cost_config
+  from experiments import pipeline_cost
   from moejax.validation import ConfigError
 
   config = cost_config.get_config()

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from moejax.configs import decoder
+from configs import decoder
 from moejax.models import state as state_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib

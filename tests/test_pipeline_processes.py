@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from moejax.configs import decoder
+from configs import decoder
 from moejax.train import metrics
 from moejax.train import trainer as train
 from tests.helpers import ENV, ROOT

@@ -9,8 +9,8 @@ import jax
 import numpy as np
 import pytest
 
+from configs import decoder
 from moejax import checkpoint
-from moejax.configs import decoder
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import metrics, objective

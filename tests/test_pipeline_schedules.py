@@ -131,8 +131,8 @@ def test_wrong_orders_are_refused():
 
 def test_bubble_table_program():
   """experiments/pipeline_bubbles.py: every shape a schedule runs has the published bubble; the others say why."""
-  from moejax.configs import pipeline_bubbles as bubbles_config
-  from moejax.experiments import pipeline_bubbles
+  from configs import pipeline_bubbles as bubbles_config
+  from experiments import pipeline_bubbles
 
   record = pipeline_bubbles.run(bubbles_config.get_config())
   refused = {(r["schedule"], r["stages"], r["micro_batches"]) for r in record["rows"] if "refused" in r}

@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.study import efficiency, plots, report
 from moejax.study.points import SCHEMES
 

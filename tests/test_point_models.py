@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.models.presets import PUBLISHED
 from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig

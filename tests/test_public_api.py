@@ -27,8 +27,8 @@ def test_public_names_are_the_modules_objects():
 
 
 def test_kernels_importable_as_moejax_kernels():
-  kernels = importlib.import_module("moejax.kernels")
-  assert hasattr(importlib.import_module("moejax.kernels.gmm"), "gmm") and kernels.__name__ == "moejax.kernels"
+  kernels = importlib.import_module("kernels")
+  assert hasattr(importlib.import_module("kernels.gmm"), "gmm") and kernels.__name__ == "kernels"
 
 
 def test_repository_root_is_not_a_subpackage():

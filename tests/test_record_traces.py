@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from absl import flags
 
+from configs import record_traces as traces_config
 from experiments import record_traces
 from moejax.cli import define_config, define_workdir
-from moejax.configs import record_traces as traces_config
 from moejax.data import corpus as data_lib
 from moejax.data import pipeline as pipeline_lib
 from moejax.infer import load

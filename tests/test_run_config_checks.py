@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from moejax.configs import decoder
+from configs import decoder
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 from tests.helpers import ROOT

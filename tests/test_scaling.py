@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from moejax.configs import scaling_default
+from configs import scaling_default
 from moejax.cost import collectives
 from moejax.cost import topology as topology_lib
 from moejax.runtime import mesh as mesh_lib

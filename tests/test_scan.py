@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from configs import decoder
 from moejax import checkpoint as checkpoint_lib
-from moejax.configs import decoder
 from moejax.models import layers
 from moejax.models import state as state_lib
 from moejax.models.config import from_sections

@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks.suite.layer import read_ceiling
 from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import ATTENTION_MODELS, SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
-from moejax.kernels.tuning import time_call
+from kernels.tuning import time_call
 from moejax.models import attention
 from moejax.validation import require
 

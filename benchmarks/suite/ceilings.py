@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from benchmarks.suite.record import Record, say, timing
-from moejax.kernels.tuning import time_call
+from kernels.tuning import time_call
 
 
 def step_ceilings(config, rec: Record):

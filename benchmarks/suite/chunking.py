@@ -9,8 +9,8 @@ import jax.numpy as jnp
 from benchmarks.suite.layer import compute_dtype, layer_case, read_ceiling
 from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import CHUNKS, LAYER_MODELS, SMOKE_LAYER_MODELS
+from kernels.tuning import time_call
 from moejax.cost import model as cost_model
-from moejax.kernels.tuning import time_call
 from moejax.moe import experts as experts_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib

@@ -25,7 +25,7 @@ SMOKE_LAYERS = (2,)  # one depth, scanned and unrolled: each compile takes ~10 s
 def training_config(family: str, layers: int, scan: bool, batch_size: int, seq_len: int, nodes: int, gpus: int):
   """configs/decoder.py's tiny `family` with `layers` layers (DeepSeek's dense first layers kept first) on a mesh of
   `nodes` x `gpus` devices."""
-  from moejax.configs import decoder  # pylint: disable=import-outside-toplevel
+  from configs import decoder  # pylint: disable=import-outside-toplevel
 
   config = decoder.get_config(family)
   dense = decoder.TINY[family].get("dense", 0)
@@ -73,7 +73,7 @@ def measure(config) -> dict:
 
 def check_sweep(families, layers, scan, prefix: str = "") -> None:
   """The sweep's fields (named `prefix` + families, layers, scan); errors name the field."""
-  from moejax.configs import decoder  # pylint: disable=import-outside-toplevel
+  from configs import decoder  # pylint: disable=import-outside-toplevel
 
   require(
     families and all(f in decoder.TINY for f in families),

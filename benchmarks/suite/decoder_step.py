@@ -20,7 +20,7 @@ import numpy as np
 
 from benchmarks.suite.layer import compute_dtype, read_ceiling
 from benchmarks.suite.record import Record, say, timing
-from moejax.kernels.tuning import time_call
+from kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
 
 DECODER_TOKENS = (2, 4096)  # sequences x tokens per step
@@ -32,7 +32,7 @@ SMOKE_EXPERTS = (8,)  # one layer of the tiny Qwen3-MoE (top-4) fits SMOKE_BUDGE
 def decoder_config(layers: int, experts: int, backend: str, remat: str, smoke: bool, dtype: str):
   """configs/decoder.py's Qwen3-MoE (published; smoke: tiny) on one device with `layers` MoE layers of `experts`
   experts, the batch of DECODER_TOKENS (smoke: SMOKE_TOKENS) in one micro-batch."""
-  from moejax.configs import decoder  # pylint: disable=import-outside-toplevel
+  from configs import decoder  # pylint: disable=import-outside-toplevel
 
   config = decoder.get_config("qwen3_moe" if smoke else "qwen3_moe,published")
   batch, seq_len = SMOKE_TOKENS if smoke else DECODER_TOKENS

@@ -11,8 +11,8 @@ import numpy as np
 
 from benchmarks.suite.record import Record, say, timing
 from benchmarks.suite.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
+from kernels.tuning import time_call
 from moejax.cost import model as cost_model
-from moejax.kernels.tuning import time_call
 from moejax.moe import collective as collective_lib
 from moejax.moe import layer as layer_lib
 from moejax.moe import params as params_lib

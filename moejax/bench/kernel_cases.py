@@ -7,8 +7,8 @@ activation.
 
 import numpy as np
 
+from kernels.activations import ACTIVATIONS
 from moejax.cost import model as cost_model
-from moejax.kernels.activations import ACTIVATIONS
 from moejax.models import presets
 from moejax.validation import ConfigError
 

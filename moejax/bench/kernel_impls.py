@@ -5,8 +5,8 @@ cannot run here."""
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels import activations, ffn, fp8
-from moejax.kernels import gmm as gmm_lib
+from kernels import activations, ffn, fp8
+from kernels import gmm as gmm_lib
 from moejax.moe import experts as experts_lib
 
 # The first five are what MoEConfig.expert_backend runs for the whole FFN (moejax.cost.expert_backend.CANDIDATES,

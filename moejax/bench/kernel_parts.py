@@ -1,4 +1,4 @@
-"""Where the fused expert FFN's time goes: each of its kernels timed alone (`moejax.kernels.ffn`).
+"""Where the fused expert FFN's time goes: each of its kernels timed alone (`kernels.ffn`).
 
 Forward: 'hidden' (h = act(x w_gate) * (x w_in): the gated FFN's two matmuls, kernel 'ffn_in') and 'out'
 (y = h w_out, 'gmm'). Backward: 'bwd_hidden' (dh = dy w_out^T with the recomputed pre-activations, 'ffn_bwd'),
@@ -19,11 +19,11 @@ import statistics
 import jax
 import jax.numpy as jnp
 
+from kernels import backend, ffn
+from kernels import gmm as gmm_lib
+from kernels.gmm import tgmm_forward
+from kernels.tuning import time_call
 from moejax.bench.kernel_cases import group_sizes
-from moejax.kernels import backend, ffn
-from moejax.kernels import gmm as gmm_lib
-from moejax.kernels.gmm import tgmm_forward
-from moejax.kernels.tuning import time_call
 
 # The parts of each fused FFN's forward and backward, in order (a plain FFN has no bwd_dw_gate).
 FFN_PARTS = {

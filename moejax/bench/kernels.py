@@ -13,10 +13,10 @@ import traceback
 import jax
 import jax.numpy as jnp
 
+from kernels import tuning
 from moejax.bench import kernel_parts, torch_ffn
 from moejax.bench.kernel_cases import group_sizes, useful_flops
 from moejax.bench.kernel_impls import make_fn, make_inputs, unavailable
-from moejax.kernels import tuning
 
 
 def _rel_err(ours, ref) -> float:

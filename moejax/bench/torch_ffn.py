@@ -16,7 +16,7 @@ import numpy as np
 
 from moejax.bench.kernel_cases import useful_flops
 
-ACTIVATIONS = ("silu", "gelu")  # gelu: the tanh form, as moejax.kernels.activations
+ACTIVATIONS = ("silu", "gelu")  # gelu: the tanh form, as kernels.activations
 
 
 def activation_fn(name: str):

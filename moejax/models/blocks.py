@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.kernels.activations import ACTIVATIONS
+from kernels.activations import ACTIVATIONS
 from moejax.models.backbone import MoEFFN
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig

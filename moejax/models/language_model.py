@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.kernels.activations import ACTIVATIONS
+from kernels.activations import ACTIVATIONS
 from moejax.models import backbone
 from moejax.models import layers as layers_lib
 from moejax.models.blocks import Block

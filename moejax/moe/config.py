@@ -10,7 +10,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from moejax.kernels.activations import ACTIVATIONS
+from kernels.activations import ACTIVATIONS
 from moejax.moe import routing as routing_lib
 from moejax.moe.experts import CLAMPED_SWIGLU, FUSED
 from moejax.validation import is_int, is_number, prefixed, reject_unknown, require
@@ -58,7 +58,7 @@ class MoEConfig:
   transport: the old single field, accepted for configs written before path and collective (a one-line notice):
     'ragged', 'padded', 'capacity' = path 'flat' with that collective; 'hierarchical' = 'gpu_first', 'bilevel' =
     'node_first', each with 'auto'. Not stored.
-  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (moejax.kernels' fused FFN),
+  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (kernels' fused FFN),
     'pallas_saved' (the same, its pre-activations kept for the backward), 'pallas_unfused' (a gmm per matmul, hidden
     activations kept), 'tokamax' (`moejax[tokamax]`), 'fp8' (qwix FP8 matmuls, `moejax[fp8]`) or 'auto': the fastest
     measured at the layer's per-device shape in expert_table (None: the table shipped for the device; resolved when

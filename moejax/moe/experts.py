@@ -13,11 +13,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from moejax.kernels import ffn as pallas_ffn
-from moejax.kernels import fp8, gmm
-from moejax.kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
+from kernels import ffn as pallas_ffn
+from kernels import fp8, gmm
+from kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
 
-FUSED = ("pallas", "pallas_saved")  # moejax.kernels.ffn: the whole FFN in two kernels, no biases, ACTIVATIONS only
+FUSED = ("pallas", "pallas_saved")  # kernels.ffn: the whole FFN in two kernels, no biases, ACTIVATIONS only
 CLAMPED_SWIGLU = "swiglu_clamped"
 
 
@@ -134,10 +134,10 @@ def expert_ffn(
 ):
   """Grouped FFN: x [R, d], group_sizes [G] -> [R, d] fp32, computed in `dtype`. biases: None or {'b_in',
   'b_gate' [G, f], 'b_out' [G, d]}. The 'pallas' backend
-  runs the fused kernels (moejax.kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
+  runs the fused kernels (kernels.ffn: no [R, f] residual kept for the backward, the first matmuls
   recomputed), 'pallas_saved' the same kernels keeping the [R, f] pre-activations for the backward instead;
   'pallas_unfused' a gmm per matmul, whose backward keeps the hidden activations; 'fp8' each matmul in FP8
-  (moejax.kernels.fp8)."""
+  (kernels.fp8)."""
   group_sizes_G = group_sizes_G.astype(jnp.int32)
   biases = biases or {}
   if backend in FUSED:

@@ -26,8 +26,8 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from kernels.tuning import time_call
 from moejax.cost import fitted
-from moejax.kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import hosts, phase_timing
 from moejax.study.inputs import layer_params, random_tokens

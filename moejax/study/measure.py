@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from moejax.kernels.tuning import time_call
+from kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import phase_timing, point_models
 from moejax.study.inputs import layer_params, random_tokens

@@ -20,7 +20,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.kernels.tuning import time_call
+from kernels.tuning import time_call
 from moejax.moe import collective as collective_lib
 from moejax.moe import experts
 from moejax.moe import path as path_lib
