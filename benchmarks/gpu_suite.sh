@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark suite: every step of benchmarks/gpu_suite.py (env, ceilings, kernels, layer, chunking, train_step,
+# GPU benchmark suite: every step of experiments/gpu_suite.py (env, ceilings, kernels, layer, chunking, train_step,
 # attention, decoder_step, compile_time) as a process of its own, each writing OUT_DIR/<step>.json (and
 # OUT_DIR/<step>.log).
 # A failing step is logged and the suite goes on; the exit status is non-zero if any step failed.
@@ -82,7 +82,7 @@ for step in $STEPS; do
     fi
     if [[ "$limit" == 0 ]] || ((left < limit)); then limit=$left; fi
   fi
-  cmd=("$PYTHON" "$ROOT/benchmarks/gpu_suite.py" "$@" "--config.step=$step" "--workdir=$OUT_DIR")
+  cmd=("$PYTHON" -m experiments.gpu_suite "$@" "--config.step=$step" "--workdir=$OUT_DIR")
   if [[ "$limit" != 0 ]]; then
     cmd=(timeout --kill-after=10 "$limit" "${cmd[@]}")
     say "step $step: start (limit ${limit}s)"

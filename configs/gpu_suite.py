@@ -1,8 +1,8 @@
-"""The GPU benchmark suite (benchmarks/gpu_suite.py runs one step; benchmarks/gpu_suite.sh every step, each in a
+"""The GPU benchmark suite (experiments/gpu_suite.py runs one step; benchmarks/gpu_suite.sh every step, each in a
 process of its own, passing its options to each).
 
-  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
-  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny
+  python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=ceilings
+  python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny
   bash benchmarks/gpu_suite.sh /tmp/suite --config.smoke=True --config.kernel_models=mixtral_8x7b
 
 Fields left None (warmup, iters) or empty (train_backends, dtype) take the defaults their comments give, which
@@ -11,8 +11,8 @@ depend on smoke.
 
 import ml_collections
 
-from benchmarks.suite import attention
 from benchmarks.suite.shapes import ATTENTION_MODELS, ATTENTION_SEQ_LEN, KERNEL_MODELS, LAYER_MODELS, ROWS
+from moejax.bench.gpu import attention
 from moejax.bench.kernel_impls import IMPLS
 
 
@@ -38,15 +38,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.train_backends = ()
   config.attention_models = tuple(ATTENTION_MODELS)  # attention: a subset of benchmarks.suite.shapes.ATTENTION_MODELS
   config.attention_seq_len = ATTENTION_SEQ_LEN  # attention: tokens of the one sequence (smoke: 32)
-  config.attention_impls = attention.IMPLS  # attention: implementations (benchmarks/suite/attention.py)
-  # decoder_step (benchmarks/suite/decoder_step.py): expert backends (() = pallas; smoke: ragged_dot, as train_step),
+  config.attention_impls = attention.IMPLS  # attention: implementations (moejax/bench/gpu/attention.py)
+  # decoder_step (moejax/bench/gpu/decoder_step.py): expert backends (() = pallas; smoke: ragged_dot, as train_step),
   # the expert counts (each with as many layers as fit), remat of every layer, and the share of the device's memory
   # limit the analytic count may fill.
   config.decoder_backends = ()
   config.decoder_experts = (128, 32)
   config.decoder_remat = "full"
   config.decoder_memory_fraction = 0.9
-  # compile_time (benchmarks/suite/compile_time.py): configs/decoder.py's tiny families, the depths and the layers
+  # compile_time (moejax/bench/gpu/compile_time.py): configs/decoder.py's tiny families, the depths and the layers
   # scanned (True) and unrolled (False), in that order (smoke: qwen3_moe at 2 layers).
   config.compile_families = ("qwen3_moe", "deepseek_v3")
   config.compile_layers = (8, 32)

@@ -1,8 +1,8 @@
-"""The checkpoint-loading benchmark (benchmarks/hf_load.py): a random Qwen3-MoE-shaped decoder, narrower, written
+"""The checkpoint-loading benchmark (experiments/hf_load.py): a random Qwen3-MoE-shaped decoder, narrower, written
 with to_hf into <workdir>/checkpoint and loaded back with from_hf; the record is <workdir>/hf_load.json.
 
-  python benchmarks/hf_load.py --workdir=/tmp/hf_load   # 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
-  python benchmarks/hf_load.py --workdir=/tmp/hf_load --config.layers=2 --config.experts=16 --config.keep=True
+  python -m experiments.hf_load --workdir=/tmp/hf_load   # 4 layers, 64 experts: 1.7 GB fp32 (~1 min)
+  python -m experiments.hf_load --workdir=/tmp/hf_load --config.layers=2 --config.experts=16 --config.keep=True
 """
 
 import ml_collections

@@ -3,7 +3,7 @@ of config.layers, layers scanned (model.scan_layers=True: one compiled body per 
 simulated CPU devices (config.nodes x config.gpus_per_node, default 2 x 4). Each point builds a Trainer on abstract state (nothing is initialised) and times the
 step's trace and lowering, then its compilation, and counts the lowered program's lines (StableHLO text). Each
 family's shallowest scanned step, compiled before its points, is left out (imports and the backend's start). The
-mechanism is benchmarks/suite/compile_time.py's, which the GPU suite's compile_time step runs on one device.
+mechanism is moejax/bench/gpu/compile_time.py's, which the GPU suite's compile_time step runs on one device.
 
   python -m experiments.compile_time --workdir=benchmarks/results/2026-11-25-cpu      # configs/compile_time.py
 
@@ -15,8 +15,8 @@ timing, wall and CPU, to compile_time.json there. CPU timings are only comparabl
 import os
 import platform
 
-from benchmarks.suite.compile_time import check_sweep, sweep, table
 from moejax import cli
+from moejax.bench.gpu.compile_time import check_sweep, sweep, table
 from moejax.validation import is_int, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "compile_time.py")

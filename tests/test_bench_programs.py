@@ -1,5 +1,5 @@
 """The benchmark programs on their command lines (experiments/bench_kernels.py, tune_kernels.py,
-bench_collectives.py, expert_table.py; benchmarks/gpu_suite.py, hf_load.py): `--config` and `--workdir` only (and
+bench_collectives.py, expert_table.py; experiments/gpu_suite.py, hf_load.py): `--config` and `--workdir` only (and
 `--print_config`), a bad field one error line naming it, and each writing its record to the workdir; no program
 defines other flags, and no library code imports experiments/."""
 
@@ -50,8 +50,8 @@ def test_no_program_defines_flags_beyond_config_workdir_and_print_config():
     "experiments/tune_kernels.py",
     "experiments/bench_collectives.py",
     "experiments/expert_table.py",
-    "benchmarks/gpu_suite.py",
-    "benchmarks/hf_load.py",
+    "experiments/gpu_suite.py",
+    "experiments/hf_load.py",
   ):
     assert {"cli.define_config", "cli.define_workdir"} <= _calls(ast.parse((ROOT / name).read_text())), name
 
@@ -73,7 +73,7 @@ def test_nothing_outside_tests_and_experiments_imports_experiments():
 
 
 def run(program: str, *args, timeout=300) -> subprocess.CompletedProcess:
-  """`program` (experiments.<module>, or a benchmarks/ script) with `args`, on CPU."""
+  """`program` (experiments.<module>, or a script) with `args`, on CPU."""
   command = [sys.executable, "-m", program] if not program.endswith(".py") else [sys.executable, program]
   return subprocess.run(
     [*command, *args],
@@ -96,8 +96,8 @@ def run(program: str, *args, timeout=300) -> subprocess.CompletedProcess:
     ("experiments.tune_kernels", "--config.kernels=gmm,nope", "config field kernels='gmm,nope' is not allowed"),
     ("experiments.bench_collectives", "--config.variants=flat,nope", "config field variants='flat,nope' is not"),
     ("experiments.expert_table", "--config.records=", "config field records=() is not allowed: one or more"),
-    ("benchmarks/gpu_suite.py", "--config.step=nope", "config field step='nope' is not allowed: one of ['env'"),
-    ("benchmarks/hf_load.py", "--config.param_dtype=float16", "config field param_dtype='float16' is not allowed"),
+    ("experiments.gpu_suite", "--config.step=nope", "config field step='nope' is not allowed: one of ['env'"),
+    ("experiments.hf_load", "--config.param_dtype=float16", "config field param_dtype='float16' is not allowed"),
     (
       "experiments.compile_time",
       "--config.families=qwen3_moe,nope",
@@ -212,7 +212,7 @@ def test_hf_load_writes_its_record_and_removes_the_checkpoint(tmp_path):
   tiny = dict(
     layers=1, experts=8, top_k=2, d_model=64, moe_d_ff=32, vocab=256, heads=4, kv_heads=2, head_dim=16, shard_mb=1
   )
-  done = run("benchmarks/hf_load.py", f"--workdir={tmp_path}", *(f"--config.{k}={v}" for k, v in tiny.items()))
+  done = run("experiments.hf_load", f"--workdir={tmp_path}", *(f"--config.{k}={v}" for k, v in tiny.items()))
   assert done.returncode == 0, done.stderr[-3000:]
   assert [p.name for p in tmp_path.iterdir()] == ["hf_load.json"]  # the checkpoint removed (config.keep False)
   record = json.loads((tmp_path / "hf_load.json").read_text())

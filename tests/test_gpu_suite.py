@@ -197,7 +197,7 @@ def test_kernels_write_the_backend_table(smoke, records):
 
 
 def test_backend_table_picks_the_fastest_candidate_only():
-  from benchmarks.suite import kernels
+  from moejax.bench.gpu import kernels_step as kernels
 
   class Rec:
     path = "/x/kernels.json"
@@ -285,8 +285,8 @@ def test_a_step_past_its_time_limit_is_killed_and_later_steps_are_not_started(tm
 def test_a_terminated_step_keeps_what_it_measured_and_says_why_it_stopped(tmp_path, monkeypatch):
   """SIGTERM (what the suite's `timeout` sends) in the middle of a step: run_step returns 1 and the record keeps the
   step's partial results, with status 'terminated' and the traceback."""
-  from benchmarks import gpu_suite
   from configs import gpu_suite as suite_config
+  from experiments import gpu_suite
 
   def step_killed_halfway(args, rec):
     del args
@@ -378,10 +378,10 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   """benchmarks/gpu_parts.sh: every model, implementation, step and config field it names exists (a typo would waste GPU
   time), every kernel and layer model is in some part, every implementation timed at every kernel model, and parts
   3, 4 and 8 refuse to start without part 1's ceiling."""
-  from benchmarks.gpu_suite import STEPS
   from benchmarks.suite.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
   from configs import gpu_suite as suite_config
   from configs import tune_kernels as tune_config
+  from experiments.gpu_suite import STEPS
   from moejax.bench.kernel_impls import IMPLS
 
   script = (ROOT / "benchmarks" / "gpu_parts.sh").read_text()
@@ -416,7 +416,7 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
 def test_decoder_step_reports_tokens_per_second_and_mfu(records):
   """The smoke decoder: the one layer of 8 experts that fits the smoke budget by the analytic count, timed; its
   parameter count (what the MFU's FLOPs come from) is the state's, and tokens/s and MFU follow from the timings."""
-  from benchmarks.suite import decoder_step
+  from moejax.bench.gpu import decoder_step
 
   record = records["decoder_step"]
   (case,) = record["cases"]
@@ -432,7 +432,7 @@ def test_decoder_step_reports_tokens_per_second_and_mfu(records):
 
 def test_decoder_layers_fit_the_budget():
   """fit_layers: the most layers whose analytic count fits, none where one layer does not."""
-  from benchmarks.suite import decoder_step as ds
+  from moejax.bench.gpu import decoder_step as ds
 
   make = lambda layers: ds.decoder_config(layers, 8, "ragged_dot", "full", True, "float32")
   totals = [ds.analytic_bytes(make(layers))["total"] for layers in (1, 2, 3)]
@@ -449,7 +449,7 @@ def test_decoder_model_flops_count_the_parameters_a_token_meets():
   and the norms, each expert tensor at top_k / experts. Attention: 4 x heads x head width FLOPs per visible pair."""
   import jax
 
-  from benchmarks.suite import decoder_step as ds
+  from moejax.bench.gpu import decoder_step as ds
   from moejax.models import state as state_lib
   from moejax.runtime import mesh as mesh_lib
   from moejax.study import memory
@@ -479,7 +479,7 @@ def test_decoder_model_flops_count_the_parameters_a_token_meets():
 def test_compile_time_measures_the_scanned_and_the_unrolled_step(records):
   """The smoke compile_time: tiny Qwen3-MoE at 2 layers on the 1 x 1 mesh, its warm-up kept apart, then scanned and
   unrolled (config.compile_scan's order), each with positive wall and CPU seconds that add up, and the ratios row."""
-  from benchmarks.suite import compile_time
+  from moejax.bench.gpu import compile_time
 
   record = records["compile_time"]
   assert record["mesh"] == "1x1" and record["device_count"] == 1
@@ -504,7 +504,7 @@ def test_compile_time_measures_the_scanned_and_the_unrolled_step(records):
 def test_compile_time_ratios_and_table_compare_each_depth_to_the_shallowest():
   """ratios and table on made-up points: each depth against the family's shallowest of its kind, scanned against
   unrolled; a point that is missing (a step stopped part-way) leaves None and a blank cell."""
-  from benchmarks.suite import compile_time
+  from moejax.bench.gpu import compile_time
 
   point = lambda layers, scan, s: dict(
     family="qwen3_moe",
@@ -550,8 +550,8 @@ def test_compile_time_ratios_and_table_compare_each_depth_to_the_shallowest():
 )
 def test_compile_time_fields_are_checked_before_the_step_starts(field, value, message):
   """A bad compile_* field is refused by resolved() (one error line naming it), in a smoke run too."""
-  from benchmarks import gpu_suite
   from configs import gpu_suite as suite_config
+  from experiments import gpu_suite
   from moejax.validation import ConfigError
 
   config = suite_config.get_config()

@@ -33,8 +33,8 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
               and 32), layers scanned and unrolled, for configs/decoder.py's tiny families of config.compile_families:
               what scanning saves as a decoder deepens (the mechanism experiments/compile_time.py runs on CPU).
 
-  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=ceilings
-  python benchmarks/gpu_suite.py --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
+  python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=ceilings
+  python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
 
 Every record holds the device, versions, shapes, every timing (seconds, `time_call`: one compiling
 call, warm-up calls, then timed calls) and medians. It is rewritten as the step goes (status
@@ -42,7 +42,7 @@ call, warm-up calls, then timed calls) and medians. It is rewritten as the step 
 'error' with the traceback (exit status 1). config.smoke uses tiny shapes and few calls: it checks the
 code paths on CPU and its numbers mean nothing.
 
-Every option is a field of configs/gpu_suite.py. This module runs one step; the steps live in benchmarks/suite/ (one
+Every option is a field of configs/gpu_suite.py. This module runs one step; the steps live in moejax/bench/gpu/ (one
 module each, with `record.py`, the record they write, and `shapes.py`, what they time).
 """
 
@@ -54,22 +54,18 @@ import traceback
 
 from absl import flags
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:  # run as a script: make `benchmarks`, `configs` and `moejax` importable from the tree
-  sys.path.insert(0, ROOT)
-
-from benchmarks.suite.attention import step_attention  # noqa: E402
-from benchmarks.suite.ceilings import step_ceilings  # noqa: E402
-from benchmarks.suite.chunking import step_chunking  # noqa: E402
-from benchmarks.suite.compile_time import check_sweep, step_compile_time  # noqa: E402
-from benchmarks.suite.decoder_step import step_decoder  # noqa: E402
-from benchmarks.suite.env import step_env  # noqa: E402
-from benchmarks.suite.kernels import step_kernels  # noqa: E402
-from benchmarks.suite.layer import step_layer  # noqa: E402
-from benchmarks.suite.record import Record, Terminated, say  # noqa: E402
-from benchmarks.suite.train_step import step_train  # noqa: E402
-from moejax import cli  # noqa: E402
-from moejax.validation import ConfigError, require  # noqa: E402
+from benchmarks.suite.layer import step_layer
+from benchmarks.suite.record import Record, Terminated, say
+from moejax import cli
+from moejax.bench.gpu.attention import step_attention
+from moejax.bench.gpu.ceilings import step_ceilings
+from moejax.bench.gpu.chunking import step_chunking
+from moejax.bench.gpu.compile_time import check_sweep, step_compile_time
+from moejax.bench.gpu.decoder_step import step_decoder
+from moejax.bench.gpu.env import step_env
+from moejax.bench.gpu.kernels_step import step_kernels
+from moejax.bench.gpu.train_step import step_train
+from moejax.validation import ConfigError, require
 
 STEP_FUNCTIONS = {
   "env": step_env,
@@ -140,6 +136,9 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  cli.define_config(os.path.join(ROOT, "configs", "gpu_suite.py"), "Suite config file (configs/gpu_suite.py).")
+  cli.define_config(
+    os.path.join(os.path.dirname(__file__), os.pardir, "configs", "gpu_suite.py"),
+    "Suite config file (configs/gpu_suite.py).",
+  )
   cli.define_workdir("Directory of the JSON files (created if missing).")
   cli.run(main)
