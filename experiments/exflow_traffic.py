@@ -20,18 +20,15 @@ import json
 import os
 import sys
 
-import numpy as np
-
 from moejax import cli
-from moejax.cost import decode as decode_cost
 from moejax.cost import topology as topology_lib
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
-from moejax.infer import decode, load
-from moejax.placement import affinity, solve
-from moejax.placement.traces import routing_traces
+from moejax.infer import load
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
+from moejax.study import exflow_traffic as traffic_lib
+from moejax.study.exflow_traffic import RUNS
 from moejax.train import trained
 from moejax.validation import ConfigError, is_int, is_number, require
 
@@ -39,80 +36,26 @@ _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", 
 _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Study config file (configs/exflow_traffic.py).")
 _WORKDIR = cli.define_workdir("Directory for the results (and the training run without config.train_dir).")
 
-DISTRIBUTIONS = {"in": "python-stdlib:", "ood": "python-docs:"}  # url prefixes of the embedded corpus
-# (name, decode mode, with the placement, prompts)
-RUNS = (
-  ("vanilla", "vanilla", False, "in"),
-  ("exflow", "exflow", False, "in"),
-  ("exflow+placement", "exflow", True, "in"),
-  ("exflow (ood)", "exflow", False, "ood"),
-  ("exflow+placement (ood)", "exflow", True, "ood"),
-)
 
-
-def parse_mesh(text: str) -> tuple[int, int]:
-  parts = text.lower().split("x")
-  require(
-    len(parts) == 2 and all(p.isdigit() and int(p) > 0 for p in parts), "traffic.meshes", text, "NODESxGPUS, e.g. 2x4"
-  )
-  return int(parts[0]), int(parts[1])
-
-
-def corpus_documents(path: str) -> dict[str, list[str]]:
-  """The embedded corpus's texts by kind: 'profile' and 'in' (alternate stdlib docstrings), 'ood'."""
-  by_kind = {"profile": [], "in": [], "ood": []}
+def training_summary(train_workdir: str) -> dict:
+  """The training run's summary.json ({} when the run left none)."""
+  path = os.path.join(train_workdir, "summary.json")
+  if not os.path.exists(path):
+    return {}
   with open(path) as f:
-    for line in f:
-      record = json.loads(line)
-      url = record.get("url", "")
-      if url.startswith(DISTRIBUTIONS["in"]):
-        by_kind["profile" if len(by_kind["profile"]) <= len(by_kind["in"]) else "in"].append(record["text"])
-      elif url.startswith(DISTRIBUTIONS["ood"]):
-        by_kind["ood"].append(record["text"])
-  require(
-    all(by_kind.values()),
-    "data.train_files",
-    path,
-    "the embedded corpus (documents with python-stdlib: and python-docs: urls)",
-  )
-  return by_kind
-
-
-def token_rows(texts, tok, rows: int, length: int, tokens: int):
-  """Batches [rows, length] of the texts' tokens packed end to end, `tokens` of them in all."""
-  stream, need = [], -(-tokens // (rows * length)) * rows * length
-  for text in texts:
-    stream.extend(tok.encode(text))
-    if len(stream) >= need:
-      break
-  require(len(stream) >= need, "traffic.profile_tokens", tokens, f"at most the {len(stream)} tokens of the texts")
-  return list(np.asarray(stream[:need], np.int32).reshape(-1, rows, length))
-
-
-def per_token(transitions, tokens: int) -> dict:
-  cross_node, cross_gpu = transitions
-  return {"intra_node": (cross_gpu - cross_node) / tokens, "inter_node": cross_node / tokens}
+    return json.load(f)
 
 
 def run(config, workdir: str, meshes) -> dict:
+  """The model trained (or loaded), profiled, then measured on each mesh and priced: the record."""
   t = config.traffic
   model, tok, step = trained.trained_model(config, workdir)
   train_workdir = trained.run_dir(config, workdir)
-  summary_path = os.path.join(train_workdir, "summary.json")
-  training = {}
-  if os.path.exists(summary_path):
-    with open(summary_path) as f:
-      training = json.load(f)
-  docs = corpus_documents(data_lib.corpus_files("", load.cache_dir(config, train_workdir))[0])
-  rows = model.mesh.devices.size
-  traces = {
-    kind: routing_traces(model, token_rows(docs[kind], tok, rows, config.seq_len, t.profile_tokens))
-    for kind in ("profile", "in", "ood")
-  }
-  num_experts = model.moe_cfg.num_experts
-  counts = {kind: affinity.affinity_counts(t, num_experts) for kind, t in traces.items()}
-  affinity_rows = counts["profile"] / counts["profile"].sum(-1, keepdims=True).clip(1)
+  training = training_summary(train_workdir)
+  docs = traffic_lib.corpus_documents(data_lib.corpus_files("", load.cache_dir(config, train_workdir))[0])
+  traces, counts = traffic_lib.routing_profile(model, tok, docs, config.seq_len, t.profile_tokens)
   prompts = {kind: load.prompts_from(docs[kind], tok, t.batch, t.prompt_len) for kind in ("in", "ood")}
+  num_experts = model.moe_cfg.num_experts
   result = {
     "checkpoint_step": step,
     "train_steps": training.get("steps"),
@@ -121,9 +64,7 @@ def run(config, workdir: str, meshes) -> dict:
     "moe_layers": model.cfg.num_moe_layers,
     "num_experts": num_experts,
     "profile_tokens": traces["profile"].shape[1],
-    # How far routing is from random: the mean probability of a layer-j expert's likeliest next
-    # expert (uniform: 1 / E).
-    "mean_top_affinity": float(affinity_rows.max(-1).mean()),
+    "mean_top_affinity": traffic_lib.mean_top_affinity(counts["profile"]),
     "uniform_affinity": 1 / num_experts,
     "batch": t.batch,
     "prompt_len": t.prompt_len,
@@ -139,67 +80,12 @@ def run(config, workdir: str, meshes) -> dict:
     flush=True,
   )
   for nodes, gpus in meshes:
-    mesh = mesh_lib.make_mesh(nodes, gpus)
-    on = decode.on_mesh(model, mesh)
-    placement = solve.solve(counts["profile"], nodes, gpus, time_limit_s=t.time_limit_s, routing=model.moe_cfg.routing)
-    models = {False: on, True: decode.with_placement(on, placement)}
-    entry = {
-      "placement": {
-        "methods": list(placement.methods),
-        "node_gap": placement.node_gap,
-        "gpu_gap": placement.gpu_gap,
-        "seconds": placement.seconds,
-      },
-      "decode": {},
-      "traces": {},
-    }
-    identity = affinity.identity_placement(placement.placement.shape[0], num_experts, nodes * gpus)
-    for kind in ("profile", "in", "ood"):
-      tokens = traces[kind].shape[1]
-      entry["traces"][kind] = {
-        "exflow": per_token(affinity.transitions(counts[kind], identity, gpus), tokens),
-        "exflow+placement": per_token(affinity.transitions(counts[kind], placement.placement, gpus), tokens),
-      }
-    outputs = {}
-    for name, mode, placed, kind in RUNS:
-      out = decode.generate(models[placed], prompts[kind], t.steps, mode=mode)
-      outputs[name] = out.tokens
-      entry["decode"][name] = {
-        **out.exchange_rows,
-        "allgather": out.allgather_rows,
-        "tokens_per_second": out.tokens_per_second,
-      }
-      print(f"{nodes}x{gpus} {name:24s} rows/token {out.exchange_rows}", flush=True)
-    entry["same_tokens"] = bool(
-      all(
-        (outputs[a] == outputs[b]).all()
-        for a, b in (("vanilla", "exflow"), ("exflow", "exflow+placement"), ("exflow (ood)", "exflow+placement (ood)"))
-      )
-    )
+    entry = traffic_lib.measure_mesh(model, nodes, gpus, traces, counts, prompts, t)
+    for name, *_ in RUNS:
+      rows = {k: v for k, v in entry["decode"][name].items() if k in ("intra_node", "inter_node")}
+      print(f"{nodes}x{gpus} {name:24s} rows/token {rows}", flush=True)
     result["meshes"][f"{nodes}x{gpus}"] = entry
-  return price(result, topology_lib.get(t.topology), t.price_d_model or model.cfg.d_model)
-
-
-def price(result: dict, topology, d_model: int) -> dict:
-  """Adds each decode run's communication per step, priced on `topology` (`moejax.cost.decode`) with
-  rows of d_model values: the exchanged hidden state, and for exflow's all-gather 2 x d_model per block."""
-  item = np.dtype(result["dtype"]).itemsize
-  result["priced"] = {"topology": topology.name, "d_model": d_model}
-  for mesh, entry in result["meshes"].items():
-    shape = parse_mesh(mesh)
-    for name, mode, *_ in RUNS:
-      run_ = entry["decode"][name]
-      run_["priced"] = decode_cost.decode_step(
-        mode,
-        run_,
-        result["batch"],
-        result["moe_layers"],
-        shape,
-        d_model * item,
-        2 * d_model * result["num_layers"] * item + 4,
-        topology,
-      )
-  return result
+  return traffic_lib.price(result, topology_lib.get(t.topology), t.price_d_model or model.cfg.d_model)
 
 
 def table(result: dict) -> str:
@@ -290,7 +176,7 @@ def check(traffic) -> list[tuple[int, int]]:
     f"one of {sorted(topology_lib.PRESETS)}",
   )
   require(len(traffic.meshes) > 0, "traffic.meshes", traffic.meshes, "meshes as NODESxGPUS, e.g. 2x4,2x8")
-  return [parse_mesh(m) for m in traffic.meshes]
+  return [traffic_lib.parse_mesh(m) for m in traffic.meshes]
 
 
 def main(argv):
