@@ -12,6 +12,7 @@ import pytest
 
 from experiments import wire_traffic as wt
 from moejax.moe import path as path_lib
+from moejax.study import wire_bounds
 from tests.helpers import ENV, ROOT
 
 RECORD = ROOT / "benchmarks" / "results" / "2026-11-25-cpu" / "wire_traffic.json"
@@ -69,16 +70,16 @@ def matrix(entries: dict) -> np.ndarray:
   ],
 )
 def test_bound_rows_by_hand(path, dedup, expected):
-  got = wt.bound_rows(IDS, 12, 4, 2, path_lib.hops(path), dedup=dedup)
+  got = wire_bounds.bound_rows(IDS, 12, 4, 2, path_lib.hops(path), dedup=dedup)
   assert got.shape == (len(expected), 4, 4)
   for hop, entries in zip(got, expected):
     np.testing.assert_array_equal(hop, matrix(entries))
 
 
 def test_deepep_rows_by_hand():
-  assert wt.deepep_rows(IDS, 12, 4, 2) == 1  # token 0 to node 1 once; the rest stay on their node
+  assert wire_bounds.deepep_rows(IDS, 12, 4, 2) == 1  # token 0 to node 1 once; the rest stay on their node
   # 3 nodes x 1 GPU: token 0 reaches the two other nodes, token 1 one, token 2 none
-  assert wt.deepep_rows(np.array([[0, 4, 8], [1, 2, 3], [8, 9, 10]]), 12, 3, 1) == 3
+  assert wire_bounds.deepep_rows(np.array([[0, 4, 8], [1, 2, 3], [8, 9, 10]]), 12, 3, 1) == 3
 
 
 @pytest.mark.slow  # the quick run simulates 16 meshes and routings (about 16 s)
