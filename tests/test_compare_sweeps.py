@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from experiments import compare_sweeps
-from moejax.study import plots, report
+from moejax.study import plots, report, sweep_plots
 from tests.helpers import ENV
 
 
@@ -210,5 +210,5 @@ def test_paper_points_only_where_the_sweep_is_the_papers_setting(tmp_path):
     for n in (1, 16)
     for sc in ("weak", "strong")
   ]
-  plots.plot_throughput(rows, str(tmp_path / "t.png"), config)
+  sweep_plots.plot_throughput(rows, str(tmp_path / "t.png"), config)
   assert (tmp_path / "t.png").stat().st_size > 0

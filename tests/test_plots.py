@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
-from moejax.study import efficiency, plots, report
+from moejax.study import efficiency, plots, report, sweep_plots
 from moejax.study.points import SCHEMES
 
 DEFAULT_SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
@@ -105,7 +105,7 @@ def test_every_scheme_has_its_own_colour_and_marker_everywhere():
 
 def test_throughput_figure_tells_every_scheme_apart():
   config = scaling_default.get_config()
-  fig = plots.throughput_figure(_rows(), config)
+  fig = sweep_plots.throughput_figure(_rows(), config)
   axes = _visible_axes(fig)
   assert len(axes) == 2  # weak, strong
   for ax in axes:
@@ -129,7 +129,7 @@ def test_throughput_figure_tells_every_scheme_apart():
 def test_throughput_axes_start_at_zero_and_strong_scaling_says_it_accumulates():
   """From zero: a 5% gap between schemes no longer fills the panel. Strong scaling beats weak on one node only by
   accumulating micro batches (one gradient sync a step): the panel says how many."""
-  fig = plots.throughput_figure(_accumulating(_rows()), scaling_default.get_config())
+  fig = sweep_plots.throughput_figure(_accumulating(_rows()), scaling_default.get_config())
   weak, strong = _visible_axes(fig)
   assert weak.get_ylim()[0] == 0 == strong.get_ylim()[0]
   assert strong.get_title().endswith("\n4, 2, 1 micro batches a step at 1, 2, 4 nodes"), strong.get_title()
@@ -162,13 +162,13 @@ def _scheme_line(ax, scheme):
 def test_a_shared_style_is_caught(monkeypatch):
   """The check above fails when two schemes are drawn alike."""
   monkeypatch.setitem(plots.SCHEME_STYLES, "smile", plots.SCHEME_STYLES["hierarchical"])
-  ax = _visible_axes(plots.throughput_figure(_rows()))[0]
+  ax = _visible_axes(sweep_plots.throughput_figure(_rows()))[0]
   with pytest.raises(AssertionError, match="share"):
     _assert_distinct_schemes(ax, DEFAULT_SCHEMES)
 
 
 def test_throughput_figure_with_two_widths_and_measured_points():
-  fig = plots.throughput_figure(_rows(gpus=(4, 8), measured=True), scaling_default.get_config())
+  fig = sweep_plots.throughput_figure(_rows(gpus=(4, 8), measured=True), scaling_default.get_config())
   axes = _visible_axes(fig)
   assert len(axes) == 4  # (weak, strong) x (4, 8 GPUs/node): a panel each
   assert all(re.search(r"\d GPUs/node", ax.get_title()) for ax in axes)
@@ -181,7 +181,7 @@ def test_throughput_figure_with_two_widths_and_measured_points():
 
 
 def test_breakdown_figure_says_modelled_and_topology():
-  fig = plots.breakdown_figure(_rows(), scaling_default.get_config())
+  fig = sweep_plots.breakdown_figure(_rows(), scaling_default.get_config())
   title = _titles(fig)
   for word in ("modelled", "cost model", "p4d_efa", "small", "d_model 512"):
     assert word in title, (word, title)
@@ -192,8 +192,8 @@ def test_breakdown_figure_says_modelled_and_topology():
 
 def test_plots_write_pngs(tmp_path):
   rows = _rows(measured=True)
-  plots.plot_throughput(rows, str(tmp_path / "t.png"))
-  plots.plot_breakdown(rows, str(tmp_path / "b.png"))
+  sweep_plots.plot_throughput(rows, str(tmp_path / "t.png"))
+  sweep_plots.plot_breakdown(rows, str(tmp_path / "b.png"))
   efficiency.plot_efficiency(rows, str(tmp_path / "e.png"))
   for name in ("t.png", "b.png", "e.png"):
     assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -286,7 +286,7 @@ def test_measured_rows_get_the_model_error_of_their_point():
 
 
 def test_measured_figure_draws_measured_beside_modelled_with_the_error_and_marks_extrapolated():
-  fig = plots.measured_figure(report.with_model_error(_calibrated_rows()), scaling_default.get_config())
+  fig = sweep_plots.measured_figure(report.with_model_error(_calibrated_rows()), scaling_default.get_config())
   axes = _visible_axes(fig)
   assert len(axes) == 3  # the layer, the step of each scaling
   for ax, error in zip(axes, ("-50%", "+100%", "+100%")):
@@ -310,12 +310,14 @@ def test_the_table_marks_extrapolated_meshes():
 
 def test_throughput_rings_the_extrapolated_points():
   rows = [r for r in _calibrated_rows() if r["label"] != "measured"]
-  for ax in _visible_axes(plots.throughput_figure(rows, scaling_default.get_config())):
+  for ax in _visible_axes(sweep_plots.throughput_figure(rows, scaling_default.get_config())):
     rings = [line for line in ax.get_lines() if line.get_marker() == "o" and line.get_markersize() == 17]
     assert [line.get_label() for line in ax.get_legend().get_lines()].count(
       "extrapolated beyond the calibrated meshes"
     ) == 1
     assert sorted(round(x) for line in rings for x in line.get_xdata()) == [4, 4]  # each scheme's 4-node point
   assert not any(
-    line.get_markersize() == 17 for ax in _visible_axes(plots.throughput_figure(_rows())) for line in ax.get_lines()
+    line.get_markersize() == 17
+    for ax in _visible_axes(sweep_plots.throughput_figure(_rows()))
+    for line in ax.get_lines()
   )

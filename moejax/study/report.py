@@ -1,4 +1,4 @@
-"""Results of a scaling sweep (`moejax.study.sweep`): CSV, JSON, a printed comparison, and the plots (`plots`)."""
+"""Results of a scaling sweep (`moejax.study.sweep`): CSV, JSON, a printed comparison, and the plots (`sweep_plots`)."""
 
 import csv
 import json
@@ -6,7 +6,7 @@ import math
 import os
 
 from moejax.cost import topology as topology_lib
-from moejax.study import efficiency, plots
+from moejax.study import efficiency, plots, sweep_plots
 
 COLUMNS = (
   "label",
@@ -237,7 +237,7 @@ def _errors(values) -> list[str]:
 
 def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   """results.csv, results.json, throughput.png, efficiency.png (`efficiency`) and breakdown.png in workdir, and
-  measured.png where points were measured (`plots.measured_figure`); the measured rows with the model's error
+  measured.png where points were measured (`sweep_plots.measured_figure`); the measured rows with the model's error
   (`with_model_error`). Returns the paths."""
   rows = with_model_error(rows)
   names = ["results.csv", "results.json", "throughput.png", "efficiency.png", "breakdown.png"]
@@ -246,9 +246,9 @@ def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   paths = {name: os.path.join(workdir, name) for name in names}
   write_csv(rows, paths["results.csv"])
   write_json(rows, config, paths["results.json"])
-  plots.plot_throughput(rows, paths["throughput.png"], config)
+  sweep_plots.plot_throughput(rows, paths["throughput.png"], config)
   efficiency.plot_efficiency(rows, paths["efficiency.png"], config)
-  plots.plot_breakdown(rows, paths["breakdown.png"], config)
+  sweep_plots.plot_breakdown(rows, paths["breakdown.png"], config)
   if "measured.png" in paths:
-    plots.plot_measured(rows, paths["measured.png"], config)
+    sweep_plots.plot_measured(rows, paths["measured.png"], config)
   return paths
