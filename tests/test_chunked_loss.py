@@ -1,4 +1,4 @@
-"""The loss computed a chunk of vocabulary columns at a time (`objective.head_cross_entropy_sums`, the run config's
+"""The loss computed a chunk of vocabulary columns at a time (`lm_loss.head_cross_entropy_sums`, the run config's
 `loss_chunk`): its sums and gradients against float64 NumPy, the models' training loss (MTP included) against the
 unchunked path under FSDP and tensor parallelism, and per-device temporaries that no longer hold the logits."""
 
@@ -12,6 +12,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from moejax.models import lm_loss
 from moejax.models import state as state_lib
 from moejax.models.config import from_sections
 from moejax.runtime import mesh as mesh_lib
@@ -63,7 +64,7 @@ def test_chunked_sums_and_gradients_equal_float64_numpy(chunk, bias):
   assert 0 < want_correct < weights.sum()
 
   def total(h, kernel, bias_v, weights):
-    loss, correct = objective.head_cross_entropy_sums(
+    loss, correct = lm_loss.head_cross_entropy_sums(
       h, kernel, bias_v if bias else None, jnp.asarray(targets), weights, chunk
     )
     return loss + 0.3 * correct, (loss, correct)
@@ -82,7 +83,7 @@ def test_chunked_sums_and_gradients_equal_float64_numpy(chunk, bias):
 @pytest.mark.parametrize("chunk", [-1, 2.5, True])
 def test_a_bad_chunk_is_refused_by_name(chunk):
   with pytest.raises(ConfigError, match="loss_chunk"):
-    objective.head_cross_entropy_sums(
+    lm_loss.head_cross_entropy_sums(
       jnp.ones((1, 2, 4)), jnp.ones((4, 8)), None, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2)), chunk
     )
 
@@ -129,8 +130,8 @@ def test_model_loss_equals_the_unchunked_path(mesh_2x4, case):
   def unchunked(params):
     model = nnx.merge(graphdef, params, rest)
     logits, aux = model(inputs, positions_BxP=positions, train=True, rngs=nnx.Rngs(dropout=1, jitter=2))
-    loss, correct = objective.cross_entropy_sums(logits, targets, weights)
-    mtp = objective.multi_token_loss(aux["mtp_logits"], targets, weights) if "mtp_logits" in aux else 0.0
+    loss, correct = lm_loss.cross_entropy_sums(logits, targets, weights)
+    mtp = lm_loss.multi_token_loss(aux["mtp_logits"], targets, weights) if "mtp_logits" in aux else 0.0
     return loss + 0.3 * mtp, (loss, correct, mtp)
 
   def chunked(params):
@@ -172,7 +173,7 @@ def test_chunked_temporaries_do_not_hold_the_logits(mesh_2x4, kernel_spec):
   )
 
   def temp_bytes(chunk: int) -> int:
-    loss = lambda h, k, bias, t, w: objective.head_cross_entropy_sums(h, k, bias, t, w, chunk)[0]
+    loss = lambda h, k, bias, t, w: lm_loss.head_cross_entropy_sums(h, k, bias, t, w, chunk)[0]
     compiled = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2))).lower(*args).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from configs import decoder
+from moejax.models import lm_loss
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import objective
@@ -23,7 +24,7 @@ def test_multi_token_loss_matches_numpy():
   logits = rng.normal(size=(k_modules, b, s, v)).astype(np.float32)
   tokens = rng.integers(0, v, (b, s)).astype(np.int32)
   _, _, targets, weights = objective.next_token(jax.numpy.asarray(tokens), pad_id=0)
-  got = float(objective.multi_token_loss(jax.numpy.asarray(logits), targets, weights))
+  got = float(lm_loss.multi_token_loss(jax.numpy.asarray(logits), targets, weights))
   want = []
   for k in range(k_modules):
     losses = []

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from moejax.models import lm_loss
 from moejax.models import state as state_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory as memory_lib
@@ -232,9 +233,9 @@ def test_fused_attention_keeps_no_scores(devices):
 @pytest.mark.parametrize("tokens,d,vocab,chunk", [(2048, 32, 8192, 0), (2048, 32, 8192, 700), (1024, 64, 16384, 2048)])
 def test_loss_bytes_match_the_compiled_loss(tokens, d, vocab, chunk):
   """What `loss_bytes` counts for one head's loss equals, within 5%, the temporaries XLA compiles for
-  `objective.head_cross_entropy_sums` with its backward (the inputs, which the planner counts elsewhere, aside)."""
+  `lm_loss.head_cross_entropy_sums` with its backward (the inputs, which the planner counts elsewhere, aside)."""
   spec = lambda *shape, dtype=jax.numpy.float32: jax.ShapeDtypeStruct(shape, dtype)
-  loss = lambda h, k, t, w: objective.head_cross_entropy_sums(h, k, None, t, w, chunk)[0]
+  loss = lambda h, k, t, w: lm_loss.head_cross_entropy_sums(h, k, None, t, w, chunk)[0]
   compiled = (
     jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     .lower(spec(1, tokens, d), spec(d, vocab), spec(1, tokens, dtype=jax.numpy.int32), spec(1, tokens))

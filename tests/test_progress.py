@@ -8,8 +8,9 @@ import ml_collections
 import pytest
 
 from configs import scaling_default
+from moejax.durations import duration
 from moejax.study import sweep
-from moejax.study.progress import Progress, duration
+from moejax.study.progress import Progress
 
 
 class Clock:

@@ -17,7 +17,7 @@ from flax import nnx
 
 from configs import decoder
 from moejax import checkpoint as checkpoint_lib
-from moejax.models import layers
+from moejax.models import layers, lm_loss
 from moejax.models import state as state_lib
 from moejax.models.config import from_sections
 from moejax.runtime import mesh as mesh_lib
@@ -97,10 +97,10 @@ def _run(cfg, moe_cfg, mesh, tokens_BxS, grads: bool):
   def loss(params):
     model = nnx.merge(graphdef, params, rest)
     logits, aux = model(tokens_BxS, train=True, rngs=nnx.Rngs(dropout=1, jitter=2))
-    total = objective.cross_entropy_sums(logits, targets_BxS, weights_BxS)[0] / jnp.sum(weights_BxS)
+    total = lm_loss.cross_entropy_sums(logits, targets_BxS, weights_BxS)[0] / jnp.sum(weights_BxS)
     total += aux["aux_loss"]
     if "mtp_logits" in aux:
-      total += 0.3 * objective.multi_token_loss(aux["mtp_logits"], targets_BxS, weights_BxS) + aux["mtp_aux_loss"]
+      total += 0.3 * lm_loss.multi_token_loss(aux["mtp_logits"], targets_BxS, weights_BxS) + aux["mtp_aux_loss"]
     return total, (logits, aux)
 
   if grads:

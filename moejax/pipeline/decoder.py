@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.models import backbone
+from moejax.models import backbone, lm_loss
 from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.decoder_config import DecoderConfig
@@ -35,7 +35,6 @@ from moejax.moe import collective as collective_lib
 from moejax.pipeline import step as step_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
-from moejax.train import objective
 from moejax.validation import require
 
 AUX = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # the MoE layers' per-layer statistics
@@ -268,7 +267,7 @@ class PipelinedDecoder:
       w = self._with_earlier_counts(w, 2)
       model = self._model(w)
       kernel_DxV, bias_V = model.output_layer()
-      loss_sum, correct = objective.head_cross_entropy_sums(
+      loss_sum, correct = lm_loss.head_cross_entropy_sums(
         model.head_features(y_BxSxD), kernel_DxV, bias_V, batch["targets"], batch["weights"], self.loss_chunk
       )
       stats = {"loss_sum": loss_sum, "correct": correct}
@@ -285,7 +284,7 @@ class PipelinedDecoder:
 
   def _mtp(self, model, h_BxSxD, batch) -> dict:
     """DeepSeek-V3's MTP modules after the last layer, as `Decoder.__call__` runs them in training: their mean loss
-    (`objective.multi_token_loss`), aux loss and per-layer statistics [K, ...]."""
+    (`lm_loss.multi_token_loss`), aux loss and per-layer statistics [K, ...]."""
     tokens_BxS, rngs = batch["inputs"], self._rngs(batch["key"], self.cfg.num_layers)
     heads, aux_loss, stats = [], jnp.zeros((), jnp.float32), []
     for k, module in enumerate(model.mtp):
@@ -294,7 +293,7 @@ class PipelinedDecoder:
       heads.append(model.head_logits(h_BxSxD, module.norm))
       aux_loss += aux.get("aux_loss", 0.0)
       stats.append({name: aux[name] for name in (*AUX, "balance_counts") if name in aux})
-    loss = objective.multi_token_loss(jnp.stack(heads), batch["targets"], batch["weights"])
+    loss = lm_loss.multi_token_loss(jnp.stack(heads), batch["targets"], batch["weights"])
     return {"mtp_loss": loss, "mtp_aux_loss": aux_loss, **jax.tree.map(lambda *a: jnp.stack(a), *stats)}
 
   def loss_and_grads(self, params: dict, rest: dict, batch_U: dict):

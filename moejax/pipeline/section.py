@@ -8,10 +8,10 @@ runs them one after another).
 
 import ml_collections
 
+from moejax.models import lm_loss
 from moejax.pipeline import decoder as decoder_lib
 from moejax.pipeline import step as step_lib
 from moejax.pipeline import two_batch as two_batch_lib
-from moejax.train import objective
 from moejax.validation import ConfigError, is_int, require
 
 CONFIG_FIELDS = ("schedule", "stages", "virtual_stages")
@@ -93,6 +93,6 @@ def of_config(config, model_cfg, moe_cfg, mesh, graphdef) -> decoder_lib.Pipelin
     moe_cfg,
     mesh,
     config.pipeline.schedule,
-    config.get("loss_chunk", objective.LOSS_CHUNK),
+    config.get("loss_chunk", lm_loss.LOSS_CHUNK),
     config.pipeline.virtual_stages,
   )

@@ -20,11 +20,10 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from moejax.models import backbone
+from moejax.models import backbone, lm_loss
 from moejax.models import layers as layers_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.sharding import activation_spec
-from moejax.train import objective
 from moejax.validation import require
 
 SCHEDULE = "two_batch"
@@ -93,7 +92,7 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
   """One half after the layers, as `Decoder.__call__` with `objective.model_loss_sums`: (loss sum, correct, aux with
   the MTP modules' mtp_loss, mtp_aux_loss and their layers' statistics appended)."""
   kernel_DxV, bias_V = model.output_layer()
-  loss_sum, correct = objective.head_cross_entropy_sums(
+  loss_sum, correct = lm_loss.head_cross_entropy_sums(
     model.head_features(x_BxSxD), kernel_DxV, bias_V, targets_BxS, weights_BxS, chunk
   )
   if not len(model.mtp):
@@ -106,8 +105,8 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
     aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
     for name in HALF_SUMS:
       aux[name] = jnp.concatenate([aux[name], mtp_aux[name][None].astype(aux[name].dtype)])
-  aux["mtp_loss"] = objective._mean_over_modules(  # the loss `objective.model_loss_sums` takes
-    lambda k, t, w: objective.head_cross_entropy_sums(features[k], kernel_DxV, bias_V, t, w, chunk)[0],
+  aux["mtp_loss"] = lm_loss.mean_over_modules(  # the loss `objective.model_loss_sums` takes
+    lambda k, t, w: lm_loss.head_cross_entropy_sums(features[k], kernel_DxV, bias_V, t, w, chunk)[0],
     len(features),
     targets_BxS,
     weights_BxS,

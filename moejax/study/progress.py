@@ -6,15 +6,7 @@ stored by an earlier run) are not counted: `Progress(total)` takes only the item
 
 import time
 
-
-def duration(seconds: float) -> str:
-  """'42s', '3m05s' or '2h07m'."""
-  seconds = max(0, round(seconds))
-  if seconds < 60:
-    return f"{seconds}s"
-  if seconds < 3600:
-    return f"{seconds // 60}m{seconds % 60:02d}s"
-  return f"{seconds // 3600}h{seconds // 60 % 60:02d}m"
+from moejax.durations import duration
 
 
 class Progress:

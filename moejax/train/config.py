@@ -7,13 +7,13 @@ import ml_collections
 
 from moejax import checkpoint as checkpoint_lib
 from moejax.data import corpus as corpus_lib
-from moejax.models import presets
+from moejax.models import lm_loss, presets
 from moejax.models.config import ModelConfig, check_fields, from_sections
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
 from moejax.train import metrics as metrics_lib
-from moejax.train import objective, optim
+from moejax.train import optim
 from moejax.validation import is_int, reject_unknown, require
 
 SECTIONS = {
@@ -23,7 +23,7 @@ SECTIONS = {
   "checkpoint": checkpoint_lib.CONFIG_FIELDS,
   "log": metrics_lib.CONFIG_FIELDS,
 }
-# loss_chunk: vocabulary columns per chunk of the loss (`objective.head_cross_entropy_sums`; absent: LOSS_CHUNK).
+# loss_chunk: vocabulary columns per chunk of the loss (`lm_loss.head_cross_entropy_sums`; absent: LOSS_CHUNK).
 # pipeline: pipeline parallelism (`moejax.pipeline.section`; absent: none).
 OPTIONAL = ("init_from", "loss_chunk", "pipeline", *presets.CONFIG_FIELDS)
 TOP_LEVEL = (
@@ -99,7 +99,7 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
     f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
     "and a tokenizer trained on the corpus would not match its embeddings",
   )
-  loss_chunk = config.get("loss_chunk", objective.LOSS_CHUNK)
+  loss_chunk = config.get("loss_chunk", lm_loss.LOSS_CHUNK)
   require(
     is_int(loss_chunk, 0),
     "loss_chunk",

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from moejax.data import pipeline as pipeline_lib
+from moejax.models import lm_loss
 from moejax.train import metrics as metrics_lib
-from moejax.train import objective
 from moejax.validation import ConfigError, require
 
 KEY = 1234  # the MLM masks' key: batch i is masked with fold_in(key(KEY), i)
@@ -64,7 +64,7 @@ def mean_loss(forward, targets, tokens_KxBxS: jax.Array) -> jax.Array:
     inputs_BxS, positions_BxP, targets_BxP, weights_BxP = targets(
       jax.random.fold_in(jax.random.key(KEY), i), tokens_BxS
     )
-    loss_sum, _ = objective.cross_entropy_sums(forward(inputs_BxS, positions_BxP), targets_BxP, weights_BxP)
+    loss_sum, _ = lm_loss.cross_entropy_sums(forward(inputs_BxS, positions_BxP), targets_BxP, weights_BxP)
     return loss_sum, jnp.sum(weights_BxP)
 
   sums, weights = jax.lax.map(lambda args: batch(*args), (jnp.arange(tokens_KxBxS.shape[0]), tokens_KxBxS))

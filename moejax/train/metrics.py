@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from moejax.study.progress import duration
+from moejax.durations import duration
 from moejax.train import replan as replan_lib
 from moejax.validation import is_int, require
 

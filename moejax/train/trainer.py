@@ -31,7 +31,7 @@ from moejax.data import corpus as corpus_lib
 from moejax.data import pipeline as pipeline_lib
 from moejax.data import sources as sources_lib
 from moejax.data import tokenizer as tokenizer_lib
-from moejax.models import hf_checkpoint, hf_files
+from moejax.models import hf_checkpoint, hf_files, lm_loss
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
@@ -217,14 +217,14 @@ class Trainer:
         micro_rest = state_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
       model = nnx.merge(self.graphdef, params, micro_rest)
       dropout_key, jitter_key = jax.random.split(key)
-      # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`objective`).
+      # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`lm_loss`).
       loss_sum, correct, aux = self.model_loss_sums(
         model,
         inputs_BxS,
         positions_BxP,
         targets_BxP,
         weights_BxP,
-        chunk=self.config.get("loss_chunk", objective.LOSS_CHUNK),
+        chunk=self.config.get("loss_chunk", lm_loss.LOSS_CHUNK),
         rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key),
       )
       loss = loss_sum / total + aux["aux_loss"] / num_micro
