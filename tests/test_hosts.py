@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
+from moejax.bench import sweep_timing
 from moejax.cost import fitted
-from moejax.study import hosts, measure
+from moejax.study import hosts
 from moejax.study.points import Point, validate
 from moejax.study.sweep import measured_points
 from tests.helpers import ENV, ROOT
@@ -130,7 +131,7 @@ def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_pat
     # The single process's step on its first n x 4 simulated devices: the same model, batch and seeds. Its
     # collectives are in-process copies where the job's are gloo's, which add in another order (float32 rounding).
     point = Point("flat_dropless", n, 4, "small", "weak", "measured")
-    want = measure.training_step(point, config, jax.devices()[: n * 4])["losses"]
+    want = sweep_timing.training_step(point, config, jax.devices()[: n * 4])["losses"]
     np.testing.assert_allclose([row["loss_first"], row["loss_last"]], [want[0], want[-1]], rtol=0, atol=1e-5)
   assert (workdir / "measured.png").read_bytes()[:4] == b"\x89PNG"
   record = json.loads((workdir / "calibration.json").read_text())

@@ -13,11 +13,12 @@ import pytest
 from flax import nnx
 
 from configs import scaling_default
+from moejax.bench import sweep_timing
 from moejax.models.presets import PUBLISHED
 from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import measure, point_models
+from moejax.study import point_models
 from moejax.study.points import Point, moe_section, scheme_config, validate
 from moejax.study.price import price_point_layer
 from moejax.validation import ConfigError
@@ -131,7 +132,7 @@ def test_a_measured_point_trains_the_decoder(devices, family):
   falling under AdamW."""
   config = _config(family, d_model=64)
   config.measure.update(platform="cpu", warmup=1, repeats=1)
-  timed = measure.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
+  timed = sweep_timing.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
   assert timed["parameters"] == sum(_tree(config).values())
   losses = timed["losses"]
   assert abs(losses[0] - np.log(config.models.dec.vocab)) < 0.3 and losses[-1] < losses[0] - 0.1, losses

@@ -1,6 +1,6 @@
-"""Measured rows: a sweep point timed on the job's devices (`hosts.mesh_devices`: one host's, or whole hosts of a
-multi-process job), a layer forward and a real training step (`time_training_step`, also the GPU suite's train_step
-timer)."""
+"""The scaling sweep's measured rows (`moejax.study.sweep`): a point timed on the job's devices
+(`hosts.mesh_devices`: one host's, or whole hosts of a multi-process job), a layer forward and a real training step
+(`time_training_step`, also the GPU suite's train_step timer)."""
 
 import statistics
 
