@@ -6,7 +6,7 @@ the published formula.
 
 For every schedule, p (config.stages) and m (config.micro_batches) the schedule can run, at two sets of per-stage
 times (F = B = 1, W = 0; and config.f, b, w, fb), it records each device's idle time within the makespan, the
-makespan and the idle fraction, and the published bubble (a device's idle time):
+makespan and the idle fraction, and the published bubble (a device's idle time, `Schedule.published_bubble`):
   gpipe, 1f1b   (p-1)(F+B)                  (GPipe; DeepSeek-V3 report Table 2 for 1F1B)
   interleaved   (p-1)(F+B)/v                (Megatron, Narayanan et al. 2021: (p-1)/(vm) of the ideal m(F+B))
   dualpipe(v)   (p/2-1)(F&B+B-3W)           (DeepSeek-V3 report Table 2; DualPipe's README for DualPipeV)
@@ -25,19 +25,9 @@ from moejax.validation import ConfigError, is_int, is_number, require
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "pipeline_bubbles.py")
 
 
-def published(schedule: str, p: int, v: int, d: Durations) -> float:
-  """The published bubble (a device's idle time) at per-stage times `d`."""
-  fb = d.f + d.b if d.fb is None else d.fb
-  if schedule in ("gpipe", "1f1b"):
-    return (p - 1) * (d.f + d.b)
-  if schedule == "interleaved":
-    return (p - 1) * (d.f + d.b) / v
-  return (p / 2 - 1) * (fb + d.b - 3 * d.w)
-
-
 def row(schedule: str, p: int, m: int, v: int, d: Durations) -> dict:
   """One schedule at one shape: its counted bubble, or why it cannot run there."""
-  chunks = v if schedule == "interleaved" else 1
+  chunks = schedules.of(schedule).chunks(v)
   times = Durations(d.f / chunks, d.b / chunks, d.w / chunks, None if d.fb is None else d.fb / chunks)
   record = {
     "schedule": schedule,
@@ -58,7 +48,7 @@ def row(schedule: str, p: int, m: int, v: int, d: Durations) -> dict:
     "busiest_idle": max(idle),
     "makespan": table.makespan,
     "bubble_fraction": table.bubble_fraction(),
-    "published_idle": published(schedule, p, chunks, d),
+    "published_idle": schedules.of(schedule).published_bubble(p, chunks, d),
   }
 
 
@@ -106,7 +96,7 @@ def picture_timetables(config) -> list:
   p, m = config.picture
   tables = []
   for schedule in config.schedules:
-    v = config.virtual_stages if schedule == "interleaved" else 1
+    v = schedules.of(schedule).chunks(config.virtual_stages)
     tables.append(
       schedules.timetable(schedule, p, m, v, Durations(config.f / v, config.b / v, config.w / v, config.fb / v))
     )
@@ -115,7 +105,7 @@ def picture_timetables(config) -> list:
 
 def pictures(tables: list, virtual_stages: int) -> str:
   """The timetables as text (`timetable.draw`, 4 characters a unit of time, 4 a chunk's for interleaved)."""
-  width = lambda t: 4 * (virtual_stages if t.name == "interleaved" else 1)
+  width = lambda t: 4 * schedules.of(t.name).chunks(virtual_stages)
   return "\n".join(f"{t.name}:\n{draw(t, width=width(t))}\n" for t in tables)
 
 
@@ -126,10 +116,10 @@ def check(config) -> None:
       isinstance(values, tuple) and values and all(is_int(x) for x in values), name, values, "a tuple of positive ints"
     )
   require(
-    isinstance(config.schedules, tuple) and set(config.schedules) <= set(schedules.SCHEDULES),
+    isinstance(config.schedules, tuple) and set(config.schedules) <= set(schedules.PIPELINED),
     "schedules",
     config.schedules,
-    f"a tuple of {sorted(schedules.SCHEDULES)}",
+    f"a tuple of {sorted(schedules.PIPELINED)}",
   )
   require(isinstance(config.picture, tuple) and len(config.picture) == 2, "picture", config.picture, "(p, m)")
   require(is_int(config.virtual_stages, 2), "virtual_stages", config.virtual_stages, "an int >= 2")

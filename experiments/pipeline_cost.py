@@ -32,7 +32,7 @@ from moejax.cost import collectives
 from moejax.cost import model as cost_model
 from moejax.cost import topology as topology_lib
 from moejax.models.presets import PUBLISHED
-from moejax.pipeline import cost, memory
+from moejax.pipeline import cost, memory, schedules
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, is_int, require
 
@@ -40,8 +40,7 @@ _ROOT = os.path.join(os.path.dirname(__file__), os.pardir)
 _DEFAULT_CONFIG = os.path.join(_ROOT, "configs", "pipeline_cost.py")
 NODES, GPUS = 8, 8  # DeepSeek-V3 report Sec. 3.2: 64-way expert parallelism over 8 nodes
 MOE_LAYERS, DENSE_LAYERS = 58, 3
-SCHEDULES = ("no_overlap", "two_batch", "1f1b", "dualpipe")
-MEMORY_SCHEDULES = ("gpipe", "1f1b", "interleaved", "dualpipe", "dualpipev")
+SCHEDULES = ("none", "two_batch", "1f1b", "dualpipe")  # priced (`moejax.pipeline.schedules`; 'none': no_overlap)
 
 
 def layer_flops(tokens: int) -> dict:
@@ -106,15 +105,16 @@ def run(config) -> dict:
   stage = whole.scaled(1.0 / p)
   rows = []
   for m in config.micro_batches:
-    for schedule in SCHEDULES:
-      if schedule in ("no_overlap", "two_batch"):
-        step = cost.one_device(m // p, whole, two_batch=schedule == "two_batch").makespan
-      else:
-        step = cost.step_time(schedule, p, m, stage)
-      rows.append({"schedule": schedule, "micro_batches": m, "step_s": step})
+    for schedule in map(schedules.of, SCHEDULES):
+      if schedule.pipelined:
+        name, step = schedule.name, cost.step_time(schedule.name, p, m, stage)
+      else:  # every layer on each device: named no_overlap, or two_batch
+        table = cost.one_device(m // p, whole, two_batch=schedule.halves)
+        name, step = table.name, table.makespan
+      rows.append({"schedule": name, "micro_batches": m, "step_s": step})
   in_flight = [
-    {"schedule": s, **memory.per_device(s, p, max(config.micro_batches), 2 if s == "interleaved" else 1)}
-    for s in MEMORY_SCHEDULES
+    {"schedule": s, **memory.per_device(s, p, max(config.micro_batches), schedules.of(s).chunks(2))}
+    for s in schedules.PIPELINED
   ]
   return {"config": config.to_dict(), "stage": vars(stage), "terms": terms, "rows": rows, "in_flight": in_flight}
 
@@ -122,7 +122,9 @@ def run(config) -> dict:
 def markdown(record: dict) -> str:
   """docs/pipelines.md's tables: step seconds per schedule and m (and against no_overlap), what stays in flight."""
   ms = sorted({r["micro_batches"] for r in record["rows"]})
-  base = {r["micro_batches"]: r["step_s"] for r in record["rows"] if r["schedule"] == "no_overlap"}
+  base = {}  # each m's first row: no_overlap's
+  for r in record["rows"]:
+    base.setdefault(r["micro_batches"], r["step_s"])
   out = ["| schedule | " + " | ".join(f"step s, m = {m}" for m in ms) + " |", "|---|" + "--:|" * len(ms)]
   for schedule in dict.fromkeys(r["schedule"] for r in record["rows"]):
     cells = [

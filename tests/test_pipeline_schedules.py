@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from moejax.pipeline import orders as slot_orders
 from moejax.pipeline import schedules
 from moejax.pipeline.timetable import Durations, check, simulate
 from moejax.validation import ConfigError
@@ -105,7 +106,7 @@ def test_a_swapped_pair_of_slots_is_caught(name, v):
 
 def test_wrong_orders_are_refused():
   """A backward before its forward deadlocks; an op run twice, or never, fails the check; bad shapes name the field."""
-  routes, orders = schedules.gpipe(2, 2, 1)
+  routes, orders = slot_orders.gpipe(2, 2, 1)
   orders[1] = [orders[1][2]] + orders[1][:2] + orders[1][3:]  # device 1: B0 before F0
   with pytest.raises(ValueError, match="deadlocks"):
     simulate("gpipe", orders, routes, Durations())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 
-from moejax.pipeline import step
+from moejax.pipeline import schedules, step, ticks
 from moejax.validation import ConfigError
 
 
@@ -58,7 +58,7 @@ TOY = step.Stages(
   ],
 )
 def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, devices_, micro_batches, virtual):
-  stages = step.layer_stages(schedule, devices_, virtual)
+  stages = schedules.of(schedule).layer_stages(devices_, virtual)
   keys = jax.random.split(jax.random.key(stages * 100 + micro_batches), 4)
   d, b = 16, 3
   params = {"w": jax.random.normal(keys[0], (stages, d, d)) / np.sqrt(d), "b": jax.random.normal(keys[1], (stages, d))}
@@ -87,7 +87,7 @@ def test_plan_of_dualpipev():
   """The V on 2 devices: device d runs stages d and 3-d; device 1 turns each forward from chunk 0 to chunk 1 on
   itself (a link of shift 0) and each backward back; paired F&B slots run in one tick; every F's output arrives
   where its route goes next, in the tick it runs."""
-  the = step.plan("dualpipev", 2, 4)
+  the = ticks.plan("dualpipev", 2, 4)
   np.testing.assert_array_equal(the.stage_of, [[0, 3], [1, 2]])
   np.testing.assert_array_equal(the.layout(8), [0, 1, 6, 7, 2, 3, 4, 5])
   assert {(kind, shift) for kind, shift, _ in the.links} == {
@@ -113,4 +113,4 @@ def test_plan_of_dualpipev():
 def test_refusals():
   """A schedule the step does not know is named."""
   with pytest.raises(ConfigError, match="config field schedule='zb-v'"):
-    step.plan("zb-v", 4, 8)
+    ticks.plan("zb-v", 4, 8)

@@ -1,9 +1,10 @@
 """The decoder families through the pipeline (`moejax.pipeline.step`): the training loss and gradients of a
 `Decoder`, its layers split into stages over the mesh's 'stage' axis.
 
-Which layers a stage runs: the last segment of the scanned layers (`moejax.models.layers`: DeepSeek's MoE layers, all
-of Qwen3-MoE's) is split into the schedule's S equal runs of its repeats (`step.layer_stages`: p, 2p for dualpipev,
-p v for interleaved), stage k running run k on the device the schedule puts it (`step.Plan.layout`); the layers before
+Which layers a stage runs (`moejax.pipeline.staging`): the last segment of the scanned layers (`moejax.models.layers`:
+DeepSeek's MoE layers, all of Qwen3-MoE's) is split into the schedule's S equal runs of its repeats
+(`Schedule.layer_stages`: p, 2p for dualpipev, p v for interleaved), stage k running run k on the device the schedule
+puts it (`ticks.Plan.layout`); the layers before
 it (DeepSeek's dense first layers) run on the first stage after the embeddings; the final norm, the head, the MTP
 modules and the loss on the last. A stage is one program for every device (the stacked repeats [r, ...] sharded
 over 'stage'), so the runs must be equal: r a multiple of S. The staged segment's parameters and state are split over
@@ -31,87 +32,12 @@ from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.sharding import activation_spec
-from moejax.moe import collective as collective_lib
+from moejax.pipeline import schedules, staging
 from moejax.pipeline import step as step_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
-from moejax.validation import require
 
 AUX = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # the MoE layers' per-layer statistics
-# Why the padded exchange cannot run inside a stage (checked on the resolved collective too: `check_collective`).
-PADDED_REASON = (
-  "'capacity', or 'ragged' (or 'auto') on a GPU, with pipeline.stages > 1: the padded exchange's ring "
-  "of collective permutes is one XLA collective over every device of the program, and at a tick the "
-  "stages run different slots (a forward on one, a backward or nothing on another), so a stage's "
-  "permutes would wait for devices that never reach them; all-to-alls have groups within a stage"
-)
-
-
-def check_collective(moe_cfg, platform: str) -> None:
-  """The refusal of the padded exchange, on the collective `moe_cfg.collective` resolves to on `platform`."""
-  resolved = collective_lib.resolve(moe_cfg.collective, platform)
-  require(resolved != "padded", "moe.collective", moe_cfg.collective, PADDED_REASON)
-
-
-def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> int:
-  """The index of the segment split over the schedule's stages of layers (the last; `step.layer_stages`: dualpipev's
-  2 x `stages` devices, the V; interleaved's `stages` x `virtual_stages`); ConfigError naming the field where the
-  layers cannot be split into them equally (pipeline.virtual_stages where the devices alone would split them)."""
-  require(
-    isinstance(cfg, DecoderConfig),
-    "model.family",
-    getattr(cfg, "family", type(cfg).__name__),
-    "a decoder family with pipeline.stages > 1 (the stages are the decoder's embeddings, layers and head)",
-  )
-  require(
-    cfg.scan_layers,
-    "model.scan_layers",
-    cfg.scan_layers,
-    "True with pipeline.stages > 1 (a stage runs a slice of a scanned segment's stacked repeats)",
-  )
-  segments = layers_lib.segments(cfg)
-  seg = segments[-1]
-  cut = step_lib.layer_stages(schedule, stages, virtual_stages)
-  chunks = f" x {virtual_stages} virtual stages" if virtual_stages > 1 else ""
-  into = f"{cut} stages of layers ({schedule}, {stages} devices{chunks})" if cut != stages else f"{stages} stages"
-  field, value = (
-    ("pipeline.virtual_stages", virtual_stages)
-    if virtual_stages > 1 and _splits(cfg, seg, stages)
-    else ("pipeline.stages", stages)
-  )
-  require(
-    seg.repeats % cut == 0,
-    field,
-    value,
-    f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
-    f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)",
-  )
-  require(
-    _splits(cfg, seg, cut),
-    field,
-    value,
-    f"{into} dividing {seg.repeats}, each stage at least two repeats of the segment's {seg.period} "
-    "different layers (a stage's slice is scanned as the segment is)",
-  )
-  return len(segments) - 1
-
-
-def _splits(cfg, seg, cut: int) -> bool:
-  """Whether `cut` stages split segment `seg`'s repeats evenly, each stage's slice scanned as the segment is."""
-  if seg.repeats % cut:
-    return False
-  sub = layers_lib.find_segments(
-    tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[: seg.period * seg.repeats // cut]
-  )
-  return sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),)
-
-
-def _sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
-  """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there)."""
-  sliding = None if cfg.sliding_layers is None else cfg.sliding_layers[start:stop]
-  return dataclasses.replace(
-    cfg, num_layers=stop - start, moe_layers=cfg.moe_layers[start:stop], sliding_layers=sliding
-  )
 
 
 @dataclasses.dataclass
@@ -153,15 +79,17 @@ class PipelinedDecoder:
   ):
     self.stages = mesh_lib.require_stages(mesh)
     self.virtual_stages = virtual_stages
-    self.segment = staged_segment(model_cfg, self.stages, schedule, virtual_stages)
-    check_collective(moe_cfg, platform_lib.of_mesh(mesh))
+    self.segment = staging.staged_segment(model_cfg, self.stages, schedule, virtual_stages)
+    staging.check_collective(moe_cfg, platform_lib.of_mesh(mesh))
     self.graphdef, self.cfg, self.moe_cfg, self.mesh = graphdef, model_cfg, moe_cfg, mesh
     self.schedule, self.loss_chunk = schedule, loss_chunk
     self.stage_mesh = mesh_lib.stage_manual(mesh)
     seg = layers_lib.segments(model_cfg)[self.segment]
     self.first_layers = seg.start
     self.stage_layers = seg.stop - seg.start
-    self.layers_per_stage = (seg.stop - seg.start) // step_lib.layer_stages(schedule, self.stages, virtual_stages)
+    self.layers_per_stage = (seg.stop - seg.start) // schedules.of(schedule, pipelined=True).layer_stages(
+      self.stages, virtual_stages
+    )
 
   def _is_staged(self, path) -> bool:
     return len(path) > 1 and path[0] == "segments" and path[1] == self.segment
@@ -200,13 +128,13 @@ class PipelinedDecoder:
     return rngs
 
   def _run(self, model, segments, start, stop, x_BxSxD, key, first_layer):
-    view = _Layers(_sub_config(self.cfg, start, stop), self.moe_cfg, self.stage_mesh, segments)
+    view = _Layers(staging.sub_config(self.cfg, start, stop), self.moe_cfg, self.stage_mesh, segments)
     x_BxSxD, aux, _ = backbone.run_blocks(view, x_BxSxD, train=True, rngs=self._rngs(key, first_layer))
     return x_BxSxD, aux
 
   def _view(self, start: int, stop: int) -> DecoderConfig:
     """The config of layers start .. stop - 1 alone (no MTP modules)."""
-    return dataclasses.replace(_sub_config(self.cfg, start, stop), num_mtp_layers=0)
+    return dataclasses.replace(staging.sub_config(self.cfg, start, stop), num_mtp_layers=0)
 
   def _with_earlier_counts(self, w: step_lib.Weights, part: int) -> step_lib.Weights:
     """w with the choice counts of the step's earlier micro-batches (w.before[part]['balance'], [m, ...] for the

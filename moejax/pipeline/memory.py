@@ -8,17 +8,13 @@ A slot's forward makes its activations before its paired backward frees any (Dua
 from moejax.pipeline import schedules
 from moejax.pipeline.timetable import B, F, Timetable, W
 
-# Parameter copies per device, as a fraction of the model's parameters over p stages: DualPipe holds two stages
-# (d and p-1-d: 2x, DeepSeek-V3 report Table 2); DualPipeV's p/2 devices hold two stages each (2x per device);
-# interleaved 1F1B holds v chunks of 1/v stage each (1x).
-PARAMETER_STAGES = {"gpipe": 1, "1f1b": 1, "interleaved": 1, "dualpipe": 2, "dualpipev": 2}
-
 
 def activations_in_flight(table: Timetable) -> list[float]:
   """Per device, the most stage-activations of micro-batches it holds at once, in units of one stage's activations
   of one micro-batch (an interleaved chunk's count 1/v: a chunk is 1/v of a stage's layers)."""
   chunks = len({c for route in table.routes for _, c in route})
-  per_chunk = 1.0 / chunks if table.name == "interleaved" else 1.0
+  schedule = schedules.SCHEDULES.get(table.name)  # none for a table of `cost.one_device`
+  per_chunk = 1.0 / chunks if schedule is not None and schedule.chunked else 1.0
   last = {}  # (device, micro-batch, chunk) -> the kind of the op that frees its activations
   for d, slots in enumerate(table.slots):
     for slot in slots:
@@ -38,14 +34,15 @@ def activations_in_flight(table: Timetable) -> list[float]:
 
 def per_device(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> dict:
   """What the planner multiplies, for `schedule` over `stages` stages: `parameter_stages` (stages' parameters a
-  device holds: 1, DualPipe's 2), `activation_stages` (the busiest device's stage-activations in flight, from the
+  device holds, `Schedule.parameter_stages`: 1; DualPipe's d and p-1-d, 2x (DeepSeek-V3 report Table 2); DualPipeV's
+  two stages on each of p/2 devices, 2; interleaved's v chunks of 1/v stage, 1), `activation_stages` (the busiest device's stage-activations in flight, from the
   timetable), and `layers_fraction` (1/stages: a stage's share of the decoder's layers). A device's bytes:
   parameter_stages x layers_fraction x the layers' parameters (optimizer state alike), and activation_stages x
   layers_fraction x one micro-batch's activations of all layers. The first stage adds the embeddings, the last the
   head, MTP modules and loss."""
   table = schedules.timetable(schedule, stages, micro_batches, virtual_stages)
   return {
-    "parameter_stages": PARAMETER_STAGES[schedule],
+    "parameter_stages": schedules.of(schedule).parameter_stages,
     "activation_stages": max(activations_in_flight(table)),
     "layers_fraction": 1.0 / stages,
   }

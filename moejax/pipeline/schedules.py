@@ -1,8 +1,13 @@
-"""Pipeline schedules behind one interface: `timetable(schedule, stages, micro_batches, ...)`.
+"""Pipeline schedules behind one interface, `Schedule`, one object per `pipeline.schedule` (`SCHEDULES`, by name).
 
-Each schedule gives the route of every micro-batch (the (device, chunk) of each stage it passes) and the order of
-every device's slots; `moejax.pipeline.timetable.simulate` times them from the dependencies alone. `stages` is the
-p of each schedule's published bubble:
+A schedule says, in plain Python: whether it runs over the mesh's 'stage' axis (`pipelined`), how its stages sit on
+the devices (`stages_per_device`, `chunks`, `layer_stages`, `parameter_stages`), whether it pairs slots, its
+refusals of a pipeline section and a MoE config (`check`, `check_moe`, `check_shape`: each naming the field), its
+published bubble, and (pipelined) its slots (`moejax.pipeline.orders`), timed by `timetable`. The step, the config
+checks, the memory planner and the experiments ask the schedule, never its name. `stages` below is the p of each
+schedule's published bubble:
+  none         no pipeline: every micro-batch through every layer on every device (the default).
+  two_batch    no pipeline: each micro-batch's halves interleaved layer by layer (`moejax.pipeline.two_batch`).
   gpipe        p devices, one stage each; every forward, then every backward (GPipe).
   1f1b         p devices; p - d - 1 forwards to warm up on device d, then one forward and one backward in turn
                (PipeDream-Flush, Megatron's non-interleaved schedule).
@@ -16,121 +21,114 @@ p of each schedule's published bubble:
                every micro-batch going down and back (DualPipeV.step).
 """
 
-from moejax.pipeline.timetable import B, Durations, F, Op, Timetable, W, simulate
-from moejax.validation import is_int, require
+from moejax.pipeline import orders
+from moejax.pipeline.timetable import Durations, Timetable, simulate
+from moejax.validation import ConfigError, is_int, require
+
+# The timetable's refusals (`Schedule.check_shape`) by the training config's name of their field.
+FIELDS = {"stages": "pipeline.stages", "virtual_stages": "pipeline.virtual_stages"}
 
 
-def _one_stage_routes(p: int, m: int):
-  return [[(d, 0) for d in range(p)] for _ in range(m)]
+class Schedule:
+  """One value of `pipeline.schedule`. The class attributes are its answers; the defaults are a pipeline's of one
+  stage a device, one copy of its parameters, one chunk, no paired slots."""
+
+  name: str
+  pipelined = True  # runs over the 'stage' axis: pipeline.stages > 1 (else 1, and no timetable)
+  plain = False  # the unpipelined step itself, each micro-batch whole ('none')
+  halves = False  # each micro-batch's halves interleaved (two_batch: one half's exchanges under the other's compute)
+  stages_per_device = 1  # the timetable's stages a device runs (dualpipev: 2, the V)
+  parameter_stages = 1  # stages' parameters a device holds (a fraction 1/p of the layers each; dualpipe(v): 2)
+  chunked = False  # a device runs v chunks of 1/v stage each (pipeline.virtual_stages: interleaved)
+  pairs_slots = False  # forwards paired with backwards in one slot (DualPipe's F&B)
+
+  def chunks(self, virtual_stages: int = 1) -> int:
+    """The chunks of one stage's layers a device runs: v where `chunked`, else 1 (a requested v ignored)."""
+    return virtual_stages if self.chunked else 1
+
+  def stages(self, devices: int) -> int:
+    """The timetable's p on `devices` devices of the 'stage' axis (dualpipev: 2 x its devices)."""
+    return devices * self.stages_per_device
+
+  def layer_stages(self, devices: int, virtual_stages: int = 1) -> int:
+    """S, the stages the staged layers are cut into (a route's length): p v for interleaved, 2p for dualpipev on p
+    devices, p otherwise."""
+    return self.stages(devices) * self.chunks(virtual_stages)
+
+  def check(self, section, config, model_cfg, moe_cfg) -> None:
+    """ConfigError naming the field for a pipeline `section` (schedule, stages, virtual_stages) of `config` this
+    schedule cannot run (its stages, its shape at config.micro_batches)."""
+    require(is_int(section.stages), "pipeline.stages", section.stages, "a positive int")
+    require(
+      self.pipelined == (section.stages != 1),
+      "pipeline.stages",
+      section.stages,
+      f"1 with pipeline.schedule='none', > 1 with a schedule (pipeline.schedule={self.name!r})",
+    )
+    if not self.pipelined:
+      return
+    try:
+      self.check_shape(self.stages(section.stages), config.micro_batches, section.virtual_stages)
+    except ConfigError as refused:  # its own shape (dualpipe: p even; interleaved: v >= 2; the micro-batches)
+      require(False, FIELDS.get(refused.field, refused.field), refused.value, refused.allowed)
+
+  def check_moe(self, moe_cfg) -> None:
+    """ConfigError naming the field for a MoE config this schedule cannot run (after the stages' checks)."""
+
+  def check_shape(self, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
+    """ConfigError naming the field unless this schedule can run `micro_batches` over `stages` stages."""
+    require(is_int(stages, 2), "stages", stages, "an int >= 2")
+    require(is_int(micro_batches), "micro_batches", micro_batches, "an int >= 1")
+    require(virtual_stages == 1, "virtual_stages", virtual_stages, f"1 for {self.name} (only interleaved has more)")
+
+  def slots(self, stages: int, micro_batches: int, virtual_stages: int) -> tuple:
+    """(routes, each device's slots in order): `moejax.pipeline.orders`."""
+    raise NotImplementedError(f"{self.name} has no timetable")
+
+  def published_bubble(self, stages: int, virtual_stages: int, d: Durations) -> float:
+    """The published bubble (a device's idle time) at per-stage times `d`."""
+    raise NotImplementedError(f"{self.name} has no bubble")
 
 
-def gpipe(p: int, m: int, v: int):
-  orders = [[(Op(F, i, 0),) for i in range(m)] + [(Op(B, i, 0),) for i in range(m)] for _ in range(p)]
-  return _one_stage_routes(p, m), orders
+class NoPipeline(Schedule):
+  name, pipelined, plain = "none", False, True
 
 
-def one_f_one_b(p: int, m: int, v: int):
-  orders = []
-  for d in range(p):
-    warm = min(p - d - 1, m)
-    order = [(Op(F, i, 0),) for i in range(warm)]
-    for i in range(m - warm):
-      order += [(Op(F, warm + i, 0),), (Op(B, i, 0),)]
-    orders.append(order + [(Op(B, i, 0),) for i in range(m - warm, m)])
-  return _one_stage_routes(p, m), orders
+class TwoBatch(Schedule):
+  name, pipelined, halves = "two_batch", False, True
+
+  def check(self, section, config, model_cfg, moe_cfg) -> None:
+    from moejax.pipeline import two_batch  # it builds on the models: imported where it is used
+
+    require(
+      section.stages == 1,
+      "pipeline.stages",
+      section.stages,
+      "1 with pipeline.schedule='two_batch' (no 'stage' axis: the halves run on every device)",
+    )
+    two_batch.check(model_cfg, moe_cfg, config)
 
 
-def interleaved(p: int, m: int, v: int):
-  """Megatron's order: the k-th forward of a device is chunk (k // p) % v of micro-batch (k // pv) p + k % p, the
-  k-th backward the same with the chunks reversed; (p - d - 1) 2 + (v - 1) p forwards to warm up."""
-  routes = [[(d, c) for c in range(v) for d in range(p)] for _ in range(m)]
-  mb = lambda k: (k // (p * v)) * p + k % p
-  forward = lambda k: (Op(F, mb(k), (k // p) % v),)
-  backward = lambda k: (Op(B, mb(k), v - 1 - (k // p) % v),)
-  orders = []
-  for d in range(p):
-    warm = min((p - d - 1) * 2 + (v - 1) * p, m * v)
-    order = [forward(k) for k in range(warm)]
-    for k in range(m * v - warm):
-      order += [forward(warm + k), backward(k)]
-    orders.append(order + [backward(k) for k in range(m * v - warm, m * v)])
-  return routes, orders
+class GPipe(Schedule):
+  name = "gpipe"
+  slots = staticmethod(orders.gpipe)
+
+  def published_bubble(self, stages: int, virtual_stages: int, d: Durations) -> float:
+    return (stages - 1) * (d.f + d.b)  # GPipe; DeepSeek-V3 report Table 2 for 1F1B
 
 
-def _dual_steps(ranks: int, rank: int, chunks: int):
-  """DualPipe's eight steps on one device as (kind, phases, split): phase 0 is the chunk whose micro-batches
-  enter nearer this device; `rank` counts from the end of a half (DualPipe) or of the V (DualPipeV), `ranks` is
-  that half's length and `chunks` the micro-batches per phase."""
-  rest, near = ranks - rank - 1, rank + 1
-  steps = [("F", (0,), False)] * (2 * rest)
-  steps += [("F", (0,), False), ("F", (1,), False)] * near
-  steps += [("B", (1,), True), ("W", (), False), ("F", (1,), False)] * rest
-  for i in range(chunks - 2 * ranks + rank + 1):
-    first = [("F", (0,), False), ("B", (1,), False)] if i == 0 and rest == 0 else [("FB", (0, 1), False)]
-    steps += first + [("FB", (1, 0), False)]
-  steps += [("B", (1,), False), ("FB", (1, 0), False)] * rest
-  split = False
-  for i in range(near):  # the second half of these backwards leave their weights' gradients for later
-    split = split or (i == near // 2 and rank % 2 == 1)
-    steps.append(("B", (1,), split))
-    split = split or (i == near // 2 and rank % 2 == 0)
-    steps.append(("B", (0,), split))
-  steps += [("W", (), False), ("B", (0,), True)] * rest
-  return steps + [("W", (), False)] * near
+class OneFOneB(GPipe):
+  name = "1f1b"
+  slots = staticmethod(orders.one_f_one_b)
 
 
-def _dual_order(steps, chunk_of, first_mb):
-  """Slots from `_dual_steps`: each phase's micro-batches in order (`first_mb[chunk]` onwards), the split-off
-  weight gradients in the order their backwards ran."""
-  count = {(kind, c): first_mb[c] for kind in (F, B) for c in (0, 1)}
-  pending, order = [], []
-  for kind, phases, split in steps:
-    if kind == W:
-      order.append((pending.pop(0),))
-      continue
-    kinds = (F, B) if kind == "FB" else (kind,)
-    ops = []
-    for k, phase in zip(kinds, phases):
-      c = chunk_of(phase)
-      ops.append(Op(k, count[(k, c)], c))
-      count[(k, c)] += 1
-    if split:
-      pending.append(Op(W, ops[0].micro_batch, ops[0].chunk))
-    order.append(tuple(ops))
-  return order
+class Interleaved(Schedule):
+  name, chunked = "interleaved", True
+  slots = staticmethod(orders.interleaved)
 
-
-def dualpipe(p: int, m: int, v: int):
-  half, n = p // 2, m // 2
-  routes = [[(d, 0) for d in range(p)]] * n + [[(d, 1) for d in reversed(range(p))]] * n
-  orders = [
-    _dual_order(_dual_steps(half, min(d, p - 1 - d), n), lambda ph, s=d >= half: ph ^ s, (0, n)) for d in range(p)
-  ]
-  return routes, orders
-
-
-def dualpipev(p: int, m: int, v: int):
-  devices = p // 2
-  route = [(d, 0) for d in range(devices)] + [(d, 1) for d in reversed(range(devices))]
-  orders = [_dual_order(_dual_steps(devices, d, m), lambda ph: ph, (0, 0)) for d in range(devices)]
-  return [route] * m, orders
-
-
-SCHEDULES = {
-  "gpipe": gpipe,
-  "1f1b": one_f_one_b,
-  "interleaved": interleaved,
-  "dualpipe": dualpipe,
-  "dualpipev": dualpipev,
-}
-
-
-def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
-  """ConfigError naming the field unless `schedule` can run `micro_batches` over `stages`."""
-  require(schedule in SCHEDULES, "schedule", schedule, f"one of {sorted(SCHEDULES)}")
-  require(is_int(stages, 2), "stages", stages, "an int >= 2")
-  require(is_int(micro_batches), "micro_batches", micro_batches, "an int >= 1")
-  if schedule == "interleaved":
+  def check_shape(self, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
+    require(is_int(stages, 2), "stages", stages, "an int >= 2")
+    require(is_int(micro_batches), "micro_batches", micro_batches, "an int >= 1")
     require(is_int(virtual_stages, 2), "virtual_stages", virtual_stages, "an int >= 2 for the interleaved schedule")
     require(
       micro_batches % stages == 0,
@@ -138,18 +136,48 @@ def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: 
       micro_batches,
       f"a multiple of stages={stages} for the interleaved schedule (its forwards go in groups of p)",
     )
-  else:
-    require(virtual_stages == 1, "virtual_stages", virtual_stages, f"1 for {schedule} (only interleaved has more)")
-  if schedule.startswith("dualpipe"):
-    require(stages % 2 == 0, "stages", stages, f"even for {schedule} (its devices pair stage d with p-1-d)")
-  if schedule == "dualpipe":
+
+  def published_bubble(self, stages: int, virtual_stages: int, d: Durations) -> float:
+    return (stages - 1) * (d.f + d.b) / virtual_stages  # Megatron: (p-1)/(vm) of the ideal m(F+B)
+
+
+class DualPipe(Schedule):
+  name, parameter_stages, pairs_slots = "dualpipe", 2, True
+  slots = staticmethod(orders.dualpipe)
+
+  def check_shape(self, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
+    super().check_shape(stages, micro_batches, virtual_stages)
+    require(stages % 2 == 0, "stages", stages, f"even for {self.name} (its devices pair stage d with p-1-d)")
+    self._check_micro_batches(stages, micro_batches)
+
+  def _check_micro_batches(self, stages: int, micro_batches: int) -> None:
     require(
       micro_batches % 2 == 0 and micro_batches >= 2 * stages,
       "micro_batches",
       micro_batches,
       f"even and >= 2 x stages = {2 * stages} for dualpipe (half enter at each end; its steps need them)",
     )
-  if schedule == "dualpipev":
+
+  def check_moe(self, moe_cfg) -> None:
+    require(
+      moe_cfg.balance_loss != "global_batch",
+      "moe.balance_loss",
+      moe_cfg.balance_loss,
+      "not 'global_batch' with dualpipe: its second copy of each stage runs the second "
+      "half of the micro-batches, alongside the first half, so a micro-batch's earlier ones' counts are on "
+      "another device",
+    )
+
+  def published_bubble(self, stages: int, virtual_stages: int, d: Durations) -> float:
+    fb = d.f + d.b if d.fb is None else d.fb
+    return (stages / 2 - 1) * (fb + d.b - 3 * d.w)  # DeepSeek-V3 report Table 2; DualPipe's README for DualPipeV
+
+
+class DualPipeV(DualPipe):
+  name, stages_per_device = "dualpipev", 2
+  slots = staticmethod(orders.dualpipev)
+
+  def _check_micro_batches(self, stages: int, micro_batches: int) -> None:
     require(
       micro_batches >= stages,
       "micro_batches",
@@ -157,11 +185,33 @@ def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: 
       f">= stages = {stages} for dualpipev (2 x its {stages // 2} devices: its steps need them)",
     )
 
+  def check_moe(self, moe_cfg) -> None:  # one copy of each stage: a chunk sees every micro-batch in order
+    pass
+
+
+SCHEDULES: dict[str, Schedule] = {
+  s.name: s for s in (NoPipeline(), GPipe(), OneFOneB(), Interleaved(), DualPipe(), DualPipeV(), TwoBatch())
+}
+NAMES = tuple(SCHEDULES)
+PIPELINED = tuple(name for name, s in SCHEDULES.items() if s.pipelined)  # those with a timetable
+
+
+def of(name: str, pipelined: bool = False) -> Schedule:
+  """The schedule called `name` (one with a timetable where `pipelined`); ConfigError naming 'schedule' else."""
+  names = PIPELINED if pipelined else NAMES
+  require(name in names, "schedule", name, f"one of {names}")
+  return SCHEDULES[name]
+
+
+def check_shape(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> None:
+  """ConfigError naming the field unless `schedule` can run `micro_batches` over `stages`."""
+  of(schedule, pipelined=True).check_shape(stages, micro_batches, virtual_stages)
+
 
 def timetable(
   schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1, durations: Durations = Durations()
 ) -> Timetable:
   """The schedule's timetable: each device's slots, timed by simulating the dependencies at `durations`."""
   check_shape(schedule, stages, micro_batches, virtual_stages)
-  routes, orders = SCHEDULES[schedule](stages, micro_batches, virtual_stages)
-  return simulate(schedule, orders, routes, durations)
+  routes, slot_orders = SCHEDULES[schedule].slots(stages, micro_batches, virtual_stages)
+  return simulate(schedule, slot_orders, routes, durations)

@@ -24,9 +24,10 @@ from moejax.models import backbone, lm_loss
 from moejax.models import layers as layers_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.sharding import activation_spec
+from moejax.pipeline import schedules
 from moejax.validation import require
 
-SCHEDULE = "two_batch"
+SCHEDULE = schedules.TwoBatch.name
 HALF_SUMS = ("expert_counts", "tokens_dropped", "tokens_overflowed")  # summed over the halves; the losses averaged
 
 
