@@ -167,7 +167,7 @@ def explain_difference(result: dict) -> str:
 
 def report(result: dict, config) -> None:
   d = config.mesh.nodes * config.mesh.gpus_per_node
-  if config.moe.esp_schedule == "auto":
+  if expert_sharding.SHARDINGS[config.moe.esp_schedule].needs_resolving:
     print(
       f"moe.esp_schedule='auto' resolved to {result['esp_schedule']!r} (Parm's Algorithm 1 for "
       f"{config.tokens} tokens on {config.mesh.nodes} x {config.mesh.gpus_per_node}, moe.esp_cost="

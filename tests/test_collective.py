@@ -52,12 +52,12 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
 @pytest.mark.parametrize(
   "n,m,hops",
   [
-    (2, 4, path_lib.PATHS["flat"]),
-    (2, 4, path_lib.PATHS["gpu_first"]),
-    (4, 2, path_lib.PATHS["gpu_first"]),
-    (2, 4, path_lib.PATHS["node_first"]),
-    (1, 8, path_lib.PATHS["gpu_first"]),
-    (8, 1, path_lib.PATHS["gpu_first"]),
+    (2, 4, path_lib.hops("flat")),
+    (2, 4, path_lib.hops("gpu_first")),
+    (4, 2, path_lib.hops("gpu_first")),
+    (2, 4, path_lib.hops("node_first")),
+    (1, 8, path_lib.hops("gpu_first")),
+    (8, 1, path_lib.hops("gpu_first")),
   ],
 )
 def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup):

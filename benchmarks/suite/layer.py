@@ -114,7 +114,7 @@ def step_layer(config, rec: Record):
     tokens = shape.pop("tokens")
     for backend in config.layer_backends:
       outputs = {}
-      for collective in ("ragged", "padded"):
+      for collective in collective_lib.RAGGED_AND_ORACLE:
         cfg = MoEConfig(**shape, collective=collective, expert_backend=backend, dtype=dtype)
         case = {
           "model": name,
@@ -209,7 +209,7 @@ def _overflow_comparison(shape: dict, tokens: int, dtype: str, mesh, platform: s
     return out
   k_params, k_x = jax.random.split(jax.random.key(0))
   results = {}
-  for collective in ("ragged", "padded"):
+  for collective in collective_lib.RAGGED_AND_ORACLE:
     cfg = MoEConfig(
       **shape, collective=collective, expert_backend="ragged_dot", dtype=dtype, buffer_factor=OVERFLOW_BUFFER_FACTOR
     )

@@ -22,10 +22,29 @@ Lina's figures are reproduced with it in experiments/validation/lina.py.
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 from moejax.validation import is_number, require
 
-SYNC_ORDERS = ("default", "naive_overlap", "prioritized")  # when the gradient all-reduce runs against the all-to-alls
+
+class SyncOrder(NamedTuple):
+  """When the gradient all-reduce runs against the all-to-alls (see the module doc): shares_link, it runs beside
+  an all-to-all, each at half rate; fills_compute, it runs alone on the link while the GPU computes."""
+
+  name: str
+  shares_link: bool
+  fills_compute: bool
+
+
+ORDERS = {
+  o.name: o
+  for o in (
+    SyncOrder("default", shares_link=False, fills_compute=False),
+    SyncOrder("naive_overlap", shares_link=True, fills_compute=True),
+    SyncOrder("prioritized", shares_link=False, fills_compute=True),
+  )
+}
+SYNC_ORDERS = tuple(ORDERS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +87,14 @@ def backward(blocks, schedule: str) -> Backward:
   require(schedule in SYNC_ORDERS, "schedule", schedule, f"one of {SYNC_ORDERS}")
   blocks = list(blocks)
   require(len(blocks) >= 1 and all(isinstance(b, Block) for b in blocks), "blocks", blocks, "a non-empty list of Block")
+  order = ORDERS[schedule]
   t, pending, a2a = 0.0, 0.0, []  # pending: all-reduce work ready and not yet done
   for block in blocks:
     for compute_s, ready_s in ((block.ffn_s, 0.0), (block.dense_s, block.allreduce_s)):
-      shared = min(pending, block.a2a_s) if schedule == "naive_overlap" else 0.0
+      shared = min(pending, block.a2a_s) if order.shares_link else 0.0
       a2a.append(block.a2a_s + shared)  # both at half rate until the shorter one is done
       pending -= shared
-      if schedule != "default":
+      if order.fills_compute:
         pending -= min(pending, compute_s)  # the all-reduce alone on the link during compute
       t += a2a[-1] + compute_s
       pending += ready_s

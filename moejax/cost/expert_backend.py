@@ -17,8 +17,8 @@ import os
 import jax
 from absl import logging
 
+from moejax.moe import experts as experts_lib
 from moejax.moe.config import MoEConfig
-from moejax.moe.experts import FUSED
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 
@@ -192,12 +192,13 @@ def resolve(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, passes: str = 
   shape (`layer_shape`, `tokens` global tokens per layer call on `mesh`) and `passes` ('fwd_bwd' to train, 'fwd' to
   serve) on the mesh's device kind. Called where the mesh is made (the Trainer, `moejax.models.from_hf`,
   `moejax.infer.load`, the demo): the layer refuses 'auto'. Other configs come back unchanged."""
-  if cfg.expert_backend != "auto":
+  if not cfg.backend_kind.needs_resolving:
     return cfg
   device_kind = mesh.devices.flat[0].device_kind
   shape = layer_shape(cfg, tokens, *mesh_lib.axis_sizes(mesh))
   table, path = load_table(cfg.expert_table, device_kind, shape)
-  runs = tuple(c for c in CANDIDATES if c not in FUSED or cfg.fused_ffn_refusal is None)  # biases, clamped SwiGLU
+  fused_runs = experts_lib.fused_refusal(cfg) is None  # not with biases or the clamped SwiGLU
+  runs = tuple(c for c in CANDIDATES if fused_runs or not experts_lib.BACKENDS[c].fused)
   backend, row = choose(table, shape, passes, runs)
   times = ", ".join(
     f"{k} {v * 1e3:.3f} ms" for k, v in sorted(row["candidates_median_s"].items(), key=lambda kv: kv[1])

@@ -40,6 +40,7 @@ import numpy as np
 
 from moejax.cost import collectives, model
 from moejax.cost.topology import Topology
+from moejax.moe import schedule as schedule_lib
 from moejax.moe import wire as wire_lib
 from moejax.moe.config import SCHEDULES
 from moejax.runtime import mesh as mesh_lib
@@ -211,18 +212,18 @@ class ScheduleCost:
     return dict(dataclasses.asdict(self), hidden_s=self.hidden_s, hidden_fraction=self.hidden_fraction)
 
 
-def _pass(schedule: str, chunks: int, ex: Exchanges, shape: LayerShape, compute_scale: float):
-  """(time, exchange pieces, matmul seconds) of one pass."""
-  if schedule == "sequential" or (schedule == "chunked" and chunks == 1):
+def _pass(schedule: schedule_lib.Schedule, chunks: int, ex: Exchanges, shape: LayerShape, compute_scale: float):
+  """(time, exchange pieces, matmul seconds) of one pass, by what the schedule splits (`moe.schedule.Schedule`)."""
+  if not schedule.overlaps or (schedule.splits_rows and chunks == 1):
     pieces = ex.dispatch() + ex.combine()
     compute = compute_scale * (shape.layer0_s() + shape.layer1_s() + shape.non_expert_s)
     return sum(p.time_s for p in pieces) + compute, pieces, compute
-  if schedule == "chunked":
+  if schedule.splits_rows:
     dispatch, combine = ex.dispatch(1 / chunks), ex.combine(1 / chunks)
     d, c = sum(p.time_s for p in dispatch), sum(p.time_s for p in combine)
     g = compute_scale * (shape.layer0_s(1 / chunks) + shape.layer1_s(1 / chunks) + shape.non_expert_s / chunks)
     return d + g + c + (chunks - 1) * max(d + c, g), chunks * (dispatch + combine), chunks * g
-  # comet
+  # splits_columns (comet): the last hop's ring steps feed layer0, layer1 by column blocks of d
   earlier, (steps, received) = ex.dispatch()[:-1], ex.ring_steps()
   total = received.sum()
   share = received / total if total else np.full(received.shape, 1 / received.size)
@@ -246,15 +247,16 @@ def price_schedule(
   """One layer's forward (train=True: forward and backward) under `schedule` (see the module doc)."""
   require(schedule in SCHEDULES, "schedule", schedule, f"one of {SCHEDULES}")
   require(is_int(num_chunks), "num_chunks", num_chunks, "a positive int")
+  kind = schedule_lib.SCHEDULES[schedule]
   require(
-    schedule != "comet" or shape.d_model % num_chunks == 0,
+    not kind.splits_columns or shape.d_model % num_chunks == 0,
     "num_chunks",
     num_chunks,
-    f"a divisor of d_model={shape.d_model} for schedule='comet'",
+    f"a divisor of d_model={shape.d_model} for schedule={schedule!r}",
   )
   time_s, comm, inter, compute = 0.0, 0.0, 0.0, 0.0
   for compute_scale, one_pass in zip((1.0, 2.0), exchanges.passes(train)):
-    t, pieces, g = _pass(schedule, num_chunks, one_pass, shape, compute_scale)
+    t, pieces, g = _pass(kind, num_chunks, one_pass, shape, compute_scale)
     time_s += t
     compute += g
     comm += sum(p.time_s for p in pieces)

@@ -38,10 +38,12 @@ import numpy as np
 from moejax.cost import collectives
 from moejax.cost import topology as topology_lib
 from moejax.cost.topology import Topology
+from moejax.moe import expert_sharding as sharding_lib
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError, is_int, is_number, require
 
-ESP_SCHEDULES = ("baseline", "s1", "s2")  # the concrete ones of moejax.moe.config.ESP_SCHEDULES
+# The concrete ones of moejax.moe.config.ESP_SCHEDULES: baseline, s1, s2.
+ESP_SCHEDULES = tuple(n for n, s in sharding_lib.SHARDINGS.items() if s.splits_d_ff and not s.needs_resolving)
 COLLECTIVES = ("ag_esp", "ar_esp", "a2a_ep", "a2a_epesp", "ag_mp", "overlap")
 
 
@@ -135,7 +137,9 @@ def layer_times(layer: ParmLayer, ab: dict[str, AlphaBeta], rate: float) -> dict
   """Seconds of each schedule's forward: its collectives plus its expert FLOPs at `rate` FLOP/s."""
   require(is_number(rate) and rate > 0, "rate", rate, "FLOP/s > 0")
   comm = communication_times(layer, ab)
-  return {s: comm[s] + layer.baseline_flops / rate / (1 if s == "baseline" else layer.n_mp) for s in ESP_SCHEDULES}
+  # Each GPU computes 1 / N_MP of the baseline's rows, except where it gathers the node's tokens (the baseline).
+  split = {s: layer.n_mp / sharding_lib.SHARDINGS[s].gathered(layer.n_mp) for s in ESP_SCHEDULES}
+  return {s: comm[s] + layer.baseline_flops / rate / split[s] for s in ESP_SCHEDULES}
 
 
 def _blocks(size: int, block: int, stride: int = 1) -> np.ndarray:
@@ -232,7 +236,7 @@ def resolve_auto(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) ->
   (`choose_schedule`) for `tokens` global tokens per layer call: EP = n nodes, ESP = MP = m GPUs, B x L = a
   node's tokens, alpha-beta terms from cfg.esp_cost. Call it when the config is made (the trainer does): the
   layer refuses 'auto'. Other configs come back unchanged."""
-  if cfg.esp_schedule != "auto":
+  if not cfg.sharding_kind.needs_resolving:
     return cfg
   n, m = nodes, gpus_per_node
   bytes_per_element = jnp.dtype(cfg.dtype).itemsize

@@ -56,9 +56,9 @@ from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.language_model import LanguageModel
 from moejax.models.state import abstract_state
 from moejax.moe import collective as collective_lib
+from moejax.moe import local_experts, routing, schedule
 from moejax.moe import path as path_lib
 from moejax.moe import replicas as replicas_lib
-from moejax.moe import routing, schedule
 from moejax.moe.experts import shared_experts
 from moejax.moe.layer import exchange_for
 from moejax.moe.layout import Layout, layout
@@ -88,7 +88,7 @@ def check_moe(moe_cfg, platform: str | None = None) -> None:
     "None (dropless) for mode='exflow': a token must reach its expert",
   )
   require(
-    moe_cfg.schedule == "sequential",
+    not moe_cfg.schedule_kind.overlaps,
     "schedule",
     moe_cfg.schedule,
     "'sequential' for mode='exflow': its one exchange per MoE layer is one-way (no combine), so 'comet' has "
@@ -150,7 +150,7 @@ def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedu
   shared_RxD = (
     shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts else jnp.zeros(x_RxD.shape, jnp.float32)
   )
-  local = schedule.Experts.of(params, cfg)
+  local = local_experts.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
   # request id (ids < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)

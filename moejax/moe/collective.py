@@ -96,8 +96,8 @@ EXCHANGES = {"ragged": _ragged_all_to_all, "padded": padded_all_to_all}
 
 
 class Collective(NamedTuple):
-  """A resolved collective: 'ragged' | 'padded' | 'capacity', and the capacity blocks' rows per peer (of a flat hop;
-  `moe.path.hop_sizes` scales it for the hops of a longer path)."""
+  """One value of `MoEConfig.collective` ('padded' | 'ragged' | 'capacity' | 'auto'), or a resolved one with the
+  capacity blocks' rows per peer (of a flat hop; `moe.path.hop_sizes` scales it for the hops of a longer path)."""
 
   name: str
   block_rows: int | None = None
@@ -107,6 +107,46 @@ class Collective(NamedTuple):
     """Whether every peer is sent a block of fixed rows (whatever it holds): 'capacity'."""
     return self.name == CAPACITY
 
+  @property
+  def native_ragged(self) -> bool:
+    """Whether it is the platform's own ragged all-to-all, which not every platform has."""
+    return self.name == "ragged"
+
+  @property
+  def per_platform(self) -> bool:
+    """Whether it names no collective of its own but the platform's best ('auto', `resolve`)."""
+    return self.name == "auto"
+
+  def resolve(self, platform: str) -> "Collective":
+    """The collective this one runs as on `platform`: 'auto' is 'ragged' where the platform has it, else 'padded'."""
+    if not self.per_platform:
+      return self
+    return COLLECTIVES["ragged" if platform_lib.has_ragged_all_to_all(platform) else "padded"]
+
+  def runs_on(self, platform: str) -> bool:
+    """Whether it runs on `platform` (every one but 'ragged' runs everywhere)."""
+    return not self.native_ragged or platform_lib.has_ragged_all_to_all(platform)
+
+  def check(self, cfg) -> None:
+    """Raises ConfigError naming the field where the config does not fit this collective."""
+    cf = cfg.capacity_factor
+    require(
+      not self.fixed_blocks or cf is not None,
+      "capacity_factor",
+      cf,
+      f"a number > 0 when collective={self.name!r} (dense dispatch has fixed capacity)",
+    )
+
+
+COLLECTIVES = {c.name: c for c in map(Collective, ("padded", "ragged", "capacity", "auto"))}
+# The native ragged exchange and the ring of permutes with its semantics, its oracle: the pair benchmarks compare.
+RAGGED_AND_ORACLE = (COLLECTIVES["ragged"].name, COLLECTIVES["padded"].name)
+
+
+def of(cfg) -> Collective:
+  """The collective of `cfg.collective` (unresolved)."""
+  return COLLECTIVES[cfg.collective]
+
 
 def as_collective(collective) -> Collective:
   return collective if isinstance(collective, Collective) else Collective(collective)
@@ -114,14 +154,12 @@ def as_collective(collective) -> Collective:
 
 def resolve(name: str, platform: str) -> str:
   """The collective `name` runs as on `platform`: 'auto' is 'ragged' where the platform has it, else 'padded'."""
-  if name != "auto":
-    return name
-  return "ragged" if platform_lib.has_ragged_all_to_all(platform) else "padded"
+  return COLLECTIVES[name].resolve(platform).name
 
 
 def runs_on(name: str, platform: str) -> bool:
   """Whether the collective `name` runs on `platform` (every one but 'ragged' runs everywhere)."""
-  return name != "ragged" or platform_lib.has_ragged_all_to_all(platform)
+  return COLLECTIVES[name].runs_on(platform)
 
 
 def check(name: str, platform: str, field: str = "collective") -> None:

@@ -5,19 +5,23 @@ field, its value and what is allowed.
 """
 
 import dataclasses
-import importlib.util
 import logging
 from collections.abc import Mapping
 from typing import Any
 
 from kernels.activations import ACTIVATIONS
+from moejax.moe import collective as collective_lib
+from moejax.moe import expert_sharding as sharding_lib
+from moejax.moe import experts as experts_lib
+from moejax.moe import fields as fields_lib
+from moejax.moe import path as path_lib
 from moejax.moe import routing as routing_lib
-from moejax.moe.experts import CLAMPED_SWIGLU, FUSED
-from moejax.validation import is_int, is_number, prefixed, reject_unknown, require
+from moejax.moe import schedule as schedule_lib
+from moejax.validation import is_int, prefixed, reject_unknown, require
 
-ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited
-PATHS = ("flat", "gpu_first", "node_first")
-COLLECTIVES = ("padded", "ragged", "capacity", "auto")
+ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited: each choice's options are its registry's names
+PATHS = tuple(path_lib.PATHS)  # flat, gpu_first, node_first
+COLLECTIVES = tuple(collective_lib.COLLECTIVES)  # padded, ragged, capacity, auto
 # The one field `transport` that path and collective were before: each old value as (path, collective).
 TRANSPORT_ALIASES = {
   "ragged": ("flat", "ragged"),
@@ -26,16 +30,31 @@ TRANSPORT_ALIASES = {
   "hierarchical": ("gpu_first", "auto"),
   "bilevel": ("node_first", "auto"),
 }
-EXPERT_ACTIVATIONS = (*ACTIVATIONS, CLAMPED_SWIGLU)
-EXPERT_BACKENDS = ("ragged_dot", "dense", "pallas", "pallas_saved", "pallas_unfused", "tokamax", "fp8", "auto")
+EXPERT_ACTIVATIONS = (*ACTIVATIONS, experts_lib.CLAMPED_SWIGLU)
+EXPERT_BACKENDS = tuple(experts_lib.BACKENDS)  # ragged_dot, dense, the Pallas ones, tokamax, fp8, auto
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
 COMBINE_DTYPES = (None, "float32", "bfloat16")  # None: float32, as the experts accumulate
-SCHEDULES = ("sequential", "chunked", "comet")
+SCHEDULES = tuple(schedule_lib.SCHEDULES)  # sequential, chunked, comet
 SCORES = ("softmax", "sigmoid")
 BALANCE_LOSSES = ("batch", "sequence", "global_batch")
-ESP_SCHEDULES = (None, "baseline", "s1", "s2", "auto")
+ESP_SCHEDULES = tuple(sharding_lib.SHARDINGS)  # None, baseline, s1, s2, auto
 GROUP_SCORES = ("top2_sum", "max")
+OPTIONS = (
+  ("routing", ROUTINGS),
+  ("path", PATHS),
+  ("collective", COLLECTIVES),
+  ("expert_backend", EXPERT_BACKENDS),
+  ("activation", EXPERT_ACTIVATIONS),
+  ("dtype", DTYPES),
+  ("schedule", SCHEDULES),
+  ("esp_schedule", ESP_SCHEDULES),
+  ("score", SCORES),
+  ("balance_loss", BALANCE_LOSSES),
+  ("dispatch_dtype", DISPATCH_DTYPES),
+  ("combine_dtype", COMBINE_DTYPES),
+  ("group_score", GROUP_SCORES),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,20 +68,15 @@ class MoEConfig:
     q_local); 'node_limited' (DeepSeek-V3: flat router, the node_top_k nodes with the best sums of their two best
     expert probabilities kept, then the top top_k experts on them).
   path: the hops rows take to their experts (`moe.path`): 'flat' (one exchange over both mesh axes), 'gpu_first'
-    (over 'gpu', then over 'node': Tutel-2DH's and DeepSpeed's hierarchical all-to-all) or 'node_first' (over
-    'node' to the same GPU index of the expert's node, then over 'gpu': SMILE's path, DeepEP's internode one).
-  collective: what moves the rows of each hop (`moe.collective`): 'ragged' (jax.lax.ragged_all_to_all; GPU/TPU),
-    'padded' (the same semantics from a ring of fixed-size collective permutes; runs anywhere), 'capacity'
-    (GShard/Switch's dense dispatch: one all_to_all of a fixed block per peer, sized by capacity; needs
-    capacity_factor) or 'auto' ('ragged' where the platform has it, else 'padded'). Any routing, path and collective.
+    (Tutel-2DH's, DeepSpeed's hierarchical all-to-all) or 'node_first' (SMILE's path, DeepEP's internode one).
+  collective: what moves each hop's rows (`moe.collective`): 'ragged' (GPU/TPU), 'padded' (its semantics from a ring
+    of permutes), 'capacity' (GShard's dense dispatch; needs capacity_factor) or 'auto' (per platform).
   transport: the old single field, accepted for configs written before path and collective (a one-line notice):
     'ragged', 'padded', 'capacity' = path 'flat' with that collective; 'hierarchical' = 'gpu_first', 'bilevel' =
     'node_first', each with 'auto'. Not stored.
-  expert_backend: 'ragged_dot', 'dense' (per-expert loop; reference speed), 'pallas' (kernels' fused FFN),
-    'pallas_saved' (the same, its pre-activations kept for the backward), 'pallas_unfused' (a gmm per matmul, hidden
-    activations kept), 'tokamax' (`moejax[tokamax]`), 'fp8' (qwix FP8 matmuls, `moejax[fp8]`) or 'auto': the fastest
-    measured at the layer's per-device shape in expert_table (None: the table shipped for the device; resolved when
-    the config is made, `moejax.cost.expert_backend.resolve`).
+  expert_backend: one of `moe.experts.BACKENDS` ('ragged_dot', 'dense', the Pallas ones, 'tokamax', 'fp8') or 'auto':
+    the fastest measured at the layer's per-device shape in expert_table (None: the table shipped for the device;
+    resolved when the config is made, `moejax.cost.expert_backend.resolve`).
   num_nodes, node_top_k: n, the mesh's nodes, and nodes per token (1 = SMILE), for the node routings.
   capacity_factor: None = dropless; else each device sends each expert at most ceil(capacity_factor *
     local_tokens * K / E) token-choices (K = choices_per_token), first choices first, earlier tokens first.
@@ -83,20 +97,16 @@ class MoEConfig:
   dispatch_dtype, combine_dtype: the rows' dtype on the wire, to the experts and back (and the backward's
     gradients, both ways, in combine_dtype): None (the activations' dtype; the combine's float32), 'bfloat16', or
     for the dispatch 'float8_e4m3fn' with a float32 scale per 128 elements of a row from its amax (DeepSeek-V3).
-  schedule: the order of the exchanges and the expert compute (Comet; `moe.schedule`): 'sequential',
-    'chunked' (num_chunks chunks of rows, each dispatched, computed and combined on its own; Tutel/FasterMoE)
-    or 'comet' (own rows into the first GEMM while the others arrive, the second GEMM by num_chunks column
-    blocks of d, each combined when done). The same result for every routing, path, collective, sharding and table.
+  schedule: the order of the exchanges and the expert compute (Comet; `moe.schedule`): 'sequential', 'chunked'
+    (Tutel/FasterMoE) or 'comet'; the same result for every routing, path, collective, sharding and table.
   num_chunks: chunks of 'chunked' (dividing the rows a device sends) or column blocks of 'comet' (of d_model).
-  esp_schedule: None = experts over both mesh axes (EP only). Else Parm's expert sharding: experts over 'node',
-    each one's d_ff over 'gpu', scheduled as 'baseline' (DeepSpeed-MoE), 's1', 's2' (PauseMP) or 'auto' (Parm's
-    Algorithm 1; resolved when the config is made by `moejax.cost.parm.resolve_auto`; the layer refuses it).
+  esp_schedule: None = experts over both mesh axes (EP only), else Parm's (`moe.expert_sharding`): 'baseline'
+    (DeepSpeed-MoE), 's1', 's2' (PauseMP) or 'auto' (Algorithm 1, resolved by `moejax.cost.parm.resolve_auto`).
   esp_cost: where 'auto' takes the collectives' alpha-beta terms: a topology preset of moejax.cost.topology
     (default 'dgx_h100_ib') or the path of an experiments/bench_collectives.py JSON record.
   expert_data_parallel: True: experts over the GPUs of a node only (expert e on GPU e // (E / m) of every node),
-    replicated over 'node' with their gradients summed over it, so E need only divide over a node's GPUs; tokens
-    go to experts in their own node (one hop over 'gpu'). Refused with esp_schedule, the node routings and the
-    two-hop paths (every node holds every expert: no node to choose, no inter-node hop).
+    replicated over 'node' (gradients summed over it); tokens go to experts in their own node (one hop over 'gpu').
+    Refused with esp_schedule, the node routings and the two-hop paths.
   score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent per-expert
     affinities). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
   routed_scaling: the factor on the routed experts' weights, after renormalize (DeepSeek-V2: 16, V3: 2.5).
@@ -175,221 +185,32 @@ class MoEConfig:
   transport: dataclasses.InitVar[str | None] = None
 
   def __post_init__(self, transport: str | None = None):
+    """Field types and options first, then each choice checks the config (`check` of its object)."""
     if transport is not None:
-      require(
-        transport in TRANSPORT_ALIASES,
-        "transport",
-        transport,
-        f"one of {tuple(TRANSPORT_ALIASES)} (the old field; now path {PATHS} and collective {COLLECTIVES})",
-      )
-      path, collective = TRANSPORT_ALIASES[transport]
-      logging.getLogger(__name__).warning(
-        "transport=%r is read as path=%r, collective=%r (the old name of the two)", transport, path, collective
-      )
-      object.__setattr__(self, "path", path)
-      object.__setattr__(self, "collective", collective)
+      self._read_transport(transport)
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
-      value = getattr(self, name)
-      require(is_int(value), name, value, "a positive int")
-    for name, options in (
-      ("routing", ROUTINGS),
-      ("path", PATHS),
-      ("collective", COLLECTIVES),
-      ("expert_backend", EXPERT_BACKENDS),
-      ("activation", EXPERT_ACTIVATIONS),
-      ("dtype", DTYPES),
-      ("schedule", SCHEDULES),
-      ("esp_schedule", ESP_SCHEDULES),
-      ("score", SCORES),
-      ("balance_loss", BALANCE_LOSSES),
-      ("dispatch_dtype", DISPATCH_DTYPES),
-      ("combine_dtype", COMBINE_DTYPES),
-      ("group_score", GROUP_SCORES),
-    ):
+      require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
+    for name, options in OPTIONS:
       require(getattr(self, name) in options, name, getattr(self, name), f"one of {options}")
-    if self.router.chooses_nodes:
-      n = self.num_nodes
-      require(
-        is_int(n) and self.num_experts % n == 0,
-        "num_nodes",
-        n,
-        f"a positive int dividing num_experts={self.num_experts} (routing={self.routing!r} chooses nodes)",
-      )
-      require(
-        is_int(self.node_top_k) and self.node_top_k <= n, "node_top_k", self.node_top_k, f"an int in [1, num_nodes={n}]"
-      )
-    require(
-      self.num_groups is None or (is_int(self.num_groups) and self.num_experts % self.num_groups == 0),
-      "num_groups",
-      self.num_groups,
-      f"None or a positive int dividing num_experts={self.num_experts}",
-    )
-    if self.num_groups is not None:
-      require(
-        is_int(self.topk_groups) and self.topk_groups <= self.num_groups,
-        "topk_groups",
-        self.topk_groups,
-        f"an int in [1, num_groups={self.num_groups}]",
-      )
-    limit = self.router.max_top_k
-    require(self.top_k <= limit, "top_k", self.top_k, f"at most {limit} for routing={self.routing!r}")
-    require(
-      self.expert_backend != "tokamax" or importlib.util.find_spec("tokamax") is not None,
-      "expert_backend",
-      self.expert_backend,
-      "tokamax installed (pip install 'moejax[tokamax]'; Python >= 3.12, jax >= 0.11.1)",
-    )
-    for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel", "ffn_bias", "router_bias"):
-      require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
-    self._check_gpt_oss_experts()
-    require(self.dedup in (None, True, False), "dedup", self.dedup, "None, True or False")
-    edp = "expert_data_parallel"
-    require(
-      not self.expert_data_parallel or (self.esp_schedule is None and self.routing == "topk" and self.path == "flat"),
-      edp,
-      True,
-      "False with esp_schedule, the node routings or a two-hop path: its experts are "
-      "replicated over 'node', which Parm shards them over, and every node holds every expert, so there is no "
-      "node to choose and no inter-node hop to take",
-    )
-    require(
-      not (self.dedup and self.esp_schedule == "s2"),
-      "dedup",
-      self.dedup,
-      "False or None with "
-      "esp_schedule='s2': its dispatched tensor [E, C', d] holds one row per token-choice, which S2 splits over "
-      "the node's GPUs, so a row per token and destination has no place in it",
-    )
-    require(is_int(self.num_chunks), "num_chunks", self.num_chunks, "a positive int")
-    require(
-      self.schedule != "comet" or self.d_model % self.num_chunks == 0,
-      "num_chunks",
-      self.num_chunks,
-      f"a divisor of d_model={self.d_model} (schedule='comet' splits the second GEMM by column blocks)",
-    )
-    require(
-      isinstance(self.esp_cost, str) and self.esp_cost,
-      "esp_cost",
-      self.esp_cost,
-      "a topology preset name or the path of a bench_collectives JSON record",
-    )
-    require(
-      self.score == "softmax" or self.routing != "bilevel",
-      "score",
-      self.score,
-      "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)",
-    )
-    require(
-      is_number(self.routed_scaling) and self.routed_scaling > 0, "routed_scaling", self.routed_scaling, "a number > 0"
-    )
-    require(
-      self.num_groups is None or self.routing == "topk",
-      "num_groups",
-      self.num_groups,
-      "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
-      "node's experts)",
-    )
-    require(
-      is_number(self.bias_update_rate) and self.bias_update_rate >= 0,
-      "bias_update_rate",
-      self.bias_update_rate,
-      "a number >= 0",
-    )
-    require(
-      self.bias_update_rate == 0 or self.routing != "bilevel",
-      "bias_update_rate",
-      self.bias_update_rate,
-      "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
-      "one flat router's scores)",
-    )
-    require(
-      self.balance_loss != "sequence" or self.routing != "bilevel",
-      "balance_loss",
-      self.balance_loss,
-      "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
-      "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)",
-    )
-    for name, none in (("shared_d_ff", "d_ff"), ("slots_per_device", "no replication")):
-      require(
-        getattr(self, name) is None or is_int(getattr(self, name)),
-        name,
-        getattr(self, name),
-        f"None ({none}) or a positive int",
-      )
-    for name, low in (("replan_every", 0), ("replan_window", 1), ("num_shared_experts", 0)):
-      require(is_int(getattr(self, name), low), name, getattr(self, name), f"an int >= {low}")
-    require(
-      not self.shared_gate or self.num_shared_experts > 0,
-      "shared_gate",
-      self.shared_gate,
-      "False without shared experts (num_shared_experts=0)",
-    )
-    require(
-      self.expert_table is None or isinstance(self.expert_table, str),
-      "expert_table",
-      self.expert_table,
-      "None (the table shipped for the device) or the path of a measured expert-backend table",
-    )
-    require(
-      self.replan_every == 0 or self.slots_per_device is not None,
-      "replan_every",
-      self.replan_every,
-      "0 unless slots_per_device is set (re-planning moves replicas between slots)",
-    )
-    for name, none in (("capacity_factor", "dropless"), ("buffer_factor", "worst-case receive buffers")):
-      value = getattr(self, name)
-      require(value is None or (is_number(value) and value > 0), name, value, f"None ({none}) or a number > 0")
-    cf = self.capacity_factor
-    require(
-      self.collective != "capacity" or cf is not None,
-      "capacity_factor",
-      cf,
-      "a number > 0 when collective='capacity' (dense dispatch has fixed capacity)",
-    )
-    require(is_number(self.z_loss_coef) and self.z_loss_coef >= 0, "z_loss_coef", self.z_loss_coef, "a number >= 0")
-    for name in ("load_balance_coef", "local_balance_coef"):
-      require(
-        getattr(self, name) is None or is_number(getattr(self, name)) and getattr(self, name) >= 0,
-        name,
-        getattr(self, name),
-        "a number >= 0, or None for the paper's value",
-      )
-    require(isinstance(self.jitter, (int, float)) and 0 <= self.jitter < 1, "jitter", self.jitter, "in [0, 1)")
+    fields_lib.check(self)
+    self.router.check()
+    for choice in (self.backend_kind, self.sharding_kind, self.schedule_kind, self.path_kind, self.collective_kind):
+      choice.check(self)
 
-  def _check_gpt_oss_experts(self) -> None:
-    """The clamped SwiGLU and the biases (gpt-oss): where they can run."""
-    clamped = self.activation == CLAMPED_SWIGLU
+  def _read_transport(self, transport: str) -> None:
+    """The old field `transport`, read as its path and collective (`TRANSPORT_ALIASES`)."""
     require(
-      not clamped or self.gated,
-      "gated",
-      self.gated,
-      f"True with activation={CLAMPED_SWIGLU!r} (a function of the gate and up projections)",
+      transport in TRANSPORT_ALIASES,
+      "transport",
+      transport,
+      f"one of {tuple(TRANSPORT_ALIASES)} (the old field; now path {PATHS} and collective {COLLECTIVES})",
     )
-    for name in ("swiglu_alpha", "swiglu_limit"):
-      require(is_number(getattr(self, name)) and getattr(self, name) > 0, name, getattr(self, name), "a number > 0")
-    require(
-      not self.router_bias or self.routing != "bilevel",
-      "router_bias",
-      self.router_bias,
-      "False with routing='bilevel' (a bias on one flat router's logits)",
+    path, collective = TRANSPORT_ALIASES[transport]
+    logging.getLogger(__name__).warning(
+      "transport=%r is read as path=%r, collective=%r (the old name of the two)", transport, path, collective
     )
-    why = self.fused_ffn_refusal
-    require(
-      self.expert_backend not in FUSED or why is None,
-      "expert_backend",
-      self.expert_backend,
-      f"not {FUSED} here: {why}; 'ragged_dot', 'pallas_unfused', 'tokamax' or 'dense' run them",
-    )
-
-  @property
-  def fused_ffn_refusal(self) -> str | None:
-    """Why the fused Pallas FFN (expert_backend in experts.FUSED) cannot run these experts, or None."""
-    if self.ffn_bias or self.activation == CLAMPED_SWIGLU:
-      return (
-        f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
-        f"ffn_bias={self.ffn_bias} with activation={self.activation!r}"
-      )
-    return None
+    object.__setattr__(self, "path", path)
+    object.__setattr__(self, "collective", collective)
 
   @classmethod
   def from_mapping(cls, fields: Mapping[str, Any], prefix: str = "") -> "MoEConfig":
@@ -406,14 +227,39 @@ class MoEConfig:
     return routing_lib.of(self)
 
   @property
+  def path_kind(self) -> path_lib.PathKind:
+    """The path's hops (`moe.path.PATHS`)."""
+    return path_lib.of(self)
+
+  @property
+  def collective_kind(self) -> collective_lib.Collective:
+    """The collective, unresolved ('auto' resolves per platform; `moe.collective.COLLECTIVES`)."""
+    return collective_lib.of(self)
+
+  @property
+  def schedule_kind(self) -> schedule_lib.Schedule:
+    """The order of the exchanges and the expert compute (`moe.schedule.SCHEDULES`)."""
+    return schedule_lib.of(self)
+
+  @property
+  def sharding_kind(self) -> sharding_lib.ExpertParallel:
+    """The expert sharding, 'auto' included (`moe.expert_sharding.chosen`)."""
+    return sharding_lib.chosen(self)
+
+  @property
+  def backend_kind(self) -> experts_lib.Backend:
+    """The expert backend (`moe.experts.BACKENDS`)."""
+    return experts_lib.of(self)
+
+  @property
   def balance_counts_size(self) -> int:
     """Length of the balance loss's choice counts: each balanced router's width (E; 'bilevel': n, then m')."""
     return sum(self.router.widths.values())
 
   @property
   def deduplicates(self) -> bool:
-    """Whether rows travel once per destination of a hop (`dedup`, None resolved)."""
-    return self.esp_schedule != "s2" if self.dedup is None else self.dedup
+    """Whether rows travel once per destination of a hop (`dedup`, None resolved by the expert sharding)."""
+    return self.sharding_kind.dedups_by_default if self.dedup is None else self.dedup
 
   @property
   def experts_per_node(self) -> int:
@@ -441,9 +287,7 @@ class MoEConfig:
   def expert_holders(self, nodes: int, gpus_per_node: int) -> int:
     """H: what a slot table has a row for: the devices, the nodes (expert sharding) or a node's GPUs (expert data
     parallelism)."""
-    if self.expert_data_parallel:
-      return gpus_per_node
-    return nodes if self.esp_schedule is not None else nodes * gpus_per_node
+    return self.sharding_kind.holders(nodes, gpus_per_node)
 
   def check_mesh(self, nodes: int, gpus_per_node: int) -> None:
     """Raises ConfigError naming the field unless the layer runs on a nodes x gpus_per_node mesh."""
@@ -451,30 +295,6 @@ class MoEConfig:
 
   def experts_per_holder(self, nodes: int, gpus_per_node: int) -> int:
     """The experts each holder keeps on a nodes x gpus_per_node mesh (a GPU's; with esp_schedule a node's, each
-    split over its GPUs), after the checks of `check_mesh`."""
-    if self.router.chooses_nodes:
-      require(self.num_nodes == nodes, "num_nodes", self.num_nodes, f"the mesh's node count {nodes}")
-    holders = self.expert_holders(nodes, gpus_per_node)
-    where = (
-      f"{nodes} nodes (expert sharding puts E / n whole experts on each node)"
-      if self.esp_schedule
-      else f"{holders} GPUs per node (expert data parallelism)"
-      if self.expert_data_parallel
-      else f"{holders} devices (expert e lives on device e // experts_per_gpu)"
-    )
-    require(self.num_experts % holders == 0, "num_experts", self.num_experts, f"a multiple of the mesh's {where}")
-    require(
-      not self.esp_schedule or self.d_ff % gpus_per_node == 0,
-      "d_ff",
-      self.d_ff,
-      f"a multiple of the mesh's {gpus_per_node} GPUs per node (each holds d_ff / m of its node's experts)",
-    )
-    per_holder = self.num_experts // holders
-    if self.slots_per_device is not None:
-      require(
-        self.slots_per_device >= per_holder,
-        "slots_per_device",
-        self.slots_per_device,
-        f">= the {per_holder} experts each holder keeps on this mesh",
-      )
-    return per_holder
+    split over its GPUs), after the checks of `check_mesh` (the router's nodes, then the expert sharding's)."""
+    self.router.check_nodes(nodes)
+    return self.sharding_kind.experts_per_holder(self, nodes, gpus_per_node)

@@ -2,12 +2,16 @@
 (`moe.expert_sharding`): the MP split whose backward is an all-gather (Parm Sec. III-B), the MP and ESP
 all-gathers (invariant gathers whose backward is a local slice), and S2's dispatched tensor."""
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 
 from moejax.moe import routing
-from moejax.moe.config import MoEConfig
 from moejax.runtime.mesh import GPU
+
+if TYPE_CHECKING:  # config imports the expert shardings, which import this module
+  from moejax.moe.config import MoEConfig
 
 
 @jax.custom_vjp
@@ -49,7 +53,7 @@ def esp_all_gather(x):
   return jax.lax.all_gather(x, GPU, axis=0, tiled=True, to="invarying")
 
 
-def dispatched_tensor(x_RxD, ids_R, w_R, expert_ids_TxK, keep_TxK, rows: int, cfg: MoEConfig):
+def dispatched_tensor(x_RxD, ids_R, w_R, expert_ids_TxK, keep_TxK, rows: int, cfg: "MoEConfig"):
   """S2's dispatched tensor, which it splits over the node's GPUs: with capacity GShard's slot buffer
   [E, C', d] (a choice in its expert's row at its queue position), split on the capacity axis as Parm
   does, so each GPU sends at most C' / m rows per expert, dropless the token-choice rows padded to `rows`.
@@ -80,7 +84,7 @@ def undispatch(y_ZxD, slot_R):
   return jnp.where((slot_R >= 0)[:, None], rows, jnp.zeros((), rows.dtype))
 
 
-def s2_capacity(cfg: MoEConfig, tokens: int, gpus_per_node: int) -> int:
+def s2_capacity(cfg: "MoEConfig", tokens: int, gpus_per_node: int) -> int:
   """S2's capacity C padded to a multiple of m, so that the slot buffer [E, C'] splits evenly over the
   node's GPUs (padding slots stay empty)."""
   capacity = routing.expert_capacity(cfg, tokens)

@@ -1,270 +1,19 @@
-"""Expert sharding (Parm): experts over 'node' (EP), each expert's d_ff over 'gpu' (ESP = MP).
+"""Expert sharding: where each expert's weights live and which tokens or rows each device routes and sends.
 
-Parm (arXiv 2407.00599, Sec. III-IV) in the special case ESP = MP of DeepSpeed-TED. The layer
-input x [tokens, d] is sharded over 'node' and replicated over the m GPUs of a node (the MP group, as
-Megatron tensor parallelism of the dense parts leaves it); y comes back the same way. Expert e lives on
-node e // (E / n); GPU j of that node holds hidden slice j of width f / m (columns of w_in / w_gate, rows
-of w_out), so an expert's output is the sum of its m slices' partial outputs (the activation is
-elementwise in f). Expert sharding is not a second layer: it decides which tokens or rows a GPU routes
-and sends, and where a choice's m partial outputs are summed; routing, capacity, the exchange, the
-schedules and the combine are the layer's own (`moe.layer`). Per schedule (BLM = the node's tokens,
-ETM = its dispatched rows):
-
-  baseline (DeepSpeed-MoE, Parm Sec. IV-A): ESP all-gather of x (BLM x N_ESP: every token computed N_MP
-    times), the rows sent over 'node' to the same GPU index of the expert's node, the slice partials
-    summed by an ESP all-reduce, the copy of this GPU's own tokens kept.
-  s1 (PauseMP before the gate): MP split of the tokens (each GPU routes T / m), the Dump (each row to
-    all m GPUs of its expert's node, one exchange over both axes), partials summed on return, MP
-    all-gather of y (BLM).
-  s2 (PauseMP after the gate): the node's tokens routed on every GPU, MP split of the dispatched rows,
-    the Dump, partials summed on return, MP all-gather of the expert outputs (ETM), gate combine.
-
-The interface (`ExpertParallel`, whole experts, every hook the identity) and the three schedules that
-override it are chosen by `of(cfg)`; the MP-group operations they use are in `moe.esp_ops`.
-
-Capacity: each schedule gates a different group of tokens, so its capacity and drops differ (Parm does
-not discuss this): baseline and s2 gate the node's tokens (`reference.moe_reference(dispatch_groups=n)`),
-s1 each GPU's (`dispatch_groups=n * m`).
+One interface, `ExpertParallel` (`moe.expert_parallel`), one object per value of `MoEConfig.esp_schedule`
+(`SHARDINGS`: None = whole experts over both mesh axes; Parm's 'baseline', 's1', 's2' and 'auto',
+`moe.parm_sharding`), and `ExpertDataParallel` (here) for `MoEConfig.expert_data_parallel`. `chosen(cfg)` is the
+config's (`MoEConfig.sharding_kind`, 'auto' included); `of(cfg)` the one a layer runs, which must be concrete.
 """
-
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from moejax.moe import esp_ops, routing
-from moejax.moe import path as path_lib
-from moejax.moe.config import MoEConfig
-from moejax.runtime import mesh as mesh_lib
-from moejax.runtime.mesh import AXES, GPU, NODE
-from moejax.validation import ConfigError, require
-
-
-class Sent(NamedTuple):
-  """The rows one device sends, before replicas and the Dump: x [R, d], each row's logical expert ids [R, K]
-  (-1 = not sent) and combine weights [R, K] (0 where not sent), and what `finish` needs to bring the returned
-  rows back in token order (S2's slots)."""
-
-  x_RxD: jax.Array
-  ids_RxK: jax.Array
-  w_RxK: jax.Array
-  state: jax.Array | None = None
-
-
-class ExpertParallel:
-  """esp_schedule=None: whole experts over both mesh axes (EP only). The interface of expert sharding, each
-  hook the identity; Parm's schedules below override what they change.
-
-  Plain Python (the layout, before tracing): x_axes, the mesh axes x and y are sharded over; routed_over /
-  sent_over, the axes along which devices route different tokens / send different rows (what statistics and
-  counts are summed over); shared_sum_over / partial_sum_over, the axis over which the shared / routed experts'
-  d_ff-slice partial outputs are summed (None: whole experts); needs_vma: the schedule's collectives are typed
-  by shard_map's mesh-axis variance; expert_specs / shared_specs: the weights' PartitionSpecs.
-  """
-
-  name = None
-  x_axes = AXES
-  routed_over = AXES
-  sent_over = AXES
-  shared_sum_over = None
-  partial_sum_over = None
-  needs_vma = False
-  expert_specs = {name: P(AXES) for name in ("w_in", "w_out", "w_gate", "b_in", "b_out", "b_gate")}
-  shared_specs = {"w_in": P(), "w_out": P(), "w_gate": P()}
-
-  def token_groups(self, n: int, m: int) -> int:
-    """The equal groups a call's tokens split into, one per routing device (group)."""
-    return n * m
-
-  def check_tokens(self, tokens: int, n: int, m: int) -> None:
-    if tokens % (n * m):
-      raise ConfigError(f"x has {tokens} tokens, not a multiple of the mesh's {n * m} devices")
-
-  def send_rows(self, cfg: MoEConfig, routed_tokens: int, m: int) -> int:
-    """The token-choice rows one device sends (before the Dump's copies)."""
-    return routed_tokens * cfg.choices_per_token
-
-  def gathered(self, m: int) -> int:
-    """Copies of the routed tokens a device sends (the baseline's all-gather)."""
-    return 1
-
-  def hops(self, cfg: MoEConfig) -> tuple:
-    return path_lib.hops(cfg.path)
-
-  def dense_rows_per_slot(self, cfg: MoEConfig, routed_tokens: int, m: int) -> int:
-    """The capacity collective's block rows per expert slot: every slot of the peer full, for each copy."""
-    return routing.expert_capacity(cfg, routed_tokens) * self.gathered(m)
-
-  # Traced, inside shard_map.
-  def split_tokens(self, x_TxD):
-    """The tokens this device routes, of those it holds."""
-    return x_TxD
-
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows: int, m: int, cfg: MoEConfig) -> Sent:
-    """The routed tokens with their K choices; ids -1 and weight 0 where capacity dropped the choice."""
-    return Sent(x_TxD, jnp.where(keep_TxK, expert_ids_TxK, -1), jnp.where(keep_TxK, w_TxK, 0.0))
-
-  def holder_index(self, m: int):
-    """This device's row of a slot table."""
-    return mesh_lib.my_flat_index(m)
-
-  def copies(self, m: int) -> int:
-    """Device slots per choice after the Dump."""
-    return 1
-
-  def dump(self, holder_ids_RxK, slots: int, m: int):
-    """The Dump: choices to devices. Each choice (its holder-level slot id h, -1 = not sent) becomes `copies`
-    consecutive slots with device-level ids (device * slots + h % slots) [R, K * copies]; with whole experts a
-    holder is a device."""
-    return holder_ids_RxK
-
-  def own_rows(self, m: int, *arrays_R):
-    """The returned rows of this device's own tokens."""
-    return arrays_R
-
-  def finish(self, y_RxD, sent: Sent, dtype):
-    """The returned rows [R, d] in token order (rows of tokens, or of token-choices)."""
-    return y_RxD
-
-  def gather_tokens(self, a_TxX):
-    """Per-token results of the routed tokens -> those of the tokens this device holds."""
-    return a_TxX
-
-  def out_bias(self, b_out_GxD):
-    """The experts' output biases [G, d] this device adds: all of them with whole experts."""
-    return b_out_GxD
-
-
-class _Sharded(ExpertParallel):
-  """Parm's expert sharding: experts over 'node', each expert's d_ff over the node's GPUs (x replicated over
-  'gpu'); the Dump sends each row to the GPUs holding its slot's d_ff slices."""
-
-  x_axes = routed_over = (NODE,)
-  shared_sum_over = GPU
-  needs_vma = True
-  expert_specs = {
-    "w_in": P(NODE, None, GPU),
-    "w_out": P(NODE, GPU, None),
-    "w_gate": P(NODE, None, GPU),
-    "b_in": P(NODE, GPU),
-    "b_out": P(NODE),
-    "b_gate": P(NODE, GPU),
-  }
-  shared_specs = {"w_in": P(None, GPU), "w_out": P(GPU, None), "w_gate": P(None, GPU)}
-  where = "tokens sharded over the nodes"
-
-  def out_bias(self, b_out_GxD):
-    """b_out added once per expert: by the GPU holding d_ff slice 0 (the partial outputs are summed over 'gpu')."""
-    return jnp.where(jax.lax.axis_index(GPU) == 0, b_out_GxD, jnp.zeros((), b_out_GxD.dtype))
-
-  def token_groups(self, n, m):
-    return n
-
-  def check_tokens(self, tokens, n, m):
-    if tokens % self.token_groups(n, m):
-      raise ConfigError(
-        f"x has {tokens} tokens, not a multiple of {self.token_groups(n, m)} (esp_schedule={self.name!r}: {self.where})"
-      )
-
-  def holder_index(self, m):
-    return jax.lax.axis_index(NODE)
-
-  def copies(self, m):
-    return m
-
-  def dump(self, holder_ids_RxK, slots, m):  # Parm's Dump: to all m GPUs of the slot's node
-    node, local = holder_ids_RxK // slots, holder_ids_RxK % slots
-    device = node[..., None] * m + jnp.arange(m)
-    ids = jnp.where((holder_ids_RxK >= 0)[..., None], device * slots + local[..., None], -1)
-    return ids.reshape(holder_ids_RxK.shape[0], -1)
-
-
-class Baseline(_Sharded):
-  """DeepSpeed-MoE: the ESP all-gather (all m identical copies of the node's tokens sent), one hop over 'node',
-  the slices' partial outputs summed over 'gpu' by the experts, the copy of this GPU's own tokens kept."""
-
-  name = "baseline"
-  sent_over = (NODE,)
-  partial_sum_over = GPU
-
-  def send_rows(self, cfg, routed_tokens, m):
-    return m * routed_tokens * cfg.choices_per_token
-
-  def gathered(self, m):
-    return m
-
-  def hops(self, cfg):
-    require(
-      len(super().hops(cfg)) == 1,
-      "path",
-      cfg.path,
-      "'flat' with esp_schedule='baseline': its exchange runs over 'node' alone (each GPU to the same GPU "
-      "index of the expert's node, whose ESP all-reduce needs every GPU of a node to hold the same rows), so "
-      "there is no intra-node hop for a two-hop path to take",
-    )
-    return (NODE,)
-
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):
-    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg)
-    return Sent(esp_ops.esp_all_gather(x_TxD), jnp.tile(sent.ids_RxK, (m, 1)), jnp.tile(sent.w_RxK, (m, 1)))
-
-  def copies(self, m):
-    return 1
-
-  def dump(self, holder_ids_RxK, slots, m):
-    """To one GPU: the exchange runs over 'node' alone, which keeps the sender's GPU index, so the id names GPU
-    0 of the node (and stays the same on every GPU of the sender's node, as the all-reduce needs)."""
-    node, local = holder_ids_RxK // slots, holder_ids_RxK % slots
-    return jnp.where(holder_ids_RxK >= 0, node * m * slots + local, -1)
-
-  def own_rows(self, m, *arrays_R):  # all m copies of the node's tokens are equal; this GPU's is the first
-    return tuple(a[: a.shape[0] // m] for a in arrays_R)
-
-
-class S1(_Sharded):
-  """PauseMP before the gate: each GPU routes its share of the node's tokens, the Dump sends each row to all m
-  GPUs of its expert's node, partials summed on return, the layer output all-gathered over 'gpu'."""
-
-  name = "s1"
-  routed_over = AXES
-  where = "each node's tokens split over its GPUs"
-
-  def token_groups(self, n, m):
-    return n * m
-
-  def split_tokens(self, x_TxD):
-    return esp_ops.mp_split(x_TxD)
-
-  def gather_tokens(self, a_TxX):
-    return esp_ops.mp_all_gather(a_TxX)
-
-
-class S2(_Sharded):
-  """PauseMP after the gate: the node's tokens routed on every GPU, each GPU sending its share of the
-  dispatched tensor through the Dump, the expert outputs all-gathered over 'gpu' before the gate combine."""
-
-  name = "s2"
-
-  def send_rows(self, cfg, routed_tokens, m):
-    if cfg.capacity_factor is not None:  # the slot buffer [E, C'] split on its capacity axis
-      return cfg.num_experts * esp_ops.s2_capacity(cfg, routed_tokens, m) // m
-    return -(-routed_tokens * cfg.choices_per_token // m)
-
-  def dense_rows_per_slot(self, cfg, routed_tokens, m):
-    return esp_ops.s2_capacity(cfg, routed_tokens, m) // m
-
-  def rows_to_send(self, x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg):
-    """Token-choice rows (one choice each) in the dispatched tensor, this GPU's share of it."""
-    sent = super().rows_to_send(x_TxD, expert_ids_TxK, keep_TxK, w_TxK, rows, m, cfg)
-    x_RxD = jnp.repeat(x_TxD, cfg.choices_per_token, axis=0)
-    x_ZxD, ids_Z, w_Z, slot_R = esp_ops.dispatched_tensor(
-      x_RxD, sent.ids_RxK.reshape(-1), sent.w_RxK.reshape(-1), expert_ids_TxK, keep_TxK, rows * m, cfg
-    )
-    return Sent(esp_ops.mp_split(x_ZxD), esp_ops.my_chunk(ids_Z)[:, None], esp_ops.mp_split(w_Z)[:, None], slot_R)
-
-  def finish(self, y_RxD, sent, dtype):  # every GPU's outputs of the dispatched tensor, in token-choice order
-    return esp_ops.undispatch(esp_ops.mp_all_gather(y_RxD.astype(dtype)), sent.state)
+from moejax.moe.expert_parallel import ExpertParallel
+from moejax.moe.parm_sharding import S1, S2, Auto, Baseline
+from moejax.runtime.mesh import GPU, NODE
+from moejax.validation import require
 
 
 class ExpertDataParallel(ExpertParallel):
@@ -276,6 +25,22 @@ class ExpertDataParallel(ExpertParallel):
   needs_vma = True
   expert_specs = {name: P(GPU) for name in ("w_in", "w_out", "w_gate", "b_in", "b_out", "b_gate")}
 
+  def check(self, cfg):
+    require(
+      cfg.esp_schedule is None and not cfg.router.chooses_nodes and not cfg.path_kind.crosses_axes_apart,
+      "expert_data_parallel",
+      True,
+      "False with esp_schedule, the node routings or a two-hop path: its experts are "
+      "replicated over 'node', which Parm shards them over, and every node holds every expert, so there is no "
+      "node to choose and no inter-node hop to take",
+    )
+
+  def holders(self, n, m):
+    return m
+
+  def holders_are(self, n, m):
+    return f"{m} GPUs per node (expert data parallelism)"
+
   def hops(self, cfg):
     return (GPU,)
 
@@ -286,16 +51,22 @@ class ExpertDataParallel(ExpertParallel):
     return jnp.where(holder_ids_RxK >= 0, holder_ids_RxK + jax.lax.axis_index(NODE) * m * slots, -1)
 
 
-SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2(), ExpertDataParallel())}
+SHARDINGS = {s.name: s for s in (ExpertParallel(), Baseline(), S1(), S2(), Auto())}
+EXPERT_DATA_PARALLEL = ExpertDataParallel()
 
 
-def of(cfg: MoEConfig) -> ExpertParallel:
+def chosen(cfg) -> ExpertParallel:
+  """The expert sharding the config chose: expert data parallelism, or that of cfg.esp_schedule ('auto' too)."""
+  return EXPERT_DATA_PARALLEL if cfg.expert_data_parallel else SHARDINGS[cfg.esp_schedule]
+
+
+def of(cfg) -> ExpertParallel:
   """The expert sharding of cfg.esp_schedule ('auto' must be resolved when the config is made)."""
   require(
-    cfg.esp_schedule != "auto",
+    not SHARDINGS[cfg.esp_schedule].needs_resolving,
     "esp_schedule",
     cfg.esp_schedule,
     "a concrete schedule: resolve 'auto' when "
     "the config is made (moejax.cost.parm.resolve_auto(cfg, tokens, nodes, gpus_per_node); the trainer does)",
   )
-  return SHARDINGS[ExpertDataParallel.name if cfg.expert_data_parallel else cfg.esp_schedule]
+  return chosen(cfg)

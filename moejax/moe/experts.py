@@ -4,10 +4,11 @@ Every backend computes, for the rows of group g (contiguous, in order),
   y = act(x @ w_gate[g]) * (x @ w_in[g]) @ w_out[g]   (gated), or  act(x @ w_in[g]) @ w_out[g],
 with fp32 accumulation; rows past sum(group_sizes) give zeros. With biases (`MoEConfig.ffn_bias`, gpt-oss) each
 matmul adds its expert's row b_gate[g], b_in[g] [f] or b_out[g] [d]; 'swiglu_clamped' (gpt-oss) is a gated
-activation of both pre-activations (`Activation`). The fused Pallas FFN (`FUSED`) computes neither; the config
+activation of both pre-activations (`Activation`). The fused Pallas FFN (`Backend.fused`) computes neither; the config
 refuses them there.
 """
 
+import importlib.util
 from typing import NamedTuple
 
 import jax
@@ -16,9 +17,76 @@ import jax.numpy as jnp
 from kernels import ffn as pallas_ffn
 from kernels import fp8, gmm
 from kernels.activations import ACTIVATIONS  # One definition for every backend (gelu: tanh form).
+from moejax.runtime import platform as platform_lib
+from moejax.validation import require
 
-FUSED = ("pallas", "pallas_saved")  # kernels.ffn: the whole FFN in two kernels, no biases, ACTIVATIONS only
 CLAMPED_SWIGLU = "swiglu_clamped"
+
+
+class Backend(NamedTuple):
+  """One value of `MoEConfig.expert_backend`: its name and what callers ask of it. pallas: it runs the kernels'
+  Pallas kernels (compiled on GPU, interpreted elsewhere); fused: the whole FFN in two kernels (kernels.ffn: no
+  biases, ACTIVATIONS only), saves_preactivations: keeping the [R, f] pre-activations for the backward; needs: the
+  package it imports on first use (installed as the extra of that name); needs_resolving: 'auto', the fastest
+  measured, chosen when the config is made (`moejax.cost.expert_backend.resolve`)."""
+
+  name: str
+  pallas: bool = False
+  fused: bool = False
+  saves_preactivations: bool = False
+  needs: str | None = None
+  needs_resolving: bool = False
+
+  def interprets_on(self, platform: str) -> bool:
+    """Whether its kernels run in the Pallas interpreter on `platform` (not compiled)."""
+    return self.pallas and platform_lib.pallas_interprets(platform)
+
+  def check(self, cfg) -> None:
+    """Raises ConfigError naming the field where these experts cannot run on this backend, or it is missing."""
+    require(
+      self.needs is None or importlib.util.find_spec(self.needs) is not None,
+      "expert_backend",
+      self.name,
+      f"{self.needs} installed (pip install 'moejax[{self.needs}]'; Python >= 3.12, jax >= 0.11.1)",
+    )
+    why = fused_refusal(cfg)
+    require(
+      not self.fused or why is None,
+      "expert_backend",
+      self.name,
+      f"not {FUSED} here: {why}; 'ragged_dot', 'pallas_unfused', 'tokamax' or 'dense' run them",
+    )
+
+
+BACKENDS = {
+  b.name: b
+  for b in (
+    Backend("ragged_dot"),
+    Backend("dense"),
+    Backend("pallas", pallas=True, fused=True),
+    Backend("pallas_saved", pallas=True, fused=True, saves_preactivations=True),
+    Backend("pallas_unfused", pallas=True),
+    Backend("tokamax", needs="tokamax"),
+    Backend("fp8"),
+    Backend("auto", needs_resolving=True),
+  )
+}
+FUSED = tuple(b.name for b in BACKENDS.values() if b.fused)
+
+
+def of(cfg) -> Backend:
+  """The expert backend of `cfg.expert_backend`."""
+  return BACKENDS[cfg.expert_backend]
+
+
+def fused_refusal(cfg) -> str | None:
+  """Why the fused Pallas FFN (`Backend.fused`) cannot run these experts, or None."""
+  if cfg.ffn_bias or cfg.activation == CLAMPED_SWIGLU:
+    return (
+      f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
+      f"ffn_bias={cfg.ffn_bias} with activation={cfg.activation!r}"
+    )
+  return None
 
 
 class Activation(NamedTuple):
@@ -70,7 +138,7 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
     # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
     in_groups = jnp.arange(x_RxI.shape[0])[:, None] < jnp.sum(group_sizes_G)
     return jnp.where(in_groups, y, 0.0)
-  if backend in ("pallas", "pallas_saved", "pallas_unfused"):
+  if BACKENDS[backend].pallas:
     return gmm.gmm(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
   if backend == "fp8":
     return fp8.ragged_dot(x_RxI, w_GxIxO, group_sizes_G)
@@ -140,7 +208,7 @@ def expert_ffn(
   (kernels.fp8)."""
   group_sizes_G = group_sizes_G.astype(jnp.int32)
   biases = biases or {}
-  if backend in FUSED:
+  if BACKENDS[backend].fused:
     name = activation.name if isinstance(activation, Activation) else activation  # the kernel refuses the others
     if biases:
       raise ValueError(
@@ -154,7 +222,7 @@ def expert_ffn(
       group_sizes_G,
       name,
       w_gate=cast(w_gate_GxDxF),
-      save_preactivations=backend == "pallas_saved",
+      save_preactivations=BACKENDS[backend].saves_preactivations,
     ).astype(jnp.float32)
   h_RxF = expert_hidden(
     x_RxD,

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from moejax.moe import local_experts, routing
 from moejax.moe import plan as plan_lib
 from moejax.moe import replicas as replicas_lib
-from moejax.moe import routing
 from moejax.moe import schedule as schedule_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.experts import shared_experts
@@ -104,7 +104,7 @@ def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, ex
     extras["noise"] = jax.random.uniform(rng, x_TxD.shape, jnp.float32, 1 - cfg.jitter, 1 + cfg.jitter)
     extra_specs["noise"] = lay.x_spec
   body = functools.partial(_moe_local, cfg=cfg, lay=lay, sequence_length=x.shape[1] if x.ndim == 3 else None)
-  check_vma = lay.sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform_lib.of_mesh(mesh))
+  check_vma = lay.sharding.needs_vma or not cfg.backend_kind.interprets_on(platform_lib.of_mesh(mesh))
   aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
   if cfg.balance_loss == "global_batch":
     aux_specs["balance_counts"] = P()
@@ -177,8 +177,8 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
     x_RxD, ids_RxZ, w_RxZ = one_row_per_slot(x_RxD, ids_RxZ, w_RxZ)
 
   # plan, exchange, experts (weighted), exchange back: in the configured schedule.
-  local = schedule_lib.Experts.of(params, cfg, sharding)
-  result = schedule_lib.run(cfg.schedule, x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
+  local = local_experts.Experts.of(params, cfg, sharding)
+  result = cfg.schedule_kind.run(x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
   # finish: a choice counts as processed only if every copy arrived (its other copies then had weight 0).
   y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)
   arrived_RxK = result.arrived_RxZ.reshape(rows, -1, copies).all(axis=2)

@@ -10,6 +10,7 @@ from moejax.moe import collective as collective_lib
 from moejax.moe import expert_sharding as esp_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe.config import MoEConfig
+from moejax.moe.expert_parallel import ExpertParallel
 from moejax.moe.params import param_shapes
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
@@ -32,7 +33,7 @@ class Layout(NamedTuple):
 
   n: int
   m: int
-  sharding: esp_lib.ExpertParallel
+  sharding: ExpertParallel
   slots: int
   tokens: int
   rows: int
@@ -48,24 +49,28 @@ class Layout(NamedTuple):
     return P(self.sharding.x_axes)
 
 
+def _require_concrete_backend(cfg: MoEConfig) -> None:
+  require(
+    not cfg.backend_kind.needs_resolving,
+    "expert_backend",
+    cfg.expert_backend,
+    "a concrete backend: resolve 'auto' when the "
+    "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)",
+  )
+
+
 def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | None = None) -> Layout:
   """The layer's layout for `tokens` global tokens on `mesh`; slots: a slot table's width (None: none).
   Raises ConfigError naming the field where the pieces cannot meet."""
   n, m = mesh_lib.axis_sizes(mesh)
-  require(
-    cfg.expert_backend != "auto",
-    "expert_backend",
-    "auto",
-    "a concrete backend: resolve 'auto' when the "
-    "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)",
-  )
+  _require_concrete_backend(cfg)
   sharding = esp_lib.of(cfg)
   per_holder = cfg.experts_per_holder(n, m)
   slots = per_holder if slots is None else slots
   routed_tokens = tokens // sharding.token_groups(n, m)
   choices = sharding.send_rows(cfg, routed_tokens, m)
   rows = choices // cfg.choices_per_token if cfg.deduplicates else choices
-  collective = collective_lib.Collective(collective_lib.resolve(cfg.collective, platform_lib.of_mesh(mesh)))
+  collective = cfg.collective_kind.resolve(platform_lib.of_mesh(mesh))
   if collective.fixed_blocks:  # a block per peer: every slot of the peer full, for each copy
     collective = collective._replace(block_rows=slots * sharding.dense_rows_per_slot(cfg, routed_tokens, m))
   return Layout(
@@ -94,13 +99,7 @@ def check_inputs(
 ) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
-  require(
-    cfg.expert_backend != "auto",
-    "expert_backend",
-    "auto",
-    "a concrete backend: resolve 'auto' when the "
-    "config is made (moejax.cost.expert_backend.resolve(cfg, tokens, nodes, gpus_per_node); the trainer does)",
-  )
+  _require_concrete_backend(cfg)
   sharding = esp_lib.of(cfg)
   cfg.check_mesh(n, m)
   slots = None
@@ -150,11 +149,11 @@ def check_inputs(
       tuple(np.shape(balance_counts)),
       f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)",
     )
-  if cfg.schedule == "chunked" and lay.rows % cfg.num_chunks:
+  if cfg.schedule_kind.splits_rows and lay.rows % cfg.num_chunks:
     what = "token rows (dedup: one row per token)" if lay.dedup else "token-choice rows"
     raise ConfigError(
       f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
-      "(schedule='chunked' splits them into equal chunks)",
+      f"(schedule={cfg.schedule!r} splits them into equal chunks)",
       "num_chunks",
       cfg.num_chunks,
       f"a divisor of {lay.rows}",
@@ -162,7 +161,7 @@ def check_inputs(
   platform = platform_lib.of_mesh(mesh)
   collective_lib.check(cfg.collective, platform)
   require(
-    not sharding.needs_vma or platform_lib.check_vma(cfg.expert_backend, platform),
+    not sharding.needs_vma or not cfg.backend_kind.interprets_on(platform),
     "expert_backend",
     cfg.expert_backend,
     f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "

@@ -32,16 +32,41 @@ from moejax.runtime import mesh as mesh_lib
 
 # The name of every row an exchange delivers, so a rematerialised block can keep them (remat="save_exchanged").
 EXCHANGED = "moe_exchanged"
+
+
+class PathKind(NamedTuple):
+  """One value of `MoEConfig.path`: its name and its hops, each a mesh axis or both axes as one, in order."""
+
+  name: str
+  hops: tuple
+
+  @property
+  def crosses_axes_apart(self) -> bool:
+    """Whether it takes more than one hop (an intra-node and an inter-node one), not one over both axes."""
+    return len(self.hops) > 1
+
+  def check(self, cfg) -> None:
+    """Every path runs with every routing, collective and schedule: nothing to refuse."""
+
+
 PATHS = {
-  "flat": ((mesh_lib.NODE, mesh_lib.GPU),),
-  "gpu_first": (mesh_lib.GPU, mesh_lib.NODE),
-  "node_first": (mesh_lib.NODE, mesh_lib.GPU),
+  kind.name: kind
+  for kind in (
+    PathKind("flat", ((mesh_lib.NODE, mesh_lib.GPU),)),
+    PathKind("gpu_first", (mesh_lib.GPU, mesh_lib.NODE)),
+    PathKind("node_first", (mesh_lib.NODE, mesh_lib.GPU)),
+  )
 }
+
+
+def of(cfg) -> PathKind:
+  """The path of `cfg.path`."""
+  return PATHS[cfg.path]
 
 
 def hops(path: str) -> tuple:
   """The hops (each a mesh axis, or both axes as one) of the path `path`, in order."""
-  return PATHS[path]
+  return PATHS[path].hops
 
 
 class Spread(NamedTuple):

@@ -27,9 +27,10 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe import collective as collective_lib
-from moejax.moe import experts
 from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
+from moejax.moe.local_experts import Experts
+from moejax.validation import require
 
 
 class Exchange(NamedTuple):
@@ -57,84 +58,6 @@ class Exchange(NamedTuple):
   def combine_wire(self) -> tuple:
     """The results' dtype back from the experts, and their gradients'."""
     return self.wire[1], self.wire[1]
-
-
-class Experts(NamedTuple):
-  """This device's experts: weights w_in/w_gate [G, d, f], w_out [G, f, d], biases {'b_in', 'b_gate' [G, f],
-  'b_out' [G, d]} (empty without ffn_bias; b_out only where this device adds it) and how to run them.
-  partial_sum_over: a mesh axis whose devices hold d_ff slices of the same experts on the same rows
-  (expert sharding's baseline): their partial outputs are summed over it."""
-
-  w_in: jax.Array
-  w_out: jax.Array
-  w_gate: jax.Array | None
-  activation: experts.Activation
-  backend: str
-  dtype: jnp.dtype
-  partial_sum_over: str | None = None
-  biases: dict = {}
-
-  @classmethod
-  def of(cls, params: dict, cfg, sharding=None) -> "Experts":
-    """A layer's local experts from its parameters (this device's shard), config and expert sharding (None:
-    whole experts)."""
-    biases = {name: params[name] for name in ("b_in", "b_gate", "b_out") if name in params}
-    if sharding is not None and "b_out" in biases:
-      biases["b_out"] = sharding.out_bias(biases["b_out"])
-    return cls(
-      params["w_in"],
-      params["w_out"],
-      params.get("w_gate"),
-      experts.Activation.of(cfg),
-      cfg.expert_backend,
-      jnp.dtype(cfg.dtype),
-      None if sharding is None else sharding.partial_sum_over,
-      biases,
-    )
-
-  def _sum(self, y):
-    return y if self.partial_sum_over is None else jax.lax.psum(y, self.partial_sum_over)
-
-  def ffn(self, x_RxD, group_sizes_G):
-    return self._sum(
-      experts.expert_ffn(
-        x_RxD,
-        group_sizes_G,
-        self.w_in,
-        self.w_out,
-        self.w_gate,
-        activation=self.activation,
-        backend=self.backend,
-        dtype=self.dtype,
-        biases=self.biases,
-      )
-    )
-
-  def hidden(self, x_RxD, group_sizes_G):
-    return experts.expert_hidden(
-      x_RxD,
-      group_sizes_G,
-      self.w_in,
-      self.w_gate,
-      activation=self.activation,
-      backend=self.backend,
-      dtype=self.dtype,
-      b_in_GxF=self.biases.get("b_in"),
-      b_gate_GxF=self.biases.get("b_gate"),
-    )
-
-  def output(self, h_RxF, group_sizes_G, columns: slice):
-    b_out = self.biases.get("b_out")
-    return self._sum(
-      experts.expert_output(
-        h_RxF,
-        group_sizes_G,
-        self.w_out[:, :, columns],
-        backend=self.backend,
-        dtype=self.dtype,
-        b_out_GxD=None if b_out is None else b_out[:, columns],
-      )
-    )
 
 
 class Result(NamedTuple):
@@ -291,8 +214,39 @@ def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) 
   return Result(jnp.concatenate(blocks, axis=1), arrived_RxZ, (path,))
 
 
-_BY_NAME = {"sequential": sequential, "chunked": chunked, "comet": comet}  # the names of config.SCHEDULES
+class Schedule:
+  """One value of `MoEConfig.schedule`: its name, what it splits and how it runs (`run`). overlaps: its exchanges
+  may run under the expert matmuls (anything but sequential); splits_rows: it runs num_chunks chunks of the rows a
+  device sends apart (chunked); splits_columns: its second GEMM and the way back run by num_chunks column blocks
+  of d (comet)."""
+
+  def __init__(self, name: str, run, overlaps: bool = False, splits_rows: bool = False, splits_columns: bool = False):
+    self.name, self._run = name, run
+    self.overlaps, self.splits_rows, self.splits_columns = overlaps, splits_rows, splits_columns
+
+  def check(self, cfg) -> None:
+    """Raises ConfigError naming the field where the config does not fit this schedule."""
+    require(
+      not self.splits_columns or cfg.d_model % cfg.num_chunks == 0,
+      "num_chunks",
+      cfg.num_chunks,
+      f"a divisor of d_model={cfg.d_model} (schedule={self.name!r} splits the second GEMM by column blocks)",
+    )
+
+  def run(self, x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+    return self._run(x_RxD, ids_RxZ, w_RxZ, ex, local, num_chunks)
 
 
-def run(schedule: str, x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
-  return _BY_NAME[schedule](x_RxD, ids_RxZ, w_RxZ, ex, local, num_chunks)
+SCHEDULES = {
+  s.name: s
+  for s in (
+    Schedule("sequential", sequential),
+    Schedule("chunked", chunked, overlaps=True, splits_rows=True),
+    Schedule("comet", comet, overlaps=True, splits_columns=True),
+  )
+}
+
+
+def of(cfg) -> Schedule:
+  """The schedule of `cfg.schedule`."""
+  return SCHEDULES[cfg.schedule]

@@ -126,3 +126,11 @@ def row_bytes(
     dispatch_grad=payload(combine_dtype, d, itemsize) + slots * WEIGHT_BYTES,
     combine_grad=payload(combine_dtype, d, 4),
   )
+
+
+def layer_row_bytes(cfg, d: int, itemsize: int) -> RowBytes:
+  """`row_bytes` of the layer `cfg` at width d, activations of `itemsize` bytes: slots per row K with dedup (1
+  without), arrival flags back where a hop may drop (a bounded buffer, the capacity collective's blocks)."""
+  slots = cfg.choices_per_token if cfg.deduplicates else 1
+  may_drop = cfg.buffer_factor is not None or cfg.collective_kind.fixed_blocks
+  return row_bytes(d, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)

@@ -1,39 +1,33 @@
-"""Modelled rows: a sweep point's MoE layer priced by the cluster cost model from its small run, and
-the training step built around it.
+"""Modelled rows: a sweep point's MoE layer priced by the cluster cost model from its small run, and its training step.
 
-How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the
-simulated layer (widths sim.d_model, sim.d_ff) routes sim.batches batches of sim.tokens_per_gpu
-random N(0, I) tokens per device, with an untrained router (with sim.balanced_router, one built to
-route uniformly: see `inputs.balanced_routers`). Its traffic matrices (rows each device sent to each
-device, every hop) and per-device expert rows, summed over the batches, are multiplied by
-T / (batches * tokens_per_gpu) and rounded: the routing fractions of the small run are kept and
-the rows scale linearly. The overlap schedules ('chunked', 'comet') move the flat dropless layer's rows in pieces,
-so they take its small run and are priced by `cost.overlap` (exchanges and matmuls overlapped; the GEMM
-pieces' efficiency from its wave model with `gemm_sms` SMs). Parm's schemes ('esp_baseline', 's1', 's2') run
-no small run: `cost.parm` prices their collectives from the config (uniform capacity dispatch,
-T = k f B L / E, moe.dtype's bytes per element) with alpha-beta terms derived from the topology. Two effects of
-the small run carry over: its sampling noise (the busiest
-device's excess load shrinks with more tokens, so scaling it up overstates imbalance), and its
-capacity drops (capacity is applied per batch and binds harder on few tokens;
-`sim_dropped_fraction` is in every row). The dense capacity dispatch ('switch') moves every slot
-whatever the routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
-C = ceil(capacity_factor * T * k / E), every slot computed. The ragged collectives move only the
-rows routed, without capacity padding.
+How the small run is scaled to the modelled tokens (T = micro_batch * seq_len per GPU): the simulated layer (widths
+sim.d_model, sim.d_ff) routes sim.batches batches of sim.tokens_per_gpu random N(0, I) tokens per device, with an
+untrained router (with sim.balanced_router, one built to route uniformly: see `inputs.balanced_routers`). Its traffic
+matrices (rows each device sent to each device, every hop) and per-device expert rows, summed over the batches, are
+multiplied by T / (batches * tokens_per_gpu) and rounded: the routing fractions of the small run are kept and the rows
+scale linearly. The overlap schedules ('chunked', 'comet') move the flat dropless layer's rows in pieces, so they take
+its small run and are priced by `cost.overlap` (exchanges and matmuls overlapped; the GEMM pieces' efficiency from its
+wave model with `gemm_sms` SMs). Parm's schemes ('esp_baseline', 's1', 's2') run no small run: `cost.parm` prices their
+collectives from the config (uniform capacity dispatch, T = k f B L / E, moe.dtype's bytes per element) with alpha-beta
+terms derived from the topology. Two effects of the small run carry over: its sampling noise (the busiest device's
+excess load shrinks with more tokens, so scaling it up overstates imbalance), and its capacity drops (capacity is
+applied per batch and binds harder on few tokens; `sim_dropped_fraction` is in every row). The dense capacity dispatch
+('switch') moves every slot whatever the routing, so it is priced exactly at the modelled scale: `capacity_traffic` with
+C = ceil(capacity_factor * T * k / E), every slot computed. The ragged collectives move only the rows routed, without
+capacity padding.
 
-What a row costs on the wire (`row_bytes`, `moe.wire.row_bytes`): each exchange prices its own bytes per
-row at the model's d_model, from the point's moe.dispatch_dtype and combine_dtype (None: the dispatch in moe.dtype,
-the activations' dtype here, the combine in float32, as the layer moves them) and its slots: a row carries a slot
-(an int32 id and a float32 weight) per choice it holds, the token's K with dedup (one row per destination of a
-hop), 1 without (one row per token-choice). The combine adds the slots' int32 arrival flags where a hop may drop
-(moe.buffer_factor, the dense capacity dispatch), and the backward's exchanges carry gradients in the combine
-dtype, the dispatch's back to the token with its weights' gradients (`cost.wire_lib.RowBytes`). The rows come from
-the small run; the dtypes only reprice it.
+What a row costs on the wire (`moe.wire.layer_row_bytes`): each exchange prices its own bytes per row at the model's
+d_model, from the point's moe.dispatch_dtype and combine_dtype (None: the dispatch in moe.dtype, the activations' dtype
+here, the combine in float32, as the layer moves them) and its slots: a row carries a slot (an int32 id and a float32
+weight) per choice it holds, the token's K with dedup (one row per destination of a hop), 1 without (one row per
+token-choice). The combine adds the slots' int32 arrival flags where a hop may drop (moe.buffer_factor, the dense
+capacity dispatch), and the backward's exchanges carry gradients in the combine dtype, the dispatch's back to the token
+with its weights' gradients (`cost.wire_lib.RowBytes`). The rows come from the small run; the dtypes only reprice it.
 
-Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared
-experts' at the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at
-the measured H100 cost per routed-row byte carried to the topology's GPU by memory bandwidth
-(`cost.phases.for_topology`, the cost the Comet validation uses); the backward pays both twice more, comet's
-fused kernels none of the second.
+Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared experts' at
+the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at the measured H100
+cost per routed-row byte carried to the topology's GPU by memory bandwidth (`cost.phases.for_topology`, the cost the
+Comet validation uses); the backward pays both twice more, comet's fused kernels none of the second.
 
 The step model (`cost.model.training_step_s`, per GPU):
   micro = 3 * non-MoE FLOPs / rate + moe_layers * (MoE layer forward + backward, priced)
@@ -41,12 +35,10 @@ The step model (`cost.model.training_step_s`, per GPU):
   + (layers - moe_layers) * FFN(T) + 2 d vocab T_mask, its MLM head on the T_mask = 15% masked tokens; the decoders:
   2 T per weight of their attention, dense FFNs and head, and causal attention's scores)
   step = accumulation * micro + ring all-reduce of the dense parameters (`point_models.dense_params`) over all
-  devices
-  (Parm's schemes: dense parts tensor parallel over the node's GPUs, see `model_row`)
-Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch
-per step, the global batch grows with the devices); strong = fixed global batch `global_batch` and
-fixed micro batch (accumulation = global_batch / (devices * micro_batch) falls as devices grow).
-Throughput is global_batch / step in samples/s.
+  devices (Parm's schemes: dense parts tensor parallel over the node's GPUs, see `model_row`)
+Scaling follows SMILE Sec. 4.3.1: weak = fixed per-GPU batch (micro batch per GPU, one micro batch per step, the
+global batch grows with the devices); strong = fixed global batch `global_batch` and fixed micro batch (accumulation
+= global_batch / (devices * micro_batch) falls as devices grow). Throughput is global_batch / step in samples/s.
 """
 
 import jax.numpy as jnp
@@ -55,13 +47,15 @@ import numpy as np
 from moejax.cost import collectives, overlap, parm, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
-from moejax.moe import collective as collective_lib
-from moejax.moe import path as path_lib
+from moejax.moe import expert_sharding as sharding_lib
 from moejax.moe import routing
 from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
 from moejax.study import point_models, points
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, moe_section, scheme_config
+
+INTER_NODE = ("a2a_ep", "a2a_epesp", "overlap")  # Parm's collectives that cross nodes (`cost.parm.COLLECTIVES`)
+row_bytes = wire_lib.layer_row_bytes  # a row's bytes in each exchange of a layer config (docs/cost-model.md)
 
 
 def device_rate(config) -> tuple[float, str]:
@@ -84,14 +78,6 @@ def non_expert_cost(config) -> phases.RowCost:
   return phases.for_topology(points.topology(config))
 
 
-def row_bytes(cfg, d_model: int, itemsize: int) -> wire_lib.RowBytes:
-  """A row's bytes in each exchange of the layer `cfg` at width d_model, activations of `itemsize` bytes: slots per
-  row K with dedup (1 without), arrival flags back where a hop may drop (`moe.wire.row_bytes`)."""
-  slots = cfg.choices_per_token if cfg.deduplicates else 1
-  may_drop = cfg.buffer_factor is not None or collective_lib.as_collective(cfg.collective).fixed_blocks
-  return wire_lib.row_bytes(d_model, slots, itemsize, cfg.dispatch_dtype, cfg.combine_dtype, may_drop)
-
-
 def _overlap_breakdowns(
   rows, processed, cfg, point: Point, config, bytes_per_row: wire_lib.RowBytes, other_flops, non_expert_s: float
 ) -> dict:
@@ -101,7 +87,7 @@ def _overlap_breakdowns(
   rate, rate_source = device_rate(config)
   busiest = int(np.argmax(processed))
   experts_per_gpu = cfg.num_experts // (n * m)
-  hops = path_lib.hops(cfg.path)
+  hops = cfg.path_kind.hops
   exchanges = overlap.Exchanges(rows, hops, (n, m), bytes_per_row, cluster, busiest)
   shape = overlap.LayerShape(
     (processed[busiest] / experts_per_gpu,) * experts_per_gpu,
@@ -155,14 +141,12 @@ def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, n
   cluster, (rate, rate_source) = points.topology(config), device_rate(config)
   layer, schedule = esp_layer(point, config, cfg), ESP_SCHEMES[point.scheme]
   terms = parm.alpha_beta_from_topology(cluster, n, m, m, bytes_per_element)
-  inter = intra = 0.0
-  for name, elements, calls in parm.collective_calls(layer)[schedule]:
-    seconds = calls * terms[name](elements)
-    if n > 1 and name in ("a2a_ep", "a2a_epesp", "overlap"):
-      inter += seconds
-    else:
-      intra += seconds
-  rows = layer.etm / layer.M * layer.n_esp / (1 if schedule == "baseline" else layer.n_mp)
+  seconds = {True: 0.0, False: 0.0}  # by whether the collective crosses nodes
+  for name, x, calls in parm.collective_calls(layer)[schedule]:
+    seconds[n > 1 and name in INTER_NODE] += calls * terms[name](x)
+  inter, intra = seconds[True], seconds[False]
+  # Each GPU computes 1 / N_MP of the node's rows, or all of them where it gathers the node's tokens (the baseline).
+  rows = layer.etm / layer.M * layer.n_esp / (layer.n_mp / sharding_lib.SHARDINGS[schedule].gathered(layer.n_mp))
   flops = float(cost_model.expert_flops(rows, layer.M, layer.H / layer.n_esp, cfg.gated))
   out = {"esp_choice": parm.choose_schedule(layer, terms)}
   for name, passes in (("forward", 1), ("train", 2)):
@@ -213,10 +197,8 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   if point.scheme in ESP_SCHEMES:
     return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
   scale = tokens / sim["tokens_per_gpu"]
-  if collective_lib.as_collective(cfg.collective).fixed_blocks:
-    rows = traffic_lib.capacity_traffic(
-      n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens), path_lib.hops(cfg.path)
-    )
+  if cfg.collective_kind.fixed_blocks:
+    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens), cfg.path_kind.hops)
     processed = traffic_lib.rows_processed(rows)
   else:
     rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
@@ -236,13 +218,10 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
     "token_scale": scale,
   }
   if point.scheme in OVERLAP_SCHEMES:
-    return {
-      **common,
-      **stats,
-      **_overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops, non_expert_s),
-    }
+    overlapped = _overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops, non_expert_s)
+    return {**common, **stats, **overlapped}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, cfg.gated)
-  args = (rows, path_lib.hops(cfg.path), (n, m), wire, flops, points.topology(config), device_rate(config))
+  args = (rows, cfg.path_kind.hops, (n, m), wire, flops, points.topology(config), device_rate(config))
   return {
     **common,
     **stats,

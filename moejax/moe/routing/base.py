@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe import plan as plan_lib
+from moejax.validation import is_int, require
 
 
 class RoutingDecision(NamedTuple):
@@ -72,6 +73,36 @@ class Router(abc.ABC):
 
   group_limit = None
   placement_blocks = None
+  limits_groups = False  # it takes num_groups (group-limited selection among contiguous experts)
+
+  def check_nodes(self, nodes: int) -> None:
+    """Raises ConfigError unless a routing that chooses nodes has the mesh's `nodes`."""
+    if self.chooses_nodes:
+      require(self.cfg.num_nodes == nodes, "num_nodes", self.cfg.num_nodes, f"the mesh's node count {nodes}")
+
+  def check(self) -> None:
+    """Raises ConfigError naming the field where the config's other fields do not fit this routing."""
+    cfg = self.cfg
+    if self.chooses_nodes:
+      n = cfg.num_nodes
+      require(
+        is_int(n) and cfg.num_experts % n == 0,
+        "num_nodes",
+        n,
+        f"a positive int dividing num_experts={cfg.num_experts} (routing={cfg.routing!r} chooses nodes)",
+      )
+      require(
+        is_int(cfg.node_top_k) and cfg.node_top_k <= n, "node_top_k", cfg.node_top_k, f"an int in [1, num_nodes={n}]"
+      )
+    limit = self.max_top_k
+    require(cfg.top_k <= limit, "top_k", cfg.top_k, f"at most {limit} for routing={cfg.routing!r}")
+    require(
+      cfg.num_groups is None or self.limits_groups,
+      "num_groups",
+      cfg.num_groups,
+      "None unless routing='topk' ('node_limited' is group-limited with groups = nodes; 'bilevel' picks one "
+      "node's experts)",
+    )
 
   @property
   def columns(self) -> dict[str, str]:

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 
 from moejax.moe.routing import base
 from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
+from moejax.validation import require
 
 
 class BiLevel(base.Router):
@@ -19,6 +20,36 @@ class BiLevel(base.Router):
   @property
   def widths(self):
     return {"node_router": self.cfg.num_nodes, "local_router": self.cfg.experts_per_node}
+
+  def check(self):
+    super().check()
+    cfg = self.cfg
+    require(
+      cfg.score == "softmax",
+      "score",
+      cfg.score,
+      "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)",
+    )
+    require(
+      cfg.bias_update_rate == 0,
+      "bias_update_rate",
+      cfg.bias_update_rate,
+      "0 with routing='bilevel' (SMILE balances its two routers with its additive loss; the bias acts on "
+      "one flat router's scores)",
+    )
+    require(
+      cfg.balance_loss != "sequence",
+      "balance_loss",
+      cfg.balance_loss,
+      "'batch' or 'global_batch' with routing='bilevel' (DeepSeek-V3's sequence-wise loss is over one flat "
+      "router's choices; SMILE's Eq. 4 balances the node and the local router over the batch)",
+    )
+    require(
+      not cfg.router_bias,
+      "router_bias",
+      cfg.router_bias,
+      "False with routing='bilevel' (a bias on one flat router's logits)",
+    )
 
   @property
   def choices_per_token(self):

@@ -14,6 +14,7 @@ class TopK(base.Router):
   scores (+ the balancing bias) among the allowed experts, weighted by their scores (renormalised, scaled)."""
 
   name = "topk"
+  limits_groups = True
 
   @property
   def widths(self):
@@ -112,6 +113,7 @@ class NodeLimited(TopK):
 
   name = "node_limited"
   chooses_nodes = True
+  limits_groups = False
   group_score = "top2_sum"
 
   @property
