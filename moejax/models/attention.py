@@ -10,7 +10,9 @@ cuDNN's fused kernel) or tokamax's, as `DecoderConfig.attention_impl` says (`res
 """
 
 import functools
+import importlib
 import importlib.util
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,48 +25,46 @@ from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
 from moejax.validation import require
 
-# cuDNN's flash attention (jax's `check_is_flash_attention`): 16-bit inputs, a head width that is a multiple of 8, at
-# most 256 from Hopper (compute capability 9.0) on and 128 before.
 CUDNN_DTYPES = ("bfloat16",)  # of DecoderConfig's dtypes
+TOKAMAX_MISSING = "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'"
 
 
 def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  return nnx.Linear(
-    n_in,
-    n_out,
-    use_bias=bias,
-    dtype=jnp.dtype(cfg.dtype),
-    param_dtype=jnp.dtype(cfg.param_dtype),
-    kernel_init=nnx.initializers.normal(0.02),
-    rngs=rngs,
-  )
+  dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+  return nnx.Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.normal(0.02), rngs=rngs, **dtypes)
 
 
 def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
   return jax.lax.dynamic_update_slice_in_dim(cache, new.astype(cache.dtype), start, axis=1)
 
 
-def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device) -> str | None:
+def cudnn_refusal(dtype: str, width: int, sinks: bool, device: jax.Device, platform: str | None = None) -> str | None:
   """Why cuDNN's fused attention cannot run a layer computing in `dtype` with heads `width` wide (q, k and v, v
-  padded to q's) on `device`, or None when it can: the rules of jax's `check_is_flash_attention`, then `cudnn_probe`
-  on the device itself."""
-  if device.platform != "gpu":
-    return f"cuDNN runs on CUDA GPUs, this is a {device.platform} device"
+  padded to q's) on `device` of `platform` (default: the device's own), or None when it can: the rules of jax's
+  `check_is_flash_attention` (`cudnn_rules`), then `cudnn_probe` on the device itself."""
+  platform = platform or device.platform
+  if platform != "gpu":
+    return f"cuDNN runs on CUDA GPUs, this is a {platform} device"
   try:
     capability = tuple(int(part) for part in device.compute_capability.split("."))
   except (AttributeError, ValueError):
     return f"cuDNN runs on CUDA GPUs, this is {device.device_kind!r}"
+  return cudnn_rules(dtype, width, sinks, capability) or cudnn_probe(device, width)
+
+
+def cudnn_rules(dtype: str, width: int, sinks: bool, capability: tuple[int, int]) -> str | None:
+  """Why cuDNN's flash attention cannot run the layer on a CUDA GPU of compute `capability`, by the rules of jax's
+  `check_is_flash_attention` alone (16-bit inputs; a head width a multiple of 8, at most 256 from Hopper (9.0) on
+  and 128 before; and no sinks), or None. No trial run: what the memory planner asks of a planned GPU."""
   if dtype not in CUDNN_DTYPES:
     return f"cuDNN's flash attention takes 16-bit inputs, the model computes in dtype={dtype!r}"
   limit = 256 if capability >= (9, 0) else 128
   if width % 8 or width > limit:
-    return (
-      f"cuDNN takes heads a multiple of 8 and at most {limit} wide on compute capability "
-      f"{device.compute_capability}, these are {width}"
-    )
+    at = ".".join(map(str, capability))
+    return f"cuDNN takes heads a multiple of 8 and at most {limit} wide on compute capability {at}, these are {width}"
   if sinks:
     return "attention sinks are a bias over every query and key, which cuDNN reads materialised [H, S, S]"
-  return cudnn_probe(device, width)
+  return None
 
 
 @functools.lru_cache
@@ -87,22 +87,50 @@ def cudnn_probe(device: jax.Device, width: int) -> str | None:
   return None
 
 
-def resolve_impl(impl: str, dtype: str, width: int, sinks: bool = False, device: jax.Device | None = None) -> str:
-  """The attention implementation to run on `device` (default: this process's first): 'auto' is 'cudnn' where
-  cuDNN takes the layer (`cudnn_refusal`: dtype, head `width`, `sinks`, a trial run), else 'xla'; a choice that
-  cannot run there is refused naming `attention_impl`, when the model is built (before its forward is traced)."""
-  device = device or jax.local_devices()[0]
-  why_not = cudnn_refusal(dtype, width, sinks, device)
-  if impl == "auto":
-    return "xla" if why_not else "cudnn"
-  require(impl != "cudnn" or why_not is None, "attention_impl", impl, f"'xla' or 'auto' here: {why_not}")
-  require(
-    impl != "tokamax" or importlib.util.find_spec("tokamax") is not None,
-    "attention_impl",
-    impl,
-    "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'",
+class Implementation(NamedTuple):
+  """A value of `DecoderConfig.attention_impl` but 'auto': its name, its call (q, k, v, jax.nn's options), where it
+  runs (`refusal`: (dtype, width, sinks, device, platform) -> None, or what to choose instead and why)."""
+
+  name: str
+  run: Callable
+  keeps_scores: bool  # the backward keeps the softmax's scores (XLA's, materialised), not only their log-sum-exp
+  pads_values: bool = True  # v and the output run padded to q's width (jax.nn's attention takes v of k's shape)
+  refusal: Callable = lambda dtype, width, sinks, device, platform: None  # runs everywhere
+  instead: str = ""  # the refusal's prefix: what to choose instead
+
+
+_tokamax = lambda *qkv, **options: importlib.import_module("tokamax").dot_product_attention(*qkv, **options)
+_no_tokamax = lambda *_: None if importlib.util.find_spec("tokamax") else TOKAMAX_MISSING  # optional: imported to run
+_jax_nn = lambda impl: functools.partial(jax.nn.dot_product_attention, implementation=impl)  # XLA's or cuDNN's
+IMPLEMENTATIONS = {
+  i.name: i
+  for i in (
+    Implementation("xla", _jax_nn("xla"), keeps_scores=True),
+    Implementation("cudnn", _jax_nn("cudnn"), False, refusal=cudnn_refusal, instead="'xla' or 'auto' here: "),
+    Implementation("tokamax", _tokamax, keeps_scores=False, pads_values=False, refusal=_no_tokamax),
   )
+}
+AUTO, AUTO_ORDER = "auto", ("cudnn", "xla")  # 'auto': the first of AUTO_ORDER that runs the layer on the device
+
+
+def resolve_impl(impl: str, dtype: str, width: int, sinks: bool = False, device=None, platform: str | None = None):
+  """The implementation to run on `device` (default: this process's first) of `platform` (default: its own): 'auto'
+  the first of AUTO_ORDER that runs the layer there (`cudnn_refusal`), else 'xla'; one that cannot is refused naming
+  `attention_impl`, when the model is built (before its forward is traced)."""
+  device = device or jax.local_devices()[0]
+  runs = lambda name: IMPLEMENTATIONS[name].refusal(dtype, width, sinks, device, platform or device.platform)
+  if impl == AUTO:
+    return next(name for name in AUTO_ORDER if runs(name) is None)
+  why_not = runs(impl)
+  require(why_not is None, "attention_impl", impl, f"{IMPLEMENTATIONS[impl].instead}{why_not}")
   return impl
+
+
+def planned(impl: str, dtype: str, width: int, capability: tuple[int, int]) -> Implementation:
+  """What a layer runs on a planned CUDA GPU of compute `capability`: 'auto' as `resolve_impl`, by cuDNN's rules."""
+  if impl == AUTO:
+    impl = "xla" if cudnn_rules(dtype, width, False, capability) else "cudnn"
+  return IMPLEMENTATIONS[impl]
 
 
 def attend(
@@ -128,7 +156,7 @@ def attend(
   (b, s, h, _), keys, width = q_BxSxHxW.shape, k_BxSxHxW.shape[1], v_BxSxHxW.shape[-1]
   dtype = q_BxSxHxW.dtype
   k_BxSxHxW, v_BxSxHxW = k_BxSxHxW.astype(dtype), v_BxSxHxW.astype(dtype)
-  if impl != "tokamax":  # jax.nn takes v of k's shape only: zeros widen the narrower, and leave q.k and p v alone
+  if IMPLEMENTATIONS[impl].pads_values:  # jax.nn takes v of k's shape only: zeros widen the narrower, q.k, p v alike
     wide = max(q_BxSxHxW.shape[-1], width)
     widen = lambda a: jnp.pad(a, ((0, 0),) * 3 + ((0, wide - a.shape[-1]),))
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = widen(q_BxSxHxW), widen(k_BxSxHxW), widen(v_BxSxHxW)
@@ -149,19 +177,9 @@ def attend(
       [jnp.zeros((1, h, 1, keys), jnp.float32), sinks_H.astype(jnp.float32)[None, :, None, None]], axis=-1
     )
   own_masks = mask_1x1xSxS is None
-  options = dict(
-    bias=bias_1xHx1xS,
-    mask=mask_1x1xSxS,
-    scale=scale,
-    is_causal=own_masks,
-    local_window_size=(window - 1, 0) if own_masks and window is not None else None,
-  )
-  if impl == "tokamax":
-    import tokamax  # pylint: disable=import-outside-toplevel  # optional: moejax runs without it
-
-    out_BxSxHxW = tokamax.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, **options)
-  else:
-    out_BxSxHxW = jax.nn.dot_product_attention(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, implementation=impl, **options)
+  local = (window - 1, 0) if own_masks and window is not None else None
+  options = dict(bias=bias_1xHx1xS, mask=mask_1x1xSxS, scale=scale, is_causal=own_masks, local_window_size=local)
+  out_BxSxHxW = IMPLEMENTATIONS[impl].run(q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, **options)
   return out_BxSxHxW[..., :width]
 
 

@@ -227,22 +227,16 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
   }
 
 
-# cuDNN's flash attention on the planned device, a Hopper GPU (`moejax.models.attention.cudnn_refusal`'s rules, without
-# its trial run): 16-bit compute, heads (v padded to q's width) a multiple of 8 and at most this wide.
-CUDNN_MAX_WIDTH = 256
+PLANNED_GPU = (9, 0)  # the compute capability attention is planned for: a Hopper GPU (`platform.TARGET_GPU`'s)
 
 
 def planned_attention(cfg) -> str:
-  """What attention runs on a Hopper GPU: 'xla' (the scores materialised), 'cudnn' or 'tokamax' (fused: neither
-  keeps them). SMILE's blocks materialise theirs; a decoder family runs its attention_impl, 'auto' being 'cudnn'
-  where cuDNN's rules take the layer, else 'xla'."""
+  """What attention runs on a Hopper GPU (`attention.planned`: cuDNN's rules without its trial run): XLA's (the
+  scores materialised), cuDNN's or tokamax's (fused: neither keeps them). SMILE's blocks materialise theirs; a
+  decoder family runs its attention_impl, 'auto' being 'cudnn' where cuDNN's rules take the layer, else 'xla'."""
   if not isinstance(cfg, DecoderConfig):
-    return "xla"
-  if cfg.attention_impl != "auto":
-    return cfg.attention_impl
-  width = _attention_widths(cfg)[2]
-  fits = cfg.dtype in attention_lib.CUDNN_DTYPES and width % 8 == 0 and width <= CUDNN_MAX_WIDTH
-  return "cudnn" if fits else "xla"
+    return attention_lib.IMPLEMENTATIONS["xla"].name
+  return attention_lib.planned(cfg.attention_impl, cfg.dtype, _attention_widths(cfg)[2], PLANNED_GPU).name
 
 
 def _attention_widths(cfg) -> tuple[int, int, int]:
@@ -269,14 +263,14 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
   decoder = isinstance(cfg, DecoderConfig)
   b = np.dtype(cfg.dtype).itemsize
   t, d, h = rows * seq_len, cfg.d_model, cfg.num_heads
-  impl = planned_attention(cfg)
+  impl = attention_lib.IMPLEMENTATIONS[planned_attention(cfg)]
   if decoder:
     qk, v, wide = _attention_widths(cfg)
     kv_heads = h if cfg.latent else cfg.num_kv_heads  # q and the output: h heads; k and v: kv_heads
-    qkv = h * (qk + v) + kv_heads * (qk + v) if impl == "tokamax" else (2 * h + 2 * kv_heads) * wide
+    qkv = (2 * h + 2 * kv_heads) * wide if impl.pads_values else h * (qk + v) + kv_heads * (qk + v)
   else:
     qkv = 4 * d
-  scores = rows * h * seq_len * (seq_len * (4 + b) if impl == "xla" else 4)
+  scores = rows * h * seq_len * (seq_len * (4 + b) if impl.keeps_scores else 4)
   attn = 4 * t * d * b + t * qkv * b
   dense_ffn = t * (d + 3 * cfg.d_ff) * b
   moe_ffn = 0
@@ -322,7 +316,7 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
     "recomputed_block": float(recomputed),
     "per_dense_block": float(none_dense),
     "per_moe_block": float(none_moe),
-    "attention": impl,
+    "attention": impl.name,
     "attention_scores_per_block": float(scores),
     "head": float(head),
     "loss_chunk": chunk if chunk < cfg.vocab_size else 0,
