@@ -6,6 +6,8 @@ import logging
 
 import pytest
 
+from moejax.moe import collective, expert_sharding, experts, path, routing, schedule
+from moejax.moe import config as config_lib
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
@@ -66,3 +68,35 @@ def test_old_transport_is_read_as_path_and_collective(transport, path, collectiv
   assert (cfg.path, cfg.collective) == (path, collective)
   assert [r.getMessage().count("\n") for r in caplog.records if "transport" in r.getMessage()] == [0]
   assert (dataclasses.replace(cfg, top_k=1).path, dataclasses.replace(cfg, top_k=1).collective) == (path, collective)
+
+
+def test_each_choice_is_a_registry_the_config_asks():
+  """Each choice's options are its registry's names, in order, and the rest of the code asks the objects what it needs
+  (the capabilities here), never their names."""
+  for options, registry in (
+    (config_lib.ROUTINGS, routing.ROUTERS),
+    (config_lib.PATHS, path.PATHS),
+    (config_lib.COLLECTIVES, collective.COLLECTIVES),
+    (config_lib.SCHEDULES, schedule.SCHEDULES),
+    (config_lib.ESP_SCHEDULES, expert_sharding.SHARDINGS),
+    (config_lib.EXPERT_BACKENDS, experts.BACKENDS),
+  ):
+    assert options == tuple(registry)
+  assert [s for s, kind in schedule.SCHEDULES.items() if kind.overlaps] == ["chunked", "comet"]
+  assert experts.FUSED == ("pallas", "pallas_saved")
+  assert [b for b, kind in experts.BACKENDS.items() if kind.interprets_on("cpu")] == [
+    "pallas",
+    "pallas_saved",
+    "pallas_unfused",
+  ]
+  assert not any(kind.interprets_on("gpu") for kind in experts.BACKENDS.values())
+  assert collective.COLLECTIVES["auto"].resolve("cpu").name == "padded"
+  assert collective.COLLECTIVES["auto"].resolve("gpu").name == "ragged"
+  s2 = MoEConfig(**BASE, esp_schedule="s2")
+  assert s2.sharding_kind.splits_d_ff and not s2.deduplicates and s2.expert_holders(2, 4) == 2
+  edp = MoEConfig(**BASE, expert_data_parallel=True)
+  assert not edp.sharding_kind.splits_d_ff and edp.deduplicates and edp.expert_holders(2, 4) == 4
+  auto = MoEConfig(**BASE, esp_schedule="auto", expert_backend="auto")
+  assert auto.sharding_kind.needs_resolving and auto.backend_kind.needs_resolving
+  assert path.hops("gpu_first") == MoEConfig(**BASE, path="gpu_first").path_kind.hops
+  assert MoEConfig(**BASE, path="node_first").path_kind.crosses_axes_apart
