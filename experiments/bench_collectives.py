@@ -139,6 +139,19 @@ def check(config) -> None:
   require(not bad, "variants", ",".join(config.variants), f"a subset of {list(VARIANTS)} ({bad} are not)")
 
 
+def print_fits(fits: dict, n: int, m: int) -> None:
+  """Each variant's fitted latency and bandwidth; on one node, the intra-node terms of the cost model they give."""
+  print(f"\n{'variant':14s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
+  for variant, lb in fits.items():
+    print(
+      f"{variant:14s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
+      + ("" if lb.physical else "  (not physical: negative latency or slope)")
+    )
+  if "flat" in fits and n == 1 and m > 1:
+    lb = fits["flat"]
+    print(f"intra-node model terms (measured): intra_bw={lb.bandwidth:.4g},intra_latency={lb.latency_s / (m - 1):.4g}")
+
+
 def write(config, workdir: str) -> None:
   """Times every variant and row count of `config`, prints the fits and writes the record to `workdir`."""
   check(config)
@@ -178,15 +191,7 @@ def write(config, workdir: str) -> None:
     if len(points) >= 2:
       fits[variant] = calibrate.fit_latency_bandwidth(*zip(*points))
 
-  print(f"\n{'variant':14s} {'latency us':>11s} {'GB/s':>9s} {'rms rel resid':>14s}")
-  for variant, lb in fits.items():
-    print(
-      f"{variant:14s} {lb.latency_s * 1e6:11.2f} {lb.bandwidth / 1e9:9.3g} {lb.fit.rms_relative:14.1%}"
-      + ("" if lb.physical else "  (not physical: negative latency or slope)")
-    )
-  if "flat" in fits and n == 1 and m > 1:
-    lb = fits["flat"]
-    print(f"intra-node model terms (measured): intra_bw={lb.bandwidth:.4g},intra_latency={lb.latency_s / (m - 1):.4g}")
+  print_fits(fits, n, m)
   record = dict(
     device_kind=device.device_kind,
     platform=device.platform,
