@@ -5,7 +5,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import math
 import os
 
 import ml_collections
@@ -13,8 +12,8 @@ import ml_collections
 from moejax.cost import fitted
 from moejax.cost import topology as topology_lib
 from moejax.moe.config import MoEConfig
-from moejax.study import point_models
 from moejax.study import schemes as schemes_lib
+from moejax.study import sweep_checks
 from moejax.study.schemes import NODEDUP
 from moejax.validation import ConfigError, is_int, reject_unknown, require
 
@@ -54,10 +53,6 @@ OVERLAP_SCHEMES = tuple(s for s in SCHEMES if "schedule" in _table_fields(s))
 # Parm's expert-sharding schedules: experts over 'node', d_ff over 'gpu'; dense capacity dispatch, priced analytically.
 ESP_SCHEMES = {s: _table_fields(s)["esp_schedule"] for s in SCHEMES if "esp_schedule" in _table_fields(s)}
 SCALINGS = ("weak", "strong")
-MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# A model's optional fields: its family (`point_models.FAMILIES`; 'bert' if unset) and moe fields of its own, over the
-# sweep's moe section (a decoder's top-k and shared experts beside SMILE's top-1).
-MODEL_OPTIONS = ("family", "moe")
 # MoEConfig fields each scheme sets (from the mesh, the model or its own moe.*_capacity_factor; and transport, the old
 # name of path and collective), so the sweep's moe section leaves them out; every other MoEConfig field in it is passed
 # to every scheme that does not fix it.
@@ -176,12 +171,8 @@ def topology(config) -> topology_lib.Topology:
   return calibrated.topology if calibrated else base_topology(config)
 
 
-def _positive_ints(value) -> bool:
-  return isinstance(value, (tuple, list)) and len(value) > 0 and all(is_int(v) for v in value)
-
-
 def validate(config) -> list[Point]:
-  """Checks every field before JAX starts; returns the modelled points in run order."""
+  """Checks every field before JAX starts (`sweep_checks`); returns the modelled points in run order."""
   require(
     config.topology in topology_lib.PRESETS, "topology", config.topology, f"one of {sorted(topology_lib.PRESETS)}"
   )
@@ -189,35 +180,8 @@ def validate(config) -> list[Point]:
     base_topology(config)
   except ValueError as e:
     require(False, "topology_overrides", config.topology_overrides, f"field=value,... of topology fields ({e})")
-  source = config.calibration.source
-  require(
-    source in ("", "measure") or os.path.isfile(source),
-    "calibration.source",
-    source,
-    "'' (the topology as given), 'measure' (time this job's exchanges first) or an existing calibration.json "
-    "or bench_collectives record",
-  )
-  require(
-    _positive_ints(config.calibration.rows),
-    "calibration.rows",
-    config.calibration.rows,
-    "a non-empty tuple of positive ints (rows per peer of the timed all-to-alls)",
-  )
-  require(
-    not config.device_rate_json or os.path.isfile(config.device_rate_json),
-    "device_rate_json",
-    config.device_rate_json,
-    "'' (datasheet peak x efficiency) or an existing benchmark JSON",
-  )
-  for field in ("nodes", "gpus_per_node"):
-    require(_positive_ints(config[field]), field, config[field], "a non-empty tuple of positive ints")
-  max_gpus = base_topology(config)["gpus_per_node"]
-  require(
-    max(config.gpus_per_node) <= max_gpus,
-    "gpus_per_node",
-    config.gpus_per_node,
-    f"at most {max_gpus:g}, the GPUs per node of topology {config.topology!r}",
-  )
+  sweep_checks.check_sources(config)
+  sweep_checks.check_meshes(config, base_topology(config)["gpus_per_node"])
   for field, allowed in (("schemes", SCHEMES), ("scalings", SCALINGS)):
     value = config[field]
     require(
@@ -229,48 +193,11 @@ def validate(config) -> list[Point]:
   require(is_int(config.gemm_sms), "gemm_sms", config.gemm_sms, "a positive int (SMs of the GPU, for the wave model)")
   require(len(config.models) > 0, "models", config.models, "at least one named model")
   for name, model in config.models.items():
-    _check_model(name, model, config.moe)
-  require(
-    isinstance(config.sim.balanced_router, bool), "sim.balanced_router", config.sim.balanced_router, "True or False"
-  )
-  for field in ("tokens_per_gpu", "batches", "d_model", "d_ff", "seed"):
-    value = config.sim[field]
-    require(
-      isinstance(value, int) and value >= (0 if field == "seed" else 1),
-      f"sim.{field}",
-      value,
-      "an int >= 0" if field == "seed" else "a positive int",
-    )
-  require(
-    config.measure.platform in ("gpu", "cpu"),
-    "measure.platform",
-    config.measure.platform,
-    "'gpu' (time points on the job's GPUs) or 'cpu' (on its CPU devices)",
-  )
-  unknown = sorted(set(config.measure.models) - set(config.models))
-  require(
-    not unknown, "measure.models", config.measure.models, f"names of models ({', '.join(config.models)}), or () for all"
-  )
-  for field in ("warmup", "repeats"):
-    require(
-      isinstance(config.measure[field], int) and config.measure[field] >= 1,
-      f"measure.{field}",
-      config.measure[field],
-      "a positive int",
-    )
+    sweep_checks.check_model(name, model, config.moe, SCHEME_FIELDS)
+  sweep_checks.check_sim_and_measure(config)
   meshes = [(n, m) for m in config.gpus_per_node for n in config.nodes]
   if "strong" in config.scalings:
-    works = math.lcm(*(n * m * model.micro_batch for model in config.models.values() for n, m in meshes))
-    for name, model in config.models.items():
-      for n, m in meshes:
-        require(
-          is_int(config.global_batch) and config.global_batch % (n * m * model.micro_batch) == 0,
-          "global_batch",
-          config.global_batch,
-          f"a multiple of devices x micro batch = {n * m * model.micro_batch} (mesh {n}x{m}, model {name}) "
-          f"for strong scaling; --config.global_batch={works} fits every mesh and model of this sweep "
-          f"(or a smaller models.{name}.micro_batch, or --config.scalings=\"('weak',)\")",
-        )
+    sweep_checks.check_global_batch(config, meshes)
   check_moe_fields(config.moe)
   for n, m in meshes:
     for scheme in config.schemes:
@@ -283,40 +210,6 @@ def validate(config) -> list[Point]:
     for name in config.models
     for scaling in config.scalings
   ]
-
-
-def _check_model(name: str, model, moe) -> None:
-  """One sweep model's fields (MODEL_FIELDS, MODEL_OPTIONS), its family's model built; errors name the field."""
-  unknown = sorted(set(model) - set(MODEL_FIELDS + MODEL_OPTIONS))
-  require(not unknown, f"models.{name}", unknown, f"only the fields {MODEL_FIELDS + MODEL_OPTIONS}")
-  for field in MODEL_FIELDS:
-    value = model.get(field)
-    require(is_int(value), f"models.{name}.{field}", value, "a positive int")
-  family = point_models.family(model)
-  require(family in point_models.FAMILIES, f"models.{name}.family", family, f"one of {point_models.FAMILIES}")
-  if family == "bert":
-    require(
-      model.layers % model.moe_layers == 0,
-      f"models.{name}.moe_layers",
-      model.moe_layers,
-      f"a divisor of layers={model.layers} (an MoE layer every layers / moe_layers blocks)",
-    )
-  else:
-    require(
-      model.moe_layers <= model.layers,
-      f"models.{name}.moe_layers",
-      model.moe_layers,
-      f"at most layers={model.layers} (the others are dense, first)",
-    )
-  require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
-  own = model.get("moe") or {}
-  reject_unknown(own, tuple(moe), f"models.{name}.moe.")
-  for field in SCHEME_FIELDS:
-    require(field not in own, f"models.{name}.moe.{field}", own.get(field), "unset: each scheme sets it")
-  try:
-    point_models.training_model(model, "float32")
-  except ConfigError as e:
-    require(False, f"models.{name}.{e.field}", e.value, f"{e.allowed} (the {family} model built from models.{name})")
 
 
 def max_devices(points: list[Point]) -> int:

@@ -7,21 +7,19 @@ tests/fixtures/make_hf_fixtures.py.
 from moejax.models.families import deepseek, dense, glm4_moe, gpt_oss, mixtral, qwen2_moe, qwen3_moe
 from moejax.models.families.base import Family
 
-# model_type -> Family, in the order errors list them.
-REGISTRY: dict[str, Family] = {
-  family.model_type: family
-  for family in (
-    mixtral.MIXTRAL,
-    qwen2_moe.QWEN2_MOE,
-    qwen3_moe.QWEN3_MOE,
-    deepseek.DEEPSEEK_V2,
-    deepseek.DEEPSEEK_V3,
-    glm4_moe.GLM4_MOE,
-    gpt_oss.GPT_OSS,
-    dense.LLAMA,
-    dense.QWEN3,
-  )
-}
+# The families, in the order errors list them.
+FAMILIES: tuple[Family, ...] = (
+  mixtral.MIXTRAL,
+  qwen2_moe.QWEN2_MOE,
+  qwen3_moe.QWEN3_MOE,
+  deepseek.DEEPSEEK_V2,
+  deepseek.DEEPSEEK_V3,
+  glm4_moe.GLM4_MOE,
+  gpt_oss.GPT_OSS,
+  dense.LLAMA,
+  dense.QWEN3,
+)
+REGISTRY: dict[str, Family] = {family.model_type: family for family in FAMILIES}  # by model_type
 
 
 def get(model_type: str) -> Family:
