@@ -15,6 +15,7 @@ from moejax.models import lm_loss
 from moejax.models import state as state_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory as memory_lib
+from moejax.study import memory_blocks
 from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import optim as optim_lib
@@ -211,7 +212,7 @@ def test_command_line(tmp_path):
 )  # SMILE's blocks materialise their scores
 def test_planned_attention(family, fields, want):
   cfg = dataclasses.replace(config_lib.validate(_config(family))[0], **fields)
-  assert memory_lib.planned_attention(cfg) == want
+  assert memory_blocks.planned_attention(cfg) == want
 
 
 def test_fused_attention_keeps_no_scores(devices):
@@ -242,7 +243,7 @@ def test_loss_bytes_match_the_compiled_loss(tokens, d, vocab, chunk):
     .compile()
   )
   temp = compiled.memory_analysis().temp_size_in_bytes
-  assert temp == pytest.approx(memory_lib.loss_bytes(tokens, vocab, chunk), rel=0.05)
+  assert temp == pytest.approx(memory_blocks.loss_bytes(tokens, vocab, chunk), rel=0.05)
 
 
 @pytest.mark.slow  # a process of 256 simulated devices (about 15 s)

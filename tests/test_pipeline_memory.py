@@ -88,12 +88,13 @@ def test_pipelined_count_is_the_per_device_formula(devices, schedule, stages, mi
   (dense x a dense block's + MoE x an MoE block's) + the MTP block's + the head's loss."""
   from moejax.pipeline import memory as pipeline_memory
   from moejax.study import memory as memory_lib
+  from moejax.study import memory_rows
 
   model_cfg, moe_cfg = _tiny_deepseek()
   mesh = mesh_lib.make_mesh(2, 4)
   exchange = memory_lib.exchange_bytes(moe_cfg, mesh, 8 * 32)
   per = pipeline_memory.per_device(schedule, stages, micro, virtual)
-  count = memory_lib.pipeline_count(model_cfg, moe_cfg, 2, 4, None, 1, 32, exchange, 0, per)
+  count = memory_rows.pipeline_count(model_cfg, moe_cfg, 2, 4, None, 1, 32, exchange, 0, per)
   parts = _state_bytes_by_part(model_cfg, moe_cfg, mesh)
   assert count["stage"] == "last"
   assert count["parameters"] == per["parameter_stages"] / stages * parts["layers"] + parts["head"]
@@ -113,6 +114,7 @@ def test_pipelined_count_holds_the_compiled_arguments(devices):
   embeddings' (the step keeps them on every stage, replicated over 'stage'), the batch and the step's scalars."""
   from moejax.pipeline import memory as pipeline_memory
   from moejax.study import memory as memory_lib
+  from moejax.study import memory_rows
 
   config = decoder.get_config("qwen3_moe")
   config.model.update(num_layers=4, moe_layers=(True,) * 4)
@@ -120,7 +122,7 @@ def test_pipelined_count_holds_the_compiled_arguments(devices):
   model_cfg, moe_cfg = config_lib.validate(config)
   per = pipeline_memory.per_device("1f1b", 2, MICRO)
   exchange = memory_lib.exchange_bytes(moe_cfg, mesh_lib.make_mesh(1, GPUS), GPUS * 16)
-  count = memory_lib.pipeline_count(model_cfg, moe_cfg, 1, GPUS, config.optim, 1, 16, exchange, 0, per)
+  count = memory_rows.pipeline_count(model_cfg, moe_cfg, 1, GPUS, config.optim, 1, 16, exchange, 0, per)
   embeddings = memory_lib.analytic_state(model_cfg, moe_cfg, 1, GPUS, config.optim, parts=("embeddings",))
   compiled = step_memory(2).argument_size_in_bytes
   batch = MICRO * 16 * 4  # int32 tokens, one row a device per micro-batch

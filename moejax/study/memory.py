@@ -1,17 +1,17 @@
 """The memory planner's arithmetic (`experiments/memory.py` runs it): per-device bytes of a training config's state
-from its shardings, the layer variants a compile is scaled from, and an analytic count from the config's dimensions
-alone (parameters, optimizer states, gradients, activations) to set beside the compiled numbers. docs/memory.md
-documents every formula."""
+from its shardings, one MoE layer's exchange buffers, and an analytic count from the config's dimensions alone
+(parameters, optimizer states, gradients, activations; a block's parts in `memory_blocks`) to set beside the
+compiled numbers (`memory_compile`). docs/memory.md documents every formula."""
 
 import dataclasses
 import math
 
 import numpy as np
 
-from moejax.models import attention as attention_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.study import memory_blocks
 from moejax.train import optim as optim_lib
 
 GB = 1e9  # bytes; verdicts and tables are in GB (10^9 bytes)
@@ -26,41 +26,6 @@ def layer_counts(cfg) -> tuple[int, int]:
   """(dense, MoE) blocks of a model config (MTP modules not counted: they are in every compiled variant)."""
   moe = cfg.num_moe_layers
   return cfg.num_layers - moe, moe
-
-
-def variants(cfg) -> list[tuple[int, int]]:
-  """The (dense, MoE) block counts to compile and scale from: (1,1), (2,1), (1,2) with both kinds; (0,1), (0,2) or
-  (1,0), (2,0) with one. A SMILE model (`ModelConfig`) repeats moe_every blocks (moe_every - 1 dense, then an MoE
-  block), so its variants are one and two such periods. For unrolled layers only: a scanned model compiles whole
-  (`experiments/memory.py`), its segments of one or two repeats compiling unlike the loop of many."""
-  dense, moe = layer_counts(cfg)
-  if not isinstance(cfg, DecoderConfig) and cfg.moe_every > 0:
-    p = cfg.moe_every
-    return [(p - 1, 1), (2 * p - 2, 2)]
-  if dense and moe:
-    return [(1, 1), (2, 1), (1, 2)]
-  return [(0, 1), (0, 2)] if moe else [(1, 0), (2, 0)]
-
-
-def variant_model(model: dict, decoder: bool, dense: int, moe: int) -> dict:
-  """A model section with `dense` dense and `moe` MoE blocks, the dense ones first (DeepSeek's order); a SMILE
-  model's num_layers only (its moe_every places the MoE blocks)."""
-  model = dict(model)
-  model["num_layers"] = dense + moe
-  if decoder:
-    model["moe_layers"] = (False,) * dense + (True,) * moe
-    if model.get("sliding_layers") is not None:
-      model["sliding_layers"] = tuple(model["sliding_layers"])[: dense + moe]
-  return model
-
-
-def scale(points: list[tuple[int, int]], values: list[float], target: tuple[int, int]) -> tuple[float, list]:
-  """A value at `target` (dense, MoE) blocks from its values at `points`, by least squares on base + per-dense-block
-  + per-MoE-block (minimum norm where the points leave a direction free: a SMILE model's dense and MoE counts move
-  together, so only their sum per period is fixed). Returns (prediction, [base, per dense, per MoE])."""
-  a = np.array([[1.0, d, m] for d, m in points])
-  coef, *_ = np.linalg.lstsq(a, np.array(values, float), rcond=None)
-  return float(np.array([1.0, *target]) @ coef), [float(c) for c in coef]
 
 
 def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
@@ -227,30 +192,11 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
   }
 
 
-PLANNED_GPU = (9, 0)  # the compute capability attention is planned for: a Hopper GPU (`platform.TARGET_GPU`'s)
-
-
-def planned_attention(cfg) -> str:
-  """What attention runs on a Hopper GPU (`attention.planned`: cuDNN's rules without its trial run): XLA's (the
-  scores materialised), cuDNN's or tokamax's (fused: neither keeps them). SMILE's blocks materialise theirs; a
-  decoder family runs its attention_impl, 'auto' being 'cudnn' where cuDNN's rules take the layer, else 'xla'."""
-  if not isinstance(cfg, DecoderConfig):
-    return attention_lib.IMPLEMENTATIONS["xla"].name
-  return attention_lib.planned(cfg.attention_impl, cfg.dtype, _attention_widths(cfg)[2], PLANNED_GPU).name
-
-
-def _attention_widths(cfg) -> tuple[int, int, int]:
-  """(q and k head width, v head width, the width jax.nn's attention runs at: the wider, v and the output padded to
-  it) of a decoder family."""
-  qk, v = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent else (cfg.head_dim,) * 2
-  return qk, v, max(qk, v)
-
-
 def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None, loss_chunk: int = 0) -> dict:
   """A per-block estimate of what one micro-batch's forward keeps for the backward on one device (docs/memory.md):
   `rows` sequences of `seq_len` tokens. Per block without remat: the norms' inputs and outputs (4 T d), q, k, v and
   the attention output (MLA's v and output padded to q's width, as jax.nn's attention takes them), the attention's
-  softmax (`planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in the compute
+  softmax (`memory_blocks.planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in the compute
   dtype, a fused kernel its log-sum-exp B H S in float32), the dense FFN's input, gate, up and product
   (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it exchanged and their expert hidden states
   (3 f per row), its shared experts' (3 f_s per token) and its float32 combine (T d). remat='full' keeps each
@@ -259,41 +205,15 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
   also the exchanged rows; 'save_matmuls' everything but the attention scores (batched matmuls are not saved).
   The output heads (the main one and each MTP module's): with loss_chunk = 0 each keeps its float32 logits and
   their gradient, else each keeps its input h (T d) and three floats a token, and one chunk at a time is live
-  (`loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered (`_gathered_bytes`)."""
-  decoder = isinstance(cfg, DecoderConfig)
-  b = np.dtype(cfg.dtype).itemsize
-  t, d, h = rows * seq_len, cfg.d_model, cfg.num_heads
-  impl = attention_lib.IMPLEMENTATIONS[planned_attention(cfg)]
-  if decoder:
-    qk, v, wide = _attention_widths(cfg)
-    kv_heads = h if cfg.latent else cfg.num_kv_heads  # q and the output: h heads; k and v: kv_heads
-    qkv = (2 * h + 2 * kv_heads) * wide if impl.pads_values else h * (qk + v) + kv_heads * (qk + v)
-  else:
-    qkv = 4 * d
-  scores = rows * h * seq_len * (seq_len * (4 + b) if impl.keeps_scores else 4)
-  attn = 4 * t * d * b + t * qkv * b
-  dense_ffn = t * (d + 3 * cfg.d_ff) * b
-  moe_ffn = 0
-  exchanged = 0
-  if cfg.num_moe_layers:
-    choices = t * moe_cfg.choices_per_token
-    expert_rows = exchange["buffer_rows"] or choices
-    exchanged = sum(exchange["hop_rows"]) * d * b
-    mats = 3 if moe_cfg.gated else 2
-    moe_ffn = (
-      t * moe_cfg.num_experts * 4
-      + exchanged
-      + expert_rows * mats * moe_cfg.d_ff * b
-      + t * mats * moe_cfg.shared_width * b
-      + t * d * 4
-    )
+  (`memory_blocks.loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered (`_gathered_bytes`)."""
+  b, t, d = np.dtype(cfg.dtype).itemsize, rows * seq_len, cfg.d_model
+  parts = memory_blocks.block_bytes(cfg, moe_cfg, rows, seq_len, exchange)
+  attn, scores, dense_ffn, moe_ffn, exchanged = (
+    parts[k] for k in ("attention", "scores", "dense_ffn", "moe_ffn", "exchanged")
+  )
   dense, moe = layer_counts(cfg)
   mtp = getattr(cfg, "num_mtp_layers", 0)
-  chunk = min(loss_chunk or cfg.vocab_size, cfg.vocab_size)
-  if chunk == cfg.vocab_size:  # every head's logits kept for the backward
-    head = (1 + mtp) * loss_bytes(t, cfg.vocab_size, 0)
-  else:  # every head's input and three floats a token kept; one chunk live at a time, and h's gradient
-    head = (1 + mtp) * t * (d * b + 3 * 4) + loss_bytes(t, cfg.vocab_size, chunk) + t * d * 4
+  head, chunk = memory_blocks.head_bytes(cfg, t, mtp, loss_chunk)
   none_dense, none_moe = attn + scores + dense_ffn, attn + scores + moe_ffn
 
   def kept(n_dense: int, n_moe: int) -> float:
@@ -316,66 +236,12 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
     "recomputed_block": float(recomputed),
     "per_dense_block": float(none_dense),
     "per_moe_block": float(none_moe),
-    "attention": impl.name,
+    "attention": parts["impl"],
     "attention_scores_per_block": float(scores),
     "head": float(head),
     "loss_chunk": chunk if chunk < cfg.vocab_size else 0,
     "gathered_weights": gathered,
   }
-
-
-def pipeline_count(
-  cfg, moe_cfg, nodes: int, gpus: int, optim, rows: int, seq_len: int, exchange: dict | None, loss_chunk: int, per: dict
-) -> dict:
-  """The analytic count of one device of a pipeline stage (`nodes` x `gpus` devices a stage, `rows` sequences of
-  `seq_len` tokens a device per micro-batch), by `per` (`moejax.pipeline.memory.per_device` of the schedule): its
-  layers' parameters, gradients and optimizer state parameter_stages x layers_fraction x all layers' (DualPipe's
-  two stages), their activations activation_stages x layers_fraction x one micro-batch's of all layers (the
-  busiest device's micro-batches in flight), and beside them once: with remat the recomputed block, FSDP's gathered
-  weights, the exchange buffers. The first stage adds the embeddings' state, the last the head's (final norm,
-  output kernel, the embeddings again where tied, the MTP modules) and one micro-batch's MTP blocks and loss (the
-  last stage's backward follows its forward). -> the busier stage's counts, with 'stage' ('first' or 'last') and
-  both totals."""
-  share = lambda value: per["parameter_stages"] * per["layers_fraction"] * value
-  layers = analytic_state(cfg, moe_cfg, nodes, gpus, optim, parts=("layers",))
-  acts = analytic_activations(cfg, moe_cfg, rows, seq_len, exchange, loss_chunk)
-  exchanged = exchange["bytes"] if exchange else 0.0
-  layer_acts = per["activation_stages"] * per["layers_fraction"] * acts["layers"]
-  tied = getattr(cfg, "tie_embeddings", True)
-  ends = {
-    "first": (("embeddings",), 0.0),
-    "last": (("head", "embeddings") if tied else ("head",), acts["mtp_blocks"] + acts["head"]),
-  }
-  counts = {}
-  for stage, (parts, own_acts) in ends.items():
-    own = analytic_state(cfg, moe_cfg, nodes, gpus, optim, parts=parts)
-    count = {
-      k: share(layers[k]) + own[k] for k in ("parameters", "gradients", "optimizer", "master_weights", "moments")
-    }
-    count.update(
-      activations=layer_acts + acts["recomputed_block"] + acts["gathered_weights"] + own_acts,
-      exchange_buffers=exchanged,
-    )
-    count["total"] = sum(count[k] for k in ("parameters", "optimizer", "gradients", "activations", "exchange_buffers"))
-    counts[stage] = count
-  stage = max(counts, key=lambda s: counts[s]["total"])
-  return {
-    **counts[stage],
-    "stage": stage,
-    "stage_totals": {s: c["total"] for s, c in counts.items()},
-    "attention": acts["attention"],
-    "loss_chunk": acts["loss_chunk"],
-    **per,
-  }
-
-
-def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:
-  """What one head's loss holds at once beside its inputs, as XLA compiles `objective.head_cross_entropy_sums` with
-  its backward (tests/test_memory_planner.py): unchunked (0) the float32 logits and their gradient, 2 T V x 4; in
-  chunks of c columns one chunk's logits, probabilities and their gradient, 3 T c x 4."""
-  if not loss_chunk or loss_chunk >= vocab:
-    return 2.0 * tokens * vocab * 4
-  return 3.0 * tokens * loss_chunk * 4
 
 
 def _gathered_bytes(cfg, moe_cfg) -> float:
