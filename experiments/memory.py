@@ -11,7 +11,8 @@ device's memory.
 configs/memory.py names what is planned (PRESETS' rows, or one training config) and the planner's options; with
 --workdir the rows go to memory.json there. A scanned model (model.scan_layers, the default) is compiled whole; an
 unrolled one as a few blocks ((dense, MoE) = (1,1), (2,1), (1,2)) scaled by the block counts
-(`moejax.study.memory_compile.scale`), unless config.planner.whole. XLA:CPU has no ragged all-to-all, so a 'ragged' collective compiles as 'padded' (the same buffer bounds).
+(`moejax.study.memory_compile.scale`), unless config.planner.whole. XLA:CPU has no ragged all-to-all, so a 'ragged'
+collective compiles as 'padded' (the same buffer bounds).
 docs/memory.md explains every column.
 """
 

@@ -82,7 +82,7 @@ def _state_bytes_by_part(model_cfg, moe_cfg, mesh) -> dict:
   [("gpipe", 2, 4, 1), ("1f1b", 4, 8, 1), ("interleaved", 2, 4, 2), ("dualpipe", 4, 8, 1), ("dualpipev", 4, 4, 1)],
 )
 def test_pipelined_count_is_the_per_device_formula(devices, schedule, stages, micro, virtual):
-  """The planner's pipelined count (`study.memory.pipeline_count`) of the last stage (the busier: the head, the MTP
+  """The planner's pipelined count (`study.memory_rows.pipeline_count`) of the last stage (the busier: the head, the MTP
   module, the loss), against the formula applied to the model's own leaves (fp32, no remat, no FSDP): parameters
   parameter_stages x layers_fraction x the layers' + the rest; activations activation_stages x layers_fraction x
   (dense x a dense block's + MoE x an MoE block's) + the MTP block's + the head's loss."""

@@ -35,7 +35,8 @@ def activations_in_flight(table: Timetable) -> list[float]:
 def per_device(schedule: str, stages: int, micro_batches: int, virtual_stages: int = 1) -> dict:
   """What the planner multiplies, for `schedule` over `stages` stages: `parameter_stages` (stages' parameters a
   device holds, `Schedule.parameter_stages`: 1; DualPipe's d and p-1-d, 2x (DeepSeek-V3 report Table 2); DualPipeV's
-  two stages on each of p/2 devices, 2; interleaved's v chunks of 1/v stage, 1), `activation_stages` (the busiest device's stage-activations in flight, from the
+  two stages on each of p/2 devices, 2; interleaved's v chunks of 1/v stage, 1), `activation_stages` (the busiest
+  device's stage-activations in flight, from the
   timetable), and `layers_fraction` (1/stages: a stage's share of the decoder's layers). A device's bytes:
   parameter_stages x layers_fraction x the layers' parameters (optimizer state alike), and activation_stages x
   layers_fraction x one micro-batch's activations of all layers. The first stage adds the embeddings, the last the

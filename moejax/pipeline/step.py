@@ -7,12 +7,12 @@ loss). Each also returns a loss term (summed into the loss: the MoE layers' auxi
 statistics (summed per micro-batch, not differentiated: expert counts, ...). The staged parameters (leaves [n, ...],
 stage k's slice rows k n/S .. (k+1) n/S - 1 of the schedule's S stages) are cut into chunks: a device holds one chunk
 per stage it runs (gpipe, 1f1b: stage d on device d; interleaved: stages d, d+p, ...; dualpipev: stages d and
-2p-1-d, the V; dualpipe: stages d and p-1-d, a second copy of every stage). The step lays them out so (`Plan.layout`:
-a permutation of the stacked slices, repeating a slice for dualpipe, sharded over the axis), and sums the gradients
-back into the leaves' own layout. The shared parameters (the embeddings, the head) are replicated over the axis, their
-gradients summed over it; each parameter's non-differentiated state (slot tables, balancing biases) goes with it.
+2p-1-d, the V; dualpipe: stages d and p-1-d, a second copy of every stage). The step lays them out so
+(`ticks.Plan.layout`: a permutation of the stacked slices, repeating a slice for dualpipe, sharded over the axis),
+and sums the gradients back into the leaves' own layout. The shared parameters (the embeddings, the head) are
+replicated over the axis, their gradients summed over it; each parameter's non-differentiated state (slot tables, balancing biases) goes with it.
 
-At tick t each device runs the slot its timetable starts then (`TICKS`: every slot one tick, a paired F&B slot
+At tick t each device runs the slot its timetable starts then (`ticks.TICKS`: every slot one tick, a paired F&B slot
 too): F(i) runs its chunk on micro-batch i's input (the first stage `first` of the micro-batch, the others what
 their predecessor sent) and keeps that input; B(i) recomputes the chunk's vjp at the kept input (the stage
 rematerialised) with the output's gradient (the last stage's output feeds its own loss: none), adds the parameters'
@@ -22,10 +22,10 @@ stage's B, once, a chunk's statistics at the micro-batch's F (the last stage's a
 same values). A chunk also reads `Weights.before`, its statistics of the micro-batches before the running one
 summed: every schedule runs a chunk's forwards (the last stage's backwards) in micro-batch order, so they are
 recorded by then (a balance loss over the step's earlier micro-batches; dualpipe's second copy runs the second half
-of the micro-batches, so a chunk holds only its own half's). After each tick one ppermute per link (`Plan.links`: the
-F outputs, or the B input-gradients, that go the same way, e.g. down the V and back up it) carries what the slot
-sends to the device holding the next (previous) stage; a link to the device itself (the V's turn from chunk 0 to
-chunk 1 on the last device) is no transfer. The receiver files it under the (micro-batch, chunk) the timetable says.
+of the micro-batches, so a chunk holds only its own half's). After each tick one ppermute per link
+(`ticks.Plan.links`: the F outputs, or the B input-gradients, that go the same way, e.g. down the V and back up
+it) carries what the slot sends to the device holding the next (previous) stage; a link to the device itself (the
+V's turn from chunk 0 to chunk 1 on the last device) is no transfer. The receiver files it under the (micro-batch, chunk) the timetable says.
 """
 
 import functools

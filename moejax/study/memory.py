@@ -196,7 +196,8 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
   """A per-block estimate of what one micro-batch's forward keeps for the backward on one device (docs/memory.md):
   `rows` sequences of `seq_len` tokens. Per block without remat: the norms' inputs and outputs (4 T d), q, k, v and
   the attention output (MLA's v and output padded to q's width, as jax.nn's attention takes them), the attention's
-  softmax (`memory_blocks.planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in the compute
+  softmax (`memory_blocks.planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in
+  the compute
   dtype, a fused kernel its log-sum-exp B H S in float32), the dense FFN's input, gate, up and product
   (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it exchanged and their expert hidden states
   (3 f per row), its shared experts' (3 f_s per token) and its float32 combine (T d). remat='full' keeps each
@@ -205,7 +206,8 @@ def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict |
   also the exchanged rows; 'save_matmuls' everything but the attention scores (batched matmuls are not saved).
   The output heads (the main one and each MTP module's): with loss_chunk = 0 each keeps its float32 logits and
   their gradient, else each keeps its input h (T d) and three floats a token, and one chunk at a time is live
-  (`memory_blocks.loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered (`_gathered_bytes`)."""
+  (`memory_blocks.loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered
+  (`_gathered_bytes`)."""
   b, t, d = np.dtype(cfg.dtype).itemsize, rows * seq_len, cfg.d_model
   parts = memory_blocks.block_bytes(cfg, moe_cfg, rows, seq_len, exchange)
   attn, scores, dense_ffn, moe_ffn, exchanged = (

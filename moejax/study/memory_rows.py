@@ -44,7 +44,7 @@ def analytic(full, model_cfg, moe_cfg, exchange: dict | None) -> dict:
 def plan_pipelined(config, schedule: str, stages: int, virtual_stages: int = 1, device_gb: float = 80.0) -> dict:
   """A row of the planner for `config` (its mesh: one stage's nodes x GPUs; its micro_batches through the stages)
   pipelined by `schedule` (`moejax.pipeline.schedules`): the analytic count of the busier end stage's devices
-  (`study.memory.pipeline_count` of `moejax.pipeline.memory.per_device`) and its verdict. Not compiled: the step
+  (`pipeline_count` of `moejax.pipeline.memory.per_device`) and its verdict. Not compiled: the step
   runs two of the five schedules, and a stage's program at DeepSeek-V3's size on CPU devices is out of reach here."""
   from moejax.runtime import mesh as mesh_lib
   from moejax.train import objective
