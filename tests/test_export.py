@@ -12,7 +12,7 @@ from configs import mlm
 from experiments import export
 from moejax import run_config
 from moejax.infer import load
-from moejax.models import hf_checkpoint
+from moejax.models import hf_load
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, cpu_env
 from tests.test_heldout import tiny_decoder_config, tiny_decoder_run
@@ -29,7 +29,7 @@ def test_an_exported_run_loads_back_to_the_same_logits(shared, tmp_path, mesh_2x
   for name in os.listdir(out):
     assert os.stat(out / name).st_mode & 0o777 == 0o666 & ~umask  # not safetensors' own 0600
   trained, _, step = load.load_trained(tiny_decoder_config(shared), str(run))
-  loaded = hf_checkpoint.from_hf(str(out), mesh_2x4)
+  loaded = hf_load.from_hf(str(out), mesh_2x4)
   tokens = np.random.default_rng(0).integers(3, 200, (8, 16)).astype(np.int32)
   np.testing.assert_allclose(np.asarray(loaded(tokens)[0]), np.asarray(trained(tokens)[0]), rtol=1e-5, atol=1e-5)
 

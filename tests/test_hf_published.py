@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import moejax.models as models
-from moejax.models import hf_checkpoint, hf_config
+from moejax.models import hf_config, hf_load
 from moejax.models import state as state_lib
 from tests.helpers import ROOT, relative_error
 
@@ -38,7 +38,7 @@ def test_fine_tuning_with_mtp_initialises_the_modules(mesh_2x4, caplog):
   cfg, moe_cfg = hf_config.from_hf_config(json.loads((NO_MTP / "config.json").read_text()))
   assert cfg.num_mtp_layers == 1
   with caplog.at_level(logging.INFO):
-    _, params, _ = hf_checkpoint.load_state(str(NO_MTP), cfg, moe_cfg, mesh_2x4, seed=3)
+    _, params, _ = hf_load.load_state(str(NO_MTP), cfg, moe_cfg, mesh_2x4, seed=3)
   assert any("initialisation" in r.getMessage() and "MTP" in r.getMessage() for r in caplog.records)
   fresh, _ = state_lib.init_state(cfg, moe_cfg, mesh_2x4, seed=3)
   jax.tree.map(np.testing.assert_array_equal, host(params["mtp"]), host(fresh["mtp"]))

@@ -16,7 +16,7 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
   blocks          SMILE's attention, dense FFN and blocks
   language_model  `LanguageModel`: SMILE's embeddings, blocks, tied output layer
   rope, rms_norm, attention, decoder   the families' `Decoder`: RoPE/YaRN, RMSNorm, GQA and latent attention, MTP
-  hf_config, hf_checkpoint, hf_files   config.json and safetensors in and out (`from_hf`, `to_hf`)
+  hf_config, hf_load, hf_checkpoint, hf_files   config.json and safetensors in and out (`from_hf`, `to_hf`)
   placed          `with_placement`: a model's experts placed on the devices, the order `to_hf` undoes
   upcycling       dense FFNs copied (and split) into experts, output unchanged at step 0
   sharding        where activations and parameters live on the mesh (`activation_spec`, `param_specs`)
@@ -26,7 +26,7 @@ decoder families of today's MoE models, loaded from and saved to their Hugging F
 
 # Loaded on first use. Generation builds on this package: `moejax.infer.generate_tokens`.
 _PUBLIC = {
-  "from_hf": "moejax.models.hf_checkpoint",
+  "from_hf": "moejax.models.hf_load",
   "to_hf": "moejax.models.hf_checkpoint",
   "upcycle": ("moejax.models.upcycling", "upcycle"),
 }

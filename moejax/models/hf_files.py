@@ -1,4 +1,4 @@
-"""The safetensors files of a Hugging Face checkpoint directory, read lazily (`moejax.models.hf_checkpoint`), with
+"""The safetensors files of a Hugging Face checkpoint directory, read lazily (`moejax.models.hf_load`), with
 the published quantised formats read as the float tensors they encode, one slice at a time:
 
   fp8    DeepSeek-V3's (and R1's, V3.1's, Kimi K2's): a Linear weight W [out, in] stored as float8_e4m3fn with a

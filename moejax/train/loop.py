@@ -68,6 +68,19 @@ def restored_host_state(saved, shards: int) -> tuple[list[dict], list]:
   return local_data_state(saved["data"], shards), saved["replan_window"]
 
 
+def start_state(trainer, ckpt, shards: int, say):
+  """(the step the run resumes after, state, rest, this process's data states, re-plan window): the latest
+  checkpoint's (said), else a fresh state (step 0, no data states, an empty window)."""
+  state, rest = trainer.init()
+  restored = ckpt.restore_latest(trainer.abstract_state)
+  if restored is None:
+    return 0, state, rest, None, []
+  start, state, saved = restored
+  data_states, replan_window = restored_host_state(saved, shards)
+  say(f"resuming after step {start}")
+  return start, state, rest, data_states, replan_window
+
+
 def run(
   config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool, replan_window: list | tuple = ()
 ) -> tuple[float, np.ndarray, list]:

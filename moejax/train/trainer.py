@@ -4,34 +4,26 @@ config checked once, `moejax.train.config`) and hands it to `moejax.train.loop`.
 One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
 dense parameters are replicated (data parallel) and experts are sharded by the MoE layer (expert
 parallel); XLA inserts the gradient all-reduce. The step accumulates gradients over micro-batches in float32
-and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5); the optimizer (`optim.optimizer`)
-updates the parameters, or an fp32 master copy in its state that the parameters are cast from
+(`moejax.train.step`) and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5); the optimizer
+(`optim.optimizer`) updates the parameters, or an fp32 master copy in its state that the parameters are cast from
 (`moejax.train.precision`).
 """
 
-import json
 import os
 import time
 
-import grain
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-import optax
-from absl import logging
 from flax import nnx
-from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import checkpoint as checkpoint_lib
 from moejax.cost import expert_backend
-from moejax.data import corpus as corpus_lib
-from moejax.data import pipeline as pipeline_lib
-from moejax.data import sources as sources_lib
 from moejax.data import tokenizer as tokenizer_lib
-from moejax.models import hf_checkpoint, hf_files, lm_loss
+from moejax.models import hf_load, lm_loss
 from moejax.models import state as state_lib
 from moejax.models.config import ModelConfig, tokens_per_call
 from moejax.models.decoder_config import DecoderConfig
@@ -44,11 +36,12 @@ from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
 from moejax.train import config as config_lib
 from moejax.train import heldout as heldout_lib
+from moejax.train import inputs as inputs_lib
 from moejax.train import loop as loop_lib
 from moejax.train import metrics as metrics_lib
-from moejax.train import objective, optim, precision
+from moejax.train import objective, optim, precision, run_summary, train_state
 from moejax.train import resume as resume_lib
-from moejax.validation import require
+from moejax.train import step as step_lib
 
 
 class Trainer:
@@ -65,8 +58,8 @@ class Trainer:
   auxiliary-loss-free balancing (moe.bias_update_rate = u > 0) 'expert_bias' [M, E] float32, the MoE
   layers' balancing biases (DeepSeek-V3 Sec. 2.1.2): not optimised (no gradient reaches them), replicated,
   checkpointed with the rest, written into each layer's `ExpertBias` in `rest` by the step and updated at
-  the end of the step from the step's expert loads (`update_expert_bias`). Every array is placed by
-  `state_shardings`, declared once here together with the batch sharding.
+  the end of the step from the step's expert loads (`step.update_expert_bias`). Every array is placed by
+  `state_shardings` (`moejax.train.train_state`), declared once here together with the batch sharding.
 
     heldout: the step also returns metrics['heldout_loss'], the held-out loss of the state it produced on the steps
   log.eval_every asks for (`moejax.train.heldout`; NaN on the others), and takes `rest` as (rest, held-out tokens
@@ -84,72 +77,34 @@ class Trainer:
     donate: bool = True,
     heldout: bool = False,
   ):
-    if moe_cfg.expert_backend == "auto":  # the measured fastest for the tokens one layer call sees on these devices
+    # 'auto': the measured fastest for the tokens one layer call sees on these devices. Compared here, not left to
+    # `resolve` (which returns other configs unchanged): a trainer made from parts may have no batch fields.
+    if moe_cfg.expert_backend == "auto":
       moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.donate, self.heldout = donate, heldout
     self.graphdef, abstract_params, abstract_rest = state_lib.abstract_state(model_cfg, moe_cfg, mesh, config.seed)
-    sharding_of = lambda tree: jax.tree.map(lambda a: a.sharding, tree)
-    param_shardings = sharding_of(abstract_params)
     # Pipeline parallelism (`moejax.pipeline`): the staged layers' parameters split over the mesh's 'stage' axis.
     self.pipeline = pipeline_section.of_config(config, model_cfg, moe_cfg, mesh, self.graphdef)
-    if self.pipeline is not None:
-      param_shardings = self.pipeline.shardings(param_shardings)
     # pipeline.schedule='two_batch': each micro-batch's halves through the layers interleaved (`moejax.pipeline.two_batch`).
     self.model_loss_sums = (
       two_batch_lib.model_loss_sums if pipeline_section.two_batch(config) else objective.model_loss_sums
     )
+    self.loss_chunk = config.get("loss_chunk", lm_loss.LOSS_CHUNK)  # vocabulary columns per chunk of the loss
     o = config.optim
     self.learning_rate = optim.warmup_then_decay(
       o.learning_rate, o.warmup_steps, o.decay_steps or config.steps, o.decay, o.end_fraction
     )
     self.tx = optim.optimizer(o, self.learning_rate, abstract_params)
     self.replicated = NamedSharding(mesh, P())
-    abstract_opt = jax.eval_shape(self.tx.init, abstract_params)
-    # Every params-like tree of the optimizer state (moments, the master copy) sharded like the params; Muon's masked
-    # trees keep their MaskedNode stand-ins.
-    masked = lambda x: isinstance(x, optax.MaskedNode)
-    opt_shardings = optax.tree_map_params(
-      self.tx,
-      lambda x, s: x if masked(x) else s,
-      abstract_opt,
-      param_shardings,
-      transform_non_params=lambda _: self.replicated,
-      is_leaf=masked,
+    self.state_shardings = train_state.shardings(
+      self.tx, model_cfg, abstract_params, abstract_rest, self.replicated, self.pipeline
     )
-    self.state_shardings = {
-      "params": param_shardings,
-      "opt_state": opt_shardings,
-      "step": self.replicated,
-      "rng": self.replicated,
-    }
-    abstract_tables = state_lib.slot_tables(model_cfg, abstract_rest)
-    if abstract_tables is not None:
-      self.state_shardings["slot_tables"] = self.replicated
-    abstract_bias = state_lib.expert_biases(model_cfg, abstract_rest)
-    if abstract_bias is not None:
-      self.state_shardings["expert_bias"] = self.replicated
-    self.rest_shardings = sharding_of(abstract_rest)
+    self.rest_shardings = jax.tree.map(lambda a: a.sharding, abstract_rest)
     self.batch_sharding = NamedSharding(mesh, P(None, AXES))  # tokens [micro_batches, rows, seq_len]
-
-    def complete(params):
-      return {
-        "params": params,
-        "opt_state": self.tx.init(params),
-        "step": jnp.zeros((), jnp.int32),
-        "rng": jax.random.key_data(jax.random.key(config.seed + 1)),
-      }
-
-    self._complete = jax.jit(
-      complete, out_shardings={k: v for k, v in self.state_shardings.items() if k not in ("slot_tables", "expert_bias")}
-    )
-    abstract_state = jax.eval_shape(complete, abstract_params)
-    if abstract_tables is not None:
-      abstract_state["slot_tables"] = abstract_tables
-    if abstract_bias is not None:
-      abstract_state["expert_bias"] = abstract_bias
-    self.abstract_state = jax.tree.map(
-      lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract_state, self.state_shardings
+    self._complete = train_state.completion(self.tx, config.seed, self.state_shardings)
+    self.abstract_state = train_state.abstract(
+      self._complete, model_cfg, abstract_params, abstract_rest, self.state_shardings
     )
     rest_in = (self.rest_shardings, self.batch_sharding) if heldout else self.rest_shardings
     self.step = jax.jit(
@@ -167,7 +122,7 @@ class Trainer:
     """(state, rest): fresh sharded state (with config.init_from, the checkpoint's weights and balancing biases), and
     the model's non-parameter state (constant; the step takes the slot tables from the state)."""
     if self.config.get("init_from"):
-      _, params, rest = hf_checkpoint.load_state(
+      _, params, rest = hf_load.load_state(
         self.config.init_from, self.model_cfg, self.moe_cfg, self.mesh, self.config.seed
       )
     else:
@@ -198,59 +153,23 @@ class Trainer:
     )
 
   def _step(self, state, rest, tokens_UxBxS):
-    """One optimizer update from micro-batches tokens [A, B, S] -> (state, metrics)."""
+    """One optimizer update from micro-batches tokens [U, B, S] -> (state, metrics)."""
     rest, heldout_KxBxS = rest if self.heldout else (rest, None)
     num_micro = tokens_UxBxS.shape[0]
     rng, step_key = jax.random.split(jax.random.wrap_key_data(state["rng"]))
     mask_keys, model_keys = jnp.split(jax.random.split(step_key, 2 * num_micro), 2)
     inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP = jax.vmap(self.targets)(mask_keys, tokens_UxBxS)
     total = jnp.maximum(jnp.sum(weights_UxBxP), 1.0)
-
     if "slot_tables" in state:
       rest = state_lib.with_slot_tables(self.model_cfg, rest, state["slot_tables"])
     if "expert_bias" in state:
       rest = state_lib.with_expert_biases(self.model_cfg, rest, state["expert_bias"])
 
-    def loss_fn(params, earlier_counts, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, key):
-      micro_rest = rest
-      if earlier_counts is not None:
-        micro_rest = state_lib.with_balance_counts(self.model_cfg, rest, earlier_counts)
-      model = nnx.merge(self.graphdef, params, micro_rest)
-      dropout_key, jitter_key = jax.random.split(key)
-      # The output layer and the cross-entropy in vocabulary chunks: no [B, P, V] logits (`lm_loss`).
-      loss_sum, correct, aux = self.model_loss_sums(
-        model,
-        inputs_BxS,
-        positions_BxP,
-        targets_BxP,
-        weights_BxP,
-        chunk=self.config.get("loss_chunk", lm_loss.LOSS_CHUNK),
-        rngs=nnx.Rngs(dropout=dropout_key, jitter=jitter_key),
-      )
-      loss = loss_sum / total + aux["aux_loss"] / num_micro
-      if "mtp_loss" in aux:  # DeepSeek-V3's multi-token prediction: lambda x the modules' mean loss (Eq. 25)
-        aux["mtp_loss"] /= num_micro
-        loss += self.model_cfg.mtp_loss_coef * aux["mtp_loss"] + aux["mtp_aux_loss"] / num_micro
-      return loss, (loss_sum, correct, aux)
-
-    def micro_step(carry, micro):
-      # balance_loss='global_batch': each micro-batch's loss sees the choice counts of the step's earlier ones
-      # (the layers return them plus their own: the next micro-batch's input).
-      grads, earlier_counts = carry
-      (_, (loss_sum, correct, aux)), g = jax.value_and_grad(loss_fn, has_aux=True)(
-        state["params"], earlier_counts, *micro
-      )
-      earlier_counts = aux.pop("balance_counts", None)
-      return (precision.accumulate(grads, g), earlier_counts), (loss_sum, correct, aux)
-
     if self.pipeline is None:
-      zeros = precision.zeros_for_accumulation(state["params"])  # float32 whatever the parameters' dtype
+      loss_fn = step_lib.micro_batch_loss(self, rest, total, num_micro)
+      micro_batches = (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys)
       counts = state_lib.balance_counts(self.model_cfg, rest)
-      (grads, _), (loss_sums, corrects, auxes) = jax.lax.scan(
-        micro_step,
-        (zeros, None if counts is None else jnp.zeros_like(counts)),
-        (inputs_UxBxS, positions_UxBxP, targets_UxBxP, weights_UxBxP, model_keys),
-      )
+      grads, loss_sums, corrects, auxes = step_lib.accumulated(loss_fn, state["params"], counts, micro_batches)
     else:  # the micro-batches through the pipeline's stages (`moejax.pipeline.decoder`), the same sums
       grads, loss_sums, corrects, auxes = self.pipeline.loss_and_grads(
         state["params"],
@@ -267,30 +186,17 @@ class Trainer:
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": jax.random.key_data(rng)}
     if "slot_tables" in state:
       new_state["slot_tables"] = state["slot_tables"]
-    counts_MxE = jnp.sum(auxes["expert_counts"], axis=0)  # the whole step's loads (all micro-batches)
-    if "expert_bias" in state:
-      new_state["expert_bias"] = update_expert_bias(state["expert_bias"], counts_MxE, self.moe_cfg.bias_update_rate)
-    task_loss, aux_loss = jnp.sum(loss_sums) / total, jnp.mean(auxes["aux_loss"])
-    metrics = {
-      "loss": task_loss + aux_loss,
-      "task_loss": task_loss,
-      "accuracy": jnp.sum(corrects) / total,
-      "aux_loss": aux_loss,
-      "grad_norm": optax.tree.norm(grads),
-      "learning_rate": self.learning_rate(state["step"]),
-      "expert_counts": counts_MxE,
-      "tokens_dropped": jnp.sum(auxes["tokens_dropped"], axis=0),
-      "tokens_overflowed": jnp.sum(auxes["tokens_overflowed"], axis=0),
-    }
-    if "mtp_loss" in auxes:
-      metrics["mtp_loss"] = jnp.sum(auxes["mtp_loss"])
-      metrics["loss"] += self.model_cfg.mtp_loss_coef * metrics["mtp_loss"]
+    learning_rate = self.learning_rate(state["step"])
+    metrics = step_lib.metrics(grads, loss_sums, corrects, auxes, total, learning_rate, self.model_cfg)
+    if "expert_bias" in state:  # from the whole step's loads (all micro-batches)
+      new_state["expert_bias"] = step_lib.update_expert_bias(
+        state["expert_bias"], metrics["expert_counts"], self.moe_cfg.bias_update_rate
+      )
     if heldout_KxBxS is not None:
       metrics["heldout_loss"] = self._heldout_loss(new_state, rest, heldout_KxBxS)
     if "expert_bias" in state:  # after this step's update: the range the next step routes with
-      metrics["expert_bias_range"] = jnp.max(new_state["expert_bias"], axis=-1) - jnp.min(
-        new_state["expert_bias"], axis=-1
-      )
+      bias_MxE = new_state["expert_bias"]
+      metrics["expert_bias_range"] = jnp.max(bias_MxE, axis=-1) - jnp.min(bias_MxE, axis=-1)
     return new_state, metrics
 
   def _heldout_loss(self, state, rest, tokens_KxBxS):
@@ -308,15 +214,6 @@ class Trainer:
     )
 
 
-def update_expert_bias(bias_MxE: jax.Array, counts_MxE: jax.Array, rate: float) -> jax.Array:
-  """DeepSeek-V3's auxiliary-loss-free balancing update (Sec. 2.1.2), per MoE layer: b_e += u * sign(mean
-  load - load_e), from one step's token-choices per expert counts [M, E]; an overloaded expert's bias
-  falls, an underloaded one's rises, one equal to the mean keeps its bias. float32 like the bias."""
-  load_MxE = counts_MxE.astype(jnp.float32)
-  mean_Mx1 = jnp.mean(load_MxE, axis=-1, keepdims=True)
-  return bias_MxE + jnp.float32(rate) * jnp.sign(mean_Mx1 - load_MxE)
-
-
 def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict:
   """Trains (or resumes training in `workdir`) and returns the run's summary.
 
@@ -325,75 +222,32 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   Expects JAX's distributed runtime to be initialised already when there are several processes.
   """
   config, model_cfg, moe_cfg = checked or config_lib.checked(config)
-  heldout_lib.check(config)
+  inputs_lib.check(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
-  require(
-    config.data.shards % jax.process_count() == 0,
-    "data.shards",
-    config.data.shards,
-    f"a multiple of the job's {jax.process_count()} processes",
-  )
   workdir, branched_from = resume_lib.prepare(config, workdir, say)  # a changed config refused, or branched
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=pipeline_section.stages(config))
   platform = platform_lib.of_mesh(mesh)
   collective_lib.check(moe_cfg.collective, platform, field="moe.collective")
-  cache_dir = config.data.cache_dir or os.path.join(workdir, "cache")
-  files = corpus_lib.corpus_files(config.data.train_files, cache_dir)
-  sources_lib.check_files(files)  # the inputs' cheap checks, before a tokenizer is trained or anything compiled
-  if config.get("init_from"):
-    hf_files.Shards(config.init_from).close()  # every safetensors file's header read
-  tok = corpus_lib.load_tokenizer(config, files, cache_dir)
+  files, tok = inputs_lib.files_and_tokenizer(config, workdir)
   say(
     f"mesh {dict(mesh.shape)} of {platform} devices on {jax.process_count()} process(es); "
     f"{len(files)} file(s); tokenizer with {tok.num_ids} ids"
   )
-  heldout, baseline = heldout_lib.batches(config, files, tok) if config.log.eval_every else (None, None)
-  if heldout is not None:
-    say(
-      f"held-out: {heldout.shape[0]} batch(es) of {heldout.shape[1]} x {heldout.shape[2]} tokens of every "
-      f"{config.data.heldout_every}th document, evaluated every {config.log.eval_every} steps and the last; their "
-      f"unigram entropy {baseline:.4f} nats is the baseline a model must beat"
-    )
-  retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"
-  trainer = Trainer(
-    config,
-    model_cfg,
-    moe_cfg,
-    mesh,
-    tok,
-    donate=not retry,  # a retry needs the state before
-    heldout=heldout is not None,
-  )
+  heldout, baseline = inputs_lib.heldout(config, files, tok, say)
+  retry = moe_cfg.buffer_factor is not None and config.on_overflow == "retry"  # needs the state before: not donated
+  trainer = Trainer(config, model_cfg, moe_cfg, mesh, tok, donate=not retry, heldout=heldout is not None)
   ckpt = checkpoint_lib.Checkpointer(
     os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep, use_async=config.checkpoint.use_async
   )
-  state, rest = trainer.init()
-  start, data_states, replan_window = 0, None, []
-  restored = ckpt.restore_latest(trainer.abstract_state)
-  if restored is not None:
-    start, state, saved = restored
-    data_states, replan_window = loop_lib.restored_host_state(saved, config.data.shards)
-    say(f"resuming after step {start}")
+  start, state, rest, data_states, replan_window = loop_lib.start_state(trainer, ckpt, config.data.shards, say)
   if leader:
     resume_lib.record(config, workdir, start, branched_from)
   if heldout is not None:
     rest = (rest, jax.make_array_from_callback(heldout.shape, trainer.batch_sharding, lambda index: heldout[index]))
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
-  rows = config.batch_size // config.micro_batches
-  batches = pipeline_lib.Batches(
-    files,
-    tok,
-    seq_len=config.seq_len,
-    rows=rows,
-    micro_batches=config.micro_batches,
-    num_shards=config.data.shards,
-    shard_options=grain.sharding.ShardByJaxProcess(),
-    states=data_states,
-    prefetch=config.data.prefetch,
-    heldout_every=config.data.heldout_every,
-  )
+  batches = inputs_lib.batches(config, files, tok, data_states)
   writer = metrics_lib.MetricWriter(
     workdir,
     start,
@@ -411,33 +265,20 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     batches.close()
     ckpt.close()
     writer.close()
-
-  if jax.process_count() > 1:
-    counts = np.asarray(multihost_utils.process_allgather(counts.astype(np.float32))).sum(axis=0)
-  ordinary = counts[tok.first_ordinary : tok.first_ordinary + tok.num_ordinary]
-  data_state = loop_lib.gather_data_state(batches.state())
-  summary = metrics_lib.summarize(
-    metrics_lib.read_jsonl(os.path.join(workdir, "metrics.jsonl")) if leader else [],
+  return run_summary.write(
+    workdir,
+    tok,
+    counts,
+    batches.state(),
+    leader,
+    say,
     compile_s=compile_s,
     run_s=time.perf_counter() - run_start,
     resumed_from=start,
     overflow_retries=len(retries),
     buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
-    unigram_entropy=metrics_lib.unigram_entropy(ordinary) if ordinary.sum() else None,
-    log_vocab=float(np.log(tok.num_ids)),
     heldout_unigram_entropy=baseline,
-    documents=int(sum(s[pipeline_lib.STATE_FIELDS.index("documents")] for s in data_state)),
-    malformed_lines=int(sum(s[pipeline_lib.STATE_FIELDS.index("malformed")] for s in data_state)),
   )
-  if leader:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
-      json.dump(summary, f, indent=1)
-    say(metrics_lib.format_summary(summary))
-    if summary["final_task_loss"] is not None and summary["unigram_entropy"] is not None:
-      say(metrics_lib.baseline_line(summary))
-    say(f"curves: python -m experiments.plot_run {workdir}  (writes {workdir}/curves.png)")
-  logging.info("training finished: %s", summary)
-  return summary
 
 
 def train_unless_checkpointed(config: ml_collections.ConfigDict, workdir: str) -> None:
