@@ -97,7 +97,7 @@ def layer_shape(cfg: MoEConfig, tokens: int, nodes: int, gpus_per_node: int) -> 
   tokens x K rows spread over the expert holders."""
   holders = cfg.expert_holders(nodes, gpus_per_node)
   experts = cfg.slots_per_device or cfg.num_experts // holders
-  sharded = cfg.esp_schedule is not None
+  sharded = cfg.sharding_kind.splits_d_ff
   rows = tokens * cfg.choices_per_token // (nodes * gpus_per_node) * (gpus_per_node if sharded else 1)
   return FFNShape(
     cfg.d_model,

@@ -105,7 +105,7 @@ def check_moe(moe_cfg, platform: str | None = None) -> None:
       "would compound over them (the training layer's rows are an expert's input, quantised once)",
     )
   require(
-    moe_cfg.esp_schedule is None,
+    not moe_cfg.sharding_kind.splits_d_ff,
     "esp_schedule",
     moe_cfg.esp_schedule,
     "None for mode='exflow' (whole experts on one device each, where a token can stay)",

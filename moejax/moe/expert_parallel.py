@@ -45,6 +45,7 @@ class ExpertParallel:
   needs_resolving = False  # 'auto': a schedule chosen when the config is made (`moejax.cost.parm.resolve_auto`)
   splits_d_ff = False  # each expert's d_ff split over a node's GPUs (Parm)
   dedups_by_default = True  # `MoEConfig.dedup` None resolved
+  holder_unit = "devices"  # what holds a slot table's row (`holders`), in errors
   x_axes = AXES
   routed_over = AXES
   sent_over = AXES

@@ -22,6 +22,7 @@ class ExpertDataParallel(ExpertParallel):
   experts' weights are unvarying over 'node', so shard_map sums their gradients over it (check_vma)."""
 
   name = "expert_data_parallel"
+  holder_unit = "GPUs per node"
   needs_vma = True
   expert_specs = {name: P(GPU) for name in ("w_in", "w_out", "w_gate", "b_in", "b_out", "b_gate")}
 

@@ -14,7 +14,6 @@ from moejax.moe.expert_parallel import ExpertParallel
 from moejax.moe.params import param_shapes
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
-from moejax.runtime.mesh import NODE
 from moejax.validation import ConfigError, require
 
 
@@ -108,7 +107,7 @@ def check_inputs(
       slot_expert,
       cfg.num_experts,
       cfg.expert_holders(n, m),
-      "GPUs per node" if cfg.expert_data_parallel else "nodes" if sharding.x_axes == (NODE,) else "devices",
+      sharding.holder_unit,
     )
   if not isinstance(params, dict):
     raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")

@@ -42,6 +42,7 @@ class _Sharded(ExpertParallel):
   'gpu'); the Dump sends each row to the GPUs holding its slot's d_ff slices."""
 
   splits_d_ff = True
+  holder_unit = "nodes"
   x_axes = routed_over = (NODE,)
   shared_sum_over = GPU
   needs_vma = True
