@@ -91,6 +91,7 @@ def test_each_choice_is_a_registry_the_config_asks():
   ]
   assert not any(kind.interprets_on("gpu") for kind in experts.BACKENDS.values())
   assert collective.COLLECTIVES["auto"].resolve("cpu").name == "padded"
+  assert [c for c, kind in collective.COLLECTIVES.items() if kind.ring_of_permutes] == ["padded"]
   assert collective.COLLECTIVES["auto"].resolve("gpu").name == "ragged"
   s2 = MoEConfig(**BASE, esp_schedule="s2")
   assert s2.sharding_kind.splits_d_ff and not s2.deduplicates and s2.expert_holders(2, 4) == 2

@@ -113,6 +113,12 @@ class Collective(NamedTuple):
     return self.name == "ragged"
 
   @property
+  def ring_of_permutes(self) -> bool:
+    """Whether it moves rows by a ring of collective permutes ('padded'): one XLA collective over every device of the
+    program, so devices that run different code at one time (pipeline stages) would wait on each other."""
+    return self.name == "padded"
+
+  @property
   def per_platform(self) -> bool:
     """Whether it names no collective of its own but the platform's best ('auto', `resolve`)."""
     return self.name == "auto"
