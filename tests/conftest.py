@@ -71,10 +71,33 @@ def shared(tmp_path_factory):
   return path
 
 
+# The end-to-end tier: the slow tests of these modules (learning runs, multi-process jobs, the GPU suite's smoke run,
+# the notebook, whole sweeps) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the
+# suite within minutes; .ci/run runs them after it.
+E2E_MODULES = (
+  "test_convergence",
+  "test_decoder_training",
+  "test_expert_bias",
+  "test_gpu_suite",
+  "test_grain_resume",
+  "test_heldout",
+  "test_hosts",
+  "test_infer",
+  "test_launch",
+  "test_multiprocess_layer",
+  "test_notebook",
+  "test_pipeline_processes",
+  "test_record_traces",
+  "test_replan",
+  "test_scaling",
+  "test_train",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
   """Marks all but `n` evenly spaced cases of each `@pytest.mark.sampled(n)` test slow (so `-m 'not slow'` runs a
-  sample of a matrix and the whole suite all of it), and puts the `xdist_group` modules (long, one worker each)
+  sample of a matrix and the whole suite all of it), the slow tests of E2E_MODULES e2e, and puts the `xdist_group` modules (long, one worker each)
   first, so the short tests fill in around them instead of waiting behind them at the end."""
   items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: keeps the order inside
   by_function = {}
@@ -87,3 +110,6 @@ def pytest_collection_modifyitems(items):
     for i, item in enumerate(cases):
       if i not in fast:
         item.add_marker(pytest.mark.slow)
+  for item in items:
+    if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES and item.get_closest_marker("slow") is not None:
+      item.add_marker(pytest.mark.e2e)
