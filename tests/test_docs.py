@@ -22,10 +22,11 @@ TOP_DIRS = (".ci", "benchmarks", "configs", "docs", "experiments", "kernels", "m
 
 
 def run_ci(tmp_path, readme: str) -> subprocess.CompletedProcess:
-  """.ci/run in a copy of the repository that holds only it, `readme` as README.md and, as .ci/newest-jax, a
-  stand-in that says it ran."""
+  """.ci/run in a copy of the repository that holds only it, `readme` as README.md and, as .ci/e2e and
+  .ci/newest-jax, stand-ins that say they ran."""
   (tmp_path / ".ci").mkdir()
   shutil.copy(ROOT / ".ci" / "run", tmp_path / ".ci" / "run")
+  (tmp_path / ".ci" / "e2e").write_text("echo e2e ran\n")
   (tmp_path / ".ci" / "newest-jax").write_text("echo newest-jax ran\n")
   (tmp_path / "README.md").write_text(readme)
   return subprocess.run(["bash", str(tmp_path / ".ci" / "run")], capture_output=True, text=True, timeout=60)
@@ -51,7 +52,12 @@ def test_ci_runs_what_readme_marks(tmp_path):
   readme = text.replace(top_commands(text)[1], "echo ran > ran.txt && echo 'quoted arg'")
   result = run_ci(tmp_path, readme)
   assert result.returncode == 0, result.stderr
-  assert result.stdout.splitlines() == ["+ echo ran > ran.txt && echo 'quoted arg'", "quoted arg", "newest-jax ran"]
+  assert result.stdout.splitlines() == [
+    "+ echo ran > ran.txt && echo 'quoted arg'",
+    "quoted arg",
+    "e2e ran",
+    "newest-jax ran",
+  ]
   assert (tmp_path / "ran.txt").read_text() == "ran\n"
 
 
