@@ -51,7 +51,7 @@ def check(config, model_cfg, moe_cfg) -> None:
   if not schedule.pipelined:
     return
   staging.staged_segment(model_cfg, section.stages, section.schedule, section.virtual_stages)
-  require(moe_cfg.collective != "padded", "moe.collective", moe_cfg.collective, staging.PADDED_REASON)
+  require(not moe_cfg.collective_kind.ring_of_permutes, "moe.collective", moe_cfg.collective, staging.PADDED_REASON)
   schedule.check_moe(moe_cfg)
 
 
