@@ -8,14 +8,15 @@ checkpoint is restored on the run's mesh (the parameters and balancing biases: `
 written by `moejax.models.hf_checkpoint.to_hf`. Only the decoder families (configs/decoder.py) have a Hugging Face
 form: SMILE's BERT and GPT models (configs/mlm.py, configs/gpt.py) are refused before anything is read, as is a
 workdir without config.json. Files get the permissions the umask gives (`to_hf`). The
-tokenizer is not written.
+tokenizer is not written. The workdir is the export's own (`moejax.workdir_guard`): the run's workdir, or one
+holding another program's outputs or the export of another run, is refused before anything is written.
 """
 
 import os
 
 import ml_collections
 
-from moejax import cli, run_config
+from moejax import cli, run_config, workdir_guard
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError, require
@@ -54,6 +55,8 @@ def main(argv):
   del argv
   config = _CONFIG.value
   stored = training_config(config.run)  # refused before any device is set up
+  # Never into a run's workdir (its config.json is the run's) nor over another run's export.
+  workdir_guard.claim(_WORKDIR.value, workdir_guard.EXPORT, {"run": os.path.realpath(config.run)})
   if distributed.initialize() == "single":
     mesh_lib.simulate_cpu_devices(stored.mesh.nodes * stored.mesh.gpus_per_node)
   try:

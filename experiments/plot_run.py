@@ -2,6 +2,7 @@
 runs overlaid, and says which config fields differ between them.
 
   python -m experiments.plot_run --workdir=/tmp/mlm                               # writes /tmp/mlm/curves.png
+  python -m experiments.plot_run /tmp/mlm                                         # the same (as the trainer prints)
   python -m experiments.plot_run --config.runs=/tmp/mlm --workdir=/tmp/mlm_plots  # writes /tmp/mlm_plots/curves.png
   python -m experiments.plot_run --config.runs=/tmp/a,/tmp/b --workdir=/tmp/a_vs_b  # two runs, one colour each
 
@@ -15,6 +16,8 @@ the printed output name the config fields that differ between them, read from ea
 run's resolved config, `moejax.run_config`, and the versions it ran with, `moejax.train.resume`); a workdir without
 one is compared by what its metrics.jsonl shows (MoE layers, experts, tokens per step, peak learning rate), and the
 output says so. A missing or empty run workdir (config.runs, default --workdir) or metrics.jsonl is a one-line error.
+curves.png goes into a drawn run's workdir, or into one of plot_run's own (`moejax.workdir_guard`): a workdir holding
+another program's outputs (a sweep, an export, another run) is refused.
 """
 
 import os
@@ -22,13 +25,14 @@ import sys
 
 import numpy as np
 
-from moejax import cli, run_config
+from moejax import cli, run_config, workdir_guard
 from moejax.train import metrics as metrics_lib
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "plot_run.py")
 
 METRICS_FILE = "metrics.jsonl"
 DEFAULT_OUT = "curves.png"
+PROGRAM = "experiments.plot_run"
 LINE_STYLES = ("-", "--", ":", "-.")
 MARKERS = (".", "x", "+", "1")
 
@@ -274,13 +278,16 @@ def plot_run(workdirs: list[str], out: str) -> tuple[list[str], list[str]]:
 
 
 def main(argv):
-  del argv
-  workdir = _WORKDIR.value
+  workdir = workdir_guard.workdir_argument(argv, _WORKDIR.value, PROGRAM)
+  runs = list(_CONFIG.value.runs) or [workdir]
+  # curves.png goes beside a drawn run's files, else into a workdir of plots that no other program owns.
+  workdir_guard.check(workdir, PROGRAM, beside=runs)
   out = os.path.join(workdir, DEFAULT_OUT)
   try:
-    empty, lines = plot_run(list(_CONFIG.value.runs) or [workdir], out)
+    empty, lines = plot_run(runs, out)
   except RunError as e:
     sys.exit(f"error: {e}")
+  workdir_guard.claim(workdir, PROGRAM, beside=runs)
   print(f"wrote {out}" + (f" (no data: {', '.join(empty)})" if empty else ""))
   for line in lines:
     print(line)
@@ -288,5 +295,5 @@ def main(argv):
 
 if __name__ == "__main__":
   _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Config file (configs/plot_run.py).")
-  _WORKDIR = cli.define_workdir(f"Directory for {DEFAULT_OUT} (and the run drawn unless config.runs names some).")
+  _WORKDIR = cli.define_workdir(f"Directory for {DEFAULT_OUT} (or the argument WORKDIR).", required=False)
   cli.run(main)

@@ -17,7 +17,8 @@ moejax/study/sweep.py and docs/cost-model.md.
 Finished points are kept in <workdir>/points.jsonl and skipped when the sweep is run again; results go to
 results.csv, results.json, throughput.png, efficiency.png, breakdown.png and (where points were measured)
 measured.png in the workdir, the calibration's timings to calibration.json (docs/cost-model.md, "Reading a sweep's
-workdir").
+workdir"). The workdir is the sweep's own: a rerun with the same config resumes (or refreshes the results), one
+with any field changed is refused naming it, and the results already there are kept (`moejax.workdir_guard`).
 """
 
 import os
@@ -26,7 +27,7 @@ import sys
 import jax
 from absl import logging
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import calibration, hosts, report
@@ -40,6 +41,20 @@ _CONFIG = cli.define_config(_DEFAULT_CONFIG, "Sweep config file.")
 _WORKDIR = cli.define_workdir("Directory for finished points and results.")
 
 
+def claim(config, workdir: str) -> None:
+  """The workdir is this sweep's (`moejax.workdir_guard`): one holding another program's outputs, or this sweep's
+  with other settings (any config field), is refused before anything is written. The leader, which alone reads
+  the workdir, decides for every process of the job."""
+  refusal = None
+  if hosts.leader():
+    try:
+      workdir_guard.claim(workdir, workdir_guard.SWEEP, config)
+    except ConfigError as e:
+      refusal = e
+  if hosts.agree([refusal is not None])[0]:
+    raise refusal or ConfigError(f"the leader refused --workdir={workdir} (its error says why)", "workdir", workdir)
+
+
 def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
@@ -48,6 +63,7 @@ def main(argv):
     distributed.initialize()  # a job of several processes (moejax.runtime.launch, a cluster), else nothing
     # The small runs use this process's CPU devices: as many as the largest mesh (before JAX starts its backends).
     mesh_lib.simulate_cpu_devices(max(max_devices(points), jax.config.jax_num_cpu_devices))
+    claim(config, workdir)
     if config.calibration.source == "measure":
       record = calibration.measure(config, workdir)  # every process times the exchanges; the leader writes it
       if hosts.leader():  # the only process that prices points; the record may be on its disk alone

@@ -1,0 +1,165 @@
+"""moejax.workdir_guard and the programs that use it: no program writes over another program's outputs (issue 61).
+
+Each finding reproduced: an export into the training run's own workdir, a scaling sweep run again into its workdir
+with another topology, and plot_run given its workdir as the trainer prints it (a positional argument)."""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from configs import decoder
+from moejax import workdir_guard
+from moejax.train import resume
+from moejax.validation import ConfigError
+from tests.helpers import ROOT, cpu_env
+from tests.test_heldout import tiny_decoder_run
+from tests.test_plot_run import _write_run
+
+
+def _program(name: str, *args):
+  return subprocess.run(
+    [sys.executable, "-m", f"experiments.{name}", *map(str, args)],
+    cwd=ROOT,
+    env=cpu_env(),
+    capture_output=True,
+    text=True,
+    timeout=300,
+  )
+
+
+def _refused(done, message: str) -> None:
+  """The program exited with status 1 after one error line, `message`."""
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert done.returncode == 1 and errors == [f"error: {message}"], done.stderr[-2000:]
+  assert done.stderr.strip().splitlines()[-1] == f"error: {message}"
+
+
+def _export_refusal(run) -> str:
+  return f"{run} holds the outputs of a training run (experiments.train): use another --workdir for experiments.export"
+
+
+def test_export_into_a_runs_workdir_is_refused_before_anything_is_written(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  resume.record(decoder.get_config(), str(run), 0)  # the config.json the trainer keeps: its versions and history
+  kept = (run / "config.json").read_bytes()
+  _refused(_program("export", f"--config.run={run}", f"--workdir={run}"), _export_refusal(run))
+  assert (run / "config.json").read_bytes() == kept
+  assert sorted(p.name for p in run.iterdir()) == ["config.json"]
+
+
+@pytest.mark.slow  # the 3-step run of tests/test_heldout.py (shared), copied: this test must not touch the shared one
+def test_export_into_a_trained_runs_workdir_leaves_its_config_json(shared, tmp_path):
+  run = tmp_path / "run"
+  shutil.copytree(tiny_decoder_run(shared), run)
+  kept = (run / "config.json").read_bytes()
+  assert json.loads(kept)["history"] == [] and "versions" in json.loads(kept)
+  _refused(_program("export", f"--config.run={run}", f"--workdir={run}"), _export_refusal(run))
+  assert (run / "config.json").read_bytes() == kept
+  assert workdir_guard.owner(str(run)) == {"program": workdir_guard.TRAINER, "settings": None}
+
+
+# One scheme on a 1 x 2 mesh, a tiny model and small runs: seconds.
+TINY_SWEEP = (
+  "--config.schemes=switch",
+  "--config.nodes=1",
+  "--config.gpus_per_node=2",
+  "--config.scalings=weak",
+  "--config.models.small.d_model=32",
+  "--config.models.small.d_ff=64",
+  "--config.models.small.layers=2",
+  "--config.models.small.moe_layers=1",
+  "--config.models.small.seq_len=8",
+  "--config.models.small.micro_batch=4",
+  "--config.models.small.vocab=100",
+  "--config.sim.tokens_per_gpu=8",
+  "--config.sim.batches=2",
+  "--config.sim.d_model=16",
+  "--config.sim.d_ff=32",
+)
+
+
+@pytest.mark.slow  # three sweeps of one point each, as the program runs them
+def test_a_sweep_rerun_with_another_topology_is_refused_and_keeps_the_results(tmp_path):
+  workdir = tmp_path / "sweep"
+  done = _program("scaling", f"--workdir={workdir}", *TINY_SWEEP)
+  assert done.returncode == 0, done.stderr[-2000:]
+  kept = {name: (workdir / name).read_bytes() for name in ("results.csv", "results.json", "throughput.png")}
+  again = _program("scaling", f"--workdir={workdir}", *TINY_SWEEP, "--config.topology=dgx_h100_ib")
+  _refused(
+    again,
+    f"{workdir} holds the outputs of a scaling sweep (experiments.scaling) with other settings (topology: "
+    '"p4d_efa" there, "dgx_h100_ib" now); they are kept: use another --workdir for experiments.scaling',
+  )
+  assert {name: (workdir / name).read_bytes() for name in kept} == kept
+  done = _program("scaling", f"--workdir={workdir}", *TINY_SWEEP)  # the same settings: resumed, results refreshed
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert (workdir / "results.csv").read_bytes() == kept["results.csv"]
+
+
+def test_plot_run_takes_its_workdir_as_the_trainer_prints_it(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  _write_run(run, bias=False)
+  done = _program("plot_run", run)
+  assert done.returncode == 0, done.stderr[-2000:]
+  assert (run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert not (run / workdir_guard.MARKER).exists()  # the plot is the run's: its workdir is left unmarked
+  other = tmp_path / "other"
+  _refused(
+    _program("plot_run", run, f"--workdir={other}"), f"two workdirs given, {run} and --workdir={other}: give one"
+  )
+  assert not other.exists()
+
+
+def test_plot_run_never_writes_into_a_sweeps_workdir(tmp_path):
+  run, sweep = tmp_path / "run", tmp_path / "sweep"
+  run.mkdir()
+  _write_run(run, bias=False)
+  workdir_guard.claim(str(sweep), workdir_guard.SWEEP, {"nodes": [1]})
+  done = _program("plot_run", f"--config.runs={run}", f"--workdir={sweep}")
+  _refused(
+    done,
+    f"{sweep} holds the outputs of a scaling sweep (experiments.scaling): use another --workdir for "
+    "experiments.plot_run",
+  )
+  assert sorted(p.name for p in sweep.iterdir()) == [workdir_guard.MARKER]
+
+
+def test_unmarked_workdirs_are_recognised_by_what_they_hold(tmp_path):
+  (tmp_path / "run" / "checkpoints" / "3").mkdir(parents=True)  # a run from before config.json was kept
+  (tmp_path / "hf").mkdir()
+  for name in ("config.json", "model.safetensors"):
+    (tmp_path / "hf" / name).write_text("{}")
+  (tmp_path / "sweep").mkdir()
+  (tmp_path / "sweep" / "points.jsonl").write_text("")
+  (tmp_path / "empty").mkdir()
+  owners = {name: workdir_guard.owner(str(tmp_path / name)) for name in ("run", "hf", "sweep", "empty", "missing")}
+  assert {name: found and found["program"] for name, found in owners.items()} == {
+    "run": workdir_guard.TRAINER,
+    "hf": workdir_guard.EXPORT,
+    "sweep": workdir_guard.SWEEP,
+    "empty": None,
+    "missing": None,
+  }
+  workdir_guard.claim(str(tmp_path / "sweep"), workdir_guard.SWEEP, {"nodes": [1, 2]})  # an old sweep: taken on
+  assert workdir_guard.owner(str(tmp_path / "sweep"))["settings"] == {"nodes": [1, 2]}
+
+
+def test_the_same_program_and_settings_go_on_other_settings_name_the_first_difference(tmp_path):
+  workdir = str(tmp_path / "w")
+  settings = {"topology": "p4d_efa", "nodes": (1, 2), "sim": {"batches": 2}}
+  workdir_guard.claim(workdir, "experiments.fidelity", settings)
+  workdir_guard.claim(workdir, "experiments.fidelity", settings)  # a rerun to refresh
+  changed = {"topology": "p4d_efa", "nodes": (1, 4), "sim": {"batches": 3}}
+  with pytest.raises(ConfigError, match=r"\(nodes: \[1, 2\] there, \[1, 4\] now and 1 more\); they are kept"):
+    workdir_guard.claim(workdir, "experiments.fidelity", changed)
+  with pytest.raises(ConfigError, match=f"^{workdir} holds the outputs of experiments.fidelity: use another"):
+    workdir_guard.claim(workdir, workdir_guard.EXPORT, {"run": "/r"})
+  assert workdir_guard.owner(workdir) == {
+    "program": "experiments.fidelity",
+    "settings": json.loads(json.dumps(settings)),
+  }
