@@ -23,7 +23,7 @@ import json
 import os
 import sys
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.study import plots, report
 from moejax.validation import require
 
@@ -222,7 +222,8 @@ def main(argv):
     have = "; ".join(f"{field}s: {', '.join(values)}" for field, values in available(config.sweeps).items())
     sys.exit(f"error: no rows with {config.metric!r} and the selection in {list(config.sweeps)} ({have})")
   print(format_table(found, config.metric))
-  os.makedirs(workdir, exist_ok=True)
+  # compare_sweeps.png may go beside a compared sweep's files, else into a workdir no other program owns.
+  workdir_guard.claim(workdir, "experiments.compare_sweeps", beside=config.sweeps)
   path = os.path.join(workdir, "compare_sweeps.png")
   plot(found, config.metric, path)
   print(f"wrote {path}")

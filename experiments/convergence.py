@@ -33,7 +33,7 @@ import numpy as np
 from configs import convergence as study_config
 from configs import gpt as gpt_config
 from configs import mlm as mlm_config
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.data.tokenizer import TokenizerError
 from moejax.runtime import mesh as mesh_lib
 from moejax.study.convergence import format_table, plot, table_rows
@@ -230,6 +230,7 @@ def main(argv):
     unknown = sorted(set(config[name]) - set(known))
     if unknown or not config[name]:
       sys.exit(f"error: {name} {unknown or list(config[name])}: choose among {list(known)}")
+  workdir_guard.claim(workdir, "experiments.convergence")  # its runs and results, never in another's workdir
   mesh_lib.simulate_cpu_devices(MESH[0] * MESH[1])  # Before JAX starts its backends.
   # A router's seeds (and a resumed study) compile the same programs: JAX's persistent cache loads them
   # (a GPT run 31 -> 18 s on 2 CPU cores).

@@ -10,7 +10,7 @@ Writes table.md, loss.png and busiest_load.png to --workdir.
 
 import os
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.study import convergence as report
 from moejax.validation import require
 
@@ -22,6 +22,10 @@ def main(argv):
   workdir = _WORKDIR.value
   results = _CONFIG.value.results or os.path.join(workdir, "results.json")
   require(os.path.isfile(results), "results", results, "a convergence study's results.json ('' = the one in --workdir)")
+  if _CONFIG.value.results:  # the report of results from elsewhere: a workdir of its own
+    workdir_guard.claim(workdir, "experiments.convergence_report")
+  else:  # the study's own table and plots redrawn in its workdir, as the study writes them
+    workdir_guard.check(workdir, "experiments.convergence")
   print("wrote", ", ".join(report.redraw(results, workdir)))
 
 

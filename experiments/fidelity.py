@@ -14,7 +14,7 @@ is what the table is for. ExFlow's lines are 'not modelled' (see moejax/study/pa
 import json
 import os
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.study.papers import comet, exflow, lina, parm, smile
 from moejax.validation import require
 
@@ -209,7 +209,7 @@ def main(argv):
   for name in config.papers:
     if name in CONSISTENCY:
       print("\n" + CONSISTENCY[name]())
-  os.makedirs(workdir, exist_ok=True)
+  workdir_guard.claim(workdir, "experiments.fidelity")  # never into another program's workdir
   with open(os.path.join(workdir, "fidelity.json"), "w") as f:
     json.dump([dict(r, lacks=lacks(r)) for r in rows], f, indent=1)
   plot(rows, os.path.join(workdir, "fidelity.png"))

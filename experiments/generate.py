@@ -13,7 +13,7 @@ Without GPUs the mesh is made of simulated CPU devices.
 import os
 import sys
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.data import corpus as data_lib
 from moejax.data.tokenizer import TokenizerError
 from moejax.infer import decode, load
@@ -70,6 +70,8 @@ def main(argv):
   del argv
   config = _CONFIG.value
   try:
+    # Its file may go beside those of the run it loads (config.train_dir), else into a workdir of its own.
+    workdir_guard.claim(_WORKDIR.value, "experiments.generate", beside=[config.train_dir] if config.train_dir else [])
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
     run(config, _WORKDIR.value)

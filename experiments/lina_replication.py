@@ -31,7 +31,7 @@ import os
 
 import numpy as np
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.cost import model
 from moejax.cost import topology as topology_lib
 from moejax.replication import estimator
@@ -287,6 +287,7 @@ def main(argv):
   del argv
   config = _CONFIG.value
   check(config)
+  workdir_guard.claim(_WORKDIR.value, "experiments.lina_replication")  # never into another program's workdir
   run(config, _WORKDIR.value)
 
 

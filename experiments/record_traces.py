@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.data import corpus as data_lib
 from moejax.data import pipeline as pipeline_lib
 from moejax.data.tokenizer import TokenizerError
@@ -97,6 +97,10 @@ def main(argv):
   del argv
   config = _CONFIG.value
   try:
+    # Its file may go beside those of the run it loads (config.train_dir), else into a workdir of its own.
+    workdir_guard.claim(
+      _WORKDIR.value, "experiments.record_traces", beside=[config.train_dir] if config.train_dir else []
+    )
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(config.mesh.nodes * config.mesh.gpus_per_node)
     run(config, _WORKDIR.value)

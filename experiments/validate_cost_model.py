@@ -17,7 +17,7 @@ directory: the repository's files are found from the repository (`moejax.study.p
 
 import os
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.study.papers import comet, lina, parm, smile
 from moejax.validation import require
 
@@ -48,6 +48,7 @@ def main(argv):
     config.comet_rate_json,
     "'' (datasheet peak x efficiency) or an existing benchmark JSON",
   )
+  workdir_guard.claim(workdir, "experiments.validate_cost_model")  # before the checks: never another's workdir
   record = {}
   for name in config.sections:
     print(f"===== {name} =====")

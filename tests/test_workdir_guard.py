@@ -163,3 +163,15 @@ def test_the_same_program_and_settings_go_on_other_settings_name_the_first_diffe
     "program": "experiments.fidelity",
     "settings": json.loads(json.dumps(settings)),
   }
+
+
+def test_the_other_programs_refuse_a_runs_workdir_too(tmp_path):
+  run = tmp_path / "run"
+  run.mkdir()
+  resume.record(decoder.get_config(), str(run), 0)
+  kept = (run / "config.json").read_bytes()
+  _refused(
+    _program("fidelity", f"--workdir={run}", "--config.papers=ExFlow"),
+    f"{run} holds the outputs of a training run (experiments.train): use another --workdir for experiments.fidelity",
+  )
+  assert sorted(p.name for p in run.iterdir()) == ["config.json"] and (run / "config.json").read_bytes() == kept
