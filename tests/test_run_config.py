@@ -11,7 +11,7 @@ import pytest
 
 import moejax
 from moejax import run_config
-from moejax.train import metrics, resume
+from moejax.train import inputs, metrics, resume
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
@@ -51,7 +51,7 @@ def test_a_changed_config_is_refused_unless_continued_or_branched(shared, tmp_pa
   assert stored["versions"]["moejax"] == moejax.__version__
 
   with monkeypatch.context() as m:  # refused before the tokenizer is loaded, so before anything is compiled
-    m.setattr(train.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("read the data before refusing"))
+    m.setattr(inputs.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("read the data before refusing"))
     with pytest.raises(ConfigError, match="resume") as refused:
       train.train(_changed(_config(shared, 7)), str(run))
   message = str(refused.value)
@@ -97,7 +97,7 @@ def test_the_issues_changed_config_is_refused_before_anything_is_read(shared, tm
   """The issue's scenario on a workdir as a 5-step run leaves it: steps=7 with moe.top_k and the learning rate
   changed is refused by `train` before the tokenizer is loaded (so before anything is compiled)."""
   _fake_run(tmp_path, _config(shared, 5))
-  monkeypatch.setattr(train.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("read the data before refusing"))
+  monkeypatch.setattr(inputs.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("read the data before refusing"))
   with pytest.raises(ConfigError, match="checkpoint.resume=continue") as refused:
     train.train(_changed(_config(shared, 7)), str(tmp_path))
   message = str(refused.value)

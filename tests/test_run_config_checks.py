@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from configs import decoder
+from moejax.train import inputs
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 from tests.helpers import ROOT
@@ -19,7 +20,7 @@ FIXTURE = ROOT / "tests" / "data" / "hf" / "qwen3_moe"
 
 @pytest.fixture
 def no_tokenizer(monkeypatch):
-  monkeypatch.setattr(train.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("the tokenizer came first"))
+  monkeypatch.setattr(inputs.corpus_lib, "load_tokenizer", lambda *a: pytest.fail("the tokenizer came first"))
 
 
 @pytest.mark.parametrize("damage", ["truncated", "missing"])

@@ -1,13 +1,13 @@
 """A language model's loss: its output layer's weighted cross-entropy, and the MTP modules' mean loss.
 
-In training the output layer and the loss are one step (`moejax.train.objective.model_loss_sums`): the model hands over the head's inputs h
-[B, P, d] and its kernel [d, V], and with `loss_chunk` = c > 0 the logits are computed c vocabulary columns at a time,
-an online log-sum-exp carried over the chunks, so no [B, P, V] array is ever held; the backward recomputes each
-chunk's logits (`jax.custom_vjp`). Chunks are over the vocabulary, not the tokens: each column of the kernel's
-gradient then comes from one matmul over all tokens (the unchunked path's precision, and under data parallelism or
-FSDP one reduction of it, not one per chunk), and only the gradient of h, [B, P, d] and never sharded across the
-tokens' devices, is summed over the chunks (in float32). Used by the trainer (`moejax.train`) and the pipelined
-decoders (`moejax.pipeline`); what the targets and weights are is `moejax.train.objective`'s.
+In training the output layer and the loss are one step (`moejax.train.objective.model_loss_sums`): the model hands over
+the head's inputs h [B, P, d] and its kernel [d, V], and with `loss_chunk` = c > 0 the logits are computed c vocabulary
+columns at a time, an online log-sum-exp carried over the chunks, so no [B, P, V] array is ever held; the backward
+recomputes each chunk's logits (`jax.custom_vjp`). Chunks are over the vocabulary, not the tokens: each column of the
+kernel's gradient then comes from one matmul over all tokens (the unchunked path's precision, and under data parallelism
+or FSDP one reduction of it, not one per chunk), and only the gradient of h, [B, P, d] and never sharded across the
+tokens' devices, is summed over the chunks (in float32). Used by the trainer (`moejax.train`) and the pipelined decoders
+(`moejax.pipeline`); what the targets and weights are is `moejax.train.objective`'s.
 """
 
 import functools

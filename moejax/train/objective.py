@@ -93,8 +93,8 @@ def model_loss_sums(
   rngs,
 ) -> tuple[jax.Array, jax.Array, dict]:
   """A training forward of `model` (a `LanguageModel` or `Decoder`) and its loss, the output layer computed
-  `chunk` vocabulary columns at a time (`lm_loss.head_cross_entropy_sums`): (weighted cross-entropy sum, weighted count of
-  correct argmax predictions, the model's aux), and with MTP modules aux['mtp_loss'], their mean loss
+  `chunk` vocabulary columns at a time (`lm_loss.head_cross_entropy_sums`): (weighted cross-entropy sum, weighted
+  count of correct argmax predictions, the model's aux), and with MTP modules aux['mtp_loss'], their mean loss
   (`lm_loss.mean_over_modules`), in place of the modules' inputs aux['mtp_features']. The train step's loss
   (`moejax/train/trainer.py`)."""
   h_BxPxD, aux = model(inputs_BxS, positions_BxP=positions_BxP, train=True, rngs=rngs, features=True)
