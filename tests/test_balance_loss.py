@@ -49,6 +49,7 @@ def _prior(cfg, seed):
 
 
 @pytest.mark.parametrize("routing,path,k", CASES)
+@pytest.mark.sampled(1)
 def test_layer_equals_reference_with_earlier_counts(mesh_2x4, routing, path, k):
   cfg = _config(routing, path, k)
   params, x = helpers.random_params(cfg, 3), helpers.normal(4, (64, 8))
@@ -67,6 +68,7 @@ def _softmax(z):
   return np.exp(z) / np.exp(z).sum(-1, keepdims=True)
 
 
+@pytest.mark.slow
 def test_reference_is_switchs_formula_over_the_step_in_float64():
   """Flat top-2: alpha * E * sum_e (prior_e + c_e) / (sum prior + T K) * P_e, P the call's mean probability."""
   cfg = _config("topk", "flat", 2)

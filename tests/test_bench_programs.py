@@ -106,6 +106,7 @@ def run(program: str, *args, timeout=300) -> subprocess.CompletedProcess:
     ("experiments.compile_time", "--config.batch_size=12", "config field batch_size=12 is not allowed: a multiple of"),
   ],
 )
+@pytest.mark.sampled(1)
 def test_a_bad_field_is_one_error_line_naming_it(tmp_path, program, override, message):
   done = run(program, f"--workdir={tmp_path}", override)
   assert done.returncode == 1, done.stdout + done.stderr
@@ -114,6 +115,7 @@ def test_a_bad_field_is_one_error_line_naming_it(tmp_path, program, override, me
   assert not list(tmp_path.iterdir())  # refused before anything is written
 
 
+@pytest.mark.slow
 def test_the_workdir_is_required():
   done = run("experiments.bench_kernels")
   assert done.returncode == 1 and done.stderr.strip().splitlines() == [
@@ -188,6 +190,7 @@ def test_tune_kernels_smoke_writes_timings_and_the_table(tmp_path):
   assert "('gmm', 'bf16', 'many_rows'): TileConfig(" in (tmp_path / "tune_kernels_table.txt").read_text()
 
 
+@pytest.mark.slow
 def test_bench_collectives_writes_checked_timings_and_fits(tmp_path):
   done = run(
     "experiments.bench_collectives",

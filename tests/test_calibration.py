@@ -184,6 +184,7 @@ def _timed_config() -> ml_collections.ConfigDict:
   return config
 
 
+@pytest.mark.slow
 def test_the_calibration_step_times_the_plan_once_and_its_record_fits(devices, tmp_path, monkeypatch):
   config = _timed_config()
   path = calibration.measure(config, str(tmp_path))

@@ -47,6 +47,7 @@ def _numpy_sums_and_grads(h, kernel, bias, targets, weights, d_correct):
 
 @pytest.mark.parametrize("chunk", [0, 16, 37, 100, 101, 500])
 @pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.sampled(1)
 def test_chunked_sums_and_gradients_equal_float64_numpy(chunk, bias):
   """Chunks that divide V = 101 or not (the last one shifted back and its seen columns masked), none (0) and wider
   than V: the sums and every gradient equal float64 NumPy's at fp32 rounding; a third of the targets are the
@@ -107,6 +108,7 @@ CASES = {  # name: (config, model fields, chunk)
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+@pytest.mark.slow
 def test_model_loss_equals_the_unchunked_path(mesh_2x4, case):
   """The training loss through `model_loss_sums` with chunks that do not divide V, against the logits the model
   returns and `cross_entropy_sums` (+ `multi_token_loss`): the sums, the MTP loss and every parameter's gradient,

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import ENV, ROOT
 
 
@@ -27,6 +29,7 @@ def test_every_program_takes_print_config():
   assert without == []
 
 
+@pytest.mark.slow
 def test_print_config_prints_the_config_with_its_overrides_and_exits():
   done = _program(
     "experiments.train",
@@ -43,12 +46,14 @@ def test_print_config_prints_the_config_with_its_overrides_and_exits():
   assert done.returncode == 0 and json.loads(done.stdout)["nodes"] == [1, 2], done.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_print_config_still_checks_the_overrides():
   done = _program("experiments.demo", "--config.moe.top_kk=2", "--print_config")
   assert done.returncode == 1 and not done.stdout
   assert done.stderr.strip().endswith("unknown config field moe.top_kk (did you mean moe.top_k?)"), done.stderr
 
 
+@pytest.mark.slow
 def test_start_is_quiet_about_platforms_that_are_not_installed():
   """JAX probes every platform it knows; without JAX_PLATFORMS, a missing one was an INFO line in every program."""
   env = {k: v for k, v in ENV.items() if k != "JAX_PLATFORMS"}

@@ -60,6 +60,7 @@ def test_padded_all_to_all_matches_ragged_semantics(mesh_2x4):
     (8, 1, path_lib.hops("gpu_first")),
   ],
 )
+@pytest.mark.sampled(1)
 def test_dispatch_delivers_to_expert_owner_and_combine_returns(n, m, hops, dedup):
   """Rows with 3 slots each: every slot reaches its expert's device, in one row per (row, device) with dedup
   (carrying all its slots there) or one row per slot without; the way back sums a row's returns (here each

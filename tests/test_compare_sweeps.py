@@ -125,6 +125,7 @@ def test_the_style_check_catches_curves_drawn_alike(tmp_path, monkeypatch):
     _assert_distinct_curves(ax)
 
 
+@pytest.mark.slow
 def test_command_prints_the_table_and_writes_one_png(tmp_path):
   a, b = _workdirs(tmp_path)
   out = tmp_path / "out"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 PROGRAM = """
 import sys
@@ -41,6 +42,7 @@ def test_concurrent_processes_share_one_cache_dir(tmp_path):
   assert len(_entries(cache)) >= 8
 
 
+@pytest.mark.slow
 def test_a_half_written_entry_is_compiled_again_not_loaded(tmp_path):
   cache, output = tmp_path / "cache", tmp_path / "out.npy"
   first = subprocess.run([sys.executable, "-c", PROGRAM, str(output)], env=_env(cache), capture_output=True, text=True)

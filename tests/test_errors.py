@@ -36,6 +36,7 @@ def last_line(module: str, *args: str) -> str:
 
 
 @pytest.mark.parametrize("module", ["demo", "scaling", "train", "generate"])
+@pytest.mark.sampled(1)
 def test_missing_config_file_is_one_line_naming_it(module):
   line = last_line(module, "--config=configs/nope.py", WORKDIR)
   assert "config file configs/nope.py does not exist" in line

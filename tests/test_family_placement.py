@@ -108,6 +108,7 @@ def _check_layout(model, tensors, order, mesh):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.sampled(1)
 def test_placed_checkpoint_keeps_the_logits_and_puts_experts_on_their_devices(family, placed, mesh_2x4):
   placement, model = placed[family]
   tensors = load_file(HF / family / "model.safetensors")

@@ -65,6 +65,7 @@ def _data_state(workdir, step):
   return meta["data"]["data"]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_trains_on_the_same_batches_to_the_same_losses(parquet_files, tmp_path):
   whole, halves = tmp_path / "whole", tmp_path / "halves"
   train.train(_config(parquet_files, tmp_path / "cache", 4), str(whole))

@@ -122,6 +122,7 @@ def loaded(mesh_2x4):
     for f in FAMILIES + PUBLISHED
   ],
 )
+@pytest.mark.sampled(1)
 def test_logits_match_transformers(loaded, family):
   ref = reference(family)
   logits, aux = loaded.forward(family)
@@ -179,6 +180,7 @@ OPTIONS = [
 
 
 @pytest.mark.parametrize("family, moe", OPTIONS)
+@pytest.mark.sampled(1)
 def test_moe_options_keep_logits_and_routing(mesh_2x4, family, moe):
   ref = reference(family)
   model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe)
@@ -413,6 +415,7 @@ def assert_checkpoint_equals_fixture(out_dir: str, family: str) -> None:
 
 
 @pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+@pytest.mark.sampled(1)
 def test_round_trip_one_file(loaded, tmp_path, family):
   model = loaded.model(family)
   out = str(tmp_path / "export")
@@ -451,6 +454,7 @@ def test_round_trip_shards_with_index(loaded, tmp_path, family):
 
 
 @pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES])
+@pytest.mark.slow
 def test_unrolled_layers_match_transformers_and_round_trip(mesh_2x4, tmp_path, family):
   """model.scan_layers=False (one module per layer, `blocks/i/...`: the layout before scanned layers): transformers'
   logits and greedy tokens (vanilla and ExFlow), the checkpoint written back bit for bit, and the same parameters as

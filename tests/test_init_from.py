@@ -70,6 +70,7 @@ def test_tokenizer_json_serves_the_pipeline(checkpoint):
   assert "".join(tok.decode(ids).split()) == "theexpertsofalayer"  # this BPE has no word-boundary decoder
 
 
+@pytest.mark.slow
 def test_trainer_starts_from_the_checkpoint(checkpoint, devices):
   """Step-0 parameters and balancing biases are the checkpoint's tensors; the first step's task loss is the
   next-token cross-entropy of the loaded model's logits (float64 NumPy)."""

@@ -10,6 +10,7 @@ from tests.numpy_moe import ACT
 
 
 @pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.sampled(1)
 def test_each_part_matches_numpy(gated):
   model = dict(d=8, f=16, experts=3, top_k=1, gated=gated, activation="silu" if gated else "gelu")
   sizes = np.array([9, 0, 4], np.int32)  # 13 of 16 rows in groups

@@ -177,7 +177,7 @@ FFN_CASES = [(act, gated, K, N) for act in sorted(activations.ACTIVATIONS) for g
 
 
 @pytest.mark.parametrize("activation,gated,d,f", FFN_CASES + [("gelu", True, 32, 16)])
-@pytest.mark.sampled(2)
+@pytest.mark.sampled(1)
 def test_expert_ffn_and_grads(activation, gated, d, f):
   m, sizes = FFN_SIZES
   g = len(sizes)
@@ -246,7 +246,7 @@ SKEWED_FFN_SIZES = {"skewed": FFN_SIZES, "one_group_all_rows": (40, [0, 0, 40, 0
 @pytest.mark.parametrize("save", [True, False], ids=["saved", "recomputed"])
 @pytest.mark.parametrize("activation,gated", [("silu", True), ("gelu", False), ("gelu", True)])
 @pytest.mark.parametrize("sizes", sorted(SKEWED_FFN_SIZES))
-@pytest.mark.sampled(2)
+@pytest.mark.sampled(1)
 def test_expert_ffn_backward_matches_numpy(save, activation, gated, sizes):
   """Both backwards (pre-activations kept from the forward, or recomputed) against float64 NumPy's chain rule: the
   output and the gradients of x and every weight, on fresh draws."""
@@ -400,6 +400,7 @@ def _triton_calls(fn, *args):
 @pytest.mark.parametrize(
   "activation,d,f", [(act, K, N) for act in sorted(activations.ACTIVATIONS)] + [("silu", 32, 64)]
 )
+@pytest.mark.sampled(1)
 def test_kernels_lower_to_triton(activation, d, f):
   """Triton lowering (no GPU needed) rejects primitives it cannot lower, e.g. erf."""
   m, sizes = FFN_SIZES

@@ -50,6 +50,7 @@ def decoder(mesh_2x4):
   return Built("gpt", mesh_2x4)
 
 
+@pytest.mark.slow
 def test_overflow_is_counted_per_moe_layer(mesh_2x4):
   """Receive buffers of a quarter of the local rows: rows overflow, and every token-choice is
   either processed, dropped by capacity or overflowed."""

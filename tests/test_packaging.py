@@ -7,6 +7,7 @@ import subprocess
 import sys
 import tomllib
 
+import pytest
 import setuptools
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -50,6 +51,7 @@ def test_every_data_file_is_package_data():
     assert any(path.relative_to(base).match(glob) for glob in data.get(package, [])), path
 
 
+@pytest.mark.slow
 def test_configs_and_programs_run_from_outside_the_repository_root(tmp_path):
   """As a user runs them once moejax is installed: from another folder, nothing on PYTHONPATH."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

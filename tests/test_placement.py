@@ -93,6 +93,7 @@ def test_affinity_counts_matches_loop():
 @pytest.mark.parametrize(
   "layers,num,nodes,gpus,seed", [(2, 8, 2, 2, 2), (3, 8, 2, 1, 3), (2, 8, 4, 1, 4), (3, 4, 4, 1, 5), (2, 8, 2, 4, 6)]
 )
+@pytest.mark.sampled(1)
 def test_solve_matches_brute_force(layers, num, nodes, gpus, seed):
   rng = np.random.default_rng(seed)
   counts = _random_counts(rng, layers, num, structure=40)

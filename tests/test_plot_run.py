@@ -56,6 +56,7 @@ def _lines(ax) -> dict:
 
 
 @pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.sampled(1)
 def test_panels_draw_the_records(tmp_path, bias):
   raw = _write_run(tmp_path, bias)
   records = plot_run.load_records(str(tmp_path))
@@ -238,6 +239,7 @@ def _command(*args):
   )
 
 
+@pytest.mark.slow
 def test_command_writes_the_png_and_errors_are_one_line(tmp_path):
   run = tmp_path / "run"
   run.mkdir()

@@ -190,6 +190,7 @@ def test_breakdown_figure_says_modelled_and_topology():
   assert [t.get_text() for t in ax.get_xticklabels()][:2] == ["1x4 switch", "1x4 flat_dropless"]
 
 
+@pytest.mark.slow
 def test_plots_write_pngs(tmp_path):
   rows = _rows(measured=True)
   sweep_plots.plot_throughput(rows, str(tmp_path / "t.png"))

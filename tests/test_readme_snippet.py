@@ -29,6 +29,7 @@ def test_snippet_is_extracted():
   assert code.startswith("import ") and "moejax.apply_without_overflow(" in code and "print(" in code
 
 
+@pytest.mark.slow
 def test_readme_snippet_runs_and_prints_what_it_says(tmp_path):
   result = subprocess.run(
     [sys.executable, "-c", snippet((ROOT / "README.md").read_text())],

@@ -112,6 +112,7 @@ def test_temporaries_do_not_grow_with_devices(devices, fields, small_mesh, unbou
     assert helpers.temporary_bytes(2, 4, **{**fields, "buffer_factor": None}) > 2 * small
 
 
+@pytest.mark.slow
 def test_padded_program_does_not_grow_with_devices(devices):
   """The padded ring's steps are one loop: the layer's forward and backward over 8 peers lower to a program
   within 15% of 2 peers' (a switch branch of one permute per extra peer; unrolled, the ring made it ~2x)."""
@@ -128,6 +129,7 @@ def test_padded_program_does_not_grow_with_devices(devices):
 
 
 @pytest.mark.parametrize("path,hops", [("flat", 1), ("gpu_first", 2), ("node_first", 2)])
+@pytest.mark.sampled(1)
 def test_cuda_lowering_of_bounded_ragged_exchange(devices, monkeypatch, path, hops):
   """The GPU program (lowered for CUDA here, without a GPU): forward and backward type-check under
   shard_map, every hop is a ragged_all_to_all (ids, rows and weights out, rows back, and the three float moves

@@ -19,6 +19,7 @@ from tests.numpy_moe import moe_numpy
     (2, 1.5, 8, "gelu", True, False),
   ],
 )
+@pytest.mark.sampled(1)
 def test_reference_matches_numpy(k, cf, groups, act, gated, renorm):
   cfg = MoEConfig(
     num_experts=8, top_k=k, d_model=6, d_ff=10, capacity_factor=cf, activation=act, gated=gated, renormalize=renorm

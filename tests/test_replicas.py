@@ -30,6 +30,7 @@ def _slots_loop(ids, slot_expert_flat, me):
 
 
 @pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.sampled(1)
 def test_rows_go_to_replicas_in_turn(seed):
   rng = np.random.default_rng(seed)
   experts, slots = 6, 16
@@ -58,6 +59,7 @@ def test_replicated_layer_matches_reference(mesh_2x4, path, schedule):
   assert_matches_reference(cfg, mesh_2x4, params, x, slot_expert=jnp.asarray(table))
 
 
+@pytest.mark.slow
 def test_a_hot_expert_is_split_evenly_over_its_replicas(mesh_2x4):
   """Every first choice to expert 0, held by 4 slots on 4 devices: each of those devices receives
   its share of the rows within one row per source."""

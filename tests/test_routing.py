@@ -9,6 +9,7 @@ from moejax.moe.config import MoEConfig
 
 
 @pytest.mark.parametrize("num_experts,tokens,k", [(8, 64, 2), (256, 128, 8), (4, 33, 3), (1, 5, 1)])
+@pytest.mark.sampled(1)
 def test_queue_positions_follow_gshard_priority(num_experts, tokens, k):
   """Every first choice before any second choice, earlier tokens first within a rank (a loop over
   choices and tokens), on random and on all-to-one-expert routing."""
@@ -27,6 +28,7 @@ def test_queue_positions_follow_gshard_priority(num_experts, tokens, k):
   "group_score,score,renormalize",
   [("max", "softmax", False), ("top2_sum", "sigmoid", True), ("top2_sum", "sigmoid", False)],
 )
+@pytest.mark.sampled(1)
 def test_group_limited_routing_matches_numpy(group_score, score, renormalize):
   """DeepSeek-V2's group_limited_greedy (groups ranked by their best score, softmax weights scaled, not
   renormalised) and V3's (by their two best, sigmoid, with and without norm_topk_prob), against float64 NumPy."""

@@ -167,6 +167,7 @@ def test_lowered_train_step_is_flat_in_depth(devices, spec):
   assert unrolled[1] > 1.4 * unrolled[0], unrolled
 
 
+@pytest.mark.slow
 def test_unrolled_checkpoint_refused_by_a_scanned_config_naming_the_fix(mesh_2x4, tmp_path):
   """A run from before scanned layers (unrolled, params/blocks/i) resumed with scan_layers=True (the default) is
   refused before anything is read, naming model.scan_layers and the value that resumes it; and the reverse."""

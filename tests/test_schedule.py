@@ -34,7 +34,7 @@ CASES = [
   CASES,
   ids=[f"{c[0][0]}x{c[0][1]}-{c[1]}-{c[2]}-{c[3]}{c[4]}-{c[5]}-bf{c[6]}" for c in CASES],
 )
-@pytest.mark.sampled(2)
+@pytest.mark.sampled(1)
 def test_schedule_matches_reference(devices, shape, routing, path, schedule, chunks, backend, bf, k, experts_per_gpu):
   n, m = shape
   cfg = MoEConfig(
@@ -121,6 +121,7 @@ def _dependent_matmuls(cfg, mesh):
 
 @pytest.mark.parametrize("dedup", [False, True])
 @pytest.mark.parametrize("schedule", ["sequential", "chunked", "comet"])
+@pytest.mark.sampled(1)
 def test_compiled_program_leaves_exchanges_independent_of_other_matmuls(mesh_2x4, schedule, dedup):
   """Flat exchanges over 8 peers, C = 2, no gating: one router matmul, one first and one second expert GEMM
   per computed piece. sequential: the dispatch feeds both GEMMs; chunked: a chunk's dispatch feeds only its own
@@ -149,6 +150,7 @@ def test_bounded_buffers_learn_arrival_from_int_flags(mesh_2x4):
 
 
 @pytest.mark.parametrize("schedule", ["chunked", "comet"])
+@pytest.mark.sampled(1)
 def test_cuda_lowering_of_the_schedules(devices, monkeypatch, schedule):
   """The GPU program (lowered for CUDA, without a GPU) with bounded buffers over 8 peers, C = 2, dedup.
   comet: the ids move once, the others' rows in one exchange (own rows locally), the weights in one, and the

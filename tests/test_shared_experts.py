@@ -4,6 +4,7 @@ import re
 
 import jax
 import numpy as np
+import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
@@ -12,6 +13,7 @@ from tests import helpers
 from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 
+@pytest.mark.slow
 def test_shared_ffn_does_not_wait_for_the_dispatch(mesh_2x4):
   """In the compiled program no float exchange (the padded ring's loop of collective permutes: the
   dispatch or the combine) is an ancestor of a shared-expert matmul (width 24 marks them), so the scheduler may

@@ -56,6 +56,7 @@ def _numpy_choices(model, tokens, k):
   return np.stack(choices)
 
 
+@pytest.mark.slow
 def test_traces_are_the_layers_choices_and_follow_a_skewed_router():
   model = _model(mesh_lib.make_mesh(1, 2), top_k=2)
   batches = [np.random.default_rng(i).integers(0, V, (4, 8)) for i in range(2)]

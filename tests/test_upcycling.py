@@ -70,6 +70,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("family, num_experts, top_k, g", CASES)
+@pytest.mark.slow
 def test_upcycled_output_equals_dense(dense, family, num_experts, top_k, g):
   model, tokens, want = dense(family)
   moe = models.upcycle(model, num_experts=num_experts, top_k=top_k, granularity=g)

@@ -24,6 +24,7 @@ def validate(cwd, *options):
   )
 
 
+@pytest.mark.slow
 def test_the_driver_runs_from_any_directory(tmp_path):
   """The repository's benchmark JSON is found from the repository and named relative to it; --workdir and a given
   config.comet_rate_json are taken from the working directory as usual."""
