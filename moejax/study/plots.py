@@ -2,7 +2,6 @@
 (colour, marker, linestyle) per scheme, node counts as ticks, labels with units, the titles' notes, and the papers'
 published points drawn beside the modelled curves."""
 
-
 from moejax.study.points import NODEDUP
 
 # Published throughputs drawn beside the modelled curves where a sweep's point is the paper's setting: topology
