@@ -180,7 +180,7 @@ def from_hf(
   with open(config_path) as f:
     cfg, moe_cfg = hf_config.from_hf_config(json.load(f), dtype=dtype, param_dtype=param_dtype, moe=moe, model=model)
   # 'auto' is measured at a per-device shape, which needs the tokens per call; other backends come back unchanged
-  auto = moe_cfg.expert_backend == "auto"
+  auto = moe_cfg.backend_kind.needs_resolving
   require(
     not auto or is_int(tokens), "tokens", tokens, "the tokens one forward call sees, with moe.expert_backend='auto'"
   )

@@ -77,9 +77,9 @@ class Trainer:
     donate: bool = True,
     heldout: bool = False,
   ):
-    # 'auto': the measured fastest for the tokens one layer call sees on these devices. Compared here, not left to
+    # 'auto': the measured fastest for the tokens one layer call sees on these devices. Asked here, not left to
     # `resolve` (which returns other configs unchanged): a trainer made from parts may have no batch fields.
-    if moe_cfg.expert_backend == "auto":
+    if moe_cfg.backend_kind.needs_resolving:
       moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
     self.donate, self.heldout = donate, heldout
