@@ -31,18 +31,24 @@ import os
 
 import numpy as np
 
+from experiments.lina_replication_report import (
+  PAPER,
+  estimation_stats,
+  per_layer_accuracy,
+  plot,
+  print_report,
+  summarize,
+)
 from moejax import cli, workdir_guard
 from moejax.cost import model
 from moejax.cost import topology as topology_lib
 from moejax.replication import estimator
-from moejax.replication import rebalance as rebalance_lib
 from moejax.runtime import mesh as mesh_lib
 from moejax.study.progress import Progress
 from moejax.validation import is_int, is_number, require
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "lina_replication.py")
 
-PAPER = {"median": 1.45, "p95": 1.63}  # Lina Sec. 1 (averages of Fig. 16)
 SEQ_LEN, TYPES, TOPICS = 4096, 64, 8  # synthetic documents (one topic each), token types, topics
 
 
@@ -82,57 +88,6 @@ def source_rows(batch_MxTxK, layer, devices, experts) -> np.ndarray:
   rows = np.zeros((devices, experts))
   np.add.at(rows, (np.repeat(device, ids.shape[1]), ids.ravel()), 1.0)
   return rows
-
-
-def summarize(records, times, overheads):
-  """Rows per policy: busiest/mean load, per-layer and per-batch time percentiles, speedups."""
-  batches = max(r["batch"] for r in records) + 1
-  out = []
-  names = [*estimator.POLICIES, "lina_phase2+overheads"]
-  base = times["no_replication"]
-  for name in names:
-    t = times["lina_phase2"] + overheads if name.endswith("overheads") else times[name]
-    policy = name.split("+")[0]
-    ratio = np.asarray([rebalance_lib.max_load_ratio(r["true"], r["tables"][policy]) for r in records])
-    per_batch = np.bincount([r["batch"] for r in records], weights=t, minlength=batches)
-    base_batch = np.bincount([r["batch"] for r in records], weights=base, minlength=batches)
-    out.append(
-      dict(
-        policy=name,
-        busiest_over_mean=float(ratio.mean()),
-        busiest_over_mean_p95=float(np.quantile(ratio, 0.95)),
-        layer_p50_ms=1e3 * float(np.median(t)),
-        layer_p95_ms=1e3 * float(np.quantile(t, 0.95)),
-        speedup_layer_p50=float(np.median(base) / np.median(t)),
-        speedup_layer_p95=float(np.quantile(base, 0.95) / np.quantile(t, 0.95)),
-        speedup_batch_p50=float(np.median(base_batch) / np.median(per_batch)),
-        speedup_batch_p95=float(np.quantile(base_batch, 0.95) / np.quantile(per_batch, 0.95)),
-      )
-    )
-  return out
-
-
-def plot(rows, times, path):
-  """Left: busiest/mean load per policy; right: CDF of the modelled layer times per policy."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-  rows = [r for r in rows if r["policy"] in estimator.POLICIES]  # the overheads leave the loads alone
-  left.bar([r["policy"].replace("_", "\n") for r in rows], [r["busiest_over_mean"] for r in rows])
-  left.axhline(1.0, color="gray", lw=0.8)
-  left.set_ylabel("busiest / mean device load (mean)")
-  left.tick_params(axis="x", labelsize=7)
-  for name, t in times.items():
-    right.plot(np.sort(t) * 1e3, np.linspace(0, 1, t.size), label=name)
-  right.set_xscale("log")
-  right.set_xlabel("modelled MoE layer time (ms)")
-  right.set_ylabel("CDF over batches x layers")
-  right.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
 
 
 def check(config) -> None:
@@ -180,32 +135,24 @@ def check(config) -> None:
   require(is_int(synthetic.seed, 0), "synthetic.seed", synthetic.seed, "an int >= 0")
 
 
-def run(config, workdir: str) -> dict:
-  """Plans and prices every held-out batch by each policy, prints the comparison, writes lina_replication.json and
-  .png to `workdir`; returns the record."""
+def load_traces(config) -> tuple[np.ndarray, int, str]:
+  """(traces, experts, source): config.traces loaded, or synthetic ones generated (announced in a banner); the
+  experts config.num_experts or, unset, the traces' largest id + 1 (16 for synthetic ones)."""
   if config.traces:
     traces = np.load(config.traces)
-    experts = config.num_experts or int(traces.max()) + 1
-    source = f"traces {config.traces}"
-  else:
-    experts = config.num_experts or 16
-    s = config.synthetic
-    traces = synthetic_traces(s.layers, s.tokens, experts, s.choices, s.noise, s.seed)
-    source = "SYNTHETIC traces (no config.traces given): numbers below describe the generator, not a model"
-    print("=" * 100, source, "=" * 100, sep="\n")
-  ids = estimator.check_traces(traces, experts)
-  split = int(config.profile_fraction * ids.shape[1])
-  tables = estimator.profile(ids[:, :split], experts, config.path_length, config.top_k)
-  print(
-    f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
-    f"{sum(p.size for p in tables.paths)} paths"
-  )
-  nodes, gpus, topology = config.nodes, config.gpus_per_node, topology_lib.get(config.topology)
-  held_out, batch_tokens = ids[:, split:], config.batch_tokens
-  records, dropped = estimator.plan_batches(
-    tables, held_out, batch_tokens, nodes, gpus, config.slots_per_device, config.window
-  )
-  print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
+    return traces, config.num_experts or int(traces.max()) + 1, f"traces {config.traces}"
+  experts = config.num_experts or 16
+  s = config.synthetic
+  traces = synthetic_traces(s.layers, s.tokens, experts, s.choices, s.noise, s.seed)
+  source = "SYNTHETIC traces (no config.traces given): numbers below describe the generator, not a model"
+  print("=" * 100, source, "=" * 100, sep="\n")
+  return traces, experts, source
+
+
+def price_records(records, held_out, experts: int, topology, config) -> dict:
+  """Policy -> [len(records)] modelled layer seconds of each planned (batch, layer) on its batch of `held_out`
+  ([L, T, K] expert ids), with progress lines."""
+  nodes, gpus, batch_tokens = config.nodes, config.gpus_per_node, config.batch_tokens
   times = {p: np.empty(len(records)) for p in estimator.POLICIES}
   progress = Progress(len(records))
   for i, r in enumerate(records):
@@ -216,33 +163,40 @@ def run(config, workdir: str) -> dict:
     line = progress.step("(batch, layer) pairs priced")
     if i % 100 == 99 or i == len(records) - 1:
       print(f"  {line}", flush=True)
+  return times
+
+
+def write_outputs(record: dict, times: dict, overheads, workdir: str) -> None:
+  """lina_replication.json (the record) and .png (its rows, the policies' times and phase 2's with overheads)."""
+  json_path, png_path = (os.path.join(workdir, f"lina_replication.{ext}") for ext in ("json", "png"))
+  with open(json_path, "w") as f:
+    json.dump(record, f, indent=1)
+  plot(record["rows"], {**times, "lina_phase2+overheads": times["lina_phase2"] + overheads}, png_path)
+  print(f"wrote {json_path}, {png_path}")
+
+
+def run(config, workdir: str) -> dict:
+  """Plans and prices every held-out batch by each policy, prints the comparison, writes lina_replication.json and
+  .png to `workdir`; returns the record."""
+  traces, experts, source = load_traces(config)
+  ids = estimator.check_traces(traces, experts)
+  split = int(config.profile_fraction * ids.shape[1])
+  tables = estimator.profile(ids[:, :split], experts, config.path_length, config.top_k)
+  print(
+    f"{source}: L={ids.shape[0]}, T={ids.shape[1]}, K={ids.shape[2]}, E={experts}; profiled {split} tokens, "
+    f"{sum(p.size for p in tables.paths)} paths"
+  )
+  nodes, gpus, topology = config.nodes, config.gpus_per_node, topology_lib.get(config.topology)
+  held_out = ids[:, split:]
+  records, dropped = estimator.plan_batches(
+    tables, held_out, config.batch_tokens, nodes, gpus, config.slots_per_device, config.window
+  )
+  print(f"planned {len(records)} (batch, layer) pairs; {dropped} trailing tokens outside a whole batch left out")
+  times = price_records(records, held_out, experts, topology, config)
   overheads = 1e-3 * np.asarray([config.replan_ms if r["replanned"] else config.check_ms for r in records])
   rows = summarize(records, times, overheads)
-
-  accuracy = float(np.mean([r["accurate"] for r in records]))
-  accuracy_average = float(np.mean([r["accurate_moving_average"] for r in records]))
-  replanned = float(np.mean([r["replanned"] for r in records]))
-  l1 = {k: float(np.mean([r[f"l1_{k}"] for r in records])) for k in ("lina", "moving_average")}
-  print(
-    f"\nestimation accuracy (top-{2 * ids.shape[2]} sets agree; Lina Fig. 19: 58.41% / 54.16%, Table 5 l=3: "
-    f"60.4% / 63.5%): Lina {accuracy:.1%}, moving average {accuracy_average:.1%}; phase-2 re-plans: "
-    f"{replanned:.1%} (Lina Sec. 7.3.1: 23%)"
-  )
-  print(f"L1 distance of popularity shares: Lina {l1['lina']:.3f}, moving average {l1['moving_average']:.3f}")
-  print(
-    f"\n{'policy':22s} {'busiest/mean':>12s} {'p95':>6s} {'layer p50':>10s} {'p95':>8s} {'x p50':>6s} "
-    f"{'x p95':>6s} {'batch x p50':>11s} {'x p95':>6s}"
-  )
-  for r in rows:
-    print(
-      f"{r['policy']:22s} {r['busiest_over_mean']:12.3f} {r['busiest_over_mean_p95']:6.3f} "
-      f"{r['layer_p50_ms']:8.3f}ms {r['layer_p95_ms']:6.3f}ms {r['speedup_layer_p50']:6.2f} "
-      f"{r['speedup_layer_p95']:6.2f} {r['speedup_batch_p50']:11.2f} {r['speedup_batch_p95']:6.2f}"
-    )
-  print(
-    f"(x: speedup over no_replication; Lina reports {PAPER['median']}x median, {PAPER['p95']}x p95 inference "
-    "time, Sec. 1 / Fig. 16)"
-  )
+  stats = estimation_stats(records)
+  print_report(stats, rows, ids.shape[2])
 
   os.makedirs(workdir, exist_ok=True)
   record = dict(
@@ -251,7 +205,7 @@ def run(config, workdir: str) -> dict:
     shape=list(ids.shape),
     num_experts=experts,
     profiled_tokens=split,
-    batch_tokens=batch_tokens,
+    batch_tokens=config.batch_tokens,
     dropped_tokens=dropped,
     nodes=nodes,
     gpus_per_node=gpus,
@@ -262,24 +216,14 @@ def run(config, workdir: str) -> dict:
     topology=topology.name,
     d_model=config.d_model,
     d_ff=config.d_ff,
-    accuracy=accuracy,
-    accuracy_moving_average=accuracy_average,
-    replanned=replanned,
-    l1=l1,
+    **stats,
     rows=rows,
     paper=PAPER,
     check_ms=config.check_ms,
     replan_ms=config.replan_ms,
-    per_layer={
-      str(layer): float(np.mean([r["accurate"] for r in records if r["layer"] == layer]))
-      for layer in sorted({r["layer"] for r in records})
-    },
+    per_layer=per_layer_accuracy(records),
   )
-  json_path, png_path = (os.path.join(workdir, f"lina_replication.{ext}") for ext in ("json", "png"))
-  with open(json_path, "w") as f:
-    json.dump(record, f, indent=1)
-  plot(rows, {**times, "lina_phase2+overheads": times["lina_phase2"] + overheads}, png_path)
-  print(f"wrote {json_path}, {png_path}")
+  write_outputs(record, times, overheads, workdir)
   return record
 
 
