@@ -75,20 +75,35 @@ def parm_priced(testbed: str) -> list[dict]:
   return out
 
 
-def section() -> dict:
-  """Algorithm 1's choices and the modelled speedups on Table III's layers, against Table IV and the headlines."""
-  record = {}
-  for testbed, (topology, _) in PARM_TESTBEDS.items():
-    print(topology_lib.describe(topology), "\n")
-    for n_mp in (2, 4):
-      ag = parm.alpha_beta_from_topology(topology, 8 // n_mp, n_mp, n_mp, PARM_BYTES)["ag_mp"]
-      print(
-        f"testbed {testbed} AG_MP over {n_mp} GPUs: alpha {ag.alpha_s:.3g} s, beta {ag.beta_s:.3g} s/element "
-        f"(modelled, {PARM_BYTES}-byte elements); Parm Sec. VI-B fit: alpha {PARM_AG_MP[testbed][0]:.3g}, "
-        f"beta {PARM_AG_MP[testbed][1]:.3g}"
-      )
-    priced = parm_priced(testbed)
-    record[testbed] = priced
+def print_ag_mp_fits(testbed: str, topology) -> None:
+  """The modelled all-gather over the MP group of 2 and 4 GPUs (alpha, beta) against Parm Sec. VI-B's fits."""
+  for n_mp in (2, 4):
+    ag = parm.alpha_beta_from_topology(topology, 8 // n_mp, n_mp, n_mp, PARM_BYTES)["ag_mp"]
+    print(
+      f"testbed {testbed} AG_MP over {n_mp} GPUs: alpha {ag.alpha_s:.3g} s, beta {ag.beta_s:.3g} s/element "
+      f"(modelled, {PARM_BYTES}-byte elements); Parm Sec. VI-B fit: alpha {PARM_AG_MP[testbed][0]:.3g}, "
+      f"beta {PARM_AG_MP[testbed][1]:.3g}"
+    )
+
+
+def table4_cell(testbed: str, priced: list[dict], n_mp: int, n_esp: int) -> dict:
+  """One cell of Table IV: its layers' mean speedups over the baseline of S1, S2 and Parm (the schedule Algorithm 1
+  chose), each (with compute, communication only), how often Algorithm 1 chose S1, and the paper's numbers."""
+  cell = [r for r in priced if (r["layer"]["n_mp"], r["layer"]["n_esp"]) == (n_mp, n_esp)]
+
+  def mean(kind, pick):
+    return float(np.mean([r[kind]["baseline"] / r[kind][pick(r)] for r in cell]))
+
+  picks = {"s1": lambda r: "s1", "s2": lambda r: "s2", "parm": lambda r: r["choice"]}
+  means = {s: (mean("total", pick), mean("comm", pick)) for s, pick in picks.items()}
+  chosen = sum(r["choice"] == "s1" for r in cell)
+  paper = PARM_TABLE4[testbed].get((n_mp, n_esp))
+  return dict(testbed=testbed, n_mp=n_mp, n_esp=n_esp, layers=len(cell), model=means, s1_chosen=chosen, table4=paper)
+
+
+def print_table4(record: dict) -> list[dict]:
+  """Every (N_MP, N_ESP) cell but plain EP of each testbed's priced layers (`record`: testbed -> `parm_priced`),
+  printed beside Table IV; returns the cells (`table4_cell`)."""
   print(
     "\nParm Table III layers (P = N_EP x N_ESP, E = N_EP, top-1, 2-byte elements): modelled mean speedup over the "
     "baseline, layer forward with expert compute [communication only, the paper's model]; Table IV beside it"
@@ -100,40 +115,36 @@ def section() -> dict:
   table = []
   for testbed, priced in record.items():
     for n_mp, n_esp in list(itertools.product((1, 2, 4), (1, 2, 4)))[1:]:
-      cell = [r for r in priced if (r["layer"]["n_mp"], r["layer"]["n_esp"]) == (n_mp, n_esp)]
-
-      def mean(kind, pick, cell=cell):
-        return float(np.mean([r[kind]["baseline"] / r[kind][pick(r)] for r in cell]))
-
-      # S1 and S2 as given; Parm's, the schedule Algorithm 1 chose for the layer.
-      picks = {"s1": lambda r: "s1", "s2": lambda r: "s2", "parm": lambda r: r["choice"]}
-      means = {s: (mean("total", pick), mean("comm", pick)) for s, pick in picks.items()}
-      chosen = sum(r["choice"] == "s1" for r in cell)
-      paper = PARM_TABLE4[testbed].get((n_mp, n_esp))
-      table.append(
-        dict(testbed=testbed, n_mp=n_mp, n_esp=n_esp, layers=len(cell), model=means, s1_chosen=chosen, table4=paper)
-      )
+      c = table4_cell(testbed, priced, n_mp, n_esp)
+      table.append(c)
       print(
-        f"{testbed:3s} {n_mp:4d} {n_esp:5d} {len(cell):6d} "
-        + " ".join(f"{t:5.2f} [{c:5.2f}]" for t, c in means.values())
-        + f" {chosen:4d}/{len(cell) - chosen:<5d} "
-        + (" / ".join(map(str, paper)) if paper else "-")
+        f"{testbed:3s} {n_mp:4d} {n_esp:5d} {c['layers']:6d} "
+        + " ".join(f"{t:5.2f} [{m:5.2f}]" for t, m in c["model"].values())
+        + f" {c['s1_chosen']:4d}/{c['layers'] - c['s1_chosen']:<5d} "
+        + (" / ".join(map(str, c["table4"])) if c["table4"] else "-")
       )
-  every = [r for priced in record.values() for r in priced]
-  speedups = {kind: [r[kind]["baseline"] / r[kind][r["choice"]] for r in every] for kind in ("total", "comm")}
-  agree = np.mean([r["choice"] == r["faster"] for r in every])
-  # Table V's models: N_MP = N_ESP = 4 on P = 8 (testbed A, E = 2) and P = 32 (testbed B, E = 8).
-  models = [
+  return table
+
+
+def table5_stand_ins(record: dict) -> list[dict]:
+  """Table V's models, N_MP = N_ESP = 4 on P = 8 (testbed A, E = 2) and P = 32 (testbed B, E = 8): the priced
+  configured layers with those and M = H = 1024 (`record`: testbed -> `parm_priced`)."""
+  return [
     r
     for testbed, p in (("A", 8), ("B", 32))
     for r in record[testbed]
     if (r["layer"]["M"], r["layer"]["n_mp"], r["layer"]["n_esp"], r["layer"]["n_ep"] * 4) == (1024, 4, 4, p)
   ]
-  print(f"\nAlgorithm 1 picks the faster of S1/S2 (layer time with compute) in {agree:.1%} of {len(every)} layers")
+
+
+def print_headlines(layers: int, speedups: dict, models: list[dict]) -> None:
+  """The headline range over `layers` layers (`speedups`: kind -> Parm's speedups) and Table V's against its
+  stand-ins, beside the paper's."""
   print(f"{'quantity':52s} {'paper':>12s} {'model':>24s}  source")
+  model_speedups = [r["total"]["baseline"] / r["total"][r["choice"]] for r in models]
   rows = [
     (
-      f"Parm over DeepSpeed-MoE, Table III layers on A and B ({len(every)})",
+      f"Parm over DeepSpeed-MoE, Table III layers on A and B ({layers})",
       PARM_HEADLINE,
       f"{min(speedups['total']):.2f}-{max(speedups['total']):.2f}x "
       f"[{min(speedups['comm']):.2f}-{max(speedups['comm']):.2f}x]",
@@ -141,8 +152,7 @@ def section() -> dict:
     (
       "stand-in for BERT-Base / GPT-2 MoE (see below)",
       PARM_MODELS,
-      f"{min(r['total']['baseline'] / r['total'][r['choice']] for r in models):.2f}-"
-      f"{max(r['total']['baseline'] / r['total'][r['choice']] for r in models):.2f}x",
+      f"{min(model_speedups):.2f}-{max(model_speedups):.2f}x",
     ),
   ]
   for quantity, ((lo, hi), source), value in rows:
@@ -152,6 +162,21 @@ def section() -> dict:
     "have M 768, not in Table III, and their B, L, k, f are not reported. One MoE layer, no dense parts, so the "
     "per-iteration speedup would be lower)"
   )
+
+
+def section() -> dict:
+  """Algorithm 1's choices and the modelled speedups on Table III's layers, against Table IV and the headlines."""
+  record = {}
+  for testbed, (topology, _) in PARM_TESTBEDS.items():
+    print(topology_lib.describe(topology), "\n")
+    print_ag_mp_fits(testbed, topology)
+    record[testbed] = parm_priced(testbed)
+  table = print_table4(record)
+  every = [r for priced in record.values() for r in priced]
+  speedups = {kind: [r[kind]["baseline"] / r[kind][r["choice"]] for r in every] for kind in ("total", "comm")}
+  agree = np.mean([r["choice"] == r["faster"] for r in every])
+  print(f"\nAlgorithm 1 picks the faster of S1/S2 (layer time with compute) in {agree:.1%} of {len(every)} layers")
+  print_headlines(len(every), speedups, table5_stand_ins(record))
   return dict(
     setting=dict(grid=PARM_GRID, k=PARM_K, bytes_per_element=PARM_BYTES, experts="E = N_EP"),
     cells=table,
@@ -197,12 +222,7 @@ def fidelity_rows() -> list[dict]:
         "rtx4090_pcie",
       )
     )
-  models = [
-    speedup(r)
-    for testbed, p in (("A", 8), ("B", 32))
-    for r in priced[testbed]
-    if (r["layer"]["M"], r["layer"]["n_mp"], r["layer"]["n_esp"], r["layer"]["n_ep"] * 4) == (1024, 4, 4, p)
-  ]
+  models = [speedup(r) for r in table5_stand_ins(priced)]
   for end, paper, f in (("low end", PARM_MODELS[0][0], min), ("high end", PARM_MODELS[0][1], max)):
     rows.append(
       fidelity_row(
