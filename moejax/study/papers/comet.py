@@ -70,26 +70,27 @@ def comet_schedules(topology, tokens: int, top_k: int, rate) -> dict:
   return costs
 
 
-def section(rate_json: str) -> dict:
-  """Comet's single-layer setting priced under the three schedules, side by side with its numbers. rate_json: a
-  benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x efficiency)."""
-  h800_rate = (
-    model.measured_rate(rate_json, name=display_path(rate_json))
-    if rate_json
-    else model.default_rate(topology_lib.H800_NVLINK)
-  )
-  l20 = topology_lib.L20_PCIE
-  l20_rate = model.default_rate(l20)
+def h800_rate_of(rate_json: str) -> tuple[float, str]:
+  """(FLOP/s, its source) of the H800's expert GEMMs: measured in `rate_json`, or ('') datasheet peak x efficiency."""
+  if rate_json:
+    return model.measured_rate(rate_json, name=display_path(rate_json))
+  return model.default_rate(topology_lib.H800_NVLINK)
+
+
+def print_setting(h800_rate: tuple[float, str], l20_rate: tuple[float, str]) -> None:
+  """Both testbeds and the expert GEMM rates they are priced at."""
   print(topology_lib.describe(topology_lib.H800_NVLINK), "\n")
-  print(topology_lib.describe(l20), "\n")
+  print(topology_lib.describe(topology_lib.L20_PCIE), "\n")
   print(
     f"expert GEMM rate: H800 {h800_rate[0] / 1e12:.0f} TFLOP/s ({h800_rate[1]}; the H800 has the H100 SXM5's "
     f"compute); L20 {l20_rate[0] / 1e12:.0f} TFLOP/s ({l20_rate[1]}). Smaller GEMMs: "
     f"{overlap.GemmCurve().label} wave model ({overlap.TILE}x{overlap.TILE} tiles, {overlap.HOPPER_SMS} SMs; "
     "the H100 results time 16384 rows only)\n"
   )
-  per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
-  l20_costs = comet_schedules(l20, 8192, 4, l20_rate)
+
+
+def print_schedules(per_m: dict, l20_costs: dict) -> None:
+  """Every schedule's times per M on the H800s (`per_m`: M -> `comet_schedules`), then on the L20s."""
   print("8 x H800, EP 8, Mixtral 8x7B layer forward (ms; hidden = share of the schedule's communication under matmuls)")
   print(f"{'M':>6s} {'schedule':14s} {'time':>8s} {'comm':>8s} {'compute':>8s} {'hidden':>7s} {'vs seq':>7s}")
   for m, costs in list(per_m.items()) + [("L20 8192 top-4", l20_costs)]:
@@ -98,11 +99,21 @@ def section(rate_json: str) -> dict:
         f"{m!s:>6s} {name:14s} {c.time_s * 1e3:8.3f} {c.communication_s * 1e3:8.3f} {c.compute_s * 1e3:8.3f} "
         f"{c.hidden_fraction:7.1%} {costs['sequential'].time_s / c.time_s:6.2f}x"
       )
+
+
+def comet_speedup(costs: dict, base: str) -> float:
+  """Schedule `base`'s time over the best comet schedule's, in one `comet_schedules` result."""
+  return costs[base].time_s / costs["comet_best"].time_s
+
+
+def comparison_rows(per_m: dict, l20_costs: dict) -> list[tuple]:
+  """(quantity, (paper, source), model as text): the hidden shares at the largest M, the H800 speedup ranges over
+  M and the L20's speedups."""
   big = per_m[COMET_TOKENS[-1]]
-  speedup = lambda costs, base: costs[base].time_s / costs["comet_best"].time_s  # noqa: E731
-  h800_seq = [speedup(c, "sequential") for c in per_m.values()]
-  h800_chunk = [speedup(c, "chunked_best") for c in per_m.values()]
-  rows = [
+  h800_seq = [comet_speedup(c, "sequential") for c in per_m.values()]
+  h800_chunk = [comet_speedup(c, "chunked_best") for c in per_m.values()]
+  l20 = f"{comet_speedup(l20_costs, 'sequential'):.2f}x / {comet_speedup(l20_costs, 'chunked_best'):.2f}x"
+  return [
     ("communication hidden, comet", COMET_PAPER["hidden_comet"], f"{big['comet_best'].hidden_fraction:.1%}"),
     (
       "communication hidden, Tutel ~ chunked best",
@@ -124,16 +135,29 @@ def section(rate_json: str) -> dict:
       COMET_PAPER["layer_speedup_h800"],
       f"{min(h800_chunk):.2f}-{max(h800_chunk):.2f}x",
     ),
-    (
-      "layer speedup over sequential / chunked, L20",
-      COMET_PAPER["layer_speedup_l20"],
-      f"{speedup(l20_costs, 'sequential'):.2f}x / {speedup(l20_costs, 'chunked_best'):.2f}x",
-    ),
+    ("layer speedup over sequential / chunked, L20", COMET_PAPER["layer_speedup_l20"], l20),
   ]
+
+
+def print_comparison(rows: list[tuple]) -> None:
+  """`comparison_rows` as a table: a share or a speedup range from the paper beside the model's."""
   print(f"\n{'quantity (M 16384 for hidden)':48s} {'paper':>12s} {'model':>14s}  source")
   for quantity, (paper, source), value in rows:
     shown = f"{paper[0]:.2f}-{paper[1]:.2f}x" if isinstance(paper, tuple) else f"{paper:.1%}"
     print(f"{quantity:48s} {shown:>12s} {value:>14s}  {source}")
+
+
+def section(rate_json: str) -> dict:
+  """Comet's single-layer setting priced under the three schedules, side by side with its numbers. rate_json: a
+  benchmark JSON whose measured TFLOP/s prices the H800's expert GEMMs ('' = datasheet peak x efficiency)."""
+  h800_rate = h800_rate_of(rate_json)
+  l20_rate = model.default_rate(topology_lib.L20_PCIE)
+  print_setting(h800_rate, l20_rate)
+  per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
+  l20_costs = comet_schedules(topology_lib.L20_PCIE, 8192, 4, l20_rate)
+  print_schedules(per_m, l20_costs)
+  rows = comparison_rows(per_m, l20_costs)
+  print_comparison(rows)
   return dict(
     setting=dict(
       COMET_MIXTRAL,
@@ -169,58 +193,45 @@ def baseline_speedups(per_m: dict) -> dict:
   }
 
 
-def fidelity_rows(rate_json: str = str(RATE_JSON)) -> list[dict]:
-  """The fidelity table's Comet lines (no parameter is fitted: every line is held out). 'compared with the
-  baselines on average' (Sec. 5.3) is read as each baseline's speedup averaged over M, the range running over the
-  baselines: the text calls the improvement 'stable' across M."""
-  h800_rate = (
-    model.measured_rate(rate_json, name=display_path(rate_json))
-    if rate_json
-    else model.default_rate(topology_lib.H800_NVLINK)
-  )
-  per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
-  l20 = comet_schedules(topology_lib.L20_PCIE, 8192, 4, model.default_rate(topology_lib.L20_PCIE))
-  big, h800 = per_m[COMET_TOKENS[-1]], baseline_speedups(per_m)
-  l20_speedups = [l20[s].time_s / l20["comet_best"].time_s for s in ("sequential", "chunked_2", "chunked_best")]
-  src = {k: f"{v[1]}" for k, v in COMET_PAPER.items()}
-  (lo, hi), (l20_lo, l20_hi) = COMET_PAPER["layer_speedup_h800"][0], COMET_PAPER["layer_speedup_l20"][0]
+# The hidden shares of Fig. 11 as fidelity rows: (COMET_PAPER key, quantity, the schedule standing in for the system).
+HIDDEN = (
+  ("hidden_comet", "communication hidden, comet (M 16384)", "comet_best"),
+  ("hidden_tutel", "communication hidden, Tutel ~ best chunked", "chunked_best"),
+  ("hidden_fastermoe", "communication hidden, FasterMoE ~ chunked C=2", "chunked_2"),
+)
+
+
+def hidden_rows(big: dict) -> list[dict]:
+  """Fig. 11's hidden shares against the schedules' at the largest M (`big`: a `comet_schedules` result)."""
   return [
     fidelity_row(
       "Comet",
-      "communication hidden, comet (M 16384)",
-      COMET_PAPER["hidden_comet"][0],
-      big["comet_best"].hidden_fraction,
+      quantity,
+      COMET_PAPER[key][0],
+      big[schedule].hidden_fraction,
       "held out",
-      src["hidden_comet"],
+      COMET_PAPER[key][1],
       "h800_nvlink",
-    ),
-    fidelity_row(
-      "Comet",
-      "communication hidden, Tutel ~ best chunked",
-      COMET_PAPER["hidden_tutel"][0],
-      big["chunked_best"].hidden_fraction,
-      "held out",
-      src["hidden_tutel"],
-      "h800_nvlink",
-    ),
-    fidelity_row(
-      "Comet",
-      "communication hidden, FasterMoE ~ chunked C=2",
-      COMET_PAPER["hidden_fastermoe"][0],
-      big["chunked_2"].hidden_fraction,
-      "held out",
-      src["hidden_fastermoe"],
-      "h800_nvlink",
-    ),
+    )
+    for key, quantity, schedule in HIDDEN
+  ]
+
+
+def h800_speedup_rows(per_m: dict) -> list[dict]:
+  """Fig. 10's speedup range over the baselines against the lowest and highest baseline's mean over M."""
+  h800, (lo, hi) = baseline_speedups(per_m), COMET_PAPER["layer_speedup_h800"][0]
+  source = COMET_PAPER["layer_speedup_h800"][1]
+  note = f"mean over M {COMET_TOKENS} per baseline: " + ", ".join(f"{k} {v:.2f}x" for k, v in h800.items())
+  return [
     fidelity_row(
       "Comet",
       "layer speedup over baselines, low end (H800)",
       lo,
       min(h800.values()),
       "held out",
-      src["layer_speedup_h800"],
+      source,
       "h800_nvlink",
-      note=f"mean over M {COMET_TOKENS} per baseline: " + ", ".join(f"{k} {v:.2f}x" for k, v in h800.items()),
+      note=note,
     ),
     fidelity_row(
       "Comet",
@@ -228,27 +239,32 @@ def fidelity_rows(rate_json: str = str(RATE_JSON)) -> list[dict]:
       hi,
       max(h800.values()),
       "held out",
-      src["layer_speedup_h800"],
+      source,
       "h800_nvlink",
     ),
-    fidelity_row(
-      "Comet",
-      "layer speedup, low end (L20, PCIe)",
-      l20_lo,
-      min(l20_speedups),
-      "held out",
-      src["layer_speedup_l20"],
-      "l20_pcie",
-      note="model: EP 8 only, over sequential / chunked C=2 / "
-      "best chunked; the paper's range runs over EP x TP = 8 strategies",
-    ),
-    fidelity_row(
-      "Comet",
-      "layer speedup, high end (L20, PCIe)",
-      l20_hi,
-      max(l20_speedups),
-      "held out",
-      src["layer_speedup_l20"],
-      "l20_pcie",
-    ),
   ]
+
+
+def l20_speedup_rows(l20: dict) -> list[dict]:
+  """Fig. 14's speedup range on the L20s against comet's over sequential, chunked C=2 and the best chunked."""
+  speedups = [comet_speedup(l20, s) for s in ("sequential", "chunked_2", "chunked_best")]
+  (lo, hi), source = COMET_PAPER["layer_speedup_l20"]
+  note = (
+    "model: EP 8 only, over sequential / chunked C=2 / best chunked; the paper's range runs over EP x TP = 8 strategies"
+  )
+  return [
+    fidelity_row(
+      "Comet", "layer speedup, low end (L20, PCIe)", lo, min(speedups), "held out", source, "l20_pcie", note=note
+    ),
+    fidelity_row("Comet", "layer speedup, high end (L20, PCIe)", hi, max(speedups), "held out", source, "l20_pcie"),
+  ]
+
+
+def fidelity_rows(rate_json: str = str(RATE_JSON)) -> list[dict]:
+  """The fidelity table's Comet lines (no parameter is fitted: every line is held out). 'compared with the
+  baselines on average' (Sec. 5.3) is read as each baseline's speedup averaged over M, the range running over the
+  baselines: the text calls the improvement 'stable' across M."""
+  h800_rate = h800_rate_of(rate_json)
+  per_m = {m: comet_schedules(topology_lib.H800_NVLINK, m, 2, h800_rate) for m in COMET_TOKENS}
+  l20 = comet_schedules(topology_lib.L20_PCIE, 8192, 4, model.default_rate(topology_lib.L20_PCIE))
+  return hidden_rows(per_m[COMET_TOKENS[-1]]) + h800_speedup_rows(per_m) + l20_speedup_rows(l20)
