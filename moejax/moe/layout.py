@@ -87,6 +87,90 @@ def layout(cfg: MoEConfig, tokens: int, mesh: jax.sharding.Mesh, slots: int | No
   )
 
 
+def _check_params(params: dict, cfg: MoEConfig) -> None:
+  """params: a dict whose arrays have the shapes of `param_shapes(cfg)`."""
+  if not isinstance(params, dict):
+    raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
+  want = param_shapes(cfg)
+  got = jax.tree.map(lambda a: tuple(a.shape), params)
+  if got != want:
+    raise ConfigError(f"parameter shapes {got} do not match the layout for this config: {want}")
+
+
+def _tokens_of(x: jax.Array, cfg: MoEConfig) -> int:
+  """The global tokens of x, [tokens, d_model] or [batch, seq, d_model]; any other shape raises."""
+  if x.ndim not in (2, 3) or x.shape[-1] != cfg.d_model:
+    raise ConfigError(f"x has shape {x.shape}; expected [tokens, {cfg.d_model}] or [batch, seq, {cfg.d_model}]")
+  return x.size // cfg.d_model
+
+
+def _check_sequence_balance(cfg: MoEConfig, x: jax.Array, lay: Layout) -> None:
+  """balance_loss='sequence' needs x [batch, seq, d] with whole sequences on each routing device."""
+  if cfg.balance_loss == "sequence":
+    require(
+      x.ndim == 3 and lay.tokens % x.shape[1] == 0,
+      "balance_loss",
+      cfg.balance_loss,
+      f"'batch' unless x is [batch, seq, d] with whole sequences on each routing device (x {x.shape}, "
+      f"{lay.tokens} tokens routed per device)",
+    )
+
+
+def _check_expert_bias(cfg: MoEConfig, expert_bias) -> None:
+  """expert_bias: None or [E]."""
+  if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
+    raise ConfigError(
+      f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
+      "expert_bias",
+      tuple(np.shape(expert_bias)),
+      f"[{cfg.num_experts}]",
+    )
+
+
+def _check_balance_counts(cfg: MoEConfig, balance_counts) -> None:
+  """balance_counts: None, or [cfg.balance_counts_size] under balance_loss='global_batch'."""
+  if balance_counts is not None:
+    require(
+      cfg.balance_loss == "global_batch",
+      "balance_counts",
+      "given",
+      f"None unless balance_loss='global_batch' (it is {cfg.balance_loss!r})",
+    )
+    require(
+      tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,),
+      "balance_counts",
+      tuple(np.shape(balance_counts)),
+      f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)",
+    )
+
+
+def _check_chunks(cfg: MoEConfig, lay: Layout) -> None:
+  """A schedule that splits the sent rows into num_chunks equal chunks needs num_chunks to divide them."""
+  if cfg.schedule_kind.splits_rows and lay.rows % cfg.num_chunks:
+    what = "token rows (dedup: one row per token)" if lay.dedup else "token-choice rows"
+    raise ConfigError(
+      f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
+      f"(schedule={cfg.schedule!r} splits them into equal chunks)",
+      "num_chunks",
+      cfg.num_chunks,
+      f"a divisor of {lay.rows}",
+    )
+
+
+def _check_platform(cfg: MoEConfig, sharding: ExpertParallel, mesh: jax.sharding.Mesh) -> None:
+  """The collective runs on the mesh's platform, and no interpreted Pallas backend meets a sharding that needs
+  shard_map's mesh-axis variance."""
+  platform = platform_lib.of_mesh(mesh)
+  collective_lib.check(cfg.collective, platform)
+  require(
+    not sharding.needs_vma or not cfg.backend_kind.interprets_on(platform),
+    "expert_backend",
+    cfg.expert_backend,
+    f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
+    "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)",
+  )
+
+
 def check_inputs(
   params: dict,
   x: jax.Array,
@@ -103,67 +187,14 @@ def check_inputs(
   cfg.check_mesh(n, m)
   slots = None
   if slot_expert is not None:
-    slots = replicas_lib.check_slot_table(
-      slot_expert,
-      cfg.num_experts,
-      cfg.expert_holders(n, m),
-      sharding.holder_unit,
-    )
-  if not isinstance(params, dict):
-    raise ConfigError(f"params must be a dict in the documented layout, got {type(params).__name__}")
-  want = param_shapes(cfg)
-  got = jax.tree.map(lambda a: tuple(a.shape), params)
-  if got != want:
-    raise ConfigError(f"parameter shapes {got} do not match the layout for this config: {want}")
-  if x.ndim not in (2, 3) or x.shape[-1] != cfg.d_model:
-    raise ConfigError(f"x has shape {x.shape}; expected [tokens, {cfg.d_model}] or [batch, seq, {cfg.d_model}]")
-  tokens = x.size // cfg.d_model
+    slots = replicas_lib.check_slot_table(slot_expert, cfg.num_experts, cfg.expert_holders(n, m), sharding.holder_unit)
+  _check_params(params, cfg)
+  tokens = _tokens_of(x, cfg)
   sharding.check_tokens(tokens, n, m)
   lay = layout(cfg, tokens, mesh, slots)
-  if cfg.balance_loss == "sequence":
-    require(
-      x.ndim == 3 and lay.tokens % x.shape[1] == 0,
-      "balance_loss",
-      cfg.balance_loss,
-      f"'batch' unless x is [batch, seq, d] with whole sequences on each routing device (x {x.shape}, "
-      f"{lay.tokens} tokens routed per device)",
-    )
-  if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
-    raise ConfigError(
-      f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
-      "expert_bias",
-      tuple(np.shape(expert_bias)),
-      f"[{cfg.num_experts}]",
-    )
-  if balance_counts is not None:
-    require(
-      cfg.balance_loss == "global_batch",
-      "balance_counts",
-      "given",
-      f"None unless balance_loss='global_batch' (it is {cfg.balance_loss!r})",
-    )
-    require(
-      tuple(np.shape(balance_counts)) == (cfg.balance_counts_size,),
-      "balance_counts",
-      tuple(np.shape(balance_counts)),
-      f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)",
-    )
-  if cfg.schedule_kind.splits_rows and lay.rows % cfg.num_chunks:
-    what = "token rows (dedup: one row per token)" if lay.dedup else "token-choice rows"
-    raise ConfigError(
-      f"num_chunks={cfg.num_chunks} does not divide the {lay.rows} {what} each device sends "
-      f"(schedule={cfg.schedule!r} splits them into equal chunks)",
-      "num_chunks",
-      cfg.num_chunks,
-      f"a divisor of {lay.rows}",
-    )
-  platform = platform_lib.of_mesh(mesh)
-  collective_lib.check(cfg.collective, platform)
-  require(
-    not sharding.needs_vma or not cfg.backend_kind.interprets_on(platform),
-    "expert_backend",
-    cfg.expert_backend,
-    f"not a Pallas backend with {sharding.name} on {platform}: its collectives are typed by shard_map's mesh-axis "
-    "variance, which the Pallas interpreter cannot give (on GPU the compiled kernels can)",
-  )
+  _check_sequence_balance(cfg, x, lay)
+  _check_expert_bias(cfg, expert_bias)
+  _check_balance_counts(cfg, balance_counts)
+  _check_chunks(cfg, lay)
+  _check_platform(cfg, sharding, mesh)
   return lay
