@@ -139,6 +139,79 @@ def one_row_per_slot(x_RxD, ids_RxZ, w_RxZ):
   return jnp.repeat(x_RxD, slots, axis=0), ids_RxZ.reshape(-1, 1), w_RxZ.reshape(-1, 1)
 
 
+def _route(router_in_TxD, params, cfg: MoEConfig, extras: dict, sequence_length: int | None):
+  """(decision, stats, keep [T, K]): the router's expert ids and weights [T, K] for this device's tokens; capacity
+  keeps each expert's first C choices of this group."""
+  decision, stats = routing.route(router_in_TxD, params, cfg, extras.get("bias"), sequence_length)
+  keep_TxK = jnp.ones_like(decision.expert_ids, bool)
+  if cfg.capacity_factor is not None:
+    keep_TxK = routing.queue_positions(decision.expert_ids, cfg.num_experts) < routing.expert_capacity(
+      cfg, router_in_TxD.shape[0]
+    )
+  return decision, stats, keep_TxK
+
+
+def _slots_of(sent, extras: dict, cfg: MoEConfig, lay: Layout):
+  """The sent rows' slots and weights [R, Z]: each choice to one replica of its expert (with a slot table), then
+  the Dump: to the devices holding the slot (several with d_ff split over them), as consecutive slots."""
+  sharding, m = lay.sharding, lay.m
+  holder_RxK = sent.ids_RxK
+  if "slots" in extras:
+    holder_RxK = replicas_lib.to_slots(
+      holder_RxK.reshape(-1), extras["slots"], cfg.num_experts, sharding.holder_index(m)
+    ).reshape(holder_RxK.shape)
+  return sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, sharding.copies(m), axis=1)
+
+
+def _finish_rows(result, sent, logical_RxK, rows: int, d: int, dtype, lay: Layout):
+  """(y [R', d], processed [R', K] (expert ids, -1 where not processed), overflowed): the schedule's rows back on
+  the device that sent them. A choice counts as processed only if every copy arrived (its other copies then had
+  weight 0)."""
+  sharding, m = lay.sharding, lay.m
+  y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)
+  arrived_RxK = result.arrived_RxZ.reshape(rows, -1, sharding.copies(m)).all(axis=2)
+  y_RxD, arrived_RxK, logical_RxK = sharding.own_rows(m, y_RxD, arrived_RxK, logical_RxK)
+  processed_RxK = jnp.where(arrived_RxK, logical_RxK, -1)
+  overflowed = jnp.sum((logical_RxK >= 0) & ~arrived_RxK, dtype=jnp.int32)
+  return sharding.finish(y_RxD, sent, dtype), processed_RxK, overflowed
+
+
+def _sum_choices(y_RxD, tokens: int, d: int, dtype, expert_ids_TxK, shared_TxD, lay: Layout):
+  """(y [T, d], routed expert ids [T, K]) on the device's own tokens: the sum over each token's choices (rows of
+  tokens, or of token-choices), plus the shared experts' output."""
+  sharding = lay.sharding
+  y_TxD = y_RxD.reshape(tokens, -1, d).astype(jnp.float32).sum(axis=1)
+  y_TxD, routed_TxK = sharding.gather_tokens(y_TxD.astype(dtype)), sharding.gather_tokens(expert_ids_TxK)
+  if shared_TxD is not None:
+    y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
+  return y_TxD, routed_TxK
+
+
+def _routing_aux(stats, cfg: MoEConfig, extras: dict, lay: Layout) -> dict:
+  """The router's statistics over the routing devices -> the auxiliary losses and, with 'global_batch', the
+  running choice counts."""
+  stats = jax.lax.psum(stats, lay.sharding.routed_over)
+  aux = routing.aux_losses(stats, cfg, extras.get("balance_counts"))
+  if "balance_counts" in extras:
+    aux["balance_counts"] = extras["balance_counts"] + routing.balance_counts(stats, cfg)
+  return aux
+
+
+def _exchange_aux(cfg: MoEConfig, lay: Layout, keep_TxK, processed_RxK, overflowed, nonfinite, paths, slots, x_TxD):
+  """The mesh's totals of the exchange: choices processed per expert [E], dropped by capacity, overflowed, the
+  traffic per hop [hops, A, A] and its bytes, non-finite tokens."""
+  sharding = lay.sharding
+  aux = {"expert_counts": jax.lax.psum(plan_lib.histogram(processed_RxK, cfg.num_experts), sharding.sent_over)}
+  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
+  aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
+  aux["traffic_rows"] = jnp.stack(hop_traffic(paths, lay))
+  aux["traffic_bytes"] = traffic_bytes(
+    aux["traffic_rows"], lay, x_TxD.shape[1], slots, x_TxD.dtype.itemsize, schedule_lib.may_drop(exchange_for(lay))
+  )
+  aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
+  return aux
+
+
 def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
   """One device's part of the layer: route -> dispatch -> replicas -> schedule -> finish -> sum over choices.
 
@@ -146,32 +219,20 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   flat slot table [A * Z] (replication), the balancing bias [E] and the earlier micro-batches' choice
   counts ('global_batch'). What expert sharding changes, `lay.sharding` does (`moe.expert_sharding`). The
   experts weight their outputs, so rows come back as weighted sums (`moe.schedule`)."""
-  num_experts, sharding, m = cfg.num_experts, lay.sharding, lay.m
+  sharding, m = lay.sharding, lay.m
   # The shared experts need no exchange: computed first, nothing orders them after the dispatch.
   shared_TxD = shared_experts(x_TxD, params, cfg, sharding.shared_sum_over) if cfg.num_shared_experts else None
   router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
   x_TxD, router_in = sharding.split_tokens(x_TxD), sharding.split_tokens(router_in)
   tokens, d = x_TxD.shape
+  decision, stats, keep_TxK = _route(router_in, params, cfg, extras, sequence_length)
 
-  # route: expert ids and weights [T, K]; capacity keeps each expert's first C choices of this group.
-  decision, stats = routing.route(router_in, params, cfg, extras.get("bias"), sequence_length)
-  keep_TxK = jnp.ones_like(decision.expert_ids, bool)
-  if cfg.capacity_factor is not None:
-    keep_TxK = routing.queue_positions(decision.expert_ids, num_experts) < routing.expert_capacity(cfg, tokens)
-
-  # dispatch: the rows this device sends with their choices; replicas: each choice to one replica of its expert;
-  # the Dump: to the devices holding the slot (several with d_ff split over them), as consecutive slots.
+  # dispatch: the rows this device sends with their choices, in their slots.
   sent = sharding.rows_to_send(
     x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32), lay.rows, m, cfg
   )
-  logical_RxK = holder_RxK = sent.ids_RxK
-  if "slots" in extras:
-    holder_RxK = replicas_lib.to_slots(
-      holder_RxK.reshape(-1), extras["slots"], num_experts, sharding.holder_index(m)
-    ).reshape(holder_RxK.shape)
-  copies = sharding.copies(m)
-  x_RxD, ids_RxZ, w_RxZ = sent.x_RxD, sharding.dump(holder_RxK, lay.slots, m), jnp.repeat(sent.w_RxK, copies, axis=1)
-  rows, slots = ids_RxZ.shape
+  ids_RxZ, w_RxZ = _slots_of(sent, extras, cfg, lay)
+  x_RxD, (rows, slots) = sent.x_RxD, ids_RxZ.shape
   nonfinite = jnp.sum(~jnp.isfinite(x_TxD).all(axis=1), dtype=jnp.int32)  # NaN/inf stay so on the wire: counted
   if not lay.dedup:
     x_RxD, ids_RxZ, w_RxZ = one_row_per_slot(x_RxD, ids_RxZ, w_RxZ)
@@ -179,31 +240,10 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   # plan, exchange, experts (weighted), exchange back: in the configured schedule.
   local = local_experts.Experts.of(params, cfg, sharding)
   result = cfg.schedule_kind.run(x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
-  # finish: a choice counts as processed only if every copy arrived (its other copies then had weight 0).
-  y_RxD = result.y_RxD.reshape(rows, -1, d).sum(axis=1)
-  arrived_RxK = result.arrived_RxZ.reshape(rows, -1, copies).all(axis=2)
-  y_RxD, arrived_RxK, logical_RxK = sharding.own_rows(m, y_RxD, arrived_RxK, logical_RxK)
-  processed_RxK = jnp.where(arrived_RxK, logical_RxK, -1)
-  overflowed = jnp.sum((logical_RxK >= 0) & ~arrived_RxK, dtype=jnp.int32)
-  y_RxD = sharding.finish(y_RxD, sent, x_TxD.dtype)
+  y_RxD, processed_RxK, overflowed = _finish_rows(result, sent, sent.ids_RxK, rows, d, x_TxD.dtype, lay)
+  y_TxD, routed_TxK = _sum_choices(y_RxD, tokens, d, x_TxD.dtype, decision.expert_ids, shared_TxD, lay)
 
-  # the sum over each token's choices (rows of tokens, or of token-choices).
-  y_TxD = y_RxD.reshape(tokens, -1, d).astype(jnp.float32).sum(axis=1)
-  y_TxD, routed_TxK = sharding.gather_tokens(y_TxD.astype(x_TxD.dtype)), sharding.gather_tokens(decision.expert_ids)
-  if shared_TxD is not None:
-    y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
-
-  stats = jax.lax.psum(stats, sharding.routed_over)
-  aux = routing.aux_losses(stats, cfg, extras.get("balance_counts"))
-  if "balance_counts" in extras:
-    aux["balance_counts"] = extras["balance_counts"] + routing.balance_counts(stats, cfg)
-  aux["expert_counts"] = jax.lax.psum(plan_lib.histogram(processed_RxK, num_experts), sharding.sent_over)
-  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
-  aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
-  aux["traffic_rows"] = jnp.stack(hop_traffic(result.paths, lay))
-  aux["traffic_bytes"] = traffic_bytes(
-    aux["traffic_rows"], lay, d, ids_RxZ.shape[1], x_TxD.dtype.itemsize, schedule_lib.may_drop(exchange_for(lay))
-  )
-  aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
+  aux = _routing_aux(stats, cfg, extras, lay)
+  aux |= _exchange_aux(cfg, lay, keep_TxK, processed_RxK, overflowed, nonfinite, result.paths, slots, x_TxD)
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux
