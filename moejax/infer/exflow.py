@@ -49,6 +49,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from moejax.infer import cache as cache_lib
+from moejax.infer.exflow_hop import expert_hop
 from moejax.models import backbone
 from moejax.models import layers as layers_lib
 from moejax.models.blocks import MoEFFN
@@ -56,13 +57,10 @@ from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.language_model import LanguageModel
 from moejax.models.state import abstract_state
 from moejax.moe import collective as collective_lib
-from moejax.moe import local_experts, routing, schedule
-from moejax.moe import path as path_lib
 from moejax.moe import replicas as replicas_lib
-from moejax.moe.experts import shared_experts
+from moejax.moe import schedule
 from moejax.moe.layer import exchange_for
 from moejax.moe.layout import Layout, layout
-from moejax.moe.traffic import hop_traffic
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
@@ -125,51 +123,59 @@ def sample(logits_RxV, requests_R, step, seed, temperature):
   return jnp.where(temperature > 0, drawn, jnp.argmax(logits_RxV, axis=-1)).astype(jnp.int32)
 
 
-def _expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange):
-  """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
-  choice, along the path's hops) and gets each expert's weighted output there; it stays at its
-  last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
-  replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
-  -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
-  receive buffers (every device's)."""
-  moe = block.ffn.moe
-  params, cfg = moe.params(), moe.cfg
-  d, k = x_RxD.shape[1], cfg.choices_per_token
-  bias = None if moe.expert_bias is None else moe.expert_bias[...]
-  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
-  ids_RxK = decision.expert_ids
-  if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
-    ids_RxK = replicas_lib.to_slots(
-      ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
-    ).reshape(ids_RxK.shape)
-  weights_RxK = decision.weights
-  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once
-    order_RxK = jnp.argsort(ids_RxK // exchange.slots_per_device, axis=1, stable=True)
-    ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
-  # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
-  shared_RxD = (
-    shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts else jnp.zeros(x_RxD.shape, jnp.float32)
+def _scatter(rows, where_R, valid_R, batch: int):
+  """rows [R, ...] at their requests' places `where_R` [R] of a zero buffer [batch, ...]; invalid rows dropped."""
+  buffer = jnp.zeros((batch,) + rows.shape[1:], rows.dtype)
+  return buffer.at[jnp.where(valid_R, where_R, batch)].set(rows, mode="drop")
+
+
+def _step_exchange(lay: Layout, b: int, buffer_factor) -> schedule.Exchange:
+  """The layer's exchange for a step of b tokens per device. Each hop moves a device's resident tokens, one row
+  each: at most ceil(buffer_factor * b) with a bound; without one, the batch (every token is resident on one
+  device, so a hop never receives more; the worst case over the senders, A times the rows, would compound over a
+  layer's k moves and the layers)."""
+  bound = collective_lib.buffer_bound(buffer_factor, b)
+  return exchange_for(lay)._replace(buffer_rows=b * lay.n * lay.m if bound is None else bound)
+
+
+def _fit(resident: int, x_RxD, requests_R, valid_R):
+  """The resident rows padded with invalid rows to `resident` (a scan's carry keeps its shape); none padded when
+  there are as many or more."""
+  pad = lambda a, fill: (
+    jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) if a.shape[0] < resident else a
   )
-  local = local_experts.Experts.of(params, cfg)
-  # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
-  # request id (ids < 2^24 are exact).
-  f32 = lambda a: a.astype(jnp.float32)
-  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(weights_RxK), f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
-  ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
-  traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
-  for j in range(k):
-    sent_R = ids_at(packed, j, valid_R)
-    ids_Rx1, path = schedule.plan(sent_R[:, None], exchange)
-    packed, valid_R = path_lib.move_through(packed, path), ids_Rx1[:, 0] >= 0
-    lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
-    traffic += sum(hop_traffic((path,), lay))
-    x_RxD = packed[:, :d].astype(x_RxD.dtype)
-    y_RxD = schedule.run_experts(
-      block.ln_ffn(x_RxD), ids_Rx1, valid_R[:, None].astype(jnp.float32), exchange, local, path.bound
-    )
-    packed = packed.at[:, d : 2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
-  x_RxD = x_RxD + packed[:, d : 2 * d].astype(x_RxD.dtype)
-  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
+  return pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False)
+
+
+def _coherent_layer(block, carry, kv_cache, rngs, *, position, batch: int, resident: int, lay: Layout, exchange):
+  """One layer (`backbone.fold_layers`: unrolled, or in its segment's scan): attention against the replicated
+  cache rows of the resident tokens, then the MoE layer's hop or the dense FFN in place -> (carry, (this
+  position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
+  x_RxD, requests_R, valid_R, lost = carry
+  mine = jnp.where(valid_R, requests_R, 0)
+  x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
+    x_RxD[:, None], train=False, rngs=None, cache=(kv_cache[0][mine], kv_cache[1][mine], position)
+  )
+  x_RxD = x_Rx1xD[:, 0]
+  at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
+  new_kv = tuple(_scatter(at(kv), requests_R, valid_R, batch) for kv in (k_RxSxHxW, v_RxSxHxW))
+  if not isinstance(block.ffn, MoEFFN):
+    return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
+  x_RxD, requests_R, valid_R, rows, overflowed = expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
+  return (*_fit(resident, x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
+
+
+def _write_cache(cache, new_kv, position, scan_layers: bool):
+  """The cache with every layer's new keys and values [B, ...] written at `position`."""
+  axis = 2 if scan_layers else 1  # the cache's positions: [B, S, ...], or stacked [repeats, B, S, ...]
+  write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
+  return jax.tree.map(write, cache, new_kv)
+
+
+def _exchanged_rows(outputs, cfg: ModelConfig, devices: int) -> jax.Array:
+  """[M, A, A] rows each MoE layer moved between flat devices (M = 0: [0, A, A])."""
+  rows = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[1], outputs, cfg), cfg, cfg.is_moe)
+  return jnp.zeros((0, devices, devices), jnp.int32) if rows is None else rows
 
 
 def _step_local(
@@ -182,62 +188,31 @@ def _step_local(
   requests_R = mesh_lib.my_flat_index(m) * b + jnp.arange(b)
   x_RxD = model.embed_tokens(tokens_b[:, None], position)[:, 0]
   valid_R = jnp.ones((b,), bool)
-  scatter = lambda rows, where_R, valid: (
-    jnp.zeros((batch,) + rows.shape[1:], rows.dtype).at[jnp.where(valid, where_R, batch)].set(rows, mode="drop")
-  )
-  # Each hop moves a device's resident tokens, one row each: at most ceil(buffer_factor * b) with a bound; without
-  # one, the batch (every token is resident on one device, so a hop never receives more; the worst case over the
-  # senders, A times the rows, would compound over a layer's k moves and the layers).
-  bound = collective_lib.buffer_bound(buffer_factor, b)
-  exchange = exchange_for(lay)._replace(buffer_rows=batch if bound is None else bound)
-  at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
+  exchange = _step_exchange(lay, b, buffer_factor)
   # A scan's carry keeps its shape: the resident rows are padded (invalid rows) to the most a hop delivers or the b
   # own rows, whichever is more, before the first layer and after each hop. Unrolled, each layer takes the rows
   # there are (the layers before the first MoE layer only the device's own b).
   resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
-  pad = lambda a, fill: (
-    jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) if a.shape[0] < resident else a
+  layer = functools.partial(
+    _coherent_layer, position=position, batch=batch, resident=resident, lay=lay, exchange=exchange
   )
-  fit = lambda x_RxD, requests_R, valid_R: (pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False))
-
-  def layer(block, carry, kv_cache, rngs):
-    """One layer (`backbone.fold_layers`: unrolled, or in its segment's scan): attention against the replicated
-    cache rows of the resident tokens, then the MoE layer's hop or the dense FFN in place -> (carry, (this
-    position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
-    x_RxD, requests_R, valid_R, lost = carry
-    mine = jnp.where(valid_R, requests_R, 0)
-    x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
-      x_RxD[:, None], train=False, rngs=None, cache=(kv_cache[0][mine], kv_cache[1][mine], position)
-    )
-    x_RxD = x_Rx1xD[:, 0]
-    new_kv = tuple(scatter(at(kv), requests_R, valid_R) for kv in (k_RxSxHxW, v_RxSxHxW))
-    if not isinstance(block.ffn, MoEFFN):
-      return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
-    x_RxD, requests_R, valid_R, rows, overflowed = _expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
-    return (*fit(x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
-
   (x_RxD, requests_R, valid_R, lost), outputs = backbone.fold_layers(
-    model, layer, (*fit(x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache
+    model, layer, (*_fit(resident, x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache
   )
   logits_RxV = model.head_logits(x_RxD)
   next_R = sample(logits_RxV, requests_R, step, seed, temperature)
   # The step's all-gather: every row was written by exactly one device, so the sums are exact.
   next_B, logits_BxV, new_kv = jax.lax.psum(
     (
-      scatter(next_R, requests_R, valid_R),
-      scatter(logits_RxV, requests_R, valid_R),
+      _scatter(next_R, requests_R, valid_R, batch),
+      _scatter(logits_RxV, requests_R, valid_R, batch),
       layers_lib.map_outputs(lambda o: o[0], outputs, model.cfg),
     ),
     AXES,
   )
-  axis = 2 if model.cfg.scan_layers else 1  # the cache's positions: [B, S, ...], or stacked [repeats, B, S, ...]
-  write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
-  cache = jax.tree.map(write, cache, new_kv)
+  cache = _write_cache(cache, new_kv, position, model.cfg.scan_layers)
   own = lambda a: jax.lax.dynamic_slice_in_dim(a, mesh_lib.my_flat_index(m) * b, b)
-  rows = layers_lib.stack_selected(
-    layers_lib.map_outputs(lambda o: o[1], outputs, model.cfg), model.cfg, model.cfg.is_moe
-  )
-  rows = jnp.zeros((0, n * m, n * m), jnp.int32) if rows is None else rows
+  rows = _exchanged_rows(outputs, model.cfg, n * m)
   return own(next_B), own(logits_BxV), cache, {"rows": rows, "dropped": lost, "overflowed": lost}
 
 

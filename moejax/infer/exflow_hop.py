@@ -1,0 +1,60 @@
+"""An MoE layer's exchange under context-coherent decoding (`moejax.infer.exflow`): each token visits its k
+experts' devices in choice order and stays at the last one."""
+
+import jax
+import jax.numpy as jnp
+
+from moejax.moe import local_experts, routing, schedule
+from moejax.moe import path as path_lib
+from moejax.moe import replicas as replicas_lib
+from moejax.moe.experts import shared_experts
+from moejax.moe.layout import Layout
+from moejax.moe.traffic import hop_traffic
+from moejax.runtime.mesh import AXES
+
+
+def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange):
+  """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
+  choice, along the path's hops) and gets each expert's weighted output there; it stays at its
+  last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
+  replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
+  -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
+  receive buffers (every device's)."""
+  moe = block.ffn.moe
+  params, cfg = moe.params(), moe.cfg
+  d, k = x_RxD.shape[1], cfg.choices_per_token
+  bias = None if moe.expert_bias is None else moe.expert_bias[...]
+  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
+  ids_RxK = decision.expert_ids
+  if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
+    ids_RxK = replicas_lib.to_slots(
+      ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
+    ).reshape(ids_RxK.shape)
+  weights_RxK = decision.weights
+  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once
+    order_RxK = jnp.argsort(ids_RxK // exchange.slots_per_device, axis=1, stable=True)
+    ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
+  # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
+  shared_RxD = (
+    shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts else jnp.zeros(x_RxD.shape, jnp.float32)
+  )
+  local = local_experts.Experts.of(params, cfg)
+  # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
+  # request id (ids < 2^24 are exact).
+  f32 = lambda a: a.astype(jnp.float32)
+  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(weights_RxK), f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
+  ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
+  traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
+  for j in range(k):
+    sent_R = ids_at(packed, j, valid_R)
+    ids_Rx1, path = schedule.plan(sent_R[:, None], exchange)
+    packed, valid_R = path_lib.move_through(packed, path), ids_Rx1[:, 0] >= 0
+    lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
+    traffic += sum(hop_traffic((path,), lay))
+    x_RxD = packed[:, :d].astype(x_RxD.dtype)
+    y_RxD = schedule.run_experts(
+      block.ln_ffn(x_RxD), ids_Rx1, valid_R[:, None].astype(jnp.float32), exchange, local, path.bound
+    )
+    packed = packed.at[:, d : 2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
+  x_RxD = x_RxD + packed[:, d : 2 * d].astype(x_RxD.dtype)
+  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
