@@ -44,17 +44,16 @@ global batch grows with the devices); strong = fixed global batch `global_batch`
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cost import collectives, overlap, parm, phases
+from moejax.cost import collectives, overlap, phases
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
-from moejax.moe import expert_sharding as sharding_lib
 from moejax.moe import routing
 from moejax.moe import wire as wire_lib
 from moejax.moe.traffic import traffic_summary
 from moejax.study import point_models, points
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, moe_section, scheme_config
+from moejax.study.price_esp import esp_breakdowns
 
-INTER_NODE = ("a2a_ep", "a2a_epesp", "overlap")  # Parm's collectives that cross nodes (`cost.parm.COLLECTIVES`)
 row_bytes = wire_lib.layer_row_bytes  # a row's bytes in each exchange of a layer config (docs/cost-model.md)
 
 
@@ -116,51 +115,62 @@ def _overlap_breakdowns(
   return out
 
 
-def esp_layer(point: Point, config, cfg) -> parm.ParmLayer:
-  """The point's layer in Parm's notation: B x L tokens per GPU, N_EP = nodes, N_ESP = N_MP = GPUs per node."""
-  model = config.models[point.model]
-  return parm.ParmLayer(
-    B=model.micro_batch,
-    L=model.seq_len,
-    M=model.d_model,
-    H=model.d_ff,
-    E=cfg.num_experts,
-    k=cfg.top_k,
-    f=cfg.capacity_factor,
-    n_ep=point.nodes,
-    n_esp=point.gpus_per_node,
-    n_mp=point.gpus_per_node,
-  )
+def other_flops_of(cfg, tokens: int, d_model: int) -> float:
+  """FLOPs of a layer's forward outside its routed experts: router logits, the weighted combine and the shared
+  experts' dense FFNs on every token (DeepSeek, Qwen2-MoE)."""
+  router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
+  other_flops = 2 * tokens * d_model * (router_width + cfg.choices_per_token)  # router logits + weighted combine
+  if cfg.num_shared_experts:
+    other_flops += float(cost_model.expert_flops(tokens, d_model, cfg.shared_width, cfg.gated))
+  return other_flops
 
 
-def _esp_breakdowns(cfg, point: Point, config, bytes_per_element, other_flops, non_expert_s: float) -> dict:
-  """Parm's schedules (`cost.parm`): their collectives' alpha-beta terms on the topology, the expert FLOPs of
-  the rows each GPU computes (every token N_MP times in the baseline). The backward is priced as the forward's
-  collectives once more (reversed) and twice its FLOPs; Parm models the forward only."""
+def layer_settings(cfg, moe, d_model: int) -> dict:
+  """What every row of a layer records of its config: the replicated parameters (routers, shared experts), choices
+  per token, capacity, routing, path, collective, dedup and the wire dtypes."""
+  router_width = sum(routing.router_widths(cfg).values())
+  return {
+    "moe_replicated": d_model * (router_width + (3 if cfg.gated else 2) * cfg.shared_width),
+    "choices_per_token": cfg.choices_per_token,
+    "capacity_factor": cfg.capacity_factor,
+    "routing": cfg.routing,
+    "path": cfg.path,
+    "collective": cfg.collective,
+    "dedup": cfg.deduplicates,
+    "dispatch_dtype": cfg.dispatch_dtype or moe.dtype,
+    "combine_dtype": cfg.combine_dtype or "float32",
+  }
+
+
+def scaled_traffic(sim: dict, cfg, point: Point, tokens: int) -> tuple[np.ndarray, np.ndarray, float]:
+  """(rows [hops, A, A], rows processed per device [A], token scale) at `tokens` per GPU: the dense capacity dispatch
+  exactly (every slot), else the small run's scaled by tokens / its tokens per GPU and rounded."""
   n, m = point.nodes, point.gpus_per_node
-  cluster, (rate, rate_source) = points.topology(config), device_rate(config)
-  layer, schedule = esp_layer(point, config, cfg), ESP_SCHEMES[point.scheme]
-  terms = parm.alpha_beta_from_topology(cluster, n, m, m, bytes_per_element)
-  seconds = {True: 0.0, False: 0.0}  # by whether the collective crosses nodes
-  for name, x, calls in parm.collective_calls(layer)[schedule]:
-    seconds[n > 1 and name in INTER_NODE] += calls * terms[name](x)
-  inter, intra = seconds[True], seconds[False]
-  # Each GPU computes 1 / N_MP of the node's rows, or all of them where it gathers the node's tokens (the baseline).
-  rows = layer.etm / layer.M * layer.n_esp / (layer.n_mp / sharding_lib.SHARDINGS[schedule].gathered(layer.n_mp))
-  flops = float(cost_model.expert_flops(rows, layer.M, layer.H / layer.n_esp, cfg.gated))
-  out = {"esp_choice": parm.choose_schedule(layer, terms)}
-  for name, passes in (("forward", 1), ("train", 2)):
-    out[name] = cost_model.Breakdown(
-      inter_node_a2a_s=passes * inter,
-      intra_node_a2a_s=passes * intra,
-      expert_compute_s=(2 * passes - 1) * flops / rate,
-      other_s=(2 * passes - 1) * (other_flops / rate + non_expert_s),
-      hops=(),
-      device_rate=rate,
-      rate_source=rate_source,
-      topology=cluster.name,
-    )
-  return out
+  scale = tokens / sim["tokens_per_gpu"]
+  if cfg.collective_kind.fixed_blocks:
+    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens), cfg.path_kind.hops)
+    return rows, traffic_lib.rows_processed(rows), scale
+  rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
+  return rows, np.rint(np.asarray(sim["rows_per_device"]) * scale), scale
+
+
+def traffic_stats(rows, processed, sim: dict, cfg, point: Point, wire: wire_lib.RowBytes, scale: float) -> dict:
+  """The row's traffic statistics: inter- and intra-node MB per GPU (the forward's dispatch and combine bytes), a
+  row's bytes each way, the busiest device's load over the mean, and the small run's tokens and drops."""
+  n, m = point.nodes, point.gpus_per_node
+  # a hop's inter-node rows out equal its rows back (the transpose), so each carries a dispatch and a combine row
+  summary = traffic_summary(rows, m, wire.dispatch + wire.combine)
+  sent = sim["tokens_per_gpu"] * n * m * cfg.choices_per_token
+  return {
+    "inter_node_mb_per_gpu": sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
+    "intra_node_mb_per_gpu": sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
+    "dispatch_bytes_per_row": wire.dispatch,
+    "combine_bytes_per_row": wire.combine,
+    "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
+    "sim_tokens_per_gpu": sim["tokens_per_gpu"],
+    "sim_dropped_fraction": sim["dropped"] / sent,
+    "token_scale": scale,
+  }
 
 
 def price_point_layer(sim: dict | None, point: Point, config) -> dict:
@@ -174,49 +184,17 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   tokens = model.micro_batch * model.seq_len
-  k = cfg.choices_per_token
   itemsize = np.dtype(jnp.dtype(moe.dtype)).itemsize
-  router_width = sum(routing.router_widths(cfg).values())  # bilevel: node and local routers, n + E / n
-  other_flops = 2 * tokens * model.d_model * (router_width + k)  # router logits + weighted combine
-  if cfg.num_shared_experts:  # dense FFNs on every token (DeepSeek, Qwen2-MoE)
-    other_flops += float(cost_model.expert_flops(tokens, model.d_model, cfg.shared_width, cfg.gated))
+  other_flops = other_flops_of(cfg, tokens, model.d_model)
   # the memory-bound routing, sort, gather and scatter of the token-choice rows this device routes
-  non_expert_s = non_expert_cost(config).seconds(tokens * k, model.d_model, itemsize)
-  replicated = model.d_model * (router_width + (3 if cfg.gated else 2) * cfg.shared_width)  # routers, shared experts
-  common = {
-    "moe_replicated": replicated,
-    "choices_per_token": k,
-    "capacity_factor": cfg.capacity_factor,
-    "routing": cfg.routing,
-    "path": cfg.path,
-    "collective": cfg.collective,
-    "dedup": cfg.deduplicates,
-    "dispatch_dtype": cfg.dispatch_dtype or moe.dtype,
-    "combine_dtype": cfg.combine_dtype or "float32",
-  }
+  non_expert_s = non_expert_cost(config).seconds(tokens * cfg.choices_per_token, model.d_model, itemsize)
+  common = layer_settings(cfg, moe, model.d_model)
   if point.scheme in ESP_SCHEMES:
-    return {**common, **_esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s)}
-  scale = tokens / sim["tokens_per_gpu"]
-  if cfg.collective_kind.fixed_blocks:
-    rows = traffic_lib.capacity_traffic(n, m, cfg.num_experts, routing.expert_capacity(cfg, tokens), cfg.path_kind.hops)
-    processed = traffic_lib.rows_processed(rows)
-  else:
-    rows = np.rint(np.asarray(sim["traffic_rows"]) * scale).astype(np.int64)
-    processed = np.rint(np.asarray(sim["rows_per_device"]) * scale)
+    esp = esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s, device_rate(config))
+    return {**common, **esp}
+  rows, processed, scale = scaled_traffic(sim, cfg, point, tokens)
   wire = row_bytes(cfg, model.d_model, itemsize)
-  # a hop's inter-node rows out equal its rows back (the transpose), so each carries a dispatch and a combine row
-  summary = traffic_summary(rows, m, wire.dispatch + wire.combine)
-  sent = sim["tokens_per_gpu"] * n * m * k
-  stats = {
-    "inter_node_mb_per_gpu": sum(h["inter_node_bytes"] for h in summary) / (n * m) / 1e6,
-    "intra_node_mb_per_gpu": sum(h["intra_node_bytes"] for h in summary) / (n * m) / 1e6,
-    "dispatch_bytes_per_row": wire.dispatch,
-    "combine_bytes_per_row": wire.combine,
-    "expert_load_imbalance": float(np.max(processed) / np.mean(processed)),
-    "sim_tokens_per_gpu": sim["tokens_per_gpu"],
-    "sim_dropped_fraction": sim["dropped"] / sent,
-    "token_scale": scale,
-  }
+  stats = traffic_stats(rows, processed, sim, cfg, point, wire, scale)
   if point.scheme in OVERLAP_SCHEMES:
     overlapped = _overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops, non_expert_s)
     return {**common, **stats, **overlapped}
