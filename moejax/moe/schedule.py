@@ -148,23 +148,13 @@ def chunked(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int
   return Result(jnp.concatenate([y for y, _, _ in parts]), arrived_RxZ, tuple(path for _, _, path in parts))
 
 
-def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
-  """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the way back."""
-  ids_out, path = plan(ids_RxZ, ex)
-  w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
-  last = path.hops[-1]
-  axis = last.axis
-  num_peers, out_rows, slots = last.plan.sizes_AxA.shape[0], last.out_rows, ids_RxZ.shape[1]
-  me = jax.lax.axis_index(axis)
-  # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
-  operand_QxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
-  w_out = path_lib.move_slots(w_RxZ, path)
-  groups = ex.slots_per_device
-  spread, group_sizes = path_lib.grouped(local_experts(ids_out.reshape(-1), ex), out_rows, slots, groups, path.bound)
+def _last_hop_steps(operand_QxD, last, me, ex: Exchange) -> list[tuple]:
+  """The last hop's rows in two steps, each (rows [J, d] received, their places [J] in the receive layout, valid
+  [J]): my own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
+  exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow with the peer
+  count, where a block per peer alive at once would."""
+  axis, out_rows, num_peers = last.axis, last.out_rows, last.plan.sizes_AxA.shape[0]
   recv_offsets, recv_sizes = last.plan.backward.input_offsets, last.plan.forward.recv_sizes
-  # My own rows first (a local move: they enter the first GEMM at once) while the others arrive in one
-  # exchange. Two steps, not one per peer: their buffers (my rows, and the receive buffer) do not grow
-  # with the peer count, where a block per peer alive at once would.
   own_forward, own_backward = plan_lib.shift_args(last.plan.forward, last.plan.backward, 0, me)
   own = min(last.spread.taken, out_rows)
   i_J = jnp.arange(own)
@@ -191,18 +181,29 @@ def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) 
         ~mine,
       )
     )
-  h_QxF = None
+  return steps
+
+
+def _first_gemm(steps: list[tuple], ids_out, spread, slots: int, ex: Exchange, local: Experts, bound):
+  """The first GEMM's hidden rows [Q, F] in the layer's expert-major order (`spread`), run step by step as the
+  rows arrive (`_last_hop_steps`); ids_out [R', Z] the received rows' slot ids."""
+  groups, h_QxF = ex.slots_per_device, None
   for x_JxD, q_J, valid_J in steps:
     key_J = local_experts(jnp.where(valid_J[:, None], ids_out[q_J], -1).reshape(-1), ex)
-    step, step_sizes = path_lib.grouped(key_J, q_J.shape[0], slots, groups, path.bound)
+    step, step_sizes = path_lib.grouped(key_J, q_J.shape[0], slots, groups, bound)
     h_step_QxF = local.hidden(step.expand(x_JxD), step_sizes)  # the step's entries, expert-major
     entry_Q = step.order[: step.taken]
     place_Q = spread.inverse[q_J[entry_Q // slots] * slots + entry_Q % slots]  # where they sit in the layer's
     if h_QxF is None:
       h_QxF = jnp.zeros((spread.taken, h_step_QxF.shape[1]), h_step_QxF.dtype)
     h_QxF = h_QxF.at[jnp.where(key_J[entry_Q] < groups, place_Q, spread.taken)].set(h_step_QxF, mode="drop")
+  return h_QxF
+
+
+def _second_gemm_back(h_QxF, w_out, spread, group_sizes, path, ex: Exchange, local: Experts, d: int, num_chunks: int):
+  """[R, d]: the second GEMM, weighted and reduced per row, and the way back, by num_chunks column blocks of d."""
   w_Q = w_out.reshape(-1)[spread.order[: spread.taken]][:, None].astype(jnp.float32)
-  width = x_RxD.shape[1] // num_chunks
+  width = d // num_chunks
   blocks = [
     path_lib.move_back(
       spread.reduce(local.output(h_QxF, group_sizes, slice(j * width, (j + 1) * width)) * w_Q),
@@ -211,7 +212,26 @@ def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) 
     )
     for j in range(num_chunks)
   ]
-  return Result(jnp.concatenate(blocks, axis=1), arrived_RxZ, (path,))
+  return jnp.concatenate(blocks, axis=1)
+
+
+def comet(x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:
+  """Comet's decomposition; num_chunks column blocks of d in the second GEMM and the way back."""
+  ids_out, path = plan(ids_RxZ, ex)
+  w_RxZ, arrived_RxZ = _arrival(ids_RxZ, w_RxZ, ids_out, path, ex)
+  last = path.hops[-1]
+  slots = ids_RxZ.shape[1]
+  me = jax.lax.axis_index(last.axis)
+  # Earlier hops move whole; the last one, which feeds the GEMM, in two steps.
+  operand_QxD = last.spread.expand(path_lib.move_through(x_RxD, path, len(path.hops) - 1, wire=ex.dispatch_wire))
+  w_out = path_lib.move_slots(w_RxZ, path)
+  spread, group_sizes = path_lib.grouped(
+    local_experts(ids_out.reshape(-1), ex), last.out_rows, slots, ex.slots_per_device, path.bound
+  )
+  steps = _last_hop_steps(operand_QxD, last, me, ex)
+  h_QxF = _first_gemm(steps, ids_out, spread, slots, ex, local, path.bound)
+  y_RxD = _second_gemm_back(h_QxF, w_out, spread, group_sizes, path, ex, local, x_RxD.shape[1], num_chunks)
+  return Result(y_RxD, arrived_RxZ, (path,))
 
 
 class Schedule:
