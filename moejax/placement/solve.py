@@ -179,6 +179,45 @@ def _stage(counts, parts, time_limit_s, mip_rel_gap):
   return part, objective, min(max(bound, milp_bound), objective), "milp"
 
 
+def _node_stage(counts, nodes: int, chooses_nodes: bool, time_limit_s, mip_rel_gap):
+  """Stage 1: every layer's experts over the nodes -> (node [L, E], cross-node transitions, bound, method). Where
+  the routing chooses nodes, only whole routing nodes move: the stage runs on their summed counts [L-1, n, n]."""
+  if not chooses_nodes:
+    return _stage(counts, nodes, time_limit_s, mip_rel_gap)
+  layers, num = counts.shape[0] + 1, counts.shape[1]
+  per_node = num // nodes  # routing node g = experts g * per_node .. (g + 1) * per_node - 1
+  between = counts.reshape(layers - 1, nodes, per_node, nodes, per_node).sum((2, 4))  # [L-1, n, n]
+  node_of_group, cross_node, node_bound, node_method = _stage(between, nodes, time_limit_s, mip_rel_gap)
+  return np.repeat(node_of_group, per_node, axis=1), cross_node, node_bound, node_method
+
+
+def _gpu_stages(counts, node_of, nodes: int, gpus_per_node: int, shared: bool, time_limit_s, mip_rel_gap):
+  """Stage 2 -> (members [n][L] (each node's E / n experts per layer), stages (one per node, or one shared by
+  all: each (gpu [L, E / n], crossings, bound, method)))."""
+  layers = counts.shape[0] + 1
+  members = [[np.flatnonzero(row == node) for row in node_of] for node in range(nodes)]  # [n][L]: E / n experts
+  local = [np.stack([counts[j][np.ix_(m[j], m[j + 1])] for j in range(layers - 1)]) for m in members]
+  # bilevel: a node's experts in index order are its local experts 0 .. E / n - 1 (whole nodes moved), so
+  # one layout for all nodes crosses sum_node crossings(local[node]) = crossings(sum(local)).
+  stages = [_stage(c, gpus_per_node, time_limit_s, mip_rel_gap) for c in ([sum(local)] if shared else local)]
+  return members, stages
+
+
+def _device_of(members, stages, gpus_per_node: int, shared: bool, num: int) -> np.ndarray:
+  """[L, E] flat device of every layer's experts: its node's index, then its GPU within the node."""
+  placement = np.empty((len(members[0]), num), np.int64)
+  for node in range(len(members)):
+    gpu_of = stages[0 if shared else node][0]
+    for j in range(len(members[node])):
+      placement[j, members[node][j]] = node * gpus_per_node + gpu_of[j]
+  return placement
+
+
+def _gap(objective, bound) -> float:
+  """The relative gap of an objective over its lower bound (0 where it meets it)."""
+  return 0.0 if objective <= bound else (objective - bound) / objective
+
+
 def solve(
   counts, nodes: int, gpus_per_node: int, time_limit_s: float = 60.0, mip_rel_gap: float = 1e-4, routing: str = "topk"
 ) -> Placement:
@@ -200,30 +239,17 @@ def solve(
   router = ROUTERS[routing]
   counts = affinity.check_counts(counts, nodes, gpus_per_node)
   layers, num = counts.shape[0] + 1, counts.shape[1]
-  if router.chooses_nodes:
-    per_node = num // nodes  # routing node g = experts g * per_node .. (g + 1) * per_node - 1
-    between = counts.reshape(layers - 1, nodes, per_node, nodes, per_node).sum((2, 4))  # [L-1, n, n]
-    node_of_group, cross_node, node_bound, node_method = _stage(between, nodes, time_limit_s, mip_rel_gap)
-    node_of = np.repeat(node_of_group, per_node, axis=1)
-  else:
-    node_of, cross_node, node_bound, node_method = _stage(counts, nodes, time_limit_s, mip_rel_gap)
-  members = [[np.flatnonzero(row == node) for row in node_of] for node in range(nodes)]  # [n][L]: E / n experts
-  local = [np.stack([counts[j][np.ix_(m[j], m[j + 1])] for j in range(layers - 1)]) for m in members]
-  # bilevel: a node's experts in index order are its local experts 0 .. E / n - 1 (whole nodes moved), so
-  # one layout for all nodes crosses sum_node crossings(local[node]) = crossings(sum(local)).
+  node_of, cross_node, node_bound, node_method = _node_stage(
+    counts, nodes, router.chooses_nodes, time_limit_s, mip_rel_gap
+  )
   shared = router.shares_local_router
-  stages = [_stage(c, gpus_per_node, time_limit_s, mip_rel_gap) for c in ([sum(local)] if shared else local)]
-  placement = np.empty((layers, num), np.int64)
-  for node in range(nodes):
-    gpu_of = stages[0 if shared else node][0]
-    for j in range(layers):
-      placement[j, members[node][j]] = node * gpus_per_node + gpu_of[j]
+  members, stages = _gpu_stages(counts, node_of, nodes, gpus_per_node, shared, time_limit_s, mip_rel_gap)
+  placement = _device_of(members, stages, gpus_per_node, shared, num)
   intra, intra_bound = sum(s[1] for s in stages), sum(s[2] for s in stages)
 
   identity = affinity.transitions(
     counts, affinity.identity_placement(layers, num, nodes * gpus_per_node), gpus_per_node
   )
-  gap = lambda objective, bound: 0.0 if objective <= bound else (objective - bound) / objective
   return Placement(
     placement=placement,
     nodes=nodes,
@@ -234,9 +260,9 @@ def solve(
     identity_cross_node=identity[0],
     identity_cross_gpu=identity[1],
     node_bound=node_bound,
-    node_gap=gap(cross_node, node_bound),
+    node_gap=_gap(cross_node, node_bound),
     gpu_bound=intra_bound,
-    gpu_gap=gap(intra, intra_bound),
+    gpu_gap=_gap(intra, intra_bound),
     methods=(node_method, "+".join(sorted({s[3] for s in stages}))),
     seconds=time.perf_counter() - start,
     routing=routing,
