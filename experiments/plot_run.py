@@ -25,7 +25,8 @@ import sys
 
 import numpy as np
 
-from moejax import cli, run_config, workdir_guard
+from experiments.plot_run_compare import compare, difference_lines, run_names
+from moejax import cli, workdir_guard
 from moejax.train import metrics as metrics_lib
 
 _DEFAULT_CONFIG = os.path.join(os.path.dirname(__file__), os.pardir, "configs", "plot_run.py")
@@ -149,44 +150,68 @@ def panels(records: list[dict]) -> list[dict]:
   ]
 
 
-def run_names(workdirs: list[str]) -> list[str]:
-  """Each run's name: its folder's name, or its whole path where two runs' folders share a name."""
-  names = [os.path.basename(os.path.normpath(w)) or w for w in workdirs]
-  return names if len(set(names)) == len(names) else [os.path.normpath(w) for w in workdirs]
-
-
-# What a metrics.jsonl shows of its run's config, for workdirs without config.json.
-RECORD_FACTS = {
-  "MoE layers": lambda rs: len(rs[0].get("expert_load", [])),
-  "experts per MoE layer": lambda rs: len(rs[0]["expert_load"][0]) if rs[0].get("expert_load") else 0,
-  "tokens per step": lambda rs: round(rs[-1]["tokens_per_s"] * rs[-1]["step_time_s"]),
-  "peak learning rate": lambda rs: max(r["learning_rate"] for r in rs),
-}
-
-
-def compare(workdirs: dict[str, str], records: dict[str, list[dict]]) -> tuple[dict, str]:
-  """({field: {run: value}} of the fields that differ between the runs, what they were read from): the runs'
-  config.json where every run has one (its fields and the versions that ran it, not its resume history), else the
-  RECORD_FACTS of their records."""
-  configs = {name: run_config.read(workdir) for name, workdir in workdirs.items()}
-  missing = [name for name, config in configs.items() if config is None]
-  if not missing:
-    configs = {name: {k: v for k, v in config.items() if k != "history"} for name, config in configs.items()}
-    return run_config.differences(configs), f"their {run_config.CONFIG_FILE}"
-  facts = {name: {fact: read(rs) for fact, read in RECORD_FACTS.items()} for name, rs in records.items()}
-  return run_config.differences(facts), (
-    f"what metrics.jsonl shows ({', '.join(RECORD_FACTS)}): no {run_config.CONFIG_FILE} in {', '.join(missing)}"
+def _no_data(ax, missing: str) -> None:
+  """The panel's reason for having no data, in gray across its axes."""
+  ax.text(
+    0.5,
+    0.5,
+    f"no data: {missing}",
+    ha="center",
+    va="center",
+    transform=ax.transAxes,
+    color="gray",
+    wrap=True,
   )
 
 
-def difference_lines(differences: dict, source: str) -> list[str]:
-  """'fields that differ (read from SOURCE):' and one line per field, 'field: run value, run value'."""
-  if not differences:
-    return [f"no field differs (read from {source})"]
-  return [f"fields that differ (read from {source}):"] + [
-    f"  {field}: " + ", ".join(f"{name} {value}" for name, value in values.items())
-    for field, values in differences.items()
-  ]
+def _plot_lines(ax, mine: dict[str, dict], several: bool) -> float:
+  """Every run's lines of one panel ({run: panel}) on ax; returns the highest value drawn (0.0 for none)."""
+  peak = 0.0
+  for r, (name, pn) in enumerate(mine.items()):
+    for i, (label, xs, ys) in enumerate(pn["lines"]):
+      # A line style each, and a marker each (of the line, or of the run where there are several): equal curves
+      # stay visible.
+      marker = MARKERS[(r if several else i) % len(MARKERS)] if len(xs) <= 50 else None
+      ax.plot(
+        xs,
+        ys,
+        LINE_STYLES[i % len(LINE_STYLES)],
+        marker=marker,
+        color=f"C{r}" if several else None,
+        label=f"{name}: {label}" if several else label,
+      )
+      peak = max([peak, *ys])
+  return peak
+
+
+def _finish_axes(ax, panel: dict, peak: float) -> None:
+  """A share drawn from 0 ('none in any step' where nothing was), the panel's reference dashed, the legend."""
+  if panel["percent"]:
+    ax.set_ylim(0, 1.1 * peak if peak > 0 else 1.0)
+    if peak == 0:
+      ax.text(0.5, 0.5, "none in any step", ha="center", va="center", transform=ax.transAxes, color="gray")
+  if panel["reference"] is not None:
+    ax.axhline(panel["reference"][0], color="gray", linestyle="--", linewidth=1, label=panel["reference"][1])
+  ax.legend(fontsize=7)
+
+
+def _draw_panel(ax, mine: dict[str, dict]) -> str | None:
+  """One panel of every run ({run: panel}) on ax; returns its entry in the title's 'no data' list (the panel's name,
+  with several runs and not all of them without data, the runs without), or None where every run has data."""
+  several = len(mine) > 1
+  panel = next(iter(mine.values()))
+  ax.set_title(panel["title"], fontsize=10)
+  ax.set_ylabel(panel["ylabel"])
+  ax.grid(alpha=0.3)
+  without = [name for name, pn in mine.items() if pn["missing"]]
+  empty = None
+  if without:
+    empty = panel["name"] + (f" (in {', '.join(without)})" if several and len(without) < len(mine) else "")
+  if len(without) == len(mine):
+    _no_data(ax, panel["missing"])
+    return empty
+  _finish_axes(ax, panel, _plot_lines(ax, mine, several))
+  return empty
 
 
 def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
@@ -199,52 +224,11 @@ def draw(runs: dict[str, list[dict]], notes: list[str] = ()):
   from matplotlib.ticker import MaxNLocator
 
   found = {name: panels(records) for name, records in runs.items()}
-  several = len(runs) > 1
   fig, axes = plt.subplots(3, 2, figsize=(13, 11 + 0.2 * len(notes)), sharex=True)
-  empty = []
-  for p, ax in enumerate(axes.flat):
-    mine = {name: panel_list[p] for name, panel_list in found.items()}
-    panel = next(iter(mine.values()))
-    ax.set_title(panel["title"], fontsize=10)
-    ax.set_ylabel(panel["ylabel"])
-    ax.grid(alpha=0.3)
-    without = [name for name, pn in mine.items() if pn["missing"]]
-    if without:
-      empty.append(panel["name"] + (f" (in {', '.join(without)})" if several and len(without) < len(runs) else ""))
-    if len(without) == len(runs):
-      ax.text(
-        0.5,
-        0.5,
-        f"no data: {panel['missing']}",
-        ha="center",
-        va="center",
-        transform=ax.transAxes,
-        color="gray",
-        wrap=True,
-      )
-      continue
-    peak = 0.0
-    for r, (name, pn) in enumerate(mine.items()):
-      for i, (label, xs, ys) in enumerate(pn["lines"]):
-        # A line style each, and a marker each (of the line, or of the run where there are several): equal curves
-        # stay visible.
-        marker = MARKERS[(r if several else i) % len(MARKERS)] if len(xs) <= 50 else None
-        ax.plot(
-          xs,
-          ys,
-          LINE_STYLES[i % len(LINE_STYLES)],
-          marker=marker,
-          color=f"C{r}" if several else None,
-          label=f"{name}: {label}" if several else label,
-        )
-        peak = max([peak, *ys])
-    if panel["percent"]:
-      ax.set_ylim(0, 1.1 * peak if peak > 0 else 1.0)
-      if peak == 0:
-        ax.text(0.5, 0.5, "none in any step", ha="center", va="center", transform=ax.transAxes, color="gray")
-    if panel["reference"] is not None:
-      ax.axhline(panel["reference"][0], color="gray", linestyle="--", linewidth=1, label=panel["reference"][1])
-    ax.legend(fontsize=7)
+  drawn = (
+    _draw_panel(ax, {name: panel_list[p] for name, panel_list in found.items()}) for p, ax in enumerate(axes.flat)
+  )
+  empty = [entry for entry in drawn if entry is not None]
   for ax in axes[-1]:
     ax.set_xlabel("step")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
