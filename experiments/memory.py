@@ -100,24 +100,11 @@ def preset_config(name: str):
   return config
 
 
-def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = False) -> dict:
-  """One row of the planner (devices already simulated): the config's per-device bytes by category, compiled and
-  analytic, and the verdicts against `device_gb`."""
+def compile_and_scale(config, mesh, model_cfg, target: tuple, whole: bool, explain: bool) -> tuple[list, dict]:
+  """(compiled, scaled): the train step compiled whole or as layer variants (`memory_compile.compiled_variants`),
+  and its argument, temp, output and alias bytes scaled to the `target` layer counts: {kind: (bytes, coefficients)}."""
   from moejax.models.decoder_config import DecoderConfig
-  from moejax.runtime import mesh as mesh_lib
-  from moejax.train import trainer as train
 
-  nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
-  mesh = mesh_lib.make_mesh(nodes, gpus)
-  config, configured, (full, model_cfg, moe_cfg) = memory_compile.checked_on(config, mesh)
-  trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, memory_compile.token_ids(model_cfg.vocab_size))
-  params, optimizer, other_state, gradients = memory_compile.state_bytes(trainer.abstract_state)
-  rows = full.batch_size // full.micro_batches
-  exchange = memory_lib.exchange_bytes(moe_cfg, mesh, rows * full.seq_len) if model_cfg.num_moe_layers else None
-  target = memory_lib.layer_counts(model_cfg)
-  # Scanned layers compile in the time of one layer variant whatever the depth, and a variant's segments of one or
-  # two repeats do not compile as the loop of many does (docs/memory.md): a scanned model compiles whole.
-  whole = whole or model_cfg.scan_layers
   points = [target] if whole else memory_compile.variants(model_cfg)
   compiled = memory_compile.compiled_variants(
     config, mesh, isinstance(model_cfg, DecoderConfig), points, whole, explain
@@ -125,6 +112,15 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
   scaled = {
     k: memory_compile.scale(points, [c[k] for c in compiled], target) for k in ("argument", "temp", "output", "alias")
   }
+  return compiled, scaled
+
+
+def compiled_bytes(state: tuple, exchange: dict | None, scaled: dict, full, devices: int) -> dict:
+  """Per-device bytes by category from the compiled step: the state's (params, optimizer, other state,
+  gradients), the exchange buffers, the activations (temp less gradients and buffers), the batch, the output not
+  aliased to an input, and their total."""
+  params, optimizer, other_state, gradients = state
+  rows = full.batch_size // full.micro_batches
   temp = scaled["temp"][0]
   exch = exchange["bytes"] if exchange else 0.0
   out = {
@@ -134,10 +130,32 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
     "exchange_buffers": exch,
     "activations": temp - gradients - exch,
     "other_state": other_state,
-    "batch": full.micro_batches * rows * full.seq_len * 4 / (nodes * gpus),
+    "batch": full.micro_batches * rows * full.seq_len * 4 / devices,
     "unaliased_output": max(0.0, scaled["output"][0] - scaled["alias"][0]),
   }
   out["total"] = params + optimizer + out["other_state"] + out["batch"] + temp + out["unaliased_output"]
+  return out
+
+
+def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = False) -> dict:
+  """One row of the planner (devices already simulated): the config's per-device bytes by category, compiled and
+  analytic, and the verdicts against `device_gb`."""
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.train import trainer as train
+
+  nodes, gpus = config.mesh.nodes, config.mesh.gpus_per_node
+  mesh = mesh_lib.make_mesh(nodes, gpus)
+  config, configured, (full, model_cfg, moe_cfg) = memory_compile.checked_on(config, mesh)
+  trainer = train.Trainer(full, model_cfg, moe_cfg, mesh, memory_compile.token_ids(model_cfg.vocab_size))
+  state = memory_compile.state_bytes(trainer.abstract_state)
+  rows = full.batch_size // full.micro_batches
+  exchange = memory_lib.exchange_bytes(moe_cfg, mesh, rows * full.seq_len) if model_cfg.num_moe_layers else None
+  target = memory_lib.layer_counts(model_cfg)
+  # Scanned layers compile in the time of one layer variant whatever the depth, and a variant's segments of one or
+  # two repeats do not compile as the loop of many does (docs/memory.md): a scanned model compiles whole.
+  whole = whole or model_cfg.scan_layers
+  compiled, scaled = compile_and_scale(config, mesh, model_cfg, target, whole, explain)
+  out = compiled_bytes(state, exchange, scaled, full, nodes * gpus)
   analytic = memory_rows.analytic(full, model_cfg, moe_cfg, exchange)
   verdict = lambda total: "fits" if total <= device_gb * GB else "does not fit"
   return {
@@ -159,7 +177,7 @@ def plan(config, device_gb: float = 80.0, whole: bool = False, explain: bool = F
     "analytic_verdict": verdict(analytic["total"]),
     "argument_check": {
       "scaled": scaled["argument"][0],
-      "exact_state_and_batch": params + optimizer + out["other_state"] + out["batch"],
+      "exact_state_and_batch": out["parameters"] + out["optimizer"] + out["other_state"] + out["batch"],
     },
   }
 
