@@ -11,8 +11,8 @@ depend on smoke.
 
 import ml_collections
 
-from benchmarks.suite.shapes import ATTENTION_MODELS, ATTENTION_SEQ_LEN, KERNEL_MODELS, LAYER_MODELS, ROWS
 from moejax.bench.gpu import attention
+from moejax.bench.gpu.shapes import ATTENTION_MODELS, ATTENTION_SEQ_LEN, KERNEL_MODELS, LAYER_MODELS, ROWS
 from moejax.bench.kernel_impls import IMPLS
 
 
@@ -25,18 +25,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.iters = ml_collections.FieldReference(None, field_type=int)  # timed calls (30; smoke 3)
   config.gemm_sizes = (4096, 8192, 16384)  # ceilings: square GEMM sizes (smoke: 256)
   config.copy_mib = 1024  # ceilings: MiB copied (smoke: 4)
-  config.kernel_models = tuple(KERNEL_MODELS)  # kernels: a subset of benchmarks.suite.shapes.KERNEL_MODELS
+  config.kernel_models = tuple(KERNEL_MODELS)  # kernels: a subset of moejax.bench.gpu.shapes.KERNEL_MODELS
   config.kernel_rows = (ROWS,)  # kernels: routed rows R
   config.kernel_ops = ("gmm", "ffn", "parts")  # kernels: 'gmm', 'ffn', 'parts' (the fused FFN's kernels one by one)
   config.kernel_impls = IMPLS  # kernels: implementations
   config.kernel_warmup = 3  # kernels: untimed calls (smoke: 1)
   config.kernel_iters = 20  # kernels: timed calls (smoke: 3)
-  config.layer_models = tuple(LAYER_MODELS)  # layer: a subset of benchmarks.suite.shapes.LAYER_MODELS
+  config.layer_models = tuple(LAYER_MODELS)  # layer: a subset of moejax.bench.gpu.shapes.LAYER_MODELS
   config.layer_backends = ("ragged_dot", "pallas")  # layer: expert backends
   # train_step: expert backends (() = ragged_dot,pallas; smoke: ragged_dot, since the interpreted Pallas step takes
   # long to compile and the layer step already runs it).
   config.train_backends = ()
-  config.attention_models = tuple(ATTENTION_MODELS)  # attention: a subset of benchmarks.suite.shapes.ATTENTION_MODELS
+  config.attention_models = tuple(ATTENTION_MODELS)  # attention: a subset of moejax.bench.gpu.shapes.ATTENTION_MODELS
   config.attention_seq_len = ATTENTION_SEQ_LEN  # attention: tokens of the one sequence (smoke: 32)
   config.attention_impls = attention.IMPLS  # attention: implementations (moejax/bench/gpu/attention.py)
   # decoder_step (moejax/bench/gpu/decoder_step.py): expert backends (() = pallas; smoke: ragged_dot, as train_step),

@@ -54,8 +54,6 @@ import traceback
 
 from absl import flags
 
-from benchmarks.suite.layer import step_layer
-from benchmarks.suite.record import Record, Terminated, say
 from moejax import cli
 from moejax.bench.gpu.attention import step_attention
 from moejax.bench.gpu.ceilings import step_ceilings
@@ -64,6 +62,8 @@ from moejax.bench.gpu.compile_time import check_sweep, step_compile_time
 from moejax.bench.gpu.decoder_step import step_decoder
 from moejax.bench.gpu.env import step_env
 from moejax.bench.gpu.kernels_step import step_kernels
+from moejax.bench.gpu.layer import step_layer
+from moejax.bench.gpu.record import Record, Terminated, say
 from moejax.bench.gpu.train_step import step_train
 from moejax.validation import ConfigError, require
 

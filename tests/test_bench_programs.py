@@ -56,6 +56,12 @@ def test_no_program_defines_flags_beyond_config_workdir_and_print_config():
     assert {"cli.define_config", "cli.define_workdir"} <= _calls(ast.parse((ROOT / name).read_text())), name
 
 
+def test_benchmarks_holds_no_python():
+  """benchmarks/ keeps the GPU suite's shell scripts, its results and README: the programs are in experiments/, what
+  they measure with in moejax/bench/."""
+  assert not list((ROOT / "benchmarks").rglob("*.py"))
+
+
 def test_nothing_outside_tests_and_experiments_imports_experiments():
   importers = set()
   for name, tree in _modules("moejax", "kernels", "configs", "benchmarks"):

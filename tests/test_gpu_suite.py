@@ -329,7 +329,7 @@ def test_chunking_times_every_piece_count_and_schedule(records):
 
 def test_layer_models_include_the_published_presets():
   """The suite's layer step times DeepSeek-V3's and Qwen3-MoE's routed layers from `moejax.models.presets`."""
-  from benchmarks.suite import shapes
+  from moejax.bench.gpu import shapes
   from moejax.models import presets
   from moejax.moe.config import MoEConfig
 
@@ -347,7 +347,7 @@ def test_attention_times_each_implementation_against_the_materialised_one(record
   """Each smoke model's attention: 'materialized' and 'xla' measured (positive times, temporary bytes, the visible
   pairs' FLOPs), XLA's output and gradients close to the materialised ones in bf16; cuDNN and tokamax skipped with the
   reason on this CPU; over a KV cache, 'xla' measured and the others skipped alike."""
-  from benchmarks.suite.shapes import SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
+  from moejax.bench.gpu.shapes import SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
 
   record = records["attention"]
   assert record["dtype"] == "bfloat16" and record["seq_len"] == SMOKE_ATTENTION_SEQ_LEN and record["failed_cases"] == 0
@@ -378,10 +378,10 @@ def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   """benchmarks/gpu_parts.sh: every model, implementation, step and config field it names exists (a typo would waste GPU
   time), every kernel and layer model is in some part, every implementation timed at every kernel model, and parts
   3, 4 and 8 refuse to start without part 1's ceiling."""
-  from benchmarks.suite.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
   from configs import gpu_suite as suite_config
   from configs import tune_kernels as tune_config
   from experiments.gpu_suite import STEPS
+  from moejax.bench.gpu.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
   from moejax.bench.kernel_impls import IMPLS
 
   script = (ROOT / "benchmarks" / "gpu_parts.sh").read_text()

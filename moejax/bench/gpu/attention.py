@@ -1,6 +1,6 @@
 """The attention step: one layer's causal self-attention as the decoder families run it
 (`moejax.models.attention.attend`) at DeepSeek-V3's MLA shape and Qwen3-30B-A3B's GQA shape
-(`benchmarks.suite.shapes.ATTENTION_MODELS`), one sequence in bf16: forward and forward+backward of each
+(`moejax.bench.gpu.shapes.ATTENTION_MODELS`), one sequence in bf16: forward and forward+backward of each
 implementation against the materialised attention the models ran before, with useful TFLOP/s (and MFU against this
 run's ceilings GEMM rate), the compiled program's temporary bytes, and each output's and gradient's error against the
 materialised one; then, per implementation, a prefill over a KV cache and one decode step against 'xla'.
@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.suite.layer import read_ceiling
-from benchmarks.suite.record import Record, say, timing
-from benchmarks.suite.shapes import ATTENTION_MODELS, SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
 from kernels.tuning import time_call
+from moejax.bench.gpu.layer import read_ceiling
+from moejax.bench.gpu.record import Record, say, timing
+from moejax.bench.gpu.shapes import ATTENTION_MODELS, SMOKE_ATTENTION_MODELS, SMOKE_ATTENTION_SEQ_LEN
 from moejax.models import attention
 from moejax.validation import require
 

@@ -4,8 +4,8 @@ steps are judged against."""
 import jax
 import jax.numpy as jnp
 
-from benchmarks.suite.record import Record, say, timing
 from kernels.tuning import time_call
+from moejax.bench.gpu.record import Record, say, timing
 
 
 def step_ceilings(config, rec: Record):

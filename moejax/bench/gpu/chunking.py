@@ -6,10 +6,10 @@ import os
 import jax
 import jax.numpy as jnp
 
-from benchmarks.suite.layer import compute_dtype, layer_case, read_ceiling
-from benchmarks.suite.record import Record, say, timing
-from benchmarks.suite.shapes import CHUNKS, LAYER_MODELS, SMOKE_LAYER_MODELS
 from kernels.tuning import time_call
+from moejax.bench.gpu.layer import compute_dtype, layer_case, read_ceiling
+from moejax.bench.gpu.record import Record, say, timing
+from moejax.bench.gpu.shapes import CHUNKS, LAYER_MODELS, SMOKE_LAYER_MODELS
 from moejax.cost import model as cost_model
 from moejax.moe import experts as experts_lib
 from moejax.moe.config import MoEConfig

@@ -14,7 +14,7 @@ configs/gpu_suite.py's compile_families / compile_layers / compile_scan (smoke: 
 
 import time
 
-from benchmarks.suite.record import Record, say
+from moejax.bench.gpu.record import Record, say
 from moejax.validation import is_int, require
 
 TOKENS = (8, 32)  # sequences x tokens of the one micro-batch, as experiments/compile_time.py's default

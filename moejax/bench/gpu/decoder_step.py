@@ -18,9 +18,9 @@ attention 2 x 2 x heads x head width per visible (causal) query-key pair forward
 import jax
 import numpy as np
 
-from benchmarks.suite.layer import compute_dtype, read_ceiling
-from benchmarks.suite.record import Record, say, timing
 from kernels.tuning import time_call
+from moejax.bench.gpu.layer import compute_dtype, read_ceiling
+from moejax.bench.gpu.record import Record, say, timing
 from moejax.runtime import mesh as mesh_lib
 
 DECODER_TOKENS = (2, 4096)  # sequences x tokens per step

@@ -8,7 +8,7 @@ import sys
 
 import jax
 
-from benchmarks.suite.record import OPTIONAL_PACKAGES, Record, Terminated, say
+from moejax.bench.gpu.record import OPTIONAL_PACKAGES, Record, Terminated, say
 
 
 def nvidia_smi() -> dict:

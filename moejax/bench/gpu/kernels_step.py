@@ -7,9 +7,9 @@ import os
 import jax
 import jax.numpy as jnp
 
-from benchmarks.suite.record import Record, say
-from benchmarks.suite.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
 from moejax.bench import kernel_parts, kernels
+from moejax.bench.gpu.record import Record, say
+from moejax.bench.gpu.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
 from moejax.cost import expert_backend
 from moejax.runtime import platform as platform_lib
 

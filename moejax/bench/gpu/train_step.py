@@ -3,9 +3,9 @@ scaling study times it (`moejax.bench.sweep_timing.time_training_step`)."""
 
 import jax
 
-from benchmarks.suite.layer import compute_dtype
-from benchmarks.suite.record import Record, say, timing
-from benchmarks.suite.shapes import SMOKE_TRAIN_SHAPE, TRAIN_SHAPE
+from moejax.bench.gpu.layer import compute_dtype
+from moejax.bench.gpu.record import Record, say, timing
+from moejax.bench.gpu.shapes import SMOKE_TRAIN_SHAPE, TRAIN_SHAPE
 from moejax.moe import collective as collective_lib
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib

@@ -9,9 +9,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.suite.record import Record, say, timing
-from benchmarks.suite.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
 from kernels.tuning import time_call
+from moejax.bench.gpu.record import Record, say, timing
+from moejax.bench.gpu.shapes import LAYER_MODELS, SMOKE_LAYER_MODELS
 from moejax.cost import model as cost_model
 from moejax.moe import collective as collective_lib
 from moejax.moe import layer as layer_lib
@@ -91,6 +91,54 @@ def layer_case(
   return case, np.asarray(y, np.float32)
 
 
+def _collective_cases(name: str, shape: dict, tokens: int, backend: str, mesh, config, ceiling, rec: Record):
+  """One model and expert backend under each collective of RAGGED_AND_ORACLE (one the platform lacks recorded as
+  skipped): the cases appended to rec['cases'] as they are timed; returns each run collective's outputs."""
+  platform = jax.devices()[0].platform
+  dtype = rec["dtype"]
+  outputs = {}
+  for collective in collective_lib.RAGGED_AND_ORACLE:
+    cfg = MoEConfig(**shape, collective=collective, expert_backend=backend, dtype=dtype)
+    case = {
+      "model": name,
+      "tokens": tokens,
+      "rows": tokens * cfg.choices_per_token,
+      **shape,
+      "collective": collective,
+      "expert_backend": backend,
+      "dtype": dtype,
+    }
+    if not collective_lib.runs_on(collective, platform):
+      case["skipped"] = f"XLA:{platform.upper()} has no ragged all-to-all (moejax.runtime.platform)"
+    else:
+      measured, outputs[collective] = layer_case(cfg, tokens, mesh, config, ceiling)
+      case.update(measured)
+      say(
+        f"{name} {backend} {collective}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
+        f"{case['fwd_bwd']['median_s'] * 1e3:.3f} ms, expert phase {case['phases_ms']['layer_expert_ms']:.3f} "
+        f"ms, MFU fwd {case['mfu_fwd']}, fwd+bwd {case['mfu_fwd_bwd']}"
+      )
+    rec["cases"].append(case)
+    rec.save()
+  return outputs
+
+
+def _collective_comparison(name: str, backend: str, outputs: dict, platform: str) -> dict:
+  """The 'ragged' collective's outputs against 'padded''s (max abs diff, relative error, bitwise equal), or why
+  they were not compared."""
+  comparison = {"model": name, "expert_backend": backend}
+  if len(outputs) == 2:
+    a, b = outputs["ragged"], outputs["padded"]
+    comparison.update(
+      max_abs_diff=float(np.max(np.abs(a - b))),
+      rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
+      bitwise_equal=bool(np.array_equal(a, b)),
+    )
+  else:
+    comparison["skipped"] = "ragged collective not run on " + platform
+  return comparison
+
+
 def step_layer(config, rec: Record):
   platform = jax.devices()[0].platform
   models = SMOKE_LAYER_MODELS if config.smoke else {m: LAYER_MODELS[m] for m in config.layer_models}
@@ -107,47 +155,14 @@ def step_layer(config, rec: Record):
   )
   say(f"MFU reference: {ceiling} TFLOP/s ({source})")
   mesh = mesh_lib.make_mesh(1, 1)
-  cases, comparisons = [], []
-  rec["cases"], rec["collective_comparison"] = cases, comparisons
+  rec["cases"], rec["collective_comparison"] = [], []
   for name, shape in models.items():
     shape = dict(shape)
     tokens = shape.pop("tokens")
     for backend in config.layer_backends:
-      outputs = {}
-      for collective in collective_lib.RAGGED_AND_ORACLE:
-        cfg = MoEConfig(**shape, collective=collective, expert_backend=backend, dtype=dtype)
-        case = {
-          "model": name,
-          "tokens": tokens,
-          "rows": tokens * cfg.choices_per_token,
-          **shape,
-          "collective": collective,
-          "expert_backend": backend,
-          "dtype": dtype,
-        }
-        if not collective_lib.runs_on(collective, platform):
-          case["skipped"] = f"XLA:{platform.upper()} has no ragged all-to-all (moejax.runtime.platform)"
-        else:
-          measured, outputs[collective] = layer_case(cfg, tokens, mesh, config, ceiling)
-          case.update(measured)
-          say(
-            f"{name} {backend} {collective}: fwd {case['fwd']['median_s'] * 1e3:.3f} ms, fwd+bwd "
-            f"{case['fwd_bwd']['median_s'] * 1e3:.3f} ms, expert phase {case['phases_ms']['layer_expert_ms']:.3f} "
-            f"ms, MFU fwd {case['mfu_fwd']}, fwd+bwd {case['mfu_fwd_bwd']}"
-          )
-        cases.append(case)
-        rec.save()
-      comparison = {"model": name, "expert_backend": backend}
-      if len(outputs) == 2:
-        a, b = outputs["ragged"], outputs["padded"]
-        comparison.update(
-          max_abs_diff=float(np.max(np.abs(a - b))),
-          rel_err=float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30)),
-          bitwise_equal=bool(np.array_equal(a, b)),
-        )
-      else:
-        comparison["skipped"] = "ragged collective not run on " + platform
-      comparisons.append(comparison)
+      outputs = _collective_cases(name, shape, tokens, backend, mesh, config, ceiling, rec)
+      comparison = _collective_comparison(name, backend, outputs, platform)
+      rec["collective_comparison"].append(comparison)
       say(f"ragged vs padded {name} {backend}: {comparison}")
       rec.save()
     rec.setdefault("wire_comparison", []).extend(
