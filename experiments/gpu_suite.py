@@ -21,7 +21,7 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
               schedule on a 1x1 mesh (no communication to hide there: the schedules' overhead alone).
   train_step  tokens/s of the BERT-MoE training step (`moejax.train.trainer.Trainer`): forward,
               backward and LAMB update of random tokens, timed as the scaling study times it
-              (`moejax.bench.sweep_timing.time_training_step`).
+              (`moejax.study.sweep_timing.time_training_step`).
   attention   causal self-attention (`moejax.models.attention.attend`) at DeepSeek-V3's MLA and Qwen3-MoE's GQA
               shapes, 4096 tokens, bf16: forward and forward+backward of cuDNN's fused kernel, XLA and tokamax
               against the materialised attention (times, TFLOP/s, temporary bytes, errors), and each over a KV

@@ -13,9 +13,8 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
-from moejax.bench import sweep_timing
 from moejax.cost import fitted
-from moejax.study import hosts
+from moejax.study import hosts, sweep_timing
 from moejax.study.points import Point, validate
 from moejax.study.sweep import measured_points
 from tests.helpers import ENV, ROOT

@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import pytest
 
 from moejax.moe import collective as collective_lib
+from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -35,10 +36,10 @@ def test_layer_asks_the_platform(mesh_2x4):
     moe_apply(params, jnp.ones((16, 8)), cfg, mesh_2x4)
 
 
-def test_check_vma_off_only_for_interpreted_pallas():
-  assert not platform_lib.check_vma("pallas", "cpu")
-  assert platform_lib.check_vma("pallas", "gpu")
-  assert platform_lib.check_vma("ragged_dot", "cpu")
+def test_only_pallas_off_gpu_interprets():  # shard_map's check_vma is off only for the Pallas interpreter
+  assert experts.BACKENDS["pallas"].interprets_on("cpu")
+  assert not experts.BACKENDS["pallas"].interprets_on("gpu")
+  assert not experts.BACKENDS["ragged_dot"].interprets_on("cpu")
 
 
 def test_gpu_target_mesh_names_an_abstract_gpu():

@@ -13,12 +13,11 @@ import pytest
 from flax import nnx
 
 from configs import scaling_default
-from moejax.bench import sweep_timing
 from moejax.models.presets import PUBLISHED
 from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import point_models
+from moejax.study import point_models, sweep_timing
 from moejax.study.points import Point, moe_section, scheme_config, validate
 from moejax.study.price import price_point_layer
 from moejax.validation import ConfigError

@@ -36,14 +36,6 @@ def pallas_interprets(platform: str) -> bool:
   return platform != "gpu"
 
 
-def check_vma(expert_backend: str, platform: str) -> bool:
-  """shard_map's check_vma for a program running the experts: off only for the Pallas interpreter,
-  which cannot yet type its slices by mesh-axis variance (jax 0.10 to 0.12)."""
-  from moejax.moe import experts  # the backends (they ask this module where Pallas interprets)
-
-  return not experts.BACKENDS[expert_backend].interprets_on(platform)
-
-
 def gpu_target_mesh(
   axis_sizes: dict[str, int] | None = None, device_kind: str = TARGET_GPU
 ) -> jax.sharding.AbstractMesh:

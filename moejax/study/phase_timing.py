@@ -87,9 +87,7 @@ class _Phases:
         dtype=jnp.dtype(cfg.dtype),
       )
 
-    return self._map(
-      body, 5 if cfg.gated else 4, platform_lib.check_vma(cfg.expert_backend, platform_lib.of_mesh(self.mesh))
-    )
+    return self._map(body, 5 if cfg.gated else 4, not cfg.backend_kind.interprets_on(platform_lib.of_mesh(self.mesh)))
 
 
 def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:

@@ -4,11 +4,11 @@ Every point (scheme, mesh n x m, model, scaling) runs the real layer (`moe_apply
 CPU mesh of that shape with few tokens, then the cluster cost model (`moejax.cost`) prices it at
 the model's real shapes and token counts. Such rows are labelled 'modelled'. Points whose mesh the job's devices
 of measure.platform can form (one host's, or whole hosts of a multi-process job: `hosts`) are also timed end to
-end (`moejax.bench.sweep_timing`: a layer forward and a real training step of `moejax.models`); those rows are labelled 'measured'.
+end (`moejax.study.sweep_timing`: a layer forward and a real training step of `moejax.models`); those rows are labelled 'measured'.
 
 Modules of moejax.study: `points` (the config checked, its points and their keys), `inputs` (the
 layer's parameters and tokens), `simulate` (the small run), `price` (the modelled row: how the small
-run is scaled up, the step model, weak and strong scaling), `moejax.bench.sweep_timing` (the measured row), `store`
+run is scaled up, the step model, weak and strong scaling), `moejax.study.sweep_timing` (the measured row), `store`
 (the workdir's records), `hosts` (the job's hosts); `run` here runs them all, logging each point with an ETA
 (`progress`).
 """
@@ -19,13 +19,13 @@ import time
 
 from absl import logging
 
-from moejax.bench.sweep_timing import measure
 from moejax.study import hosts
 from moejax.study.points import moe_section, point_key, simulated_scheme, simulation_key, validate
 from moejax.study.price import model_row, price_point_layer
 from moejax.study.progress import Progress
 from moejax.study.simulate import simulate
 from moejax.study.store import POINTS_FILE, SIMULATIONS_FILE, append, load_jsonl
+from moejax.study.sweep_timing import measure
 
 
 def measured_points(config, points) -> list:

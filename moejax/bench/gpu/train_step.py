@@ -1,5 +1,5 @@
 """The train_step step: tokens/s of the BERT-MoE training step (`moejax.train.trainer.Trainer`), timed as the
-scaling study times it (`moejax.bench.sweep_timing.time_training_step`)."""
+scaling study times it (`moejax.study.sweep_timing.time_training_step`)."""
 
 import jax
 
@@ -12,9 +12,9 @@ from moejax.runtime import mesh as mesh_lib
 
 
 def _train_run(config, shape: dict, model_cfg, moe_cfg: MoEConfig, mesh) -> dict:
-  """Timings of the jitted training step (`moejax.bench.sweep_timing.time_training_step`) on one random batch."""
+  """Timings of the jitted training step (`moejax.study.sweep_timing.time_training_step`) on one random batch."""
   # Imported here: it needs ml_collections, which the other steps do not (a GPU machine may lack it).
-  from moejax.bench import sweep_timing  # pylint: disable=import-outside-toplevel
+  from moejax.study import sweep_timing  # pylint: disable=import-outside-toplevel
 
   timed = sweep_timing.time_training_step(
     model_cfg, moe_cfg, mesh, (1, shape["batch"], shape["seq_len"]), 0, config.warmup, config.iters
