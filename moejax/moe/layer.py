@@ -232,7 +232,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
     x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32), lay.rows, m, cfg
   )
   ids_RxZ, w_RxZ = _slots_of(sent, extras, cfg, lay)
-  x_RxD, (rows, slots) = sent.x_RxD, ids_RxZ.shape
+  x_RxD, rows = sent.x_RxD, ids_RxZ.shape[0]
   nonfinite = jnp.sum(~jnp.isfinite(x_TxD).all(axis=1), dtype=jnp.int32)  # NaN/inf stay so on the wire: counted
   if not lay.dedup:
     x_RxD, ids_RxZ, w_RxZ = one_row_per_slot(x_RxD, ids_RxZ, w_RxZ)
@@ -244,6 +244,7 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   y_TxD, routed_TxK = _sum_choices(y_RxD, tokens, d, x_TxD.dtype, decision.expert_ids, shared_TxD, lay)
 
   aux = _routing_aux(stats, cfg, extras, lay)
+  slots = ids_RxZ.shape[1]  # on the wire: Z per row with dedup, 1 once each slot is its own row
   aux |= _exchange_aux(cfg, lay, keep_TxK, processed_RxK, overflowed, nonfinite, result.paths, slots, x_TxD)
   aux["expert_ids"] = routed_TxK
   return y_TxD, aux
