@@ -21,6 +21,10 @@ from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
 
+# Checked on jax 0.10 and 0.11 (the GPU machine's 0.11.2); jax 0.12 compiles these programs with another device
+# assignment and shard_map semantics, which the parser does not read yet (issue 58).
+pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
+
 ROWS, COLS = 16, 32  # each device's block
 BOTH = ("node", "gpu")
 EXCHANGES = ("all-to-all", "ragged-all-to-all", "collective-permute")
