@@ -27,6 +27,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.copy_mib = 1024  # ceilings: MiB copied (smoke: 4)
   config.kernel_models = tuple(KERNEL_MODELS)  # kernels: a subset of moejax.bench.gpu.shapes.KERNEL_MODELS
   config.kernel_rows = (ROWS,)  # kernels: routed rows R
+  config.kernel_skews = ("balanced", "skewed")  # kernels: group sizes, equal or Zipf-skewed
   config.kernel_ops = ("gmm", "ffn", "parts")  # kernels: 'gmm', 'ffn', 'parts' (the fused FFN's kernels one by one)
   config.kernel_impls = IMPLS  # kernels: implementations
   config.kernel_warmup = 3  # kernels: untimed calls (smoke: 1)

@@ -65,8 +65,13 @@ def custom_model(shape) -> dict:
   return model
 
 
+SKEWS = ("balanced", "skewed")
+
+
 def group_sizes(rows: int, experts: int, skew: str) -> np.ndarray:
   """balanced: equal shares; skewed: Zipf(1.2) shares, so the first expert gets the most."""
+  if skew not in SKEWS:
+    raise ValueError(f"skew {skew!r}: one of {SKEWS}")
   if skew == "balanced":
     share = np.ones(experts)
   else:

@@ -7,11 +7,12 @@ import os
 import jax
 import jax.numpy as jnp
 
-from moejax.bench import kernel_parts, kernels
+from moejax.bench import kernel_cases, kernel_parts, kernels
 from moejax.bench.gpu.record import Record, say
 from moejax.bench.gpu.shapes import KERNEL_MODELS, SMOKE_KERNEL_MODELS
 from moejax.cost import expert_backend
 from moejax.runtime import platform as platform_lib
+from moejax.validation import require
 
 
 def step_kernels(config, rec: Record) -> bool:
@@ -21,12 +22,14 @@ def step_kernels(config, rec: Record) -> bool:
   else:
     models, rows = {m: KERNEL_MODELS[m] for m in config.kernel_models}, list(config.kernel_rows)
     ops = config.kernel_ops
-  impls = config.kernel_impls
+  impls, skews = config.kernel_impls, config.kernel_skews
+  require(set(skews) <= set(kernel_cases.SKEWS), "kernel_skews", skews, f"a subset of {kernel_cases.SKEWS}")
   dtype = jnp.bfloat16
   rec.data.update(
     models=models,
     rows=rows,
     ops=ops,
+    skews=skews,
     impls=impls,
     dtype="bfloat16",
     warmup=config.kernel_warmup,
@@ -37,7 +40,7 @@ def step_kernels(config, rec: Record) -> bool:
   rec["results"] = results
   for name, model in models.items():
     for r in rows:
-      for skew in ("balanced", "skewed"):
+      for skew in skews:
         for op in ops:
           if op == "parts":  # each kernel of the fused FFN alone: where its backward loses
             results.extend(kernel_parts.run(name, model, r, skew, dtype, config.kernel_warmup, config.kernel_iters))
