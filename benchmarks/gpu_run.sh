@@ -7,14 +7,16 @@
 # so running the same command again on the same OUT_DIR resumes where the first run stopped. Fewer timed calls than the
 # full suite (warmup 2, 10 timed; kernels balanced groups only); benchmarks/gpu_parts.sh is the full suite in parts.
 # Entries after the first copy its ceilings.json (the GEMM rate the MFU columns are judged against).
-#   core        env, ceilings
-#   ffn         kernels at Mixtral 8x7B: the expert FFN through every implementation (ours, padded einsum, tokamax,
-#               FP8, torch's grouped GEMM, dense GEMM)
-#   attention   DeepSeek-V3's MLA and Qwen3-MoE's GQA, 4096 tokens: cuDNN, XLA, tokamax against the materialised one
-#   layer       the MoE layer at Mixtral 8x7B (pallas): forward, forward+backward, phases, MFU
-#   decoder     a Qwen3-MoE-shaped decoder's training step at 128 experts, as many layers as fit
-#   ffn_shapes  the expert FFN at Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
-#   compile     the train step's compile time, tiny Qwen3-MoE at 8 and 32 layers, scanned and unrolled
+#   core           ceilings, env
+#   ffn            kernels at Mixtral 8x7B: the expert FFN through every implementation (ours, padded einsum,
+#                  tokamax, FP8, torch's grouped GEMM, dense GEMM)
+#   layer          the MoE layer at Mixtral 8x7B (pallas): forward, forward+backward, phases, MFU
+#   attention      DeepSeek-V3's MLA, 4096 tokens: cuDNN and tokamax against the materialised one
+#   decoder        a Qwen3-MoE-shaped decoder's training step at 128 experts, as many layers as fit
+#   compile        the train step's compile time, tiny Qwen3-MoE at 8 and 32 layers, scanned and unrolled
+#   ffn_shapes     the expert FFN at Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
+#   attention_gqa  Qwen3-MoE's GQA, every attention implementation
+# `python -m experiments.gpu_tables OUT_DIR` prints the tables and the targets from what the run wrote.
 # Environment: PYTHON (default python3). Wheels for tokamax and qwix: see benchmarks/gpu_suite.sh.
 
 set -u -o pipefail
@@ -62,12 +64,14 @@ entry() {  # NAME SHARE_S STEPS [OPTION ...]: one entry, unless done or out of b
 }
 
 EXTRA=("$@")
-entry core 40 "env ceilings"
-entry ffn 130 kernels --config.kernel_models=mixtral_8x7b --config.kernel_ops=ffn --config.kernel_impls=$FFN_IMPLS
-entry attention 80 attention
-entry layer 110 layer --config.layer_models=mixtral_8x7b --config.layer_backends=pallas
-entry decoder 110 decoder_step --config.decoder_experts=128
-entry ffn_shapes 150 kernels --config.kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 --config.kernel_ops=ffn \
+# Shares from the H200 run of 2026-11-28 (results/2026-11-28-h200): compiling dominates each case.
+entry core 60 "ceilings env"
+entry ffn 170 kernels --config.kernel_models=mixtral_8x7b --config.kernel_ops=ffn --config.kernel_impls=$FFN_IMPLS
+entry layer 100 layer --config.layer_models=mixtral_8x7b --config.layer_backends=pallas
+entry attention 70 attention --config.attention_models=deepseek_v3 --config.attention_impls=materialized,cudnn,tokamax
+entry decoder 70 decoder_step --config.decoder_experts=128
+entry compile 110 compile_time --config.compile_families=qwen3_moe
+entry ffn_shapes 300 kernels --config.kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 --config.kernel_ops=ffn \
   --config.kernel_impls=$FFN_IMPLS
-entry compile 80 compile_time --config.compile_families=qwen3_moe
+entry attention_gqa 120 attention --config.attention_models=qwen3_moe
 say "run ended after $((SECONDS - start))s; entries done: $(cd "$OUT_DIR" && ls -d */done 2>/dev/null | tr '\n' ' ')"

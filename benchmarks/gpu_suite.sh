@@ -20,6 +20,8 @@
 # orbax-checkpoint, tensorstore, absl-py, chex, pytest, matplotlib, sentencepiece, and with them
 # numpy, PyYAML, protobuf, packaging, opt_einsum, etils, six, tqdm, jaxtyping, wadler_lindig and
 # typing_extensions. Missing (from each wheel's METADATA):
+#   grain 0.2.18              moejax.data imports it (the decoder_step and compile_time steps build a Trainer); needs
+#     array_record 0.8.6, portpicker 1.6.0, and absl-py, cloudpickle, etils, numpy, protobuf (present)
 #   ml_collections 1.1.0      needs absl-py, PyYAML                                (present)
 #   tensorboardX 2.6.5        needs numpy, packaging, protobuf>=3.20               (present)
 #   tokamax 0.0.17            needs absl-py, jax>=0.11.1, jaxlib, jaxtyping, tqdm (present), tensorboardX and:
@@ -34,8 +36,8 @@
 #   use out_type.)
 # torch is not carried: the kernels step's torch_grouped_mm case uses the machine's own (2.8 or newer with
 # CUDA) and is recorded as skipped, with the reason, where there is none.
-# Download them here (from the repository root; about 38 MB):
-#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 xprof==2.24.2 fire==0.7.1 termcolor==3.3.0 typing_extensions==4.16.0
+# Download them here (from the repository root; about 41 MB):
+#   python3 -m pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 ml_collections==1.1.0 tensorboardX==2.6.5 tokamax==0.0.17 einshape==1.0 qwix==0.1.8 immutabledict==4.3.1 pydantic==2.14.3 pydantic_core==2.50.4 annotated_types==0.8.0 typing_inspection==0.4.5 xprof==2.24.2 fire==0.7.1 termcolor==3.3.0 typing_extensions==4.16.0 grain==0.2.18 array_record==0.8.6 portpicker==1.6.0
 # Install them there (before running the suite, in the same shell):
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:.
 

@@ -181,7 +181,7 @@ def test_resolve_on_a_mesh_and_refusals(mesh_2x4, tmp_path):
   assert eb.resolve(dataclasses.replace(cfg, expert_backend="dense"), 1024, mesh_2x4).expert_backend == "dense"
   with pytest.raises(
     ConfigError,
-    match=r"ships tables for \[.nvidia_h100_80gb_hbm3.\], not .cpu.*--config\.shape=16,32,2,1,silu --config\.rows=256",
+    match=r"ships tables for \[.nvidia_h100_80gb_hbm3., .nvidia_h200.\], not .cpu.*--config\.shape=16,32,2,1,silu --config\.rows=256",
   ):
     eb.resolve(cfg, 1024, mesh_2x4)
   times = {"pallas": 4e-3, "pallas_unfused": 3e-3, "ragged_dot": 1e-3, "tokamax": None}

@@ -560,3 +560,44 @@ def test_compile_time_fields_are_checked_before_the_step_starts(field, value, me
     gpu_suite.resolved(config)
   config.update(step="env")
   gpu_suite.resolved(config)  # only the compile_time step reads them
+
+
+def test_gpu_run_names_known_shapes_steps_and_fields():
+  """benchmarks/gpu_run.sh: every model, implementation, step and config field it names exists (a typo would waste a
+  rare GPU lease), and every kernel model is timed through every implementation."""
+  from configs import gpu_suite as suite_config
+  from experiments.gpu_suite import STEPS as SUITE_STEPS
+  from moejax.bench.gpu.attention import IMPLS as ATTENTION_IMPLS
+  from moejax.bench.gpu.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
+  from moejax.bench.kernel_impls import IMPLS
+
+  script = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
+  ffn_impls = re.search(r"^FFN_IMPLS=([\w,]+)$", script, re.M).group(1).split(",")
+  script = script.replace("$FFN_IMPLS", ",".join(ffn_impls))
+  named = lambda field: {m for group in re.findall(rf"--config\.{field}=([\w.,]+)", script) for m in group.split(",")}
+  assert named("kernel_models") == set(KERNEL_MODELS) and set(ffn_impls) == set(IMPLS)
+  assert named("layer_models") <= set(LAYER_MODELS) and named("attention_models") == set(ATTENTION_MODELS)
+  assert named("attention_impls") <= set(ATTENTION_IMPLS)
+  assert set(re.findall(r"--config\.(\w+)=", script)) - {"FIELD"} <= set(suite_config.get_config())  # FIELD: usage
+  entries = re.findall(r'^entry (\w+) (\d+) "?([\w ]+?)"? ', script, re.M)
+  assert {s for _, _, steps in entries for s in steps.split()} <= set(SUITE_STEPS) and len(entries) >= 7
+
+
+def test_gpu_run_keeps_to_its_budget_and_resumes(tmp_path):
+  """A budget that fits only the first entries runs those and marks them done; the same command again skips them and
+  goes on with the next (smoke: tiny shapes on CPU)."""
+  env = {**ENV, "PYTHON": sys.executable}
+  cmd = ["bash", str(ROOT / "benchmarks" / "gpu_run.sh"), str(tmp_path), "45", "--config.smoke=True"]
+  first = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+  assert (tmp_path / "core" / "done").exists()
+  assert json.loads((tmp_path / "core" / "ceilings.json").read_text())["status"] == "ok"
+  not_started = re.findall(r"(\w+): not started", first.stdout)
+  assert not_started, first.stdout  # the budget ran out before the last entries
+  stamp = (tmp_path / "core" / "ceilings.json").stat().st_mtime
+  second = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  assert "core: done earlier, skipped" in second.stdout, second.stdout
+  assert (tmp_path / "core" / "ceilings.json").stat().st_mtime == stamp
+  assert f"{not_started[0]}: start" in second.stdout
+  bad = subprocess.run(["bash", cmd[1], str(tmp_path), "ten"], cwd=ROOT, env=env, capture_output=True, text=True)
+  assert bad.returncode == 2 and "BUDGET_S must be whole seconds; got 'ten'" in bad.stderr

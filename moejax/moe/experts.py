@@ -134,7 +134,9 @@ def grouped_matmul(x_RxI, w_GxIxO, group_sizes_G, backend: str):
   if backend == "ragged_dot":
     return jax.lax.ragged_dot(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
   if backend == "tokamax":
-    y = _tokamax().ragged_dot(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=jnp.float32)
+    # Output in the input dtype (fp32 accumulation inside): tokamax's GPU backward refuses an fp32 cotangent
+    # against bf16 weights ("lhs and rhs must have same dtype"; H200, 2026-11-28).
+    y = _tokamax().ragged_dot(x_RxI, w_GxIxO, group_sizes_G, preferred_element_type=x_RxI.dtype).astype(jnp.float32)
     # tokamax's GPU kernels need not write the rows past the groups (its zero_initialize is TPU-only).
     in_groups = jnp.arange(x_RxI.shape[0])[:, None] < jnp.sum(group_sizes_G)
     return jnp.where(in_groups, y, 0.0)
