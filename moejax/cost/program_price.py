@@ -1,0 +1,159 @@
+"""The price of a compiled program on a topology: every collective it runs (`moejax.cost.program`) priced as NCCL runs
+it (`moejax.cost.collectives`), and its compute from XLA's own counts.
+
+  price(compiled, mesh, topology) -> ProgramPrice
+
+Each collective instruction is priced per run, for all of its groups at once (groups running together share each
+node's NICs), times its runs per program run:
+- all-to-all, ragged all-to-all and collective-permute as one exchange (`collectives.all_to_all`): an all-to-all's
+  send buffer split evenly over its group, a ragged one's at `ragged_fill` of its buffer (1: the buffer, an upper
+  bound; a point's real traffic gives the fraction), a permute's block to its target;
+- all-reduce, all-gather, reduce-scatter (and collective-broadcast, as an all-gather of its buffer) as NCCL's ring
+  (`collectives.ring`) over the group's nodes and GPUs per node, `concurrent` the groups that share a node's NICs.
+A device's node is its mesh position on every axis but 'gpu' (the mesh's intra-node axis). A collective whose runs
+XLA does not state (`count` None) is refused, naming it: nothing is priced by a guess.
+
+Compute is the roofline of `compiled.cost_analysis()`: max(flops / (peak_flops x compute_efficiency),
+bytes accessed / memory_bw) per device. `serial_s` adds compute and every collective (no overlap): the program's
+schedule decides how much of the communication hides, a later term.
+"""
+
+import dataclasses
+
+import numpy as np
+
+from moejax.cost import collectives as collectives_lib
+from moejax.cost import program as program_lib
+from moejax.cost.topology import Topology
+
+RING = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
+EXCHANGE = ("all-to-all", "ragged-all-to-all", "collective-permute")
+PRICED_KINDS = (*RING, "collective-broadcast", *EXCHANGE)
+INTRA_NODE_AXIS = "gpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class PricedCollective:
+  """One collective instruction, its cost per run, and its seconds per program run (per_run x count)."""
+
+  collective: program_lib.Collective
+  per_run: collectives_lib.ExchangeCost
+
+  @property
+  def seconds(self) -> float:
+    return self.per_run.time_s * self.collective.count
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgramPrice:
+  """collectives: one per instruction; compute_s: the roofline of XLA's flops and bytes (per device)."""
+
+  collectives: tuple[PricedCollective, ...]
+  compute_s: float
+  flops: float
+  bytes_accessed: float
+
+  @property
+  def communication_s(self) -> float:
+    return sum(p.seconds for p in self.collectives)
+
+  @property
+  def serial_s(self) -> float:
+    return self.compute_s + self.communication_s
+
+  def by_kind(self) -> dict[tuple[str, tuple[str, ...]], tuple[int, float]]:
+    """{(kind, axes): (runs, seconds)} per program run."""
+    table = {}
+    for p in self.collectives:
+      runs, seconds = table.get((p.collective.kind, p.collective.axes), (0, 0.0))
+      table[(p.collective.kind, p.collective.axes)] = (runs + p.collective.count, seconds + p.seconds)
+    return table
+
+  def __str__(self) -> str:
+    rows = [f"{'kind':<20}{'axes':<10}{'runs':>6}{'ms':>10}"]
+    for (kind, axes), (runs, seconds) in sorted(self.by_kind().items()):
+      rows.append(f"{kind:<20}{','.join(axes) or '-':<10}{runs:>6}{seconds * 1e3:>10.4f}")
+    rows.append(f"{'communication':<36}{self.communication_s * 1e3:>10.4f}")
+    rows.append(f"{'compute (roofline)':<36}{self.compute_s * 1e3:>10.4f}")
+    return "\n".join(rows)
+
+
+def node_ids(mesh, assignment) -> np.ndarray:
+  """[devices] the node of each logical device id: its position on every mesh axis but 'gpu', flattened."""
+  coords = np.asarray(program_lib._coordinates(mesh, assignment))  # pylint: disable=protected-access
+  names = list(mesh.axis_names)
+  keep = [i for i, name in enumerate(names) if name != INTRA_NODE_AXIS]
+  if not keep:
+    return np.zeros(len(coords), np.int64)
+  shape = [mesh.devices.shape[i] for i in keep]
+  return np.ravel_multi_index(tuple(coords[:, keep].T), shape)
+
+
+def price_collective(
+  c: program_lib.Collective, node_of: np.ndarray, topology: Topology, ragged_fill: float = 1.0
+) -> collectives_lib.ExchangeCost:
+  """One run of collective c (all its groups at once); node_of [devices]: each logical id's node."""
+  if c.kind not in PRICED_KINDS:
+    raise ValueError(f"collective {c.name!r}: kind {c.kind!r} has no price (priced: {', '.join(PRICED_KINDS)})")
+  if c.kind in EXCHANGE:
+    return _exchange(c, node_of, topology, ragged_fill)
+  group = c.groups[0]
+  nodes = len({int(node_of[i]) for i in group})
+  gpus = max(np.unique(node_of[list(group)], return_counts=True)[1])
+  crossing = [g for g in c.groups if len({int(node_of[i]) for i in g}) > 1]
+  # Rings crossing nodes at once share each node's NICs: as many as a node has members of such groups, per group.
+  concurrent = max(1, len(crossing) * nodes // max(1, len(np.unique(node_of)))) if crossing else 1
+  kind = RING.get(c.kind, "all_gather")
+  return collectives_lib.ring(kind, c.bytes, nodes, int(gpus), topology, concurrent)
+
+
+def _exchange(c, node_of, topology, ragged_fill):
+  """An all-to-all (send buffer split over the group) or a permute (block to its target) as one exchange."""
+  devices = len(node_of)
+  m = devices // len(np.unique(node_of))
+  # collectives.all_to_all reads device s's node as s // m: order the devices by node first.
+  order = np.argsort(node_of, kind="stable")
+  flat = np.empty(devices, np.int64)
+  flat[order] = np.arange(devices)
+  bytes_AxA = np.zeros((devices, devices))
+  group_AxA = np.zeros((devices, devices), bool)
+  if c.kind == "collective-permute":
+    for s, t in c.groups:
+      bytes_AxA[flat[s], flat[t]] += c.bytes
+      group_AxA[flat[s], flat[t]] = True
+  else:
+    fill = ragged_fill if c.kind == "ragged-all-to-all" else 1.0
+    for g in c.groups:
+      ids = flat[list(g)]
+      group_AxA[np.ix_(ids, ids)] = True
+      bytes_AxA[np.ix_(ids, ids)] = fill * c.bytes / len(g)
+  return collectives_lib.all_to_all(bytes_AxA, group_AxA, m, topology)
+
+
+def price_collectives(
+  found: list[program_lib.Collective], node_of: np.ndarray, topology: Topology, ragged_fill: float = 1.0
+) -> tuple[PricedCollective, ...]:
+  """Every collective priced; refuses one whose runs per program run are unknown."""
+  unknown = [c.name for c in found if c.count is None]
+  if unknown:
+    raise ValueError(f"collectives {unknown} run an unknown number of times per program run: cannot price them")
+  return tuple(PricedCollective(c, price_collective(c, node_of, topology, ragged_fill)) for c in found)
+
+
+def compute_seconds(cost: dict, topology: Topology) -> float:
+  """The roofline of XLA's per-device counts (`program.program_cost`)."""
+  rate = topology["peak_flops"] * topology["compute_efficiency"]
+  return max(cost.get("flops", 0.0) / rate, cost.get("bytes accessed", 0.0) / topology["memory_bw"])
+
+
+def price(compiled, mesh, topology: Topology, ragged_fill: float = 1.0) -> ProgramPrice:
+  """The compiled program's collectives and compute on `topology` (module docstring)."""
+  assignment = program_lib.device_assignment(compiled, mesh)
+  found = program_lib.parse(compiled.as_text(), mesh, assignment)
+  cost = program_lib.program_cost(compiled)
+  return ProgramPrice(
+    collectives=price_collectives(found, node_ids(mesh, assignment), topology, ragged_fill),
+    compute_s=compute_seconds(cost, topology),
+    flops=cost.get("flops", 0.0),
+    bytes_accessed=cost.get("bytes accessed", 0.0),
+  )

@@ -1,0 +1,126 @@
+"""The price of a compiled program (`moejax.cost.program_price`): each collective of known shape against NCCL's ring
+and pairwise formulas written out here in float64, and a compiled MoE layer and training step priced in full (every
+collective the program runs has a price; a collective planted into the layer adds its own)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from configs import decoder
+from moejax.cost import program, program_price, topology
+from moejax.models import state as state_lib
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
+from moejax.train import objective
+from moejax.train import trainer as train
+
+pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
+
+TOPO = topology.get("dgx_h100_ib")
+ROWS, COLS = 16, 32
+BLOCK = ROWS * COLS * 4  # one device's f32 block, bytes
+BOTH = ("node", "gpu")
+
+
+def _priced(mesh, body):
+  f = jax.shard_map(body, mesh=mesh, in_specs=P(BOTH), out_specs=P(BOTH), check_vma=False)
+  compiled = jax.jit(f).lower(jax.ShapeDtypeStruct((mesh.devices.size * ROWS, COLS), jnp.float32)).compile()
+  return program_price.price(compiled, mesh, TOPO)
+
+
+def _one(priced):
+  assert len(priced.collectives) == 1, priced.collectives
+  return priced.collectives[0].seconds
+
+
+def t(field):
+  return float(TOPO[field])
+
+
+def test_all_reduce_over_node_is_a_two_node_ring_sharing_the_nics(mesh_2x4):
+  # 4 rings (one per GPU) of 2 devices on 2 nodes: 2 steps across the NICs, each edge 2 x 1/2 of the buffer, the
+  # node's NIC shared by its 4 GPUs' rings.
+  want = t("launch") + 2 * t("inter_latency") + BLOCK / min(t("intra_bw"), t("nic_bw") / 4)
+  assert _one(_priced(mesh_2x4, lambda a: jax.lax.psum(a, "node"))) == pytest.approx(want, rel=1e-12)
+
+
+def test_all_reduce_over_gpu_stays_in_the_node(mesh_2x4):
+  want = t("launch") + 2 * 3 * t("intra_latency") + 2 * 3 / 4 * BLOCK / t("intra_bw")
+  assert _one(_priced(mesh_2x4, lambda a: jax.lax.psum(a, "gpu"))) == pytest.approx(want, rel=1e-12)
+
+
+def test_all_to_all_over_gpu_is_three_messages_and_three_quarters_of_the_block(mesh_2x4):
+  body = lambda a: jax.lax.all_to_all(a, "gpu", 0, 0, tiled=True)  # noqa: E731
+  want = t("launch") + 3 * t("intra_latency") + 3 / 4 * BLOCK / t("intra_bw")
+  assert _one(_priced(mesh_2x4, body)) == pytest.approx(want, rel=1e-12)
+
+
+def test_permute_across_nodes_shares_the_nic(mesh_2x4):
+  body = lambda a: jax.lax.ppermute(a, "node", [(0, 1), (1, 0)])  # noqa: E731
+  # every GPU sends its block to the other node: 4 blocks leave each node over its NICs.
+  want = t("launch") + t("inter_latency") + 4 * BLOCK / t("nic_bw")
+  assert _one(_priced(mesh_2x4, body)) == pytest.approx(want, rel=1e-12)
+
+
+def test_unknown_runs_and_kinds_are_refused():
+  c = program.Collective("all-reduce", "ar.1", 64, "f32", ("gpu",), ((0, 1),), None, True)
+  with pytest.raises(ValueError, match=r"\['ar.1'\] run an unknown number of times"):
+    program_price.price_collectives([c], np.zeros(2, np.int64), TOPO)
+  odd = program.Collective("all-to-none", "x.2", 64, "f32", ("gpu",), ((0, 1),), 1, False)
+  with pytest.raises(ValueError, match="kind 'all-to-none' has no price"):
+    program_price.price_collective(odd, np.zeros(2, np.int64), TOPO)
+
+
+def _layer(mesh, extra=None):
+  cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, path="node_first", collective="padded")
+  params = init_params(jax.random.key(0), cfg)
+
+  def f(p, x):
+    y, aux = moe_apply(p, x, cfg, mesh)
+    return (y if extra is None else extra(y)), aux
+
+  x = jax.ShapeDtypeStruct((8 * 8, cfg.d_model), jnp.float32)
+  return jax.jit(f).lower(params, x).compile()
+
+
+def _check_priced_in_full(compiled, mesh):
+  priced = program_price.price(compiled, mesh, TOPO)
+  listed = program.summary(program.collectives(compiled, mesh))
+  assert {k: v[0] for k, v in listed.items()} == {k: v[0] for k, v in priced.by_kind().items()}
+  multi = [p for p in priced.collectives if max(len(g) for g in p.collective.groups) > 1]
+  assert multi and all(p.seconds > 0 for p in multi)
+  assert priced.compute_s > 0 and priced.serial_s == pytest.approx(priced.compute_s + priced.communication_s)
+  return priced
+
+
+def test_a_layer_is_priced_in_full_and_a_planted_collective_adds_its_price(mesh_2x4):
+  base = _check_priced_in_full(_layer(mesh_2x4), mesh_2x4)
+  # A psum over 'gpu' of the [64, 8] f32 output (sharded 8 rows a device), inside a shard_map of its own.
+  plant = jax.shard_map(lambda y: jax.lax.psum(y, "gpu"), mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH))
+  planted = _check_priced_in_full(_layer(mesh_2x4, plant), mesh_2x4)
+  extra = set(planted.by_kind()) - set(base.by_kind())
+  before = base.by_kind().get(("all-reduce", ("gpu",)), (0, 0.0))
+  runs, seconds = planted.by_kind()[("all-reduce", ("gpu",))]
+  block = 8 * 8 * 4
+  want = t("launch") + 2 * 3 * t("intra_latency") + 2 * 3 / 4 * block / t("intra_bw")
+  assert runs == before[0] + 1 and seconds - before[1] == pytest.approx(want, rel=1e-9), extra
+
+
+def test_a_training_step_is_priced_in_full(devices):
+  config = decoder.get_config("qwen3_moe")
+  config.model.update(num_layers=2, moe_layers=(True,) * 2, scan_layers=True)
+  config.update(batch_size=8, micro_batches=1, seq_len=16)
+  tokens = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  mesh = mesh_lib.make_mesh(2, 4)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh, tokens, donate=False)
+  _, _, rest = state_lib.abstract_state(trainer.model_cfg, trainer.moe_cfg, mesh, config.seed)
+  batch = jax.ShapeDtypeStruct((1, 8, 16), jnp.int32, sharding=trainer.batch_sharding)
+  compiled = trainer.step.lower(trainer.abstract_state, rest, batch).compile()
+  priced = _check_priced_in_full(compiled, mesh)
+  kinds = {kind for kind, _ in priced.by_kind()}
+  assert "all-reduce" in kinds and kinds & set(program_price.EXCHANGE)  # the gradient sync and the layers' exchanges
