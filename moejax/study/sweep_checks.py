@@ -4,11 +4,11 @@ error naming its field."""
 import math
 import os
 
-from moejax.study import model_families, point_models
+from moejax.study import point_models
 from moejax.validation import ConfigError, is_int, reject_unknown, require
 
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# A model's optional fields: its family (`model_families.FAMILIES`; 'bert' if unset) and moe fields of its own, over
+# A model's optional fields: its family (`point_models.FAMILIES`; 'bert' if unset) and moe fields of its own, over
 # the sweep's moe section (a decoder's top-k and shared experts beside SMILE's top-1).
 MODEL_OPTIONS = ("family", "moe")
 
@@ -109,9 +109,9 @@ def check_model(name: str, model, moe, scheme_fields: tuple) -> None:
     value = model.get(field)
     require(is_int(value), f"models.{name}.{field}", value, "a positive int")
   family = point_models.family(model)
-  families = tuple(model_families.FAMILIES)
+  families = tuple(point_models.FAMILIES)
   require(family in families, f"models.{name}.family", family, f"one of {families}")
-  model_families.FAMILIES[family].check_layers(name, model)
+  point_models.FAMILIES[family].check_layers(name, model)
   require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
   own = model.get("moe") or {}
   reject_unknown(own, tuple(moe), f"models.{name}.moe.")
