@@ -154,6 +154,7 @@ def test_a_calibrated_sweep_prices_with_the_fit_and_labels_points_beyond_it_extr
   for n in (1, 2, 4):
     traffic = rng.integers(0, 40, (1, 4 * n, 4 * n))
     sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0, tokens_per_gpu=128)
+    sim["control"] = dict(collectives=[], node_of=[0] * (4 * n))  # a hand-made run: no control collectives
     point = Point("flat_dropless", n, 4, "small", "weak")
     row = model_row(point, config, price_point_layer(sim, point, config))
     labels[n] = row["label"]

@@ -73,6 +73,7 @@ def test_dense_parameters_are_the_built_model_less_its_routed_experts(devices, f
   # the sweep's own count of each MoE layer's routers and shared experts (its step all-reduces them)
   traffic = np.random.default_rng().integers(0, 9, (1, 2, 2))
   sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0, tokens_per_gpu=8)
+  sim["control"] = dict(collectives=[], node_of=[0, 0])  # a hand-made run: no control collectives
   layer = price_point_layer(sim, Point("flat_dropless", 1, 2, "dec", "weak"), config)
   assert layer["moe_replicated"] * model.moe_layers == replicated
 

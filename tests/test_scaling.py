@@ -197,6 +197,7 @@ def test_ragged_traffic_scales_linearly_with_modelled_tokens():
   config = tiny_config()
   rows = [[3, 1, 2, 2], [0, 4, 1, 3], [2, 0, 3, 3], [1, 1, 2, 4]]  # 8 tokens per device, flat top-1
   sim = {"traffic_rows": [rows], "rows_per_device": np.sum(rows, axis=0).tolist(), "dropped": 0, "tokens_per_gpu": 8}
+  sim["control"] = {"collectives": [], "node_of": [0, 0, 1, 1]}  # a hand-made run: no control collectives
   point = Point("flat_dropless", 2, 2, "tiny", "weak")
   small = price_point_layer(sim, point, config)
   config.models.tiny.micro_batch *= 4
@@ -287,6 +288,7 @@ def test_overlap_schedules_reuse_the_flat_run_and_one_chunk_is_sequential(schedu
     assert 0 < comet["layer_hidden_ms"] and 0 < comet["comm_hidden_fraction"] <= 1
     assert comet["layer_ms"] == pytest.approx(
       sum(comet[f] for f in ("layer_inter_node_ms", "layer_intra_node_ms", "layer_expert_ms", "layer_other_ms"))
+      + comet["layer_control_ms"]
       - comet["layer_hidden_ms"],
       rel=1e-12,
     )
@@ -360,3 +362,35 @@ def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path
   with open(paths["results.csv"]) as f:
     written = [r for r in csv.DictReader(f) if r["label"] == "measured"]
   assert len(written) == 1 and all(float(r["step_s"]) > 0 and r["device"] == "cpu" for r in written)
+
+
+def test_the_layers_control_collectives_are_priced_from_its_compiled_program(sweep):
+  """A small run records its compiled layer's collectives that carry no rows (node_limited on 2 x 2: each hop's plan
+  all-gathers its send sizes, the statistics' all-reduce over all 4 devices); the modelled layer pays them once per
+  pass, on the point's topology, as NCCL's ring over their groups (written out here in float64)."""
+  from moejax.cost import program_price
+  from moejax.study import points as points_lib
+
+  workdir, _, _ = sweep
+  config = tiny_config()
+  sim = _stored_sim(workdir, "node_limited", 2, 2, config)
+  found = sim["control"]["collectives"]
+  assert {c["kind"] for c in found} == {"all-gather", "all-reduce"} and all(c["count"] == 1 for c in found)
+  topo = points_lib.topology(config)
+  want = 0.0
+  node_of = sim["control"]["node_of"]
+  assert sorted(node_of) == [0, 0, 1, 1]
+  for c in found:  # every group of these spans whole mesh axes: one ring per group
+    nodes, size = len({node_of[i] for i in c["groups"][0]}), len(c["groups"][0])
+    rounds = 2 if c["kind"] == "all-reduce" else 1
+    inter = rounds * (nodes - 1)
+    concurrent = len(c["groups"]) if nodes > 1 else 1
+    bw = topo["intra_bw"] if nodes == 1 else min(topo["intra_bw"], topo["nic_bw"] / concurrent)
+    latency = (rounds * (size - 1) - inter) * topo["intra_latency"] + inter * topo["inter_latency"]
+    want += topo["launch"] + latency + rounds * (size - 1) / size * c["bytes"] / bw
+  assert program_price.control_seconds(sim["control"], topo) == pytest.approx(want, rel=1e-12) and want > 0
+  layer = price_point_layer(sim, Point("node_limited", 2, 2, "tiny", "weak"), config)
+  for phase in ("forward", "train"):
+    b = layer[phase]
+    assert b.control_s == pytest.approx(want)
+    assert b.total_s == pytest.approx(b.inter_node_a2a_s + b.intra_node_a2a_s + b.expert_compute_s + b.other_s + want)

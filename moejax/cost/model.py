@@ -36,6 +36,8 @@ class Breakdown:
 
   hidden_s: seconds of the parts that run at the same time as others under an overlap schedule
   (`overlap.price_schedule`), so total_s = the parts' sum - hidden_s; 0 for a sequential layer.
+  control_s: the layer's collectives that carry no rows (each hop's plan all-gathers its send sizes, the
+  statistics' all-reduces), priced from the compiled layer (`cost.program_price`); 0 where not known.
   """
 
   inter_node_a2a_s: float
@@ -48,10 +50,12 @@ class Breakdown:
   topology: str
   label: str = "modelled"
   hidden_s: float = 0.0
+  control_s: float = 0.0
 
   @property
   def total_s(self) -> float:
-    return self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s - self.hidden_s
+    parts = self.inter_node_a2a_s + self.intra_node_a2a_s + self.expert_compute_s + self.other_s + self.control_s
+    return parts - self.hidden_s
 
   def as_dict(self) -> dict:
     return dict(dataclasses.asdict(self), total_s=self.total_s)
@@ -175,6 +179,7 @@ def price_from_traffic(
   *,
   other_flops: float = 0.0,
   non_expert_s: float = 0.0,
+  control_s: float = 0.0,
   backward: bool = False,
 ) -> Breakdown:
   """Prices one MoE layer from the rows its exchanges move and the FLOPs its devices compute.
@@ -191,6 +196,8 @@ def price_from_traffic(
   other_flops: forward non-expert FLOPs per device (router, combine), priced at the same rate.
   non_expert_s: forward seconds of the memory-bound non-expert phases (`cost.phases`); the backward pays
     them twice more, like the FLOPs.
+  control_s: seconds of the layer's collectives that carry no rows (`Breakdown.control_s`), paid once per pass
+    through the layer: its backward runs none of its own.
   """
   if device_rate is None:
     device_rate = default_rate(topology)
@@ -209,4 +216,5 @@ def price_from_traffic(
     device_rate=rate,
     rate_source=rate_source,
     topology=topology.name,
+    control_s=control_s,
   )

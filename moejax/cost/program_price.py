@@ -157,3 +157,21 @@ def price(compiled, mesh, topology: Topology, ragged_fill: float = 1.0) -> Progr
     flops=cost.get("flops", 0.0),
     bytes_accessed=cost.get("bytes accessed", 0.0),
   )
+
+
+def control_collectives(compiled, mesh) -> dict:
+  """The collectives of `compiled` that carry no rows (every kind but the exchanges: a layer's plan all-gathers and
+  statistics all-reduces), JSON-ready with each logical id's node: what `control_seconds` prices on any topology.
+  Their sizes depend on the mesh and the expert count, not on the tokens or the widths."""
+  assignment = program_lib.device_assignment(compiled, mesh)
+  found = [c for c in program_lib.parse(compiled.as_text(), mesh, assignment) if c.kind not in EXCHANGE]
+  return {"collectives": [dataclasses.asdict(c) for c in found], "node_of": node_ids(mesh, assignment).tolist()}
+
+
+def control_seconds(record: dict, topology: Topology) -> float:
+  """Seconds per run of the collectives `control_collectives` recorded, on `topology`."""
+  found = [
+    program_lib.Collective(**{**c, "axes": tuple(c["axes"]), "groups": tuple(tuple(g) for g in c["groups"])})
+    for c in record["collectives"]
+  ]
+  return sum(p.seconds for p in price_collectives(found, np.asarray(record["node_of"]), topology))

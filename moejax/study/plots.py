@@ -90,6 +90,7 @@ FIELD_LABELS = {
   "layer_intra_node_ms": "intra-node all-to-all per layer (ms)",
   "layer_expert_ms": "expert compute per layer (ms)",
   "layer_other_ms": "other per layer (ms)",
+  "layer_control_ms": "control collectives per layer (ms)",
   "layer_hidden_ms": "hidden by overlap per layer (ms)",
   "grad_sync_ms": "gradient sync per step (ms)",
   "tensor_parallel_ms": "tensor-parallel traffic per step (ms)",

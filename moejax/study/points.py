@@ -254,11 +254,15 @@ def point_key(point: Point, config) -> str:
 _PRICING_ONLY = ("num_chunks", "esp_capacity_factor", "esp_cost", "dispatch_dtype", "combine_dtype")
 
 
+# What a small run records; a new version reruns the small runs of earlier sweeps (2: its control collectives).
+SIMULATION_VERSION = 2
+
+
 def simulation_key(scheme: str, n: int, m: int, config, moe) -> str:
   """A digest of what a small run depends on (`moe`: the model's moe section, `moe_section`); models, topology,
   scaling and the pricing-only moe fields only reprice it."""
   moe = {k: v for k, v in moe.to_dict().items() if k not in _PRICING_ONLY}
-  return _digest([scheme, n, m, moe, config.sim.to_dict()])
+  return _digest([scheme, n, m, moe, config.sim.to_dict(), SIMULATION_VERSION])
 
 
 def identity(point: Point) -> dict:

@@ -24,6 +24,11 @@ token-choice). The combine adds the slots' int32 arrival flags where a hop may d
 capacity dispatch), and the backward's exchanges carry gradients in the combine dtype, the dispatch's back to the token
 with its weights' gradients (`cost.wire_lib.RowBytes`). The rows come from the small run; the dtypes only reprice it.
 
+The layer's collectives that carry no rows (each hop's plan all-gathers its send sizes, the statistics' all-reduces)
+are read from the small run's compiled layer, whose mesh is the point's, and priced as they are on the topology
+(`cost.program_price`: their sizes depend on the mesh and the experts, not on the tokens or the widths), once per
+pass through the layer.
+
 Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared experts' at
 the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at the measured H100
 cost per routed-row byte carried to the topology's GPU by memory bandwidth (`cost.phases.for_topology`, the cost the
@@ -44,7 +49,7 @@ global batch grows with the devices); strong = fixed global batch `global_batch`
 import jax.numpy as jnp
 import numpy as np
 
-from moejax.cost import collectives, overlap, phases
+from moejax.cost import collectives, overlap, phases, program_price
 from moejax.cost import model as cost_model
 from moejax.cost import traffic as traffic_lib
 from moejax.moe import routing
@@ -78,7 +83,15 @@ def non_expert_cost(config) -> phases.RowCost:
 
 
 def _overlap_breakdowns(
-  rows, processed, cfg, point: Point, config, bytes_per_row: wire_lib.RowBytes, other_flops, non_expert_s: float
+  rows,
+  processed,
+  cfg,
+  point: Point,
+  config,
+  bytes_per_row: wire_lib.RowBytes,
+  other_flops,
+  non_expert_s: float,
+  control: float,
 ) -> dict:
   """'chunked' / 'comet': the flat layer's traffic and busiest device priced with overlap (`cost.overlap`)."""
   n, m = point.nodes, point.gpus_per_node
@@ -110,6 +123,7 @@ def _overlap_breakdowns(
       rate_source=rate_source,
       topology=cluster.name,
       hidden_s=cost.hidden_s,
+      control_s=control,
     )
     out[f"{name}_hidden_fraction"] = cost.hidden_fraction
   return out
@@ -196,16 +210,26 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
   wire = row_bytes(cfg, model.d_model, itemsize)
   stats = traffic_stats(rows, processed, sim, cfg, point, wire, scale)
   if point.scheme in OVERLAP_SCHEMES:
-    overlapped = _overlap_breakdowns(rows, processed, cfg, point, config, wire, other_flops, non_expert_s)
+    overlapped = _overlap_breakdowns(
+      rows, processed, cfg, point, config, wire, other_flops, non_expert_s, control_s(sim, points.topology(config))
+    )
     return {**common, **stats, **overlapped}
   flops = cost_model.expert_flops(processed, model.d_model, model.d_ff, cfg.gated)
-  args = (rows, cfg.path_kind.hops, (n, m), wire, flops, points.topology(config), device_rate(config))
+  topology = points.topology(config)
+  args = (rows, cfg.path_kind.hops, (n, m), wire, flops, topology, device_rate(config))
+  rest = dict(other_flops=other_flops, non_expert_s=non_expert_s, control_s=control_s(sim, topology))
   return {
     **common,
     **stats,
-    "forward": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s),
-    "train": cost_model.price_from_traffic(*args, other_flops=other_flops, non_expert_s=non_expert_s, backward=True),
+    "forward": cost_model.price_from_traffic(*args, **rest),
+    "train": cost_model.price_from_traffic(*args, **rest, backward=True),
   }
+
+
+def control_s(sim: dict, topology) -> float:
+  """The small run's compiled layer's collectives that carry no rows, priced on `topology` (their sizes do not
+  scale with the tokens or the widths)."""
+  return program_price.control_seconds(sim["control"], topology)
 
 
 def model_parallel(point: Point) -> int:
@@ -266,6 +290,7 @@ def model_row(point: Point, config, layer: dict) -> dict:
     "layer_intra_node_ms": 1e3 * fwd.intra_node_a2a_s,
     "layer_expert_ms": 1e3 * fwd.expert_compute_s,
     "layer_other_ms": 1e3 * fwd.other_s,
+    "layer_control_ms": 1e3 * fwd.control_s,
     "layer_hidden_ms": 1e3 * fwd.hidden_s,
     "layer_ms": 1e3 * fwd.total_s,
     "grad_sync_ms": 1e3 * sync_s,

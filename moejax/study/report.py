@@ -40,6 +40,7 @@ COLUMNS = (
   "layer_intra_node_ms",
   "layer_expert_ms",
   "layer_other_ms",
+  "layer_control_ms",
   "layer_hidden_ms",
   "comm_hidden_fraction",
   "esp_choice",
@@ -69,6 +70,7 @@ LAYER_COLUMNS = {
   "layer_intra_node_ms": "intra",
   "layer_expert_ms": "expert",
   "layer_other_ms": "other",
+  "layer_control_ms": "control",
   "layer_hidden_ms": "hidden",
   "layer_ms": "layer",
 }

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from moejax.cost import program_price
 from moejax.moe.layer import moe_apply
 from moejax.runtime import mesh as mesh_lib
 from moejax.study.inputs import layer_params, random_tokens
@@ -39,7 +40,9 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
 
   Returns, summed over the batches and as JSON-ready lists: traffic_rows [hops, A, A] (rows out per hop: with
   dedup one per token and destination of the hop), rows_per_device [A] (token-choices each device's experts
-  got), dropped (token-choices), tokens_per_gpu; and seconds (compile and run).
+  got), dropped (token-choices), tokens_per_gpu; control: the compiled layer's collectives that carry no rows
+  (`cost.program_price.control_collectives`: its plan all-gathers and statistics all-reduces, whose sizes do not
+  depend on the tokens or the widths, priced as they are); and seconds (compile and run).
   """
   cfg = scheme_config(scheme, n, m, moe, config.sim.d_model, config.sim.d_ff)
   cfg = dataclasses.replace(cfg, dtype="float32", dispatch_dtype=None, combine_dtype=None)
@@ -62,5 +65,6 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
     "rows_per_device": counts.reshape(n * m, -1).sum(axis=1).tolist(),
     "dropped": dropped,
     "tokens_per_gpu": config.sim.batches * config.sim.tokens_per_gpu,
+    "control": program_price.control_collectives(apply, mesh),
     "seconds": time.perf_counter() - start,
   }

@@ -25,6 +25,7 @@ PARTS = (
   ("layer_intra_node_ms", "intra-node all-to-all"),
   ("layer_expert_ms", "expert compute"),
   ("layer_other_ms", "other"),
+  ("layer_control_ms", "control collectives"),
 )
 
 
@@ -146,7 +147,9 @@ def breakdown_figure(rows: list[dict], config=None):
     )
     bottom = [0.0] * len(bars)
     for field, name in PARTS:
-      heights = [max(r[field], 0.0) for r in bars]  # a measured remainder is negative when phases add up to more
+      # a measured remainder is negative when phases add up to more; measured rows hold no control part (it is in
+      # their remainder)
+      heights = [max(r.get(field, 0.0), 0.0) for r in bars]
       ax.bar(range(len(bars)), heights, bottom=bottom, label=name)
       bottom = [b + h for b, h in zip(bottom, heights)]
     overlapped = [(i, r["layer_ms"]) for i, r in enumerate(bars) if r.get("layer_hidden_ms", 0) > 0]
