@@ -111,6 +111,10 @@ def get_config(size: str = "tiny") -> ml_collections.ConfigDict:
   # eval_every: the loss on eval_batches micro-batches of held-out documents (data.heldout_every) after every
   # eval_every-th step and the last (0: none; moejax.train.heldout).
   config.log = ml_collections.ConfigDict({"every_steps": 25, "tensorboard": True, "eval_every": 50, "eval_batches": 4})
+  # A step whose loss or gradient norm is not finite is skipped (nothing updated); max_nonfinite_steps skipped steps in
+  # a row stop the run (0: never). loss_spike_factor k > 1 also skips a step whose loss exceeds k x the median of the
+  # last 16 applied steps' losses (0: off). (moejax.train.guard)
+  config.train = ml_collections.ConfigDict({"max_nonfinite_steps": 5, "loss_spike_factor": 0.0})
   if size == "tiny":
     return config
 

@@ -10,6 +10,9 @@ log.eval_every steps), TensorBoard events, checkpoints/ and summary.json to the 
 is resumed only with the same config (steps and the logging, evaluation and checkpoint frequencies may change), else
 refused naming the fields; --config.checkpoint.resume=continue trains on with the new config, or
 --config.checkpoint.resume=branch --config.checkpoint.branch_dir=DIR continues a copy in DIR (moejax.train.resume).
+A workdir holding another program's outputs (an export, a sweep) is refused (moejax.workdir_guard). A step whose loss
+or gradient norm is not finite is skipped; train.max_nonfinite_steps of them in a row stop the run with one line
+naming the step and the last checkpoint, and exit status 1 (moejax.train.guard).
 Without GPUs (or with JAX_PLATFORMS=cpu) the mesh is made of simulated CPU devices.
 """
 
@@ -25,6 +28,7 @@ from moejax.pipeline import section as pipeline_section
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
+from moejax.train import guard
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
 
@@ -49,7 +53,7 @@ def main(argv):
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(pipeline_section.stages(config) * config.mesh.nodes * config.mesh.gpus_per_node)
     train.train(config, _WORKDIR.value, checked)
-  except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:
+  except (ConfigError, mesh_lib.MeshError, TokenizerError, guard.TrainingStopped) as e:
     sys.exit(f"error: {e}")
 
 

@@ -119,9 +119,23 @@ def _layer_layout_hint(saved, want: str) -> str:
   )
 
 
-def _brief(error: Exception) -> str:
-  lines = str(error).splitlines() or [""]
-  return f"{type(error).__name__}: {lines[0][:300]}"
+_SPEC = re.compile(r"\s*\[tensorstore_spec=.*$")  # tensorstore's errors end with their whole spec as JSON
+
+
+def readable(error: BaseException) -> str:
+  """'Type: message' of the innermost error `error` was raised from (its __cause__, else its unsuppressed
+  __context__), on one line: the message's first line, without tensorstore's spec, at most 300 characters. orbax
+  wraps a damaged array file's read error in a bare Exception whose text is a pybind method's repr; the reason is
+  the error it was raised from."""
+  seen = {id(error)}
+  while True:
+    inner = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    if inner is None or id(inner) in seen:
+      break
+    error = inner
+    seen.add(id(error))
+  line = _SPEC.sub("", (str(error).splitlines() or [""])[0])
+  return f"{type(error).__name__}: {line[:300]}"
 
 
 def _type_handlers():
@@ -199,7 +213,7 @@ class Checkpointer:
       meta = self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
       want = describe(abstract_state)
     except Exception as e:  # orbax raises many kinds of errors for unreadable files
-      return None, f"metadata: {_brief(e)}"
+      return None, f"metadata: {readable(e)}"
     saved = meta.get("describe")
     if (_part_of(saved, abstract_state) if part and isinstance(saved, str) else saved) != want:
       hint = _layer_layout_hint(saved, want)
@@ -220,7 +234,7 @@ class Checkpointer:
       )["state"]
       got = self._fingerprint(state) if not part else self._part_fingerprint(step, state, saved)
     except Exception as e:
-      return None, f"arrays: {_brief(e)}"
+      return None, f"arrays: {readable(e)}"
     if got != meta["fingerprint"]:
       return None, f"fingerprint {got} differs from the saved {meta['fingerprint']}"
     return (step, state, meta["data"]), None

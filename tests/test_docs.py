@@ -14,6 +14,7 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
+from moejax.train import guard
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MARKER = "<!-- test command -->"
@@ -162,7 +163,11 @@ NOT_MODULES = {
 }
 MOE_FIELDS = {f.name for f in dataclasses.fields(MoEConfig)} | {"transport"}
 # Config sections named like a package of moejax: `<section>.<field>` names a field, else a module of the package.
-SECTION_FIELDS = {"moe": MOE_FIELDS, "pipeline": set(pipeline_section.CONFIG_FIELDS)}
+SECTION_FIELDS = {
+  "moe": MOE_FIELDS,
+  "pipeline": set(pipeline_section.CONFIG_FIELDS),
+  "train": set(guard.CONFIG_FIELDS),
+}
 
 
 def _short_reference_resolves(dotted: str) -> bool:

@@ -12,8 +12,8 @@ from moejax.models.config import ModelConfig, check_fields, from_sections
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
+from moejax.train import guard, optim
 from moejax.train import metrics as metrics_lib
-from moejax.train import optim
 from moejax.validation import is_int, reject_unknown, require
 
 SECTIONS = {
@@ -25,7 +25,8 @@ SECTIONS = {
 }
 # loss_chunk: vocabulary columns per chunk of the loss (`lm_loss.head_cross_entropy_sums`; absent: LOSS_CHUNK).
 # pipeline: pipeline parallelism (`moejax.pipeline.section`; absent: none).
-OPTIONAL = ("init_from", "loss_chunk", "pipeline", *presets.CONFIG_FIELDS)
+# train: the steps skipped and when to stop (`moejax.train.guard`; absent: its DEFAULTS).
+OPTIONAL = ("init_from", "loss_chunk", "pipeline", "train", *presets.CONFIG_FIELDS)
 TOP_LEVEL = (
   "seed",
   "steps",
@@ -42,7 +43,7 @@ TOP_LEVEL = (
   "log",
   *OPTIONAL,
 )
-OPTIONAL_SECTIONS = {"pipeline": pipeline_section.CONFIG_FIELDS}
+OPTIONAL_SECTIONS = {"pipeline": pipeline_section.CONFIG_FIELDS, "train": guard.CONFIG_FIELDS}
 REQUIRED = tuple(name for name in TOP_LEVEL if name not in OPTIONAL)
 OVERFLOW_POLICIES = ("retry", "drop")
 
@@ -127,6 +128,7 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
   optim.validate_config(config.optim, prefix="optim.")
   checkpoint_lib.validate_config(config.checkpoint, prefix="checkpoint.")
   metrics_lib.validate_config(config.log, prefix="log.")
+  guard.validate_config(config.get("train") or {}, prefix="train.")
   pipeline_section.check(config, model_cfg, moe_cfg)
   return config, model_cfg, moe_cfg
 

@@ -1,6 +1,6 @@
-"""The training loop: steps, metrics, checkpoints, overflow retries, and the host state that checkpoints
-carry across processes (the data iterators', the re-plan window). `moejax.train.trainer.train` sets it up
-and calls `run`."""
+"""The training loop: steps, metrics, checkpoints, overflow retries, skipped steps (`moejax.train.guard`: counted,
+and the run stopped after too many in a row), and the host state that checkpoints carry across processes (the data
+iterators', the re-plan window, the skipped steps' count). `moejax.train.trainer.train` sets it up and calls `run`."""
 
 import functools
 import time
@@ -13,6 +13,7 @@ from jax.experimental import multihost_utils
 from moejax.data import pipeline as data_lib
 from moejax.moe import overflow as overflow_lib
 from moejax.runtime import mesh as mesh_lib
+from moejax.train import guard as guard_lib
 from moejax.train import metrics as metrics_lib
 from moejax.train import replan as replan_lib
 from moejax.validation import require
@@ -56,33 +57,38 @@ def _compile(trainer, state, rest, global_shape, say):
   return step_fn, seconds
 
 
-def host_state(batches, replanner) -> dict:
-  """What a checkpoint keeps beside the arrays (JSON): every shard's data state and the re-plan window."""
-  return {"data": gather_data_state(batches.state()), "replan_window": replanner.state() if replanner else []}
+def host_state(batches, replanner, skips) -> dict:
+  """What a checkpoint keeps beside the arrays (JSON): every shard's data state, the re-plan window and the count of
+  skipped steps (with the last step applied)."""
+  return {
+    "data": gather_data_state(batches.state()),
+    "replan_window": replanner.state() if replanner else [],
+    "skipped_steps": [skips.total, skips.last_applied],
+  }
 
 
-def restored_host_state(saved, shards: int) -> tuple[list[dict], list]:
-  """(this process' data states, re-plan window) from a checkpoint's host state. (A checkpoint written
-  before the window was kept holds the data state alone.)"""
+def restored_host_state(saved, shards: int) -> tuple[list[dict], dict]:
+  """(this process' data states, {'replan_window', 'skipped_steps'}) from a checkpoint's host state. (A checkpoint
+  written before the window was kept holds the data state alone; one before skipped steps were counted, no count.)"""
   saved = saved if isinstance(saved, dict) else {"data": saved, "replan_window": []}
-  return local_data_state(saved["data"], shards), saved["replan_window"]
+  return local_data_state(saved["data"], shards), {k: v for k, v in saved.items() if k != "data"}
 
 
 def start_state(trainer, ckpt, shards: int, say):
-  """(the step the run resumes after, state, rest, this process's data states, re-plan window): the latest
-  checkpoint's (said), else a fresh state (step 0, no data states, an empty window)."""
+  """(the step the run resumes after, state, rest, this process's data states, the rest of the host state): the
+  latest checkpoint's (said), else a fresh state (step 0, no data states, an empty host state)."""
   state, rest = trainer.init()
   restored = ckpt.restore_latest(trainer.abstract_state)
   if restored is None:
-    return 0, state, rest, None, []
+    return 0, state, rest, None, {}
   start, state, saved = restored
-  data_states, replan_window = restored_host_state(saved, shards)
+  data_states, resumed = restored_host_state(saved, shards)
   say(f"resuming after step {start}")
-  return start, state, rest, data_states, replan_window
+  return start, state, rest, data_states, resumed
 
 
 def run(
-  config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool, replan_window: list | tuple = ()
+  config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool, resumed: dict | None = None
 ) -> tuple[float, np.ndarray, list]:
   """Steps start + 1 .. config.steps, logging and checkpointing; returns (compile seconds, counts
   of every token id this process fed, for the unigram baseline, and the overflow retries as
@@ -90,10 +96,17 @@ def run(
   again from the same state with the buffer factor doubled, until nothing overflows (at the
   worst-case size nothing can). With replication, every step's record has the busiest device's load
   with and without the slot tables it ran on, and with moe.replan_every the tables are re-planned
-  after every replan_every-th step from its counts (`moejax.train.replan`); `replan_window`: the
-  window of counts a checkpoint kept (resuming re-plans as the uninterrupted run does)."""
+  after every replan_every-th step from its counts (`moejax.train.replan`). resumed: the host state a checkpoint
+  kept besides the data's (`restored_host_state`: the window of counts, so resuming re-plans as the uninterrupted run
+  does; the count of skipped steps). After train.max_nonfinite_steps skipped steps in a row it raises
+  `guard.TrainingStopped` (one line naming the step and the last checkpoint), saving nothing more."""
   counts = np.zeros(trainer.tok.num_ids, np.int64)
   retries = []
+  resumed = resumed or {}
+  skips = guard_lib.SkipCounter(
+    guard_lib.settings(config)["max_nonfinite_steps"], *resumed.get("skipped_steps", (0, start))
+  )
+  saved = (start, ckpt.directory) if start else None  # the newest checkpoint, for a stop's message
   if start >= config.steps:
     return 0.0, counts, retries
   rows = config.batch_size // config.micro_batches
@@ -108,7 +121,7 @@ def run(
     replanner = replan_lib.Replanner(
       trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window, nodes, holders // nodes, tables.shape[-1]
     )
-    replanner.restore(replan_window)
+    replanner.restore(resumed.get("replan_window", []))
 
   def finish(step, metrics, tables):
     """Writes the step's record (`tables`: the slot tables it ran on); returns the re-planned
@@ -126,9 +139,12 @@ def run(
       if replanner.due(step):
         new_tables = replanner.plan()
         record["replanned_slot_tables"] = new_tables.tolist()
-    writer.write(record)
-    if step % config.log.every_steps == 0 or step == config.steps or step == start + 1:
-      say(metrics_lib.report_line(record, config.steps))
+    try:
+      skips.observe(record, saved)  # TrainingStopped after too many skipped steps in a row, with the record written
+    finally:
+      writer.write(record)
+      if step % config.log.every_steps == 0 or step in (start + 1, config.steps) or record.get("skipped"):
+        say(metrics_lib.report_line(record, config.steps))
     return new_tables
 
   def attempt(moe_cfg, before, tokens):
@@ -168,6 +184,7 @@ def run(
       if pending is not None:
         finish(*pending)  # first, so that no step's time includes the checkpoint's
       pending = None
-      ckpt.save(step, state, host_state(batches, replanner))
+      ckpt.save(step, state, host_state(batches, replanner, skips))
+      saved = (step, ckpt.directory)
       last_done = time.perf_counter()
   return compile_s, counts, retries

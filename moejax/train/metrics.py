@@ -13,7 +13,8 @@ step's update (expert_bias_range), so a run shows the balancing acting. On the s
 (log.eval_every, `moejax.train.heldout`): heldout_loss, and heldout_unigram_entropy, the entropy of the held-out
 tokens' own unigram distribution (the loss of a model that ignores context: the baseline to beat). The writer adds
 steps_per_s (this process' steps so far over their wall time, checkpoints and evaluations included) and eta_s (the
-steps left at that rate).
+steps left at that rate). Every step records skipped (1 where its update was not applied, `moejax.train.guard`, with
+its skip_reason) and skipped_steps (the run's count so far, added by the loop); a skipped step's console line says so.
 """
 
 import json
@@ -24,6 +25,7 @@ import time
 import numpy as np
 
 from moejax.durations import duration
+from moejax.train import guard
 from moejax.train import replan as replan_lib
 from moejax.validation import is_int, require
 
@@ -59,6 +61,10 @@ def step_record(step: int, metrics: dict, step_time_s: float, tokens: int, slot_
   record["overflow_rate"] = (overflowed_M / np.maximum(total_M, 1)).round(6).tolist()  # by full receive buffers
   if counts_MxE.size:
     record["busiest_expert_load"] = round(busiest_expert_load(counts_MxE), 6)
+  if "skipped" in metrics:  # nothing of the step applied (moejax.train.guard)
+    record["skipped"] = int(metrics["skipped"])
+    if record["skipped"]:
+      record["skip_reason"] = "nonfinite" if metrics["nonfinite"] else "loss_spike"
   if "mtp_loss" in metrics:  # DeepSeek-V3's multi-token prediction modules' mean loss (without lambda)
     record["mtp_loss"] = float(metrics["mtp_loss"])
   if "heldout_loss" in metrics and np.isfinite(metrics["heldout_loss"]):  # NaN: not evaluated at this step
@@ -155,6 +161,8 @@ class MetricWriter:
         self.tb.add_histogram(f"moe/layer{i}/expert_load", np.asarray(load), step)
       if "heldout_loss" in record:
         self.tb.add_scalar("eval/heldout_loss", record["heldout_loss"], step)
+      if "skipped_steps" in record:
+        self.tb.add_scalar("train/skipped_steps", record["skipped_steps"], step)
       if "busiest_expert_load" in record:
         self.tb.add_scalar("moe/busiest_expert_load", record["busiest_expert_load"], step)
       for i, value in enumerate(record.get("expert_bias_range", [])):
@@ -176,7 +184,8 @@ def report_line(record: dict, total_steps: int) -> str:
   `busiest_expert_load`), the largest bias range over the MoE layers (`bias range 0.0120`, with
   auxiliary-loss-free balancing), the MTP modules' loss (`mtp 5.4321`) and the held-out loss with its unigram
   baseline (`held-out 4.7012 (unigram 4.5900)`); then gradient norm, learning rate, throughput, and where the
-  writer added them steps/s and the ETA."""
+  writer added them steps/s and the ETA. A skipped step's line says so after the step, with the run's count
+  (`skipped: non-finite loss or gradient norm, 2 so far`)."""
   mean_percent = lambda rates: 100 * float(np.mean(rates)) if rates else 0.0
   drop, overflow = mean_percent(record["drop_rate"]), mean_percent(record.get("overflow_rate", []))
   balance = f"busiest {record['busiest_expert_load']:.2f}x  " if "busiest_expert_load" in record else ""
@@ -188,8 +197,11 @@ def report_line(record: dict, total_steps: int) -> str:
     unigram = record.get("heldout_unigram_entropy")
     balance += f"held-out {record['heldout_loss']:.4f}" + (f" (unigram {unigram:.4f})  " if unigram else "  ")
   progress = f"  {record['steps_per_s']:.2f} steps/s  ETA {duration(record['eta_s'])}" if "eta_s" in record else ""
+  skipped = ""
+  if record.get("skipped"):
+    skipped = f"skipped: {guard.REASONS[record['skip_reason']]}, {record.get('skipped_steps', 1)} so far  "
   return (
-    f"step {record['step']}/{total_steps}  loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
+    f"step {record['step']}/{total_steps}  {skipped}loss {record['loss']:.4f}  task {record['task_loss']:.4f}  "
     f"acc {record['accuracy']:.3f}  aux {record['aux_loss']:.4f}  drop {drop:.2f}%  "
     f"overflow {overflow:.2f}%  {balance}"
     f"|g| {record['grad_norm']:.3f}  lr {record['learning_rate']:.2e}  "
@@ -198,13 +210,16 @@ def report_line(record: dict, total_steps: int) -> str:
 
 
 def summarize(records: list[dict], **extra) -> dict:
-  """Summary of a run's records (first, last and best losses; the last held-out loss; median throughput) plus
-  `extra`."""
+  """Summary of a run's records (first, last and best losses of the steps applied; the last held-out loss; median
+  throughput; the steps skipped) plus `extra`."""
+  skipped = sum(r.get("skipped", 0) for r in records)
+  records = [r for r in records if not r.get("skipped")]  # a skipped step's loss (NaN, a spike) changed nothing
   window = records[-10:]
   heldout = [r for r in records if "heldout_loss" in r]
   times = [r["step_time_s"] for r in records[1:]] or [r["step_time_s"] for r in records]
   return {
-    "steps": len(records),
+    "steps": len(records) + skipped,
+    "skipped_steps": skipped,
     "first_task_loss": records[0]["task_loss"] if records else None,
     "final_task_loss": float(np.mean([r["task_loss"] for r in window])) if window else None,
     "final_accuracy": float(np.mean([r["accuracy"] for r in window])) if window else None,

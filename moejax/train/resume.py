@@ -41,7 +41,11 @@ HARMLESS = (
   "checkpoint.resume",
   "checkpoint.branch_dir",
   "data.prefetch",
+  "train.max_nonfinite_steps",  # when the host stops a run; a step computes the same
 )
+# Fields added after runs were started, with the value that does what those runs did: a config.json without the
+# field and a config with that value are the same run.
+ADDED = {"train.loss_spike_factor": 0.0}
 
 
 def versions() -> dict:
@@ -66,14 +70,15 @@ def changes(old: dict, config: ml_collections.ConfigDict) -> dict[str, list]:
   """{field: [old, new]} of the dotted fields whose value differs between config.json's `old` and `config`."""
   old = {k: v for k, v in old.items() if k not in META}
   table = run_config.differences({"old": old, "new": json.loads(run_config.dumps(config))})
-  return {field: [values["old"], values["new"]] for field, values in table.items()}
+  same = lambda field, values: values["old"] == run_config.ABSENT and ADDED.get(field, object()) == values["new"]
+  return {field: [values["old"], values["new"]] for field, values in table.items() if not same(field, values)}
 
 
 def prepare(config: ml_collections.ConfigDict, workdir: str, say=print) -> tuple[str, str | None]:
   """(the workdir to train in, the workdir it was just branched from or None): `workdir`, or checkpoint.branch_dir
   (copied from `workdir` first unless it holds checkpoints); ConfigError when the config differs from the
   checkpointed run's in fields other than HARMLESS and checkpoint.resume is 'same'."""
-  mode, branch_dir = config.checkpoint.resume, config.checkpoint.branch_dir
+  mode, branch_dir, source = config.checkpoint.resume, config.checkpoint.branch_dir, workdir
   if mode == "branch":
     if not has_checkpoints(branch_dir):
       require(
@@ -96,8 +101,17 @@ def prepare(config: ml_collections.ConfigDict, workdir: str, say=print) -> tuple
     )
     return workdir, None
   refused = {f: v for f, v in changes(old, config).items() if f not in HARMLESS}
+  listed = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in refused.items())
+  if refused and mode == "branch":  # the branch exists already: branching again would not change it
+    raise ConfigError(
+      f"checkpoint.branch_dir {workdir} holds a branch already, whose config differs from this one: {listed}. "
+      f"Branch {source} with this config into a new --config.checkpoint.branch_dir=DIR, or train the branch on with "
+      f"it: --workdir={workdir} --config.checkpoint.resume=continue --config.checkpoint.branch_dir=''",
+      "checkpoint.branch_dir",
+      workdir,
+      "a new directory to branch into, or the branch's own config",
+    )
   if refused and mode != "continue":
-    listed = ", ".join(f"{field} {old!r} -> {new!r}" for field, (old, new) in refused.items())
     raise ConfigError(
       f"{workdir} holds a run whose config differs from this one: {listed}. Set --config.checkpoint.resume=continue "
       f"to train on with this config (recorded in its {run_config.CONFIG_FILE}), --config.checkpoint.resume=branch "

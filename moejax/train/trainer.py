@@ -21,6 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax import checkpoint as checkpoint_lib
+from moejax import workdir_guard
 from moejax.cost import expert_backend
 from moejax.data import tokenizer as tokenizer_lib
 from moejax.models import hf_load, lm_loss
@@ -35,6 +36,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
 from moejax.train import config as config_lib
+from moejax.train import guard as guard_lib
 from moejax.train import heldout as heldout_lib
 from moejax.train import inputs as inputs_lib
 from moejax.train import loop as loop_lib
@@ -97,8 +99,9 @@ class Trainer:
     )
     self.tx = optim.optimizer(o, self.learning_rate, abstract_params)
     self.replicated = NamedSharding(mesh, P())
+    self.spike_factor = guard_lib.settings(config)["loss_spike_factor"]  # > 0: a loss-spike window in the state
     self.state_shardings = train_state.shardings(
-      self.tx, model_cfg, abstract_params, abstract_rest, self.replicated, self.pipeline
+      self.tx, model_cfg, abstract_params, abstract_rest, self.replicated, self.pipeline, self.spike_factor > 0
     )
     self.rest_shardings = jax.tree.map(lambda a: a.sharding, abstract_rest)
     self.batch_sharding = NamedSharding(mesh, P(None, AXES))  # tokens [micro_batches, rows, seq_len]
@@ -192,6 +195,8 @@ class Trainer:
       new_state["expert_bias"] = step_lib.update_expert_bias(
         state["expert_bias"], metrics["expert_counts"], self.moe_cfg.bias_update_rate
       )
+    # A non-finite loss or gradient norm (or a loss spike) leaves the parameters, optimizer state and biases as they were.
+    new_state, metrics = guard_lib.kept_unless_applied(state, new_state, metrics, self.spike_factor)
     if heldout_KxBxS is not None:
       metrics["heldout_loss"] = self._heldout_loss(new_state, rest, heldout_KxBxS)
     if "expert_bias" in state:  # after this step's update: the range the next step routes with
@@ -219,12 +224,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
 
   checked: what `moejax.train.config.checked` returned for `config` when the caller checked it already (the
   config with its preset applied, the model and MoE layer configs); else it is checked here.
-  Expects JAX's distributed runtime to be initialised already when there are several processes.
+  Expects JAX's distributed runtime to be initialised already when there are several processes. Raises ConfigError
+  for a workdir holding another program's outputs, `guard.TrainingStopped` after too many skipped steps in a row.
   """
   config, model_cfg, moe_cfg = checked or config_lib.checked(config)
   inputs_lib.check(config)
   leader = jax.process_index() == 0
   say = lambda *a: print(*a, flush=True) if leader else None
+  for directory in {workdir, config.checkpoint.branch_dir} - {""}:  # never over an export's, a sweep's outputs
+    workdir_guard.check(directory, workdir_guard.TRAINER)
   workdir, branched_from = resume_lib.prepare(config, workdir, say)  # a changed config refused, or branched
   os.makedirs(workdir, exist_ok=True)
   mesh = mesh_lib.make_mesh(config.mesh.nodes, config.mesh.gpus_per_node, stages=pipeline_section.stages(config))
@@ -241,7 +249,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   ckpt = checkpoint_lib.Checkpointer(
     os.path.join(workdir, "checkpoints"), keep=config.checkpoint.keep, use_async=config.checkpoint.use_async
   )
-  start, state, rest, data_states, replan_window = loop_lib.start_state(trainer, ckpt, config.data.shards, say)
+  start, state, rest, data_states, resumed = loop_lib.start_state(trainer, ckpt, config.data.shards, say)
   if leader:
     resume_lib.record(config, workdir, start, branched_from)
   if heldout is not None:
@@ -259,7 +267,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
   run_start = time.perf_counter()
   try:
     compile_s, counts, retries = loop_lib.run(
-      config, trainer, state, rest, start, batches, ckpt, writer, say, retry, replan_window
+      config, trainer, state, rest, start, batches, ckpt, writer, say, retry, resumed
     )
   finally:
     batches.close()
