@@ -9,13 +9,15 @@ mechanism is moejax/bench/gpu/compile_time.py's, which the GPU suite's compile_t
 
 Prints the table (CPU seconds of trace + lower + compile, the process' threads summed: on a machine shared with other
 work the wall time measures the others too; each depth's ratio to the shallowest); with --workdir, writes every
-timing, wall and CPU, to compile_time.json there. CPU timings are only comparable as ratios of one run.
+timing, wall and CPU, to compile_time.json there. CPU timings are only comparable as ratios of one run. The workdir is
+this program's (`moejax.workdir_guard`): another program's is refused, and so is a rerun with another config (naming
+the field; the timings there are kept), before anything is compiled.
 """
 
 import os
 import platform
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.bench.gpu.compile_time import check_sweep, sweep, table
 from moejax.validation import is_int, require
 
@@ -41,6 +43,8 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
   check(config)
+  if workdir:
+    workdir_guard.claim(workdir, "experiments.compile_time", config)
   from moejax.runtime import mesh as mesh_lib
 
   nodes, gpus = config.nodes, config.gpus_per_node

@@ -8,13 +8,14 @@ expert FFN's hidden rows, the combine and the backward hold buffers of the same 
 
   python -m experiments.exchange_memory --workdir=/tmp/exchange_memory      # configs/exchange_memory.py
 
-Prints the table; with --workdir, writes its rows to exchange_memory.json there.
+Prints the table; with --workdir, writes its rows to exchange_memory.json there, a workdir of its own
+(`moejax.workdir_guard`: another program's is refused, and so is a rerun with another config, naming the field).
 """
 
 import os
 
 from configs import mlm
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.moe import collective as collective_lib
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
@@ -80,6 +81,8 @@ def main(argv):
   del argv
   config, workdir = _CONFIG.value, _WORKDIR.value
   check(config)
+  if workdir:
+    workdir_guard.claim(workdir, "experiments.exchange_memory", config)
   table = rows(config.nodes, config.gpus_per_node, list(config.buffer_factors), list(config.paths))
   print(f"receive buffer per hop and device, {config.nodes} x {config.gpus_per_node} GPUs, bf16 (MiB)")
   print(f"{'model':<6} {'d':>5} {'rows/GPU':>9} {'path':<13} {'factor':>6}  per-hop MiB")

@@ -8,7 +8,10 @@ looks for. The tables moejax ships live in moejax/cost/expert_tables/:
 
   python -m experiments.expert_table --workdir=moejax/cost/expert_tables --config.records=RECORD.json[,RECORD.json]
 
-The records are config.records (configs/expert_table.py).
+The records are config.records (configs/expert_table.py). Another program's workdir is refused
+(`moejax.workdir_guard`); the workdir is left unmarked, a folder of tables only (every *.json of the shipped folder
+is a device's table). One folder holds the tables of several devices; a device's table written from other records is
+kept (refused, naming them), except in the shipped folder, where a table replaces the shipped one (git keeps it).
 """
 
 import json
@@ -16,9 +19,11 @@ import os
 
 from absl import flags
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.cost import expert_backend
-from moejax.validation import require
+from moejax.validation import ConfigError, require
+
+PROGRAM = "experiments.expert_table"
 
 
 def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
@@ -53,6 +58,24 @@ def merge(records: list[dict], names: list[str]) -> tuple[list[dict], dict]:
   return list(merged.values()), meta
 
 
+def check(workdir: str, out: str, source: str) -> None:
+  """ConfigError (one line) where `out`, a device's table from the records `source` names, may not be written: the
+  workdir is another program's, or `out` was written from other records (outside the shipped folder)."""
+  if not workdir_guard.check(workdir, PROGRAM, beside=[expert_backend.TABLES_DIR]) and os.path.isfile(out):
+    try:
+      with open(out) as f:
+        before = json.load(f).get("source")
+    except (OSError, ValueError, AttributeError):
+      before = None
+    if before != source:
+      raise ConfigError(
+        f"{out} holds the table of other records (records: {json.dumps(before)} there, {json.dumps(source)} now); "
+        f"it is kept: use another --workdir for {PROGRAM}",
+        "records",
+        source,
+      )
+
+
 def write(config, workdir: str) -> None:
   """Merges the config's records and writes their table to `workdir`; prints the fastest backend per shape."""
   paths = config.records
@@ -65,8 +88,9 @@ def write(config, workdir: str) -> None:
       records.append(json.load(f))
   results, meta = merge(records, [os.path.basename(p) for p in paths])
   table = expert_backend.table_from_results(results, meta)
-  os.makedirs(workdir, exist_ok=True)
   out = os.path.join(workdir, expert_backend.device_key(meta["device"]) + ".json")
+  check(workdir, out, meta["source"])
+  os.makedirs(workdir, exist_ok=True)
   with open(out, "w") as f:
     json.dump(table, f, indent=1)
   for row in table["shapes"]:

@@ -7,13 +7,14 @@ exchanges, the expert FFN and the rest (routing, plan, sorts, gathers, the combi
 
   python -m experiments.fine_grained --workdir=/tmp/fine_grained         # configs/fine_grained.py
 
-Writes fine_grained.json (the record) to --workdir.
+Writes fine_grained.json (the record) to --workdir, a workdir of its own (`moejax.workdir_guard`: another
+program's is refused, and so is a rerun with another config, naming the field; the record there is kept).
 """
 
 import os
 import time
 
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import is_int, require
 
@@ -92,6 +93,7 @@ def main(argv):
   del argv
   config = _CONFIG.value
   check(config)
+  workdir_guard.claim(_WORKDIR.value, "experiments.fine_grained", config)  # before a device is made
   mesh_lib.simulate_cpu_devices(8)
   run(config, _WORKDIR.value)
 

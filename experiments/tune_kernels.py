@@ -8,7 +8,8 @@ shape (balanced groups), keeps the fastest, prints a table, writes every timing 
   python -m experiments.tune_kernels --workdir=/tmp/tuned
   python -m experiments.tune_kernels --workdir=/tmp/tuned --config.smoke=True   # CPU
 
-Every option is a field of configs/tune_kernels.py.
+Every option is a field of configs/tune_kernels.py. The workdir is this program's (`moejax.workdir_guard`): another
+program's is refused, and so is a rerun with another config (naming the field; the timings there are kept).
 
 Candidates that fail to compile (e.g. too much shared memory) are recorded and skipped. The
 default sweep (32 candidates x 4 kernels x 2 classes, bf16) takes roughly 10-20 minutes.
@@ -25,7 +26,7 @@ from absl import flags
 
 from kernels import ffn, tuning
 from kernels import gmm as gmm_lib
-from moejax import cli
+from moejax import cli, workdir_guard
 from moejax.bench.kernel_cases import MODELS
 from moejax.validation import require
 
@@ -150,6 +151,8 @@ def write(config, workdir: str) -> None:
 
 def main(argv):
   del argv
+  check(flags.FLAGS.config)
+  workdir_guard.claim(flags.FLAGS.workdir, "experiments.tune_kernels", flags.FLAGS.config)  # before any timing
   write(flags.FLAGS.config, flags.FLAGS.workdir)
 
 

@@ -32,7 +32,7 @@ from absl import logging as absl_logging
 from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
-from moejax import run_config
+from moejax import run_config, workdir_guard
 from moejax.validation import ConfigError, unknown_field_message
 
 # The logger of JAX's backend probe (jax._src.xla_bridge): INFO for platforms that are simply not installed.
@@ -190,10 +190,25 @@ class _CheckedParser(flags.ArgumentParser):
     return self.parser.flag_type()
 
 
+def given_twice(argv: list[str], flag_values: flags.FlagValues = flags.FLAGS) -> str | None:
+  """One line where a config flag (`define_config`'s) is given more than once in `argv` (its flag files read):
+  absl would keep the last file silently, or fail on its overrides with a flag 'defined twice'."""
+  args = flag_values.read_flags_from_files(argv[1:], force_gnu=False)
+  for name in [n for n in flag_values if isinstance(flag_values[n].parser, _CheckedParser)]:
+    given = [arg for arg in args if re.fullmatch(rf"--?{re.escape(name)}(=.*)?", arg, re.DOTALL)]
+    if len(given) > 1:
+      times = "twice" if len(given) == 2 else f"{len(given)} times"
+      return f"--{name} was given {times} ({', '.join(given)}): give it once, set fields with --{name}.FIELD=VALUE"
+  return None
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing with any flag error as one line on stderr (`error: flag --config=...: ...`) and exit
-  status 1, the help flags' output untouched."""
+  status 1, the help flags' output untouched; a config flag given twice is refused first (`given_twice`)."""
   try:
+    twice = given_twice(argv)
+    if twice:
+      sys.exit(f"error: {twice}")
     return flags.FLAGS(argv)
   except flags.Error as e:
     sys.exit(f"error: {e}")
@@ -248,6 +263,13 @@ def define_config(
   return holder
 
 
+def _a_directory(value: str | None) -> bool:
+  reason = value and workdir_guard.not_a_directory(value)
+  if reason:
+    raise flags.ValidationError(reason)
+  return True
+
+
 def _define_print_config(flag_values: flags.FlagValues) -> None:
   if "print_config" not in flag_values:
     flags.DEFINE_bool(
@@ -263,8 +285,9 @@ def define_workdir(
 ) -> flags.FlagHolder:
   """`--workdir`, the directory a program writes to: the one flag besides --config and --print_config
   (`define_config`). `required` unless --print_config is given; not `required`, it is None when not given (the
-  program then writes nothing but its printed output)."""
+  program then writes nothing but its printed output). A file (`workdir_guard.not_a_directory`) is refused."""
   holder = flags.DEFINE_string("workdir", None, help_string, flag_values=flag_values)
+  flags.register_validator("workdir", _a_directory, flag_values=flag_values)
   if required:
     _define_print_config(flag_values)
     flags.register_validator(

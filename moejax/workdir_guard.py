@@ -13,7 +13,8 @@ config.json beside safetensors; a sweep by its points.jsonl or results.json (its
 claim of a sweep there goes on and records them). A program that only adds its own files beside a run's (a plot of
 the run's curves, the run's routing traces) names the runs it reads in `beside`: it may write into those workdirs
 and leaves them unmarked. `workdir_argument`: the workdir of a program that also takes it as its one argument
-(`python -m experiments.plot_run WORKDIR`, as the trainer prints it).
+(`python -m experiments.plot_run WORKDIR`, as the trainer prints it). A workdir that is a file (or lies under one)
+is refused, naming the file (`not_a_directory`; `moejax.cli.define_workdir` checks it as the flag is parsed).
 """
 
 import json
@@ -29,6 +30,25 @@ SWEEP = "experiments.scaling"
 
 # What each unmarked workdir's owner is called in errors.
 KINDS = {TRAINER: "a training run", EXPORT: "a Hugging Face export", SWEEP: "a scaling sweep"}
+
+
+def not_a_directory(workdir: str) -> str | None:
+  """Why `workdir` cannot be made or written into (it, or the folder it would be made in, is an existing file), or
+  None: os.makedirs would end in a FileExistsError traceback."""
+  path = os.path.abspath(workdir)
+  while not os.path.isdir(path):
+    if os.path.lexists(path):
+      where = "" if path == os.path.abspath(workdir) else f"{path} is "
+      return f"{where}an existing file, not a directory: name a new or existing directory"
+    path = os.path.dirname(path)
+  return None
+
+
+def check_directory(workdir: str) -> None:
+  """ConfigError (one line) where `workdir` is, or lies under, an existing file."""
+  reason = not_a_directory(workdir)
+  if reason:
+    raise ConfigError(f"--workdir={workdir}: {reason}", "workdir", workdir)
 
 
 def _is_training_run(workdir: str) -> bool:
@@ -85,6 +105,7 @@ def described(program: str) -> str:
 def check(workdir: str, program: str, settings=None, beside=()) -> bool:
   """Whether `program` may write into `workdir` with `settings` (ConfigError, one line, where it may not); True
   when the workdir is one of the runs in `beside`, which it writes into without claiming it."""
+  check_directory(workdir)
   same = lambda a, b: os.path.realpath(a) == os.path.realpath(b)
   if any(same(workdir, run) for run in beside):
     return True
@@ -133,4 +154,5 @@ def workdir_argument(argv: list[str], flag: str | None, program: str) -> str:
     raise ConfigError(f"two workdirs given, {given[0]} and --workdir={flag}: give one", "workdir", flag)
   if not (given or flag):
     raise ConfigError(f"no workdir: python -m {program} WORKDIR (or --workdir=WORKDIR)", "workdir")
+  check_directory(given[0] if given else flag)
   return given[0] if given else flag

@@ -1,17 +1,23 @@
 """moejax.workdir_guard and the programs that use it: no program writes over another program's outputs (issue 61).
 
 Each finding reproduced: an export into the training run's own workdir, a scaling sweep run again into its workdir
-with another topology, and plot_run given its workdir as the trainer prints it (a positional argument)."""
+with another topology, plot_run given its workdir as the trainer prints it (a positional argument), and the programs
+that write a record (compile_time, exchange_memory, fine_grained, tune_kernels, expert_table) into another's
+workdir or over their own from another config."""
 
+import importlib
 import json
 import shutil
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from configs import decoder
+from experiments import expert_table
 from moejax import workdir_guard
+from moejax.cost import expert_backend
 from moejax.train import resume
 from moejax.validation import ConfigError
 from tests.helpers import ROOT, cpu_env
@@ -19,14 +25,14 @@ from tests.test_heldout import tiny_decoder_run
 from tests.test_plot_run import _write_run
 
 
-def _program(name: str, *args):
+def _program(name: str, *args, timeout: int = 300):
   return subprocess.run(
     [sys.executable, "-m", f"experiments.{name}", *map(str, args)],
     cwd=ROOT,
     env=cpu_env(),
     capture_output=True,
     text=True,
-    timeout=300,
+    timeout=timeout,
   )
 
 
@@ -175,3 +181,62 @@ def test_the_other_programs_refuse_a_runs_workdir_too(tmp_path):
     f"{run} holds the outputs of a training run (experiments.train): use another --workdir for experiments.fidelity",
   )
   assert sorted(p.name for p in run.iterdir()) == ["config.json"] and (run / "config.json").read_bytes() == kept
+
+
+# The programs that write a record of their own into --workdir: each claims it with its config before any work.
+RECORDS = {  # program: (an override of one field of its default config, that field's values there and now)
+  "compile_time": ("--config.seq_len=16", "seq_len: 32 there, 16 now"),
+  "exchange_memory": ("--config.nodes=8", "nodes: 16 there, 8 now"),
+  "fine_grained": ("--config.repeats=2", "repeats: 5 there, 2 now"),
+  "tune_kernels": ("--config.iters=2", "iters: 20 there, 2 now"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECORDS))
+def test_record_programs_refuse_another_programs_workdir_and_a_changed_config(tmp_path, name):
+  run, mine, program = tmp_path / "run", tmp_path / "mine", f"experiments.{name}"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text('{"step": 1}\n')  # a training run's
+  _refused(  # refused at once: a short timeout (the default config's work takes minutes)
+    _program(name, f"--workdir={run}", timeout=60),
+    f"{run} holds the outputs of a training run (experiments.train): use another --workdir for {program}",
+  )
+  assert [p.name for p in run.iterdir()] == ["metrics.jsonl"]
+  workdir_guard.claim(str(mine), program, importlib.import_module(f"configs.{name}").get_config())  # its default's
+  (mine / "earlier.json").write_text("{}")  # the results of that run
+  override, change = RECORDS[name]
+  _refused(
+    _program(name, f"--workdir={mine}", override, timeout=60),
+    f"{mine} holds the outputs of {program} with other settings ({change}); they are kept: use another --workdir "
+    f"for {program}",
+  )
+  assert sorted(p.name for p in mine.iterdir()) == ["earlier.json", workdir_guard.MARKER]
+
+
+H100 = ROOT / "benchmarks" / "results" / "2026-11-23-h100"
+
+
+def test_expert_table_keeps_a_devices_table_of_other_records_but_replaces_a_shipped_one(tmp_path, monkeypatch):
+  """One folder holds the tables of several devices: a rerun from the same records refreshes a table, one from other
+  records is refused naming them; the folder stays unmarked (tables only). In the shipped folder a table replaces the
+  shipped one (git keeps it)."""
+  write = lambda records, workdir: expert_table.write(ml_collections.ConfigDict({"records": records}), str(workdir))
+  mixtral, qwen = str(H100 / "kernels-mixtral_8x7b.json"), str(H100 / "kernels-qwen2_moe-smile.json")
+  tables = tmp_path / "tables"
+  write((mixtral,), tables)
+  (table,) = tables.iterdir()
+  kept = table.read_bytes()
+  write((mixtral,), tables)
+  with pytest.raises(ConfigError, match=rf"^{table} holds the table of other records \(records: \"kernels-mixtral"):
+    write((qwen,), tables)
+  assert list(tables.iterdir()) == [table] and table.read_bytes() == kept
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "metrics.jsonl").write_text("")
+  with pytest.raises(ConfigError, match=f"^{run} holds the outputs of a training run"):
+    write((mixtral,), run)
+  shipped = tmp_path / "expert_tables"
+  monkeypatch.setattr(expert_backend, "TABLES_DIR", str(shipped))
+  write((mixtral,), shipped)
+  write((qwen,), shipped)
+  assert [p.name for p in shipped.iterdir()] == [table.name] and (shipped / table.name).read_bytes() != kept

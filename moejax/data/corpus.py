@@ -5,6 +5,7 @@ and its tokenizer. The files are read by `moejax.data.sources` and batched by `m
 
 import ast
 import glob
+import itertools
 import json
 import os
 import pathlib
@@ -125,8 +126,14 @@ def load_tokenizer(config, files: list[str], cache_dir: str) -> Tokenizer:
       if chars >= config.data.tokenizer_train_chars:
         return
 
+  def corpus():  # SentencePiece's RuntimeError on an empty corpus, as one line naming the files
+    read = lines()
+    first = next(read, None)
+    require(first is not None, "data.train_files", ",".join(files), "files holding documents (a string text each)")
+    return itertools.chain([first], read)
+
   key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files], config.data.tokenizer_train_chars])
-  tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, lines)
+  tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, corpus)
   require(
     tok.num_ids <= config.model.vocab_size,
     "model.vocab_size",

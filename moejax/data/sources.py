@@ -88,18 +88,37 @@ def records(path: str, start: int = 0) -> Iterator[tuple[int, str | None]]:
       reader.close()
 
 
+def _first_document(path: str) -> tuple[int, bool]:
+  """(records read, whether the last of them is a document: a non-blank string `text`), reading up to the first."""
+  read = 0
+  for read, (_, text) in enumerate(records(path), 1):
+    if text is not None and text.strip():
+      return read, True
+  return read, False
+
+
 def check_files(files: list[str]) -> None:
-  """Refuses, naming it, a data file that is missing, of an unknown extension or whose first record cannot be read
-  (a broken gzip stream, a damaged Parquet footer): a cheap check before a tokenizer is trained or anything compiled
-  (a damaged tail is found, and skipped, only when it is read)."""
+  """Refuses, naming it, a data file that is missing, of an unknown extension, whose first record cannot be read
+  (a broken gzip stream, a damaged Parquet footer) or that holds no document (empty, or no record with a non-blank
+  string `text`: SentencePiece would fail on an empty corpus): a cheap check, reading each file up to its first
+  document, before a tokenizer is trained or anything compiled (a damaged tail is found, and skipped, only when it
+  is read)."""
   for path in files:
     file_format(path)
     try:
       if not os.path.isfile(path):
         raise FileNotFoundError("no such file")
-      next(records(path), None)
+      read, found = _first_document(path)
     except READ_ERRORS as e:
       raise ConfigError(f"data file {path} cannot be read: {e}", "data.train_files", path) from e
+    if not found:
+      what = "is empty" if not read else f"has {read} record(s), none with a non-blank string text"
+      raise ConfigError(
+        f'data file {path} {what}: give C4-style JSON lines, one {{"text": "..."}} object per line (Parquet: a '
+        "text column), or leave it out of data.train_files",
+        "data.train_files",
+        path,
+      )
 
 
 def texts(files: list[str]) -> Iterator[str]:

@@ -10,6 +10,7 @@ from moejax.cost import parm
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.parallelism import Parallelism
 from moejax.moe.config import DTYPES, MoEConfig
+from moejax.moe.routing import ROUTERS
 from moejax.validation import ConfigError, check_against_mesh, is_int, prefixed, require
 
 KINDS = ("bert", "gpt")
@@ -138,6 +139,10 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
     for name in MOE_FROM_MODEL:
       require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
     moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
+  if not ROUTERS[moe_fields.get("routing", "topk")].chooses_nodes and moe_fields.get("num_nodes") is not None:
+    # A routing that chooses no node reads no node count: a copy left from another mesh (mesh.nodes changed alone)
+    # becomes the mesh's, in the config too, so that a run records the node count it had.
+    moe_fields["num_nodes"] = config.moe.num_nodes = config.mesh.nodes
   moe_cfg = MoEConfig.from_mapping(moe_fields, prefix="moe.")
   if model_cfg.num_moe_layers:
     check_against_mesh(moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)  # errors name moe.* and mesh.*
