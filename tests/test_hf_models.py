@@ -28,7 +28,17 @@ from moejax.validation import ConfigError
 from tests.helpers import ROOT, relative_error
 
 DATA = ROOT / "tests" / "data" / "hf"
-MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "glm4_moe", "gpt_oss")
+MOE_FAMILIES = (
+  "mixtral",
+  "qwen2_moe",
+  "qwen3_moe",
+  "deepseek_v2",
+  "deepseek_v3",
+  "glm4_moe",
+  "gpt_oss",
+  "dots1",
+  "glm4_moe_lite",
+)
 DENSE_FAMILIES = ("llama_dense", "qwen3_dense")
 FAMILIES = MOE_FAMILIES + DENSE_FAMILIES
 # Checkpoints as they are published (issue 52); the FP8 export: tests/test_hf_quantized.py.
@@ -176,6 +186,8 @@ OPTIONS = [
   case("gpt_oss", {"path": "node_first"}, slow=False, id="gpt_oss-node_first"),
   case("gpt_oss_mxfp4", {"path": "gpu_first", "esp_schedule": "s1"}, id="gpt_oss_mxfp4-gpu_first_esp_s1"),
   case("gpt_oss", {"slots_per_device": 3, "schedule": "comet", "num_chunks": 2}, id="gpt_oss-replicas_comet"),
+  case("dots1", {"path": "node_first", "dedup": True, "buffer_factor": 4.0}, slow=False, id="dots1-node_first_dedup"),
+  case("glm4_moe_lite", {"path": "gpu_first", "esp_schedule": "s1"}, slow=False, id="glm4_moe_lite-gpu_first_esp_s1"),
 ]
 
 
@@ -368,6 +380,10 @@ FAMILY_FIELDS = {
     "head_dim",
     "router_aux_loss_coef",
   ),
+  "dots1": ROUTED + LATENT[:8] + ("attention_bias", "head_dim", "num_key_value_heads", "layer_types"),
+  "glm4_moe_lite": ROUTED
+  + tuple(f for f in LATENT if f != "first_k_dense_replace")
+  + ("mlp_layer_types", "rope_interleave", "attention_bias"),
   "llama_dense": ("attention_bias", "mlp_bias"),
   "qwen3_dense": ("attention_bias",),
 }
@@ -387,8 +403,10 @@ ALIASES = {
 
 
 def config_field(config: dict, name: str):
-  if name == "head_dim":  # Mixtral's null: hidden / heads
-    return config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+  if name == "head_dim":  # Mixtral's null: hidden / heads; GLM-4.7-Flash's none: qk_rope_head_dim (attribute_map)
+    return (
+      config.get("head_dim") or config.get("qk_rope_head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    )
   for alias in ALIASES.get(name, (name,)):
     if alias in config:
       return config[alias]

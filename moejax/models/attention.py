@@ -10,7 +10,6 @@ cuDNN's fused kernel) or tokamax's, as `DecoderConfig.attention_impl` says (`res
 """
 
 import functools
-import importlib
 import importlib.util
 from typing import Callable, NamedTuple
 
@@ -27,6 +26,7 @@ from moejax.validation import require
 
 CUDNN_DTYPES = ("bfloat16",)  # of DecoderConfig's dtypes
 TOKAMAX_MISSING = "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'"
+LATENT_EPS = 1e-6  # MLA's q_a / kv_a RMSNorms: transformers' and DeepSeek's default eps, not rms_norm_eps (GLM-4.7)
 
 
 def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
@@ -242,10 +242,10 @@ class LatentAttention(nnx.Module):
       self.q_proj = linear(cfg, d, h * qk, False, rngs)
     else:
       self.q_a_proj = linear(cfg, d, cfg.q_lora_rank, False, rngs)
-      self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, cfg.rms_eps, pd)
+      self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_EPS, pd)
       self.q_b_proj = linear(cfg, cfg.q_lora_rank, h * qk, False, rngs)
     self.kv_a_proj_with_mqa = linear(cfg, d, cfg.kv_lora_rank + cfg.qk_rope_head_dim, False, rngs)
-    self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, cfg.rms_eps, pd)
+    self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_EPS, pd)
     self.kv_b_proj = linear(cfg, cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, rngs)
     self.o_proj = linear(cfg, h * cfg.v_head_dim, d, False, rngs)
     self.inverse, self.factor = rope.frequencies(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.scaling)

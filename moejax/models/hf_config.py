@@ -32,6 +32,10 @@ def from_hf_config(
   schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync, scan_layers). Errors name the
   config.json field, or moe.<field> and model.<field>."""
   model_type = hf.get("model_type")
+  if model_type in families.UNSUPPORTED:
+    allowed = f"one of {FAMILIES}"
+    message = f"{model_type}: {families.UNSUPPORTED[model_type]} (config field model_type; moejax loads {allowed})"
+    raise ConfigError(message, "model_type", model_type, allowed)
   require(model_type in FAMILIES, "model_type", model_type, f"one of {FAMILIES}")
   family = families.get(model_type)
   require(

@@ -1,10 +1,21 @@
 """The decoder families, one module each (`base.Family` is the interface), registered here by `model_type`.
 
 A new family: its module (a `Family` subclass and its instance) and one line below; its fixture in
-tests/fixtures/make_hf_fixtures.py.
+tests/fixtures/make_hf_fixtures.py. The MoE families of transformers that moejax cannot run are in UNSUPPORTED,
+each with the feature it lacks, so that loading one is refused by that reason (`hf_config.from_hf_config`).
 """
 
-from moejax.models.families import deepseek, dense, glm4_moe, gpt_oss, mixtral, qwen2_moe, qwen3_moe
+from moejax.models.families import (
+  deepseek,
+  dense,
+  dots1,
+  glm4_moe,
+  glm4_moe_lite,
+  gpt_oss,
+  mixtral,
+  qwen2_moe,
+  qwen3_moe,
+)
 from moejax.models.families.base import Family
 
 # The families, in the order errors list them.
@@ -15,11 +26,33 @@ FAMILIES: tuple[Family, ...] = (
   deepseek.DEEPSEEK_V2,
   deepseek.DEEPSEEK_V3,
   glm4_moe.GLM4_MOE,
+  glm4_moe_lite.GLM4_MOE_LITE,
+  dots1.DOTS1,
   gpt_oss.GPT_OSS,
   dense.LLAMA,
   dense.QWEN3,
 )
 REGISTRY: dict[str, Family] = {family.model_type: family for family in FAMILIES}  # by model_type
+
+# transformers 5.24's MoE model_types (issue 59) that moejax does not load, by what moejax lacks to run them.
+UNSUPPORTED: dict[str, str] = {
+  "deepseek_v32": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
+  "glm_moe_dsa": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
+  "deepseek_v4": "compressed sparse attention (KV compressors and an indexer over the cache) not supported",
+  "qwen3_next": "gated DeltaNet token mixer (linear attention layers) and gated attention not supported",
+  "qwen3_5_moe": "gated DeltaNet token mixer (linear attention layers) and gated attention not supported",
+  "kimi_linear": "Kimi delta attention token mixer (linear attention layers) not supported",
+  "kimi_k25": "vision-language model (a vision tower and projector before the decoder) not supported",
+  "longcat_flash": "zero-computation experts and two attention + FFN sublayers per layer not supported",
+  "mimo_v2_flash": "GQA with value heads narrower than query and key heads (v_head_dim) not supported",
+  "llama4": "chunked attention, NoPE layers and experts fed the input scaled by the router score not supported",
+  "sarvam_moe": "GLM-4.5's decoder under Sarvam's config.json names (use_qkv_bias, num_experts, ...) not read",
+  "solar_open": "GLM-4.5's MoE in every layer without intermediate_size (no dense layer width) not read",
+  "olmoe": "QK-norm over the whole q and k projections (not per head) not supported",
+  "minimax_m2": "QK-norm over the whole q and k projections (not per head) not supported",
+  "hunyuan_v1_moe": "QK-norm after RoPE (query_layernorm, key_layernorm) not supported",
+  "ernie4_5_moe": "softmax routing with a choice bias (moe_statics) and norm_min renormalisation not checked",
+}
 
 
 def get(model_type: str) -> Family:

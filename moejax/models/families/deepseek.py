@@ -71,6 +71,21 @@ class DeepSeekV2(Family):
   def routed_to_hf(self, cfg, moe_cfg) -> dict:
     """The dense layers first, the routed experts, their groups and the shared experts (DeepSeek's fields, which
     GLM-4.5 shares)."""
+    groups = moe_cfg.num_groups or 1
+    return dict(
+      **self.layers_to_hf(cfg),
+      n_routed_experts=moe_cfg.num_experts,
+      num_experts_per_tok=moe_cfg.top_k,
+      moe_intermediate_size=moe_cfg.d_ff,
+      n_shared_experts=moe_cfg.num_shared_experts,
+      routed_scaling_factor=moe_cfg.routed_scaling,
+      norm_topk_prob=moe_cfg.renormalize,
+      n_group=groups,
+      topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1,
+    )
+
+  def layers_to_hf(self, cfg) -> dict:
+    """Which layers are MoE: first_k_dense_replace dense layers, then MoE layers (refused otherwise)."""
     moe_at = moe_indices(cfg)
     first_moe = moe_at[0] if moe_at else cfg.num_layers
     require(
@@ -79,18 +94,7 @@ class DeepSeekV2(Family):
       cfg.moe_layers,
       f"dense layers first, then MoE layers ({cfg.family}'s first_k_dense_replace)",
     )
-    groups = moe_cfg.num_groups or 1
-    return dict(
-      n_routed_experts=moe_cfg.num_experts,
-      num_experts_per_tok=moe_cfg.top_k,
-      first_k_dense_replace=first_moe,
-      moe_intermediate_size=moe_cfg.d_ff,
-      n_shared_experts=moe_cfg.num_shared_experts,
-      routed_scaling_factor=moe_cfg.routed_scaling,
-      norm_topk_prob=moe_cfg.renormalize,
-      n_group=groups,
-      topk_group=moe_cfg.topk_groups if moe_cfg.num_groups else 1,
-    )
+    return dict(first_k_dense_replace=first_moe)
 
   def version_to_hf(self, cfg, moe_cfg) -> dict:
     """What V2 and V3 write differently: V2's topk_method says whether groups limit the choice."""
@@ -112,6 +116,17 @@ class DeepSeekV3(DeepSeekV2):
   def balance_fields(self, hf: dict) -> dict:
     """The sequence-wise balance loss and the loss-free bias, as V3 trains (Sec. 2.1.2, 4.2)."""
     return dict(bias_update_rate=V3_BIAS_RATE, balance_loss="sequence", load_balance_coef=0.0001)
+
+  def require_v3_router(self, cfg, moe_cfg) -> None:
+    """For the families whose config.json names no scoring_func nor topk_method (GLM-4.5, dots1, GLM-4.7-Flash):
+    the router is V3's, sigmoid scores and groups by their two best, or refused by the MoEConfig field."""
+    if cfg.num_moe_layers:
+      for name, want in (
+        ("score", "sigmoid"),
+        ("group_score", "top2_sum" if moe_cfg.num_groups else moe_cfg.group_score),
+      ):
+        got = getattr(moe_cfg, name)
+        require(got == want, f"moe.{name}", got, f"{want!r} ({cfg.family}'s config.json cannot say otherwise)")
 
   def version_to_hf(self, cfg, moe_cfg) -> dict:
     return dict(
