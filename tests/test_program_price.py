@@ -15,6 +15,7 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
+from moejax.study import program_calibration
 from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
@@ -124,3 +125,41 @@ def test_a_training_step_is_priced_in_full(devices):
   priced = _check_priced_in_full(compiled, mesh)
   kinds = {kind for kind, _ in priced.by_kind()}
   assert "all-reduce" in kinds and kinds & set(program_price.EXCHANGE)  # the gradient sync and the layers' exchanges
+
+
+def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
+  """measure() with a timer that answers alpha + beta x bytes per (kind, axes): the line through the two sizes gives
+  them back exactly; a negative slope is clipped to 0."""
+  rng = np.random.default_rng()
+  truth = {}
+
+  def timer(kind, axes, nbytes, mesh, repeats):
+    alpha, beta = truth.setdefault((kind, axes), (rng.uniform(1e-5, 1e-3), rng.uniform(1e-10, 1e-8)))
+    return alpha + beta * nbytes
+
+  terms = program_calibration.measure(mesh_2x4, repeats=1, timer=timer, say=lambda *a: None)
+  assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
+  for key, (alpha, beta) in truth.items():
+    assert terms.per_kind[key] == pytest.approx((alpha, beta), rel=1e-9)
+  assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
+  assert terms.flops_per_s > 0 and terms.bytes_per_s > 0
+
+
+def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):
+  """price_measured: each collective alpha + beta x bytes of its (kind, axes), summed over its runs (recomputed
+  here from the listed collectives), compute the roofline at the measured rates; a kind not measured is refused."""
+  compiled = _layer(mesh_2x4)
+  found = program.collectives(compiled, mesh_2x4)
+  rng = np.random.default_rng()
+  per_kind = {(c.kind, c.axes): (rng.uniform(1e-5, 1e-4), rng.uniform(1e-9, 1e-8)) for c in found}
+  terms = program_calibration.Terms(per_kind, flops_per_s=1e9, bytes_per_s=1e8)
+  priced = program_price.price_measured(compiled, mesh_2x4, terms)
+  want = sum(c.count * (per_kind[(c.kind, c.axes)][0] + per_kind[(c.kind, c.axes)][1] * c.bytes) for c in found)
+  assert priced.communication_s == pytest.approx(want, rel=1e-12)
+  cost = program.program_cost(compiled)
+  assert priced.compute_s == pytest.approx(max(cost["flops"] / 1e9, cost["bytes accessed"] / 1e8))
+  dropped = dict(per_kind)
+  missing = next(iter(dropped))
+  del dropped[missing]
+  with pytest.raises(ValueError, match="not measured"):
+    program_price.price_measured(compiled, mesh_2x4, program_calibration.Terms(dropped, 1e9, 1e8))

@@ -175,3 +175,27 @@ def control_seconds(record: dict, topology: Topology) -> float:
     for c in record["collectives"]
   ]
   return sum(p.seconds for p in price_collectives(found, np.asarray(record["node_of"]), topology))
+
+
+def price_measured(compiled, mesh, terms) -> ProgramPrice:
+  """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
+  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`; compute the roofline of
+  XLA's counts at `terms.flops_per_s` and `terms.bytes_per_s`. A collective over no axis (groups of one device)
+  costs nothing; one of a kind and axes the terms lack is refused, naming it."""
+  assignment = program_lib.device_assignment(compiled, mesh)
+  found = program_lib.parse(compiled.as_text(), mesh, assignment)
+  unknown = [c.name for c in found if c.count is None]
+  missing = sorted({(c.kind, c.axes) for c in found if c.axes and (c.kind, c.axes) not in terms.per_kind})
+  if unknown or missing:
+    raise ValueError(
+      f"cannot price collectives {unknown} (runs unknown) or kinds and axes {missing} (not measured; measured: "
+      f"{sorted(terms.per_kind)})"
+    )
+  priced = []
+  for c in found:
+    alpha, beta = terms.per_kind[(c.kind, c.axes)] if c.axes else (0.0, 0.0)
+    cost = collectives_lib.ExchangeCost(alpha + beta * c.bytes, alpha, 0.0, beta * c.bytes, 0, 0, 0.0, 0.0, False)
+    priced.append(PricedCollective(c, cost))
+  cost = program_lib.program_cost(compiled)
+  flops, nbytes = cost.get("flops", 0.0), cost.get("bytes accessed", 0.0)
+  return ProgramPrice(tuple(priced), max(flops / terms.flops_per_s, nbytes / terms.bytes_per_s), flops, nbytes)

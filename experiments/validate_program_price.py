@@ -1,0 +1,113 @@
+"""The compiled layer's price (`moejax.cost.program_price.price_measured`) against its measured time, on a simulated
+CPU mesh: the terms (per collective kind and axes a launch and a per-byte time, the device's compute and memory rates
+with every device busy) come from microbenchmarks only (`moejax.study.program_calibration`), so every case is held
+out. Prints one row per case and pass (measured ms, priced ms: collectives + compute, error) and writes
+<workdir>/program_price.json.
+
+  python -m experiments.validate_program_price --workdir=/tmp/program_price
+
+On CPU the devices are threads sharing the host's cores and the collectives copies in memory: this checks that the
+program's price adds up to what the program takes here, not a GPU cluster's numbers.
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+from absl import flags
+
+from moejax import cli, workdir_guard
+from moejax.cost import program_price
+from moejax.moe.config import MoEConfig
+from moejax.moe.layer import moe_apply
+from moejax.moe.params import init_params
+from moejax.runtime import mesh as mesh_lib
+from moejax.study import program_calibration
+from moejax.validation import ConfigError, require
+
+PASSES = ("fwd", "fwd_bwd")
+
+
+def parse_case(text: str) -> dict:
+  """'d_model,d_ff,tokens,path,collective' -> its fields; ConfigError naming the case otherwise."""
+  parts = text.split(",")
+  require(
+    len(parts) == 5 and all(p.isdigit() and int(p) > 0 for p in parts[:3]),
+    "cases",
+    text,
+    "'d_model,d_ff,tokens,path,collective' with positive integers first",
+  )
+  return dict(d_model=int(parts[0]), d_ff=int(parts[1]), tokens=int(parts[2]), path=parts[3], collective=parts[4])
+
+
+def compiled_layer(cfg: MoEConfig, tokens: int, mesh, passes: str):
+  """(compiled, args) of the layer's forward or forward+backward on random tokens."""
+  params = init_params(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (tokens, cfg.d_model), jnp.float32)
+
+  def loss(p, v):
+    y, aux = moe_apply(p, v, cfg, mesh)
+    return jnp.sum(y) + aux["aux_loss"]
+
+  fn = (lambda p, v: moe_apply(p, v, cfg, mesh)) if passes == "fwd" else jax.value_and_grad(loss, argnums=(0, 1))
+  return jax.jit(fn).lower(params, x).compile(), (params, x)
+
+
+def run_case(case: dict, config, mesh, terms) -> list[dict]:
+  cfg = MoEConfig(
+    num_experts=config.num_experts, top_k=config.top_k, d_model=case["d_model"], d_ff=case["d_ff"],
+    path=case["path"], collective=case["collective"], num_nodes=config.nodes,
+  )  # fmt: skip
+  rows = []
+  for passes in PASSES:
+    compiled, args = compiled_layer(cfg, case["tokens"], mesh, passes)
+    measured = program_calibration.median_seconds(compiled, args, config.repeats)
+    price = program_price.price_measured(compiled, mesh, terms)
+    rows.append(
+      dict(
+        case,
+        passes=passes,
+        measured_ms=1e3 * measured,
+        priced_ms=1e3 * price.serial_s,
+        collectives_ms=1e3 * price.communication_s,
+        compute_ms=1e3 * price.compute_s,
+        error=price.serial_s / measured - 1,
+      )
+    )
+    r = rows[-1]
+    print(
+      f"{case['d_model']:>5} {case['d_ff']:>5} {case['tokens']:>6} {case['path']:<11}{case['collective']:<8}{passes:<8}"
+      f"{r['measured_ms']:>10.1f}{r['priced_ms']:>10.1f}{r['collectives_ms']:>9.1f}{r['compute_ms']:>9.1f}"
+      f"{r['error']:>+8.0%}",
+      flush=True,
+    )
+  return rows
+
+
+def main(argv):
+  del argv
+  config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  try:
+    cases = [parse_case(c) for c in config.cases]
+    workdir_guard.claim(workdir, "experiments.validate_program_price", config)
+  except ConfigError as e:
+    raise SystemExit(f"error: {e}") from None
+  mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
+  mesh = mesh_lib.make_mesh(config.nodes, config.gpus_per_node)
+  print(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh (microbenchmarks):", flush=True)
+  terms = program_calibration.measure(mesh, config.repeats)
+  print(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<8}{'pass':<8}{'measured':>10}{'priced':>10}"
+        f"{'colls':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
+  rows = [row for case in cases for row in run_case(case, config, mesh, terms)]
+  errors = sorted(abs(r["error"]) for r in rows)
+  print(f"\n|error| median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")
+  cli.write_json(workdir, "program_price.json", dict(terms=terms.as_dict(), rows=rows, config=config.to_dict()))
+
+
+if __name__ == "__main__":
+  cli.define_config(
+    os.path.join(os.path.dirname(__file__), os.pardir, "configs", "validate_program_price.py"),
+    "Config file (configs/validate_program_price.py).",
+  )
+  cli.define_workdir("Directory of program_price.json.")
+  cli.run(main)
