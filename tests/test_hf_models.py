@@ -38,6 +38,8 @@ MOE_FAMILIES = (
   "gpt_oss",
   "dots1",
   "glm4_moe_lite",
+  "olmoe",
+  "minimax_m2",
 )
 DENSE_FAMILIES = ("llama_dense", "qwen3_dense")
 FAMILIES = MOE_FAMILIES + DENSE_FAMILIES
@@ -188,6 +190,13 @@ OPTIONS = [
   case("gpt_oss", {"slots_per_device": 3, "schedule": "comet", "num_chunks": 2}, id="gpt_oss-replicas_comet"),
   case("dots1", {"path": "node_first", "dedup": True, "buffer_factor": 4.0}, slow=False, id="dots1-node_first_dedup"),
   case("glm4_moe_lite", {"path": "gpu_first", "esp_schedule": "s1"}, slow=False, id="glm4_moe_lite-gpu_first_esp_s1"),
+  case("olmoe", {"path": "node_first", "schedule": "comet", "num_chunks": 2}, slow=False, id="olmoe-node_first_comet"),
+  case(
+    "minimax_m2",
+    {"path": "gpu_first", "schedule": "chunked", "num_chunks": 2, "slots_per_device": 2},
+    slow=False,
+    id="minimax_m2-gpu_first_chunked_replicas",
+  ),
 ]
 
 
@@ -384,6 +393,8 @@ FAMILY_FIELDS = {
   "glm4_moe_lite": ROUTED
   + tuple(f for f in LATENT if f != "first_k_dense_replace")
   + ("mlp_layer_types", "rope_interleave", "attention_bias"),
+  "olmoe": ROUTED + ("num_experts", "norm_topk_prob", "attention_bias", "clip_qkv", "router_aux_loss_coef"),
+  "minimax_m2": ROUTED + ("num_local_experts", "head_dim", "router_aux_loss_coef", "router_jitter_noise"),
   "llama_dense": ("attention_bias", "mlp_bias"),
   "qwen3_dense": ("attention_bias",),
 }

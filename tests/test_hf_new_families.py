@@ -1,20 +1,27 @@
-"""The families of issue 59 whose token mixer and routing moejax already has (dots1, glm4_moe_lite), beyond the
-logits, routing, generation and round-trip checks every family gets in tests/test_hf_models.py; and the MoE
-model_types of transformers that moejax cannot run, refused by the feature they need.
+"""The families of issue 59 (dots1, glm4_moe_lite, olmoe, minimax_m2), beyond the logits, routing, generation and
+round-trip checks every family gets in tests/test_hf_models.py; and the MoE model_types of transformers that moejax
+cannot run, refused by the feature they need.
 
 dots1 is Qwen3's attention with DeepSeek-V3's MoE layers; glm4_moe_lite is DeepSeek-V3 (MLA) with its MoE layers
-named by mlp_layer_types. Their fixtures (tests/data/hf/dots1, glm4_moe_lite) come from transformers' own classes.
+named by mlp_layer_types; olmoe and minimax_m2 QK-norm the whole q and k projections (`qk_norm_mode='projection'`),
+olmoe clipping q, k and v, minimax_m2 with partial RoPE and sigmoid routing biased by its MoE block's
+e_score_correction_bias. Their fixtures (tests/data/hf/<family>) come from transformers' own classes.
 """
 
 import dataclasses
 import json
 
+import jax
+import numpy as np
 import pytest
 from flax import nnx
 
+import moejax.models as models
 from moejax.models import attention, families, hf_config
+from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.test_hf_models import DATA, edit_config, fixture_copy, refused
+from tests.helpers import relative_error
+from tests.test_hf_models import DATA, TOL, edit_config, fixture_copy, reference, refused, tiled
 
 # The MoE model_types of transformers 5.24 that issue 59 lists beyond those moejax loads.
 ISSUE_59_REFUSED = (
@@ -107,3 +114,77 @@ def test_latent_norms_keep_their_own_eps():
   assert cfg.rms_eps == 1e-5
   mla = attention.LatentAttention(cfg, 0, rngs=nnx.Rngs(0))
   assert mla.q_a_layernorm.eps == mla.kv_a_layernorm.eps == 1e-6
+
+
+def test_olmoe_reads_projection_qk_norm_clip_and_unnormalised_softmax_routing():
+  cfg, moe_cfg = hf_config.from_hf_config(config("olmoe"))
+  assert (cfg.qk_norm, cfg.qk_norm_mode, cfg.clip_qkv, cfg.qkv_bias, cfg.out_bias) == (
+    True,
+    "projection",
+    1.5,
+    True,
+    True,
+  )
+  assert cfg.moe_layers == (True,) * 3 and cfg.sliding_window is None and cfg.head_dim == 8
+  assert (moe_cfg.score, moe_cfg.renormalize, moe_cfg.num_shared_experts, moe_cfg.d_ff) == ("softmax", False, 0, 24)
+  gqa = attention.attention(cfg, 0, rngs=nnx.Rngs(0))  # one norm over all heads: [4 x 8] for q, [2 x 8] for k
+  assert gqa.q_norm.weight.shape == (32,) and gqa.k_norm.weight.shape == (16,)
+
+
+def test_olmoe_clip_qkv_acts(mesh_2x4):
+  """The control of the clip: without it the fixture's logits move (the fixture's clip acts on q, k and v)."""
+  ref = reference("olmoe")
+  model = models.from_hf(str(DATA / "olmoe"), mesh_2x4, model={"clip_qkv": None})
+  assert relative_error(np.asarray(model(tiled(ref["tokens"]))[0])[:2], ref["logits"]) > 1e-2
+
+
+def test_minimax_m2_reads_partial_rope_and_biased_sigmoid_routing():
+  hf = config("minimax_m2")
+  cfg, moe_cfg = hf_config.from_hf_config(hf)
+  assert (cfg.qk_norm_mode, cfg.head_dim, cfg.partial_rotary_factor, cfg.rope_dim, cfg.qkv_bias) == (
+    "projection",
+    16,
+    0.5,
+    8,
+    False,
+  )
+  assert (moe_cfg.score, moe_cfg.renormalize, moe_cfg.num_groups, moe_cfg.routed_scaling) == ("sigmoid", True, None, 1)
+  assert moe_cfg.bias_update_rate > 0 and cfg.moe_layers == (True,) * 3
+  # a config.json of the hub's says rotary_dim, without rope_parameters' partial_rotary_factor
+  rope = {k: v for k, v in hf["rope_parameters"].items() if k != "partial_rotary_factor"}
+  hub, _ = hf_config.from_hf_config({**hf, "rope_parameters": rope, "rotary_dim": 4})
+  assert hub.partial_rotary_factor == 0.25 and hub.rope_dim == 4
+
+
+@pytest.mark.parametrize(
+  "family, field, value",
+  [
+    ("olmoe", "qk_norm_mode", "head"),
+    ("olmoe", "head_dim", 16),
+    ("olmoe", "sliding_window", 4),
+    ("olmoe", "out_bias", False),
+    ("minimax_m2", "qkv_bias", True),
+    ("minimax_m2", "clip_qkv", 2.0),
+    ("minimax_m2", "moe.score", "softmax"),
+    ("minimax_m2", "moe.bias_update_rate", 0.0),
+  ],
+)
+def test_projection_qk_norm_export_refuses_what_config_json_cannot_say(family, field, value):
+  cfg, moe_cfg = hf_config.from_hf_config(config(family))
+  if field.startswith("moe."):
+    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
+  else:
+    cfg = dataclasses.replace(cfg, **{field: value})
+  with pytest.raises(ConfigError, match=field):
+    hf_config.to_hf_config(cfg, moe_cfg)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["olmoe", "minimax_m2"])
+def test_projection_qk_norm_under_tensor_parallelism(devices, family):
+  """Heads split over 'gpu' (4 nodes x 2 GPUs): the norm over the whole projection still spans every head, so the
+  logits stay transformers'."""
+  model = models.from_hf(str(DATA / family), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
+  ref = reference(family)
+  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
+  assert relative_error(logits[:2], ref["logits"]) < TOL

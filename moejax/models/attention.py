@@ -1,6 +1,7 @@
 """Causal self-attention of the decoder families, with a KV cache: grouped-query attention (Llama, Mixtral, Qwen;
-qkv biases, QK-norm, sliding window) and DeepSeek's multi-head latent attention, whose cache holds the compressed
-latent and the shared rotary key instead of every head's keys and values.
+qkv biases, QK-norm, sliding window; its projections and their norms in `moejax.models.projections`) and DeepSeek's
+multi-head latent attention, whose cache holds the compressed latent and the shared rotary key instead of every
+head's keys and values.
 
 Both take x [B, S, d] at positions start .. start + S - 1 and, with a cache (c1, c2, start), write the new entries
 there and attend over the cache (entries not written yet lie after every query, so stay hidden); they return the
@@ -21,17 +22,13 @@ from flax import nnx
 
 from moejax.models import rope
 from moejax.models.decoder_config import DecoderConfig
+from moejax.models.projections import gqa_linears, linear, project_qkv, qk_norms
 from moejax.models.rms_norm import RMSNorm
 from moejax.validation import require
 
 CUDNN_DTYPES = ("bfloat16",)  # of DecoderConfig's dtypes
 TOKAMAX_MISSING = "tokamax installed (Python >= 3.12, jax >= 0.11.1), or 'xla', 'cudnn' or 'auto'"
 LATENT_EPS = 1e-6  # MLA's q_a / kv_a RMSNorms: transformers' and DeepSeek's default eps, not rms_norm_eps (GLM-4.7)
-
-
-def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
-  dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
-  return nnx.Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.normal(0.02), rngs=rngs, **dtypes)
 
 
 def _write(cache: jax.Array, new: jax.Array, start) -> jax.Array:
@@ -190,27 +187,19 @@ class GroupedQueryAttention(nnx.Module):
 
   def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs):
     self.cfg, self.window = cfg, cfg.window(layer)
-    h, kv, w, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
-    self.q_proj = linear(cfg, d, h * w, cfg.qkv_bias, rngs)
-    self.k_proj = linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
-    self.v_proj = linear(cfg, d, kv * w, cfg.qkv_bias, rngs)
-    self.o_proj = linear(cfg, h * w, d, cfg.out_bias, rngs)
-    self.q_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
-    self.k_norm = RMSNorm(w, cfg.rms_eps, jnp.dtype(cfg.param_dtype)) if cfg.qk_norm else None
-    self.sinks = nnx.Param(jnp.zeros((h,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
+    self.q_proj, self.k_proj, self.v_proj, self.o_proj = gqa_linears(cfg, rngs)
+    self.q_norm, self.k_norm = qk_norms(cfg)
+    self.sinks = nnx.Param(jnp.zeros((cfg.num_heads,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
     self.inverse, self.factor = rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
-    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, w, cfg.attention_sinks)
+    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, cfg.head_dim, cfg.attention_sinks)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     cfg = self.cfg
-    (b, s, _), h, kv, w = x_BxSxD.shape, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    (b, s, _), h, w = x_BxSxD.shape, cfg.num_heads, cfg.head_dim
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
-    q_BxSxHxW = self.q_proj(x_BxSxD).reshape(b, s, h, w)
     # k, v: [B, S, num_kv_heads, W] (their own head count), then [B, S_cache, ...] with a cache.
-    k_BxSxHxW, v_BxSxHxW = self.k_proj(x_BxSxD).reshape(b, s, kv, w), self.v_proj(x_BxSxD).reshape(b, s, kv, w)
-    if self.q_norm is not None:
-      q_BxSxHxW, k_BxSxHxW = self.q_norm(q_BxSxHxW), self.k_norm(k_BxSxHxW)
+    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = project_qkv(self, x_BxSxD)
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
     if cache is not None:

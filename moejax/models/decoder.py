@@ -14,9 +14,10 @@ from flax import nnx
 
 from moejax.models import backbone
 from moejax.models import layers as layers_lib
-from moejax.models.attention import attention, linear
+from moejax.models.attention import attention
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
+from moejax.models.projections import linear
 from moejax.models.rms_norm import RMSNorm
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError

@@ -11,6 +11,7 @@ from moejax.validation import is_int, is_number, require
 FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families/
 LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
+QK_NORM_MODES = ("head", "projection")  # `moejax.models.projections.qk_norms`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,8 +24,11 @@ class DecoderConfig(Parallelism):
     YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves;
     partial_rotary_factor: the fraction of a GQA head rotated, its first head_dim x factor dimensions (GLM-4.5: 0.5).
   qkv_bias: biases on q, k, v (Qwen2-MoE); out_bias: on the output projection too (attention_bias of Llama and
-    Qwen3); qk_norm: RMSNorm of each head's q and k before RoPE (Qwen3); attention_sinks: a learned logit per head
-    in the softmax's denominator (`sinks [num_heads]`, gpt-oss; grouped-query attention).
+    Qwen3); qk_norm: RMSNorm of q and k before RoPE, by qk_norm_mode: 'head' (each head's, weights [head_dim]:
+    Qwen3) or 'projection' (all of q's heads at once and all of k's, weights [num_heads x head_dim] and
+    [num_kv_heads x head_dim]: OLMoE, MiniMax-M2); clip_qkv: q, k and v clipped to +-clip_qkv after the norm (OLMoE;
+    None: not); attention_sinks: a learned logit per head in the softmax's denominator (`sinks [num_heads]`,
+    gpt-oss; grouped-query attention).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
     every layer).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
@@ -65,6 +69,8 @@ class DecoderConfig(Parallelism):
   qkv_bias: bool = False
   out_bias: bool = False
   qk_norm: bool = False
+  qk_norm_mode: str = "head"
+  clip_qkv: float | None = None
   attention_sinks: bool = False
   sliding_window: int | None = None
   sliding_layers: tuple | None = None
@@ -133,6 +139,13 @@ class DecoderConfig(Parallelism):
       "attention_sinks",
       self.attention_sinks,
       "False with multi-head latent attention (gpt-oss's sinks are grouped-query attention's)",
+    )
+    require(self.qk_norm_mode in QK_NORM_MODES, "qk_norm_mode", self.qk_norm_mode, f"one of {QK_NORM_MODES}")
+    require(
+      self.clip_qkv is None or (is_number(self.clip_qkv) and self.clip_qkv > 0),
+      "clip_qkv",
+      self.clip_qkv,
+      "None or a number > 0",
     )
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")

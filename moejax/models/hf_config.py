@@ -69,8 +69,8 @@ def from_hf_config(
     tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
     dtype=dtype,
     param_dtype=param_dtype,
-    **family.decoder_fields(hf),
   )
+  decoder.update(family.decoder_fields(hf))  # a family may read a shared field its own way (MiniMax-M2's rotary_dim)
   unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
   require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
   cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})

@@ -12,7 +12,9 @@ from moejax.models.families import (
   glm4_moe,
   glm4_moe_lite,
   gpt_oss,
+  minimax_m2,
   mixtral,
+  olmoe,
   qwen2_moe,
   qwen3_moe,
 )
@@ -29,6 +31,8 @@ FAMILIES: tuple[Family, ...] = (
   glm4_moe_lite.GLM4_MOE_LITE,
   dots1.DOTS1,
   gpt_oss.GPT_OSS,
+  olmoe.OLMOE,
+  minimax_m2.MINIMAX_M2,
   dense.LLAMA,
   dense.QWEN3,
 )
@@ -48,8 +52,6 @@ UNSUPPORTED: dict[str, str] = {
   "llama4": "chunked attention, NoPE layers and experts fed the input scaled by the router score not supported",
   "sarvam_moe": "GLM-4.5's decoder under Sarvam's config.json names (use_qkv_bias, num_experts, ...) not read",
   "solar_open": "GLM-4.5's MoE in every layer without intermediate_size (no dense layer width) not read",
-  "olmoe": "QK-norm over the whole q and k projections (not per head) not supported",
-  "minimax_m2": "QK-norm over the whole q and k projections (not per head) not supported",
   "hunyuan_v1_moe": "QK-norm after RoPE (query_layernorm, key_layernorm) not supported",
   "ernie4_5_moe": "softmax routing with a choice bias (moe_statics) and norm_min renormalisation not checked",
 }

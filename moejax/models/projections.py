@@ -1,0 +1,59 @@
+"""The learned projections of grouped-query attention and what the families do to them before RoPE: q, k and v from
+x, QK-norm over each head (Qwen3, GLM-4.5, dots1) or over the whole q and k projections (OLMoE, MiniMax-M2), and
+OLMoE's clip_qkv. `moejax.models.attention` runs them, RoPE and the softmax.
+
+Parameters keep the checkpoints' names (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm) as attributes of the
+attention module; a kernel is the transpose of a torch Linear weight.
+"""
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from moejax.models.decoder_config import DecoderConfig
+from moejax.models.rms_norm import RMSNorm
+
+
+def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+  dtypes = dict(dtype=jnp.dtype(cfg.dtype), param_dtype=jnp.dtype(cfg.param_dtype))
+  return nnx.Linear(n_in, n_out, use_bias=bias, kernel_init=nnx.initializers.normal(0.02), rngs=rngs, **dtypes)
+
+
+def gqa_linears(cfg: DecoderConfig, rngs: nnx.Rngs) -> tuple[nnx.Linear, ...]:
+  """(q_proj [d, H W], k_proj [d, H_kv W], v_proj [d, H_kv W], o_proj [H W, d]), biased as qkv_bias and out_bias."""
+  h, kv, w, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
+  return (
+    linear(cfg, d, h * w, cfg.qkv_bias, rngs),
+    linear(cfg, d, kv * w, cfg.qkv_bias, rngs),
+    linear(cfg, d, kv * w, cfg.qkv_bias, rngs),
+    linear(cfg, h * w, d, cfg.out_bias, rngs),
+  )
+
+
+def qk_norms(cfg: DecoderConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
+  """(q_norm, k_norm) as cfg.qk_norm_mode says: weights [head_dim] each ('head'), or [H W] and [H_kv W]
+  ('projection': one RMSNorm over all of q's and all of k's heads); (None, None) without QK-norm."""
+  if not cfg.qk_norm:
+    return None, None
+  pd, w = jnp.dtype(cfg.param_dtype), cfg.head_dim
+  if cfg.qk_norm_mode == "projection":
+    return RMSNorm(cfg.num_heads * w, cfg.rms_eps, pd), RMSNorm(cfg.num_kv_heads * w, cfg.rms_eps, pd)
+  return RMSNorm(w, cfg.rms_eps, pd), RMSNorm(w, cfg.rms_eps, pd)
+
+
+def project_qkv(attn: nnx.Module, x_BxSxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """x [B, S, d] -> q [B, S, H, W], k and v [B, S, H_kv, W] through `attn`'s projections (`gqa_linears`), q and k
+  QK-normed (cfg.qk_norm_mode 'head': each head; 'projection': the flat projection, before it is split into heads),
+  then each clipped to +-clip_qkv where set (OLMoE: after the norm, as transformers)."""
+  cfg = attn.cfg
+  (b, s, _), w = x_BxSxD.shape, cfg.head_dim
+  q, k, v = attn.q_proj(x_BxSxD), attn.k_proj(x_BxSxD), attn.v_proj(x_BxSxD)  # [B, S, heads x W]
+  if attn.q_norm is not None and cfg.qk_norm_mode == "projection":
+    q, k = attn.q_norm(q), attn.k_norm(k)
+  q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (a.reshape(b, s, -1, w) for a in (q, k, v))
+  if attn.q_norm is not None and cfg.qk_norm_mode == "head":
+    q_BxSxHxW, k_BxSxHxW = attn.q_norm(q_BxSxHxW), attn.k_norm(k_BxSxHxW)
+  if cfg.clip_qkv is not None:
+    clip = lambda a: jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv)
+    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = clip(q_BxSxHxW), clip(k_BxSxHxW), clip(v_BxSxHxW)
+  return q_BxSxHxW, k_BxSxHxW, v_BxSxHxW
