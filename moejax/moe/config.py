@@ -5,7 +5,6 @@ field, its value and what is allowed.
 """
 
 import dataclasses
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,19 +16,12 @@ from moejax.moe import fields as fields_lib
 from moejax.moe import path as path_lib
 from moejax.moe import routing as routing_lib
 from moejax.moe import schedule as schedule_lib
+from moejax.moe.fields import TRANSPORT_ALIASES  # noqa: F401  (the old `transport` values, read here)
 from moejax.validation import is_int, prefixed, reject_unknown, require
 
 ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited: each choice's options are its registry's names
 PATHS = tuple(path_lib.PATHS)  # flat, gpu_first, node_first
 COLLECTIVES = tuple(collective_lib.COLLECTIVES)  # padded, ragged, capacity, auto
-# The one field `transport` that path and collective were before: each old value as (path, collective).
-TRANSPORT_ALIASES = {
-  "ragged": ("flat", "ragged"),
-  "padded": ("flat", "padded"),
-  "capacity": ("flat", "capacity"),
-  "hierarchical": ("gpu_first", "auto"),
-  "bilevel": ("node_first", "auto"),
-}
 EXPERT_ACTIVATIONS = (*ACTIVATIONS, experts_lib.CLAMPED_SWIGLU)
 EXPERT_BACKENDS = tuple(experts_lib.BACKENDS)  # ragged_dot, dense, the Pallas ones, tokamax, fp8, auto
 DTYPES = ("float32", "bfloat16")
@@ -66,7 +58,8 @@ class MoEConfig:
   routing: 'topk' (flat softmax top-k: Switch k=1, GShard k=2); 'bilevel' (SMILE: softmax over nodes, top
     node_top_k; softmax over a node's E / num_nodes experts, shared by all nodes, top top_k; weight p_node *
     q_local); 'node_limited' (DeepSeek-V3: flat router, the node_top_k nodes with the best sums of their two best
-    expert probabilities kept, then the top top_k experts on them).
+    expert probabilities kept, then the top top_k experts on them); 'hash' (DeepSeek-V4's hash-routed layers: top_k
+    distinct experts fixed by the token id, `moe_apply(token_ids=)`, weighted by the flat router's scores).
   path: the hops rows take to their experts (`moe.path`): 'flat' (one exchange over both mesh axes), 'gpu_first'
     (Tutel-2DH's, DeepSpeed's hierarchical all-to-all) or 'node_first' (SMILE's path, DeepEP's internode one).
   collective: what moves each hop's rows (`moe.collective`): 'ragged' (GPU/TPU), 'padded' (its semantics from a ring
@@ -130,6 +123,9 @@ class MoEConfig:
     = swiglu_limit. ffn_bias: each routed expert's matmuls add biases b_in, b_gate [E, f] and b_out [E, d]
     (gpt-oss). router_bias: the flat router's logits add a bias router.bias [E] (gpt-oss). Neither the clamped SwiGLU
     nor the biases run in the fused Pallas FFN ('pallas', 'pallas_saved'), which is refused with them.
+  zero_experts: Z zero-computation experts (LongCat-Flash) after the E real ones (ids E .. E + Z - 1): the router
+    scores E + Z, a choice of one outputs the token itself times its weight, on the token's own device (it never
+    crosses the wire; no parameters; aux['zero_expert_counts'] [Z]). Not with 'bilevel' or the bias's update rule.
   slots_per_device: None = no replication. S: each expert holder (`expert_holders`) has S expert slots: its
     own E / holders experts and, in the spare slots, replicas of others (Lina, DeepSeek EPLB). `MoELayer` keeps the
     slot table as state; the trainer re-plans it every replan_every steps (0 = never) from the mean load of the
@@ -179,6 +175,7 @@ class MoEConfig:
   num_shared_experts: int = 0
   shared_d_ff: int | None = None
   shared_gate: bool = False
+  zero_experts: int = 0
   slots_per_device: int | None = None
   replan_every: int = 0
   replan_window: int = 16
@@ -186,8 +183,10 @@ class MoEConfig:
 
   def __post_init__(self, transport: str | None = None):
     """Field types and options first, then each choice checks the config (`check` of its object)."""
-    if transport is not None:
-      self._read_transport(transport)
+    if transport is not None:  # the old field, read as its path and collective
+      path, collective = fields_lib.read_transport(transport, PATHS, COLLECTIVES)
+      object.__setattr__(self, "path", path)
+      object.__setattr__(self, "collective", collective)
     for name in ("num_experts", "top_k", "d_model", "d_ff"):
       require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
     for name, options in OPTIONS:
@@ -196,21 +195,6 @@ class MoEConfig:
     self.router.check()
     for choice in (self.backend_kind, self.sharding_kind, self.schedule_kind, self.path_kind, self.collective_kind):
       choice.check(self)
-
-  def _read_transport(self, transport: str) -> None:
-    """The old field `transport`, read as its path and collective (`TRANSPORT_ALIASES`)."""
-    require(
-      transport in TRANSPORT_ALIASES,
-      "transport",
-      transport,
-      f"one of {tuple(TRANSPORT_ALIASES)} (the old field; now path {PATHS} and collective {COLLECTIVES})",
-    )
-    path, collective = TRANSPORT_ALIASES[transport]
-    logging.getLogger(__name__).warning(
-      "transport=%r is read as path=%r, collective=%r (the old name of the two)", transport, path, collective
-    )
-    object.__setattr__(self, "path", path)
-    object.__setattr__(self, "collective", collective)
 
   @classmethod
   def from_mapping(cls, fields: Mapping[str, Any], prefix: str = "") -> "MoEConfig":

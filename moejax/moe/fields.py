@@ -2,8 +2,34 @@
 (routing, path, collective, schedule, expert sharding, expert backend) owns. Each failure names the field, its
 value and what is allowed."""
 
+import logging
+
 from moejax.moe.experts import CLAMPED_SWIGLU
 from moejax.validation import is_int, is_number, require
+
+# The one field `transport` that path and collective were before: each old value as (path, collective).
+TRANSPORT_ALIASES = {
+  "ragged": ("flat", "ragged"),
+  "padded": ("flat", "padded"),
+  "capacity": ("flat", "capacity"),
+  "hierarchical": ("gpu_first", "auto"),
+  "bilevel": ("node_first", "auto"),
+}
+
+
+def read_transport(transport: str, paths: tuple, collectives: tuple) -> tuple[str, str]:
+  """(path, collective) of the old field `transport` (`TRANSPORT_ALIASES`), with a one-line notice."""
+  require(
+    transport in TRANSPORT_ALIASES,
+    "transport",
+    transport,
+    f"one of {tuple(TRANSPORT_ALIASES)} (the old field; now path {paths} and collective {collectives})",
+  )
+  path, collective = TRANSPORT_ALIASES[transport]
+  logging.getLogger("moejax.moe.config").warning(
+    "transport=%r is read as path=%r, collective=%r (the old name of the two)", transport, path, collective
+  )
+  return path, collective
 
 
 def check(cfg) -> None:

@@ -19,6 +19,7 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.experts import shared_experts
 from moejax.moe.layout import Layout, check_inputs
 from moejax.moe.params import param_specs
+from moejax.moe.routing import zero
 from moejax.moe.traffic import hop_traffic, traffic_bytes
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import GPU, NODE
@@ -49,6 +50,7 @@ def moe_apply(
   slot_expert: jax.Array | None = None,
   expert_bias: jax.Array | None = None,
   balance_counts: jax.Array | None = None,
+  token_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
@@ -58,18 +60,20 @@ def moe_apply(
   dropped by capacity), tokens_overflowed (token-choices dropped because a receive buffer was full; see
   buffer_factor), traffic_rows [hops, A, A] (rows sent from flat device s to flat device p in each
   exchange hop, the Dump's copies included; `traffic_summary` splits them into inter- and intra-node
-  traffic), expert_ids [T, K] (each token's routed experts, dropped or not; sharded like x).
+  traffic), expert_ids [T, K] (each token's routed experts, dropped or not, ids >= E the zero experts; sharded
+  like x), with cfg.zero_experts zero_expert_counts [Z] (their choices, none of which crossed the wire).
   rng: needed only for router jitter when train=True and cfg.jitter > 0.
   slot_expert: optional [A, Z] int, the logical expert of each physical slot (Lina's replication;
     `moejax.replication.rebalance`), A = the devices (the nodes with expert sharding): the experts run
     as copies in those slots (`moe.replicas`), with the same result; expert_counts stay per logical expert.
-  expert_bias: optional [E], DeepSeek-V3's balancing bias (cfg.bias_update_rate), added to the scores
+  expert_bias: optional [E + Z] (Z = cfg.zero_experts), DeepSeek-V3's balancing bias (cfg.bias_update_rate), added to the scores
     that choose the experts, never to the weights.
   balance_counts: with balance_loss='global_batch', the choice counts [cfg.balance_counts_size] of the
     step's earlier micro-batches (None: none); aux['balance_counts'] returns them plus this call's, the
     next micro-batch's input.
+  token_ids: the tokens' ids, x's shape without d (int), which routing='hash' chooses experts by (required there).
   """
-  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts)  # a slot table's contents too
+  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids)  # a slot table's too
   return _moe_apply(
     params,
     x,
@@ -81,15 +85,18 @@ def moe_apply(
     slot_expert=slot_expert,
     expert_bias=expert_bias,
     balance_counts=balance_counts,
+    token_ids=token_ids,
   )
 
 
 # Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "lay", "train"))
-def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts):
+def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts, token_ids):
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
+  if cfg.router.needs_token_ids:  # sharded like the tokens
+    extras["token_ids"], extra_specs["token_ids"] = jnp.asarray(token_ids, jnp.int32).reshape(-1), lay.x_spec
   if expert_bias is not None:
     extras["bias"], extra_specs["bias"] = jnp.asarray(expert_bias, jnp.float32), P()
   if cfg.balance_loss == "global_batch":
@@ -106,6 +113,8 @@ def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, ex
   body = functools.partial(_moe_local, cfg=cfg, lay=lay, sequence_length=x.shape[1] if x.ndim == 3 else None)
   check_vma = lay.sharding.needs_vma or not cfg.backend_kind.interprets_on(platform_lib.of_mesh(mesh))
   aux_specs = {name: P() for name in AUX_TOTALS} | {"expert_ids": lay.x_spec}
+  if cfg.zero_experts:
+    aux_specs["zero_expert_counts"] = P()
   if cfg.balance_loss == "global_batch":
     aux_specs["balance_counts"] = P()
   y_TxD, aux = jax.shard_map(
@@ -141,13 +150,15 @@ def one_row_per_slot(x_RxD, ids_RxZ, w_RxZ):
 
 def _route(router_in_TxD, params, cfg: MoEConfig, extras: dict, sequence_length: int | None):
   """(decision, stats, keep [T, K]): the router's expert ids and weights [T, K] for this device's tokens; capacity
-  keeps each expert's first C choices of this group."""
-  decision, stats = routing.route(router_in_TxD, params, cfg, extras.get("bias"), sequence_length)
+  keeps each expert's first C choices of this group (a zero expert's always: it holds no queue)."""
+  decision, stats = routing.route(
+    router_in_TxD, params, cfg, extras.get("bias"), sequence_length, extras.get("token_ids")
+  )
   keep_TxK = jnp.ones_like(decision.expert_ids, bool)
   if cfg.capacity_factor is not None:
-    keep_TxK = routing.queue_positions(decision.expert_ids, cfg.num_experts) < routing.expert_capacity(
-      cfg, router_in_TxD.shape[0]
-    )
+    capacity = routing.expert_capacity(cfg, router_in_TxD.shape[0])
+    keep_TxK = routing.queue_positions(decision.expert_ids, cfg.num_experts) < capacity
+    keep_TxK = keep_TxK | ~zero.real(decision.expert_ids, cfg.num_experts)
   return decision, stats, keep_TxK
 
 
@@ -176,11 +187,14 @@ def _finish_rows(result, sent, logical_RxK, rows: int, d: int, dtype, lay: Layou
   return sharding.finish(y_RxD, sent, dtype), processed_RxK, overflowed
 
 
-def _sum_choices(y_RxD, tokens: int, d: int, dtype, expert_ids_TxK, shared_TxD, lay: Layout):
+def _sum_choices(y_RxD, tokens: int, d: int, dtype, expert_ids_TxK, shared_TxD, lay: Layout, zero_TxD=None):
   """(y [T, d], routed expert ids [T, K]) on the device's own tokens: the sum over each token's choices (rows of
-  tokens, or of token-choices), plus the shared experts' output."""
+  tokens, or of token-choices), plus the zero experts' part [T, d] of the routed tokens (computed here, never sent)
+  and the shared experts' output."""
   sharding = lay.sharding
   y_TxD = y_RxD.reshape(tokens, -1, d).astype(jnp.float32).sum(axis=1)
+  if zero_TxD is not None:
+    y_TxD = y_TxD + zero_TxD
   y_TxD, routed_TxK = sharding.gather_tokens(y_TxD.astype(dtype)), sharding.gather_tokens(expert_ids_TxK)
   if shared_TxD is not None:
     y_TxD = y_TxD + shared_TxD.astype(y_TxD.dtype)
@@ -224,13 +238,15 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   shared_TxD = shared_experts(x_TxD, params, cfg, sharding.shared_sum_over) if cfg.num_shared_experts else None
   router_in = x_TxD * extras["noise"] if "noise" in extras else x_TxD
   x_TxD, router_in = sharding.split_tokens(x_TxD), sharding.split_tokens(router_in)
+  if "token_ids" in extras:  # the ids of the tokens this device routes
+    extras = extras | {"token_ids": sharding.split_tokens(extras["token_ids"])}
   tokens, d = x_TxD.shape
   decision, stats, keep_TxK = _route(router_in, params, cfg, extras, sequence_length)
 
-  # dispatch: the rows this device sends with their choices, in their slots.
-  sent = sharding.rows_to_send(
-    x_TxD, decision.expert_ids, keep_TxK, decision.weights.astype(jnp.float32), lay.rows, m, cfg
-  )
+  # dispatch: the rows this device sends with their choices, in their slots; a zero expert's choice stays here.
+  w_TxK = decision.weights.astype(jnp.float32)
+  send_TxK = keep_TxK & zero.real(decision.expert_ids, cfg.num_experts)
+  sent = sharding.rows_to_send(x_TxD, decision.expert_ids, send_TxK, w_TxK, lay.rows, m, cfg)
   ids_RxZ, w_RxZ = _slots_of(sent, extras, cfg, lay)
   x_RxD, rows = sent.x_RxD, ids_RxZ.shape[0]
   nonfinite = jnp.sum(~jnp.isfinite(x_TxD).all(axis=1), dtype=jnp.int32)  # NaN/inf stay so on the wire: counted
@@ -241,10 +257,14 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   local = local_experts.Experts.of(params, cfg, sharding)
   result = cfg.schedule_kind.run(x_RxD, ids_RxZ, w_RxZ, exchange_for(lay), local, cfg.num_chunks)
   y_RxD, processed_RxK, overflowed = _finish_rows(result, sent, sent.ids_RxK, rows, d, x_TxD.dtype, lay)
-  y_TxD, routed_TxK = _sum_choices(y_RxD, tokens, d, x_TxD.dtype, decision.expert_ids, shared_TxD, lay)
+  zero_TxD = zero.identity_sum(x_TxD, decision.expert_ids, w_TxK, cfg.num_experts) if cfg.zero_experts else None
+  y_TxD, routed_TxK = _sum_choices(y_RxD, tokens, d, x_TxD.dtype, decision.expert_ids, shared_TxD, lay, zero_TxD)
 
   aux = _routing_aux(stats, cfg, extras, lay)
   slots = ids_RxZ.shape[1]  # on the wire: Z per row with dedup, 1 once each slot is its own row
   aux |= _exchange_aux(cfg, lay, keep_TxK, processed_RxK, overflowed, nonfinite, result.paths, slots, x_TxD)
   aux["expert_ids"] = routed_TxK
+  if cfg.zero_experts:
+    counts_Z = zero.counts(decision.expert_ids, cfg.num_experts, cfg.zero_experts)
+    aux["zero_expert_counts"] = jax.lax.psum(counts_Z, sharding.routed_over)
   return y_TxD, aux

@@ -117,13 +117,14 @@ def _check_sequence_balance(cfg: MoEConfig, x: jax.Array, lay: Layout) -> None:
 
 
 def _check_expert_bias(cfg: MoEConfig, expert_bias) -> None:
-  """expert_bias: None or [E]."""
-  if expert_bias is not None and tuple(np.shape(expert_bias)) != (cfg.num_experts,):
+  """expert_bias: None or [E + Z], one per expert the router scores (zero experts included)."""
+  scored = cfg.router.scored
+  if expert_bias is not None and tuple(np.shape(expert_bias)) != (scored,):
     raise ConfigError(
-      f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{cfg.num_experts}]",
+      f"expert_bias has shape {tuple(np.shape(expert_bias))}; expected [{scored}]",
       "expert_bias",
       tuple(np.shape(expert_bias)),
-      f"[{cfg.num_experts}]",
+      f"[{scored}]",
     )
 
 
@@ -142,6 +143,20 @@ def _check_balance_counts(cfg: MoEConfig, balance_counts) -> None:
       tuple(np.shape(balance_counts)),
       f"[{cfg.balance_counts_size}] (cfg.balance_counts_size)",
     )
+
+
+def _check_token_ids(cfg: MoEConfig, x: jax.Array, token_ids) -> None:
+  """token_ids: integers of x's shape without d where the router routes by them ('hash'), else None."""
+  if not cfg.router.needs_token_ids:
+    require(token_ids is None, "token_ids", "given", f"None unless routing='hash' (it is {cfg.routing!r})")
+    return
+  shape = None if token_ids is None else tuple(np.shape(token_ids))
+  require(
+    shape == tuple(x.shape[:-1]) and np.issubdtype(np.asarray(token_ids).dtype, np.integer),
+    "token_ids",
+    shape,
+    f"integer ids of shape {tuple(x.shape[:-1])} (x's without d) with routing={cfg.routing!r}",
+  )
 
 
 def _check_chunks(cfg: MoEConfig, lay: Layout) -> None:
@@ -179,6 +194,7 @@ def check_inputs(
   slot_expert=None,
   expert_bias=None,
   balance_counts=None,
+  token_ids=None,
 ) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
@@ -195,6 +211,7 @@ def check_inputs(
   _check_sequence_balance(cfg, x, lay)
   _check_expert_bias(cfg, expert_bias)
   _check_balance_counts(cfg, balance_counts)
+  _check_token_ids(cfg, x, token_ids)
   _check_chunks(cfg, lay)
   _check_platform(cfg, sharding, mesh)
   return lay

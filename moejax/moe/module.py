@@ -111,10 +111,17 @@ class MoELayer(nnx.Module):
     return params
 
   def __call__(
-    self, x: jax.Array, *, train: bool = False, rng: jax.Array | None = None, slot_expert: jax.Array | None = None
+    self,
+    x: jax.Array,
+    *,
+    train: bool = False,
+    rng: jax.Array | None = None,
+    slot_expert: jax.Array | None = None,
+    token_ids: jax.Array | None = None,
   ) -> tuple[jax.Array, dict]:
     """rng: the key of the router jitter in training; None draws it from the layer's own `rngs`.
-    slot_expert: a replication slot table [A, Z] (see `moe_apply`); default the layer's own, if any."""
+    slot_expert: a replication slot table [A, Z] (see `moe_apply`); default the layer's own, if any.
+    token_ids: the tokens' ids (x's shape without d), which routing='hash' routes by."""
     if rng is None and train and self.cfg.jitter > 0:
       rng = self.rngs.jitter()
     if slot_expert is None and self.slot_expert is not None:
@@ -131,4 +138,5 @@ class MoELayer(nnx.Module):
       slot_expert=slot_expert,
       expert_bias=bias,
       balance_counts=prior,
+      token_ids=token_ids,
     )

@@ -4,7 +4,8 @@ y[t] = sum_c keep[t, c] * w[t, c] * FFN_{e[t, c]}(x[t])   (FFN_e with expert e's
 
 where e[t, :] are the K experts the routing chooses for token t and w their weights (each router's `reference`,
 `moe.routing`: the whole batch routed plainly), and keep[t, c] = 0 only in capacity mode for token-choices past
-their expert's capacity. Capacity is per dispatch group (one device's tokens: the global batch split into
+their expert's capacity. Zero-computation experts (`zero_experts`, ids E .. E + Z - 1) are the identity,
+FFN_e(x) = x (the token as it is, never a wire's rounding of it), and hold no capacity queue: never dropped. Capacity is per dispatch group (one device's tokens: the global batch split into
 `dispatch_groups` contiguous groups, as the mesh shards it): each group may send each expert
 ceil(capacity_factor * group_tokens * k / E) token-choices; all first choices of the group come
 before any second choice, and within a choice rank earlier tokens come first.
@@ -46,14 +47,16 @@ def moe_reference(
   expert_bias: jax.Array | None = None,
   balance_counts: jax.Array | None = None,
   expert_x: jax.Array | None = None,
+  token_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
   dispatch_groups: the groups capacity counts within (the mesh's routing devices). noise: router-input
-  multiplier [tokens, d] (jitter), or None. expert_bias: the balancing bias [E] added to the scores
+  multiplier [tokens, d] (jitter), or None. expert_bias: the balancing bias [E + Z] added to the scores
   that choose experts. balance_counts: with balance_loss='global_batch', the earlier micro-batches' choice
   counts; aux['balance_counts'] is them plus this call's. expert_x: what the routed experts see where it differs
-  from what the router sees (rows quantised on the wire: `moe.wire.round_trip(x, 'float8_e4m3fn')`).
+  from what the router sees (rows quantised on the wire: `moe.wire.round_trip(x, 'float8_e4m3fn')`). token_ids:
+  the tokens' ids (x's shape without d), which routing='hash' chooses experts by.
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
   tokens, num_experts = x_TxD.shape[0], cfg.num_experts
@@ -61,9 +64,11 @@ def moe_reference(
   prior = None
   if cfg.balance_loss == "global_batch":
     prior = jnp.zeros((cfg.balance_counts_size,)) if balance_counts is None else jnp.asarray(balance_counts)
-  routed = cfg.router.reference(router_in, params, expert_bias, x.shape[1] if x.ndim == 3 else None, prior)
+  ids_T = None if token_ids is None else jnp.asarray(token_ids).reshape(-1)
+  routed = cfg.router.reference(router_in, params, expert_bias, x.shape[1] if x.ndim == 3 else None, prior, ids_T)
   ids, weights = routed.ids, routed.weights
   keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, dispatch_groups)
+  keep = keep | (ids >= num_experts)  # a zero expert computes nothing: no capacity to exceed
 
   act = Activation.of(cfg)
   # Every expert applied to every token: [E, T, d]; with ffn_bias each expert's biases on each matmul.
@@ -72,6 +77,8 @@ def moe_reference(
   h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"]) + bias("b_in")
   h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"]) + bias("b_gate"), h)
   outputs = jnp.einsum("etf,efd->etd", h, params["w_out"]) + bias("b_out")
+  identity = jnp.broadcast_to(x_TxD, (cfg.zero_experts, *x_TxD.shape))  # the zero experts: each token itself
+  outputs = jnp.concatenate([outputs, identity], axis=0)  # [E + Z, T, d]
   chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
   y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
   if cfg.num_shared_experts:  # dense FFNs on every token, added to the routed output
@@ -83,14 +90,16 @@ def moe_reference(
       out = jax.nn.sigmoid(x_TxD @ params["shared_gate"]["kernel"]) * out
     y = y + out
 
-  onehot = jax.nn.one_hot(ids, num_experts)  # [T, K, E]
+  kept_counts = jnp.sum(jax.nn.one_hot(ids, num_experts + cfg.zero_experts) * keep[..., None], axis=(0, 1))
   aux = {
     "load_balance_loss": routed.load_balance,
     "z_loss": routed.z_loss,
     "aux_loss": routed.load_balance + routed.z_loss,
-    "expert_counts": jnp.sum(onehot * keep[..., None], axis=(0, 1)).astype(jnp.int32),
+    "expert_counts": kept_counts[:num_experts].astype(jnp.int32),
     "tokens_dropped": jnp.sum(~keep).astype(jnp.int32),
   }
+  if cfg.zero_experts:
+    aux["zero_expert_counts"] = kept_counts[num_experts:].astype(jnp.int32)
   if prior is not None:
     aux["balance_counts"] = prior + routed.counts
   return y.reshape(x.shape).astype(x.dtype), aux

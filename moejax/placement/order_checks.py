@@ -127,6 +127,18 @@ def check_order(order, cfg: MoEConfig, layers: int | None = None) -> dict:
     f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer",
   )
   router = cfg.router
+  require(
+    not router.needs_token_ids,
+    "routing",
+    cfg.routing,
+    "a routing that chooses by score: a hash of the token ids names the same expert index whatever the placement, "
+    "so moving an expert changes every output",
+  )
   blocks = None if router.placement_blocks is None else block_order(order, cfg)
-  orders = {"expert": lambda: order, "block": lambda: blocks, "local": lambda: local_order(order, cfg)}
+  # Zero-computation experts (ids E .. E+Z-1) hold no parameters and sit on no device: their columns stay put.
+  zeros = np.broadcast_to(
+    np.arange(cfg.num_experts, cfg.num_experts + cfg.zero_experts), (len(order), cfg.zero_experts)
+  )
+  experts = np.concatenate([order, zeros], axis=1) if cfg.zero_experts else order
+  orders = {"expert": lambda: experts, "block": lambda: blocks, "local": lambda: local_order(order, cfg)}
   return {name: orders[indexes]() for name, indexes in router.columns.items()}

@@ -1,6 +1,7 @@
 """Routers: from token activations to a RoutingDecision, plus the statistics of the auxiliary losses.
 
-One interface, `Router`, one class per routing (`ROUTERS`: `flat.TopK`, `flat.NodeLimited`, `bilevel.BiLevel`),
+One interface, `Router`, one class per routing (`ROUTERS`: `flat.TopK`, `flat.NodeLimited`, `bilevel.BiLevel`,
+`hashed.Hashed`; zero-computation experts for all but bilevel: `zero`),
 built once from the config (`of(cfg)`, `MoEConfig.router`). The layer, the reference, placement and the study ask
 the router, never the routing's name. A router says, in plain Python: its kernels' widths (`widths`, each
 {'kernel': [d, width]}), the (token, expert) choices a token makes, the groups of contiguous experts it routes by
@@ -20,8 +21,9 @@ from moejax.moe import plan as plan_lib
 from moejax.moe.routing.base import Blocks, ReferenceRoute, Router, RoutingDecision  # noqa: F401  (the interface)
 from moejax.moe.routing.bilevel import BiLevel
 from moejax.moe.routing.flat import NodeLimited, TopK
+from moejax.moe.routing.hashed import Hashed, hash_experts  # noqa: F401  (the plan before the layer runs)
 
-ROUTERS = {cls.name: cls for cls in (TopK, BiLevel, NodeLimited)}
+ROUTERS = {cls.name: cls for cls in (TopK, BiLevel, NodeLimited, Hashed)}
 
 
 def of(cfg) -> Router:
@@ -30,14 +32,20 @@ def of(cfg) -> Router:
 
 
 def route(
-  x_TxD: jax.Array, params: dict, cfg, bias_E: jax.Array | None = None, sequence_length: int | None = None
+  x_TxD: jax.Array,
+  params: dict,
+  cfg,
+  bias_E: jax.Array | None = None,
+  sequence_length: int | None = None,
+  token_ids_T: jax.Array | None = None,
 ) -> tuple[RoutingDecision, dict]:
   """x [T, d] -> (decision, loss statistics) by the config's router (`Router.route`).
 
-  bias_E: the auxiliary-loss-free balancing bias [E], added to the scores that choose the experts only.
+  bias_E: the auxiliary-loss-free balancing bias [E + Z], added to the scores that choose the experts only.
   sequence_length: with balance_loss='sequence', the tokens of one sequence (T holds whole sequences).
+  token_ids_T: the tokens' ids [T], which 'hash' routes by.
   """
-  return cfg.router.route(x_TxD, params, bias_E, sequence_length)
+  return cfg.router.route(x_TxD, params, bias_E, sequence_length, token_ids_T)
 
 
 def router_names(cfg) -> tuple[str, ...]:
@@ -87,7 +95,7 @@ def expert_capacity(cfg, local_tokens: int) -> int:
 
 
 def queue_positions(ids_TxK: jax.Array, num_experts: int) -> jax.Array:
-  """[T, K] position of each token-choice in its expert's queue.
+  """[T, K] position of each token-choice in its expert's queue (meaningless for ids outside [0, E): zero experts).
 
   Priority: every first choice before any second choice, and so on; within a choice rank, earlier
   tokens first (GShard). A choice is kept under capacity C iff its position is < C. One stable sort of
@@ -95,4 +103,5 @@ def queue_positions(ids_TxK: jax.Array, num_experts: int) -> jax.Array:
   """
   tokens, k = ids_TxK.shape
   ids_R = ids_TxK.T.reshape(-1)  # choice-major: rank 0 of every token first
+  ids_R = jnp.where((ids_R >= 0) & (ids_R < num_experts), ids_R, num_experts)  # zero experts, none: no queue
   return plan_lib.rank_in_group(ids_R, num_experts).reshape(k, tokens).T

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe import plan as plan_lib
+from moejax.moe.routing import zero
 from moejax.validation import is_int, require
 
 
@@ -51,6 +52,8 @@ class Router(abc.ABC):
   """
 
   name: str
+  needs_token_ids = False  # it routes by the tokens' ids ('hash'): moe_apply(token_ids=) is required
+  zero_refusal = None  # why the routing cannot score zero experts (`routing.zero`), or None: it can
   chooses_nodes = False  # it needs num_nodes (the mesh's), and a placement keeps each node's experts together
   shares_local_router = False  # one router over a node's local experts, shared by every node
   default_alpha = 0.01  # Switch's
@@ -62,6 +65,11 @@ class Router(abc.ABC):
   @abc.abstractmethod
   def widths(self) -> dict[str, int]:
     """{kernel name: width} of the router parameters, each {'kernel': [d, width]}."""
+
+  @property
+  def scored(self) -> int:
+    """The experts a token's choices range over: the E real ones, then the zero experts (ids E .. E + Z - 1)."""
+    return self.cfg.num_experts + self.cfg.zero_experts
 
   @property
   def choices_per_token(self) -> int:
@@ -83,6 +91,7 @@ class Router(abc.ABC):
   def check(self) -> None:
     """Raises ConfigError naming the field where the config's other fields do not fit this routing."""
     cfg = self.cfg
+    zero.check(cfg, self)
     if self.chooses_nodes:
       n = cfg.num_nodes
       require(
@@ -113,16 +122,17 @@ class Router(abc.ABC):
     """(kernel name, coefficient, choices per token) of each balanced router, in `widths` order."""
 
   @abc.abstractmethod
-  def route(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None):
-    """x [T, d] -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
+  def route(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, token_ids_T=None):
+    """x [T, d] (and the tokens' ids [T], used by 'hash' only) -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
     and 'prob_sums' {kernel name: [width]}, 'z_sum', 'tokens', and with balance_loss='sequence'
     'sequence_loss_sum' and 'sequences')."""
 
   @abc.abstractmethod
   def reference(
-    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, prior=None
+    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, prior=None, token_ids_T=None
   ) -> ReferenceRoute:
-    """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts."""
+    """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts;
+    token_ids_T: the tokens' ids [T] ('hash')."""
 
 
 def counts(ids, size):

@@ -16,6 +16,10 @@ class BiLevel(base.Router):
   chooses_nodes = True
   shares_local_router = True
   default_alpha = 0.005  # SMILE's alpha and beta
+  zero_refusal = (
+    "SMILE chooses a node, then a local expert there by a router shared by every node, weight p_node * q_local: a zero "
+    "expert runs on no node (on the token's own device), so neither router has a column for it"
+  )
 
   @property
   def widths(self):
@@ -75,8 +79,8 @@ class BiLevel(base.Router):
     cfg = self.cfg
     return [("node_router", cfg.alpha, cfg.node_top_k), ("local_router", cfg.beta, cfg.top_k)]
 
-  def route(self, x_TxD, params, bias_E=None, sequence_length=None):
-    del bias_E, sequence_length  # refused with 'bilevel' by MoEConfig
+  def route(self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None):
+    del bias_E, sequence_length, token_ids_T  # refused with 'bilevel' by MoEConfig; ids unused
     cfg, tokens = self.cfg, x_TxD.shape[0]
     node_logits, p_TxN = base.softmax_router(x_TxD, params, "node_router")
     local_logits, q_TxL = base.softmax_router(x_TxD, params, "local_router")
@@ -95,8 +99,8 @@ class BiLevel(base.Router):
     }
     return RoutingDecision(ids.astype(jnp.int32), base.renormalized(weights, cfg)), stats
 
-  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
-    del bias_E, sequence_length
+  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None, token_ids_T=None):
+    del bias_E, sequence_length, token_ids_T
     cfg, n = self.cfg, self.cfg.num_nodes
     node_logits = x_TxD @ params["node_router"]["kernel"]
     local_logits = x_TxD @ params["local_router"]["kernel"]

@@ -18,7 +18,7 @@ class TopK(base.Router):
 
   @property
   def widths(self):
-    return {"router": self.cfg.num_experts}
+    return {"router": self.scored}  # the real experts, then the zero experts
 
   @property
   def group_limit(self):
@@ -31,8 +31,9 @@ class TopK(base.Router):
 
   @property
   def max_top_k(self):
-    limit = self.group_limit
-    return self.cfg.num_experts if limit is None else self.cfg.num_experts // limit[0] * limit[1]
+    limit, cfg = self.group_limit, self.cfg
+    real = cfg.num_experts if limit is None else cfg.num_experts // limit[0] * limit[1]
+    return real + cfg.zero_experts  # zero experts belong to no group: always allowed
 
   @property
   def placement_blocks(self):
@@ -66,15 +67,19 @@ class TopK(base.Router):
     weights = jnp.take_along_axis(scores_TxE, ids_TxK, axis=1)
     return base.renormalized(weights, self.cfg) * self.cfg.routed_scaling  # V3 Eq. 13 with renormalize
 
-  def route(self, x_TxD, params, bias_E=None, sequence_length=None):
+  def choose(self, select_TxE, token_ids_T):
+    """[T, K] the chosen experts: the top k of the selection scores (token ids unused)."""
+    return jax.lax.top_k(select_TxE, self.cfg.top_k)[1]
+
+  def route(self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None):
     cfg = self.cfg
     logits, scores_TxE, probs_TxE = self._scores(x_TxD, params)
     select_TxE = scores_TxE if bias_E is None else scores_TxE + bias_E
     if self.group_limit is not None:
-      select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score)
-    _, ids = jax.lax.top_k(select_TxE, cfg.top_k)
+      select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score, cfg.num_experts)
+    ids = self.choose(select_TxE, token_ids_T)
     stats = {
-      "counts": {"router": base.counts(ids, cfg.num_experts)},
+      "counts": {"router": base.counts(ids, self.scored)},
       "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)},
       "z_sum": base.z_sum(logits),
       "tokens": jnp.asarray(x_TxD.shape[0], jnp.float32),
@@ -83,19 +88,22 @@ class TopK(base.Router):
       stats["sequence_loss_sum"], stats["sequences"] = _sequence_loss_sum(ids, probs_TxE, sequence_length, cfg)
     return RoutingDecision(ids.astype(jnp.int32), self._weights(scores_TxE, ids)), stats
 
-  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None):
+  def reference(self, x_TxD, params, bias_E=None, sequence_length=None, prior=None, token_ids_T=None):
     cfg = self.cfg
     logits, scores, probs = self._scores(x_TxD, params)
     select = scores if bias_E is None else scores + bias_E[None, :]
     if self.group_limit is not None:  # groups ranked by the sum of their two best selection scores, or their best
       groups, kept = self.group_limit
       best = 1 if self.group_score == "max" else 2
-      group_scores = jnp.sort(select.reshape(select.shape[0], groups, -1), axis=-1)[..., ::-1][..., :best].sum(-1)
+      group_scores = jnp.sort(select[:, : cfg.num_experts].reshape(select.shape[0], groups, -1), axis=-1)[..., ::-1][
+        ..., :best
+      ].sum(-1)
       _, chosen_groups = jax.lax.top_k(group_scores, kept)
       group_of_expert = jnp.arange(cfg.num_experts) // (cfg.num_experts // groups)
       allowed = (group_of_expert[None, :, None] == chosen_groups[:, None, :]).any(-1)
+      allowed = jnp.concatenate([allowed, jnp.ones((len(select), cfg.zero_experts), bool)], 1)  # zero: no group
       select = jnp.where(allowed, select, -jnp.inf)
-    _, ids = jax.lax.top_k(select, cfg.top_k)
+    ids = self.choose(select, token_ids_T)
     if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences
       pieces = x_TxD.shape[0] // sequence_length
       losses = [base.switch_loss(i, p, 1.0) for i, p in zip(jnp.split(ids, pieces), jnp.split(probs, pieces))]
@@ -103,7 +111,7 @@ class TopK(base.Router):
     else:
       load_balance = base.switch_loss(ids, probs, cfg.alpha, prior)
     z_loss = cfg.z_loss_coef * jnp.mean(jax.nn.logsumexp(logits, axis=-1) ** 2)
-    return ReferenceRoute(ids, self._weights(scores, ids), load_balance, z_loss, base.counts(ids, cfg.num_experts))
+    return ReferenceRoute(ids, self._weights(scores, ids), load_balance, z_loss, base.counts(ids, self.scored))
 
 
 class NodeLimited(TopK):
@@ -125,24 +133,26 @@ class NodeLimited(TopK):
     return Blocks(self.cfg.num_nodes, "node", "node_limited ranks a token's nodes by their own experts' probabilities")
 
 
-def _limit_to_groups(select_TxE, groups: int, kept: int, group_score: str = "top2_sum"):
+def _limit_to_groups(select_TxE, groups: int, kept: int, group_score: str, num_experts: int):
   """Group-limited routing (DeepSeek-V2/V3): groups of E / groups contiguous experts, each scored by the sum
   of its two best selection scores ('top2_sum', V3) or its best ('max', V2); experts outside a token's `kept`
-  best groups are masked out."""
-  tokens, num_experts = select_TxE.shape
+  best groups are masked out. Columns past the E real experts (zero experts: on no node, in no group, costing no
+  traffic) stay allowed."""
+  select_TxE, zero_TxZ = select_TxE[:, :num_experts], select_TxE[:, num_experts:]
+  tokens = select_TxE.shape[0]
   per_group = num_experts // groups
   best = 1 if group_score == "max" else min(2, per_group)
   group_scores = jnp.sum(jax.lax.top_k(select_TxE.reshape(tokens, groups, per_group), best)[0], -1)
   _, best_groups = jax.lax.top_k(group_scores, kept)
   allowed_groups = jnp.zeros((tokens, groups), bool).at[jnp.arange(tokens)[:, None], best_groups].set(True)
-  return jnp.where(jnp.repeat(allowed_groups, per_group, axis=1), select_TxE, -jnp.inf)
+  return jnp.concatenate([jnp.where(jnp.repeat(allowed_groups, per_group, axis=1), select_TxE, -jnp.inf), zero_TxZ], 1)
 
 
 def _sequence_loss_sum(ids_TxK, probs_TxE, sequence_length: int, cfg):
   """(sum over these tokens' sequences of sum_e f_e P_e, the number of sequences): DeepSeek-V3 Eqs. 17-20
   without alpha, f_e = E / (K L) x the sequence's choices of e, P_e = its mean normalised score."""
-  sequences = ids_TxK.shape[0] // sequence_length
-  counts_BxE = jax.vmap(lambda ids: base.counts(ids, cfg.num_experts))(ids_TxK.reshape(sequences, -1))
-  f_BxE = counts_BxE * cfg.num_experts / (cfg.top_k * sequence_length)
+  sequences, width = ids_TxK.shape[0] // sequence_length, probs_TxE.shape[1]  # width: E + Z, every scored expert
+  counts_BxE = jax.vmap(lambda ids: base.counts(ids, width))(ids_TxK.reshape(sequences, -1))
+  f_BxE = counts_BxE * width / (cfg.top_k * sequence_length)
   p_BxE = probs_TxE.reshape(sequences, sequence_length, -1).mean(axis=1)
   return jnp.sum(f_BxE * p_BxE), jnp.asarray(sequences, jnp.float32)
