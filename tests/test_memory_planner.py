@@ -93,10 +93,15 @@ def _shape_count(params) -> int:
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen2_moe", "mixtral", None])
 @pytest.mark.parametrize("fsdp", [False, True])
-def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp):
+@pytest.mark.parametrize("qk_norm_mode", ["head", "projection"])
+def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp, qk_norm_mode):
   """Parameter bytes per device from the shardings and from the config's dimensions (the analytic count) both equal
-  a count from the parameters' shapes and specs; LAMB's states are two moments of each (and its step counts)."""
-  config, model_cfg, moe_cfg = config_lib.checked(_config(family, fsdp=fsdp))
+  a count from the parameters' shapes and specs; LAMB's states are two moments of each (and its step counts). The
+  decoders' q/k norms per head and over the whole projections (OLMoE, MiniMax-M2)."""
+  if qk_norm_mode == "projection" and family in (None, "deepseek_v3", "mixtral"):
+    pytest.skip("no q/k norms there")
+  model = dict(fsdp=fsdp) if qk_norm_mode == "head" else dict(fsdp=fsdp, qk_norm=True, qk_norm_mode="projection")
+  config, model_cfg, moe_cfg = config_lib.checked(_config(family, **model))
   mesh = mesh_lib.make_mesh(2, 4)
   tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
   state = train.Trainer(config, model_cfg, moe_cfg, mesh, tok).abstract_state

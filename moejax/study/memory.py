@@ -97,7 +97,8 @@ def decoder_leaves(cfg) -> tuple[list, list, list]:
     attn += [Leaf((d, h * hd)), Leaf((d, kv), 2), Leaf((h * hd, d))]
     attn += [Leaf((h * hd,)), Leaf((kv,), 2)] if cfg.qkv_bias else []
     attn += [Leaf((d,))] if cfg.out_bias else []
-    attn += [Leaf((hd,), 2)] if cfg.qk_norm else []
+    if cfg.qk_norm:  # per head ([hd] each of q, k) or over the whole projections ([h hd], [kv])
+      attn += [Leaf((hd,), 2)] if cfg.qk_norm_mode == "head" else [Leaf((h * hd,)), Leaf((kv,))]
   return top, attn, [Leaf((d, cfg.d_ff), 2), Leaf((cfg.d_ff, d))]
 
 

@@ -97,7 +97,12 @@ def parameter_counts(model_cfg, moe_cfg) -> dict:
   expert = (3 if moe_cfg.gated else 2) * d * moe_cfg.d_ff
   router = d * moe_cfg.num_experts
   head = d * model_cfg.vocab_size
-  norms = 2 * d + (2 * w if model_cfg.qk_norm else 0)  # per layer: two RMSNorms, and q/k norms of a head's width
+  qk = (
+    (2 * w if model_cfg.qk_norm_mode == "head" else w * (model_cfg.num_heads + model_cfg.num_kv_heads))
+    if model_cfg.qk_norm
+    else 0
+  )
+  norms = 2 * d + qk  # per layer: two RMSNorms, and the q/k norms (a head's width, or the whole projections)
   active = {
     "attention": layers * attention,
     "router": layers * router,
