@@ -2,7 +2,7 @@
 the terms from microbenchmarks only (moejax.study.program_calibration), every case held out.
 
 python -m experiments.validate_program_price --workdir=/tmp/program_price
-python -m experiments.validate_program_price --workdir=/tmp/program_price --config.cases=128,256,4096,node_first,padded
+python -m experiments.validate_program_price --workdir=/tmp/program_price --config.cases=128:256:4096:node_first:padded
 """
 
 import ml_collections
@@ -14,13 +14,13 @@ def get_config() -> ml_collections.ConfigDict:
   config.gpus_per_node = 4
   config.num_experts = 16
   config.top_k = 2
-  # Each case "d_model,d_ff,tokens,path,collective" (tokens: the whole mesh's): a layer timed forward and
+  # Each case "d_model:d_ff:tokens:path:collective" (tokens: the whole mesh's): a layer timed forward and
   # forward+backward and priced.
   config.cases = (
-    "128,256,4096,node_first,padded",
-    "256,512,8192,node_first,padded",
-    "256,512,8192,flat,padded",
-    "512,1024,8192,gpu_first,padded",
+    "128:256:4096:node_first:padded",
+    "256:512:8192:node_first:padded",
+    "256:512:8192:flat:padded",
+    "512:1024:8192:gpu_first:padded",
   )
   config.repeats = 7  # timed calls per measurement (median), after one warm-up call
   return config

@@ -29,13 +29,13 @@ PASSES = ("fwd", "fwd_bwd")
 
 
 def parse_case(text: str) -> dict:
-  """'d_model,d_ff,tokens,path,collective' -> its fields; ConfigError naming the case otherwise."""
-  parts = text.split(",")
+  """'d_model:d_ff:tokens:path:collective' -> its fields; ConfigError naming the case otherwise."""
+  parts = text.split(":")
   require(
     len(parts) == 5 and all(p.isdigit() and int(p) > 0 for p in parts[:3]),
     "cases",
     text,
-    "'d_model,d_ff,tokens,path,collective' with positive integers first",
+    "'d_model:d_ff:tokens:path:collective' with positive integers first",
   )
   return dict(d_model=int(parts[0]), d_ff=int(parts[1]), tokens=int(parts[2]), path=parts[3], collective=parts[4])
 

@@ -93,6 +93,7 @@ PROGRAM_CONFIGS = {
   "export",
   "pipeline_bubbles",
   "pipeline_cost",
+  "validate_program_price",
 }
 
 

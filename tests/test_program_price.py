@@ -163,3 +163,28 @@ def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):
   del dropped[missing]
   with pytest.raises(ValueError, match="not measured"):
     program_price.price_measured(compiled, mesh_2x4, program_calibration.Terms(dropped, 1e9, 1e8))
+
+
+@pytest.mark.slow
+def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
+  """experiments.validate_program_price on one tiny case: terms measured, the layer timed and priced forward and
+  forward+backward, each row's error its priced / measured - 1; a malformed case is one error line."""
+  import json
+  import subprocess
+  import sys
+
+  from tests.helpers import ENV, ROOT
+
+  cmd = [sys.executable, "-m", "experiments.validate_program_price", f"--workdir={tmp_path}", "--config.repeats=1"]
+  run = subprocess.run(
+    [*cmd, "--config.cases=32:64:256:flat:padded"], cwd=ROOT, env=ENV, capture_output=True, text=True
+  )
+  assert run.returncode == 0, run.stderr[-2000:]
+  record = json.loads((tmp_path / "program_price.json").read_text())
+  assert [r["passes"] for r in record["rows"]] == ["fwd", "fwd_bwd"]
+  for r in record["rows"]:
+    assert r["measured_ms"] > 0 and r["error"] == pytest.approx(r["priced_ms"] / r["measured_ms"] - 1)
+    assert r["priced_ms"] == pytest.approx(r["collectives_ms"] + r["compute_ms"])
+  assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}
+  bad = subprocess.run([*cmd, "--config.cases=32:64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+  assert bad.returncode != 0 and "cases" in bad.stderr.strip().splitlines()[-1]
