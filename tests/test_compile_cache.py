@@ -30,6 +30,7 @@ def _entries(cache: pathlib.Path) -> list[pathlib.Path]:
   return sorted(p for p in cache.iterdir() if p.name.endswith("-cache"))
 
 
+@pytest.mark.slow
 def test_concurrent_processes_share_one_cache_dir(tmp_path):
   cache, outputs = tmp_path / "cache", [tmp_path / f"out{i}.npy" for i in range(4)]
   runs = [

@@ -225,6 +225,7 @@ def test_a_bad_tuple_element_names_the_field_and_the_form(monkeypatch, override,
   assert message in str(error.value)
 
 
+@pytest.mark.slow
 def test_a_bad_tuple_on_the_command_line_is_one_error_line(tmp_path):
   run = subprocess.run(
     [sys.executable, "-m", "experiments.scaling", f"--workdir={tmp_path}", "--config.nodes=1,a"],

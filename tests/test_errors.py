@@ -42,6 +42,7 @@ def test_missing_config_file_is_one_line_naming_it(module):
   assert "config file configs/nope.py does not exist" in line
 
 
+@pytest.mark.slow
 def test_config_argument_error_is_one_line_with_its_message():
   line = last_line("train", "--config=configs/mlm.py:huge", WORKDIR)
   assert "configs/mlm.py:huge" in line and "unknown size 'huge'; choose tiny or one of" in line
@@ -62,6 +63,7 @@ def test_misspelt_field_lists_the_nearest_matches_only(explicit):
   assert "routing" not in line  # not the whole section
 
 
+@pytest.mark.slow
 def test_every_program_names_a_moe_field_with_its_section(tmp_path):
   """The demo's layer checks used to name MoEConfig's field (`collective='ragged'`), the trainer the config's."""
   lines = {
@@ -73,6 +75,7 @@ def test_every_program_names_a_moe_field_with_its_section(tmp_path):
   assert "use moe.collective='padded'" in lines["demo"]
 
 
+@pytest.mark.slow
 def test_a_missing_checkpoint_directory_is_named(tmp_path):
   line = last_line("train", f"--config=configs/decoder.py:hf={tmp_path / 'none'}", WORKDIR)
   assert line.endswith(f": the checkpoint directory {tmp_path / 'none'} does not exist"), line
@@ -81,11 +84,13 @@ def test_a_missing_checkpoint_directory_is_named(tmp_path):
   assert line.endswith(f": {tmp_path} has no config.json: not a Hugging Face checkpoint directory"), line
 
 
+@pytest.mark.slow
 def test_scaling_global_batch_names_the_value_that_fits():
   line = last_line("scaling", "--config.gpus_per_node=(8,)", WORKDIR)
   assert "global_batch=512" in line and "mesh 4x8" in line and "--config.global_batch=1024 fits" in line
 
 
+@pytest.mark.slow
 def test_a_section_the_config_lacks_points_to_the_field_it_holds():
   line = last_line("scaling", "--config.mesh.gpus_per_node=(8,)", WORKDIR)
   assert line.endswith("unknown config field mesh.gpus_per_node (did you mean gpus_per_node?)")

@@ -206,6 +206,7 @@ def test_bad_expert_table_field():
     MoEConfig(**BASE, expert_table=3)
 
 
+@pytest.mark.slow
 def test_measured_cpu_table_drives_the_trainer_and_the_layer(mesh_2x4, tmp_path):
   """Measure the candidates here at the layer's per-device shape (bench_kernels), write the table, let the
   Trainer resolve 'auto' from it; the chosen backend's layer equals the reference."""

@@ -79,6 +79,7 @@ def test_smile_self_contradiction_by_hand():
   assert all("contradicts Table 3" in r["note"] for r in table1)
 
 
+@pytest.mark.slow
 def test_command_writes_the_table_and_names_an_unknown_paper(tmp_path):
   import json
   import subprocess

@@ -119,6 +119,7 @@ def _restored(config, directory):
   return step, state
 
 
+@pytest.mark.slow
 def test_nan_steps_are_skipped_counted_and_stop_the_run_at_the_limit(shared, tmp_path, monkeypatch, capsys):
   config = _config(shared, max_nonfinite_steps=2)
   config.steps = 6

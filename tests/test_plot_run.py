@@ -261,6 +261,7 @@ def test_command_writes_the_png_and_errors_are_one_line(tmp_path):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith(message), done.stderr
 
 
+@pytest.mark.slow
 def test_command_overlays_runs_and_prints_what_differs(tmp_path):
   a, b = _two_runs(tmp_path)
   done = _command(f"--config.runs={a},{b}", f"--workdir={tmp_path / 'both'}")

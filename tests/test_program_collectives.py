@@ -182,6 +182,7 @@ def test_program_cost_counts_a_matmul(mesh_2x4):
   assert cost["bytes accessed"] >= (ROWS * COLS + COLS * 8 + ROWS * 8) * 4
 
 
+@pytest.mark.slow
 def test_scanned_train_step_runs_each_exchange_once_per_layer(devices):
   """A decoder's train step with its layers scanned: every exchange of the layer stack runs once per layer forward
   and once backward, the scan's trip count (the model's layers) times the ring's one step per permute."""

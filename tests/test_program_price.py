@@ -112,6 +112,7 @@ def test_a_layer_is_priced_in_full_and_a_planted_collective_adds_its_price(mesh_
   assert runs == before[0] + 1 and seconds - before[1] == pytest.approx(want, rel=1e-9), extra
 
 
+@pytest.mark.slow
 def test_a_training_step_is_priced_in_full(devices):
   config = decoder.get_config("qwen3_moe")
   config.model.update(num_layers=2, moe_layers=(True,) * 2, scan_layers=True)

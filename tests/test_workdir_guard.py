@@ -192,6 +192,7 @@ RECORDS = {  # program: (an override of one field of its default config, that fi
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(RECORDS))
 def test_record_programs_refuse_another_programs_workdir_and_a_changed_config(tmp_path, name):
   run, mine, program = tmp_path / "run", tmp_path / "mine", f"experiments.{name}"
