@@ -8,11 +8,15 @@ checkpoint is restored on the run's mesh (the parameters and balancing biases: `
 written by `moejax.models.hf_checkpoint.to_hf`. Only the decoder families (configs/decoder.py) have a Hugging Face
 form: SMILE's BERT and GPT models (configs/mlm.py, configs/gpt.py) are refused before anything is read, as is a
 workdir without config.json. Files get the permissions the umask gives (`to_hf`). The
-tokenizer is not written. The workdir is the export's own (`moejax.workdir_guard`): the run's workdir, or one
+tokenizer is not written. The files are written into WORKDIR/.partial and moved into WORKDIR at the end, config.json
+last: a killed export leaves no directory that looks complete, and run again it writes the same files. The workdir
+is the export's own (`moejax.workdir_guard`): the run's workdir, or one
 holding another program's outputs or the export of another run, is refused before anything is written.
 """
 
+import glob
 import os
+import shutil
 
 import ml_collections
 
@@ -41,13 +45,36 @@ def training_config(run: str) -> ml_collections.ConfigDict:
   return config
 
 
+PARTIAL = ".partial"  # in the export's directory: the files being written, moved into it once all are
+
+
 def export(run: str, out: str) -> int:
-  """Writes the newest checkpoint of the run in `run` to `out` as a Hugging Face checkpoint; returns its step."""
+  """Writes the newest checkpoint of the run in `run` to `out` as a Hugging Face checkpoint; returns its step.
+
+  The files are written into out/PARTIAL (what an earlier, killed export left there is removed first) and then
+  moved into `out` one by one (os.replace), config.json last, after any config.json there was removed: a killed
+  export never leaves a directory that holds both config.json and weights it did not finish (an export is known by
+  those two), and run again it writes the same files."""
+  import jax
+
   from moejax.infer import load
   from moejax.models import hf_checkpoint
 
   model, _, step = load.load_trained(training_config(run), run)
-  hf_checkpoint.to_hf(model, out)
+  partial = os.path.join(out, PARTIAL)
+  writer = jax.process_index() == 0
+  if writer:
+    shutil.rmtree(partial, ignore_errors=True)
+  hf_checkpoint.to_hf(model, partial)
+  if writer:
+    names = sorted(os.listdir(partial), key=lambda name: name == run_config.CONFIG_FILE)  # config.json last
+    if os.path.exists(os.path.join(out, run_config.CONFIG_FILE)):
+      os.remove(os.path.join(out, run_config.CONFIG_FILE))
+    for name in names:
+      os.replace(os.path.join(partial, name), os.path.join(out, name))
+    os.rmdir(partial)
+    for stale in glob.glob(os.path.join(glob.escape(out), f"{workdir_guard.MARKER}.*.tmp")):
+      os.remove(stale)  # a marker's temporary left by an export killed while claiming the directory
   return step
 
 

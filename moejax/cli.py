@@ -238,8 +238,9 @@ def write_json(workdir: str, name: str, record) -> str:
   """`record` as indented JSON in workdir/name (the folder made if it is not there); prints and returns the path."""
   os.makedirs(workdir, exist_ok=True)
   path = os.path.join(workdir, name)
-  with open(path, "w") as f:
+  with open(path + ".tmp", "w") as f:  # replaced whole: a program killed while writing it leaves the one before
     json.dump(record, f, indent=1)
+  os.replace(path + ".tmp", path)
   print(f"wrote {path}")
   return path
 

@@ -78,6 +78,7 @@ E2E_MODULES = (
   "test_convergence",
   "test_decoder_training",
   "test_expert_bias",
+  "test_fault_kill",
   "test_gpu_suite",
   "test_grain_resume",
   "test_heldout",

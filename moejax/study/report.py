@@ -123,17 +123,27 @@ def calibration_text(calibrated) -> str:
   return "\n".join(lines)
 
 
+def temporary(path: str) -> str:
+  """Where a result file is written before it is renamed to `path` (os.replace), so that a sweep killed while
+  writing it leaves the file before, never a cut one: 'results.tmp.csv' (the extension kept, which matplotlib
+  reads the format from)."""
+  root, extension = os.path.splitext(path)
+  return f"{root}.tmp{extension}"
+
+
 def write_csv(rows: list[dict], path: str) -> None:
   """One line per row; fields a row lacks (e.g. measured rows have no modelled traffic) are left empty."""
-  with open(path, "w", newline="") as f:
+  with open(temporary(path), "w", newline="") as f:
     writer = csv.DictWriter(f, COLUMNS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(rows)
+  os.replace(temporary(path), path)
 
 
 def write_json(rows: list[dict], config, path: str) -> None:
-  with open(path, "w") as f:
+  with open(temporary(path), "w") as f:
     json.dump({"config": config.to_dict(), "rows": rows}, f, indent=1)
+  os.replace(temporary(path), path)
 
 
 def fixed_column(values, digits: int = 5, max_decimals: int = 3, decimals: int | None = None) -> list[str]:
@@ -240,7 +250,8 @@ def _errors(values) -> list[str]:
 def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   """results.csv, results.json, throughput.png, efficiency.png (`efficiency`) and breakdown.png in workdir, and
   measured.png where points were measured (`sweep_plots.measured_figure`); the measured rows with the model's error
-  (`with_model_error`). Returns the paths."""
+  (`with_model_error`); each written to a temporary file and renamed over the one before (`temporary`). Returns the
+  paths."""
   rows = with_model_error(rows)
   names = ["results.csv", "results.json", "throughput.png", "efficiency.png", "breakdown.png"]
   if any(r["label"] == "measured" for r in rows):
@@ -248,9 +259,14 @@ def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   paths = {name: os.path.join(workdir, name) for name in names}
   write_csv(rows, paths["results.csv"])
   write_json(rows, config, paths["results.json"])
-  sweep_plots.plot_throughput(rows, paths["throughput.png"], config)
-  efficiency.plot_efficiency(rows, paths["efficiency.png"], config)
-  sweep_plots.plot_breakdown(rows, paths["breakdown.png"], config)
-  if "measured.png" in paths:
-    sweep_plots.plot_measured(rows, paths["measured.png"], config)
+  plots = {
+    "throughput.png": sweep_plots.plot_throughput,
+    "efficiency.png": efficiency.plot_efficiency,
+    "breakdown.png": sweep_plots.plot_breakdown,
+    "measured.png": sweep_plots.plot_measured,
+  }
+  for name, plot in plots.items():
+    if name in paths:  # each figure drawn to a temporary file and renamed: never a cut one
+      plot(rows, temporary(paths[name]), config)
+      os.replace(temporary(paths[name]), paths[name])
   return paths

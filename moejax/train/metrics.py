@@ -23,6 +23,7 @@ import os
 import time
 
 import numpy as np
+from absl import logging
 
 from moejax.durations import duration
 from moejax.train import guard
@@ -87,8 +88,9 @@ def busiest_expert_load(counts_MxE) -> float:
   return float(ratios.mean()) if ratios.size else 0.0
 
 
-def read_jsonl(path: str) -> list[dict]:
-  """The complete records of a JSONL file (a torn last line, as a kill leaves it, is ignored)."""
+def read_jsonl(path: str, dropped: list | None = None) -> list[dict]:
+  """The complete records of a JSONL file (a torn last line, as a kill leaves it, is ignored; appended to `dropped`
+  when given)."""
   if not os.path.exists(path):
     return []
   records = []
@@ -97,7 +99,8 @@ def read_jsonl(path: str) -> list[dict]:
       try:
         records.append(json.loads(line))
       except ValueError:
-        pass
+        if dropped is not None:
+          dropped.append(line)
   return records
 
 
@@ -126,7 +129,12 @@ class MetricWriter:
     if not enabled:
       return
     self.path = os.path.join(workdir, "metrics.jsonl")
-    kept = [r for r in read_jsonl(self.path) if r.get("step", math.inf) <= start_step]
+    dropped = []
+    kept = [r for r in read_jsonl(self.path, dropped) if r.get("step", math.inf) <= start_step]
+    if dropped:  # a record cut by a kill (a step after the checkpoint resumed from: it is recomputed)
+      logging.warning(
+        "%s: dropping %d unreadable line(s), %d characters", self.path, len(dropped), sum(map(len, dropped))
+      )
     with open(self.path + ".tmp", "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in kept)
     os.replace(self.path + ".tmp", self.path)

@@ -32,8 +32,10 @@ def write(workdir: str, tok, counts: np.ndarray, data_states, leader: bool, say,
     malformed_lines=int(sum(s[pipeline_lib.STATE_FIELDS.index("malformed")] for s in data_state)),
   )
   if leader:
-    with open(os.path.join(workdir, "summary.json"), "w") as f:
+    path = os.path.join(workdir, "summary.json")
+    with open(path + ".tmp", "w") as f:  # replaced whole: a run killed while writing it leaves the one before
       json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
     say(metrics_lib.format_summary(summary))
     if summary["final_task_loss"] is not None and summary["unigram_entropy"] is not None:
       say(metrics_lib.baseline_line(summary))
