@@ -19,7 +19,11 @@ def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
   prioritized: the lower layer's backward exchange depends on the all-reduces of the blocks above it.
   Scanned (the layers' backward one loop): with prioritized only, the gradient the loop carries into the next
   iteration's exchanges is computed after the iteration's all-reduces. The same gradients in every case."""
-  env = {**ENV, "XLA_FLAGS": f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning"}
+  # No persistent compilation cache: a program loaded from it is not compiled, so XLA dumps nothing for it.
+  env = {k: v for k, v in ENV.items() if k != "JAX_COMPILATION_CACHE_DIR"}
+  env.update(
+    JAX_ENABLE_COMPILATION_CACHE="false", XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning"
+  )
   done = subprocess.run(
     [sys.executable, "tests/programs/grad_sync_check.py", str(tmp_path)],
     cwd=ROOT,
