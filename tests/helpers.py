@@ -175,3 +175,24 @@ def cuda_ragged_shapes(monkeypatch, **fields):
     jax.jit(jax.value_and_grad(loss, argnums=(0, 1))).trace(params, x).lower(lowering_platforms=("cuda",)).as_text()
   )
   return [tuple(int(v) for v in m.groups()) for m in RAGGED_OP.finditer(text)]
+
+
+def compiled_train_step(layers: int = 3):
+  """A tiny Qwen3-MoE decoder's train step (layers scanned, all MoE) compiled on the 2 x 4 mesh from abstract state:
+  (compiled, mesh). For tests that read or price the program's collectives."""
+  from configs import decoder  # pylint: disable=import-outside-toplevel
+  from moejax.models import state as state_lib  # pylint: disable=import-outside-toplevel
+  from moejax.runtime import mesh as mesh_lib  # pylint: disable=import-outside-toplevel
+  from moejax.train import config as config_lib  # pylint: disable=import-outside-toplevel
+  from moejax.train import objective  # pylint: disable=import-outside-toplevel
+  from moejax.train import trainer as train  # pylint: disable=import-outside-toplevel
+
+  config = decoder.get_config("qwen3_moe")
+  config.model.update(num_layers=layers, moe_layers=(True,) * layers, scan_layers=True)
+  config.update(batch_size=8, micro_batches=1, seq_len=16)
+  tokens = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  mesh = mesh_lib.make_mesh(2, 4)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh, tokens, donate=False)
+  _, _, rest = state_lib.abstract_state(trainer.model_cfg, trainer.moe_cfg, mesh, config.seed)
+  batch = jax.ShapeDtypeStruct((1, 8, 16), jnp.int32, sharding=trainer.batch_sharding)
+  return trainer.step.lower(trainer.abstract_state, rest, batch).compile(), mesh

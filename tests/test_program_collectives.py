@@ -9,17 +9,13 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from configs import decoder
 from moejax.cost import program
-from moejax.models import state as state_lib
 from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import config as config_lib
-from moejax.train import objective
-from moejax.train import trainer as train
+from tests.helpers import compiled_train_step
 
 # Checked on jax 0.10 and 0.11 (the GPU machine's 0.11.2); jax 0.12 compiles these programs with another device
 # assignment and shard_map semantics, which the parser does not read yet (issue 58).
@@ -186,17 +182,10 @@ def test_program_cost_counts_a_matmul(mesh_2x4):
 def test_scanned_train_step_runs_each_exchange_once_per_layer(devices):
   """A decoder's train step with its layers scanned: every exchange of the layer stack runs once per layer forward
   and once backward, the scan's trip count (the model's layers) times the ring's one step per permute."""
-  config = decoder.get_config("qwen3_moe")
-  config.model.update(num_layers=3, moe_layers=(True,) * 3, scan_layers=True)
-  config.update(batch_size=8, micro_batches=1, seq_len=16)
-  tokens = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
-  mesh = mesh_lib.make_mesh(2, 4)
-  trainer = train.Trainer(config, *config_lib.validate(config), mesh, tokens, donate=False)
-  _, _, rest = state_lib.abstract_state(trainer.model_cfg, trainer.moe_cfg, mesh, config.seed)
-  batch = jax.ShapeDtypeStruct((1, 8, 16), jnp.int32, sharding=trainer.batch_sharding)
-  compiled = trainer.step.lower(trainer.abstract_state, rest, batch).compile()
+  layers = 3
+  compiled, mesh = compiled_train_step(layers)
   exchanges = [c for c in program.collectives(compiled, mesh) if c.kind in EXCHANGES]
-  assert exchanges and all(c.in_loop and c.count == config.model.num_layers for c in exchanges)
+  assert exchanges and all(c.in_loop and c.count == layers for c in exchanges)
   assert program.program_cost(compiled)["flops"] > 0
 
 

@@ -8,17 +8,12 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from configs import decoder
 from moejax.cost import program, program_price, topology
-from moejax.models import state as state_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
-from moejax.runtime import mesh as mesh_lib
 from moejax.study import program_calibration
-from moejax.train import config as config_lib
-from moejax.train import objective
-from moejax.train import trainer as train
+from tests.helpers import compiled_train_step
 
 pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
 
@@ -114,15 +109,7 @@ def test_a_layer_is_priced_in_full_and_a_planted_collective_adds_its_price(mesh_
 
 @pytest.mark.slow
 def test_a_training_step_is_priced_in_full(devices):
-  config = decoder.get_config("qwen3_moe")
-  config.model.update(num_layers=2, moe_layers=(True,) * 2, scan_layers=True)
-  config.update(batch_size=8, micro_batches=1, seq_len=16)
-  tokens = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
-  mesh = mesh_lib.make_mesh(2, 4)
-  trainer = train.Trainer(config, *config_lib.validate(config), mesh, tokens, donate=False)
-  _, _, rest = state_lib.abstract_state(trainer.model_cfg, trainer.moe_cfg, mesh, config.seed)
-  batch = jax.ShapeDtypeStruct((1, 8, 16), jnp.int32, sharding=trainer.batch_sharding)
-  compiled = trainer.step.lower(trainer.abstract_state, rest, batch).compile()
+  compiled, mesh = compiled_train_step(2)
   priced = _check_priced_in_full(compiled, mesh)
   kinds = {kind for kind, _ in priced.by_kind()}
   assert "all-reduce" in kinds and kinds & set(program_price.EXCHANGE)  # the gradient sync and the layers' exchanges
