@@ -36,7 +36,7 @@ ISSUE_59_REFUSED = (
   "mimo_v2_flash",
   "llama4",
   "sarvam_moe",
-  "solar_open",
+  "hunyuan_v1_moe",
 )
 
 

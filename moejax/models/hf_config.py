@@ -54,7 +54,7 @@ def from_hf_config(
     vocab_size=hf["vocab_size"],
     num_layers=layers,
     d_model=hf["hidden_size"],
-    d_ff=hf["intermediate_size"],
+    d_ff=hf.get("intermediate_size"),  # a family without one (Solar Open) says its own
     num_heads=hf["num_attention_heads"],
     max_len=hf["max_position_embeddings"],
     moe_layers=family.moe_layers(hf, layers),
@@ -86,7 +86,7 @@ def from_hf_config(
       **family.moe_fields(hf),
     }
   else:  # a placeholder: no layer reads it
-    fields = dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=hf["intermediate_size"])
+    fields = dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=cfg.d_ff)
   fields["dtype"] = dtype
   try:
     return cfg, MoEConfig.from_mapping({**fields, **(moe or {})}, prefix="moe.")

@@ -17,6 +17,7 @@ from moejax.models.families import (
   olmoe,
   qwen2_moe,
   qwen3_moe,
+  solar_open,
 )
 from moejax.models.families.base import Family
 
@@ -33,6 +34,7 @@ FAMILIES: tuple[Family, ...] = (
   gpt_oss.GPT_OSS,
   olmoe.OLMOE,
   minimax_m2.MINIMAX_M2,
+  solar_open.SOLAR_OPEN,
   dense.LLAMA,
   dense.QWEN3,
 )
@@ -50,9 +52,10 @@ UNSUPPORTED: dict[str, str] = {
   "longcat_flash": "zero-computation experts and two attention + FFN sublayers per layer not supported",
   "mimo_v2_flash": "GQA with value heads narrower than query and key heads (v_head_dim) not supported",
   "llama4": "chunked attention, NoPE layers and experts fed the input scaled by the router score not supported",
-  "sarvam_moe": "GLM-4.5's decoder under Sarvam's config.json names (use_qkv_bias, num_experts, ...) not read",
-  "solar_open": "GLM-4.5's MoE in every layer without intermediate_size (no dense layer width) not read",
-  "hunyuan_v1_moe": "QK-norm after RoPE (query_layernorm, key_layernorm) not supported",
+  "sarvam_moe": "Sarvam's tensor names outside the MoE layer (model.word_embeddings, attention.dense, "
+  "query_layernorm) and q, k, v fused by rows (attention.query_key_value) not read",
+  "hunyuan_v1_moe": "QK-norm after RoPE (per head on the rotated q and k) and its attention tensor names "
+  "(self_attn.query_layernorm, key_layernorm) not supported",
   "ernie4_5_moe": "softmax routing with a choice bias (moe_statics) and norm_min renormalisation not checked",
 }
 

@@ -1,0 +1,162 @@
+"""The families of issue 59 that are GLM-4.5's MoE layer under another decoder, against transformers: solar_open
+(Llama's attention with GLM-4.5's MoE in every layer and no intermediate_size). Each family's fixture
+(tests/data/hf/<family>, from transformers' own class) gives its logits on the 2 x 4 mesh under the default MoE path
+and another, the routers' choices, greedy tokens, and the checkpoint written back bit for bit; the export loads back
+in transformers with the fixture's logits (`make_hf_fixtures.py --check-export`, docs/models.md). Here too what each
+config.json says its own way.
+
+sarvam_moe and hunyuan_v1_moe stay refused (`families.UNSUPPORTED`, tests/test_hf_new_families.py): their checkpoints
+name attention tensors their own way (Sarvam's q, k and v fused by rows), and HunYuan norms q and k after RoPE.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import moejax.infer as infer
+import moejax.models as models
+from moejax.models import hf_config
+from moejax.validation import ConfigError
+from tests.helpers import relative_error
+from tests.test_hf_models import DATA, TOL, Loaded, assert_states_equal, case, model_state, reference, tiled
+
+FAMILIES = ("solar_open",)
+# Another MoE path per family than the default (gpu_first, dedup off, ragged all-to-all).
+OTHER_PATH = {"solar_open": {"path": "node_first", "dedup": True, "buffer_factor": 4.0}}
+# config.json fields each family's transformers class reads, beyond the shapes every family has.
+FIELDS = {
+  "solar_open": (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "routed_scaling_factor",
+    "norm_topk_prob",
+    "n_group",
+    "topk_group",
+    "attention_bias",
+    "head_dim",
+    "num_key_value_heads",
+    "rms_norm_eps",
+    "rope_parameters",
+  ),
+}
+
+
+def config(family: str) -> dict:
+  return json.loads((DATA / family / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def loaded(mesh_2x4):
+  return Loaded(mesh_2x4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Against transformers
+
+
+@pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+def test_logits_and_routing_match_transformers(loaded, family):
+  ref = reference(family)
+  logits, aux = loaded.forward(family)
+  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
+    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
+  tokens = ref["router_ids"].shape[1]
+  np.testing.assert_array_equal(np.sort(aux["expert_ids"][:, :tokens], axis=-1), ref["router_ids"])
+  assert np.all(aux["tokens_dropped"] == 0) and np.all(aux["tokens_overflowed"] == 0)
+
+
+@pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+def test_logits_under_another_path(mesh_2x4, family):
+  ref, moe = reference(family), OTHER_PATH[family]
+  model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe)
+  assert all(getattr(model.moe_cfg, name) == value for name, value in moe.items())
+  logits, aux = model(tiled(ref["tokens"]), details=True)
+  assert relative_error(np.asarray(logits)[:2], ref["logits"]) < TOL
+  tokens = ref["router_ids"].shape[1]
+  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_greedy_generation_matches_transformers(loaded, family):
+  ref = reference(family)
+  prompt, greedy = ref["prompt"], ref["greedy"]
+  np.testing.assert_array_equal(
+    infer.generate_tokens(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1]), greedy
+  )
+
+
+@pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+def test_round_trip(loaded, tmp_path, family):
+  """The export holds the fixture's tensors bit for bit under the same names, and the config.json fields the family's
+  transformers class reads; loaded again, the same parameters."""
+  model, out = loaded.model(family), str(tmp_path / "export")
+  models.to_hf(model, out)
+  fixture, written = load_file(DATA / family / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(written) == sorted(fixture)
+  for name, tensor in fixture.items():
+    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
+  want, got = config(family), json.loads(open(os.path.join(out, "config.json")).read())
+  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
+    assert got[name] == want[name], name
+  for name in FIELDS[family]:
+    assert got[name] == want[name], name
+  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What each config.json says its own way
+
+
+def test_solar_open_reads_llama_attention_and_v3_routing_in_every_layer():
+  cfg, moe_cfg = hf_config.from_hf_config(config("solar_open"))
+  assert (cfg.qkv_bias, cfg.out_bias, cfg.qk_norm, cfg.head_dim, cfg.num_mtp_layers) == (True, False, False, 16, 0)
+  assert cfg.moe_layers == (True,) * 3 and cfg.sliding_window is None and cfg.partial_rotary_factor == 1
+  assert cfg.d_ff == moe_cfg.d_ff == 16 and cfg.rms_eps == 1e-5  # no intermediate_size: the experts' width
+  assert (moe_cfg.score, moe_cfg.group_score, moe_cfg.num_groups, moe_cfg.topk_groups) == ("sigmoid", "top2_sum", 4, 2)
+  assert (moe_cfg.renormalize, moe_cfg.routed_scaling, moe_cfg.num_shared_experts, moe_cfg.shared_d_ff) == (
+    True,
+    1.5,
+    1,
+    16,
+  )
+  assert moe_cfg.bias_update_rate > 0  # the checkpoint's e_score_correction_bias
+
+
+def test_solar_open_defaults_are_solar_open_configs():
+  """What a config.json leaves out is SolarOpenConfig's default: one shared expert, renormalised weights, eps 1e-5,
+  theta 1e6 (moejax's readers default otherwise for the other families)."""
+  absent = ("n_shared_experts", "norm_topk_prob", "rms_norm_eps", "rope_parameters", "n_group", "topk_group")
+  cfg, moe_cfg = hf_config.from_hf_config({k: v for k, v in config("solar_open").items() if k not in absent})
+  assert (moe_cfg.num_shared_experts, moe_cfg.renormalize, moe_cfg.num_groups) == (1, True, None)
+  assert (cfg.rms_eps, cfg.rope_theta) == (1e-5, 1e6)
+  # transformers' router is DeepSeek-V3's whatever config.json says
+  other, other_moe = hf_config.from_hf_config({**config("solar_open"), "scoring_func": "softmax"})
+  assert other_moe.score == "sigmoid"
+
+
+@pytest.mark.parametrize(
+  "field, value",
+  [
+    ("moe_layers", (False, True, True)),
+    ("sliding_window", 4),
+    ("qk_norm", True),
+    ("out_bias", True),
+    ("num_mtp_layers", 1),
+    ("moe.score", "softmax"),
+    ("moe.group_score", "max"),
+  ],
+)
+def test_solar_open_export_refuses_what_its_config_json_cannot_say(field, value):
+  cfg, moe_cfg = hf_config.from_hf_config(config("solar_open"))
+  if field.startswith("moe."):
+    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
+  else:
+    cfg = dataclasses.replace(cfg, **{field: value})
+  with pytest.raises(ConfigError, match=field):
+    hf_config.to_hf_config(cfg, moe_cfg)
