@@ -155,6 +155,19 @@ def check_request(model, prompts_BxS, steps: int, mode: str, temperature: float)
     exflow.check_moe(model.moe_cfg, platform_lib.of_mesh(model.mesh))
 
 
+def traffic_per_token(rows: list, mesh, mode: str, generated: int) -> tuple[dict, dict]:
+  """(exchange rows, all-gather rows) per generated token, split intra- and inter-node: `rows` the decode steps'
+  [devices, devices] exchange counts; ExFlow's one all-gather of the cache moves each row to every other device."""
+  n, m = mesh_lib.axis_sizes(mesh)
+  per_token = lambda totals: {k: v / max(generated, 1) for k, v in totals.items()}
+  exchange_rows = per_token(
+    split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows else np.zeros((n * m, n * m)), m)
+  )
+  if mode == "exflow":
+    return exchange_rows, {"intra_node": float(m - 1), "inter_node": float(n * m - m)}
+  return exchange_rows, {"intra_node": 0.0, "inter_node": 0.0}
+
+
 def generate(
   model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla", temperature: float = 0.0, seed: int = 0
 ) -> Generation:
@@ -214,17 +227,7 @@ def generate(
     lost = lost + counts["dropped"]
   jax.block_until_ready(out_tokens[-1])
   decode_seconds = time.perf_counter() - start if steps > 2 else 0.0
-  n, m = mesh_lib.axis_sizes(mesh)
-  generated = batch * (steps - 1)
-  per_token = lambda totals: {k: v / max(generated, 1) for k, v in totals.items()}
-  exchange_rows = per_token(
-    split_rows(np.sum([np.asarray(r) for r in rows], axis=0) if rows else np.zeros((n * m, n * m)), m)
-  )
-  allgather_rows = (
-    {"intra_node": float(m - 1), "inter_node": float(n * m - m)}
-    if mode == "exflow"
-    else {"intra_node": 0.0, "inter_node": 0.0}
-  )
+  exchange_rows, allgather_rows = traffic_per_token(rows, mesh, mode, batch * (steps - 1))
   return Generation(
     tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),
     logits=np.stack([np.asarray(x) for x in out_logits], axis=1),

@@ -25,6 +25,39 @@ from moejax.moe.config import MoEConfig
 from moejax.validation import require
 
 
+def upcycled_moe_config(cfg, num_experts: int, top_k: int, g: int, moe: dict | None) -> MoEConfig:
+  """The MoE layer of num_experts copies of the dense FFN, each split into g experts (top_k x g per token: with
+  g > 1 a token's g slices come from one copy, the copies being the router's groups)."""
+  return MoEConfig.from_mapping(
+    dict(
+      num_experts=num_experts * g,
+      top_k=top_k * g,
+      d_model=cfg.d_model,
+      d_ff=cfg.d_ff // g,
+      gated=True,
+      activation="silu",
+      renormalize=True,
+      dtype=cfg.dtype,
+      **({"num_groups": num_experts, "topk_groups": top_k} if g > 1 else {}),
+      **(moe or {}),
+    ),
+    prefix="moe.",
+  )
+
+
+def expert_copies(dense_ffn: dict, num_experts: int, g: int, param_dtype) -> dict:
+  """{w_gate, w_in: [E x g, d, d_ff / g], w_out: [E x g, d_ff / g, d]}: copy c's slice j is expert c * g + j; the
+  down projection's slices scaled by g, since the router's g weights of a copy sum to 1 / g of the token's."""
+  ffn = {k: np.asarray(v["kernel"]) for k, v in dense_ffn.items()}
+  split = lambda w, axis: np.stack(np.split(w, g, axis=axis))  # [d, d_ff] or [d_ff, d] -> g slices of d_ff
+  slices = {
+    "w_gate": split(ffn["gate_proj"], 1),
+    "w_in": split(ffn["up_proj"], 1),
+    "w_out": split(ffn["down_proj"], 0) * g,
+  }
+  return {name: np.tile(v, (num_experts, 1, 1)).astype(np.dtype(param_dtype)) for name, v in slices.items()}
+
+
 def upcycle(
   dense: Decoder,
   *,
@@ -50,21 +83,7 @@ def upcycle(
   layers = tuple(range(cfg.num_layers)) if layers is None else tuple(layers)
   require(all(0 <= i < cfg.num_layers for i in layers), "layers", layers, f"indices of the {cfg.num_layers} layers")
   g = granularity
-  moe_cfg = MoEConfig.from_mapping(
-    dict(
-      num_experts=num_experts * g,
-      top_k=top_k * g,
-      d_model=cfg.d_model,
-      d_ff=cfg.d_ff // g,
-      gated=True,
-      activation="silu",
-      renormalize=True,
-      dtype=cfg.dtype,
-      **({"num_groups": num_experts, "topk_groups": top_k} if g > 1 else {}),
-      **(moe or {}),
-    ),
-    prefix="moe.",
-  )
+  moe_cfg = upcycled_moe_config(cfg, num_experts, top_k, g, moe)
   new_cfg = dataclasses.replace(
     cfg, family=families.get(cfg.family).upcycled_as, moe_layers=tuple(i in layers for i in range(cfg.num_layers))
   )
@@ -80,16 +99,8 @@ def upcycle(
     if i not in layers:
       block["ffn"] = dense_block["ffn"]
       continue
-    ffn = {k: np.asarray(v["kernel"]) for k, v in dense_block["ffn"].items()}
-    split = lambda w, axis: np.stack(np.split(w, g, axis=axis))  # [d, d_ff] or [d_ff, d] -> g slices of d_ff
-    slices = {
-      "w_gate": split(ffn["gate_proj"], 1),
-      "w_in": split(ffn["up_proj"], 1),
-      "w_out": split(ffn["down_proj"], 0) * g,
-    }
     layer = block["ffn"]["moe"]
-    for name, value in slices.items():  # copy c, slice j -> expert c * g + j
-      layer[name] = np.tile(value, (num_experts, 1, 1)).astype(np.dtype(cfg.param_dtype))
+    layer.update(expert_copies(dense_block["ffn"], num_experts, g, cfg.param_dtype))
     router = rng.normal(0, 0.02, (cfg.d_model, num_experts)).astype(np.float32)
     layer["router"]["kernel"] = np.repeat(router, g, axis=1)
   params = layers_lib.with_per_layer(params, blocks, new_cfg)

@@ -24,10 +24,9 @@ token-choice). The combine adds the slots' int32 arrival flags where a hop may d
 capacity dispatch), and the backward's exchanges carry gradients in the combine dtype, the dispatch's back to the token
 with its weights' gradients (`cost.wire_lib.RowBytes`). The rows come from the small run; the dtypes only reprice it.
 
-The layer's collectives that carry no rows (each hop's plan all-gathers its send sizes, the statistics' all-reduces)
-are read from the small run's compiled layer, whose mesh is the point's, and priced as they are on the topology
-(`cost.program_price`: their sizes depend on the mesh and the experts, not on the tokens or the widths), once per
-pass through the layer.
+The layer's collectives that carry no rows (the plans' all-gathers of send sizes, the statistics' all-reduces) are
+read from the small run's compiled layer (the point's mesh; sizes independent of tokens and widths) and priced on the
+topology (`cost.program_price`), once per pass through the layer.
 
 Outside the exchanges and the expert GEMMs, each layer pays its router FLOPs, the combine's and the shared experts' at
 the device rate, and its memory-bound non-expert phases (routing, sort, gather, weighted scatter) at the measured H100
@@ -58,8 +57,6 @@ from moejax.moe.traffic import traffic_summary
 from moejax.study import point_models, points
 from moejax.study.points import ESP_SCHEMES, OVERLAP_SCHEMES, Point, identity, moe_section, scheme_config
 from moejax.study.price_esp import esp_breakdowns
-
-row_bytes = wire_lib.layer_row_bytes  # a row's bytes in each exchange of a layer config (docs/cost-model.md)
 
 
 def device_rate(config) -> tuple[float, str]:
@@ -207,7 +204,7 @@ def price_point_layer(sim: dict | None, point: Point, config) -> dict:
     esp = esp_breakdowns(cfg, point, config, itemsize, other_flops, non_expert_s, device_rate(config))
     return {**common, **esp}
   rows, processed, scale = scaled_traffic(sim, cfg, point, tokens)
-  wire = row_bytes(cfg, model.d_model, itemsize)
+  wire = wire_lib.layer_row_bytes(cfg, model.d_model, itemsize)
   stats = traffic_stats(rows, processed, sim, cfg, point, wire, scale)
   if point.scheme in OVERLAP_SCHEMES:
     overlapped = _overlap_breakdowns(

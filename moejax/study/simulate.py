@@ -36,7 +36,7 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
   section (`points.moe_section`).
 
   The rows travel in float32 (dtype, dispatch_dtype and combine_dtype unset): the wire's dtypes change what a row
-  costs, which the pricing counts (`price.row_bytes`), not which rows move.
+  costs, which the pricing counts (`moe.wire.layer_row_bytes`), not which rows move.
 
   Returns, summed over the batches and as JSON-ready lists: traffic_rows [hops, A, A] (rows out per hop: with
   dedup one per token and destination of the hop), rows_per_device [A] (token-choices each device's experts

@@ -53,12 +53,8 @@ def training_config(config: ml_collections.ConfigDict) -> ml_collections.ConfigD
   return ml_collections.ConfigDict({k: v for k, v in config.items() if k in TOP_LEVEL})
 
 
-def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, ModelConfig, MoEConfig]:
-  """(config with its preset applied, model config, MoE layer config): every check that needs no devices,
-  before anything is compiled; errors name the field, its value and what is allowed. The model, moe and mesh
-  sections are read by `moejax.models.config.from_sections`; the data, optim, checkpoint and log sections are
-  checked by the `validate_config` of the module that uses them. A config naming a preset (top-level `preset`)
-  is checked with the preset applied (`moejax.models.presets.apply`)."""
+def checked_sections(config):
+  """The config with its preset applied, after every section's unknown and mistyped fields are refused."""
   reject_unknown(config, TOP_LEVEL)  # one line: each unknown field's nearest known ones
   check_fields(config, TOP_LEVEL, "", REQUIRED)
   config = presets.apply(config)
@@ -69,8 +65,11 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
     if config.get(section) is not None:
       reject_unknown(config[section], known, section + ".")
       check_fields(config[section], known, section + ".")
-  model_cfg, moe_cfg = from_sections(config)
+  return config
 
+
+def check_run_fields(config, model_cfg) -> None:
+  """The run's own scalars: seed, steps, seq_len, the loss's chunk, the overflow policy and the batch's split."""
   require(is_int(config.seed, 0), "seed", config.seed, "an int >= 0")
   require(is_int(config.steps), "steps", config.steps, "a positive int")
   require(
@@ -78,27 +77,6 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
     "seq_len",
     config.seq_len,
     f"an int in [2, model.max_len={model_cfg.max_len}]",
-  )
-  init_from = config.get("init_from") or ""
-  require(
-    isinstance(init_from, str) and (not init_from or os.path.isfile(os.path.join(init_from, "config.json"))),
-    "init_from",
-    init_from,
-    "'' or a local Hugging Face checkpoint directory (with config.json)",
-  )
-  require(
-    not init_from or isinstance(model_cfg, DecoderConfig),
-    "init_from",
-    init_from,
-    "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)",
-  )
-  # A tokenizer trained here would give ids the checkpoint's embeddings never saw.
-  require(
-    not init_from or config.data.tokenizer_model,
-    "data.tokenizer_model",
-    config.data.tokenizer_model,
-    f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
-    "and a tokenizer trained on the corpus would not match its embeddings",
   )
   loss_chunk = config.get("loss_chunk", lm_loss.LOSS_CHUNK)
   require(
@@ -124,6 +102,43 @@ def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
     f"a multiple of micro_batches x the mesh's devices = {config.micro_batches * devices}",
   )
 
+
+def check_init_from(config, model_cfg) -> None:
+  """A checkpoint to start from: a local Hugging Face directory, a decoder family's model, its own tokenizer."""
+  init_from = config.get("init_from") or ""
+  require(
+    isinstance(init_from, str) and (not init_from or os.path.isfile(os.path.join(init_from, "config.json"))),
+    "init_from",
+    init_from,
+    "'' or a local Hugging Face checkpoint directory (with config.json)",
+  )
+  require(
+    not init_from or isinstance(model_cfg, DecoderConfig),
+    "init_from",
+    init_from,
+    "'' unless the model section is a decoder family (configs/decoder.py:hf=PATH makes one from the checkpoint)",
+  )
+  # A tokenizer trained here would give ids the checkpoint's embeddings never saw.
+  require(
+    not init_from or config.data.tokenizer_model,
+    "data.tokenizer_model",
+    config.data.tokenizer_model,
+    f"the checkpoint's tokenizer (a tokenizer.json or SentencePiece model): {init_from} has no tokenizer.json, "
+    "and a tokenizer trained on the corpus would not match its embeddings",
+  )
+
+
+def checked(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDict, ModelConfig, MoEConfig]:
+  """(config with its preset applied, model config, MoE layer config): every check that needs no devices,
+  before anything is compiled; errors name the field, its value and what is allowed. The model, moe and mesh
+  sections are read by `moejax.models.config.from_sections`; the data, optim, checkpoint and log sections are
+  checked by the `validate_config` of the module that uses them. A config naming a preset (top-level `preset`)
+  is checked with the preset applied (`moejax.models.presets.apply`)."""
+  config = checked_sections(config)
+  model_cfg, moe_cfg = from_sections(config)
+  check_run_fields(config, model_cfg)
+  check_init_from(config, model_cfg)
+  rows = config.batch_size // config.micro_batches
   corpus_lib.validate_config(config.data, prefix="data.", rows=rows)
   optim.validate_config(config.optim, prefix="optim.")
   checkpoint_lib.validate_config(config.checkpoint, prefix="checkpoint.")

@@ -87,6 +87,82 @@ def start_state(trainer, ckpt, shards: int, say):
   return start, state, rest, data_states, resumed
 
 
+def make_replanner(trainer, tables, resumed: dict):
+  """The re-planner of a run with slot tables and moe.replan_every (its window restored from `resumed`), else None."""
+  if tables is None or trainer.moe_cfg.replan_every <= 0:
+    return None
+  nodes, gpus = mesh_lib.axis_sizes(trainer.mesh)
+  holders = trainer.moe_cfg.expert_holders(nodes, gpus)  # the slot tables' rows
+  replanner = replan_lib.Replanner(
+    trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window, nodes, holders // nodes, tables.shape[-1]
+  )
+  replanner.restore(resumed.get("replan_window", []))
+  return replanner
+
+
+class _Steps:
+  """What changes over a run's steps: the trainer and its compiled step (both replaced when an overflow retry raises
+  the buffer factor), the compile seconds, the time the last step was done, the retries and the skipped steps."""
+
+  def __init__(self, config, trainer, rest, global_shape, writer, say, retry, skips, replanner, start):
+    self.config, self.trainer, self.rest, self.global_shape = config, trainer, rest, global_shape
+    self.writer, self.say, self.retry, self.skips, self.replanner = writer, say, retry, skips, replanner
+    self.start, self.retries, self.saved = start, [], None
+    self.step_fn, self.compile_s = None, 0.0
+    self.last_done = time.perf_counter()
+
+  def compile(self, state):
+    self.step_fn, seconds = _compile(self.trainer, state, self.rest, self.global_shape, self.say)
+    self.compile_s += seconds
+
+  def finish(self, step, metrics, tables):
+    """Writes the step's record (`tables`: the slot tables it ran on); returns the re-planned tables when a re-plan
+    is due after it, else None."""
+    config, metrics, now = self.config, jax.device_get(metrics), time.perf_counter()
+    record = metrics_lib.step_record(
+      step, metrics, now - self.last_done, config.batch_size * config.seq_len, slot_tables=tables
+    )
+    self.last_done = now
+    new_tables = None
+    if self.replanner is not None:
+      self.replanner.observe(metrics["expert_counts"])
+      if self.replanner.due(step):
+        new_tables = self.replanner.plan()
+        record["replanned_slot_tables"] = new_tables.tolist()
+    try:
+      self.skips.observe(record, self.saved)  # TrainingStopped after too many skipped in a row, the record written
+    finally:
+      self.writer.write(record)
+      if step % config.log.every_steps == 0 or step in (self.start + 1, config.steps) or record.get("skipped"):
+        self.say(metrics_lib.report_line(record, config.steps))
+    return new_tables
+
+  def attempt(self, moe_cfg, before, tokens):
+    """(state, metrics) of the step from `before` under `moe_cfg` (compiled anew for a new buffer_factor), and the
+    token-choices it lost to full receive buffers (counted only with `retry`)."""
+    if moe_cfg is not self.trainer.moe_cfg:
+      self.trainer = self.trainer.with_moe(moe_cfg)
+      self.compile(before)
+    state, metrics = self.step_fn(before, self.rest, tokens)
+    return (state, metrics), int(np.sum(jax.device_get(metrics["tokens_overflowed"]))) if self.retry else 0
+
+  def on_retry(self, step, overflowed, moe_cfg):
+    self.say(
+      f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
+      f"{self.trainer.moe_cfg.buffer_factor:g}; repeating the step with {moe_cfg.buffer_factor:g}"
+    )
+    self.retries.append((step, moe_cfg.buffer_factor))
+
+  def run_step(self, step, state, tokens):
+    """(state, metrics) of `step`, repeated with a larger buffer factor while its receive buffers overflow."""
+    (state, metrics), _ = overflow_lib.until_no_overflow(
+      functools.partial(self.attempt, before=state, tokens=tokens),
+      self.trainer.moe_cfg,
+      functools.partial(self.on_retry, step),
+    )
+    return state, metrics
+
+
 def run(
   config, trainer, state, rest, start: int, batches, ckpt, writer, say, retry: bool, resumed: dict | None = None
 ) -> tuple[float, np.ndarray, list]:
@@ -101,90 +177,35 @@ def run(
   does; the count of skipped steps). After train.max_nonfinite_steps skipped steps in a row it raises
   `guard.TrainingStopped` (one line naming the step and the last checkpoint), saving nothing more."""
   counts = np.zeros(trainer.tok.num_ids, np.int64)
-  retries = []
   resumed = resumed or {}
+  if start >= config.steps:
+    return 0.0, counts, []
   skips = guard_lib.SkipCounter(
     guard_lib.settings(config)["max_nonfinite_steps"], *resumed.get("skipped_steps", (0, start))
   )
-  saved = (start, ckpt.directory) if start else None  # the newest checkpoint, for a stop's message
-  if start >= config.steps:
-    return 0.0, counts, retries
-  rows = config.batch_size // config.micro_batches
-  global_shape = (config.micro_batches, rows, config.seq_len)
-  step_fn, compile_s = _compile(trainer, state, rest, global_shape, say)
-  last_done = time.perf_counter()
+  global_shape = (config.micro_batches, config.batch_size // config.micro_batches, config.seq_len)
   tables = np.asarray(jax.device_get(state["slot_tables"])) if "slot_tables" in state else None
-  replanner = None
-  if tables is not None and trainer.moe_cfg.replan_every > 0:
-    nodes, gpus = mesh_lib.axis_sizes(trainer.mesh)
-    holders = trainer.moe_cfg.expert_holders(nodes, gpus)  # the slot tables' rows
-    replanner = replan_lib.Replanner(
-      trainer.moe_cfg.replan_every, trainer.moe_cfg.replan_window, nodes, holders // nodes, tables.shape[-1]
-    )
-    replanner.restore(resumed.get("replan_window", []))
-
-  def finish(step, metrics, tables):
-    """Writes the step's record (`tables`: the slot tables it ran on); returns the re-planned
-    tables when a re-plan is due after it, else None."""
-    nonlocal last_done
-    metrics = jax.device_get(metrics)
-    now = time.perf_counter()
-    record = metrics_lib.step_record(
-      step, metrics, now - last_done, config.batch_size * config.seq_len, slot_tables=tables
-    )
-    last_done = now
-    new_tables = None
-    if replanner is not None:
-      replanner.observe(metrics["expert_counts"])
-      if replanner.due(step):
-        new_tables = replanner.plan()
-        record["replanned_slot_tables"] = new_tables.tolist()
-    try:
-      skips.observe(record, saved)  # TrainingStopped after too many skipped steps in a row, with the record written
-    finally:
-      writer.write(record)
-      if step % config.log.every_steps == 0 or step in (start + 1, config.steps) or record.get("skipped"):
-        say(metrics_lib.report_line(record, config.steps))
-    return new_tables
-
-  def attempt(moe_cfg, before, tokens):
-    """(state, metrics) of the step from `before` under `moe_cfg` (compiled anew for a new buffer_factor),
-    and the token-choices it lost to full receive buffers (counted only with `retry`)."""
-    nonlocal trainer, step_fn, compile_s
-    if moe_cfg is not trainer.moe_cfg:
-      trainer = trainer.with_moe(moe_cfg)
-      step_fn, seconds = _compile(trainer, before, rest, global_shape, say)
-      compile_s += seconds
-    state, metrics = step_fn(before, rest, tokens)
-    return (state, metrics), int(np.sum(jax.device_get(metrics["tokens_overflowed"]))) if retry else 0
-
-  def on_retry(step, overflowed, moe_cfg):
-    say(
-      f"step {step}: {overflowed} token-choices overflowed the receive buffers at buffer_factor "
-      f"{trainer.moe_cfg.buffer_factor:g}; repeating the step with {moe_cfg.buffer_factor:g}"
-    )
-    retries.append((step, moe_cfg.buffer_factor))
-
+  replanner = make_replanner(trainer, tables, resumed)
+  loop = _Steps(config, trainer, rest, global_shape, writer, say, retry, skips, replanner, start)
+  loop.saved = (start, ckpt.directory) if start else None  # the newest checkpoint, for a stop's message
+  loop.compile(state)
+  loop.last_done = time.perf_counter()
   pending = None
   for step in range(start + 1, config.steps + 1):
     local = next(batches)
     counts += np.bincount(local.reshape(-1), minlength=trainer.tok.num_ids)[: trainer.tok.num_ids]
-    tokens = global_tokens(trainer.batch_sharding, local, global_shape)
-    (state, metrics), _ = overflow_lib.until_no_overflow(
-      functools.partial(attempt, before=state, tokens=tokens), trainer.moe_cfg, functools.partial(on_retry, step)
-    )
+    state, metrics = loop.run_step(step, state, global_tokens(loop.trainer.batch_sharding, local, global_shape))
     if pending is not None:  # fetch the previous step's metrics while this one runs
-      finish(*pending)
+      loop.finish(*pending)
     pending = (step, metrics, tables)
     if replanner is not None and replanner.due(step):  # needs this step's counts: wait for them
-      tables = finish(*pending)
-      pending = None
-      state = {**state, "slot_tables": trainer.put_slot_tables(tables)}  # same shape: no recompilation
+      tables, pending = loop.finish(*pending), None
+      state = {**state, "slot_tables": loop.trainer.put_slot_tables(tables)}  # same shape: no recompilation
     if step % config.checkpoint.every_steps == 0 or step == config.steps:
       if pending is not None:
-        finish(*pending)  # first, so that no step's time includes the checkpoint's
+        loop.finish(*pending)  # first, so that no step's time includes the checkpoint's
       pending = None
       ckpt.save(step, state, host_state(batches, replanner, skips))
-      saved = (step, ckpt.directory)
-      last_done = time.perf_counter()
-  return compile_s, counts, retries
+      loop.saved = (step, ckpt.directory)
+      loop.last_done = time.perf_counter()
+  return loop.compile_s, counts, loop.retries
