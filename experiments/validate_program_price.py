@@ -1,8 +1,8 @@
 """The compiled layer's price (`moejax.cost.program_price.price_measured`) against its measured time, on a simulated
-CPU mesh: the terms (per collective kind and axes a launch and a per-byte time, the device's compute and memory rates
-with every device busy) come from microbenchmarks only (`moejax.study.program_calibration`), so every case is held
-out. Prints one row per case and pass (measured ms, priced ms: collectives + compute, error) and writes
-<workdir>/program_price.json.
+CPU mesh: the terms (per collective kind and axes a launch and a per-byte time; per compute op category a device's
+rate with every device busy, an op's launch and a call's) come from microbenchmarks only
+(`moejax.study.program_calibration`), so every case is held out. Prints one row per case and pass (measured ms,
+priced ms: collectives + compute, error) and writes <workdir>/program_price.json.
 
   python -m experiments.validate_program_price --workdir=/tmp/program_price
 
@@ -17,7 +17,7 @@ import jax.numpy as jnp
 from absl import flags
 
 from moejax import cli, workdir_guard
-from moejax.cost import program_price
+from moejax.cost import program_ops, program_price
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -41,7 +41,8 @@ def parse_case(text: str) -> dict:
 
 
 def compiled_layer(cfg: MoEConfig, tokens: int, mesh, passes: str):
-  """(compiled, args) of the layer's forward or forward+backward on random tokens."""
+  """(compiled, args) of the layer's forward or forward+backward on random tokens, the args on the program's
+  devices."""
   params = init_params(jax.random.key(0), cfg)
   x = jax.random.normal(jax.random.key(1), (tokens, cfg.d_model), jnp.float32)
 
@@ -50,7 +51,9 @@ def compiled_layer(cfg: MoEConfig, tokens: int, mesh, passes: str):
     return jnp.sum(y) + aux["aux_loss"]
 
   fn = (lambda p, v: moe_apply(p, v, cfg, mesh)) if passes == "fwd" else jax.value_and_grad(loss, argnums=(0, 1))
-  return jax.jit(fn).lower(params, x).compile(), (params, x)
+  compiled = jax.jit(fn).lower(params, x).compile()
+  # Placed as the program reads them: else each timed call would first copy them out to the mesh.
+  return compiled, jax.device_put((params, x), compiled.input_shardings[0])
 
 
 def run_case(case: dict, config, mesh, terms) -> list[dict]:
@@ -71,6 +74,9 @@ def run_case(case: dict, config, mesh, terms) -> list[dict]:
         priced_ms=1e3 * price.serial_s,
         collectives_ms=1e3 * price.communication_s,
         compute_ms=1e3 * price.compute_s,
+        compute_ms_by_category={
+          k: 1e3 * v for k, v in program_price.compute_by_category(program_ops.ops(compiled), terms).items()
+        },
         error=price.serial_s / measured - 1,
       )
     )

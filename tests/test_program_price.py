@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from moejax.cost import program, program_price, topology
+from moejax.cost import program, program_ops, program_price, topology
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
@@ -125,27 +125,37 @@ def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
     alpha, beta = truth.setdefault((kind, axes), (rng.uniform(1e-5, 1e-3), rng.uniform(1e-10, 1e-8)))
     return alpha + beta * nbytes
 
-  terms = program_calibration.measure(mesh_2x4, repeats=1, timer=timer, say=lambda *a: None)
+  compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={"sort": 1e6}, launch_s=1e-5, call_s=1e-4)
+  terms = program_calibration.measure(
+    mesh_2x4, repeats=1, timer=timer, say=lambda *a: None, compute=lambda m, r: compute
+  )
   assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
   for key, (alpha, beta) in truth.items():
     assert terms.per_kind[key] == pytest.approx((alpha, beta), rel=1e-9)
   assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
-  assert terms.flops_per_s > 0 and terms.bytes_per_s > 0
+  assert program_calibration.Terms(terms.per_kind, **compute) == terms  # the compute terms as measured
 
 
 def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):
   """price_measured: each collective alpha + beta x bytes of its (kind, axes), summed over its runs (recomputed
-  here from the listed collectives), compute the roofline at the measured rates; a kind not measured is refused."""
+  here from the listed collectives), compute the call plus each listed op's runs x (launch + its FLOPs or bytes at
+  its category's rate); a kind not measured is refused."""
   compiled = _layer(mesh_2x4)
   found = program.collectives(compiled, mesh_2x4)
   rng = np.random.default_rng()
   per_kind = {(c.kind, c.axes): (rng.uniform(1e-5, 1e-4), rng.uniform(1e-9, 1e-8)) for c in found}
-  terms = program_calibration.Terms(per_kind, flops_per_s=1e9, bytes_per_s=1e8)
+  rates = {"gather": 3e8, "scatter": 2e8, "sort": 1e7}
+  terms = program_calibration.Terms(
+    per_kind, flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s=rates, launch_s=2e-6, call_s=5e-5
+  )
   priced = program_price.price_measured(compiled, mesh_2x4, terms)
   want = sum(c.count * (per_kind[(c.kind, c.axes)][0] + per_kind[(c.kind, c.axes)][1] * c.bytes) for c in found)
   assert priced.communication_s == pytest.approx(want, rel=1e-12)
-  cost = program.program_cost(compiled)
-  assert priced.compute_s == pytest.approx(max(cost["flops"] / 1e9, cost["bytes accessed"] / 1e8))
+  ops = program_ops.ops(compiled)
+  # the layer gathers, sorts and multiplies (its scatters too, where XLA keeps them: not with the fast-compile flags)
+  assert {"matmul", "gather", "sort", "elementwise"} <= {o.category for o in ops}
+  work = [o.count * (o.flops / 1e9 if o.category == "matmul" else o.bytes / rates.get(o.category, 1e8)) for o in ops]
+  assert priced.compute_s == pytest.approx(5e-5 + sum(o.count for o in ops) * 2e-6 + sum(work), rel=1e-12)
   dropped = dict(per_kind)
   missing = next(iter(dropped))
   del dropped[missing]
@@ -173,6 +183,8 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
   for r in record["rows"]:
     assert r["measured_ms"] > 0 and r["error"] == pytest.approx(r["priced_ms"] / r["measured_ms"] - 1)
     assert r["priced_ms"] == pytest.approx(r["collectives_ms"] + r["compute_ms"])
+    call_ms = 1e3 * record["terms"]["call_s"]
+    assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}
   bad = subprocess.run([*cmd, "--config.cases=32:64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
   assert bad.returncode != 0 and "cases" in bad.stderr.strip().splitlines()[-1]

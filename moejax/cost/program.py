@@ -82,9 +82,9 @@ def device_assignment(compiled, mesh) -> list:
 
 def parse(hlo: str, mesh, assignment=None) -> list[Collective]:
   """The collectives of an HLO module's text, ids read through `assignment` (default: the mesh's devices)."""
-  computations, entry = _computations(hlo)
+  computations, entry = computations_of(hlo)
   types = {inst[0]: inst[1] for lines in computations.values() for inst in lines}
-  runs, in_loop, in_branch = _runs(computations, entry)
+  runs, in_loop, in_branch = computation_runs(computations, entry)
   coords = _coordinates(mesh, list(mesh.devices.flat) if assignment is None else assignment)
   found = []
   for computation, lines in computations.items():
@@ -112,7 +112,7 @@ def parse(hlo: str, mesh, assignment=None) -> list[Collective]:
   return found
 
 
-def _computations(hlo: str) -> tuple[dict[str, list[tuple]], str]:
+def computations_of(hlo: str) -> tuple[dict[str, list[tuple]], str]:
   """({computation: [(name, type, opcode, rest of line)]}, the entry computation's name)."""
   computations, current, entry = {}, None, None
   for line in hlo.splitlines():
@@ -128,7 +128,7 @@ def _computations(hlo: str) -> tuple[dict[str, list[tuple]], str]:
   return computations, entry
 
 
-def _calls(opcode: str, rest: str) -> list[tuple[str, Fraction | None, str]]:
+def called_computations(opcode: str, rest: str) -> list[tuple[str, Fraction | None, str]]:
   """The computations one instruction calls: [(computation, its runs per run of the instruction, 'loop' | 'branch' |
   '')]. A while's body runs its known trip count (None: unknown), its condition once more; a conditional's n
   branches 1/n each."""
@@ -152,13 +152,13 @@ def _calls(opcode: str, rest: str) -> list[tuple[str, Fraction | None, str]]:
   return calls
 
 
-def _runs(computations: dict, entry: str) -> tuple[dict, dict, dict]:
+def computation_runs(computations: dict, entry: str) -> tuple[dict, dict, dict]:
   """Per computation: runs per run of the entry (a Fraction, or None: unknown), whether inside a loop's body or
   condition, whether inside a conditional's branch."""
   callers = {name: [] for name in computations}
   for caller, lines in computations.items():
     for _, _, opcode, rest in lines:
-      for callee, factor, where in _calls(opcode, rest):
+      for callee, factor, where in called_computations(opcode, rest):
         if callee in callers:
           callers[callee].append((caller, factor, where))
   memo = {entry: (Fraction(1), False, False)}
@@ -199,13 +199,18 @@ def _groups(rest: str, devices: int) -> tuple[tuple[int, ...], ...]:
 
 def _operand_arrays(kind: str, rest: str, types: dict) -> list[tuple[str, int]]:
   """[(dtype, bytes)] of the arrays an instruction's data operands hold (a ragged all-to-all's: its input)."""
+  names = operands(rest)
+  names = names[:1] if kind == "ragged-all-to-all" else names
+  return [array for operand in names for array in array_bytes(types.get(operand, ""))]
+
+
+def operands(rest: str) -> list[str]:
+  """The operand names of an instruction, from the text after its opcode's '(': 'a, %b), k=v' -> ['b']."""
   depth, end = 1, 0
   while depth and end < len(rest):
     depth += {"(": 1, ")": -1}.get(rest[end], 0)
     end += 1
-  operands = re.findall(r"%([\w.\-]+)", rest[: end - 1])
-  operands = operands[:1] if kind == "ragged-all-to-all" else operands
-  return [array for operand in operands for array in array_bytes(types.get(operand, ""))]
+  return re.findall(r"%([\w.\-]+)", rest[: end - 1])
 
 
 def array_bytes(type_: str) -> list[tuple[str, int]]:

@@ -14,7 +14,9 @@ A device's node is its mesh position on every axis but 'gpu' (the mesh's intra-n
 XLA does not state (`count` None) is refused, naming it: nothing is priced by a guess.
 
 Compute is the roofline of `compiled.cost_analysis()`: max(flops / (peak_flops x compute_efficiency),
-bytes accessed / memory_bw) per device. `serial_s` adds compute and every collective (no overlap): the program's
+bytes accessed / memory_bw) per device (`price`), or with terms measured on the mesh at hand the sum over the
+program's ops (`moejax.cost.program_ops`) of their runs x (a launch + their FLOPs or bytes at their category's
+measured rate) (`price_measured`). `serial_s` adds compute and every collective (no overlap): the program's
 schedule decides how much of the communication hides, a later term.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 
 from moejax.cost import collectives as collectives_lib
 from moejax.cost import program as program_lib
+from moejax.cost import program_ops
 from moejax.cost.topology import Topology
 
 RING = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
@@ -46,7 +49,8 @@ class PricedCollective:
 
 @dataclasses.dataclass(frozen=True)
 class ProgramPrice:
-  """collectives: one per instruction; compute_s: the roofline of XLA's flops and bytes (per device)."""
+  """collectives: one per instruction; compute_s: per device, the roofline of XLA's flops and bytes (`price`) or the
+  sum over the program's ops (`price_measured`); flops, bytes_accessed: the counts it priced."""
 
   collectives: tuple[PricedCollective, ...]
   compute_s: float
@@ -179,23 +183,34 @@ def control_seconds(record: dict, topology: Topology) -> float:
 
 def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
-  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`; compute the roofline of
-  XLA's counts at `terms.flops_per_s` and `terms.bytes_per_s`. A collective over no axis (groups of one device)
-  costs nothing; one of a kind and axes the terms lack is refused, naming it."""
+  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`; compute per op
+  (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
+  category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
+  the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
   assignment = program_lib.device_assignment(compiled, mesh)
-  found = program_lib.parse(compiled.as_text(), mesh, assignment)
-  unknown = [c.name for c in found if c.count is None]
+  hlo = compiled.as_text()
+  found, ops = program_lib.parse(hlo, mesh, assignment), program_ops.parse(hlo)
+  unknown = [c.name for c in found if c.count is None] + [o.name for o in ops if o.count is None]
   missing = sorted({(c.kind, c.axes) for c in found if c.axes and (c.kind, c.axes) not in terms.per_kind})
   if unknown or missing:
     raise ValueError(
-      f"cannot price collectives {unknown} (runs unknown) or kinds and axes {missing} (not measured; measured: "
-      f"{sorted(terms.per_kind)})"
+      f"cannot price collectives or ops {unknown} (runs unknown) or kinds and axes {missing} (not measured; "
+      f"measured: {sorted(terms.per_kind)})"
     )
   priced = []
   for c in found:
     alpha, beta = terms.per_kind[(c.kind, c.axes)] if c.axes else (0.0, 0.0)
     cost = collectives_lib.ExchangeCost(alpha + beta * c.bytes, alpha, 0.0, beta * c.bytes, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
-  cost = program_lib.program_cost(compiled)
-  flops, nbytes = cost.get("flops", 0.0), cost.get("bytes accessed", 0.0)
-  return ProgramPrice(tuple(priced), max(flops / terms.flops_per_s, nbytes / terms.bytes_per_s), flops, nbytes)
+  compute = terms.call_s + sum(compute_by_category(ops, terms).values())
+  flops, nbytes = sum(o.count * o.flops for o in ops), sum(o.count * o.bytes for o in ops)
+  return ProgramPrice(tuple(priced), compute, flops, nbytes)
+
+
+def compute_by_category(ops: list[program_ops.Op], terms) -> dict[str, float]:
+  """{category: seconds per program run} of `ops` (`program_ops.ops`) at measured `terms`, their launches
+  included."""
+  table = {}
+  for o in ops:
+    table[o.category] = table.get(o.category, 0.0) + o.count * terms.op_seconds(o.category, o.flops, o.bytes)
+  return table

@@ -1,14 +1,25 @@
 """The terms a compiled program's price needs, measured on the mesh at hand by microbenchmarks only (no measured point
-is fitted): per collective kind and mesh axes a launch time and a time per byte, and the device's compute and memory
-rates with every device of the mesh busy at once (simulated CPU devices share the host's cores: one busy device's rate
-is not the mesh's).
+is fitted): per collective kind and mesh axes a launch time and a time per byte, and per compute op category
+(`moejax.cost.program_ops`) a device's rate with every device of the mesh busy at once (simulated CPU devices share
+the host's cores: one busy device's rate is not the mesh's), plus the cost of launching one op.
 
-  terms = measure(mesh)                       # {(kind, axes): (alpha_s, beta_s_per_byte)}, rates
+  terms = measure(mesh)                       # {(kind, axes): (alpha_s, beta_s_per_byte)}, rates, launch
   program_price.price_measured(compiled, mesh, terms)
 
 Each collective is timed at two sizes per device (`SIZES`: a size exchange's few bytes and a row block's), as its own
 jitted shard_map program (median of `repeats` calls after one warm-up); alpha and beta are the line through the two
 medians (beta clipped at 0: the small size's noise must not make bytes free of cost).
+
+Compute (`compute_terms`), each a jit(shard_map) over every device, its ops listed by `program_ops` as a program's
+are, so a rate is in the units its ops are priced in (per device: FLOPs or bytes read and written):
+- launch and call: chains of tiny dependent ops (a sort of 8 floats and a scale, unfusable) at two lengths: the
+  slope per listed op run, and the intercept (a program call's own cost);
+- 'matmul' FLOP/s: a [512, 512] @ [512, 512] matmul; 'elementwise' bytes/s: a scaled copy of 4 MiB;
+- 'gather', 'scatter', 'sort' bytes/s: 2048 rows of 128 f32 gathered from, and scatter-added into, an [8192, 128]
+  table at random rows; a stable argsort of 16384 random int32 keys (the layer's dispatch and combine at its widths).
+Each rate is its category's work over the program's time less the call, the launches and its other ops' time at the
+rates measured before it (the scatter's zero fill, the argsort's iota: elementwise). Every argument is placed on the
+devices first (`placed`): an array on one device would be copied out to the mesh on each call and timed with it.
 """
 
 import dataclasses
@@ -18,25 +29,49 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+
+from moejax.cost import program_ops
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 SIZES = (256, 1 << 20)  # bytes per device: a plan's size exchange, a block of rows
 RATE_SIDE = 512  # the matmul timed for the compute rate: [devices x 512, 512] @ [512, 512] per device
+TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WIDTH] f32 table and rows picked
+SORTED = 16384  # keys per device in the argsort
+CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
 
 
 @dataclasses.dataclass(frozen=True)
 class Terms:
-  """per_kind: {(kind, axes): (alpha_s, beta_s_per_byte)}; flops_per_s, bytes_per_s: one device's rates with every
-  device busy."""
+  """per_kind: {(kind, axes): (alpha_s, beta_s_per_byte)}; one device's rates with every device busy: flops_per_s
+  (matmul), bytes_per_s (elementwise), op_bytes_per_s ({'gather' | 'scatter' | 'sort': bytes/s}; a category absent
+  runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call."""
 
   per_kind: dict
   flops_per_s: float
   bytes_per_s: float
+  op_bytes_per_s: dict = dataclasses.field(default_factory=dict)
+  launch_s: float = 0.0
+  call_s: float = 0.0
+
+  def op_seconds(self, category: str, flops: float, nbytes: float) -> float:
+    """One run of an op of `category` (`program_ops.CATEGORIES`): launch + its FLOPs (a matmul) or bytes at its
+    category's rate."""
+    if category == "matmul":
+      return self.launch_s + flops / self.flops_per_s
+    return self.launch_s + nbytes / self.op_bytes_per_s.get(category, self.bytes_per_s)
 
   def as_dict(self) -> dict:
     rows = [dict(kind=k, axes=list(a), alpha_s=v[0], beta_s_per_byte=v[1]) for (k, a), v in self.per_kind.items()]
-    return dict(collectives=rows, flops_per_s=self.flops_per_s, bytes_per_s=self.bytes_per_s)
+    return dict(
+      collectives=rows,
+      flops_per_s=self.flops_per_s,
+      bytes_per_s=self.bytes_per_s,
+      op_bytes_per_s=dict(self.op_bytes_per_s),
+      launch_s=self.launch_s,
+      call_s=self.call_s,
+    )
 
 
 def median_seconds(fn, args, repeats: int) -> float:
@@ -70,8 +105,13 @@ def time_collective(kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats
   rows = max(1, nbytes // 32)
   rows += (-rows) % int(np.prod([mesh.shape[a] for a in axes]))  # all-to-all, reduce-scatter split rows
   fn = jax.jit(jax.shard_map(_body(kind, axes, mesh), mesh=mesh, in_specs=P(everything), out_specs=P(everything)))
-  x = jnp.ones((mesh.devices.size * rows, 8), jnp.float32)
-  return median_seconds(fn, (x,), repeats)
+  return median_seconds(fn, placed((jnp.ones((mesh.devices.size * rows, 8), jnp.float32),), mesh), repeats)
+
+
+def placed(args: tuple, mesh) -> tuple:
+  """args split along their first dim over every device, where the programs read them: an array left on one device
+  would be copied out to the mesh on every call, and the copy timed with the program."""
+  return jax.device_put(args, NamedSharding(mesh, P(tuple(mesh.axis_names))))
 
 
 def line(small: tuple[float, float], large: tuple[float, float]) -> tuple[float, float]:
@@ -86,9 +126,9 @@ def axis_sets(mesh) -> list[tuple[str, ...]]:
   return [(a,) for a in axes] + ([tuple(axes)] if len(axes) > 1 else [])
 
 
-def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print) -> Terms:
-  """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the rates; `timer(kind, axes, nbytes,
-  mesh, repeats)` (tests pass their own)."""
+def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print, compute=None) -> Terms:
+  """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the compute terms; `timer(kind, axes,
+  nbytes, mesh, repeats)` and `compute(mesh, repeats)` (default `compute_terms`; tests pass their own)."""
   per_kind = {}
   for kind in kinds:
     for axes in axis_sets(mesh):
@@ -97,20 +137,81 @@ def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=prin
       say(
         f"{kind:<20}{','.join(axes):<10} {per_kind[(kind, axes)][0] * 1e6:9.1f} us + {per_kind[(kind, axes)][1] * 1e9:7.3f} ns/B"
       )
-  flops, nbytes = rates(mesh, repeats)
-  say(f"device rates with all {mesh.devices.size} busy: {flops / 1e9:.2f} GFLOP/s, {nbytes / 1e9:.2f} GB/s")
-  return Terms(per_kind, flops, nbytes)
+  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats))
+  rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
+  say(
+    f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
+    f"{terms.bytes_per_s / 1e9:.3f} GB/s, {rates}; launch {terms.launch_s * 1e6:.1f} us per op, call "
+    f"{terms.call_s * 1e6:.0f} us"
+  )
+  return terms
 
 
-def rates(mesh, repeats: int) -> tuple[float, float]:
-  """(FLOP/s, bytes/s) of one device while every device of the mesh runs: a [512, 512] matmul per device, and a
-  scaled copy of 4 MiB per device (one read, one write)."""
+def compute_terms(mesh, repeats: int) -> dict:
+  """Terms' compute fields (flops_per_s: matmul, bytes_per_s: elementwise, op_bytes_per_s: {'gather' | 'scatter' |
+  'sort': bytes/s}, launch_s, call_s) of one device while every device of the mesh runs (module docstring)."""
+  devices, rng = mesh.devices.size, np.random.default_rng(0)
+  launch, call = launch_seconds(mesh, repeats)
+  # Each benchmark: (category, per-device body, global arguments), timed in this order (later ones use earlier rates).
+  rows = jnp.asarray(rng.integers(0, TABLE, devices * PICKED), jnp.int32)
+  benchmarks = (
+    ("elementwise", lambda x: x * 2.0, (jnp.ones((devices << 20,), jnp.float32),)),
+    ("matmul", lambda a, b: a @ b[0],
+     (jnp.ones((devices * RATE_SIDE, RATE_SIDE)), jnp.ones((devices, RATE_SIDE, RATE_SIDE)))),
+    ("gather", lambda t, i: t.at[i].get(mode="promise_in_bounds"), (jnp.ones((devices * TABLE, WIDTH)), rows)),
+    ("scatter", lambda i, u: jnp.zeros((TABLE, WIDTH)).at[i].add(u, mode="promise_in_bounds"),
+     (rows, jnp.ones((devices * PICKED, WIDTH)))),
+    ("sort", lambda k: jnp.argsort(k, stable=True).astype(jnp.int32),
+     (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
+  )  # fmt: skip
+  terms = Terms({}, 1.0, 1.0, launch_s=launch, call_s=call)
+  rates = {}
+  for category, body, args in benchmarks:
+    found, seconds = timed_ops(_everywhere(body, mesh, len(args)), placed(args, mesh), repeats)
+    if any(o.category == category for o in found):  # else XLA expanded the op (a scatter into a loop of slices)
+      rates[category] = category_rate(category, found, seconds, terms)
+    terms = Terms({}, rates.get("matmul", 1.0), rates["elementwise"], dict(rates), launch, call)
+  flops, nbytes = rates.pop("matmul"), rates.pop("elementwise")  # both always listed
+  return dict(flops_per_s=flops, bytes_per_s=nbytes, op_bytes_per_s=rates, launch_s=launch, call_s=call)
+
+
+def _everywhere(body, mesh, arity: int):
+  """jit(shard_map(body)) over every device, each argument and the result split along their first dim."""
   everything = tuple(mesh.axis_names)
-  devices, side = mesh.devices.size, RATE_SIDE
-  matmul = jax.jit(jax.shard_map(lambda a, b: a @ b, mesh=mesh, in_specs=(P(everything), P()), out_specs=P(everything)))
-  a, b = jnp.ones((devices * side, side), jnp.float32), jnp.ones((side, side), jnp.float32)
-  flops = 2 * side**3 / median_seconds(matmul, (a, b), repeats)
-  elements = 1 << 20
-  scale = jax.jit(jax.shard_map(lambda x: x * 2.0, mesh=mesh, in_specs=P(everything), out_specs=P(everything)))
-  x = jnp.ones((devices * elements,), jnp.float32)
-  return flops, 2 * 4 * elements / median_seconds(scale, (x,), repeats)
+  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(everything),) * arity, out_specs=P(everything)))
+
+
+def timed_ops(fn, args, repeats: int) -> tuple[list, float]:
+  """(the ops `program_ops` lists for fn compiled at args, the median seconds of a call)."""
+  compiled = fn.lower(*args).compile()
+  return program_ops.ops(compiled), median_seconds(compiled, args, repeats)
+
+
+def category_rate(category: str, found: list, seconds: float, terms: Terms) -> float:
+  """The rate of `category` (FLOP/s for 'matmul', else bytes/s) that a program of ops `found` taking `seconds`
+  implies: its category's work over the seconds left after the call, every op's launch and the other categories'
+  ops at `terms` (at least a tenth of the time is left to the category: a noisy run must not make it free)."""
+  work = sum(o.count * (o.flops if category == "matmul" else o.bytes) for o in found if o.category == category)
+  others = sum(o.count * terms.op_seconds(o.category, o.flops, o.bytes) for o in found if o.category != category)
+  left = seconds - terms.call_s - others - terms.launch_s * sum(o.count for o in found if o.category == category)
+  return work / max(left, 0.1 * seconds)
+
+
+def launch_seconds(mesh, repeats: int) -> tuple[float, float]:
+  """(seconds per op run, seconds per program call) of chains of tiny ops (a sort of 8 floats, then a scale: they do
+  not fuse): the line through chains of CHAINS[0] and CHAINS[1] links, per listed op run (slope clipped at 0, the
+  call's intercept too)."""
+  points = []
+  for links in CHAINS:
+
+    def chain(x, links=links):
+      for _ in range(links):
+        x = jnp.sort(x * 1.5 + 1.0)
+      return x
+
+    found, seconds = timed_ops(
+      _everywhere(chain, mesh, 1), placed((jnp.ones((mesh.devices.size * 8,)),), mesh), repeats
+    )
+    points.append((sum(o.count for o in found), seconds))
+  call, launch = line(*points)  # (intercept, slope)
+  return launch, max(0.0, call)
