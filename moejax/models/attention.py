@@ -1,7 +1,7 @@
 """Causal self-attention of the decoder families, with a KV cache: grouped-query attention (Llama, Mixtral, Qwen;
-qkv biases, QK-norm, sliding window; its projections and their norms in `moejax.models.projections`) and DeepSeek's
-multi-head latent attention, whose cache holds the compressed latent and the shared rotary key instead of every
-head's keys and values.
+qkv biases, QK-norm before or after RoPE (`moejax.models.qk_norm`), sliding window; its projections and their norms
+in `moejax.models.projections`) and DeepSeek's multi-head latent attention, whose cache holds the compressed latent
+and the shared rotary key instead of every head's keys and values.
 
 Both take x [B, S, d] at positions start .. start + S - 1 and, with a cache (c1, c2, start), write the new entries
 there and attend over the cache (entries not written yet lie after every query, so stay hidden); they return the
@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.models import rope
+from moejax.models import qk_norm, rope
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.projections import gqa_linears, linear, project_qkv, qk_norms
 from moejax.models.rms_norm import RMSNorm
@@ -202,6 +202,8 @@ class GroupedQueryAttention(nnx.Module):
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = project_qkv(self, x_BxSxD)
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
+    # HunYuan's QK-norm acts on the rotated heads: keys are cached normed, as transformers caches them
+    q_BxSxHxW, k_BxSxHxW = qk_norm.of(cfg).apply(qk_norm.AFTER_ROPE, self.q_norm, self.k_norm, q_BxSxHxW, k_BxSxHxW)
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
     out_BxSxHxW = attend(

@@ -4,14 +4,14 @@ reads and writes those files)."""
 
 import dataclasses
 
-from moejax.models import families
+from moejax.models import families, qk_norm
 from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
 FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families/
 LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
-QK_NORM_MODES = ("head", "projection")  # `moejax.models.projections.qk_norms`
+QK_NORM_MODES = qk_norm.NAMES  # `moejax.models.qk_norm.MODES`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,9 +24,10 @@ class DecoderConfig(Parallelism):
     YaRN for DeepSeek); rope_interleaved: the rotary part in interleaved pairs (DeepSeek) or halves;
     partial_rotary_factor: the fraction of a GQA head rotated, its first head_dim x factor dimensions (GLM-4.5: 0.5).
   qkv_bias: biases on q, k, v (Qwen2-MoE); out_bias: on the output projection too (attention_bias of Llama and
-    Qwen3); qk_norm: RMSNorm of q and k before RoPE, by qk_norm_mode: 'head' (each head's, weights [head_dim]:
-    Qwen3) or 'projection' (all of q's heads at once and all of k's, weights [num_heads x head_dim] and
-    [num_kv_heads x head_dim]: OLMoE, MiniMax-M2); clip_qkv: q, k and v clipped to +-clip_qkv after the norm (OLMoE;
+    Qwen3); qk_norm: RMSNorm of q and k, by qk_norm_mode (`moejax.models.qk_norm`): 'head' (each head's before RoPE,
+    weights [head_dim]: Qwen3), 'projection' (all of q's heads at once and all of k's before RoPE, weights
+    [num_heads x head_dim] and [num_kv_heads x head_dim]: OLMoE, MiniMax-M2) or 'head_after_rope' (each head's after
+    RoPE: HunYuan); clip_qkv: q, k and v clipped to +-clip_qkv after the norm (OLMoE;
     None: not); attention_sinks: a learned logit per head in the softmax's denominator (`sinks [num_heads]`,
     gpt-oss; grouped-query attention).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:

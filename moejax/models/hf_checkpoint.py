@@ -16,7 +16,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from moejax.models import families, hf_config, hf_files
+from moejax.models import families, hf_config, hf_files, hf_parts
 from moejax.models import layers as layers_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
@@ -39,9 +39,15 @@ SHARD_BYTES = 4 << 30  # per safetensors file written
 
 def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
   """(HF name, transposed) of a parameter or state path of an unrolled `Decoder` (a layer's `blocks/i/...`; a
-  scanned model's leaves are each layer's: `layer_keys`); expert weights give the name with '{e}'. The MoE layer's
-  names are its family's (`Family.moe_module`, `expert_names`, ...)."""
-  path = list(path)
+  scanned model's leaves are each layer's: `layer_keys`); expert weights give the name with '{e}'. The hub's usual
+  names, then the family's own (`Family.hf_name`; the MoE layer's: `Family.moe_module`, `expert_names`, ...)."""
+  family = families.get(cfg.family)
+  name, transposed = _usual_key(list(path), cfg, family)
+  return family.hf_name(name, cfg), transposed
+
+
+def _usual_key(path: list, cfg: DecoderConfig, family: families.Family) -> tuple[str, bool]:
+  """(HF name, transposed) of `path` under the hub's usual names outside the MoE layer."""
   if path[0] in ("embed", "norm", "lm_head"):
     return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[
       path[0]
@@ -52,7 +58,7 @@ def hf_key(path: tuple, cfg: DecoderConfig) -> tuple[str, bool]:
   else:
     layer, rest = path[1], path[2:]
   if rest[:2] == ["ffn", "moe"]:
-    return _moe_key(f"model.layers.{layer}", rest[2:], families.get(cfg.family))
+    return _moe_key(f"model.layers.{layer}", rest[2:], family)
   return ".".join([f"model.layers.{layer}", *(RENAMES.get(str(p), str(p)) for p in rest)]), rest[-1] == "kernel"
 
 
@@ -121,12 +127,12 @@ def _host_tensors(model: Decoder):
     leaves = [(part + p, a) for p, a in tree_leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
     if bias is not None:
       leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
-    yield from hf_files.join_parts(_named(leaves, cfg))
+    yield from hf_parts.join_parts(_named(leaves, cfg))
 
 
 def _named(leaves, cfg: DecoderConfig):
   """(HF name, host array) of each (path, array) of a part of the model: one tensor per expert where the family has
-  them; parts of a fused tensor as `hf_files` names them."""
+  them; parts of a fused tensor as `hf_parts` names them."""
   for leaf_path, array in leaves:
     name, transposed = hf_key(leaf_path, cfg)
     if "{e}" in name:
@@ -137,12 +143,12 @@ def _named(leaves, cfg: DecoderConfig):
 
 def _fp8_weight(name: str, array: np.ndarray) -> bool:
   """Whether DeepSeek's published FP8 format quantises the tensor `name`: the blocks' Linear weights, not the
-  routers (`mlp.gate`), norms, embeddings, head or the MTP modules' eh_proj."""
+  routers (`mlp.gate`, HunYuan's `mlp.gate.wg`), norms, embeddings, head or the MTP modules' eh_proj."""
   return (
     array.ndim == 2
     and name.startswith("model.layers.")
     and name.endswith(".weight")
-    and not name.endswith((".gate.weight", "eh_proj.weight"))
+    and not name.endswith((".gate.weight", ".gate.wg.weight", "eh_proj.weight"))
   )
 
 

@@ -11,9 +11,8 @@ the published quantised formats read as the float tensors they encode, one slice
 A slice of a quantised tensor reads only the bytes and scales of that slice, so each device dequantises its own
 block (an expert-sharded weight: its own experts) as it reads it, in float32.
 
-A name `<tensor>#i/n` is a part of a stored tensor: its columns i::n of the last axis (gpt-oss's gate_up_proj holds
-the experts' gate and up projections interleaved: `#0/2` and `#1/2`), read as a tensor of its own (`Columns`) and
-written back interleaved (`join_parts`).
+A name `<tensor>#<part>` is a part of a stored tensor (columns or rows of it: `moejax.models.hf_parts`), read as a
+tensor of its own.
 """
 
 import json
@@ -24,6 +23,7 @@ import ml_dtypes
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from moejax.models import hf_parts
 from moejax.validation import ConfigError, is_int, require
 
 QUANT_METHODS = ("fp8", "mxfp4")
@@ -138,52 +138,6 @@ class Mxfp4Blocks:
 
 
 QUANTISED = (Fp8Blocks, Mxfp4Blocks)  # the tensors read dequantised
-PART = "#"
-
-
-def split_part(name: str) -> tuple[str, int, int]:
-  """(stored tensor, i, n) of a name `<tensor>#i/n` (columns i::n of its last axis); (name, 0, 1) for a whole one."""
-  if PART not in name:
-    return name, 0, 1
-  stored, part = name.split(PART)
-  i, n = part.split("/")
-  return stored, int(i), int(n)
-
-
-class Columns:
-  """The columns i::n of a stored tensor's last axis as a tensor of its own, sliced lazily (the stored columns of
-  the slice read in one range, then strided)."""
-
-  def __init__(self, tensor, i: int, n: int):
-    self.tensor, self.i, self.n = tensor, i, n
-    self.shape = (*tensor.get_shape()[:-1], tensor.get_shape()[-1] // n)
-
-  def get_shape(self):
-    return list(self.shape)
-
-  def get_dtype(self) -> str:
-    return self.tensor.get_dtype()
-
-  def __getitem__(self, index) -> np.ndarray:
-    *lead, (c0, c1) = _bounds(index, self.shape)
-    stored = tuple(slice(a, b) for a, b in lead) + (slice(c0 * self.n + self.i, c1 * self.n),)
-    return np.asarray(self.tensor[stored])[..., :: self.n]
-
-
-def join_parts(tensors):
-  """(name, array) pairs with the parts `<tensor>#i/n` of a stored tensor interleaved into it (each yielded when its
-  n parts have come), the rest unchanged."""
-  pending = {}
-  for name, array in tensors:
-    stored, i, n = split_part(name)
-    if n == 1:
-      yield name, array
-      continue
-    parts = pending.setdefault(stored, {})
-    parts[i] = array
-    if len(parts) == n:
-      yield stored, np.stack([parts.pop(j) for j in range(n)], axis=-1).reshape(*array.shape[:-1], -1)
-      del pending[stored]
 
 
 class Shards:
@@ -245,9 +199,9 @@ class Shards:
   def tensor(self, name: str):
     """A name of `names` -> its tensor, sliced lazily (`t[index]` -> float32 or the stored dtype; `get_shape`,
     `get_dtype`: the stored dtype, 'F8_E4M3' or 'MXFP4' for the quantised)."""
-    stored, i, n = split_part(name)
-    if n > 1:
-      return Columns(self.tensor(stored), i, n)
+    stored, part = hf_parts.split_part(name)
+    if part is not None:
+      return hf_parts.view(stored, self.tensor(stored), part)
     if name not in self.where:  # an MXFP4 tensor, under its own name
       return Mxfp4Blocks(name, self._slice(name + "_blocks"), self._slice(name + "_scales"))
     tensor = self._slice(name)

@@ -14,7 +14,7 @@ from absl import logging
 from flax import nnx
 
 from moejax.cost import expert_backend
-from moejax.models import hf_checkpoint, hf_config, hf_files
+from moejax.models import hf_checkpoint, hf_config, hf_files, hf_parts
 from moejax.models import state as state_lib
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
@@ -50,7 +50,7 @@ def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
 
 def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
   """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
-  stored = {hf_files.split_part(n)[0] for n in expected}  # a tensor's parts (`hf_files.Columns`): the tensor
+  stored = {hf_parts.split_part(n)[0] for n in expected}  # a tensor's parts (`hf_parts`): the tensor
   extra = sorted(n for n in shards.names if n not in stored and not re.search(r"rotary_emb\.inv_freq$", n))
   missing = sorted(n for n in stored if n not in shards.names)
   if missing or extra:
@@ -62,7 +62,7 @@ def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
     tensor = shards.tensor(name)
     if tuple(tensor.get_shape()) != shape:
       raise ConfigError(f"checkpoint tensor {name} has shape {tuple(tensor.get_shape())}, expected {shape}")
-    stored = tensor.tensor if isinstance(tensor, hf_files.Columns) else tensor
+    stored = tensor.tensor if isinstance(tensor, hf_parts.VIEWS) else tensor
     if tensor.get_dtype() not in READABLE_DTYPES and not isinstance(stored, hf_files.QUANTISED):
       raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
 

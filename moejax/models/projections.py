@@ -1,6 +1,7 @@
 """The learned projections of grouped-query attention and what the families do to them before RoPE: q, k and v from
-x, QK-norm over each head (Qwen3, GLM-4.5, dots1) or over the whole q and k projections (OLMoE, MiniMax-M2), and
-OLMoE's clip_qkv. `moejax.models.attention` runs them, RoPE and the softmax.
+x, QK-norm over each head (Qwen3, GLM-4.5, dots1) or over the whole q and k projections (OLMoE, MiniMax-M2; the
+modes: `moejax.models.qk_norm`), and OLMoE's clip_qkv. `moejax.models.attention` runs them, RoPE, a QK-norm after
+RoPE (HunYuan) and the softmax.
 
 Parameters keep the checkpoints' names (q_proj, k_proj, v_proj, o_proj, q_norm, k_norm) as attributes of the
 attention module; a kernel is the transpose of a torch Linear weight.
@@ -10,6 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.models import qk_norm
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.rms_norm import RMSNorm
 
@@ -31,28 +33,20 @@ def gqa_linears(cfg: DecoderConfig, rngs: nnx.Rngs) -> tuple[nnx.Linear, ...]:
 
 
 def qk_norms(cfg: DecoderConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
-  """(q_norm, k_norm) as cfg.qk_norm_mode says: weights [head_dim] each ('head'), or [H W] and [H_kv W]
-  ('projection': one RMSNorm over all of q's and all of k's heads); (None, None) without QK-norm."""
-  if not cfg.qk_norm:
-    return None, None
-  pd, w = jnp.dtype(cfg.param_dtype), cfg.head_dim
-  if cfg.qk_norm_mode == "projection":
-    return RMSNorm(cfg.num_heads * w, cfg.rms_eps, pd), RMSNorm(cfg.num_kv_heads * w, cfg.rms_eps, pd)
-  return RMSNorm(w, cfg.rms_eps, pd), RMSNorm(w, cfg.rms_eps, pd)
+  """(q_norm, k_norm) of cfg.qk_norm_mode (`qk_norm.QkNorm.shapes`); (None, None) without QK-norm."""
+  return qk_norm.of(cfg).norms(cfg) if cfg.qk_norm else (None, None)
 
 
 def project_qkv(attn: nnx.Module, x_BxSxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
   """x [B, S, d] -> q [B, S, H, W], k and v [B, S, H_kv, W] through `attn`'s projections (`gqa_linears`), q and k
-  QK-normed (cfg.qk_norm_mode 'head': each head; 'projection': the flat projection, before it is split into heads),
-  then each clipped to +-clip_qkv where set (OLMoE: after the norm, as transformers)."""
-  cfg = attn.cfg
+  QK-normed where cfg.qk_norm_mode acts before RoPE (the flat projection, before it is split into heads, or each
+  head), then each clipped to +-clip_qkv where set (OLMoE: after the norm, as transformers)."""
+  cfg, mode = attn.cfg, qk_norm.of(attn.cfg)
   (b, s, _), w = x_BxSxD.shape, cfg.head_dim
   q, k, v = attn.q_proj(x_BxSxD), attn.k_proj(x_BxSxD), attn.v_proj(x_BxSxD)  # [B, S, heads x W]
-  if attn.q_norm is not None and cfg.qk_norm_mode == "projection":
-    q, k = attn.q_norm(q), attn.k_norm(k)
+  q, k = mode.apply(qk_norm.ON_PROJECTION, attn.q_norm, attn.k_norm, q, k)
   q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (a.reshape(b, s, -1, w) for a in (q, k, v))
-  if attn.q_norm is not None and cfg.qk_norm_mode == "head":
-    q_BxSxHxW, k_BxSxHxW = attn.q_norm(q_BxSxHxW), attn.k_norm(k_BxSxHxW)
+  q_BxSxHxW, k_BxSxHxW = mode.apply(qk_norm.BEFORE_ROPE, attn.q_norm, attn.k_norm, q_BxSxHxW, k_BxSxHxW)
   if cfg.clip_qkv is not None:
     clip = lambda a: jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv)
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = clip(q_BxSxHxW), clip(k_BxSxHxW), clip(v_BxSxHxW)

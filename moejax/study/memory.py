@@ -8,6 +8,7 @@ import math
 
 import numpy as np
 
+from moejax.models import qk_norm
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
@@ -98,7 +99,7 @@ def decoder_leaves(cfg) -> tuple[list, list, list]:
     attn += [Leaf((h * hd,)), Leaf((kv,), 2)] if cfg.qkv_bias else []
     attn += [Leaf((d,))] if cfg.out_bias else []
     if cfg.qk_norm:  # per head ([hd] each of q, k) or over the whole projections ([h hd], [kv])
-      attn += [Leaf((hd,), 2)] if cfg.qk_norm_mode == "head" else [Leaf((h * hd,)), Leaf((kv,))]
+      attn += [Leaf(shape) for shape in qk_norm.of(cfg).shapes(cfg)]
   return top, attn, [Leaf((d, cfg.d_ff), 2), Leaf((cfg.d_ff, d))]
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from kernels.tuning import time_call
 from moejax.bench.gpu.layer import compute_dtype, read_ceiling
 from moejax.bench.gpu.record import Record, say, timing
+from moejax.models import qk_norm
 from moejax.runtime import mesh as mesh_lib
 
 DECODER_TOKENS = (2, 4096)  # sequences x tokens per step
@@ -97,11 +98,7 @@ def parameter_counts(model_cfg, moe_cfg) -> dict:
   expert = (3 if moe_cfg.gated else 2) * d * moe_cfg.d_ff
   router = d * moe_cfg.num_experts
   head = d * model_cfg.vocab_size
-  qk = (
-    (2 * w if model_cfg.qk_norm_mode == "head" else w * (model_cfg.num_heads + model_cfg.num_kv_heads))
-    if model_cfg.qk_norm
-    else 0
-  )
+  qk = qk_norm.of(model_cfg).count(model_cfg) if model_cfg.qk_norm else 0
   norms = 2 * d + qk  # per layer: two RMSNorms, and the q/k norms (a head's width, or the whole projections)
   active = {
     "attention": layers * attention,

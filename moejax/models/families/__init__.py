@@ -12,11 +12,13 @@ from moejax.models.families import (
   glm4_moe,
   glm4_moe_lite,
   gpt_oss,
+  hunyuan_v1_moe,
   minimax_m2,
   mixtral,
   olmoe,
   qwen2_moe,
   qwen3_moe,
+  sarvam_moe,
   solar_open,
 )
 from moejax.models.families.base import Family
@@ -35,6 +37,8 @@ FAMILIES: tuple[Family, ...] = (
   olmoe.OLMOE,
   minimax_m2.MINIMAX_M2,
   solar_open.SOLAR_OPEN,
+  hunyuan_v1_moe.HUNYUAN_V1_MOE,
+  sarvam_moe.SARVAM_MOE,
   dense.LLAMA,
   dense.QWEN3,
 )
@@ -52,10 +56,6 @@ UNSUPPORTED: dict[str, str] = {
   "longcat_flash": "zero-computation experts and two attention + FFN sublayers per layer not supported",
   "mimo_v2_flash": "GQA with value heads narrower than query and key heads (v_head_dim) not supported",
   "llama4": "chunked attention, NoPE layers and experts fed the input scaled by the router score not supported",
-  "sarvam_moe": "Sarvam's tensor names outside the MoE layer (model.word_embeddings, attention.dense, "
-  "query_layernorm) and q, k, v fused by rows (attention.query_key_value) not read",
-  "hunyuan_v1_moe": "QK-norm after RoPE (per head on the rotated q and k) and its attention tensor names "
-  "(self_attn.query_layernorm, key_layernorm) not supported",
   "ernie4_5_moe": "softmax routing with a choice bias (moe_statics) and norm_min renormalisation not checked",
 }
 

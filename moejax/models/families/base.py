@@ -8,6 +8,7 @@ config.json arrives as its dict (`hf`); cfg and moe_cfg are a `DecoderConfig` an
 """
 
 import dataclasses
+import re
 
 from moejax.validation import require
 
@@ -39,6 +40,8 @@ class Family:
   moe_module, expert_names, shared_module, shared_gate_module: checkpoint keys of the MoE FFN
     (`model.layers.N.<moe_module>.experts.E.<expert_names[w]>.weight`, `...<shared_module>.gate_proj.weight`,
     `model.layers.N.<moe_module>.<shared_gate_module>.weight`).
+  renames: (regex, replacement) pairs, in order, from the hub's usual names (Llama's, with the MoE layer's as above)
+    to this family's own anywhere in the checkpoint (`hf_name`): transformers' WeightRenaming of the family, reversed.
   """
 
   model_type: str
@@ -51,10 +54,20 @@ class Family:
   expert_names: dict = dataclasses.field(default_factory=lambda: dict(EXPERT_NAMES))
   shared_module: str = "shared_experts"
   shared_gate_module: str = "shared_expert_gate"
+  renames: tuple = ()
+
+  def hf_name(self, name: str, cfg) -> str:
+    """The name in this family's checkpoints of the tensor the hub usually calls `name` (`model.embed_tokens.weight`,
+    `model.layers.N.self_attn.q_norm.weight`, ...): `renames` applied. A family storing a tensor inside another
+    returns its part (`hf_parts`: Sarvam's q, k and v rows of one fused tensor)."""
+    del cfg
+    for pattern, replacement in self.renames:
+      name = re.sub(pattern, replacement, name)
+    return name
 
   def moe_key(self, container: str, path: list) -> tuple[str, bool] | None:
     """(HF name, transposed) of the MoE layer's parameter `path` (under ffn/moe) where the family stores it its own
-    way (a name may be a part of a stored tensor: `hf_files.split_part`); None: the hub's usual names."""
+    way (a name may be a part of a stored tensor: `hf_parts`); None: the hub's usual names."""
     del container, path
     return None
 

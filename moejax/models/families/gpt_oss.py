@@ -11,6 +11,7 @@ checkpoints hold gate_up_proj and down_proj in MXFP4 (`hf_files`), read as the s
 
 import dataclasses
 
+from moejax.models import hf_parts
 from moejax.models.families.base import Family, moe_indices
 from moejax.validation import require
 
@@ -35,7 +36,8 @@ class GptOss(Family):
     if path[0] not in EXPERT_TENSORS:
       return None
     tensor, part = EXPERT_TENSORS[path[0]]
-    return f"{container}.experts.{tensor}" + ("" if part is None else f"#{part}/2"), False
+    name = f"{container}.experts.{tensor}"
+    return (name if part is None else hf_parts.columns(name, part, 2)), False
 
   def moe_layers(self, hf: dict, layers: int) -> tuple:
     return (True,) * layers

@@ -11,6 +11,7 @@ one intermediate_size, no sliding window (neither transformers class has one).
 
 import dataclasses
 
+from moejax.models import qk_norm
 from moejax.models.families.base import Family, moe_indices
 from moejax.validation import require
 
@@ -28,7 +29,7 @@ class ProjectionQkNorm(Family):
     return None, None  # the transformers classes build a causal mask without a window whatever config.json says
 
   def decoder_fields(self, hf: dict) -> dict:
-    return {**super().decoder_fields(hf), "qk_norm_mode": "projection"}
+    return {**super().decoder_fields(hf), "qk_norm_mode": qk_norm.PROJECTION.name}
 
   def require_layout(self, cfg, moe_cfg) -> None:
     """Refuses, by the field, a decoder this family's config.json cannot say: a dense layer, a dense width other
@@ -42,7 +43,7 @@ class ProjectionQkNorm(Family):
     require(
       moe_cfg.d_ff == cfg.d_ff, "moe.d_ff", moe_cfg.d_ff, f"the decoder's d_ff={cfg.d_ff} (one intermediate_size)"
     )
-    for name, want in (("qk_norm", True), ("qk_norm_mode", "projection"), ("sliding_window", None)):
+    for name, want in (("qk_norm", True), ("qk_norm_mode", qk_norm.PROJECTION.name), ("sliding_window", None)):
       require(getattr(cfg, name) == want, name, getattr(cfg, name), f"{want!r} ({cfg.family}'s attention)")
     require(not cfg.attention_sinks, "attention_sinks", cfg.attention_sinks, f"False ({cfg.family}'s attention)")
 

@@ -1,0 +1,137 @@
+"""Parts of a stored checkpoint tensor that moejax holds as tensors of their own: a name `<tensor>#<part>` is read
+as a lazily sliced view of the stored tensor (`view`) and written back joined with its other parts (`join_parts`).
+
+  columns  `<tensor>#i/n`: the columns i::n of the last axis (gpt-oss's gate_up_proj holds the experts' gate and
+           up projections interleaved: `#0/2` and `#1/2`)
+  rows     `<tensor>#a:b/n`: the rows a .. b - 1 of the first axis of n (Sarvam's attention.query_key_value holds
+           q, k and v one after another, each as many rows as its heads x head_dim, the bias likewise)
+"""
+
+from typing import NamedTuple
+
+import numpy as np
+
+from moejax.validation import ConfigError
+
+PART = "#"
+
+
+class ColumnsPart(NamedTuple):
+  i: int
+  n: int
+
+
+class RowsPart(NamedTuple):
+  start: int
+  stop: int
+  total: int
+
+
+def columns(name: str, i: int, n: int) -> str:
+  """The name of the columns i::n of the last axis of the stored tensor `name`."""
+  return f"{name}{PART}{i}/{n}"
+
+
+def rows(name: str, start: int, stop: int, total: int) -> str:
+  """The name of the rows start .. stop - 1 of the stored tensor `name`, `total` rows long."""
+  return f"{name}{PART}{start}:{stop}/{total}"
+
+
+def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | None]:
+  """(stored tensor, its part) of a name; (name, None) for a whole tensor."""
+  if PART not in name:
+    return name, None
+  stored, part = name.split(PART)
+  span, total = part.split("/")
+  if ":" in span:
+    start, stop = span.split(":")
+    return stored, RowsPart(int(start), int(stop), int(total))
+  return stored, ColumnsPart(int(span), int(total))
+
+
+def _bounds(index, shape) -> list[tuple[int, int]]:
+  """(start, stop) per dimension of `...`, a slice or a tuple of unit-step slices (missing trailing ones: whole)."""
+  index = () if index is Ellipsis else index if isinstance(index, tuple) else (index,)
+  index = index + (slice(None),) * (len(shape) - len(index))
+  return [s.indices(n)[:2] for s, n in zip(index, shape)]
+
+
+class Columns:
+  """The columns i::n of a stored tensor's last axis as a tensor of its own, sliced lazily (the stored columns of
+  the slice read in one range, then strided)."""
+
+  def __init__(self, tensor, i: int, n: int):
+    self.tensor, self.i, self.n = tensor, i, n
+    self.shape = (*tensor.get_shape()[:-1], tensor.get_shape()[-1] // n)
+
+  def get_shape(self):
+    return list(self.shape)
+
+  def get_dtype(self) -> str:
+    return self.tensor.get_dtype()
+
+  def __getitem__(self, index) -> np.ndarray:
+    *lead, (c0, c1) = _bounds(index, self.shape)
+    stored = tuple(slice(a, b) for a, b in lead) + (slice(c0 * self.n + self.i, c1 * self.n),)
+    return np.asarray(self.tensor[stored])[..., :: self.n]
+
+
+class Rows:
+  """The rows start .. stop - 1 of a stored tensor's first axis as a tensor of its own, sliced lazily; the stored
+  tensor refused, naming it, unless it is `total` rows long."""
+
+  def __init__(self, name: str, tensor, part: RowsPart):
+    self.tensor, self.start = tensor, part.start
+    stored = tensor.get_shape()
+    if stored[0] != part.total:
+      raise ConfigError(f"checkpoint tensor {name} has {stored[0]} rows, expected {part.total} (its fused parts)")
+    self.shape = (part.stop - part.start, *stored[1:])
+
+  def get_shape(self):
+    return list(self.shape)
+
+  def get_dtype(self) -> str:
+    return self.tensor.get_dtype()
+
+  def __getitem__(self, index) -> np.ndarray:
+    (r0, r1), *rest = _bounds(index, self.shape)
+    return np.asarray(self.tensor[(slice(self.start + r0, self.start + r1), *(slice(a, b) for a, b in rest))])
+
+
+VIEWS = (Columns, Rows)  # what `view` returns for a part; `.tensor` is the stored tensor
+
+
+def view(name: str, tensor, part: ColumnsPart | RowsPart):
+  """The part `part` of the stored tensor `tensor` (called `name`)."""
+  if isinstance(part, RowsPart):
+    return Rows(name, tensor, part)
+  return Columns(tensor, part.i, part.n)
+
+
+def _join(parts: dict) -> np.ndarray | None:
+  """The stored tensor of its parts {part: array} once they are all there (None before)."""
+  first = next(iter(parts))
+  if isinstance(first, RowsPart):
+    if sum(p.stop - p.start for p in parts) != first.total:
+      return None
+    return np.concatenate([parts[p] for p in sorted(parts)], axis=0)
+  if len(parts) != first.n:
+    return None
+  ordered = [parts[p] for p in sorted(parts)]
+  return np.stack(ordered, axis=-1).reshape(*ordered[0].shape[:-1], -1)
+
+
+def join_parts(tensors):
+  """(name, array) pairs with the parts of a stored tensor joined into it (each yielded when its parts have all
+  come: columns interleaved, rows one after another), the rest unchanged."""
+  pending = {}
+  for name, array in tensors:
+    stored, part = split_part(name)
+    if part is None:
+      yield name, array
+      continue
+    pending.setdefault(stored, {})[part] = array
+    joined = _join(pending[stored])
+    if joined is not None:
+      yield stored, joined
+      del pending[stored]

@@ -1,0 +1,64 @@
+"""The QK-norm modes of grouped-query attention, one object each (`MODES`): the RMSNorm of q and k that a family
+applies, what its weights are and where in the attention it acts. `DecoderConfig.qk_norm_mode` is one of their
+names; the attention (`moejax.models.projections`, `attention`), the memory planner (`moejax.study.memory`) and the
+decoder step's FLOPs (`moejax.bench.gpu.decoder_step`) ask the mode of a config (`of`), never its name.
+
+  head             each head's q and k before RoPE, weights [head_dim] each (Qwen3, GLM-4.5, dots1, Sarvam)
+  projection       all of q's heads at once and all of k's, before the split into heads and before RoPE, weights
+                   [num_heads x head_dim] and [num_kv_heads x head_dim] (OLMoE, MiniMax-M2)
+  head_after_rope  each head's q and k after RoPE, weights [head_dim] each (HunYuan's query_layernorm and
+                   key_layernorm); the keys are cached normed, as transformers caches them
+"""
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from moejax.models.rms_norm import RMSNorm
+
+# Where a mode acts on q and k: the flat projections [B, S, heads x W], the heads [B, S, H, W] before RoPE, after it.
+ON_PROJECTION, BEFORE_ROPE, AFTER_ROPE = "projection", "before_rope", "after_rope"
+
+
+@dataclasses.dataclass(frozen=True)
+class QkNorm:
+  """One mode: its name (a `DecoderConfig.qk_norm_mode`), where it acts (ON_PROJECTION, BEFORE_ROPE, AFTER_ROPE)
+  and whether one weight spans the whole projection (else each head's width)."""
+
+  name: str
+  where: str
+  whole_projection: bool = False
+
+  def shapes(self, cfg) -> tuple[tuple[int], tuple[int]]:
+    """(q_norm's weight shape, k_norm's) of a GQA decoder config."""
+    if self.whole_projection:
+      return (cfg.num_heads * cfg.head_dim,), (cfg.num_kv_heads * cfg.head_dim,)
+    return (cfg.head_dim,), (cfg.head_dim,)
+
+  def count(self, cfg) -> int:
+    """Parameters of one layer's q and k norms."""
+    return sum(shape[0] for shape in self.shapes(cfg))
+
+  def norms(self, cfg) -> tuple[RMSNorm, RMSNorm]:
+    """(q_norm, k_norm), the modules of one attention layer."""
+    pd = jnp.dtype(cfg.param_dtype)
+    return tuple(RMSNorm(shape[0], cfg.rms_eps, pd) for shape in self.shapes(cfg))
+
+  def apply(self, where: str, q_norm, k_norm, q, k):
+    """(q, k) normed if this mode acts at `where` and the layer has the norms; else unchanged. q, k: [B, S, heads x
+    W] on the projection, [B, S, H, W] and [B, S, H_kv, W] per head."""
+    if q_norm is None or where != self.where:
+      return q, k
+    return q_norm(q), k_norm(k)
+
+
+HEAD = QkNorm("head", BEFORE_ROPE)
+PROJECTION = QkNorm("projection", ON_PROJECTION, whole_projection=True)
+HEAD_AFTER_ROPE = QkNorm("head_after_rope", AFTER_ROPE)
+MODES = {mode.name: mode for mode in (HEAD, PROJECTION, HEAD_AFTER_ROPE)}
+NAMES = tuple(MODES)  # `DecoderConfig.qk_norm_mode`'s allowed values
+
+
+def of(cfg) -> QkNorm:
+  """The mode of a decoder config (its qk_norm_mode, checked in `DecoderConfig`)."""
+  return MODES[cfg.qk_norm_mode]
