@@ -12,6 +12,7 @@ from moejax.cost import program, program_ops, program_price, topology
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
+from moejax.runtime import mesh as mesh_lib
 from moejax.study import program_calibration
 from tests.helpers import compiled_train_step
 
@@ -188,3 +189,48 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}
   bad = subprocess.run([*cmd, "--config.cases=32:64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
   assert bad.returncode != 0 and "cases" in bad.stderr.strip().splitlines()[-1]
+
+
+def _sweep_layer(scheme: str, plant=None):
+  """(compiled forward of sweep scheme `scheme`'s layer on the 2 x 2 mesh, its MoEConfig); plant(y): a collective
+  added to the layer's output inside shard_map."""
+  from configs import scaling_default
+  from moejax.study import points
+
+  config = scaling_default.get_config()
+  mesh = mesh_lib.make_mesh(2, 2, devices=jax.devices()[:4])
+  cfg = points.scheme_config(scheme, 2, 2, config.moe, 16, 32)
+  params = init_params(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (64, 16), jnp.float32)
+
+  def fn(p, v):
+    y, _ = moe_apply(p, v, cfg, mesh)
+    if plant is not None:
+      y = jax.shard_map(plant, mesh=mesh, in_specs=P(("node", "gpu")), out_specs=P(("node", "gpu")))(y)
+    return y
+
+  return jax.jit(fn).lower(params, x).compile(), cfg, mesh
+
+
+@pytest.mark.parametrize("scheme", ["switch", "smile", "hierarchical"])
+def test_every_exchange_of_a_sweep_layer_is_priced_by_a_hop_of_its_path(scheme):
+  """The sweep's modelled row prices a layer as its path's hops (the traffic model) plus its other collectives
+  (control): the compiled layer of the scheme has no exchange outside its hops, and every collective is one or the
+  other; a planted all-to-all over both axes on a two-hop path is reported unpriced, and the sweep's small run refuses
+  it."""
+  from moejax.study import simulate
+
+  compiled, cfg, mesh = _sweep_layer(scheme)
+  assert program_price.unpriced_exchanges(compiled, mesh, cfg.path_kind.hops) == []
+  found = program.collectives(compiled, mesh)
+  control = program_price.control_collectives(compiled, mesh)["collectives"]
+  exchanges = [c for c in found if c.kind in program_price.EXCHANGE]
+  assert exchanges and len(exchanges) + len(control) == len(found)
+  if not cfg.path_kind.crosses_axes_apart:
+    return
+  planted = lambda y: jax.lax.all_to_all(y, ("node", "gpu"), 0, 0, tiled=True)
+  compiled, cfg, mesh = _sweep_layer(scheme, planted)
+  missed = program_price.unpriced_exchanges(compiled, mesh, cfg.path_kind.hops)
+  assert [(c.kind, c.axes) for c in missed] == [("all-to-all", ("node", "gpu"))]
+  with pytest.raises(ValueError, match="do not price"):
+    simulate.check_priced(compiled, mesh, cfg, scheme)

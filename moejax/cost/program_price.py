@@ -172,6 +172,16 @@ def control_collectives(compiled, mesh) -> dict:
   return {"collectives": [dataclasses.asdict(c) for c in found], "node_of": node_ids(mesh, assignment).tolist()}
 
 
+def unpriced_exchanges(compiled, mesh, hops) -> list[program_lib.Collective]:
+  """The exchanges of `compiled` that no hop of `hops` (the traffic model's: each a mesh axis or a tuple of axes)
+  prices: an all-to-all or permute over axes outside every hop's (a permute of a ring over both axes may pair devices
+  of one axis: within a hop's axes is covered). The rest of the program's collectives are `control_collectives`."""
+  priced = [set(h) if isinstance(h, tuple) else {h} for h in hops]
+  assignment = program_lib.device_assignment(compiled, mesh)
+  found = program_lib.parse(compiled.as_text(), mesh, assignment)
+  return [c for c in found if c.kind in EXCHANGE and c.axes and not any(set(c.axes) <= axes for axes in priced)]
+
+
 def control_seconds(record: dict, topology: Topology) -> float:
   """Seconds per run of the collectives `control_collectives` recorded, on `topology`."""
   found = [

@@ -30,6 +30,17 @@ def cpu_mesh(n: int, m: int) -> jax.sharding.Mesh:
   return mesh_lib.make_mesh(n, m, devices=cpus[: n * m])
 
 
+def check_priced(compiled, mesh, cfg, scheme: str) -> None:
+  """Refuses a compiled layer whose exchanges the modelled row would not price: the row prices its path's hops
+  (`cost.model.price_from_traffic`) and every other collective as control (`program_price.control_collectives`)."""
+  missed = program_price.unpriced_exchanges(compiled, mesh, cfg.path_kind.hops)
+  if missed:
+    names = [f"{c.kind} {c.name} over {','.join(c.axes)}" for c in missed]
+    raise ValueError(
+      f"scheme {scheme!r}: the layer runs exchanges its path's hops {cfg.path_kind.hops} do not price: {names}"
+    )
+
+
 def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
   """The real layer on a simulated n x m CPU mesh: sim.batches calls of sim.tokens_per_gpu tokens per
   device (one compilation; more batches, less sampling noise in the routing fractions). `moe`: the model's moe
@@ -54,6 +65,7 @@ def simulate(scheme: str, n: int, m: int, config, moe) -> dict:
     for b in range(config.sim.batches)
   ]
   apply = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, batches[0]).compile(COMPILER_OPTIONS)
+  check_priced(apply, mesh, cfg, scheme)
   traffic, counts, dropped = 0, 0, 0
   for x in batches:
     _, aux = jax.block_until_ready(apply(params, x))
