@@ -7,7 +7,8 @@ Per value head, with the state S [K, V], decay g_t <= 0 (log space), beta_t in (
 (the decay acts before the state is read: `torch_recurrent_gated_delta_rule`). q and k have num_k_heads heads, v,
 g and beta num_v_heads; k head i serves the value heads i * r .. i * r + r - 1 (r = num_v_heads / num_k_heads,
 `repeat_interleave`). q and k come in already L2-normalised (the mixer does it; transformers does it inside the
-rule). Everything runs in float32; the output comes back in q's dtype, the state stays float32.
+rule). Everything runs in float32 (float64 inputs under `jax.enable_x64` in float64); the output comes back in
+q's dtype, the state stays in that compute dtype.
 """
 
 import jax
@@ -19,22 +20,28 @@ def _mm(spec: str, *xs: jax.Array) -> jax.Array:
   return jnp.einsum(spec, *xs, precision=jax.lax.Precision.HIGHEST)
 
 
+def _wide(*xs) -> jnp.dtype:
+  """The compute dtype: float32, or float64 where an input is (the tests' float64 reference runs)."""
+  return jnp.result_type(jnp.float32, *(x.dtype for x in xs))
+
+
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
   """x [..., n] / sqrt(sum(x^2) + eps) in float32 (transformers' and FLA's `l2norm`: eps inside the root)."""
-  x = x.astype(jnp.float32)
+  x = x.astype(_wide(x))
   return x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def _prepare(q, k, v, g, beta, initial_state):
-  """q, k [B, S, Hk, K] -> [B, S, H, K] repeated per value head, all float32, q scaled by 1/sqrt(K); the state
-  [B, H, K, V] (zeros when None)."""
+  """q, k [B, S, Hk, K] -> [B, S, H, K] repeated per value head, all in the compute dtype, q scaled by 1/sqrt(K);
+  the state [B, H, K, V] (zeros when None)."""
   b, _, h, v_dim = v.shape
+  dtype = _wide(q, k, v, g, beta)
   rep = h // k.shape[2]
   q, k = (jnp.repeat(x, rep, axis=2) for x in (q, k))
-  q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
+  q, k, v, g, beta = (x.astype(dtype) for x in (q, k, v, g, beta))
   if initial_state is None:
-    initial_state = jnp.zeros((b, h, k.shape[-1], v_dim), jnp.float32)
-  return q * k.shape[-1] ** -0.5, k, v, g, beta, initial_state.astype(jnp.float32)
+    initial_state = jnp.zeros((b, h, k.shape[-1], v_dim), dtype)
+  return q * k.shape[-1] ** -0.5, k, v, g, beta, initial_state.astype(dtype)
 
 
 def _chunk_step(state_BxHxKxV, xs):
@@ -67,8 +74,8 @@ def chunked_gated_delta_rule(q, k, v, g, beta, chunk: int = 64, initial_state=No
   form): a `lax.scan` over the chunks, each chunk's work in matmuls, so memory is O(chunk^2) per head, not O(S^2).
 
   q_BxSxHkxK, k_BxSxHkxK (L2-normalised), v_BxSxHxV, g_BxSxH (log decay, <= 0), beta_BxSxH, initial_state_BxHxKxV
-  (None: zeros) -> (o_BxSxHxV in q's dtype, final_state_BxHxKxV float32). S need not be a multiple of `chunk`: the
-  tail is padded with k = v = beta = g = 0 tokens, which leave the state as it is.
+  (None: zeros) -> (o_BxSxHxV in q's dtype, final_state_BxHxKxV float32, or float64 for float64 inputs). S need
+  not be a multiple of `chunk`: the tail is padded with k = v = beta = g = 0 tokens, which leave the state as it is.
   """
   out_dtype, (b, s, h, v_dim) = q.dtype, v.shape
   q, k, v, g, beta, state = _prepare(q, k, v, g, beta, initial_state)
