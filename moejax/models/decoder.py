@@ -149,7 +149,16 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     (`moejax.train.objective.model_loss_sums`, chunk by chunk).
     Any batch B without a cache: B is sharded over every device, so a B the mesh does not divide runs padded with
     copies of the last row and the outputs are cut back to B rows (aux's sums and per-token arrays cover the padded
-    batch; `moejax.infer.generate_tokens` pads its cache's batch the same way)."""
+    batch; `moejax.infer.generate_tokens` pads its cache's batch the same way). Called outside any transformation
+    (a notebook, a test), the forward runs as one compiled program (`_compiled_forward`), not op by op."""
+    kw = dict(positions_BxP=positions_BxP, train=train, rngs=rngs, start=start, details=details, features=features)
+    if cache is None and isinstance(start, int) and not _traced(tokens_BxS, self.embed.embedding[...]):
+      return _compiled_forward(self, tokens_BxS, **kw)
+    return self.forward(tokens_BxS, cache=cache, **kw)
+
+  def forward(self, tokens_BxS, *, positions_BxP=None, train=False, rngs=None, cache=None, start=0, details=False,
+              features=False):  # fmt: skip
+    """`__call__` as traced: op by op when called outside a transformation."""
     rows, pad = tokens_BxS.shape[0], -tokens_BxS.shape[0] % self.mesh.size
     if pad and cache is None:
       repeat_last = lambda a: None if a is None else jnp.concatenate([a, jnp.repeat(a[-1:], pad, axis=0)])
@@ -186,3 +195,14 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)
     out = head(x_BxSxD)
     return (out, aux) if cache is None else (out, aux, new_cache)
+
+
+def _traced(*arrays) -> bool:
+  return any(isinstance(a, jax.core.Tracer) for a in arrays)
+
+
+# Eager calls of a model dispatch hundreds of small ops, each compiled on first use: one program instead.
+_compiled_forward = nnx.jit(
+  lambda model, tokens_BxS, **kw: model.forward(tokens_BxS, **kw),
+  static_argnames=("train", "start", "details", "features"),
+)
