@@ -49,7 +49,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("path,dedup,skew", CASES)
-@pytest.mark.sampled(3)
+@pytest.mark.sampled(2)
 def test_layer_equals_reference_with_the_plan_known_before(path, dedup, skew, mesh_2x4):
   cfg = _config(path=path, dedup=dedup)
   params, x = helpers.random_params(cfg, 3), helpers.normal(4, (TOKENS, D))
@@ -69,6 +69,7 @@ COMPOSED = {
 
 
 @pytest.mark.parametrize("name", list(COMPOSED))
+@pytest.mark.sampled(1)
 def test_hash_routing_composes(name, mesh_2x4):
   fields, groups = COMPOSED[name]
   cfg = _config(**fields)

@@ -212,7 +212,8 @@ def _sweep_layer(scheme: str, plant=None):
   return jax.jit(fn).lower(params, x).compile(), cfg, mesh
 
 
-@pytest.mark.parametrize("scheme", ["switch", "smile", "hierarchical"])
+@pytest.mark.parametrize("scheme", ["smile", "hierarchical", "switch"])
+@pytest.mark.sampled(1)  # the first: a two-hop path, with the planted exchange
 def test_every_exchange_of_a_sweep_layer_is_priced_by_a_hop_of_its_path(scheme):
   """The sweep's modelled row prices a layer as its path's hops (the traffic model) plus its other collectives
   (control): the compiled layer of the scheme has no exchange outside its hops, and every collective is one or the

@@ -11,6 +11,7 @@ ceil(capacity_factor * group_tokens * k / E) token-choices; all first choices of
 before any second choice, and within a choice rank earlier tokens come first.
 """
 
+import functools
 import math
 
 import jax
@@ -37,6 +38,8 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, dispatch_groups: int) -> jax.Array
   return (ahead < capacity).reshape(tokens, k)
 
 
+# One compiled program per config: called eagerly (tests, the demo), op by op it would compile each op on first use.
+@functools.partial(jax.jit, static_argnames=("cfg", "dispatch_groups"))
 def moe_reference(
   params: dict,
   x: jax.Array,
