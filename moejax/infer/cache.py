@@ -1,6 +1,8 @@
-"""The KV cache of autoregressive decoding: a pair of arrays per layer of the model, (k, v) [B, S, H, W], or for
-multi-head latent attention (DeepSeek) the compressed (latent [B, S, C], rotary key [B, S, R]) (S: the cache
-length, prompt + generated tokens; `moejax.models.attention.cache_shapes`). Laid out as the model's layers are
+"""The KV cache of autoregressive decoding: a pair of arrays per layer of the model, as its token mixer says
+(`moejax.models.token_mixers`): (k, v) [B, S, H, W], or for multi-head latent attention (DeepSeek) the compressed
+(latent [B, S, C], rotary key [B, S, R]) (S: the cache length, prompt + generated tokens;
+`moejax.models.attention.cache_shapes`), or for a gated DeltaNet layer (Qwen3-Next) its convolution's inputs
+[B, kernel - 1, C] and its state [B, H, K, V] float32, without a sequence axis. Laid out as the model's layers are
 (`moejax.models.layers`): a list of pairs, one per layer; scanned, per segment a list of pairs per sub-layer, each
 array stacked [repeats, B, S, ...], which the segment's scan reads and writes layer by layer.
 
@@ -14,8 +16,8 @@ import jax.numpy as jnp
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.models import attention
 from moejax.models import layers as layers_lib
+from moejax.models import token_mixers
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.runtime.mesh import AXES
@@ -31,8 +33,8 @@ def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool, layer_axes: int = 0)
 def init_cache(
   cfg: ModelConfig | DecoderConfig, batch: int, length: int, mesh: jax.sharding.Mesh, coherent: bool = False
 ):
-  """Zeros in the compute dtype, S = length: a pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key),
-  laid out as the model's layers (module docstring)."""
+  """Zeros, S = length: a pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key, in the compute dtype;
+  a gated DeltaNet layer's pair), laid out as the model's layers (module docstring)."""
   require(cfg.causal, "kind", getattr(cfg, "kind", None), "'gpt' (a KV cache serves a causal decoder)")
   require(
     isinstance(length, int) and 1 <= length <= cfg.max_len,
@@ -40,23 +42,27 @@ def init_cache(
     length,
     f"an int in [1, max_len={cfg.max_len}] (prompt + generated tokens)",
   )
-  shapes = (
-    attention.cache_shapes(cfg, batch, length)
-    if isinstance(cfg, DecoderConfig)
-    else ((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads),) * 2
-  )
 
-  def zeros(shape, repeats):
-    stacked = () if repeats is None else (repeats,)
+  def zeros(spec, repeats):
+    (shape, dtype), stacked = spec, () if repeats is None else (repeats,)
     sharding = cache_sharding(mesh, coherent, len(stacked))
-    return jax.jit(lambda: jnp.zeros(stacked + shape, jnp.dtype(cfg.dtype)), out_shardings=sharding)()
+    return jax.jit(lambda: jnp.zeros(stacked + shape, jnp.dtype(dtype)), out_shardings=sharding)()
 
-  return layout(cfg, lambda repeats: tuple(zeros(shape, repeats) for shape in shapes))
+  return layout(cfg, lambda repeats, layer: tuple(zeros(spec, repeats) for spec in _specs(cfg, layer, batch, length)))
+
+
+def _specs(cfg: ModelConfig | DecoderConfig, layer: int, batch: int, length: int) -> tuple:
+  """((shape, dtype), (shape, dtype)) of layer `layer`'s two cache arrays: its token mixer's (a decoder's), or a
+  SMILE model's (k, v)."""
+  if isinstance(cfg, DecoderConfig):
+    return token_mixers.of(cfg, layer).cache(cfg, batch, length)
+  return (((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads), cfg.dtype),) * 2
 
 
 def layout(cfg: ModelConfig | DecoderConfig, pair):
-  """`pair(repeats)` laid out as the model's layers' cache: one per layer (repeats None), or per segment one per
-  sub-layer (repeats: the segment's)."""
+  """`pair(repeats, layer)` laid out as the model's layers' cache: one per layer (repeats None), or per segment one
+  per sub-layer (repeats: the segment's; layer: its first repeat's, whose kind, the token mixer included, all its
+  repeats share)."""
   if not cfg.scan_layers:
-    return [pair(None) for _ in range(cfg.num_layers)]
-  return [[pair(seg.repeats) for _ in range(seg.period)] for seg in layers_lib.segments(cfg)]
+    return [pair(None, i) for i in range(cfg.num_layers)]
+  return [[pair(seg.repeats, seg.layer(0, j)) for j in range(seg.period)] for seg in layers_lib.segments(cfg)]

@@ -157,7 +157,9 @@ def _coherent_layer(block, carry, kv_cache, rngs, *, position, batch: int, resid
     x_RxD[:, None], train=False, rngs=None, cache=(kv_cache[0][mine], kv_cache[1][mine], position)
   )
   x_RxD = x_Rx1xD[:, 0]
-  at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False)
+  # a cache without a sequence axis (a gated DeltaNet layer's state) is new whole, else only at this position
+  sequence = getattr(block.attn, "cache_has_positions", True)
+  at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False) if sequence else kv
   new_kv = tuple(_scatter(at(kv), requests_R, valid_R, batch) for kv in (k_RxSxHxW, v_RxSxHxW))
   if not isinstance(block.ffn, MoEFFN):
     return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
@@ -166,9 +168,15 @@ def _coherent_layer(block, carry, kv_cache, rngs, *, position, batch: int, resid
 
 
 def _write_cache(cache, new_kv, position, scan_layers: bool):
-  """The cache with every layer's new keys and values [B, ...] written at `position`."""
+  """The cache with every layer's new keys and values [B, ...] written at `position`; an entry without a sequence
+  axis (as many axes as the cache's: a gated DeltaNet layer's state) replaced whole."""
   axis = 2 if scan_layers else 1  # the cache's positions: [B, S, ...], or stacked [repeats, B, S, ...]
-  write = lambda c, new: jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
+
+  def write(c, new):
+    if new.ndim == c.ndim:
+      return new.astype(c.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(c, jnp.expand_dims(new, axis), position, axis=axis)
+
   return jax.tree.map(write, cache, new_kv)
 
 
@@ -235,7 +243,7 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
   lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, collective, slots (bound: per step)
   body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
-  cache_specs = cache_lib.layout(cfg, lambda repeats: (P(), P()))
+  cache_specs = cache_lib.layout(cfg, lambda repeats, layer: (P(), P()))
   step = jax.shard_map(
     body,
     mesh=mesh,

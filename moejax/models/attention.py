@@ -1,6 +1,6 @@
 """Causal self-attention of the decoder families, with a KV cache: grouped-query attention (Llama, Mixtral, Qwen;
-qkv biases, QK-norm before or after RoPE (`moejax.models.qk_norm`), sliding window; its projections and their norms
-in `moejax.models.projections`) and DeepSeek's multi-head latent attention, whose cache holds the compressed latent
+qkv biases, QK-norm before or after RoPE (`moejax.models.qk_norm`), sliding window, Qwen3-Next's output gate; its
+projections and their norms in `moejax.models.projections`) and DeepSeek's multi-head latent attention, whose cache holds the compressed latent
 and the shared rotary key instead of every head's keys and values.
 
 Both take x [B, S, d] at positions start .. start + S - 1 and, with a cache (c1, c2, start), write the new entries
@@ -199,7 +199,7 @@ class GroupedQueryAttention(nnx.Module):
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
     # k, v: [B, S, num_kv_heads, W] (their own head count), then [B, S_cache, ...] with a cache.
-    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = project_qkv(self, x_BxSxD)
+    q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, gate_BxSxHW = project_qkv(self, x_BxSxD)
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
     # HunYuan's QK-norm acts on the rotated heads: keys are cached normed, as transformers caches them
@@ -216,7 +216,10 @@ class GroupedQueryAttention(nnx.Module):
       None if cache is None else positions_S,
       None if self.sinks is None else self.sinks[...],
     )
-    out_BxSxD = self.o_proj(out_BxSxHxW.reshape(b, s, h * w))
+    out_BxSxHW = out_BxSxHxW.reshape(b, s, h * w)
+    if gate_BxSxHW is not None:  # gated attention (Qwen3-Next): each output dimension gated before o_proj
+      out_BxSxHW = out_BxSxHW * jax.nn.sigmoid(gate_BxSxHW).astype(out_BxSxHW.dtype)
+    out_BxSxD = self.o_proj(out_BxSxHW)
     return out_BxSxD if cache is None else (out_BxSxD, (k_BxSxHxW, v_BxSxHxW))
 
 

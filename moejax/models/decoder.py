@@ -1,5 +1,6 @@
 """`Decoder`: the decoder families of today's MoE models (Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V2/V3) and their
-dense sources, pre-norm blocks of RMSNorm, attention (`moejax.models.attention`), RMSNorm and an FFN that is the
+dense sources, pre-norm blocks of RMSNorm, a token mixer (`moejax.models.token_mixers`: attention,
+`moejax.models.attention`, or Qwen3-Next's gated DeltaNet), RMSNorm and an FFN that is the
 SwiGLU MLP or moejax's one MoE layer (routing as the checkpoint's, with every transport, schedule, expert sharding,
 replica and placement choice of `MoEConfig`), and DeepSeek-V3's multi-token prediction (MTP) modules.
 
@@ -12,13 +13,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import backbone
+from moejax.models import backbone, token_mixers
 from moejax.models import layers as layers_lib
-from moejax.models.attention import attention
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.projections import linear
-from moejax.models.rms_norm import RMSNorm
+from moejax.models.rms_norm import RMSNorm, block_norm
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
@@ -38,13 +38,14 @@ class GatedMLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache).
-  is_moe: the FFN is the MoE layer (`MoEFFN`), else the dense `GatedMLP`."""
+  attn: the layer's token mixer (`moejax.models.token_mixers`: attention, or Qwen3-Next's gated DeltaNet), one
+  interface (x, cache) -> y or (y, cache). is_moe: the FFN is the MoE layer (`MoEFFN`), else the dense `GatedMLP`."""
 
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
-    self.ln_attn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
-    self.attn = attention(cfg, layer, rngs=rngs)
-    self.ln_ffn = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.ln_attn = block_norm(cfg, cfg.d_model)
+    self.attn = token_mixers.of(cfg, layer).build(cfg, layer, rngs=rngs)  # attention or another token mixer
+    self.ln_ffn = block_norm(cfg, cfg.d_model)
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=pd) if is_moe else GatedMLP(cfg, cfg.d_ff, rngs=rngs)
 
   def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
@@ -71,12 +72,11 @@ class MultiTokenPrediction(nnx.Module):
   block, then its own RMSNorm before the shared output head. Names as in the checkpoint's layer num_layers + k."""
 
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, depth: int, *, rngs: nnx.Rngs):
-    pd = jnp.dtype(cfg.param_dtype)
-    self.enorm, self.hnorm = RMSNorm(cfg.d_model, cfg.rms_eps, pd), RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.enorm, self.hnorm = block_norm(cfg, cfg.d_model), block_norm(cfg, cfg.d_model)
     self.eh_proj = linear(cfg, 2 * cfg.d_model, cfg.d_model, False, rngs)
     layer = cfg.num_layers + depth
     self.block = DecoderLayer(cfg, moe_cfg, mesh, layer, cfg.num_moe_layers > 0, rngs=rngs)
-    self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.norm = block_norm(cfg, cfg.d_model)
 
   def __call__(self, h_BxSxD, embedded_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
     x_BxSxD = self.eh_proj(jnp.concatenate([self.enorm(embedded_BxSxD), self.hnorm(h_BxSxD)], axis=-1))
@@ -102,7 +102,7 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
       self.segments = layers_lib.stacked(layers, cfg)
     else:
       self.blocks = nnx.List(layers)
-    self.norm = RMSNorm(cfg.d_model, cfg.rms_eps, pd)
+    self.norm = block_norm(cfg, cfg.d_model)
     self.lm_head = None if cfg.tie_embeddings else linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
     self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
 
@@ -142,7 +142,7 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     details: bool = False,
     features: bool = False,
   ):
-    """-> (logits, aux), or (logits, aux, cache) with a cache: a pair per layer (`attention.cache_shapes`; scanned,
+    """-> (logits, aux), or (logits, aux, cache) with a cache: a pair per layer (its token mixer's; scanned,
     stacked per segment: `moejax.infer.cache`), the tokens at positions start .. start + S - 1.
     features: the output layer's inputs h [B, S or P, d] (`head_features`) in place of the logits, and the MTP
     modules' as mtp_features [num_mtp_layers, B, S, d] in place of mtp_logits: the loss applies `output_layer` to them

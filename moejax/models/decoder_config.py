@@ -12,11 +12,15 @@ FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families
 LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
 QK_NORM_MODES = qk_norm.NAMES  # `moejax.models.qk_norm.MODES`
+# A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
+MIXERS = ("attention", "gated_deltanet")
+LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
 class DecoderConfig(Parallelism):
-  """A pre-norm causal decoder: embeddings, `num_layers` blocks (RMSNorm, attention, RMSNorm, FFN), RMSNorm, head.
+  """A pre-norm causal decoder: embeddings, `num_layers` blocks (RMSNorm, token mixer (attention, or another of
+  `mixers`), RMSNorm, FFN), RMSNorm, head.
 
   family: one of FAMILIES. d_model, d_ff: the hidden and the dense FFN's widths (the experts' is MoEConfig.d_ff).
   num_heads, num_kv_heads, head_dim: grouped-query attention (num_kv_heads divides num_heads). max_len: positions.
@@ -36,6 +40,13 @@ class DecoderConfig(Parallelism):
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
   moe_layers: per layer, whether its FFN is the MoE layer (else the dense SwiGLU FFN of width d_ff).
+  mixers: per layer, its token mixer, one of MIXERS (`moejax.models.token_mixers`); None: attention in every layer
+    (the MTP modules' blocks always). 'gated_deltanet' (Qwen3-Next's linear attention layers) takes the
+    linear_* fields: linear_num_key_heads of linear_key_head_dim, linear_num_value_heads of linear_value_head_dim,
+    a causal convolution linear_conv_kernel wide.
+  gated_attention: q_proj emits per head [query | gate] (2 x head_dim) and the attention's output is multiplied by
+    sigmoid(gate) before o_proj (Qwen3-Next). norm_offset: every block RMSNorm (the layer norms, QK-norm, the final
+    norm) scales by 1 + weight, its weights zero-centred (Qwen3-Next's).
   num_mtp_layers: DeepSeek-V3's multi-token prediction modules (each predicts one more token ahead in training;
     mtp_loss_coef weighs their mean loss, V3's lambda).
   dtype: the compute dtype; param_dtype: the parameters' ('float32' or 'bfloat16').
@@ -81,6 +92,14 @@ class DecoderConfig(Parallelism):
   qk_nope_head_dim: int = 0
   qk_rope_head_dim: int = 0
   v_head_dim: int = 0
+  mixers: tuple | None = None
+  linear_num_key_heads: int = 0
+  linear_num_value_heads: int = 0
+  linear_key_head_dim: int = 0
+  linear_value_head_dim: int = 0
+  linear_conv_kernel: int = 4
+  gated_attention: bool = False
+  norm_offset: bool = False
   num_mtp_layers: int = 0
   mtp_loss_coef: float = 0.3
   dtype: str = "float32"
@@ -148,12 +167,43 @@ class DecoderConfig(Parallelism):
       self.clip_qkv,
       "None or a number > 0",
     )
+    self._check_mixers()
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):
       require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
     require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", self.attention_impl, f"one of {ATTENTION_IMPLS}")
     self.check_parallelism()
+
+  def _check_mixers(self) -> None:
+    require(
+      self.mixers is None
+      or (isinstance(self.mixers, tuple) and len(self.mixers) == self.num_layers and set(self.mixers) <= set(MIXERS)),
+      "mixers",
+      self.mixers,
+      f"None or a tuple of {self.num_layers} of {MIXERS}",
+    )
+    if "gated_deltanet" in (self.mixers or ()):
+      for name in (*LINEAR_SIZES, "linear_conv_kernel"):
+        require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (gated DeltaNet layers)")
+      require(
+        self.linear_num_value_heads % self.linear_num_key_heads == 0,
+        "linear_num_value_heads",
+        self.linear_num_value_heads,
+        f"a multiple of linear_num_key_heads={self.linear_num_key_heads}",
+      )
+    for name in ("gated_attention", "norm_offset"):
+      require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
+    require(
+      not (self.gated_attention and self.latent),
+      "gated_attention",
+      self.gated_attention,
+      "False with multi-head latent attention (Qwen3-Next's gate is grouped-query attention's)",
+    )
+
+  def mixer(self, layer: int) -> str:
+    """Layer `layer`'s token mixer (one of MIXERS); attention in the MTP modules' blocks (layers num_layers on)."""
+    return "attention" if self.mixers is None or layer >= self.num_layers else self.mixers[layer]
 
   @property
   def latent(self) -> bool:

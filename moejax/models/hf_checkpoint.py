@@ -16,7 +16,7 @@ from flax import nnx
 from jax.experimental import multihost_utils
 from safetensors.numpy import save_file
 
-from moejax.models import families, hf_config, hf_files, hf_parts
+from moejax.models import families, hf_config, hf_files, hf_parts, token_mixers
 from moejax.models import layers as layers_lib
 from moejax.models.config import moe_block_indices
 from moejax.models.decoder import Decoder
@@ -28,7 +28,7 @@ from moejax.placement import apply as placement_lib
 RENAMES = {
   "ln_attn": "input_layernorm",
   "ln_ffn": "post_attention_layernorm",
-  "attn": "self_attn",
+  "attn": "self_attn",  # attention's; another token mixer's own (`token_mixers.Mixer.hf_module`)
   "ffn": "mlp",
   "router": "gate",
   "kernel": "weight",
@@ -59,7 +59,10 @@ def _usual_key(path: list, cfg: DecoderConfig, family: families.Family) -> tuple
     layer, rest = path[1], path[2:]
   if rest[:2] == ["ffn", "moe"]:
     return _moe_key(f"model.layers.{layer}", rest[2:], family)
-  return ".".join([f"model.layers.{layer}", *(RENAMES.get(str(p), str(p)) for p in rest)]), rest[-1] == "kernel"
+  # the layer's token mixer under its own module name (self_attn, Qwen3-Next's linear_attn)
+  mixer = token_mixers.of(cfg, layer).hf_module
+  names = (mixer if p == "attn" else RENAMES.get(str(p), str(p)) for p in rest)
+  return ".".join([f"model.layers.{layer}", *names]), rest[-1] == "kernel"
 
 
 def _moe_key(prefix: str, path: list, family: families.Family) -> tuple[str, bool]:

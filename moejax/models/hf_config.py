@@ -120,6 +120,14 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
       **({"partial_rotary_factor": cfg.partial_rotary_factor} if cfg.partial_rotary_factor != 1 else {}),
     },
   )
+  if not family.hybrid:
+    for name, got, want in (
+      ("mixers", cfg.mixers and set(cfg.mixers), cfg.mixers and {"attention"}),
+      ("gated_attention", cfg.gated_attention, False),
+      ("norm_offset", cfg.norm_offset, False),
+    ):
+      require(got == want, name, getattr(cfg, name), f"{want!r}: {cfg.family}'s config.json cannot say otherwise")
   hf.update(family.to_hf(cfg, moe_cfg))
-  hf.update(family.sliding_to_hf(cfg))
+  if not family.hybrid:  # layer_types names the hybrid families' mixers, not windows
+    hf.update(family.sliding_to_hf(cfg))
   return hf

@@ -14,7 +14,7 @@ from absl import logging
 from flax import nnx
 
 from moejax.cost import expert_backend
-from moejax.models import hf_checkpoint, hf_config, hf_files, hf_parts
+from moejax.models import families, hf_checkpoint, hf_config, hf_files, hf_parts
 from moejax.models import state as state_lib
 from moejax.models.decoder import Decoder
 from moejax.models.decoder_config import DecoderConfig
@@ -48,10 +48,12 @@ def _expected(abstract: dict, cfg: DecoderConfig, num_experts: int) -> dict:
   return expected
 
 
-def _check(shards: hf_files.Shards, expected: dict, directory: str) -> None:
-  """Refuses a checkpoint whose tensors are not exactly the expected ones, naming the tensor."""
+def _check(shards: hf_files.Shards, expected: dict, directory: str, ignored: tuple = ()) -> None:
+  """Refuses a checkpoint whose tensors are not exactly the expected ones (but those matching `ignored`, regexes
+  of tensors the family's transformers class ignores too), naming the tensor."""
   stored = {hf_parts.split_part(n)[0] for n in expected}  # a tensor's parts (`hf_parts`): the tensor
-  extra = sorted(n for n in shards.names if n not in stored and not re.search(r"rotary_emb\.inv_freq$", n))
+  skip = lambda n: any(re.search(pattern, n) for pattern in (r"rotary_emb\.inv_freq$", *ignored))
+  extra = sorted(n for n in shards.names if n not in stored and not skip(n))
   missing = sorted(n for n in stored if n not in shards.names)
   if missing or extra:
     raise ConfigError(
@@ -127,7 +129,7 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
       if not (fresh_mtp and p[0] == "mtp")
     ]
     expected = _expected(leaves, cfg, moe_cfg.num_experts)
-    _check(shards, expected, path)
+    _check(shards, expected, path, families.get(cfg.family).ignored)
     leaves = {p: leaf for p, leaf in list(hf_checkpoint.tree_leaves(params)) + loaded_rest}
     arrays = {}
     for leaf_path, _, transposed, expert in expected.values():

@@ -4,7 +4,8 @@ by one `jax.lax.scan`, `moejax.models.backbone.fold_layers`).
 
 A segment is a unit of `period` consecutive layers repeated `repeats` times: layer start + r * period + j is repeat r
 of the unit's sub-layer j. Layers are of one kind when their modules differ only in their arrays (the FFN, dense or
-MoE; the attention's sliding window), so the repeats of a sub-layer stack. From the first layer on, each segment
+MoE; the attention's sliding window; the token mixer: Qwen3-Next's three gated DeltaNet layers and one attention
+layer are a unit of period 4), so the repeats of a sub-layer stack. From the first layer on, each segment
 covers as many layers as one unit can: DeepSeek's dense first layers are a segment of period 1 and its MoE layers
 another; SMILE's every-other MoE layer one segment of period 2 (dense, MoE); a layer that repeats nothing (Qwen2-MoE's
 dense layer among MoE layers) a segment of one layer. The MTP modules are not layers here (they stay outside).
@@ -64,9 +65,9 @@ def find_segments(kinds: tuple) -> tuple[Segment, ...]:
 @functools.cache
 def segments(cfg) -> tuple[Segment, ...]:
   """The segments of a model config (`ModelConfig` or `DecoderConfig`; its layers' kinds: MoE or dense FFN, and a
-  decoder's sliding window)."""
-  window = getattr(cfg, "window", lambda i: None)
-  return find_segments(tuple((cfg.is_moe(i), window(i)) for i in range(cfg.num_layers)))
+  decoder's sliding window and token mixer, `DecoderConfig.mixers`)."""
+  window, mixer = getattr(cfg, "window", lambda i: None), getattr(cfg, "mixer", lambda i: "attention")
+  return find_segments(tuple((cfg.is_moe(i), window(i), mixer(i)) for i in range(cfg.num_layers)))
 
 
 @functools.cache

@@ -22,10 +22,11 @@ def linear(cfg: DecoderConfig, n_in: int, n_out: int, bias: bool, rngs: nnx.Rngs
 
 
 def gqa_linears(cfg: DecoderConfig, rngs: nnx.Rngs) -> tuple[nnx.Linear, ...]:
-  """(q_proj [d, H W], k_proj [d, H_kv W], v_proj [d, H_kv W], o_proj [H W, d]), biased as qkv_bias and out_bias."""
+  """(q_proj [d, H W], k_proj [d, H_kv W], v_proj [d, H_kv W], o_proj [H W, d]), biased as qkv_bias and out_bias;
+  with gated_attention q_proj [d, H 2W], per head its query and its gate."""
   h, kv, w, d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.d_model
   return (
-    linear(cfg, d, h * w, cfg.qkv_bias, rngs),
+    linear(cfg, d, h * w * (2 if cfg.gated_attention else 1), cfg.qkv_bias, rngs),
     linear(cfg, d, kv * w, cfg.qkv_bias, rngs),
     linear(cfg, d, kv * w, cfg.qkv_bias, rngs),
     linear(cfg, h * w, d, cfg.out_bias, rngs),
@@ -37,17 +38,21 @@ def qk_norms(cfg: DecoderConfig) -> tuple[RMSNorm | None, RMSNorm | None]:
   return qk_norm.of(cfg).norms(cfg) if cfg.qk_norm else (None, None)
 
 
-def project_qkv(attn: nnx.Module, x_BxSxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+def project_qkv(attn: nnx.Module, x_BxSxD: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array | None]:
   """x [B, S, d] -> q [B, S, H, W], k and v [B, S, H_kv, W] through `attn`'s projections (`gqa_linears`), q and k
   QK-normed where cfg.qk_norm_mode acts before RoPE (the flat projection, before it is split into heads, or each
-  head), then each clipped to +-clip_qkv where set (OLMoE: after the norm, as transformers)."""
+  head), then each clipped to +-clip_qkv where set (OLMoE: after the norm, as transformers); and the output gate
+  [B, S, H W] of gated_attention (q_proj's second half of each head, Qwen3-Next), else None."""
   cfg, mode = attn.cfg, qk_norm.of(attn.cfg)
   (b, s, _), w = x_BxSxD.shape, cfg.head_dim
   q, k, v = attn.q_proj(x_BxSxD), attn.k_proj(x_BxSxD), attn.v_proj(x_BxSxD)  # [B, S, heads x W]
+  gate = None
+  if cfg.gated_attention:  # per head [query | gate], as transformers' view(..., heads, 2W).chunk(2)
+    q, gate = (a.reshape(b, s, -1) for a in jnp.split(q.reshape(b, s, -1, 2 * w), 2, axis=-1))
   q, k = mode.apply(qk_norm.ON_PROJECTION, attn.q_norm, attn.k_norm, q, k)
   q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = (a.reshape(b, s, -1, w) for a in (q, k, v))
   q_BxSxHxW, k_BxSxHxW = mode.apply(qk_norm.BEFORE_ROPE, attn.q_norm, attn.k_norm, q_BxSxHxW, k_BxSxHxW)
   if cfg.clip_qkv is not None:
     clip = lambda a: jnp.clip(a, -cfg.clip_qkv, cfg.clip_qkv)
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = clip(q_BxSxHxW), clip(k_BxSxHxW), clip(v_BxSxHxW)
-  return q_BxSxHxW, k_BxSxHxW, v_BxSxHxW
+  return q_BxSxHxW, k_BxSxHxW, v_BxSxHxW, gate

@@ -12,9 +12,7 @@ decoder step's FLOPs (`moejax.bench.gpu.decoder_step`) ask the mode of a config 
 
 import dataclasses
 
-import jax.numpy as jnp
-
-from moejax.models.rms_norm import RMSNorm
+from moejax.models.rms_norm import RMSNorm, block_norm
 
 # Where a mode acts on q and k: the flat projections [B, S, heads x W], the heads [B, S, H, W] before RoPE, after it.
 ON_PROJECTION, BEFORE_ROPE, AFTER_ROPE = "projection", "before_rope", "after_rope"
@@ -41,8 +39,7 @@ class QkNorm:
 
   def norms(self, cfg) -> tuple[RMSNorm, RMSNorm]:
     """(q_norm, k_norm), the modules of one attention layer."""
-    pd = jnp.dtype(cfg.param_dtype)
-    return tuple(RMSNorm(shape[0], cfg.rms_eps, pd) for shape in self.shapes(cfg))
+    return tuple(block_norm(cfg, shape[0]) for shape in self.shapes(cfg))
 
   def apply(self, where: str, q_norm, k_norm, q, k):
     """(q, k) normed if this mode acts at `where` and the layer has the norms; else unchanged. q, k: [B, S, heads x

@@ -18,6 +18,7 @@ from moejax.models.families import (
   olmoe,
   qwen2_moe,
   qwen3_moe,
+  qwen3_next,
   sarvam_moe,
   solar_open,
 )
@@ -39,6 +40,7 @@ FAMILIES: tuple[Family, ...] = (
   solar_open.SOLAR_OPEN,
   hunyuan_v1_moe.HUNYUAN_V1_MOE,
   sarvam_moe.SARVAM_MOE,
+  qwen3_next.QWEN3_NEXT,
   dense.LLAMA,
   dense.QWEN3,
 )
@@ -49,8 +51,8 @@ UNSUPPORTED: dict[str, str] = {
   "deepseek_v32": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
   "glm_moe_dsa": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
   "deepseek_v4": "compressed sparse attention (KV compressors and an indexer over the cache) not supported",
-  "qwen3_next": "gated DeltaNet token mixer (linear attention layers) and gated attention not supported",
-  "qwen3_5_moe": "gated DeltaNet token mixer (linear attention layers) and gated attention not supported",
+  "qwen3_5_moe": "vision-language model (a vision tower; the decoder under model.language_model with interleaved "
+  "multimodal RoPE by mrope_section, its gated DeltaNet's q, k, v, z, b, a as separate in_proj tensors) not supported",
   "kimi_linear": "Kimi delta attention token mixer (linear attention layers) not supported",
   "kimi_k25": "vision-language model (a vision tower and projector before the decoder) not supported",
   "longcat_flash": "zero-computation experts and two attention + FFN sublayers per layer not supported",

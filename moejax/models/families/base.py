@@ -40,6 +40,10 @@ class Family:
   moe_module, expert_names, shared_module, shared_gate_module: checkpoint keys of the MoE FFN
     (`model.layers.N.<moe_module>.experts.E.<expert_names[w]>.weight`, `...<shared_module>.gate_proj.weight`,
     `model.layers.N.<moe_module>.<shared_gate_module>.weight`).
+  ignored: regexes of checkpoint tensors that the family's transformers class ignores on load, and so does
+    `from_hf` (Qwen3-Next's MTP module, `mtp.*`).
+  hybrid: the family's config.json can say per-layer token mixers (`DecoderConfig.mixers`), gated attention and
+    (1 + weight) norms (Qwen3-Next); elsewhere they are refused on export (`hf_config.to_hf_config`).
   renames: (regex, replacement) pairs, in order, from the hub's usual names (Llama's, with the MoE layer's as above)
     to this family's own anywhere in the checkpoint (`hf_name`): transformers' WeightRenaming of the family, reversed.
   """
@@ -55,6 +59,8 @@ class Family:
   shared_module: str = "shared_experts"
   shared_gate_module: str = "shared_expert_gate"
   renames: tuple = ()
+  hybrid: bool = False
+  ignored: tuple = ()
 
   def hf_name(self, name: str, cfg) -> str:
     """The name in this family's checkpoints of the tensor the hub usually calls `name` (`model.embed_tokens.weight`,

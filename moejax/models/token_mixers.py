@@ -1,0 +1,49 @@
+"""The token mixers of a decoder layer, one object each (`MIXERS`, by `DecoderConfig.mixers`' names): what a
+layer's `attn` module is, its decode cache and its checkpoint module. Every mixer has one interface, x [B, S, d] ->
+y [B, S, d], or with a cache (c1, c2, start) -> (y, (c1, c2)), so the decoder, the scanned segments
+(`moejax.models.layers`: a layer's mixer is part of its kind), the cache (`moejax.infer.cache`) and the checkpoint
+names (`moejax.models.hf_checkpoint`) ask the layer's mixer (`of`), never a family. A module whose cache has no
+sequence axis says so (`cache_has_positions = False`), so that ExFlow's step replaces it whole rather than writing
+one position (`moejax.infer.exflow`).
+
+  attention       grouped-query or multi-head latent attention (`moejax.models.attention`); cache (k, v) or MLA's
+                  (latent, rotary key), [B, S_cache, ...]; `model.layers.N.self_attn.*`
+  gated_deltanet  Qwen3-Next's gated DeltaNet (`moejax.models.linear_attention`); cache (convolution inputs, state),
+                  no sequence axis; `model.layers.N.linear_attn.*`
+"""
+
+import dataclasses
+from typing import Callable
+
+from moejax.models import attention, decoder_config, linear_attention
+
+
+@dataclasses.dataclass(frozen=True)
+class Mixer:
+  """name: a `DecoderConfig.mixers` entry. hf_module: the checkpoint's name of the module in a layer. build(cfg,
+  layer, rngs=) -> the module. cache(cfg, batch, length) -> ((shape, dtype), (shape, dtype)) of its two cache arrays
+  for `length` positions."""
+
+  name: str
+  hf_module: str
+  build: Callable
+  cache: Callable
+
+
+def _attention_cache(cfg, batch: int, length: int):
+  return tuple((shape, cfg.dtype) for shape in attention.cache_shapes(cfg, batch, length))
+
+
+MIXERS = {
+  m.name: m
+  for m in (
+    Mixer("attention", "self_attn", attention.attention, _attention_cache),
+    Mixer("gated_deltanet", "linear_attn", linear_attention.GatedDeltaNet, linear_attention.cache_specs),
+  )
+}
+assert tuple(MIXERS) == decoder_config.MIXERS  # the config checks the names without importing the modules
+
+
+def of(cfg, layer: int) -> Mixer:
+  """The token mixer of layer `layer` of a decoder config (attention for a SMILE `ModelConfig`'s layers)."""
+  return MIXERS[getattr(cfg, "mixer", lambda i: "attention")(layer)]
