@@ -17,7 +17,7 @@
 #   8  decoder_step: a Qwen3-MoE-shaped decoder's training step (as many layers as fit, at 128 and 32 experts), with
 #      XLA's memory pool at 92% of the GPU (XLA_PYTHON_CLIENT_MEM_FRACTION, unless set)
 #   9  compile_time: the train step's compile time on one GPU, tiny Qwen3-MoE and DeepSeek-V3 decoders at 8 and 32
-#      layers, scanned and unrolled (no ceiling needed)
+#      layers, scanned and unrolled (no ceiling needed); mixers: Qwen3-Next's gated DeltaNet (moejax/bench/gpu/mixers.py)
 # Afterwards `python -m experiments.expert_table --workdir=moejax/cost/expert_tables
 # --config.records=OUT_DIR/part1/kernels.json,OUT_DIR/part2/kernels.json,OUT_DIR/part7/kernels.json` makes the table
 # expert_backend='auto' reads. Environment: PART_TIMEOUT (seconds per part, default 570), PYTHON; options after PART
@@ -72,7 +72,7 @@ run_part() {
     8) copy_ceiling "$dir" || return 2
        XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92} STEPS="decoder_step" \
          bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" --config.decoder_experts=128,32 "$@" ;;
-    9) STEPS="compile_time" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" "$@" ;;
+    9) STEPS="compile_time mixers" bash "$ROOT/benchmarks/gpu_suite.sh" "$dir" "$@" ;;
     *) echo "PART must be 1 to 9 or all; got $part" >&2; return 2 ;;
   esac
 }

@@ -16,6 +16,8 @@
 #   compile        the train step's compile time, tiny Qwen3-MoE at 8 and 32 layers, scanned and unrolled
 #   ffn_shapes     the expert FFN at Qwen2-MoE, Qwen3-MoE and SMILE 3.7B (E 8)
 #   attention_gqa  Qwen3-MoE's GQA, every attention implementation
+#   mixers         Qwen3-Next's gated DeltaNet, 4096 and 16384 tokens: moejax's chunked rule (chunks 64, 128), tokamax's
+#                  chunked Kimi delta attention as the same rule, the whole layer; each against the recurrent rule
 # `python -m experiments.gpu_tables OUT_DIR` prints the tables and the targets from what the run wrote.
 # Environment: PYTHON (default python3). Wheels for tokamax and qwix: see benchmarks/gpu_suite.sh.
 
@@ -74,4 +76,5 @@ entry compile 110 compile_time --config.compile_families=qwen3_moe
 entry ffn_shapes 300 kernels --config.kernel_models=qwen2_moe,qwen3_moe,smile_3.7b_e8 --config.kernel_ops=ffn \
   --config.kernel_impls=$FFN_IMPLS
 entry attention_gqa 120 attention --config.attention_models=qwen3_moe
+entry mixers 90 mixers --config.mixer_models=qwen3_next_80b_a3b --config.mixer_seq_lens=4096,16384
 say "run ended after $((SECONDS - start))s; entries done: $(cd "$OUT_DIR" && ls -d */done 2>/dev/null | tr '\n' ' ')"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU benchmark suite: every step of experiments/gpu_suite.py (env, ceilings, kernels, layer, chunking, train_step,
-# attention, decoder_step, compile_time) as a process of its own, each writing OUT_DIR/<step>.json (and
+# attention, decoder_step, compile_time, mixers) as a process of its own, each writing OUT_DIR/<step>.json (and
 # OUT_DIR/<step>.log).
 # A failing step is logged and the suite goes on; the exit status is non-zero if any step failed.
 #
@@ -9,8 +9,8 @@
 # The options (fields of configs/gpu_suite.py, e.g. --config.smoke=True, or --config=FILE first) go to every step;
 # OUT_DIR is each step's --workdir.
 #
-# Environment: STEPS (default "env ceilings kernels layer chunking train_step attention decoder_step compile_time": which
-# steps, in order),
+# Environment: STEPS (default "env ceilings kernels layer chunking train_step attention decoder_step compile_time
+# mixers": which steps, in order),
 # STEP_TIMEOUT (seconds per step, 0 = none; a step killed by it keeps what it had written),
 # SUITE_TIMEOUT (seconds for all steps together, 0 = none: each step is limited to what is left, and
 # steps that cannot start in time are recorded as failed), PYTHON (default python3).
@@ -53,7 +53,7 @@ OUT_DIR=$1
 shift
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PYTHON=${PYTHON:-python3}
-STEPS=${STEPS:-"env ceilings kernels layer chunking train_step attention decoder_step compile_time"}
+STEPS=${STEPS:-"env ceilings kernels layer chunking train_step attention decoder_step compile_time mixers"}
 STEP_TIMEOUT=${STEP_TIMEOUT:-0}
 SUITE_TIMEOUT=${SUITE_TIMEOUT:-0}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"

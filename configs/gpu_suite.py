@@ -11,14 +11,15 @@ depend on smoke.
 
 import ml_collections
 
-from moejax.bench.gpu import attention
+from moejax.bench.gpu import attention, mixers, shapes
 from moejax.bench.gpu.shapes import ATTENTION_MODELS, ATTENTION_SEQ_LEN, KERNEL_MODELS, LAYER_MODELS, ROWS
 from moejax.bench.kernel_impls import IMPLS
 
 
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
-  # the step to run: env, ceilings, kernels, layer, chunking, train_step, attention, decoder_step or compile_time
+  # the step to run: env, ceilings, kernels, layer, chunking, train_step, attention, decoder_step, compile_time or
+  # mixers
   config.step = ""
   config.smoke = False  # tiny shapes and few calls (CPU, interpreted Pallas)
   config.warmup = ml_collections.FieldReference(None, field_type=int)  # untimed calls after compiling (5; smoke 1)
@@ -52,5 +53,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.compile_families = ("qwen3_moe", "deepseek_v3")
   config.compile_layers = (8, 32)
   config.compile_scan = (True, False)
+  # mixers (moejax/bench/gpu/mixers.py): a subset of shapes.MIXER_MODELS, the sequence lengths, the chunked rule's
+  # chunk sizes, the implementations, and the prefix checked against the recurrent rule (smoke: tiny, fixed).
+  config.mixer_models = tuple(shapes.MIXER_MODELS)
+  config.mixer_seq_lens = shapes.MIXER_SEQ_LENS
+  config.mixer_chunks = shapes.MIXER_CHUNKS
+  config.mixer_impls = mixers.IMPLS
+  config.mixer_check_len = shapes.MIXER_CHECK_LEN
   config.dtype = ""  # layer, train_step and decoder_step compute dtype: bfloat16 or float32 ('' = bfloat16 on GPU, float32 elsewhere)
   return config

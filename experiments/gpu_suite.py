@@ -32,6 +32,10 @@ Steps (each meant to run as a process of its own; benchmarks/gpu_suite.sh runs t
   compile_time  the train step's trace + lower + compile seconds on one device against depth (config.compile_layers, 8
               and 32), layers scanned and unrolled, for configs/decoder.py's tiny families of config.compile_families:
               what scanning saves as a decoder deepens (the mechanism experiments/compile_time.py runs on CPU).
+  mixers      Qwen3-Next's gated DeltaNet at Qwen3-Next-80B-A3B's shapes, one sequence of each of config.mixer_seq_lens
+              (4096, 16384) tokens: moejax's chunked delta rule (chunks config.mixer_chunks), tokamax's chunked Kimi
+              delta attention as the same rule (where installed) and the whole layer, forward and forward+backward
+              (times, TFLOP/s of the chunked form, temporary bytes), each against the recurrent rule on a prefix.
 
   python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=ceilings
   python -m experiments.gpu_suite --workdir=/tmp/suite --config.step=layer --config.smoke=True   # CPU: tiny, interpreted
@@ -63,6 +67,7 @@ from moejax.bench.gpu.decoder_step import step_decoder
 from moejax.bench.gpu.env import step_env
 from moejax.bench.gpu.kernels_step import step_kernels
 from moejax.bench.gpu.layer import step_layer
+from moejax.bench.gpu.mixers import step_mixers
 from moejax.bench.gpu.record import Record, Terminated, say
 from moejax.bench.gpu.train_step import step_train
 from moejax.validation import ConfigError, require
@@ -77,6 +82,7 @@ STEP_FUNCTIONS = {
   "attention": step_attention,
   "decoder_step": step_decoder,
   "compile_time": step_compile_time,
+  "mixers": step_mixers,
 }
 STEPS = tuple(STEP_FUNCTIONS)
 

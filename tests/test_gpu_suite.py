@@ -23,7 +23,18 @@ from tests.helpers import ENV, ROOT
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("gpu_suite")]
 
 SUITE = ROOT / "benchmarks" / "gpu_suite.sh"
-STEPS = ("env", "ceilings", "kernels", "layer", "chunking", "train_step", "attention", "decoder_step", "compile_time")
+STEPS = (
+  "env",
+  "ceilings",
+  "kernels",
+  "layer",
+  "chunking",
+  "train_step",
+  "attention",
+  "decoder_step",
+  "compile_time",
+  "mixers",
+)
 
 
 def run_suite(out_dir, *options, steps=None, timeout=600, **variables):
@@ -374,6 +385,35 @@ def test_attention_times_each_implementation_against_the_materialised_one(record
     assert decode["xla"]["prefill"] == s // 2 and "cpu device" in decode["cudnn"]["skipped"]
 
 
+def test_mixers_time_each_implementation_against_the_recurrent_rule(records):
+  """The smoke gated DeltaNet: the chunked rule and the layer measured (positive times, temporary bytes, the chunked
+  form's FLOPs), each close to the recurrent rule (the layer: to itself decoding) on the checked prefix; tokamax
+  skipped with the reason where it is not installed."""
+  from moejax.bench.gpu import mixers
+  from moejax.bench.gpu.shapes import SMOKE_MIXER_CHUNKS, SMOKE_MIXER_MODELS, SMOKE_MIXER_SEQ_LENS
+  from moejax.models.mixers.gated_deltanet import GatedDeltaNetConfig
+
+  record = records["mixers"]
+  assert record["failed_cases"] == 0 and record["dtype"] == "bfloat16"
+  cfg = GatedDeltaNetConfig.from_hf(SMOKE_MIXER_MODELS["smoke_gdn"])
+  cases = {(c["impl"], c["chunk"], c["seq_len"]): c for c in record["cases"]}
+  (s,) = SMOKE_MIXER_SEQ_LENS
+  want = {("chunked", c, s) for c in SMOKE_MIXER_CHUNKS} | {("tokamax", 64, s), ("layer", cfg.chunk, s)}
+  assert set(cases) == want
+  for key in want - {("tokamax", 64, s)}:
+    case = cases[key]
+    assert all(positive(case[f]) for f in ("tflops_fwd", "tflops_fwd_bwd", "temp_bytes_fwd_bwd")), case
+    assert case["flops_fwd_bwd"] == 3 * case["flops_fwd"]
+    assert all(0 <= d < 1e-5 for d in case["max_rel_diff"].values()), case["max_rel_diff"]
+  chunk = SMOKE_MIXER_CHUNKS[0]
+  k, v, h = cfg.head_k_dim, cfg.head_v_dim, cfg.num_v_heads
+  assert cases[("chunked", chunk, s)]["flops_fwd"] == s * h * (chunk * (5 * k + 3 * v) + 6 * k * v)
+  assert set(cases[("chunked", chunk, s)]["max_rel_diff"]) == {"out", "dq", "dk", "dv", "dg", "dbeta"}
+  assert cases[("layer", cfg.chunk, s)]["flops_fwd"] == mixers.layer_flops(cfg, s) > mixers.rule_flops(cfg, s, 64)
+  if importlib.util.find_spec("tokamax") is None:
+    assert cases[("tokamax", 64, s)]["skipped"] == "tokamax not installed"
+
+
 def test_gpu_parts_name_known_shapes_and_steps(tmp_path):
   """benchmarks/gpu_parts.sh: every model, implementation, step and config field it names exists (a typo would waste GPU
   time), every kernel and layer model is in some part, every implementation timed at every kernel model, and parts
@@ -568,7 +608,7 @@ def test_gpu_run_names_known_shapes_steps_and_fields():
   from configs import gpu_suite as suite_config
   from experiments.gpu_suite import STEPS as SUITE_STEPS
   from moejax.bench.gpu.attention import IMPLS as ATTENTION_IMPLS
-  from moejax.bench.gpu.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS
+  from moejax.bench.gpu.shapes import ATTENTION_MODELS, KERNEL_MODELS, LAYER_MODELS, MIXER_MODELS
   from moejax.bench.kernel_impls import IMPLS
 
   script = (ROOT / "benchmarks" / "gpu_run.sh").read_text()
@@ -577,7 +617,7 @@ def test_gpu_run_names_known_shapes_steps_and_fields():
   named = lambda field: {m for group in re.findall(rf"--config\.{field}=([\w.,]+)", script) for m in group.split(",")}
   assert named("kernel_models") == set(KERNEL_MODELS) and set(ffn_impls) == set(IMPLS)
   assert named("layer_models") <= set(LAYER_MODELS) and named("attention_models") == set(ATTENTION_MODELS)
-  assert named("attention_impls") <= set(ATTENTION_IMPLS)
+  assert named("attention_impls") <= set(ATTENTION_IMPLS) and named("mixer_models") <= set(MIXER_MODELS)
   assert set(re.findall(r"--config\.(\w+)=", script)) - {"FIELD"} <= set(suite_config.get_config())  # FIELD: usage
   entries = re.findall(r'^entry (\w+) (\d+) "?([\w ]+?)"? ', script, re.M)
   assert {s for _, _, steps in entries for s in steps.split()} <= set(SUITE_STEPS) and len(entries) >= 7
@@ -601,3 +641,48 @@ def test_gpu_run_keeps_to_its_budget_and_resumes(tmp_path):
   assert f"{not_started[0]}: start" in second.stdout
   bad = subprocess.run(["bash", cmd[1], str(tmp_path), "ten"], cwd=ROOT, env=env, capture_output=True, text=True)
   assert bad.returncode == 2 and "BUDGET_S must be whole seconds; got 'ten'" in bad.stderr
+
+
+FAKE_TOKAMAX_OPS = '''
+import jax
+import jax.numpy as jnp
+
+
+def kimi_delta_attention(query, key, value, gate, beta, *, a_log, use_gate_in_kernel, lower_bound, implementation):
+  """Kimi delta attention as tokamax's reference defines it (heads first [H, B, T, ...], a decay per key channel,
+  the gate activated as lower_bound * sigmoid(exp(a_log) gate)), token by token."""
+  assert use_gate_in_kernel and implementation == "xla_chunked"
+  g = lower_bound * jax.nn.sigmoid(jnp.exp(a_log)[:, None, None, None] * gate)
+  q = query.astype(jnp.float32) * query.shape[-1] ** -0.5
+  k, v = key.astype(jnp.float32), value.astype(jnp.float32)
+
+  def step(state, xs):  # state [H, B, K, V]
+    q_t, k_t, v_t, g_t, b_t = xs
+    state = state * jnp.exp(g_t)[..., None]
+    residual = v_t - jnp.einsum("hbk,hbkv->hbv", k_t, state)
+    state = state + (b_t[..., None] * k_t)[..., None] * residual[..., None, :]
+    return state, jnp.einsum("hbk,hbkv->hbv", q_t, state)
+
+  state = jnp.zeros((*q.shape[:2], q.shape[-1], v.shape[-1]), jnp.float32)
+  _, o = jax.lax.scan(step, state, tuple(jnp.moveaxis(x, 2, 0) for x in (q, k, v, g, beta)))
+  return jnp.moveaxis(o, 0, 2).astype(value.dtype), None
+'''
+
+
+def test_mixers_tokamax_adapter_is_the_gated_delta_rule(tmp_path, monkeypatch):
+  """The tokamax case's arguments (heads first, key heads repeated, the decay as Kimi delta attention's activated
+  gate, the same for every key channel) give moejax's rule: against a stand-in `tokamax.ops` that computes Kimi delta
+  attention as tokamax's reference defines it (tokamax itself needs Python 3.12 and jax 0.11 here)."""
+  from moejax.bench.gpu import mixers
+  from moejax.bench.gpu.shapes import SMOKE_MIXER_MODELS
+  from moejax.models.mixers.gated_deltanet import GatedDeltaNetConfig
+
+  (tmp_path / "tokamax").mkdir()
+  (tmp_path / "tokamax" / "__init__.py").write_text("")
+  (tmp_path / "tokamax" / "ops.py").write_text(FAKE_TOKAMAX_OPS)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for name in ("tokamax", "tokamax.ops"):
+    monkeypatch.delitem(sys.modules, name, raising=False)
+  cfg = GatedDeltaNetConfig.from_hf(SMOKE_MIXER_MODELS["smoke_gdn"])
+  diffs = mixers.check("tokamax", cfg, 64, 24, {})
+  assert set(diffs) == {"out", "dq", "dk", "dv", "dg", "dbeta"} and all(d < 1e-5 for d in diffs.values()), diffs

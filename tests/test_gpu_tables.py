@@ -128,3 +128,57 @@ def test_the_program_prints_the_committed_h200_tables():
     cwd=ROOT,
   ).stdout
   assert "Device: NVIDIA H200" in out and "| Targets" not in out and "\nTargets\n" in out
+
+
+def _mixer_case(impl, chunk, seq_len, fwd_s, fwd_bwd_s, flops=2e12, diffs=None):
+  return dict(
+    model="qwen3_next_80b_a3b",
+    impl=impl,
+    chunk=chunk,
+    seq_len=seq_len,
+    fwd=dict(median_s=fwd_s),
+    fwd_bwd=dict(median_s=fwd_bwd_s),
+    tflops_fwd=flops / fwd_s / 1e12,
+    tflops_fwd_bwd=3 * flops / fwd_bwd_s / 1e12,
+    max_rel_diff=diffs or {"out": 1e-6},
+  )
+
+
+def test_mixers_table_gives_ms_rates_and_differences_per_implementation_length_and_pass(tmp_path):
+  """The mixers table: one row per implementation, chunk, length and pass with the median ms, TFLOP/s and the prefix
+  check's difference (fwd+bwd: the largest gradient's), a later record replacing a case, a skipped case with its
+  reason, and the mixers records alone enough for the tables."""
+  diffs = {"out": 2e-6, "dq": 3e-6, "dk": 5e-5, "dv": 1e-6, "dg": 4e-6, "dbeta": 2e-6}
+  _write(
+    str(tmp_path / "a" / "mixers.json"),
+    "mixers",
+    "2026-01-01T00:00:00",
+    cases=[_mixer_case("chunked", 64, 4096, 0.5, 1.0)],
+  )
+  skipped = dict(model="qwen3_next_80b_a3b", impl="tokamax", chunk=64, seq_len=4096, skipped="tokamax not installed")
+  _write(
+    str(tmp_path / "b" / "mixers.json"),
+    "mixers",
+    "2026-01-01T00:01:00",
+    cases=[
+      _mixer_case("chunked", 64, 4096, 0.004, 0.010, diffs=diffs),
+      _mixer_case("layer", 64, 16384, 0.020, 0.050, flops=4e12, diffs={"out": 7e-7}),
+      skipped,
+    ],
+  )
+  res = tables.load(str(tmp_path))
+  assert set(res.mixers) == {("qwen3_next_80b_a3b", i, 64, s) for i, s in (("chunked", 4096), ("layer", 16384))} | {
+    ("qwen3_next_80b_a3b", "tokamax", 64, 4096)
+  }
+  lines = tables.mixers_table(res)
+  assert lines[0] == "| model | impl | chunk | tokens | pass | ms | TFLOP/s | max rel diff |"
+  rows = {tuple(c.strip() for c in line.strip("|").split("|"))[1:5]: line for line in lines[2:]}
+  cells = lambda key: [c.strip() for c in rows[key].strip("|").split("|")][5:]
+  assert cells(("chunked", "64", "4096", "fwd")) == ["4", f"{2e12 / 0.004 / 1e12:.3g}", "2.0e-06"]
+  assert cells(("chunked", "64", "4096", "fwd+bwd")) == ["10.0", f"{6e12 / 0.010 / 1e12:.3g}", "5.0e-05"]
+  assert cells(("layer", "64", "16384", "fwd")) == ["20.0", "200", "7.0e-07"]
+  assert cells(("layer", "64", "16384", "fwd+bwd")) == ["50.0", "240", "-"]  # the layer checks its output only
+  assert cells(("tokamax", "64", "4096", ""))[0] == "tokamax not installed"
+  assert len(lines) == 2 + 5
+  text = tables.markdown(res)
+  assert "Gated DeltaNet (Qwen3-Next)" in text and "\nTargets\n" in text

@@ -88,3 +88,31 @@ SMOKE_ATTENTION_MODELS = {
   "smoke_gqa": dict(heads=4, kv_heads=2, width=16, v_width=16),
 }
 SMOKE_ATTENTION_SEQ_LEN = 32
+
+# The mixers step: Qwen3-Next-80B-A3B's gated DeltaNet layers (transformers' Qwen3NextConfig defaults, the published
+# model's: d 2048, 16 key heads and 32 value heads of 128, a convolution of 4), in config.json's field names
+# (`GatedDeltaNetConfig.from_hf`); one sequence of each length of MIXER_SEQ_LENS.
+MIXER_MODELS = {
+  "qwen3_next_80b_a3b": dict(
+    hidden_size=2048,
+    linear_num_key_heads=16,
+    linear_num_value_heads=32,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+  )
+}
+MIXER_SEQ_LENS = (4096, 16384)
+MIXER_CHUNKS = (64, 128)  # the chunked rule's chunk sizes (64: transformers' and the layer's)
+MIXER_CHECK_LEN = 256  # tokens of the prefix checked against the recurrent rule (a multiple of tokamax's chunk 64)
+SMOKE_MIXER_MODELS = {
+  "smoke_gdn": dict(
+    hidden_size=32,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+  )
+}
+SMOKE_MIXER_SEQ_LENS, SMOKE_MIXER_CHUNKS, SMOKE_MIXER_CHECK_LEN = (40,), (16,), 24  # chunks padded in both

@@ -2,7 +2,7 @@
 
 `load(root)` reads every record (`<step>.json`, written by experiments/gpu_suite.py) below root into `Results`;
 `markdown(results)` renders the ceilings, the expert FFN per shape and implementation, the layer, attention, the
-decoder step, compile times and the targets. Where two records hold the same case, the one started later counts.
+decoder step, compile times, the gated DeltaNet mixers and the targets. Where two records hold the same case, the one started later counts.
 """
 
 import dataclasses
@@ -10,7 +10,7 @@ import glob
 import json
 import os
 
-STEPS = ("ceilings", "kernels", "layer", "attention", "decoder_step", "compile_time")
+STEPS = ("ceilings", "kernels", "layer", "attention", "decoder_step", "compile_time", "mixers")
 # The expert FFN's implementations in the table's column order (moejax.bench.kernel_impls.IMPLS' names).
 FFN_COLUMNS = (
   "pallas",
@@ -40,6 +40,7 @@ class Results:
   attention: dict  # (model, impl) -> attention case
   decoder: dict  # (backend, experts) -> decoder case
   compile: dict  # (family, layers, scan) -> compile point
+  mixers: dict  # (model, impl, chunk, seq_len) -> mixers case
   sources: list  # the record files read, in the order they count
 
 
@@ -64,7 +65,7 @@ def _records(root: str) -> list[tuple[str, dict]]:
 def load(root: str) -> Results:
   """Every record below root, later records replacing earlier ones case by case."""
   found = _records(root)
-  res = Results(found[0][1]["device"], None, {}, {}, {}, {}, {}, [p for p, _ in found])
+  res = Results(found[0][1]["device"], None, {}, {}, {}, {}, {}, {}, [p for p, _ in found])
   for _, rec in found:
     step = rec["step"]
     if step == "ceilings" and rec.get("gemm_tflops"):
@@ -88,6 +89,8 @@ def load(root: str) -> Results:
     elif step == "compile_time":
       for p in rec.get("points", []):
         res.compile[(p["family"], p["layers"], p["scan_layers"])] = p
+    elif step == "mixers":
+      res.mixers.update({(c["model"], c["impl"], c["chunk"], c["seq_len"]): c for c in rec.get("cases", [])})
   return res
 
 
@@ -186,6 +189,23 @@ def compile_table(res: Results) -> list[str]:
   return _table(["family", "layers", "layers are", "trace+lower+compile s", "compile s"], rows)
 
 
+def mixers_table(res: Results) -> list[str]:
+  """Per implementation, chunk, sequence length and pass: median ms, TFLOP/s of the chunked form, and the largest
+  relative difference from the recurrent rule on the checked prefix (fwd+bwd: the largest over the gradients)."""
+  rows = []
+  for (model, impl, chunk, seq_len), c in sorted(res.mixers.items()):
+    if "fwd" not in c:
+      why = (c.get("skipped") or c.get("error", "-").strip().splitlines()[-1])[:80]
+      rows.append([model, impl, chunk, seq_len, "", why, "", ""])
+      continue
+    diffs = c.get("max_rel_diff") or {}
+    for passes in ("fwd", "fwd_bwd"):
+      diff = diffs.get("out") if passes == "fwd" else max((v for k, v in diffs.items() if k != "out"), default=None)
+      cells = [_ms(c[passes]["median_s"]), f"{c[f'tflops_{passes}']:.3g}", "-" if diff is None else f"{diff:.1e}"]
+      rows.append([model, impl, chunk, seq_len, passes.replace("_", "+"), *cells])
+  return _table(["model", "impl", "chunk", "tokens", "pass", "ms", "TFLOP/s", "max rel diff"], rows)
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
   return a / b if a and b else None
 
@@ -264,6 +284,7 @@ def markdown(res: Results) -> str:
     ("Attention, one sequence of 4096 tokens", attention_table, res.attention),
     ("Decoder training step (Qwen3-MoE widths)", decoder_table, res.decoder),
     ("Train step compile time", compile_table, res.compile),
+    ("Gated DeltaNet (Qwen3-Next), one sequence, bf16", mixers_table, res.mixers),
     ("Targets", targets_table, True),
   ):
     if present:
