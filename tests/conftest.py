@@ -6,7 +6,13 @@ import sys
 
 # Tests compile hundreds of small programs and run each once: XLA's CPU backend optimisations and fusion
 # emitters cost more compile time than they save at run time (the suite takes half as long without them).
-FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+# One LLVM module per program, compiled on the calling thread (as fast here): two cold runs of 2026-11-28 each lost a
+# worker to a segfault inside XLA's compile (and serialise) of a program, which parallel codegen may race in.
+FAST_COMPILE_FLAGS = (
+  "--xla_backend_optimization_level=0",
+  "--xla_cpu_use_fusion_emitters=false",
+  "--xla_cpu_parallel_codegen_split_count=1",
+)
 
 
 def known_xla_flags(flags) -> list[str]:
@@ -29,11 +35,18 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
   os.environ["MOEJAX_TEST_XLA_FLAGS"] = " ".join(known_xla_flags(FAST_COMPILE_FLAGS))
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ['MOEJAX_TEST_XLA_FLAGS']}".strip()
 
-# No persistent compilation cache: in a cold run its write (XLA serialising the executable) segfaulted a worker in
-# tests/test_pipeline_decoder.py, and xdist's loadgroup scheduler then hung waiting for the dead worker's group.
-# (tests/test_compile_cache.py still checks the cache that moejax's programs may use; `--max-worker-restart=0` in
-# pyproject.toml ends the run on any crashed worker instead of hanging.)
-os.environ.setdefault("JAX_ENABLE_COMPILATION_CACHE", "false")
+# XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start and later runs: many
+# tests build the same small programs (the same layer at the same shapes) and each would compile them again. Keyed by
+# the program, jax's version and the flags, so a stale entry is never used.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile  # noqa: E402
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"moejax-tests-xla-cache-{os.getuid()}")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+# Concurrent writers are safe without a lock: an entry is compressed with a checksum, so a half-written one read by
+# another worker fails to decompress and jax compiles the program instead (tests/test_compile_cache.py). (jax's own
+# lock comes with a size limit, and then every write scans every entry: quadratic in the suite's thousands.)
 
 import jax  # noqa: E402
 import pytest

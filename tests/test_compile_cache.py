@@ -1,6 +1,6 @@
-"""The persistent compilation cache that concurrent runs of moejax's programs may share (the suite itself compiles
-without it: tests/conftest.py) is safe without a lock: processes compiling the same programs into one cache at once
-agree, and an entry caught half written is read as a miss (compiled again), never loaded."""
+"""The persistent compilation cache that the workers, the subprocesses and concurrent runs share (tests/conftest.py)
+is safe without a lock: processes compiling the same programs into one cache at once agree, and an entry caught half
+written is read as a miss (compiled again), never loaded."""
 
 import os
 import pathlib
@@ -23,12 +23,7 @@ EXPECTED = np.stack([np.tanh(x @ x.T + n).sum(axis=0) for x in [np.arange(64.0).
 
 
 def _env(cache: pathlib.Path) -> dict:
-  return {
-    **os.environ,
-    "JAX_ENABLE_COMPILATION_CACHE": "true",
-    "JAX_COMPILATION_CACHE_DIR": str(cache),
-    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-  }
+  return {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
 
 
 def _entries(cache: pathlib.Path) -> list[pathlib.Path]:
