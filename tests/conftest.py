@@ -48,6 +48,8 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 # another worker fails to decompress and jax compiles the program instead (tests/test_compile_cache.py). (jax's own
 # lock comes with a size limit, and then every write scans every entry: quadratic in the suite's thousands.)
 
+import gc  # noqa: E402
+
 import jax  # noqa: E402
 import pytest
 
@@ -55,6 +57,12 @@ from moejax.runtime import mesh as mesh_lib  # noqa: E402
 
 NUM_DEVICES = 8
 mesh_lib.simulate_cpu_devices(NUM_DEVICES)
+
+# Tracing and lowering make millions of short-lived objects beside a large heap of long-lived ones (jax, flax, the
+# programs kept in jax's caches); CPython's default thresholds then spend 10-15% of a test in the cycle collector.
+# Collections are rarer, and what the imports made is frozen out of them.
+gc.set_threshold(100_000, 50, 100)
+gc.freeze()
 
 
 @pytest.fixture(scope="session")
