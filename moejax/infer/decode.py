@@ -168,6 +168,68 @@ def traffic_per_token(rows: list, mesh, mode: str, generated: int) -> tuple[dict
   return exchange_rows, {"intra_node": 0.0, "inter_node": 0.0}
 
 
+def _prefill_and_draw(model, params, rest, cache, tokens_BxS, seed: int, temperature: float, on_retry):
+  """(step 0's tokens [B], their logits [B, V] fp32, the filled cache, lost choices) of the prompts tokens [B, S].
+
+  The prefill is repeated from the same empty cache with buffer_factor doubled while it loses token-choices to full
+  receive buffers (each repeat told to `on_retry`), since a lost choice would corrupt its request.
+  """
+
+  def prefill(moe_cfg):
+    out = _prefill(params, rest, cache, tokens_BxS, graphdef=_graphdef(model, moe_cfg))
+    return out, int(out[3]) if moe_cfg.buffer_factor is not None else 0
+
+  (logits_BxV, filled, lost, _), _ = overflow_lib.until_no_overflow(prefill, model.moe_cfg, on_retry)
+  next_B = jax.jit(exflow.sample)(logits_BxV, jnp.arange(tokens_BxS.shape[0]), 0, seed, temperature)
+  next_B.block_until_ready()
+  return next_B, logits_BxV, filled, lost
+
+
+def _step_runner(model, params, rest, mode: str):
+  """(run, current): run(moe_cfg, cache, args) -> (the decode step's outputs, overflowed) for `until_no_overflow`;
+  current: [the config the steps run with, its compiled step], kept from step to step so that a step is compiled
+  again only when a repeat doubles buffer_factor, and later steps keep the last factor."""
+  step_for = lambda moe_cfg: (
+    exflow.exflow_step(model, moe_cfg)
+    if mode == "exflow"
+    else functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
+  )
+  current = [model.moe_cfg, step_for(model.moe_cfg)]
+
+  def run(moe_cfg, cache, args):
+    if moe_cfg is not current[0]:
+      current[:] = moe_cfg, step_for(moe_cfg)
+    out = current[1](params, rest, cache, *args)
+    return out, int(out[3]["overflowed"]) if moe_cfg.buffer_factor is not None else 0
+
+  return run, current
+
+
+def _decode_steps(runner, cache, first, length: int, steps: int, seed: int, temperature: float, retried):
+  """Decode steps 1 .. steps - 1 after the prefill -> (tokens [B] and logits [B, V] of every step from 0, each step's
+  exchange rows, lost choices, seconds of the steps from 2 on: step 1 compiles, 0.0 with fewer than 3 steps).
+
+  runner: `_step_runner`'s (run, current); first: the prefill's (next_B, logits_BxV, lost); a step that lost choices
+  to a full buffer is run again from the same cache (`retried(step)` told of it).
+  """
+  run, current = runner
+  next_B, logits_BxV, lost = first
+  out_tokens, out_logits, rows, start = [next_B], [logits_BxV], [], None
+  for step in range(1, steps):
+    if step == 2:
+      start = time.perf_counter()
+    args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
+    (next_B, logits_BxV, cache, counts), _ = overflow_lib.until_no_overflow(
+      functools.partial(run, cache=cache, args=args), current[0], retried(step)
+    )
+    out_tokens.append(next_B)
+    out_logits.append(logits_BxV)
+    rows.append(counts["rows"])
+    lost = lost + counts["dropped"]
+  jax.block_until_ready(out_tokens[-1])
+  return out_tokens, out_logits, rows, lost, time.perf_counter() - start if steps > 2 else 0.0
+
+
 def generate(
   model: LanguageModel, prompts_BxS, steps: int, *, mode: str = "vanilla", temperature: float = 0.0, seed: int = 0
 ) -> Generation:
@@ -189,44 +251,14 @@ def generate(
   # rows, nothing overflows), as the trainer's on_overflow='retry' does.
   retries = []
   retried = lambda step: lambda _, moe_cfg: retries.append((step, moe_cfg.buffer_factor))
-
-  def prefill(moe_cfg):
-    out = _prefill(params, rest, cache, tokens, graphdef=_graphdef(model, moe_cfg))
-    return out, int(out[3]) if moe_cfg.buffer_factor is not None else 0
-
-  (logits_BxV, cache, lost, _), _ = overflow_lib.until_no_overflow(prefill, model.moe_cfg, retried(0))
-  next_B = jax.jit(exflow.sample)(logits_BxV, jnp.arange(batch), 0, seed, temperature)
-  next_B.block_until_ready()
+  next_B, logits_BxV, cache, lost = _prefill_and_draw(model, params, rest, cache, tokens, seed, temperature, retried(0))
   prefill_seconds = time.perf_counter() - start
   if mode == "exflow":
     cache = jax.device_put(cache, cache_lib.cache_sharding(mesh, coherent=True))  # the one all-gather
-  step_for = lambda moe_cfg: (
-    exflow.exflow_step(model, moe_cfg)
-    if mode == "exflow"
-    else functools.partial(_vanilla_step, graphdef=_graphdef(model, moe_cfg))
+  runner = _step_runner(model, params, rest, mode)
+  out_tokens, out_logits, rows, lost, decode_seconds = _decode_steps(
+    runner, cache, (next_B, logits_BxV, lost), length, steps, seed, temperature, retried
   )
-  current = [model.moe_cfg, step_for(model.moe_cfg)]  # the decode steps' config, kept from step to step
-
-  def decode_step(moe_cfg, args):
-    if moe_cfg is not current[0]:
-      current[:] = moe_cfg, step_for(moe_cfg)
-    out = current[1](params, rest, cache, *args)
-    return out, int(out[3]["overflowed"]) if moe_cfg.buffer_factor is not None else 0
-
-  out_tokens, out_logits, rows = [next_B], [logits_BxV], []
-  for step in range(1, steps):
-    if step == 2:
-      start = time.perf_counter()
-    args = (next_B, jnp.int32(length + step - 1), jnp.int32(step), jnp.int32(seed), jnp.float32(temperature))
-    (next_B, logits_BxV, cache, counts), _ = overflow_lib.until_no_overflow(
-      functools.partial(decode_step, args=args), current[0], retried(step)
-    )
-    out_tokens.append(next_B)
-    out_logits.append(logits_BxV)
-    rows.append(counts["rows"])
-    lost = lost + counts["dropped"]
-  jax.block_until_ready(out_tokens[-1])
-  decode_seconds = time.perf_counter() - start if steps > 2 else 0.0
   exchange_rows, allgather_rows = traffic_per_token(rows, mesh, mode, batch * (steps - 1))
   return Generation(
     tokens=np.stack([np.asarray(t) for t in out_tokens], axis=1),

@@ -38,6 +38,55 @@ def _kept(ids_TxK: jax.Array, cfg: MoEConfig, dispatch_groups: int) -> jax.Array
   return (ahead < capacity).reshape(tokens, k)
 
 
+def _kept_choices(ids_TxK: jax.Array, cfg: MoEConfig, dispatch_groups: int) -> jax.Array:
+  """[T, k] bool: the choices whose expert output counts; only capacity mode drops any, and never a zero expert's
+  (it computes nothing, so it holds no capacity queue)."""
+  keep_TxK = jnp.ones_like(ids_TxK, bool) if cfg.capacity_factor is None else _kept(ids_TxK, cfg, dispatch_groups)
+  return keep_TxK | (ids_TxK >= cfg.num_experts)
+
+
+def _expert_outputs(params: dict, x_TxD: jax.Array, e_TxD: jax.Array, cfg: MoEConfig, act: Activation) -> jax.Array:
+  """[E + Z, T, d]: every expert applied to every token of e_TxD (plainly, no dispatch), with ffn_bias each expert's
+  biases on each matmul; the zero experts return x_TxD, the token as it is rather than a wire's rounding of it."""
+  bias = lambda name: params[name][:, None, :] if cfg.ffn_bias else 0.0
+  h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"]) + bias("b_in")
+  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"]) + bias("b_gate"), h)
+  outputs = jnp.einsum("etf,efd->etd", h, params["w_out"]) + bias("b_out")
+  identity = jnp.broadcast_to(x_TxD, (cfg.zero_experts, *x_TxD.shape))  # the zero experts: each token itself
+  return jnp.concatenate([outputs, identity], axis=0)
+
+
+def _shared_output(params: dict, x_TxD: jax.Array, cfg: MoEConfig, act: Activation) -> jax.Array:
+  """[T, d]: the shared experts' dense FFN on every token (scaled by sigmoid(shared_gate) where the model has one),
+  added to the routed output as the layer adds it."""
+  shared = params["shared"]
+  h = x_TxD @ shared["w_in"]
+  h = act(h) if not cfg.gated else act(x_TxD @ shared["w_gate"], h)
+  out = h @ shared["w_out"]
+  if cfg.shared_gate:
+    out = jax.nn.sigmoid(x_TxD @ params["shared_gate"]["kernel"]) * out
+  return out
+
+
+def _aux(routed, ids_TxK: jax.Array, keep_TxK: jax.Array, prior, cfg: MoEConfig) -> dict:
+  """The layer's aux (losses, kept choices per expert, dropped choices, and the running balance counts with
+  global-batch balancing), in the layer's keys so that tests compare the two directly."""
+  num_experts = cfg.num_experts
+  kept_counts = jnp.sum(jax.nn.one_hot(ids_TxK, num_experts + cfg.zero_experts) * keep_TxK[..., None], axis=(0, 1))
+  aux = {
+    "load_balance_loss": routed.load_balance,
+    "z_loss": routed.z_loss,
+    "aux_loss": routed.load_balance + routed.z_loss,
+    "expert_counts": kept_counts[:num_experts].astype(jnp.int32),
+    "tokens_dropped": jnp.sum(~keep_TxK).astype(jnp.int32),
+  }
+  if cfg.zero_experts:
+    aux["zero_expert_counts"] = kept_counts[num_experts:].astype(jnp.int32)
+  if prior is not None:
+    aux["balance_counts"] = prior + routed.counts
+  return aux
+
+
 # One compiled program per config: called eagerly (tests, the demo), op by op it would compile each op on first use.
 @functools.partial(jax.jit, static_argnames=("cfg", "dispatch_groups"))
 def moe_reference(
@@ -62,47 +111,20 @@ def moe_reference(
   the tokens' ids (x's shape without d), which routing='hash' chooses experts by.
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
-  tokens, num_experts = x_TxD.shape[0], cfg.num_experts
   router_in = x_TxD if noise is None else x_TxD * noise
   prior = None
   if cfg.balance_loss == "global_batch":
     prior = jnp.zeros((cfg.balance_counts_size,)) if balance_counts is None else jnp.asarray(balance_counts)
   ids_T = None if token_ids is None else jnp.asarray(token_ids).reshape(-1)
   routed = cfg.router.reference(router_in, params, expert_bias, x.shape[1] if x.ndim == 3 else None, prior, ids_T)
-  ids, weights = routed.ids, routed.weights
-  keep = jnp.ones_like(ids, bool) if cfg.capacity_factor is None else _kept(ids, cfg, dispatch_groups)
-  keep = keep | (ids >= num_experts)  # a zero expert computes nothing: no capacity to exceed
+  ids_TxK, weights_TxK = routed.ids, routed.weights
+  keep_TxK = _kept_choices(ids_TxK, cfg, dispatch_groups)
 
   act = Activation.of(cfg)
-  # Every expert applied to every token: [E, T, d]; with ffn_bias each expert's biases on each matmul.
   e_TxD = x_TxD if expert_x is None else expert_x.reshape(-1, cfg.d_model).astype(jnp.float32)
-  bias = lambda name: params[name][:, None, :] if cfg.ffn_bias else 0.0
-  h = jnp.einsum("td,edf->etf", e_TxD, params["w_in"]) + bias("b_in")
-  h = act(h) if not cfg.gated else act(jnp.einsum("td,edf->etf", e_TxD, params["w_gate"]) + bias("b_gate"), h)
-  outputs = jnp.einsum("etf,efd->etd", h, params["w_out"]) + bias("b_out")
-  identity = jnp.broadcast_to(x_TxD, (cfg.zero_experts, *x_TxD.shape))  # the zero experts: each token itself
-  outputs = jnp.concatenate([outputs, identity], axis=0)  # [E + Z, T, d]
-  chosen = outputs[ids, jnp.arange(tokens)[:, None]]  # [T, k, d]
-  y = jnp.sum(jnp.where(keep, weights, 0.0)[..., None] * chosen, axis=1)
+  outputs = _expert_outputs(params, x_TxD, e_TxD, cfg, act)  # [E + Z, T, d]
+  chosen_TxKxD = outputs[ids_TxK, jnp.arange(x_TxD.shape[0])[:, None]]
+  y_TxD = jnp.sum(jnp.where(keep_TxK, weights_TxK, 0.0)[..., None] * chosen_TxKxD, axis=1)
   if cfg.num_shared_experts:  # dense FFNs on every token, added to the routed output
-    shared = params["shared"]
-    h = x_TxD @ shared["w_in"]
-    h = act(h) if not cfg.gated else act(x_TxD @ shared["w_gate"], h)
-    out = h @ shared["w_out"]
-    if cfg.shared_gate:
-      out = jax.nn.sigmoid(x_TxD @ params["shared_gate"]["kernel"]) * out
-    y = y + out
-
-  kept_counts = jnp.sum(jax.nn.one_hot(ids, num_experts + cfg.zero_experts) * keep[..., None], axis=(0, 1))
-  aux = {
-    "load_balance_loss": routed.load_balance,
-    "z_loss": routed.z_loss,
-    "aux_loss": routed.load_balance + routed.z_loss,
-    "expert_counts": kept_counts[:num_experts].astype(jnp.int32),
-    "tokens_dropped": jnp.sum(~keep).astype(jnp.int32),
-  }
-  if cfg.zero_experts:
-    aux["zero_expert_counts"] = kept_counts[num_experts:].astype(jnp.int32)
-  if prior is not None:
-    aux["balance_counts"] = prior + routed.counts
-  return y.reshape(x.shape).astype(x.dtype), aux
+    y_TxD = y_TxD + _shared_output(params, x_TxD, cfg, act)
+  return y_TxD.reshape(x.shape).astype(x.dtype), _aux(routed, ids_TxK, keep_TxK, prior, cfg)
