@@ -16,14 +16,20 @@ DATA = ROOT / "tests" / "data" / "hf"
 FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "config.json").exists())
 
 
+def decoder_config(name: str) -> dict:
+  """A fixture's config.json; a vision-language model's with its text_config's fields under its own."""
+  config = json.loads((DATA / name / "config.json").read_text())
+  return {**(config.get("text_config") or {}), **config}
+
+
 def load(name: str):
-  vocab = json.loads((DATA / name / "config.json").read_text())["vocab_size"]
+  vocab = decoder_config(name)["vocab_size"]
   return tokenizer_lib.load_or_train(str(DATA / name / "tokenizer.json"), "", vocab, "", lambda: [])
 
 
 @pytest.mark.parametrize("name", FIXTURES)
 def test_each_fixture_has_a_tokenizer_over_its_vocabulary(name):
-  config = json.loads((DATA / name / "config.json").read_text())
+  config = decoder_config(name)
   meta = json.loads((DATA / name / "meta.json").read_text())
   assert {"tokenizer.json", "tokenizer_config.json"} <= set(meta["files"])
   tok = load(name)

@@ -55,7 +55,7 @@ def _specs(cfg: ModelConfig | DecoderConfig, layer: int, batch: int, length: int
   """((shape, dtype), (shape, dtype)) of layer `layer`'s two cache arrays: its token mixer's (a decoder's), or a
   SMILE model's (k, v)."""
   if isinstance(cfg, DecoderConfig):
-    return token_mixers.of(cfg, layer).cache(cfg, batch, length)
+    return token_mixers.of(cfg, layer).cache(cfg.at(layer), batch, length)  # a sliding layer's own kv heads (MiMo)
   return (((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads), cfg.dtype),) * 2
 
 

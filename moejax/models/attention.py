@@ -183,15 +183,16 @@ def attend(
 class GroupedQueryAttention(nnx.Module):
   """Attention with num_kv_heads key/value heads, each shared by num_heads / num_kv_heads query heads, and with
   attention_sinks a learned logit per head (`sinks [num_heads]`, gpt-oss); the cache holds (k, v) [B, S_cache,
-  num_kv_heads, head_dim]."""
+  num_kv_heads, head_dim or v_head_dim]. A sliding-window layer reads its own fields (`DecoderConfig.at`)."""
 
   def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs):
+    cfg = cfg.at(layer)  # MiMo-V2-Flash's sliding layers: their kv heads, sinks and RoPE
     self.cfg, self.window = cfg, cfg.window(layer)
     self.q_proj, self.k_proj, self.v_proj, self.o_proj = gqa_linears(cfg, rngs)
     self.q_norm, self.k_norm = qk_norms(cfg)
     self.sinks = nnx.Param(jnp.zeros((cfg.num_heads,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
     self.inverse, self.factor = rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
-    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, cfg.head_dim, cfg.attention_sinks)
+    self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, max(cfg.head_dim, cfg.value_dim), cfg.attention_sinks)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     cfg = self.cfg
@@ -216,7 +217,7 @@ class GroupedQueryAttention(nnx.Module):
       None if cache is None else positions_S,
       None if self.sinks is None else self.sinks[...],
     )
-    out_BxSxHW = out_BxSxHxW.reshape(b, s, h * w)
+    out_BxSxHW = out_BxSxHxW.reshape(b, s, h * cfg.value_dim)
     if gate_BxSxHW is not None:  # gated attention (Qwen3-Next): each output dimension gated before o_proj
       out_BxSxHW = out_BxSxHW * jax.nn.sigmoid(gate_BxSxHW).astype(out_BxSxHW.dtype)
     out_BxSxD = self.o_proj(out_BxSxHW)
@@ -290,4 +291,4 @@ def cache_shapes(cfg: DecoderConfig, batch: int, length: int) -> tuple[tuple[int
   """The two cache arrays of one layer: (k, v) or MLA's (latent, rotary key), `length` positions."""
   if cfg.latent:
     return (batch, length, cfg.kv_lora_rank), (batch, length, cfg.qk_rope_head_dim)
-  return ((batch, length, cfg.num_kv_heads, cfg.head_dim),) * 2
+  return (batch, length, cfg.num_kv_heads, cfg.head_dim), (batch, length, cfg.num_kv_heads, cfg.value_dim)

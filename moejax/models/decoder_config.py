@@ -3,6 +3,7 @@ their dense sources (Llama, Qwen3), in the fields their checkpoints' config.json
 reads and writes those files)."""
 
 import dataclasses
+import functools
 
 from moejax.models import families, qk_norm
 from moejax.models.parallelism import Parallelism
@@ -14,6 +15,8 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attentio
 QK_NORM_MODES = qk_norm.NAMES  # `moejax.models.qk_norm.MODES`
 # A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
 MIXERS = ("attention", "gated_deltanet")
+# The attention fields a sliding-window layer may hold its own way (`DecoderConfig.sliding_overrides`).
+SLIDING_FIELDS = ("num_kv_heads", "attention_sinks", "rope_theta", "partial_rotary_factor")
 LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
@@ -35,7 +38,10 @@ class DecoderConfig(Parallelism):
     None: not); attention_sinks: a learned logit per head in the softmax's denominator (`sinks [num_heads]`,
     gpt-oss; grouped-query attention).
   sliding_window: keys at most this far behind a query (Mixtral; None: all), in the layers of sliding_layers (None:
-    every layer).
+    every layer). sliding_overrides: (field, value) pairs, sorted, that the sliding-window layers hold their own
+    way, of SLIDING_FIELDS (MiMo-V2-Flash: twice the kv heads, sinks, another RoPE theta; `at(layer)`).
+  v_head_dim (grouped-query attention): the value heads' width when narrower than head_dim (0: head_dim;
+    MiMo-V2-Flash's 128 under q and k of 192); value_scale: v multiplied by it (MiMo's attention_value_scale).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -43,7 +49,9 @@ class DecoderConfig(Parallelism):
   mixers: per layer, its token mixer, one of MIXERS (`moejax.models.token_mixers`); None: attention in every layer
     (the MTP modules' blocks always). 'gated_deltanet' (Qwen3-Next's linear attention layers) takes the
     linear_* fields: linear_num_key_heads of linear_key_head_dim, linear_num_value_heads of linear_value_head_dim,
-    a causal convolution linear_conv_kernel wide.
+    a causal convolution linear_conv_kernel wide; linear_split_projections: its input projections held apart as
+    in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a (Qwen3.5-MoE's), not in_proj_qkvz and
+    in_proj_ba grouped per key head (Qwen3-Next's): the same layer, its tensors laid out another way.
   gated_attention: q_proj emits per head [query | gate] (2 x head_dim) and the attention's output is multiplied by
     sigmoid(gate) before o_proj (Qwen3-Next). norm_offset: every block RMSNorm (the layer norms, QK-norm, the final
     norm) scales by 1 + weight, its weights zero-centred (Qwen3-Next's).
@@ -92,12 +100,15 @@ class DecoderConfig(Parallelism):
   qk_nope_head_dim: int = 0
   qk_rope_head_dim: int = 0
   v_head_dim: int = 0
+  value_scale: float = 1.0
+  sliding_overrides: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0
   linear_num_value_heads: int = 0
   linear_key_head_dim: int = 0
   linear_value_head_dim: int = 0
   linear_conv_kernel: int = 4
+  linear_split_projections: bool = False
   gated_attention: bool = False
   norm_offset: bool = False
   num_mtp_layers: int = 0
@@ -107,6 +118,18 @@ class DecoderConfig(Parallelism):
   attention_impl: str = "auto"
 
   def __post_init__(self):
+    self._check_sizes()
+    self._check_attention()
+    self._check_mixers()
+    require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
+    require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
+    for name in ("dtype", "param_dtype"):
+      require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
+    require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", self.attention_impl, f"one of {ATTENTION_IMPLS}")
+    self.check_parallelism()
+
+  def _check_sizes(self) -> None:
+    """The family, the widths and the per-layer tuples: first, as the later checks compute with them."""
     require(self.family in FAMILIES, "family", self.family, f"one of {FAMILIES}")
     for name in ("vocab_size", "num_layers", "d_model", "d_ff", "num_heads", "num_kv_heads", "head_dim", "max_len"):
       require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int")
@@ -134,6 +157,10 @@ class DecoderConfig(Parallelism):
       self.sliding_layers,
       f"None or a tuple of {self.num_layers} bools",
     )
+
+  def _check_attention(self) -> None:
+    """The attention's fields (MLA's widths, RoPE's rotated part, sinks, QK-norm, clipping): refused here by name,
+    not as a shape error when the layers are built."""
     if self.latent:
       for name in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"):
         require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (multi-head latent attention)")
@@ -167,13 +194,31 @@ class DecoderConfig(Parallelism):
       self.clip_qkv,
       "None or a number > 0",
     )
-    self._check_mixers()
-    require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
-    require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
-    for name in ("dtype", "param_dtype"):
-      require(getattr(self, name) in ("float32", "bfloat16"), name, getattr(self, name), "'float32' or 'bfloat16'")
-    require(self.attention_impl in ATTENTION_IMPLS, "attention_impl", self.attention_impl, f"one of {ATTENTION_IMPLS}")
-    self.check_parallelism()
+    self._check_values_and_sliding()
+
+  def _check_values_and_sliding(self) -> None:
+    """GQA's narrower values (v_head_dim, value_scale) and the sliding layers' own fields (sliding_overrides)."""
+    require(is_int(self.v_head_dim, 0), "v_head_dim", self.v_head_dim, "an int >= 0 (0: head_dim)")
+    require(is_number(self.value_scale) and self.value_scale > 0, "value_scale", self.value_scale, "a number > 0")
+    require(
+      not self.gated_attention or self.value_dim == self.head_dim,
+      "v_head_dim",
+      self.v_head_dim,
+      f"0 or head_dim={self.head_dim} with gated_attention (its gate is head_dim wide)",
+    )
+    overrides = self.sliding_overrides
+    if overrides is not None:
+      fields = isinstance(overrides, tuple) and {pair[0] for pair in overrides} <= set(SLIDING_FIELDS)
+      allowed = f"None, or (field, value) pairs of {SLIDING_FIELDS} with a sliding window and no MLA"
+      require(fields and self.sliding_window is not None and not self.latent, "sliding_overrides", overrides, allowed)
+      for i in [i for i in range(self.num_layers) if self.window(i)][:1]:
+        self.at(i)  # the sliding layers' fields, checked as a config of their own
+
+  def at(self, layer: int) -> "DecoderConfig":
+    """The config of layer `layer`'s attention: this one, or in a sliding-window layer with its sliding_overrides."""
+    if not self.sliding_overrides or layer >= self.num_layers or not self.window(layer):
+      return self
+    return _with_overrides(self)
 
   def _check_mixers(self) -> None:
     require(
@@ -192,7 +237,7 @@ class DecoderConfig(Parallelism):
         self.linear_num_value_heads,
         f"a multiple of linear_num_key_heads={self.linear_num_key_heads}",
       )
-    for name in ("gated_attention", "norm_offset"):
+    for name in ("gated_attention", "norm_offset", "linear_split_projections"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(
       not (self.gated_attention and self.latent),
@@ -209,6 +254,11 @@ class DecoderConfig(Parallelism):
   def latent(self) -> bool:
     """Multi-head latent attention (DeepSeek-V2/V3)."""
     return self.kv_lora_rank is not None
+
+  @property
+  def value_dim(self) -> int:
+    """The width of a value head: v_head_dim, or head_dim where it is 0."""
+    return self.v_head_dim or self.head_dim
 
   @property
   def rope_dim(self) -> int:
@@ -233,3 +283,9 @@ class DecoderConfig(Parallelism):
   @property
   def num_moe_layers(self) -> int:
     return sum(map(bool, self.moe_layers))
+
+
+@functools.cache
+def _with_overrides(cfg: DecoderConfig) -> DecoderConfig:
+  """The sliding layers' config of `cfg`: its sliding_overrides applied (and cleared), once per config."""
+  return dataclasses.replace(cfg, **dict(cfg.sliding_overrides), sliding_overrides=None)

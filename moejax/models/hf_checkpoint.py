@@ -105,7 +105,7 @@ def _host_tensors(model: Decoder):
   """(HF name, host array) of every tensor to write, one part of the model at a time (the embeddings, each layer (a
   scanned segment's repeat r sliced on the devices first), each MTP module, the final norm and head), a placed
   model's MoE layers put back in the checkpoint's order."""
-  cfg, moe_cfg = model.cfg, model.moe_cfg
+  cfg, moe_cfg = hf_config.exported(model.cfg), model.moe_cfg  # the written family's names (a VLM's: its text-only)
   params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
   rest = nnx.to_pure_dict(nnx.state(model, nnx.Not(nnx.Param)))
   order = getattr(model, "expert_order", None)
@@ -167,19 +167,10 @@ def _quantized(tensors, fp8_blocks: tuple[int, int] | None):
       yield name + hf_files.FP8_SUFFIX, scale_inv
 
 
-def to_hf(
-  model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_blocks: tuple[int, int] | None = None
-) -> None:
-  """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
-  shard_bytes each, in the model's order; one model.safetensors if it fits) and model.safetensors.index.json.
-  One part of the model is gathered to the host at a time and each file written when full, so the host holds
-  about a block and a shard. Experts in their logical order: a placed model's experts (`from_hf(..., placement=)`,
-  `with_placement`: its `expert_order`), their router columns and balancing biases are put back in the
-  checkpoint's order; a slot table's replicas are not written. Tensors in the parameters' dtype, or with
-  fp8_blocks=(rows, columns) (DeepSeek's (128, 128)) the blocks' Linear weights in DeepSeek's published FP8
-  format (float8_e4m3fn with a float32 weight_scale_inv per block, amax / 448; config.json's quantization_config),
-  as `from_hf` and transformers read it."""
-  config = hf_config.to_hf_config(model.cfg, model.moe_cfg)  # refuses what config.json cannot say, before writing
+def _hf_config(model: Decoder, fp8_blocks: tuple[int, int] | None) -> dict:
+  """config.json's dict, with fp8_blocks its quantization_config; made before anything is written, as it refuses
+  what config.json cannot say and a block size `from_hf` would not read back."""
+  config = hf_config.to_hf_config(model.cfg, model.moe_cfg)
   if fp8_blocks is not None:
     config["quantization_config"] = {
       "quant_method": "fp8",
@@ -188,9 +179,13 @@ def to_hf(
       "activation_scheme": "dynamic",
     }
     hf_files.quantization(config)  # refuses a block size it would not read back
-  writer = jax.process_index() == 0
-  if writer:
-    os.makedirs(out_dir, exist_ok=True)
+  return config
+
+
+def _write_shards(tensors, out_dir: str, shard_bytes: int, writer: bool) -> tuple[dict, int]:
+  """(weight_map: each tensor's file, part-0000i.safetensors, and the total bytes) of (name, host array) `tensors`,
+  each file written as soon as the next tensor would pass shard_bytes, so that the host holds about one shard.
+  Every process gathers the tensors (the gathers are collective); only the writer writes."""
   weight_map, shard, size, total = {}, {}, 0, 0
 
   def flush():
@@ -199,14 +194,18 @@ def to_hf(
       save_file(shard, os.path.join(out_dir, file), metadata={"format": "pt"})
     weight_map.update({name: file for name in shard})
 
-  for name, array in _quantized(_host_tensors(model), fp8_blocks):
+  for name, array in tensors:
     if shard and size + array.nbytes > shard_bytes:
       flush()
       shard, size = {}, 0
     shard[name], size, total = array, size + array.nbytes, total + array.nbytes
   flush()
-  if not writer:
-    return
+  return weight_map, total
+
+
+def _finalize_files(out_dir: str, weight_map: dict, total: int, config: dict) -> None:
+  """Renames the parts to the hub's names, known only once their number is (one: model.safetensors), readable as the
+  user's umask allows, then writes the index (several files) and config.json."""
   parts = sorted(set(weight_map.values()))
   final = {
     part: "model.safetensors" if len(parts) == 1 else f"model-{i + 1:05d}-of-{len(parts):05d}.safetensors"
@@ -229,3 +228,24 @@ def to_hf(
       )
   with open(os.path.join(out_dir, "config.json"), "w") as f:
     json.dump(config, f, indent=2)
+
+
+def to_hf(
+  model: Decoder, out_dir: str, shard_bytes: int = SHARD_BYTES, fp8_blocks: tuple[int, int] | None = None
+) -> None:
+  """Writes `model` as a Hugging Face checkpoint: config.json, model-0000i-of-0000n.safetensors (at most
+  shard_bytes each, in the model's order; one model.safetensors if it fits) and model.safetensors.index.json.
+  One part of the model is gathered to the host at a time and each file written when full, so the host holds
+  about a block and a shard. Experts in their logical order: a placed model's experts (`from_hf(..., placement=)`,
+  `with_placement`: its `expert_order`), their router columns and balancing biases are put back in the
+  checkpoint's order; a slot table's replicas are not written. Tensors in the parameters' dtype, or with
+  fp8_blocks=(rows, columns) (DeepSeek's (128, 128)) the blocks' Linear weights in DeepSeek's published FP8
+  format (float8_e4m3fn with a float32 weight_scale_inv per block, amax / 448; config.json's quantization_config),
+  as `from_hf` and transformers read it."""
+  config = _hf_config(model, fp8_blocks)  # refuses what config.json cannot say, before writing
+  writer = jax.process_index() == 0
+  if writer:
+    os.makedirs(out_dir, exist_ok=True)
+  weight_map, total = _write_shards(_quantized(_host_tensors(model), fp8_blocks), out_dir, shard_bytes, writer)
+  if writer:
+    _finalize_files(out_dir, weight_map, total, config)

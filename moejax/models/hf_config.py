@@ -6,6 +6,8 @@ refuses what it cannot honour by name; `to_hf_config` writes what transformers' 
 fields every family shares; each family's own (`moejax.models.families`) come from its `Family`.
 """
 
+import dataclasses
+
 from moejax.models import families
 from moejax.models.decoder_config import FAMILIES, DecoderConfig
 from moejax.models.families.base import num_experts
@@ -25,12 +27,9 @@ def _rope(hf: dict) -> tuple[float, tuple | None]:
   return float(theta), None if not scaling else tuple(sorted(scaling.items()))
 
 
-def from_hf_config(
-  hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None, model: dict | None = None
-) -> tuple[DecoderConfig, MoEConfig]:
-  """(decoder config, MoE layer config) of a config.json's dict; `moe` overrides MoEConfig fields (transport,
-  schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync, scan_layers). Errors name the
-  config.json field, or moe.<field> and model.<field>."""
+def _supported_family(hf: dict) -> families.Family:
+  """The family of a config.json's model_type; what its forward pass here cannot honour (biases, another activation)
+  is refused by its config.json field before any config is built."""
   model_type = hf.get("model_type")
   if model_type in families.UNSUPPORTED:
     allowed = f"one of {FAMILIES}"
@@ -46,11 +45,17 @@ def from_hf_config(
   )
   require(not hf.get("mlp_bias"), "mlp_bias", hf.get("mlp_bias"), "false (SwiGLU FFNs without biases)")
   require(hf.get("hidden_act", "silu") == "silu", "hidden_act", hf.get("hidden_act"), "'silu' (SwiGLU)")
+  return family
+
+
+def _decoder_fields(hf: dict, family: families.Family, dtype: str, param_dtype: str) -> dict:
+  """DecoderConfig's fields of a config.json (before the `model` overrides): the fields every family shares, then
+  the family's own over them, as a family may read a shared field its own way."""
   layers = hf["num_hidden_layers"]
   theta, scaling = _rope(hf)
   window, sliding_layers = family.sliding(hf, layers)
   decoder = dict(
-    family=model_type,
+    family=hf.get("model_type"),
     vocab_size=hf["vocab_size"],
     num_layers=layers,
     d_model=hf["hidden_size"],
@@ -71,9 +76,12 @@ def from_hf_config(
     param_dtype=param_dtype,
   )
   decoder.update(family.decoder_fields(hf))  # a family may read a shared field its own way (MiniMax-M2's rotary_dim)
-  unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
-  require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
-  cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})
+  return decoder
+
+
+def _moe_fields(hf: dict, family: families.Family, cfg: DecoderConfig, dtype: str) -> dict:
+  """MoEConfig's fields of a config.json (before the `moe` overrides): a dense model gets a placeholder, as every
+  model carries a MoE layer config."""
   if cfg.num_moe_layers:  # the routed layer as the checkpoint routes, moejax's defaults for the rest
     fields = {
       **dict(
@@ -88,16 +96,40 @@ def from_hf_config(
   else:  # a placeholder: no layer reads it
     fields = dict(num_experts=1, top_k=1, d_model=hf["hidden_size"], d_ff=cfg.d_ff)
   fields["dtype"] = dtype
+  return fields
+
+
+def from_hf_config(
+  hf: dict, *, dtype: str = "float32", param_dtype: str = "float32", moe: dict | None = None, model: dict | None = None
+) -> tuple[DecoderConfig, MoEConfig]:
+  """(decoder config, MoE layer config) of a config.json's dict; `moe` overrides MoEConfig fields (transport,
+  schedule, ...), `model` DecoderConfig fields (fsdp, remat, tensor_parallel, grad_sync, scan_layers). Errors name the
+  config.json field, or moe.<field> and model.<field>."""
+  hf = _supported_family(hf).decoder_config(hf)  # a vision-language model's decoder: its text_config
+  family = _supported_family(hf)
+  decoder = _decoder_fields(hf, family, dtype, param_dtype)
+  unknown = sorted(set(model or {}) - set(DecoderConfig.__dataclass_fields__))
+  require(not unknown, "model", unknown, f"DecoderConfig fields: {sorted(DecoderConfig.__dataclass_fields__)}")
+  cfg = prefixed("model.", DecoderConfig, **{**decoder, **(model or {})})
+  fields = _moe_fields(hf, family, cfg, dtype)
   try:
     return cfg, MoEConfig.from_mapping({**fields, **(moe or {})}, prefix="moe.")
   except ConfigError as e:
     raise ConfigError(f"{e} (the checkpoint's routing with moe={moe})", e.field, e.value, e.allowed) from e
 
 
+def exported(cfg: DecoderConfig) -> DecoderConfig:
+  """The decoder as `to_hf` writes it: a family's own, or as the family it exports as (`Family.exports_as`: a
+  vision-language model's decoder as its text-only class's)."""
+  target = families.get(cfg.family).exports_as
+  return cfg if target is None else dataclasses.replace(cfg, family=target)
+
+
 def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
   """The config.json dict of a decoder (float32 or bfloat16 as its parameters): the fields every family shares,
   then its family's (`Family.to_hf`, which refuses what the family's config.json cannot say) and its sliding
-  window."""
+  window. A vision-language model's decoder: as its text-only class's (`exported`)."""
+  cfg = exported(cfg)
   family = families.get(cfg.family)
   hf = dict(
     model_type=cfg.family,
@@ -127,6 +159,10 @@ def to_hf_config(cfg: DecoderConfig, moe_cfg: MoEConfig) -> dict:
       ("norm_offset", cfg.norm_offset, False),
     ):
       require(got == want, name, getattr(cfg, name), f"{want!r}: {cfg.family}'s config.json cannot say otherwise")
+  plain = {"v_head_dim": 0, "value_scale": 1.0, "sliding_overrides": None}  # MiMo-V2-Flash's GQA fields
+  for name in [] if family.latent else sorted(set(plain) - set(family.attention_fields)):
+    got, why = getattr(cfg, name), f"{plain[name]!r}: {cfg.family}'s config.json cannot say otherwise"
+    require(got == plain[name], name, got, why)
   hf.update(family.to_hf(cfg, moe_cfg))
   if not family.hybrid:  # layer_types names the hybrid families' mixers, not windows
     hf.update(family.sliding_to_hf(cfg))

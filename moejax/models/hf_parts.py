@@ -5,6 +5,8 @@ as a lazily sliced view of the stored tensor (`view`) and written back joined wi
            up projections interleaved: `#0/2` and `#1/2`)
   rows     `<tensor>#a:b/n`: the rows a .. b - 1 of the first axis of n (Sarvam's attention.query_key_value holds
            q, k and v one after another, each as many rows as its heads x head_dim, the bias likewise)
+  item     `<tensor>#[i]/n`: the i-th of the n entries of the first axis, that axis dropped (ERNIE-4.5's
+           moe_statics.e_score_correction_bias [1, E] holds the one balancing bias [E])
 """
 
 from typing import NamedTuple
@@ -27,6 +29,11 @@ class RowsPart(NamedTuple):
   total: int
 
 
+class ItemPart(NamedTuple):
+  i: int
+  n: int
+
+
 def columns(name: str, i: int, n: int) -> str:
   """The name of the columns i::n of the last axis of the stored tensor `name`."""
   return f"{name}{PART}{i}/{n}"
@@ -37,12 +44,19 @@ def rows(name: str, start: int, stop: int, total: int) -> str:
   return f"{name}{PART}{start}:{stop}/{total}"
 
 
-def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | None]:
+def item(name: str, i: int, n: int) -> str:
+  """The name of the entry i of the first axis of the stored tensor `name`, n entries long (that axis dropped)."""
+  return f"{name}{PART}[{i}]/{n}"
+
+
+def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | ItemPart | None]:
   """(stored tensor, its part) of a name; (name, None) for a whole tensor."""
   if PART not in name:
     return name, None
   stored, part = name.split(PART)
   span, total = part.split("/")
+  if span.startswith("["):
+    return stored, ItemPart(int(span[1:-1]), int(total))
   if ":" in span:
     start, stop = span.split(":")
     return stored, RowsPart(int(start), int(stop), int(total))
@@ -98,19 +112,45 @@ class Rows:
     return np.asarray(self.tensor[(slice(self.start + r0, self.start + r1), *(slice(a, b) for a, b in rest))])
 
 
-VIEWS = (Columns, Rows)  # what `view` returns for a part; `.tensor` is the stored tensor
+class Item:
+  """The entry i of a stored tensor's first axis as a tensor of its own (that axis dropped), sliced lazily; the
+  stored tensor refused, naming it, unless its first axis is n long."""
+
+  def __init__(self, name: str, tensor, part: ItemPart):
+    self.tensor, self.i = tensor, part.i
+    stored = tensor.get_shape()
+    if not stored or stored[0] != part.n:
+      raise ConfigError(f"checkpoint tensor {name} has shape {tuple(stored)}, expected ({part.n}, ...)")
+    self.shape = tuple(stored[1:])
+
+  def get_shape(self):
+    return list(self.shape)
+
+  def get_dtype(self) -> str:
+    return self.tensor.get_dtype()
+
+  def __getitem__(self, index) -> np.ndarray:
+    rest = tuple(slice(a, b) for a, b in _bounds(index, self.shape))
+    return np.asarray(self.tensor[(slice(self.i, self.i + 1), *rest)])[0]
 
 
-def view(name: str, tensor, part: ColumnsPart | RowsPart):
+VIEWS = (Columns, Rows, Item)  # what `view` returns for a part; `.tensor` is the stored tensor
+
+
+def view(name: str, tensor, part: ColumnsPart | RowsPart | ItemPart):
   """The part `part` of the stored tensor `tensor` (called `name`)."""
   if isinstance(part, RowsPart):
     return Rows(name, tensor, part)
+  if isinstance(part, ItemPart):
+    return Item(name, tensor, part)
   return Columns(tensor, part.i, part.n)
 
 
 def _join(parts: dict) -> np.ndarray | None:
   """The stored tensor of its parts {part: array} once they are all there (None before)."""
   first = next(iter(parts))
+  if isinstance(first, ItemPart):
+    return np.stack([parts[p] for p in sorted(parts)]) if len(parts) == first.n else None
   if isinstance(first, RowsPart):
     if sum(p.stop - p.start for p in parts) != first.total:
       return None
@@ -123,7 +163,7 @@ def _join(parts: dict) -> np.ndarray | None:
 
 def join_parts(tensors):
   """(name, array) pairs with the parts of a stored tensor joined into it (each yielded when its parts have all
-  come: columns interleaved, rows one after another), the rest unchanged."""
+  come: columns interleaved, rows one after another, items stacked), the rest unchanged."""
   pending = {}
   for name, array in tensors:
     stored, part = split_part(name)

@@ -1,7 +1,8 @@
 """Qwen3-Next's gated DeltaNet layer as a decoder layer's token mixer (`moejax.models.token_mixers`): an nnx module
 holding the layer's tensors as transformers names them under `model.layers.N.linear_attn.` (in_proj_qkvz, in_proj_ba,
-conv1d, dt_bias, A_log, norm, out_proj; a kernel is the transpose of a torch Linear weight), run by the pure
-function `moejax.models.mixers.gated_deltanet.gated_deltanet_mixer`.
+or with `DecoderConfig.linear_split_projections` Qwen3.5-MoE's in_proj_qkv, in_proj_z, in_proj_b, in_proj_a; conv1d,
+dt_bias, A_log, norm, out_proj; a kernel is the transpose of a torch Linear weight), run by the pure function
+`moejax.models.mixers.gated_deltanet.gated_deltanet_mixer`, which reads either layout.
 
 Its decode cache is a pair like attention's, without a sequence axis: (the convolution's last kernel - 1 inputs
 [B, kernel - 1, conv_dim] in the compute dtype, the delta rule's state [B, H, K, V] float32). Under tensor
@@ -47,8 +48,13 @@ class GatedDeltaNet(nnx.Module):
     del layer
     self.mixer_cfg = m = deltanet_config(cfg)
     pd, d, h = jnp.dtype(cfg.param_dtype), cfg.d_model, m.num_v_heads
-    self.in_proj_qkvz = linear(cfg, d, 2 * m.key_dim + 2 * m.value_dim, False, rngs)
-    self.in_proj_ba = linear(cfg, d, 2 * h, False, rngs)
+    if cfg.linear_split_projections:  # Qwen3.5-MoE's: all q, all k, all v; z; b; a
+      widths = {"in_proj_qkv": m.conv_dim, "in_proj_z": m.value_dim, "in_proj_b": h, "in_proj_a": h}
+    else:  # Qwen3-Next's: grouped per key head
+      widths = {"in_proj_qkvz": 2 * m.key_dim + 2 * m.value_dim, "in_proj_ba": 2 * h}
+    self.projections = tuple(widths)
+    for name, width in widths.items():
+      setattr(self, name, linear(cfg, d, width, False, rngs))
     self.conv1d = Weight(nnx.initializers.normal(0.02)(rngs.params(), (m.conv_dim, 1, m.conv_kernel), pd))
     self.dt_bias = nnx.Param(jnp.ones((h,), pd))
     # transformers draws A = exp(A_log) from [0.01, 16]: evenly spread over [1, 16] here, deterministic
@@ -60,8 +66,7 @@ class GatedDeltaNet(nnx.Module):
     """The layer's tensors under transformers' names and layouts (`gated_deltanet_mixer`'s params)."""
     t = lambda proj: proj.kernel[...].T
     return {
-      "in_proj_qkvz.weight": t(self.in_proj_qkvz),
-      "in_proj_ba.weight": t(self.in_proj_ba),
+      **{f"{name}.weight": t(getattr(self, name)) for name in self.projections},
       "conv1d.weight": self.conv1d.weight[...],
       "dt_bias": self.dt_bias[...],
       "A_log": self.A_log[...],

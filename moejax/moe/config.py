@@ -83,6 +83,7 @@ class MoEConfig:
     (its dispatched tensor holds a row per token-choice; 's2' with True is refused).
   renormalize: combine weights divided by their sum over the token's choices (else raw; Mixtral, Qwen3-MoE and
     DeepSeek-V3 renormalise, Qwen2-MoE and DeepSeek-V2 do not).
+    renormalize_min: the sum's floor, weights / max(sum, renormalize_min) (ERNIE-4.5's moe_norm_min; 0: none).
   load_balance_coef, local_balance_coef: alpha of the Switch loss alpha * E * sum_e f_e P_e, or alpha and beta of
     SMILE's alpha * n * sum_i f_i P_i + beta * m' * sum_j f_j Q_j; None: the papers' 0.01 (Switch), 0.005.
   z_loss_coef: of the router z-loss mean(logsumexp(logits)^2); jitter: router-input noise x * U(1 - jitter, 1 +
@@ -153,6 +154,7 @@ class MoEConfig:
   ffn_bias: bool = False
   router_bias: bool = False
   renormalize: bool = False
+  renormalize_min: float = 0.0
   load_balance_coef: float | None = None
   local_balance_coef: float | None = None
   z_loss_coef: float = 0.0

@@ -49,6 +49,8 @@ def check(cfg) -> None:
   require(
     is_number(cfg.routed_scaling) and cfg.routed_scaling > 0, "routed_scaling", cfg.routed_scaling, "a number > 0"
   )
+  floor = cfg.renormalize_min
+  require(is_number(floor) and floor >= 0, "renormalize_min", floor, "a number >= 0")
   rate = cfg.bias_update_rate
   require(is_number(rate) and rate >= 0, "bias_update_rate", rate, "a number >= 0")
   _check_shared_and_replicas(cfg)

@@ -94,9 +94,9 @@ def decoder_leaves(cfg) -> tuple[list, list, list]:
       Leaf((h * cfg.v_head_dim, d)),
     ]
   else:
-    kv = cfg.num_kv_heads * hd
-    attn += [Leaf((d, h * hd)), Leaf((d, kv), 2), Leaf((h * hd, d))]
-    attn += [Leaf((h * hd,)), Leaf((kv,), 2)] if cfg.qkv_bias else []
+    kv, v = cfg.num_kv_heads * hd, cfg.num_kv_heads * cfg.value_dim  # MiMo's values narrower than q and k
+    attn += [Leaf((d, h * hd)), Leaf((d, kv)), Leaf((d, v)), Leaf((h * cfg.value_dim, d))]
+    attn += [Leaf((h * hd,)), Leaf((kv,)), Leaf((v,))] if cfg.qkv_bias else []
     attn += [Leaf((d,))] if cfg.out_bias else []
     if cfg.qk_norm:  # per head ([hd] each of q, k) or over the whole projections ([h hd], [kv])
       attn += [Leaf(shape) for shape in qk_norm.of(cfg).shapes(cfg)]

@@ -22,7 +22,7 @@ def planned_attention(cfg) -> str:
 def _attention_widths(cfg) -> tuple[int, int, int]:
   """(q and k head width, v head width, the width jax.nn's attention runs at: the wider, v and the output padded to
   it) of a decoder family."""
-  qk, v = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent else (cfg.head_dim,) * 2
+  qk, v = (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim, cfg.v_head_dim) if cfg.latent else (cfg.head_dim, cfg.value_dim)
   return qk, v, max(qk, v)
 
 

@@ -44,8 +44,12 @@ class Family:
     `from_hf` (Qwen3-Next's MTP module, `mtp.*`).
   hybrid: the family's config.json can say per-layer token mixers (`DecoderConfig.mixers`), gated attention and
     (1 + weight) norms (Qwen3-Next); elsewhere they are refused on export (`hf_config.to_hf_config`).
+  attention_fields: the DecoderConfig fields of MiMo-V2-Flash's GQA (v_head_dim, value_scale, sliding_overrides)
+    that this family's config.json says; elsewhere they are refused on export (`hf_config.to_hf_config`).
   renames: (regex, replacement) pairs, in order, from the hub's usual names (Llama's, with the MoE layer's as above)
     to this family's own anywhere in the checkpoint (`hf_name`): transformers' WeightRenaming of the family, reversed.
+  exports_as: the family whose checkpoint `to_hf` writes instead of this one's (None: this one's): a
+    vision-language model's decoder as its text-only class's (`vision_language`).
   """
 
   model_type: str
@@ -61,6 +65,13 @@ class Family:
   renames: tuple = ()
   hybrid: bool = False
   ignored: tuple = ()
+  attention_fields: tuple = ()
+  exports_as: str | None = None
+
+  def decoder_config(self, hf: dict) -> dict:
+    """The config.json dict of the decoder: `hf` itself; a vision-language model's the decoder's fields under its
+    text_config (`vision_language.decoder_config`)."""
+    return hf
 
   def hf_name(self, name: str, cfg) -> str:
     """The name in this family's checkpoints of the tensor the hub usually calls `name` (`model.embed_tokens.weight`,

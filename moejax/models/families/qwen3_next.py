@@ -47,9 +47,13 @@ def layer_mixers(hf: dict, layers: int) -> tuple:
 
 @dataclasses.dataclass(frozen=True)
 class Qwen3Next(Qwen2Moe):
+  """split_projections: the gated DeltaNet's input projections apart (`DecoderConfig.linear_split_projections`:
+  Qwen3.5-MoE's layout) rather than grouped per key head."""
+
   qk_norm: bool = True
   attention_bias: bool = True
   hybrid: bool = True
+  split_projections: bool = False
 
   def sliding(self, hf: dict, layers: int) -> tuple[int | None, tuple | None]:
     return None, None  # layer_types names mixers here, and transformers' attention has no window
@@ -66,6 +70,7 @@ class Qwen3Next(Qwen2Moe):
       mixers=layer_mixers(hf, hf["num_hidden_layers"]),
       gated_attention=True,
       norm_offset=True,
+      linear_split_projections=self.split_projections,
       **{ours: hf[theirs] for theirs, ours in LINEAR.items()},
     )
 
@@ -84,8 +89,9 @@ class Qwen3Next(Qwen2Moe):
       ("attention_sinks", cfg.attention_sinks, False),
       ("clip_qkv", cfg.clip_qkv, None),
       ("rope_interleaved", cfg.rope_interleaved, False),
+      ("linear_split_projections", cfg.linear_split_projections, self.split_projections),
     ):
-      require(got == want, name, got, f"{want!r}: Qwen3-Next's config.json cannot say otherwise")
+      require(got == want, name, got, f"{want!r}: {cfg.family}'s config.json cannot say otherwise")
     self.require_plain_router(cfg, moe_cfg, shared_experts=1)  # transformers' MoE block always has one
     kinds = {mixer: kind for kind, mixer in KINDS.items()}
     return {

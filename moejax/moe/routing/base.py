@@ -146,7 +146,11 @@ def z_sum(logits):
 
 
 def renormalized(weights_TxK, cfg):
-  return weights_TxK / jnp.sum(weights_TxK, axis=-1, keepdims=True) if cfg.renormalize else weights_TxK
+  """The weights over their sum (at least renormalize_min: ERNIE-4.5's clamp) with renormalize, else as they are."""
+  if not cfg.renormalize:
+    return weights_TxK
+  total = jnp.sum(weights_TxK, axis=-1, keepdims=True)
+  return weights_TxK / (jnp.maximum(total, cfg.renormalize_min) if cfg.renormalize_min else total)
 
 
 def softmax_router(x_TxD, params, name):

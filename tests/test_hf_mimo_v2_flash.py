@@ -1,0 +1,188 @@
+"""MiMo-V2-Flash against transformers: GQA with value heads narrower than q and k (`DecoderConfig.v_head_dim`), the
+values scaled (`value_scale`), full_attention and sliding_attention layers, the sliding ones with twice the kv heads,
+a sink logit per head and their own partial RoPE (`DecoderConfig.sliding_overrides`, `DecoderConfig.at`), a dense
+first layer, then DeepSeek-V3's router without shared experts. The fixture (tests/data/hf/mimo_v2_flash,
+transformers' MiMoV2FlashForCausalLM: layers [full, sliding, sliding, full], q and k 24 wide, v 16, window 4) gives
+logits on the 2 x 4 mesh scanned and unrolled under another MoE path, the routers' choices, greedy tokens through
+the cache (each layer its own kv heads and widths), and the checkpoint written back bit for bit; the export loads
+back in transformers with the fixture's logits (`make_hf_fixtures.py --check-export mimo_v2_flash`, docs/models.md).
+Here too what its config.json says its own way and what it cannot say.
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import moejax.infer as infer
+import moejax.models as models
+from moejax.infer import cache as cache_lib
+from moejax.models import hf_checkpoint, hf_config, layers
+from moejax.validation import ConfigError
+from tests.helpers import relative_error
+from tests.test_hf_models import (
+  DATA,
+  TOL,
+  assert_states_equal,
+  fixture_copy,
+  group,
+  model_state,
+  reference,
+  refused,
+  tiled,
+)
+
+FAMILY = "mimo_v2_flash"
+OTHER_PATH = {"path": "gpu_first", "dedup": True, "schedule": "chunked", "num_chunks": 2}
+FIELDS = (  # config.json fields transformers' MiMoV2FlashConfig reads, beyond the shapes every family has
+  "n_routed_experts",
+  "num_experts_per_tok",
+  "moe_intermediate_size",
+  "routed_scaling_factor",
+  "norm_topk_prob",
+  "n_group",
+  "topk_group",
+  "mlp_layer_types",
+  "layer_types",
+  "sliding_window",
+  "head_dim",
+  "v_head_dim",
+  "attention_value_scale",
+  "attention_bias",
+  "num_key_value_heads",
+  "intermediate_size",
+  "rms_norm_eps",
+  "rope_parameters",
+)
+SLIDING = (("attention_sinks", True), ("num_kv_heads", 4), ("partial_rotary_factor", 0.5), ("rope_theta", 500.0))
+pytestmark = group(FAMILY)
+
+
+def config() -> dict:
+  return json.loads((DATA / FAMILY / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model(mesh_2x4):
+  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
+
+
+def check_against_reference(model, ref):
+  logits, aux = model(tiled(ref["tokens"]), details=True)
+  logits = np.asarray(logits)
+  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
+    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
+  tokens = ref["router_ids"].shape[1]
+  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
+  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+
+
+def test_logits_and_routing_match_transformers(model):
+  """Scanned: the dense full layer 0, the two sliding MoE layers stacked, the full MoE layer 3."""
+  segments = (layers.Segment(0, 1, 1), layers.Segment(1, 1, 2), layers.Segment(3, 1, 1))
+  assert model.cfg.scan_layers and layers.segments(model.cfg) == segments
+  check_against_reference(model, reference(FAMILY))
+
+
+@pytest.mark.slow
+def test_logits_unrolled_under_another_path(mesh_2x4):
+  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
+  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  check_against_reference(other, reference(FAMILY))
+
+
+@pytest.mark.slow
+def test_greedy_generation_matches_transformers(model):
+  ref = reference(FAMILY)
+  prompt, greedy = ref["prompt"], ref["greedy"]
+  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+
+
+@pytest.mark.slow
+def test_round_trip(model, tmp_path, mesh_2x4):
+  """The export holds the fixture's tensors bit for bit under the same names (the sliding layers' sinks as
+  `self_attn.attention_sink_bias`), and the config.json fields transformers reads; loaded again, the same
+  parameters."""
+  out = str(tmp_path / "export")
+  models.to_hf(model, out)
+  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  assert sorted(written) == sorted(fixture)
+  for name, tensor in fixture.items():
+    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
+  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
+  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
+    assert got[name] == want[name], name
+  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# What MiMo-V2-Flash's config.json says its own way
+
+
+@pytest.mark.slow
+def test_reads_narrow_values_and_the_sliding_layers_own_attention():
+  cfg, moe_cfg = hf_config.from_hf_config(config())
+  assert (cfg.head_dim, cfg.v_head_dim, cfg.value_dim, cfg.value_scale) == (24, 16, 16, 0.707)
+  assert (cfg.num_kv_heads, cfg.attention_sinks, cfg.rope_theta, cfg.partial_rotary_factor) == (2, False, 1e4, 0.334)
+  assert cfg.sliding_layers == (False, True, True, False) and cfg.sliding_window == 4
+  assert cfg.sliding_overrides == SLIDING
+  sliding = cfg.at(1)
+  assert (sliding.num_kv_heads, sliding.attention_sinks, sliding.rope_dim, cfg.rope_dim) == (4, True, 12, 8)
+  assert cfg.at(0) is cfg and cfg.at(3) is cfg and cfg.at(2) is sliding
+  assert (cfg.qkv_bias, cfg.out_bias, cfg.qk_norm, cfg.moe_layers) == (True, False, False, (False, True, True, True))
+  assert (moe_cfg.score, moe_cfg.num_groups, moe_cfg.topk_groups, moe_cfg.routed_scaling) == ("sigmoid", 4, 2, 1.5)
+  assert (moe_cfg.num_shared_experts, moe_cfg.renormalize) == (0, True) and moe_cfg.bias_update_rate > 0
+  assert hf_checkpoint.hf_key(("blocks", 1, "attn", "sinks"), cfg)[0] == "model.layers.1.self_attn.attention_sink_bias"
+
+
+@pytest.mark.slow
+def test_cache_holds_each_layers_heads_and_widths(mesh_2x4):
+  """Full layers cache k [B, S, 2, 24] and v [B, S, 2, 16]; sliding layers twice the kv heads."""
+  cfg, _ = hf_config.from_hf_config(config())
+  got = cache_lib.init_cache(dataclasses.replace(cfg, scan_layers=False), 8, 20, mesh_2x4)
+  full, sliding = [(8, 20, 2, 24), (8, 20, 2, 16)], [(8, 20, 4, 24), (8, 20, 4, 16)]
+  assert [[a.shape for a in pair] for pair in got] == [full, sliding, sliding, full]
+
+
+@pytest.mark.slow
+def test_defaults_are_mimo_configs():
+  """Without layer_types layer 0 and every 6th are full; without rope_parameters MiMo's thetas (5e6 full, 1e4
+  sliding) and factor 0.334; sliding_window_size is the window less one; a null scaling factor is 1."""
+  absent = ("layer_types", "rope_parameters", "sliding_window", "attention_value_scale", "v_head_dim")
+  hf = {k: v for k, v in config().items() if k not in absent}
+  hf.update(num_hidden_layers=7, mlp_layer_types=None, sliding_window_size=8, routed_scaling_factor=None)
+  cfg, moe_cfg = hf_config.from_hf_config(hf)
+  assert cfg.sliding_layers == (False, True, True, True, True, False, True) and cfg.sliding_window == 9
+  assert (cfg.rope_theta, cfg.partial_rotary_factor, cfg.at(1).rope_theta) == (5e6, 0.334, 1e4)
+  assert (cfg.value_scale, cfg.v_head_dim, moe_cfg.routed_scaling) == (0.707, 128, 1.0)
+  with pytest.raises(ConfigError, match="rope_parameters"):
+    hf_config.from_hf_config({**config(), "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+
+
+@pytest.mark.slow
+def test_export_refuses_what_config_json_cannot_say():
+  cfg, moe_cfg = hf_config.from_hf_config(config())
+  for overrides in (SLIDING[1:], (("attention_sinks", False),) + SLIDING[1:]):
+    with pytest.raises(ConfigError, match="sliding_overrides"):
+      hf_config.to_hf_config(dataclasses.replace(cfg, sliding_overrides=overrides), moe_cfg)
+  with pytest.raises(ConfigError, match="moe.num_shared_experts"):
+    hf_config.to_hf_config(cfg, dataclasses.replace(moe_cfg, num_shared_experts=1, shared_d_ff=16))
+  # another family's config.json has no narrower values, value scale or sliding layers of their own
+  qwen = json.loads((DATA / "qwen3_moe" / "config.json").read_text())
+  plain, plain_moe = hf_config.from_hf_config(qwen)
+  for name, value in (("v_head_dim", 8), ("value_scale", 0.5)):
+    with pytest.raises(ConfigError, match=name):
+      hf_config.to_hf_config(dataclasses.replace(plain, **{name: value}), plain_moe)
+
+
+@pytest.mark.slow
+def test_published_mtp_tensors_are_ignored(tmp_path, mesh_2x4, model):
+  directory = fixture_copy(tmp_path, FAMILY)
+  tensors = load_file(os.path.join(directory, "model.safetensors"))
+  save_file({**tensors, "model.mtp.layers.0.fc.weight": np.ones((4, 4), np.float32)}, f"{directory}/model.safetensors")
+  assert_states_equal(model_state(models.from_hf(directory, mesh_2x4)), model_state(model))
+  save_file({**tensors, "model.extra.weight": np.ones((4, 4), np.float32)}, f"{directory}/model.safetensors")
+  assert "model.extra.weight" in refused(directory, mesh_2x4)

@@ -1,0 +1,206 @@
+"""The vision-language families of issue 59, whose text decoder moejax runs on text-only input, against transformers'
+ForConditionalGeneration class given input_ids alone: qwen3_5_moe (Qwen3-Next's hybrid decoder under
+model.language_model, interleaved multimodal RoPE, the DeltaNet's projections apart) and kimi_k25 (DeepSeek-V3's
+decoder behind a vision tower and projector). Each fixture (tests/data/hf/<family>, transformers' own class with a
+1-layer vision tower) gives its logits on the 2 x 4 mesh under the default MoE path and another, the routers' choices
+and greedy tokens, its vision tensors ignored; the export is the decoder alone, as its text-only class's checkpoint
+(qwen3_5_moe_text, Qwen3_5MoeForCausalLM; deepseek_v3, DeepseekV3ForCausalLM), which loads back in moejax with the
+same parameters and in transformers with the fixture's logits (`make_hf_fixtures.py --check-export`, docs/models.md).
+"""
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import moejax.infer as infer
+import moejax.models as models
+from moejax.models import hf_config, token_mixers
+from moejax.validation import ConfigError
+from tests.helpers import relative_error
+from tests.test_hf_models import (
+  DATA,
+  TOL,
+  Loaded,
+  assert_states_equal,
+  case,
+  fixture_copy,
+  group,
+  model_state,
+  reference,
+  refused,
+  tiled,
+)
+
+FAMILIES = ("qwen3_5_moe", "kimi_k25")
+OTHER_PATH = {
+  "qwen3_5_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
+  "kimi_k25": {"path": "node_first", "buffer_factor": 4.0},
+}
+# The decoder's prefix in each fixture, and in its export (the text-only class's checkpoint).
+PREFIX = {"qwen3_5_moe": ("model.language_model.", "model.language_model."), "kimi_k25": ("language_model.", "")}
+HEAD = {
+  "qwen3_5_moe": ("lm_head.weight", "lm_head.weight"),
+  "kimi_k25": ("language_model.lm_head.weight", "lm_head.weight"),
+}
+EXPORTED = {
+  "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
+  "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+}
+
+
+def config(family: str) -> dict:
+  return json.loads((DATA / family / "config.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def loaded(mesh_2x4):
+  return Loaded(mesh_2x4)
+
+
+def check_against_reference(logits, aux, ref):
+  logits = np.asarray(logits)
+  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
+    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
+  tokens = ref["router_ids"].shape[1]
+  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
+  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+
+
+@group("qwen3_5_moe")
+def test_qwen3_5_moe_logits_and_routing_match_transformers(loaded):
+  """The decoder of text_config: Qwen3-Next's layers with the DeltaNet's projections apart, every layer MoE,
+  renormalised top-k; the interleaved multimodal RoPE (mrope_section [2, 1, 1]) on text is the partial RoPE of
+  head_dim x 0.5. The vision tower's tensors (model.visual.*) are in the checkpoint and ignored."""
+  cfg, moe_cfg = loaded.model("qwen3_5_moe").cfg, loaded.model("qwen3_5_moe").moe_cfg
+  assert cfg.mixers == ("gated_deltanet", "attention") * 2 and cfg.linear_split_projections
+  assert (cfg.partial_rotary_factor, cfg.rope_dim, cfg.rope_scaling, cfg.tie_embeddings) == (0.5, 8, None, False)
+  assert cfg.moe_layers == (True,) * 4 and cfg.d_ff == moe_cfg.d_ff == 16
+  assert (moe_cfg.renormalize, moe_cfg.num_shared_experts, moe_cfg.shared_gate, moe_cfg.top_k) == (True, 1, True, 2)
+  assert [token_mixers.of(cfg, i).hf_module for i in range(4)] == ["linear_attn", "self_attn"] * 2
+  assert any(name.startswith("model.visual.") for name in load_file(DATA / "qwen3_5_moe" / "model.safetensors"))
+  check_against_reference(*loaded.forward("qwen3_5_moe"), reference("qwen3_5_moe"))
+
+
+@group("kimi_k25")
+def test_kimi_k25_logits_and_routing_match_transformers(loaded):
+  """DeepSeek-V3's decoder of text_config (MLA, YaRN, sigmoid routing with the bias, one group), its tensors under
+  language_model.*, the vision tower's and projector's ignored; the head untied as the top level says."""
+  cfg, moe_cfg = loaded.model("kimi_k25").cfg, loaded.model("kimi_k25").moe_cfg
+  assert cfg.latent and cfg.moe_layers == (False, True, True) and not cfg.tie_embeddings
+  assert (moe_cfg.score, moe_cfg.num_groups, moe_cfg.routed_scaling, moe_cfg.num_shared_experts) == (
+    "sigmoid",
+    None,
+    2.5,
+    1,
+  )
+  check_against_reference(*loaded.forward("kimi_k25"), reference("kimi_k25"))
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_logits_under_another_path(mesh_2x4, family):
+  ref, moe = reference(family), OTHER_PATH[family]
+  model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe)
+  assert all(getattr(model.moe_cfg, name) == value for name, value in moe.items())
+  check_against_reference(*model(tiled(ref["tokens"]), details=True), ref)
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_greedy_generation_matches_transformers(loaded, family):
+  """Through the cache (Qwen3.5's DeltaNet states and KV pairs; Kimi's MLA latents), transformers' generate on the
+  text-only prompt."""
+  ref = reference(family)
+  prompt, greedy = ref["prompt"], ref["greedy"]
+  np.testing.assert_array_equal(
+    infer.generate_tokens(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1]), greedy
+  )
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_export_is_the_text_only_decoder(loaded, tmp_path, family):
+  """The export is the decoder alone as its text-only class's checkpoint: the fixture's decoder tensors bit for bit
+  under that class's names, no vision tensor, config.json flat (text_config's fields at the top level); moejax loads
+  it back (as that family) with the same parameters."""
+  model, out = loaded.model(family), str(tmp_path / "export")
+  models.to_hf(model, out)
+  fixture, written = load_file(DATA / family / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  (ours, theirs), (head, exported_head) = PREFIX[family], HEAD[family]
+  decoder = {
+    exported_head if name == head else theirs + name[len(ours) :]: tensor
+    for name, tensor in fixture.items()
+    if name == head or name.startswith(ours)
+  }
+  assert sorted(written) == sorted(decoder) and len(decoder) < len(fixture)  # the vision tensors left out
+  for name, tensor in decoder.items():
+    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
+  got, text = json.loads(open(os.path.join(out, "config.json")).read()), config(family)["text_config"]
+  assert (got["model_type"], got["architectures"]) == (EXPORTED[family][0], [EXPORTED[family][1]])
+  assert "text_config" not in got and "vision_config" not in got and got["tie_word_embeddings"] is False
+  for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts_per_tok"):
+    assert got[name] == text[name], name
+  back = models.from_hf(out, loaded.mesh)
+  assert back.cfg.family == EXPORTED[family][0]
+  assert_states_equal(model_state(back), model_state(model))
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_other_unexpected_tensors_refused(tmp_path, mesh_2x4, family):
+  """Only the vision tower's and projector's tensors (and Qwen3.5's MTP module) are ignored: a tensor elsewhere that
+  the config does not name is refused, naming it."""
+  directory = fixture_copy(tmp_path, family)
+  path = os.path.join(directory, "model.safetensors")
+  extra = PREFIX[family][0] + "layers.9.mlp.gate.weight"
+  save_file({**load_file(path), extra: np.ones((4, 4), np.float32)}, path)
+  assert extra in refused(directory, mesh_2x4)
+
+
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
+def test_config_json_without_text_config_refused(family):
+  hf = {k: v for k, v in config(family).items() if k != "text_config"}
+  with pytest.raises(ConfigError, match="text_config"):
+    hf_config.from_hf_config(hf)
+
+
+@pytest.mark.slow
+def test_kimi_k25_ties_the_head_unless_the_top_level_says_not():
+  """Kimi_K25Config's tie_word_embeddings defaults to true, and the top level's decides (text_config's is unread);
+  Qwen3_5MoeConfig's defaults to false."""
+  hf = {k: v for k, v in config("kimi_k25").items() if k != "tie_word_embeddings"}
+  assert hf_config.from_hf_config(hf)[0].tie_embeddings
+  hf["text_config"] = {**hf["text_config"], "tie_word_embeddings": False}
+  assert hf_config.from_hf_config(hf)[0].tie_embeddings
+  qwen = {k: v for k, v in config("qwen3_5_moe").items() if k != "tie_word_embeddings"}
+  assert not hf_config.from_hf_config(qwen)[0].tie_embeddings
+
+
+@pytest.mark.slow
+def test_qwen3_5_moe_reads_what_transformers_reads():
+  """Every layer MoE and the top-k renormalised whatever config.json says (Qwen3.5's decoder has no mlp_only_layers
+  nor norm_topk_prob); the rope's mrope_section unread (text-only: plain partial RoPE)."""
+  hf = config("qwen3_5_moe")
+  text = {**hf["text_config"], "mlp_only_layers": [0], "norm_topk_prob": False}
+  cfg, moe_cfg = hf_config.from_hf_config({**hf, "text_config": text})
+  assert cfg.moe_layers == (True,) * 4 and moe_cfg.renormalize
+  rope = {**text["rope_parameters"], "mrope_section": [1, 1, 2]}
+  assert hf_config.from_hf_config({**hf, "text_config": {**text, "rope_parameters": rope}})[0] == cfg
+  # its config.json cannot say the DeltaNet's projections grouped (Qwen3-Next's), nor Qwen3-Next's the split ones
+  with pytest.raises(ConfigError, match="linear_split_projections"):
+    hf_config.to_hf_config(dataclasses.replace(cfg, linear_split_projections=False), moe_cfg)
+  with pytest.raises(ConfigError, match="linear_split_projections"):
+    hf_config.to_hf_config(dataclasses.replace(cfg, family="qwen3_next"), moe_cfg)
+
+
+@pytest.mark.slow
+def test_kimi_k25_saved_by_transformers_refused_naming_the_tensors(tmp_path, mesh_2x4):
+  """transformers 5.24's save_pretrained writes Kimi's decoder layers as language_model.model.blocks.N (its load-time
+  rename of the vision tower's blocks, reversed over every key); moejax reads the published layers.N names."""
+  directory = fixture_copy(tmp_path, "kimi_k25")
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  save_file(
+    {k.replace("language_model.model.layers.", "language_model.model.blocks."): v for k, v in tensors.items()}, path
+  )
+  assert "language_model.model.layers.0." in refused(directory, mesh_2x4)
