@@ -56,19 +56,36 @@ def _three_steps(config, stages: int, tokens):
   return records, jax.device_get(state["params"]), first_moment
 
 
+_UNPIPELINED = {}  # the unpipelined run of each (spec, layers, nodes, gpus, moe, tokens' seed): several cases share one
+
+
+def _unpipelined(spec, layers, nodes, gpus, moe, seed, tokens):
+  key = (spec, layers, nodes, gpus, tuple(sorted(moe.items())), seed)
+  if key not in _UNPIPELINED:
+    _UNPIPELINED[key] = _three_steps(_config(spec, layers, nodes, gpus, **moe), 1, tokens)
+  return _UNPIPELINED[key]
+
+
+def _case(spec, layers, schedule, stages, virtual, nodes, gpus, moe):
+  """A case, in the xdist group of its unpipelined run (seeded by stages and layers), so the cases sharing it share
+  a worker."""
+  group = f"unpipelined-{spec}-{layers}-{nodes}x{gpus}-{sorted(moe)}-{stages * 10 + layers}"
+  return pytest.param(spec, layers, schedule, stages, virtual, nodes, gpus, moe, marks=pytest.mark.xdist_group(group))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "spec,layers,schedule,stages,virtual,nodes,gpus,moe",
   [
-    ("qwen3_moe", 2, "1f1b", 2, 1, 1, 4, {}),
-    ("deepseek_v3", 3, "gpipe", 2, 1, 1, 4, {}),
-    ("deepseek_v3", 5, "1f1b", 4, 1, 1, 2, {}),
-    ("qwen3_moe", 4, "gpipe", 4, 1, 2, 1, {}),
-    ("deepseek_v3", 5, "1f1b", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
-    ("qwen3_moe", 4, "dualpipev", 2, 1, 1, 4, {}),
-    ("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
-    ("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
-    ("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {}),
+    _case("qwen3_moe", 2, "1f1b", 2, 1, 1, 4, {}),
+    _case("deepseek_v3", 3, "gpipe", 2, 1, 1, 4, {}),
+    _case("deepseek_v3", 5, "1f1b", 4, 1, 1, 2, {}),
+    _case("qwen3_moe", 4, "gpipe", 4, 1, 2, 1, {}),
+    _case("deepseek_v3", 5, "1f1b", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
+    _case("qwen3_moe", 4, "dualpipev", 2, 1, 1, 4, {}),
+    _case("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
+    _case("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
+    _case("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {}),
   ],
 )
 def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, virtual, nodes, gpus, moe):
@@ -78,12 +95,11 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
   its forwards of later ones). dualpipev: 4 stages of layers on 2 devices, the V; dualpipe: each stage on both
   devices, its gradients the two copies' sum; interleaved (virtual_stages 2): 4 stages of layers on 2 devices,
   device d running stages d and d + 2, each micro-batch passing the devices twice."""
-  tokens = np.random.default_rng(stages * 10 + layers).integers(
-    TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32
-  )
+  seed = stages * 10 + layers
+  tokens = np.random.default_rng(seed).integers(TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
   pipeline = dict(schedule=schedule, stages=stages, virtual_stages=virtual)
   piped = _three_steps(_config(spec, layers, nodes, gpus, pipeline, **moe), stages, tokens)
-  plain = _three_steps(_config(spec, layers, nodes, gpus, **moe), 1, tokens)
+  plain = _unpipelined(spec, layers, nodes, gpus, moe, seed, tokens)
   for step, (got, want) in enumerate(zip(piped[0], plain[0])):
     assert set(got) == set(want)
     for name in want:
