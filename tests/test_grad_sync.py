@@ -22,7 +22,8 @@ def test_prioritized_reduces_each_bucket_before_the_next_exchange(tmp_path):
   # No persistent compilation cache: a program loaded from it is not compiled, so XLA dumps nothing for it.
   env = {k: v for k, v in ENV.items() if k != "JAX_COMPILATION_CACHE_DIR"}
   env.update(
-    JAX_ENABLE_COMPILATION_CACHE="false", XLA_FLAGS=f"--xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning"
+    JAX_ENABLE_COMPILATION_CACHE="false",
+    XLA_FLAGS=f"{env.get('XLA_FLAGS', '')} --xla_dump_to={tmp_path} --xla_dump_hlo_pass_re=spmd-partitioning",
   )
   done = subprocess.run(
     [sys.executable, "tests/programs/grad_sync_check.py", str(tmp_path)],

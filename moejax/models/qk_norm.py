@@ -8,9 +8,14 @@ decoder step's FLOPs (`moejax.bench.gpu.decoder_step`) ask the mode of a config 
                    [num_heads x head_dim] and [num_kv_heads x head_dim] (OLMoE, MiniMax-M2)
   head_after_rope  each head's q and k after RoPE, weights [head_dim] each (HunYuan's query_layernorm and
                    key_layernorm); the keys are cached normed, as transformers caches them
+  l2               each head's q and k after RoPE, without weights (Llama 4's L2 norm, in its RoPE layers only)
 """
 
 import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
 
 from moejax.models.rms_norm import RMSNorm, block_norm
 
@@ -26,9 +31,12 @@ class QkNorm:
   name: str
   where: str
   whole_projection: bool = False
+  weighted: bool = True
 
-  def shapes(self, cfg) -> tuple[tuple[int], tuple[int]]:
-    """(q_norm's weight shape, k_norm's) of a GQA decoder config."""
+  def shapes(self, cfg) -> tuple[tuple[int], ...]:
+    """(q_norm's weight shape, k_norm's) of a GQA decoder config; () without weights."""
+    if not self.weighted:
+      return ()
     if self.whole_projection:
       return (cfg.num_heads * cfg.head_dim,), (cfg.num_kv_heads * cfg.head_dim,)
     return (cfg.head_dim,), (cfg.head_dim,)
@@ -39,6 +47,8 @@ class QkNorm:
 
   def norms(self, cfg) -> tuple[RMSNorm, RMSNorm]:
     """(q_norm, k_norm), the modules of one attention layer."""
+    if not self.weighted:
+      return UnitNorm(cfg.rms_eps), UnitNorm(cfg.rms_eps)
     return tuple(block_norm(cfg, shape[0]) for shape in self.shapes(cfg))
 
   def apply(self, where: str, q_norm, k_norm, q, k):
@@ -49,10 +59,22 @@ class QkNorm:
     return q_norm(q), k_norm(k)
 
 
+class UnitNorm(nnx.Module):
+  """x [..., W] -> x / sqrt(mean(x^2) + eps), statistics in float32, no weight (Llama4TextL2Norm)."""
+
+  def __init__(self, eps: float):
+    self.eps = eps
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)).astype(x.dtype)
+
+
 HEAD = QkNorm("head", BEFORE_ROPE)
 PROJECTION = QkNorm("projection", ON_PROJECTION, whole_projection=True)
 HEAD_AFTER_ROPE = QkNorm("head_after_rope", AFTER_ROPE)
-MODES = {mode.name: mode for mode in (HEAD, PROJECTION, HEAD_AFTER_ROPE)}
+L2 = QkNorm("l2", AFTER_ROPE, weighted=False)
+MODES = {mode.name: mode for mode in (HEAD, PROJECTION, HEAD_AFTER_ROPE, L2)}
 NAMES = tuple(MODES)  # `DecoderConfig.qk_norm_mode`'s allowed values
 
 

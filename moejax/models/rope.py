@@ -10,7 +10,7 @@ import numpy as np
 
 from moejax.validation import require
 
-ROPE_TYPES = ("default", "yarn")
+ROPE_TYPES = ("default", "yarn", "llama3")
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -22,13 +22,16 @@ def frequencies(dim: int, theta: float, scaling: dict | None = None) -> tuple[tu
   factor on cos and sin) of a rotary part `dim` wide.
 
   scaling: a checkpoint's rope_scaling (None or type 'default': plain RoPE; 'yarn': YaRN's blend of interpolated
-  and extrapolated frequencies between beta_fast and beta_slow rotations, and its attention factor)."""
+  and extrapolated frequencies between beta_fast and beta_slow rotations, and its attention factor; 'llama3':
+  `_llama3`)."""
   exponents = np.arange(0, dim, 2, dtype=np.float32) / np.float32(dim)
   extrapolated = (1.0 / np.float32(theta) ** exponents).astype(np.float32)
   kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
   require(kind in ROPE_TYPES, "rope_scaling.rope_type", kind, f"one of {ROPE_TYPES}")
   if kind == "default":
     return tuple(map(float, extrapolated)), 1.0
+  if kind == "llama3":
+    return _llama3(extrapolated, scaling), 1.0
   factor, original = float(scaling["factor"]), scaling["original_max_position_embeddings"]
   mscale, mscale_all_dim = scaling.get("mscale"), scaling.get("mscale_all_dim")
   attention_factor = scaling.get("attention_factor")
@@ -49,6 +52,19 @@ def frequencies(dim: int, theta: float, scaling: dict | None = None) -> tuple[tu
   keep = 1 - ramp  # 1: extrapolate (high frequencies), 0: interpolate
   inverse = extrapolated / np.float32(factor) * (1 - keep) + extrapolated * keep
   return tuple(map(float, inverse.astype(np.float32))), float(attention_factor)
+
+
+def _llama3(inverse: np.ndarray, scaling: dict) -> tuple[float, ...]:
+  """Llama 3's (and Llama 4's) frequencies: those of wavelengths past original / low_freq_factor divided by factor,
+  those under original / high_freq_factor kept, the ones between blended smoothly (transformers' llama3 rope)."""
+  factor, low, high = (float(scaling[k]) for k in ("factor", "low_freq_factor", "high_freq_factor"))
+  original = float(scaling["original_max_position_embeddings"])
+  wavelength = 2 * math.pi / inverse
+  scaled = np.where(wavelength > original / low, inverse / factor, inverse)
+  smooth = (original / wavelength - low) / (high - low)
+  blended = (1 - smooth) * scaled / factor + smooth * scaled
+  medium = (wavelength >= original / high) & (wavelength <= original / low)
+  return tuple(map(float, np.where(medium, blended, scaled).astype(np.float32)))
 
 
 def softmax_scale(head_dim: int, scaling: dict | None) -> float:
