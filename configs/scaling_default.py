@@ -87,8 +87,12 @@ def get_config() -> ml_collections.ConfigDict:
   # Points whose mesh the job's devices of `platform` can form are also timed (rows 'measured'): one MoE layer
   # forward and a whole training step at the model's shapes. 'gpu': one host's GPUs, or whole hosts of a job of
   # several processes (moejax.study.hosts); 'cpu': the CPU devices (simulated nodes in one process), which
-  # exercises the measured path but says nothing about GPUs. models: the models to time (() = all).
-  config.measure = ml_collections.ConfigDict({"platform": "gpu", "warmup": 3, "repeats": 10, "models": ()})
+  # exercises the measured path but says nothing about GPUs. models: the models to time (() = all). Each program is
+  # timed at least `repeats` times, then until its median's ~95% interval is within `spread` of it, at most
+  # `max_repeats` (moejax.study.repeats).
+  config.measure = ml_collections.ConfigDict(
+    {"platform": "gpu", "warmup": 3, "repeats": 5, "max_repeats": 30, "spread": 0.05, "models": ()}
+  )
   # Calibration (moejax.cost.fitted): source '' prices on the topology as given; 'measure' first times this job's
   # all-to-alls (`rows` rows per peer) and one layer on measure.platform's devices and prices every point with the
   # fitted terms, the timed expert rate and non-expert cost (<workdir>/calibration.json); or the path of such a

@@ -26,12 +26,12 @@ from absl import logging
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels.tuning import time_call
 from moejax.cost import fitted
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import hosts, phase_timing
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import moe_section, scheme_config, validate
+from moejax.study.repeats import Repeats, timed
 from moejax.study.sweep import measured_points
 from moejax.validation import require
 
@@ -59,7 +59,7 @@ def settings(config) -> dict:
     d=max(model.d_model for model in config.models.values()),
     dtype=config.moe.dtype,
     warmup=config.measure.warmup,
-    repeats=config.measure.repeats,
+    repeats=dataclasses.asdict(Repeats.of(config.measure)),
     processes=jax.process_count(),
     layer_model=config.models[first].to_dict(),
     layer_moe=moe_section(config, first).to_dict(),
@@ -85,7 +85,7 @@ def _time_exchange(
 
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh_lib.AXES), out_specs=P(mesh_lib.AXES)))
   x = jax.device_put(np.ones((n * m * members * rows, d), dtype), NamedSharding(mesh, P(mesh_lib.AXES)))
-  return statistics.median(time_call(fn, (x,), warmup, repeats))
+  return statistics.median(timed(lambda: fn(x), warmup, repeats))
 
 
 def time_exchanges(config) -> list[dict]:
@@ -98,7 +98,7 @@ def time_exchanges(config) -> list[dict]:
     for rows in config.calibration.rows:
       seconds = None
       if hosts.takes_part(devices):
-        seconds = _time_exchange(axis, devices, n, m, rows, d, dtype, config.measure.warmup, config.measure.repeats)
+        seconds = _time_exchange(axis, devices, n, m, rows, d, dtype, config.measure.warmup, Repeats.of(config.measure))
       hosts.barrier(f"calibration {axis} {n}x{m} {rows}")
       out.append(dataclasses.asdict(fitted.Exchange(axis, n, m, rows, d * dtype.itemsize, seconds)))
       logging.info(
@@ -127,7 +127,7 @@ def time_layer(config) -> dict | None:
     dtype = jnp.dtype(moe.dtype)
     params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
     x = random_tokens(mesh, tokens, cfg.d_model, config.sim.seed + 1, dtype)
-    phases = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, config.measure.repeats)
+    phases = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure))
     result = dict(
       phases,
       model=name,

@@ -20,7 +20,6 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels.tuning import time_call
 from moejax.moe import collective as collective_lib
 from moejax.moe import experts
 from moejax.moe import path as path_lib
@@ -31,6 +30,7 @@ from moejax.moe.layout import layout
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
 from moejax.runtime.mesh import AXES
+from moejax.study.repeats import Repeats, timed
 
 
 def hop_sizes(traffic_AxA: np.ndarray, axis, n: int, m: int) -> np.ndarray:
@@ -90,10 +90,11 @@ class _Phases:
     return self._map(body, 5 if cfg.gated else 4, not cfg.backend_kind.interprets_on(platform_lib.of_mesh(self.mesh)))
 
 
-def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: int) -> dict:
-  """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh) and of its phases:
+def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: Repeats | int) -> dict:
+  """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh) and of its phases, each timed
+  `repeats` times (`moejax.study.repeats.timed`):
   {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms', 'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}."""
-  layer = time_call(lambda: moe_apply(params, x, cfg, mesh), (), warmup, repeats)
+  layer = timed(lambda: moe_apply(params, x, cfg, mesh), warmup, repeats)
   _, aux = moe_apply(params, x, cfg, mesh)
   traffic = np.asarray(aux["traffic_rows"])
   counts = np.asarray(aux["expert_counts"])
@@ -104,7 +105,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   d, slots = cfg.d_model, lay.slots
   rng = np.random.default_rng(0)
   rows_of = lambda count: phases.put(rng.standard_normal((devices * count, d)).astype(jnp.dtype(cfg.dtype)))
-  median_ms = lambda fn: 1e3 * statistics.median(time_call(fn, (), warmup, repeats))
+  median_ms = lambda fn: 1e3 * statistics.median(timed(fn, warmup, repeats))
   comm = {True: 0.0, False: 0.0}  # crosses nodes -> ms
 
   row_slots = cfg.choices_per_token * lay.sharding.copies(m) if lay.dedup else 1

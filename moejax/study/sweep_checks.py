@@ -76,13 +76,26 @@ def check_sim_and_measure(config) -> None:
   require(
     not unknown, "measure.models", config.measure.models, f"names of models ({', '.join(config.models)}), or () for all"
   )
-  for field in ("warmup", "repeats"):
+  for field in ("warmup", "repeats", "max_repeats"):
     require(
       isinstance(config.measure[field], int) and config.measure[field] >= 1,
       f"measure.{field}",
       config.measure[field],
       "a positive int",
     )
+  require(
+    config.measure.max_repeats >= config.measure.repeats,
+    "measure.max_repeats",
+    config.measure.max_repeats,
+    f"at least measure.repeats ({config.measure.repeats})",
+  )
+  spread = config.measure.spread
+  require(
+    isinstance(spread, (int, float)) and 0 < spread < 1,
+    "measure.spread",
+    spread,
+    "the median's relative confidence half-width that stops the repeats, in (0, 1)",
+  )
 
 
 def check_global_batch(config, meshes: list) -> None:

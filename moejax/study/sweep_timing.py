@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from kernels.tuning import time_call
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import phase_timing, point_models
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import Point, identity, moe_section, scheme_config
 from moejax.study.price import batch
+from moejax.study.repeats import Repeats, timed
 from moejax.train import objective
 from moejax.train import trainer as train_lib
 
@@ -26,20 +26,21 @@ def time_training_step(
   batch_shape: tuple[int, int, int],
   seed: int,
   warmup: int,
-  repeats: int,
+  repeats: Repeats | int,
   optim: dict = point_models.TIMING_OPTIM,
 ) -> dict:
   """Wall-clock of the jitted training step (`moejax.train.trainer.Trainer.step`, state donated, the optimizer of
   `optim`: LAMB by default) of `model_config` (a ModelConfig or DecoderConfig) on one batch of random tokens
   [U, B, S] (U micro batches of B sequences of S tokens): a compiling call, `warmup` untimed calls, then `repeats`
-  timed ones (`time_call`). Seeds: the trainer's `seed`, the tokens' seed + 2.
+  timed ones (`moejax.study.repeats.timed`: an int, or at least Repeats.least until the median is stable). Seeds: the trainer's `seed`, the tokens' seed + 2.
 
   Returns {'times_s': [repeats] seconds, 'losses': every call's loss in order (compiling, warm-up, timed),
   'parameters': the model's parameter count}.
   """
   vocab = model_config.vocab_size
+  most = repeats if isinstance(repeats, int) else repeats.most
   train_config = ml_collections.ConfigDict(
-    {"seed": seed, "steps": 1 + warmup + repeats, "optim": optim, "data": {"mask_prob": objective.MASK_PROB}}
+    {"seed": seed, "steps": 1 + warmup + most, "optim": optim, "data": {"mask_prob": objective.MASK_PROB}}
   )
   ids = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=vocab - 2, num_ids=vocab)
   trainer = train_lib.Trainer(train_config, model_config, moe_config, mesh, ids)
@@ -56,7 +57,7 @@ def time_training_step(
     losses.append(metrics["loss"])
     return state
 
-  times = time_call(step, (), warmup, repeats)
+  times = timed(step, warmup, repeats)
   return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters}
 
 
@@ -74,7 +75,7 @@ def training_step(point: Point, config, devices: list) -> dict:
     (accumulation, global_batch // accumulation, model.seq_len),
     config.sim.seed,
     config.measure.warmup,
-    config.measure.repeats,
+    Repeats.of(config.measure),
     point_models.optimizer(model),
   )
 
@@ -84,8 +85,8 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and intra-node
   exchanges, expert FFN, the rest), and the whole training step (`moejax.train.trainer.Trainer`: the point's
   global batch as accumulation micro batches of random tokens, forward, backward, the family's optimizer,
-  `point_models`). Each: a compiling call and measure.warmup untimed calls, then the median of measure.repeats
-  (`time_call`). Every process holding one of `devices` calls it with the same arguments (its programs span them
+  `point_models`). Each: a compiling call and measure.warmup untimed calls, then the median of measure.repeats or more
+  (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same arguments (its programs span them
   all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
   for the other scaling's point."""
   model, moe = config.models[point.model], moe_section(config, point.model)
@@ -98,7 +99,7 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
   if key not in layers:
     params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
     x = random_tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
-    layers[key] = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, config.measure.repeats)
+    layers[key] = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure))
     del params, x
 
   global_batch, accumulation = batch(point, config)
@@ -121,7 +122,7 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
     "samples_per_s": global_batch / step_s,
     "loss_first": losses[0],
     "loss_last": losses[-1],
-    "repeats": config.measure.repeats,
+    "repeats": len(step_times),
     "hosts": len({d.process_index for d in devices}),
     "device": devices[0].device_kind,
     "jax_version": jax.__version__,
