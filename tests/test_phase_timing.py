@@ -1,60 +1,68 @@
-"""Per-phase timing: the phase programs move exactly the layer's traffic; every path's and collective's phases
-are classified as the cost model classifies them."""
+"""Per-phase timing from the layer's own program: the profile's self times against a hand sum on nested events,
+each instruction's phase, and every path's and collective's phases classified as the cost model classifies them,
+adding up to the layer."""
+
+import types
 
 import jax
-import numpy as np
+import jax.numpy as jnp
 import pytest
+from jax.sharding import PartitionSpec as P
 
+from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
-from moejax.study import phase_timing
+from moejax.study import phase_timing, profiled_phases
 
 
-def _peers(axis, s, n, m):
-  """Flat indices of the devices that exchange with flat device s over `axis`, in peer order."""
-  node, gpu = divmod(s, m)
-  if axis == mesh_lib.NODE:
-    return [i * m + gpu for i in range(n)]
-  if axis == mesh_lib.GPU:
-    return [node * m + j for j in range(m)]
-  return list(range(n * m))
+def event(name, start, duration):
+  return types.SimpleNamespace(name=name, start_ns=start, duration_ns=duration)
 
 
-@pytest.mark.parametrize("axis", [mesh_lib.NODE, mesh_lib.GPU, AXES])
-def test_exchange_phase_delivers_the_hop_traffic(mesh_2x4, axis):
-  n, m = 2, 4
-  devices = n * m
-  rng = np.random.default_rng(3)
-  traffic = np.zeros((devices, devices), np.int64)
-  for s in range(devices):  # random rows to the peers of each device over this axis only
-    traffic[s, _peers(axis, s, n, m)] = rng.integers(0, 4, len(_peers(axis, s, n, m)))
-  rows = int(traffic.sum(axis=1).max()) + 2  # some rows are sent nowhere
-  out_rows = len(_peers(axis, 0, n, m)) * rows
-  sizes = phase_timing.hop_sizes(traffic, axis, n, m)
-  for s in range(devices):  # device s's group matrix, rows = sources, columns = destinations
-    group = _peers(axis, s, n, m)
-    np.testing.assert_array_equal(sizes[s], [[traffic[a, b] for b in group] for a in group])
+def test_self_time_goes_to_the_nearest_instruction():
+  """A while loop holding a dot and a collective (whose rendezvous wait is its own), the executor's own time, and
+  events outside the program: each phase's seconds by hand."""
+  phases = {"while.1": "other", "dot.2": "expert", "all-to-all.3": "inter_node", "fusion.4": "other"}
+  thread = [
+    event(profiled_phases.EXECUTOR, 0, 1000),
+    event("while.1", 100, 700),
+    event("dot.2", 150, 200),
+    event("all-to-all.3", 400, 300),
+    event("Rendezvous", 450, 200),
+    event("fusion.4", 850, 100),
+  ]
+  other_thread = [event("dot.2", 5, 50), event("Wait: pending_threads=1/8", 100, 900), event("python", 0, 10_000)]
+  got = profiled_phases.self_times([thread, other_thread], phases)
+  # executor 1000 - while 700 - fusion 100 = 200 own; while 700 - dot 200 - all-to-all 300 = 200; fusion 100
+  want = {"other": (200 + 200 + 100) * 1e-9, "expert": (200 + 50) * 1e-9, "inter_node": 300e-9, "intra_node": 0.0}
+  assert got == pytest.approx(want)
 
-  values = np.stack([1000 * (s + 1) + np.arange(rows) for s in range(devices)]).astype(np.float32)
-  phases = phase_timing._Phases(MoEConfig(num_experts=8, top_k=1, d_model=1, d_ff=1), mesh_2x4)
-  send = phases.exchange(axis, out_rows, "dispatch", "padded")
-  got, got_ids = send(
-    phases.put(values.reshape(-1, 1)), phases.put(values.reshape(-1).astype(np.int32)), phases.put(sizes)
-  )
-  got, got_ids = np.asarray(got).reshape(devices, out_rows), np.asarray(got_ids).reshape(devices, out_rows)
-  for r in range(devices):  # each source's block for r (its rows are sorted by peer), sources in order
-    blocks = []
-    for s in _peers(axis, r, n, m):
-      starts = np.concatenate([[0], np.cumsum(traffic[s, _peers(axis, s, n, m)])])
-      p = _peers(axis, s, n, m).index(r)
-      blocks.append(values[s, starts[p] : starts[p + 1]])
-    want = np.concatenate(blocks)
-    np.testing.assert_array_equal(got[r, : len(want)], want)
-    assert not got[r, len(want) :].any()
-    np.testing.assert_array_equal(got_ids[r, : len(want)], want.astype(np.int32))
-    assert (got_ids[r, len(want) :] == -1).all()
+
+def test_each_instruction_has_its_phase(mesh_2x4):
+  """An exchange over 'node' is inter-node, over 'gpu' intra-node; a dot in the experts' scope is 'expert', one
+  outside it 'other'."""
+
+  def body(x, w):
+    y = jax.lax.all_to_all(x.reshape(2, -1, x.shape[-1]), mesh_lib.NODE, 0, 0)
+    y = jax.lax.all_to_all(y.reshape(4, -1, x.shape[-1]), mesh_lib.GPU, 0, 0).reshape(x.shape)
+    with jax.named_scope(experts.SCOPE):
+      h = jnp.tanh(y @ w)
+    return h @ w.T
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=(P(AXES), P()), out_specs=P(AXES), check_vma=False))
+  x, w = jnp.ones((8 * 8, 16)), jnp.ones((16, 32))
+  compiled = f.lower(x, w).compile()
+  phases = profiled_phases.phase_of(compiled, mesh_2x4)
+  text = compiled.as_text()
+  exchanges = sorted((name, phase) for name, phase in phases.items() if name.startswith("all-to-all"))
+  assert [phase for _, phase in exchanges] and {p for _, p in exchanges} == {"inter_node", "intra_node"}
+  scoped = [name for name, phase in phases.items() if phase == "expert"]
+  assert scoped and all(experts.SCOPE in line for line in text.splitlines() for name in scoped if f" {name} = " in line)
+  shares = profiled_phases.shares(compiled, (x, w), mesh_2x4)
+  assert sum(shares.values()) == pytest.approx(1.0) and min(shares.values()) >= 0
+  assert shares["inter_node"] > 0 and shares["intra_node"] > 0 and shares["expert"] > 0
 
 
 @pytest.mark.parametrize(
@@ -88,6 +96,7 @@ def test_phases_are_split_by_the_links_they_cross(devices, n, m, path, collectiv
   assert got["layer_ms"] >= got["layer_ms_min"] > 0 and got["layer_expert_ms"] > 0
   total = got["layer_inter_node_ms"] + got["layer_intra_node_ms"] + got["layer_expert_ms"] + got["layer_other_ms"]
   assert total == pytest.approx(got["layer_ms"])
+  assert min(got.values()) >= 0
   # One node: nothing crosses nodes. Flat exchanges on two nodes cross them (one exchange over
   # both axes); the two-hop paths also have a hop over 'gpu' only.
   assert (got["layer_inter_node_ms"] > 0) == (n > 1)

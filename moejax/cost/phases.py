@@ -3,8 +3,9 @@ from measured per-row costs.
 
 What the layer does outside its exchanges and expert GEMMs is memory-bound work on every row it routes: the
 router's logits and top-k, a sort by expert, a gather of the rows into expert order before the dispatch and a
-weighted scatter-add after the combine. `moejax.study.phase_timing` times it as the whole layer minus its timed
-phases ('other'); the H100 run (benchmarks/results/2026-11-23-h100/layer.json, mesh 1x1) records it per model.
+weighted scatter-add after the combine. `moejax.study.phase_timing` timed it (in the H100 run of 2026-11-23) as
+the whole layer minus its phases each timed as a program of its own ('other'; it now splits one profiled run); the
+H100 run (benchmarks/results/2026-11-23-h100/layer.json, mesh 1x1) records it per model.
 It is priced here as seconds per byte of routed row (rows x d_model x bytes per element), so one measurement
 carries over to other widths and row counts on a GPU with the same memory bandwidth (the H800 has the H100 SXM5's
 HBM3, 3.35 TB/s).

@@ -21,6 +21,8 @@ from moejax.runtime import platform as platform_lib
 from moejax.validation import require
 
 CLAMPED_SWIGLU = "swiglu_clamped"
+# The experts' ops carry this name scope in a compiled program's metadata, so a profile can tell them apart.
+SCOPE = "expert_ffn"
 
 
 class Backend(NamedTuple):
@@ -175,19 +177,21 @@ def expert_hidden(
     y = grouped_matmul(x_RxD, w.astype(dtype), group_sizes_G, backend)
     return y if b is None else y + row_bias(b, group_sizes_G, x_RxD.shape[0])
 
-  h_RxF = (
-    act(mm(w_in_GxDxF, b_in_GxF))
-    if w_gate_GxDxF is None
-    else act(mm(w_gate_GxDxF, b_gate_GxF), mm(w_in_GxDxF, b_in_GxF))
-  )
-  return h_RxF.astype(dtype)
+  with jax.named_scope(SCOPE):
+    h_RxF = (
+      act(mm(w_in_GxDxF, b_in_GxF))
+      if w_gate_GxDxF is None
+      else act(mm(w_gate_GxDxF, b_gate_GxF), mm(w_in_GxDxF, b_in_GxF))
+    )
+    return h_RxF.astype(dtype)
 
 
 def expert_output(h_RxF, group_sizes_G, w_out_GxFxD, *, backend: str, dtype=jnp.float32, b_out_GxD=None):
   """The second half: h [R, f] -> [R, d'] fp32 (d' = w_out's columns; a column block of d is fine, with the
   same columns of b_out [G, d'], or None)."""
-  y = grouped_matmul(h_RxF.astype(dtype), w_out_GxFxD.astype(dtype), group_sizes_G, backend)
-  return y if b_out_GxD is None else y + row_bias(b_out_GxD, group_sizes_G, h_RxF.shape[0])
+  with jax.named_scope(SCOPE):
+    y = grouped_matmul(h_RxF.astype(dtype), w_out_GxFxD.astype(dtype), group_sizes_G, backend)
+    return y if b_out_GxD is None else y + row_bias(b_out_GxD, group_sizes_G, h_RxF.shape[0])
 
 
 def expert_ffn(
@@ -217,15 +221,16 @@ def expert_ffn(
         f"expert_backend={backend!r} (the fused Pallas FFN) adds no expert biases: use 'ragged_dot' or 'pallas_unfused'"
       )
     cast = lambda a: None if a is None else a.astype(dtype)
-    return pallas_ffn.expert_ffn(
-      cast(x_RxD),
-      cast(w_in_GxDxF),
-      cast(w_out_GxFxD),
-      group_sizes_G,
-      name,
-      w_gate=cast(w_gate_GxDxF),
-      save_preactivations=BACKENDS[backend].saves_preactivations,
-    ).astype(jnp.float32)
+    with jax.named_scope(SCOPE):
+      return pallas_ffn.expert_ffn(
+        cast(x_RxD),
+        cast(w_in_GxDxF),
+        cast(w_out_GxFxD),
+        group_sizes_G,
+        name,
+        w_gate=cast(w_gate_GxDxF),
+        save_preactivations=BACKENDS[backend].saves_preactivations,
+      ).astype(jnp.float32)
   h_RxF = expert_hidden(
     x_RxD,
     group_sizes_G,
