@@ -1,6 +1,7 @@
 """The decoder families of today's MoE models trained from scratch: Qwen3-MoE (default), DeepSeek-V3 (MLA, group-
 limited sigmoid routing with the loss-free bias, a shared expert, dense first layer, one MTP module), DeepSeek-V2,
-Qwen2-MoE (shared expert with its gate, qkv biases) and Mixtral (GQA, sliding window), tiny for a 2 x 4 mesh of
+Qwen2-MoE (shared expert with its gate, qkv biases), Mixtral (GQA, sliding window) and Qwen3-Next (gated DeltaNet
+and gated attention layers, 512 experts published), tiny for a 2 x 4 mesh of
 simulated CPU devices, or at their published sizes on their published meshes.
 
   python -m experiments.train --config=configs/decoder.py --workdir=/tmp/qwen3
@@ -34,6 +35,7 @@ FAMILIES = {
   "deepseek_v2": "deepseek_v2",
   "qwen2_moe": "qwen2_moe",
   "mixtral": "mixtral_8x7b",
+  "qwen3_next": "qwen3_next",
 }
 # Tiny: the published routing on 16 experts (8 for Mixtral), widths for a CPU; DeepSeek's attention shapes scaled.
 TINY = {
@@ -68,6 +70,25 @@ TINY = {
   ),
   "qwen2_moe": dict(model=dict(num_kv_heads=4, head_dim=16, qkv_bias=True), moe=dict(num_experts=8, top_k=2)),
   "mixtral": dict(model=dict(num_kv_heads=2, head_dim=16, sliding_window=64), moe=dict(num_experts=8, top_k=2)),
+  # Gated DeltaNet and gated attention alternating (the published 3:1 over 8 layers would leave one period, which
+  # neither scans nor splits into pipeline stages), the published head ratios.
+  "qwen3_next": dict(
+    model=dict(
+      num_layers=8,
+      num_kv_heads=2,
+      head_dim=16,
+      qk_norm=True,
+      partial_rotary_factor=0.25,
+      gated_attention=True,
+      norm_offset=True,
+      mixers=("gated_deltanet", "attention") * 4,
+      linear_num_key_heads=2,
+      linear_num_value_heads=4,
+      linear_key_head_dim=16,
+      linear_value_head_dim=16,
+    ),
+    moe=dict(num_experts=16, top_k=4, shared_d_ff=32),
+  ),
 }
 
 # The families train with AdamW (DeepSeek-V3's report: b1 0.9, b2 0.95, weight decay 0.1, clipping at 1.0); SMILE's

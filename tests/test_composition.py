@@ -3,7 +3,8 @@ reference, or is refused before compiling with the design reason.
 
 Axes: routing x path x collective x schedule x expert sharding x replicated experts x receive buffers x expert
 backend x router options (softmax; DeepSeek-V3's sigmoid, group limit and balancing bias; shared experts;
-the sequence-wise loss) x deduplicated dispatch x the dispatch's wire dtype x expert data parallelism: 55,296
+the sequence-wise loss; the global batch's; Llama 4's weights on the experts' inputs) x deduplicated dispatch x the
+dispatch's wire dtype x expert data parallelism: 82,944
 combinations. CI runs a covering set: every pair of values of any two axes meets in at
 least one case (greedy all-pairs), and every refused pair is checked for its reason.
 """
@@ -28,7 +29,7 @@ AXES = {
   "replicas": (False, True),
   "buffer_factor": (None, 2.0),
   "expert_backend": ("dense", "ragged_dot"),
-  "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch"),
+  "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch", "input_weights"),
   "dedup": (False, True),
   "dispatch_dtype": (None, "float8_e4m3fn"),
   "expert_data_parallel": (False, True),
@@ -38,6 +39,8 @@ N, M, E, TOKENS = 2, 4, 8, 64
 
 def refusal(case: dict) -> str | None:
   """The design reason a combination is refused for (a regex of the ConfigError), else None."""
+  if case["router"] == "input_weights" and case["schedule"] == "comet":
+    return "schedule='comet'.*weight_inputs.*before their weights are gathered"
   if case["esp_schedule"] == "baseline" and case["path"] != "flat":
     return "path=.*'flat' with esp_schedule='baseline'.*no intra-node hop"
   if case["routing"] == "bilevel" and case["router"] == "deepseek":
@@ -88,7 +91,8 @@ def case_id(case: dict) -> str:
 def router_fields(case: dict) -> dict:
   """deepseek: sigmoid scores, routed scaling, group-limited (topk: 4 groups, 2 kept) with a balancing
   bias; shared: a gated shared expert; sequence_loss: DeepSeek-V3's sequence-wise balance loss; global_batch:
-  f over the step's micro-batches (earlier counts from `layer_state`)."""
+  f over the step's micro-batches (earlier counts from `layer_state`); input_weights: Llama 4's, the weights (sigmoid
+  scores but with 'bilevel') scaling the experts' inputs, and a shared expert."""
   if case["router"] == "deepseek":
     groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
     return dict(score="sigmoid", renormalize=True, routed_scaling=2.5, bias_update_rate=1e-3, **groups)
@@ -97,6 +101,12 @@ def router_fields(case: dict) -> dict:
     "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
     "sequence_loss": dict(balance_loss="sequence"),
     "global_batch": dict(balance_loss="global_batch"),
+    "input_weights": dict(
+      weight_inputs=True,
+      num_shared_experts=1,
+      shared_d_ff=4,
+      **({} if case["routing"] == "bilevel" else {"score": "sigmoid"}),
+    ),
   }[case["router"]]
 
 

@@ -44,7 +44,7 @@ def _config(spec: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("spec", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("spec", ["qwen3_moe", "deepseek_v3", "qwen3_next"])
 def test_trainer_trains_the_family(devices, spec):
   """Ten steps on one fixed batch of random tokens on the 2 x 4 mesh: the task loss falls (the model memorises),
   with DeepSeek-V3's MTP loss recorded and falling too, and every parameter (the MTP module's included) moving."""

@@ -86,6 +86,7 @@ def _case(spec, layers, schedule, stages, virtual, nodes, gpus, moe):
     _case("qwen3_moe", 2, "dualpipe", 2, 1, 1, 4, {}),
     _case("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
     _case("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {}),
+    _case("qwen3_next", 8, "1f1b", 2, 1, 1, 4, {}),
   ],
 )
 def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, virtual, nodes, gpus, moe):

@@ -17,7 +17,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.models import layers as layers_lib
-from moejax.models import token_mixers
+from moejax.models import shortcut_block, token_mixers
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.runtime.mesh import AXES
@@ -54,6 +54,8 @@ def init_cache(
 def _specs(cfg: ModelConfig | DecoderConfig, layer: int, batch: int, length: int) -> tuple:
   """((shape, dtype), (shape, dtype)) of layer `layer`'s two cache arrays: its token mixer's (a decoder's), or a
   SMILE model's (k, v)."""
+  if isinstance(cfg, DecoderConfig) and shortcut_block.uses(cfg):  # both attentions' on an axis of 2 (LongCat)
+    return shortcut_block.cache_specs(cfg, batch, length)
   if isinstance(cfg, DecoderConfig):
     return token_mixers.of(cfg, layer).cache(cfg.at(layer), batch, length)  # a sliding layer's own kv heads (MiMo)
   return (((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads), cfg.dtype),) * 2

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.infer import cache as cache_lib
 from moejax.infer.exflow_hop import expert_hop
-from moejax.models import backbone
+from moejax.models import backbone, shortcut_block
 from moejax.models import layers as layers_lib
 from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig, moe_block_indices
@@ -234,6 +234,8 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
   tokens sharded over both mesh axes, request r owned by flat device r // (B / D)."""
   moe_cfg = model.moe_cfg if moe_cfg is None else moe_cfg
   check_moe(moe_cfg, platform_lib.of_mesh(model.mesh))
+  why = shortcut_block.refusal(model.cfg)
+  require(why is None, "mode", "exflow", f"'vanilla' for this model: {why}")
   return _compiled_step(model.cfg, moe_cfg, model.mesh)
 
 

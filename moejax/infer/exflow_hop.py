@@ -52,9 +52,8 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
     traffic += sum(hop_traffic((path,), lay))
     x_RxD = packed[:, :d].astype(x_RxD.dtype)
-    y_RxD = schedule.run_experts(
-      block.ln_ffn(x_RxD), ids_Rx1, valid_R[:, None].astype(jnp.float32), exchange, local, path.bound
-    )
-    packed = packed.at[:, d : 2 * d].add(packed[:, 2 * d + j, None] * y_RxD)
+    w_Rx1 = jnp.where(valid_R, packed[:, 2 * d + j], 0.0)[:, None]  # the experts weight (weight_inputs: their input)
+    y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_Rx1, w_Rx1, exchange, local, path.bound)
+    packed = packed.at[:, d : 2 * d].add(y_RxD)
   x_RxD = x_RxD + packed[:, d : 2 * d].astype(x_RxD.dtype)
   return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)

@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.models import qk_norm, rope
+from moejax.models import masks, nope, qk_norm, rope
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.projections import gqa_linears, linear, project_qkv, qk_norms
 from moejax.models.rms_norm import RMSNorm
@@ -139,6 +139,7 @@ def attend(
   window: int | None = None,
   query_positions_S=None,
   sinks_H=None,
+  chunked: bool = False,
 ) -> jax.Array:
   """Causal softmax attention: q [B, S, H, W] over keys k [B, S_keys, H_kv, W] and values v [B, S_keys, H_kv, W_v]
   (H_kv divides H: query head i reads key/value head i // (H / H_kv); W_v may differ from W, as in MLA) ->
@@ -147,7 +148,7 @@ def attend(
   Without query_positions the queries are the keys themselves, positions 0 .. S - 1 (training, scoring), and the
   library masks them (is_causal, local_window_size), so that cuDNN skips the hidden blocks. With query_positions [S]
   (a KV cache, whose slot t holds position t) the key at t is visible to the query at p iff t <= p, which also hides
-  the slots not written yet; both ways p - t < window too. sinks [H]: one logit per head in the softmax's
+  the slots not written yet; both ways p - t < window too (chunked: t in p's chunk, `masks.visible`). sinks [H]: one logit per head in the softmax's
   denominator and no value (gpt-oss), an extra key of zero key and value whose logit is the bias.
   """
   (b, s, h, _), keys, width = q_BxSxHxW.shape, k_BxSxHxW.shape[1], v_BxSxHxW.shape[-1]
@@ -158,13 +159,9 @@ def attend(
     widen = lambda a: jnp.pad(a, ((0, 0),) * 3 + ((0, wide - a.shape[-1]),))
     q_BxSxHxW, k_BxSxHxW, v_BxSxHxW = widen(q_BxSxHxW), widen(k_BxSxHxW), widen(v_BxSxHxW)
   mask_1x1xSxS = bias_1xHx1xS = None
-  if query_positions_S is not None or sinks_H is not None:
+  if query_positions_S is not None or sinks_H is not None or (chunked and window is not None):
     query_positions_S = jnp.arange(s) if query_positions_S is None else query_positions_S
-    behind_SxS = query_positions_S[:, None] - jnp.arange(keys)[None, :]
-    visible_SxS = behind_SxS >= 0
-    if window is not None:
-      visible_SxS &= behind_SxS < window
-    mask_1x1xSxS = visible_SxS[None, None]
+    mask_1x1xSxS = masks.visible(query_positions_S, keys, window, chunked)[None, None]
   if sinks_H is not None:
     zero_Bx1xHxW = jnp.zeros((b, 1, *k_BxSxHxW.shape[2:]), dtype)
     k_BxSxHxW = jnp.concatenate([k_BxSxHxW, zero_Bx1xHxW], axis=1)
@@ -189,9 +186,10 @@ class GroupedQueryAttention(nnx.Module):
     cfg = cfg.at(layer)  # MiMo-V2-Flash's sliding layers: their kv heads, sinks and RoPE
     self.cfg, self.window = cfg, cfg.window(layer)
     self.q_proj, self.k_proj, self.v_proj, self.o_proj = gqa_linears(cfg, rngs)
-    self.q_norm, self.k_norm = qk_norms(cfg)
+    self.nope = nope.layer(cfg, layer)  # Llama 4's NoPE layers: no RoPE, no QK-norm, tempered queries
+    self.q_norm, self.k_norm = (None, None) if self.nope else qk_norms(cfg)
     self.sinks = nnx.Param(jnp.zeros((cfg.num_heads,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
-    self.inverse, self.factor = rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
+    self.inverse, self.factor = ((), 1.0) if self.nope else rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
     self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, max(cfg.head_dim, cfg.value_dim), cfg.attention_sinks)
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
@@ -205,6 +203,8 @@ class GroupedQueryAttention(nnx.Module):
     q_BxSxHxW, k_BxSxHxW = rotate(q_BxSxHxW), rotate(k_BxSxHxW)
     # HunYuan's QK-norm acts on the rotated heads: keys are cached normed, as transformers caches them
     q_BxSxHxW, k_BxSxHxW = qk_norm.of(cfg).apply(qk_norm.AFTER_ROPE, self.q_norm, self.k_norm, q_BxSxHxW, k_BxSxHxW)
+    if self.nope and cfg.attn_temperature is not None:
+      q_BxSxHxW = nope.temper(q_BxSxHxW, positions_S, *cfg.attn_temperature)
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
     out_BxSxHxW = attend(
@@ -216,6 +216,7 @@ class GroupedQueryAttention(nnx.Module):
       self.window,
       None if cache is None else positions_S,
       None if self.sinks is None else self.sinks[...],
+      cfg.chunked_attention,
     )
     out_BxSxHW = out_BxSxHxW.reshape(b, s, h * cfg.value_dim)
     if gate_BxSxHW is not None:  # gated attention (Qwen3-Next): each output dimension gated before o_proj
@@ -243,7 +244,9 @@ class LatentAttention(nnx.Module):
     self.kv_a_layernorm = RMSNorm(cfg.kv_lora_rank, LATENT_EPS, pd)
     self.kv_b_proj = linear(cfg, cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim), False, rngs)
     self.o_proj = linear(cfg, h * cfg.v_head_dim, d, False, rngs)
-    self.inverse, self.factor = rope.frequencies(cfg.qk_rope_head_dim, cfg.rope_theta, cfg.scaling)
+    # a NoPE layer (Kimi Linear's MLA): the key's rotary part is still shared by the heads, but not rotated
+    rotary = None if nope.layer(cfg, layer) else (cfg.qk_rope_head_dim, cfg.rope_theta, cfg.scaling)
+    self.inverse, self.factor = ((), 1.0) if rotary is None else rope.frequencies(*rotary)
     self.scale = rope.softmax_scale(qk, cfg.scaling)
     self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, max(qk, cfg.v_head_dim))  # v padded to q's width
 

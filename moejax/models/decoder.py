@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import backbone, token_mixers
+from moejax.models import backbone, shortcut_block, token_mixers
 from moejax.models import layers as layers_lib
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
@@ -97,7 +97,8 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
     self.embed = nnx.Embed(
       cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02), rngs=rngs
     )
-    layers = [DecoderLayer(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
+    block = shortcut_block.ShortcutMoELayer if shortcut_block.uses(cfg) else DecoderLayer  # the family's block kind
+    layers = [block(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
     if cfg.scan_layers:  # the same values, stacked per segment (`moejax.models.layers`)
       self.segments = layers_lib.stacked(layers, cfg)
     else:

@@ -5,7 +5,7 @@ reads and writes those files)."""
 import dataclasses
 import functools
 
-from moejax.models import families, qk_norm
+from moejax.models import families, nope, qk_norm
 from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
@@ -14,7 +14,7 @@ LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if fa
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
 QK_NORM_MODES = qk_norm.NAMES  # `moejax.models.qk_norm.MODES`
 # A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
-MIXERS = ("attention", "gated_deltanet")
+MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta")
 # The attention fields a sliding-window layer may hold its own way (`DecoderConfig.sliding_overrides`).
 SLIDING_FIELDS = ("num_kv_heads", "attention_sinks", "rope_theta", "partial_rotary_factor")
 LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
@@ -42,6 +42,8 @@ class DecoderConfig(Parallelism):
     way, of SLIDING_FIELDS (MiMo-V2-Flash: twice the kv heads, sinks, another RoPE theta; `at(layer)`).
   v_head_dim (grouped-query attention): the value heads' width when narrower than head_dim (0: head_dim;
     MiMo-V2-Flash's 128 under q and k of 192); value_scale: v multiplied by it (MiMo's attention_value_scale).
+  chunked_attention: the window is chunks of sliding_window positions, not sliding (Llama 4); nope_layers: per layer,
+    no RoPE and no QK-norm (Llama 4's NoPE layers), their queries tempered by attn_temperature (`moejax.models.nope`).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -52,6 +54,9 @@ class DecoderConfig(Parallelism):
     a causal convolution linear_conv_kernel wide; linear_split_projections: its input projections held apart as
     in_proj_qkv (all q, all k, all v), in_proj_z, in_proj_b, in_proj_a (Qwen3.5-MoE's), not in_proj_qkvz and
     in_proj_ba grouped per key head (Qwen3-Next's): the same layer, its tensors laid out another way.
+    'kimi_delta' (Kimi Linear's KDA, `moejax.models.kimi_delta_attention`): the same, key heads and widths as values'.
+    'dsa' (DeepSeek sparse attention: MLA with a q latent) takes indexer, sorted (field, value) pairs of its
+    lightning indexer's heads, head_dim, topk and rope_interleaved (`moejax.models.sparse_attention`).
   gated_attention: q_proj emits per head [query | gate] (2 x head_dim) and the attention's output is multiplied by
     sigmoid(gate) before o_proj (Qwen3-Next). norm_offset: every block RMSNorm (the layer norms, QK-norm, the final
     norm) scales by 1 + weight, its weights zero-centred (Qwen3-Next's).
@@ -102,6 +107,9 @@ class DecoderConfig(Parallelism):
   v_head_dim: int = 0
   value_scale: float = 1.0
   sliding_overrides: tuple | None = None
+  chunked_attention: bool = False
+  nope_layers: tuple | None = None
+  attn_temperature: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0
   linear_num_value_heads: int = 0
@@ -109,6 +117,7 @@ class DecoderConfig(Parallelism):
   linear_value_head_dim: int = 0
   linear_conv_kernel: int = 4
   linear_split_projections: bool = False
+  indexer: tuple | None = None
   gated_attention: bool = False
   norm_offset: bool = False
   num_mtp_layers: int = 0
@@ -206,6 +215,7 @@ class DecoderConfig(Parallelism):
       self.v_head_dim,
       f"0 or head_dim={self.head_dim} with gated_attention (its gate is head_dim wide)",
     )
+    nope.check(self)
     overrides = self.sliding_overrides
     if overrides is not None:
       fields = isinstance(overrides, tuple) and {pair[0] for pair in overrides} <= set(SLIDING_FIELDS)
@@ -228,15 +238,14 @@ class DecoderConfig(Parallelism):
       self.mixers,
       f"None or a tuple of {self.num_layers} of {MIXERS}",
     )
-    if "gated_deltanet" in (self.mixers or ()):
+    if {"gated_deltanet", "kimi_delta"} & set(self.mixers or ()):
       for name in (*LINEAR_SIZES, "linear_conv_kernel"):
-        require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (gated DeltaNet layers)")
-      require(
-        self.linear_num_value_heads % self.linear_num_key_heads == 0,
-        "linear_num_value_heads",
-        self.linear_num_value_heads,
-        f"a multiple of linear_num_key_heads={self.linear_num_key_heads}",
-      )
+        require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (linear attention layers)")
+      heads, keys = self.linear_num_value_heads, self.linear_num_key_heads
+      ok, why = heads % keys == 0, f"a multiple of linear_num_key_heads={keys}"
+      if "kimi_delta" in self.mixers:  # q, k and v alike: as many heads, as wide
+        ok, why = (keys, self.linear_key_head_dim) == (heads, self.linear_value_head_dim), f"{keys} (key heads)"
+      require(ok, "linear_num_value_heads", heads, why)
     for name in ("gated_attention", "norm_offset", "linear_split_projections"):
       require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
     require(

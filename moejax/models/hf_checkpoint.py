@@ -7,6 +7,7 @@ Names: the hub's, one tensor per expert (`model.layers.N.mlp.experts.E.gate_proj
 weights are w_gate (gate_proj, w1), w_in (up_proj, w3) and w_out (down_proj, w2), stacked over the experts.
 """
 
+import itertools
 import json
 import os
 
@@ -126,7 +127,7 @@ def _host_tensors(model: Decoder):
     if part[0] == "blocks" and part[1] in moe_layer and undo is not None:
       j = moe_layer[part[1]]
       tree["ffn"]["moe"] = placement_lib.permute_experts([tree["ffn"]["moe"]], undo[j][None], moe_cfg)[0]
-      bias = None if bias is None else bias[undo[j]]
+      bias = None if bias is None else bias[placement_lib.padded_order(undo[j], len(bias))]
     leaves = [(part + p, a) for p, a in tree_leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
     if bias is not None:
       leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
@@ -246,6 +247,8 @@ def to_hf(
   writer = jax.process_index() == 0
   if writer:
     os.makedirs(out_dir, exist_ok=True)
-  weight_map, total = _write_shards(_quantized(_host_tensors(model), fp8_blocks), out_dir, shard_bytes, writer)
+  family = families.get(hf_config.exported(model.cfg).family)
+  tensors = itertools.chain(_host_tensors(model), family.unread_tensors(model.cfg, model.moe_cfg))
+  weight_map, total = _write_shards(_quantized(tensors, fp8_blocks), out_dir, shard_bytes, writer)
   if writer:
     _finalize_files(out_dir, weight_map, total, config)

@@ -7,6 +7,8 @@ as a lazily sliced view of the stored tensor (`view`) and written back joined wi
            q, k and v one after another, each as many rows as its heads x head_dim, the bias likewise)
   item     `<tensor>#[i]/n`: the i-th of the n entries of the first axis, that axis dropped (ERNIE-4.5's
            moe_statics.e_score_correction_bias [1, E] holds the one balancing bias [E])
+  block    `<tensor>#<i>/n`: the i-th of n equal blocks of the last axis, one after another (Llama 4's
+           experts.gate_up_proj [E, d, 2f] holds the gate projections, then the up projections: `#<0>/2`, `#<1>/2`)
 """
 
 from typing import NamedTuple
@@ -34,6 +36,16 @@ class ItemPart(NamedTuple):
   n: int
 
 
+class BlockPart(NamedTuple):
+  i: int
+  n: int
+
+
+def block(name: str, i: int, n: int) -> str:
+  """The name of the i-th of n equal blocks of the last axis of the stored tensor `name`."""
+  return f"{name}{PART}<{i}>/{n}"
+
+
 def columns(name: str, i: int, n: int) -> str:
   """The name of the columns i::n of the last axis of the stored tensor `name`."""
   return f"{name}{PART}{i}/{n}"
@@ -57,6 +69,8 @@ def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | ItemPart | None
   span, total = part.split("/")
   if span.startswith("["):
     return stored, ItemPart(int(span[1:-1]), int(total))
+  if span.startswith("<"):
+    return stored, BlockPart(int(span[1:-1]), int(total))
   if ":" in span:
     start, stop = span.split(":")
     return stored, RowsPart(int(start), int(stop), int(total))
@@ -134,7 +148,25 @@ class Item:
     return np.asarray(self.tensor[(slice(self.i, self.i + 1), *rest)])[0]
 
 
-VIEWS = (Columns, Rows, Item)  # what `view` returns for a part; `.tensor` is the stored tensor
+class Block:
+  """The i-th of n equal blocks of a stored tensor's last axis as a tensor of its own, sliced lazily."""
+
+  def __init__(self, tensor, part: BlockPart):
+    self.tensor, self.width = tensor, tensor.get_shape()[-1] // part.n
+    self.start, self.shape = part.i * self.width, (*tensor.get_shape()[:-1], self.width)
+
+  def get_shape(self):
+    return list(self.shape)
+
+  def get_dtype(self) -> str:
+    return self.tensor.get_dtype()
+
+  def __getitem__(self, index) -> np.ndarray:
+    *lead, (c0, c1) = _bounds(index, self.shape)
+    return np.asarray(self.tensor[(*(slice(a, b) for a, b in lead), slice(self.start + c0, self.start + c1))])
+
+
+VIEWS = (Columns, Rows, Item, Block)  # what `view` returns for a part; `.tensor` is the stored tensor
 
 
 def view(name: str, tensor, part: ColumnsPart | RowsPart | ItemPart):
@@ -143,6 +175,8 @@ def view(name: str, tensor, part: ColumnsPart | RowsPart | ItemPart):
     return Rows(name, tensor, part)
   if isinstance(part, ItemPart):
     return Item(name, tensor, part)
+  if isinstance(part, BlockPart):
+    return Block(tensor, part)
   return Columns(tensor, part.i, part.n)
 
 
@@ -151,6 +185,8 @@ def _join(parts: dict) -> np.ndarray | None:
   first = next(iter(parts))
   if isinstance(first, ItemPart):
     return np.stack([parts[p] for p in sorted(parts)]) if len(parts) == first.n else None
+  if isinstance(first, BlockPart):
+    return np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
   if isinstance(first, RowsPart):
     if sum(p.stop - p.start for p in parts) != first.total:
       return None
@@ -163,7 +199,7 @@ def _join(parts: dict) -> np.ndarray | None:
 
 def join_parts(tensors):
   """(name, array) pairs with the parts of a stored tensor joined into it (each yielded when its parts have all
-  come: columns interleaved, rows one after another, items stacked), the rest unchanged."""
+  come: columns interleaved, rows and blocks one after another, items stacked), the rest unchanged."""
   pending = {}
   for name, array in tensors:
     stored, part = split_part(name)

@@ -62,12 +62,18 @@ def find_segments(kinds: tuple) -> tuple[Segment, ...]:
   return tuple(segments)
 
 
+def kinds(cfg) -> tuple:
+  """Each layer's kind, the layers of a kind alike (`ModelConfig` or `DecoderConfig`: MoE or dense FFN, and a
+  decoder's sliding window, token mixer, `DecoderConfig.mixers`, and NoPE layers, `nope_layers`)."""
+  window, mixer = getattr(cfg, "window", lambda i: None), getattr(cfg, "mixer", lambda i: "attention")
+  nope = getattr(cfg, "nope_layers", None) or (False,) * cfg.num_layers
+  return tuple((cfg.is_moe(i), window(i), mixer(i), bool(nope[i])) for i in range(cfg.num_layers))
+
+
 @functools.cache
 def segments(cfg) -> tuple[Segment, ...]:
-  """The segments of a model config (`ModelConfig` or `DecoderConfig`; its layers' kinds: MoE or dense FFN, and a
-  decoder's sliding window and token mixer, `DecoderConfig.mixers`)."""
-  window, mixer = getattr(cfg, "window", lambda i: None), getattr(cfg, "mixer", lambda i: "attention")
-  return find_segments(tuple((cfg.is_moe(i), window(i), mixer(i)) for i in range(cfg.num_layers)))
+  """The segments of a model config, by its layers' `kinds`."""
+  return find_segments(kinds(cfg))
 
 
 @functools.cache

@@ -61,8 +61,9 @@ def _llama3(inverse: np.ndarray, scaling: dict) -> tuple[float, ...]:
   original = float(scaling["original_max_position_embeddings"])
   wavelength = 2 * math.pi / inverse
   scaled = np.where(wavelength > original / low, inverse / factor, inverse)
-  smooth = (original / wavelength - low) / (high - low)
-  blended = (1 - smooth) * scaled / factor + smooth * scaled
+  with np.errstate(divide="ignore", invalid="ignore"):  # high == low (Scout's 1 and 1): no blended band
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
   medium = (wavelength >= original / high) & (wavelength <= original / low)
   return tuple(map(float, np.where(medium, blended, scaled).astype(np.float32)))
 

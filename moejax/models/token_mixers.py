@@ -10,12 +10,16 @@ one position (`moejax.infer.exflow`).
                   (latent, rotary key), [B, S_cache, ...]; `model.layers.N.self_attn.*`
   gated_deltanet  Qwen3-Next's gated DeltaNet (`moejax.models.linear_attention`); cache (convolution inputs, state),
                   no sequence axis; `model.layers.N.linear_attn.*`
+  dsa             DeepSeek sparse attention (`moejax.models.sparse_attention`): MLA whose queries see the keys a
+                  lightning indexer chooses; cache (latent, rotary key beside the indexer's key); `self_attn.*`
+  kimi_delta      Kimi Linear's Kimi delta attention (`moejax.models.kimi_delta_attention`): the gated DeltaNet's rule
+                  with a decay per key channel; cache (convolution inputs, state), no sequence axis; `self_attn.*`
 """
 
 import dataclasses
 from typing import Callable
 
-from moejax.models import attention, decoder_config, linear_attention
+from moejax.models import attention, decoder_config, kimi_delta_attention, linear_attention, sparse_attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +43,8 @@ MIXERS = {
   for m in (
     Mixer("attention", "self_attn", attention.attention, _attention_cache),
     Mixer("gated_deltanet", "linear_attn", linear_attention.GatedDeltaNet, linear_attention.cache_specs),
+    Mixer("dsa", "self_attn", sparse_attention.SparseAttention, sparse_attention.cache_specs),
+    Mixer("kimi_delta", "self_attn", kimi_delta_attention.KimiDeltaAttention, kimi_delta_attention.cache_specs),
   )
 }
 assert tuple(MIXERS) == decoder_config.MIXERS  # the config checks the names without importing the modules

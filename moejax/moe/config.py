@@ -104,6 +104,8 @@ class MoEConfig:
   score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent per-expert
     affinities). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
   routed_scaling: the factor on the routed experts' weights, after renormalize (DeepSeek-V2: 16, V3: 2.5).
+  weight_inputs: the weights scale each choice's expert input, FFN_e(w x), not its output (Llama 4); not with
+    ffn_bias or schedule 'comet' (`fields.check`).
   num_groups, topk_groups: group-limited routing (DeepSeek-V3: 8 groups, 4 kept; None = no limit): E experts
     in num_groups contiguous groups, each scored by group_score ('top2_sum': its two best selection scores, V3;
     'max': its best, V2), a token's experts chosen among its topk_groups best ('node_limited' is the case groups
@@ -169,6 +171,7 @@ class MoEConfig:
   expert_data_parallel: bool = False
   score: str = "softmax"
   routed_scaling: float = 1.0
+  weight_inputs: bool = False
   num_groups: int | None = None
   topk_groups: int = 1
   group_score: str = "top2_sum"

@@ -38,6 +38,7 @@ def check(cfg) -> None:
   for name in ("gated", "renormalize", "shared_gate", "expert_data_parallel", "ffn_bias", "router_bias"):
     require(isinstance(getattr(cfg, name), bool), name, getattr(cfg, name), "True or False")
   _check_gpt_oss_experts(cfg)
+  _check_weight_inputs(cfg)
   require(cfg.dedup in (None, True, False), "dedup", cfg.dedup, "None, True or False")
   require(is_int(cfg.num_chunks), "num_chunks", cfg.num_chunks, "a positive int")
   require(
@@ -81,6 +82,19 @@ def _check_groups(cfg) -> None:
       cfg.topk_groups,
       f"an int in [1, num_groups={cfg.num_groups}]",
     )
+
+
+def _check_weight_inputs(cfg) -> None:
+  """Weights on the experts' inputs (Llama 4): the layer runs each choice's row through its expert scaled by the
+  weight where the weights arrive with the rows (`local_experts.Experts.weighted`), which every path, collective,
+  sharding and the sequential and chunked schedules share; a dropped choice (weight 0) then outputs exactly zero only
+  without expert biases."""
+  require(isinstance(cfg.weight_inputs, bool), "weight_inputs", cfg.weight_inputs, "True or False")
+  if not cfg.weight_inputs:
+    return
+  require(
+    not cfg.ffn_bias, "ffn_bias", cfg.ffn_bias, "False with weight_inputs (a zero weight must give a zero output)"
+  )  # the schedule's own rule: `schedule.Schedule.check`
 
 
 def _check_gpt_oss_experts(cfg) -> None:

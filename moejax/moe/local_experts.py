@@ -23,6 +23,7 @@ class Experts(NamedTuple):
   dtype: jnp.dtype
   partial_sum_over: str | None = None
   biases: dict = {}
+  weight_inputs: bool = False  # `weighted`: the weights scale each row's input (Llama 4), not its output
 
   @classmethod
   def of(cls, params: dict, cfg, sharding=None) -> "Experts":
@@ -40,6 +41,7 @@ class Experts(NamedTuple):
       jnp.dtype(cfg.dtype),
       None if sharding is None else sharding.partial_sum_over,
       biases,
+      cfg.weight_inputs,
     )
 
   def _sum(self, y):
@@ -59,6 +61,14 @@ class Experts(NamedTuple):
         biases=self.biases,
       )
     )
+
+  def weighted(self, x_QxD, group_sizes_G, w_Q):
+    """The FFN of rows [Q, d] weighted by w [Q] -> [Q, d] fp32: its output times the weight, or with weight_inputs
+    of its input times the weight (a zero weight, a dropped choice's, still gives exactly zero: no biases)."""
+    w_Qx1 = w_Q[:, None].astype(jnp.float32)
+    if self.weight_inputs:
+      return self.ffn((x_QxD.astype(jnp.float32) * w_Qx1).astype(x_QxD.dtype), group_sizes_G).astype(jnp.float32)
+    return self.ffn(x_QxD, group_sizes_G) * w_Qx1
 
   def hidden(self, x_RxD, group_sizes_G):
     return experts.expert_hidden(

@@ -57,8 +57,9 @@ class BalanceCounts(nnx.Variable):
 class MoELayer(nnx.Module):
   """Flax nnx module owning the MoE parameters, each placed with its sharding on `mesh`, and with
   cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
-  its balancing bias (`expert_bias`, an `ExpertBias` [E], replicated), with balance_loss='global_batch' the
-  earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`, replicated).
+  its balancing bias (`expert_bias`, an `ExpertBias` [E]; with zero experts [E + Z], frozen), with
+  balance_loss='global_batch' the earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`,
+  replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -84,10 +85,13 @@ class MoELayer(nnx.Module):
     self.slot_expert = (
       None if table is None else SlotTable(jax.device_put(jnp.asarray(table), NamedSharding(mesh, P())))
     )
+    # With zero experts a bias [E + Z] is kept frozen (rate 0): LongCat-Flash's router's, read from its checkpoint.
     self.expert_bias = (
       None
-      if cfg.bias_update_rate == 0
-      else ExpertBias(jax.device_put(jnp.zeros((cfg.num_experts,), jnp.float32), NamedSharding(mesh, P())))
+      if cfg.bias_update_rate == 0 and not cfg.zero_experts
+      else ExpertBias(
+        jax.device_put(jnp.zeros((cfg.num_experts + cfg.zero_experts,), jnp.float32), NamedSharding(mesh, P()))
+      )
     )
     self.balance_counts = (
       None

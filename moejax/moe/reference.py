@@ -1,6 +1,7 @@
 """The single-device reference MoE: no communication, written plainly; it defines the semantics.
 
 y[t] = sum_c keep[t, c] * w[t, c] * FFN_{e[t, c]}(x[t])   (FFN_e with expert e's biases, `ffn_bias`)
+     (with weight_inputs, Llama 4's: sum_c keep[t, c] * FFN_{e[t, c]}(w[t, c] * x[t]))
 
 where e[t, :] are the K experts the routing chooses for token t and w their weights (each router's `reference`,
 `moe.routing`: the whole batch routed plainly), and keep[t, c] = 0 only in capacity mode for token-choices past
@@ -122,8 +123,14 @@ def moe_reference(
 
   act = Activation.of(cfg)
   e_TxD = x_TxD if expert_x is None else expert_x.reshape(-1, cfg.d_model).astype(jnp.float32)
-  outputs = _expert_outputs(params, x_TxD, e_TxD, cfg, act)  # [E + Z, T, d]
-  chosen_TxKxD = outputs[ids_TxK, jnp.arange(x_TxD.shape[0])[:, None]]
+  tokens_T = jnp.arange(x_TxD.shape[0])
+  if cfg.weight_inputs:  # each choice's expert sees the token times the choice's weight
+    scaled = lambda a_TxD, c: a_TxD * weights_TxK[:, c, None]
+    outputs = [_expert_outputs(params, scaled(x_TxD, c), scaled(e_TxD, c), cfg, act) for c in range(ids_TxK.shape[1])]
+    chosen_TxKxD = jnp.stack([out[ids_TxK[:, c], tokens_T] for c, out in enumerate(outputs)], axis=1)
+    weights_TxK = jnp.ones_like(weights_TxK)
+  else:
+    chosen_TxKxD = _expert_outputs(params, x_TxD, e_TxD, cfg, act)[ids_TxK, tokens_T[:, None]]  # of [E + Z, T, d]
   y_TxD = jnp.sum(jnp.where(keep_TxK, weights_TxK, 0.0)[..., None] * chosen_TxKxD, axis=1)
   if cfg.num_shared_experts:  # dense FFNs on every token, added to the routed output
     y_TxD = y_TxD + _shared_output(params, x_TxD, cfg, act)

@@ -91,7 +91,7 @@ def run_experts(rows_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, bound: i
     local_experts(ids_RxZ.reshape(-1), ex), rows, slots, ex.slots_per_device, bound
   )
   w_Q = w_RxZ.reshape(-1)[spread.order[: spread.taken]]
-  return spread.reduce(local.ffn(spread.expand(rows_RxD), group_sizes) * w_Q[:, None].astype(jnp.float32))
+  return spread.reduce(local.weighted(spread.expand(rows_RxD), group_sizes, w_Q))
 
 
 def may_drop(ex: Exchange) -> bool:
@@ -238,7 +238,8 @@ class Schedule:
   """One value of `MoEConfig.schedule`: its name, what it splits and how it runs (`run`). overlaps: its exchanges
   may run under the expert matmuls (anything but sequential); splits_rows: it runs num_chunks chunks of the rows a
   device sends apart (chunked); splits_columns: its second GEMM and the way back run by num_chunks column blocks
-  of d (comet)."""
+  of d (comet), its first GEMM on rows as they arrive, before their weights are gathered (it weights the second
+  GEMM's output: not the experts' inputs, `MoEConfig.weight_inputs`)."""
 
   def __init__(self, name: str, run, overlaps: bool = False, splits_rows: bool = False, splits_columns: bool = False):
     self.name, self._run = name, run
@@ -251,6 +252,13 @@ class Schedule:
       "num_chunks",
       cfg.num_chunks,
       f"a divisor of d_model={cfg.d_model} (schedule={self.name!r} splits the second GEMM by column blocks)",
+    )
+    require(
+      not (self.splits_columns and cfg.weight_inputs),
+      "schedule",
+      self.name,
+      f"one whose first GEMM waits for the weights with weight_inputs ({self.name!r} runs it on rows as they arrive, "
+      "before their weights are gathered; it weights the second GEMM's output)",
     )
 
   def run(self, x_RxD, ids_RxZ, w_RxZ, ex: Exchange, local: Experts, num_chunks: int) -> Result:

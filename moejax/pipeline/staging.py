@@ -73,15 +73,14 @@ def splits(cfg, seg, cut: int) -> bool:
   """Whether `cut` stages split segment `seg`'s repeats evenly, each stage's slice scanned as the segment is."""
   if seg.repeats % cut:
     return False
-  sub = layers_lib.find_segments(
-    tuple((cfg.is_moe(i), cfg.window(i)) for i in range(seg.start, seg.stop))[: seg.period * seg.repeats // cut]
-  )
+  sub = layers_lib.find_segments(layers_lib.kinds(cfg)[seg.start : seg.start + seg.period * seg.repeats // cut])
   return sub == (layers_lib.Segment(0, seg.period, seg.repeats // cut),)
+
+
+PER_LAYER = ("moe_layers", "sliding_layers", "nope_layers", "mixers")  # DecoderConfig's fields of an entry a layer
 
 
 def sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
   """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there)."""
-  sliding = None if cfg.sliding_layers is None else cfg.sliding_layers[start:stop]
-  return dataclasses.replace(
-    cfg, num_layers=stop - start, moe_layers=cfg.moe_layers[start:stop], sliding_layers=sliding
-  )
+  sliced = {name: getattr(cfg, name)[start:stop] for name in PER_LAYER if getattr(cfg, name, None) is not None}
+  return dataclasses.replace(cfg, num_layers=stop - start, **sliced)

@@ -108,6 +108,12 @@ def permute_experts(params_per_layer: Sequence[dict], order, cfg: MoEConfig) -> 
   return out
 
 
+def padded_order(order_E, size: int) -> np.ndarray:
+  """A layer's expert order [E] extended to `size` columns: zero experts (ids E .. size - 1) stay where they are."""
+  order_E = np.asarray(order_E)
+  return np.concatenate([order_E, np.arange(len(order_E), size)])
+
+
 def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig) -> list[dict]:
   """One MoE layer's non-parameter state per MoE layer (the pure-dict `rest` of `MoELayer`) -> the same after
   `permute_experts(..., order, cfg)`: the balancing bias `expert_bias` [E] and the choice counts
@@ -123,7 +129,7 @@ def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig)
       raise ConfigError(slot_table_refusal(cfg), "slots_per_device", cfg.slots_per_device, "None")
     new = dict(state)
     if state.get("expert_bias") is not None:
-      new["expert_bias"] = state["expert_bias"][order[j]]
+      new["expert_bias"] = state["expert_bias"][padded_order(order[j], len(state["expert_bias"]))]
     if state.get("balance_counts") is not None:
       counts, start, pieces = np.asarray(state["balance_counts"]), 0, []
       for name, width in cfg.router.widths.items():  # each balanced router's counts, in its columns' new order

@@ -69,8 +69,12 @@ def layer_traffic(model, tokens_BxS) -> tuple[np.ndarray, np.ndarray, np.ndarray
   as the model's forward gives it (the blocks' loop of `blocks.run_blocks`, eagerly; the logits check the loop)."""
   import jax.numpy as jnp
 
+  from moejax.models import shortcut_block
   from moejax.models.blocks import MoEFFN
+  from moejax.validation import require
 
+  why = shortcut_block.refusal(model.cfg)  # this loop runs each block's attention and FFN halves apart
+  require(why is None, "checkpoint", model.cfg.family, f"a family of sequential layers: {why}")
   x = model.embed_tokens(tokens_BxS)
   rows, nbytes = [], []
   for block in model.blocks:

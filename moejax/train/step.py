@@ -93,4 +93,7 @@ def update_expert_bias(bias_MxE: jax.Array, counts_MxE: jax.Array, rate: float) 
   falls, an underloaded one's rises, one equal to the mean keeps its bias. float32 like the bias."""
   load_MxE = counts_MxE.astype(jnp.float32)
   mean_Mx1 = jnp.mean(load_MxE, axis=-1, keepdims=True)
-  return bias_MxE + jnp.float32(rate) * jnp.sign(mean_Mx1 - load_MxE)
+  step_MxE = jnp.sign(mean_Mx1 - load_MxE)
+  # zero experts' columns of a bias [M, E + Z] (rate 0 with them: the bias is frozen) move by nothing
+  step_MxE = jnp.pad(step_MxE, ((0, 0), (0, bias_MxE.shape[-1] - step_MxE.shape[-1])))
+  return bias_MxE + jnp.float32(rate) * step_MxE

@@ -7,14 +7,19 @@ each with the feature it lacks, so that loading one is refused by that reason (`
 
 from moejax.models.families import (
   deepseek,
+  deepseek_v32,
   dense,
   dots1,
   ernie4_5_moe,
   glm4_moe,
   glm4_moe_lite,
+  glm_moe_dsa,
   gpt_oss,
   hunyuan_v1_moe,
   kimi_k25,
+  kimi_linear,
+  llama4,
+  longcat_flash,
   mimo_v2_flash,
   minimax_m2,
   mixtral,
@@ -48,8 +53,14 @@ FAMILIES: tuple[Family, ...] = (
   qwen3_5_moe.QWEN3_5_MOE,
   qwen3_5_moe.QWEN3_5_MOE_TEXT,
   kimi_k25.KIMI_K25,
+  kimi_linear.KIMI_LINEAR,
   ernie4_5_moe.ERNIE4_5_MOE,
   mimo_v2_flash.MIMO_V2_FLASH,
+  llama4.LLAMA4_TEXT,
+  llama4.LLAMA4,
+  longcat_flash.LONGCAT_FLASH,
+  deepseek_v32.DEEPSEEK_V32,
+  glm_moe_dsa.GLM_MOE_DSA,
   dense.LLAMA,
   dense.QWEN3,
 )
@@ -57,12 +68,7 @@ REGISTRY: dict[str, Family] = {family.model_type: family for family in FAMILIES}
 
 # transformers 5.24's MoE model_types (issue 59) that moejax does not load, by what moejax lacks to run them.
 UNSUPPORTED: dict[str, str] = {
-  "deepseek_v32": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
-  "glm_moe_dsa": "DeepSeek sparse attention (a lightning indexer choosing each query's top-k keys) not supported",
   "deepseek_v4": "compressed sparse attention (KV compressors and an indexer over the cache) not supported",
-  "kimi_linear": "Kimi delta attention token mixer (linear attention layers) not supported",
-  "longcat_flash": "zero-computation experts and two attention + FFN sublayers per layer not supported",
-  "llama4": "chunked attention, NoPE layers and experts fed the input scaled by the router score not supported",
 }
 
 

@@ -50,6 +50,8 @@ class Family:
     to this family's own anywhere in the checkpoint (`hf_name`): transformers' WeightRenaming of the family, reversed.
   exports_as: the family whose checkpoint `to_hf` writes instead of this one's (None: this one's): a
     vision-language model's decoder as its text-only class's (`vision_language`).
+  block: the structure of a layer: 'sequential' (`decoder.DecoderLayer`: attention, then the FFN) or 'shortcut_moe'
+    (LongCat-Flash's ScMoE layer, `moejax.models.shortcut_block`).
   """
 
   model_type: str
@@ -67,6 +69,7 @@ class Family:
   ignored: tuple = ()
   attention_fields: tuple = ()
   exports_as: str | None = None
+  block: str = "sequential"
 
   def decoder_config(self, hf: dict) -> dict:
     """The config.json dict of the decoder: `hf` itself; a vision-language model's the decoder's fields under its
@@ -87,6 +90,12 @@ class Family:
     way (a name may be a part of a stored tensor: `hf_parts`); None: the hub's usual names."""
     del container, path
     return None
+
+  def unread_tensors(self, cfg, moe_cfg):
+    """(HF name, host array) of the tensors `to_hf` writes beyond the model's own: ones this family's transformers
+    class needs in a checkpoint but no forward reads (LongCat-Flash's zero experts' projections, zeros)."""
+    del cfg, moe_cfg
+    return ()
 
   # config.json -> DecoderConfig and MoEConfig fields
 

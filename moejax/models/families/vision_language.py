@@ -1,4 +1,4 @@
-"""What the vision-language families (`qwen3_5_moe`, `kimi_k25`) share: moejax runs their text decoder on text-only
+"""What the vision-language families (`qwen3_5_moe`, `kimi_k25`, `llama4`) share: moejax runs their text decoder on text-only
 input, the logits of transformers' ForConditionalGeneration class given input_ids alone (no pixel values).
 
   config.json  the decoder's fields under text_config (read as a decoder's config.json: `decoder_config`), the

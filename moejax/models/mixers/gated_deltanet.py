@@ -97,13 +97,17 @@ def causal_conv1d(x_BxSxC: jax.Array, weight_CxW: jax.Array, state=None):
   return jax.nn.silu(y), padded[:, s:]
 
 
-def gated_rms_norm(x: jax.Array, z: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """weight * x / sqrt(mean(x^2) + eps) * silu(z) over the last axis (transformers' `Qwen3NextRMSNormGated`:
-  statistics and gate in float32, the weight times the normed x in x's dtype, the norm before the gate)."""
+def gated_rms_norm(x, z, weight, eps: float, activation=jax.nn.silu, strict_float32: bool = False) -> jax.Array:
+  """weight * x / sqrt(mean(x^2) + eps) * activation(z) over the last axis (transformers' `Qwen3NextRMSNormGated`:
+  statistics and gate in float32, the weight times the normed x in x's dtype, the norm before the gate; Kimi
+  Linear's `KimiLinearRMSNormGated`: activation sigmoid, strict_float32, the weight's product in float32 too)."""
   x32 = x.astype(jnp.float32)
-  normed = (x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
-  gated = (weight * normed).astype(jnp.float32) * jax.nn.silu(z.astype(jnp.float32))
-  return gated.astype(x.dtype)
+  normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  if strict_float32:
+    weighted = weight.astype(jnp.float32) * normed
+  else:
+    weighted = (weight * normed.astype(x.dtype)).astype(jnp.float32)
+  return (weighted * activation(z.astype(jnp.float32))).astype(x.dtype)
 
 
 def _linear(x: jax.Array, weight: jax.Array) -> jax.Array:
