@@ -2,6 +2,7 @@
 each instruction's phase, and every path's and collective's phases classified as the cost model classifies them,
 adding up to the layer."""
 
+import math
 import types
 
 import jax
@@ -101,3 +102,15 @@ def test_phases_are_split_by_the_links_they_cross(devices, n, m, path, collectiv
   # both axes); the two-hop paths also have a hop over 'gpu' only.
   assert (got["layer_inter_node_ms"] > 0) == (n > 1)
   assert (got["layer_intra_node_ms"] > 0) == (n == 1 or path != "flat")
+
+
+def test_a_failed_profile_leaves_the_layer_time_and_nan_phases(mesh_2x4, monkeypatch):
+  def no_profiler(*_):
+    raise RuntimeError("no CUPTI")
+
+  monkeypatch.setattr(profiled_phases, "shares", no_profiler)
+  cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, num_nodes=2)
+  params = init_params(jax.random.key(0), cfg)
+  x = jax.random.normal(jax.random.key(1), (8 * 16, cfg.d_model))
+  got = phase_timing.measure_phases(params, x, cfg, mesh_2x4, warmup=0, repeats=1)
+  assert got["layer_ms"] > 0 and all(math.isnan(got[f"layer_{p}_ms"]) for p in profiled_phases.PHASES)
