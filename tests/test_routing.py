@@ -26,12 +26,18 @@ def test_queue_positions_follow_gshard_priority(num_experts, tokens, k):
 
 @pytest.mark.parametrize(
   "group_score,score,renormalize",
-  [("max", "softmax", False), ("top2_sum", "sigmoid", True), ("top2_sum", "sigmoid", False)],
+  [
+    ("max", "softmax", False),
+    ("top2_sum", "sigmoid", True),
+    ("top2_sum", "sigmoid", False),
+    ("top2_sum", "sqrtsoftplus", True),
+  ],
 )
 @pytest.mark.sampled(1)
 def test_group_limited_routing_matches_numpy(group_score, score, renormalize):
   """DeepSeek-V2's group_limited_greedy (groups ranked by their best score, softmax weights scaled, not
-  renormalised) and V3's (by their two best, sigmoid, with and without norm_topk_prob), against float64 NumPy."""
+  renormalised) and V3's (by their two best, sigmoid, with and without norm_topk_prob), and V3's with DeepSeek-V4's
+  sqrt(softplus) scores, against float64 NumPy."""
   e, groups, kept, k, scale = 16, 4, 2, 3, 2.5
   cfg = MoEConfig(
     num_experts=e,
@@ -51,7 +57,11 @@ def test_group_limited_routing_matches_numpy(group_score, score, renormalize):
     jnp.asarray(x, jnp.float32), {"router": {"kernel": jnp.asarray(kernel, jnp.float32)}}, cfg
   )
   logits = x @ kernel
-  scores = (np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)) if score == "softmax" else 1 / (1 + np.exp(-logits))
+  scores = {
+    "softmax": np.exp(logits) / np.exp(logits).sum(-1, keepdims=True),
+    "sigmoid": 1 / (1 + np.exp(-logits)),
+    "sqrtsoftplus": np.sqrt(np.log1p(np.exp(logits))),
+  }[score]
   per_group = np.sort(scores.reshape(64, groups, -1), axis=-1)[..., ::-1]
   group_scores = per_group[..., 0] if group_score == "max" else per_group[..., :2].sum(-1)
   for t in range(64):

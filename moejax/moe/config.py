@@ -17,6 +17,7 @@ from moejax.moe import path as path_lib
 from moejax.moe import routing as routing_lib
 from moejax.moe import schedule as schedule_lib
 from moejax.moe.fields import TRANSPORT_ALIASES  # noqa: F401  (the old `transport` values, read here)
+from moejax.moe.routing import scores as routing_scores
 from moejax.validation import is_int, prefixed, reject_unknown, require
 
 ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited: each choice's options are its registry's names
@@ -28,7 +29,7 @@ DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
 COMBINE_DTYPES = (None, "float32", "bfloat16")  # None: float32, as the experts accumulate
 SCHEDULES = tuple(schedule_lib.SCHEDULES)  # sequential, chunked, comet
-SCORES = ("softmax", "sigmoid")
+SCORES = tuple(routing_scores.SCORES)
 BALANCE_LOSSES = ("batch", "sequence", "global_batch")
 ESP_SCHEDULES = tuple(sharding_lib.SHARDINGS)  # None, baseline, s1, s2, auto
 GROUP_SCORES = ("top2_sum", "max")
@@ -101,8 +102,8 @@ class MoEConfig:
   expert_data_parallel: True: experts over the GPUs of a node only (expert e on GPU e // (E / m) of every node),
     replicated over 'node' (gradients summed over it); tokens go to experts in their own node (one hop over 'gpu').
     Refused with esp_schedule, the node routings and the two-hop paths.
-  score: the flat router's scores: 'softmax' (Switch, GShard) or 'sigmoid' (DeepSeek-V3: independent per-expert
-    affinities). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
+  score: the flat router's scores (`routing.scores`): 'softmax' (Switch, GShard), 'sigmoid' (DeepSeek-V3: independent
+    per-expert affinities) or 'sqrtsoftplus' (DeepSeek-V4: sqrt(softplus(logit))). Not with 'bilevel' (SMILE's routers are two softmaxes whose product is the weight).
   routed_scaling: the factor on the routed experts' weights, after renormalize (DeepSeek-V2: 16, V3: 2.5).
   weight_inputs: the weights scale each choice's expert input, FFN_e(w x), not its output (Llama 4); not with
     ffn_bias or schedule 'comet' (`fields.check`).

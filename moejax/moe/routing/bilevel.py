@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe.routing import base
+from moejax.moe.routing import scores as scores_lib
 from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
 from moejax.validation import require
 
@@ -29,7 +30,7 @@ class BiLevel(base.Router):
     super().check()
     cfg = self.cfg
     require(
-      cfg.score == "softmax",
+      cfg.score == scores_lib.SOFTMAX,
       "score",
       cfg.score,
       "'softmax' with routing='bilevel' (SMILE's weight is the product of two softmax routers)",

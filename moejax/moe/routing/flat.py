@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from moejax.moe.routing import base
+from moejax.moe.routing import scores as scores_lib
 from moejax.moe.routing.base import Blocks, ReferenceRoute, RoutingDecision
 
 
@@ -57,11 +58,7 @@ class TopK(base.Router):
     logits = jnp.dot(x_TxD.astype(jnp.float32), params["router"]["kernel"].astype(jnp.float32))
     if self.cfg.router_bias:  # gpt-oss: top-k of the biased logits, softmax over the k = these renormalised
       logits = logits + params["router"]["bias"].astype(jnp.float32)
-    if self.cfg.score == "softmax":
-      scores = jax.nn.softmax(logits, axis=-1)
-      return logits, scores, scores
-    scores = jax.nn.sigmoid(logits)  # DeepSeek-V3: independent affinities, normalised for the loss (Eq. 19)
-    return logits, scores, scores / jnp.sum(scores, axis=-1, keepdims=True)
+    return (logits, *scores_lib.SCORES[self.cfg.score](logits))
 
   def _weights(self, scores_TxE, ids_TxK):
     weights = jnp.take_along_axis(scores_TxE, ids_TxK, axis=1)
