@@ -85,7 +85,7 @@ def _time_exchange(
 
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P(mesh_lib.AXES), out_specs=P(mesh_lib.AXES)))
   x = jax.device_put(np.ones((n * m * members * rows, d), dtype), NamedSharding(mesh, P(mesh_lib.AXES)))
-  return statistics.median(timed(lambda: fn(x), warmup, repeats))
+  return statistics.median(timed(lambda: fn(x), warmup, repeats, mesh))
 
 
 def time_exchanges(config) -> list[dict]:

@@ -24,7 +24,7 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
   phases' shares of it (module docstring): {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms',
   'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}."""
   compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
-  layer = timed(lambda: compiled(params, x), warmup, repeats)
+  layer = timed(lambda: compiled(params, x), warmup, repeats, mesh)
   try:
     share = profiled_phases.shares(compiled, (params, x), mesh)
   except Exception as e:  # pylint: disable=broad-except  # no profiler here (a GPU without CUPTI): the time counts

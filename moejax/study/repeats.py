@@ -1,8 +1,9 @@
 """How many times a measured point's programs are timed: at least `least` calls, then more until the median is
 stable, at most `most`. Stable: the median's ~95% confidence interval from the order statistics (the sorted
 times at n/2 -+ 0.98 sqrt(n), distribution-free) is at most `spread` of the median on each side, so noisy
-programs get more calls and quiet ones stop early. With several processes the first decides after each call (a
-broadcast), so every process runs the same calls of a program that spans them all."""
+programs get more calls and quiet ones stop early. With several processes, those of the program's mesh stop together:
+after each call they take the least of their decisions over the mesh's devices (a collective of those processes
+alone: a point may span some hosts of a job), so each runs the same calls of a program that spans them all."""
 
 import dataclasses
 import math
@@ -10,8 +11,10 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
-from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,19 +46,26 @@ def stable(times: list[float], spread: float) -> bool:
   return middle - low <= spread * middle and high - middle <= spread * middle
 
 
-def _agreed(decision: bool) -> bool:
-  """The first process's decision, on every process."""
+def _agreed(stop: bool, mesh) -> bool:
+  """Whether every process of `mesh` stops (all but a single process's job: the least over the mesh's devices)."""
   if jax.process_count() == 1:
-    return decision
-  return bool(multihost_utils.broadcast_one_to_all(np.int32(decision)))
+    return stop
+  local = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  flags = jax.make_array_from_process_local_data(
+    NamedSharding(mesh, P(mesh.axis_names)), np.full((local,), stop, np.int32), (mesh.devices.size,)
+  )
+  return bool(jax.jit(jnp.min, out_shardings=NamedSharding(mesh, P()))(flags))
 
 
-def timed(fn, warmup: int, repeats: "Repeats | int") -> list[float]:
+def timed(fn, warmup: int, repeats: "Repeats | int", mesh=None) -> list[float]:
   """Seconds of each timed call of `fn()` (blocked on its result), after a compiling call and `warmup` untimed
   ones: `repeats.least` calls, then one more at a time until `stable` or `repeats.most`. An int: exactly that
-  many."""
+  many. `mesh`: the devices `fn`'s program spans, whose processes stop together; in a job of several processes
+  without it, `repeats.most` calls."""
   if isinstance(repeats, int):
     repeats = Repeats(repeats, repeats)
+  if mesh is None and jax.process_count() > 1:
+    repeats = Repeats(repeats.most, repeats.most)
   for _ in range(1 + warmup):
     jax.block_until_ready(fn())
   times = []
@@ -63,5 +73,7 @@ def timed(fn, warmup: int, repeats: "Repeats | int") -> list[float]:
     start = time.perf_counter()
     jax.block_until_ready(fn())
     times.append(time.perf_counter() - start)
-    if len(times) >= repeats.least and _agreed(len(times) >= repeats.most or stable(times, repeats.spread)):
+    if len(times) >= repeats.least and (
+      repeats.least == repeats.most or _agreed(len(times) >= repeats.most or stable(times, repeats.spread), mesh)
+    ):
       return times

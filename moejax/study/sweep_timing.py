@@ -57,7 +57,7 @@ def time_training_step(
     losses.append(metrics["loss"])
     return state
 
-  times = timed(step, warmup, repeats)
+  times = timed(step, warmup, repeats, mesh)
   return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters}
 
 
