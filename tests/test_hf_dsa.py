@@ -10,32 +10,34 @@ sequence (dense MLA) gives other logits.
 """
 
 import dataclasses
-import json
-import os
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from safetensors.numpy import load_file
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_config, sparse_attention
 from moejax.models.decoder_config import DecoderConfig
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests.helpers import relative_error
+from tests.hf_family_checks import (
+  SHAPES,
+  check_against_reference,
+  check_export_refuses,
+  check_greedy_generation,
+  check_logits_and_routing,
+  check_round_trip,
+  check_under_tensor_parallelism,
+  config,
+  from_hf_under,
+)
 from tests.test_hf_models import (
-  DATA,
-  TOL,
   Loaded,
-  assert_states_equal,
   case,
   edit_config,
   fixture_copy,
-  model_state,
   reference,
   refused,
   tiled,
@@ -50,10 +52,6 @@ V3_ROUTED = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size",
 V3_ROUTED += ("routed_scaling_factor", "norm_topk_prob", "n_group", "topk_group", "mlp_layer_types")
 MLA = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_parameters")
 FIELDS = V3_ROUTED + MLA + ("index_topk", "index_head_dim", "index_n_heads", "layer_types", "rms_norm_eps")
-
-
-def config(family: str) -> dict:
-  return json.loads((DATA / family / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -190,24 +188,14 @@ def test_mixer_refuses_what_it_cannot_run():
 
 @pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
 def test_logits_and_routing_match_transformers(loaded, family):
-  ref = reference(family)
-  logits, aux = loaded.forward(family)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(aux["expert_ids"][:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(aux["tokens_dropped"] == 0) and np.all(aux["tokens_overflowed"] == 0)
+  check_logits_and_routing(*loaded.forward(family), reference(family), no_overflow=True)
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_logits_unrolled_under_another_path(mesh_2x4, family):
   ref, moe = reference(family), OTHER_PATH[family]
-  model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe, model={"scan_layers": False})
-  assert all(getattr(model.moe_cfg, name) == value for name, value in moe.items())
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  assert relative_error(np.asarray(logits)[:2], ref["logits"]) < TOL
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
+  model = from_hf_under(family, mesh_2x4, moe, model={"scan_layers": False})
+  check_against_reference(model, ref, every_copy=False, no_drops=False)
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
@@ -224,18 +212,12 @@ def test_dense_mla_gives_other_logits(tmp_path, mesh_2x4, family):
 @pytest.mark.slow
 def test_logits_under_tensor_parallelism(devices):
   """MLA's heads split over 'gpu' (4 nodes x 2 GPUs), the indexer replicated: the logits stay transformers'."""
-  model = models.from_hf(str(DATA / "deepseek_v32"), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
-  ref = reference("deepseek_v32")
-  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
-  assert relative_error(logits[:2], ref["logits"]) < TOL
+  check_under_tensor_parallelism("deepseek_v32")
 
 
 @pytest.mark.parametrize("family, mode", [case("deepseek_v32", "vanilla"), case("glm_moe_dsa", "exflow")])
 def test_greedy_generation_matches_transformers(loaded, family, mode):
-  ref = reference(family)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  steps = greedy.shape[1] - prompt.shape[1]
-  np.testing.assert_array_equal(infer.generate_tokens(loaded.model(family), prompt, steps, mode=mode), greedy)
+  check_greedy_generation(loaded.model(family), family, mode=mode)
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
@@ -243,18 +225,10 @@ def test_round_trip(loaded, tmp_path, family):
   """The export holds the fixture's tensors bit for bit under the same names (the indexer's under
   `self_attn.indexer`), and the config.json fields the family's transformers class reads; loaded again, the same
   parameters."""
-  model, out = loaded.model(family), str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / family / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture) and "model.layers.0.self_attn.indexer.k_norm.bias" in written
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(family), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
+  written, got = check_round_trip(loaded.model(family), tmp_path, family, loaded.mesh, SHAPES + FIELDS)
+  assert "model.layers.0.self_attn.indexer.k_norm.bias" in written
   if family == "glm_moe_dsa":
-    assert got["indexer_types"] == want["indexer_types"] == ["full"] * 3
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+    assert got["indexer_types"] == config(family)["indexer_types"] == ["full"] * 3
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -310,13 +284,7 @@ def test_glm_shared_indexer_layers_refused(tmp_path, mesh_2x4, fields):
   ],
 )
 def test_export_refuses_what_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config("deepseek_v32"))
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config("deepseek_v32"), field, value)
   glm, glm_moe = hf_config.from_hf_config(config("glm_moe_dsa"))
   other = dataclasses.replace(glm, indexer=tuple(sorted({**dict(glm.indexer), "rope_interleaved": False}.items())))
   with pytest.raises(ConfigError, match="indexer"):

@@ -8,33 +8,28 @@ checkpoint written back bit for bit; the export loads back in transformers with 
 (`make_hf_fixtures.py --check-export`, docs/models.md). Here too what each config.json says its own way.
 """
 
-import dataclasses
-import json
-import os
-
-import jax
-import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-import moejax.infer as infer
-import moejax.models as models
 from moejax.models import hf_checkpoint, hf_config
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests.hf_family_checks import (
+  SHAPES,
+  check_against_reference,
+  check_export_refuses,
+  check_greedy_generation,
+  check_logits_and_routing,
+  check_round_trip,
+  check_under_tensor_parallelism,
+  config,
+  from_hf_under,
+)
 from tests.test_hf_models import (
-  DATA,
-  TOL,
   Loaded,
-  assert_states_equal,
   case,
   edit_config,
   fixture_copy,
-  model_state,
   reference,
   refused,
-  tiled,
 )
 
 FAMILIES = ("solar_open", "hunyuan_v1_moe", "sarvam_moe")
@@ -58,10 +53,6 @@ FIELDS = {
 }
 
 
-def config(family: str) -> dict:
-  return json.loads((DATA / family / "config.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def loaded(mesh_2x4):
   return Loaded(mesh_2x4)
@@ -73,51 +64,27 @@ def loaded(mesh_2x4):
 
 @pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
 def test_logits_and_routing_match_transformers(loaded, family):
-  ref = reference(family)
-  logits, aux = loaded.forward(family)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(aux["expert_ids"][:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(aux["tokens_dropped"] == 0) and np.all(aux["tokens_overflowed"] == 0)
+  check_logits_and_routing(*loaded.forward(family), reference(family), no_overflow=True)
 
 
 @pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
 def test_logits_under_another_path(mesh_2x4, family):
   ref, moe = reference(family), OTHER_PATH[family]
-  model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe)
-  assert all(getattr(model.moe_cfg, name) == value for name, value in moe.items())
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  assert relative_error(np.asarray(logits)[:2], ref["logits"]) < TOL
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
+  model = from_hf_under(family, mesh_2x4, moe)
+  check_against_reference(model, ref, every_copy=False, no_drops=False)
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_greedy_generation_matches_transformers(loaded, family):
-  ref = reference(family)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(
-    infer.generate_tokens(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1]), greedy
-  )
+  check_greedy_generation(loaded.model(family), family)
 
 
 @pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
 def test_round_trip(loaded, tmp_path, family):
   """The export holds the fixture's tensors bit for bit under the same names, and the config.json fields the family's
   transformers class reads; loaded again, the same parameters."""
-  model, out = loaded.model(family), str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / family / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(family), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"):
-    assert got[name] == want[name], name
-  for name in FIELDS[family]:
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, loaded.mesh)), model_state(model))
+  fields = SHAPES + ("num_attention_heads",) + FIELDS[family]
+  check_round_trip(loaded.model(family), tmp_path, family, loaded.mesh, fields)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -164,23 +131,14 @@ def test_solar_open_defaults_are_solar_open_configs():
   ],
 )
 def test_solar_open_export_refuses_what_its_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config("solar_open"))
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config("solar_open"), field, value)
 
 
 @pytest.mark.parametrize("family", ["hunyuan_v1_moe", "sarvam_moe"])
 def test_renamed_attention_under_tensor_parallelism(devices, family):
   """Heads split over 'gpu' (4 nodes x 2 GPUs): HunYuan's norm after RoPE on each device's heads, Sarvam's q, k and v
   each device reading its own rows of the fused tensor; the logits stay transformers'."""
-  model = models.from_hf(str(DATA / family), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
-  ref = reference(family)
-  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
-  assert relative_error(logits[:2], ref["logits"]) < TOL
+  check_under_tensor_parallelism(family)
 
 
 def test_hunyuan_reads_qk_norm_after_rope_alpha_rope_and_a_shared_mlp():
@@ -234,13 +192,7 @@ def test_hunyuan_dynamic_rope_without_alpha_is_refused(tmp_path, mesh_2x4):
   [("qk_norm_mode", "head"), ("out_bias", False), ("moe_layers", (False, True, True)), ("moe.shared_gate", True)],
 )
 def test_hunyuan_export_refuses_what_its_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config("hunyuan_v1_moe"))
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config("hunyuan_v1_moe"), field, value)
 
 
 def test_sarvam_reads_glm_under_its_names_aliases_and_defaults():

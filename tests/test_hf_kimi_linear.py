@@ -10,21 +10,22 @@ what its config.json says its own way (KimiLinearConfig's attribute_map names, t
 """
 
 import dataclasses
-import json
-import os
+import functools
 
-import jax
-import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-import moejax.infer as infer
-import moejax.models as models
 from moejax.models import hf_config, token_mixers
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
-from tests.test_hf_models import DATA, TOL, assert_states_equal, group, model_state, reference, tiled
+from tests import hf_family_checks as checks
+from tests.hf_family_checks import (
+  SHAPES,
+  check_against_reference,
+  check_greedy_generation,
+  check_round_trip,
+  check_under_tensor_parallelism,
+  from_hf_under,
+)
+from tests.test_hf_models import group, reference
 
 FAMILY = "kimi_linear"
 OTHER_PATH = {"path": "node_first", "dedup": True, "buffer_factor": 4.0}
@@ -54,23 +55,8 @@ FIELDS = (  # config.json fields transformers' KimiLinearConfig reads, beyond th
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def test_reads_its_config_and_refuses_what_it_cannot_say():
@@ -117,39 +103,24 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
 def test_round_trip(model, tmp_path, mesh_2x4):
   """The export holds the fixture's tensors bit for bit under the published names (block_sparse_moe, w1/w2/w3,
   q/k/v_conv1d), and the config.json fields transformers reads; loaded again, the same parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  check_round_trip(model, tmp_path, FAMILY, mesh_2x4, SHAPES + FIELDS)
 
 
 @pytest.mark.slow
 def test_under_tensor_parallelism():
   """Heads split over 'gpu' (4 nodes x 2 GPUs): the KDA layers' q, k, v and o projections by heads as attention's
   names say, the rest replicated; the logits stay transformers'."""
-  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
-  ref = reference(FAMILY)
-  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
-  assert relative_error(logits[:2], ref["logits"]) < TOL
+  check_under_tensor_parallelism(FAMILY)

@@ -11,29 +11,29 @@ which loads back in transformers with the fixture's logits (`make_hf_fixtures.py
 docs/models.md). The input-scaled experts equal a float64 NumPy computation from the stored tensors.
 """
 
-import dataclasses
-import json
-import os
+import functools
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_checkpoint, hf_config
 from moejax.moe.layer import moe_apply
 from moejax.validation import ConfigError
+from tests import hf_family_checks as checks
 from tests.helpers import relative_error
-from tests.test_hf_models import (
-  DATA,
-  TOL,
-  assert_states_equal,
-  group,
-  model_state,
-  reference,
-  tiled,
+from tests.hf_family_checks import (
+  assert_fields_equal,
+  assert_loads_as,
+  assert_tensors_equal,
+  check_against_reference,
+  check_export_refuses,
+  check_greedy_generation,
+  exported,
+  from_hf_under,
 )
+from tests.test_hf_models import DATA, group, reference, tiled
 
 FAMILY = "llama4"
 OTHER_PATH = {"path": "node_first", "dedup": True, "schedule": "chunked", "num_chunks": 2, "buffer_factor": 4.0}
@@ -56,25 +56,14 @@ FIELDS = (  # config.json fields transformers' Llama4TextConfig reads, beyond th
 pytestmark = group(FAMILY)
 
 
+config = functools.partial(checks.config, FAMILY)
+
+
 def text_config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())["text_config"]
+  return config()["text_config"]
 
 
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  errors = [relative_error(logits[2 * c : 2 * c + 2], ref["logits"]) for c in range(logits.shape[0] // 2)]
-  assert max(errors) < TOL, errors
-  tokens = ref["router_ids"].shape[1]
-  ids = np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1)
-  np.testing.assert_array_equal(ids, ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
-  return max(errors)
+model = checks.model_fixture(FAMILY)
 
 
 @pytest.mark.slow
@@ -84,8 +73,7 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
@@ -94,10 +82,7 @@ def test_logits_unrolled_under_another_path(mesh_2x4):
 def test_greedy_generation_matches_transformers(model, mode):
   """13 positions through the cache: the chunked layers' queries from position 4 and 8 on see only their chunk; ExFlow's
   decode step too (its experts scale the rows they receive by the weights that travel with them)."""
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  got = infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1], mode=mode)
-  np.testing.assert_array_equal(got, greedy)
+  check_greedy_generation(model, FAMILY, mode=mode)
 
 
 @pytest.mark.slow
@@ -147,23 +132,17 @@ def test_round_trip(model, tmp_path, mesh_2x4):
   """The export is the decoder as llama4_text (Llama4ForCausalLM's names: model.*, lm_head), its tensors the
   fixture's bit for bit, no vision tensor; config.json's fields transformers reads; loaded again, the same
   parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  out, fixture, written, got = exported(model, tmp_path, FAMILY)
   decoder = {name.removeprefix("language_model."): t for name, t in fixture.items() if name.startswith("language_")}
-  assert sorted(written) == sorted(decoder)
-  for name, tensor in decoder.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = text_config(), json.loads(open(os.path.join(out, "config.json")).read())
+  assert_tensors_equal(written, decoder)
   assert (got["model_type"], got["architectures"]) == ("llama4_text", ["Llama4ForCausalLM"])
-  for name in ("vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  assert_fields_equal(got, text_config(), ("vocab_size", "hidden_size", "num_hidden_layers") + FIELDS)
+  assert_loads_as(out, mesh_2x4, model)
 
 
 @pytest.mark.slow
 def test_reads_chunks_nope_layers_and_input_scaled_routing():
-  cfg, moe_cfg = hf_config.from_hf_config(json.loads((DATA / FAMILY / "config.json").read_text()))
+  cfg, moe_cfg = hf_config.from_hf_config(config())
   assert (cfg.family, cfg.moe_layers, cfg.d_ff) == ("llama4", (False, True, False, True), 48)
   assert (cfg.sliding_window, cfg.sliding_layers, cfg.chunked_attention) == (4, (True, False, False, True), True)
   assert (cfg.nope_layers, cfg.attn_temperature) == ((False, True, True, False), (4.0, 0.5))
@@ -201,13 +180,7 @@ def test_defaults_are_llama4_text_configs():
   [("rope_interleaved", False), ("qk_norm_mode", "head"), ("moe.weight_inputs", False), ("moe.renormalize", True)],
 )
 def test_export_refuses_what_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(json.loads((DATA / FAMILY / "config.json").read_text()))
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config(), field, value)
 
 
 @pytest.mark.slow
@@ -215,4 +188,4 @@ def test_export_refuses_what_config_json_cannot_say(field, value):
 def test_input_weights_refuse_what_cannot_carry_them(moe, field):
   """comet runs the first GEMM before the weights are gathered; expert biases make a zero weight's output nonzero."""
   with pytest.raises(ConfigError, match=field):
-    hf_config.from_hf_config(json.loads((DATA / FAMILY / "config.json").read_text()), moe=moe)
+    hf_config.from_hf_config(config(), moe=moe)

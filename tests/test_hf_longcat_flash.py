@@ -9,22 +9,29 @@ bit, and the zero experts' choices moving no row on any hop; the export loads ba
 fixture's logits (`make_hf_fixtures.py --check-export longcat_flash`, docs/models.md).
 """
 
-import dataclasses
-import json
-import os
+import functools
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
 import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_checkpoint, hf_config
 from moejax.study import family_remedies
 from moejax.validation import ConfigError
+from tests import hf_family_checks as checks
 from tests import test_zero_experts
 from tests.helpers import relative_error
-from tests.test_hf_models import DATA, TOL, assert_states_equal, group, model_state, reference, tiled
+from tests.hf_family_checks import (
+  assert_fields_equal,
+  assert_loads_as,
+  assert_tensors_equal,
+  check_export_refuses,
+  check_greedy_generation,
+  exported,
+  from_hf_under,
+)
+from tests.test_hf_models import DATA, TOL, group, reference, tiled
 
 FAMILY = "longcat_flash"
 E, Z = 8, 4
@@ -33,26 +40,13 @@ OTHER_PATH = {"path": "node_first", "dedup": True, "buffer_factor": 4.0}
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  errors = [relative_error(logits[2 * c : 2 * c + 2], ref["logits"]) for c in range(logits.shape[0] // 2)]
-  assert max(errors) < TOL, errors
-  tokens = ref["router_ids"].shape[1]
-  ids = np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1)
-  np.testing.assert_array_equal(ids, ref["router_ids"])
+  ids = checks.check_against_reference(model, ref)
   assert (ids >= E).any()  # the zero experts are chosen
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
-  return aux
 
 
 def test_logits_and_routing_match_transformers(model):
@@ -61,8 +55,7 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
@@ -91,9 +84,7 @@ def expected_traffic(ids_TxK: np.ndarray, path: str, dedup: bool) -> np.ndarray:
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
@@ -112,22 +103,15 @@ def test_round_trip(model, tmp_path, mesh_2x4):
   """The export holds the fixture's tensors bit for bit under the same names, but the zero experts' gate and up
   projections, which no forward reads (ignored on load), written as zeros; the config.json fields transformers reads;
   loaded again, the same parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  out, fixture, written, got = exported(model, tmp_path, FAMILY)
   unread = {f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for i in range(2) for e in range(E, E + Z) for p in PROJ}
-  assert sorted(written) == sorted(fixture) and unread < set(fixture)
-  for name, tensor in written.items():
-    want = np.zeros_like(fixture[name]) if name in unread else fixture[name]
-    assert tensor.dtype == want.dtype and np.array_equal(tensor, want), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_layers", "ffn_hidden_size"):
-    assert got[name] == want[name], name
-  for name in ("moe_topk", "n_routed_experts", "zero_expert_num", "expert_ffn_hidden_size", "routed_scaling_factor"):
-    assert got[name] == want[name], name
-  for name in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim"):
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  assert unread < set(fixture)
+  assert_tensors_equal(written, {n: np.zeros_like(t) if n in unread else t for n, t in fixture.items()})
+  names = ("model_type", "architectures", "vocab_size", "hidden_size", "num_layers", "ffn_hidden_size")
+  names += ("moe_topk", "n_routed_experts", "zero_expert_num", "expert_ffn_hidden_size", "routed_scaling_factor")
+  names += ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "head_dim")
+  assert_fields_equal(got, config(), names)
+  assert_loads_as(out, mesh_2x4, model)
 
 
 @pytest.mark.slow
@@ -139,9 +123,7 @@ def test_placed_experts_keep_logits_and_export(tmp_path, mesh_2x4):
   ref = reference(FAMILY)
   logits = np.asarray(placed(tiled(ref["tokens"]))[0])
   assert relative_error(logits[:2], ref["logits"]) < TOL
-  out = str(tmp_path / "export")
-  models.to_hf(placed, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  _, fixture, written, _ = exported(placed, tmp_path, FAMILY)
   for name in [n for n in fixture if "router" in n or ".experts.0." in n]:
     assert np.array_equal(written[name], fixture[name]), name
 
@@ -166,13 +148,7 @@ def test_reads_scmoe_layers_zero_experts_and_names():
   [("moe.renormalize", True), ("moe.score", "sigmoid"), ("moe.num_shared_experts", 1), ("rope_interleaved", False)],
 )
 def test_export_refuses_what_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config())
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config(), field, value)
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ Here too what its config.json says its own way and what it cannot say.
 """
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -17,22 +18,24 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import moejax.infer as infer
-import moejax.models as models
 from moejax.infer import cache as cache_lib
 from moejax.models import hf_checkpoint, hf_config, layers
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests import hf_family_checks as checks
+from tests.hf_family_checks import (
+  SHAPES,
+  assert_loads_as,
+  check_against_reference,
+  check_greedy_generation,
+  check_round_trip,
+  from_hf_under,
+)
 from tests.test_hf_models import (
   DATA,
-  TOL,
-  assert_states_equal,
   fixture_copy,
   group,
-  model_state,
   reference,
   refused,
-  tiled,
 )
 
 FAMILY = "mimo_v2_flash"
@@ -61,23 +64,8 @@ SLIDING = (("attention_sinks", True), ("num_kv_heads", 4), ("partial_rotary_fact
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def test_logits_and_routing_match_transformers(model):
@@ -89,16 +77,13 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
@@ -106,16 +91,7 @@ def test_round_trip(model, tmp_path, mesh_2x4):
   """The export holds the fixture's tensors bit for bit under the same names (the sliding layers' sinks as
   `self_attn.attention_sink_bias`), and the config.json fields transformers reads; loaded again, the same
   parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  check_round_trip(model, tmp_path, FAMILY, mesh_2x4, SHAPES + FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -183,6 +159,6 @@ def test_published_mtp_tensors_are_ignored(tmp_path, mesh_2x4, model):
   directory = fixture_copy(tmp_path, FAMILY)
   tensors = load_file(os.path.join(directory, "model.safetensors"))
   save_file({**tensors, "model.mtp.layers.0.fc.weight": np.ones((4, 4), np.float32)}, f"{directory}/model.safetensors")
-  assert_states_equal(model_state(models.from_hf(directory, mesh_2x4)), model_state(model))
+  assert_loads_as(directory, mesh_2x4, model)
   save_file({**tensors, "model.extra.weight": np.ones((4, 4), np.float32)}, f"{directory}/model.safetensors")
   assert "model.extra.weight" in refused(directory, mesh_2x4)

@@ -10,31 +10,33 @@ docs/models.md). Here too what Qwen3-Next's config.json says its own way and wha
 """
 
 import dataclasses
-import json
+import functools
 import os
 
-import jax
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.infer import cache as cache_lib
 from moejax.models import hf_config, layers, token_mixers
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests import hf_family_checks as checks
+from tests.hf_family_checks import (
+  SHAPES,
+  assert_loads_as,
+  check_against_reference,
+  check_greedy_generation,
+  check_round_trip,
+  check_under_tensor_parallelism,
+  from_hf_under,
+)
 from tests.test_hf_models import (
   DATA,
-  TOL,
-  assert_states_equal,
   fixture_copy,
   group,
-  model_state,
   reference,
   refused,
-  tiled,
 )
 
 FAMILY = "qwen3_next"
@@ -62,23 +64,8 @@ FIELDS = (  # config.json fields transformers' Qwen3NextConfig reads, beyond the
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def test_logits_and_routing_match_transformers(model):
@@ -88,8 +75,7 @@ def test_logits_and_routing_match_transformers(model):
 
 
 def test_logits_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH)
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH)
   check_against_reference(other, reference(FAMILY))
 
 
@@ -100,42 +86,25 @@ def test_logits_unrolled(mesh_2x4):
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
 def test_exflow_generation_matches_transformers(model):
   """ExFlow's step writes an attention layer's new keys and values at their position and a DeltaNet layer's state
   whole."""
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  steps = greedy.shape[1] - prompt.shape[1]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, steps, mode="exflow"), greedy)
+  check_greedy_generation(model, FAMILY, mode="exflow")
 
 
 @pytest.mark.slow
 def test_greedy_generation_unrolled(mesh_2x4):
-  unrolled = models.from_hf(str(DATA / FAMILY), mesh_2x4, model={"scan_layers": False})
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(unrolled, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(models.from_hf(str(DATA / FAMILY), mesh_2x4, model={"scan_layers": False}), FAMILY)
 
 
 def test_round_trip(model, tmp_path, mesh_2x4):
   """The export holds the fixture's tensors bit for bit under the same names (`linear_attn.*` for the DeltaNet
   layers), and the config.json fields transformers reads; loaded again, the same parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  check_round_trip(model, tmp_path, FAMILY, mesh_2x4, SHAPES + FIELDS)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -214,7 +183,7 @@ def test_published_mtp_tensors_are_ignored_others_refused(tmp_path, mesh_2x4, mo
   tensors = load_file(os.path.join(directory, "model.safetensors"))
   extra = np.ones((4, 4), np.float32)
   save_file({**tensors, "mtp.fc.weight": extra}, os.path.join(directory, "model.safetensors"))
-  assert_states_equal(model_state(models.from_hf(directory, mesh_2x4)), model_state(model))
+  assert_loads_as(directory, mesh_2x4, model)
   save_file({**tensors, "model.mtp.fc.weight": extra}, os.path.join(directory, "model.safetensors"))
   assert "model.mtp.fc.weight" in refused(directory, mesh_2x4)
 
@@ -222,7 +191,4 @@ def test_published_mtp_tensors_are_ignored_others_refused(tmp_path, mesh_2x4, mo
 def test_under_tensor_parallelism(devices):
   """Heads split over 'gpu' (4 nodes x 2 GPUs): each device's heads of the gated q_proj hold their queries and gates
   together; the DeltaNet layers' tensors replicated, each GPU running the whole layer; the logits stay transformers'."""
-  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
-  ref = reference(FAMILY)
-  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
-  assert relative_error(logits[:2], ref["logits"]) < TOL
+  check_under_tensor_parallelism(FAMILY)

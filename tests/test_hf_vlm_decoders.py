@@ -9,21 +9,26 @@ same parameters and in transformers with the fixture's logits (`make_hf_fixtures
 """
 
 import dataclasses
-import json
 import os
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_config, token_mixers
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests.hf_family_checks import (
+  assert_tensors_equal,
+  check_against_reference,
+  check_greedy_generation,
+  check_logits_and_routing,
+  config,
+  exported,
+  from_hf_under,
+)
 from tests.test_hf_models import (
   DATA,
-  TOL,
   Loaded,
   assert_states_equal,
   case,
@@ -32,7 +37,6 @@ from tests.test_hf_models import (
   model_state,
   reference,
   refused,
-  tiled,
 )
 
 FAMILIES = ("qwen3_5_moe", "kimi_k25")
@@ -52,22 +56,9 @@ EXPORTED = {
 }
 
 
-def config(family: str) -> dict:
-  return json.loads((DATA / family / "config.json").read_text())
-
-
 @pytest.fixture(scope="module")
 def loaded(mesh_2x4):
   return Loaded(mesh_2x4)
-
-
-def check_against_reference(logits, aux, ref):
-  logits = np.asarray(logits)
-  for copy in range(logits.shape[0] // 2):  # every copy of the batch, wherever its rows live on the mesh
-    assert relative_error(logits[2 * copy : 2 * copy + 2], ref["logits"]) < TOL, copy
-  tokens = ref["router_ids"].shape[1]
-  np.testing.assert_array_equal(np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1), ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
 
 
 @group("qwen3_5_moe")
@@ -82,7 +73,7 @@ def test_qwen3_5_moe_logits_and_routing_match_transformers(loaded):
   assert (moe_cfg.renormalize, moe_cfg.num_shared_experts, moe_cfg.shared_gate, moe_cfg.top_k) == (True, 1, True, 2)
   assert [token_mixers.of(cfg, i).hf_module for i in range(4)] == ["linear_attn", "self_attn"] * 2
   assert any(name.startswith("model.visual.") for name in load_file(DATA / "qwen3_5_moe" / "model.safetensors"))
-  check_against_reference(*loaded.forward("qwen3_5_moe"), reference("qwen3_5_moe"))
+  check_logits_and_routing(*loaded.forward("qwen3_5_moe"), reference("qwen3_5_moe"))
 
 
 @group("kimi_k25")
@@ -97,26 +88,19 @@ def test_kimi_k25_logits_and_routing_match_transformers(loaded):
     2.5,
     1,
   )
-  check_against_reference(*loaded.forward("kimi_k25"), reference("kimi_k25"))
+  check_logits_and_routing(*loaded.forward("kimi_k25"), reference("kimi_k25"))
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_logits_under_another_path(mesh_2x4, family):
-  ref, moe = reference(family), OTHER_PATH[family]
-  model = models.from_hf(str(DATA / family), mesh_2x4, moe=moe)
-  assert all(getattr(model.moe_cfg, name) == value for name, value in moe.items())
-  check_against_reference(*model(tiled(ref["tokens"]), details=True), ref)
+  check_against_reference(from_hf_under(family, mesh_2x4, OTHER_PATH[family]), reference(family))
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_greedy_generation_matches_transformers(loaded, family):
   """Through the cache (Qwen3.5's DeltaNet states and KV pairs; Kimi's MLA latents), transformers' generate on the
   text-only prompt."""
-  ref = reference(family)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(
-    infer.generate_tokens(loaded.model(family), prompt, greedy.shape[1] - prompt.shape[1]), greedy
-  )
+  check_greedy_generation(loaded.model(family), family)
 
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
@@ -124,19 +108,17 @@ def test_export_is_the_text_only_decoder(loaded, tmp_path, family):
   """The export is the decoder alone as its text-only class's checkpoint: the fixture's decoder tensors bit for bit
   under that class's names, no vision tensor, config.json flat (text_config's fields at the top level); moejax loads
   it back (as that family) with the same parameters."""
-  model, out = loaded.model(family), str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / family / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
+  model = loaded.model(family)
+  out, fixture, written, got = exported(model, tmp_path, family)
   (ours, theirs), (head, exported_head) = PREFIX[family], HEAD[family]
   decoder = {
     exported_head if name == head else theirs + name[len(ours) :]: tensor
     for name, tensor in fixture.items()
     if name == head or name.startswith(ours)
   }
-  assert sorted(written) == sorted(decoder) and len(decoder) < len(fixture)  # the vision tensors left out
-  for name, tensor in decoder.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  got, text = json.loads(open(os.path.join(out, "config.json")).read()), config(family)["text_config"]
+  assert len(decoder) < len(fixture)  # the vision tensors left out
+  assert_tensors_equal(written, decoder)
+  text = config(family)["text_config"]
   assert (got["model_type"], got["architectures"]) == (EXPORTED[family][0], [EXPORTED[family][1]])
   assert "text_config" not in got and "vision_config" not in got and got["tie_word_embeddings"] is False
   for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts_per_tok"):
