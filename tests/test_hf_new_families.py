@@ -9,29 +9,23 @@ e_score_correction_bias. Their fixtures (tests/data/hf/<family>) come from trans
 """
 
 import dataclasses
-import json
 
-import jax
 import numpy as np
 import pytest
 from flax import nnx
 
 import moejax.models as models
 from moejax.models import attention, families, hf_config
-from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests.helpers import relative_error
-from tests.test_hf_models import DATA, TOL, edit_config, fixture_copy, reference, refused, tiled
+from tests.hf_family_checks import check_export_refuses, check_under_tensor_parallelism, config
+from tests.test_hf_models import DATA, edit_config, fixture_copy, reference, refused, tiled
 
 # The MoE model_types of transformers 5.24 that issue 59 lists beyond those moejax loads (sarvam_moe and
 # hunyuan_v1_moe load: tests/test_hf_families_glm_like.py; qwen3_next: tests/test_hf_qwen3_next.py; qwen3_5_moe and
 # kimi_k25, their text decoders: tests/test_hf_vlm_decoders.py; ernie4_5_moe, mimo_v2_flash, llama4, longcat_flash and
 # kimi_linear: tests/test_hf_<them>.py; deepseek_v32 and glm_moe_dsa: tests/test_hf_dsa.py).
 ISSUE_59_REFUSED = ("deepseek_v4",)
-
-
-def config(family: str) -> dict:
-  return json.loads((DATA / family / "config.json").read_text())
 
 
 @pytest.mark.parametrize("model_type", sorted(families.UNSUPPORTED))
@@ -160,13 +154,7 @@ def test_minimax_m2_reads_partial_rope_and_biased_sigmoid_routing():
   ],
 )
 def test_projection_qk_norm_export_refuses_what_config_json_cannot_say(family, field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config(family))
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config(family), field, value)
 
 
 @pytest.mark.slow
@@ -174,7 +162,4 @@ def test_projection_qk_norm_export_refuses_what_config_json_cannot_say(family, f
 def test_projection_qk_norm_under_tensor_parallelism(devices, family):
   """Heads split over 'gpu' (4 nodes x 2 GPUs): the norm over the whole projection still spans every head, so the
   logits stay transformers'."""
-  model = models.from_hf(str(DATA / family), mesh_lib.make_mesh(4, 2), model=dict(tensor_parallel=True))
-  ref = reference(family)
-  logits = np.asarray(jax.jit(lambda t: model(t)[0])(tiled(ref["tokens"])))
-  assert relative_error(logits[:2], ref["logits"]) < TOL
+  check_under_tensor_parallelism(family)
