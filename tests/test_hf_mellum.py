@@ -6,7 +6,7 @@ another MoE path, the routers' choices, greedy tokens through the cache, and the
 the export loads back in transformers with the fixture's logits (`make_hf_fixtures.py --check-export mellum`,
 docs/models.md). Here too what its config.json says its own way."""
 
-import dataclasses
+import functools
 import json
 import os
 
@@ -14,12 +14,21 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-import moejax.infer as infer
 import moejax.models as models
 from moejax.models import hf_config
 from moejax.validation import ConfigError
+from tests import hf_family_checks as checks
 from tests.helpers import relative_error
-from tests.test_hf_models import DATA, TOL, assert_states_equal, fixture_copy, group, model_state, reference, tiled
+from tests.hf_family_checks import (
+  SHAPES,
+  assert_loads_as,
+  check_against_reference,
+  check_export_refuses,
+  check_greedy_generation,
+  check_round_trip,
+  from_hf_under,
+)
+from tests.test_hf_models import fixture_copy, group, reference, tiled
 
 FAMILY = "mellum"
 OTHER_PATH = {"path": "node_first", "dedup": True, "buffer_factor": 4.0}
@@ -39,27 +48,8 @@ FIELDS = (  # config.json fields transformers' MellumConfig reads, beyond the sh
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def routed(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  ids = np.sort(np.asarray(aux["expert_ids"])[:, : ref["router_ids"].shape[1]], axis=-1)
-  return np.asarray(logits), ids, aux
-
-
-def check_against_reference(model, ref):
-  logits, ids, aux = routed(model, ref)
-  errors = [relative_error(logits[2 * c : 2 * c + 2], ref["logits"]) for c in range(logits.shape[0] // 2)]
-  assert max(errors) < TOL, errors  # every copy of the batch, wherever its rows live on the mesh
-  np.testing.assert_array_equal(ids, ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def test_logits_and_routing_match_transformers(model):
@@ -68,33 +58,21 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
 def test_round_trip(model, tmp_path, mesh_2x4):
   """The export holds the fixture's tensors bit for bit under the same names, and the config.json fields
   transformers reads (the per-type rope_parameters among them); loaded again, the same parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
-  assert got["num_experts"] == want["num_local_experts"]  # MellumConfig's alias
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
+  _, got = check_round_trip(model, tmp_path, FAMILY, mesh_2x4, SHAPES + FIELDS)
+  assert got["num_experts"] == config()["num_local_experts"]  # MellumConfig's alias
 
 
 @pytest.mark.slow
@@ -110,7 +88,8 @@ def test_the_window_and_the_sliding_theta_act(tmp_path, mesh_2x4, change):
     hf["rope_parameters"]["sliding_attention"]["rope_theta"] = 500000.0
   open(os.path.join(directory, "config.json"), "w").write(json.dumps(hf))
   ref = reference(FAMILY)
-  logits, _, _ = routed(models.from_hf(directory, mesh_2x4), ref)
+  logits, _ = models.from_hf(directory, mesh_2x4)(tiled(ref["tokens"]), details=True)
+  logits = np.asarray(logits)
   assert relative_error(logits[:2], ref["logits"]) > 1e-3
 
 
@@ -120,7 +99,7 @@ def test_published_mtp_layer_is_ignored(tmp_path, mesh_2x4, model):
   directory = fixture_copy(tmp_path, FAMILY)
   tensors = load_file(os.path.join(directory, "model.safetensors"))
   save_file({**tensors, "mtp.layers.0.mlp.gate.weight": np.ones((4, 4), np.float32)}, f"{directory}/model.safetensors")
-  assert_states_equal(model_state(models.from_hf(directory, mesh_2x4)), model_state(model))
+  assert_loads_as(directory, mesh_2x4, model)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -170,10 +149,4 @@ def test_defaults_are_mellum_configs():
   ],
 )
 def test_export_refuses_what_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config())
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config(), field, value)

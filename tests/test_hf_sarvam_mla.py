@@ -6,20 +6,21 @@ through the cache, and the checkpoint written back bit for bit; the export loads
 fixture's logits (`make_hf_fixtures.py --check-export sarvam_mla`, docs/models.md). Here too the original config.json
 format SarvamMLAConfig converts (its aliases, head_dim, rope_scaling 'deepseek_yarn')."""
 
-import dataclasses
-import json
-import os
+import functools
 
-import numpy as np
 import pytest
-from safetensors.numpy import load_file
 
-import moejax.infer as infer
-import moejax.models as models
 from moejax.models import hf_config
-from moejax.validation import ConfigError
-from tests.helpers import relative_error
-from tests.test_hf_models import DATA, TOL, assert_states_equal, group, model_state, reference, tiled
+from tests import hf_family_checks as checks
+from tests.hf_family_checks import (
+  SHAPES,
+  check_against_reference,
+  check_export_refuses,
+  check_greedy_generation,
+  check_round_trip,
+  from_hf_under,
+)
+from tests.test_hf_models import group, reference
 
 FAMILY = "sarvam_mla"
 OTHER_PATH = {"path": "node_first", "dedup": True, "buffer_factor": 4.0}
@@ -45,24 +46,8 @@ FIELDS = (  # config.json fields transformers' SarvamMLAConfig reads, beyond the
 pytestmark = group(FAMILY)
 
 
-def config() -> dict:
-  return json.loads((DATA / FAMILY / "config.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def model(mesh_2x4):
-  return models.from_hf(str(DATA / FAMILY), mesh_2x4)
-
-
-def check_against_reference(model, ref):
-  logits, aux = model(tiled(ref["tokens"]), details=True)
-  logits = np.asarray(logits)
-  errors = [relative_error(logits[2 * c : 2 * c + 2], ref["logits"]) for c in range(logits.shape[0] // 2)]
-  assert max(errors) < TOL, errors  # every copy of the batch, wherever its rows live on the mesh
-  tokens = ref["router_ids"].shape[1]
-  ids = np.sort(np.asarray(aux["expert_ids"])[:, :tokens], axis=-1)
-  np.testing.assert_array_equal(ids, ref["router_ids"])
-  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+config = functools.partial(checks.config, FAMILY)
+model = checks.model_fixture(FAMILY)
 
 
 def test_logits_and_routing_match_transformers(model):
@@ -71,33 +56,21 @@ def test_logits_and_routing_match_transformers(model):
 
 @pytest.mark.slow
 def test_logits_unrolled_under_another_path(mesh_2x4):
-  other = models.from_hf(str(DATA / FAMILY), mesh_2x4, moe=OTHER_PATH, model={"scan_layers": False})
-  assert all(getattr(other.moe_cfg, name) == value for name, value in OTHER_PATH.items())
+  other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": False})
   check_against_reference(other, reference(FAMILY))
 
 
 @pytest.mark.slow
 def test_greedy_generation_matches_transformers(model):
-  ref = reference(FAMILY)
-  prompt, greedy = ref["prompt"], ref["greedy"]
-  np.testing.assert_array_equal(infer.generate_tokens(model, prompt, greedy.shape[1] - prompt.shape[1]), greedy)
+  check_greedy_generation(model, FAMILY)
 
 
 @pytest.mark.slow
 def test_round_trip(model, tmp_path, mesh_2x4):
   """The export is sarvam_mla run as DeepseekV3ForCausalLM, holds the fixture's tensors bit for bit under the same
   names, and the config.json fields transformers reads; loaded again, the same parameters."""
-  out = str(tmp_path / "export")
-  models.to_hf(model, out)
-  fixture, written = load_file(DATA / FAMILY / "model.safetensors"), load_file(os.path.join(out, "model.safetensors"))
-  assert sorted(written) == sorted(fixture)
-  for name, tensor in fixture.items():
-    assert written[name].dtype == tensor.dtype and np.array_equal(written[name], tensor), name
-  want, got = config(), json.loads(open(os.path.join(out, "config.json")).read())
-  for name in ("model_type", "architectures", "vocab_size", "hidden_size", "num_hidden_layers") + FIELDS:
-    assert got[name] == want[name], name
+  _, got = check_round_trip(model, tmp_path, FAMILY, mesh_2x4, SHAPES + FIELDS)
   assert (got["model_type"], got["architectures"]) == ("sarvam_mla", ["DeepseekV3ForCausalLM"])
-  assert_states_equal(model_state(models.from_hf(out, mesh_2x4)), model_state(model))
 
 
 @pytest.mark.slow
@@ -130,10 +103,4 @@ def test_original_format_and_defaults_read_as_the_fixtures():
 @pytest.mark.slow
 @pytest.mark.parametrize("field, value", [("moe_layers", (True, False, True)), ("moe.score", "softmax")])
 def test_export_refuses_what_config_json_cannot_say(field, value):
-  cfg, moe_cfg = hf_config.from_hf_config(config())
-  if field.startswith("moe."):
-    moe_cfg = dataclasses.replace(moe_cfg, **{field[4:]: value})
-  else:
-    cfg = dataclasses.replace(cfg, **{field: value})
-  with pytest.raises(ConfigError, match=field):
-    hf_config.to_hf_config(cfg, moe_cfg)
+  check_export_refuses(config(), field, value)
