@@ -153,6 +153,16 @@ def test_async_forms_and_iota_groups(mesh_2x4):
   assert {frozenset(g) for g in a2a.groups} == _groups_along(mesh_2x4, ("node",))
 
 
+@pytest.mark.parametrize("axes", [("node",), ("gpu",), BOTH])
+def test_groups_by_mesh_axes(mesh_2x4, axes):
+  """Replica groups as XLA prints them from jax 0.12 on, by the logical mesh's axes: `mesh['node'=2,'gpu'=4]
+  {'gpu'}`."""
+  named = ",".join(f"'{a}'" for a in axes)
+  hlo = ASYNC_HLO.replace("replica_groups=[4,2]<=[2,4]T(1,0)", f"replica_groups=mesh['node'=2,'gpu'=4] {{{named}}}")
+  (a2a,) = [c for c in program.parse(hlo, mesh_2x4) if c.kind == "all-to-all"]
+  assert a2a.axes == axes and {frozenset(g) for g in a2a.groups} == _groups_along(mesh_2x4, axes)
+
+
 def test_summary_adds_runs_and_bytes():
   def make(kind, axes, nbytes, count):
     return program.Collective(kind, "x", nbytes, "f32", axes, (), count, False)

@@ -179,8 +179,8 @@ def computation_runs(computations: dict, entry: str) -> tuple[dict, dict, dict]:
 
 
 def _groups(rest: str, devices: int) -> tuple[tuple[int, ...], ...]:
-  """An instruction's replica groups (explicit, iota `[G,S]<=[dims]T(perm)`, or `{}`: all devices) or its
-  source-target pairs, as logical device ids."""
+  """An instruction's replica groups (explicit, iota `[G,S]<=[dims]T(perm)`, by mesh axes `mesh['a'=2,'b'=4] {'a'}`
+  as XLA prints them from jax 0.12, or `{}`: all devices) or its source-target pairs, as logical device ids."""
   pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", rest)
   if pairs:
     return tuple(tuple(map(int, p)) for p in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)))
@@ -190,6 +190,15 @@ def _groups(rest: str, devices: int) -> tuple[tuple[int, ...], ...]:
     ids = np.arange(math.prod(dims)).reshape(dims)
     ids = ids.transpose(tuple(map(int, iota.group(3).split(",")))) if iota.group(3) else ids
     return tuple(tuple(int(i) for i in row) for row in ids.reshape(shape))
+  by_axes = re.search(r"replica_groups=mesh\[([^\]]*)\] \{([^}]*)\}", rest)
+  if by_axes:  # the devices along the named axes of the logical mesh, one group per position on the others
+    axes = re.findall(r"'(\w+)'=(\d+)", by_axes.group(1))
+    names, ids = [a for a, _ in axes], np.arange(math.prod(int(s) for _, s in axes)).reshape([int(s) for _, s in axes])
+    named = [names.index(a) for a in re.findall(r"'(\w+)'", by_axes.group(2))]
+    rows = ids.transpose([i for i in range(len(names)) if i not in named] + named).reshape(
+      -1, math.prod(ids.shape[i] for i in named)
+    )
+    return tuple(tuple(int(i) for i in row) for row in rows)
   explicit = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", rest)
   groups = (
     tuple(tuple(map(int, g.split(","))) for g in re.findall(r"\{([\d,]+)\}", explicit.group(1))) if explicit else ()
