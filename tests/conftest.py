@@ -54,6 +54,7 @@ import jax  # noqa: E402
 import pytest
 
 from moejax.runtime import mesh as mesh_lib  # noqa: E402
+from tests.crash_rerun import pytest_handlecrashitem, pytest_report_teststatus, pytest_terminal_summary  # noqa: E402, F401
 
 NUM_DEVICES = 8
 mesh_lib.simulate_cpu_devices(NUM_DEVICES)

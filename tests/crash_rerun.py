@@ -1,0 +1,35 @@
+"""A pytest plugin (tests/conftest.py imports its hooks): a test whose xdist worker dies is run once more.
+
+XLA's CPU compiler segfaults on rare occasions in a cold run (seen in a compile and in a compiled program's
+serialisation for the persistent cache, in a different test each time, never twice on one test), and the worker dies
+with its test. xdist's loadgroup scheduler queues the dead worker's unfinished group again on a fresh worker
+(--max-worker-restart in pyproject.toml), so the first crash of a test is reported as a rerun (`R` in the progress
+line, a line naming it in the summary); a second crash of the same test fails it and stops the run.
+"""
+
+import pytest
+
+_CRASHED: set[str] = set()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+  if crashitem not in _CRASHED:
+    _CRASHED.add(crashitem)
+    report.outcome = "rerun"
+    report.longrepr = f"{report.longrepr}; queued again on a fresh worker"
+    return
+  # A second crash fails the test and stops the run as a failure at --maxfail would: loadgroup would otherwise queue it
+  # again on fresh workers until the restarts run out.
+  report.node.config.pluginmanager.getplugin("dsession").shouldstop = f"{crashitem} crashed its worker twice"
+
+
+def pytest_report_teststatus(report):
+  if report.outcome == "rerun":
+    return "rerun", "R", ("RERUN", {"yellow": True})
+  return None
+
+
+def pytest_terminal_summary(terminalreporter):
+  for report in terminalreporter.stats.get("rerun", []):
+    terminalreporter.write_line(f"RERUN {report.longrepr}", yellow=True)
