@@ -89,9 +89,19 @@ def get_config() -> ml_collections.ConfigDict:
   # several processes (moejax.study.hosts); 'cpu': the CPU devices (simulated nodes in one process), which
   # exercises the measured path but says nothing about GPUs. models: the models to time (() = all). Each program is
   # timed at least `repeats` times, then until its median's ~95% interval is within `spread` of it, at most
-  # `max_repeats` (moejax.study.repeats).
+  # `max_repeats` (moejax.study.repeats). price_program: each measured mesh's collectives and compute ops are first
+  # timed as microbenchmarks (moejax.study.program_calibration) and the timed layer and step programs priced with
+  # them (moejax.cost.program_price): columns priced_layer_ms, priced_step_s and their errors, held out.
   config.measure = ml_collections.ConfigDict(
-    {"platform": "gpu", "warmup": 3, "repeats": 5, "max_repeats": 30, "spread": 0.05, "models": ()}
+    {
+      "platform": "gpu",
+      "warmup": 3,
+      "repeats": 5,
+      "max_repeats": 30,
+      "spread": 0.05,
+      "models": (),
+      "price_program": True,
+    }
   )
   # Calibration (moejax.cost.fitted): source '' prices on the topology as given; 'measure' first times this job's
   # all-to-alls (`rows` rows per peer) and one layer on measure.platform's devices and prices every point with the

@@ -343,6 +343,10 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
     assert abs(r["loss_first"] - np.log(model.vocab)) < 0.3, r["loss_first"]
     assert np.isfinite(r["loss_last"])
     assert (r["routing"], r["path"], r["collective"]) == (want["routing"], want["path"], want["collective"])
+    # measure.price_program: the timed layer and step programs priced with terms timed on the 2 x 2 mesh
+    assert r["priced_layer_ms"] > 0 and r["priced_step_s"] > r["priced_layer_ms"] / 1e3
+    assert r["priced_layer_error"] == pytest.approx(r["priced_layer_ms"] / r["layer_ms"] - 1)
+    assert r["priced_step_error"] == pytest.approx(r["priced_step_s"] / r["step_s"] - 1)
 
 
 def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path):
@@ -353,10 +357,11 @@ def test_measured_rows_are_reported_resumed_and_written(measured_sweep, tmp_path
   assert "measured strong" in table.splitlines()[1] and "on cpu" in table.splitlines()[0]
   smile = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("measured", "smile", "strong"))
   line = next(line for line in table.splitlines() if " smile " in line)
-  measured, error = line.split()[-2:]  # the measured samples/s and the model's error there
+  measured, error, priced = line.split()[-3:]  # the measured samples/s, the model's error and the priced program's
   assert float(measured) == pytest.approx(smile["samples_per_s"], rel=1e-4)  # fixed-point, 5+ digits
   modelled = next(r for r in rows if (r["label"], r["scheme"], r["scaling"]) == ("modelled", "smile", "strong"))
   assert error == f"{modelled['step_s'] / smile['step_s'] - 1:+.0%}"
+  assert priced == f"{smile['priced_step_s'] / smile['step_s'] - 1:+.0%}"
   paths = report.write_all(rows, config, str(tmp_path))
   assert "measured.png" in paths and all(os.path.getsize(path) > 0 for path in paths.values())
   with open(paths["results.csv"]) as f:

@@ -5,7 +5,9 @@ splits it (`moejax.study.profiled_phases`): its collectives over the 'node' axis
 inter-node, its other collectives intra-node (the exchanges and the small ones: the plans' size exchanges, the losses'
 reductions), the experts' ops the expert FFN, the rest 'other' (routing, plans, permutations, the weighted combine).
 Each phase is its share of that run times the layer's median, so the phases add up to the layer. Where the profile
-fails (no profiler on the device) the phases are NaN, said in a warning, and the layer's time stands.
+fails (no profiler on the device) the phases are NaN, said in a warning, and the layer's time stands. Given terms
+measured on the mesh (`moejax.study.program_calibration`), the same compiled program is also priced
+(`moejax.cost.program_price.price_measured`): the prediction of the program that ran, held out.
 """
 
 import logging
@@ -13,16 +15,20 @@ import statistics
 
 import jax
 
+from moejax.cost import program_price
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.study import profiled_phases
 from moejax.study.repeats import Repeats, timed
 
 
-def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: Repeats | int) -> dict:
+def measure_phases(
+  params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: Repeats | int, terms=None
+) -> dict:
   """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh), timed `repeats` times, and its
   phases' shares of it (module docstring): {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms',
-  'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}."""
+  'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}; with `terms` also 'priced_layer_ms', the compiled
+  program's price."""
   compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
   layer = timed(lambda: compiled(params, x), warmup, repeats, mesh)
   try:
@@ -31,8 +37,20 @@ def measure_phases(params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int
     logging.warning("the layer's phases are not split (NaN): its profile failed: %s: %s", type(e).__name__, e)
     share = dict.fromkeys(profiled_phases.PHASES, float("nan"))
   layer_ms = 1e3 * statistics.median(layer)
+  priced = {} if terms is None else {"priced_layer_ms": 1e3 * priced_seconds(compiled, mesh, terms)}
   return {
     "layer_ms": layer_ms,
     "layer_ms_min": 1e3 * min(layer),
     **{f"layer_{phase}_ms": share[phase] * layer_ms for phase in profiled_phases.PHASES},
+    **priced,
   }
+
+
+def priced_seconds(compiled, mesh, terms) -> float:
+  """`program_price.price_measured(compiled, mesh, terms)`'s serial seconds; NaN, said in a warning, where the
+  program holds what the terms cannot price (a collective kind they did not time, a loop of unknown trips)."""
+  try:
+    return program_price.price_measured(compiled, mesh, terms).serial_s
+  except ValueError as e:
+    logging.warning("the program is not priced (NaN): %s", e)
+    return float("nan")

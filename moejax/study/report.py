@@ -63,6 +63,10 @@ COLUMNS = (
   "layer_error",
   "modelled_step_s",
   "step_error",
+  "priced_layer_ms",
+  "priced_layer_error",
+  "priced_step_s",
+  "priced_step_error",
   "key",
 )
 LAYER_COLUMNS = {
@@ -173,8 +177,9 @@ def comparison_table(rows: list[dict]) -> str:
   """One line per (model, mesh, scheme): the modelled layer breakdown (ms), modelled samples/s per
   scaling and the ratio to 'switch' on the same mesh (a mesh marked '*': extrapolated beyond a calibration's timed
   meshes); then, where points were measured, the measured layer forward (ms) and the model's error there, and the
-  measured samples/s per scaling with the model's error on the step (`with_model_error`). Every column's numbers
-  share one format and width (`fixed_column`)."""
+  measured samples/s per scaling with the model's error on the step (`with_model_error`), each followed by the
+  error of the timed program's own price where the sweep priced it ('priced': measure.price_program). Every
+  column's numbers share one format and width (`fixed_column`)."""
   rows = with_model_error(rows)
   modelled = [r for r in rows if r["label"] != "measured"]
   measured = {
@@ -207,15 +212,22 @@ def comparison_table(rows: list[dict]) -> str:
   if measured:
     devices = ", ".join(sorted({r["device"] for r in measured.values()}))
     head += f"; measured layer forward (ms) and samples/s on {devices}, the model's error (modelled / measured - 1)"
+    if any("priced_layer_error" in r for r in measured.values()):
+      head += " and the timed program's priced error (terms timed on its mesh)"
     timed = [[measured.get(key + (scaling,)) for scaling in scalings] for key in keys]
     first = [next((r for r in line if r), None) for line in timed]
     columns.append(("measured", fixed_column([r and r["layer_ms"] for r in first], decimals=3), ">"))
     columns.append(("error", _errors([r and r.get("layer_error") for r in first]), ">"))
+    priced = any("priced_layer_error" in r for r in measured.values())
+    if priced:
+      columns.append(("priced", _errors([r and r.get("priced_layer_error") for r in first]), ">"))
     for i, scaling in enumerate(scalings):
       columns.append(
         (f"measured {scaling}", fixed_column([line[i] and line[i]["samples_per_s"] for line in timed]), ">")
       )
       columns.append(("error", _errors([line[i] and line[i].get("step_error") for line in timed]), ">"))
+      if priced:
+        columns.append(("priced", _errors([line[i] and line[i].get("priced_step_error") for line in timed]), ">"))
   lines = [head, *text_table(columns), *accumulation_lines(modelled)]
   if any(marks):
     lines.append("* extrapolated: more nodes or GPUs per node than the calibration timed")

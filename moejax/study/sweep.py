@@ -63,7 +63,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   keys = [point_key(point, config) for point in points]
   stored = [key in done for key in keys]
   skip = hosts.agree(stored[: len(measured)]) + stored[len(measured) :]
-  rows, counts, measured_layers = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}
+  rows, counts, measured_layers, program_terms = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}, {}
   progress = Progress(skip.count(False))
   for i, (point, key, skipped) in enumerate(zip(points, keys, skip), 1):
     where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
@@ -75,7 +75,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
     start = time.perf_counter()
     if point.label == "measured":
       devices = hosts.mesh_devices(point.nodes, point.gpus_per_node, config.measure.platform)
-      row = measure(point, config, measured_layers, devices) if hosts.takes_part(devices) else None
+      row = measure(point, config, measured_layers, devices, program_terms) if hosts.takes_part(devices) else None
       hosts.barrier(key)  # no host starts the next point's programs while this one is timed
     else:
       row = model_row(

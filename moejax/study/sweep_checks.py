@@ -89,6 +89,12 @@ def check_sim_and_measure(config) -> None:
     config.measure.max_repeats,
     f"at least measure.repeats ({config.measure.repeats})",
   )
+  require(
+    isinstance(config.measure.price_program, bool),
+    "measure.price_program",
+    config.measure.price_program,
+    "True (price each measured program with terms timed on its mesh) or False",
+  )
   spread = config.measure.spread
   require(
     isinstance(spread, (int, float)) and 0 < spread < 1,

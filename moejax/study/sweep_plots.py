@@ -195,6 +195,8 @@ def plot_breakdown(rows: list[dict], path: str, config=None) -> None:
 
 # measured.png: the measured points beside the modelled ones of the same points, with the model's error at each.
 MEASURED_PANELS = (("layer_ms", "layer_error", "MoE layer forward (ms)"), ("step_s", "step_error", "training step (s)"))
+# The timed program's own price, where the sweep priced it (measure.price_program).
+PRICED = {"layer_ms": "priced_layer_ms", "step_s": "priced_step_s"}
 
 
 def _value_axis(ax, values) -> None:
@@ -208,7 +210,8 @@ def _value_axis(ax, values) -> None:
 
 def _measured_curves(ax, mine: list[dict], styles: dict, field: str, error: str) -> list[float]:
   """One panel's curves per measured scheme: modelled points hollow on a line, extrapolated ones on a dotted line,
-  measured points filled and labelled with the model's error there; returns every value drawn (for the y axis)."""
+  measured points filled and labelled with the model's error there, the timed program's price (where priced) as a
+  cross; returns every value drawn (for the y axis)."""
   values = []
   for scheme in sorted({r["scheme"] for r in mine if r["label"] == "measured"}, key=_scheme_order):
     colour, marker, _ = styles[scheme]
@@ -243,7 +246,12 @@ def _measured_curves(ax, mine: list[dict], styles: dict, field: str, error: str)
     for n, t, e in points["measured"]:
       if e is not None:
         ax.annotate(f"{e:+.0%}", (n, t), textcoords="offset points", xytext=(6, 4), fontsize=8, color=colour)
-    values += [p[1] for p in line] + list(timed)
+    priced = sorted((r["nodes"], r[PRICED[field]]) for r in mine if r["label"] == "measured" and PRICED[field] in r)
+    if priced:
+      ax.plot(
+        *zip(*priced), color=colour, marker="x", linestyle="none", markersize=8, label=f"{scheme}, program priced"
+      )
+    values += [p[1] for p in line] + list(timed) + [p[1] for p in priced]
   return values
 
 

@@ -8,9 +8,10 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+from absl import logging
 
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import phase_timing, point_models
+from moejax.study import phase_timing, point_models, program_calibration
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import Point, identity, moe_section, scheme_config
 from moejax.study.price import batch
@@ -28,6 +29,7 @@ def time_training_step(
   warmup: int,
   repeats: Repeats | int,
   optim: dict = point_models.TIMING_OPTIM,
+  terms=None,
 ) -> dict:
   """Wall-clock of the jitted training step (`moejax.train.trainer.Trainer.step`, state donated, the optimizer of
   `optim`: LAMB by default) of `model_config` (a ModelConfig or DecoderConfig) on one batch of random tokens
@@ -35,7 +37,8 @@ def time_training_step(
   timed ones (`moejax.study.repeats.timed`: an int, or at least Repeats.least until the median is stable). Seeds: the trainer's `seed`, the tokens' seed + 2.
 
   Returns {'times_s': [repeats] seconds, 'losses': every call's loss in order (compiling, warm-up, timed),
-  'parameters': the model's parameter count}.
+  'parameters': the model's parameter count}, with `terms` (`moejax.study.program_calibration`) also 'priced_s':
+  the timed program's price (`phase_timing.priced_seconds`).
   """
   vocab = model_config.vocab_size
   most = repeats if isinstance(repeats, int) else repeats.most
@@ -49,21 +52,24 @@ def time_training_step(
   tokens_UxBxS = jax.device_put(
     jax.random.randint(jax.random.key(seed + 2), batch_shape, 2, vocab), trainer.batch_sharding
   )
+  compiled = trainer.step.lower(state, rest, tokens_UxBxS).compile()  # the program timed is the one priced
   losses = []
 
   def step():
     nonlocal state
-    state, metrics = trainer.step(state, rest, tokens_UxBxS)
+    state, metrics = compiled(state, rest, tokens_UxBxS)
     losses.append(metrics["loss"])
     return state
 
   times = timed(step, warmup, repeats, mesh)
-  return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters}
+  priced = {} if terms is None else {"priced_s": phase_timing.priced_seconds(compiled, mesh, terms)}
+  return {"times_s": times, "losses": [float(v) for v in losses], "parameters": parameters, **priced}
 
 
-def training_step(point: Point, config, devices: list) -> dict:
+def training_step(point: Point, config, devices: list, terms=None) -> dict:
   """`time_training_step` of the point's model (`point_models.training_model`, its optimizer) with the point's MoE
-  layer on the n x m mesh of `devices`: its global batch as accumulation micro batches of random tokens."""
+  layer on the n x m mesh of `devices`: its global batch as accumulation micro batches of random tokens; `terms`:
+  its program priced too."""
   model, moe = config.models[point.model], moe_section(config, point.model)
   cfg = scheme_config(point.scheme, point.nodes, point.gpus_per_node, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(point.nodes, point.gpus_per_node, devices=devices)
@@ -77,10 +83,11 @@ def training_step(point: Point, config, devices: list) -> dict:
     config.measure.warmup,
     Repeats.of(config.measure),
     point_models.optimizer(model),
+    terms,
   )
 
 
-def measure(point: Point, config, layers: dict, devices: list) -> dict:
+def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> dict:
   """Wall-clock on `devices` (`hosts.mesh_devices`: the n x m mesh, row i on host i), at the model's shapes: one
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and intra-node
   exchanges, expert FFN, the rest), and the whole training step (`moejax.train.trainer.Trainer`: the point's
@@ -88,24 +95,39 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
   `point_models`). Each: a compiling call and measure.warmup untimed calls, then the median of measure.repeats or more
   (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same arguments (its programs span them
   all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
-  for the other scaling's point."""
+  for the other scaling's point. With measure.price_program, both programs are also priced with terms timed on the
+  point's mesh (`moejax.study.program_calibration`, once per mesh: kept in `terms` by (n, m)): 'priced_layer_ms',
+  'priced_step_s' and their errors, priced / measured - 1. No measured point enters the terms: each is held out."""
   model, moe = config.models[point.model], moe_section(config, point.model)
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(n, m, devices=devices)
   tokens = model.micro_batch * model.seq_len
   dtype = jnp.dtype(moe.dtype)
+  if config.measure.price_program and (n, m) not in terms:
+    terms[n, m] = program_calibration.measure(mesh, say=lambda line: logging.info("%s %s", point.mesh, line))
+  mesh_terms = terms.get((n, m))
   key = (point.scheme, point.mesh, point.model)
   if key not in layers:
     params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
     x = random_tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
-    layers[key] = phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure))
+    layers[key] = phase_timing.measure_phases(
+      params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure), mesh_terms
+    )
     del params, x
 
   global_batch, accumulation = batch(point, config)
-  timed = training_step(point, config, devices)
+  timed = training_step(point, config, devices, mesh_terms)
   step_times, losses = timed["times_s"], timed["losses"]
   step_s = statistics.median(step_times)
+  priced = {}
+  if mesh_terms is not None:
+    layer_ms = layers[key]
+    priced = {
+      "priced_layer_error": layer_ms["priced_layer_ms"] / layer_ms["layer_ms"] - 1,
+      "priced_step_s": timed["priced_s"],
+      "priced_step_error": timed["priced_s"] / step_s - 1,
+    }
   return {
     **identity(point),
     "routing": cfg.routing,
@@ -126,4 +148,5 @@ def measure(point: Point, config, layers: dict, devices: list) -> dict:
     "hosts": len({d.process_index for d in devices}),
     "device": devices[0].device_kind,
     "jax_version": jax.__version__,
+    **priced,
   }
