@@ -31,6 +31,7 @@ KINDS = {
   "record_traces": "train",
   "scaling_default": "scaling",
   "scaling_smile": "scaling",
+  "scaling_measured_cpu": "scaling",
   "scaling_schedules": "scaling",
   "scaling_presets": "scaling",
 }
