@@ -18,6 +18,7 @@ def pytest_handlecrashitem(crashitem, report, sched):
     _CRASHED.add(crashitem)
     report.outcome = "rerun"
     report.longrepr = f"{report.longrepr}; queued again on a fresh worker"
+    _drop_finished_units(sched)
     return
   # A second crash fails the test and stops the run as a failure at --maxfail would: loadgroup would otherwise queue it
   # again on fresh workers until the restarts run out.
@@ -33,3 +34,16 @@ def pytest_report_teststatus(report):
 def pytest_terminal_summary(terminalreporter):
   for report in terminalreporter.stats.get("rerun", []):
     terminalreporter.write_line(f"RERUN {report.longrepr}", yellow=True)
+
+
+def _drop_finished_units(sched) -> None:
+  """loadgroup queues every unit the dead worker was ever given, finished ones too; one of those handed to a worker
+  that waits for its next test sends it nothing, and that worker then waits for good (a whole-suite run hung so at
+  98%). The finished units leave the queue, and each live worker is offered work again."""
+  queue, assigned = getattr(sched, "workqueue", None), getattr(sched, "assigned_work", None)
+  if queue is None or assigned is None or not hasattr(sched, "_reschedule"):
+    return
+  for scope in [scope for scope, unit in queue.items() if all(unit.values())]:
+    del queue[scope]
+  for node in list(assigned):
+    sched._reschedule(node)
