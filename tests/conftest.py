@@ -35,13 +35,18 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
   os.environ["MOEJAX_TEST_XLA_FLAGS"] = " ".join(known_xla_flags(FAST_COMPILE_FLAGS))
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ['MOEJAX_TEST_XLA_FLAGS']}".strip()
 
-# XLA's persistent compilation cache is off unless asked for (JAX_COMPILATION_CACHE_DIR set): every crash of a worker
-# in cold runs of 2026-11-28 (three in three runs of the whole suite) was inside it, serialising a compiled program
-# for it or reading one back (docs/testing.md). For a warm local loop:
-#   JAX_COMPILATION_CACHE_DIR=/tmp/moejax-xla-cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
-#   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 python -m pytest -n 2 -m 'not slow' tests
+# XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start and later runs: many
+# tests build the same small programs (the same layer at the same shapes) and each would compile them again. Keyed by
+# the program, jax's version and the flags, so a stale entry is never used.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  import tempfile  # noqa: E402
+
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"moejax-tests-xla-cache-{os.getuid()}")
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
 # Concurrent writers are safe without a lock: an entry is compressed with a checksum, so a half-written one read by
-# another worker fails to decompress and jax compiles the program instead (tests/test_compile_cache.py).
+# another worker fails to decompress and jax compiles the program instead (tests/test_compile_cache.py). (jax's own
+# lock comes with a size limit, and then every write scans every entry: quadratic in the suite's thousands.)
 
 import gc  # noqa: E402
 
