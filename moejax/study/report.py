@@ -212,13 +212,13 @@ def comparison_table(rows: list[dict]) -> str:
   if measured:
     devices = ", ".join(sorted({r["device"] for r in measured.values()}))
     head += f"; measured layer forward (ms) and samples/s on {devices}, the model's error (modelled / measured - 1)"
-    if any("priced_layer_error" in r for r in measured.values()):
+    priced = any("priced_layer_error" in r for r in measured.values())
+    if priced:
       head += " and the timed program's priced error (terms timed on its mesh)"
     timed = [[measured.get(key + (scaling,)) for scaling in scalings] for key in keys]
     first = [next((r for r in line if r), None) for line in timed]
     columns.append(("measured", fixed_column([r and r["layer_ms"] for r in first], decimals=3), ">"))
     columns.append(("error", _errors([r and r.get("layer_error") for r in first]), ">"))
-    priced = any("priced_layer_error" in r for r in measured.values())
     if priced:
       columns.append(("priced", _errors([r and r.get("priced_layer_error") for r in first]), ">"))
     for i, scaling in enumerate(scalings):

@@ -122,9 +122,9 @@ def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> d
   step_s = statistics.median(step_times)
   priced = {}
   if mesh_terms is not None:
-    layer_ms = layers[key]
+    layer = layers[key]
     priced = {
-      "priced_layer_error": layer_ms["priced_layer_ms"] / layer_ms["layer_ms"] - 1,
+      "priced_layer_error": layer["priced_layer_ms"] / layer["layer_ms"] - 1,
       "priced_step_s": timed["priced_s"],
       "priced_step_error": timed["priced_s"] / step_s - 1,
     }
