@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from configs import scaling_default
-from moejax.study import efficiency, plots, report, sweep_plots
+from moejax.study import efficiency, measured_plots, plots, report, sweep_plots
 from moejax.study.points import SCHEMES
 
 DEFAULT_SCHEMES = ("switch", "flat_dropless", "hierarchical", "smile", "node_limited")
@@ -287,7 +287,7 @@ def test_measured_rows_get_the_model_error_of_their_point():
 
 
 def test_measured_figure_draws_measured_beside_modelled_with_the_error_and_marks_extrapolated():
-  fig = sweep_plots.measured_figure(report.with_model_error(_calibrated_rows()), scaling_default.get_config())
+  fig = measured_plots.measured_figure(report.with_model_error(_calibrated_rows()), scaling_default.get_config())
   axes = _visible_axes(fig)
   assert len(axes) == 3  # the layer, the step of each scaling
   for ax, error in zip(axes, ("-50%", "+100%", "+100%")):
@@ -299,6 +299,28 @@ def test_measured_figure_draws_measured_beside_modelled_with_the_error_and_marks
       assert list(labels[f"{scheme}, extrapolated"].get_xdata()) == [4]
     assert any(line.get_linestyle() == ":" for line in ax.get_lines())  # the extrapolated stretch dotted
   assert "extrapolated" in _titles(fig) and "measured on cpu" in _titles(fig)
+
+
+def test_measured_figure_draws_each_points_spread_down_to_its_fastest_repeat():
+  rng = np.random.default_rng(7)
+  rows = []
+  for r in report.with_model_error(_calibrated_rows()):
+    if r["label"] == "measured":
+      r = dict(r, layer_ms_min=r["layer_ms"] * rng.uniform(0.5, 0.99), step_s_min=r["step_s"] * rng.uniform(0.5, 0.99))
+    rows.append(r)
+  axes = _visible_axes(measured_plots.measured_figure(rows, scaling_default.get_config()))
+  for ax, (field, fastest, scaling) in zip(
+    axes, (("layer_ms", "layer_ms_min", None), ("step_s", "step_s_min", "weak"), ("step_s", "step_s_min", "strong"))
+  ):
+    mine = [r for r in rows if r["label"] == "measured" and scaling in (None, r["scaling"])]
+    if scaling is None:
+      mine = [r for r in mine if r["scaling"] == mine[0]["scaling"]]
+    drawn = sorted(
+      (float(x0), float(min(y0, y1)), float(max(y0, y1)))
+      for collection in ax.collections
+      for (x0, y0), (_, y1) in collection.get_segments()
+    )
+    assert drawn == pytest.approx(sorted((r["nodes"], r[fastest], r[field]) for r in mine))
 
 
 def test_the_table_marks_extrapolated_meshes():

@@ -6,7 +6,7 @@ import math
 import os
 
 from moejax.cost import topology as topology_lib
-from moejax.study import efficiency, plots, sweep_plots
+from moejax.study import efficiency, measured_plots, plots, sweep_plots
 
 COLUMNS = (
   "label",
@@ -261,7 +261,7 @@ def _errors(values) -> list[str]:
 
 def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
   """results.csv, results.json, throughput.png, efficiency.png (`efficiency`) and breakdown.png in workdir, and
-  measured.png where points were measured (`sweep_plots.measured_figure`); the measured rows with the model's error
+  measured.png where points were measured (`measured_plots.measured_figure`); the measured rows with the model's error
   (`with_model_error`); each written to a temporary file and renamed over the one before (`temporary`). Returns the
   paths."""
   rows = with_model_error(rows)
@@ -275,7 +275,7 @@ def write_all(rows: list[dict], config, workdir: str) -> dict[str, str]:
     "throughput.png": sweep_plots.plot_throughput,
     "efficiency.png": efficiency.plot_efficiency,
     "breakdown.png": sweep_plots.plot_breakdown,
-    "measured.png": sweep_plots.plot_measured,
+    "measured.png": measured_plots.plot_measured,
   }
   for name, plot in plots.items():
     if name in paths:  # each figure drawn to a temporary file and renamed: never a cut one
