@@ -29,7 +29,7 @@ AXES = {
   "replicas": (False, True),
   "buffer_factor": (None, 2.0),
   "expert_backend": ("dense", "ragged_dot"),
-  "router": ("softmax", "deepseek", "shared", "sequence_loss", "global_batch", "input_weights"),
+  "router": ("softmax", "deepseek", "sqrtsoftplus", "shared", "sequence_loss", "global_batch", "input_weights"),
   "dedup": (False, True),
   "dispatch_dtype": (None, "float8_e4m3fn"),
   "expert_data_parallel": (False, True),
@@ -43,8 +43,8 @@ def refusal(case: dict) -> str | None:
     return "schedule='comet'.*weight_inputs.*before their weights are gathered"
   if case["esp_schedule"] == "baseline" and case["path"] != "flat":
     return "path=.*'flat' with esp_schedule='baseline'.*no intra-node hop"
-  if case["routing"] == "bilevel" and case["router"] == "deepseek":
-    return "score='sigmoid'.*routing='bilevel'"
+  if case["routing"] == "bilevel" and case["router"] in ("deepseek", "sqrtsoftplus"):
+    return "score='(sigmoid|sqrtsoftplus)'.*routing='bilevel'"
   if case["routing"] == "bilevel" and case["router"] == "sequence_loss":
     return "balance_loss.*routing='bilevel'"
   if case["dedup"] and case["esp_schedule"] == "s2":
@@ -90,14 +90,15 @@ def case_id(case: dict) -> str:
 
 def router_fields(case: dict) -> dict:
   """deepseek: sigmoid scores, routed scaling, group-limited (topk: 4 groups, 2 kept) with a balancing
-  bias; shared: a gated shared expert; sequence_loss: DeepSeek-V3's sequence-wise balance loss; global_batch:
-  f over the step's micro-batches (earlier counts from `layer_state`); input_weights: Llama 4's, the weights (sigmoid
+  bias; sqrtsoftplus: DeepSeek-V4's scores, renormalised and scaled; shared: a gated shared expert; sequence_loss:
+  DeepSeek-V3's sequence-wise balance loss; global_batch: f over the step's micro-batches (earlier counts from `layer_state`); input_weights: Llama 4's, the weights (sigmoid
   scores but with 'bilevel') scaling the experts' inputs, and a shared expert."""
   if case["router"] == "deepseek":
     groups = dict(num_groups=4, topk_groups=2) if case["routing"] == "topk" else {}
     return dict(score="sigmoid", renormalize=True, routed_scaling=2.5, bias_update_rate=1e-3, **groups)
   return {
     "softmax": {},
+    "sqrtsoftplus": dict(score="sqrtsoftplus", renormalize=True, routed_scaling=1.5),
     "shared": dict(num_shared_experts=1, shared_d_ff=4, shared_gate=True),
     "sequence_loss": dict(balance_loss="sequence"),
     "global_batch": dict(balance_loss="global_batch"),
