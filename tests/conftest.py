@@ -66,6 +66,31 @@ gc.set_threshold(100_000, 50, 100)
 gc.freeze()
 
 
+def memory_mappings() -> tuple[int, int]:
+  """(this process's memory mappings, the kernel's limit on them); (0, 0) where /proc does not say."""
+  try:
+    with open("/proc/self/maps", "rb") as maps, open("/proc/sys/vm/max_map_count") as limit:
+      return sum(1 for _ in maps), int(limit.read())
+  except OSError:
+    return 0, 0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+  """After the last test of a module (its fixtures finalised), drops every program jax's caches keep once this
+  worker holds a quarter of the kernel's limit on memory mappings. A compiled CPU program keeps its JIT-loaded code
+  mapped for as long as it lives, and jax's caches keep them all: workers of a whole-suite run reached the limit
+  (65,530 by default) and XLA's next compile failed to map memory ('LLVM compilation error: Cannot allocate memory'),
+  killing the worker (the crashes of docs/testing.md). Programs a later module needs come back from the persistent
+  compilation cache; clearing after every module cost the fast subset a few percent."""
+  yield
+  if nextitem is None or nextitem.module is not item.module:
+    used, limit = memory_mappings()
+    if used > limit // 4:
+      jax.clear_caches()
+      gc.collect()
+
+
 @pytest.fixture(scope="session")
 def devices():
   assert jax.device_count() == NUM_DEVICES, jax.devices()
