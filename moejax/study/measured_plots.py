@@ -103,7 +103,7 @@ def measured_figure(rows: list[dict], config=None):
     ax.set_ylabel(name)
     title = f"{model}, {m} GPUs/node" + (f", {scaling} scaling" if scaling else "")
     ax.set_title(title + "\nlabels: the model's error at each measured point", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the panel: the points fill it
   topology, where = _where(rows)
   head = (
     f"Measured points beside the model ({topology}{where}); hollow: modelled, dotted: extrapolated beyond the "
