@@ -57,14 +57,14 @@ def _measured_curves(ax, mine: list[dict], styles: dict, field: str, error: str)
       )
     nodes, timed, errors = zip(*points["measured"])
     ax.plot(nodes, timed, color=colour, marker=marker, linestyle="none", markersize=9, label=f"{scheme}, measured")
-    spread = [(r["nodes"], r[FASTEST[field]], r[field]) for r in mine if r["scheme"] == scheme
-              and r["label"] == "measured" and FASTEST[field] in r]  # fmt: skip
+    timed_rows = [r for r in mine if r["scheme"] == scheme and r["label"] == "measured"]
+    spread = [(r["nodes"], r[FASTEST[field]], r[field]) for r in timed_rows if FASTEST[field] in r]
     if spread:  # the repeats' spread: a bar from the fastest repeat up to the median
       ax.vlines(*zip(*spread), color=colour, linewidth=2, alpha=0.5)
     for n, t, e in points["measured"]:
       if e is not None:
         ax.annotate(f"{e:+.0%}", (n, t), textcoords="offset points", xytext=(6, 4), fontsize=8, color=colour)
-    priced = sorted((r["nodes"], r[PRICED[field]]) for r in mine if r["label"] == "measured" and PRICED[field] in r)
+    priced = sorted((r["nodes"], r[PRICED[field]]) for r in timed_rows if PRICED[field] in r)
     if priced:
       ax.plot(
         *zip(*priced), color=colour, marker="x", linestyle="none", markersize=8, label=f"{scheme}, program priced"
