@@ -344,3 +344,22 @@ def test_throughput_rings_the_extrapolated_points():
     for ax in _visible_axes(sweep_plots.throughput_figure(_rows()))
     for line in ax.get_lines()
   )
+
+
+def test_measured_figure_draws_each_schemes_own_program_price():
+  rng = np.random.default_rng(11)
+  rows = [
+    dict(r, priced_layer_ms=r["layer_ms"] * rng.uniform(0.5, 1.5), priced_step_s=r["step_s"] * rng.uniform(0.5, 1.5))
+    if r["label"] == "measured"
+    else r
+    for r in report.with_model_error(_calibrated_rows())
+  ]
+  layer = _visible_axes(measured_plots.measured_figure(rows, scaling_default.get_config()))[0]
+  crosses = {line.get_label(): line for line in layer.get_lines() if line.get_label().endswith("program priced")}
+  assert sorted(crosses) == ["smile, program priced", "switch, program priced"]
+  for scheme in ("switch", "smile"):
+    mine = [r for r in rows if r["label"] == "measured" and r["scheme"] == scheme and r["scaling"] == "weak"]
+    drawn = sorted(
+      zip(crosses[f"{scheme}, program priced"].get_xdata(), crosses[f"{scheme}, program priced"].get_ydata())
+    )
+    assert drawn == pytest.approx(sorted((r["nodes"], r["priced_layer_ms"]) for r in mine))
