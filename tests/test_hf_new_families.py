@@ -17,7 +17,7 @@ from flax import nnx
 import moejax.models as models
 from moejax.models import attention, families, hf_config
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests.helpers import ROOT, relative_error
 from tests.hf_family_checks import check_export_refuses, check_under_tensor_parallelism, config
 from tests.test_hf_models import DATA, edit_config, fixture_copy, reference, refused, tiled
 
@@ -25,7 +25,7 @@ from tests.test_hf_models import DATA, edit_config, fixture_copy, reference, ref
 # hunyuan_v1_moe load: tests/test_hf_families_glm_like.py; qwen3_next: tests/test_hf_qwen3_next.py; qwen3_5_moe and
 # kimi_k25, their text decoders: tests/test_hf_vlm_decoders.py; ernie4_5_moe, mimo_v2_flash, llama4, longcat_flash and
 # kimi_linear: tests/test_hf_<them>.py; deepseek_v32 and glm_moe_dsa: tests/test_hf_dsa.py).
-ISSUE_59_REFUSED = ("deepseek_v4",)
+ISSUE_59_REFUSED = ("deepseek_v4", "mistral4", "flex_olmo", "exaone_moe", "granitemoe", "laguna", "cohere2_moe")
 
 
 @pytest.mark.parametrize("model_type", sorted(families.UNSUPPORTED))
@@ -37,6 +37,12 @@ def test_unsupported_model_types_refused_by_their_feature(tmp_path, mesh_2x4, mo
   assert message.startswith(f"{model_type}: {families.UNSUPPORTED[model_type]}") and "model_type" in message
   assert not set(families.UNSUPPORTED) & set(families.REGISTRY)
   assert set(ISSUE_59_REFUSED) <= set(families.UNSUPPORTED)
+
+
+def test_docs_list_each_refused_model_type_with_its_reason():
+  text = (ROOT / "docs" / "models.md").read_text()
+  missing = [k for k, why in families.UNSUPPORTED.items() if f"| `{k}` | {why} |" not in text]
+  assert not missing, f"docs/models.md's refused table lacks (or words otherwise) {missing}"
 
 
 def test_dots1_reads_qwen3_attention_and_deepseek_v3_routing():
