@@ -39,20 +39,27 @@ from tests.test_hf_models import (
   refused,
 )
 
-FAMILIES = ("qwen3_5_moe", "kimi_k25")
+FAMILIES = ("qwen3_5_moe", "kimi_k25", "qwen3_vl_moe")
 OTHER_PATH = {
   "qwen3_5_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
   "kimi_k25": {"path": "node_first", "buffer_factor": 4.0},
+  "qwen3_vl_moe": {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0},
 }
 # The decoder's prefix in each fixture, and in its export (the text-only class's checkpoint).
-PREFIX = {"qwen3_5_moe": ("model.language_model.", "model.language_model."), "kimi_k25": ("language_model.", "")}
+PREFIX = {
+  "qwen3_5_moe": ("model.language_model.", "model.language_model."),
+  "kimi_k25": ("language_model.", ""),
+  "qwen3_vl_moe": ("model.language_model.", "model."),
+}
 HEAD = {
   "qwen3_5_moe": ("lm_head.weight", "lm_head.weight"),
   "kimi_k25": ("language_model.lm_head.weight", "lm_head.weight"),
+  "qwen3_vl_moe": ("lm_head.weight", "lm_head.weight"),
 }
 EXPORTED = {
   "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
   "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM"),
+  "qwen3_vl_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -91,6 +98,33 @@ def test_kimi_k25_logits_and_routing_match_transformers(loaded):
   check_logits_and_routing(*loaded.forward("kimi_k25"), reference("kimi_k25"))
 
 
+@group("qwen3_vl_moe")
+def test_qwen3_vl_moe_logits_and_routing_match_transformers(loaded):
+  """Qwen3-MoE's decoder of text_config (its layer 1 dense by mlp_only_layers), the top k always renormalised, the
+  experts stacked as transformers' save_pretrained writes them ([E, 2f, d] and [E, d, f]); the interleaved
+  multimodal RoPE (mrope_section [4, 2, 2]) on text is plain RoPE. The vision tower's tensors are ignored."""
+  cfg, moe_cfg = loaded.model("qwen3_vl_moe").cfg, loaded.model("qwen3_vl_moe").moe_cfg
+  assert cfg.moe_layers == (True, False, True) and cfg.qk_norm and not cfg.tie_embeddings
+  assert (moe_cfg.renormalize, moe_cfg.num_shared_experts, moe_cfg.top_k, moe_cfg.d_ff) == (True, 0, 4, 24)
+  stored = load_file(DATA / "qwen3_vl_moe" / "model.safetensors")
+  assert stored["model.language_model.layers.0.mlp.experts.gate_up_proj"].shape == (16, 48, 32)
+  assert any(name.startswith("model.visual.") for name in stored)
+  check_logits_and_routing(*loaded.forward("qwen3_vl_moe"), reference("qwen3_vl_moe"))
+
+
+@group("qwen3_vl_moe")
+def test_qwen3_vl_moe_reads_the_hubs_expert_layout(tmp_path, mesh_2x4):
+  """The published checkpoints hold the experts as [E, d, 2f] and [E, f, d] (transformers' loader transposes them to
+  its modules'): the fixture's experts so transposed give the same logits."""
+  directory = fixture_copy(tmp_path, "qwen3_vl_moe")
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  experts = [n for n in tensors if ".mlp.experts." in n]
+  assert len(experts) == 4
+  save_file({n: np.ascontiguousarray(t.transpose(0, 2, 1)) if n in experts else t for n, t in tensors.items()}, path)
+  check_against_reference(models.from_hf(directory, mesh_2x4), reference("qwen3_vl_moe"))
+
+
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_logits_under_another_path(mesh_2x4, family):
   check_against_reference(from_hf_under(family, mesh_2x4, OTHER_PATH[family]), reference(family))
@@ -103,6 +137,21 @@ def test_greedy_generation_matches_transformers(loaded, family):
   check_greedy_generation(loaded.model(family), family)
 
 
+def _per_expert(name: str, tensor: np.ndarray):
+  """(name, tensor) as Qwen3MoeForCausalLM's checkpoint holds it: Qwen3-VL-MoE's stacked experts (transformers'
+  modules' layout: gate_up_proj [E, 2f, d], the gate rows first; down_proj [E, d, f]) one torch Linear per expert."""
+  if ".mlp.experts.gate_up_proj" in name:
+    f = tensor.shape[1] // 2
+    for e, weight in enumerate(tensor):
+      yield name.replace("gate_up_proj", f"{e}.gate_proj.weight"), weight[:f]
+      yield name.replace("gate_up_proj", f"{e}.up_proj.weight"), weight[f:]
+  elif ".mlp.experts.down_proj" in name:
+    for e, weight in enumerate(tensor):
+      yield name.replace("down_proj", f"{e}.down_proj.weight"), weight
+  else:
+    yield name, tensor
+
+
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_export_is_the_text_only_decoder(loaded, tmp_path, family):
   """The export is the decoder alone as its text-only class's checkpoint: the fixture's decoder tensors bit for bit
@@ -111,12 +160,14 @@ def test_export_is_the_text_only_decoder(loaded, tmp_path, family):
   model = loaded.model(family)
   out, fixture, written, got = exported(model, tmp_path, family)
   (ours, theirs), (head, exported_head) = PREFIX[family], HEAD[family]
-  decoder = {
-    exported_head if name == head else theirs + name[len(ours) :]: tensor
+  decoder = dict(
+    pair
     for name, tensor in fixture.items()
     if name == head or name.startswith(ours)
-  }
-  assert len(decoder) < len(fixture)  # the vision tensors left out
+    for pair in _per_expert(exported_head if name == head else theirs + name[len(ours) :], tensor)
+  )
+  left_out = [name for name in fixture if name != head and not name.startswith(ours)]
+  assert left_out and not set(left_out) & set(written)  # the vision tensors
   assert_tensors_equal(written, decoder)
   text = config(family)["text_config"]
   assert (got["model_type"], got["architectures"]) == (EXPORTED[family][0], [EXPORTED[family][1]])

@@ -41,9 +41,22 @@ class BlockPart(NamedTuple):
   n: int
 
 
+class ExpertsPart(NamedTuple):
+  i: int
+  n: int
+  side: str  # which of the experts' axes the width is: "in" or "out"
+  width: int
+
+
 def block(name: str, i: int, n: int) -> str:
   """The name of the i-th of n equal blocks of the last axis of the stored tensor `name`."""
   return f"{name}{PART}<{i}>/{n}"
+
+
+def experts(name: str, i: int, n: int, side: str, width: int | str) -> str:
+  """The name of the i-th of n blocks of the outputs of the stacked experts `name`, whose `side` ('in' or 'out') is
+  `width` wide (a family may give '{d}' for its `hf_name` to fill in)."""
+  return f"{name}{PART}({i})/{n},{side}={width}"
 
 
 def columns(name: str, i: int, n: int) -> str:
@@ -71,6 +84,10 @@ def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | ItemPart | None
     return stored, ItemPart(int(span[1:-1]), int(total))
   if span.startswith("<"):
     return stored, BlockPart(int(span[1:-1]), int(total))
+  if span.startswith("("):
+    n, side_width = total.split(",")
+    side, width = side_width.split("=")
+    return stored, ExpertsPart(int(span[1:-1]), int(n), side, int(width))
   if ":" in span:
     start, stop = span.split(":")
     return stored, RowsPart(int(start), int(stop), int(total))
@@ -166,7 +183,40 @@ class Block:
     return np.asarray(self.tensor[(*(slice(a, b) for a, b in lead), slice(self.start + c0, self.start + c1))])
 
 
-VIEWS = (Columns, Rows, Item, Block)  # what `view` returns for a part; `.tensor` is the stored tensor
+class Experts:
+  """The i-th of n blocks of stacked experts' outputs [E, in, out], sliced lazily from the stored hub layout [E, in,
+  n x out] or the modules' [E, n x out, in] (transformers' loader transposes the one that is not its module's shape);
+  the stored tensor refused, naming it, where neither fits the part's width."""
+
+  def __init__(self, name: str, tensor, part: ExpertsPart):
+    experts, a, b = tensor.get_shape()
+    # the modules' layout [E, n x out, in]: `in` last, `out` blocks in the middle axis
+    modules_fit = (b == part.width and a % part.n == 0) if part.side == "in" else (a == part.width * part.n)
+    hub_fit = (a == part.width and b % part.n == 0) if part.side == "in" else (b == part.width * part.n)
+    if not (modules_fit or hub_fit):
+      raise ConfigError(
+        f"checkpoint tensor {name} has shape {(experts, a, b)}: neither [E, in, {part.n} x out] nor "
+        f"[E, {part.n} x out, in] with {part.side} = {part.width}"
+      )
+    self.tensor, self.transposed = tensor, modules_fit
+    width_in, out = (b, a // part.n) if modules_fit else (a, b // part.n)
+    self.start, self.shape = part.i * out, (experts, width_in, out)
+
+  def get_shape(self):
+    return list(self.shape)
+
+  def get_dtype(self) -> str:
+    return self.tensor.get_dtype()
+
+  def __getitem__(self, index) -> np.ndarray:
+    (e0, e1), (r0, r1), (c0, c1) = _bounds(index, self.shape)
+    outputs = slice(self.start + c0, self.start + c1)
+    if self.transposed:
+      return np.asarray(self.tensor[e0:e1, outputs, r0:r1]).transpose(0, 2, 1)
+    return np.asarray(self.tensor[e0:e1, r0:r1, outputs])
+
+
+VIEWS = (Columns, Rows, Item, Block, Experts)  # what `view` returns for a part; `.tensor` is the stored tensor
 
 
 def view(name: str, tensor, part: ColumnsPart | RowsPart | ItemPart):
@@ -177,6 +227,8 @@ def view(name: str, tensor, part: ColumnsPart | RowsPart | ItemPart):
     return Item(name, tensor, part)
   if isinstance(part, BlockPart):
     return Block(tensor, part)
+  if isinstance(part, ExpertsPart):
+    return Experts(name, tensor, part)
   return Columns(tensor, part.i, part.n)
 
 
@@ -185,7 +237,7 @@ def _join(parts: dict) -> np.ndarray | None:
   first = next(iter(parts))
   if isinstance(first, ItemPart):
     return np.stack([parts[p] for p in sorted(parts)]) if len(parts) == first.n else None
-  if isinstance(first, BlockPart):
+  if isinstance(first, (BlockPart, ExpertsPart)):  # experts: written in the hub's layout
     return np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
   if isinstance(first, RowsPart):
     if sum(p.stop - p.start for p in parts) != first.total:
@@ -199,7 +251,7 @@ def _join(parts: dict) -> np.ndarray | None:
 
 def join_parts(tensors):
   """(name, array) pairs with the parts of a stored tensor joined into it (each yielded when its parts have all
-  come: columns interleaved, rows and blocks one after another, items stacked), the rest unchanged."""
+  come: columns interleaved, rows and blocks one after another, items stacked, experts' blocks in the hub's layout), the rest unchanged."""
   pending = {}
   for name, array in tensors:
     stored, part = split_part(name)
