@@ -112,6 +112,7 @@ def test_qwen3_vl_moe_logits_and_routing_match_transformers(loaded):
   check_logits_and_routing(*loaded.forward("qwen3_vl_moe"), reference("qwen3_vl_moe"))
 
 
+@pytest.mark.slow
 @group("qwen3_vl_moe")
 def test_qwen3_vl_moe_reads_the_hubs_expert_layout(tmp_path, mesh_2x4):
   """The published checkpoints hold the experts as [E, d, 2f] and [E, f, d] (transformers' loader transposes them to
