@@ -39,27 +39,31 @@ from tests.test_hf_models import (
   refused,
 )
 
-FAMILIES = ("qwen3_5_moe", "kimi_k25", "qwen3_vl_moe")
+FAMILIES = ("qwen3_5_moe", "kimi_k25", "qwen3_vl_moe", "glm4v_moe")
 OTHER_PATH = {
   "qwen3_5_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
   "kimi_k25": {"path": "node_first", "buffer_factor": 4.0},
   "qwen3_vl_moe": {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0},
+  "glm4v_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
 }
 # The decoder's prefix in each fixture, and in its export (the text-only class's checkpoint).
 PREFIX = {
   "qwen3_5_moe": ("model.language_model.", "model.language_model."),
   "kimi_k25": ("language_model.", ""),
   "qwen3_vl_moe": ("model.language_model.", "model."),
+  "glm4v_moe": ("model.language_model.", "model."),
 }
 HEAD = {
   "qwen3_5_moe": ("lm_head.weight", "lm_head.weight"),
   "kimi_k25": ("language_model.lm_head.weight", "lm_head.weight"),
   "qwen3_vl_moe": ("lm_head.weight", "lm_head.weight"),
+  "glm4v_moe": ("lm_head.weight", "lm_head.weight"),
 }
 EXPORTED = {
   "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
   "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM"),
   "qwen3_vl_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+  "glm4v_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
 }
 
 
@@ -110,6 +114,43 @@ def test_qwen3_vl_moe_logits_and_routing_match_transformers(loaded):
   assert stored["model.language_model.layers.0.mlp.experts.gate_up_proj"].shape == (16, 48, 32)
   assert any(name.startswith("model.visual.") for name in stored)
   check_logits_and_routing(*loaded.forward("qwen3_vl_moe"), reference("qwen3_vl_moe"))
+
+
+@group("glm4v_moe")
+def test_glm4v_moe_logits_and_routing_match_transformers(loaded):
+  """GLM-4.5's decoder of text_config without QK-norm nor MTP (a dense first layer, DeepSeek-V3's routing with the
+  bias in 4 groups, a shared expert, q, k, v biases); the sectioned multimodal RoPE (mrope_section [2, 1, 1]) on text
+  is the partial RoPE of head_dim x 0.5. The vision tower's tensors are ignored."""
+  cfg, moe_cfg = loaded.model("glm4v_moe").cfg, loaded.model("glm4v_moe").moe_cfg
+  assert cfg.moe_layers == (False, True, True) and not cfg.qk_norm and cfg.num_mtp_layers == 0
+  assert (cfg.partial_rotary_factor, cfg.rope_dim, cfg.qkv_bias, cfg.out_bias, cfg.tie_embeddings) == (
+    0.5,
+    8,
+    True,
+    False,
+    False,
+  )
+  assert (moe_cfg.score, moe_cfg.num_groups, moe_cfg.routed_scaling, moe_cfg.num_shared_experts) == (
+    "sigmoid",
+    4,
+    2.5,
+    1,
+  )
+  check_logits_and_routing(*loaded.forward("glm4v_moe"), reference("glm4v_moe"))
+
+
+@pytest.mark.slow
+def test_glm4v_moe_ignores_the_published_mtp_layer(tmp_path, mesh_2x4):
+  """The published GLM-4.5V holds its MTP layer's tensors (model.language_model.layers.46.*), which transformers
+  ignores on load (`_keys_to_ignore_on_load_unexpected`) and so does moejax; another layer's extra tensor is refused."""
+  directory = fixture_copy(tmp_path, "glm4v_moe")
+  path = os.path.join(directory, "model.safetensors")
+  tensors = load_file(path)
+  mtp = {"model.language_model.layers.46.eh_proj.weight": np.ones((32, 64), np.float32)}
+  save_file({**tensors, **mtp}, path)
+  check_against_reference(models.from_hf(directory, mesh_2x4), reference("glm4v_moe"))
+  save_file({**tensors, "model.language_model.layers.45.eh_proj.weight": np.ones((32, 64), np.float32)}, path)
+  assert "layers.45" in refused(directory, mesh_2x4)
 
 
 @pytest.mark.slow
