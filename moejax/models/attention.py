@@ -186,8 +186,8 @@ class GroupedQueryAttention(nnx.Module):
     cfg = cfg.at(layer)  # MiMo-V2-Flash's sliding layers: their kv heads, sinks and RoPE
     self.cfg, self.window = cfg, cfg.window(layer)
     self.q_proj, self.k_proj, self.v_proj, self.o_proj = gqa_linears(cfg, rngs)
-    self.nope = nope.layer(cfg, layer)  # Llama 4's NoPE layers: no RoPE, no QK-norm, tempered queries
-    self.q_norm, self.k_norm = (None, None) if self.nope else qk_norms(cfg)
+    self.nope = nope.layer(cfg, layer)  # NoPE layers: no RoPE (Llama 4's: no QK-norm, tempered queries)
+    self.q_norm, self.k_norm = qk_norms(cfg) if nope.keeps_qk_norm(cfg, layer) else (None, None)
     self.sinks = nnx.Param(jnp.zeros((cfg.num_heads,), jnp.dtype(cfg.param_dtype))) if cfg.attention_sinks else None
     self.inverse, self.factor = ((), 1.0) if self.nope else rope.frequencies(cfg.rope_dim, cfg.rope_theta, cfg.scaling)
     self.impl = resolve_impl(cfg.attention_impl, cfg.dtype, max(cfg.head_dim, cfg.value_dim), cfg.attention_sinks)

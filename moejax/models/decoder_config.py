@@ -43,7 +43,8 @@ class DecoderConfig(Parallelism):
   v_head_dim (grouped-query attention): the value heads' width when narrower than head_dim (0: head_dim;
     MiMo-V2-Flash's 128 under q and k of 192); value_scale: v multiplied by it (MiMo's attention_value_scale).
   chunked_attention: the window is chunks of sliding_window positions, not sliding (Llama 4); nope_layers: per layer,
-    no RoPE and no QK-norm (Llama 4's NoPE layers), their queries tempered by attn_temperature (`moejax.models.nope`).
+    no RoPE and no QK-norm (Llama 4's NoPE layers), their queries tempered by attn_temperature (`moejax.models.nope`);
+    nope_qk_norm: NoPE layers keep their QK-norm (EXAONE-MoE's global layers).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -109,6 +110,7 @@ class DecoderConfig(Parallelism):
   sliding_overrides: tuple | None = None
   chunked_attention: bool = False
   nope_layers: tuple | None = None
+  nope_qk_norm: bool = False
   attn_temperature: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0

@@ -1,5 +1,5 @@
-"""Llama 4's NoPE layers (`DecoderConfig.nope_layers`): attention without RoPE and without QK-norm, whose queries
-are tempered by their position where `DecoderConfig.attn_temperature` (floor_scale, attn_scale) is set
+"""NoPE layers (`DecoderConfig.nope_layers`): attention without RoPE, and without QK-norm unless
+`DecoderConfig.nope_qk_norm` (Llama 4's drop it, EXAONE-MoE's keep it); Llama 4's queries are tempered by their position where `DecoderConfig.attn_temperature` (floor_scale, attn_scale) is set
 (transformers' attn_temperature_tuning, arXiv 2501.19399):
 
   q at position p  ->  q * (log1p(floor((p + 1) / floor_scale)) * attn_scale + 1)
@@ -23,8 +23,14 @@ def temper(q_BxSxHxW: jax.Array, positions_S: jax.Array, floor_scale: float, att
   return (q_BxSxHxW * scale_S[None, :, None, None]).astype(q_BxSxHxW.dtype)
 
 
+def keeps_qk_norm(cfg, i: int) -> bool:
+  """Whether layer i's attention QK-norms (where the config has QK-norm): every layer but a NoPE one of Llama 4's."""
+  return not layer(cfg, i) or cfg.nope_qk_norm
+
+
 def check(cfg) -> None:
-  """nope_layers, attn_temperature and chunked_attention of a `DecoderConfig`, refused by name."""
+  """nope_layers, nope_qk_norm, attn_temperature and chunked_attention of a `DecoderConfig`, refused by name."""
+  require(isinstance(cfg.nope_qk_norm, bool), "nope_qk_norm", cfg.nope_qk_norm, "a bool")
   require(
     cfg.nope_layers is None or (isinstance(cfg.nope_layers, tuple) and len(cfg.nope_layers) == cfg.num_layers),
     "nope_layers",
