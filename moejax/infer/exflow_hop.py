@@ -24,7 +24,7 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
   bias = None if moe.expert_bias is None else moe.expert_bias[...]
-  decision, _ = routing.route(block.ln_ffn(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
+  decision, _ = routing.route(block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
   ids_RxK = decision.expert_ids
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
     ids_RxK = replicas_lib.to_slots(
@@ -36,7 +36,9 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
   # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
   shared_RxD = (
-    shared_experts(block.ln_ffn(x_RxD), params, cfg) if cfg.num_shared_experts else jnp.zeros(x_RxD.shape, jnp.float32)
+    shared_experts(block.ffn_input(x_RxD), params, cfg)
+    if cfg.num_shared_experts
+    else jnp.zeros(x_RxD.shape, jnp.float32)
   )
   local = local_experts.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
@@ -53,7 +55,7 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     traffic += sum(hop_traffic((path,), lay))
     x_RxD = packed[:, :d].astype(x_RxD.dtype)
     w_Rx1 = jnp.where(valid_R, packed[:, 2 * d + j], 0.0)[:, None]  # the experts weight (weight_inputs: their input)
-    y_RxD = schedule.run_experts(block.ln_ffn(x_RxD), ids_Rx1, w_Rx1, exchange, local, path.bound)
+    y_RxD = schedule.run_experts(block.ffn_input(x_RxD), ids_Rx1, w_Rx1, exchange, local, path.bound)
     packed = packed.at[:, d : 2 * d].add(y_RxD)
-  x_RxD = x_RxD + packed[:, d : 2 * d].astype(x_RxD.dtype)
+  x_RxD = x_RxD + block.ffn_output(packed[:, d : 2 * d].astype(x_RxD.dtype))  # post-norm blocks norm the sum
   return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)

@@ -94,6 +94,16 @@ class Block(nnx.Module):
       return x_BxSxD + drop(out)
     return x_BxSxD + drop(out[0]), out[1]
 
+  def ffn_input(self, x_BxSxD):
+    """What the FFN takes of the residual stream x: x normed (pre-LN) or x itself (post-LN)."""
+    return self.ln_ffn(x_BxSxD) if self.pre_ln else x_BxSxD
+
+  def ffn_output(self, y_BxSxD):
+    """What a pre-LN block adds to the residual stream of its FFN's output y: y (ExFlow's decode, which sums the
+    experts' outputs itself, runs pre-LN blocks only: post-LN has no KV cache)."""
+    require(self.pre_ln, "kind", "bert", "'gpt' (a post-LN block norms the residual sum, not the FFN's output)")
+    return y_BxSxD
+
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
     """The FFN half with its residual (and LayerNorm) -> (x, aux)."""
     drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)

@@ -38,11 +38,14 @@ class GatedMLP(nnx.Module):
 
 class DecoderLayer(nnx.Module):
   """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache).
-  attn: the layer's token mixer (`moejax.models.token_mixers`: attention, or Qwen3-Next's gated DeltaNet), one
-  interface (x, cache) -> y or (y, cache). is_moe: the FFN is the MoE layer (`MoEFFN`), else the dense `GatedMLP`."""
+  With cfg.post_norm (OLMo 2's blocks) each sublayer's output is normed instead: x -> x + ln_attn(attn(x)), x -> x +
+  ln_ffn(ffn(x)). attn: the layer's token mixer (`moejax.models.token_mixers`: attention, or Qwen3-Next's gated
+  DeltaNet), one interface (x, cache) -> y or (y, cache). is_moe: the FFN is the MoE layer (`MoEFFN`), else the dense
+  `GatedMLP`."""
 
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
+    self.post_norm = cfg.post_norm
     self.ln_attn = block_norm(cfg, cfg.d_model)
     self.attn = token_mixers.of(cfg, layer).build(cfg, layer, rngs=rngs)  # attention or another token mixer
     self.ln_ffn = block_norm(cfg, cfg.d_model)
@@ -51,14 +54,24 @@ class DecoderLayer(nnx.Module):
   def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
     """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2))."""
     del train, rngs
-    out = self.attn(self.ln_attn(x_BxSxD), cache=cache)
-    return x_BxSxD + out if cache is None else (x_BxSxD + out[0], out[1])
+    out = self.attn(x_BxSxD if self.post_norm else self.ln_attn(x_BxSxD), cache=cache)
+    y_BxSxD, cache = (out, None) if cache is None else out
+    y_BxSxD = self.ln_attn(y_BxSxD) if self.post_norm else y_BxSxD
+    return x_BxSxD + y_BxSxD if cache is None else (x_BxSxD + y_BxSxD, cache)
+
+  def ffn_input(self, x_BxSxD):
+    """What the FFN takes of the residual stream x: x normed (pre-norm blocks) or x itself (post-norm)."""
+    return x_BxSxD if self.post_norm else self.ln_ffn(x_BxSxD)
+
+  def ffn_output(self, y_BxSxD):
+    """What the FFN adds to the residual stream of its output y: y, or y normed (post-norm blocks)."""
+    return self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD
 
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
     """The FFN half with its residual -> (x, aux)."""
     rng = rngs.jitter() if train and rngs is not None else None
-    y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=rng)
-    return x_BxSxD + y_BxSxD.astype(x_BxSxD.dtype), aux
+    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng)
+    return x_BxSxD + self.ffn_output(y_BxSxD.astype(x_BxSxD.dtype)), aux
 
   def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
     if cache is None:

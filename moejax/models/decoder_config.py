@@ -5,7 +5,7 @@ reads and writes those files)."""
 import dataclasses
 import functools
 
-from moejax.models import families, nope, qk_norm
+from moejax.models import families, mixer_fields, nope, qk_norm
 from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
@@ -13,11 +13,9 @@ FAMILIES = tuple(families.REGISTRY)  # one module each in moejax/models/families
 LATENT_FAMILIES = tuple(name for name, family in families.REGISTRY.items() if family.latent)  # MLA
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "tokamax")  # `moejax.models.attention.resolve_impl`
 QK_NORM_MODES = qk_norm.NAMES  # `moejax.models.qk_norm.MODES`
-# A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
-MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta")
+MIXERS = mixer_fields.MIXERS
 # The attention fields a sliding-window layer may hold its own way (`DecoderConfig.sliding_overrides`).
 SLIDING_FIELDS = ("num_kv_heads", "attention_sinks", "rope_theta", "partial_rotary_factor")
-LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +42,8 @@ class DecoderConfig(Parallelism):
     MiMo-V2-Flash's 128 under q and k of 192); value_scale: v multiplied by it (MiMo's attention_value_scale).
   chunked_attention: the window is chunks of sliding_window positions, not sliding (Llama 4); nope_layers: per layer,
     no RoPE and no QK-norm (Llama 4's NoPE layers), their queries tempered by attn_temperature (`moejax.models.nope`);
-    nope_qk_norm: NoPE layers keep their QK-norm (EXAONE-MoE's global layers).
+    nope_qk_norm: NoPE layers keep their QK-norm (EXAONE-MoE's global layers). post_norm: each block norms its
+    sublayers' outputs before the residual add, not their inputs (OLMo 2's, FlexOlmo's blocks).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -111,6 +110,7 @@ class DecoderConfig(Parallelism):
   chunked_attention: bool = False
   nope_layers: tuple | None = None
   nope_qk_norm: bool = False
+  post_norm: bool = False
   attn_temperature: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0
@@ -131,7 +131,7 @@ class DecoderConfig(Parallelism):
   def __post_init__(self):
     self._check_sizes()
     self._check_attention()
-    self._check_mixers()
+    mixer_fields.check(self)
     require(is_int(self.num_mtp_layers, 0), "num_mtp_layers", self.num_mtp_layers, "an int >= 0")
     require(is_number(self.mtp_loss_coef) and self.mtp_loss_coef >= 0, "mtp_loss_coef", self.mtp_loss_coef, ">= 0")
     for name in ("dtype", "param_dtype"):
@@ -218,6 +218,9 @@ class DecoderConfig(Parallelism):
       f"0 or head_dim={self.head_dim} with gated_attention (its gate is head_dim wide)",
     )
     nope.check(self)
+    block = families.get(self.family).block  # post-norm: the sequential block's norms after their sublayers
+    ok = isinstance(self.post_norm, bool) and not (self.post_norm and block != "sequential")
+    require(ok, "post_norm", self.post_norm, f"True or False; False for {self.family}'s {block} blocks")
     overrides = self.sliding_overrides
     if overrides is not None:
       fields = isinstance(overrides, tuple) and {pair[0] for pair in overrides} <= set(SLIDING_FIELDS)
@@ -231,31 +234,6 @@ class DecoderConfig(Parallelism):
     if not self.sliding_overrides or layer >= self.num_layers or not self.window(layer):
       return self
     return _with_overrides(self)
-
-  def _check_mixers(self) -> None:
-    require(
-      self.mixers is None
-      or (isinstance(self.mixers, tuple) and len(self.mixers) == self.num_layers and set(self.mixers) <= set(MIXERS)),
-      "mixers",
-      self.mixers,
-      f"None or a tuple of {self.num_layers} of {MIXERS}",
-    )
-    if {"gated_deltanet", "kimi_delta"} & set(self.mixers or ()):
-      for name in (*LINEAR_SIZES, "linear_conv_kernel"):
-        require(is_int(getattr(self, name)), name, getattr(self, name), "a positive int (linear attention layers)")
-      heads, keys = self.linear_num_value_heads, self.linear_num_key_heads
-      ok, why = heads % keys == 0, f"a multiple of linear_num_key_heads={keys}"
-      if "kimi_delta" in self.mixers:  # q, k and v alike: as many heads, as wide
-        ok, why = (keys, self.linear_key_head_dim) == (heads, self.linear_value_head_dim), f"{keys} (key heads)"
-      require(ok, "linear_num_value_heads", heads, why)
-    for name in ("gated_attention", "norm_offset", "linear_split_projections"):
-      require(isinstance(getattr(self, name), bool), name, getattr(self, name), "True or False")
-    require(
-      not (self.gated_attention and self.latent),
-      "gated_attention",
-      self.gated_attention,
-      "False with multi-head latent attention (Qwen3-Next's gate is grouped-query attention's)",
-    )
 
   def mixer(self, layer: int) -> str:
     """Layer `layer`'s token mixer (one of MIXERS); attention in the MTP modules' blocks (layers num_layers on)."""

@@ -80,7 +80,7 @@ def layer_traffic(model, tokens_BxS) -> tuple[np.ndarray, np.ndarray, np.ndarray
   for block in model.blocks:
     x = block.attend(x, train=False, rngs=None)
     if isinstance(block.ffn, MoEFFN):
-      _, aux = block.ffn.moe(block.ln_ffn(x), train=False, rng=None)
+      _, aux = block.ffn.moe(block.ffn_input(x), train=False, rng=None)
       rows.append(np.asarray(aux["traffic_rows"]))
       nbytes.append(np.asarray(aux["traffic_bytes"]))
     x, _ = block.feed_forward(x, train=False, rngs=None)
