@@ -20,7 +20,7 @@ import numpy as np
 from absl import logging
 from flax import nnx
 
-from moejax.models import masks, nope, qk_norm, rope
+from moejax.models import masks, mup, nope, qk_norm, rope
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.projections import gqa_linears, linear, project_qkv, qk_norms
 from moejax.models.rms_norm import RMSNorm
@@ -194,7 +194,7 @@ class GroupedQueryAttention(nnx.Module):
 
   def __call__(self, x_BxSxD: jax.Array, cache=None):
     cfg = self.cfg
-    (b, s, _), h, w = x_BxSxD.shape, cfg.num_heads, cfg.head_dim
+    (b, s, _), h = x_BxSxD.shape, cfg.num_heads
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
     # k, v: [B, S, num_kv_heads, W] (their own head count), then [B, S_cache, ...] with a cache.
@@ -212,7 +212,7 @@ class GroupedQueryAttention(nnx.Module):
       k_BxSxHxW,
       v_BxSxHxW,
       self.impl,
-      w**-0.5,
+      mup.softmax_scale(cfg),
       self.window,
       None if cache is None else positions_S,
       None if self.sinks is None else self.sinks[...],

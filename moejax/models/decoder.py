@@ -45,7 +45,7 @@ class DecoderLayer(nnx.Module):
 
   def __init__(self, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
     pd = jnp.dtype(cfg.param_dtype)
-    self.post_norm = cfg.post_norm
+    self.post_norm, self.residual_multiplier = cfg.post_norm, cfg.residual_multiplier
     self.ln_attn = block_norm(cfg, cfg.d_model)
     self.attn = token_mixers.of(cfg, layer).build(cfg, layer, rngs=rngs)  # attention or another token mixer
     self.ln_ffn = block_norm(cfg, cfg.d_model)
@@ -55,17 +55,22 @@ class DecoderLayer(nnx.Module):
     """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2))."""
     del train, rngs
     out = self.attn(x_BxSxD if self.post_norm else self.ln_attn(x_BxSxD), cache=cache)
-    y_BxSxD, cache = (out, None) if cache is None else out
-    y_BxSxD = self.ln_attn(y_BxSxD) if self.post_norm else y_BxSxD
-    return x_BxSxD + y_BxSxD if cache is None else (x_BxSxD + y_BxSxD, cache)
+    y_BxSxD, new_cache = (out, None) if cache is None else out
+    x_BxSxD = x_BxSxD + self._scaled(self.ln_attn(y_BxSxD) if self.post_norm else y_BxSxD)
+    return x_BxSxD if cache is None else (x_BxSxD, new_cache)
+
+  def _scaled(self, y_BxSxD):
+    """A sublayer's output as added to the residual stream: times residual_multiplier (Granite's; `mup`)."""
+    return y_BxSxD if self.residual_multiplier == 1 else y_BxSxD * self.residual_multiplier
 
   def ffn_input(self, x_BxSxD):
     """What the FFN takes of the residual stream x: x normed (pre-norm blocks) or x itself (post-norm)."""
     return x_BxSxD if self.post_norm else self.ln_ffn(x_BxSxD)
 
   def ffn_output(self, y_BxSxD):
-    """What the FFN adds to the residual stream of its output y: y, or y normed (post-norm blocks)."""
-    return self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD
+    """What the FFN adds to the residual stream of its output y: y, or y normed (post-norm blocks), times
+    residual_multiplier."""
+    return self._scaled(self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD)
 
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
     """The FFN half with its residual -> (x, aux)."""
@@ -125,12 +130,16 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
   ) -> jax.Array:
     """tokens [B, S] -> x [B, S, d] in the compute dtype (positions enter through RoPE, so `start` is unused)."""
     del start, train, rngs
-    return self.embed(tokens_BxS).astype(jnp.dtype(self.cfg.dtype))
+    x_BxSxD = self.embed(tokens_BxS)
+    x_BxSxD = x_BxSxD if self.cfg.embedding_multiplier == 1 else x_BxSxD * self.cfg.embedding_multiplier  # Granite's
+    return x_BxSxD.astype(jnp.dtype(self.cfg.dtype))
 
   def head_features(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
     """x [..., d] after the last block -> the output layer's input h [..., d] in the compute dtype: `norm` (default
-    the final RMSNorm) of x."""
-    return (self.norm if norm is None else norm)(x_BxSxD).astype(jnp.dtype(self.cfg.dtype))
+    the final RMSNorm) of x, divided by logits_scaling (Granite's: the logits are linear in h)."""
+    h_BxSxD = (self.norm if norm is None else norm)(x_BxSxD)
+    h_BxSxD = h_BxSxD if self.cfg.logits_scaling == 1 else h_BxSxD / self.cfg.logits_scaling
+    return h_BxSxD.astype(jnp.dtype(self.cfg.dtype))
 
   def output_layer(self) -> tuple[jax.Array, None]:
     """(kernel [d, V] in the compute dtype: lm_head's, or the embeddings' transposed when tied; no bias)."""

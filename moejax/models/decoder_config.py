@@ -5,7 +5,7 @@ reads and writes those files)."""
 import dataclasses
 import functools
 
-from moejax.models import families, mixer_fields, nope, qk_norm
+from moejax.models import families, mixer_fields, mup, nope, qk_norm
 from moejax.models.parallelism import Parallelism
 from moejax.validation import is_int, is_number, require
 
@@ -44,6 +44,7 @@ class DecoderConfig(Parallelism):
     no RoPE and no QK-norm (Llama 4's NoPE layers), their queries tempered by attn_temperature (`moejax.models.nope`);
     nope_qk_norm: NoPE layers keep their QK-norm (EXAONE-MoE's global layers). post_norm: each block norms its
     sublayers' outputs before the residual add, not their inputs (OLMo 2's, FlexOlmo's blocks).
+  embedding_multiplier, residual_multiplier, attention_multiplier, logits_scaling: Granite's muP scalars (`mup`).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -111,6 +112,10 @@ class DecoderConfig(Parallelism):
   nope_layers: tuple | None = None
   nope_qk_norm: bool = False
   post_norm: bool = False
+  embedding_multiplier: float = 1.0
+  residual_multiplier: float = 1.0
+  attention_multiplier: float | None = None
+  logits_scaling: float = 1.0
   attn_temperature: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0
@@ -221,6 +226,7 @@ class DecoderConfig(Parallelism):
     block = families.get(self.family).block  # post-norm: the sequential block's norms after their sublayers
     ok = isinstance(self.post_norm, bool) and not (self.post_norm and block != "sequential")
     require(ok, "post_norm", self.post_norm, f"True or False; False for {self.family}'s {block} blocks")
+    mup.check(self, block)
     overrides = self.sliding_overrides
     if overrides is not None:
       fields = isinstance(overrides, tuple) and {pair[0] for pair in overrides} <= set(SLIDING_FIELDS)

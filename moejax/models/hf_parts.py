@@ -237,7 +237,10 @@ def _join(parts: dict) -> np.ndarray | None:
   first = next(iter(parts))
   if isinstance(first, ItemPart):
     return np.stack([parts[p] for p in sorted(parts)]) if len(parts) == first.n else None
-  if isinstance(first, (BlockPart, ExpertsPart)):  # experts: written in the hub's layout
+  if isinstance(first, ExpertsPart):  # written as transformers' save_pretrained writes them, [E, n x out, in]
+    joined = np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
+    return None if joined is None else np.ascontiguousarray(joined.transpose(0, 2, 1))
+  if isinstance(first, BlockPart):
     return np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
   if isinstance(first, RowsPart):
     if sum(p.stop - p.start for p in parts) != first.total:
@@ -251,7 +254,8 @@ def _join(parts: dict) -> np.ndarray | None:
 
 def join_parts(tensors):
   """(name, array) pairs with the parts of a stored tensor joined into it (each yielded when its parts have all
-  come: columns interleaved, rows and blocks one after another, items stacked, experts' blocks in the hub's layout), the rest unchanged."""
+  come: columns interleaved, rows and blocks one after another, items stacked, experts' blocks in transformers' modules'
+  layout), the rest unchanged."""
   pending = {}
   for name, array in tensors:
     stored, part = split_part(name)

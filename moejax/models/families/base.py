@@ -10,16 +10,30 @@ config.json arrives as its dict (`hf`); cfg and moe_cfg are a `DecoderConfig` an
 import dataclasses
 import re
 
+from moejax.models import hf_parts
 from moejax.validation import require
 
 # The hub's names of the three SwiGLU weights (moejax's w_gate, w_in, w_out), Llama's and most families'.
 EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
+# Experts stacked in two tensors (gate and up fused, gate first; down): moejax's weight -> (its block of the fused
+# tensor's outputs, blocks, the side the model's width d is on); `fused_expert_key`.
+FUSED_EXPERTS = {"w_gate": (0, 2, "in"), "w_in": (1, 2, "in"), "w_out": (0, 1, "out")}
 
 
 def num_experts(hf: dict) -> int:
   """Routed experts: num_experts (Qwen), num_local_experts (Mixtral; Qwen3-MoE as transformers 5 saves it) or
   n_routed_experts (DeepSeek)."""
   return hf.get("num_experts") or hf.get("num_local_experts") or hf.get("n_routed_experts") or 0
+
+
+def fused_expert_key(path: list, gate_up: str, down: str) -> tuple[str, bool] | None:
+  """(HF name, transposed) of an expert weight stored stacked in `gate_up` [E, d, 2f] and `down` [E, f, d], or as
+  transformers' modules hold them, [E, 2f, d] and [E, d, f] (`hf_parts.experts` reads either: `Family.hf_name` puts
+  in the model's width d); None for the MoE layer's other parameters."""
+  if path[0] not in FUSED_EXPERTS:
+    return None
+  part, blocks, side = FUSED_EXPERTS[path[0]]
+  return hf_parts.experts(gate_up if blocks == 2 else down, part, blocks, side, "{d}"), False
 
 
 def moe_indices(cfg) -> list[int]:
@@ -79,11 +93,11 @@ class Family:
   def hf_name(self, name: str, cfg) -> str:
     """The name in this family's checkpoints of the tensor the hub usually calls `name` (`model.embed_tokens.weight`,
     `model.layers.N.self_attn.q_norm.weight`, ...): `renames` applied. A family storing a tensor inside another
-    returns its part (`hf_parts`: Sarvam's q, k and v rows of one fused tensor)."""
-    del cfg
+    returns its part (`hf_parts`: Sarvam's q, k and v rows of one fused tensor; stacked experts' parts, told apart
+    by the model's width: `fused_expert_key`)."""
     for pattern, replacement in self.renames:
       name = re.sub(pattern, replacement, name)
-    return name
+    return name.replace("{d}", str(cfg.d_model))
 
   def moe_key(self, container: str, path: list) -> tuple[str, bool] | None:
     """(HF name, transposed) of the MoE layer's parameter `path` (under ffn/moe) where the family stores it its own

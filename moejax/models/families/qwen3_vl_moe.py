@@ -18,18 +18,12 @@ Qwen3VLMoeTextConfig's default RoPE theta is 500000 where config.json names none
 
 import dataclasses
 
-from moejax.models import hf_parts
 from moejax.models.families import vision_language
+from moejax.models.families.base import fused_expert_key
 from moejax.models.families.qwen3_moe import Qwen3Moe
 
 MROPE = ("mrope_section", "mrope_interleaved")  # rope_parameters' multimodal fields: text-only positions make them moot
 DEFAULT_THETA = 500_000.0
-# moejax's expert weight -> (stored tensor, its block of the outputs, blocks, the side the model's width d is on)
-EXPERT_TENSORS = {
-  "w_gate": ("gate_up_proj", 0, 2, "in"),
-  "w_in": ("gate_up_proj", 1, 2, "in"),
-  "w_out": ("down_proj", 0, 1, "out"),
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,13 +38,8 @@ class Qwen3VLMoe(Qwen3Moe):
     return {**hf, "rope_parameters": rope}
 
   def moe_key(self, container: str, path: list) -> tuple[str, bool] | None:
-    if path[0] not in EXPERT_TENSORS:
-      return None  # the router: mlp.gate.weight, as Qwen3-MoE's
-    tensor, part, blocks, side = EXPERT_TENSORS[path[0]]
-    return hf_parts.experts(f"{container}.experts.{tensor}", part, blocks, side, "{d}"), False
-
-  def hf_name(self, name: str, cfg) -> str:
-    return super().hf_name(name, cfg).replace("{d}", str(cfg.d_model))
+    experts = f"{container}.experts"  # the router: mlp.gate.weight, as Qwen3-MoE's
+    return fused_expert_key(path, f"{experts}.gate_up_proj", f"{experts}.down_proj")
 
   def moe_fields(self, hf: dict) -> dict:
     return {**super().moe_fields(hf), "renormalize": True}
