@@ -1,7 +1,6 @@
-"""Causal self-attention of the decoder families, with a KV cache: grouped-query attention (Llama, Mixtral, Qwen;
-qkv biases, QK-norm before or after RoPE (`moejax.models.qk_norm`), sliding window, Qwen3-Next's output gate; its
-projections and their norms in `moejax.models.projections`) and DeepSeek's multi-head latent attention, whose cache holds the compressed latent
-and the shared rotary key instead of every head's keys and values.
+"""Causal self-attention of the decoder families, with a KV cache: grouped-query attention (qkv biases, QK-norm before
+or after RoPE: `moejax.models.qk_norm`, sliding window, Qwen3-Next's output gate; projections: `projections`) and
+DeepSeek's multi-head latent attention, whose cache holds the compressed latent and the shared rotary key.
 
 Both take x [B, S, d] at positions start .. start + S - 1 and, with a cache (c1, c2, start), write the new entries
 there and attend over the cache (entries not written yet lie after every query, so stay hidden); they return the
@@ -205,6 +204,8 @@ class GroupedQueryAttention(nnx.Module):
     q_BxSxHxW, k_BxSxHxW = qk_norm.of(cfg).apply(qk_norm.AFTER_ROPE, self.q_norm, self.k_norm, q_BxSxHxW, k_BxSxHxW)
     if self.nope and cfg.attn_temperature is not None:
       q_BxSxHxW = nope.temper(q_BxSxHxW, positions_S, *cfg.attn_temperature)
+    if cfg.query_scaling is not None:  # Mistral 4's, every layer's
+      q_BxSxHxW = nope.temper(q_BxSxHxW, positions_S, *cfg.query_scaling, offset=0)
     if cache is not None:
       k_BxSxHxW, v_BxSxHxW = _write(cache[0], k_BxSxHxW, start), _write(cache[1], v_BxSxHxW, start)
     out_BxSxHxW = attend(
@@ -254,29 +255,31 @@ class LatentAttention(nnx.Module):
     """Widths: a head's q and k qk_nope_head_dim + qk_rope_head_dim (W here), its v v_head_dim; `latent` [B, S,
     kv_lora_rank] and `rotary_key` [B, S, qk_rope_head_dim] are what the cache keeps ([B, S_cache, ...] with one)."""
     cfg = self.cfg
-    (b, s, _), h, nope, r = x_BxSxD.shape, cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
+    (b, s, _), h, w_nope, r = x_BxSxD.shape, cfg.num_heads, cfg.qk_nope_head_dim, cfg.qk_rope_head_dim
     start = 0 if cache is None else cache[2]
     positions_S = start + jnp.arange(s)
     q = self.q_proj(x_BxSxD) if cfg.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x_BxSxD)))
-    q_BxSxHxW = q.reshape(b, s, h, nope + r)
+    q_BxSxHxW = q.reshape(b, s, h, w_nope + r)
     compressed = self.kv_a_proj_with_mqa(x_BxSxD)
     latent, rotary_key = self.kv_a_layernorm(compressed[..., : cfg.kv_lora_rank]), compressed[..., cfg.kv_lora_rank :]
     rotate = lambda a: rope.rotate(a, positions_S, self.inverse, self.factor, cfg.rope_interleaved)
-    q_rope, rotary_key = rotate(q_BxSxHxW[..., nope:]), rotate(rotary_key[:, :, None])[:, :, 0]  # one head for all
+    q_rope, rotary_key = rotate(q_BxSxHxW[..., w_nope:]), rotate(rotary_key[:, :, None])[:, :, 0]  # one head for all
     if cache is not None:
       latent, rotary_key = _write(cache[0], latent, start), _write(cache[1], rotary_key, start)
     keys = latent.shape[1]
     # Each head's non-rotary key and its value from the latent: [B, S_keys, H, qk_nope_head_dim + v_head_dim].
-    kv_BxSxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, keys, h, nope + cfg.v_head_dim)
+    kv_BxSxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, keys, h, w_nope + cfg.v_head_dim)
     k_BxSxHxW = jnp.concatenate(
-      [kv_BxSxHxW[..., :nope], jnp.broadcast_to(rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))],
+      [kv_BxSxHxW[..., :w_nope], jnp.broadcast_to(rotary_key[:, :, None].astype(kv_BxSxHxW.dtype), (b, keys, h, r))],
       axis=-1,
     )
-    q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :nope], q_rope], axis=-1)
+    q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :w_nope], q_rope], axis=-1)
+    if cfg.query_scaling is not None:  # Mistral 4's, every layer's
+      q_BxSxHxW = nope.temper(q_BxSxHxW, positions_S, *cfg.query_scaling, offset=0)
     out_BxSxHxW = attend(
       q_BxSxHxW,
       k_BxSxHxW,
-      kv_BxSxHxW[..., nope:],
+      kv_BxSxHxW[..., w_nope:],
       self.impl,
       self.scale,
       self.window,

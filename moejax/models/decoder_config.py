@@ -45,6 +45,7 @@ class DecoderConfig(Parallelism):
     nope_qk_norm: NoPE layers keep their QK-norm (EXAONE-MoE's global layers). post_norm: each block norms its
     sublayers' outputs before the residual add, not their inputs (OLMo 2's, FlexOlmo's blocks).
   embedding_multiplier, residual_multiplier, attention_multiplier, logits_scaling: Granite's muP scalars (`mup`).
+  query_scaling: (original_max, beta): every layer's queries times 1 + beta log1p(floor(p / original_max)) (Mistral 4's).
   kv_lora_rank: None for grouped-query attention, else MLA (DeepSeek-V2/V3): keys and values from a [kv_lora_rank]
     latent, with the rotary part qk_rope_head_dim of the keys shared by the heads, queries through a
     [q_lora_rank] latent (None: one projection); qk_nope_head_dim + qk_rope_head_dim wide q and k, v_head_dim v.
@@ -117,6 +118,7 @@ class DecoderConfig(Parallelism):
   attention_multiplier: float | None = None
   logits_scaling: float = 1.0
   attn_temperature: tuple | None = None
+  query_scaling: tuple | None = None
   mixers: tuple | None = None
   linear_num_key_heads: int = 0
   linear_num_value_heads: int = 0

@@ -16,10 +16,13 @@ def layer(cfg, i: int) -> bool:
   return bool(cfg.nope_layers is not None and i < cfg.num_layers and cfg.nope_layers[i])
 
 
-def temper(q_BxSxHxW: jax.Array, positions_S: jax.Array, floor_scale: float, attn_scale: float) -> jax.Array:
-  """q [B, S, H, W] at positions [S] times its temperature (above), in q's dtype."""
+def temper(
+  q_BxSxHxW: jax.Array, positions_S: jax.Array, floor_scale: float, attn_scale: float, offset: int = 1
+) -> jax.Array:
+  """q [B, S, H, W] at positions [S] times its temperature (above; Mistral 4's every query, `DecoderConfig.query_scaling`:
+  offset 0, q * (1 + beta * log1p(floor(p / original_max)))), in q's dtype."""
   p_S = positions_S.astype(jnp.float32)
-  scale_S = jnp.log1p(jnp.floor((p_S + 1.0) / floor_scale)) * attn_scale + 1.0
+  scale_S = jnp.log1p(jnp.floor((p_S + offset) / floor_scale)) * attn_scale + 1.0
   return (q_BxSxHxW * scale_S[None, :, None, None]).astype(q_BxSxHxW.dtype)
 
 
@@ -51,6 +54,9 @@ def check(cfg) -> None:
     temperature,
     "None, or (floor_scale > 0, attn_scale) with nope_layers (it tempers the NoPE layers' queries)",
   )
+  scaling = cfg.query_scaling
+  ok = isinstance(scaling, tuple) and len(scaling) == 2 and all(map(is_number, scaling)) and scaling[0] > 0
+  require(scaling is None or ok, "query_scaling", scaling, "None, or (original_max > 0, beta): Mistral 4's")
   require(
     isinstance(cfg.chunked_attention, bool) and (not cfg.chunked_attention or cfg.sliding_window is not None),
     "chunked_attention",

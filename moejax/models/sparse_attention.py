@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from moejax.models import nope as nope_lib
 from moejax.models import rope
 from moejax.models.attention import AUTO, IMPLEMENTATIONS, LatentAttention, _write
 from moejax.models.decoder_config import DecoderConfig
@@ -150,6 +151,8 @@ class SparseAttention(LatentAttention):
     q_latent_BxSxQ = self.q_a_layernorm(self.q_a_proj(x_BxSxD))
     q_BxSxHxW = self.q_b_proj(q_latent_BxSxQ).reshape(b, s, h, nope + r)
     q_BxSxHxW = jnp.concatenate([q_BxSxHxW[..., :nope], rotate(q_BxSxHxW[..., nope:])], axis=-1)
+    if cfg.query_scaling is not None:  # Mistral 4's, every layer's (the indexer's queries are its own)
+      q_BxSxHxW = nope_lib.temper(q_BxSxHxW, positions_S, *cfg.query_scaling, offset=0)
     compressed = self.kv_a_proj_with_mqa(x_BxSxD)
     latent, rotary_key = self.kv_a_layernorm(compressed[..., :c]), rotate(compressed[:, :, None, c:])
     keys_BxSxK = jnp.concatenate([rotary_key[:, :, 0], self.indexer.keys(x_BxSxD, rotate).astype(latent.dtype)], -1)
