@@ -60,3 +60,16 @@ def test_both_layouts_fitting_read_as_the_modules():
 def test_a_tensor_fitting_neither_layout_is_refused_naming_it():
   with pytest.raises(ConfigError, match=r"model\.w .*\(2, 5, 7\)"):
     _read(np.zeros((2, 5, 7)), hf_parts.experts("model.w", 0, 2, "in", 6))
+
+
+@pytest.mark.parametrize("axis", [0, -1])
+def test_blocks_of_either_axis_read_and_join(axis):
+  """`#<i>/n` (the last axis: Llama 4's experts) and `#^<i>/n` (the first: Granite's shared gate and up rows)."""
+  stored = np.random.default_rng(3).normal(size=(6, 4))
+  halves = np.split(stored, 2, axis=axis)
+  names = [hf_parts.block("t", i, 2, axis=axis) for i in range(2)]
+  for name, half in zip(names, halves):
+    view = _read(stored, name)
+    assert view.get_shape() == list(half.shape)
+    np.testing.assert_array_equal(view[1:3, 1:], half[1:3, 1:])
+  np.testing.assert_array_equal(dict(hf_parts.join_parts(zip(names[::-1], halves[::-1])))["t"], stored)

@@ -39,6 +39,7 @@ class ItemPart(NamedTuple):
 class BlockPart(NamedTuple):
   i: int
   n: int
+  axis: int = -1  # the last axis, or 0 (the first)
 
 
 class ExpertsPart(NamedTuple):
@@ -48,9 +49,9 @@ class ExpertsPart(NamedTuple):
   width: int
 
 
-def block(name: str, i: int, n: int) -> str:
-  """The name of the i-th of n equal blocks of the last axis of the stored tensor `name`."""
-  return f"{name}{PART}<{i}>/{n}"
+def block(name: str, i: int, n: int, axis: int = -1) -> str:
+  """The name of the i-th of n equal blocks of the last (or, axis 0, the first) axis of the stored tensor `name`."""
+  return f"{name}{PART}{'^' if axis == 0 else ''}<{i}>/{n}"
 
 
 def experts(name: str, i: int, n: int, side: str, width: int | str) -> str:
@@ -82,8 +83,8 @@ def split_part(name: str) -> tuple[str, ColumnsPart | RowsPart | ItemPart | None
   span, total = part.split("/")
   if span.startswith("["):
     return stored, ItemPart(int(span[1:-1]), int(total))
-  if span.startswith("<"):
-    return stored, BlockPart(int(span[1:-1]), int(total))
+  if span.lstrip("^").startswith("<"):
+    return stored, BlockPart(int(span.lstrip("^")[1:-1]), int(total), 0 if span.startswith("^") else -1)
   if span.startswith("("):
     n, side_width = total.split(",")
     side, width = side_width.split("=")
@@ -166,11 +167,15 @@ class Item:
 
 
 class Block:
-  """The i-th of n equal blocks of a stored tensor's last axis as a tensor of its own, sliced lazily."""
+  """The i-th of n equal blocks of a stored tensor's last (or first) axis as a tensor of its own, sliced lazily."""
 
   def __init__(self, tensor, part: BlockPart):
-    self.tensor, self.width = tensor, tensor.get_shape()[-1] // part.n
-    self.start, self.shape = part.i * self.width, (*tensor.get_shape()[:-1], self.width)
+    shape = list(tensor.get_shape())
+    self.tensor, self.axis, self.width = tensor, part.axis % len(shape), shape[part.axis] // part.n
+    self.start, self.shape = (
+      part.i * self.width,
+      tuple(self.width if a == self.axis else n for a, n in enumerate(shape)),
+    )
 
   def get_shape(self):
     return list(self.shape)
@@ -179,8 +184,12 @@ class Block:
     return self.tensor.get_dtype()
 
   def __getitem__(self, index) -> np.ndarray:
-    *lead, (c0, c1) = _bounds(index, self.shape)
-    return np.asarray(self.tensor[(*(slice(a, b) for a, b in lead), slice(self.start + c0, self.start + c1))])
+    bounds = _bounds(index, self.shape)
+    stored = tuple(
+      slice(a + (self.start if k == self.axis else 0), b + (self.start if k == self.axis else 0))
+      for k, (a, b) in enumerate(bounds)
+    )
+    return np.asarray(self.tensor[stored])
 
 
 class Experts:
@@ -241,7 +250,7 @@ def _join(parts: dict) -> np.ndarray | None:
     joined = np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
     return None if joined is None else np.ascontiguousarray(joined.transpose(0, 2, 1))
   if isinstance(first, BlockPart):
-    return np.concatenate([parts[p] for p in sorted(parts)], axis=-1) if len(parts) == first.n else None
+    return np.concatenate([parts[p] for p in sorted(parts)], axis=first.axis) if len(parts) == first.n else None
   if isinstance(first, RowsPart):
     if sum(p.stop - p.start for p in parts) != first.total:
       return None
