@@ -104,12 +104,15 @@ def test_the_nope_layers_qk_norm_and_the_sinks_act(tmp_path, mesh_2x4, change):
 @pytest.mark.slow
 def test_defaults_are_flint_configs():
   """What config.json leaves out is FlintConfig's default: full (NoPE) layers the first two, every i % 4 == 1 and the
-  last, the rest sliding by 513; layers 0 and 1 dense."""
+  last, the rest sliding by 513; layers 0 and 1 dense. A null window: every layer NoPE."""
   absent = ("layer_types", "mlp_only_layers", "sliding_window")
   cfg, _ = hf_config.from_hf_config({**{k: v for k, v in config().items() if k not in absent}, "num_hidden_layers": 8})
   full = (True, True, False, False, False, True, False, True)
   assert (cfg.sliding_window, cfg.nope_layers, cfg.sliding_layers) == (513, full, tuple(not f for f in full))
   assert cfg.moe_layers == (False, False) + (True,) * 6
+  # a null window: no layer slides, so none rotates (transformers rotates only where a layer has its window)
+  cfg, _ = hf_config.from_hf_config({**config(), "sliding_window": None})
+  assert (cfg.sliding_window, cfg.nope_layers) == (None, (True,) * 4)
 
 
 @pytest.mark.slow

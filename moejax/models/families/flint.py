@@ -16,17 +16,21 @@ DEFAULTS = {"sliding_window": 513, "head_dim": 128, "mlp_only_layers": [0, 1], "
 
 
 def _read(hf: dict) -> dict:
-  """config.json with FlintConfig's defaults and its derived layer_types."""
-  hf = {**DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+  """config.json with FlintConfig's defaults and its derived lists (a null sliding_window stays null: no layer then
+  slides, nor rotates)."""
+  hf = {**DEFAULTS, **hf}
   layers = hf["num_hidden_layers"]
   full = lambda i: i < 2 or i % 4 == 1 or i == layers - 1
-  hf.setdefault("layer_types", ["full_attention" if full(i) else "sliding_attention" for i in range(layers)])
+  hf["layer_types"] = hf.get("layer_types") or [
+    "full_attention" if full(i) else "sliding_attention" for i in range(layers)
+  ]
+  hf["mlp_only_layers"] = DEFAULTS["mlp_only_layers"] if hf["mlp_only_layers"] is None else hf["mlp_only_layers"]
   return hf
 
 
-def _full_layers(layer_types: list) -> tuple | None:
-  """Per layer whether it is NoPE: the full-attention ones (only the sliding layers rotate)."""
-  nope = tuple(kind == "full_attention" for kind in layer_types)
+def _nope_layers(layer_types: list, window: int | None) -> tuple | None:
+  """Per layer whether it is NoPE: all but the sliding ones (only a layer with a window rotates)."""
+  nope = tuple(kind != "sliding_attention" or window is None for kind in layer_types)
   return nope if any(nope) else None
 
 
@@ -43,7 +47,7 @@ class Flint(QwenMoe):
 
   def decoder_fields(self, hf: dict) -> dict:
     hf = _read(hf)
-    nope = _full_layers(hf["layer_types"])
+    nope = _nope_layers(hf["layer_types"], hf["sliding_window"])
     return {**super().decoder_fields(hf), "attention_sinks": True, "nope_layers": nope, "nope_qk_norm": True}
 
   def moe_fields(self, hf: dict) -> dict:
@@ -55,7 +59,7 @@ class Flint(QwenMoe):
 
   def to_hf(self, cfg, moe_cfg) -> dict:
     types = ["sliding_attention" if cfg.window(i) else "full_attention" for i in range(cfg.num_layers)]
-    want = _full_layers(types)
+    want = _nope_layers(types, cfg.sliding_window)
     checks = [("attention_sinks", cfg.attention_sinks, True), ("nope_layers", cfg.nope_layers, want)]
     checks += [("nope_qk_norm", cfg.nope_qk_norm, True)] if want else []
     checks += [("out_bias", cfg.out_bias, cfg.qkv_bias), ("qk_norm", cfg.qk_norm, True)]
