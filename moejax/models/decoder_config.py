@@ -225,10 +225,10 @@ class DecoderConfig(Parallelism):
       f"0 or head_dim={self.head_dim} with gated_attention (its gate is head_dim wide)",
     )
     nope.check(self)
-    block = families.get(self.family).block  # post-norm: the sequential block's norms after their sublayers
-    ok = isinstance(self.post_norm, bool) and not (self.post_norm and block != "sequential")
-    require(ok, "post_norm", self.post_norm, f"True or False; False for {self.family}'s {block} blocks")
-    mup.check(self, block)
+    family = families.get(self.family)  # post-norm: the sequential block's norms after their sublayers
+    ok = isinstance(self.post_norm, bool) and not (self.post_norm and not family.sequential)
+    require(ok, "post_norm", self.post_norm, f"True or False; False for {self.family}'s {family.block} blocks")
+    mup.check(self, family.sequential)
     overrides = self.sliding_overrides
     if overrides is not None:
       fields = isinstance(overrides, tuple) and {pair[0] for pair in overrides} <= set(SLIDING_FIELDS)

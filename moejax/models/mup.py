@@ -17,12 +17,13 @@ def softmax_scale(cfg) -> float:
   return cfg.head_dim**-0.5 if cfg.attention_multiplier is None else cfg.attention_multiplier
 
 
-def check(cfg, block: str) -> None:
-  """The scalars of a `DecoderConfig` whose family's blocks are `block`, refused by name: numbers > 0; the residual
-  multiplier in sequential blocks only (LongCat's shortcut blocks add theirs as published); the softmax scale GQA's."""
+def check(cfg, sequential: bool) -> None:
+  """The scalars of a `DecoderConfig` (`sequential`: its family's blocks are `DecoderLayer`s), refused by name:
+  numbers > 0; the residual multiplier in sequential blocks only (LongCat's shortcut blocks add theirs as published);
+  the softmax scale GQA's."""
   for name in SCALARS:
     value = getattr(cfg, name)
     ok = (value is None and name == "attention_multiplier") or (is_number(value) and value > 0)
     require(ok, name, value, "a number > 0" + (" or None (head_dim^-0.5)" if name == "attention_multiplier" else ""))
-  require(cfg.residual_multiplier == 1 or block == "sequential", "residual_multiplier", cfg.residual_multiplier, "1")
+  require(cfg.residual_multiplier == 1 or sequential, "residual_multiplier", cfg.residual_multiplier, "1")
   require(cfg.attention_multiplier is None or not cfg.latent, "attention_multiplier", cfg.attention_multiplier, "None")

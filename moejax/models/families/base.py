@@ -85,6 +85,12 @@ class Family:
   exports_as: str | None = None
   block: str = "sequential"
 
+  @property
+  def sequential(self) -> bool:
+    """Whether a layer is `decoder.DecoderLayer` (attention, then the FFN: the block post_norm and the residual
+    multiplier act in)."""
+    return self.block == "sequential"
+
   def decoder_config(self, hf: dict) -> dict:
     """The config.json dict of the decoder: `hf` itself; a vision-language model's the decoder's fields under its
     text_config (`vision_language.decoder_config`)."""
