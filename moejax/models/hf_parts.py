@@ -184,12 +184,10 @@ class Block:
     return self.tensor.get_dtype()
 
   def __getitem__(self, index) -> np.ndarray:
-    bounds = _bounds(index, self.shape)
-    stored = tuple(
-      slice(a + (self.start if k == self.axis else 0), b + (self.start if k == self.axis else 0))
-      for k, (a, b) in enumerate(bounds)
+    shift = lambda k: self.start if k == self.axis else 0
+    return np.asarray(
+      self.tensor[tuple(slice(a + shift(k), b + shift(k)) for k, (a, b) in enumerate(_bounds(index, self.shape)))]
     )
-    return np.asarray(self.tensor[stored])
 
 
 class Experts:
