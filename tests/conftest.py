@@ -1,6 +1,7 @@
 """Shared fixtures: every test process sees 8 simulated CPU devices (2 nodes x 4 GPUs at most)."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -120,28 +121,50 @@ def shared(tmp_path_factory):
   return path
 
 
-# The end-to-end tier: the slow tests of these modules (learning runs, multi-process jobs, the GPU suite's smoke run,
-# the notebook, whole sweeps) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the
-# suite within minutes; .ci/run runs them after it.
+# The end-to-end tier: the slow tests of these modules (learning runs: the trainer's steps over several updates, FSDP,
+# pipelines and two-batch steps against their plain runs, fine-tuning and the programs run from their command lines;
+# multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
+# of every module (a test function named for generating: greedy, sampled and ExFlow's decode against transformers'
+# tokens) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# .ci/run runs them after it.
 E2E_MODULES = (
+  "test_bench_programs",
   "test_convergence",
   "test_decoder_training",
   "test_expert_bias",
   "test_fault_kill",
+  "test_fsdp",
   "test_gpu_suite",
   "test_grain_resume",
   "test_heldout",
   "test_hosts",
   "test_infer",
+  "test_init_from",
   "test_launch",
   "test_multiprocess_layer",
+  "test_nonfinite_steps",
   "test_notebook",
+  "test_pipeline_decoder",
   "test_pipeline_processes",
+  "test_pipeline_resume",
+  "test_point_models",
+  "test_precision",
+  "test_readme_snippet",
   "test_record_traces",
   "test_replan",
+  "test_run_config",
   "test_scaling",
   "test_train",
+  "test_two_batch",
+  "test_workdir_guard",
 )
+E2E_FUNCTION = re.compile(r"generat|fine_tunes")  # generation runs, a fine-tuning run from the command line
+
+
+def end_to_end(item) -> bool:
+  """Whether a slow test is in the end-to-end tier (above)."""
+  module = item.module.__name__.rsplit(".", 1)[-1]
+  return module in E2E_MODULES or bool(E2E_FUNCTION.search(item.function.__name__))
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -161,5 +184,5 @@ def pytest_collection_modifyitems(items):
       if i not in fast:
         item.add_marker(pytest.mark.slow)
   for item in items:
-    if item.module.__name__.rsplit(".", 1)[-1] in E2E_MODULES and item.get_closest_marker("slow") is not None:
+    if item.get_closest_marker("slow") is not None and end_to_end(item):
       item.add_marker(pytest.mark.e2e)
