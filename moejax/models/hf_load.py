@@ -129,7 +129,7 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
       if not (fresh_mtp and p[0] == "mtp")
     ]
     expected = _expected(leaves, cfg, moe_cfg.num_experts)
-    _check(shards, expected, path, families.get(cfg.family).ignored)
+    _check(shards, expected, path, families.get(cfg.family).ignored_tensors(moe_cfg))
     leaves = {p: leaf for p, leaf in list(hf_checkpoint.tree_leaves(params)) + loaded_rest}
     arrays = {}
     for leaf_path, _, transposed, expert in expected.values():

@@ -111,6 +111,12 @@ class Family:
     del container, path
     return None
 
+  def ignored_tensors(self, moe_cfg) -> tuple:
+    """Regexes of the checkpoint's tensors `from_hf` ignores, as this family's transformers class does: `ignored`,
+    and where that depends on the config, more (ERNIE-4.5-VL's vision experts, numbered after the text ones)."""
+    del moe_cfg
+    return self.ignored
+
   def unread_tensors(self, cfg, moe_cfg):
     """(HF name, host array) of the tensors `to_hf` writes beyond the model's own: ones this family's transformers
     class needs in a checkpoint but no forward reads (LongCat-Flash's zero experts' projections, zeros)."""
