@@ -17,8 +17,10 @@ FIXTURES = sorted(p.name for p in DATA.iterdir() if (p / "config.json").exists()
 
 
 def decoder_config(name: str) -> dict:
-  """A fixture's config.json; a vision-language model's with its text_config's fields under its own."""
+  """A fixture's config.json; a vision-language model's with its text_config's fields under its own (an omni model's
+  thinker's)."""
   config = json.loads((DATA / name / "config.json").read_text())
+  config = {**config.get("thinker_config", {}), **config}  # Qwen3-Omni's: its thinker's
   return {**(config.get("text_config") or {}), **config}
 
 

@@ -1,11 +1,13 @@
 """The vision-language families of issue 59, whose text decoder moejax runs on text-only input, against transformers'
 ForConditionalGeneration class given input_ids alone: qwen3_5_moe (Qwen3-Next's hybrid decoder under
-model.language_model, interleaved multimodal RoPE, the DeltaNet's projections apart) and kimi_k25 (DeepSeek-V3's
-decoder behind a vision tower and projector). Each fixture (tests/data/hf/<family>, transformers' own class with a
-1-layer vision tower) gives its logits on the 2 x 4 mesh under the default MoE path and another, the routers' choices
-and greedy tokens, its vision tensors ignored; the export is the decoder alone, as its text-only class's checkpoint
-(qwen3_5_moe_text, Qwen3_5MoeForCausalLM; deepseek_v3, DeepseekV3ForCausalLM), which loads back in moejax with the
-same parameters and in transformers with the fixture's logits (`make_hf_fixtures.py --check-export`, docs/models.md).
+model.language_model, interleaved multimodal RoPE, the DeltaNet's projections apart), kimi_k25 (DeepSeek-V3's decoder
+behind a vision tower and projector), qwen3_vl_moe and glm4v_moe (Qwen3-MoE's and GLM-4.5's decoders under
+model.language_model) and qwen3_omni_moe (Qwen3-MoE's decoder in Qwen3-Omni's thinker, beside its audio and vision
+encoders; the reference is the thinker's forward). Each fixture (tests/data/hf/<family>, transformers' own class with
+1-layer encoders) gives its logits on the 2 x 4 mesh under the default MoE path and another, the routers' choices and
+greedy tokens, its encoders' tensors ignored; the export is the decoder alone, as its text-only class's checkpoint
+(qwen3_5_moe_text, deepseek_v3, qwen3_moe, glm4_moe), which loads back in moejax with the same parameters and in
+transformers with the fixture's logits (`make_hf_fixtures.py --check-export`, docs/models.md).
 """
 
 import dataclasses
@@ -39,12 +41,13 @@ from tests.test_hf_models import (
   refused,
 )
 
-FAMILIES = ("qwen3_5_moe", "kimi_k25", "qwen3_vl_moe", "glm4v_moe")
+FAMILIES = ("qwen3_5_moe", "kimi_k25", "qwen3_vl_moe", "glm4v_moe", "qwen3_omni_moe")
 OTHER_PATH = {
   "qwen3_5_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
   "kimi_k25": {"path": "node_first", "buffer_factor": 4.0},
   "qwen3_vl_moe": {"path": "gpu_first", "collective": "capacity", "capacity_factor": 8.0},
   "glm4v_moe": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
+  "qwen3_omni_moe": {"path": "gpu_first", "buffer_factor": 4.0},
 }
 # The decoder's prefix in each fixture, and in its export (the text-only class's checkpoint).
 PREFIX = {
@@ -52,18 +55,21 @@ PREFIX = {
   "kimi_k25": ("language_model.", ""),
   "qwen3_vl_moe": ("model.language_model.", "model."),
   "glm4v_moe": ("model.language_model.", "model."),
+  "qwen3_omni_moe": ("thinker.model.", "model."),
 }
 HEAD = {
   "qwen3_5_moe": ("lm_head.weight", "lm_head.weight"),
   "kimi_k25": ("language_model.lm_head.weight", "lm_head.weight"),
   "qwen3_vl_moe": ("lm_head.weight", "lm_head.weight"),
   "glm4v_moe": ("lm_head.weight", "lm_head.weight"),
+  "qwen3_omni_moe": ("thinker.lm_head.weight", "lm_head.weight"),
 }
 EXPORTED = {
   "qwen3_5_moe": ("qwen3_5_moe_text", "Qwen3_5MoeForCausalLM"),
   "kimi_k25": ("deepseek_v3", "DeepseekV3ForCausalLM"),
   "qwen3_vl_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
   "glm4v_moe": ("glm4_moe", "Glm4MoeForCausalLM"),
+  "qwen3_omni_moe": ("qwen3_moe", "Qwen3MoeForCausalLM"),
 }
 
 
@@ -139,6 +145,20 @@ def test_glm4v_moe_logits_and_routing_match_transformers(loaded):
   check_logits_and_routing(*loaded.forward("glm4v_moe"), reference("glm4v_moe"))
 
 
+@group("qwen3_omni_moe")
+def test_qwen3_omni_moe_logits_and_routing_match_transformers(loaded):
+  """The thinker's decoder (thinker_config.text_config): Qwen3-MoE's layers (layer 1 dense by mlp_only_layers), the
+  top k not renormalised (norm_topk_prob false); the multimodal RoPE on text is plain RoPE. The audio encoder's and
+  vision tower's tensors are ignored."""
+  cfg, moe_cfg = loaded.model("qwen3_omni_moe").cfg, loaded.model("qwen3_omni_moe").moe_cfg
+  assert cfg.moe_layers == (True, False, True) and cfg.qk_norm and not cfg.tie_embeddings
+  assert (moe_cfg.renormalize, moe_cfg.num_shared_experts, moe_cfg.top_k, moe_cfg.d_ff) == (False, 0, 4, 24)
+  stored = load_file(DATA / "qwen3_omni_moe" / "model.safetensors")
+  assert any(name.startswith("thinker.audio_tower.") for name in stored)
+  assert any(name.startswith("thinker.visual.") for name in stored)
+  check_logits_and_routing(*loaded.forward("qwen3_omni_moe"), reference("qwen3_omni_moe"))
+
+
 @pytest.mark.slow
 def test_glm4v_moe_ignores_the_published_mtp_layer(tmp_path, mesh_2x4):
   """The published GLM-4.5V holds its MTP layer's tensors (model.language_model.layers.46.*), which transformers
@@ -211,9 +231,9 @@ def test_export_is_the_text_only_decoder(loaded, tmp_path, family):
   left_out = [name for name in fixture if name != head and not name.startswith(ours)]
   assert left_out and not set(left_out) & set(written)  # the vision tensors
   assert_tensors_equal(written, decoder)
-  text = config(family)["text_config"]
+  text = config(family).get("thinker_config", config(family))["text_config"]  # Qwen3-Omni's: the thinker's
   assert (got["model_type"], got["architectures"]) == (EXPORTED[family][0], [EXPORTED[family][1]])
-  assert "text_config" not in got and "vision_config" not in got and got["tie_word_embeddings"] is False
+  assert not {"text_config", "vision_config", "thinker_config"} & set(got) and got["tie_word_embeddings"] is False
   for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_experts_per_tok"):
     assert got[name] == text[name], name
   back = models.from_hf(out, loaded.mesh)
@@ -234,7 +254,13 @@ def test_other_unexpected_tensors_refused(tmp_path, mesh_2x4, family):
 
 @pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_config_json_without_text_config_refused(family):
-  hf = {k: v for k, v in config(family).items() if k != "text_config"}
+  hf = config(family)
+  if family == "qwen3_omni_moe":  # the decoder's config is the thinker's text_config
+    hf = {**hf, "thinker_config": {k: v for k, v in hf["thinker_config"].items() if k != "text_config"}}
+    with pytest.raises(ConfigError, match="thinker_config"):
+      hf_config.from_hf_config({k: v for k, v in hf.items() if k != "thinker_config"})
+  else:
+    hf = {k: v for k, v in hf.items() if k != "text_config"}
   with pytest.raises(ConfigError, match="text_config"):
     hf_config.from_hf_config(hf)
 
