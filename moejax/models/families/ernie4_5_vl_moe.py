@@ -26,7 +26,7 @@ from moejax.models.families.ernie4_5_moe import Ernie45Moe
 from moejax.validation import require
 
 MROPE = ("mrope_section",)  # rope_parameters' multimodal field: text-only positions make it moot
-DEFAULT_WIDTHS = [1536, 512]  # Ernie4_5_VLMoeTextConfig's moe_intermediate_size
+DEFAULTS = {"moe_intermediate_size": [1536, 512]}  # Ernie4_5_VLMoeTextConfig's, where config.json is silent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Ernie45VLMoe(Ernie45Moe):
 
   def decoder_config(self, hf: dict) -> dict:
     hf = vision_language.decoder_config(hf, self.model_type, tied=True)  # Ernie4_5_VLMoeConfig's default
-    widths = hf.get("moe_intermediate_size") or DEFAULT_WIDTHS
+    widths = hf.get("moe_intermediate_size") or DEFAULTS["moe_intermediate_size"]
     require(
       isinstance(widths, list) and len(widths) == 2 and all(isinstance(w, int) and w > 0 for w in widths),
       "text_config.moe_intermediate_size",
