@@ -117,24 +117,52 @@ def test_a_training_step_is_priced_in_full(devices):
 
 
 def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
-  """measure() with a timer that answers alpha + beta x bytes per (kind, axes): the line through the two sizes gives
-  them back exactly; a negative slope is clipped to 0."""
+  """measure() with a timer that answers alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes): the
+  line through the two sizes and the many-operand form give them back exactly; a negative slope is clipped to 0."""
   rng = np.random.default_rng()
   truth = {}
 
-  def timer(kind, axes, nbytes, mesh, repeats):
-    alpha, beta = truth.setdefault((kind, axes), (rng.uniform(1e-5, 1e-3), rng.uniform(1e-10, 1e-8)))
-    return alpha + beta * nbytes
+  def timer(kind, axes, nbytes, mesh, repeats, operands=1):
+    alpha, beta, each = truth.setdefault(
+      (kind, axes), (rng.uniform(1e-5, 1e-3), rng.uniform(1e-10, 1e-8), rng.uniform(1e-5, 1e-3))
+    )
+    return alpha + (operands - 1) * each + beta * nbytes * operands
 
   compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={"sort": 1e6}, launch_s=1e-5, call_s=1e-4)
   terms = program_calibration.measure(
     mesh_2x4, repeats=1, timer=timer, say=lambda *a: None, compute=lambda m, r: compute
   )
   assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
-  for key, (alpha, beta) in truth.items():
+  for key, (alpha, beta, each) in truth.items():
     assert terms.per_kind[key] == pytest.approx((alpha, beta), rel=1e-9)
+    assert terms.per_operand[key] == pytest.approx(each, rel=1e-6)
   assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
-  assert program_calibration.Terms(terms.per_kind, **compute) == terms  # the compute terms as measured
+  assert program_calibration.Terms(terms.per_kind, **compute, per_operand=terms.per_operand) == terms
+
+
+def test_a_many_operand_collective_pays_for_each_operand(mesh_2x4):
+  """A psum of a tuple of 5 arrays is one all-reduce of 5 operands (as a step's combined gradients): listed with its
+  operands and priced alpha + 4 x per_operand + beta x its bytes, from float64 arithmetic here."""
+  sizes = (16, 8, 32, 4, 8)
+  spec = (P(("node", "gpu")),) * len(sizes)
+  body = jax.shard_map(lambda *xs: jax.lax.psum(xs, ("node", "gpu")), mesh=mesh_2x4, in_specs=spec, out_specs=spec)
+  args = tuple(jnp.ones((8 * n,), jnp.float32) for n in sizes)
+  compiled = jax.jit(body).lower(*args).compile()
+  (found,) = [c for c in program.collectives(compiled, mesh_2x4) if c.kind == "all-reduce"]
+  assert (found.operands, found.bytes, found.axes) == (5, 4 * sum(sizes), BOTH)
+  rng = np.random.default_rng()
+  alpha, beta, each = rng.uniform(1e-5, 1e-4), rng.uniform(1e-9, 1e-8), rng.uniform(1e-5, 1e-4)
+  terms = program_calibration.Terms(
+    {("all-reduce", BOTH): (alpha, beta)}, 1e9, 1e8, per_operand={("all-reduce", BOTH): each}
+  )
+  priced = program_price.price_measured(compiled, mesh_2x4, terms)
+  assert priced.communication_s == pytest.approx(alpha + 4 * each + beta * 4 * sum(sizes), rel=1e-12)
+  # an all-to-all in XLA's tuple form holds one piece per peer of one array: one operand, not eight
+  a2a = jax.shard_map(
+    lambda x: jax.lax.all_to_all(x, BOTH, 0, 0, tiled=True), mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH)
+  )
+  (exchange,) = program.collectives(jax.jit(a2a).lower(jnp.ones((64, 4))).compile(), mesh_2x4)
+  assert (exchange.kind, exchange.operands, exchange.bytes) == ("all-to-all", 1, 8 * 4 * 4)
 
 
 def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):

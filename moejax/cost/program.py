@@ -46,7 +46,9 @@ class Collective:
   docstring); dtype: its data's element type ('f32', or 'f32/s32' for mixed operands); axes: the mesh axes its
   groups span, in the mesh's order; groups: its replica groups, or a permute's (source, target) pairs, as logical
   device ids; count: runs per program run (None: unknown); in_loop: inside a while loop's body; in_branch: inside a
-  conditional's branch (its count assumes the branches are taken in turn).
+  conditional's branch (its count assumes the branches are taken in turn); operands: the arrays it moves, each whole
+  (XLA's combiner merges a step's gradient all-reduces into one instruction of many operands, which gloo runs one by
+  one; an all-to-all's per-peer pieces are one array: `_independent_arrays`).
   """
 
   kind: str
@@ -58,6 +60,7 @@ class Collective:
   count: int | None
   in_loop: bool
   in_branch: bool = False
+  operands: int = 1
 
   @property
   def total_bytes(self) -> int | None:
@@ -107,6 +110,7 @@ def parse(hlo: str, mesh, assignment=None) -> list[Collective]:
           count=int(count) if count is not None and count.denominator == 1 else None,
           in_loop=in_loop[computation],
           in_branch=in_branch[computation],
+          operands=_independent_arrays(kind, len(arrays), len(groups[0])),
         )
       )
   return found
@@ -204,6 +208,14 @@ def _groups(rest: str, devices: int) -> tuple[tuple[int, ...], ...]:
     tuple(tuple(map(int, g.split(","))) for g in re.findall(r"\{([\d,]+)\}", explicit.group(1))) if explicit else ()
   )
   return groups or (tuple(range(devices)),)
+
+
+def _independent_arrays(kind: str, arrays: int, group: int) -> int:
+  """The arrays a collective moves independently: its operands, but an all-to-all's in XLA's tuple form hold one
+  piece of one array per peer of its group (the pieces of one exchange, not several arrays)."""
+  if kind == "all-to-all" and arrays > 1 and arrays % group == 0:
+    return arrays // group
+  return max(1, arrays)
 
 
 def _operand_arrays(kind: str, rest: str, types: dict) -> list[tuple[str, int]]:

@@ -193,7 +193,8 @@ def control_seconds(record: dict, topology: Topology) -> float:
 
 def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
-  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`; compute per op
+  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`, plus the cost of each
+  operand past its first (`Terms.collective_seconds`: a combined all-reduce of a step's gradients); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
   category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
@@ -209,8 +210,9 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
     )
   priced = []
   for c in found:
-    alpha, beta = terms.per_kind[(c.kind, c.axes)] if c.axes else (0.0, 0.0)
-    cost = collectives_lib.ExchangeCost(alpha + beta * c.bytes, alpha, 0.0, beta * c.bytes, 0, 0, 0.0, 0.0, False)
+    seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands) if c.axes else 0.0
+    beta = terms.per_kind[(c.kind, c.axes)][1] * c.bytes if c.axes else 0.0
+    cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
   compute = terms.call_s + sum(compute_by_category(ops, terms).values())
   flops, nbytes = sum(o.count * o.flops for o in ops), sum(o.count * o.bytes for o in ops)

@@ -8,7 +8,10 @@ the host's cores: one busy device's rate is not the mesh's), plus the cost of la
 
 Each collective is timed at two sizes per device (`SIZES`: a size exchange's few bytes and a row block's), as its own
 jitted shard_map program (median of `repeats` calls after one warm-up); alpha and beta are the line through the two
-medians (beta clipped at 0: the small size's noise must not make bytes free of cost).
+medians (beta clipped at 0: the small size's noise must not make bytes free of cost). It is also timed moving
+`OPERANDS` arrays of the small size at once (an all-reduce of a tuple: one instruction of that many operands, as XLA's
+combiner makes of a step's gradients; gloo reduces them one by one): the time beyond alpha and the bytes, over the
+operands past the first, is the cost of each further operand (`Terms.per_operand`; clipped at 0).
 
 Compute (`compute_terms`), each a jit(shard_map) over every device, its ops listed by `program_ops` as a program's
 are, so a rate is in the units its ops are priced in (per device: FLOPs or bytes read and written):
@@ -40,13 +43,15 @@ RATE_SIDE = 512  # the matmul timed for the compute rate: [devices x 512, 512] @
 TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WIDTH] f32 table and rows picked
 SORTED = 16384  # keys per device in the argsort
 CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
+OPERANDS = 8  # arrays in the many-operand form of each collective timed for its cost per operand
 
 
 @dataclasses.dataclass(frozen=True)
 class Terms:
   """per_kind: {(kind, axes): (alpha_s, beta_s_per_byte)}; one device's rates with every device busy: flops_per_s
   (matmul), bytes_per_s (elementwise), op_bytes_per_s ({'gather' | 'scatter' | 'sort': bytes/s}; a category absent
-  runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call."""
+  runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call; per_operand: {(kind, axes):
+  seconds per operand of one instruction past its first} (absent: 0)."""
 
   per_kind: dict
   flops_per_s: float
@@ -54,6 +59,12 @@ class Terms:
   op_bytes_per_s: dict = dataclasses.field(default_factory=dict)
   launch_s: float = 0.0
   call_s: float = 0.0
+  per_operand: dict = dataclasses.field(default_factory=dict)
+
+  def collective_seconds(self, kind: str, axes: tuple, nbytes: float, operands: int = 1) -> float:
+    """One run of a collective of `kind` over `axes` moving `nbytes` per device in `operands` arrays."""
+    alpha, beta = self.per_kind[(kind, axes)]
+    return alpha + (operands - 1) * self.per_operand.get((kind, axes), 0.0) + beta * nbytes
 
   def op_seconds(self, category: str, flops: float, nbytes: float) -> float:
     """One run of an op of `category` (`program_ops.CATEGORIES`): launch + its FLOPs (a matmul) or bytes at its
@@ -63,7 +74,10 @@ class Terms:
     return self.launch_s + nbytes / self.op_bytes_per_s.get(category, self.bytes_per_s)
 
   def as_dict(self) -> dict:
-    rows = [dict(kind=k, axes=list(a), alpha_s=v[0], beta_s_per_byte=v[1]) for (k, a), v in self.per_kind.items()]
+    rows = [
+      dict(kind=k, axes=list(a), alpha_s=v[0], beta_s_per_byte=v[1], per_operand_s=self.per_operand.get((k, a), 0.0))
+      for (k, a), v in self.per_kind.items()
+    ]
     return dict(
       collectives=rows,
       flops_per_s=self.flops_per_s,
@@ -85,6 +99,15 @@ def median_seconds(fn, args, repeats: int) -> float:
   return statistics.median(times)
 
 
+def _many(kind: str, axes: tuple[str, ...], mesh):
+  """The collective of `_body` on a tuple of blocks: an all-reduce of them all at once (one instruction of many
+  operands, as jax's psum of a pytree binds it), any other kind one per block."""
+  if kind == "all-reduce":
+    return lambda *blocks: jax.lax.psum(blocks, axes)
+  one = _body(kind, axes, mesh)
+  return lambda *blocks: tuple(one(b) for b in blocks)
+
+
 def _body(kind: str, axes: tuple[str, ...], mesh):
   """One collective of `kind` over `axes` on a device's [rows, 8] f32 block."""
   if kind == "all-reduce":
@@ -99,13 +122,17 @@ def _body(kind: str, axes: tuple[str, ...], mesh):
   return lambda a: jax.lax.ppermute(a, axes, [(i, (i + 1) % size) for i in range(size)])
 
 
-def time_collective(kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int) -> float:
-  """Median seconds of one `kind` over `axes` moving `nbytes` per device (f32 blocks of 8 columns)."""
+def time_collective(kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int, operands: int = 1) -> float:
+  """Median seconds of one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of
+  8 columns; `_many` where several)."""
   everything = tuple(mesh.axis_names)
   rows = max(1, nbytes // 32)
   rows += (-rows) % int(np.prod([mesh.shape[a] for a in axes]))  # all-to-all, reduce-scatter split rows
-  fn = jax.jit(jax.shard_map(_body(kind, axes, mesh), mesh=mesh, in_specs=P(everything), out_specs=P(everything)))
-  return median_seconds(fn, placed((jnp.ones((mesh.devices.size * rows, 8), jnp.float32),), mesh), repeats)
+  body = _body(kind, axes, mesh) if operands == 1 else _many(kind, axes, mesh)
+  spec = (P(everything),) * operands
+  fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(everything) if operands == 1 else spec))
+  blocks = tuple(jnp.full((mesh.devices.size * rows, 8), i + 1.0, jnp.float32) for i in range(operands))
+  return median_seconds(fn, placed(blocks, mesh), repeats)
 
 
 def placed(args: tuple, mesh) -> tuple:
@@ -129,15 +156,18 @@ def axis_sets(mesh) -> list[tuple[str, ...]]:
 def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print, compute=None) -> Terms:
   """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the compute terms; `timer(kind, axes,
   nbytes, mesh, repeats)` and `compute(mesh, repeats)` (default `compute_terms`; tests pass their own)."""
-  per_kind = {}
+  per_kind, per_operand = {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
       points = [(size, timer(kind, axes, size, mesh, repeats)) for size in SIZES]
-      per_kind[(kind, axes)] = line(*points)
+      alpha, beta = per_kind[(kind, axes)] = line(*points)
+      many = timer(kind, axes, SIZES[0], mesh, repeats, operands=OPERANDS)
+      per_operand[(kind, axes)] = max(0.0, (many - alpha - beta * OPERANDS * SIZES[0]) / (OPERANDS - 1))
       say(
-        f"{kind:<20}{','.join(axes):<10} {per_kind[(kind, axes)][0] * 1e6:9.1f} us + {per_kind[(kind, axes)][1] * 1e9:7.3f} ns/B"
+        f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B, "
+        f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand"
       )
-  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats))
+  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand)
   rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
   say(
     f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
