@@ -346,6 +346,8 @@ def test_cpu_measured_points_time_the_layer_and_a_real_training_step(measured_sw
     # measure.price_program: the timed layer and step programs priced with terms timed on the 2 x 2 mesh
     assert r["priced_layer_ms"] > 0 and r["priced_step_s"] > r["priced_layer_ms"] / 1e3
     assert r["priced_layer_error"] == pytest.approx(r["priced_layer_ms"] / r["layer_ms"] - 1)
+    split = (r["priced_layer_collectives_ms"], r["priced_layer_compute_ms"])
+    assert min(split) > 0 and sum(split) == pytest.approx(r["priced_layer_ms"])
     assert r["priced_step_error"] == pytest.approx(r["priced_step_s"] / r["step_s"] - 1)
 
 

@@ -28,7 +28,8 @@ def measure_phases(
   """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh), timed `repeats` times, and its
   phases' shares of it (module docstring): {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms',
   'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}; with `terms` also 'priced_layer_ms', the compiled
-  program's price."""
+  program's price, split as the phases are ('priced_layer_collectives_ms' beside the two exchanges' phases,
+  'priced_layer_compute_ms' beside the expert FFN's and the rest's)."""
   compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile()
   layer = timed(lambda: compiled(params, x), warmup, repeats, mesh)
   try:
@@ -37,7 +38,12 @@ def measure_phases(
     logging.warning("the layer's phases are not split (NaN): its profile failed: %s: %s", type(e).__name__, e)
     share = dict.fromkeys(profiled_phases.PHASES, float("nan"))
   layer_ms = 1e3 * statistics.median(layer)
-  priced = {} if terms is None else {"priced_layer_ms": 1e3 * priced_seconds(compiled, mesh, terms)}
+  priced = {}
+  if terms is not None:
+    price = program_price_or_none(compiled, mesh, terms)
+    split = (price.serial_s, price.communication_s, price.compute_s) if price else (float("nan"),) * 3
+    names = ("priced_layer_ms", "priced_layer_collectives_ms", "priced_layer_compute_ms")
+    priced = {name: 1e3 * seconds for name, seconds in zip(names, split)}
   return {
     "layer_ms": layer_ms,
     "layer_ms_min": 1e3 * min(layer),
@@ -46,11 +52,17 @@ def measure_phases(
   }
 
 
-def priced_seconds(compiled, mesh, terms) -> float:
-  """`program_price.price_measured(compiled, mesh, terms)`'s serial seconds; NaN, said in a warning, where the
-  program holds what the terms cannot price (a collective kind they did not time, a loop of unknown trips)."""
+def program_price_or_none(compiled, mesh, terms):
+  """`program_price.price_measured(compiled, mesh, terms)`; None, said in a warning, where the program holds what the
+  terms cannot price (a collective kind they did not time, a loop of unknown trips)."""
   try:
-    return program_price.price_measured(compiled, mesh, terms).serial_s
+    return program_price.price_measured(compiled, mesh, terms)
   except ValueError as e:
     logging.warning("the program is not priced (NaN): %s", e)
-    return float("nan")
+    return None
+
+
+def priced_seconds(compiled, mesh, terms) -> float:
+  """`program_price_or_none`'s serial seconds; NaN where the program is not priced."""
+  price = program_price_or_none(compiled, mesh, terms)
+  return float("nan") if price is None else price.serial_s

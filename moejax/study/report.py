@@ -64,6 +64,8 @@ COLUMNS = (
   "modelled_step_s",
   "step_error",
   "priced_layer_ms",
+  "priced_layer_collectives_ms",
+  "priced_layer_compute_ms",
   "priced_layer_error",
   "priced_step_s",
   "priced_step_error",
