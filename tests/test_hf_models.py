@@ -486,21 +486,33 @@ def test_round_trip_shards_with_index(loaded, tmp_path, family):
 @pytest.mark.slow
 def test_unrolled_layers_match_transformers_and_round_trip(mesh_2x4, tmp_path, family):
   """model.scan_layers=False (one module per layer, `blocks/i/...`: the layout before scanned layers): transformers'
-  logits and greedy tokens (vanilla and ExFlow), the checkpoint written back bit for bit, and the same parameters as
-  the scanned model's, layer by layer."""
+  logits, the checkpoint written back bit for bit, and the same parameters as the scanned model's, layer by layer."""
   ref = reference(family)
-  model = models.from_hf(str(DATA / family), mesh_2x4, model={"scan_layers": False}, param_dtype=param_dtype(family))
+  model = unrolled(family, mesh_2x4)
   assert not model.cfg.scan_layers and len(model.blocks) == model.cfg.num_layers
   assert relative_error(np.asarray(model(tiled(ref["tokens"]))[0])[:2], ref["logits"]) < TOL
-  steps = ref["greedy"].shape[1] - ref["prompt"].shape[1]
-  for mode in ("vanilla", "exflow"):
-    np.testing.assert_array_equal(infer.generate_tokens(model, ref["prompt"], steps, mode=mode), ref["greedy"])
   out = str(tmp_path / "export")
   models.to_hf(model, out)
   assert_checkpoint_equals_fixture(out, family)
   scanned = models.from_hf(str(DATA / family), mesh_2x4, param_dtype=param_dtype(family))
   per_layer = lambda m: layers.per_layer(model_state(m)["params"], m.cfg)
   assert_states_equal({"layers": per_layer(scanned)}, {"layers": per_layer(model)})
+
+
+@pytest.mark.parametrize("family", [case(f, slow=f != "deepseek_v3") for f in MOE_FAMILIES])
+@pytest.mark.slow
+def test_unrolled_layers_generate_transformers_tokens(mesh_2x4, family):
+  """model.scan_layers=False: transformers' greedy tokens, vanilla and ExFlow (the decode cache per block)."""
+  ref = reference(family)
+  model = unrolled(family, mesh_2x4)
+  steps = ref["greedy"].shape[1] - ref["prompt"].shape[1]
+  for mode in ("vanilla", "exflow"):
+    np.testing.assert_array_equal(infer.generate_tokens(model, ref["prompt"], steps, mode=mode), ref["greedy"])
+
+
+def unrolled(family: str, mesh):
+  """The family's fixture loaded with one module per layer (model.scan_layers=False)."""
+  return models.from_hf(str(DATA / family), mesh, model={"scan_layers": False}, param_dtype=param_dtype(family))
 
 
 @group("deepseek_v3")

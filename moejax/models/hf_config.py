@@ -10,7 +10,7 @@ import dataclasses
 
 from moejax.models import families
 from moejax.models.decoder_config import FAMILIES, DecoderConfig
-from moejax.models.families.base import num_experts
+from moejax.models.families.base import num_experts, rope_theta
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError, prefixed, require
 
@@ -18,13 +18,12 @@ from moejax.validation import ConfigError, prefixed, require
 def _rope(hf: dict) -> tuple[float, tuple | None]:
   """(theta, scaling as sorted pairs or None) from transformers 5's rope_parameters or the older rope_theta and
   rope_scaling."""
-  params = dict(hf.get("rope_parameters") or {})
-  theta = params.pop("rope_theta", hf.get("rope_theta", 10000.0))
+  params = {k: v for k, v in (hf.get("rope_parameters") or {}).items() if k != "rope_theta"}
   scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
   if scaling:
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor")}
     scaling["rope_type"] = scaling.pop("type", scaling.get("rope_type"))
-  return float(theta), None if not scaling else tuple(sorted(scaling.items()))
+  return rope_theta(hf), None if not scaling else tuple(sorted(scaling.items()))
 
 
 def _supported_family(hf: dict) -> families.Family:

@@ -256,14 +256,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     rest = (rest, jax.make_array_from_callback(heldout.shape, trainer.batch_sharding, lambda index: heldout[index]))
   say(f"parameters: {sum(x.size for x in jax.tree.leaves(state['params'])):,}")
   batches = inputs_lib.batches(config, files, tok, data_states)
-  writer = metrics_lib.MetricWriter(
-    workdir,
-    start,
-    tensorboard=config.log.tensorboard,
-    enabled=leader,
-    total_steps=config.steps,
-    heldout_unigram_entropy=baseline,
-  )
+  writer = _metric_writer(config, workdir, start, leader, baseline)
   run_start = time.perf_counter()
   try:
     compile_s, counts, retries = loop_lib.run(
@@ -285,6 +278,18 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
     resumed_from=start,
     overflow_retries=len(retries),
     buffer_factor=retries[-1][1] if retries else moe_cfg.buffer_factor,
+    heldout_unigram_entropy=baseline,
+  )
+
+
+def _metric_writer(config, workdir: str, start: int, leader: bool, baseline) -> metrics_lib.MetricWriter:
+  """The run's metrics from step `start` on (written by process 0 only); baseline: the held-out unigram entropy."""
+  return metrics_lib.MetricWriter(
+    workdir,
+    start,
+    tensorboard=config.log.tensorboard,
+    enabled=leader,
+    total_steps=config.steps,
     heldout_unigram_entropy=baseline,
   )
 

@@ -20,6 +20,11 @@ EXPERT_NAMES = {"w_gate": "gate_proj", "w_in": "up_proj", "w_out": "down_proj"}
 FUSED_EXPERTS = {"w_gate": (0, 2, "in"), "w_in": (1, 2, "in"), "w_out": (0, 1, "out")}
 
 
+def rope_theta(hf: dict) -> float:
+  """The RoPE theta of config.json: transformers 5's rope_parameters, else the older rope_theta, else 10000."""
+  return float((hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
+
+
 def num_experts(hf: dict) -> int:
   """Routed experts: num_experts (Qwen), num_local_experts (Mixtral; Qwen3-MoE as transformers 5 saves it) or
   n_routed_experts (DeepSeek)."""

@@ -13,17 +13,12 @@ kind is refused, naming it."""
 
 import dataclasses
 
-from moejax.models.families.base import fused_expert_key
+from moejax.models.families.base import fused_expert_key, rope_theta
 from moejax.models.families.granitemoe import GraniteMoe
 from moejax.validation import require
 
 FULL, SLIDING = "full_attention", "sliding_attention"
 DEFAULTS = {"sliding_window": 128, "shared_intermediate_size": 0}  # GraniteMoeSWAConfig's
-
-
-def _global_theta(hf: dict) -> float:
-  """rope_parameters' theta (or the older rope_theta): every layer's where layer_rope_theta is silent."""
-  return float((hf.get("rope_parameters") or {}).get("rope_theta", hf.get("rope_theta", 10000.0)))
 
 
 def _read(hf: dict) -> dict:
@@ -32,7 +27,7 @@ def _read(hf: dict) -> dict:
   hf = {**DEFAULTS, **hf}
   layers = hf["num_hidden_layers"]
   hf["layer_types"] = hf.get("layer_types") or [FULL if i % 4 == 0 else SLIDING for i in range(layers)]
-  hf["layer_rope_theta"] = hf.get("layer_rope_theta") or [_global_theta(hf)] * layers
+  hf["layer_rope_theta"] = hf.get("layer_rope_theta") or [rope_theta(hf)] * layers
   require(
     len(hf["layer_rope_theta"]) == layers and len(hf["layer_types"]) == layers,
     "layer_rope_theta",
@@ -71,7 +66,7 @@ class GraniteMoeSwa(GraniteMoe):
   def decoder_fields(self, hf: dict) -> dict:
     hf = _read(hf)
     thetas = _thetas(hf)
-    full = thetas.get(FULL, thetas.get(SLIDING, _global_theta(hf)))
+    full = thetas.get(FULL, thetas.get(SLIDING, rope_theta(hf)))
     nope = tuple(not theta for theta in hf["layer_rope_theta"])
     fields = {**super().decoder_fields(hf), "attention_sinks": True, "rope_theta": full}
     fields["nope_layers"] = nope if any(nope) else None
