@@ -39,12 +39,14 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
 # XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start and later runs: many
 # tests build the same small programs (the same layer at the same shapes) and each would compile them again. Keyed by
 # the program, jax's version and the flags, so a stale entry is never used.
+# A folder given in JAX_COMPILATION_CACHE_DIR is used instead, still for every program (jax's defaults keep only those
+# that took a second or more to compile).
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   import tempfile  # noqa: E402
 
   os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"moejax-tests-xla-cache-{os.getuid()}")
-  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "-1"
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 # Concurrent writers are safe without a lock: an entry is compressed with a checksum, so a half-written one read by
 # another worker fails to decompress and jax compiles the program instead (tests/test_compile_cache.py). (jax's own
 # lock comes with a size limit, and then every write scans every entry: quadratic in the suite's thousands.)
