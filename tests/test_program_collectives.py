@@ -19,7 +19,6 @@ from tests.helpers import compiled_train_step
 
 # Checked on jax 0.10 and 0.11 (the GPU machine's 0.11.2); jax 0.12 compiles these programs with another device
 # assignment and shard_map semantics, which the parser does not read yet (issue 58).
-pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
 
 ROWS, COLS = 16, 32  # each device's block
 BOTH = ("node", "gpu")

@@ -9,8 +9,6 @@ import pytest
 from moejax.cost import program_ops, program_price
 from moejax.study import program_calibration
 
-pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
-
 F32 = 4
 
 

@@ -16,8 +16,6 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.study import program_calibration
 from tests.helpers import compiled_train_step
 
-pytestmark = pytest.mark.skipif(jax.__version_info__ >= (0, 12), reason="HLO of jax >= 0.12 not read yet")
-
 TOPO = topology.get("dgx_h100_ib")
 ROWS, COLS = 16, 32
 BLOCK = ROWS * COLS * 4  # one device's f32 block, bytes
