@@ -18,7 +18,7 @@ from moejax.validation import ConfigError, prefixed, require
 def _rope(hf: dict) -> tuple[float, tuple | None]:
   """(theta, scaling as sorted pairs or None) from transformers 5's rope_parameters or the older rope_theta and
   rope_scaling."""
-  params = {k: v for k, v in (hf.get("rope_parameters") or {}).items() if k != "rope_theta"}
+  params = hf.get("rope_parameters") or {}
   scaling = hf.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
   if scaling:
     scaling = {k: v for k, v in scaling.items() if k not in ("rope_theta", "partial_rotary_factor")}
