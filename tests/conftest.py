@@ -18,16 +18,15 @@ FAST_COMPILE_FLAGS = (
 
 def known_xla_flags(flags) -> list[str]:
   """The `flags` this jaxlib's XLA accepts. XLA aborts the process on an unknown flag, and the fusion
-  emitters' flag is gone from jaxlib 0.11.1 on, so each is tried in a subprocess that starts the backend."""
-  probe = "import jax; jax.devices()"
-  return [
-    flag
-    for flag in flags
-    if subprocess.run(
-      [sys.executable, "-c", probe], env={**os.environ, "XLA_FLAGS": flag}, capture_output=True
-    ).returncode
-    == 0
-  ]
+  emitters' flag is gone from jaxlib 0.11.1 on, so they are tried in a subprocess that starts the backend: all at
+  once, then each alone if that fails."""
+
+  def accepted(tried):
+    probe = [sys.executable, "-c", "import jax; jax.devices()"]
+    return subprocess.run(probe, env={**os.environ, "XLA_FLAGS": " ".join(tried)}, capture_output=True).returncode == 0
+
+  flags = list(flags)
+  return flags if accepted(flags) else [flag for flag in flags if accepted([flag])]
 
 
 # Set before JAX starts its backend. Probed once per session: xdist workers and the subprocesses tests

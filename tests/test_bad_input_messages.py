@@ -78,6 +78,7 @@ def test_a_workdir_that_is_a_file_is_refused_as_the_flag_is_parsed(tmp_path):
   assert afile.read_text() == "{}"
 
 
+@pytest.mark.slow
 def test_programs_refuse_a_workdir_that_is_a_file_in_one_line(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("")

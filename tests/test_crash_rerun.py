@@ -36,6 +36,7 @@ def _run(tmp_path, crash_always: bool) -> subprocess.CompletedProcess:
   return subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.sampled(1)
 @pytest.mark.parametrize("crash_always", [False, True])
 def test_a_crashed_worker_s_test_is_run_once_more(tmp_path, crash_always):
   done = _run(tmp_path, crash_always)

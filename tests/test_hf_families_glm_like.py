@@ -67,7 +67,7 @@ def test_logits_and_routing_match_transformers(loaded, family):
   check_logits_and_routing(*loaded.forward(family), reference(family), no_overflow=True)
 
 
-@pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_logits_under_another_path(mesh_2x4, family):
   ref, moe = reference(family), OTHER_PATH[family]
   model = from_hf_under(family, mesh_2x4, moe)
@@ -79,7 +79,7 @@ def test_greedy_generation_matches_transformers(loaded, family):
   check_greedy_generation(loaded.model(family), family)
 
 
-@pytest.mark.parametrize("family", [case(f, slow=False) for f in FAMILIES])
+@pytest.mark.parametrize("family", [case(f) for f in FAMILIES])
 def test_round_trip(loaded, tmp_path, family):
   """The export holds the fixture's tensors bit for bit under the same names, and the config.json fields the family's
   transformers class reads; loaded again, the same parameters."""

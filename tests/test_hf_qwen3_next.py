@@ -74,6 +74,7 @@ def test_logits_and_routing_match_transformers(model):
   check_against_reference(model, reference(FAMILY))
 
 
+@pytest.mark.slow
 def test_logits_under_another_path(mesh_2x4):
   other = from_hf_under(FAMILY, mesh_2x4, OTHER_PATH)
   check_against_reference(other, reference(FAMILY))
@@ -188,6 +189,7 @@ def test_published_mtp_tensors_are_ignored_others_refused(tmp_path, mesh_2x4, mo
   assert "model.mtp.fc.weight" in refused(directory, mesh_2x4)
 
 
+@pytest.mark.slow
 def test_under_tensor_parallelism(devices):
   """Heads split over 'gpu' (4 nodes x 2 GPUs): each device's heads of the gated q_proj hold their queries and gates
   together; the DeltaNet layers' tensors replicated, each GPU running the whole layer; the logits stay transformers'."""

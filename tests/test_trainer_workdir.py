@@ -88,6 +88,7 @@ def test_branching_into_an_export_is_refused(shared, tmp_path, no_tokenizer):
   assert not (export / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_the_trainers_own_run_and_a_fresh_directory_go_on(shared, tmp_path, no_tokenizer):
   config = tiny_decoder_config(shared)
   for workdir in (tmp_path / "fresh", tmp_path / "other"):
@@ -114,6 +115,7 @@ def test_a_run_from_before_the_train_section_resumes(shared, tmp_path, no_tokeni
     train.train(config, str(tmp_path))
 
 
+@pytest.mark.slow
 def test_experiments_train_refuses_an_export_with_one_line_and_status_1(tmp_path):
   export = _export(tmp_path / "hf")
   done = subprocess.run(

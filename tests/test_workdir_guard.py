@@ -106,6 +106,7 @@ def test_a_sweep_rerun_with_another_topology_is_refused_and_keeps_the_results(tm
   assert (workdir / "results.csv").read_bytes() == kept["results.csv"]
 
 
+@pytest.mark.slow
 def test_plot_run_takes_its_workdir_as_the_trainer_prints_it(tmp_path):
   run = tmp_path / "run"
   run.mkdir()
