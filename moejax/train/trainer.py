@@ -1,12 +1,11 @@
-"""Training the language models (SMILE's and the decoder families): sharded state, the train step, and `train`, which sets up a run (its
-config checked once, `moejax.train.config`) and hands it to `moejax.train.loop`.
+"""Training the language models (SMILE's and the decoder families): sharded state, the train step, and `train`, which
+sets up a run (its config checked once, `moejax.train.config`) and hands it to `moejax.train.loop`.
 
-One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes,
-dense parameters are replicated (data parallel) and experts are sharded by the MoE layer (expert
-parallel); XLA inserts the gradient all-reduce. The step accumulates gradients over micro-batches in float32
-(`moejax.train.step`) and adds the auxiliary losses of all MoE layers to the task loss (SMILE Eq. 5); the optimizer
-(`optim.optimizer`) updates the parameters, or an fp32 master copy in its state that the parameters are cast from
-(`moejax.train.precision`).
+One jitted step runs over the whole ('node', 'gpu') mesh: the batch is sharded over both axes, dense parameters are
+replicated (data parallel) and experts are sharded by the MoE layer (expert parallel); XLA inserts the gradient
+all-reduce. The step accumulates gradients over micro-batches in float32 (`moejax.train.step`) and adds the auxiliary
+losses of all MoE layers to the task loss (SMILE Eq. 5); the optimizer (`optim.optimizer`) updates the parameters, or
+an fp32 master copy in its state that the parameters are cast from (`moejax.train.precision`).
 """
 
 import os
@@ -263,9 +262,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, checked=None) -> dict
       config, trainer, state, rest, start, batches, ckpt, writer, say, retry, resumed
     )
   finally:
-    batches.close()
-    ckpt.close()
-    writer.close()
+    for resource in (batches, ckpt, writer):
+      resource.close()
   return run_summary.write(
     workdir,
     tok,
