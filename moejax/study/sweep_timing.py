@@ -87,14 +87,21 @@ def training_step(point: Point, config, devices: list, terms=None) -> dict:
   )
 
 
+def _timed_layer(cfg, mesh, tokens: int, dtype, config, terms) -> dict:
+  """One MoE layer forward over `tokens` random rows, timed with its phases (`phase_timing.measure_phases`)."""
+  params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
+  x = random_tokens(mesh, tokens, cfg.d_model, config.sim.seed + 1, dtype)
+  return phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure), terms)
+
+
 def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> dict:
   """Wall-clock on `devices` (`hosts.mesh_devices`: the n x m mesh, row i on host i), at the model's shapes: one
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and intra-node
   exchanges, expert FFN, the rest), and the whole training step (`moejax.train.trainer.Trainer`: the point's
   global batch as accumulation micro batches of random tokens, forward, backward, the family's optimizer,
   `point_models`). Each: a compiling call and measure.warmup untimed calls, then the median of measure.repeats or more
-  (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same arguments (its programs span them
-  all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
+  (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same
+  arguments (its programs span them all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
   for the other scaling's point. With measure.price_program, both programs are also priced with terms timed on the
   point's mesh (`moejax.study.program_calibration`, once per mesh: kept in `terms` by (n, m)): 'priced_layer_ms',
   'priced_step_s' and their errors, priced / measured - 1. No measured point enters the terms: each is held out."""
@@ -103,19 +110,12 @@ def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> d
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(n, m, devices=devices)
   tokens = model.micro_batch * model.seq_len
-  dtype = jnp.dtype(moe.dtype)
   if config.measure.price_program and (n, m) not in terms:
     terms[n, m] = program_calibration.measure(mesh, say=lambda line: logging.info("%s %s", point.mesh, line))
   mesh_terms = terms.get((n, m))
   key = (point.scheme, point.mesh, point.model)
   if key not in layers:
-    params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
-    x = random_tokens(mesh, point.devices * tokens, cfg.d_model, config.sim.seed + 1, dtype)
-    layers[key] = phase_timing.measure_phases(
-      params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure), mesh_terms
-    )
-    del params, x
-
+    layers[key] = _timed_layer(cfg, mesh, point.devices * tokens, jnp.dtype(moe.dtype), config, mesh_terms)
   global_batch, accumulation = batch(point, config)
   timed = training_step(point, config, devices, mesh_terms)
   step_times, losses = timed["times_s"], timed["losses"]
