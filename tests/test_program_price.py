@@ -115,27 +115,31 @@ def test_a_training_step_is_priced_in_full(devices):
 
 
 def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
-  """measure() with a timer that answers alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes): the
-  line through the two sizes and the many-operand form give them back exactly; a negative slope is clipped to 0."""
+  """measure() with a timer that answers alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes), and
+  for a chain of links alpha + (links - 1) x (launch + beta x bytes): the line through the two sizes, the
+  many-operand form and the chain give them back exactly; a negative slope is clipped to 0."""
   rng = np.random.default_rng()
   truth = {}
 
-  def timer(kind, axes, nbytes, mesh, repeats, operands=1):
-    alpha, beta, each = truth.setdefault(
-      (kind, axes), (rng.uniform(1e-5, 1e-3), rng.uniform(1e-10, 1e-8), rng.uniform(1e-5, 1e-3))
-    )
-    return alpha + (operands - 1) * each + beta * nbytes * operands
+  def timer(kind, axes, nbytes, mesh, repeats, operands=1, links=1):
+    alpha, beta, each, launch = truth.setdefault((kind, axes), (*rng.uniform(1e-5, 1e-3, 3), rng.uniform(1e-6, 1e-5)))
+    beta = beta * 1e-5  # s/byte
+    return alpha + (operands - 1) * each + beta * nbytes * operands + (links - 1) * (launch + beta * nbytes)
 
   compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={"sort": 1e6}, launch_s=1e-5, call_s=1e-4)
   terms = program_calibration.measure(
     mesh_2x4, repeats=1, timer=timer, say=lambda *a: None, compute=lambda m, r: compute
   )
   assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
-  for key, (alpha, beta, each) in truth.items():
-    assert terms.per_kind[key] == pytest.approx((alpha, beta), rel=1e-9)
+  for key, (alpha, beta, each, launch) in truth.items():
+    assert terms.per_kind[key] == pytest.approx((alpha, beta * 1e-5), rel=1e-9)
     assert terms.per_operand[key] == pytest.approx(each, rel=1e-6)
+    assert terms.chained.get(key) == (
+      pytest.approx(launch, rel=1e-6) if key[0] in program_calibration.CHAINABLE else None
+    )
   assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
-  assert program_calibration.Terms(terms.per_kind, **compute, per_operand=terms.per_operand) == terms
+  kept = dict(per_operand=terms.per_operand, chained=terms.chained)
+  assert program_calibration.Terms(terms.per_kind, **compute, **kept) == terms
 
 
 def test_a_many_operand_collective_pays_for_each_operand(mesh_2x4):
@@ -161,6 +165,31 @@ def test_a_many_operand_collective_pays_for_each_operand(mesh_2x4):
   )
   (exchange,) = program.collectives(jax.jit(a2a).lower(jnp.ones((64, 4))).compile(), mesh_2x4)
   assert (exchange.kind, exchange.operands, exchange.bytes) == ("all-to-all", 1, 8 * 4 * 4)
+
+
+@pytest.mark.parametrize("kind", program_calibration.CHAINABLE)
+def test_a_collective_right_after_another_is_chained_and_priced_at_its_chained_cost(mesh_2x4, kind):
+  """The calibration's chain of LINKS collectives is listed with every link but the first chained; with a sort
+  between two, the second follows compute: not chained. price_measured charges a chained one Terms.chained's alpha,
+  the others per_kind's (float64 arithmetic here)."""
+  chain = jax.shard_map(
+    program_calibration._chain(kind, BOTH, mesh_2x4, program_calibration.LINKS),
+    mesh=mesh_2x4,
+    in_specs=P(BOTH),
+    out_specs=P(BOTH),
+  )
+  x = jnp.ones((8 * 16, 8), jnp.float32)
+  compiled = jax.jit(chain).lower(x).compile()
+  found = [c for c in program.collectives(compiled, mesh_2x4) if c.kind == kind]
+  assert [c.chained for c in found] == [False] + [True] * (program_calibration.LINKS - 1)
+  one = program_calibration._body(kind, BOTH, mesh_2x4)
+  apart = jax.shard_map(lambda a: one(jnp.sort(one(a), axis=0)), mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH))
+  assert [c.chained for c in program.collectives(jax.jit(apart).lower(x).compile(), mesh_2x4)] == [False, False]
+  rng = np.random.default_rng()
+  alpha, beta, after = rng.uniform(1e-4, 1e-3), rng.uniform(1e-9, 1e-8), rng.uniform(1e-6, 1e-5)
+  terms = program_calibration.Terms({(kind, BOTH): (alpha, beta)}, 1e9, 1e8, chained={(kind, BOTH): after})
+  expected = sum((after if c.chained else alpha) + beta * c.bytes for c in found)
+  assert program_price.price_measured(compiled, mesh_2x4, terms).communication_s == pytest.approx(expected, rel=1e-12)
 
 
 def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):

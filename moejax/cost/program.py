@@ -33,6 +33,8 @@ KINDS = (
   "collective-permute",
   "collective-broadcast",
 )
+# Ops that move no data and run no kernel: between two collectives they leave them a chain (`Collective.chained`).
+TRANSPARENT = ("parameter", "constant", "get-tuple-element", "tuple", "bitcast")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = (.+?) ([a-z][a-z0-9\-]*)\((.*)$")
 _HEAD = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{$")
 _ARRAY = re.compile(r"\b([a-z]+\d*[a-z0-9]*)\[([\d,<=]*)\]")
@@ -48,7 +50,9 @@ class Collective:
   device ids; count: runs per program run (None: unknown); in_loop: inside a while loop's body; in_branch: inside a
   conditional's branch (its count assumes the branches are taken in turn); operands: the arrays it moves, each whole
   (XLA's combiner merges a step's gradient all-reduces into one instruction of many operands, which gloo runs one by
-  one; an all-to-all's per-peer pieces are one array: `_independent_arrays`).
+  one; an all-to-all's per-peer pieces are one array: `_independent_arrays`); chained: the op before it in its
+  computation's schedule (`TRANSPARENT` ones skipped) is a collective, so its devices meet it together instead of each
+  arriving from its own compute.
   """
 
   kind: str
@@ -61,11 +65,7 @@ class Collective:
   in_loop: bool
   in_branch: bool = False
   operands: int = 1
-
-  @property
-  def total_bytes(self) -> int | None:
-    """bytes x count: what it moves per device over one run of the program (None: count unknown)."""
-    return None if self.count is None else self.bytes * self.count
+  chained: bool = False
 
 
 def collectives(compiled, mesh) -> list[Collective]:
@@ -91,9 +91,12 @@ def parse(hlo: str, mesh, assignment=None) -> list[Collective]:
   coords = _coordinates(mesh, list(mesh.devices.flat) if assignment is None else assignment)
   found = []
   for computation, lines in computations.items():
+    after_collective = False  # the schedule's previous op (TRANSPARENT ones skipped) was a collective
     for name, type_, opcode, rest in lines:
       kind = opcode.removesuffix("-start")
       if kind not in KINDS:
+        if opcode not in TRANSPARENT:
+          after_collective = opcode.removesuffix("-done") in KINDS
         continue
       groups = _groups(rest, len(coords))
       arrays = _operand_arrays(kind, rest, types)
@@ -111,8 +114,10 @@ def parse(hlo: str, mesh, assignment=None) -> list[Collective]:
           in_loop=in_loop[computation],
           in_branch=in_branch[computation],
           operands=_independent_arrays(kind, len(arrays), len(groups[0])),
+          chained=after_collective,
         )
       )
+      after_collective = True
   return found
 
 

@@ -193,8 +193,9 @@ def control_seconds(record: dict, topology: Topology) -> float:
 
 def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
-  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]`, plus the cost of each
-  operand past its first (`Terms.collective_seconds`: a combined all-reduce of a step's gradients); compute per op
+  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]` (alpha `terms.chained`'s for
+  one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
+  combined all-reduce of a step's gradients); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
   category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
@@ -210,7 +211,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
     )
   priced = []
   for c in found:
-    seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands) if c.axes else 0.0
+    seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) if c.axes else 0.0
     beta = terms.per_kind[(c.kind, c.axes)][1] * c.bytes if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))

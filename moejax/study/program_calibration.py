@@ -11,7 +11,11 @@ jitted shard_map program (median of `repeats` calls after one warm-up); alpha an
 medians (beta clipped at 0: the small size's noise must not make bytes free of cost). It is also timed moving
 `OPERANDS` arrays of the small size at once (an all-reduce of a tuple: one instruction of that many operands, as XLA's
 combiner makes of a step's gradients; gloo reduces them one by one): the time beyond alpha and the bytes, over the
-operands past the first, is the cost of each further operand (`Terms.per_operand`; clipped at 0).
+operands past the first, is the cost of each further operand (`Terms.per_operand`; clipped at 0). The kinds whose
+result has their operand's shape are timed once more as a chain of `LINKS` at the small size, each on the one before's
+result: the chain's time beyond the lone one's, per further link and less its bytes, is the cost of a collective that
+follows another directly (`Terms.chained`; `program.Collective.chained`). A lone one's alpha also holds its devices'
+arrival from compute, each at its own pace (on CPU, device threads sharing the cores): one in a chain finds them met.
 
 Compute (`compute_terms`), each a jit(shard_map) over every device, its ops listed by `program_ops` as a program's
 are, so a rate is in the units its ops are priced in (per device: FLOPs or bytes read and written):
@@ -44,6 +48,8 @@ TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WID
 SORTED = 16384  # keys per device in the argsort
 CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
 OPERANDS = 8  # arrays in the many-operand form of each collective timed for its cost per operand
+LINKS = 4  # collectives in the chain timed for the cost of one that follows another
+CHAINABLE = ("all-reduce", "all-to-all", "collective-permute")  # the kinds whose result can feed the next link
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +57,8 @@ class Terms:
   """per_kind: {(kind, axes): (alpha_s, beta_s_per_byte)}; one device's rates with every device busy: flops_per_s
   (matmul), bytes_per_s (elementwise), op_bytes_per_s ({'gather' | 'scatter' | 'sort': bytes/s}; a category absent
   runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call; per_operand: {(kind, axes):
-  seconds per operand of one instruction past its first} (absent: 0)."""
+  seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
+  directly follows another collective, its bytes aside} (absent: alpha)."""
 
   per_kind: dict
   flops_per_s: float
@@ -60,10 +67,15 @@ class Terms:
   launch_s: float = 0.0
   call_s: float = 0.0
   per_operand: dict = dataclasses.field(default_factory=dict)
+  chained: dict = dataclasses.field(default_factory=dict)
 
-  def collective_seconds(self, kind: str, axes: tuple, nbytes: float, operands: int = 1) -> float:
-    """One run of a collective of `kind` over `axes` moving `nbytes` per device in `operands` arrays."""
+  def collective_seconds(
+    self, kind: str, axes: tuple, nbytes: float, operands: int = 1, after_collective: bool = False
+  ) -> float:
+    """One run of a collective of `kind` over `axes` moving `nbytes` per device in `operands` arrays, right after
+    another collective or not (`program.Collective.chained`)."""
     alpha, beta = self.per_kind[(kind, axes)]
+    alpha = self.chained.get((kind, axes), alpha) if after_collective else alpha
     return alpha + (operands - 1) * self.per_operand.get((kind, axes), 0.0) + beta * nbytes
 
   def op_seconds(self, category: str, flops: float, nbytes: float) -> float:
@@ -75,7 +87,14 @@ class Terms:
 
   def as_dict(self) -> dict:
     rows = [
-      dict(kind=k, axes=list(a), alpha_s=v[0], beta_s_per_byte=v[1], per_operand_s=self.per_operand.get((k, a), 0.0))
+      dict(
+        kind=k,
+        axes=list(a),
+        alpha_s=v[0],
+        beta_s_per_byte=v[1],
+        per_operand_s=self.per_operand.get((k, a), 0.0),
+        chained_s=self.chained.get((k, a)),
+      )
       for (k, a), v in self.per_kind.items()
     ]
     return dict(
@@ -108,6 +127,18 @@ def _many(kind: str, axes: tuple[str, ...], mesh):
   return lambda *blocks: tuple(one(b) for b in blocks)
 
 
+def _chain(kind: str, axes: tuple[str, ...], mesh, links: int):
+  """`links` collectives of `_body`, each on the one before's result."""
+  one = _body(kind, axes, mesh)
+
+  def chain(a):
+    for _ in range(links):
+      a = one(a)
+    return a
+
+  return chain
+
+
 def _body(kind: str, axes: tuple[str, ...], mesh):
   """One collective of `kind` over `axes` on a device's [rows, 8] f32 block."""
   if kind == "all-reduce":
@@ -122,13 +153,15 @@ def _body(kind: str, axes: tuple[str, ...], mesh):
   return lambda a: jax.lax.ppermute(a, axes, [(i, (i + 1) % size) for i in range(size)])
 
 
-def time_collective(kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int, operands: int = 1) -> float:
+def time_collective(
+  kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int, operands: int = 1, links: int = 1
+) -> float:
   """Median seconds of one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of
-  8 columns; `_many` where several)."""
+  8 columns; `_many` where several), or of a chain of `links` of them (`_chain`)."""
   everything = tuple(mesh.axis_names)
   rows = max(1, nbytes // 32)
   rows += (-rows) % int(np.prod([mesh.shape[a] for a in axes]))  # all-to-all, reduce-scatter split rows
-  body = _body(kind, axes, mesh) if operands == 1 else _many(kind, axes, mesh)
+  body = _many(kind, axes, mesh) if operands > 1 else _chain(kind, axes, mesh, links)
   spec = (P(everything),) * operands
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(everything) if operands == 1 else spec))
   blocks = tuple(jnp.full((mesh.devices.size * rows, 8), i + 1.0, jnp.float32) for i in range(operands))
@@ -156,18 +189,22 @@ def axis_sets(mesh) -> list[tuple[str, ...]]:
 def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print, compute=None) -> Terms:
   """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the compute terms; `timer(kind, axes,
   nbytes, mesh, repeats)` and `compute(mesh, repeats)` (default `compute_terms`; tests pass their own)."""
-  per_kind, per_operand = {}, {}
+  per_kind, per_operand, chained = {}, {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
       points = [(size, timer(kind, axes, size, mesh, repeats)) for size in SIZES]
       alpha, beta = per_kind[(kind, axes)] = line(*points)
       many = timer(kind, axes, SIZES[0], mesh, repeats, operands=OPERANDS)
       per_operand[(kind, axes)] = max(0.0, (many - alpha - beta * OPERANDS * SIZES[0]) / (OPERANDS - 1))
+      if kind in CHAINABLE:
+        chain = timer(kind, axes, SIZES[0], mesh, repeats, links=LINKS)
+        chained[(kind, axes)] = max(0.0, (chain - points[0][1]) / (LINKS - 1) - beta * SIZES[0])
       say(
         f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B, "
-        f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand"
+        f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand, "
+        f"{chained.get((kind, axes), alpha) * 1e6:9.1f} us after another"
       )
-  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand)
+  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand, chained=chained)
   rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
   say(
     f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
