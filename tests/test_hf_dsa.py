@@ -6,7 +6,8 @@ cache; each family's fixture (tests/data/hf/<family>, transformers' own class: 3
 the routers' choices, greedy tokens through the cache (the indexer's keys cached beside MLA's rotary key), and the
 checkpoint written back bit for bit; the export loads back in transformers with the fixture's logits
 (`make_hf_fixtures.py --check-export`, docs/models.md). The control: the same checkpoint with index_topk past the
-sequence (dense MLA) gives other logits.
+sequence (dense MLA) gives other logits. glm_moe_dsa_shared (GLM-5's indexer_types [full, shared] x 2) likewise;
+its own checks: tests/test_hf_dsa_shared.py.
 """
 
 import dataclasses
@@ -39,15 +40,16 @@ from tests.test_hf_models import (
   edit_config,
   fixture_copy,
   reference,
-  refused,
   tiled,
 )
 
-FAMILIES = ("deepseek_v32", "glm_moe_dsa")
+FAMILIES = ("deepseek_v32", "glm_moe_dsa", "glm_moe_dsa_shared")
 OTHER_PATH = {
   "deepseek_v32": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
   "glm_moe_dsa": {"dedup": True},
+  "glm_moe_dsa_shared": {"path": "node_first", "dedup": True, "buffer_factor": 4.0},
 }
+SHARED = "glm_moe_dsa_shared"  # GLM-5's indexer_types [full, shared, full, shared]
 V3_ROUTED = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "n_shared_experts")
 V3_ROUTED += ("routed_scaling_factor", "norm_topk_prob", "n_group", "topk_group", "mlp_layer_types")
 MLA = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "rope_parameters")
@@ -215,7 +217,9 @@ def test_logits_under_tensor_parallelism(devices):
   check_under_tensor_parallelism("deepseek_v32")
 
 
-@pytest.mark.parametrize("family, mode", [case("deepseek_v32", "vanilla"), case("glm_moe_dsa", "exflow")])
+@pytest.mark.parametrize(
+  "family, mode", [case("deepseek_v32", "vanilla"), case("glm_moe_dsa", "exflow"), case(SHARED, "vanilla")]
+)
 def test_greedy_generation_matches_transformers(loaded, family, mode):
   check_greedy_generation(loaded.model(family), family, mode=mode)
 
@@ -229,6 +233,9 @@ def test_round_trip(loaded, tmp_path, family):
   assert "model.layers.0.self_attn.indexer.k_norm.bias" in written
   if family == "glm_moe_dsa":
     assert got["indexer_types"] == config(family)["indexer_types"] == ["full"] * 3
+  if family == SHARED:  # the shared layers without indexer tensors, as transformers saved them
+    assert got["indexer_types"] == config(family)["indexer_types"] == ["full", "shared"] * 2
+    assert not any(name.startswith("model.layers.1.self_attn.indexer") for name in written)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -255,22 +262,6 @@ def test_reads_the_indexer_and_deepseek_v3_layers():
   cfg, _ = hf_config.from_hf_config({**hf, "num_hidden_layers": 4, "layer_types": None})
   assert dict(cfg.indexer) == dict(heads=64, head_dim=128, topk=2048, rope_interleaved=False)
   assert cfg.moe_layers == (False, False, False, True)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-  "fields",
-  [
-    {"indexer_types": ["full", "shared", "full"]},
-    {"indexer_types": None, "index_topk_freq": 2},
-    {"indexer_types": None, "index_topk_pattern": "FSF"},
-  ],
-)
-def test_glm_shared_indexer_layers_refused(tmp_path, mesh_2x4, fields):
-  """A 'shared' layer reuses the previous full layer's top-k (GLM-5's cross-layer sharing): refused by name."""
-  directory = fixture_copy(tmp_path, "glm_moe_dsa")
-  edit_config(directory, **fields)
-  assert "indexer_types" in refused(directory, mesh_2x4)
 
 
 @pytest.mark.slow

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.infer import cache as cache_lib
 from moejax.infer.exflow_hop import expert_hop
-from moejax.models import backbone, shortcut_block
+from moejax.models import backbone, shortcut_block, sparse_attention
 from moejax.models import layers as layers_lib
 from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig, moe_block_indices
@@ -136,6 +136,14 @@ def _step_exchange(lay: Layout, b: int, buffer_factor) -> schedule.Exchange:
   layer's k moves and the layers)."""
   bound = collective_lib.buffer_bound(buffer_factor, b)
   return exchange_for(lay)._replace(buffer_rows=b * lay.n * lay.m if bound is None else bound)
+
+
+# Why ExFlow's step cannot run GLM-5's shared DSA layers (`sparse_attention.Stream`).
+SHARED_REASON = (
+  "its 'dsa_shared' layers attend to the keys the last 'dsa' layer chose for each token, and ExFlow's hops move a "
+  "token's activation row alone to its experts' devices, where its next layers run: the choice [topk] stays on the "
+  "device that made it, so it would have to travel in every hop's exchange beside the row"
+)
 
 
 def _fit(resident: int, x_RxD, requests_R, valid_R):
@@ -236,6 +244,7 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
   check_moe(moe_cfg, platform_lib.of_mesh(model.mesh))
   why = shortcut_block.refusal(model.cfg)
   require(why is None, "mode", "exflow", f"'vanilla' for this model: {why}")
+  require(not sparse_attention.shares(model.cfg), "mode", "exflow", f"'vanilla' for this model: {SHARED_REASON}")
   return _compiled_step(model.cfg, moe_cfg, model.mesh)
 
 

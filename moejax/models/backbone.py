@@ -9,6 +9,7 @@ from jax.sharding import NamedSharding
 
 from moejax.models import grad_sync as grad_sync_lib
 from moejax.models import layers as layers_lib
+from moejax.models import sparse_attention
 from moejax.models.sharding import activation_spec, model_param_specs
 from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
@@ -104,6 +105,8 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   cache or []).
 
   cache: a layer tree of (c1, c2) pairs (`moejax.infer.cache.init_cache`), the new one laid out alike.
+  A model with 'dsa_shared' layers passes a `sparse_attention.Stream` from layer to layer (x beside the last 'dsa'
+  layer's top-k), begun here; the steps act on its x.
   aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
   balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
   [M, hops, A, A]) for the M MoE layers in order."""
@@ -112,10 +115,11 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
 
-  def step(block, x_BxSxD, layer_cache, rngs):
+  def step(block, x_BxSxD, layer_cache, rngs):  # x: activations, or a `sparse_attention.Stream` (their x alone tied)
     if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket
       specs = model_param_specs(nnx.to_pure_dict(nnx.state(block, nnx.Param)), cfg, moe_cfg, model.mesh)
-      x_BxSxD = grad_sync_lib.reduce_before_passing_on(block, x_BxSxD, model.mesh, specs)
+      tie = lambda x: grad_sync_lib.reduce_before_passing_on(block, x, model.mesh, specs)
+      x_BxSxD = sparse_attention.apply_x(tie, x_BxSxD)
     new_cache = None
     if cache is None and train and cfg.remat != "none":
       x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs)
@@ -123,9 +127,11 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
       x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
     else:
       x_BxSxD, aux, new_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*layer_cache, start))
-    return constrain(x_BxSxD.astype(dtype)), (aux, new_cache)
+    return sparse_attention.apply_x(lambda x: constrain(x.astype(dtype)), x_BxSxD), (aux, new_cache)
 
-  x_BxSxD, outputs = fold_layers(model, step, constrain(x_BxSxD), cache, rngs)
+  x_BxSxD = sparse_attention.begin(cfg, constrain(x_BxSxD), cache)  # a Stream with 'dsa_shared' layers
+  x_BxSxD, outputs = fold_layers(model, step, x_BxSxD, cache, rngs)
+  x_BxSxD = sparse_attention.activations(x_BxSxD)
   new_cache = [] if cache is None else layers_lib.map_outputs(lambda o: o[1], outputs, cfg)
   stacked = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[0], outputs, cfg), cfg, cfg.is_moe)
   if stacked is None:

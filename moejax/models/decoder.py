@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import backbone, shortcut_block, token_mixers
+from moejax.models import backbone, shortcut_block, sparse_attention, token_mixers
 from moejax.models import layers as layers_lib
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.projections import linear
 from moejax.models.rms_norm import RMSNorm, block_norm
+from moejax.models.sparse_attention import Stream
 from moejax.moe.config import MoEConfig
 from moejax.validation import ConfigError
 
@@ -52,11 +53,14 @@ class DecoderLayer(nnx.Module):
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=pd) if is_moe else GatedMLP(cfg, cfg.d_ff, rngs=rngs)
 
   def attend(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
-    """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2))."""
+    """The attention half with its residual; with a cache (c1, c2, start), (x, (c1, c2)). x may be a `Stream` (a
+    model with 'dsa_shared' layers): the mixer takes it, and the choice it returns is passed on."""
     del train, rngs
-    out = self.attn(x_BxSxD if self.post_norm else self.ln_attn(x_BxSxD), cache=cache)
-    y_BxSxD, new_cache = (out, None) if cache is None else out
-    x_BxSxD = x_BxSxD + self._scaled(self.ln_attn(y_BxSxD) if self.post_norm else y_BxSxD)
+    out = self.attn(x_BxSxD if self.post_norm else sparse_attention.apply_x(self.ln_attn, x_BxSxD), cache=cache)
+    y, new_cache = (out, None) if cache is None else out
+    y_BxSxD = sparse_attention.activations(y)
+    added = lambda x: x + self._scaled(self.ln_attn(y_BxSxD) if self.post_norm else y_BxSxD)
+    x_BxSxD = Stream(added(x_BxSxD.x), y.topk) if isinstance(y, Stream) else added(x_BxSxD)
     return x_BxSxD if cache is None else (x_BxSxD, new_cache)
 
   def _scaled(self, y_BxSxD):
@@ -73,7 +77,10 @@ class DecoderLayer(nnx.Module):
     return self._scaled(self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD)
 
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
-    """The FFN half with its residual -> (x, aux)."""
+    """The FFN half with its residual -> (x, aux); a `Stream`'s choice passed on as it came."""
+    if isinstance(x_BxSxD, Stream):
+      y_BxSxD, aux = self.feed_forward(x_BxSxD.x, train=train, rngs=rngs)
+      return x_BxSxD._replace(x=y_BxSxD), aux
     rng = rngs.jitter() if train and rngs is not None else None
     y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng)
     return x_BxSxD + self.ffn_output(y_BxSxD.astype(x_BxSxD.dtype)), aux

@@ -58,7 +58,8 @@ class DecoderConfig(Parallelism):
     in_proj_ba grouped per key head (Qwen3-Next's): the same layer, its tensors laid out another way.
     'kimi_delta' (Kimi Linear's KDA, `moejax.models.kimi_delta_attention`): the same, key heads and widths as values'.
     'dsa' (DeepSeek sparse attention: MLA with a q latent) takes indexer, sorted (field, value) pairs of its
-    lightning indexer's heads, head_dim, topk and rope_interleaved (`moejax.models.sparse_attention`).
+    lightning indexer's heads, head_dim, topk and rope_interleaved (`moejax.models.sparse_attention`);
+    'dsa_shared' (GLM-5's) is 'dsa' without an indexer, reusing the last 'dsa' layer's choice (the first layer 'dsa').
   gated_attention: q_proj emits per head [query | gate] (2 x head_dim) and the attention's output is multiplied by
     sigmoid(gate) before o_proj (Qwen3-Next). norm_offset: every block RMSNorm (the layer norms, QK-norm, the final
     norm) scales by 1 + weight, its weights zero-centred (Qwen3-Next's).

@@ -4,7 +4,7 @@
 from moejax.validation import is_int, require
 
 # A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
-MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta")
+MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta", "dsa_shared")
 LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 
@@ -18,6 +18,13 @@ def check(cfg) -> None:
     cfg.mixers,
     f"None or a tuple of {cfg.num_layers} of {MIXERS}",
   )
+  if "dsa_shared" in (cfg.mixers or ()):  # it reuses the top-k of the last 'dsa' layer before it
+    require(
+      set(cfg.mixers) <= {"dsa", "dsa_shared"} and cfg.mixers[0] == "dsa",
+      "mixers",
+      cfg.mixers,
+      "'dsa' or 'dsa_shared' in every layer, the first 'dsa' (a 'dsa_shared' layer reuses the last 'dsa' layer's top-k)",
+    )
   if {"gated_deltanet", "kimi_delta"} & set(cfg.mixers or ()):
     for name in (*LINEAR_SIZES, "linear_conv_kernel"):
       require(is_int(getattr(cfg, name)), name, getattr(cfg, name), "a positive int (linear attention layers)")

@@ -19,7 +19,17 @@ DeepSeek trains it with a loss of its own, which moejax does not have).
 Its decode cache stays a pair: (MLA's latent [B, S_cache, kv_lora_rank], MLA's rotary key and the indexer's key side
 by side [B, S_cache, qk_rope_head_dim + D_I]), the indexer's keys cached as transformers caches them (after the norm
 and RoPE), so that generation through the cache chooses as the full forward does.
+
+GLM-5's cross-layer sharing ('dsa_shared', `SHARED`): such a layer has no indexer and attends to the keys the last
+'dsa' layer before it chose for the same queries (transformers' `prev_topk_indices`; in decode the new queries'
+choice among the cache's keys, which both layers' caches hold alike). In a model with such layers the layers pass
+on a `Stream`, the activations x [B, S, d] beside that choice topk [B, S, K] int32 (K = min(topk, keys): memory of
+the local tokens only); every loop over the layers starts one (`begin`) and applies its own x-only steps (sharding
+constraints, casts, gradient ties) to x alone (`apply_x`). The first layer must be 'dsa' (`mixer_fields.check`). A shared
+layer's cache is MLA's pair (latent, rotary key), without indexer keys.
 """
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +44,41 @@ from moejax.validation import is_int, require
 
 INDEXER_FIELDS = ("head_dim", "heads", "rope_interleaved", "topk")  # `DecoderConfig.indexer`'s pairs, sorted
 INDEX_EPS = 1e-6  # the indexer's k_norm (a LayerNorm), transformers' and DeepSeek's
+SHARED = "dsa_shared"  # the mixer of a layer reusing the last 'dsa' layer's choice (GLM-5's indexer_types 'shared')
+
+
+class Stream(NamedTuple):
+  """What the layers of a model with 'dsa_shared' layers pass on: x [B, S, d] and the last 'dsa' layer's chosen keys
+  topk [B, S, K] int32 (K = min(topk, keys))."""
+
+  x: jax.Array
+  topk: jax.Array
+
+
+def shares(cfg) -> bool:
+  """Whether some layer of `cfg` reuses an earlier layer's choice, so that its layers pass a `Stream` on."""
+  return SHARED in (getattr(cfg, "mixers", None) or ())
+
+
+def begin(cfg, x_BxSxD: jax.Array, cache=None):
+  """What a loop over cfg's layers passes to the first: x, or a `Stream` whose topk is a placeholder of the shape a
+  'dsa' layer gives (the first layer is one, so none reads it); keys: the cache's positions (its arrays
+  [..., B, T, width]), else S."""
+  if not shares(cfg):
+    return x_BxSxD
+  b, s, _ = x_BxSxD.shape
+  keys = s if cache is None else jax.tree.leaves(cache)[0].shape[-2]
+  return Stream(x_BxSxD, jnp.zeros((b, s, min(indexer_fields(cfg)["topk"], keys)), jnp.int32))
+
+
+def apply_x(fn, carried):
+  """fn on the activations of what layers pass on (x, or a `Stream`'s x), the choice beside them kept."""
+  return carried._replace(x=fn(carried.x)) if isinstance(carried, Stream) else fn(carried)
+
+
+def activations(carried) -> jax.Array:
+  """x [B, S, d] of what the last layer passed on."""
+  return carried.x if isinstance(carried, Stream) else carried
 
 
 def indexer_fields(cfg: DecoderConfig) -> dict:
@@ -58,10 +103,16 @@ def indexer_fields(cfg: DecoderConfig) -> dict:
   return fields
 
 
-def cache_specs(cfg: DecoderConfig, batch: int, length: int):
-  """((shape, dtype), (shape, dtype)): MLA's latent, and its rotary key beside the indexer's key."""
-  width = cfg.qk_rope_head_dim + indexer_fields(cfg)["head_dim"]
+def cache_specs(cfg: DecoderConfig, batch: int, length: int, shared: bool = False):
+  """((shape, dtype), (shape, dtype)): MLA's latent, and its rotary key beside the indexer's key (a shared layer's
+  rotary key alone)."""
+  width = cfg.qk_rope_head_dim + (0 if shared else indexer_fields(cfg)["head_dim"])
   return ((batch, length, cfg.kv_lora_rank), cfg.dtype), ((batch, length, width), cfg.dtype)
+
+
+def shared_cache_specs(cfg: DecoderConfig, batch: int, length: int):
+  """A 'dsa_shared' layer's `cache_specs`: MLA's (latent, rotary key)."""
+  return cache_specs(cfg, batch, length, shared=True)
 
 
 class LayerNorm(nnx.Module):
@@ -106,15 +157,20 @@ class Indexer(nnx.Module):
     return jnp.einsum("bsh,bsht->bst", weights_BxSxH, jax.nn.relu(logits_BxSxHxT))
 
 
-def choose(scores_BxSxT: jax.Array, visible_SxT: jax.Array, topk: int) -> jax.Array:
-  """[B, S, T] bool: per query the top min(topk, T) of its visible keys by score (all of them while it sees at most
-  topk), as transformers' `topk` over the causally masked scores then the causal mask again."""
+def top_keys(scores_BxSxT: jax.Array, visible_SxT: jax.Array, topk: int) -> jax.Array:
+  """[B, S, min(topk, T)] int32: per query the indices of its top keys by score among the visible ones, as
+  transformers' `topk` over the causally masked scores (every key while T <= topk; `chosen` masks the hidden)."""
   b, s, t = scores_BxSxT.shape
   if topk >= t:
-    return jnp.broadcast_to(visible_SxT, (b, s, t))
-  _, chosen_BxSxK = jax.lax.top_k(jnp.where(visible_SxT, scores_BxSxT, -jnp.inf), topk)
+    return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, s, t))
+  return jax.lax.top_k(jnp.where(visible_SxT, scores_BxSxT, -jnp.inf), topk)[1].astype(jnp.int32)
+
+
+def chosen(topk_BxSxK: jax.Array, visible_SxT: jax.Array) -> jax.Array:
+  """[B, S, T] bool: the keys topk names that the query sees (transformers' index mask and causal mask)."""
+  (b, s, _), t = topk_BxSxK.shape, visible_SxT.shape[-1]
   rows = jnp.arange(b)[:, None, None], jnp.arange(s)[None, :, None]
-  return jnp.zeros((b, s, t), bool).at[(*rows, chosen_BxSxK)].set(True) & visible_SxT
+  return jnp.zeros((b, s, t), bool).at[(*rows, topk_BxSxK)].set(True) & visible_SxT
 
 
 def masked_attention(q_BxSxHxW, k_BxTxHxW, v_BxTxHxV, mask_BxSxT, scale: float) -> jax.Array:
@@ -126,16 +182,18 @@ def masked_attention(q_BxSxHxW, k_BxTxHxW, v_BxTxHxV, mask_BxSxT, scale: float) 
 
 
 class SparseAttention(LatentAttention):
-  """MLA (`LatentAttention`'s parameters) whose queries each see the keys its `indexer` chooses; x [B, S, d] -> y,
-  or with a cache (latent, rotary and indexer keys, start) -> (y, (latent, rotary and indexer keys))."""
+  """MLA (`LatentAttention`'s parameters) whose queries each see the keys its `indexer` chooses (shared: no indexer,
+  the keys a `Stream`'s topk names); x [B, S, d] -> y, or with a cache (latent, rotary and indexer keys, start) ->
+  (y, (latent, rotary and indexer keys)). Given a `Stream`, y is one: its output beside the choice it used."""
 
-  def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs):
-    indexer_fields(cfg)  # refused by name before any parameter is made
+  def __init__(self, cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs, shared: bool = False):
+    self.topk = indexer_fields(cfg)["topk"]  # refused by name before any parameter is made
     super().__init__(cfg, layer, rngs=rngs)
-    self.indexer = Indexer(cfg, rngs=rngs)
+    self.indexer = None if shared else Indexer(cfg, rngs=rngs)
 
-  def __call__(self, x_BxSxD: jax.Array, cache=None):
-    cfg = self.cfg
+  def __call__(self, x, cache=None):
+    cfg, stream = self.cfg, x if isinstance(x, Stream) else None
+    x_BxSxD = activations(x)
     (b, s, _), h, nope, r, c = (
       x_BxSxD.shape,
       cfg.num_heads,
@@ -154,17 +212,30 @@ class SparseAttention(LatentAttention):
     if cfg.query_scaling is not None:  # Mistral 4's, every layer's (the indexer's queries are its own)
       q_BxSxHxW = nope_lib.temper(q_BxSxHxW, positions_S, *cfg.query_scaling, offset=0)
     compressed = self.kv_a_proj_with_mqa(x_BxSxD)
-    latent, rotary_key = self.kv_a_layernorm(compressed[..., :c]), rotate(compressed[:, :, None, c:])
-    keys_BxSxK = jnp.concatenate([rotary_key[:, :, 0], self.indexer.keys(x_BxSxD, rotate).astype(latent.dtype)], -1)
+    latent, keys_BxSxK = self.kv_a_layernorm(compressed[..., :c]), rotate(compressed[:, :, None, c:])[:, :, 0]
+    if self.indexer is not None:  # the indexer's keys beside MLA's rotary key
+      keys_BxSxK = jnp.concatenate([keys_BxSxK, self.indexer.keys(x_BxSxD, rotate).astype(latent.dtype)], -1)
     if cache is not None:
       latent, keys_BxSxK = _write(cache[0], latent, start), _write(cache[1], keys_BxSxK, start)
     t = latent.shape[1]
-    scores_BxSxT = self.indexer.scores(x_BxSxD, q_latent_BxSxQ, keys_BxSxK[..., r:], rotate)
-    mask_BxSxT = choose(scores_BxSxT, positions_S[:, None] >= jnp.arange(t)[None, :], self.indexer.topk)
+    visible_SxT = positions_S[:, None] >= jnp.arange(t)[None, :]
+    if self.indexer is None:
+      require(stream is not None, "mixers", SHARED, "a layer of a model passing a Stream on (`begin`)")
+      topk_BxSxK = stream.topk
+    else:
+      scores_BxSxT = self.indexer.scores(x_BxSxD, q_latent_BxSxQ, keys_BxSxK[..., r:], rotate)
+      topk_BxSxK = top_keys(scores_BxSxT, visible_SxT, self.topk)
     # Each head's non-rotary key and its value from the latent: [B, T, H, qk_nope_head_dim + v_head_dim].
     kv_BxTxHxW = self.kv_b_proj(latent.astype(x_BxSxD.dtype)).reshape(b, t, h, nope + cfg.v_head_dim)
     rotary_BxTxHxR = jnp.broadcast_to(keys_BxSxK[:, :, None, :r].astype(kv_BxTxHxW.dtype), (b, t, h, r))
     k_BxTxHxW = jnp.concatenate([kv_BxTxHxW[..., :nope], rotary_BxTxHxR], axis=-1)
+    mask_BxSxT = chosen(topk_BxSxK, visible_SxT)
     out_BxSxHxV = masked_attention(q_BxSxHxW, k_BxTxHxW, kv_BxTxHxW[..., nope:], mask_BxSxT, self.scale)
-    out_BxSxD = self.o_proj(out_BxSxHxV.reshape(b, s, h * cfg.v_head_dim))
-    return out_BxSxD if cache is None else (out_BxSxD, (latent, keys_BxSxK))
+    y_BxSxD = self.o_proj(out_BxSxHxV.reshape(b, s, h * cfg.v_head_dim))
+    y = y_BxSxD if stream is None else Stream(y_BxSxD, topk_BxSxK)
+    return y if cache is None else (y, (latent, keys_BxSxK))
+
+
+def shared_sparse_attention(cfg: DecoderConfig, layer: int, *, rngs: nnx.Rngs) -> SparseAttention:
+  """A 'dsa_shared' layer's mixer: `SparseAttention` without an indexer."""
+  return SparseAttention(cfg, layer, rngs=rngs, shared=True)

@@ -14,6 +14,8 @@ one position (`moejax.infer.exflow`).
                   lightning indexer chooses; cache (latent, rotary key beside the indexer's key); `self_attn.*`
   kimi_delta      Kimi Linear's Kimi delta attention (`moejax.models.kimi_delta_attention`): the gated DeltaNet's rule
                   with a decay per key channel; cache (convolution inputs, state), no sequence axis; `self_attn.*`
+  dsa_shared      GLM-5's shared DSA layer: 'dsa' without an indexer, reusing the last 'dsa' layer's choice (the
+                  layers pass a `sparse_attention.Stream` on); cache (latent, rotary key); `self_attn.*`
 """
 
 import dataclasses
@@ -45,6 +47,7 @@ MIXERS = {
     Mixer("gated_deltanet", "linear_attn", linear_attention.GatedDeltaNet, linear_attention.cache_specs),
     Mixer("dsa", "self_attn", sparse_attention.SparseAttention, sparse_attention.cache_specs),
     Mixer("kimi_delta", "self_attn", kimi_delta_attention.KimiDeltaAttention, kimi_delta_attention.cache_specs),
+    Mixer("dsa_shared", "self_attn", sparse_attention.shared_sparse_attention, sparse_attention.shared_cache_specs),
   )
 }
 assert tuple(MIXERS) == decoder_config.MIXERS  # the config checks the names without importing the modules

@@ -59,6 +59,14 @@ def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> 
     f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
     f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)",
   )
+  require(  # layers seg.start + k x layers-per-stage begin the stages: their unit's first layer
+    cfg.mixer(seg.start) != "dsa_shared",
+    field,
+    value,
+    f"1 with these layers: layer {seg.start}, a 'dsa_shared' layer (GLM-5's indexer_types 'shared'), would begin "
+    f"each of {into}; it attends to the keys the previous 'dsa' layer chose, and a stage passes the next only the "
+    "activations [B, S, d] (and takes back their gradient), not that choice [B, S, index_topk]",
+  )
   require(
     splits(cfg, seg, cut),
     field,

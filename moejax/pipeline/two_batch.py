@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from moejax.models import backbone, lm_loss
+from moejax.models import backbone, lm_loss, sparse_attention
 from moejax.models import layers as layers_lib
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.sharding import activation_spec
@@ -77,11 +77,14 @@ def _layers(model, xs: tuple, rngs: nnx.Rngs | None) -> tuple[tuple, list]:
   constrain = lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(model.mesh, activation_spec(cfg)))
   call = (lambda block, x, r: block(x, train=True, rngs=r)) if cfg.remat == "none" else backbone._remat(cfg.remat)
 
-  def step(block, pair, _, rngs):
+  def step(block, pair, _, rngs):  # each half's x, or its `sparse_attention.Stream` ('dsa_shared' layers)
     outs = [call(block, x, rngs) for x in pair]
-    return tuple(constrain(x.astype(jnp.dtype(cfg.dtype))) for x, _ in outs), tuple(aux for _, aux in outs)
+    cast = lambda x: constrain(x.astype(jnp.dtype(cfg.dtype)))
+    return tuple(sparse_attention.apply_x(cast, x) for x, _ in outs), tuple(aux for _, aux in outs)
 
-  pair, outputs = backbone.fold_layers(model, step, tuple(constrain(x) for x in xs), None, rngs)
+  pair = tuple(sparse_attention.begin(cfg, constrain(x)) for x in xs)
+  pair, outputs = backbone.fold_layers(model, step, pair, None, rngs)
+  pair = tuple(sparse_attention.activations(x) for x in pair)
   auxes = []
   for h in range(2):
     stacked = layers_lib.stack_selected(layers_lib.map_outputs(lambda o, h=h: o[h], outputs, cfg), cfg, cfg.is_moe)

@@ -49,10 +49,14 @@ class DeepSeekV32(Glm4MoeLite):
       "indexer": tuple(sorted(indexer.items())),
     }
 
+  def layer_mixers(self, cfg) -> tuple:
+    """The mixers config.json can say for cfg's layers: 'dsa' in every one."""
+    return ("dsa",) * cfg.num_layers
+
   def to_hf(self, cfg, moe_cfg) -> dict:
     fields = dict(cfg.indexer or ())
     for name, got, want in (
-      ("mixers", cfg.mixers, ("dsa",) * cfg.num_layers),
+      ("mixers", cfg.mixers, self.layer_mixers(cfg)),
       ("indexer", fields.get("rope_interleaved"), self.index_rope_interleaved),
       ("rope_interleaved", cfg.rope_interleaved, True),
       ("num_mtp_layers", cfg.num_mtp_layers, 0),

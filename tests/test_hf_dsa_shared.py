@@ -1,0 +1,147 @@
+"""GLM-5's shared DSA layers (indexer_types 'shared': the 'dsa_shared' mixer reusing the last full layer's top-k, which
+the layers pass on beside the activations, `sparse_attention.Stream`) beyond tests/test_hf_dsa.py's family checks of
+the glm_moe_dsa_shared fixture (transformers' GlmMoeDsaForCausalLM, [full, shared] x 2): greedy tokens unrolled,
+indexer_types read as GlmMoeDsaConfig derives them and written back, what stays refused by name (a first 'shared'
+layer, a pipeline stage beginning at one, ExFlow's decode), and training through a 1F1B pipeline and the two-batch
+step as the plain step.
+"""
+
+import dataclasses
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from moejax.models import hf_config
+from moejax.pipeline import section as pipeline_section
+from moejax.pipeline import staging
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
+from moejax.train import objective
+from moejax.train import trainer as train
+from moejax.validation import ConfigError
+from tests.helpers import ROOT
+from tests.hf_family_checks import check_greedy_generation, config, from_hf_under
+from tests.test_hf_models import DATA, Loaded, edit_config, fixture_copy, refused
+
+sys.path.insert(0, str(ROOT))
+from configs import decoder  # noqa: E402
+
+SHARED = "glm_moe_dsa_shared"  # GLM-5's indexer_types [full, shared, full, shared]
+TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+
+
+@pytest.fixture(scope="module")
+def loaded(mesh_2x4):
+  return Loaded(mesh_2x4)
+
+
+@pytest.mark.slow
+def test_shared_layers_unrolled_decode_and_exflow_refused(loaded, mesh_2x4):
+  """GLM-5's shared layers unrolled: greedy tokens through the cache (each shared layer's cache MLA's pair, without
+  indexer keys) are transformers'; ExFlow's decode, whose hops move a token's activation row alone, is refused by
+  name before compiling."""
+  model = from_hf_under(SHARED, mesh_2x4, {}, model={"scan_layers": False})
+  assert model.cfg.mixers == ("dsa", "dsa_shared") * 2 and model.blocks[1].attn.indexer is None
+  check_greedy_generation(model, SHARED)
+  with pytest.raises(ConfigError, match="mode") as error:
+    check_greedy_generation(loaded.model(SHARED), SHARED, mode="exflow")
+  assert "dsa_shared" in str(error.value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "fields, mixers",
+  [
+    ({"indexer_types": ["full", "shared", "shared"]}, ("dsa", "dsa_shared", "dsa_shared")),
+    ({"indexer_types": None, "index_topk_freq": 2}, ("dsa", "dsa", "dsa_shared")),  # offset 2: layers 0, 1 full
+    ({"indexer_types": None, "index_topk_freq": 2, "index_skip_topk_offset": 1}, ("dsa", "dsa_shared", "dsa")),
+    ({"indexer_types": None, "index_topk_pattern": "FSF"}, ("dsa", "dsa_shared", "dsa")),
+  ],
+)
+def test_glm_indexer_types_read_as_glm_moe_dsa_config_derives_them(fields, mixers):
+  """indexer_types, else index_topk_pattern, else index_topk_freq / index_skip_topk_offset: 'shared' layers are
+  'dsa_shared' mixers; the export writes them back as indexer_types."""
+  cfg, moe_cfg = hf_config.from_hf_config({**config("glm_moe_dsa"), **fields})
+  assert cfg.mixers == mixers
+  kinds = {"dsa": "full", "dsa_shared": "shared"}
+  assert hf_config.to_hf_config(cfg, moe_cfg)["indexer_types"] == [kinds[m] for m in mixers]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+  "fields",
+  [
+    {"indexer_types": ["shared", "full", "full"]},  # transformers fails at run time: no earlier full layer
+    {"indexer_types": None, "index_topk_pattern": "SFF"},
+    {"indexer_types": ["full", "sparse", "full"]},
+    {"indexer_types": ["full", "shared"]},
+  ],
+)
+def test_glm_indexer_types_refused(tmp_path, mesh_2x4, fields):
+  """A first layer 'shared' (nothing to reuse), an unknown kind or a list of another length: refused by name."""
+  directory = fixture_copy(tmp_path, "glm_moe_dsa")
+  edit_config(directory, **fields)
+  assert "indexer_types" in refused(directory, mesh_2x4)
+
+
+@pytest.mark.slow
+def test_pipeline_refuses_a_stage_beginning_with_a_shared_layer():
+  """A stage passes on only the activations: a split whose stages begin at a 'dsa_shared' layer is refused naming
+  the stages, before compiling; the split beginning each stage at a 'dsa' layer is taken."""
+  cfg, _ = hf_config.from_hf_config(config(SHARED))
+  layers = lambda mixers: dataclasses.replace(
+    cfg, num_layers=len(mixers), mixers=mixers, moe_layers=(False,) + (True,) * (len(mixers) - 1)
+  )
+  assert staging.staged_segment(layers(("dsa",) + ("dsa", "dsa_shared") * 4), 2, "1f1b") == 1
+  with pytest.raises(ConfigError, match="pipeline.stages") as error:
+    staging.staged_segment(layers(("dsa",) + ("dsa_shared", "dsa") * 4), 2, "1f1b")
+  assert "dsa_shared" in str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Training with shared layers: the pipeline's stages and the two-batch step
+
+
+def _shared_training_config(micro: int, pipeline: dict):
+  """GLM-5's shared fixture's config (random init) in 8 MoE layers [full, shared] x 4 on 1 x 4 devices, 16 rows in
+  `micro` micro-batches, all-to-all exchanges with nothing dropped (`tests/test_pipeline_decoder.py`'s)."""
+  config = decoder.get_config(f"hf={DATA / SHARED}")
+  config.init_from = ""
+  config.model.update(num_layers=8, mixers=("dsa", "dsa_shared") * 4, moe_layers=(True,) * 8, vocab_size=256)
+  config.update(batch_size=16, micro_batches=micro, seq_len=16)
+  config.mesh.update(nodes=1, gpus_per_node=4)
+  config.moe.update(num_nodes=1, collective="capacity", capacity_factor=4.0)
+  config.data.shards = 4
+  config.optim.warmup_steps = 1
+  config.pipeline = {**pipeline_section.defaults(), **pipeline}
+  return config
+
+
+def _one_step(config, stages: int, tokens):
+  mesh = mesh_lib.make_mesh(1, 4, stages=stages)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh, TOK, donate=False)
+  state, rest = trainer.init()
+  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
+  return jax.device_get(metrics), jax.device_get(state["opt_state"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, stages, micro", [("1f1b", 2, 4), ("two_batch", 1, 2)])
+def test_shared_layers_train_pipelined_as_unpipelined(devices, schedule, stages, micro):
+  """The step's metrics and every gradient (AdamW's first moment) through a 1F1B pipeline of 2 stages (each stage
+  begins at a full layer: the stages pass no choice on) equal the plain step's; the two-batch step's (each half's
+  choice beside its activations) equal the plain step's over the halves as micro-batches (`tests/test_two_batch.py`)."""
+  tokens = np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (micro, 16 // micro, 16), np.int32)
+  got, got_moments = _one_step(_shared_training_config(micro, dict(schedule=schedule, stages=stages)), stages, tokens)
+  if schedule == "two_batch":  # micro-batch 2i: micro-batch i's even rows, 2i + 1 its odd ones
+    tokens, micro = tokens.reshape(micro, 4, 2, 16).transpose(0, 2, 1, 3).reshape(2 * micro, 4, 16), 2 * micro
+  want, want_moments = _one_step(_shared_training_config(micro, {}), 1, tokens)
+  assert set(got) == set(want) and np.isfinite(want["loss"])
+  for name in want:
+    np.testing.assert_allclose(
+      np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-6, err_msg=name
+    )
+  for got_leaf, want_leaf in zip(jax.tree.leaves(got_moments), jax.tree.leaves(want_moments)):
+    np.testing.assert_allclose(np.asarray(got_leaf, np.float64), np.asarray(want_leaf, np.float64), atol=1e-7)
