@@ -2,7 +2,7 @@
 trainer's step with each micro-batch's halves interleaved through the layers against the plain step of twice the
 micro-batches, micro-batch 2i the even rows of micro-batch i and 2i + 1 its odd rows (fp32, 2 x 4 devices, fresh
 random tokens, a balance loss weighing 0.1): every metric, every gradient (AdamW's first moment after one step) and
-the parameters after it (to 1e-5); and the section's refusals naming their fields."""
+the parameters after it (to 1e-4); and the section's refusals naming their fields."""
 
 import sys
 
@@ -54,10 +54,10 @@ def test_two_batch_step_equals_the_plain_step(devices, spec):
     np.testing.assert_allclose(
       np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-7, err_msg=name
     )
-  # AdamW's moments: (1 - b1) x the gradient and (1 - b2) x its square; the parameters after the update to 1e-5
-  # (lr 3e-3: AdamW's first step moves a parameter by about lr whatever its gradient's size, so a near-zero
-  # gradient's fp32 rounding shows).
-  for key, atol in (("opt_state", 1e-7), ("params", 1e-5)):
+  # AdamW's moments: (1 - b1) x the gradient and (1 - b2) x its square, to 1e-7; the parameters after the update to
+  # 1e-4 (lr 3e-3: AdamW's first step moves a parameter by lr x g / (|g| + eps) whatever its gradient's size, so a
+  # gradient near eps shows its fp32 rounding there: 3.0e-5 on one of 65,536 of DeepSeek-V3's on an AMD EPYC host).
+  for key, atol in (("opt_state", 1e-7), ("params", 1e-4)):
     jax.tree.map(
       lambda g, w, atol=atol, key=key: np.testing.assert_allclose(g, w, rtol=1e-4, atol=atol, err_msg=key),
       got_state[key],
