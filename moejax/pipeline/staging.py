@@ -6,6 +6,7 @@ segment is) and the padded exchange's refusal inside a stage.
 import dataclasses
 
 from moejax.models import layers as layers_lib
+from moejax.models import sparse_attention
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import collective as collective_lib
 from moejax.pipeline import schedules
@@ -60,7 +61,7 @@ def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> 
     f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)",
   )
   require(  # layers seg.start + k x layers-per-stage begin the stages: their unit's first layer
-    cfg.mixer(seg.start) != "dsa_shared",
+    cfg.mixer(seg.start) != sparse_attention.SHARED,
     field,
     value,
     f"1 with these layers: layer {seg.start}, a 'dsa_shared' layer (GLM-5's indexer_types 'shared'), would begin "
