@@ -2,8 +2,8 @@
 the layers pass on beside the activations, `sparse_attention.Stream`) beyond tests/test_hf_dsa.py's family checks of
 the glm_moe_dsa_shared fixture (transformers' GlmMoeDsaForCausalLM, [full, shared] x 2): greedy tokens unrolled,
 indexer_types read as GlmMoeDsaConfig derives them and written back, what stays refused by name (a first 'shared'
-layer, a pipeline stage beginning at one, ExFlow's decode), and training through a 1F1B pipeline and the two-batch
-step as the plain step.
+layer, ExFlow's decode), and training through a 1F1B pipeline (its stages beginning at a full or a shared layer) and
+the two-batch step as the plain step.
 """
 
 import dataclasses
@@ -87,29 +87,36 @@ def test_glm_indexer_types_refused(tmp_path, mesh_2x4, fields):
 
 
 @pytest.mark.slow
-def test_pipeline_refuses_a_stage_beginning_with_a_shared_layer():
-  """A stage passes on only the activations: a split whose stages begin at a 'dsa_shared' layer is refused naming
-  the stages, before compiling; the split beginning each stage at a 'dsa' layer is taken."""
+def test_pipeline_splits_at_shared_layers():
+  """A stage passes the choice on beside the activations: published GLM-5's unit [shared, full] may begin the stages,
+  as [full, shared] may; a split that does not divide the repeats is still refused naming the stages."""
   cfg, _ = hf_config.from_hf_config(config(SHARED))
   layers = lambda mixers: dataclasses.replace(
     cfg, num_layers=len(mixers), mixers=mixers, moe_layers=(False,) + (True,) * (len(mixers) - 1)
   )
   assert staging.staged_segment(layers(("dsa",) + ("dsa", "dsa_shared") * 4), 2, "1f1b") == 1
-  with pytest.raises(ConfigError, match="pipeline.stages") as error:
-    staging.staged_segment(layers(("dsa",) + ("dsa_shared", "dsa") * 4), 2, "1f1b")
-  assert "dsa_shared" in str(error.value)
+  assert staging.staged_segment(layers(("dsa",) + ("dsa_shared", "dsa") * 4), 2, "1f1b") == 1
+  with pytest.raises(ConfigError, match="pipeline.stages"):
+    staging.staged_segment(layers(("dsa",) + ("dsa_shared", "dsa") * 3), 2, "1f1b")
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # Training with shared layers: the pipeline's stages and the two-batch step
 
 
-def _shared_training_config(micro: int, pipeline: dict):
-  """GLM-5's shared fixture's config (random init) in 8 MoE layers [full, shared] x 4 on 1 x 4 devices, 16 rows in
+# The units the stages begin with: [full, shared] x 4 (the fixture's), or published GLM-5's [shared, full] x 4 after a
+# dense full layer (on the first stage: each stage begins at a shared layer, reading the choice the stage before sent).
+FULL_FIRST = (("dsa", "dsa_shared") * 4, (True,) * 8)
+SHARED_FIRST = (("dsa",) + ("dsa_shared", "dsa") * 4, (False,) + (True,) * 8)
+
+
+def _shared_training_config(micro: int, pipeline: dict, layers=FULL_FIRST):
+  """GLM-5's shared fixture's config (random init) with `layers` (mixers, moe_layers) on 1 x 4 devices, 16 rows in
   `micro` micro-batches, all-to-all exchanges with nothing dropped (`tests/test_pipeline_decoder.py`'s)."""
   config = decoder.get_config(f"hf={DATA / SHARED}")
   config.init_from = ""
-  config.model.update(num_layers=8, mixers=("dsa", "dsa_shared") * 4, moe_layers=(True,) * 8, vocab_size=256)
+  mixers, moe_layers = layers
+  config.model.update(num_layers=len(mixers), mixers=mixers, moe_layers=moe_layers, vocab_size=256)
   config.update(batch_size=16, micro_batches=micro, seq_len=16)
   config.mesh.update(nodes=1, gpus_per_node=4)
   config.moe.update(num_nodes=1, collective="capacity", capacity_factor=4.0)
@@ -128,16 +135,21 @@ def _one_step(config, stages: int, tokens):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule, stages, micro", [("1f1b", 2, 4), ("two_batch", 1, 2)])
-def test_shared_layers_train_pipelined_as_unpipelined(devices, schedule, stages, micro):
-  """The step's metrics and every gradient (AdamW's first moment) through a 1F1B pipeline of 2 stages (each stage
-  begins at a full layer: the stages pass no choice on) equal the plain step's; the two-batch step's (each half's
-  choice beside its activations) equal the plain step's over the halves as micro-batches (`tests/test_two_batch.py`)."""
+@pytest.mark.parametrize(
+  "schedule, stages, micro, layers",
+  [("1f1b", 2, 4, FULL_FIRST), ("1f1b", 2, 4, SHARED_FIRST), ("two_batch", 1, 2, FULL_FIRST)],
+)
+def test_shared_layers_train_pipelined_as_unpipelined(devices, schedule, stages, micro, layers):
+  """The step's metrics and every gradient (AdamW's first moment) through a 1F1B pipeline of 2 stages equal the plain
+  step's, the stages beginning at a full layer, or at a shared layer (the choice sent beside the activations, its
+  gradient none; every schedule's transfers of such a pair: tests/test_pipeline_step.py); the two-batch step's (each half's choice beside its activations) equal the plain step's over the
+  halves as micro-batches (`tests/test_two_batch.py`)."""
   tokens = np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (micro, 16 // micro, 16), np.int32)
-  got, got_moments = _one_step(_shared_training_config(micro, dict(schedule=schedule, stages=stages)), stages, tokens)
+  pipeline = dict(schedule=schedule, stages=stages)
+  got, got_moments = _one_step(_shared_training_config(micro, pipeline, layers), stages, tokens)
   if schedule == "two_batch":  # micro-batch 2i: micro-batch i's even rows, 2i + 1 its odd ones
     tokens, micro = tokens.reshape(micro, 4, 2, 16).transpose(0, 2, 1, 3).reshape(2 * micro, 4, 16), 2 * micro
-  want, want_moments = _one_step(_shared_training_config(micro, {}), 1, tokens)
+  want, want_moments = _one_step(_shared_training_config(micro, {}, layers), 1, tokens)
   assert set(got) == set(want) and np.isfinite(want["loss"])
   for name in want:
     np.testing.assert_allclose(

@@ -84,6 +84,71 @@ def test_pipelined_loss_and_grads_equal_the_unpipelined(devices, schedule, devic
     np.testing.assert_allclose(stage_PxU[s], np.sum(np.asarray(y) ** 2, axis=(1, 2)), rtol=1e-5)
 
 
+def _picked_stage(params, x_BxD, pick_B):
+  """A stage passing an int32 choice on beside x, as GLM-5's shared DSA layers do: each row adds its column
+  pick_B of x (the previous stage's choice), then chooses its largest column for the next."""
+  picked_Bx1 = jnp.take_along_axis(x_BxD, pick_B[:, None], axis=1)
+  y_BxD = _stage(params, x_BxD) + 0.5 * picked_Bx1
+  return y_BxD, jnp.argmax(y_BxD, axis=1).astype(jnp.int32)
+
+
+def _picked_reference(params, scale, x_UxBxD, targets_UxBxD):
+  def one(x_BxD, target_BxD):
+    x_BxD, pick_B = x_BxD * scale, jnp.zeros(x_BxD.shape[:1], jnp.int32)
+    for s in range(params["w"].shape[0]):
+      x_BxD, pick_B = _picked_stage(jax.tree.map(lambda leaf: leaf[s], params), x_BxD, pick_B)
+    return _loss(x_BxD, target_BxD)
+
+  return jnp.sum(jax.vmap(one)(x_UxBxD, targets_UxBxD))
+
+
+# The activation a pytree {x, pick}: pick (int32) goes forward only, x's gradient comes back.
+PICKED = step.Stages(
+  first=lambda w, batch: (
+    {"x": batch["x"] * w.shared, "pick": jnp.zeros(batch["x"].shape[:1], jnp.int32)},
+    jnp.zeros(()),
+    jnp.zeros(()),
+  ),
+  stage=lambda w, a, batch: (
+    dict(zip(("x", "pick"), _picked_stage(jax.tree.map(lambda leaf: leaf[0], w.staged), a["x"], a["pick"]))),
+    jnp.zeros(()),
+    jnp.zeros(()),
+  ),
+  last=lambda w, a, batch: ((loss := _loss(a["x"], batch["target"])), loss),
+)
+
+
+@pytest.mark.parametrize("schedule,devices_,micro_batches", [("1f1b", 4, 4), ("dualpipev", 2, 4), ("dualpipe", 4, 8)])
+@pytest.mark.sampled(1)
+def test_an_activation_with_an_int_leaf_goes_forward_and_its_float_gradient_back(
+  devices, schedule, devices_, micro_batches
+):
+  """A pytree activation whose int32 leaf the next stage reads: the loss and gradients equal jax.grad of the
+  unpipelined stages (fp32), on draws where the choices differ between rows and stages."""
+  stages = schedules.of(schedule).layer_stages(devices_)
+  keys = jax.random.split(jax.random.key(7 * stages + micro_batches), 4)
+  d, b = 8, 3
+  params = {"w": jax.random.normal(keys[0], (stages, d, d)) / np.sqrt(d), "b": jax.random.normal(keys[1], (stages, d))}
+  x = jax.random.normal(keys[2], (micro_batches, b, d))
+  targets = jax.random.normal(keys[3], (micro_batches, b, d))
+  scale = 1.5
+  picks = jnp.argmax(
+    jax.vmap(lambda v: _picked_stage(jax.tree.map(lambda l: l[0], params), v * scale, jnp.zeros(b, jnp.int32))[0])(x),
+    axis=-1,
+  )
+  assert len(np.unique(np.asarray(picks))) > 1  # the choice differs between rows: reading it matters
+  mesh = Mesh(np.asarray(devices[:devices_]), ("stage",))
+  run = lambda p, s, x, t: step.pipelined_loss_and_grads(
+    PICKED, step.Weights(p, s), {"x": x, "target": t}, mesh, schedule
+  )
+  loss, (grads, dscale), _ = jax.jit(run)(params, scale, x, targets)
+  ref_loss, (ref_grads, ref_dscale) = jax.value_and_grad(_picked_reference, argnums=(0, 1))(params, scale, x, targets)
+  np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+  np.testing.assert_allclose(dscale, ref_dscale, rtol=1e-5)
+  for name in params:
+    np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5)
+
+
 def test_plan_of_dualpipev():
   """The V on 2 devices: device d runs stages d and 3-d; device 1 turns each forward from chunk 0 to chunk 1 on
   itself (a link of shift 0) and each backward back; paired F&B slots run in one tick; every F's output arrives

@@ -106,7 +106,8 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
 
   cache: a layer tree of (c1, c2) pairs (`moejax.infer.cache.init_cache`), the new one laid out alike.
   A model with 'dsa_shared' layers passes a `sparse_attention.Stream` from layer to layer (x beside the last 'dsa'
-  layer's top-k), begun here; the steps act on its x.
+  layer's top-k), begun here; the steps act on its x. Given a Stream (a pipeline stage's input), the Stream is what
+  comes out.
   aux: aux_loss (the MoE layers' summed), expert_counts [M, E], tokens_dropped [M], tokens_overflowed [M] (and
   balance_counts [M, ...] with balance_loss='global_batch'; with details, expert_ids [M, B * S, K] and traffic_rows
   [M, hops, A, A]) for the M MoE layers in order."""
@@ -129,9 +130,10 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
       x_BxSxD, aux, new_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*layer_cache, start))
     return sparse_attention.apply_x(lambda x: constrain(x.astype(dtype)), x_BxSxD), (aux, new_cache)
 
-  x_BxSxD = sparse_attention.begin(cfg, constrain(x_BxSxD), cache)  # a Stream with 'dsa_shared' layers
+  streamed = isinstance(x_BxSxD, sparse_attention.Stream)
+  x_BxSxD = sparse_attention.begin(cfg, sparse_attention.apply_x(constrain, x_BxSxD), cache)  # 'dsa_shared' layers
   x_BxSxD, outputs = fold_layers(model, step, x_BxSxD, cache, rngs)
-  x_BxSxD = sparse_attention.activations(x_BxSxD)
+  x_BxSxD = x_BxSxD if streamed else sparse_attention.activations(x_BxSxD)
   new_cache = [] if cache is None else layers_lib.map_outputs(lambda o: o[1], outputs, cfg)
   stacked = layers_lib.stack_selected(layers_lib.map_outputs(lambda o: o[0], outputs, cfg), cfg, cfg.is_moe)
   if stacked is None:

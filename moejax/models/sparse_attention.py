@@ -63,8 +63,8 @@ def shares(cfg) -> bool:
 def begin(cfg, x_BxSxD: jax.Array, cache=None):
   """What a loop over cfg's layers passes to the first: x, or a `Stream` whose topk is a placeholder of the shape a
   'dsa' layer gives (the first layer is one, so none reads it); keys: the cache's positions (its arrays
-  [..., B, T, width]), else S."""
-  if not shares(cfg):
+  [..., B, T, width]), else S. A Stream (begun upstream: a pipeline's earlier stage) goes on as it is."""
+  if isinstance(x_BxSxD, Stream) or not shares(cfg):
     return x_BxSxD
   b, s, _ = x_BxSxD.shape
   keys = s if cache is None else jax.tree.leaves(cache)[0].shape[-2]

@@ -17,6 +17,10 @@ stage's ('node', 'gpu') devices, nested: jax 0.10.2 takes a nested shard_map who
 the mesh with 'stage' manual (`mesh.stage_manual`), so the modules are called with that mesh in place of the one
 they were built on (`_on_stage_mesh`). Their expert parallelism, collectives and sharding constraints are the
 stage's, unchanged.
+
+A model with GLM-5's shared DSA layers passes a `sparse_attention.Stream` from stage to stage, as from layer to
+layer: the activations and the last 'dsa' layer's choice of keys [B, S, K] int32 (forward only: it has no gradient),
+so a stage may begin at a 'dsa_shared' layer.
 """
 
 import dataclasses
@@ -27,7 +31,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.models import backbone, lm_loss
+from moejax.models import backbone, lm_loss, sparse_attention
 from moejax.models import layers as layers_lib
 from moejax.models import state as state_lib
 from moejax.models.decoder_config import DecoderConfig
@@ -170,7 +174,7 @@ class PipelinedDecoder:
     def first(w, batch):
       w = self._with_earlier_counts(w, 0)
       model = self._model(w)
-      x_BxSxD = model.embed_tokens(batch["inputs"])
+      x_BxSxD = sparse_attention.begin(self.cfg, model.embed_tokens(batch["inputs"]))  # a Stream: 'dsa_shared'
       if self.first_layers == 0:
         return x_BxSxD, jnp.zeros((), jnp.float32), {}
       x_BxSxD, aux = self._run(model, model.segments[: self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
@@ -194,6 +198,7 @@ class PipelinedDecoder:
     def last(w, y_BxSxD, batch):
       w = self._with_earlier_counts(w, 2)
       model = self._model(w)
+      y_BxSxD = sparse_attention.activations(y_BxSxD)
       kernel_DxV, bias_V = model.output_layer()
       loss_sum, correct = lm_loss.head_cross_entropy_sums(
         model.head_features(y_BxSxD), kernel_DxV, bias_V, batch["targets"], batch["weights"], self.loss_chunk

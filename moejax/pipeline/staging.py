@@ -3,10 +3,9 @@ its scanned layers, split into the schedule's stages of layers in equal runs of 
 segment is) and the padded exchange's refusal inside a stage.
 """
 
-import dataclasses
+import copy
 
 from moejax.models import layers as layers_lib
-from moejax.models import sparse_attention
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import collective as collective_lib
 from moejax.pipeline import schedules
@@ -60,14 +59,6 @@ def staged_segment(cfg, stages: int, schedule: str, virtual_stages: int = 1) -> 
     f"{into} dividing {seg.repeats}, the repeats of the last segment of layers (layers {seg.start}.."
     f"{seg.stop - 1}, split evenly over the stages; the {seg.start} before it run on the first stage)",
   )
-  require(  # layers seg.start + k x layers-per-stage begin the stages: their unit's first layer
-    cfg.mixer(seg.start) != sparse_attention.SHARED,
-    field,
-    value,
-    f"1 with these layers: layer {seg.start}, a 'dsa_shared' layer (GLM-5's indexer_types 'shared'), would begin "
-    f"each of {into}; it attends to the keys the previous 'dsa' layer chose, and a stage passes the next only the "
-    "activations [B, S, d] (and takes back their gradient), not that choice [B, S, index_topk]",
-  )
   require(
     splits(cfg, seg, cut),
     field,
@@ -90,6 +81,12 @@ PER_LAYER = ("moe_layers", "sliding_layers", "nope_layers", "mixers")  # Decoder
 
 
 def sub_config(cfg: DecoderConfig, start: int, stop: int) -> DecoderConfig:
-  """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there)."""
-  sliced = {name: getattr(cfg, name)[start:stop] for name in PER_LAYER if getattr(cfg, name, None) is not None}
-  return dataclasses.replace(cfg, num_layers=stop - start, **sliced)
+  """cfg with layers start .. stop - 1 only (their segments are those `layers.segments` finds there): a view of a
+  stretch of the checked model's layers, not a model, so it is not checked again (a stretch may begin at a
+  'dsa_shared' layer, reading the choice a 'dsa' layer before it made; a model may not)."""
+  view = copy.copy(cfg)
+  for name in PER_LAYER:
+    if getattr(cfg, name, None) is not None:
+      object.__setattr__(view, name, getattr(cfg, name)[start:stop])
+  object.__setattr__(view, "num_layers", stop - start)
+  return view

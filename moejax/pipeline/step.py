@@ -58,7 +58,8 @@ class Stages(NamedTuple):
   index; batch_i: one micro-batch's pytree; losses float32 scalars).
 
   first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every
-  stage. last(w, y, batch_i) -> (loss, stats): on the last stage. w.before: the (first's, stage's, last's) stats of
+  stage. last(w, y, batch_i) -> (loss, stats): on the last stage. x and y: an array, or a pytree of them whose
+  floating-point leaves carry the gradient (integer ones, e.g. a choice of keys, go forward only). w.before: the (first's, stage's, last's) stats of
   the micro-batches before batch_i on this chunk, summed (None while the step traces their shapes)."""
 
   first: Callable
@@ -79,11 +80,24 @@ def _record(acc, s, c, mb, ok):
   return acc.at[c, mb].set(jnp.where(ok, s, acc[c, mb]))
 
 
+def _differentiable(tree) -> list:
+  """The floating-point leaves of an activation tree, in order: what carries a gradient back (an int32 leaf, e.g.
+  `sparse_attention.Stream`'s choice of keys, travels forward only)."""
+  return [a for a in jax.tree.leaves(tree) if jnp.issubdtype(a.dtype, jnp.inexact)]
+
+
+def _with_differentiable(tree, leaves):
+  """tree with its floating-point leaves replaced by `leaves`, in order."""
+  it = iter(leaves)
+  return jax.tree.map(lambda a: next(it) if jnp.issubdtype(a.dtype, jnp.inexact) else a, tree)
+
+
 class _Device:
   """One device's part of the step inside the shard_map: its chunks' slots tick by tick (`tick`), the plan's ticks
   in one scan (`run`). w: its `Weights` (staged leaves its chunks' rows, chunk by chunk); batch_U: every micro-batch.
   A carry: (inputs [C, K_x, ...], gradients [C, K_g, ...] received, (staged gradients [C, ...], shared ones),
-  loss, statistics [C, U, ...])."""
+  loss, statistics [C, U, ...]). An activation may be a pytree: every leaf goes forward, its floating-point ones'
+  gradients (`_differentiable`) come back."""
 
   def __init__(self, model: Stages, the: ticks_lib.Plan, axis: str, constrain, w: Weights, batch_U):
     self.model, self.the, self.axis, self.constrain, self.w, self.batch_U = model, the, axis, constrain, w, batch_U
@@ -97,6 +111,7 @@ class _Device:
     _, _, stage_stats = jax.eval_shape(model.stage, shaped, self.x_like, self.take(0))
     _, last_stats = jax.eval_shape(model.last, shaped, self.x_like, self.take(0))
     self.zero_x = _zeros(self.x_like)
+    self.zero_dx = _differentiable(self.zero_x)
     self.no_loss = jnp.zeros((), jnp.float32)
     self.stats_like = (first_stats, stage_stats, last_stats)
 
@@ -105,6 +120,10 @@ class _Device:
 
   def take(self, i):
     return jax.tree.map(lambda leaf: leaf[i], self.batch_U)
+
+  @staticmethod
+  def at(buffer_CxK, c, row):
+    return jax.tree.map(lambda a: a[c, row], buffer_CxK)
 
   def run_stage(self, w_, staged, shared, x_in, batch_i):
     """One stage (w_.stage) on one micro-batch with these parameters: (y, loss), statistics."""
@@ -139,7 +158,7 @@ class _Device:
       w_.stage == self.stages - 1,
       lambda: ((self.zero_x, self.no_loss), _zeros(self.stats_like)),
       lambda: self.run_stage(
-        w_, self.chunk(self.w.staged, c), self.w.shared, inputs_CxKxX[c, mb % self.the.rows[0]], self.take(mb)
+        w_, self.chunk(self.w.staged, c), self.w.shared, self.at(inputs_CxKxX, c, mb % self.the.rows[0]), self.take(mb)
       ),
     )
     return y, stats
@@ -148,14 +167,17 @@ class _Device:
     """B(mb) on chunk c, the stage recomputed: (dx, float32 (dstaged, dshared), loss, stats)."""
     inputs_CxKxX, grads_CxKxX, _, _, stats_CxU = carry
     w_, batch_i = self.view(stats_CxU, c, mb), self.take(mb)
+    x_in = self.at(inputs_CxKxX, c, mb % self.the.rows[0])
+
+    def run(staged, shared, x_leaves):  # the stage's differentiable part: its float leaves in and out
+      (y, loss), stats = self.run_stage(w_, staged, shared, _with_differentiable(x_in, x_leaves), batch_i)
+      return (_differentiable(y), loss), stats
+
     (_, value), vjp, stats = jax.vjp(
-      lambda a, b, x: self.run_stage(w_, a, b, x, batch_i),
-      self.chunk(self.w.staged, c),
-      self.w.shared,
-      inputs_CxKxX[c, mb % self.the.rows[0]],
-      has_aux=True,
+      run, self.chunk(self.w.staged, c), self.w.shared, _differentiable(x_in), has_aux=True
     )
-    dy = jnp.where(w_.stage == self.stages - 1, jnp.zeros_like(self.zero_x), grads_CxKxX[c, mb % self.the.rows[1]])
+    last = w_.stage == self.stages - 1
+    dy = [jnp.where(last, zero, g) for zero, g in zip(self.zero_dx, self.at(grads_CxKxX, c, mb % self.the.rows[1]))]
     dstaged, dshared, dx = vjp((dy, jnp.ones((), jnp.float32)))
     return dx, jax.tree.map(lambda g: g.astype(jnp.float32), (dstaged, dshared)), value, stats
 
@@ -173,7 +195,7 @@ class _Device:
     dx, (dstaged, dshared_b), value, b_stats = jax.lax.cond(
       ran_b,
       lambda: self.backward(carry, b_c, b_mb),
-      lambda: (self.zero_x, no_chunk_grads, self.no_loss, _zeros(self.stats_like)),
+      lambda: (self.zero_dx, no_chunk_grads, self.no_loss, _zeros(self.stats_like)),
     )
     dstaged_C = jax.tree.map(lambda acc, g: acc.at[b_c].add(g), dstaged_C, dstaged)
     f_ok = ran_f & (self.stage_of[f_c] != self.stages - 1)
@@ -193,20 +215,25 @@ class _Device:
       sent = y if kind == F else dx
       got = jax.lax.ppermute(sent, self.axis, pairs) if shift else sent
       mb, c = slot[0, 2 + link]
-      filed = functools.partial(_record, c=jnp.maximum(c, 0), ok=mb >= 0)
+      filed = lambda acc, rows: jax.tree.map(
+        functools.partial(_record, c=jnp.maximum(c, 0), mb=jnp.maximum(mb, 0) % rows, ok=mb >= 0), acc, got
+      )
       if kind == F:
-        inputs_CxKxX = filed(inputs_CxKxX, mb=jnp.maximum(mb, 0) % rows_x, s=got)
+        inputs_CxKxX = filed(inputs_CxKxX, rows_x)
       else:
-        grads_CxKxX = filed(grads_CxKxX, mb=jnp.maximum(mb, 0) % rows_g, s=got)
+        grads_CxKxX = filed(grads_CxKxX, rows_g)
     return inputs_CxKxX, grads_CxKxX
 
   def run(self, ticks_Tx1xLx2):
     """Every tick in one scan -> (loss, (dstaged [chunks' rows, ...], dshared), (first's, stage's [1, C, U, ...],
     last's statistics)), the loss, shared gradients and end stages' statistics summed over the axis."""
-    buffer = lambda rows: self.constrain(jnp.zeros((self.chunks, rows) + self.x_like.shape, self.x_like.dtype))
+    buffer = lambda like, rows: self.constrain(
+      jax.tree.map(lambda a: jnp.zeros((self.chunks, rows) + a.shape, a.dtype), like)
+    )
     stats_CxU = jax.tree.map(lambda s: jnp.zeros((self.chunks, self.micro_batches) + s.shape, s.dtype), self.stats_like)
     staged_C = jax.tree.map(lambda a: a.reshape((self.chunks, -1) + a.shape[1:]), self.w.staged)
-    carry = (buffer(self.the.rows[0]), buffer(self.the.rows[1]), (_fp32(staged_C), _fp32(self.w.shared)))
+    carry = (buffer(self.x_like, self.the.rows[0]), buffer(self.zero_dx, self.the.rows[1]))
+    carry += ((_fp32(staged_C), _fp32(self.w.shared)),)
     carry += (self.no_loss, stats_CxU)
     (_, _, (dstaged_C, dshared), loss, stats_CxU), _ = jax.lax.scan(self.tick, carry, ticks_Tx1xLx2)
     first_CxU, stage_CxU, last_CxU = stats_CxU
