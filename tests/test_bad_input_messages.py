@@ -115,12 +115,3 @@ def test_num_nodes_with_flat_routing_is_recorded_as_the_meshs_node_count():
   config.moe.update(routing="bilevel", num_nodes=2)
   with pytest.raises(ConfigError, match=r"num_nodes=2 is not allowed: the mesh's node count 1"):
     from_sections(config)
-
-
-def test_hash_routing_in_a_model_is_refused_before_compiling():
-  """The models' MoE layers see hidden states, not token ids: routing='hash' in a run config is one ConfigError
-  naming moe.routing, not a failure inside the traced step."""
-  config = mlm.get_config()
-  config.moe.routing = "hash"
-  with pytest.raises(ConfigError, match=r"moe\.routing='hash' is not allowed: a routing that needs no token ids"):
-    from_sections(config)

@@ -155,7 +155,9 @@ def _fit(resident: int, x_RxD, requests_R, valid_R):
   return pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False)
 
 
-def _coherent_layer(block, carry, kv_cache, rngs, *, position, batch: int, resident: int, lay: Layout, exchange):
+def _coherent_layer(
+  block, carry, kv_cache, rngs, *, position, batch: int, resident: int, lay: Layout, exchange, tokens_B=None
+):
   """One layer (`backbone.fold_layers`: unrolled, or in its segment's scan): attention against the replicated
   cache rows of the resident tokens, then the MoE layer's hop or the dense FFN in place -> (carry, (this
   position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
@@ -171,7 +173,8 @@ def _coherent_layer(block, carry, kv_cache, rngs, *, position, batch: int, resid
   new_kv = tuple(_scatter(at(kv), requests_R, valid_R, batch) for kv in (k_RxSxHxW, v_RxSxHxW))
   if not isinstance(block.ffn, MoEFFN):
     return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
-  x_RxD, requests_R, valid_R, rows, overflowed = expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange)
+  ids_R = None if tokens_B is None else tokens_B[mine]  # routing='hash': each row's token, looked up by its request
+  x_RxD, requests_R, valid_R, rows, overflowed = expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange, ids_R)
   return (*_fit(resident, x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
 
 
@@ -209,8 +212,11 @@ def _step_local(
   # own rows, whichever is more, before the first layer and after each hop. Unrolled, each layer takes the rows
   # there are (the layers before the first MoE layer only the device's own b).
   resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
+  # routing='hash': every request's token [B] on every device (rows move to other devices; B int32, once a step)
+  ids = backbone.routing_ids(model.moe_cfg, tokens_b)
+  tokens_B = None if ids is None else jax.lax.psum(_scatter(ids, requests_R, valid_R, batch), AXES)
   layer = functools.partial(
-    _coherent_layer, position=position, batch=batch, resident=resident, lay=lay, exchange=exchange
+    _coherent_layer, position=position, batch=batch, resident=resident, lay=lay, exchange=exchange, tokens_B=tokens_B
   )
   (x_RxD, requests_R, valid_R, lost), outputs = backbone.fold_layers(
     model, layer, (*_fit(resident, x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache

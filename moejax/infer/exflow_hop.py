@@ -13,18 +13,20 @@ from moejax.moe.traffic import hop_traffic
 from moejax.runtime.mesh import AXES
 
 
-def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange):
+def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange, token_ids_R=None):
   """An MoE layer's exchange: each row visits the devices of its k experts in turn (one move per
   choice, along the path's hops) and gets each expert's weighted output there; it stays at its
   last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
   replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
   -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
-  receive buffers (every device's)."""
+  receive buffers (every device's). token_ids_R: the rows' token ids, which routing='hash' routes by."""
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
   bias = None if moe.expert_bias is None else moe.expert_bias[...]
-  decision, _ = routing.route(block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1)  # (loss stats unused)
+  decision, _ = routing.route(  # (loss stats unused)
+    block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1, token_ids_T=token_ids_R
+  )
   ids_RxK = decision.expert_ids
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
     ids_RxK = replicas_lib.to_slots(

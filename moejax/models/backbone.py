@@ -28,8 +28,11 @@ class MoEFFN(nnx.Module):
   def __init__(self, moe_cfg: MoEConfig, mesh: jax.sharding.Mesh, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
     self.moe = MoELayer(moe_cfg, mesh, rngs=nnx.Rngs(params=rngs.params()), dtype=param_dtype)
 
-  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng)
+  def __call__(
+    self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None, token_ids=None
+  ) -> tuple[jax.Array, dict]:
+    """token_ids [B, S]: the tokens' ids, which routing='hash' routes by (None for any other routing)."""
+    y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng, token_ids=token_ids)
     return y_BxSxD, {
       k: aux[k]
       for k in (
@@ -54,7 +57,16 @@ REMAT_POLICIES = {
 
 def _remat(remat: str):
   """A training block call (block, x, rngs) -> (x, aux) whose backward recomputes what `remat` does not keep."""
-  return nnx.remat(lambda block, x, rngs: block(x, train=True, rngs=rngs), policy=REMAT_POLICIES[remat])
+  return nnx.remat(
+    lambda block, x, rngs, token_ids=None: block(x, train=True, rngs=rngs, token_ids=token_ids),
+    policy=REMAT_POLICIES[remat],
+  )
+
+
+def routing_ids(moe_cfg, token_ids):
+  """The token ids [B, S] a model's MoE layers route by: `token_ids` where the routing needs them ('hash'), else
+  None (no other routing reads them)."""
+  return token_ids if moe_cfg.router.needs_token_ids else None
 
 
 def fold_layers(model, step, carry, inputs=None, rngs: nnx.Rngs | None = None):
@@ -98,13 +110,16 @@ def fold_layers(model, step, carry, inputs=None, rngs: nnx.Rngs | None = None):
   return carry, outputs
 
 
-def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False):
+def run_blocks(
+  model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, start=0, details: bool = False, token_ids=None
+):
   """x [B, S, d] through the model's layers (`fold_layers`; each block x -> (x, aux), or with a cache (x, aux,
   cache)), the activations kept sharded as `activation_spec` says, each block's gradients reduced before the block
   below's with grad_sync='prioritized', each training block rematerialised as cfg.remat says -> (x, aux, the new
   cache or []).
 
   cache: a layer tree of (c1, c2) pairs (`moejax.infer.cache.init_cache`), the new one laid out alike.
+  token_ids: the tokens' ids [B, S] (x's), passed to every block's MoE layer where its routing needs them ('hash').
   A model with 'dsa_shared' layers passes a `sparse_attention.Stream` from layer to layer (x beside the last 'dsa'
   layer's top-k), begun here; the steps act on its x. Given a Stream (a pipeline stage's input), the Stream is what
   comes out.
@@ -115,6 +130,7 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
   dtype = jnp.dtype(cfg.dtype)
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
+  ids = routing_ids(moe_cfg, token_ids)
 
   def step(block, x_BxSxD, layer_cache, rngs):  # x: activations, or a `sparse_attention.Stream` (their x alone tied)
     if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket
@@ -123,11 +139,11 @@ def run_blocks(model, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None
       x_BxSxD = sparse_attention.apply_x(tie, x_BxSxD)
     new_cache = None
     if cache is None and train and cfg.remat != "none":
-      x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs)
+      x_BxSxD, aux = _remat(cfg.remat)(block, x_BxSxD, rngs, ids)
     elif cache is None:
-      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs)
+      x_BxSxD, aux = block(x_BxSxD, train=train, rngs=rngs, token_ids=ids)
     else:
-      x_BxSxD, aux, new_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*layer_cache, start))
+      x_BxSxD, aux, new_cache = block(x_BxSxD, train=train, rngs=rngs, cache=(*layer_cache, start), token_ids=ids)
     return sparse_attention.apply_x(lambda x: constrain(x.astype(dtype)), x_BxSxD), (aux, new_cache)
 
   streamed = isinstance(x_BxSxD, sparse_attention.Stream)

@@ -65,8 +65,10 @@ class DenseFFN(nnx.Module):
     self.w_in = nnx.Linear(cfg.d_model, cfg.d_ff, dtype=dtype, rngs=rngs)
     self.w_out = nnx.Linear(cfg.d_ff, cfg.d_model, dtype=dtype, rngs=rngs)
 
-  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    del train, rng
+  def __call__(
+    self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None, token_ids=None
+  ) -> tuple[jax.Array, dict]:
+    del train, rng, token_ids  # a dense FFN routes nothing
     return self.w_out(ACTIVATIONS[self.activation](self.w_in(x_BxSxD))), {}
 
 
@@ -104,19 +106,20 @@ class Block(nnx.Module):
     require(self.pre_ln, "kind", "bert", "'gpt' (a post-LN block norms the residual sum, not the FFN's output)")
     return y_BxSxD
 
-  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
-    """The FFN half with its residual (and LayerNorm) -> (x, aux)."""
+  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
+    """The FFN half with its residual (and LayerNorm) -> (x, aux). token_ids [B, S]: what routing='hash' routes by."""
     drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)
     ffn_rng = rngs.jitter() if train and rngs is not None else None
     if self.pre_ln:
-      y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=ffn_rng)
+      y_BxSxD, aux = self.ffn(self.ln_ffn(x_BxSxD), train=train, rng=ffn_rng, token_ids=token_ids)
       return x_BxSxD + drop(y_BxSxD), aux
-    y_BxSxD, aux = self.ffn(x_BxSxD, train=train, rng=ffn_rng)
+    y_BxSxD, aux = self.ffn(x_BxSxD, train=train, rng=ffn_rng, token_ids=token_ids)
     return self.ln_ffn(x_BxSxD + drop(y_BxSxD)), aux
 
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
     """x -> (x, aux); with a KV cache (`Attention`), (x, aux, cache)."""
+    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
     if cache is None:
-      return self.feed_forward(self.attend(x_BxSxD, train=train, rngs=rngs), train=train, rngs=rngs)
+      return ffn(self.attend(x_BxSxD, train=train, rngs=rngs))
     x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
-    return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
+    return *ffn(x_BxSxD), cache

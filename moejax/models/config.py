@@ -140,13 +140,6 @@ def from_sections(config: ml_collections.ConfigDict) -> tuple[ModelConfig | Deco
       require(name not in config.moe, f"moe.{name}", config.moe.get(name), f"unset: experts use model.{name}")
     moe_fields = {**config.moe, **{name: getattr(model_cfg, name) for name in MOE_FROM_MODEL}}
   router = ROUTERS[moe_fields.get("routing", "topk")]
-  require(
-    not router.needs_token_ids,
-    "moe.routing",
-    router.name,
-    "a routing that needs no token ids: the models' MoE layers see hidden states only (hash routing runs in "
-    "moe_apply(token_ids=))",
-  )
   if not router.chooses_nodes and moe_fields.get("num_nodes") is not None:
     # A routing that chooses no node reads no node count: a copy left from another mesh (mesh.nodes changed alone)
     # becomes the mesh's, in the config too, so that a run records the node count it had.

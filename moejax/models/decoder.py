@@ -32,8 +32,10 @@ class GatedMLP(nnx.Module):
     self.up_proj = linear(cfg, cfg.d_model, width, False, rngs)
     self.down_proj = linear(cfg, width, cfg.d_model, False, rngs)
 
-  def __call__(self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None) -> tuple[jax.Array, dict]:
-    del train, rng
+  def __call__(
+    self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None, token_ids=None
+  ) -> tuple[jax.Array, dict]:
+    del train, rng, token_ids  # a dense FFN routes nothing
     return self.down_proj(jax.nn.silu(self.gate_proj(x_BxSxD)) * self.up_proj(x_BxSxD)), {}
 
 
@@ -76,20 +78,22 @@ class DecoderLayer(nnx.Module):
     residual_multiplier."""
     return self._scaled(self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD)
 
-  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
-    """The FFN half with its residual -> (x, aux); a `Stream`'s choice passed on as it came."""
+  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
+    """The FFN half with its residual -> (x, aux); a `Stream`'s choice passed on as it came. token_ids [B, S]: what
+    routing='hash' routes by."""
     if isinstance(x_BxSxD, Stream):
-      y_BxSxD, aux = self.feed_forward(x_BxSxD.x, train=train, rngs=rngs)
+      y_BxSxD, aux = self.feed_forward(x_BxSxD.x, train=train, rngs=rngs, token_ids=token_ids)
       return x_BxSxD._replace(x=y_BxSxD), aux
     rng = rngs.jitter() if train and rngs is not None else None
-    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng)
+    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng, token_ids=token_ids)
     return x_BxSxD + self.ffn_output(y_BxSxD.astype(x_BxSxD.dtype)), aux
 
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
+    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
     if cache is None:
-      return self.feed_forward(self.attend(x_BxSxD, train=train, rngs=rngs), train=train, rngs=rngs)
+      return ffn(self.attend(x_BxSxD, train=train, rngs=rngs))
     x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
-    return *self.feed_forward(x_BxSxD, train=train, rngs=rngs), cache
+    return *ffn(x_BxSxD), cache
 
 
 class MultiTokenPrediction(nnx.Module):
@@ -103,9 +107,10 @@ class MultiTokenPrediction(nnx.Module):
     self.block = DecoderLayer(cfg, moe_cfg, mesh, layer, cfg.num_moe_layers > 0, rngs=rngs)
     self.norm = block_norm(cfg, cfg.d_model)
 
-  def __call__(self, h_BxSxD, embedded_BxSxD, *, train: bool, rngs: nnx.Rngs | None):
+  def __call__(self, h_BxSxD, embedded_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
+    """token_ids [B, S]: the ids the module embeds (t_{i+k}), which its MoE layer routes by with routing='hash'."""
     x_BxSxD = self.eh_proj(jnp.concatenate([self.enorm(embedded_BxSxD), self.hnorm(h_BxSxD)], axis=-1))
-    return self.block(x_BxSxD, train=train, rngs=rngs)
+    return self.block(x_BxSxD, train=train, rngs=rngs, token_ids=token_ids)
 
 
 class Decoder(layers_lib.LayerViews, nnx.Module):
@@ -206,14 +211,22 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
           aux[name] = aux[name][:, :rows]
       return out[:rows], aux
     x_BxSxD, aux, new_cache = backbone.run_blocks(
-      self, self.embed_tokens(tokens_BxS), train=train, rngs=rngs, cache=cache, start=start, details=details
+      self,
+      self.embed_tokens(tokens_BxS),
+      train=train,
+      rngs=rngs,
+      cache=cache,
+      start=start,
+      details=details,
+      token_ids=tokens_BxS,
     )
     head = self.head_features if features else self.head_logits
     if train and len(self.mtp):
       h_BxSxD, mtp_heads, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
       for k, module in enumerate(self.mtp):
         ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)  # token i + k + 1 beside h_i; the wrapped end is masked
-        h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs)
+        ids = backbone.routing_ids(self.moe_cfg, ahead_BxS)
+        h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs, token_ids=ids)
         mtp_heads.append(head(h_BxSxD, module.norm))
         aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
         # The module's MoE layer after the blocks' (state.moe_layer_paths): its loads update its bias and slots.

@@ -100,7 +100,7 @@ class LanguageModel(layers_lib.LayerViews, nnx.Module):
     """
     x_BxSxD = self.embed_tokens(tokens_BxS, start, train=train, rngs=rngs)
     x_BxSxD, aux, new_cache = backbone.run_blocks(
-      self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start, details=details
+      self, x_BxSxD, train=train, rngs=rngs, cache=cache, start=start, details=details, token_ids=tokens_BxS
     )
     if positions_BxP is not None:
       x_BxSxD = jnp.take_along_axis(x_BxSxD, positions_BxP[..., None], axis=1)

@@ -103,7 +103,7 @@ class ShortcutMoELayer(nnx.Module):
     self.mlps = nnx.List([GatedMLP(cfg, cfg.d_ff, rngs=rngs) for _ in range(SUBLAYERS)])
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype))
 
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
     rng = rngs.jitter() if train and rngs is not None else None
     new_cache, shortcut_BxSxD, aux = [], None, {}
     for j in range(SUBLAYERS):
@@ -115,7 +115,7 @@ class ShortcutMoELayer(nnx.Module):
         new_cache.append(pair)
       h_BxSxD = self.ln_ffn[j](x_BxSxD)
       if j == 0:  # the MoE branch: the first attention's normed output in, added at the layer's end
-        shortcut_BxSxD, aux = self.ffn(h_BxSxD, train=train, rng=rng)
+        shortcut_BxSxD, aux = self.ffn(h_BxSxD, train=train, rng=rng, token_ids=token_ids)
       x_BxSxD = x_BxSxD + self.mlps[j](h_BxSxD, train=train, rng=None)[0]
     x_BxSxD = x_BxSxD + shortcut_BxSxD.astype(x_BxSxD.dtype)
     if cache is None:

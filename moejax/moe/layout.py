@@ -151,8 +151,9 @@ def _check_token_ids(cfg: MoEConfig, x: jax.Array, token_ids) -> None:
     require(token_ids is None, "token_ids", "given", f"None unless routing='hash' (it is {cfg.routing!r})")
     return
   shape = None if token_ids is None else tuple(np.shape(token_ids))
+  dtype = None if token_ids is None else getattr(token_ids, "dtype", None) or np.asarray(token_ids).dtype  # tracers too
   require(
-    shape == tuple(x.shape[:-1]) and np.issubdtype(np.asarray(token_ids).dtype, np.integer),
+    shape == tuple(x.shape[:-1]) and np.issubdtype(dtype, np.integer),
     "token_ids",
     shape,
     f"integer ids of shape {tuple(x.shape[:-1])} (x's without d) with routing={cfg.routing!r}",

@@ -131,9 +131,10 @@ class PipelinedDecoder:
     rngs.jitter.count.value = jnp.asarray(first_layer, jnp.uint32)
     return rngs
 
-  def _run(self, model, segments, start, stop, x_BxSxD, key, first_layer):
+  def _run(self, model, segments, start, stop, x_BxSxD, batch, first_layer):
     view = _Layers(staging.sub_config(self.cfg, start, stop), self.moe_cfg, self.stage_mesh, segments)
-    x_BxSxD, aux, _ = backbone.run_blocks(view, x_BxSxD, train=True, rngs=self._rngs(key, first_layer))
+    rngs = self._rngs(batch["key"], first_layer)
+    x_BxSxD, aux, _ = backbone.run_blocks(view, x_BxSxD, train=True, rngs=rngs, token_ids=batch["inputs"])
     return x_BxSxD, aux
 
   def _view(self, start: int, stop: int) -> DecoderConfig:
@@ -177,7 +178,7 @@ class PipelinedDecoder:
       x_BxSxD = sparse_attention.begin(self.cfg, model.embed_tokens(batch["inputs"]))  # a Stream: 'dsa_shared'
       if self.first_layers == 0:
         return x_BxSxD, jnp.zeros((), jnp.float32), {}
-      x_BxSxD, aux = self._run(model, model.segments[: self.segment], 0, self.first_layers, x_BxSxD, batch["key"], 0)
+      x_BxSxD, aux = self._run(model, model.segments[: self.segment], 0, self.first_layers, x_BxSxD, batch, 0)
       return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 0)
 
     def stage(w, x_BxSxD, batch):
@@ -190,7 +191,7 @@ class PipelinedDecoder:
         self.first_layers,
         self.first_layers + self.layers_per_stage,
         x_BxSxD,
-        batch["key"],
+        batch,
         start,
       )
       return x_BxSxD, aux["aux_loss"] * scale, self._stats(aux, w, 1)
@@ -222,7 +223,8 @@ class PipelinedDecoder:
     heads, aux_loss, stats = [], jnp.zeros((), jnp.float32), []
     for k, module in enumerate(model.mtp):
       ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)
-      h_BxSxD, aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs)
+      ids = backbone.routing_ids(self.moe_cfg, ahead_BxS)
+      h_BxSxD, aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs, token_ids=ids)
       heads.append(model.head_logits(h_BxSxD, module.norm))
       aux_loss += aux.get("aux_loss", 0.0)
       stats.append({name: aux[name] for name in (*AUX, "balance_counts") if name in aux})

@@ -70,15 +70,20 @@ def halves(a_BxT: jax.Array | None) -> tuple:
   return pairs[:, 0], pairs[:, 1]
 
 
-def _layers(model, xs: tuple, rngs: nnx.Rngs | None) -> tuple[tuple, list]:
+def _layers(model, xs: tuple, rngs: nnx.Rngs | None, tokens: tuple) -> tuple[tuple, list]:
   """Both halves' x [B/2, S, d] through the model's layers in one loop (`backbone.fold_layers`), each layer on half 0
-  then half 1 -> (the halves' x, each half's aux as `backbone.run_blocks` returns it)."""
+  then half 1 -> (the halves' x, each half's aux as `backbone.run_blocks` returns it). tokens: the halves' ids."""
   cfg = model.cfg
   constrain = lambda x: jax.lax.with_sharding_constraint(x, NamedSharding(model.mesh, activation_spec(cfg)))
-  call = (lambda block, x, r: block(x, train=True, rngs=r)) if cfg.remat == "none" else backbone._remat(cfg.remat)
+  call = (
+    (lambda block, x, r, ids: block(x, train=True, rngs=r, token_ids=ids))
+    if cfg.remat == "none"
+    else backbone._remat(cfg.remat)
+  )
+  ids = tuple(backbone.routing_ids(model.moe_cfg, t) for t in tokens)
 
   def step(block, pair, _, rngs):  # each half's x, or its `sparse_attention.Stream` ('dsa_shared' layers)
-    outs = [call(block, x, rngs) for x in pair]
+    outs = [call(block, x, rngs, i) for x, i in zip(pair, ids)]
     cast = lambda x: constrain(x.astype(jnp.dtype(cfg.dtype)))
     return tuple(sparse_attention.apply_x(cast, x) for x, _ in outs), tuple(aux for _, aux in outs)
 
@@ -104,7 +109,8 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
   h_BxSxD, features, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
   for k, module in enumerate(model.mtp):
     ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)
-    h_BxSxD, mtp_aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs)
+    ids = backbone.routing_ids(model.moe_cfg, ahead_BxS)
+    h_BxSxD, mtp_aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs, token_ids=ids)
     features.append(model.head_features(h_BxSxD, module.norm))
     aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
     for name in HALF_SUMS:
@@ -123,7 +129,7 @@ def model_loss_sums(model, inputs_BxS, positions_BxP, targets_BxP, weights_BxP, 
   count summed over the halves, aux_loss, mtp_loss and mtp_aux_loss their means, the per-layer statistics summed."""
   require(positions_BxP is None, "pipeline.schedule", SCHEDULE, "a causal decoder's loss at every position")
   tokens = halves(inputs_BxS)
-  (x0, x1), auxes = _layers(model, tuple(model.embed_tokens(t) for t in tokens), rngs)
+  (x0, x1), auxes = _layers(model, tuple(model.embed_tokens(t) for t in tokens), rngs, tokens)
   outs = [
     _head_and_loss(model, t, x, y, w, aux, chunk, rngs)
     for t, x, y, w, aux in zip(tokens, (x0, x1), halves(targets_BxP), halves(weights_BxP), auxes)

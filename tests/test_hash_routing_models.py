@@ -1,0 +1,103 @@
+"""Hash routing (`routing='hash'`) in the models: every MoE layer of a decoder routes by the token ids of its input
+(the MTP modules' by the ids they embed), on every runner: the forward on the 2 x 4 mesh equals the one-device model
+and each layer's experts are the plain hash of the ids (Python integers, not the code's function); decoding through
+the cache, vanilla and ExFlow's, equals the full forward; a training step through a 1F1B pipeline and the two-batch
+step equal the plain step. The layer itself: tests/test_hash_routing.py."""
+
+import jax
+import numpy as np
+import pytest
+
+import moejax.models as models
+from configs import decoder
+from moejax.infer import decode
+from moejax.pipeline import section as pipeline_section
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
+from moejax.train import objective
+from moejax.train import trainer as train
+from tests.helpers import relative_error
+from tests.test_hash_routing import _plain_hash
+from tests.test_hf_models import DATA
+
+FAMILY = "qwen3_moe"  # every layer MoE, softmax top-k: the router hash replaces
+HASH = {"routing": "hash"}
+
+
+def _tokens(seed: int, skew: bool, vocab: int, shape=(8, 12)) -> np.ndarray:
+  """Fresh random ids, or one id everywhere (every token of every layer to the same experts)."""
+  return np.full(shape, 17, np.int32) if skew else np.random.default_rng(seed).integers(0, vocab, shape, np.int32)
+
+
+@pytest.mark.parametrize("skew", [False, True], ids=["random", "one_id"])
+def test_decoder_routes_by_token_ids_and_equals_one_device(devices, skew):
+  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH)
+  one = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(1, 1), moe=HASH)
+  cfg = model.moe_cfg
+  tokens = _tokens(3, skew, model.cfg.vocab_size)
+  logits, aux = model(tokens, details=True)
+  want = [_plain_hash(int(t), cfg.top_k, cfg.num_experts) for t in tokens.reshape(-1)]
+  for layer in np.asarray(aux["expert_ids"]):
+    np.testing.assert_array_equal(layer, want)
+  assert np.all(np.asarray(aux["tokens_dropped"]) == 0)
+  assert relative_error(np.asarray(logits), np.asarray(one(tokens)[0])) < 1e-5
+  topk_logits = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4))(tokens)[0]
+  assert relative_error(np.asarray(logits), np.asarray(topk_logits)) > 1e-2  # the hash chose other experts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["vanilla", "exflow"])
+def test_decode_through_the_cache_equals_the_full_forward(devices, mode):
+  """Greedy decode (ExFlow's: each moved row's token id read by its request) gives at every step the logits the full
+  forward gives over the prompt and the tokens generated before."""
+  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH)
+  prompt, steps = _tokens(4, False, model.cfg.vocab_size, (8, 5)), 4
+  out = decode.generate(model, prompt, steps, mode=mode)
+  tokens = np.concatenate([prompt, out.tokens], axis=1)
+  full = np.asarray(model(tokens[:, :-1])[0])[:, prompt.shape[1] - 1 :]
+  assert relative_error(out.logits, full) < 1e-5
+
+
+TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+
+
+def _training_config(micro: int, pipeline: dict):
+  """The qwen3_moe fixture's config (random init) with hash routing on 1 x 4 devices, 4 MoE layers, 16 rows in
+  `micro` micro-batches, all-to-all exchanges with nothing dropped."""
+  config = decoder.get_config(f"hf={DATA / FAMILY}")
+  config.init_from = ""
+  config.model.update(num_layers=4, moe_layers=(True,) * 4, vocab_size=256)
+  config.update(batch_size=16, micro_batches=micro, seq_len=16)
+  config.mesh.update(nodes=1, gpus_per_node=4)
+  config.moe.update(num_nodes=1, collective="capacity", capacity_factor=4.0, routing="hash")
+  config.data.shards = 4
+  config.optim.warmup_steps = 1
+  config.pipeline = {**pipeline_section.defaults(), **pipeline}
+  return config
+
+
+def _one_step(config, stages: int, tokens):
+  mesh = mesh_lib.make_mesh(1, 4, stages=stages)
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh, TOK, donate=False)
+  state, rest = trainer.init()
+  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
+  return jax.device_get(metrics), jax.device_get(state["opt_state"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule, stages, micro", [("1f1b", 2, 4), ("two_batch", 1, 2)])
+def test_hash_routed_training_pipelined_as_unpipelined(devices, schedule, stages, micro):
+  """Each stage routes its layers by its micro-batch's ids, each half of the two-batch step by its own: the step's
+  metrics and every gradient (AdamW's first moment) equal the plain step's."""
+  tokens = np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (micro, 16 // micro, 16), np.int32)
+  got, got_moments = _one_step(_training_config(micro, dict(schedule=schedule, stages=stages)), stages, tokens)
+  if schedule == "two_batch":  # micro-batch 2i: micro-batch i's even rows, 2i + 1 its odd ones
+    tokens, micro = tokens.reshape(micro, 4, 2, 16).transpose(0, 2, 1, 3).reshape(2 * micro, 4, 16), 2 * micro
+  want, want_moments = _one_step(_training_config(micro, {}), 1, tokens)
+  assert set(got) == set(want) and np.isfinite(want["loss"])
+  for name in want:
+    np.testing.assert_allclose(
+      np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-6, err_msg=name
+    )
+  for got_leaf, want_leaf in zip(jax.tree.leaves(got_moments), jax.tree.leaves(want_moments)):
+    np.testing.assert_allclose(np.asarray(got_leaf, np.float64), np.asarray(want_leaf, np.float64), atol=1e-7)
