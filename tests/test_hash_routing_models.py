@@ -1,16 +1,20 @@
-"""Hash routing (`routing='hash'`) in the models: every MoE layer of a decoder routes by the token ids of its input
-(the MTP modules' by the ids they embed), on every runner: the forward on the 2 x 4 mesh equals the one-device model
-and each layer's experts are the plain hash of the ids (Python integers, not the code's function); decoding through
-the cache, vanilla and ExFlow's, equals the full forward; a training step through a 1F1B pipeline and the two-batch
-step equal the plain step. The layer itself: tests/test_hash_routing.py."""
+"""Hash routing (`routing='hash'`) in the models: every MoE layer of a decoder or a `LanguageModel` routes by the
+token ids of its input (the MTP modules' by the ids they embed), on every runner: the forward on the 2 x 4 mesh equals
+the one-device model and each layer's experts are the plain hash of the ids (Python integers, not the code's
+function); decoding through the cache, vanilla and ExFlow's, equals the full forward; a training step through a 1F1B
+pipeline and the two-batch step equal the plain step. The layer itself: tests/test_hash_routing.py."""
 
 import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 import moejax.models as models
 from configs import decoder
 from moejax.infer import decode
+from moejax.models.config import ModelConfig
+from moejax.models.language_model import LanguageModel
+from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
 from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
@@ -43,6 +47,22 @@ def test_decoder_routes_by_token_ids_and_equals_one_device(devices, skew):
   assert relative_error(np.asarray(logits), np.asarray(one(tokens)[0])) < 1e-5
   topk_logits = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4))(tokens)[0]
   assert relative_error(np.asarray(logits), np.asarray(topk_logits)) > 1e-2  # the hash chose other experts
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt"])
+def test_language_model_routes_by_token_ids_and_equals_one_device(devices, kind):
+  """The paper-scale language models (`LanguageModel`: BERT's post-LN blocks, GPT's pre-LN ones) on the 2 x 4 mesh:
+  every MoE layer's experts are the plain hash of the ids, the logits the one-device model's (the same weights)."""
+  cfg = ModelConfig(kind=kind, vocab_size=96, num_layers=2, d_model=32, num_heads=4, d_ff=64, max_len=16)
+  moe_cfg = MoEConfig(num_experts=8, top_k=2, d_model=32, d_ff=64, capacity_factor=4.0, routing="hash")
+  model = LanguageModel(cfg, moe_cfg, mesh_lib.make_mesh(2, 4), rngs=nnx.Rngs(0))
+  one = LanguageModel(cfg, moe_cfg, mesh_lib.make_mesh(1, 1), rngs=nnx.Rngs(0))
+  tokens = _tokens(6, False, 96, (8, 16))
+  logits, aux = jax.jit(lambda t: model(t, details=True))(tokens)
+  want = [_plain_hash(int(t), 2, 8) for t in tokens.reshape(-1)]
+  for layer in np.asarray(aux["expert_ids"]):
+    np.testing.assert_array_equal(layer, want)
+  assert relative_error(np.asarray(logits), np.asarray(jax.jit(lambda t: one(t)[0])(tokens))) < 1e-5
 
 
 @pytest.mark.slow
