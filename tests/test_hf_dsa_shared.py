@@ -2,7 +2,7 @@
 the layers pass on beside the activations, `sparse_attention.Stream`) beyond tests/test_hf_dsa.py's family checks of
 the glm_moe_dsa_shared fixture (transformers' GlmMoeDsaForCausalLM, [full, shared] x 2): greedy tokens unrolled,
 indexer_types read as GlmMoeDsaConfig derives them and written back, what stays refused by name (a first 'shared'
-layer, ExFlow's decode), and training through a 1F1B pipeline (its stages beginning at a full or a shared layer) and
+layer), ExFlow's decode, and training through a 1F1B pipeline (its stages beginning at a full or a shared layer) and
 the two-batch step as the plain step.
 """
 
@@ -38,16 +38,15 @@ def loaded(mesh_2x4):
 
 
 @pytest.mark.slow
-def test_shared_layers_unrolled_decode_and_exflow_refused(loaded, mesh_2x4):
+def test_shared_layers_unrolled_decode_and_exflow(loaded, mesh_2x4):
   """GLM-5's shared layers unrolled: greedy tokens through the cache (each shared layer's cache MLA's pair, without
-  indexer keys) are transformers'; ExFlow's decode, whose hops move a token's activation row alone, is refused by
-  name before compiling."""
+  indexer keys) are transformers', and so are ExFlow's, scanned and unrolled (each row's choice of keys travels in
+  its hops beside it, to the device where its shared layer runs)."""
   model = from_hf_under(SHARED, mesh_2x4, {}, model={"scan_layers": False})
   assert model.cfg.mixers == ("dsa", "dsa_shared") * 2 and model.blocks[1].attn.indexer is None
   check_greedy_generation(model, SHARED)
-  with pytest.raises(ConfigError, match="mode") as error:
-    check_greedy_generation(loaded.model(SHARED), SHARED, mode="exflow")
-  assert "dsa_shared" in str(error.value)
+  check_greedy_generation(model, SHARED, mode="exflow")
+  check_greedy_generation(loaded.model(SHARED), SHARED, mode="exflow")
 
 
 @pytest.mark.slow

@@ -138,21 +138,13 @@ def _step_exchange(lay: Layout, b: int, buffer_factor) -> schedule.Exchange:
   return exchange_for(lay)._replace(buffer_rows=b * lay.n * lay.m if bound is None else bound)
 
 
-# Why ExFlow's step cannot run GLM-5's shared DSA layers (`sparse_attention.Stream`).
-SHARED_REASON = (
-  "its 'dsa_shared' layers attend to the keys the last 'dsa' layer chose for each token, and ExFlow's hops move a "
-  "token's activation row alone to its experts' devices, where its next layers run: the choice [topk] stays on the "
-  "device that made it, so it would have to travel in every hop's exchange beside the row"
-)
-
-
 def _fit(resident: int, x_RxD, requests_R, valid_R):
   """The resident rows padded with invalid rows to `resident` (a scan's carry keeps its shape); none padded when
-  there are as many or more."""
+  there are as many or more. x: [R, d], or a `sparse_attention.Stream` of rows (x [R, d], choice [R, K])."""
   pad = lambda a, fill: (
     jnp.concatenate([a, jnp.full((resident - a.shape[0], *a.shape[1:]), fill, a.dtype)]) if a.shape[0] < resident else a
   )
-  return pad(x_RxD, 0), pad(requests_R, 0), pad(valid_R, False)
+  return jax.tree.map(lambda a: pad(a, 0), x_RxD), pad(requests_R, 0), pad(valid_R, False)
 
 
 def _coherent_layer(
@@ -164,9 +156,12 @@ def _coherent_layer(
   x_RxD, requests_R, valid_R, lost = carry
   mine = jnp.where(valid_R, requests_R, 0)
   x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
-    x_RxD[:, None], train=False, rngs=None, cache=(kv_cache[0][mine], kv_cache[1][mine], position)
+    jax.tree.map(lambda a: a[:, None], x_RxD),  # x, or a Stream ('dsa_shared' layers: the rows' choices beside)
+    train=False,
+    rngs=None,
+    cache=(kv_cache[0][mine], kv_cache[1][mine], position),
   )
-  x_RxD = x_Rx1xD[:, 0]
+  x_RxD = jax.tree.map(lambda a: a[:, 0], x_Rx1xD)
   # a cache without a sequence axis (a gated DeltaNet layer's state) is new whole, else only at this position
   sequence = getattr(block.attn, "cache_has_positions", True)
   at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False) if sequence else kv
@@ -205,7 +200,9 @@ def _step_local(
   b, n, m = tokens_b.shape[0], lay.n, lay.m
   batch = b * n * m
   requests_R = mesh_lib.my_flat_index(m) * b + jnp.arange(b)
-  x_RxD = model.embed_tokens(tokens_b[:, None], position)[:, 0]
+  x_Bx1xD = model.embed_tokens(tokens_b[:, None], position)
+  # x [b, d], or a Stream ('dsa_shared' layers: each row's choice of the cache's keys beside it, moved with it)
+  x_RxD = jax.tree.map(lambda a: a[:, 0], sparse_attention.begin(model.cfg, x_Bx1xD, cache))
   valid_R = jnp.ones((b,), bool)
   exchange = _step_exchange(lay, b, buffer_factor)
   # A scan's carry keeps its shape: the resident rows are padded (invalid rows) to the most a hop delivers or the b
@@ -221,7 +218,7 @@ def _step_local(
   (x_RxD, requests_R, valid_R, lost), outputs = backbone.fold_layers(
     model, layer, (*_fit(resident, x_RxD, requests_R, valid_R), jnp.zeros((), jnp.int32)), cache
   )
-  logits_RxV = model.head_logits(x_RxD)
+  logits_RxV = model.head_logits(sparse_attention.activations(x_RxD))
   next_R = sample(logits_RxV, requests_R, step, seed, temperature)
   # The step's all-gather: every row was written by exactly one device, so the sums are exact.
   next_B, logits_BxV, new_kv = jax.lax.psum(
@@ -250,7 +247,6 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
   check_moe(moe_cfg, platform_lib.of_mesh(model.mesh))
   why = shortcut_block.refusal(model.cfg)
   require(why is None, "mode", "exflow", f"'vanilla' for this model: {why}")
-  require(not sparse_attention.shares(model.cfg), "mode", "exflow", f"'vanilla' for this model: {SHARED_REASON}")
   return _compiled_step(model.cfg, moe_cfg, model.mesh)
 
 

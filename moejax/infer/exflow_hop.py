@@ -4,6 +4,7 @@ experts' devices in choice order and stays at the last one."""
 import jax
 import jax.numpy as jnp
 
+from moejax.models import sparse_attention
 from moejax.moe import local_experts, routing, schedule
 from moejax.moe import path as path_lib
 from moejax.moe import replicas as replicas_lib
@@ -19,7 +20,9 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
   replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
   -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
-  receive buffers (every device's). token_ids_R: the rows' token ids, which routing='hash' routes by."""
+  receive buffers (every device's). token_ids_R: the rows' token ids, which routing='hash' routes by. x may be a
+  `sparse_attention.Stream` (GLM-5's shared DSA layers): each row's choice of keys [K] travels in the row beside it."""
+  stream, x_RxD = x_RxD, sparse_attention.activations(x_RxD)
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
@@ -43,10 +46,13 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     else jnp.zeros(x_RxD.shape, jnp.float32)
   )
   local = local_experts.Experts.of(params, cfg)
-  # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, the
-  # request id (ids < 2^24 are exact).
+  # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, a Stream's choice of
+  # keys, the request id (ids and key positions < 2^24 are exact).
   f32 = lambda a: a.astype(jnp.float32)
-  packed = jnp.concatenate([f32(x_RxD), shared_RxD, f32(weights_RxK), f32(ids_RxK), f32(requests_R)[:, None]], axis=1)
+  choice_RxP = f32(stream.topk) if isinstance(stream, sparse_attention.Stream) else jnp.zeros((x_RxD.shape[0], 0))
+  packed = jnp.concatenate(
+    [f32(x_RxD), shared_RxD, f32(weights_RxK), f32(ids_RxK), choice_RxP, f32(requests_R)[:, None]], axis=1
+  )
   ids_at = lambda rows, j, valid: jnp.where(valid, rows[:, 2 * d + k + j].astype(jnp.int32), -1)
   traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
   for j in range(k):
@@ -60,4 +66,6 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     y_RxD = schedule.run_experts(block.ffn_input(x_RxD), ids_Rx1, w_Rx1, exchange, local, path.bound)
     packed = packed.at[:, d : 2 * d].add(y_RxD)
   x_RxD = x_RxD + block.ffn_output(packed[:, d : 2 * d].astype(x_RxD.dtype))  # post-norm blocks norm the sum
+  if isinstance(stream, sparse_attention.Stream):
+    x_RxD = sparse_attention.Stream(x_RxD, packed[:, 2 * d + 2 * k : -1].astype(jnp.int32))
   return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
