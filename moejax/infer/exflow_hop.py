@@ -10,8 +10,12 @@ from moejax.moe import path as path_lib
 from moejax.moe import replicas as replicas_lib
 from moejax.moe.experts import shared_experts
 from moejax.moe.layout import Layout
+from moejax.moe.routing import zero
 from moejax.moe.traffic import hop_traffic
+from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
+
+STAY = -2  # a choice's id in a row for a zero-computation expert's: the row stays where it is (-1: no row)
 
 
 def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedule.Exchange, token_ids_R=None):
@@ -30,21 +34,30 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   decision, _ = routing.route(  # (loss stats unused)
     block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1, token_ids_T=token_ids_R
   )
-  ids_RxK = decision.expert_ids
+  # A zero-computation expert's choice (id >= E) is the token itself, added where the token is: at that choice the
+  # row stays on its device (`STAY`), weighted 0 there.
+  zero_RxK = ~zero.real(decision.expert_ids, cfg.num_experts)
+  ids_RxK = jnp.where(zero_RxK, 0, decision.expert_ids)
   if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
     ids_RxK = replicas_lib.to_slots(
       ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
     ).reshape(ids_RxK.shape)
-  weights_RxK = decision.weights
-  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once
-    order_RxK = jnp.argsort(ids_RxK // exchange.slots_per_device, axis=1, stable=True)
+  ids_RxK = jnp.where(zero_RxK, STAY, ids_RxK)
+  weights_RxK = jnp.where(zero_RxK, jnp.zeros((), decision.weights.dtype), decision.weights)
+  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once; stays last
+    key_RxK = jnp.where(zero_RxK, lay.n * lay.m, ids_RxK // exchange.slots_per_device)
+    order_RxK = jnp.argsort(key_RxK, axis=1, stable=True)
     ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
-  # The shared experts' output, where the token is before it moves (no exchange), starts the sum.
+  # The shared experts' output and the zero experts' (the token times their weights), where the token is before it
+  # moves (no exchange), start the sum.
   shared_RxD = (
     shared_experts(block.ffn_input(x_RxD), params, cfg)
     if cfg.num_shared_experts
     else jnp.zeros(x_RxD.shape, jnp.float32)
   )
+  if cfg.zero_experts:
+    shared_RxD += zero.identity_sum(block.ffn_input(x_RxD), decision.expert_ids, decision.weights, cfg.num_experts)
+  here = mesh_lib.my_flat_index(lay.m) * exchange.slots_per_device  # a slot on this device: where a row stays
   local = local_experts.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, a Stream's choice of
   # keys, the request id (ids and key positions < 2^24 are exact).
@@ -57,6 +70,7 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   traffic, lost = jnp.zeros((lay.n * lay.m,) * 2, jnp.int32), jnp.zeros((), jnp.int32)
   for j in range(k):
     sent_R = ids_at(packed, j, valid_R)
+    sent_R = jnp.where(sent_R == STAY, here, sent_R)  # a zero expert's choice: to this device, weighted 0
     ids_Rx1, path = schedule.plan(sent_R[:, None], exchange)
     packed, valid_R = path_lib.move_through(packed, path), ids_Rx1[:, 0] >= 0
     lost += jnp.sum(sent_R >= 0, dtype=jnp.int32) - jnp.sum(valid_R, dtype=jnp.int32)
