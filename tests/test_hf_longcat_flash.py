@@ -14,8 +14,8 @@ import functools
 import numpy as np
 import pytest
 
-import moejax.infer as infer
 import moejax.models as models
+from moejax.infer import decode
 from moejax.models import hf_checkpoint, hf_config
 from moejax.study import family_remedies
 from moejax.validation import ConfigError
@@ -88,11 +88,20 @@ def test_greedy_generation_matches_transformers(model):
 
 
 @pytest.mark.slow
-def test_running_block_halves_apart_is_refused(model):
-  """ExFlow's decode and the remedies study run a block's attention and FFN halves apart: an ScMoE layer has none."""
-  with pytest.raises(ConfigError, match="ScMoE") as err:
-    infer.generate_tokens(model, reference(FAMILY)["prompt"], 2, mode="exflow")
-  assert err.value.field == "mode"
+def test_exflow_greedy_generation_matches_transformers(model):
+  """ExFlow's decode runs an ScMoE layer in two halves around its MoE branch's hops (the first attention where the
+  token is, the rest where its last expert is, plus the branch's output), zero experts kept where the token is: its
+  greedy tokens are transformers', and its logits at every step the vanilla decode's, scanned and unrolled."""
+  check_greedy_generation(model, FAMILY, mode="exflow")
+  prompts = tiled(reference(FAMILY)["tokens"])[:, :6]
+  for decoder in (model, from_hf_under(FAMILY, model.mesh, {}, model={"scan_layers": False})):
+    exflow, vanilla = (decode.generate(decoder, prompts, 4, mode=mode) for mode in ("exflow", "vanilla"))
+    assert relative_error(exflow.logits, vanilla.logits) < 1e-5
+
+
+@pytest.mark.slow
+def test_running_block_halves_apart_in_the_remedies_study_is_refused(model):
+  """The remedies study runs a block's attention and FFN halves apart: an ScMoE layer has none."""
   with pytest.raises(ConfigError, match="ScMoE") as err:
     family_remedies.layer_traffic(model, reference(FAMILY)["tokens"])
   assert err.value.field == "checkpoint"

@@ -50,7 +50,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.infer import cache as cache_lib
 from moejax.infer.exflow_hop import expert_hop
-from moejax.models import backbone, shortcut_block, sparse_attention
+from moejax.models import backbone, sparse_attention
 from moejax.models import layers as layers_lib
 from moejax.models.blocks import MoEFFN
 from moejax.models.config import ModelConfig, moe_block_indices
@@ -169,7 +169,20 @@ def _coherent_layer(
   if not isinstance(block.ffn, MoEFFN):
     return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
   ids_R = None if tokens_B is None else tokens_B[mine]  # routing='hash': each row's token, looked up by its request
-  x_RxD, requests_R, valid_R, rows, overflowed = expert_hop(block, x_RxD, requests_R, valid_R, lay, exchange, ids_R)
+  x_RxD, y_RxD, requests_R, valid_R, rows, overflowed = expert_hop(
+    block, x_RxD, requests_R, valid_R, lay, exchange, ids_R
+  )
+  # The block's rest where the row now is (LongCat's ScMoE layer: its second attention, against the cache's rows of
+  # the requests now here, whose new keys and values join the first's).
+  moved = jnp.where(valid_R, requests_R, 0)
+  rows_1 = lambda tree: jax.tree.map(lambda a: a[:, None], tree)  # [R, ...] -> [R, 1, ...]: one position a row
+  x_Rx1xD, pair = block.after_experts(
+    rows_1(x_RxD), y_RxD[:, None], cache=(kv_cache[0][moved], kv_cache[1][moved], position)
+  )
+  x_RxD = jax.tree.map(lambda a: a[:, 0], x_Rx1xD)
+  if pair is not None:
+    later = (_scatter(at(kv), requests_R, valid_R, batch) for kv in pair)
+    new_kv = tuple(jnp.stack([first, second], axis=1) for first, second in zip(new_kv, later))
   return (*_fit(resident, x_RxD, requests_R, valid_R), lost + overflowed), (new_kv, rows)
 
 
@@ -245,8 +258,6 @@ def exflow_step(model: LanguageModel, moe_cfg=None):
   tokens sharded over both mesh axes, request r owned by flat device r // (B / D)."""
   moe_cfg = model.moe_cfg if moe_cfg is None else moe_cfg
   check_moe(moe_cfg, platform_lib.of_mesh(model.mesh))
-  why = shortcut_block.refusal(model.cfg)
-  require(why is None, "mode", "exflow", f"'vanilla' for this model: {why}")
   return _compiled_step(model.cfg, moe_cfg, model.mesh)
 
 

@@ -23,8 +23,9 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   choice, along the path's hops) and gets each expert's weighted output there; it stays at its
   last expert's device with its residual plus the weighted sum. The training layer's stages (routing,
   replicas, shared experts, the plan, the exchange, the experts), one choice at a time.
-  -> (x, requests, valid) of the rows now here, rows [A, A] moved between flat devices, rows lost to full
-  receive buffers (every device's). token_ids_R: the rows' token ids, which routing='hash' routes by. x may be a
+  -> (x, y, requests, valid) of the rows now here (y [R, d] float32: the experts' weighted output, which the block
+  adds: `after_experts`), rows [A, A] moved between flat devices, rows lost to full receive buffers (every
+  device's). token_ids_R: the rows' token ids, which routing='hash' routes by. x may be a
   `sparse_attention.Stream` (GLM-5's shared DSA layers): each row's choice of keys [K] travels in the row beside it."""
   stream, x_RxD = x_RxD, sparse_attention.activations(x_RxD)
   moe = block.ffn.moe
@@ -79,7 +80,7 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     w_Rx1 = jnp.where(valid_R, packed[:, 2 * d + j], 0.0)[:, None]  # the experts weight (weight_inputs: their input)
     y_RxD = schedule.run_experts(block.ffn_input(x_RxD), ids_Rx1, w_Rx1, exchange, local, path.bound)
     packed = packed.at[:, d : 2 * d].add(y_RxD)
-  x_RxD = x_RxD + block.ffn_output(packed[:, d : 2 * d].astype(x_RxD.dtype))  # post-norm blocks norm the sum
   if isinstance(stream, sparse_attention.Stream):
     x_RxD = sparse_attention.Stream(x_RxD, packed[:, 2 * d + 2 * k : -1].astype(jnp.int32))
-  return x_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
+  y_RxD = packed[:, d : 2 * d]
+  return x_RxD, y_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)

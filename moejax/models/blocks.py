@@ -106,6 +106,11 @@ class Block(nnx.Module):
     require(self.pre_ln, "kind", "bert", "'gpt' (a post-LN block norms the residual sum, not the FFN's output)")
     return y_BxSxD
 
+  def after_experts(self, x_BxSxD, y_BxSxD, cache=None):
+    """ExFlow's half after the MoE layer: x plus the experts' output y (`ffn_output`) -> (x, None: no cache)."""
+    del cache
+    return x_BxSxD + self.ffn_output(y_BxSxD.astype(x_BxSxD.dtype)), None
+
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
     """The FFN half with its residual (and LayerNorm) -> (x, aux). token_ids [B, S]: what routing='hash' routes by."""
     drop = lambda y: self.dropout(y, deterministic=not train, rngs=rngs)

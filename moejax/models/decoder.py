@@ -78,6 +78,11 @@ class DecoderLayer(nnx.Module):
     residual_multiplier."""
     return self._scaled(self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD)
 
+  def after_experts(self, x_BxSxD, y_BxSxD, cache=None):
+    """ExFlow's half after the MoE layer: x plus the experts' output y (`ffn_output`) -> (x, None: no cache)."""
+    del cache
+    return sparse_attention.apply_x(lambda x: x + self.ffn_output(y_BxSxD.astype(x.dtype)), x_BxSxD), None
+
   def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
     """The FFN half with its residual -> (x, aux); a `Stream`'s choice passed on as it came. token_ids [B, S]: what
     routing='hash' routes by."""

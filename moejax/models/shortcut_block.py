@@ -11,8 +11,8 @@ The block has the layer's interface (x -> (x, aux), or with a cache (x, aux, cac
 arrays hold both attentions' on an axis of 2 after the sequence's ([B, S, 2, kv_lora_rank], [B, S, 2,
 qk_rope_head_dim]: `cache_specs`), so the cache's layout, sharding and scans are every layer's. Its parameters are
 named as the checkpoint's (`attn/j` -> `self_attn.j`, `ln_attn/j` -> `input_layernorm.j`, `ln_ffn/j` ->
-`post_attention_layernorm.j`, `mlps/j`, `ffn/moe` -> `mlp`). ExFlow's decode, which runs a block's attention and
-FFN halves apart, refuses it (`refusal`).
+`post_attention_layernorm.j`, `mlps/j`, `ffn/moe` -> `mlp`). ExFlow's decode runs it in two halves around the MoE
+layer's hops (`attend`: the first attention; `after_experts`: the rest, where the row then is, plus the MoE output).
 """
 
 import jax
@@ -34,7 +34,8 @@ def uses(cfg) -> bool:
 
 
 def refusal(cfg) -> str | None:
-  """Why a config's layers cannot run a block's halves apart (ExFlow's decode step), or None."""
+  """Why a config's layers cannot run as an attention half and an FFN half (the family remedies study's loop), or
+  None."""
   if uses(cfg):
     return (
       "LongCat-Flash's ScMoE layers (two attentions and the MoE branch in one layer) have no attention and FFN halves"
@@ -102,6 +103,29 @@ class ShortcutMoELayer(nnx.Module):
     self.ln_ffn = nnx.List([block_norm(cfg, cfg.d_model) for _ in range(SUBLAYERS)])
     self.mlps = nnx.List([GatedMLP(cfg, cfg.d_ff, rngs=rngs) for _ in range(SUBLAYERS)])
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype))
+
+  def attend(self, x_BxSxD, *, train: bool = False, rngs: nnx.Rngs | None = None, cache=None):
+    """ExFlow's half before the MoE layer: the first attention with its residual, x -> x1; with a cache (c1, c2,
+    start), both attentions' on axis 2, (x1, the first attention's new pair)."""
+    del train, rngs
+    if cache is None:
+      return x_BxSxD + self.attn[0](self.ln_attn[0](x_BxSxD))
+    out, pair = self.attn[0](self.ln_attn[0](x_BxSxD), cache=(cache[0][:, :, 0], cache[1][:, :, 0], cache[2]))
+    return x_BxSxD + out, pair
+
+  def ffn_input(self, x1_BxSxD):
+    """The MoE branch's input: the first attention's output normed."""
+    return self.ln_ffn[0](x1_BxSxD)
+
+  def after_experts(self, x1_BxSxD, y_BxSxD, cache):
+    """ExFlow's half after the MoE layer, where the row now is: the first dense FFN, the second attention (cache:
+    (c1, c2, start) as `attend`'s) and FFN, plus the MoE branch's output y -> (y', the second attention's pair)."""
+    h_BxSxD = self.ln_ffn[0](x1_BxSxD)
+    x_BxSxD = x1_BxSxD + self.mlps[0](h_BxSxD, train=False, rng=None)[0]
+    out, pair = self.attn[1](self.ln_attn[1](x_BxSxD), cache=(cache[0][:, :, 1], cache[1][:, :, 1], cache[2]))
+    x_BxSxD = x_BxSxD + out
+    x_BxSxD = x_BxSxD + self.mlps[1](self.ln_ffn[1](x_BxSxD), train=False, rng=None)[0]
+    return x_BxSxD + y_BxSxD.astype(x_BxSxD.dtype), pair
 
   def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
     rng = rngs.jitter() if train and rngs is not None else None
