@@ -34,6 +34,7 @@ def _tokens(seed: int, skew: bool, vocab: int, shape=(8, 12)) -> np.ndarray:
 
 
 @pytest.mark.parametrize("skew", [False, True], ids=["random", "one_id"])
+@pytest.mark.sampled(1)
 def test_decoder_routes_by_token_ids_and_equals_one_device(devices, skew):
   model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH)
   one = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(1, 1), moe=HASH)
@@ -50,6 +51,7 @@ def test_decoder_routes_by_token_ids_and_equals_one_device(devices, skew):
 
 
 @pytest.mark.parametrize("kind", ["bert", "gpt"])
+@pytest.mark.sampled(1)
 def test_language_model_routes_by_token_ids_and_equals_one_device(devices, kind):
   """The paper-scale language models (`LanguageModel`: BERT's post-LN blocks, GPT's pre-LN ones) on the 2 x 4 mesh:
   every MoE layer's experts are the plain hash of the ids, the logits the one-device model's (the same weights)."""
