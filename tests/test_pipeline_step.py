@@ -146,7 +146,8 @@ def test_an_activation_with_an_int_leaf_goes_forward_and_its_float_gradient_back
   np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
   np.testing.assert_allclose(dscale, ref_dscale, rtol=1e-5)
   for name in params:
-    np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5)
+    largest = float(np.max(np.abs(ref_grads[name])))  # fp32 sums reordered: errors relative to the gradient's size
+    np.testing.assert_allclose(grads[name], ref_grads[name], rtol=1e-5, atol=1e-5 * largest)
 
 
 def test_plan_of_dualpipev():
