@@ -151,8 +151,9 @@ def _coherent_layer(
   block, carry, kv_cache, rngs, *, position, batch: int, resident: int, lay: Layout, exchange, tokens_B=None
 ):
   """One layer (`backbone.fold_layers`: unrolled, or in its segment's scan): attention against the replicated
-  cache rows of the resident tokens, then the MoE layer's hop or the dense FFN in place -> (carry, (this
-  position's new keys and values scattered to the batch's rows, the hop's rows [A, A] or None))."""
+  cache rows of the resident tokens (`block.attend`), then the dense FFN in place, or the MoE layer's hop and the
+  block's rest where each row then is (`block.after_experts`) -> (carry, (this position's new keys and values
+  scattered to the batch's rows, the hop's rows [A, A] or None)). tokens_B: every request's token ('hash')."""
   x_RxD, requests_R, valid_R, lost = carry
   mine = jnp.where(valid_R, requests_R, 0)
   x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
