@@ -17,9 +17,7 @@ from moejax.models.language_model import LanguageModel
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
 from moejax.runtime import mesh as mesh_lib
-from moejax.train import config as config_lib
-from moejax.train import objective
-from moejax.train import trainer as train
+from tests import step_checks
 from tests.helpers import relative_error
 from tests.test_hash_routing import _plain_hash
 from tests.test_hf_models import DATA
@@ -80,9 +78,6 @@ def test_decode_through_the_cache_equals_the_full_forward(devices, mode):
   assert relative_error(out.logits, full) < 1e-5
 
 
-TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
-
-
 def _training_config(micro: int, pipeline: dict):
   """The qwen3_moe fixture's config (random init) with hash routing on 1 x 4 devices, 4 MoE layers, 16 rows in
   `micro` micro-batches, all-to-all exchanges with nothing dropped."""
@@ -98,28 +93,9 @@ def _training_config(micro: int, pipeline: dict):
   return config
 
 
-def _one_step(config, stages: int, tokens):
-  mesh = mesh_lib.make_mesh(1, 4, stages=stages)
-  trainer = train.Trainer(config, *config_lib.validate(config), mesh, TOK, donate=False)
-  state, rest = trainer.init()
-  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
-  return jax.device_get(metrics), jax.device_get(state["opt_state"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule, stages, micro", [("1f1b", 2, 4), ("two_batch", 1, 2)])
 def test_hash_routed_training_pipelined_as_unpipelined(devices, schedule, stages, micro):
   """Each stage routes its layers by its micro-batch's ids, each half of the two-batch step by its own: the step's
   metrics and every gradient (AdamW's first moment) equal the plain step's."""
-  tokens = np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (micro, 16 // micro, 16), np.int32)
-  got, got_moments = _one_step(_training_config(micro, dict(schedule=schedule, stages=stages)), stages, tokens)
-  if schedule == "two_batch":  # micro-batch 2i: micro-batch i's even rows, 2i + 1 its odd ones
-    tokens, micro = tokens.reshape(micro, 4, 2, 16).transpose(0, 2, 1, 3).reshape(2 * micro, 4, 16), 2 * micro
-  want, want_moments = _one_step(_training_config(micro, {}), 1, tokens)
-  assert set(got) == set(want) and np.isfinite(want["loss"])
-  for name in want:
-    np.testing.assert_allclose(
-      np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-6, err_msg=name
-    )
-  for got_leaf, want_leaf in zip(jax.tree.leaves(got_moments), jax.tree.leaves(want_moments)):
-    np.testing.assert_allclose(np.asarray(got_leaf, np.float64), np.asarray(want_leaf, np.float64), atol=1e-7)
+  step_checks.check_equals_the_plain_step(_training_config, schedule, stages, micro)

@@ -9,18 +9,13 @@ the two-batch step as the plain step.
 import dataclasses
 import sys
 
-import jax
-import numpy as np
 import pytest
 
 from moejax.models import hf_config
 from moejax.pipeline import section as pipeline_section
 from moejax.pipeline import staging
-from moejax.runtime import mesh as mesh_lib
-from moejax.train import config as config_lib
-from moejax.train import objective
-from moejax.train import trainer as train
 from moejax.validation import ConfigError
+from tests import step_checks
 from tests.helpers import ROOT
 from tests.hf_family_checks import check_greedy_generation, config, from_hf_under
 from tests.test_hf_models import DATA, Loaded, edit_config, fixture_copy, refused
@@ -29,7 +24,6 @@ sys.path.insert(0, str(ROOT))
 from configs import decoder  # noqa: E402
 
 SHARED = "glm_moe_dsa_shared"  # GLM-5's indexer_types [full, shared, full, shared]
-TOK = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
 
 
 @pytest.fixture(scope="module")
@@ -125,14 +119,6 @@ def _shared_training_config(micro: int, pipeline: dict, layers=FULL_FIRST):
   return config
 
 
-def _one_step(config, stages: int, tokens):
-  mesh = mesh_lib.make_mesh(1, 4, stages=stages)
-  trainer = train.Trainer(config, *config_lib.validate(config), mesh, TOK, donate=False)
-  state, rest = trainer.init()
-  state, metrics = trainer.step(state, rest, jax.device_put(tokens, trainer.batch_sharding))
-  return jax.device_get(metrics), jax.device_get(state["opt_state"])
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
   "schedule, stages, micro, layers",
@@ -141,18 +127,7 @@ def _one_step(config, stages: int, tokens):
 def test_shared_layers_train_pipelined_as_unpipelined(devices, schedule, stages, micro, layers):
   """The step's metrics and every gradient (AdamW's first moment) through a 1F1B pipeline of 2 stages equal the plain
   step's, the stages beginning at a full layer, or at a shared layer (the choice sent beside the activations, its
-  gradient none; every schedule's transfers of such a pair: tests/test_pipeline_step.py); the two-batch step's (each half's choice beside its activations) equal the plain step's over the
-  halves as micro-batches (`tests/test_two_batch.py`)."""
-  tokens = np.random.default_rng(5).integers(TOK.first_ordinary, TOK.num_ids, (micro, 16 // micro, 16), np.int32)
-  pipeline = dict(schedule=schedule, stages=stages)
-  got, got_moments = _one_step(_shared_training_config(micro, pipeline, layers), stages, tokens)
-  if schedule == "two_batch":  # micro-batch 2i: micro-batch i's even rows, 2i + 1 its odd ones
-    tokens, micro = tokens.reshape(micro, 4, 2, 16).transpose(0, 2, 1, 3).reshape(2 * micro, 4, 16), 2 * micro
-  want, want_moments = _one_step(_shared_training_config(micro, {}, layers), 1, tokens)
-  assert set(got) == set(want) and np.isfinite(want["loss"])
-  for name in want:
-    np.testing.assert_allclose(
-      np.asarray(got[name], np.float64), np.asarray(want[name], np.float64), rtol=2e-5, atol=1e-6, err_msg=name
-    )
-  for got_leaf, want_leaf in zip(jax.tree.leaves(got_moments), jax.tree.leaves(want_moments)):
-    np.testing.assert_allclose(np.asarray(got_leaf, np.float64), np.asarray(want_leaf, np.float64), atol=1e-7)
+  gradient none; every schedule's transfers of such a pair: tests/test_pipeline_step.py); the two-batch step's (each
+  half's choice beside its activations) equal the plain step's over the halves as micro-batches."""
+  config_of = lambda micro, pipeline: _shared_training_config(micro, pipeline, layers)
+  step_checks.check_equals_the_plain_step(config_of, schedule, stages, micro)
