@@ -79,7 +79,8 @@ class DecoderLayer(nnx.Module):
     return self._scaled(self.ln_ffn(y_BxSxD) if self.post_norm else y_BxSxD)
 
   def after_experts(self, x_BxSxD, y_BxSxD, cache=None):
-    """ExFlow's half after the MoE layer: x plus the experts' output y (`ffn_output`) -> (x, None: no cache)."""
+    """The half after the FFN (ExFlow's, after the MoE layer's hops): x plus the FFN's output y (`ffn_output`) ->
+    (x, None: no cache)."""
     del cache
     return sparse_attention.apply_x(lambda x: x + self.ffn_output(y_BxSxD.astype(x.dtype)), x_BxSxD), None
 
@@ -91,7 +92,7 @@ class DecoderLayer(nnx.Module):
       return x_BxSxD._replace(x=y_BxSxD), aux
     rng = rngs.jitter() if train and rngs is not None else None
     y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng, token_ids=token_ids)
-    return x_BxSxD + self.ffn_output(y_BxSxD.astype(x_BxSxD.dtype)), aux
+    return self.after_experts(x_BxSxD, y_BxSxD)[0], aux
 
   def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
     ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)

@@ -105,8 +105,8 @@ class ShortcutMoELayer(nnx.Module):
     self.ffn = MoEFFN(moe_cfg, mesh, rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype))
 
   def attend(self, x_BxSxD, *, train: bool = False, rngs: nnx.Rngs | None = None, cache=None):
-    """ExFlow's half before the MoE layer: the first attention with its residual, x -> x1; with a cache (c1, c2,
-    start), both attentions' on axis 2, (x1, the first attention's new pair)."""
+    """The half before the MoE branch: the first attention with its residual, x -> x1; with a cache (c1, c2, start),
+    both attentions' on axis 2, (x1, the first attention's new pair)."""
     del train, rngs
     if cache is None:
       return x_BxSxD + self.attn[0](self.ln_attn[0](x_BxSxD))
@@ -117,34 +117,29 @@ class ShortcutMoELayer(nnx.Module):
     """The MoE branch's input: the first attention's output normed."""
     return self.ln_ffn[0](x1_BxSxD)
 
-  def after_experts(self, x1_BxSxD, y_BxSxD, cache):
-    """ExFlow's half after the MoE layer, where the row now is: the first dense FFN, the second attention (cache:
-    (c1, c2, start) as `attend`'s) and FFN, plus the MoE branch's output y -> (y', the second attention's pair)."""
+  def after_experts(self, x1_BxSxD, y_BxSxD, cache=None):
+    """The half after the MoE branch (ExFlow's: where the row then is): the first dense FFN, the second attention
+    (cache: (c1, c2, start) as `attend`'s) and FFN, plus the MoE branch's output y -> (y', the second attention's
+    new pair, or None without a cache)."""
     h_BxSxD = self.ln_ffn[0](x1_BxSxD)
     x_BxSxD = x1_BxSxD + self.mlps[0](h_BxSxD, train=False, rng=None)[0]
-    out, pair = self.attn[1](self.ln_attn[1](x_BxSxD), cache=(cache[0][:, :, 1], cache[1][:, :, 1], cache[2]))
+    if cache is None:
+      out, pair = self.attn[1](self.ln_attn[1](x_BxSxD)), None
+    else:
+      out, pair = self.attn[1](self.ln_attn[1](x_BxSxD), cache=(cache[0][:, :, 1], cache[1][:, :, 1], cache[2]))
     x_BxSxD = x_BxSxD + out
     x_BxSxD = x_BxSxD + self.mlps[1](self.ln_ffn[1](x_BxSxD), train=False, rng=None)[0]
     return x_BxSxD + y_BxSxD.astype(x_BxSxD.dtype), pair
 
   def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
     rng = rngs.jitter() if train and rngs is not None else None
-    new_cache, shortcut_BxSxD, aux = [], None, {}
-    for j in range(SUBLAYERS):
-      if cache is None:
-        x_BxSxD = x_BxSxD + self.attn[j](self.ln_attn[j](x_BxSxD))
-      else:
-        out, pair = self.attn[j](self.ln_attn[j](x_BxSxD), cache=(cache[0][:, :, j], cache[1][:, :, j], cache[2]))
-        x_BxSxD = x_BxSxD + out
-        new_cache.append(pair)
-      h_BxSxD = self.ln_ffn[j](x_BxSxD)
-      if j == 0:  # the MoE branch: the first attention's normed output in, added at the layer's end
-        shortcut_BxSxD, aux = self.ffn(h_BxSxD, train=train, rng=rng, token_ids=token_ids)
-      x_BxSxD = x_BxSxD + self.mlps[j](h_BxSxD, train=train, rng=None)[0]
-    x_BxSxD = x_BxSxD + shortcut_BxSxD.astype(x_BxSxD.dtype)
+    out = self.attend(x_BxSxD, cache=cache)
+    x1_BxSxD, first = (out, None) if cache is None else out
+    shortcut_BxSxD, aux = self.ffn(self.ffn_input(x1_BxSxD), train=train, rng=rng, token_ids=token_ids)
+    x_BxSxD, second = self.after_experts(x1_BxSxD, shortcut_BxSxD, cache)
     if cache is None:
       return x_BxSxD, aux
-    return x_BxSxD, aux, tuple(jnp.stack([pair[i] for pair in new_cache], axis=2) for i in range(2))
+    return x_BxSxD, aux, tuple(jnp.stack([first[i], second[i]], axis=2) for i in range(2))
 
 
 def cache_specs(cfg, batch: int, length: int) -> tuple:

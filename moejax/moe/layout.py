@@ -151,7 +151,9 @@ def _check_token_ids(cfg: MoEConfig, x: jax.Array, token_ids) -> None:
     require(token_ids is None, "token_ids", "given", f"None unless routing='hash' (it is {cfg.routing!r})")
     return
   shape = None if token_ids is None else tuple(np.shape(token_ids))
-  dtype = None if token_ids is None else getattr(token_ids, "dtype", None) or np.asarray(token_ids).dtype  # tracers too
+  dtype = (
+    None if token_ids is None else (token_ids.dtype if hasattr(token_ids, "dtype") else np.asarray(token_ids).dtype)
+  )
   require(
     shape == tuple(x.shape[:-1]) and np.issubdtype(dtype, np.integer),
     "token_ids",
