@@ -57,10 +57,10 @@ class Stages(NamedTuple):
   """A model cut into pipeline stages (w: a device's `Weights`, staged ones the running stage's slice, w.stage its
   index; batch_i: one micro-batch's pytree; losses float32 scalars).
 
-  first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every
-  stage. last(w, y, batch_i) -> (loss, stats): on the last stage. x and y: an array, or a pytree of them whose
-  floating-point leaves carry the gradient (integer ones, e.g. a choice of keys, go forward only). w.before: the (first's, stage's, last's) stats of
-  the micro-batches before batch_i on this chunk, summed (None while the step traces their shapes)."""
+  first(w, batch_i) -> (x, loss, stats): on the first stage. stage(w, x, batch_i) -> (y, loss, stats): on every stage.
+  last(w, y, batch_i) -> (loss, stats): on the last stage. x and y: an array, or a pytree of them whose floating-point
+  leaves carry the gradient (integer ones, e.g. a choice of keys, go forward only). w.before: the (first's, stage's,
+  last's) stats of the micro-batches before batch_i on this chunk, summed (None while the step traces their shapes)."""
 
   first: Callable
   stage: Callable
