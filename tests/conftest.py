@@ -57,6 +57,7 @@ import pytest
 
 from moejax.runtime import mesh as mesh_lib  # noqa: E402
 from tests.crash_rerun import pytest_handlecrashitem, pytest_report_teststatus, pytest_terminal_summary  # noqa: E402, F401
+from tests.fast_tier import mark_over_budget_slow  # noqa: E402
 
 NUM_DEVICES = 8
 mesh_lib.simulate_cpu_devices(NUM_DEVICES)
@@ -171,7 +172,8 @@ def end_to_end(item) -> bool:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(items):
   """Marks all but `n` evenly spaced cases of each `@pytest.mark.sampled(n)` test slow (so `-m 'not slow'` runs a
-  sample of a matrix and the whole suite all of it), the slow tests of E2E_MODULES e2e, and puts the `xdist_group` modules (long, one worker each)
+  sample of a matrix and the whole suite all of it), the tests over the fast tier's time budget slow
+  (tests/fast_tier.py), the slow tests of E2E_MODULES e2e, and puts the `xdist_group` modules (long, one worker each)
   first, so the short tests fill in around them instead of waiting behind them at the end."""
   items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)  # stable: keeps the order inside
   by_function = {}
@@ -184,6 +186,7 @@ def pytest_collection_modifyitems(items):
     for i, item in enumerate(cases):
       if i not in fast:
         item.add_marker(pytest.mark.slow)
+  mark_over_budget_slow(items)
   for item in items:
     if item.get_closest_marker("slow") is not None and end_to_end(item):
       item.add_marker(pytest.mark.e2e)
