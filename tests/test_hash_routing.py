@@ -1,6 +1,7 @@
 """Hash routing (`routing='hash'`, DeepSeek-V4's hash-routed layers): the experts are a fixed function of the token id,
 known before the layer runs; the layer equals the single-device reference on every path, with fresh random ids and
-with every token given one id (all rows to the same experts); what it refuses and why."""
+with every token given one id (all rows to the same experts); placed (experts moved to other devices), each id still
+reaches its experts where they now sit; what it refuses and why."""
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.reference import moe_reference
 from moejax.moe.routing.hashed import MULTIPLIER, hash_experts
+from moejax.placement.apply import apply_placement, expert_order, permute_expert_state
 from moejax.validation import ConfigError
 from tests import helpers
 
@@ -78,6 +80,49 @@ def test_hash_routing_composes(name, mesh_2x4):
   apply = lambda p, v: moe_reference(p, v, cfg, dispatch_groups=groups, token_ids=ids)
   reference = helpers.run_with_grads(apply, params, x)
   helpers.assert_matches_reference(cfg, mesh_2x4, params, x, reference=reference, token_ids=ids)
+
+
+@pytest.mark.parametrize("zeros,skew", [(0, False), (3, True)], ids=["random", "zero-experts-one_id"])
+def test_a_placed_layer_sends_each_id_to_its_experts_where_they_now_sit(zeros, skew, mesh_2x4):
+  """A random placement of the 16 experts over the 8 devices moves experts and router columns; the layer's
+  `hash_index` (moved by `permute_expert_state`) routes every id to the same experts at their new indices, on the
+  devices the placement names, with the unplaced layer's outputs and losses. Without it the outputs change."""
+  cfg = _config(zero_experts=zeros, path="node_first")
+  params, x, ids = helpers.random_params(cfg, 3), helpers.normal(4, (TOKENS, D)), _ids(5, skew)
+  placement = np.random.default_rng(6).permutation(np.repeat(np.arange(8), E // 8))[None]
+  order = expert_order(placement)
+  placed = apply_placement([params], placement, cfg)[0]
+  index = permute_expert_state([{"hash_index": np.arange(E + zeros)}], order, cfg)[0]["hash_index"]
+  y, aux = moe_apply(params, x, cfg, mesh_2x4, token_ids=ids)
+  y_placed, aux_placed = moe_apply(placed, x, cfg, mesh_2x4, token_ids=ids, hash_index=index)
+  assert helpers.relative_error(np.asarray(y_placed), np.asarray(y)) < 1e-6
+  assert abs(float(aux_placed["aux_loss"]) - float(aux["aux_loss"])) < 1e-6 * abs(float(aux["aux_loss"]))
+  before, after = np.asarray(aux["expert_ids"]), np.asarray(aux_placed["expert_ids"])
+  real = before < E
+  old_of = np.concatenate([order[0], np.arange(E, E + zeros)])  # index -> the expert now there
+  np.testing.assert_array_equal(old_of[after], before)
+  np.testing.assert_array_equal(after[real] // (E // 8), placement[0][before[real]])  # on the named device
+  np.testing.assert_array_equal(after[~real], before[~real])  # zero experts sit nowhere: they stay
+  y_unindexed, _ = moe_apply(placed, x, cfg, mesh_2x4, token_ids=ids)
+  assert helpers.relative_error(np.asarray(y_unindexed), np.asarray(y)) > 1e-2
+
+
+@pytest.mark.parametrize(
+  "routing,hash_index,match",
+  [
+    ("hash", np.arange(E)[::-1].copy() % 8, "hash_index=.*a permutation of 0 .. 15"),
+    ("hash", np.arange(E - 1), "hash_index=.*a permutation of 0 .. 15"),
+    ("hash", np.arange(E, dtype=np.float32), "hash_index=.*a permutation of 0 .. 15"),
+    ("topk", np.arange(E), "hash_index='given'.*None unless routing='hash'"),
+  ],
+)
+def test_hash_index_is_checked_before_tracing(routing, hash_index, match, mesh_2x4):
+  cfg = _config(routing=routing)
+  ids = _ids(1, False) if routing == "hash" else None
+  with pytest.raises(ConfigError, match=match):
+    moe_apply(
+      helpers.random_params(cfg, 0), helpers.normal(1, (TOKENS, D)), cfg, mesh_2x4, token_ids=ids, hash_index=hash_index
+    )
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,9 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
   bias = None if moe.expert_bias is None else moe.expert_bias[...]
+  index = None if moe.hash_index is None else moe.hash_index[...]
   decision, _ = routing.route(  # (loss stats unused)
-    block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1, token_ids_T=token_ids_R
+    block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1, token_ids_T=token_ids_R, hash_index_S=index
   )
   # A zero-computation expert's choice (id >= E) is the token itself, added where the token is: at that choice the
   # row stays on its device (`STAY`), weighted 0 there.

@@ -51,6 +51,7 @@ def moe_apply(
   expert_bias: jax.Array | None = None,
   balance_counts: jax.Array | None = None,
   token_ids: jax.Array | None = None,
+  hash_index: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
@@ -72,8 +73,12 @@ def moe_apply(
     step's earlier micro-batches (None: none); aux['balance_counts'] returns them plus this call's, the
     next micro-batch's input.
   token_ids: the tokens' ids, x's shape without d (int), which routing='hash' chooses experts by (required there).
+  hash_index: with routing='hash', optional [E + Z] int, the index each expert the hash names sits at after a
+    placement moved the experts (`moejax.placement.apply.permute_expert_state`); None: where it started.
   """
-  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids)  # a slot table's too
+  lay = check_inputs(
+    params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids, hash_index
+  )  # a slot table's too
   return _moe_apply(
     params,
     x,
@@ -86,17 +91,22 @@ def moe_apply(
     expert_bias=expert_bias,
     balance_counts=balance_counts,
     token_ids=token_ids,
+    hash_index=hash_index,
   )
 
 
 # Jitted so that eager calls (notebooks, MoELayer outside jit) compile once instead of running
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "lay", "train"))
-def _moe_apply(params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts, token_ids):
+def _moe_apply(
+  params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts, token_ids, hash_index
+):
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
   if cfg.router.needs_token_ids:  # sharded like the tokens
     extras["token_ids"], extra_specs["token_ids"] = jnp.asarray(token_ids, jnp.int32).reshape(-1), lay.x_spec
+  if hash_index is not None:
+    extras["hash_index"], extra_specs["hash_index"] = jnp.asarray(hash_index, jnp.int32), P()
   if expert_bias is not None:
     extras["bias"], extra_specs["bias"] = jnp.asarray(expert_bias, jnp.float32), P()
   if cfg.balance_loss == "global_batch":
@@ -152,7 +162,7 @@ def _route(router_in_TxD, params, cfg: MoEConfig, extras: dict, sequence_length:
   """(decision, stats, keep [T, K]): the router's expert ids and weights [T, K] for this device's tokens; capacity
   keeps each expert's first C choices of this group (a zero expert's always: it holds no queue)."""
   decision, stats = routing.route(
-    router_in_TxD, params, cfg, extras.get("bias"), sequence_length, extras.get("token_ids")
+    router_in_TxD, params, cfg, extras.get("bias"), sequence_length, extras.get("token_ids"), extras.get("hash_index")
   )
   keep_TxK = jnp.ones_like(decision.expert_ids, bool)
   if cfg.capacity_factor is not None:

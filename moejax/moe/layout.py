@@ -3,6 +3,7 @@
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
@@ -162,6 +163,22 @@ def _check_token_ids(cfg: MoEConfig, x: jax.Array, token_ids) -> None:
   )
 
 
+def _check_hash_index(cfg: MoEConfig, hash_index) -> None:
+  """hash_index: None, or with routing='hash' a permutation of the E + Z experts' indices (a placement's)."""
+  if hash_index is None:
+    return
+  require(cfg.router.needs_token_ids, "hash_index", "given", f"None unless routing='hash' (it is {cfg.routing!r})")
+  scored, want = (
+    cfg.router.scored,
+    f"a permutation of 0 .. {cfg.router.scored - 1} (where each of the E + Z experts sits)",
+  )
+  shape, dtype = tuple(np.shape(hash_index)), jnp.asarray(hash_index).dtype
+  require(shape == (scored,) and jnp.issubdtype(dtype, jnp.integer), "hash_index", (shape, str(dtype)), want)
+  if not isinstance(hash_index, jax.core.Tracer):  # the contents, where known before tracing
+    index = np.asarray(hash_index)
+    require(np.array_equal(np.sort(index), np.arange(scored)), "hash_index", index.tolist(), want)
+
+
 def _check_chunks(cfg: MoEConfig, lay: Layout) -> None:
   """A schedule that splits the sent rows into num_chunks equal chunks needs num_chunks to divide them."""
   if cfg.schedule_kind.splits_rows and lay.rows % cfg.num_chunks:
@@ -198,6 +215,7 @@ def check_inputs(
   expert_bias=None,
   balance_counts=None,
   token_ids=None,
+  hash_index=None,
 ) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
@@ -215,6 +233,7 @@ def check_inputs(
   _check_expert_bias(cfg, expert_bias)
   _check_balance_counts(cfg, balance_counts)
   _check_token_ids(cfg, x, token_ids)
+  _check_hash_index(cfg, hash_index)
   _check_chunks(cfg, lay)
   _check_platform(cfg, sharding, mesh)
   return lay

@@ -49,6 +49,11 @@ class ExpertBias(nnx.Variable):
   updates it after every step from the measured loads."""
 
 
+class HashIndex(nnx.Variable):
+  """Where each expert a hash names sits [E + Z] int32 (routing='hash'): the identity until a placement moves the
+  experts (`moejax.placement.apply.permute_expert_state`); state, not a parameter."""
+
+
 class BalanceCounts(nnx.Variable):
   """The choice counts of the optimizer step's earlier micro-batches [cfg.balance_counts_size]
   (balance_loss='global_batch'): input state the trainer sets per micro-batch; zeros outside training."""
@@ -59,7 +64,7 @@ class MoELayer(nnx.Module):
   cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
   its balancing bias (`expert_bias`, an `ExpertBias` [E]; with zero experts [E + Z], frozen), with
   balance_loss='global_batch' the earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`,
-  replicated).
+  replicated), with routing='hash' where each hashed expert sits (`hash_index`, a `HashIndex` [E + Z], replicated).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -98,6 +103,12 @@ class MoELayer(nnx.Module):
       if cfg.balance_loss != "global_batch"
       else BalanceCounts(jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
     )
+    scored = cfg.router.scored
+    self.hash_index = (
+      HashIndex(jax.device_put(jnp.arange(scored, dtype=jnp.int32), NamedSharding(mesh, P())))
+      if cfg.router.needs_token_ids
+      else None
+    )
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -132,6 +143,7 @@ class MoELayer(nnx.Module):
       slot_expert = self.slot_expert[...]
     bias = None if self.expert_bias is None else self.expert_bias[...]
     prior = None if self.balance_counts is None else self.balance_counts[...]
+    index = None if self.hash_index is None else self.hash_index[...]
     return moe_apply(
       self.params(),
       x,
@@ -143,4 +155,5 @@ class MoELayer(nnx.Module):
       expert_bias=bias,
       balance_counts=prior,
       token_ids=token_ids,
+      hash_index=index,
     )

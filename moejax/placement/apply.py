@@ -10,7 +10,9 @@ The node routings limit which relabellings keep the outputs: a node's (or a grou
 
 What else moves with the experts: the shared experts (`shared`, `shared_gate`) are on every token and
 pass through unchanged; of the layer's state (`permute_expert_state`), DeepSeek-V3's balancing bias
-`expert_bias` [E] and the earlier micro-batches' choice counts `balance_counts` move with their experts.
+`expert_bias` [E] and the earlier micro-batches' choice counts `balance_counts` move with their experts, and with
+routing='hash' the index each hashed expert sits at (`hash_index`) follows it (a hash names the same expert, which
+now sits elsewhere).
 A slot table (`slot_expert`, slots_per_device) is refused: its replicas, not the experts' indices, decide
 where an expert runs.
 """
@@ -130,6 +132,9 @@ def permute_expert_state(state_per_layer: Sequence[dict], order, cfg: MoEConfig)
     new = dict(state)
     if state.get("expert_bias") is not None:
       new["expert_bias"] = state["expert_bias"][padded_order(order[j], len(state["expert_bias"]))]
+    if state.get("hash_index") is not None:  # expert e, at index hash_index[e], moves to where order puts that index
+      index = np.asarray(state["hash_index"])
+      new["hash_index"] = inverse_order(padded_order(order[j], len(index))[None])[0][index].astype(index.dtype)
     if state.get("balance_counts") is not None:
       counts, start, pieces = np.asarray(state["balance_counts"]), 0, []
       for name, width in cfg.router.widths.items():  # each balanced router's counts, in its columns' new order
@@ -176,8 +181,10 @@ def apply_placement(params_per_layer: Sequence[dict], placement, cfg: MoEConfig)
   docstring): 'topk' any; 'node_limited' only those keeping every node's experts together
   (`solve(..., routing='node_limited')` finds such); 'bilevel' those, with one local order for every
   node; group-limited routing (num_groups, topk_groups < num_groups) those keeping every group's experts
-  together on an aligned block. Other placements raise ConfigError naming the layer and the expert.
-  The layer's state moves with `permute_expert_state(state, expert_order(placement), cfg)`.
+  together on an aligned block; 'hash' any, routing through the moved `hash_index`. Other placements raise
+  ConfigError naming the layer and the expert. The layer's state moves with
+  `permute_expert_state(state, expert_order(placement), cfg)` (with 'hash' its `hash_index`, which the layer needs:
+  `moe_apply(hash_index=)`).
   """
   require(
     isinstance(cfg, MoEConfig),

@@ -127,13 +127,6 @@ def check_order(order, cfg: MoEConfig, layers: int | None = None) -> dict:
     f"one permutation of 0 .. {cfg.num_experts - 1} per MoE layer",
   )
   router = cfg.router
-  require(
-    not router.needs_token_ids,
-    "routing",
-    cfg.routing,
-    "a routing that chooses by score: a hash of the token ids names the same expert index whatever the placement, "
-    "so moving an expert changes every output",
-  )
   blocks = None if router.placement_blocks is None else block_order(order, cfg)
   # Zero-computation experts (ids E .. E+Z-1) hold no parameters and sit on no device: their columns stay put.
   zeros = np.broadcast_to(

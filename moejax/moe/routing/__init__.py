@@ -38,14 +38,16 @@ def route(
   bias_E: jax.Array | None = None,
   sequence_length: int | None = None,
   token_ids_T: jax.Array | None = None,
+  hash_index_S: jax.Array | None = None,
 ) -> tuple[RoutingDecision, dict]:
   """x [T, d] -> (decision, loss statistics) by the config's router (`Router.route`).
 
   bias_E: the auxiliary-loss-free balancing bias [E + Z], added to the scores that choose the experts only.
   sequence_length: with balance_loss='sequence', the tokens of one sequence (T holds whole sequences).
-  token_ids_T: the tokens' ids [T], which 'hash' routes by.
+  token_ids_T: the tokens' ids [T], which 'hash' routes by; hash_index_S [E + Z]: where each expert the hash names
+  sits after a placement (None: where it started).
   """
-  return cfg.router.route(x_TxD, params, bias_E, sequence_length, token_ids_T)
+  return cfg.router.route(x_TxD, params, bias_E, sequence_length, token_ids_T, hash_index_S)
 
 
 def router_names(cfg) -> tuple[str, ...]:

@@ -122,17 +122,26 @@ class Router(abc.ABC):
     """(kernel name, coefficient, choices per token) of each balanced router, in `widths` order."""
 
   @abc.abstractmethod
-  def route(self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, token_ids_T=None):
+  def route(
+    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, token_ids_T=None, hash_index_S=None
+  ):
     """x [T, d] (and the tokens' ids [T], used by 'hash' only) -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
     and 'prob_sums' {kernel name: [width]}, 'z_sum', 'tokens', and with balance_loss='sequence'
-    'sequence_loss_sum' and 'sequences')."""
+    'sequence_loss_sum' and 'sequences'). hash_index_S: where each expert a hash names sits ('hash': `Hashed`)."""
 
   @abc.abstractmethod
   def reference(
-    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, prior=None, token_ids_T=None
+    self,
+    x_TxD,
+    params: dict,
+    bias_E=None,
+    sequence_length: int | None = None,
+    prior=None,
+    token_ids_T=None,
+    hash_index_S=None,
   ) -> ReferenceRoute:
     """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts;
-    token_ids_T: the tokens' ids [T] ('hash')."""
+    token_ids_T: the tokens' ids [T] and hash_index_S the experts' places ('hash')."""
 
 
 def counts(ids, size):

@@ -1,6 +1,8 @@
 """Hash routing (DeepSeek-V4's hash-routed layers; Roller et al.'s Hash Layers): a token's experts are a fixed function
 of its token id, never of its activations, so a layer's exchange plan is known from the ids before the layer runs
-(`hash_experts`, a pure function of the ids). The router kernel still weights the chosen experts (its scores at those
+(`hash_experts`, a pure function of the ids). A placement moves experts to other indices, so the layer keeps where
+each expert the hash names now sits (`hash_index` [E + Z], the identity until placed: `moejax.placement.apply`) and
+routes to that index. The router kernel still weights the chosen experts (its scores at those
 ids, renormalised and scaled as 'topk's), so it trains; the balance loss and z-loss are 'topk's."""
 
 import jax
@@ -36,6 +38,8 @@ class Hashed(TopK):
       "0 with routing='hash' (the bias shifts the scores that choose experts; a hash of the token id chooses them)",
     )
 
-  def choose(self, select_TxE, token_ids_T):
+  def choose(self, select_TxE, token_ids_T, hash_index_S):
+    """[T, K]: the experts the ids hash to, at their places hash_index_S [E + Z] (None: not placed)."""
     require(token_ids_T is not None, "token_ids", None, "the tokens' ids with routing='hash' (moe_apply(token_ids=))")
-    return hash_experts(token_ids_T, self.cfg.top_k, self.scored)
+    ids_TxK = hash_experts(token_ids_T, self.cfg.top_k, self.scored)
+    return ids_TxK if hash_index_S is None else hash_index_S[ids_TxK]
