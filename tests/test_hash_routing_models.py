@@ -1,8 +1,8 @@
 """Hash routing (`routing='hash'`) in the models: every MoE layer of a decoder or a `LanguageModel` routes by the
 token ids of its input (the MTP modules' by the ids they embed), on every runner: the forward on the 2 x 4 mesh equals
 the one-device model and each layer's experts are the plain hash of the ids (Python integers, not the code's
-function); decoding through the cache, vanilla and ExFlow's, equals the full forward; a training step through a 1F1B
-pipeline and the two-batch step equal the plain step. The layer itself: tests/test_hash_routing.py."""
+function); decoding through the cache, vanilla and ExFlow's, equals the full forward; a placed model keeps its logits
+and ExFlow's decode; a training step through a 1F1B pipeline and the two-batch step equal the plain step. The layer itself: tests/test_hash_routing.py."""
 
 import jax
 import numpy as np
@@ -12,7 +12,7 @@ from flax import nnx
 import moejax.models as models
 from configs import decoder
 from moejax.infer import decode
-from moejax.models.config import ModelConfig
+from moejax.models.config import ModelConfig, moe_block_indices
 from moejax.models.language_model import LanguageModel
 from moejax.moe.config import MoEConfig
 from moejax.pipeline import section as pipeline_section
@@ -76,6 +76,28 @@ def test_decode_through_the_cache_equals_the_full_forward(devices, mode):
   tokens = np.concatenate([prompt, out.tokens], axis=1)
   full = np.asarray(model(tokens[:, :-1])[0])[:, prompt.shape[1] - 1 :]
   assert relative_error(out.logits, full) < 1e-5
+
+
+def test_a_placed_decoder_routes_each_id_to_the_moved_experts_and_decodes_alike(devices):
+  """Every MoE layer's experts placed at random over the 8 devices (`with_placement`): the forward gives the same
+  logits, each layer's choices are the same experts at their new indices, and ExFlow's greedy decode (the rows move
+  to where the experts now sit) gives the unplaced model's tokens and logits."""
+  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH)
+  layers, experts = len(moe_block_indices(model.cfg)), model.moe_cfg.num_experts
+  rng = np.random.default_rng(8)
+  placement = np.stack([rng.permutation(np.repeat(np.arange(8), experts // 8)) for _ in range(layers)])
+  placed = decode.with_placement(model, placement)
+  tokens = _tokens(9, False, model.cfg.vocab_size)
+  (logits, aux), (placed_logits, placed_aux) = model(tokens, details=True), placed(tokens, details=True)
+  assert relative_error(np.asarray(placed_logits), np.asarray(logits)) < 1e-5
+  order = np.asarray(placed.expert_order)  # [M, E]: the expert at each index
+  for j, (before, after) in enumerate(zip(np.asarray(aux["expert_ids"]), np.asarray(placed_aux["expert_ids"]))):
+    np.testing.assert_array_equal(order[j][after], before)
+    np.testing.assert_array_equal(after // (experts // 8), placement[j][before])
+  prompt = _tokens(10, False, model.cfg.vocab_size, (8, 5))
+  want, got = decode.generate(model, prompt, 3), decode.generate(placed, prompt, 3, mode="exflow")
+  np.testing.assert_array_equal(got.tokens, want.tokens)
+  assert relative_error(got.logits, want.logits) < 1e-5
 
 
 def _training_config(micro: int, pipeline: dict):

@@ -412,7 +412,7 @@ def test_unconstrained_placement_splits_nodes():
 def test_apply_placement_keeps_outputs_with_zero_experts():
   """Zero-computation experts (ids 8 .. 9) have no parameters and no device: a placement moves the 8 real experts
   with their router columns and leaves the zero experts' columns last, so the outputs and the zero experts' counts
-  stay as they were; hash routing, whose choice ignores the router columns, is refused."""
+  stay as they were (hash routing's placement: tests/test_hash_routing.py)."""
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, zero_experts=2)
   rng = np.random.default_rng()
   params = [init_params(jax.random.key(int(rng.integers(1 << 30))), cfg)]
@@ -425,5 +425,3 @@ def test_apply_placement_keeps_outputs_with_zero_experts():
   np.testing.assert_array_equal(np.asarray(aux_moved["zero_expert_counts"]), np.asarray(aux["zero_expert_counts"]))
   assert np.asarray(aux["zero_expert_counts"]).sum() > 0  # some choices went to the zero experts
   np.testing.assert_array_equal(moved[0]["router"]["kernel"][:, 8:], params[0]["router"]["kernel"][:, 8:])
-  with pytest.raises(ConfigError, match="routing='hash' is not allowed: a routing that chooses by score"):
-    apply_placement(params, placement, dataclasses.replace(cfg, routing="hash", zero_experts=0))
