@@ -4,7 +4,15 @@ rate with every device busy, an op's launch and a call's) come from microbenchma
 (`moejax.study.program_calibration`), so every case is held out. Prints one row per case and pass (measured ms,
 priced ms: collectives + compute, error) and writes <workdir>/program_price.json.
 
+Beside the price, each of the program's collectives is timed alone (`alone_ms`: the same kind, axes, bytes and
+operands as a program of its own) and summed, so a miss can be told apart: the terms mispricing a collective as it runs alone (priced
+collectives against `alone_ms`), or a collective costing less inside the program than alone (`alone_ms` + compute
+against the measured layer: inside, the devices arrive together from the collective before; alone, each call waits
+for them).
+
   python -m experiments.validate_program_price --workdir=/tmp/program_price
+  python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.validate_program_price \
+      --workdir=/tmp/program_price_2p      # the mesh over two processes (gloo): 'node' between them
 
 On CPU the devices are threads sharing the host's cores and the collectives copies in memory: this checks that the
 program's price adds up to what the program takes here, not a GPU cluster's numbers.
@@ -17,10 +25,12 @@ import jax.numpy as jnp
 from absl import flags
 
 from moejax import cli, workdir_guard
+from moejax.cost import program as program_lib
 from moejax.cost import program_ops, program_price
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
+from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import program_calibration
 from moejax.validation import ConfigError, require
@@ -56,10 +66,24 @@ def compiled_layer(cfg: MoEConfig, tokens: int, mesh, passes: str):
   return compiled, jax.device_put((params, x), compiled.input_shardings[0])
 
 
-def run_case(case: dict, config, mesh, terms) -> list[dict]:
+def collectives_alone_seconds(compiled, mesh, repeats: int) -> float:
+  """The program's collectives each timed as a program of its own (`program_calibration.time_collective` at its kind,
+  axes, bytes per operand and operands), times its runs, summed: what they take one after another."""
+  total = 0.0
+  for c in program_lib.collectives(compiled, mesh):
+    if c.axes:  # an all-gather's bytes are its result: each device puts in 1 / group of them
+      block = c.bytes // (len(c.groups[0]) if c.kind == "all-gather" else 1)
+      total += c.count * program_calibration.time_collective(
+        c.kind, c.axes, max(1, block // c.operands), mesh, repeats, c.operands
+      )
+  return total
+
+
+def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
   cfg = MoEConfig(
     num_experts=config.num_experts, top_k=config.top_k, d_model=case["d_model"], d_ff=case["d_ff"],
     path=case["path"], collective=case["collective"], num_nodes=config.nodes,
+    capacity_factor=config.capacity_factor,
   )  # fmt: skip
   rows = []
   for passes in PASSES:
@@ -73,6 +97,7 @@ def run_case(case: dict, config, mesh, terms) -> list[dict]:
         measured_ms=1e3 * measured,
         priced_ms=1e3 * price.serial_s,
         collectives_ms=1e3 * price.communication_s,
+        alone_ms=1e3 * collectives_alone_seconds(compiled, mesh, config.repeats),
         compute_ms=1e3 * price.compute_s,
         compute_ms_by_category={
           k: 1e3 * v for k, v in program_price.compute_by_category(program_ops.ops(compiled), terms).items()
@@ -81,10 +106,10 @@ def run_case(case: dict, config, mesh, terms) -> list[dict]:
       )
     )
     r = rows[-1]
-    print(
-      f"{case['d_model']:>5} {case['d_ff']:>5} {case['tokens']:>6} {case['path']:<11}{case['collective']:<8}{passes:<8}"
-      f"{r['measured_ms']:>10.1f}{r['priced_ms']:>10.1f}{r['collectives_ms']:>9.1f}{r['compute_ms']:>9.1f}"
-      f"{r['error']:>+8.0%}",
+    say(
+      f"{case['d_model']:>5} {case['d_ff']:>5} {case['tokens']:>6} {case['path']:<11}{case['collective']:<9}{passes:<8}"
+      f"{r['measured_ms']:>10.1f}{r['priced_ms']:>10.1f}{r['collectives_ms']:>9.1f}{r['alone_ms']:>9.1f}"
+      f"{r['compute_ms']:>9.1f}{r['error']:>+8.0%}",
       flush=True,
     )
   return rows
@@ -93,21 +118,26 @@ def run_case(case: dict, config, mesh, terms) -> list[dict]:
 def main(argv):
   del argv
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  if distributed.initialize() == "single":  # else the job's processes hold the mesh's devices
+    mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
   try:
     cases = [parse_case(c) for c in config.cases]
-    workdir_guard.claim(workdir, "experiments.validate_program_price", config)
+    if jax.process_index() == 0:  # the process that writes the record
+      workdir_guard.claim(workdir, "experiments.validate_program_price", config)
   except ConfigError as e:
     raise SystemExit(f"error: {e}") from None
-  mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
   mesh = mesh_lib.make_mesh(config.nodes, config.gpus_per_node)
-  print(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh (microbenchmarks):", flush=True)
-  terms = program_calibration.measure(mesh, config.repeats)
-  print(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<8}{'pass':<8}{'measured':>10}{'priced':>10}"
-        f"{'colls':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
-  rows = [row for case in cases for row in run_case(case, config, mesh, terms)]
+  say = print if jax.process_index() == 0 else (lambda *a, **k: None)
+  say(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh, {jax.process_count()} process(es):", flush=True)
+  terms = program_calibration.measure(mesh, config.repeats, say=say)
+  say(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<9}{'pass':<8}{'measured':>10}{'priced':>10}"
+      f"{'colls':>9}{'alone':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
+  rows = [row for case in cases for row in run_case(case, config, mesh, terms, say)]
   errors = sorted(abs(r["error"]) for r in rows)
-  print(f"\n|error| median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")
-  cli.write_json(workdir, "program_price.json", dict(terms=terms.as_dict(), rows=rows, config=config.to_dict()))
+  say(f"\n|error| median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")
+  if jax.process_index() == 0:
+    record = dict(terms=terms.as_dict(), rows=rows, config=config.to_dict(), processes=jax.process_count())
+    cli.write_json(workdir, "program_price.json", record)
 
 
 if __name__ == "__main__":

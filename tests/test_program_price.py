@@ -2,6 +2,8 @@
 and pairwise formulas written out here in float64, and a compiled MoE layer and training step priced in full (every
 collective the program runs has a price; a collective planted into the layer adds its own)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -137,8 +139,10 @@ def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
     assert terms.chained.get(key) == (
       pytest.approx(launch, rel=1e-6) if key[0] in program_calibration.CHAINABLE else None
     )
+    tiny = (alpha + beta * 1e-5 * program_calibration.TINY, each + beta * 1e-5 * program_calibration.TINY)
+    assert terms.tiny.get(key) == (pytest.approx(tiny, rel=1e-6) if key[0] == "all-reduce" else None)
   assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
-  kept = dict(per_operand=terms.per_operand, chained=terms.chained)
+  kept = dict(per_operand=terms.per_operand, chained=terms.chained, tiny=terms.tiny)
   assert program_calibration.Terms(terms.per_kind, **compute, **kept) == terms
 
 
@@ -159,6 +163,13 @@ def test_a_many_operand_collective_pays_for_each_operand(mesh_2x4):
   )
   priced = program_price.price_measured(compiled, mesh_2x4, terms)
   assert priced.communication_s == pytest.approx(alpha + 4 * each + beta * 4 * sum(sizes), rel=1e-12)
+  # with a term at TINY bytes per operand: 54.4 B each lies a fifth of the way from TINY (4 B) to the small size (256)
+  tiny_alpha, tiny_each = rng.uniform(1e-6, 1e-5, 2)
+  tiny_terms = dataclasses.replace(terms, tiny={("all-reduce", BOTH): (tiny_alpha, tiny_each)})
+  at = (4 * sum(sizes) / 5 - 4) / (256 - 4)
+  want = (tiny_alpha + at * (alpha - tiny_alpha)) + 4 * (tiny_each + at * (each - tiny_each)) + beta * 4 * sum(sizes)
+  priced = program_price.price_measured(compiled, mesh_2x4, tiny_terms)
+  assert priced.communication_s == pytest.approx(want, rel=1e-12)
   # an all-to-all in XLA's tuple form holds one piece per peer of one array: one operand, not eight
   a2a = jax.shard_map(
     lambda x: jax.lax.all_to_all(x, BOTH, 0, 0, tiled=True), mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH)
@@ -222,7 +233,8 @@ def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):
 @pytest.mark.slow
 def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
   """experiments.validate_program_price on one tiny case: terms measured, the layer timed and priced forward and
-  forward+backward, each row's error its priced / measured - 1; a malformed case is one error line."""
+  forward+backward, each row's error its priced / measured - 1, its collectives timed alone; a malformed case is one
+  error line."""
   import json
   import subprocess
   import sys
@@ -239,6 +251,7 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
   for r in record["rows"]:
     assert r["measured_ms"] > 0 and r["error"] == pytest.approx(r["priced_ms"] / r["measured_ms"] - 1)
     assert r["priced_ms"] == pytest.approx(r["collectives_ms"] + r["compute_ms"])
+    assert r["alone_ms"] > 0  # the layer's collectives, each timed as a program of its own
     call_ms = 1e3 * record["terms"]["call_s"]
     assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}

@@ -17,6 +17,12 @@ result: the chain's time beyond the lone one's, per further link and less its by
 follows another directly (`Terms.chained`; `program.Collective.chained`). A lone one's alpha also holds its devices'
 arrival from compute, each at its own pace (on CPU, device threads sharing the cores): one in a chain finds them met.
 
+An all-reduce is also timed at `TINY` bytes per operand, alone and with `OPERANDS` operands (`Terms.tiny`): a layer's
+statistics (losses, counts) are all-reduces of a few floats per operand, and a reduction of fewer elements than it has
+devices runs another algorithm than a ring of one chunk per device (on gloo, 2 x 4 devices over two processes: one
+float per operand took 1.6-2.9 ms alone and 7.6-8.0 ms with 4 operands, 64 floats 11.5-12.2 and 44-59 ms). Between
+TINY and the small size its alpha and per-operand cost are interpolated in the bytes per operand.
+
 Compute (`compute_terms`), each a jit(shard_map) over every device, its ops listed by `program_ops` as a program's
 are, so a rate is in the units its ops are priced in (per device: FLOPs or bytes read and written):
 - launch and call: chains of tiny dependent ops (a sort of 8 floats and a scale, unfusable) at two lengths: the
@@ -47,6 +53,7 @@ RATE_SIDE = 512  # the matmul timed for the compute rate: [devices x 512, 512] @
 TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WIDTH] f32 table and rows picked
 SORTED = 16384  # keys per device in the argsort
 CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
+TINY = 4  # bytes per operand of the all-reduces timed for their cost at a few elements (`Terms.tiny`)
 OPERANDS = 8  # arrays in the many-operand form of each collective timed for its cost per operand
 LINKS = 4  # collectives in the chain timed for the cost of one that follows another
 CHAINABLE = ("all-reduce", "all-to-all", "collective-permute")  # the kinds whose result can feed the next link
@@ -58,7 +65,8 @@ class Terms:
   (matmul), bytes_per_s (elementwise), op_bytes_per_s ({'gather' | 'scatter' | 'sort': bytes/s}; a category absent
   runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call; per_operand: {(kind, axes):
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
-  directly follows another collective, its bytes aside} (absent: alpha)."""
+  directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
+  per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too)."""
 
   per_kind: dict
   flops_per_s: float
@@ -68,6 +76,7 @@ class Terms:
   call_s: float = 0.0
   per_operand: dict = dataclasses.field(default_factory=dict)
   chained: dict = dataclasses.field(default_factory=dict)
+  tiny: dict = dataclasses.field(default_factory=dict)
 
   def collective_seconds(
     self, kind: str, axes: tuple, nbytes: float, operands: int = 1, after_collective: bool = False
@@ -76,7 +85,14 @@ class Terms:
     another collective or not (`program.Collective.chained`)."""
     alpha, beta = self.per_kind[(kind, axes)]
     alpha = self.chained.get((kind, axes), alpha) if after_collective else alpha
-    return alpha + (operands - 1) * self.per_operand.get((kind, axes), 0.0) + beta * nbytes
+    per_operand = self.per_operand.get((kind, axes), 0.0)
+    each = nbytes / max(operands, 1)
+    if (kind, axes) in self.tiny and each < SIZES[0]:  # toward the tiny point, linearly in the bytes per operand
+      at = max(0.0, (each - TINY) / (SIZES[0] - TINY))
+      tiny_alpha, tiny_per_operand = self.tiny[(kind, axes)]
+      alpha = min(alpha, tiny_alpha + at * (alpha - tiny_alpha))
+      per_operand = tiny_per_operand + at * (per_operand - tiny_per_operand)
+    return alpha + (operands - 1) * per_operand + beta * nbytes
 
   def op_seconds(self, category: str, flops: float, nbytes: float) -> float:
     """One run of an op of `category` (`program_ops.CATEGORIES`): launch + its FLOPs (a matmul) or bytes at its
@@ -94,6 +110,7 @@ class Terms:
         beta_s_per_byte=v[1],
         per_operand_s=self.per_operand.get((k, a), 0.0),
         chained_s=self.chained.get((k, a)),
+        tiny_s=self.tiny.get((k, a)),
       )
       for (k, a), v in self.per_kind.items()
     ]
@@ -159,12 +176,14 @@ def time_collective(
   """Median seconds of one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of
   8 columns; `_many` where several), or of a chain of `links` of them (`_chain`)."""
   everything = tuple(mesh.axis_names)
-  rows = max(1, nbytes // 32)
-  rows += (-rows) % int(np.prod([mesh.shape[a] for a in axes]))  # all-to-all, reduce-scatter split rows
+  columns = min(8, max(1, nbytes // 4))  # [rows, columns] f32: down to one float (TINY)
+  rows = max(1, nbytes // (4 * columns))
+  if kind in ("all-to-all", "reduce-scatter"):  # they split rows over the group
+    rows += (-rows) % int(np.prod([mesh.shape[a] for a in axes]))
   body = _many(kind, axes, mesh) if operands > 1 else _chain(kind, axes, mesh, links)
   spec = (P(everything),) * operands
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(everything) if operands == 1 else spec))
-  blocks = tuple(jnp.full((mesh.devices.size * rows, 8), i + 1.0, jnp.float32) for i in range(operands))
+  blocks = tuple(jnp.full((mesh.devices.size * rows, columns), i + 1.0, jnp.float32) for i in range(operands))
   return median_seconds(fn, placed(blocks, mesh), repeats)
 
 
@@ -189,13 +208,17 @@ def axis_sets(mesh) -> list[tuple[str, ...]]:
 def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print, compute=None) -> Terms:
   """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the compute terms; `timer(kind, axes,
   nbytes, mesh, repeats)` and `compute(mesh, repeats)` (default `compute_terms`; tests pass their own)."""
-  per_kind, per_operand, chained = {}, {}, {}
+  per_kind, per_operand, chained, tiny = {}, {}, {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
       points = [(size, timer(kind, axes, size, mesh, repeats)) for size in SIZES]
       alpha, beta = per_kind[(kind, axes)] = line(*points)
       many = timer(kind, axes, SIZES[0], mesh, repeats, operands=OPERANDS)
       per_operand[(kind, axes)] = max(0.0, (many - alpha - beta * OPERANDS * SIZES[0]) / (OPERANDS - 1))
+      if kind == "all-reduce":
+        lone = timer(kind, axes, TINY, mesh, repeats)
+        many = timer(kind, axes, TINY, mesh, repeats, operands=OPERANDS)
+        tiny[(kind, axes)] = (lone, max(0.0, (many - lone) / (OPERANDS - 1)))
       if kind in CHAINABLE:
         chain = timer(kind, axes, SIZES[0], mesh, repeats, links=LINKS)
         chained[(kind, axes)] = max(0.0, (chain - points[0][1]) / (LINKS - 1) - beta * SIZES[0])
@@ -203,8 +226,12 @@ def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=prin
         f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B, "
         f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand, "
         f"{chained.get((kind, axes), alpha) * 1e6:9.1f} us after another"
-      )
-  terms = Terms(per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand, chained=chained)
+        + (f", at {TINY} B {tiny[(kind, axes)][0] * 1e6:.1f} us + {tiny[(kind, axes)][1] * 1e6:.1f} us per further "
+           "operand" if (kind, axes) in tiny else "")
+      )  # fmt: skip
+  terms = Terms(
+    per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand, chained=chained, tiny=tiny
+  )
   rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
   say(
     f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
