@@ -76,9 +76,8 @@ def moe_apply(
   hash_index: with routing='hash', optional [E + Z] int, the index each expert the hash names sits at after a
     placement moved the experts (`moejax.placement.apply.permute_expert_state`); None: where it started.
   """
-  lay = check_inputs(
-    params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids, hash_index
-  )  # a slot table's too
+  # Every input checked before tracing (a slot table's contents too).
+  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids, hash_index)
   return _moe_apply(
     params,
     x,

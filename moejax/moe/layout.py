@@ -168,10 +168,8 @@ def _check_hash_index(cfg: MoEConfig, hash_index) -> None:
   if hash_index is None:
     return
   require(cfg.router.needs_token_ids, "hash_index", "given", f"None unless routing='hash' (it is {cfg.routing!r})")
-  scored, want = (
-    cfg.router.scored,
-    f"a permutation of 0 .. {cfg.router.scored - 1} (where each of the E + Z experts sits)",
-  )
+  scored = cfg.router.scored
+  want = f"a permutation of 0 .. {scored - 1} (where each of the E + Z experts sits)"
   shape, dtype = tuple(np.shape(hash_index)), jnp.asarray(hash_index).dtype
   require(shape == (scored,) and jnp.issubdtype(dtype, jnp.integer), "hash_index", (shape, str(dtype)), want)
   if not isinstance(hash_index, jax.core.Tracer):  # the contents, where known before tracing

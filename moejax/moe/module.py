@@ -103,9 +103,8 @@ class MoELayer(nnx.Module):
       if cfg.balance_loss != "global_batch"
       else BalanceCounts(jax.device_put(jnp.zeros((cfg.balance_counts_size,), jnp.float32), NamedSharding(mesh, P())))
     )
-    scored = cfg.router.scored
     self.hash_index = (
-      HashIndex(jax.device_put(jnp.arange(scored, dtype=jnp.int32), NamedSharding(mesh, P())))
+      HashIndex(jax.device_put(jnp.arange(cfg.router.scored, dtype=jnp.int32), NamedSharding(mesh, P())))
       if cfg.router.needs_token_ids
       else None
     )
