@@ -1,3 +1,5 @@
+"""An all-reduce of 1 and of 4 operands at 1-64 floats per device and operand on the 2-process 2 x 4 mesh (README.md)."""
+
 from moejax.runtime import distributed
 
 distributed.initialize()

@@ -1,3 +1,5 @@
+"""A 4-operand all-reduce beside a chain of 7 all-to-alls or after it, on the 2-process 2 x 4 mesh (README.md)."""
+
 from moejax.runtime import distributed
 
 distributed.initialize()
