@@ -78,11 +78,13 @@ def test_decode_through_the_cache_equals_the_full_forward(devices, mode):
   assert relative_error(out.logits, full) < 1e-5
 
 
-def test_a_placed_decoder_routes_each_id_to_the_moved_experts_and_decodes_alike(devices):
-  """Every MoE layer's experts placed at random over the 8 devices (`with_placement`): the forward gives the same
-  logits, each layer's choices are the same experts at their new indices, and ExFlow's greedy decode (the rows move
-  to where the experts now sit) gives the unplaced model's tokens and logits."""
-  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH)
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_a_placed_decoder_routes_each_id_to_the_moved_experts_and_decodes_alike(devices, scan):
+  """Every MoE layer's experts placed at random over the 8 devices (`with_placement`), the layers unrolled or scanned
+  (each layer's index a slice of the stacked state): the forward gives the same logits, each layer's choices are the
+  same experts at their new indices, and ExFlow's greedy decode (the rows move to where the experts now sit) gives the
+  unplaced model's tokens and logits."""
+  model = models.from_hf(str(DATA / FAMILY), mesh_lib.make_mesh(2, 4), moe=HASH, model={"scan_layers": scan})
   layers, experts = len(moe_block_indices(model.cfg)), model.moe_cfg.num_experts
   rng = np.random.default_rng(8)
   placement = np.stack([rng.permutation(np.repeat(np.arange(8), experts // 8)) for _ in range(layers)])
