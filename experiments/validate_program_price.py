@@ -5,10 +5,9 @@ rate with every device busy, an op's launch and a call's) come from microbenchma
 priced ms: collectives + compute, error) and writes <workdir>/program_price.json.
 
 Beside the price, each of the program's collectives is timed alone (`alone_ms`: the same kind, axes, bytes and
-operands as a program of its own) and summed, so a miss can be told apart: the terms mispricing a collective as it runs alone (priced
-collectives against `alone_ms`), or a collective costing less inside the program than alone (`alone_ms` + compute
-against the measured layer: inside, the devices arrive together from the collective before; alone, each call waits
-for them).
+operands as a program of its own) and summed, so a miss can be told apart: the terms mispricing a collective as it
+runs alone (priced collectives against `alone_ms`), or a collective costing otherwise inside the program than alone
+(`alone_ms` + compute against the measured layer).
 
   python -m experiments.validate_program_price --workdir=/tmp/program_price
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.validate_program_price \

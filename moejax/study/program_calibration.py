@@ -174,7 +174,7 @@ def time_collective(
   kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int, operands: int = 1, links: int = 1
 ) -> float:
   """Median seconds of one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of
-  8 columns; `_many` where several), or of a chain of `links` of them (`_chain`)."""
+  8 columns, fewer below 32 bytes; `_many` where several), or of a chain of `links` of them (`_chain`)."""
   everything = tuple(mesh.axis_names)
   columns = min(8, max(1, nbytes // 4))  # [rows, columns] f32: down to one float (TINY)
   rows = max(1, nbytes // (4 * columns))
