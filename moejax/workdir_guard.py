@@ -37,7 +37,8 @@ def not_a_directory(workdir: str) -> str | None:
   None: os.makedirs would end in a FileExistsError traceback."""
   path = os.path.abspath(workdir)
   while not os.path.isdir(path):
-    if os.path.lexists(path):
+    # isdir asked again: another process of the job may have made the directory since the loop's test.
+    if os.path.lexists(path) and not os.path.isdir(path):
       where = "" if path == os.path.abspath(workdir) else f"{path} is "
       return f"{where}an existing file, not a directory: name a new or existing directory"
     path = os.path.dirname(path)

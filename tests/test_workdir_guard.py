@@ -242,3 +242,25 @@ def test_expert_table_keeps_a_devices_table_of_other_records_but_replaces_a_ship
   write((mixtral,), shipped)
   write((qwen,), shipped)
   assert [p.name for p in shipped.iterdir()] == [table.name] and (shipped / table.name).read_bytes() != kept
+
+
+def test_a_workdir_made_by_another_process_during_the_check_is_a_directory(tmp_path, monkeypatch):
+  """The two-process job's race (CI, 2026-11-29): one process tests the workdir (missing), the other makes it, then
+  the first finds it exists; it is a directory, not a file."""
+  workdir = tmp_path / "run"
+  real_isdir = workdir_guard.os.path.isdir
+  asked = []
+
+  def isdir_then_made(path):
+    answer = real_isdir(path)
+    if str(path) == str(workdir) and not asked:
+      asked.append(path)
+      workdir.mkdir()  # the other process, between this test and the next
+    return answer
+
+  monkeypatch.setattr(workdir_guard.os.path, "isdir", isdir_then_made)
+  assert workdir_guard.not_a_directory(str(workdir)) is None
+  assert asked and workdir.is_dir()
+  file = tmp_path / "file"
+  file.write_text("")
+  assert workdir_guard.not_a_directory(str(file)).startswith("an existing file")
