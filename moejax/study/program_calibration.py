@@ -6,33 +6,22 @@ the host's cores: one busy device's rate is not the mesh's), plus the cost of la
   terms = measure(mesh)                       # {(kind, axes): (alpha_s, beta_s_per_byte)}, rates, launch
   program_price.price_measured(compiled, mesh, terms)
 
-Each collective is timed at two sizes per device (`SIZES`: a size exchange's few bytes and a row block's), as its own
-jitted shard_map program (median of `repeats` calls after one warm-up); alpha and beta are the line through the two
-medians (beta clipped at 0: the small size's noise must not make bytes free of cost). It is also timed moving
-`OPERANDS` arrays of the small size at once (an all-reduce of a tuple: one instruction of that many operands, as XLA's
-combiner makes of a step's gradients; gloo reduces them one by one): the time beyond alpha and the bytes, over the
-operands past the first, is the cost of each further operand (`Terms.per_operand`; clipped at 0). The kinds whose
-result has their operand's shape are timed once more as a chain of `LINKS` at the small size, each on the one before's
-result: the chain's time beyond the lone one's, per further link and less its bytes, is the cost of a collective that
-follows another directly (`Terms.chained`; `program.Collective.chained`). A lone one's alpha also holds its devices'
-arrival from compute, each at its own pace (on CPU, device threads sharing the cores): one in a chain finds them met.
+Each collective is timed at two sizes per device (`SIZES`: a size exchange's and a row block's) as its own jitted
+shard_map program (median of `repeats` calls after a warm-up): alpha and beta are the line through them (beta clipped
+at 0). Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
+makes of gradients), the time beyond alpha and bytes per further operand is `Terms.per_operand`. The kinds whose
+result has their operand's shape are timed as a chain of `LINKS`, each on the one before's result: the cost of one
+that follows another directly (`Terms.chained`; a lone one's alpha also holds its devices' arrival from compute).
 
-An all-reduce is also timed at `TINY` bytes per operand, alone and with `OPERANDS` operands (`Terms.tiny`): a layer's
-statistics (losses, counts) are all-reduces of a few floats per operand, and a reduction of fewer elements than it has
-devices runs another algorithm than a ring of one chunk per device (on gloo, 2 x 4 devices over two processes: one
-float per operand took 1.6-2.9 ms alone and 7.6-8.0 ms with 4 operands, 64 floats 11.5-12.2 and 44-59 ms). Between
-TINY and the small size its alpha and per-operand cost are interpolated in the bytes per operand.
+All-reduces also at `TINY` bytes per operand, alone and of `OPERANDS` (`Terms.tiny`): a layer's statistics, a few
+floats, run another algorithm than a ring; below the small size, alpha and per-operand cost are interpolated in bytes.
 
-Compute (`compute_terms`), each a jit(shard_map) over every device, its ops listed by `program_ops` as a program's
-are, so a rate is in the units its ops are priced in (per device: FLOPs or bytes read and written):
-- launch and call: chains of tiny dependent ops (a sort of 8 floats and a scale, unfusable) at two lengths: the
-  slope per listed op run, and the intercept (a program call's own cost);
-- 'matmul' FLOP/s: a [512, 512] @ [512, 512] matmul; 'elementwise' bytes/s: a scaled copy of 4 MiB;
-- 'gather', 'scatter', 'sort' bytes/s: 2048 rows of 128 f32 gathered from, and scatter-added into, an [8192, 128]
-  table at random rows; a stable argsort of 16384 random int32 keys (the layer's dispatch and combine at its widths).
-Each rate is its category's work over the program's time less the call, the launches and its other ops' time at the
-rates measured before it (the scatter's zero fill, the argsort's iota: elementwise). Every argument is placed on the
-devices first (`placed`): an array on one device would be copied out to the mesh on each call and timed with it.
+Compute (`compute_terms`): each benchmark a jit(shard_map) over every device, its ops listed by `program_ops` as a
+program's are (rates in the units ops are priced in): chains of tiny unfusable ops at two lengths (slope: an op's
+launch; intercept: a call); a 512 x 512 matmul (FLOP/s); a scaled copy of 4 MiB (elementwise bytes/s); 2048 rows of
+128 f32 gathered from and scatter-added into an [8192, 128] table, an argsort of 16384 int32 keys (bytes/s). A rate is
+its category's work over the time left after the call, the launches and the other ops at the rates measured before.
+Arguments are placed on the devices first (`placed`): else each call would copy them out to the mesh, timed with it.
 """
 
 import dataclasses
