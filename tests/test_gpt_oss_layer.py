@@ -13,6 +13,7 @@ import pytest
 
 from moejax.cost import expert_backend
 from moejax.moe.config import MoEConfig
+from moejax.moe.experts import Activation
 from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.replication.rebalance import rebalance
@@ -74,8 +75,29 @@ def test_clamped_swiglu_and_biases_against_float64_numpy():
   assert relative_error(y, want) < 1e-6
 
 
+def test_deepseek_v4_clamped_swiglu_and_its_gradient_against_float64_numpy():
+  """'swiglu_clamped_v4' (DeepSeek-V4's experts and shared experts): silu(min(gate, L)) * clip(up, -L, L) at gates
+  and ups below -L, inside and above L, and its gradient (0 through a clamp that acts)."""
+  act = Activation("swiglu_clamped_v4", limit=1.5)
+  grid = np.array([-4.0, -1.6, -1.4, -0.3, 0.0, 0.7, 1.4, 1.6, 5.0])
+  gate, up = (a.reshape(-1) for a in np.meshgrid(grid, grid))
+  silu = lambda a: a / (1 + np.exp(-a))
+  want = silu(np.minimum(gate, 1.5)) * np.clip(up, -1.5, 1.5)
+  got = act(jnp.asarray(gate, jnp.float32), jnp.asarray(up, jnp.float32))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-7)
+  sig = 1 / (1 + np.exp(-gate))
+  want_gate = np.where(gate < 1.5, (sig + gate * sig * (1 - sig)) * np.clip(up, -1.5, 1.5), 0.0)
+  want_up = np.where(np.abs(up) < 1.5, silu(np.minimum(gate, 1.5)), 0.0)
+  g_gate, g_up = jax.grad(lambda g, u: jnp.sum(act(g, u)), (0, 1))(jnp.asarray(gate), jnp.asarray(up))
+  np.testing.assert_allclose(np.asarray(g_gate), want_gate, rtol=1e-5, atol=1e-7)
+  np.testing.assert_allclose(np.asarray(g_up), want_up, rtol=1e-5, atol=1e-7)
+  with pytest.raises(ConfigError, match="gated=False.*activation='swiglu_clamped_v4'"):
+    _gpt_oss(activation="swiglu_clamped_v4", gated=False)
+
+
 CASES = {  # name: (MoEConfig fields, moe_apply's slot table or None)
   "flat-padded": (dict(), None),
+  "deepseek-v4-activation-shared": (dict(activation="swiglu_clamped_v4", num_shared_experts=1), None),
   "flat-capacity": (dict(collective="capacity", capacity_factor=1.0), None),
   "gpu_first-padded-comet": (dict(path="gpu_first", schedule="comet", num_chunks=2), None),
   "replicas": (dict(), "rebalance"),
@@ -106,7 +128,13 @@ def test_layer_matches_reference(mesh_2x4, name):
 
 @pytest.mark.parametrize("backend", ["pallas", "pallas_saved"])
 @pytest.mark.parametrize(
-  "fields", [dict(ffn_bias=False), dict(activation="silu", router_bias=False)], ids=["clamped", "biases"]
+  "fields",
+  [
+    dict(ffn_bias=False),
+    dict(activation="silu", router_bias=False),
+    dict(activation="swiglu_clamped_v4", ffn_bias=False),
+  ],
+  ids=["clamped", "biases", "clamped-v4"],
 )
 def test_fused_pallas_backends_refuse_before_compiling(backend, fields):
   with pytest.raises(ConfigError, match="expert_backend") as info:

@@ -31,34 +31,7 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
   moe = block.ffn.moe
   params, cfg = moe.params(), moe.cfg
   d, k = x_RxD.shape[1], cfg.choices_per_token
-  bias = None if moe.expert_bias is None else moe.expert_bias[...]
-  index = None if moe.hash_index is None else moe.hash_index[...]
-  decision, _ = routing.route(  # (loss stats unused)
-    block.ffn_input(x_RxD), params, cfg, bias, sequence_length=1, token_ids_T=token_ids_R, hash_index_S=index
-  )
-  # A zero-computation expert's choice (id >= E) is the token itself, added where the token is: at that choice the
-  # row stays on its device (`STAY`), weighted 0 there.
-  zero_RxK = ~zero.real(decision.expert_ids, cfg.num_experts)
-  ids_RxK = jnp.where(zero_RxK, 0, decision.expert_ids)
-  if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
-    ids_RxK = replicas_lib.to_slots(
-      ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
-    ).reshape(ids_RxK.shape)
-  ids_RxK = jnp.where(zero_RxK, STAY, ids_RxK)
-  weights_RxK = jnp.where(zero_RxK, jnp.zeros((), decision.weights.dtype), decision.weights)
-  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once; stays last
-    key_RxK = jnp.where(zero_RxK, lay.n * lay.m, ids_RxK // exchange.slots_per_device)
-    order_RxK = jnp.argsort(key_RxK, axis=1, stable=True)
-    ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
-  # The shared experts' output and the zero experts' (the token times their weights), where the token is before it
-  # moves (no exchange), start the sum.
-  shared_RxD = (
-    shared_experts(block.ffn_input(x_RxD), params, cfg)
-    if cfg.num_shared_experts
-    else jnp.zeros(x_RxD.shape, jnp.float32)
-  )
-  if cfg.zero_experts:
-    shared_RxD += zero.identity_sum(block.ffn_input(x_RxD), decision.expert_ids, decision.weights, cfg.num_experts)
+  ids_RxK, weights_RxK, shared_RxD = _choices(block, x_RxD, lay, exchange, token_ids_R)
   here = mesh_lib.my_flat_index(lay.m) * exchange.slots_per_device  # a slot on this device: where a row stays
   local = local_experts.Experts.of(params, cfg)
   # One fp32 row per token: residual, weighted outputs so far, the k weights and expert ids, a Stream's choice of
@@ -85,3 +58,38 @@ def expert_hop(block, x_RxD, requests_R, valid_R, lay: Layout, exchange: schedul
     x_RxD = sparse_attention.Stream(x_RxD, packed[:, 2 * d + 2 * k : -1].astype(jnp.int32))
   y_RxD = packed[:, d : 2 * d]
   return x_RxD, y_RxD, packed[:, -1].astype(jnp.int32), valid_R, traffic, jax.lax.psum(lost, AXES)
+
+
+def _choices(block, x_RxD, lay: Layout, exchange: schedule.Exchange, token_ids_R):
+  """The rows' routing -> (ids_RxK: each choice's slot, STAY for a zero-computation expert's; weights_RxK, 0 there;
+  shared_RxD float32: the shared experts' output and the zero experts' (the token times their weights), computed where
+  the token is before it moves, which start the sum)."""
+  moe = block.ffn.moe
+  params, cfg = moe.params(), moe.cfg
+  value = lambda variable: None if variable is None else variable[...]
+  decision, _ = routing.route(  # (loss stats unused)
+    block.ffn_input(x_RxD), params, cfg, value(moe.expert_bias), sequence_length=1, token_ids_T=token_ids_R,
+    hash_index_S=value(moe.hash_index), hash_table_VxK=value(moe.hash_table),  # the table replicated: looked up here
+  )  # fmt: skip
+  # A zero-computation expert's choice (id >= E) is the token itself, added where the token is: at that choice the
+  # row stays on its device (`STAY`), weighted 0 there.
+  zero_RxK = ~zero.real(decision.expert_ids, cfg.num_experts)
+  ids_RxK = jnp.where(zero_RxK, 0, decision.expert_ids)
+  if moe.slot_expert is not None:  # to one replica of each choice's expert; the token stays there
+    ids_RxK = replicas_lib.to_slots(
+      ids_RxK.reshape(-1), moe.slot_expert[...].reshape(-1), cfg.num_experts, lay.sharding.holder_index(lay.m)
+    ).reshape(ids_RxK.shape)
+  ids_RxK = jnp.where(zero_RxK, STAY, ids_RxK)
+  weights_RxK = jnp.where(zero_RxK, jnp.zeros((), decision.weights.dtype), decision.weights)
+  if lay.dedup:  # a token's choices on one device made consecutive, so it moves to each device once; stays last
+    key_RxK = jnp.where(zero_RxK, lay.n * lay.m, ids_RxK // exchange.slots_per_device)
+    order_RxK = jnp.argsort(key_RxK, axis=1, stable=True)
+    ids_RxK, weights_RxK = (jnp.take_along_axis(a, order_RxK, axis=1) for a in (ids_RxK, weights_RxK))
+  shared_RxD = (
+    shared_experts(block.ffn_input(x_RxD), params, cfg)
+    if cfg.num_shared_experts
+    else jnp.zeros(x_RxD.shape, jnp.float32)
+  )
+  if cfg.zero_experts:
+    shared_RxD += zero.identity_sum(block.ffn_input(x_RxD), decision.expert_ids, decision.weights, cfg.num_experts)
+  return ids_RxK, weights_RxK, shared_RxD

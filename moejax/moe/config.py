@@ -23,7 +23,7 @@ from moejax.validation import is_int, prefixed, reject_unknown, require
 ROUTINGS = tuple(routing_lib.ROUTERS)  # topk, bilevel, node_limited: each choice's options are its registry's names
 PATHS = tuple(path_lib.PATHS)  # flat, gpu_first, node_first
 COLLECTIVES = tuple(collective_lib.COLLECTIVES)  # padded, ragged, capacity, auto
-EXPERT_ACTIVATIONS = (*ACTIVATIONS, experts_lib.CLAMPED_SWIGLU)
+EXPERT_ACTIVATIONS = (*ACTIVATIONS, *experts_lib.GATED_ONLY)  # the elementwise ones, then the clamped SwiGLUs
 EXPERT_BACKENDS = tuple(experts_lib.BACKENDS)  # ragged_dot, dense, the Pallas ones, tokamax, fp8, auto
 DTYPES = ("float32", "bfloat16")
 DISPATCH_DTYPES = (None, "float32", "bfloat16", "float8_e4m3fn")  # None: the activations' own dtype
@@ -124,9 +124,12 @@ class MoEConfig:
     shared_gate: Qwen2-MoE's sigmoid(x w) on the shared output (shared_gate.kernel [d, 1]).
   activation: the experts' ('gelu', 'relu', 'silu'; gated: act(x w_gate) * (x w_in)) or 'swiglu_clamped' (gpt-oss;
     gated only): (clip(x w_in, -limit, limit) + 1) * g * sigmoid(swiglu_alpha * g), g = min(x w_gate, limit), limit
-    = swiglu_limit. ffn_bias: each routed expert's matmuls add biases b_in, b_gate [E, f] and b_out [E, d]
-    (gpt-oss). router_bias: the flat router's logits add a bias router.bias [E] (gpt-oss). Neither the clamped SwiGLU
+    = swiglu_limit; or 'swiglu_clamped_v4' (DeepSeek-V4; gated only): silu(min(x w_gate, limit)) * clip(x w_in, -limit,
+    limit), routed and shared experts alike. ffn_bias: each routed expert's matmuls add biases b_in, b_gate [E, f] and b_out [E, d]
+    (gpt-oss). router_bias: the flat router's logits add a bias router.bias [E] (gpt-oss). Neither clamped SwiGLU
     nor the biases run in the fused Pallas FFN ('pallas', 'pallas_saved'), which is refused with them.
+  hash_vocab: with routing='hash', V > 0 gives the layer a frozen table [V, top_k] of each token id's experts
+    (`hash_table`, DeepSeek-V4's tid2eid; initially the hash's), ids in [0, V); 0: no table, the hash function.
   zero_experts: Z zero-computation experts (LongCat-Flash) after the E real ones (ids E .. E + Z - 1): the router
     scores E + Z, a choice of one outputs the token itself times its weight, on the token's own device (it never
     crosses the wire; no parameters; aux['zero_expert_counts'] [Z]). Not with 'bilevel' or the bias's update rule.
@@ -182,6 +185,7 @@ class MoEConfig:
   shared_d_ff: int | None = None
   shared_gate: bool = False
   zero_experts: int = 0
+  hash_vocab: int = 0
   slots_per_device: int | None = None
   replan_every: int = 0
   replan_window: int = 16

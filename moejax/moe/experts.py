@@ -3,8 +3,8 @@
 Every backend computes, for the rows of group g (contiguous, in order),
   y = act(x @ w_gate[g]) * (x @ w_in[g]) @ w_out[g]   (gated), or  act(x @ w_in[g]) @ w_out[g],
 with fp32 accumulation; rows past sum(group_sizes) give zeros. With biases (`MoEConfig.ffn_bias`, gpt-oss) each
-matmul adds its expert's row b_gate[g], b_in[g] [f] or b_out[g] [d]; 'swiglu_clamped' (gpt-oss) is a gated
-activation of both pre-activations (`Activation`). The fused Pallas FFN (`Backend.fused`) computes neither; the config
+matmul adds its expert's row b_gate[g], b_in[g] [f] or b_out[g] [d]; the clamped SwiGLUs (gpt-oss's, DeepSeek-V4's:
+`GATED_ONLY`) are gated activations of both pre-activations (`Activation`). The fused Pallas FFN (`Backend.fused`) computes neither; the config
 refuses them there.
 """
 
@@ -20,7 +20,8 @@ from kernels.activations import ACTIVATIONS  # One definition for every backend 
 from moejax.runtime import platform as platform_lib
 from moejax.validation import require
 
-CLAMPED_SWIGLU = "swiglu_clamped"
+CLAMPED_SWIGLU = "swiglu_clamped"  # gpt-oss's
+CLAMPED_SWIGLU_V4 = "swiglu_clamped_v4"  # DeepSeek-V4's
 # The experts' ops carry this name scope in a compiled program's metadata, so a profile can tell them apart.
 SCOPE = "expert_ffn"
 
@@ -83,7 +84,7 @@ def of(cfg) -> Backend:
 
 def fused_refusal(cfg) -> str | None:
   """Why the fused Pallas FFN (`Backend.fused`) cannot run these experts, or None."""
-  if cfg.ffn_bias or cfg.activation == CLAMPED_SWIGLU:
+  if cfg.ffn_bias or cfg.activation in GATED_ONLY:
     return (
       f"its kernels compute act(x w_gate) * (x w_in) w_out with activation in {tuple(ACTIVATIONS)}, not "
       f"ffn_bias={cfg.ffn_bias} with activation={cfg.activation!r}"
@@ -91,9 +92,27 @@ def fused_refusal(cfg) -> str | None:
   return None
 
 
+def _swiglu_gpt_oss(gate_F, up_F, alpha: float, limit: float):
+  """gpt-oss's: (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g), g = min(gate, limit) ([..., f] each)."""
+  gate_F = jnp.minimum(gate_F, limit)
+  return (jnp.clip(up_F, -limit, limit) + 1) * gate_F * jax.nn.sigmoid(alpha * gate_F)
+
+
+def _swiglu_v4(gate_F, up_F, alpha: float, limit: float):
+  """DeepSeek-V4's: silu(min(gate, limit)) * clip(up, -limit, limit) ([..., f] each; alpha unused)."""
+  del alpha
+  return jax.nn.silu(jnp.minimum(gate_F, limit)) * jnp.clip(up_F, -limit, limit)
+
+
+# The clamped SwiGLUs: functions of both pre-activations (gated experts only), (gate, up, alpha, limit) -> hidden
+# units; the fused Pallas FFN runs none of them.
+GATED_ONLY = {CLAMPED_SWIGLU: _swiglu_gpt_oss, CLAMPED_SWIGLU_V4: _swiglu_v4}
+
+
 class Activation(NamedTuple):
-  """The experts' activation: `name` one of ACTIVATIONS, or 'swiglu_clamped' (gpt-oss; gated experts only), whose
-  hidden units are (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit)."""
+  """The experts' activation: `name` one of ACTIVATIONS, or one of GATED_ONLY (gated experts only): 'swiglu_clamped'
+  (gpt-oss), (clip(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with g = min(gate, limit); 'swiglu_clamped_v4'
+  (DeepSeek-V4), silu(min(gate, limit)) * clip(up, -limit, limit)."""
 
   name: str
   alpha: float = 1.702
@@ -105,9 +124,8 @@ class Activation(NamedTuple):
 
   def __call__(self, a_gate, a_in=None):
     """The hidden units of the pre-activations (fp32 [..., f]): act(a_gate) * a_in (gated), or act(a_gate)."""
-    if self.name == CLAMPED_SWIGLU:
-      gate = jnp.minimum(a_gate, self.limit)
-      return (jnp.clip(a_in, -self.limit, self.limit) + 1) * gate * jax.nn.sigmoid(self.alpha * gate)
+    if self.name in GATED_ONLY:
+      return GATED_ONLY[self.name](a_gate, a_in, self.alpha, self.limit)
     act = ACTIVATIONS[self.name](a_gate)
     return act if a_in is None else act * a_in
 

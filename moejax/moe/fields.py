@@ -4,7 +4,7 @@ value and what is allowed."""
 
 import logging
 
-from moejax.moe.experts import CLAMPED_SWIGLU
+from moejax.moe.experts import GATED_ONLY
 from moejax.validation import is_int, is_number, require
 
 # The one field `transport` that path and collective were before: each old value as (path, collective).
@@ -98,12 +98,12 @@ def _check_weight_inputs(cfg) -> None:
 
 
 def _check_gpt_oss_experts(cfg) -> None:
-  """The clamped SwiGLU (gpt-oss): a gated activation, with positive alpha and limit."""
+  """The clamped SwiGLUs (gpt-oss's, DeepSeek-V4's): gated activations, with positive alpha and limit."""
   require(
-    cfg.activation != CLAMPED_SWIGLU or cfg.gated,
+    cfg.activation not in GATED_ONLY or cfg.gated,
     "gated",
     cfg.gated,
-    f"True with activation={CLAMPED_SWIGLU!r} (a function of the gate and up projections)",
+    f"True with activation={cfg.activation!r} (a function of the gate and up projections)",
   )
   for name in ("swiglu_alpha", "swiglu_limit"):
     require(is_number(getattr(cfg, name)) and getattr(cfg, name) > 0, name, getattr(cfg, name), "a number > 0")

@@ -52,6 +52,7 @@ def moe_apply(
   balance_counts: jax.Array | None = None,
   token_ids: jax.Array | None = None,
   hash_index: jax.Array | None = None,
+  hash_table: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
   """The MoE layer: x [tokens, d] or [batch, seq, d] -> (y like x, aux).
 
@@ -75,9 +76,12 @@ def moe_apply(
   token_ids: the tokens' ids, x's shape without d (int), which routing='hash' chooses experts by (required there).
   hash_index: with routing='hash', optional [E + Z] int, the index each expert the hash names sits at after a
     placement moved the experts (`moejax.placement.apply.permute_expert_state`); None: where it started.
+  hash_table: with routing='hash' and cfg.hash_vocab = V, optional [V, K] int, each token id's experts (DeepSeek-V4's
+    tid2eid; None: the hash's, `routing.hashed.initial_table`); ids outside [0, V) are refused where concrete, else
+    clipped and counted in aux['hash_ids_clipped'] (with hash_vocab only).
   """
   # Every input checked before tracing (a slot table's contents too).
-  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids, hash_index)
+  lay = check_inputs(params, x, cfg, mesh, slot_expert, expert_bias, balance_counts, token_ids, hash_index, hash_table)
   return _moe_apply(
     params,
     x,
@@ -91,6 +95,7 @@ def moe_apply(
     balance_counts=balance_counts,
     token_ids=token_ids,
     hash_index=hash_index,
+    hash_table=hash_table,
   )
 
 
@@ -98,14 +103,16 @@ def moe_apply(
 # shard_map op by op; inside an outer jit it is inlined.
 @functools.partial(jax.jit, static_argnames=("cfg", "mesh", "lay", "train"))
 def _moe_apply(
-  params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts, token_ids, hash_index
+  params, x, cfg, mesh, lay: Layout, *, rng, train, slot_expert, expert_bias, balance_counts, token_ids, **hashing
 ):
+  """`moe_apply` after the checks; hashing: hash_index and hash_table (routing='hash')."""
   x_TxD = x.reshape(-1, cfg.d_model)
   extras, extra_specs = {}, {}
   if cfg.router.needs_token_ids:  # sharded like the tokens
     extras["token_ids"], extra_specs["token_ids"] = jnp.asarray(token_ids, jnp.int32).reshape(-1), lay.x_spec
-  if hash_index is not None:
-    extras["hash_index"], extra_specs["hash_index"] = jnp.asarray(hash_index, jnp.int32), P()
+  for name, value in hashing.items():  # replicated: a table [V, K] crosses no device per token
+    if value is not None:
+      extras[name], extra_specs[name] = jnp.asarray(value, jnp.int32), P()
   if expert_bias is not None:
     extras["bias"], extra_specs["bias"] = jnp.asarray(expert_bias, jnp.float32), P()
   if cfg.balance_loss == "global_batch":
@@ -133,6 +140,9 @@ def _moe_apply(
     out_specs=(lay.x_spec, aux_specs),
     check_vma=check_vma,
   )(x_TxD, params, extras)
+  if cfg.hash_vocab:  # ids the table has no row for: clipped to [0, V) by the router
+    ids = extras["token_ids"]
+    aux["hash_ids_clipped"] = jnp.sum((ids < 0) | (ids >= cfg.hash_vocab), dtype=jnp.int32)
   return y_TxD.reshape(x.shape), aux
 
 
@@ -160,9 +170,8 @@ def one_row_per_slot(x_RxD, ids_RxZ, w_RxZ):
 def _route(router_in_TxD, params, cfg: MoEConfig, extras: dict, sequence_length: int | None):
   """(decision, stats, keep [T, K]): the router's expert ids and weights [T, K] for this device's tokens; capacity
   keeps each expert's first C choices of this group (a zero expert's always: it holds no queue)."""
-  decision, stats = routing.route(
-    router_in_TxD, params, cfg, extras.get("bias"), sequence_length, extras.get("token_ids"), extras.get("hash_index")
-  )
+  hashing = extras.get("token_ids"), extras.get("hash_index"), extras.get("hash_table")
+  decision, stats = routing.route(router_in_TxD, params, cfg, extras.get("bias"), sequence_length, *hashing)
   keep_TxK = jnp.ones_like(decision.expert_ids, bool)
   if cfg.capacity_factor is not None:
     capacity = routing.expert_capacity(cfg, router_in_TxD.shape[0])

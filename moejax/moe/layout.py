@@ -177,6 +177,40 @@ def _check_hash_index(cfg: MoEConfig, hash_index) -> None:
     require(np.array_equal(np.sort(index), np.arange(scored)), "hash_index", index.tolist(), want)
 
 
+def check_hash_table(cfg: MoEConfig, hash_table) -> None:
+  """hash_table: None, or with routing='hash' and hash_vocab = V a table [V, K] int of each id's K distinct experts
+  in [0, E + Z) (original numbering: a placement moves `hash_index`, never the table); its values checked where
+  known (at construction, at load, in eager calls), each failure naming the row and its value."""
+  if hash_table is None:
+    return
+  vocab, scored, k = cfg.hash_vocab, cfg.router.scored, cfg.top_k
+  require(vocab > 0, "hash_table", "given", f"None unless hash_vocab > 0 with routing='hash' (hash_vocab={vocab})")
+  shape, dtype = tuple(np.shape(hash_table)), jnp.asarray(hash_table).dtype
+  want = f"[{vocab}, {k}] (hash_vocab, top_k) integer experts in [0, {scored}), distinct in each row"
+  require(shape == (vocab, k) and jnp.issubdtype(dtype, jnp.integer), "hash_table", (shape, str(dtype)), want)
+  if isinstance(hash_table, jax.core.Tracer):
+    return
+  table = np.asarray(hash_table)
+  bad = np.argwhere((table < 0) | (table >= scored))
+  if len(bad):
+    row, col = bad[0]
+    require(False, f"hash_table[{row}, {col}]", int(table[row, col]), f"an expert in [0, {scored}) (E + Z)")
+  rows = np.sort(table, axis=1)
+  repeated = np.flatnonzero((rows[:, 1:] == rows[:, :-1]).any(axis=1))
+  if len(repeated):
+    row = int(repeated[0])
+    require(False, f"hash_table[{row}]", table[row].tolist(), f"{k} distinct experts (a token chooses each once)")
+
+
+def _check_hash_ids(cfg: MoEConfig, token_ids) -> None:
+  """With a table (hash_vocab = V), concrete token ids lie in [0, V) (traced ones are clipped and counted)."""
+  if not cfg.hash_vocab or token_ids is None or isinstance(token_ids, jax.core.Tracer):
+    return
+  ids = np.asarray(token_ids).reshape(-1)
+  bad = ids[(ids < 0) | (ids >= cfg.hash_vocab)]
+  require(not len(bad), "token_ids", bad[:1].tolist(), f"ids in [0, hash_vocab={cfg.hash_vocab}) (the table's rows)")
+
+
 def _check_chunks(cfg: MoEConfig, lay: Layout) -> None:
   """A schedule that splits the sent rows into num_chunks equal chunks needs num_chunks to divide them."""
   if cfg.schedule_kind.splits_rows and lay.rows % cfg.num_chunks:
@@ -214,6 +248,7 @@ def check_inputs(
   balance_counts=None,
   token_ids=None,
   hash_index=None,
+  hash_table=None,
 ) -> Layout:
   """Validates shapes and choices before tracing; returns the layout."""
   n, m = mesh_lib.axis_sizes(mesh)
@@ -232,6 +267,8 @@ def check_inputs(
   _check_balance_counts(cfg, balance_counts)
   _check_token_ids(cfg, x, token_ids)
   _check_hash_index(cfg, hash_index)
+  check_hash_table(cfg, hash_table)
+  _check_hash_ids(cfg, token_ids)
   _check_chunks(cfg, lay)
   _check_platform(cfg, sharding, mesh)
   return lay

@@ -12,6 +12,7 @@ from moejax.moe import routing
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import EXPERT_PARAMS, expert_names, init_params, param_specs
+from moejax.moe.routing.hashed import initial_table
 from moejax.runtime import mesh as mesh_lib
 
 
@@ -54,6 +55,11 @@ class HashIndex(nnx.Variable):
   experts (`moejax.placement.apply.permute_expert_state`); state, not a parameter."""
 
 
+class HashTable(nnx.Variable):
+  """Each token id's experts [V, K] int32 (routing='hash' with hash_vocab = V; DeepSeek-V4's tid2eid), in the experts'
+  original numbering (a placement moves `HashIndex`, not this); frozen state, not a parameter."""
+
+
 class BalanceCounts(nnx.Variable):
   """The choice counts of the optimizer step's earlier micro-batches [cfg.balance_counts_size]
   (balance_loss='global_batch'): input state the trainer sets per micro-batch; zeros outside training."""
@@ -64,7 +70,9 @@ class MoELayer(nnx.Module):
   cfg.slots_per_device its slot table (`slot_expert`, a `SlotTable`, replicated), with cfg.bias_update_rate
   its balancing bias (`expert_bias`, an `ExpertBias` [E]; with zero experts [E + Z], frozen), with
   balance_loss='global_batch' the earlier micro-batches' choice counts (`balance_counts`, a `BalanceCounts`,
-  replicated), with routing='hash' where each hashed expert sits (`hash_index`, a `HashIndex` [E + Z], replicated).
+  replicated), with routing='hash' where each hashed expert sits (`hash_index`, a `HashIndex` [E + Z], replicated)
+  and with hash_vocab = V each token id's experts (`hash_table`, a `HashTable` [V, K], replicated; initially the
+  hash's: `routing.hashed.initial_table`; a checkpoint's is checked by `moe.layout.check_hash_table`).
 
   Call with x [tokens, d] or [batch, seq, d]; returns (y, aux) as `moe_apply`.
   """
@@ -108,6 +116,9 @@ class MoELayer(nnx.Module):
       if cfg.router.needs_token_ids
       else None
     )
+    self.hash_table = (
+      HashTable(jax.device_put(jnp.asarray(initial_table(cfg)), NamedSharding(mesh, P()))) if cfg.hash_vocab else None
+    )
     self.rngs = rngs
 
   def params(self) -> dict:
@@ -143,6 +154,7 @@ class MoELayer(nnx.Module):
     bias = None if self.expert_bias is None else self.expert_bias[...]
     prior = None if self.balance_counts is None else self.balance_counts[...]
     index = None if self.hash_index is None else self.hash_index[...]
+    table = None if self.hash_table is None else self.hash_table[...]
     return moe_apply(
       self.params(),
       x,
@@ -155,4 +167,5 @@ class MoELayer(nnx.Module):
       balance_counts=prior,
       token_ids=token_ids,
       hash_index=index,
+      hash_table=table,
     )

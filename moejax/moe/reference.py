@@ -101,6 +101,7 @@ def moe_reference(
   balance_counts: jax.Array | None = None,
   expert_x: jax.Array | None = None,
   token_ids: jax.Array | None = None,
+  hash_table: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
   """x [tokens, d] or [batch, seq, d] -> (y like x, aux with the same losses and counts as the layer).
 
@@ -109,7 +110,8 @@ def moe_reference(
   that choose experts. balance_counts: with balance_loss='global_batch', the earlier micro-batches' choice
   counts; aux['balance_counts'] is them plus this call's. expert_x: what the routed experts see where it differs
   from what the router sees (rows quantised on the wire: `moe.wire.round_trip(x, 'float8_e4m3fn')`). token_ids:
-  the tokens' ids (x's shape without d), which routing='hash' chooses experts by.
+  the tokens' ids (x's shape without d), which routing='hash' chooses experts by; hash_table: with hash_vocab, each
+  id's experts [V, K] (None: the hash's).
   """
   x_TxD = x.reshape(-1, cfg.d_model).astype(jnp.float32)
   router_in = x_TxD if noise is None else x_TxD * noise
@@ -117,7 +119,8 @@ def moe_reference(
   if cfg.balance_loss == "global_batch":
     prior = jnp.zeros((cfg.balance_counts_size,)) if balance_counts is None else jnp.asarray(balance_counts)
   ids_T = None if token_ids is None else jnp.asarray(token_ids).reshape(-1)
-  routed = cfg.router.reference(router_in, params, expert_bias, x.shape[1] if x.ndim == 3 else None, prior, ids_T)
+  sequence_length = x.shape[1] if x.ndim == 3 else None
+  routed = cfg.router.reference(router_in, params, expert_bias, sequence_length, prior, ids_T, None, hash_table)
   ids_TxK, weights_TxK = routed.ids, routed.weights
   keep_TxK = _kept_choices(ids_TxK, cfg, dispatch_groups)
 

@@ -12,7 +12,8 @@ What else moves with the experts: the shared experts (`shared`, `shared_gate`) a
 pass through unchanged; of the layer's state (`permute_expert_state`), DeepSeek-V3's balancing bias
 `expert_bias` [E] and the earlier micro-batches' choice counts `balance_counts` move with their experts, and with
 routing='hash' the index each hashed expert sits at (`hash_index`) follows it (a hash names the same expert, which
-now sits elsewhere).
+now sits elsewhere); the table of each token id's experts (`hash_table`, hash_vocab) passes through unchanged: it names
+experts in their original numbering, which `hash_index` maps.
 A slot table (`slot_expert`, slots_per_device) is refused: its replicas, not the experts' indices, decide
 where an expert runs.
 """

@@ -39,15 +39,16 @@ def route(
   sequence_length: int | None = None,
   token_ids_T: jax.Array | None = None,
   hash_index_S: jax.Array | None = None,
+  hash_table_VxK: jax.Array | None = None,
 ) -> tuple[RoutingDecision, dict]:
   """x [T, d] -> (decision, loss statistics) by the config's router (`Router.route`).
 
   bias_E: the auxiliary-loss-free balancing bias [E + Z], added to the scores that choose the experts only.
   sequence_length: with balance_loss='sequence', the tokens of one sequence (T holds whole sequences).
   token_ids_T: the tokens' ids [T], which 'hash' routes by; hash_index_S [E + Z]: where each expert the hash names
-  sits after a placement (None: where it started).
+  sits after a placement (None: where it started); hash_table_VxK [V, K]: each id's experts (None: the hash's).
   """
-  return cfg.router.route(x_TxD, params, bias_E, sequence_length, token_ids_T, hash_index_S)
+  return cfg.router.route(x_TxD, params, bias_E, sequence_length, token_ids_T, hash_index_S, hash_table_VxK)
 
 
 def router_names(cfg) -> tuple[str, ...]:

@@ -103,6 +103,12 @@ class Router(abc.ABC):
       require(
         is_int(cfg.node_top_k) and cfg.node_top_k <= n, "node_top_k", cfg.node_top_k, f"an int in [1, num_nodes={n}]"
       )
+    require(
+      cfg.hash_vocab == 0 or self.needs_token_ids,
+      "hash_vocab",
+      cfg.hash_vocab,
+      f"0 unless routing='hash' (a table of each token id's experts; routing={cfg.routing!r} scores them)",
+    )
     limit = self.max_top_k
     require(cfg.top_k <= limit, "top_k", cfg.top_k, f"at most {limit} for routing={cfg.routing!r}")
     require(
@@ -123,11 +129,19 @@ class Router(abc.ABC):
 
   @abc.abstractmethod
   def route(
-    self, x_TxD, params: dict, bias_E=None, sequence_length: int | None = None, token_ids_T=None, hash_index_S=None
+    self,
+    x_TxD,
+    params: dict,
+    bias_E=None,
+    sequence_length: int | None = None,
+    token_ids_T=None,
+    hash_index_S=None,
+    hash_table_VxK=None,
   ):
     """x [T, d] (and the tokens' ids [T], used by 'hash' only) -> (RoutingDecision, loss statistics: sums over these T tokens, to be summed over devices: 'counts'
     and 'prob_sums' {kernel name: [width]}, 'z_sum', 'tokens', and with balance_loss='sequence'
-    'sequence_loss_sum' and 'sequences'). hash_index_S: where each expert a hash names sits ('hash': `Hashed`)."""
+    'sequence_loss_sum' and 'sequences'). hash_index_S: where each expert a hash names sits, hash_table_VxK [V, K]
+    each id's experts ('hash': `Hashed`)."""
 
   @abc.abstractmethod
   def reference(
@@ -139,9 +153,11 @@ class Router(abc.ABC):
     prior=None,
     token_ids_T=None,
     hash_index_S=None,
+    hash_table_VxK=None,
   ) -> ReferenceRoute:
     """The routing of the whole batch x [T, d], written plainly; prior: earlier micro-batches' choice counts;
-    token_ids_T: the tokens' ids [T] and hash_index_S the experts' places ('hash')."""
+    token_ids_T: the tokens' ids [T], hash_index_S the experts' places and hash_table_VxK [V, K] each id's experts
+    ('hash')."""
 
 
 def counts(ids, size):

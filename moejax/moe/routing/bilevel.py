@@ -80,8 +80,16 @@ class BiLevel(base.Router):
     cfg = self.cfg
     return [("node_router", cfg.alpha, cfg.node_top_k), ("local_router", cfg.beta, cfg.top_k)]
 
-  def route(self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None, hash_index_S=None):
-    del bias_E, sequence_length, token_ids_T, hash_index_S  # refused with 'bilevel' by MoEConfig; ids unused
+  def route(
+    self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None, hash_index_S=None, hash_table_VxK=None
+  ):
+    del (
+      bias_E,
+      sequence_length,
+      token_ids_T,
+      hash_index_S,
+      hash_table_VxK,
+    )  # refused with 'bilevel' by MoEConfig; ids unused
     cfg, tokens = self.cfg, x_TxD.shape[0]
     node_logits, p_TxN = base.softmax_router(x_TxD, params, "node_router")
     local_logits, q_TxL = base.softmax_router(x_TxD, params, "local_router")
@@ -101,9 +109,17 @@ class BiLevel(base.Router):
     return RoutingDecision(ids.astype(jnp.int32), base.renormalized(weights, cfg)), stats
 
   def reference(
-    self, x_TxD, params, bias_E=None, sequence_length=None, prior=None, token_ids_T=None, hash_index_S=None
+    self,
+    x_TxD,
+    params,
+    bias_E=None,
+    sequence_length=None,
+    prior=None,
+    token_ids_T=None,
+    hash_index_S=None,
+    hash_table_VxK=None,
   ):
-    del bias_E, sequence_length, token_ids_T, hash_index_S
+    del bias_E, sequence_length, token_ids_T, hash_index_S, hash_table_VxK
     cfg, n = self.cfg, self.cfg.num_nodes
     node_logits = x_TxD @ params["node_router"]["kernel"]
     local_logits = x_TxD @ params["local_router"]["kernel"]

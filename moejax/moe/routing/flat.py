@@ -64,17 +64,19 @@ class TopK(base.Router):
     weights = jnp.take_along_axis(scores_TxE, ids_TxK, axis=1)
     return base.renormalized(weights, self.cfg) * self.cfg.routed_scaling  # V3 Eq. 13 with renormalize
 
-  def choose(self, select_TxE, token_ids_T, hash_index_S):
-    """[T, K] the chosen experts: the top k of the selection scores (token ids and hash index unused)."""
+  def choose(self, select_TxE, token_ids_T, hash_index_S, hash_table_VxK=None):
+    """[T, K] the chosen experts: the top k of the selection scores (token ids, hash index and table unused)."""
     return jax.lax.top_k(select_TxE, self.cfg.top_k)[1]
 
-  def route(self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None, hash_index_S=None):
+  def route(
+    self, x_TxD, params, bias_E=None, sequence_length=None, token_ids_T=None, hash_index_S=None, hash_table_VxK=None
+  ):
     cfg = self.cfg
     logits, scores_TxE, probs_TxE = self._scores(x_TxD, params)
     select_TxE = scores_TxE if bias_E is None else scores_TxE + bias_E
     if self.group_limit is not None:
       select_TxE = _limit_to_groups(select_TxE, *self.group_limit, self.group_score, cfg.num_experts)
-    ids = self.choose(select_TxE, token_ids_T, hash_index_S)
+    ids = self.choose(select_TxE, token_ids_T, hash_index_S, hash_table_VxK)
     stats = {
       "counts": {"router": base.counts(ids, self.scored)},
       "prob_sums": {"router": jnp.sum(probs_TxE, axis=0)},
@@ -86,7 +88,15 @@ class TopK(base.Router):
     return RoutingDecision(ids.astype(jnp.int32), self._weights(scores_TxE, ids)), stats
 
   def reference(
-    self, x_TxD, params, bias_E=None, sequence_length=None, prior=None, token_ids_T=None, hash_index_S=None
+    self,
+    x_TxD,
+    params,
+    bias_E=None,
+    sequence_length=None,
+    prior=None,
+    token_ids_T=None,
+    hash_index_S=None,
+    hash_table_VxK=None,
   ):
     cfg = self.cfg
     logits, scores, probs = self._scores(x_TxD, params)
@@ -102,7 +112,7 @@ class TopK(base.Router):
       allowed = (group_of_expert[None, :, None] == chosen_groups[:, None, :]).any(-1)
       allowed = jnp.concatenate([allowed, jnp.ones((len(select), cfg.zero_experts), bool)], 1)  # zero: no group
       select = jnp.where(allowed, select, -jnp.inf)
-    ids = self.choose(select, token_ids_T, hash_index_S)
+    ids = self.choose(select, token_ids_T, hash_index_S, hash_table_VxK)
     if cfg.balance_loss == "sequence":  # DeepSeek-V3 Eqs. 17-20, averaged over sequences
       pieces = x_TxD.shape[0] // sequence_length
       losses = [base.switch_loss(i, p, 1.0) for i, p in zip(jnp.split(ids, pieces), jnp.split(probs, pieces))]
