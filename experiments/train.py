@@ -53,7 +53,9 @@ def main(argv):
     if distributed.initialize() == "single":
       mesh_lib.simulate_cpu_devices(pipeline_section.stages(config) * config.mesh.nodes * config.mesh.gpus_per_node)
     train.train(config, _WORKDIR.value, checked)
-  except (ConfigError, mesh_lib.MeshError, TokenizerError, guard.TrainingStopped) as e:
+  except (ConfigError, mesh_lib.MeshError, TokenizerError) as e:  # before training: nothing in flight to wait for
+    distributed.exit_with(f"error: {e}")
+  except guard.TrainingStopped as e:
     sys.exit(f"error: {e}")
 
 

@@ -33,10 +33,10 @@ from ml_collections import config_flags
 from ml_collections.config_flags import config_path
 
 from moejax import run_config, workdir_guard
+from moejax.runtime import distributed
 from moejax.validation import ConfigError, unknown_field_message
 
-# The logger of JAX's backend probe (jax._src.xla_bridge): INFO for platforms that are simply not installed.
-_BACKEND_PROBE = logging.getLogger("jax._src.xla_bridge")
+_BACKEND_PROBE = logging.getLogger("jax._src.xla_bridge")  # JAX's backend probe: INFO for platforms not installed
 _BACKEND_PROBE.setLevel(logging.WARNING)
 
 
@@ -229,7 +229,7 @@ def run(main) -> None:
     try:
       return main(argv)
     except ConfigError as e:
-      sys.exit(f"error: {e}")
+      distributed.exit_with(f"error: {e}")
 
   app.run(guarded, flags_parser=parse_flags)
 

@@ -126,3 +126,14 @@ def test_help_exits_zero():
     timeout=60,
   )
   assert run.returncode == 0 and "--processes" in run.stdout
+
+
+def test_a_refusal_on_one_process_stops_the_job_without_a_collective_timeout():
+  """Process 0 exits on its ConfigError at once (not through jax.distributed's shutdown barrier, which waits for
+  process 1, itself waiting in a collective for process 0 until gloo's 30 s timeout): the job ends with the error line
+  and no timeout traceback from process 1 (CI, 2026-11-29: the trainer's workdir check refused on one process)."""
+  run = launch(sys.executable, "tests/programs/refuse_on_one_process.py", timeout=120)
+  assert run.returncode == 1, run.stdout + run.stderr
+  assert "[p0] error: --workdir=/x: refused on process 0 only" in run.stdout.splitlines(), run.stdout
+  assert "process 0 exited with 1" in run.stdout
+  assert "DEADLINE_EXCEEDED" not in run.stdout and "RESULT" not in run.stdout, run.stdout
