@@ -25,7 +25,7 @@ from tests.test_hf_models import DATA, edit_config, fixture_copy, reference, ref
 # hunyuan_v1_moe load: tests/test_hf_families_glm_like.py; qwen3_next: tests/test_hf_qwen3_next.py; qwen3_5_moe and
 # kimi_k25, their text decoders: tests/test_hf_vlm_decoders.py; ernie4_5_moe, mimo_v2_flash, llama4, longcat_flash and
 # kimi_linear: tests/test_hf_<them>.py; deepseek_v32 and glm_moe_dsa: tests/test_hf_dsa.py).
-ISSUE_59_REFUSED = ("deepseek_v4", "laguna", "cohere2_moe")
+ISSUE_59_REFUSED = ("laguna", "cohere2_moe")  # deepseek_v4 loads now (tests/test_hf_deepseek_v4.py)
 
 
 @pytest.mark.parametrize("model_type", sorted(families.UNSUPPORTED))

@@ -32,6 +32,7 @@ class MoEFFN(nnx.Module):
     self, x_BxSxD: jax.Array, *, train: bool, rng: jax.Array | None, token_ids=None
   ) -> tuple[jax.Array, dict]:
     """token_ids [B, S]: the tokens' ids, which routing='hash' routes by (None for any other routing)."""
+    token_ids = token_ids if self.moe.cfg.router.needs_token_ids else None  # a model mixing hash and other layers
     y_BxSxD, aux = self.moe(x_BxSxD, train=train, rng=rng, token_ids=token_ids)
     return y_BxSxD, {
       k: aux[k]
@@ -67,6 +68,11 @@ def routing_ids(moe_cfg, token_ids):
   """The token ids [B, S] a model's MoE layers route by: `token_ids` where the routing needs them ('hash'), else
   None (no other routing reads them)."""
   return token_ids if moe_cfg.router.needs_token_ids else None
+
+
+def _layer_routing_ids(cfg, moe_cfg, token_ids):
+  """`routing_ids`, or the ids wherever some layer routes by them (`DecoderConfig.hash_layers`, DeepSeek-V4's)."""
+  return token_ids if any(getattr(cfg, "hash_layers", None) or ()) else routing_ids(moe_cfg, token_ids)
 
 
 def fold_layers(model, step, carry, inputs=None, rngs: nnx.Rngs | None = None):
@@ -130,7 +136,7 @@ def run_blocks(
   dtype = jnp.dtype(cfg.dtype)
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-  ids = routing_ids(moe_cfg, token_ids)
+  ids = _layer_routing_ids(cfg, moe_cfg, token_ids)
 
   def step(block, x_BxSxD, layer_cache, rngs):  # x: activations, or a `sparse_attention.Stream` (their x alone tied)
     if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from moejax.models import backbone, shortcut_block, sparse_attention, token_mixers
+from moejax.models import backbone, hyper_block, shortcut_block, sparse_attention, token_mixers
 from moejax.models import layers as layers_lib
 from moejax.models.backbone import MoEFFN
 from moejax.models.decoder_config import DecoderConfig
@@ -134,11 +134,13 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
       cfg.vocab_size, cfg.d_model, param_dtype=pd, embedding_init=nnx.initializers.normal(0.02), rngs=rngs
     )
     block = shortcut_block.ShortcutMoELayer if shortcut_block.uses(cfg) else DecoderLayer  # the family's block kind
+    block = hyper_block.HyperConnectedLayer if hyper_block.uses(cfg) else block
     layers = [block(cfg, moe_cfg, mesh, i, cfg.is_moe(i), rngs=rngs) for i in range(cfg.num_layers)]
     if cfg.scan_layers:  # the same values, stacked per segment (`moejax.models.layers`)
       self.segments = layers_lib.stacked(layers, cfg)
     else:
       self.blocks = nnx.List(layers)
+    self.hc_head = hyper_block.HyperHead(cfg, rngs=rngs) if hyper_block.uses(cfg) else None  # mHC's streams
     self.norm = block_norm(cfg, cfg.d_model)
     self.lm_head = None if cfg.tie_embeddings else linear(cfg, cfg.d_model, cfg.vocab_size, False, rngs)
     self.mtp = nnx.List([MultiTokenPrediction(cfg, moe_cfg, mesh, k, rngs=rngs) for k in range(cfg.num_mtp_layers)])
@@ -146,15 +148,18 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
   def embed_tokens(
     self, tokens_BxS: jax.Array, start=0, *, train: bool = False, rngs: nnx.Rngs | None = None
   ) -> jax.Array:
-    """tokens [B, S] -> x [B, S, d] in the compute dtype (positions enter through RoPE, so `start` is unused)."""
+    """tokens [B, S] -> x [B, S, d] in the compute dtype (positions enter through RoPE, so `start` is unused); with
+    mHC its hc_mult streams, flattened [B, S, hc_mult d] (`hyper_block.expand`)."""
     del start, train, rngs
     x_BxSxD = self.embed(tokens_BxS)
     x_BxSxD = x_BxSxD if self.cfg.embedding_multiplier == 1 else x_BxSxD * self.cfg.embedding_multiplier  # Granite's
+    x_BxSxD = x_BxSxD if self.hc_head is None else hyper_block.expand(x_BxSxD, self.hc_head.hc.hc_mult)
     return x_BxSxD.astype(jnp.dtype(self.cfg.dtype))
 
   def head_features(self, x_BxSxD: jax.Array, norm: RMSNorm | None = None) -> jax.Array:
     """x [..., d] after the last block -> the output layer's input h [..., d] in the compute dtype: `norm` (default
     the final RMSNorm) of x, divided by logits_scaling (Granite's: the logits are linear in h)."""
+    x_BxSxD = x_BxSxD if self.hc_head is None else self.hc_head(x_BxSxD)  # mHC's streams collapsed
     h_BxSxD = (self.norm if norm is None else norm)(x_BxSxD)
     h_BxSxD = h_BxSxD if self.cfg.logits_scaling == 1 else h_BxSxD / self.cfg.logits_scaling
     return h_BxSxD.astype(jnp.dtype(self.cfg.dtype))

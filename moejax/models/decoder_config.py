@@ -60,6 +60,9 @@ class DecoderConfig(Parallelism):
     'dsa' (DeepSeek sparse attention: MLA with a q latent) takes indexer, sorted (field, value) pairs of its
     lightning indexer's heads, head_dim, topk and rope_interleaved (`moejax.models.sparse_attention`);
     'dsa_shared' (GLM-5's) is 'dsa' without an indexer, reusing the last 'dsa' layer's choice (the first layer 'dsa').
+    'deepseek_v4' (sliding, CSA or HCA attention per layer, in mHC blocks) takes deepseek_v4, sorted (field, JSON
+    value) pairs of the config.json fields its attention and hyper-connections read (`moejax.models.hyper_block`).
+  hash_layers: per layer, whether its MoE layer routes by a token id table (routing 'hash', DeepSeek-V4's tid2eid).
   gated_attention: q_proj emits per head [query | gate] (2 x head_dim) and the attention's output is multiplied by
     sigmoid(gate) before o_proj (Qwen3-Next). norm_offset: every block RMSNorm (the layer norms, QK-norm, the final
     norm) scales by 1 + weight, its weights zero-centred (Qwen3-Next's).
@@ -128,6 +131,8 @@ class DecoderConfig(Parallelism):
   linear_conv_kernel: int = 4
   linear_split_projections: bool = False
   indexer: tuple | None = None
+  deepseek_v4: tuple | None = None
+  hash_layers: tuple | None = None
   gated_attention: bool = False
   norm_offset: bool = False
   num_mtp_layers: int = 0

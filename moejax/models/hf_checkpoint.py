@@ -53,6 +53,8 @@ def _usual_key(path: list, cfg: DecoderConfig, family: families.Family) -> tuple
     return {"embed": "model.embed_tokens.weight", "norm": "model.norm.weight", "lm_head": "lm_head.weight"}[
       path[0]
     ], path[0] == "lm_head"
+  if path[0] == "hc_head":  # DeepSeek-V4's hyper head (`hyper_block.HyperHead`)
+    return f"model.hc_head.{path[1]}", False
   if path[0] == "mtp":  # DeepSeek-V3's layer num_layers + k: its own norms and projection, then a usual block
     layer, rest = cfg.num_layers + path[1], path[2:]
     rest = rest[1:] if rest[0] == "block" else [{"norm": "shared_head.norm"}.get(rest[0], rest[0]), *rest[1:]]

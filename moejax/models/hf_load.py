@@ -24,6 +24,9 @@ from moejax.placement import apply as placement_lib
 from moejax.validation import ConfigError, is_int, require
 
 READABLE_DTYPES = ("F32", "BF16", "F16")
+# State leaves read from a checkpoint (the rest start as the model builds them): DeepSeek-V3's balancing bias and
+# DeepSeek-V4's token id table (tid2eid), the one integer tensor read (int64 or int32).
+LOADED_STATE = {"expert_bias": READABLE_DTYPES, "hash_table": ("I64", "I32")}
 
 
 def _set(tree: dict, path: tuple, value) -> None:
@@ -60,13 +63,14 @@ def _check(shards: hf_files.Shards, expected: dict, directory: str, ignored: tup
       f"checkpoint {directory}: missing tensors {missing[:5]}{' ...' if len(missing) > 5 else ''}, "
       f"unexpected tensors {extra[:5]}{' ...' if len(extra) > 5 else ''} for its config.json"
     )
-  for name, (_, shape, _, _) in expected.items():
+  for name, (path, shape, _, _) in expected.items():
     tensor = shards.tensor(name)
     if tuple(tensor.get_shape()) != shape:
       raise ConfigError(f"checkpoint tensor {name} has shape {tuple(tensor.get_shape())}, expected {shape}")
     stored = tensor.tensor if isinstance(tensor, hf_parts.VIEWS) else tensor
-    if tensor.get_dtype() not in READABLE_DTYPES and not isinstance(stored, hf_files.QUANTISED):
-      raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {READABLE_DTYPES}")
+    readable = LOADED_STATE.get(path[-1], READABLE_DTYPES)
+    if tensor.get_dtype() not in readable and not isinstance(stored, hf_files.QUANTISED):
+      raise ConfigError(f"checkpoint tensor {name} has dtype {tensor.get_dtype()}, expected one of {readable}")
 
 
 def _load_leaf(shards: hf_files.Shards, names: list[str], leaf, transposed: bool, expert: bool, stacked: bool):
@@ -112,7 +116,7 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   balancing biases. MTP modules (cfg.num_mtp_layers) that the checkpoint holds no tensors of (transformers writes
   none) keep their initialisation, said in the log."""
   graphdef, params, rest = state_lib.abstract_state(cfg, moe_cfg, mesh, seed)
-  loaded_rest = [(p, leaf) for p, leaf in hf_checkpoint.tree_leaves(rest) if p[-1] == "expert_bias"]
+  loaded_rest = [(p, leaf) for p, leaf in hf_checkpoint.tree_leaves(rest) if p[-1] in LOADED_STATE]
   shards = hf_files.Shards(path)
   try:
     fresh_mtp = cfg.num_mtp_layers > 0 and not has_mtp(shards, cfg)
@@ -148,7 +152,7 @@ def load_state(path: str, cfg: DecoderConfig, moe_cfg: MoEConfig, mesh: jax.shar
   if fresh_mtp:
     params["mtp"] = _initial(cfg, moe_cfg, mesh, seed, params["mtp"], "mtp")
   for leaf_path, array in arrays.items():
-    _set(params if leaf_path[-1] != "expert_bias" else rest, leaf_path, array)
+    _set(params if leaf_path[-1] not in LOADED_STATE else rest, leaf_path, array)
   return graphdef, params, rest
 
 

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from moejax.models import deepseek_v4_mixer
 from moejax.validation import ConfigError
 
 
@@ -67,7 +68,11 @@ def kinds(cfg) -> tuple:
   decoder's sliding window, token mixer, `DecoderConfig.mixers`, and NoPE layers, `nope_layers`)."""
   window, mixer = getattr(cfg, "window", lambda i: None), getattr(cfg, "mixer", lambda i: "attention")
   nope = getattr(cfg, "nope_layers", None) or (False,) * cfg.num_layers
-  return tuple((cfg.is_moe(i), window(i), mixer(i), bool(nope[i])) for i in range(cfg.num_layers))
+  hashed = getattr(cfg, "hash_layers", None) or (False,) * cfg.num_layers  # a hash MoE layer holds its table
+  v4 = lambda i: deepseek_v4_mixer.attention_config(cfg, i) if mixer(i) == "deepseek_v4" else None  # its shapes
+  return tuple(
+    (cfg.is_moe(i), window(i), mixer(i), bool(nope[i]), bool(hashed[i]), v4(i)) for i in range(cfg.num_layers)
+  )
 
 
 @functools.cache

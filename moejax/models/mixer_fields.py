@@ -4,7 +4,7 @@
 from moejax.validation import is_int, require
 
 # A layer's token mixer (`moejax.models.token_mixers.MIXERS`, which holds each one's module and cache).
-MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta", "dsa_shared")
+MIXERS = ("attention", "gated_deltanet", "dsa", "kimi_delta", "dsa_shared", "deepseek_v4")
 LINEAR_SIZES = ("linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim")
 
 

@@ -16,12 +16,21 @@ one position (`moejax.infer.exflow`).
                   with a decay per key channel; cache (convolution inputs, state), no sequence axis; `self_attn.*`
   dsa_shared      GLM-5's shared DSA layer: 'dsa' without an indexer, reusing the last 'dsa' layer's choice (the
                   layers pass a `sparse_attention.Stream` on); cache (latent, rotary key); `self_attn.*`
+  deepseek_v4     DeepSeek-V4's sliding, CSA or HCA attention by the layer's type (`moejax.models.deepseek_v4_mixer`);
+                  no cache yet (refused); `self_attn.*`
 """
 
 import dataclasses
 from typing import Callable
 
-from moejax.models import attention, decoder_config, kimi_delta_attention, linear_attention, sparse_attention
+from moejax.models import (
+  attention,
+  decoder_config,
+  deepseek_v4_mixer,
+  kimi_delta_attention,
+  linear_attention,
+  sparse_attention,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +57,7 @@ MIXERS = {
     Mixer("dsa", "self_attn", sparse_attention.SparseAttention, sparse_attention.cache_specs),
     Mixer("kimi_delta", "self_attn", kimi_delta_attention.KimiDeltaAttention, kimi_delta_attention.cache_specs),
     Mixer("dsa_shared", "self_attn", sparse_attention.shared_sparse_attention, sparse_attention.shared_cache_specs),
+    Mixer("deepseek_v4", "self_attn", deepseek_v4_mixer.DeepseekV4Attention, deepseek_v4_mixer.cache_specs),
   )
 }
 assert tuple(MIXERS) == decoder_config.MIXERS  # the config checks the names without importing the modules

@@ -7,6 +7,7 @@ each with the feature it lacks, so that loading one is refused by that reason (`
 
 from moejax.models.families import (
   deepseek,
+  deepseek_v4,
   deepseek_v32,
   dense,
   dots1,
@@ -86,6 +87,7 @@ FAMILIES: tuple[Family, ...] = (
   llama4.LLAMA4,
   longcat_flash.LONGCAT_FLASH,
   deepseek_v32.DEEPSEEK_V32,
+  deepseek_v4.DEEPSEEK_V4,
   glm_moe_dsa.GLM_MOE_DSA,
   sarvam_mla.SARVAM_MLA,
   hy_v3.HY_V3,
@@ -109,7 +111,6 @@ UNSUPPORTED: dict[str, str] = {
   "dbrx": "LayerNorm blocks (mean-subtracting), not RMSNorm, not supported",
   "deepseek_ocr2": "its text decoder is GQA with DeepSeek-V2's MoE's (an OCR vision-language model), which no family module reads yet: the wrapper is not supported",
   "deepseek_ocr2_text": "GQA attention with DeepSeek-V2's MoE and router (no family pairs them) not supported",
-  "deepseek_v4": "compressed sparse attention (KV compressors and an indexer over the cache) not supported",
   "diffusion_gemma": "a block-diffusion encoder-decoder with bidirectional decoder attention (not a causal LM) not supported",
   "doge": "product-key retrieval experts (CDMoE) and dynamic-mask attention not supported",
   "dots3_note": "MLA with a per-head sigmoid output gate, a normed rotary key and sliding MLA layers of their own shape not supported",

@@ -30,7 +30,8 @@ def hash_experts(token_ids_T: jax.Array, top_k: int, scored: int) -> jax.Array:
 def initial_table(cfg) -> np.ndarray:
   """[V, K] int32, V = cfg.hash_vocab: `hash_experts` of every id 0 .. V - 1 (the table's value until a checkpoint
   gives DeepSeek-V4's)."""
-  return np.asarray(hash_experts(jnp.arange(cfg.hash_vocab), cfg.top_k, cfg.router.scored))
+  with jax.ensure_compile_time_eval():  # concrete under a jit (a model built inside one: `moejax.models.state`)
+    return np.asarray(hash_experts(jnp.arange(cfg.hash_vocab), cfg.top_k, cfg.router.scored))
 
 
 class Hashed(TopK):
