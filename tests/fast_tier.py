@@ -7,6 +7,9 @@ whole suite runs every test, and a test not in the file (a new one) stays fast u
 
   python -m pytest -n 2 -m 'not slow' tests -p no:cacheprovider --durations=0 > durations.txt
   python -m tests.fast_tier durations.txt tests/durations.json
+
+Writing keeps the file's other entries: the tests it marked slow do not run in the fast subset, so a new report
+lacks them, and dropping them would bring them back into the tier.
 """
 
 import json
@@ -57,10 +60,12 @@ def mark_over_budget_slow(items, path: Path = DURATIONS) -> None:
 def main(argv: list[str]) -> None:
   if len(argv) != 3:
     raise SystemExit(f"usage: python -m tests.fast_tier DURATIONS_REPORT OUT_JSON (got {argv[1:]})")
-  seconds = parse_durations(Path(argv[1]).read_text())
-  if not seconds:
+  reported = parse_durations(Path(argv[1]).read_text())
+  if not reported:
     raise SystemExit(f"{argv[1]}: no `--durations` lines (run pytest with --durations=0)")
-  Path(argv[2]).write_text(json.dumps({k: round(v, 2) for k, v in sorted(seconds.items())}, indent=1) + "\n")
+  out = Path(argv[2])
+  seconds = {**(json.loads(out.read_text()) if out.exists() else {}), **reported}  # the report's times replace
+  out.write_text(json.dumps({k: round(v, 2) for k, v in sorted(seconds.items())}, indent=1) + "\n")
   slow = slow_by_duration(seconds)
   kept = sum(v for k, v in seconds.items() if k not in slow)
   print(f"{len(seconds)} tests recorded, {len(slow)} over {FAST_LIMIT_S} s move to the slow tier; {kept:.0f} s stay")
