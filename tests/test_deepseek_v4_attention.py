@@ -110,16 +110,23 @@ def test_gradients_match_numerical():
     return jnp.sum(jnp.asarray(weights, jnp.float32) * dsa.attend(p32, x32, jnp.asarray(positions), cfg))
 
   grad_x, grad_p = jax.jit(jax.grad(loss, argnums=(0, 1)))(jnp.asarray(x, jnp.float32), f32(params))
+  grads = {"x": grad_x, "kv_proj.weight": grad_p["kv_proj.weight"], "sinks": grad_p["sinks"]}
+  check_central_differences(grads, lambda ps, xs: np_layer(ps, xs, positions, cfg), params, x, weights, per=3)
+
+
+def check_central_differences(grads: dict, layer, params: dict, x, weights, per: int) -> None:
+  """Each of `grads` ({'x' or a tensor's name: jax's gradient of sum(weights * y)}) at `per` random entries against
+  float64 central differences of layer(params, x) (the NumPy reference), within 1e-4 of its largest entry."""
   rng, eps = np.random.default_rng(3), 1e-6
-  for name, analytic in (("x", grad_x), ("kv_proj.weight", grad_p["kv_proj.weight"]), ("sinks", grad_p["sinks"])):
+  for name, analytic in grads.items():
     analytic = np.asarray(analytic, np.float64)
-    for flat in rng.choice(analytic.size, 3, replace=False):
+    for flat in rng.choice(analytic.size, per, replace=False):
       index = np.unravel_index(flat, analytic.shape)
       numeric = []
       for step in (eps, -eps):
         xs, ps = x.copy(), {k: v.copy() for k, v in params.items()}
         (xs if name == "x" else ps[name])[index] += step
-        numeric.append(np.sum(weights * np_layer(ps, xs, positions, cfg)))
+        numeric.append(np.sum(weights * layer(ps, xs)))
       numeric = (numeric[0] - numeric[1]) / (2 * eps)
       assert abs(analytic[index] - numeric) <= 1e-4 * np.abs(analytic).max(), (name, index, analytic[index], numeric)
 
