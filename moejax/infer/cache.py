@@ -1,9 +1,10 @@
-"""The KV cache of autoregressive decoding: a pair of arrays per layer of the model, as its token mixer says
+"""The KV cache of autoregressive decoding: a tuple of arrays per layer of the model (a pair, but for DeepSeek-V4's
+attention: its window's keys and compressors' state, `moejax.models.deepseek_v4_mixer`), as its token mixer says
 (`moejax.models.token_mixers`): (k, v) [B, S, H, W], or for multi-head latent attention (DeepSeek) the compressed
 (latent [B, S, C], rotary key [B, S, R]) (S: the cache length, prompt + generated tokens;
 `moejax.models.attention.cache_shapes`), or for a gated DeltaNet layer (Qwen3-Next) its convolution's inputs
 [B, kernel - 1, C] and its state [B, H, K, V] float32, without a sequence axis. Laid out as the model's layers are
-(`moejax.models.layers`): a list of pairs, one per layer; scanned, per segment a list of pairs per sub-layer, each
+(`moejax.models.layers`): a list of tuples, one per layer; scanned, per segment a list of tuples per sub-layer, each
 array stacked [repeats, B, S, ...], which the segment's scan reads and writes layer by layer.
 
 Every sequence of a batch is at the same position (prompts of equal length), so one position
@@ -33,8 +34,8 @@ def cache_sharding(mesh: jax.sharding.Mesh, coherent: bool, layer_axes: int = 0)
 def init_cache(
   cfg: ModelConfig | DecoderConfig, batch: int, length: int, mesh: jax.sharding.Mesh, coherent: bool = False
 ):
-  """Zeros, S = length: a pair per layer (k, v [B, S, H, W], or MLA's latent and rotary key, in the compute dtype;
-  a gated DeltaNet layer's pair), laid out as the model's layers (module docstring)."""
+  """Zeros, S = length: a tuple per layer (k, v [B, S, H, W], or MLA's latent and rotary key, in the compute dtype;
+  a gated DeltaNet layer's pair; DeepSeek-V4's arrays), laid out as the model's layers (module docstring)."""
   require(cfg.causal, "kind", getattr(cfg, "kind", None), "'gpt' (a KV cache serves a causal decoder)")
   require(
     isinstance(length, int) and 1 <= length <= cfg.max_len,
@@ -48,16 +49,18 @@ def init_cache(
     sharding = cache_sharding(mesh, coherent, len(stacked))
     return jax.jit(lambda: jnp.zeros(stacked + shape, jnp.dtype(dtype)), out_shardings=sharding)()
 
-  return layout(cfg, lambda repeats, layer: tuple(zeros(spec, repeats) for spec in _specs(cfg, layer, batch, length)))
+  return layout(
+    cfg, lambda repeats, layer: tuple(zeros(spec, repeats) for spec in layer_specs(cfg, layer, batch, length))
+  )
 
 
-def _specs(cfg: ModelConfig | DecoderConfig, layer: int, batch: int, length: int) -> tuple:
-  """((shape, dtype), (shape, dtype)) of layer `layer`'s two cache arrays: its token mixer's (a decoder's), or a
-  SMILE model's (k, v)."""
+def layer_specs(cfg: ModelConfig | DecoderConfig, layer: int, batch: int, length: int) -> tuple:
+  """((shape, dtype), ...) of layer `layer`'s cache arrays: its token mixer's (a decoder's), or a SMILE model's
+  (k, v)."""
   if isinstance(cfg, DecoderConfig) and shortcut_block.uses(cfg):  # both attentions' on an axis of 2 (LongCat)
     return shortcut_block.cache_specs(cfg, batch, length)
   if isinstance(cfg, DecoderConfig):
-    return token_mixers.of(cfg, layer).cache(cfg.at(layer), batch, length)  # a sliding layer's own kv heads (MiMo)
+    return token_mixers.of(cfg, layer).cache(cfg, layer, batch, length)
   return (((batch, length, cfg.num_heads, cfg.d_model // cfg.num_heads), cfg.dtype),) * 2
 
 

@@ -156,17 +156,18 @@ def _coherent_layer(
   scattered to the batch's rows, the hop's rows [A, A] or None)). tokens_B: every request's token ('hash')."""
   x_RxD, requests_R, valid_R, lost = carry
   mine = jnp.where(valid_R, requests_R, 0)
-  x_Rx1xD, (k_RxSxHxW, v_RxSxHxW) = block.attend(
+  rows_of = lambda requests: tuple(c[requests] for c in kv_cache)  # the cache's rows of these requests
+  x_Rx1xD, layer_cache = block.attend(
     jax.tree.map(lambda a: a[:, None], x_RxD),  # x, or a Stream ('dsa_shared' layers: the rows' choices beside)
     train=False,
     rngs=None,
-    cache=(kv_cache[0][mine], kv_cache[1][mine], position),
+    cache=(*rows_of(mine), position),
   )
   x_RxD = jax.tree.map(lambda a: a[:, 0], x_Rx1xD)
   # a cache without a sequence axis (a gated DeltaNet layer's state) is new whole, else only at this position
   sequence = getattr(block.attn, "cache_has_positions", True)
   at = lambda kv: jax.lax.dynamic_index_in_dim(kv, position, axis=1, keepdims=False) if sequence else kv
-  new_kv = tuple(_scatter(at(kv), requests_R, valid_R, batch) for kv in (k_RxSxHxW, v_RxSxHxW))
+  new_kv = tuple(_scatter(at(kv), requests_R, valid_R, batch) for kv in layer_cache)
   if not isinstance(block.ffn, MoEFFN):
     return (block.feed_forward(x_RxD, train=False, rngs=None)[0], requests_R, valid_R, lost), (new_kv, None)
   ids_R = None if tokens_B is None else tokens_B[mine]  # routing='hash': each row's token, looked up by its request
@@ -177,9 +178,7 @@ def _coherent_layer(
   # the requests now here, whose new keys and values join the first's).
   moved = jnp.where(valid_R, requests_R, 0)
   rows_1 = lambda tree: jax.tree.map(lambda a: a[:, None], tree)  # [R, ...] -> [R, 1, ...]: one position a row
-  x_Rx1xD, pair = block.after_experts(
-    rows_1(x_RxD), y_RxD[:, None], cache=(kv_cache[0][moved], kv_cache[1][moved], position)
-  )
+  x_Rx1xD, pair = block.after_experts(rows_1(x_RxD), y_RxD[:, None], cache=(*rows_of(moved), position))
   x_RxD = jax.tree.map(lambda a: a[:, 0], x_Rx1xD)
   if pair is not None:
     later = (_scatter(at(kv), requests_R, valid_R, batch) for kv in pair)
@@ -224,7 +223,7 @@ def _step_local(
   # there are (the layers before the first MoE layer only the device's own b).
   resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
   # routing='hash': every request's token [B] on every device (rows move to other devices; B int32, once a step)
-  ids = backbone.routing_ids(model.moe_cfg, tokens_b)
+  ids = backbone.layer_routing_ids(model.cfg, model.moe_cfg, tokens_b)
   tokens_B = None if ids is None else jax.lax.psum(_scatter(ids, requests_R, valid_R, batch), AXES)
   layer = functools.partial(
     _coherent_layer, position=position, batch=batch, resident=resident, lay=lay, exchange=exchange, tokens_B=tokens_B
@@ -268,7 +267,7 @@ def _compiled_step(cfg: ModelConfig, moe_cfg, mesh: jax.sharding.Mesh):
   spec = lambda tree: jax.tree.map(lambda a: a.sharding.spec, tree)
   lay = layout(moe_cfg, mesh.size, mesh, moe_cfg.slots_per_device)  # hops, collective, slots (bound: per step)
   body = functools.partial(_step_local, graphdef=graphdef, lay=lay, buffer_factor=moe_cfg.buffer_factor)
-  cache_specs = cache_lib.layout(cfg, lambda repeats, layer: (P(), P()))
+  cache_specs = cache_lib.layout(cfg, lambda repeats, layer: (P(),) * len(cache_lib.layer_specs(cfg, layer, 1, 1)))
   step = jax.shard_map(
     body,
     mesh=mesh,

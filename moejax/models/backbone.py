@@ -70,7 +70,7 @@ def routing_ids(moe_cfg, token_ids):
   return token_ids if moe_cfg.router.needs_token_ids else None
 
 
-def _layer_routing_ids(cfg, moe_cfg, token_ids):
+def layer_routing_ids(cfg, moe_cfg, token_ids):
   """`routing_ids`, or the ids wherever some layer routes by them (`DecoderConfig.hash_layers`, DeepSeek-V4's)."""
   return token_ids if any(getattr(cfg, "hash_layers", None) or ()) else routing_ids(moe_cfg, token_ids)
 
@@ -136,7 +136,7 @@ def run_blocks(
   dtype = jnp.dtype(cfg.dtype)
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-  ids = _layer_routing_ids(cfg, moe_cfg, token_ids)
+  ids = layer_routing_ids(cfg, moe_cfg, token_ids)
 
   def step(block, x_BxSxD, layer_cache, rngs):  # x: activations, or a `sparse_attention.Stream` (their x alone tied)
     if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket

@@ -4,9 +4,11 @@ tensors held as parameters in transformers' layout and names (`Tensors`), run by
 comes from the config.json fields a `DecoderConfig` keeps in `deepseek_v4` (`hf_fields`), so that the attention's and
 mHC's own `from_hf` read them as transformers does.
 
-Without a cache only: the attention's decode cache (a sliding window, the tokens seen, the compressors' state:
-`deepseek_v4_attention.empty_cache`) is a dict of arrays whose shapes depend on the layer type, not the (c1, c2)
-pair per layer that moejax's cache and its scans hold (`moejax.infer.cache`); a cache is refused by name.
+Its decode cache (`deepseek_v4_attention.empty_cache`: the sliding window's keys, and in a CSA / HCA layer each
+compressor's last projections and its entries so far) is the tuple of that dict's arrays in `cache_names` order,
+every one [B, ...], which moejax's cache lays out per layer as it does any mixer's (`moejax.infer.cache`); the tokens
+seen are the decode's position `start`. None has a sequence axis written one position at a time (the window and the
+compressors' buffers shift; the entries fill by window), so the whole tuple is new each call (`cache_has_positions`).
 """
 
 import json
@@ -16,7 +18,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.models.mixers import deepseek_v4_attention as v4_attention
-from moejax.validation import ConfigError
 
 ONES = ("norm.weight", "scale", "hc_scale")  # tensors that start at 1 (norm weights, mHC scales)
 ZEROS = ("sinks", "position_bias", "base", "hc_base")  # that start at 0, as transformers initialises them
@@ -80,26 +81,37 @@ class DeepseekV4Attention(Tensors):
     super().__init__(config.param_shapes(), rngs=rngs, param_dtype=jnp.dtype(cfg.param_dtype))
     self.config = config
 
-  def __call__(self, x_BxSxD: jax.Array, cache=None) -> jax.Array:
-    if cache is not None:
-      raise ConfigError(
-        "DeepSeek-V4's attention runs without a cache here: its decode state (sliding window, compressors) is not "
-        "the (c1, c2) pair per layer moejax's cache holds",
-        "cache",
-        "a cache",
-        "None (the full forward)",
-      )
+  cache_has_positions = False  # the cache is new whole each call (ExFlow's step asks: `moejax.infer.exflow`)
+
+  def __call__(self, x_BxSxD: jax.Array, cache=None):
+    """x [B, S, d] at positions start .. start + S - 1 -> y [B, S, d]; with a cache (*arrays, start) -> (y, arrays
+    after these tokens): `cache_names` order, as `cache_specs` says."""
     b, s, _ = x_BxSxD.shape
-    positions_BxS = jnp.broadcast_to(jnp.arange(s), (b, s))
-    return v4_attention.attend(self.tensors(), x_BxSxD, positions_BxS, self.config).astype(x_BxSxD.dtype)
+    start = 0 if cache is None else cache[-1]
+    positions_BxS = jnp.broadcast_to(start + jnp.arange(s), (b, s))
+    if cache is None:
+      return v4_attention.attend(self.tensors(), x_BxSxD, positions_BxS, self.config).astype(x_BxSxD.dtype)
+    names = cache_names(self.config)
+    state = {**dict(zip(names, cache[:-1])), "length": jnp.asarray(start, jnp.int32)}
+    y_BxSxD, new = v4_attention.decode(self.tensors(), x_BxSxD, state, positions_BxS, self.config)
+    return y_BxSxD.astype(x_BxSxD.dtype), tuple(new[name].astype(old.dtype) for name, old in zip(names, cache))
 
 
-def cache_specs(cfg, batch: int, length: int):
-  """Refused: see the module docstring."""
-  del batch, length
-  raise ConfigError(
-    f"{cfg.family}: a decode cache of DeepSeek-V4's attention is not supported (its state is not one (c1, c2) pair)",
-    "mixers",
-    "deepseek_v4",
-    "a mixer with a (c1, c2) cache",
-  )
+def _empty_cache_shapes(config, batch: int, length: int, dtype) -> dict:
+  """{name: ShapeDtypeStruct} of `empty_cache`'s arrays (the tokens seen left out: the decode's position says it)."""
+  shapes = jax.eval_shape(lambda: v4_attention.empty_cache(config, batch, jnp.dtype(dtype), max_length=length))
+  return {name: shape for name, shape in shapes.items() if name != "length"}
+
+
+def cache_names(config) -> tuple[str, ...]:
+  """The names of a layer's cache arrays (`empty_cache`'s but the tokens seen), in the order the cache holds them."""
+  return tuple(sorted(_empty_cache_shapes(config, 1, max(config.compress_rate, 1), "float32")))
+
+
+def cache_specs(cfg, layer: int, batch: int, length: int) -> tuple:
+  """((shape, dtype), ...) of layer `layer`'s cache arrays in `cache_names` order, room for `length` tokens: the
+  window's keys [B, sliding_window, W], and in a CSA / HCA layer per compressor series its last projections
+  [B, (1 + P) m, C] (kv, gate) and entries [B, length // m, width], in the compute dtype."""
+  config = attention_config(cfg, layer)
+  shapes = _empty_cache_shapes(config, batch, length, cfg.dtype)
+  return tuple((shapes[name].shape, cfg.dtype) for name in cache_names(config))

@@ -124,15 +124,22 @@ def _host_tensors(model: Decoder):
     state = rest
     for key in path:
       state = state.get(key) if isinstance(state, dict) else None
-    bias = None if not isinstance(state, dict) else state.get("ffn", {}).get("moe", {}).get("expert_bias")
-    bias = None if bias is None else host(bias if r is None else bias[r])
+    moe_state = {} if not isinstance(state, dict) else state.get("ffn", {}).get("moe", {})
+    # the state written: the balancing bias; DeepSeek-V4's token id table (logical expert ids: never placed), as
+    # transformers keeps it (int64)
+    written = {name: moe_state.get(name) for name in ("expert_bias", "hash_table") if moe_state.get(name) is not None}
+    written = {name: host(a if r is None else a[r]) for name, a in written.items()}
+    if "hash_table" in written:
+      written["hash_table"] = written["hash_table"].astype(np.int64)
     if part[0] == "blocks" and part[1] in moe_layer and undo is not None:
       j = moe_layer[part[1]]
       tree["ffn"]["moe"] = placement_lib.permute_experts([tree["ffn"]["moe"]], undo[j][None], moe_cfg)[0]
-      bias = None if bias is None else bias[placement_lib.padded_order(undo[j], len(bias))]
+      if "expert_bias" in written:
+        written["expert_bias"] = written["expert_bias"][
+          placement_lib.padded_order(undo[j], len(written["expert_bias"]))
+        ]
     leaves = [(part + p, a) for p, a in tree_leaves(tree)] if isinstance(tree, dict) else [(part, tree)]
-    if bias is not None:
-      leaves.append((part + ("ffn", "moe", "expert_bias"), bias))
+    leaves += [(part + ("ffn", "moe", name), a) for name, a in written.items()]
     yield from hf_parts.join_parts(_named(leaves, cfg))
 
 

@@ -24,7 +24,6 @@ from moejax.models.backbone import MoEFFN
 from moejax.models.deepseek_v4_mixer import Tensors, hf_fields
 from moejax.models.mixers import hyper_connections as hc
 from moejax.models.rms_norm import block_norm
-from moejax.validation import ConfigError
 
 HYPER = "hyper_connected"
 
@@ -65,7 +64,8 @@ def _mhc_tensors(config: hc.HyperConnectionConfig, d: int, rngs: nnx.Rngs) -> Te
 
 
 class HyperConnectedLayer(nnx.Module):
-  """One mHC layer (module docstring): x [B, S, N D] -> (x, aux). is_moe: the FFN is the MoE layer (`MoEFFN`, with
+  """One mHC layer (module docstring): x [B, S, N D] -> (x, aux), or with a cache (*arrays, start) (x, aux, arrays);
+  in halves as `decoder.DecoderLayer`'s (`attend`, `ffn_input`, `after_experts`: ExFlow's decode runs them). is_moe: the FFN is the MoE layer (`MoEFFN`, with
   `layer_moe_config`), else the dense SwiGLU."""
 
   def __init__(self, cfg, moe_cfg, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
@@ -81,22 +81,56 @@ class HyperConnectedLayer(nnx.Module):
     self.attn_hc = _mhc_tensors(self.hc, cfg.d_model, rngs)
     self.ffn_hc = _mhc_tensors(self.hc, cfg.d_model, rngs)
 
-  def __call__(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
-    if cache is not None:
-      raise ConfigError("mHC layers run without a cache here", "cache", "a cache", "None (the full forward)")
+  def attend(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, cache=None):
+    """The attention's hyper-connected half: streams -> streams; with a cache (*arrays, start), (streams, arrays)."""
+    del train, rngs
+    new_cache = []
     streams = _streams(x_BxSxND, self.hc.hc_mult)
-    attend = lambda h_BxSxD: self.attn(self.ln_attn(h_BxSxD))
-    streams = hc.apply_block(self.attn_hc.tensors(), streams, attend, self.hc)
+
+    def attend(h_BxSxD):
+      out = self.attn(self.ln_attn(h_BxSxD), cache=cache)
+      if cache is None:
+        return out
+      new_cache.append(out[1])
+      return out[0]
+
+    x_BxSxND = hc.apply_block(self.attn_hc.tensors(), streams, attend, self.hc).reshape(x_BxSxND.shape)
+    return x_BxSxND if cache is None else (x_BxSxND, new_cache[0])
+
+  def ffn_input(self, x_BxSxND):
+    """What the FFN takes of the streams: the normed collapse by the FFN's mHC weights, [B, S, N D] -> [B, S, D]
+    (rows [R, N D] -> [R, D]: ExFlow's hop)."""
+    if x_BxSxND.ndim == 2:
+      return self.ffn_input(x_BxSxND[:, None])[:, 0]
+    return self.ln_ffn(hc.mixing_weights(self.ffn_hc.tensors(), _streams(x_BxSxND, self.hc.hc_mult), self.hc)[3])
+
+  def after_experts(self, x_BxSxND, y_BxSxD, cache=None):
+    """The streams merged with the FFN's output y by the FFN's mHC weights (of the streams x, as `ffn_input` read
+    them) -> (streams, None: no cache)."""
+    del cache
+    if x_BxSxND.ndim == 2:  # rows (ExFlow's hop)
+      return self.after_experts(x_BxSxND[:, None], y_BxSxD[:, None])[0][:, 0], None
+    streams = _streams(x_BxSxND, self.hc.hc_mult)
+    _, post, comb, _ = hc.mixing_weights(self.ffn_hc.tensors(), streams, self.hc)
+    return hc.merge(post, comb, y_BxSxD.astype(streams.dtype), streams).reshape(x_BxSxND.shape), None
+
+  def feed_forward(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
+    """The FFN's hyper-connected half: streams -> (streams, aux). token_ids [B, S]: what routing='hash' routes by."""
     rng = rngs.jitter() if train and rngs is not None else None
-    _, post, comb, collapsed = hc.mixing_weights(self.ffn_hc.tensors(), streams, self.hc)
-    y_BxSxD, aux = self.ffn(self.ln_ffn(collapsed), train=train, rng=rng, token_ids=token_ids)
-    streams = hc.merge(post, comb, y_BxSxD.astype(streams.dtype), streams)
-    return streams.reshape(x_BxSxND.shape), aux
+    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxND), train=train, rng=rng, token_ids=token_ids)
+    return self.after_experts(x_BxSxND, y_BxSxD)[0], aux
+
+  def __call__(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
+    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
+    if cache is None:
+      return ffn(self.attend(x_BxSxND, train=train, rngs=rngs))
+    x_BxSxND, cache = self.attend(x_BxSxND, train=train, rngs=rngs, cache=cache)
+    return *ffn(x_BxSxND), cache
 
 
 class HyperHead(Tensors):
   """The streams' last collapse before the final norm (transformers' DeepseekV4HyperHead): x [B, S, N D] ->
-  [B, S, D]; hc_fn [N, N D], hc_base [N], hc_scale [1] (float32)."""
+  [B, S, D] (rows [R, N D] -> [R, D]); hc_fn [N, N D], hc_base [N], hc_scale [1] (float32)."""
 
   def __init__(self, cfg, *, rngs: nnx.Rngs):
     config = hyper_config(cfg)
@@ -105,4 +139,6 @@ class HyperHead(Tensors):
     self.hc = config
 
   def __call__(self, x_BxSxND: jax.Array) -> jax.Array:
+    if x_BxSxND.ndim == 2:  # rows [R, N D] (ExFlow's decode)
+      return self(x_BxSxND[:, None])[:, 0]
     return hc.hyper_head(self.tensors(), _streams(x_BxSxND, self.hc.hc_mult), self.hc)

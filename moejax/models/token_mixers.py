@@ -1,6 +1,6 @@
 """The token mixers of a decoder layer, one object each (`MIXERS`, by `DecoderConfig.mixers`' names): what a
 layer's `attn` module is, its decode cache and its checkpoint module. Every mixer has one interface, x [B, S, d] ->
-y [B, S, d], or with a cache (c1, c2, start) -> (y, (c1, c2)), so the decoder, the scanned segments
+y [B, S, d], or with a cache (c1, .., cn, start) -> (y, (c1, .., cn)) (a pair, but for DeepSeek-V4's), so the decoder, the scanned segments
 (`moejax.models.layers`: a layer's mixer is part of its kind), the cache (`moejax.infer.cache`) and the checkpoint
 names (`moejax.models.hf_checkpoint`) ask the layer's mixer (`of`), never a family. A module whose cache has no
 sequence axis says so (`cache_has_positions = False`), so that ExFlow's step replaces it whole rather than writing
@@ -17,7 +17,7 @@ one position (`moejax.infer.exflow`).
   dsa_shared      GLM-5's shared DSA layer: 'dsa' without an indexer, reusing the last 'dsa' layer's choice (the
                   layers pass a `sparse_attention.Stream` on); cache (latent, rotary key); `self_attn.*`
   deepseek_v4     DeepSeek-V4's sliding, CSA or HCA attention by the layer's type (`moejax.models.deepseek_v4_mixer`);
-                  no cache yet (refused); `self_attn.*`
+                  cache: the window's keys and the compressors' state, no sequence axis; `self_attn.*`
 """
 
 import dataclasses
@@ -36,8 +36,8 @@ from moejax.models import (
 @dataclasses.dataclass(frozen=True)
 class Mixer:
   """name: a `DecoderConfig.mixers` entry. hf_module: the checkpoint's name of the module in a layer. build(cfg,
-  layer, rngs=) -> the module. cache(cfg, batch, length) -> ((shape, dtype), (shape, dtype)) of its two cache arrays
-  for `length` positions."""
+  layer, rngs=) -> the module. cache(cfg, layer, batch, length) -> ((shape, dtype), ...) of layer `layer`'s cache
+  arrays for `length` positions."""
 
   name: str
   hf_module: str
@@ -49,14 +49,31 @@ def _attention_cache(cfg, batch: int, length: int):
   return tuple((shape, cfg.dtype) for shape in attention.cache_shapes(cfg, batch, length))
 
 
+def _of_layer_config(cache_specs: Callable) -> Callable:
+  """A cache whose specs read only the layer's config (`DecoderConfig.at`: a sliding layer's own kv heads, MiMo)."""
+  return lambda cfg, layer, batch, length: cache_specs(cfg.at(layer), batch, length)
+
+
 MIXERS = {
   m.name: m
   for m in (
-    Mixer("attention", "self_attn", attention.attention, _attention_cache),
-    Mixer("gated_deltanet", "linear_attn", linear_attention.GatedDeltaNet, linear_attention.cache_specs),
-    Mixer("dsa", "self_attn", sparse_attention.SparseAttention, sparse_attention.cache_specs),
-    Mixer("kimi_delta", "self_attn", kimi_delta_attention.KimiDeltaAttention, kimi_delta_attention.cache_specs),
-    Mixer("dsa_shared", "self_attn", sparse_attention.shared_sparse_attention, sparse_attention.shared_cache_specs),
+    Mixer("attention", "self_attn", attention.attention, _of_layer_config(_attention_cache)),
+    Mixer(
+      "gated_deltanet", "linear_attn", linear_attention.GatedDeltaNet, _of_layer_config(linear_attention.cache_specs)
+    ),
+    Mixer("dsa", "self_attn", sparse_attention.SparseAttention, _of_layer_config(sparse_attention.cache_specs)),
+    Mixer(
+      "kimi_delta",
+      "self_attn",
+      kimi_delta_attention.KimiDeltaAttention,
+      _of_layer_config(kimi_delta_attention.cache_specs),
+    ),
+    Mixer(
+      "dsa_shared",
+      "self_attn",
+      sparse_attention.shared_sparse_attention,
+      _of_layer_config(sparse_attention.shared_cache_specs),
+    ),
     Mixer("deepseek_v4", "self_attn", deepseek_v4_mixer.DeepseekV4Attention, deepseek_v4_mixer.cache_specs),
   )
 }

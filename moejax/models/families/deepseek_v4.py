@@ -15,10 +15,10 @@ norm}`, `attn.indexer.{compressor.*, wq_b, weights_proj}`, `attn_norm`, `ffn_nor
 
 import dataclasses
 
-from moejax.models.deepseek_v4_mixer import freeze
+from moejax.models.deepseek_v4_mixer import freeze, hf_fields
 from moejax.models.families.base import Family
 from moejax.models.families.deepseek import V3_BIAS_RATE
-from moejax.validation import ConfigError, require
+from moejax.validation import require
 
 # The config.json fields DeepSeek-V4's attention and mHC read (`DecoderConfig.deepseek_v4`).
 ATTENTION_FIELDS = (
@@ -126,12 +126,30 @@ class DeepSeekV4(Family):
     )
 
   def to_hf(self, cfg, moe_cfg) -> dict:
-    raise ConfigError(
-      "deepseek_v4: to_hf is not supported yet (the hash layers' tid2eid is state, which the writer does not export)",
-      "family",
-      cfg.family,
-      "a family to_hf writes",
-    )
+    """The attention's and mHC's fields as read (`DecoderConfig.deepseek_v4`), the MoE layers' and which route by
+    the token id table (mlp_layer_types); refuses what DeepSeek-V4's config.json cannot say."""
+    fields, layers = hf_fields(cfg), cfg.num_layers
+    for field, name in (("d_model", "hidden_size"), ("num_heads", "num_attention_heads"), ("head_dim", "head_dim")):
+      got = getattr(cfg, field)
+      require(fields.get(name, got) == got, field, got, f"{fields.get(name)!r}, the attention's {name}")
+    require(cfg.mixers == ("deepseek_v4",) * layers, "mixers", cfg.mixers, "'deepseek_v4' in every layer")
+    require(all(cfg.is_moe(i) for i in range(layers)), "moe_layers", cfg.moe_layers, "every layer MoE (DeepSeek-V4's)")
+    require(moe_cfg.activation == "swiglu_clamped_v4", "moe.activation", moe_cfg.activation, "'swiglu_clamped_v4'")
+    hashed = cfg.hash_layers or (False,) * layers
+    return {
+      **fields,
+      "num_key_value_heads": 1,
+      "n_routed_experts": moe_cfg.num_experts,
+      "num_experts_per_tok": moe_cfg.top_k,
+      "moe_intermediate_size": moe_cfg.d_ff,
+      "n_shared_experts": moe_cfg.num_shared_experts,
+      "routed_scaling_factor": moe_cfg.routed_scaling,
+      "norm_topk_prob": moe_cfg.renormalize,
+      "scoring_func": moe_cfg.score,
+      "swiglu_limit": moe_cfg.swiglu_limit,
+      "mlp_layer_types": ["hash_moe" if hash_layer else "moe" for hash_layer in hashed],
+      "num_nextn_predict_layers": 0,
+    }
 
 
 DEEPSEEK_V4 = DeepSeekV4(
