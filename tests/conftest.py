@@ -127,12 +127,13 @@ def shared(tmp_path_factory):
 # pipelines and two-batch steps against their plain runs, fine-tuning and the programs run from their command lines;
 # multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
 # of every module (a test function named for generating: greedy, sampled and ExFlow's decode against transformers'
-# tokens) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# tokens) and its pipelined steps against the plain step (named `..._pipelined_as_unpipelined`) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
 E2E_MODULES = (
   "test_bench_programs",
   "test_convergence",
   "test_decoder_training",
+  "test_deepseek_v4_training",
   "test_expert_bias",
   "test_fault_kill",
   "test_fsdp",
@@ -160,7 +161,8 @@ E2E_MODULES = (
   "test_two_batch",
   "test_workdir_guard",
 )
-E2E_FUNCTION = re.compile(r"generat|fine_tunes")  # generation runs, a fine-tuning run from the command line
+# generation runs, a fine-tuning run from the command line, pipelined training steps
+E2E_FUNCTION = re.compile(r"generat|fine_tunes|pipelined_as_unpipelined")
 
 
 def end_to_end(item) -> bool:

@@ -59,7 +59,7 @@ def test_the_config_and_the_hash_tables_read(unrolled):
 @pytest.mark.parametrize(
   "mode, scan", [("vanilla", False), ("exflow", True)], ids=["vanilla-unrolled", "exflow-scanned"]
 )
-def test_decode_gives_transformers_tokens_and_the_full_forwards_logits(unrolled, scanned, mode, scan):
+def test_greedy_generation_matches_transformers_and_the_full_forward(unrolled, scanned, mode, scan):
   """12 greedy steps after a 5-token prompt: past the window (4), through CSA's entries (rate 4, more than its index_topk
   of 2: the indexer chooses) and HCA's (rate 8). Each step's logits are the full forward's over the tokens so far; the
   tokens are transformers' generate's. ExFlow's rows carry their 4 streams through the hops (the experts see one)."""

@@ -223,7 +223,7 @@ def _step_local(
   # there are (the layers before the first MoE layer only the device's own b).
   resident = max(b, exchange.buffer_rows) if model.cfg.scan_layers else 0
   # routing='hash': every request's token [B] on every device (rows move to other devices; B int32, once a step)
-  ids = backbone.layer_routing_ids(model.cfg, model.moe_cfg, tokens_b)
+  ids = backbone.routing_ids(model.cfg, model.moe_cfg, tokens_b)
   tokens_B = None if ids is None else jax.lax.psum(_scatter(ids, requests_R, valid_R, batch), AXES)
   layer = functools.partial(
     _coherent_layer, position=position, batch=batch, resident=resident, lay=lay, exchange=exchange, tokens_B=tokens_B

@@ -64,15 +64,12 @@ def _remat(remat: str):
   )
 
 
-def routing_ids(moe_cfg, token_ids):
-  """The token ids [B, S] a model's MoE layers route by: `token_ids` where the routing needs them ('hash'), else
-  None (no other routing reads them)."""
-  return token_ids if moe_cfg.router.needs_token_ids else None
-
-
-def layer_routing_ids(cfg, moe_cfg, token_ids):
-  """`routing_ids`, or the ids wherever some layer routes by them (`DecoderConfig.hash_layers`, DeepSeek-V4's)."""
-  return token_ids if any(getattr(cfg, "hash_layers", None) or ()) else routing_ids(moe_cfg, token_ids)
+def routing_ids(cfg, moe_cfg, token_ids):
+  """The token ids [B, S] a model's MoE layers route by: `token_ids` where some layer's routing needs them ('hash',
+  or a layer `DecoderConfig.hash_layers` marks: DeepSeek-V4's), else None (no other routing reads them; `MoEFFN`
+  passes them only to a layer that does)."""
+  hashed = any(getattr(cfg, "hash_layers", None) or ())
+  return token_ids if hashed or moe_cfg.router.needs_token_ids else None
 
 
 def fold_layers(model, step, carry, inputs=None, rngs: nnx.Rngs | None = None):
@@ -136,7 +133,7 @@ def run_blocks(
   dtype = jnp.dtype(cfg.dtype)
   batch_sharding = NamedSharding(model.mesh, activation_spec(cfg))
   constrain = lambda x: jax.lax.with_sharding_constraint(x, batch_sharding)
-  ids = layer_routing_ids(cfg, moe_cfg, token_ids)
+  ids = routing_ids(cfg, moe_cfg, token_ids)
 
   def step(block, x_BxSxD, layer_cache, rngs):  # x: activations, or a `sparse_attention.Stream` (their x alone tied)
     if cfg.grad_sync == "prioritized":  # in a scan, inside the body: each layer's own bucket

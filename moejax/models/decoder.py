@@ -236,7 +236,7 @@ class Decoder(layers_lib.LayerViews, nnx.Module):
       h_BxSxD, mtp_heads, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
       for k, module in enumerate(self.mtp):
         ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)  # token i + k + 1 beside h_i; the wrapped end is masked
-        ids = backbone.routing_ids(self.moe_cfg, ahead_BxS)
+        ids = backbone.routing_ids(self.cfg, self.moe_cfg, ahead_BxS)
         h_BxSxD, mtp_aux = module(h_BxSxD, self.embed_tokens(ahead_BxS), train=train, rngs=rngs, token_ids=ids)
         mtp_heads.append(head(h_BxSxD, module.norm))
         aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)

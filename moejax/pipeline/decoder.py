@@ -223,7 +223,7 @@ class PipelinedDecoder:
     heads, aux_loss, stats = [], jnp.zeros((), jnp.float32), []
     for k, module in enumerate(model.mtp):
       ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)
-      ids = backbone.routing_ids(self.moe_cfg, ahead_BxS)
+      ids = backbone.routing_ids(self.cfg, self.moe_cfg, ahead_BxS)
       h_BxSxD, aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs, token_ids=ids)
       heads.append(model.head_logits(h_BxSxD, module.norm))
       aux_loss += aux.get("aux_loss", 0.0)

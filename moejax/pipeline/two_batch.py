@@ -80,7 +80,7 @@ def _layers(model, xs: tuple, rngs: nnx.Rngs | None, tokens: tuple) -> tuple[tup
     if cfg.remat == "none"
     else backbone._remat(cfg.remat)
   )
-  ids = tuple(backbone.routing_ids(model.moe_cfg, t) for t in tokens)
+  ids = tuple(backbone.routing_ids(model.cfg, model.moe_cfg, t) for t in tokens)
 
   def step(block, pair, _, rngs):  # each half's x, or its `sparse_attention.Stream` ('dsa_shared' layers)
     outs = [call(block, x, rngs, i) for x, i in zip(pair, ids)]
@@ -109,7 +109,7 @@ def _head_and_loss(model, tokens_BxS, x_BxSxD, targets_BxS, weights_BxS, aux, ch
   h_BxSxD, features, aux["mtp_aux_loss"] = x_BxSxD, [], jnp.zeros((), jnp.float32)
   for k, module in enumerate(model.mtp):
     ahead_BxS = jnp.roll(tokens_BxS, -(k + 1), axis=1)
-    ids = backbone.routing_ids(model.moe_cfg, ahead_BxS)
+    ids = backbone.routing_ids(model.cfg, model.moe_cfg, ahead_BxS)
     h_BxSxD, mtp_aux = module(h_BxSxD, model.embed_tokens(ahead_BxS), train=True, rngs=rngs, token_ids=ids)
     features.append(model.head_features(h_BxSxD, module.norm))
     aux["mtp_aux_loss"] += mtp_aux.get("aux_loss", 0.0)
