@@ -35,13 +35,17 @@ def test_logits_and_routing_equal_transformers_unrolled(unrolled):
   check_against_reference(unrolled, reference(FAMILY))
 
 
+OTHER_PATH = {"path": "node_first", "dedup": True, "buffer_factor": 4.0}
+
+
 @pytest.fixture(scope="module")
 def scanned(mesh_2x4):
-  return from_hf_under(FAMILY, mesh_2x4, {}, model={"scan_layers": True})
+  return from_hf_under(FAMILY, mesh_2x4, OTHER_PATH, model={"scan_layers": True})
 
 
-def test_logits_and_routing_equal_transformers_scanned(scanned):
-  """Scanned: each layer its own segment (the layer types, hash and top-k layers differ in their arrays' shapes)."""
+def test_logits_and_routing_equal_transformers_scanned_under_another_path(scanned):
+  """Scanned, each layer its own segment (the layer types, hash and top-k layers differ in their arrays' shapes), the
+  exchange node first then GPU with each token's rows deduplicated."""
   check_against_reference(scanned, reference(FAMILY))
 
 
