@@ -16,6 +16,26 @@ from moejax.moe.config import MoEConfig
 from moejax.moe.module import MoELayer
 
 
+class Halves(nnx.Module):
+  """A block run as two halves: `attend` (the token mixer with its residual; with a cache (*arrays, start), (x,
+  arrays)), then `feed_forward` (the FFN on `ffn_input(x)`, added back by `after_experts`). x -> (x, aux), or with a
+  cache (x, aux, cache). ExFlow's decode calls the halves apart, the MoE layer's hop between them
+  (`moejax.infer.exflow`)."""
+
+  def feed_forward(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
+    """The FFN half with its residual -> (x, aux). token_ids [B, S]: what routing='hash' routes by."""
+    rng = rngs.jitter() if train and rngs is not None else None
+    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng, token_ids=token_ids)
+    return self.after_experts(x_BxSxD, y_BxSxD)[0], aux
+
+  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
+    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
+    if cache is None:
+      return ffn(self.attend(x_BxSxD, train=train, rngs=rngs))
+    x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
+    return *ffn(x_BxSxD), cache
+
+
 class MoEFFN(nnx.Module):
   """The expert-parallel MoE layer as an FFN: x [B, S, d] (batch sharded over the mesh) -> (y, aux).
 

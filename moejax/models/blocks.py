@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels.activations import ACTIVATIONS
-from moejax.models.backbone import MoEFFN
+from moejax.models.backbone import Halves, MoEFFN
 from moejax.models.config import ModelConfig
 from moejax.moe.config import MoEConfig
 from moejax.validation import require
@@ -72,8 +72,9 @@ class DenseFFN(nnx.Module):
     return self.w_out(ACTIVATIONS[self.activation](self.w_in(x_BxSxD))), {}
 
 
-class Block(nnx.Module):
-  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, S, d] -> (x, aux). is_moe: the FFN is the
+class Block(Halves):
+  """One Transformer block; post-LN for 'bert', pre-LN for 'gpt'. x [B, S, d] -> (x, aux), with a KV cache
+  (`Attention`) (x, aux, cache). is_moe: the FFN is the
   MoE layer (`MoEFFN`), else `DenseFFN`."""
 
   def __init__(self, cfg: ModelConfig, moe_cfg: MoEConfig, mesh, is_moe: bool, *, rngs: nnx.Rngs):
@@ -120,11 +121,3 @@ class Block(nnx.Module):
       return x_BxSxD + drop(y_BxSxD), aux
     y_BxSxD, aux = self.ffn(x_BxSxD, train=train, rng=ffn_rng, token_ids=token_ids)
     return self.ln_ffn(x_BxSxD + drop(y_BxSxD)), aux
-
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
-    """x -> (x, aux); with a KV cache (`Attention`), (x, aux, cache)."""
-    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
-    if cache is None:
-      return ffn(self.attend(x_BxSxD, train=train, rngs=rngs))
-    x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
-    return *ffn(x_BxSxD), cache

@@ -39,7 +39,7 @@ class GatedMLP(nnx.Module):
     return self.down_proj(jax.nn.silu(self.gate_proj(x_BxSxD)) * self.up_proj(x_BxSxD)), {}
 
 
-class DecoderLayer(nnx.Module):
+class DecoderLayer(backbone.Halves):
   """x -> x + attn(ln_attn(x)); x -> x + ffn(ln_ffn(x)); x [B, S, d] -> (x, aux), or with a cache (x, aux, cache).
   With cfg.post_norm (OLMo 2's blocks) each sublayer's output is normed instead: x -> x + ln_attn(attn(x)), x -> x +
   ln_ffn(ffn(x)). attn: the layer's token mixer (`moejax.models.token_mixers`: attention, or Qwen3-Next's gated
@@ -90,16 +90,7 @@ class DecoderLayer(nnx.Module):
     if isinstance(x_BxSxD, Stream):
       y_BxSxD, aux = self.feed_forward(x_BxSxD.x, train=train, rngs=rngs, token_ids=token_ids)
       return x_BxSxD._replace(x=y_BxSxD), aux
-    rng = rngs.jitter() if train and rngs is not None else None
-    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxD), train=train, rng=rng, token_ids=token_ids)
-    return self.after_experts(x_BxSxD, y_BxSxD)[0], aux
-
-  def __call__(self, x_BxSxD, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
-    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
-    if cache is None:
-      return ffn(self.attend(x_BxSxD, train=train, rngs=rngs))
-    x_BxSxD, cache = self.attend(x_BxSxD, train=train, rngs=rngs, cache=cache)
-    return *ffn(x_BxSxD), cache
+    return super().feed_forward(x_BxSxD, train=train, rngs=rngs, token_ids=token_ids)
 
 
 class MultiTokenPrediction(nnx.Module):

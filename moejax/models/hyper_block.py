@@ -20,7 +20,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from moejax.models import families, token_mixers
-from moejax.models.backbone import MoEFFN
+from moejax.models.backbone import Halves, MoEFFN
 from moejax.models.deepseek_v4_mixer import Tensors, hf_fields
 from moejax.models.mixers import hyper_connections as hc
 from moejax.models.rms_norm import block_norm
@@ -63,9 +63,9 @@ def _mhc_tensors(config: hc.HyperConnectionConfig, d: int, rngs: nnx.Rngs) -> Te
   return Tensors({"fn": (config.num_weights, n * d), "base": (config.num_weights,), "scale": (3,)}, rngs=rngs)
 
 
-class HyperConnectedLayer(nnx.Module):
-  """One mHC layer (module docstring): x [B, S, N D] -> (x, aux), or with a cache (*arrays, start) (x, aux, arrays);
-  in halves as `decoder.DecoderLayer`'s (`attend`, `ffn_input`, `after_experts`: ExFlow's decode runs them). is_moe: the FFN is the MoE layer (`MoEFFN`, with
+class HyperConnectedLayer(Halves):
+  """One mHC layer (module docstring): x [B, S, N D] -> (x, aux), or with a cache (*arrays, start) (x, aux, arrays),
+  in `Halves` (ExFlow's decode runs them apart). is_moe: the FFN is the MoE layer (`MoEFFN`, with
   `layer_moe_config`), else the dense SwiGLU."""
 
   def __init__(self, cfg, moe_cfg, mesh, layer: int, is_moe: bool, *, rngs: nnx.Rngs):
@@ -84,18 +84,12 @@ class HyperConnectedLayer(nnx.Module):
   def attend(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, cache=None):
     """The attention's hyper-connected half: streams -> streams; with a cache (*arrays, start), (streams, arrays)."""
     del train, rngs
-    new_cache = []
     streams = _streams(x_BxSxND, self.hc.hc_mult)
-
-    def attend(h_BxSxD):
-      out = self.attn(self.ln_attn(h_BxSxD), cache=cache)
-      if cache is None:
-        return out
-      new_cache.append(out[1])
-      return out[0]
-
-    x_BxSxND = hc.apply_block(self.attn_hc.tensors(), streams, attend, self.hc).reshape(x_BxSxND.shape)
-    return x_BxSxND if cache is None else (x_BxSxND, new_cache[0])
+    _, post, comb, collapsed = hc.mixing_weights(self.attn_hc.tensors(), streams, self.hc)
+    out = self.attn(self.ln_attn(collapsed), cache=cache)
+    y_BxSxD, new_cache = (out, None) if cache is None else out
+    x_BxSxND = hc.merge(post, comb, y_BxSxD, streams).reshape(x_BxSxND.shape)
+    return x_BxSxND if cache is None else (x_BxSxND, new_cache)
 
   def ffn_input(self, x_BxSxND):
     """What the FFN takes of the streams: the normed collapse by the FFN's mHC weights, [B, S, N D] -> [B, S, D]
@@ -113,19 +107,6 @@ class HyperConnectedLayer(nnx.Module):
     streams = _streams(x_BxSxND, self.hc.hc_mult)
     _, post, comb, _ = hc.mixing_weights(self.ffn_hc.tensors(), streams, self.hc)
     return hc.merge(post, comb, y_BxSxD.astype(streams.dtype), streams).reshape(x_BxSxND.shape), None
-
-  def feed_forward(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, token_ids=None):
-    """The FFN's hyper-connected half: streams -> (streams, aux). token_ids [B, S]: what routing='hash' routes by."""
-    rng = rngs.jitter() if train and rngs is not None else None
-    y_BxSxD, aux = self.ffn(self.ffn_input(x_BxSxND), train=train, rng=rng, token_ids=token_ids)
-    return self.after_experts(x_BxSxND, y_BxSxD)[0], aux
-
-  def __call__(self, x_BxSxND, *, train: bool, rngs: nnx.Rngs | None, cache=None, token_ids=None):
-    ffn = lambda x: self.feed_forward(x, train=train, rngs=rngs, token_ids=token_ids)
-    if cache is None:
-      return ffn(self.attend(x_BxSxND, train=train, rngs=rngs))
-    x_BxSxND, cache = self.attend(x_BxSxND, train=train, rngs=rngs, cache=cache)
-    return *ffn(x_BxSxND), cache
 
 
 class HyperHead(Tensors):
