@@ -1,11 +1,15 @@
 """The decoder families of today's MoE models trained from scratch: Qwen3-MoE (default), DeepSeek-V3 (MLA, group-
 limited sigmoid routing with the loss-free bias, a shared expert, dense first layer, one MTP module), DeepSeek-V2,
 Qwen2-MoE (shared expert with its gate, qkv biases), Mixtral (GQA, sliding window) and Qwen3-Next (gated DeltaNet
-and gated attention layers, 512 experts published), tiny for a 2 x 4 mesh of
-simulated CPU devices, or at their published sizes on their published meshes.
+and gated attention layers, 512 experts published), tiny for a 2 x 4 mesh of simulated CPU devices, or at their
+published sizes on their published meshes; and the 2026 families of `PUBLISHED_DIR` (DeepSeek-V3.2, GLM-5,
+DeepSeek-V4, Qwen3.5, Kimi Linear, MiniMax-M2, LongCat-Flash, MiMo-V2-Flash, Llama 4, GLM-4.7-Flash, ERNIE-4.5,
+Sarvam, Solar Open), their shapes as config.json fields that transformers' own classes wrote: tiny the fixture's,
+published the config class's defaults (`tests/fixtures/make_published_configs.py`).
 
   python -m experiments.train --config=configs/decoder.py --workdir=/tmp/qwen3
   python -m experiments.train --config=configs/decoder.py:deepseek_v3 --workdir=/tmp/ds3
+  python -m experiments.train --config=configs/decoder.py:deepseek_v4 --workdir=/tmp/ds4
   python -m experiments.train --config=configs/decoder.py:qwen3_moe,published --workdir=... \\
       --config.data.train_files='/data/c4/en/c4-train.*-of-01024.json.gz'
 
@@ -91,9 +95,20 @@ TINY = {
   ),
 }
 
+# The 2026 families: their shapes as config.json fields (see the module docstring), one file each.
+PUBLISHED_DIR = os.path.join(os.path.dirname(__file__), "published")
+HF_SHAPED = tuple(sorted(name[: -len(".json")] for name in os.listdir(PUBLISHED_DIR) if name.endswith(".json")))
+
 # The families train with AdamW (DeepSeek-V3's report: b1 0.9, b2 0.95, weight decay 0.1, clipping at 1.0); SMILE's
 # configs keep LAMB. Tiny models keep fp32 parameters, moments and no master copy.
 ADAMW = dict(name="adamw", b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.1)
+
+
+def _hf_sections(config: ml_collections.ConfigDict, hf: dict) -> None:
+  """The model and moe sections from config.json fields `hf` (the MoE choices moejax adds at their defaults)."""
+  model_cfg, moe_cfg = hf_config.from_hf_config(hf)
+  config.model = ml_collections.ConfigDict(dataclasses.asdict(model_cfg))
+  config.moe = ml_collections.ConfigDict({k: v for k, v in dataclasses.asdict(moe_cfg).items() if k != "d_model"})
 
 
 def from_checkpoint(path: str) -> ml_collections.ConfigDict:
@@ -104,18 +119,27 @@ def from_checkpoint(path: str) -> ml_collections.ConfigDict:
     raise ConfigError(f"the checkpoint directory {path} does not exist", "hf", path)
   if not os.path.isfile(os.path.join(path, "config.json")):
     raise ConfigError(f"{path} has no config.json: not a Hugging Face checkpoint directory", "hf", path)
-  with open(os.path.join(path, "config.json")) as f:
-    model_cfg, moe_cfg = hf_config.from_hf_config(json.load(f))
   config = mlm.get_config()
-  config.update(init_from=path, seq_len=min(64, model_cfg.max_len), steps=200, batch_size=16)
+  with open(os.path.join(path, "config.json")) as f:
+    _hf_sections(config, json.load(f))
+  config.update(init_from=path, seq_len=min(64, config.model.max_len), steps=200, batch_size=16)
   config.optim.update(ADAMW, learning_rate=1e-4, warmup_steps=20)
   config.log.every_steps = 10
-  config.model = ml_collections.ConfigDict(dataclasses.asdict(model_cfg))
-  moe = {k: v for k, v in dataclasses.asdict(moe_cfg).items() if k != "d_model"}
-  config.moe = ml_collections.ConfigDict(moe)
   tokenizer = os.path.join(path, "tokenizer.json")
   config.data.tokenizer_model = tokenizer if os.path.exists(tokenizer) else ""
   return config
+
+
+def published_record(family: str) -> dict:
+  """A 2026 family's record (`PUBLISHED_DIR`/FAMILY.json): checkpoint, parameters (transformers' count), config
+  (the published config.json fields), tiny (the fixture's)."""
+  with open(os.path.join(PUBLISHED_DIR, f"{family}.json")) as f:
+    return json.load(f)
+
+
+def published_mesh(num_experts: int) -> tuple[int, int]:
+  """A 2026 family's mesh at its published size: nodes of 8 GPUs, one per 64 routed experts (8 a GPU), 1 to 8."""
+  return max(1, min(8, num_experts // 64)), 8
 
 
 def published_shape(family: str) -> dict:
@@ -134,15 +158,33 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
   if spec.startswith("hf="):
     return from_checkpoint(spec[len("hf=") :])
   family, _, size = spec.partition(",")
-  if family not in FAMILIES or size not in ("", "tiny", "published"):
-    raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {sorted(FAMILIES)}")
-  published = published_shape(family)
-  shape = published if size == "published" else TINY[family]
+  if family not in (*FAMILIES, *HF_SHAPED) or size not in ("", "tiny", "published"):
+    known = sorted((*FAMILIES, *HF_SHAPED))
+    raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {known}")
   config = mlm.get_config()
+  if family in HF_SHAPED:
+    _hf_sections(config, published_record(family)["config" if size == "published" else "tiny"])
+    if size != "published":
+      config.model.vocab_size = 256  # the tokenizer's a CPU run trains
+    mesh = published_mesh(config.moe.num_experts)
+  else:
+    published = published_shape(family)
+    shape = published if size == "published" else TINY[family]
+    _preset_sections(config, family, shape, published)
+    mesh = published["mesh"]
   config.pipeline = pipeline_section.defaults()  # no pipeline: 'none', 1 stage, 1 virtual stage (docs/pipelines.md)
-  config.seq_len, config.steps, config.batch_size = 64, 200, 16
+  config.seq_len, config.steps, config.batch_size = min(64, config.model.max_len), 200, 16
   config.optim.update(ADAMW, learning_rate=3e-3, warmup_steps=20)
   config.log.every_steps = 10
+  config.model.update(dtype="float32", param_dtype="float32", fsdp=False, remat="none")
+  config.moe.num_nodes = config.mesh.nodes
+  if size == "published":
+    _published_run(config, family, mesh)
+  return config
+
+
+def _preset_sections(config: ml_collections.ConfigDict, family: str, shape: dict, published: dict) -> None:
+  """The model and moe sections of a family of FAMILIES at `shape` (TINY's or the published one)."""
   layers = shape["model"].get("num_layers", 3)
   dense = shape.get("dense", 0)
   model = dict(
@@ -154,10 +196,6 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
     num_heads=4,
     max_len=256,
     moe_layers=tuple(i >= dense for i in range(layers)),
-    dtype="float32",
-    param_dtype="float32",
-    fsdp=False,
-    remat="none",
   )
   model.update(shape["model"])
   config.model = ml_collections.ConfigDict(model)
@@ -171,13 +209,15 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
     **shape["moe"],
   }
   config.moe = moe_section(omit=("d_model",), num_nodes=config.mesh.nodes, **moe)  # SwiGLU, dropless as published
-  if size == "published":
-    config.mesh.update(nodes=published["mesh"][0], gpus_per_node=published["mesh"][1])
-    config.moe.update(num_nodes=published["mesh"][0], collective="ragged", dtype="bfloat16", buffer_factor=2.0)
-    config.model.update(dtype="bfloat16", param_dtype="bfloat16")
-    # bf16 parameters: an fp32 master copy; DeepSeek-V3's own recipe also keeps AdamW's moments in bf16.
-    config.optim.update(master_dtype="float32", moment_dtype="bfloat16" if family == "deepseek_v3" else None)
-    devices = published["mesh"][0] * published["mesh"][1]
-    config.update(seq_len=4096, batch_size=2 * devices, micro_batches=1)
-    config.data.update(shards=devices, tokenizer_train_chars=100_000_000)
-  return config
+
+
+def _published_run(config: ml_collections.ConfigDict, family: str, mesh: tuple[int, int]) -> None:
+  """At a published size: its mesh, bf16 parameters and the ragged exchange, 2 sequences of 4096 a device."""
+  config.mesh.update(nodes=mesh[0], gpus_per_node=mesh[1])
+  config.moe.update(num_nodes=mesh[0], collective="ragged", dtype="bfloat16", buffer_factor=2.0)
+  config.model.update(dtype="bfloat16", param_dtype="bfloat16")
+  # bf16 parameters: an fp32 master copy; DeepSeek-V3's own recipe also keeps AdamW's moments in bf16.
+  config.optim.update(master_dtype="float32", moment_dtype="bfloat16" if family == "deepseek_v3" else None)
+  devices = mesh[0] * mesh[1]
+  config.update(seq_len=min(4096, config.model.max_len), batch_size=2 * devices, micro_batches=1)
+  config.data.update(shards=devices, tokenizer_train_chars=100_000_000)

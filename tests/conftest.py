@@ -152,6 +152,7 @@ E2E_MODULES = (
   "test_pipeline_resume",
   "test_point_models",
   "test_precision",
+  "test_published_configs",
   "test_readme_snippet",
   "test_record_traces",
   "test_replan",

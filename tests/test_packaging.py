@@ -39,13 +39,14 @@ def test_nothing_mounts_a_folder_under_another_name():
 
 
 def test_every_data_file_is_package_data():
-  """Files a package reads at run time (the measured expert-backend tables) match its package-data globs, so a
+  """Files a package reads at run time (the measured expert-backend tables, configs/published) match its package-data globs, so a
   wheel carries them."""
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
   data = project["tool"]["setuptools"]["package-data"]
   found = [
     p
-    for p in (ROOT / "moejax").rglob("*")
+    for folder in ("moejax", "configs")  # the packages that read files (experiments' notebook is the user's to open)
+    for p in (ROOT / folder).rglob("*")
     if p.is_file() and p.suffix not in (".py", ".pyc") and "__pycache__" not in p.parts
   ]
   assert found

@@ -1,0 +1,66 @@
+"""The 2026 families' presets of configs/decoder.py (`configs/published/`, written by transformers' own config
+classes): at the published size the model has transformers' parameter count of that config, exactly; the tiny
+shape trains from scratch on the 2 x 4 mesh (the loss falls); the specs' errors name the families."""
+
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from configs import decoder
+from moejax.models import state
+from moejax.runtime import mesh as mesh_lib
+from moejax.train import config as config_lib
+from moejax.train import trainer as train
+from tests import step_checks
+
+
+def transformers_parameters(family: str) -> int:
+  """transformers' count of the published model, less what transformers 5.24 allocates and the model does not have:
+  LongCat-Flash's fused gate/up tensor holds rows for the zero-computation experts too (down_proj does not), and
+  ERNIE-4.5 counts its routers' score-correction biases as parameters (moejax keeps them as state, `expert_bias`)."""
+  record = decoder.published_record(family)
+  hf, count = record["config"], record["parameters"]
+  if family == "longcat_flash":
+    count -= hf["num_layers"] * hf["zero_expert_num"] * 2 * hf["expert_ffn_hidden_size"] * hf["hidden_size"]
+  if family == "ernie4_5_moe":
+    moe_layers = (hf["moe_layer_end_index"] - hf["moe_layer_start_index"]) // hf["moe_layer_interval"] + 1
+    count -= moe_layers * hf["moe_num_experts"]
+  return count
+
+
+# The fast tier's sample (`sampled`: the first case) is the cheapest to build: Sarvam's 19 layers.
+@pytest.mark.sampled(1)
+@pytest.mark.parametrize("family", sorted(decoder.HF_SHAPED, key=lambda family: family != "sarvam_moe"))
+def test_published_size_has_transformers_parameter_count(devices, family):
+  """Every parameter tensor, counted from the abstract state (nothing allocated) on the 2 x 4 mesh."""
+  config = decoder.get_config(f"{family},published")
+  model_cfg, moe_cfg = config_lib.validate(config)[:2]
+  _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
+  counted = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+  assert counted == transformers_parameters(family), (counted, decoder.published_record(family)["checkpoint"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", decoder.HF_SHAPED)
+def test_tiny_trains_from_scratch(devices, family):
+  """Six steps on one batch of random tokens, from random weights on the 2 x 4 mesh: the loss falls."""
+  config = decoder.get_config(family)
+  config.update(batch_size=8, micro_batches=1, seq_len=16)
+  config.optim.warmup_steps = 1
+  trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), step_checks.TOK, donate=False)
+  state_, rest = trainer.init()
+  tokens = np.random.default_rng(1).integers(2, 256, (1, 8, config.seq_len), np.int32)
+  batch = jax.device_put(tokens, trainer.batch_sharding)
+  losses = []
+  for _ in range(6):
+    state_, metrics = trainer.step(state_, rest, batch)
+    losses.append(float(metrics["task_loss"]))
+  assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.1, losses
+
+
+def test_unknown_spec_names_the_families():
+  with pytest.raises(ValueError, match="deepseek_v4") as error:
+    decoder.get_config("deepseek_v5")
+  assert "'deepseek_v5'" in str(error.value) and "qwen3_moe" in str(error.value)
