@@ -91,15 +91,20 @@ def _shape_count(params) -> int:
   return sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize // _spec_devices(x) for x in jax.tree.leaves(params))
 
 
-@pytest.mark.parametrize("family", ["deepseek_v3", "qwen2_moe", "mixtral", None])
+# The 2026 families' mixers and blocks: DeepSeek-V4 (its attention, mHC), LongCat-Flash (ScMoE), Qwen3.5 (gated
+# DeltaNet, gated attention), Kimi Linear (KDA), GLM-5 (DSA), MiMo-V2-Flash (sliding layers' own heads, sinks).
+NEW_MIXERS = ("deepseek_v4", "longcat_flash", "qwen3_5_moe", "kimi_linear", "glm_moe_dsa", "mimo_v2_flash")
+
+
+@pytest.mark.parametrize(
+  "family, qk_norm_mode",
+  [(f, "head") for f in ("deepseek_v3", "qwen2_moe", "mixtral", None, *NEW_MIXERS)] + [("qwen2_moe", "projection")],
+)
 @pytest.mark.parametrize("fsdp", [False, True])
-@pytest.mark.parametrize("qk_norm_mode", ["head", "projection"])
 def test_state_bytes_equal_a_count_from_the_shapes(devices, family, fsdp, qk_norm_mode):
   """Parameter bytes per device from the shardings and from the config's dimensions (the analytic count) both equal
   a count from the parameters' shapes and specs; LAMB's states are two moments of each (and its step counts). The
   decoders' q/k norms per head and over the whole projections (OLMoE, MiniMax-M2)."""
-  if qk_norm_mode == "projection" and family in (None, "deepseek_v3", "mixtral"):
-    pytest.skip("no q/k norms there")
   model = dict(fsdp=fsdp) if qk_norm_mode == "head" else dict(fsdp=fsdp, qk_norm=True, qk_norm_mode="projection")
   config, model_cfg, moe_cfg = config_lib.checked(_config(family, **model))
   mesh = mesh_lib.make_mesh(2, 4)

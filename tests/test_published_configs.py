@@ -1,5 +1,6 @@
 """The 2026 families' presets of configs/decoder.py (`configs/published/`, written by transformers' own config
-classes): at the published size the model has transformers' parameter count of that config, exactly; the tiny
+classes): at the published size the model and the memory planner's analytic count have transformers' parameter
+count of that config, exactly; the tiny
 shape trains from scratch on the 2 x 4 mesh (the loss falls); the specs' errors name the families."""
 
 import math
@@ -11,6 +12,7 @@ import pytest
 from configs import decoder
 from moejax.models import state
 from moejax.runtime import mesh as mesh_lib
+from moejax.study import memory
 from moejax.train import config as config_lib
 from moejax.train import trainer as train
 from tests import step_checks
@@ -40,6 +42,16 @@ def test_published_size_has_transformers_parameter_count(devices, family):
   _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
   counted = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
   assert counted == transformers_parameters(family), (counted, decoder.published_record(family)["checkpoint"])
+
+
+@pytest.mark.parametrize("family", decoder.HF_SHAPED)
+def test_memory_planner_counts_transformers_parameters(family):
+  """The memory planner's analytic count (each layer's tensors written out from the config's dimensions by its
+  mixer and block kind: `moejax.study.memory_leaves`) at the published size and mesh."""
+  config = decoder.get_config(f"{family},published")
+  model_cfg, moe_cfg = config_lib.validate(config)[:2]
+  counted = memory.analytic_state(model_cfg, moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)
+  assert counted["parameter_count"] == transformers_parameters(family)
 
 
 @pytest.mark.slow

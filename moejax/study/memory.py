@@ -3,16 +3,15 @@ from its shardings, one MoE layer's exchange buffers, and an analytic count from
 (parameters, optimizer states, gradients, activations; a block's parts in `memory_blocks`) to set beside the
 compiled numbers (`memory_compile`). docs/memory.md documents every formula."""
 
-import dataclasses
 import math
 
 import numpy as np
 
-from moejax.models import qk_norm
 from moejax.models.decoder_config import DecoderConfig
 from moejax.moe import path as path_lib
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import memory_blocks
+from moejax.study import memory_blocks, memory_leaves
+from moejax.study.memory_leaves import Leaf, decoder_leaves, moe_leaves
 from moejax.train import optim as optim_lib
 
 GB = 1e9  # bytes; verdicts and tables are in GB (10^9 bytes)
@@ -57,52 +56,6 @@ def exchange_bytes(moe_cfg, mesh, tokens: int) -> dict:
   }
 
 
-@dataclasses.dataclass
-class Leaf:
-  """One parameter tensor of the analytic count: its shape, how many the model has, and where it lives ('dense':
-  replicated or FSDP-sharded; 'expert': split over the expert holders; 'moe': the MoE layer's own replicated
-  tensors, routers and shared experts, which FSDP leaves alone). table: an embedding table or the output head
-  (Muon leaves these to AdamW, as it does every tensor that is not 2-D or a routed expert's)."""
-
-  shape: tuple
-  count: int = 1
-  kind: str = "dense"
-  table: bool = False
-
-  @property
-  def muon(self) -> bool:
-    """Whether optim.name='muon' orthogonalises it (one momentum) rather than AdamW's two moments."""
-    return self.kind == "expert" or (len(self.shape) == 2 and not self.table)
-
-
-def decoder_leaves(cfg) -> tuple[list, list, list]:
-  """(model-level leaves, one attention half's, the dense FFN's) of a decoder family, from its dimensions."""
-  d, h, hd = cfg.d_model, cfg.num_heads, cfg.head_dim
-  top = [Leaf((cfg.vocab_size, d), table=True), Leaf((d,))]
-  top += [] if cfg.tie_embeddings else [Leaf((d, cfg.vocab_size), table=True)]
-  attn = [Leaf((d,)), Leaf((d,))]  # the block's two RMSNorms
-  if cfg.latent:
-    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    if cfg.q_lora_rank:
-      attn += [Leaf((d, cfg.q_lora_rank)), Leaf((cfg.q_lora_rank,)), Leaf((cfg.q_lora_rank, h * qk))]
-    else:
-      attn += [Leaf((d, h * qk))]
-    attn += [
-      Leaf((d, cfg.kv_lora_rank + cfg.qk_rope_head_dim)),
-      Leaf((cfg.kv_lora_rank,)),
-      Leaf((cfg.kv_lora_rank, h * (cfg.qk_nope_head_dim + cfg.v_head_dim))),
-      Leaf((h * cfg.v_head_dim, d)),
-    ]
-  else:
-    kv, v = cfg.num_kv_heads * hd, cfg.num_kv_heads * cfg.value_dim  # MiMo's values narrower than q and k
-    attn += [Leaf((d, h * hd)), Leaf((d, kv)), Leaf((d, v)), Leaf((h * cfg.value_dim, d))]
-    attn += [Leaf((h * hd,)), Leaf((kv,)), Leaf((v,))] if cfg.qkv_bias else []
-    attn += [Leaf((d,))] if cfg.out_bias else []
-    if cfg.qk_norm:  # per head ([hd] each of q, k) or over the whole projections ([h hd], [kv])
-      attn += [Leaf(shape) for shape in qk_norm.of(cfg).shapes(cfg)]
-  return top, attn, [Leaf((d, cfg.d_ff), 2), Leaf((cfg.d_ff, d))]
-
-
 def _smile_leaves(cfg) -> tuple[list, list, list]:
   """The same for a SMILE model (`ModelConfig`): tied embeddings, learned positions, LayerNorms with biases."""
   d, f, v = cfg.d_model, cfg.d_ff, cfg.vocab_size
@@ -119,36 +72,32 @@ def _smile_leaves(cfg) -> tuple[list, list, list]:
   return top, attn, [Leaf((d, f)), Leaf((f,)), Leaf((f, d)), Leaf((d,))]
 
 
-def _moe_leaves(moe_cfg) -> list:
-  d, f, e = moe_cfg.d_model, moe_cfg.d_ff, moe_cfg.num_experts
-  widths = list(moe_cfg.router.widths.values())  # the router kernels [d, width]
-  mats = 3 if moe_cfg.gated else 2
-  out = [Leaf((d, w), kind="moe") for w in widths] + [Leaf((e, d, f), mats, "expert")]
-  if moe_cfg.num_shared_experts:
-    out.append(Leaf((d, moe_cfg.shared_width), mats, "moe"))
-  return out + ([Leaf((d, 1), kind="moe")] if moe_cfg.shared_gate else [])
-
-
 PARTS = ("embeddings", "layers", "head")
 
 
 def analytic_leaves(cfg, moe_cfg) -> dict:
   """The model's parameter leaves by where a pipeline puts them (`pipeline_count`): 'embeddings' (the token
   embeddings: the first stage; a SMILE model's positions too), 'layers' (every block's attention, dense FFN and MoE
-  layer: split over the stages) and 'head' (the final norm, the output kernel and the MTP modules: the last stage)."""
+  layer, each decoder layer by its kind: `memory_leaves.layer_leaves`; split over the stages) and 'head' (the final
+  norm, the output kernel and the MTP modules: the last stage)."""
   decoder = isinstance(cfg, DecoderConfig)
-  top, attn, ffn = decoder_leaves(cfg) if decoder else _smile_leaves(cfg)
   dense, moe = layer_counts(cfg)
-  layers = [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
-  layers += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
-  layers += [Leaf(x.shape, x.count * moe, x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
+  if decoder:
+    top = memory_leaves.top_leaves(cfg)
+    layers = [x for layer in range(cfg.num_layers) for x in memory_leaves.layer_leaves(cfg, moe_cfg, layer)]
+    attn = memory_leaves.decoder_leaves(cfg)[1]
+  else:
+    top, attn, ffn = _smile_leaves(cfg)
+    layers = [Leaf(x.shape, x.count * (dense + moe), x.kind) for x in attn]
+    layers += [Leaf(x.shape, x.count * dense, x.kind) for x in ffn]
+    layers += [Leaf(x.shape, x.count * moe, x.kind) for x in moe_leaves(moe_cfg)] if moe else []
   embeddings = top[:2] if not decoder else top[:1]
   head = top[len(embeddings) :]
   mtp = getattr(cfg, "num_mtp_layers", 0)
   if mtp:  # each MTP module: enorm, hnorm, eh_proj, its own norm, and one more block (attention and MoE FFN)
     d = cfg.d_model
     head += [Leaf((d,), 3 * mtp), Leaf((2 * d, d), mtp)] + [Leaf(x.shape, x.count * mtp, x.kind) for x in attn]
-    head += [Leaf(x.shape, x.count * mtp, x.kind) for x in _moe_leaves(moe_cfg)] if moe else []
+    head += [Leaf(x.shape, x.count * mtp, x.kind) for x in moe_leaves(moe_cfg)] if moe else []
   return {"embeddings": embeddings, "layers": layers, "head": head}
 
 
@@ -259,6 +208,6 @@ def _gathered_bytes(cfg, moe_cfg) -> float:
   size = lambda leaves: sum(math.prod(x.shape) * x.count for x in leaves)
   table = cfg.vocab_size * cfg.d_model
   tables = (1 if getattr(cfg, "tie_embeddings", True) else 2) * table * b + table * b
-  moe_dense = [x for x in _moe_leaves(moe_cfg) if x.kind == "moe"] if cfg.num_moe_layers else []
+  moe_dense = [x for x in moe_leaves(moe_cfg) if x.kind == "moe"] if cfg.num_moe_layers else []
   layer = size(attn) + max(size(ffn) if layer_counts(cfg)[0] else 0, size(moe_dense))
   return float(tables + 3 * layer * pd)
