@@ -1,7 +1,7 @@
 """The 2026 families' presets of configs/decoder.py (`configs/published/`, written by transformers' own config
 classes): at the published size the model and the memory planner's analytic count have transformers' parameter
 count of that config, exactly; the tiny
-shape trains from scratch on the 2 x 4 mesh (the loss falls); the specs' errors name the families."""
+shape trains from scratch on the 2 x 4 mesh (the loss falls), scanned and FSDP as plain; the specs' errors name the families."""
 
 import math
 
@@ -54,22 +54,31 @@ def test_memory_planner_counts_transformers_parameters(family):
   assert counted["parameter_count"] == transformers_parameters(family)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("family", decoder.HF_SHAPED)
-def test_tiny_trains_from_scratch(devices, family):
-  """Six steps on one batch of random tokens, from random weights on the 2 x 4 mesh: the loss falls."""
-  config = decoder.get_config(family)
-  config.update(batch_size=8, micro_batches=1, seq_len=16)
-  config.optim.warmup_steps = 1
+def _losses(config, steps: int) -> list:
+  """The task loss of `steps` steps on one batch of random tokens, from random weights on the 2 x 4 mesh."""
   trainer = train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), step_checks.TOK, donate=False)
   state_, rest = trainer.init()
   tokens = np.random.default_rng(1).integers(2, 256, (1, 8, config.seq_len), np.int32)
   batch = jax.device_put(tokens, trainer.batch_sharding)
   losses = []
-  for _ in range(6):
+  for _ in range(steps):
     state_, metrics = trainer.step(state_, rest, batch)
     losses.append(float(metrics["task_loss"]))
-  assert np.isfinite(losses).all() and losses[-1] < losses[0] - 0.1, losses
+  return losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", decoder.HF_SHAPED)
+def test_tiny_trains_from_scratch_scanned_and_fsdp(devices, family):
+  """Four steps of the tiny preset: the loss falls, and the run with its layers scanned and its parameters sharded
+  (FSDP) has the plain run's losses."""
+  config = decoder.get_config(family)
+  config.update(batch_size=8, micro_batches=1, seq_len=16)
+  config.optim.warmup_steps = 1
+  plain = _losses(config, 4)
+  assert np.isfinite(plain).all() and all(np.diff(plain) < 0) and plain[-1] < plain[0] - 0.1, plain
+  config.model.update(scan_layers=True, fsdp=True)
+  np.testing.assert_allclose(_losses(config, 4), plain, rtol=1e-5)
 
 
 def test_unknown_spec_names_the_families():
