@@ -27,7 +27,12 @@ MICRO = 4
 def _config(spec: str, layers: int, nodes: int, gpus: int, pipeline=None, **moe):
   config = decoder.get_config(spec)
   dense = 1 if spec == "deepseek_v3" else 0
-  config.model.update(num_layers=layers, moe_layers=tuple(i >= dense for i in range(layers)))
+  per_layer = {  # the preset's patterns of layer kinds (mixers, sliding and NoPE layers) repeated over `layers`
+    name: tuple(value[i % len(value)] for i in range(layers))
+    for name, value in config.model.items()
+    if isinstance(value, tuple) and len(value) == config.model.num_layers and all(type(v) in (bool, str) for v in value)
+  }
+  config.model.update(per_layer, num_layers=layers, moe_layers=tuple(i >= dense for i in range(layers)))
   config.update(batch_size=MICRO * nodes * gpus, micro_batches=MICRO, seq_len=16)
   config.mesh.update(nodes=nodes, gpus_per_node=gpus)
   config.moe.update(num_nodes=nodes, collective="capacity", capacity_factor=4.0, **moe)  # nothing dropped
@@ -87,6 +92,13 @@ def _case(spec, layers, schedule, stages, virtual, nodes, gpus, moe):
     _case("deepseek_v3", 5, "dualpipev", 2, 1, 1, 4, dict(balance_loss="global_batch", load_balance_coef=0.1)),
     _case("qwen3_moe", 4, "interleaved", 2, 2, 1, 4, {}),
     _case("qwen3_next", 8, "1f1b", 2, 1, 1, 4, {}),
+    # The 2026 mixers and blocks (configs/decoder.py's tiny presets): KDA beside NoPE MLA, Qwen3.5's gated DeltaNet,
+    # DSA's indexer, LongCat-Flash's ScMoE layers, MiMo-V2-Flash's sliding layers with sinks.
+    _case("kimi_linear", 8, "1f1b", 2, 1, 1, 4, {}),
+    _case("qwen3_5_moe", 8, "1f1b", 2, 1, 1, 4, {}),
+    _case("deepseek_v32", 4, "1f1b", 2, 1, 1, 4, {}),
+    _case("longcat_flash", 2, "1f1b", 2, 1, 1, 4, {}),
+    _case("mimo_v2_flash", 16, "1f1b", 2, 1, 1, 4, {}),
   ],
 )
 def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, stages, virtual, nodes, gpus, moe):
@@ -95,7 +107,9 @@ def test_pipelined_step_equals_the_unpipelined(devices, spec, layers, schedule, 
   every layer and the MTP module: each stage carries its own layers' (1F1B: a stage's backward of micro-batch i after
   its forwards of later ones). dualpipev: 4 stages of layers on 2 devices, the V; dualpipe: each stage on both
   devices, its gradients the two copies' sum; interleaved (virtual_stages 2): 4 stages of layers on 2 devices,
-  device d running stages d and d + 2, each micro-batch passing the devices twice."""
+  device d running stages d and d + 2, each micro-batch passing the devices twice. The 2026 presets repeat their
+  pattern of layer kinds: a stage runs one program, so each holds two repeats or more of it (MiMo-V2-Flash's full,
+  sliding, sliding, full: 16 layers)."""
   seed = stages * 10 + layers
   tokens = np.random.default_rng(seed).integers(TOK.first_ordinary, TOK.num_ids, (3, MICRO, nodes * gpus, 16), np.int32)
   pipeline = dict(schedule=schedule, stages=stages, virtual_stages=virtual)
