@@ -168,3 +168,31 @@ def test_from_hf_reads_the_sliding_fields():
   assert dsa.DeepseekV4AttentionConfig.from_hf(hf) == config(4)
   with pytest.raises(ConfigError, match="rope_parameters.main.rope_type='yarn'"):
     dsa.DeepseekV4AttentionConfig.from_hf({**hf, "rope_parameters": {"main": {"rope_type": "yarn"}}})
+
+
+def test_a_layer_from_scratch_starts_as_transformers_initialises_it():
+  """The tiny preset's layers (configs/decoder.py), bf16 parameters: every norm weight (nested ones included:
+  `q_a_norm.weight`, a compressor's `kv_norm.weight`) starts at 1, sinks and position biases at 0, in float32 like
+  mHC's tensors; the projections are random in the parameters' dtype."""
+  from flax import nnx
+
+  from configs import decoder
+  from moejax.models import deepseek_v4_mixer
+  from moejax.train import config as config_lib
+
+  config = decoder.get_config("deepseek_v4")
+  config.model.param_dtype = "bfloat16"
+  model_cfg = config_lib.validate(config)[0]
+  seen = set()
+  for layer in range(model_cfg.num_layers):
+    tensors = deepseek_v4_mixer.DeepseekV4Attention(model_cfg, layer, rngs=nnx.Rngs(0)).tensors()
+    seen |= set(tensors)
+    for name, value in tensors.items():
+      values = np.asarray(value.astype(jnp.float32))
+      if name.endswith("norm.weight"):
+        assert value.dtype == jnp.float32 and np.all(values == 1), name
+      elif name.endswith(("sinks", "position_bias")):
+        assert value.dtype == jnp.float32 and np.all(values == 0), name
+      else:
+        assert value.dtype == jnp.bfloat16 and 0.005 < values.std() < 0.05, name
+  assert {"q_a_norm.weight", "compressor.kv_norm.weight", "compressor.indexer.position_bias"} <= seen

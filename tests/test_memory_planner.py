@@ -53,6 +53,23 @@ def rows(devices):
   }
 
 
+@pytest.mark.parametrize("moment_dtype", [None, "bfloat16"])
+def test_float32_tensors_of_a_bf16_model(devices, moment_dtype):
+  """DeepSeek-V4 with bf16 parameters keeps its norms, sinks and mHC tensors in float32 (as transformers does): the
+  analytic bytes of the parameters and the optimizer (moments in the parameters' dtype, or bf16) equal the state's."""
+  config = _config("deepseek_v4", param_dtype="bfloat16")
+  config.optim.update(name="adamw", master_dtype=None, moment_dtype=moment_dtype)
+  config, model_cfg, moe_cfg = config_lib.checked(config)
+  tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=254, num_ids=256)
+  state = train.Trainer(config, model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4), tok).abstract_state
+  analytic = memory_lib.analytic_state(model_cfg, moe_cfg, 2, 4, config.optim)
+  dtypes = {np.dtype(x.dtype) for x in jax.tree.leaves(state["params"])}
+  assert dtypes == {np.dtype("bfloat16"), np.dtype("float32")}  # both kinds present: the test can tell them apart
+  assert analytic["parameters"] == _shape_count(state["params"])
+  exact = sum(memory_lib.shard_bytes(x) for x in jax.tree.leaves(state["opt_state"]))
+  assert 0 <= exact - analytic["optimizer"] <= 64, (exact, analytic)
+
+
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
 def test_layer_scaling_matches_the_whole_compile(rows):
   """The compiled temp and total of the whole tiny model agree with those scaled from the three variants within 3%,

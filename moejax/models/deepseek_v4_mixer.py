@@ -51,16 +51,16 @@ class Tensors(nnx.Module):
   path is its name (`q_a_proj/weight`) and its layout transformers' ([out, in] weights: read untransposed). Weights
   N(0, 0.02) in param_dtype; norm weights and scales ones, sinks, biases and bases zeros, in float32."""
 
-  def __init__(self, shapes: dict, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+  def __init__(self, shapes: dict, *, rngs: nnx.Rngs, param_dtype=jnp.float32, prefix: str = ""):
     children = {}
     for name, shape in shapes.items():
       head, _, rest = name.partition(".")
       if rest:
         children.setdefault(head, {})[rest] = shape
-      else:
-        setattr(self, head, nnx.Param(_initial(name, shape, rngs.params(), param_dtype)))
+      else:  # initialised by its whole dotted name (a norm's `weight` is `..norm.weight`)
+        setattr(self, head, nnx.Param(_initial(prefix + name, shape, rngs.params(), param_dtype)))
     for head, sub in children.items():
-      setattr(self, head, Tensors(sub, rngs=rngs, param_dtype=param_dtype))
+      setattr(self, head, Tensors(sub, rngs=rngs, param_dtype=param_dtype, prefix=f"{prefix}{head}."))
 
   def tensors(self, prefix: str = "") -> dict:
     """{dotted name: array} of every tensor held."""

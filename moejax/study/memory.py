@@ -127,14 +127,16 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
     return size
 
   elements = sum(per_device(x) for x in leaves)
-  moments = 2 * elements - (sum(per_device(x) for x in leaves if x.muon) if get("name") == "muon" else 0)
-  param_dtype = getattr(cfg, "param_dtype", "float32")
   item = lambda dtype: np.dtype(dtype).itemsize
+  param_item = lambda leaf: item("float32" if leaf.float32 else getattr(cfg, "param_dtype", "float32"))
+  moment_dtype = get("moment_dtype") or get("master_dtype")
+  moment_item = lambda leaf: item(moment_dtype) if moment_dtype else param_item(leaf)
+  moments_of = lambda leaf: 1 if get("name") == "muon" and leaf.muon else 2
   master = elements * item(get("master_dtype")) if get("master_dtype") else 0.0
-  moments *= item(get("moment_dtype") or get("master_dtype") or param_dtype)
+  moments = sum(per_device(x) * moments_of(x) * moment_item(x) for x in leaves)
   total = sum(math.prod(x.shape) * x.count for x in leaves)
   return {
-    "parameters": elements * item(param_dtype),
+    "parameters": sum(per_device(x) * param_item(x) for x in leaves),
     "gradients": elements * item("float32"),
     "optimizer": master + moments,
     "master_weights": master,

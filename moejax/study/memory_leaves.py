@@ -10,7 +10,7 @@ import math
 
 from moejax.models import hyper_block, qk_norm, shortcut_block
 from moejax.models.decoder_config import DecoderConfig
-from moejax.models.deepseek_v4_mixer import attention_config
+from moejax.models.deepseek_v4_mixer import ONES, ZEROS, attention_config
 from moejax.models.kimi_delta_attention import CONVOLUTIONS, LINEARS, kda_config
 from moejax.models.linear_attention import deltanet_config
 from moejax.models.sparse_attention import indexer_fields
@@ -21,12 +21,14 @@ class Leaf:
   """One parameter tensor of the analytic count: its shape, how many the model has, and where it lives ('dense':
   replicated or FSDP-sharded; 'expert': split over the expert holders; 'moe': the MoE layer's own replicated
   tensors, routers and shared experts, which FSDP leaves alone). table: an embedding table or the output head
-  (Muon leaves these to AdamW, as it does every tensor that is not 2-D or a routed expert's)."""
+  (Muon leaves these to AdamW, as it does every tensor that is not 2-D or a routed expert's). float32: kept in
+  float32 whatever the parameters' dtype (DeepSeek-V4's norms, sinks and mHC tensors, as transformers keeps them)."""
 
   shape: tuple
   count: int = 1
   kind: str = "dense"
   table: bool = False
+  float32: bool = False
 
   @property
   def muon(self) -> bool:
@@ -102,7 +104,8 @@ MIXER_LEAVES = {
 def mixer_leaves(cfg, layer: int) -> list:
   """Layer `layer`'s token mixer's tensors."""
   if cfg.mixer(layer) == "deepseek_v4":  # its shapes are its config's, by transformers' names
-    return [Leaf(tuple(shape)) for shape in attention_config(cfg, layer).param_shapes().values()]
+    shapes = attention_config(cfg, layer).param_shapes()
+    return [Leaf(tuple(shape), float32=name.endswith(ONES + ZEROS)) for name, shape in shapes.items()]
   return MIXER_LEAVES[cfg.mixer(layer)](cfg.at(layer))
 
 
@@ -132,7 +135,8 @@ def layer_leaves(cfg: DecoderConfig, moe_cfg, layer: int) -> list:
   out = [Leaf((d,), 2)] + mixer_leaves(cfg, layer) + ffn
   if hyper_block.uses(cfg):  # an mHC module around each sublayer: fn, base, scale
     hc = hyper_block.hyper_config(cfg)
-    out += [Leaf((hc.num_weights, hc.hc_mult * d), 2), Leaf((hc.num_weights,), 2), Leaf((3,), 2)]
+    mhc = [((hc.num_weights, hc.hc_mult * d), 2), ((hc.num_weights,), 2), ((3,), 2)]
+    out += [Leaf(shape, count, float32=True) for shape, count in mhc]
   return out
 
 
@@ -143,7 +147,7 @@ def top_leaves(cfg: DecoderConfig) -> list:
   out += [] if cfg.tie_embeddings else [Leaf((d, cfg.vocab_size), table=True)]
   if hyper_block.uses(cfg):
     n = hyper_block.hyper_config(cfg).hc_mult
-    out += [Leaf((n, n * d)), Leaf((n,)), Leaf((1,))]
+    out += [Leaf(shape, float32=True) for shape in ((n, n * d), (n,), (1,))]
   return out
 
 
