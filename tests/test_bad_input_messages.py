@@ -115,3 +115,18 @@ def test_num_nodes_with_flat_routing_is_recorded_as_the_meshs_node_count():
   config.moe.update(routing="bilevel", num_nodes=2)
   with pytest.raises(ConfigError, match=r"num_nodes=2 is not allowed: the mesh's node count 1"):
     from_sections(config)
+
+
+def test_a_trainer_with_more_token_ids_than_embedding_rows_is_refused(devices):
+  """A Trainer built in Python (a notebook) from token ids past the model's vocabulary: refused naming
+  model.vocab_size and the ids, before anything compiles (those ids would read no embedding row: a NaN loss)."""
+  from configs import decoder
+  from moejax.runtime import mesh as mesh_lib
+  from moejax.train import config as config_lib
+  from moejax.train import objective
+  from moejax.train import trainer as train
+
+  config = decoder.get_config("qwen3_moe")
+  tok = objective.TokenIds(pad_id=0, mask_id=1, first_ordinary=2, num_ordinary=298, num_ids=300)
+  with pytest.raises(ConfigError, match=r"model.vocab_size=256 .*at least the tokenizer's 300 ids"):
+    train.Trainer(config, *config_lib.validate(config), mesh_lib.make_mesh(2, 4), tok)

@@ -134,10 +134,5 @@ def load_tokenizer(config, files: list[str], cache_dir: str) -> Tokenizer:
 
   key = json.dumps([[(os.path.basename(f), os.path.getsize(f)) for f in files], config.data.tokenizer_train_chars])
   tok = tokenizer_lib.load_or_train(config.data.tokenizer_model, cache_dir, config.model.vocab_size, key, corpus)
-  require(
-    tok.num_ids <= config.model.vocab_size,
-    "model.vocab_size",
-    config.model.vocab_size,
-    f"at least the tokenizer's {tok.num_ids} ids",
-  )
+  tokenizer_lib.require_fits(tok, config.model.vocab_size)
   return tok

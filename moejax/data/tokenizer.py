@@ -17,6 +17,7 @@ from absl import logging
 
 from moejax.data import TokenizerError
 from moejax.data.hf_tokenizer import HFTokenizer
+from moejax.validation import require
 
 MASK_PIECE = "[MASK]"
 
@@ -54,6 +55,12 @@ class Tokenizer:
 
   def decode(self, ids: Iterable[int]) -> str:
     return self.sp.decode([int(i) for i in ids if i < self.sp.get_piece_size()])
+
+
+def require_fits(tok, vocab_size: int) -> None:
+  """ConfigError naming model.vocab_size unless the model has an embedding row for each of `tok`'s ids (a
+  `Tokenizer` or `objective.TokenIds`): an id past the table would read no row, and the loss would be NaN."""
+  require(tok.num_ids <= vocab_size, "model.vocab_size", vocab_size, f"at least the tokenizer's {tok.num_ids} ids")
 
 
 @contextlib.contextmanager

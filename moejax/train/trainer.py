@@ -78,8 +78,8 @@ class Trainer:
     donate: bool = True,
     heldout: bool = False,
   ):
-    # 'auto': the measured fastest for the tokens one layer call sees on these devices. Asked here, not left to
-    # `resolve` (which returns other configs unchanged): a trainer made from parts may have no batch fields.
+    tokenizer_lib.require_fits(tok, model_cfg.vocab_size)  # before anything compiles
+    # 'auto': the fastest measured for one layer call's tokens, asked here (a trainer from parts may lack batch fields)
     if moe_cfg.backend_kind.needs_resolving:
       moe_cfg = expert_backend.resolve(moe_cfg, tokens_per_call(config), mesh, "fwd_bwd")
     self.config, self.model_cfg, self.moe_cfg, self.mesh, self.tok = config, model_cfg, moe_cfg, mesh, tok
