@@ -59,8 +59,10 @@ class Tokenizer:
 
 def require_fits(tok, vocab_size: int) -> None:
   """ConfigError naming model.vocab_size unless the model has an embedding row for each of `tok`'s ids (a
-  `Tokenizer` or `objective.TokenIds`): an id past the table would read no row, and the loss would be NaN."""
-  require(tok.num_ids <= vocab_size, "model.vocab_size", vocab_size, f"at least the tokenizer's {tok.num_ids} ids")
+  `Tokenizer` or `objective.TokenIds`; None: none to check): an id past the table would read no row, and the loss
+  would be NaN."""
+  if tok is not None:
+    require(tok.num_ids <= vocab_size, "model.vocab_size", vocab_size, f"at least the tokenizer's {tok.num_ids} ids")
 
 
 @contextlib.contextmanager
