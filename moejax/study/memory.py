@@ -134,14 +134,13 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
   moments_of = lambda leaf: 1 if get("name") == "muon" and leaf.muon else 2
   master = elements * item(get("master_dtype")) if get("master_dtype") else 0.0
   moments = sum(per_device(x) * moments_of(x) * moment_item(x) for x in leaves)
-  total = sum(math.prod(x.shape) * x.count for x in leaves)
   return {
     "parameters": sum(per_device(x) * param_item(x) for x in leaves),
     "gradients": elements * item("float32"),
     "optimizer": master + moments,
     "master_weights": master,
     "moments": moments,
-    "parameter_count": total,
+    "parameter_count": memory_leaves.size(leaves),
   }
 
 
@@ -207,9 +206,9 @@ def _gathered_bytes(cfg, moe_cfg) -> float:
   and their gradient before the reduce-scatter: in a scan one layer at a time (three of the largest layer)."""
   top, attn, ffn = decoder_leaves(cfg) if isinstance(cfg, DecoderConfig) else _smile_leaves(cfg)
   b, pd = np.dtype(cfg.dtype).itemsize, np.dtype(getattr(cfg, "param_dtype", "float32")).itemsize
-  size = lambda leaves: sum(math.prod(x.shape) * x.count for x in leaves)
   table = cfg.vocab_size * cfg.d_model
   tables = (1 if getattr(cfg, "tie_embeddings", True) else 2) * table * b + table * b
   moe_dense = [x for x in moe_leaves(moe_cfg) if x.kind == "moe"] if cfg.num_moe_layers else []
+  size = memory_leaves.size
   layer = size(attn) + max(size(ffn) if layer_counts(cfg)[0] else 0, size(moe_dense))
   return float(tables + 3 * layer * pd)

@@ -92,21 +92,30 @@ def _dsa(cfg) -> list:
   return attention_leaves(cfg) + indexer + [Leaf((cfg.d_model, heads))]
 
 
-MIXER_LEAVES = {
-  "attention": attention_leaves,
-  "gated_deltanet": _gated_deltanet,
-  "kimi_delta": _kimi_delta,
-  "dsa": _dsa,
-  "dsa_shared": attention_leaves,  # it reuses the last 'dsa' layer's choice: no indexer of its own
+def _deepseek_v4(cfg, layer: int) -> list:
+  """Its shapes are its layer type's config's, by transformers' names (norms, sinks, biases in float32)."""
+  shapes = attention_config(cfg, layer).param_shapes()
+  return [Leaf(tuple(shape), float32=name.endswith(ONES + ZEROS)) for name, shape in shapes.items()]
+
+
+def _of_layer(leaves):
+  """A mixer whose tensors read only its layer's config (`DecoderConfig.at`: MiMo's sliding layers' own heads)."""
+  return lambda cfg, layer: leaves(cfg.at(layer))
+
+
+MIXER_LEAVES = {  # by `DecoderConfig.mixer`'s names: (cfg, layer) -> the mixer's tensors
+  "attention": _of_layer(attention_leaves),
+  "gated_deltanet": _of_layer(_gated_deltanet),
+  "kimi_delta": _of_layer(_kimi_delta),
+  "dsa": _of_layer(_dsa),
+  "dsa_shared": _of_layer(attention_leaves),  # it reuses the last 'dsa' layer's choice: no indexer of its own
+  "deepseek_v4": _deepseek_v4,
 }
 
 
 def mixer_leaves(cfg, layer: int) -> list:
   """Layer `layer`'s token mixer's tensors."""
-  if cfg.mixer(layer) == "deepseek_v4":  # its shapes are its config's, by transformers' names
-    shapes = attention_config(cfg, layer).param_shapes()
-    return [Leaf(tuple(shape), float32=name.endswith(ONES + ZEROS)) for name, shape in shapes.items()]
-  return MIXER_LEAVES[cfg.mixer(layer)](cfg.at(layer))
+  return MIXER_LEAVES[cfg.mixer(layer)](cfg, layer)
 
 
 def dense_ffn_leaves(cfg) -> list:
@@ -131,7 +140,7 @@ def layer_leaves(cfg: DecoderConfig, moe_cfg, layer: int) -> list:
   ffn = moe_leaves(moe_cfg) if is_moe else dense_ffn_leaves(cfg)
   if shortcut_block.uses(cfg):  # two (norm, attention, norm, dense FFN) sublayers, and the MoE branch
     sublayer = [Leaf((d,), 2)] + mixer_leaves(cfg, layer) + dense_ffn_leaves(cfg)
-    return [Leaf(x.shape, x.count * shortcut_block.SUBLAYERS, x.kind) for x in sublayer] + ffn
+    return [dataclasses.replace(x, count=x.count * shortcut_block.SUBLAYERS) for x in sublayer] + ffn
   out = [Leaf((d,), 2)] + mixer_leaves(cfg, layer) + ffn
   if hyper_block.uses(cfg):  # an mHC module around each sublayer: fn, base, scale
     hc = hyper_block.hyper_config(cfg)

@@ -23,7 +23,7 @@ from moejax.cost import model as cost_model
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.presets import PUBLISHED
-from moejax.study import memory
+from moejax.study import memory, memory_leaves
 from moejax.train import objective
 from moejax.validation import require
 
@@ -128,7 +128,7 @@ class PublishedDecoder(SweepFamily):
     del gated
     cfg = self.training_model(model, "float32")
     top, attention, ffn = memory.decoder_leaves(cfg)
-    size = lambda leaves: sum(math.prod(leaf.shape) * leaf.count for leaf in leaves)  # noqa: E731
+    size = memory_leaves.size
     return float(
       size(top) + cfg.num_layers * size(attention) + (cfg.num_layers - cfg.num_moe_layers) * size(ffn) + routers
     )
