@@ -126,8 +126,9 @@ def shared(tmp_path_factory):
 # The end-to-end tier: the slow tests of these modules (learning runs: the trainer's steps over several updates, FSDP,
 # pipelines and two-batch steps against their plain runs, fine-tuning and the programs run from their command lines;
 # multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
-# of every module (a test function named for generating: greedy, sampled and ExFlow's decode against transformers'
-# tokens) and its pipelined steps against the plain step (named `..._pipelined_as_unpipelined`) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# of every module (a test function named for generating or decoding: greedy, sampled and ExFlow's decode against
+# transformers' tokens or the full forward), its pipelined steps against the plain step (named
+# `..._pipelined_as_unpipelined`) and its whole command-line runs (E2E_FUNCTION) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
 E2E_MODULES = (
   "test_bench_programs",
@@ -162,8 +163,11 @@ E2E_MODULES = (
   "test_two_batch",
   "test_workdir_guard",
 )
-# generation runs, a fine-tuning run from the command line, pipelined training steps
-E2E_FUNCTION = re.compile(r"generat|fine_tunes|pipelined_as_unpipelined")
+# generation runs (a decode through the caches, ExFlow's against the vanilla one), a fine-tuning run from the command
+# line, pipelined training steps, and the programs whose command line a test runs whole (a study, a table and its png)
+E2E_FUNCTION = re.compile(
+  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|^test_command|validation_command|study_on_the"
+)
 
 
 def end_to_end(item) -> bool:
