@@ -1,9 +1,11 @@
 """The 2026 families' presets of configs/decoder.py (`configs/published/`, written by transformers' own config
 classes): at the published size the model and the memory planner's analytic count have transformers' parameter
-count of that config, exactly; the tiny
+count of that config, exactly (and so do the older presets' published models, `tests/data/published_counts.json`); the tiny
 shape trains from scratch on the 2 x 4 mesh (the loss falls), scanned and FSDP as plain; the specs' errors name the families."""
 
+import json
 import math
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -11,6 +13,7 @@ import pytest
 
 from configs import decoder
 from moejax.models import state
+from moejax.models.published import PUBLISHED
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory
 from moejax.train import config as config_lib
@@ -52,6 +55,30 @@ def test_memory_planner_counts_transformers_parameters(family):
   model_cfg, moe_cfg = config_lib.validate(config)[:2]
   counted = memory.analytic_state(model_cfg, moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)
   assert counted["parameter_count"] == transformers_parameters(family)
+
+
+# transformers' count of the older presets' published models (`tests/fixtures/make_published_counts.py`), where its
+# config class's defaults are that model.
+COUNTS = json.loads((Path(__file__).parent / "data" / "published_counts.json").read_text())
+OLDER = {spec: entry for spec, entry in decoder.FAMILIES.items() if entry in COUNTS}
+
+
+# The fast tier's sample is the cheapest to build: Mixtral's 32 layers of 8 experts.
+@pytest.mark.sampled(1)
+@pytest.mark.parametrize("spec", sorted(OLDER, key=lambda spec: spec != "mixtral"))
+def test_older_presets_have_transformers_parameter_count(devices, spec):
+  """The older presets at their published size (moejax.models.published: Mixtral-8x7B, Qwen1.5-MoE, Qwen3-Next,
+  DeepSeek-V3), counted from the abstract state and by the memory planner: transformers' count of the same model.
+  DeepSeek-V3 without its MTP module, which transformers does not build."""
+  entry = OLDER[spec]
+  assert COUNTS[entry]["checkpoint"] == PUBLISHED[entry].source  # the same model on both sides
+  config = decoder.get_config(f"{spec},published")
+  config.model.num_mtp_layers = 0
+  model_cfg, moe_cfg = config_lib.validate(config)[:2]
+  _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(1, 4))
+  counted = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+  planned = memory.analytic_state(model_cfg, moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)
+  assert counted == planned["parameter_count"] == COUNTS[entry]["parameters"], (counted, planned["parameter_count"])
 
 
 def _losses(config, steps: int) -> list:
