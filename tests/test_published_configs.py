@@ -35,6 +35,12 @@ def transformers_parameters(family: str) -> int:
   return count
 
 
+def abstract_count(model_cfg, moe_cfg, mesh) -> int:
+  """Every parameter tensor's elements, counted from the abstract state on `mesh` (nothing allocated)."""
+  _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh)
+  return sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+
+
 # The fast tier's sample (`sampled`: the first case) is the cheapest to build: Sarvam's 19 layers.
 @pytest.mark.sampled(1)
 @pytest.mark.parametrize("family", sorted(decoder.HF_SHAPED, key=lambda family: family != "sarvam_moe"))
@@ -42,8 +48,7 @@ def test_published_size_has_transformers_parameter_count(devices, family):
   """Every parameter tensor, counted from the abstract state (nothing allocated) on the 2 x 4 mesh."""
   config = decoder.get_config(f"{family},published")
   model_cfg, moe_cfg = config_lib.validate(config)[:2]
-  _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
-  counted = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+  counted = abstract_count(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
   assert counted == transformers_parameters(family), (counted, decoder.published_record(family)["checkpoint"])
 
 
@@ -75,8 +80,7 @@ def test_older_presets_have_transformers_parameter_count(devices, spec):
   config = decoder.get_config(f"{spec},published")
   config.model.num_mtp_layers = 0
   model_cfg, moe_cfg = config_lib.validate(config)[:2]
-  _, params, _ = state.abstract_state(model_cfg, moe_cfg, mesh_lib.make_mesh(1, 4))
-  counted = sum(math.prod(a.shape) for a in jax.tree.leaves(params))
+  counted = abstract_count(model_cfg, moe_cfg, mesh_lib.make_mesh(1, 4))
   planned = memory.analytic_state(model_cfg, moe_cfg, config.mesh.nodes, config.mesh.gpus_per_node)
   assert counted == planned["parameter_count"] == COUNTS[entry]["parameters"], (counted, planned["parameter_count"])
 
