@@ -31,7 +31,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import program_calibration
+from moejax.study import arrival_calibration, program_calibration
 from moejax.validation import ConfigError, require
 
 PASSES = ("fwd", "fwd_bwd")
@@ -128,7 +128,7 @@ def main(argv):
   mesh = mesh_lib.make_mesh(config.nodes, config.gpus_per_node)
   say = print if jax.process_index() == 0 else (lambda *a, **k: None)
   say(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh, {jax.process_count()} process(es):", flush=True)
-  terms = program_calibration.measure(mesh, config.repeats, say=say)
+  terms = arrival_calibration.measure(mesh, config.repeats, say=say)
   say(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<9}{'pass':<8}{'measured':>10}{'priced':>10}"
       f"{'colls':>9}{'alone':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
   rows = [row for case in cases for row in run_case(case, config, mesh, terms, say)]

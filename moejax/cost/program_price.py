@@ -26,7 +26,7 @@ import numpy as np
 
 from moejax.cost import collectives as collectives_lib
 from moejax.cost import program as program_lib
-from moejax.cost import program_ops
+from moejax.cost import program_ops, program_segments
 from moejax.cost.topology import Topology
 
 RING = {"all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter"}
@@ -195,7 +195,8 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
   each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]` (alpha `terms.chained`'s for
   one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
-  combined all-reduce of a step's gradients); compute per op
+  combined all-reduce of a step's gradients), plus its devices' wait for one another after the compute before it
+  (`program_segments.arrival_seconds` of its `segment_seconds`); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
   category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
@@ -209,9 +210,12 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
       f"cannot price collectives or ops {unknown} (runs unknown) or kinds and axes {missing} (not measured; "
       f"measured: {sorted(terms.per_kind)})"
     )
+  waits = {n: program_segments.arrival_seconds(terms.arrival, s) for n, s in segment_seconds(hlo, ops, terms).items()}
   priced = []
   for c in found:
-    seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) if c.axes else 0.0
+    seconds = (
+      terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) + waits[c.name] if c.axes else 0.0
+    )
     beta = terms.per_kind[(c.kind, c.axes)][1] * c.bytes if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
@@ -227,3 +231,13 @@ def compute_by_category(ops: list[program_ops.Op], terms) -> dict[str, float]:
   for o in ops:
     table[o.category] = table.get(o.category, 0.0) + o.count * terms.op_seconds(o.category, o.flops, o.bytes)
   return table
+
+
+def segment_seconds(hlo: str, ops: list[program_ops.Op], terms) -> dict[str, float]:
+  """{collective's name: the seconds, at `terms`, of the ops its computation runs before it since the collective before
+  (`program_segments.segments`)}."""
+  by_name = {o.name: o for o in ops}
+  return {
+    name: sum(terms.op_seconds(o.category, o.flops, o.bytes) for o in (by_name[n] for n in segment if n in by_name))
+    for name, segment in program_segments.segments(hlo).items()
+  }

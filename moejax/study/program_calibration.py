@@ -21,10 +21,10 @@ program's are (rates in the units ops are priced in): chains of tiny unfusable o
 launch; intercept: a call); a 512 x 512 matmul (FLOP/s); a scaled copy of 4 MiB (elementwise bytes/s); 2048 rows of
 128 f32 gathered from and scatter-added into an [8192, 128] table, an argsort of 16384 int32 keys (bytes/s). A rate is
 its category's work over the time left after the call, the launches and the other ops at the rates measured before.
-Arguments are placed on the devices first (`placed`): else each call would copy them out to the mesh, timed with it.
 """
 
 import dataclasses
+import functools
 import statistics
 import time
 
@@ -55,7 +55,8 @@ class Terms:
   runs at bytes_per_s); launch_s: seconds per op run; call_s: seconds per program call; per_operand: {(kind, axes):
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
   directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
-  per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too)."""
+  per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
+  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none)."""
 
   per_kind: dict
   flops_per_s: float
@@ -66,6 +67,7 @@ class Terms:
   per_operand: dict = dataclasses.field(default_factory=dict)
   chained: dict = dataclasses.field(default_factory=dict)
   tiny: dict = dataclasses.field(default_factory=dict)
+  arrival: tuple = ()
 
   def collective_seconds(
     self, kind: str, axes: tuple, nbytes: float, operands: int = 1, after_collective: bool = False
@@ -110,6 +112,7 @@ class Terms:
       op_bytes_per_s=dict(self.op_bytes_per_s),
       launch_s=self.launch_s,
       call_s=self.call_s,
+      arrival=[list(p) for p in self.arrival],
     )
 
 
@@ -136,13 +139,7 @@ def _many(kind: str, axes: tuple[str, ...], mesh):
 def _chain(kind: str, axes: tuple[str, ...], mesh, links: int):
   """`links` collectives of `_body`, each on the one before's result."""
   one = _body(kind, axes, mesh)
-
-  def chain(a):
-    for _ in range(links):
-      a = one(a)
-    return a
-
-  return chain
+  return lambda a: functools.reduce(lambda x, _: one(x), range(links), a)
 
 
 def _body(kind: str, axes: tuple[str, ...], mesh):

@@ -11,7 +11,7 @@ import numpy as np
 from absl import logging
 
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import phase_timing, point_models, program_calibration
+from moejax.study import arrival_calibration, phase_timing, point_models
 from moejax.study.inputs import layer_params, random_tokens
 from moejax.study.points import Point, identity, moe_section, scheme_config
 from moejax.study.price import batch
@@ -103,7 +103,7 @@ def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> d
   (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same
   arguments (its programs span them all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
   for the other scaling's point. With measure.price_program, both programs are also priced with terms timed on the
-  point's mesh (`moejax.study.program_calibration`, once per mesh: kept in `terms` by (n, m)): 'priced_layer_ms',
+  point's mesh (`moejax.study.arrival_calibration`, once per mesh: kept in `terms` by (n, m)): 'priced_layer_ms',
   'priced_step_s' and their errors, priced / measured - 1. No measured point enters the terms: each is held out."""
   model, moe = config.models[point.model], moe_section(config, point.model)
   n, m = point.nodes, point.gpus_per_node
@@ -111,7 +111,7 @@ def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> d
   mesh = mesh_lib.make_mesh(n, m, devices=devices)
   tokens = model.micro_batch * model.seq_len
   if config.measure.price_program and (n, m) not in terms:
-    terms[n, m] = program_calibration.measure(mesh, say=lambda line: logging.info("%s %s", point.mesh, line))
+    terms[n, m] = arrival_calibration.measure(mesh, say=lambda line: logging.info("%s %s", point.mesh, line))
   mesh_terms = terms.get((n, m))
   key = (point.scheme, point.mesh, point.model)
   if key not in layers:

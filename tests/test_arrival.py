@@ -1,0 +1,118 @@
+"""The wait at a collective after compute (`moejax.cost.program_segments`, `moejax.study.arrival_calibration`): each
+collective's segment is the compute its computation runs since the collective before; the wait interpolates two
+calibrated points (float64 arithmetic here); price_measured adds it to each collective after compute and not to one
+that follows another; the calibration recovers a wait planted in the timing."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from moejax.cost import program, program_ops, program_price, program_segments
+from moejax.study import arrival_calibration, program_calibration
+
+BOTH = ("node", "gpu")
+
+
+def _terms(compiled, mesh, rng, arrival=()):
+  per_kind = {(c.kind, c.axes): (rng.uniform(1e-5, 1e-4), rng.uniform(1e-9, 1e-8)) for c in program.collectives(
+    compiled, mesh)}  # fmt: skip
+  return program_calibration.Terms(per_kind, 1e9, 1e8, launch_s=2e-6, call_s=5e-5, arrival=arrival)
+
+
+def test_a_collectives_segment_is_the_compute_since_the_collective_before(mesh_2x4):
+  """sort -> psum -> psum -> matmul -> psum: the first psum's segment holds the sort, the second's nothing (it follows
+  the first), the third's the matmul, of 2 x 16 x 32 x 32 FLOPs."""
+
+  def body(x, w):
+    y = jax.lax.psum(jnp.sort(x, axis=0), BOTH)
+    y = jax.lax.psum(y * 3.0, "gpu")
+    return jax.lax.psum(jnp.tanh(y @ w[0]), "node")
+
+  f = jax.shard_map(body, mesh=mesh_2x4, in_specs=(P(BOTH), P(BOTH)), out_specs=P(BOTH), check_vma=False)
+  compiled = jax.jit(f).lower(jnp.ones((8 * 16, 32)), jnp.ones((8, 32, 32))).compile()
+  hlo = compiled.as_text()
+  found = program.collectives(compiled, mesh_2x4)
+  assert [c.axes for c in found] == [BOTH, ("gpu",), ("node",)]
+  segments = program_segments.segments(hlo)
+  ops = {o.name: o for o in program_ops.parse(hlo)}
+  categories = [[ops[n].category for n in segments[c.name] if n in ops] for c in found]
+  assert "sort" in categories[0] and "matmul" not in categories[0]
+  assert "matmul" in categories[2] and "sort" not in categories[2]
+  assert all(c == "elementwise" for c in categories[1])  # the scale by 3, where XLA keeps it apart
+  (matmul,) = [ops[n] for n in segments[found[2].name] if n in ops and ops[n].category == "matmul"]
+  assert matmul.flops == 2 * 16 * 32 * 32
+
+
+def test_the_wait_interpolates_its_two_points():
+  """0 at no compute, w1 x s / s1 up to s1, the line to (s2, w2), w2 beyond; no points: no wait."""
+  rng = np.random.default_rng()
+  s1, s2 = sorted(rng.uniform(1e-4, 1e-2, 2))
+  w1, w2 = rng.uniform(1e-4, 1e-2, 2)
+  points = ((s1, w1), (s2, w2))
+  at = rng.uniform(0, 1)
+  assert program_segments.arrival_seconds(points, at * s1) == pytest.approx(w1 * at, rel=1e-12)
+  between = s1 + at * (s2 - s1)
+  assert program_segments.arrival_seconds(points, between) == pytest.approx(w1 + at * (w2 - w1), rel=1e-12)
+  assert program_segments.arrival_seconds(points, s2 * (1 + at)) == pytest.approx(w2, rel=1e-12)
+  assert program_segments.arrival_seconds(points, 0.0) == 0.0
+  assert program_segments.arrival_seconds((), s2) == 0.0
+
+
+def test_the_price_adds_each_collectives_wait_after_its_segment(mesh_2x4):
+  """The calibration's rounds program: 8 all-reduces, each after one matmul of 2 x side^3 FLOPs; priced with the
+  wait, each costs arrival_seconds of its segment's price more (recomputed here from the ops it lists); a chain of
+  collectives adds a wait to its first only."""
+  side = 32
+  args = (jnp.ones((8 * side, side)), jnp.ones((8, side, side)))
+  compiled = arrival_calibration.rounds_program(mesh_2x4, side).lower(*args).compile()
+  hlo = compiled.as_text()
+  rng = np.random.default_rng()
+  points = ((1e-4, rng.uniform(1e-4, 1e-3)), (1e-2, rng.uniform(1e-3, 1e-2)))
+  terms = _terms(compiled, mesh_2x4, rng, points)
+  plain = dataclasses.replace(terms, arrival=())
+  ops = {o.name: o for o in program_ops.parse(hlo)}
+  segments = program_segments.segments(hlo)
+  found = program.collectives(compiled, mesh_2x4)
+  assert len(found) == arrival_calibration.ROUNDS
+  want = 0.0
+  for c in found:
+    listed = [ops[n] for n in segments[c.name] if n in ops]
+    assert [o.flops for o in listed if o.category == "matmul"] == [2 * side**3]
+    segment_s = sum(terms.launch_s + (o.flops / 1e9 if o.category == "matmul" else o.bytes / 1e8) for o in listed)
+    want += c.count * program_segments.arrival_seconds(points, segment_s)
+  with_wait = program_price.price_measured(compiled, mesh_2x4, terms).communication_s
+  assert with_wait - program_price.price_measured(compiled, mesh_2x4, plain).communication_s == pytest.approx(
+    want, rel=1e-9
+  )
+  assert want > 0
+  chain = jax.shard_map(
+    program_calibration._chain("all-reduce", BOTH, mesh_2x4, 4), mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH)
+  )
+  chained = jax.jit(chain).lower(jnp.ones((8 * 16, 8))).compile()
+  chain_terms = _terms(chained, mesh_2x4, rng, points)
+  before = [program_price.segment_seconds(chained.as_text(), program_ops.ops(chained), chain_terms)[c.name] for c in
+           program.collectives(chained, mesh_2x4)]  # fmt: skip
+  assert before[1:] == [0.0, 0.0, 0.0]
+
+
+def test_the_calibration_recovers_a_planted_wait(mesh_2x4, monkeypatch):
+  """wait_after with a clock that answers the program's price without the wait plus ROUNDS x a planted wait gives back
+  the planted wait and the mean segment's price; a clock faster than the price gives 0, never a negative wait."""
+  side = 32
+  rng = np.random.default_rng()
+  args = (jnp.ones((8 * side, side)), jnp.ones((8, side, side)))
+  compiled = arrival_calibration.rounds_program(mesh_2x4, side).lower(*args).compile()
+  terms = _terms(compiled, mesh_2x4, rng)
+  price = program_price.price_measured(compiled, mesh_2x4, terms).serial_s
+  segments = program_price.segment_seconds(compiled.as_text(), program_ops.ops(compiled), terms)
+  planted = rng.uniform(1e-4, 1e-2)
+  monkeypatch.setattr(program_calibration, "median_seconds", lambda *a: price + arrival_calibration.ROUNDS * planted)
+  segment_s, wait = arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)
+  assert wait == pytest.approx(planted, rel=1e-9)
+  assert segment_s == pytest.approx(np.mean(list(segments.values())), rel=1e-9)
+  monkeypatch.setattr(program_calibration, "median_seconds", lambda *a: price / 2)
+  assert arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)[1] == 0.0
