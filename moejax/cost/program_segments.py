@@ -6,9 +6,9 @@ directly follows another has an empty segment.
 
 Why the segment matters: devices that share a host's cores (simulated CPU devices, gloo's processes) finish a segment
 at different times, and at the collective every device waits for the last one. The wait grows with the segment and
-then saturates. `arrival_seconds` prices it by interpolating in the segment's priced seconds through calibrated points
-`((s1, w1), ...)` (`moejax.study.arrival_calibration`): 0 at an empty segment, linear up to s1 and between points, flat
-beyond the last. A collective timed alone as its own program holds one such wait from the call's
+then saturates. `arrival_seconds` prices it by interpolating in the segment's priced seconds through two calibrated
+points `((s1, w1), (s2, w2))` (`moejax.study.arrival_calibration`): 0 at an empty segment, linear up to s1 and
+between s1 and s2, flat beyond s2. A collective timed alone as its own program holds one such wait from the call's
 start, which is in its alpha; the calibrated points are the excess over that.
 """
 
@@ -35,9 +35,9 @@ def segments(hlo: str) -> dict[str, tuple[str, ...]]:
 
 
 def arrival_seconds(points: tuple, segment_s: float) -> float:
-  """The wait at a collective after `segment_s` of compute, from calibrated `points` ((s1, w1), ...) with s1 < s2 <
-  ... (module docstring): 0 at no compute, linear between the points, the last point's wait beyond it; no points: 0."""
+  """The wait at a collective after `segment_s` of compute, from calibrated `points` ((s1, w1), (s2, w2)) (module
+  docstring); no points: 0."""
   if not points or segment_s <= 0:
     return 0.0
-  segments, waits = zip(*points, strict=True)
-  return float(np.interp(segment_s, [0.0, *segments], [0.0, *waits]))
+  (s1, w1), (s2, w2) = points
+  return float(np.interp(segment_s, [0.0, s1, s2], [0.0, w1, w2]))

@@ -4,14 +4,11 @@ program terms with it.
   terms = measure(mesh)   # program_calibration.measure's terms, with terms.arrival
 
 A program of ROUNDS rounds of (a per-device [side, side] matmul, then an all-reduce over every axis of one float that
-depends on it, added back) is timed at each side of `SIDES` and priced by `moejax.cost.program_price.price_measured`
-with the terms measured before (no wait). The excess of its time over that price, per all-reduce, is the wait after a
-segment of its priced seconds: a point (segment seconds, wait seconds, at least 0) of `Terms.arrival`. One side:
-on the 2-process job of this 2-core machine the wait grows to about 2 ms after 2-3 ms of compute and stays there
-(0-1.2 ms after 0.4 ms, 0.2-8 ms after 13-18 ms: the excess of a long program is within its calls' noise), so one
-point where it has grown is the most stable (docs/cost-model.md). REPEATS: calls timed per program, here and for
-every term (9 left the terms of two runs in one job 2-4x apart; 25 about 1.3x). Microbenchmarks only: no measured
-point of a sweep enters them.
+depends on it, added back) is timed at two sides (`SIDES`: a segment of well under a millisecond on a 2-core host,
+and one of several), and priced by `moejax.cost.program_price.price_measured` with the terms measured before (no
+wait). The excess of its time over that price, per all-reduce, is the wait after a segment of its priced seconds:
+the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. Microbenchmarks only: no
+measured point of a sweep enters them.
 """
 
 import dataclasses
@@ -25,11 +22,10 @@ from moejax.cost import program_ops, program_price
 from moejax.study import program_calibration
 
 ROUNDS = 8
-SIDES = (256,)
-REPEATS = 25
+SIDES = (128, 512)
 
 
-def measure(mesh, repeats: int = REPEATS, say=print, **hooks) -> program_calibration.Terms:
+def measure(mesh, repeats: int = 9, say=print, **hooks) -> program_calibration.Terms:
   """`program_calibration.measure(mesh, repeats, say=say, **hooks)`, then `Terms.arrival` measured on top of them."""
   terms = program_calibration.measure(mesh, repeats, say=say, **hooks)
   points = tuple(wait_after(side, mesh, terms, repeats) for side in SIDES)

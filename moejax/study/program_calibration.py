@@ -56,7 +56,7 @@ class Terms:
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
   directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
   per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
-  collective after compute, ((s1, w1), ...) (`moejax.study.arrival_calibration`; absent: none)."""
+  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none)."""
 
   per_kind: dict
   flops_per_s: float
