@@ -12,6 +12,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program, program_ops, program_price, program_segments
+from moejax.runtime import mesh as mesh_lib
 from moejax.study import arrival_calibration, program_calibration
 
 BOTH = ("node", "gpu")
@@ -116,3 +117,11 @@ def test_the_calibration_recovers_a_planted_wait(mesh_2x4, monkeypatch):
   assert segment_s == pytest.approx(np.mean(list(segments.values())), rel=1e-9)
   monkeypatch.setattr(program_calibration, "median_seconds", lambda *a: price / 2)
   assert arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)[1] == 0.0
+
+
+def test_one_device_has_no_wait_to_measure(devices):
+  """On a 1 x 1 mesh the calibration measures no wait (no collective spans devices) instead of dividing by none."""
+  compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={}, launch_s=1e-5, call_s=1e-4)
+  mesh = mesh_lib.make_mesh(1, 1, devices=devices[:1])
+  terms = arrival_calibration.measure(mesh, repeats=1, say=lambda *a: None, compute=lambda m, r: compute)
+  assert (terms.per_kind, terms.arrival) == ({}, ())

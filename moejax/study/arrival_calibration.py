@@ -26,8 +26,11 @@ SIDES = (128, 512)
 
 
 def measure(mesh, repeats: int = 9, say=print, **hooks) -> program_calibration.Terms:
-  """`program_calibration.measure(mesh, repeats, say=say, **hooks)`, then `Terms.arrival` measured on top of them."""
+  """`program_calibration.measure(mesh, repeats, say=say, **hooks)`, then `Terms.arrival` measured on top of them
+  (none on one device: nothing to wait for)."""
   terms = program_calibration.measure(mesh, repeats, say=say, **hooks)
+  if mesh.devices.size == 1:
+    return terms
   points = tuple(wait_after(side, mesh, terms, repeats) for side in SIDES)
   say("wait at a collective after compute: " + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points))
   return dataclasses.replace(terms, arrival=points)
