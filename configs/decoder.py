@@ -2,7 +2,7 @@
 limited sigmoid routing with the loss-free bias, a shared expert, dense first layer, one MTP module), DeepSeek-V2,
 Qwen2-MoE (shared expert with its gate, qkv biases), Mixtral (GQA, sliding window) and Qwen3-Next (gated DeltaNet
 and gated attention layers, 512 experts published), tiny for a 2 x 4 mesh of simulated CPU devices, or at their
-published sizes on their published meshes; and the 2026 families of `PUBLISHED_DIR` (DeepSeek-V3.2, GLM-5,
+published sizes on their published meshes; and the 2026 families of `moejax.models.hf_shaped` (DeepSeek-V3.2, GLM-5,
 DeepSeek-V4, Qwen3.5, Kimi Linear, MiniMax-M2, LongCat-Flash, MiMo-V2-Flash, Llama 4, GLM-4.7-Flash, ERNIE-4.5,
 Sarvam, Solar Open), their shapes as config.json fields that transformers' own classes wrote: tiny the fixture's,
 published the config class's defaults (`tests/fixtures/make_published_configs.py`).
@@ -28,7 +28,7 @@ import ml_collections
 
 from configs import mlm
 from configs.moe_section import moe_section
-from moejax.models import hf_config, presets
+from moejax.models import hf_config, hf_shaped, presets
 from moejax.pipeline import section as pipeline_section
 from moejax.validation import ConfigError
 
@@ -95,9 +95,8 @@ TINY = {
   ),
 }
 
-# The 2026 families: their shapes as config.json fields (see the module docstring), one file each.
-PUBLISHED_DIR = os.path.join(os.path.dirname(__file__), "published")
-HF_SHAPED = tuple(sorted(name[: -len(".json")] for name in os.listdir(PUBLISHED_DIR) if name.endswith(".json")))
+# The 2026 families: their shapes as config.json fields (see the module docstring), one record each.
+HF_SHAPED = hf_shaped.FAMILIES
 
 # The families train with AdamW (DeepSeek-V3's report: b1 0.9, b2 0.95, weight decay 0.1, clipping at 1.0); SMILE's
 # configs keep LAMB. Tiny models keep fp32 parameters, moments and no master copy.
@@ -130,13 +129,6 @@ def from_checkpoint(path: str) -> ml_collections.ConfigDict:
   return config
 
 
-def published_record(family: str) -> dict:
-  """A 2026 family's record (`PUBLISHED_DIR`/FAMILY.json): checkpoint, parameters (transformers' count), config
-  (the published config.json fields), tiny (the fixture's)."""
-  with open(os.path.join(PUBLISHED_DIR, f"{family}.json")) as f:
-    return json.load(f)
-
-
 def published_mesh(num_experts: int) -> tuple[int, int]:
   """A 2026 family's mesh at its published size: nodes of 8 GPUs, one per 64 routed experts (8 a GPU), 1 to 8."""
   return max(1, min(8, num_experts // 64)), 8
@@ -163,7 +155,7 @@ def get_config(spec: str = "qwen3_moe") -> ml_collections.ConfigDict:
     raise ValueError(f"unknown spec {spec!r}; choose FAMILY[,tiny|published] with FAMILY one of {known}")
   config = mlm.get_config()
   if family in HF_SHAPED:
-    _hf_sections(config, published_record(family)["config" if size == "published" else "tiny"])
+    _hf_sections(config, hf_shaped.record(family)["config" if size == "published" else "tiny"])
     if size != "published":
       config.model.vocab_size = 256  # the tokenizer's a CPU run trains
     mesh = published_mesh(config.moe.num_experts)

@@ -39,7 +39,7 @@ def test_nothing_mounts_a_folder_under_another_name():
 
 
 def test_every_data_file_is_package_data():
-  """Files a package reads at run time (the measured expert-backend tables, configs/published) match its package-data globs, so a
+  """Files a package reads at run time (the measured expert-backend tables, the 2026 families' shapes) match its package-data globs, so a
   wheel carries them."""
   project = tomllib.loads((ROOT / "pyproject.toml").read_text())
   data = project["tool"]["setuptools"]["package-data"]

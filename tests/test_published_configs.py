@@ -1,4 +1,4 @@
-"""The 2026 families' presets of configs/decoder.py (`configs/published/`, written by transformers' own config
+"""The 2026 families' presets of configs/decoder.py (`moejax/models/hf_shapes/`, written by transformers' own config
 classes): at the published size the model and the memory planner's analytic count have transformers' parameter
 count of that config, exactly (and so do the older presets' published models, `tests/data/published_counts.json`); the tiny
 shape trains from scratch on the 2 x 4 mesh (the loss falls), scanned and FSDP as plain; the specs' errors name the families."""
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from configs import decoder
-from moejax.models import state
+from moejax.models import hf_shaped, state
 from moejax.models.published import PUBLISHED
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory
@@ -25,7 +25,7 @@ def transformers_parameters(family: str) -> int:
   """transformers' count of the published model, less what transformers 5.24 allocates and the model does not have:
   LongCat-Flash's fused gate/up tensor holds rows for the zero-computation experts too (down_proj does not), and
   ERNIE-4.5 counts its routers' score-correction biases as parameters (moejax keeps them as state, `expert_bias`)."""
-  record = decoder.published_record(family)
+  record = hf_shaped.record(family)
   hf, count = record["config"], record["parameters"]
   if family == "longcat_flash":
     count -= hf["num_layers"] * hf["zero_expert_num"] * 2 * hf["expert_ffn_hidden_size"] * hf["hidden_size"]
@@ -49,7 +49,7 @@ def test_published_size_has_transformers_parameter_count(devices, family):
   config = decoder.get_config(f"{family},published")
   model_cfg, moe_cfg = config_lib.validate(config)[:2]
   counted = abstract_count(model_cfg, moe_cfg, mesh_lib.make_mesh(2, 4))
-  assert counted == transformers_parameters(family), (counted, decoder.published_record(family)["checkpoint"])
+  assert counted == transformers_parameters(family), (counted, hf_shaped.record(family)["checkpoint"])
 
 
 @pytest.mark.parametrize("family", decoder.HF_SHAPED)
