@@ -20,10 +20,12 @@ The MoE layer itself (top-k, shared experts, gating, routing) is the moe section
 import math
 
 from moejax.cost import model as cost_model
+from moejax.models import hf_shaped
 from moejax.models.config import ModelConfig
 from moejax.models.decoder_config import DecoderConfig
 from moejax.models.presets import PUBLISHED
 from moejax.study import memory, memory_leaves
+from moejax.study.hf_point_models import HFShapedDecoder
 from moejax.train import objective
 from moejax.validation import require
 
@@ -68,6 +70,7 @@ class SweepFamily:
   """A family of sweep models; `optim`: the optim section its measured points train with."""
 
   optim = DECODER_OPTIM
+  takes_shape = False  # a model's `shape` (which record): the 2026 families' (`hf_point_models`)
 
   def __init__(self, name: str):
     self.name = name
@@ -179,8 +182,16 @@ class BertMoE(SweepFamily):
     )
 
 
-# SMILE's BERT-MoE, then the decoders (their dense layers first).
-FAMILIES = {f.name: f for f in (BertMoE("bert"), PublishedDecoder("deepseek_v3"), PublishedDecoder("qwen3_moe"))}
+# SMILE's BERT-MoE, the decoders (their dense layers first), then the 2026 families (`hf_point_models`).
+FAMILIES = {
+  f.name: f
+  for f in (
+    BertMoE("bert"),
+    PublishedDecoder("deepseek_v3"),
+    PublishedDecoder("qwen3_moe"),
+    *(HFShapedDecoder(name, DECODER_OPTIM) for name in hf_shaped.FAMILIES),
+  )
+}
 
 
 def family(model) -> str:

@@ -8,9 +8,10 @@ from moejax.study import point_models
 from moejax.validation import ConfigError, is_int, reject_unknown, require
 
 MODEL_FIELDS = ("d_model", "d_ff", "layers", "moe_layers", "seq_len", "micro_batch", "vocab")
-# A model's optional fields: its family (`point_models.FAMILIES`; 'bert' if unset) and moe fields of its own, over
-# the sweep's moe section (a decoder's top-k and shared experts beside SMILE's top-1).
-MODEL_OPTIONS = ("family", "moe")
+# A model's optional fields: its family (`point_models.FAMILIES`; 'bert' if unset), moe fields of its own, over
+# the sweep's moe section (a decoder's top-k and shared experts beside SMILE's top-1), and a 2026 family's record
+# (`shape`: 'published' or 'tiny', `moejax.study.hf_point_models`).
+MODEL_OPTIONS = ("family", "moe", "shape")
 
 
 def _positive_ints(value) -> bool:
@@ -130,6 +131,12 @@ def check_model(name: str, model, moe, scheme_fields: tuple) -> None:
   family = point_models.family(model)
   families = tuple(point_models.FAMILIES)
   require(family in families, f"models.{name}.family", family, f"one of {families}")
+  require(
+    model.get("shape") is None or point_models.FAMILIES[family].takes_shape,
+    f"models.{name}.shape",
+    model.get("shape"),
+    f"unset: the {family} model is scaled to the sweep's width (a 2026 family's record takes a shape)",
+  )
   point_models.FAMILIES[family].check_layers(name, model)
   require(model.vocab >= 3, f"models.{name}.vocab", model.vocab, "at least 3 (padding, mask, a token)")
   own = model.get("moe") or {}
