@@ -12,30 +12,39 @@ dispatch in FP8 (e4m3 with a float32 scale per 128 elements, its report's Sec. 3
 
   python -m experiments.scaling --config=configs/scaling_presets.py --workdir=/tmp/scaling_ds
   python -m experiments.scaling --config=configs/scaling_presets.py:qwen3_moe --workdir=/tmp/scaling_q3
+  python -m experiments.scaling --config=configs/scaling_presets.py:deepseek_v4 --workdir=/tmp/scaling_ds4
+
+A 2026 family of `moejax.models.hf_shaped` (DeepSeek-V4, Qwen3.5, ...) is its published decoder
+(`moejax.study.hf_point_models`: its own mixers, every layer of its pattern) with its routed layer's fields from its
+config.json, at 8 experts a GPU, over the schemes its layer composes with (Llama 4's weighted inputs leave out
+'comet', the reason logged).
 """
 
+import dataclasses
+
 import ml_collections
+from absl import logging
 
 from configs import scaling_default
-from moejax.models import presets
+from moejax.models import hf_config, hf_shaped, presets
+from moejax.moe.config import MoEConfig
 from moejax.study import point_models
-from moejax.study.points import SCHEME_FIELDS
+from moejax.study.points import SCHEME_FIELDS, scheme_config
+from moejax.validation import ConfigError
 
 # vocab_size of each model's config.json on the Hugging Face hub (the sources named in moejax.models.presets)
 VOCAB = {"deepseek_v3": 129280, "qwen3_moe": 151936, "mixtral_8x7b": 32000}
 
 
 def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
+  if preset in hf_shaped.FAMILIES:
+    return _hf_shaped(preset)
   if preset not in presets.PRESETS:
-    raise ValueError(f"unknown preset {preset!r}; choose one of {sorted(presets.PRESETS)}")
+    known = sorted((*presets.PRESETS, *hf_shaped.FAMILIES))
+    raise ValueError(f"unknown preset {preset!r}; choose one of {known}")
   published = presets.PRESETS[preset]
   fields = presets.moe_fields(preset)
-  config = scaling_default.get_config()
-  config.topology = "dgx_h100_ib"
-  config.gemm_sms = 132  # H100 SXM5 datasheet: 132 SMs
-  config.nodes = (1, 2, 4)
-  config.gpus_per_node = (8,)
-  config.schemes = ("flat_dropless", "hierarchical", "chunked", "comet")
+  config = _dgx_h100()
   model = {
     "d_model": fields["d_model"],
     "d_ff": fields["d_ff"],
@@ -55,3 +64,45 @@ def get_config(preset: str = "deepseek_v3") -> ml_collections.ConfigDict:
   if preset == "deepseek_v3":
     config.moe.dispatch_dtype = "float8_e4m3fn"
   return config
+
+
+def _dgx_h100() -> ml_collections.ConfigDict:
+  config = scaling_default.get_config()
+  config.topology = "dgx_h100_ib"
+  config.gemm_sms = 132  # H100 SXM5 datasheet: 132 SMs
+  config.nodes = (1, 2, 4)
+  config.gpus_per_node = (8,)
+  config.schemes = ("flat_dropless", "hierarchical", "chunked", "comet")
+  return config
+
+
+def _hf_shaped(family: str) -> ml_collections.ConfigDict:
+  """A 2026 family (`moejax.models.hf_shaped`) at its published shape: its point model
+  (`moejax.study.hf_point_models`) with every layer of the published pattern, its routed layer's fields from its
+  config.json (top-k, scores, groups, shared experts, zero experts, the clamped SwiGLU), 8 experts a GPU."""
+  cfg, moe = hf_config.from_hf_config(hf_shaped.record(family)["config"])
+  config = _dgx_h100()
+  model = dict(family=family, d_model=cfg.d_model, d_ff=moe.d_ff, layers=cfg.num_layers, seq_len=4096, micro_batch=1)
+  model.update(moe_layers=sum(cfg.moe_layers), vocab=cfg.vocab_size)
+  config.models = ml_collections.ConfigDict({family: model})
+  defaults = MoEConfig(num_experts=moe.num_experts, top_k=moe.top_k, d_model=moe.d_model, d_ff=moe.d_ff)
+  changed = {
+    k: v
+    for k, v in dataclasses.asdict(moe).items()
+    if k not in SCHEME_FIELDS and k not in ("balance_loss", "bias_update_rate") and v != getattr(defaults, k)
+  }
+  config.moe.update(changed, top_k=moe.top_k)
+  config.moe.experts_per_gpu = 8
+  config.schemes = tuple(s for s in config.schemes if _takes(s, config.moe, model["d_model"], model["d_ff"]))
+  return config
+
+
+def _takes(scheme: str, moe, d_model: int, d_ff: int) -> bool:
+  """Whether the family's routed layer composes with `scheme` (Llama 4's weighted inputs refuse 'comet': logged with
+  the design reason)."""
+  try:
+    scheme_config(scheme, 1, 8, moe, d_model, d_ff)
+  except ConfigError as e:
+    logging.info("scheme %s left out: %s", scheme, e)
+    return False
+  return True

@@ -10,7 +10,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from configs import scaling_default
+from configs import scaling_default, scaling_presets
 from moejax.models import hf_config, hf_shaped
 from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
@@ -152,3 +152,25 @@ def test_a_measured_point_trains_the_2026_decoder(devices):
   assert timed["parameters"] == sum(_tree(config).values())
   losses = timed["losses"]
   assert abs(losses[0] - np.log(config.models.dec.vocab)) < 0.3 and losses[-1] < losses[0] - 0.1, losses
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.sampled(3)
+def test_each_family_sweeps_at_its_published_shape(family):
+  """configs/scaling_presets.py:FAMILY: the published decoder, every layer, and the routed layer's config.json
+  fields (checked by the sweep's own validation, which builds the point model)."""
+  config = scaling_presets.get_config(family)
+  validate(config)
+  refused = {"comet"} if family == "llama4" else set()  # weighted inputs: its first GEMM waits for the weights
+  assert set(config.schemes) == {"flat_dropless", "hierarchical", "chunked", "comet"} - refused
+  cfg, moe = hf_config.from_hf_config(hf_shaped.record(family)["config"])
+  model = config.models[family]
+  assert (model.d_model, model.d_ff, model.layers, model.vocab) == (
+    cfg.d_model,
+    moe.d_ff,
+    cfg.num_layers,
+    cfg.vocab_size,
+  )
+  assert model.moe_layers == sum(cfg.moe_layers) and config.moe.top_k == moe.top_k
+  for field in ("score", "routed_scaling", "num_shared_experts", "zero_experts", "activation"):
+    assert config.moe.get(field, getattr(MoEConfig, field, None)) == getattr(moe, field), field
