@@ -31,7 +31,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import arrival_calibration, program_calibration
+from moejax.study import arrival_calibration, interleaved_timing, program_calibration
 from moejax.validation import ConfigError, require
 
 PASSES = ("fwd", "fwd_bwd")
@@ -87,7 +87,7 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
   rows = []
   for passes in PASSES:
     compiled, args = compiled_layer(cfg, case["tokens"], mesh, passes)
-    measured = program_calibration.median_seconds(compiled, args, config.repeats)
+    measured = interleaved_timing.median_seconds(compiled, args, config.repeats)
     price = program_price.price_measured(compiled, mesh, terms)
     rows.append(
       dict(

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program, program_ops, program_price, program_segments
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import arrival_calibration, program_calibration
+from moejax.study import arrival_calibration, interleaved_timing, program_calibration
 
 BOTH = ("node", "gpu")
 
@@ -111,11 +111,11 @@ def test_the_calibration_recovers_a_planted_wait(mesh_2x4, monkeypatch):
   price = program_price.price_measured(compiled, mesh_2x4, terms).serial_s
   segments = program_price.segment_seconds(compiled.as_text(), program_ops.ops(compiled), terms)
   planted = rng.uniform(1e-4, 1e-2)
-  monkeypatch.setattr(program_calibration, "median_seconds", lambda *a: price + arrival_calibration.ROUNDS * planted)
+  monkeypatch.setattr(interleaved_timing, "median_seconds", lambda *a: price + arrival_calibration.ROUNDS * planted)
   segment_s, wait = arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)
   assert wait == pytest.approx(planted, rel=1e-9)
   assert segment_s == pytest.approx(np.mean(list(segments.values())), rel=1e-9)
-  monkeypatch.setattr(program_calibration, "median_seconds", lambda *a: price / 2)
+  monkeypatch.setattr(interleaved_timing, "median_seconds", lambda *a: price / 2)
   assert arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)[1] == 0.0
 
 

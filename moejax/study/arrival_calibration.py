@@ -19,7 +19,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program_ops, program_price
-from moejax.study import program_calibration
+from moejax.study import interleaved_timing, program_calibration
 
 ROUNDS = 8
 SIDES = (128, 512)
@@ -60,7 +60,7 @@ def wait_after(side: int, mesh, terms, repeats: int) -> tuple[float, float]:
   )
   args = program_calibration.placed(args, mesh)
   compiled = rounds_program(mesh, side).lower(*args).compile()
-  seconds = program_calibration.median_seconds(compiled, args, repeats)
+  seconds = interleaved_timing.median_seconds(compiled, args, repeats)
   plain = dataclasses.replace(terms, arrival=())
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()

@@ -7,8 +7,8 @@ the host's cores: one busy device's rate is not the mesh's), plus the cost of la
   program_price.price_measured(compiled, mesh, terms)
 
 Each collective is timed at two sizes per device (`SIZES`: a size exchange's and a row block's) as its own jitted
-shard_map program (median of `repeats` calls after a warm-up): alpha and beta are the line through them (beta clipped
-at 0). Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
+shard_map program, all of them in the same rounds (`interleaved_timing`: the median of `repeats` calls each, after a
+warm-up): alpha and beta are the line through them (beta clipped at 0). Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
 makes of gradients), the time beyond alpha and bytes per further operand is `Terms.per_operand`. The kinds whose
 result has their operand's shape are timed as a chain of `LINKS`, each on the one before's result: the cost of one
 that follows another directly (`Terms.chained`; a lone one's alpha also holds its devices' arrival from compute).
@@ -25,8 +25,6 @@ its category's work over the time left after the call, the launches and the othe
 
 import dataclasses
 import functools
-import statistics
-import time
 
 import jax
 import jax.numpy as jnp
@@ -35,6 +33,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program_ops
+from moejax.study import interleaved_timing
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 SIZES = (256, 1 << 20)  # bytes per device: a plan's size exchange, a block of rows
@@ -116,17 +115,6 @@ class Terms:
     )
 
 
-def median_seconds(fn, args, repeats: int) -> float:
-  """Median wall seconds of `repeats` calls of fn(*args), after one call that compiles and warms."""
-  jax.block_until_ready(fn(*args))
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def _many(kind: str, axes: tuple[str, ...], mesh):
   """The collective of `_body` on a tuple of blocks: an all-reduce of them all at once (one instruction of many
   operands, as jax's psum of a pytree binds it), any other kind one per block."""
@@ -159,8 +147,13 @@ def _body(kind: str, axes: tuple[str, ...], mesh):
 def time_collective(
   kind: str, axes: tuple[str, ...], nbytes: int, mesh, repeats: int, operands: int = 1, links: int = 1
 ) -> float:
-  """Median seconds of one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of
-  8 columns, fewer below 32 bytes; `_many` where several), or of a chain of `links` of them (`_chain`)."""
+  """Median seconds of `collective_program`'s call, timed alone."""
+  return interleaved_timing.median_seconds(*collective_program(kind, axes, nbytes, mesh, operands, links), repeats)
+
+
+def collective_program(kind: str, axes: tuple[str, ...], nbytes: int, mesh, operands: int = 1, links: int = 1):
+  """(fn, args): one `kind` over `axes` moving `nbytes` per device in each of `operands` arrays (f32 blocks of 8
+  columns, fewer below 32 bytes; `_many` where several), or a chain of `links` of them (`_chain`)."""
   everything = tuple(mesh.axis_names)
   columns = min(8, max(1, nbytes // 4))  # [rows, columns] f32: down to one float (TINY)
   rows = max(1, nbytes // (4 * columns))
@@ -170,7 +163,7 @@ def time_collective(
   spec = (P(everything),) * operands
   fn = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=P(everything) if operands == 1 else spec))
   blocks = tuple(jnp.full((mesh.devices.size * rows, columns), i + 1.0, jnp.float32) for i in range(operands))
-  return median_seconds(fn, placed(blocks, mesh), repeats)
+  return fn, placed(blocks, mesh)
 
 
 def placed(args: tuple, mesh) -> tuple:
@@ -191,23 +184,37 @@ def axis_sets(mesh) -> list[tuple[str, ...]]:
   return [(a,) for a in axes] + ([tuple(axes)] if len(axes) > 1 else [])
 
 
-def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=print, compute=None) -> Terms:
-  """Every kind over every axis set of `mesh` (`axis_sets`) at SIZES, and the compute terms; `timer(kind, axes,
-  nbytes, mesh, repeats)` and `compute(mesh, repeats)` (default `compute_terms`; tests pass their own)."""
+def _timings(kind: str) -> list[tuple[int, int, int]]:
+  """The (nbytes, operands, links) a kind is timed at: SIZES, OPERANDS at the small size, all-reduces at TINY alone
+  and of OPERANDS, the CHAINABLE kinds in a chain of LINKS."""
+  out = [(size, 1, 1) for size in SIZES] + [(SIZES[0], OPERANDS, 1)]
+  out += [(TINY, 1, 1), (TINY, OPERANDS, 1)] if kind == "all-reduce" else []
+  return out + ([(SIZES[0], 1, LINKS)] if kind in CHAINABLE else [])
+
+
+def measure(mesh, repeats: int = 9, kinds=KINDS, timer=None, say=print, compute=None) -> Terms:
+  """Every kind over every axis set of `mesh` (`axis_sets`) at `_timings`, and the compute terms. By default every
+  collective program is timed in the same rounds (`interleaved_timing`); tests pass their own `timer(kind, axes,
+  nbytes, mesh, repeats, operands=, links=)` and `compute(mesh, repeats)` (default `compute_terms`)."""
+  keys = [(kind, axes, *t) for kind in kinds for axes in axis_sets(mesh) for t in _timings(kind)]
+  if timer is None:
+    programs = [collective_program(kind, axes, n, mesh, operands, links) for kind, axes, n, operands, links in keys]
+    seconds = dict(zip(keys, interleaved_timing.medians(programs, repeats)))
+  else:
+    seconds = {k: timer(k[0], k[1], k[2], mesh, repeats, operands=k[3], links=k[4]) for k in keys}
   per_kind, per_operand, chained, tiny = {}, {}, {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
-      points = [(size, timer(kind, axes, size, mesh, repeats)) for size in SIZES]
+      at = lambda nbytes, operands=1, links=1: seconds[(kind, axes, nbytes, operands, links)]
+      points = [(size, at(size)) for size in SIZES]
       alpha, beta = per_kind[(kind, axes)] = line(*points)
-      many = timer(kind, axes, SIZES[0], mesh, repeats, operands=OPERANDS)
+      many = at(SIZES[0], OPERANDS)
       per_operand[(kind, axes)] = max(0.0, (many - alpha - beta * OPERANDS * SIZES[0]) / (OPERANDS - 1))
       if kind == "all-reduce":
-        lone = timer(kind, axes, TINY, mesh, repeats)
-        many = timer(kind, axes, TINY, mesh, repeats, operands=OPERANDS)
+        lone, many = at(TINY), at(TINY, OPERANDS)
         tiny[(kind, axes)] = (lone, max(0.0, (many - lone) / (OPERANDS - 1)))
       if kind in CHAINABLE:
-        chain = timer(kind, axes, SIZES[0], mesh, repeats, links=LINKS)
-        chained[(kind, axes)] = max(0.0, (chain - points[0][1]) / (LINKS - 1) - beta * SIZES[0])
+        chained[(kind, axes)] = max(0.0, (at(SIZES[0], 1, LINKS) - points[0][1]) / (LINKS - 1) - beta * SIZES[0])
       say(
         f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B, "
         f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand, "
@@ -229,10 +236,10 @@ def measure(mesh, repeats: int = 9, kinds=KINDS, timer=time_collective, say=prin
 
 def compute_terms(mesh, repeats: int) -> dict:
   """Terms' compute fields (flops_per_s: matmul, bytes_per_s: elementwise, op_bytes_per_s: {'gather' | 'scatter' |
-  'sort': bytes/s}, launch_s, call_s) of one device while every device of the mesh runs (module docstring)."""
+  'sort': bytes/s}, launch_s, call_s) of one device while every device of the mesh runs (module docstring); the
+  launch chains and the benchmarks timed in the same rounds (`interleaved_timing`)."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
-  launch, call = launch_seconds(mesh, repeats)
-  # Each benchmark: (category, per-device body, global arguments), timed in this order (later ones use earlier rates).
+  # Each benchmark: (category, per-device body, global arguments); later ones' rates use earlier ones'.
   rows = jnp.asarray(rng.integers(0, TABLE, devices * PICKED), jnp.int32)
   benchmarks = (
     ("elementwise", lambda x: x * 2.0, (jnp.ones((devices << 20,), jnp.float32),)),
@@ -244,27 +251,41 @@ def compute_terms(mesh, repeats: int) -> dict:
     ("sort", lambda k: jnp.argsort(k, stable=True).astype(jnp.int32),
      (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
   )  # fmt: skip
+  bodies = [(_launch_chain(links), (jnp.ones((devices * 8,)),)) for links in CHAINS]
+  programs = []
+  for body, args in bodies + [(body, args) for _, body, args in benchmarks]:
+    args = placed(args, mesh)
+    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args))
+  found = [program_ops.ops(compiled) for compiled, _ in programs]
+  seconds = interleaved_timing.medians(programs, repeats)
+  # An op's launch and a call's cost: the line through the chains (per listed op run; both clipped at 0).
+  call, launch = line(*[(sum(o.count for o in ops), s) for ops, s in zip(found, seconds[: len(CHAINS)])])
+  call = max(0.0, call)
   terms = Terms({}, 1.0, 1.0, launch_s=launch, call_s=call)
   rates = {}
-  for category, body, args in benchmarks:
-    found, seconds = timed_ops(_everywhere(body, mesh, len(args)), placed(args, mesh), repeats)
-    if any(o.category == category for o in found):  # else XLA expanded the op (a scatter into a loop of slices)
-      rates[category] = category_rate(category, found, seconds, terms)
+  for (category, _, _), ops, s in zip(benchmarks, found[len(CHAINS) :], seconds[len(CHAINS) :]):
+    if any(o.category == category for o in ops):  # else XLA expanded the op (a scatter into a loop of slices)
+      rates[category] = category_rate(category, ops, s, terms)
     terms = Terms({}, rates.get("matmul", 1.0), rates["elementwise"], dict(rates), launch, call)
   flops, nbytes = rates.pop("matmul"), rates.pop("elementwise")  # both always listed
   return dict(flops_per_s=flops, bytes_per_s=nbytes, op_bytes_per_s=rates, launch_s=launch, call_s=call)
+
+
+def _launch_chain(links: int):
+  """A chain of `links` tiny ops that do not fuse (a sort of 8 floats, then a scale), timed for an op's launch."""
+
+  def chain(x):
+    for _ in range(links):
+      x = jnp.sort(x * 1.5 + 1.0)
+    return x
+
+  return chain
 
 
 def _everywhere(body, mesh, arity: int):
   """jit(shard_map(body)) over every device, each argument and the result split along their first dim."""
   everything = tuple(mesh.axis_names)
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(everything),) * arity, out_specs=P(everything)))
-
-
-def timed_ops(fn, args, repeats: int) -> tuple[list, float]:
-  """(the ops `program_ops` lists for fn compiled at args, the median seconds of a call)."""
-  compiled = fn.lower(*args).compile()
-  return program_ops.ops(compiled), median_seconds(compiled, args, repeats)
 
 
 def category_rate(category: str, found: list, seconds: float, terms: Terms) -> float:
@@ -275,23 +296,3 @@ def category_rate(category: str, found: list, seconds: float, terms: Terms) -> f
   others = sum(o.count * terms.op_seconds(o.category, o.flops, o.bytes) for o in found if o.category != category)
   left = seconds - terms.call_s - others - terms.launch_s * sum(o.count for o in found if o.category == category)
   return work / max(left, 0.1 * seconds)
-
-
-def launch_seconds(mesh, repeats: int) -> tuple[float, float]:
-  """(seconds per op run, seconds per program call) of chains of tiny ops (a sort of 8 floats, then a scale: they do
-  not fuse): the line through chains of CHAINS[0] and CHAINS[1] links, per listed op run (slope clipped at 0, the
-  call's intercept too)."""
-  points = []
-  for links in CHAINS:
-
-    def chain(x, links=links):
-      for _ in range(links):
-        x = jnp.sort(x * 1.5 + 1.0)
-      return x
-
-    found, seconds = timed_ops(
-      _everywhere(chain, mesh, 1), placed((jnp.ones((mesh.devices.size * 8,)),), mesh), repeats
-    )
-    points.append((sum(o.count for o in found), seconds))
-  call, launch = line(*points)  # (intercept, slope)
-  return launch, max(0.0, call)

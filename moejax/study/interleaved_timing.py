@@ -1,0 +1,27 @@
+"""Programs timed in rounds: each called once (it compiles and warms), then `repeats` rounds that call every program
+once, in order; each program's median over the rounds. A burst of noise on the host (the other process's
+compiles, a core taken away) then lands on every program alike, where timing each program's calls back to back puts
+all of it into the few that ran during it. Every process of a job calls the same programs in the same order."""
+
+import statistics
+import time
+
+import jax
+
+
+def medians(programs: list[tuple], repeats: int) -> list[float]:
+  """Median wall seconds of each (fn, args) of `programs` over `repeats` interleaved rounds (module docstring)."""
+  for fn, args in programs:
+    jax.block_until_ready(fn(*args))
+  times = [[] for _ in programs]
+  for _ in range(repeats):
+    for (fn, args), seconds in zip(programs, times):
+      start = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      seconds.append(time.perf_counter() - start)
+  return [statistics.median(seconds) for seconds in times]
+
+
+def median_seconds(fn, args, repeats: int) -> float:
+  """Median wall seconds of `repeats` calls of fn(*args), after one call that compiles and warms."""
+  return medians([(fn, args)], repeats)[0]

@@ -1,0 +1,26 @@
+"""Programs timed in interleaved rounds (moejax.study.interleaved_timing): each warmed once, then every program once
+a round, in order; each program's median over its own calls, read off a planted clock."""
+
+import numpy as np
+
+from moejax.study import interleaved_timing
+
+
+def test_rounds_call_every_program_once_in_order_and_take_each_ones_median(monkeypatch):
+  rng = np.random.default_rng()
+  repeats, names = 5, ("a", "b", "c")
+  planted = {name: list(rng.uniform(0.1, 2.0, repeats + 1)) for name in names}  # the warm-up's, then each round's
+  clock, calls = [0.0], []
+  monkeypatch.setattr(interleaved_timing.time, "perf_counter", lambda: clock[0])
+
+  def program(name):
+    def run():
+      calls.append(name)
+      clock[0] += planted[name][len([c for c in calls if c == name]) - 1]
+      return np.zeros(1)
+
+    return run, ()
+
+  got = interleaved_timing.medians([program(name) for name in names], repeats)
+  assert calls == list(names) * (repeats + 1)  # warm-ups, then the rounds
+  np.testing.assert_allclose(got, [np.median(planted[name][1:]) for name in names], rtol=1e-12)
