@@ -5,20 +5,17 @@ for plain attention, the count written out from the shapes."""
 
 import math
 
-import jax
 import ml_collections
 import numpy as np
 import pytest
 
 from configs import scaling_default, scaling_presets
 from moejax.models import hf_config, hf_shaped
-from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
-from moejax.runtime import mesh as mesh_lib
 from moejax.study import memory_leaves, point_models, sweep_timing
-from moejax.study.points import Point, moe_section, scheme_config, validate
-from moejax.study.price import price_point_layer
+from moejax.study.points import Point, validate
 from moejax.validation import ConfigError
+from tests import point_model_checks
 
 FAMILIES = hf_shaped.FAMILIES
 
@@ -39,16 +36,6 @@ def _config(family: str, layers: int = 5, d_model: int = 48, shape: str = "tiny"
   model.update(seq_len=16, micro_batch=2, vocab=128, moe=dict(top_k=2, num_shared_experts=1, gated=True))
   config.models = ml_collections.ConfigDict({"dec": model})
   return config
-
-
-def _tree(config) -> dict:
-  """{path: size} of the parameters moejax.models builds for the sweep's model on a 1 x 2 mesh."""
-  model = config.models.dec
-  cfg = scheme_config("flat_dropless", 1, 2, moe_section(config, "dec"), model.d_model, model.d_ff)
-  _, params, _ = abstract_state(point_models.training_model(model, "float32"), cfg, mesh_lib.make_mesh(1, 2))
-  return {
-    jax.tree_util.keystr(path): math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-  }
 
 
 def test_the_decoder_is_the_records_at_the_sweeps_width_and_layers():
@@ -88,21 +75,7 @@ def test_the_records_moe_layers_and_shape_are_required():
 def test_dense_parameters_are_the_built_model_less_its_routed_experts(devices, family):
   config = _config(family)
   validate(config)
-  tree = _tree(config)
-  routed = sum(
-    size
-    for path, size in tree.items()
-    if "['moe']" in path and "['shared']" not in path and path.rsplit("[", 1)[1][1:-2].startswith("w_")
-  )
-  replicated = sum(size for path, size in tree.items() if "['router']" in path or "['shared']" in path)
-  assert routed > 0 and replicated > 0
-  model = config.models.dec
-  assert point_models.dense_params(model, replicated / model.moe_layers, True) == sum(tree.values()) - routed
-  traffic = np.random.default_rng().integers(0, 9, (1, 2, 2))
-  sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0, tokens_per_gpu=8)
-  sim["control"] = dict(collectives=[], node_of=[0, 0])
-  layer = price_point_layer(sim, Point("flat_dropless", 1, 2, "dec", "weak"), config)
-  assert layer["moe_replicated"] * model.moe_layers == replicated
+  point_model_checks.check_dense_parameters(config)
 
 
 def _matrix_weights(cfg) -> int:
@@ -149,7 +122,7 @@ def test_a_measured_point_trains_the_2026_decoder(devices):
   config = _config("deepseek_v4", layers=4)
   config.measure.update(platform="cpu", warmup=1, repeats=1)
   timed = sweep_timing.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
-  assert timed["parameters"] == sum(_tree(config).values())
+  assert timed["parameters"] == sum(point_model_checks.built_tree(config).values())
   losses = timed["losses"]
   assert abs(losses[0] - np.log(config.models.dec.vocab)) < 0.3 and losses[-1] < losses[0] - 0.1, losses
 

@@ -4,7 +4,6 @@ the parameter trees moejax.models builds for them (an independent count, leaf by
 layers, against XLA's count of the built model's forward."""
 
 import dataclasses
-import math
 
 import jax
 import ml_collections
@@ -18,9 +17,9 @@ from moejax.models.state import abstract_state
 from moejax.moe.config import MoEConfig
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import point_models, sweep_timing
-from moejax.study.points import Point, moe_section, scheme_config, validate
-from moejax.study.price import price_point_layer
+from moejax.study.points import Point, validate
 from moejax.validation import ConfigError
+from tests import point_model_checks
 
 FAMILY_MOE = {"deepseek_v3": dict(top_k=2, num_shared_experts=1, gated=True), "qwen3_moe": dict(top_k=2, gated=True)}
 
@@ -46,36 +45,11 @@ def _config(family: str, d_model: int) -> ml_collections.ConfigDict:
   return config
 
 
-def _tree(config):
-  """The parameter tree moejax.models builds for the sweep's model on a 1 x 2 mesh: {path: size}."""
-  model, moe = config.models.dec, moe_section(config, "dec")
-  cfg = scheme_config("flat_dropless", 1, 2, moe, model.d_model, model.d_ff)
-  _, params, _ = abstract_state(point_models.training_model(model, "float32"), cfg, mesh_lib.make_mesh(1, 2))
-  return {
-    jax.tree_util.keystr(path): math.prod(leaf.shape) for path, leaf in jax.tree_util.tree_leaves_with_path(params)
-  }
-
-
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
 def test_dense_parameters_are_the_built_model_less_its_routed_experts(devices, family):
   config = _config(family, d_model=64)
   validate(config)
-  tree = _tree(config)
-  routed = sum(
-    size
-    for path, size in tree.items()
-    if "['moe']" in path and "['shared']" not in path and path.rsplit("[", 1)[1][1:-2].startswith("w_")
-  )
-  replicated = sum(size for path, size in tree.items() if "['router']" in path or "['shared']" in path)
-  assert routed > 0 and (replicated > 0)
-  model = config.models.dec
-  assert point_models.dense_params(model, replicated / model.moe_layers, True) == sum(tree.values()) - routed
-  # the sweep's own count of each MoE layer's routers and shared experts (its step all-reduces them)
-  traffic = np.random.default_rng().integers(0, 9, (1, 2, 2))
-  sim = dict(traffic_rows=traffic.tolist(), rows_per_device=traffic[0].sum(0).tolist(), dropped=0, tokens_per_gpu=8)
-  sim["control"] = dict(collectives=[], node_of=[0, 0])  # a hand-made run: no control collectives
-  layer = price_point_layer(sim, Point("flat_dropless", 1, 2, "dec", "weak"), config)
-  assert layer["moe_replicated"] * model.moe_layers == replicated
+  point_model_checks.check_dense_parameters(config)
 
 
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
@@ -133,6 +107,6 @@ def test_a_measured_point_trains_the_decoder(devices, family):
   config = _config(family, d_model=64)
   config.measure.update(platform="cpu", warmup=1, repeats=1)
   timed = sweep_timing.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
-  assert timed["parameters"] == sum(_tree(config).values())
+  assert timed["parameters"] == sum(point_model_checks.built_tree(config).values())
   losses = timed["losses"]
   assert abs(losses[0] - np.log(config.models.dec.vocab)) < 0.3 and losses[-1] < losses[0] - 0.1, losses
