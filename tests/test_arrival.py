@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program, program_ops, program_price, program_segments
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import arrival_calibration, interleaved_timing, program_calibration
+from moejax.study import arrival_calibration, compute_calibration, interleaved_timing, program_calibration
 
 BOTH = ("node", "gpu")
 
@@ -100,28 +100,51 @@ def test_the_price_adds_each_collectives_wait_after_its_segment(mesh_2x4):
   assert before[1:] == [0.0, 0.0, 0.0]
 
 
-def test_the_calibration_recovers_a_planted_wait(mesh_2x4, monkeypatch):
-  """wait_after with a clock that answers the program's price without the wait plus ROUNDS x a planted wait gives back
-  the planted wait and the mean segment's price; a clock faster than the price gives 0, never a negative wait."""
+def test_the_calibration_recovers_a_planted_wait(mesh_2x4):
+  """wait_from at the program's price without the wait plus ROUNDS x a planted wait gives back the planted wait and
+  the mean segment's price; a time below the price gives 0, never a negative wait."""
   side = 32
   rng = np.random.default_rng()
-  args = (jnp.ones((8 * side, side)), jnp.ones((8, side, side)))
-  compiled = arrival_calibration.rounds_program(mesh_2x4, side).lower(*args).compile()
+  compiled, _ = arrival_calibration.wait_program(side, mesh_2x4)
   terms = _terms(compiled, mesh_2x4, rng)
   price = program_price.price_measured(compiled, mesh_2x4, terms).serial_s
   segments = program_price.segment_seconds(compiled.as_text(), program_ops.ops(compiled), terms)
   planted = rng.uniform(1e-4, 1e-2)
-  monkeypatch.setattr(interleaved_timing, "median_seconds", lambda *a: price + arrival_calibration.ROUNDS * planted)
-  segment_s, wait = arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)
+  segment_s, wait = arrival_calibration.wait_from(
+    compiled, mesh_2x4, terms, price + arrival_calibration.ROUNDS * planted
+  )
   assert wait == pytest.approx(planted, rel=1e-9)
   assert segment_s == pytest.approx(np.mean(list(segments.values())), rel=1e-9)
-  monkeypatch.setattr(interleaved_timing, "median_seconds", lambda *a: price / 2)
-  assert arrival_calibration.wait_after(side, mesh_2x4, terms, repeats=1)[1] == 0.0
+  assert arrival_calibration.wait_from(compiled, mesh_2x4, terms, price / 2)[1] == 0.0
+
+
+def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
+  """MeshCalibration.retime twice: the second terms are those of each program's median over both calls' rounds (a
+  planted clock: the first call's rounds fast, the second's slow), not of the second call alone."""
+  mesh = mesh_lib.make_mesh(1, 2, devices=devices[:2])
+  calibration = arrival_calibration.MeshCalibration(mesh)
+  rng = np.random.default_rng()
+  base = rng.uniform(1e-4, 1e-3, len(calibration.programs))
+  fast, slow = [list(b * rng.uniform(1, 1.2, 3)) for b in base], [list(b * rng.uniform(3, 4, 2)) for b in base]
+  clock = iter([fast, slow])
+  monkeypatch.setattr(interleaved_timing, "samples", lambda programs, repeats: next(clock))
+  quiet = lambda *a: None  # noqa: E731
+  first = calibration.retime(3, quiet)
+  second = calibration.retime(2, quiet)
+  assert calibration.rounds == 5 and first != second
+  both = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
+  n, c = len(calibration.keys), len(calibration.found)
+  compute = compute_calibration.compute_from(calibration.found, both[n : n + c])
+  want = program_calibration.terms_from(dict(zip(calibration.keys, both[:n])), compute, mesh, say=quiet)
+  waits = tuple(
+    arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
+  )
+  assert second == dataclasses.replace(want, arrival=waits) and len(waits) == len(arrival_calibration.SIDES)
+  assert second.per_kind[("all-to-all", ("gpu",))] != first.per_kind[("all-to-all", ("gpu",))]
 
 
 def test_one_device_has_no_wait_to_measure(devices):
   """On a 1 x 1 mesh the calibration measures no wait (no collective spans devices) instead of dividing by none."""
-  compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={}, launch_s=1e-5, call_s=1e-4)
   mesh = mesh_lib.make_mesh(1, 1, devices=devices[:1])
-  terms = arrival_calibration.measure(mesh, repeats=1, say=lambda *a: None, compute=lambda m, r: compute)
+  terms = arrival_calibration.measure(mesh, repeats=1, say=lambda *a: None)
   assert (terms.per_kind, terms.arrival) == ({}, ())

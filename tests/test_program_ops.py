@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from moejax.cost import program_ops, program_price
-from moejax.study import program_calibration
+from moejax.study import compute_calibration, interleaved_timing, program_calibration
 
 F32 = 4
 
@@ -149,14 +149,15 @@ def test_a_category_rate_is_its_work_over_the_time_the_rest_leaves():
   found = [op("elementwise", 1000, 2.0), op("gather", 6000, 3.0)]
   terms = program_calibration.Terms({}, 1e9, bytes_per_s=1e6, launch_s=1e-5, call_s=1e-4)
   seconds = 1e-4 + 2 * (1e-5 + 1000 / 1e6) + 3 * 1e-5 + 3 * 6000 / 2e6
-  assert program_calibration.category_rate("gather", found, seconds, terms) == pytest.approx(2e6, rel=1e-12)
+  assert compute_calibration.category_rate("gather", found, seconds, terms) == pytest.approx(2e6, rel=1e-12)
   # a time the rest already fills leaves the category a tenth of it, not nothing
-  assert program_calibration.category_rate("gather", found, 1e-4, terms) == pytest.approx(18000 / 1e-5)
+  assert compute_calibration.category_rate("gather", found, 1e-4, terms) == pytest.approx(18000 / 1e-5)
 
 
 @pytest.mark.slow
 def test_compute_terms_are_measured_for_every_category(mesh_2x4):
-  terms = program_calibration.compute_terms(mesh_2x4, repeats=1)
+  programs, found = compute_calibration.compute_programs(mesh_2x4)
+  terms = compute_calibration.compute_from(found, interleaved_timing.medians(programs, 1))
   # the scatter's rate where XLA keeps it a scatter (not with the suite's fast-compile flags)
   assert {"gather", "sort"} <= set(terms["op_bytes_per_s"]) <= {"gather", "scatter", "sort"}
   assert terms["flops_per_s"] > 0 and terms["bytes_per_s"] > 0 and min(terms["op_bytes_per_s"].values()) > 0

@@ -117,21 +117,20 @@ def test_a_training_step_is_priced_in_full(devices):
 
 
 def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
-  """measure() with a timer that answers alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes), and
+  """terms_from() with seconds that answer alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes), and
   for a chain of links alpha + (links - 1) x (launch + beta x bytes): the line through the two sizes, the
   many-operand form and the chain give them back exactly; a negative slope is clipped to 0."""
   rng = np.random.default_rng()
   truth = {}
 
-  def timer(kind, axes, nbytes, mesh, repeats, operands=1, links=1):
+  def timer(kind, axes, nbytes, operands, links):
     alpha, beta, each, launch = truth.setdefault((kind, axes), (*rng.uniform(1e-5, 1e-3, 3), rng.uniform(1e-6, 1e-5)))
     beta = beta * 1e-5  # s/byte
     return alpha + (operands - 1) * each + beta * nbytes * operands + (links - 1) * (launch + beta * nbytes)
 
   compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={"sort": 1e6}, launch_s=1e-5, call_s=1e-4)
-  terms = program_calibration.measure(
-    mesh_2x4, repeats=1, timer=timer, say=lambda *a: None, compute=lambda m, r: compute
-  )
+  seconds = {key: timer(*key) for key in program_calibration.collective_keys(mesh_2x4)}
+  terms = program_calibration.terms_from(seconds, compute, mesh_2x4, say=lambda *a: None)
   assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
   for key, (alpha, beta, each, launch) in truth.items():
     assert terms.per_kind[key] == pytest.approx((alpha, beta * 1e-5), rel=1e-9)

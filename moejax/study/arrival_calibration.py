@@ -1,7 +1,10 @@
-"""The wait at a collective after compute, measured on the mesh at hand (`moejax.cost.program_segments`), and the
-program terms with it.
+"""A mesh's program terms (`moejax.study.program_calibration.Terms`), measured on it: the collectives'
+(`program_calibration`) and compute (`compute_calibration`) microbenchmarks, and the wait at a collective after
+compute (`moejax.cost.program_segments`), all timed in the same interleaved rounds.
 
-  terms = measure(mesh)   # program_calibration.measure's terms, with terms.arrival
+  terms = measure(mesh)                              # once
+  calibration = MeshCalibration(mesh)                # through a sweep:
+  terms = calibration.retime(9)                      # before each point, the terms of every round so far
 
 A program of ROUNDS rounds of (a per-device [side, side] matmul, then an all-reduce over every axis of one float that
 depends on it, added back) is timed at two sides (`SIDES`: a segment of well under a millisecond on a 2-core host,
@@ -9,9 +12,14 @@ and one of several), and priced by `moejax.cost.program_price.price_measured` wi
 wait). The excess of its time over that price, per all-reduce, is the wait after a segment of its priced seconds:
 the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. Microbenchmarks only: no
 measured point of a sweep enters them.
+
+A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
+again in more rounds, the terms from each program's median over all its rounds so far. A burst of noise on
+the host during one calibration then moves a round's share of the samples, not every term of the mesh.
 """
 
 import dataclasses
+import statistics
 
 import jax
 import jax.numpy as jnp
@@ -19,21 +27,16 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program_ops, program_price
-from moejax.study import interleaved_timing, program_calibration
+from moejax.study import compute_calibration, interleaved_timing, program_calibration
 
 ROUNDS = 8
 SIDES = (128, 512)
 
 
-def measure(mesh, repeats: int = 9, say=print, **hooks) -> program_calibration.Terms:
-  """`program_calibration.measure(mesh, repeats, say=say, **hooks)`, then `Terms.arrival` measured on top of them
-  (none on one device: nothing to wait for)."""
-  terms = program_calibration.measure(mesh, repeats, say=say, **hooks)
-  if mesh.devices.size == 1:
-    return terms
-  points = tuple(wait_after(side, mesh, terms, repeats) for side in SIDES)
-  say("wait at a collective after compute: " + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points))
-  return dataclasses.replace(terms, arrival=points)
+def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
+  """The mesh's terms from `repeats` rounds of its microbenchmarks (`MeshCalibration`), with `Terms.arrival` (none on
+  one device: nothing to wait for)."""
+  return MeshCalibration(mesh).retime(repeats, say)
 
 
 def rounds_program(mesh, side: int):
@@ -51,16 +54,20 @@ def rounds_program(mesh, side: int):
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=spec))
 
 
-def wait_after(side: int, mesh, terms, repeats: int) -> tuple[float, float]:
-  """(the priced seconds of a round's segment, the measured wait per all-reduce) of `rounds_program` at `side`."""
+def wait_program(side: int, mesh) -> tuple:
+  """(compiled, args): `rounds_program` at `side` on random blocks placed on the mesh."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
   args = (
     jnp.asarray(rng.uniform(-1, 1, (devices * side, side)), jnp.float32),
     jnp.asarray(rng.uniform(-1, 1, (devices, side, side)) / side, jnp.float32),
   )
   args = program_calibration.placed(args, mesh)
-  compiled = rounds_program(mesh, side).lower(*args).compile()
-  seconds = interleaved_timing.median_seconds(compiled, args, repeats)
+  return rounds_program(mesh, side).lower(*args).compile(), args
+
+
+def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
+  """(the priced seconds of a round's segment, the wait per all-reduce) of `wait_program`'s `compiled` timed at
+  `seconds`: the excess over its price without a wait, at least 0."""
   plain = dataclasses.replace(terms, arrival=())
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()
@@ -68,3 +75,37 @@ def wait_after(side: int, mesh, terms, repeats: int) -> tuple[float, float]:
   reduces = [c.collective.name for c in priced.collectives if c.collective.axes]
   segment_s = float(np.mean([before[name] for name in reduces]))
   return segment_s, max(0.0, (seconds - priced.serial_s) / len(reduces))
+
+
+class MeshCalibration:
+  """A mesh's terms re-timed through a sweep (module docstring): `retime(repeats)` adds `repeats` interleaved rounds
+  of every program (the collectives of `program_calibration.collective_keys`, the compute benchmarks, the waits) and
+  returns the terms of each program's median over all rounds so far."""
+
+  def __init__(self, mesh):
+    self.mesh = mesh
+    self.keys = program_calibration.collective_keys(mesh)
+    collectives = [program_calibration.collective_program(k[0], k[1], k[2], mesh, k[3], k[4]) for k in self.keys]
+    compute, self.found = compute_calibration.compute_programs(mesh)
+    self.waits = [wait_program(side, mesh) for side in SIDES] if mesh.devices.size > 1 else []
+    self.programs = collectives + compute + self.waits
+    self.times = [[] for _ in self.programs]
+
+  @property
+  def rounds(self) -> int:
+    return len(self.times[0])
+
+  def retime(self, repeats: int, say=print) -> program_calibration.Terms:
+    for kept, new in zip(self.times, interleaved_timing.samples(self.programs, repeats)):
+      kept.extend(new)
+    seconds = [statistics.median(t) for t in self.times]
+    n, c = len(self.keys), len(self.found)
+    compute = compute_calibration.compute_from(self.found, seconds[n : n + c])
+    terms = program_calibration.terms_from(dict(zip(self.keys, seconds[:n])), compute, self.mesh, say=say)
+    points = tuple(wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, seconds[n + c :]))
+    if points:
+      say(
+        "wait at a collective after compute: "
+        + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
+      )
+    return dataclasses.replace(terms, arrival=points)

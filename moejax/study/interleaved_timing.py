@@ -11,6 +11,11 @@ import jax
 
 def medians(programs: list[tuple], repeats: int) -> list[float]:
   """Median wall seconds of each (fn, args) of `programs` over `repeats` interleaved rounds (module docstring)."""
+  return [statistics.median(seconds) for seconds in samples(programs, repeats)]
+
+
+def samples(programs: list[tuple], repeats: int) -> list[list[float]]:
+  """Wall seconds of each (fn, args) of `programs` in each of `repeats` interleaved rounds (module docstring)."""
   for fn, args in programs:
     jax.block_until_ready(fn(*args))
   times = [[] for _ in programs]
@@ -19,7 +24,7 @@ def medians(programs: list[tuple], repeats: int) -> list[float]:
       start = time.perf_counter()
       jax.block_until_ready(fn(*args))
       seconds.append(time.perf_counter() - start)
-  return [statistics.median(seconds) for seconds in times]
+  return times
 
 
 def median_seconds(fn, args, repeats: int) -> float:

@@ -3,8 +3,10 @@ is fitted): per collective kind and mesh axes a launch time and a time per byte,
 (`moejax.cost.program_ops`) a device's rate with every device of the mesh busy at once (simulated CPU devices share
 the host's cores: one busy device's rate is not the mesh's), plus the cost of launching one op.
 
-  terms = measure(mesh)                       # {(kind, axes): (alpha_s, beta_s_per_byte)}, rates, launch
+  terms = terms_from(seconds, compute, mesh)   # {(kind, axes): (alpha_s, beta_s_per_byte)}, rates, launch
   program_price.price_measured(compiled, mesh, terms)
+
+`moejax.study.arrival_calibration` times the programs (`collective_keys`, `collective_program`) and the compute.
 
 Each collective is timed at two sizes per device (`SIZES`: a size exchange's and a row block's) as its own jitted
 shard_map program, all of them in the same rounds (`interleaved_timing`: the median of `repeats` calls each, after a
@@ -16,11 +18,7 @@ that follows another directly (`Terms.chained`; a lone one's alpha also holds it
 All-reduces also at `TINY` bytes per operand, alone and of `OPERANDS` (`Terms.tiny`): a layer's statistics, a few
 floats, run another algorithm than a ring; below the small size, alpha and per-operand cost are interpolated in bytes.
 
-Compute (`compute_terms`): each benchmark a jit(shard_map) over every device, its ops listed by `program_ops` as a
-program's are (rates in the units ops are priced in): chains of tiny unfusable ops at two lengths (slope: an op's
-launch; intercept: a call); a 512 x 512 matmul (FLOP/s); a scaled copy of 4 MiB (elementwise bytes/s); 2048 rows of
-128 f32 gathered from and scatter-added into an [8192, 128] table, an argsort of 16384 int32 keys (bytes/s). A rate is
-its category's work over the time left after the call, the launches and the other ops at the rates measured before.
+Compute: `moejax.study.compute_calibration`.
 """
 
 import dataclasses
@@ -32,15 +30,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from moejax.cost import program_ops
 from moejax.study import interleaved_timing
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 SIZES = (256, 1 << 20)  # bytes per device: a plan's size exchange, a block of rows
-RATE_SIDE = 512  # the matmul timed for the compute rate: [devices x 512, 512] @ [512, 512] per device
-TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WIDTH] f32 table and rows picked
-SORTED = 16384  # keys per device in the argsort
-CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
 TINY = 4  # bytes per operand of the all-reduces timed for their cost at a few elements (`Terms.tiny`)
 OPERANDS = 8  # arrays in the many-operand form of each collective timed for its cost per operand
 LINKS = 4  # collectives in the chain timed for the cost of one that follows another
@@ -192,16 +185,15 @@ def _timings(kind: str) -> list[tuple[int, int, int]]:
   return out + ([(SIZES[0], 1, LINKS)] if kind in CHAINABLE else [])
 
 
-def measure(mesh, repeats: int = 9, kinds=KINDS, timer=None, say=print, compute=None) -> Terms:
-  """Every kind over every axis set of `mesh` (`axis_sets`) at `_timings`, and the compute terms. By default every
-  collective program is timed in the same rounds (`interleaved_timing`); tests pass their own `timer(kind, axes,
-  nbytes, mesh, repeats, operands=, links=)` and `compute(mesh, repeats)` (default `compute_terms`)."""
-  keys = [(kind, axes, *t) for kind in kinds for axes in axis_sets(mesh) for t in _timings(kind)]
-  if timer is None:
-    programs = [collective_program(kind, axes, n, mesh, operands, links) for kind, axes, n, operands, links in keys]
-    seconds = dict(zip(keys, interleaved_timing.medians(programs, repeats)))
-  else:
-    seconds = {k: timer(k[0], k[1], k[2], mesh, repeats, operands=k[3], links=k[4]) for k in keys}
+def collective_keys(mesh, kinds=KINDS) -> list[tuple]:
+  """(kind, axes, nbytes, operands, links) of every collective program timed on `mesh`: each kind over every axis
+  set (`axis_sets`) at `_timings`."""
+  return [(kind, axes, *t) for kind in kinds for axes in axis_sets(mesh) for t in _timings(kind)]
+
+
+def terms_from(seconds: dict, compute: dict, mesh, kinds=KINDS, say=print) -> Terms:
+  """The Terms of the collectives' `seconds` ({collective_keys' key: seconds}) and the `compute` fields
+  (`compute_calibration.compute_from`), each said in a line."""
   per_kind, per_operand, chained, tiny = {}, {}, {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
@@ -222,9 +214,7 @@ def measure(mesh, repeats: int = 9, kinds=KINDS, timer=None, say=print, compute=
         + (f", at {TINY} B {tiny[(kind, axes)][0] * 1e6:.1f} us + {tiny[(kind, axes)][1] * 1e6:.1f} us per further "
            "operand" if (kind, axes) in tiny else "")
       )  # fmt: skip
-  terms = Terms(
-    per_kind, **(compute or compute_terms)(mesh, repeats), per_operand=per_operand, chained=chained, tiny=tiny
-  )
+  terms = Terms(per_kind, **compute, per_operand=per_operand, chained=chained, tiny=tiny)
   rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
   say(
     f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
@@ -232,67 +222,3 @@ def measure(mesh, repeats: int = 9, kinds=KINDS, timer=None, say=print, compute=
     f"{terms.call_s * 1e6:.0f} us"
   )
   return terms
-
-
-def compute_terms(mesh, repeats: int) -> dict:
-  """Terms' compute fields (flops_per_s: matmul, bytes_per_s: elementwise, op_bytes_per_s: {'gather' | 'scatter' |
-  'sort': bytes/s}, launch_s, call_s) of one device while every device of the mesh runs (module docstring); the
-  launch chains and the benchmarks timed in the same rounds (`interleaved_timing`)."""
-  devices, rng = mesh.devices.size, np.random.default_rng(0)
-  # Each benchmark: (category, per-device body, global arguments); later ones' rates use earlier ones'.
-  rows = jnp.asarray(rng.integers(0, TABLE, devices * PICKED), jnp.int32)
-  benchmarks = (
-    ("elementwise", lambda x: x * 2.0, (jnp.ones((devices << 20,), jnp.float32),)),
-    ("matmul", lambda a, b: a @ b[0],
-     (jnp.ones((devices * RATE_SIDE, RATE_SIDE)), jnp.ones((devices, RATE_SIDE, RATE_SIDE)))),
-    ("gather", lambda t, i: t.at[i].get(mode="promise_in_bounds"), (jnp.ones((devices * TABLE, WIDTH)), rows)),
-    ("scatter", lambda i, u: jnp.zeros((TABLE, WIDTH)).at[i].add(u, mode="promise_in_bounds"),
-     (rows, jnp.ones((devices * PICKED, WIDTH)))),
-    ("sort", lambda k: jnp.argsort(k, stable=True).astype(jnp.int32),
-     (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
-  )  # fmt: skip
-  bodies = [(_launch_chain(links), (jnp.ones((devices * 8,)),)) for links in CHAINS]
-  programs = []
-  for body, args in bodies + [(body, args) for _, body, args in benchmarks]:
-    args = placed(args, mesh)
-    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args))
-  found = [program_ops.ops(compiled) for compiled, _ in programs]
-  seconds = interleaved_timing.medians(programs, repeats)
-  # An op's launch and a call's cost: the line through the chains (per listed op run; both clipped at 0).
-  call, launch = line(*[(sum(o.count for o in ops), s) for ops, s in zip(found, seconds[: len(CHAINS)])])
-  call = max(0.0, call)
-  terms = Terms({}, 1.0, 1.0, launch_s=launch, call_s=call)
-  rates = {}
-  for (category, _, _), ops, s in zip(benchmarks, found[len(CHAINS) :], seconds[len(CHAINS) :]):
-    if any(o.category == category for o in ops):  # else XLA expanded the op (a scatter into a loop of slices)
-      rates[category] = category_rate(category, ops, s, terms)
-    terms = Terms({}, rates.get("matmul", 1.0), rates["elementwise"], dict(rates), launch, call)
-  flops, nbytes = rates.pop("matmul"), rates.pop("elementwise")  # both always listed
-  return dict(flops_per_s=flops, bytes_per_s=nbytes, op_bytes_per_s=rates, launch_s=launch, call_s=call)
-
-
-def _launch_chain(links: int):
-  """A chain of `links` tiny ops that do not fuse (a sort of 8 floats, then a scale), timed for an op's launch."""
-
-  def chain(x):
-    for _ in range(links):
-      x = jnp.sort(x * 1.5 + 1.0)
-    return x
-
-  return chain
-
-
-def _everywhere(body, mesh, arity: int):
-  """jit(shard_map(body)) over every device, each argument and the result split along their first dim."""
-  everything = tuple(mesh.axis_names)
-  return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(everything),) * arity, out_specs=P(everything)))
-
-
-def category_rate(category: str, found: list, seconds: float, terms: Terms) -> float:
-  """The rate of `category` (FLOP/s for 'matmul', else bytes/s) that a program of ops `found` taking `seconds`
-  implies: its category's work over the seconds left after the call, every op's launch and the other categories'
-  ops at `terms` (at least a tenth of the time is left to the category: a noisy run must not make it free)."""
-  work = sum(o.count * (o.flops if category == "matmul" else o.bytes) for o in found if o.category == category)
-  others = sum(o.count * terms.op_seconds(o.category, o.flops, o.bytes) for o in found if o.category != category)
-  left = seconds - terms.call_s - others - terms.launch_s * sum(o.count for o in found if o.category == category)
-  return work / max(left, 0.1 * seconds)

@@ -19,6 +19,8 @@ from moejax.study.repeats import Repeats, timed
 from moejax.train import objective
 from moejax.train import trainer as train_lib
 
+CALIBRATION_ROUNDS = 9  # rounds of a mesh's microbenchmarks before each of its points (`_retimed`)
+
 
 def time_training_step(
   model_config,
@@ -94,6 +96,29 @@ def _timed_layer(cfg, mesh, tokens: int, dtype, config, terms) -> dict:
   return phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure), terms)
 
 
+def _retimed(calibrations: dict, mesh, point: Point):
+  """The terms of the point's mesh (`arrival_calibration.MeshCalibration`, kept in `calibrations` by (n, m)),
+  re-timed: CALIBRATION_ROUNDS more rounds, the terms from every round on the mesh so far. The first time the terms
+  are logged in full, later a line of the main ones."""
+  key = (point.nodes, point.gpus_per_node)
+  first = key not in calibrations
+  if first:
+    calibrations[key] = arrival_calibration.MeshCalibration(mesh)
+  calibration = calibrations[key]
+  say = (lambda line: logging.info("%s %s", point.mesh, line)) if first else (lambda line: None)
+  terms = calibration.retime(CALIBRATION_ROUNDS, say)
+  if not first:
+    logging.info(
+      "%s terms re-timed over %d rounds: matmul %.2f GFLOP/s, call %.0f us, launch %.1f us",
+      point.mesh,
+      calibration.rounds,
+      terms.flops_per_s / 1e9,
+      terms.call_s * 1e6,
+      terms.launch_s * 1e6,
+    )
+  return terms
+
+
 def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> dict:
   """Wall-clock on `devices` (`hosts.mesh_devices`: the n x m mesh, row i on host i), at the model's shapes: one
   MoE layer forward at the micro batch with its phases (`phase_timing.measure_phases`: inter- and intra-node
@@ -103,16 +128,14 @@ def measure(point: Point, config, layers: dict, devices: list, terms: dict) -> d
   (`moejax.study.repeats`: until the median is stable). Every process holding one of `devices` calls it with the same
   arguments (its programs span them all); each gets the same row, its own clock's times. `layers` keeps the layer's timings by (scheme, mesh, model)
   for the other scaling's point. With measure.price_program, both programs are also priced with terms timed on the
-  point's mesh (`moejax.study.arrival_calibration`, once per mesh: kept in `terms` by (n, m)): 'priced_layer_ms',
-  'priced_step_s' and their errors, priced / measured - 1. No measured point enters the terms: each is held out."""
+  point's mesh, re-timed right before it (`_retimed`): 'priced_layer_ms', 'priced_step_s' and their errors, priced /
+  measured - 1. No measured point enters the terms: each is held out."""
   model, moe = config.models[point.model], moe_section(config, point.model)
   n, m = point.nodes, point.gpus_per_node
   cfg = scheme_config(point.scheme, n, m, moe, model.d_model, model.d_ff)
   mesh = mesh_lib.make_mesh(n, m, devices=devices)
   tokens = model.micro_batch * model.seq_len
-  if config.measure.price_program and (n, m) not in terms:
-    terms[n, m] = arrival_calibration.measure(mesh, say=lambda line: logging.info("%s %s", point.mesh, line))
-  mesh_terms = terms.get((n, m))
+  mesh_terms = _retimed(terms, mesh, point) if config.measure.price_program else None
   key = (point.scheme, point.mesh, point.model)
   if key not in layers:
     layers[key] = _timed_layer(cfg, mesh, point.devices * tokens, jnp.dtype(moe.dtype), config, mesh_terms)
