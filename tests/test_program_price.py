@@ -116,24 +116,39 @@ def test_a_training_step_is_priced_in_full(devices):
   assert "all-reduce" in kinds and kinds & set(program_price.EXCHANGE)  # the gradient sync and the layers' exchanges
 
 
-def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
-  """terms_from() with seconds that answer alpha + (operands - 1) x per_operand + beta x bytes per (kind, axes), and
-  for a chain of links alpha + (links - 1) x (launch + beta x bytes): the line through the two sizes, the
-  many-operand form and the chain give them back exactly; a negative slope is clipped to 0."""
+def test_calibration_fits_each_kind_and_axes_from_three_sizes(mesh_2x4):
+  """terms_from() with seconds that answer alpha + (operands - 1) x per_operand + beta x bytes (+ extra x the bytes
+  above the middle size) per (kind, axes), and for a chain of links alpha + (links - 1) x (launch + beta x bytes):
+  the line through the two small sizes, the slope above, the many-operand form and the chain give them back exactly,
+  and a collective priced from them is the planted clock at any size; a negative slope is clipped to 0."""
   rng = np.random.default_rng()
   truth = {}
 
+  middle = program_calibration.SIZES[1]
+
   def timer(kind, axes, nbytes, operands, links):
-    alpha, beta, each, launch = truth.setdefault((kind, axes), (*rng.uniform(1e-5, 1e-3, 3), rng.uniform(1e-6, 1e-5)))
+    alpha, beta, each, launch, extra = truth.setdefault(
+      (kind, axes), (*rng.uniform(1e-5, 1e-3, 3), rng.uniform(1e-6, 1e-5), rng.uniform(0, 1e-8))
+    )
     beta = beta * 1e-5  # s/byte
-    return alpha + (operands - 1) * each + beta * nbytes * operands + (links - 1) * (launch + beta * nbytes)
+    moved = nbytes * operands
+    return (
+      alpha
+      + (operands - 1) * each
+      + beta * moved
+      + extra * max(0, moved - middle)
+      + (links - 1) * (launch + beta * nbytes)
+    )
 
   compute = dict(flops_per_s=1e9, bytes_per_s=1e8, op_bytes_per_s={"sort": 1e6}, launch_s=1e-5, call_s=1e-4)
   seconds = {key: timer(*key) for key in program_calibration.collective_keys(mesh_2x4)}
   terms = program_calibration.terms_from(seconds, compute, mesh_2x4, say=lambda *a: None)
   assert set(terms.per_kind) == {(k, a) for k in program_calibration.KINDS for a in (("node",), ("gpu",), BOTH)}
-  for key, (alpha, beta, each, launch) in truth.items():
+  for key, (alpha, beta, each, launch, extra) in truth.items():
     assert terms.per_kind[key] == pytest.approx((alpha, beta * 1e-5), rel=1e-9)
+    assert terms.large[key] == pytest.approx(beta * 1e-5 + extra, rel=1e-9)
+    for nbytes in rng.uniform(program_calibration.SIZES[0], 4 * program_calibration.SIZES[2], 4):
+      assert terms.collective_seconds(*key, nbytes) == pytest.approx(timer(*key, nbytes, 1, 1), rel=1e-9)
     assert terms.per_operand[key] == pytest.approx(each, rel=1e-6)
     assert terms.chained.get(key) == (
       pytest.approx(launch, rel=1e-6) if key[0] in program_calibration.CHAINABLE else None
@@ -141,7 +156,7 @@ def test_calibration_fits_each_kind_and_axes_from_two_sizes(mesh_2x4):
     tiny = (alpha + beta * 1e-5 * program_calibration.TINY, each + beta * 1e-5 * program_calibration.TINY)
     assert terms.tiny.get(key) == (pytest.approx(tiny, rel=1e-6) if key[0] == "all-reduce" else None)
   assert program_calibration.line((10, 5.0), (100, 4.0)) == (5.0, 0.0)
-  kept = dict(per_operand=terms.per_operand, chained=terms.chained, tiny=terms.tiny)
+  kept = dict(per_operand=terms.per_operand, chained=terms.chained, tiny=terms.tiny, large=terms.large)
   assert program_calibration.Terms(terms.per_kind, **compute, **kept) == terms
 
 

@@ -193,7 +193,7 @@ def control_seconds(record: dict, topology: Topology) -> float:
 
 def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
-  each collective alpha + beta x its bytes per run, from `terms.per_kind[(kind, axes)]` (alpha `terms.chained`'s for
+  each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]` (alpha `terms.chained`'s for
   one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
   combined all-reduce of a step's gradients), plus its devices' wait for one another after the compute before it
   (`program_segments.arrival_seconds` of its `segment_seconds`); compute per op
@@ -216,7 +216,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
     seconds = (
       terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) + waits[c.name] if c.axes else 0.0
     )
-    beta = terms.per_kind[(c.kind, c.axes)][1] * c.bytes if c.axes else 0.0
+    beta = terms.byte_seconds(c.kind, c.axes, c.bytes) if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
   compute = terms.call_s + sum(compute_by_category(ops, terms).values())

@@ -8,9 +8,11 @@ the host's cores: one busy device's rate is not the mesh's), plus the cost of la
 
 `moejax.study.arrival_calibration` times the programs (`collective_keys`, `collective_program`) and the compute.
 
-Each collective is timed at two sizes per device (`SIZES`: a size exchange's and a row block's) as its own jitted
-shard_map program, all of them in the same rounds (`interleaved_timing`: the median of `repeats` calls each, after a
-warm-up): alpha and beta are the line through them (beta clipped at 0). Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
+Each collective is timed at three sizes per device (`SIZES`: a size exchange's, a layer's exchange, a large block of
+rows) as its own jitted shard_map program, all of them in the same rounds (`interleaved_timing`: the median of
+`repeats` calls each, after a warm-up): alpha and beta are the line through the first two (beta clipped at 0), and
+above the middle size the time per byte is the slope to the third (`Terms.large`): on a host whose caches a large
+exchange overflows, the cost per byte grows with the size, and one line through the ends overprices a layer's. Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
 makes of gradients), the time beyond alpha and bytes per further operand is `Terms.per_operand`. The kinds whose
 result has their operand's shape are timed as a chain of `LINKS`, each on the one before's result: the cost of one
 that follows another directly (`Terms.chained`; a lone one's alpha also holds its devices' arrival from compute).
@@ -33,7 +35,7 @@ from jax.sharding import PartitionSpec as P
 from moejax.study import interleaved_timing
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
-SIZES = (256, 1 << 20)  # bytes per device: a plan's size exchange, a block of rows
+SIZES = (256, 1 << 17, 1 << 20)  # bytes per device: a plan's size exchange, a layer's exchange, a large block
 TINY = 4  # bytes per operand of the all-reduces timed for their cost at a few elements (`Terms.tiny`)
 OPERANDS = 8  # arrays in the many-operand form of each collective timed for its cost per operand
 LINKS = 4  # collectives in the chain timed for the cost of one that follows another
@@ -48,7 +50,8 @@ class Terms:
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
   directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
   per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
-  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none)."""
+  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none); large:
+  {(kind, axes): seconds per byte above SIZES[1]} (absent: beta)."""
 
   per_kind: dict
   flops_per_s: float
@@ -60,13 +63,20 @@ class Terms:
   chained: dict = dataclasses.field(default_factory=dict)
   tiny: dict = dataclasses.field(default_factory=dict)
   arrival: tuple = ()
+  large: dict = dataclasses.field(default_factory=dict)
+
+  def byte_seconds(self, kind: str, axes: tuple, nbytes: float) -> float:
+    """The seconds of a collective's `nbytes` beyond its alpha: beta a byte up to SIZES[1], `large`'s above."""
+    beta = self.per_kind[(kind, axes)][1]
+    above = max(0.0, nbytes - SIZES[1])
+    return beta * (nbytes - above) + self.large.get((kind, axes), beta) * above
 
   def collective_seconds(
     self, kind: str, axes: tuple, nbytes: float, operands: int = 1, after_collective: bool = False
   ) -> float:
     """One run of a collective of `kind` over `axes` moving `nbytes` per device in `operands` arrays, right after
     another collective or not (`program.Collective.chained`)."""
-    alpha, beta = self.per_kind[(kind, axes)]
+    alpha = self.per_kind[(kind, axes)][0]
     alpha = self.chained.get((kind, axes), alpha) if after_collective else alpha
     per_operand = self.per_operand.get((kind, axes), 0.0)
     each = nbytes / max(operands, 1)
@@ -75,7 +85,7 @@ class Terms:
       tiny_alpha, tiny_per_operand = self.tiny[(kind, axes)]
       alpha = min(alpha, tiny_alpha + at * (alpha - tiny_alpha))
       per_operand = tiny_per_operand + at * (per_operand - tiny_per_operand)
-    return alpha + (operands - 1) * per_operand + beta * nbytes
+    return alpha + (operands - 1) * per_operand + self.byte_seconds(kind, axes, nbytes)
 
   def op_seconds(self, category: str, flops: float, nbytes: float) -> float:
     """One run of an op of `category` (`program_ops.CATEGORIES`): launch + its FLOPs (a matmul) or bytes at its
@@ -91,6 +101,7 @@ class Terms:
         axes=list(a),
         alpha_s=v[0],
         beta_s_per_byte=v[1],
+        large_s_per_byte=self.large.get((k, a), v[1]),
         per_operand_s=self.per_operand.get((k, a), 0.0),
         chained_s=self.chained.get((k, a)),
         tiny_s=self.tiny.get((k, a)),
@@ -194,12 +205,13 @@ def collective_keys(mesh, kinds=KINDS) -> list[tuple]:
 def terms_from(seconds: dict, compute: dict, mesh, kinds=KINDS, say=print) -> Terms:
   """The Terms of the collectives' `seconds` ({collective_keys' key: seconds}) and the `compute` fields
   (`compute_calibration.compute_from`), each said in a line."""
-  per_kind, per_operand, chained, tiny = {}, {}, {}, {}
+  per_kind, per_operand, chained, tiny, large = {}, {}, {}, {}, {}
   for kind in kinds:
     for axes in axis_sets(mesh):
       at = lambda nbytes, operands=1, links=1: seconds[(kind, axes, nbytes, operands, links)]
       points = [(size, at(size)) for size in SIZES]
-      alpha, beta = per_kind[(kind, axes)] = line(*points)
+      alpha, beta = per_kind[(kind, axes)] = line(*points[:2])
+      large[(kind, axes)] = line(*points[1:])[1]
       many = at(SIZES[0], OPERANDS)
       per_operand[(kind, axes)] = max(0.0, (many - alpha - beta * OPERANDS * SIZES[0]) / (OPERANDS - 1))
       if kind == "all-reduce":
@@ -208,13 +220,14 @@ def terms_from(seconds: dict, compute: dict, mesh, kinds=KINDS, say=print) -> Te
       if kind in CHAINABLE:
         chained[(kind, axes)] = max(0.0, (at(SIZES[0], 1, LINKS) - points[0][1]) / (LINKS - 1) - beta * SIZES[0])
       say(
-        f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B, "
+        f"{kind:<20}{','.join(axes):<10} {alpha * 1e6:9.1f} us + {beta * 1e9:7.3f} ns/B "
+        f"({large[(kind, axes)] * 1e9:.3f} above {SIZES[1] >> 10} KiB), "
         f"{per_operand[(kind, axes)] * 1e6:9.1f} us per further operand, "
         f"{chained.get((kind, axes), alpha) * 1e6:9.1f} us after another"
         + (f", at {TINY} B {tiny[(kind, axes)][0] * 1e6:.1f} us + {tiny[(kind, axes)][1] * 1e6:.1f} us per further "
            "operand" if (kind, axes) in tiny else "")
       )  # fmt: skip
-  terms = Terms(per_kind, **compute, per_operand=per_operand, chained=chained, tiny=tiny)
+  terms = Terms(per_kind, **compute, per_operand=per_operand, chained=chained, tiny=tiny, large=large)
   rates = ", ".join(f"{k} {v / 1e9:.3f} GB/s" for k, v in terms.op_bytes_per_s.items())
   say(
     f"device rates with all {mesh.devices.size} busy: matmul {terms.flops_per_s / 1e9:.2f} GFLOP/s, elementwise "
