@@ -193,8 +193,8 @@ def control_seconds(record: dict, topology: Topology) -> float:
 
 def price_measured(compiled, mesh, terms) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
-  each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]` (alpha `terms.chained`'s for
-  one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
+  each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]`
+  (alpha `terms.chained`'s for one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
   combined all-reduce of a step's gradients), plus its devices' wait for one another after the compute before it
   (`program_segments.arrival_seconds` of its `segment_seconds`); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its

@@ -12,8 +12,9 @@ Each collective is timed at three sizes per device (`SIZES`: a size exchange's, 
 rows) as its own jitted shard_map program, all of them in the same rounds (`interleaved_timing`: the median of
 `repeats` calls each, after a warm-up): alpha and beta are the line through the first two (beta clipped at 0), and
 above the middle size the time per byte is the slope to the third (`Terms.large`): on a host whose caches a large
-exchange overflows, the cost per byte grows with the size, and one line through the ends overprices a layer's. Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner
-makes of gradients), the time beyond alpha and bytes per further operand is `Terms.per_operand`. The kinds whose
+exchange overflows, the cost per byte grows with the size, and one line through the ends overprices a layer's.
+Timed again moving `OPERANDS` small arrays at once (one instruction of that many operands, as XLA's combiner makes
+of gradients), the time beyond alpha and bytes per further operand is `Terms.per_operand`. The kinds whose
 result has their operand's shape are timed as a chain of `LINKS`, each on the one before's result: the cost of one
 that follows another directly (`Terms.chained`; a lone one's alpha also holds its devices' arrival from compute).
 
