@@ -139,7 +139,8 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   waits = tuple(
     arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
   )
-  assert second == dataclasses.replace(want, arrival=waits) and len(waits) == len(arrival_calibration.SIDES)
+  assert dataclasses.replace(second, arrival=()) == want and len(waits) == len(arrival_calibration.SIDES)
+  np.testing.assert_allclose(second.arrival, waits, rtol=1e-12)  # sums of the segments' ops, in any order
   assert second.per_kind[("all-to-all", ("gpu",))] != first.per_kind[("all-to-all", ("gpu",))]
 
 
