@@ -197,17 +197,17 @@ def _timings(kind: str) -> list[tuple[int, int, int]]:
   return out + ([(SIZES[0], 1, LINKS)] if kind in CHAINABLE else [])
 
 
-def collective_keys(mesh, kinds=KINDS) -> list[tuple]:
+def collective_keys(mesh) -> list[tuple]:
   """(kind, axes, nbytes, operands, links) of every collective program timed on `mesh`: each kind over every axis
   set (`axis_sets`) at `_timings`."""
-  return [(kind, axes, *t) for kind in kinds for axes in axis_sets(mesh) for t in _timings(kind)]
+  return [(kind, axes, *t) for kind in KINDS for axes in axis_sets(mesh) for t in _timings(kind)]
 
 
-def terms_from(seconds: dict, compute: dict, mesh, kinds=KINDS, say=print) -> Terms:
+def terms_from(seconds: dict, compute: dict, mesh, say=print) -> Terms:
   """The Terms of the collectives' `seconds` ({collective_keys' key: seconds}) and the `compute` fields
   (`compute_calibration.compute_from`), each said in a line."""
   per_kind, per_operand, chained, tiny, large = {}, {}, {}, {}, {}
-  for kind in kinds:
+  for kind in KINDS:
     for axes in axis_sets(mesh):
       at = lambda nbytes, operands=1, links=1: seconds[(kind, axes, nbytes, operands, links)]
       points = [(size, at(size)) for size in SIZES]
