@@ -128,7 +128,8 @@ def shared(tmp_path_factory):
 # multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
 # of every module (a test function named for generating or decoding: greedy, sampled and ExFlow's decode against
 # transformers' tokens or the full forward), its pipelined steps against the plain step (named
-# `..._pipelined_as_unpipelined`) and its whole command-line runs (E2E_FUNCTION) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# `..._pipelined_as_unpipelined`), its learning runs (`..._trains_...`), its whole command-line runs (E2E_FUNCTION) and the
+# tests reading a fixture that runs a whole program (E2E_FIXTURES) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
 E2E_MODULES = (
   "test_bench_programs",
@@ -164,16 +165,25 @@ E2E_MODULES = (
   "test_workdir_guard",
 )
 # generation runs (a decode through the caches, ExFlow's against the vanilla one), a fine-tuning run from the command
-# line, pipelined training steps, and the programs whose command line a test runs whole (a study, a table and its png)
+# line, pipelined training steps, learning runs, and the programs whose command line a test runs whole (a study, a table
+# and its png)
 E2E_FUNCTION = re.compile(
-  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|^test_command|validation_command|study_on_the"
+  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|trains_|^test_command|validation_command"
+  r"|study_on_the"
 )
+# module fixtures that run a whole program once for their tests: the memory planner's plans of a 5-layer model (five
+# compiles of its training step) and the wire-traffic study's quick run (16 meshes and routings)
+E2E_FIXTURES = frozenset({"memory_plans", "wire_traffic_run"})
 
 
 def end_to_end(item) -> bool:
   """Whether a slow test is in the end-to-end tier (above)."""
   module = item.module.__name__.rsplit(".", 1)[-1]
-  return module in E2E_MODULES or bool(E2E_FUNCTION.search(item.function.__name__))
+  return (
+    module in E2E_MODULES
+    or bool(E2E_FUNCTION.search(item.function.__name__))
+    or not E2E_FIXTURES.isdisjoint(item.fixturenames)
+  )
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker

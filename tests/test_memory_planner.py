@@ -45,7 +45,7 @@ def _deepseek(**model):
 
 
 @pytest.fixture(scope="module")
-def rows(devices):
+def memory_plans(devices):
   return {
     "scaled": memory.plan(_deepseek()),
     "whole": memory.plan(_deepseek(), whole=True),
@@ -71,10 +71,10 @@ def test_float32_tensors_of_a_bf16_model(devices, moment_dtype):
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
-def test_layer_scaling_matches_the_whole_compile(rows):
+def test_layer_scaling_matches_the_whole_compile(memory_plans):
   """The compiled temp and total of the whole tiny model agree with those scaled from the three variants within 3%,
   and the scaled argument bytes with the exact state; the variants really are smaller models."""
-  scaled, whole = rows["scaled"], rows["whole"]
+  scaled, whole = memory_plans["scaled"], memory_plans["whole"]
   assert [(v["dense"], v["moe"]) for v in scaled["variants"]] == [(1, 1), (2, 1), (1, 2)]
   assert [(v["dense"], v["moe"]) for v in whole["variants"]] == [(1, 4)]
   for key in ("argument", "temp"):
@@ -87,14 +87,14 @@ def test_layer_scaling_matches_the_whole_compile(rows):
 
 
 @pytest.mark.slow  # compiles the tiny model five times (about 60 s, with the fixture's)
-def test_a_scanned_model_compiles_whole(rows):
+def test_a_scanned_model_compiles_whole(memory_plans):
   """A scanned model is compiled whole, not scaled from variants; its state is the unrolled model's."""
-  scanned = rows["scanned"]
+  scanned = memory_plans["scanned"]
   assert scanned["method"] == "whole model compiled" and [(v["dense"], v["moe"]) for v in scanned["variants"]] == [
     (1, 4)
   ]
   for key in ("parameters", "optimizer", "gradients"):
-    assert scanned["compiled"][key] == rows["whole"]["compiled"][key], key
+    assert scanned["compiled"][key] == memory_plans["whole"]["compiled"][key], key
 
 
 def _spec_devices(leaf) -> int:
@@ -165,16 +165,16 @@ def test_analytic_optimizer_counts_master_and_moments(devices, family, fsdp, opt
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
-def test_planner_rows_hold_the_exact_state(rows):
+def test_planner_rows_hold_the_exact_state(memory_plans):
   """The planner's parameter and optimizer bytes are the abstract state's, equal to the analytic count."""
-  for row in rows.values():
+  for row in memory_plans.values():
     assert row["compiled"]["parameters"] == row["analytic"]["parameters"] > 0
     assert 0 <= row["compiled"]["optimizer"] - 2 * row["compiled"]["parameters"] <= 16
     assert row["compiled"]["gradients"] == row["compiled"]["parameters"]
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
-def test_fsdp_saves_seven_eighths_of_the_shardable_part(rows, devices):
+def test_fsdp_saves_seven_eighths_of_the_shardable_part(memory_plans, devices):
   """FSDP's per-device parameter bytes fall below the replicated run's by 7/8 of the parameters that 8 devices can
   shard (a dimension divisible by 8; every parameter but the routed experts, which the MoE layer shards itself),
   counted here from the shapes."""
@@ -187,15 +187,17 @@ def test_fsdp_saves_seven_eighths_of_the_shardable_part(rows, devices):
     if not routed and any(s % 8 == 0 for s in leaf.shape):
       shardable += math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize
   fsdp = memory_lib.analytic_state(*config_lib.validate(_deepseek(fsdp=True)), 2, 4)  # = the exact state (above)
-  saved = rows["whole"]["compiled"]["parameters"] - fsdp["parameters"]
+  saved = memory_plans["whole"]["compiled"]["parameters"] - fsdp["parameters"]
   assert shardable > 0 and saved == shardable * 7 // 8
-  assert fsdp["optimizer"] < rows["whole"]["compiled"]["optimizer"]
+  assert fsdp["optimizer"] < memory_plans["whole"]["compiled"]["optimizer"]
 
 
 @pytest.mark.slow  # compiles the tiny model four times (about 25 s)
-def test_verdicts(rows):
+def test_verdicts(memory_plans):
   """80 GB holds a tiny model."""
-  assert rows["whole"]["verdict"] == rows["whole"]["analytic_verdict"] == "fits"  # "does not fit": test_command_line
+  assert (
+    memory_plans["whole"]["verdict"] == memory_plans["whole"]["analytic_verdict"] == "fits"
+  )  # "does not fit": test_command_line
 
 
 @pytest.mark.slow

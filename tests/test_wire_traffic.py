@@ -20,7 +20,7 @@ pytestmark = pytest.mark.xdist_group("wire_traffic")  # one worker runs the quic
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def wire_traffic_run(tmp_path_factory):
   """(record, stdout) of `python -m experiments.wire_traffic --config.quick=True`."""
   workdir = tmp_path_factory.mktemp("wire")
   run = subprocess.run(
@@ -83,8 +83,8 @@ def test_deepep_rows_by_hand():
 
 
 @pytest.mark.slow  # the quick run simulates 16 meshes and routings (about 16 s)
-def test_quick_covers_meshes_routings_and_paths(quick):
-  record, _ = quick
+def test_quick_covers_meshes_routings_and_paths(wire_traffic_run):
+  record, _ = wire_traffic_run
   seen = {(tuple(c["mesh"]), c["routing"], r["path"], r["dedup"]) for c, r in runs(record)}
   want = {
     (mesh, routing, path, dedup)
@@ -97,8 +97,8 @@ def test_quick_covers_meshes_routings_and_paths(quick):
 
 
 @pytest.mark.slow
-def test_dedup_moves_exactly_the_bound(quick):
-  record, _ = quick
+def test_dedup_moves_exactly_the_bound(wire_traffic_run):
+  record, _ = wire_traffic_run
   for case, run in runs(record, dedup=True):
     for hop in run["hops"]:
       where = (case["preset"], case["mesh"], run["path"], hop["hop"])
@@ -107,8 +107,8 @@ def test_dedup_moves_exactly_the_bound(quick):
 
 
 @pytest.mark.slow
-def test_without_dedup_one_row_per_choice_and_more(quick):
-  record, _ = quick
+def test_without_dedup_one_row_per_choice_and_more(wire_traffic_run):
+  record, _ = wire_traffic_run
   for case, run in runs(record, dedup=False):
     hops = run["hops"]
     assert all(hop["equals_per_choice"] for hop in hops), (case["preset"], case["mesh"], run["path"])
@@ -119,8 +119,8 @@ def test_without_dedup_one_row_per_choice_and_more(quick):
 
 
 @pytest.mark.slow
-def test_bytes_per_row_and_per_token(quick):
-  record, _ = quick
+def test_bytes_per_row_and_per_token(wire_traffic_run):
+  record, _ = wire_traffic_run
   for case, run in runs(record):
     d, slots, rb = case["published_d"], run["slots_per_row"], run["row_bytes"]
     total = {w: b["out"] + b["back"] for w, b in rb.items()}
@@ -136,8 +136,8 @@ def test_bytes_per_row_and_per_token(quick):
 
 
 @pytest.mark.slow
-def test_summary_against_deepep(quick):
-  record, stdout = quick
+def test_summary_against_deepep(wire_traffic_run):
+  record, stdout = wire_traffic_run
   assert len(record["summary"]) == len(record["cases"])
   for s in record["summary"]:
     assert s["after_rows"] == s["deepep_rows"] > 0  # once per other node, as DeepEP
