@@ -7,7 +7,10 @@ priced ms: collectives + compute, error) and writes <workdir>/program_price.json
 Beside the price, each of the program's collectives is timed alone (`alone_ms`: the same kind, axes, bytes and
 operands as a program of its own) and summed, so a miss can be told apart: the terms mispricing a collective as it
 runs alone (priced collectives against `alone_ms`), or a collective costing otherwise inside the program than alone
-(`alone_ms` + compute against the measured layer).
+(`alone_ms` + compute against the measured layer). Each collective is also read from a profile of the program
+(`profiled_phases.collective_seconds`): `inside_ms`, a device's time in the program's collectives, waits for the
+other devices included, and `fastest_ms`, each collective at its fastest device's time (about the last to arrive's:
+the transfer alone), with both beside the price per kind and axes (`by_kind`).
 
   python -m experiments.validate_program_price --workdir=/tmp/program_price
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.validate_program_price \
@@ -31,7 +34,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import arrival_calibration, interleaved_timing, program_calibration
+from moejax.study import arrival_calibration, interleaved_timing, profiled_phases, program_calibration
 from moejax.validation import ConfigError, require
 
 PASSES = ("fwd", "fwd_bwd")
@@ -78,6 +81,28 @@ def collectives_alone_seconds(compiled, mesh, repeats: int) -> float:
   return total
 
 
+def collectives_inside(compiled, args, mesh, price, runs: int) -> dict:
+  """The program's collectives as a profile of `runs` runs sees them on this process's devices, beside their price
+  (`price`: `program_price.price_measured`'s): {'inside_ms': a device's mean time in them per run, waits included,
+  'fastest_ms': each at its fastest event times its runs, 'by_kind': {'kind axes': {'priced_ms', 'inside_ms',
+  'fastest_ms'}}}."""
+  local = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  seconds = profiled_phases.collective_seconds(compiled, args, mesh, runs)
+  by_kind, totals = {}, {"priced_ms": 0.0, "inside_ms": 0.0, "fastest_ms": 0.0}
+  for priced in price.collectives:
+    c, events = priced.collective, seconds[priced.collective.name]
+    row = {
+      "priced_ms": 1e3 * priced.seconds,
+      "inside_ms": 1e3 * sum(events) / (runs * local),
+      "fastest_ms": 1e3 * min(events, default=0.0) * c.count,
+    }
+    kind = by_kind.setdefault(f"{c.kind} {','.join(c.axes) or '-'}", dict.fromkeys(row, 0.0))
+    for key, value in row.items():
+      kind[key] += value
+      totals[key] += value
+  return {"inside_ms": totals["inside_ms"], "fastest_ms": totals["fastest_ms"], "by_kind": by_kind}
+
+
 def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
   cfg = MoEConfig(
     num_experts=config.num_experts, top_k=config.top_k, d_model=case["d_model"], d_ff=case["d_ff"],
@@ -97,6 +122,7 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
         priced_ms=1e3 * price.serial_s,
         collectives_ms=1e3 * price.communication_s,
         alone_ms=1e3 * collectives_alone_seconds(compiled, mesh, config.repeats),
+        **collectives_inside(compiled, args, mesh, price, config.repeats),
         compute_ms=1e3 * price.compute_s,
         compute_ms_by_category={
           k: 1e3 * v for k, v in program_price.compute_by_category(program_ops.ops(compiled), terms).items()
@@ -108,9 +134,14 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
     say(
       f"{case['d_model']:>5} {case['d_ff']:>5} {case['tokens']:>6} {case['path']:<11}{case['collective']:<9}{passes:<8}"
       f"{r['measured_ms']:>10.1f}{r['priced_ms']:>10.1f}{r['collectives_ms']:>9.1f}{r['alone_ms']:>9.1f}"
+      f"{r['inside_ms']:>9.1f}{r['fastest_ms']:>9.1f}"
       f"{r['compute_ms']:>9.1f}{r['error']:>+8.0%}",
       flush=True,
     )
+    for kind, t in r["by_kind"].items():
+      say(
+        f"{'':>8}{kind:<32} priced {t['priced_ms']:8.2f}  inside {t['inside_ms']:8.2f}  fastest {t['fastest_ms']:8.2f}"
+      )
   return rows
 
 
@@ -130,7 +161,7 @@ def main(argv):
   say(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh, {jax.process_count()} process(es):", flush=True)
   terms = arrival_calibration.measure(mesh, config.repeats, say=say)
   say(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<9}{'pass':<8}{'measured':>10}{'priced':>10}"
-      f"{'colls':>9}{'alone':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
+      f"{'colls':>9}{'alone':>9}{'inside':>9}{'fastest':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
   rows = [row for case in cases for row in run_case(case, config, mesh, terms, say)]
   errors = sorted(abs(r["error"]) for r in rows)
   say(f"\n|error| median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")

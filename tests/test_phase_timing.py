@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
+from moejax.cost import program as program_lib
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.params import init_params
@@ -64,6 +65,26 @@ def test_each_instruction_has_its_phase(mesh_2x4):
   shares = profiled_phases.shares(compiled, (x, w), mesh_2x4)
   assert sum(shares.values()) == pytest.approx(1.0) and min(shares.values()) >= 0
   assert shares["inter_node"] > 0 and shares["intra_node"] > 0 and shares["expert"] > 0
+
+
+def test_each_collective_has_an_event_per_device_and_run(mesh_2x4):
+  """A program's collectives read from its profile: an all-to-all once and a psum in a loop of 3 each hold one event
+  per device, run of the program and run of the instruction, none of them empty."""
+
+  def body(x):
+    y = jax.lax.all_to_all(x.reshape(8, -1, x.shape[-1]), AXES, 0, 0, tiled=True).reshape(x.shape)
+    return jax.lax.fori_loop(0, 3, lambda i, v: jnp.tanh(jax.lax.psum(v, mesh_lib.GPU)), y)
+
+  f = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=P(AXES), out_specs=P(AXES), check_vma=False))
+  x = jax.random.normal(jax.random.key(0), (8 * 16, 32))
+  compiled = f.lower(x).compile()
+  jax.block_until_ready(compiled(x))
+  found = {c.name: c for c in program_lib.collectives(compiled, mesh_2x4)}
+  assert sorted((c.kind, c.count) for c in found.values()) == [("all-reduce", 3), ("all-to-all", 1)]
+  seconds = profiled_phases.collective_seconds(compiled, (x,), mesh_2x4, runs=2)
+  assert set(seconds) == set(found)
+  for name, events in seconds.items():
+    assert len(events) == 2 * 8 * found[name].count and min(events) > 0, name
 
 
 @pytest.mark.parametrize(

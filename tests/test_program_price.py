@@ -266,6 +266,11 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
     assert r["measured_ms"] > 0 and r["error"] == pytest.approx(r["priced_ms"] / r["measured_ms"] - 1)
     assert r["priced_ms"] == pytest.approx(r["collectives_ms"] + r["compute_ms"])
     assert r["alone_ms"] > 0  # the layer's collectives, each timed as a program of its own
+    # from the profile: a device's time in them (waits included) at least each at its fastest device's
+    assert r["inside_ms"] >= r["fastest_ms"] > 0
+    kinds = r["by_kind"].values()
+    assert sum(k["priced_ms"] for k in kinds) == pytest.approx(r["collectives_ms"])
+    assert sum(k["inside_ms"] for k in kinds) == pytest.approx(r["inside_ms"])
     call_ms = 1e3 * record["terms"]["call_s"]
     assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}

@@ -64,15 +64,36 @@ def self_times(lines, phases: dict[str, str]) -> dict[str, float]:
   return totals
 
 
+def profiled_lines(compiled, args: tuple, runs: int = 1) -> list[list]:
+  """The profile's lines of events (each a list with name, start_ns, duration_ns) over `runs` runs of
+  `compiled(*args)` (already run once: nothing compiles under the profile)."""
+  with tempfile.TemporaryDirectory() as trace_dir:
+    with jax.profiler.trace(trace_dir):
+      for _ in range(runs):
+        jax.block_until_ready(compiled(*args))
+    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
+    profile = jax.profiler.ProfileData.from_file(path)
+  return [list(line.events) for plane in profile.planes for line in plane.lines]
+
+
+def collective_seconds(compiled, args: tuple, mesh, runs: int = 3) -> dict[str, list[float]]:
+  """Each collective instruction of `compiled` (`moejax.cost.program.collectives`, by name) -> the seconds of its
+  events in `runs` profiled runs: one per device of this process and run of the instruction (a loop's runs
+  each). An event lasts from the device's arrival to its result, so the fastest is about the last device to arrive's
+  (the transfer itself) and the others add their wait for it."""
+  names = {c.name for c in program_lib.collectives(compiled, mesh)}
+  seconds = {name: [] for name in names}
+  for events in profiled_lines(compiled, args, runs):
+    for event in events:
+      if event.name in names:
+        seconds[event.name].append(event.duration_ns * 1e-9)
+  return seconds
+
+
 def shares(compiled, args: tuple, mesh) -> dict[str, float]:
   """Each phase's fraction of one run of `compiled(*args)` (already run once: nothing compiles under the profile)."""
   phases = phase_of(compiled, mesh)
-  with tempfile.TemporaryDirectory() as trace_dir:
-    with jax.profiler.trace(trace_dir):
-      jax.block_until_ready(compiled(*args))
-    (path,) = glob.glob(os.path.join(trace_dir, "**", "*.xplane.pb"), recursive=True)
-    profile = jax.profiler.ProfileData.from_file(path)
-  lines = [list(line.events) for plane in profile.planes for line in plane.lines]
+  lines = profiled_lines(compiled, args)
   totals = self_times(lines, phases)
   whole = sum(totals.values())
   if whole <= 0:
