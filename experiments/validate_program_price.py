@@ -88,7 +88,7 @@ def collectives_inside(compiled, args, mesh, price, runs: int) -> dict:
   'fastest_ms'}}}."""
   local = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
   seconds = profiled_phases.collective_seconds(compiled, args, mesh, runs)
-  by_kind, totals = {}, {"priced_ms": 0.0, "inside_ms": 0.0, "fastest_ms": 0.0}
+  by_kind = {}
   for priced in price.collectives:
     c, events = priced.collective, seconds[priced.collective.name]
     row = {
@@ -99,8 +99,8 @@ def collectives_inside(compiled, args, mesh, price, runs: int) -> dict:
     kind = by_kind.setdefault(f"{c.kind} {','.join(c.axes) or '-'}", dict.fromkeys(row, 0.0))
     for key, value in row.items():
       kind[key] += value
-      totals[key] += value
-  return {"inside_ms": totals["inside_ms"], "fastest_ms": totals["fastest_ms"], "by_kind": by_kind}
+  total = lambda key: sum(kind[key] for kind in by_kind.values())
+  return {"inside_ms": total("inside_ms"), "fastest_ms": total("fastest_ms"), "by_kind": by_kind}
 
 
 def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
