@@ -12,7 +12,7 @@ import numpy as np
 from moejax.moe import wire
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params, param_shapes
+from moejax.moe.params import fan_ins, init_params, param_shapes
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime import platform as platform_lib
@@ -33,16 +33,22 @@ def cpu_env() -> dict[str, str]:
   return env
 
 
-def normal(seed: int, shape) -> np.ndarray:
-  """Fresh float32 normal draws from NumPy (no JAX program to compile per shape)."""
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+def normal(seed: int, shape, dtype=np.float32) -> np.ndarray:
+  """Fresh normal draws from NumPy (no JAX program to compile per shape, as jax.random's draws would: ~0.1 s each)."""
+  return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
 
 
-def random_params(cfg, seed: int) -> dict:
-  """Parameters in the public layout, fan-in scaled normal draws."""
+def random_params(cfg, seed: int, dtype=np.float32) -> dict:
+  """Parameters in the public layout drawn as `init_params` draws them, fan-in scaled normals (`fan_ins`), from NumPy:
+  `init_params`' jax.random draws compile a program per leaf shape, ~0.5 s a layer config. The stream is apart from
+  `normal(seed, ...)`'s, so that inputs drawn with the same seed are not the weights' values."""
+  rng = np.random.default_rng((seed, 1))
   is_shape = lambda s: isinstance(s, tuple)
   shapes = param_shapes(cfg)
-  draws = [normal(seed + i, s) / np.sqrt(s[-2]) for i, s in enumerate(jax.tree.leaves(shapes, is_leaf=is_shape))]
+  draws = [
+    (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(dtype)
+    for shape, fan_in in zip(jax.tree.leaves(shapes, is_leaf=is_shape), jax.tree.leaves(fan_ins(cfg)))
+  ]
   return jax.tree.unflatten(jax.tree.structure(shapes, is_leaf=is_shape), draws)
 
 
@@ -164,8 +170,8 @@ def cuda_ragged_shapes(monkeypatch, **fields):
   monkeypatch.setattr(platform_lib, "RAGGED_PLATFORMS", (*platform_lib.RAGGED_PLATFORMS, "cpu"))
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", buffer_factor=1.5, **fields)
   mesh = mesh_lib.make_mesh(2, 4)
-  params = init_params(jax.random.key(0), cfg, jnp.bfloat16)
-  x = jax.random.normal(jax.random.key(1), (8 * LOCAL_TOKENS, 16), jnp.bfloat16)
+  params = random_params(cfg, 0, jnp.bfloat16)
+  x = normal(1, (8 * LOCAL_TOKENS, 16), jnp.bfloat16)
 
   def loss(p, v):
     y, aux = moe_apply(p, v, cfg, mesh)

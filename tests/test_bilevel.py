@@ -10,10 +10,9 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
-from tests.helpers import assert_matches_reference, force_routing
+from tests.helpers import assert_matches_reference, force_routing, normal, random_params
 from tests.numpy_moe import moe_numpy
 
 
@@ -37,8 +36,8 @@ def _cfg(n, m, experts_per_gpu, **fields):
 def test_bilevel_layer_matches_reference(n, m, experts_per_gpu, cf):
   cfg = _cfg(n, m, experts_per_gpu, capacity_factor=cf, gated=experts_per_gpu == 2)
   seed = 10 * n + m + experts_per_gpu
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
+  params = random_params(cfg, seed)
+  x = normal(seed + 1, (n * m * 8, 8))
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
 
 
@@ -46,9 +45,9 @@ def test_bilevel_layer_matches_reference(n, m, experts_per_gpu, cf):
 @pytest.mark.sampled(1)
 def test_one_node_receives_everything(mesh_2x4, path, cf):
   cfg = _cfg(2, 4, 2, path=path, capacity_factor=cf, node_top_k=1, top_k=2)
-  params = init_params(jax.random.key(3), cfg)
-  x = jax.random.normal(jax.random.key(4), (64, 8)).at[:, 0].set(1.0)
-  kernel = params["node_router"]["kernel"].at[0, 1].set(30.0)  # every token picks node 1
+  params = random_params(cfg, 3)
+  x = jnp.asarray(normal(4, (64, 8))).at[:, 0].set(1.0)
+  kernel = jnp.asarray(params["node_router"]["kernel"]).at[0, 1].set(30.0)  # every token picks node 1
   params = {**params, "node_router": {"kernel": kernel}}
   _, aux = assert_matches_reference(cfg, mesh_2x4, params, x)
   counts = np.asarray(aux["expert_counts"])
@@ -75,15 +74,15 @@ def test_generalised_bilevel_and_node_limited(mesh_2x4, node_top_k, top_k, cf):
       capacity_factor=cf,
       renormalize=routing == "node_limited",
     )
-    params = init_params(jax.random.key(node_top_k * 10 + top_k), cfg)
-    x = jax.random.normal(jax.random.key(5), (64, 8))
+    params = random_params(cfg, node_top_k * 10 + top_k)
+    x = normal(5, (64, 8))
     assert_matches_reference(cfg, mesh_2x4, params, x)
 
 
 def test_node_limited_keeps_choices_on_the_chosen_nodes(mesh_2x4):
   cfg = MoEConfig(num_experts=16, top_k=3, d_model=8, d_ff=12, routing="node_limited", num_nodes=2, node_top_k=1)
-  params = init_params(jax.random.key(6), cfg)
-  x = jax.random.normal(jax.random.key(7), (64, 8))
+  params = random_params(cfg, 6)
+  x = normal(7, (64, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   probs = jax.nn.softmax(np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64), -1)
   probs = np.asarray(probs).reshape(64, 2, 8)
@@ -99,8 +98,8 @@ def test_node_limited_keeps_choices_on_the_chosen_nodes(mesh_2x4):
 @pytest.mark.sampled(1)
 def test_reference_matches_numpy_for_bilevel(cf):
   cfg = _cfg(2, 4, 2, node_top_k=2, top_k=2, capacity_factor=cf, gated=True, activation="silu")
-  params = init_params(jax.random.key(8), cfg)
-  x = jax.random.normal(jax.random.key(9), (32, 8))
+  params = random_params(cfg, 8)
+  x = normal(9, (32, 8))
   y, aux = moe_reference(params, x, cfg, dispatch_groups=4)
   y_np, dropped, counts = moe_numpy(params, x, cfg, dispatch_groups=4)
   np.testing.assert_allclose(np.asarray(y), y_np, rtol=1e-5, atol=1e-6)
@@ -110,8 +109,8 @@ def test_reference_matches_numpy_for_bilevel(cf):
 
 def test_additive_loss_formula_minimum_and_skew(mesh_2x4):
   cfg = _cfg(2, 4, 2, load_balance_coef=0.02, local_balance_coef=0.03)
-  params = init_params(jax.random.key(10), cfg)
-  x = jax.random.normal(jax.random.key(11), (64, 8))
+  params = random_params(cfg, 10)
+  x = normal(11, (64, 8))
   loss = lambda p, x: float(jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(p, x)[1]["load_balance_loss"])
 
   # Eq. 4 in float64 NumPy.
@@ -145,8 +144,8 @@ def test_paper_default_coefficients():
 def _permutes(cfg, mesh):
   """(dtype, source-target pairs) of every collective permute in the compiled program (the padded
   exchange is a ring of them)."""
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (64, 8))
+  params = random_params(cfg, 0)
+  x = normal(1, (64, 8))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
   found = []
   for line in hlo.splitlines():

@@ -14,9 +14,9 @@ from moejax.moe import path as path_lib
 from moejax.moe import plan as plan_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from tests import ragged_sim
+from tests.helpers import random_params
 
 ALL = mesh_lib.AXES
 
@@ -134,7 +134,7 @@ def test_one_device_layer_moves_rows_without_scatters(devices, schedule):
   a scatter of rows [R, d] (or [R, d + 1], the width of a combine that carries the arrival column) would be a
   pass more, into zeros."""
   cfg = MoEConfig(num_experts=4, top_k=2, d_model=48, d_ff=16, collective="padded", gated=True, schedule=schedule)
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
   mesh = mesh_lib.make_mesh(1, 1)
 
   def loss(params, x):

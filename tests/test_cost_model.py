@@ -11,8 +11,8 @@ from moejax.cost import topology as topology_lib
 from moejax.moe import wire as wire_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
+from tests.helpers import normal, random_params
 
 # Round numbers in arbitrary units, so that every expected time is easy to check by hand.
 TOY = topology_lib.custom(
@@ -199,8 +199,8 @@ def test_prices_real_traffic_from_the_layer(mesh_2x4, path, hops, dedup):
   """The layer's traffic priced hop by hop; the experts' work is the choices they processed: the rows that
   arrive without dedup, fewer rows (each with several choices) with it."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, path=path, dedup=dedup)
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (64, 8))
+  params = random_params(cfg, 0)
+  x = normal(1, (64, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"])
   rows_A, choices_A = traffic.rows_processed(rows), np.asarray(aux["expert_counts"]).reshape(8, 2).sum(axis=1)
@@ -235,8 +235,8 @@ def test_row_bytes_price_what_the_layer_counts(mesh_2x4, fields):
   payload in the dispatch dtype with FP8's scales and the slots' ids and weights out, the result in the combine
   dtype (float32 if None) and, where a hop may drop, the arrival flags back."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=200, d_ff=16, **fields)
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (64, 200))  # float32 activations: 4 bytes per element
+  params = random_params(cfg, 0)
+  x = normal(1, (64, 200))  # float32 activations: 4 bytes per element
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   rows = np.asarray(aux["traffic_rows"], np.float64)
   wire = wire_lib.row_bytes(

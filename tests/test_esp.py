@@ -13,11 +13,11 @@ from moejax.cost import parm
 from moejax.moe import esp_ops
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers
+from tests.helpers import normal, random_params
 
 SCHEDULES = parm.ESP_SCHEDULES
 
@@ -296,8 +296,8 @@ def test_auto_is_resolved_before_the_layer_runs_algorithm_1s_pick(top_k, capacit
   assert parm.resolve_auto(cfg, 2 * 8192, 2, 2).esp_schedule == want
   small = dataclasses.replace(cfg, d_model=8, d_ff=12, capacity_factor=4.0)
   chosen = parm.resolve_auto(small, 32, 2, 2)
-  params = init_params(jax.random.key(3), small)
-  x = jax.random.normal(jax.random.key(4), (32, 8))
+  params = random_params(small, 3)
+  x = normal(4, (32, 8))
   y, aux = moe_apply(params, x, chosen, mesh)
   y_ref, _ = moe_reference(params, x, small, dispatch_groups=4 if chosen.esp_schedule == "s1" else 2)
   np.testing.assert_allclose(y, y_ref, rtol=1e-5, atol=1e-6)

@@ -16,12 +16,11 @@ from moejax.cost import expert_backend as eb
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.train import config as config_lib
 from moejax.train import objective
 from moejax.train import trainer as train
 from moejax.validation import ConfigError
-from tests.helpers import ROOT, assert_matches_reference
+from tests.helpers import ROOT, assert_matches_reference, normal, random_params
 from tests.numpy_moe import ACT
 
 H100_RECORDS = ROOT / "benchmarks" / "results" / "2026-11-23-h100"
@@ -104,8 +103,8 @@ def test_unfused_pallas_ffn_and_grads_match_numpy(gated, activation):
 @pytest.mark.parametrize("backend", ["pallas_unfused", "pallas_saved"])
 def test_pallas_variant_layers_match_reference(mesh_2x4, backend):
   cfg = MoEConfig(**BASE, expert_backend=backend, transport="hierarchical")
-  params = init_params(jax.random.key(0), cfg)
-  assert_matches_reference(cfg, mesh_2x4, params, jax.random.normal(jax.random.key(1), (64, 16)))
+  params = random_params(cfg, 0)
+  assert_matches_reference(cfg, mesh_2x4, params, normal(1, (64, 16)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -196,9 +195,9 @@ def test_resolve_on_a_mesh_and_refusals(mesh_2x4, tmp_path):
     eb.resolve(dataclasses.replace(cfg, expert_table=other), 1024, mesh_2x4)
   with pytest.raises(ConfigError, match="does not exist"):
     eb.resolve(dataclasses.replace(cfg, expert_table=str(tmp_path / "nowhere.json")), 1024, mesh_2x4)
-  x = jax.random.normal(jax.random.key(1), (64, 16))
+  x = normal(1, (64, 16))
   with pytest.raises(ConfigError, match="resolve 'auto' when the config is made"):  # before anything compiles
-    moe_apply(init_params(jax.random.key(0), with_table), x, with_table, mesh_2x4)
+    moe_apply(random_params(with_table, 0), x, with_table, mesh_2x4)
 
 
 def test_bad_expert_table_field():
@@ -241,8 +240,8 @@ def test_measured_cpu_table_drives_the_trainer_and_the_layer(mesh_2x4, tmp_path)
   trainer = train.Trainer(config, model_cfg, moe_cfg, mesh_2x4, tok, donate=False)
   assert trainer.moe_cfg.expert_backend == min(measured, key=measured.get)
   layer_cfg = dataclasses.replace(trainer.moe_cfg, d_model=16, d_ff=32)
-  params = init_params(jax.random.key(2), layer_cfg)
-  x = jax.random.normal(jax.random.key(3), (64, 16))
+  params = random_params(layer_cfg, 2)
+  x = normal(3, (64, 16))
   assert_matches_reference(layer_cfg, mesh_2x4, params, x)
 
 

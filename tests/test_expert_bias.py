@@ -18,6 +18,7 @@ from moejax.runtime import mesh as mesh_lib
 from moejax.train import config as config_lib
 from moejax.train import metrics, objective
 from moejax.train import trainer as train
+from tests.helpers import normal
 
 # slow: training runs with the balancing bias; one xdist worker runs the module, so its module fixtures are built once.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("expert_bias")]
@@ -89,7 +90,7 @@ def test_trainer_routes_with_the_state_bias_and_never_weights_by_it(biased):
 
   model = nnx.merge(trainer.graphdef, state["params"], state_lib.with_expert_biases(trainer.model_cfg, rest, bias))
   layer = model.blocks[moe_block_indices(trainer.model_cfg)[1]].ffn.moe
-  x = jax.random.normal(jax.random.key(3), (64, trainer.moe_cfg.d_model))
+  x = normal(3, (64, trainer.moe_cfg.d_model))
   y, aux = layer(x)
   y_ref, aux_ref = moe_reference(layer.params(), x, trainer.moe_cfg, expert_bias=np.asarray(bias)[1])
   np.testing.assert_allclose(y, y_ref, rtol=1e-4, atol=1e-5)

@@ -14,8 +14,7 @@ from kernels import fp8
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
-from tests.helpers import relative_error
+from tests.helpers import normal, random_params, relative_error
 
 # name: (rows, group sizes): an empty group and rows past the groups; every row in one group.
 SIZES = {"skewed": (24, [0, 13, 1, 6]), "one_group_all_rows": (24, [0, 0, 24, 0])}
@@ -88,8 +87,8 @@ def test_fp8_layer_within_fp8_tolerance_of_the_bf16_backend(mesh_2x4):
     )
     for b in ("ragged_dot", "fp8")
   ]
-  params = init_params(jax.random.key(0), cfgs[0])
-  x = jax.random.normal(jax.random.key(1), (64, 32))
+  params = random_params(cfgs[0], 0)
+  x = normal(1, (64, 32))
 
   def loss(p, v, cfg):
     y, aux = moe_apply(p, v, cfg, mesh_2x4)

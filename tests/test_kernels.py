@@ -10,6 +10,7 @@ import pytest
 from kernels import activations, backend, ffn, tile_order, tuning
 from kernels import gmm as gmm_lib
 from moejax.runtime import platform as platform_lib
+from tests.helpers import normal as numpy_normal
 from tests.helpers import relative_error
 
 TILING = tuning.TileConfig(8, 16, 16)  # K=24, N=20 below: partial K and N tiles
@@ -29,7 +30,7 @@ FFN_SIZES = (40, [0, 5, 1, 20])  # empty, tiny and padded at once
 
 
 def normal(seed, shape, dtype=jnp.float32, scale=1.0):
-  return (scale * jax.random.normal(jax.random.key(seed), shape)).astype(dtype)
+  return jnp.asarray(scale * numpy_normal(seed, shape), dtype)
 
 
 def group_rows(group_sizes, m):

@@ -9,11 +9,10 @@ from flax import nnx
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.module import MoELayer
-from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
-from tests.helpers import assert_matches_reference, force_routing, relative_error
+from tests.helpers import assert_matches_reference, force_routing, normal, random_params, relative_error
 
 MESHES = [(1, 1), (1, 8), (2, 4), (4, 2), (8, 1)]
 MODES = [
@@ -76,8 +75,8 @@ def test_layer_matches_reference(n, m, k, experts_per_gpu, path, collective, cf,
     z_loss_coef=1e-3,
   )
   seed = n * 1000 + m * 100 + k * 10 + experts_per_gpu
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
+  params = random_params(cfg, seed)
+  x = normal(seed + 1, (n * m * 8, 8))
   _, aux = assert_matches_reference(cfg, mesh, params, x)
   if cf is not None and cf < 1:
     assert int(aux["tokens_dropped"]) > 0
@@ -100,8 +99,8 @@ def test_adversarial_routing(mesh_2x4, path, collective, cf, target):
   cfg = MoEConfig(
     num_experts=16, top_k=k, d_model=8, d_ff=12, path=path, collective=collective, capacity_factor=cf, gated=True
   )
-  params = init_params(jax.random.key(5), cfg)
-  x = jax.random.normal(jax.random.key(6), (64, 8))
+  params = random_params(cfg, 5)
+  x = normal(6, (64, 8))
   experts = [13] if target == "one_expert" else [6, 7]  # experts 6, 7 both live on device 3
   params, x = force_routing(params, x, experts)
   _, aux = assert_matches_reference(cfg, mesh_2x4, params, x)
@@ -116,8 +115,8 @@ def test_adversarial_routing(mesh_2x4, path, collective, cf, target):
 @pytest.mark.parametrize("n,m,tokens", [(1, 1, 1), (2, 4, 8)])
 def test_single_token_per_device(n, m, tokens):
   cfg = MoEConfig(num_experts=n * m * 2, top_k=2, d_model=8, d_ff=12, path="gpu_first")
-  params = init_params(jax.random.key(7), cfg)
-  x = jax.random.normal(jax.random.key(8), (tokens, 8))
+  params = random_params(cfg, 7)
+  x = normal(8, (tokens, 8))
   assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
 
 
@@ -143,8 +142,8 @@ def test_traffic_matrix_counts_rows_between_devices(n, m, path, routing, dedup):
     num_nodes=n,
     node_top_k=node_top_k,
   )
-  params = init_params(jax.random.key(9), cfg)
-  x = jax.random.normal(jax.random.key(10), (devices * tokens_per_device, 8))
+  params = random_params(cfg, 9)
+  x = normal(10, (devices * tokens_per_device, 8))
   _, aux = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_lib.make_mesh(n, m)))(params, x)
   ids = np.asarray(aux["expert_ids"])
   token = np.arange(devices * tokens_per_device)[:, None].repeat(ids.shape[1], 1)
@@ -170,8 +169,8 @@ def test_traffic_matrix_counts_rows_between_devices(n, m, path, routing, dedup):
 
 def test_batch_seq_input_and_bf16(mesh_2x4):
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, dtype="bfloat16", gated=True)
-  params = init_params(jax.random.key(11), cfg)
-  x = jax.random.normal(jax.random.key(12), (4, 8, 16))
+  params = random_params(cfg, 11)
+  x = normal(12, (4, 8, 16))
   y, _ = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))(params, x)
   y_ref, _ = moe_reference(params, x, cfg, dispatch_groups=8)
   assert y.shape == x.shape
@@ -180,8 +179,8 @@ def test_batch_seq_input_and_bf16(mesh_2x4):
 
 def test_jitter_noise_is_the_documented_draw(mesh_2x4):
   cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=12, jitter=0.5)
-  params = init_params(jax.random.key(13), cfg)
-  x = jax.random.normal(jax.random.key(14), (64, 8))
+  params = random_params(cfg, 13)
+  x = normal(14, (64, 8))
   rng = jax.random.key(15)
   y, _ = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4, rng=rng, train=True))(params, x)
   noise = jax.random.uniform(rng, x.shape, jnp.float32, 0.5, 1.5)
@@ -195,7 +194,7 @@ def test_jitter_noise_is_the_documented_draw(mesh_2x4):
 
 def test_bad_inputs_are_named_before_compiling(mesh_2x4):
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12)
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
   x = jnp.ones((64, 8))
   with pytest.raises(ConfigError, match="collective='ragged'.*use collective='padded'"):
     moe_apply(params, x, MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, collective="ragged"), mesh_2x4)
@@ -216,7 +215,7 @@ def test_nnx_module_owns_sharded_params_in_the_public_layout(mesh_2x4):
   assert paths == {("router", "kernel"), ("w_in",), ("w_out",), ("w_gate",)}
   assert layer.w_in[...].sharding.spec == jax.sharding.PartitionSpec(("node", "gpu"))
   assert len(layer.w_in[...].addressable_shards) == 8 and layer.w_in[...].addressable_shards[0].data.shape[0] == 2
-  x = jax.random.normal(jax.random.key(1), (64, 8))
+  x = normal(1, (64, 8))
   y, aux = nnx.jit(lambda layer, x: layer(x))(layer, x)
   y_ref, aux_ref = jax.jit(lambda p, x: moe_reference(p, x, cfg, dispatch_groups=8))(layer.params(), x)
   assert relative_error(y, y_ref) < 1e-5

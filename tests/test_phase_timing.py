@@ -13,10 +13,10 @@ from jax.sharding import PartitionSpec as P
 from moejax.cost import program as program_lib
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.runtime.mesh import AXES
 from moejax.study import phase_timing, profiled_phases
+from tests.helpers import normal, random_params
 
 
 def event(name, start, duration):
@@ -76,7 +76,7 @@ def test_each_collective_has_an_event_per_device_and_run(mesh_2x4):
     return jax.lax.fori_loop(0, 3, lambda i, v: jnp.tanh(jax.lax.psum(v, mesh_lib.GPU)), y)
 
   f = jax.jit(jax.shard_map(body, mesh=mesh_2x4, in_specs=P(AXES), out_specs=P(AXES), check_vma=False))
-  x = jax.random.normal(jax.random.key(0), (8 * 16, 32))
+  x = normal(0, (8 * 16, 32))
   compiled = f.lower(x).compile()
   jax.block_until_ready(compiled(x))
   found = {c.name: c for c in program_lib.collectives(compiled, mesh_2x4)}
@@ -112,8 +112,8 @@ def test_phases_are_split_by_the_links_they_cross(devices, n, m, path, collectiv
     routing="bilevel" if path == "node_first" else "topk",
     num_nodes=n,
   )
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (n * m * 16, cfg.d_model))
+  params = random_params(cfg, 0)
+  x = normal(1, (n * m * 16, cfg.d_model))
   got = phase_timing.measure_phases(params, x, cfg, mesh, warmup=1, repeats=2)
   assert got["layer_ms"] >= got["layer_ms_min"] > 0 and got["layer_expert_ms"] > 0
   total = got["layer_inter_node_ms"] + got["layer_intra_node_ms"] + got["layer_expert_ms"] + got["layer_other_ms"]
@@ -131,7 +131,7 @@ def test_a_failed_profile_leaves_the_layer_time_and_nan_phases(mesh_2x4, monkeyp
 
   monkeypatch.setattr(profiled_phases, "shares", no_profiler)
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, num_nodes=2)
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (8 * 16, cfg.d_model))
+  params = random_params(cfg, 0)
+  x = normal(1, (8 * 16, cfg.d_model))
   got = phase_timing.measure_phases(params, x, cfg, mesh_2x4, warmup=0, repeats=1)
   assert got["layer_ms"] > 0 and all(math.isnan(got[f"layer_{p}_ms"]) for p in profiled_phases.PHASES)

@@ -12,13 +12,12 @@ import pytest
 from moejax.moe import reference
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.placement import solve as solve_lib
 from moejax.placement.affinity import affinity_counts, transitions
 from moejax.placement.apply import apply_placement, expert_order
 from moejax.placement.solve import solve
 from moejax.validation import ConfigError
-from tests.helpers import relative_error
+from tests.helpers import normal, random_params, relative_error
 
 moe_reference = jax.jit(reference.moe_reference, static_argnames=("cfg", "dispatch_groups"))  # one compile per config
 
@@ -170,11 +169,11 @@ def test_apply_placement_keeps_outputs(gated):
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, gated=gated)
   rng = np.random.default_rng(12 + gated)
   layers = 3
-  params = [init_params(jax.random.key(20 + j + 10 * gated), cfg) for j in range(layers)]
+  params = [random_params(cfg, 20 + j + 10 * gated) for j in range(layers)]
   placement = np.stack([rng.permutation(np.repeat(np.arange(4), 2)) for _ in range(layers)])  # 4 devices, 2 each
   moved = apply_placement(params, placement, cfg)
   index = _new_index(placement)
-  x = jax.random.normal(jax.random.key(30 + gated), (64, 16))
+  x = normal(30 + gated, (64, 16))
   for j in range(layers):
     assert sorted(moved[j]) == sorted(params[j]) and ("w_gate" in moved[j]) == gated
     for e in range(8):  # expert e now sits at an index of its device's block, with its router column
@@ -195,7 +194,7 @@ def test_apply_placement_errors():
   flat = MoEConfig(num_experts=8, top_k=1, d_model=16, d_ff=32)
   bilevel = MoEConfig(num_experts=8, top_k=1, d_model=16, d_ff=32, routing="bilevel", num_nodes=2)
   placement = np.tile(np.arange(8) // 2, (1, 1))
-  params = [init_params(jax.random.key(2), flat)]
+  params = [random_params(flat, 2)]
   with pytest.raises(ConfigError) as err:  # without the config a node_limited layer looks like a top-k one
     apply_placement(params, placement, None)
   assert err.value.field == "cfg"
@@ -250,14 +249,14 @@ def test_node_preserving_placement_keeps_the_layer(mesh_2x4, routing, move_nodes
   cfg = _node_cfg(routing, gated=True, capacity_factor=cf)
   rng = np.random.default_rng(seed)
   layers = 2
-  params = [init_params(jax.random.key(seed + 100 * j), cfg) for j in range(layers)]
+  params = [random_params(cfg, seed + 100 * j) for j in range(layers)]
   placement = _node_preserving(rng, layers, cfg, move_nodes)
   index = _new_index(placement)
   assert move_nodes or np.all(index // cfg.experts_per_node == np.arange(16) // cfg.experts_per_node)
   moved = apply_placement(params, placement, cfg)
   layer = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4))
   for j in range(layers):
-    x = jax.random.normal(jax.random.key(seed + 10 + j), (64, 16))
+    x = normal(seed + 10 + j, (64, 16))
     y_ref, aux_ref = moe_reference(params[j], x, cfg, dispatch_groups=8)
     y, aux = layer(moved[j], x)
     assert relative_error(y, y_ref) < 1e-5 and np.abs(np.asarray(y_ref)).max() > 1e-2
@@ -278,8 +277,8 @@ def _relabelled(params, order_E):
 
 def test_splitting_a_node_is_refused():
   cfg = _node_cfg("node_limited")
-  params = init_params(jax.random.key(50), cfg)
-  x = jax.random.normal(jax.random.key(51), (256, 16))
+  params = random_params(cfg, 50)
+  x = normal(51, (256, 16))
   placement = np.tile(np.arange(16) // 2, (2, 1))
   placement[1, [3, 12]] = placement[1, [12, 3]]  # layer 1: expert 3 to node 1, expert 12 to node 0
   with pytest.raises(ConfigError, match="expert 3 of MoE layer 1 from node 0 to node 1") as err:
@@ -297,7 +296,7 @@ def test_splitting_a_node_is_refused():
 
 def test_bilevel_needs_one_local_order():
   cfg = _node_cfg("bilevel")
-  params = [init_params(jax.random.key(52), cfg)]
+  params = [random_params(cfg, 52)]
   placement = np.tile(np.arange(16) // 2, (1, 1))
   placement[0, [0, 2]] = placement[0, [2, 0]]  # node 0 reorders its experts (0, 1 | 2, 3 -> 1, 2 | 0, 3), node 1 not
   with pytest.raises(ConfigError, match="same local order") as err:
@@ -382,9 +381,9 @@ def test_node_constrained_solve(routing, layers, num, nodes, gpus, seed):
       intra += _brute_min(np.stack([counts[j][np.ix_(members[j], members[j + 1])] for j in range(layers - 1)]), gpus)
     assert result.cross_gpu - result.cross_node == intra
   cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing=routing, num_nodes=nodes)
-  params = [init_params(jax.random.key(seed + j), cfg) for j in range(layers)]
+  params = [random_params(cfg, seed + j) for j in range(layers)]
   moved = apply_placement(params, result, cfg)
-  x = jax.random.normal(jax.random.key(seed), (32, 8))
+  x = normal(seed, (32, 8))
   for j in range(layers):
     assert relative_error(moe_reference(moved[j], x, cfg)[0], moe_reference(params[j], x, cfg)[0]) < 1e-5
 
@@ -400,7 +399,7 @@ def test_unconstrained_placement_splits_nodes():
   free, kept = solve(counts, nodes, 1), solve(counts, nodes, 1, routing="node_limited")
   assert free.cross_node == 0 < kept.cross_node <= kept.identity_cross_node
   cfg = MoEConfig(num_experts=num, top_k=1, d_model=8, d_ff=8, routing="node_limited", num_nodes=nodes)
-  params = [init_params(jax.random.key(71 + j), cfg) for j in range(2)]
+  params = [random_params(cfg, 71 + j) for j in range(2)]
   with pytest.raises(ConfigError) as err:
     apply_placement(params, free, cfg)
   assert err.value.field == "placement"
@@ -415,10 +414,10 @@ def test_apply_placement_keeps_outputs_with_zero_experts():
   stay as they were (hash routing's placement: tests/test_hash_routing.py)."""
   cfg = MoEConfig(num_experts=8, top_k=2, d_model=16, d_ff=32, zero_experts=2)
   rng = np.random.default_rng()
-  params = [init_params(jax.random.key(int(rng.integers(1 << 30))), cfg)]
+  params = [random_params(cfg, int(rng.integers(1 << 30)))]
   placement = rng.permutation(np.repeat(np.arange(4), 2))[None]
   moved = apply_placement(params, placement, cfg)
-  x = jax.random.normal(jax.random.key(int(rng.integers(1 << 30))), (64, 16))
+  x = normal(int(rng.integers(1 << 30)), (64, 16))
   y, aux = moe_reference(params[0], x, cfg)
   y_moved, aux_moved = moe_reference(moved[0], x, cfg)
   np.testing.assert_allclose(np.asarray(y_moved), np.asarray(y), atol=1e-6, rtol=1e-6)

@@ -1,6 +1,5 @@
 """Platform rules (moejax.runtime.platform): one decision each, one error naming the field."""
 
-import jax
 import jax.numpy as jnp
 import pytest
 
@@ -8,9 +7,9 @@ from moejax.moe import collective as collective_lib
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import platform as platform_lib
 from moejax.validation import ConfigError
+from tests.helpers import random_params
 
 
 @pytest.mark.parametrize("platform,ragged", [("cpu", False), ("gpu", True), ("tpu", True)])
@@ -31,7 +30,7 @@ def test_ragged_on_cpu_names_the_field():
 
 def test_layer_asks_the_platform(mesh_2x4):
   cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=8, collective="ragged")
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
   with pytest.raises(ConfigError, match="collective='ragged'"):
     moe_apply(params, jnp.ones((16, 8)), cfg, mesh_2x4)
 

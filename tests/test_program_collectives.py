@@ -13,9 +13,8 @@ from moejax.cost import program
 from moejax.moe import path as path_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
-from tests.helpers import compiled_train_step
+from tests.helpers import compiled_train_step, random_params
 
 # Checked on jax 0.10 and 0.11 (the GPU machine's 0.11.2); jax 0.12 compiles these programs with another device
 # assignment and shard_map semantics, which the parser does not read yet (issue 58).
@@ -219,7 +218,7 @@ def test_moe_layer_exchanges_follow_its_path(mesh_2x4, path, collective):
     num_experts=16, top_k=2, d_model=8, d_ff=16, path=path, collective=collective,
     capacity_factor=1.0 if collective == "capacity" else None,
   )  # fmt: skip
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
   x = jax.ShapeDtypeStruct((8 * 8, cfg.d_model), jnp.float32)
   compiled = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4)).lower(params, x).compile()
   found = program.collectives(compiled, mesh_2x4)

@@ -13,10 +13,9 @@ from jax.sharding import PartitionSpec as P
 from moejax.cost import program, program_ops, program_price, topology
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import program_calibration
-from tests.helpers import compiled_train_step
+from tests.helpers import compiled_train_step, normal, random_params
 
 TOPO = topology.get("dgx_h100_ib")
 ROWS, COLS = 16, 32
@@ -75,7 +74,7 @@ def test_unknown_runs_and_kinds_are_refused():
 
 def _layer(mesh, extra=None):
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=16, path="node_first", collective="padded")
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
 
   def f(p, x):
     y, aux = moe_apply(p, x, cfg, mesh)
@@ -287,8 +286,8 @@ def _sweep_layer(scheme: str, plant=None):
   config = scaling_default.get_config()
   mesh = mesh_lib.make_mesh(2, 2, devices=jax.devices()[:4])
   cfg = points.scheme_config(scheme, 2, 2, config.moe, 16, 32)
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (64, 16), jnp.float32)
+  params = random_params(cfg, 0)
+  x = normal(1, (64, 16), jnp.float32)
 
   def fn(p, v):
     y, _ = moe_apply(p, v, cfg, mesh)

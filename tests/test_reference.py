@@ -1,12 +1,11 @@
 """The single-device reference against an independent float64 NumPy loop."""
 
-import jax
 import numpy as np
 import pytest
 
 from moejax.moe.config import MoEConfig
-from moejax.moe.params import init_params
 from moejax.moe.reference import moe_reference
+from tests.helpers import normal, random_params
 from tests.numpy_moe import moe_numpy
 
 
@@ -25,8 +24,8 @@ def test_reference_matches_numpy(k, cf, groups, act, gated, renorm):
     num_experts=8, top_k=k, d_model=6, d_ff=10, capacity_factor=cf, activation=act, gated=gated, renormalize=renorm
   )
   seed = k * 100 + groups
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (32, 6))
+  params = random_params(cfg, seed)
+  x = normal(seed + 1, (32, 6))
   y, aux = moe_reference(params, x, cfg, dispatch_groups=groups)
   y_np, dropped, counts = moe_numpy(params, x, cfg, dispatch_groups=groups)
   np.testing.assert_allclose(np.asarray(y), y_np, rtol=1e-5, atol=1e-6)
@@ -38,8 +37,8 @@ def test_reference_matches_numpy(k, cf, groups, act, gated, renorm):
 
 def test_load_balance_loss_formula():
   cfg = MoEConfig(num_experts=4, top_k=2, d_model=5, d_ff=7, load_balance_coef=0.3)
-  params = init_params(jax.random.key(3), cfg)
-  x = jax.random.normal(jax.random.key(4), (16, 5))
+  params = random_params(cfg, 3)
+  x = normal(4, (16, 5))
   _, aux = moe_reference(params, x, cfg)
   logits = np.asarray(x, np.float64) @ np.asarray(params["router"]["kernel"], np.float64)
   probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)

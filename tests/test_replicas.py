@@ -1,7 +1,6 @@
 """The layer on a slot table (replicated experts): each row goes to one replica, rows split evenly,
 and outputs, losses and gradients equal the reference's for the logical experts."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,7 +8,6 @@ import pytest
 from moejax.moe import replicas
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.replication.rebalance import rebalance
 from moejax.validation import ConfigError
 from tests.helpers import assert_matches_reference, force_routing, normal, random_params
@@ -54,8 +52,8 @@ def test_replicated_layer_matches_reference(mesh_2x4, path, schedule):
   )
   table = rebalance(1.0 / np.arange(1, 9) ** 1.2, 2, 4, 2)
   assert len(np.unique(table)) == 8 and np.bincount(table.ravel()).max() > 1  # some expert is replicated
-  params = init_params(jax.random.key(3), cfg)
-  x = jax.random.normal(jax.random.key(4), (64, 8))
+  params = random_params(cfg, 3)
+  x = normal(4, (64, 8))
   assert_matches_reference(cfg, mesh_2x4, params, x, slot_expert=jnp.asarray(table))
 
 
@@ -76,7 +74,7 @@ def test_a_hot_expert_is_split_evenly_over_its_replicas(mesh_2x4):
 
 def test_bad_slot_tables_are_named(mesh_2x4):
   cfg = MoEConfig(num_experts=8, top_k=1, d_model=8, d_ff=12)
-  params = init_params(jax.random.key(0), cfg)
+  params = random_params(cfg, 0)
   x = jnp.ones((64, 8))
   with pytest.raises(ConfigError, match=r"experts \[7\] have no slot"):
     moe_apply(params, x, cfg, mesh_2x4, slot_expert=jnp.arange(16).reshape(8, 2) % 7)

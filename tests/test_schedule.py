@@ -11,10 +11,10 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.runtime import mesh as mesh_lib
 from moejax.validation import ConfigError
 from tests import helpers
+from tests.helpers import normal, random_params
 from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 # (mesh, routing, path, schedule, num_chunks, backend, buffer_factor, top_k, experts per device)
@@ -55,8 +55,8 @@ def test_schedule_matches_reference(devices, shape, routing, path, schedule, chu
     z_loss_coef=1e-3,
   )
   seed = 31 * n + 7 * m + chunks
-  params = init_params(jax.random.key(seed), cfg)
-  x = jax.random.normal(jax.random.key(seed + 1), (n * m * 8, 8))
+  params = random_params(cfg, seed)
+  x = normal(seed + 1, (n * m * 8, 8))
   _, aux = helpers.assert_matches_reference(cfg, mesh_lib.make_mesh(n, m), params, x)
   assert int(aux["tokens_overflowed"]) == 0
 
@@ -97,7 +97,7 @@ def test_bad_schedules_are_named(mesh_2x4):
     MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="chunked", num_chunks=0)
   for dedup, rows in ((False, "16 token-choice rows"), (True, r"8 token rows \(dedup: one row per token\)")):
     cfg = MoEConfig(num_experts=8, top_k=2, d_model=8, d_ff=12, schedule="chunked", num_chunks=3, dedup=dedup)
-    params = init_params(jax.random.key(0), cfg)
+    params = random_params(cfg, 0)
     with pytest.raises(ConfigError, match=f"num_chunks=3 does not divide the {rows} each device sends"):
       moe_apply(params, jnp.ones((64, 8)), cfg, mesh_2x4)
 
@@ -105,8 +105,8 @@ def test_bad_schedules_are_named(mesh_2x4):
 def _dependent_matmuls(cfg, mesh):
   """{(payload columns, matmuls it depends on): [matmuls depending on it, for each float exchange]}, matmul count.
   A dispatch depends on the router's matmul alone, a combine on the expert GEMMs too."""
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (mesh.size * 8, cfg.d_model))
+  params = random_params(cfg, 0)
+  x = normal(1, (mesh.size * 8, cfg.d_model))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh)).lower(params, x).compile().as_text()
   nodes, ancestors, bodies = entry_graph(hlo)
   matmuls = [

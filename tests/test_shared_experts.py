@@ -8,8 +8,9 @@ import pytest
 
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params, param_specs
+from moejax.moe.params import param_specs
 from tests import helpers
+from tests.helpers import normal, random_params
 from tests.hlo_graph import contains, entry_graph, float_exchanges
 
 
@@ -19,8 +20,8 @@ def test_shared_ffn_does_not_wait_for_the_dispatch(mesh_2x4):
   dispatch or the combine) is an ancestor of a shared-expert matmul (width 24 marks them), so the scheduler may
   run the shared FFN while the dispatch is in flight."""
   cfg = MoEConfig(num_experts=16, top_k=2, d_model=8, d_ff=12, num_shared_experts=2, shared_d_ff=12)
-  params = init_params(jax.random.key(0), cfg)
-  x = jax.random.normal(jax.random.key(1), (mesh_2x4.size * 8, 8))
+  params = random_params(cfg, 0)
+  x = normal(1, (mesh_2x4.size * 8, 8))
   hlo = jax.jit(lambda p, x: moe_apply(p, x, cfg, mesh_2x4)).lower(params, x).compile().as_text()
   nodes, ancestors, bodies = entry_graph(hlo)
   is_dot = lambda name: nodes[name][0] == "dot" or any(contains(bodies, c, "dot") for c in nodes[name][3])

@@ -9,8 +9,8 @@ import pytest
 from moejax.moe import experts
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
-from moejax.moe.params import init_params
 from moejax.validation import ConfigError
+from tests.helpers import normal, random_params
 
 
 @pytest.mark.parametrize(
@@ -33,8 +33,8 @@ def test_tokamax_matches_ragged_dot(mesh_2x4, path, collective, gated):
     )
     for b in ("ragged_dot", "tokamax")
   ]
-  params = init_params(jax.random.key(0), cfgs[0])
-  x = jax.random.normal(jax.random.key(1), (64, 16))
+  params = random_params(cfgs[0], 0)
+  x = normal(1, (64, 16))
 
   def loss(p, v, cfg):
     y, aux = moe_apply(p, v, cfg, mesh_2x4)

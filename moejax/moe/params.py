@@ -55,18 +55,27 @@ def param_specs(cfg: MoEConfig) -> dict:
   return specs
 
 
+def fan_ins(cfg: MoEConfig) -> dict:
+  """Each parameter's fan-in, in `param_shapes`' layout: an expert leaf [E, X, ...] its X (a bias [E, X] too), a
+  matrix of a group [X, ...] (routers, shared experts) its X, a router bias [E] its E."""
+  return {
+    name: {k: sub[0] for k, sub in shape.items()} if isinstance(shape, dict) else shape[1]
+    for name, shape in param_shapes(cfg).items()
+  }
+
+
 def init_params(rng: jax.Array, cfg: MoEConfig, dtype=jnp.float32) -> dict:
-  """Fresh parameters with fan-in scaled normal initialisation (biases [E, X] scaled by X^-1/2, router biases by
-  E^-1/2: random, not zeros, so that a test sees them)."""
-  shapes = param_shapes(cfg)
+  """Fresh parameters with fan-in scaled normal initialisation (`fan_ins`: biases [E, X] scaled by X^-1/2, router
+  biases by E^-1/2: random, not zeros, so that a test sees them)."""
+  shapes, fans = param_shapes(cfg), fan_ins(cfg)
   keys = dict(zip(["w_in", "w_out", "w_gate", *routing.router_names(cfg)], jax.random.split(rng, 5)))
   normal = lambda key, shape, fan_in: (jax.random.normal(key, shape, dtype) / jnp.sqrt(fan_in)).astype(dtype)
   params = {}
   for i, (name, shape) in enumerate(shapes.items()):
     key = keys.get(name, jax.random.fold_in(rng, 100 + i))
     if not isinstance(shape, dict):  # expert weights [E, fan_in, ...]
-      params[name] = normal(key, shape, shape[1])
+      params[name] = normal(key, shape, fans[name])
     else:  # a group of matrices [fan_in, ...]
       subkeys = [key] if len(shape) == 1 else jax.random.split(key, len(shape))
-      params[name] = {k: normal(sk, sub, sub[0]) for sk, (k, sub) in zip(subkeys, shape.items())}
+      params[name] = {k: normal(sk, sub, fans[name][k]) for sk, (k, sub) in zip(subkeys, shape.items())}
   return params
