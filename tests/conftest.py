@@ -124,12 +124,15 @@ def shared(tmp_path_factory):
 
 
 # The end-to-end tier: the slow tests of these modules (learning runs: the trainer's steps over several updates, FSDP,
-# pipelines and two-batch steps against their plain runs, fine-tuning and the programs run from their command lines;
+# pipelines and two-batch steps against their plain runs, pipelined steps' memory compiled at several stage counts,
+# fine-tuning and the programs run from their command lines (the gradient sync's program, its HLO dumped);
 # multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
 # of every module (a test function named for generating or decoding: greedy, sampled and ExFlow's decode against
-# transformers' tokens or the full forward), its pipelined steps against the plain step (named
-# `..._pipelined_as_unpipelined`), its learning runs (`..._trains_...`), its whole command-line runs (E2E_FUNCTION) and the
-# tests reading a fixture that runs a whole program (E2E_FIXTURES) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# transformers' tokens or the full forward), a whole model's step run two ways (pipelined against the plain step,
+# `..._pipelined_as_unpipelined`; scanned against unrolled layers, `..._scanned_equals_unrolled`; the chunked loss against
+# the unchunked, `..._equals_the_unchunked_path`), its learning runs (`..._trains_...`, an exported run), its whole
+# command-line runs (E2E_FUNCTION) and the tests reading a fixture that runs a whole program (E2E_FIXTURES) are also
+# marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
 E2E_MODULES = (
   "test_bench_programs",
@@ -140,6 +143,7 @@ E2E_MODULES = (
   "test_fault_kill",
   "test_fsdp",
   "test_gpu_suite",
+  "test_grad_sync",
   "test_grain_resume",
   "test_heldout",
   "test_hosts",
@@ -150,6 +154,7 @@ E2E_MODULES = (
   "test_nonfinite_steps",
   "test_notebook",
   "test_pipeline_decoder",
+  "test_pipeline_memory",
   "test_pipeline_processes",
   "test_pipeline_resume",
   "test_point_models",
@@ -165,11 +170,11 @@ E2E_MODULES = (
   "test_workdir_guard",
 )
 # generation runs (a decode through the caches, ExFlow's against the vanilla one), a fine-tuning run from the command
-# line, pipelined training steps, learning runs, and the programs whose command line a test runs whole (a study, a table
-# and its png)
+# line, a model's step run two ways, learning runs (a training run exported), and the programs whose command line a test
+# runs whole (a study, a table and its png)
 E2E_FUNCTION = re.compile(
-  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|trains_|^test_command|validation_command"
-  r"|study_on_the"
+  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|scanned_equals_unrolled|equals_the_unchunked"
+  r"|trains_|exported_run|^test_command|validation_command|study_on_the"
 )
 # module fixtures that run a whole program once for their tests: the memory planner's plans of a 5-layer model (five
 # compiles of its training step) and the wire-traffic study's quick run (16 meshes and routings)
