@@ -146,52 +146,46 @@ def analytic_state(cfg, moe_cfg, nodes: int, gpus: int, optim=None, parts: tuple
 
 def analytic_activations(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None, loss_chunk: int = 0) -> dict:
   """A per-block estimate of what one micro-batch's forward keeps for the backward on one device (docs/memory.md):
-  `rows` sequences of `seq_len` tokens. Per block without remat: the norms' inputs and outputs (4 T d), q, k, v and
-  the attention output (MLA's v and output padded to q's width, as jax.nn's attention takes them), the attention's
-  softmax (`memory_blocks.planned_attention`: 'xla' keeps the scores B H S^2 in float32 and their probabilities in
-  the compute
-  dtype, a fused kernel its log-sum-exp B H S in float32), the dense FFN's input, gate, up and product
+  `rows` sequences of `seq_len` tokens. Per block (`memory_blocks.layer_blocks`: by the family's block kind) without
+  remat: the norms' inputs and outputs (4 T d), q, k, v and the attention output (MLA's v and output padded to q's
+  width, as jax.nn's attention takes them), the attention's softmax (`memory_blocks.planned_attention`: 'xla' keeps
+  the scores B H S^2 in float32 and their probabilities in the compute dtype, a fused kernel its log-sum-exp B H S in
+  float32), or for another token mixer what JAX's autodiff keeps for it (`memory_blocks.traced_mixer_bytes`), DeepSeek-V4's
+  mHC wraps (`memory_blocks.mhc_bytes`), the dense FFN's input, gate, up and product
   (T (d + 3 f)), or the MoE layer's router logits (T E float32), the rows it exchanged and their expert hidden states
   (3 f per row), its shared experts' (3 f_s per token) and its float32 combine (T d). remat='full' keeps each
   block's input only (scanned or not: in a scan, the loop's stacked input [L, B, S, d]), plus one block recomputed
-  with its gradients (twice its 'none' bytes: a scan's backward runs one layer's body at a time); 'save_exchanged'
+  with its gradients (twice the largest block's 'none' bytes: a scan's backward runs one layer's body at a time; mHC
+  blocks take N streams in); 'save_exchanged'
   also the exchanged rows; 'save_matmuls' everything but the attention scores (batched matmuls are not saved).
   The output heads (the main one and each MTP module's): with loss_chunk = 0 each keeps its float32 logits and
   their gradient, else each keeps its input h (T d) and three floats a token, and one chunk at a time is live
   (`memory_blocks.loss_bytes`) with h's float32 gradient (T d x 4). With FSDP, the weights gathered
   (`_gathered_bytes`)."""
-  b, t, d = np.dtype(cfg.dtype).itemsize, rows * seq_len, cfg.d_model
-  parts = memory_blocks.block_bytes(cfg, moe_cfg, rows, seq_len, exchange)
-  attn, scores, dense_ffn, moe_ffn, exchanged = (
-    parts[k] for k in ("attention", "scores", "dense_ffn", "moe_ffn", "exchanged")
-  )
-  dense, moe = layer_counts(cfg)
+  t = rows * seq_len
+  blocks, parts = memory_blocks.layer_blocks(cfg, moe_cfg, rows, seq_len, exchange)
   mtp = getattr(cfg, "num_mtp_layers", 0)
   head, chunk = memory_blocks.head_bytes(cfg, t, mtp, loss_chunk)
-  none_dense, none_moe = attn + scores + dense_ffn, attn + scores + moe_ffn
 
-  def kept(n_dense: int, n_moe: int) -> float:
-    """What n_dense dense and n_moe MoE blocks keep for the backward (remat: beside the recomputed block)."""
-    if cfg.remat == "none":
-      return n_dense * none_dense + n_moe * none_moe
-    extra = {
-      "save_exchanged": n_moe * 2 * exchanged,
-      "save_matmuls": n_dense * (attn + dense_ffn) + n_moe * (attn + moe_ffn),
-    }.get(cfg.remat, 0)
-    return (n_dense + n_moe) * t * d * b + extra
+  def kept(block: dict) -> float:
+    """What a block keeps for the backward (remat: beside the recomputed block)."""
+    extra = {"save_exchanged": 2 * block["exchanged"], "save_matmuls": block["none"] - block["scores"]}
+    return block["none"] if cfg.remat == "none" else block["input"] + extra.get(cfg.remat, 0)
 
-  recomputed = 0 if cfg.remat == "none" else 2 * max(none_dense if dense else 0, none_moe if moe + mtp else 0)
-  layers, mtp_blocks = kept(dense, moe), kept(0, mtp)
+  layers, mtp_blocks = blocks[: cfg.num_layers], blocks[cfg.num_layers :]
+  recomputed = 0 if cfg.remat == "none" else 2 * max(block["none"] for block in blocks)
+  mean = lambda moe: float(np.mean([x["none"] for x in layers if x["moe"] == moe] or [0.0]))
   gathered = _gathered_bytes(cfg, moe_cfg) if cfg.fsdp else 0.0
+  layer_bytes, mtp_bytes = sum(map(kept, layers)), sum(map(kept, mtp_blocks))
   return {
-    "activations": float(layers + mtp_blocks + recomputed + head + gathered),
-    "layers": float(layers),
-    "mtp_blocks": float(mtp_blocks),
+    "activations": float(layer_bytes + mtp_bytes + recomputed + head + gathered),
+    "layers": float(layer_bytes),
+    "mtp_blocks": float(mtp_bytes),
     "recomputed_block": float(recomputed),
-    "per_dense_block": float(none_dense),
-    "per_moe_block": float(none_moe),
+    "per_dense_block": mean(False),
+    "per_moe_block": mean(True),
     "attention": parts["impl"],
-    "attention_scores_per_block": float(scores),
+    "attention_scores_per_block": float(parts["scores"]),
     "head": float(head),
     "loss_chunk": chunk if chunk < cfg.vocab_size else 0,
     "gathered_weights": gathered,

@@ -1,10 +1,16 @@
 """What one block of a model keeps for its backward, part by part, for the memory planner's analytic count
 (`moejax.study.memory.analytic_activations`, docs/memory.md): its attention (by the implementation that runs on the
-planned GPU), its dense FFN or MoE layer, and the output heads' loss."""
+planned GPU) or another token mixer (what JAX's autodiff keeps for it, traced), its dense FFN or MoE layer, the
+block kind's own parts (DeepSeek-V4's mHC streams, LongCat-Flash's two sublayers), and the output heads' loss."""
 
+import math
+
+import jax
 import numpy as np
+from flax import nnx
 
 from moejax.models import attention as attention_lib
+from moejax.models import families, hyper_block, sparse_attention, token_mixers
 from moejax.models.decoder_config import DecoderConfig
 
 PLANNED_GPU = (9, 0)  # the compute capability attention is planned for: a Hopper GPU (`platform.TARGET_GPU`'s)
@@ -63,6 +69,37 @@ def block_bytes(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) ->
   }
 
 
+def layer_blocks(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -> tuple[list, dict]:
+  """(per layer, then per MTP module: {'none': what the block keeps without remat, 'input': what remat='full' keeps
+  of it (its input), 'exchanged': its MoE layer's exchanged rows, 'scores': its attention's softmax, 'moe': whether its
+  FFN is the MoE layer}, `block_bytes`' parts). A block is its norms' inputs and outputs (4 T d), its token mixer
+  (attention by `block_bytes`, another by `traced_mixer_bytes`) and its FFN; by the family's `block_kind`:
+  'hyper_connected' adds two mHC wraps (`mhc_bytes`, each with its N streams in) and takes N streams in, 'shortcut_moe' has two attentions, two
+  dense FFNs (eight norm inputs and outputs) beside its MoE branch. An MTP module is a sequential MoE block."""
+  parts = block_bytes(cfg, moe_cfg, rows, seq_len, exchange)
+  b, t, d = np.dtype(cfg.dtype).itemsize, rows * seq_len, cfg.d_model
+  norms, kind = 4 * t * d * b, block_kind(cfg)
+  attention, scores = parts["attention"] - norms, parts["scores"]
+  ffn = lambda moe: parts["moe_ffn"] if moe else parts["dense_ffn"]
+
+  def block(mixer, moe, kind="sequential"):
+    mixer, softmax = (attention, scores) if mixer is None else (mixer, 0)
+    none, streams = norms + mixer + softmax + ffn(moe), 1
+    if kind == "hyper_connected":
+      streams = hyper_block.hyper_config(cfg).hc_mult  # each wrap keeps its N streams in as well
+      none += 2 * (mhc_bytes(cfg, rows, seq_len) + streams * t * d * b)
+    elif kind == "shortcut_moe":
+      none += norms + mixer + softmax + 2 * parts["dense_ffn"]
+      softmax *= 2
+    exchanged = parts["exchanged"] if moe else 0
+    return {"none": none, "input": streams * t * d * b, "exchanged": exchanged, "scores": softmax, "moe": moe}
+
+  traced = traced_mixer_bytes(cfg, rows, seq_len)
+  layers = [block(traced[i] if traced else None, cfg.is_moe(i), kind) for i in range(cfg.num_layers)]
+  mtp = [block(None, bool(cfg.num_moe_layers)) for _ in range(getattr(cfg, "num_mtp_layers", 0))]
+  return layers + mtp, parts
+
+
 def head_bytes(cfg, tokens: int, mtp: int, loss_chunk: int) -> tuple[float, int]:
   """(what the main head and `mtp` MTP modules' heads keep, the vocabulary chunk): unchunked every head's logits
   kept for the backward; chunked every head's input and three floats a token, one chunk live at a time, and h's
@@ -81,3 +118,57 @@ def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:
   if not loss_chunk or loss_chunk >= vocab:
     return 2.0 * tokens * vocab * 4
   return 3.0 * tokens * loss_chunk * 4
+
+
+def residual_bytes(fn, *specs) -> int:
+  """Bytes JAX's autodiff keeps for the backward of fn(*specs) beyond fn's own arguments (weights, inputs): the
+  residuals of jax.vjp, traced on the abstract `specs` (jax.ShapeDtypeStruct trees: nothing allocated or
+  compiled). An upper bound of what XLA keeps, which may recompute a cheap residual inside the backward's fusions."""
+  kept = []
+
+  def trace(*args):
+    out, backward = jax.vjp(fn, *args)
+    given = {id(a) for a in jax.tree.leaves(args)}
+    kept.append(sum(math.prod(r.shape) * r.dtype.itemsize for r in jax.tree.leaves(backward) if id(r) not in given))
+    return out
+
+  jax.eval_shape(trace, *specs)
+  return kept[0]
+
+
+def traced_mixer_bytes(cfg, rows: int, seq_len: int) -> list:
+  """Per layer, what its token mixer keeps for its backward on `rows` sequences of `seq_len` tokens, its input aside
+  (`residual_bytes` of the module built abstractly); None for an 'attention' layer (`block_bytes` counts it). A kind
+  of mixer with the same cache shapes (DeepSeek-V4's sliding, CSA, HCA layers differ) is traced once."""
+  x = jax.ShapeDtypeStruct((rows, seq_len, cfg.d_model), np.dtype(cfg.dtype))
+  traced, out = {}, []
+  for layer in range(cfg.num_layers if isinstance(cfg, DecoderConfig) else 0):
+    mixer = token_mixers.of(cfg, layer)
+    kind = (mixer.name, repr(mixer.cache(cfg, layer, rows, seq_len)))
+    if mixer.name != "attention" and kind not in traced:
+      graphdef, state = nnx.split(nnx.eval_shape(lambda: mixer.build(cfg, layer, rngs=nnx.Rngs(0))))
+      call = lambda state_, x_, g=graphdef: nnx.merge(g, state_)(sparse_attention.begin(cfg, x_))
+      traced[kind] = residual_bytes(call, state, x)
+    out.append(traced.get(kind))
+  return out
+
+
+def block_kind(cfg) -> str:
+  """The family's block kind ('sequential', 'hyper_connected', 'shortcut_moe'); SMILE's blocks are sequential."""
+  family = getattr(cfg, "family", None)
+  return families.get(family).block if family in families.REGISTRY else "sequential"
+
+
+def mhc_bytes(cfg, rows: int, seq_len: int) -> int:
+  """What one mHC wrap of a sublayer keeps for its backward beyond the streams and the sublayer's output (DeepSeek-V4:
+  `hyper_connections.mixing_weights` then `merge`; `residual_bytes`)."""
+  config = hyper_block.hyper_config(cfg)
+  n, d, dtype = config.hc_mult, cfg.d_model, np.dtype(cfg.dtype)
+  spec = lambda *shape, dt=np.float32: jax.ShapeDtypeStruct(shape, dt)
+  params = {"fn": spec(config.num_weights, n * d), "base": spec(config.num_weights), "scale": spec(3)}
+
+  def wrap(params_, streams, y):
+    _, post, comb, collapsed = hyper_block.hc.mixing_weights(params_, streams, config)
+    return hyper_block.hc.merge(post, comb, y, streams), collapsed
+
+  return residual_bytes(wrap, params, spec(rows, seq_len, n, d, dt=dtype), spec(rows, seq_len, d, dt=dtype))
