@@ -130,7 +130,7 @@ def shared(tmp_path_factory):
 # of every module (a test function named for generating or decoding: greedy, sampled and ExFlow's decode against
 # transformers' tokens or the full forward), a whole model's step run two ways (pipelined against the plain step,
 # `..._pipelined_as_unpipelined`; scanned against unrolled layers, `..._scanned_equals_unrolled`; the chunked loss against
-# the unchunked, `..._equals_the_unchunked_path`), its learning runs (`..._trains_...`, an exported run), its whole
+# the unchunked, `..._equals_the_unchunked_path`; the scanned step lowered at two depths, `..._flat_in_depth`), its learning runs (`..._trains_...`, an exported run), its whole
 # command-line runs (E2E_FUNCTION) and the tests reading a fixture that runs a whole program (E2E_FIXTURES) are also
 # marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
@@ -173,7 +173,7 @@ E2E_MODULES = (
 # line, a model's step run two ways, learning runs (a training run exported), and the programs whose command line a test
 # runs whole (a study, a table and its png)
 E2E_FUNCTION = re.compile(
-  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|scanned_equals_unrolled|equals_the_unchunked"
+  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|scanned_equals_unrolled|equals_the_unchunked|flat_in_depth"
   r"|trains_|exported_run|^test_command|validation_command|study_on_the"
 )
 # module fixtures that run a whole program once for their tests: the memory planner's plans of a 5-layer model (five
