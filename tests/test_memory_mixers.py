@@ -114,3 +114,17 @@ def test_each_layer_counts_its_own_mixer():
 def _moe(cfg):
   config = decoder.get_config(cfg.family)
   return from_sections(config)[1]
+
+
+def test_hyper_connected_blocks_count_their_wraps_and_streams():
+  """Each DeepSeek-V4 layer: its norms, its own mixer, its FFN and two mHC wraps each with its N streams in; remat
+  keeps its N streams."""
+  cfg = _config("deepseek_v4", remat="none")
+  blocks, parts = memory_blocks.layer_blocks(cfg, _moe(cfg), ROWS, SEQ, NO_EXCHANGE)
+  traced = memory_blocks.traced_mixer_bytes(cfg, ROWS, SEQ)
+  n, tdb = hyper_block.hyper_config(cfg).hc_mult, ROWS * SEQ * cfg.d_model * np.dtype(cfg.dtype).itemsize
+  wraps = 2 * (memory_blocks.mhc_bytes(cfg, ROWS, SEQ) + n * tdb)
+  for i, block in enumerate(blocks[: cfg.num_layers]):
+    ffn = parts["moe_ffn"] if cfg.is_moe(i) else parts["dense_ffn"]
+    assert block["none"] == 4 * tdb + traced[i] + ffn + wraps
+    assert block["input"] == n * tdb

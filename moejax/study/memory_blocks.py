@@ -82,17 +82,19 @@ def layer_blocks(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -
   attention, scores = parts["attention"] - norms, parts["scores"]
   ffn = lambda moe: parts["moe_ffn"] if moe else parts["dense_ffn"]
 
+  hyper = kind == "hyper_connected"
+  streams = hyper_block.hyper_config(cfg).hc_mult if hyper else 1
+  wraps = 2 * (mhc_bytes(cfg, rows, seq_len) + streams * t * d * b) if hyper else 0  # each wrap keeps its streams in
+
   def block(mixer, moe, kind="sequential"):
     mixer, softmax = (attention, scores) if mixer is None else (mixer, 0)
-    none, streams = norms + mixer + softmax + ffn(moe), 1
-    if kind == "hyper_connected":
-      streams = hyper_block.hyper_config(cfg).hc_mult  # each wrap keeps its N streams in as well
-      none += 2 * (mhc_bytes(cfg, rows, seq_len) + streams * t * d * b)
-    elif kind == "shortcut_moe":
+    none = norms + mixer + softmax + ffn(moe) + (wraps if kind == "hyper_connected" else 0)
+    if kind == "shortcut_moe":
       none += norms + mixer + softmax + 2 * parts["dense_ffn"]
       softmax *= 2
     exchanged = parts["exchanged"] if moe else 0
-    return {"none": none, "input": streams * t * d * b, "exchanged": exchanged, "scores": softmax, "moe": moe}
+    width = streams if kind == "hyper_connected" else 1
+    return {"none": none, "input": width * t * d * b, "exchanged": exchanged, "scores": softmax, "moe": moe}
 
   traced = traced_mixer_bytes(cfg, rows, seq_len)
   layers = [block(traced[i] if traced else None, cfg.is_moe(i), kind) for i in range(cfg.num_layers)]
@@ -123,7 +125,8 @@ def loss_bytes(tokens: int, vocab: int, loss_chunk: int) -> float:
 def residual_bytes(fn, *specs) -> int:
   """Bytes JAX's autodiff keeps for the backward of fn(*specs) beyond fn's own arguments (weights, inputs): the
   residuals of jax.vjp, traced on the abstract `specs` (jax.ShapeDtypeStruct trees: nothing allocated or
-  compiled). An upper bound of what XLA keeps, which may recompute a cheap residual inside the backward's fusions."""
+  compiled). Mostly above what XLA keeps, which may recompute a cheap residual inside the backward's fusions
+  (tests/test_memory_mixers.py measures by how much)."""
   kept = []
 
   def trace(*args):
