@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from moejax.models import attention as attention_lib
-from moejax.models import families, hyper_block, sparse_attention, token_mixers
+from moejax.models import hyper_block, shortcut_block, sparse_attention, token_mixers
 from moejax.models.decoder_config import DecoderConfig
 
 PLANNED_GPU = (9, 0)  # the compute capability attention is planned for: a Hopper GPU (`platform.TARGET_GPU`'s)
@@ -73,32 +73,31 @@ def layer_blocks(cfg, moe_cfg, rows: int, seq_len: int, exchange: dict | None) -
   """(per layer, then per MTP module: {'none': what the block keeps without remat, 'input': what remat='full' keeps
   of it (its input), 'exchanged': its MoE layer's exchanged rows, 'scores': its attention's softmax, 'moe': whether its
   FFN is the MoE layer}, `block_bytes`' parts). A block is its norms' inputs and outputs (4 T d), its token mixer
-  (attention by `block_bytes`, another by `traced_mixer_bytes`) and its FFN; by the family's `block_kind`:
-  'hyper_connected' adds two mHC wraps (`mhc_bytes`, each with its N streams in) and takes N streams in, 'shortcut_moe' has two attentions, two
-  dense FFNs (eight norm inputs and outputs) beside its MoE branch. An MTP module is a sequential MoE block."""
+  (attention by `block_bytes`, another by `traced_mixer_bytes`) and its FFN; by the family's block: mHC layers
+  (`hyper_block.uses`) add two wraps (`mhc_bytes`, each with its N streams in) and take N streams in, ScMoE layers
+  (`shortcut_block.uses`) have two attentions and two dense FFNs (eight norm inputs and outputs) beside the MoE
+  branch. An MTP module is a plain MoE block."""
   parts = block_bytes(cfg, moe_cfg, rows, seq_len, exchange)
   b, t, d = np.dtype(cfg.dtype).itemsize, rows * seq_len, cfg.d_model
-  norms, kind = 4 * t * d * b, block_kind(cfg)
-  attention, scores = parts["attention"] - norms, parts["scores"]
-  ffn = lambda moe: parts["moe_ffn"] if moe else parts["dense_ffn"]
-
-  hyper = kind == "hyper_connected"
+  norms, attention, scores = 4 * t * d * b, parts["attention"] - 4 * t * d * b, parts["scores"]
+  hyper, shortcut = hyper_block.uses(cfg), shortcut_block.uses(cfg)
   streams = hyper_block.hyper_config(cfg).hc_mult if hyper else 1
   wraps = 2 * (mhc_bytes(cfg, rows, seq_len) + streams * t * d * b) if hyper else 0  # each wrap keeps its streams in
 
-  def block(mixer, moe, kind="sequential"):
+  def block(mixer, moe, own_kind=True):
+    """A layer (own_kind: of the family's block) or an MTP module; mixer: its traced bytes, None for attention."""
     mixer, softmax = (attention, scores) if mixer is None else (mixer, 0)
-    none = norms + mixer + softmax + ffn(moe) + (wraps if kind == "hyper_connected" else 0)
-    if kind == "shortcut_moe":
-      none += norms + mixer + softmax + 2 * parts["dense_ffn"]
-      softmax *= 2
+    ffn = parts["moe_ffn"] if moe else parts["dense_ffn"]
+    none = norms + mixer + softmax + ffn + (wraps if own_kind else 0)
+    if own_kind and shortcut:
+      none, softmax = none + norms + mixer + softmax + 2 * parts["dense_ffn"], 2 * softmax
+    width = streams if own_kind else 1
     exchanged = parts["exchanged"] if moe else 0
-    width = streams if kind == "hyper_connected" else 1
     return {"none": none, "input": width * t * d * b, "exchanged": exchanged, "scores": softmax, "moe": moe}
 
   traced = traced_mixer_bytes(cfg, rows, seq_len)
-  layers = [block(traced[i] if traced else None, cfg.is_moe(i), kind) for i in range(cfg.num_layers)]
-  mtp = [block(None, bool(cfg.num_moe_layers)) for _ in range(getattr(cfg, "num_mtp_layers", 0))]
+  layers = [block(traced[i] if traced else None, cfg.is_moe(i)) for i in range(cfg.num_layers)]
+  mtp = [block(None, bool(cfg.num_moe_layers), own_kind=False) for _ in range(getattr(cfg, "num_mtp_layers", 0))]
   return layers + mtp, parts
 
 
@@ -154,12 +153,6 @@ def traced_mixer_bytes(cfg, rows: int, seq_len: int) -> list:
       traced[kind] = residual_bytes(call, state, x)
     out.append(traced.get(kind))
   return out
-
-
-def block_kind(cfg) -> str:
-  """The family's block kind ('sequential', 'hyper_connected', 'shortcut_moe'); SMILE's blocks are sequential."""
-  family = getattr(cfg, "family", None)
-  return families.get(family).block if family in families.REGISTRY else "sequential"
 
 
 def mhc_bytes(cfg, rows: int, seq_len: int) -> int:
