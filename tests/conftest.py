@@ -129,10 +129,10 @@ def shared(tmp_path_factory):
 # multi-process jobs, the GPU suite's smoke run, the notebook, whole sweeps, inference) and the slow generation runs
 # of every module (a test function named for generating or decoding: greedy, sampled and ExFlow's decode against
 # transformers' tokens or the full forward), a whole model's step run two ways (pipelined against the plain step,
-# `..._pipelined_as_unpipelined`; scanned against unrolled layers, `..._scanned_equals_unrolled`; the chunked loss against
-# the unchunked, `..._equals_the_unchunked_path`; the scanned step lowered at two depths, `..._flat_in_depth`), its learning runs (`..._trains_...`, an exported run), its whole
-# command-line runs (E2E_FUNCTION) and the tests reading a fixture that runs a whole program (E2E_FIXTURES) are also
-# marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
+# `..._pipelined_as_unpipelined`; scanned against unrolled layers, `..._scanned_equals_unrolled`; the chunked loss
+# against the unchunked, `..._equals_the_unchunked_path`; the scanned step lowered at two depths, `..._flat_in_depth`),
+# its learning runs (`..._trains_...`, an exported run), its whole command-line runs (E2E_FUNCTION) and the tests
+# reading a fixture that runs a whole program (E2E_FIXTURES) are also marked `e2e`. README's test command deselects them (-m 'not e2e') to keep the suite within minutes;
 # .ci/run runs them after it.
 E2E_MODULES = (
   "test_bench_programs",
@@ -173,8 +173,8 @@ E2E_MODULES = (
 # line, a model's step run two ways, learning runs (a training run exported), and the programs whose command line a test
 # runs whole (a study, a table and its png)
 E2E_FUNCTION = re.compile(
-  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|scanned_equals_unrolled|equals_the_unchunked|flat_in_depth"
-  r"|trains_|exported_run|^test_command|validation_command|study_on_the"
+  r"generat|decodes?_|exflow_equals|fine_tunes|pipelined_as_unpipelined|scanned_equals_unrolled"
+  r"|equals_the_unchunked|flat_in_depth|trains_|exported_run|^test_command|validation_command|study_on_the"
 )
 # module fixtures that run a whole program once for their tests: the memory planner's plans of a 5-layer model (five
 # compiles of its training step) and the wire-traffic study's quick run (16 meshes and routings)

@@ -98,7 +98,7 @@ def test_mhc_bytes_bound_what_xla_keeps():
 
 def test_each_layer_counts_its_own_mixer():
   """Turning one attention layer of Qwen3-Next into a gated DeltaNet layer changes the analytic activations by
-  exactly the traced mixer's bytes less attention's (its q, k, v, output and softmax), whatever the remat keeps."""
+  exactly the traced mixer's bytes less attention's (its q, k, v, output and softmax), without remat."""
   cfg = _config("qwen3_next", remat="none")
   assert cfg.mixers[1] == "attention"
   changed = dataclasses.replace(cfg, mixers=cfg.mixers[:1] + ("gated_deltanet",) + cfg.mixers[2:])
