@@ -48,6 +48,29 @@ def test_a_collectives_segment_is_the_compute_since_the_collective_before(mesh_2
   assert matmul.flops == 2 * 16 * 32 * 32
 
 
+def test_a_segment_runs_on_into_branches_and_loops(mesh_2x4):
+  """matmul -> cond(psum | nothing) -> sort -> fori_loop(psum -> scale): the psum first in a branch has the matmul
+  before the conditional in its segment (not an empty one: the branch starts with it); the loop's psum, first in its
+  body, its steady state: the scale after it in the body, not the sort before the loop."""
+
+  def body(x, w, flag):
+    y = jnp.tanh(x @ w[0])
+    y = jax.lax.cond(flag[0] > 0, lambda v: jax.lax.psum(v, "gpu"), lambda v: v, y)
+    y = jnp.sort(y, axis=0)
+    return jax.lax.fori_loop(0, 3, lambda _, v: jax.lax.psum(v, BOTH) * 0.5, y)
+
+  f = jax.shard_map(body, mesh=mesh_2x4, in_specs=(P(BOTH), P(BOTH), P(BOTH)), out_specs=P(BOTH), check_vma=False)
+  compiled = jax.jit(f).lower(jnp.ones((8 * 16, 32)), jnp.ones((8, 32, 32)), jnp.ones((8,), jnp.int32)).compile()
+  hlo = compiled.as_text()
+  found = program.collectives(compiled, mesh_2x4)
+  assert sorted(c.axes for c in found) == sorted([("gpu",), BOTH])
+  segments = program_segments.segments(hlo)
+  ops = {o.name: o for o in program_ops.parse(hlo)}
+  categories = {c.axes: {ops[n].category for n in segments[c.name] if n in ops} for c in found}
+  assert "matmul" in categories[("gpu",)] and "sort" not in categories[("gpu",)]
+  assert categories[BOTH] and "sort" not in categories[BOTH] and "matmul" not in categories[BOTH]
+
+
 def test_the_wait_interpolates_its_two_points():
   """0 at no compute, w1 x s / s1 up to s1, the line to (s2, w2), w2 beyond; no points: no wait."""
   rng = np.random.default_rng()
@@ -118,6 +141,37 @@ def test_the_calibration_recovers_a_planted_wait(mesh_2x4):
   assert arrival_calibration.wait_from(compiled, mesh_2x4, terms, price / 2)[1] == 0.0
 
 
+@pytest.mark.parametrize("width", arrival_calibration.OPERAND_FLOATS)
+def test_the_calibration_recovers_a_planted_cost_per_operand(mesh_2x4, width):
+  """per_operand_from on the many-operand program (operands of `width` floats) timed at its price without a cost per
+  operand, plus ROUNDS x (the one-array program's wait + (OPERANDS - 1) x a planted cost) gives back the cost, whatever
+  the terms held for it before (`Terms.per_operand`'s and `Terms.tiny`'s); the program priced with it in the term its
+  size reads (tiny's at TINY bytes) and the wait is that time again; a time at its price gives 0, never a negative
+  cost."""
+  compiled, _ = arrival_calibration.wait_program(
+    arrival_calibration.SIDES[-1], mesh_2x4, arrival_calibration.OPERANDS, width
+  )
+  rng = np.random.default_rng()
+  key = arrival_calibration.sync_key(mesh_2x4)
+  assert key == ("all-reduce", BOTH)
+  tiny_alpha = rng.uniform(1e-5, 1e-4)
+  terms = dataclasses.replace(
+    _terms(compiled, mesh_2x4, rng), per_operand={key: rng.uniform(1e-4, 1e-3)}, tiny={key: (tiny_alpha, 1e-3)}
+  )
+  bare = dataclasses.replace(terms, per_operand={}, tiny={key: (tiny_alpha, 0.0)})
+  price = program_price.price_measured(compiled, mesh_2x4, bare).serial_s
+  planted, wait = rng.uniform(1e-4, 1e-2, 2)
+  seconds = price + arrival_calibration.ROUNDS * (wait + (arrival_calibration.OPERANDS - 1) * planted)
+  each = arrival_calibration.per_operand_from(compiled, mesh_2x4, terms, seconds, wait)
+  assert each == pytest.approx(planted, rel=1e-9)
+  read = (
+    dict(tiny={key: (tiny_alpha, each)}) if 4 * width == program_calibration.TINY else dict(per_operand={key: each})
+  )
+  priced = program_price.price_measured(compiled, mesh_2x4, dataclasses.replace(bare, **read))
+  assert priced.serial_s + arrival_calibration.ROUNDS * wait == pytest.approx(seconds, rel=1e-9)
+  assert arrival_calibration.per_operand_from(compiled, mesh_2x4, terms, price, wait) == 0.0
+
+
 def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   """MeshCalibration.retime twice: the second terms are those of each program's median over both calls' rounds (a
   planted clock: the first call's rounds fast, the second's slow), not of the second call alone."""
@@ -125,6 +179,7 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   calibration = arrival_calibration.MeshCalibration(mesh)
   rng = np.random.default_rng()
   base = rng.uniform(1e-4, 1e-3, len(calibration.programs))
+  base[-2:] = rng.uniform(0.5, 1.0, 2)  # the many-operand programs': a cost per operand well above 0
   fast, slow = [list(b * rng.uniform(1, 1.2, 3)) for b in base], [list(b * rng.uniform(3, 4, 2)) for b in base]
   clock = iter([fast, slow])
   monkeypatch.setattr(interleaved_timing, "samples", lambda programs, repeats: next(clock))
@@ -139,7 +194,18 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   waits = tuple(
     arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
   )
-  assert dataclasses.replace(second, arrival=()) == want and len(waits) == len(arrival_calibration.SIDES)
+  assert len(waits) == len(arrival_calibration.SIDES) and len(both) == n + c + len(waits) + 2
+  key = arrival_calibration.sync_key(mesh)
+  tiny, small = (
+    arrival_calibration.per_operand_from(compiled, mesh, want, s, waits[-1][1])
+    for (compiled, _), s in zip(calibration.many, both[-2:])
+  )
+  assert tiny > 0 and small > 0
+  assert dataclasses.replace(second, arrival=()) == dataclasses.replace(
+    want,
+    per_operand={**want.per_operand, key: pytest.approx(small, rel=1e-12)},
+    tiny={**want.tiny, key: (want.tiny[key][0], pytest.approx(tiny, rel=1e-12))},
+  )
   np.testing.assert_allclose(second.arrival, waits, rtol=1e-12)  # sums of the segments' ops, in any order
   assert second.per_kind[("all-to-all", ("gpu",))] != first.per_kind[("all-to-all", ("gpu",))]
 

@@ -19,19 +19,45 @@ from moejax.cost import program_ops
 
 
 def segments(hlo: str) -> dict[str, tuple[str, ...]]:
-  """{collective instruction's name: the names of the ops before it, back to the collective before it}."""
-  computations, _ = program_lib.computations_of(hlo)
+  """{collective instruction's name: the names of the ops before it, back to the collective before it}, in the order
+  the program runs them from its entry: a conditional's branch or a loop's body continues the segment of the ops
+  before the call, and the ops after its last collective continue into the caller's (a collective first in a
+  branch is not free of compute before it). A loop body's collectives take their steady-state segment (the body's ops
+  after its last collective, then its condition's, then those before the collective)."""
+  computations, entry = program_lib.computations_of(hlo)
   found = {}
-  for lines in computations.values():
-    since = []
-    for name, _, opcode, rest in lines:
+
+  def walk(name: str, since: tuple) -> tuple:
+    for inst, _, opcode, rest in computations.get(name, []):
       if opcode.removesuffix("-start").removesuffix("-done") in program_lib.KINDS:
         if not opcode.endswith("-done"):
-          found[name] = tuple(since)
-        since = []
+          found[inst] = since
+        since = ()
       elif program_ops.category(opcode, rest, computations) is not None:
-        since.append(name)
+        since += (inst,)
+      elif opcode in program_ops.CONTROL:
+        since = _called(opcode, rest, since, walk)
+    return since
+
+  walk(entry, ())
   return found
+
+
+def _called(opcode: str, rest: str, since: tuple, walk) -> tuple:
+  """The segment after a control-flow instruction whose callees `walk` continues from `since`: a loop's body and
+  condition walked twice (the second pass, from the first's end, gives the body's collectives their steady state);
+  a conditional's branches each from `since`, after it the longest branch's end."""
+  calls = program_lib.called_computations(opcode, rest)
+  if opcode == "while":
+    loop = [name for name, _, _ in calls]
+    for _ in range(2):
+      end = since
+      for name in loop:
+        end = walk(name, end)
+      since = end if end != since else since
+    return since
+  ends = [walk(name, since) for name, _, _ in calls]
+  return max(ends, key=len, default=since)
 
 
 def arrival_seconds(points: tuple, segment_s: float) -> float:

@@ -13,6 +13,14 @@ wait). The excess of its time over that price, per all-reduce, is the wait after
 the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. Microbenchmarks only: no
 measured point of a sweep enters them.
 
+The same program at the larger side with an all-reduce of OPERANDS arrays per round, each a slice of the round's
+result, gives the all-reduce's cost per operand past the first over every axis (`sync_key`) in the state a layer's
+statistics and a step's gradient sync run it in, right after compute: its time beyond its price without that cost and
+beyond the one-array program's wait, per round and further operand. It is timed at the two sizes the terms hold one
+for (`OPERAND_FLOATS`: TINY bytes an operand for `Terms.tiny`, the small size for `Terms.per_operand`). The rounds' many-operand
+all-reduces, timed between other collectives, run in another state, and their cost per operand differs from it by up
+to 2.5x either way on the 2 x 4 CPU job.
+
 A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
 again in more rounds, the terms from each program's median over all its rounds so far. A burst of noise on
 the host during one calibration then moves a round's share of the samples, not every term of the mesh.
@@ -28,9 +36,12 @@ from jax.sharding import PartitionSpec as P
 
 from moejax.cost import program_ops, program_price
 from moejax.study import compute_calibration, interleaved_timing, program_calibration
+from moejax.validation import require
 
 ROUNDS = 8
 SIDES = (128, 512)
+OPERANDS = program_calibration.OPERANDS
+OPERAND_FLOATS = (program_calibration.TINY // 4, program_calibration.SIZES[0] // 4)  # floats per operand, `sync_key`
 
 
 def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
@@ -39,30 +50,36 @@ def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
   return MeshCalibration(mesh).retime(repeats, say)
 
 
-def rounds_program(mesh, side: int):
+def rounds_program(mesh, side: int, operands: int = 1, width: int = 1):
   """jit(shard_map) of ROUNDS rounds on a device's [side, side] block a and [1, side, side] weight b: a = tanh(a @ b)
-  then a + psum(a[0, 0]) over every axis of the mesh."""
+  then a + psum(a[0, 0]) over every axis of the mesh; with several `operands`, one psum of that many [1, width]
+  slices of a's first row and a + each one's sum."""
   everything = tuple(mesh.axis_names)
+  require(operands * width <= side, "side", side, f">= {operands} operands x {width} floats")
 
   def body(a, b):
     for _ in range(ROUNDS):
       a = jnp.tanh(a @ b[0])
-      a = a + jax.lax.psum(a[:1, :1], everything)
+      if operands == 1:
+        a = a + jax.lax.psum(a[:1, :1], everything)
+      else:
+        sums = jax.lax.psum(tuple(a[:1, i * width : (i + 1) * width] for i in range(operands)), everything)
+        a = a + sum(s.sum() for s in sums)
     return a
 
   spec = P(everything)
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=spec))
 
 
-def wait_program(side: int, mesh) -> tuple:
-  """(compiled, args): `rounds_program` at `side` on random blocks placed on the mesh."""
+def wait_program(side: int, mesh, operands: int = 1, width: int = 1) -> tuple:
+  """(compiled, args): `rounds_program` at `side` (with `operands` of `width`) on random blocks placed on the mesh."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
   args = (
     jnp.asarray(rng.uniform(-1, 1, (devices * side, side)), jnp.float32),
     jnp.asarray(rng.uniform(-1, 1, (devices, side, side)) / side, jnp.float32),
   )
   args = program_calibration.placed(args, mesh)
-  return rounds_program(mesh, side).lower(*args).compile(), args
+  return rounds_program(mesh, side, operands, width).lower(*args).compile(), args
 
 
 def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
@@ -77,6 +94,27 @@ def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
   return segment_s, max(0.0, (seconds - priced.serial_s) / len(reduces))
 
 
+def sync_key(mesh) -> tuple:
+  """The (kind, axes) of an all-reduce over every axis of the mesh of more than one device: a gradient sync's."""
+  return ("all-reduce", program_calibration.axis_sets(mesh)[-1])
+
+
+def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> float:
+  """The cost per operand past the first of `sync_key`'s all-reduce after compute, from `wait_program`'s `compiled`
+  with OPERANDS operands timed at `seconds` and the wait `wait_s` of the one-operand program at its side: the excess
+  over its price without a wait or a cost per operand (neither `Terms.per_operand`'s nor `Terms.tiny`'s), less the
+  wait, per all-reduce and further operand; at least 0."""
+  key = sync_key(mesh)
+  tiny = {**terms.tiny, key: (terms.tiny[key][0], 0.0)} if key in terms.tiny else terms.tiny
+  plain = dataclasses.replace(terms, arrival=(), per_operand={**terms.per_operand, key: 0.0}, tiny=tiny)
+  priced = program_price.price_measured(compiled, mesh, plain)
+  reduces = [c for c in priced.collectives if c.collective.axes]
+  operands = {c.collective.operands for c in reduces}
+  require(operands == {OPERANDS}, "all-reduce operands", operands, f"{{{OPERANDS}}}: one instruction of them a round")
+  excess = (seconds - priced.serial_s) / sum(c.collective.count for c in reduces) - wait_s
+  return max(0.0, excess / (OPERANDS - 1))
+
+
 class MeshCalibration:
   """A mesh's terms re-timed through a sweep (module docstring): `retime(repeats)` adds `repeats` interleaved rounds
   of every program (the collectives of `program_calibration.collective_keys`, the compute benchmarks, the waits) and
@@ -88,7 +126,8 @@ class MeshCalibration:
     collectives = [program_calibration.collective_program(k[0], k[1], k[2], mesh, k[3], k[4]) for k in self.keys]
     compute, self.found = compute_calibration.compute_programs(mesh)
     self.waits = [wait_program(side, mesh) for side in SIDES] if mesh.devices.size > 1 else []
-    self.programs = collectives + compute + self.waits
+    self.many = [wait_program(SIDES[-1], mesh, OPERANDS, w) for w in OPERAND_FLOATS] if self.waits else []
+    self.programs = collectives + compute + self.waits + self.many
     self.times = [[] for _ in self.programs]
 
   @property
@@ -102,10 +141,25 @@ class MeshCalibration:
     n, c = len(self.keys), len(self.found)
     compute = compute_calibration.compute_from(self.found, seconds[n : n + c])
     terms = program_calibration.terms_from(dict(zip(self.keys, seconds[:n])), compute, self.mesh, say=say)
-    points = tuple(wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, seconds[n + c :]))
-    if points:
-      say(
-        "wait at a collective after compute: "
-        + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
-      )
-    return dataclasses.replace(terms, arrival=points)
+    waits = seconds[n + c : n + c + len(self.waits)]
+    points = tuple(wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, waits))
+    if not points:
+      return terms
+    key = sync_key(self.mesh)
+    tiny, small = (
+      per_operand_from(compiled, self.mesh, terms, s, points[-1][1])
+      for (compiled, _), s in zip(self.many, seconds[-len(self.many) :])
+    )
+    say(
+      "wait at a collective after compute: "
+      + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
+      + f"; {key[0]} over {','.join(key[1])} after compute, per further operand: {small * 1e6:.1f} us (between "
+      f"collectives {terms.per_operand[key] * 1e6:.1f}), at {program_calibration.TINY} B {tiny * 1e6:.1f} us (between"
+      f" collectives {terms.tiny[key][1] * 1e6:.1f})"
+    )
+    return dataclasses.replace(
+      terms,
+      arrival=points,
+      per_operand={**terms.per_operand, key: small},
+      tiny={**terms.tiny, key: (terms.tiny[key][0], tiny)},
+    )
