@@ -86,22 +86,24 @@ def test_the_wait_interpolates_its_two_points():
   assert program_segments.arrival_seconds((), s2) == 0.0
 
 
-def test_the_price_adds_each_collectives_wait_after_its_segment(mesh_2x4):
-  """The calibration's rounds program: 8 all-reduces, each after one matmul of 2 x side^3 FLOPs; priced with the
-  wait, each costs arrival_seconds of its segment's price more (recomputed here from the ops it lists); a chain of
-  collectives adds a wait to its first only."""
+@pytest.mark.parametrize("kind", arrival_calibration.WAITED)
+def test_the_price_adds_each_collectives_wait_after_its_segment(mesh_2x4, kind):
+  """The calibration's rounds program: 8 all-reduces (or permutes), each after one matmul of 2 x side^3 FLOPs; priced
+  with the wait, each costs arrival_seconds of its segment's price more (recomputed here from the ops it lists), at
+  the points of its kind (a permute's own where measured); a chain of collectives adds a wait to its first only."""
   side = 32
   args = (jnp.ones((8 * side, side)), jnp.ones((8, side, side)))
-  compiled = arrival_calibration.rounds_program(mesh_2x4, side).lower(*args).compile()
+  compiled = arrival_calibration.rounds_program(mesh_2x4, side, kind=kind).lower(*args).compile()
   hlo = compiled.as_text()
   rng = np.random.default_rng()
-  points = ((1e-4, rng.uniform(1e-4, 1e-3)), (1e-2, rng.uniform(1e-3, 1e-2)))
-  terms = _terms(compiled, mesh_2x4, rng, points)
-  plain = dataclasses.replace(terms, arrival=())
+  group, peer = (((1e-4, rng.uniform(1e-4, 1e-3)), (1e-2, rng.uniform(1e-3, 1e-2))) for _ in range(2))
+  terms = dataclasses.replace(_terms(compiled, mesh_2x4, rng, group), arrival_peer=peer)
+  points = peer if kind == "collective-permute" else group
+  plain = dataclasses.replace(terms, arrival=(), arrival_peer=())
   ops = {o.name: o for o in program_ops.parse(hlo)}
   segments = program_segments.segments(hlo)
   found = program.collectives(compiled, mesh_2x4)
-  assert len(found) == arrival_calibration.ROUNDS
+  assert len(found) == arrival_calibration.ROUNDS and {c.kind for c in found} == {kind}
   want = 0.0
   for c in found:
     listed = [ops[n] for n in segments[c.name] if n in ops]
@@ -179,6 +181,8 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   calibration = arrival_calibration.MeshCalibration(mesh)
   rng = np.random.default_rng()
   base = rng.uniform(1e-4, 1e-3, len(calibration.programs))
+  n, c, w = len(calibration.keys), len(calibration.found), len(calibration.waits)
+  base[n + c : n + c + w] = rng.uniform(0.05, 0.5, w)  # the wait programs': waits well above 0, each its own
   base[-2:] = rng.uniform(0.5, 1.0, 2)  # the many-operand programs': a cost per operand well above 0
   fast, slow = [list(b * rng.uniform(1, 1.2, 3)) for b in base], [list(b * rng.uniform(3, 4, 2)) for b in base]
   clock = iter([fast, slow])
@@ -188,25 +192,27 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   second = calibration.retime(2, quiet)
   assert calibration.rounds == 5 and first != second
   both = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
-  n, c = len(calibration.keys), len(calibration.found)
   compute = compute_calibration.compute_from(calibration.found, both[n : n + c])
   want = program_calibration.terms_from(dict(zip(calibration.keys, both[:n])), compute, mesh, say=quiet)
   waits = tuple(
     arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
   )
-  assert len(waits) == len(arrival_calibration.SIDES) and len(both) == n + c + len(waits) + 2
+  sides = len(arrival_calibration.SIDES)
+  assert len(waits) == 2 * sides and len(both) == n + c + len(waits) + 2  # an all-reduce's, then a permute's
   key = arrival_calibration.sync_key(mesh)
   tiny, small = (
-    arrival_calibration.per_operand_from(compiled, mesh, want, s, waits[-1][1])
+    arrival_calibration.per_operand_from(compiled, mesh, want, s, waits[sides - 1][1])
     for (compiled, _), s in zip(calibration.many, both[-2:])
   )
   assert tiny > 0 and small > 0
-  assert dataclasses.replace(second, arrival=()) == dataclasses.replace(
+  assert dataclasses.replace(second, arrival=(), arrival_peer=()) == dataclasses.replace(
     want,
     per_operand={**want.per_operand, key: pytest.approx(small, rel=1e-12)},
     tiny={**want.tiny, key: (want.tiny[key][0], pytest.approx(tiny, rel=1e-12))},
   )
-  np.testing.assert_allclose(second.arrival, waits, rtol=1e-12)  # sums of the segments' ops, in any order
+  np.testing.assert_allclose(second.arrival, waits[:sides], rtol=1e-12)  # sums of the segments' ops, in any order
+  np.testing.assert_allclose(second.arrival_peer, waits[sides:], rtol=1e-12)
+  assert all(w > 0 for _, w in waits) and second.arrival != second.arrival_peer
   assert second.per_kind[("all-to-all", ("gpu",))] != first.per_kind[("all-to-all", ("gpu",))]
 
 

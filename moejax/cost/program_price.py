@@ -196,7 +196,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
   each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]`
   (alpha `terms.chained`'s for one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
   combined all-reduce of a step's gradients), plus its devices' wait for one another after the compute before it
-  (`program_segments.arrival_seconds` of its `segment_seconds`); compute per op
+  (`program_segments.arrival_seconds` of its `segment_seconds`, at `Terms.arrival_points` of its kind); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
   category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
@@ -210,12 +210,11 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
       f"cannot price collectives or ops {unknown} (runs unknown) or kinds and axes {missing} (not measured; "
       f"measured: {sorted(terms.per_kind)})"
     )
-  waits = {n: program_segments.arrival_seconds(terms.arrival, s) for n, s in segment_seconds(hlo, ops, terms).items()}
+  segments = segment_seconds(hlo, ops, terms)
   priced = []
   for c in found:
-    seconds = (
-      terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) + waits[c.name] if c.axes else 0.0
-    )
+    wait = program_segments.arrival_seconds(terms.arrival_points(c.kind), segments[c.name])
+    seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) + wait if c.axes else 0.0
     beta = terms.byte_seconds(c.kind, c.axes, c.bytes) if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))

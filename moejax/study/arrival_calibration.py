@@ -10,7 +10,10 @@ A program of ROUNDS rounds of (a per-device [side, side] matmul, then an all-red
 depends on it, added back) is timed at two sides (`SIDES`: a segment of well under a millisecond on a 2-core host,
 and one of several), and priced by `moejax.cost.program_price.price_measured` with the terms measured before (no
 wait). The excess of its time over that price, per all-reduce, is the wait after a segment of its priced seconds:
-the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. Microbenchmarks only: no
+the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. The same rounds with a ring
+permute in place of the all-reduce give `Terms.arrival_peer`: at a permute a device waits for its source alone, not
+for the last of the group (on the 2-process CPU job the flat ring's permutes priced at the all-reduce's wait came to
+twice their time inside the layer). Microbenchmarks only: no
 measured point of a sweep enters them.
 
 The same program at the larger side with an all-reduce of OPERANDS arrays per round, each a slice of the round's
@@ -42,6 +45,7 @@ ROUNDS = 8
 SIDES = (128, 512)
 OPERANDS = program_calibration.OPERANDS
 OPERAND_FLOATS = (program_calibration.TINY // 4, program_calibration.SIZES[0] // 4)  # floats per operand, `sync_key`
+WAITED = ("all-reduce", "collective-permute")  # waits for the whole group (`Terms.arrival`), for its source alone
 
 
 def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
@@ -50,17 +54,23 @@ def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
   return MeshCalibration(mesh).retime(repeats, say)
 
 
-def rounds_program(mesh, side: int, operands: int = 1, width: int = 1):
+def rounds_program(mesh, side: int, operands: int = 1, width: int = 1, kind: str = "all-reduce"):
   """jit(shard_map) of ROUNDS rounds on a device's [side, side] block a and [1, side, side] weight b: a = tanh(a @ b)
-  then a + psum(a[0, 0]) over every axis of the mesh; with several `operands`, one psum of that many [1, width]
-  slices of a's first row and a + each one's sum."""
+  then a + psum(a[0, 0]) over every axis of the mesh (`kind` 'collective-permute': a + a[0, 0] of the device before
+  it in a ring over every device); with several `operands`, one psum of that many [1, width] slices of a's first row
+  and a + each one's sum."""
   everything = tuple(mesh.axis_names)
   require(operands * width <= side, "side", side, f">= {operands} operands x {width} floats")
+  require(kind in WAITED, "kind", kind, f"one of {WAITED}")
+  require(operands == 1 or kind == "all-reduce", "operands", operands, "1 for a permute")
+  ring = [(i, (i + 1) % mesh.devices.size) for i in range(mesh.devices.size)]
 
   def body(a, b):
     for _ in range(ROUNDS):
       a = jnp.tanh(a @ b[0])
-      if operands == 1:
+      if kind == "collective-permute":
+        a = a + jax.lax.ppermute(a[:1, :1], everything, ring)
+      elif operands == 1:
         a = a + jax.lax.psum(a[:1, :1], everything)
       else:
         sums = jax.lax.psum(tuple(a[:1, i * width : (i + 1) * width] for i in range(operands)), everything)
@@ -71,21 +81,22 @@ def rounds_program(mesh, side: int, operands: int = 1, width: int = 1):
   return jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(spec, spec), out_specs=spec))
 
 
-def wait_program(side: int, mesh, operands: int = 1, width: int = 1) -> tuple:
-  """(compiled, args): `rounds_program` at `side` (with `operands` of `width`) on random blocks placed on the mesh."""
+def wait_program(side: int, mesh, operands: int = 1, width: int = 1, kind: str = "all-reduce") -> tuple:
+  """(compiled, args): `rounds_program` at `side` (its `operands` of `width`, its `kind`) on random blocks placed on
+  the mesh."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
   args = (
     jnp.asarray(rng.uniform(-1, 1, (devices * side, side)), jnp.float32),
     jnp.asarray(rng.uniform(-1, 1, (devices, side, side)) / side, jnp.float32),
   )
   args = program_calibration.placed(args, mesh)
-  return rounds_program(mesh, side, operands, width).lower(*args).compile(), args
+  return rounds_program(mesh, side, operands, width, kind).lower(*args).compile(), args
 
 
 def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
   """(the priced seconds of a round's segment, the wait per all-reduce) of `wait_program`'s `compiled` timed at
   `seconds`: the excess over its price without a wait, at least 0."""
-  plain = dataclasses.replace(terms, arrival=())
+  plain = dataclasses.replace(terms, arrival=(), arrival_peer=())
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()
   before = program_price.segment_seconds(hlo, program_ops.parse(hlo), plain)
@@ -106,7 +117,9 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
   wait, per all-reduce and further operand; at least 0."""
   key = sync_key(mesh)
   tiny = {**terms.tiny, key: (terms.tiny[key][0], 0.0)} if key in terms.tiny else terms.tiny
-  plain = dataclasses.replace(terms, arrival=(), per_operand={**terms.per_operand, key: 0.0}, tiny=tiny)
+  plain = dataclasses.replace(
+    terms, arrival=(), arrival_peer=(), per_operand={**terms.per_operand, key: 0.0}, tiny=tiny
+  )
   priced = program_price.price_measured(compiled, mesh, plain)
   reduces = [c for c in priced.collectives if c.collective.axes]
   operands = {c.collective.operands for c in reduces}
@@ -125,8 +138,9 @@ class MeshCalibration:
     self.keys = program_calibration.collective_keys(mesh)
     collectives = [program_calibration.collective_program(k[0], k[1], k[2], mesh, k[3], k[4]) for k in self.keys]
     compute, self.found = compute_calibration.compute_programs(mesh)
-    self.waits = [wait_program(side, mesh) for side in SIDES] if mesh.devices.size > 1 else []
-    self.many = [wait_program(SIDES[-1], mesh, OPERANDS, w) for w in OPERAND_FLOATS] if self.waits else []
+    many = mesh.devices.size > 1
+    self.waits = [wait_program(side, mesh, kind=kind) for kind in WAITED for side in SIDES] if many else []
+    self.many = [wait_program(SIDES[-1], mesh, OPERANDS, w) for w in OPERAND_FLOATS] if many else []
     self.programs = collectives + compute + self.waits + self.many
     self.times = [[] for _ in self.programs]
 
@@ -141,10 +155,11 @@ class MeshCalibration:
     n, c = len(self.keys), len(self.found)
     compute = compute_calibration.compute_from(self.found, seconds[n : n + c])
     terms = program_calibration.terms_from(dict(zip(self.keys, seconds[:n])), compute, self.mesh, say=say)
-    waits = seconds[n + c : n + c + len(self.waits)]
-    points = tuple(wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, waits))
-    if not points:
+    if not self.waits:
       return terms
+    waits = seconds[n + c : n + c + len(self.waits)]
+    found = [wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, waits)]
+    points, peer = tuple(found[: len(SIDES)]), tuple(found[len(SIDES) :])
     key = sync_key(self.mesh)
     tiny, small = (
       per_operand_from(compiled, self.mesh, terms, s, points[-1][1])
@@ -153,6 +168,8 @@ class MeshCalibration:
     say(
       "wait at a collective after compute: "
       + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
+      + "; at a permute: "
+      + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in peer)
       + f"; {key[0]} over {','.join(key[1])} after compute, per further operand: {small * 1e6:.1f} us (between "
       f"collectives {terms.per_operand[key] * 1e6:.1f}), at {program_calibration.TINY} B {tiny * 1e6:.1f} us (between"
       f" collectives {terms.tiny[key][1] * 1e6:.1f})"
@@ -160,6 +177,7 @@ class MeshCalibration:
     return dataclasses.replace(
       terms,
       arrival=points,
+      arrival_peer=peer,
       per_operand={**terms.per_operand, key: small},
       tiny={**terms.tiny, key: (terms.tiny[key][0], tiny)},
     )

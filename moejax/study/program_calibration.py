@@ -51,7 +51,8 @@ class Terms:
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
   directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
   per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
-  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none); large:
+  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none); arrival_peer: the
+  same at a collective-permute, where a device waits for its source alone (absent: arrival's); large:
   {(kind, axes): seconds per byte above SIZES[1]} (absent: beta)."""
 
   per_kind: dict
@@ -65,6 +66,11 @@ class Terms:
   tiny: dict = dataclasses.field(default_factory=dict)
   arrival: tuple = ()
   large: dict = dataclasses.field(default_factory=dict)
+  arrival_peer: tuple = ()
+
+  def arrival_points(self, kind: str) -> tuple:
+    """The wait's calibrated points at a collective of `kind`: `arrival_peer` for a permute where measured."""
+    return self.arrival_peer if kind == "collective-permute" and self.arrival_peer else self.arrival
 
   def byte_seconds(self, kind: str, axes: tuple, nbytes: float) -> float:
     """The seconds of a collective's `nbytes` beyond its alpha: beta a byte up to SIZES[1], `large`'s above."""
@@ -117,6 +123,7 @@ class Terms:
       launch_s=self.launch_s,
       call_s=self.call_s,
       arrival=[list(p) for p in self.arrival],
+      arrival_peer=[list(p) for p in self.arrival_peer],
     )
 
 
