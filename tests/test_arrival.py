@@ -49,26 +49,28 @@ def test_a_collectives_segment_is_the_compute_since_the_collective_before(mesh_2
 
 
 def test_a_segment_runs_on_into_branches_and_loops(mesh_2x4):
-  """matmul -> cond(psum | nothing) -> sort -> fori_loop(psum -> scale): the psum first in a branch has the matmul
-  before the conditional in its segment (not an empty one: the branch starts with it); the loop's psum, first in its
-  body, its steady state: the scale after it in the body, not the sort before the loop."""
+  """matmul -> cond(psum | nothing) -> sort -> psum -> fori_loop(psum -> scale): the psum first in a branch has the
+  matmul before the conditional in its segment (not an empty one: the branch starts with it); the psum after the
+  conditional the sort alone (the branch that ran a collective ends the segment, not the one that did not); the
+  loop's psum, first in its body, its steady state: the scale after it in the body, not the sort before the loop."""
 
   def body(x, w, flag):
     y = jnp.tanh(x @ w[0])
-    y = jax.lax.cond(flag[0] > 0, lambda v: jax.lax.psum(v, "gpu"), lambda v: v, y)
-    y = jnp.sort(y, axis=0)
+    y = jax.lax.cond(flag[0] > 0, lambda v: jax.lax.psum(v, "gpu"), lambda v: v * 2.0, y)
+    y = jax.lax.psum(jnp.sort(y, axis=0), "node")
     return jax.lax.fori_loop(0, 3, lambda _, v: jax.lax.psum(v, BOTH) * 0.5, y)
 
   f = jax.shard_map(body, mesh=mesh_2x4, in_specs=(P(BOTH), P(BOTH), P(BOTH)), out_specs=P(BOTH), check_vma=False)
   compiled = jax.jit(f).lower(jnp.ones((8 * 16, 32)), jnp.ones((8, 32, 32)), jnp.ones((8,), jnp.int32)).compile()
   hlo = compiled.as_text()
   found = program.collectives(compiled, mesh_2x4)
-  assert sorted(c.axes for c in found) == sorted([("gpu",), BOTH])
+  assert sorted(c.axes for c in found) == sorted([("gpu",), ("node",), BOTH])
   segments = program_segments.segments(hlo)
   ops = {o.name: o for o in program_ops.parse(hlo)}
   categories = {c.axes: {ops[n].category for n in segments[c.name] if n in ops} for c in found}
   assert "matmul" in categories[("gpu",)] and "sort" not in categories[("gpu",)]
-  assert categories[BOTH] and "sort" not in categories[BOTH] and "matmul" not in categories[BOTH]
+  assert "sort" in categories[("node",)] and "matmul" not in categories[("node",)]
+  assert categories[BOTH] and not categories[BOTH] & {"sort", "matmul"}
 
 
 def test_the_wait_interpolates_its_two_points():

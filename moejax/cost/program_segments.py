@@ -1,8 +1,8 @@
 """The compute before each collective of a compiled program, and what waiting at the collective after it costs.
 
-`segments(hlo)` maps each collective instruction to its segment: the ops (`moejax.cost.program_ops`) its computation
-runs between the collective before it and it (from the computation's start for the first). A collective that
-directly follows another has an empty segment.
+`segments(hlo)` maps each collective instruction to its segment: the ops (`moejax.cost.program_ops`) the program runs
+between the collective before it and it, in the order it runs them from its entry (into a conditional's branch or a
+loop's body, and back out). A collective that directly follows another has an empty segment.
 
 Why the segment matters: devices that share a host's cores (simulated CPU devices, gloo's processes) finish a segment
 at different times, and at the collective every device waits for the last one. The wait grows with the segment and
@@ -27,37 +27,41 @@ def segments(hlo: str) -> dict[str, tuple[str, ...]]:
   computations, entry = program_lib.computations_of(hlo)
   found = {}
 
-  def walk(name: str, since: tuple) -> tuple:
+  def walk(name: str, since: tuple) -> tuple[tuple, bool]:
+    """(the segment after computation `name` run from `since`, whether it ran a collective)."""
+    crossed = False
     for inst, _, opcode, rest in computations.get(name, []):
       if opcode.removesuffix("-start").removesuffix("-done") in program_lib.KINDS:
         if not opcode.endswith("-done"):
           found[inst] = since
-        since = ()
+        since, crossed = (), True
       elif program_ops.category(opcode, rest, computations) is not None:
         since += (inst,)
       elif opcode in program_ops.CONTROL:
-        since = _called(opcode, rest, since, walk)
-    return since
+        since, inner = _called(opcode, rest, since, walk)
+        crossed = crossed or inner
+    return since, crossed
 
   walk(entry, ())
   return found
 
 
-def _called(opcode: str, rest: str, since: tuple, walk) -> tuple:
-  """The segment after a control-flow instruction whose callees `walk` continues from `since`: a loop's body and
-  condition walked twice (the second pass, from the first's end, gives the body's collectives their steady state);
-  a conditional's branches each from `since`, after it the longest branch's end."""
-  calls = program_lib.called_computations(opcode, rest)
+def _called(opcode: str, rest: str, since: tuple, walk) -> tuple[tuple, bool]:
+  """(the segment after a control-flow instruction whose callees `walk` continues from `since`, whether they ran a
+  collective): a loop's condition and body walked twice (the second pass, from the first's end, gives the body's
+  collectives their steady state); a conditional's branches each from `since`, after it the end of its longest
+  branch among those that ran a collective (the exchange steps a ring's loop takes in turn), else of its longest."""
+  calls = [name for name, _, _ in program_lib.called_computations(opcode, rest)]
   if opcode == "while":
-    loop = [name for name, _, _ in calls]
+    crossed = False
     for _ in range(2):
-      end = since
-      for name in loop:
-        end = walk(name, end)
-      since = end if end != since else since
-    return since
-  ends = [walk(name, since) for name, _, _ in calls]
-  return max(ends, key=len, default=since)
+      for name in calls:
+        since, inner = walk(name, since)
+        crossed = crossed or inner
+    return since, crossed
+  ends = [walk(name, since) for name in calls]
+  crossing = [end for end, inner in ends if inner]
+  return max(crossing or [end for end, _ in ends], key=len, default=since), bool(crossing)
 
 
 def arrival_seconds(points: tuple, segment_s: float) -> float:
