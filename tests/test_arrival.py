@@ -178,7 +178,8 @@ def test_the_calibration_recovers_a_planted_cost_per_operand(mesh_2x4, width):
 
 def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   """MeshCalibration.retime twice: the second terms are those of each program's median over both calls' rounds (a
-  planted clock: the first call's rounds fast, the second's slow), not of the second call alone."""
+  planted clock: the first call's rounds fast, the second's slow), not of the second call alone; only the first
+  warms the programs."""
   mesh = mesh_lib.make_mesh(1, 2, devices=devices[:2])
   calibration = arrival_calibration.MeshCalibration(mesh)
   rng = np.random.default_rng()
@@ -187,12 +188,13 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   base[n + c : n + c + w] = rng.uniform(0.05, 0.5, w)  # the wait programs': waits well above 0, each its own
   base[-2:] = rng.uniform(0.5, 1.0, 2)  # the many-operand programs': a cost per operand well above 0
   fast, slow = [list(b * rng.uniform(1, 1.2, 3)) for b in base], [list(b * rng.uniform(3, 4, 2)) for b in base]
-  clock = iter([fast, slow])
-  monkeypatch.setattr(interleaved_timing, "samples", lambda programs, repeats: next(clock))
+  clock, warmed = iter([fast, slow]), []
+  monkeypatch.setattr(interleaved_timing, "samples", lambda programs, repeats, warm: warmed.append(warm) or next(clock))
   quiet = lambda *a: None  # noqa: E731
   first = calibration.retime(3, quiet)
   second = calibration.retime(2, quiet)
   assert calibration.rounds == 5 and first != second
+  assert warmed == [True, False]  # only the first rounds call each program untimed first
   both = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
   compute = compute_calibration.compute_from(calibration.found, both[n : n + c])
   want = program_calibration.terms_from(dict(zip(calibration.keys, both[:n])), compute, mesh, say=quiet)

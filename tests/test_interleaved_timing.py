@@ -24,3 +24,20 @@ def test_rounds_call_every_program_once_in_order_and_take_each_ones_median(monke
   got = interleaved_timing.medians([program(name) for name in names], repeats)
   assert calls == list(names) * (repeats + 1)  # warm-ups, then the rounds
   np.testing.assert_allclose(got, [np.median(planted[name][1:]) for name in names], rtol=1e-12)
+
+
+def test_unwarmed_rounds_time_every_call(monkeypatch):
+  """samples(warm=False): no untimed call first; each round's call is timed, in order."""
+  rng = np.random.default_rng()
+  planted = list(rng.uniform(0.1, 2.0, 4))
+  clock, calls = [0.0], []
+  monkeypatch.setattr(interleaved_timing.time, "perf_counter", lambda: clock[0])
+
+  def run():
+    clock[0] += planted[len(calls)]
+    calls.append(1)
+    return np.zeros(1)
+
+  got = interleaved_timing.samples([(run, ())], 4, warm=False)
+  assert len(calls) == 4
+  np.testing.assert_allclose(got, [planted], rtol=1e-12)

@@ -149,7 +149,9 @@ class MeshCalibration:
     return len(self.times[0])
 
   def retime(self, repeats: int, say=print) -> program_calibration.Terms:
-    for kept, new in zip(self.times, interleaved_timing.samples(self.programs, repeats)):
+    # Only the first rounds warm every program: later ones join a median over many rounds.
+    fresh = interleaved_timing.samples(self.programs, repeats, warm=self.rounds == 0)
+    for kept, new in zip(self.times, fresh):
       kept.extend(new)
     seconds = [statistics.median(t) for t in self.times]
     n, c = len(self.keys), len(self.found)

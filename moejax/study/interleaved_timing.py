@@ -14,9 +14,10 @@ def medians(programs: list[tuple], repeats: int) -> list[float]:
   return [statistics.median(seconds) for seconds in samples(programs, repeats)]
 
 
-def samples(programs: list[tuple], repeats: int) -> list[list[float]]:
-  """Wall seconds of each (fn, args) of `programs` in each of `repeats` interleaved rounds (module docstring)."""
-  for fn, args in programs:
+def samples(programs: list[tuple], repeats: int, warm: bool = True) -> list[list[float]]:
+  """Wall seconds of each (fn, args) of `programs` in each of `repeats` interleaved rounds (module docstring); with
+  `warm` False no untimed call first (programs timed before, their medians taken over many rounds)."""
+  for fn, args in programs if warm else ():
     jax.block_until_ready(fn(*args))
   times = [[] for _ in programs]
   for _ in range(repeats):

@@ -19,7 +19,9 @@ from moejax.study.repeats import Repeats, timed
 from moejax.train import objective
 from moejax.train import trainer as train_lib
 
-CALIBRATION_ROUNDS = 9  # rounds of a mesh's microbenchmarks before each of its points (`_retimed`)
+# Rounds of a mesh's microbenchmarks before its first point, and before each later one (`_retimed`): the terms are
+# medians over every round so far, so later points add fewer.
+CALIBRATION_ROUNDS = (9, 5)
 
 
 def time_training_step(
@@ -98,15 +100,15 @@ def _timed_layer(cfg, mesh, tokens: int, dtype, config, terms) -> dict:
 
 def _retimed(calibrations: dict, mesh, point: Point):
   """The terms of the point's mesh (`arrival_calibration.MeshCalibration`, kept in `calibrations` by (n, m)),
-  re-timed: CALIBRATION_ROUNDS more rounds, the terms from every round on the mesh so far. The first time the terms
-  are logged in full, later a line of the main ones."""
+  re-timed: CALIBRATION_ROUNDS more rounds (the first on the mesh, or a later one), the terms from every round on the
+  mesh so far. The first time the terms are logged in full, later a line of the main ones."""
   key = (point.nodes, point.gpus_per_node)
   first = key not in calibrations
   if first:
     calibrations[key] = arrival_calibration.MeshCalibration(mesh)
   calibration = calibrations[key]
   say = (lambda line: logging.info("%s %s", point.mesh, line)) if first else (lambda line: None)
-  terms = calibration.retime(CALIBRATION_ROUNDS, say)
+  terms = calibration.retime(CALIBRATION_ROUNDS[0] if first else CALIBRATION_ROUNDS[1], say)
   if not first:
     logging.info(
       "%s terms re-timed over %d rounds: matmul %.2f GFLOP/s, call %.0f us, launch %.1f us",
