@@ -84,10 +84,8 @@ def points_table(runs: dict) -> str:
 def summary_table(runs: dict, each: float = EACH, median: float = MEDIAN) -> str:
   """A markdown table, a line per run: per quantity the median |error|, the range and how many points are within
   `each`, then whether the bound (every point within `each`, the median within `median`) is met in every run."""
-  lines = [
-    f"| run | layer: median \\|error\\|, range, within {each:.0%} | step: median \\|error\\|, range, within {each:.0%} |",
-    "|---|---|---|",
-  ]
+  heads = [f"{quantity}: median \\|error\\|, range, within {each:.0%}" for quantity, *_ in QUANTITIES]
+  lines = ["| run | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
   met = []
   for name, rows in runs.items():
     cells = []
