@@ -53,7 +53,8 @@ def test_the_bound_needs_every_point_and_the_median():
 
 def test_the_tables_hold_each_runs_values_in_order():
   rng = np.random.default_rng()
-  runs = {"a": _rows(rng), "b": _rows(rng, rng.uniform(-0.08, 0.08, 6))}
+  beyond = rng.choice([-1, 1], 6) * rng.uniform(0.26, 0.5, 6)  # run a misses its bound surely, b meets it
+  runs = {"a": _rows(rng, beyond), "b": _rows(rng, rng.uniform(-0.08, 0.08, 6))}
   runs["b"] = runs["b"][1:]  # a point run b lacks: '-' there
   table = price_runs.points_table(runs).splitlines()
   assert len(table) == 2 + 6
