@@ -177,9 +177,10 @@ def test_the_calibration_recovers_a_planted_cost_per_operand(mesh_2x4, width):
 
 
 def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
-  """MeshCalibration.retime twice: the second terms are those of each program's median (a collective's program: its
-  lower quartile) over both calls' rounds (a planted clock: the first call's rounds fast, the second's slow), not of
-  the second call alone; only the first warms the programs."""
+  """MeshCalibration.retime twice: the second terms are those of each compute program's median (a program holding a
+  collective: its lower quartile; Terms.skew: a lone small collective's median less its quartile) over both calls'
+  rounds (a planted clock: the first call's rounds fast, the second's slow), not of the second call alone; only the
+  first warms the programs."""
   mesh = mesh_lib.make_mesh(1, 2, devices=devices[:2])
   calibration = arrival_calibration.MeshCalibration(mesh)
   rng = np.random.default_rng()
@@ -196,10 +197,15 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   assert calibration.rounds == 5 and first != second
   assert warmed == [True, False]  # only the first rounds call each program untimed first
   both = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
-  quartile = [float(np.quantile(a + b, arrival_calibration.COLLECTIVE_QUANTILE)) for a, b in zip(fast[:n], slow[:n])]
-  both[:n] = quartile  # the collectives' programs: their lower quartile, within the fast rounds
+  median = list(both)
+  quartile = [float(np.quantile(a + b, arrival_calibration.COLLECTIVE_QUANTILE)) for a, b in zip(fast, slow)]
+  both = [m if n <= i < n + c else q for i, (m, q) in enumerate(zip(both, quartile))]  # but compute: lower quartile
+  small = (program_calibration.SIZES[0], 1, 1)
+  skew = {k[:2]: median[i] - quartile[i] for i, k in enumerate(calibration.keys) if k[2:] == small}
+  assert skew and all(s > 0 for s in skew.values())  # 3 fast rounds, 2 slow: the median above the quartile
   compute = compute_calibration.compute_from(calibration.found, both[n : n + c])
   want = program_calibration.terms_from(dict(zip(calibration.keys, both[:n])), compute, mesh, say=quiet)
+  want = dataclasses.replace(want, skew=skew)
   waits = tuple(
     arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
   )

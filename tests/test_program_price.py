@@ -216,6 +216,31 @@ def test_a_collective_right_after_another_is_chained_and_priced_at_its_chained_c
   assert program_price.price_measured(compiled, mesh_2x4, terms).communication_s == pytest.approx(expected, rel=1e-12)
 
 
+def test_a_program_pays_the_launch_skew_once_at_its_first_collective(mesh_2x4):
+  """Terms.skew is paid once per program run, at the first collective the program runs over some axis (its kind and
+  axes'), whether that one runs once or in a loop of three: the price with skew less the one without, both here."""
+  gpu = ("gpu",)
+  once = lambda a: jnp.sort(a + jax.lax.psum(a, gpu), axis=0)  # noqa: E731
+  step = lambda i, v: jnp.sort(v + jax.lax.psum(v, BOTH), axis=0)  # noqa: E731
+  looped = lambda a: jax.lax.fori_loop(0, 3, step, a)  # noqa: E731
+  rng = np.random.default_rng()
+  per_kind = {("all-reduce", a): (rng.uniform(1e-5, 1e-4), rng.uniform(1e-9, 1e-8)) for a in (gpu, BOTH)}
+  skew = {key: rng.uniform(1e-4, 1e-3) for key in per_kind}
+  x = jnp.asarray(rng.uniform(-1, 1, (8 * 16, 8)), jnp.float32)
+  for body, first in ((lambda a: looped(once(a)), gpu), (lambda a: once(looped(a)), BOTH)):
+    fn = jax.shard_map(body, mesh=mesh_2x4, in_specs=P(BOTH), out_specs=P(BOTH))
+    compiled = jax.jit(fn).lower(x).compile()
+    found = program.collectives(compiled, mesh_2x4)
+    assert sum(c.count for c in found if c.axes == BOTH) == 3
+    named = program_price.first_collective(compiled.as_text(), found)
+    assert next(c.axes for c in found if c.name == named) == first
+    plain = program_calibration.Terms(per_kind, 1e9, 1e8)
+    skewed = dataclasses.replace(plain, skew=skew)
+    extra = program_price.price_measured(compiled, mesh_2x4, skewed).serial_s
+    extra -= program_price.price_measured(compiled, mesh_2x4, plain).serial_s
+    assert extra == pytest.approx(skew[("all-reduce", first)], rel=1e-9)
+
+
 def test_measured_terms_price_each_collective_of_a_layer(mesh_2x4):
   """price_measured: each collective alpha + beta x bytes of its (kind, axes), summed over its runs (recomputed
   here from the listed collectives), compute the call plus each listed op's runs x (launch + its FLOPs or bytes at

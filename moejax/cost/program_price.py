@@ -196,7 +196,9 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
   each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]`
   (alpha `terms.chained`'s for one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
   combined all-reduce of a step's gradients), plus its devices' wait for one another after the compute before it
-  (`program_segments.arrival_seconds` of its `segment_seconds`, at `Terms.arrival_points` of its kind); compute per op
+  (`program_segments.arrival_seconds` of its `segment_seconds`, at `Terms.arrival_points` of its kind), plus, at the
+  program's first collective (`first_collective`), once per program run, the job's processes' launch skew
+  (`Terms.skew` of its kind and axes); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
   category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
@@ -211,16 +213,26 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
       f"measured: {sorted(terms.per_kind)})"
     )
   segments = segment_seconds(hlo, ops, terms)
+  first = first_collective(hlo, found)
   priced = []
   for c in found:
     wait = program_segments.arrival_seconds(terms.arrival_points(c.kind), segments[c.name])
     seconds = terms.collective_seconds(c.kind, c.axes, c.bytes, c.operands, c.chained) + wait if c.axes else 0.0
+    if c.name == first:  # once per program run: the processes' launch skew, spread over its runs
+      seconds += terms.skew.get((c.kind, c.axes), 0.0) / c.count
     beta = terms.byte_seconds(c.kind, c.axes, c.bytes) if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
   compute = terms.call_s + sum(compute_by_category(ops, terms).values())
   flops, nbytes = sum(o.count * o.flops for o in ops), sum(o.count * o.bytes for o in ops)
   return ProgramPrice(tuple(priced), compute, flops, nbytes)
+
+
+def first_collective(hlo: str, found: list[program_lib.Collective]) -> str | None:
+  """The name of the first collective over some mesh axis the program runs from its entry (`program_segments.segments`'
+  order); None without one."""
+  spanning = {c.name for c in found if c.axes}
+  return next((name for name in program_segments.segments(hlo) if name in spanning), None)
 
 
 def compute_by_category(ops: list[program_ops.Op], terms) -> dict[str, float]:

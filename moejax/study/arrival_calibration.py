@@ -25,9 +25,10 @@ all-reduces, timed between other collectives, run in another state, and their co
 to 2.5x either way on the 2 x 4 CPU job.
 
 A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
-again in more rounds, the terms from each program's median over all its rounds so far, a collective's program's
-lower quartile (`COLLECTIVE_QUANTILE`: timed alone from the call's start, each round holds the processes' launch skew,
-which only adds). A burst of noise on
+again in more rounds, the terms from each program's time over all its rounds so far: a compute benchmark's median, a
+program holding a collective's lower quartile (`COLLECTIVE_QUANTILE`). Each round of such a program holds the job's
+processes' launch skew at its first collective, which only adds; a lone small collective's median beyond its quartile
+is `Terms.skew`, which a priced program pays once, at its first collective. A burst of noise on
 the host during one calibration then moves a round's share of the samples, not every term of the mesh.
 """
 
@@ -47,11 +48,12 @@ ROUNDS = 8
 SIDES = (128, 512)
 OPERANDS = program_calibration.OPERANDS
 OPERAND_FLOATS = (program_calibration.TINY // 4, program_calibration.SIZES[0] // 4)  # floats per operand, `sync_key`
-# A collective's program's time over the rounds: its lower quartile, where the other programs (compute, the waits'
-# rounds) take their median. It times one collective from the call's start, which meets the job's processes as each
-# starts the call on its own: a skew that only adds, and that a collective inside a program, its processes already
-# together, does not pay. On the 2-process CPU job a node,gpu collective alone took 0.5 to 50 ms from round to round
-# (median 7 to 17 ms), the same kind inside a layer a median 0.2 ms.
+# The time over the rounds of a program that holds a collective (the collectives', the waits'): its lower quartile,
+# where the compute benchmarks take their median. Its first collective meets the job's processes as each starts the
+# call on its own: a skew that only adds, and that a program's later collectives, their processes already together,
+# do not pay. On the 2-process CPU job a node,gpu collective alone took 0.5 to 50 ms from round to round (median 7 to
+# 17 ms), the same kind inside a layer a median 0.2 ms. The median's excess over the quartile is `Terms.skew`, which
+# a program pays once, at its first collective.
 COLLECTIVE_QUANTILE = 0.25
 WAITED = ("all-reduce", "collective-permute")  # waits for the whole group (`Terms.arrival`), for its source alone
 
@@ -104,7 +106,7 @@ def wait_program(side: int, mesh, operands: int = 1, width: int = 1, kind: str =
 def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
   """(the priced seconds of a round's segment, the wait per all-reduce) of `wait_program`'s `compiled` timed at
   `seconds`: the excess over its price without a wait, at least 0."""
-  plain = dataclasses.replace(terms, arrival=(), arrival_peer=())
+  plain = dataclasses.replace(terms, arrival=(), arrival_peer=(), skew={})  # its quartile holds the alphas' skew
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()
   before = program_price.segment_seconds(hlo, program_ops.parse(hlo), plain)
@@ -126,7 +128,7 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
   key = sync_key(mesh)
   tiny = {**terms.tiny, key: (terms.tiny[key][0], 0.0)} if key in terms.tiny else terms.tiny
   plain = dataclasses.replace(
-    terms, arrival=(), arrival_peer=(), per_operand={**terms.per_operand, key: 0.0}, tiny=tiny
+    terms, arrival=(), arrival_peer=(), skew={}, per_operand={**terms.per_operand, key: 0.0}, tiny=tiny
   )
   priced = program_price.price_measured(compiled, mesh, plain)
   reduces = [c for c in priced.collectives if c.collective.axes]
@@ -139,8 +141,8 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
 class MeshCalibration:
   """A mesh's terms re-timed through a sweep (module docstring): `retime(repeats)` adds `repeats` interleaved rounds
   of every program (the collectives of `program_calibration.collective_keys`, the compute benchmarks, the waits) and
-  returns the terms of each program's median over all rounds so far (a collective's program's lower quartile:
-  COLLECTIVE_QUANTILE)."""
+  returns the terms of each program's time over all rounds so far: a compute benchmark's median, a program holding a
+  collective's lower quartile (COLLECTIVE_QUANTILE), and `Terms.skew`."""
 
   def __init__(self, mesh):
     self.mesh = mesh
@@ -163,10 +165,18 @@ class MeshCalibration:
     for kept, new in zip(self.times, fresh):
       kept.extend(new)
     n, c = len(self.keys), len(self.found)
-    seconds = [float(np.quantile(t, COLLECTIVE_QUANTILE)) for t in self.times[:n]]
-    seconds += [statistics.median(t) for t in self.times[n:]]
+    seconds = [
+      statistics.median(t) if n <= i < n + c else float(np.quantile(t, COLLECTIVE_QUANTILE))
+      for i, t in enumerate(self.times)
+    ]
+    skew = {  # a lone small collective's median beyond its quartile: the skew the quartile leaves out
+      key[:2]: max(0.0, statistics.median(t) - seconds[i])
+      for i, (key, t) in enumerate(zip(self.keys, self.times))
+      if key[2:] == (program_calibration.SIZES[0], 1, 1)
+    }
     compute = compute_calibration.compute_from(self.found, seconds[n : n + c])
     terms = program_calibration.terms_from(dict(zip(self.keys, seconds[:n])), compute, self.mesh, say=say)
+    terms = dataclasses.replace(terms, skew=skew)
     if not self.waits:
       return terms
     waits = seconds[n + c : n + c + len(self.waits)]
@@ -184,7 +194,8 @@ class MeshCalibration:
       + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in peer)
       + f"; {key[0]} over {','.join(key[1])} after compute, per further operand: {small * 1e6:.1f} us (between "
       f"collectives {terms.per_operand[key] * 1e6:.1f}), at {program_calibration.TINY} B {tiny * 1e6:.1f} us (between"
-      f" collectives {terms.tiny[key][1] * 1e6:.1f})"
+      f" collectives {terms.tiny[key][1] * 1e6:.1f}); the processes' launch skew at a program's first collective "
+      f"{min(skew.values()) * 1e6:.0f}-{max(skew.values()) * 1e6:.0f} us"
     )
     return dataclasses.replace(
       terms,

@@ -53,7 +53,9 @@ class Terms:
   per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
   collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none); arrival_peer: the
   same at a collective-permute, where a device waits for its source alone (absent: arrival's); large:
-  {(kind, axes): seconds per byte above SIZES[1]} (absent: beta)."""
+  {(kind, axes): seconds per byte above SIZES[1]} (absent: beta); skew: {(kind, axes): seconds a program's first
+  collective of that kind waits beyond its alpha for the job's processes, which each start the call on their own}
+  (`moejax.study.arrival_calibration`; absent: 0)."""
 
   per_kind: dict
   flops_per_s: float
@@ -67,6 +69,7 @@ class Terms:
   arrival: tuple = ()
   large: dict = dataclasses.field(default_factory=dict)
   arrival_peer: tuple = ()
+  skew: dict = dataclasses.field(default_factory=dict)
 
   def arrival_points(self, kind: str) -> tuple:
     """The wait's calibrated points at a collective of `kind`: `arrival_peer` for a permute where measured."""
@@ -112,6 +115,7 @@ class Terms:
         per_operand_s=self.per_operand.get((k, a), 0.0),
         chained_s=self.chained.get((k, a)),
         tiny_s=self.tiny.get((k, a)),
+        skew_s=self.skew.get((k, a), 0.0),
       )
       for (k, a), v in self.per_kind.items()
     ]
