@@ -196,10 +196,9 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   second = calibration.retime(2, quiet)
   assert calibration.rounds == 5 and first != second
   assert warmed == [True, False]  # only the first rounds call each program untimed first
-  both = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
-  median = list(both)
+  median = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
   quartile = [float(np.quantile(a + b, arrival_calibration.COLLECTIVE_QUANTILE)) for a, b in zip(fast, slow)]
-  both = [m if n <= i < n + c else q for i, (m, q) in enumerate(zip(both, quartile))]  # but compute: lower quartile
+  both = [m if n <= i < n + c else q for i, (m, q) in enumerate(zip(median, quartile))]  # but compute: lower quartile
   small = (program_calibration.SIZES[0], 1, 1)
   skew = {k[:2]: median[i] - quartile[i] for i, k in enumerate(calibration.keys) if k[2:] == small}
   assert skew and all(s > 0 for s in skew.values())  # 3 fast rounds, 2 slow: the median above the quartile

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from moejax.cost import program, program_ops, program_price, topology
+from moejax.cost import program, program_ops, program_price, program_segments, topology
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.runtime import mesh as mesh_lib
@@ -232,7 +232,7 @@ def test_a_program_pays_the_launch_skew_once_at_its_first_collective(mesh_2x4):
     compiled = jax.jit(fn).lower(x).compile()
     found = program.collectives(compiled, mesh_2x4)
     assert sum(c.count for c in found if c.axes == BOTH) == 3
-    named = program_price.first_collective(compiled.as_text(), found)
+    named = program_price.first_collective(program_segments.segments(compiled.as_text()), found)
     assert next(c.axes for c in found if c.name == named) == first
     plain = program_calibration.Terms(per_kind, 1e9, 1e8)
     skewed = dataclasses.replace(plain, skew=skew)

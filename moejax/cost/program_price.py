@@ -213,7 +213,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
       f"measured: {sorted(terms.per_kind)})"
     )
   segments = segment_seconds(hlo, ops, terms)
-  first = first_collective(hlo, found)
+  first = first_collective(segments, found)
   priced = []
   for c in found:
     wait = program_segments.arrival_seconds(terms.arrival_points(c.kind), segments[c.name])
@@ -228,11 +228,12 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
   return ProgramPrice(tuple(priced), compute, flops, nbytes)
 
 
-def first_collective(hlo: str, found: list[program_lib.Collective]) -> str | None:
-  """The name of the first collective over some mesh axis the program runs from its entry (`program_segments.segments`'
-  order); None without one."""
+def first_collective(in_order, found: list[program_lib.Collective]) -> str | None:
+  """The name of the first collective over some mesh axis the program runs from its entry; `in_order`: the program's
+  collectives' names in the order it runs them (`program_segments.segments`' keys, or `segment_seconds`'); None
+  without one."""
   spanning = {c.name for c in found if c.axes}
-  return next((name for name in program_segments.segments(hlo) if name in spanning), None)
+  return next((name for name in in_order if name in spanning), None)
 
 
 def compute_by_category(ops: list[program_ops.Op], terms) -> dict[str, float]:
