@@ -90,3 +90,23 @@ def test_the_sweep_logs_each_point_with_an_eta_over_the_points_it_runs(fake_swee
   lines = _progress_lines(caplog)
   assert [line.split()[0] for line in lines] == ["1/2", "2/2"], lines
   assert lines[0].endswith("elapsed 10s, ETA 10s") and lines[1].endswith("elapsed 20s, done"), lines
+
+
+def test_eta_goes_by_each_kinds_own_items_and_names_the_kinds_not_timed_yet():
+  clock = Clock()
+  bar = Progress({"measured": 3, "modelled": 4}, clock=clock)
+  clock.now += 40
+  assert bar.step("m1", "measured") == "1/7 m1, elapsed 40s, ETA 1m20s + 4 modelled"
+  clock.now += 20  # measured items average 30 s now
+  assert bar.step("m2", "measured") == "2/7 m2, elapsed 1m00s, ETA 30s + 4 modelled"
+  clock.now += 30
+  assert bar.step("m3", "measured") == "3/7 m3, elapsed 1m30s, ETA 4 modelled"
+  clock.now += 2  # a modelled item's 2 s, not the measured ones' 30 s, prices the 3 left
+  assert bar.step("s1", "modelled") == "4/7 s1, elapsed 1m32s, ETA 6s"
+  for i in range(2):
+    clock.now += 2
+    bar.step(f"s{i + 2}", "modelled")
+  clock.now += 2
+  assert bar.step("s4", "modelled") == "7/7 s4, elapsed 1m38s, done"
+  with pytest.raises(ValueError, match="'modelled'"):
+    bar.step("one too many", "modelled")

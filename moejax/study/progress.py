@@ -1,7 +1,10 @@
-"""Progress of a long loop of similar items (a sweep's points, a study's runs): `i/n what, elapsed 1m05s, ETA 2m10s`.
+"""Progress of a long loop of items (a sweep's points, a study's runs): `i/n what, elapsed 1m05s, ETA 2m10s`.
 
-The ETA is the mean time of the items finished so far times the items left. Items that cost nothing (a point
-stored by an earlier run) are not counted: `Progress(total)` takes only the items that will be done here.
+Items may be of kinds that take very different times (a sweep's measured points take tens of seconds, its modelled
+ones a few): the ETA is, per kind, the mean time of that kind's items finished so far times its items left. A kind
+none of whose items has finished yet has no time to go by; its items are named beside the ETA instead of guessed
+(`ETA 4m10s + 14 modelled`). Items that cost nothing (a point stored by an earlier run) are not counted:
+`Progress(total)` takes only the items that will be done here.
 """
 
 import time
@@ -10,15 +13,29 @@ from moejax.durations import duration
 
 
 class Progress:
-  """Counts `total` items as they finish; `step(what)` returns the line to print for the one just done."""
+  """Counts items as they finish; `total`: their number, or {kind: number} (items of one kind: `step(what, kind)`).
+  `step` returns the line to print for the item just done."""
 
-  def __init__(self, total: int, clock=time.monotonic):
-    self.total, self.done, self.clock = total, 0, clock
-    self.start = clock()
+  def __init__(self, total: int | dict[str, int], clock=time.monotonic):
+    self.left = dict(total) if isinstance(total, dict) else {None: total}
+    self.total, self.done, self.clock = sum(self.left.values()), 0, clock
+    self.seconds = dict.fromkeys(self.left, 0.0)  # per kind: the time its finished items took
+    self.finished = dict.fromkeys(self.left, 0)
+    self.start = self.last = clock()
 
-  def step(self, what: str) -> str:
+  def step(self, what: str, kind: str | None = None) -> str:
+    if self.left.get(kind, 0) <= 0:
+      raise ValueError(f"no {kind!r} item left to finish: {self.left}")
+    now = self.clock()
     self.done += 1
-    elapsed = self.clock() - self.start
-    left = self.total - self.done
-    eta = f"ETA {duration(elapsed / self.done * left)}" if left > 0 else "done"
-    return f"{self.done}/{self.total} {what}, elapsed {duration(elapsed)}, {eta}"
+    self.left[kind] -= 1
+    self.finished[kind] += 1
+    self.seconds[kind] += now - self.last
+    self.last = now
+    elapsed = now - self.start
+    if self.done == self.total:
+      return f"{self.done}/{self.total} {what}, elapsed {duration(elapsed)}, done"
+    timed = [k for k in self.left if self.finished[k] and self.left[k]]
+    eta = [duration(sum(self.seconds[k] / self.finished[k] * self.left[k] for k in timed))] if timed else []
+    unseen = [f"{self.left[k]} {k}" for k in self.left if not self.finished[k] and self.left[k]]
+    return f"{self.done}/{self.total} {what}, elapsed {duration(elapsed)}, ETA {' + '.join(eta + unseen)}"

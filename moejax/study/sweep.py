@@ -16,6 +16,7 @@ run is scaled up, the step model, weak and strong scaling), `moejax.study.sweep_
 import dataclasses
 import os
 import time
+from collections import Counter
 
 from absl import logging
 
@@ -64,7 +65,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   stored = [key in done for key in keys]
   skip = hosts.agree(stored[: len(measured)]) + stored[len(measured) :]
   rows, counts, measured_layers, program_terms = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}, {}
-  progress = Progress(skip.count(False))
+  progress = Progress(Counter(point.label for point, skipped in zip(points, skip) if not skipped))
   for i, (point, key, skipped) in enumerate(zip(points, keys, skip), 1):
     where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
     if skipped:
@@ -83,7 +84,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       )
     counts["computed"] += 1
     if not leader:
-      logging.info("%s", progress.step(f"{where}: timed with the leader"))
+      logging.info("%s", progress.step(f"{where}: timed with the leader", point.label))
       continue
     row["key"] = key
     with open(points_path, "a") as f:
@@ -91,7 +92,10 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
     rows.append(row)
     throughput = f", {row['samples_per_s']:.4g} samples/s" if "samples_per_s" in row else ""
     logging.info(
-      "%s", progress.step(f"{where}: layer {row['layer_ms']:.4g} ms{throughput} ({time.perf_counter() - start:.1f} s)")
+      "%s",
+      progress.step(
+        f"{where}: layer {row['layer_ms']:.4g} ms{throughput} ({time.perf_counter() - start:.1f} s)", point.label
+      ),
     )
   return rows, counts
 
