@@ -110,3 +110,24 @@ def test_eta_goes_by_each_kinds_own_items_and_names_the_kinds_not_timed_yet():
   assert bar.step("s4", "modelled") == "7/7 s4, elapsed 1m38s, done"
   with pytest.raises(ValueError, match="'modelled'"):
     bar.step("one too many", "modelled")
+
+
+def test_the_sweeps_eta_keeps_measured_points_per_mesh_apart_from_modelled_ones(
+  fake_sweep, monkeypatch, tmp_path, caplog
+):
+  clock = sweep.Progress.keywords["clock"]
+
+  def measured(point, *args):
+    clock.now += 30 * point.nodes  # the 2-node point takes twice the 1-node one
+    return {"layer_ms": 1.0, "label": "measured"}
+
+  monkeypatch.setattr(sweep, "measure", measured)
+  config = sweep_config(schemes=("switch",), nodes=(1, 2), scalings=("weak",))
+  config.measure.platform = "cpu"
+  with caplog.at_level(logging.INFO):
+    sweep.run(config, str(tmp_path))
+  lines = _progress_lines(caplog)
+  assert [line.split()[0] for line in lines] == ["1/4", "2/4", "3/4", "4/4"], lines
+  assert lines[0].endswith("elapsed 30s, ETA 1 measured 2x2 + 2 modelled"), lines
+  assert lines[1].endswith("elapsed 1m30s, ETA 2 modelled"), lines
+  assert lines[2].endswith("elapsed 1m40s, ETA 10s"), lines

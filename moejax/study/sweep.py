@@ -65,7 +65,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
   stored = [key in done for key in keys]
   skip = hosts.agree(stored[: len(measured)]) + stored[len(measured) :]
   rows, counts, measured_layers, program_terms = [], {"computed": 0, "skipped": 0, "simulated": 0}, {}, {}
-  progress = Progress(Counter(point.label for point, skipped in zip(points, skip) if not skipped))
+  progress = Progress(Counter(_kind(point) for point, skipped in zip(points, skip) if not skipped))
   for i, (point, key, skipped) in enumerate(zip(points, keys, skip), 1):
     where = f"[{i}/{len(points)}] {point.scheme} {point.mesh} {point.model} {point.scaling} {point.label}"
     if skipped:
@@ -84,7 +84,7 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
       )
     counts["computed"] += 1
     if not leader:
-      logging.info("%s", progress.step(f"{where}: timed with the leader", point.label))
+      logging.info("%s", progress.step(f"{where}: timed with the leader", _kind(point)))
       continue
     row["key"] = key
     with open(points_path, "a") as f:
@@ -94,10 +94,15 @@ def run(config, workdir: str) -> tuple[list[dict], dict]:
     logging.info(
       "%s",
       progress.step(
-        f"{where}: layer {row['layer_ms']:.4g} ms{throughput} ({time.perf_counter() - start:.1f} s)", point.label
+        f"{where}: layer {row['layer_ms']:.4g} ms{throughput} ({time.perf_counter() - start:.1f} s)", _kind(point)
       ),
     )
   return rows, counts
+
+
+def _kind(point) -> str:
+  """The point's kind for the ETA: a measured point's time grows with its mesh, a modelled one's barely."""
+  return f"measured {point.mesh}" if point.label == "measured" else point.label
 
 
 def _small_run(point, config, sims: dict, sims_path: str, counts: dict) -> dict | None:
