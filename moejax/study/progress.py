@@ -18,7 +18,7 @@ class Progress:
 
   def __init__(self, total: int | dict[str, int], clock=time.monotonic):
     self.left = dict(total) if isinstance(total, dict) else {None: total}
-    self.total, self.done, self.clock = sum(self.left.values()), 0, clock
+    self.total, self.clock = sum(self.left.values()), clock
     self.seconds = dict.fromkeys(self.left, 0.0)  # per kind: the time its finished items took
     self.finished = dict.fromkeys(self.left, 0)
     self.start = self.last = clock()
@@ -27,15 +27,15 @@ class Progress:
     if self.left.get(kind, 0) <= 0:
       raise ValueError(f"no {kind!r} item left to finish: {self.left}")
     now = self.clock()
-    self.done += 1
     self.left[kind] -= 1
     self.finished[kind] += 1
     self.seconds[kind] += now - self.last
     self.last = now
     elapsed = now - self.start
-    if self.done == self.total:
-      return f"{self.done}/{self.total} {what}, elapsed {duration(elapsed)}, done"
+    done = sum(self.finished.values())
+    if done == self.total:
+      return f"{done}/{self.total} {what}, elapsed {duration(elapsed)}, done"
     timed = [k for k in self.left if self.finished[k] and self.left[k]]
     eta = [duration(sum(self.seconds[k] / self.finished[k] * self.left[k] for k in timed))] if timed else []
     unseen = [f"{self.left[k]} {k}" for k in self.left if not self.finished[k] and self.left[k]]
-    return f"{self.done}/{self.total} {what}, elapsed {duration(elapsed)}, ETA {' + '.join(eta + unseen)}"
+    return f"{done}/{self.total} {what}, elapsed {duration(elapsed)}, ETA {' + '.join(eta + unseen)}"
