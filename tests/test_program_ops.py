@@ -143,28 +143,6 @@ def test_measured_compute_is_the_sum_of_each_op_at_its_rate(mesh_2x4):
   assert priced.communication_s == 0 and priced.flops == 7 * 2 * 8 * 16 * 16
 
 
-def test_a_compute_sample_is_several_calls_and_its_rates_are_per_call():
-  """A timed sample of a compute benchmark is CALLS calls, each waited for (the job's processes then run it at once
-  for all but their launch skew); compute_from takes the rates planted in per-call times back from such samples."""
-  ran = []
-  compute_calibration._calls(lambda *a: ran.append(a) or jnp.ones(()))(1, 2)  # pylint: disable=protected-access
-  assert ran == [(1, 2)] * compute_calibration.CALLS
-  op = lambda category, flops, nbytes, count: program_ops.Op("x", "fusion", category, flops, nbytes, count, "main")  # noqa: E731
-  chains = [[op("elementwise", 0.0, 0.0, float(n))] for n in compute_calibration.CHAINS]
-  benchmarks = [
-    [op(c, 3e8 if c == "matmul" else 0.0, 0.0 if c == "matmul" else 4e6, 1.0)] for c in compute_calibration.BENCHMARKS
-  ]
-  planted = program_calibration.Terms(
-    {}, 7e10, bytes_per_s=6e9, op_bytes_per_s={"gather": 8e9, "scatter": 3e9, "sort": 2.5e7}, launch_s=4e-6, call_s=3e-4
-  )
-  per_call = [planted.call_s + sum(o.count * planted.op_seconds(o.category, o.flops, o.bytes) for o in ops)
-              for ops in chains + benchmarks]  # fmt: skip
-  got = compute_calibration.compute_from(chains + benchmarks, [compute_calibration.CALLS * s for s in per_call])
-  assert got["flops_per_s"] == pytest.approx(7e10, rel=1e-9) and got["bytes_per_s"] == pytest.approx(6e9, rel=1e-9)
-  assert got["op_bytes_per_s"] == pytest.approx(planted.op_bytes_per_s, rel=1e-9)
-  assert (got["launch_s"], got["call_s"]) == pytest.approx((4e-6, 3e-4), rel=1e-9)
-
-
 def test_a_category_rate_is_its_work_over_the_time_the_rest_leaves():
   """category_rate: the call, every op's launch and the other ops at their rates are taken off the time."""
   op = lambda category, nbytes, count: program_ops.Op("x", "fusion", category, 0.0, nbytes, count, "main")  # noqa: E731

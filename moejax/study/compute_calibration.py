@@ -5,12 +5,6 @@ microbenchmarks only.
   programs, found = compute_programs(mesh)
   compute_from(found, interleaved_timing.medians(programs, repeats))  # {flops_per_s, bytes_per_s, ...}
 
-A timed sample is CALLS calls of a benchmark, each waited for. The benchmarks hold no collective, so nothing lines up
-the job's processes: they start a program up to a few ms apart (the launch skew), and a single call of a few ms ran
-with the other process's devices idle for much of it (on the 2-process CPU job, single calls' samples fell in two
-groups, 3.7-4 ms and 7-8 ms for the matmul, and a median anywhere between: 37 to 70 GFLOP/s from run to run). Over
-CALLS calls the processes overlap for all but that skew.
-
 Each benchmark is a jit(shard_map) over every device, its ops listed by `program_ops` as a program's are (rates in
 the units ops are priced in): chains of tiny unfusable ops at two lengths (slope: an op's launch; intercept: a call);
 a 512 x 512 matmul (FLOP/s); a scaled copy of 4 MiB (elementwise bytes/s); 2048 rows of 128 f32 gathered from and
@@ -31,12 +25,11 @@ TABLE, PICKED, WIDTH = 8192, 2048, 128  # the gather's and scatter's [TABLE, WID
 SORTED = 16384  # keys per device in the argsort
 CHAINS = (32, 128)  # tiny ops in the two chains timed for the launch
 BENCHMARKS = ("elementwise", "matmul", "gather", "scatter", "sort")  # in this order: later rates use earlier ones
-CALLS = 8  # calls per timed sample (module docstring)
 
 
 def compute_programs(mesh) -> tuple[list, list]:
-  """([(fn, args)], each one's ops listed by `program_ops`) of the CHAINS launch chains, then the BENCHMARKS (module
-  docstring), each a jit(shard_map) over every device; fn(*args) calls it CALLS times."""
+  """([(compiled, args)], each one's ops listed by `program_ops`) of the CHAINS launch chains, then the BENCHMARKS
+  (module docstring), each a jit(shard_map) over every device."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
   rows = jnp.asarray(rng.integers(0, TABLE, devices * PICKED), jnp.int32)
   benchmarks = (
@@ -49,31 +42,16 @@ def compute_programs(mesh) -> tuple[list, list]:
      (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
   )  # fmt: skip
   bodies = [(_launch_chain(links), (jnp.ones((devices * 8,)),)) for links in CHAINS]
-  programs, found = [], []
+  programs = []
   for body, args in bodies + list(benchmarks):
     args = placed(args, mesh)
-    compiled = _everywhere(body, mesh, len(args)).lower(*args).compile()
-    programs.append((_calls(compiled), args))
-    found.append(program_ops.ops(compiled))
-  return programs, found
-
-
-def _calls(compiled):
-  """compiled called CALLS times, each call waited for (as a measured program's call is)."""
-
-  def calls(*args):
-    for _ in range(CALLS):
-      out = jax.block_until_ready(compiled(*args))
-    return out
-
-  return calls
+    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args))
+  return programs, [program_ops.ops(compiled) for compiled, _ in programs]
 
 
 def compute_from(found: list, seconds: list) -> dict:
   """Terms' compute fields (flops_per_s: matmul, bytes_per_s: elementwise, op_bytes_per_s: {'gather' | 'scatter' |
-  'sort': bytes/s}, launch_s, call_s) from `compute_programs`' ops `found` and their `seconds` (each program's CALLS
-  calls)."""
-  seconds = [s / CALLS for s in seconds]
+  'sort': bytes/s}, launch_s, call_s) from `compute_programs`' ops `found` and their `seconds`."""
   # An op's launch and a call's cost: the line through the chains (per listed op run; both clipped at 0).
   call, launch = line(*[(sum(o.count for o in ops), s) for ops, s in zip(found, seconds[: len(CHAINS)])])
   call = max(0.0, call)
