@@ -5,6 +5,13 @@ microbenchmarks only.
   programs, found = compute_programs(mesh)
   compute_from(found, interleaved_timing.medians(programs, repeats))  # {flops_per_s, bytes_per_s, ...}
 
+The benchmarks hold no collective, so nothing lines their calls up across the job's processes: a process starts one
+up to a few ms after the other, and a call of a few ms then ran with the other process's devices partly idle (on the
+2-process CPU job its samples fell in two groups, 3.7-4 ms and 7-8 ms for the matmul, the median anywhere between:
+37 to 70 GFLOP/s from run to run). Each call is therefore timed right after a barrier (`barrier`, untimed: a tiny
+all-reduce over every device). Calls back to back instead line up too, but run warm: on 1 x 4 they read 69 GFLOP/s
+where the layer's matmuls ran at about 40.
+
 Each benchmark is a jit(shard_map) over every device, its ops listed by `program_ops` as a program's are (rates in
 the units ops are priced in): chains of tiny unfusable ops at two lengths (slope: an op's launch; intercept: a call);
 a 512 x 512 matmul (FLOP/s); a scaled copy of 4 MiB (elementwise bytes/s); 2048 rows of 128 f32 gathered from and
@@ -28,8 +35,9 @@ BENCHMARKS = ("elementwise", "matmul", "gather", "scatter", "sort")  # in this o
 
 
 def compute_programs(mesh) -> tuple[list, list]:
-  """([(compiled, args)], each one's ops listed by `program_ops`) of the CHAINS launch chains, then the BENCHMARKS
-  (module docstring), each a jit(shard_map) over every device."""
+  """([(compiled, args, barrier)], each one's ops listed by `program_ops`) of the CHAINS launch chains, then the
+  BENCHMARKS (module docstring), each a jit(shard_map) over every device, timed after `barrier(mesh)`
+  (`interleaved_timing.samples`)."""
   devices, rng = mesh.devices.size, np.random.default_rng(0)
   rows = jnp.asarray(rng.integers(0, TABLE, devices * PICKED), jnp.int32)
   benchmarks = (
@@ -42,11 +50,18 @@ def compute_programs(mesh) -> tuple[list, list]:
      (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
   )  # fmt: skip
   bodies = [(_launch_chain(links), (jnp.ones((devices * 8,)),)) for links in CHAINS]
-  programs = []
+  programs, first = [], barrier(mesh)
   for body, args in bodies + list(benchmarks):
     args = placed(args, mesh)
-    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args))
-  return programs, [program_ops.ops(compiled) for compiled, _ in programs]
+    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args, first))
+  return programs, [program_ops.ops(compiled) for compiled, *_ in programs]
+
+
+def barrier(mesh):
+  """A call that returns once every device of `mesh` has reached it: an all-reduce of one float over every axis."""
+  ones = placed((jnp.ones((mesh.devices.size,)),), mesh)
+  compiled = _everywhere(lambda x: jax.lax.psum(x, tuple(mesh.axis_names)), mesh, 1).lower(*ones).compile()
+  return lambda: compiled(*ones)
 
 
 def compute_from(found: list, seconds: list) -> dict:
