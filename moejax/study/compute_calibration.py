@@ -7,7 +7,7 @@ microbenchmarks only.
 
 The benchmarks hold no collective, so nothing lines their calls up across the job's processes: a process starts one
 up to a few ms after the other, and a call of a few ms then ran with the other process's devices partly idle (on the
-2-process CPU job its samples fell in two groups, 3.7-4 ms and 7-8 ms for the matmul, the median anywhere between:
+2-process CPU job the matmul's samples fell in two groups, about 4 ms and about 7 ms, the median anywhere between:
 37 to 70 GFLOP/s from run to run). Each call is therefore timed right after a barrier (`barrier`, untimed: a tiny
 all-reduce over every device). Calls back to back instead line up too, but run warm: on 1 x 4 they read 69 GFLOP/s
 where the layer's matmuls ran at about 40.
@@ -50,10 +50,10 @@ def compute_programs(mesh) -> tuple[list, list]:
      (jnp.asarray(rng.integers(0, 1 << 30, devices * SORTED), jnp.int32),)),
   )  # fmt: skip
   bodies = [(_launch_chain(links), (jnp.ones((devices * 8,)),)) for links in CHAINS]
-  programs, first = [], barrier(mesh)
+  programs, sync = [], barrier(mesh)
   for body, args in bodies + list(benchmarks):
     args = placed(args, mesh)
-    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args, first))
+    programs.append((_everywhere(body, mesh, len(args)).lower(*args).compile(), args, sync))
   return programs, [program_ops.ops(compiled) for compiled, *_ in programs]
 
 
