@@ -88,16 +88,18 @@ def get_config() -> ml_collections.ConfigDict:
   # forward and a whole training step at the model's shapes. 'gpu': one host's GPUs, or whole hosts of a job of
   # several processes (moejax.study.hosts); 'cpu': the CPU devices (simulated nodes in one process), which
   # exercises the measured path but says nothing about GPUs. models: the models to time (() = all). Each program is
-  # timed at least `repeats` times, then until its median's ~95% interval is within `spread` of it, at most
-  # `max_repeats` (moejax.study.repeats). price_program: each measured mesh's collectives and compute ops are first
-  # timed as microbenchmarks (moejax.study.program_calibration) and the timed layer and step programs priced with
-  # them (moejax.cost.program_price): columns priced_layer_ms, priced_step_s and their errors, held out.
+  # timed at least `repeats` times, then until its median's 95% interval (none before the sixth call) is within
+  # `spread` of it, at most `max_repeats` (a step) or `layer_max_repeats` (a layer forward) (moejax.study.repeats).
+  # price_program: each measured mesh's collectives and compute ops are first timed as microbenchmarks
+  # (moejax.study.program_calibration) and the timed layer and step programs priced with them
+  # (moejax.cost.program_price): columns priced_layer_ms, priced_step_s and their errors, held out.
   config.measure = ml_collections.ConfigDict(
     {
       "platform": "gpu",
       "warmup": 3,
       "repeats": 5,
       "max_repeats": 30,
+      "layer_max_repeats": 30,
       "spread": 0.05,
       "models": (),
       "price_program": True,

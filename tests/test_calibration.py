@@ -180,7 +180,7 @@ def _timed_config() -> ml_collections.ConfigDict:
   config = _calibrated_config("measure")
   config.update(nodes=(1, 2), gpus_per_node=(2,))
   config.models.small.update(d_model=16, d_ff=32, layers=2, moe_layers=1, seq_len=8, micro_batch=2, vocab=64)
-  config.measure.update(platform="cpu", warmup=1, repeats=1)
+  config.measure.update(platform="cpu", warmup=1, repeats=1, max_repeats=1, layer_max_repeats=1)
   config.calibration.rows = (2, 8)
   return config
 

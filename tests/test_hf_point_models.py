@@ -120,7 +120,7 @@ def test_a_measured_point_trains_the_2026_decoder(devices):
   """A measured point's step (DeepSeek-V4: mHC streams, sliding and compressed attention): the counted model, its loss
   about ln(vocab) at initialisation and falling."""
   config = _config("deepseek_v4", layers=4)
-  config.measure.update(platform="cpu", warmup=1, repeats=1)
+  config.measure.update(platform="cpu", warmup=1, repeats=1, max_repeats=1, layer_max_repeats=1)
   timed = sweep_timing.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
   assert timed["parameters"] == sum(point_model_checks.built_tree(config).values())
   losses = timed["losses"]

@@ -65,7 +65,7 @@ def _two_host_config() -> ml_collections.ConfigDict:
   config = scaling_default.get_config()
   config.update(nodes=(1, 2), gpus_per_node=(4,), schemes=("flat_dropless",), scalings=("weak",))
   config.models.small.update(d_model=32, d_ff=64, layers=2, moe_layers=1, seq_len=8, micro_batch=2, vocab=100)
-  config.measure.update(platform="cpu", warmup=1, repeats=1, max_repeats=3)
+  config.measure.update(platform="cpu", warmup=1, repeats=1, max_repeats=3, layer_max_repeats=3)
   config.sim.update(tokens_per_gpu=8, batches=1, d_model=16, d_ff=32)
   config.calibration.update(source="measure", rows=(4, 16))
   return config
@@ -83,6 +83,7 @@ def _flags(config) -> list[str]:
     "--config.measure.warmup=1",
     "--config.measure.repeats=1",
     "--config.measure.max_repeats=3",
+    "--config.measure.layer_max_repeats=3",
     "--config.calibration.source=measure",
     "--config.calibration.rows=4,16",
     *(

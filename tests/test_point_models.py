@@ -105,7 +105,7 @@ def test_a_measured_point_trains_the_decoder(devices, family):
   """The step a measured point times: the counted model, its next-token loss about ln(vocab) at initialisation and
   falling under AdamW."""
   config = _config(family, d_model=64)
-  config.measure.update(platform="cpu", warmup=1, repeats=1)
+  config.measure.update(platform="cpu", warmup=1, repeats=1, max_repeats=1, layer_max_repeats=1)
   timed = sweep_timing.training_step(Point("flat_dropless", 1, 2, "dec", "weak", "measured"), config, devices[:2])
   assert timed["parameters"] == sum(point_model_checks.built_tree(config).values())
   losses = timed["losses"]

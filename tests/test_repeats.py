@@ -16,12 +16,20 @@ def coverage(n: int, low_rank: int, high_rank: int) -> float:
   return sum(math.comb(n, i) for i in range(low_rank, high_rank)) / 2**n
 
 
-@pytest.mark.parametrize("n", [5, 9, 10, 20, 31, 100])
-def test_median_interval_covers_the_median_about_95_percent(n):
+@pytest.mark.parametrize("n", [6, 7, 9, 10, 20, 31, 100])
+def test_median_interval_covers_the_median_at_least_95_percent_and_is_the_narrowest_that_does(n):
   times = [float(t) for t in reversed(range(1, n + 1))]  # sorted value k is rank k
   low, high = repeats_lib.median_interval(times)
-  assert 1 <= low <= high <= n
-  assert coverage(n, int(low), int(high)) >= (0.93 if n >= 10 else 0.9)
+  assert 1 <= low <= high <= n and low + high == n + 1  # the j-th from either end
+  assert coverage(n, int(low), int(high)) >= 0.95
+  assert low + 1 > high - 1 or coverage(n, int(low) + 1, int(high) - 1) < 0.95
+
+
+@pytest.mark.parametrize("n", [1, 3, 5])
+def test_below_six_times_no_interval_covers_95_percent_and_nothing_is_stable(n):
+  assert coverage(n, 1, n) < 0.95  # min and max: 3 times cover 75%
+  assert repeats_lib.median_interval([1.0] * n) is None
+  assert not repeats_lib.stable([1.0] * n, 0.5)
 
 
 class ScriptedClock:
@@ -42,8 +50,13 @@ def run(monkeypatch, durations, warmup, repeats):
 
 
 def test_steady_calls_stop_at_the_least(monkeypatch):
-  times, calls = run(monkeypatch, [0.1] * 50, 2, repeats_lib.Repeats(5, 30, 0.05))
-  assert times == [0.1] * 5 and calls == 1 + 2 + 5
+  times, calls = run(monkeypatch, [0.1] * 50, 2, repeats_lib.Repeats(7, 30, 0.05))
+  assert times == [0.1] * 7 and calls == 1 + 2 + 7
+
+
+def test_steady_calls_with_a_lower_least_stop_at_the_sixth(monkeypatch):
+  times, _ = run(monkeypatch, [0.1] * 50, 0, repeats_lib.Repeats(3, 30, 0.05))
+  assert times == [0.1] * 6
 
 
 def test_noisy_calls_run_to_the_most(monkeypatch):
@@ -73,6 +86,7 @@ def test_an_int_is_exactly_that_many_calls(monkeypatch):
     (dict(spread=0.0), "measure.spread"),
     (dict(spread=1.5), "measure.spread"),
     (dict(repeats=0), "measure.repeats"),
+    (dict(repeats=10, layer_max_repeats=5), "measure.layer_max_repeats"),
   ],
 )
 def test_bad_measure_settings_are_refused_naming_the_field(update, field):

@@ -26,7 +26,7 @@ def measure_phases(
   params: dict, x: jax.Array, cfg: MoEConfig, mesh, warmup: int, repeats: Repeats | int, terms=None
 ) -> dict:
   """Median milliseconds of the layer forward on x [T, d] (sharded over the mesh), timed `repeats` times, and its
-  phases' shares of it (module docstring): {'layer_ms', 'layer_ms_min', 'layer_inter_node_ms',
+  phases' shares of it (module docstring): {'layer_ms', 'layer_ms_min', 'layer_repeats', 'layer_inter_node_ms',
   'layer_intra_node_ms', 'layer_expert_ms', 'layer_other_ms'}; with `terms` also 'priced_layer_ms', the compiled
   program's price, split as the phases are ('priced_layer_collectives_ms' beside the two exchanges' phases,
   'priced_layer_compute_ms' beside the expert FFN's and the rest's)."""
@@ -47,6 +47,7 @@ def measure_phases(
   return {
     "layer_ms": layer_ms,
     "layer_ms_min": 1e3 * min(layer),
+    "layer_repeats": len(layer),
     **{f"layer_{phase}_ms": share[phase] * layer_ms for phase in profiled_phases.PHASES},
     **priced,
   }

@@ -57,6 +57,7 @@ COLUMNS = (
   "loss_first",
   "loss_last",
   "repeats",
+  "layer_repeats",
   "device",
   "jax_version",
   "modelled_layer_ms",

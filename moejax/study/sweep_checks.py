@@ -77,19 +77,20 @@ def check_sim_and_measure(config) -> None:
   require(
     not unknown, "measure.models", config.measure.models, f"names of models ({', '.join(config.models)}), or () for all"
   )
-  for field in ("warmup", "repeats", "max_repeats"):
+  for field in ("warmup", "repeats", "max_repeats", "layer_max_repeats"):
     require(
       isinstance(config.measure[field], int) and config.measure[field] >= 1,
       f"measure.{field}",
       config.measure[field],
       "a positive int",
     )
-  require(
-    config.measure.max_repeats >= config.measure.repeats,
-    "measure.max_repeats",
-    config.measure.max_repeats,
-    f"at least measure.repeats ({config.measure.repeats})",
-  )
+  for field in ("max_repeats", "layer_max_repeats"):
+    require(
+      config.measure[field] >= config.measure.repeats,
+      f"measure.{field}",
+      config.measure[field],
+      f"at least measure.repeats ({config.measure.repeats})",
+    )
   require(
     isinstance(config.measure.price_program, bool),
     "measure.price_program",

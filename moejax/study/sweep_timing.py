@@ -95,7 +95,9 @@ def _timed_layer(cfg, mesh, tokens: int, dtype, config, terms) -> dict:
   """One MoE layer forward over `tokens` random rows, timed with its phases (`phase_timing.measure_phases`)."""
   params = layer_params(cfg, mesh, config.sim.seed, dtype, config.sim.balanced_router)
   x = random_tokens(mesh, tokens, cfg.d_model, config.sim.seed + 1, dtype)
-  return phase_timing.measure_phases(params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure), terms)
+  return phase_timing.measure_phases(
+    params, x, cfg, mesh, config.measure.warmup, Repeats.of(config.measure, "layer_max_repeats"), terms
+  )
 
 
 def _retimed(calibrations: dict, mesh, point: Point):
