@@ -3,8 +3,8 @@ timed (measure.platform 'cpu') and priced from its own programs, calibrated on t
 
 Sized so that two processes of 4 CPU devices each (gloo, a real 2 x 4 job on one machine) finish on a 2-core
 machine in minutes: a small model (d 128, f 256, 2 layers of which 1 MoE, micro batch 4 x 64 tokens, a vocabulary of
-2048), weak scaling only, 3 to 10 repeats per timed program. It checks the path and the model's predictions on this machine; its times
-say nothing about GPUs.
+2048), weak scaling only, 6 to 10 repeats of a step and 6 to 30 of a layer. It checks the path and the model's
+predictions on this machine; its times say nothing about GPUs.
 
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.scaling \
       --config=configs/scaling_measured_cpu.py --workdir=/tmp/two_hosts
