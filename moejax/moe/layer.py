@@ -18,11 +18,12 @@ from moejax.moe import schedule as schedule_lib
 from moejax.moe.config import MoEConfig
 from moejax.moe.experts import shared_experts
 from moejax.moe.layout import Layout, check_inputs
+from moejax.moe.packed_sums import psum_packed
 from moejax.moe.params import param_specs
 from moejax.moe.routing import zero
-from moejax.moe.traffic import hop_traffic, traffic_bytes
+from moejax.moe.traffic import device_traffic, traffic_bytes
 from moejax.runtime import platform as platform_lib
-from moejax.runtime.mesh import GPU, NODE
+from moejax.runtime.mesh import AXES, GPU, NODE
 from moejax.validation import ConfigError
 
 # aux entries that are totals over the mesh (replicated); expert_ids is sharded like the tokens.
@@ -219,29 +220,39 @@ def _sum_choices(y_RxD, tokens: int, d: int, dtype, expert_ids_TxK, shared_TxD, 
   return y_TxD, routed_TxK
 
 
-def _routing_aux(stats, cfg: MoEConfig, extras: dict, lay: Layout) -> dict:
-  """The router's statistics over the routing devices -> the auxiliary losses and, with 'global_batch', the
+def _routing_aux(stats, cfg: MoEConfig, extras: dict) -> dict:
+  """The router's statistics summed over the routing devices -> the auxiliary losses and, with 'global_batch', the
   running choice counts."""
-  stats = jax.lax.psum(stats, lay.sharding.routed_over)
   aux = routing.aux_losses(stats, cfg, extras.get("balance_counts"))
   if "balance_counts" in extras:
     aux["balance_counts"] = extras["balance_counts"] + routing.balance_counts(stats, cfg)
   return aux
 
 
-def _exchange_aux(cfg: MoEConfig, lay: Layout, keep_TxK, processed_RxK, overflowed, nonfinite, paths, slots, x_TxD):
-  """The mesh's totals of the exchange: choices processed per expert [E], dropped by capacity, overflowed, the
-  traffic per hop [hops, A, A] and its bytes, non-finite tokens."""
+def _summed_statistics(
+  cfg: MoEConfig, lay: Layout, stats, keep_TxK, processed_RxK, overflowed, nonfinite, ids_TxK, paths
+):
+  """The mesh's totals, in one packed all-reduce per (axes, dtype) (`packed_sums`): the router's statistics, the
+  choices processed per expert [E], dropped by capacity, overflowed, non-finite tokens, the kept rows each hop moved
+  between flat devices [hops, A, A], and with zero experts the choices of each [Z]."""
   sharding = lay.sharding
-  aux = {"expert_counts": jax.lax.psum(plan_lib.histogram(processed_RxK, cfg.num_experts), sharding.sent_over)}
-  aux["tokens_dropped"] = jax.lax.psum(jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over)
-  aux["tokens_overflowed"] = jax.lax.psum(overflowed, sharding.sent_over)
-  aux["traffic_rows"] = jnp.stack(hop_traffic(paths, lay))
-  aux["traffic_bytes"] = traffic_bytes(
-    aux["traffic_rows"], lay, x_TxD.shape[1], slots, x_TxD.dtype.itemsize, schedule_lib.may_drop(exchange_for(lay))
-  )
-  aux["nonfinite_tokens"] = jax.lax.psum(nonfinite, sharding.routed_over)
-  return aux
+  named = {
+    "stats": (stats, sharding.routed_over),
+    "traffic_rows": (device_traffic(paths, lay), AXES),
+    "expert_counts": (plan_lib.histogram(processed_RxK, cfg.num_experts), sharding.sent_over),
+    "tokens_dropped": (jnp.sum(~keep_TxK, dtype=jnp.int32), sharding.routed_over),
+    "tokens_overflowed": (overflowed, sharding.sent_over),
+    "nonfinite_tokens": (nonfinite, sharding.routed_over),
+  }
+  if cfg.zero_experts:
+    named["zero_expert_counts"] = (zero.counts(ids_TxK, cfg.num_experts, cfg.zero_experts), sharding.routed_over)
+  return psum_packed(named)
+
+
+def _traffic_bytes(rows, lay: Layout, slots: int, x_TxD):
+  """The bytes of the traffic per hop `rows` [hops, A, A] (`traffic.traffic_bytes`)."""
+  may_drop = schedule_lib.may_drop(exchange_for(lay))
+  return traffic_bytes(rows, lay, x_TxD.shape[1], slots, x_TxD.dtype.itemsize, may_drop)
 
 
 def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_length: int | None):
@@ -278,11 +289,11 @@ def _moe_local(x_TxD, params, extras, *, cfg: MoEConfig, lay: Layout, sequence_l
   zero_TxD = zero.identity_sum(x_TxD, decision.expert_ids, w_TxK, cfg.num_experts) if cfg.zero_experts else None
   y_TxD, routed_TxK = _sum_choices(y_RxD, tokens, d, x_TxD.dtype, decision.expert_ids, shared_TxD, lay, zero_TxD)
 
-  aux = _routing_aux(stats, cfg, extras, lay)
+  totals = _summed_statistics(
+    cfg, lay, stats, keep_TxK, processed_RxK, overflowed, nonfinite, decision.expert_ids, result.paths
+  )
+  aux = _routing_aux(totals.pop("stats"), cfg, extras) | totals
   slots = ids_RxZ.shape[1]  # on the wire: Z per row with dedup, 1 once each slot is its own row
-  aux |= _exchange_aux(cfg, lay, keep_TxK, processed_RxK, overflowed, nonfinite, result.paths, slots, x_TxD)
+  aux["traffic_bytes"] = _traffic_bytes(aux["traffic_rows"], lay, slots, x_TxD)
   aux["expert_ids"] = routed_TxK
-  if cfg.zero_experts:
-    counts_Z = zero.counts(decision.expert_ids, cfg.num_experts, cfg.zero_experts)
-    aux["zero_expert_counts"] = jax.lax.psum(counts_Z, sharding.routed_over)
   return y_TxD, aux

@@ -11,11 +11,19 @@ from moejax.runtime import mesh as mesh_lib
 
 def hop_traffic(paths, lay) -> list:
   """[A, A] kept rows moved between flat devices in each hop, summed over the paths."""
+  return list(jax.lax.psum(device_traffic(paths, lay), mesh_lib.AXES))
+
+
+def device_traffic(paths, lay):
+  """[hops, A, A] int32: this device's row of each hop's traffic (its kept rows to each flat device, summed over the
+  paths), zeros elsewhere; summed over the mesh, the hops' traffic."""
   mine = [jax.lax.axis_index(a) for a in lay.hops]
-  return [
-    global_traffic(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
-    for h, (a, me) in enumerate(zip(lay.hops, mine))
-  ]
+  return jnp.stack(
+    [
+      device_row(sum(p.hops[h].plan.kept_AxA[me] for p in paths), a, lay.n, lay.m)
+      for h, (a, me) in enumerate(zip(lay.hops, mine))
+    ]
+  )
 
 
 def traffic_bytes(traffic_rows, lay, d: int, slots: int, itemsize: int, may_drop: bool):
@@ -47,8 +55,8 @@ def traffic_summary(traffic_rows, gpus_per_node: int, bytes_per_row: int) -> lis
   return summary
 
 
-def global_traffic(send_A, axis_name, n, m):
-  """[A, A] rows sent between flat devices, from each device's sends to its A peers along the axis."""
+def device_row(send_A, axis_name, n, m):
+  """[A, A]: this device's sends to its A peers along the axis, in its own row of the flat devices' matrix."""
   me = mesh_lib.my_flat_index(m)
   peers = jnp.asarray(mesh_lib.peer_table(axis_name, n, m))[me]
-  return jax.lax.psum(jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A), mesh_lib.AXES)
+  return jnp.zeros((n * m, n * m), jnp.int32).at[me, peers].set(send_A)
