@@ -1,7 +1,7 @@
 """Several runs of a measured sweep (each point priced from its own timed programs, `measure.price_program`) side
 by side: every point's measured and priced layer forward and training step with the error in each run, then per run
-the median |error|, the range and how many are within the bound, and whether the bound holds in every run
-(`moejax.study.price_runs`). Writes price_runs.json to --workdir.
+the median |error|, the range and how many are within the bound, and whether the bound holds in every run, then each
+layer's time in collectives and in compute, profiled and priced (`moejax.study.price_runs`). Writes price_runs.json to --workdir.
 
   python -m experiments.price_runs --config.sweeps=/tmp/run1,/tmp/run2,/tmp/run3 --workdir=/tmp/price_runs
 """
@@ -29,6 +29,8 @@ def main(argv):
   print(price_runs.points_table(runs))
   print()
   print(price_runs.summary_table(runs, config.each, config.median))
+  print("\nthe layer's split, profiled against priced:\n")
+  print(price_runs.split_table(runs))
   workdir_guard.claim(workdir, "experiments.price_runs", beside=config.sweeps)
   cli.write_json(workdir, "price_runs.json", price_runs.record(runs, config.each, config.median))
 

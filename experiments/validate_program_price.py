@@ -10,7 +10,10 @@ runs alone (priced collectives against `alone_ms`), or a collective costing othe
 (`alone_ms` + compute against the measured layer). Each collective is also read from a profile of the program
 (`profiled_phases.collective_seconds`): `inside_ms`, a device's time in the program's collectives, waits for the
 other devices included, and `fastest_ms`, each collective at its fastest device's time (about the last to arrive's:
-the transfer alone), with both beside the price per kind and axes (`by_kind`).
+the transfer alone), with both beside the price per kind and axes (`by_kind`). The compute is read from profiles too
+(`compute_inside`): each op category's self time beside its price (`profiled_by_category` against
+`compute_ms_by_category`), and how much of a run's wall no device of the process computes in (`profiled_no_compute_ms`
+of `profiled_wall_ms`): the time the collectives, waits included, hold the run, beside their price.
 
   python -m experiments.validate_program_price --workdir=/tmp/program_price
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.validate_program_price \
@@ -103,6 +106,31 @@ def collectives_inside(compiled, args, mesh, price, runs: int) -> dict:
   return {"inside_ms": total("inside_ms"), "fastest_ms": total("fastest_ms"), "by_kind": by_kind}
 
 
+def compute_inside(compiled, args, mesh, runs: int) -> dict:
+  """The program's compute as profiles of `runs` single runs see it on this process's devices:
+  {'by_category': {op category: a device's mean self time in its ops per run, ms} (`profiled_phases.self_times`,
+  beside the price's `compute_ms_by_category`; the collectives' under 'collective', the executor's own and unlisted
+  instructions' under 'other'), 'no_compute_ms': the median run's wall during which no device of this process runs a
+  compute op (waiting at or in collectives), 'wall_ms': that run's wall from its first op to its last}. An op whose
+  work runs as tasks on other threads shows only its dispatch there (a plain dot on XLA's CPU backend: a weight
+  gradient's [2, 384, 192] dot at 0.2-0.7 ms against 29 ms priced), so a category can read low."""
+  local = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
+  ops = {o.name: o.category for o in program_ops.ops(compiled)}
+  names = {**ops, **{c.name: "collective" for c in program_lib.collectives(compiled, mesh)}}
+  keys = (*program_ops.CATEGORIES, "collective", "other")
+  totals, spans = dict.fromkeys(keys, 0.0), []
+  for _ in range(runs):
+    lines = profiled_phases.profiled_lines(compiled, args)
+    totals = {k: v + profiled_phases.self_times(lines, names, keys)[k] for k, v in totals.items()}
+    spans.append(profiled_phases.covered_seconds(lines, set(ops), set(names)))
+  covered, wall = sorted(spans, key=lambda s: s[1])[len(spans) // 2]
+  return {
+    "by_category": {k: 1e3 * v / (runs * local) for k, v in totals.items()},
+    "no_compute_ms": 1e3 * (wall - covered),
+    "wall_ms": 1e3 * wall,
+  }
+
+
 def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
   cfg = MoEConfig(
     num_experts=config.num_experts, top_k=config.top_k, d_model=case["d_model"], d_ff=case["d_ff"],
@@ -127,6 +155,7 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
         compute_ms_by_category={
           k: 1e3 * v for k, v in program_price.compute_by_category(program_ops.ops(compiled), terms).items()
         },
+        **{f"profiled_{k}": v for k, v in compute_inside(compiled, args, mesh, config.repeats).items()},
         error=price.serial_s / measured - 1,
       )
     )
@@ -138,6 +167,12 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
       f"{r['compute_ms']:>9.1f}{r['error']:>+8.0%}",
       flush=True,
     )
+    inside = r["profiled_by_category"]
+    say(f"{'':>8}{'compute (ms)':<32}" + "".join(f"{k:>12}" for k in inside))
+    say(f"{'':>8}{'priced':<32}" + "".join(f"{r['compute_ms_by_category'].get(k, 0.0):>12.2f}" for k in inside))
+    say(f"{'':>8}{'profiled (self time)':<32}" + "".join(f"{v:>12.2f}" for v in inside.values()))
+    say(f"{'':>8}no compute op running on this process: {r['profiled_no_compute_ms']:.1f} of {r['profiled_wall_ms']:.1f}"
+        f" ms of a profiled run; collectives priced {r['collectives_ms']:.1f} ms")
     for kind, t in r["by_kind"].items():
       say(
         f"{'':>8}{kind:<32} priced {t['priced_ms']:8.2f}  inside {t['inside_ms']:8.2f}  fastest {t['fastest_ms']:8.2f}"

@@ -24,7 +24,9 @@ def _rows(rng, errors=None) -> list[dict]:
     rows.append(
       dict(label="measured", model="cpu", scaling="weak", scheme=scheme, nodes=nodes, gpus_per_node=4,
            layer_ms=layer, priced_layer_ms=layer * (1 + layer_error), priced_layer_error=layer_error,
-           step_s=step, priced_step_s=step * (1 + step_error), priced_step_error=step_error)
+           step_s=step, priced_step_s=step * (1 + step_error), priced_step_error=step_error,
+           **dict(zip(("layer_inter_node_ms", "layer_intra_node_ms", "layer_expert_ms", "layer_other_ms",
+                       "priced_layer_collectives_ms", "priced_layer_compute_ms"), rng.uniform(1, 100, 6))))
     )  # fmt: skip
   return rows
 
@@ -69,6 +71,22 @@ def test_the_tables_hold_each_runs_values_in_order():
   assert record["runs"]["b"]["layer"]["points"] == 5 and len(record["runs"]["a"]["step"]["rows"]) == 6
 
 
+def test_the_split_table_sums_the_profiles_phases_beside_the_price():
+  """Collectives: the profile's inter- and intra-node phases summed; compute: its expert and other phases; each beside
+  its price; a row without a profile shows '-'."""
+  rng = np.random.default_rng()
+  rows = _rows(rng)
+  rows[1]["layer_expert_ms"] = float("nan")
+  table = price_runs.split_table({"only": rows}).splitlines()
+  first = rows[0]
+  collectives = first["layer_inter_node_ms"] + first["layer_intra_node_ms"]
+  compute = first["layer_expert_ms"] + first["layer_other_ms"]
+  want = [f"{v:.0f}" for v in (collectives, first["priced_layer_collectives_ms"], compute,
+                               first["priced_layer_compute_ms"])]  # fmt: skip
+  assert table[2] == "| cpu | weak | switch | 1x4 | " + " | ".join(want) + " |"
+  assert table[3].endswith(f"| {rows[1]['priced_layer_collectives_ms']:.0f} | - | - |")
+
+
 def test_workdirs_without_priced_points_are_refused(tmp_path):
   with pytest.raises(ConfigError, match="results.json"):
     price_runs.load(str(tmp_path))
@@ -98,6 +116,7 @@ def test_command_prints_both_tables_and_writes_the_json(tmp_path):
   assert done.returncode == 0, done.stderr[-2000:]
   assert "| cpu | weak | smile | 2x4 |" in done.stdout and "| second | " in done.stdout
   assert "the bound (every point within 25%, the median within 10%, in every run)" in done.stdout
+  assert "the layer's split, profiled against priced" in done.stdout
   record = json.loads((out / "price_runs.json").read_text())
   assert set(record["runs"]) == {"first", "second"} and record["runs"]["first"]["layer"]["points"] == 6
   done = subprocess.run(

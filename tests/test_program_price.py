@@ -297,6 +297,9 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
     assert sum(k["inside_ms"] for k in kinds) == pytest.approx(r["inside_ms"])
     call_ms = 1e3 * record["terms"]["call_s"]
     assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
+    # the profile's compute: the matmuls take time, and a run's wall is at least the part no op computes in
+    assert r["profiled_by_category"]["matmul"] > 0 and set(r["compute_ms_by_category"]) <= set(r["profiled_by_category"])
+    assert r["profiled_wall_ms"] > r["profiled_no_compute_ms"] >= 0
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}
   bad = subprocess.run([*cmd, "--config.cases=32:64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
   assert bad.returncode != 0 and "cases" in bad.stderr.strip().splitlines()[-1]

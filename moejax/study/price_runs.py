@@ -81,6 +81,44 @@ def points_table(runs: dict) -> str:
   return "\n".join(lines)
 
 
+# The layer's split: (part, the profile's fields summed (`moejax.study.phase_timing`), the price's field)
+SPLIT = (
+  ("collectives", ("layer_inter_node_ms", "layer_intra_node_ms"), "priced_layer_collectives_ms"),
+  ("compute", ("layer_expert_ms", "layer_other_ms"), "priced_layer_compute_ms"),
+)
+
+
+def split_of(row: dict) -> dict:
+  """{part: (profiled ms, priced ms)} of a measured row's layer (`SPLIT`); a part is None where the row lacks it (no
+  profile, an older sweep). The profile's collectives hold each device's waits at them: a device waits there while
+  another still computes, so the profiled split is a device's, not the host's."""
+  split = {}
+  for part, profiled, priced in SPLIT:
+    values = [row.get(f) for f in (*profiled, priced)]
+    ok = all(v is not None and np.isfinite(v) for v in values)
+    split[part] = (sum(values[:-1]), values[-1]) if ok else None
+  return split
+
+
+def split_table(runs: dict) -> str:
+  """A markdown table, a line per point of any run: the layer's time in collectives and in compute, profiled and
+  priced ('a / b / c', runs in order; `split_of`)."""
+  keys = list(dict.fromkeys(point(r) for rows in runs.values() for r in rows))
+  found = {name: {point(r): split_of(r) for r in rows} for name, rows in runs.items()}
+  head = ["model", "scaling", "scheme", "mesh"]
+  for part, *_ in SPLIT:
+    head += [f"{part} profiled ms", f"{part} priced ms"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for key in keys:
+    cells = list(key)
+    splits = [found[name].get(key) for name in runs]
+    for part, *_ in SPLIT:
+      for side in (0, 1):
+        cells.append(_joined([s and s[part] and s[part][side] for s in splits], ".0f"))
+    lines.append("| " + " | ".join(cells) + " |")
+  return "\n".join(lines)
+
+
 def summary_table(runs: dict, each: float = EACH, median: float = MEDIAN) -> str:
   """A markdown table, a line per run: per quantity the median |error|, the range and how many points are within
   `each`, then whether the bound (every point within `each`, the median within `median`) is met in every run."""

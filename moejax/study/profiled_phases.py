@@ -45,9 +45,10 @@ def phase_of(compiled, mesh) -> dict[str, str]:
   return phases
 
 
-def self_times(lines, phases: dict[str, str]) -> dict[str, float]:
-  """Seconds of self time by phase over `lines` (each a list of events with name, start_ns, duration_ns)."""
-  totals = dict.fromkeys(PHASES, 0.0)
+def self_times(lines, phases: dict[str, str], keys=PHASES) -> dict[str, float]:
+  """Seconds of self time by phase over `lines` (each a list of events with name, start_ns, duration_ns); `phases`
+  maps instruction names to one of `keys` (the executor's own time goes to 'other', which `keys` must hold)."""
+  totals = dict.fromkeys(keys, 0.0)
   for events in lines:
     stack = []  # (end_ns, phase or None) of the events enclosing the current one
     for event in sorted(events, key=lambda e: (e.start_ns, -e.duration_ns)):
@@ -62,6 +63,22 @@ def self_times(lines, phases: dict[str, str]) -> dict[str, float]:
         totals[outer] -= (min(end, outer_end) - start) * 1e-9
       stack.append((end, phase))
   return totals
+
+
+def covered_seconds(lines, covering: set, program: set) -> tuple[float, float]:
+  """(the seconds during which at least one event named in `covering` runs, the seconds from the first event named in
+  `program` to the last) over `lines` (each a list of events with name, start_ns, duration_ns): e.g. the part of a
+  run's wall that some device of the process spends computing, and the run's wall."""
+  spans = sorted((e.start_ns, e.start_ns + e.duration_ns) for events in lines for e in events if e.name in covering)
+  ends = [(e.start_ns, e.start_ns + e.duration_ns) for events in lines for e in events if e.name in program]
+  covered, reach = 0, None
+  for start, end in spans:  # the union of the intervals, in order of their starts
+    if reach is None or start > reach:
+      covered, reach = covered + end - start, end
+    elif end > reach:
+      covered, reach = covered + end - reach, end
+  window = max(e for _, e in ends) - min(s for s, _ in ends) if ends else 0
+  return covered * 1e-9, window * 1e-9
 
 
 def profiled_lines(compiled, args: tuple, runs: int = 1) -> list[list]:
