@@ -171,8 +171,10 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
     say(f"{'':>8}{'compute (ms)':<32}" + "".join(f"{k:>12}" for k in inside))
     say(f"{'':>8}{'priced':<32}" + "".join(f"{r['compute_ms_by_category'].get(k, 0.0):>12.2f}" for k in inside))
     say(f"{'':>8}{'profiled (self time)':<32}" + "".join(f"{v:>12.2f}" for v in inside.values()))
-    say(f"{'':>8}no compute op running on this process: {r['profiled_no_compute_ms']:.1f} of {r['profiled_wall_ms']:.1f}"
-        f" ms of a profiled run; collectives priced {r['collectives_ms']:.1f} ms")
+    say(
+      f"{'':>8}no compute op running on this process: {r['profiled_no_compute_ms']:.1f} of {r['profiled_wall_ms']:.1f}"
+      f" ms of a profiled run; collectives priced {r['collectives_ms']:.1f} ms"
+    )
     for kind, t in r["by_kind"].items():
       say(
         f"{'':>8}{kind:<32} priced {t['priced_ms']:8.2f}  inside {t['inside_ms']:8.2f}  fastest {t['fastest_ms']:8.2f}"

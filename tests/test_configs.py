@@ -95,6 +95,7 @@ PROGRAM_CONFIGS = {
   "pipeline_bubbles",
   "pipeline_cost",
   "validate_program_price",
+  "collective_chains",
   "price_runs",
 }
 

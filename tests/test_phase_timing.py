@@ -46,9 +46,7 @@ def test_covered_seconds_is_the_union_of_the_covering_events():
   """Overlapping and nested events count once, gaps not at all; the window spans the program's events."""
   device_a = [event("dot", 100, 300), event("psum", 400, 500), event("fusion", 950, 50)]
   device_b = [event("fusion", 200, 400), event("dot", 250, 100), event("psum", 600, 500)]  # nested in the fusion's span
-  covered, window = profiled_phases.covered_seconds(
-    [device_a, device_b], {"dot", "fusion"}, {"dot", "fusion", "psum"}
-  )
+  covered, window = profiled_phases.covered_seconds([device_a, device_b], {"dot", "fusion"}, {"dot", "fusion", "psum"})
   # compute [100, 600) and [950, 1000): 550 ns; the program's events [100, 1100)
   assert (covered, window) == pytest.approx((550e-9, 1000e-9))
   assert profiled_phases.covered_seconds([], {"dot"}, {"dot"}) == (0.0, 0.0)

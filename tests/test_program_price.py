@@ -298,7 +298,8 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
     call_ms = 1e3 * record["terms"]["call_s"]
     assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
     # the profile's compute: the matmuls take time, and a run's wall is at least the part no op computes in
-    assert r["profiled_by_category"]["matmul"] > 0 and set(r["compute_ms_by_category"]) <= set(r["profiled_by_category"])
+    profiled = r["profiled_by_category"]
+    assert profiled["matmul"] > 0 and set(r["compute_ms_by_category"]) <= set(profiled)
     assert r["profiled_wall_ms"] > r["profiled_no_compute_ms"] >= 0
   assert {(c["kind"], tuple(c["axes"])) for c in record["terms"]["collectives"]} >= {("all-reduce", ("node", "gpu"))}
   bad = subprocess.run([*cmd, "--config.cases=32:64"], cwd=ROOT, env=ENV, capture_output=True, text=True)
@@ -349,3 +350,31 @@ def test_every_exchange_of_a_sweep_layer_is_priced_by_a_hop_of_its_path(scheme):
   assert [(c.kind, c.axes) for c in missed] == [("all-to-all", ("node", "gpu"))]
   with pytest.raises(ValueError, match="do not price"):
     simulate.check_priced(compiled, mesh, cfg, scheme)
+
+
+@pytest.mark.slow
+def test_the_chains_command_times_each_kind_both_ways(tmp_path):
+  """experiments.collective_chains: per chainable kind and axis set a short and a long program, interleaved and back
+  to back, the cost per further link their difference over links - 1; links below 2 is one error line."""
+  import json
+  import subprocess
+  import sys
+
+  from moejax.study import program_calibration
+  from tests.helpers import ENV, ROOT
+
+  cmd = [sys.executable, "-m", "experiments.collective_chains", f"--workdir={tmp_path}", "--config.repeats=1"]
+  run = subprocess.run([*cmd, "--config.links=3"], cwd=ROOT, env=ENV, capture_output=True, text=True)
+  assert run.returncode == 0, run.stderr[-2000:]
+  record = json.loads((tmp_path / "collective_chains.json").read_text())
+  keys = [(r["kind"], tuple(r["axes"])) for r in record["rows"]]
+  assert set(keys) == {(k, a) for k in program_calibration.CHAINABLE for a in [("node",), ("gpu",), ("node", "gpu")]}
+  for r in record["rows"]:
+    for way in ("interleaved", "back_to_back"):
+      w = r[way]
+      assert w["single_ms"] > 0 and w["chain_ms"] > 0
+      assert w["per_link_ms"] == pytest.approx((w["chain_ms"] - w["single_ms"]) / 2)
+  assert record["cores_busy_back_to_back"] > 0
+  bad = subprocess.run([*cmd, "--config.links=1", f"--workdir={tmp_path}/bad"], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True)  # fmt: skip
+  assert bad.returncode != 0 and "links" in bad.stderr.strip().splitlines()[-1]
