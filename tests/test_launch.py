@@ -8,11 +8,12 @@ import sys
 import time
 
 import numpy as np
+import pytest
 
 from tests.helpers import ENV, ROOT
 
 
-def launch(*command, processes=2, timeout=240):
+def launch(*command, processes=2, timeout=240, options=()):
   return subprocess.run(
     [
       sys.executable,
@@ -22,6 +23,7 @@ def launch(*command, processes=2, timeout=240):
       str(processes),
       "--devices-per-process",
       "4",
+      *options,
       "--",
       *command,
     ],
@@ -137,3 +139,25 @@ def test_a_refusal_on_one_process_stops_the_job_without_a_collective_timeout():
   assert "[p0] error: --workdir=/x: refused on process 0 only" in run.stdout.splitlines(), run.stdout
   assert "process 0 exited with 1" in run.stdout
   assert "DEADLINE_EXCEEDED" not in run.stdout and "RESULT" not in run.stdout, run.stdout
+
+
+def test_each_process_runs_on_cores_of_its_own():
+  """--cores-per-process 1: process i (and every thread it starts) on the i-th core this job may use; more cores than
+  there are is one error line naming the value."""
+  code = (
+    "import os, threading; seen = []; t = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0))); "
+    "t.start(); t.join(); print('cores', os.environ['MOEJAX_PROCESS_ID'], sorted(os.sched_getaffinity(0)), sorted(seen[0]))"
+  )
+  available = sorted(os.sched_getaffinity(0))
+  if len(available) < 2:
+    pytest.skip(f"two processes on a core each need two cores; this job may use {available}")
+  run = launch(sys.executable, "-c", code, timeout=60, options=("--cores-per-process", "1"))
+  assert run.returncode == 0, run.stdout[-2000:]
+  for rank in (0, 1):
+    assert f"[p{rank}] cores {rank} [{available[rank]}] [{available[rank]}]" in run.stdout
+  too_many = len(available)
+  bad = launch(sys.executable, "-c", "pass", timeout=60, options=("--cores-per-process", str(too_many)))
+  assert bad.returncode == 2
+  assert (
+    bad.stderr.strip().splitlines()[-1].startswith(f"moejax.runtime.launch: cores_per_process={too_many}: 2 processes")
+  )

@@ -4,11 +4,15 @@
 
 Each process gets the coordinator address, its process id and its CPU device count in the
 environment; the program calls `moejax.runtime.distributed.initialize()` first. Output is forwarded line by
-line with a `[pN]` prefix. If any process exits non-zero (or is killed), the others are killed and the
+line with a `[pN]` prefix. With `--cores-per-process K` process i runs on the host's cores i*K .. (i+1)*K - 1 only
+(its threads too), as a host of its own would: on the 2-core CPU job, unpinned, each process's gloo event loop kept a
+core busy and both processes' threads shared both cores, so a collective after another cost 0.1 to 4 ms by chance;
+pinned, about 4 ms every time (docs/cost-model.md). If any process exits non-zero (or is killed), the others are killed and the
 launcher exits non-zero at once, so a failed job never hangs in a collective.
 """
 
 import argparse
+import functools
 import os
 import signal
 import socket
@@ -47,12 +51,32 @@ def _kill_all(procs: list[subprocess.Popen]) -> None:
     proc.wait()
 
 
-def launch(command: list[str], processes: int, devices_per_process: int, timeout: float | None = None) -> int:
-  """Runs `command` as `processes` cooperating processes; returns the job's exit code."""
+def process_cores(processes: int, cores_per_process: int) -> list[list[int]]:
+  """Each process's cores: consecutive blocks of `cores_per_process` of the cores this process may run on; ValueError
+  naming the value where they do not hold processes x cores_per_process."""
+  cores = sorted(os.sched_getaffinity(0))
+  if cores_per_process < 1 or processes * cores_per_process > len(cores):
+    raise ValueError(
+      f"cores_per_process={cores_per_process}: {processes} processes x {cores_per_process} cores need that many of "
+      f"the {len(cores)} cores this job may use ({cores})"
+    )
+  return [cores[i * cores_per_process : (i + 1) * cores_per_process] for i in range(processes)]
+
+
+def launch(
+  command: list[str],
+  processes: int,
+  devices_per_process: int,
+  timeout: float | None = None,
+  cores_per_process: int | None = None,
+) -> int:
+  """Runs `command` as `processes` cooperating processes, each pinned to `cores_per_process` cores of its own where
+  given (`process_cores`); returns the job's exit code."""
   if processes < 1 or devices_per_process < 1:
     raise ValueError(f"processes and devices_per_process must be >= 1, got {processes}, {devices_per_process}")
   if not command:
     raise ValueError("no command given: put it after `--`")
+  pinned = None if cores_per_process is None else process_cores(processes, cores_per_process)
   port = _free_port()
   procs, threads = [], []
   for rank in range(processes):
@@ -74,8 +98,10 @@ def launch(command: list[str], processes: int, devices_per_process: int, timeout
       stderr=subprocess.STDOUT,
       stdin=subprocess.DEVNULL,
       start_new_session=True,
+      preexec_fn=None if pinned is None else functools.partial(os.sched_setaffinity, 0, pinned[rank]),
     )
-    print(f"[launch] process {rank} pid {proc.pid}", flush=True)
+    cores = "" if pinned is None else f" on cores {','.join(map(str, pinned[rank]))}"
+    print(f"[launch] process {rank} pid {proc.pid}{cores}", flush=True)
     procs.append(proc)
     thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{rank}] "), daemon=True)
     thread.start()
@@ -112,17 +138,20 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
     prog="python -m moejax.runtime.launch",
     description=__doc__.splitlines()[0],
-    usage="%(prog)s [--processes N] [--devices-per-process D] [--timeout S] -- COMMAND...",
+    usage="%(prog)s [--processes N] [--devices-per-process D] [--cores-per-process K] [--timeout S] -- COMMAND...",
   )
   parser.add_argument("--processes", type=int, default=2)
   parser.add_argument("--devices-per-process", type=int, default=4)
+  parser.add_argument(
+    "--cores-per-process", type=int, default=None, help="pin process i to cores i*K .. (i+1)*K - 1 (default: unpinned)"
+  )
   parser.add_argument("--timeout", type=float, default=None, help="kill the job after this many seconds")
   args = parser.parse_args(argv[:split])
   command = argv[split + 1 :]
   if not command:
     parser.error("no COMMAND given after '--'")
   try:
-    return launch(command, args.processes, args.devices_per_process, args.timeout)
+    return launch(command, args.processes, args.devices_per_process, args.timeout, args.cores_per_process)
   except ValueError as e:
     print(f"moejax.runtime.launch: {e}", file=sys.stderr)
     return 2
