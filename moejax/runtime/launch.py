@@ -5,9 +5,9 @@
 Each process gets the coordinator address, its process id and its CPU device count in the
 environment; the program calls `moejax.runtime.distributed.initialize()` first. Output is forwarded line by
 line with a `[pN]` prefix. With `--cores-per-process K` process i runs on the host's cores i*K .. (i+1)*K - 1 only
-(its threads too), as a host of its own would: on the 2-core CPU job, unpinned, each process's gloo event loop kept a
+(its threads too), as a host of its own would. On the 2-core CPU job, unpinned, each process's gloo event loop kept a
 core busy and both processes' threads shared both cores, so a collective after another cost 0.1 to 4 ms by chance;
-pinned, about 4 ms every time (docs/cost-model.md). If any process exits non-zero (or is killed), the others are killed and the
+pinned, about 4 ms every time, and a 1 x 4 mesh had one core (docs/cost-model.md). If any process exits non-zero (or is killed), the others are killed and the
 launcher exits non-zero at once, so a failed job never hangs in a collective.
 """
 
