@@ -63,6 +63,24 @@ def process_cores(processes: int, cores_per_process: int) -> list[list[int]]:
   return [cores[i * cores_per_process : (i + 1) * cores_per_process] for i in range(processes)]
 
 
+def _start(command: list[str], job: dict, cores: list[int] | None) -> subprocess.Popen:
+  """One process of the job: `job`'s variables in its environment, on `cores` only where given."""
+  env = {**os.environ, **job, "PYTHONUNBUFFERED": "1"}
+  # Each child leads its own process group, so killing it also kills anything it started.
+  proc = subprocess.Popen(
+    command,
+    env=env,
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    stdin=subprocess.DEVNULL,
+    start_new_session=True,
+    preexec_fn=None if cores is None else functools.partial(os.sched_setaffinity, 0, cores),
+  )
+  on = "" if cores is None else f" on cores {','.join(map(str, cores))}"
+  print(f"[launch] process {job[ENV_PROCESS_ID]} pid {proc.pid}{on}", flush=True)
+  return proc
+
+
 def launch(
   command: list[str],
   processes: int,
@@ -80,28 +98,13 @@ def launch(
   port = _free_port()
   procs, threads = [], []
   for rank in range(processes):
-    env = dict(os.environ)
-    env.update(
-      {
-        ENV_COORDINATOR: f"127.0.0.1:{port}",
-        ENV_NUM_PROCESSES: str(processes),
-        ENV_PROCESS_ID: str(rank),
-        ENV_LOCAL_DEVICES: str(devices_per_process),
-        "PYTHONUNBUFFERED": "1",
-      }
-    )
-    # Each child leads its own process group, so killing it also kills anything it started.
-    proc = subprocess.Popen(
-      command,
-      env=env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      stdin=subprocess.DEVNULL,
-      start_new_session=True,
-      preexec_fn=None if pinned is None else functools.partial(os.sched_setaffinity, 0, pinned[rank]),
-    )
-    cores = "" if pinned is None else f" on cores {','.join(map(str, pinned[rank]))}"
-    print(f"[launch] process {rank} pid {proc.pid}{cores}", flush=True)
+    job = {
+      ENV_COORDINATOR: f"127.0.0.1:{port}",
+      ENV_NUM_PROCESSES: str(processes),
+      ENV_PROCESS_ID: str(rank),
+      ENV_LOCAL_DEVICES: str(devices_per_process),
+    }
+    proc = _start(command, job, None if pinned is None else pinned[rank])
     procs.append(proc)
     thread = threading.Thread(target=_forward, args=(proc.stdout, f"[p{rank}] "), daemon=True)
     thread.start()
