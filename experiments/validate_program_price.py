@@ -121,7 +121,8 @@ def compute_inside(compiled, args, mesh, runs: int) -> dict:
   totals, spans = dict.fromkeys(keys, 0.0), []
   for _ in range(runs):
     lines = profiled_phases.profiled_lines(compiled, args)
-    totals = {k: v + profiled_phases.self_times(lines, names, keys)[k] for k, v in totals.items()}
+    run = profiled_phases.self_times(lines, names, keys)
+    totals = {k: v + run[k] for k, v in totals.items()}
     spans.append(profiled_phases.covered_seconds(lines, set(ops), set(names)))
   covered, wall = sorted(spans, key=lambda s: s[1])[len(spans) // 2]
   return {
