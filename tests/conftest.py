@@ -35,7 +35,8 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
   os.environ["MOEJAX_TEST_XLA_FLAGS"] = " ".join(known_xla_flags(FAST_COMPILE_FLAGS))
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {os.environ['MOEJAX_TEST_XLA_FLAGS']}".strip()
 
-# XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start and later runs: many
+# XLA's persistent compilation cache, shared by the xdist workers, the subprocesses tests start (but for the processes
+# of a local multi-process job: moejax.runtime.distributed.initialize turns it off there) and later runs: many
 # tests build the same small programs (the same layer at the same shapes) and each would compile them again. Keyed by
 # the program, jax's version and the flags, so a stale entry is never used.
 # A folder given in JAX_COMPILATION_CACHE_DIR is used instead, still for every program (jax's defaults keep only those

@@ -141,3 +141,23 @@ def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_pat
   assert len(held_out) == 2 and all(np.isfinite(e["error"]) for e in held_out)  # both axes, 2 row counts
   assert "calibrated topology" in run.stdout and "measured weak" in run.stdout
   assert os.path.exists(workdir / "points.jsonl")
+
+
+@pytest.mark.slow  # two 2-process jobs, each compiling the tiny training step: about 40 s on 2 cores
+def test_a_job_run_twice_with_a_compilation_cache_does_not_hang(tmp_path):
+  """The second job's process 0 could load the step from the persistent cache while process 1 compiled it: that job
+  hung in the step (moejax.runtime.distributed.initialize turns the cache off in a local job)."""
+  env = {
+    **ENV,
+    "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1",
+  }
+  command = [sys.executable, "-m", "moejax.runtime.launch", "--timeout", "150", "--"]
+  command += [sys.executable, "tests/programs/cached_step.py"]
+  runs = [subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200) for _ in range(2)]
+  losses = []
+  for run in runs:
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    losses += [json.loads(line.partition("RESULT ")[2]) for line in run.stdout.splitlines() if "RESULT " in line]
+  assert len(losses) == 4 and all(got == losses[0] for got in losses)  # both processes, both jobs

@@ -3,7 +3,7 @@
 Every process of a multi-process job calls `initialize()` once, before any JAX computation:
 - under `python -m moejax.runtime.launch` (local CPU processes) it reads the coordinator address, process
   count and id, and device count that the launcher put in the environment, selects the gloo CPU
-  collectives and simulates the requested CPU devices;
+  collectives, simulates the requested CPU devices and turns JAX's persistent compilation cache off;
 - on a cluster (SLURM, Open MPI, Kubernetes, ...) it calls `jax.distributed.initialize()` with no
   arguments, which detects the job from the scheduler's environment (one process per host);
 - otherwise (a single process) it does nothing.
@@ -25,6 +25,11 @@ def initialize() -> str:
   if ENV_COORDINATOR in os.environ:
     mesh_lib.simulate_cpu_devices(int(os.environ[ENV_LOCAL_DEVICES]))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    # No persistent compilation cache: its key holds each process's own devices, so only process 0 (the one that
+    # writes) finds an entry. A job whose process 0 loaded the sweep's training step from the cache while process 1
+    # compiled it hung in the step (jax 0.10.2, both processes waiting on the result; the cause inside
+    # XLA not found). Every process compiles every program instead, as with no cache (tests/test_launch.py).
+    jax.config.update("jax_enable_compilation_cache", False)
     jax.distributed.initialize(
       coordinator_address=os.environ[ENV_COORDINATOR],
       num_processes=int(os.environ[ENV_NUM_PROCESSES]),
