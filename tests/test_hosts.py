@@ -1,6 +1,7 @@
 """The hosts of a sweep's job (moejax.study.hosts): one process keeps today's measured meshes; whole hosts of a job of
 several processes form a mesh row each; and experiments.scaling run as two processes (gloo, 2 x 4) times the 1 x 4
-and 2 x 4 points with the single process's losses, calibrated and drawn beside the model."""
+and 2 x 4 points with the single process's losses, calibrated and drawn beside the model; a job run twice on one
+persistent compilation cache finishes both times."""
 
 import json
 import os
@@ -107,6 +108,8 @@ def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_pat
       "2",
       "--devices-per-process",
       "4",
+      "--timeout",  # below pytest's 300 s: the job is killed and its output shown, not left running
+      "270",
       "--",
       sys.executable,
       "-m",
@@ -118,7 +121,7 @@ def test_two_processes_time_whole_hosts_with_one_process_losses(devices, tmp_pat
     env=ENV,
     capture_output=True,
     text=True,
-    timeout=900,
+    timeout=290,
   )
   assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
   rows = json.loads((workdir / "results.json").read_text())["rows"]

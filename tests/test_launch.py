@@ -106,6 +106,41 @@ def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
     assert not alive, f"process {pid} survived"
 
 
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) counts as gone
+    return f.read().rpartition(")")[2].split()[0] != "Z"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
+def test_killed_launcher_takes_its_processes_with_it():
+  """A launcher killed from outside (a test's timeout killed one in CI, 2026-12-02) leaves no process of its job."""
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "moejax.runtime.launch", "--devices-per-process", "1", "--"]
+    + [sys.executable, "-c", "import time; time.sleep(600)"],
+    cwd=ROOT,
+    env=ENV,
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  pids = []
+  while len(pids) < 2:
+    line = proc.stdout.readline()
+    assert line, "launcher ended before starting its processes"
+    if line.startswith("[launch] process"):
+      pids.append(int(line.split()[4]))
+  assert all(_alive(pid) for pid in pids)
+  proc.kill()
+  proc.wait(timeout=60)
+  deadline = time.monotonic() + 30
+  while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    time.sleep(0.1)
+  assert not [pid for pid in pids if _alive(pid)], "the job's processes outlived their launcher"
+
+
 def test_usage_error_without_command():
   run = subprocess.run(
     [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2"],

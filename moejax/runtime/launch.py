@@ -8,11 +8,12 @@ line with a `[pN]` prefix. With `--cores-per-process K` process i runs on the ho
 (its threads too), as a host of its own would. On the 2-core CPU job, unpinned, each process's gloo event loop kept a
 core busy and both processes' threads shared both cores, so a collective after another cost 0.1 to 4 ms by chance;
 pinned, about 4 ms every time, and a 1 x 4 mesh had one core (docs/cost-model.md). If any process exits non-zero (or is killed), the others are killed and the
-launcher exits non-zero at once, so a failed job never hangs in a collective.
+launcher exits non-zero at once, so a failed job never hangs in a collective; if the launcher itself is killed, so are
+its processes (Linux).
 """
 
 import argparse
-import functools
+import ctypes
 import os
 import signal
 import socket
@@ -63,8 +64,22 @@ def process_cores(processes: int, cores_per_process: int) -> list[list[int]]:
   return [cores[i * cores_per_process : (i + 1) * cores_per_process] for i in range(processes)]
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _in_child(cores: list[int] | None) -> None:
+  """Run in each process before it starts the command: on `cores` only where given, and killed with the launcher
+  (Linux), so a launcher that is itself killed (a test's timeout, a scheduler) leaves no process of the job spinning in
+  gloo's loop."""
+  if cores is not None:
+    os.sched_setaffinity(0, cores)
+  if sys.platform == "linux":
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
 def _start(command: list[str], job: dict, cores: list[int] | None) -> subprocess.Popen:
-  """One process of the job: `job`'s variables in its environment, on `cores` only where given."""
+  """One process of the job: `job`'s variables in its environment, on `cores` only where given, killed with the
+  launcher (`_in_child`)."""
   env = {**os.environ, **job, "PYTHONUNBUFFERED": "1"}
   # Each child leads its own process group, so killing it also kills anything it started.
   proc = subprocess.Popen(
@@ -74,7 +89,7 @@ def _start(command: list[str], job: dict, cores: list[int] | None) -> subprocess
     stderr=subprocess.STDOUT,
     stdin=subprocess.DEVNULL,
     start_new_session=True,
-    preexec_fn=None if cores is None else functools.partial(os.sched_setaffinity, 0, cores),
+    preexec_fn=lambda: _in_child(cores),
   )
   on = "" if cores is None else f" on cores {','.join(map(str, cores))}"
   print(f"[launch] process {job[ENV_PROCESS_ID]} pid {proc.pid}{on}", flush=True)
