@@ -41,7 +41,11 @@ if "MOEJAX_TEST_XLA_FLAGS" not in os.environ:
 # the program, jax's version and the flags, so a stale entry is never used.
 # A folder given in JAX_COMPILATION_CACHE_DIR is used instead, still for every program (jax's defaults keep only those
 # that took a second or more to compile).
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+# Only where this jaxlib runs what it loads (moejax.runtime.compile_cache: with jaxlib 0.10.2, the newest on Python
+# 3.11, training steps loaded from the cache deadlocked, and CI's end-to-end tier lost its workers).
+from moejax.runtime import compile_cache  # noqa: E402 (imports no jax)
+
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ and compile_cache.safe():
   import tempfile  # noqa: E402
 
   os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"moejax-tests-xla-cache-{os.getuid()}")
@@ -57,8 +61,14 @@ import jax  # noqa: E402
 import pytest
 
 from moejax.runtime import mesh as mesh_lib  # noqa: E402
-from tests.crash_rerun import pytest_handlecrashitem, pytest_report_teststatus, pytest_terminal_summary  # noqa: E402, F401
+from tests import crash_rerun  # noqa: E402
 from tests.fast_tier import mark_over_budget_slow  # noqa: E402
+
+# crash_rerun's hooks, as this module's (a conftest below the root cannot name plugins)
+pytest_handlecrashitem = crash_rerun.pytest_handlecrashitem
+pytest_report_teststatus = crash_rerun.pytest_report_teststatus
+pytest_sessionfinish = crash_rerun.pytest_sessionfinish
+pytest_terminal_summary = crash_rerun.pytest_terminal_summary
 
 NUM_DEVICES = 8
 mesh_lib.simulate_cpu_devices(NUM_DEVICES)

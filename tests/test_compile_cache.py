@@ -57,3 +57,16 @@ def test_a_half_written_entry_is_compiled_again_not_loaded(tmp_path):
   assert again.returncode == 0, again.stderr[-2000:]
   assert "Error reading persistent compilation cache entry" in again.stderr  # each torn entry refused, then compiled
   np.testing.assert_allclose(np.load(output), EXPECTED, rtol=1e-5)
+
+
+def test_the_cache_is_used_only_from_the_first_jaxlib_that_runs_collectives_from_it():
+  from moejax.runtime import compile_cache
+
+  # 0.10.2 deadlocked on a training step loaded from the cache, 0.12.0.1 ran it (moejax.runtime.compile_cache)
+  assert [compile_cache.safe(v) for v in ("0.10.2", "0.11.2", "0.12.0.1", "0.13.0", "1.0.0")] == [
+    False,
+    False,
+    True,
+    True,
+    True,
+  ]

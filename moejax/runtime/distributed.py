@@ -26,9 +26,8 @@ def initialize() -> str:
     mesh_lib.simulate_cpu_devices(int(os.environ[ENV_LOCAL_DEVICES]))
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     # No persistent compilation cache: its key holds each process's own devices, so only process 0 (the one that
-    # writes) finds an entry. A job whose process 0 loaded the sweep's training step from the cache while process 1
-    # compiled it hung in the step (jax 0.10.2, both processes waiting on the result; the cause inside
-    # XLA not found). Every process compiles every program instead, as with no cache (tests/test_launch.py).
+    # writes) ever finds an entry, and with jaxlib 0.10.2 a job whose process 0 loaded the sweep's training step from
+    # it hung in that step (moejax.runtime.compile_cache; tests/test_hosts.py runs such a job twice).
     jax.config.update("jax_enable_compilation_cache", False)
     jax.distributed.initialize(
       coordinator_address=os.environ[ENV_COORDINATOR],
