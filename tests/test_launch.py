@@ -65,21 +65,11 @@ def test_failing_process_fails_the_job_with_its_code():
   assert "process 1 exited with 3" in run.stdout
 
 
-def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
+def _sleeping_job() -> tuple[subprocess.Popen, list[int]]:
+  """A launcher running 2 processes that sleep, and their pids (read from its '[launch] process i pid N' lines)."""
   proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "moejax.runtime.launch",
-      "--processes",
-      "2",
-      "--devices-per-process",
-      "1",
-      "--",
-      sys.executable,
-      "-c",
-      "import time; time.sleep(600)",
-    ],
+    [sys.executable, "-m", "moejax.runtime.launch", "--processes", "2", "--devices-per-process", "1", "--"]
+    + [sys.executable, "-c", "import time; time.sleep(600)"],
     cwd=ROOT,
     env=ENV,
     stdout=subprocess.PIPE,
@@ -91,6 +81,20 @@ def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
     assert line, "launcher ended before starting its processes"
     if line.startswith("[launch] process"):
       pids.append(int(line.split()[-1]))
+  return proc, pids
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) counts as gone
+    return f.read().rpartition(")")[2].split()[0] != "Z"
+
+
+def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
+  proc, pids = _sleeping_job()
   os.kill(pids[1], signal.SIGKILL)
   start = time.monotonic()
   proc.wait(timeout=60)
@@ -106,32 +110,10 @@ def test_killed_process_makes_the_launcher_exit_nonzero_quickly():
     assert not alive, f"process {pid} survived"
 
 
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped by init) counts as gone
-    return f.read().rpartition(")")[2].split()[0] != "Z"
-
-
 @pytest.mark.skipif(sys.platform != "linux", reason="the parent-death signal is Linux's")
 def test_killed_launcher_takes_its_processes_with_it():
   """A launcher killed from outside (a test's timeout killed one in CI, 2026-12-02) leaves no process of its job."""
-  proc = subprocess.Popen(
-    [sys.executable, "-m", "moejax.runtime.launch", "--devices-per-process", "1", "--"]
-    + [sys.executable, "-c", "import time; time.sleep(600)"],
-    cwd=ROOT,
-    env=ENV,
-    stdout=subprocess.PIPE,
-    text=True,
-  )
-  pids = []
-  while len(pids) < 2:
-    line = proc.stdout.readline()
-    assert line, "launcher ended before starting its processes"
-    if line.startswith("[launch] process"):
-      pids.append(int(line.split()[4]))
+  proc, pids = _sleeping_job()
   assert all(_alive(pid) for pid in pids)
   proc.kill()
   proc.wait(timeout=60)
