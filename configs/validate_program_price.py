@@ -28,5 +28,6 @@ def get_config() -> ml_collections.ConfigDict:
     "256:512:8192:flat:padded",
     "512:1024:8192:gpu_first:padded",
   )
+  config.per_op = True  # also price each compute op at its own time alone (moejax.study.op_timing)
   config.repeats = 7  # timed calls per measurement (median), after one warm-up call
   return config

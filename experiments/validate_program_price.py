@@ -15,6 +15,11 @@ the transfer alone), with both beside the price per kind and axes (`by_kind`). T
 `compute_ms_by_category`), and how much of a run's wall no device of the process computes in (`profiled_no_compute_ms`
 of `profiled_wall_ms`): the time the collectives, waits included, hold the run, beside their price.
 
+With `per_op` (the default) the program is priced a second way, each compute op at its own time alone
+(`moejax.study.op_timing`: the op's module timed with every device running it) instead of its category's rate:
+`per_op_priced_ms`, `per_op_compute_ms`, `per_op_collectives_ms`, `per_op_error`, and `ops_timed` (ops timed alone of the program's; the rest
+keep their category's price).
+
   python -m experiments.validate_program_price --workdir=/tmp/program_price
   python -m moejax.runtime.launch --processes 2 --devices-per-process 4 -- python -m experiments.validate_program_price \
       --workdir=/tmp/program_price_2p      # the mesh over two processes (gloo): 'node' between them
@@ -37,7 +42,7 @@ from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
 from moejax.runtime import distributed
 from moejax.runtime import mesh as mesh_lib
-from moejax.study import arrival_calibration, interleaved_timing, profiled_phases, program_calibration
+from moejax.study import arrival_calibration, interleaved_timing, op_timing, profiled_phases, program_calibration
 from moejax.validation import ConfigError, require
 
 PASSES = ("fwd", "fwd_bwd")
@@ -132,7 +137,8 @@ def compute_inside(compiled, args, mesh, runs: int) -> dict:
   }
 
 
-def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
+def run_case(case: dict, config, mesh, terms, timer=None, say=print) -> list[dict]:
+  """The case's rows, one per pass (module docstring); with `timer` (an `op_timing.OpTimer`) also priced per op."""
   cfg = MoEConfig(
     num_experts=config.num_experts, top_k=config.top_k, d_model=case["d_model"], d_ff=case["d_ff"],
     path=case["path"], collective=case["collective"], num_nodes=config.nodes,
@@ -143,6 +149,7 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
     compiled, args = compiled_layer(cfg, case["tokens"], mesh, passes)
     measured = interleaved_timing.median_seconds(compiled, args, config.repeats)
     price = program_price.price_measured(compiled, mesh, terms)
+    per_op = per_op_columns(compiled, mesh, terms, timer, config.repeats, measured) if timer else {}
     rows.append(
       dict(
         case,
@@ -158,6 +165,7 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
         },
         **{f"profiled_{k}": v for k, v in compute_inside(compiled, args, mesh, config.repeats).items()},
         error=price.serial_s / measured - 1,
+        **per_op,
       )
     )
     r = rows[-1]
@@ -165,7 +173,8 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
       f"{case['d_model']:>5} {case['d_ff']:>5} {case['tokens']:>6} {case['path']:<11}{case['collective']:<9}{passes:<8}"
       f"{r['measured_ms']:>10.1f}{r['priced_ms']:>10.1f}{r['collectives_ms']:>9.1f}{r['alone_ms']:>9.1f}"
       f"{r['inside_ms']:>9.1f}{r['fastest_ms']:>9.1f}"
-      f"{r['compute_ms']:>9.1f}{r['error']:>+8.0%}",
+      f"{r['compute_ms']:>9.1f}{r['error']:>+8.0%}"
+      + (f"{r['per_op_compute_ms']:>9.1f}{r['per_op_error']:>+8.0%}  {r['ops_timed']}" if per_op else ""),
       flush=True,
     )
     inside = r["profiled_by_category"]
@@ -181,6 +190,21 @@ def run_case(case: dict, config, mesh, terms, say=print) -> list[dict]:
         f"{'':>8}{kind:<32} priced {t['priced_ms']:8.2f}  inside {t['inside_ms']:8.2f}  fastest {t['fastest_ms']:8.2f}"
       )
   return rows
+
+
+def per_op_columns(compiled, mesh, terms, timer, repeats: int, measured: float) -> dict:
+  """The program priced with each op at its own time alone (`op_timing`): {'per_op_priced_ms', 'per_op_compute_ms',
+  'per_op_collectives_ms' (their waits after compute follow the compute before them), 'per_op_error', 'ops_timed':
+  'timed/ops'}."""
+  seconds = timer.op_seconds(compiled.as_text(), repeats, terms.launch_s)
+  price = program_price.price_measured(compiled, mesh, terms, op_seconds=seconds)
+  return dict(
+    per_op_priced_ms=1e3 * price.serial_s,
+    per_op_compute_ms=1e3 * price.compute_s,
+    per_op_collectives_ms=1e3 * price.communication_s,
+    per_op_error=price.serial_s / measured - 1,
+    ops_timed=f"{len(seconds)}/{len(program_ops.ops(compiled))}",
+  )
 
 
 def main(argv):
@@ -199,10 +223,18 @@ def main(argv):
   say(f"terms on the {config.nodes} x {config.gpus_per_node} CPU mesh, {jax.process_count()} process(es):", flush=True)
   terms = arrival_calibration.measure(mesh, config.repeats, say=say)
   say(f"\n{'d':>5} {'d_ff':>5} {'tokens':>6} {'path':<11}{'coll.':<9}{'pass':<8}{'measured':>10}{'priced':>10}"
-      f"{'colls':>9}{'alone':>9}{'inside':>9}{'fastest':>9}{'compute':>9}{'error':>8}  (ms)")  # fmt: skip
-  rows = [row for case in cases for row in run_case(case, config, mesh, terms, say)]
-  errors = sorted(abs(r["error"]) for r in rows)
-  say(f"\n|error| median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")
+      f"{'colls':>9}{'alone':>9}{'inside':>9}{'fastest':>9}{'compute':>9}{'error':>8}"
+      + (f"{'per-op':>9}{'error':>8}  timed" if config.per_op else "") + "  (ms)")  # fmt: skip
+  timer = op_timing.OpTimer(mesh) if config.per_op else None
+  rows = [row for case in cases for row in run_case(case, config, mesh, terms, timer, say)]
+  for key, name in (("error", "by category"), ("per_op_error", "per op")):
+    errors = sorted(abs(r[key]) for r in rows if key in r)
+    if errors:
+      say(f"|error| {name}: median {errors[len(errors) // 2]:.0%}, max {errors[-1]:.0%} over {len(rows)} held-out rows")
+  if timer and timer.failed:
+    say(
+      f"{len(timer.failed)} op modules not timed (priced by their category), e.g. {next(iter(timer.failed.values()))}"
+    )
   if jax.process_index() == 0:
     record = dict(terms=terms.as_dict(), rows=rows, config=config.to_dict(), processes=jax.process_count())
     cli.write_json(workdir, "program_price.json", record)

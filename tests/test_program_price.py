@@ -297,6 +297,11 @@ def test_the_validation_command_prices_each_case_beside_its_time(tmp_path):
     assert sum(k["inside_ms"] for k in kinds) == pytest.approx(r["inside_ms"])
     call_ms = 1e3 * record["terms"]["call_s"]
     assert sum(r["compute_ms_by_category"].values()) + call_ms == pytest.approx(r["compute_ms"])
+    # priced again with each op at its own time alone: another compute (and the waits after it)
+    assert r["per_op_priced_ms"] == pytest.approx(r["per_op_collectives_ms"] + r["per_op_compute_ms"])
+    assert r["per_op_error"] == pytest.approx(r["per_op_priced_ms"] / r["measured_ms"] - 1)
+    timed, ops = map(int, r["ops_timed"].split("/"))
+    assert 0 < timed <= ops and r["per_op_compute_ms"] != pytest.approx(r["compute_ms"], rel=1e-6)
     # the profile's compute: the matmuls take time, and a run's wall is at least the part no op computes in
     profiled = r["profiled_by_category"]
     assert profiled["matmul"] > 0 and set(r["compute_ms_by_category"]) <= set(profiled)

@@ -191,7 +191,7 @@ def control_seconds(record: dict, topology: Topology) -> float:
   return sum(p.seconds for p in price_collectives(found, np.asarray(record["node_of"]), topology))
 
 
-def price_measured(compiled, mesh, terms) -> ProgramPrice:
+def price_measured(compiled, mesh, terms, op_seconds: dict | None = None) -> ProgramPrice:
   """The compiled program priced with terms measured on the mesh at hand (`moejax.study.program_calibration`):
   each collective alpha + its bytes' seconds per run (`Terms.byte_seconds`), from `terms.per_kind[(kind, axes)]`
   (alpha `terms.chained`'s for one right after another collective), plus the cost of each operand past its first (`Terms.collective_seconds`: a
@@ -200,7 +200,8 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
   program's first collective (`first_collective`), once per program run, the job's processes' launch skew
   (`Terms.skew` of its kind and axes); compute per op
   (`moejax.cost.program_ops`): the program's call plus each op's runs x (launch + its FLOPs or bytes at its
-  category's rate, `terms.op_seconds`). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
+  category's rate, `terms.op_seconds`; an op named in `op_seconds`, {op name: seconds per run}, at that:
+  `moejax.study.op_timing`'s, each op timed alone). A collective over no axis (groups of one device) costs nothing; one of a kind and axes
   the terms lack is refused, naming it, and so is an op or collective whose runs are unknown."""
   assignment = program_lib.device_assignment(compiled, mesh)
   hlo = compiled.as_text()
@@ -212,7 +213,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
       f"cannot price collectives or ops {unknown} (runs unknown) or kinds and axes {missing} (not measured; "
       f"measured: {sorted(terms.per_kind)})"
     )
-  segments = segment_seconds(hlo, ops, terms)
+  segments = segment_seconds(hlo, ops, terms, op_seconds)
   first = first_collective(segments, found)
   priced = []
   for c in found:
@@ -223,7 +224,7 @@ def price_measured(compiled, mesh, terms) -> ProgramPrice:
     beta = terms.byte_seconds(c.kind, c.axes, c.bytes) if c.axes else 0.0
     cost = collectives_lib.ExchangeCost(seconds, seconds - beta, 0.0, beta, 0, 0, 0.0, 0.0, False)
     priced.append(PricedCollective(c, cost))
-  compute = terms.call_s + sum(compute_by_category(ops, terms).values())
+  compute = terms.call_s + sum(compute_by_category(ops, terms, op_seconds).values())
   flops, nbytes = sum(o.count * o.flops for o in ops), sum(o.count * o.bytes for o in ops)
   return ProgramPrice(tuple(priced), compute, flops, nbytes)
 
@@ -236,20 +237,28 @@ def first_collective(in_order, found: list[program_lib.Collective]) -> str | Non
   return next((name for name in in_order if name in spanning), None)
 
 
-def compute_by_category(ops: list[program_ops.Op], terms) -> dict[str, float]:
-  """{category: seconds per program run} of `ops` (`program_ops.ops`) at measured `terms`, their launches
-  included."""
+def compute_by_category(ops: list[program_ops.Op], terms, op_seconds: dict | None = None) -> dict[str, float]:
+  """{category: seconds per program run} of `ops` (`program_ops.ops`) at measured `terms` (an op in `op_seconds`
+  at its own), their launches included."""
   table = {}
   for o in ops:
-    table[o.category] = table.get(o.category, 0.0) + o.count * terms.op_seconds(o.category, o.flops, o.bytes)
+    table[o.category] = table.get(o.category, 0.0) + o.count * one_run(o, terms, op_seconds)
   return table
 
 
-def segment_seconds(hlo: str, ops: list[program_ops.Op], terms) -> dict[str, float]:
-  """{collective's name: the seconds, at `terms`, of the ops its computation runs before it since the collective before
-  (`program_segments.segments`)}."""
+def one_run(o: program_ops.Op, terms, op_seconds: dict | None = None) -> float:
+  """Seconds of one run of op `o`: its own time in `op_seconds` ({op name: seconds}) where timed, else its
+  category's price at `terms`."""
+  if op_seconds and o.name in op_seconds:
+    return op_seconds[o.name]
+  return terms.op_seconds(o.category, o.flops, o.bytes)
+
+
+def segment_seconds(hlo: str, ops: list[program_ops.Op], terms, op_seconds: dict | None = None) -> dict[str, float]:
+  """{collective's name: the seconds, at `terms` (`one_run`), of the ops its computation runs before it since the
+  collective before (`program_segments.segments`)}."""
   by_name = {o.name: o for o in ops}
   return {
-    name: sum(terms.op_seconds(o.category, o.flops, o.bytes) for o in (by_name[n] for n in segment if n in by_name))
+    name: sum(one_run(o, terms, op_seconds) for o in (by_name[n] for n in segment if n in by_name))
     for name, segment in program_segments.segments(hlo).items()
   }
