@@ -2,9 +2,9 @@
 called computations copied, so a device's time for exactly that op (its shapes, its fusion, its layout) can be
 measured alone (`moejax.study.op_timing`).
 
-  modules = standalone_modules(compiled.as_text())   # {op name: module text}
+  modules = standalone_modules(compiled.as_text())   # {op name: (module text, whether XLA optimises it)}
 
-Ops are `moejax.cost.program_ops`' (collectives and control ops excluded). The module's text is the op's key: two ops
+Ops are `moejax.cost.program_ops`' (collectives and control ops excluded). The module is the op's key: two ops
 of one program, or of two programs, with the same text are the same work (`distinct`). Every name in it is canonical
 (n0, n1, ... in the order they appear; computations' signatures dropped, the parser reads them from their bodies),
 and so are metadata and control dependencies: ops that differ only in XLA's numbering share one module.
@@ -45,16 +45,16 @@ def called(lines: list[str]) -> list[str]:
   return found
 
 
-def standalone_modules(hlo: str) -> dict[str, str]:
-  """{op name: the text of an HLO module that runs that op alone on parameters of its operands' types} for every op
-  `program_ops.parse(hlo)` lists."""
+def standalone_modules(hlo: str) -> dict[str, tuple[str, bool]]:
+  """{op name: `module_text` of the HLO module that runs that op alone on parameters of its operands' types} for every
+  op `program_ops.parse(hlo)` lists."""
   blocks = computation_blocks(hlo)
   computations, _ = program_lib.computations_of(hlo)
-  types = {inst[0]: inst[1] for lines in computations.values() for inst in lines}
   by_name = {inst[0]: inst for lines in computations.values() for inst in lines}
+  types = {name: inst[1] for name, inst in by_name.items()}
   modules = {}
   for op in program_ops.parse(hlo):
-    name, type_, opcode, rest = by_name[op.name]
+    _, type_, opcode, rest = by_name[op.name]
     modules[op.name] = module_text(type_, opcode, rest, types, blocks)
   return modules
 
@@ -71,11 +71,10 @@ def module_text(type_: str, opcode: str, rest: str, types: dict, blocks: dict) -
     # Layout assignment refuses bitcasts; between row-major arrays (XLA's default layout) one is a reshape.
     entry = [_DROPPED.sub("", line).replace(" bitcast(", " reshape(") for line in fused]
   else:
-    names = program_lib.operands(rest)
-    renamed = {n: f"p{i}" for i, n in enumerate(dict.fromkeys(names))}
-    body = re.sub(r"%([\w.\-]+)", lambda m: f"%{renamed.get(m.group(1), m.group(1))}", _DROPPED.sub("", rest))
-    entry = [f"  %{p} = {types[n]} parameter({i})" for i, (n, p) in enumerate(renamed.items())]
-    entry.append(f"  ROOT %op = {type_} {opcode}({body}")
+    # Each operand becomes a parameter under its own name (`canonical` renames them all).
+    operands = dict.fromkeys(program_lib.operands(rest))
+    entry = [f"  %{n} = {types[n]} parameter({i})" for i, n in enumerate(operands)]
+    entry.append(f"  ROOT %op.root = {type_} {opcode}({_DROPPED.sub('', rest)}")
   todo, needed = called(entry), []
   while todo:
     callee = todo.pop(0)
@@ -95,8 +94,8 @@ def canonical(text: str) -> str:
   return re.sub(r"%([\w.\-]+)", lambda m: "%" + names.setdefault(m.group(1), f"n{len(names)}"), text)
 
 
-def distinct(modules: dict[str, str]) -> dict[str, list[str]]:
-  """{module text: the op names that run it}."""
+def distinct(modules: dict[str, tuple[str, bool]]) -> dict[tuple[str, bool], list[str]]:
+  """{module (`standalone_modules`' values): the op names that run it}."""
   found = {}
   for name, text in modules.items():
     found.setdefault(text, []).append(name)
