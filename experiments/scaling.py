@@ -28,7 +28,7 @@ import jax
 from absl import logging
 
 from moejax import cli, workdir_guard
-from moejax.runtime import distributed
+from moejax.runtime import distributed, host_allocator
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import calibration, hosts, report
 from moejax.study import points as points_lib
@@ -60,6 +60,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   try:
     points = validate(config)
+    host_allocator.retain_freed_memory()  # each run's buffers without page faults, as on a GPU
     distributed.initialize()  # a job of several processes (moejax.runtime.launch, a cluster), else nothing
     # The small runs use this process's CPU devices: as many as the largest mesh (before JAX starts its backends).
     mesh_lib.simulate_cpu_devices(max(max_devices(points), jax.config.jax_num_cpu_devices))

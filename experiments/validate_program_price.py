@@ -40,7 +40,7 @@ from moejax.cost import program_ops, program_price
 from moejax.moe.config import MoEConfig
 from moejax.moe.layer import moe_apply
 from moejax.moe.params import init_params
-from moejax.runtime import distributed
+from moejax.runtime import distributed, host_allocator
 from moejax.runtime import mesh as mesh_lib
 from moejax.study import arrival_calibration, interleaved_timing, op_timing, profiled_phases, program_calibration
 from moejax.validation import ConfigError, require
@@ -210,6 +210,7 @@ def per_op_columns(compiled, mesh, terms, timer, repeats: int, measured: float) 
 def main(argv):
   del argv
   config, workdir = flags.FLAGS.config, flags.FLAGS.workdir
+  host_allocator.retain_freed_memory()  # each run's buffers without page faults, as on a GPU
   if distributed.initialize() == "single":  # else the job's processes hold the mesh's devices
     mesh_lib.simulate_cpu_devices(config.nodes * config.gpus_per_node)
   try:
