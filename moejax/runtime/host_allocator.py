@@ -12,7 +12,8 @@ not price it: a measurement on CPU that includes it times the kernel's page zero
 `retain_freed_memory()` tells glibc to serve every request from its one main heap (no mapping per request, no
 thread arenas) and never to give freed memory back: a program's pages fault in its first runs only. The process
 keeps its peak memory until it exits, as XLA's GPU allocator does. Call it before any JAX computation: a device
-thread that has taken an arena of its own keeps it. The measuring commands (`experiments.scaling`,
+thread that has taken an arena of its own keeps it. In 10-30% of processes on a 2-core test machine the
+kept runs still faulted every page of a 49-98 MiB temp buffer (cause not found; `tests/test_host_allocator.py`). The measuring commands (`experiments.scaling`,
 `experiments.validate_program_price`, `experiments.collective_chains`) call it first.
 """
 
