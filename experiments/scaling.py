@@ -60,7 +60,8 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   try:
     points = validate(config)
-    host_allocator.retain_freed_memory()  # each run's buffers without page faults, as on a GPU
+    if config.calibration.source == "measure" or any(p.label == "measured" for p in points):
+      host_allocator.retain_freed_memory()  # each timed run's buffers without page faults, as on a GPU
     distributed.initialize()  # a job of several processes (moejax.runtime.launch, a cluster), else nothing
     # The small runs use this process's CPU devices: as many as the largest mesh (before JAX starts its backends).
     mesh_lib.simulate_cpu_devices(max(max_devices(points), jax.config.jax_num_cpu_devices))
