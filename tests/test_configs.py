@@ -71,7 +71,7 @@ def parse(overrides, monkeypatch, config_file="demo.py", explicit=False):
   return holder.value
 
 
-# Config files without a moe section, each checked by its program (tests/test_bench_programs.py).
+# Config files of the other programs (no sweep or training reads them), each checked by its program's tests.
 PROGRAM_CONFIGS = {
   "bench_kernels",
   "tune_kernels",
@@ -96,6 +96,7 @@ PROGRAM_CONFIGS = {
   "pipeline_cost",
   "validate_program_price",
   "collective_chains",
+  "one_host_layer",
   "price_runs",
 }
 
