@@ -99,9 +99,10 @@ def test_the_price_adds_each_collectives_wait_after_its_segment(mesh_2x4, kind):
   hlo = compiled.as_text()
   rng = np.random.default_rng()
   group, peer = (((1e-4, rng.uniform(1e-4, 1e-3)), (1e-2, rng.uniform(1e-3, 1e-2))) for _ in range(2))
-  terms = dataclasses.replace(_terms(compiled, mesh_2x4, rng, group), arrival_peer=peer)
-  points = peer if kind == "collective-permute" else group
-  plain = dataclasses.replace(terms, arrival=(), arrival_peer=())
+  own = {} if kind == "all-reduce" else {kind: peer}
+  terms = dataclasses.replace(_terms(compiled, mesh_2x4, rng, group), arrival_by_kind=own)
+  points = own.get(kind, group)
+  plain = dataclasses.replace(terms, arrival=(), arrival_by_kind={})
   ops = {o.name: o for o in program_ops.parse(hlo)}
   segments = program_segments.segments(hlo)
   found = program.collectives(compiled, mesh_2x4)
@@ -209,21 +210,25 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
     arrival_calibration.wait_from(compiled, mesh, want, s) for (compiled, _), s in zip(calibration.waits, both[n + c :])
   )
   sides = len(arrival_calibration.SIDES)
-  assert len(waits) == 2 * sides and len(both) == n + c + len(waits) + 2  # an all-reduce's, then a permute's
+  waited = arrival_calibration.WAITED
+  assert len(waits) == len(waited) * sides and len(both) == n + c + len(waits) + 2  # an all-reduce's, then the others'
   key = arrival_calibration.sync_key(mesh)
   tiny, small = (
     arrival_calibration.per_operand_from(compiled, mesh, want, s, waits[sides - 1][1])
     for (compiled, _), s in zip(calibration.many, both[-2:])
   )
   assert tiny > 0 and small > 0
-  assert dataclasses.replace(second, arrival=(), arrival_peer=()) == dataclasses.replace(
+  assert dataclasses.replace(second, arrival=(), arrival_by_kind={}) == dataclasses.replace(
     want,
     per_operand={**want.per_operand, key: pytest.approx(small, rel=1e-12)},
     tiny={**want.tiny, key: (want.tiny[key][0], pytest.approx(tiny, rel=1e-12))},
   )
   np.testing.assert_allclose(second.arrival, waits[:sides], rtol=1e-12)  # sums of the segments' ops, in any order
-  np.testing.assert_allclose(second.arrival_peer, waits[sides:], rtol=1e-12)
-  assert all(w > 0 for _, w in waits) and second.arrival != second.arrival_peer
+  assert list(second.arrival_by_kind) == list(waited[1:])
+  for i, kind in enumerate(waited[1:], 1):
+    np.testing.assert_allclose(second.arrival_by_kind[kind], waits[i * sides : (i + 1) * sides], rtol=1e-12)
+    assert second.arrival_points(kind) == second.arrival_by_kind[kind] != second.arrival
+  assert all(w > 0 for _, w in waits) and second.arrival_points("all-gather") == second.arrival
   assert second.per_kind[("all-to-all", ("gpu",))] != first.per_kind[("all-to-all", ("gpu",))]
 
 

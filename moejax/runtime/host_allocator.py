@@ -26,8 +26,6 @@ import ctypes.util
 
 from absl import logging
 
-from moejax.validation import ConfigError
-
 _M_TRIM_THRESHOLD, _M_MMAP_MAX, _M_ARENA_MAX = -1, -4, -8  # glibc's mallopt parameters (malloc.h)
 _INT_MAX = 2**31 - 1
 RESERVE_BYTES = 1 << 30  # the heap's touched headroom: five times the fragmentation seen on a 98 MiB temp buffer
@@ -38,7 +36,7 @@ def retain_freed_memory(reserve_bytes: int = RESERVE_BYTES) -> str | None:
   done; else why not (not glibc: the setting is glibc's), also logged as a warning: the timings then include the
   page faults."""
   if not 0 <= reserve_bytes < _INT_MAX:  # a free top above the trim threshold would be given back
-    raise ConfigError(f"reserve_bytes={reserve_bytes} must be in [0, 2**31 - 1)", "reserve_bytes", reserve_bytes)
+    raise ValueError(f"reserve_bytes={reserve_bytes} must be in [0, 2**31 - 1)")
   name = ctypes.util.find_library("c")
   libc = ctypes.CDLL(name) if name else None
   if libc is None or not hasattr(libc, "gnu_get_libc_version"):

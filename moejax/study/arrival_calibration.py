@@ -11,9 +11,12 @@ depends on it, added back) is timed at two sides (`SIDES`: a segment of well und
 and one of several), and priced by `moejax.cost.program_price.price_measured` with the terms measured before (no
 wait). The excess of its time over that price, per all-reduce, is the wait after a segment of its priced seconds:
 the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at least 0. The same rounds with a ring
-permute in place of the all-reduce give `Terms.arrival_peer`: at a permute a device waits for its source alone, not
-for the last of the group (on the 2-process CPU job the flat ring's permutes priced at the all-reduce's wait came to
-twice their time inside the layer). Microbenchmarks only: no
+permute or an all-to-all in place of the all-reduce give their own points (`Terms.arrival_by_kind`): at a permute a
+device waits for its source alone, not for the last of the group (on the 2-process CPU job the flat ring's permutes
+priced at the all-reduce's wait came to twice their time inside the layer); an all-to-all timed alone is cheaper than
+an all-reduce, its alpha holds less of the wait, and after compute it pays more beyond it (on the 2-process CPU job,
+even between one process's devices: gloo carries them, each 1.2 ms beyond its alpha after 1.5 ms of matmul, where
+the all-reduce's alpha of 1.5 ms held it). Microbenchmarks only: no
 measured point of a sweep enters them.
 
 The same program at the larger side with an all-reduce of OPERANDS arrays per round, each a slice of the round's
@@ -55,7 +58,7 @@ OPERAND_FLOATS = (program_calibration.TINY // 4, program_calibration.SIZES[0] //
 # 17 ms), the same kind inside a layer a median 0.2 ms. The median's excess over the quartile is `Terms.skew`, which
 # a program pays once, at its first collective.
 COLLECTIVE_QUANTILE = 0.25
-WAITED = ("all-reduce", "collective-permute")  # waits for the whole group (`Terms.arrival`), for its source alone
+WAITED = ("all-reduce", "collective-permute", "all-to-all")  # `Terms.arrival`, then `Terms.arrival_by_kind`'s
 
 
 def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
@@ -67,10 +70,15 @@ def measure(mesh, repeats: int = 9, say=print) -> program_calibration.Terms:
 def rounds_program(mesh, side: int, operands: int = 1, width: int = 1, kind: str = "all-reduce"):
   """jit(shard_map) of ROUNDS rounds on a device's [side, side] block a and [1, side, side] weight b: a = tanh(a @ b)
   then a + psum(a[0, 0]) over every axis of the mesh (`kind` 'collective-permute': a + a[0, 0] of the device before
-  it in a ring over every device); with several `operands`, one psum of that many [1, width] slices of a's first row
-  and a + each one's sum."""
+  it in a ring over every device; 'all-to-all': a + the sum of a[:devices, 0], each row to a device); with several
+  `operands`, one psum of that many [1, width] slices of a's first row and a + each one's sum."""
   everything = tuple(mesh.axis_names)
-  require(operands * width <= side, "side", side, f">= {operands} operands x {width} floats")
+  require(
+    max(operands * width, mesh.devices.size) <= side,
+    "side",
+    side,
+    f">= {operands} operands x {width} floats and the devices",
+  )
   require(kind in WAITED, "kind", kind, f"one of {WAITED}")
   require(operands == 1 or kind == "all-reduce", "operands", operands, "1 for a permute")
   ring = [(i, (i + 1) % mesh.devices.size) for i in range(mesh.devices.size)]
@@ -80,6 +88,8 @@ def rounds_program(mesh, side: int, operands: int = 1, width: int = 1, kind: str
       a = jnp.tanh(a @ b[0])
       if kind == "collective-permute":
         a = a + jax.lax.ppermute(a[:1, :1], everything, ring)
+      elif kind == "all-to-all":
+        a = a + jax.lax.all_to_all(a[: mesh.devices.size, :1], everything, 0, 0, tiled=True).sum()
       elif operands == 1:
         a = a + jax.lax.psum(a[:1, :1], everything)
       else:
@@ -104,15 +114,15 @@ def wait_program(side: int, mesh, operands: int = 1, width: int = 1, kind: str =
 
 
 def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
-  """(the priced seconds of a round's segment, the wait per all-reduce) of `wait_program`'s `compiled` timed at
+  """(the priced seconds of a round's segment, the wait per collective) of `wait_program`'s `compiled` timed at
   `seconds`: the excess over its price without a wait, at least 0."""
-  plain = dataclasses.replace(terms, arrival=(), arrival_peer=(), skew={})  # its quartile holds the alphas' skew
+  plain = dataclasses.replace(terms, arrival=(), arrival_by_kind={}, skew={})  # its quartile holds the alphas' skew
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()
   before = program_price.segment_seconds(hlo, program_ops.parse(hlo), plain)
-  reduces = [c.collective.name for c in priced.collectives if c.collective.axes]
-  segment_s = float(np.mean([before[name] for name in reduces]))
-  return segment_s, max(0.0, (seconds - priced.serial_s) / len(reduces))
+  waited = [c.collective.name for c in priced.collectives if c.collective.axes]
+  segment_s = float(np.mean([before[name] for name in waited]))
+  return segment_s, max(0.0, (seconds - priced.serial_s) / len(waited))
 
 
 def sync_key(mesh) -> tuple:
@@ -128,7 +138,7 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
   key = sync_key(mesh)
   tiny = {**terms.tiny, key: (terms.tiny[key][0], 0.0)} if key in terms.tiny else terms.tiny
   plain = dataclasses.replace(
-    terms, arrival=(), arrival_peer=(), skew={}, per_operand={**terms.per_operand, key: 0.0}, tiny=tiny
+    terms, arrival=(), arrival_by_kind={}, skew={}, per_operand={**terms.per_operand, key: 0.0}, tiny=tiny
   )
   priced = program_price.price_measured(compiled, mesh, plain)
   reduces = [c for c in priced.collectives if c.collective.axes]
@@ -181,7 +191,8 @@ class MeshCalibration:
       return terms
     waits = seconds[n + c : n + c + len(self.waits)]
     found = [wait_from(compiled, self.mesh, terms, s) for (compiled, _), s in zip(self.waits, waits)]
-    points, peer = tuple(found[: len(SIDES)]), tuple(found[len(SIDES) :])
+    by_kind = {kind: tuple(found[i * len(SIDES) : (i + 1) * len(SIDES)]) for i, kind in enumerate(WAITED)}
+    points = by_kind.pop(WAITED[0])
     key = sync_key(self.mesh)
     tiny, small = (
       per_operand_from(compiled, self.mesh, terms, s, points[-1][1])
@@ -190,8 +201,10 @@ class MeshCalibration:
     say(
       "wait at a collective after compute: "
       + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
-      + "; at a permute: "
-      + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in peer)
+      + "".join(
+        f"; at a {kind}: " + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in kind_points)
+        for kind, kind_points in by_kind.items()
+      )
       + f"; {key[0]} over {','.join(key[1])} after compute, per further operand: {small * 1e6:.1f} us (between "
       f"collectives {terms.per_operand[key] * 1e6:.1f}), at {program_calibration.TINY} B {tiny * 1e6:.1f} us (between"
       f" collectives {terms.tiny[key][1] * 1e6:.1f}); the processes' launch skew at a program's first collective "
@@ -200,7 +213,7 @@ class MeshCalibration:
     return dataclasses.replace(
       terms,
       arrival=points,
-      arrival_peer=peer,
+      arrival_by_kind=by_kind,
       per_operand={**terms.per_operand, key: small},
       tiny={**terms.tiny, key: (terms.tiny[key][0], tiny)},
     )

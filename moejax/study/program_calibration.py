@@ -51,8 +51,10 @@ class Terms:
   seconds per operand of one instruction past its first} (absent: 0); chained: {(kind, axes): seconds of one that
   directly follows another collective, its bytes aside} (absent: alpha); tiny: {(kind, axes): (alpha_s,
   per_operand_s) at TINY bytes per operand} (absent: the small size's line holds below it too); arrival: the wait at a
-  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`; absent: none); arrival_peer: the
-  same at a collective-permute, where a device waits for its source alone (absent: arrival's); large:
+  collective after compute, ((s1, w1), (s2, w2)) (`moejax.study.arrival_calibration`, at an all-reduce; absent: none);
+  arrival_by_kind: {kind: those points} at a collective of another kind after the same compute (at a permute a device
+  waits for its source alone; an all-to-all's alpha, timed alone, holds less of that wait than an all-reduce's)
+  (absent: arrival's); large:
   {(kind, axes): seconds per byte above SIZES[1]} (absent: beta); skew: {(kind, axes): seconds a program's first
   collective of that kind waits beyond its alpha for the job's processes, which each start the call on their own}
   (`moejax.study.arrival_calibration`; absent: 0)."""
@@ -68,12 +70,12 @@ class Terms:
   tiny: dict = dataclasses.field(default_factory=dict)
   arrival: tuple = ()
   large: dict = dataclasses.field(default_factory=dict)
-  arrival_peer: tuple = ()
+  arrival_by_kind: dict = dataclasses.field(default_factory=dict)
   skew: dict = dataclasses.field(default_factory=dict)
 
   def arrival_points(self, kind: str) -> tuple:
-    """The wait's calibrated points at a collective of `kind`: `arrival_peer` for a permute where measured."""
-    return self.arrival_peer if kind == "collective-permute" and self.arrival_peer else self.arrival
+    """The wait's calibrated points at a collective of `kind`: its own where measured, else `arrival`."""
+    return self.arrival_by_kind.get(kind) or self.arrival
 
   def byte_seconds(self, kind: str, axes: tuple, nbytes: float) -> float:
     """The seconds of a collective's `nbytes` beyond its alpha: beta a byte up to SIZES[1], `large`'s above."""
@@ -127,7 +129,7 @@ class Terms:
       launch_s=self.launch_s,
       call_s=self.call_s,
       arrival=[list(p) for p in self.arrival],
-      arrival_peer=[list(p) for p in self.arrival_peer],
+      arrival_by_kind={k: [list(p) for p in points] for k, points in self.arrival_by_kind.items()},
     )
 
 
