@@ -199,7 +199,8 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   assert warmed == [True, False]  # only the first rounds call each program untimed first
   median = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
   quartile = [float(np.quantile(a + b, arrival_calibration.COLLECTIVE_QUANTILE)) for a, b in zip(fast, slow)]
-  both = [m if n <= i < n + c else q for i, (m, q) in enumerate(zip(median, quartile))]  # but compute: lower quartile
+  w = len(calibration.waits)  # compute and waits at their median, the rest at their lower quartile
+  both = [m if n <= i < n + c + w else q for i, (m, q) in enumerate(zip(median, quartile))]
   small = (program_calibration.SIZES[0], 1, 1)
   skew = {k[:2]: median[i] - quartile[i] for i, k in enumerate(calibration.keys) if k[2:] == small}
   assert skew and all(s > 0 for s in skew.values())  # 3 fast rounds, 2 slow: the median above the quartile

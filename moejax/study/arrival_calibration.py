@@ -28,8 +28,10 @@ all-reduces, timed between other collectives, run in another state, and their co
 to 2.5x either way on the 2 x 4 CPU job.
 
 A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
-again in more rounds, the terms from each program's time over all its rounds so far: a compute benchmark's median, a
-program holding a collective's lower quartile (`COLLECTIVE_QUANTILE`). Each round of such a program holds the job's
+again in more rounds, the terms from each program's time over all its rounds so far: a compute benchmark's and a wait
+program's median (a wait program is priced with the skew at its first collective; its median, as a measured point's,
+keeps the spread of the waits: at the lower quartile the width-192 2-process sweep's layers priced 41% under, at the
+median 35%), a program holding a lone collective's lower quartile (`COLLECTIVE_QUANTILE`). Each round of such a program holds the job's
 processes' launch skew at its first collective, which only adds; a lone small collective's median beyond its quartile
 is `Terms.skew`, which a priced program pays once, at its first collective. A burst of noise on
 the host during one calibration then moves a round's share of the samples, not every term of the mesh.
@@ -51,8 +53,8 @@ ROUNDS = 8
 SIDES = (128, 512)
 OPERANDS = program_calibration.OPERANDS
 OPERAND_FLOATS = (program_calibration.TINY // 4, program_calibration.SIZES[0] // 4)  # floats per operand, `sync_key`
-# The time over the rounds of a program that holds a collective (the collectives', the waits'): its lower quartile,
-# where the compute benchmarks take their median. Its first collective meets the job's processes as each starts the
+# The time over the rounds of a program that holds a lone collective: its lower quartile, where the compute
+# benchmarks and the wait programs take their median. Its first collective meets the job's processes as each starts the
 # call on its own: a skew that only adds, and that a program's later collectives, their processes already together,
 # do not pay. On the 2-process CPU job a node,gpu collective alone took 0.5 to 50 ms from round to round (median 7 to
 # 17 ms), the same kind inside a layer a median 0.2 ms. The median's excess over the quartile is `Terms.skew`, which
@@ -116,7 +118,7 @@ def wait_program(side: int, mesh, operands: int = 1, width: int = 1, kind: str =
 def wait_from(compiled, mesh, terms, seconds: float) -> tuple[float, float]:
   """(the priced seconds of a round's segment, the wait per collective) of `wait_program`'s `compiled` timed at
   `seconds`: the excess over its price without a wait, at least 0."""
-  plain = dataclasses.replace(terms, arrival=(), arrival_by_kind={}, skew={})  # its quartile holds the alphas' skew
+  plain = dataclasses.replace(terms, arrival=(), arrival_by_kind={})  # its median holds the skew at its first
   priced = program_price.price_measured(compiled, mesh, plain)
   hlo = compiled.as_text()
   before = program_price.segment_seconds(hlo, program_ops.parse(hlo), plain)
@@ -151,8 +153,8 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
 class MeshCalibration:
   """A mesh's terms re-timed through a sweep (module docstring): `retime(repeats)` adds `repeats` interleaved rounds
   of every program (the collectives of `program_calibration.collective_keys`, the compute benchmarks, the waits) and
-  returns the terms of each program's time over all rounds so far: a compute benchmark's median, a program holding a
-  collective's lower quartile (COLLECTIVE_QUANTILE), and `Terms.skew`."""
+  returns the terms of each program's time over all rounds so far: a compute benchmark's and a wait program's median,
+  a program holding a lone collective's lower quartile (COLLECTIVE_QUANTILE), and `Terms.skew`."""
 
   def __init__(self, mesh):
     self.mesh = mesh
@@ -176,7 +178,7 @@ class MeshCalibration:
       kept.extend(new)
     n, c = len(self.keys), len(self.found)
     seconds = [
-      statistics.median(t) if n <= i < n + c else float(np.quantile(t, COLLECTIVE_QUANTILE))
+      statistics.median(t) if n <= i < n + c + len(self.waits) else float(np.quantile(t, COLLECTIVE_QUANTILE))
       for i, t in enumerate(self.times)
     ]
     skew = {  # a lone small collective's median beyond its quartile: the skew the quartile leaves out
@@ -202,7 +204,7 @@ class MeshCalibration:
       "wait at a collective after compute: "
       + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in points)
       + "".join(
-        f"; at a {kind}: " + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in kind_points)
+        f"; at {kind}: " + ", ".join(f"{w * 1e6:.0f} us after {s * 1e6:.0f} us" for s, w in kind_points)
         for kind, kind_points in by_kind.items()
       )
       + f"; {key[0]} over {','.join(key[1])} after compute, per further operand: {small * 1e6:.1f} us (between "
