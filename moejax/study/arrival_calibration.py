@@ -14,9 +14,9 @@ the two points (segment seconds, wait seconds) of `Terms.arrival`, each wait at 
 permute or an all-to-all in place of the all-reduce give their own points (`Terms.arrival_by_kind`): at a permute a
 device waits for its source alone, not for the last of the group (on the 2-process CPU job the flat ring's permutes
 priced at the all-reduce's wait came to twice their time inside the layer); an all-to-all timed alone is cheaper than
-an all-reduce, its alpha holds less of the wait, and after compute it pays more beyond it (on the 2-process CPU job,
-even between one process's devices: gloo carries them, each 1.2 ms beyond its alpha after 1.5 ms of matmul, where
-the all-reduce's alpha of 1.5 ms held it). Microbenchmarks only: no
+an all-reduce, its alpha holds less of the wait, and after compute it pays more beyond it (on the 2-process CPU job's
+1 x 4 mesh, one process's devices whose collectives gloo carries: 0.4-0.9 ms beyond its alpha of about 0.5 ms, where the
+all-reduce's alpha of 1.5-1.8 ms held all of its wait). Microbenchmarks only: no
 measured point of a sweep enters them.
 
 The same program at the larger side with an all-reduce of OPERANDS arrays per round, each a slice of the round's
