@@ -30,8 +30,8 @@ to 2.5x either way on the 2 x 4 CPU job.
 A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
 again in more rounds, the terms from each program's time over all its rounds so far: a compute benchmark's and a wait
 program's median (a wait program is priced with the skew at its first collective; its median, as a measured point's,
-keeps the spread of the waits: at the lower quartile the width-192 2-process sweep's layers priced 41% under, at the
-median 35%), a program holding a lone collective's lower quartile (`COLLECTIVE_QUANTILE`). Each round of such a program holds the job's
+keeps the spread of the waits, which the lower quartile drops), a program holding a lone collective's lower quartile
+(`COLLECTIVE_QUANTILE`; the many-operand programs too, though `per_operand_from` subtracts a median wait from them). Each round of such a program holds the job's
 processes' launch skew at its first collective, which only adds; a lone small collective's median beyond its quartile
 is `Terms.skew`, which a priced program pays once, at its first collective. A burst of noise on
 the host during one calibration then moves a round's share of the samples, not every term of the mesh.
