@@ -178,8 +178,8 @@ def test_the_calibration_recovers_a_planted_cost_per_operand(mesh_2x4, width):
 
 
 def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
-  """MeshCalibration.retime twice: the second terms are those of each compute program's median (a program holding a
-  collective: its lower quartile; Terms.skew: a lone small collective's median less its quartile) over both calls'
+  """MeshCalibration.retime twice: the second terms are those of each compute, wait and many-operand program's median
+  (a program holding a lone collective: its lower quartile; Terms.skew: a lone small collective's median less its quartile) over both calls'
   rounds (a planted clock: the first call's rounds fast, the second's slow), not of the second call alone; only the
   first warms the programs."""
   mesh = mesh_lib.make_mesh(1, 2, devices=devices[:2])
@@ -199,8 +199,7 @@ def test_retimed_terms_come_from_every_round_so_far(devices, monkeypatch):
   assert warmed == [True, False]  # only the first rounds call each program untimed first
   median = [float(np.median(a + b)) for a, b in zip(fast, slow)]  # 3 fast, 2 slow: the third fast one
   quartile = [float(np.quantile(a + b, arrival_calibration.COLLECTIVE_QUANTILE)) for a, b in zip(fast, slow)]
-  w = len(calibration.waits)  # compute and waits at their median, the rest at their lower quartile
-  both = [m if n <= i < n + c + w else q for i, (m, q) in enumerate(zip(median, quartile))]
+  both = [m if i >= n else q for i, (m, q) in enumerate(zip(median, quartile))]  # lone collectives at the quartile
   small = (program_calibration.SIZES[0], 1, 1)
   skew = {k[:2]: median[i] - quartile[i] for i, k in enumerate(calibration.keys) if k[2:] == small}
   assert skew and all(s > 0 for s in skew.values())  # 3 fast rounds, 2 slow: the median above the quartile

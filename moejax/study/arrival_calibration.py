@@ -30,8 +30,9 @@ to 2.5x either way on the 2 x 4 CPU job.
 A sweep re-times a mesh's terms before each of its points (`MeshCalibration`): every program compiled once, timed
 again in more rounds, the terms from each program's time over all its rounds so far: a compute benchmark's and a wait
 program's median (a wait program is priced with the skew at its first collective; its median, as a measured point's,
-keeps the spread of the waits, which the lower quartile drops), a program holding a lone collective's lower quartile
-(`COLLECTIVE_QUANTILE`; the many-operand programs too, though `per_operand_from` subtracts a median wait from them). Each round of such a program holds the job's
+keeps the spread of the waits, which the lower quartile drops; the many-operand programs' too, as `per_operand_from`
+subtracts a wait program's median wait from them), a program holding a lone collective's lower quartile
+(`COLLECTIVE_QUANTILE`). Each round of such a program holds the job's
 processes' launch skew at its first collective, which only adds; a lone small collective's median beyond its quartile
 is `Terms.skew`, which a priced program pays once, at its first collective. A burst of noise on
 the host during one calibration then moves a round's share of the samples, not every term of the mesh.
@@ -153,8 +154,8 @@ def per_operand_from(compiled, mesh, terms, seconds: float, wait_s: float) -> fl
 class MeshCalibration:
   """A mesh's terms re-timed through a sweep (module docstring): `retime(repeats)` adds `repeats` interleaved rounds
   of every program (the collectives of `program_calibration.collective_keys`, the compute benchmarks, the waits) and
-  returns the terms of each program's time over all rounds so far: a compute benchmark's and a wait program's median,
-  a program holding a lone collective's lower quartile (COLLECTIVE_QUANTILE), and `Terms.skew`."""
+  returns the terms of each program's time over all rounds so far: a compute benchmark's and a wait program's (one
+  operand or many) median, a program holding a lone collective's lower quartile (COLLECTIVE_QUANTILE), and `Terms.skew`."""
 
   def __init__(self, mesh):
     self.mesh = mesh
@@ -178,8 +179,7 @@ class MeshCalibration:
       kept.extend(new)
     n, c = len(self.keys), len(self.found)
     seconds = [
-      statistics.median(t) if n <= i < n + c + len(self.waits) else float(np.quantile(t, COLLECTIVE_QUANTILE))
-      for i, t in enumerate(self.times)
+      statistics.median(t) if i >= n else float(np.quantile(t, COLLECTIVE_QUANTILE)) for i, t in enumerate(self.times)
     ]
     skew = {  # a lone small collective's median beyond its quartile: the skew the quartile leaves out
       key[:2]: max(0.0, statistics.median(t) - seconds[i])
